@@ -1,0 +1,16 @@
+// Warnings go to stderr with a "rope_jit: warning:" prefix. They never fail a call: they
+// report a degraded mode (an unusable cache directory, a corrupt entry set aside).
+// ROPE_JIT_QUIET=1 silences them.
+#pragma once
+
+#include <string>
+
+namespace rope_jit {
+
+void log_warning(const std::string& message);
+
+// Prints a warning only the first time `key` is seen in this process (e.g. one warning per
+// unusable cache root, however many calls hit it).
+void log_warning_once(const std::string& key, const std::string& message);
+
+}  // namespace rope_jit
