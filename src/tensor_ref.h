@@ -1,0 +1,52 @@
+// A checked, internal view of a caller's DLTensor: its element type as one enum, the data
+// pointer with byte_offset applied, and explicit strides (DLPack's NULL strides expanded).
+// Built by make_tensor_ref, which rejects what no op can use (lanes != 1, > 4 dims, ...).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <dlpack/dlpack.h>
+
+namespace rope_jit {
+
+enum class DType { F32, F16, BF16, I32, I64, U8 };
+
+const char* dtype_name(DType dtype);
+size_t dtype_size(DType dtype);
+inline bool is_float(DType dtype) {
+    return dtype == DType::F32 || dtype == DType::F16 || dtype == DType::BF16;
+}
+inline bool is_index(DType dtype) { return dtype == DType::I32 || dtype == DType::I64; }
+
+struct TensorRef {
+    const char* name = "";  // the argument's name, for messages
+    DType dtype = DType::F32;
+    char* data = nullptr;  // byte_offset applied
+    DLDevice device{kDLCPU, 0};
+    int ndim = 0;
+    int64_t shape[4] = {0, 0, 0, 0};
+    int64_t strides[4] = {0, 0, 0, 0};  // in elements
+
+    bool present() const { return data != nullptr || ndim > 0; }
+    int64_t numel() const;
+    // Byte range [first, last] touched by the view; meaningless for empty tensors.
+    void byte_extent(uintptr_t* first, uintptr_t* last) const;
+    std::string shape_string() const;  // "[2, 4, 33, 64]"
+};
+
+// Validates and converts `tensor` (may be NULL: returns an absent ref). Throws
+// INVALID_ARGUMENT naming `name` when the tensor is malformed or has more than max_ndim dims.
+TensorRef make_tensor_ref(const DLTensor* tensor, const char* name, int max_ndim = 4);
+
+// Whether a and b are exactly the same view (same data, dtype, shape and strides).
+bool same_view(const TensorRef& a, const TensorRef& b);
+// Whether the byte ranges of a and b intersect (a conservative test of sharing memory).
+bool extents_overlap(const TensorRef& a, const TensorRef& b);
+// Whether no two distinct indices of the view address the same element, by the sufficient
+// test "sorted by stride, each stride exceeds the span of the smaller ones". Outputs must pass.
+bool has_distinct_elements(const TensorRef& t);
+
+const char* device_name(DLDeviceType type);
+
+}  // namespace rope_jit

@@ -1,0 +1,727 @@
+#include <doctest/doctest.h>
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "disk_cache.h"
+#include "error.h"
+#include "sha256.h"
+
+using rope_jit::CacheEntry;
+using rope_jit::CacheEntryId;
+using rope_jit::DiskCache;
+
+namespace {
+
+// Makes everything under `path` removable again after a test took permissions away.
+void make_removable(const std::string& path) {
+    struct stat st;
+    if (lstat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return;
+    chmod(path.c_str(), 0700);
+    if (DIR* dir = opendir(path.c_str())) {
+        while (const dirent* entry = readdir(dir)) {
+            std::string name = entry->d_name;
+            if (name != "." && name != "..") make_removable(path + "/" + name);
+        }
+        closedir(dir);
+    }
+}
+
+void remove_tree(const std::string& path) {
+    struct stat st;
+    if (lstat(path.c_str(), &st) != 0) return;
+    if (S_ISDIR(st.st_mode)) {
+        if (DIR* dir = opendir(path.c_str())) {
+            std::vector<std::string> names;
+            while (const dirent* entry = readdir(dir)) {
+                std::string name = entry->d_name;
+                if (name != "." && name != "..") names.push_back(name);
+            }
+            closedir(dir);
+            for (const std::string& name : names) remove_tree(path + "/" + name);
+        }
+        rmdir(path.c_str());
+    } else {
+        unlink(path.c_str());
+    }
+}
+
+struct TempDir {
+    std::string path;
+    TempDir() {
+        char pattern[] = "/tmp/rope_jit_disk_cache_XXXXXX";
+        const char* made = mkdtemp(pattern);
+        REQUIRE(made != nullptr);
+        path = made;
+    }
+    ~TempDir() {
+        make_removable(path);
+        remove_tree(path);
+    }
+    TempDir(const TempDir&) = delete;
+    TempDir& operator=(const TempDir&) = delete;
+};
+
+CacheEntryId make_id(const std::string& seed, const std::string& kind = "cubin") {
+    return CacheEntryId{rope_jit::sha256_hex(seed), "13.0", "sm_90", kind};
+}
+
+CacheEntry make_entry(int writer, size_t size = 3000) {
+    CacheEntry entry;
+    entry.spec_json = "{\"writer\":" + std::to_string(writer) + ",\"head_dim\":128}";
+    entry.payload.resize(size);
+    for (size_t i = 0; i < size; ++i) entry.payload[i] = char((i * 31 + size_t(writer) * 7) & 0xff);
+    return entry;
+}
+
+bool same(const std::optional<CacheEntry>& got, const CacheEntry& want) {
+    return got && got->spec_json == want.spec_json && got->payload == want.payload;
+}
+
+std::string read_file(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    std::ostringstream out;
+    out << in.rdbuf();
+    return out.str();
+}
+
+void write_file(const std::string& path, const std::string& bytes) {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out.write(bytes.data(), std::streamsize(bytes.size()));
+    REQUIRE(out.good());
+}
+
+std::vector<std::string> names_in(const std::string& dir) {
+    std::vector<std::string> names;
+    if (DIR* handle = opendir(dir.c_str())) {
+        while (const dirent* entry = readdir(handle)) {
+            std::string name = entry->d_name;
+            if (name != "." && name != "..") names.push_back(name);
+        }
+        closedir(handle);
+    }
+    return names;
+}
+
+size_t count_containing(const std::string& dir, const std::string& part) {
+    size_t n = 0;
+    for (const std::string& name : names_in(dir)) n += name.find(part) != std::string::npos;
+    return n;
+}
+
+bool exists(const std::string& path) {
+    struct stat st;
+    return lstat(path.c_str(), &st) == 0;
+}
+
+std::string dir_of(const std::string& path) { return path.substr(0, path.rfind('/')); }
+
+bool running_as_root() { return geteuid() == 0; }
+
+// Sets or unsets environment variables for one test and puts the old values back.
+class EnvGuard {
+public:
+    void set(const char* name, const char* value) {
+        if (saved_.find(name) == saved_.end()) {
+            const char* old = std::getenv(name);
+            saved_[name] = old ? std::optional<std::string>(old) : std::nullopt;
+        }
+        if (value) {
+            setenv(name, value, 1);
+        } else {
+            unsetenv(name);
+        }
+    }
+    ~EnvGuard() {
+        for (const auto& [name, value] : saved_) {
+            if (value) {
+                setenv(name.c_str(), value->c_str(), 1);
+            } else {
+                unsetenv(name.c_str());
+            }
+        }
+    }
+
+private:
+    std::map<std::string, std::optional<std::string>> saved_;
+};
+
+}  // namespace
+
+TEST_SUITE("disk_cache") {
+
+TEST_CASE("An entry stored in the cache loads back byte for byte, also in a fresh cache object") {
+    TempDir tmp;
+    const CacheEntryId id = make_id("round trip");
+    const CacheEntry entry = make_entry(1);
+    {
+        DiskCache cache(tmp.path, {});
+        CHECK_FALSE(cache.load(id).has_value());
+        CHECK(cache.store(id, entry));
+        CHECK(same(cache.load(id), entry));
+    }
+    // A new object knows nothing in memory, like a fresh process.
+    DiskCache fresh(tmp.path, {});
+    CHECK(same(fresh.load(id), entry));
+
+    SUBCASE("an empty spec and an empty payload round-trip too") {
+        const CacheEntryId empty_id = make_id("empty", "ptx");
+        CHECK(fresh.store(empty_id, CacheEntry{}));
+        auto got = fresh.load(empty_id);
+        REQUIRE(got.has_value());
+        CHECK(got->spec_json.empty());
+        CHECK(got->payload.empty());
+    }
+    SUBCASE("ids differing only in kind, target or NVRTC version are different entries") {
+        CacheEntryId ptx = id;
+        ptx.kind = "ptx";
+        CacheEntryId sm80 = id;
+        sm80.target = "sm_80";
+        CacheEntryId nvrtc12 = id;
+        nvrtc12.nvrtc_version = "12.8";
+        CHECK_FALSE(fresh.load(ptx).has_value());
+        CHECK_FALSE(fresh.load(sm80).has_value());
+        CHECK_FALSE(fresh.load(nvrtc12).has_value());
+    }
+}
+
+TEST_CASE("Entries live at <root>/v1/nvrtc<ver>/<target>/<2 hex>/<key>.<kind> in private directories") {
+    TempDir tmp;
+    const std::string root = tmp.path + "/not/yet/there";
+    DiskCache cache(root, {});
+    const CacheEntryId id = make_id("layout");
+    const std::string path = cache.entry_path(root, id);
+    CHECK(path == root + "/v1/nvrtc13.0/sm_90/" + id.key_hex.substr(0, 2) + "/" + id.key_hex + ".cubin");
+
+    const CacheEntry entry = make_entry(2);
+    REQUIRE(cache.store(id, entry));
+    CHECK(read_file(path) == rope_jit::serialize_cache_entry(id, entry));
+    for (std::string dir = dir_of(path); dir.size() > tmp.path.size(); dir = dir_of(dir)) {
+        CAPTURE(dir);
+        struct stat st;
+        REQUIRE(stat(dir.c_str(), &st) == 0);
+        CHECK((st.st_mode & 0777) == 0700);
+    }
+    struct stat st;
+    REQUIRE(stat(path.c_str(), &st) == 0);
+    CHECK((st.st_mode & 0077) == 0);
+    CHECK(names_in(dir_of(path)).size() == 1);  // no temp file left
+}
+
+TEST_CASE("A damaged entry file is a miss, is set aside, and the next store replaces it") {
+    TempDir tmp;
+    DiskCache cache(tmp.path, {});
+    const CacheEntryId id = make_id("damaged");
+    const CacheEntry entry = make_entry(3);
+    REQUIRE(cache.store(id, entry));
+    const std::string path = cache.entry_path(tmp.path, id);
+    const std::string good = read_file(path);
+    const size_t payload_at = good.size() - entry.payload.size();
+
+    SUBCASE("truncated") { write_file(path, good.substr(0, good.size() - 100)); }
+    SUBCASE("a flipped payload byte") {
+        std::string bad = good;
+        bad[payload_at + 17] ^= 0x01;
+        write_file(path, bad);
+    }
+    SUBCASE("a flipped spec JSON byte") {
+        std::string bad = good;
+        bad[8 + 4 + 64 + 4 + 3] ^= 0x20;
+        write_file(path, bad);
+    }
+    SUBCASE("the key echo of another entry") {
+        write_file(path, rope_jit::serialize_cache_entry(make_id("other"), entry));
+    }
+    SUBCASE("zero length") { write_file(path, ""); }
+    SUBCASE("wrong magic") {
+        std::string bad = good;
+        bad[0] = 'X';
+        write_file(path, bad);
+    }
+    SUBCASE("trailing garbage") { write_file(path, good + "x"); }
+    SUBCASE("a directory in place of the entry") {
+        REQUIRE(unlink(path.c_str()) == 0);
+        REQUIRE(mkdir(path.c_str(), 0700) == 0);
+        write_file(path + "/inside", "something");
+    }
+    SUBCASE("a symbolic link in place of the entry, even to a valid one") {
+        const std::string elsewhere = tmp.path + "/elsewhere";
+        write_file(elsewhere, good);
+        REQUIRE(unlink(path.c_str()) == 0);
+        REQUIRE(symlink(elsewhere.c_str(), path.c_str()) == 0);
+    }
+
+    CHECK_FALSE(cache.load(id).has_value());
+    CHECK_FALSE(exists(path));
+    CHECK(count_containing(dir_of(path), ".bad-") == 1);
+    CHECK(cache.store(id, entry));
+    CHECK(same(cache.load(id), entry));
+    CHECK(read_file(path) == good);
+}
+
+TEST_CASE("store repairs a layout where a directory stands in for the entry or a file for a directory") {
+    TempDir tmp;
+    DiskCache cache(tmp.path, {});
+    const CacheEntryId id = make_id("repair");
+    const CacheEntry entry = make_entry(4);
+    const std::string path = cache.entry_path(tmp.path, id);
+
+    SUBCASE("a directory at the entry path, never loaded") {
+        REQUIRE(cache.store(make_id("sibling"), entry));  // creates the directories
+        REQUIRE(mkdir(dir_of(path).c_str(), 0700) == 0 || errno == EEXIST);
+        REQUIRE(mkdir(path.c_str(), 0700) == 0);
+    }
+    SUBCASE("a regular file at the key prefix directory") {
+        REQUIRE(mkdir((tmp.path + "/v1").c_str(), 0700) == 0);
+        REQUIRE(mkdir((tmp.path + "/v1/nvrtc13.0").c_str(), 0700) == 0);
+        REQUIRE(mkdir((tmp.path + "/v1/nvrtc13.0/sm_90").c_str(), 0700) == 0);
+        write_file(dir_of(path), "not a directory");
+        CHECK_FALSE(cache.load(id).has_value());
+    }
+
+    CHECK(cache.store(id, entry));
+    CHECK(same(cache.load(id), entry));
+}
+
+TEST_CASE("A root under a regular file is not written, and nothing throws") {
+    TempDir tmp;
+    write_file(tmp.path + "/file", "a regular file");
+    DiskCache cache(tmp.path + "/file/cache", {});
+    const CacheEntryId id = make_id("under a file");
+    std::string why;
+    CHECK_FALSE(cache.writable(&why));
+    CHECK(why.find("Not a directory") != std::string::npos);
+    CHECK_FALSE(cache.store(id, make_entry(5)));
+    CHECK_FALSE(cache.store(id, make_entry(5)));  // warned once; still false
+    CHECK_FALSE(cache.load(id).has_value());
+    CHECK(read_file(tmp.path + "/file") == "a regular file");
+}
+
+TEST_CASE("Without any root, store returns false and load misses") {
+    DiskCache cache("", {});
+    std::string why;
+    CHECK_FALSE(cache.writable(&why));
+    CHECK_FALSE(why.empty());
+    CHECK_FALSE(cache.store(make_id("nowhere"), make_entry(6)));
+    CHECK_FALSE(cache.load(make_id("nowhere")).has_value());
+}
+
+TEST_CASE("A root without write permission is not written but still serves its entries") {
+    if (running_as_root()) {
+        MESSAGE("skipped: root ignores permissions");
+        return;
+    }
+    TempDir tmp;
+    SUBCASE("a fresh root cannot get its v1 directory") {
+        REQUIRE(chmod(tmp.path.c_str(), 0500) == 0);
+        DiskCache cache(tmp.path, {});
+        CHECK_FALSE(cache.writable());
+        CHECK_FALSE(cache.store(make_id("fresh"), make_entry(7)));
+        CHECK(names_in(tmp.path).empty());
+    }
+    SUBCASE("a filled root made read-only") {
+        DiskCache cache(tmp.path, {});
+        const CacheEntryId kept = make_id("kept");
+        const CacheEntryId broken = make_id("broken");
+        REQUIRE(cache.store(kept, make_entry(8)));
+        REQUIRE(cache.store(broken, make_entry(9)));
+        const std::string broken_path = cache.entry_path(tmp.path, broken);
+        write_file(broken_path, "garbage");
+        const std::string entry_dir = dir_of(cache.entry_path(tmp.path, kept));
+        for (std::string dir = entry_dir; dir.size() >= tmp.path.size(); dir = dir_of(dir)) {
+            REQUIRE(chmod(dir.c_str(), 0500) == 0);
+        }
+        if (dir_of(broken_path) != entry_dir) REQUIRE(chmod(dir_of(broken_path).c_str(), 0500) == 0);
+
+        CHECK_FALSE(cache.writable());
+        CHECK_FALSE(cache.store(make_id("new"), make_entry(10)));
+        CHECK(same(cache.load(kept), make_entry(8)));
+        CHECK_FALSE(cache.load(broken).has_value());  // cannot be set aside: just ignored
+        CHECK(read_file(broken_path) == "garbage");
+        CHECK(count_containing(entry_dir, ".tmp-") == 0);
+    }
+}
+
+TEST_CASE("A root or v1 directory owned by another user is neither written nor read") {
+    if (!running_as_root()) {
+        MESSAGE("skipped: needs root to give a directory to another user");
+        return;
+    }
+    TempDir tmp;
+    const uid_t nobody = 65534;
+    SUBCASE("the root") {
+        REQUIRE(chown(tmp.path.c_str(), nobody, nobody) == 0);
+        DiskCache cache(tmp.path, {});
+        std::string why;
+        CHECK_FALSE(cache.writable(&why));
+        CHECK(why.find("owned by uid 65534") != std::string::npos);
+        CHECK_FALSE(cache.store(make_id("foreign"), make_entry(11)));
+        CHECK(names_in(tmp.path).empty());
+    }
+    SUBCASE("its v1 directory, with an entry planted in it") {
+        DiskCache cache(tmp.path, {});
+        const CacheEntryId id = make_id("planted");
+        REQUIRE(cache.store(id, make_entry(12)));
+        REQUIRE(chown((tmp.path + "/v1").c_str(), nobody, nobody) == 0);
+        CHECK_FALSE(cache.writable());
+        CHECK_FALSE(cache.load(id).has_value());
+        CHECK_FALSE(cache.store(make_id("another"), make_entry(13)));
+        CHECK(exists(cache.entry_path(tmp.path, id)));  // refused, not set aside
+    }
+}
+
+TEST_CASE("A world-writable root is written only when it has the sticky bit") {
+    TempDir tmp;
+    DiskCache cache(tmp.path, {});
+    const CacheEntryId id = make_id("shared dir");
+    REQUIRE(chmod(tmp.path.c_str(), 0777) == 0);
+    std::string why;
+    CHECK_FALSE(cache.writable(&why));
+    CHECK(why.find("world-writable") != std::string::npos);
+    CHECK_FALSE(cache.store(id, make_entry(14)));
+    CHECK(names_in(tmp.path).empty());
+
+    REQUIRE(chmod(tmp.path.c_str(), 01777) == 0);
+    CHECK(cache.writable());
+    CHECK(cache.store(id, make_entry(14)));
+    CHECK(same(cache.load(id), make_entry(14)));
+
+    // Planted through a world-writable v1 directory: never served.
+    REQUIRE(chmod((tmp.path + "/v1").c_str(), 0777) == 0);
+    CHECK_FALSE(cache.load(id).has_value());
+    CHECK(exists(cache.entry_path(tmp.path, id)));
+}
+
+TEST_CASE("Read-only roots are searched after the writable root, in order, and never modified") {
+    TempDir tmp;
+    const std::string rw = tmp.path + "/rw", ro1 = tmp.path + "/ro1", ro2 = tmp.path + "/ro2";
+    DiskCache fill_rw(rw, {}), fill_ro1(ro1, {}), fill_ro2(ro2, {});
+    const CacheEntryId only_ro2 = make_id("only ro2"), both_ro = make_id("both ro"),
+                       everywhere = make_id("everywhere"), damaged_ro1 = make_id("damaged in ro1");
+    REQUIRE(fill_ro2.store(only_ro2, make_entry(20)));
+    REQUIRE(fill_ro1.store(both_ro, make_entry(21)));
+    REQUIRE(fill_ro2.store(both_ro, make_entry(22)));
+    REQUIRE(fill_rw.store(everywhere, make_entry(23)));
+    REQUIRE(fill_ro1.store(everywhere, make_entry(24)));
+    REQUIRE(fill_ro1.store(damaged_ro1, make_entry(25)));
+    REQUIRE(fill_ro2.store(damaged_ro1, make_entry(26)));
+    const std::string damaged_path = fill_ro1.entry_path(ro1, damaged_ro1);
+    write_file(damaged_path, "truncated");
+
+    DiskCache cache(rw, {ro1, ro2});
+    CHECK(cache.read_only_roots() == std::vector<std::string>{ro1, ro2});
+    CHECK(same(cache.load(only_ro2), make_entry(20)));
+    CHECK(same(cache.load(both_ro), make_entry(21)));
+    CHECK(same(cache.load(everywhere), make_entry(23)));
+    CHECK(same(cache.load(damaged_ro1), make_entry(26)));
+    CHECK(read_file(damaged_path) == "truncated");
+    CHECK(count_containing(dir_of(damaged_path), ".bad-") == 0);
+    CHECK_FALSE(cache.load(make_id("nowhere")).has_value());
+
+    DiskCache no_writable_root("", {ro1, ro2});
+    CHECK(same(no_writable_root.load(only_ro2), make_entry(20)));
+    CHECK_FALSE(no_writable_root.store(only_ro2, make_entry(20)));
+}
+
+TEST_CASE("Many threads storing and loading one key at once all see complete entries") {
+    TempDir tmp;
+    DiskCache cache(tmp.path, {});
+    const CacheEntryId id = make_id("contended");
+    constexpr int kThreads = 16, kRounds = 40;
+    std::atomic<int> failed_stores{0}, bad_loads{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+        threads.emplace_back([&, t] {
+            const CacheEntry mine = make_entry(100 + t, 20000 + size_t(t) * 100);
+            for (int round = 0; round < kRounds; ++round) {
+                if (!cache.store(id, mine)) ++failed_stores;
+                // Whichever writer won, the entry must be one of theirs, whole.
+                auto got = cache.load(id);
+                bool whole = false;
+                for (int w = 0; got && w < kThreads && !whole; ++w) {
+                    whole = same(got, make_entry(100 + w, 20000 + size_t(w) * 100));
+                }
+                if (!whole) ++bad_loads;
+            }
+        });
+    }
+    for (std::thread& thread : threads) thread.join();
+    CHECK(failed_stores == 0);
+    CHECK(bad_loads == 0);
+    const std::string dir = dir_of(cache.entry_path(tmp.path, id));
+    CHECK(names_in(dir) == std::vector<std::string>{id.key_hex + ".cubin"});
+}
+
+TEST_CASE("Several processes storing and loading one key at once all see complete entries") {
+    TempDir tmp;
+    const CacheEntryId id = make_id("contended across processes");
+    constexpr int kProcesses = 4, kRounds = 60;
+    auto work = [&](int writer) {
+        DiskCache cache(tmp.path, {});
+        int failures = 0;
+        for (int round = 0; round < kRounds; ++round) {
+            failures += !cache.store(id, make_entry(writer, 50000));
+            auto got = cache.load(id);
+            bool whole = false;
+            for (int w = 0; got && w <= kProcesses && !whole; ++w) whole = same(got, make_entry(w, 50000));
+            failures += !whole;
+        }
+        return failures;
+    };
+    std::vector<pid_t> children;
+    for (int p = 1; p <= kProcesses; ++p) {
+        pid_t pid = fork();
+        REQUIRE(pid >= 0);
+        if (pid == 0) _exit(work(p) == 0 ? 0 : 1);
+        children.push_back(pid);
+    }
+    CHECK(work(0) == 0);
+    for (pid_t pid : children) {
+        int status = 0;
+        REQUIRE(waitpid(pid, &status, 0) == pid);
+        CHECK(WIFEXITED(status));
+        CHECK(WEXITSTATUS(status) == 0);
+    }
+    DiskCache cache(tmp.path, {});
+    const std::string dir = dir_of(cache.entry_path(tmp.path, id));
+    CHECK(names_in(dir) == std::vector<std::string>{id.key_hex + ".cubin"});
+}
+
+TEST_CASE("A write that fails midway, as on a full disk, returns false and leaves no temp file") {
+    TempDir tmp;
+    DiskCache cache(tmp.path, {});
+    const CacheEntryId small = make_id("small"), large = make_id("large");
+    REQUIRE(cache.store(small, make_entry(30, 100)));
+
+    // A file size limit makes write() fail with EFBIG partway, like ENOSPC would.
+    struct rlimit old_limit;
+    REQUIRE(getrlimit(RLIMIT_FSIZE, &old_limit) == 0);
+    struct rlimit limit = old_limit;
+    limit.rlim_cur = 64 * 1024;
+    auto old_handler = signal(SIGXFSZ, SIG_IGN);
+    REQUIRE(setrlimit(RLIMIT_FSIZE, &limit) == 0);
+    const bool stored = cache.store(large, make_entry(31, 200 * 1024));
+    REQUIRE(setrlimit(RLIMIT_FSIZE, &old_limit) == 0);
+    signal(SIGXFSZ, old_handler);
+
+    CHECK_FALSE(stored);
+    const std::string dir = dir_of(cache.entry_path(tmp.path, large));
+    CHECK(count_containing(dir, ".tmp-") == 0);
+    CHECK_FALSE(cache.load(large).has_value());
+    CHECK(same(cache.load(small), make_entry(30, 100)));
+    CHECK(cache.store(large, make_entry(31, 200 * 1024)));  // room again
+}
+
+TEST_CASE("parse_cache_entry rejects every truncation and every flipped byte of a valid entry") {
+    const CacheEntryId id = make_id("parse");
+    const CacheEntry entry = make_entry(40, 200);
+    const std::string bytes = rope_jit::serialize_cache_entry(id, entry);
+    REQUIRE(bytes.size() == 8 + 4 + 64 + 4 + entry.spec_json.size() + 8 + 32 + 200);
+
+    std::string problem;
+    auto parsed = rope_jit::parse_cache_entry(id, bytes, &problem);
+    REQUIRE(parsed.has_value());
+    CHECK(parsed->spec_json == entry.spec_json);
+    CHECK(parsed->payload == entry.payload);
+
+    for (size_t n = 0; n < bytes.size(); ++n) {
+        CAPTURE(n);
+        // A copy of exactly n bytes, so ASan catches any read past the end.
+        std::vector<char> truncated(bytes.begin(), bytes.begin() + std::ptrdiff_t(n));
+        problem.clear();
+        CHECK_FALSE(rope_jit::parse_cache_entry(id, std::string_view(truncated.data(), n), &problem));
+        CHECK_FALSE(problem.empty());
+    }
+    for (size_t i = 0; i < bytes.size(); ++i) {
+        CAPTURE(i);
+        std::string flipped = bytes;
+        flipped[i] ^= 0x10;
+        CHECK_FALSE(rope_jit::parse_cache_entry(id, flipped, nullptr));
+    }
+    CHECK_FALSE(rope_jit::parse_cache_entry(id, bytes + '\0', &problem));
+    CHECK(problem.find("trailing") != std::string::npos);
+    CHECK_FALSE(rope_jit::parse_cache_entry(make_id("another key"), bytes, &problem));
+    CHECK(problem.find("key echo") != std::string::npos);
+}
+
+TEST_CASE("parse_cache_entry refuses absurd lengths and survives random bytes") {
+    const CacheEntryId id = make_id("fuzz");
+    const std::string bytes = rope_jit::serialize_cache_entry(id, make_entry(41, 64));
+    const size_t spec_length_at = 8 + 4 + 64;
+    const size_t payload_length_at = spec_length_at + 4 + make_entry(41, 64).spec_json.size();
+    std::string problem;
+
+    SUBCASE("a huge spec length") {
+        std::string bad = bytes;
+        for (int i = 0; i < 4; ++i) bad[spec_length_at + size_t(i)] = char(0xff);
+        CHECK_FALSE(rope_jit::parse_cache_entry(id, bad, &problem));
+        CHECK(problem.find("spec JSON length") != std::string::npos);
+    }
+    SUBCASE("a huge payload length") {
+        std::string bad = bytes;
+        for (int i = 0; i < 8; ++i) bad[payload_length_at + size_t(i)] = char(0xff);
+        CHECK_FALSE(rope_jit::parse_cache_entry(id, bad, &problem));
+        CHECK(problem.find("payload length") != std::string::npos);
+    }
+    SUBCASE("a payload length one past the end") {
+        std::string bad = bytes;
+        bad[payload_length_at] = char(65);
+        CHECK_FALSE(rope_jit::parse_cache_entry(id, bad, &problem));
+        CHECK(problem.find("truncated payload") != std::string::npos);
+    }
+    SUBCASE("random mutations") {
+        std::mt19937 rng(7);
+        for (int round = 0; round < 3000; ++round) {
+            std::string mutated = round % 10 == 0 ? std::string(rng() % 300, '\0') : bytes;
+            for (int edits = 1 + int(rng() % 4); edits > 0 && !mutated.empty(); --edits) {
+                mutated[rng() % mutated.size()] = char(rng());
+            }
+            if (rng() % 3 == 0) mutated.resize(rng() % (mutated.size() + 1));
+            std::vector<char> exact(mutated.begin(), mutated.end());
+            auto got = rope_jit::parse_cache_entry(id, std::string_view(exact.data(), exact.size()), &problem);
+            // Anything accepted must be a real entry: re-serializing gives the same bytes.
+            if (got) CHECK(rope_jit::serialize_cache_entry(id, *got) == mutated);
+        }
+    }
+}
+
+TEST_CASE("Ids that could escape the cache directory are refused without throwing from load or store") {
+    TempDir tmp;
+    DiskCache cache(tmp.path + "/root", {});
+    CacheEntryId bad = make_id("escape");
+    SUBCASE("a key that is not hex") { bad.key_hex = std::string(62, 'a') + "/.."; }
+    SUBCASE("an upper-case key") { bad.key_hex = std::string(64, 'A'); }
+    SUBCASE("a target with a slash") { bad.target = "../../x"; }
+    SUBCASE("a dot-dot NVRTC version") { bad.nvrtc_version = ".."; }
+    SUBCASE("a kind with a dot") { bad.kind = "cubin.bad-1"; }
+    SUBCASE("an empty kind") { bad.kind = ""; }
+    CHECK_THROWS_AS(cache.entry_path(tmp.path, bad), rope_jit::Error);
+    CHECK_FALSE(cache.store(bad, make_entry(50)));
+    CHECK_FALSE(cache.load(bad).has_value());
+    CHECK(names_in(tmp.path).empty());
+    CHECK_THROWS_AS(rope_jit::serialize_cache_entry(CacheEntryId{"abc", "13.0", "sm_90", "cubin"}, CacheEntry{}),
+                    rope_jit::Error);
+}
+
+TEST_CASE("verify reports good and damaged entries, leftovers and strays without changing anything") {
+    TempDir tmp;
+    DiskCache cache(tmp.path, {});
+    const CacheEntryId good = make_id("good"), flipped = make_id("flipped"), echo = make_id("echo"),
+                       dir_entry = make_id("dir entry"), misplaced = make_id("misplaced");
+    REQUIRE(cache.store(good, make_entry(60)));
+    REQUIRE(cache.store(flipped, make_entry(61)));
+    std::string bytes = read_file(cache.entry_path(tmp.path, flipped));
+    bytes.back() ^= 0x01;
+    write_file(cache.entry_path(tmp.path, flipped), bytes);
+    // A valid entry copied under another key's name.
+    REQUIRE(cache.store(echo, make_entry(62)));
+    write_file(cache.entry_path(tmp.path, echo), read_file(cache.entry_path(tmp.path, good)));
+    REQUIRE(cache.store(dir_entry, make_entry(63)));
+    const std::string dir_path = cache.entry_path(tmp.path, dir_entry);
+    REQUIRE(unlink(dir_path.c_str()) == 0);
+    REQUIRE(mkdir(dir_path.c_str(), 0700) == 0);
+    const std::string good_dir = dir_of(cache.entry_path(tmp.path, good));
+    const std::string temp_path = good_dir + "/.tmp-123-abc-0";
+    write_file(temp_path, "half written");
+    const std::string bad_path = cache.entry_path(tmp.path, good) + ".bad-99-0";
+    write_file(bad_path, "set aside");
+    const std::string stray_path = tmp.path + "/v1/README";
+    write_file(stray_path, "stray");
+    // A valid entry in a prefix directory that is not its key's.
+    std::string wrong_prefix = misplaced.key_hex.substr(0, 2) == "zz" ? "yy" : "zz";
+    const std::string misplaced_dir = tmp.path + "/v1/nvrtc13.0/sm_90/" + wrong_prefix;
+    REQUIRE(mkdir(misplaced_dir.c_str(), 0700) == 0);
+    const std::string misplaced_path = misplaced_dir + "/" + misplaced.key_hex + ".cubin";
+    write_file(misplaced_path, rope_jit::serialize_cache_entry(misplaced, make_entry(64)));
+
+    std::map<std::string, DiskCache::EntryReport> by_path;
+    for (const auto& report : cache.verify(tmp.path)) by_path[report.path] = report;
+    CHECK(by_path.size() == 8);
+
+    const auto& ok = by_path[cache.entry_path(tmp.path, good)];
+    CHECK(ok.ok);
+    CHECK(ok.problem.empty());
+    CHECK(ok.key_hex == good.key_hex);
+    CHECK(ok.spec_json == make_entry(60).spec_json);
+    CHECK(ok.payload_bytes == make_entry(60).payload.size());
+    CHECK(ok.nvrtc_version == "13.0");
+    CHECK(ok.target == "sm_90");
+    CHECK(ok.kind == "cubin");
+
+    auto problem_of = [&](const std::string& path) {
+        CAPTURE(path);
+        REQUIRE(by_path.count(path) == 1);
+        CHECK_FALSE(by_path[path].ok);
+        return by_path[path].problem;
+    };
+    CHECK(problem_of(cache.entry_path(tmp.path, flipped)).find("checksum") != std::string::npos);
+    CHECK(problem_of(cache.entry_path(tmp.path, echo)).find("key echo") != std::string::npos);
+    CHECK(problem_of(dir_path).find("directory in place") != std::string::npos);
+    CHECK(problem_of(temp_path).find("temp") != std::string::npos);
+    CHECK(problem_of(bad_path).find("set aside") != std::string::npos);
+    CHECK(problem_of(stray_path).find("outside the entry layout") != std::string::npos);
+    CHECK(problem_of(misplaced_path).find("prefix") != std::string::npos);
+
+    // verify only looks.
+    CHECK(exists(temp_path));
+    CHECK(exists(bad_path));
+    CHECK(read_file(cache.entry_path(tmp.path, flipped)) == bytes);
+    CHECK(cache.verify(tmp.path + "/missing").empty());
+}
+
+TEST_CASE("writable creates the root and its v1 directory when they are missing") {
+    TempDir tmp;
+    DiskCache cache(tmp.path + "/a/b", {});
+    std::string why = "stale";
+    CHECK(cache.writable(&why));
+    CHECK(why.empty());
+    CHECK(exists(tmp.path + "/a/b/v1"));
+    CHECK(cache.root() == tmp.path + "/a/b");
+}
+
+TEST_CASE("The default root follows ROPE_JIT_CACHE_DIR, then XDG_CACHE_HOME, then HOME") {
+    EnvGuard env;
+    env.set("ROPE_JIT_CACHE_DIR", "/explicit");
+    env.set("XDG_CACHE_HOME", "/xdg");
+    env.set("HOME", "/home/someone");
+    CHECK(DiskCache::default_root() == "/explicit");
+    env.set("ROPE_JIT_CACHE_DIR", "");
+    CHECK(DiskCache::default_root() == "/xdg/rope_jit");
+    env.set("XDG_CACHE_HOME", "relative/ignored");
+    CHECK(DiskCache::default_root() == "/home/someone/.cache/rope_jit");
+    env.set("XDG_CACHE_HOME", nullptr);
+    CHECK(DiskCache::default_root() == "/home/someone/.cache/rope_jit");
+    env.set("HOME", nullptr);
+    CHECK(DiskCache::default_root().empty());
+}
+
+TEST_CASE("The default read-only roots are ROPE_JIT_CACHE_RO_DIRS split at colons, empty parts dropped") {
+    EnvGuard env;
+    env.set("ROPE_JIT_CACHE_RO_DIRS", nullptr);
+    CHECK(DiskCache::default_read_only_roots().empty());
+    env.set("ROPE_JIT_CACHE_RO_DIRS", "");
+    CHECK(DiskCache::default_read_only_roots().empty());
+    env.set("ROPE_JIT_CACHE_RO_DIRS", ":/opt/a::/opt/b:");
+    CHECK(DiskCache::default_read_only_roots() == std::vector<std::string>{"/opt/a", "/opt/b"});
+    env.set("ROPE_JIT_CACHE_RO_DIRS", "/single");
+    CHECK(DiskCache::default_read_only_roots() == std::vector<std::string>{"/single"});
+}
+
+}  // TEST_SUITE
