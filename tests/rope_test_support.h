@@ -81,6 +81,22 @@ public:
         tensor_.byte_offset = 0;
     }
 
+    // Copies own their bytes and shape: the DLTensor is re-pointed at the copy's storage.
+    HostTensor(const HostTensor& other)
+        : dt_(other.dt_), shape_(other.shape_), strides_(other.strides_), bytes_(other.bytes_),
+          tensor_(other.tensor_) {
+        repoint();
+    }
+    HostTensor& operator=(const HostTensor& other) {
+        dt_ = other.dt_;
+        shape_ = other.shape_;
+        strides_ = other.strides_;
+        bytes_ = other.bytes_;
+        tensor_ = other.tensor_;
+        repoint();
+        return *this;
+    }
+
     const DLTensor* dl() const { return &tensor_; }
     DLTensor* dl() { return &tensor_; }
     Dt dtype() const { return dt_; }
@@ -149,6 +165,12 @@ public:
     }
 
 private:
+    void repoint() {
+        tensor_.data = bytes_.data();
+        tensor_.shape = shape_.data();
+        tensor_.strides = strides_.data();
+    }
+
     Dt dt_ = Dt::F32;
     std::vector<int64_t> shape_, strides_;
     std::vector<uint8_t> bytes_;
