@@ -46,7 +46,8 @@ bool load_driver(const std::string& library, CudaDriverApi& api, std::string& er
     if (handle == nullptr) {
         // dlerror already names the file.
         const char* reason = dlerror();
-        error = reason != nullptr ? "CUDA driver: " + std::string(reason) : prefix + "dlopen failed";
+        error = reason != nullptr ? "CUDA driver: " + std::string(reason)
+                                  : prefix + "dlopen failed";
         return false;
     }
     auto fail = [&](const std::string& reason) {
@@ -85,12 +86,12 @@ bool load_driver(const std::string& library, CudaDriverApi& api, std::string& er
     };
 
     CudaDriverApi resolved;
-#define ROPE_JIT_CUDA_RESOLVE_(field, query, params)                                    \
-    {                                                                                  \
-        void* function = nullptr;                                                      \
-        const std::string problem = get(query, &function);                             \
-        if (!problem.empty()) return fail(problem);                                    \
-        resolved.field = reinterpret_cast<decltype(resolved.field)>(function);         \
+#define ROPE_JIT_CUDA_RESOLVE_(field, query, params)                                               \
+    {                                                                                              \
+        void* function = nullptr;                                                                  \
+        const std::string problem = get(query, &function);                                         \
+        if (!problem.empty()) return fail(problem);                                                \
+        resolved.field = reinterpret_cast<decltype(resolved.field)>(function);                     \
     }
     ROPE_JIT_CUDA_SYMBOLS(ROPE_JIT_CUDA_RESOLVE_)
 #undef ROPE_JIT_CUDA_RESOLVE_

@@ -80,59 +80,59 @@ constexpr int ROPE_JIT_CUDA_ABI_VERSION = 12000;
 // matches ROPE_JIT_CUDA_ABI_VERSION) and the parameters. All return CUresult.
 // cuGraphInstantiate is requested as cuGraphInstantiateWithFlags, the one name whose signature
 // never changed (12.0 repointed cuGraphInstantiate at it; before that it took a log buffer).
-#define ROPE_JIT_CUDA_SYMBOLS(X)                                                               \
-    X(cuInit, "cuInit", (unsigned flags))                                                      \
-    X(cuDriverGetVersion, "cuDriverGetVersion", (int* version))                                \
-    X(cuGetErrorName, "cuGetErrorName", (CUresult error, const char** name))                   \
-    X(cuGetErrorString, "cuGetErrorString", (CUresult error, const char** message))            \
-    X(cuDeviceGetCount, "cuDeviceGetCount", (int* count))                                      \
-    X(cuDeviceGet, "cuDeviceGet", (CUdevice* device, int ordinal))                             \
-    X(cuDeviceGetAttribute, "cuDeviceGetAttribute", (int* value, int attribute, CUdevice dev)) \
-    X(cuDeviceGetName, "cuDeviceGetName", (char* name, int length, CUdevice device))           \
-    X(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", (CUcontext* ctx, CUdevice dev))    \
-    X(cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease", (CUdevice device))               \
-    X(cuCtxGetCurrent, "cuCtxGetCurrent", (CUcontext* ctx))                                    \
-    X(cuCtxSetCurrent, "cuCtxSetCurrent", (CUcontext ctx))                                     \
-    X(cuCtxPushCurrent, "cuCtxPushCurrent", (CUcontext ctx))                                   \
-    X(cuCtxPopCurrent, "cuCtxPopCurrent", (CUcontext* ctx))                                    \
-    X(cuCtxGetDevice, "cuCtxGetDevice", (CUdevice* device))                                    \
-    X(cuCtxSynchronize, "cuCtxSynchronize", ())                                                \
-    X(cuStreamGetCtx, "cuStreamGetCtx", (CUstream stream, CUcontext* ctx))                     \
-    X(cuModuleLoadData, "cuModuleLoadData", (CUmodule* module, const void* image))             \
-    X(cuModuleUnload, "cuModuleUnload", (CUmodule module))                                     \
-    X(cuModuleGetFunction, "cuModuleGetFunction",                                              \
-      (CUfunction* function, CUmodule module, const char* name))                               \
-    X(cuLaunchKernel, "cuLaunchKernel",                                                        \
-      (CUfunction function, unsigned grid_x, unsigned grid_y, unsigned grid_z,                 \
-       unsigned block_x, unsigned block_y, unsigned block_z, unsigned shared_bytes,            \
-       CUstream stream, void** params, void** extra))                                          \
-    X(cuFuncGetAttribute, "cuFuncGetAttribute", (int* value, int attribute, CUfunction f))     \
-    X(cuFuncSetAttribute, "cuFuncSetAttribute", (CUfunction f, int attribute, int value))      \
-    X(cuOccupancyMaxActiveBlocksPerMultiprocessor,                                             \
-      "cuOccupancyMaxActiveBlocksPerMultiprocessor",                                           \
-      (int* blocks, CUfunction function, int block_size, size_t dynamic_shared_bytes))         \
-    X(cuPointerGetAttribute, "cuPointerGetAttribute",                                          \
-      (void* data, int attribute, CUdeviceptr pointer))                                        \
-    X(cuMemAlloc, "cuMemAlloc", (CUdeviceptr* pointer, size_t bytes))                          \
-    X(cuMemFree, "cuMemFree", (CUdeviceptr pointer))                                           \
-    X(cuMemcpyHtoD, "cuMemcpyHtoD", (CUdeviceptr dst, const void* src, size_t bytes))          \
-    X(cuMemcpyDtoH, "cuMemcpyDtoH", (void* dst, CUdeviceptr src, size_t bytes))                \
-    X(cuMemcpyDtoD, "cuMemcpyDtoD", (CUdeviceptr dst, CUdeviceptr src, size_t bytes))          \
-    X(cuMemsetD8, "cuMemsetD8", (CUdeviceptr dst, unsigned char value, size_t count))          \
-    X(cuStreamCreate, "cuStreamCreate", (CUstream* stream, unsigned flags))                    \
-    X(cuStreamDestroy, "cuStreamDestroy", (CUstream stream))                                   \
-    X(cuStreamSynchronize, "cuStreamSynchronize", (CUstream stream))                           \
-    X(cuStreamBeginCapture, "cuStreamBeginCapture", (CUstream stream, int mode))               \
-    X(cuStreamEndCapture, "cuStreamEndCapture", (CUstream stream, CUgraph* graph))             \
-    X(cuGraphInstantiate, "cuGraphInstantiateWithFlags",                                       \
-      (CUgraphExec* exec, CUgraph graph, unsigned long long flags))                            \
-    X(cuGraphLaunch, "cuGraphLaunch", (CUgraphExec exec, CUstream stream))                     \
-    X(cuGraphExecDestroy, "cuGraphExecDestroy", (CUgraphExec exec))                            \
-    X(cuGraphDestroy, "cuGraphDestroy", (CUgraph graph))                                       \
-    X(cuEventCreate, "cuEventCreate", (CUevent* event, unsigned flags))                        \
-    X(cuEventRecord, "cuEventRecord", (CUevent event, CUstream stream))                        \
-    X(cuEventSynchronize, "cuEventSynchronize", (CUevent event))                               \
-    X(cuEventElapsedTime, "cuEventElapsedTime", (float* ms, CUevent start, CUevent end))       \
+#define ROPE_JIT_CUDA_SYMBOLS(X)                                                                   \
+    X(cuInit, "cuInit", (unsigned flags))                                                          \
+    X(cuDriverGetVersion, "cuDriverGetVersion", (int* version))                                    \
+    X(cuGetErrorName, "cuGetErrorName", (CUresult error, const char** name))                       \
+    X(cuGetErrorString, "cuGetErrorString", (CUresult error, const char** message))                \
+    X(cuDeviceGetCount, "cuDeviceGetCount", (int* count))                                          \
+    X(cuDeviceGet, "cuDeviceGet", (CUdevice* device, int ordinal))                                 \
+    X(cuDeviceGetAttribute, "cuDeviceGetAttribute", (int* value, int attribute, CUdevice dev))     \
+    X(cuDeviceGetName, "cuDeviceGetName", (char* name, int length, CUdevice device))               \
+    X(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", (CUcontext* ctx, CUdevice dev))        \
+    X(cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease", (CUdevice device))                   \
+    X(cuCtxGetCurrent, "cuCtxGetCurrent", (CUcontext* ctx))                                        \
+    X(cuCtxSetCurrent, "cuCtxSetCurrent", (CUcontext ctx))                                         \
+    X(cuCtxPushCurrent, "cuCtxPushCurrent", (CUcontext ctx))                                       \
+    X(cuCtxPopCurrent, "cuCtxPopCurrent", (CUcontext* ctx))                                        \
+    X(cuCtxGetDevice, "cuCtxGetDevice", (CUdevice* device))                                        \
+    X(cuCtxSynchronize, "cuCtxSynchronize", ())                                                    \
+    X(cuStreamGetCtx, "cuStreamGetCtx", (CUstream stream, CUcontext* ctx))                         \
+    X(cuModuleLoadData, "cuModuleLoadData", (CUmodule* module, const void* image))                 \
+    X(cuModuleUnload, "cuModuleUnload", (CUmodule module))                                         \
+    X(cuModuleGetFunction, "cuModuleGetFunction",                                                  \
+      (CUfunction* function, CUmodule module, const char* name))                                   \
+    X(cuLaunchKernel, "cuLaunchKernel",                                                            \
+      (CUfunction function, unsigned grid_x, unsigned grid_y, unsigned grid_z,                     \
+       unsigned block_x, unsigned block_y, unsigned block_z, unsigned shared_bytes,                \
+       CUstream stream, void** params, void** extra))                                              \
+    X(cuFuncGetAttribute, "cuFuncGetAttribute", (int* value, int attribute, CUfunction f))         \
+    X(cuFuncSetAttribute, "cuFuncSetAttribute", (CUfunction f, int attribute, int value))          \
+    X(cuOccupancyMaxActiveBlocksPerMultiprocessor,                                                 \
+      "cuOccupancyMaxActiveBlocksPerMultiprocessor",                                               \
+      (int* blocks, CUfunction function, int block_size, size_t dynamic_shared_bytes))             \
+    X(cuPointerGetAttribute, "cuPointerGetAttribute",                                              \
+      (void* data, int attribute, CUdeviceptr pointer))                                            \
+    X(cuMemAlloc, "cuMemAlloc", (CUdeviceptr* pointer, size_t bytes))                              \
+    X(cuMemFree, "cuMemFree", (CUdeviceptr pointer))                                               \
+    X(cuMemcpyHtoD, "cuMemcpyHtoD", (CUdeviceptr dst, const void* src, size_t bytes))              \
+    X(cuMemcpyDtoH, "cuMemcpyDtoH", (void* dst, CUdeviceptr src, size_t bytes))                    \
+    X(cuMemcpyDtoD, "cuMemcpyDtoD", (CUdeviceptr dst, CUdeviceptr src, size_t bytes))              \
+    X(cuMemsetD8, "cuMemsetD8", (CUdeviceptr dst, unsigned char value, size_t count))              \
+    X(cuStreamCreate, "cuStreamCreate", (CUstream* stream, unsigned flags))                        \
+    X(cuStreamDestroy, "cuStreamDestroy", (CUstream stream))                                       \
+    X(cuStreamSynchronize, "cuStreamSynchronize", (CUstream stream))                               \
+    X(cuStreamBeginCapture, "cuStreamBeginCapture", (CUstream stream, int mode))                   \
+    X(cuStreamEndCapture, "cuStreamEndCapture", (CUstream stream, CUgraph* graph))                 \
+    X(cuGraphInstantiate, "cuGraphInstantiateWithFlags",                                           \
+      (CUgraphExec* exec, CUgraph graph, unsigned long long flags))                                \
+    X(cuGraphLaunch, "cuGraphLaunch", (CUgraphExec exec, CUstream stream))                         \
+    X(cuGraphExecDestroy, "cuGraphExecDestroy", (CUgraphExec exec))                                \
+    X(cuGraphDestroy, "cuGraphDestroy", (CUgraph graph))                                           \
+    X(cuEventCreate, "cuEventCreate", (CUevent* event, unsigned flags))                            \
+    X(cuEventRecord, "cuEventRecord", (CUevent event, CUstream stream))                            \
+    X(cuEventSynchronize, "cuEventSynchronize", (CUevent event))                                   \
+    X(cuEventElapsedTime, "cuEventElapsedTime", (float* ms, CUevent start, CUevent end))           \
     X(cuEventDestroy, "cuEventDestroy", (CUevent event))
 
 struct CudaDriverApi {

@@ -72,8 +72,8 @@ std::string loaded_path(void* handle, const std::string& fallback) {
 // otherwise why this library is unusable.
 std::string try_library(void* handle, NvrtcState& state) {
     NvrtcApi api;
-#define ROPE_JIT_NVRTC_RESOLVE_(name, ret, params)                                      \
-    api.name = reinterpret_cast<decltype(api.name)>(dlsym(handle, #name));             \
+#define ROPE_JIT_NVRTC_RESOLVE_(name, ret, params)                                                 \
+    api.name = reinterpret_cast<decltype(api.name)>(dlsym(handle, #name));                         \
     if (api.name == nullptr) return "missing symbol " #name " (NVRTC older than 11.2?)";
     ROPE_JIT_NVRTC_SYMBOLS(ROPE_JIT_NVRTC_RESOLVE_)
 #undef ROPE_JIT_NVRTC_RESOLVE_
@@ -105,9 +105,10 @@ NvrtcState load() {
         // (a framework may bring its own NVRTC of another version).
         void* handle = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
         if (handle == nullptr) {
-            const char* reason = dlerror();
             // dlerror already names the file.
-            failures += "\n  " + (reason != nullptr ? std::string(reason) : name + ": dlopen failed");
+            const char* reason = dlerror();
+            failures += "\n  ";
+            failures += reason != nullptr ? std::string(reason) : name + ": dlopen failed";
             continue;
         }
         const std::string problem = try_library(handle, state);

@@ -1,0 +1,125 @@
+// The C API's fixed surface: versions, the status table, struct initialization and
+// versioning, runtime lifetime and backend selection.
+#include <doctest/doctest.h>
+
+#include <cstddef>
+#include <cstring>
+#include <string>
+#include <thread>
+
+#include "rope_jit/rope_jit.h"
+
+TEST_CASE("the version call agrees with the header macros") {
+    CHECK(rope_jit_version_number() == ROPE_JIT_VERSION_NUMBER);
+    CHECK(std::string(rope_jit_version_string()) ==
+          std::to_string(ROPE_JIT_VERSION_MAJOR) + "." + std::to_string(ROPE_JIT_VERSION_MINOR) + "." +
+              std::to_string(ROPE_JIT_VERSION_PATCH));
+}
+
+TEST_CASE("every status has a name and a message from the one table") {
+    CHECK(std::string(rope_jit_status_name(ROPE_JIT_OK)) == "OK");
+    CHECK(std::string(rope_jit_status_message(ROPE_JIT_OK)) == "success");
+    CHECK(std::string(rope_jit_status_name(ROPE_JIT_ERROR_INVALID_ARGUMENT)) == "ERROR_INVALID_ARGUMENT");
+    CHECK(std::string(rope_jit_status_name(ROPE_JIT_ERROR_COMPILE)) == "ERROR_COMPILE");
+    CHECK(ROPE_JIT_ERROR_INVALID_ARGUMENT == 1);  // values never change meaning
+    CHECK(ROPE_JIT_ERROR_INTERNAL == 8);
+    CHECK(std::string(rope_jit_status_name(static_cast<rope_jit_status>(999))) == "UNKNOWN_STATUS");
+    CHECK(std::string(rope_jit_status_message(static_cast<rope_jit_status>(-1))) == "unknown status");
+}
+
+TEST_CASE("init functions fill the documented defaults and accept NULL") {
+    rope_jit_config config;
+    std::memset(&config, 0x5a, sizeof config);
+    rope_jit_config_init(&config);
+    CHECK(config.struct_size == sizeof(rope_jit_config));
+    CHECK(config.backend == ROPE_JIT_BACKEND_AUTO);
+    CHECK(config.cache_dir == nullptr);
+    CHECK(config.disk_cache == 1);
+    CHECK(config.cpu_threads == 0);
+    CHECK(config.debug_checks == 0);
+
+    rope_jit_rope_args args;
+    std::memset(&args, 0x5a, sizeof args);
+    rope_jit_rope_args_init(&args);
+    CHECK(args.struct_size == sizeof(rope_jit_rope_args));
+    CHECK(args.q == nullptr);
+    CHECK(args.k == nullptr);
+    CHECK(args.cos == nullptr);
+    CHECK(args.inv_freq == nullptr);
+    CHECK(args.positions == nullptr);
+    CHECK(args.xpos_scale == nullptr);
+    CHECK(args.stream == nullptr);
+    CHECK(args.position_offset == 0);
+    CHECK(args.rotary_dim == 0);
+    CHECK(args.style == ROPE_JIT_STYLE_HALF);
+    CHECK(args.backward == 0);
+
+    rope_jit_config_init(nullptr);
+    rope_jit_rope_args_init(nullptr);
+}
+
+TEST_CASE("a caller compiled against an older, smaller config struct gets defaults for the rest") {
+    // An "old" caller knew only struct_size and backend.
+    rope_jit_config config;
+    rope_jit_config_init(&config);
+    config.struct_size = offsetof(rope_jit_config, cache_dir);
+    config.backend = ROPE_JIT_BACKEND_CPU;
+    config.cpu_threads = -5;  // beyond the old struct: must be ignored, not rejected
+    rope_jit_runtime* runtime = nullptr;
+    REQUIRE(rope_jit_runtime_create(&config, &runtime) == ROPE_JIT_OK);
+    CHECK(rope_jit_backend(runtime) == ROPE_JIT_BACKEND_CPU);
+    rope_jit_runtime_free(runtime);
+}
+
+TEST_CASE("runtime creation reports bad arguments and leaves *out NULL") {
+    rope_jit_runtime* runtime = reinterpret_cast<rope_jit_runtime*>(0x1);
+    rope_jit_config config;
+    rope_jit_config_init(&config);
+    SUBCASE("NULL out") {
+        CHECK(rope_jit_runtime_create(&config, nullptr) == ROPE_JIT_ERROR_INVALID_ARGUMENT);
+        CHECK(std::string(rope_jit_last_error()).find("out") != std::string::npos);
+    }
+    SUBCASE("uninitialized config") {
+        config.struct_size = 0;
+        CHECK(rope_jit_runtime_create(&config, &runtime) == ROPE_JIT_ERROR_INVALID_ARGUMENT);
+        CHECK(std::string(rope_jit_last_error()).find("config: struct_size is 0") != std::string::npos);
+        CHECK(runtime == nullptr);
+    }
+    SUBCASE("unknown backend") {
+        config.backend = static_cast<rope_jit_backend_kind>(42);
+        CHECK(rope_jit_runtime_create(&config, &runtime) == ROPE_JIT_ERROR_INVALID_ARGUMENT);
+        CHECK(std::string(rope_jit_last_error()).find("backend: unknown value 42") != std::string::npos);
+        CHECK(runtime == nullptr);
+    }
+    SUBCASE("negative thread count") {
+        config.cpu_threads = -1;
+        CHECK(rope_jit_runtime_create(&config, &runtime) == ROPE_JIT_ERROR_INVALID_ARGUMENT);
+        CHECK(std::string(rope_jit_last_error()).find("cpu_threads") != std::string::npos);
+        CHECK(runtime == nullptr);
+    }
+}
+
+TEST_CASE("a NULL config means defaults, and freeing NULL is a no-op") {
+    rope_jit_runtime* runtime = nullptr;
+    REQUIRE(rope_jit_runtime_create(nullptr, &runtime) == ROPE_JIT_OK);
+    CHECK(runtime != nullptr);
+    const rope_jit_backend_kind backend = rope_jit_backend(runtime);
+    CHECK((backend == ROPE_JIT_BACKEND_CPU || backend == ROPE_JIT_BACKEND_CUDA));
+    rope_jit_runtime_free(runtime);
+    rope_jit_runtime_free(nullptr);
+    CHECK(rope_jit_backend(nullptr) == ROPE_JIT_BACKEND_CPU);
+}
+
+TEST_CASE("the last error is per thread and cleared by a successful call") {
+    CHECK(rope_jit_runtime_create(nullptr, nullptr) == ROPE_JIT_ERROR_INVALID_ARGUMENT);
+    const std::string mine = rope_jit_last_error();
+    CHECK(!mine.empty());
+    std::string theirs = "unset";
+    std::thread([&] { theirs = rope_jit_last_error(); }).join();
+    CHECK(theirs.empty());
+    CHECK(std::string(rope_jit_last_error()) == mine);
+    rope_jit_runtime* runtime = nullptr;
+    REQUIRE(rope_jit_runtime_create(nullptr, &runtime) == ROPE_JIT_OK);
+    CHECK(std::string(rope_jit_last_error()).empty());
+    rope_jit_runtime_free(runtime);
+}
