@@ -1,0 +1,914 @@
+// rope-jit-golden: runs the golden cases (tests/golden/README.md defines the format and the
+// semantics) through the public C API only, and compares every output with the recorded one.
+//
+//   rope-jit-golden DIR [--backend auto|cpu|cuda] [--ops rope,attention,inv_freq]
+//                       [--angles table|inv_freq] [--case SUBSTRING] [--json]
+//
+// Exit status: 0 when every selected case passed, 1 when one failed or was unsupported (or
+// the runtime could not be created), 2 on a usage error or an unreadable manifest.
+//
+// Each op has one runner function in the dispatch table `op_runners`; an op the C API cannot
+// run yet has a runner that reports it unsupported, so that it counts as failed.
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join
+#include <nlohmann/json.hpp>
+
+#include "half_float.h"  // header-only: the same fp16/bf16 conversions as the library
+#include "rope_jit/rope_jit.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+// ============================================================================================
+// Failures of one case. They end that case only: the runner goes on with the next one.
+// ============================================================================================
+
+// The case ran and is wrong, or the case itself is malformed: reported as FAIL.
+struct CaseFailure : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+// The case is well formed but this runner (or the C API) cannot run it: reported as
+// unsupported, which counts as failed.
+struct CaseUnsupported : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+// A bad command line or an unreadable manifest: exit status 2.
+struct UsageError : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+// ============================================================================================
+// Command line
+// ============================================================================================
+
+enum class AngleMode { Table, InvFreq };
+
+struct Options {
+    std::string dir;
+    rope_jit_backend_kind backend = ROPE_JIT_BACKEND_AUTO;
+    std::set<std::string> ops;  // empty: every op
+    AngleMode angles = AngleMode::Table;
+    std::string case_filter;    // substring of the case name; empty: every case
+    bool json = false;
+    bool help = false;
+};
+
+const char* const kUsage =
+    "usage: rope-jit-golden DIR [--backend auto|cpu|cuda] [--ops rope,attention,inv_freq]\n"
+    "                           [--angles table|inv_freq] [--case SUBSTRING] [--json]\n"
+    "\n"
+    "Runs every case of DIR/manifest.json (format rope-jit-golden/1) whose op is in --ops\n"
+    "(default: all) through the rope-jit C API and compares its outputs with the recorded ones.\n"
+    "  --backend   runtime backend (default auto)\n"
+    "  --angles    rope cases: pass the cos/sin tables (default) or inv_freq instead\n"
+    "  --case      run only the cases whose name contains SUBSTRING\n"
+    "  --json      print one JSON object instead of one line per case\n"
+    "Exit status: 0 all passed, 1 some failed or unsupported, 2 usage error.\n";
+
+const std::set<std::string> kKnownOps = {"rope", "attention", "inv_freq"};
+
+std::vector<std::string> split_commas(const std::string& text) {
+    std::vector<std::string> parts;
+    std::stringstream stream(text);
+    std::string part;
+    while (std::getline(stream, part, ',')) parts.push_back(part);
+    return parts;
+}
+
+rope_jit_backend_kind parse_backend(const std::string& value) {
+    if (value == "auto") return ROPE_JIT_BACKEND_AUTO;
+    if (value == "cpu") return ROPE_JIT_BACKEND_CPU;
+    if (value == "cuda") return ROPE_JIT_BACKEND_CUDA;
+    throw UsageError(fmt::format("--backend: expected auto, cpu or cuda, got '{}'", value));
+}
+
+std::set<std::string> parse_ops(const std::string& value) {
+    std::set<std::string> ops;
+    for (const std::string& op : split_commas(value)) {
+        if (kKnownOps.count(op) == 0)
+            throw UsageError(fmt::format("--ops: unknown op '{}' (known: rope, attention, inv_freq)", op));
+        ops.insert(op);
+    }
+    if (ops.empty()) throw UsageError("--ops: expected a comma-separated list of ops");
+    return ops;
+}
+
+AngleMode parse_angles(const std::string& value) {
+    if (value == "table") return AngleMode::Table;
+    if (value == "inv_freq") return AngleMode::InvFreq;
+    throw UsageError(fmt::format("--angles: expected table or inv_freq, got '{}'", value));
+}
+
+// Accepts both "--flag value" and "--flag=value".
+Options parse_options(int argc, char** argv) {
+    Options options;
+    bool have_dir = false;
+    for (int i = 1; i < argc; ++i) {
+        std::string arg = argv[i];
+        std::optional<std::string> inline_value;
+        if (arg.rfind("--", 0) == 0 && arg.find('=') != std::string::npos) {
+            inline_value = arg.substr(arg.find('=') + 1);
+            arg = arg.substr(0, arg.find('='));
+        }
+        auto value = [&]() -> std::string {
+            if (inline_value) return *inline_value;
+            if (i + 1 >= argc) throw UsageError(fmt::format("{}: missing value", arg));
+            return argv[++i];
+        };
+        if (arg == "-h" || arg == "--help") {
+            options.help = true;
+        } else if (arg == "--backend") {
+            options.backend = parse_backend(value());
+        } else if (arg == "--ops") {
+            options.ops = parse_ops(value());
+        } else if (arg == "--angles") {
+            options.angles = parse_angles(value());
+        } else if (arg == "--case") {
+            options.case_filter = value();
+        } else if (arg == "--json") {
+            if (inline_value) throw UsageError("--json takes no value");
+            options.json = true;
+        } else if (arg.size() > 1 && arg[0] == '-') {
+            throw UsageError(fmt::format("unknown option '{}'", arg));
+        } else if (have_dir) {
+            throw UsageError(fmt::format("unexpected argument '{}' (DIR is already '{}')", arg, options.dir));
+        } else {
+            options.dir = arg;
+            have_dir = true;
+        }
+    }
+    if (!have_dir && !options.help) throw UsageError("missing DIR (the folder holding manifest.json)");
+    return options;
+}
+
+// ============================================================================================
+// Arrays as the golden files store them
+// ============================================================================================
+
+enum class ElementType { F32, F16, BF16, I32, I64, Bool };
+
+struct ElementInfo {
+    ElementType type;
+    const char* name;  // as the manifest spells it
+    size_t size;       // bytes
+    DLDataType dl;
+};
+
+// DLPack 0.6 has no bool code; one-byte unsigned integers are its usual stand-in.
+const ElementInfo kElements[] = {
+    {ElementType::F32, "float32", 4, {kDLFloat, 32, 1}},
+    {ElementType::F16, "float16", 2, {kDLFloat, 16, 1}},
+    {ElementType::BF16, "bfloat16", 2, {kDLBfloat, 16, 1}},
+    {ElementType::I32, "int32", 4, {kDLInt, 32, 1}},
+    {ElementType::I64, "int64", 8, {kDLInt, 64, 1}},
+    {ElementType::Bool, "bool", 1, {kDLUInt, 8, 1}},
+};
+
+const ElementInfo& element_info(ElementType type) {
+    for (const ElementInfo& info : kElements)
+        if (info.type == type) return info;
+    return kElements[0];  // unreachable: every enumerator is in the table
+}
+
+std::string shape_string(const std::vector<int64_t>& shape) {
+    return fmt::format("[{}]", fmt::join(shape, ", "));
+}
+
+// One file's contents: little-endian, C-contiguous, shape as in the manifest.
+struct HostArray {
+    ElementType type = ElementType::F32;
+    std::vector<int64_t> shape;
+    std::vector<unsigned char> bytes;
+
+    int64_t numel() const {
+        int64_t n = 1;
+        for (int64_t extent : shape) n *= extent;
+        return n;
+    }
+
+    // Element i (flat index) as a double: every dtype converts exactly.
+    double at(int64_t i) const {
+        const unsigned char* p = bytes.data() + size_t(i) * element_info(type).size;
+        switch (type) {
+            case ElementType::F32: { float v; std::memcpy(&v, p, 4); return v; }
+            case ElementType::F16: { uint16_t v; std::memcpy(&v, p, 2); return rope_jit::fp16_to_float(v); }
+            case ElementType::BF16: { uint16_t v; std::memcpy(&v, p, 2); return rope_jit::bf16_to_float(v); }
+            case ElementType::I32: { int32_t v; std::memcpy(&v, p, 4); return v; }
+            case ElementType::I64: { int64_t v; std::memcpy(&v, p, 8); return double(v); }
+            case ElementType::Bool: return *p != 0 ? 1.0 : 0.0;
+        }
+        return 0.0;
+    }
+
+    bool is_float() const {
+        return type == ElementType::F32 || type == ElementType::F16 || type == ElementType::BF16;
+    }
+    bool is_index() const { return type == ElementType::I32 || type == ElementType::I64; }
+};
+
+ElementType parse_element_type(const json& value, const std::string& what) {
+    if (value.is_string())
+        for (const ElementInfo& info : kElements)
+            if (value.get<std::string>() == info.name) return info.type;
+    throw CaseFailure(fmt::format("{}: unknown dtype {}", what, value.dump()));
+}
+
+std::vector<int64_t> parse_shape(const json& value, const std::string& what) {
+    if (!value.is_array()) throw CaseFailure(fmt::format("{}: shape must be an array, got {}", what, value.dump()));
+    std::vector<int64_t> shape;
+    for (const json& extent : value) {
+        if (!extent.is_number_integer() || extent.get<int64_t>() < 0)
+            throw CaseFailure(fmt::format("{}: shape {} must hold non-negative integers", what, value.dump()));
+        shape.push_back(extent.get<int64_t>());
+    }
+    return shape;
+}
+
+// Byte size of a shape, refusing absurd shapes before they overflow or exhaust memory.
+uint64_t checked_byte_size(const std::vector<int64_t>& shape, size_t item_size, const std::string& what) {
+    const uint64_t limit = uint64_t(1) << 40;
+    uint64_t bytes = item_size;
+    for (int64_t extent : shape) {
+        if (extent != 0 && bytes > limit / uint64_t(extent))
+            throw CaseFailure(fmt::format("{}: shape {} is too large", what, shape_string(shape)));
+        bytes *= uint64_t(extent);
+    }
+    return bytes;
+}
+
+// Reads the array a manifest entry {file, dtype, shape} describes; `what` names it in messages.
+HostArray load_array(const fs::path& dir, const json& spec, const std::string& what) {
+    if (!spec.is_object() || !spec.contains("file") || !spec["file"].is_string() || !spec.contains("dtype") ||
+        !spec.contains("shape"))
+        throw CaseFailure(fmt::format("{}: expected {{\"file\", \"dtype\", \"shape\"}}, got {}", what, spec.dump()));
+    HostArray array;
+    array.type = parse_element_type(spec["dtype"], what);
+    array.shape = parse_shape(spec["shape"], what);
+    const uint64_t expected_bytes = checked_byte_size(array.shape, element_info(array.type).size, what);
+
+    const fs::path path = dir / spec["file"].get<std::string>();
+    std::error_code error;
+    const uintmax_t file_bytes = fs::file_size(path, error);
+    if (error) throw CaseFailure(fmt::format("{}: cannot read {}: {}", what, path.string(), error.message()));
+    if (file_bytes != expected_bytes)
+        throw CaseFailure(fmt::format("{}: {} has {} bytes, but {} {} needs {}", what, path.string(), file_bytes,
+                                      element_info(array.type).name, shape_string(array.shape), expected_bytes));
+    array.bytes.resize(size_t(expected_bytes));
+    std::ifstream file(path, std::ios::binary);
+    if (!file.read(reinterpret_cast<char*>(array.bytes.data()), std::streamsize(expected_bytes)))
+        throw CaseFailure(fmt::format("{}: reading {} failed", what, path.string()));
+    return array;
+}
+
+using ArrayMap = std::map<std::string, HostArray>;
+
+// Loads every entry of a case's "inputs" or "outputs" object.
+ArrayMap load_arrays(const fs::path& dir, const json& entries, const std::string& section) {
+    if (!entries.is_object()) throw CaseFailure(fmt::format("{}: must be an object", section));
+    ArrayMap arrays;
+    for (const auto& [name, spec] : entries.items())
+        arrays.emplace(name, load_array(dir, spec, fmt::format("{} '{}'", section, name)));
+    return arrays;
+}
+
+// ============================================================================================
+// Tensors handed to the library
+//
+// The seam for the CUDA backend: TensorStorage is the only place that knows where tensor
+// memory lives. Today it is host memory (kDLCPU), which every backend accepts. For
+// --backend cuda a later change makes upload/allocate place the buffer on the device and
+// download copy it back; nothing else in this file needs to change.
+// ============================================================================================
+
+class TensorStorage {
+public:
+    // A copy of `host`, where the library will read (and, in place, write) it.
+    static TensorStorage upload(const HostArray& host) {
+        TensorStorage storage;
+        storage.host_ = host;
+        return storage;
+    }
+
+    // A fresh buffer whose every byte is `fill`.
+    static TensorStorage allocate(ElementType type, const std::vector<int64_t>& shape, unsigned char fill) {
+        TensorStorage storage;
+        storage.host_.type = type;
+        storage.host_.shape = shape;
+        storage.host_.bytes.assign(size_t(storage.host_.numel()) * element_info(type).size, fill);
+        return storage;
+    }
+
+    // The current contents, back in host memory.
+    HostArray download() const { return host_; }
+
+    void* data() { return host_.bytes.empty() ? nullptr : host_.bytes.data(); }
+    DLDevice device() const { return DLDevice{kDLCPU, 0}; }
+    ElementType type() const { return host_.type; }
+    const std::vector<int64_t>& shape() const { return host_.shape; }
+
+private:
+    HostArray host_;
+};
+
+// A strided view of a TensorStorage, as the DLTensor the C API takes. A DLTensor only points
+// at its shape and strides, so the view owns them and is never copied or moved.
+class TensorView {
+public:
+    TensorView(TensorStorage& storage, std::vector<int64_t> shape, std::vector<int64_t> strides)
+        : shape_(std::move(shape)), strides_(std::move(strides)) {
+        tensor_.data = storage.data();
+        tensor_.device = storage.device();
+        tensor_.ndim = int32_t(shape_.size());
+        tensor_.dtype = element_info(storage.type()).dl;
+        tensor_.shape = shape_.data();
+        tensor_.strides = strides_.data();
+        tensor_.byte_offset = 0;
+    }
+    TensorView(const TensorView&) = delete;
+    TensorView& operator=(const TensorView&) = delete;
+
+    const DLTensor* get() const { return &tensor_; }
+
+private:
+    std::vector<int64_t> shape_, strides_;
+    DLTensor tensor_{};
+};
+
+std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape) {
+    std::vector<int64_t> strides(shape.size());
+    int64_t stride = 1;
+    for (size_t i = shape.size(); i-- > 0;) {
+        strides[i] = stride;
+        stride *= std::max<int64_t>(shape[i], 1);
+    }
+    return strides;
+}
+
+// Owns every storage and view of one library call, so the pointers in the argument struct
+// stay valid until the call returns. Deques never move their elements.
+class CallTensors {
+public:
+    TensorStorage& upload(const HostArray& host) { return storages_.emplace_back(TensorStorage::upload(host)); }
+    TensorStorage& allocate(ElementType type, const std::vector<int64_t>& shape, unsigned char fill) {
+        return storages_.emplace_back(TensorStorage::allocate(type, shape, fill));
+    }
+    const DLTensor* view(TensorStorage& storage, std::vector<int64_t> shape, std::vector<int64_t> strides) {
+        return views_.emplace_back(storage, std::move(shape), std::move(strides)).get();
+    }
+    // The storage as stored: C-contiguous, its own shape.
+    const DLTensor* plain_view(TensorStorage& storage) {
+        return view(storage, storage.shape(), contiguous_strides(storage.shape()));
+    }
+
+private:
+    std::deque<TensorStorage> storages_;
+    std::deque<TensorView> views_;
+};
+
+// ============================================================================================
+// Comparison: |got - expected| <= atol + rtol * |expected|, in float64
+// ============================================================================================
+
+struct Tolerance {
+    double atol = 0, rtol = 0;
+};
+
+// The worst element seen so far over one or more compared arrays. A ratio above 1 fails.
+struct Measurement {
+    double max_abs_error = 0;
+    double worst_ratio = 0;
+    std::string worst;  // where the worst ratio occurred, with both values
+
+    bool passed() const { return worst_ratio <= 1.0; }
+    void merge(const Measurement& other) {
+        max_abs_error = std::max(max_abs_error, other.max_abs_error);
+        if (other.worst_ratio > worst_ratio || std::isnan(other.worst_ratio)) {
+            worst_ratio = other.worst_ratio;
+            worst = other.worst;
+        }
+    }
+};
+
+std::string index_string(int64_t flat, const std::vector<int64_t>& shape) {
+    std::vector<int64_t> index(shape.size());
+    for (size_t d = shape.size(); d-- > 0;) {
+        const int64_t extent = std::max<int64_t>(shape[d], 1);
+        index[d] = flat % extent;
+        flat /= extent;
+    }
+    return shape_string(index);
+}
+
+// `label` names the array and the run ("q (in place)") in the worst-element description.
+Measurement compare_array(const HostArray& got, const HostArray& expected, Tolerance tolerance,
+                          const std::string& label) {
+    if (got.shape != expected.shape)
+        throw CaseFailure(fmt::format("{}: got shape {}, expected {}", label, shape_string(got.shape),
+                                      shape_string(expected.shape)));
+    Measurement m;
+    int64_t worst_index = -1;
+    const int64_t n = expected.numel();
+    for (int64_t i = 0; i < n; ++i) {
+        const double g = got.at(i), e = expected.at(i);
+        double error = std::fabs(g - e);
+        double ratio = error / (tolerance.atol + tolerance.rtol * std::fabs(e));
+        if (std::isnan(g) || std::isnan(e)) {
+            // NaN only matches NaN; a NaN where a number was expected is the worst error.
+            const bool both = std::isnan(g) && std::isnan(e);
+            error = both ? 0.0 : std::numeric_limits<double>::infinity();
+            ratio = both ? 0.0 : std::numeric_limits<double>::infinity();
+        } else if (error == 0.0) {
+            ratio = 0.0;  // exact, even with a zero tolerance
+        }
+        m.max_abs_error = std::max(m.max_abs_error, error);
+        if (worst_index < 0 || ratio > m.worst_ratio) {
+            m.worst_ratio = ratio;
+            worst_index = i;
+        }
+    }
+    if (worst_index >= 0)
+        m.worst = fmt::format("{}{}: got {:.8g}, expected {:.8g}", label, index_string(worst_index, expected.shape),
+                              got.at(worst_index), expected.at(worst_index));
+    return m;
+}
+
+// ============================================================================================
+// Golden cases
+// ============================================================================================
+
+struct GoldenCase {
+    std::string name;
+    std::string op;         // "" when the entry has none
+    std::string malformed;  // why the entry cannot be run at all; "" when it is well formed
+    json params;
+    json inputs;
+    json outputs;
+    json tolerance;
+};
+
+// How every runner sees the run: the golden folder (file names are relative to it), the
+// runtime and the options.
+struct RunContext {
+    fs::path dir;
+    rope_jit_runtime* runtime = nullptr;
+    AngleMode angles = AngleMode::Table;
+};
+
+Tolerance parse_tolerance(const json& value) {
+    if (!value.is_object() || !value.contains("atol") || !value["atol"].is_number() || !value.contains("rtol") ||
+        !value["rtol"].is_number())
+        throw CaseFailure(fmt::format("tolerance: expected {{\"atol\": number, \"rtol\": number}}, got {}",
+                                      value.dump()));
+    return Tolerance{value["atol"].get<double>(), value["rtol"].get<double>()};
+}
+
+// ============================================================================================
+// op = rope
+// ============================================================================================
+
+enum class Layout { BHSD, BSHD, THD };
+
+struct RopeParams {
+    Layout layout = Layout::BHSD;
+    rope_jit_style style = ROPE_JIT_STYLE_HALF;
+    int32_t rotary_dim = 0;  // 0 = head_dim, as in the C API
+    int32_t rotary_offset = 0;
+    bool backward = false;
+    int64_t position_offset = 0;
+    bool xpos = false;
+};
+
+// Inputs a rope case may have (README, "op = rope"). Anything else means the format grew
+// semantics this runner does not know, so such a case fails rather than silently passing.
+const std::set<std::string> kRopeInputs = {"q",          "k",          "cos",           "sin",
+                                           "positions",  "seqlen_offsets", "cu_seqlens", "q_position_offset",
+                                           "xpos_scale", "inv_freq",   "positions_f"};
+
+std::string param_string(const json& params, const char* key, const char* fallback) {
+    if (!params.contains(key)) return fallback;
+    if (!params[key].is_string())
+        throw CaseFailure(fmt::format("params.{}: expected a string, got {}", key, params[key].dump()));
+    return params[key].get<std::string>();
+}
+
+int64_t param_int(const json& params, const char* key, int64_t fallback) {
+    if (!params.contains(key)) return fallback;
+    if (!params[key].is_number_integer())
+        throw CaseFailure(fmt::format("params.{}: expected an integer, got {}", key, params[key].dump()));
+    return params[key].get<int64_t>();
+}
+
+bool param_bool(const json& params, const char* key, bool fallback) {
+    if (!params.contains(key)) return fallback;
+    if (!params[key].is_boolean())
+        throw CaseFailure(fmt::format("params.{}: expected true or false, got {}", key, params[key].dump()));
+    return params[key].get<bool>();
+}
+
+RopeParams parse_rope_params(const json& params) {
+    if (!params.is_object()) throw CaseFailure("params: must be an object");
+    RopeParams p;
+    const std::string layout = param_string(params, "layout", "bhsd");
+    if (layout == "bhsd") p.layout = Layout::BHSD;
+    else if (layout == "bshd") p.layout = Layout::BSHD;
+    else if (layout == "thd") p.layout = Layout::THD;
+    else throw CaseFailure(fmt::format("params.layout: expected bhsd, bshd or thd, got '{}'", layout));
+
+    const std::string style = param_string(params, "style", "half");
+    if (style == "half") p.style = ROPE_JIT_STYLE_HALF;
+    else if (style == "interleaved") p.style = ROPE_JIT_STYLE_INTERLEAVED;
+    else throw CaseFailure(fmt::format("params.style: expected half or interleaved, got '{}'", style));
+
+    const int64_t rotary_dim = param_int(params, "rotary_dim", 0);
+    const int64_t rotary_offset = param_int(params, "rotary_offset", 0);
+    if (rotary_dim < 0 || rotary_dim > INT32_MAX || rotary_offset < 0 || rotary_offset > INT32_MAX)
+        throw CaseFailure(fmt::format("params: rotary_dim {} / rotary_offset {} out of range", rotary_dim,
+                                      rotary_offset));
+    p.rotary_dim = int32_t(rotary_dim);
+    p.rotary_offset = int32_t(rotary_offset);
+    p.backward = param_bool(params, "backward", false);
+    p.position_offset = param_int(params, "position_offset", 0);
+    p.xpos = param_bool(params, "xpos", false);
+    return p;
+}
+
+// Checks the inputs against the format before anything reaches the library, so a malformed
+// case is reported as such rather than as a library error.
+void check_rope_inputs(const ArrayMap& inputs, const RopeParams& params, const json& raw_params) {
+    for (const auto& entry : inputs)
+        if (kRopeInputs.count(entry.first) == 0)
+            throw CaseFailure(fmt::format("input '{}' is not part of the rope format", entry.first));
+    if (inputs.count("q") == 0) throw CaseFailure("input 'q' is missing");
+    const HostArray& q = inputs.at("q");
+    const size_t rank = params.layout == Layout::THD ? 3 : 4;
+    for (const char* name : {"q", "k"}) {
+        auto it = inputs.find(name);
+        if (it == inputs.end()) continue;
+        if (it->second.shape.size() != rank)
+            throw CaseFailure(fmt::format("input '{}': layout needs {} dimensions, got {}", name, rank,
+                                          shape_string(it->second.shape)));
+        if (!it->second.is_float() || it->second.type != q.type)
+            throw CaseFailure(fmt::format("input '{}': dtype must be q's float dtype", name));
+    }
+    if (raw_params.contains("dtype") && raw_params["dtype"] != element_info(q.type).name)
+        throw CaseFailure(fmt::format("params.dtype {} differs from q's {}", raw_params["dtype"].dump(),
+                                      element_info(q.type).name));
+    for (const char* name : {"positions", "seqlen_offsets", "cu_seqlens", "q_position_offset"}) {
+        auto it = inputs.find(name);
+        if (it != inputs.end() && !it->second.is_index())
+            throw CaseFailure(fmt::format("input '{}': dtype must be int32 or int64", name));
+    }
+    if (params.xpos && inputs.count("xpos_scale") == 0)
+        throw CaseFailure("params.xpos is true but input 'xpos_scale' is missing");
+    if (params.layout == Layout::THD && inputs.count("cu_seqlens") == 0)
+        throw CaseFailure("layout thd needs input 'cu_seqlens'");
+}
+
+// The README's rule 3 puts q at s + q_position_offset[0] *instead of* s + position_offset;
+// the C API adds args.q_position_offset on top of args.position_offset, hence the difference.
+int64_t api_q_position_offset(const ArrayMap& inputs, const RopeParams& params) {
+    auto it = inputs.find("q_position_offset");
+    if (it == inputs.end()) return 0;
+    if (it->second.numel() != 1)
+        throw CaseFailure(fmt::format("input 'q_position_offset': expected [1], got {}",
+                                      shape_string(it->second.shape)));
+    return int64_t(it->second.at(0)) - params.position_offset;
+}
+
+// With --angles inv_freq the library computes angle = row * inv_freq[i], which reproduces the
+// tables only where table row r is position r.
+void require_inv_freq_usable(const ArrayMap& inputs) {
+    if (inputs.count("inv_freq") == 0) throw CaseUnsupported("no inv_freq input");
+    auto it = inputs.find("positions_f");
+    if (it == inputs.end()) return;
+    const HostArray& positions = it->second;
+    for (int64_t r = 0; r < positions.numel(); ++r)
+        if (positions.at(r) != double(r))
+            throw CaseUnsupported(fmt::format("float positions (positions_f[{}] = {:g}, not table row {})", r,
+                                              positions.at(r), r));
+}
+
+// q or k as the C API wants it: [B, H, S, D] in that logical order, or packed [T, H, D].
+// A bshd buffer is passed as its transposed view (no copy), which is what the API promises
+// to accept for any strides.
+const DLTensor* head_view(CallTensors& tensors, TensorStorage& storage, Layout layout) {
+    const std::vector<int64_t>& shape = storage.shape();
+    const std::vector<int64_t> strides = contiguous_strides(shape);
+    if (layout != Layout::BSHD) return tensors.view(storage, shape, strides);
+    return tensors.view(storage, {shape[0], shape[2], shape[1], shape[3]},
+                        {strides[0], strides[2], strides[1], strides[3]});
+}
+
+enum class Placement { OutOfPlace, InPlace };
+
+const char* placement_name(Placement placement) {
+    return placement == Placement::InPlace ? "in place" : "out of place";
+}
+
+// One rope_jit_rope call on fresh copies of the inputs; returns "q" (and "k") as computed,
+// in the layout the golden files store.
+ArrayMap execute_rope(const ArrayMap& inputs, const RopeParams& params, Placement placement,
+                      const RunContext& context) {
+    CallTensors tensors;
+    rope_jit_rope_args args;
+    rope_jit_rope_args_init(&args);
+
+    std::map<std::string, TensorStorage*> results;  // where each output ends up
+    for (const char* name : {"q", "k"}) {
+        auto it = inputs.find(name);
+        if (it == inputs.end()) continue;
+        TensorStorage& input = tensors.upload(it->second);
+        const DLTensor* input_view = head_view(tensors, input, params.layout);
+        const DLTensor* output_view = nullptr;  // NULL = in place
+        TensorStorage* result = &input;
+        if (placement == Placement::OutOfPlace) {
+            // 0xff bytes are NaN in every float dtype: an element the library fails to write
+            // cannot pass by accident.
+            TensorStorage& output = tensors.allocate(input.type(), input.shape(), 0xff);
+            output_view = head_view(tensors, output, params.layout);
+            result = &output;
+        }
+        if (std::strcmp(name, "q") == 0) {
+            args.q = input_view;
+            args.q_out = output_view;
+        } else {
+            args.k = input_view;
+            args.k_out = output_view;
+        }
+        results[name] = result;
+    }
+
+    auto plain = [&](const char* name) -> const DLTensor* {
+        auto it = inputs.find(name);
+        return it == inputs.end() ? nullptr : tensors.plain_view(tensors.upload(it->second));
+    };
+    if (context.angles == AngleMode::Table) {
+        args.cos = plain("cos");
+        args.sin = plain("sin");
+    } else {
+        args.inv_freq = plain("inv_freq");
+    }
+    if (params.xpos) args.xpos_scale = plain("xpos_scale");
+    args.positions = plain("positions");
+    args.seqlen_offsets = plain("seqlen_offsets");
+    args.cu_seqlens = plain("cu_seqlens");
+
+    args.position_offset = params.position_offset;
+    args.q_position_offset = api_q_position_offset(inputs, params);
+    args.rotary_dim = params.rotary_dim;
+    args.rotary_offset = params.rotary_offset;
+    args.style = params.style;
+    args.backward = params.backward ? 1 : 0;
+
+    const rope_jit_status status = rope_jit_rope(context.runtime, &args);
+    if (status != ROPE_JIT_OK)
+        throw CaseFailure(fmt::format("{}: {}: {}", placement_name(placement), rope_jit_status_name(status),
+                                      rope_jit_last_error()));
+
+    ArrayMap outputs;
+    for (const auto& [name, storage] : results) outputs.emplace(name, storage->download());
+    return outputs;
+}
+
+Measurement compare_outputs(const ArrayMap& got, const ArrayMap& expected, Tolerance tolerance,
+                            Placement placement) {
+    Measurement worst;
+    for (const auto& [name, array] : expected) {
+        auto it = got.find(name);
+        if (it == got.end()) throw CaseFailure(fmt::format("output '{}': the rope op produces only q and k", name));
+        worst.merge(compare_array(it->second, array, tolerance, fmt::format("{} ({})", name, placement_name(placement))));
+    }
+    return worst;
+}
+
+// Out of place into fresh buffers, then in place on a copy: both must match.
+Measurement run_rope_case(const GoldenCase& golden, const RunContext& context) {
+    const RopeParams params = parse_rope_params(golden.params);
+    const Tolerance tolerance = parse_tolerance(golden.tolerance);
+    const ArrayMap inputs = load_arrays(context.dir, golden.inputs, "input");
+    const ArrayMap expected = load_arrays(context.dir, golden.outputs, "output");
+    check_rope_inputs(inputs, params, golden.params);
+    if (expected.empty()) throw CaseFailure("outputs: none to compare");
+    if (context.angles == AngleMode::InvFreq) require_inv_freq_usable(inputs);
+
+    Measurement worst;
+    for (Placement placement : {Placement::OutOfPlace, Placement::InPlace})
+        worst.merge(compare_outputs(execute_rope(inputs, params, placement, context), expected, tolerance, placement));
+    return worst;
+}
+
+// ============================================================================================
+// Ops the C API cannot run yet. Each becomes one runner like run_rope_case once it can.
+// ============================================================================================
+
+Measurement run_attention_case(const GoldenCase&, const RunContext&) {
+    throw CaseUnsupported("no attention API yet");
+}
+
+Measurement run_inv_freq_case(const GoldenCase&, const RunContext&) {
+    throw CaseUnsupported("no inv_freq API yet");
+}
+
+using OpRunner = Measurement (*)(const GoldenCase&, const RunContext&);
+
+const std::map<std::string, OpRunner> op_runners = {
+    {"rope", run_rope_case},
+    {"attention", run_attention_case},
+    {"inv_freq", run_inv_freq_case},
+};
+
+// ============================================================================================
+// Running and reporting
+// ============================================================================================
+
+enum class Verdict { Pass, Fail, Unsupported };
+
+const char* verdict_name(Verdict verdict) {
+    switch (verdict) {
+        case Verdict::Pass: return "pass";
+        case Verdict::Fail: return "FAIL";
+        case Verdict::Unsupported: return "unsupported";
+    }
+    return "FAIL";
+}
+
+struct CaseResult {
+    std::string name;
+    std::string op;
+    Verdict verdict = Verdict::Fail;
+    std::optional<Measurement> measurement;  // absent when the case did not get to compare
+    std::string message;
+};
+
+// Runs one case, turning every way it can end into a result: nothing a case does stops the
+// run.
+CaseResult run_case(const GoldenCase& golden, const RunContext& context) {
+    CaseResult result{golden.name, golden.op, Verdict::Fail, std::nullopt, ""};
+    try {
+        if (!golden.malformed.empty()) throw CaseFailure(golden.malformed);
+        auto runner = op_runners.find(golden.op);
+        if (runner == op_runners.end()) throw CaseUnsupported(fmt::format("unknown op '{}'", golden.op));
+        result.measurement = runner->second(golden, context);
+        const bool passed = result.measurement->passed();
+        result.verdict = passed ? Verdict::Pass : Verdict::Fail;
+        if (!passed) result.message = "worst " + result.measurement->worst;
+    } catch (const CaseUnsupported& e) {
+        result.verdict = Verdict::Unsupported;
+        result.message = e.what();
+    } catch (const CaseFailure& e) {
+        result.message = e.what();
+    } catch (const json::exception& e) {
+        result.message = fmt::format("malformed case: {}", e.what());
+    } catch (const std::bad_alloc&) {
+        result.message = "out of memory";
+    } catch (const std::exception& e) {
+        result.message = fmt::format("error: {}", e.what());
+    }
+    return result;
+}
+
+json read_manifest(const fs::path& dir) {
+    const fs::path path = dir / "manifest.json";
+    std::ifstream file(path);
+    if (!file) throw UsageError(fmt::format("cannot read {}: {}", path.string(), std::strerror(errno)));
+    json manifest;
+    try {
+        manifest = json::parse(file);
+    } catch (const json::exception& e) {
+        throw UsageError(fmt::format("{}: not valid JSON: {}", path.string(), e.what()));
+    }
+    if (!manifest.is_object() || !manifest.contains("format") || manifest["format"] != "rope-jit-golden/1")
+        throw UsageError(fmt::format("{}: expected \"format\": \"rope-jit-golden/1\"", path.string()));
+    if (!manifest.contains("cases") || !manifest["cases"].is_array())
+        throw UsageError(fmt::format("{}: expected a \"cases\" array", path.string()));
+    return manifest;
+}
+
+// A case entry without a usable name or op cannot be dispatched; it still becomes a case
+// (reported as FAIL) so that a broken manifest entry is never skipped silently.
+GoldenCase parse_case(const json& entry, size_t index) {
+    GoldenCase golden;
+    golden.name = fmt::format("case[{}]", index);
+    const bool has_name = entry.is_object() && entry.contains("name") && entry["name"].is_string();
+    const bool has_op = entry.is_object() && entry.contains("op") && entry["op"].is_string();
+    if (has_name) golden.name = entry["name"].get<std::string>();
+    if (has_op) golden.op = entry["op"].get<std::string>();
+    if (!has_name || !has_op) {
+        golden.malformed = "malformed case: needs a string \"name\" and \"op\"";
+        return golden;
+    }
+    golden.params = entry.value("params", json::object());
+    golden.inputs = entry.value("inputs", json::object());
+    golden.outputs = entry.value("outputs", json::object());
+    golden.tolerance = entry.value("tolerance", json());
+    return golden;
+}
+
+// An entry without an op passes any --ops filter: what it is meant to be is unknown.
+bool selected(const GoldenCase& golden, const Options& options) {
+    if (!options.ops.empty() && !golden.op.empty() && options.ops.count(golden.op) == 0) return false;
+    return golden.name.find(options.case_filter) != std::string::npos;
+}
+
+std::string format_number(double value) { return fmt::format("{:.3e}", value); }
+
+void print_text_line(const CaseResult& result) {
+    const std::string error = result.measurement ? format_number(result.measurement->max_abs_error) : "-";
+    fmt::print("{:<50} max_abs_error {:<10} {}{}\n", result.name, error, verdict_name(result.verdict),
+               result.message.empty() ? "" : ": " + result.message);
+}
+
+// NaN and infinity are not JSON numbers: they become null.
+json json_number(double value) { return std::isfinite(value) ? json(value) : json(nullptr); }
+
+void print_json(const std::vector<CaseResult>& results, int passed, int failed) {
+    json cases = json::array();
+    for (const CaseResult& r : results)
+        cases.push_back({{"name", r.name},
+                         {"op", r.op},
+                         {"status", verdict_name(r.verdict)},
+                         {"max_abs_error", r.measurement ? json_number(r.measurement->max_abs_error) : json(nullptr)},
+                         {"worst_ratio", r.measurement ? json_number(r.measurement->worst_ratio) : json(nullptr)},
+                         {"message", r.message}});
+    const json report = {{"cases", cases}, {"passed", passed}, {"failed", failed}};
+    fmt::print("{}\n", report.dump(2));
+}
+
+using RuntimeHandle = std::unique_ptr<rope_jit_runtime, decltype(&rope_jit_runtime_free)>;
+
+// Returns an empty handle after printing why, when the runtime cannot be created.
+RuntimeHandle create_runtime(rope_jit_backend_kind backend) {
+    rope_jit_config config;
+    rope_jit_config_init(&config);
+    config.backend = backend;
+    rope_jit_runtime* runtime = nullptr;
+    const rope_jit_status status = rope_jit_runtime_create(&config, &runtime);
+    if (status != ROPE_JIT_OK)
+        fmt::print(stderr, "rope-jit-golden: cannot create the runtime: {}: {}\n", rope_jit_status_name(status),
+                   rope_jit_last_error());
+    return RuntimeHandle(status == ROPE_JIT_OK ? runtime : nullptr, rope_jit_runtime_free);
+}
+
+int run(const Options& options) {
+    const json manifest = read_manifest(options.dir);
+    RuntimeHandle runtime = create_runtime(options.backend);
+    if (!runtime) return 1;
+    const RunContext context{options.dir, runtime.get(), options.angles};
+
+    std::vector<CaseResult> results;
+    int passed = 0, failed = 0;
+    const json& cases = manifest["cases"];
+    for (size_t i = 0; i < cases.size(); ++i) {
+        const GoldenCase golden = parse_case(cases[i], i);
+        if (!selected(golden, options)) continue;
+        CaseResult result = run_case(golden, context);
+        (result.verdict == Verdict::Pass ? passed : failed) += 1;
+        if (!options.json) print_text_line(result);
+        results.push_back(std::move(result));
+    }
+    if (results.empty()) fmt::print(stderr, "rope-jit-golden: no case matched the selection\n");
+    if (options.json) print_json(results, passed, failed);
+    else fmt::print("{} passed, {} failed\n", passed, failed);
+    return failed == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    try {
+        const Options options = parse_options(argc, argv);
+        if (options.help) {
+            fmt::print("{}", kUsage);
+            return 0;
+        }
+        return run(options);
+    } catch (const UsageError& e) {
+        fmt::print(stderr, "rope-jit-golden: {}\n{}", e.what(), kUsage);
+        return 2;
+    } catch (const std::exception& e) {
+        fmt::print(stderr, "rope-jit-golden: {}\n", e.what());
+        return 1;
+    }
+}
