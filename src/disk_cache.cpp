@@ -33,7 +33,8 @@ constexpr size_t kChecksumBytes = 32;
 constexpr size_t kHeadBytes = sizeof(kMagic) + 4 + kKeyChars + 4;
 // payload length and checksum: everything between the spec JSON and the payload.
 constexpr size_t kMidBytes = 8 + kChecksumBytes;
-constexpr uint64_t kMaxFileBytes = kHeadBytes + kCacheMaxSpecBytes + kMidBytes + kCacheMaxPayloadBytes;
+constexpr uint64_t kMaxFileBytes =
+    kHeadBytes + kCacheMaxSpecBytes + kMidBytes + kCacheMaxPayloadBytes;
 
 constexpr std::string_view kTempPrefix = ".tmp-";
 constexpr std::string_view kBadMarker = ".bad-";
@@ -68,7 +69,9 @@ bool is_kind(std::string_view s) {
 
 std::string id_problem(const CacheEntryId& id) {
     if (!is_key_hex(id.key_hex)) return "the key is not 64 lowercase hex characters";
-    if (!is_path_word(id.nvrtc_version)) return fmt::format("bad NVRTC version '{}'", id.nvrtc_version);
+    if (!is_path_word(id.nvrtc_version)) {
+        return fmt::format("bad NVRTC version '{}'", id.nvrtc_version);
+    }
     if (!is_path_word(id.target)) return fmt::format("bad target '{}'", id.target);
     if (!is_kind(id.kind)) return fmt::format("bad entry kind '{}'", id.kind);
     return {};
@@ -76,7 +79,8 @@ std::string id_problem(const CacheEntryId& id) {
 
 // The directories between a root and an entry, in order.
 std::array<std::string, 4> subdirs(const CacheEntryId& id) {
-    return {std::string(kVersionDir), "nvrtc" + id.nvrtc_version, id.target, id.key_hex.substr(0, 2)};
+    return {std::string(kVersionDir), "nvrtc" + id.nvrtc_version, id.target,
+            id.key_hex.substr(0, 2)};
 }
 
 // ---- entry format -----------------------------------------------------------------------
@@ -141,7 +145,9 @@ std::string make_dirs(const std::string& path) {
         }
         if (slash == std::string::npos) break;
     }
-    if (stat(path.c_str(), &st) != 0) return fmt::format("cannot create '{}': {}", path, errno_text(errno));
+    if (stat(path.c_str(), &st) != 0) {
+        return fmt::format("cannot create '{}': {}", path, errno_text(errno));
+    }
     if (!S_ISDIR(st.st_mode)) return fmt::format("'{}' is not a directory", path);
     return {};
 }
@@ -150,7 +156,8 @@ std::string make_dirs(const std::string& path) {
 // path still holds the very file we judged (judged.st_ino == 0: whatever is there): a
 // concurrent store may have put a good one there, and then *replaced is set. Returns the new
 // name, or "" when nothing was moved.
-std::string set_aside(const std::string& path, const struct stat& judged, bool* replaced = nullptr) {
+std::string set_aside(const std::string& path, const struct stat& judged,
+                      bool* replaced = nullptr) {
     static std::atomic<uint64_t> counter{0};
     if (replaced) *replaced = false;
     struct stat now;
@@ -304,7 +311,8 @@ ReadResult read_entry_file(const std::string& path, bool no_follow, std::string*
         return ReadResult::bad;
     }
     if (uint64_t(st->st_size) > kMaxFileBytes) {
-        *problem = fmt::format("file of {} bytes is larger than any valid entry", uint64_t(st->st_size));
+        *problem =
+            fmt::format("file of {} bytes is larger than any valid entry", uint64_t(st->st_size));
         return ReadResult::bad;
     }
     bytes->clear();
@@ -354,7 +362,9 @@ std::vector<std::string> sorted_names(const std::string& dir) {
 // ---- entry format -----------------------------------------------------------------------
 
 std::string serialize_cache_entry(const CacheEntryId& id, const CacheEntry& entry) {
-    if (!is_key_hex(id.key_hex)) fail_argument("cache entry key is not 64 lowercase hex characters");
+    if (!is_key_hex(id.key_hex)) {
+        fail_argument("cache entry key is not 64 lowercase hex characters");
+    }
     if (entry.spec_json.size() > kCacheMaxSpecBytes) {
         fail_argument(fmt::format("cache entry spec JSON of {} bytes exceeds the limit of {}",
                                   entry.spec_json.size(), kCacheMaxSpecBytes));
@@ -387,18 +397,25 @@ std::optional<CacheEntry> parse_cache_entry(const CacheEntryId& id, std::string_
     // Every length is checked against what remains before it is used, by subtraction, so
     // no sum can overflow and no read can pass the end.
     if (bytes.empty()) return reject("empty file");
-    if (bytes.size() < kHeadBytes) return reject(fmt::format("truncated header ({} bytes)", bytes.size()));
+    if (bytes.size() < kHeadBytes) {
+        return reject(fmt::format("truncated header ({} bytes)", bytes.size()));
+    }
     const char* p = bytes.data();
-    if (std::memcmp(p, kMagic, sizeof(kMagic)) != 0) return reject("bad magic: not a rope-jit cache entry");
+    if (std::memcmp(p, kMagic, sizeof(kMagic)) != 0) {
+        return reject("bad magic: not a rope-jit cache entry");
+    }
     uint32_t format = get_u32(p + 8);
     if (format != kCacheFormatVersion) {
-        return reject(fmt::format("format version {}, this build reads {}", format, kCacheFormatVersion));
+        return reject(
+            fmt::format("format version {}, this build reads {}", format, kCacheFormatVersion));
     }
     if (bytes.substr(12, kKeyChars) != id.key_hex) {
         return reject("key echo does not match the key the entry is stored under");
     }
     uint32_t spec_size = get_u32(p + 12 + kKeyChars);
-    if (spec_size > kCacheMaxSpecBytes) return reject(fmt::format("spec JSON length {} exceeds the limit", spec_size));
+    if (spec_size > kCacheMaxSpecBytes) {
+        return reject(fmt::format("spec JSON length {} exceeds the limit", spec_size));
+    }
     size_t rest = bytes.size() - kHeadBytes;
     if (rest < spec_size) return reject("truncated spec JSON");
     rest -= spec_size;
@@ -412,12 +429,16 @@ std::optional<CacheEntry> parse_cache_entry(const CacheEntryId& id, std::string_
     if (rest < payload_size) {
         return reject(fmt::format("truncated payload ({} of {} bytes)", rest, payload_size));
     }
-    if (rest > payload_size) return reject(fmt::format("{} bytes of trailing garbage", rest - payload_size));
+    if (rest > payload_size) {
+        return reject(fmt::format("{} bytes of trailing garbage", rest - payload_size));
+    }
 
     const size_t checksum_at = payload_length_at + 8;
     std::string_view payload = bytes.substr(checksum_at + kChecksumBytes);
     std::array<uint8_t, 32> expected = entry_checksum(bytes.substr(0, checksum_at), payload);
-    if (std::memcmp(expected.data(), p + checksum_at, kChecksumBytes) != 0) return reject("checksum mismatch");
+    if (std::memcmp(expected.data(), p + checksum_at, kChecksumBytes) != 0) {
+        return reject("checksum mismatch");
+    }
 
     CacheEntry entry;
     entry.spec_json.assign(p + kHeadBytes, spec_size);
@@ -474,7 +495,8 @@ std::optional<CacheEntry> DiskCache::load(const CacheEntryId& id) const {
     try {
         std::string problem = id_problem(id);
         if (!problem.empty()) {
-            log_warning_once("disk_cache_bad_id:" + problem, "kernel cache lookup skipped: invalid entry id: " + problem);
+            log_warning_once("disk_cache_bad_id:" + problem,
+                             "kernel cache lookup skipped: invalid entry id: " + problem);
             return std::nullopt;
         }
         if (!root_.empty()) {
@@ -484,8 +506,9 @@ std::optional<CacheEntry> DiskCache::load(const CacheEntryId& id) const {
             bool missing = false;
             problem = check_tree(root_, dirs.data(), dirs.size(), /*create=*/false, &missing);
             if (!problem.empty()) {
-                log_warning_once(warning_key(root_),
-                                 fmt::format("kernel cache directory '{}' is not used: {}", root_, problem));
+                log_warning_once(
+                    warning_key(root_),
+                    fmt::format("kernel cache directory '{}' is not used: {}", root_, problem));
             } else if (!missing) {
                 if (auto entry = load_from(root_, id, /*owned=*/true)) return entry;
             }
@@ -518,16 +541,18 @@ std::optional<CacheEntry> DiskCache::load_from(const std::string& root, const Ca
         bool replaced = false;
         std::string moved = set_aside(path, st, &replaced);
         if (!moved.empty()) {
-            log_warning(fmt::format("kernel cache entry '{}' is damaged ({}); set aside as '{}' "
-                                    "and recompiled",
-                                    path, problem, moved));
+            log_warning(
+                fmt::format("kernel cache entry '{}' is damaged ({}); set aside as '{}' "
+                            "and recompiled",
+                            path, problem, moved));
             return std::nullopt;
         }
         if (!replaced) break;
     }
     // Left in place, it would be met again on every load of this id: say it once.
-    log_warning_once("disk_cache_bad_entry:" + path,
-                     fmt::format("kernel cache entry '{}' is damaged ({}); ignored", path, problem));
+    log_warning_once(
+        "disk_cache_bad_entry:" + path,
+        fmt::format("kernel cache entry '{}' is damaged ({}); ignored", path, problem));
     return std::nullopt;
 }
 
@@ -535,7 +560,8 @@ bool DiskCache::store(const CacheEntryId& id, const CacheEntry& entry) const {
     try {
         std::string problem = id_problem(id);
         if (!problem.empty()) {
-            log_warning_once("disk_cache_bad_id:" + problem, "kernel cache store skipped: invalid entry id: " + problem);
+            log_warning_once("disk_cache_bad_id:" + problem,
+                             "kernel cache store skipped: invalid entry id: " + problem);
             return false;
         }
         if (root_.empty()) {
@@ -552,17 +578,20 @@ bool DiskCache::store(const CacheEntryId& id, const CacheEntry& entry) const {
         }
         const std::string final_path = entry_path(root_, id);
         const std::string bytes = serialize_cache_entry(id, entry);
-        TempFileGuard temp(final_path.substr(0, final_path.rfind('/') + 1) + temp_name());
+        const std::string temp_path = final_path.substr(0, final_path.rfind('/') + 1) + temp_name();
+        TempFileGuard temp(temp_path);
 
         // Readers only ever open the final name, which rename switches from one complete
         // file to another; the fsync first makes sure a crash cannot leave it pointing at
         // a file whose data never reached the disk.
         auto fail = [&](const char* what) {
             const int err = errno;
-            warn_unusable_root(root_, fmt::format("cannot {} '{}': {}", what, temp.path(), errno_text(err)));
+            warn_unusable_root(root_,
+                               fmt::format("cannot {} '{}': {}", what, temp_path, errno_text(err)));
             return false;
         };
-        temp.fd() = open(temp.path().c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+        temp.fd() =
+            open(temp_path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
         if (temp.fd() < 0) {
             int err = errno;
             temp.published();  // not ours to delete: O_EXCL failed or nothing was created
@@ -574,13 +603,13 @@ bool DiskCache::store(const CacheEntryId& id, const CacheEntry& entry) const {
         int fd = temp.fd();
         temp.fd() = -1;
         if (close(fd) != 0) return fail("close");
-        if (rename(temp.path().c_str(), final_path.c_str()) != 0) {
+        if (rename(temp_path.c_str(), final_path.c_str()) != 0) {
             // A directory in place of the entry: move it aside like load() would, once.
             if (errno != EISDIR && errno != ENOTEMPTY && errno != EEXIST) return fail("rename");
             struct stat unknown;
             std::memset(&unknown, 0, sizeof(unknown));
             std::string moved = set_aside(final_path, unknown);
-            if (moved.empty() || rename(temp.path().c_str(), final_path.c_str()) != 0) {
+            if (moved.empty() || rename(temp_path.c_str(), final_path.c_str()) != 0) {
                 return fail("rename");
             }
             log_warning(fmt::format("kernel cache entry '{}' was not a file; set aside as '{}'",
@@ -645,7 +674,9 @@ std::vector<DiskCache::EntryReport> DiskCache::verify(const std::string& root) c
                         id.key_hex = name.substr(0, dot);
                         id.kind = name.substr(dot + 1);
                     }
-                    if (levels[0].compare(0, 5, "nvrtc") == 0) id.nvrtc_version = levels[0].substr(5);
+                    if (levels[0].compare(0, 5, "nvrtc") == 0) {
+                        id.nvrtc_version = levels[0].substr(5);
+                    }
                     id.target = levels[1];
                     report.key_hex = id.key_hex;
                     report.nvrtc_version = id.nvrtc_version;

@@ -85,19 +85,19 @@ public:
     struct EntryReport {
         std::string path;
         bool ok = false;
-        std::string problem;        // why it is not a usable entry; "" when ok
-        std::string key_hex;        // from the file name, when it has the entry form
-        std::string spec_json;      // when ok
-        uint64_t payload_bytes = 0; // when ok
-        std::string nvrtc_version;  // from the path, when it has the entry layout
+        std::string problem;         // why it is not a usable entry; "" when ok
+        std::string key_hex;         // from the file name, when it has the entry form
+        std::string spec_json;       // when ok
+        uint64_t payload_bytes = 0;  // when ok
+        std::string nvrtc_version;   // from the path, when it has the entry layout
         std::string target;
         std::string kind;
     };
     // Walks <root>/v1 (any root, read-only ones included) and checks every entry the way
     // load() does, without changing anything. Reports, besides entries, leftover temp files,
     // entries set aside earlier, directories or other files in place of entries, files
-    // outside the layout and entries whose key echo does not match their file name. Sorted
-    // by path; empty when <root>/v1 does not exist. Never throws except std::bad_alloc.
+    // outside the layout and entries whose key echo does not match their file name. Depth
+    // first, names sorted within each directory; empty when <root>/v1 does not exist.
     std::vector<EntryReport> verify(const std::string& root) const;
 
 private:

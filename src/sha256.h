@@ -32,8 +32,8 @@ private:
 
     std::array<uint32_t, 8> state_;
     std::array<uint8_t, 64> buffer_;
-    size_t buffered_;      // bytes waiting in buffer_, always < 64 between calls
-    uint64_t total_bytes_; // the message length, needed for the final padding
+    size_t buffered_;       // bytes waiting in buffer_, always < 64 between calls
+    uint64_t total_bytes_;  // the message length, needed for the final padding
 };
 
 // The SHA-256 of `data` as 64 lowercase hex characters.

@@ -165,7 +165,7 @@ private:
 
 }  // namespace
 
-TEST_SUITE("disk_cache") {
+TEST_SUITE_BEGIN("disk_cache");
 
 TEST_CASE("An entry stored in the cache loads back byte for byte, also in a fresh cache object") {
     TempDir tmp;
@@ -202,13 +202,14 @@ TEST_CASE("An entry stored in the cache loads back byte for byte, also in a fres
     }
 }
 
-TEST_CASE("Entries live at <root>/v1/nvrtc<ver>/<target>/<2 hex>/<key>.<kind> in private directories") {
+TEST_CASE("Entries live at v1/nvrtc<ver>/<target>/<2 hex>/<key>.<kind> in private directories") {
     TempDir tmp;
     const std::string root = tmp.path + "/not/yet/there";
     DiskCache cache(root, {});
     const CacheEntryId id = make_id("layout");
     const std::string path = cache.entry_path(root, id);
-    CHECK(path == root + "/v1/nvrtc13.0/sm_90/" + id.key_hex.substr(0, 2) + "/" + id.key_hex + ".cubin");
+    CHECK(path ==
+          root + "/v1/nvrtc13.0/sm_90/" + id.key_hex.substr(0, 2) + "/" + id.key_hex + ".cubin");
 
     const CacheEntry entry = make_entry(2);
     REQUIRE(cache.store(id, entry));
@@ -276,7 +277,7 @@ TEST_CASE("A damaged entry file is a miss, is set aside, and the next store repl
     CHECK(read_file(path) == good);
 }
 
-TEST_CASE("store repairs a layout where a directory stands in for the entry or a file for a directory") {
+TEST_CASE("store moves aside a directory in place of the entry or a file in place of a directory") {
     TempDir tmp;
     DiskCache cache(tmp.path, {});
     const CacheEntryId id = make_id("repair");
@@ -285,7 +286,8 @@ TEST_CASE("store repairs a layout where a directory stands in for the entry or a
 
     SUBCASE("a directory at the entry path, never loaded") {
         REQUIRE(cache.store(make_id("sibling"), entry));  // creates the directories
-        REQUIRE(mkdir(dir_of(path).c_str(), 0700) == 0 || errno == EEXIST);
+        const bool made = mkdir(dir_of(path).c_str(), 0700) == 0 || errno == EEXIST;
+        REQUIRE(made);
         REQUIRE(mkdir(path.c_str(), 0700) == 0);
     }
     SUBCASE("a regular file at the key prefix directory") {
@@ -348,7 +350,9 @@ TEST_CASE("A root without write permission is not written but still serves its e
         for (std::string dir = entry_dir; dir.size() >= tmp.path.size(); dir = dir_of(dir)) {
             REQUIRE(chmod(dir.c_str(), 0500) == 0);
         }
-        if (dir_of(broken_path) != entry_dir) REQUIRE(chmod(dir_of(broken_path).c_str(), 0500) == 0);
+        if (dir_of(broken_path) != entry_dir) {
+            REQUIRE(chmod(dir_of(broken_path).c_str(), 0500) == 0);
+        }
 
         CHECK_FALSE(cache.writable());
         CHECK_FALSE(cache.store(make_id("new"), make_entry(10)));
@@ -480,7 +484,9 @@ TEST_CASE("Several processes storing and loading one key at once all see complet
             failures += !cache.store(id, make_entry(writer, 50000));
             auto got = cache.load(id);
             bool whole = false;
-            for (int w = 0; got && w <= kProcesses && !whole; ++w) whole = same(got, make_entry(w, 50000));
+            for (int w = 0; got && w <= kProcesses && !whole; ++w) {
+                whole = same(got, make_entry(w, 50000));
+            }
             failures += !whole;
         }
         return failures;
@@ -546,7 +552,8 @@ TEST_CASE("parse_cache_entry rejects every truncation and every flipped byte of 
         // A copy of exactly n bytes, so ASan catches any read past the end.
         std::vector<char> truncated(bytes.begin(), bytes.begin() + std::ptrdiff_t(n));
         problem.clear();
-        CHECK_FALSE(rope_jit::parse_cache_entry(id, std::string_view(truncated.data(), n), &problem));
+        CHECK_FALSE(
+            rope_jit::parse_cache_entry(id, std::string_view(truncated.data(), n), &problem));
         CHECK_FALSE(problem.empty());
     }
     for (size_t i = 0; i < bytes.size(); ++i) {
@@ -595,14 +602,15 @@ TEST_CASE("parse_cache_entry refuses absurd lengths and survives random bytes") 
             }
             if (rng() % 3 == 0) mutated.resize(rng() % (mutated.size() + 1));
             std::vector<char> exact(mutated.begin(), mutated.end());
-            auto got = rope_jit::parse_cache_entry(id, std::string_view(exact.data(), exact.size()), &problem);
+            auto got = rope_jit::parse_cache_entry(id, std::string_view(exact.data(), exact.size()),
+                                                   &problem);
             // Anything accepted must be a real entry: re-serializing gives the same bytes.
             if (got) CHECK(rope_jit::serialize_cache_entry(id, *got) == mutated);
         }
     }
 }
 
-TEST_CASE("Ids that could escape the cache directory are refused without throwing from load or store") {
+TEST_CASE("Ids that could escape the cache directory are refused; load and store do not throw") {
     TempDir tmp;
     DiskCache cache(tmp.path + "/root", {});
     CacheEntryId bad = make_id("escape");
@@ -616,11 +624,12 @@ TEST_CASE("Ids that could escape the cache directory are refused without throwin
     CHECK_FALSE(cache.store(bad, make_entry(50)));
     CHECK_FALSE(cache.load(bad).has_value());
     CHECK(names_in(tmp.path).empty());
-    CHECK_THROWS_AS(rope_jit::serialize_cache_entry(CacheEntryId{"abc", "13.0", "sm_90", "cubin"}, CacheEntry{}),
+    CHECK_THROWS_AS(rope_jit::serialize_cache_entry(CacheEntryId{"abc", "13.0", "sm_90", "cubin"},
+                                                    CacheEntry{}),
                     rope_jit::Error);
 }
 
-TEST_CASE("verify reports good and damaged entries, leftovers and strays without changing anything") {
+TEST_CASE("verify reports entries, damage, leftovers and strays without changing anything") {
     TempDir tmp;
     DiskCache cache(tmp.path, {});
     const CacheEntryId good = make_id("good"), flipped = make_id("flipped"), echo = make_id("echo"),
@@ -712,7 +721,8 @@ TEST_CASE("The default root follows ROPE_JIT_CACHE_DIR, then XDG_CACHE_HOME, the
     CHECK(DiskCache::default_root().empty());
 }
 
-TEST_CASE("The default read-only roots are ROPE_JIT_CACHE_RO_DIRS split at colons, empty parts dropped") {
+TEST_CASE(
+    "The default read-only roots are ROPE_JIT_CACHE_RO_DIRS split at colons, empty parts dropped") {
     EnvGuard env;
     env.set("ROPE_JIT_CACHE_RO_DIRS", nullptr);
     CHECK(DiskCache::default_read_only_roots().empty());
@@ -724,4 +734,4 @@ TEST_CASE("The default read-only roots are ROPE_JIT_CACHE_RO_DIRS split at colon
     CHECK(DiskCache::default_read_only_roots() == std::vector<std::string>{"/single"});
 }
 
-}  // TEST_SUITE
+TEST_SUITE_END();

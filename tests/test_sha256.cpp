@@ -15,8 +15,9 @@ TEST_CASE("SHA-256 of the FIPS 180-4 example messages matches the published dige
     CHECK(sha256_hex("abc") == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
     CHECK(sha256_hex("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq") ==
           "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
-    CHECK(sha256_hex("abcdefghbcdefghicdefghijdefghijkefghijklfghijklmghijklmnhijklmnoijklmnopjklmnopq"
-                     "klmnopqrlmnopqrsmnopqrstnopqrstu") ==
+    CHECK(sha256_hex(
+              "abcdefghbcdefghicdefghijdefghijkefghijklfghijklmghijklmnhijklmnoijklmnopjklmnopq"
+              "klmnopqrlmnopqrsmnopqrstnopqrstu") ==
           "cf5b16a778af8380036ce59e7b0492370b249b11e8f07a51afac45037afee9d1");
 }
 
@@ -52,7 +53,8 @@ TEST_CASE("SHA-256 of one million 'a' fed in uneven pieces matches the published
         fed += n;
         piece = piece * 7 % 997 + 1;  // sizes that straddle block boundaries in every way
     }
-    CHECK(hasher.finish_hex() == "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+    CHECK(hasher.finish_hex() ==
+          "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
 }
 
 TEST_CASE("SHA-256 fed incrementally at random split points equals the one-shot digest") {
