@@ -131,6 +131,57 @@ rope_jit_backend_kind rope_jit_backend(const rope_jit_runtime* runtime) {
     return runtime ? runtime->runtime.backend() : ROPE_JIT_BACKEND_CPU;
 }
 
+void rope_jit_kernel_spec_init(rope_jit_kernel_spec* spec) {
+    if (spec == nullptr) return;
+    *spec = rope_jit_kernel_spec{};
+    spec->struct_size = sizeof(rope_jit_kernel_spec);
+    spec->dtype = DLDataType{kDLFloat, 32, 1};
+    spec->style = ROPE_JIT_STYLE_HALF;
+    spec->has_k = 1;
+    spec->gqa_group = 1;
+    spec->positions = ROPE_JIT_POSITIONS_IMPLICIT;
+    spec->index_dtype = DLDataType{kDLInt, 64, 1};
+    spec->angles = ROPE_JIT_ANGLES_TABLE_FULL;
+    spec->table_dtype = DLDataType{kDLFloat, 32, 1};
+    spec->in_place = 1;
+}
+
+void rope_jit_stats_init(rope_jit_stats* stats) {
+    if (stats == nullptr) return;
+    *stats = rope_jit_stats{};
+    stats->struct_size = sizeof(rope_jit_stats);
+}
+
+rope_jit_status rope_jit_prewarm(rope_jit_runtime* runtime, const rope_jit_kernel_spec* specs, size_t n,
+                                 const char* target) {
+    return guarded([&] {
+        if (runtime == nullptr) rope_jit::fail_argument("runtime: NULL");
+        runtime->runtime.prewarm(specs, n, target);
+    });
+}
+
+rope_jit_status rope_jit_get_stats(const rope_jit_runtime* runtime, rope_jit_stats* stats) {
+    return guarded([&] {
+        if (runtime == nullptr) rope_jit::fail_argument("runtime: NULL");
+        if (stats == nullptr) rope_jit::fail_argument("stats: NULL");
+        const size_t size = stats->struct_size;
+        if (size < sizeof(size_t))
+            rope_jit::fail_argument("stats: struct_size is 0; initialize with rope_jit_stats_init");
+        const rope_jit::KernelStats& counters = runtime->runtime.stats();
+        rope_jit_stats full;
+        rope_jit_stats_init(&full);
+        full.memory_hits = counters.memory_hits.load(std::memory_order_relaxed);
+        full.disk_hits = counters.disk_hits.load(std::memory_order_relaxed);
+        full.compiles = counters.compiles.load(std::memory_order_relaxed);
+        full.compile_ms = double(counters.compile_microseconds.load(std::memory_order_relaxed)) / 1000.0;
+        full.disk_writes = counters.disk_writes.load(std::memory_order_relaxed);
+        full.launches = counters.launches.load(std::memory_order_relaxed);
+        // An older caller's smaller struct gets the fields it knows.
+        std::memcpy(static_cast<void*>(stats), &full, std::min(size, sizeof full));
+        stats->struct_size = size;
+    });
+}
+
 rope_jit_status rope_jit_rope(rope_jit_runtime* runtime, const rope_jit_rope_args* args) {
     return guarded([&] {
         if (runtime == nullptr) rope_jit::fail_argument("runtime: NULL");

@@ -124,7 +124,8 @@ std::vector<std::string> default_compile_options() { return {"-std=c++17"}; }
 
 CompileResult compile_cuda(const std::string& source, const std::string& program_name,
                            const std::string& target,
-                           const std::vector<std::string>& extra_options) {
+                           const std::vector<std::string>& extra_options,
+                           const std::vector<NamedSource>& headers) {
     const NvrtcApi& api = require_nvrtc();
     const auto start = std::chrono::steady_clock::now();
 
@@ -138,9 +139,15 @@ CompileResult compile_cuda(const std::string& source, const std::string& program
     const std::string context = "NVRTC " + nvrtc_version_string() + " failed to compile '" +
                                 program_name + "' for " + result.target_used;
 
+    std::vector<const char*> header_sources, header_names;
+    for (const NamedSource& header : headers) {
+        header_names.push_back(header.name.c_str());
+        header_sources.push_back(header.source.c_str());
+    }
     nvrtcProgram program = nullptr;
-    const nvrtcResult created = api.nvrtcCreateProgram(&program, source.c_str(),
-                                                       program_name.c_str(), 0, nullptr, nullptr);
+    const nvrtcResult created = api.nvrtcCreateProgram(
+        &program, source.c_str(), program_name.c_str(), static_cast<int>(headers.size()),
+        header_sources.data(), header_names.data());
     if (created != NVRTC_SUCCESS) {
         throw Error(created == NVRTC_ERROR_OUT_OF_MEMORY ? ROPE_JIT_ERROR_OUT_OF_MEMORY
                                                          : ROPE_JIT_ERROR_COMPILE,

@@ -42,14 +42,22 @@ std::string choose_target_for_device(int major, int minor);
 // the kernel need accurate sincosf for large positions.
 std::vector<std::string> default_compile_options();
 
+// A header the compiled source may #include by `name` (NVRTC reads it from memory).
+struct NamedSource {
+    std::string name;
+    std::string source;
+};
+
 // Compiles `source` (which must include nothing from the CUDA toolkit) for `target` as
-// decided by choose_target. `program_name` names the source in NVRTC's diagnostics.
+// decided by choose_target. `program_name` names the source in NVRTC's diagnostics; `headers`
+// are the only files it may include.
 // Options: default_compile_options(), --gpu-architecture=<target_used>, then extra_options.
 // Throws Error(ROPE_JIT_ERROR_COMPILE) with the program name, target, options and the full
 // NVRTC log; Error(ROPE_JIT_ERROR_BACKEND_UNAVAILABLE) when NVRTC cannot be loaded, with the
 // reason; and choose_target's errors.
 CompileResult compile_cuda(const std::string& source, const std::string& program_name,
                            const std::string& target,
-                           const std::vector<std::string>& extra_options);
+                           const std::vector<std::string>& extra_options,
+                           const std::vector<NamedSource>& headers = {});
 
 }  // namespace rope_jit

@@ -1,33 +1,38 @@
 #include "runtime.h"
 
+#include <cstring>
+
 #include <fmt/format.h>
 
 #include "cpu_reference.h"
 #include "error.h"
+#include "kernel_spec.h"
 #include "rope_problem.h"
 
 namespace rope_jit {
 
 Runtime::Runtime(const rope_jit_config& config)
-    : cpu_threads_(config.cpu_threads),
-      debug_checks_(config.debug_checks != 0),
-      cache_dir_(config.cache_dir ? config.cache_dir : ""),
-      disk_cache_(config.disk_cache != 0) {
-    switch (config.backend) {
-        case ROPE_JIT_BACKEND_AUTO:
-        case ROPE_JIT_BACKEND_CPU:
-            backend_ = ROPE_JIT_BACKEND_CPU;
-            break;
-        case ROPE_JIT_BACKEND_CUDA:
-            throw Error(ROPE_JIT_ERROR_BACKEND_UNAVAILABLE,
-                        "backend: ROPE_JIT_BACKEND_CUDA requested, but this build has no CUDA backend yet");
-        default:
-            fail_argument(fmt::format("backend: unknown value {}", int(config.backend)));
-    }
+    : cpu_threads_(config.cpu_threads), debug_checks_(config.debug_checks != 0) {
     if (config.cpu_threads < 0)
         fail_argument(fmt::format("cpu_threads: must be >= 0 (0 = one per hardware thread), got {}",
                                   config.cpu_threads));
+    if (config.backend != ROPE_JIT_BACKEND_AUTO && config.backend != ROPE_JIT_BACKEND_CUDA &&
+        config.backend != ROPE_JIT_BACKEND_CPU)
+        fail_argument(fmt::format("backend: unknown value {}", int(config.backend)));
+    if (config.disk_cache != 0) {
+        const std::string root = config.cache_dir ? std::string(config.cache_dir) : DiskCache::default_root();
+        disk_ = std::make_unique<DiskCache>(root, DiskCache::default_read_only_roots());
+    }
+    if (config.backend == ROPE_JIT_BACKEND_CPU) return;
+    try {
+        cuda_ = std::make_unique<CudaBackend>(disk_.get(), stats_, debug_checks_);
+    } catch (const Error& e) {
+        // AUTO falls back to the CPU when there is no usable GPU; CUDA insists.
+        if (config.backend == ROPE_JIT_BACKEND_CUDA || e.status() != ROPE_JIT_ERROR_BACKEND_UNAVAILABLE) throw;
+    }
 }
+
+Runtime::~Runtime() = default;
 
 ThreadPool& Runtime::cpu_pool() {
     std::call_once(pool_once_, [this] { pool_ = std::make_unique<ThreadPool>(cpu_threads_); });
@@ -36,16 +41,51 @@ ThreadPool& Runtime::cpu_pool() {
 
 void Runtime::rope(const rope_jit_rope_args& args) {
     RopeProblem problem = make_rope_problem(args);
+    if (problem.empty()) return;
     if (host_accessible(problem.device)) {
         check_positions_on_host(problem);
         rope_cpu(problem, cpu_pool());
         return;
     }
-    if (problem.device.device_type == kDLCUDA && backend_ == ROPE_JIT_BACKEND_CPU)
-        fail_argument(fmt::format("q: lives on CUDA device {}, but this runtime runs on the CPU backend "
-                                  "(no GPU was found, or ROPE_JIT_BACKEND_CPU was requested)",
-                                  problem.device.device_id));
+    if (problem.device.device_type == kDLCUDA) {
+        if (!cuda_)
+            fail_argument(fmt::format("q: lives on CUDA device {}, but this runtime runs on the CPU backend "
+                                      "(no GPU was found, or ROPE_JIT_BACKEND_CPU was requested)",
+                                      problem.device.device_id));
+        cuda_->rope(problem, args.stream);
+        return;
+    }
     fail_argument(fmt::format("q: lives on {}, which rope-jit cannot reach", device_name(problem.device.device_type)));
+}
+
+void Runtime::prewarm(const rope_jit_kernel_spec* specs, size_t n, const char* target) {
+    if (n > 0 && specs == nullptr) fail_argument("specs: NULL with n > 0");
+    std::string chosen;
+    if (target != nullptr) {
+        chosen = target;
+    } else if (cuda_) {
+        chosen = cuda_->target(0);
+    } else {
+        throw Error(ROPE_JIT_ERROR_BACKEND_UNAVAILABLE,
+                    "target: NULL asks for the local GPU's architecture, but this runtime has no GPU; name one "
+                    "(\"sm_90\")");
+    }
+    for (size_t i = 0; i < n; ++i) {
+        KernelSpec spec;
+        try {
+            // Each struct may come from an older caller: read it with its own size.
+            rope_jit_kernel_spec resolved;
+            rope_jit_kernel_spec_init(&resolved);
+            const size_t size = specs[i].struct_size;
+            if (size < sizeof(size_t) || size > sizeof(rope_jit_kernel_spec))
+                fail_argument(fmt::format("struct_size is {}; initialize specs with rope_jit_kernel_spec_init", size));
+            std::memcpy(static_cast<void*>(&resolved), &specs[i], size);
+            spec = kernel_spec_from_public(resolved);
+        } catch (const Error& e) {
+            throw Error(e.status(), fmt::format("specs[{}]: {}", i, e.what()));
+        }
+        build_kernel_binary(spec, chosen, disk_.get(), stats_);
+    }
 }
 
 }  // namespace rope_jit

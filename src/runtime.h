@@ -1,12 +1,16 @@
-// The object behind a rope_jit_runtime handle: the backend chosen at creation, the CPU
-// worker pool (started on first use) and, on the CUDA backend, the kernel cache. Each public
-// operation enters here after the C API shim has read the caller's structs.
+// The object behind a rope_jit_runtime handle: the backend chosen at creation, the disk
+// cache, the kernel counters, the CUDA backend (when there is a GPU) and the CPU worker pool
+// (started on first use). Each public operation enters here after the C API shim has read
+// the caller's structs.
 #pragma once
 
 #include <memory>
 #include <mutex>
 #include <string>
 
+#include "cuda_backend.h"
+#include "disk_cache.h"
+#include "kernel_builder.h"
 #include "rope_jit/rope_jit.h"
 #include "thread_pool.h"
 
@@ -16,18 +20,21 @@ class Runtime {
 public:
     // Throws Error(BACKEND_UNAVAILABLE) when config asks for CUDA and there is none.
     explicit Runtime(const rope_jit_config& config);
+    ~Runtime();
 
-    rope_jit_backend_kind backend() const { return backend_; }
+    rope_jit_backend_kind backend() const { return cuda_ ? ROPE_JIT_BACKEND_CUDA : ROPE_JIT_BACKEND_CPU; }
     void rope(const rope_jit_rope_args& args);
+    void prewarm(const rope_jit_kernel_spec* specs, size_t n, const char* target);
+    const KernelStats& stats() const { return stats_; }
 
 private:
     ThreadPool& cpu_pool();
 
-    rope_jit_backend_kind backend_ = ROPE_JIT_BACKEND_CPU;
     int cpu_threads_ = 0;
     bool debug_checks_ = false;
-    std::string cache_dir_;
-    bool disk_cache_ = true;
+    std::unique_ptr<DiskCache> disk_;  // NULL: memory-only
+    KernelStats stats_;
+    std::unique_ptr<CudaBackend> cuda_;  // NULL on the CPU backend
     std::once_flag pool_once_;
     std::unique_ptr<ThreadPool> pool_;
 };

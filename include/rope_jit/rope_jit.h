@@ -256,6 +256,82 @@ typedef struct rope_jit_rope_args {
 ROPE_JIT_API void rope_jit_rope_args_init(rope_jit_rope_args* args);
 
 /* ========================================================================================
+ * Kernel specs (for prewarming caches)
+ *
+ * Everything that is fixed in one compiled kernel. rope_jit_rope derives the spec of each
+ * call itself; this struct lets a caller (or rope-jit-cache) compile kernels ahead of time,
+ * for a GPU architecture, on any machine. A prewarmed spec is the one a call with the same
+ * parameters and C-contiguous, 16-byte-aligned tensors uses.
+ * ======================================================================================== */
+
+/* Where token positions come from (see "RoPE arguments"). */
+typedef enum rope_jit_position_mode {
+    ROPE_JIT_POSITIONS_IMPLICIT = 0,       /* s + position_offset */
+    ROPE_JIT_POSITIONS_INDICES = 1,        /* a positions tensor (HAS_ROPE_INDICES) */
+    ROPE_JIT_POSITIONS_SEQLEN_OFFSETS = 2  /* s + seqlen_offsets[b] */
+} rope_jit_position_mode;
+
+/* Where the angles come from. */
+typedef enum rope_jit_angle_source {
+    ROPE_JIT_ANGLES_TABLE_HALF = 0,  /* cos/sin [P, R/2] */
+    ROPE_JIT_ANGLES_TABLE_FULL = 1,  /* cos/sin [P, R] */
+    ROPE_JIT_ANGLES_INV_FREQ = 2     /* computed from inv_freq [R/2] */
+} rope_jit_angle_source;
+
+typedef struct rope_jit_kernel_spec {
+    /* sizeof(rope_jit_kernel_spec) as the caller compiled it. Set by rope_jit_kernel_spec_init. */
+    size_t struct_size;
+    /* dtype of q, k and outputs: float32 (default), float16 or bfloat16. */
+    DLDataType dtype;
+    /* Features per head (even). Required (default 0 is invalid). */
+    int32_t head_dim;
+    /* Rotated features; 0 (default) = head_dim. */
+    int32_t rotary_dim;
+    /* First rotated feature. Default 0. */
+    int32_t rotary_offset;
+    /* Default ROPE_JIT_STYLE_HALF. */
+    rope_jit_style style;
+    /* 1: backward (inverse rotation). Default 0. */
+    int backward;
+    /* 1: q and k in one launch. Default 1. */
+    int has_k;
+    /* Hq / Hk with k. Default 1. */
+    int32_t gqa_group;
+    /* Default ROPE_JIT_POSITIONS_IMPLICIT. */
+    rope_jit_position_mode positions;
+    /* dtype of positions, seqlen_offsets and cu_seqlens: int64 (default) or int32. */
+    DLDataType index_dtype;
+    /* 1: packed [T, H, D] tensors with cu_seqlens. Default 0. */
+    int packed;
+    /* Default ROPE_JIT_ANGLES_TABLE_FULL (HF-style tables). */
+    rope_jit_angle_source angles;
+    /* dtype of the cos/sin tables (or of inv_freq): float32 (default), float16, bfloat16. */
+    DLDataType table_dtype;
+    /* 1: xPos scales (of table_dtype). Default 0. */
+    int xpos;
+    /* 1 (default): in place; 0: separate outputs. */
+    int in_place;
+} rope_jit_kernel_spec;
+
+/* Fills *spec with the defaults above and sets struct_size. NULL is ignored. */
+ROPE_JIT_API void rope_jit_kernel_spec_init(rope_jit_kernel_spec* spec);
+
+/* Counters of one runtime since its creation. */
+typedef struct rope_jit_stats {
+    /* sizeof(rope_jit_stats) as the caller compiled it. Set by rope_jit_stats_init. */
+    size_t struct_size;
+    uint64_t memory_hits;  /* launches whose kernel was already loaded */
+    uint64_t disk_hits;    /* kernels read from the disk cache instead of compiled */
+    uint64_t compiles;     /* kernels compiled with NVRTC */
+    double compile_ms;     /* total wall time of those compiles, milliseconds */
+    uint64_t disk_writes;  /* cache entries written */
+    uint64_t launches;     /* kernels launched */
+} rope_jit_stats;
+
+/* Zeroes *stats and sets struct_size. NULL is ignored. */
+ROPE_JIT_API void rope_jit_stats_init(rope_jit_stats* stats);
+
+/* ========================================================================================
  * Functions
  * ======================================================================================== */
 
@@ -279,6 +355,18 @@ ROPE_JIT_API rope_jit_backend_kind rope_jit_backend(const rope_jit_runtime* runt
  * failure nothing has been written. Thread-safe. */
 ROPE_JIT_API rope_jit_status rope_jit_rope(rope_jit_runtime* runtime,
                                            const rope_jit_rope_args* args);
+
+/* Compiles the kernels of specs[0..n) for `target` ("sm_80", "sm_90"; NULL = the
+ * architecture of CUDA device 0) and stores them in the runtime's disk cache, so that later
+ * processes load them without compiling. Needs NVRTC, not a GPU: it works on any backend.
+ * Specs already in the cache are not compiled again. Fails on the first bad spec
+ * (ERROR_INVALID_ARGUMENT, naming its index) or compile error (ERROR_COMPILE, with the NVRTC
+ * log); ERROR_BACKEND_UNAVAILABLE without NVRTC, or with target NULL and no GPU. */
+ROPE_JIT_API rope_jit_status rope_jit_prewarm(rope_jit_runtime* runtime, const rope_jit_kernel_spec* specs,
+                                              size_t n, const char* target);
+
+/* Copies the runtime's counters into *stats (up to stats->struct_size bytes). */
+ROPE_JIT_API rope_jit_status rope_jit_get_stats(const rope_jit_runtime* runtime, rope_jit_stats* stats);
 
 #ifdef __cplusplus
 } /* extern "C" */

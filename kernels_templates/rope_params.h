@@ -1,0 +1,52 @@
+// Run-time arguments of the rope kernel, passed by value as its single parameter. This file
+// is compiled twice: into the host launcher (src/cuda_rope_launch.cpp) and, embedded, into
+// every kernel by NVRTC, so the two sides cannot disagree on the layout. Plain C types only:
+// the kernels compile without any toolkit header.
+#ifndef ROPE_JIT_ROPE_PARAMS_H
+#define ROPE_JIT_ROPE_PARAMS_H
+
+struct RopeKernelParams {
+    // q, k and their outputs as [B, H, S, D] views; strides in elements. Packed [T, H, D]
+    // tensors arrive lifted to [1, H, T, D].
+    const void* q;
+    void* q_out;
+    const void* k;
+    void* k_out;
+    long long q_stride[4];
+    long long q_out_stride[4];
+    long long k_stride[4];
+    long long k_out_stride[4];
+
+    // Angle sources: cos/sin tables [P, C], or inv_freq [R/2]; xPos scales like the tables.
+    const void* cos;
+    const void* sin;
+    const void* inv_freq;
+    const void* xpos;
+    long long cos_stride[2];
+    long long sin_stride[2];
+    long long xpos_stride[2];
+    long long inv_freq_stride;
+
+    // Position sources. positions is [B, S] or [S] (batch stride 0) or, packed, [T].
+    const void* positions;
+    long long positions_stride[2];
+    const void* seqlen_offsets;
+    long long seqlen_offsets_stride;
+    const void* cu_seqlens;
+    long long cu_seqlens_stride;
+
+    long long batch;
+    long long seqlen_q;
+    long long seqlen_k;
+    long long seqlen_max;  // max(seqlen_q, seqlen_k): tokens per batch row the grid covers
+    long long heads_q;
+    long long heads_k;
+    long long num_sequences;
+    long long position_offset;
+    long long q_position_offset;
+    long long units;  // batch * seqlen_max
+    int tokens_per_block;
+    int unused_;
+};
+
+#endif

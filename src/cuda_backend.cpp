@@ -1,0 +1,256 @@
+#include "cuda_backend.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "error.h"
+#include "kernel_source.h"
+#include "rope_params.h"
+
+namespace rope_jit {
+
+namespace {
+
+const CudaDriverApi& require_driver() {
+    const CudaDriverApi* api = cuda_driver_api();
+    if (api == nullptr)
+        throw Error(ROPE_JIT_ERROR_BACKEND_UNAVAILABLE, "CUDA driver not available: " + cuda_driver_load_error());
+    return *api;
+}
+
+// Makes `context` current for a scope when it is not already (the common case with PyTorch,
+// whose current context is the device's primary one, costs nothing).
+class ContextScope {
+public:
+    ContextScope(const CudaDriverApi& api, CUcontext context, CUcontext current) : api_(api) {
+        if (context != current) {
+            check_cu(api_.cuCtxPushCurrent(context), "cuCtxPushCurrent");
+            pushed_ = true;
+        }
+    }
+    ~ContextScope() {
+        if (pushed_) {
+            CUcontext popped = nullptr;
+            api_.cuCtxPopCurrent(&popped);
+        }
+    }
+    ContextScope(const ContextScope&) = delete;
+    ContextScope& operator=(const ContextScope&) = delete;
+
+private:
+    const CudaDriverApi& api_;
+    bool pushed_ = false;
+};
+
+// The device of a context, remembered per thread for the last context asked about: a
+// process normally uses one context per device, so this is a compare on the launch path.
+CUdevice context_device(const CudaDriverApi& api, CUcontext context, CUcontext current) {
+    thread_local CUcontext last_context = nullptr;
+    thread_local CUdevice last_device = -1;
+    if (context == last_context) return last_device;
+    CUdevice device = -1;
+    {
+        ContextScope scope(api, context, current);
+        check_cu(api.cuCtxGetDevice(&device), "cuCtxGetDevice");
+    }
+    last_context = context;
+    last_device = device;
+    return device;
+}
+
+void copy_strides(long long* out, const TensorRef& t, int n) {
+    for (int i = 0; i < n; ++i) out[i] = t.strides[i];
+}
+
+// A host copy of the bytes a device view covers, and the same view over that copy.
+TensorRef host_copy(const CudaDriverApi& api, const TensorRef& t, std::vector<char>& storage) {
+    if (!t.present() || t.numel() == 0) return t;
+    uintptr_t first, last;
+    t.byte_extent(&first, &last);
+    storage.resize(size_t(last - first + 1));
+    check_cu(api.cuMemcpyDtoH(storage.data(), CUdeviceptr(first), storage.size()), "cuMemcpyDtoH (debug checks)");
+    TensorRef copy = t;
+    copy.data = storage.data() + (reinterpret_cast<uintptr_t>(t.data) - first);
+    copy.device = {kDLCPU, 0};
+    return copy;
+}
+
+}  // namespace
+
+CudaBackend::CudaBackend(const DiskCache* disk, KernelStats& stats, bool debug_checks)
+    : api_(require_driver()), disk_(disk), stats_(stats), debug_checks_(debug_checks) {
+    const int count = cuda_device_count();
+    if (count == 0) throw Error(ROPE_JIT_ERROR_BACKEND_UNAVAILABLE, "the CUDA driver reports no device");
+    for (int ordinal = 0; ordinal < count; ++ordinal) {
+        auto device = std::make_unique<Device>();
+        check_cu(api_.cuDeviceGet(&device->handle, ordinal), "cuDeviceGet");
+        device->target = cuda_device_target(ordinal);
+        check_cu(api_.cuDeviceGetAttribute(&device->multiprocessors, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+                                           device->handle),
+                 "cuDeviceGetAttribute(MULTIPROCESSOR_COUNT)");
+        devices_.push_back(std::move(device));
+    }
+}
+
+CudaBackend::~CudaBackend() {
+    // Best effort: at process exit the driver may already be shutting down.
+    for (const auto& entry : kernels_.all()) {
+        CUcontext current = nullptr;
+        api_.cuCtxGetCurrent(&current);
+        if (api_.cuCtxPushCurrent(entry.first) == CUDA_SUCCESS) {
+            api_.cuModuleUnload(entry.second.module);
+            CUcontext popped = nullptr;
+            api_.cuCtxPopCurrent(&popped);
+        }
+    }
+    for (const auto& device : devices_)
+        if (device->primary != nullptr) api_.cuDevicePrimaryCtxRelease(device->handle);
+}
+
+CUcontext CudaBackend::primary_context(int ordinal) {
+    Device& device = *devices_[size_t(ordinal)];
+    std::call_once(device.primary_once, [&] {
+        check_cu(api_.cuDevicePrimaryCtxRetain(&device.primary, device.handle), "cuDevicePrimaryCtxRetain");
+    });
+    return device.primary;
+}
+
+CUcontext CudaBackend::resolve_context(int ordinal, CUstream stream) {
+    CUcontext current = nullptr;
+    check_cu(api_.cuCtxGetCurrent(&current), "cuCtxGetCurrent");
+    CUcontext context = nullptr;
+    if (stream != nullptr) check_cu(api_.cuStreamGetCtx(stream, &context), "cuStreamGetCtx(args.stream)");
+    if (context == nullptr) context = current;
+    if (context == nullptr) return primary_context(ordinal);
+    const CUdevice device = context_device(api_, context, current);
+    if (device != devices_[size_t(ordinal)]->handle)
+        fail_argument(fmt::format("stream: {} belongs to CUDA device {}, but the tensors live on device {}",
+                                  stream ? "the stream" : "the current context", device, ordinal));
+    return context;
+}
+
+LoadedKernel CudaBackend::kernel_for(const KernelSpec& spec, CUcontext context, int ordinal) {
+    if (LoadedKernel hit = kernels_.find(spec, context); hit.function != nullptr) {
+        stats_.memory_hits.fetch_add(1, std::memory_order_relaxed);
+        return hit;
+    }
+    return kernels_.get_or_build(spec, context, [&] {
+        KernelBinary binary = build_kernel_binary(spec, devices_[size_t(ordinal)]->target, disk_, stats_);
+        CUcontext current = nullptr;
+        check_cu(api_.cuCtxGetCurrent(&current), "cuCtxGetCurrent");
+        ContextScope scope(api_, context, current);
+        LoadedKernel kernel;
+        check_cu(api_.cuModuleLoadData(&kernel.module, binary.image.data()), "cuModuleLoadData");
+        const CUresult found = api_.cuModuleGetFunction(&kernel.function, kernel.module, kKernelEntry);
+        if (found != CUDA_SUCCESS) {
+            api_.cuModuleUnload(kernel.module);
+            throw_cuda_error(found, "cuModuleGetFunction(rope_kernel)");
+        }
+        return kernel;
+    });
+}
+
+void CudaBackend::check_positions_on_device(const RopeProblem& problem, CUstream stream) {
+    // Debug mode only: waits for the stream so the indices it produces are final, then
+    // checks host copies with the CPU backend's rules.
+    check_cu(api_.cuStreamSynchronize(stream), "cuStreamSynchronize (debug checks)");
+    RopeProblem copy = problem;
+    std::vector<char> positions, offsets, cu_seqlens;
+    copy.positions = host_copy(api_, problem.positions, positions);
+    copy.seqlen_offsets = host_copy(api_, problem.seqlen_offsets, offsets);
+    copy.cu_seqlens = host_copy(api_, problem.cu_seqlens, cu_seqlens);
+    check_positions_on_host(copy);
+}
+
+void CudaBackend::rope(const RopeProblem& p, void* stream_handle) {
+    const int ordinal = p.device.device_id;
+    if (ordinal < 0 || ordinal >= device_count())
+        fail_argument(fmt::format("q: lives on CUDA device {}, but this machine has {} device(s)", ordinal,
+                                  device_count()));
+    CUstream stream = static_cast<CUstream>(stream_handle);
+    const CUcontext context = resolve_context(ordinal, stream);
+    CUcontext current = nullptr;
+    check_cu(api_.cuCtxGetCurrent(&current), "cuCtxGetCurrent");
+    ContextScope scope(api_, context, current);
+    if (debug_checks_) check_positions_on_device(p, stream);
+
+    const KernelSpec spec = make_kernel_spec(p);
+    const LoadedKernel kernel = kernel_for(spec, context, ordinal);
+
+    RopeKernelParams params{};
+    params.q = p.q.data;
+    params.q_out = p.q_out.data;
+    copy_strides(params.q_stride, p.q, 4);
+    copy_strides(params.q_out_stride, p.q_out, 4);
+    if (p.has_k) {
+        params.k = p.k.data;
+        params.k_out = p.k_out.data;
+        copy_strides(params.k_stride, p.k, 4);
+        copy_strides(params.k_out_stride, p.k_out, 4);
+    }
+    if (p.angles == AngleSource::Table) {
+        params.cos = p.cos.data;
+        params.sin = p.sin.data;
+        copy_strides(params.cos_stride, p.cos, 2);
+        copy_strides(params.sin_stride, p.sin, 2);
+    } else {
+        params.inv_freq = p.inv_freq.data;
+        params.inv_freq_stride = p.inv_freq.strides[0];
+    }
+    if (p.has_xpos) {
+        params.xpos = p.xpos_scale.data;
+        copy_strides(params.xpos_stride, p.xpos_scale, 2);
+    }
+    if (p.positions.present()) {
+        params.positions = p.positions.data;
+        // [S] and packed [T] are read at (0, s): their batch stride is 0.
+        params.positions_stride[0] = p.positions.ndim == 2 ? p.positions.strides[0] : 0;
+        params.positions_stride[1] = p.positions.strides[p.positions.ndim - 1];
+    }
+    if (p.seqlen_offsets.present()) {
+        params.seqlen_offsets = p.seqlen_offsets.data;
+        params.seqlen_offsets_stride = p.seqlen_offsets.strides[0];
+    }
+    if (p.cu_seqlens.present()) {
+        params.cu_seqlens = p.cu_seqlens.data;
+        params.cu_seqlens_stride = p.cu_seqlens.strides[0];
+    }
+    params.batch = p.batch;
+    params.seqlen_q = p.seqlen_q;
+    params.seqlen_k = p.has_k ? p.seqlen_k : 0;
+    params.seqlen_max = std::max(params.seqlen_q, params.seqlen_k);
+    params.heads_q = p.heads_q;
+    params.heads_k = p.heads_k;
+    params.num_sequences = p.num_sequences;
+    params.position_offset = p.position_offset;
+    params.q_position_offset = p.q_position_offset;
+    params.units = p.batch * params.seqlen_max;
+
+    // Tokens per block: enough work items per block to keep its threads busy, few enough
+    // blocks... and not so many tokens that small (decode) shapes leave multiprocessors idle.
+    const int64_t roles = spec.k_own_angles ? 2 : 1;
+    const int64_t pairs = spec.rotary_dim / 2;
+    const int64_t chunks = pairs / (spec.interleaved ? spec.vec / 2 : spec.vec);
+    const int64_t items_per_token = std::max<int64_t>(1, (p.heads_q + (p.has_k ? p.heads_k : 0)) * chunks);
+    const int64_t shared_per_token = roles * (pairs * 2 * int64_t(sizeof(float)) + int64_t(sizeof(long long)));
+    int64_t tokens = std::max<int64_t>(1, 4 * spec.block_threads / items_per_token);
+    tokens = std::min<int64_t>(tokens, 64);
+    tokens = std::min<int64_t>(tokens, (48 * 1024) / shared_per_token);
+    const int64_t sms = devices_[size_t(ordinal)]->multiprocessors;
+    while (tokens > 1 && (params.units + tokens - 1) / tokens < 2 * sms) tokens /= 2;
+    tokens = std::max<int64_t>(tokens, 1);
+    params.tokens_per_block = int(tokens);
+    const int64_t blocks = (params.units + tokens - 1) / tokens;
+    if (blocks > int64_t(0x7fffffff))
+        throw Error(ROPE_JIT_ERROR_UNSUPPORTED, fmt::format("q: {} tokens exceed one launch's grid", params.units));
+    const unsigned shared_bytes = unsigned(tokens * shared_per_token);
+
+    void* kernel_args[] = {&params};
+    check_cu(api_.cuLaunchKernel(kernel.function, unsigned(blocks), 1, 1, unsigned(spec.block_threads), 1, 1,
+                                 shared_bytes, stream, kernel_args, nullptr),
+             "cuLaunchKernel(rope_kernel)");
+    stats_.launches.fetch_add(1, std::memory_order_relaxed);
+}
+
+}  // namespace rope_jit

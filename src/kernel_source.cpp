@@ -1,0 +1,48 @@
+#include "kernel_source.h"
+
+#include "embedded_templates.h"
+#include "error.h"
+#include "sha256.h"
+
+namespace rope_jit {
+
+namespace {
+
+const EmbeddedTemplate& find_template(const std::string& name) {
+    for (const EmbeddedTemplate& t : embedded_templates())
+        if (t.name == name) return t;
+    throw Error(ROPE_JIT_ERROR_INTERNAL, "kernel template '" + name + "' is not embedded in the library");
+}
+
+}  // namespace
+
+std::string specialize_kernel(const KernelSpec& spec) {
+    // The #line directive makes NVRTC's diagnostics point into rope.cu, not the preamble.
+    return spec.preamble() + "#line 1 \"rope.cu\"\n" + find_template("rope.cu").source;
+}
+
+const std::vector<NamedSource>& kernel_headers() {
+    static const std::vector<NamedSource> headers = [] {
+        std::vector<NamedSource> list;
+        for (const EmbeddedTemplate& t : embedded_templates())
+            if (t.name.size() > 2 && t.name.compare(t.name.size() - 2, 2, ".h") == 0) list.push_back({t.name, t.source});
+        return list;
+    }();
+    return headers;
+}
+
+const std::string& templates_digest() {
+    static const std::string digest = [] {
+        Sha256 hash;
+        for (const EmbeddedTemplate& t : embedded_templates()) {
+            hash.update(t.name);
+            hash.update(std::string_view("\0", 1));
+            hash.update(t.source);
+            hash.update(std::string_view("\0", 1));
+        }
+        return hash.finish_hex();
+    }();
+    return digest;
+}
+
+}  // namespace rope_jit

@@ -1,0 +1,238 @@
+// Kernel specs: derived from calls, rendered to preambles and JSON, compiled by NVRTC (no GPU
+// needed), and prewarmed into the disk cache through the public API.
+#include <doctest/doctest.h>
+
+#include <dirent.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <functional>
+#include <string>
+
+#include "error.h"
+#include "kernel_builder.h"
+#include "kernel_spec.h"
+#include "nvrtc_loader.h"
+#include "rope_problem.h"
+#include "rope_test_support.h"
+
+using namespace rope_test;
+using rope_jit::KernelSpec;
+
+namespace {
+
+struct TempDir {
+    TempDir() {
+        char pattern[] = "/tmp/rope_jit_spec_XXXXXX";
+        path = mkdtemp(pattern);
+    }
+    ~TempDir() { std::system(("rm -rf '" + path + "'").c_str()); }
+    std::string path;
+};
+
+// Counts regular files named *.cubin / *.ptx below `dir`.
+int count_entries(const std::string& dir) {
+    int count = 0;
+    DIR* handle = opendir(dir.c_str());
+    if (!handle) return 0;
+    while (dirent* entry = readdir(handle)) {
+        const std::string name = entry->d_name;
+        if (name == "." || name == "..") continue;
+        const std::string path = dir + "/" + name;
+        if (entry->d_type == DT_DIR) count += count_entries(path);
+        else if (name.size() > 6 && (name.rfind(".cubin") == name.size() - 6 || name.rfind(".ptx") == name.size() - 4))
+            ++count;
+    }
+    closedir(handle);
+    return count;
+}
+
+KernelSpec spec_of(rope_jit_rope_args& args) { return rope_jit::make_kernel_spec(rope_jit::make_rope_problem(args)); }
+
+rope_jit_kernel_spec public_spec(int32_t head_dim, DLDataType dtype) {
+    rope_jit_kernel_spec spec;
+    rope_jit_kernel_spec_init(&spec);
+    spec.head_dim = head_dim;
+    spec.dtype = dtype;
+    return spec;
+}
+
+}  // namespace
+
+TEST_CASE("a call's spec records what is fixed and picks the widest safe vector") {
+    HostTensor q(Dt::BF16, {2, 8, 16, 128}), k(Dt::BF16, {2, 2, 16, 128});
+    HostTensor cos_t(Dt::F32, {16, 128}), sin_t(Dt::F32, {16, 128});
+    rope_jit_rope_args args;
+    rope_jit_rope_args_init(&args);
+    args.q = q.dl();
+    args.k = k.dl();
+    args.cos = cos_t.dl();
+    args.sin = sin_t.dl();
+
+    SUBCASE("contiguous bf16 gets 16-byte vectors") {
+        const KernelSpec spec = spec_of(args);
+        CHECK(spec.dtype == 2);
+        CHECK(spec.head_dim == 128);
+        CHECK(spec.rotary_dim == 128);
+        CHECK(spec.gqa_group == 4);
+        CHECK(spec.has_k == 1);
+        CHECK(spec.table_full == 1);
+        CHECK(spec.vec == 8);
+        CHECK(spec.vec_loads == 1);
+        CHECK(spec.k_own_angles == 0);
+    }
+    SUBCASE("a [B,S,H,D] buffer seen as its transposed view still vectorizes") {
+        HostTensor qt(Dt::BF16, {2, 8, 16, 128}, {0, 2, 1, 3}), kt(Dt::BF16, {2, 2, 16, 128}, {0, 2, 1, 3});
+        args.q = qt.dl();
+        args.k = kt.dl();
+        CHECK(spec_of(args).vec == 8);
+    }
+    SUBCASE("a row stride that is not a multiple of 8 narrows the vector") {
+        HostTensor qp(Dt::BF16, {2, 8, 16, 128}, {0, 1, 2, 3}, 2);  // rows of 130
+        args.q = qp.dl();
+        CHECK(spec_of(args).vec == 2);
+    }
+    SUBCASE("a misaligned base or a strided feature dimension falls back to scalar accesses") {
+        q.dl()->byte_offset = 2;  // one bf16 element in: data no longer 4-byte aligned
+        HostTensor q_misaligned(Dt::BF16, {2, 8, 16, 128});
+        q_misaligned.dl()->byte_offset = 2;
+        q_misaligned.bytes().resize(q_misaligned.bytes().size() + 2);
+        q_misaligned.dl()->data = q_misaligned.bytes().data();
+        args.q = q_misaligned.dl();
+        const KernelSpec spec = spec_of(args);
+        CHECK(spec.vec_loads == 0);
+        CHECK(spec.vec == 1);
+    }
+    SUBCASE("queries after cached keys give k its own angles") {
+        HostTensor k_long(Dt::BF16, {2, 2, 16, 128});
+        HostTensor q_short(Dt::BF16, {2, 8, 4, 128});
+        args.q = q_short.dl();
+        args.k = k_long.dl();
+        args.q_position_offset = 12;
+        CHECK(spec_of(args).k_own_angles == 1);
+    }
+}
+
+TEST_CASE("specs survive the JSON round trip and render every specialization constant") {
+    rope_jit_kernel_spec in = public_spec(80, {kDLFloat, 16, 1});
+    in.style = ROPE_JIT_STYLE_INTERLEAVED;
+    in.positions = ROPE_JIT_POSITIONS_INDICES;
+    in.index_dtype = {kDLInt, 32, 1};
+    in.gqa_group = 8;
+    in.backward = 1;
+    const KernelSpec spec = rope_jit::kernel_spec_from_public(in);
+    std::string error;
+    const std::optional<KernelSpec> back = KernelSpec::from_json(spec.to_json(), &error);
+    CAPTURE(error);
+    REQUIRE(back.has_value());
+    CHECK(*back == spec);
+    const std::string preamble = spec.preamble();
+    for (const char* name : {"BACKWARD_PASS = true", "HAS_ROPE_INDICES = true", "HEAD_DIM = 80", "ROTARY_DIM = 80",
+                             "GQA_GROUP = 8", "INTERLEAVED = true", "DTYPE = 1", "POSITIONS_INT64 = false",
+                             "VEC = 8", "IN_PLACE_Q = true"})
+        CHECK_MESSAGE(preamble.find(name) != std::string::npos, name);
+    CHECK(!KernelSpec::from_json("{\"head_dim\": 7}", &error).has_value());
+    CHECK(error.find("head_dim") != std::string::npos);
+    CHECK(!KernelSpec::from_json("not json", &error).has_value());
+}
+
+TEST_CASE("the template compiles for every kind of specialization") {
+    if (rope_jit::nvrtc_api() == nullptr) {
+        MESSAGE("skipped: NVRTC not available: " << rope_jit::nvrtc_load_error());
+        return;
+    }
+    rope_jit::KernelStats stats;
+    int compiled = 0;
+    for (int variant = 0; variant < 12; ++variant) {
+        rope_jit_kernel_spec in = public_spec(variant % 3 == 0 ? 64 : variant % 3 == 1 ? 80 : 256,
+                                              variant % 3 == 0   ? DLDataType{kDLFloat, 32, 1}
+                                              : variant % 3 == 1 ? DLDataType{kDLFloat, 16, 1}
+                                                                 : DLDataType{kDLBfloat, 16, 1});
+        in.style = variant % 2 ? ROPE_JIT_STYLE_INTERLEAVED : ROPE_JIT_STYLE_HALF;
+        in.positions = static_cast<rope_jit_position_mode>(variant % 3);
+        in.packed = variant % 4 == 3;
+        in.angles = static_cast<rope_jit_angle_source>((variant / 2) % 3);
+        in.table_dtype = variant % 5 == 0 ? DLDataType{kDLBfloat, 16, 1} : DLDataType{kDLFloat, 32, 1};
+        in.xpos = variant % 6 == 5;
+        in.in_place = variant % 2 == 0;
+        in.backward = variant % 4 == 1;
+        in.has_k = variant % 5 != 4;
+        in.gqa_group = variant % 3 + 1;
+        if (variant % 4 == 2) {  // partial rotary at an offset
+            in.rotary_dim = in.head_dim / 2;
+            in.rotary_offset = 8;
+        }
+        const KernelSpec spec = rope_jit::kernel_spec_from_public(in);
+        CAPTURE(spec.describe());
+        const rope_jit::KernelBinary binary = rope_jit::build_kernel_binary(spec, "sm_90", nullptr, stats);
+        REQUIRE(binary.image.size() > 4);
+        CHECK(std::string(binary.image.data(), 4) == "\x7f" "ELF");
+        ++compiled;
+    }
+    CHECK(stats.compiles.load() == uint64_t(compiled));
+    MESSAGE("average cold compile: " << double(stats.compile_microseconds.load()) / 1000.0 / compiled << " ms");
+}
+
+TEST_CASE("prewarming for sm_80 and sm_90 fills the disk cache, and a fresh process compiles nothing") {
+    if (rope_jit::nvrtc_api() == nullptr) {
+        MESSAGE("skipped: NVRTC not available");
+        return;
+    }
+    TempDir dir;
+    rope_jit_kernel_spec specs[2] = {public_spec(128, {kDLBfloat, 16, 1}), public_spec(64, {kDLFloat, 16, 1})};
+    specs[1].style = ROPE_JIT_STYLE_INTERLEAVED;
+    specs[1].backward = 1;
+
+    auto prewarm_in_child = [&](const char* target, uint64_t expect_compiles, uint64_t expect_disk_hits) {
+        // A child process: nothing in memory survives from earlier prewarms.
+        const pid_t pid = fork();
+        if (pid == 0) {
+            rope_jit_config config;
+            rope_jit_config_init(&config);
+            config.backend = ROPE_JIT_BACKEND_CPU;
+            config.cache_dir = dir.path.c_str();
+            rope_jit_runtime* runtime = nullptr;
+            if (rope_jit_runtime_create(&config, &runtime) != ROPE_JIT_OK) _exit(10);
+            if (rope_jit_prewarm(runtime, specs, 2, target) != ROPE_JIT_OK) _exit(11);
+            rope_jit_stats stats;
+            rope_jit_stats_init(&stats);
+            if (rope_jit_get_stats(runtime, &stats) != ROPE_JIT_OK) _exit(12);
+            rope_jit_runtime_free(runtime);
+            if (stats.compiles != expect_compiles) _exit(13);
+            if (stats.disk_hits != expect_disk_hits) _exit(14);
+            if (stats.disk_writes != expect_compiles) _exit(15);
+            _exit(0);
+        }
+        int status = 0;
+        waitpid(pid, &status, 0);
+        return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    };
+    CHECK(prewarm_in_child("sm_80", 2, 0) == 0);
+    CHECK(prewarm_in_child("sm_90", 2, 0) == 0);
+    CHECK(count_entries(dir.path + "/v1") == 4);
+    CHECK(prewarm_in_child("sm_80", 0, 2) == 0);  // fresh process: hits, no compile
+    CHECK(prewarm_in_child("sm_90", 0, 2) == 0);
+    CHECK(count_entries(dir.path + "/v1") == 4);
+}
+
+TEST_CASE("prewarm rejects bad specs and targets with a clear status") {
+    rope_jit_config config;
+    rope_jit_config_init(&config);
+    config.backend = ROPE_JIT_BACKEND_CPU;
+    config.disk_cache = 0;
+    rope_jit_runtime* runtime = nullptr;
+    REQUIRE(rope_jit_runtime_create(&config, &runtime) == ROPE_JIT_OK);
+    rope_jit_kernel_spec specs[2] = {public_spec(64, {kDLFloat, 32, 1}), public_spec(63, {kDLFloat, 32, 1})};
+    if (rope_jit::nvrtc_api() != nullptr) {
+        CHECK(rope_jit_prewarm(runtime, specs, 2, "sm_90") == ROPE_JIT_ERROR_INVALID_ARGUMENT);
+        CHECK(std::string(rope_jit_last_error()).find("specs[1]: head_dim") != std::string::npos);
+        CHECK(rope_jit_prewarm(runtime, specs, 1, "sm_x") == ROPE_JIT_ERROR_INVALID_ARGUMENT);
+    }
+    CHECK(rope_jit_prewarm(runtime, specs, 1, nullptr) == ROPE_JIT_ERROR_BACKEND_UNAVAILABLE);
+    CHECK(std::string(rope_jit_last_error()).find("no GPU") != std::string::npos);
+    CHECK(rope_jit_prewarm(runtime, nullptr, 1, "sm_90") == ROPE_JIT_ERROR_INVALID_ARGUMENT);
+    specs[0].struct_size = 0;
+    CHECK(rope_jit_prewarm(runtime, specs, 1, "sm_90") == ROPE_JIT_ERROR_INVALID_ARGUMENT);
+    rope_jit_runtime_free(runtime);
+}
