@@ -31,7 +31,8 @@
 #include <fmt/ranges.h>  // fmt::join
 #include <nlohmann/json.hpp>
 
-#include "half_float.h"  // header-only: the same fp16/bf16 conversions as the library
+#include "cuda_driver.h"  // device memory for --backend cuda (the tool's own copy of the loader)
+#include "half_float.h"   // header-only: the same fp16/bf16 conversions as the library
 #include "rope_jit/rope_jit.h"
 
 namespace {
@@ -294,20 +295,50 @@ ArrayMap load_arrays(const fs::path& dir, const json& entries, const std::string
 }
 
 // ============================================================================================
-// Tensors handed to the library
-//
-// The seam for the CUDA backend: TensorStorage is the only place that knows where tensor
-// memory lives. Today it is host memory (kDLCPU), which every backend accepts. For
-// --backend cuda a later change makes upload/allocate place the buffer on the device and
-// download copy it back; nothing else in this file needs to change.
+// Where tensors live: host memory on the CPU backend, device memory (cuMemAlloc) on the CUDA
+// backend, so that `--backend cuda` exercises the GPU path end to end. TensorStorage is the
+// only code that knows which.
 // ============================================================================================
+
+// Device memory for the CUDA backend, through the library's own driver loader (compiled into
+// this tool; the tool calls the library only through its C API).
+class DeviceMemory {
+public:
+    // Makes device 0's primary context current, as a framework would.
+    static void activate() {
+        const rope_jit::CudaDriverApi* api = rope_jit::cuda_driver_api();
+        if (api == nullptr) throw UsageError("CUDA backend without a driver: " + rope_jit::cuda_driver_load_error());
+        rope_jit::CUdevice device = 0;
+        rope_jit::check_cu(api->cuDeviceGet(&device, 0), "cuDeviceGet");
+        rope_jit::CUcontext context = nullptr;
+        rope_jit::check_cu(api->cuDevicePrimaryCtxRetain(&context, device), "cuDevicePrimaryCtxRetain");
+        rope_jit::check_cu(api->cuCtxSetCurrent(context), "cuCtxSetCurrent");
+        enabled() = true;
+    }
+    static bool& enabled() {
+        static bool on = false;
+        return on;
+    }
+    static const rope_jit::CudaDriverApi& api() { return *rope_jit::cuda_driver_api(); }
+};
 
 class TensorStorage {
 public:
+    TensorStorage() = default;
+    TensorStorage(TensorStorage&& other) noexcept : host_(std::move(other.host_)), device_(other.device_) {
+        other.device_ = 0;
+    }
+    TensorStorage& operator=(TensorStorage&&) = delete;
+    TensorStorage(const TensorStorage&) = delete;
+    ~TensorStorage() {
+        if (device_ != 0) DeviceMemory::api().cuMemFree(device_);
+    }
+
     // A copy of `host`, where the library will read (and, in place, write) it.
     static TensorStorage upload(const HostArray& host) {
         TensorStorage storage;
         storage.host_ = host;
+        storage.to_device();
         return storage;
     }
 
@@ -317,19 +348,38 @@ public:
         storage.host_.type = type;
         storage.host_.shape = shape;
         storage.host_.bytes.assign(size_t(storage.host_.numel()) * element_info(type).size, fill);
+        storage.to_device();
         return storage;
     }
 
-    // The current contents, back in host memory.
-    HostArray download() const { return host_; }
+    // The current contents, back in host memory. The library launched on the legacy default
+    // stream, which this synchronous copy waits for.
+    HostArray download() const {
+        HostArray copy = host_;
+        if (device_ != 0 && !copy.bytes.empty())
+            rope_jit::check_cu(DeviceMemory::api().cuMemcpyDtoH(copy.bytes.data(), device_, copy.bytes.size()),
+                               "cuMemcpyDtoH");
+        return copy;
+    }
 
-    void* data() { return host_.bytes.empty() ? nullptr : host_.bytes.data(); }
-    DLDevice device() const { return DLDevice{kDLCPU, 0}; }
+    void* data() {
+        if (device_ != 0) return reinterpret_cast<void*>(device_);
+        return host_.bytes.empty() ? nullptr : host_.bytes.data();
+    }
+    DLDevice device() const { return device_ != 0 ? DLDevice{kDLCUDA, 0} : DLDevice{kDLCPU, 0}; }
     ElementType type() const { return host_.type; }
     const std::vector<int64_t>& shape() const { return host_.shape; }
 
 private:
+    void to_device() {
+        if (!DeviceMemory::enabled() || host_.bytes.empty()) return;
+        const rope_jit::CudaDriverApi& api = DeviceMemory::api();
+        rope_jit::check_cu(api.cuMemAlloc(&device_, host_.bytes.size()), "cuMemAlloc");
+        rope_jit::check_cu(api.cuMemcpyHtoD(device_, host_.bytes.data(), host_.bytes.size()), "cuMemcpyHtoD");
+    }
+
     HostArray host_;
+    rope_jit::CUdeviceptr device_ = 0;
 };
 
 // A strided view of a TensorStorage, as the DLTensor the C API takes. A DLTensor only points
@@ -875,6 +925,9 @@ int run(const Options& options) {
     const json manifest = read_manifest(options.dir);
     RuntimeHandle runtime = create_runtime(options.backend);
     if (!runtime) return 1;
+    if (rope_jit_backend(runtime.get()) == ROPE_JIT_BACKEND_CUDA) DeviceMemory::activate();
+    fmt::print(stderr, "rope-jit-golden: backend {}\n",
+               rope_jit_backend(runtime.get()) == ROPE_JIT_BACKEND_CUDA ? "cuda" : "cpu");
     const RunContext context{options.dir, runtime.get(), options.angles};
 
     std::vector<CaseResult> results;
