@@ -27,7 +27,9 @@ struct TempDir {
         char pattern[] = "/tmp/rope_jit_spec_XXXXXX";
         path = mkdtemp(pattern);
     }
-    ~TempDir() { std::system(("rm -rf '" + path + "'").c_str()); }
+    ~TempDir() {
+        if (std::system(("rm -rf '" + path + "'").c_str()) != 0) MESSAGE("could not remove " << path);
+    }
     std::string path;
 };
 
