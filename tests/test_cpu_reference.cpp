@@ -325,17 +325,19 @@ TEST_CASE("the CPU backend matches the float64 reference over a randomized sweep
         c.q_extra = c.positions == Positions::Implicit && !packed && c.has_k && rng() % 3 == 0 ? 1 + rng() % 4 : 0;
 
         CAPTURE(iteration);
-        CAPTURE(dt_name(c.dt));
-        CAPTURE(dt_name(c.table_dt));
-        CAPTURE(dt_name(c.index_dt));
+        const std::string dtype = dt_name(c.dt), table_dtype = dt_name(c.table_dt), index_dtype = dt_name(c.index_dt);
+        const std::string layout = layout_name(c.layout), positions = positions_name(c.positions), angles = angles_name(c.angles);
+        CAPTURE(dtype);
+        CAPTURE(table_dtype);
+        CAPTURE(index_dtype);
         CAPTURE(c.interleaved);
         CAPTURE(c.backward);
         CAPTURE(c.in_place);
         CAPTURE(c.has_k);
         CAPTURE(c.xpos);
-        CAPTURE(layout_name(c.layout));
-        CAPTURE(positions_name(c.positions));
-        CAPTURE(angles_name(c.angles));
+        CAPTURE(layout);
+        CAPTURE(positions);
+        CAPTURE(angles);
         CAPTURE(c.B);
         CAPTURE(c.S);
         CAPTURE(c.Hk);

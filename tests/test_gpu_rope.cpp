@@ -1,0 +1,1001 @@
+// The CUDA backend against the CPU backend, through the public C API: a randomized sweep of the
+// spec space, large shapes for the vectorized paths, strided views without copies, streams,
+// CUDA graphs, concurrent launches and errors. cuda_driver.h provides device memory, streams,
+// graphs and events. Every test is in TEST_SUITE("gpu"): CPU-only runs skip them with
+// --test-suite-exclude=gpu.
+#include <doctest/doctest.h>
+
+#include <stdlib.h>  // mkdtemp
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <iomanip>
+#include <memory>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cuda_driver.h"
+#include "rope_test_support.h"
+
+using namespace rope_test;
+using rope_jit::check_cu;
+
+namespace {
+
+// ------------------------------------------------------------------------------------------
+// The driver, the primary context, the kernel cache directory and the runtimes
+// ------------------------------------------------------------------------------------------
+
+// The loaded driver; throws (rather than REQUIREs) so that worker threads may call it.
+const rope_jit::CudaDriverApi& driver() {
+    const rope_jit::CudaDriverApi* api = rope_jit::cuda_driver_api();
+    if (api == nullptr) throw std::runtime_error("no CUDA driver: " + rope_jit::cuda_driver_load_error());
+    return *api;
+}
+
+// Device 0's primary context, retained once for the whole process and never released, as
+// PyTorch does. Each thread that touches device memory makes it current first.
+rope_jit::CUcontext primary_context() {
+    static const rope_jit::CUcontext context = [] {
+        rope_jit::CUdevice device = 0;
+        check_cu(driver().cuDeviceGet(&device, 0), "cuDeviceGet(0)");
+        rope_jit::CUcontext retained = nullptr;
+        check_cu(driver().cuDevicePrimaryCtxRetain(&retained, device), "cuDevicePrimaryCtxRetain");
+        return retained;
+    }();
+    return context;
+}
+
+void make_primary_context_current() {
+    check_cu(driver().cuCtxSetCurrent(primary_context()), "cuCtxSetCurrent");
+}
+
+void synchronize_context() { check_cu(driver().cuCtxSynchronize(), "cuCtxSynchronize"); }
+
+// A directory made with mkdtemp, removed with everything in it when the process ends.
+class TempDir {
+public:
+    explicit TempDir(const std::string& prefix) {
+        std::string pattern = (std::filesystem::temp_directory_path() / (prefix + "XXXXXX")).string();
+        if (mkdtemp(pattern.data()) == nullptr)
+            throw std::runtime_error("mkdtemp(" + pattern + "): " + std::strerror(errno));
+        path_ = pattern;
+    }
+    TempDir(const TempDir&) = delete;
+    TempDir& operator=(const TempDir&) = delete;
+    ~TempDir() {
+        std::error_code ignored;
+        std::filesystem::remove_all(path_, ignored);
+    }
+    const std::string& path() const { return path_; }
+
+private:
+    std::string path_;
+};
+
+// One fresh kernel cache per test process: tests never read the user's cache, and later tests
+// load from disk what earlier runtimes compiled.
+const std::string& kernel_cache_dir() {
+    static const TempDir dir("rope_jit_gpu_tests_");
+    return dir.path();
+}
+
+class RuntimeHandle {
+public:
+    explicit RuntimeHandle(rope_jit_backend_kind backend, bool debug_checks = false) {
+        rope_jit_config config;
+        rope_jit_config_init(&config);
+        config.backend = backend;
+        config.cache_dir = kernel_cache_dir().c_str();
+        config.debug_checks = debug_checks ? 1 : 0;
+        const rope_jit_status status = rope_jit_runtime_create(&config, &handle_);
+        const std::string message = rope_jit_last_error();
+        const std::string call = std::string("rope_jit_runtime_create(") +
+                                 (backend == ROPE_JIT_BACKEND_CUDA ? "ROPE_JIT_BACKEND_CUDA" : "ROPE_JIT_BACKEND_CPU") +
+                                 ") -> " + rope_jit_status_name(status);
+        INFO(call, ": ", message);
+        REQUIRE(status == ROPE_JIT_OK);
+    }
+    RuntimeHandle(const RuntimeHandle&) = delete;
+    RuntimeHandle& operator=(const RuntimeHandle&) = delete;
+    ~RuntimeHandle() { rope_jit_runtime_free(handle_); }
+    rope_jit_runtime* get() const { return handle_; }
+
+private:
+    rope_jit_runtime* handle_ = nullptr;
+};
+
+// What every GPU test starts from: a CUDA runtime, a CPU runtime to compare with, and device
+// 0's primary context current on the test's thread. Creating the CUDA runtime comes first, so
+// that on a machine without a GPU every test stops there with the library's own message.
+struct GpuFixture {
+    GpuFixture() : cuda_runtime(ROPE_JIT_BACKEND_CUDA), cpu_runtime(ROPE_JIT_BACKEND_CPU) {
+        REQUIRE(rope_jit_backend(cuda_runtime.get()) == ROPE_JIT_BACKEND_CUDA);
+        const std::string load_error = rope_jit::cuda_driver_load_error();
+        INFO("CUDA driver: ", load_error);
+        REQUIRE(rope_jit::cuda_driver_api() != nullptr);
+        make_primary_context_current();
+    }
+    RuntimeHandle cuda_runtime, cpu_runtime;
+};
+
+// ------------------------------------------------------------------------------------------
+// Device memory, streams, graphs
+// ------------------------------------------------------------------------------------------
+
+// HostTensor hands out its bytes only through a non-const accessor.
+const std::vector<uint8_t>& bytes_of(const HostTensor& t) { return const_cast<HostTensor&>(t).bytes(); }
+
+void* as_pointer(rope_jit::CUdeviceptr pointer) { return reinterpret_cast<void*>(static_cast<uintptr_t>(pointer)); }
+
+// A HostTensor mirrored on the GPU: the whole backing buffer (padding included) copied to
+// device memory, handed out as a DLTensor with the same shape and strides on {kDLCUDA, ordinal}.
+class DeviceTensor {
+public:
+    explicit DeviceTensor(const HostTensor& host, int ordinal = 0)
+        : shape_(host.shape()), strides_(host.strides()), size_(bytes_of(host).size()) {
+        check_cu(driver().cuMemAlloc(&pointer_, size_), "cuMemAlloc");
+        upload(host);
+        tensor_ = *host.dl();
+        tensor_.data = as_pointer(pointer_);
+        tensor_.device = {kDLCUDA, ordinal};
+        tensor_.shape = shape_.data();
+        tensor_.strides = strides_.data();
+    }
+    DeviceTensor(const DeviceTensor&) = delete;
+    DeviceTensor& operator=(const DeviceTensor&) = delete;
+    ~DeviceTensor() {
+        if (const rope_jit::CudaDriverApi* api = rope_jit::cuda_driver_api()) api->cuMemFree(pointer_);
+    }
+
+    const DLTensor* dl() const { return &tensor_; }
+    rope_jit::CUdeviceptr pointer() const { return pointer_; }
+
+    // Replaces the device bytes with host's, which must be a buffer of the same size. Returns
+    // once the data is on the device: a copy from pageable memory may return before its DMA
+    // ends, and work on a non-blocking stream is not ordered after it.
+    void upload(const HostTensor& host) {
+        const std::vector<uint8_t>& bytes = bytes_of(host);
+        if (bytes.size() != size_) throw std::invalid_argument("DeviceTensor::upload: size differs");
+        check_cu(driver().cuMemcpyHtoD(pointer_, bytes.data(), size_), "cuMemcpyHtoD");
+        synchronize_context();
+    }
+    // Copies the device bytes into host (same size). The caller synchronizes the stream that
+    // wrote them first.
+    void download(HostTensor& host) const {
+        std::vector<uint8_t>& bytes = host.bytes();
+        if (bytes.size() != size_) throw std::invalid_argument("DeviceTensor::download: size differs");
+        check_cu(driver().cuMemcpyDtoH(bytes.data(), pointer_, size_), "cuMemcpyDtoH");
+    }
+
+private:
+    std::vector<int64_t> shape_, strides_;
+    size_t size_ = 0;
+    rope_jit::CUdeviceptr pointer_ = 0;
+    DLTensor tensor_{};
+};
+
+class Stream {
+public:
+    Stream() { check_cu(driver().cuStreamCreate(&stream_, rope_jit::CU_STREAM_NON_BLOCKING), "cuStreamCreate"); }
+    Stream(const Stream&) = delete;
+    Stream& operator=(const Stream&) = delete;
+    ~Stream() {
+        if (const rope_jit::CudaDriverApi* api = rope_jit::cuda_driver_api()) api->cuStreamDestroy(stream_);
+    }
+    rope_jit::CUstream get() const { return stream_; }
+
+private:
+    rope_jit::CUstream stream_ = nullptr;
+};
+
+void synchronize(rope_jit::CUstream stream) { check_cu(driver().cuStreamSynchronize(stream), "cuStreamSynchronize"); }
+
+struct Graph {
+    Graph() = default;
+    Graph(const Graph&) = delete;
+    Graph& operator=(const Graph&) = delete;
+    ~Graph() {
+        const rope_jit::CudaDriverApi* api = rope_jit::cuda_driver_api();
+        if (api == nullptr) return;
+        if (exec != nullptr) api->cuGraphExecDestroy(exec);
+        if (graph != nullptr) api->cuGraphDestroy(graph);
+    }
+    rope_jit::CUgraph graph = nullptr;
+    rope_jit::CUgraphExec exec = nullptr;
+};
+
+// ------------------------------------------------------------------------------------------
+// Specs and the problems built from them
+// ------------------------------------------------------------------------------------------
+
+enum class Layout { BHSD, BSHD, Padded, Packed, PackedHeadMajor };
+enum class Positions { Implicit, PerToken, PerBatchToken, SeqlenOffsets };
+enum class Angles { HalfTable, FullTable, InvFreq };
+
+const char* layout_name(Layout l) {
+    const char* names[] = {"bhsd", "bshd", "padded", "packed+cu_seqlens", "packed_head_major+cu_seqlens"};
+    return names[int(l)];
+}
+const char* positions_name(Positions p) {
+    const char* names[] = {"implicit", "positions[S]", "positions[B,S]", "seqlen_offsets"};
+    return names[int(p)];
+}
+const char* angles_name(Angles a) {
+    const char* names[] = {"half table", "full table", "inv_freq"};
+    return names[int(a)];
+}
+bool is_packed(Layout l) { return l == Layout::Packed || l == Layout::PackedHeadMajor; }
+
+// One call's parameters. Packed layouts always come with cu_seqlens (positions [S] is then [T]).
+struct Spec {
+    Dt dt = Dt::F32, table_dt = Dt::F32, index_dt = Dt::I64;
+    bool interleaved = false, backward = false, has_k = true, xpos = false;
+    bool in_place = true;
+    bool out_as_same_view = false;  // in place by passing q as q_out (and k as k_out)
+    bool rotary_dim_zero = false;   // pass rotary_dim = 0 (R == D, offset 0)
+    Layout layout = Layout::BHSD;
+    Positions positions = Positions::Implicit;
+    Angles angles = Angles::HalfTable;
+    int64_t B = 2, S = 5, Hk = 2, group = 2, D = 64, R = 64, offset = 0;
+    int64_t position_offset = 0, q_extra = 0;  // q_extra: k has q_extra more (cached) tokens
+};
+
+std::string describe(const Spec& c) {
+    std::ostringstream text;
+    text << "dt=" << dt_name(c.dt) << " table_dt=" << dt_name(c.table_dt) << " index_dt=" << dt_name(c.index_dt)
+         << " style=" << (c.interleaved ? "interleaved" : "half") << " backward=" << c.backward
+         << " has_k=" << c.has_k << " xpos=" << c.xpos << " in_place=" << c.in_place
+         << " out_as_same_view=" << c.out_as_same_view << " rotary_dim_zero=" << c.rotary_dim_zero
+         << " layout=" << layout_name(c.layout) << " positions=" << positions_name(c.positions)
+         << " angles=" << angles_name(c.angles) << " B=" << c.B << " S=" << c.S << " Hk=" << c.Hk
+         << " group=" << c.group << " D=" << c.D << " R=" << c.R << " offset=" << c.offset
+         << " position_offset=" << c.position_offset << " q_extra=" << c.q_extra;
+    return text.str();
+}
+
+template <typename T>
+T pick(std::mt19937& rng, std::initializer_list<T> options) {
+    return *(options.begin() + rng() % options.size());
+}
+
+// Redraws what stays a run-time argument of a compiled kernel: batch, tokens, heads (the GQA
+// group stays), position offsets.
+void redraw_sizes(Spec& c, std::mt19937& rng) {
+    c.B = 1 + rng() % 3;
+    c.S = 1 + rng() % 40;
+    c.Hk = 1 + rng() % 2;
+    c.position_offset = c.positions == Positions::Implicit ? rng() % 4 : 0;
+    c.q_extra = c.positions == Positions::Implicit && !is_packed(c.layout) && c.has_k && rng() % 3 == 0
+                    ? 1 + rng() % 4
+                    : 0;
+}
+
+// A random point of the spec space, with small shapes (B <= 3, S <= 40, heads <= 16).
+Spec random_spec(std::mt19937& rng) {
+    Spec c;
+    c.dt = pick(rng, {Dt::F32, Dt::F16, Dt::BF16});
+    c.table_dt = pick(rng, {Dt::F32, Dt::F16, Dt::BF16});
+    c.index_dt = pick(rng, {Dt::I32, Dt::I64});
+    c.interleaved = rng() & 1;
+    c.backward = rng() & 1;
+    c.in_place = rng() & 1;
+    c.out_as_same_view = c.in_place && (rng() & 1);
+    c.has_k = rng() % 4 != 0;
+    c.xpos = rng() % 6 == 0;
+    c.layout = pick(rng, {Layout::BHSD, Layout::BSHD, Layout::Padded, Layout::Packed, Layout::PackedHeadMajor});
+    const bool packed = is_packed(c.layout);
+    c.positions = packed ? pick(rng, {Positions::Implicit, Positions::PerToken, Positions::SeqlenOffsets})
+                         : pick(rng, {Positions::Implicit, Positions::PerToken, Positions::PerBatchToken,
+                                      Positions::SeqlenOffsets});
+    c.angles = pick(rng, {Angles::HalfTable, Angles::FullTable, Angles::InvFreq});
+    c.D = pick<int64_t>(rng, {64, 80, 96, 128, 256});
+    c.R = c.D;
+    c.offset = 0;
+    if (rng() % 3 == 0) {  // partial rotary: common fractions and odd pair counts, at any offset
+        c.R = pick<int64_t>(rng, {c.D / 2, c.D / 4, 2 * (1 + int64_t(rng() % uint32_t(c.D / 2 - 1)))});
+        c.offset = pick<int64_t>(rng, {0, c.D - c.R, int64_t(rng() % uint32_t(c.D - c.R + 1))});
+    }
+    c.rotary_dim_zero = c.R == c.D && (rng() & 1);
+    c.group = pick<int64_t>(rng, {1, 4, 8});
+    redraw_sizes(c, rng);
+    return c;
+}
+
+// Where each tensor of a call sits in a Problem; an absent tensor has an empty shape.
+enum Slot : size_t { kQ, kK, kQOut, kKOut, kCos, kSin, kInvFreq, kXpos, kPositions, kSeqlenOffsets, kCuSeqlens, kSlots };
+
+const char* slot_name(size_t slot) {
+    const char* names[] = {"q",          "k",         "q_out",     "k_out",          "cos",       "sin",
+                           "inv_freq",   "xpos_scale", "positions", "seqlen_offsets", "cu_seqlens"};
+    return names[slot];
+}
+
+// A call's tensors in host memory, built from a spec.
+struct Problem {
+    Spec spec;
+    std::array<HostTensor, kSlots> t;
+
+    bool has(size_t slot) const { return !t[slot].shape().empty(); }
+    // The slots the call writes: the outputs, or the inputs when in place.
+    bool written(size_t slot) const {
+        if (spec.in_place) return slot == kQ || (slot == kK && has(kK));
+        return slot == kQOut || (slot == kKOut && has(kKOut));
+    }
+    int64_t table_rows() const { return has(kCos) ? t[kCos].shape()[0] : has(kXpos) ? t[kXpos].shape()[0] : 0; }
+};
+
+HostTensor make_qk(const Spec& c, int64_t H, int64_t S, int64_t T) {
+    switch (c.layout) {
+        case Layout::Packed: return HostTensor(c.dt, {T, H, c.D});
+        case Layout::PackedHeadMajor: return HostTensor(c.dt, {T, H, c.D}, {1, 0, 2});
+        case Layout::BSHD: return HostTensor(c.dt, {c.B, H, S, c.D}, {0, 2, 1, 3});
+        case Layout::Padded: return HostTensor(c.dt, {c.B, H, S, c.D}, {0, 1, 2, 3}, 6);
+        case Layout::BHSD: break;
+    }
+    return HostTensor(c.dt, {c.B, H, S, c.D});
+}
+
+// Fills the angle tables (or inv_freq) and xPos scales for P rows. Table columns that the pair
+// rule must not read hold NaN, so that reading a wrong column shows in the result.
+void fill_angles(Problem& p, int64_t P, std::mt19937& rng) {
+    const Spec& c = p.spec;
+    const int64_t half = c.R / 2;
+    const bool full = c.angles == Angles::FullTable;
+    const int64_t columns = full ? c.R : half;
+    auto column = [&](int64_t i) { return !full ? i : c.interleaved ? 2 * i : i; };
+    std::uniform_real_distribution<double> angle(-7, 7), scale(0.5, 1.5);
+    if (c.angles == Angles::InvFreq) {
+        p.t[kInvFreq] = HostTensor(Dt::F32, {half});
+        for (int64_t i = 0; i < half; ++i) p.t[kInvFreq].set({i}, std::pow(10000.0, -2.0 * double(i) / double(c.R)));
+    } else {
+        p.t[kCos] = HostTensor(c.table_dt, {P, columns});
+        p.t[kSin] = HostTensor(c.table_dt, {P, columns});
+        for (int64_t r = 0; r < P; ++r)
+            for (int64_t j = 0; j < columns; ++j) {
+                p.t[kCos].set({r, j}, std::nan(""));
+                p.t[kSin].set({r, j}, std::nan(""));
+            }
+        for (int64_t r = 0; r < P; ++r)
+            for (int64_t i = 0; i < half; ++i) {
+                const double a = angle(rng);
+                p.t[kCos].set({r, column(i)}, std::cos(a));
+                p.t[kSin].set({r, column(i)}, std::sin(a));
+            }
+    }
+    if (c.xpos) {
+        p.t[kXpos] = HostTensor(c.table_dt, {P, columns});
+        for (int64_t r = 0; r < P; ++r)
+            for (int64_t j = 0; j < columns; ++j) p.t[kXpos].set({r, j}, std::nan(""));
+        for (int64_t r = 0; r < P; ++r)
+            for (int64_t i = 0; i < half; ++i) p.t[kXpos].set({r, column(i)}, scale(rng));
+    }
+}
+
+// Builds every tensor of a spec: random q and k in [-2, 2], poisoned outputs, positions, and
+// tables just long enough for the rows used (plus 0..2 spare rows).
+Problem make_problem(const Spec& c, std::mt19937& rng) {
+    Problem p;
+    p.spec = c;
+    const bool packed = is_packed(c.layout);
+    const int64_t Hq = c.Hk * c.group, Sk = c.S + c.q_extra;
+
+    std::vector<int64_t> cu = {0};  // packed: sequences of random lengths 0..S
+    for (int64_t b = 0; b < c.B; ++b) cu.push_back(cu.back() + (packed ? int64_t(rng() % uint32_t(c.S + 1)) : c.S));
+    const int64_t T = cu.back();
+    int64_t longest = 0;  // longest sequence of q or k
+    for (int64_t b = 0; b < c.B; ++b) longest = std::max(longest, cu[size_t(b) + 1] - cu[size_t(b)]);
+    if (!packed && c.has_k) longest = std::max(longest, Sk);
+
+    p.t[kQ] = make_qk(c, Hq, c.S, T);
+    p.t[kQ].fill_uniform(rng, -2, 2);
+    if (c.has_k) {
+        p.t[kK] = make_qk(c, c.Hk, packed ? c.S : Sk, T);
+        p.t[kK].fill_uniform(rng, -2, 2);
+    }
+    if (!c.in_place) {
+        p.t[kQOut] = make_qk(c, Hq, c.S, T);
+        if (c.has_k) p.t[kKOut] = make_qk(c, c.Hk, packed ? c.S : Sk, T);
+    }
+
+    int64_t max_row = 0;
+    std::uniform_int_distribution<int64_t> any_row(0, 40);
+    switch (c.positions) {
+        case Positions::Implicit:
+            max_row = longest - 1 + c.position_offset + c.q_extra;
+            break;
+        case Positions::PerToken: {
+            const int64_t n = packed ? T : c.S;
+            p.t[kPositions] = HostTensor(c.index_dt, {n});
+            for (int64_t s = 0; s < n; ++s) {
+                const int64_t row = any_row(rng);
+                p.t[kPositions].set({s}, double(row));
+                max_row = std::max(max_row, row);
+            }
+            break;
+        }
+        case Positions::PerBatchToken:
+            p.t[kPositions] = HostTensor(c.index_dt, {c.B, c.S});
+            for (int64_t b = 0; b < c.B; ++b)
+                for (int64_t s = 0; s < c.S; ++s) {
+                    const int64_t row = any_row(rng);
+                    p.t[kPositions].set({b, s}, double(row));
+                    max_row = std::max(max_row, row);
+                }
+            break;
+        case Positions::SeqlenOffsets:
+            p.t[kSeqlenOffsets] = HostTensor(c.index_dt, {c.B});
+            for (int64_t b = 0; b < c.B; ++b) {
+                const int64_t offset = int64_t(rng() % 7);
+                p.t[kSeqlenOffsets].set({b}, double(offset));
+                max_row = std::max(max_row, offset + longest - 1);
+            }
+            break;
+    }
+    if (packed) {
+        p.t[kCuSeqlens] = HostTensor(c.index_dt, {c.B + 1});
+        for (int64_t b = 0; b <= c.B; ++b) p.t[kCuSeqlens].set({b}, double(cu[size_t(b)]));
+    }
+    fill_angles(p, std::max<int64_t>(max_row + 1, 1) + int64_t(rng() % 3), rng);
+    return p;
+}
+
+using Views = std::array<const DLTensor*, kSlots>;
+
+Views host_views(Problem& p) {
+    Views views{};
+    for (size_t s = 0; s < kSlots; ++s) views[s] = p.has(s) ? p.t[s].dl() : nullptr;
+    return views;
+}
+
+rope_jit_rope_args make_args(const Spec& c, const Views& v, rope_jit::CUstream stream) {
+    rope_jit_rope_args args;
+    rope_jit_rope_args_init(&args);
+    args.q = v[kQ];
+    args.k = v[kK];
+    args.q_out = c.out_as_same_view ? v[kQ] : v[kQOut];
+    args.k_out = c.out_as_same_view ? v[kK] : v[kKOut];
+    args.cos = v[kCos];
+    args.sin = v[kSin];
+    args.inv_freq = v[kInvFreq];
+    args.xpos_scale = v[kXpos];
+    args.positions = v[kPositions];
+    args.seqlen_offsets = v[kSeqlenOffsets];
+    args.cu_seqlens = v[kCuSeqlens];
+    args.position_offset = c.position_offset;
+    args.q_position_offset = c.q_extra;
+    args.rotary_dim = int32_t(c.rotary_dim_zero ? 0 : c.R);
+    args.rotary_offset = int32_t(c.offset);
+    args.style = c.interleaved ? ROPE_JIT_STYLE_INTERLEAVED : ROPE_JIT_STYLE_HALF;
+    args.backward = c.backward;
+    args.stream = stream;
+    return args;
+}
+
+// Device copies of every tensor of a problem.
+class DeviceProblem {
+public:
+    explicit DeviceProblem(const Problem& p) {
+        for (size_t s = 0; s < kSlots; ++s)
+            if (p.has(s)) tensors_[s] = std::make_unique<DeviceTensor>(p.t[s]);
+    }
+    Views views() const {
+        Views views{};
+        for (size_t s = 0; s < kSlots; ++s) views[s] = tensors_[s] ? tensors_[s]->dl() : nullptr;
+        return views;
+    }
+    DeviceTensor& operator[](size_t slot) { return *tensors_[slot]; }
+    // Every tensor as it is now on the device, in a copy of `like` (the problem mirrored).
+    Problem download(const Problem& like) const {
+        Problem out = like;
+        for (size_t s = 0; s < kSlots; ++s)
+            if (tensors_[s]) tensors_[s]->download(out.t[s]);
+        return out;
+    }
+
+private:
+    std::array<std::unique_ptr<DeviceTensor>, kSlots> tensors_;
+};
+
+// ------------------------------------------------------------------------------------------
+// Running a problem on either backend
+// ------------------------------------------------------------------------------------------
+
+struct CallResult {
+    rope_jit_status status;
+    std::string message;
+};
+
+CallResult call_rope(rope_jit_runtime* runtime, const rope_jit_rope_args& args) {
+    const rope_jit_status status = rope_jit_rope(runtime, &args);
+    return {status, rope_jit_last_error()};
+}
+
+// doctest prints a const char* as a pointer: messages go through std::string.
+void require_ok(const CallResult& result, const std::string& where) {
+    const std::string status = rope_jit_status_name(result.status);
+    INFO(where, ": rope_jit_rope -> ", status, ": ", result.message);
+    REQUIRE(result.status == ROPE_JIT_OK);
+}
+
+// Runs the problem `calls` times with host tensors, alternating direction from spec.backward
+// (forward, backward, forward...), on a copy of it; returns the copy.
+Problem run_with_host_tensors(rope_jit_runtime* runtime, const Problem& p, int calls = 1) {
+    Problem out = p;
+    rope_jit_rope_args args = make_args(out.spec, host_views(out), nullptr);
+    for (int call = 0; call < calls; ++call) {
+        args.backward = p.spec.backward != (call % 2 == 1);
+        require_ok(call_rope(runtime, args), "host tensors");
+    }
+    return out;
+}
+
+// Runs the problem once with device copies of every tensor on `stream`, synchronizes that
+// stream and returns every tensor as the device holds it afterwards.
+Problem run_with_device_tensors(rope_jit_runtime* runtime, const Problem& p, rope_jit::CUstream stream = nullptr) {
+    DeviceProblem device(p);
+    require_ok(call_rope(runtime, make_args(p.spec, device.views(), stream)), "device tensors");
+    synchronize(stream);
+    return device.download(p);
+}
+
+// ------------------------------------------------------------------------------------------
+// Comparing
+// ------------------------------------------------------------------------------------------
+
+// Both backends rotate in fp32, so fp16/bf16 outputs may differ by one rounding step. fp32
+// results with tables differ only by a few fp32 roundings (FMA contraction on the GPU); xPos
+// scales and inv_freq angles (sincos of two libraries) leave more room.
+double gpu_tolerance(const Spec& c) {
+    switch (c.dt) {
+        case Dt::F32: return c.angles == Angles::InvFreq ? 2e-5 : c.xpos ? 1e-5 : 1e-6;
+        case Dt::F16: return 2e-3;
+        default: return 1.6e-2;
+    }
+}
+
+std::string format_number(double v) {
+    std::ostringstream text;
+    text << std::setprecision(9) << v;
+    return text.str();
+}
+
+// Element-wise |got - expected| <= tol * (1 + |expected|), reporting the worst element.
+void check_close(const HostTensor& got, const HostTensor& expected, double tol, const std::string& what) {
+    const std::vector<double> g = got.values(), e = expected.values();
+    REQUIRE(g.size() == e.size());
+    size_t worst = 0;
+    double worst_ratio = 0;
+    for (size_t i = 0; i < g.size(); ++i) {
+        const double allowed = tol * (1 + std::fabs(e[i]));
+        const double error = std::fabs(g[i] - e[i]);
+        const double ratio = error <= allowed ? error / std::max(allowed, 1e-300) : std::isfinite(error) ? error / allowed : 1e30;
+        if (ratio > worst_ratio) worst_ratio = ratio, worst = i;
+    }
+    const std::string detail = g.empty() ? std::string("empty")
+                                         : "worst element " + std::to_string(worst) + " (row-major): got " +
+                                               format_number(g[worst]) + ", expected " + format_number(e[worst]) +
+                                               ", tolerance " + format_number(tol) + " * (1 + |expected|)";
+    INFO(what, ": ", detail);
+    CHECK(worst_ratio <= 1.0);
+}
+
+// Bytes of `got` outside its view must equal those of `before` (same buffer shape).
+void check_outside_view_untouched(const HostTensor& got, const HostTensor& before, const std::string& what) {
+    const size_t element = dt_size(got.dtype());
+    const std::vector<uint8_t>& after_bytes = bytes_of(got);
+    const std::vector<uint8_t>& before_bytes = bytes_of(before);
+    REQUIRE(after_bytes.size() == before_bytes.size());
+    std::vector<bool> covered(after_bytes.size() / element, false);
+    got.for_each([&](const std::vector<int64_t>& i) { covered[size_t(got.offset(i))] = true; });
+    size_t changed = 0;
+    for (size_t e = 0; e < covered.size(); ++e)
+        if (!covered[e]) changed += std::memcmp(&after_bytes[e * element], &before_bytes[e * element], element) != 0;
+    INFO(what, ": elements outside the view that changed: ", changed);
+    CHECK(changed == 0);
+}
+
+void check_bytes_unchanged(const HostTensor& got, const HostTensor& before, const std::string& what) {
+    const bool unchanged = bytes_of(got) == bytes_of(before);
+    INFO(what, ": must be left exactly as it was");
+    CHECK(unchanged);
+}
+
+// What the GPU left against what the CPU left: written tensors within tol, the bytes around
+// their views untouched, and every tensor the call only reads exactly as it was.
+void check_gpu_matches_cpu(const Problem& original, const Problem& gpu, const Problem& cpu, double tol) {
+    for (size_t s = 0; s < kSlots; ++s) {
+        if (!original.has(s)) continue;
+        if (original.written(s)) {
+            check_close(gpu.t[s], cpu.t[s], tol, std::string(slot_name(s)) + " (GPU vs CPU)");
+            check_outside_view_untouched(gpu.t[s], original.t[s], std::string(slot_name(s)) + " on the device");
+        } else {
+            check_bytes_unchanged(gpu.t[s], original.t[s], std::string(slot_name(s)) + " on the device");
+        }
+    }
+}
+
+void check_nothing_written(const Problem& before, const Problem& after) {
+    for (size_t s = 0; s < kSlots; ++s)
+        if (before.has(s)) check_bytes_unchanged(after.t[s], before.t[s], slot_name(s));
+}
+
+// A DLTensor view into a buffer owned elsewhere (shape and strides in elements).
+struct StridedView {
+    Dt dt = Dt::F32;
+    std::vector<int64_t> shape, strides;
+    uint64_t byte_offset = 0;
+    DLTensor tensor{};
+
+    const DLTensor* on(void* data, DLDevice device) {
+        tensor.data = data;
+        tensor.device = device;
+        tensor.ndim = int32_t(shape.size());
+        tensor.dtype = dl_type(dt);
+        tensor.shape = shape.data();
+        tensor.strides = strides.data();
+        tensor.byte_offset = byte_offset;
+        return &tensor;
+    }
+};
+
+constexpr uint32_t kSweepSeed = 20261130;
+
+}  // namespace
+
+TEST_SUITE("gpu") {
+
+TEST_CASE_FIXTURE(GpuFixture, "the CUDA backend matches the CPU backend over a randomized sweep of the spec space") {
+    // 100 random kernels (NVRTC compiles dominate the run time), each run with 3 random sizes.
+    // Every (family, variant) has its own seed, so a failure replays alone.
+    for (uint32_t family = 0; family < 100; ++family) {
+        std::mt19937 family_rng(kSweepSeed + family);
+        const Spec base = random_spec(family_rng);
+        for (uint32_t variant = 0; variant < 3; ++variant) {
+            std::mt19937 rng(kSweepSeed + 7919 * (variant + 1) + family);
+            Spec c = base;
+            if (variant > 0) redraw_sizes(c, rng);
+            const std::string spec = describe(c);
+            CAPTURE(family);
+            CAPTURE(variant);
+            CAPTURE(spec);
+            const Problem p = make_problem(c, rng);
+            const Problem from_cpu = run_with_host_tensors(cpu_runtime.get(), p);
+            const Problem from_gpu = run_with_device_tensors(cuda_runtime.get(), p);
+            check_gpu_matches_cpu(p, from_gpu, from_cpu, gpu_tolerance(c));
+        }
+    }
+}
+
+TEST_CASE_FIXTURE(GpuFixture, "large bfloat16 shapes, as the vectorized paths see them, match the CPU backend") {
+    for (Layout layout : {Layout::BHSD, Layout::BSHD})
+        for (bool backward : {false, true})
+            for (Angles angles : {Angles::HalfTable, Angles::InvFreq}) {
+                Spec c;
+                c.dt = Dt::BF16;
+                c.table_dt = Dt::BF16;  // tables in the model's dtype, as HF and Unsloth pass them
+                c.layout = layout;
+                c.backward = backward;
+                c.angles = angles;
+                c.in_place = !backward;  // forward in place, backward out of place
+                c.B = 2, c.S = 257, c.Hk = 8, c.group = 4, c.D = 128, c.R = 128;
+                c.position_offset = 3;
+                const std::string spec = describe(c);
+                CAPTURE(spec);
+                std::mt19937 rng(uint32_t(int(layout) * 4 + int(backward) * 2 + int(angles)));
+                const Problem p = make_problem(c, rng);
+                const Problem from_cpu = run_with_host_tensors(cpu_runtime.get(), p);
+                const Problem from_gpu = run_with_device_tensors(cuda_runtime.get(), p);
+                check_gpu_matches_cpu(p, from_gpu, from_cpu, gpu_tolerance(c));
+            }
+}
+
+TEST_CASE_FIXTURE(GpuFixture, "q and k as strided slices of a packed qkv buffer are rotated in place, and v is untouched") {
+    for (Dt dt : {Dt::F16, Dt::BF16, Dt::F32}) {
+        const int64_t B = 2, S = 37, H = 4, D = 64;
+        const std::string dtype = dt_name(dt);
+        CAPTURE(dtype);
+        CAPTURE(B);
+        CAPTURE(S);
+        CAPTURE(H);
+        CAPTURE(D);
+        std::mt19937 rng(31 + uint32_t(dt));
+        HostTensor qkv(dt, {B, S, 3, H, D});  // [:, :, 0] = q, [:, :, 1] = k, [:, :, 2] = v
+        qkv.fill_uniform(rng, -2, 2);
+        Spec table_spec;  // half tables in float32, implicit positions 0..S-1
+        table_spec.dt = dt;
+        table_spec.D = D;
+        table_spec.R = D;
+        Problem tables;
+        tables.spec = table_spec;
+        fill_angles(tables, S + 1, rng);
+
+        // q and k as [B, H, S, D] views of the [B, S, 3, H, D] buffer: no copies.
+        auto slice = [&](int64_t slot) {
+            StridedView v;
+            v.dt = dt;
+            v.shape = {B, H, S, D};
+            v.strides = {S * 3 * H * D, D, 3 * H * D, 1};
+            v.byte_offset = uint64_t(slot * H * D) * dt_size(dt);
+            return v;
+        };
+        StridedView q_host = slice(0), k_host = slice(1), q_device = slice(0), k_device = slice(1);
+
+        HostTensor from_cpu = qkv;
+        rope_jit_rope_args args;
+        rope_jit_rope_args_init(&args);
+        args.q = q_host.on(from_cpu.bytes().data(), {kDLCPU, 0});
+        args.k = k_host.on(from_cpu.bytes().data(), {kDLCPU, 0});
+        args.cos = tables.t[kCos].dl();
+        args.sin = tables.t[kSin].dl();
+        require_ok(call_rope(cpu_runtime.get(), args), "CPU");
+
+        DeviceTensor device(qkv);
+        DeviceTensor cos_device(tables.t[kCos]), sin_device(tables.t[kSin]);
+        args.q = q_device.on(as_pointer(device.pointer()), {kDLCUDA, 0});
+        args.k = k_device.on(as_pointer(device.pointer()), {kDLCUDA, 0});
+        args.cos = cos_device.dl();
+        args.sin = sin_device.dl();
+        require_ok(call_rope(cuda_runtime.get(), args), "CUDA");
+        synchronize(nullptr);
+        HostTensor from_gpu = qkv;
+        device.download(from_gpu);
+
+        // Each slot as its own tensor, to compare slot by slot.
+        auto slot_of = [&](const HostTensor& buffer, int64_t slot) {
+            HostTensor out(dt, {B, S, H, D});
+            out.for_each([&](const std::vector<int64_t>& i) {
+                out.set(i, buffer.get({i[0], i[1], slot, i[2], i[3]}));
+            });
+            return out;
+        };
+        const double tol = gpu_tolerance(table_spec);
+        check_close(slot_of(from_gpu, 0), slot_of(from_cpu, 0), tol, "q slice (GPU vs CPU)");
+        check_close(slot_of(from_gpu, 1), slot_of(from_cpu, 1), tol, "k slice (GPU vs CPU)");
+        size_t v_changed = 0;
+        const size_t element = dt_size(dt);
+        qkv.for_each([&](const std::vector<int64_t>& i) {
+            if (i[2] != 2) return;
+            const size_t at = size_t(qkv.offset(i)) * element;
+            v_changed += std::memcmp(&from_gpu.bytes()[at], &bytes_of(qkv)[at], element) != 0;
+        });
+        INFO("v slice elements changed on the device: ", v_changed);
+        CHECK(v_changed == 0);
+    }
+}
+
+TEST_CASE_FIXTURE(GpuFixture, "a call on a non-default stream runs there and matches the CPU backend") {
+    Stream stream;
+    Spec c;
+    c.dt = Dt::F16;
+    c.interleaved = true;
+    c.layout = Layout::BSHD;
+    c.positions = Positions::PerBatchToken;
+    c.index_dt = Dt::I64;
+    c.in_place = false;
+    c.B = 3, c.S = 29, c.Hk = 2, c.group = 4, c.D = 128, c.R = 64, c.offset = 32;
+    const std::string spec = describe(c);
+    CAPTURE(spec);
+    std::mt19937 rng(4);
+    const Problem p = make_problem(c, rng);
+    const Problem from_cpu = run_with_host_tensors(cpu_runtime.get(), p);
+    const Problem from_gpu = run_with_device_tensors(cuda_runtime.get(), p, stream.get());
+    check_gpu_matches_cpu(p, from_gpu, from_cpu, gpu_tolerance(c));
+}
+
+TEST_CASE_FIXTURE(GpuFixture, "a call captured in a CUDA graph reads the data present at each replay") {
+    Stream stream;
+    Spec c;
+    c.dt = Dt::BF16;
+    c.layout = Layout::Padded;
+    c.positions = Positions::PerBatchToken;
+    c.index_dt = Dt::I32;
+    c.in_place = false;  // the warm-up call leaves the inputs as they are
+    c.B = 2, c.S = 21, c.Hk = 2, c.group = 4, c.D = 128, c.R = 128;
+    const std::string spec = describe(c);
+    CAPTURE(spec);
+    std::mt19937 rng(5);
+    const Problem p = make_problem(c, rng);
+    DeviceProblem device(p);
+    const rope_jit_rope_args args = make_args(c, device.views(), stream.get());
+
+    // Warm-up outside the capture: compiles and loads the kernel.
+    require_ok(call_rope(cuda_runtime.get(), args), "warm-up");
+    synchronize(stream.get());
+
+    Graph graph;
+    check_cu(driver().cuStreamBeginCapture(stream.get(), rope_jit::CU_STREAM_CAPTURE_MODE_GLOBAL), "cuStreamBeginCapture");
+    const CallResult captured = call_rope(cuda_runtime.get(), args);
+    const rope_jit::CUresult ended = driver().cuStreamEndCapture(stream.get(), &graph.graph);  // always end it
+    require_ok(captured, "during capture");
+    check_cu(ended, "cuStreamEndCapture");
+    check_cu(driver().cuGraphInstantiate(&graph.exec, graph.graph, 0), "cuGraphInstantiate");
+
+    // Each replay gets new q, k and positions, and poisoned outputs: a replay that reuses
+    // captured data, or writes nothing, shows.
+    for (int replay = 0; replay < 2; ++replay) {
+        CAPTURE(replay);
+        Problem next = p;
+        next.t[kQ].fill_uniform(rng, -2, 2);
+        next.t[kK].fill_uniform(rng, -2, 2);
+        std::uniform_int_distribution<int64_t> row(0, next.table_rows() - 1);
+        next.t[kPositions].for_each([&](const std::vector<int64_t>& i) { next.t[kPositions].set(i, double(row(rng))); });
+        for (size_t s : {kQ, kK, kQOut, kKOut, kPositions}) device[s].upload(next.t[s]);
+
+        check_cu(driver().cuGraphLaunch(graph.exec, stream.get()), "cuGraphLaunch");
+        synchronize(stream.get());
+        const Problem from_gpu = device.download(next);
+        const Problem from_cpu = run_with_host_tensors(cpu_runtime.get(), next);
+        check_gpu_matches_cpu(next, from_gpu, from_cpu, gpu_tolerance(c));
+    }
+}
+
+TEST_CASE_FIXTURE(GpuFixture, "two threads launching on their own streams at once both get correct results") {
+    constexpr int kCalls = 200;  // forward, backward, ...: an even number returns to the input
+
+    std::array<Spec, 2> specs;
+    // float32 tables: rounded to 16 bits, cos^2 + sin^2 drifts from 1 enough that 100 round
+    // trips no longer return the input.
+    specs[0].dt = Dt::BF16;  // bf16, half style, tables, bshd
+    specs[0].table_dt = Dt::F32;
+    specs[0].layout = Layout::BSHD;
+    specs[0].position_offset = 2;
+    specs[0].B = 2, specs[0].S = 33, specs[0].Hk = 2, specs[0].group = 4, specs[0].D = 128, specs[0].R = 128;
+    specs[1].dt = Dt::F32;  // f32, interleaved, inv_freq, partial rotary, padded rows, positions [S]
+    specs[1].interleaved = true;
+    specs[1].angles = Angles::InvFreq;
+    specs[1].layout = Layout::Padded;
+    specs[1].positions = Positions::PerToken;
+    specs[1].index_dt = Dt::I32;
+    specs[1].B = 3, specs[1].S = 17, specs[1].Hk = 3, specs[1].group = 1, specs[1].D = 64, specs[1].R = 32;
+    specs[1].offset = 16;
+
+    struct Worker {
+        Problem original;
+        std::unique_ptr<DeviceProblem> device;
+        rope_jit_status status = ROPE_JIT_OK;
+        std::string message, failure;
+    };
+    std::array<Worker, 2> workers;
+    for (size_t w = 0; w < workers.size(); ++w) {
+        std::mt19937 rng(600 + uint32_t(w));
+        workers[w].original = make_problem(specs[w], rng);
+        workers[w].device = std::make_unique<DeviceProblem>(workers[w].original);
+    }
+
+    std::atomic<int> ready{0};
+    std::vector<std::thread> threads;
+    for (size_t w = 0; w < workers.size(); ++w)
+        threads.emplace_back([&, w] {
+            Worker& worker = workers[w];
+            ++ready;
+            while (ready.load() < int(workers.size())) std::this_thread::yield();
+            try {
+                make_primary_context_current();
+                Stream stream;
+                rope_jit_rope_args args = make_args(worker.original.spec, worker.device->views(), stream.get());
+                for (int call = 0; call < kCalls; ++call) {
+                    args.backward = call % 2;
+                    const rope_jit_status status = rope_jit_rope(cuda_runtime.get(), &args);
+                    if (status != ROPE_JIT_OK) {
+                        worker.status = status;
+                        worker.message = rope_jit_last_error();
+                        break;
+                    }
+                }
+                synchronize(stream.get());
+            } catch (const std::exception& e) {
+                worker.failure = e.what();
+            }
+        });
+    for (std::thread& thread : threads) thread.join();
+
+    for (size_t w = 0; w < workers.size(); ++w) {
+        const Worker& worker = workers[w];
+        const std::string spec = describe(worker.original.spec);
+        CAPTURE(w);
+        CAPTURE(spec);
+        INFO("thread failure: ", worker.failure);
+        REQUIRE(worker.failure.empty());
+        const std::string status = rope_jit_status_name(worker.status);
+        INFO("rope_jit_rope -> ", status, ": ", worker.message);
+        REQUIRE(worker.status == ROPE_JIT_OK);
+        // Rounding accumulates over the calls like a random walk.
+        const double tol = gpu_tolerance(worker.original.spec) * std::sqrt(double(kCalls));
+        const Problem from_gpu = worker.device->download(worker.original);
+        const Problem from_cpu = run_with_host_tensors(cpu_runtime.get(), worker.original, kCalls);
+        check_gpu_matches_cpu(worker.original, from_gpu, from_cpu, tol);
+        check_close(from_gpu.t[kQ], worker.original.t[kQ], tol, "q after forward/backward pairs vs the original q");
+        check_close(from_gpu.t[kK], worker.original.t[kK], tol, "k after forward/backward pairs vs the original k");
+    }
+}
+
+TEST_CASE_FIXTURE(GpuFixture, "a CUDA runtime runs a call whose tensors all live in host memory on the CPU reference") {
+    Spec c;
+    c.dt = Dt::F16;
+    c.layout = Layout::Packed;
+    c.angles = Angles::FullTable;
+    c.B = 3, c.S = 11, c.Hk = 2, c.group = 2, c.D = 80, c.R = 80;
+    const std::string spec = describe(c);
+    CAPTURE(spec);
+    std::mt19937 rng(7);
+    const Problem p = make_problem(c, rng);
+    const Problem from_cpu = run_with_host_tensors(cpu_runtime.get(), p);
+    const Problem via_cuda_runtime = run_with_host_tensors(cuda_runtime.get(), p);
+    check_gpu_matches_cpu(p, via_cuda_runtime, from_cpu, 0.0);  // the same code: bit for bit
+}
+
+TEST_CASE_FIXTURE(GpuFixture, "tensors on different devices are rejected with a message naming the argument, and nothing is written") {
+    Spec c;
+    c.B = 2, c.S = 9, c.Hk = 2, c.group = 2, c.D = 64, c.R = 64;
+    std::mt19937 rng(8);
+    Problem host = make_problem(c, rng);
+    const Problem original = host;
+    DeviceProblem device(original);
+    Views views = device.views();
+    std::string needle;
+    SUBCASE("cos and sin in host memory, q and k on the GPU") {
+        views[kCos] = host.t[kCos].dl();
+        views[kSin] = host.t[kSin].dl();
+        needle = "cos:";
+    }
+    SUBCASE("k in host memory, q on the GPU") {
+        views[kK] = host.t[kK].dl();
+        needle = "k:";
+    }
+    SUBCASE("q in host memory, everything else on the GPU") {
+        views[kQ] = host.t[kQ].dl();
+        needle = "k:";
+    }
+    CAPTURE(needle);
+    const CallResult result = call_rope(cuda_runtime.get(), make_args(c, views, nullptr));
+    CAPTURE(result.message);
+    CHECK(result.status == ROPE_JIT_ERROR_INVALID_ARGUMENT);
+    CHECK(result.message.find(needle) != std::string::npos);
+    synchronize_context();
+    check_nothing_written(original, device.download(original));
+    check_nothing_written(original, host);
+}
+
+TEST_CASE_FIXTURE(GpuFixture, "with debug_checks, a device position outside the table is rejected naming positions, and nothing is written") {
+    const RuntimeHandle debug_runtime(ROPE_JIT_BACKEND_CUDA, /*debug_checks=*/true);
+    for (Positions mode : {Positions::PerToken, Positions::PerBatchToken})
+        for (bool past_the_end : {true, false}) {
+            Spec c;
+            c.dt = Dt::F16;
+            c.positions = mode;
+            c.index_dt = mode == Positions::PerToken ? Dt::I32 : Dt::I64;
+            c.B = 2, c.S = 9, c.Hk = 2, c.group = 2, c.D = 64, c.R = 64;
+            const std::string spec = describe(c);
+            CAPTURE(spec);
+            CAPTURE(past_the_end);
+            std::mt19937 rng(9);
+            const Problem p = make_problem(c, rng);
+
+            // Valid positions pass the check and give the CPU's result.
+            const Problem from_cpu = run_with_host_tensors(cpu_runtime.get(), p);
+            const Problem from_gpu = run_with_device_tensors(debug_runtime.get(), p);
+            check_gpu_matches_cpu(p, from_gpu, from_cpu, gpu_tolerance(c));
+
+            // One token (the last) at row P, or at row -1.
+            Problem bad = p;
+            bad.t[kPositions].set_at(bad.t[kPositions].numel() - 1, past_the_end ? double(p.table_rows()) : -1.0);
+            DeviceProblem device(bad);
+            const CallResult result = call_rope(debug_runtime.get(), make_args(c, device.views(), nullptr));
+            CAPTURE(result.message);
+            CHECK(result.status == ROPE_JIT_ERROR_INVALID_ARGUMENT);
+            CHECK(result.message.find("positions") != std::string::npos);
+            synchronize_context();
+            check_nothing_written(bad, device.download(bad));
+        }
+}
+
+}  // TEST_SUITE("gpu")
