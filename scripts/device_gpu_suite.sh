@@ -20,8 +20,10 @@ for step in $steps; do
     unit) build-gpu/tests/rope_jit_tests --test-suite-exclude=gpu 2>&1 | tail -5 | tee "$OUT/unit.log" ;;
     gpu) build-gpu/tests/rope_jit_tests --test-suite=gpu --duration=true 2>&1 | tee "$OUT/gpu.log" | tail -60 ;;
     golden) build-gpu/tools/rope-jit-golden tests/golden --backend cuda --ops rope 2>&1 | tee "$OUT/golden_cuda.log" | tail -30 ;;
+    # The driver test that asks for a device past the last one on purpose is left out: the
+    # sanitizer reports that deliberate API error as an error.
     sanitize) timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 build-gpu/tests/rope_jit_tests \
-                --test-suite=gpu > "$OUT/sanitizer_memcheck.log" 2>&1; echo "compute-sanitizer rc=$?" >> "$OUT/sanitizer_memcheck.log"
+                --test-suite=gpu --test-case-exclude="*names the device's target*" > "$OUT/sanitizer_memcheck.log" 2>&1; echo "compute-sanitizer rc=$?" >> "$OUT/sanitizer_memcheck.log"
               tail -15 "$OUT/sanitizer_memcheck.log" ;;
     bench) build-gpu/tools/rope-jit-bench --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" ;;
     bench-cpu) build-gpu/tools/rope-jit-bench --backend cpu --json "$OUT/bench_cpu.json" 2>&1 | tee "$OUT/bench_cpu.log" ;;
