@@ -170,42 +170,96 @@ __device__ void pair_angle(const RopeKernelParams& p, long long row, int pair, b
     }
 }
 
-// ---- rotation of one work item: PAIRS_PER_ITEM pairs of one head of one token ----------
+// ---- one work item: PAIRS_PER_ITEM pairs of one head of one token -----------------------
 
-__device__ __forceinline__ void rotate_item(const T* x, long long xs, T* y, long long ys, int chunk,
-                                            const float* c, const float* s) {
+// An item's data: for half style two packs (features d1.. and d1+R/2..), interleaved one.
+struct ItemData {
+    Pack<VEC> a, b;
+};
+
+__device__ __forceinline__ ItemData load_item(const T* x, long long xs, int chunk) {
+    ItemData data;
     if (INTERLEAVED) {
-        const long long d = ROTARY_OFFSET + chunk * VEC;
-        Pack<VEC> v = load_pack<VEC>(x + d * xs, xs);
+        data.a = load_pack<VEC>(x + (ROTARY_OFFSET + chunk * VEC) * xs, xs);
+    } else {
+        const long long d1 = ROTARY_OFFSET + chunk * VEC;
+        data.a = load_pack<VEC>(x + d1 * xs, xs);
+        data.b = load_pack<VEC>(x + (d1 + PAIRS) * xs, xs);
+    }
+    return data;
+}
+
+__device__ __forceinline__ void rotate_store_item(ItemData data, T* y, long long ys, int chunk, const float* c,
+                                                  const float* s) {
+    if (INTERLEAVED) {
 #pragma unroll
         for (int j = 0; j < VEC / 2; ++j) {
-            const float x1 = storage_to_float<DTYPE>(v.v[2 * j]), x2 = storage_to_float<DTYPE>(v.v[2 * j + 1]);
-            v.v[2 * j] = from_float<DTYPE>(x1 * c[j] - x2 * s[j]);
-            v.v[2 * j + 1] = from_float<DTYPE>(x2 * c[j] + x1 * s[j]);
+            const float x1 = storage_to_float<DTYPE>(data.a.v[2 * j]), x2 = storage_to_float<DTYPE>(data.a.v[2 * j + 1]);
+            data.a.v[2 * j] = from_float<DTYPE>(x1 * c[j] - x2 * s[j]);
+            data.a.v[2 * j + 1] = from_float<DTYPE>(x2 * c[j] + x1 * s[j]);
         }
-        store_pack<VEC>(y + d * ys, ys, v);
+        store_pack<VEC>(y + (ROTARY_OFFSET + chunk * VEC) * ys, ys, data.a);
     } else {
-        const long long d1 = ROTARY_OFFSET + chunk * VEC, d2 = d1 + PAIRS;
-        Pack<VEC> a = load_pack<VEC>(x + d1 * xs, xs);
-        Pack<VEC> b = load_pack<VEC>(x + d2 * xs, xs);
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
-            const float x1 = storage_to_float<DTYPE>(a.v[j]), x2 = storage_to_float<DTYPE>(b.v[j]);
-            a.v[j] = from_float<DTYPE>(x1 * c[j] - x2 * s[j]);
-            b.v[j] = from_float<DTYPE>(x2 * c[j] + x1 * s[j]);
+            const float x1 = storage_to_float<DTYPE>(data.a.v[j]), x2 = storage_to_float<DTYPE>(data.b.v[j]);
+            data.a.v[j] = from_float<DTYPE>(x1 * c[j] - x2 * s[j]);
+            data.b.v[j] = from_float<DTYPE>(x2 * c[j] + x1 * s[j]);
         }
-        store_pack<VEC>(y + d1 * ys, ys, a);
-        store_pack<VEC>(y + d2 * ys, ys, b);
+        const long long d1 = ROTARY_OFFSET + chunk * VEC;
+        store_pack<VEC>(y + d1 * ys, ys, data.a);
+        store_pack<VEC>(y + (d1 + PAIRS) * ys, ys, data.b);
     }
 }
 
-__device__ __forceinline__ const T* row_in(const void* base, const long long* st, long long b, long long h,
-                                           long long s) {
-    return static_cast<const T*>(base) + b * st[0] + h * st[1] + s * st[2];
-}
+// Where one token's rows start in q, q_out, k, k_out (element offsets of head 0); -1 when the
+// token has no q (s >= Sq) or no k (s >= Sk) or lies past the end.
+struct TokenBases {
+    long long q_in, q_out, k_in, k_out;
+};
 
-__device__ __forceinline__ T* row_out(void* base, const long long* st, long long b, long long h, long long s) {
-    return static_cast<T*>(base) + b * st[0] + h * st[1] + s * st[2];
+// Items a thread keeps in registers across the table phase; the host sizes blocks so that
+// this covers every item (more would spill to a plain loop below).
+constexpr int ITEMS_IN_FLIGHT = 4;
+
+// Everything one item needs, located from its index in the block: token, head, chunk.
+struct ItemPlace {
+    const T* x;
+    T* y;
+    long long xs, ys;
+    int chunk;
+    int set;  // angle set: token * ROLES + role
+    bool valid;
+};
+
+__device__ __forceinline__ ItemPlace place_item(const RopeKernelParams& p, const TokenBases* bases, int item,
+                                                int items_per_token, int heads_q, int block_items) {
+    ItemPlace place;
+    place.valid = false;
+    if (item >= block_items) return place;
+    const int token = item / items_per_token;
+    const int rest = item - token * items_per_token;
+    int h = rest / CHUNKS;
+    place.chunk = rest - h * CHUNKS;
+    const TokenBases base = bases[token];
+    const bool is_k = HAS_K && h >= heads_q;
+    if (is_k) {
+        h -= heads_q;
+        if (base.k_in < 0) return place;
+        place.x = static_cast<const T*>(p.k) + base.k_in + h * p.k_stride[1];
+        place.y = static_cast<T*>(p.k_out) + base.k_out + h * p.k_out_stride[1];
+        place.xs = p.k_stride[3];
+        place.ys = p.k_out_stride[3];
+    } else {
+        if (base.q_in < 0) return place;
+        place.x = static_cast<const T*>(p.q) + base.q_in + h * p.q_stride[1];
+        place.y = static_cast<T*>(p.q_out) + base.q_out + h * p.q_out_stride[1];
+        place.xs = p.q_stride[3];
+        place.ys = p.q_out_stride[3];
+    }
+    place.set = token * ROLES + (ROLES == 2 && is_k ? 1 : 0);
+    place.valid = true;
+    return place;
 }
 
 }  // namespace
@@ -213,81 +267,91 @@ __device__ __forceinline__ T* row_out(void* base, const long long* st, long long
 extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) rope_kernel(const RopeKernelParams p) {
     extern __shared__ float shared[];
     const int tpb = p.tokens_per_block;
-    float* s_cos = shared;                         // [tpb][ROLES][PAIRS]
-    float* s_sin = s_cos + tpb * ROLES * PAIRS;    // [tpb][ROLES][PAIRS]
+    float* s_cos = shared;                       // [tpb][ROLES][PAIRS]
+    float* s_sin = s_cos + tpb * ROLES * PAIRS;  // [tpb][ROLES][PAIRS]
     long long* s_row = reinterpret_cast<long long*>(s_sin + tpb * ROLES * PAIRS);  // [tpb][ROLES]
+    TokenBases* s_bases = reinterpret_cast<TokenBases*>(s_row + tpb * ROLES);      // [tpb]
     const long long first = static_cast<long long>(blockIdx.x) * tpb;
-    const long long heads_k = HAS_K ? p.heads_k : 0;
-    const long long heads_q = HAS_K ? heads_k * GQA_GROUP : p.heads_q;
-    const long long heads = heads_q + heads_k;
+    const int heads_k = HAS_K ? static_cast<int>(p.heads_k) : 0;
+    const int heads_q = HAS_K ? heads_k * GQA_GROUP : static_cast<int>(p.heads_q);
+    const int items_per_token = (heads_q + heads_k) * CHUNKS;
+    const int tokens_here = static_cast<int>(min(static_cast<long long>(tpb), p.units - first));
+    const int block_items = tokens_here * items_per_token;
 
-    // 1. Table rows of this block's tokens (for q, and for k when it has its own angles).
-    for (int i = threadIdx.x; i < tpb * ROLES; i += BLOCK_THREADS) {
-        const long long u = first + i / ROLES;
-        long long row = 0;
-        if (u < p.units) row = table_row(p, u / p.seqlen_max, u % p.seqlen_max, i % ROLES == 1);
-        s_row[i] = row;
-    }
-    __syncthreads();
-
-    // 2. Their cos/sin, once per token, shared by all heads.
-    for (int i = threadIdx.x; i < tpb * ROLES * PAIRS; i += BLOCK_THREADS) {
-        const int set = i / PAIRS;  // token * ROLES + role
-        if (first + set / ROLES >= p.units) break;
-        pair_angle(p, s_row[set], i % PAIRS, set % ROLES == 1, &s_cos[i], &s_sin[i]);
-    }
-    __syncthreads();
-
-    // 3. Rotate: consecutive threads take consecutive chunks of one head, so accesses coalesce.
-    const long long items = static_cast<long long>(tpb) * heads * CHUNKS;
-    for (long long item = threadIdx.x; item < items; item += BLOCK_THREADS) {
-        const int chunk = static_cast<int>(item % CHUNKS);
-        const long long rest = item / CHUNKS;
-        long long h = rest % heads;
-        const int token = static_cast<int>(rest / heads);
-        const long long u = first + token;
-        if (u >= p.units) break;
-        const long long b = u / p.seqlen_max, s = u % p.seqlen_max;
-        const bool is_k = h >= heads_q;
-        if (is_k) {
-            h -= heads_q;
-            if (s >= p.seqlen_k) continue;
-        } else if (s >= p.seqlen_q) {
-            continue;
+    // 1. Per token: where its rows are, and its table rows (for q, and for k when k has its
+    //    own angles). The only 64-bit divisions of the kernel happen here, once per token.
+    for (int i = threadIdx.x; i < tpb; i += BLOCK_THREADS) {
+        const long long u = first + i;
+        TokenBases base{-1, -1, -1, -1};
+        if (i < tokens_here) {
+            const long long b = u / p.seqlen_max, s = u - b * p.seqlen_max;
+            if (s < p.seqlen_q) {
+                base.q_in = b * p.q_stride[0] + s * p.q_stride[2];
+                base.q_out = b * p.q_out_stride[0] + s * p.q_out_stride[2];
+            }
+            if (HAS_K && s < p.seqlen_k) {
+                base.k_in = b * p.k_stride[0] + s * p.k_stride[2];
+                base.k_out = b * p.k_out_stride[0] + s * p.k_out_stride[2];
+            }
+            for (int role = 0; role < ROLES; ++role) s_row[i * ROLES + role] = table_row(p, b, s, role == 1);
         }
-        const int set = token * ROLES + (ROLES == 2 && is_k ? 1 : 0);
-        const float* c = s_cos + set * PAIRS + chunk * PAIRS_PER_ITEM;
-        const float* sn = s_sin + set * PAIRS + chunk * PAIRS_PER_ITEM;
-        if (is_k)
-            rotate_item(row_in(p.k, p.k_stride, b, h, s), p.k_stride[3], row_out(p.k_out, p.k_out_stride, b, h, s),
-                        p.k_out_stride[3], chunk, c, sn);
-        else
-            rotate_item(row_in(p.q, p.q_stride, b, h, s), p.q_stride[3], row_out(p.q_out, p.q_out_stride, b, h, s),
-                        p.q_out_stride[3], chunk, c, sn);
+        s_bases[i] = base;
+    }
+    __syncthreads();
+
+    // 2. Each thread loads its first items now, so that their memory latency overlaps the
+    //    table reads of step 3 instead of following them.
+    ItemPlace places[ITEMS_IN_FLIGHT];
+    ItemData data[ITEMS_IN_FLIGHT];
+#pragma unroll
+    for (int j = 0; j < ITEMS_IN_FLIGHT; ++j) {
+        places[j] = place_item(p, s_bases, threadIdx.x + j * BLOCK_THREADS, items_per_token, heads_q, block_items);
+        if (places[j].valid) data[j] = load_item(places[j].x, places[j].xs, places[j].chunk);
     }
 
-    // 4. Out of place, the features outside the rotary range are copied unchanged.
+    // 3. The block's cos/sin, once per token, shared by all its heads.
+    for (int i = threadIdx.x; i < tokens_here * ROLES * PAIRS; i += BLOCK_THREADS) {
+        const int set = i / PAIRS;  // token * ROLES + role
+        pair_angle(p, s_row[set], i - set * PAIRS, set % ROLES == 1, &s_cos[i], &s_sin[i]);
+    }
+    __syncthreads();
+
+    // 4. Rotate and store. Consecutive threads hold consecutive chunks of one head, so every
+    //    access coalesces.
+#pragma unroll
+    for (int j = 0; j < ITEMS_IN_FLIGHT; ++j) {
+        if (!places[j].valid) continue;
+        const int offset = places[j].set * PAIRS + places[j].chunk * PAIRS_PER_ITEM;
+        rotate_store_item(data[j], places[j].y, places[j].ys, places[j].chunk, s_cos + offset, s_sin + offset);
+    }
+    for (int item = threadIdx.x + ITEMS_IN_FLIGHT * BLOCK_THREADS; item < block_items; item += BLOCK_THREADS) {
+        const ItemPlace place = place_item(p, s_bases, item, items_per_token, heads_q, block_items);
+        if (!place.valid) continue;
+        const int offset = place.set * PAIRS + place.chunk * PAIRS_PER_ITEM;
+        rotate_store_item(load_item(place.x, place.xs, place.chunk), place.y, place.ys, place.chunk, s_cos + offset,
+                          s_sin + offset);
+    }
+
+    // 5. Out of place, the features outside the rotary range are copied unchanged.
     constexpr int UNROTATED = HEAD_DIM - ROTARY_DIM;
     if (UNROTATED > 0 && (!IN_PLACE_Q || (HAS_K && !IN_PLACE_K))) {
-        const long long copies = static_cast<long long>(tpb) * heads * UNROTATED;
-        for (long long item = threadIdx.x; item < copies; item += BLOCK_THREADS) {
-            const int f = static_cast<int>(item % UNROTATED);
-            const long long rest = item / UNROTATED;
-            long long h = rest % heads;
-            const long long u = first + rest / heads;
-            if (u >= p.units) break;
-            const long long b = u / p.seqlen_max, s = u % p.seqlen_max;
+        const int copies = tokens_here * (heads_q + heads_k) * UNROTATED;
+        for (int item = threadIdx.x; item < copies; item += BLOCK_THREADS) {
+            const int f = item % UNROTATED;
+            const int rest = item / UNROTATED;
+            const int token = rest / (heads_q + heads_k);
+            int h = rest - token * (heads_q + heads_k);
             const long long d = f < ROTARY_OFFSET ? f : f + ROTARY_DIM;
-            const bool is_k = h >= heads_q;
-            if (is_k) {
+            const TokenBases base = s_bases[token];
+            if (HAS_K && h >= heads_q) {
                 h -= heads_q;
-                if (IN_PLACE_K || s >= p.seqlen_k) continue;
-                row_out(p.k_out, p.k_out_stride, b, h, s)[d * p.k_out_stride[3]] =
-                    row_in(p.k, p.k_stride, b, h, s)[d * p.k_stride[3]];
+                if (IN_PLACE_K || base.k_in < 0) continue;
+                static_cast<T*>(p.k_out)[base.k_out + h * p.k_out_stride[1] + d * p.k_out_stride[3]] =
+                    static_cast<const T*>(p.k)[base.k_in + h * p.k_stride[1] + d * p.k_stride[3]];
             } else {
-                if (IN_PLACE_Q || s >= p.seqlen_q) continue;
-                row_out(p.q_out, p.q_out_stride, b, h, s)[d * p.q_out_stride[3]] =
-                    row_in(p.q, p.q_stride, b, h, s)[d * p.q_stride[3]];
+                if (IN_PLACE_Q || base.q_in < 0) continue;
+                static_cast<T*>(p.q_out)[base.q_out + h * p.q_out_stride[1] + d * p.q_out_stride[3]] =
+                    static_cast<const T*>(p.q)[base.q_in + h * p.q_stride[1] + d * p.q_stride[3]];
             }
         }
     }

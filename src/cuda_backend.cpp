@@ -227,13 +227,17 @@ void CudaBackend::rope(const RopeProblem& p, void* stream_handle) {
     params.q_position_offset = p.q_position_offset;
     params.units = p.batch * params.seqlen_max;
 
-    // Tokens per block: enough work items per block to keep its threads busy, few enough
-    // blocks... and not so many tokens that small (decode) shapes leave multiprocessors idle.
+    // Tokens per block: enough work items to keep the block's threads busy, and not so many
+    // tokens that small (decode) shapes leave multiprocessors idle.
     const int64_t roles = spec.k_own_angles ? 2 : 1;
     const int64_t pairs = spec.rotary_dim / 2;
     const int64_t chunks = pairs / (spec.interleaved ? spec.vec / 2 : spec.vec);
     const int64_t items_per_token = std::max<int64_t>(1, (p.heads_q + (p.has_k ? p.heads_k : 0)) * chunks);
-    const int64_t shared_per_token = roles * (pairs * 2 * int64_t(sizeof(float)) + int64_t(sizeof(long long)));
+    // Shared memory per token (see rope.cu): cos and sin per angle set, a table row per set,
+    // and four row offsets.
+    const int64_t shared_per_token =
+        roles * (pairs * 2 * int64_t(sizeof(float)) + int64_t(sizeof(long long))) + 4 * int64_t(sizeof(long long));
+    // Every thread keeps up to four items in flight (ITEMS_IN_FLIGHT in rope.cu).
     int64_t tokens = std::max<int64_t>(1, 4 * spec.block_threads / items_per_token);
     tokens = std::min<int64_t>(tokens, 64);
     tokens = std::min<int64_t>(tokens, (48 * 1024) / shared_per_token);

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "error.h"
+#include "raw_enum.h"
 
 namespace rope_jit {
 
@@ -116,15 +117,17 @@ KernelSpec kernel_spec_from_public(const rope_jit_kernel_spec& in) {
     spec.head_dim = in.head_dim;
     spec.rotary_dim = in.rotary_dim == 0 ? in.head_dim : in.rotary_dim;
     spec.rotary_offset = in.rotary_offset;
-    if (in.style != ROPE_JIT_STYLE_HALF && in.style != ROPE_JIT_STYLE_INTERLEAVED)
-        fail_argument(fmt::format("style: unknown value {}", int(in.style)));
-    spec.interleaved = in.style == ROPE_JIT_STYLE_INTERLEAVED;
+    const int style = raw_enum(in.style);
+    if (style != ROPE_JIT_STYLE_HALF && style != ROPE_JIT_STYLE_INTERLEAVED)
+        fail_argument(fmt::format("style: unknown value {}", style));
+    spec.interleaved = style == ROPE_JIT_STYLE_INTERLEAVED;
     spec.backward = in.backward != 0;
     spec.has_k = in.has_k != 0;
     spec.gqa_group = spec.has_k ? in.gqa_group : 1;
-    if (in.positions < ROPE_JIT_POSITIONS_IMPLICIT || in.positions > ROPE_JIT_POSITIONS_SEQLEN_OFFSETS)
-        fail_argument(fmt::format("positions: unknown value {}", int(in.positions)));
-    spec.position_mode = int32_t(in.positions);
+    const int positions = raw_enum(in.positions);
+    if (positions < ROPE_JIT_POSITIONS_IMPLICIT || positions > ROPE_JIT_POSITIONS_SEQLEN_OFFSETS)
+        fail_argument(fmt::format("positions: unknown value {}", positions));
+    spec.position_mode = positions;
     if (in.index_dtype.code != kDLInt || (in.index_dtype.bits != 32 && in.index_dtype.bits != 64) ||
         in.index_dtype.lanes != 1)
         fail_argument("index_dtype: must be int32 or int64");
@@ -133,10 +136,11 @@ KernelSpec kernel_spec_from_public(const rope_jit_kernel_spec& in) {
     spec.positions_int64 = spec.position_mode == 1 && index64;
     spec.seqlen_offsets_int64 = spec.position_mode == 2 && index64;
     spec.cu_seqlens_int64 = spec.packed && index64;
-    if (in.angles < ROPE_JIT_ANGLES_TABLE_HALF || in.angles > ROPE_JIT_ANGLES_INV_FREQ)
-        fail_argument(fmt::format("angles: unknown value {}", int(in.angles)));
-    spec.angles_from_inv_freq = in.angles == ROPE_JIT_ANGLES_INV_FREQ;
-    spec.table_full = in.angles == ROPE_JIT_ANGLES_TABLE_FULL;
+    const int angles = raw_enum(in.angles);
+    if (angles < ROPE_JIT_ANGLES_TABLE_HALF || angles > ROPE_JIT_ANGLES_INV_FREQ)
+        fail_argument(fmt::format("angles: unknown value {}", angles));
+    spec.angles_from_inv_freq = angles == ROPE_JIT_ANGLES_INV_FREQ;
+    spec.table_full = angles == ROPE_JIT_ANGLES_TABLE_FULL;
     const int32_t table_code = float_code(in.table_dtype, "table_dtype");
     spec.table_dtype = spec.angles_from_inv_freq ? 0 : table_code;
     spec.inv_freq_dtype = spec.angles_from_inv_freq ? table_code : 0;

@@ -4,6 +4,7 @@
 
 #include "error.h"
 #include "index_reader.h"
+#include "raw_enum.h"
 
 namespace rope_jit {
 
@@ -145,9 +146,9 @@ RopeProblem make_rope_problem(const rope_jit_rope_args& args) {
     if (p.rotary_offset + p.rotary_dim > p.head_dim)
         fail_argument(fmt::format("rotary_dim: rotary_offset {} + rotary_dim {} exceeds head_dim {}",
                                   p.rotary_offset, p.rotary_dim, p.head_dim));
-    if (args.style != ROPE_JIT_STYLE_HALF && args.style != ROPE_JIT_STYLE_INTERLEAVED)
-        fail_argument(fmt::format("style: must be ROPE_JIT_STYLE_HALF or ROPE_JIT_STYLE_INTERLEAVED, got {}",
-                                  int(args.style)));
+    const int style = raw_enum(args.style);
+    if (style != ROPE_JIT_STYLE_HALF && style != ROPE_JIT_STYLE_INTERLEAVED)
+        fail_argument(fmt::format("style: must be ROPE_JIT_STYLE_HALF or ROPE_JIT_STYLE_INTERLEAVED, got {}", style));
     p.style = args.style;
     p.backward = args.backward != 0;
 

@@ -7,6 +7,7 @@
 #include "cpu_reference.h"
 #include "error.h"
 #include "kernel_spec.h"
+#include "raw_enum.h"
 #include "rope_problem.h"
 
 namespace rope_jit {
@@ -16,19 +17,19 @@ Runtime::Runtime(const rope_jit_config& config)
     if (config.cpu_threads < 0)
         fail_argument(fmt::format("cpu_threads: must be >= 0 (0 = one per hardware thread), got {}",
                                   config.cpu_threads));
-    if (config.backend != ROPE_JIT_BACKEND_AUTO && config.backend != ROPE_JIT_BACKEND_CUDA &&
-        config.backend != ROPE_JIT_BACKEND_CPU)
-        fail_argument(fmt::format("backend: unknown value {}", int(config.backend)));
+    const int backend = raw_enum(config.backend);
+    if (backend != ROPE_JIT_BACKEND_AUTO && backend != ROPE_JIT_BACKEND_CUDA && backend != ROPE_JIT_BACKEND_CPU)
+        fail_argument(fmt::format("backend: unknown value {}", backend));
     if (config.disk_cache != 0) {
         const std::string root = config.cache_dir ? std::string(config.cache_dir) : DiskCache::default_root();
         disk_ = std::make_unique<DiskCache>(root, DiskCache::default_read_only_roots());
     }
-    if (config.backend == ROPE_JIT_BACKEND_CPU) return;
+    if (backend == ROPE_JIT_BACKEND_CPU) return;
     try {
         cuda_ = std::make_unique<CudaBackend>(disk_.get(), stats_, debug_checks_);
     } catch (const Error& e) {
         // AUTO falls back to the CPU when there is no usable GPU; CUDA insists.
-        if (config.backend == ROPE_JIT_BACKEND_CUDA || e.status() != ROPE_JIT_ERROR_BACKEND_UNAVAILABLE) throw;
+        if (backend == ROPE_JIT_BACKEND_CUDA || e.status() != ROPE_JIT_ERROR_BACKEND_UNAVAILABLE) throw;
     }
 }
 
