@@ -36,8 +36,6 @@ static_assert(!INTERLEAVED || VEC % 2 == 0, "interleaved items hold whole pairs"
 template <int DT> struct Storage { using type = unsigned short; };
 template <> struct Storage<0> { using type = float; };
 
-__device__ __forceinline__ float to_float(float v) { return v; }
-
 template <int DT>
 __device__ __forceinline__ float to_float16bits(unsigned short v) {
     if (DT == 1) {
@@ -131,7 +129,7 @@ __device__ long long table_row(const RopeKernelParams& p, long long b, long long
         sequence = lo;
         index = s - load_index<CU_SEQLENS_INT64>(p.cu_seqlens, lo * p.cu_seqlens_stride);
     }
-    if (POSITION_MODE == 1)
+    if (HAS_ROPE_INDICES)
         return load_index<POSITIONS_INT64>(p.positions, b * p.positions_stride[0] + s * p.positions_stride[1]);
     if (POSITION_MODE == 2)
         return index + load_index<SEQLEN_OFFSETS_INT64>(p.seqlen_offsets, sequence * p.seqlen_offsets_stride);
@@ -218,9 +216,10 @@ struct TokenBases {
     long long q_in, q_out, k_in, k_out;
 };
 
-// Items a thread keeps in registers across the table phase; the host sizes blocks so that
-// this covers every item (more would spill to a plain loop below).
-constexpr int ITEMS_IN_FLIGHT = 4;
+// Items a thread loads before it stores any: enough bytes in flight per thread to cover
+// memory latency, few enough registers for several blocks per multiprocessor.
+constexpr int ITEMS_IN_FLIGHT = 2;
+constexpr int MIN_BLOCKS_PER_SM = 4;
 
 // Everything one item needs, located from its index in the block: token, head, chunk.
 struct ItemPlace {
@@ -264,7 +263,7 @@ __device__ __forceinline__ ItemPlace place_item(const RopeKernelParams& p, const
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) rope_kernel(const RopeKernelParams p) {
+extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM) rope_kernel(const RopeKernelParams p) {
     extern __shared__ float shared[];
     const int tpb = p.tokens_per_block;
     float* s_cos = shared;                       // [tpb][ROLES][PAIRS]
@@ -299,42 +298,36 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) rope_kernel(const Ro
     }
     __syncthreads();
 
-    // 2. Each thread loads its first items now, so that their memory latency overlaps the
-    //    table reads of step 3 instead of following them.
-    ItemPlace places[ITEMS_IN_FLIGHT];
-    ItemData data[ITEMS_IN_FLIGHT];
-#pragma unroll
-    for (int j = 0; j < ITEMS_IN_FLIGHT; ++j) {
-        places[j] = place_item(p, s_bases, threadIdx.x + j * BLOCK_THREADS, items_per_token, heads_q, block_items);
-        if (places[j].valid) data[j] = load_item(places[j].x, places[j].xs, places[j].chunk);
-    }
-
-    // 3. The block's cos/sin, once per token, shared by all its heads.
+    // 2. The block's cos/sin, once per token, shared by all its heads.
     for (int i = threadIdx.x; i < tokens_here * ROLES * PAIRS; i += BLOCK_THREADS) {
         const int set = i / PAIRS;  // token * ROLES + role
         pair_angle(p, s_row[set], i - set * PAIRS, set % ROLES == 1, &s_cos[i], &s_sin[i]);
     }
     __syncthreads();
 
-    // 4. Rotate and store. Consecutive threads hold consecutive chunks of one head, so every
-    //    access coalesces.
+    // 3. Rotate, ITEMS_IN_FLIGHT items at a time: all loads, then all stores. Consecutive
+    //    threads hold consecutive chunks of one head, so every access coalesces.
+    for (int first_item = threadIdx.x; first_item < block_items; first_item += ITEMS_IN_FLIGHT * BLOCK_THREADS) {
+        ItemPlace places[ITEMS_IN_FLIGHT];
+        ItemData data[ITEMS_IN_FLIGHT];
 #pragma unroll
-    for (int j = 0; j < ITEMS_IN_FLIGHT; ++j) {
-        if (!places[j].valid) continue;
-        const int offset = places[j].set * PAIRS + places[j].chunk * PAIRS_PER_ITEM;
-        rotate_store_item(data[j], places[j].y, places[j].ys, places[j].chunk, s_cos + offset, s_sin + offset);
-    }
-    for (int item = threadIdx.x + ITEMS_IN_FLIGHT * BLOCK_THREADS; item < block_items; item += BLOCK_THREADS) {
-        const ItemPlace place = place_item(p, s_bases, item, items_per_token, heads_q, block_items);
-        if (!place.valid) continue;
-        const int offset = place.set * PAIRS + place.chunk * PAIRS_PER_ITEM;
-        rotate_store_item(load_item(place.x, place.xs, place.chunk), place.y, place.ys, place.chunk, s_cos + offset,
-                          s_sin + offset);
+        for (int j = 0; j < ITEMS_IN_FLIGHT; ++j) {
+            places[j] = place_item(p, s_bases, first_item + j * BLOCK_THREADS, items_per_token, heads_q, block_items);
+            if (places[j].valid) data[j] = load_item(places[j].x, places[j].xs, places[j].chunk);
+        }
+#pragma unroll
+        for (int j = 0; j < ITEMS_IN_FLIGHT; ++j) {
+            if (!places[j].valid) continue;
+            const int offset = places[j].set * PAIRS + places[j].chunk * PAIRS_PER_ITEM;
+            rotate_store_item(data[j], places[j].y, places[j].ys, places[j].chunk, s_cos + offset, s_sin + offset);
+        }
     }
 
-    // 5. Out of place, the features outside the rotary range are copied unchanged.
-    constexpr int UNROTATED = HEAD_DIM - ROTARY_DIM;
-    if (UNROTATED > 0 && (!IN_PLACE_Q || (HAS_K && !IN_PLACE_K))) {
+    // 4. Out of place, the features outside the rotary range are copied unchanged.
+    // (UNROTATED is never 0 inside the branch; the max keeps the division well-formed when
+    // the branch is compiled out.)
+    constexpr int UNROTATED = HEAD_DIM - ROTARY_DIM > 0 ? HEAD_DIM - ROTARY_DIM : 1;
+    if constexpr (HEAD_DIM > ROTARY_DIM && (!IN_PLACE_Q || (HAS_K && !IN_PLACE_K))) {
         const int copies = tokens_here * (heads_q + heads_k) * UNROTATED;
         for (int item = threadIdx.x; item < copies; item += BLOCK_THREADS) {
             const int f = item % UNROTATED;
