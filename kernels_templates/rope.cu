@@ -14,11 +14,14 @@
 //   HAS_XPOS, K_OWN_ANGLES                           k needs its own cos/sin (xPos, q offset)
 //   IN_PLACE_Q, IN_PLACE_K                           outputs alias inputs (skip the copy)
 //   VEC, VEC_LOADS                                   elements per access; aligned vector I/O
+//   TABLE_VEC_LOADS                                  cos/sin spans read as aligned vectors
 //   BLOCK_THREADS
 //
-// A block owns `tokens_per_block` consecutive tokens. It resolves their table rows once,
-// computes or reads their cos/sin once into shared memory, then rotates every q and k head
-// of those tokens from there: the tables are read once per token, not once per head.
+// A block owns `tokens_per_block` consecutive tokens and first resolves, once per token,
+// where its rows live and which table row it uses. With tables, every work item then reads
+// its few cos/sin values itself: all heads of a token read the same ones, so after the first
+// they come from L1, and the kernel streams q and k with no further barrier. Angles computed
+// from inv_freq (or scaled by xPos) are computed once per token into shared memory instead.
 
 #include "rope_params.h"
 
@@ -28,6 +31,12 @@ constexpr int PAIRS = ROTARY_DIM / 2;
 constexpr int ROLES = K_OWN_ANGLES ? 2 : 1;             // angle sets per token (q, and k)
 constexpr int PAIRS_PER_ITEM = INTERLEAVED ? VEC / 2 : VEC;
 constexpr int CHUNKS = PAIRS / PAIRS_PER_ITEM;          // work items per head
+// Angles computed once per token into shared memory (else read per item from the tables).
+constexpr bool SHARED_ANGLES = ANGLES_FROM_INV_FREQ || HAS_XPOS;
+// Table columns one item reads: its pairs' columns, which in a full interleaved table sit at
+// every other column (the span then covers both and the item uses the even ones).
+constexpr int TABLE_STEP = TABLE_FULL && INTERLEAVED ? 2 : 1;
+constexpr int TABLE_SPAN = PAIRS_PER_ITEM * TABLE_STEP;
 static_assert(PAIRS % PAIRS_PER_ITEM == 0, "the vector width must divide the pairs");
 static_assert(!INTERLEAVED || VEC % 2 == 0, "interleaved items hold whole pairs");
 
@@ -61,11 +70,17 @@ __device__ __forceinline__ typename Storage<DT>::type from_float(float v) {
         asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
         return h;
     } else {
-        // Round to nearest even, keeping NaN a (quiet) NaN; written out so it needs no sm_80.
+#if __CUDA_ARCH__ >= 800
+        unsigned short h;
+        asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));
+        return h;
+#else
+        // Round to nearest even, keeping NaN a (quiet) NaN, as cvt.rn.bf16.f32 does on sm_80+.
         unsigned bits = __float_as_uint(v);
         if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<unsigned short>((bits >> 16) | 0x40u);
         bits += 0x7fffu + ((bits >> 16) & 1u);
         return static_cast<unsigned short>(bits >> 16);
+#endif
     }
 }
 
@@ -168,6 +183,42 @@ __device__ void pair_angle(const RopeKernelParams& p, long long row, int pair, b
     }
 }
 
+using TableT = typename Storage<TABLE_DTYPE>::type;
+
+template <int N>
+struct alignas(N * sizeof(TableT)) TablePack {
+    TableT v[N];
+};
+
+// The table columns of an item's pairs in one row, as stored: the item converts them when it
+// computes, so that they occupy few registers while its loads are in flight.
+__device__ __forceinline__ TablePack<TABLE_SPAN> load_table_span(const void* table, const long long* stride,
+                                                                 long long row, int pair0) {
+    const TableT* base = static_cast<const TableT*>(table) + row * stride[0];
+    const long long col0 = static_cast<long long>(pair0) * TABLE_STEP;
+    if (TABLE_VEC_LOADS) return *reinterpret_cast<const TablePack<TABLE_SPAN>*>(base + col0);
+    TablePack<TABLE_SPAN> pack;
+#pragma unroll
+    for (int j = 0; j < TABLE_SPAN; ++j) pack.v[j] = base[(col0 + j) * stride[1]];
+    return pack;
+}
+
+// An item's angles: raw table spans, or (SHARED_ANGLES) a pointer to the token's cos/sin.
+struct ItemAngles {
+    TablePack<TABLE_SPAN> cos, sin;
+    const float* shared_cos;
+    const float* shared_sin;
+
+    __device__ __forceinline__ float c(int j) const {
+        return SHARED_ANGLES ? shared_cos[j] : storage_to_float<TABLE_DTYPE>(cos.v[j * TABLE_STEP]);
+    }
+    __device__ __forceinline__ float s(int j) const {
+        if (SHARED_ANGLES) return shared_sin[j];  // backward sign and xPos already applied
+        const float value = storage_to_float<TABLE_DTYPE>(sin.v[j * TABLE_STEP]);
+        return BACKWARD_PASS ? -value : value;
+    }
+};
+
 // ---- one work item: PAIRS_PER_ITEM pairs of one head of one token -----------------------
 
 // An item's data: for half style two packs (features d1.. and d1+R/2..), interleaved one.
@@ -187,22 +238,24 @@ __device__ __forceinline__ ItemData load_item(const T* x, long long xs, int chun
     return data;
 }
 
-__device__ __forceinline__ void rotate_store_item(ItemData data, T* y, long long ys, int chunk, const float* c,
-                                                  const float* s) {
+__device__ __forceinline__ void rotate_store_item(ItemData data, T* y, long long ys, int chunk,
+                                                  const ItemAngles& angles) {
     if (INTERLEAVED) {
 #pragma unroll
         for (int j = 0; j < VEC / 2; ++j) {
             const float x1 = storage_to_float<DTYPE>(data.a.v[2 * j]), x2 = storage_to_float<DTYPE>(data.a.v[2 * j + 1]);
-            data.a.v[2 * j] = from_float<DTYPE>(x1 * c[j] - x2 * s[j]);
-            data.a.v[2 * j + 1] = from_float<DTYPE>(x2 * c[j] + x1 * s[j]);
+            const float c = angles.c(j), s = angles.s(j);
+            data.a.v[2 * j] = from_float<DTYPE>(x1 * c - x2 * s);
+            data.a.v[2 * j + 1] = from_float<DTYPE>(x2 * c + x1 * s);
         }
         store_pack<VEC>(y + (ROTARY_OFFSET + chunk * VEC) * ys, ys, data.a);
     } else {
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
             const float x1 = storage_to_float<DTYPE>(data.a.v[j]), x2 = storage_to_float<DTYPE>(data.b.v[j]);
-            data.a.v[j] = from_float<DTYPE>(x1 * c[j] - x2 * s[j]);
-            data.b.v[j] = from_float<DTYPE>(x2 * c[j] + x1 * s[j]);
+            const float c = angles.c(j), s = angles.s(j);
+            data.a.v[j] = from_float<DTYPE>(x1 * c - x2 * s);
+            data.b.v[j] = from_float<DTYPE>(x2 * c + x1 * s);
         }
         const long long d1 = ROTARY_OFFSET + chunk * VEC;
         store_pack<VEC>(y + d1 * ys, ys, data.a);
@@ -216,10 +269,11 @@ struct TokenBases {
     long long q_in, q_out, k_in, k_out;
 };
 
-// Items a thread loads before it stores any: enough bytes in flight per thread to cover
-// memory latency, few enough registers for several blocks per multiprocessor.
-constexpr int ITEMS_IN_FLIGHT = 2;
-constexpr int MIN_BLOCKS_PER_SM = 4;
+// Items a thread loads before it stores any, and the blocks per multiprocessor the register
+// budget must allow. Measured on the H200 (bench/results/h200_kernel_tuning.json): one item
+// with six 256-thread blocks per SM beat two or four items at lower occupancy.
+constexpr int ITEMS_IN_FLIGHT = 1;
+constexpr int MIN_BLOCKS_PER_SM = 6;
 
 // Everything one item needs, located from its index in the block: token, head, chunk.
 struct ItemPlace {
@@ -240,21 +294,22 @@ __device__ __forceinline__ ItemPlace place_item(const RopeKernelParams& p, const
     const int rest = item - token * items_per_token;
     int h = rest / CHUNKS;
     place.chunk = rest - h * CHUNKS;
-    const TokenBases base = bases[token];
     const bool is_k = HAS_K && h >= heads_q;
     if (is_k) {
         h -= heads_q;
-        if (base.k_in < 0) return place;
-        place.x = static_cast<const T*>(p.k) + base.k_in + h * p.k_stride[1];
-        place.y = static_cast<T*>(p.k_out) + base.k_out + h * p.k_out_stride[1];
-        place.xs = p.k_stride[3];
-        place.ys = p.k_out_stride[3];
+        const long long in = bases[token].k_in;
+        if (in < 0) return place;
+        place.x = static_cast<const T*>(p.k) + in + h * p.k_stride[1];
+        place.y = static_cast<T*>(p.k_out) + bases[token].k_out + h * p.k_out_stride[1];
+        place.xs = VEC_LOADS ? 1 : p.k_stride[3];
+        place.ys = VEC_LOADS ? 1 : p.k_out_stride[3];
     } else {
-        if (base.q_in < 0) return place;
-        place.x = static_cast<const T*>(p.q) + base.q_in + h * p.q_stride[1];
-        place.y = static_cast<T*>(p.q_out) + base.q_out + h * p.q_out_stride[1];
-        place.xs = p.q_stride[3];
-        place.ys = p.q_out_stride[3];
+        const long long in = bases[token].q_in;
+        if (in < 0) return place;
+        place.x = static_cast<const T*>(p.q) + in + h * p.q_stride[1];
+        place.y = static_cast<T*>(p.q_out) + bases[token].q_out + h * p.q_out_stride[1];
+        place.xs = VEC_LOADS ? 1 : p.q_stride[3];
+        place.ys = VEC_LOADS ? 1 : p.q_out_stride[3];
     }
     place.set = token * ROLES + (ROLES == 2 && is_k ? 1 : 0);
     place.valid = true;
@@ -266,9 +321,10 @@ __device__ __forceinline__ ItemPlace place_item(const RopeKernelParams& p, const
 extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM) rope_kernel(const RopeKernelParams p) {
     extern __shared__ float shared[];
     const int tpb = p.tokens_per_block;
-    float* s_cos = shared;                       // [tpb][ROLES][PAIRS]
-    float* s_sin = s_cos + tpb * ROLES * PAIRS;  // [tpb][ROLES][PAIRS]
-    long long* s_row = reinterpret_cast<long long*>(s_sin + tpb * ROLES * PAIRS);  // [tpb][ROLES]
+    constexpr int SHARED_PAIRS = SHARED_ANGLES ? PAIRS : 0;  // angles kept per angle set
+    float* s_cos = shared;                              // [tpb][ROLES][SHARED_PAIRS]
+    float* s_sin = s_cos + tpb * ROLES * SHARED_PAIRS;  // [tpb][ROLES][SHARED_PAIRS]
+    long long* s_row = reinterpret_cast<long long*>(s_sin + tpb * ROLES * SHARED_PAIRS);  // [tpb][ROLES]
     TokenBases* s_bases = reinterpret_cast<TokenBases*>(s_row + tpb * ROLES);      // [tpb]
     const long long first = static_cast<long long>(blockIdx.x) * tpb;
     const int heads_k = HAS_K ? static_cast<int>(p.heads_k) : 0;
@@ -298,29 +354,39 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM) r
     }
     __syncthreads();
 
-    // 2. The block's cos/sin, once per token, shared by all its heads.
-    for (int i = threadIdx.x; i < tokens_here * ROLES * PAIRS; i += BLOCK_THREADS) {
-        const int set = i / PAIRS;  // token * ROLES + role
-        pair_angle(p, s_row[set], i - set * PAIRS, set % ROLES == 1, &s_cos[i], &s_sin[i]);
+    // 2. With inv_freq or xPos: the block's cos/sin, once per token, shared by all its heads.
+    if (SHARED_ANGLES) {
+        for (int i = threadIdx.x; i < tokens_here * ROLES * PAIRS; i += BLOCK_THREADS) {
+            const int set = i / PAIRS;  // token * ROLES + role
+            pair_angle(p, s_row[set], i - set * PAIRS, set % ROLES == 1, &s_cos[i], &s_sin[i]);
+        }
+        __syncthreads();
     }
-    __syncthreads();
 
     // 3. Rotate, ITEMS_IN_FLIGHT items at a time: all loads, then all stores. Consecutive
     //    threads hold consecutive chunks of one head, so every access coalesces.
     for (int first_item = threadIdx.x; first_item < block_items; first_item += ITEMS_IN_FLIGHT * BLOCK_THREADS) {
         ItemPlace places[ITEMS_IN_FLIGHT];
         ItemData data[ITEMS_IN_FLIGHT];
+        ItemAngles angles[ITEMS_IN_FLIGHT];
 #pragma unroll
         for (int j = 0; j < ITEMS_IN_FLIGHT; ++j) {
             places[j] = place_item(p, s_bases, first_item + j * BLOCK_THREADS, items_per_token, heads_q, block_items);
-            if (places[j].valid) data[j] = load_item(places[j].x, places[j].xs, places[j].chunk);
+            if (!places[j].valid) continue;
+            data[j] = load_item(places[j].x, places[j].xs, places[j].chunk);
+            const int pair0 = places[j].chunk * PAIRS_PER_ITEM;
+            if (SHARED_ANGLES) {
+                angles[j].shared_cos = s_cos + places[j].set * PAIRS + pair0;
+                angles[j].shared_sin = s_sin + places[j].set * PAIRS + pair0;
+            } else {
+                const long long row = s_row[places[j].set];
+                angles[j].cos = load_table_span(p.cos, p.cos_stride, row, pair0);
+                angles[j].sin = load_table_span(p.sin, p.sin_stride, row, pair0);
+            }
         }
 #pragma unroll
-        for (int j = 0; j < ITEMS_IN_FLIGHT; ++j) {
-            if (!places[j].valid) continue;
-            const int offset = places[j].set * PAIRS + places[j].chunk * PAIRS_PER_ITEM;
-            rotate_store_item(data[j], places[j].y, places[j].ys, places[j].chunk, s_cos + offset, s_sin + offset);
-        }
+        for (int j = 0; j < ITEMS_IN_FLIGHT; ++j)
+            if (places[j].valid) rotate_store_item(data[j], places[j].y, places[j].ys, places[j].chunk, angles[j]);
     }
 
     // 4. Out of place, the features outside the rotary range are copied unchanged.

@@ -233,10 +233,12 @@ void CudaBackend::rope(const RopeProblem& p, void* stream_handle) {
     const int64_t pairs = spec.rotary_dim / 2;
     const int64_t chunks = pairs / (spec.interleaved ? spec.vec / 2 : spec.vec);
     const int64_t items_per_token = std::max<int64_t>(1, (p.heads_q + (p.has_k ? p.heads_k : 0)) * chunks);
-    // Shared memory per token (see rope.cu): cos and sin per angle set, a table row per set,
-    // and four row offsets.
+    // Shared memory per token (see rope.cu): cos and sin per angle set when they are computed
+    // once per token, a table row per set, and four row offsets.
+    const bool shared_angles = spec.angles_from_inv_freq || spec.has_xpos;
     const int64_t shared_per_token =
-        roles * (pairs * 2 * int64_t(sizeof(float)) + int64_t(sizeof(long long))) + 4 * int64_t(sizeof(long long));
+        roles * ((shared_angles ? pairs * 2 * int64_t(sizeof(float)) : 0) + int64_t(sizeof(long long))) +
+        4 * int64_t(sizeof(long long));
     // Every thread keeps up to four items in flight (ITEMS_IN_FLIGHT in rope.cu).
     int64_t tokens = std::max<int64_t>(1, 4 * spec.block_threads / items_per_token);
     tokens = std::min<int64_t>(tokens, 64);

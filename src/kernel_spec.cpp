@@ -63,6 +63,20 @@ void choose_vector_width(KernelSpec& spec, size_t element_size, TensorsAllow ten
     }
 }
 
+// Table columns one work item reads (see TABLE_SPAN in rope.cu).
+int64_t table_span(const KernelSpec& spec) {
+    const int64_t pairs_per_item = spec.interleaved ? spec.vec / 2 : spec.vec;
+    return pairs_per_item * (spec.table_full && spec.interleaved ? 2 : 1);
+}
+
+// Whether a [P, C] table allows reading spans of n columns as one aligned vector.
+bool table_friendly(const TensorRef& t, int64_t n) {
+    if (t.shape[1] > 1 && t.strides[1] != 1) return false;
+    if (t.shape[0] > 1 && t.strides[0] % n != 0) return false;
+    const uintptr_t alignment = uintptr_t(n) * dtype_size(t.dtype);
+    return reinterpret_cast<uintptr_t>(t.data) % alignment == 0;
+}
+
 }  // namespace
 
 KernelSpec make_kernel_spec(const RopeProblem& p) {
@@ -99,6 +113,10 @@ KernelSpec make_kernel_spec(const RopeProblem& p) {
         if (p.has_k) ok = ok && vector_friendly(p.k, n) && vector_friendly(p.k_out, n);
         return ok;
     });
+    if (p.angles == AngleSource::Table) {
+        const int64_t span = table_span(spec);
+        spec.table_vec_loads = table_friendly(p.cos, span) && table_friendly(p.sin, span);
+    }
     spec.block_threads = 256;
     return spec;
 }
@@ -151,6 +169,7 @@ KernelSpec kernel_spec_from_public(const rope_jit_kernel_spec& in) {
     spec.in_place_k = !spec.has_k || in.in_place != 0;
     // Contiguous, aligned tensors: the layout alone limits the vector width.
     choose_vector_width(spec, spec.dtype == 0 ? 4 : 2, [](int64_t) { return true; });
+    spec.table_vec_loads = !spec.angles_from_inv_freq;
     spec.block_threads = 256;
     spec.validate();
     return spec;
@@ -174,6 +193,7 @@ void KernelSpec::validate() const {
     require(pairs_per_item >= 1 && (rotary_dim / 2) % pairs_per_item == 0,
             fmt::format("vec {} does not divide the {} pairs", vec, rotary_dim / 2));
     require(!vec_loads || rotary_offset % vec == 0, "vector loads need rotary_offset % vec == 0");
+    require(!table_vec_loads || !angles_from_inv_freq, "table_vec_loads needs tables");
     require(block_threads >= 32 && block_threads <= 1024 && block_threads % 32 == 0,
             fmt::format("block_threads must be a multiple of 32 in [32, 1024], got {}", block_threads));
 }
@@ -212,6 +232,7 @@ std::string KernelSpec::preamble() const {
     flag("IN_PLACE_K", in_place_k);
     define("int", "VEC", vec);
     flag("VEC_LOADS", vec_loads);
+    flag("TABLE_VEC_LOADS", table_vec_loads);
     define("int", "BLOCK_THREADS", block_threads);
     return text;
 }
@@ -242,6 +263,7 @@ std::string KernelSpec::to_json() const {
     j["in_place_k"] = bool(in_place_k);
     j["vec"] = vec;
     j["vec_loads"] = bool(vec_loads);
+    j["table_vec_loads"] = bool(table_vec_loads);
     j["block_threads"] = block_threads;
     return j.dump();
 }
@@ -296,6 +318,7 @@ std::optional<KernelSpec> KernelSpec::from_json(const std::string& text, std::st
         spec.in_place_k = flag("in_place_k", 1);
         spec.vec = number("vec", spec.interleaved ? 2 : 1);
         spec.vec_loads = flag("vec_loads", 0);
+        spec.table_vec_loads = flag("table_vec_loads", 0);
         spec.block_threads = number("block_threads", 256);
         spec.validate();
     } catch (const std::exception& e) {

@@ -29,6 +29,7 @@ struct KernelSpec {
     int32_t has_xpos = 0, k_own_angles = 0;
     int32_t in_place_q = 1, in_place_k = 1;
     int32_t vec = 1, vec_loads = 0;
+    int32_t table_vec_loads = 0;  // cos/sin item spans read as aligned vectors
     int32_t block_threads = 256;
 
     bool operator==(const KernelSpec& other) const { return std::memcmp(this, &other, sizeof *this) == 0; }
