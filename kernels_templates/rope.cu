@@ -15,6 +15,8 @@
 //   IN_PLACE_Q, IN_PLACE_K                           outputs alias inputs (skip the copy)
 //   VEC, VEC_LOADS                                   elements per access; aligned vector I/O
 //   TABLE_VEC_LOADS                                  cos/sin spans read as aligned vectors
+//   MROPE_AXES                                       position axes (M-RoPE); 0 = one position
+//   FREQ_GRAD                                        also accumulate d(loss)/d(inv_freq)
 //   BLOCK_THREADS
 //
 // A block owns `tokens_per_block` consecutive tokens and first resolves, once per token,
@@ -32,7 +34,9 @@ constexpr int ROLES = K_OWN_ANGLES ? 2 : 1;             // angle sets per token 
 constexpr int PAIRS_PER_ITEM = INTERLEAVED ? VEC / 2 : VEC;
 constexpr int CHUNKS = PAIRS / PAIRS_PER_ITEM;          // work items per head
 // Angles computed once per token into shared memory (else read per item from the tables).
-constexpr bool SHARED_ANGLES = ANGLES_FROM_INV_FREQ || HAS_XPOS;
+constexpr bool SHARED_ANGLES = ANGLES_FROM_INV_FREQ || HAS_XPOS || MROPE_AXES > 0;
+// Table rows resolved per token: one per position axis (M-RoPE), else one per role.
+constexpr int ROW_SETS = MROPE_AXES > 0 ? MROPE_AXES : ROLES;
 // Table columns one item reads: its pairs' columns, which in a full interleaved table sit at
 // every other column (the span then covers both and the item uses the even ones).
 constexpr int TABLE_STEP = TABLE_FULL && INTERLEAVED ? 2 : 1;
@@ -129,10 +133,10 @@ __device__ __forceinline__ long long load_index(const void* base, long long inde
     return static_cast<const int*>(base)[index];
 }
 
-// The table row of token (b, s) of q or k: positions, else s + seqlen_offsets[sequence],
-// else s + position_offset (+ q_position_offset for q). Packed batches find their sequence
+// The table row of token (b, s) of q or k: positions (of `axis` with M-RoPE), else
+// s + seqlen_offsets[sequence], else s + position_offset (+ q_position_offset for q). Packed batches find their sequence
 // in cu_seqlens and restart s at 0 in each.
-__device__ long long table_row(const RopeKernelParams& p, long long b, long long s, bool is_k) {
+__device__ long long table_row(const RopeKernelParams& p, long long b, long long s, bool is_k, int axis = 0) {
     long long sequence = b, index = s;
     if (PACKED) {
         long long lo = 0, hi = p.num_sequences - 1;  // last sequence whose start <= s
@@ -145,7 +149,8 @@ __device__ long long table_row(const RopeKernelParams& p, long long b, long long
         index = s - load_index<CU_SEQLENS_INT64>(p.cu_seqlens, lo * p.cu_seqlens_stride);
     }
     if (HAS_ROPE_INDICES)
-        return load_index<POSITIONS_INT64>(p.positions, b * p.positions_stride[0] + s * p.positions_stride[1]);
+        return load_index<POSITIONS_INT64>(p.positions, axis * p.positions_axis_stride + b * p.positions_stride[0] +
+                                                            s * p.positions_stride[1]);
     if (POSITION_MODE == 2)
         return index + load_index<SEQLEN_OFFSETS_INT64>(p.seqlen_offsets, sequence * p.seqlen_offsets_stride);
     return index + p.position_offset + (is_k ? 0 : p.q_position_offset);
@@ -196,11 +201,14 @@ __device__ __forceinline__ TablePack<TABLE_SPAN> load_table_span(const void* tab
                                                                  long long row, int pair0) {
     const TableT* base = static_cast<const TableT*>(table) + row * stride[0];
     const long long col0 = static_cast<long long>(pair0) * TABLE_STEP;
-    if (TABLE_VEC_LOADS) return *reinterpret_cast<const TablePack<TABLE_SPAN>*>(base + col0);
-    TablePack<TABLE_SPAN> pack;
+    if constexpr (TABLE_VEC_LOADS) {
+        return *reinterpret_cast<const TablePack<TABLE_SPAN>*>(base + col0);
+    } else {
+        TablePack<TABLE_SPAN> pack;
 #pragma unroll
-    for (int j = 0; j < TABLE_SPAN; ++j) pack.v[j] = base[(col0 + j) * stride[1]];
-    return pack;
+        for (int j = 0; j < TABLE_SPAN; ++j) pack.v[j] = base[(col0 + j) * stride[1]];
+        return pack;
+    }
 }
 
 // An item's angles: raw table spans, or (SHARED_ANGLES) a pointer to the token's cos/sin.
@@ -263,10 +271,44 @@ __device__ __forceinline__ void rotate_store_item(ItemData data, T* y, long long
     }
 }
 
+// The table row of one pair of a token (role 1 = k): per axis with M-RoPE, else k's own row
+// when it has one (K_OWN_ANGLES), else the token's one row.
+__device__ __forceinline__ long long pair_row(const long long* s_row, const RopeKernelParams& p, int token, int role,
+                                              int pair) {
+    if (MROPE_AXES > 0) return s_row[token * ROW_SETS + p.pair_axis[pair]];
+    return s_row[token * ROW_SETS + (ROLES == 2 ? role : 0)];
+}
+
+// Learned frequencies: adds, for each of the item's pairs, position * (g2*y1 - g1*y2) to
+// `sums` (the derivative of the loss by the pair's angle, dy1/dt = -y2 and dy2/dt = y1, times
+// d(angle)/d(inv_freq) = position). g is the incoming gradient, y the forward output.
+__device__ __forceinline__ void accumulate_freq_grad(const ItemData& g, const ItemData& y, const long long* s_row,
+                                                     const RopeKernelParams& p, int token, int role, int pair0,
+                                                     float* sums) {
+#pragma unroll
+    for (int j = 0; j < PAIRS_PER_ITEM; ++j) {
+        float g1, g2, y1, y2;
+        if (INTERLEAVED) {
+            g1 = storage_to_float<DTYPE>(g.a.v[2 * j]);
+            g2 = storage_to_float<DTYPE>(g.a.v[2 * j + 1]);
+            y1 = storage_to_float<DTYPE>(y.a.v[2 * j]);
+            y2 = storage_to_float<DTYPE>(y.a.v[2 * j + 1]);
+        } else {
+            g1 = storage_to_float<DTYPE>(g.a.v[j]);
+            g2 = storage_to_float<DTYPE>(g.b.v[j]);
+            y1 = storage_to_float<DTYPE>(y.a.v[j]);
+            y2 = storage_to_float<DTYPE>(y.b.v[j]);
+        }
+        const float position = static_cast<float>(pair_row(s_row, p, token, role, pair0 + j));
+        atomicAdd(&sums[pair0 + j], position * (g2 * y1 - g1 * y2));
+    }
+}
+
 // Where one token's rows start in q, q_out, k, k_out (element offsets of head 0); -1 when the
 // token has no q (s >= Sq) or no k (s >= Sk) or lies past the end.
 struct TokenBases {
     long long q_in, q_out, k_in, k_out;
+    long long q_saved, k_saved;  // FREQ_GRAD only
 };
 
 // Items a thread loads before it stores any, and the blocks per multiprocessor the register
@@ -279,8 +321,10 @@ constexpr int MIN_BLOCKS_PER_SM = 6;
 struct ItemPlace {
     const T* x;
     T* y;
-    long long xs, ys;
+    const T* saved;  // the forward output (FREQ_GRAD only)
+    long long xs, ys, saved_stride;
     int chunk;
+    int token, role;
     int set;  // angle set: token * ROLES + role
     bool valid;
 };
@@ -303,6 +347,10 @@ __device__ __forceinline__ ItemPlace place_item(const RopeKernelParams& p, const
         place.y = static_cast<T*>(p.k_out) + bases[token].k_out + h * p.k_out_stride[1];
         place.xs = VEC_LOADS ? 1 : p.k_stride[3];
         place.ys = VEC_LOADS ? 1 : p.k_out_stride[3];
+        if (FREQ_GRAD) {
+            place.saved = static_cast<const T*>(p.k_saved) + bases[token].k_saved + h * p.k_saved_stride[1];
+            place.saved_stride = VEC_LOADS ? 1 : p.k_saved_stride[3];
+        }
     } else {
         const long long in = bases[token].q_in;
         if (in < 0) return place;
@@ -310,7 +358,13 @@ __device__ __forceinline__ ItemPlace place_item(const RopeKernelParams& p, const
         place.y = static_cast<T*>(p.q_out) + bases[token].q_out + h * p.q_out_stride[1];
         place.xs = VEC_LOADS ? 1 : p.q_stride[3];
         place.ys = VEC_LOADS ? 1 : p.q_out_stride[3];
+        if (FREQ_GRAD) {
+            place.saved = static_cast<const T*>(p.q_saved) + bases[token].q_saved + h * p.q_saved_stride[1];
+            place.saved_stride = VEC_LOADS ? 1 : p.q_saved_stride[3];
+        }
     }
+    place.token = token;
+    place.role = is_k ? 1 : 0;
     place.set = token * ROLES + (ROLES == 2 && is_k ? 1 : 0);
     place.valid = true;
     return place;
@@ -324,8 +378,9 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM) r
     constexpr int SHARED_PAIRS = SHARED_ANGLES ? PAIRS : 0;  // angles kept per angle set
     float* s_cos = shared;                              // [tpb][ROLES][SHARED_PAIRS]
     float* s_sin = s_cos + tpb * ROLES * SHARED_PAIRS;  // [tpb][ROLES][SHARED_PAIRS]
-    long long* s_row = reinterpret_cast<long long*>(s_sin + tpb * ROLES * SHARED_PAIRS);  // [tpb][ROLES]
-    TokenBases* s_bases = reinterpret_cast<TokenBases*>(s_row + tpb * ROLES);      // [tpb]
+    long long* s_row = reinterpret_cast<long long*>(s_sin + tpb * ROLES * SHARED_PAIRS);  // [tpb][ROW_SETS]
+    TokenBases* s_bases = reinterpret_cast<TokenBases*>(s_row + tpb * ROW_SETS);   // [tpb]
+    float* s_grad = reinterpret_cast<float*>(s_bases + tpb);                       // [PAIRS] if FREQ_GRAD
     const long long first = static_cast<long long>(blockIdx.x) * tpb;
     const int heads_k = HAS_K ? static_cast<int>(p.heads_k) : 0;
     const int heads_q = HAS_K ? heads_k * GQA_GROUP : static_cast<int>(p.heads_q);
@@ -337,28 +392,38 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM) r
     //    own angles). The only 64-bit divisions of the kernel happen here, once per token.
     for (int i = threadIdx.x; i < tpb; i += BLOCK_THREADS) {
         const long long u = first + i;
-        TokenBases base{-1, -1, -1, -1};
+        TokenBases base{-1, -1, -1, -1, 0, 0};
         if (i < tokens_here) {
             const long long b = u / p.seqlen_max, s = u - b * p.seqlen_max;
             if (s < p.seqlen_q) {
                 base.q_in = b * p.q_stride[0] + s * p.q_stride[2];
                 base.q_out = b * p.q_out_stride[0] + s * p.q_out_stride[2];
+                if (FREQ_GRAD) base.q_saved = b * p.q_saved_stride[0] + s * p.q_saved_stride[2];
             }
             if (HAS_K && s < p.seqlen_k) {
                 base.k_in = b * p.k_stride[0] + s * p.k_stride[2];
                 base.k_out = b * p.k_out_stride[0] + s * p.k_out_stride[2];
+                if (FREQ_GRAD) base.k_saved = b * p.k_saved_stride[0] + s * p.k_saved_stride[2];
             }
-            for (int role = 0; role < ROLES; ++role) s_row[i * ROLES + role] = table_row(p, b, s, role == 1);
+            if (MROPE_AXES > 0) {
+                for (int axis = 0; axis < MROPE_AXES; ++axis) s_row[i * ROW_SETS + axis] = table_row(p, b, s, false, axis);
+            } else {
+                for (int role = 0; role < ROLES; ++role) s_row[i * ROW_SETS + role] = table_row(p, b, s, role == 1);
+            }
         }
         s_bases[i] = base;
     }
+    if (FREQ_GRAD)
+        for (int i = threadIdx.x; i < PAIRS; i += BLOCK_THREADS) s_grad[i] = 0.0f;
     __syncthreads();
 
     // 2. With inv_freq or xPos: the block's cos/sin, once per token, shared by all its heads.
     if (SHARED_ANGLES) {
         for (int i = threadIdx.x; i < tokens_here * ROLES * PAIRS; i += BLOCK_THREADS) {
             const int set = i / PAIRS;  // token * ROLES + role
-            pair_angle(p, s_row[set], i - set * PAIRS, set % ROLES == 1, &s_cos[i], &s_sin[i]);
+            const int pair = i - set * PAIRS;
+            pair_angle(p, pair_row(s_row, p, set / ROLES, set % ROLES, pair), pair, set % ROLES == 1, &s_cos[i],
+                       &s_sin[i]);
         }
         __syncthreads();
     }
@@ -379,14 +444,26 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM) r
                 angles[j].shared_cos = s_cos + places[j].set * PAIRS + pair0;
                 angles[j].shared_sin = s_sin + places[j].set * PAIRS + pair0;
             } else {
-                const long long row = s_row[places[j].set];
+                const long long row = pair_row(s_row, p, places[j].token, places[j].role, pair0);
                 angles[j].cos = load_table_span(p.cos, p.cos_stride, row, pair0);
                 angles[j].sin = load_table_span(p.sin, p.sin_stride, row, pair0);
             }
         }
 #pragma unroll
-        for (int j = 0; j < ITEMS_IN_FLIGHT; ++j)
-            if (places[j].valid) rotate_store_item(data[j], places[j].y, places[j].ys, places[j].chunk, angles[j]);
+        for (int j = 0; j < ITEMS_IN_FLIGHT; ++j) {
+            if (!places[j].valid) continue;
+            if (FREQ_GRAD)
+                accumulate_freq_grad(data[j], load_item(places[j].saved, places[j].saved_stride, places[j].chunk),
+                                     s_row, p, places[j].token, places[j].role, places[j].chunk * PAIRS_PER_ITEM,
+                                     s_grad);
+            rotate_store_item(data[j], places[j].y, places[j].ys, places[j].chunk, angles[j]);
+        }
+    }
+    if (FREQ_GRAD) {
+        // One global add per pair and block: the block's sums were gathered in shared memory.
+        __syncthreads();
+        for (int i = threadIdx.x; i < PAIRS; i += BLOCK_THREADS)
+            atomicAdd(p.inv_freq_grad + i * p.inv_freq_grad_stride, s_grad[i]);
     }
 
     // 4. Out of place, the features outside the rotary range are copied unchanged.

@@ -47,6 +47,20 @@ struct RopeKernelParams {
     long long units;  // batch * seqlen_max
     int tokens_per_block;
     int unused_;
+
+    // Multi-section positions (M-RoPE): positions carry a leading axis of this stride, and
+    // pair i reads axis pair_axis[i].
+    long long positions_axis_stride;
+    unsigned char pair_axis[256];
+
+    // Learned frequencies (backward with inv_freq): the forward outputs, and the gradient
+    // [R/2] float32 the kernel adds into (the launcher zeroes it first on the same stream).
+    const void* q_saved;
+    const void* k_saved;
+    long long q_saved_stride[4];
+    long long k_saved_stride[4];
+    float* inv_freq_grad;
+    long long inv_freq_grad_stride;
 };
 
 #endif

@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (the device tool): builds there, then runs the whole GPU suite and
 # writes logs under $OUT. Usage: bash scripts/device_gpu_suite.sh [extra steps...]
-#   steps: unit gpu golden bench bench-cpu sanitize  (default: all but bench-cpu)
+#   steps: unit gpu golden bench bench-cpu sanitize python compare
+#   (default: unit gpu golden bench sanitize)
+#   python: installs python/ (offline, from the wheels carried in .whl/), runs its pytest suite
+#   (torch on the GPU) and the Llama example; needs `carry: [".whl"]`.
+#   compare: bench/compare_torch.py (rope-jit against PyTorch eager and torch.compile).
+# Logs go to $OUT/logs and, since few files come back from the machine, into $OUT/logs.tgz.
 set -uo pipefail
 OUT=${OUT:-/tmp/rope_jit_out}
-mkdir -p "$OUT"
+mkdir -p "$OUT/logs"
+LOG=$OUT/logs
 steps=${*:-unit gpu golden bench sanitize}
 # dlpack is not installed there: unpack Debian's package carried in .deb/.
 mkdir -p /tmp/dlpack && for f in .deb/libdlpack-dev_*.deb; do dpkg -x "$f" /tmp/dlpack; done
@@ -14,18 +20,29 @@ export ROPE_JIT_CACHE_DIR=/tmp/rope_jit_cache
   git log -1 --format='commit %H %s' 2>/dev/null || true
   cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_PREFIX_PATH=/tmp/dlpack/usr >/dev/null &&
     cmake --build build-gpu -j16 2>&1 | grep -E "warning|error" ; echo "build rc=${PIPESTATUS[0]}"
-} 2>&1 | tee "$OUT/build.log"
+} 2>&1 | tee "$LOG/build.log"
 for step in $steps; do
   case $step in
-    unit) build-gpu/tests/rope_jit_tests --test-suite-exclude=gpu 2>&1 | tail -5 | tee "$OUT/unit.log" ;;
-    gpu) build-gpu/tests/rope_jit_tests --test-suite=gpu --duration=true 2>&1 | tee "$OUT/gpu.log" | tail -60 ;;
-    golden) build-gpu/tools/rope-jit-golden tests/golden --backend cuda --ops rope 2>&1 | tee "$OUT/golden_cuda.log" | tail -30 ;;
+    unit) build-gpu/tests/rope_jit_tests --test-suite-exclude=gpu 2>&1 | tail -5 | tee "$LOG/unit.log" ;;
+    # GPU_TEST_EXCLUDE: doctest test-case patterns to leave out (e.g. slow attention sweeps).
+    gpu) build-gpu/tests/rope_jit_tests --test-suite=gpu --duration=true \
+           --test-case-exclude="${GPU_TEST_EXCLUDE:-}" > "$LOG/gpu.log" 2>&1
+         grep -E "^(TEST CASE|.*ERROR|.*FAILED)|test cases|assertions|s: " "$LOG/gpu.log" | tail -60 ;;
+    golden) build-gpu/tools/rope-jit-golden tests/golden --backend cuda 2>&1 | tee "$LOG/golden_cuda.log" | grep -v " pass$" ;;
     # The driver test that asks for a device past the last one on purpose is left out: the
     # sanitizer reports that deliberate API error as an error.
     sanitize) timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 build-gpu/tests/rope_jit_tests \
-                --test-suite=gpu --test-case-exclude="*names the device's target*" > "$OUT/sanitizer_memcheck.log" 2>&1; echo "compute-sanitizer rc=$?" >> "$OUT/sanitizer_memcheck.log"
-              tail -15 "$OUT/sanitizer_memcheck.log" ;;
-    bench) build-gpu/tools/rope-jit-bench --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" ;;
-    bench-cpu) build-gpu/tools/rope-jit-bench --backend cpu --json "$OUT/bench_cpu.json" 2>&1 | tee "$OUT/bench_cpu.log" ;;
+                --test-suite=gpu --test-case-exclude="*names the device's target*${GPU_TEST_EXCLUDE:+,$GPU_TEST_EXCLUDE}" > "$LOG/sanitizer_memcheck.log" 2>&1; echo "compute-sanitizer rc=$?" >> "$LOG/sanitizer_memcheck.log"
+              tail -6 "$LOG/sanitizer_memcheck.log" ;;
+    bench) build-gpu/tools/rope-jit-bench --json "$LOG/bench.json" 2>&1 | tee "$LOG/bench.log" ;;
+    bench-cpu) build-gpu/tools/rope-jit-bench --backend cpu --json "$LOG/bench_cpu.json" 2>&1 | tee "$LOG/bench_cpu.log" ;;
+    python) py=${PYTHON:-python3}
+            PIP_BREAK_SYSTEM_PACKAGES=1 $py -m pip install --quiet --no-index --find-links .whl numpy pytest ./python 2>&1 | tail -3
+            ROPE_JIT_LIBRARY=$PWD/build-gpu/librope_jit.so $py -m pytest python/tests -q -rs 2>&1 | tee "$LOG/python_tests.log" | tail -8
+            ROPE_JIT_LIBRARY=$PWD/build-gpu/librope_jit.so $py python/examples/llama_attention.py --compile 2>&1 | tee "$LOG/llama_attention_example.log" | tail -20 ;;
+    compare) ROPE_JIT_LIBRARY=$PWD/build-gpu/librope_jit.so PYTHONPATH=$PWD/python ${PYTHON:-python3} \
+               bench/compare_torch.py --json "$LOG/h200_vs_torch.json" 2>&1 | tee "$LOG/compare_torch.log" ;;
   esac
 done
+tar czf "$OUT/logs.tgz" -C "$OUT" logs
+rm -rf "$OUT/logs"

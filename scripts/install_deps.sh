@@ -3,7 +3,8 @@
 # (NVRTC) is optional: without it the library runs its CPU backend only, and the NVRTC tests
 # are skipped by ctest's label filter in scripts/test.sh.
 set -euo pipefail
-packages=(cmake g++ make pkg-config libfmt-dev nlohmann-json3-dev doctest-dev libdlpack-dev libcli11-dev python3)
+packages=(cmake g++ make pkg-config libfmt-dev nlohmann-json3-dev doctest-dev libdlpack-dev libcli11-dev python3 python3-venv
+  clang libclang-rt-dev)  # clang and libFuzzer: the fuzz targets in scripts/test.sh
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

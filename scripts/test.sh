@@ -11,7 +11,36 @@ cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DROPE_JIT_WERROR=ON >/dev
 cmake --build build -j"$jobs"
 ctest --test-dir build --output-on-failure
 
+# The Python package (python/): installed with NumPy and pytest from PyPI into a venv under
+# build/, then its CPU tests against the library just built. torch is not installed here (too
+# big); its tests skip and run on the GPU machine instead.
+python3 -m venv build/python-venv
+build/python-venv/bin/python -m pip install --quiet --disable-pip-version-check numpy pytest
+build/python-venv/bin/python -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps ./python
+ROPE_JIT_LIBRARY="$PWD/build/librope_jit.so" build/python-venv/bin/python -m pytest python/tests -q
+
 cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=Debug -DROPE_JIT_SANITIZE=ON -DROPE_JIT_WERROR=ON >/dev/null
 cmake --build build-sanitize -j"$jobs"
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest --test-dir build-sanitize --output-on-failure
+
+# libFuzzer targets (fuzz/): the cache entry parser and rope_jit_rope's argument checks, built
+# with Clang, ASan and UBSan in their own directory and each run for a bounded time
+# (ROPE_JIT_FUZZ_SECONDS, default 60). A finding fails the run; its input is kept in
+# build-fuzz/findings/ (replay: build-fuzz/fuzz/<target> <file>).
+CC=clang CXX=clang++ cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DROPE_JIT_FUZZ=ON \
+  -DROPE_JIT_BUILD_TESTS=OFF -DROPE_JIT_BUILD_TOOLS=OFF >/dev/null
+cmake --build build-fuzz -j"$jobs" --target fuzz_cache_entry fuzz_rope_arguments
+fuzz_seconds=${ROPE_JIT_FUZZ_SECONDS:-60}
+for target in fuzz_cache_entry fuzz_rope_arguments; do
+  mkdir -p "build-fuzz/corpus/$target" build-fuzz/findings
+  if ! "build-fuzz/fuzz/$target" -max_total_time="$fuzz_seconds" -timeout=10 -rss_limit_mb=2048 \
+       -artifact_prefix=build-fuzz/findings/ -print_final_stats=1 "build-fuzz/corpus/$target" \
+       >"build-fuzz/$target.log" 2>&1; then
+    tail -n 60 "build-fuzz/$target.log"
+    echo "fuzz: $target found a crash, timeout or leak; its input is in build-fuzz/findings/"
+    exit 1
+  fi
+  echo "$target: $(grep -m1 -o 'Done [0-9]* runs in [0-9]* second(s)' "build-fuzz/$target.log"), no finding"
+done
+echo "fuzz: 2 passed, 0 failed"

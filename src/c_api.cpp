@@ -1,13 +1,18 @@
 // The C API shim: reads the caller's versioned structs, runs the operation, and turns every
 // C++ failure into a status plus a thread-local message. Nothing is thrown across the API.
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <new>
 #include <string>
 
 #include <fmt/format.h>
 
+#include "cache_maintenance.h"
+#include "device_info.h"
 #include "error.h"
+#include "nvrtc_loader.h"
+#include "rope_frequencies.h"
 #include "rope_jit/rope_jit.h"
 #include "runtime.h"
 
@@ -49,7 +54,9 @@ Struct read_versioned(const Struct* user, void (*init)(Struct*), const char* nam
     init(&args);
     if (user == nullptr) rope_jit::fail_argument(fmt::format("{}: NULL", name));
     const size_t size = user->struct_size;
-    if (size < sizeof(size_t) || size > (size_t(1) << 20))
+    // Every version of a struct has a size that is a multiple of its alignment; any other
+    // size would cut a field (a pointer) in two.
+    if (size < sizeof(size_t) || size > (size_t(1) << 20) || size % alignof(Struct) != 0)
         rope_jit::fail_argument(fmt::format("{}: struct_size is {}; initialize the struct with its _init "
                                             "function before setting fields",
                                             name, size));
@@ -131,6 +138,13 @@ rope_jit_backend_kind rope_jit_backend(const rope_jit_runtime* runtime) {
     return runtime ? runtime->runtime.backend() : ROPE_JIT_BACKEND_CPU;
 }
 
+void rope_jit_attention_args_init(rope_jit_attention_args* args) {
+    if (args == nullptr) return;
+    *args = rope_jit_attention_args{};
+    args->struct_size = sizeof(rope_jit_attention_args);
+    args->style = ROPE_JIT_STYLE_HALF;
+}
+
 void rope_jit_kernel_spec_init(rope_jit_kernel_spec* spec) {
     if (spec == nullptr) return;
     *spec = rope_jit_kernel_spec{};
@@ -186,6 +200,157 @@ rope_jit_status rope_jit_rope(rope_jit_runtime* runtime, const rope_jit_rope_arg
     return guarded([&] {
         if (runtime == nullptr) rope_jit::fail_argument("runtime: NULL");
         runtime->runtime.rope(read_versioned(args, rope_jit_rope_args_init, "args"));
+    });
+}
+
+rope_jit_status rope_jit_attention(rope_jit_runtime* runtime, const rope_jit_attention_args* args) {
+    return guarded([&] {
+        if (runtime == nullptr) rope_jit::fail_argument("runtime: NULL");
+        runtime->runtime.attention(read_versioned(args, rope_jit_attention_args_init, "args"), false);
+    });
+}
+
+rope_jit_status rope_jit_attention_backward(rope_jit_runtime* runtime, const rope_jit_attention_args* args) {
+    return guarded([&] {
+        if (runtime == nullptr) rope_jit::fail_argument("runtime: NULL");
+        runtime->runtime.attention(read_versioned(args, rope_jit_attention_args_init, "args"), true);
+    });
+}
+
+// ---- diagnostics and cache maintenance ------------------------------------------------------
+
+rope_jit_status rope_jit_nvrtc_version(const char** version) {
+    return guarded([&] {
+        if (version == nullptr) rope_jit::fail_argument("version: NULL");
+        *version = "";
+        if (rope_jit::nvrtc_api() == nullptr)
+            throw rope_jit::Error(ROPE_JIT_ERROR_BACKEND_UNAVAILABLE,
+                                  "NVRTC is not available: " + rope_jit::nvrtc_load_error());
+        *version = rope_jit::nvrtc_version_string().c_str();
+    });
+}
+
+void rope_jit_device_info_init(rope_jit_device_info* info) {
+    if (info == nullptr) return;
+    *info = rope_jit_device_info{};
+    info->struct_size = sizeof(rope_jit_device_info);
+}
+
+int rope_jit_device_count(const rope_jit_runtime* runtime) {
+    return runtime && runtime->runtime.cuda() ? runtime->runtime.cuda()->device_count() : 0;
+}
+
+rope_jit_status rope_jit_device_describe(const rope_jit_runtime* runtime, int ordinal, rope_jit_device_info* info) {
+    return guarded([&] {
+        if (runtime == nullptr) rope_jit::fail_argument("runtime: NULL");
+        if (info == nullptr) rope_jit::fail_argument("info: NULL");
+        const size_t size = info->struct_size;
+        if (size < sizeof(size_t) || size > (size_t(1) << 20))
+            rope_jit::fail_argument("info: struct_size is not set; initialize with rope_jit_device_info_init");
+        const rope_jit::DeviceDescription device = rope_jit::describe_device(runtime->runtime.cuda(), ordinal);
+        rope_jit_device_info full;
+        rope_jit_device_info_init(&full);
+        std::snprintf(full.name, sizeof full.name, "%s", device.name.c_str());
+        std::snprintf(full.target, sizeof full.target, "%s", device.target.c_str());
+        std::memcpy(static_cast<void*>(info), &full, std::min(size, sizeof full));
+        info->struct_size = size;
+    });
+}
+
+const char* rope_jit_cache_root(const rope_jit_runtime* runtime) {
+    const rope_jit::DiskCache* disk = runtime ? runtime->runtime.disk_cache() : nullptr;
+    return disk ? disk->root().c_str() : "";
+}
+
+rope_jit_status rope_jit_cache_check(const rope_jit_runtime* runtime) {
+    return guarded([&] {
+        if (runtime == nullptr) rope_jit::fail_argument("runtime: NULL");
+        const rope_jit::DiskCache& disk = rope_jit::require_disk_cache(runtime->runtime.disk_cache());
+        std::string why;
+        if (!disk.writable(&why))
+            throw rope_jit::Error(ROPE_JIT_ERROR_CACHE,
+                                  fmt::format("kernel cache directory '{}' is not writable: {}", disk.root(), why));
+    });
+}
+
+rope_jit_status rope_jit_cache_walk(const rope_jit_runtime* runtime, rope_jit_cache_visitor visitor, void* user_data) {
+    return guarded([&] {
+        if (runtime == nullptr) rope_jit::fail_argument("runtime: NULL");
+        if (visitor == nullptr) rope_jit::fail_argument("visitor: NULL");
+        const rope_jit::DiskCache& disk = rope_jit::require_disk_cache(runtime->runtime.disk_cache());
+        for (const rope_jit::CacheItem& found : rope_jit::scan_cache(disk)) {
+            rope_jit_cache_item item{};
+            item.struct_size = sizeof item;
+            item.state = rope_jit_cache_item_state(int(found.state));
+            item.path = found.path.c_str();
+            item.problem = found.problem.c_str();
+            item.key = found.key_hex.c_str();
+            item.nvrtc_version = found.nvrtc_version.c_str();
+            item.target = found.target.c_str();
+            item.kind = found.kind.c_str();
+            item.spec_json = found.spec_json.c_str();
+            item.spec = found.spec_description.c_str();
+            item.bytes = found.bytes;
+            item.payload_bytes = found.payload_bytes;
+            item.modified = found.modified;
+            item.accessed = found.accessed;
+            if (visitor(&item, user_data) != 0) break;
+        }
+    });
+}
+
+rope_jit_status rope_jit_cache_remove(const rope_jit_runtime* runtime, const char* path) {
+    return guarded([&] {
+        if (runtime == nullptr) rope_jit::fail_argument("runtime: NULL");
+        if (path == nullptr) rope_jit::fail_argument("path: NULL");
+        rope_jit::remove_cache_item(rope_jit::require_disk_cache(runtime->runtime.disk_cache()), path);
+    });
+}
+
+// ---- frequency builders and angle tables ------------------------------------------------------
+
+void rope_jit_freq_config_init(rope_jit_freq_config* config) {
+    if (config == nullptr) return;
+    *config = rope_jit_freq_config{};
+    config->struct_size = sizeof(rope_jit_freq_config);
+    config->rope_type = ROPE_JIT_ROPE_TYPE_DEFAULT;
+    config->theta = 10000.0;
+    config->beta_fast = 32.0;
+    config->beta_slow = 1.0;
+    config->truncate = 1;
+    config->low_freq_factor = 1.0;
+    config->high_freq_factor = 4.0;
+    config->theta_rescale_factor = 1.0;
+    config->max_freq = 10.0;
+    config->num_freqs = 1;
+}
+
+rope_jit_status rope_jit_inv_freq(const rope_jit_freq_config* config, float* inv_freq, size_t n,
+                                  float* attention_factor) {
+    return guarded([&] {
+        const rope_jit_freq_config resolved = read_versioned(config, rope_jit_freq_config_init, "config");
+        if (inv_freq == nullptr && n > 0) rope_jit::fail_argument("inv_freq: NULL (where should the frequencies go?)");
+        const rope_jit::Frequencies built = rope_jit::compute_frequencies(resolved, n);
+        for (size_t i = 0; i < n; ++i) inv_freq[i] = float(built.inv_freq[i]);
+        if (attention_factor != nullptr) *attention_factor = float(built.attention_factor);
+    });
+}
+
+void rope_jit_table_config_init(rope_jit_table_config* config) {
+    if (config == nullptr) return;
+    *config = rope_jit_table_config{};
+    config->struct_size = sizeof(rope_jit_table_config);
+    config->interpolate_factor = 1.0;
+    config->attention_factor = 1.0;
+    config->style = ROPE_JIT_STYLE_HALF;
+    config->xpos_scale_base = 512.0;
+}
+
+rope_jit_status rope_jit_rope_tables(const rope_jit_table_config* config, const DLTensor* cos, const DLTensor* sin,
+                                     const DLTensor* xpos_scale) {
+    return guarded([&] {
+        rope_jit::fill_rope_tables(read_versioned(config, rope_jit_table_config_init, "config"), cos, sin,
+                                   xpos_scale);
     });
 }
 

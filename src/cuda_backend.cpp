@@ -203,10 +203,30 @@ void CudaBackend::rope(const RopeProblem& p, void* stream_handle) {
         copy_strides(params.xpos_stride, p.xpos_scale, 2);
     }
     if (p.positions.present()) {
-        params.positions = p.positions.data;
+        // With M-RoPE, positions lead with an axis; each axis is an [S], [B, S] or [T] view.
+        const TensorRef axis = p.position_axis(0);
+        params.positions = axis.data;
         // [S] and packed [T] are read at (0, s): their batch stride is 0.
-        params.positions_stride[0] = p.positions.ndim == 2 ? p.positions.strides[0] : 0;
-        params.positions_stride[1] = p.positions.strides[p.positions.ndim - 1];
+        params.positions_stride[0] = axis.ndim == 2 ? axis.strides[0] : 0;
+        params.positions_stride[1] = axis.strides[axis.ndim - 1];
+        if (p.multi_section()) {
+            params.positions_axis_stride = p.positions.strides[0];
+            if (p.pair_axis.size() > sizeof params.pair_axis)
+                throw Error(ROPE_JIT_ERROR_UNSUPPORTED,
+                            fmt::format("mrope_sections: the CUDA kernels take at most {} pairs with M-RoPE, got {}",
+                                        sizeof params.pair_axis, p.pair_axis.size()));
+            for (size_t i = 0; i < p.pair_axis.size(); ++i) params.pair_axis[i] = (unsigned char)p.pair_axis[i];
+        }
+    }
+    if (p.has_freq_grad) {
+        params.q_saved = p.q_saved.data;
+        copy_strides(params.q_saved_stride, p.q_saved, 4);
+        if (p.has_k) {
+            params.k_saved = p.k_saved.data;
+            copy_strides(params.k_saved_stride, p.k_saved, 4);
+        }
+        params.inv_freq_grad = reinterpret_cast<float*>(p.inv_freq_grad.data);
+        params.inv_freq_grad_stride = p.inv_freq_grad.strides[0];
     }
     if (p.seqlen_offsets.present()) {
         params.seqlen_offsets = p.seqlen_offsets.data;
@@ -233,16 +253,17 @@ void CudaBackend::rope(const RopeProblem& p, void* stream_handle) {
     const int64_t pairs = spec.rotary_dim / 2;
     const int64_t chunks = pairs / (spec.interleaved ? spec.vec / 2 : spec.vec);
     const int64_t items_per_token = std::max<int64_t>(1, (p.heads_q + (p.has_k ? p.heads_k : 0)) * chunks);
-    // Shared memory per token (see rope.cu): cos and sin per angle set when they are computed
-    // once per token, a table row per set, and four row offsets.
-    const bool shared_angles = spec.angles_from_inv_freq || spec.has_xpos;
-    const int64_t shared_per_token =
-        roles * ((shared_angles ? pairs * 2 * int64_t(sizeof(float)) : 0) + int64_t(sizeof(long long))) +
-        4 * int64_t(sizeof(long long));
+    // Shared memory (see rope.cu): per token, cos and sin per angle set when they are computed
+    // once per token, its table rows and six row offsets; per block, the frequency gradient.
+    const bool shared_angles = spec.angles_from_inv_freq || spec.has_xpos || spec.mrope_axes > 0;
+    const int64_t row_sets = spec.mrope_axes > 0 ? spec.mrope_axes : roles;
+    const int64_t shared_per_token = roles * (shared_angles ? pairs * 2 * int64_t(sizeof(float)) : 0) +
+                                     row_sets * int64_t(sizeof(long long)) + 6 * int64_t(sizeof(long long));
+    const int64_t shared_per_block = spec.freq_grad ? pairs * int64_t(sizeof(float)) : 0;
     // Every thread keeps up to four items in flight (ITEMS_IN_FLIGHT in rope.cu).
     int64_t tokens = std::max<int64_t>(1, 4 * spec.block_threads / items_per_token);
     tokens = std::min<int64_t>(tokens, 64);
-    tokens = std::min<int64_t>(tokens, (48 * 1024) / shared_per_token);
+    tokens = std::min<int64_t>(tokens, (48 * 1024 - shared_per_block) / shared_per_token);
     const int64_t sms = devices_[size_t(ordinal)]->multiprocessors;
     while (tokens > 1 && (params.units + tokens - 1) / tokens < 2 * sms) tokens /= 2;
     tokens = std::max<int64_t>(tokens, 1);
@@ -250,7 +271,15 @@ void CudaBackend::rope(const RopeProblem& p, void* stream_handle) {
     const int64_t blocks = (params.units + tokens - 1) / tokens;
     if (blocks > int64_t(0x7fffffff))
         throw Error(ROPE_JIT_ERROR_UNSUPPORTED, fmt::format("q: {} tokens exceed one launch's grid", params.units));
-    const unsigned shared_bytes = unsigned(tokens * shared_per_token);
+    const unsigned shared_bytes = unsigned(tokens * shared_per_token + shared_per_block);
+    if (p.has_freq_grad) {
+        // The kernel adds into the gradient: zero it first, ordered on the same stream.
+        check_cu(api_.cuMemsetD2D32Async(CUdeviceptr(params.inv_freq_grad),
+                                         size_t(params.inv_freq_grad_stride) * sizeof(float), 0u, 1,
+                                         size_t(p.pairs()), stream),
+                 "cuMemsetD2D32Async(inv_freq_grad)");
+    }
+    if (blocks == 0) return;  // no token: nothing to rotate (a gradient was still zeroed)
 
     void* kernel_args[] = {&params};
     check_cu(api_.cuLaunchKernel(kernel.function, unsigned(blocks), 1, 1, unsigned(spec.block_threads), 1, 1,

@@ -34,6 +34,13 @@ public:
     // Enqueues the problem on `stream` (a CUstream; NULL = legacy default stream).
     void rope(const RopeProblem& problem, void* stream);
 
+    // Multiprocessors of device `ordinal`.
+    int multiprocessors(int ordinal) const { return devices_.at(size_t(ordinal))->multiprocessors; }
+    // The context a launch on `stream` for device `ordinal` runs in: the stream's, else the
+    // current one, else the device's primary context. Throws when that context belongs to
+    // another device. Shared with the attention launcher (cuda_attention.cpp).
+    CUcontext resolve_context(int ordinal, CUstream stream);
+
 private:
     struct Device {
         CUdevice handle = 0;
@@ -44,7 +51,6 @@ private:
     };
 
     CUcontext primary_context(int ordinal);
-    CUcontext resolve_context(int ordinal, CUstream stream);
     LoadedKernel kernel_for(const KernelSpec& spec, CUcontext context, int ordinal);
     void check_positions_on_device(const RopeProblem& problem, CUstream stream);
 

@@ -280,11 +280,15 @@ private:
 enum class ReadResult { ok, missing, bad };
 
 // Reads a whole entry file. `no_follow` for our own root, where we never create symlinks.
+// `keep_atime` for inspection (verify): the access time is what tells used entries from
+// unused ones when pruning, so looking at an entry must not count as using it.
 ReadResult read_entry_file(const std::string& path, bool no_follow, std::string* bytes,
-                           std::string* problem, struct stat* st) {
+                           std::string* problem, struct stat* st, bool keep_atime = false) {
     // O_NONBLOCK so a FIFO planted in place of an entry cannot hang the caller.
     int flags = O_RDONLY | O_CLOEXEC | O_NONBLOCK | (no_follow ? O_NOFOLLOW : 0);
-    int fd = open(path.c_str(), flags);
+    int fd = keep_atime ? open(path.c_str(), flags | O_NOATIME) : -1;
+    // O_NOATIME is refused (EPERM) on files of other users: read those like load() does.
+    if (fd < 0) fd = open(path.c_str(), flags);
     if (fd < 0) {
         int err = errno;
         if (err == ENOENT || err == ENOTDIR) return ReadResult::missing;
@@ -333,6 +337,24 @@ ReadResult read_entry_file(const std::string& path, bool no_follow, std::string*
         }
     }
     return ReadResult::ok;
+}
+
+// For a read-only root: why it must not be trusted, or "". Unlike our own root it may belong
+// to another user and hold symbolic links, but no directory on the way to an entry may be
+// world-writable without the sticky bit. Missing directories are no problem (a miss).
+std::string shared_tree_problem(const std::string& root, const std::string* subdir_list,
+                                size_t count) {
+    std::string path = root;
+    for (size_t i = 0;; ++i) {
+        struct stat st;
+        if (stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return {};
+        if ((st.st_mode & S_IWOTH) && !(st.st_mode & S_ISVTX)) {
+            return fmt::format("'{}' is world-writable without the sticky bit", path);
+        }
+        if (i == count) return {};
+        path += '/';
+        path += subdir_list[i];
+    }
 }
 
 std::string warning_key(const std::string& root) { return "disk_cache_root:" + root; }
@@ -515,6 +537,15 @@ std::optional<CacheEntry> DiskCache::load(const CacheEntryId& id) const {
         }
         for (const std::string& root : read_only_roots_) {
             if (root.empty()) continue;
+            // Bundles may belong to anyone (root, an admin), but not be open to every writer.
+            auto dirs = subdirs(id);
+            problem = shared_tree_problem(root, dirs.data(), dirs.size());
+            if (!problem.empty()) {
+                log_warning_once(warning_key(root),
+                                 fmt::format("read-only kernel cache directory '{}' is not used: {}",
+                                             root, problem));
+                continue;
+            }
             if (auto entry = load_from(root, id, /*owned=*/false)) return entry;
         }
     } catch (...) {
@@ -654,10 +685,17 @@ std::vector<DiskCache::EntryReport> DiskCache::verify(const std::string& root) c
                 EntryReport report;
                 report.path = dir + "/" + name;
                 struct stat st;
-                bool is_dir = lstat(report.path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+                if (lstat(report.path.c_str(), &st) != 0) continue;  // removed meanwhile
+                const bool is_dir = S_ISDIR(st.st_mode);
+                report.is_directory = is_dir;
+                report.file_bytes = uint64_t(st.st_size);
+                report.modified = int64_t(st.st_mtime);
+                report.accessed = int64_t(st.st_atime);
                 if (name.compare(0, kTempPrefix.size(), kTempPrefix) == 0) {
+                    report.found = Found::temp_file;
                     report.problem = "leftover temp file of an interrupted or ongoing write";
                 } else if (name.find(kBadMarker) != std::string::npos) {
+                    report.found = Found::set_aside;
                     report.problem = "entry set aside earlier as damaged";
                 } else if (levels.size() < 3) {
                     if (is_dir) {
@@ -689,9 +727,12 @@ std::vector<DiskCache::EntryReport> DiskCache::verify(const std::string& root) c
                     } else if (levels[2] != id.key_hex.substr(0, 2)) {
                         report.problem = "entry is in the wrong key prefix directory";
                     } else {
+                        report.found = Found::entry;
                         std::string bytes;
-                        ReadResult result = read_entry_file(report.path, /*no_follow=*/false,
-                                                            &bytes, &report.problem, &st);
+                        // In our own root a symbolic link is damage, exactly as load() sees it.
+                        ReadResult result = read_entry_file(report.path, /*no_follow=*/root == root_,
+                                                            &bytes, &report.problem, &st,
+                                                            /*keep_atime=*/true);
                         if (result == ReadResult::missing) continue;  // removed meanwhile
                         if (result == ReadResult::ok) {
                             if (auto entry = parse_cache_entry(id, bytes, &report.problem)) {

@@ -61,7 +61,9 @@ public:
     // A file there that fails any check (unreadable, truncated, wrong magic, format, key echo
     // or checksum, a directory or other non-file in its place) counts as a miss and gets a
     // warning; in root it is also renamed to <path>.bad-<pid>-<n> so the next store replaces
-    // it. root is not read when it is unsafe (see writable()). Never throws.
+    // it. root is not read when it is unsafe (see writable()); a read-only root is skipped,
+    // with one warning, when it or a directory below it on the entry's path is world-writable
+    // without the sticky bit (it may belong to another user). Never throws.
     std::optional<CacheEntry> load(const CacheEntryId& id) const;
 
     // Writes the entry under root atomically (temp file ".tmp-..." in the entry's directory,
@@ -81,11 +83,23 @@ public:
     const std::string& root() const { return root_; }
     const std::vector<std::string>& read_only_roots() const { return read_only_roots_; }
 
+    // What a path found by verify() is, by its name and place (before its content is read).
+    enum class Found {
+        entry,      // named and placed like an entry: `ok` says whether it passed every check
+        temp_file,  // ".tmp-*": a write in progress, or one a crash interrupted
+        set_aside,  // "*.bad-*": an entry an earlier load found damaged and renamed
+        stray       // anything else: a file outside the layout, an entry in the wrong place
+    };
     // One file or directory found under <root>/v1 by verify().
     struct EntryReport {
         std::string path;
+        Found found = Found::stray;
         bool ok = false;
         std::string problem;         // why it is not a usable entry; "" when ok
+        uint64_t file_bytes = 0;     // st_size as lstat reports it (a directory's own size)
+        bool is_directory = false;
+        int64_t modified = 0;        // st_mtime, seconds since the epoch
+        int64_t accessed = 0;        // st_atime, seconds since the epoch
         std::string key_hex;         // from the file name, when it has the entry form
         std::string spec_json;       // when ok
         uint64_t payload_bytes = 0;  // when ok
@@ -94,7 +108,9 @@ public:
         std::string kind;
     };
     // Walks <root>/v1 (any root, read-only ones included) and checks every entry the way
-    // load() does, without changing anything. Reports, besides entries, leftover temp files,
+    // load() does, without changing anything (access times included where the file system
+    // allows O_NOATIME: they tell prune which entries are used). Reports, besides entries,
+    // leftover temp files,
     // entries set aside earlier, directories or other files in place of entries, files
     // outside the layout and entries whose key echo does not match their file name. Depth
     // first, names sorted within each directory; empty when <root>/v1 does not exist.

@@ -21,6 +21,11 @@ const std::vector<std::string> kExtraOptions = {"-lineinfo"};
 
 std::string kernel_cache_key(const KernelSpec& spec, const std::string& target_used,
                              const std::vector<std::string>& options) {
+    return kernel_cache_key(spec.to_json(), target_used, options);
+}
+
+std::string kernel_cache_key(const std::string& spec_json, const std::string& target_used,
+                             const std::vector<std::string>& options) {
     Sha256 hash;
     auto field = [&](std::string_view text) {
         hash.update(text);
@@ -28,27 +33,48 @@ std::string kernel_cache_key(const KernelSpec& spec, const std::string& target_u
     };
     field(fmt::format("rope-jit cache format {}", kCacheFormatVersion));
     field(templates_digest());
-    field(spec.to_json());
+    field(spec_json);
     for (const std::string& option : options) field(option);
     field("nvrtc " + nvrtc_version_string());
     field(target_used);
     return hash.finish_hex();
 }
 
+CompilePlan plan_compile(const KernelSpec& spec, const std::string& target) {
+    return plan_compile(spec.to_json(), target);
+}
+
+CompilePlan plan_compile(const std::string& spec_json, const std::string& target) {
+    if (nvrtc_api() == nullptr)
+        throw Error(ROPE_JIT_ERROR_BACKEND_UNAVAILABLE, "NVRTC is not available: " + nvrtc_load_error());
+    CompilePlan plan;
+    plan.target_used = choose_target(target, nvrtc_supported_archs());
+    plan.options = default_compile_options();
+    plan.options.push_back("--gpu-architecture=" + plan.target_used);
+    plan.options.insert(plan.options.end(), kExtraOptions.begin(), kExtraOptions.end());
+    const bool is_ptx = plan.target_used.rfind("compute_", 0) == 0;
+    plan.entry = CacheEntryId{kernel_cache_key(spec_json, plan.target_used, plan.options), nvrtc_version_string(),
+                              target, is_ptx ? "ptx" : "cubin"};
+    return plan;
+}
+
 KernelBinary build_kernel_binary(const KernelSpec& spec, const std::string& target, const DiskCache* disk,
                                  KernelStats& stats) {
     spec.validate();
-    if (nvrtc_api() == nullptr)
-        throw Error(ROPE_JIT_ERROR_BACKEND_UNAVAILABLE, "NVRTC is not available: " + nvrtc_load_error());
-    const std::string target_used = choose_target(target, nvrtc_supported_archs());
-    std::vector<std::string> options = default_compile_options();
-    options.push_back("--gpu-architecture=" + target_used);
-    options.insert(options.end(), kExtraOptions.begin(), kExtraOptions.end());
+    return build_kernel_binary(KernelRecipe{spec.to_json(), "rope.cu", [&spec] { return specialize_kernel(spec); }},
+                               target, disk, stats);
+}
+
+KernelBinary build_kernel_binary(const KernelRecipe& recipe, const std::string& target, const DiskCache* disk,
+                                 KernelStats& stats) {
+    const CompilePlan plan = plan_compile(recipe.spec_json, target);
+    const std::vector<std::string>& options = plan.options;
+    const std::string& target_used = plan.target_used;
+    const CacheEntryId& id = plan.entry;
 
     KernelBinary binary;
-    binary.key_hex = kernel_cache_key(spec, target_used, options);
-    binary.is_ptx = target_used.rfind("compute_", 0) == 0;
-    const CacheEntryId id{binary.key_hex, nvrtc_version_string(), target, binary.is_ptx ? "ptx" : "cubin"};
+    binary.key_hex = id.key_hex;
+    binary.is_ptx = id.kind == "ptx";
     if (disk != nullptr) {
         if (std::optional<CacheEntry> entry = disk->load(id)) {
             stats.disk_hits.fetch_add(1, std::memory_order_relaxed);
@@ -59,7 +85,7 @@ KernelBinary build_kernel_binary(const KernelSpec& spec, const std::string& targ
     }
 
     const auto start = std::chrono::steady_clock::now();
-    CompileResult compiled = compile_cuda(specialize_kernel(spec), "rope.cu", target_used, kExtraOptions, kernel_headers());
+    CompileResult compiled = compile_cuda(recipe.source(), recipe.program_name, target_used, kExtraOptions, kernel_headers());
     const auto elapsed = std::chrono::steady_clock::now() - start;
     stats.compiles.fetch_add(1, std::memory_order_relaxed);
     stats.compile_microseconds.fetch_add(
@@ -67,7 +93,7 @@ KernelBinary build_kernel_binary(const KernelSpec& spec, const std::string& targ
     if (compiled.options != options)
         throw Error(ROPE_JIT_ERROR_INTERNAL, "the compiler used other options than the cache key hashed");
     binary.image = std::move(compiled.binary);
-    if (disk != nullptr && disk->store(id, CacheEntry{spec.to_json(), binary.image}))
+    if (disk != nullptr && disk->store(id, CacheEntry{recipe.spec_json, binary.image}))
         stats.disk_writes.fetch_add(1, std::memory_order_relaxed);
     return binary;
 }

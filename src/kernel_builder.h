@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -33,10 +34,38 @@ struct KernelBinary {
 // canonical JSON, the exact NVRTC options, the NVRTC version and the target.
 std::string kernel_cache_key(const KernelSpec& spec, const std::string& target_used,
                              const std::vector<std::string>& options);
+// The same for a spec of any op, given its canonical JSON (which names its op).
+std::string kernel_cache_key(const std::string& spec_json, const std::string& target_used,
+                             const std::vector<std::string>& options);
+
+// How `spec` compiles for a requested `target` ("sm_90") with the loaded NVRTC: what NVRTC
+// is asked for, with which options, and the disk-cache entry that holds the result. Shared by
+// building and by cache maintenance, which recomputes it to tell current entries from those
+// of another rope-jit build. Throws Error(BACKEND_UNAVAILABLE) without NVRTC and
+// choose_target's errors for a bad or unsupported target.
+struct CompilePlan {
+    std::string target_used;           // "sm_90", or "compute_90" when only PTX is possible
+    std::vector<std::string> options;  // every NVRTC option, in order (hashed into the key)
+    CacheEntryId entry;                // key, NVRTC version, requested target, "cubin"/"ptx"
+};
+CompilePlan plan_compile(const KernelSpec& spec, const std::string& target);
+CompilePlan plan_compile(const std::string& spec_json, const std::string& target);
 
 // The binary of `spec` for `target` ("sm_90"). `disk` may be NULL (memory-only runtime).
 // Throws Error(COMPILE) with the NVRTC log, or Error(BACKEND_UNAVAILABLE) without NVRTC.
 KernelBinary build_kernel_binary(const KernelSpec& spec, const std::string& target, const DiskCache* disk,
+                                 KernelStats& stats);
+
+// What the builder needs of a kernel of any op (RoPE, attention): the spec's canonical JSON
+// (hashed into the cache key, stored in the entry), the template it specializes (its name in
+// NVRTC's diagnostics) and a maker of the specialized source, called only on a cache miss.
+struct KernelRecipe {
+    std::string spec_json;
+    std::string program_name;
+    std::function<std::string()> source;
+};
+// build_kernel_binary for any op; the spec is already validated.
+KernelBinary build_kernel_binary(const KernelRecipe& recipe, const std::string& target, const DiskCache* disk,
                                  KernelStats& stats);
 
 }  // namespace rope_jit

@@ -2,21 +2,25 @@
 
 namespace rope_jit {
 
-KernelCache::KernelCache() {
+template <typename Spec, typename SpecHash>
+BasicKernelCache<Spec, SpecHash>::BasicKernelCache() {
     snapshots_.push_back(std::make_unique<const Map>());
     snapshot_.store(snapshots_.back().get(), std::memory_order_release);
 }
 
-KernelCache::~KernelCache() = default;
+template <typename Spec, typename SpecHash>
+BasicKernelCache<Spec, SpecHash>::~BasicKernelCache() = default;
 
-LoadedKernel KernelCache::find(const KernelSpec& spec, CUcontext context) const noexcept {
+template <typename Spec, typename SpecHash>
+LoadedKernel BasicKernelCache<Spec, SpecHash>::find(const Spec& spec, CUcontext context) const noexcept {
     const Map* map = snapshot_.load(std::memory_order_acquire);
     auto it = map->find(Key{spec, context});
     return it == map->end() ? LoadedKernel{} : it->second;
 }
 
-LoadedKernel KernelCache::get_or_build(const KernelSpec& spec, CUcontext context,
-                                       const std::function<LoadedKernel()>& build) {
+template <typename Spec, typename SpecHash>
+LoadedKernel BasicKernelCache<Spec, SpecHash>::get_or_build(const Spec& spec, CUcontext context,
+                                                            const std::function<LoadedKernel()>& build) {
     if (LoadedKernel hit = find(spec, context); hit.function != nullptr) return hit;
     const Key key{spec, context};
     std::promise<LoadedKernel> promise;
@@ -57,12 +61,16 @@ LoadedKernel KernelCache::get_or_build(const KernelSpec& spec, CUcontext context
     }
 }
 
-std::vector<std::pair<CUcontext, LoadedKernel>> KernelCache::all() const {
+template <typename Spec, typename SpecHash>
+std::vector<std::pair<CUcontext, LoadedKernel>> BasicKernelCache<Spec, SpecHash>::all() const {
     std::lock_guard<std::mutex> lock(mutex_);
     std::vector<std::pair<CUcontext, LoadedKernel>> kernels;
     for (const auto& entry : *snapshot_.load(std::memory_order_acquire))
         kernels.emplace_back(entry.first.context, entry.second);
     return kernels;
 }
+
+template class BasicKernelCache<KernelSpec, KernelSpecHash>;
+template class BasicKernelCache<AttentionSpec, AttentionSpecHash>;
 
 }  // namespace rope_jit

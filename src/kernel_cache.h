@@ -1,7 +1,8 @@
 // The in-memory cache of loaded kernels, keyed by (spec, CUDA context): modules belong to a
 // context, so each context that runs a spec loads its own. A hit is one hash lookup in an
 // immutable snapshot, with no lock. A miss builds the kernel exactly once however many
-// threads ask at the same time; different keys build in parallel.
+// threads ask at the same time; different keys build in parallel. One cache per spec type:
+// KernelCache for RoPE specs, AttentionKernelCache for attention specs.
 #pragma once
 
 #include <atomic>
@@ -12,6 +13,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "attention_spec.h"
 #include "cuda_driver.h"
 #include "kernel_spec.h"
 
@@ -22,32 +24,33 @@ struct LoadedKernel {
     CUfunction function = nullptr;
 };
 
-class KernelCache {
+template <typename Spec, typename SpecHash>
+class BasicKernelCache {
 public:
-    KernelCache();
-    ~KernelCache();
-    KernelCache(const KernelCache&) = delete;
-    KernelCache& operator=(const KernelCache&) = delete;
+    BasicKernelCache();
+    ~BasicKernelCache();
+    BasicKernelCache(const BasicKernelCache&) = delete;
+    BasicKernelCache& operator=(const BasicKernelCache&) = delete;
 
     // The kernel for (spec, context), or a null LoadedKernel when not cached. Lock-free.
-    LoadedKernel find(const KernelSpec& spec, CUcontext context) const noexcept;
+    LoadedKernel find(const Spec& spec, CUcontext context) const noexcept;
 
     // find, else build() once (others asking meanwhile wait for that build and share its
     // result or its exception) and cache the result.
-    LoadedKernel get_or_build(const KernelSpec& spec, CUcontext context, const std::function<LoadedKernel()>& build);
+    LoadedKernel get_or_build(const Spec& spec, CUcontext context, const std::function<LoadedKernel()>& build);
 
     // Every kernel ever cached, for unloading at shutdown.
     std::vector<std::pair<CUcontext, LoadedKernel>> all() const;
 
 private:
     struct Key {
-        KernelSpec spec;
+        Spec spec;
         CUcontext context;
         bool operator==(const Key& other) const { return spec == other.spec && context == other.context; }
     };
     struct KeyHash {
         size_t operator()(const Key& key) const noexcept {
-            return KernelSpecHash{}(key.spec) ^ (std::hash<const void*>{}(key.context) * 31);
+            return SpecHash{}(key.spec) ^ (std::hash<const void*>{}(key.context) * 31);
         }
     };
     using Map = std::unordered_map<Key, LoadedKernel, KeyHash>;
@@ -57,5 +60,8 @@ private:
     std::vector<std::unique_ptr<const Map>> snapshots_;  // every snapshot, freed at destruction
     std::unordered_map<Key, std::shared_future<LoadedKernel>, KeyHash> in_flight_;
 };
+
+using KernelCache = BasicKernelCache<KernelSpec, KernelSpecHash>;
+using AttentionKernelCache = BasicKernelCache<AttentionSpec, AttentionSpecHash>;
 
 }  // namespace rope_jit

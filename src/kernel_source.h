@@ -14,6 +14,10 @@ namespace rope_jit {
 // The full source NVRTC compiles for `spec`.
 std::string specialize_kernel(const KernelSpec& spec);
 
+// A preamble of constexpr values followed by the embedded template `template_name`
+// ("attention.cu"), with a #line so diagnostics point into the template.
+std::string specialize_template(const std::string& preamble, const std::string& template_name);
+
 // The template headers the source may include (rope_params.h).
 const std::vector<NamedSource>& kernel_headers();
 

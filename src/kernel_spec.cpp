@@ -108,9 +108,15 @@ KernelSpec make_kernel_spec(const RopeProblem& p) {
     spec.in_place_q = p.q_in_place;
     spec.in_place_k = !p.has_k || p.k_in_place;
 
+    spec.mrope_axes = p.multi_section() ? int32_t(p.num_position_axes) : 0;
+    spec.freq_grad = p.has_freq_grad;
     choose_vector_width(spec, dtype_size(p.dtype), [&](int64_t n) {
         bool ok = vector_friendly(p.q, n) && vector_friendly(p.q_out, n);
         if (p.has_k) ok = ok && vector_friendly(p.k, n) && vector_friendly(p.k_out, n);
+        if (p.has_freq_grad) {
+            ok = ok && vector_friendly(p.q_saved, n);
+            if (p.has_k) ok = ok && vector_friendly(p.k_saved, n);
+        }
         return ok;
     });
     if (p.angles == AngleSource::Table) {
@@ -194,6 +200,11 @@ void KernelSpec::validate() const {
             fmt::format("vec {} does not divide the {} pairs", vec, rotary_dim / 2));
     require(!vec_loads || rotary_offset % vec == 0, "vector loads need rotary_offset % vec == 0");
     require(!table_vec_loads || !angles_from_inv_freq, "table_vec_loads needs tables");
+    require(mrope_axes >= 0 && mrope_axes <= ROPE_JIT_MAX_MROPE_SECTIONS,
+            fmt::format("mrope_axes must be in [0, {}], got {}", ROPE_JIT_MAX_MROPE_SECTIONS, mrope_axes));
+    require(mrope_axes == 0 || (position_mode == 1 && rotary_dim / 2 <= 256),
+            "mrope_axes needs per-token positions and at most 256 pairs");
+    require(!freq_grad || (angles_from_inv_freq && backward), "freq_grad needs inv_freq angles and backward");
     require(block_threads >= 32 && block_threads <= 1024 && block_threads % 32 == 0,
             fmt::format("block_threads must be a multiple of 32 in [32, 1024], got {}", block_threads));
 }
@@ -233,6 +244,8 @@ std::string KernelSpec::preamble() const {
     define("int", "VEC", vec);
     flag("VEC_LOADS", vec_loads);
     flag("TABLE_VEC_LOADS", table_vec_loads);
+    define("int", "MROPE_AXES", mrope_axes);
+    flag("FREQ_GRAD", freq_grad);
     define("int", "BLOCK_THREADS", block_threads);
     return text;
 }
@@ -264,6 +277,8 @@ std::string KernelSpec::to_json() const {
     j["vec"] = vec;
     j["vec_loads"] = bool(vec_loads);
     j["table_vec_loads"] = bool(table_vec_loads);
+    j["mrope_axes"] = mrope_axes;
+    j["freq_grad"] = bool(freq_grad);
     j["block_threads"] = block_threads;
     return j.dump();
 }
@@ -319,6 +334,8 @@ std::optional<KernelSpec> KernelSpec::from_json(const std::string& text, std::st
         spec.vec = number("vec", spec.interleaved ? 2 : 1);
         spec.vec_loads = flag("vec_loads", 0);
         spec.table_vec_loads = flag("table_vec_loads", 0);
+        spec.mrope_axes = number("mrope_axes", 0);
+        spec.freq_grad = flag("freq_grad", 0);
         spec.block_threads = number("block_threads", 256);
         spec.validate();
     } catch (const std::exception& e) {
@@ -334,8 +351,10 @@ std::string KernelSpec::describe() const {
                        interleaved ? "interleaved" : "half", has_k ? "qk " : "q ", gqa_group,
                        positions[position_mode], packed ? "+packed" : "",
                        angles_from_inv_freq ? "inv_freq" : table_full ? "table/full" : "table/half",
-                       has_xpos ? " xpos" : "", in_place_q && in_place_k ? " inplace" : " outofplace", vec,
-                       vec_loads ? "" : "(scalar)");
+                       has_xpos ? " xpos" : mrope_axes ? fmt::format(" mrope{}", mrope_axes) : std::string(),
+                       in_place_q && in_place_k ? " inplace" : " outofplace", vec,
+                       vec_loads ? "" : "(scalar)") +
+           (freq_grad ? " +freq_grad" : "");
 }
 
 size_t KernelSpecHash::operator()(const KernelSpec& spec) const noexcept {

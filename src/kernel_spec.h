@@ -30,6 +30,8 @@ struct KernelSpec {
     int32_t in_place_q = 1, in_place_k = 1;
     int32_t vec = 1, vec_loads = 0;
     int32_t table_vec_loads = 0;  // cos/sin item spans read as aligned vectors
+    int32_t mrope_axes = 0;       // position axes of multi-section (M-RoPE) positions; 0 = one
+    int32_t freq_grad = 0;        // also accumulate d(loss)/d(inv_freq)
     int32_t block_threads = 256;
 
     bool operator==(const KernelSpec& other) const { return std::memcmp(this, &other, sizeof *this) == 0; }

@@ -4,6 +4,7 @@
 
 #include "error.h"
 #include "index_reader.h"
+#include "mrope_sections.h"
 #include "raw_enum.h"
 
 namespace rope_jit {
@@ -11,6 +12,20 @@ namespace rope_jit {
 bool host_accessible(const DLDevice& device) {
     return device.device_type == kDLCPU || device.device_type == kDLCUDAHost ||
            device.device_type == kDLCUDAManaged;
+}
+
+TensorRef RopeProblem::position_axis(int64_t axis) const {
+    if (!multi_section()) return positions;
+    TensorRef view = positions;
+    view.data = positions.data + axis * positions.strides[0] * int64_t(dtype_size(positions.dtype));
+    view.ndim = positions.ndim - 1;
+    for (int d = 0; d < view.ndim; ++d) {
+        view.shape[d] = positions.shape[d + 1];
+        view.strides[d] = positions.strides[d + 1];
+    }
+    view.shape[view.ndim] = 0;
+    view.strides[view.ndim] = 0;
+    return view;
 }
 
 namespace {
@@ -210,8 +225,22 @@ RopeProblem make_rope_problem(const rope_jit_rope_args& args) {
         p.has_xpos = true;
     }
 
-    // Positions.
-    TensorRef positions = make_tensor_ref(args.positions, "positions", 2);
+    // Positions. With M-RoPE sections they carry a leading axis, one per section.
+    const bool multi_section = args.num_mrope_sections != 0;
+    if (args.num_mrope_sections < 0)
+        fail_argument(fmt::format("num_mrope_sections: must be >= 0 (0 = none), got {}", args.num_mrope_sections));
+    if (!multi_section && args.mrope_sections != nullptr)
+        fail_argument("mrope_sections: given with num_mrope_sections = 0; set the number of sections");
+    if (multi_section) {
+        p.pair_axis = pair_axes_from_sections(args.mrope_sections, args.num_mrope_sections,
+                                              args.mrope_interleaved != 0, p.pairs(), "mrope_sections");
+        p.num_position_axes = args.num_mrope_sections;
+        if (args.positions == nullptr)
+            fail_argument(fmt::format("positions: required with mrope_sections ([{}, S], [{}, B, S] or [{}, T]: "
+                                      "one position per section and token)",
+                                      p.num_position_axes, p.num_position_axes, p.num_position_axes));
+    }
+    TensorRef positions = make_tensor_ref(args.positions, "positions", multi_section ? 3 : 2);
     TensorRef offsets = make_tensor_ref(args.seqlen_offsets, "seqlen_offsets", 1);
     TensorRef cu_seqlens = make_tensor_ref(args.cu_seqlens, "cu_seqlens", 1);
     p.num_sequences = p.batch;
@@ -227,14 +256,23 @@ RopeProblem make_rope_problem(const rope_jit_rope_args& args) {
     if (positions.present()) {
         require_index(positions);
         p.position_mode = PositionMode::Indices;
-        bool ok = positions.ndim == 1 ? positions.shape[0] == p.seqlen_q
-                                      : !p.packed && positions.shape[0] == p.batch && positions.shape[1] == p.seqlen_q;
+        // With sections, the leading axis counts them and the rest is shaped as usual.
+        const int lead = multi_section ? 1 : 0;
+        const int64_t* dims = positions.shape + lead;
+        const int token_ndim = positions.ndim - lead;
+        bool ok = token_ndim == 1   ? dims[0] == p.seqlen_q
+                  : token_ndim == 2 ? !p.packed && dims[0] == p.batch && dims[1] == p.seqlen_q
+                                    : false;
+        if (multi_section && positions.shape[0] != p.num_position_axes) ok = false;
+        const std::string axes = multi_section ? fmt::format("{}, ", p.num_position_axes) : std::string();
+        const std::string axes_name = multi_section ? "A, " : "";
         if (!ok)
-            fail_argument(fmt::format("positions: expected {} , got {}",
-                                      p.packed ? fmt::format("[T] = [{}]", p.seqlen_q)
-                                               : fmt::format("[S] = [{}] or [B, S] = [{}, {}]", p.seqlen_q,
-                                                             p.batch, p.seqlen_q),
-                                      positions.shape_string()));
+            fail_argument(fmt::format("positions: expected {}, got {}{}",
+                                      p.packed ? fmt::format("[{}T] = [{}{}]", axes_name, axes, p.seqlen_q)
+                                               : fmt::format("[{}S] = [{}{}] or [{}B, S] = [{}{}, {}]", axes_name, axes,
+                                                             p.seqlen_q, axes_name, axes, p.batch, p.seqlen_q),
+                                      positions.shape_string(),
+                                      multi_section ? " (A = num_mrope_sections)" : ""));
         if (p.has_k && p.seqlen_k != p.seqlen_q)
             fail_argument(fmt::format("positions: q has {} tokens and k {}; per-token positions need "
                                       "the same number",
@@ -252,9 +290,62 @@ RopeProblem make_rope_problem(const rope_jit_rope_args& args) {
     }
     p.position_offset = args.position_offset;
     p.q_position_offset = args.q_position_offset;
+    // Token index plus offsets must not overflow: no table has 2^53 rows, and no angle is
+    // exact beyond 2^53 either.
+    constexpr int64_t kMaxOffset = int64_t(1) << 53;
+    if (p.position_offset <= -kMaxOffset || p.position_offset >= kMaxOffset)
+        fail_argument(fmt::format("position_offset: {} is out of range (|offset| < 2^53)", p.position_offset));
+    if (p.q_position_offset <= -kMaxOffset || p.q_position_offset >= kMaxOffset)
+        fail_argument(fmt::format("q_position_offset: {} is out of range (|offset| < 2^53)", p.q_position_offset));
+
+    // Learned frequencies: d(loss)/d(inv_freq) from the gradients (q, k) and the forward
+    // outputs (q_saved, k_saved).
+    TensorRef freq_grad = make_tensor_ref(args.inv_freq_grad, "inv_freq_grad", 1);
+    TensorRef q_saved = make_tensor_ref(args.q_saved, "q_saved");
+    TensorRef k_saved = make_tensor_ref(args.k_saved, "k_saved");
+    if (freq_grad.present()) {
+        if (!p.backward)
+            fail_argument("inv_freq_grad: only defined for the backward pass (backward = 1, q and k holding "
+                          "gradients)");
+        if (p.angles != AngleSource::InvFreq)
+            fail_argument("inv_freq_grad: needs angles from inv_freq (cos and sin NULL); there is no gradient "
+                          "with respect to a table");
+        if (freq_grad.dtype != DType::F32 || freq_grad.shape[0] != p.pairs())
+            fail_argument(fmt::format("inv_freq_grad: expected float32 [{}] (rotary_dim / 2), got {} {}", p.pairs(),
+                                      dtype_name(freq_grad.dtype), freq_grad.shape_string()));
+        if (!q_saved.present())
+            fail_argument("q_saved: required with inv_freq_grad (the forward pass's rotated q)");
+        require_same_shape(q_saved, q);
+        if (p.has_k) {
+            if (!k_saved.present())
+                fail_argument("k_saved: required with inv_freq_grad when k is given (the forward pass's rotated k)");
+            require_same_shape(k_saved, k);
+        } else if (k_saved.present()) {
+            fail_argument("k_saved: given without k");
+        }
+        p.q_saved = p.packed ? lift_packed(q_saved) : q_saved;
+        if (p.has_k) p.k_saved = p.packed ? lift_packed(k_saved) : k_saved;
+        // The saved outputs are read while q_out/k_out are written, and the gradient is
+        // written last: none may share memory with what the call writes.
+        for (const TensorRef* written : {&p.q_out, &p.k_out})
+            for (const TensorRef* read : {&p.q_saved, &p.k_saved})
+                if (written->present() && read->present() && extents_overlap(*written, *read))
+                    fail_argument(fmt::format("{}: overlaps the output {} (in-place outputs are q and k); keep the "
+                                              "forward outputs in their own memory",
+                                              read->name, written->name));
+        for (const TensorRef* other : {&p.q, &p.q_out, &p.k, &p.k_out, &p.q_saved, &p.k_saved, &p.inv_freq, &p.xpos_scale})
+            if (other->present() && extents_overlap(freq_grad, *other))
+                fail_argument(fmt::format("inv_freq_grad: overlaps {}; it needs its own memory", other->name));
+        p.inv_freq_grad = freq_grad;
+        p.has_freq_grad = true;
+    } else if (q_saved.present() || k_saved.present()) {
+        fail_argument(fmt::format("{}: only used with inv_freq_grad, which is NULL",
+                                  q_saved.present() ? "q_saved" : "k_saved"));
+    }
 
     // One device for everything.
-    for (const TensorRef* t : {&k, &q_out, &k_out, &cos, &sin, &inv_freq, &xpos, &positions, &offsets, &cu_seqlens})
+    for (const TensorRef* t : {&k, &q_out, &k_out, &cos, &sin, &inv_freq, &xpos, &positions, &offsets, &cu_seqlens,
+                               &freq_grad, &q_saved, &k_saved})
         check_same_device(*t, p.device, q);
 
     // Implicit positions need no memory read: check their range here for every backend.
@@ -297,13 +388,20 @@ void check_positions_on_host(const RopeProblem& p) {
     }
 
     if (p.position_mode == PositionMode::Indices) {
-        IndexReader pos(p.positions);
-        const int64_t rows = p.positions.ndim == 2 ? p.batch : 1;
-        for (int64_t b = 0; b < rows; ++b)
-            for (int64_t s = 0; s < p.seqlen_q; ++s) {
-                int64_t row = p.positions.ndim == 2 ? pos(b, s) : pos[s];
-                check_row(row, "positions", p.positions.ndim == 2 ? fmt::format("[{}, {}]", b, s) : fmt::format("[{}]", s));
-            }
+        // Every axis of M-RoPE positions is checked like one-axis positions.
+        const int64_t axes = p.multi_section() ? p.num_position_axes : 1;
+        for (int64_t a = 0; a < axes; ++a) {
+            const TensorRef view = p.position_axis(a);
+            const std::string axis = p.multi_section() ? fmt::format("{}, ", a) : std::string();
+            IndexReader pos(view);
+            const int64_t rows = view.ndim == 2 ? p.batch : 1;
+            for (int64_t b = 0; b < rows; ++b)
+                for (int64_t s = 0; s < p.seqlen_q; ++s) {
+                    int64_t row = view.ndim == 2 ? pos(b, s) : pos[s];
+                    check_row(row, "positions",
+                              view.ndim == 2 ? fmt::format("[{}{}, {}]", axis, b, s) : fmt::format("[{}{}]", axis, s));
+                }
+        }
         return;
     }
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "rope_jit/rope_jit.h"
 #include "tensor_ref.h"
@@ -53,6 +54,17 @@ struct RopeProblem {
     TensorRef cu_seqlens;          // [num_sequences + 1], packed only
     int64_t position_offset = 0, q_position_offset = 0;
 
+    // Multi-section positions (M-RoPE): positions has a leading axis of num_position_axes,
+    // and pair i reads axis pair_axis[i]. Empty pair_axis: one position per token.
+    int64_t num_position_axes = 0;
+    std::vector<int32_t> pair_axis;  // [R/2] when M-RoPE
+
+    // Learned frequencies (backward with inv_freq only): d(loss)/d(inv_freq) into
+    // inv_freq_grad [R/2] float32, from the forward outputs q_saved/k_saved (lifted to 4-D
+    // like q and k).
+    bool has_freq_grad = false;
+    TensorRef inv_freq_grad, q_saved, k_saved;
+
     DLDevice device{kDLCPU, 0};  // where every tensor lives
 
     int64_t pairs() const { return rotary_dim / 2; }
@@ -61,7 +73,15 @@ struct RopeProblem {
         if (!table_full) return i;
         return style == ROPE_JIT_STYLE_INTERLEAVED ? 2 * i : i;
     }
-    bool empty() const { return batch == 0 || head_dim == 0 || (seqlen_q == 0 && seqlen_k == 0); }
+    // No element to rotate (q with no tokens or no heads, and no k with tokens): a no-op,
+    // however large the other dimensions (a [2^31, 0, S, D] q must not loop 2^31 times).
+    bool empty() const {
+        return batch == 0 || head_dim == 0 || ((seqlen_q == 0 || heads_q == 0) && (!has_k || seqlen_k == 0));
+    }
+    bool multi_section() const { return !pair_axis.empty(); }
+    // The positions of one axis as a plain [S], [B, S] or [T] view (M-RoPE); `positions`
+    // itself otherwise.
+    TensorRef position_axis(int64_t axis) const;
 };
 
 // Checks every argument (shapes, dtypes, devices, overlaps, implicit position ranges) and

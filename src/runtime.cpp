@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include "attention_cpu.h"
+#include "attention_problem.h"
 #include "cpu_reference.h"
 #include "error.h"
 #include "kernel_spec.h"
@@ -27,6 +29,7 @@ Runtime::Runtime(const rope_jit_config& config)
     if (backend == ROPE_JIT_BACKEND_CPU) return;
     try {
         cuda_ = std::make_unique<CudaBackend>(disk_.get(), stats_, debug_checks_);
+        cuda_attention_ = std::make_unique<CudaAttention>(*cuda_, disk_.get(), stats_);
     } catch (const Error& e) {
         // AUTO falls back to the CPU when there is no usable GPU; CUDA insists.
         if (backend == ROPE_JIT_BACKEND_CUDA || e.status() != ROPE_JIT_ERROR_BACKEND_UNAVAILABLE) throw;
@@ -42,7 +45,8 @@ ThreadPool& Runtime::cpu_pool() {
 
 void Runtime::rope(const rope_jit_rope_args& args) {
     RopeProblem problem = make_rope_problem(args);
-    if (problem.empty()) return;
+    // An empty call still owes its frequency gradient (zeros).
+    if (problem.empty() && !problem.has_freq_grad) return;
     if (host_accessible(problem.device)) {
         check_positions_on_host(problem);
         rope_cpu(problem, cpu_pool());
@@ -54,6 +58,24 @@ void Runtime::rope(const rope_jit_rope_args& args) {
                                       "(no GPU was found, or ROPE_JIT_BACKEND_CPU was requested)",
                                       problem.device.device_id));
         cuda_->rope(problem, args.stream);
+        return;
+    }
+    fail_argument(fmt::format("q: lives on {}, which rope-jit cannot reach", device_name(problem.device.device_type)));
+}
+
+void Runtime::attention(const rope_jit_attention_args& args, bool backward) {
+    const AttentionProblem problem = make_attention_problem(args, backward);
+    if (host_accessible(problem.device)) {
+        if (backward) attention_backward_cpu(problem, cpu_pool());
+        else attention_forward_cpu(problem, cpu_pool());
+        return;
+    }
+    if (problem.device.device_type == kDLCUDA) {
+        if (!cuda_attention_)
+            fail_argument(fmt::format("q: lives on CUDA device {}, but this runtime runs on the CPU backend "
+                                      "(no GPU was found, or ROPE_JIT_BACKEND_CPU was requested)",
+                                      problem.device.device_id));
+        cuda_attention_->run(problem, args.stream);
         return;
     }
     fail_argument(fmt::format("q: lives on {}, which rope-jit cannot reach", device_name(problem.device.device_type)));

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <string>
 
+#include "cuda_attention.h"
 #include "cuda_backend.h"
 #include "disk_cache.h"
 #include "kernel_builder.h"
@@ -24,8 +25,14 @@ public:
 
     rope_jit_backend_kind backend() const { return cuda_ ? ROPE_JIT_BACKEND_CUDA : ROPE_JIT_BACKEND_CPU; }
     void rope(const rope_jit_rope_args& args);
+    // Attention with rotary fused in: the forward, or (backward) the gradients.
+    void attention(const rope_jit_attention_args& args, bool backward);
     void prewarm(const rope_jit_kernel_spec* specs, size_t n, const char* target);
     const KernelStats& stats() const { return stats_; }
+    // For diagnostics and cache maintenance: the disk cache (nullptr when memory-only) and
+    // the CUDA backend (nullptr on the CPU backend).
+    const DiskCache* disk_cache() const { return disk_.get(); }
+    const CudaBackend* cuda() const { return cuda_.get(); }
 
 private:
     ThreadPool& cpu_pool();
@@ -35,6 +42,7 @@ private:
     std::unique_ptr<DiskCache> disk_;  // NULL: memory-only
     KernelStats stats_;
     std::unique_ptr<CudaBackend> cuda_;  // NULL on the CPU backend
+    std::unique_ptr<CudaAttention> cuda_attention_;  // with cuda_: the attention kernels
     std::once_flag pool_once_;
     std::unique_ptr<ThreadPool> pool_;
 };

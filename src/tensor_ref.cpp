@@ -81,6 +81,25 @@ DType dtype_of(const DLDataType& type, const char* name) {
     fail_argument(fmt::format("{}: unsupported dtype (code {}, {} bits)", name, type.code, type.bits));
 }
 
+// Whether the element count and the byte extent of the view fit in int64 (an empty view
+// always does).
+bool extent_fits(const TensorRef& ref) {
+    for (int i = 0; i < ref.ndim; ++i)
+        if (ref.shape[i] == 0) return true;
+    int64_t count = 1, low = 0, high = 0, span = 0, bytes = 0;
+    bool overflow = false;
+    for (int i = 0; i < ref.ndim; ++i) {
+        int64_t reach = 0;
+        overflow |= __builtin_mul_overflow(count, ref.shape[i], &count);
+        overflow |= __builtin_mul_overflow(ref.strides[i], ref.shape[i] - 1, &reach);
+        overflow |= reach < 0 ? __builtin_add_overflow(low, reach, &low) : __builtin_add_overflow(high, reach, &high);
+    }
+    overflow |= __builtin_sub_overflow(high, low, &span);
+    overflow |= __builtin_add_overflow(span, 1, &span);
+    overflow |= __builtin_mul_overflow(span, int64_t(dtype_size(ref.dtype)), &bytes);
+    return !overflow;
+}
+
 }  // namespace
 
 TensorRef make_tensor_ref(const DLTensor* tensor, const char* name, int max_ndim) {
@@ -94,16 +113,27 @@ TensorRef make_tensor_ref(const DLTensor* tensor, const char* name, int max_ndim
     ref.device = tensor->device;
     ref.ndim = tensor->ndim;
     int64_t contiguous_stride = 1;
+    bool overflow = false;
     for (int i = ref.ndim - 1; i >= 0; --i) {
         ref.shape[i] = tensor->shape[i];
         if (ref.shape[i] < 0)
             fail_argument(fmt::format("{}: dimension {} is negative ({})", name, i, ref.shape[i]));
         ref.strides[i] = tensor->strides ? tensor->strides[i] : contiguous_stride;
-        contiguous_stride *= std::max<int64_t>(ref.shape[i], 1);
+        overflow |= __builtin_mul_overflow(contiguous_stride, std::max<int64_t>(ref.shape[i], 1), &contiguous_stride);
     }
+    // Every offset the ops compute stays inside the byte extent; when that extent does not
+    // fit in int64, no memory can hold the view and the offsets would overflow.
+    if (overflow || !extent_fits(ref))
+        fail_argument(fmt::format("{}: shape {} with its strides spans more bytes than memory can hold", name,
+                                  ref.shape_string()));
     if (ref.numel() > 0 && tensor->data == nullptr)
         fail_argument(fmt::format("{}: data is NULL for a tensor of shape {}", name, ref.shape_string()));
-    ref.data = static_cast<char*>(tensor->data) + tensor->byte_offset;
+    // An empty tensor may have NULL data; offsetting NULL would be undefined.
+    ref.data = tensor->data ? static_cast<char*>(tensor->data) + tensor->byte_offset : nullptr;
+    // The ops read elements through typed pointers, which must be aligned to the element.
+    if (ref.numel() > 0 && reinterpret_cast<uintptr_t>(ref.data) % dtype_size(ref.dtype) != 0)
+        fail_argument(fmt::format("{}: data + byte_offset is not aligned to its {}-byte {} elements", name,
+                                  dtype_size(ref.dtype), dtype_name(ref.dtype)));
     return ref;
 }
 

@@ -36,7 +36,9 @@ struct TensorRef {
 };
 
 // Validates and converts `tensor` (may be NULL: returns an absent ref). Throws
-// INVALID_ARGUMENT naming `name` when the tensor is malformed or has more than max_ndim dims.
+// INVALID_ARGUMENT naming `name` when the tensor is malformed or has more than max_ndim dims,
+// when its element count or byte extent overflows int64, or when a non-empty tensor's data
+// (with byte_offset) is not aligned to its element size.
 TensorRef make_tensor_ref(const DLTensor* tensor, const char* name, int max_ndim = 4);
 
 // Whether a and b are exactly the same view (same data, dtype, shape and strides).

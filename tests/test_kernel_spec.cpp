@@ -172,6 +172,23 @@ TEST_CASE("the template compiles for every kind of specialization") {
         CHECK(std::string(binary.image.data(), 4) == "\x7f" "ELF");
         ++compiled;
     }
+    // Multi-section positions and the frequency gradient have no public spec fields: set them
+    // on specs derived from public ones.
+    for (int variant = 0; variant < 4; ++variant) {
+        rope_jit_kernel_spec in = public_spec(128, DLDataType{kDLBfloat, 16, 1});
+        in.positions = ROPE_JIT_POSITIONS_INDICES;
+        in.style = variant % 2 ? ROPE_JIT_STYLE_INTERLEAVED : ROPE_JIT_STYLE_HALF;
+        in.angles = variant < 2 ? ROPE_JIT_ANGLES_TABLE_FULL : ROPE_JIT_ANGLES_INV_FREQ;
+        in.backward = variant >= 2;
+        KernelSpec spec = rope_jit::kernel_spec_from_public(in);
+        spec.mrope_axes = variant == 3 ? 0 : 3;
+        spec.freq_grad = variant >= 2;
+        spec.validate();
+        CAPTURE(spec.describe());
+        const rope_jit::KernelBinary binary = rope_jit::build_kernel_binary(spec, "sm_90", nullptr, stats);
+        CHECK(std::string(binary.image.data(), 4) == "\x7f" "ELF");
+        ++compiled;
+    }
     CHECK(stats.compiles.load() == uint64_t(compiled));
     MESSAGE("average cold compile: " << double(stats.compile_microseconds.load()) / 1000.0 / compiled << " ms");
 }

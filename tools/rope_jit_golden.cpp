@@ -770,15 +770,211 @@ Measurement run_rope_case(const GoldenCase& golden, const RunContext& context) {
 }
 
 // ============================================================================================
-// Ops the C API cannot run yet. Each becomes one runner like run_rope_case once it can.
+// op = attention: flash_attn_with_rotary through rope_jit_attention. cos/sin/pos_mask are the
+// padded equivalent of rotary_pos_emb/rotary_pos_emb_indices (README), so the runner passes
+// the tables and leaves the angles and indices aside.
 // ============================================================================================
 
-Measurement run_attention_case(const GoldenCase&, const RunContext&) {
-    throw CaseUnsupported("no attention API yet");
+const std::set<std::string> kAttentionInputs = {"q",        "k",         "v",          "cos",
+                                                "sin",      "pos_mask",  "attn_mask",  "rotary_pos_emb",
+                                                "rotary_pos_emb_indices"};
+const std::set<std::string> kAttentionParams = {"layout", "style", "head_dim", "rotary_dim",
+                                                "causal", "scale", "dtype",    "note"};
+
+Measurement run_attention_case(const GoldenCase& golden, const RunContext& context) {
+    const json& params = golden.params;
+    if (!params.is_object()) throw CaseFailure("params: must be an object");
+    for (const auto& entry : params.items())
+        if (kAttentionParams.count(entry.key()) == 0)
+            throw CaseFailure(fmt::format("params.{} is not part of the attention format", entry.key()));
+    const std::string layout_name = param_string(params, "layout", "bhsd");
+    if (layout_name != "bhsd" && layout_name != "bshd")
+        throw CaseFailure(fmt::format("params.layout: expected bhsd or bshd, got '{}'", layout_name));
+    const Layout layout = layout_name == "bshd" ? Layout::BSHD : Layout::BHSD;
+    const std::string style = param_string(params, "style", "interleaved");
+    if (style != "half" && style != "interleaved")
+        throw CaseFailure(fmt::format("params.style: expected half or interleaved, got '{}'", style));
+    const int64_t rotary_dim = param_int(params, "rotary_dim", 0);
+    if (rotary_dim < 0 || rotary_dim > INT32_MAX) throw CaseFailure("params.rotary_dim: out of range");
+    double scale = 0;
+    if (params.contains("scale") && !params["scale"].is_null()) {
+        if (!params["scale"].is_number())
+            throw CaseFailure(fmt::format("params.scale: expected a number, got {}", params["scale"].dump()));
+        scale = params["scale"].get<double>();
+    }
+
+    const Tolerance tolerance = parse_tolerance(golden.tolerance);
+    const ArrayMap inputs = load_arrays(context.dir, golden.inputs, "input");
+    const ArrayMap expected = load_arrays(context.dir, golden.outputs, "output");
+    for (const auto& entry : inputs)
+        if (kAttentionInputs.count(entry.first) == 0)
+            throw CaseFailure(fmt::format("input '{}' is not part of the attention format", entry.first));
+    for (const auto& entry : expected)
+        if (entry.first != "out" && entry.first != "lse")
+            throw CaseFailure(fmt::format("output '{}' is not part of the attention format", entry.first));
+    if (expected.count("out") == 0) throw CaseFailure("output 'out' is missing");
+    for (const char* name : {"q", "k", "v"}) {
+        auto it = inputs.find(name);
+        if (it == inputs.end()) throw CaseFailure(fmt::format("input '{}' is missing", name));
+        if (it->second.shape.size() != 4 || !it->second.is_float() || it->second.type != inputs.at("q").type)
+            throw CaseFailure(fmt::format("input '{}': expected 4 dimensions of q's float dtype", name));
+    }
+    if (inputs.count("cos") != inputs.count("sin")) throw CaseFailure("inputs: cos and sin go together");
+    if (params.contains("dtype") && params["dtype"] != element_info(inputs.at("q").type).name)
+        throw CaseFailure(fmt::format("params.dtype {} differs from q's {}", params["dtype"].dump(),
+                                      element_info(inputs.at("q").type).name));
+
+    CallTensors tensors;
+    rope_jit_attention_args args;
+    rope_jit_attention_args_init(&args);
+    args.q = head_view(tensors, tensors.upload(inputs.at("q")), layout);
+    args.k = head_view(tensors, tensors.upload(inputs.at("k")), layout);
+    args.v = head_view(tensors, tensors.upload(inputs.at("v")), layout);
+    const HostArray& q = inputs.at("q");
+    // 0xff bytes are NaN: an element the library fails to write cannot pass by accident.
+    TensorStorage& out = tensors.allocate(q.type, q.shape, 0xff);
+    args.out = head_view(tensors, out, layout);
+    const std::vector<int64_t> lse_shape = layout == Layout::BSHD ? std::vector<int64_t>{q.shape[0], q.shape[2], q.shape[1]}
+                                                                  : std::vector<int64_t>{q.shape[0], q.shape[1], q.shape[2]};
+    TensorStorage& lse = tensors.allocate(ElementType::F32, lse_shape, 0xff);
+    args.lse = tensors.plain_view(lse);
+    auto plain = [&](const char* name) -> const DLTensor* {
+        auto it = inputs.find(name);
+        return it == inputs.end() ? nullptr : tensors.plain_view(tensors.upload(it->second));
+    };
+    args.cos = plain("cos");
+    args.sin = plain("sin");
+    args.pos_mask = plain("pos_mask");
+    args.attn_mask = plain("attn_mask");
+    args.causal = param_bool(params, "causal", false) ? 1 : 0;
+    args.scale = scale;
+    args.rotary_dim = int32_t(rotary_dim);
+    args.style = style == "half" ? ROPE_JIT_STYLE_HALF : ROPE_JIT_STYLE_INTERLEAVED;
+
+    const rope_jit_status status = rope_jit_attention(context.runtime, &args);
+    if (status != ROPE_JIT_OK)
+        throw CaseFailure(fmt::format("rope_jit_attention: {}: {}", rope_jit_status_name(status), rope_jit_last_error()));
+    Measurement worst = compare_array(out.download(), expected.at("out"), tolerance, "out");
+    if (auto it = expected.find("lse"); it != expected.end())
+        worst.merge(compare_array(lse.download(), it->second, tolerance, "lse"));
+    return worst;
 }
 
-Measurement run_inv_freq_case(const GoldenCase&, const RunContext&) {
-    throw CaseUnsupported("no inv_freq API yet");
+// ============================================================================================
+// op = inv_freq: HF transformers' rope types (and rotary-embedding-torch's freqs_for) through
+// rope_jit_inv_freq. params are the HF config fields; a missing or null field is HF's None.
+// ============================================================================================
+
+// Every params key the op knows. Another key means the format grew semantics this runner
+// does not know, so such a case fails rather than silently passing.
+const std::set<std::string> kInvFreqParams = {
+    "rope_type", "head_dim", "partial_rotary_factor", "dim", "rope_theta", "theta",
+    "max_position_embeddings", "original_max_position_embeddings", "factor", "seq_len",
+    "attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate",
+    "low_freq_factor", "high_freq_factor", "short_factor", "long_factor",
+    "theta_rescale_factor", "max_freq", "num_freqs", "note"};
+
+// A number parameter; absent or null gives the fallback (the library's "unset").
+double param_number(const json& params, const char* key, double fallback) {
+    if (!params.contains(key) || params[key].is_null()) return fallback;
+    if (!params[key].is_number())
+        throw CaseFailure(fmt::format("params.{}: expected a number, got {}", key, params[key].dump()));
+    return params[key].get<double>();
+}
+
+int64_t param_whole_number(const json& params, const char* key, int64_t fallback) {
+    const double value = param_number(params, key, double(fallback));
+    if (value != std::floor(value) || std::fabs(value) > 9.0e15)
+        throw CaseFailure(fmt::format("params.{}: expected a whole number, got {}", key, params[key].dump()));
+    return int64_t(value);
+}
+
+std::vector<float> param_float_list(const json& params, const char* key) {
+    std::vector<float> values;
+    if (!params.contains(key) || params[key].is_null()) return values;
+    if (!params[key].is_array())
+        throw CaseFailure(fmt::format("params.{}: expected a list of numbers, got {}", key, params[key].dump()));
+    for (const json& value : params[key]) {
+        if (!value.is_number())
+            throw CaseFailure(fmt::format("params.{}: expected a list of numbers, got {}", key, params[key].dump()));
+        values.push_back(value.get<float>());
+    }
+    return values;
+}
+
+rope_jit_rope_type parse_rope_type(const std::string& name) {
+    static const std::map<std::string, rope_jit_rope_type> types = {
+        {"default", ROPE_JIT_ROPE_TYPE_DEFAULT}, {"linear", ROPE_JIT_ROPE_TYPE_LINEAR},
+        {"dynamic", ROPE_JIT_ROPE_TYPE_DYNAMIC}, {"yarn", ROPE_JIT_ROPE_TYPE_YARN},
+        {"llama3", ROPE_JIT_ROPE_TYPE_LLAMA3},   {"longrope", ROPE_JIT_ROPE_TYPE_LONGROPE},
+        {"lang", ROPE_JIT_ROPE_TYPE_LANG},       {"pixel", ROPE_JIT_ROPE_TYPE_PIXEL},
+        {"constant", ROPE_JIT_ROPE_TYPE_CONSTANT}};
+    auto it = types.find(name);
+    if (it == types.end()) throw CaseUnsupported(fmt::format("rope_type '{}'", name));
+    return it->second;
+}
+
+Measurement run_inv_freq_case(const GoldenCase& golden, const RunContext& context) {
+    const json& params = golden.params;
+    if (!params.is_object()) throw CaseFailure("params: must be an object");
+    for (const auto& entry : params.items())
+        if (kInvFreqParams.count(entry.key()) == 0)
+            throw CaseFailure(fmt::format("params.{} is not part of the inv_freq format", entry.key()));
+    const Tolerance tolerance = parse_tolerance(golden.tolerance);
+    const ArrayMap expected = load_arrays(context.dir, golden.outputs, "output");
+    if (expected.count("inv_freq") == 0) throw CaseFailure("output 'inv_freq' is missing");
+    for (const auto& entry : expected)
+        if (entry.first != "inv_freq" && entry.first != "attention_factor")
+            throw CaseFailure(fmt::format("output '{}' is not part of the inv_freq format", entry.first));
+    const int64_t n = expected.at("inv_freq").numel();
+
+    rope_jit_freq_config config;
+    rope_jit_freq_config_init(&config);
+    config.rope_type = parse_rope_type(param_string(params, "rope_type", "default"));
+    // HF: dim = int(head_dim * partial_rotary_factor); rotary-embedding-torch names it dim.
+    const double head_dim = param_number(params, "head_dim", 0);
+    const double partial = param_number(params, "partial_rotary_factor", 1.0);
+    config.rotary_dim = int32_t(param_whole_number(params, "dim", int64_t(head_dim * partial)));
+    config.theta = param_number(params, "rope_theta", param_number(params, "theta", config.theta));
+    config.factor = param_number(params, "factor", 0);
+    config.max_position_embeddings = param_whole_number(params, "max_position_embeddings", 0);
+    config.original_max_position_embeddings = param_whole_number(params, "original_max_position_embeddings", 0);
+    config.seq_len = param_whole_number(params, "seq_len", 0);
+    config.attention_factor = param_number(params, "attention_factor", 0);
+    config.beta_fast = param_number(params, "beta_fast", 0);  // 0: the default, as HF's `or 32`
+    config.beta_slow = param_number(params, "beta_slow", 0);
+    config.mscale = param_number(params, "mscale", 0);
+    config.mscale_all_dim = param_number(params, "mscale_all_dim", 0);
+    config.truncate = param_bool(params, "truncate", true) ? 1 : 0;
+    config.low_freq_factor = param_number(params, "low_freq_factor", config.low_freq_factor);
+    config.high_freq_factor = param_number(params, "high_freq_factor", config.high_freq_factor);
+    config.theta_rescale_factor = param_number(params, "theta_rescale_factor", config.theta_rescale_factor);
+    config.max_freq = param_number(params, "max_freq", config.max_freq);
+    config.num_freqs = int32_t(param_whole_number(params, "num_freqs", config.num_freqs));
+    const std::vector<float> short_factor = param_float_list(params, "short_factor");
+    const std::vector<float> long_factor = param_float_list(params, "long_factor");
+    for (const auto* list : {&short_factor, &long_factor})
+        if (!list->empty() && int64_t(list->size()) != n)
+            throw CaseFailure(fmt::format("params: short_factor/long_factor need {} entries, got {}", n, list->size()));
+    config.short_factor = short_factor.empty() ? nullptr : short_factor.data();
+    config.long_factor = long_factor.empty() ? nullptr : long_factor.data();
+
+    HostArray inv_freq{ElementType::F32, {n}, std::vector<unsigned char>(size_t(n) * 4)};
+    HostArray attention_factor{ElementType::F32, {1}, std::vector<unsigned char>(4)};
+    const rope_jit_status status =
+        rope_jit_inv_freq(&config, reinterpret_cast<float*>(inv_freq.bytes.data()), size_t(n),
+                          reinterpret_cast<float*>(attention_factor.bytes.data()));
+    if (status != ROPE_JIT_OK)
+        throw CaseFailure(fmt::format("rope_jit_inv_freq: {}: {}", rope_jit_status_name(status), rope_jit_last_error()));
+
+    Measurement worst = compare_array(inv_freq, expected.at("inv_freq"), tolerance, "inv_freq");
+    auto it = expected.find("attention_factor");
+    if (it != expected.end()) {
+        if (it->second.shape != std::vector<int64_t>{1})
+            throw CaseFailure(fmt::format("output 'attention_factor': expected [1], got {}", shape_string(it->second.shape)));
+        worst.merge(compare_array(attention_factor, it->second, tolerance, "attention_factor"));
+    }
+    return worst;
 }
 
 using OpRunner = Measurement (*)(const GoldenCase&, const RunContext&);

@@ -184,7 +184,8 @@ ROPE_JIT_API void rope_jit_config_init(rope_jit_config* config);
  *                   column 2i for STYLE_INTERLEAVED); float32, float16 or bfloat16
  *   xpos_scale      like cos (same shape)
  *   inv_freq        [R/2] float; angle of pair i at position p is p * inv_freq[i]
- *   positions       [S] or [B, S] ([T] when packed), int32 or int64
+ *   positions       [S] or [B, S] ([T] when packed), int32 or int64; with M-RoPE
+ *                   sections a leading axis [A, ...] (see mrope_sections)
  *   seqlen_offsets  [B], int32 or int64
  *   cu_seqlens      [B+1], int32 or int64, cu_seqlens[0] = 0, non-decreasing,
  *                   cu_seqlens[B] = T
@@ -226,10 +227,11 @@ typedef struct rope_jit_rope_args {
     const DLTensor* seqlen_offsets;
     const DLTensor* cu_seqlens;
 
-    /* Added to the implicit position of every token of q and k. Default 0. */
+    /* Added to the implicit position of every token of q and k. Default 0. |value| < 2^53. */
     int64_t position_offset;
     /* Added, for q only, on top of position_offset to implicit positions: queries that follow
-     * cached keys (q has the last Sq of Sk tokens: q_position_offset = Sk - Sq). Default 0. */
+     * cached keys (q has the last Sq of Sk tokens: q_position_offset = Sk - Sq). Default 0.
+     * |value| < 2^53. */
     int64_t q_position_offset;
 
     /* Number of rotated features R; 0 (default) = head_dim. Even, and
@@ -249,7 +251,65 @@ typedef struct rope_jit_rope_args {
     /* The CUstream to launch on (CUDA backend); NULL = the legacy default stream. Ignored by
      * the CPU backend. The call never synchronizes it. */
     void* stream;
+
+    /* ---- Multi-section positions (M-RoPE, axial RoPE) -----------------------------------
+     *
+     * Vision-language models give a token several positions (time, height, width) and let
+     * each take its own share of the R/2 pairs. With A = num_mrope_sections > 0:
+     *   - `positions` is required and gains a leading axis: [A, S], [A, B, S], or [A, T]
+     *     when packed (int32 or int64);
+     *   - pair i of token (b, s) uses table row (or inv_freq position)
+     *     positions[axis(i), b, s], where axis(i) follows mrope_sections[0..A):
+     *       contiguous (mrope_interleaved = 0): pairs [0, n0) read axis 0, [n0, n0+n1)
+     *         axis 1, ... (Qwen2-VL / Qwen2.5-VL `mrope_section`; rotary-embedding-torch's
+     *         get_axial_freqs is the case of equal sections);
+     *       interleaved (mrope_interleaved = 1): axis a >= 1 takes pairs a, a+A, ...,
+     *         a + A*(n_a - 1) and axis 0 the rest (Qwen3-VL; A = 3 there).
+     *   Sections count pairs (not features), are >= 0 and sum to R/2. In STYLE_HALF pair i is
+     *   (x[o+i], x[o+i+R/2]), so the split applies to both halves alike, exactly as Qwen2-VL's
+     *   `mrope_section * 2` split of its [.., R] cos/sin. Tables and inv_freq are shared by
+     *   every axis; xpos_scale is read at the pair's row too.
+     * The CUDA backend takes at most 256 pairs (R <= 512) with M-RoPE. */
+
+    /* Pairs per section, host memory, read during the call only; NULL (default) = none.
+     * At most ROPE_JIT_MAX_MROPE_SECTIONS entries. */
+    const int32_t* mrope_sections;
+    /* Number of sections A (= position axes); 0 (default) = one position per token. */
+    int32_t num_mrope_sections;
+    /* 0 (default): contiguous sections; 1: interleaved sections (see above). */
+    int mrope_interleaved;
+
+    /* ---- Learned frequencies ------------------------------------------------------------
+     *
+     * With trainable inverse frequencies (rotary-embedding-torch learned_freq=True) the
+     * backward must also give d(loss)/d(inv_freq). For pair i of a token at position p the
+     * angle is t = p * inv_freq[i], and the forward output is y = scale * R(t) x (scale: the
+     * xPos scale for q, its inverse for k, else 1), so dy1/dt = -y2 and dy2/dt = y1: the
+     * gradient needs only the forward's *outputs*, which survive an in-place forward:
+     *
+     *     inv_freq_grad[i] = sum over q and k, every batch, token and head of
+     *                        p_i * (g2 * y1 - g1 * y2)
+     *
+     * with (g1, g2) pair i of the incoming gradient (q, k of this backward call), (y1, y2)
+     * pair i of the forward output (q_saved, k_saved), p_i the token's position for pair i
+     * (its axis' position with M-RoPE). Valid only with backward = 1 and angles from inv_freq
+     * (cos and sin NULL). */
+
+    /* Output [R/2] float32, or NULL (default): overwritten (not accumulated into) with the
+     * gradient above. The CPU backend sums in float64; the CUDA backend zeroes the output on
+     * args->stream, then adds float32 block sums with atomics (so its last bits may vary
+     * from run to run). Must not overlap any other tensor of the call. */
+    const DLTensor* inv_freq_grad;
+    /* The forward pass's outputs: what rope_jit_rope wrote to q_out (k_out) in the forward
+     * call. Same shape and dtype as q (k), any strides; read only; must not overlap q_out
+     * (k_out). Required with inv_freq_grad (k_saved when k is given); NULL (default)
+     * otherwise. */
+    const DLTensor* q_saved;
+    const DLTensor* k_saved;
 } rope_jit_rope_args;
+
+/* The most sections rope_jit_rope_args.mrope_sections (and rope_jit_table_config) may have. */
+#define ROPE_JIT_MAX_MROPE_SECTIONS 8
 
 /* Fills *args with the defaults above (every tensor NULL) and sets struct_size. NULL is
  * ignored. */
@@ -367,6 +427,412 @@ ROPE_JIT_API rope_jit_status rope_jit_prewarm(rope_jit_runtime* runtime, const r
 
 /* Copies the runtime's counters into *stats (up to stats->struct_size bytes). */
 ROPE_JIT_API rope_jit_status rope_jit_get_stats(const rope_jit_runtime* runtime, rope_jit_stats* stats);
+
+/* ========================================================================================
+ * Attention with rotary embeddings fused in (the flash_attn_with_rotary contract)
+ *
+ * Softmax attention whose queries and keys are rotated as they are loaded, so rotated q and
+ * k never exist in memory. Shapes (B batch, Hq/Hk heads, Sq/Sk tokens, D head_dim, P table
+ * rows, R rotary_dim):
+ *   q, out, dout, dq   [B, Hq, Sq, D] in that logical order, any strides
+ *   k, v, dk, dv       [B, Hk, Sk, D]; Hq must be a multiple of Hk (GQA/MQA: query head h
+ *                      reads kv head h / (Hq / Hk))
+ *   cos, sin           [P, R/2] or [P, R] (as rope_jit_rope_args), P >= max(Sq, Sk); token s
+ *                      of q and token s of k use table row s
+ *   pos_mask           [N] or [B, N], N >= max(Sq, Sk), bool/uint8: token s has a position
+ *                      when pos_mask[s] != 0
+ *   attn_mask          [B, Sk] or [B, Sq, Sk] (a leading 1 broadcasts over the batch): bool
+ *                      or uint8 (0 = masked out), or float32/float16/bfloat16 (added to the
+ *                      scores; -inf masks out)
+ *   lse                [B, Hq, Sq] float32
+ *
+ * The scores, in exact arithmetic, for query i of head h and key j of its kv head:
+ *
+ *     rot(x, s) = x with its first R features rotated by table row s (rope_jit_rope, style
+ *                 `style`, rotary_offset 0)
+ *     both(i,j) = pos_mask absent, or pos_mask[i] and pos_mask[j] both set
+ *     score     = scale * (both(i,j) ? rot(q_i, i) . rot(k_j, j) : q_i . k_j)
+ *               + attn_mask (additive masks)
+ *     masked    = (causal and j > i) or (bool mask and attn_mask == 0)  -> score = -inf
+ *     out_i     = sum_j softmax_j(score) v_j
+ *     lse_i     = log(sum_j exp(score))  (natural log)
+ *
+ * Without cos/sin the scores are plain (no rotation): the op is ordinary attention. Causal
+ * masking is top-left aligned (key j is visible to query i when j <= i, whatever Sq and Sk).
+ * A query that sees no key at all gets out = 0 and lse = -inf (softmax of nothing).
+ *
+ * Precision: q, k, v, out and the gradients share one dtype, float32, float16 or bfloat16;
+ * every product is accumulated in float32. On the CUDA backend fp16/bf16 run on tensor cores
+ * (sm_80 and newer, head_dim a multiple of 8 up to 256, rows 16-byte aligned with unit feature
+ * stride; rotated q/k and the softmax probabilities are rounded to the input dtype before their
+ * matrix products, as FlashAttention does); float32 and every other case run on the CUDA cores
+ * in float32 (head_dim up to 512; sequences below 2^31 tokens). The CPU backend computes in
+ * float64 and rounds the results once. The backward is deterministic on both backends.
+ *
+ * Nothing is expanded or copied: masks, tables and pos_mask are read in place.
+ * ======================================================================================== */
+
+typedef struct rope_jit_attention_args {
+    /* sizeof(rope_jit_attention_args) as the caller compiled it. Set by
+     * rope_jit_attention_args_init. */
+    size_t struct_size;
+
+    /* Queries, keys and values. Required. Read only. */
+    const DLTensor* q;
+    const DLTensor* k;
+    const DLTensor* v;
+    /* The attention output. Forward: required, written (must not overlap any input).
+     * Backward: required, read (the forward's result). */
+    const DLTensor* out;
+
+    /* The angle tables, both or neither (NULL: no rotation). Default NULL. */
+    const DLTensor* cos;
+    const DLTensor* sin;
+    /* Which tokens have a position, or NULL (default): all of them. Tokens without one (CLS,
+     * register tokens) take part unrotated; see "both" above. Needs cos/sin. */
+    const DLTensor* pos_mask;
+    /* Boolean or additive mask, or NULL (default): none. */
+    const DLTensor* attn_mask;
+
+    /* 1: causal (top-left aligned). Default 0. */
+    int causal;
+    /* Softmax scale; 0 (default) = 1/sqrt(D). Must be finite. */
+    double scale;
+    /* Rotated features R (even, <= D); 0 (default) = D. Ignored without cos/sin. */
+    int32_t rotary_dim;
+    /* Pair style. Default ROPE_JIT_STYLE_HALF (rotary-embedding-torch uses INTERLEAVED). */
+    rope_jit_style style;
+
+    /* Log-sum-exp of every query row. Forward: optional output (NULL, the default, skips
+     * it). Backward: required input (the forward's). */
+    const DLTensor* lse;
+
+    /* The CUstream to launch on (CUDA backend); NULL = the legacy default stream. */
+    void* stream;
+
+    /* Backward only (rope_jit_attention_backward); ignored by the forward. */
+    /* Gradient of the loss with respect to out. Required, read. */
+    const DLTensor* dout;
+    /* Gradients with respect to q, k and v. Required, overwritten (not accumulated into);
+     * none may overlap another tensor of the call. */
+    const DLTensor* dq;
+    const DLTensor* dk;
+    const DLTensor* dv;
+} rope_jit_attention_args;
+
+/* Fills *args with the defaults above (every tensor NULL) and sets struct_size. NULL is
+ * ignored. */
+ROPE_JIT_API void rope_jit_attention_args_init(rope_jit_attention_args* args);
+
+/* Attention forward: writes args->out (and args->lse when given). On the CPU backend the work
+ * is done when the call returns; on the CUDA backend it is enqueued on args->stream. Fails
+ * with ERROR_INVALID_ARGUMENT (naming the argument) and writes nothing on any bad input;
+ * ERROR_UNSUPPORTED for a head_dim above 512 on the CUDA backend. Thread-safe. */
+ROPE_JIT_API rope_jit_status rope_jit_attention(rope_jit_runtime* runtime, const rope_jit_attention_args* args);
+
+/* Attention backward: from q, k, v, out, lse (the forward's results, same arguments) and
+ * dout, writes dq, dk and dv (gradients of the loss through the rotation: dq and dk are with
+ * respect to the unrotated q and k). No gradient flows to attn_mask or the tables. The
+ * result is deterministic: the same inputs give the same bits on every run. Same failures
+ * as rope_jit_attention. */
+ROPE_JIT_API rope_jit_status rope_jit_attention_backward(rope_jit_runtime* runtime,
+                                                         const rope_jit_attention_args* args);
+
+/* ========================================================================================
+ * Frequency builders and angle tables
+ *
+ * What feeds rope_jit_rope: the inverse frequencies inv_freq[R/2] (pair i of a token at
+ * position p turns by p * inv_freq[i]) and the attention factor that some scalings multiply
+ * cos and sin by, built as HF transformers (ROPE_INIT_FUNCTIONS, rope_parameters) and
+ * rotary-embedding-torch (RotaryEmbedding) define them; then cos/sin/xPos tables for a range
+ * (or a list) of positions. Both run on the host, need no runtime, compute in float64 and
+ * round to the output type at the end, so they are at least as exact as the float32
+ * references (within a float32 ulp of the exact values; see float32_angles to reproduce a
+ * reference's own rounding instead).
+ * With R = rotary_dim, n = R/2 and i in [0, n):
+ *
+ *   HF transformers (rope_type; `dim` = R = int(head_dim * partial_rotary_factor)):
+ *     DEFAULT   inv[i] = theta^(-2i/R)                                   attention 1
+ *     LINEAR    DEFAULT / factor                                         attention 1
+ *     DYNAMIC   DEFAULT with theta' = theta * (factor * L / M - (factor - 1))^(R / (R-2)),
+ *               L = max(seq_len, M), M = max_position_embeddings          attention 1
+ *     YARN      ramp_i = clamp((i - low) / (high - low), 0, 1) (high += 0.001 if equal);
+ *               inv[i] = DEFAULT[i] * (ramp_i / factor + 1 - ramp_i), where
+ *               low/high = max(0, floor(d(beta_fast))), min(R-1, ceil(d(beta_slow)))
+ *               (floor/ceil only with truncate), d(r) = R ln(O / (2 pi r)) / (2 ln theta),
+ *               O = original_max_position_embeddings;
+ *               attention = attention_factor if given, else m(factor, mscale) /
+ *               m(factor, mscale_all_dim) if both are non-zero, else m(factor, 1), with
+ *               m(s, k) = s <= 1 ? 1 : 0.1 k ln(s) + 1
+ *     LLAMA3    wavelength w = 2 pi / DEFAULT[i], O = original_max_position_embeddings:
+ *               w > O / low_freq_factor:  DEFAULT / factor;  w < O / high_freq_factor:
+ *               DEFAULT; otherwise (1 - a) DEFAULT / factor + a DEFAULT with
+ *               a = (O / w - low_freq_factor) / (high_freq_factor - low_freq_factor)
+ *                                                                        attention 1
+ *     LONGROPE  inv[i] = DEFAULT[i] / ext[i], ext = long_factor when seq_len > O, else
+ *               short_factor; attention = attention_factor if given, else 1 when
+ *               factor <= 1, else sqrt(1 + ln(factor) / ln(O))
+ *   rotary-embedding-torch (RotaryEmbedding(dim = R, freqs_for = ...)):
+ *     LANG      theta' = theta * theta_rescale_factor^(R / (R-2)); inv[i] = theta'^(-2i/R)
+ *     PIXEL     inv[i] = pi * (1 + i * (max_freq / 2 - 1) / (n - 1))   (torch.linspace)
+ *     CONSTANT  inv[i] = 1 for i in [0, num_freqs)  (n = num_freqs; rotary_dim unused)
+ *               attention 1 for all three
+ *
+ * "Unset" optional values are 0 (as HF's missing keys): YARN and LONGROPE take factor =
+ * max_position_embeddings / O when factor is 0, and O = max_position_embeddings when O is 0.
+ * ======================================================================================== */
+
+/* The frequency recipe (HF rope_type names, then rotary-embedding-torch freqs_for names). */
+typedef enum rope_jit_rope_type {
+    ROPE_JIT_ROPE_TYPE_DEFAULT = 0,  /* HF "default" */
+    ROPE_JIT_ROPE_TYPE_LINEAR = 1,   /* HF "linear" (position interpolation) */
+    ROPE_JIT_ROPE_TYPE_DYNAMIC = 2,  /* HF "dynamic" (dynamic NTK) */
+    ROPE_JIT_ROPE_TYPE_YARN = 3,     /* HF "yarn" */
+    ROPE_JIT_ROPE_TYPE_LLAMA3 = 4,   /* HF "llama3" (Llama 3.1+) */
+    ROPE_JIT_ROPE_TYPE_LONGROPE = 5, /* HF "longrope" (Phi-3) */
+    ROPE_JIT_ROPE_TYPE_LANG = 6,     /* rotary-embedding-torch freqs_for="lang" */
+    ROPE_JIT_ROPE_TYPE_PIXEL = 7,    /* rotary-embedding-torch freqs_for="pixel" */
+    ROPE_JIT_ROPE_TYPE_CONSTANT = 8  /* rotary-embedding-torch freqs_for="constant" */
+} rope_jit_rope_type;
+
+typedef struct rope_jit_freq_config {
+    /* sizeof(rope_jit_freq_config) as the caller compiled it. Set by rope_jit_freq_config_init. */
+    size_t struct_size;
+    /* The recipe. Default ROPE_JIT_ROPE_TYPE_DEFAULT. */
+    rope_jit_rope_type rope_type;
+    /* R: the rotated features (HF `dim`, rotary-embedding-torch `dim`). Even and > 0, except
+     * for CONSTANT, which ignores it. Default 0 (must be set). */
+    int32_t rotary_dim;
+    /* The base (HF rope_theta, rotary-embedding-torch theta). > 0; YARN also needs != 1.
+     * Default 10000. */
+    double theta;
+    /* The scaling factor of LINEAR, DYNAMIC, YARN, LLAMA3 (required, > 0) and LONGROPE
+     * (optional). Default 0 = unset. */
+    double factor;
+    /* HF max_position_embeddings (DYNAMIC: required; YARN, LONGROPE: see "unset" above).
+     * Default 0 = unset. */
+    int64_t max_position_embeddings;
+    /* HF original_max_position_embeddings O (LLAMA3: required; YARN, LONGROPE: optional).
+     * Default 0 = unset. */
+    int64_t original_max_position_embeddings;
+    /* The current sequence length (DYNAMIC, LONGROPE), as HF's `seq_len` argument; 0
+     * (default) = none (DYNAMIC then uses max_position_embeddings, LONGROPE short_factor). */
+    int64_t seq_len;
+    /* YARN, LONGROPE: the attention factor to report; 0 (default) = derive it (see above). */
+    double attention_factor;
+    /* YARN: rotations bounding the ramp. 0 = the default, as in HF. Defaults 32 and 1. */
+    double beta_fast;
+    double beta_slow;
+    /* YARN: DeepSeek's mscale and mscale_all_dim; 0 (default) = unset. */
+    double mscale;
+    double mscale_all_dim;
+    /* YARN: 1 (default) rounds the ramp bounds outward (floor/ceil); 0 keeps them real. */
+    int truncate;
+    /* LLAMA3: default 1 and 4 (Llama 3.1's values). high_freq_factor > low_freq_factor > 0. */
+    double low_freq_factor;
+    double high_freq_factor;
+    /* LONGROPE: the per-pair rescale factors [R/2], host memory, read during the call only.
+     * Both required for LONGROPE, each element > 0. Default NULL. */
+    const float* short_factor;
+    const float* long_factor;
+    /* LANG: NTK-aware rescale of theta (see above). Default 1 (none). */
+    double theta_rescale_factor;
+    /* PIXEL: the highest frequency, as rotary-embedding-torch's max_freq. Default 10. */
+    double max_freq;
+    /* CONSTANT: the number of frequencies. Default 1. */
+    int32_t num_freqs;
+} rope_jit_freq_config;
+
+/* Fills *config with the defaults above and sets struct_size. NULL is ignored. */
+ROPE_JIT_API void rope_jit_freq_config_init(rope_jit_freq_config* config);
+
+/* Computes the inverse frequencies of *config into inv_freq[0..n) (float32, host memory) and,
+ * when attention_factor is not NULL, the attention factor (the `attention_scaling` HF
+ * multiplies cos and sin by) into *attention_factor. n must be rotary_dim / 2 (num_freqs for
+ * CONSTANT). Fails with ERROR_INVALID_ARGUMENT, naming the field, on a bad config or size;
+ * the outputs are then untouched. Thread-safe. */
+ROPE_JIT_API rope_jit_status rope_jit_inv_freq(const rope_jit_freq_config* config, float* inv_freq, size_t n,
+                                               float* attention_factor);
+
+/* How rope_jit_rope_tables lays out positions and values. Row r of every table holds, for
+ * each pair i (n = num_freqs pairs):
+ *
+ *     t       = position of pair i at row r, divided by interpolate_factor
+ *     cos     = attention_factor * cos(t * inv_freq[i])
+ *     sin     = attention_factor * sin(t * inv_freq[i])
+ *     xpos    = ((2i + 0.4 R) / (1.4 R)) ^ ((t - xpos_center) / xpos_scale_base),  R = 2n
+ *
+ * where the position is position_start + r, or positions[axis(i) * P + r] when positions
+ * is given (axis(i) = 0 without sections; P = the tables' rows). Each table is [P, n] (half:
+ * column i) or [P, 2n] (full: pair i in columns i and i + n for STYLE_HALF, as HF's
+ * cat(freqs, freqs); in columns 2i and 2i + 1 for STYLE_INTERLEAVED, as
+ * rotary-embedding-torch's repeat), which is exactly what rope_jit_rope_args reads. */
+typedef struct rope_jit_table_config {
+    /* sizeof(rope_jit_table_config) as the caller compiled it. Set by rope_jit_table_config_init. */
+    size_t struct_size;
+    /* The inverse frequencies [num_freqs], host memory, read during the call only. Required. */
+    const float* inv_freq;
+    /* n: pairs per row. Required (> 0). */
+    size_t num_freqs;
+    /* Position of row 0 when `positions` is NULL (row r: position_start + r). Default 0. */
+    double position_start;
+    /* Explicit positions, host memory, or NULL (default): [A, P] row-major float64, where A is
+     * num_mrope_sections (1 without sections) and P the tables' rows. Float positions cover
+     * rotary-embedding-torch's pixel grids (torch.linspace(-1, 1, steps)). */
+    const double* positions;
+    /* Positions are divided by it (rotary-embedding-torch interpolate_factor; HF linear scaling
+     * is the same thing folded into inv_freq). > 0. Default 1. */
+    double interpolate_factor;
+    /* Multiplies cos and sin (HF attention_scaling from rope_jit_inv_freq). Default 1. */
+    double attention_factor;
+    /* Column layout of full tables. Default ROPE_JIT_STYLE_HALF. */
+    rope_jit_style style;
+    /* Axial tables: the split of the n pairs into position axes, as in rope_jit_rope_args
+     * (mrope_sections, num_mrope_sections, mrope_interleaved). Default NULL, 0, 0. With
+     * sections, pair i reads axis axis(i) of `positions` (every axis reads position_start + r
+     * when positions is NULL). rotary-embedding-torch's get_axial_freqs(d0, d1, ...) is the
+     * table with one row per grid cell, equal sections and inv_freq repeated per axis. */
+    const int32_t* mrope_sections;
+    int32_t num_mrope_sections;
+    int mrope_interleaved;
+    /* 1: round t and t * inv_freq[i] to float32 before taking cos/sin, as PyTorch-based
+     * references do (HF, rotary-embedding-torch), to reproduce their tables to the last bits
+     * at large angles; 0 (default): exact float64 angles. */
+    int float32_angles;
+    /* xPos: the decay length (rotary-embedding-torch xpos_scale_base). > 0. Default 512. */
+    double xpos_scale_base;
+    /* xPos: the position whose scale is 1. rotary-embedding-torch uses seq_len // 2 for a table
+     * of seq_len rows from position 0 (before interpolate_factor divides t). Default 0. */
+    double xpos_center;
+} rope_jit_table_config;
+
+/* Fills *config with the defaults above and sets struct_size. NULL is ignored. */
+ROPE_JIT_API void rope_jit_table_config_init(rope_jit_table_config* config);
+
+/* Fills the tables of *config: cos, sin and xpos_scale, each optional (NULL) but not all
+ * three. Each is a 2-D [P, n] or [P, 2n] tensor in host-accessible memory (kDLCPU,
+ * kDLCUDAHost or kDLCUDAManaged; copy to the GPU yourself), float32, float16 or bfloat16,
+ * any strides; all given tables have the same P (P = 0 is a no-op). Values are computed in
+ * float64 and rounded to float32 (then to float16/bfloat16 for those tables, as a float32
+ * table converted with PyTorch's .to() would be). Fails with ERROR_INVALID_ARGUMENT
+ * (naming the argument) on bad input, writing nothing. Thread-safe. */
+ROPE_JIT_API rope_jit_status rope_jit_rope_tables(const rope_jit_table_config* config, const DLTensor* cos,
+                                                  const DLTensor* sin, const DLTensor* xpos_scale);
+
+/* ========================================================================================
+ * Diagnostics and cache maintenance (what rope-jit-cache uses)
+ *
+ * The disk cache lives under one root directory (rope_jit_config.cache_dir):
+ *   <root>/v<format>/nvrtc<MAJOR.MINOR>/<target>/<2 hex>/<key>.cubin (or .ptx)
+ * Each file is one kernel with a checked header. Writers publish files by rename, readers
+ * never lock, and a damaged file is set aside and recompiled, so the functions below may run
+ * while other processes use the same cache.
+ * ======================================================================================== */
+
+/* Sets *version to "MAJOR.MINOR" of the NVRTC library kernels are compiled with ("13.0";
+ * static storage), loading NVRTC on the first call. Fails with ERROR_BACKEND_UNAVAILABLE
+ * when no usable NVRTC is found (rope_jit_last_error() lists every library tried); *version
+ * is then "". ERROR_INVALID_ARGUMENT for a NULL version. */
+ROPE_JIT_API rope_jit_status rope_jit_nvrtc_version(const char** version);
+
+/* One CUDA device as the runtime sees it. */
+typedef struct rope_jit_device_info {
+    /* sizeof(rope_jit_device_info) as the caller compiled it. Set by rope_jit_device_info_init. */
+    size_t struct_size;
+    /* The device's name ("NVIDIA H200"), NUL-terminated, cut to fit. */
+    char name[256];
+    /* The compile target of the device ("sm_90"), NUL-terminated: what rope_jit_prewarm
+     * compiles for when asked for this device's architecture. */
+    char target[32];
+} rope_jit_device_info;
+
+/* Zeroes *info and sets struct_size. NULL is ignored. */
+ROPE_JIT_API void rope_jit_device_info_init(rope_jit_device_info* info);
+
+/* The number of CUDA devices the runtime launches on: 0 on the CPU backend and for NULL. */
+ROPE_JIT_API int rope_jit_device_count(const rope_jit_runtime* runtime);
+
+/* Fills *info (up to info->struct_size bytes) for device `ordinal` in [0, count). Fails with
+ * ERROR_INVALID_ARGUMENT for a NULL runtime or info, an uninitialized info, or an ordinal out
+ * of range (any ordinal on the CPU backend). */
+ROPE_JIT_API rope_jit_status rope_jit_device_describe(const rope_jit_runtime* runtime, int ordinal,
+                                                      rope_jit_device_info* info);
+
+/* The root directory of the runtime's disk cache, as configured (rope_jit_config.cache_dir,
+ * else the default, which may not exist yet); "" when the runtime keeps kernels in memory
+ * only (disk_cache = 0, or no directory could be derived) and for NULL. Owned by the
+ * runtime, valid until it is freed. */
+ROPE_JIT_API const char* rope_jit_cache_root(const rope_jit_runtime* runtime);
+
+/* Checks that the runtime can write its disk cache, creating the root and <root>/v1 (mode
+ * 0700) when they are missing: both must be directories owned by this user, not
+ * world-writable without the sticky bit (others could plant kernels), and writable.
+ * ROPE_JIT_OK when so; ERROR_CACHE when not, or when the runtime has no disk cache, with the
+ * reason in rope_jit_last_error(). A runtime whose cache fails this check still works: it
+ * keeps kernels in memory and warns once. ERROR_INVALID_ARGUMENT for NULL. */
+ROPE_JIT_API rope_jit_status rope_jit_cache_check(const rope_jit_runtime* runtime);
+
+/* What a path found in the cache is. */
+typedef enum rope_jit_cache_item_state {
+    /* A valid entry that this library loads. */
+    ROPE_JIT_CACHE_ITEM_OK = 0,
+    /* A valid entry that this library never loads: built by another NVRTC version, in
+     * another cache format (a whole "v<N>" directory is one item), or by another rope-jit
+     * build whose templates or compile options differ. Dead weight after an upgrade. */
+    ROPE_JIT_CACHE_ITEM_STALE = 1,
+    /* Placed like an entry but fails a check (truncated, checksum, key echo, empty, not a
+     * regular file...). A call that needs it sets it aside with a warning and recompiles. */
+    ROPE_JIT_CACHE_ITEM_DAMAGED = 2,
+    /* A temp file: a write in progress, or one that a killed process left behind. */
+    ROPE_JIT_CACHE_ITEM_TEMP = 3,
+    /* A damaged entry that an earlier call renamed out of the way ("<entry>.bad-<pid>-<n>"). */
+    ROPE_JIT_CACHE_ITEM_SET_ASIDE = 4,
+    /* A file or directory in the cache's directories that is not part of its layout. */
+    ROPE_JIT_CACHE_ITEM_STRAY = 5
+} rope_jit_cache_item_state;
+
+/* One item of the cache, as rope_jit_cache_walk reports it. Every string is NUL-terminated,
+ * never NULL, and valid only during the visitor call that receives the item. */
+typedef struct rope_jit_cache_item {
+    size_t struct_size; /* sizeof(rope_jit_cache_item) of this library */
+    rope_jit_cache_item_state state;
+    const char* path;          /* the file or directory, starting with the cache root */
+    const char* problem;       /* why it is not OK, one line; "" when OK */
+    const char* key;           /* 64 hex chars, from the file name; "" when not entry-shaped */
+    const char* nvrtc_version; /* "13.0", from the path; "" when not entry-shaped */
+    const char* target;        /* "sm_90", from the path; "" when not entry-shaped */
+    const char* kind;          /* "cubin" or "ptx"; "" when not entry-shaped */
+    const char* spec_json;     /* the kernel spec stored in the entry (OK and STALE); else "" */
+    const char* spec;          /* that spec in a few words ("rope bf16 fwd D128 ..."); or "" */
+    uint64_t bytes;            /* size on disk; a directory counts every file below it */
+    uint64_t payload_bytes;    /* the cubin or PTX inside an OK or STALE entry; else 0 */
+    int64_t modified;          /* last modification, seconds since the Unix epoch */
+    int64_t accessed;          /* the later of last access and modification (how recent the
+                                * access time is depends on the file system's atime policy) */
+} rope_jit_cache_item;
+
+/* Called once per item; returns 0 to go on, anything else to stop the walk. */
+typedef int (*rope_jit_cache_visitor)(const rope_jit_cache_item* item, void* user_data);
+
+/* Calls visitor(item, user_data) for every item under the runtime's cache root, in path
+ * order: the entries of the current format with their state judged against this library
+ * (files of other NVRTC versions included), each other "v<N>" directory as one STALE item,
+ * temp files and anything else inside those directories. Files of the root outside "v<N>"
+ * directories are not the cache's and are not reported. Reads only; changes nothing. Without
+ * NVRTC the NVRTC version and key of an entry cannot be judged, and valid entries are
+ * reported OK. A missing root has no items (ROPE_JIT_OK). Fails with ERROR_INVALID_ARGUMENT
+ * for a NULL runtime or visitor, ERROR_CACHE when the runtime has no disk cache. */
+ROPE_JIT_API rope_jit_status rope_jit_cache_walk(const rope_jit_runtime* runtime, rope_jit_cache_visitor visitor,
+                                                 void* user_data);
+
+/* Removes one item that rope_jit_cache_walk reported (its `path`): a file, or a directory
+ * with everything in it (symbolic links are removed, never followed). Safe while other
+ * processes use the cache: at worst one of them recompiles a kernel. An item that is already
+ * gone counts as removed. Fails with ERROR_INVALID_ARGUMENT for a path that is not inside a
+ * "v<N>" directory of the cache root or has ".", ".." or a symbolic link on the way, and with
+ * ERROR_CACHE when the root is not writable by this user (see rope_jit_cache_check), the
+ * runtime has no disk cache, or the removal fails. */
+ROPE_JIT_API rope_jit_status rope_jit_cache_remove(const rope_jit_runtime* runtime, const char* path);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -1,0 +1,220 @@
+// libFuzzer target: rope_jit_rope's argument checks on the CPU backend. The input decides
+// which tensors are present and each one's dtype, device, rank, shape, strides, byte offset,
+// place in one shared arena (so views overlap) and contents (so positions and cu_seqlens hold
+// anything), plus every scalar argument. Whatever it decides, the call must return a status,
+// never crash, and never touch memory outside the views it was given: every view lies inside
+// the arena, which ASan guards, unless its extent cannot even be represented, which the
+// library must reject without reading.
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include <dlpack/dlpack.h>
+
+#include "rope_jit/rope_jit.h"
+
+namespace {
+
+// Bigger than any view the harness accepts, so every valid view fits somewhere.
+constexpr size_t kArenaBytes = size_t(1) << 20;
+// Views with more elements than this are skipped: the CPU backend would take too long.
+constexpr int64_t kMaxElements = int64_t(1) << 15;
+
+class Input {
+public:
+    Input(const uint8_t* data, size_t size) : data_(data), size_(size) {}
+    uint8_t byte() { return at_ < size_ ? data_[at_++] : 0; }
+    template <size_t N, typename T>
+    T pick(const T (&table)[N]) { return table[byte() % N]; }
+    int64_t i64() {
+        uint64_t v = 0;
+        for (int i = 0; i < 8; ++i) v = (v << 8) | byte();
+        return int64_t(v);
+    }
+    bool empty() const { return at_ >= size_; }
+    // The remaining input, cycled, as filler for tensor contents.
+    uint8_t filler(size_t i) const { return size_ ? data_[(at_ + i) % size_] : 0; }
+
+private:
+    const uint8_t* data_;
+    size_t size_;
+    size_t at_ = 0;
+};
+
+const DLDataType kDtypes[] = {
+    {kDLFloat, 32, 1}, {kDLFloat, 16, 1}, {kDLBfloat, 16, 1}, {kDLInt, 32, 1}, {kDLInt, 64, 1},
+    {kDLFloat, 32, 1}, {kDLBfloat, 16, 1}, {kDLUInt, 8, 1},   {kDLFloat, 64, 1}, {kDLFloat, 32, 2},
+    {kDLInt, 16, 1},   {200, 32, 1},       {6, 8, 1},   {kDLFloat, 0, 1},  {kDLFloat, 32, 0}};
+const DLDeviceType kDevices[] = {kDLCPU, kDLCPU, kDLCPU, kDLCPU, kDLCPU, kDLCUDAHost, kDLCUDA, kDLROCM};
+const int64_t kDims[] = {1, 2, 3, 4, 8, 16, 5, 2, 1, 0, 32, 64, 7, -1, int64_t(1) << 31,
+                         std::numeric_limits<int64_t>::max()};
+const int64_t kStrides[] = {1, 0, -1, 2, 64, -64, 3, 4096, int64_t(1) << 40, std::numeric_limits<int64_t>::min()};
+
+size_t element_bytes(const DLDataType& dtype) { return dtype.bits >= 8 ? size_t(dtype.bits / 8) * dtype.lanes : 1; }
+
+struct Built {
+    DLTensor tensor{};
+    int64_t shape[6]{};
+    int64_t strides[6]{};
+    bool present = false;
+};
+
+// Element offsets [low, high] a view reaches. False when they, the element count or the byte
+// extent overflow int64 (no memory can back such a view); *oversized when it has more than
+// kMaxElements elements.
+bool reach(const Built& b, int64_t* low, int64_t* high, bool* oversized) {
+    *low = *high = 0;
+    *oversized = false;
+    int64_t lo = 0, hi = 0, count = 1;
+    bool overflow = false;
+    for (int i = 0; i < b.tensor.ndim; ++i)
+        if (b.shape[i] <= 0) return true;  // no elements (or a negative dim the library must reject)
+    for (int i = 0; i < b.tensor.ndim; ++i) {
+        const int64_t dim = b.shape[i];
+        overflow |= __builtin_mul_overflow(count, dim, &count);
+        int64_t step = 0;
+        overflow |= __builtin_mul_overflow(b.tensor.strides ? b.strides[i] : 0, dim - 1, &step);
+        overflow |= __builtin_add_overflow(step < 0 ? lo : hi, step, step < 0 ? &lo : &hi);
+    }
+    if (overflow) return false;
+    if (!b.tensor.strides) hi = count - 1;  // C-contiguous
+    int64_t elements = 0, bytes = 0;
+    overflow |= __builtin_sub_overflow(hi, lo, &elements);
+    overflow |= __builtin_add_overflow(elements, 1, &elements);
+    overflow |= __builtin_mul_overflow(elements, int64_t(element_bytes(b.tensor.dtype)), &bytes);
+    if (overflow) return false;
+    *oversized = count > kMaxElements;
+    *low = lo;
+    *high = hi;
+    return true;
+}
+
+// Builds one tensor from the input inside the arena. Returns false when the input describes
+// a view the harness cannot back with memory (the whole input is then skipped).
+bool build(Input& in, Built& b, char* arena) {
+    b.present = in.byte() % 3 != 0;
+    if (!b.present) return true;
+    DLTensor& t = b.tensor;
+    t.dtype = in.pick(kDtypes);
+    t.device = {in.pick(kDevices), in.byte() % 4 == 0 ? 1 : 0};
+    t.ndim = in.byte() % 7 - (in.byte() % 9 == 0 ? 1 : 0);  // -1 .. 6
+    const int dims = t.ndim > 0 ? (t.ndim < 6 ? t.ndim : 6) : 0;
+    for (int i = 0; i < dims; ++i) b.shape[i] = in.pick(kDims);
+    const bool strided = in.byte() % 2 == 0;
+    for (int i = 0; i < dims; ++i) b.strides[i] = in.pick(kStrides);
+    t.shape = in.byte() % 16 == 0 ? nullptr : b.shape;
+    t.strides = strided ? b.strides : nullptr;
+
+    int64_t low = 0, high = 0;
+    bool oversized = false;
+    const bool representable = t.shape == nullptr || reach(b, &low, &high, &oversized);
+    if (oversized) return false;
+    const size_t size = element_bytes(t.dtype);
+    const int64_t span = (high - low + 1) * int64_t(size);
+    if (!representable) {
+        // No memory could back this view: the library must reject it before reading.
+        t.data = arena + kArenaBytes / 2;
+        return true;
+    }
+    if (span > int64_t(kArenaBytes) / 2) return false;  // valid, but too big for the arena
+    // Place the view's lowest element at a chosen spot, sometimes misaligned by byte_offset.
+    const size_t slot = (size_t(in.byte()) * 4096 + size_t(in.byte()) * 16) % (kArenaBytes / 2);
+    t.byte_offset = in.byte() % 8 == 0 ? in.byte() % 8 : 0;
+    t.data = in.byte() % 32 == 0 ? nullptr : arena + slot - low * int64_t(size);
+    // Contents: raw input bytes, or small non-negative integers that make valid positions.
+    const bool small = in.byte() % 2 == 0;
+    char* first = arena + slot + t.byte_offset;
+    for (size_t i = 0; i < size_t(span); ++i)
+        first[i] = char(small ? ((i % size) == 0 ? in.filler(i) % 16 : 0) : in.filler(i));
+    return true;
+}
+
+// With ROPE_JIT_FUZZ_VERBOSE set, prints each call's arguments (to reproduce a finding).
+void describe(const char* name, const DLTensor* t) {
+    if (t == nullptr) return;
+    std::fprintf(stderr, "  %s: dtype %d/%d/%d device %d ndim %d byte_offset %llu data %p shape", name, t->dtype.code,
+                 t->dtype.bits, t->dtype.lanes, int(t->device.device_type), t->ndim,
+                 static_cast<unsigned long long>(t->byte_offset), t->data);
+    for (int i = 0; t->shape && i < t->ndim && i < 6; ++i) std::fprintf(stderr, " %lld", static_cast<long long>(t->shape[i]));
+    std::fprintf(stderr, " strides");
+    for (int i = 0; t->strides && i < t->ndim && i < 6; ++i)
+        std::fprintf(stderr, " %lld", static_cast<long long>(t->strides[i]));
+    std::fprintf(stderr, "\n");
+}
+
+rope_jit_runtime* cpu_runtime() {
+    static rope_jit_runtime* runtime = [] {
+        rope_jit_config config;
+        rope_jit_config_init(&config);
+        config.backend = ROPE_JIT_BACKEND_CPU;
+        config.disk_cache = 0;
+        config.cpu_threads = 1;
+        rope_jit_runtime* created = nullptr;
+        if (rope_jit_runtime_create(&config, &created) != ROPE_JIT_OK) __builtin_trap();
+        return created;
+    }();
+    return runtime;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+    static std::vector<char> arena(kArenaBytes + 64);
+    char* base = arena.data() + (64 - reinterpret_cast<uintptr_t>(arena.data()) % 64) % 64;
+    Input in(data, size);
+
+    enum { Q, K, Q_OUT, K_OUT, COS, SIN, INV_FREQ, POSITIONS, SEQLEN_OFFSETS, CU_SEQLENS, XPOS, COUNT };
+    Built tensors[COUNT];
+    for (Built& b : tensors)
+        if (!build(in, b, base)) return 0;
+
+    rope_jit_rope_args args;
+    rope_jit_rope_args_init(&args);
+    auto view = [&](int slot) -> const DLTensor* {
+        return tensors[slot].present ? &tensors[slot].tensor : nullptr;
+    };
+    args.q = view(Q);
+    args.k = view(K);
+    // Outputs: absent (in place), their own view, or the very input view.
+    const uint8_t aliasing = in.byte();
+    args.q_out = aliasing % 3 == 0 ? args.q : view(Q_OUT);
+    args.k_out = aliasing / 3 % 3 == 0 ? args.k : view(K_OUT);
+    args.cos = view(COS);
+    args.sin = in.byte() % 4 == 0 ? args.cos : view(SIN);
+    args.inv_freq = view(INV_FREQ);
+    args.positions = view(POSITIONS);
+    args.seqlen_offsets = view(SEQLEN_OFFSETS);
+    args.cu_seqlens = view(CU_SEQLENS);
+    args.xpos_scale = view(XPOS);
+    args.position_offset = in.byte() % 4 == 0 ? in.i64() : in.byte() % 8;
+    args.q_position_offset = in.byte() % 4 == 0 ? in.i64() : in.byte() % 8;
+    args.rotary_dim = int32_t(in.byte() % 4 == 0 ? in.i64() : in.byte() % 70);
+    args.rotary_offset = int32_t(in.byte() % 8 == 0 ? in.i64() : in.byte() % 8);
+    // Any int, as a C caller may pass; stored bytewise since C++ forbids such enum values.
+    const int style = in.byte() % 8 == 0 ? int(in.byte()) : in.byte() % 2;
+    std::memcpy(&args.style, &style, sizeof style);
+    args.backward = in.byte() % 2;
+    if (in.byte() % 64 == 0) args.struct_size = size_t(in.byte());
+
+    static const bool verbose = std::getenv("ROPE_JIT_FUZZ_VERBOSE") != nullptr;
+    if (verbose) {
+        std::fprintf(stderr, "rope_jit_rope: position_offset %lld q_position_offset %lld rotary_dim %d offset %d "
+                     "style %d backward %d struct_size %zu\n",
+                     static_cast<long long>(args.position_offset), static_cast<long long>(args.q_position_offset),
+                     args.rotary_dim, args.rotary_offset, style, args.backward, args.struct_size);
+        const char* names[] = {"q", "k", "q_out", "k_out", "cos", "sin", "inv_freq", "positions", "seqlen_offsets",
+                               "cu_seqlens", "xpos_scale"};
+        const DLTensor* views[] = {args.q, args.k, args.q_out, args.k_out, args.cos, args.sin, args.inv_freq,
+                                   args.positions, args.seqlen_offsets, args.cu_seqlens, args.xpos_scale};
+        for (int i = 0; i < COUNT; ++i) describe(names[i], views[i]);
+    }
+    rope_jit_status status = rope_jit_rope(cpu_runtime(), &args);
+    if (verbose) std::fprintf(stderr, "-> %s: %s\n", rope_jit_status_name(status), rope_jit_last_error());
+    // A failure must come with a message naming what was wrong.
+    if (status != ROPE_JIT_OK && rope_jit_last_error()[0] == '\0') __builtin_trap();
+    return 0;
+}

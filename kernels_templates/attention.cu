@@ -1,0 +1,1379 @@
+// Attention with rotary embeddings fused in (the flash_attn_with_rotary contract): the forward
+// and the two kernels of the backward. The runtime prepends constexpr specialization constants
+// (src/attention_spec.cpp, AttentionSpec::preamble) and compiles this file with NVRTC, without
+// any CUDA toolkit header. The constants:
+//   KIND                      0 forward, 1 backward dq, 2 backward dk/dv
+//   DTYPE, TABLE_DTYPE        0 float32, 1 float16, 2 bfloat16 (q/k/v/out/grads; cos/sin)
+//   HEAD_DIM, ROTARY_DIM      features; the first ROTARY_DIM rotate (0: no rotation)
+//   INTERLEAVED, TABLE_FULL   pairs (2i, 2i+1) else (i, i + R/2); tables [P, R] vs [P, R/2]
+//   HAS_POS_MASK              tokens without a position score unrotated (see rope_jit.h)
+//   MASK_KIND, MASK_DTYPE     attn_mask: 0 none, 1 bool (uint8), 2 additive (of MASK_DTYPE)
+//   CAUSAL, GQA_GROUP         top-left causal mask; Hq = GQA_GROUP * Hk
+//   WRITE_LSE                 the forward writes the log-sum-exp
+//   TENSOR_CORES              1: mma.sync (16-bit dtypes, sm_80+); 0: one warp per row
+//   TABLE_ASYNC               tables are staged with cp.async (aligned, unit column stride)
+//   WARPS, M_TILES, BLOCK_N   warps per block, 16-row tiles each warp owns; streamed tile rows
+//   COMPUTE_DK, COMPUTE_DV    which gradients a dk/dv kernel accumulates
+//
+// Scores are computed in base 2: s = (q . k) * scale * log2(e) + bias * log2(e), so the
+// softmax uses exp2. A query that sees no key gets out = 0 and lse = -inf; the backward reads
+// that lse as "P = 0" for the whole row.
+//
+// Tensor-core kernels (FlashAttention-2 style): a block keeps 16 * WARPS rows resident in
+// shared memory (queries for the forward and dq, keys and values for dk/dv), each warp owning
+// 16 of them, and streams tiles of BLOCK_N rows of the other side. A streamed tile of keys
+// (or queries) arrives raw through cp.async into a staging buffer, with the table rows of its
+// tokens, one tile ahead; between tiles every thread rotates a few 16-byte chunks of it in
+// registers into the buffer the tensor cores read. Rotated q and k exist only in shared memory.
+
+#include "attention_params.h"
+
+namespace {
+
+constexpr bool ROTATE = ROTARY_DIM > 0;
+constexpr int HALF_R = ROTARY_DIM / 2;
+constexpr int THREADS = WARPS * 32;
+constexpr float LOG2E = 1.4426950408889634f;
+constexpr float LN2 = 0.6931471805599453f;
+constexpr unsigned FULL_MASK = 0xffffffffu;
+
+__device__ __forceinline__ float pos_inf() { return __int_as_float(0x7f800000); }
+__device__ __forceinline__ float neg_inf() { return -pos_inf(); }
+
+// ---- element types ------------------------------------------------------------------------
+
+template <int DT> struct StorageOf { using type = unsigned short; };
+template <> struct StorageOf<0> { using type = float; };
+using T = typename StorageOf<DTYPE>::type;
+
+template <int DT>
+__device__ __forceinline__ float load_float(const void* base, long long index) {
+    if constexpr (DT == 0) {
+        return static_cast<const float*>(base)[index];
+    } else {
+        const unsigned short bits = static_cast<const unsigned short*>(base)[index];
+        if constexpr (DT == 1) {
+            float f;
+            asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(bits));
+            return f;
+        } else {
+            return __uint_as_float(static_cast<unsigned>(bits) << 16);
+        }
+    }
+}
+
+// Round to nearest even, NaN kept a (quiet) NaN; written out so it needs no sm_80.
+__device__ __forceinline__ unsigned short float_to_bf16_bits(float v) {
+    unsigned bits = __float_as_uint(v);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<unsigned short>((bits >> 16) | 0x40u);
+    bits += 0x7fffu + ((bits >> 16) & 1u);
+    return static_cast<unsigned short>(bits >> 16);
+}
+
+template <int DT>
+__device__ __forceinline__ void store_float(void* base, long long index, float v) {
+    if constexpr (DT == 0) {
+        static_cast<float*>(base)[index] = v;
+    } else if constexpr (DT == 1) {
+        unsigned short h;
+        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
+        static_cast<unsigned short*>(base)[index] = h;
+    } else {
+        static_cast<unsigned short*>(base)[index] = float_to_bf16_bits(v);
+    }
+}
+
+__device__ __forceinline__ float exp2_approx(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(FULL_MASK, v, offset);
+    return v;
+}
+
+// ---- tokens: positions, angles, masks -------------------------------------------------------
+
+__device__ __forceinline__ bool positioned(const AttentionKernelParams& p, long long b, long long s) {
+    if constexpr (!HAS_POS_MASK) return true;
+    else return p.pos_mask[b * p.pos_mask_stride[0] + s * p.pos_mask_stride[1]] != 0;
+}
+
+__device__ __forceinline__ int table_column(int pair) { return TABLE_FULL && INTERLEAVED ? 2 * pair : pair; }
+
+// cos and sin of pair `pair` at table row `row`, from the tables in global memory.
+__device__ __forceinline__ void table_angle(const AttentionKernelParams& p, long long row, int pair, float* c,
+                                            float* s) {
+    const long long col = table_column(pair);
+    *c = load_float<TABLE_DTYPE>(p.cos, row * p.cos_stride[0] + col * p.cos_stride[1]);
+    *s = load_float<TABLE_DTYPE>(p.sin, row * p.sin_stride[0] + col * p.sin_stride[1]);
+}
+
+// The attn_mask term of score (i, j) in base 2: 0, the additive value, or -inf (masked out).
+// Requires i < Sq and j < Sk.
+__device__ __forceinline__ float mask_bias(const AttentionKernelParams& p, long long b, long long i, long long j) {
+    if constexpr (MASK_KIND == 0) {
+        return 0.f;
+    } else {
+        const long long at = b * p.mask_stride[0] + i * p.mask_stride[1] + j * p.mask_stride[2];
+        if constexpr (MASK_KIND == 1) return static_cast<const unsigned char*>(p.attn_mask)[at] ? 0.f : neg_inf();
+        else return load_float<MASK_DTYPE>(p.attn_mask, at) * LOG2E;
+    }
+}
+
+// Pair partner and sign of feature d < ROTARY_DIM: rotated x[d] = x[d]*c + sign*x[partner]*s.
+__device__ __forceinline__ void pair_of(int d, int* pair, int* partner, float* sign) {
+    if constexpr (INTERLEAVED) {
+        *pair = d >> 1;
+        *partner = d ^ 1;
+        *sign = (d & 1) ? 1.f : -1.f;
+    } else {
+        const bool first = d < HALF_R;
+        *pair = first ? d : d - HALF_R;
+        *partner = first ? d + HALF_R : d - HALF_R;
+        *sign = first ? -1.f : 1.f;
+    }
+}
+
+__device__ __forceinline__ const T* head_row(const void* base, const long long* stride, long long b, long long h,
+                                             long long s) {
+    return static_cast<const T*>(base) + b * stride[0] + h * stride[1] + s * stride[2];
+}
+
+__device__ __forceinline__ T* head_row_out(void* base, const long long* stride, long long b, long long h,
+                                           long long s) {
+    return static_cast<T*>(base) + b * stride[0] + h * stride[1] + s * stride[2];
+}
+
+// ============================================================================================
+// CUDA-core kernels: one warp per query row (forward, dq) or key row (dk/dv); lane L owns
+// features L, L + 32, ... For float32 inputs, and any case the tensor-core kernels do not take.
+// ============================================================================================
+
+namespace simt {
+
+constexpr int U = (HEAD_DIM + 31) / 32;  // features per lane
+
+// Feature d (< HEAD_DIM) of head vector x at token `row`, rotated when `rotate`.
+__device__ __forceinline__ float feature(const AttentionKernelParams& p, const T* x, long long ds, int d,
+                                         long long row, bool rotate) {
+    const float v = load_float<DTYPE>(x, d * ds);
+    if constexpr (!ROTATE) {
+        return v;
+    } else {
+        if (!rotate || d >= ROTARY_DIM) return v;
+        int pair, partner;
+        float sign, c, s;
+        pair_of(d, &pair, &partner, &sign);
+        table_angle(p, row, pair, &c, &s);
+        return v * c + sign * load_float<DTYPE>(x, partner * ds) * s;
+    }
+}
+
+// Applies the transposed rotation of table row `row` to the lane-distributed vector g, through
+// the warp's scratch (partners live in other lanes). Warp-uniform.
+__device__ void rotate_back(const AttentionKernelParams& p, float (&g)[U], long long row, float* scratch, int lane) {
+    if constexpr (ROTATE) {
+        __syncwarp();
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int d = lane + 32 * u;
+            if (d < HEAD_DIM) scratch[d] = g[u];
+        }
+        __syncwarp();
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int d = lane + 32 * u;
+            if (d < ROTARY_DIM) {
+                int pair, partner;
+                float sign, c, s;
+                pair_of(d, &pair, &partner, &sign);
+                table_angle(p, row, pair, &c, &s);
+                g[u] = scratch[d] * c - sign * scratch[partner] * s;
+            }
+        }
+        __syncwarp();
+    }
+}
+
+__device__ void forward(const AttentionKernelParams& p) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const long long heads = p.batch * p.heads_q;
+    const long long bh = blockIdx.x % heads;
+    const long long i = (blockIdx.x / heads) * WARPS + warp;
+    if (i >= p.seqlen_q) return;
+    const long long b = bh / p.heads_q, h = bh % p.heads_q, hk = h / GQA_GROUP;
+
+    const T* q = head_row(p.q, p.q_stride, b, h, i);
+    const bool q_pos = positioned(p, b, i);
+    float q_rot[U], q_plain[U], o[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int d = lane + 32 * u;
+        q_plain[u] = d < HEAD_DIM ? load_float<DTYPE>(q, d * p.q_stride[3]) : 0.f;
+        q_rot[u] = d < HEAD_DIM ? feature(p, q, p.q_stride[3], d, i, q_pos) : 0.f;
+        o[u] = 0.f;
+    }
+    float m = neg_inf(), l = 0.f;
+    const long long keys = CAUSAL ? (i + 1 < p.seqlen_k ? i + 1 : p.seqlen_k) : p.seqlen_k;
+    for (long long j = 0; j < keys; ++j) {
+        const float bias = mask_bias(p, b, i, j);
+        if (bias == neg_inf()) continue;
+        const T* k = head_row(p.k, p.k_stride, b, hk, j);
+        const T* v = head_row(p.v, p.v_stride, b, hk, j);
+        const bool k_pos = positioned(p, b, j);
+        const bool rotated_pair = !HAS_POS_MASK || q_pos == k_pos;
+        float part = 0.f;
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int d = lane + 32 * u;
+            if (d < HEAD_DIM)
+                part += (rotated_pair ? q_rot[u] : q_plain[u]) * feature(p, k, p.k_stride[3], d, j, rotated_pair && k_pos);
+        }
+        const float s = warp_sum(part) * p.scale_log2 + bias;
+        const float m_new = fmaxf(m, s);
+        const float alpha = exp2_approx(m - m_new), pj = exp2_approx(s - m_new);
+        l = l * alpha + pj;
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int d = lane + 32 * u;
+            o[u] = o[u] * alpha + (d < HEAD_DIM ? pj * load_float<DTYPE>(v, d * p.v_stride[3]) : 0.f);
+        }
+        m = m_new;
+    }
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    T* out = head_row_out(p.out, p.out_stride, b, h, i);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int d = lane + 32 * u;
+        if (d < HEAD_DIM) store_float<DTYPE>(out, d * p.out_stride[3], o[u] * inv);
+    }
+    if (WRITE_LSE && lane == 0)
+        p.lse[b * p.lse_stride[0] + h * p.lse_stride[1] + i * p.lse_stride[2]] =
+            l > 0.f ? (m + __log2f(l)) * LN2 : neg_inf();
+}
+
+__device__ void backward_dq(const AttentionKernelParams& p) {
+    __shared__ float scratch[WARPS][U * 32];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const long long heads = p.batch * p.heads_q;
+    const long long bh = blockIdx.x % heads;
+    const long long i = (blockIdx.x / heads) * WARPS + warp;
+    if (i >= p.seqlen_q) return;
+    const long long b = bh / p.heads_q, h = bh % p.heads_q, hk = h / GQA_GROUP;
+
+    const T* q = head_row(p.q, p.q_stride, b, h, i);
+    const T* out = head_row(p.out, p.out_stride, b, h, i);
+    const T* dout = head_row(p.dout, p.dout_stride, b, h, i);
+    const bool q_pos = positioned(p, b, i);
+    float q_rot[U], q_plain[U], g[U], dq_rot[U], dq_plain[U];
+    float delta = 0.f;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int d = lane + 32 * u;
+        const bool in = d < HEAD_DIM;
+        q_plain[u] = in ? load_float<DTYPE>(q, d * p.q_stride[3]) : 0.f;
+        q_rot[u] = in ? feature(p, q, p.q_stride[3], d, i, q_pos) : 0.f;
+        g[u] = in ? load_float<DTYPE>(dout, d * p.dout_stride[3]) : 0.f;
+        delta += in ? g[u] * load_float<DTYPE>(out, d * p.out_stride[3]) : 0.f;
+        dq_rot[u] = dq_plain[u] = 0.f;
+    }
+    delta = warp_sum(delta);
+    const float lse = p.lse[b * p.lse_stride[0] + h * p.lse_stride[1] + i * p.lse_stride[2]];
+    const long long keys = lse == neg_inf() ? 0 : CAUSAL ? (i + 1 < p.seqlen_k ? i + 1 : p.seqlen_k) : p.seqlen_k;
+    const float L = lse * LOG2E;
+    for (long long j = 0; j < keys; ++j) {
+        const float bias = mask_bias(p, b, i, j);
+        if (bias == neg_inf()) continue;
+        const T* k = head_row(p.k, p.k_stride, b, hk, j);
+        const T* v = head_row(p.v, p.v_stride, b, hk, j);
+        const bool k_pos = positioned(p, b, j);
+        const bool rotated_pair = !HAS_POS_MASK || q_pos == k_pos;
+        float kvec[U];
+        float part = 0.f, dp = 0.f;
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int d = lane + 32 * u;
+            const bool in = d < HEAD_DIM;
+            kvec[u] = in ? feature(p, k, p.k_stride[3], d, j, rotated_pair && k_pos) : 0.f;
+            part += (rotated_pair ? q_rot[u] : q_plain[u]) * kvec[u];
+            dp += in ? g[u] * load_float<DTYPE>(v, d * p.v_stride[3]) : 0.f;
+        }
+        const float s = warp_sum(part) * p.scale_log2 + bias;
+        const float pj = exp2_approx(s - L);
+        const float ds = pj * (warp_sum(dp) - delta);
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            if (rotated_pair) dq_rot[u] += ds * kvec[u];
+            else dq_plain[u] += ds * kvec[u];
+        }
+    }
+    if (q_pos) rotate_back(p, dq_rot, i, scratch[warp], lane);
+    T* dq = head_row_out(p.dq, p.dq_stride, b, h, i);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int d = lane + 32 * u;
+        if (d < HEAD_DIM) store_float<DTYPE>(dq, d * p.dq_stride[3], p.scale * (dq_rot[u] + dq_plain[u]));
+    }
+}
+
+__device__ void backward_dkdv(const AttentionKernelParams& p) {
+    __shared__ float scratch[WARPS][U * 32];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const long long heads = p.batch * p.heads_k;
+    const long long bh = blockIdx.x % heads;
+    const long long j = (blockIdx.x / heads) * WARPS + warp;
+    if (j >= p.seqlen_k) return;
+    const long long b = bh / p.heads_k, hk = bh % p.heads_k;
+
+    const T* k = head_row(p.k, p.k_stride, b, hk, j);
+    const T* v = head_row(p.v, p.v_stride, b, hk, j);
+    const bool k_pos = positioned(p, b, j);
+    float k_rot[U], k_plain[U], vv[U], dk_rot[U], dk_plain[U], dv[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int d = lane + 32 * u;
+        const bool in = d < HEAD_DIM;
+        k_plain[u] = in ? load_float<DTYPE>(k, d * p.k_stride[3]) : 0.f;
+        k_rot[u] = in ? feature(p, k, p.k_stride[3], d, j, k_pos) : 0.f;
+        vv[u] = in ? load_float<DTYPE>(v, d * p.v_stride[3]) : 0.f;
+        dk_rot[u] = dk_plain[u] = dv[u] = 0.f;
+    }
+    for (int g = 0; g < GQA_GROUP; ++g) {
+        const long long h = hk * GQA_GROUP + g;
+        for (long long i = CAUSAL ? j : 0; i < p.seqlen_q; ++i) {
+            const float bias = mask_bias(p, b, i, j);
+            if (bias == neg_inf()) continue;
+            const float lse = p.lse[b * p.lse_stride[0] + h * p.lse_stride[1] + i * p.lse_stride[2]];
+            if (lse == neg_inf()) continue;
+            const T* q = head_row(p.q, p.q_stride, b, h, i);
+            const T* out = head_row(p.out, p.out_stride, b, h, i);
+            const T* dout = head_row(p.dout, p.dout_stride, b, h, i);
+            const bool q_pos = positioned(p, b, i);
+            const bool rotated_pair = !HAS_POS_MASK || q_pos == k_pos;
+            float qvec[U], gvec[U];
+            float part = 0.f, dp = 0.f, delta = 0.f;
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int d = lane + 32 * u;
+                const bool in = d < HEAD_DIM;
+                qvec[u] = in ? feature(p, q, p.q_stride[3], d, i, rotated_pair && q_pos) : 0.f;
+                gvec[u] = in ? load_float<DTYPE>(dout, d * p.dout_stride[3]) : 0.f;
+                part += qvec[u] * (rotated_pair ? k_rot[u] : k_plain[u]);
+                dp += gvec[u] * vv[u];
+                delta += in ? gvec[u] * load_float<DTYPE>(out, d * p.out_stride[3]) : 0.f;
+            }
+            const float s = warp_sum(part) * p.scale_log2 + bias;
+            const float pj = exp2_approx(s - lse * LOG2E);
+            const float ds = pj * (warp_sum(dp) - warp_sum(delta));
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                dv[u] += pj * gvec[u];
+                if (rotated_pair) dk_rot[u] += ds * qvec[u];
+                else dk_plain[u] += ds * qvec[u];
+            }
+        }
+    }
+    if (k_pos) rotate_back(p, dk_rot, j, scratch[warp], lane);
+    T* dk = head_row_out(p.dk, p.dk_stride, b, hk, j);
+    T* dvp = head_row_out(p.dv, p.dv_stride, b, hk, j);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int d = lane + 32 * u;
+        if (d < HEAD_DIM) {
+            store_float<DTYPE>(dk, d * p.dk_stride[3], p.scale * (dk_rot[u] + dk_plain[u]));
+            store_float<DTYPE>(dvp, d * p.dv_stride[3], dv[u]);
+        }
+    }
+}
+
+}  // namespace simt
+
+// ============================================================================================
+// Tensor-core kernels (mma.sync m16n8k16, fp32 accumulators). Every function here is a template
+// so that nothing of it reaches the PTX of a CUDA-core specialization.
+// ============================================================================================
+
+namespace tc {
+
+constexpr int DP = (HEAD_DIM + 15) / 16 * 16;  // head_dim padded to the mma k-step
+constexpr int ROWE = DP + 8;                    // elements per shared-memory row (16-byte pad)
+constexpr int CHUNKS = DP / 8;                  // 16-byte chunks per row
+constexpr int DCHUNKS = HEAD_DIM / 8;           // chunks holding features (HEAD_DIM % 8 == 0)
+constexpr int KSTEPS = DP / 16;
+constexpr int DTILES = DP / 8;
+constexpr int RESIDENT = 16 * M_TILES * WARPS;
+constexpr int TCOLS = !ROTATE ? 0 : (TABLE_FULL && INTERLEAVED) ? ROTARY_DIM : HALF_R;  // table columns read
+constexpr int TBYTES = TABLE_DTYPE == 0 ? 4 : 2;
+constexpr int TABLE_ROW_BYTES = ROTATE && TABLE_ASYNC ? TCOLS * TBYTES : 0;
+constexpr int TABLE_CHUNKS = TABLE_ROW_BYTES / 16;
+constexpr AttentionSmemLayout SMEM =
+    attention_smem_layout(KIND, DP, WARPS, M_TILES, BLOCK_N, HAS_POS_MASK, TABLE_ROW_BYTES);
+
+// Rotation work items of one row: a chunk of interleaved pairs, or (half style) a chunk of
+// first halves with the chunk of their partners R/2 later; then the chunks past the rotary
+// features, copied.
+constexpr int ROT_ITEMS = !ROTATE ? 0 : INTERLEAVED ? ROTARY_DIM / 8 : ROTARY_DIM / 16;
+constexpr int FIRST_PLAIN = ROTATE ? ROTARY_DIM / 8 : 0;
+constexpr int ITEMS = ROT_ITEMS + CHUNKS - FIRST_PLAIN;
+
+static_assert(!TENSOR_CORES || DTYPE != 0, "tensor-core kernels take 16-bit inputs");
+static_assert(!TENSOR_CORES || HEAD_DIM % 8 == 0, "tensor-core kernels need head_dim % 8 == 0");
+static_assert(!TENSOR_CORES || !ROTATE || (INTERLEAVED ? ROTARY_DIM % 8 == 0 : ROTARY_DIM % 16 == 0),
+              "rotation by 16-byte chunks needs whole pairs per chunk");
+static_assert(!TENSOR_CORES || BLOCK_N % 16 == 0, "streamed tiles are whole mma k-steps");
+static_assert(!TENSOR_CORES || !ROTATE || !TABLE_ASYNC || TABLE_ROW_BYTES % 16 == 0, "staged table rows are 16-byte chunks");
+
+struct alignas(16) U4 {
+    unsigned w[4];
+};
+
+struct F2 {
+    float x, y;
+};
+
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+    unsigned address;
+    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(address) : "l"(pointer));
+    return address;
+}
+
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address(dst)), "l"(src),
+                 "r"(valid ? 16 : 0)
+                 : "memory");
+}
+
+__device__ __forceinline__ void cp_async4(void* dst, const void* src, bool valid) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(shared_address(dst)), "l"(src),
+                 "r"(valid ? 4 : 0)
+                 : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
+template <int D = DTYPE>
+__device__ __forceinline__ unsigned pack2(float lo, float hi) {
+    unsigned r;
+    if constexpr (D == 1) asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    else asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+template <int D = DTYPE>
+__device__ __forceinline__ F2 unpack2(unsigned u) {
+    if constexpr (D == 1) {
+        const unsigned short lo_bits = static_cast<unsigned short>(u & 0xffffu);
+        const unsigned short hi_bits = static_cast<unsigned short>(u >> 16);
+        F2 f;
+        asm("cvt.f32.f16 %0, %1;" : "=f"(f.x) : "h"(lo_bits));
+        asm("cvt.f32.f16 %0, %1;" : "=f"(f.y) : "h"(hi_bits));
+        return f;
+    } else {
+        return F2{__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u)};
+    }
+}
+
+// ldmatrix at a 32-bit shared address. Callers form addresses as one base per operand plus
+// compile-time offsets, which ptxas folds into the instruction (a generic pointer converted
+// per load would hold one register per distinct address).
+template <int D = DTYPE>
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned address) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(address));
+}
+
+template <int D = DTYPE>
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], unsigned address) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(address));
+}
+
+// Per-lane byte offsets of the ldmatrix addresses: an A tile (16 rows, k-step), a pair of B
+// n-tiles of a [n][k] operand, and a pair of B n-tiles of a [k][n] operand (transposed load).
+__device__ __forceinline__ unsigned a_lane_offset(int lane) {
+    return static_cast<unsigned>(((lane & 15) * ROWE + (lane >> 4) * 8) * 2);
+}
+__device__ __forceinline__ unsigned b_lane_offset(int lane) {
+    return static_cast<unsigned>((((lane & 7) + ((lane >> 4) << 3)) * ROWE + ((lane >> 3) & 1) * 8) * 2);
+}
+__device__ __forceinline__ unsigned bt_lane_offset(int lane) {
+    return static_cast<unsigned>((((lane & 7) + ((lane >> 3) & 1) * 8) * ROWE + (lane >> 4) * 8) * 2);
+}
+
+// c += a * b for one m16n8k16 tile (a: 4 registers of A, b0/b1: B).
+template <int D = DTYPE>
+__device__ __forceinline__ void mma(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    if constexpr (D == 1)
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+            "{%0, %1, %2, %3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    else
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+            "{%0, %1, %2, %3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// acc[NT] += A B^T over the head dim: A = 16 rows at a_rows, B = 8*NT rows at b_rows (both
+// shared-memory rows of ROWE elements). S = Q K^T, dP = dO V^T, and their transposes.
+template <int NT>
+__device__ __forceinline__ void gemm_abt(float (&acc)[NT][4], const T* a_rows, const T* b_rows, int lane) {
+    static_assert(NT % 2 == 0, "pairs of n-tiles per ldmatrix");
+    const unsigned a_base = shared_address(a_rows) + a_lane_offset(lane);
+    const unsigned b_base = shared_address(b_rows) + b_lane_offset(lane);
+#pragma unroll
+    for (int kk = 0; kk < KSTEPS; ++kk) {
+        unsigned a[4];
+        ldmatrix_x4(a, a_base + kk * 32);
+#pragma unroll
+        for (int nt = 0; nt < NT; nt += 2) {
+            unsigned b[4];
+            ldmatrix_x4(b, b_base + (nt * 8 * ROWE + kk * 16) * 2);
+            mma(acc[nt], a, b[0], b[1]);
+            mma(acc[nt + 1], a, b[2], b[3]);
+        }
+    }
+}
+
+// acc[DTILES] += A B over KS k-steps: A from registers (16 x 16*KS), B = 16*KS rows at
+// b_rows (shared memory, [k][feature]). O += P V, dQ += dS K, dV += P^T dO, dK += dS^T Q.
+template <int KS>
+__device__ __forceinline__ void gemm_ab(float (&acc)[DTILES][4], const unsigned (&a)[KS][4], const T* b_rows,
+                                        int lane) {
+    const unsigned b_base = shared_address(b_rows) + bt_lane_offset(lane);
+#pragma unroll
+    for (int kk = 0; kk < KS; ++kk) {
+#pragma unroll
+        for (int dt = 0; dt < DTILES; dt += 2) {
+            unsigned b[4];
+            ldmatrix_x4_trans(b, b_base + (kk * 16 * ROWE + dt * 8) * 2);
+            mma(acc[dt], a[kk], b[0], b[1]);
+            mma(acc[dt + 1], a[kk], b[2], b[3]);
+        }
+    }
+}
+
+// gemm_abt for MT 16-row tiles of A (consecutive rows from a_rows): each B fragment is loaded
+// once and used by every tile, which halves the shared-memory traffic of K and V at MT = 2.
+template <int MT, int NT>
+__device__ __forceinline__ void gemm_abt_mt(float (&acc)[MT][NT][4], const T* a_rows, const T* b_rows, int lane) {
+    static_assert(NT % 2 == 0, "pairs of n-tiles per ldmatrix");
+    const unsigned a_base = shared_address(a_rows) + a_lane_offset(lane);
+    const unsigned b_base = shared_address(b_rows) + b_lane_offset(lane);
+#pragma unroll
+    for (int kk = 0; kk < KSTEPS; ++kk) {
+        unsigned a[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(a[mt], a_base + (mt * 16 * ROWE + kk * 16) * 2);
+#pragma unroll
+        for (int nt = 0; nt < NT; nt += 2) {
+            unsigned b[4];
+            ldmatrix_x4(b, b_base + (nt * 8 * ROWE + kk * 16) * 2);
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                mma(acc[mt][nt], a[mt], b[0], b[1]);
+                mma(acc[mt][nt + 1], a[mt], b[2], b[3]);
+            }
+        }
+    }
+}
+
+// gemm_ab for MT tiles of A fragments.
+template <int MT, int KS>
+__device__ __forceinline__ void gemm_ab_mt(float (&acc)[MT][DTILES][4], const unsigned (&a)[MT][KS][4],
+                                           const T* b_rows, int lane) {
+    const unsigned b_base = shared_address(b_rows) + bt_lane_offset(lane);
+#pragma unroll
+    for (int kk = 0; kk < KS; ++kk) {
+#pragma unroll
+        for (int dt = 0; dt < DTILES; dt += 2) {
+            unsigned b[4];
+            ldmatrix_x4_trans(b, b_base + (kk * 16 * ROWE + dt * 8) * 2);
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                mma(acc[mt][dt], a[mt][kk], b[0], b[1]);
+                mma(acc[mt][dt + 1], a[mt][kk], b[2], b[3]);
+            }
+        }
+    }
+}
+
+// The accumulators of a 16 x 8*NT tile as A fragments of the next product (FlashAttention-2's
+// register reuse: the C layout of two n-tiles is the A layout of one k-step).
+template <int NT>
+__device__ __forceinline__ void to_a_fragments(unsigned (&a)[NT / 2][4], const float (&c)[NT][4]) {
+#pragma unroll
+    for (int kk = 0; kk < NT / 2; ++kk) {
+        a[kk][0] = pack2(c[2 * kk][0], c[2 * kk][1]);
+        a[kk][1] = pack2(c[2 * kk][2], c[2 * kk][3]);
+        a[kk][2] = pack2(c[2 * kk + 1][0], c[2 * kk + 1][1]);
+        a[kk][3] = pack2(c[2 * kk + 1][2], c[2 * kk + 1][3]);
+    }
+}
+
+template <int NT>
+__device__ __forceinline__ void zero(float (&acc)[NT][4]) {
+#pragma unroll
+    for (int n = 0; n < NT; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+}
+
+// Starts copying rows [row0, row0 + ROWS) of one head (`base` at its token 0, token stride
+// `stride`) into shared rows; rows at or past `valid` and features past HEAD_DIM read as 0.
+template <int ROWS>
+__device__ __forceinline__ void issue_rows(T* dst, const T* base, long long stride, long long row0, long long valid) {
+    for (int c = threadIdx.x; c < ROWS * CHUNKS; c += THREADS) {
+        const int r = c / CHUNKS, ch = c - r * CHUNKS;
+        const bool ok = row0 + r < valid && ch < DCHUNKS;
+        cp_async16(dst + r * ROWE + ch * 8, ok ? base + (row0 + r) * stride + ch * 8 : base, ok);
+    }
+}
+
+// Starts copying the cos/sin row bytes of tokens [row0, row0 + ROWS) (zero past `valid`).
+template <int ROWS>
+__device__ __forceinline__ void issue_table_rows(char* cos_dst, char* sin_dst, const AttentionKernelParams& p,
+                                                 long long row0, long long valid) {
+    if constexpr (ROTATE && TABLE_ASYNC) {
+        for (int c = threadIdx.x; c < 2 * ROWS * TABLE_CHUNKS; c += THREADS) {
+            const bool is_sin = c >= ROWS * TABLE_CHUNKS;
+            const int rc = is_sin ? c - ROWS * TABLE_CHUNKS : c;
+            const int r = rc / TABLE_CHUNKS, ch = rc - r * TABLE_CHUNKS;
+            const bool ok = row0 + r < valid;
+            const char* table = static_cast<const char*>(is_sin ? p.sin : p.cos);
+            const long long stride = is_sin ? p.sin_stride[0] : p.cos_stride[0];
+            const char* src = ok ? table + (row0 + r) * stride * TBYTES + ch * 16 : table;
+            cp_async16((is_sin ? sin_dst : cos_dst) + r * TABLE_ROW_BYTES + ch * 16, src, ok);
+        }
+    }
+}
+
+// M consecutive columns from `first` of one staged table row, in the widest aligned vector
+// loads: the rotation's chunking makes `first` * TBYTES a multiple of the run's byte size.
+template <int M>
+__device__ __forceinline__ void load_columns(const char* row, int first, float (&out)[M]) {
+    const char* at = row + first * TBYTES;
+    constexpr int BYTES = M * TBYTES;
+    unsigned words[BYTES >= 4 ? BYTES / 4 : 1];
+    if constexpr (BYTES % 16 == 0) {
+#pragma unroll
+        for (int v = 0; v < BYTES / 16; ++v) {
+            const U4 w = reinterpret_cast<const U4*>(at)[v];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) words[4 * v + e] = w.w[e];
+        }
+    } else if constexpr (BYTES == 8) {
+        const unsigned long long w = *reinterpret_cast<const unsigned long long*>(at);
+        words[0] = static_cast<unsigned>(w);
+        words[1] = static_cast<unsigned>(w >> 32);
+    } else if constexpr (BYTES == 4) {
+        words[0] = *reinterpret_cast<const unsigned*>(at);
+    } else {
+#pragma unroll
+        for (int e = 0; e < M; ++e) out[e] = load_float<TABLE_DTYPE>(row, first + e);
+        return;
+    }
+#pragma unroll
+    for (int e = 0; e < M; ++e)
+        out[e] = TBYTES == 4 ? __uint_as_float(words[e])
+                             : load_float<TABLE_DTYPE>(reinterpret_cast<const unsigned short*>(words), e);
+}
+
+// cos/sin of the N consecutive pairs from `pair` for row r of a tile (token `token`): from the
+// staged rows (vector reads), or from the tables in global memory.
+template <int N, bool STAGED>
+__device__ __forceinline__ void pair_angles(const AttentionKernelParams& p, const char* cos_rows, const char* sin_rows,
+                                            int r, long long token, int pair, float (&c)[N], float (&s)[N]) {
+    if constexpr (STAGED) {
+        constexpr int STEP = TABLE_FULL && INTERLEAVED ? 2 : 1;  // table columns per pair
+        float cc[N * STEP], ss[N * STEP];
+        load_columns<N * STEP>(cos_rows + r * TABLE_ROW_BYTES, pair * STEP, cc);
+        load_columns<N * STEP>(sin_rows + r * TABLE_ROW_BYTES, pair * STEP, ss);
+#pragma unroll
+        for (int e = 0; e < N; ++e) {
+            c[e] = cc[e * STEP];
+            s[e] = ss[e * STEP];
+        }
+    } else {
+#pragma unroll
+        for (int e = 0; e < N; ++e) table_angle(p, token, pair + e, &c[e], &s[e]);
+    }
+}
+
+// Writes rows [0, ROWS) of `src` (raw, zero-filled) into `dst` rotated by the table rows of
+// tokens row0 + r (tokens without a position and rows past `valid` stay as they are), their
+// plain copy into `plain` (pos_mask), and each row's positioned flag into `flags`. dst may be
+// src (in place). STAGED: the angles come from the staged table rows of the tile.
+template <int ROWS, bool STAGED>
+__device__ void rotate_rows(T* dst, T* plain, const T* src, const char* cos_rows, const char* sin_rows,
+                            unsigned char* flags, const AttentionKernelParams& p, long long b, long long row0,
+                            long long valid) {
+    for (int r = threadIdx.x; r < ROWS; r += THREADS)
+        flags[r] = row0 + r < valid && positioned(p, b, row0 + r) ? 1 : 0;
+    for (int it = threadIdx.x; it < ROWS * ITEMS; it += THREADS) {
+        const int r = it / ITEMS, k = it - r * ITEMS;
+        const T* s_row = src + r * ROWE;
+        T* d_row = dst + r * ROWE;
+        T* p_row = plain + r * ROWE;
+        if (k >= ROT_ITEMS) {
+            const int ch = FIRST_PLAIN + (k - ROT_ITEMS);
+            const U4 x = *reinterpret_cast<const U4*>(s_row + ch * 8);
+            if (dst != src) *reinterpret_cast<U4*>(d_row + ch * 8) = x;
+            if constexpr (HAS_POS_MASK) *reinterpret_cast<U4*>(p_row + ch * 8) = x;
+            continue;
+        }
+        const long long token = row0 + r;
+        const bool rotate = token < valid && positioned(p, b, token);
+        if constexpr (INTERLEAVED) {
+            const int ch = k;
+            U4 x = *reinterpret_cast<const U4*>(s_row + ch * 8);
+            if constexpr (HAS_POS_MASK) *reinterpret_cast<U4*>(p_row + ch * 8) = x;
+            if (rotate) {
+                // Two pairs at a time keeps few angles live beside the caller's accumulators.
+#pragma unroll
+                for (int e = 0; e < 4; e += 2) {
+                    float c[2], s[2];
+                    pair_angles<2, STAGED>(p, cos_rows, sin_rows, r, token, ch * 4 + e, c, s);
+#pragma unroll
+                    for (int f = 0; f < 2; ++f) {
+                        const F2 v = unpack2(x.w[e + f]);
+                        x.w[e + f] = pack2(v.x * c[f] - v.y * s[f], v.y * c[f] + v.x * s[f]);
+                    }
+                }
+            }
+            *reinterpret_cast<U4*>(d_row + ch * 8) = x;
+        } else {
+            const int ca = k, cb = k + ROTARY_DIM / 16;
+            U4 xa = *reinterpret_cast<const U4*>(s_row + ca * 8);
+            U4 xb = *reinterpret_cast<const U4*>(s_row + cb * 8);
+            if constexpr (HAS_POS_MASK) {
+                *reinterpret_cast<U4*>(p_row + ca * 8) = xa;
+                *reinterpret_cast<U4*>(p_row + cb * 8) = xb;
+            }
+            if (rotate) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    float c[2], s[2];
+                    pair_angles<2, STAGED>(p, cos_rows, sin_rows, r, token, ca * 8 + 2 * e, c, s);
+                    const F2 a = unpack2(xa.w[e]), bb = unpack2(xb.w[e]);
+                    xa.w[e] = pack2(a.x * c[0] - bb.x * s[0], a.y * c[1] - bb.y * s[1]);
+                    xb.w[e] = pack2(bb.x * c[0] + a.x * s[0], bb.y * c[1] + a.y * s[1]);
+                }
+            }
+            *reinterpret_cast<U4*>(d_row + ca * 8) = xa;
+            *reinterpret_cast<U4*>(d_row + cb * 8) = xb;
+        }
+    }
+}
+
+// Applies the transposed rotation of token `token` to one accumulator row (rows e2 = 0: c[.][0..1],
+// e2 = 1: c[.][2..3]) of a 16 x DP tile whose column of (dt, e) is dt*8 + 2*(lane&3) + e.
+template <int D = DTYPE>
+__device__ __forceinline__ void rotate_back_row(float (&acc)[DTILES][4], int e2, const AttentionKernelParams& p,
+                                                long long token, int lane) {
+    if constexpr (ROTATE) {
+        const int t2 = 2 * (lane & 3);
+        if constexpr (INTERLEAVED) {
+#pragma unroll
+            for (int dt = 0; dt < ROTARY_DIM / 8; ++dt) {
+                float c, s;
+                table_angle(p, token, (dt * 8 + t2) / 2, &c, &s);
+                const float x1 = acc[dt][2 * e2], x2 = acc[dt][2 * e2 + 1];
+                acc[dt][2 * e2] = x1 * c + x2 * s;
+                acc[dt][2 * e2 + 1] = x2 * c - x1 * s;
+            }
+        } else {
+#pragma unroll
+            for (int dt = 0; dt < ROTARY_DIM / 16; ++dt) {
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    float c, s;
+                    table_angle(p, token, dt * 8 + t2 + e, &c, &s);
+                    const float x1 = acc[dt][2 * e2 + e], x2 = acc[dt + ROTARY_DIM / 16][2 * e2 + e];
+                    acc[dt][2 * e2 + e] = x1 * c + x2 * s;
+                    acc[dt + ROTARY_DIM / 16][2 * e2 + e] = x2 * c - x1 * s;
+                }
+            }
+        }
+    }
+}
+
+// Stores a warp's 16 x HEAD_DIM result rows (accumulators times `scale`) through its own
+// shared rows `stage` to global rows first_row.. (those below `valid`), 16 bytes at a time.
+template <int D = DTYPE>
+__device__ __forceinline__ void store_rows(const float (&acc)[DTILES][4], float scale0, float scale1, T* stage,
+                                           T* base, long long stride, long long first_row, long long valid, int lane) {
+    const int g = lane >> 2, t2 = 2 * (lane & 3);
+#pragma unroll
+    for (int dt = 0; dt < DTILES; ++dt) {
+        *reinterpret_cast<unsigned*>(stage + g * ROWE + dt * 8 + t2) = pack2(acc[dt][0] * scale0, acc[dt][1] * scale0);
+        *reinterpret_cast<unsigned*>(stage + (g + 8) * ROWE + dt * 8 + t2) =
+            pack2(acc[dt][2] * scale1, acc[dt][3] * scale1);
+    }
+    __syncwarp();
+    for (int c = lane; c < 16 * DCHUNKS; c += 32) {
+        const int row = c / DCHUNKS, ch = c - row * DCHUNKS;
+        if (first_row + row < valid)
+            *reinterpret_cast<U4*>(base + (first_row + row) * stride + ch * 8) =
+                *reinterpret_cast<const U4*>(stage + row * ROWE + ch * 8);
+    }
+    __syncwarp();
+}
+
+// Scores of a 16 x 8*NT tile in base 2 with every mask applied: rows (queries, or keys when
+// TRANSPOSED) at row_first + g (+8), columns at col_first + 8*nt + 2*(lane&3) (+1).
+// Token indices are 32-bit here: the launcher refuses sequences of 2^31 tokens or more.
+template <int NT, bool TRANSPOSED>
+__device__ __forceinline__ void scale_and_mask(float (&s)[NT][4], const AttentionKernelParams& p, long long b,
+                                               long long row_first, long long col_first, bool check_bounds,
+                                               bool check_causal, int lane) {
+    const int row0 = static_cast<int>(row_first) + (lane >> 2);
+    const int col0 = static_cast<int>(col_first) + 2 * (lane & 3);
+    const int seqlen_q = static_cast<int>(p.seqlen_q), seqlen_k = static_cast<int>(p.seqlen_k);
+    const float scale = p.scale_log2;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int row = row0 + 8 * (e >> 1), col = col0 + nt * 8 + (e & 1);
+            const int i = TRANSPOSED ? col : row, j = TRANSPOSED ? row : col;
+            float x = s[nt][e] * scale;
+            if (check_bounds && (j >= seqlen_k || i >= seqlen_q)) x = neg_inf();
+            else if (CAUSAL && check_causal && j > i) x = neg_inf();
+            else if (MASK_KIND != 0 && i < seqlen_q && j < seqlen_k) x += mask_bias(p, b, i, j);
+            s[nt][e] = x;
+        }
+    }
+}
+
+// With pos_mask: where a row token and a column token differ in having a position, the score
+// is the plain product. `row_flags`/`col_flags` index by tile-local row and column.
+template <int NT>
+__device__ __forceinline__ void select_plain(float (&s)[NT][4], const float (&plain)[NT][4],
+                                             const unsigned char* row_flags, const unsigned char* col_flags, int lane) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            if (row_flags[(lane >> 2) + 8 * (e >> 1)] != col_flags[nt * 8 + 2 * (lane & 3) + (e & 1)])
+                s[nt][e] = plain[nt][e];
+}
+
+// Splits dS into the part that flows through rotated vectors and the plain part.
+template <int NT>
+__device__ __forceinline__ void split_plain(float (&rot)[NT][4], float (&plain)[NT][4], const unsigned char* row_flags,
+                                            const unsigned char* col_flags, int lane) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const bool rotated = row_flags[(lane >> 2) + 8 * (e >> 1)] == col_flags[nt * 8 + 2 * (lane & 3) + (e & 1)];
+            plain[nt][e] = rotated ? 0.f : rot[nt][e];
+            if (!rotated) rot[nt][e] = 0.f;
+        }
+}
+
+// Pointers into one block's shared memory. The second of a double buffer is found by its
+// constant distance from the first: a select or an array indexed at run time sends the whole
+// struct to local memory.
+struct Buffers {
+    T *q, *q_plain, *q_stage, *o_stage, *dout0, *dout1, *k, *k_plain, *k_stage, *v0, *v1;
+    char *cos_stage, *sin_stage;
+    float *row_a, *row_b;
+    unsigned char *q_flags, *k_flags;
+
+    __device__ __forceinline__ T* dout(int buffer) const {
+        return dout0 + buffer * ((SMEM.dout1 - SMEM.dout0) / static_cast<int>(sizeof(T)));
+    }
+    __device__ __forceinline__ T* v(int buffer) const {
+        return v0 + buffer * ((SMEM.v1 - SMEM.v0) / static_cast<int>(sizeof(T)));
+    }
+};
+
+template <int D = DTYPE>
+__device__ __forceinline__ Buffers carve(char* smem) {
+    Buffers m;
+    m.q = reinterpret_cast<T*>(smem + SMEM.q);
+    m.q_plain = reinterpret_cast<T*>(smem + SMEM.q_plain);
+    m.q_stage = reinterpret_cast<T*>(smem + SMEM.q_stage);
+    m.o_stage = reinterpret_cast<T*>(smem + SMEM.o_stage);
+    m.dout0 = reinterpret_cast<T*>(smem + SMEM.dout0);
+    m.dout1 = reinterpret_cast<T*>(smem + SMEM.dout1);
+    m.k = reinterpret_cast<T*>(smem + SMEM.k);
+    m.k_plain = reinterpret_cast<T*>(smem + SMEM.k_plain);
+    m.k_stage = reinterpret_cast<T*>(smem + SMEM.k_stage);
+    m.v0 = reinterpret_cast<T*>(smem + SMEM.v0);
+    m.v1 = reinterpret_cast<T*>(smem + SMEM.v1);
+    m.cos_stage = smem + SMEM.cos_stage;
+    m.sin_stage = smem + SMEM.sin_stage;
+    m.row_a = reinterpret_cast<float*>(smem + SMEM.row_a);
+    m.row_b = reinterpret_cast<float*>(smem + SMEM.row_b);
+    m.q_flags = reinterpret_cast<unsigned char*>(smem + SMEM.q_flags);
+    m.k_flags = reinterpret_cast<unsigned char*>(smem + SMEM.k_flags);
+    return m;
+}
+
+// ---- forward and dq: resident queries, streamed keys ----------------------------------------
+
+// The key stream of the dq kernel: tile t of keys rotated in m.k (and plain in m.k_plain),
+// its values in m.v(t & 1); tile t + 1 (raw keys in m.k_stage) in flight.
+template <int D = DTYPE>
+__device__ __forceinline__ void issue_key_tile(const Buffers& m, const AttentionKernelParams& p, const T* k_head,
+                                               const T* v_head, long long n0, int buffer) {
+    issue_rows<BLOCK_N>(m.k_stage, k_head, p.k_stride[2], n0, p.seqlen_k);
+    issue_table_rows<BLOCK_N>(m.cos_stage, m.sin_stage, p, n0, p.seqlen_k);
+    issue_rows<BLOCK_N>(m.v(buffer), v_head, p.v_stride[2], n0, p.seqlen_k);
+}
+
+// The forward (FlashAttention-2's pipeline with the rotation added): per key tile t, with K_t
+// rotated in m.k and V_t arriving in m.v0,
+//   S = Q K_t^T; masks; online softmax          (V_t lands meanwhile)
+//   barrier; K_{t+1} raw and its table rows start arriving into m.k and the staging rows
+//   O += P V_t                                   (K_{t+1} lands meanwhile)
+//   barrier; V_{t+1} starts arriving; K_{t+1} is rotated in place; barrier
+// Three barriers per tile, 2 blocks per multiprocessor (two 16-row tiles per warp at
+// head_dim <= 128), so one block's barriers and rotation overlap the other's matrix products.
+template <int D = DTYPE>
+__device__ void forward(const AttentionKernelParams& p, char* smem) {
+    constexpr int NT = BLOCK_N / 8;
+    constexpr int WARP_ROWS = 16 * M_TILES;
+    const Buffers m = carve(smem);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const long long heads = p.batch * p.heads_q;
+    const long long bh = blockIdx.x % heads;
+    const long long m_block = p.sequence_blocks - 1 - blockIdx.x / heads;  // the longest (causal) rows first
+    const long long b = bh / p.heads_q, h = bh % p.heads_q, hk = h / GQA_GROUP;
+    const long long m0 = m_block * RESIDENT;
+    const T* q_head = head_row(p.q, p.q_stride, b, h, 0);
+    const T* k_head = head_row(p.k, p.k_stride, b, hk, 0);
+    const T* v_head = head_row(p.v, p.v_stride, b, hk, 0);
+    const long long key_end = CAUSAL ? (m0 + RESIDENT < p.seqlen_k ? m0 + RESIDENT : p.seqlen_k) : p.seqlen_k;
+    const int tiles = static_cast<int>((key_end + BLOCK_N - 1) / BLOCK_N);
+
+    issue_rows<RESIDENT>(m.q, q_head, p.q_stride[2], m0, p.seqlen_q);
+    if (tiles > 0) {
+        issue_rows<BLOCK_N>(m.k, k_head, p.k_stride[2], 0, p.seqlen_k);
+        issue_table_rows<BLOCK_N>(m.cos_stage, m.sin_stage, p, 0, p.seqlen_k);
+    }
+    cp_async_commit();
+    cp_async_wait_all();
+    __syncthreads();
+    if (tiles > 0) issue_rows<BLOCK_N>(m.v0, v_head, p.v_stride[2], 0, p.seqlen_k);
+    cp_async_commit();
+    rotate_rows<RESIDENT, false>(m.q, m.q_plain, m.q, nullptr, nullptr, m.q_flags, p, b, m0, p.seqlen_q);
+    if (tiles > 0)
+        rotate_rows<BLOCK_N, TABLE_ASYNC>(m.k, m.k_plain, m.k, m.cos_stage, m.sin_stage, m.k_flags, p, b, 0, p.seqlen_k);
+    __syncthreads();
+
+    const T* q_rows = m.q + warp * WARP_ROWS * ROWE;
+    const T* q_plain_rows = m.q_plain + warp * WARP_ROWS * ROWE;
+    const long long row_first = m0 + warp * WARP_ROWS;
+    float o[M_TILES][DTILES][4];
+    float row_max[M_TILES][2], row_sum[M_TILES][2];
+#pragma unroll
+    for (int mt = 0; mt < M_TILES; ++mt) {
+        zero(o[mt]);
+        row_max[mt][0] = row_max[mt][1] = neg_inf();
+        row_sum[mt][0] = row_sum[mt][1] = 0.f;
+    }
+    for (int t = 0; t < tiles; ++t) {
+        const long long n0 = static_cast<long long>(t) * BLOCK_N;
+        float s[M_TILES][NT][4];
+#pragma unroll
+        for (int mt = 0; mt < M_TILES; ++mt) zero(s[mt]);
+        gemm_abt_mt<M_TILES, NT>(s, q_rows, m.k, lane);
+        if constexpr (HAS_POS_MASK) {
+            float plain[M_TILES][NT][4];
+#pragma unroll
+            for (int mt = 0; mt < M_TILES; ++mt) zero(plain[mt]);
+            gemm_abt_mt<M_TILES, NT>(plain, q_plain_rows, m.k_plain, lane);
+#pragma unroll
+            for (int mt = 0; mt < M_TILES; ++mt)
+                select_plain<NT>(s[mt], plain[mt], m.q_flags + warp * WARP_ROWS + mt * 16, m.k_flags, lane);
+        }
+        const bool check_bounds = n0 + BLOCK_N > p.seqlen_k, check_causal = n0 + BLOCK_N - 1 > row_first;
+        unsigned pa[M_TILES][NT / 2][4];
+#pragma unroll
+        for (int mt = 0; mt < M_TILES; ++mt) {
+            scale_and_mask<NT, false>(s[mt], p, b, row_first + mt * 16, n0, check_bounds, check_causal, lane);
+            // Online softmax, one row pair per thread (rows g and g + 8 of the tile).
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                float mx = neg_inf();
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * r], s[mt][nt][2 * r + 1]));
+                mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
+                const float m_new = fmaxf(row_max[mt][r], mx);
+                const float m_use = m_new == neg_inf() ? 0.f : m_new;
+                const float alpha = exp2_approx(row_max[mt][r] - m_use);
+                row_max[mt][r] = m_new;
+                float sum = 0.f;
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) {
+                    s[mt][nt][2 * r] = exp2_approx(s[mt][nt][2 * r] - m_use);
+                    s[mt][nt][2 * r + 1] = exp2_approx(s[mt][nt][2 * r + 1] - m_use);
+                    sum += s[mt][nt][2 * r] + s[mt][nt][2 * r + 1];
+                }
+                row_sum[mt][r] = row_sum[mt][r] * alpha + sum;
+#pragma unroll
+                for (int dt = 0; dt < DTILES; ++dt) {
+                    o[mt][dt][2 * r] *= alpha;
+                    o[mt][dt][2 * r + 1] *= alpha;
+                }
+            }
+            to_a_fragments<NT>(pa[mt], s[mt]);
+        }
+
+        cp_async_wait_all();  // V_t
+        __syncthreads();      // and every warp is done with m.k
+        if (t + 1 < tiles) {
+            issue_rows<BLOCK_N>(m.k, k_head, p.k_stride[2], n0 + BLOCK_N, p.seqlen_k);
+            issue_table_rows<BLOCK_N>(m.cos_stage, m.sin_stage, p, n0 + BLOCK_N, p.seqlen_k);
+        }
+        cp_async_commit();
+        gemm_ab_mt<M_TILES, NT / 2>(o, pa, m.v0, lane);
+
+        cp_async_wait_all();  // K_{t+1}
+        __syncthreads();      // and every warp is done with m.v0
+        if (t + 1 < tiles) {
+            issue_rows<BLOCK_N>(m.v0, v_head, p.v_stride[2], n0 + BLOCK_N, p.seqlen_k);
+            cp_async_commit();
+            rotate_rows<BLOCK_N, TABLE_ASYNC>(m.k, m.k_plain, m.k, m.cos_stage, m.sin_stage, m.k_flags, p, b,
+                                              n0 + BLOCK_N, p.seqlen_k);
+        }
+        __syncthreads();
+    }
+
+    // Only this warp reads its query rows: it may stage its output there.
+#pragma unroll
+    for (int mt = 0; mt < M_TILES; ++mt) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            row_sum[mt][r] += __shfl_xor_sync(FULL_MASK, row_sum[mt][r], 1);
+            row_sum[mt][r] += __shfl_xor_sync(FULL_MASK, row_sum[mt][r], 2);
+        }
+        store_rows(o[mt], row_sum[mt][0] > 0.f ? 1.f / row_sum[mt][0] : 0.f,
+                   row_sum[mt][1] > 0.f ? 1.f / row_sum[mt][1] : 0.f, m.q + (warp * WARP_ROWS + mt * 16) * ROWE,
+                   head_row_out(p.out, p.out_stride, b, h, 0), p.out_stride[2], row_first + mt * 16, p.seqlen_q, lane);
+        if (WRITE_LSE && (lane & 3) == 0) {
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const long long i = row_first + mt * 16 + (lane >> 2) + 8 * r;
+                if (i < p.seqlen_q)
+                    p.lse[b * p.lse_stride[0] + h * p.lse_stride[1] + i * p.lse_stride[2]] =
+                        row_sum[mt][r] > 0.f ? (row_max[mt][r] + __log2f(row_sum[mt][r])) * LN2 : neg_inf();
+            }
+        }
+    }
+}
+
+// lse of a row in base 2, as the backward uses it: +inf for rows that see no key or lie past
+// Sq, which makes every P of the row exp2(x - inf) = 0.
+template <int D = DTYPE>
+__device__ __forceinline__ float base2_lse(const AttentionKernelParams& p, long long b, long long h, long long i) {
+    if (i >= p.seqlen_q) return pos_inf();
+    const float lse = p.lse[b * p.lse_stride[0] + h * p.lse_stride[1] + i * p.lse_stride[2]];
+    return lse == neg_inf() ? pos_inf() : lse * LOG2E;
+}
+
+// delta_i = dout_i . out_i for `rows` rows whose dout is in shared rows `dout_rows`, their out
+// in global memory (`out_rows`, or in shared rows `out_stage` when given); one warp per row.
+template <int D = DTYPE>
+__device__ __forceinline__ void row_deltas(float* delta, int rows, const T* dout_rows, const T* out_stage,
+                                           const T* out_head, long long out_stride, long long row0, long long valid,
+                                           int warp, int lane) {
+    for (int r = warp; r < rows; r += WARPS) {
+        float sum = 0.f;
+        if (row0 + r < valid) {
+            for (int ch = lane; ch < DCHUNKS; ch += 32) {
+                const U4 g = *reinterpret_cast<const U4*>(dout_rows + r * ROWE + ch * 8);
+                const U4 o = out_stage != nullptr ? *reinterpret_cast<const U4*>(out_stage + r * ROWE + ch * 8)
+                                                  : *reinterpret_cast<const U4*>(out_head + (row0 + r) * out_stride + ch * 8);
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const F2 gg = unpack2(g.w[e]), oo = unpack2(o.w[e]);
+                    sum += gg.x * oo.x + gg.y * oo.y;
+                }
+            }
+        }
+        sum = warp_sum(sum);
+        if (lane == 0) delta[r] = sum;
+    }
+}
+
+template <int D = DTYPE>
+__device__ void backward_dq(const AttentionKernelParams& p, char* smem) {
+    const Buffers m = carve(smem);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const long long heads = p.batch * p.heads_q;
+    const long long bh = blockIdx.x % heads;
+    const long long m_block = p.sequence_blocks - 1 - blockIdx.x / heads;
+    const long long b = bh / p.heads_q, h = bh % p.heads_q, hk = h / GQA_GROUP;
+    const long long m0 = m_block * RESIDENT;
+    const T* k_head = head_row(p.k, p.k_stride, b, hk, 0);
+    const T* v_head = head_row(p.v, p.v_stride, b, hk, 0);
+    const long long key_end = CAUSAL ? (m0 + RESIDENT < p.seqlen_k ? m0 + RESIDENT : p.seqlen_k) : p.seqlen_k;
+    const int tiles = static_cast<int>((key_end + BLOCK_N - 1) / BLOCK_N);
+
+    issue_rows<RESIDENT>(m.q, head_row(p.q, p.q_stride, b, h, 0), p.q_stride[2], m0, p.seqlen_q);
+    issue_rows<RESIDENT>(m.dout(0), head_row(p.dout, p.dout_stride, b, h, 0), p.dout_stride[2], m0, p.seqlen_q);
+    if (tiles > 0) issue_key_tile(m, p, k_head, v_head, 0, 0);
+    cp_async_commit();
+    for (int r = threadIdx.x; r < RESIDENT; r += THREADS) m.row_a[r] = base2_lse(p, b, h, m0 + r);
+    cp_async_wait_all();
+    __syncthreads();
+    rotate_rows<RESIDENT, false>(m.q, m.q_plain, m.q, nullptr, nullptr, m.q_flags, p, b, m0, p.seqlen_q);
+    if (tiles > 0)
+        rotate_rows<BLOCK_N, TABLE_ASYNC>(m.k, m.k_plain, m.k_stage, m.cos_stage, m.sin_stage, m.k_flags, p, b, 0,
+                                          p.seqlen_k);
+    row_deltas(m.row_b, RESIDENT, m.dout(0), nullptr, head_row(p.out, p.out_stride, b, h, 0), p.out_stride[2], m0,
+               p.seqlen_q, warp, lane);
+    __syncthreads();
+
+    const T* q_rows = m.q + warp * 16 * ROWE;
+    const T* q_plain_rows = m.q_plain + warp * 16 * ROWE;
+    const T* dout_rows = m.dout(0) + warp * 16 * ROWE;
+    const unsigned char* row_flags = m.q_flags + warp * 16;
+    const int g = lane >> 2;
+    const float row_lse[2] = {m.row_a[warp * 16 + g], m.row_a[warp * 16 + g + 8]};
+    const float row_delta[2] = {m.row_b[warp * 16 + g], m.row_b[warp * 16 + g + 8]};
+    float dq[DTILES][4];
+    zero(dq);
+    float dq_plain[DTILES][4];  // unused (and optimized away) without pos_mask
+    zero(dq_plain);
+    for (int t = 0; t < tiles; ++t) {
+        const long long n0 = static_cast<long long>(t) * BLOCK_N;
+        if (t + 1 < tiles) issue_key_tile(m, p, k_head, v_head, n0 + BLOCK_N, (t + 1) & 1);
+        cp_async_commit();
+
+        float s[BLOCK_N / 8][4];
+        zero(s);
+        gemm_abt<BLOCK_N / 8>(s, q_rows, m.k, lane);
+        if constexpr (HAS_POS_MASK) {
+            float plain[BLOCK_N / 8][4];
+            zero(plain);
+            gemm_abt<BLOCK_N / 8>(plain, q_plain_rows, m.k_plain, lane);
+            select_plain<BLOCK_N / 8>(s, plain, row_flags, m.k_flags, lane);
+        }
+        scale_and_mask<BLOCK_N / 8, false>(s, p, b, m0 + warp * 16, n0, n0 + BLOCK_N > p.seqlen_k,
+                                           n0 + BLOCK_N - 1 > m0, lane);
+        float ds[BLOCK_N / 8][4];
+        zero(ds);
+        gemm_abt<BLOCK_N / 8>(ds, dout_rows, m.v(t & 1), lane);
+#pragma unroll
+        for (int nt = 0; nt < BLOCK_N / 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const float prob = exp2_approx(s[nt][e] - row_lse[e >> 1]);
+                ds[nt][e] = prob * (ds[nt][e] - row_delta[e >> 1]);
+            }
+        if constexpr (HAS_POS_MASK) {
+            float ds_plain[BLOCK_N / 8][4];
+            split_plain<BLOCK_N / 8>(ds, ds_plain, row_flags, m.k_flags, lane);
+            unsigned a_plain[BLOCK_N / 16][4];
+            to_a_fragments<BLOCK_N / 8>(a_plain, ds_plain);
+            gemm_ab<BLOCK_N / 16>(dq_plain, a_plain, m.k_plain, lane);
+        }
+        unsigned a[BLOCK_N / 16][4];
+        to_a_fragments<BLOCK_N / 8>(a, ds);
+        gemm_ab<BLOCK_N / 16>(dq, a, m.k, lane);
+
+        cp_async_wait_all();
+        __syncthreads();
+        if (t + 1 < tiles)
+            rotate_rows<BLOCK_N, TABLE_ASYNC>(m.k, m.k_plain, m.k_stage, m.cos_stage, m.sin_stage, m.k_flags, p, b,
+                                              n0 + BLOCK_N, p.seqlen_k);
+        __syncthreads();
+    }
+
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const long long i = m0 + warp * 16 + g + 8 * r;
+        if (ROTATE && i < p.seqlen_q && row_flags[g + 8 * r]) rotate_back_row(dq, r, p, i, lane);
+    }
+    if constexpr (HAS_POS_MASK) {
+#pragma unroll
+        for (int dt = 0; dt < DTILES; ++dt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) dq[dt][e] += dq_plain[dt][e];
+    }
+    T* stage = m.q + warp * 16 * ROWE;
+    store_rows(dq, p.scale, p.scale, stage, head_row_out(p.dq, p.dq_stride, b, h, 0), p.dq_stride[2], m0 + warp * 16,
+               p.seqlen_q, lane);
+}
+
+// ---- dk/dv: resident keys and values, streamed query tiles ----------------------------------
+
+template <int D = DTYPE>
+__device__ __forceinline__ void issue_query_tile(const Buffers& m, const AttentionKernelParams& p, long long b,
+                                                 long long h, long long m0, int buffer) {
+    issue_rows<BLOCK_N>(m.q_stage, head_row(p.q, p.q_stride, b, h, 0), p.q_stride[2], m0, p.seqlen_q);
+    issue_table_rows<BLOCK_N>(m.cos_stage, m.sin_stage, p, m0, p.seqlen_q);
+    issue_rows<BLOCK_N>(m.dout(buffer), head_row(p.dout, p.dout_stride, b, h, 0), p.dout_stride[2], m0, p.seqlen_q);
+    issue_rows<BLOCK_N>(m.o_stage, head_row(p.out, p.out_stride, b, h, 0), p.out_stride[2], m0, p.seqlen_q);
+    for (int r = threadIdx.x; r < BLOCK_N; r += THREADS) {
+        const bool ok = m0 + r < p.seqlen_q;
+        cp_async4(m.row_a + BLOCK_N + r, ok ? p.lse + b * p.lse_stride[0] + h * p.lse_stride[1] + (m0 + r) * p.lse_stride[2] : p.lse,
+                  ok);
+    }
+}
+
+// After a query tile's copies landed: rotate it, and turn its lse into the base-2 form and
+// its out rows into deltas.
+template <int D = DTYPE>
+__device__ __forceinline__ void prepare_query_tile(const Buffers& m, const AttentionKernelParams& p, long long b,
+                                                   long long m0, int buffer, int warp, int lane) {
+    rotate_rows<BLOCK_N, TABLE_ASYNC>(m.q, m.q_plain, m.q_stage, m.cos_stage, m.sin_stage, m.q_flags, p, b, m0,
+                                      p.seqlen_q);
+    for (int r = threadIdx.x; r < BLOCK_N; r += THREADS) {
+        const float lse = m.row_a[BLOCK_N + r];
+        m.row_a[r] = m0 + r >= p.seqlen_q || lse == neg_inf() ? pos_inf() : lse * LOG2E;
+    }
+    row_deltas(m.row_b, BLOCK_N, m.dout(buffer), m.o_stage, nullptr, 0, m0, p.seqlen_q, warp, lane);
+}
+
+template <int D = DTYPE>
+__device__ void backward_dkdv(const AttentionKernelParams& p, char* smem) {
+    const Buffers m = carve(smem);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const long long heads = p.batch * p.heads_k;
+    const long long bh = blockIdx.x % heads;
+    const long long n_block = blockIdx.x / heads;  // the keys seen by the most queries (causal) first
+    const long long b = bh / p.heads_k, hk = bh % p.heads_k;
+    const long long n0 = n_block * RESIDENT;
+    const long long tile_begin = CAUSAL ? n0 / BLOCK_N : 0;
+    const long long tile_end = (p.seqlen_q + BLOCK_N - 1) / BLOCK_N;
+    const long long per_head = tile_end > tile_begin ? tile_end - tile_begin : 0;
+    const long long steps = per_head * GQA_GROUP;
+
+    issue_rows<RESIDENT>(m.k, head_row(p.k, p.k_stride, b, hk, 0), p.k_stride[2], n0, p.seqlen_k);
+    issue_rows<RESIDENT>(m.v(0), head_row(p.v, p.v_stride, b, hk, 0), p.v_stride[2], n0, p.seqlen_k);
+    if (steps > 0) issue_query_tile(m, p, b, hk * GQA_GROUP, tile_begin * BLOCK_N, 0);
+    cp_async_commit();
+    cp_async_wait_all();
+    __syncthreads();
+    rotate_rows<RESIDENT, false>(m.k, m.k_plain, m.k, nullptr, nullptr, m.k_flags, p, b, n0, p.seqlen_k);
+    if (steps > 0) prepare_query_tile(m, p, b, tile_begin * BLOCK_N, 0, warp, lane);
+    __syncthreads();
+
+    const T* k_rows = m.k + warp * 16 * ROWE;
+    const T* k_plain_rows = m.k_plain + warp * 16 * ROWE;
+    const T* v_rows = m.v(0) + warp * 16 * ROWE;
+    const unsigned char* row_flags = m.k_flags + warp * 16;
+    float dv[DTILES][4];  // accumulators a pass does not use are optimized away
+    zero(dv);
+    float dk[DTILES][4];
+    zero(dk);
+    float dk_plain[DTILES][4];
+    zero(dk_plain);
+    for (long long step = 0; step < steps; ++step) {
+        const long long h = hk * GQA_GROUP + step / per_head;
+        const long long m0 = (tile_begin + step % per_head) * BLOCK_N;
+        const int buffer = static_cast<int>(step & 1);
+        long long next_h = 0, next_m0 = 0;
+        if (step + 1 < steps) {
+            next_h = hk * GQA_GROUP + (step + 1) / per_head;
+            next_m0 = (tile_begin + (step + 1) % per_head) * BLOCK_N;
+            issue_query_tile(m, p, b, next_h, next_m0, buffer ^ 1);
+        }
+        cp_async_commit();
+
+        // S^T = K Q^T: rows are this warp's keys, columns the tile's queries.
+        float s[BLOCK_N / 8][4];
+        zero(s);
+        gemm_abt<BLOCK_N / 8>(s, k_rows, m.q, lane);
+        if constexpr (HAS_POS_MASK) {
+            float plain[BLOCK_N / 8][4];
+            zero(plain);
+            gemm_abt<BLOCK_N / 8>(plain, k_plain_rows, m.q_plain, lane);
+            select_plain<BLOCK_N / 8>(s, plain, row_flags, m.q_flags, lane);
+        }
+        scale_and_mask<BLOCK_N / 8, true>(s, p, b, n0 + warp * 16, m0, true, m0 < n0 + RESIDENT, lane);
+#pragma unroll
+        for (int nt = 0; nt < BLOCK_N / 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[nt][e] = exp2_approx(s[nt][e] - m.row_a[nt * 8 + 2 * (lane & 3) + (e & 1)]);
+        if constexpr (COMPUTE_DV) {
+            unsigned pa[BLOCK_N / 16][4];
+            to_a_fragments<BLOCK_N / 8>(pa, s);
+            gemm_ab<BLOCK_N / 16>(dv, pa, m.dout(buffer), lane);
+        }
+        if constexpr (COMPUTE_DK) {
+            // dP^T = V dO^T, then dS^T = P^T (dP^T - delta).
+            float ds[BLOCK_N / 8][4];
+            zero(ds);
+            gemm_abt<BLOCK_N / 8>(ds, v_rows, m.dout(buffer), lane);
+#pragma unroll
+            for (int nt = 0; nt < BLOCK_N / 8; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    ds[nt][e] = s[nt][e] * (ds[nt][e] - m.row_b[nt * 8 + 2 * (lane & 3) + (e & 1)]);
+            if constexpr (HAS_POS_MASK) {
+                float ds_plain[BLOCK_N / 8][4];
+                split_plain<BLOCK_N / 8>(ds, ds_plain, row_flags, m.q_flags, lane);
+                unsigned a_plain[BLOCK_N / 16][4];
+                to_a_fragments<BLOCK_N / 8>(a_plain, ds_plain);
+                gemm_ab<BLOCK_N / 16>(dk_plain, a_plain, m.q_plain, lane);
+            }
+            unsigned a[BLOCK_N / 16][4];
+            to_a_fragments<BLOCK_N / 8>(a, ds);
+            gemm_ab<BLOCK_N / 16>(dk, a, m.q, lane);
+        }
+
+        cp_async_wait_all();
+        __syncthreads();
+        if (step + 1 < steps) prepare_query_tile(m, p, b, next_m0, buffer ^ 1, warp, lane);
+        __syncthreads();
+    }
+
+    const int g = lane >> 2;
+    const long long first = n0 + warp * 16;
+    if constexpr (COMPUTE_DK) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const long long j = first + g + 8 * r;
+            if (ROTATE && j < p.seqlen_k && row_flags[g + 8 * r]) rotate_back_row(dk, r, p, j, lane);
+        }
+        if constexpr (HAS_POS_MASK) {
+#pragma unroll
+            for (int dt = 0; dt < DTILES; ++dt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) dk[dt][e] += dk_plain[dt][e];
+        }
+        // Only this warp reads its key rows: it may stage its results there.
+        store_rows(dk, p.scale, p.scale, m.k + warp * 16 * ROWE, head_row_out(p.dk, p.dk_stride, b, hk, 0),
+                   p.dk_stride[2], first, p.seqlen_k, lane);
+    }
+    if constexpr (COMPUTE_DV)
+        store_rows(dv, 1.f, 1.f, m.v(0) + warp * 16 * ROWE, head_row_out(p.dv, p.dv_stride, b, hk, 0), p.dv_stride[2],
+                   first, p.seqlen_k, lane);
+}
+
+}  // namespace tc
+
+}  // namespace
+
+// Two blocks per multiprocessor for the FlashAttention-2 layout of the forward (up to 255
+// registers at 128 threads); no constraint otherwise.
+extern "C" __global__ void __launch_bounds__(WARPS * 32, TENSOR_CORES && KIND == 0 && M_TILES == 2 && WARPS <= 4 ? 2 : 1)
+    attention_kernel(const AttentionKernelParams p) {
+    if constexpr (TENSOR_CORES) {
+        extern __shared__ __align__(16) char smem[];
+        if constexpr (KIND == 0) tc::forward(p, smem);
+        else if constexpr (KIND == 1) tc::backward_dq(p, smem);
+        else tc::backward_dkdv(p, smem);
+    } else {
+        if constexpr (KIND == 0) simt::forward(p);
+        else if constexpr (KIND == 1) simt::backward_dq(p);
+        else simt::backward_dkdv(p);
+    }
+}

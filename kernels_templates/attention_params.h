@@ -1,0 +1,129 @@
+// Run-time arguments of the attention kernels, passed by value as their single parameter, and
+// the shared-memory layout of the tensor-core kernels. Compiled twice: into the host launcher
+// (src/cuda_attention.cpp) and, embedded, into every attention kernel by NVRTC, so the two
+// sides cannot disagree on the layout. Plain C++ only: kernels compile without any toolkit
+// header.
+#ifndef ROPE_JIT_ATTENTION_PARAMS_H
+#define ROPE_JIT_ATTENTION_PARAMS_H
+
+#if defined(__CUDACC__)
+#define ROPE_JIT_HOST_DEVICE __host__ __device__
+#else
+#define ROPE_JIT_HOST_DEVICE
+#endif
+
+struct AttentionKernelParams {
+    // [B, H, S, D] views; strides in elements. out is written by the forward and read by the
+    // backward; lse ([B, Hq, Sq], float32) likewise (NULL in a forward without lse).
+    const void* q;
+    const void* k;
+    const void* v;
+    void* out;
+    float* lse;
+    long long q_stride[4];
+    long long k_stride[4];
+    long long v_stride[4];
+    long long out_stride[4];
+    long long lse_stride[3];
+
+    // Backward: dout read; dq, dk, dv written.
+    const void* dout;
+    void* dq;
+    void* dk;
+    void* dv;
+    long long dout_stride[4];
+    long long dq_stride[4];
+    long long dk_stride[4];
+    long long dv_stride[4];
+
+    // Rotation tables [P, C] (NULL without rotation) and pos_mask as [B, N] (batch stride 0
+    // for a 1-dim mask).
+    const void* cos;
+    const void* sin;
+    long long cos_stride[2];
+    long long sin_stride[2];
+    const unsigned char* pos_mask;
+    long long pos_mask_stride[2];
+
+    // attn_mask as a [B, Sq, Sk] view (zero strides broadcast), or NULL.
+    const void* attn_mask;
+    long long mask_stride[3];
+
+    long long batch;
+    long long heads_q;
+    long long heads_k;
+    long long seqlen_q;
+    long long seqlen_k;
+    // Blocks along the sequence per (batch, head) in the grid; the grid is
+    // sequence_blocks * batch * heads blocks.
+    long long sequence_blocks;
+    float scale;       // softmax scale
+    float scale_log2;  // scale * log2(e): the kernels work in base 2
+};
+
+// Byte offsets of the shared-memory buffers of one block of a tensor-core kernel (kind 0
+// forward, 1 backward dq, 2 backward dk/dv), and the total to launch with. Buffers a kernel
+// does not use have size 0. Row buffers hold 16-bit elements with rows of (head_dim_padded +
+// 8) elements: the 16-byte pad keeps ldmatrix free of bank conflicts.
+struct AttentionSmemLayout {
+    // Forward/dq: the block's query rows and their plain copy (pos_mask), dout rows (dq),
+    // and the streamed key tiles (raw keys staged, rotated keys, values in two buffers).
+    // dk/dv: the block's key rows and values, and the streamed query tiles (raw queries and
+    // out rows staged, rotated queries, dout in two buffers).
+    int q, q_plain, q_stage, o_stage, dout0, dout1;
+    int k, k_plain, k_stage, v0, v1;
+    // The table rows of the streamed tile, staged raw (cos, then sin).
+    int cos_stage, sin_stage;
+    // Per-row values: float row_a[queries], row_b[queries] (lse and delta of query rows;
+    // dk/dv has a second row_a half where the next tile's lse lands), then unsigned char
+    // positioned flags of the query and key rows.
+    int row_a, row_b, q_flags, k_flags;
+    int bytes;
+};
+
+ROPE_JIT_HOST_DEVICE constexpr int attention_align16(int bytes) { return (bytes + 15) / 16 * 16; }
+
+// Reserves `bytes` (rounded up to 16) at *at and returns their offset.
+ROPE_JIT_HOST_DEVICE constexpr int attention_take(int* at, int bytes) {
+    const int offset = *at;
+    *at += attention_align16(bytes);
+    return offset;
+}
+
+// `block_n` is the streamed tile's rows; the resident rows are 16 * m_tiles * warps.
+// `table_row_bytes` is the staged bytes of one table row (0: tables are not staged). The
+// forward rotates each key tile in place and keeps one value buffer; dq stages raw keys and
+// double-buffers values.
+ROPE_JIT_HOST_DEVICE constexpr AttentionSmemLayout attention_smem_layout(int kind, int head_dim_padded, int warps,
+                                                                        int m_tiles, int block_n, bool pos_mask,
+                                                                        int table_row_bytes) {
+    AttentionSmemLayout l{};
+    const int row_bytes = (head_dim_padded + 8) * 2;
+    const int resident = 16 * m_tiles * warps;
+    const int queries = kind == 2 ? block_n : resident;  // query rows held at once
+    const int keys = kind == 2 ? resident : block_n;     // key rows held at once
+    int at = 0;
+    int* const cursor = &at;
+    l.q = attention_take(cursor, queries * row_bytes);
+    l.q_plain = attention_take(cursor, pos_mask ? queries * row_bytes : 0);
+    l.q_stage = attention_take(cursor, kind == 2 ? queries * row_bytes : 0);
+    l.o_stage = attention_take(cursor, kind == 2 ? queries * row_bytes : 0);
+    l.dout0 = attention_take(cursor, kind != 0 ? queries * row_bytes : 0);
+    l.dout1 = attention_take(cursor, kind == 2 ? queries * row_bytes : 0);
+    l.k = attention_take(cursor, keys * row_bytes);
+    l.k_plain = attention_take(cursor, pos_mask ? keys * row_bytes : 0);
+    l.k_stage = attention_take(cursor, kind == 1 ? keys * row_bytes : 0);
+    l.v0 = attention_take(cursor, keys * row_bytes);
+    l.v1 = attention_take(cursor, kind == 1 ? keys * row_bytes : 0);
+    const int staged_rows = kind == 2 ? queries : keys;
+    l.cos_stage = attention_take(cursor, staged_rows * table_row_bytes);
+    l.sin_stage = attention_take(cursor, staged_rows * table_row_bytes);
+    l.row_a = attention_take(cursor, (kind == 2 ? 2 : 1) * queries * 4);
+    l.row_b = attention_take(cursor, queries * 4);
+    l.q_flags = attention_take(cursor, queries);
+    l.k_flags = attention_take(cursor, keys);
+    l.bytes = at;
+    return l;
+}
+
+#endif

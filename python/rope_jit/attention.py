@@ -1,0 +1,94 @@
+"""attention(): softmax attention with rotary embeddings fused in (rope_jit_attention).
+
+The op arrived in a later version of the C API than rope_jit_rope; with a library that lacks
+it, has_attention() is False and every call raises NotImplementedError saying so.
+"""
+
+import ctypes
+
+from . import _structs as s
+from .rope import resolve_stream
+from .runtime import _STYLES, _choice, default_runtime
+from .tensors import as_tensor
+
+_P = ctypes.POINTER
+
+
+def _functions(library):
+    """(forward, backward, args_init) C functions, or None when the library has no attention."""
+    cached = getattr(library, "_attention_functions", False)
+    if cached is not False:
+        return cached
+    init = library.optional("rope_jit_attention_args_init", None, [_P(s.AttentionArgs)])
+    forward = library.optional("rope_jit_attention", ctypes.c_int, [ctypes.c_void_p, _P(s.AttentionArgs)])
+    backward = library.optional("rope_jit_attention_backward", ctypes.c_int, [ctypes.c_void_p, _P(s.AttentionArgs)])
+    functions = (forward, backward, init) if forward and backward and init else None
+    library._attention_functions = functions
+    return functions
+
+
+def has_attention(runtime=None):
+    """Whether the loaded library has the fused attention op."""
+    runtime = runtime if runtime is not None else default_runtime()
+    return _functions(runtime.library) is not None
+
+
+def _call(which, tensors, causal, scale, rotary_dim, style, stream, runtime):
+    runtime = runtime if runtime is not None else default_runtime()
+    library = runtime.library
+    functions = _functions(library)
+    if functions is None:
+        raise NotImplementedError(
+            f"the loaded librope_jit ({library.path}) has no rope_jit_attention: build a newer rope-jit")
+    forward, backward, init = functions
+    present = [value for value in tensors.values() if value is not None]
+    stream_handle = resolve_stream(stream, present)
+    args = library.new_struct(s.AttentionArgs, init)
+    held = []
+    for name, value in tensors.items():
+        if value is None:
+            continue
+        written = name in ("out", "lse", "dq", "dk", "dv") and not (which == "backward" and name in ("out", "lse"))
+        tensor = as_tensor(value, name, writable=written, stream=stream_handle)
+        held.append(tensor)
+        setattr(args, name, tensor.pointer)
+    args.causal = 1 if causal else 0
+    args.scale = float(scale)
+    args.rotary_dim = int(rotary_dim)
+    args.style = _choice(style, _STYLES, "style")
+    args.stream = stream_handle or None
+    function = forward if which == "forward" else backward
+    library.check("rope_jit_attention" + ("" if which == "forward" else "_backward"),
+                  function(runtime.handle, ctypes.byref(args)))
+    del held
+
+
+def attention(q, k, v, out, *, cos=None, sin=None, pos_mask=None, attn_mask=None, causal=False, scale=0.0,
+              rotary_dim=0, style="half", lse=None, stream=None, runtime=None):
+    """Attention with q and k rotated as they are loaded, written into `out` (and `lse`).
+
+    Shapes (any strides, nothing copied): q and out [B, Hq, Sq, D]; k, v [B, Hk, Sk, D] with Hq
+    a multiple of Hk; cos/sin [P, R/2] or [P, R] (token s uses row s; None: no rotation);
+    pos_mask [N] or [B, N] bool/uint8 (tokens without a position take part unrotated);
+    attn_mask [B, Sk] or [B, Sq, Sk], bool (False = masked) or float (added to the scores);
+    lse [B, Hq, Sq] float32 (optional output). causal is top-left aligned; scale 0 means
+    1/sqrt(D); style "half" or "interleaved" (rotary-embedding-torch). On the GPU the work is
+    enqueued on `stream` (default as in rope_jit.rope). Raises NotImplementedError when the
+    library has no attention op.
+    """
+    _call("forward", {"q": q, "k": k, "v": v, "out": out, "cos": cos, "sin": sin, "pos_mask": pos_mask,
+                      "attn_mask": attn_mask, "lse": lse},
+          causal, scale, rotary_dim, style, stream, runtime)
+    return out
+
+
+def attention_backward(q, k, v, out, lse, dout, dq, dk, dv, *, cos=None, sin=None, pos_mask=None,
+                       attn_mask=None, causal=False, scale=0.0, rotary_dim=0, style="half", stream=None,
+                       runtime=None):
+    """The gradients of attention(): from the forward's arguments, its out and lse, and dout
+    (like out), writes dq, dk and dv (like q, k, v; overwritten), with respect to the unrotated
+    q and k. No gradient for the masks or tables. Returns (dq, dk, dv)."""
+    _call("backward", {"q": q, "k": k, "v": v, "out": out, "cos": cos, "sin": sin, "pos_mask": pos_mask,
+                       "attn_mask": attn_mask, "lse": lse, "dout": dout, "dq": dq, "dk": dk, "dv": dv},
+          causal, scale, rotary_dim, style, stream, runtime)
+    return dq, dk, dv

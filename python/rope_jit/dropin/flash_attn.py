@@ -1,0 +1,76 @@
+"""flash-attention's rotary functions (flash_attn.layers.rotary)."""
+
+import torch
+
+from ..torch_ops import apply_rope
+
+
+def _offsets(seqlen_offsets):
+    # An int shifts every sequence; a [B] tensor shifts each its own way.
+    if isinstance(seqlen_offsets, torch.Tensor):
+        return 0, seqlen_offsets
+    return int(seqlen_offsets), None
+
+
+def apply_rotary_emb(x, cos, sin, interleaved=False, inplace=False, seqlen_offsets=0, cu_seqlens=None,
+                     max_seqlen=None):
+    """flash-attention's apply_rotary_emb.
+
+    x: [B, S, H, D], or [T, H, D] packed with cu_seqlens [B+1] (int32). cos, sin: half tables
+    [seqlen_ro, R/2]; the first R features rotate, the rest pass through. interleaved: GPT-J
+    pairs (2i, 2i+1) instead of NeoX pairs (i, i+R/2). inplace: write into x. seqlen_offsets:
+    an int or a [B] tensor added to each sequence's positions (KV-cache decode). max_seqlen is
+    accepted and unused (the library needs no bound). Returns the rotated tensor (x itself
+    with inplace=True).
+    """
+    position_offset, offsets = _offsets(seqlen_offsets)
+    return apply_rope(x, None, cos, sin, seqlen_offsets=offsets, cu_seqlens=cu_seqlens,
+                      position_offset=position_offset, rotary_dim=2 * cos.shape[-1],
+                      style="interleaved" if interleaved else "half",
+                      layout="thd" if cu_seqlens is not None else "bshd", inplace=inplace)
+
+
+# flash-attention's alias for backward compatibility.
+apply_rotary_emb_func = apply_rotary_emb
+
+
+def _qk_views(qkv, num_heads_q):
+    if qkv.dim() == 5:
+        if qkv.shape[2] != 3:
+            raise ValueError(f"qkv: expected [B, S, 3, H, D], got {list(qkv.shape)}")
+        return qkv[:, :, 0], qkv[:, :, 1]
+    if qkv.dim() != 4 or num_heads_q is None:
+        raise ValueError("qkv: expected [B, S, 3, H, D], or [B, S, Hq + 2*Hk, D] with num_heads_q")
+    num_heads_k = (qkv.shape[2] - num_heads_q) // 2
+    if qkv.shape[2] != num_heads_q + 2 * num_heads_k:
+        raise ValueError(f"qkv: {qkv.shape[2]} heads is not num_heads_q={num_heads_q} + 2 * Hk")
+    return qkv[:, :, :num_heads_q], qkv[:, :, num_heads_q:num_heads_q + num_heads_k]
+
+
+def apply_rotary_emb_qkv_(qkv, cos, sin, cos_k=None, sin_k=None, interleaved=False, seqlen_offsets=0,
+                          num_heads_q=None):
+    """flash-attention's apply_rotary_emb_qkv_: rotates the q and k parts of a packed qkv
+    ([B, S, 3, H, D], or [B, S, Hq + 2*Hk, D] with num_heads_q) in place, in one launch (two
+    when cos_k/sin_k differ from cos/sin). Returns qkv."""
+    q, k = _qk_views(qkv, num_heads_q)
+    position_offset, offsets = _offsets(seqlen_offsets)
+    common = dict(seqlen_offsets=offsets, position_offset=position_offset, rotary_dim=2 * cos.shape[-1],
+                  style="interleaved" if interleaved else "half", layout="bshd", inplace=True)
+    if (cos_k is None or cos_k is cos) and (sin_k is None or sin_k is sin):
+        apply_rope(q, k, cos, sin, **common)
+    else:
+        apply_rope(q, None, cos, sin, **common)
+        apply_rope(k, None, cos if cos_k is None else cos_k, sin if sin_k is None else sin_k, **common)
+    return qkv
+
+
+def apply_rotary_emb_kv_(kv, cos, sin, interleaved=False, seqlen_offsets=0):
+    """flash-attention's apply_rotary_emb_kv_: rotates the k part of kv [B, S, 2, H, D] in
+    place. Returns kv."""
+    if kv.dim() != 5 or kv.shape[2] != 2:
+        raise ValueError(f"kv: expected [B, S, 2, H, D], got {list(kv.shape)}")
+    position_offset, offsets = _offsets(seqlen_offsets)
+    apply_rope(kv[:, :, 0], None, cos, sin, seqlen_offsets=offsets, position_offset=position_offset,
+               rotary_dim=2 * cos.shape[-1], style="interleaved" if interleaved else "half", layout="bshd",
+               inplace=True)
+    return kv

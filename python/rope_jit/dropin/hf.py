@@ -1,0 +1,62 @@
+"""HF transformers' apply_rotary_pos_emb (Llama, Mistral, Qwen2, Gemma... modeling files)."""
+
+import torch
+
+from ..torch_ops import apply_rope
+
+
+def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
+    """Rotates q and k as transformers' `q * cos + rotate_half(q) * sin` (half style) does.
+
+    Args:
+        q: [B, Hq, S, D] with unsqueeze_dim=1 (the default), or [B, S, Hq, D] with
+            unsqueeze_dim=2. k: the same with Hk heads (Hq a multiple of Hk for one fused
+            launch; otherwise q and k are rotated by two launches).
+        cos, sin: [B, S, R] as the model's rotary embedding returns them (R = D, or R < D
+            for partial rotary as GLM/Phi do: the first R features rotate, the rest pass
+            through), [1, S, R] or [S, R]; or, with position_ids, a [P, R] table that
+            transformers < 4.38 gathered by position_ids [B, S].
+        position_ids: ignored unless cos is a 2-D table (as in transformers >= 4.38, where it
+            is deprecated). An int here is taken as unsqueeze_dim, so that the newer signature
+            apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim) works positionally as well.
+
+    Returns (q_embed, k_embed), new tensors in q's and k's dtype (transformers returns cos's
+    dtype when it is wider; the models pass cos in q's dtype).
+    """
+    if isinstance(position_ids, int) and not isinstance(position_ids, bool):
+        position_ids, unsqueeze_dim = None, position_ids
+    if unsqueeze_dim not in (1, 2, -3, -2):
+        raise ValueError(f"unsqueeze_dim: expected 1 ([B, H, S, D]) or 2 ([B, S, H, D]), got {unsqueeze_dim}")
+    layout = "bhsd" if unsqueeze_dim in (1, -3) else "bshd"
+    seq_len = q.shape[2] if layout == "bhsd" else q.shape[1]
+    batch = q.shape[0]
+    positions = seqlen_offsets = None
+    if cos.dim() == 2:
+        # A [P, R] table: rows by position_ids when given (old transformers), else row s.
+        table_cos, table_sin = cos, sin
+        positions = position_ids
+    elif cos.dim() == 3:
+        if cos.shape[1] != seq_len:
+            raise ValueError(f"cos: {cos.shape[1]} positions for {seq_len} tokens (shape {list(cos.shape)})")
+        if cos.shape[0] == 1 or cos.stride(0) == 0:
+            # One row per token, shared by the batch.
+            table_cos, table_sin = cos[0], sin[0]
+        else:
+            # One table per sequence: stacked into [B*S, R], sequence b starting at row b*S.
+            table_cos, table_sin = cos.reshape(-1, cos.shape[-1]), sin.reshape(-1, sin.shape[-1])
+            seqlen_offsets = torch.arange(batch, device=q.device, dtype=torch.int64) * seq_len
+    else:
+        raise ValueError(f"cos: expected [B, S, R], [S, R] or a [P, R] table, got shape {list(cos.shape)}")
+    rotary_dim = table_cos.shape[-1]
+    heads_q = q.shape[1] if layout == "bhsd" else q.shape[2]
+    heads_k = k.shape[1] if layout == "bhsd" else k.shape[2]
+    common = dict(positions=positions, seqlen_offsets=seqlen_offsets, rotary_dim=rotary_dim, layout=layout)
+    if heads_q % heads_k == 0:
+        return apply_rope(q, k, table_cos, table_sin, **common)
+    return apply_rope(q, None, table_cos, table_sin, **common), apply_rope(k, None, table_cos, table_sin, **common)
+
+
+def rotate_half(x):
+    """transformers' rotate_half, for code that imports it alongside apply_rotary_pos_emb."""
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1)

@@ -1,0 +1,137 @@
+"""rope(): rope_jit_rope on any tensors (torch, numpy, cupy, jax...), without copies.
+
+This is the framework-neutral entry point: it writes into the tensors you pass (in place, or
+into q_out/k_out) and has no autograd. PyTorch users who want gradients and torch.compile use
+rope_jit.torch_ops.apply_rope, which calls this underneath.
+"""
+
+import ctypes
+import sys
+
+from . import _structs as s
+from .runtime import _STYLES, _choice, default_runtime
+from .tensors import as_tensor, torch_stream_of
+
+LAYOUTS = ("bhsd", "bshd", "thd")
+
+
+def resolve_stream(stream, tensors):
+    """The CUstream (an int; 0 = legacy default) a call on `tensors` launches on.
+
+    `stream` may be an int (a CUstream), an object with .cuda_stream (torch.cuda.Stream) or
+    .ptr (cupy.cuda.Stream), or None: then PyTorch's current stream when a tensor is a CUDA
+    torch tensor, CuPy's current stream for a CuPy array, else the legacy default stream."""
+    if stream is not None:
+        for attribute in ("cuda_stream", "ptr"):
+            if hasattr(stream, attribute):
+                return int(getattr(stream, attribute))
+        return int(stream)
+    torch_stream = torch_stream_of(tensors)
+    if torch_stream is not None:
+        return torch_stream
+    for obj in tensors:
+        if type(obj).__module__.startswith("cupy") and "cupy" in sys.modules:
+            return int(sys.modules["cupy"].cuda.get_current_stream().ptr)
+    return 0
+
+
+def _require_field(library, field):
+    """Refuses a field that the loaded library's rope_jit_rope_args does not have: an older
+    library would ignore it and compute something else."""
+    if not library.has_field(s.RopeArgs, library.rope_jit_rope_args_init, field):
+        raise NotImplementedError(f"{field}: the loaded librope_jit ({library.path}) is too old for it")
+
+
+def rope(q, k=None, *, cos=None, sin=None, inv_freq=None, positions=None, seqlen_offsets=None,
+         cu_seqlens=None, position_offset=0, q_position_offset=0, rotary_dim=0, rotary_offset=0,
+         style="half", backward=False, xpos_scale=None, q_out=None, k_out=None, layout="bhsd",
+         mrope_sections=None, mrope_interleaved=False, inv_freq_grad=None, q_saved=None, k_saved=None,
+         stream=None, runtime=None):
+    """Applies rotary position embeddings to q (and k) with one rope_jit_rope call.
+
+    Tensors may be anything as_tensor() takes (torch, numpy, or any DLPack producer) and are
+    never copied; CPU tensors run on the CPU reference, CUDA tensors on the GPU.
+
+    Args:
+        q: queries, [B, Hq, S, D] (layout "bhsd"), [B, S, Hq, D] ("bshd") or [T, Hq, D]
+            ("thd": packed, with cu_seqlens, or alone as one sequence). Any strides.
+        k: keys with Hk heads (Hq a multiple of Hk), or None to rotate q alone.
+        cos, sin: angle tables [P, R/2] or [P, R] (float32/float16/bfloat16), both or neither.
+        inv_freq: [R/2] inverse frequencies, used when cos and sin are None.
+        positions: [S] or [B, S] ([T] packed) int32/int64 table rows of the tokens.
+        seqlen_offsets: [B] int32/int64: token s of sequence b takes row s + seqlen_offsets[b].
+        cu_seqlens: [B+1] int32/int64 sequence starts of packed ("thd") tensors.
+        position_offset: added to implicit positions of q and k (default 0).
+        q_position_offset: added for q only, on top (queries after cached keys).
+        rotary_dim: rotated features R; 0 = head_dim. rotary_offset: the first one.
+        style: "half" (NeoX/Llama pairs (i, i+R/2)) or "interleaved" (GPT-J pairs (2i, 2i+1)).
+        backward: True applies the inverse rotation (q and k hold gradients).
+        xpos_scale: xPos scales shaped like cos: q is multiplied, k divided.
+        q_out, k_out: outputs shaped like q and k (same layout), or None to write in place.
+        layout: "bhsd", "bshd" or "thd" (see q).
+        mrope_sections: pairs per position axis (M-RoPE / axial RoPE), e.g. [16, 24, 24]; then
+            positions has a leading axis [A, ...]. mrope_interleaved: Qwen3-VL's interleaved
+            sections instead of contiguous ones.
+        inv_freq_grad: [R/2] float32 output of d(loss)/d(inv_freq), with backward=True, angles
+            from inv_freq, and q_saved/k_saved the forward's outputs (learned frequencies).
+        stream: the CUDA stream to launch on; see resolve_stream for the default.
+        runtime: a Runtime; None = default_runtime().
+
+    Returns:
+        (q_result, k_result): the tensors that hold the result, i.e. q_out or q, and k_out or k
+        (None without k). On the GPU the work is enqueued on `stream`, not finished.
+
+    Raises:
+        InvalidArgumentError (a ValueError) naming the argument for bad input; another
+        RopeJitError subclass for other failures; TypeError for objects that are not tensors.
+    """
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
+    runtime = runtime if runtime is not None else default_runtime()
+    library = runtime.library
+    raw = {"q": q, "k": k, "q_out": q_out, "k_out": k_out, "cos": cos, "sin": sin, "inv_freq": inv_freq,
+           "positions": positions, "seqlen_offsets": seqlen_offsets, "cu_seqlens": cu_seqlens,
+           "xpos_scale": xpos_scale, "inv_freq_grad": inv_freq_grad, "q_saved": q_saved, "k_saved": k_saved}
+    stream_handle = resolve_stream(stream, [value for value in raw.values() if value is not None])
+
+    args = library.new_struct(s.RopeArgs, library.rope_jit_rope_args_init)
+    held = []  # every TensorArg (and the sections array) stays alive until the call returns
+    for name, value in raw.items():
+        if value is None:
+            continue
+        _require_field(library, name)
+        written = name in ("q_out", "k_out", "inv_freq_grad") or (name in ("q", "k") and raw[name + "_out"] is None)
+        tensor = as_tensor(value, name, writable=written, stream=stream_handle)
+        if layout == "bshd" and name in ("q", "k", "q_out", "k_out", "q_saved", "k_saved"):
+            if tensor.ndim != 4:
+                raise ValueError(f"{name}: layout bshd needs 4 dimensions [B, S, H, D], got shape "
+                                 f"{list(tensor.shape)}")
+            tensor = tensor.with_dims_swapped(1, 2)
+        held.append(tensor)
+        setattr(args, name, tensor.pointer)
+    args.position_offset = int(position_offset)
+    args.q_position_offset = int(q_position_offset)
+    args.rotary_dim = int(rotary_dim)
+    args.rotary_offset = int(rotary_offset)
+    args.style = _choice(style, _STYLES, "style")
+    args.backward = 1 if backward else 0
+    args.stream = stream_handle or None
+    if mrope_sections is not None:
+        _require_field(library, "mrope_sections")
+        sections = [int(n) for n in mrope_sections]
+        if len(sections) > s.MAX_MROPE_SECTIONS:
+            raise ValueError(f"mrope_sections: at most {s.MAX_MROPE_SECTIONS} sections, got {len(sections)}")
+        array = (ctypes.c_int32 * max(len(sections), 1))(*sections)
+        held.append(array)
+        args.mrope_sections = ctypes.cast(array, ctypes.POINTER(ctypes.c_int32))
+        args.num_mrope_sections = len(sections)
+        args.mrope_interleaved = 1 if mrope_interleaved else 0
+
+    status = library.rope_jit_rope(runtime.handle, ctypes.byref(args))
+    library.check("rope_jit_rope", status)
+    del held
+    return (q_out if q_out is not None else q,
+            None if k is None else (k_out if k_out is not None else k))
+
+
+__all__ = ["rope", "resolve_stream", "LAYOUTS"]

@@ -1,0 +1,164 @@
+"""The rope_jit runtime: backend choice, kernel caches, CPU worker threads.
+
+Most code never makes one: the ops use `default_runtime()`, created on first use with the
+library's defaults (backend auto: CUDA when a GPU is present, and the CPU reference for host
+tensors either way). Make a Runtime to force a backend, pick a cache directory, or count
+kernel-cache hits.
+"""
+
+import ctypes
+import threading
+
+from . import _library
+from . import _structs as s
+from . import tensors
+
+_BACKENDS = {"auto": s.BACKEND_AUTO, "cuda": s.BACKEND_CUDA, "cpu": s.BACKEND_CPU}
+_BACKEND_NAMES = {s.BACKEND_CUDA: "cuda", s.BACKEND_CPU: "cpu", s.BACKEND_AUTO: "auto"}
+_STYLES = {"half": s.STYLE_HALF, "interleaved": s.STYLE_INTERLEAVED}
+_POSITION_MODES = {"implicit": s.POSITIONS_IMPLICIT, "indices": s.POSITIONS_INDICES,
+                   "seqlen_offsets": s.POSITIONS_SEQLEN_OFFSETS}
+_ANGLE_SOURCES = {"table_half": s.ANGLES_TABLE_HALF, "table_full": s.ANGLES_TABLE_FULL,
+                  "inv_freq": s.ANGLES_INV_FREQ}
+
+
+def _choice(value, table, name):
+    if value in table.values() and not isinstance(value, str):
+        return value
+    if value not in table:
+        raise ValueError(f"{name}: expected one of {sorted(table)}, got {value!r}")
+    return table[value]
+
+
+class Runtime:
+    """A rope_jit_runtime (rope_jit_runtime_create / rope_jit_runtime_free).
+
+    Args:
+        backend: "auto" (default), "cuda" (fails with BackendUnavailableError without a GPU)
+            or "cpu".
+        cache_dir: root of the on-disk kernel cache; None = $ROPE_JIT_CACHE_DIR, else
+            $XDG_CACHE_HOME/rope_jit, else ~/.cache/rope_jit.
+        disk_cache: False keeps compiled kernels in memory only.
+        cpu_threads: worker threads of the CPU reference; 0 = one per hardware thread.
+        debug_checks: True checks positions against the table on the GPU (slower).
+
+    Usable from any number of threads. Free it with close() (or a with block); it is also
+    freed when garbage-collected.
+    """
+
+    def __init__(self, backend="auto", cache_dir=None, disk_cache=True, cpu_threads=0, debug_checks=False):
+        self._library = _library.load()
+        config = self._library.new_struct(s.Config, self._library.rope_jit_config_init)
+        config.backend = _choice(backend, _BACKENDS, "backend")
+        config.cache_dir = None if cache_dir is None else str(cache_dir).encode()
+        config.disk_cache = 1 if disk_cache else 0
+        config.cpu_threads = int(cpu_threads)
+        config.debug_checks = 1 if debug_checks else 0
+        handle = ctypes.c_void_p()
+        self._handle = None
+        status = self._library.rope_jit_runtime_create(ctypes.byref(config), ctypes.byref(handle))
+        self._library.check("rope_jit_runtime_create", status)
+        self._handle = handle
+
+    @property
+    def handle(self):
+        """The rope_jit_runtime* (a ctypes.c_void_p). Raises ValueError once closed."""
+        if self._handle is None:
+            raise ValueError("runtime: already closed")
+        return self._handle
+
+    @property
+    def library(self):
+        return self._library
+
+    @property
+    def backend(self):
+        """Where device work runs: "cuda" or "cpu"."""
+        return _BACKEND_NAMES[self._library.rope_jit_backend(self.handle)]
+
+    def stats(self):
+        """The kernel-cache counters since creation, as a dict: memory_hits, disk_hits,
+        compiles, compile_ms, disk_writes, launches."""
+        stats = self._library.new_struct(s.Stats, self._library.rope_jit_stats_init)
+        self._library.check("rope_jit_get_stats", self._library.rope_jit_get_stats(self.handle, ctypes.byref(stats)))
+        return {name: getattr(stats, name) for name, _ in s.Stats._fields_ if name != "struct_size"}
+
+    def prewarm(self, specs, target=None):
+        """Compiles the kernels of `specs` for `target` ("sm_90"...; None = GPU 0's) into the
+        disk cache, so later processes load them without compiling. Needs NVRTC, not a GPU.
+
+        Each spec is a dict of rope_jit_kernel_spec fields; unnamed fields keep the library's
+        defaults: head_dim (required), dtype ("float32", "float16", "bfloat16"), rotary_dim,
+        rotary_offset, style ("half"/"interleaved"), backward, has_k, gqa_group, positions
+        ("implicit", "indices", "seqlen_offsets"), index_dtype ("int32"/"int64"), packed,
+        angles ("table_half", "table_full", "inv_freq"), table_dtype, xpos, in_place.
+        """
+        specs = list(specs)
+        if not specs:
+            return
+        array = (s.KernelSpec * max(len(specs), 1))()
+        for index, spec in enumerate(specs):
+            array[index] = self._library.new_struct(s.KernelSpec, self._library.rope_jit_kernel_spec_init)
+            for key, value in spec.items():
+                field = f"specs[{index}].{key}"
+                if key in ("dtype", "index_dtype", "table_dtype"):
+                    if value not in tensors.DTYPES:
+                        raise ValueError(f"{field}: expected one of {sorted(tensors.DTYPES)}, got {value!r}")
+                    value = s.DLDataType(*tensors.DTYPES[value], 1)
+                elif key == "style":
+                    value = _choice(value, _STYLES, field)
+                elif key == "positions":
+                    value = _choice(value, _POSITION_MODES, field)
+                elif key == "angles":
+                    value = _choice(value, _ANGLE_SOURCES, field)
+                elif key in dict(s.KernelSpec._fields_) and key != "struct_size":
+                    value = int(value)
+                else:
+                    raise ValueError(f"{field}: not a field of rope_jit_kernel_spec")
+                setattr(array[index], key, value)
+        target = None if target is None else str(target).encode()
+        if self._library.struct_sizes[s.KernelSpec.__name__] == ctypes.sizeof(s.KernelSpec):
+            self._library.check("rope_jit_prewarm", self._library.rope_jit_prewarm(self.handle, array, len(specs), target))
+            return
+        # The library indexes the array with its own struct size: pass one spec at a time.
+        for index in range(len(specs)):
+            status = self._library.rope_jit_prewarm(self.handle, ctypes.byref(array[index]), 1, target)
+            self._library.check(f"rope_jit_prewarm (specs[{index}])", status)
+
+    def close(self):
+        """Frees the runtime. No call may be in flight on it. Closing twice is a no-op."""
+        if self._handle is not None:
+            self._library.rope_jit_runtime_free(self._handle)
+            self._handle = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: the library may already be gone
+            pass
+
+    def __repr__(self):
+        if self._handle is None:
+            return "Runtime(closed)"
+        return f"Runtime(backend={self.backend!r})"
+
+
+_default_lock = threading.Lock()
+_default = None
+
+
+def default_runtime():
+    """The process-wide Runtime the ops use when given none, created on first use with the
+    library's defaults (backend auto)."""
+    global _default
+    if _default is None:
+        with _default_lock:
+            if _default is None:
+                _default = Runtime()
+    return _default

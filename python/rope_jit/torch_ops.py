@@ -1,0 +1,332 @@
+"""PyTorch integration: RoPE (and attention) as custom ops with autograd, for eager and
+torch.compile.
+
+The ops live in the `rope_jit` torch.library namespace:
+
+  rope_jit::rope(x, ...) -> Tensor              one tensor (q or k), out of place
+  rope_jit::rope_qk(q, k, ...) -> (Tensor, Tensor)  q and k in one launch (GQA/MQA)
+  rope_jit::rope_(x!, ...)  and  rope_jit::rope_qk_(q!, k!, ...)   in place, no autograd
+  rope_jit::attention(q, k, v, ...) -> (out, lse)   attention with rotary fused in
+
+Each out-of-place op has a fake (meta) implementation, so torch.compile traces it without a
+graph break, and an autograd formula (torch.library.register_autograd, which wraps it in a
+torch.autograd.Function) whose backward is the same op with `backward` flipped: the library's
+backward kernel (the inverse rotation). That backward is itself differentiable, so double
+backward works too. Gradients flow to q and k only, never to the tables (cos, sin, inv_freq,
+xpos_scale): apply_rope refuses tables that require grad rather than silently dropping their
+gradient.
+
+Kernels launch on PyTorch's current CUDA stream of the tensors' device and never synchronize;
+CPU tensors run on the library's CPU reference.
+
+Most users call apply_rope (below) or a drop-in from rope_jit.dropin.
+"""
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from .attention import attention as _call_attention
+from .attention import attention_backward as _call_attention_backward
+from .attention import has_attention as _has_attention
+from .rope import rope as _rope
+
+_TABLE_NAMES = ("cos", "sin", "inv_freq", "xpos_scale")
+
+
+def _launch(q, k, q_out, k_out, cos, sin, inv_freq, positions, seqlen_offsets, cu_seqlens, xpos_scale,
+            position_offset, q_position_offset, rotary_dim, rotary_offset, interleaved, backward):
+    _rope(q, k, q_out=q_out, k_out=k_out, cos=cos, sin=sin, inv_freq=inv_freq, positions=positions,
+          seqlen_offsets=seqlen_offsets, cu_seqlens=cu_seqlens, xpos_scale=xpos_scale,
+          position_offset=position_offset, q_position_offset=q_position_offset, rotary_dim=rotary_dim,
+          rotary_offset=rotary_offset, style="interleaved" if interleaved else "half", backward=backward)
+
+
+# ------------------------------------------------------------------------------------------
+# rope_jit::rope: one tensor
+# ------------------------------------------------------------------------------------------
+
+@torch.library.custom_op("rope_jit::rope", mutates_args=())
+def rope_op(x: Tensor, cos: Optional[Tensor], sin: Optional[Tensor], inv_freq: Optional[Tensor],
+            positions: Optional[Tensor], seqlen_offsets: Optional[Tensor], cu_seqlens: Optional[Tensor],
+            xpos_scale: Optional[Tensor], position_offset: int, rotary_dim: int, rotary_offset: int,
+            interleaved: bool, backward: bool) -> Tensor:
+    """x rotated into a new tensor. x is [B, H, S, D] (any strides) or packed [T, H, D]; the
+    other arguments are rope_jit.rope's. xpos_scale multiplies (as for q)."""
+    out = torch.empty_like(x)
+    _launch(x, None, out, None, cos, sin, inv_freq, positions, seqlen_offsets, cu_seqlens, xpos_scale,
+            position_offset, 0, rotary_dim, rotary_offset, interleaved, backward)
+    return out
+
+
+@rope_op.register_fake
+def _rope_fake(x, cos, sin, inv_freq, positions, seqlen_offsets, cu_seqlens, xpos_scale, position_offset,
+               rotary_dim, rotary_offset, interleaved, backward):
+    return torch.empty_like(x)
+
+
+def _rope_setup_context(ctx, inputs, output):
+    (_, cos, sin, inv_freq, positions, seqlen_offsets, cu_seqlens, xpos_scale, position_offset, rotary_dim,
+     rotary_offset, interleaved, backward) = inputs
+    ctx.save_for_backward(cos, sin, inv_freq, positions, seqlen_offsets, cu_seqlens, xpos_scale)
+    ctx.params = (position_offset, rotary_dim, rotary_offset, interleaved, backward)
+
+
+def _rope_backward(ctx, grad):
+    position_offset, rotary_dim, rotary_offset, interleaved, backward = ctx.params
+    grad_x = None
+    if grad is not None:
+        grad_x = rope_op(grad, *ctx.saved_tensors, position_offset, rotary_dim, rotary_offset, interleaved,
+                         not backward)
+    return (grad_x,) + (None,) * 12
+
+
+rope_op.register_autograd(_rope_backward, setup_context=_rope_setup_context)
+
+
+# ------------------------------------------------------------------------------------------
+# rope_jit::rope_qk: q and k in one launch
+# ------------------------------------------------------------------------------------------
+
+@torch.library.custom_op("rope_jit::rope_qk", mutates_args=())
+def rope_qk_op(q: Tensor, k: Tensor, cos: Optional[Tensor], sin: Optional[Tensor], inv_freq: Optional[Tensor],
+               positions: Optional[Tensor], seqlen_offsets: Optional[Tensor], cu_seqlens: Optional[Tensor],
+               xpos_scale: Optional[Tensor], position_offset: int, q_position_offset: int, rotary_dim: int,
+               rotary_offset: int, interleaved: bool, backward: bool) -> tuple[Tensor, Tensor]:
+    """q and k rotated into new tensors by one kernel. k may have fewer heads (GQA/MQA) and,
+    with implicit positions, another length (cached keys; see q_position_offset). xpos_scale
+    multiplies q and divides k."""
+    q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+    _launch(q, k, q_out, k_out, cos, sin, inv_freq, positions, seqlen_offsets, cu_seqlens, xpos_scale,
+            position_offset, q_position_offset, rotary_dim, rotary_offset, interleaved, backward)
+    return q_out, k_out
+
+
+@rope_qk_op.register_fake
+def _rope_qk_fake(q, k, cos, sin, inv_freq, positions, seqlen_offsets, cu_seqlens, xpos_scale, position_offset,
+                  q_position_offset, rotary_dim, rotary_offset, interleaved, backward):
+    return torch.empty_like(q), torch.empty_like(k)
+
+
+def _rope_qk_setup_context(ctx, inputs, output):
+    (q, k, cos, sin, inv_freq, positions, seqlen_offsets, cu_seqlens, xpos_scale, position_offset,
+     q_position_offset, rotary_dim, rotary_offset, interleaved, backward) = inputs
+    ctx.save_for_backward(cos, sin, inv_freq, positions, seqlen_offsets, cu_seqlens, xpos_scale)
+    ctx.params = (position_offset, q_position_offset, rotary_dim, rotary_offset, interleaved, backward)
+    ctx.input_specs = ((q.shape, q.dtype, q.device), (k.shape, k.dtype, k.device))
+
+
+def _rope_qk_backward(ctx, grad_q, grad_k):
+    if grad_q is None and grad_k is None:
+        return (None,) * 15
+    # An output that did not reach the loss may come as None; the kernel wants both.
+    (q_shape, q_dtype, q_device), (k_shape, k_dtype, k_device) = ctx.input_specs
+    if grad_q is None:
+        grad_q = torch.zeros(q_shape, dtype=q_dtype, device=q_device)
+    if grad_k is None:
+        grad_k = torch.zeros(k_shape, dtype=k_dtype, device=k_device)
+    position_offset, q_position_offset, rotary_dim, rotary_offset, interleaved, backward = ctx.params
+    grad_q, grad_k = rope_qk_op(grad_q, grad_k, *ctx.saved_tensors, position_offset, q_position_offset,
+                                rotary_dim, rotary_offset, interleaved, not backward)
+    return (grad_q, grad_k) + (None,) * 13
+
+
+rope_qk_op.register_autograd(_rope_qk_backward, setup_context=_rope_qk_setup_context)
+
+
+# ------------------------------------------------------------------------------------------
+# In-place variants (inference: no autograd)
+# ------------------------------------------------------------------------------------------
+
+@torch.library.custom_op("rope_jit::rope_", mutates_args=("x",))
+def rope_inplace_op(x: Tensor, cos: Optional[Tensor], sin: Optional[Tensor], inv_freq: Optional[Tensor],
+                    positions: Optional[Tensor], seqlen_offsets: Optional[Tensor], cu_seqlens: Optional[Tensor],
+                    xpos_scale: Optional[Tensor], position_offset: int, rotary_dim: int, rotary_offset: int,
+                    interleaved: bool, backward: bool) -> None:
+    """rope_jit::rope, written into x."""
+    _launch(x, None, None, None, cos, sin, inv_freq, positions, seqlen_offsets, cu_seqlens, xpos_scale,
+            position_offset, 0, rotary_dim, rotary_offset, interleaved, backward)
+
+
+@rope_inplace_op.register_fake
+def _rope_inplace_fake(x, cos, sin, inv_freq, positions, seqlen_offsets, cu_seqlens, xpos_scale, position_offset,
+                       rotary_dim, rotary_offset, interleaved, backward):
+    return None
+
+
+@torch.library.custom_op("rope_jit::rope_qk_", mutates_args=("q", "k"))
+def rope_qk_inplace_op(q: Tensor, k: Tensor, cos: Optional[Tensor], sin: Optional[Tensor],
+                       inv_freq: Optional[Tensor], positions: Optional[Tensor], seqlen_offsets: Optional[Tensor],
+                       cu_seqlens: Optional[Tensor], xpos_scale: Optional[Tensor], position_offset: int,
+                       q_position_offset: int, rotary_dim: int, rotary_offset: int, interleaved: bool,
+                       backward: bool) -> None:
+    """rope_jit::rope_qk, written into q and k."""
+    _launch(q, k, None, None, cos, sin, inv_freq, positions, seqlen_offsets, cu_seqlens, xpos_scale,
+            position_offset, q_position_offset, rotary_dim, rotary_offset, interleaved, backward)
+
+
+@rope_qk_inplace_op.register_fake
+def _rope_qk_inplace_fake(q, k, cos, sin, inv_freq, positions, seqlen_offsets, cu_seqlens, xpos_scale,
+                          position_offset, q_position_offset, rotary_dim, rotary_offset, interleaved, backward):
+    return None
+
+
+# ------------------------------------------------------------------------------------------
+# apply_rope: the function to call
+# ------------------------------------------------------------------------------------------
+
+LAYOUTS = ("bhsd", "bshd", "thd")
+
+
+def _refuse_table_grads(tables):
+    if not torch.is_grad_enabled():
+        return
+    for name, table in tables.items():
+        if table is not None and table.requires_grad:
+            raise NotImplementedError(
+                f"{name} requires grad, but rope-jit computes gradients for q and k only: pass "
+                f"{name}.detach(), or use a plain PyTorch RoPE where {name} must be learned")
+
+
+def apply_rope(q, k=None, cos=None, sin=None, *, inv_freq=None, positions=None, seqlen_offsets=None,
+               cu_seqlens=None, position_offset=0, q_position_offset=0, rotary_dim=0, rotary_offset=0,
+               style="half", layout="bhsd", xpos_scale=None, inplace=False, backward=False):
+    """Rotary position embeddings for torch tensors, differentiable and torch.compile-able.
+
+    Arguments are rope_jit.rope's (see there for shapes and position rules), with torch tensors:
+    q [B, Hq, S, D] ("bhsd"), [B, S, Hq, D] ("bshd") or [T, Hq, D] ("thd"); k likewise with Hk
+    heads (Hq a multiple of Hk) or None; cos/sin [P, R/2] or [P, R], or inv_freq [R/2].
+
+    inplace=False (default) returns new tensors; inplace=True writes into q and k and returns
+    them (when autograd records the call, through an out-of-place rotation and copy_, which
+    autograd can differentiate).
+
+    Returns the rotated q when k is None, else (q, k). Gradients flow to q and k through the
+    library's backward kernel; tables must not require grad.
+    """
+    if style not in ("half", "interleaved"):
+        raise ValueError(f"style: expected 'half' or 'interleaved', got {style!r}")
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
+    _refuse_table_grads({"cos": cos, "sin": sin, "inv_freq": inv_freq, "xpos_scale": xpos_scale})
+    interleaved = style == "interleaved"
+    tables = (cos, sin, inv_freq, positions, seqlen_offsets, cu_seqlens, xpos_scale)
+
+    def to_api(name, tensor):
+        # The C API takes [B, H, S, D] in that logical order: a bshd tensor goes as its
+        # transposed view (no copy).
+        if layout != "bshd":
+            return tensor
+        if tensor.dim() != 4:
+            raise ValueError(f"{name}: layout bshd needs 4 dimensions [B, S, H, D], got {list(tensor.shape)}")
+        return tensor.transpose(1, 2)
+
+    from_api = (lambda tensor: tensor.transpose(1, 2)) if layout == "bshd" else (lambda tensor: tensor)
+    q_api = to_api("q", q)
+    k_api = None if k is None else to_api("k", k)
+
+    if inplace:
+        records_grad = torch.is_grad_enabled() and (q.requires_grad or (k is not None and k.requires_grad))
+        if records_grad:
+            rotated = apply_rope(q, k, cos, sin, inv_freq=inv_freq, positions=positions,
+                                 seqlen_offsets=seqlen_offsets, cu_seqlens=cu_seqlens,
+                                 position_offset=position_offset, q_position_offset=q_position_offset,
+                                 rotary_dim=rotary_dim, rotary_offset=rotary_offset, style=style, layout=layout,
+                                 xpos_scale=xpos_scale, backward=backward)
+            if k is None:
+                return q.copy_(rotated)
+            return q.copy_(rotated[0]), k.copy_(rotated[1])
+        if k is None:
+            rope_inplace_op(q_api, *tables, position_offset + q_position_offset, rotary_dim, rotary_offset,
+                            interleaved, backward)
+            return q
+        rope_qk_inplace_op(q_api, k_api, *tables, position_offset, q_position_offset, rotary_dim, rotary_offset,
+                           interleaved, backward)
+        return q, k
+
+    if k is None:
+        # Without k, q's own offset simply adds to the common one.
+        return from_api(rope_op(q_api, *tables, position_offset + q_position_offset, rotary_dim, rotary_offset,
+                                interleaved, backward))
+    q_out, k_out = rope_qk_op(q_api, k_api, *tables, position_offset, q_position_offset, rotary_dim,
+                              rotary_offset, interleaved, backward)
+    return from_api(q_out), from_api(k_out)
+
+
+# ------------------------------------------------------------------------------------------
+# rope_jit::attention: attention with rotary fused in (when the library has it)
+# ------------------------------------------------------------------------------------------
+
+@torch.library.custom_op("rope_jit::attention", mutates_args=())
+def attention_op(q: Tensor, k: Tensor, v: Tensor, cos: Optional[Tensor], sin: Optional[Tensor],
+                 pos_mask: Optional[Tensor], attn_mask: Optional[Tensor], causal: bool, scale: float,
+                 rotary_dim: int, interleaved: bool) -> tuple[Tensor, Tensor]:
+    """(out, lse): rope_jit.attention into new tensors; lse [B, Hq, Sq] float32."""
+    out = torch.empty_like(q)
+    lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+    _call_attention(q, k, v, out, cos=cos, sin=sin, pos_mask=pos_mask, attn_mask=attn_mask, causal=causal,
+                    scale=scale, rotary_dim=rotary_dim, style="interleaved" if interleaved else "half", lse=lse)
+    return out, lse
+
+
+@attention_op.register_fake
+def _attention_fake(q, k, v, cos, sin, pos_mask, attn_mask, causal, scale, rotary_dim, interleaved):
+    return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
+
+
+@torch.library.custom_op("rope_jit::attention_backward", mutates_args=())
+def attention_backward_op(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                          cos: Optional[Tensor], sin: Optional[Tensor], pos_mask: Optional[Tensor],
+                          attn_mask: Optional[Tensor], causal: bool, scale: float, rotary_dim: int,
+                          interleaved: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """(dq, dk, dv) of rope_jit::attention, by the library's backward kernel."""
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    _call_attention_backward(q, k, v, out, lse, dout, dq, dk, dv, cos=cos, sin=sin, pos_mask=pos_mask,
+                             attn_mask=attn_mask, causal=causal, scale=scale, rotary_dim=rotary_dim,
+                             style="interleaved" if interleaved else "half")
+    return dq, dk, dv
+
+
+@attention_backward_op.register_fake
+def _attention_backward_fake(dout, q, k, v, out, lse, cos, sin, pos_mask, attn_mask, causal, scale, rotary_dim,
+                             interleaved):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _attention_setup_context(ctx, inputs, output):
+    q, k, v, cos, sin, pos_mask, attn_mask, causal, scale, rotary_dim, interleaved = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cos, sin, pos_mask, attn_mask)
+    ctx.params = (causal, scale, rotary_dim, interleaved)
+    ctx.mark_non_differentiable(lse)
+
+
+def _attention_backward(ctx, grad_out, grad_lse):
+    # lse is marked non-differentiable: its gradient is ignored.
+    q, k, v, out, lse, cos, sin, pos_mask, attn_mask = ctx.saved_tensors
+    if grad_out is None:
+        return (None,) * 11
+    dq, dk, dv = attention_backward_op(grad_out, q, k, v, out, lse, cos, sin, pos_mask, attn_mask, *ctx.params)
+    return (dq, dk, dv) + (None,) * 8
+
+
+attention_op.register_autograd(_attention_backward, setup_context=_attention_setup_context)
+
+
+def attention(q, k, v, cos=None, sin=None, *, pos_mask=None, attn_mask=None, causal=False, scale=0.0,
+              rotary_dim=0, style="half", return_lse=False):
+    """Attention with rotary fused in, for torch tensors, differentiable (the library's
+    backward kernel) and torch.compile-able. Arguments are rope_jit.attention's: q [B, Hq, Sq,
+    D], k and v [B, Hk, Sk, D], cos/sin [P, R/2] or [P, R] or None, pos_mask, attn_mask, causal
+    (top-left aligned), scale (0 = 1/sqrt(D)), style. Returns out [B, Hq, Sq, D], and lse
+    [B, Hq, Sq] float32 with return_lse=True. Raises NotImplementedError when the library has
+    no attention op."""
+    if style not in ("half", "interleaved"):
+        raise ValueError(f"style: expected 'half' or 'interleaved', got {style!r}")
+    _refuse_table_grads({"cos": cos, "sin": sin})
+    if not torch.compiler.is_compiling() and not _has_attention():
+        raise NotImplementedError("rope_jit.attention: the loaded librope_jit has no rope_jit_attention")
+    out, lse = attention_op(q, k, v, cos, sin, pos_mask, attn_mask, bool(causal), float(scale), int(rotary_dim),
+                            style == "interleaved")
+    return (out, lse) if return_lse else out

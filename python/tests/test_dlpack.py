@@ -1,0 +1,133 @@
+"""The DLPack bridge: every path is zero-copy, honours strides, keeps memory alive for the
+call and releases it after."""
+
+import sys
+
+import pytest
+
+import rope_jit
+from rope_reference import angle_tables, rope_reference, token_rows
+
+np = pytest.importorskip("numpy")
+
+
+class ForeignTensor:
+    """A tensor from "another framework": it speaks only the DLPack protocol (here by
+    forwarding to a NumPy array, whose memory it shares)."""
+
+    def __init__(self, array):
+        self.array = array
+
+    def __dlpack__(self, stream=None):
+        return self.array.__dlpack__()
+
+    def __dlpack_device__(self):
+        return self.array.__dlpack_device__()
+
+
+def inputs(seed=0, shape=(2, 3, 5, 8)):
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal(shape).astype(np.float32)
+    inv_freq = (1.0 / 10000 ** (np.arange(0, shape[-1], 2) / shape[-1])).astype(np.float32)
+    return q, inv_freq
+
+
+def expected_rotation(q, inv_freq):
+    cos, sin = angle_tables(inv_freq, q.shape[2])
+    return rope_reference(q, "bhsd", cos, sin, token_rows(q.shape[0], q.shape[2]), rotary_dim=q.shape[-1])
+
+
+def test_a_numpy_array_is_rotated_in_place_in_its_own_memory(cpu_runtime):
+    q, inv_freq = inputs()
+    expected = expected_rotation(q, inv_freq)
+    address = q.ctypes.data
+    result, k_result = rope_jit.rope(q, inv_freq=inv_freq, runtime=cpu_runtime)
+    assert result is q and k_result is None and q.ctypes.data == address
+    np.testing.assert_allclose(q, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_tensor_known_only_through_dlpack_is_rotated_in_place_without_a_copy(cpu_runtime):
+    q, inv_freq = inputs(1)
+    expected = expected_rotation(q, inv_freq)
+    foreign = ForeignTensor(q)
+    tensor = rope_jit.as_tensor(foreign, "q")
+    assert tensor.data == q.ctypes.data and tensor.shape == q.shape and tensor.dtype == "float32"
+    rope_jit.rope(foreign, inv_freq=ForeignTensor(inv_freq), runtime=cpu_runtime)
+    np.testing.assert_allclose(q, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_the_dlpack_capsule_is_released_after_the_call(cpu_runtime):
+    q, inv_freq = inputs(2)
+    before = sys.getrefcount(q)
+    rope_jit.rope(ForeignTensor(q), inv_freq=inv_freq, runtime=cpu_runtime)
+    # NumPy's capsule holds a reference to the array until its deleter runs.
+    assert sys.getrefcount(q) == before
+
+
+def test_strided_dlpack_views_are_read_through_their_strides(cpu_runtime):
+    base, inv_freq = inputs(3, shape=(2, 5, 3, 8))
+    view = base.transpose(0, 2, 1, 3)  # [B, H, S, D] view of a [B, S, H, D] buffer
+    expected = expected_rotation(np.ascontiguousarray(view), inv_freq)
+    tensor = rope_jit.as_tensor(ForeignTensor(view), "q")
+    assert tensor.strides == (120, 8, 24, 1)
+    rope_jit.rope(ForeignTensor(view), inv_freq=inv_freq, runtime=cpu_runtime)
+    np.testing.assert_allclose(view, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_slice_of_a_padded_buffer_is_rotated_and_the_padding_is_untouched(cpu_runtime):
+    rng = np.random.default_rng(4)
+    buffer = rng.standard_normal((2, 3, 5, 12)).astype(np.float32)
+    padding = buffer[..., 8:].copy()
+    q = buffer[..., :8]
+    _, inv_freq = inputs()
+    expected = expected_rotation(np.ascontiguousarray(q), inv_freq)
+    rope_jit.rope(q, inv_freq=inv_freq, runtime=cpu_runtime)
+    np.testing.assert_allclose(q, expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(buffer[..., 8:], padding)
+
+
+def test_read_only_arrays_are_taken_as_inputs_and_refused_as_outputs(cpu_runtime):
+    q, inv_freq = inputs(5)
+    inv_freq.setflags(write=False)
+    q.setflags(write=False)
+    out = np.full_like(q, np.nan)
+    rope_jit.rope(q, inv_freq=inv_freq, q_out=out, runtime=cpu_runtime)
+    np.testing.assert_allclose(out, expected_rotation(q, inv_freq), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="q: the array is read-only"):
+        rope_jit.rope(q, inv_freq=inv_freq, runtime=cpu_runtime)
+    with pytest.raises(ValueError, match="q_out: the array is read-only"):
+        rope_jit.rope(out, inv_freq=inv_freq, q_out=q, runtime=cpu_runtime)
+
+
+def test_strides_that_are_not_whole_elements_are_refused_with_the_argument_named(cpu_runtime):
+    record = np.zeros((2, 1, 3, 4), dtype=[("value", np.float32), ("flag", np.uint8)])
+    with pytest.raises(ValueError, match="q: stride .* not a whole number"):
+        rope_jit.rope(record["value"], inv_freq=np.ones(2, np.float32), runtime=cpu_runtime)
+
+
+def test_objects_that_are_not_tensors_are_a_type_error_naming_the_argument(cpu_runtime):
+    q, inv_freq = inputs()
+    with pytest.raises(TypeError, match="cos: expected a tensor"):
+        rope_jit.rope(q, cos=[[1.0]], sin=[[0.0]], runtime=cpu_runtime)
+
+
+def test_bfloat16_bits_in_a_uint16_array_pass_as_bfloat16(cpu_runtime):
+    from rope_reference import bf16_bits_to_float, float_to_bf16_bits
+    q, inv_freq = inputs(6)
+    bits = float_to_bf16_bits(q)
+    tensor = rope_jit.reinterpret(bits, "bfloat16")
+    assert tensor.dtype == "bfloat16" and tensor.data == bits.ctypes.data
+    rope_jit.rope(tensor, inv_freq=inv_freq, runtime=cpu_runtime)
+    expected = expected_rotation(bf16_bits_to_float(float_to_bf16_bits(q)), inv_freq)
+    np.testing.assert_allclose(bf16_bits_to_float(bits), expected, rtol=8e-3, atol=8e-3)
+    with pytest.raises(ValueError, match="bits"):
+        rope_jit.reinterpret(q, "bfloat16")
+
+
+def test_raw_memory_passes_through_from_pointer(cpu_runtime):
+    q, inv_freq = inputs(7)
+    expected = expected_rotation(q, inv_freq)
+    raw = rope_jit.from_pointer(q.ctypes.data, q.shape, "float32", keepalive=q)
+    assert raw.strides == (120, 40, 8, 1)
+    rope_jit.rope(raw, inv_freq=inv_freq, runtime=cpu_runtime)
+    np.testing.assert_allclose(q, expected, rtol=1e-5, atol=1e-5)

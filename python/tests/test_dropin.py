@@ -1,0 +1,330 @@
+"""The drop-ins against plain PyTorch versions of the peers' formulas (written here from their
+documented semantics), values and gradients, on the CPU and, when there is one, the GPU."""
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import rope_jit  # noqa: E402
+from rope_jit.dropin import flash_attn, hf, rotary_embedding_torch as ret, unsloth  # noqa: E402
+from torch_reference import hf_tables, rotate_pairs  # noqa: E402
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def random(shape, device, seed, dtype=torch.float32, requires_grad=False):
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, generator=generator).to(device, dtype).requires_grad_(requires_grad)
+
+
+def close(got, expected, tolerance=2e-5, label=""):
+    torch.testing.assert_close(got.float(), expected.float(), rtol=tolerance, atol=tolerance,
+                               msg=lambda m: f"{label}: {m}")
+
+
+def check_gradients(inputs, run, reference, device, label, tolerance=2e-5):
+    """Gradients of a random projection of the outputs, through `run` and through `reference`."""
+    copies = [x.detach().clone().requires_grad_(True) for x in inputs]
+    outputs, expected = run(*inputs), reference(*copies)
+    outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+    expected = expected if isinstance(expected, tuple) else (expected,)
+    loss = sum((out.float() * random(out.shape, device, 100 + i)).sum() for i, out in enumerate(outputs))
+    loss_expected = sum((out.float() * random(out.shape, device, 100 + i)).sum() for i, out in enumerate(expected))
+    loss.backward()
+    loss_expected.backward()
+    for index, (x, copy) in enumerate(zip(inputs, copies)):
+        close(x.grad, copy.grad, tolerance, label=f"{label} grad {index}")
+
+
+# ------------------------------------------------------------------------------------------
+# HF transformers
+# ------------------------------------------------------------------------------------------
+
+def hf_formula(q, k, cos, sin, unsqueeze_dim=1):
+    cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+    rotary_dim = cos.shape[-1]
+    out = []
+    for x in (q, k):
+        rotated = x[..., :rotary_dim] * cos + rotate_pairs(x[..., :rotary_dim], "half") * sin
+        out.append(torch.cat((rotated, x[..., rotary_dim:]), dim=-1))
+    return tuple(out)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("unsqueeze_dim", [1, 2])
+@pytest.mark.parametrize("per_batch_positions", [False, True])
+def test_hf_apply_rotary_pos_emb_matches_transformers_formula(device, unsqueeze_dim, per_batch_positions):
+    batch, seq_len, heads_q, heads_k, head_dim = 3, 10, 8, 2, 32
+    if per_batch_positions:
+        position_ids = torch.stack([torch.arange(seq_len) + 4 * b for b in range(batch)]).to(device)
+    else:
+        position_ids = torch.arange(seq_len, device=device)[None].expand(batch, seq_len)
+    cos, sin = hf_tables(position_ids, head_dim)  # [B, S, D]
+    if not per_batch_positions:
+        cos, sin = cos[:1], sin[:1]
+    layout_shape = (lambda h: (batch, h, seq_len, head_dim)) if unsqueeze_dim == 1 else (
+        lambda h: (batch, seq_len, h, head_dim))
+    q = random(layout_shape(heads_q), device, 1, requires_grad=True)
+    k = random(layout_shape(heads_k), device, 2, requires_grad=True)
+    got_q, got_k = hf.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+    expected_q, expected_k = hf_formula(q, k, cos, sin, unsqueeze_dim)
+    close(got_q, expected_q, label="q")
+    close(got_k, expected_k, label="k")
+    check_gradients([q, k], lambda a, b: hf.apply_rotary_pos_emb(a, b, cos, sin, unsqueeze_dim=unsqueeze_dim),
+                    lambda a, b: hf_formula(a, b, cos, sin, unsqueeze_dim), device, "hf")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_hf_apply_rotary_pos_emb_takes_the_old_table_and_position_ids_signature_and_partial_rotary(device):
+    table_cos, table_sin = hf_tables(torch.arange(50, device=device), 16)  # [P, R], R < D
+    position_ids = torch.tensor([[3, 9, 20, 4], [0, 1, 2, 49]], device=device)
+    q, k = random((2, 4, 4, 32), device, 3), random((2, 4, 4, 32), device, 4)
+    got_q, got_k = hf.apply_rotary_pos_emb(q, k, table_cos, table_sin, position_ids)
+    expected_q, expected_k = hf_formula(q, k, table_cos[position_ids], table_sin[position_ids])
+    close(got_q, expected_q, label="q")
+    close(got_k, expected_k, label="k")
+    # The newer positional form apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim).
+    cos, sin = table_cos[position_ids], table_sin[position_ids]
+    got_q, _ = hf.apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin, 2)
+    close(got_q, expected_q.transpose(1, 2), label="q (unsqueeze_dim 2)")
+
+
+# ------------------------------------------------------------------------------------------
+# Unsloth
+# ------------------------------------------------------------------------------------------
+
+def unsloth_formula(x, cos, sin, rows):
+    # x [B, H, S, D]; Unsloth's kernels read the first D/2 columns of each row.
+    half = x.shape[-1] // 2
+    c, s = cos[rows][..., :half], sin[rows][..., :half]
+    c, s = (c[:, None], s[:, None]) if rows.dim() == 2 else (c, s)
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("with_indices", [False, True])
+def test_unsloth_fast_rope_embedding_matches_its_kernels_formula(device, with_indices):
+    batch, heads_q, heads_k, seq_len, head_dim = 2, 6, 2, 9, 64
+    cos, sin = hf_tables(torch.arange(30, device=device), head_dim)
+    cos4, sin4 = cos[None, None], sin[None, None]  # Unsloth squeezes [1, 1, P, D]
+    q = random((batch, heads_q, seq_len, head_dim), device, 5, requires_grad=True)
+    k = random((batch, heads_k, seq_len, head_dim), device, 6, requires_grad=True)
+    indices = torch.randint(0, 30, (batch, seq_len), generator=torch.Generator().manual_seed(7)).to(device)
+    rows = indices if with_indices else torch.arange(seq_len, device=device)
+    used = indices if with_indices else None
+    got_q, got_k = unsloth.fast_rope_embedding(q, k, cos4, sin4, used)
+    close(got_q, unsloth_formula(q, cos, sin, rows), label="q")
+    close(got_k, unsloth_formula(k, cos, sin, rows), label="k")
+    check_gradients([q, k], lambda a, b: unsloth.fast_rope_embedding(a, b, cos4, sin4, used),
+                    lambda a, b: (unsloth_formula(a, cos, sin, rows), unsloth_formula(b, cos, sin, rows)),
+                    device, "unsloth")
+    # The single-tensor function takes [B, S, H, D].
+    got = unsloth.Fast_RoPE_Embedding.apply(q.detach().transpose(1, 2), cos4, sin4)
+    close(got.transpose(1, 2), unsloth_formula(q.detach(), cos, sin, torch.arange(seq_len, device=device)),
+          label="Fast_RoPE_Embedding")
+
+
+# ------------------------------------------------------------------------------------------
+# flash-attention
+# ------------------------------------------------------------------------------------------
+
+def flash_formula(x, cos, sin, interleaved, rows):
+    """flash-attention's apply_rotary_emb_torch with per-token rows: x [..., S, H, D] tokens."""
+    rotary_dim = cos.shape[-1] * 2
+    c, s = cos[rows], sin[rows]
+    if interleaved:
+        c, s = c.repeat_interleave(2, -1), s.repeat_interleave(2, -1)
+    else:
+        c, s = torch.cat((c, c), -1), torch.cat((s, s), -1)
+    c, s = c.unsqueeze(-2), s.unsqueeze(-2)
+    style = "interleaved" if interleaved else "half"
+    rotated = x[..., :rotary_dim] * c + rotate_pairs(x[..., :rotary_dim], style) * s
+    return torch.cat((rotated, x[..., rotary_dim:]), dim=-1)
+
+
+def flash_tables(rows, rotary_dim, device):
+    angles = torch.arange(rows, dtype=torch.float32)[:, None] * (0.5 ** torch.arange(rotary_dim // 2))
+    return angles.cos().to(device), angles.sin().to(device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("offsets", ["int", "tensor"])
+def test_flash_attn_apply_rotary_emb_matches_its_torch_formula(device, interleaved, offsets):
+    batch, seq_len, heads, head_dim, rotary_dim = 3, 7, 4, 64, 32
+    cos, sin = flash_tables(40, rotary_dim, device)
+    seqlen_offsets = 5 if offsets == "int" else torch.tensor([0, 11, 30], device=device, dtype=torch.int32)
+    start = torch.full((batch,), 5, device=device) if offsets == "int" else seqlen_offsets.long()
+    rows = start[:, None] + torch.arange(seq_len, device=device)
+    x = random((batch, seq_len, heads, head_dim), device, 8, requires_grad=True)
+    got = flash_attn.apply_rotary_emb(x, cos, sin, interleaved=interleaved, seqlen_offsets=seqlen_offsets)
+    close(got, flash_formula(x, cos, sin, interleaved, rows), label="x")
+    check_gradients([x], lambda a: flash_attn.apply_rotary_emb(a, cos, sin, interleaved, False, seqlen_offsets),
+                    lambda a: flash_formula(a, cos, sin, interleaved, rows), device, "flash")
+    with torch.no_grad():
+        y = x.detach().clone()
+        assert flash_attn.apply_rotary_emb(y, cos, sin, interleaved, inplace=True, seqlen_offsets=seqlen_offsets) is y
+        close(y, flash_formula(x.detach(), cos, sin, interleaved, rows), label="in place")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_flash_attn_apply_rotary_emb_on_packed_sequences_restarts_positions_per_sequence(device):
+    cu_seqlens = torch.tensor([0, 4, 9, 15], device=device, dtype=torch.int32)
+    cos, sin = flash_tables(16, 32, device)
+    x = random((15, 3, 32), device, 9)
+    rows = torch.cat([torch.arange(4), torch.arange(5), torch.arange(6)]).to(device)
+    got = flash_attn.apply_rotary_emb(x, cos, sin, interleaved=True, cu_seqlens=cu_seqlens, max_seqlen=6)
+    close(got, flash_formula(x, cos, sin, True, rows), label="packed")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_flash_attn_qkv_and_kv_variants_rotate_q_and_k_in_place_and_leave_v(device):
+    cos, sin = flash_tables(8, 16, device)
+    rows = torch.arange(8, device=device)
+    qkv = random((2, 8, 3, 4, 16), device, 10)
+    original = qkv.clone()
+    assert flash_attn.apply_rotary_emb_qkv_(qkv, cos, sin) is qkv
+    close(qkv[:, :, 0], flash_formula(original[:, :, 0], cos, sin, False, rows), label="q")
+    close(qkv[:, :, 1], flash_formula(original[:, :, 1], cos, sin, False, rows), label="k")
+    torch.testing.assert_close(qkv[:, :, 2], original[:, :, 2], rtol=0, atol=0)
+    gqa = random((2, 8, 8, 16), device, 11)  # 4 query heads, 2 kv heads
+    original = gqa.clone()
+    flash_attn.apply_rotary_emb_qkv_(gqa, cos, sin, num_heads_q=4)
+    close(gqa[:, :, :6], flash_formula(original[:, :, :6], cos, sin, False, rows), label="gqa q, k")
+    torch.testing.assert_close(gqa[:, :, 6:], original[:, :, 6:], rtol=0, atol=0)
+    kv = random((2, 8, 2, 4, 16), device, 12)
+    original = kv.clone()
+    flash_attn.apply_rotary_emb_kv_(kv, cos, sin, interleaved=True)
+    close(kv[:, :, 0], flash_formula(original[:, :, 0], cos, sin, True, rows), label="kv k")
+    torch.testing.assert_close(kv[:, :, 1], original[:, :, 1], rtol=0, atol=0)
+
+
+# ------------------------------------------------------------------------------------------
+# rotary-embedding-torch
+# ------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def kernel_only(monkeypatch):
+    """Fails a test whose rotation falls back to plain PyTorch instead of the kernel."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("rotary-embedding-torch drop-in fell back to PyTorch")
+    monkeypatch.setattr(ret, "_rotate_in_torch", refuse)
+
+
+def ret_freqs(dim, positions, theta=10000.0):
+    """rotary-embedding-torch's lang angles [S, dim]: each frequency repeated for its pair."""
+    inv = 1.0 / (theta ** (torch.arange(0, dim, 2)[: dim // 2].float() / dim))
+    return (positions.float()[:, None] * inv.to(positions.device)).repeat_interleave(2, -1)
+
+
+def ret_formula(freqs, t, start_index=0, scale=1.0):
+    end = start_index + freqs.shape[-1]
+    middle = t[..., start_index:end]
+    middle = middle * freqs.cos() * scale + rotate_pairs(middle, "interleaved") * freqs.sin() * scale
+    return torch.cat((t[..., :start_index], middle, t[..., end:]), dim=-1)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("seq_before_head_dim", [False, True])
+def test_ret_rotate_queries_or_keys_matches_the_formula_with_offset_and_partial_rotary(kernel_only, device,
+                                                                                       seq_before_head_dim):
+    rotary = ret.RotaryEmbedding(dim=32, seq_before_head_dim=seq_before_head_dim, interpolate_factor=2.0).to(device)
+    shape = (2, 11, 3, 64) if seq_before_head_dim else (2, 3, 11, 64)
+    t = random(shape, device, 13, requires_grad=True)
+    freqs = ret_freqs(32, (torch.arange(11, device=device) + 4) / 2.0)
+    freqs_b = freqs[:, None, :] if seq_before_head_dim else freqs
+    got = rotary.rotate_queries_or_keys(t, offset=4)
+    close(got, ret_formula(freqs_b, t), label="rotated")
+    check_gradients([t], lambda a: rotary.rotate_queries_or_keys(a, offset=4), lambda a: ret_formula(freqs_b, a),
+                    device, "ret")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_ret_cached_keys_put_queries_at_the_last_positions(kernel_only, device):
+    rotary = ret.RotaryEmbedding(dim=64).to(device)
+    q, k = random((2, 4, 3, 64), device, 14), random((2, 4, 10, 64), device, 15)
+    got_q, got_k = rotary.rotate_queries_with_cached_keys(q, k, offset=2)
+    close(got_q, ret_formula(ret_freqs(64, torch.arange(3, device=device) + 9), q), label="q")
+    close(got_k, ret_formula(ret_freqs(64, torch.arange(10, device=device)), k), label="k")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_ret_xpos_scales_queries_up_and_keys_down(kernel_only, device):
+    rotary = ret.RotaryEmbedding(dim=32, use_xpos=True).to(device)
+    q, k = random((1, 2, 12, 32), device, 16), random((1, 2, 12, 32), device, 17)
+    got_q, got_k = rotary.rotate_queries_and_keys(q, k)
+    positions = torch.arange(12, device=device).float()
+    scale_base = (torch.arange(0, 32, 2, device=device) + 0.4 * 32) / (1.4 * 32)
+    scale = (scale_base ** ((positions - 6) / 512)[:, None]).repeat_interleave(2, -1)
+    freqs = ret_freqs(32, positions)
+    close(got_q, ret_formula(freqs, q, scale=scale), label="q")
+    close(got_k, ret_formula(freqs, k, scale=scale ** -1), label="k")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_ret_axial_frequencies_rotate_a_grid_flattened_or_not(kernel_only, device):
+    rotary = ret.RotaryEmbedding(dim=16, freqs_for="pixel", max_freq=64).to(device)
+    freqs = rotary.get_axial_freqs(4, 6)  # [4, 6, 32]
+    assert freqs.shape == (4, 6, 32)
+    pixel = torch.linspace(1.0, 32, 8) * math.pi
+    rows = torch.linspace(-1, 1, 4)[:, None, None] * pixel.repeat_interleave(2)
+    cols = torch.linspace(-1, 1, 6)[None, :, None] * pixel.repeat_interleave(2)
+    expected = torch.cat(torch.broadcast_tensors(rows, cols), dim=-1).to(device)
+    close(freqs, expected, label="freqs")
+    t = random((2, 3, 4, 6, 64), device, 18)
+    close(ret.apply_rotary_emb(freqs, t), ret_formula(freqs, t), tolerance=1e-4, label="grid")
+    flat = random((2, 3, 24, 64), device, 19)
+    close(ret.apply_rotary_emb(freqs.reshape(24, 32), flat), ret_formula(freqs.reshape(24, 32), flat),
+          tolerance=1e-4, label="flattened")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_ret_learned_frequencies_get_their_gradient(device):
+    rotary = ret.RotaryEmbedding(dim=16, learned_freq=True).to(device)
+    t = random((1, 2, 5, 16), device, 20)
+    rotary.rotate_queries_or_keys(t).square().sum().backward()
+    freqs = rotary.freqs.detach().clone().requires_grad_(True)
+    angles = (torch.arange(5, device=device).float()[:, None] * freqs).repeat_interleave(2, -1)
+    ret_formula(angles, t).square().sum().backward()
+    close(rotary.freqs.grad, freqs.grad, tolerance=1e-4, label="d freqs")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_ret_module_apply_rotary_emb_uses_the_last_rows_of_longer_frequencies(kernel_only, device):
+    freqs = ret_freqs(32, torch.arange(20, device=device))
+    t = random((2, 4, 7, 48), device, 21)
+    close(ret.apply_rotary_emb(freqs, t, start_index=8), ret_formula(freqs[-7:], t, start_index=8), label="t")
+
+
+# ------------------------------------------------------------------------------------------
+# flash_attn_with_rotary (needs the library's attention op)
+# ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("variant", ["causal", "bool_mask", "indices"])
+def test_flash_attn_with_rotary_matches_the_reference_attention_and_its_gradients(device, variant):
+    if not rope_jit.has_attention():
+        pytest.skip("the loaded librope_jit has no rope_jit_attention")
+    batch, heads_q, heads_k, seq_len, head_dim = 2, 4, 2, 12, 32
+    q = random((batch, heads_q, seq_len, head_dim), device, 22, requires_grad=True)
+    k = random((batch, heads_k, seq_len, head_dim), device, 23, requires_grad=True)
+    v = random((batch, heads_k, seq_len, head_dim), device, 24, requires_grad=True)
+    kwargs = {}
+    if variant == "indices":
+        kwargs["rotary_pos_emb"] = ret_freqs(32, torch.arange(10, device=device))
+        kwargs["rotary_pos_emb_indices"] = torch.arange(10, device=device) + 2
+        kwargs["is_causal"] = False
+    else:
+        kwargs["rotary_pos_emb"] = ret_freqs(16, torch.arange(seq_len, device=device))  # partial rotary
+        if variant == "bool_mask":
+            mask = torch.ones(batch, seq_len, dtype=torch.bool, device=device)
+            mask[1, 7:] = False
+            kwargs["attn_mask"], kwargs["is_causal"] = mask, False
+    reference = ret.get_flash_attention_fused(force_reference=True)
+    got = ret.flash_attn_with_rotary(q, k, v, **kwargs)
+    close(got, reference(q, k, v, **kwargs), tolerance=1e-4, label=variant)
+    check_gradients([q, k, v], lambda a, b, c: ret.flash_attn_with_rotary(a, b, c, **kwargs),
+                    lambda a, b, c: reference(a, b, c, **kwargs), device, variant, tolerance=1e-4)

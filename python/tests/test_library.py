@@ -1,0 +1,134 @@
+"""Loading librope_jit, its version, statuses as exceptions, the runtime, and the ctypes
+mirrors of the C structs."""
+
+import ctypes
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import rope_jit
+from rope_jit import _structs
+
+np = pytest.importorskip("numpy")
+
+
+def run_python(code, env, cwd=None):
+    # cwd: where `python -c` looks first for packages (it puts "" on sys.path).
+    return subprocess.run([sys.executable, "-c", code], env=env, cwd=cwd, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_the_library_loads_and_reports_a_version_that_matches_its_version_number(library):
+    version = rope_jit.library_version()
+    assert re.fullmatch(r"\d+\.\d+\.\d+", version), version
+    major, minor, patch = (int(part) for part in version.split("."))
+    assert library.rope_jit_version_number() == major * 10000 + minor * 100 + patch
+
+
+def test_each_ctypes_mirror_has_the_size_its_init_function_writes(library):
+    mirrors = [(_structs.Config, "rope_jit_config_init"), (_structs.RopeArgs, "rope_jit_rope_args_init"),
+               (_structs.KernelSpec, "rope_jit_kernel_spec_init"), (_structs.Stats, "rope_jit_stats_init"),
+               (_structs.AttentionArgs, "rope_jit_attention_args_init"),
+               (_structs.FreqConfig, "rope_jit_freq_config_init"),
+               (_structs.TableConfig, "rope_jit_table_config_init")]
+    checked = 0
+    for cls, init_name in mirrors:
+        init = library.optional(init_name, None, [ctypes.POINTER(cls)])
+        if init is None:
+            continue  # an op this build of the library does not have yet
+        scratch = (ctypes.c_char * 4096)()
+        init(ctypes.cast(scratch, ctypes.POINTER(cls)))
+        assert ctypes.c_size_t.from_buffer(scratch).value == ctypes.sizeof(cls), cls.__name__
+        checked += 1
+    assert checked >= 4
+
+
+def test_a_bad_argument_raises_invalid_argument_error_with_the_library_message_naming_it(cpu_runtime):
+    q = np.zeros((1, 2, 3, 5), np.float32)  # odd head_dim
+    with pytest.raises(rope_jit.InvalidArgumentError) as caught:
+        rope_jit.rope(q, inv_freq=np.ones(2, np.float32), runtime=cpu_runtime)
+    error = caught.value
+    assert isinstance(error, ValueError) and isinstance(error, rope_jit.RopeJitError)
+    assert error.status == 1 and error.status_name == "ERROR_INVALID_ARGUMENT"
+    assert error.function == "rope_jit_rope"
+    assert "q" in error.detail and "head_dim" in error.detail
+    assert str(error).startswith("rope_jit_rope: ERROR_INVALID_ARGUMENT: ")
+
+
+def test_every_status_value_maps_to_its_own_exception_class():
+    from rope_jit.errors import error_for_status
+    expected = {1: rope_jit.InvalidArgumentError, 2: rope_jit.UnsupportedError, 3: rope_jit.BackendUnavailableError,
+                4: rope_jit.OutOfMemoryError, 5: rope_jit.CompileError, 6: rope_jit.CudaError,
+                7: rope_jit.CacheError, 8: rope_jit.InternalError, 99: rope_jit.RopeJitError}
+    for status, cls in expected.items():
+        error = error_for_status("f", status, "NAME", "detail")
+        assert type(error) is cls and error.status == status and str(error) == "f: NAME: detail"
+
+
+def test_a_missing_library_path_in_the_environment_is_an_error_that_names_it(tmp_path):
+    missing = tmp_path / "nowhere" / "librope_jit.so"
+    env = dict(os.environ, ROPE_JIT_LIBRARY=str(missing))
+    result = run_python("import rope_jit\ntry:\n    rope_jit.load_library()\nexcept rope_jit.LibraryNotFoundError as e:"
+                        "\n    print('ERROR', e)\n", env)
+    assert "ERROR" in result.stdout, result.stderr
+    assert str(missing) in result.stdout and "ROPE_JIT_LIBRARY" in result.stdout
+
+
+def test_importing_the_package_needs_neither_the_library_nor_torch(tmp_path):
+    env = dict(os.environ, ROPE_JIT_LIBRARY=str(tmp_path / "absent.so"))
+    result = run_python("import sys, rope_jit\nprint('torch' in sys.modules, 'numpy' in sys.modules)", env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["False", "False"]
+
+
+def test_the_library_is_found_in_the_package_folder_and_on_the_loader_path(library, tmp_path):
+    built = Path(library.path).resolve()
+    package = tmp_path / "site" / "rope_jit"
+    shutil.copytree(Path(rope_jit.__file__).parent, package, ignore=shutil.ignore_patterns("__pycache__", "*.so*"))
+    shutil.copy(built, package / "librope_jit.so")
+    env = {key: value for key, value in os.environ.items() if key != "ROPE_JIT_LIBRARY"}
+    env["PYTHONPATH"] = str(package.parent)
+    result = run_python("import rope_jit; print(rope_jit.library_path())", env, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str(package / "librope_jit.so")
+
+    os.remove(package / "librope_jit.so")
+    lib_dir = tmp_path / "lib"
+    lib_dir.mkdir()
+    shutil.copy(built, lib_dir / "librope_jit.so.0")
+    env["LD_LIBRARY_PATH"] = str(lib_dir)
+    result = run_python("import rope_jit; print(rope_jit.library_path(), rope_jit.library_version())", env,
+                        cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split()[0] == "librope_jit.so.0"
+
+
+def test_a_cpu_runtime_says_cpu_counts_nothing_before_work_and_refuses_use_after_close(library):
+    runtime = rope_jit.Runtime(backend="cpu", disk_cache=False)
+    assert runtime.backend == "cpu"
+    stats = runtime.stats()
+    assert set(stats) == {"memory_hits", "disk_hits", "compiles", "compile_ms", "disk_writes", "launches"}
+    assert stats["compiles"] == 0 and stats["launches"] == 0
+    runtime.close()
+    runtime.close()  # a second close is a no-op
+    with pytest.raises(ValueError, match="closed"):
+        runtime.backend
+
+
+def test_a_bad_backend_name_is_a_value_error_that_lists_the_choices(library):
+    with pytest.raises(ValueError, match="backend"):
+        rope_jit.Runtime(backend="tpu")
+
+
+def test_optional_ops_are_reported_and_raise_not_implemented_when_absent(library, cpu_runtime):
+    has = library.optional("rope_jit_attention", ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p]) is not None
+    assert rope_jit.has_attention(cpu_runtime) == has
+    if not has:
+        q = np.zeros((1, 1, 2, 4), np.float32)
+        with pytest.raises(NotImplementedError, match="rope_jit_attention"):
+            rope_jit.attention(q, q, q, np.empty_like(q), runtime=cpu_runtime)

@@ -1,0 +1,194 @@
+"""rope_jit.rope on NumPy arrays against the independent NumPy reference: every layout, pair
+style, dtype, table kind, position source, partial rotary, GQA, in and out of place, forward
+and backward."""
+
+import itertools
+import random
+
+import numpy as np
+import pytest
+
+import rope_jit
+from rope_reference import (angle_tables, bf16_bits_to_float, float_to_bf16_bits, packed_rows, rope_reference,
+                            token_rows)
+
+TOLERANCES = {"float32": 2e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
+
+
+class Case:
+    """One randomized configuration; str() names every parameter, so a failure explains itself."""
+
+    def __init__(self, layout, style, dtype, angles, positions, rotary, with_k, placement, backward, seed):
+        self.layout, self.style, self.dtype, self.angles = layout, style, dtype, angles
+        self.positions, self.rotary, self.with_k, self.placement = positions, rotary, with_k, placement
+        self.backward, self.seed = backward, seed
+
+    def __str__(self):
+        return "-".join(str(value) for value in vars(self).values())
+
+
+def sample_cases(count=64):
+    grid = list(itertools.product(
+        ["bhsd", "bshd", "thd"], ["half", "interleaved"], ["float32", "float16", "bfloat16"],
+        ["table_half", "table_full", "inv_freq"], ["implicit", "offset", "indices_s", "indices_bs32", "seqlen_offsets"],
+        ["full", "partial", "partial_offset"], [False, True], ["in_place", "out_of_place"], [False, True]))
+    chooser = random.Random(1234)
+    chosen = chooser.sample(grid, count)
+    return [Case(*values, seed=index) for index, values in enumerate(chosen)]
+
+
+def to_dtype(values, dtype):
+    """(array the library gets, the same values as float64 after rounding)."""
+    if dtype == "bfloat16":
+        bits = float_to_bf16_bits(values)
+        return bits, bf16_bits_to_float(bits).astype(np.float64)
+    array = np.asarray(values, dtype=dtype)
+    return array, array.astype(np.float64)
+
+
+def from_dtype(array, dtype):
+    return bf16_bits_to_float(array).astype(np.float64) if dtype == "bfloat16" else array.astype(np.float64)
+
+
+def library_tensor(array, dtype):
+    return rope_jit.reinterpret(array, "bfloat16") if dtype == "bfloat16" else array
+
+
+@pytest.mark.parametrize("case", sample_cases(), ids=str)
+def test_rope_matches_the_numpy_reference(case, cpu_runtime):
+    rng = np.random.default_rng(case.seed)
+    batch, heads_q, heads_k, seq_len, head_dim = 2, 4, (2 if case.with_k else 4), 7, 16
+    rotary_dim, rotary_offset = {"full": (16, 0), "partial": (8, 0), "partial_offset": (8, 4)}[case.rotary]
+    rows_in_table = 40
+
+    # Token rows and the position arguments that produce them.
+    arguments, offset = {}, 0
+    if case.layout == "thd":
+        cu_seqlens = np.array([0, 3, 7, 12], dtype=np.int32)
+        arguments["cu_seqlens"] = cu_seqlens
+        total = int(cu_seqlens[-1])
+    if case.positions == "offset":
+        offset = 5
+        arguments["position_offset"] = offset
+    elif case.positions in ("indices_s", "indices_bs32"):
+        index_dtype = np.int32 if case.positions == "indices_bs32" else np.int64
+        if case.layout == "thd":
+            positions = rng.integers(0, rows_in_table, total).astype(index_dtype)
+        elif case.positions == "indices_s":
+            positions = rng.integers(0, rows_in_table, seq_len).astype(index_dtype)
+        else:
+            positions = rng.integers(0, rows_in_table, (batch, seq_len)).astype(index_dtype)
+        arguments["positions"] = positions
+    elif case.positions == "seqlen_offsets":
+        seqlen_offsets = rng.integers(0, 20, 3 if case.layout == "thd" else batch).astype(np.int64)
+        arguments["seqlen_offsets"] = seqlen_offsets
+    if case.layout == "thd":
+        rows = packed_rows(cu_seqlens, arguments.get("positions"), arguments.get("seqlen_offsets"), offset)
+    else:
+        rows = token_rows(batch, seq_len, arguments.get("positions"), arguments.get("seqlen_offsets"), offset)
+
+    # Angles: random tables (any values are valid), or inv_freq with angles p * inv_freq[i].
+    half = rotary_dim // 2
+    if case.angles == "inv_freq":
+        inv_freq = (1.0 / 10000 ** (np.arange(half) * 2 / rotary_dim)).astype(np.float32)
+        arguments["inv_freq"] = inv_freq
+        cos, sin = angle_tables(inv_freq.astype(np.float64), rows_in_table + 30)
+    else:
+        width = half if case.angles == "table_half" else rotary_dim
+        angles = rng.uniform(-4, 4, (rows_in_table + 30, width))
+        cos32, sin32 = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+        arguments["cos"], arguments["sin"] = cos32, sin32
+        cos, sin = cos32.astype(np.float64), sin32.astype(np.float64)
+
+    def make(heads):
+        shape = {"bhsd": (batch, heads, seq_len, head_dim), "bshd": (batch, seq_len, heads, head_dim),
+                 "thd": (total if case.layout == "thd" else 0, heads, head_dim)}[case.layout]
+        return to_dtype(rng.standard_normal(shape), case.dtype)
+
+    q, q_values = make(heads_q)
+    names = [("q", q, q_values)]
+    if case.with_k:
+        k, k_values = make(heads_k)
+        names.append(("k", k, k_values))
+    results = {}
+    for name, array, _ in names:
+        arguments[name] = library_tensor(array, case.dtype)
+        if case.placement == "out_of_place":
+            out = np.zeros_like(array)
+            arguments[name + "_out"] = library_tensor(out, case.dtype)
+            results[name] = out
+        else:
+            results[name] = array
+    before = {name: array.copy() for name, array, _ in names}
+
+    rope_jit.rope(style=case.style, rotary_dim=rotary_dim, rotary_offset=rotary_offset, backward=case.backward,
+                  layout=case.layout, runtime=cpu_runtime, **arguments)
+
+    tolerance = TOLERANCES[case.dtype]
+    for name, array, values in names:
+        expected = rope_reference(values, case.layout, cos, sin, rows, rotary_dim=rotary_dim,
+                                  rotary_offset=rotary_offset, style=case.style, backward=case.backward)
+        np.testing.assert_allclose(from_dtype(results[name], case.dtype), expected, rtol=tolerance, atol=tolerance,
+                                   err_msg=f"{name} of {case}")
+        if case.placement == "out_of_place":
+            np.testing.assert_array_equal(array, before[name], err_msg=f"input {name} was written ({case})")
+
+
+def test_backward_undoes_forward(cpu_runtime):
+    rng = np.random.default_rng(7)
+    q = rng.standard_normal((2, 4, 9, 32)).astype(np.float32)
+    k = rng.standard_normal((2, 1, 9, 32)).astype(np.float32)
+    original_q, original_k = q.copy(), k.copy()
+    inv_freq = (1.0 / 500000 ** (np.arange(16) / 16)).astype(np.float32)
+    rope_jit.rope(q, k, inv_freq=inv_freq, position_offset=100, runtime=cpu_runtime)
+    assert np.abs(q - original_q).max() > 0.1
+    rope_jit.rope(q, k, inv_freq=inv_freq, position_offset=100, backward=True, runtime=cpu_runtime)
+    np.testing.assert_allclose(q, original_q, atol=2e-5)
+    np.testing.assert_allclose(k, original_k, atol=2e-5)
+
+
+def test_queries_after_cached_keys_take_the_last_positions(cpu_runtime):
+    rng = np.random.default_rng(8)
+    q = rng.standard_normal((1, 2, 3, 8)).astype(np.float32)
+    k = rng.standard_normal((1, 2, 10, 8)).astype(np.float32)
+    inv_freq = np.array([1.0, 0.5, 0.1, 0.01], np.float32)
+    cos, sin = angle_tables(inv_freq, 20)
+    expected_q = rope_reference(q, "bhsd", cos, sin, token_rows(1, 3, offset=7), rotary_dim=8)
+    expected_k = rope_reference(k, "bhsd", cos, sin, token_rows(1, 10), rotary_dim=8)
+    rope_jit.rope(q, k, inv_freq=inv_freq, q_position_offset=7, runtime=cpu_runtime)
+    np.testing.assert_allclose(q, expected_q, atol=2e-5)
+    np.testing.assert_allclose(k, expected_k, atol=2e-5)
+
+
+def test_xpos_scales_multiply_queries_and_divide_keys(cpu_runtime):
+    rng = np.random.default_rng(9)
+    q = rng.standard_normal((1, 2, 6, 8)).astype(np.float32)
+    k = rng.standard_normal((1, 2, 6, 8)).astype(np.float32)
+    angles = rng.uniform(-3, 3, (6, 8))
+    cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+    scale = rng.uniform(0.5, 1.5, (6, 8)).astype(np.float32)
+    rows = token_rows(1, 6)
+    expected_q = rope_reference(q, "bhsd", cos, sin, rows, rotary_dim=8, style="interleaved", xpos=scale)
+    expected_k = rope_reference(k, "bhsd", cos, sin, rows, rotary_dim=8, style="interleaved", xpos=scale,
+                                xpos_divides=True)
+    rope_jit.rope(q, k, cos=cos, sin=sin, xpos_scale=scale, style="interleaved", runtime=cpu_runtime)
+    np.testing.assert_allclose(q, expected_q, rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(k, expected_k, rtol=2e-5, atol=2e-5)
+
+
+def test_positions_outside_the_table_fail_and_write_nothing(cpu_runtime):
+    q = np.ones((1, 1, 3, 4), np.float32)
+    cos = np.ones((2, 2), np.float32)
+    with pytest.raises(rope_jit.InvalidArgumentError, match="position"):
+        rope_jit.rope(q, cos=cos, sin=cos, runtime=cpu_runtime)
+    np.testing.assert_array_equal(q, 1.0)
+
+
+def test_a_bad_style_or_layout_is_a_value_error_naming_it(cpu_runtime):
+    q = np.ones((1, 1, 3, 4), np.float32)
+    with pytest.raises(ValueError, match="style"):
+        rope_jit.rope(q, inv_freq=np.ones(2, np.float32), style="neox", runtime=cpu_runtime)
+    with pytest.raises(ValueError, match="layout"):
+        rope_jit.rope(q, inv_freq=np.ones(2, np.float32), layout="sbhd", runtime=cpu_runtime)
+    with pytest.raises(ValueError, match="q: layout bshd needs 4 dimensions"):
+        rope_jit.rope(q[0], inv_freq=np.ones(2, np.float32), layout="bshd", runtime=cpu_runtime)

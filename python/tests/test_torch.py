@@ -1,0 +1,249 @@
+"""The PyTorch integration: rope_jit.apply_rope and the rope_jit:: custom ops, forward and
+gradients against autograd of a plain PyTorch RoPE, torch.library.opcheck, and torch.compile
+without graph breaks. Runs on the CPU (the library's CPU reference) and, when there is one, on
+the GPU."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import rope_jit  # noqa: E402
+from rope_jit import torch_ops  # noqa: E402
+from torch_reference import hf_tables, rope_torch  # noqa: E402
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+TOLERANCE = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+def tables(rows, rotary_dim, style, kind, device, dtype=torch.float32, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    width = rotary_dim // 2 if kind == "half" else rotary_dim
+    angles = torch.rand(rows, rotary_dim // 2, generator=generator) * 8 - 4
+    if kind == "full":
+        angles = torch.cat((angles, angles), -1) if style == "half" else angles.repeat_interleave(2, -1)
+    assert angles.shape[-1] == width
+    return angles.cos().to(device, dtype), angles.sin().to(device, dtype)
+
+
+def random(shape, device, dtype, seed, requires_grad=False):
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, generator=generator).to(device, dtype).requires_grad_(requires_grad)
+
+
+def assert_close(got, expected, dtype, label):
+    tolerance = TOLERANCE[dtype]
+    torch.testing.assert_close(got.float(), expected.float(), rtol=tolerance, atol=tolerance, msg=lambda m: f"{label}: {m}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+@pytest.mark.parametrize("style", ["half", "interleaved"])
+@pytest.mark.parametrize("table_kind", ["half", "full"])
+def test_apply_rope_and_its_gradients_match_autograd_of_plain_pytorch(device, dtype, layout, style, table_kind):
+    batch, heads_q, heads_k, seq_len, head_dim, rotary_dim, rotary_offset = 2, 8, 2, 11, 64, 48, 8
+    label = f"{device} {dtype} {layout} {style} {table_kind}"
+    cos, sin = tables(40, rotary_dim, style, table_kind, device)
+    positions = torch.randint(0, 40, (batch, seq_len), generator=torch.Generator().manual_seed(1)).to(device)
+
+    def shaped(heads, seed):
+        shape = (batch, heads, seq_len, head_dim) if layout == "bhsd" else (batch, seq_len, heads, head_dim)
+        return random(shape, device, dtype, seed, requires_grad=True)
+
+    q, k = shaped(heads_q, 2), shaped(heads_k, 3)
+    q_out, k_out = rope_jit.apply_rope(q, k, cos, sin, positions=positions, rotary_dim=rotary_dim,
+                                       rotary_offset=rotary_offset, style=style, layout=layout)
+    assert q_out.dtype == dtype and q_out.shape == q.shape and k_out.shape == k.shape
+
+    def as_bhsd(x):
+        return x if layout == "bhsd" else x.transpose(1, 2)
+
+    def from_bhsd(x):
+        return x if layout == "bhsd" else x.transpose(1, 2)
+
+    q_ref = q.detach().clone().requires_grad_(True)
+    k_ref = k.detach().clone().requires_grad_(True)
+    q_expected = from_bhsd(rope_torch(as_bhsd(q_ref), cos, sin, positions, rotary_dim, rotary_offset, style))
+    k_expected = from_bhsd(rope_torch(as_bhsd(k_ref), cos, sin, positions, rotary_dim, rotary_offset, style))
+    assert_close(q_out, q_expected, dtype, f"q {label}")
+    assert_close(k_out, k_expected, dtype, f"k {label}")
+
+    weight_q, weight_k = random(q.shape, device, torch.float32, 4), random(k.shape, device, torch.float32, 5)
+    ((q_out.float() * weight_q).sum() + (k_out.float() * weight_k).sum()).backward()
+    ((q_expected * weight_q).sum() + (k_expected * weight_k).sum()).backward()
+    assert_close(q.grad, q_ref.grad, dtype, f"dq {label}")
+    assert_close(k.grad, k_ref.grad, dtype, f"dk {label}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_q_alone_with_inv_freq_angles_and_an_offset_matches_plain_pytorch_with_gradients(device):
+    q = random((2, 4, 9, 32), device, torch.float32, 6, requires_grad=True)
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, 32, 2, dtype=torch.float32) / 32))
+    positions = torch.arange(9) + 5
+    cos, sin = hf_tables(torch.arange(14), 32)
+    out = rope_jit.apply_rope(q, inv_freq=inv_freq.to(device), position_offset=5)
+    q_ref = q.detach().clone().requires_grad_(True)
+    expected = rope_torch(q_ref, cos.to(device), sin.to(device), positions.to(device))
+    assert_close(out, expected, torch.float32, "q")
+    weight = random(q.shape, device, torch.float32, 7)
+    (out * weight).sum().backward()
+    (expected * weight).sum().backward()
+    assert_close(q.grad, q_ref.grad, torch.float32, "dq")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_key_output_that_does_not_reach_the_loss_still_gives_the_query_its_gradient(device):
+    cos, sin = tables(8, 16, "half", "full", device)
+    q = random((1, 2, 8, 16), device, torch.float32, 8, requires_grad=True)
+    k = random((1, 2, 8, 16), device, torch.float32, 9, requires_grad=True)
+    q_out, _ = rope_jit.apply_rope(q, k, cos, sin)
+    q_out.sum().backward()
+    q_ref = q.detach().clone().requires_grad_(True)
+    rope_torch(q_ref, cos, sin, torch.arange(8, device=device)).sum().backward()
+    assert_close(q.grad, q_ref.grad, torch.float32, "dq")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_xpos_gradients_scale_queries_up_and_keys_down(device):
+    cos, sin = tables(6, 16, "interleaved", "full", device)
+    # One scale per pair, at both of its columns (a full interleaved table).
+    scale = (torch.rand(6, 8, generator=torch.Generator().manual_seed(3)) + 0.5).repeat_interleave(2, -1).to(device)
+    q = random((1, 2, 6, 16), device, torch.float32, 10, requires_grad=True)
+    k = random((1, 2, 6, 16), device, torch.float32, 11, requires_grad=True)
+    q_out, k_out = rope_jit.apply_rope(q, k, cos, sin, style="interleaved", xpos_scale=scale)
+    q_ref, k_ref = q.detach().clone().requires_grad_(True), k.detach().clone().requires_grad_(True)
+    rows = torch.arange(6, device=device)
+    q_expected = rope_torch(q_ref, cos, sin, rows, style="interleaved", xpos=scale)
+    k_expected = rope_torch(k_ref, cos, sin, rows, style="interleaved", xpos=scale, xpos_divides=True)
+    assert_close(q_out, q_expected, torch.float32, "q")
+    assert_close(k_out, k_expected, torch.float32, "k")
+    (q_out.square().sum() + k_out.square().sum()).backward()
+    (q_expected.square().sum() + k_expected.square().sum()).backward()
+    assert_close(q.grad, q_ref.grad, torch.float32, "dq")
+    assert_close(k.grad, k_ref.grad, torch.float32, "dk")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_in_place_rope_under_autograd_gives_the_same_values_and_gradients(device):
+    cos, sin = tables(8, 16, "half", "half", device)
+    leaf = random((1, 2, 8, 16), device, torch.float32, 12, requires_grad=True)
+    q = leaf * 1.0  # a non-leaf, which autograd lets us modify in place
+    result = rope_jit.apply_rope(q, cos=cos, sin=sin, inplace=True)
+    assert result is q
+    (result * 3).sum().backward()
+    leaf_ref = leaf.detach().clone().requires_grad_(True)
+    expected = rope_torch(leaf_ref * 1.0, cos, sin, torch.arange(8, device=device))
+    (expected * 3).sum().backward()
+    assert_close(result, expected, torch.float32, "q")
+    assert_close(leaf.grad, leaf_ref.grad, torch.float32, "dq")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_in_place_rope_without_autograd_writes_into_the_given_tensors(device):
+    cos, sin = tables(8, 16, "half", "full", device)
+    q = random((1, 8, 4, 16), device, torch.bfloat16, 13)  # bshd
+    k = random((1, 8, 2, 16), device, torch.bfloat16, 14)
+    expected_q, expected_k = rope_jit.apply_rope(q, k, cos, sin, layout="bshd")
+    pointers = (q.data_ptr(), k.data_ptr())
+    with torch.no_grad():
+        got_q, got_k = rope_jit.apply_rope(q, k, cos, sin, layout="bshd", inplace=True)
+    assert got_q is q and got_k is k and (q.data_ptr(), k.data_ptr()) == pointers
+    torch.testing.assert_close(q, expected_q, rtol=0, atol=0)
+    torch.testing.assert_close(k, expected_k, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_custom_ops_pass_torch_library_opcheck(device):
+    cos, sin = tables(10, 16, "half", "full", device)
+    positions = torch.arange(10, device=device).flip(0)
+    q = random((2, 4, 10, 16), device, torch.float32, 15, requires_grad=True)
+    k = random((2, 2, 10, 16), device, torch.float32, 16, requires_grad=True)
+    common = (cos, sin, None, positions, None, None, None)
+    torch.library.opcheck(torch_ops.rope_op, (q, *common, 0, 16, 0, False, False))
+    torch.library.opcheck(torch_ops.rope_qk_op, (q, k, *common, 0, 0, 16, 0, False, False))
+    torch.library.opcheck(torch_ops.rope_inplace_op, (q.detach().clone(), *common, 0, 16, 0, False, False))
+    torch.library.opcheck(torch_ops.rope_qk_inplace_op,
+                          (q.detach().clone(), k.detach().clone(), *common, 0, 0, 16, 0, False, False))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_torch_compile_keeps_the_rope_op_in_one_graph_with_the_same_values_and_gradients(device):
+    captured = []
+
+    def capture_backend(graph_module, example_inputs):
+        captured.append(str(graph_module.graph))
+        return graph_module.forward
+
+    cos, sin = hf_tables(torch.arange(32, device=device), 64)
+
+    def attention_scores(q, k, positions):
+        q, k = rope_jit.apply_rope(q, k, cos, sin, positions=positions, layout="bshd")
+        return torch.einsum("bshd,bthd->bhst", q * 0.125, k.repeat_interleave(2, dim=2)).softmax(-1)
+
+    q = random((2, 16, 4, 64), device, torch.float32, 17, requires_grad=True)
+    k = random((2, 16, 2, 64), device, torch.float32, 18, requires_grad=True)
+    positions = torch.arange(16, device=device).expand(2, 16) + torch.tensor([[0], [7]], device=device)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(attention_scores, backend=capture_backend, fullgraph=True)
+    got = compiled(q, k, positions)
+    assert len(captured) == 1 and "rope_jit.rope_qk" in captured[0]
+
+    # The real compilers too: aot_eager (fake tensors, the autograd formula) everywhere, and
+    # inductor on the GPU.
+    for backend in ["aot_eager"] + (["inductor"] if device == "cuda" else []):
+        torch._dynamo.reset()
+        q_c, k_c = q.detach().clone().requires_grad_(True), k.detach().clone().requires_grad_(True)
+        got = torch.compile(attention_scores, backend=backend, fullgraph=True)(q_c, k_c, positions)
+        expected = attention_scores(q, k, positions)
+        assert_close(got, expected, torch.float32, backend)
+        weight = random(got.shape, device, torch.float32, 19)
+        (got * weight).sum().backward()
+        q.grad = k.grad = None
+        (expected * weight).sum().backward()
+        assert_close(q_c.grad, q.grad, torch.float32, f"dq {backend}")
+        assert_close(k_c.grad, k.grad, torch.float32, f"dk {backend}")
+
+
+def test_tables_that_require_grad_are_refused_rather_than_silently_left_without_gradient():
+    cos, sin = tables(8, 16, "half", "full", "cpu")
+    cos.requires_grad_(True)
+    q = random((1, 1, 8, 16), "cpu", torch.float32, 20)
+    with pytest.raises(NotImplementedError, match="cos requires grad"):
+        rope_jit.apply_rope(q, cos=cos, sin=sin)
+    with torch.no_grad():
+        rope_jit.apply_rope(q, cos=cos, sin=sin)  # fine without autograd
+
+
+def test_library_errors_surface_as_python_exceptions_with_the_argument_named():
+    cos, sin = tables(8, 16, "half", "full", "cpu")
+    q = random((1, 3, 8, 16), "cpu", torch.float32, 21)
+    k = random((1, 2, 8, 16), "cpu", torch.float32, 22)  # 3 query heads, 2 kv heads
+    with pytest.raises(rope_jit.InvalidArgumentError, match="k"):
+        rope_jit.apply_rope(q, k, cos, sin)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_attention_op_passes_opcheck_and_compiles_into_one_graph(device):
+    if not rope_jit.has_attention():
+        pytest.skip("the loaded librope_jit has no rope_jit_attention")
+    cos, sin = tables(12, 16, "interleaved", "full", device)
+    q = random((1, 4, 12, 32), device, torch.float32, 23, requires_grad=True)
+    k = random((1, 2, 12, 32), device, torch.float32, 24, requires_grad=True)
+    v = random((1, 2, 12, 32), device, torch.float32, 25, requires_grad=True)
+    torch.library.opcheck(torch_ops.attention_op, (q, k, v, cos, sin, None, None, True, 0.0, 16, True))
+    captured = []
+
+    def capture_backend(graph_module, example_inputs):
+        captured.append(str(graph_module.graph))
+        return graph_module.forward
+
+    def block(q, k, v):
+        return torch_ops.attention(q, k, v, cos, sin, causal=True, rotary_dim=16, style="interleaved") * 2
+
+    torch._dynamo.reset()
+    got = torch.compile(block, backend=capture_backend, fullgraph=True)(q, k, v)
+    assert len(captured) == 1 and "rope_jit.attention" in captured[0]
+    torch.testing.assert_close(got, block(q, k, v), rtol=1e-5, atol=1e-5)
+    got.sum().backward()
+    assert q.grad is not None and k.grad is not None and v.grad is not None

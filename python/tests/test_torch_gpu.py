@@ -1,0 +1,156 @@
+"""GPU-only behaviour of the PyTorch integration (skipped without CUDA): PyTorch's current stream,
+CUDA graph capture, torch.compile with CUDA graphs, every golden case on the GPU through torch
+tensors, and large Llama shapes against plain PyTorch."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+import rope_jit  # noqa: E402
+from golden_cases import as_float, assert_close, cases, load_all  # noqa: E402
+from torch_reference import hf_tables, rope_torch  # noqa: E402
+
+DEVICE = "cuda"
+
+
+def from_numpy(array, dtype):
+    tensor = torch.from_numpy(np.ascontiguousarray(array))
+    if dtype == "bfloat16":
+        tensor = tensor.view(torch.bfloat16)
+    return tensor.to(DEVICE)
+
+
+def to_numpy_float(tensor):
+    return tensor.detach().float().cpu().numpy().astype(np.float64)
+
+
+def test_the_kernel_runs_on_pytorchs_current_stream():
+    cos, sin = hf_tables(torch.arange(64, device=DEVICE), 128)
+    source = torch.randn(2, 8, 64, 128, device=DEVICE)
+    expected = rope_torch(source, cos, sin, torch.arange(64, device=DEVICE))
+    q = torch.zeros_like(source)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        # The stream is kept busy, then q is filled on it: a kernel launched anywhere else
+        # (the legacy default stream does not wait for PyTorch's streams) would read zeros.
+        torch.cuda._sleep(100_000_000)
+        q.copy_(source)
+        out = rope_jit.apply_rope(q, cos=cos, sin=sin)
+    stream.synchronize()
+    torch.testing.assert_close(out, expected, rtol=2e-5, atol=2e-5)
+
+
+def test_the_rope_op_is_captured_in_a_cuda_graph_and_replays_with_new_inputs():
+    cos, sin = hf_tables(torch.arange(32, device=DEVICE), 64, dtype=torch.bfloat16)
+    static_q = torch.randn(1, 8, 32, 64, device=DEVICE, dtype=torch.bfloat16)
+    static_k = torch.randn(1, 2, 32, 64, device=DEVICE, dtype=torch.bfloat16)
+    rope_jit.apply_rope(static_q, static_k, cos, sin)  # compile and load before capturing
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out_q, out_k = rope_jit.apply_rope(static_q, static_k, cos, sin)
+    for seed in range(3):
+        torch.manual_seed(seed)
+        static_q.copy_(torch.randn_like(static_q))
+        static_k.copy_(torch.randn_like(static_k))
+        graph.replay()
+        torch.cuda.synchronize()
+        rows = torch.arange(32, device=DEVICE)
+        torch.testing.assert_close(out_q.float(), rope_torch(static_q, cos, sin, rows), rtol=1.6e-2, atol=1.6e-2)
+        torch.testing.assert_close(out_k.float(), rope_torch(static_k, cos, sin, rows), rtol=1.6e-2, atol=1.6e-2)
+
+
+def test_torch_compile_with_cuda_graphs_gives_the_eager_values():
+    cos, sin = hf_tables(torch.arange(128, device=DEVICE), 128, dtype=torch.bfloat16)
+
+    def block(q, k):
+        q, k = rope_jit.apply_rope(q, k, cos, sin, layout="bshd")
+        return q * 2, k + 1
+
+    torch._dynamo.reset()
+    compiled = torch.compile(block, mode="reduce-overhead", fullgraph=True)
+    for seed in range(3):
+        torch.manual_seed(seed)
+        q = torch.randn(2, 128, 16, 128, device=DEVICE, dtype=torch.bfloat16)
+        k = torch.randn(2, 128, 4, 128, device=DEVICE, dtype=torch.bfloat16)
+        got = [t.clone() for t in compiled(q, k)]
+        expected = block(q, k)
+        for a, b in zip(got, expected):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+def test_llama_shapes_match_plain_pytorch_with_gradients(dtype):
+    batch, seq_len, heads_q, heads_k, head_dim = 4, 4096, 32, 8, 128
+    position_ids = torch.arange(seq_len, device=DEVICE)
+    cos, sin = hf_tables(position_ids, head_dim, theta=500000.0, dtype=dtype)
+    q = torch.randn(batch, seq_len, heads_q, head_dim, device=DEVICE, dtype=dtype, requires_grad=True)
+    k = torch.randn(batch, seq_len, heads_k, head_dim, device=DEVICE, dtype=dtype, requires_grad=True)
+    q_out, k_out = rope_jit.apply_rope(q, k, cos, sin, layout="bshd")
+    q_ref = q.detach().transpose(1, 2).requires_grad_(True)
+    k_ref = k.detach().transpose(1, 2).requires_grad_(True)
+    q_expected = rope_torch(q_ref, cos, sin, position_ids).transpose(1, 2)
+    k_expected = rope_torch(k_ref, cos, sin, position_ids).transpose(1, 2)
+    tolerance = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}[dtype]
+    torch.testing.assert_close(q_out.float(), q_expected, rtol=tolerance, atol=tolerance)
+    torch.testing.assert_close(k_out.float(), k_expected, rtol=tolerance, atol=tolerance)
+    grad_q, grad_k = torch.randn_like(q_out), torch.randn_like(k_out)
+    torch.autograd.backward([q_out, k_out], [grad_q, grad_k])
+    torch.autograd.backward([q_expected, k_expected], [grad_q.float(), grad_k.float()])
+    torch.testing.assert_close(q.grad.float(), q_ref.grad.transpose(1, 2), rtol=tolerance, atol=tolerance)
+    torch.testing.assert_close(k.grad.float(), k_ref.grad.transpose(1, 2), rtol=tolerance, atol=tolerance)
+
+
+ROPE_CASES = cases("rope")
+
+
+@pytest.mark.parametrize("case", ROPE_CASES, ids=[case["name"] for case in ROPE_CASES])
+def test_each_golden_rope_case_matches_on_the_gpu_through_torch(case):
+    params = case["params"]
+    inputs = {name: from_numpy(*value) for name, value in load_all(case["inputs"]).items()}
+    position_offset = params.get("position_offset", 0)
+    q_position_offset = 0
+    if "q_position_offset" in inputs:
+        q_position_offset = int(inputs.pop("q_position_offset")[0]) - position_offset
+    arguments = {name: inputs[name] for name in ("positions", "seqlen_offsets", "cu_seqlens") if name in inputs}
+    if params.get("xpos"):
+        arguments["xpos_scale"] = inputs["xpos_scale"]
+    got = rope_jit.apply_rope(inputs["q"], inputs.get("k"), inputs["cos"], inputs["sin"], layout=params["layout"],
+                              style=params["style"], rotary_dim=params["rotary_dim"],
+                              rotary_offset=params.get("rotary_offset", 0), backward=params["backward"],
+                              position_offset=position_offset, q_position_offset=q_position_offset, **arguments)
+    got = {"q": got} if "k" not in inputs else {"q": got[0], "k": got[1]}
+    for name, (array, dtype) in load_all(case["outputs"]).items():
+        assert_close(to_numpy_float(got[name]), as_float(array, dtype), case["tolerance"], f"{case['name']} {name}")
+
+
+ATTENTION_CASES = cases("attention")
+
+
+@pytest.mark.parametrize("case", ATTENTION_CASES, ids=[case["name"] for case in ATTENTION_CASES])
+def test_each_golden_attention_case_matches_on_the_gpu_through_torch(case):
+    if not rope_jit.has_attention():
+        pytest.skip("the loaded librope_jit has no rope_jit_attention")
+    params = case["params"]
+    inputs = {name: from_numpy(*value) for name, value in load_all(case["inputs"]).items()}
+    optional = {name: inputs[name] for name in ("pos_mask", "attn_mask") if name in inputs}
+    out = rope_jit.torch_ops.attention(inputs["q"], inputs["k"], inputs["v"], inputs["cos"], inputs["sin"],
+                                       causal=params["causal"], scale=params["scale"], rotary_dim=params["rotary_dim"],
+                                       style=params["style"], **optional)
+    expected, dtype = load_all(case["outputs"])["out"]
+    assert_close(to_numpy_float(out), as_float(expected, dtype), case["tolerance"], case["name"])
+
+
+def test_tensors_on_another_gpu_run_on_that_gpu_and_its_current_stream():
+    if torch.cuda.device_count() < 2:
+        pytest.skip("one GPU")
+    cos, sin = hf_tables(torch.arange(16, device="cuda:1"), 32)
+    q = torch.randn(1, 4, 16, 32, device="cuda:1")
+    with torch.cuda.device(0):
+        out = rope_jit.apply_rope(q, cos=cos, sin=sin)
+    torch.cuda.synchronize(1)
+    torch.testing.assert_close(out, rope_torch(q, cos, sin, torch.arange(16, device="cuda:1")), rtol=2e-5, atol=2e-5)

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine (the device tool): builds the library, the tests and the golden runner
+# there, then the attention GPU tests, the golden attention cases on CUDA and the attention
+# benchmark, with logs under $OUT. Usage: bash scripts/device_attention_suite.sh [steps...]
+#   steps: test golden bench bench-quick bench-headline bench-variants bench-tuned profile   (default: test golden bench-quick)
+set -uo pipefail
+OUT=${OUT:-/tmp/rope_jit_out}
+mkdir -p "$OUT"
+steps=${*:-test golden bench-quick}
+# dlpack is not installed there: unpack Debian's package carried in .deb/.
+mkdir -p /tmp/dlpack && for f in .deb/libdlpack-dev_*.deb; do dpkg -x "$f" /tmp/dlpack; done
+export ROPE_JIT_CACHE_DIR=/tmp/rope_jit_cache
+{
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_PREFIX_PATH=/tmp/dlpack/usr >/dev/null &&
+    cmake --build build-gpu -j16 --target rope_jit rope_jit_tests rope-jit-golden 2>&1 | grep -E "warning|error"
+  echo "build rc=${PIPESTATUS[0]}"
+} 2>&1 | tee "$OUT/attention_build.log"
+for step in $steps; do
+  case $step in
+    test) build-gpu/tests/rope_jit_tests --test-suite=gpu --duration=true \
+            --test-case="*CUDA attention*,*CUDA-core kernels match*,*tile shape*,*headline shape*,*CUDA backward is deterministic*" \
+            > "$OUT/attention_gpu.log" 2>&1
+          echo "gpu attention tests rc=$?"; grep -E "FAIL|ERROR|of .* configurations|test cases|assertions" "$OUT/attention_gpu.log" | head -40 ;;
+    golden) build-gpu/tools/rope-jit-golden tests/golden --backend cuda --ops attention 2>&1 | tee "$OUT/attention_golden_cuda.log" ;;
+    bench) PYTHONUNBUFFERED=1 python3 bench/attention_bench.py --library build-gpu/librope_jit.so --out "$OUT" 2>&1 |
+             tee "$OUT/attention_bench.log" | cut -c1-400 ;;
+    # Times tile variants at the headline shape, then the whole sweep with the fastest.
+    bench-tuned) PYTHONUNBUFFERED=1 python3 bench/attention_bench.py --library build-gpu/librope_jit.so --out "$OUT" \
+                   --adopt-best --variants "${ATTENTION_VARIANTS:-fwd=4x64x2;fwd=4x32x2;fwd=8x64x2;fwd=8x64;fwd=4x64;dq=8x64,dkdv=8x64;dq=4x64,dkdv=4x32;dq=8x32,dkdv=8x16;dq=4x16,dkdv=8x64;dq=8x64,dkdv=8x32}" \
+                   2>&1 | tee "$OUT/attention_bench.log" | cut -c1-300 ;;
+    bench-variants) PYTHONUNBUFFERED=1 python3 bench/attention_bench.py --library build-gpu/librope_jit.so --out "$OUT" \
+                   --tag h200_variants --skip-shapes --variants "${ATTENTION_VARIANTS:-fwd=4x64x2;fwd=4x32x2;fwd=8x64x2;fwd=8x64;fwd=4x64;dq=4x64,dkdv=8x32;dq=8x32,dkdv=8x64;dq=4x32,dkdv=4x32}" \
+                   2>&1 | tee "$OUT/attention_variants.log" | cut -c1-300 ;;
+    # Hardware counters of one fused forward and backward at the headline shape.
+    profile) timeout 60 ncu --clock-control none --kernel-name attention_kernel --launch-count 3 \
+               --section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats \
+               --section MemoryWorkloadAnalysis \
+               python3 bench/attention_bench.py --library build-gpu/librope_jit.so --out /tmp/profile --profile-once \
+               > "$OUT/attention_ncu.txt" 2>&1
+             echo "ncu rc=$?"; grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Stall|Warp Cycles Per Issued" "$OUT/attention_ncu.txt" | head -40 ;;
+    bench-headline) PYTHONUNBUFFERED=1 python3 bench/attention_bench.py --library build-gpu/librope_jit.so --out "$OUT" --headline \
+                   --tag h200_headline 2>&1 | tee "$OUT/attention_bench.log" | cut -c1-600 ;;
+    bench-quick) PYTHONUNBUFFERED=1 python3 bench/attention_bench.py --library build-gpu/librope_jit.so --out "$OUT" --quick \
+                   --tag h200_quick 2>&1 | tee "$OUT/attention_bench.log" | cut -c1-400 ;;
+  esac
+done

@@ -1,0 +1,313 @@
+#include "attention_spec.h"
+
+#include <cstdlib>
+#include <optional>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "attention_params.h"
+#include "error.h"
+
+namespace rope_jit {
+
+namespace {
+
+const char* const kDtypeNames[] = {"float32", "float16", "bfloat16"};
+const char* const kKindNames[] = {"forward", "backward_dq", "backward_dkdv"};
+const char* const kMaskNames[] = {"none", "bool", "additive"};
+
+int32_t dtype_code(DType dtype) {
+    switch (dtype) {
+        case DType::F16: return 1;
+        case DType::BF16: return 2;
+        default: return 0;
+    }
+}
+
+int padded_head_dim(int head_dim) { return (head_dim + 15) / 16 * 16; }
+
+int table_columns(const AttentionSpec& s) {
+    if (s.rotary_dim == 0) return 0;
+    return s.table_full && s.interleaved ? s.rotary_dim : s.rotary_dim / 2;
+}
+
+int table_element_bytes(const AttentionSpec& s) { return s.table_dtype == 0 ? 4 : 2; }
+
+// Whether the tensor-core kernels can read a [B, H, S, D] view 16 bytes at a time: unit
+// feature stride, every other stride a multiple of 8 elements, 16-byte-aligned data.
+bool vector_friendly(const TensorRef& t) {
+    if (t.shape[3] > 1 && t.strides[3] != 1) return false;
+    for (int d = 0; d < 3; ++d)
+        if (t.shape[d] > 1 && t.strides[d] % 8 != 0) return false;
+    return reinterpret_cast<uintptr_t>(t.data) % 16 == 0;
+}
+
+// Whether a table's rows can be staged with 16-byte cp.async copies of `columns` columns.
+bool table_stageable(const TensorRef& t, int columns) {
+    const int64_t bytes = int64_t(dtype_size(t.dtype));
+    if (t.shape[1] > 1 && t.strides[1] != 1) return false;
+    if (t.shape[0] > 1 && (t.strides[0] * bytes) % 16 != 0) return false;
+    if ((columns * bytes) % 16 != 0) return false;
+    return reinterpret_cast<uintptr_t>(t.data) % 16 == 0;
+}
+
+struct TileShape {
+    int32_t warps, block_n, m_tiles = 1;
+};
+
+// The ROPE_JIT_ATTENTION_KERNELS override (see attention_spec.h).
+struct Override {
+    bool force_simt = false;
+    std::optional<TileShape> shape[3];
+};
+
+Override read_override() {
+    Override o;
+    const char* text = std::getenv("ROPE_JIT_ATTENTION_KERNELS");
+    if (text == nullptr || *text == '\0') return o;
+    const std::string value = text;
+    if (value == "simt") {
+        o.force_simt = true;
+        return o;
+    }
+    size_t start = 0;
+    while (start < value.size()) {
+        size_t end = value.find(',', start);
+        if (end == std::string::npos) end = value.size();
+        const std::string item = value.substr(start, end - start);
+        const size_t eq = item.find('='), x = item.find('x');
+        if (eq != std::string::npos && x != std::string::npos && x > eq) {
+            const std::string name = item.substr(0, eq);
+            const int kind = name == "fwd" ? 0 : name == "dq" ? 1 : name == "dkdv" ? 2 : -1;
+            const int warps = std::atoi(item.substr(eq + 1, x - eq - 1).c_str());
+            const size_t x2 = item.find('x', x + 1);
+            const int block_n = std::atoi(item.substr(x + 1, x2 == std::string::npos ? std::string::npos : x2 - x - 1).c_str());
+            const int m_tiles = x2 == std::string::npos ? 1 : std::atoi(item.substr(x2 + 1).c_str());
+            if (kind >= 0 && warps > 0 && block_n > 0 && m_tiles > 0) o.shape[kind] = TileShape{warps, block_n, m_tiles};
+        }
+        start = end + 1;
+    }
+    return o;
+}
+
+}  // namespace
+
+int AttentionSpec::shared_bytes() const {
+    if (!tensor_cores) return 0;
+    const int table_row_bytes = rotary_dim > 0 && table_async ? table_columns(*this) * table_element_bytes(*this) : 0;
+    return attention_smem_layout(kind, padded_head_dim(head_dim), warps, m_tiles, block_n, pos_mask != 0,
+                                 table_row_bytes)
+        .bytes;
+}
+
+void AttentionSpec::validate() const {
+    auto require = [](bool ok, const std::string& message) {
+        if (!ok) fail_argument("attention kernel spec: " + message);
+    };
+    require(kind >= 0 && kind <= 2, fmt::format("kind {} is not 0, 1 or 2", kind));
+    for (int32_t code : {dtype, table_dtype, mask_dtype})
+        require(code >= 0 && code <= 2, fmt::format("dtype code {} is not 0, 1 or 2", code));
+    require(head_dim > 0 && head_dim <= kAttentionMaxHeadDim,
+            fmt::format("head_dim must be in [1, {}], got {}", kAttentionMaxHeadDim, head_dim));
+    require(rotary_dim >= 0 && rotary_dim % 2 == 0 && rotary_dim <= head_dim,
+            fmt::format("rotary_dim must be even and <= head_dim, got {}", rotary_dim));
+    require(!pos_mask || rotary_dim > 0, "pos_mask needs rotation");
+    require(mask_kind >= 0 && mask_kind <= 2, fmt::format("mask_kind {} unknown", mask_kind));
+    require(gqa_group >= 1, fmt::format("gqa_group must be >= 1, got {}", gqa_group));
+    require(warps >= 1 && warps <= 16, fmt::format("warps must be in [1, 16], got {}", warps));
+    require(m_tiles == 1 || (m_tiles == 2 && kind == 0 && tensor_cores),
+            fmt::format("m_tiles must be 1 (or 2 for a tensor-core forward), got {}", m_tiles));
+    require(compute_dk || compute_dv, "a dk/dv kernel must compute dk or dv");
+    if (tensor_cores) {
+        require(dtype != 0, "tensor-core kernels take float16 or bfloat16");
+        require(head_dim % 8 == 0 && head_dim <= 256,
+                fmt::format("tensor-core kernels need head_dim % 8 == 0 and <= 256, got {}", head_dim));
+        require(block_n >= 16 && block_n % 16 == 0, fmt::format("block_n must be a multiple of 16, got {}", block_n));
+        require(rotary_dim == 0 || rotary_dim % (interleaved ? 8 : 16) == 0,
+                fmt::format("tensor-core rotation needs rotary_dim % {} == 0, got {}", interleaved ? 8 : 16, rotary_dim));
+        require(!table_async || rotary_dim == 0 || (table_columns(*this) * table_element_bytes(*this)) % 16 == 0,
+                "staged table rows must be whole 16-byte chunks");
+    }
+}
+
+std::string AttentionSpec::preamble() const {
+    std::string text = "// Specialization of attention.cu: " + describe() + "\n";
+    auto define = [&](const char* name, long long value) { text += fmt::format("constexpr int {} = {};\n", name, value); };
+    auto flag = [&](const char* name, int32_t value) {
+        text += fmt::format("constexpr bool {} = {};\n", name, value ? "true" : "false");
+    };
+    define("KIND", kind);
+    define("DTYPE", dtype);
+    define("TABLE_DTYPE", table_dtype);
+    define("MASK_DTYPE", mask_dtype);
+    define("HEAD_DIM", head_dim);
+    define("ROTARY_DIM", rotary_dim);
+    flag("INTERLEAVED", interleaved);
+    flag("TABLE_FULL", table_full);
+    flag("HAS_POS_MASK", pos_mask);
+    define("MASK_KIND", mask_kind);
+    flag("CAUSAL", causal);
+    define("GQA_GROUP", gqa_group);
+    flag("WRITE_LSE", write_lse);
+    flag("TENSOR_CORES", tensor_cores);
+    flag("TABLE_ASYNC", table_async);
+    define("WARPS", warps);
+    define("M_TILES", m_tiles);
+    define("BLOCK_N", block_n);
+    flag("COMPUTE_DK", compute_dk);
+    flag("COMPUTE_DV", compute_dv);
+    return text;
+}
+
+std::string AttentionSpec::to_json() const {
+    nlohmann::json j;  // keys are sorted on output, so the text is canonical
+    j["op"] = "attention";
+    j["kind"] = kKindNames[kind];
+    j["dtype"] = kDtypeNames[dtype];
+    j["table_dtype"] = kDtypeNames[table_dtype];
+    j["mask_dtype"] = kDtypeNames[mask_dtype];
+    j["head_dim"] = head_dim;
+    j["rotary_dim"] = rotary_dim;
+    j["style"] = interleaved ? "interleaved" : "half";
+    j["table_full"] = bool(table_full);
+    j["pos_mask"] = bool(pos_mask);
+    j["mask"] = kMaskNames[mask_kind];
+    j["causal"] = bool(causal);
+    j["gqa_group"] = gqa_group;
+    j["write_lse"] = bool(write_lse);
+    j["tensor_cores"] = bool(tensor_cores);
+    j["table_async"] = bool(table_async);
+    j["warps"] = warps;
+    j["m_tiles"] = m_tiles;
+    j["block_n"] = block_n;
+    j["compute_dk"] = bool(compute_dk);
+    j["compute_dv"] = bool(compute_dv);
+    return j.dump();
+}
+
+std::string AttentionSpec::describe() const {
+    const char* kinds[] = {"fwd", "bwd-dq", "bwd-dkdv"};
+    const char* dtypes[] = {"f32", "f16", "bf16"};
+    std::string text = fmt::format("attention {} {} D{}", kinds[kind], dtypes[dtype], head_dim);
+    if (rotary_dim > 0)
+        text += fmt::format(" R{} {} table/{}{}", rotary_dim, interleaved ? "interleaved" : "half",
+                            table_full ? "full" : "half", pos_mask ? " pos_mask" : "");
+    else
+        text += " unrotated";
+    if (mask_kind != 0) text += fmt::format(" {}-mask", kMaskNames[mask_kind]);
+    if (causal) text += " causal";
+    text += fmt::format(" gqa{}", gqa_group);
+    if (write_lse) text += " lse";
+    if (kind == 2 && !(compute_dk && compute_dv)) text += compute_dk ? " dk-only" : " dv-only";
+    if (tensor_cores)
+        text += fmt::format(" tc {}x{}{}{}", warps, block_n, m_tiles > 1 ? fmt::format("x{}", m_tiles) : "",
+                            table_async ? " staged-tables" : "");
+    else text += fmt::format(" simt {}w", warps);
+    return text;
+}
+
+size_t AttentionSpecHash::operator()(const AttentionSpec& spec) const noexcept {
+    const unsigned char* bytes = reinterpret_cast<const unsigned char*>(&spec);
+    uint64_t hash = 1469598103934665603ull;
+    for (size_t i = 0; i < sizeof spec; ++i) hash = (hash ^ bytes[i]) * 1099511628211ull;
+    return size_t(hash);
+}
+
+std::vector<AttentionSpec> choose_attention_specs(const AttentionProblem& p, const AttentionDevice& device) {
+    if (p.head_dim > kAttentionMaxHeadDim)
+        throw Error(ROPE_JIT_ERROR_UNSUPPORTED,
+                    fmt::format("q: head_dim {} exceeds the {} the CUDA attention kernels support", p.head_dim,
+                                kAttentionMaxHeadDim));
+    const Override override = read_override();
+
+    AttentionSpec base;
+    base.dtype = dtype_code(p.dtype);
+    base.head_dim = int32_t(p.head_dim);
+    if (p.rotate) {
+        base.rotary_dim = int32_t(p.rotary_dim);
+        base.table_dtype = dtype_code(p.cos.dtype);
+        base.interleaved = p.style == ROPE_JIT_STYLE_INTERLEAVED;
+        base.table_full = p.table_full;
+        base.pos_mask = p.has_pos_mask;
+    }
+    base.mask_kind = p.mask_kind == AttentionMaskKind::None ? 0 : p.mask_kind == AttentionMaskKind::Bool ? 1 : 2;
+    base.mask_dtype = base.mask_kind == 2 ? dtype_code(p.attn_mask.dtype) : 0;
+    base.causal = p.causal;
+    base.gqa_group = int32_t(p.group());
+    if (p.rotate) base.table_async = table_stageable(p.cos, table_columns(base)) && table_stageable(p.sin, table_columns(base));
+
+    bool tensor_cores = !override.force_simt && p.dtype != DType::F32 && device.compute_capability >= 80 &&
+                        p.head_dim % 8 == 0 && p.head_dim <= 256 &&
+                        (!p.rotate || p.rotary_dim % (base.interleaved ? 8 : 16) == 0);
+    for (const TensorRef* t : {&p.q, &p.k, &p.v, &p.out}) tensor_cores = tensor_cores && vector_friendly(*t);
+    if (p.backward)
+        for (const TensorRef* t : {&p.dout, &p.dq, &p.dk, &p.dv}) tensor_cores = tensor_cores && vector_friendly(*t);
+
+    const int dp = padded_head_dim(int(p.head_dim));
+    auto simt = [&](AttentionKernelKind kind) {
+        AttentionSpec spec = base;
+        spec.kind = int32_t(kind);
+        spec.write_lse = kind == AttentionKernelKind::Forward && p.has_lse;
+        spec.table_async = 0;
+        spec.warps = 4;
+        return spec;
+    };
+    // The first shape (the override's, then the defaults) whose shared memory fits; none: CUDA cores.
+    auto tiled = [&](AttentionKernelKind kind, std::vector<TileShape> shapes, bool dk, bool dv) -> std::optional<AttentionSpec> {
+        if (override.shape[int(kind)]) shapes.insert(shapes.begin(), *override.shape[int(kind)]);
+        for (const TileShape& shape : shapes) {
+            AttentionSpec spec = simt(kind);
+            spec.tensor_cores = 1;
+            spec.table_async = base.table_async;
+            spec.warps = shape.warps;
+            spec.block_n = shape.block_n;
+            spec.m_tiles = shape.m_tiles;
+            spec.compute_dk = dk;
+            spec.compute_dv = dv;
+            if (shape.block_n % 16 != 0 || shape.warps > 16 || (shape.m_tiles != 1 && !(shape.m_tiles == 2 && kind == AttentionKernelKind::Forward)))
+                continue;
+            if (spec.shared_bytes() <= device.max_shared_bytes) return spec;
+        }
+        return std::nullopt;
+    };
+    const std::vector<TileShape> query_side =
+        dp <= 128 ? std::vector<TileShape>{{8, 64}, {4, 64}, {4, 32}} : std::vector<TileShape>{{8, 32}, {4, 32}, {4, 16}};
+    // The forward: two 16-row tiles per warp share every K and V fragment (FlashAttention-2's
+    // layout) where the accumulators fit in registers; with pos_mask the second score tile
+    // does not.
+    std::vector<TileShape> forward_shapes = query_side;
+    if (dp <= 128 && !base.pos_mask)
+        forward_shapes.insert(forward_shapes.begin(), {TileShape{8, 64, 2}, TileShape{4, 64, 2}});
+    const std::vector<TileShape> key_side = dp <= 64    ? std::vector<TileShape>{{8, 64}, {4, 64}, {4, 32}}
+                                            : dp <= 128 ? std::vector<TileShape>{{8, 64}, {8, 32}, {4, 32}, {4, 16}}
+                                                        : std::vector<TileShape>{{4, 32}, {4, 16}};
+
+    std::vector<AttentionSpec> specs;
+    if (!p.backward) {
+        std::optional<AttentionSpec> spec = tensor_cores ? tiled(AttentionKernelKind::Forward, forward_shapes, true, true)
+                                                         : std::nullopt;
+        specs.push_back(spec ? *spec : simt(AttentionKernelKind::Forward));
+        return specs;
+    }
+    // Accumulator registers per thread: dq (and its plain part), dk (and its plain part), dv.
+    const int accumulators = dp / 2, rotated_parts = base.pos_mask ? 2 : 1;
+    std::optional<AttentionSpec> dq;
+    if (tensor_cores && accumulators * rotated_parts <= 128) dq = tiled(AttentionKernelKind::BackwardDq, query_side, true, true);
+    specs.push_back(dq ? *dq : simt(AttentionKernelKind::BackwardDq));
+
+    std::vector<AttentionSpec> passes;
+    if (tensor_cores && accumulators * (rotated_parts + 1) <= 128) {
+        if (std::optional<AttentionSpec> both = tiled(AttentionKernelKind::BackwardDkDv, key_side, true, true))
+            passes.push_back(*both);
+    } else if (tensor_cores && accumulators * rotated_parts <= 128) {
+        std::optional<AttentionSpec> dk = tiled(AttentionKernelKind::BackwardDkDv, key_side, true, false);
+        std::optional<AttentionSpec> dv = tiled(AttentionKernelKind::BackwardDkDv, key_side, false, true);
+        if (dk && dv) passes = {*dk, *dv};
+    }
+    if (passes.empty()) passes.push_back(simt(AttentionKernelKind::BackwardDkDv));
+    specs.insert(specs.end(), passes.begin(), passes.end());
+    return specs;
+}
+
+}  // namespace rope_jit

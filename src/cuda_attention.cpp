@@ -1,0 +1,196 @@
+#include "cuda_attention.h"
+
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "attention_params.h"
+#include "error.h"
+#include "kernel_source.h"
+
+namespace rope_jit {
+
+namespace {
+
+constexpr const char* kAttentionTemplate = "attention.cu";
+constexpr const char* kAttentionEntry = "attention_kernel";
+
+// Makes `context` current for a scope when it is not already. (The RoPE backend has the same
+// helper, private to cuda_backend.cpp.)
+class CurrentContext {
+public:
+    CurrentContext(const CudaDriverApi& api, CUcontext context) : api_(api) {
+        CUcontext current = nullptr;
+        check_cu(api_.cuCtxGetCurrent(&current), "cuCtxGetCurrent");
+        if (context != current) {
+            check_cu(api_.cuCtxPushCurrent(context), "cuCtxPushCurrent");
+            pushed_ = true;
+        }
+    }
+    ~CurrentContext() {
+        if (pushed_) {
+            CUcontext popped = nullptr;
+            api_.cuCtxPopCurrent(&popped);
+        }
+    }
+    CurrentContext(const CurrentContext&) = delete;
+    CurrentContext& operator=(const CurrentContext&) = delete;
+
+private:
+    const CudaDriverApi& api_;
+    bool pushed_ = false;
+};
+
+const CudaDriverApi& require_driver() {
+    const CudaDriverApi* api = cuda_driver_api();
+    if (api == nullptr)
+        throw Error(ROPE_JIT_ERROR_BACKEND_UNAVAILABLE, "CUDA driver not available: " + cuda_driver_load_error());
+    return *api;
+}
+
+void copy_strides(long long* out, const TensorRef& t, int n) {
+    for (int i = 0; i < n; ++i) out[i] = t.strides[i];
+}
+
+}  // namespace
+
+KernelBinary build_attention_binary(const AttentionSpec& spec, const std::string& target, const DiskCache* disk,
+                                    KernelStats& stats) {
+    spec.validate();
+    return build_kernel_binary(
+        KernelRecipe{spec.to_json(), kAttentionTemplate,
+                     [&spec] { return specialize_template(spec.preamble(), kAttentionTemplate); }},
+        target, disk, stats);
+}
+
+CudaAttention::CudaAttention(CudaBackend& backend, const DiskCache* disk, KernelStats& stats)
+    : api_(require_driver()), backend_(backend), disk_(disk), stats_(stats) {
+    for (int ordinal = 0; ordinal < backend_.device_count(); ++ordinal) {
+        CUdevice device = 0;
+        check_cu(api_.cuDeviceGet(&device, ordinal), "cuDeviceGet");
+        int major = 0, minor = 0, shared = 0;
+        check_cu(api_.cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device),
+                 "cuDeviceGetAttribute(COMPUTE_CAPABILITY_MAJOR)");
+        check_cu(api_.cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device),
+                 "cuDeviceGetAttribute(COMPUTE_CAPABILITY_MINOR)");
+        check_cu(api_.cuDeviceGetAttribute(&shared, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, device),
+                 "cuDeviceGetAttribute(MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)");
+        devices_.push_back(AttentionDevice{major * 10 + minor, shared});
+    }
+}
+
+CudaAttention::~CudaAttention() {
+    // Best effort: at process exit the driver may already be shutting down.
+    for (const auto& entry : kernels_.all()) {
+        if (api_.cuCtxPushCurrent(entry.first) == CUDA_SUCCESS) {
+            api_.cuModuleUnload(entry.second.module);
+            CUcontext popped = nullptr;
+            api_.cuCtxPopCurrent(&popped);
+        }
+    }
+}
+
+LoadedKernel CudaAttention::kernel_for(const AttentionSpec& spec, CUcontext context, int ordinal) {
+    if (LoadedKernel hit = kernels_.find(spec, context); hit.function != nullptr) {
+        stats_.memory_hits.fetch_add(1, std::memory_order_relaxed);
+        return hit;
+    }
+    return kernels_.get_or_build(spec, context, [&] {
+        KernelBinary binary = build_attention_binary(spec, backend_.target(ordinal), disk_, stats_);
+        CurrentContext scope(api_, context);
+        LoadedKernel kernel;
+        check_cu(api_.cuModuleLoadData(&kernel.module, binary.image.data()), "cuModuleLoadData");
+        CUresult result = api_.cuModuleGetFunction(&kernel.function, kernel.module, kAttentionEntry);
+        // Blocks of the tensor-core kernels take more than the default 48 KiB of shared memory.
+        if (result == CUDA_SUCCESS && spec.shared_bytes() > 48 * 1024)
+            result = api_.cuFuncSetAttribute(kernel.function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                             spec.shared_bytes());
+        if (result != CUDA_SUCCESS) {
+            api_.cuModuleUnload(kernel.module);
+            throw_cuda_error(result, "loading attention_kernel");
+        }
+        return kernel;
+    });
+}
+
+void CudaAttention::run(const AttentionProblem& p, void* stream_handle) {
+    const int ordinal = p.device.device_id;
+    if (ordinal < 0 || ordinal >= backend_.device_count())
+        fail_argument(fmt::format("q: lives on CUDA device {}, but this machine has {} device(s)", ordinal,
+                                  backend_.device_count()));
+    if (p.batch == 0 || p.heads_q == 0) return;
+    // The kernels index tokens with 32-bit integers.
+    if (p.seqlen_q >= (int64_t(1) << 31) || p.seqlen_k >= (int64_t(1) << 31))
+        throw Error(ROPE_JIT_ERROR_UNSUPPORTED,
+                    fmt::format("q: sequences of {} and {} tokens exceed the 2^31 the CUDA attention kernels index",
+                                p.seqlen_q, p.seqlen_k));
+    CUstream stream = static_cast<CUstream>(stream_handle);
+    const CUcontext context = backend_.resolve_context(ordinal, stream);
+    CurrentContext scope(api_, context);
+
+    AttentionKernelParams params{};
+    params.q = p.q.data;
+    params.k = p.k.data;
+    params.v = p.v.data;
+    params.out = p.out.data;
+    copy_strides(params.q_stride, p.q, 4);
+    copy_strides(params.k_stride, p.k, 4);
+    copy_strides(params.v_stride, p.v, 4);
+    copy_strides(params.out_stride, p.out, 4);
+    if (p.has_lse) {
+        params.lse = reinterpret_cast<float*>(p.lse.data);
+        copy_strides(params.lse_stride, p.lse, 3);
+    }
+    if (p.backward) {
+        params.dout = p.dout.data;
+        params.dq = p.dq.data;
+        params.dk = p.dk.data;
+        params.dv = p.dv.data;
+        copy_strides(params.dout_stride, p.dout, 4);
+        copy_strides(params.dq_stride, p.dq, 4);
+        copy_strides(params.dk_stride, p.dk, 4);
+        copy_strides(params.dv_stride, p.dv, 4);
+    }
+    if (p.rotate) {
+        params.cos = p.cos.data;
+        params.sin = p.sin.data;
+        copy_strides(params.cos_stride, p.cos, 2);
+        copy_strides(params.sin_stride, p.sin, 2);
+    }
+    if (p.has_pos_mask) {
+        params.pos_mask = reinterpret_cast<const unsigned char*>(p.pos_mask.data);
+        copy_strides(params.pos_mask_stride, p.pos_mask, 2);
+    }
+    if (p.mask_kind != AttentionMaskKind::None) {
+        params.attn_mask = p.attn_mask.data;
+        copy_strides(params.mask_stride, p.attn_mask, 3);
+    }
+    params.batch = p.batch;
+    params.heads_q = p.heads_q;
+    params.heads_k = p.heads_k;
+    params.seqlen_q = p.seqlen_q;
+    params.seqlen_k = p.seqlen_k;
+    params.scale = float(p.scale);
+    params.scale_log2 = float(p.scale * 1.4426950408889634);
+
+    for (const AttentionSpec& spec : choose_attention_specs(p, devices_[size_t(ordinal)])) {
+        const bool key_side = spec.kind == int32_t(AttentionKernelKind::BackwardDkDv);
+        const int64_t rows = key_side ? p.seqlen_k : p.seqlen_q;
+        const int64_t heads = key_side ? p.heads_k : p.heads_q;
+        const int64_t rows_per_block = spec.tensor_cores ? 16 * spec.warps * spec.m_tiles : spec.warps;
+        params.sequence_blocks = (rows + rows_per_block - 1) / rows_per_block;
+        const int64_t blocks = params.sequence_blocks * p.batch * heads;
+        if (blocks == 0) continue;
+        if (blocks > int64_t(0x7fffffff))
+            throw Error(ROPE_JIT_ERROR_UNSUPPORTED,
+                        fmt::format("q: {} blocks exceed one launch's grid ({})", blocks, spec.describe()));
+        const LoadedKernel kernel = kernel_for(spec, context, ordinal);
+        void* kernel_args[] = {&params};
+        check_cu(api_.cuLaunchKernel(kernel.function, unsigned(blocks), 1, 1, unsigned(spec.threads()), 1, 1,
+                                     unsigned(spec.shared_bytes()), stream, kernel_args, nullptr),
+                 "cuLaunchKernel(attention_kernel)");
+        stats_.launches.fetch_add(1, std::memory_order_relaxed);
+    }
+}
+
+}  // namespace rope_jit

@@ -1,0 +1,482 @@
+"""rope-jit-cache end to end: many processes at once, damaged entries, unusable and full
+directories, killed writers, stale versions, hostile roots, and the command line itself.
+
+Run by ctest as `python3 test_rope_jit_cache.py` with ROPE_JIT_CACHE_TOOL naming the binary.
+Compiling needs NVRTC, not a GPU; tests that compile are skipped where NVRTC is missing.
+"""
+import json
+import os
+import resource
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cache_entry_format  # noqa: E402
+
+TOOL = os.environ.get("ROPE_JIT_CACHE_TOOL", "")
+WARNING = "rope_jit: warning:"
+
+# 5 head dims x 2 directions x 2 position modes = 20 distinct kernels.
+TWENTY_SPECS = ["--head-dim", "64,80,96,128,256", "--direction", "forward,backward",
+                "--positions", "implicit,indices", "--dtype", "bf16"]
+FIVE_SPECS = ["--head-dim", "32,64,96,128,160"]
+
+
+def tool_env():
+    env = dict(os.environ)
+    for name in ("ROPE_JIT_CACHE_DIR", "ROPE_JIT_CACHE_RO_DIRS", "ROPE_JIT_QUIET"):
+        env.pop(name, None)
+    return env
+
+
+def run_tool(*args, preexec_fn=None, timeout=600):
+    return subprocess.run([TOOL, *args], capture_output=True, text=True, env=tool_env(),
+                          preexec_fn=preexec_fn, timeout=timeout)
+
+
+def start_tool(*args):
+    return subprocess.Popen([TOOL, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=tool_env())
+
+
+def read_bytes(path):
+    with open(path, "rb") as file:
+        return file.read()
+
+
+def write_bytes(path, data):
+    with open(path, "wb") as file:
+        file.write(data)
+
+
+def warnings_in(stderr):
+    return [line for line in stderr.splitlines() if line.startswith(WARNING)]
+
+
+def nvrtc_available():
+    if not TOOL:
+        return False
+    info = run_tool("info", "--json", "--cache-dir", tempfile.gettempdir() + "/rope_jit_cli_probe")
+    shutil.rmtree(tempfile.gettempdir() + "/rope_jit_cli_probe", ignore_errors=True)
+    return info.returncode == 0 and json.loads(info.stdout)["nvrtc_version"] != ""
+
+
+HAVE_NVRTC = nvrtc_available()
+needs_nvrtc = unittest.skipUnless(HAVE_NVRTC, "NVRTC is not available: nothing can be compiled")
+
+
+class CacheTestCase(unittest.TestCase):
+    def setUp(self):
+        self.assertTrue(TOOL and os.access(TOOL, os.X_OK), "set ROPE_JIT_CACHE_TOOL to the rope-jit-cache binary")
+        self.scratch = tempfile.mkdtemp(prefix="rope_jit_cli_")
+        self.root = os.path.join(self.scratch, "cache")
+
+    def tearDown(self):
+        for path, dirs, _ in os.walk(self.scratch):
+            for name in dirs:
+                try:
+                    os.chmod(os.path.join(path, name), 0o700)
+                except OSError:
+                    pass
+        shutil.rmtree(self.scratch, ignore_errors=True)
+
+    def tool(self, *args, expect=0, **kwargs):
+        result = run_tool(*args, **kwargs)
+        self.assertEqual(result.returncode, expect,
+                         f"rope-jit-cache {' '.join(args)}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}")
+        return result
+
+    def prewarm(self, *spec_args, root=None, expect=0, **kwargs):
+        result = self.tool("--cache-dir", root or self.root, "prewarm", "--target", "sm_90", "--json", *spec_args,
+                           expect=expect, **kwargs)
+        return json.loads(result.stdout), result.stderr
+
+    def verify(self, root=None, expect=None):
+        result = run_tool("--cache-dir", root or self.root, "verify", "--json")
+        if expect is not None:
+            self.assertEqual(result.returncode, expect, result.stdout + result.stderr)
+        return json.loads(result.stdout)
+
+    def items(self, state, root=None):
+        return [item for item in self.verify(root)["items"] if item["state"] == state]
+
+
+@needs_nvrtc
+class ConcurrencyTest(CacheTestCase):
+    def test_eight_processes_prewarming_the_same_twenty_specs_at_once_leave_twenty_good_entries_and_no_temp_files(self):
+        processes = [start_tool("--cache-dir", self.root, "prewarm", "--target", "sm_90", "--json", "--jobs", "2",
+                                *TWENTY_SPECS) for _ in range(8)]
+        results = [(process.wait(timeout=600), *process.communicate()) for process in processes]
+        for index, (code, stdout, stderr) in enumerate(results):
+            self.assertEqual(code, 0, f"process {index}\n{stdout}\n{stderr}")
+            report = json.loads(stdout)
+            self.assertEqual(len(report["kernels"]), 20)
+            self.assertEqual(report["failed"], 0)
+            self.assertEqual(report["compiled"] + report["cached"], 20)
+            self.assertEqual(warnings_in(stderr), [], f"process {index}")
+        report = self.verify(expect=0)
+        states = [item["state"] for item in report["items"]]
+        self.assertEqual(states.count("ok"), 20, states)
+        self.assertEqual(len(states), 20, f"temp, damaged or stray files remain: {report['items']}")
+        leftovers = [name for _, _, files in os.walk(self.root) for name in files if name.startswith(".tmp-")]
+        self.assertEqual(leftovers, [])
+        # Every entry is one of the 20 kernels, each once.
+        self.assertEqual(len({item["key"] for item in report["items"]}), 20)
+
+
+@needs_nvrtc
+class DamageTest(CacheTestCase):
+    def test_each_kind_of_damage_is_reported_by_verify_and_recompiled_with_a_warning_by_the_next_prewarm(self):
+        self.prewarm(*FIVE_SPECS)
+        entries = sorted(item["path"] for item in self.items("ok"))
+        self.assertEqual(len(entries), 5)
+        truncated, flipped, echo, empty, directory = entries
+
+        data = read_bytes(truncated)
+        write_bytes(truncated, data[: len(data) // 2])
+        data = bytearray(read_bytes(flipped))
+        data[-1] ^= 0x01  # the payload is the end of the file
+        write_bytes(flipped, bytes(data))
+        # A well-formed entry with a valid checksum, but echoing another key than its name's.
+        _, key, spec, payload = cache_entry_format.parse(read_bytes(echo))
+        other_key = "0" * 64 if key != "0" * 64 else "1" * 64
+        write_bytes(echo, cache_entry_format.serialize(other_key, spec, payload))
+        write_bytes(empty, b"")
+        os.unlink(directory)
+        os.mkdir(directory)
+        write_bytes(os.path.join(directory, "inside"), b"not a kernel")
+
+        report = self.verify(expect=1)
+        problems = {item["path"]: item["problem"] for item in report["items"] if item["state"] == "damaged"}
+        expected = {truncated: "truncated", flipped: "checksum", echo: "key echo", empty: "empty",
+                    directory: "directory"}
+        self.assertEqual(set(problems), set(expected), report["items"])
+        for path, word in expected.items():
+            self.assertIn(word, problems[path], path)
+        self.assertEqual(len(self.items("ok")), 0)
+
+        result, stderr = self.prewarm(*FIVE_SPECS)
+        self.assertEqual((result["compiled"], result["cached"], result["failed"]), (5, 0, 0))
+        warnings = warnings_in(stderr)
+        self.assertEqual(len(warnings), 5, stderr)
+        for path in expected:
+            self.assertEqual(sum(path in warning and "set aside" in warning for warning in warnings), 1, path)
+
+        report = self.verify(expect=0)
+        states = sorted(item["state"] for item in report["items"])
+        self.assertEqual(states, ["ok"] * 5 + ["set-aside"] * 5)
+        self.tool("--cache-dir", self.root, "prune")
+        self.assertEqual(sorted(item["state"] for item in self.verify(expect=0)["items"]), ["ok"] * 5)
+        # And the repaired cache serves every kernel without compiling.
+        result, stderr = self.prewarm(*FIVE_SPECS)
+        self.assertEqual((result["compiled"], result["cached"]), (0, 5))
+        self.assertEqual(warnings_in(stderr), [])
+
+
+@needs_nvrtc
+class UnusableDirectoryTest(CacheTestCase):
+    def test_a_cache_root_under_a_regular_file_is_not_written_and_prewarm_succeeds_with_one_warning(self):
+        blocker = os.path.join(self.scratch, "a_file")
+        write_bytes(blocker, b"in the way")
+        result, stderr = self.prewarm(*FIVE_SPECS, root=os.path.join(blocker, "cache"))
+        self.assertEqual((result["compiled"], result["failed"], result["written"]), (5, 0, 0))
+        warnings = warnings_in(stderr)
+        self.assertEqual(len(warnings), 1, stderr)
+        self.assertIn("Not a directory", warnings[0])
+        self.assertEqual(read_bytes(blocker), b"in the way")
+
+    def test_a_write_limit_as_on_a_full_disk_makes_prewarm_compile_in_memory_with_one_warning(self):
+        def limit_file_size():
+            # Writes past the limit fail with EFBIG instead of killing the process.
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (8192, 8192))
+
+        result, stderr = self.prewarm(*FIVE_SPECS, preexec_fn=limit_file_size)
+        self.assertEqual((result["compiled"], result["failed"], result["written"]), (5, 0, 0))
+        warnings = warnings_in(stderr)
+        self.assertEqual(len(warnings), 1, stderr)
+        self.assertIn("File too large", warnings[0])
+        self.assertEqual(self.verify(expect=0)["items"], [], "a failed write left a file behind")
+
+    def test_a_full_tmpfs_makes_prewarm_keep_the_rest_in_memory_with_one_warning(self):
+        mount_point = os.path.join(self.scratch, "small")
+        os.mkdir(mount_point)
+        # Room for about two kernels of about 90 KiB each.
+        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=200k,mode=0700", "tmpfs", mount_point],
+                                 capture_output=True)
+        if mounted.returncode != 0:
+            self.skipTest("cannot mount a tmpfs here (needs root); the write-limit test covers full disks")
+        try:
+            root = os.path.join(mount_point, "cache")
+            result, stderr = self.prewarm(*FIVE_SPECS, root=root)
+            self.assertEqual((result["compiled"], result["failed"]), (5, 0))
+            self.assertLess(result["written"], 5)
+            warnings = warnings_in(stderr)
+            self.assertEqual(len(warnings), 1, stderr)
+            self.assertIn("No space left", warnings[0])
+            report = self.verify(root=root, expect=0)
+            self.assertEqual([item["state"] for item in report["items"]], ["ok"] * result["written"])
+        finally:
+            subprocess.run(["umount", mount_point], check=True)
+
+
+@needs_nvrtc
+class KilledWriterTest(CacheTestCase):
+    def test_a_prewarm_killed_mid_write_leaves_nothing_that_loads_wrong_and_the_next_run_completes(self):
+        caught_mid_write = 0
+        for attempt in range(3):
+            process = start_tool("--cache-dir", self.root, "prewarm", "--target", "sm_90", "--jobs", "2",
+                                 *TWENTY_SPECS)
+            deadline = time.monotonic() + 0.4 + 0.5 * attempt
+            # Kill as soon as a temp file shows up (a write in flight), else at the deadline.
+            while time.monotonic() < deadline and process.poll() is None:
+                if any(name.startswith(".tmp-") for _, _, files in os.walk(self.root) for name in files):
+                    caught_mid_write += 1
+                    break
+                time.sleep(0.0005)
+            process.send_signal(signal.SIGKILL)
+            process.communicate()
+            report = self.verify(expect=0)
+            states = {item["state"] for item in report["items"]}
+            self.assertLessEqual(states, {"ok", "temp"}, report["items"])
+
+        result, stderr = self.prewarm(*TWENTY_SPECS)
+        self.assertEqual(result["failed"], 0)
+        self.assertEqual(result["compiled"] + result["cached"], 20)
+        self.assertEqual(warnings_in(stderr), [])
+        self.assertEqual(len(self.items("ok")), 20)
+
+        # Temp files a killed writer left are removed by prune once they are old enough.
+        stale_time = time.time() - 3600
+        for item in self.items("temp"):
+            os.utime(item["path"], (stale_time, stale_time))
+        self.tool("--cache-dir", self.root, "prune")
+        self.assertEqual([item["state"] for item in self.verify(expect=0)["items"]], ["ok"] * 20)
+        print(f"\n  killed writers caught with a temp file on disk: {caught_mid_write} of 3", file=sys.stderr)
+
+
+@needs_nvrtc
+class StaleEntryTest(CacheTestCase):
+    def test_entries_of_another_format_nvrtc_version_or_build_are_ignored_and_prune_removes_them(self):
+        self.prewarm("--head-dim", "64")
+        (entry,) = self.items("ok")
+        data = read_bytes(entry["path"])
+        _, key, spec, payload = cache_entry_format.parse(data)
+        relative = os.path.relpath(entry["path"], self.root)  # v1/nvrtc13.0/sm_90/xx/<key>.cubin
+        parts = relative.split(os.sep)
+
+        def plant(path, content):
+            os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+            write_bytes(path, content)
+
+        other_nvrtc = os.path.join(self.root, "v1", "nvrtc11.8", *parts[2:])
+        plant(other_nvrtc, data)
+        other_format_dir = os.path.join(self.root, "v2")
+        plant(os.path.join(other_format_dir, *parts[1:]), data)
+        # What an older rope-jit (other templates) would have stored: another key, same spec.
+        old_key = "ab" + key[2:] if not key.startswith("ab") else "cd" + key[2:]
+        old_build = os.path.join(self.root, "v1", parts[1], parts[2], old_key[:2], old_key + ".cubin")
+        plant(old_build, cache_entry_format.serialize(old_key, spec, payload))
+        # A file of format 2 where format 1 files live cannot be read: damage.
+        format_two = os.path.join(self.root, "v1", parts[1], parts[2], "ff", "f" * 64 + ".cubin")
+        plant(format_two, cache_entry_format.serialize("f" * 64, spec, payload, format_version=2))
+        os.unlink(entry["path"])
+
+        report = self.verify(expect=1)
+        by_path = {item["path"]: item for item in report["items"]}
+        self.assertEqual(by_path[other_nvrtc]["state"], "stale")
+        self.assertIn("NVRTC 11.8", by_path[other_nvrtc]["problem"])
+        self.assertEqual(by_path[other_format_dir]["state"], "stale")
+        self.assertIn("format v2", by_path[other_format_dir]["problem"])
+        self.assertEqual(by_path[old_build]["state"], "stale")
+        self.assertIn("another rope-jit build", by_path[old_build]["problem"])
+        self.assertEqual(by_path[format_two]["state"], "damaged")
+        self.assertIn("format version 2", by_path[format_two]["problem"])
+
+        # None of them is loaded: the kernel compiles again.
+        result, _ = self.prewarm("--head-dim", "64")
+        self.assertEqual((result["compiled"], result["cached"]), (1, 0))
+
+        kept = json.loads(self.tool("--cache-dir", self.root, "prune", "--keep-stale", "--json").stdout)
+        self.assertEqual([item["path"] for item in kept["removed"]], [format_two])
+        self.assertEqual(len(self.items("stale")), 3)
+        pruned = json.loads(self.tool("--cache-dir", self.root, "prune", "--json").stdout)
+        self.assertEqual(sorted(item["path"] for item in pruned["removed"]),
+                         sorted([other_nvrtc, other_format_dir, old_build]))
+        self.assertEqual([item["state"] for item in self.verify(expect=0)["items"]], ["ok"])
+        self.assertFalse(os.path.exists(other_format_dir))
+
+
+@needs_nvrtc
+class HostileRootTest(CacheTestCase):
+    def test_cache_directories_are_created_private(self):
+        self.prewarm("--head-dim", "64")
+        (entry,) = self.items("ok")
+        directory = os.path.dirname(entry["path"])
+        while len(directory) >= len(self.root):
+            self.assertEqual(stat.S_IMODE(os.stat(directory).st_mode) & 0o077, 0, directory)
+            directory = os.path.dirname(directory)
+        self.assertEqual(stat.S_IMODE(os.stat(entry["path"]).st_mode), 0o600)
+
+    def test_a_world_writable_root_is_written_only_with_the_sticky_bit(self):
+        os.mkdir(self.root)
+        os.chmod(self.root, 0o777)
+        result, stderr = self.prewarm("--head-dim", "64")
+        self.assertEqual(result["written"], 0)
+        warnings = warnings_in(stderr)
+        self.assertEqual(len(warnings), 1, stderr)
+        self.assertIn("world-writable without the sticky bit", warnings[0])
+        self.assertFalse(os.path.exists(os.path.join(self.root, "v1")))
+
+        os.chmod(self.root, 0o1777)
+        result, stderr = self.prewarm("--head-dim", "64")
+        self.assertEqual((result["written"], warnings_in(stderr)), (1, []))
+
+    @unittest.skipUnless(os.geteuid() == 0, "changing a directory's owner needs root")
+    def test_a_root_owned_by_another_user_is_neither_written_nor_read(self):
+        self.prewarm("--head-dim", "64")
+        os.chown(self.root, 65534, 65534)
+        result, stderr = self.prewarm("--head-dim", "64")
+        self.assertEqual((result["compiled"], result["cached"], result["written"]), (1, 0, 0))
+        warnings = warnings_in(stderr)
+        self.assertEqual(len(warnings), 1, stderr)
+        self.assertIn("owned by uid 65534", warnings[0])
+        info = json.loads(self.tool("--cache-dir", self.root, "info", "--json").stdout)
+        self.assertFalse(info["cache_writable"])
+        self.assertIn("owned by uid 65534", info["cache_problem"])
+        # Nor does prune or clear remove anything there.
+        self.tool("--cache-dir", self.root, "clear", expect=1)
+        os.chown(self.root, os.geteuid(), os.getegid())
+        self.assertEqual(len(self.items("ok")), 1)
+
+
+@needs_nvrtc
+class MaintenanceTest(CacheTestCase):
+    def test_prune_removes_least_recently_used_entries_until_the_rest_fits(self):
+        self.prewarm(*FIVE_SPECS)
+        entries = sorted(self.items("ok"), key=lambda item: item["path"])
+        now = time.time()
+        for age, entry in enumerate(entries):  # entries[0] used most recently
+            os.utime(entry["path"], (now - 3600 * (age + 1), now - 3600 * (age + 1)))
+        budget = entries[0]["bytes"] + entries[1]["bytes"]
+        pruned = json.loads(self.tool("--cache-dir", self.root, "prune", "--max-bytes", str(budget), "--json").stdout)
+        self.assertEqual(sorted(item["path"] for item in pruned["removed"]),
+                         sorted(entry["path"] for entry in entries[2:]))
+        self.assertEqual(sorted(item["path"] for item in self.items("ok")),
+                         sorted(entry["path"] for entry in entries[:2]))
+
+        pruned = json.loads(self.tool("--cache-dir", self.root, "prune", "--older-than", "90m", "--json").stdout)
+        self.assertEqual([item["path"] for item in pruned["removed"]], [entries[1]["path"]])
+
+    def test_clear_removes_every_item_and_dry_runs_remove_nothing(self):
+        self.prewarm(*FIVE_SPECS)
+        temp = os.path.join(os.path.dirname(self.items("ok")[0]["path"]), ".tmp-1-2-3")
+        write_bytes(temp, b"half")
+        planned = json.loads(self.tool("--cache-dir", self.root, "clear", "--dry-run", "--json").stdout)
+        self.assertEqual(len(planned["removed"]), 6)
+        self.assertEqual(len(self.verify()["items"]), 6)
+        self.tool("--cache-dir", self.root, "clear")
+        self.assertEqual(self.verify(expect=0)["items"], [])
+        self.assertTrue(os.path.isdir(self.root))
+
+
+class CommandLineTest(CacheTestCase):
+    def test_help_exits_0_and_usage_errors_exit_2_for_every_subcommand(self):
+        for subcommand in ("prewarm", "list", "verify", "prune", "clear", "info"):
+            result = self.tool(subcommand, "--help")
+            self.assertIn("Usage", result.stdout, subcommand)
+            self.assertIn("--json", result.stdout + self.tool("--help").stdout)
+            self.tool(subcommand, "--no-such-option", expect=2)
+        self.tool(expect=2)
+        self.tool("no-such-subcommand", expect=2)
+        self.tool("prewarm", expect=2)  # nothing to compile
+        self.tool("prewarm", "--preset", "no-such-model", expect=2)
+        self.tool("prewarm", "--head-dim", "64", "--style", "diagonal", expect=2)
+        self.tool("prewarm", "--dtype", "bf16", expect=2)  # spec flags without --head-dim
+        self.tool("prewarm", "--head-dim", "64", "--target", "volta", expect=2)
+        self.tool("prune", "--max-bytes", "lots", expect=2)
+        self.tool("prune", "--older-than", "3 fortnights", expect=2)
+
+    def test_every_subcommand_prints_one_json_document_with_json(self):
+        for subcommand in (["list"], ["verify"], ["prune"], ["clear"], ["info"],
+                           ["prewarm", "--dry-run", "--preset", "llama3-8b", "--target", "sm_90"]):
+            result = self.tool("--cache-dir", self.root, *subcommand, "--json")
+            self.assertIsInstance(json.loads(result.stdout), dict, subcommand)
+
+    def test_presets_use_each_models_head_dim_rotary_dim_style_and_gqa_group(self):
+        # From each model's config.json: hidden size, attention heads, kv heads, the rotary
+        # fraction (partial_rotary_factor, rotary_pct, or rotary_dim / head_dim) and the pair
+        # style (GPT-J rotates interleaved pairs, the others rotate halves).
+        models = {
+            "llama3-8b": (4096, 32, 8, 1.0, "half"),
+            "llama3-70b": (8192, 64, 8, 1.0, "half"),
+            "mistral-7b": (4096, 32, 8, 1.0, "half"),
+            "qwen2.5-7b": (3584, 28, 4, 1.0, "half"),
+            "gemma-2-9b": (16 * 256, 16, 8, 1.0, "half"),  # head_dim 256 set explicitly in its config
+            "phi-3-mini": (3072, 32, 32, 1.0, "half"),
+            "phi-4-mini": (3072, 24, 8, 0.75, "half"),
+            "phi-2": (2560, 32, 32, 0.4, "half"),
+            "gpt-j-6b": (4096, 16, 16, 64 / 256, "interleaved"),
+            "gpt-neox-20b": (6144, 64, 64, 0.25, "half"),
+        }
+        for name, (hidden, heads, kv_heads, fraction, style) in models.items():
+            plan = json.loads(self.tool("--cache-dir", self.root, "prewarm", "--dry-run", "--json", "--preset", name,
+                                        "--target", "sm_90").stdout)
+            head_dim = hidden // heads
+            specs = [kernel["spec"] for kernel in plan["kernels"]]
+            self.assertEqual(len(specs), 4, name)
+            for spec in specs:
+                self.assertEqual(spec["head_dim"], head_dim, name)
+                self.assertEqual(spec["rotary_dim"], int(head_dim * fraction), name)
+                self.assertEqual(spec["style"], style, name)
+                self.assertEqual(spec["gqa_group"], heads // kv_heads, name)
+                self.assertEqual((spec["dtype"], spec["table_dtype"]), ("bfloat16", "bfloat16"), name)
+            self.assertEqual(sorted((spec["direction"], spec["positions"]) for spec in specs),
+                             [("backward", "implicit"), ("backward", "indices"),
+                              ("forward", "implicit"), ("forward", "indices")], name)
+
+    def test_a_manifest_expands_each_spec_as_the_cross_product_of_its_lists_and_merges_duplicates(self):
+        manifest = os.path.join(self.scratch, "manifest.json")
+        write_bytes(manifest, json.dumps({
+            "presets": ["llama3-8b", "mistral-7b"],
+            "specs": [{"head_dim": [64, 128], "style": ["half", "interleaved"], "dtype": "float16"}]}).encode())
+        plan = json.loads(self.tool("--cache-dir", self.root, "prewarm", "--dry-run", "--json", "--manifest", manifest,
+                                    "--target", "sm_80,sm_90").stdout)
+        self.assertEqual(len(plan["kernels"]), 2 * (4 + 4))  # llama3-8b and mistral-7b share their 4 specs
+        merged = [kernel for kernel in plan["kernels"] if "mistral-7b" in kernel["sources"]]
+        self.assertTrue(all(kernel["sources"] == ["llama3-8b", "mistral-7b"] for kernel in merged))
+        write_bytes(manifest, json.dumps({"specs": [{"head_dim": 64, "colour": "blue"}]}).encode())
+        self.tool("prewarm", "--manifest", manifest, expect=2)
+        write_bytes(manifest, b"{not json")
+        self.tool("prewarm", "--manifest", manifest, expect=2)
+        self.tool("prewarm", "--manifest", os.path.join(self.scratch, "missing.json"), expect=2)
+
+    @needs_nvrtc
+    def test_prewarm_says_what_it_compiled_or_found_cached_and_how_long_it_took(self):
+        first = self.tool("--cache-dir", self.root, "prewarm", "--preset", "llama3-8b", "--target", "sm_90")
+        lines = first.stdout.splitlines()
+        self.assertEqual(sum(line.startswith("compiled ") and (line.endswith(" ms") or line.endswith(" s"))
+                             for line in lines[:-1]), 4, first.stdout)
+        self.assertIn("4 compiled", lines[-1])
+        self.assertIn("sm_90", lines[-1])
+        second = self.tool("--cache-dir", self.root, "prewarm", "--preset", "llama3-8b", "--target", "sm_90")
+        self.assertEqual(sum(line.startswith("cached ") for line in second.stdout.splitlines()), 4, second.stdout)
+        self.assertIn("4 already cached", second.stdout)
+
+    def test_without_a_gpu_or_target_prewarm_compiles_for_sm_90_and_says_so(self):
+        plan = self.tool("--cache-dir", self.root, "prewarm", "--dry-run", "--head-dim", "64")
+        info = json.loads(self.tool("--cache-dir", self.root, "info", "--json").stdout)
+        if info["devices"]:
+            self.skipTest("this machine has a GPU: the default target is the GPU's")
+        self.assertIn("no GPU found: compiling for sm_90", plan.stdout)
+        self.assertIn("would prewarm  sm_90", plan.stdout)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)

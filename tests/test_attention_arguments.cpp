@@ -1,0 +1,283 @@
+// Every bad input to rope_jit_attention and rope_jit_attention_backward returns
+// ERROR_INVALID_ARGUMENT with a message that names the argument, and writes nothing.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "attention_test_support.h"
+
+using namespace attention_test;
+using rope_test::Dt;
+
+namespace {
+
+// A valid forward and backward (GQA, tables, pos_mask, bool mask, causal, lse) that each test
+// breaks in one way.
+struct ValidCall {
+    ValidCall() : problem(config(), rng) {
+        rope_jit_config runtime_config;
+        rope_jit_config_init(&runtime_config);
+        runtime_config.backend = ROPE_JIT_BACKEND_CPU;
+        REQUIRE(rope_jit_runtime_create(&runtime_config, &runtime) == ROPE_JIT_OK);
+        args = problem.args();
+        REQUIRE(rope_jit_attention(runtime, &args) == ROPE_JIT_OK);
+        REQUIRE(rope_jit_attention_backward(runtime, &args) == ROPE_JIT_OK);
+        before_out = problem.out.bytes();
+        before_lse = problem.lse.bytes();
+        before_dq = problem.dq.bytes();
+        before_dk = problem.dk.bytes();
+        before_dv = problem.dv.bytes();
+    }
+    ~ValidCall() { rope_jit_runtime_free(runtime); }
+
+    static Config config() {
+        Config c;
+        c.B = 2;
+        c.Hq = 4;
+        c.Hk = 2;
+        c.Sq = 6;
+        c.Sk = 6;
+        c.D = 16;
+        c.R = 8;
+        c.causal = true;
+        c.pos_mask = true;
+        c.mask = Mask::BoolKeys;
+        return c;
+    }
+
+    // Runs the broken call (forward, or backward) and checks the status, that the message
+    // names `needle`, and that no output changed.
+    void expect_invalid(const std::string& needle, bool backward = false) {
+        const rope_jit_status status =
+            backward ? rope_jit_attention_backward(runtime, &args) : rope_jit_attention(runtime, &args);
+        const std::string message = rope_jit_last_error();
+        CAPTURE(message);
+        CHECK(status == ROPE_JIT_ERROR_INVALID_ARGUMENT);
+        CHECK(message.find(needle) != std::string::npos);
+        CHECK(problem.out.bytes() == before_out);
+        CHECK(problem.lse.bytes() == before_lse);
+        CHECK(problem.dq.bytes() == before_dq);
+        CHECK(problem.dk.bytes() == before_dk);
+        CHECK(problem.dv.bytes() == before_dv);
+    }
+
+    std::mt19937 rng{3};
+    Problem problem;
+    rope_jit_runtime* runtime = nullptr;
+    rope_jit_attention_args args{};
+    std::vector<uint8_t> before_out, before_lse, before_dq, before_dk, before_dv;
+};
+
+}  // namespace
+
+TEST_CASE("attention: a NULL runtime, NULL args or uninitialized args are rejected") {
+    ValidCall call;
+    CHECK(rope_jit_attention(nullptr, &call.args) == ROPE_JIT_ERROR_INVALID_ARGUMENT);
+    CHECK(std::string(rope_jit_last_error()).find("runtime") != std::string::npos);
+    CHECK(rope_jit_attention_backward(call.runtime, nullptr) == ROPE_JIT_ERROR_INVALID_ARGUMENT);
+    CHECK(std::string(rope_jit_last_error()).find("args") != std::string::npos);
+    call.args.struct_size = 0;
+    call.expect_invalid("struct_size");
+    call.expect_invalid("struct_size", true);
+}
+
+TEST_CASE("attention: a missing q, k, v or out is rejected") {
+    for (const std::string n : {"q", "k", "v", "out"}) {
+        CAPTURE(n);
+        ValidCall call;
+        if (n == "q") call.args.q = nullptr;
+        if (n == "k") call.args.k = nullptr;
+        if (n == "v") call.args.v = nullptr;
+        if (n == "out") call.args.out = nullptr;
+        call.expect_invalid(n + ": required");
+    }
+}
+
+TEST_CASE("attention: shapes that do not fit together are rejected") {
+    ValidCall call;
+    SUBCASE("q is not 4-D") {
+        call.problem.q.dl()->ndim = 3;
+        call.expect_invalid("q: expected 4 dimensions");
+    }
+    SUBCASE("k has another batch") {
+        call.problem.k.dl()->shape[0] = 1;
+        call.expect_invalid("k: shape");
+    }
+    SUBCASE("k has another head_dim") {
+        call.problem.k.dl()->shape[3] = 8;
+        call.expect_invalid("k: shape");
+    }
+    SUBCASE("Hq is not a multiple of Hk") {
+        call.problem.k.dl()->shape[1] = 3;
+        call.expect_invalid("not a multiple of k's 3 heads");
+    }
+    SUBCASE("v has another length than k") {
+        call.problem.v.dl()->shape[2] = 5;
+        call.expect_invalid("v: shape");
+    }
+    SUBCASE("out has another shape than q") {
+        call.problem.out.dl()->shape[2] = 5;
+        call.expect_invalid("out: shape");
+    }
+}
+
+TEST_CASE("attention: dtypes that do not fit are rejected") {
+    ValidCall call;
+    SUBCASE("q of integers") {
+        call.problem.q.dl()->dtype = {kDLInt, 32, 1};
+        call.expect_invalid("q: dtype must be float32, float16 or bfloat16");
+    }
+    SUBCASE("k of another float dtype") {
+        call.problem.k.dl()->dtype = {kDLFloat, 16, 1};
+        call.expect_invalid("k: dtype float16 differs from q's float32");
+    }
+    SUBCASE("out of another float dtype") {
+        call.problem.out.dl()->dtype = {kDLBfloat, 16, 1};
+        call.expect_invalid("out: dtype");
+    }
+    SUBCASE("lse not float32") {
+        call.problem.lse.dl()->dtype = {kDLFloat, 16, 1};
+        call.expect_invalid("lse: dtype must be float32");
+    }
+}
+
+TEST_CASE("attention: bad rotation arguments are rejected") {
+    ValidCall call;
+    SUBCASE("cos without sin") {
+        call.args.sin = nullptr;
+        call.expect_invalid("sin: NULL while cos is given");
+    }
+    SUBCASE("sin without cos") {
+        call.args.cos = nullptr;
+        call.expect_invalid("cos: NULL while sin is given");
+    }
+    SUBCASE("an odd rotary_dim") {
+        call.args.rotary_dim = 7;
+        call.expect_invalid("rotary_dim: must be even");
+    }
+    SUBCASE("rotary_dim above head_dim") {
+        call.args.rotary_dim = 18;
+        call.expect_invalid("rotary_dim: 18 exceeds head_dim 16");
+    }
+    SUBCASE("a table of the wrong width") {
+        call.args.rotary_dim = 16;
+        call.expect_invalid("cos: expected [P, 8] (half table) or [P, 16] (full table)");
+    }
+    SUBCASE("a table with too few rows") {
+        call.problem.cos.dl()->shape[0] = 5;
+        call.problem.sin.dl()->shape[0] = 5;
+        call.expect_invalid("cos: has 5 rows");
+    }
+    SUBCASE("sin of another shape") {
+        call.problem.sin.dl()->shape[0] = 6;
+        call.expect_invalid("sin: shape");
+    }
+    SUBCASE("an unknown style") {
+        call.args.style = static_cast<rope_jit_style>(5);
+        call.expect_invalid("style: must be");
+    }
+    SUBCASE("pos_mask without tables") {
+        call.args.cos = nullptr;
+        call.args.sin = nullptr;
+        call.expect_invalid("pos_mask: given without cos/sin");
+    }
+    SUBCASE("pos_mask of floats") {
+        call.args.pos_mask = call.problem.v.dl();
+        call.expect_invalid("pos_mask: ");
+    }
+    SUBCASE("pos_mask shorter than the sequence") {
+        call.problem.pos_mask.dl()->shape[0] = 3;
+        call.expect_invalid("pos_mask: has 3 entries");
+    }
+}
+
+TEST_CASE("attention: bad masks, scales and lse are rejected") {
+    ValidCall call;
+    SUBCASE("attn_mask of int32") {
+        HostTensor ints(Dt::I32, {2, 6});
+        call.args.attn_mask = ints.dl();
+        call.expect_invalid("attn_mask: dtype must be bool/uint8");
+    }
+    SUBCASE("attn_mask of the wrong length") {
+        call.problem.mask_bool.dl()->shape[1] = 5;
+        call.expect_invalid("attn_mask: expected [B, Sk]");
+    }
+    SUBCASE("a NaN scale") {
+        call.args.scale = std::numeric_limits<double>::quiet_NaN();
+        call.expect_invalid("scale: must be finite");
+    }
+    SUBCASE("an infinite scale") {
+        call.args.scale = std::numeric_limits<double>::infinity();
+        call.expect_invalid("scale: must be finite");
+    }
+    SUBCASE("lse of the wrong shape") {
+        call.problem.lse.dl()->shape[2] = 5;
+        call.expect_invalid("lse: expected [B, Hq, Sq]");
+    }
+}
+
+TEST_CASE("attention: outputs that overlap inputs or repeat elements are rejected") {
+    ValidCall call;
+    SUBCASE("out is q") {
+        call.args.out = call.problem.q.dl();
+        call.expect_invalid("out: overlaps q");
+    }
+    SUBCASE("out has a zero stride") {
+        call.problem.out.dl()->strides[2] = 0;
+        call.expect_invalid("out: strides make several indices address the same element");
+    }
+    SUBCASE("dk is dv") {
+        call.args.dk = call.problem.dv.dl();
+        call.expect_invalid("dk: overlaps dv", true);
+    }
+    SUBCASE("dq is dout") {
+        call.args.dq = call.problem.dout.dl();
+        call.expect_invalid("dq: overlaps dout", true);
+    }
+}
+
+TEST_CASE("attention backward: a missing dout, dq, dk or dv is rejected") {
+    for (const std::string name : {"dout", "dq", "dk", "dv"}) {
+        CAPTURE(name);
+        ValidCall call;
+        if (name == "dout") call.args.dout = nullptr;
+        if (name == "dq") call.args.dq = nullptr;
+        if (name == "dk") call.args.dk = nullptr;
+        if (name == "dv") call.args.dv = nullptr;
+        call.expect_invalid(name + ": required by the backward", true);
+    }
+}
+
+TEST_CASE("attention backward: a missing lse or mismatched gradients are rejected") {
+    ValidCall call;
+    SUBCASE("no lse") {
+        call.args.lse = nullptr;
+        call.expect_invalid("lse: required by the backward", true);
+    }
+    SUBCASE("dq of another shape") {
+        call.problem.dq.dl()->shape[1] = 2;
+        call.expect_invalid("dq: shape", true);
+    }
+    SUBCASE("dk of another dtype") {
+        call.problem.dk.dl()->dtype = {kDLFloat, 64, 1};
+        call.expect_invalid("dk: unsupported dtype", true);
+    }
+}
+
+TEST_CASE("attention: tensors on different devices are rejected") {
+    ValidCall call;
+    SUBCASE("k on a GPU while q is on the CPU") {
+        call.problem.k.dl()->device = {kDLCUDA, 0};
+        call.expect_invalid("k: lives on CUDA device 0, but q lives on CPU device 0");
+    }
+    SUBCASE("everything on a GPU, on a CPU-only runtime") {
+        for (HostTensor* t : {&call.problem.q, &call.problem.k, &call.problem.v, &call.problem.out, &call.problem.lse,
+                              &call.problem.cos, &call.problem.sin})
+            t->dl()->device = {kDLCUDA, 0};
+        call.problem.pos_mask.dl()->device = {kDLCUDA, 0};
+        call.problem.mask_bool.dl()->device = {kDLCUDA, 0};
+        call.expect_invalid("CPU backend");
+    }
+}

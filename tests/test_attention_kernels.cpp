@@ -1,0 +1,252 @@
+// The attention kernel specs: every family of variants the runtime can choose compiles with
+// NVRTC for sm_80 and sm_90 (no GPU needed), the specs render, validate and hash as the cache
+// needs, and the kernel choice follows the problem (tensor cores where they apply).
+#include <doctest/doctest.h>
+
+#include <set>
+#include <string>
+#include <vector>
+
+#include "attention_problem.h"
+#include "attention_spec.h"
+#include "cuda_attention.h"
+#include "error.h"
+#include "nvrtc_loader.h"
+#include "attention_test_support.h"
+
+using namespace rope_jit;
+
+namespace {
+
+// A spec of the given kind with the common fields of the headline shape.
+AttentionSpec spec_of(AttentionKernelKind kind, int dtype, int head_dim, int rotary_dim, bool tensor_cores) {
+    AttentionSpec s;
+    s.kind = int32_t(kind);
+    s.dtype = dtype;
+    s.head_dim = head_dim;
+    s.rotary_dim = rotary_dim;
+    s.tensor_cores = tensor_cores;
+    s.warps = tensor_cores ? 8 : 4;
+    s.block_n = tensor_cores ? (head_dim <= 128 ? 64 : 32) : 0;
+    s.write_lse = kind == AttentionKernelKind::Forward;
+    return s;
+}
+
+// The variants a compile check covers: each feature of the template at least once per kernel.
+std::vector<AttentionSpec> representative_specs() {
+    std::vector<AttentionSpec> specs;
+    using K = AttentionKernelKind;
+    for (K kind : {K::Forward, K::BackwardDq, K::BackwardDkDv}) {
+        // The headline: bf16, D128, half-style rotation from staged fp32 tables, causal, GQA 4.
+        AttentionSpec headline = spec_of(kind, 2, 128, 128, true);
+        headline.causal = 1;
+        headline.gqa_group = 4;
+        headline.table_async = 1;
+        if (kind == K::BackwardDkDv) headline.block_n = 32;
+        specs.push_back(headline);
+        // fp16, D64, partial interleaved rotation from a full table read in place, pos_mask, bool mask.
+        AttentionSpec registers = spec_of(kind, 1, 64, 32, true);
+        registers.interleaved = 1;
+        registers.table_full = 1;
+        registers.pos_mask = 1;
+        registers.mask_kind = 1;
+        registers.warps = 4;
+        specs.push_back(registers);
+        // bf16, D256, additive bf16 mask, no rotation.
+        AttentionSpec wide = spec_of(kind, 2, 256, 0, true);
+        wide.mask_kind = 2;
+        wide.mask_dtype = 2;
+        wide.warps = 4;
+        wide.block_n = 32;
+        if (kind == K::BackwardDkDv) wide.compute_dk = 0;  // the dv pass of a split backward
+        specs.push_back(wide);
+        // CUDA cores: float32, D72 (not a multiple of 8), half-style R24, pos_mask, additive fp32 mask.
+        AttentionSpec simt = spec_of(kind, 0, 72, 24, false);
+        simt.pos_mask = 1;
+        simt.mask_kind = 2;
+        simt.causal = 1;
+        simt.gqa_group = 2;
+        specs.push_back(simt);
+    }
+    AttentionSpec two_tiles = spec_of(K::Forward, 2, 128, 128, true);  // FlashAttention-2's layout
+    two_tiles.m_tiles = 2;
+    two_tiles.warps = 4;
+    two_tiles.causal = 1;
+    two_tiles.table_async = 1;
+    specs.push_back(two_tiles);
+    AttentionSpec dk_pass = spec_of(K::BackwardDkDv, 2, 128, 128, true);  // the dk pass with pos_mask
+    dk_pass.pos_mask = 1;
+    dk_pass.compute_dv = 0;
+    dk_pass.warps = 4;
+    dk_pass.block_n = 32;
+    dk_pass.table_async = 1;
+    specs.push_back(dk_pass);
+    return specs;
+}
+
+}  // namespace
+
+TEST_CASE("every family of attention kernels compiles with NVRTC for sm_80 and sm_90") {
+    if (nvrtc_api() == nullptr) {
+        MESSAGE("NVRTC not available (" << nvrtc_load_error() << "): compile check skipped");
+        return;
+    }
+    KernelStats stats;
+    for (const AttentionSpec& spec : representative_specs()) {
+        for (const std::string target : {"sm_80", "sm_90"}) {
+            CAPTURE(spec.describe());
+            CAPTURE(target);
+            REQUIRE_NOTHROW(spec.validate());
+            KernelBinary binary;
+            try {
+                binary = build_attention_binary(spec, target, nullptr, stats);
+            } catch (const std::exception& e) {
+                FAIL(std::string(e.what()));
+            }
+            CHECK(binary.image.size() > 4);
+            CHECK_FALSE(binary.is_ptx);
+        }
+    }
+}
+
+namespace {
+
+// The kernels chosen for a problem built from `c` on an H100/H200-like device (or `device`).
+std::vector<AttentionSpec> chosen(const attention_test::Config& c, bool backward,
+                                  AttentionDevice device = AttentionDevice{90, 232448}) {
+    std::mt19937 rng(1);
+    attention_test::Problem p(c, rng);
+    const rope_jit_attention_args args = p.args();
+    return choose_attention_specs(make_attention_problem(args, backward), device);
+}
+
+attention_test::Config headline_config() {
+    attention_test::Config c;
+    c.dt = rope_test::Dt::BF16;
+    c.B = 1;
+    c.Hq = 4;
+    c.Hk = 1;
+    c.Sq = c.Sk = 16;
+    c.D = c.R = 128;
+    c.causal = true;
+    return c;
+}
+
+}  // namespace
+
+TEST_CASE("aligned 16-bit problems run on tensor cores, in one kernel forward and two backward") {
+    const attention_test::Config c = headline_config();
+    const std::vector<AttentionSpec> forward = chosen(c, false);
+    REQUIRE(forward.size() == 1);
+    CAPTURE(forward[0].describe());
+    CHECK(forward[0].kind == int32_t(AttentionKernelKind::Forward));
+    CHECK(forward[0].tensor_cores == 1);
+    CHECK(forward[0].table_async == 1);
+    CHECK(forward[0].gqa_group == 4);
+    CHECK(forward[0].causal == 1);
+    CHECK(forward[0].write_lse == 1);
+    CHECK(forward[0].m_tiles == 2);
+    CHECK(forward[0].shared_bytes() <= 232448);
+    const std::vector<AttentionSpec> backward = chosen(c, true);
+    REQUIRE(backward.size() == 2);
+    CHECK(backward[0].kind == int32_t(AttentionKernelKind::BackwardDq));
+    CHECK(backward[1].kind == int32_t(AttentionKernelKind::BackwardDkDv));
+    for (const AttentionSpec& s : backward) {
+        CAPTURE(s.describe());
+        CHECK(s.tensor_cores == 1);
+        CHECK(s.compute_dk == 1);
+        CHECK(s.compute_dv == 1);
+        CHECK(s.shared_bytes() <= 232448);
+    }
+}
+
+TEST_CASE("the CUDA-core kernels take what tensor cores cannot") {
+    attention_test::Config c = headline_config();
+    SUBCASE("float32") {
+        c.dt = rope_test::Dt::F32;
+        CHECK(chosen(c, false)[0].tensor_cores == 0);
+    }
+    SUBCASE("a GPU before sm_80") {
+        CHECK(chosen(c, false, AttentionDevice{75, 65536})[0].tensor_cores == 0);
+    }
+    SUBCASE("a head_dim that is not a multiple of 8") {
+        c.D = c.R = 72;
+        CHECK(chosen(c, false)[0].tensor_cores == 0);
+    }
+    SUBCASE("rows that are not 16-byte aligned") {
+        c.pad = 1;
+        CHECK(chosen(c, false)[0].tensor_cores == 0);
+        CHECK(chosen(c, true)[0].tensor_cores == 0);
+    }
+    SUBCASE("a half-style rotary_dim that splits a 16-byte chunk") {
+        c.R = 24;
+        CHECK(chosen(c, false)[0].tensor_cores == 0);
+        c.interleaved = true;
+        CHECK(chosen(c, false)[0].tensor_cores == 1);
+    }
+    SUBCASE("the backward of head_dim 256 with pos_mask") {
+        c.D = c.R = 256;
+        c.pos_mask = true;
+        for (const AttentionSpec& s : chosen(c, true)) CHECK(s.tensor_cores == 0);
+        CHECK(chosen(c, false)[0].tensor_cores == 1);
+    }
+    SUBCASE("too little shared memory for any tile") {
+        CHECK(chosen(c, false, AttentionDevice{90, 16 * 1024})[0].tensor_cores == 0);
+    }
+}
+
+TEST_CASE("a backward that needs too many accumulators splits dk and dv into two passes") {
+    attention_test::Config c = headline_config();
+    c.pos_mask = true;
+    const std::vector<AttentionSpec> specs = chosen(c, true);
+    REQUIRE(specs.size() == 3);
+    CHECK(specs[0].kind == int32_t(AttentionKernelKind::BackwardDq));
+    CHECK((specs[1].compute_dk == 1 && specs[1].compute_dv == 0));
+    CHECK((specs[2].compute_dk == 0 && specs[2].compute_dv == 1));
+    c.pos_mask = false;
+    c.D = c.R = 256;
+    CHECK(chosen(c, true).size() == 3);
+}
+
+TEST_CASE("a head_dim above 512 is unsupported on the GPU") {
+    attention_test::Config c = headline_config();
+    c.D = c.R = 520;
+    try {
+        chosen(c, false);
+        FAIL("no error");
+    } catch (const Error& e) {
+        CHECK(e.status() == ROPE_JIT_ERROR_UNSUPPORTED);
+        CHECK(std::string(e.what()).find("head_dim 520") != std::string::npos);
+    }
+}
+
+TEST_CASE("attention specs render their constants, JSON and description, and compare as bytes") {
+    AttentionSpec a = spec_of(AttentionKernelKind::Forward, 2, 128, 64, true);
+    a.causal = 1;
+    const AttentionSpec b = a;
+    CHECK(a == b);
+    CHECK(AttentionSpecHash{}(a) == AttentionSpecHash{}(b));
+    AttentionSpec c = a;
+    c.gqa_group = 2;
+    CHECK(a != c);
+    const std::string preamble = a.preamble();
+    CHECK(preamble.find("constexpr int HEAD_DIM = 128;") != std::string::npos);
+    CHECK(preamble.find("constexpr int ROTARY_DIM = 64;") != std::string::npos);
+    CHECK(preamble.find("constexpr bool CAUSAL = true;") != std::string::npos);
+    CHECK(preamble.find("constexpr bool TENSOR_CORES = true;") != std::string::npos);
+    const std::string json = a.to_json();
+    CHECK(json.find("\"op\":\"attention\"") != std::string::npos);
+    CHECK(json.find("\"kind\":\"forward\"") != std::string::npos);
+    CHECK(json != c.to_json());
+    CHECK(a.describe() == "attention fwd bf16 D128 R64 half table/half causal gqa1 lse tc 8x64");
+    AttentionSpec bad = a;
+    bad.block_n = 24;
+    CHECK_THROWS_AS(bad.validate(), Error);
+    bad = a;
+    bad.dtype = 0;
+    CHECK_THROWS_AS(bad.validate(), Error);
+    bad = a;
+    bad.kind = int32_t(AttentionKernelKind::BackwardDq);
+    bad.m_tiles = 2;
+    CHECK_THROWS_AS(bad.validate(), Error);
+}

@@ -1,0 +1,307 @@
+// Cache maintenance (src/cache_maintenance.*) and its C API: every item under a root is
+// classified against this build, removal stays inside the cache and never follows links, and
+// the diagnostics calls report what the runtime uses.
+#include <doctest/doctest.h>
+
+#include <dirent.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "cache_maintenance.h"
+#include "disk_cache.h"
+#include "error.h"
+#include "kernel_builder.h"
+#include "kernel_spec.h"
+#include "nvrtc_loader.h"
+#include "rope_jit/rope_jit.h"
+#include "sha256.h"
+
+using rope_jit::CacheEntry;
+using rope_jit::CacheEntryId;
+using rope_jit::CacheItem;
+using rope_jit::CacheItemState;
+using rope_jit::DiskCache;
+
+namespace {
+
+struct ScratchDir {
+    ScratchDir() {
+        char pattern[] = "/tmp/rope_jit_maintenance_XXXXXX";
+        const char* made = mkdtemp(pattern);
+        REQUIRE(made != nullptr);
+        path = made;
+    }
+    ~ScratchDir() {
+        if (std::system(("rm -rf '" + path + "'").c_str()) != 0) MESSAGE("could not remove " << path);
+    }
+    std::string path;
+};
+
+void write_file(const std::string& path, const std::string& bytes) {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out.write(bytes.data(), std::streamsize(bytes.size()));
+    REQUIRE(out.good());
+}
+
+bool exists(const std::string& path) {
+    struct stat st;
+    return lstat(path.c_str(), &st) == 0;
+}
+
+void make_dirs(const std::string& path) {
+    REQUIRE(std::system(("mkdir -p -m 700 '" + path + "'").c_str()) == 0);
+}
+
+std::map<std::string, CacheItem> scan_by_path(const DiskCache& disk) {
+    std::map<std::string, CacheItem> items;
+    for (CacheItem& item : rope_jit::scan_cache(disk)) items[item.path] = item;
+    return items;
+}
+
+rope_jit::KernelSpec small_spec() {
+    rope_jit_kernel_spec spec;
+    rope_jit_kernel_spec_init(&spec);
+    spec.head_dim = 64;
+    return rope_jit::kernel_spec_from_public(spec);
+}
+
+CacheEntry entry_of(const rope_jit::KernelSpec& spec) {
+    CacheEntry entry;
+    entry.spec_json = spec.to_json();
+    entry.payload.assign(1000, 'x');
+    return entry;
+}
+
+}  // namespace
+
+TEST_SUITE_BEGIN("cache_maintenance");
+
+TEST_CASE("scan judges entries against this build: current, other NVRTC, other build, other format") {
+    if (rope_jit::nvrtc_api() == nullptr) {
+        MESSAGE("skipped: NVRTC not available, so keys cannot be recomputed");
+        return;
+    }
+    ScratchDir tmp;
+    DiskCache disk(tmp.path, {});
+    const rope_jit::KernelSpec spec = small_spec();
+    const CacheEntryId current = rope_jit::plan_compile(spec, "sm_90").entry;
+    REQUIRE(disk.store(current, entry_of(spec)));
+
+    CacheEntryId other_nvrtc = current;
+    other_nvrtc.nvrtc_version = "11.8";
+    REQUIRE(disk.store(other_nvrtc, entry_of(spec)));
+    CacheEntryId other_build = current;  // what a build with other templates would have stored
+    other_build.key_hex = rope_jit::sha256_hex("an older rope-jit");
+    REQUIRE(disk.store(other_build, entry_of(spec)));
+    const std::string other_format = tmp.path + "/v7";
+    make_dirs(other_format + "/nvrtc13.0/sm_90/ab");
+    write_file(other_format + "/nvrtc13.0/sm_90/ab/file", std::string(300, 'y'));
+    write_file(tmp.path + "/notes.txt", "not the cache's");  // outside any v<N>: not reported
+
+    auto items = scan_by_path(disk);
+    CHECK(items.size() == 4);
+    const CacheItem& ok = items[disk.entry_path(tmp.path, current)];
+    CHECK(ok.state == CacheItemState::ok);
+    CHECK(ok.problem.empty());
+    CHECK(ok.spec_description == spec.describe());
+    CHECK(ok.payload_bytes == 1000);
+    CHECK(ok.bytes > 1000);
+    const CacheItem& nvrtc = items[disk.entry_path(tmp.path, other_nvrtc)];
+    CHECK(nvrtc.state == CacheItemState::stale);
+    CHECK(nvrtc.problem.find("NVRTC 11.8") != std::string::npos);
+    const CacheItem& build = items[disk.entry_path(tmp.path, other_build)];
+    CHECK(build.state == CacheItemState::stale);
+    CHECK(build.problem.find("another rope-jit build") != std::string::npos);
+    const CacheItem& format = items[other_format];
+    CHECK(format.state == CacheItemState::stale);
+    CHECK(format.problem.find("format v7") != std::string::npos);
+    CHECK(format.bytes == 300);
+}
+
+TEST_CASE("scan reports damage, temp files, set-aside entries and strays, and changes nothing") {
+    ScratchDir tmp;
+    DiskCache disk(tmp.path, {});
+    CacheEntryId id{rope_jit::sha256_hex("damaged"), "13.0", "sm_90", "cubin"};
+    REQUIRE(disk.store(id, CacheEntry{"{}", std::vector<char>(100, 'z')}));
+    const std::string path = disk.entry_path(tmp.path, id);
+    write_file(path, "RJITCACH truncated");
+    const std::string dir = path.substr(0, path.rfind('/'));
+    write_file(dir + "/.tmp-1-2-3", "half");
+    write_file(path + ".bad-1-0", "old");
+    write_file(tmp.path + "/v1/README", "stray");
+
+    auto items = scan_by_path(disk);
+    CHECK(items.size() == 4);
+    CHECK(items[path].state == CacheItemState::damaged);
+    CHECK(items[dir + "/.tmp-1-2-3"].state == CacheItemState::temp);
+    CHECK(items[path + ".bad-1-0"].state == CacheItemState::set_aside);
+    CHECK(items[tmp.path + "/v1/README"].state == CacheItemState::stray);
+    CHECK(scan_by_path(disk).size() == 4);
+    CHECK(rope_jit::scan_cache(DiskCache(tmp.path + "/missing", {})).empty());
+}
+
+TEST_CASE("remove deletes one item, also a whole directory, and never follows links out of the cache") {
+    ScratchDir tmp;
+    const std::string root = tmp.path + "/cache";
+    DiskCache disk(root, {});
+    REQUIRE(disk.writable());
+    const std::string outside = tmp.path + "/precious";
+    write_file(outside, "keep me");
+    make_dirs(root + "/v9/inner");
+    write_file(root + "/v9/inner/file", "old format");
+    REQUIRE(symlink(outside.c_str(), (root + "/v9/inner/link").c_str()) == 0);
+    REQUIRE(symlink(tmp.path.c_str(), (root + "/v1/escape").c_str()) == 0);
+
+    rope_jit::remove_cache_item(disk, root + "/v9");
+    CHECK_FALSE(exists(root + "/v9"));
+    CHECK(exists(outside));
+
+    // Paths that leave the cache, or pass through a link, are refused.
+    for (const std::string& path : {outside, tmp.path + "/cache2/v1/x", root + "/v1/../../precious",
+                                    root + "/v1/./x", root + "//v1/x", root + "/notes/x", root,
+                                    root + "/v1/escape/precious"}) {
+        CAPTURE(path);
+        bool refused = false;
+        try {
+            rope_jit::remove_cache_item(disk, path);
+        } catch (const rope_jit::Error& e) {
+            refused = e.status() == ROPE_JIT_ERROR_INVALID_ARGUMENT;
+        }
+        CHECK(refused);
+    }
+    CHECK(exists(outside));
+    // A link that is itself the item is removed, its target kept; a missing item is no error.
+    rope_jit::remove_cache_item(disk, root + "/v1/escape");
+    CHECK_FALSE(exists(root + "/v1/escape"));
+    CHECK(exists(tmp.path + "/precious"));
+    rope_jit::remove_cache_item(disk, root + "/v1/nvrtc13.0/sm_90/ab/gone.cubin");
+}
+
+TEST_CASE("a root given with a trailing slash scans and removes like one without") {
+    ScratchDir tmp;
+    DiskCache disk(tmp.path + "/cache/", {});
+    REQUIRE(disk.writable());
+    write_file(tmp.path + "/cache/v1/README", "stray");
+    make_dirs(tmp.path + "/cache/v3");
+    const std::vector<CacheItem> items = rope_jit::scan_cache(disk);
+    REQUIRE(items.size() == 2);
+    for (const CacheItem& item : items) {
+        CAPTURE(item.path);
+        rope_jit::remove_cache_item(disk, item.path);
+        CHECK_FALSE(exists(item.path));
+    }
+    CHECK(exists(tmp.path + "/cache/v1"));
+}
+
+TEST_CASE("remove refuses a root that belongs to another user") {
+    if (geteuid() != 0) {
+        MESSAGE("skipped: changing a directory's owner needs root");
+        return;
+    }
+    ScratchDir tmp;
+    const std::string root = tmp.path + "/cache";
+    DiskCache disk(root, {});
+    REQUIRE(disk.writable());
+    write_file(root + "/v1/README", "x");
+    REQUIRE(chown(root.c_str(), 65534, 65534) == 0);
+    bool refused = false;
+    try {
+        rope_jit::remove_cache_item(disk, root + "/v1/README");
+    } catch (const rope_jit::Error& e) {
+        refused = e.status() == ROPE_JIT_ERROR_CACHE && std::string(e.what()).find("owned by uid 65534") != std::string::npos;
+    }
+    CHECK(refused);
+    CHECK(exists(root + "/v1/README"));
+}
+
+TEST_CASE("the cache C API reports the root, walks, removes and rejects bad arguments") {
+    ScratchDir tmp;
+    const std::string root = tmp.path + "/cache";
+    rope_jit_config config;
+    rope_jit_config_init(&config);
+    config.backend = ROPE_JIT_BACKEND_CPU;
+    config.cache_dir = root.c_str();
+    rope_jit_runtime* runtime = nullptr;
+    REQUIRE(rope_jit_runtime_create(&config, &runtime) == ROPE_JIT_OK);
+    CHECK(std::string(rope_jit_cache_root(runtime)) == root);
+    CHECK_FALSE(exists(root));  // creating a runtime touches nothing
+    CHECK(rope_jit_cache_check(runtime) == ROPE_JIT_OK);
+    CHECK(exists(root + "/v1"));
+    write_file(root + "/v1/README", "stray");
+
+    std::vector<std::string> seen;
+    auto collect = [](const rope_jit_cache_item* item, void* user) -> int {
+        static_cast<std::vector<std::string>*>(user)->push_back(std::string(item->path) + " " + item->problem +
+                                                               " state " + std::to_string(int(item->state)));
+        return 0;
+    };
+    CHECK(rope_jit_cache_walk(runtime, collect, &seen) == ROPE_JIT_OK);
+    REQUIRE(seen.size() == 1);
+    CHECK(seen[0].find(root + "/v1/README") == 0);
+    CHECK(seen[0].find("state 5") != std::string::npos);  // ROPE_JIT_CACHE_ITEM_STRAY
+    CHECK(rope_jit_cache_remove(runtime, (root + "/v1/README").c_str()) == ROPE_JIT_OK);
+    seen.clear();
+    CHECK(rope_jit_cache_walk(runtime, collect, &seen) == ROPE_JIT_OK);
+    CHECK(seen.empty());
+
+    CHECK(rope_jit_cache_walk(nullptr, collect, &seen) == ROPE_JIT_ERROR_INVALID_ARGUMENT);
+    CHECK(std::string(rope_jit_last_error()).find("runtime") != std::string::npos);
+    CHECK(rope_jit_cache_walk(runtime, nullptr, &seen) == ROPE_JIT_ERROR_INVALID_ARGUMENT);
+    CHECK(std::string(rope_jit_last_error()).find("visitor") != std::string::npos);
+    CHECK(rope_jit_cache_remove(runtime, nullptr) == ROPE_JIT_ERROR_INVALID_ARGUMENT);
+    CHECK(rope_jit_cache_remove(runtime, "/etc/passwd") == ROPE_JIT_ERROR_INVALID_ARGUMENT);
+    CHECK(std::string(rope_jit_last_error()).find("path:") != std::string::npos);
+    CHECK(rope_jit_cache_check(nullptr) == ROPE_JIT_ERROR_INVALID_ARGUMENT);
+    CHECK(std::string(rope_jit_cache_root(nullptr)).empty());
+    rope_jit_runtime_free(runtime);
+
+    // A memory-only runtime has no cache to walk.
+    config.disk_cache = 0;
+    REQUIRE(rope_jit_runtime_create(&config, &runtime) == ROPE_JIT_OK);
+    CHECK(std::string(rope_jit_cache_root(runtime)).empty());
+    CHECK(rope_jit_cache_walk(runtime, collect, &seen) == ROPE_JIT_ERROR_CACHE);
+    CHECK(rope_jit_cache_check(runtime) == ROPE_JIT_ERROR_CACHE);
+    CHECK(std::string(rope_jit_last_error()).find("no disk cache") != std::string::npos);
+    rope_jit_runtime_free(runtime);
+}
+
+TEST_CASE("a CPU runtime has no devices, and the NVRTC version is the loaded library's") {
+    rope_jit_config config;
+    rope_jit_config_init(&config);
+    config.backend = ROPE_JIT_BACKEND_CPU;
+    config.disk_cache = 0;
+    rope_jit_runtime* runtime = nullptr;
+    REQUIRE(rope_jit_runtime_create(&config, &runtime) == ROPE_JIT_OK);
+    CHECK(rope_jit_device_count(runtime) == 0);
+    CHECK(rope_jit_device_count(nullptr) == 0);
+    rope_jit_device_info info;
+    rope_jit_device_info_init(&info);
+    CHECK(info.struct_size == sizeof info);
+    CHECK(rope_jit_device_describe(runtime, 0, &info) == ROPE_JIT_ERROR_INVALID_ARGUMENT);
+    CHECK(std::string(rope_jit_last_error()).find("ordinal: 0") != std::string::npos);
+    info.struct_size = 0;
+    CHECK(rope_jit_device_describe(runtime, 0, &info) == ROPE_JIT_ERROR_INVALID_ARGUMENT);
+    CHECK(rope_jit_device_describe(runtime, 0, nullptr) == ROPE_JIT_ERROR_INVALID_ARGUMENT);
+    rope_jit_runtime_free(runtime);
+
+    const char* version = nullptr;
+    const rope_jit_status status = rope_jit_nvrtc_version(&version);
+    REQUIRE(version != nullptr);
+    if (rope_jit::nvrtc_api() != nullptr) {
+        CHECK(status == ROPE_JIT_OK);
+        CHECK(std::string(version) == rope_jit::nvrtc_version_string());
+        CHECK(std::string(version).find('.') != std::string::npos);
+    } else {
+        CHECK(status == ROPE_JIT_ERROR_BACKEND_UNAVAILABLE);
+        CHECK(std::string(version).empty());
+    }
+    CHECK(rope_jit_nvrtc_version(nullptr) == ROPE_JIT_ERROR_INVALID_ARGUMENT);
+}
+
+TEST_SUITE_END();

@@ -1,0 +1,463 @@
+// Attention with rotary fused in on the CUDA backend against the CPU backend, through the
+// public C API: a randomized sweep of the spec space (tensor-core and CUDA-core kernels,
+// forward and backward), the CUDA-core kernels forced for 16-bit inputs, the headline shape,
+// and determinism of the backward. Every test is in TEST_SUITE("gpu").
+#include <doctest/doctest.h>
+
+#include <stdlib.h>  // mkdtemp, setenv
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "attention_problem.h"
+#include "attention_spec.h"
+#include "attention_test_support.h"
+#include "cuda_attention.h"
+#include "cuda_driver.h"
+#include "disk_cache.h"
+
+using namespace attention_test;
+using rope_jit::check_cu;
+using rope_test::Dt;
+
+namespace {
+
+const rope_jit::CudaDriverApi& driver() {
+    const rope_jit::CudaDriverApi* api = rope_jit::cuda_driver_api();
+    if (api == nullptr) throw std::runtime_error("no CUDA driver: " + rope_jit::cuda_driver_load_error());
+    return *api;
+}
+
+void make_primary_context_current() {
+    static const rope_jit::CUcontext context = [] {
+        rope_jit::CUdevice device = 0;
+        check_cu(driver().cuDeviceGet(&device, 0), "cuDeviceGet(0)");
+        rope_jit::CUcontext retained = nullptr;
+        check_cu(driver().cuDevicePrimaryCtxRetain(&retained, device), "cuDevicePrimaryCtxRetain");
+        return retained;
+    }();
+    check_cu(driver().cuCtxSetCurrent(context), "cuCtxSetCurrent");
+}
+
+// One kernel cache directory per test process, removed at exit.
+const std::string& cache_dir() {
+    static const struct Dir {
+        Dir() {
+            std::string pattern = (std::filesystem::temp_directory_path() / "rope_jit_gpu_attention_XXXXXX").string();
+            if (mkdtemp(pattern.data()) == nullptr) throw std::runtime_error(std::strerror(errno));
+            path = pattern;
+        }
+        ~Dir() {
+            std::error_code ignored;
+            std::filesystem::remove_all(path, ignored);
+        }
+        std::string path;
+    } dir;
+    return dir.path;
+}
+
+class Runtime {
+public:
+    explicit Runtime(rope_jit_backend_kind backend) {
+        rope_jit_config config;
+        rope_jit_config_init(&config);
+        config.backend = backend;
+        config.cache_dir = cache_dir().c_str();
+        const rope_jit_status status = rope_jit_runtime_create(&config, &runtime_);
+        INFO("rope_jit_runtime_create: " << std::string(rope_jit_status_name(status)) << ": " << std::string(rope_jit_last_error()));
+        REQUIRE(status == ROPE_JIT_OK);
+    }
+    ~Runtime() { rope_jit_runtime_free(runtime_); }
+    Runtime(const Runtime&) = delete;
+    Runtime& operator=(const Runtime&) = delete;
+    rope_jit_runtime* get() const { return runtime_; }
+
+private:
+    rope_jit_runtime* runtime_ = nullptr;
+};
+
+struct GpuFixture {
+    GpuFixture() : cuda(ROPE_JIT_BACKEND_CUDA), cpu(ROPE_JIT_BACKEND_CPU) {
+        REQUIRE(rope_jit_backend(cuda.get()) == ROPE_JIT_BACKEND_CUDA);
+        make_primary_context_current();
+    }
+    Runtime cuda, cpu;
+};
+
+// Every tensor of a host Problem mirrored in device memory (the whole backing buffer, so
+// strides and padding carry over), and the argument struct that points at the mirrors.
+class DeviceProblem {
+public:
+    explicit DeviceProblem(Problem& p) {
+        for (HostTensor* t : {&p.q, &p.k, &p.v, &p.out, &p.lse, &p.cos, &p.sin, &p.mask_float, &p.dout, &p.dq, &p.dk, &p.dv})
+            if (!t->shape().empty()) add(t->dl(), t->bytes());
+        for (ByteTensor* t : {&p.pos_mask, &p.mask_bool})
+            if (t->present()) add(t->dl(), t->bytes());
+    }
+    DeviceProblem(const DeviceProblem&) = delete;
+    DeviceProblem& operator=(const DeviceProblem&) = delete;
+    ~DeviceProblem() {
+        if (const rope_jit::CudaDriverApi* api = rope_jit::cuda_driver_api())
+            for (auto& m : mirrors_) api->cuMemFree(m->pointer);
+    }
+
+    // The host call's arguments with every tensor replaced by its mirror.
+    rope_jit_attention_args args(const rope_jit_attention_args& host) const {
+        rope_jit_attention_args a = host;
+        for (const DLTensor** t : {&a.q, &a.k, &a.v, &a.out, &a.cos, &a.sin, &a.pos_mask, &a.attn_mask, &a.lse, &a.dout,
+                                   &a.dq, &a.dk, &a.dv})
+            if (*t != nullptr) *t = &find(*t).device;
+        return a;
+    }
+
+    // A copy of `host` holding the device bytes of its mirror.
+    HostTensor download(HostTensor& host) const {
+        HostTensor copy = host;
+        const Mirror& m = find(host.dl());
+        check_cu(driver().cuMemcpyDtoH(copy.bytes().data(), m.pointer, m.size), "cuMemcpyDtoH");
+        return copy;
+    }
+
+private:
+    struct Mirror {
+        const DLTensor* host = nullptr;
+        rope_jit::CUdeviceptr pointer = 0;
+        size_t size = 0;
+        DLTensor device{};
+    };
+    void add(const DLTensor* host, const std::vector<uint8_t>& bytes) {
+        auto m = std::make_unique<Mirror>();
+        m->host = host;
+        m->size = bytes.size();
+        check_cu(driver().cuMemAlloc(&m->pointer, m->size), "cuMemAlloc");
+        check_cu(driver().cuMemcpyHtoD(m->pointer, bytes.data(), m->size), "cuMemcpyHtoD");
+        m->device = *host;
+        m->device.data = reinterpret_cast<void*>(static_cast<uintptr_t>(m->pointer));
+        m->device.device = {kDLCUDA, 0};
+        mirrors_.push_back(std::move(m));
+    }
+    const Mirror& find(const DLTensor* host) const {
+        for (const auto& m : mirrors_)
+            if (m->host == host) return *m;
+        throw std::invalid_argument("DeviceProblem: tensor not mirrored");
+    }
+    std::vector<std::unique_ptr<Mirror>> mirrors_;
+};
+
+// 0xff bytes are NaN in every float dtype: an element a kernel fails to write cannot pass.
+void poison_outputs(Problem& p) {
+    for (HostTensor* t : {&p.out, &p.lse, &p.dq, &p.dk, &p.dv}) std::fill(t->bytes().begin(), t->bytes().end(), 0xff);
+}
+
+// The kernels the CUDA runtime will choose for this problem's forward and backward.
+std::vector<rope_jit::AttentionSpec> kernels_of(Problem& p, const rope_jit::AttentionDevice& device) {
+    const rope_jit_attention_args args = p.args();
+    std::vector<rope_jit::AttentionSpec> specs = choose_attention_specs(rope_jit::make_attention_problem(args, false), device);
+    for (const rope_jit::AttentionSpec& s : choose_attention_specs(rope_jit::make_attention_problem(args, true), device))
+        specs.push_back(s);
+    return specs;
+}
+
+rope_jit::AttentionDevice device_zero() {
+    rope_jit::CUdevice device = 0;
+    check_cu(driver().cuDeviceGet(&device, 0), "cuDeviceGet");
+    int major = 0, minor = 0, shared = 0;
+    check_cu(driver().cuDeviceGetAttribute(&major, rope_jit::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device), "cc");
+    check_cu(driver().cuDeviceGetAttribute(&minor, rope_jit::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device), "cc");
+    check_cu(driver().cuDeviceGetAttribute(&shared, rope_jit::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+                                           device),
+             "shared");
+    return rope_jit::AttentionDevice{major * 10 + minor, shared};
+}
+
+// Compiles every distinct spec into the runtimes' disk cache on all cores, so the sweep itself
+// only loads kernels.
+void prewarm(const std::vector<rope_jit::AttentionSpec>& specs) {
+    std::vector<rope_jit::AttentionSpec> distinct;
+    for (const rope_jit::AttentionSpec& s : specs)
+        if (std::find(distinct.begin(), distinct.end(), s) == distinct.end()) distinct.push_back(s);
+    const rope_jit::DiskCache disk(cache_dir(), {});
+    const std::string target = rope_jit::cuda_device_target(0);
+    rope_jit::KernelStats stats;
+    std::atomic<size_t> next{0};
+    std::mutex mutex;
+    std::string failure;
+    std::vector<std::thread> threads;
+    const unsigned workers = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
+    for (unsigned w = 0; w < workers; ++w)
+        threads.emplace_back([&] {
+            for (size_t i = next++; i < distinct.size(); i = next++) {
+                try {
+                    rope_jit::build_attention_binary(distinct[i], target, &disk, stats);
+                } catch (const std::exception& e) {
+                    std::lock_guard<std::mutex> lock(mutex);
+                    failure += distinct[i].describe() + ": " + e.what() + "\n";
+                }
+            }
+        });
+    for (std::thread& t : threads) t.join();
+    MESSAGE("prewarmed " << distinct.size() << " attention kernels");
+    INFO(failure);
+    REQUIRE(failure.empty());
+}
+
+struct Tolerance {
+    double out, lse, grad;
+};
+
+// Normalized tolerances of one call: the dtype's rounding of rotated q/k and of P on tensor
+// cores, float32 arithmetic on CUDA cores.
+Tolerance gpu_tolerance(Dt dt) {
+    if (dt == Dt::F32) return {2e-5, 2e-5, 2e-4};
+    if (dt == Dt::F16) return {5e-3, 5e-3, 1.5e-2};
+    return {3e-2, 3e-2, 8e-2};
+}
+
+// Compares every output of one CUDA forward + backward with the CPU backend's; returns a
+// one-line report and whether it passed.
+struct Comparison {
+    bool passed = true;
+    std::string report;
+};
+
+Comparison run_and_compare(GpuFixture& f, Problem& p, bool backward) {
+    poison_outputs(p);
+    DeviceProblem device(p);
+    const rope_jit_attention_args host_args = p.args();
+    const rope_jit_attention_args device_args = device.args(host_args);
+    Comparison result;
+    auto call = [&](rope_jit_runtime* runtime, const rope_jit_attention_args& a, bool bwd) {
+        const rope_jit_status status = bwd ? rope_jit_attention_backward(runtime, &a) : rope_jit_attention(runtime, &a);
+        if (status != ROPE_JIT_OK) {
+            result.passed = false;
+            result.report += std::string(bwd ? " backward" : " forward") + " failed: " + rope_jit_status_name(status) +
+                             ": " + rope_jit_last_error();
+        }
+        return status == ROPE_JIT_OK;
+    };
+    if (!call(f.cuda.get(), device_args, false)) return result;
+    if (backward && !call(f.cuda.get(), device_args, true)) return result;
+    check_cu(driver().cuCtxSynchronize(), "cuCtxSynchronize");
+    if (!call(f.cpu.get(), host_args, false)) return result;
+    if (backward && !call(f.cpu.get(), host_args, true)) return result;
+
+    const Tolerance tol = gpu_tolerance(p.c.dt);
+    auto compare = [&](const char* name, HostTensor& expected, double limit, double floor) {
+        const double err = normalized_error(device.download(expected).values(), expected.values(), floor);
+        char text[96];
+        std::snprintf(text, sizeof text, " %s=%.2e", name, err);
+        result.report += text;
+        if (!(err <= limit)) {
+            result.passed = false;
+            result.report += "(FAIL)";
+        }
+    };
+    compare("out", p.out, tol.out, 0.05);
+    // lse: absolute error, with -inf required exactly where the CPU has it.
+    {
+        const std::vector<double> got = device.download(p.lse).values(), expected = p.lse.values();
+        double worst = 0;
+        for (size_t i = 0; i < got.size(); ++i) {
+            if (std::isinf(expected[i])) worst = std::max(worst, got[i] == expected[i] ? 0.0 : 1e30);
+            else worst = std::max(worst, std::isfinite(got[i]) ? std::fabs(got[i] - expected[i]) : 1e30);
+        }
+        char text[64];
+        std::snprintf(text, sizeof text, " lse=%.2e", worst);
+        result.report += text;
+        if (!(worst <= tol.lse * 10)) {
+            result.passed = false;
+            result.report += "(FAIL)";
+        }
+    }
+    if (backward) {
+        compare("dq", p.dq, tol.grad, 1e-3);
+        compare("dk", p.dk, tol.grad, 1e-3);
+        compare("dv", p.dv, tol.grad, 1e-3);
+    }
+    return result;
+}
+
+template <typename T>
+T pick(std::mt19937& rng, std::initializer_list<T> options) {
+    return *(options.begin() + rng() % options.size());
+}
+
+Config random_gpu_config(std::mt19937& rng) {
+    Config c;
+    c.dt = pick(rng, {Dt::BF16, Dt::BF16, Dt::F16, Dt::F32});
+    c.table_dt = pick(rng, {Dt::F32, Dt::F32, Dt::BF16});
+    c.mask_dt = pick(rng, {Dt::F32, Dt::BF16});
+    c.D = pick<int64_t>(rng, {64, 128, 128, 256, 32, 96, 72});
+    c.R = pick<int64_t>(rng, {c.D, c.D, c.D / 2, 0, 16});
+    c.interleaved = rng() & 1;
+    c.table_full = rng() & 1;
+    c.B = 1 + rng() % 2;
+    c.Hk = 1 + rng() % 2;
+    c.Hq = c.Hk * pick<int64_t>(rng, {1, 4, 8});
+    c.Sq = 1 + rng() % 200;
+    c.Sk = rng() % 3 == 0 ? 1 + rng() % 200 : c.Sq;
+    c.causal = rng() & 1;
+    c.pos_mask = c.R > 0 && rng() % 4 == 0;
+    c.pos_mask_batched = rng() & 1;
+    c.mask = pick(rng, {Mask::None, Mask::None, Mask::None, Mask::BoolKeys, Mask::BoolFull, Mask::AddKeys, Mask::AddFull});
+    c.mask_batch_broadcast = rng() % 4 == 0;
+    c.scale = rng() % 4 == 0 ? 0.05 : 0.0;
+    c.bshd = rng() % 3 == 0;
+    c.pad = rng() % 10 == 0 ? 1 : 0;
+    return c;
+}
+
+// Runs configs (forward and backward), prewarming their kernels first; one CHECK per config
+// with the chosen kernels and every error in its message.
+void sweep(GpuFixture& f, const std::vector<Config>& configs, uint32_t seed) {
+    const rope_jit::AttentionDevice device = device_zero();
+    std::vector<rope_jit::AttentionSpec> specs;
+    {
+        std::mt19937 rng(seed);
+        for (const Config& c : configs) {
+            Problem p(c, rng);
+            for (const rope_jit::AttentionSpec& s : kernels_of(p, device)) specs.push_back(s);
+        }
+    }
+    prewarm(specs);
+    std::mt19937 rng(seed);
+    int failures = 0;
+    for (size_t n = 0; n < configs.size(); ++n) {
+        Problem p(configs[n], rng);
+        std::string kernels;
+        for (const rope_jit::AttentionSpec& s : kernels_of(p, device)) kernels += "\n    " + s.describe();
+        const Comparison result = run_and_compare(f, p, true);
+        if (!result.passed) ++failures;
+        MESSAGE((result.passed ? "ok  " : "FAIL") << " [" << n << "] " << describe(configs[n]) << " ->" << result.report
+                                                  << (result.passed ? std::string() : kernels));
+        CHECK_MESSAGE(result.passed, describe(configs[n]), result.report, kernels);
+    }
+    MESSAGE((configs.size() - size_t(failures)) << " of " << configs.size() << " configurations matched the CPU");
+}
+
+}  // namespace
+
+TEST_SUITE("gpu") {
+
+TEST_CASE("CUDA attention forward and backward match the CPU reference over a randomized sweep") {
+    GpuFixture f;
+    std::mt19937 rng(20241);
+    std::vector<Config> configs;
+    for (int i = 0; i < 48; ++i) configs.push_back(random_gpu_config(rng));
+    sweep(f, configs, 7);
+}
+
+TEST_CASE("the CUDA-core kernels match the CPU reference for 16-bit inputs too") {
+    GpuFixture f;
+    setenv("ROPE_JIT_ATTENTION_KERNELS", "simt", 1);
+    std::mt19937 rng(99);
+    std::vector<Config> configs;
+    for (int i = 0; i < 8; ++i) {
+        Config c = random_gpu_config(rng);
+        if (c.dt == Dt::F32) c.dt = Dt::BF16;
+        c.Sq = std::min<int64_t>(c.Sq, 64);
+        c.Sk = std::min<int64_t>(c.Sk, 64);
+        configs.push_back(c);
+    }
+    sweep(f, configs, 8);
+    unsetenv("ROPE_JIT_ATTENTION_KERNELS");
+}
+
+TEST_CASE("every tile shape the override offers gives the same results") {
+    GpuFixture f;
+    std::vector<Config> configs;
+    Config c;
+    c.dt = Dt::BF16;
+    c.B = 1;
+    c.Hq = 4;
+    c.Hk = 2;
+    c.Sq = 150;
+    c.Sk = 150;
+    c.D = 128;
+    c.R = 128;
+    c.causal = true;
+    c.pos_mask = true;
+    c.mask = Mask::AddFull;
+    configs.push_back(c);
+    c.pos_mask = false;
+    c.interleaved = true;
+    c.table_full = true;
+    c.mask = Mask::BoolKeys;
+    configs.push_back(c);
+    for (const std::string shapes : {"fwd=4x64,dq=4x64,dkdv=4x32", "fwd=8x32,dq=8x32,dkdv=8x16", "fwd=4x16,dq=4x16,dkdv=8x64",
+                                     "fwd=4x32x2", "fwd=8x64x2", "fwd=2x16x2", "fwd=8x64,dq=8x64,dkdv=8x32"}) {
+        CAPTURE(shapes);
+        setenv("ROPE_JIT_ATTENTION_KERNELS", shapes.c_str(), 1);
+        sweep(f, configs, 5);
+    }
+    unsetenv("ROPE_JIT_ATTENTION_KERNELS");
+}
+
+TEST_CASE("the headline shape (bf16, D128, causal, GQA 4) runs on tensor cores and matches the CPU") {
+    GpuFixture f;
+    Config c;
+    c.dt = Dt::BF16;
+    c.B = 1;
+    c.Hq = 8;
+    c.Hk = 2;
+    c.Sq = 700;
+    c.Sk = 700;
+    c.D = 128;
+    c.R = 128;
+    c.causal = true;
+    std::mt19937 rng(1);
+    Problem p(c, rng);
+    for (const rope_jit::AttentionSpec& s : kernels_of(p, device_zero())) {
+        CAPTURE(s.describe());
+        CHECK(s.tensor_cores == 1);
+    }
+    const Comparison result = run_and_compare(f, p, true);
+    MESSAGE(describe(c) << " ->" << result.report);
+    CHECK(result.passed);
+}
+
+TEST_CASE("the CUDA backward is deterministic") {
+    GpuFixture f;
+    for (Dt dt : {Dt::BF16, Dt::F32}) {
+        const std::string dtype = rope_test::dt_name(dt);
+        CAPTURE(dtype);
+        Config c;
+        c.dt = dt;
+        c.B = 2;
+        c.Hq = 8;
+        c.Hk = 2;
+        c.Sq = 300;
+        c.Sk = 300;
+        c.D = 64;
+        c.R = 64;
+        c.causal = true;
+        c.pos_mask = true;
+        std::mt19937 rng(4);
+        Problem p(c, rng);
+        DeviceProblem device(p);
+        const rope_jit_attention_args a = device.args(p.args());
+        REQUIRE(rope_jit_attention(f.cuda.get(), &a) == ROPE_JIT_OK);
+        REQUIRE(rope_jit_attention_backward(f.cuda.get(), &a) == ROPE_JIT_OK);
+        check_cu(driver().cuCtxSynchronize(), "cuCtxSynchronize");
+        const HostTensor dq = device.download(p.dq), dk = device.download(p.dk), dv = device.download(p.dv);
+        for (int repeat = 0; repeat < 3; ++repeat) {
+            REQUIRE(rope_jit_attention_backward(f.cuda.get(), &a) == ROPE_JIT_OK);
+            check_cu(driver().cuCtxSynchronize(), "cuCtxSynchronize");
+            CHECK(device.download(p.dq).bytes() == const_cast<HostTensor&>(dq).bytes());
+            CHECK(device.download(p.dk).bytes() == const_cast<HostTensor&>(dk).bytes());
+            CHECK(device.download(p.dv).bytes() == const_cast<HostTensor&>(dv).bytes());
+        }
+    }
+}
+
+}  // TEST_SUITE("gpu")

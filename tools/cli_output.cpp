@@ -1,0 +1,121 @@
+#include "cli_output.h"
+
+#include <unistd.h>
+
+#include <cctype>
+#include <cstdio>
+
+#include <fmt/format.h>
+
+#include "kernel_spec_sets.h"
+
+namespace rope_jit_cache {
+
+std::string format_bytes(uint64_t bytes) {
+    const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    if (bytes < 1024) return fmt::format("{} B", bytes);
+    double value = double(bytes);
+    int unit = 0;
+    while (value >= 1024.0 && unit < 4) {
+        value /= 1024.0;
+        ++unit;
+    }
+    return fmt::format("{:.1f} {}", value, units[unit]);
+}
+
+std::string format_age(int64_t seconds) {
+    if (seconds < 0) seconds = 0;
+    if (seconds < 120) return fmt::format("{}s", seconds);
+    if (seconds < 2 * 3600) return fmt::format("{}m", seconds / 60);
+    if (seconds < 2 * 86400) return fmt::format("{}h", seconds / 3600);
+    return fmt::format("{}d", seconds / 86400);
+}
+
+std::string format_ms(double milliseconds) {
+    if (milliseconds < 1000.0) return fmt::format("{:.0f} ms", milliseconds);
+    return fmt::format("{:.2f} s", milliseconds / 1000.0);
+}
+
+namespace {
+
+// Splits "20M" into 20 and "M"; throws when there is no leading number.
+std::pair<uint64_t, std::string> number_and_unit(const std::string& text, const std::string& option) {
+    size_t digits = 0;
+    while (digits < text.size() && std::isdigit(static_cast<unsigned char>(text[digits]))) ++digits;
+    if (digits == 0 || digits > 15)
+        throw UsageError(fmt::format("{}: '{}' is not a number with an optional unit", option, text));
+    return {std::stoull(text.substr(0, digits)), text.substr(digits)};
+}
+
+}  // namespace
+
+uint64_t parse_bytes(const std::string& text, const std::string& option) {
+    auto [number, unit] = number_and_unit(text, option);
+    std::string prefix = unit;
+    for (const char* suffix : {"iB", "B"}) {
+        const std::string s = suffix;
+        if (prefix.size() >= s.size() && prefix.compare(prefix.size() - s.size(), s.size(), s) == 0) {
+            prefix.resize(prefix.size() - s.size());
+            break;
+        }
+    }
+    int shift = -1;
+    if (prefix.empty()) shift = 0;
+    else if (prefix == "K" || prefix == "k") shift = 10;
+    else if (prefix == "M") shift = 20;
+    else if (prefix == "G") shift = 30;
+    else if (prefix == "T") shift = 40;
+    if (shift < 0 || (unit == "iB"))
+        throw UsageError(fmt::format("{}: unknown unit in '{}' (use B, K, M, G or T)", option, text));
+    return number << shift;
+}
+
+int64_t parse_duration(const std::string& text, const std::string& option) {
+    auto [number, unit] = number_and_unit(text, option);
+    int64_t scale = 0;
+    if (unit.empty() || unit == "s") scale = 1;
+    else if (unit == "m") scale = 60;
+    else if (unit == "h") scale = 3600;
+    else if (unit == "d") scale = 86400;
+    else if (unit == "w") scale = 7 * 86400;
+    else throw UsageError(fmt::format("{}: unknown unit in '{}' (use s, m, h, d or w)", option, text));
+    return int64_t(number) * scale;
+}
+
+ProgressBar::ProgressBar(size_t total, bool allowed)
+    : total_(total), enabled_(allowed && isatty(STDERR_FILENO)), shares_terminal_(isatty(STDOUT_FILENO)) {}
+
+ProgressBar::~ProgressBar() { finish(); }
+
+void ProgressBar::update(size_t done, const std::string& status) {
+    done_ = done;
+    status_ = status;
+    if (enabled_) draw();
+}
+
+void ProgressBar::print_line(const std::string& line) {
+    if (enabled_ && shares_terminal_) erase();
+    std::fprintf(stdout, "%s\n", line.c_str());
+    std::fflush(stdout);
+    if (enabled_) draw();
+}
+
+void ProgressBar::finish() {
+    if (enabled_) erase();
+    enabled_ = false;
+}
+
+void ProgressBar::draw() {
+    constexpr size_t kWidth = 30;
+    const size_t filled = total_ == 0 ? kWidth : kWidth * done_ / total_;
+    const std::string bar = std::string(filled, '#') + std::string(kWidth - filled, '.');
+    std::fprintf(stderr, "\r\033[K[%s] %zu/%zu %s", bar.c_str(), done_, total_, status_.c_str());
+    std::fflush(stderr);
+}
+
+void ProgressBar::erase() {
+    std::fprintf(stderr, "\r\033[K");
+    std::fflush(stderr);
+}
+
+}  // namespace rope_jit_cache

@@ -1,0 +1,794 @@
+// rope-jit-cache: fills, inspects and trims rope-jit's on-disk kernel cache, through the
+// public C API only (rope_jit_prewarm and the rope_jit_cache_* calls).
+//
+//   rope-jit-cache prewarm --preset llama3-8b --target sm_90   compile ahead of time
+//   rope-jit-cache list | verify | prune | clear | info
+//
+// Global options (before or after the subcommand): --cache-dir DIR (default: the library's
+// default root, $ROPE_JIT_CACHE_DIR, else $XDG_CACHE_HOME/rope_jit, else
+// ~/.cache/rope_jit), --json (one JSON document on stdout instead of text).
+// Exit status: 0 success, 1 failure (a kernel failed to compile, verify found damage, a
+// removal failed), 2 usage (bad option or value, unknown preset, unreadable manifest).
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <regex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "cli_output.h"
+#include "kernel_spec_sets.h"
+#include "rope_jit/rope_jit.h"
+
+namespace {
+
+using nlohmann::json;
+using namespace rope_jit_cache;
+
+constexpr int kExitOk = 0;
+constexpr int kExitFailure = 1;
+constexpr int kExitUsage = 2;
+
+// With no GPU and no --target, prewarm compiles for the architecture of the GPUs the project
+// targets first (H100/H200). Caches built on CPU hosts are meant for such machines.
+constexpr const char* kDefaultTarget = "sm_90";
+
+// Temp files younger than this may belong to a write in progress (writes take milliseconds,
+// so anything older was left by a killed process). prune keeps them; clear does not.
+constexpr int64_t kTempGraceSeconds = 600;
+
+// A failure to report with exit status 1.
+class Failure : public std::runtime_error {
+public:
+    using std::runtime_error::runtime_error;
+};
+
+struct GlobalOptions {
+    std::string cache_dir;  // "" = the library's default
+    bool json = false;
+};
+
+std::string last_error_or(rope_jit_status status) {
+    const std::string detail = rope_jit_last_error();
+    return detail.empty() ? rope_jit_status_message(status) : detail;
+}
+
+using RuntimeHandle = std::unique_ptr<rope_jit_runtime, decltype(&rope_jit_runtime_free)>;
+
+RuntimeHandle make_runtime(const GlobalOptions& global, rope_jit_backend_kind backend) {
+    rope_jit_config config;
+    rope_jit_config_init(&config);
+    config.backend = backend;
+    config.cache_dir = global.cache_dir.empty() ? nullptr : global.cache_dir.c_str();
+    rope_jit_runtime* runtime = nullptr;
+    const rope_jit_status status = rope_jit_runtime_create(&config, &runtime);
+    if (status != ROPE_JIT_OK) throw Failure("cannot create a runtime: " + last_error_or(status));
+    return RuntimeHandle(runtime, rope_jit_runtime_free);
+}
+
+int64_t now_seconds() { return int64_t(std::time(nullptr)); }
+
+// "a, b, c".
+std::string joined(const std::vector<std::string>& names) {
+    std::string text;
+    for (const std::string& name : names) text += (text.empty() ? "" : ", ") + name;
+    return text;
+}
+
+void print_json(const json& document) { std::cout << document.dump(2) << std::endl; }
+
+// ---- cache items ------------------------------------------------------------------------
+
+const char* state_name(rope_jit_cache_item_state state) {
+    switch (state) {
+        case ROPE_JIT_CACHE_ITEM_OK: return "ok";
+        case ROPE_JIT_CACHE_ITEM_STALE: return "stale";
+        case ROPE_JIT_CACHE_ITEM_DAMAGED: return "damaged";
+        case ROPE_JIT_CACHE_ITEM_TEMP: return "temp";
+        case ROPE_JIT_CACHE_ITEM_SET_ASIDE: return "set-aside";
+        case ROPE_JIT_CACHE_ITEM_STRAY: return "stray";
+    }
+    return "unknown";
+}
+
+constexpr rope_jit_cache_item_state kAllStates[] = {
+    ROPE_JIT_CACHE_ITEM_OK,   ROPE_JIT_CACHE_ITEM_STALE,     ROPE_JIT_CACHE_ITEM_DAMAGED,
+    ROPE_JIT_CACHE_ITEM_TEMP, ROPE_JIT_CACHE_ITEM_SET_ASIDE, ROPE_JIT_CACHE_ITEM_STRAY};
+
+// An owned copy of a rope_jit_cache_item (whose strings live only during the visit).
+struct Item {
+    rope_jit_cache_item_state state;
+    std::string path, problem, key, nvrtc_version, target, kind, spec_json, spec;
+    uint64_t bytes = 0, payload_bytes = 0;
+    int64_t modified = 0, accessed = 0;
+};
+
+std::vector<Item> collect_items(const rope_jit_runtime* runtime) {
+    std::vector<Item> items;
+    auto visit = [](const rope_jit_cache_item* item, void* user) -> int {
+        static_cast<std::vector<Item>*>(user)->push_back(Item{item->state, item->path, item->problem, item->key,
+                                                              item->nvrtc_version, item->target, item->kind,
+                                                              item->spec_json, item->spec, item->bytes,
+                                                              item->payload_bytes, item->modified, item->accessed});
+        return 0;
+    };
+    const rope_jit_status status = rope_jit_cache_walk(runtime, visit, &items);
+    if (status != ROPE_JIT_OK) throw Failure("cannot read the cache: " + last_error_or(status));
+    return items;
+}
+
+json item_json(const Item& item, int64_t now) {
+    json spec = json::parse(item.spec_json, nullptr, /*allow_exceptions=*/false);
+    return json{{"state", state_name(item.state)},
+                {"path", item.path},
+                {"problem", item.problem},
+                {"key", item.key},
+                {"nvrtc_version", item.nvrtc_version},
+                {"target", item.target},
+                {"kind", item.kind},
+                {"spec", item.spec},
+                {"spec_json", spec.is_discarded() ? json(nullptr) : spec},
+                {"bytes", item.bytes},
+                {"payload_bytes", item.payload_bytes},
+                {"modified", item.modified},
+                {"accessed", item.accessed},
+                {"unused_seconds", std::max<int64_t>(0, now - item.accessed)}};
+}
+
+// Counts and bytes per state.
+struct Totals {
+    std::map<rope_jit_cache_item_state, size_t> count;
+    std::map<rope_jit_cache_item_state, uint64_t> bytes;
+    uint64_t all_bytes = 0;
+
+    void add(const Item& item) {
+        ++count[item.state];
+        bytes[item.state] += item.bytes;
+        all_bytes += item.bytes;
+    }
+    json to_json() const {
+        json out = json::object();
+        for (rope_jit_cache_item_state state : kAllStates) {
+            out[state_name(state)] = json{{"count", count.count(state) ? count.at(state) : 0},
+                                          {"bytes", bytes.count(state) ? bytes.at(state) : 0}};
+        }
+        out["bytes"] = all_bytes;
+        return out;
+    }
+    // "20 ok (1.2 MiB), 1 damaged (0 B)": the states present, ok first.
+    std::string summary() const {
+        std::string text;
+        for (rope_jit_cache_item_state state : kAllStates) {
+            if (!count.count(state)) continue;
+            text += fmt::format("{}{} {} ({})", text.empty() ? "" : ", ", count.at(state), state_name(state),
+                                format_bytes(bytes.at(state)));
+        }
+        return text.empty() ? "empty" : text;
+    }
+};
+
+Totals totals_of(const std::vector<Item>& items) {
+    Totals totals;
+    for (const Item& item : items) totals.add(item);
+    return totals;
+}
+
+// What a person reads for an item: the kernel for entries, else the path and the problem.
+std::string item_text(const Item& item) {
+    if (item.state == ROPE_JIT_CACHE_ITEM_OK) return item.spec.empty() ? item.path : item.spec;
+    if (item.state == ROPE_JIT_CACHE_ITEM_STALE && !item.spec.empty())
+        return fmt::format("{}  ({})", item.path, item.problem);
+    return fmt::format("{}: {}", item.path, item.problem);
+}
+
+// ---- prewarm ----------------------------------------------------------------------------
+
+struct PrewarmOptions {
+    std::vector<std::string> presets;
+    std::vector<std::string> manifests;
+    std::vector<std::string> targets;
+    int jobs = 0;
+    bool dry_run = false;
+    json flag_template = json::object();
+};
+
+enum class Result { compiled, cached, failed };
+
+const char* result_name(Result result) {
+    switch (result) {
+        case Result::compiled: return "compiled";
+        case Result::cached: return "cached";
+        case Result::failed: return "failed";
+    }
+    return "?";
+}
+
+struct Kernel {
+    size_t spec = 0;
+    std::string target;
+    Result result = Result::failed;
+    double ms = 0.0;          // wall time of the prewarm call
+    double compile_ms = 0.0;  // NVRTC's share of it
+    bool written = false;
+    std::string error;
+};
+
+// The specs of every source the options name, without duplicates.
+std::vector<NamedSpec> gather_specs(const PrewarmOptions& options) {
+    std::vector<NamedSpec> specs;
+    for (const std::string& preset : options.presets) add_unique(specs, preset_specs(preset));
+    for (const std::string& manifest : options.manifests) add_unique(specs, read_manifest(manifest));
+    if (!options.flag_template.empty()) {
+        std::vector<NamedSpec> from_flags;
+        for (const rope_jit_kernel_spec& spec : expand_template(options.flag_template, "flags"))
+            from_flags.push_back(NamedSpec{spec, {"flags"}});
+        add_unique(specs, from_flags);
+    }
+    if (specs.empty()) throw UsageError("prewarm: nothing to compile; give --preset, --manifest or --head-dim");
+    return specs;
+}
+
+// The targets to compile for, and a note on where they came from.
+std::vector<std::string> choose_targets(const GlobalOptions& global, const PrewarmOptions& options,
+                                        std::string* note) {
+    static const std::regex pattern("(sm|compute)_[0-9]+[a-z]?");
+    if (!options.targets.empty()) {
+        std::vector<std::string> targets;
+        for (const std::string& target : options.targets) {
+            if (!std::regex_match(target, pattern))
+                throw UsageError(fmt::format("--target: '{}' is not an architecture like sm_90 or compute_90", target));
+            if (std::find(targets.begin(), targets.end(), target) == targets.end()) targets.push_back(target);
+        }
+        return targets;
+    }
+    RuntimeHandle runtime = make_runtime(global, ROPE_JIT_BACKEND_AUTO);
+    const int devices = rope_jit_device_count(runtime.get());
+    if (devices == 0) {
+        *note = fmt::format("no GPU found: compiling for {}, the default (choose with --target)", kDefaultTarget);
+        return {kDefaultTarget};
+    }
+    std::vector<std::string> targets;
+    for (int ordinal = 0; ordinal < devices; ++ordinal) {
+        rope_jit_device_info info;
+        rope_jit_device_info_init(&info);
+        const rope_jit_status status = rope_jit_device_describe(runtime.get(), ordinal, &info);
+        if (status != ROPE_JIT_OK) throw Failure(fmt::format("device {}: {}", ordinal, last_error_or(status)));
+        *note += fmt::format("{}device {}: {} ({})", note->empty() ? "compiling for the local GPUs: " : ", ", ordinal,
+                             info.name, info.target);
+        if (std::find(targets.begin(), targets.end(), info.target) == targets.end()) targets.push_back(info.target);
+    }
+    return targets;
+}
+
+// Prewarms one kernel on a runtime of its own thread, so the counters it reads are its own.
+void prewarm_one(rope_jit_runtime* runtime, const rope_jit_kernel_spec& spec, Kernel& kernel) {
+    rope_jit_stats before, after;
+    rope_jit_stats_init(&before);
+    rope_jit_stats_init(&after);
+    rope_jit_get_stats(runtime, &before);
+    const auto start = std::chrono::steady_clock::now();
+    const rope_jit_status status = rope_jit_prewarm(runtime, &spec, 1, kernel.target.c_str());
+    kernel.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    if (status != ROPE_JIT_OK) {
+        kernel.result = Result::failed;
+        kernel.error = fmt::format("{}: {}", rope_jit_status_name(status), last_error_or(status));
+        return;
+    }
+    rope_jit_get_stats(runtime, &after);
+    kernel.result = after.compiles > before.compiles ? Result::compiled : Result::cached;
+    kernel.compile_ms = after.compile_ms - before.compile_ms;
+    kernel.written = after.disk_writes > before.disk_writes;
+}
+
+json kernel_json(const std::vector<NamedSpec>& specs, const Kernel& kernel, const char* result) {
+    return json{{"target", kernel.target},
+                {"spec", spec_to_json(specs[kernel.spec].spec)},
+                {"description", describe(specs[kernel.spec].spec)},
+                {"sources", specs[kernel.spec].sources},
+                {"result", result},
+                {"ms", kernel.ms},
+                {"compile_ms", kernel.compile_ms},
+                {"written", kernel.written},
+                {"error", kernel.error}};
+}
+
+// prewarm --dry-run: what would be compiled, compiling nothing.
+int print_prewarm_plan(const GlobalOptions& global, const std::vector<NamedSpec>& specs,
+                       const std::vector<Kernel>& kernels, const std::string& root) {
+    if (global.json) {
+        json list = json::array();
+        for (const Kernel& kernel : kernels) list.push_back(kernel_json(specs, kernel, "planned"));
+        print_json(json{{"command", "prewarm"}, {"dry_run", true}, {"cache_dir", root}, {"kernels", list}});
+        return kExitOk;
+    }
+    for (const Kernel& kernel : kernels)
+        std::cout << fmt::format("would prewarm  {:<7} {}  [{}]", kernel.target, describe(specs[kernel.spec].spec),
+                                 joined(specs[kernel.spec].sources))
+                  << "\n";
+    std::cout << fmt::format("prewarm: {} kernels planned for {}", kernels.size(), root) << std::endl;
+    return kExitOk;
+}
+
+int run_prewarm(const GlobalOptions& global, const PrewarmOptions& options) {
+    const std::vector<NamedSpec> specs = gather_specs(options);
+    if (options.jobs < 0) throw UsageError("--jobs: must be >= 1 (0 = one per hardware thread)");
+    std::string note;
+    const std::vector<std::string> targets = choose_targets(global, options, &note);
+    // The root every worker's runtime resolves to, for the report.
+    const std::string root = rope_jit_cache_root(make_runtime(global, ROPE_JIT_BACKEND_CPU).get());
+
+    std::vector<Kernel> kernels;
+    for (const std::string& target : targets)
+        for (size_t i = 0; i < specs.size(); ++i) {
+            Kernel kernel;
+            kernel.spec = i;
+            kernel.target = target;
+            kernels.push_back(kernel);
+        }
+    const size_t hardware = std::max(1u, std::thread::hardware_concurrency());
+    const size_t jobs = std::min(kernels.size(), options.jobs > 0 ? size_t(options.jobs) : hardware);
+
+    if (!global.json && !note.empty()) std::cout << note << std::endl;
+    if (options.dry_run) return print_prewarm_plan(global, specs, kernels, root);
+    const char* nvrtc = "";
+    if (const rope_jit_status status = rope_jit_nvrtc_version(&nvrtc); status != ROPE_JIT_OK)
+        throw Failure("prewarm compiles with NVRTC, which is not available here: " + last_error_or(status));
+    ProgressBar bar(kernels.size(), !global.json);
+    std::mutex report_mutex;
+    size_t done = 0, compiled = 0, cached = 0, failed = 0;
+    auto report = [&](const Kernel& kernel) {
+        std::lock_guard<std::mutex> lock(report_mutex);
+        ++done;
+        compiled += kernel.result == Result::compiled;
+        cached += kernel.result == Result::cached;
+        failed += kernel.result == Result::failed;
+        if (!global.json) {
+            const NamedSpec& spec = specs[kernel.spec];
+            bar.print_line(fmt::format("{:<9} {:<7} {}  [{}]  {}", result_name(kernel.result), kernel.target,
+                                       describe(spec.spec), joined(spec.sources), format_ms(kernel.ms)));
+            if (kernel.result == Result::failed) bar.print_line("  " + kernel.error);
+        }
+        bar.update(done, fmt::format("{} compiled, {} cached, {} failed", compiled, cached, failed));
+    };
+
+    const auto start = std::chrono::steady_clock::now();
+    std::atomic<size_t> next{0};
+    auto worker = [&] {
+        RuntimeHandle runtime(nullptr, rope_jit_runtime_free);
+        std::string runtime_error;
+        try {
+            runtime = make_runtime(global, ROPE_JIT_BACKEND_CPU);
+        } catch (const Failure& e) {
+            runtime_error = e.what();
+        }
+        for (size_t i = next++; i < kernels.size(); i = next++) {
+            Kernel& kernel = kernels[i];
+            if (runtime) prewarm_one(runtime.get(), specs[kernel.spec].spec, kernel);
+            else kernel.error = runtime_error;
+            report(kernel);
+        }
+    };
+    std::vector<std::thread> threads;
+    for (size_t j = 0; j < jobs; ++j) threads.emplace_back(worker);
+    for (std::thread& thread : threads) thread.join();
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    bar.finish();
+
+    size_t written = 0;
+    double compile_ms = 0.0;
+    for (const Kernel& kernel : kernels) {
+        written += kernel.written;
+        compile_ms += kernel.compile_ms;
+    }
+    if (global.json) {
+        json list = json::array();
+        for (const Kernel& kernel : kernels) list.push_back(kernel_json(specs, kernel, result_name(kernel.result)));
+        print_json(json{{"command", "prewarm"}, {"cache_dir", root},     {"targets", targets},
+                        {"note", note},         {"jobs", jobs},          {"kernels", list},
+                        {"compiled", compiled}, {"cached", cached},      {"failed", failed},
+                        {"written", written},   {"seconds", seconds},    {"compile_seconds", compile_ms / 1000.0}});
+    } else {
+        std::string where = root.empty() ? "no cache directory" : root;
+        std::string unwritten;
+        if (written < compiled)
+            unwritten = fmt::format(" ({} not written: kept in memory only, see the warning above)", compiled - written);
+        std::cout << fmt::format("prewarm: {} kernels for {} in {} with {} job{}: {} compiled ({} in NVRTC), {} already "
+                                 "cached, {} failed; {} written to {}{}",
+                                 kernels.size(), joined(targets), format_ms(seconds * 1000.0), jobs, jobs == 1 ? "" : "s",
+                                 compiled, format_ms(compile_ms), cached, failed, written, where, unwritten)
+                  << std::endl;
+    }
+    return failed == 0 ? kExitOk : kExitFailure;
+}
+
+// ---- list and verify --------------------------------------------------------------------
+
+int run_list(const GlobalOptions& global) {
+    RuntimeHandle runtime = make_runtime(global, ROPE_JIT_BACKEND_CPU);
+    const std::string root = rope_jit_cache_root(runtime.get());
+    const std::vector<Item> items = collect_items(runtime.get());
+    const int64_t now = now_seconds();
+    const Totals totals = totals_of(items);
+    if (global.json) {
+        json list = json::array();
+        for (const Item& item : items) list.push_back(item_json(item, now));
+        print_json(json{{"command", "list"}, {"cache_dir", root}, {"items", list}, {"totals", totals.to_json()}});
+        return kExitOk;
+    }
+    if (!items.empty())
+        std::cout << fmt::format("{:<9} {:<7} {:<6} {:>10} {:>5}  {}", "STATE", "TARGET", "NVRTC", "SIZE", "USED",
+                                 "KERNEL OR PATH")
+                  << "\n";
+    for (const Item& item : items) {
+        std::cout << fmt::format("{:<9} {:<7} {:<6} {:>10} {:>5}  {}", state_name(item.state),
+                                 item.target.empty() ? "-" : item.target,
+                                 item.nvrtc_version.empty() ? "-" : item.nvrtc_version, format_bytes(item.bytes),
+                                 format_age(now - item.accessed), item_text(item))
+                  << "\n";
+    }
+    std::cout << fmt::format("{}: {} items, {}: {}", root, items.size(), format_bytes(totals.all_bytes),
+                             totals.summary())
+              << std::endl;
+    return kExitOk;
+}
+
+int run_verify(const GlobalOptions& global) {
+    RuntimeHandle runtime = make_runtime(global, ROPE_JIT_BACKEND_CPU);
+    const std::string root = rope_jit_cache_root(runtime.get());
+    const std::vector<Item> items = collect_items(runtime.get());
+    const Totals totals = totals_of(items);
+    auto count = [&](rope_jit_cache_item_state state) { return totals.count.count(state) ? totals.count.at(state) : 0; };
+    // Damage and strays mean something wrote where only rope-jit should; the rest is normal
+    // wear (stale entries after upgrades, leftovers of killed processes) that prune removes.
+    const bool healthy = count(ROPE_JIT_CACHE_ITEM_DAMAGED) == 0 && count(ROPE_JIT_CACHE_ITEM_STRAY) == 0;
+    if (global.json) {
+        json list = json::array();
+        const int64_t now = now_seconds();
+        for (const Item& item : items) list.push_back(item_json(item, now));
+        print_json(json{{"command", "verify"},
+                        {"cache_dir", root},
+                        {"healthy", healthy},
+                        {"items", list},
+                        {"totals", totals.to_json()}});
+    } else {
+        for (const Item& item : items)
+            if (item.state != ROPE_JIT_CACHE_ITEM_OK)
+                std::cout << fmt::format("{:<9} {}: {}", state_name(item.state), item.path, item.problem) << "\n";
+        std::cout << fmt::format("verify {}: {} good entr{}; {}{}", root, count(ROPE_JIT_CACHE_ITEM_OK),
+                                 count(ROPE_JIT_CACHE_ITEM_OK) == 1 ? "y" : "ies", totals.summary(),
+                                 healthy ? "" : " (damaged or stray files found; prune removes them)")
+                  << std::endl;
+    }
+    return healthy ? kExitOk : kExitFailure;
+}
+
+// ---- prune and clear --------------------------------------------------------------------
+
+struct PruneOptions {
+    std::string max_bytes;   // "" = no limit
+    std::string older_than;  // "" = no age limit
+    bool keep_stale = false;
+    bool dry_run = false;
+};
+
+struct Removal {
+    size_t item;
+    std::string reason;
+};
+
+// Which items prune removes, in this order: damage, strays, set-aside files, temp files past
+// the grace period and (unless kept) stale entries; then entries unused for longer than
+// --older-than; then, least recently used first, entries until the rest fits --max-bytes.
+std::vector<Removal> plan_prune(const std::vector<Item>& items, int64_t now, const PruneOptions& options) {
+    const bool has_age = !options.older_than.empty();
+    const int64_t older_than = has_age ? parse_duration(options.older_than, "--older-than") : 0;
+    const bool has_budget = !options.max_bytes.empty();
+    const uint64_t budget = has_budget ? parse_bytes(options.max_bytes, "--max-bytes") : 0;
+
+    std::vector<Removal> removals;
+    std::vector<size_t> kept;  // entries that count against the budget
+    for (size_t i = 0; i < items.size(); ++i) {
+        const Item& item = items[i];
+        switch (item.state) {
+            case ROPE_JIT_CACHE_ITEM_DAMAGED:
+            case ROPE_JIT_CACHE_ITEM_STRAY:
+            case ROPE_JIT_CACHE_ITEM_SET_ASIDE: removals.push_back({i, state_name(item.state)}); continue;
+            case ROPE_JIT_CACHE_ITEM_TEMP:
+                if (now - item.modified > kTempGraceSeconds) removals.push_back({i, "leftover temp file"});
+                continue;
+            case ROPE_JIT_CACHE_ITEM_STALE:
+                if (!options.keep_stale) {
+                    removals.push_back({i, "stale: " + item.problem});
+                    continue;
+                }
+                break;
+            case ROPE_JIT_CACHE_ITEM_OK: break;
+        }
+        if (has_age && now - item.accessed > older_than) {
+            removals.push_back({i, fmt::format("unused for {}", format_age(now - item.accessed))});
+            continue;
+        }
+        kept.push_back(i);
+    }
+    if (has_budget) {
+        uint64_t total = 0;
+        for (size_t i : kept) total += items[i].bytes;
+        std::stable_sort(kept.begin(), kept.end(),
+                         [&](size_t a, size_t b) { return items[a].accessed < items[b].accessed; });
+        for (size_t i : kept) {
+            if (total <= budget) break;
+            removals.push_back({i, fmt::format("least recently used over --max-bytes {}", format_bytes(budget))});
+            total -= items[i].bytes;
+        }
+    }
+    return removals;
+}
+
+// Removes the planned items and reports; shared by prune and clear.
+int remove_items(const GlobalOptions& global, const rope_jit_runtime* runtime, const char* command,
+                 const std::vector<Item>& items, const std::vector<Removal>& removals, bool dry_run) {
+    const std::string root = rope_jit_cache_root(runtime);
+    const int64_t now = now_seconds();
+    json removed = json::array(), failures = json::array();
+    uint64_t removed_bytes = 0;
+    std::set<size_t> gone;
+    for (const Removal& removal : removals) {
+        const Item& item = items[removal.item];
+        if (!dry_run) {
+            const rope_jit_status status = rope_jit_cache_remove(runtime, item.path.c_str());
+            if (status != ROPE_JIT_OK) {
+                const std::string error = last_error_or(status);
+                failures.push_back(json{{"path", item.path}, {"error", error}});
+                if (!global.json) std::cerr << "rope-jit-cache: error: " << error << std::endl;
+                continue;
+            }
+        }
+        gone.insert(removal.item);
+        removed_bytes += item.bytes;
+        json entry = item_json(item, now);
+        entry["reason"] = removal.reason;
+        removed.push_back(entry);
+        if (!global.json) {
+            std::cout << fmt::format("{} {:<9} {:>10}  {}  ({})", dry_run ? "would remove" : "removed", state_name(item.state),
+                                     format_bytes(item.bytes), item_text(item), removal.reason)
+                      << "\n";
+        }
+    }
+    std::vector<Item> remaining;
+    for (size_t i = 0; i < items.size(); ++i)
+        if (!gone.count(i)) remaining.push_back(items[i]);
+    const Totals left = totals_of(remaining);
+    if (global.json) {
+        print_json(json{{"command", command},     {"cache_dir", root},          {"dry_run", dry_run},
+                        {"removed", removed},     {"removed_bytes", removed_bytes}, {"failures", failures},
+                        {"remaining", left.to_json()}});
+    } else {
+        std::cout << fmt::format("{}: {} {} items ({}) from {}; left: {}", command, dry_run ? "would remove" : "removed",
+                                 removed.size(), format_bytes(removed_bytes), root, left.summary())
+                  << std::endl;
+    }
+    return failures.empty() ? kExitOk : kExitFailure;
+}
+
+int run_prune(const GlobalOptions& global, const PruneOptions& options) {
+    RuntimeHandle runtime = make_runtime(global, ROPE_JIT_BACKEND_CPU);
+    const std::vector<Item> items = collect_items(runtime.get());
+    const std::vector<Removal> removals = plan_prune(items, now_seconds(), options);
+    return remove_items(global, runtime.get(), "prune", items, removals, options.dry_run);
+}
+
+int run_clear(const GlobalOptions& global, bool dry_run) {
+    RuntimeHandle runtime = make_runtime(global, ROPE_JIT_BACKEND_CPU);
+    const std::vector<Item> items = collect_items(runtime.get());
+    std::vector<Removal> removals;
+    for (size_t i = 0; i < items.size(); ++i) removals.push_back({i, "clear"});
+    return remove_items(global, runtime.get(), "clear", items, removals, dry_run);
+}
+
+// ---- info -------------------------------------------------------------------------------
+
+int run_info(const GlobalOptions& global) {
+    RuntimeHandle runtime = make_runtime(global, ROPE_JIT_BACKEND_AUTO);
+    const char* nvrtc = "";
+    const rope_jit_status nvrtc_status = rope_jit_nvrtc_version(&nvrtc);
+    const std::string nvrtc_problem = nvrtc_status == ROPE_JIT_OK ? "" : last_error_or(nvrtc_status);
+    const bool cuda = rope_jit_backend(runtime.get()) == ROPE_JIT_BACKEND_CUDA;
+    json devices = json::array();
+    for (int ordinal = 0; ordinal < rope_jit_device_count(runtime.get()); ++ordinal) {
+        rope_jit_device_info info;
+        rope_jit_device_info_init(&info);
+        if (rope_jit_device_describe(runtime.get(), ordinal, &info) == ROPE_JIT_OK)
+            devices.push_back(json{{"ordinal", ordinal}, {"name", info.name}, {"target", info.target}});
+    }
+    const std::string root = rope_jit_cache_root(runtime.get());
+    const rope_jit_status check = rope_jit_cache_check(runtime.get());
+    const std::string why_not_writable = check == ROPE_JIT_OK ? "" : last_error_or(check);
+    std::vector<Item> items;
+    std::string walk_problem;
+    try {
+        items = collect_items(runtime.get());
+    } catch (const Failure& e) {
+        walk_problem = e.what();
+    }
+    const Totals totals = totals_of(items);
+    const char* read_only = std::getenv("ROPE_JIT_CACHE_RO_DIRS");
+
+    if (global.json) {
+        print_json(json{{"command", "info"},
+                        {"version", rope_jit_version_string()},
+                        {"nvrtc_version", nvrtc},
+                        {"nvrtc_problem", nvrtc_problem},
+                        {"backend", cuda ? "cuda" : "cpu"},
+                        {"devices", devices},
+                        {"cache_dir", root},
+                        {"cache_writable", check == ROPE_JIT_OK},
+                        {"cache_problem", why_not_writable},
+                        {"read_only_dirs", read_only ? read_only : ""},
+                        {"totals", totals.to_json()}});
+        return kExitOk;
+    }
+    auto line = [](const char* label, const std::string& value) {
+        std::cout << fmt::format("{:<16}{}", label, value) << "\n";
+    };
+    line("rope-jit", rope_jit_version_string());
+    line("NVRTC", nvrtc_problem.empty() ? nvrtc : "not available: " + nvrtc_problem);
+    line("backend", cuda ? "cuda" : "cpu (no usable CUDA device)");
+    if (devices.empty()) line("devices", "none");
+    for (const json& device : devices)
+        line("device", fmt::format("{}: {} ({})", device["ordinal"].get<int>(), device["name"].get<std::string>(),
+                                   device["target"].get<std::string>()));
+    line("cache dir", root.empty() ? "none (memory only)" : root);
+    line("cache writable", check == ROPE_JIT_OK ? "yes" : "no: " + why_not_writable);
+    if (read_only && *read_only) line("read-only dirs", read_only);
+    line("cache contents", walk_problem.empty() ? fmt::format("{} items, {}: {}", items.size(),
+                                                              format_bytes(totals.all_bytes), totals.summary())
+                                                : walk_problem);
+    std::cout << std::flush;
+    return kExitOk;
+}
+
+// ---- command line -----------------------------------------------------------------------
+
+int run(int argc, char** argv) {
+    CLI::App app{"rope-jit-cache: prewarm, inspect and trim the rope-jit kernel cache.\n"
+                 "Exit status: 0 success, 1 failure, 2 usage error."};
+    app.require_subcommand(1);
+    GlobalOptions global;
+    // The global options, accepted before the subcommand and after it (and listed in each
+    // subcommand's --help).
+    auto add_global_options = [&global](CLI::App* command) {
+        command->add_option("--cache-dir", global.cache_dir,
+                            "cache root (default: $ROPE_JIT_CACHE_DIR, else $XDG_CACHE_HOME/rope_jit, else "
+                            "~/.cache/rope_jit)");
+        command->add_flag("--json", global.json, "print one JSON document on stdout instead of text");
+    };
+    add_global_options(&app);
+
+    // prewarm
+    CLI::App* prewarm = app.add_subcommand(
+        "prewarm", "compile kernels ahead of time into the cache (needs NVRTC, not a GPU)");
+    PrewarmOptions prewarm_options;
+    std::vector<std::string> preset_names;
+    for (const Preset& preset : presets()) preset_names.push_back(preset.name);
+    prewarm->add_option("--preset", prewarm_options.presets,
+                        "model presets, comma-separated; each is bf16 q and k with bf16 full tables, forward and "
+                        "backward, with and without int64 position indices. Known: " +
+                            joined(preset_names))
+        ->delimiter(',');
+    prewarm->add_option("--manifest", prewarm_options.manifests,
+                        "JSON file: {\"presets\": [...], \"specs\": [{field: value or [values]}, ...]} with the "
+                        "fields of the spec flags below (head_dim, rotary_dim, dtype, ...)");
+    prewarm->add_option("--target", prewarm_options.targets,
+                        std::string("architectures, comma-separated (sm_80,sm_90); default: those of the local "
+                                    "GPUs, or ") +
+                            kDefaultTarget + " when there is none")
+        ->delimiter(',');
+    prewarm->add_option("--jobs,-j", prewarm_options.jobs, "kernels compiled in parallel (default 0: one per hardware thread)");
+    prewarm->add_flag("--dry-run", prewarm_options.dry_run, "only list the kernels it would prewarm");
+    // Spec flags: each takes comma-separated values; the specs are their cross product.
+    std::vector<int> head_dims, rotary_dims, rotary_offsets, gqa_groups;
+    std::vector<std::string> dtypes, table_dtypes, styles, directions, positions, index_dtypes, angles;
+    bool q_only = false, packed = false, xpos = false, out_of_place = false;
+    prewarm->add_option("--head-dim", head_dims, "spec: features per head (required for specs from flags)")->delimiter(',');
+    prewarm->add_option("--rotary-dim", rotary_dims, "spec: rotated features (default 0 = head_dim)")->delimiter(',');
+    prewarm->add_option("--rotary-offset", rotary_offsets, "spec: first rotated feature (default 0)")->delimiter(',');
+    prewarm->add_option("--gqa-group", gqa_groups, "spec: q heads per k head (default 1)")->delimiter(',');
+    prewarm->add_option("--dtype", dtypes, "spec: float32 (default), float16, bfloat16")->delimiter(',');
+    prewarm->add_option("--table-dtype", table_dtypes, "spec: cos/sin dtype, float32 (default), float16, bfloat16")
+        ->delimiter(',');
+    prewarm->add_option("--style", styles, "spec: half (default) or interleaved")->delimiter(',');
+    prewarm->add_option("--direction", directions, "spec: forward (default), backward")->delimiter(',');
+    prewarm->add_option("--positions", positions, "spec: implicit (default), indices, seqlen-offsets")->delimiter(',');
+    prewarm->add_option("--index-dtype", index_dtypes, "spec: int64 (default) or int32")->delimiter(',');
+    prewarm->add_option("--angles", angles, "spec: table-full (default), table-half, inv-freq")->delimiter(',');
+    prewarm->add_flag("--q-only", q_only, "spec: rotate q alone (no k)");
+    prewarm->add_flag("--packed", packed, "spec: packed [T,H,D] tensors with cu_seqlens");
+    prewarm->add_flag("--xpos", xpos, "spec: xPos scales");
+    prewarm->add_flag("--out-of-place", out_of_place, "spec: separate outputs");
+
+    // list, verify, prune, clear, info
+    CLI::App* list = app.add_subcommand("list", "list every item of the cache: entries and what is wrong with others");
+    CLI::App* verify = app.add_subcommand(
+        "verify", "re-check every entry; exit status 1 when damaged or stray files are found");
+    CLI::App* prune = app.add_subcommand(
+        "prune", "remove damaged, stale (other NVRTC or format versions) and leftover files, then old or "
+                 "least recently used entries");
+    PruneOptions prune_options;
+    prune->add_option("--max-bytes", prune_options.max_bytes,
+                      "keep at most this much (500M, 2G...), removing least recently used entries first");
+    prune->add_option("--older-than", prune_options.older_than, "remove entries unused for this long (12h, 30d, 2w...)");
+    prune->add_flag("--keep-stale", prune_options.keep_stale, "keep entries of other NVRTC or cache format versions");
+    prune->add_flag("--dry-run", prune_options.dry_run, "only say what would be removed");
+    CLI::App* clear = app.add_subcommand("clear", "remove every item of the cache");
+    bool clear_dry_run = false;
+    clear->add_flag("--dry-run", clear_dry_run, "only say what would be removed");
+    CLI::App* info = app.add_subcommand(
+        "info", "versions, backend, devices, cache directory and whether it is writable");
+
+    for (CLI::App* command : {prewarm, list, verify, prune, clear, info}) add_global_options(command);
+
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+        return app.exit(e) == 0 ? kExitOk : kExitUsage;
+    }
+
+    try {
+        if (*prewarm) {
+            json& tmpl = prewarm_options.flag_template;
+            if (!head_dims.empty()) tmpl["head_dim"] = head_dims;
+            if (!rotary_dims.empty()) tmpl["rotary_dim"] = rotary_dims;
+            if (!rotary_offsets.empty()) tmpl["rotary_offset"] = rotary_offsets;
+            if (!gqa_groups.empty()) tmpl["gqa_group"] = gqa_groups;
+            if (!dtypes.empty()) tmpl["dtype"] = dtypes;
+            if (!table_dtypes.empty()) tmpl["table_dtype"] = table_dtypes;
+            if (!styles.empty()) tmpl["style"] = styles;
+            if (!directions.empty()) tmpl["direction"] = directions;
+            if (!positions.empty()) tmpl["positions"] = positions;
+            if (!index_dtypes.empty()) tmpl["index_dtype"] = index_dtypes;
+            if (!angles.empty()) tmpl["angles"] = angles;
+            if (q_only) tmpl["has_k"] = false;
+            if (packed) tmpl["packed"] = true;
+            if (xpos) tmpl["xpos"] = true;
+            if (out_of_place) tmpl["in_place"] = false;
+            if (!tmpl.empty() && head_dims.empty())
+                throw UsageError("prewarm: --head-dim is required with the other spec flags");
+            return run_prewarm(global, prewarm_options);
+        }
+        if (*list) return run_list(global);
+        if (*verify) return run_verify(global);
+        if (*prune) return run_prune(global, prune_options);
+        if (*clear) return run_clear(global, clear_dry_run);
+        if (*info) return run_info(global);
+    } catch (const UsageError& e) {
+        std::cerr << "rope-jit-cache: " << e.what() << "\nRun with --help for usage." << std::endl;
+        return kExitUsage;
+    } catch (const Failure& e) {
+        std::cerr << "rope-jit-cache: error: " << e.what() << std::endl;
+        return kExitFailure;
+    } catch (const std::exception& e) {
+        std::cerr << "rope-jit-cache: error: " << e.what() << std::endl;
+        return kExitFailure;
+    }
+    return kExitUsage;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return run(argc, argv); }
