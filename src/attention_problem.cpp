@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "error.h"
+#include "raw_enum.h"
 
 namespace rope_jit {
 
@@ -108,9 +109,9 @@ AttentionProblem make_attention_problem(const rope_jit_attention_args& args, boo
     if (cos.present() != sin.present())
         fail_argument(cos.present() ? "sin: NULL while cos is given; pass both tables or neither"
                                     : "cos: NULL while sin is given; pass both tables or neither");
-    if (args.style != ROPE_JIT_STYLE_HALF && args.style != ROPE_JIT_STYLE_INTERLEAVED)
-        fail_argument(fmt::format("style: must be ROPE_JIT_STYLE_HALF or ROPE_JIT_STYLE_INTERLEAVED, got {}",
-                                  int(args.style)));
+    const int style = raw_enum(args.style);
+    if (style != ROPE_JIT_STYLE_HALF && style != ROPE_JIT_STYLE_INTERLEAVED)
+        fail_argument(fmt::format("style: must be ROPE_JIT_STYLE_HALF or ROPE_JIT_STYLE_INTERLEAVED, got {}", style));
     p.style = args.style;
     const int64_t max_tokens = std::max(p.seqlen_q, p.seqlen_k);
     if (cos.present()) {

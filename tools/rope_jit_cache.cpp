@@ -367,6 +367,7 @@ int run_prewarm(const GlobalOptions& global, const PrewarmOptions& options) {
         bar.update(done, fmt::format("{} compiled, {} cached, {} failed", compiled, cached, failed));
     };
 
+    bar.update(0, "compiling");
     const auto start = std::chrono::steady_clock::now();
     std::atomic<size_t> next{0};
     auto worker = [&] {
