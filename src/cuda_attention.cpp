@@ -15,38 +15,6 @@ namespace {
 constexpr const char* kAttentionTemplate = "attention.cu";
 constexpr const char* kAttentionEntry = "attention_kernel";
 
-// Makes `context` current for a scope when it is not already. (The RoPE backend has the same
-// helper, private to cuda_backend.cpp.)
-class CurrentContext {
-public:
-    CurrentContext(const CudaDriverApi& api, CUcontext context) : api_(api) {
-        CUcontext current = nullptr;
-        check_cu(api_.cuCtxGetCurrent(&current), "cuCtxGetCurrent");
-        if (context != current) {
-            check_cu(api_.cuCtxPushCurrent(context), "cuCtxPushCurrent");
-            pushed_ = true;
-        }
-    }
-    ~CurrentContext() {
-        if (pushed_) {
-            CUcontext popped = nullptr;
-            api_.cuCtxPopCurrent(&popped);
-        }
-    }
-    CurrentContext(const CurrentContext&) = delete;
-    CurrentContext& operator=(const CurrentContext&) = delete;
-
-private:
-    const CudaDriverApi& api_;
-    bool pushed_ = false;
-};
-
-const CudaDriverApi& require_driver() {
-    const CudaDriverApi* api = cuda_driver_api();
-    if (api == nullptr)
-        throw Error(ROPE_JIT_ERROR_BACKEND_UNAVAILABLE, "CUDA driver not available: " + cuda_driver_load_error());
-    return *api;
-}
 
 void copy_strides(long long* out, const TensorRef& t, int n) {
     for (int i = 0; i < n; ++i) out[i] = t.strides[i];
@@ -64,7 +32,7 @@ KernelBinary build_attention_binary(const AttentionSpec& spec, const std::string
 }
 
 CudaAttention::CudaAttention(CudaBackend& backend, const DiskCache* disk, KernelStats& stats)
-    : api_(require_driver()), backend_(backend), disk_(disk), stats_(stats) {
+    : api_(require_cuda_driver()), backend_(backend), disk_(disk), stats_(stats) {
     for (int ordinal = 0; ordinal < backend_.device_count(); ++ordinal) {
         CUdevice device = 0;
         check_cu(api_.cuDeviceGet(&device, ordinal), "cuDeviceGet");
@@ -97,7 +65,7 @@ LoadedKernel CudaAttention::kernel_for(const AttentionSpec& spec, CUcontext cont
     }
     return kernels_.get_or_build(spec, context, [&] {
         KernelBinary binary = build_attention_binary(spec, backend_.target(ordinal), disk_, stats_);
-        CurrentContext scope(api_, context);
+        ContextScope scope(api_, context);
         LoadedKernel kernel;
         check_cu(api_.cuModuleLoadData(&kernel.module, binary.image.data()), "cuModuleLoadData");
         CUresult result = api_.cuModuleGetFunction(&kernel.function, kernel.module, kAttentionEntry);
@@ -126,7 +94,7 @@ void CudaAttention::run(const AttentionProblem& p, void* stream_handle) {
                                 p.seqlen_q, p.seqlen_k));
     CUstream stream = static_cast<CUstream>(stream_handle);
     const CUcontext context = backend_.resolve_context(ordinal, stream);
-    CurrentContext scope(api_, context);
+    ContextScope scope(api_, context);
 
     AttentionKernelParams params{};
     params.q = p.q.data;

@@ -12,37 +12,6 @@ namespace rope_jit {
 
 namespace {
 
-const CudaDriverApi& require_driver() {
-    const CudaDriverApi* api = cuda_driver_api();
-    if (api == nullptr)
-        throw Error(ROPE_JIT_ERROR_BACKEND_UNAVAILABLE, "CUDA driver not available: " + cuda_driver_load_error());
-    return *api;
-}
-
-// Makes `context` current for a scope when it is not already (the common case with PyTorch,
-// whose current context is the device's primary one, costs nothing).
-class ContextScope {
-public:
-    ContextScope(const CudaDriverApi& api, CUcontext context, CUcontext current) : api_(api) {
-        if (context != current) {
-            check_cu(api_.cuCtxPushCurrent(context), "cuCtxPushCurrent");
-            pushed_ = true;
-        }
-    }
-    ~ContextScope() {
-        if (pushed_) {
-            CUcontext popped = nullptr;
-            api_.cuCtxPopCurrent(&popped);
-        }
-    }
-    ContextScope(const ContextScope&) = delete;
-    ContextScope& operator=(const ContextScope&) = delete;
-
-private:
-    const CudaDriverApi& api_;
-    bool pushed_ = false;
-};
-
 // The device of a context, remembered per thread for the last context asked about: a
 // process normally uses one context per device, so this is a compare on the launch path.
 CUdevice context_device(const CudaDriverApi& api, CUcontext context, CUcontext current) {
@@ -79,7 +48,7 @@ TensorRef host_copy(const CudaDriverApi& api, const TensorRef& t, std::vector<ch
 }  // namespace
 
 CudaBackend::CudaBackend(const DiskCache* disk, KernelStats& stats, bool debug_checks)
-    : api_(require_driver()), disk_(disk), stats_(stats), debug_checks_(debug_checks) {
+    : api_(require_cuda_driver()), disk_(disk), stats_(stats), debug_checks_(debug_checks) {
     const int count = cuda_device_count();
     if (count == 0) throw Error(ROPE_JIT_ERROR_BACKEND_UNAVAILABLE, "the CUDA driver reports no device");
     for (int ordinal = 0; ordinal < count; ++ordinal) {

@@ -188,4 +188,34 @@ void throw_cuda_error(CUresult result, const char* what) {
     throw Error(ROPE_JIT_ERROR_CUDA, std::string(what) + ": " + cuda_error_text(result));
 }
 
+const CudaDriverApi& require_cuda_driver() {
+    const CudaDriverApi* api = cuda_driver_api();
+    if (api == nullptr)
+        throw Error(ROPE_JIT_ERROR_BACKEND_UNAVAILABLE, "CUDA driver not available: " + cuda_driver_load_error());
+    return *api;
+}
+
+ContextScope::ContextScope(const CudaDriverApi& api, CUcontext context, CUcontext current) : api_(api) {
+    if (context != current) {
+        check_cu(api_.cuCtxPushCurrent(context), "cuCtxPushCurrent");
+        pushed_ = true;
+    }
+}
+
+ContextScope::ContextScope(const CudaDriverApi& api, CUcontext context) : api_(api) {
+    CUcontext current = nullptr;
+    check_cu(api_.cuCtxGetCurrent(&current), "cuCtxGetCurrent");
+    if (context != current) {
+        check_cu(api_.cuCtxPushCurrent(context), "cuCtxPushCurrent");
+        pushed_ = true;
+    }
+}
+
+ContextScope::~ContextScope() {
+    if (pushed_) {
+        CUcontext popped = nullptr;
+        api_.cuCtxPopCurrent(&popped);
+    }
+}
+
 }  // namespace rope_jit

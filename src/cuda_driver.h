@@ -160,6 +160,25 @@ const std::string& cuda_driver_load_error();
 // fails cleanly without deciding the fate of every later test.
 std::string cuda_driver_probe(const std::string& library);
 
+// cuda_driver_api(), or Error(ROPE_JIT_ERROR_BACKEND_UNAVAILABLE) saying why there is none.
+const CudaDriverApi& require_cuda_driver();
+
+// Makes `context` current on the calling thread for a scope, when it is not already, and
+// restores the previous one at the end. With PyTorch the current context is normally the one
+// wanted, so the common case costs one query (none when the caller passes `current`).
+class ContextScope {
+public:
+    ContextScope(const CudaDriverApi& api, CUcontext context);
+    ContextScope(const CudaDriverApi& api, CUcontext context, CUcontext current);
+    ~ContextScope();
+    ContextScope(const ContextScope&) = delete;
+    ContextScope& operator=(const ContextScope&) = delete;
+
+private:
+    const CudaDriverApi& api_;
+    bool pushed_ = false;
+};
+
 // The number of visible CUDA devices; 0 when the driver is unavailable or reports an error.
 int cuda_device_count();
 

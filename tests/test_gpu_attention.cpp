@@ -25,6 +25,7 @@
 #include "cuda_attention.h"
 #include "cuda_driver.h"
 #include "disk_cache.h"
+#include "gpu_test_support.h"
 
 using namespace attention_test;
 using rope_jit::check_cu;
@@ -32,66 +33,12 @@ using rope_test::Dt;
 
 namespace {
 
-const rope_jit::CudaDriverApi& driver() {
-    const rope_jit::CudaDriverApi* api = rope_jit::cuda_driver_api();
-    if (api == nullptr) throw std::runtime_error("no CUDA driver: " + rope_jit::cuda_driver_load_error());
-    return *api;
-}
+using gpu_test::driver;
 
-void make_primary_context_current() {
-    static const rope_jit::CUcontext context = [] {
-        rope_jit::CUdevice device = 0;
-        check_cu(driver().cuDeviceGet(&device, 0), "cuDeviceGet(0)");
-        rope_jit::CUcontext retained = nullptr;
-        check_cu(driver().cuDevicePrimaryCtxRetain(&retained, device), "cuDevicePrimaryCtxRetain");
-        return retained;
-    }();
-    check_cu(driver().cuCtxSetCurrent(context), "cuCtxSetCurrent");
-}
-
-// One kernel cache directory per test process, removed at exit.
-const std::string& cache_dir() {
-    static const struct Dir {
-        Dir() {
-            std::string pattern = (std::filesystem::temp_directory_path() / "rope_jit_gpu_attention_XXXXXX").string();
-            if (mkdtemp(pattern.data()) == nullptr) throw std::runtime_error(std::strerror(errno));
-            path = pattern;
-        }
-        ~Dir() {
-            std::error_code ignored;
-            std::filesystem::remove_all(path, ignored);
-        }
-        std::string path;
-    } dir;
-    return dir.path;
-}
-
-class Runtime {
-public:
-    explicit Runtime(rope_jit_backend_kind backend) {
-        rope_jit_config config;
-        rope_jit_config_init(&config);
-        config.backend = backend;
-        config.cache_dir = cache_dir().c_str();
-        const rope_jit_status status = rope_jit_runtime_create(&config, &runtime_);
-        INFO("rope_jit_runtime_create: " << std::string(rope_jit_status_name(status)) << ": " << std::string(rope_jit_last_error()));
-        REQUIRE(status == ROPE_JIT_OK);
-    }
-    ~Runtime() { rope_jit_runtime_free(runtime_); }
-    Runtime(const Runtime&) = delete;
-    Runtime& operator=(const Runtime&) = delete;
-    rope_jit_runtime* get() const { return runtime_; }
-
-private:
-    rope_jit_runtime* runtime_ = nullptr;
-};
-
-struct GpuFixture {
-    GpuFixture() : cuda(ROPE_JIT_BACKEND_CUDA), cpu(ROPE_JIT_BACKEND_CPU) {
-        REQUIRE(rope_jit_backend(cuda.get()) == ROPE_JIT_BACKEND_CUDA);
-        make_primary_context_current();
-    }
-    Runtime cuda, cpu;
+// The shared GPU fixture (gpu_test_support.h), under the names this suite uses.
+struct GpuFixture : gpu_test::GpuFixture {
+    gpu_test::RuntimeHandle& cuda = cuda_runtime;
+    gpu_test::RuntimeHandle& cpu = cpu_runtime;
 };
 
 // Every tensor of a host Problem mirrored in device memory (the whole backing buffer, so
@@ -186,7 +133,7 @@ void prewarm(const std::vector<rope_jit::AttentionSpec>& specs) {
     std::vector<rope_jit::AttentionSpec> distinct;
     for (const rope_jit::AttentionSpec& s : specs)
         if (std::find(distinct.begin(), distinct.end(), s) == distinct.end()) distinct.push_back(s);
-    const rope_jit::DiskCache disk(cache_dir(), {});
+    const rope_jit::DiskCache disk(gpu_test::kernel_cache_dir(), {});
     const std::string target = rope_jit::cuda_device_target(0);
     rope_jit::KernelStats stats;
     std::atomic<size_t> next{0};
