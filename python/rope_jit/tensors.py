@@ -196,7 +196,17 @@ def _from_torch(tensor, name):
                      keepalive=(tensor,))
 
 
+_numpy_dtype_codes = {}  # numpy dtype -> (code, bits): dtype.name is slow, and runs per tensor
+
+
 def _numpy_dtype(dtype, name):
+    code_bits = _numpy_dtype_codes.get(dtype)
+    if code_bits is None:
+        code_bits = _numpy_dtype_codes[dtype] = _numpy_dtype_uncached(dtype, name)
+    return code_bits
+
+
+def _numpy_dtype_uncached(dtype, name):
     if dtype.name == "bfloat16":  # ml_dtypes
         return DTYPES["bfloat16"]
     if dtype.byteorder == ">" or (dtype.byteorder == "=" and sys.byteorder == "big"):
