@@ -42,6 +42,10 @@ def _require_field(library, field):
         raise NotImplementedError(f"{field}: the loaded librope_jit ({library.path}) is too old for it")
 
 
+# The tensors laid out like q and k (the ones `layout` describes).
+_HEAD_TENSORS = frozenset(("q", "k", "q_out", "k_out", "q_saved", "k_saved"))
+
+
 def rope(q, k=None, *, cos=None, sin=None, inv_freq=None, positions=None, seqlen_offsets=None,
          cu_seqlens=None, position_offset=0, q_position_offset=0, rotary_dim=0, rotary_offset=0,
          style="half", backward=False, xpos_scale=None, q_out=None, k_out=None, layout="bhsd",
@@ -101,12 +105,12 @@ def rope(q, k=None, *, cos=None, sin=None, inv_freq=None, positions=None, seqlen
             continue
         _require_field(library, name)
         written = name in ("q_out", "k_out", "inv_freq_grad") or (name in ("q", "k") and raw[name + "_out"] is None)
-        tensor = as_tensor(value, name, writable=written, stream=stream_handle)
-        if layout == "bshd" and name in ("q", "k", "q_out", "k_out", "q_saved", "k_saved"):
-            if tensor.ndim != 4:
-                raise ValueError(f"{name}: layout bshd needs 4 dimensions [B, S, H, D], got shape "
-                                 f"{list(tensor.shape)}")
-            tensor = tensor.with_dims_swapped(1, 2)
+        # A [B, S, H, D] buffer is passed as its [B, H, S, D] view (dims 1 and 2 exchanged).
+        swap = (1, 2) if layout == "bshd" and name in _HEAD_TENSORS else None
+        tensor = as_tensor(value, name, writable=written, stream=stream_handle, swap_dims=swap)
+        if swap and tensor.ndim != 4:
+            raise ValueError(f"{name}: layout bshd needs 4 dimensions [B, S, H, D], got shape "
+                             f"{list(tensor.shape)}")
         held.append(tensor)
         setattr(args, name, tensor.pointer)
     args.position_offset = int(position_offset)

@@ -153,6 +153,18 @@ def reinterpret(obj, dtype):
 # The three paths
 # ------------------------------------------------------------------------------------------
 
+def _swapped(shape, strides, swap_dims):
+    """shape and strides with dims swap_dims = (a, b) exchanged; unchanged when None or when
+    there are not enough dims (the caller reports that)."""
+    if not swap_dims or len(shape) <= max(swap_dims):
+        return shape, strides
+    a, b = swap_dims
+    shape, strides = list(shape), list(strides)
+    shape[a], shape[b] = shape[b], shape[a]
+    strides[a], strides[b] = strides[b], strides[a]
+    return shape, strides
+
+
 def _module_of(obj):
     return type(obj).__module__.partition(".")[0]
 
@@ -175,7 +187,7 @@ def _torch_dtypes(torch):
 _torch_dtype_map = None
 
 
-def _from_torch(tensor, name):
+def _from_torch(tensor, name, swap_dims=None):
     global _torch_dtype_map
     torch = sys.modules["torch"]
     if _torch_dtype_map is None:
@@ -192,8 +204,8 @@ def _from_torch(tensor, name):
         device_type, device_id = s.KDL_CUDA, device.index or 0
     else:
         raise ValueError(f"{name}: tensors on {device} are not supported (CPU or CUDA only)")
-    return TensorArg(tensor.data_ptr(), device_type, device_id, dtype, tensor.shape, tensor.stride(),
-                     keepalive=(tensor,))
+    shape, strides = _swapped(tensor.shape, tensor.stride(), swap_dims)
+    return TensorArg(tensor.data_ptr(), device_type, device_id, dtype, shape, strides, keepalive=(tensor,))
 
 
 _numpy_dtype_codes = {}  # numpy dtype -> (code, bits): dtype.name is slow, and runs per tensor
@@ -216,7 +228,7 @@ def _numpy_dtype_uncached(dtype, name):
     raise ValueError(f"{name}: dtype {dtype} is not supported")
 
 
-def _from_numpy(array, name, writable):
+def _from_numpy(array, name, writable, swap_dims=None):
     interface = array.__array_interface__
     address, readonly = interface["data"]
     if writable and readonly:
@@ -228,8 +240,8 @@ def _from_numpy(array, name, writable):
             raise ValueError(f"{name}: stride {stride} bytes of axis {axis} is not a whole number of "
                              f"{itemsize}-byte elements")
         strides.append(stride // itemsize)
-    return TensorArg(address, s.KDL_CPU, 0, _numpy_dtype(array.dtype, name), array.shape, strides,
-                     keepalive=(array,))
+    shape, strides = _swapped(array.shape, strides, swap_dims)
+    return TensorArg(address, s.KDL_CPU, 0, _numpy_dtype(array.dtype, name), shape, strides, keepalive=(array,))
 
 
 _capsule_get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
@@ -237,7 +249,7 @@ _capsule_get_pointer.restype = ctypes.c_void_p
 _capsule_get_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
 
 
-def _from_dlpack(obj, name, stream):
+def _from_dlpack(obj, name, stream, swap_dims=None):
     device_type, device_id = obj.__dlpack_device__()
     device_type, device_id = int(device_type), int(device_id)
     if device_type not in (s.KDL_CPU, s.KDL_CUDA):
@@ -264,6 +276,7 @@ def _from_dlpack(obj, name, stream):
         code, bits = DTYPES["bool"]
     # The capsule stays unconsumed ("dltensor"), so its destructor calls the deleter once the
     # TensorArg (which holds it) is gone: after the C call.
+    shape, strides = _swapped(shape, strides, swap_dims)
     return TensorArg(tensor.data, tensor.device.device_type, tensor.device.device_id, (code, bits), shape,
                      strides, tensor.byte_offset, keepalive=(obj, capsule))
 
@@ -273,19 +286,21 @@ def is_torch_tensor(obj):
     return torch is not None and isinstance(obj, torch.Tensor)
 
 
-def as_tensor(obj, name, writable=False, stream=None):
+def as_tensor(obj, name, writable=False, stream=None, swap_dims=None):
     """obj as a TensorArg (see the module docstring). `name` names the argument in messages;
     `writable` refuses read-only NumPy arrays; `stream` (an int CUstream, 0 or None for the
-    default stream) is the stream a CUDA DLPack producer is told the call will use."""
+    default stream) is the stream a CUDA DLPack producer is told the call will use;
+    `swap_dims` (a, b) describes the view with dims a and b exchanged (as with_dims_swapped,
+    without building the TensorArg twice: this runs for every tensor of every call)."""
     if isinstance(obj, TensorArg):
-        return obj
+        return obj.with_dims_swapped(*swap_dims) if swap_dims and obj.ndim > max(swap_dims) else obj
     if is_torch_tensor(obj):
-        return _from_torch(obj, name)
+        return _from_torch(obj, name, swap_dims)
     numpy = sys.modules.get("numpy")
     if numpy is not None and isinstance(obj, numpy.ndarray):
-        return _from_numpy(obj, name, writable)
+        return _from_numpy(obj, name, writable, swap_dims)
     if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
-        return _from_dlpack(obj, name, stream)
+        return _from_dlpack(obj, name, stream, swap_dims)
     raise TypeError(f"{name}: expected a tensor (torch, numpy, or any object with __dlpack__), "
                     f"got {type(obj).__name__}")
 
