@@ -9,8 +9,9 @@ cmake --build build -j"$(nproc)"
 if [ -x build/tools/rope-jit-cache ]; then
   build/tools/rope-jit-cache prewarm --preset llama3-8b
 fi
-# Every golden case recorded from the peers (Unsloth, Liger, flash-attention, ...), each
+# Every golden case recorded from the peers (Unsloth, Liger, flash-attention, HF, ...): RoPE,
+# attention with rotary and frequency builders, each
 # checked against the peer's output, on the GPU when there is one, else on the CPU.
-build/tools/rope-jit-golden tests/golden --backend auto --ops rope
+build/tools/rope-jit-golden tests/golden --backend auto
 # The README's C example: one checked call through the C API.
 build/tests/readme_example
