@@ -43,6 +43,22 @@ ThreadPool& Runtime::cpu_pool() {
     return *pool_;
 }
 
+namespace {
+
+// The error for tensors that are not in host memory when the runtime cannot run them there:
+// CUDA tensors without a CUDA backend, or a device rope-jit does not support. Returns when
+// the tensors are on CUDA and `has_gpu_backend`.
+void require_gpu(const DLDevice& device, bool has_gpu_backend) {
+    if (device.device_type != kDLCUDA)
+        fail_argument(fmt::format("q: lives on {}, which rope-jit cannot reach", device_name(device.device_type)));
+    if (!has_gpu_backend)
+        fail_argument(fmt::format("q: lives on CUDA device {}, but this runtime runs on the CPU backend "
+                                  "(no GPU was found, or ROPE_JIT_BACKEND_CPU was requested)",
+                                  device.device_id));
+}
+
+}  // namespace
+
 void Runtime::rope(const rope_jit_rope_args& args) {
     RopeProblem problem = make_rope_problem(args);
     // An empty call still owes its frequency gradient (zeros).
@@ -53,14 +69,11 @@ void Runtime::rope(const rope_jit_rope_args& args) {
         return;
     }
     if (problem.device.device_type == kDLCUDA) {
-        if (!cuda_)
-            fail_argument(fmt::format("q: lives on CUDA device {}, but this runtime runs on the CPU backend "
-                                      "(no GPU was found, or ROPE_JIT_BACKEND_CPU was requested)",
-                                      problem.device.device_id));
+        require_gpu(problem.device, cuda_ != nullptr);
         cuda_->rope(problem, args.stream);
         return;
     }
-    fail_argument(fmt::format("q: lives on {}, which rope-jit cannot reach", device_name(problem.device.device_type)));
+    require_gpu(problem.device, false);
 }
 
 void Runtime::attention(const rope_jit_attention_args& args, bool backward) {
@@ -71,14 +84,11 @@ void Runtime::attention(const rope_jit_attention_args& args, bool backward) {
         return;
     }
     if (problem.device.device_type == kDLCUDA) {
-        if (!cuda_attention_)
-            fail_argument(fmt::format("q: lives on CUDA device {}, but this runtime runs on the CPU backend "
-                                      "(no GPU was found, or ROPE_JIT_BACKEND_CPU was requested)",
-                                      problem.device.device_id));
+        require_gpu(problem.device, cuda_attention_ != nullptr);
         cuda_attention_->run(problem, args.stream);
         return;
     }
-    fail_argument(fmt::format("q: lives on {}, which rope-jit cannot reach", device_name(problem.device.device_type)));
+    require_gpu(problem.device, false);
 }
 
 void Runtime::prewarm(const rope_jit_kernel_spec* specs, size_t n, const char* target) {
