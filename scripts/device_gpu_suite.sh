@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (the device tool): builds there, then runs the whole GPU suite and
 # writes logs under $OUT. Usage: bash scripts/device_gpu_suite.sh [extra steps...]
-#   steps: unit gpu golden bench bench-cpu sanitize python compare
+#   steps: unit gpu golden bench bench-cpu sanitize python compare shared-cache prewarmed
 #   (default: unit gpu golden bench sanitize)
 #   python: installs python/ (offline, from the wheels carried in .whl/), runs its pytest suite
 #   (torch on the GPU) and the Llama example; needs `carry: [".whl"]`.
 #   compare: bench/compare_torch.py (rope-jit against PyTorch eager and torch.compile).
+#   shared-cache: one golden run per GPU at the same time on one empty cache directory (a
+#   data-parallel job); scripts/check_shared_cache.py checks each kernel was compiled once.
+#   prewarmed: Llama-3-8B calls from .prewarmed/ (`rope-jit-cache prewarm --preset llama3-8b
+#   --target sm_90 --cache-dir .prewarmed` on a machine without a GPU; carry it) must compile
+#   nothing; then `rope-jit-cache info` and a prewarm for the local GPU.
 # Logs go to $OUT/logs and, since few files come back from the machine, into $OUT/logs.tgz.
 set -uo pipefail
 OUT=${OUT:-/tmp/rope_jit_out}
@@ -42,6 +47,25 @@ for step in $steps; do
             ROPE_JIT_LIBRARY=$PWD/build-gpu/librope_jit.so $py python/examples/llama_attention.py --compile 2>&1 | tee "$LOG/llama_attention_example.log" | tail -20 ;;
     compare) ROPE_JIT_LIBRARY=$PWD/build-gpu/librope_jit.so PYTHONPATH=$PWD/python ${PYTHON:-python3} \
                bench/compare_torch.py --json "$LOG/h200_vs_torch.json" 2>&1 | tee "$LOG/compare_torch.log" ;;
+    shared-cache)
+      dir=$(mktemp -d /tmp/rope_jit_shared_cache.XXXXXX)
+      gpus=$(nvidia-smi --list-gpus | wc -l)
+      for ((gpu = 0; gpu < gpus; gpu++)); do
+        ROPE_JIT_CACHE_DIR=$dir build-gpu/tools/rope-jit-golden tests/golden --backend cuda --device $gpu --json \
+          > "$LOG/shared_cache_gpu$gpu.json" 2> "$LOG/shared_cache_gpu$gpu.err" &
+      done
+      wait
+      build-gpu/tools/rope-jit-cache verify --cache-dir "$dir" --json > "$LOG/shared_cache_verify.json"
+      build-gpu/tools/rope-jit-cache verify --cache-dir "$dir" > "$LOG/shared_cache.log" 2>&1
+      python3 scripts/check_shared_cache.py "$LOG/shared_cache_verify.json" "$LOG"/shared_cache_gpu*.json 2>&1 |
+        tee -a "$LOG/shared_cache.log" ;;
+    prewarmed)
+      # A shipped cache directory: the copy is ours, and not writable by others (else unsafe).
+      rm -rf /tmp/prewarmed && cp -r .prewarmed /tmp/prewarmed && chmod -R go-w /tmp/prewarmed
+      ROPE_JIT_LIBRARY=$PWD/build-gpu/librope_jit.so PYTHONPATH=$PWD/python ${PYTHON:-python3} \
+        scripts/check_prewarmed_cache.py /tmp/prewarmed 2>&1 | tee "$LOG/prewarmed_cache.log"
+      { build-gpu/tools/rope-jit-cache info
+        build-gpu/tools/rope-jit-cache prewarm --preset llama3-8b --cache-dir "$(mktemp -d)"; } 2>&1 | tee "$LOG/cache_info.log" ;;
   esac
 done
 tar czf "$OUT/logs.tgz" -C "$OUT" logs

@@ -45,8 +45,9 @@ const DiskCache& require_disk_cache(const DiskCache* disk);
 
 // Every item under disk.root(): what DiskCache::verify reports under <root>/v1, each entry
 // judged against this build (see CacheItemState), plus each other "v<N>" directory of the
-// root as one stale item (another cache format). Anything else in the root is not the
-// cache's and is not reported. Changes nothing. Empty when the root is "" or missing.
+// root as one stale item (another cache format). Nothing else in the root is reported: not
+// the compile lock files of <root>/locks (compile_lock.h), which must stay for as long as
+// any process may lock them, nor anything that is not the cache's. Changes nothing. Empty when the root is "" or missing.
 // Without NVRTC an entry's NVRTC version and key cannot be judged: valid ones count as ok.
 std::vector<CacheItem> scan_cache(const DiskCache& disk);
 

@@ -93,8 +93,8 @@ void CudaAttention::run(const AttentionProblem& p, void* stream_handle) {
                     fmt::format("q: sequences of {} and {} tokens exceed the 2^31 the CUDA attention kernels index",
                                 p.seqlen_q, p.seqlen_k));
     CUstream stream = static_cast<CUstream>(stream_handle);
-    const CUcontext context = backend_.resolve_context(ordinal, stream);
-    ContextScope scope(api_, context);
+    const LaunchContext launch = backend_.resolve_context(ordinal, stream);
+    ContextScope scope(api_, launch.context, launch.current);
 
     AttentionKernelParams params{};
     params.q = p.q.data;
@@ -152,7 +152,7 @@ void CudaAttention::run(const AttentionProblem& p, void* stream_handle) {
         if (blocks > int64_t(0x7fffffff))
             throw Error(ROPE_JIT_ERROR_UNSUPPORTED,
                         fmt::format("q: {} blocks exceed one launch's grid ({})", blocks, spec.describe()));
-        const LoadedKernel kernel = kernel_for(spec, context, ordinal);
+        const LoadedKernel kernel = kernel_for(spec, launch.context, ordinal);
         void* kernel_args[] = {&params};
         check_cu(api_.cuLaunchKernel(kernel.function, unsigned(blocks), 1, 1, unsigned(spec.threads()), 1, 1,
                                      unsigned(spec.shared_bytes()), stream, kernel_args, nullptr),

@@ -12,19 +12,26 @@ namespace rope_jit {
 
 namespace {
 
-// The device of a context, remembered per thread for the last context asked about: a
-// process normally uses one context per device, so this is a compare on the launch path.
+// The device of a context, remembered per thread for the last few contexts asked about: a
+// process uses one context per device (or a handful), so this is a few compares on the
+// launch path, also for a thread that alternates between devices.
 CUdevice context_device(const CudaDriverApi& api, CUcontext context, CUcontext current) {
-    thread_local CUcontext last_context = nullptr;
-    thread_local CUdevice last_device = -1;
-    if (context == last_context) return last_device;
+    struct Remembered {
+        CUcontext context = nullptr;
+        CUdevice device = -1;
+    };
+    constexpr size_t kRemembered = 8;
+    thread_local Remembered remembered[kRemembered];
+    thread_local size_t next_slot = 0;
+    for (const Remembered& entry : remembered)
+        if (entry.context == context) return entry.device;
     CUdevice device = -1;
     {
         ContextScope scope(api, context, current);
         check_cu(api.cuCtxGetDevice(&device), "cuCtxGetDevice");
     }
-    last_context = context;
-    last_device = device;
+    remembered[next_slot] = {context, device};
+    next_slot = (next_slot + 1) % kRemembered;
     return device;
 }
 
@@ -85,18 +92,38 @@ CUcontext CudaBackend::primary_context(int ordinal) {
     return device.primary;
 }
 
-CUcontext CudaBackend::resolve_context(int ordinal, CUstream stream) {
-    CUcontext current = nullptr;
-    check_cu(api_.cuCtxGetCurrent(&current), "cuCtxGetCurrent");
-    CUcontext context = nullptr;
-    if (stream != nullptr) check_cu(api_.cuStreamGetCtx(stream, &context), "cuStreamGetCtx(args.stream)");
-    if (context == nullptr) context = current;
-    if (context == nullptr) return primary_context(ordinal);
-    const CUdevice device = context_device(api_, context, current);
-    if (device != devices_[size_t(ordinal)]->handle)
-        fail_argument(fmt::format("stream: {} belongs to CUDA device {}, but the tensors live on device {}",
-                                  stream ? "the stream" : "the current context", device, ordinal));
-    return context;
+int CudaBackend::ordinal_of(CUdevice device) const {
+    for (size_t ordinal = 0; ordinal < devices_.size(); ++ordinal)
+        if (devices_[ordinal]->handle == device) return int(ordinal);
+    return -1;
+}
+
+LaunchContext CudaBackend::resolve_context(int ordinal, CUstream stream) {
+    LaunchContext launch;
+    check_cu(api_.cuCtxGetCurrent(&launch.current), "cuCtxGetCurrent");
+    const CUdevice wanted = devices_[size_t(ordinal)]->handle;
+    if (stream != nullptr) {
+        // A stream belongs to one context: the launch runs there, on the tensors' device.
+        check_cu(api_.cuStreamGetCtx(stream, &launch.context), "cuStreamGetCtx(args.stream)");
+        if (launch.context != nullptr) {
+            const CUdevice device = context_device(api_, launch.context, launch.current);
+            if (device != wanted)
+                fail_argument(fmt::format("stream: the stream belongs to CUDA device {}, but the tensors live on "
+                                          "device {}",
+                                          ordinal_of(device), ordinal));
+            return launch;
+        }
+    }
+    // The NULL stream (or a special handle such as CU_STREAM_LEGACY, which has no context of
+    // its own) is the legacy default stream of the context the launch runs in: the current
+    // one when it belongs to the tensors' device, else that device's primary context, the
+    // one PyTorch and the CUDA runtime use. So a call with tensors on device 1 works while a
+    // framework has device 0 current.
+    if (launch.current != nullptr && context_device(api_, launch.current, launch.current) == wanted)
+        launch.context = launch.current;
+    else
+        launch.context = primary_context(ordinal);
+    return launch;
 }
 
 LoadedKernel CudaBackend::kernel_for(const KernelSpec& spec, CUcontext context, int ordinal) {
@@ -138,14 +165,12 @@ void CudaBackend::rope(const RopeProblem& p, void* stream_handle) {
         fail_argument(fmt::format("q: lives on CUDA device {}, but this machine has {} device(s)", ordinal,
                                   device_count()));
     CUstream stream = static_cast<CUstream>(stream_handle);
-    const CUcontext context = resolve_context(ordinal, stream);
-    CUcontext current = nullptr;
-    check_cu(api_.cuCtxGetCurrent(&current), "cuCtxGetCurrent");
-    ContextScope scope(api_, context, current);
+    const LaunchContext launch = resolve_context(ordinal, stream);
+    ContextScope scope(api_, launch.context, launch.current);
     if (debug_checks_) check_positions_on_device(p, stream);
 
     const KernelSpec spec = make_kernel_spec(p);
-    const LoadedKernel kernel = kernel_for(spec, context, ordinal);
+    const LoadedKernel kernel = kernel_for(spec, launch.context, ordinal);
 
     RopeKernelParams params{};
     params.q = p.q.data;

@@ -18,6 +18,12 @@
 
 namespace rope_jit {
 
+// Where a launch runs, and what was current when the call came in.
+struct LaunchContext {
+    CUcontext context = nullptr;
+    CUcontext current = nullptr;
+};
+
 class CudaBackend {
 public:
     // Throws Error(BACKEND_UNAVAILABLE) without a driver or a device. `disk` may be NULL and
@@ -36,10 +42,12 @@ public:
 
     // Multiprocessors of device `ordinal`.
     int multiprocessors(int ordinal) const { return devices_.at(size_t(ordinal))->multiprocessors; }
-    // The context a launch on `stream` for device `ordinal` runs in: the stream's, else the
-    // current one, else the device's primary context. Throws when that context belongs to
-    // another device. Shared with the attention launcher (cuda_attention.cpp).
-    CUcontext resolve_context(int ordinal, CUstream stream);
+    // The context a launch on `stream` for device `ordinal` runs in: the stream's (which must
+    // belong to that device, else fail_argument); for the NULL stream the current context when
+    // it belongs to that device, else the device's primary context. Also returns the current
+    // context, for the ContextScope that makes the launch context current. Shared with the
+    // attention launcher (cuda_attention.cpp).
+    LaunchContext resolve_context(int ordinal, CUstream stream);
 
 private:
     struct Device {
@@ -51,6 +59,8 @@ private:
     };
 
     CUcontext primary_context(int ordinal);
+    // The ordinal of a device handle; -1 for one the runtime does not know.
+    int ordinal_of(CUdevice device) const;
     LoadedKernel kernel_for(const KernelSpec& spec, CUcontext context, int ordinal);
     void check_positions_on_device(const RopeProblem& problem, CUstream stream);
 

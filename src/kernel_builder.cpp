@@ -1,9 +1,11 @@
 #include "kernel_builder.h"
 
 #include <chrono>
+#include <optional>
 
 #include <fmt/format.h>
 
+#include "compile_lock.h"
 #include "error.h"
 #include "kernel_source.h"
 #include "nvrtc_compiler.h"
@@ -75,13 +77,23 @@ KernelBinary build_kernel_binary(const KernelRecipe& recipe, const std::string& 
     KernelBinary binary;
     binary.key_hex = id.key_hex;
     binary.is_ptx = id.kind == "ptx";
+    std::optional<CompileLock> lock;  // held from a miss until the entry is stored
+    std::optional<CacheEntry> entry;
     if (disk != nullptr) {
-        if (std::optional<CacheEntry> entry = disk->load(id)) {
-            stats.disk_hits.fetch_add(1, std::memory_order_relaxed);
-            binary.image = std::move(entry->payload);
-            binary.from_disk = true;
-            return binary;
+        entry = disk->load(id);
+        if (!entry) {
+            // Another process, or another runtime of this one, may be compiling this very
+            // kernel into the same cache: wait for it, then look again, so that each key is
+            // compiled once per cache directory (compile_lock.h).
+            lock.emplace(*disk, id.key_hex);
+            entry = disk->load(id);
         }
+    }
+    if (entry) {
+        stats.disk_hits.fetch_add(1, std::memory_order_relaxed);
+        binary.image = std::move(entry->payload);
+        binary.from_disk = true;
+        return binary;
     }
 
     const auto start = std::chrono::steady_clock::now();

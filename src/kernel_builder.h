@@ -1,5 +1,5 @@
-// From a spec to a loadable binary for one target: the disk cache first, else specialize
-// and compile with NVRTC, then store. Knows nothing of devices or contexts, so it also
+// From a spec to a loadable binary for one target: the disk cache first, else (under a
+// cross-process lock on the key) specialize and compile with NVRTC, then store. Knows nothing of devices or contexts, so it also
 // serves prewarming on machines without a GPU.
 #pragma once
 
@@ -52,6 +52,9 @@ CompilePlan plan_compile(const KernelSpec& spec, const std::string& target);
 CompilePlan plan_compile(const std::string& spec_json, const std::string& target);
 
 // The binary of `spec` for `target` ("sm_90"). `disk` may be NULL (memory-only runtime).
+// On a disk miss it takes the key's CompileLock (compile_lock.h) and looks again before
+// compiling, so processes and runtimes sharing a cache directory compile each key once; an
+// entry a peer stored meanwhile counts as a disk hit.
 // Throws Error(COMPILE) with the NVRTC log, or Error(BACKEND_UNAVAILABLE) without NVRTC.
 KernelBinary build_kernel_binary(const KernelSpec& spec, const std::string& target, const DiskCache* disk,
                                  KernelStats& stats);

@@ -1,5 +1,5 @@
-// GPU test support shared by the gpu suites: the driver, device 0's primary context (current
-// on the test's thread, as a framework would have it), a per-process kernel cache directory,
+// GPU test support shared by the gpu suites: the driver, the devices' primary contexts (device
+// 0's current on the test's thread, as a framework would have it), a per-process kernel cache directory,
 // runtimes, device mirrors of HostTensors, streams and graphs. Header-only: each suite is one
 // translation unit of the test binary, so every definition here is inline.
 #pragma once
@@ -9,6 +9,8 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <map>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -34,21 +36,26 @@ inline const rope_jit::CudaDriverApi& driver() {
     return *api;
 }
 
-// Device 0's primary context, retained once for the whole process and never released, as
-// PyTorch does. Each thread that touches device memory makes it current first.
-inline rope_jit::CUcontext primary_context() {
-    static const rope_jit::CUcontext context = [] {
+// The number of CUDA devices the driver reports (0 without a driver or a device).
+inline int device_count() { return rope_jit::cuda_device_count(); }
+
+// Device `ordinal`'s primary context, retained once for the whole process and never released,
+// as PyTorch does. Each thread that touches device memory makes it current first.
+inline rope_jit::CUcontext primary_context(int ordinal = 0) {
+    static std::mutex mutex;
+    static std::map<int, rope_jit::CUcontext> retained;
+    const std::lock_guard<std::mutex> lock(mutex);
+    rope_jit::CUcontext& context = retained[ordinal];
+    if (context == nullptr) {
         rope_jit::CUdevice device = 0;
-        check_cu(driver().cuDeviceGet(&device, 0), "cuDeviceGet(0)");
-        rope_jit::CUcontext retained = nullptr;
-        check_cu(driver().cuDevicePrimaryCtxRetain(&retained, device), "cuDevicePrimaryCtxRetain");
-        return retained;
-    }();
+        check_cu(driver().cuDeviceGet(&device, ordinal), "cuDeviceGet");
+        check_cu(driver().cuDevicePrimaryCtxRetain(&context, device), "cuDevicePrimaryCtxRetain");
+    }
     return context;
 }
 
-inline void make_primary_context_current() {
-    check_cu(driver().cuCtxSetCurrent(primary_context()), "cuCtxSetCurrent");
+inline void make_primary_context_current(int ordinal = 0) {
+    check_cu(driver().cuCtxSetCurrent(primary_context(ordinal)), "cuCtxSetCurrent");
 }
 
 inline void synchronize_context() { check_cu(driver().cuCtxSynchronize(), "cuCtxSynchronize"); }

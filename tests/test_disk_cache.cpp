@@ -8,7 +8,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -20,12 +22,14 @@
 #include <thread>
 #include <vector>
 
+#include "compile_lock.h"
 #include "disk_cache.h"
 #include "error.h"
 #include "sha256.h"
 
 using rope_jit::CacheEntry;
 using rope_jit::CacheEntryId;
+using rope_jit::CompileLock;
 using rope_jit::DiskCache;
 
 namespace {
@@ -732,6 +736,213 @@ TEST_CASE(
     CHECK(DiskCache::default_read_only_roots() == std::vector<std::string>{"/opt/a", "/opt/b"});
     env.set("ROPE_JIT_CACHE_RO_DIRS", "/single");
     CHECK(DiskCache::default_read_only_roots() == std::vector<std::string>{"/single"});
+}
+
+// ---- the compile lock (compile_lock.h) ----------------------------------------------------
+
+namespace {
+
+using namespace std::chrono_literals;
+
+// A key of the stripe `prefix` (two hex digits), distinct per `seed`.
+std::string key_in_stripe(const std::string& prefix, const std::string& seed) {
+    return prefix + rope_jit::sha256_hex(seed).substr(2);
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+}  // namespace
+
+TEST_CASE("A second taker of a key's compile lock waits until the first lets go, then gets it") {
+    TempDir tmp;
+    DiskCache cache(tmp.path, {});
+    const std::string key = rope_jit::sha256_hex("compiled once");
+    std::optional<CompileLock> first;
+    first.emplace(cache, key);
+    REQUIRE(first->held());
+
+    enum { waiting, held, not_held };
+    std::atomic<int> second{waiting};
+    std::thread other([&] {
+        CompileLock lock(cache, key);
+        second = lock.held() ? held : not_held;
+    });
+    std::this_thread::sleep_for(300ms);
+    CHECK(second.load() == waiting);
+    first.reset();
+    other.join();
+    CHECK(second.load() == held);
+}
+
+TEST_CASE("Threads taking one key's compile lock are never inside it together") {
+    TempDir tmp;
+    const std::string key = rope_jit::sha256_hex("contended lock");
+    constexpr int kThreads = 8, kRounds = 10;
+    std::atomic<int> inside{0}, most_inside{0}, not_held{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+        threads.emplace_back([&] {
+            DiskCache cache(tmp.path, {});  // a runtime of its own, as one per GPU would have
+            for (int round = 0; round < kRounds; ++round) {
+                CompileLock lock(cache, key);
+                if (!lock.held()) ++not_held;
+                const int now_inside = ++inside;
+                int seen = most_inside.load();
+                while (now_inside > seen && !most_inside.compare_exchange_weak(seen, now_inside)) {
+                }
+                std::this_thread::sleep_for(2ms);
+                --inside;
+            }
+        });
+    }
+    for (std::thread& thread : threads) thread.join();
+    CHECK(not_held == 0);
+    CHECK(most_inside == 1);
+}
+
+TEST_CASE("Keys of different stripes lock independently; keys of one stripe share a lock") {
+    TempDir tmp;
+    DiskCache cache(tmp.path, {});
+    CompileLock holder(cache, key_in_stripe("a7", "one"));
+    REQUIRE(holder.held());
+
+    const auto start = std::chrono::steady_clock::now();
+    CompileLock other_stripe(cache, key_in_stripe("a8", "two"), 0ms);
+    CHECK(other_stripe.held());
+    CHECK(seconds_since(start) < 1.0);
+
+    // Same stripe, another key: it waits as for the same key, here only 100 ms.
+    CompileLock same_stripe(cache, key_in_stripe("a7", "three"), 100ms);
+    CHECK_FALSE(same_stripe.held());
+    CHECK(seconds_since(start) >= 0.1);
+}
+
+TEST_CASE("A waiter gives up after its bounded wait and goes on without the lock") {
+    TempDir tmp;
+    DiskCache cache(tmp.path, {});
+    const std::string key = rope_jit::sha256_hex("stuck peer");
+    CompileLock stuck(cache, key);
+    REQUIRE(stuck.held());
+    const auto start = std::chrono::steady_clock::now();
+    CompileLock waiter(cache, key, 150ms);
+    const double waited = seconds_since(start);
+    CHECK_FALSE(waiter.held());
+    CHECK(waited >= 0.15);
+    CHECK(waited < 5.0);
+    CHECK(rope_jit::kCompileLockMaxWait >= std::chrono::seconds(10));
+}
+
+TEST_CASE("A compile lock held by a process that is killed is free again at once") {
+    TempDir tmp;
+    const std::string key = rope_jit::sha256_hex("killed mid-compile");
+    int ready[2];
+    REQUIRE(pipe(ready) == 0);
+    const pid_t child = fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+        DiskCache cache(tmp.path, {});
+        CompileLock lock(cache, key);
+        const char held = lock.held() ? '1' : '0';
+        if (write(ready[1], &held, 1) != 1) _exit(1);
+        for (;;) pause();
+    }
+    close(ready[1]);
+    char held = 0;
+    REQUIRE(read(ready[0], &held, 1) == 1);
+    close(ready[0]);
+    CHECK(held == '1');
+
+    DiskCache cache(tmp.path, {});
+    CHECK_FALSE(CompileLock(cache, key, 50ms).held());
+    kill(child, SIGKILL);
+    int status = 0;
+    REQUIRE(waitpid(child, &status, 0) == child);
+    const auto start = std::chrono::steady_clock::now();
+    CHECK(CompileLock(cache, key, 0ms).held());
+    CHECK(seconds_since(start) < 1.0);
+}
+
+TEST_CASE("Lock files are at most 256 private empty files in <root>/locks, one per key prefix") {
+    TempDir tmp;
+    DiskCache cache(tmp.path, {});
+    const std::string key = rope_jit::sha256_hex("layout");
+    CHECK(rope_jit::compile_lock_path(tmp.path, key) == tmp.path + "/locks/" + key.substr(0, 2) + ".lock");
+    CHECK(rope_jit::compile_lock_path("", key).empty());
+    CHECK(rope_jit::compile_lock_path(tmp.path, "ZZ" + key.substr(2)).empty());
+    for (int i = 0; i < 600; ++i) CHECK(CompileLock(cache, rope_jit::sha256_hex(std::to_string(i))).held());
+
+    const std::string dir = tmp.path + "/locks";
+    struct stat st;
+    REQUIRE(lstat(dir.c_str(), &st) == 0);
+    CHECK(S_ISDIR(st.st_mode));
+    CHECK((st.st_mode & 0777) == 0700);
+    std::vector<std::string> names = names_in(dir);
+    CHECK(names.size() <= 256);
+    CHECK(names.size() > 200);  // 600 random keys miss few of the 256 prefixes
+    for (const std::string& name : names) {
+        CAPTURE(name);
+        CHECK(name.size() == 7);
+        CHECK(name.substr(2) == ".lock");
+        REQUIRE(lstat((dir + "/" + name).c_str(), &st) == 0);
+        CHECK(S_ISREG(st.st_mode));
+        CHECK((st.st_mode & 0777) == 0600);
+        CHECK(st.st_size == 0);
+    }
+    // The lock directory is not part of the entry layout: verify does not look at it.
+    CHECK(cache.verify(tmp.path).empty());
+}
+
+TEST_CASE("Without a usable root or lock file there is no lock, no failure and no wait") {
+    TempDir tmp;
+    const std::string key = rope_jit::sha256_hex("nowhere to lock");
+    const std::string lock_name = key.substr(0, 2) + ".lock";
+    const auto start = std::chrono::steady_clock::now();
+
+    SUBCASE("no root") { CHECK_FALSE(CompileLock(DiskCache("", {}), key).held()); }
+    SUBCASE("a root under a regular file") {
+        write_file(tmp.path + "/file", "x");
+        CHECK_FALSE(CompileLock(DiskCache(tmp.path + "/file/cache", {}), key).held());
+        CHECK(read_file(tmp.path + "/file") == "x");
+    }
+    SUBCASE("a world-writable root without the sticky bit") {
+        REQUIRE(chmod(tmp.path.c_str(), 0777) == 0);
+        CHECK_FALSE(CompileLock(DiskCache(tmp.path, {}), key).held());
+        CHECK_FALSE(exists(tmp.path + "/locks"));
+    }
+    SUBCASE("a key that is not hex") {
+        CHECK_FALSE(CompileLock(DiskCache(tmp.path, {}), "not a key").held());
+        CHECK_FALSE(exists(tmp.path + "/locks"));
+    }
+    SUBCASE("a regular file in place of the lock directory") {
+        write_file(tmp.path + "/locks", "mine");
+        CHECK_FALSE(CompileLock(DiskCache(tmp.path, {}), key).held());
+        CHECK(read_file(tmp.path + "/locks") == "mine");
+    }
+    SUBCASE("a symbolic link in place of the lock directory") {
+        REQUIRE(mkdir((tmp.path + "/elsewhere").c_str(), 0700) == 0);
+        REQUIRE(symlink((tmp.path + "/elsewhere").c_str(), (tmp.path + "/locks").c_str()) == 0);
+        CHECK_FALSE(CompileLock(DiskCache(tmp.path, {}), key).held());
+        CHECK(names_in(tmp.path + "/elsewhere").empty());
+    }
+    SUBCASE("a world-writable lock directory") {
+        REQUIRE(mkdir((tmp.path + "/locks").c_str(), 0700) == 0);
+        REQUIRE(chmod((tmp.path + "/locks").c_str(), 0777) == 0);
+        CHECK_FALSE(CompileLock(DiskCache(tmp.path, {}), key).held());
+    }
+    SUBCASE("a directory, a FIFO or a symbolic link in place of the lock file") {
+        REQUIRE(mkdir((tmp.path + "/locks").c_str(), 0700) == 0);
+        const std::string path = tmp.path + "/locks/" + lock_name;
+        SUBCASE("directory") { REQUIRE(mkdir(path.c_str(), 0700) == 0); }
+        SUBCASE("FIFO") { REQUIRE(mkfifo(path.c_str(), 0600) == 0); }
+        SUBCASE("symbolic link") {
+            REQUIRE(symlink((tmp.path + "/planted").c_str(), path.c_str()) == 0);
+        }
+        CHECK_FALSE(CompileLock(DiskCache(tmp.path, {}), key).held());
+        CHECK_FALSE(exists(tmp.path + "/planted"));
+    }
+    CHECK(seconds_since(start) < 2.0);
 }
 
 TEST_SUITE_END();

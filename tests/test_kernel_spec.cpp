@@ -9,8 +9,11 @@
 #include <cstdlib>
 #include <functional>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "error.h"
+#include "disk_cache.h"
 #include "kernel_builder.h"
 #include "kernel_spec.h"
 #include "nvrtc_loader.h"
@@ -233,6 +236,38 @@ TEST_CASE("prewarming for sm_80 and sm_90 fills the disk cache, and a fresh proc
     CHECK(prewarm_in_child("sm_80", 0, 2) == 0);  // fresh process: hits, no compile
     CHECK(prewarm_in_child("sm_90", 0, 2) == 0);
     CHECK(count_entries(dir.path + "/v1") == 4);
+}
+
+TEST_CASE("runtimes of one process that miss the same spec at once compile it once and share the entry") {
+    if (rope_jit::nvrtc_api() == nullptr) {
+        MESSAGE("skipped: NVRTC not available");
+        return;
+    }
+    TempDir dir;
+    const KernelSpec spec = rope_jit::kernel_spec_from_public(public_spec(96, {kDLBfloat, 16, 1}));
+    constexpr int kRuntimes = 4;
+    // One cache object and counters per thread, as separate runtimes (one per GPU) have.
+    std::vector<rope_jit::KernelStats> stats(kRuntimes);
+    std::vector<std::vector<char>> images(kRuntimes);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < kRuntimes; ++r) {
+        threads.emplace_back([&, r] {
+            const rope_jit::DiskCache disk(dir.path, {});
+            images[size_t(r)] = rope_jit::build_kernel_binary(spec, "sm_90", &disk, stats[size_t(r)]).image;
+        });
+    }
+    for (std::thread& thread : threads) thread.join();
+    uint64_t compiles = 0, disk_hits = 0, disk_writes = 0;
+    for (const rope_jit::KernelStats& s : stats) {
+        compiles += s.compiles;
+        disk_hits += s.disk_hits;
+        disk_writes += s.disk_writes;
+    }
+    CHECK(compiles == 1);
+    CHECK(disk_hits == kRuntimes - 1);
+    CHECK(disk_writes == 1);
+    for (const std::vector<char>& image : images) CHECK(image == images[0]);
+    CHECK(count_entries(dir.path + "/v1") == 1);
 }
 
 TEST_CASE("prewarm rejects bad specs and targets with a clear status") {

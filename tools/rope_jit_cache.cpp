@@ -736,7 +736,9 @@ int run(int argc, char** argv) {
     prune->add_option("--older-than", prune_options.older_than, "remove entries unused for this long (12h, 30d, 2w...)");
     prune->add_flag("--keep-stale", prune_options.keep_stale, "keep entries of other NVRTC or cache format versions");
     prune->add_flag("--dry-run", prune_options.dry_run, "only say what would be removed");
-    CLI::App* clear = app.add_subcommand("clear", "remove every item of the cache");
+    CLI::App* clear = app.add_subcommand(
+        "clear", "remove every item of the cache; the compile lock files in <root>/locks stay (empty, and perhaps "
+                 "held by a process compiling right now)");
     bool clear_dry_run = false;
     clear->add_flag("--dry-run", clear_dry_run, "only say what would be removed");
     CLI::App* info = app.add_subcommand(

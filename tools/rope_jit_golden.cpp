@@ -2,7 +2,7 @@
 // semantics) through the public C API only, and compares every output with the recorded one.
 //
 //   rope-jit-golden DIR [--backend auto|cpu|cuda] [--ops rope,attention,inv_freq]
-//                       [--angles table|inv_freq] [--case SUBSTRING] [--json]
+//                       [--angles table|inv_freq] [--case SUBSTRING] [--device N] [--json]
 //
 // Exit status: 0 when every selected case passed, 1 when one failed or was unsupported (or
 // the runtime could not be created), 2 on a usage error or an unreadable manifest.
@@ -72,20 +72,23 @@ struct Options {
     std::set<std::string> ops;  // empty: every op
     AngleMode angles = AngleMode::Table;
     std::string case_filter;    // substring of the case name; empty: every case
+    int device = 0;             // the CUDA device the tensors live on (CUDA backend)
     bool json = false;
     bool help = false;
 };
 
 const char* const kUsage =
     "usage: rope-jit-golden DIR [--backend auto|cpu|cuda] [--ops rope,attention,inv_freq]\n"
-    "                           [--angles table|inv_freq] [--case SUBSTRING] [--json]\n"
+    "                           [--angles table|inv_freq] [--case SUBSTRING] [--device N] [--json]\n"
     "\n"
     "Runs every case of DIR/manifest.json (format rope-jit-golden/1) whose op is in --ops\n"
     "(default: all) through the rope-jit C API and compares its outputs with the recorded ones.\n"
     "  --backend   runtime backend (default auto)\n"
     "  --angles    rope cases: pass the cos/sin tables (default) or inv_freq instead\n"
     "  --case      run only the cases whose name contains SUBSTRING\n"
+    "  --device    CUDA backend: put the tensors on device N (default 0)\n"
     "  --json      print one JSON object instead of one line per case\n"
+    "Ends with the runtime's kernel counters (compiled, read from the disk cache, launched).\n"
     "Exit status: 0 all passed, 1 some failed or unsupported, 2 usage error.\n";
 
 const std::set<std::string> kKnownOps = {"rope", "attention", "inv_freq"};
@@ -122,6 +125,19 @@ AngleMode parse_angles(const std::string& value) {
     throw UsageError(fmt::format("--angles: expected table or inv_freq, got '{}'", value));
 }
 
+int parse_device(const std::string& value) {
+    size_t used = 0;
+    int device = -1;
+    try {
+        device = std::stoi(value, &used);
+    } catch (const std::exception&) {
+        used = 0;
+    }
+    if (used != value.size() || device < 0)
+        throw UsageError(fmt::format("--device: expected a device ordinal (0, 1, ...), got '{}'", value));
+    return device;
+}
+
 // Accepts both "--flag value" and "--flag=value".
 Options parse_options(int argc, char** argv) {
     Options options;
@@ -148,6 +164,8 @@ Options parse_options(int argc, char** argv) {
             options.angles = parse_angles(value());
         } else if (arg == "--case") {
             options.case_filter = value();
+        } else if (arg == "--device") {
+            options.device = parse_device(value());
         } else if (arg == "--json") {
             if (inline_value) throw UsageError("--json takes no value");
             options.json = true;
@@ -304,20 +322,30 @@ ArrayMap load_arrays(const fs::path& dir, const json& entries, const std::string
 // this tool; the tool calls the library only through its C API).
 class DeviceMemory {
 public:
-    // Makes device 0's primary context current, as a framework would.
-    static void activate() {
+    // Makes device `ordinal`'s primary context current, as a framework would; tensors are
+    // allocated there from now on.
+    static void activate(int ordinal) {
         const rope_jit::CudaDriverApi* api = rope_jit::cuda_driver_api();
         if (api == nullptr) throw UsageError("CUDA backend without a driver: " + rope_jit::cuda_driver_load_error());
+        const int count = rope_jit::cuda_device_count();
+        if (ordinal >= count)
+            throw UsageError(fmt::format("--device: {} is not a device of this machine, which has {}", ordinal, count));
         rope_jit::CUdevice device = 0;
-        rope_jit::check_cu(api->cuDeviceGet(&device, 0), "cuDeviceGet");
+        rope_jit::check_cu(api->cuDeviceGet(&device, ordinal), "cuDeviceGet");
         rope_jit::CUcontext context = nullptr;
         rope_jit::check_cu(api->cuDevicePrimaryCtxRetain(&context, device), "cuDevicePrimaryCtxRetain");
         rope_jit::check_cu(api->cuCtxSetCurrent(context), "cuCtxSetCurrent");
         enabled() = true;
+        ordinal_() = ordinal;
     }
+    static int ordinal() { return ordinal_(); }
     static bool& enabled() {
         static bool on = false;
         return on;
+    }
+    static int& ordinal_() {
+        static int device = 0;
+        return device;
     }
     static const rope_jit::CudaDriverApi& api() { return *rope_jit::cuda_driver_api(); }
 };
@@ -366,7 +394,7 @@ public:
         if (device_ != 0) return reinterpret_cast<void*>(device_);
         return host_.bytes.empty() ? nullptr : host_.bytes.data();
     }
-    DLDevice device() const { return device_ != 0 ? DLDevice{kDLCUDA, 0} : DLDevice{kDLCPU, 0}; }
+    DLDevice device() const { return device_ != 0 ? DLDevice{kDLCUDA, DeviceMemory::ordinal()} : DLDevice{kDLCPU, 0}; }
     ElementType type() const { return host_.type; }
     const std::vector<int64_t>& shape() const { return host_.shape; }
 
@@ -1089,7 +1117,16 @@ void print_text_line(const CaseResult& result) {
 // NaN and infinity are not JSON numbers: they become null.
 json json_number(double value) { return std::isfinite(value) ? json(value) : json(nullptr); }
 
-void print_json(const std::vector<CaseResult>& results, int passed, int failed) {
+// The runtime's counters: what a run compiled, read from the disk cache and launched.
+json kernel_counters(rope_jit_runtime* runtime) {
+    rope_jit_stats stats;
+    rope_jit_stats_init(&stats);
+    if (rope_jit_get_stats(runtime, &stats) != ROPE_JIT_OK) return nullptr;
+    return {{"compiles", stats.compiles},       {"compile_ms", stats.compile_ms}, {"disk_hits", stats.disk_hits},
+            {"disk_writes", stats.disk_writes}, {"memory_hits", stats.memory_hits}, {"launches", stats.launches}};
+}
+
+void print_json(const std::vector<CaseResult>& results, int passed, int failed, const json& kernels) {
     json cases = json::array();
     for (const CaseResult& r : results)
         cases.push_back({{"name", r.name},
@@ -1098,7 +1135,7 @@ void print_json(const std::vector<CaseResult>& results, int passed, int failed) 
                          {"max_abs_error", r.measurement ? json_number(r.measurement->max_abs_error) : json(nullptr)},
                          {"worst_ratio", r.measurement ? json_number(r.measurement->worst_ratio) : json(nullptr)},
                          {"message", r.message}});
-    const json report = {{"cases", cases}, {"passed", passed}, {"failed", failed}};
+    const json report = {{"cases", cases}, {"passed", passed}, {"failed", failed}, {"kernels", kernels}};
     fmt::print("{}\n", report.dump(2));
 }
 
@@ -1121,9 +1158,10 @@ int run(const Options& options) {
     const json manifest = read_manifest(options.dir);
     RuntimeHandle runtime = create_runtime(options.backend);
     if (!runtime) return 1;
-    if (rope_jit_backend(runtime.get()) == ROPE_JIT_BACKEND_CUDA) DeviceMemory::activate();
+    const bool on_cuda = rope_jit_backend(runtime.get()) == ROPE_JIT_BACKEND_CUDA;
+    if (on_cuda) DeviceMemory::activate(options.device);
     fmt::print(stderr, "rope-jit-golden: backend {}\n",
-               rope_jit_backend(runtime.get()) == ROPE_JIT_BACKEND_CUDA ? "cuda" : "cpu");
+               on_cuda ? fmt::format("cuda, device {}", options.device) : std::string("cpu"));
     const RunContext context{options.dir, runtime.get(), options.angles};
 
     std::vector<CaseResult> results;
@@ -1138,8 +1176,17 @@ int run(const Options& options) {
         results.push_back(std::move(result));
     }
     if (results.empty()) fmt::print(stderr, "rope-jit-golden: no case matched the selection\n");
-    if (options.json) print_json(results, passed, failed);
-    else fmt::print("{} passed, {} failed\n", passed, failed);
+    const json kernels = kernel_counters(runtime.get());
+    if (options.json) {
+        print_json(results, passed, failed, kernels);
+    } else {
+        fmt::print("{} passed, {} failed\n", passed, failed);
+        if (!kernels.is_null())
+            fmt::print("kernels: {} compiled ({:.0f} ms), {} read from the disk cache, {} written to it, {} launches\n",
+                       kernels["compiles"].get<uint64_t>(), kernels["compile_ms"].get<double>(),
+                       kernels["disk_hits"].get<uint64_t>(), kernels["disk_writes"].get<uint64_t>(),
+                       kernels["launches"].get<uint64_t>());
+    }
     return failed == 0 ? 0 : 1;
 }
 

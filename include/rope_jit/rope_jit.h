@@ -248,8 +248,11 @@ typedef struct rope_jit_rope_args {
      * multiplied by xpos_scale[p, col(i)] for q and divided by it for k (also in backward). */
     const DLTensor* xpos_scale;
 
-    /* The CUstream to launch on (CUDA backend); NULL = the legacy default stream. Ignored by
-     * the CPU backend. The call never synchronizes it. */
+    /* The CUstream to launch on (CUDA backend). It must belong to the tensors' device (else
+     * ERROR_INVALID_ARGUMENT). NULL = the legacy default stream of the tensors' device: of the
+     * current context when that belongs to the device, else of the device's primary context
+     * (the one the CUDA runtime and PyTorch use). Ignored by the CPU backend. The call never
+     * synchronizes it. */
     void* stream;
 
     /* ---- Multi-section positions (M-RoPE, axial RoPE) -----------------------------------
@@ -507,7 +510,8 @@ typedef struct rope_jit_attention_args {
      * it). Backward: required input (the forward's). */
     const DLTensor* lse;
 
-    /* The CUstream to launch on (CUDA backend); NULL = the legacy default stream. */
+    /* The CUstream to launch on (CUDA backend): as rope_jit_rope_args.stream (NULL = the
+     * legacy default stream of the tensors' device). */
     void* stream;
 
     /* Backward only (rope_jit_attention_backward); ignored by the forward. */
@@ -817,8 +821,10 @@ typedef int (*rope_jit_cache_visitor)(const rope_jit_cache_item* item, void* use
 /* Calls visitor(item, user_data) for every item under the runtime's cache root, in path
  * order: the entries of the current format with their state judged against this library
  * (files of other NVRTC versions included), each other "v<N>" directory as one STALE item,
- * temp files and anything else inside those directories. Files of the root outside "v<N>"
- * directories are not the cache's and are not reported. Reads only; changes nothing. Without
+ * temp files and anything else inside those directories. The rest of the root is not
+ * reported: the empty compile lock files of <root>/locks, which processes compiling into the
+ * cache hold while they compile (never removed, so that all of them always lock the same
+ * files), and anything that is not the cache's. Reads only; changes nothing. Without
  * NVRTC the NVRTC version and key of an entry cannot be judged, and valid entries are
  * reported OK. A missing root has no items (ROPE_JIT_OK). Fails with ERROR_INVALID_ARGUMENT
  * for a NULL runtime or visitor, ERROR_CACHE when the runtime has no disk cache. */
