@@ -22,7 +22,8 @@ mkdir -p /tmp/dlpack && for f in .deb/libdlpack-dev_*.deb; do dpkg -x "$f" /tmp/
 export ROPE_JIT_CACHE_DIR=/tmp/rope_jit_cache
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-  git log -1 --format='commit %H %s' 2>/dev/null || true
+  # The machine's .git copy can lag the working tree: the caller may name the commit.
+  echo "commit ${ROPE_JIT_COMMIT:-$(git log -1 --format='%H %s' 2>/dev/null)}"
   cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_PREFIX_PATH=/tmp/dlpack/usr >/dev/null &&
     cmake --build build-gpu -j16 2>&1 | grep -E "warning|error" ; echo "build rc=${PIPESTATUS[0]}"
 } 2>&1 | tee "$LOG/build.log"
