@@ -57,6 +57,7 @@ class Library:
         self.path = path  # what was loaded (a path, or a soname the loader resolved)
         self.struct_sizes = {}  # mirror class name -> the library's sizeof, seen by new_struct
         self._templates = {}  # mirror class -> its defaults, as the library's init wrote them
+        self._fields = {}  # mirror class -> frozenset of the fields this library's version has
         for name, (restype, argtypes) in _REQUIRED.items():
             try:
                 function = getattr(cdll, name)
@@ -99,13 +100,23 @@ class Library:
             self._templates[cls] = template
         return cls.from_buffer_copy(template)
 
+    def fields(self, cls, init):
+        """The names of the fields of struct `cls` that the loaded library's version has (an
+        older library ignores fields past its own struct size). Computed once per struct type:
+        calls check their arguments against it every time."""
+        fields = self._fields.get(cls)
+        if fields is None:
+            if cls.__name__ not in self.struct_sizes:
+                self.new_struct(cls, init)
+            library_size = self.struct_sizes[cls.__name__]
+            fields = frozenset(name for name, _ in cls._fields_
+                               if library_size >= getattr(cls, name).offset + getattr(cls, name).size)
+            self._fields[cls] = fields
+        return fields
+
     def has_field(self, cls, init, field):
-        """Whether the loaded library's version of struct `cls` has `field` (an older library
-        ignores fields past its own struct size)."""
-        if cls.__name__ not in self.struct_sizes:
-            self.new_struct(cls, init)
-        descriptor = getattr(cls, field)
-        return self.struct_sizes[cls.__name__] >= descriptor.offset + descriptor.size
+        """Whether the loaded library's version of struct `cls` has `field`."""
+        return field in self.fields(cls, init)
 
     def check(self, function_name, status):
         """Raises the exception of `status` (with the thread's rope_jit_last_error) unless it

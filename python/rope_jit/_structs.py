@@ -6,6 +6,7 @@ own _init function writes, so a drifted mirror fails loudly instead of corruptin
 """
 
 import ctypes
+import struct
 
 # ------------------------------------------------------------------------------------------
 # DLPack 0.6
@@ -50,6 +51,12 @@ class DLManagedTensor(ctypes.Structure):
 
 
 DLTensorPointer = ctypes.POINTER(DLTensor)
+
+# Writes an address (an int) into a pointer field of a ctypes struct in place:
+# POINTER_FIELD.pack_into(args, RopeArgs.q.offset, tensor.address). A fifth of the cost of
+# making a ctypes pointer object and assigning it (per tensor, per call). The field keeps no
+# reference to the pointee: the caller keeps it alive until the C call returns.
+POINTER_FIELD = struct.Struct("@P")
 
 # ------------------------------------------------------------------------------------------
 # rope_jit.h

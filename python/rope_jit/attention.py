@@ -51,7 +51,7 @@ def _call(which, tensors, causal, scale, rotary_dim, style, stream, runtime):
         written = name in ("out", "lse", "dq", "dk", "dv") and not (which == "backward" and name in ("out", "lse"))
         tensor = as_tensor(value, name, writable=written, stream=stream_handle)
         held.append(tensor)
-        setattr(args, name, tensor.pointer)
+        s.POINTER_FIELD.pack_into(args, getattr(s.AttentionArgs, name).offset, tensor.address)
     args.causal = 1 if causal else 0
     args.scale = float(scale)
     args.rotary_dim = int(rotary_dim)

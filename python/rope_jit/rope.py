@@ -29,21 +29,32 @@ def resolve_stream(stream, tensors):
     torch_stream = torch_stream_of(tensors)
     if torch_stream is not None:
         return torch_stream
-    for obj in tensors:
-        if type(obj).__module__.startswith("cupy") and "cupy" in sys.modules:
-            return int(sys.modules["cupy"].cuda.get_current_stream().ptr)
+    if "cupy" in sys.modules:
+        for obj in tensors:
+            if type(obj).__module__.startswith("cupy"):
+                return int(sys.modules["cupy"].cuda.get_current_stream().ptr)
     return 0
 
 
-def _require_field(library, field):
-    """Refuses a field that the loaded library's rope_jit_rope_args does not have: an older
-    library would ignore it and compute something else."""
-    if not library.has_field(s.RopeArgs, library.rope_jit_rope_args_init, field):
-        raise NotImplementedError(f"{field}: the loaded librope_jit ({library.path}) is too old for it")
+def _supported_fields(library):
+    """The fields of rope_jit_rope_args that the loaded library has (found once, then cached).
+    Calls refuse the others: an older library would ignore them and compute something else."""
+    return library.fields(s.RopeArgs, library.rope_jit_rope_args_init)
+
+
+def _too_old(library, field):
+    return NotImplementedError(f"{field}: the loaded librope_jit ({library.path}) is too old for it")
 
 
 # The tensors laid out like q and k (the ones `layout` describes).
 _HEAD_TENSORS = frozenset(("q", "k", "q_out", "k_out", "q_saved", "k_saved"))
+# The tensors the call writes whenever they are given (q and k only when they have no output).
+_OUTPUT_TENSORS = frozenset(("q_out", "k_out", "inv_freq_grad"))
+# rope()'s tensor arguments, in the order they are converted (and errors reported).
+_TENSOR_NAMES = ("q", "k", "q_out", "k_out", "cos", "sin", "inv_freq", "positions", "seqlen_offsets",
+                 "cu_seqlens", "xpos_scale", "inv_freq_grad", "q_saved", "k_saved")
+# Where each one's DLTensor pointer lies in rope_jit_rope_args.
+_POINTER_OFFSETS = {name: getattr(s.RopeArgs, name).offset for name in _TENSOR_NAMES}
 
 
 def rope(q, k=None, *, cos=None, sin=None, inv_freq=None, positions=None, seqlen_offsets=None,
@@ -93,26 +104,28 @@ def rope(q, k=None, *, cos=None, sin=None, inv_freq=None, positions=None, seqlen
         raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
     runtime = runtime if runtime is not None else default_runtime()
     library = runtime.library
-    raw = {"q": q, "k": k, "q_out": q_out, "k_out": k_out, "cos": cos, "sin": sin, "inv_freq": inv_freq,
-           "positions": positions, "seqlen_offsets": seqlen_offsets, "cu_seqlens": cu_seqlens,
-           "xpos_scale": xpos_scale, "inv_freq_grad": inv_freq_grad, "q_saved": q_saved, "k_saved": k_saved}
-    stream_handle = resolve_stream(stream, [value for value in raw.values() if value is not None])
+    values = (q, k, q_out, k_out, cos, sin, inv_freq, positions, seqlen_offsets, cu_seqlens, xpos_scale,
+              inv_freq_grad, q_saved, k_saved)  # as _TENSOR_NAMES
+    stream_handle = resolve_stream(stream, [value for value in values if value is not None])
 
     args = library.new_struct(s.RopeArgs, library.rope_jit_rope_args_init)
+    supported = _supported_fields(library)
+    # A [B, S, H, D] buffer is passed as its [B, H, S, D] view (dims 1 and 2 exchanged).
+    head_swap = (1, 2) if layout == "bshd" else None
     held = []  # every TensorArg (and the sections array) stays alive until the call returns
-    for name, value in raw.items():
+    for name, value in zip(_TENSOR_NAMES, values):
         if value is None:
             continue
-        _require_field(library, name)
-        written = name in ("q_out", "k_out", "inv_freq_grad") or (name in ("q", "k") and raw[name + "_out"] is None)
-        # A [B, S, H, D] buffer is passed as its [B, H, S, D] view (dims 1 and 2 exchanged).
-        swap = (1, 2) if layout == "bshd" and name in _HEAD_TENSORS else None
+        if name not in supported:
+            raise _too_old(library, name)
+        written = name in _OUTPUT_TENSORS or (name == "q" and q_out is None) or (name == "k" and k_out is None)
+        swap = head_swap if name in _HEAD_TENSORS else None
         tensor = as_tensor(value, name, writable=written, stream=stream_handle, swap_dims=swap)
-        if swap and tensor.ndim != 4:
+        if swap and len(tensor.shape) != 4:
             raise ValueError(f"{name}: layout bshd needs 4 dimensions [B, S, H, D], got shape "
                              f"{list(tensor.shape)}")
         held.append(tensor)
-        setattr(args, name, tensor.pointer)
+        s.POINTER_FIELD.pack_into(args, _POINTER_OFFSETS[name], tensor.address)
     args.position_offset = int(position_offset)
     args.q_position_offset = int(q_position_offset)
     args.rotary_dim = int(rotary_dim)
@@ -121,7 +134,8 @@ def rope(q, k=None, *, cos=None, sin=None, inv_freq=None, positions=None, seqlen
     args.backward = 1 if backward else 0
     args.stream = stream_handle or None
     if mrope_sections is not None:
-        _require_field(library, "mrope_sections")
+        if "mrope_sections" not in supported:
+            raise _too_old(library, "mrope_sections")
         sections = [int(n) for n in mrope_sections]
         if len(sections) > s.MAX_MROPE_SECTIONS:
             raise ValueError(f"mrope_sections: at most {s.MAX_MROPE_SECTIONS} sections, got {len(sections)}")

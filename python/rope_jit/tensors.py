@@ -18,6 +18,8 @@ elements, an unsupported device), the call fails with a message naming the argum
 """
 
 import ctypes
+import operator
+import struct
 import sys
 
 from . import _structs as s
@@ -42,31 +44,73 @@ for _name, _code_bits in DTYPES.items():
 
 _DEVICE_NAMES = {s.KDL_CPU: "cpu", s.KDL_CUDA: "cuda"}
 
-# int64_t[ndim] array types by ndim (at least one element, so a 0-d tensor still has arrays).
-_INDEX_ARRAYS = [ctypes.c_int64 * max(ndim, 1) for ndim in range(65)]
+# ------------------------------------------------------------------------------------------
+# One ctypes object per tensor
+# ------------------------------------------------------------------------------------------
+#
+# A TensorArg is built for every tensor of every call, so its DLTensor is made the cheapest
+# way ctypes allows: one object, a DLTensor with its shape and strides arrays appended, filled
+# by one struct.pack_into (0.9 us a tensor, where separate shape and stride arrays, a DLTensor
+# built from its fields and a ctypes.pointer took 3: ctypes fills those one value at a time).
+
+# DLTensor's fields as struct packs them natively: data, device (type, id), ndim, dtype (code,
+# bits, lanes), shape, strides, byte_offset. The shape and stride values follow.
+_DLTENSOR_FORMAT = "@PiiiBBHPPQ"
+if struct.calcsize(_DLTENSOR_FORMAT) != ctypes.sizeof(s.DLTensor):
+    raise ImportError("rope_jit: the DLTensor packing format does not match the ctypes mirror")
+
+
+def _new_storage_layout(ndim):
+    """(ctype, pack_into, shape_offset, strides_offset): a DLTensor class for `ndim` dims with
+    its shape and strides arrays appended, the packer that fills one in a call, and where the
+    arrays lie in it. Made on first use of each ndim."""
+    length = max(ndim, 1)  # at least one element, so a 0-d tensor still points at an array
+
+    class DLTensorWithIndices(s.DLTensor):
+        _fields_ = [("shape_values", ctypes.c_int64 * length), ("stride_values", ctypes.c_int64 * length)]
+
+    shape_offset = DLTensorWithIndices.shape_values.offset
+    strides_offset = DLTensorWithIndices.stride_values.offset
+    if shape_offset != ctypes.sizeof(s.DLTensor) or strides_offset != shape_offset + 8 * length:
+        raise RuntimeError("rope_jit: unexpected padding after the DLTensor mirror")
+    packer = struct.Struct(f"{_DLTENSOR_FORMAT}{ndim}q{length - ndim}x{ndim}q")
+    layout = (DLTensorWithIndices, packer.pack_into, shape_offset, strides_offset)
+    # Two threads may both make one: either is correct, and setdefault keeps one.
+    return _storage_layouts.setdefault(ndim, layout)
+
+
+_storage_layouts = {}  # ndim -> _new_storage_layout(ndim)
+_addressof = ctypes.addressof  # a module global: one attribute lookup less per tensor
 
 
 class TensorArg:
-    """One tensor as the C API sees it. `struct` is the DLTensor; `pointer` points at it.
+    """One tensor as the C API sees it. `struct` is the DLTensor (its shape and strides arrays
+    live in the same object); `address` is where it lies, for filling arg structs;
+    `pointer` is a new POINTER(DLTensor) to it.
 
-    The shape and stride arrays and `keepalive` (the producer object, a DLPack capsule...)
-    live as long as this object, so it must outlive the C call that uses `pointer`.
+    `struct` and `keepalive` (the producer object, a DLPack capsule...) live as long as this
+    object, so it must outlive the C call that uses `address` or `pointer`.
     """
 
-    __slots__ = ("struct", "pointer", "shape", "strides", "keepalive", "_shape_array", "_stride_array")
+    __slots__ = ("struct", "address", "shape", "strides", "keepalive")
 
     def __init__(self, data, device_type, device_id, dtype, shape, strides, byte_offset=0, keepalive=()):
         # Kept lean: it runs for every tensor of every call.
-        self.shape = shape if type(shape) is tuple else tuple(shape)
-        self.strides = strides if type(strides) is tuple else tuple(strides)
+        self.shape = shape = shape if type(shape) is tuple else tuple(shape)
+        self.strides = strides = strides if type(strides) is tuple else tuple(strides)
         self.keepalive = keepalive
-        array_type = _INDEX_ARRAYS[len(self.shape)]
-        self._shape_array = array_type(*self.shape)
-        self._stride_array = array_type(*self.strides)
-        self.struct = s.DLTensor(data or None, s.DLDevice(device_type, device_id), len(self.shape),
-                                 s.DLDataType(dtype[0], dtype[1], 1), self._shape_array, self._stride_array,
-                                 byte_offset)
-        self.pointer = ctypes.pointer(self.struct)
+        ndim = len(shape)
+        ctype, pack_into, shape_offset, strides_offset = (_storage_layouts.get(ndim)
+                                                          or _new_storage_layout(ndim))
+        self.struct = tensor = ctype()
+        self.address = address = _addressof(tensor)
+        pack_into(tensor, 0, data or 0, device_type, device_id, ndim, dtype[0], dtype[1], 1,
+                  address + shape_offset, address + strides_offset, byte_offset, *shape, *strides)
+
+    @property
+    def pointer(self):
+        """A POINTER(DLTensor) to `struct` (for a ctypes field or argument of that type)."""
+        return s.DLTensorPointer(self.struct)
 
     @property
     def ndim(self):
@@ -129,7 +173,9 @@ def from_pointer(data, shape, dtype, strides=None, device="cpu", keepalive=None)
     if kind not in ("cpu", "cuda"):
         raise ValueError(f"device: expected 'cpu', 'cuda' or 'cuda:N', got {device!r}")
     device_type = s.KDL_CPU if kind == "cpu" else s.KDL_CUDA
-    strides = contiguous_strides(shape) if strides is None else strides
+    # Python ints (a TypeError for anything else, as before): struct packs them.
+    shape = tuple(operator.index(extent) for extent in shape)
+    strides = contiguous_strides(shape) if strides is None else tuple(operator.index(step) for step in strides)
     if len(strides) != len(shape):
         raise ValueError(f"strides: {len(strides)} values for {len(shape)} dimensions")
     return TensorArg(int(data), device_type, int(index or 0), DTYPES[dtype], shape, strides,
@@ -154,15 +200,17 @@ def reinterpret(obj, dtype):
 # ------------------------------------------------------------------------------------------
 
 def _swapped(shape, strides, swap_dims):
-    """shape and strides with dims swap_dims = (a, b) exchanged; unchanged when None or when
-    there are not enough dims (the caller reports that)."""
-    if not swap_dims or len(shape) <= max(swap_dims):
+    """shape and strides with dims swap_dims = (a, b) exchanged, as tuples; unchanged when None
+    or when there are not enough dims (the caller reports that)."""
+    if not swap_dims:
         return shape, strides
     a, b = swap_dims
+    if len(shape) <= a or len(shape) <= b:
+        return shape, strides
     shape, strides = list(shape), list(strides)
     shape[a], shape[b] = shape[b], shape[a]
     strides[a], strides[b] = strides[b], strides[a]
-    return shape, strides
+    return tuple(shape), tuple(strides)
 
 
 def _module_of(obj):
@@ -184,28 +232,41 @@ def _torch_dtypes(torch):
     }
 
 
+# What the torch path looks up once, on its first torch tensor (this package never imports
+# torch itself): the dtype table, torch.strided, and whether torch is a ROCm build, whose
+# "cuda" tensors are HIP memory that the library cannot use.
 _torch_dtype_map = None
+_torch_strided = None
+_torch_is_hip = False
+
+
+def _init_torch(torch):
+    global _torch_dtype_map, _torch_strided, _torch_is_hip
+    _torch_strided = torch.strided
+    _torch_is_hip = bool(getattr(torch.version, "hip", None))
+    _torch_dtype_map = _torch_dtypes(torch)  # last: once it is set, the rest is
 
 
 def _from_torch(tensor, name, swap_dims=None):
-    global _torch_dtype_map
-    torch = sys.modules["torch"]
     if _torch_dtype_map is None:
-        _torch_dtype_map = _torch_dtypes(torch)
-    if tensor.layout != torch.strided:
+        _init_torch(sys.modules["torch"])
+    if tensor.layout != _torch_strided:
         raise ValueError(f"{name}: {tensor.layout} tensors are not supported (strided only)")
     dtype = _torch_dtype_map.get(tensor.dtype)
     if dtype is None:
         raise ValueError(f"{name}: dtype {tensor.dtype} is not supported")
-    device = tensor.device
-    if device.type == "cpu":
+    # is_cuda, get_device() and is_cpu read the device without building a torch.device (as
+    # tensor.device does on every access) and its type string: a few times cheaper.
+    if tensor.is_cuda and not _torch_is_hip:
+        device_type, device_id = s.KDL_CUDA, tensor.get_device()
+    elif tensor.is_cpu:
         device_type, device_id = s.KDL_CPU, 0
-    elif device.type == "cuda" and not getattr(torch.version, "hip", None):
-        device_type, device_id = s.KDL_CUDA, device.index or 0
     else:
-        raise ValueError(f"{name}: tensors on {device} are not supported (CPU or CUDA only)")
-    shape, strides = _swapped(tensor.shape, tensor.stride(), swap_dims)
-    return TensorArg(tensor.data_ptr(), device_type, device_id, dtype, shape, strides, keepalive=(tensor,))
+        raise ValueError(f"{name}: tensors on {tensor.device} are not supported (CPU or CUDA only)")
+    shape, strides = tensor.shape, tensor.stride()
+    if swap_dims:
+        shape, strides = _swapped(shape, strides, swap_dims)
+    return TensorArg(tensor.data_ptr(), device_type, device_id, dtype, shape, strides, 0, (tensor,))
 
 
 _numpy_dtype_codes = {}  # numpy dtype -> (code, bits): dtype.name is slow, and runs per tensor
@@ -233,15 +294,17 @@ def _from_numpy(array, name, writable, swap_dims=None):
     address, readonly = interface["data"]
     if writable and readonly:
         raise ValueError(f"{name}: the array is read-only, and it is written to")
-    itemsize = array.dtype.itemsize
+    itemsize = array.itemsize
     strides = []
     for axis, stride in enumerate(array.strides):
         if stride % itemsize != 0:
             raise ValueError(f"{name}: stride {stride} bytes of axis {axis} is not a whole number of "
                              f"{itemsize}-byte elements")
         strides.append(stride // itemsize)
-    shape, strides = _swapped(array.shape, strides, swap_dims)
-    return TensorArg(address, s.KDL_CPU, 0, _numpy_dtype(array.dtype, name), shape, strides, keepalive=(array,))
+    shape = array.shape
+    if swap_dims:
+        shape, strides = _swapped(shape, strides, swap_dims)
+    return TensorArg(address, s.KDL_CPU, 0, _numpy_dtype(array.dtype, name), shape, strides, 0, (array,))
 
 
 _capsule_get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
@@ -281,9 +344,37 @@ def _from_dlpack(obj, name, stream, swap_dims=None):
                      strides, tensor.byte_offset, keepalive=(obj, capsule))
 
 
+# The exact classes of torch and NumPy tensors, once those modules are imported (by the
+# caller: this package imports neither). as_tensor tests them first with `type(obj) is`, one
+# identity test for the common case; subclasses (nn.Parameter, np.matrix...) take the general
+# path, whose isinstance chain is the contract.
+_torch_tensor_class = None
+_numpy_array_class = None
+
+
+def _torch_tensor():
+    """torch.Tensor, or None while torch is not imported."""
+    global _torch_tensor_class
+    if _torch_tensor_class is None:
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            _torch_tensor_class = torch.Tensor
+    return _torch_tensor_class
+
+
+def _numpy_array():
+    """numpy.ndarray, or None while NumPy is not imported."""
+    global _numpy_array_class
+    if _numpy_array_class is None:
+        numpy = sys.modules.get("numpy")
+        if numpy is not None:
+            _numpy_array_class = numpy.ndarray
+    return _numpy_array_class
+
+
 def is_torch_tensor(obj):
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(obj, torch.Tensor)
+    tensor_class = _torch_tensor()
+    return tensor_class is not None and isinstance(obj, tensor_class)
 
 
 def as_tensor(obj, name, writable=False, stream=None, swap_dims=None):
@@ -292,12 +383,19 @@ def as_tensor(obj, name, writable=False, stream=None, swap_dims=None):
     default stream) is the stream a CUDA DLPack producer is told the call will use;
     `swap_dims` (a, b) describes the view with dims a and b exchanged (as with_dims_swapped,
     without building the TensorArg twice: this runs for every tensor of every call)."""
+    # Neither class is None here once its module is imported; before that, `type(obj) is None`
+    # is simply false.
+    obj_class = type(obj)
+    if obj_class is _torch_tensor_class:
+        return _from_torch(obj, name, swap_dims)
+    if obj_class is _numpy_array_class:
+        return _from_numpy(obj, name, writable, swap_dims)
     if isinstance(obj, TensorArg):
         return obj.with_dims_swapped(*swap_dims) if swap_dims and obj.ndim > max(swap_dims) else obj
     if is_torch_tensor(obj):
         return _from_torch(obj, name, swap_dims)
-    numpy = sys.modules.get("numpy")
-    if numpy is not None and isinstance(obj, numpy.ndarray):
+    numpy_array = _numpy_array()
+    if numpy_array is not None and isinstance(obj, numpy_array):
         return _from_numpy(obj, name, writable, swap_dims)
     if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
         return _from_dlpack(obj, name, stream, swap_dims)
@@ -308,8 +406,29 @@ def as_tensor(obj, name, writable=False, stream=None, swap_dims=None):
 def torch_stream_of(objs):
     """PyTorch's current CUDA stream (as an int) on the device of the first CUDA torch tensor in
     objs, or None when none is one."""
+    tensor_class = _torch_tensor()
+    if tensor_class is None:
+        return None
     for obj in objs:
-        if is_torch_tensor(obj) and obj.is_cuda:
-            torch = sys.modules["torch"]
-            return torch.cuda.current_stream(obj.device).cuda_stream
+        if isinstance(obj, tensor_class) and obj.is_cuda:
+            return _torch_current_stream(obj)
     return None
+
+
+_NOT_LOOKED_UP = object()
+_torch_raw_stream = _NOT_LOOKED_UP  # torch._C._cuda_getCurrentRawStream, or None without it
+
+
+def _torch_current_stream(tensor):
+    """torch.cuda.current_stream(tensor.device).cuda_stream, for a CUDA tensor.
+
+    torch._C._cuda_getCurrentRawStream(index) returns that same cudaStream_t (both read
+    at::cuda::getCurrentCUDAStream(index)) without building a torch.cuda.Stream, in a tenth
+    of the time; TorchInductor's generated code calls it for every launch. It is private, so
+    a torch without it gets the public call."""
+    global _torch_raw_stream
+    if _torch_raw_stream is _NOT_LOOKED_UP:
+        _torch_raw_stream = getattr(sys.modules["torch"]._C, "_cuda_getCurrentRawStream", None)
+    if _torch_raw_stream is not None:
+        return _torch_raw_stream(tensor.get_device())
+    return sys.modules["torch"].cuda.current_stream(tensor.device).cuda_stream

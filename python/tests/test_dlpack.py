@@ -1,6 +1,7 @@
 """The DLPack bridge: every path is zero-copy, honours strides, keeps memory alive for the
 call and releases it after."""
 
+import ctypes
 import sys
 
 import pytest
@@ -131,3 +132,20 @@ def test_raw_memory_passes_through_from_pointer(cpu_runtime):
     assert raw.strides == (120, 40, 8, 1)
     rope_jit.rope(raw, inv_freq=inv_freq, runtime=cpu_runtime)
     np.testing.assert_allclose(q, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_the_dltensor_handed_to_the_library_describes_the_memory_field_by_field():
+    base = np.zeros((2, 5, 3, 8), np.float16)[:, :, 1:, :]  # [B, S, H, D] slice, not contiguous
+    tensor = rope_jit.as_tensor(base, "q", swap_dims=(1, 2))
+    for struct in (tensor.struct, tensor.pointer.contents):
+        assert ctypes.addressof(struct) == tensor.address
+        assert struct.data == base.ctypes.data and struct.byte_offset == 0
+        assert (struct.device.device_type, struct.device.device_id) == (1, 0)
+        assert (struct.dtype.code, struct.dtype.bits, struct.dtype.lanes) == (2, 16, 1)
+        assert struct.ndim == 4
+        assert [struct.shape[i] for i in range(4)] == [2, 2, 5, 8] == list(tensor.shape)
+        assert [struct.strides[i] for i in range(4)] == [120, 8, 24, 1] == list(tensor.strides)
+    scalar = rope_jit.from_pointer(1234, (), "int64", device="cuda:1")
+    assert (scalar.struct.ndim, scalar.struct.data, scalar.device, scalar.dtype) == (0, 1234, (2, 1), "int64")
+    with pytest.raises(TypeError):
+        rope_jit.from_pointer(1234, (2.0, 3), "float32")

@@ -132,3 +132,22 @@ def test_optional_ops_are_reported_and_raise_not_implemented_when_absent(library
         q = np.zeros((1, 1, 2, 4), np.float32)
         with pytest.raises(NotImplementedError, match="rope_jit_attention"):
             rope_jit.attention(q, q, q, np.empty_like(q), runtime=cpu_runtime)
+
+
+def test_arguments_past_an_older_librarys_rope_args_are_refused_rather_than_ignored(library, cpu_runtime):
+    # A library from before learned frequencies and M-RoPE: its rope_jit_rope_args ends where
+    # inv_freq_grad would start. Which fields it has is looked up once and cached per library.
+    older = rope_jit._library.Library(library.cdll, library.path)
+    older.new_struct(_structs.RopeArgs, older.rope_jit_rope_args_init)
+    older.struct_sizes["RopeArgs"] = _structs.RopeArgs.mrope_sections.offset
+    runtime = type("OlderRuntime", (), {"library": older, "handle": cpu_runtime.handle})()
+    q = np.zeros((1, 2, 3, 8), np.float32)
+    inv_freq = np.ones(4, np.float32)
+    for _ in range(2):  # the first call fills the cache, the second reads it
+        with pytest.raises(NotImplementedError, match=r"^mrope_sections: the loaded librope_jit .* too old"):
+            rope_jit.rope(q, inv_freq=inv_freq, positions=np.zeros((3, 3), np.int64), mrope_sections=[2, 1, 1],
+                          runtime=runtime)
+        with pytest.raises(NotImplementedError, match=r"^inv_freq_grad: the loaded librope_jit .* too old"):
+            rope_jit.rope(q, inv_freq=inv_freq, backward=True, inv_freq_grad=np.zeros(4, np.float32),
+                          runtime=runtime)
+    rope_jit.rope(q, inv_freq=inv_freq, runtime=runtime)  # what it has still works

@@ -192,3 +192,39 @@ def test_a_bad_style_or_layout_is_a_value_error_naming_it(cpu_runtime):
         rope_jit.rope(q, inv_freq=np.ones(2, np.float32), layout="sbhd", runtime=cpu_runtime)
     with pytest.raises(ValueError, match="q: layout bshd needs 4 dimensions"):
         rope_jit.rope(q[0], inv_freq=np.ones(2, np.float32), layout="bshd", runtime=cpu_runtime)
+
+
+def test_calls_from_several_threads_at_once_each_get_their_own_arguments(cpu_runtime):
+    # Each thread rotates its own decode-shaped q and k (bshd, out of place), with its own
+    # offset, many times over: a DLTensor or argument struct shared between calls would mix
+    # them up.
+    import threading
+
+    rng = np.random.default_rng(10)
+    inv_freq = (1.0 / 10000 ** (np.arange(8) / 8)).astype(np.float32)
+    cos, sin = (table.astype(np.float32) for table in angle_tables(inv_freq, 64))
+    jobs = []
+    for index in range(6):
+        q = rng.standard_normal((1, 1 + index % 3, 4, 16)).astype(np.float32)
+        k = rng.standard_normal((1, 1 + index % 3, 2, 16)).astype(np.float32)
+        rows = token_rows(1, q.shape[1], offset=3 * index)
+        jobs.append((q, k, index, rope_reference(q, "bshd", cos, sin, rows, rotary_dim=16),
+                     rope_reference(k, "bshd", cos, sin, rows, rotary_dim=16)))
+    failures = []
+
+    def work(q, k, offset, expected_q, expected_k):
+        q_out, k_out = np.empty_like(q), np.empty_like(k)
+        for _ in range(200):
+            q_out[...] = k_out[...] = np.nan
+            rope_jit.rope(q, k, cos=cos, sin=sin, q_out=q_out, k_out=k_out, layout="bshd",
+                          position_offset=3 * offset, runtime=cpu_runtime)
+            if not (np.allclose(q_out, expected_q, atol=2e-5) and np.allclose(k_out, expected_k, atol=2e-5)):
+                failures.append(offset)
+                return
+
+    threads = [threading.Thread(target=work, args=job) for job in jobs]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []

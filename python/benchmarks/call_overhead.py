@@ -1,0 +1,159 @@
+"""Host time of one rope_jit.rope() call through the Python binding, on a decode shape.
+
+A decode step rotates one token: q [1, 1, 32, 128] and k [1, 1, 8, 128] ("bshd"), a one-row
+cos/sin table, out of place into q_out/k_out: six tensors, almost no work. The kernel is so
+small that wall time per call is the binding's overhead (converting six tensors to DLTensors,
+finding the stream, filling rope_jit_rope_args, the ctypes call) plus the launch.
+
+Prints, per kind of tensor available here:
+  * NumPy (always), on the CPU reference: rope(); rope_jit_rope alone on arguments filled
+    once (the floor: rope() minus this is the binding's own cost); as_tensor() of q (with the
+    bshd swap) and of cos; resolve_stream();
+  * PyTorch CPU tensors (when torch is installed), the same;
+  * PyTorch CUDA bf16 tensors (when a GPU is present), the same plus
+    torch.cuda.current_stream(device).cuda_stream for comparison. CUDA calls are timed back to
+    back and synchronized once at the end of each run, so the GPU time hides behind the host
+    time unless the host is faster than the kernel.
+
+Each number is the best of several repeats of many calls (the least-disturbed run), in
+microseconds per call. From the repository root, without installing the package:
+
+    PYTHONPATH=python ROPE_JIT_LIBRARY=build/librope_jit.so python3 python/benchmarks/call_overhead.py
+
+(PYTHONPATH pointing at another checkout's python/ times that version: before and after.)
+"""
+
+import argparse
+import ctypes
+import time
+
+import numpy as np
+
+import rope_jit
+from rope_jit import _structs
+from rope_jit.rope import resolve_stream
+from rope_jit.runtime import default_runtime
+from rope_jit.tensors import as_tensor
+
+BATCH, SEQUENCE, Q_HEADS, K_HEADS, HEAD_DIM = 1, 1, 32, 8, 128
+
+
+def best_us_per_call(function, calls, repeats, finish=None):
+    """The fastest of `repeats` runs of `calls` calls, in microseconds per call. `finish` runs
+    once at the end of each run (inside the timing), e.g. to wait for queued GPU work."""
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            function()
+        if finish is not None:
+            finish()
+        best = min(best, (time.perf_counter() - start) / calls * 1e6)
+    return best
+
+
+def report(label, microseconds):
+    print(f"  {label:<44} {microseconds:8.2f} us")
+
+
+def numpy_decode_tensors():
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((BATCH, SEQUENCE, Q_HEADS, HEAD_DIM)).astype(np.float32)
+    k = rng.standard_normal((BATCH, SEQUENCE, K_HEADS, HEAD_DIM)).astype(np.float32)
+    cos = rng.standard_normal((SEQUENCE, HEAD_DIM)).astype(np.float32)
+    sin = rng.standard_normal((SEQUENCE, HEAD_DIM)).astype(np.float32)
+    return q, k, cos, sin, np.empty_like(q), np.empty_like(k)
+
+
+def torch_decode_tensors(torch, device, dtype):
+    generator = torch.Generator(device=device).manual_seed(0)
+
+    def randn(*shape):
+        return torch.randn(*shape, device=device, dtype=dtype, generator=generator)
+
+    q = randn(BATCH, SEQUENCE, Q_HEADS, HEAD_DIM)
+    k = randn(BATCH, SEQUENCE, K_HEADS, HEAD_DIM)
+    cos, sin = randn(SEQUENCE, HEAD_DIM), randn(SEQUENCE, HEAD_DIM)
+    return q, k, cos, sin, torch.empty_like(q), torch.empty_like(k)
+
+
+def bare_c_call(tensors, runtime):
+    """rope_jit_rope on arguments filled once: the floor under rope(), which is this plus the
+    binding's per-call work (with a GPU, the launch is in both)."""
+    q, k, cos, sin, q_out, k_out = tensors
+    runtime = runtime if runtime is not None else default_runtime()
+    library = runtime.library
+    stream = resolve_stream(None, tensors)
+    args = library.new_struct(_structs.RopeArgs, library.rope_jit_rope_args_init)
+    held = []
+    for name, value in (("q", q), ("k", k), ("q_out", q_out), ("k_out", k_out), ("cos", cos), ("sin", sin)):
+        tensor = as_tensor(value, name, swap_dims=(1, 2) if name in ("q", "k", "q_out", "k_out") else None)
+        held.append(tensor)
+        setattr(args, name, tensor.pointer)
+    args.stream = stream or None
+    function, handle, args_pointer = library.rope_jit_rope, runtime.handle, ctypes.byref(args)
+
+    def call():
+        function(handle, args_pointer)  # the status is checked once, below
+
+    library.check("rope_jit_rope", function(handle, args_pointer))
+    call.held = held  # the DLTensors outlive every call
+    return call
+
+
+def time_tensors(title, tensors, runtime, calls, repeats, finish=None, extra=()):
+    q, k, cos, sin, q_out, k_out = tensors
+
+    def call():
+        rope_jit.rope(q, k, cos=cos, sin=sin, q_out=q_out, k_out=k_out, layout="bshd", runtime=runtime)
+
+    for _ in range(20):  # compiles (GPU) or loads the kernel, and warms every cache
+        call()
+    if finish is not None:
+        finish()
+    print(title)
+    report("rope() decode, 6 tensors, bshd", best_us_per_call(call, calls, repeats, finish))
+    report("rope_jit_rope alone, arguments filled once",
+           best_us_per_call(bare_c_call(tensors, runtime), calls, repeats, finish))
+    report("as_tensor(q, swap_dims=(1, 2))",
+           best_us_per_call(lambda: as_tensor(q, "q", swap_dims=(1, 2)), calls, repeats))
+    report("as_tensor(cos)", best_us_per_call(lambda: as_tensor(cos, "cos"), calls, repeats))
+    report("resolve_stream(None, tensors)",
+           best_us_per_call(lambda: resolve_stream(None, tensors), calls, repeats))
+    for label, function in extra:
+        report(label, best_us_per_call(function, calls, repeats))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--calls", type=int, default=5000, help="calls per timed run")
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs; the best is printed")
+    options = parser.parse_args()
+
+    print(f"rope_jit {rope_jit.__file__}, library {rope_jit.library_path()}")
+    with rope_jit.Runtime(backend="cpu") as cpu_runtime:
+        time_tensors("NumPy float32, CPU reference:", numpy_decode_tensors(), cpu_runtime, options.calls,
+                     options.repeats)
+
+        try:
+            import torch
+        except ImportError:
+            print("PyTorch: not installed, skipped")
+            return
+        time_tensors(f"PyTorch {torch.__version__} float32 CPU tensors, CPU reference:",
+                     torch_decode_tensors(torch, "cpu", torch.float32), cpu_runtime, options.calls,
+                     options.repeats)
+
+    if not torch.cuda.is_available():
+        print("PyTorch CUDA: no GPU, skipped")
+        return
+    tensors = torch_decode_tensors(torch, "cuda", torch.bfloat16)
+    q = tensors[0]
+    time_tensors(f"PyTorch {torch.__version__} bfloat16 CUDA tensors ({torch.cuda.get_device_name()}), "
+                 "default runtime:", tensors, None, options.calls, options.repeats, finish=torch.cuda.synchronize,
+                 extra=[("torch.cuda.current_stream(device).cuda_stream",
+                         lambda: torch.cuda.current_stream(q.device).cuda_stream)])
+
+
+if __name__ == "__main__":
+    main()
