@@ -341,11 +341,58 @@ struct TokenBases {
     long long q_saved, k_saved;  // FREQ_GRAD only
 };
 
+// Without per-token work to share (angles from tables, no M-RoPE, no cu_seqlens search, no
+// gradient sums), every item finds its token's rows and table row itself: the block then
+// needs no shared memory and no barrier, and its threads start loading at once.
+constexpr bool FLAT_ITEMS = !SHARED_ANGLES && !PACKED && !FREQ_GRAD && MROPE_AXES == 0;
+
+// Token u of the grid as (batch row, index in it); 32-bit division when the sizes allow it.
+__device__ __forceinline__ void split_token(const RopeKernelParams& p, long long u, long long* b, long long* s) {
+    if (p.units <= 0x7fffffffLL) {
+        const unsigned uu = static_cast<unsigned>(u), per_row = static_cast<unsigned>(p.seqlen_max);
+        const unsigned row = uu / per_row;
+        *b = row;
+        *s = uu - row * per_row;
+    } else {
+        *b = u / p.seqlen_max;
+        *s = u - *b * p.seqlen_max;
+    }
+}
+
+// Where token (b, s)'s rows start in q, q_out, k, k_out (and the saved outputs).
+__device__ __forceinline__ TokenBases token_bases(const RopeKernelParams& p, long long b, long long s) {
+    TokenBases base{-1, -1, -1, -1, 0, 0};
+    if (s < p.seqlen_q) {
+        base.q_in = b * p.q_stride[0] + s * p.q_stride[2];
+        base.q_out = b * p.q_out_stride[0] + s * p.q_out_stride[2];
+        if (FREQ_GRAD) base.q_saved = b * p.q_saved_stride[0] + s * p.q_saved_stride[2];
+    }
+    if (HAS_K && s < p.seqlen_k) {
+        base.k_in = b * p.k_stride[0] + s * p.k_stride[2];
+        base.k_out = b * p.k_out_stride[0] + s * p.k_out_stride[2];
+        if (FREQ_GRAD) base.k_saved = b * p.k_saved_stride[0] + s * p.k_saved_stride[2];
+    }
+    return base;
+}
+
 // Items a thread loads before it stores any, and the blocks per multiprocessor the register
 // budget must allow. Measured on the H200 (bench/results/h200_kernel_tuning.json): one item
 // with six 256-thread blocks per SM beat two or four items at lower occupancy.
 constexpr int ITEMS_IN_FLIGHT = 1;
 constexpr int MIN_BLOCKS_PER_SM = 6;
+
+// The unrotated features an out-of-place call copies, COPY_VEC per access: the widest vector
+// (at most VEC, the width the host proved aligned) that tiles both unrotated ranges
+// [0, ROTARY_OFFSET) and [ROTARY_OFFSET + ROTARY_DIM, HEAD_DIM); 1 without vector access.
+__host__ __device__ constexpr int copy_vec() {
+    int width = VEC_LOADS ? VEC : 1;
+    while (width > 1 && (ROTARY_OFFSET % width != 0 || (ROTARY_OFFSET + ROTARY_DIM) % width != 0 ||
+                         HEAD_DIM % width != 0))
+        width /= 2;
+    return width;
+}
+constexpr int COPY_VEC = copy_vec();
+constexpr int COPY_UNITS = HEAD_DIM > ROTARY_DIM ? (HEAD_DIM - ROTARY_DIM) / COPY_VEC : 1;
 
 // Everything one item needs, located from its index in the block: token, head, chunk.
 struct ItemPlace {
@@ -356,11 +403,12 @@ struct ItemPlace {
     int chunk;
     int token, role;
     int set;  // angle set: token * ROLES + role
+    long long row;  // the item's table row (FLAT_ITEMS only)
     bool valid;
 };
 
-__device__ __forceinline__ ItemPlace place_item(const RopeKernelParams& p, const TokenBases* bases, int item,
-                                                int items_per_token, int heads_q, int block_items) {
+__device__ __forceinline__ ItemPlace place_item(const RopeKernelParams& p, const TokenBases* bases, long long first,
+                                                int item, int items_per_token, int heads_q, int block_items) {
     ItemPlace place;
     place.valid = false;
     if (item >= block_items) return place;
@@ -369,27 +417,36 @@ __device__ __forceinline__ ItemPlace place_item(const RopeKernelParams& p, const
     int h = rest / CHUNKS;
     place.chunk = rest - h * CHUNKS;
     const bool is_k = HAS_K && h >= heads_q;
+    TokenBases base;
+    if constexpr (FLAT_ITEMS) {
+        long long b, s;
+        split_token(p, first + token, &b, &s);
+        base = token_bases(p, b, s);
+        place.row = table_row(p, b, s, ROLES == 2 && is_k);
+    } else {
+        base = bases[token];
+    }
     if (is_k) {
         h -= heads_q;
-        const long long in = bases[token].k_in;
+        const long long in = base.k_in;
         if (in < 0) return place;
         place.x = static_cast<const T*>(p.k) + in + h * p.k_stride[1];
-        place.y = static_cast<T*>(p.k_out) + bases[token].k_out + h * p.k_out_stride[1];
+        place.y = static_cast<T*>(p.k_out) + base.k_out + h * p.k_out_stride[1];
         place.xs = VEC_LOADS ? 1 : p.k_stride[3];
         place.ys = VEC_LOADS ? 1 : p.k_out_stride[3];
         if (FREQ_GRAD) {
-            place.saved = static_cast<const T*>(p.k_saved) + bases[token].k_saved + h * p.k_saved_stride[1];
+            place.saved = static_cast<const T*>(p.k_saved) + base.k_saved + h * p.k_saved_stride[1];
             place.saved_stride = VEC_LOADS ? 1 : p.k_saved_stride[3];
         }
     } else {
-        const long long in = bases[token].q_in;
+        const long long in = base.q_in;
         if (in < 0) return place;
         place.x = static_cast<const T*>(p.q) + in + h * p.q_stride[1];
-        place.y = static_cast<T*>(p.q_out) + bases[token].q_out + h * p.q_out_stride[1];
+        place.y = static_cast<T*>(p.q_out) + base.q_out + h * p.q_out_stride[1];
         place.xs = VEC_LOADS ? 1 : p.q_stride[3];
         place.ys = VEC_LOADS ? 1 : p.q_out_stride[3];
         if (FREQ_GRAD) {
-            place.saved = static_cast<const T*>(p.q_saved) + bases[token].q_saved + h * p.q_saved_stride[1];
+            place.saved = static_cast<const T*>(p.q_saved) + base.q_saved + h * p.q_saved_stride[1];
             place.saved_stride = VEC_LOADS ? 1 : p.q_saved_stride[3];
         }
     }
@@ -420,21 +477,13 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM) r
 
     // 1. Per token: where its rows are, and its table rows (for q, and for k when k has its
     //    own angles). The only 64-bit divisions of the kernel happen here, once per token.
-    for (int i = threadIdx.x; i < tpb; i += BLOCK_THREADS) {
-        const long long u = first + i;
+    //    (FLAT_ITEMS: each item does this itself, in place_item.)
+    for (int i = threadIdx.x; i < (FLAT_ITEMS ? 0 : tpb); i += BLOCK_THREADS) {
         TokenBases base{-1, -1, -1, -1, 0, 0};
         if (i < tokens_here) {
-            const long long b = u / p.seqlen_max, s = u - b * p.seqlen_max;
-            if (s < p.seqlen_q) {
-                base.q_in = b * p.q_stride[0] + s * p.q_stride[2];
-                base.q_out = b * p.q_out_stride[0] + s * p.q_out_stride[2];
-                if (FREQ_GRAD) base.q_saved = b * p.q_saved_stride[0] + s * p.q_saved_stride[2];
-            }
-            if (HAS_K && s < p.seqlen_k) {
-                base.k_in = b * p.k_stride[0] + s * p.k_stride[2];
-                base.k_out = b * p.k_out_stride[0] + s * p.k_out_stride[2];
-                if (FREQ_GRAD) base.k_saved = b * p.k_saved_stride[0] + s * p.k_saved_stride[2];
-            }
+            long long b, s;
+            split_token(p, first + i, &b, &s);
+            base = token_bases(p, b, s);
             if (MROPE_AXES > 0) {
                 for (int axis = 0; axis < MROPE_AXES; ++axis) s_row[i * ROW_SETS + axis] = table_row(p, b, s, false, axis);
             } else {
@@ -445,7 +494,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM) r
     }
     if (FREQ_GRAD)
         for (int i = threadIdx.x; i < PAIRS; i += BLOCK_THREADS) s_grad[i] = 0.0f;
-    __syncthreads();
+    if (!FLAT_ITEMS) __syncthreads();
 
     // 2. With inv_freq or xPos: the block's cos/sin, once per token, shared by all its heads.
     if (SHARED_ANGLES) {
@@ -466,7 +515,8 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM) r
         ItemAngles angles[ITEMS_IN_FLIGHT];
 #pragma unroll
         for (int j = 0; j < ITEMS_IN_FLIGHT; ++j) {
-            places[j] = place_item(p, s_bases, first_item + j * BLOCK_THREADS, items_per_token, heads_q, block_items);
+            places[j] = place_item(p, s_bases, first, first_item + j * BLOCK_THREADS, items_per_token, heads_q,
+                                   block_items);
             if (!places[j].valid) continue;
             data[j] = load_item(places[j].x, places[j].xs, places[j].chunk);
             const int pair0 = places[j].chunk * PAIRS_PER_ITEM;
@@ -474,7 +524,8 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM) r
                 angles[j].shared_cos = s_cos + places[j].set * PAIRS + pair0;
                 angles[j].shared_sin = s_sin + places[j].set * PAIRS + pair0;
             } else {
-                const long long row = pair_row(s_row, p, places[j].token, places[j].role, pair0);
+                const long long row =
+                    FLAT_ITEMS ? places[j].row : pair_row(s_row, p, places[j].token, places[j].role, pair0);
                 angles[j].cos = load_table_span(p.cos, p.cos_stride, row, pair0);
                 angles[j].sin = load_table_span(p.sin, p.sin_stride, row, pair0);
             }
@@ -496,28 +547,39 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM) r
             atomicAdd(p.inv_freq_grad + i * p.inv_freq_grad_stride, s_grad[i]);
     }
 
-    // 4. Out of place, the features outside the rotary range are copied unchanged.
-    // (UNROTATED is never 0 inside the branch; the max keeps the division well-formed when
-    // the branch is compiled out.)
-    constexpr int UNROTATED = HEAD_DIM - ROTARY_DIM > 0 ? HEAD_DIM - ROTARY_DIM : 1;
+    // 4. Out of place, the features outside the rotary range are copied unchanged, COPY_VEC
+    //    at a time (consecutive threads take consecutive vectors of a head row).
     if constexpr (HEAD_DIM > ROTARY_DIM && (!IN_PLACE_Q || (HAS_K && !IN_PLACE_K))) {
-        const int copies = tokens_here * (heads_q + heads_k) * UNROTATED;
+        const int copies = tokens_here * (heads_q + heads_k) * COPY_UNITS;
         for (int item = threadIdx.x; item < copies; item += BLOCK_THREADS) {
-            const int f = item % UNROTATED;
-            const int rest = item / UNROTATED;
+            const int rest = item / COPY_UNITS;
+            const int f = (item - rest * COPY_UNITS) * COPY_VEC;
             const int token = rest / (heads_q + heads_k);
             int h = rest - token * (heads_q + heads_k);
             const long long d = f < ROTARY_OFFSET ? f : f + ROTARY_DIM;
-            const TokenBases base = s_bases[token];
+            TokenBases base;
+            if constexpr (FLAT_ITEMS) {
+                long long b, s;
+                split_token(p, first + token, &b, &s);
+                base = token_bases(p, b, s);
+            } else {
+                base = s_bases[token];
+            }
             if (HAS_K && h >= heads_q) {
                 h -= heads_q;
                 if (IN_PLACE_K || base.k_in < 0) continue;
-                static_cast<T*>(p.k_out)[base.k_out + h * p.k_out_stride[1] + d * p.k_out_stride[3]] =
-                    static_cast<const T*>(p.k)[base.k_in + h * p.k_stride[1] + d * p.k_stride[3]];
+                const long long xs = VEC_LOADS ? 1 : p.k_stride[3], ys = VEC_LOADS ? 1 : p.k_out_stride[3];
+                store_pack<COPY_VEC>(static_cast<T*>(p.k_out) + base.k_out + h * p.k_out_stride[1] + d * ys, ys,
+                                     load_pack<COPY_VEC>(static_cast<const T*>(p.k) + base.k_in + h * p.k_stride[1] +
+                                                             d * xs,
+                                                         xs));
             } else {
                 if (IN_PLACE_Q || base.q_in < 0) continue;
-                static_cast<T*>(p.q_out)[base.q_out + h * p.q_out_stride[1] + d * p.q_out_stride[3]] =
-                    static_cast<const T*>(p.q)[base.q_in + h * p.q_stride[1] + d * p.q_stride[3]];
+                const long long xs = VEC_LOADS ? 1 : p.q_stride[3], ys = VEC_LOADS ? 1 : p.q_out_stride[3];
+                store_pack<COPY_VEC>(static_cast<T*>(p.q_out) + base.q_out + h * p.q_out_stride[1] + d * ys, ys,
+                                     load_pack<COPY_VEC>(static_cast<const T*>(p.q) + base.q_in + h * p.q_stride[1] +
+                                                             d * xs,
+                                                         xs));
             }
         }
     }

@@ -20,7 +20,7 @@
 // against memcpy of the same bytes. A case that fails is reported and the others still run
 // (unless the CUDA context is lost); the exit status is then 1.
 //
-// --filter runs only the cases whose name contains SUBSTRING, --quick only the first of them,
+// --filter runs only the cases whose name contains SUBSTRING (or any of several, comma-separated), --quick only the first of them,
 // --list prints them without running; --json writes the results to FILE.
 #include <algorithm>
 #include <chrono>
@@ -519,9 +519,19 @@ std::vector<Case> selected_cases(const Options& options) {
     std::set<std::string> names;
     for (const Case& c : all)
         if (!names.insert(c.name).second) throw std::logic_error("two cases are named " + c.name);
+    // Comma-separated substrings: a case runs when its name contains any of them.
+    std::vector<std::string> wanted;
+    for (size_t start = 0;;) {
+        const size_t comma = options.filter.find(',', start);
+        wanted.push_back(options.filter.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+        if (comma == std::string::npos) break;
+        start = comma + 1;
+    }
     std::vector<Case> cases;
     for (const Case& c : all)
-        if (c.name.find(options.filter) != std::string::npos) cases.push_back(c);
+        if (std::any_of(wanted.begin(), wanted.end(),
+                        [&](const std::string& w) { return c.name.find(w) != std::string::npos; }))
+            cases.push_back(c);
     if (cases.empty()) throw std::runtime_error("no case name contains '" + options.filter + "' (--list shows them)");
     if (options.quick) cases.erase(cases.begin() + 1, cases.end());
     return cases;
