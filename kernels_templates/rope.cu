@@ -103,9 +103,11 @@ struct alignas(N * sizeof(T)) Pack {
 
 // Cache hints for q and k, which are read and written once: LOAD_HINT 0 = none, 1 = evict
 // first (.cs), 2 = no L1 allocation (L1::no_allocate: L1 keeps the table rows that every head
-// of a token reads); STORE_HINT 0 = none, 1 = evict first (.cs).
-constexpr int LOAD_HINT = 0;
-constexpr int STORE_HINT = 0;
+// of a token reads); STORE_HINT 0 = none, 1 = evict first (.cs). Measured on the H200
+// (bench/results/h200_kernel_tuning.json, "hints_*"): 2 and 1 lift bf16 Llama shapes from 0.85
+// to 0.90 of copy bandwidth.
+constexpr int LOAD_HINT = 2;
+constexpr int STORE_HINT = 1;
 
 // One 16-byte vector of q or k with LOAD_HINT.
 __device__ __forceinline__ void load_words4(const void* x, unsigned* w) {
@@ -341,11 +343,6 @@ struct TokenBases {
     long long q_saved, k_saved;  // FREQ_GRAD only
 };
 
-// Without per-token work to share (angles from tables, no M-RoPE, no cu_seqlens search, no
-// gradient sums), every item finds its token's rows and table row itself: the block then
-// needs no shared memory and no barrier, and its threads start loading at once.
-constexpr bool FLAT_ITEMS = !SHARED_ANGLES && !PACKED && !FREQ_GRAD && MROPE_AXES == 0;
-
 // Token u of the grid as (batch row, index in it); 32-bit division when the sizes allow it.
 __device__ __forceinline__ void split_token(const RopeKernelParams& p, long long u, long long* b, long long* s) {
     if (p.units <= 0x7fffffffLL) {
@@ -403,12 +400,11 @@ struct ItemPlace {
     int chunk;
     int token, role;
     int set;  // angle set: token * ROLES + role
-    long long row;  // the item's table row (FLAT_ITEMS only)
     bool valid;
 };
 
-__device__ __forceinline__ ItemPlace place_item(const RopeKernelParams& p, const TokenBases* bases, long long first,
-                                                int item, int items_per_token, int heads_q, int block_items) {
+__device__ __forceinline__ ItemPlace place_item(const RopeKernelParams& p, const TokenBases* bases, int item,
+                                                int items_per_token, int heads_q, int block_items) {
     ItemPlace place;
     place.valid = false;
     if (item >= block_items) return place;
@@ -417,15 +413,7 @@ __device__ __forceinline__ ItemPlace place_item(const RopeKernelParams& p, const
     int h = rest / CHUNKS;
     place.chunk = rest - h * CHUNKS;
     const bool is_k = HAS_K && h >= heads_q;
-    TokenBases base;
-    if constexpr (FLAT_ITEMS) {
-        long long b, s;
-        split_token(p, first + token, &b, &s);
-        base = token_bases(p, b, s);
-        place.row = table_row(p, b, s, ROLES == 2 && is_k);
-    } else {
-        base = bases[token];
-    }
+    const TokenBases base = bases[token];
     if (is_k) {
         h -= heads_q;
         const long long in = base.k_in;
@@ -477,8 +465,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM) r
 
     // 1. Per token: where its rows are, and its table rows (for q, and for k when k has its
     //    own angles). The only 64-bit divisions of the kernel happen here, once per token.
-    //    (FLAT_ITEMS: each item does this itself, in place_item.)
-    for (int i = threadIdx.x; i < (FLAT_ITEMS ? 0 : tpb); i += BLOCK_THREADS) {
+    for (int i = threadIdx.x; i < tpb; i += BLOCK_THREADS) {
         TokenBases base{-1, -1, -1, -1, 0, 0};
         if (i < tokens_here) {
             long long b, s;
@@ -494,7 +481,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM) r
     }
     if (FREQ_GRAD)
         for (int i = threadIdx.x; i < PAIRS; i += BLOCK_THREADS) s_grad[i] = 0.0f;
-    if (!FLAT_ITEMS) __syncthreads();
+    __syncthreads();
 
     // 2. With inv_freq or xPos: the block's cos/sin, once per token, shared by all its heads.
     if (SHARED_ANGLES) {
@@ -515,8 +502,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM) r
         ItemAngles angles[ITEMS_IN_FLIGHT];
 #pragma unroll
         for (int j = 0; j < ITEMS_IN_FLIGHT; ++j) {
-            places[j] = place_item(p, s_bases, first, first_item + j * BLOCK_THREADS, items_per_token, heads_q,
-                                   block_items);
+            places[j] = place_item(p, s_bases, first_item + j * BLOCK_THREADS, items_per_token, heads_q, block_items);
             if (!places[j].valid) continue;
             data[j] = load_item(places[j].x, places[j].xs, places[j].chunk);
             const int pair0 = places[j].chunk * PAIRS_PER_ITEM;
@@ -524,8 +510,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM) r
                 angles[j].shared_cos = s_cos + places[j].set * PAIRS + pair0;
                 angles[j].shared_sin = s_sin + places[j].set * PAIRS + pair0;
             } else {
-                const long long row =
-                    FLAT_ITEMS ? places[j].row : pair_row(s_row, p, places[j].token, places[j].role, pair0);
+                const long long row = pair_row(s_row, p, places[j].token, places[j].role, pair0);
                 angles[j].cos = load_table_span(p.cos, p.cos_stride, row, pair0);
                 angles[j].sin = load_table_span(p.sin, p.sin_stride, row, pair0);
             }
@@ -557,14 +542,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM) r
             const int token = rest / (heads_q + heads_k);
             int h = rest - token * (heads_q + heads_k);
             const long long d = f < ROTARY_OFFSET ? f : f + ROTARY_DIM;
-            TokenBases base;
-            if constexpr (FLAT_ITEMS) {
-                long long b, s;
-                split_token(p, first + token, &b, &s);
-                base = token_bases(p, b, s);
-            } else {
-                base = s_bases[token];
-            }
+            const TokenBases base = s_bases[token];
             if (HAS_K && h >= heads_q) {
                 h -= heads_q;
                 if (IN_PLACE_K || base.k_in < 0) continue;
