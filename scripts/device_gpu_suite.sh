@@ -37,7 +37,7 @@ for step in $steps; do
     golden) build-gpu/tools/rope-jit-golden tests/golden --backend cuda 2>&1 | tee "$LOG/golden_cuda.log" | grep -v " pass$" ;;
     # The driver test that asks for a device past the last one on purpose is left out: the
     # sanitizer reports that deliberate API error as an error.
-    sanitize) timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 build-gpu/tests/rope_jit_tests \
+    sanitize) timeout ${SANITIZE_TIMEOUT:-300} compute-sanitizer --tool memcheck --error-exitcode 9 build-gpu/tests/rope_jit_tests \
                 --test-suite=gpu --test-case-exclude="*names the device's target*${GPU_TEST_EXCLUDE:+,$GPU_TEST_EXCLUDE}" > "$LOG/sanitizer_memcheck.log" 2>&1; echo "compute-sanitizer rc=$?" >> "$LOG/sanitizer_memcheck.log"
               tail -6 "$LOG/sanitizer_memcheck.log" ;;
     bench) build-gpu/tools/rope-jit-bench --json "$LOG/bench.json" 2>&1 | tee "$LOG/bench.log" ;;
