@@ -254,10 +254,13 @@ void CudaBackend::rope(const RopeProblem& p, void* stream_handle) {
     const int64_t shared_per_token = roles * (shared_angles ? pairs * 2 * int64_t(sizeof(float)) : 0) +
                                      row_sets * int64_t(sizeof(long long)) + 6 * int64_t(sizeof(long long));
     const int64_t shared_per_block = spec.freq_grad ? pairs * int64_t(sizeof(float)) : 0;
-    // About four items per thread. An interleaved item is one 16-byte access, a half-style item
-    // two: interleaved blocks take twice the tokens, so that blocks move the same bytes
-    // (measured on the H200: 0.81 -> 0.86 of copy bandwidth for bf16 interleaved Llama shapes).
-    const int64_t items_per_thread = spec.interleaved ? 8 : 4;
+    // Items per thread, measured on the H200 (bench/results/h200_kernel_tuning.json, "tokens_*"):
+    // small blocks win while a token's heads are one contiguous run ([B,S,H,D] buffers): two
+    // half-style items per thread; three when heads lie apart ([B,H,S,D]) or the block first
+    // searches cu_seqlens (packed). An interleaved item is one 16-byte access, a half-style item
+    // two: interleaved blocks take eight.
+    const bool heads_contiguous = p.q.strides[1] < p.q.strides[2];
+    const int64_t items_per_thread = spec.interleaved ? 8 : heads_contiguous && !spec.packed ? 2 : 3;
     int64_t tokens = std::max<int64_t>(1, items_per_thread * spec.block_threads / items_per_token);
     tokens = std::min<int64_t>(tokens, 64);
     tokens = std::min<int64_t>(tokens, (48 * 1024 - shared_per_block) / shared_per_token);
