@@ -14,6 +14,8 @@
 //   HAS_XPOS, K_OWN_ANGLES                           k needs its own cos/sin (xPos, q offset)
 //   IN_PLACE_Q, IN_PLACE_K                           outputs alias inputs (skip the copy)
 //   VEC, VEC_LOADS                                   elements per access; aligned vector I/O
+//   COPY_VEC                                         elements per access of the out-of-place
+//                                                    copy of unrotated features (vector if > 1)
 //   TABLE_VEC_LOADS                                  cos/sin spans read as aligned vectors
 //   MROPE_AXES                                       position axes (M-RoPE); 0 = one position
 //   FREQ_GRAD                                        also accumulate d(loss)/d(inv_freq)
@@ -115,10 +117,10 @@ __device__ __forceinline__ void store_streaming16(void* y, const unsigned* w) {
 
 // N consecutive features of one head starting at `x`; one vector access when the host
 // proved alignment and unit stride (VEC_LOADS), else N scalar accesses at `stride`.
-template <int N>
+template <int N, bool VECTOR = VEC_LOADS>
 __device__ __forceinline__ Pack<N> load_pack(const T* x, long long stride) {
     Pack<N> pack;
-    if (VEC_LOADS) {
+    if (VECTOR) {
         pack = *reinterpret_cast<const Pack<N>*>(x);
     } else {
 #pragma unroll
@@ -127,9 +129,9 @@ __device__ __forceinline__ Pack<N> load_pack(const T* x, long long stride) {
     return pack;
 }
 
-template <int N>
+template <int N, bool VECTOR = VEC_LOADS>
 __device__ __forceinline__ void store_pack(T* y, long long stride, const Pack<N>& pack) {
-    if (VEC_LOADS) {
+    if (VECTOR) {
         if constexpr (STREAMING_STORES && sizeof(Pack<N>) == 16)
             store_streaming16(y, reinterpret_cast<const unsigned*>(&pack));
         else
@@ -361,18 +363,10 @@ __device__ __forceinline__ TokenBases token_bases(const RopeKernelParams& p, lon
 constexpr int ITEMS_IN_FLIGHT = 1;
 constexpr int MIN_BLOCKS_PER_SM = 6;
 
-// The unrotated features an out-of-place call copies, COPY_VEC per access: the widest vector
-// (at most VEC, the width the host proved aligned) that tiles both unrotated ranges
-// [0, ROTARY_OFFSET) and [ROTARY_OFFSET + ROTARY_DIM, HEAD_DIM); 1 without vector access.
-__host__ __device__ constexpr int copy_vec() {
-    int width = VEC_LOADS ? VEC : 1;
-    while (width > 1 && (ROTARY_OFFSET % width != 0 || (ROTARY_OFFSET + ROTARY_DIM) % width != 0 ||
-                         HEAD_DIM % width != 0))
-        width /= 2;
-    return width;
-}
-constexpr int COPY_VEC = copy_vec();
+// The unrotated features an out-of-place call copies, COPY_VEC per access (the host proved
+// vectors of COPY_VEC aligned with unit stride when it is above 1).
 constexpr int COPY_UNITS = HEAD_DIM > ROTARY_DIM ? (HEAD_DIM - ROTARY_DIM) / COPY_VEC : 1;
+constexpr bool COPY_VECTORS = COPY_VEC > 1;
 
 // Everything one item needs, located from its index in the block: token, head, chunk.
 struct ItemPlace {
@@ -529,18 +523,18 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM) r
             if (HAS_K && h >= heads_q) {
                 h -= heads_q;
                 if (IN_PLACE_K || base.k_in < 0) continue;
-                const long long xs = VEC_LOADS ? 1 : p.k_stride[3], ys = VEC_LOADS ? 1 : p.k_out_stride[3];
-                store_pack<COPY_VEC>(static_cast<T*>(p.k_out) + base.k_out + h * p.k_out_stride[1] + d * ys, ys,
-                                     load_pack<COPY_VEC>(static_cast<const T*>(p.k) + base.k_in + h * p.k_stride[1] +
-                                                             d * xs,
-                                                         xs));
+                const long long xs = COPY_VECTORS ? 1 : p.k_stride[3], ys = COPY_VECTORS ? 1 : p.k_out_stride[3];
+                store_pack<COPY_VEC, COPY_VECTORS>(
+                    static_cast<T*>(p.k_out) + base.k_out + h * p.k_out_stride[1] + d * ys, ys,
+                    load_pack<COPY_VEC, COPY_VECTORS>(static_cast<const T*>(p.k) + base.k_in + h * p.k_stride[1] + d * xs,
+                                                      xs));
             } else {
                 if (IN_PLACE_Q || base.q_in < 0) continue;
-                const long long xs = VEC_LOADS ? 1 : p.q_stride[3], ys = VEC_LOADS ? 1 : p.q_out_stride[3];
-                store_pack<COPY_VEC>(static_cast<T*>(p.q_out) + base.q_out + h * p.q_out_stride[1] + d * ys, ys,
-                                     load_pack<COPY_VEC>(static_cast<const T*>(p.q) + base.q_in + h * p.q_stride[1] +
-                                                             d * xs,
-                                                         xs));
+                const long long xs = COPY_VECTORS ? 1 : p.q_stride[3], ys = COPY_VECTORS ? 1 : p.q_out_stride[3];
+                store_pack<COPY_VEC, COPY_VECTORS>(
+                    static_cast<T*>(p.q_out) + base.q_out + h * p.q_out_stride[1] + d * ys, ys,
+                    load_pack<COPY_VEC, COPY_VECTORS>(static_cast<const T*>(p.q) + base.q_in + h * p.q_stride[1] + d * xs,
+                                                      xs));
             }
         }
     }

@@ -63,6 +63,20 @@ void choose_vector_width(KernelSpec& spec, size_t element_size, TensorsAllow ten
     }
 }
 
+// The copy's vector width (see KernelSpec::copy_vec): the widest n (16 bytes at most) that
+// tiles both unrotated ranges [0, offset) and [offset + R, D) and that the tensors allow
+// (tensors_allow(n)); 1 when the call copies nothing.
+template <typename TensorsAllow>
+int32_t choose_copy_width(const KernelSpec& spec, size_t element_size, TensorsAllow tensors_allow) {
+    const bool copies = spec.rotary_dim < spec.head_dim && (!spec.in_place_q || !spec.in_place_k);
+    if (!copies) return 1;
+    for (int64_t n = 16 / int64_t(element_size); n >= 2; n /= 2)
+        if (spec.rotary_offset % n == 0 && (spec.rotary_offset + spec.rotary_dim) % n == 0 &&
+            spec.head_dim % n == 0 && tensors_allow(n))
+            return int32_t(n);
+    return 1;
+}
+
 // Table columns one work item reads (see TABLE_SPAN in rope.cu).
 int64_t table_span(const KernelSpec& spec) {
     const int64_t pairs_per_item = spec.interleaved ? spec.vec / 2 : spec.vec;
@@ -110,7 +124,7 @@ KernelSpec make_kernel_spec(const RopeProblem& p) {
 
     spec.mrope_axes = p.multi_section() ? int32_t(p.num_position_axes) : 0;
     spec.freq_grad = p.has_freq_grad;
-    choose_vector_width(spec, dtype_size(p.dtype), [&](int64_t n) {
+    const auto tensors_allow = [&](int64_t n) {
         bool ok = vector_friendly(p.q, n) && vector_friendly(p.q_out, n);
         if (p.has_k) ok = ok && vector_friendly(p.k, n) && vector_friendly(p.k_out, n);
         if (p.has_freq_grad) {
@@ -118,7 +132,9 @@ KernelSpec make_kernel_spec(const RopeProblem& p) {
             if (p.has_k) ok = ok && vector_friendly(p.k_saved, n);
         }
         return ok;
-    });
+    };
+    choose_vector_width(spec, dtype_size(p.dtype), tensors_allow);
+    spec.copy_vec = choose_copy_width(spec, dtype_size(p.dtype), tensors_allow);
     if (p.angles == AngleSource::Table) {
         const int64_t span = table_span(spec);
         spec.table_vec_loads = table_friendly(p.cos, span) && table_friendly(p.sin, span);
@@ -175,6 +191,7 @@ KernelSpec kernel_spec_from_public(const rope_jit_kernel_spec& in) {
     spec.in_place_k = !spec.has_k || in.in_place != 0;
     // Contiguous, aligned tensors: the layout alone limits the vector width.
     choose_vector_width(spec, spec.dtype == 0 ? 4 : 2, [](int64_t) { return true; });
+    spec.copy_vec = choose_copy_width(spec, spec.dtype == 0 ? 4 : 2, [](int64_t) { return true; });
     spec.table_vec_loads = !spec.angles_from_inv_freq;
     spec.block_threads = 256;
     spec.validate();
@@ -200,6 +217,11 @@ void KernelSpec::validate() const {
             fmt::format("vec {} does not divide the {} pairs", vec, rotary_dim / 2));
     require(!vec_loads || rotary_offset % vec == 0, "vector loads need rotary_offset % vec == 0");
     require(!table_vec_loads || !angles_from_inv_freq, "table_vec_loads needs tables");
+    require(copy_vec >= 1 && copy_vec <= (dtype == 0 ? 4 : 8) && (copy_vec & (copy_vec - 1)) == 0 &&
+                rotary_offset % copy_vec == 0 && (rotary_offset + rotary_dim) % copy_vec == 0 &&
+                head_dim % copy_vec == 0,
+            fmt::format("copy_vec {} must be a power of 2 of at most 16 bytes that tiles the unrotated features",
+                        copy_vec));
     require(mrope_axes >= 0 && mrope_axes <= ROPE_JIT_MAX_MROPE_SECTIONS,
             fmt::format("mrope_axes must be in [0, {}], got {}", ROPE_JIT_MAX_MROPE_SECTIONS, mrope_axes));
     require(mrope_axes == 0 || (position_mode == 1 && rotary_dim / 2 <= 256),
@@ -243,6 +265,7 @@ std::string KernelSpec::preamble() const {
     flag("IN_PLACE_K", in_place_k);
     define("int", "VEC", vec);
     flag("VEC_LOADS", vec_loads);
+    define("int", "COPY_VEC", copy_vec);
     flag("TABLE_VEC_LOADS", table_vec_loads);
     define("int", "MROPE_AXES", mrope_axes);
     flag("FREQ_GRAD", freq_grad);
@@ -276,6 +299,7 @@ std::string KernelSpec::to_json() const {
     j["in_place_k"] = bool(in_place_k);
     j["vec"] = vec;
     j["vec_loads"] = bool(vec_loads);
+    j["copy_vec"] = copy_vec;
     j["table_vec_loads"] = bool(table_vec_loads);
     j["mrope_axes"] = mrope_axes;
     j["freq_grad"] = bool(freq_grad);
@@ -333,6 +357,7 @@ std::optional<KernelSpec> KernelSpec::from_json(const std::string& text, std::st
         spec.in_place_k = flag("in_place_k", 1);
         spec.vec = number("vec", spec.interleaved ? 2 : 1);
         spec.vec_loads = flag("vec_loads", 0);
+        spec.copy_vec = number("copy_vec", 1);
         spec.table_vec_loads = flag("table_vec_loads", 0);
         spec.mrope_axes = number("mrope_axes", 0);
         spec.freq_grad = flag("freq_grad", 0);

@@ -29,6 +29,9 @@ struct KernelSpec {
     int32_t has_xpos = 0, k_own_angles = 0;
     int32_t in_place_q = 1, in_place_k = 1;
     int32_t vec = 1, vec_loads = 0;
+    // Elements per access of the out-of-place copy of unrotated features: a vector (unit
+    // stride, aligned) when > 1. 1 when nothing is copied.
+    int32_t copy_vec = 1;
     int32_t table_vec_loads = 0;  // cos/sin item spans read as aligned vectors
     int32_t mrope_axes = 0;       // position axes of multi-section (M-RoPE) positions; 0 = one
     int32_t freq_grad = 0;        // also accumulate d(loss)/d(inv_freq)

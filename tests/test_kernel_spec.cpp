@@ -109,6 +109,24 @@ TEST_CASE("a call's spec records what is fixed and picks the widest safe vector"
         CHECK(spec.vec_loads == 0);
         CHECK(spec.vec == 1);
     }
+    SUBCASE("out of place with partial rotary, the copy of unrotated features gets its own vector width") {
+        HostTensor q_out(Dt::BF16, {2, 8, 16, 128}), k_out(Dt::BF16, {2, 2, 16, 128});
+        args.q_out = q_out.dl();
+        args.k_out = k_out.dl();
+        args.rotary_dim = 24;  // GPT-NeoX: 12 pairs, so 4-element vectors for the rotation
+        HostTensor cos24(Dt::F32, {16, 24}), sin24(Dt::F32, {16, 24});
+        args.cos = cos24.dl();
+        args.sin = sin24.dl();
+        const KernelSpec spec = spec_of(args);
+        CHECK(spec.vec == 4);
+        CHECK(spec.copy_vec == 8);  // features 24..127: 48-byte aligned, whole 16-byte vectors
+        args.rotary_offset = 2;     // the unrotated ranges now start and end off 16 bytes
+        CHECK(spec_of(args).copy_vec == 2);
+        args.rotary_offset = 0;
+        args.q_out = args.q;  // in place: nothing is copied
+        args.k_out = args.k;
+        CHECK(spec_of(args).copy_vec == 1);
+    }
     SUBCASE("queries after cached keys give k its own angles") {
         HostTensor k_long(Dt::BF16, {2, 2, 16, 128});
         HostTensor q_short(Dt::BF16, {2, 8, 4, 128});
@@ -135,7 +153,7 @@ TEST_CASE("specs survive the JSON round trip and render every specialization con
     const std::string preamble = spec.preamble();
     for (const char* name : {"BACKWARD_PASS = true", "HAS_ROPE_INDICES = true", "HEAD_DIM = 80", "ROTARY_DIM = 80",
                              "GQA_GROUP = 8", "INTERLEAVED = true", "DTYPE = 1", "POSITIONS_INT64 = false",
-                             "VEC = 8", "IN_PLACE_Q = true"})
+                             "VEC = 8", "IN_PLACE_Q = true", "COPY_VEC = 1"})
         CHECK_MESSAGE(preamble.find(name) != std::string::npos, name);
     CHECK(!KernelSpec::from_json("{\"head_dim\": 7}", &error).has_value());
     CHECK(error.find("head_dim") != std::string::npos);
@@ -160,7 +178,7 @@ TEST_CASE("the template compiles for every kind of specialization") {
         in.angles = static_cast<rope_jit_angle_source>((variant / 2) % 3);
         in.table_dtype = variant % 5 == 0 ? DLDataType{kDLBfloat, 16, 1} : DLDataType{kDLFloat, 32, 1};
         in.xpos = variant % 6 == 5;
-        in.in_place = variant % 2 == 0;
+        in.in_place = variant % 2 == 0 && variant != 6;  // 6: partial rotary out of place
         in.backward = variant % 4 == 1;
         in.has_k = variant % 5 != 4;
         in.gqa_group = variant % 3 + 1;
