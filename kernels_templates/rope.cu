@@ -108,8 +108,6 @@ struct alignas(N * sizeof(T)) Pack {
 // of a token reads, out of L2. Measured on the H200 (bench/results/h200_kernel_tuning.json,
 // "hints_*"): 0.84 -> 0.89 of copy bandwidth on bf16 Llama shapes; load hints (evict-first,
 // or no L1 allocation) changed nothing measurable and are not used.
-constexpr bool STREAMING_STORES = true;
-
 __device__ __forceinline__ void store_streaming16(void* y, const unsigned* w) {
     asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(y), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3])
                  : "memory");
@@ -132,7 +130,7 @@ __device__ __forceinline__ Pack<N> load_pack(const T* x, long long stride) {
 template <int N, bool VECTOR = VEC_LOADS>
 __device__ __forceinline__ void store_pack(T* y, long long stride, const Pack<N>& pack) {
     if (VECTOR) {
-        if constexpr (STREAMING_STORES && sizeof(Pack<N>) == 16)
+        if constexpr (sizeof(Pack<N>) == 16)
             store_streaming16(y, reinterpret_cast<const unsigned*>(&pack));
         else
             *reinterpret_cast<Pack<N>*>(y) = pack;
@@ -441,7 +439,8 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM) r
     const int block_items = tokens_here * items_per_token;
 
     // 1. Per token: where its rows are, and its table rows (for q, and for k when k has its
-    //    own angles). The only 64-bit divisions of the kernel happen here, once per token.
+    //    own angles), once per token: the split of a token into (batch row, position) is the
+    //    kernel's only 64-bit division (32-bit while the grid has under 2^31 tokens).
     for (int i = threadIdx.x; i < tpb; i += BLOCK_THREADS) {
         TokenBases base{-1, -1, -1, -1, 0, 0};
         if (i < tokens_here) {

@@ -2,11 +2,13 @@
 
 #include <cstdlib>
 #include <optional>
+#include <type_traits>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "attention_params.h"
+#include "byte_hash.h"
 #include "error.h"
 
 namespace rope_jit {
@@ -208,10 +210,8 @@ std::string AttentionSpec::describe() const {
 }
 
 size_t AttentionSpecHash::operator()(const AttentionSpec& spec) const noexcept {
-    const unsigned char* bytes = reinterpret_cast<const unsigned char*>(&spec);
-    uint64_t hash = 1469598103934665603ull;
-    for (size_t i = 0; i < sizeof spec; ++i) hash = (hash ^ bytes[i]) * 1099511628211ull;
-    return size_t(hash);
+    static_assert(std::has_unique_object_representations_v<AttentionSpec>, "hashed as plain bytes: no padding");
+    return hash_bytes(&spec, sizeof spec);
 }
 
 std::vector<AttentionSpec> choose_attention_specs(const AttentionProblem& p, const AttentionDevice& device) {

@@ -223,9 +223,7 @@ rope_jit_status rope_jit_nvrtc_version(const char** version) {
     return guarded([&] {
         if (version == nullptr) rope_jit::fail_argument("version: NULL");
         *version = "";
-        if (rope_jit::nvrtc_api() == nullptr)
-            throw rope_jit::Error(ROPE_JIT_ERROR_BACKEND_UNAVAILABLE,
-                                  "NVRTC is not available: " + rope_jit::nvrtc_load_error());
+        rope_jit::require_nvrtc();
         *version = rope_jit::nvrtc_version_string().c_str();
     });
 }

@@ -126,18 +126,6 @@ CacheItem item_from_report(DiskCache::EntryReport report) {
 
 }  // namespace
 
-const char* cache_item_state_name(CacheItemState state) {
-    switch (state) {
-        case CacheItemState::ok: return "ok";
-        case CacheItemState::stale: return "stale";
-        case CacheItemState::damaged: return "damaged";
-        case CacheItemState::temp: return "temp";
-        case CacheItemState::set_aside: return "set-aside";
-        case CacheItemState::stray: return "stray";
-    }
-    return "unknown";
-}
-
 const DiskCache& require_disk_cache(const DiskCache* disk) {
     if (disk == nullptr || disk->root().empty())
         throw Error(ROPE_JIT_ERROR_CACHE,

@@ -23,9 +23,6 @@ enum class CacheItemState {
     stray = ROPE_JIT_CACHE_ITEM_STRAY           // not part of the layout
 };
 
-// "ok", "stale", "damaged", "temp", "set-aside", "stray".
-const char* cache_item_state_name(CacheItemState state);
-
 struct CacheItem {
     CacheItemState state = CacheItemState::stray;
     std::string path;

@@ -15,11 +15,6 @@ namespace {
 constexpr const char* kAttentionTemplate = "attention.cu";
 constexpr const char* kAttentionEntry = "attention_kernel";
 
-
-void copy_strides(long long* out, const TensorRef& t, int n) {
-    for (int i = 0; i < n; ++i) out[i] = t.strides[i];
-}
-
 }  // namespace
 
 KernelBinary build_attention_binary(const AttentionSpec& spec, const std::string& target, const DiskCache* disk,
@@ -47,35 +42,25 @@ CudaAttention::CudaAttention(CudaBackend& backend, const DiskCache* disk, Kernel
     }
 }
 
-CudaAttention::~CudaAttention() {
-    // Best effort: at process exit the driver may already be shutting down.
-    for (const auto& entry : kernels_.all()) {
-        if (api_.cuCtxPushCurrent(entry.first) == CUDA_SUCCESS) {
-            api_.cuModuleUnload(entry.second.module);
-            CUcontext popped = nullptr;
-            api_.cuCtxPopCurrent(&popped);
-        }
-    }
-}
+CudaAttention::~CudaAttention() { kernels_.unload_all(api_); }
 
 LoadedKernel CudaAttention::kernel_for(const AttentionSpec& spec, CUcontext context, int ordinal) {
     if (LoadedKernel hit = kernels_.find(spec, context); hit.function != nullptr) {
         stats_.memory_hits.fetch_add(1, std::memory_order_relaxed);
         return hit;
     }
+    // The caller made `context` current (run()'s ContextScope): the module loads there.
     return kernels_.get_or_build(spec, context, [&] {
-        KernelBinary binary = build_attention_binary(spec, backend_.target(ordinal), disk_, stats_);
-        ContextScope scope(api_, context);
-        LoadedKernel kernel;
-        check_cu(api_.cuModuleLoadData(&kernel.module, binary.image.data()), "cuModuleLoadData");
-        CUresult result = api_.cuModuleGetFunction(&kernel.function, kernel.module, kAttentionEntry);
+        const KernelBinary binary = build_attention_binary(spec, backend_.target(ordinal), disk_, stats_);
+        const LoadedKernel kernel = load_kernel_module(api_, binary.image, kAttentionEntry);
         // Blocks of the tensor-core kernels take more than the default 48 KiB of shared memory.
-        if (result == CUDA_SUCCESS && spec.shared_bytes() > 48 * 1024)
-            result = api_.cuFuncSetAttribute(kernel.function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                             spec.shared_bytes());
-        if (result != CUDA_SUCCESS) {
-            api_.cuModuleUnload(kernel.module);
-            throw_cuda_error(result, "loading attention_kernel");
+        if (spec.shared_bytes() > 48 * 1024) {
+            const CUresult result = api_.cuFuncSetAttribute(
+                kernel.function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, spec.shared_bytes());
+            if (result != CUDA_SUCCESS) {
+                api_.cuModuleUnload(kernel.module);
+                throw_cuda_error(result, "loading attention_kernel");
+            }
         }
         return kernel;
     });

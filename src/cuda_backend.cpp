@@ -35,10 +35,6 @@ CUdevice context_device(const CudaDriverApi& api, CUcontext context, CUcontext c
     return device;
 }
 
-void copy_strides(long long* out, const TensorRef& t, int n) {
-    for (int i = 0; i < n; ++i) out[i] = t.strides[i];
-}
-
 // A host copy of the bytes a device view covers, and the same view over that copy.
 TensorRef host_copy(const CudaDriverApi& api, const TensorRef& t, std::vector<char>& storage) {
     if (!t.present() || t.numel() == 0) return t;
@@ -70,16 +66,7 @@ CudaBackend::CudaBackend(const DiskCache* disk, KernelStats& stats, bool debug_c
 }
 
 CudaBackend::~CudaBackend() {
-    // Best effort: at process exit the driver may already be shutting down.
-    for (const auto& entry : kernels_.all()) {
-        CUcontext current = nullptr;
-        api_.cuCtxGetCurrent(&current);
-        if (api_.cuCtxPushCurrent(entry.first) == CUDA_SUCCESS) {
-            api_.cuModuleUnload(entry.second.module);
-            CUcontext popped = nullptr;
-            api_.cuCtxPopCurrent(&popped);
-        }
-    }
+    kernels_.unload_all(api_);
     for (const auto& device : devices_)
         if (device->primary != nullptr) api_.cuDevicePrimaryCtxRelease(device->handle);
 }
@@ -131,19 +118,10 @@ LoadedKernel CudaBackend::kernel_for(const KernelSpec& spec, CUcontext context, 
         stats_.memory_hits.fetch_add(1, std::memory_order_relaxed);
         return hit;
     }
+    // The caller made `context` current (rope()'s ContextScope): the module loads there.
     return kernels_.get_or_build(spec, context, [&] {
-        KernelBinary binary = build_kernel_binary(spec, devices_[size_t(ordinal)]->target, disk_, stats_);
-        CUcontext current = nullptr;
-        check_cu(api_.cuCtxGetCurrent(&current), "cuCtxGetCurrent");
-        ContextScope scope(api_, context, current);
-        LoadedKernel kernel;
-        check_cu(api_.cuModuleLoadData(&kernel.module, binary.image.data()), "cuModuleLoadData");
-        const CUresult found = api_.cuModuleGetFunction(&kernel.function, kernel.module, kKernelEntry);
-        if (found != CUDA_SUCCESS) {
-            api_.cuModuleUnload(kernel.module);
-            throw_cuda_error(found, "cuModuleGetFunction(rope_kernel)");
-        }
-        return kernel;
+        const KernelBinary binary = build_kernel_binary(spec, devices_[size_t(ordinal)]->target, disk_, stats_);
+        return load_kernel_module(api_, binary.image, kKernelEntry);
     });
 }
 

@@ -40,8 +40,6 @@ public:
     // Enqueues the problem on `stream` (a CUstream; NULL = legacy default stream).
     void rope(const RopeProblem& problem, void* stream);
 
-    // Multiprocessors of device `ordinal`.
-    int multiprocessors(int ordinal) const { return devices_.at(size_t(ordinal))->multiprocessors; }
     // The context a launch on `stream` for device `ordinal` runs in: the stream's (which must
     // belong to that device, else fail_argument); for the NULL stream the current context when
     // it belongs to that device, else the device's primary context. Also returns the current

@@ -202,15 +202,6 @@ ContextScope::ContextScope(const CudaDriverApi& api, CUcontext context, CUcontex
     }
 }
 
-ContextScope::ContextScope(const CudaDriverApi& api, CUcontext context) : api_(api) {
-    CUcontext current = nullptr;
-    check_cu(api_.cuCtxGetCurrent(&current), "cuCtxGetCurrent");
-    if (context != current) {
-        check_cu(api_.cuCtxPushCurrent(context), "cuCtxPushCurrent");
-        pushed_ = true;
-    }
-}
-
 ContextScope::~ContextScope() {
     if (pushed_) {
         CUcontext popped = nullptr;

@@ -106,11 +106,7 @@ constexpr int ROPE_JIT_CUDA_ABI_VERSION = 12000;
       (CUfunction function, unsigned grid_x, unsigned grid_y, unsigned grid_z,                     \
        unsigned block_x, unsigned block_y, unsigned block_z, unsigned shared_bytes,                \
        CUstream stream, void** params, void** extra))                                              \
-    X(cuFuncGetAttribute, "cuFuncGetAttribute", (int* value, int attribute, CUfunction f))         \
     X(cuFuncSetAttribute, "cuFuncSetAttribute", (CUfunction f, int attribute, int value))          \
-    X(cuOccupancyMaxActiveBlocksPerMultiprocessor,                                                 \
-      "cuOccupancyMaxActiveBlocksPerMultiprocessor",                                               \
-      (int* blocks, CUfunction function, int block_size, size_t dynamic_shared_bytes))             \
     X(cuPointerGetAttribute, "cuPointerGetAttribute",                                              \
       (void* data, int attribute, CUdeviceptr pointer))                                            \
     X(cuMemAlloc, "cuMemAlloc", (CUdeviceptr* pointer, size_t bytes))                              \
@@ -163,12 +159,11 @@ std::string cuda_driver_probe(const std::string& library);
 // cuda_driver_api(), or Error(ROPE_JIT_ERROR_BACKEND_UNAVAILABLE) saying why there is none.
 const CudaDriverApi& require_cuda_driver();
 
-// Makes `context` current on the calling thread for a scope, when it is not already, and
-// restores the previous one at the end. With PyTorch the current context is normally the one
-// wanted, so the common case costs one query (none when the caller passes `current`).
+// Makes `context` current on the calling thread for a scope, when it is not `current` (the
+// caller's cuCtxGetCurrent) already, and restores the previous one at the end. With PyTorch
+// the current context is normally the one wanted, so the common case pushes nothing.
 class ContextScope {
 public:
-    ContextScope(const CudaDriverApi& api, CUcontext context);
     ContextScope(const CudaDriverApi& api, CUcontext context, CUcontext current);
     ~ContextScope();
     ContextScope(const ContextScope&) = delete;

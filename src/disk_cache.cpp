@@ -268,7 +268,6 @@ public:
     TempFileGuard(const TempFileGuard&) = delete;
     TempFileGuard& operator=(const TempFileGuard&) = delete;
 
-    const std::string& path() const { return path_; }
     int& fd() { return fd_; }
     void published() { path_.clear(); }
 

@@ -26,15 +26,11 @@ struct KernelStats {
 struct KernelBinary {
     std::vector<char> image;  // cubin, or NUL-terminated PTX
     bool is_ptx = false;
-    bool from_disk = false;
-    std::string key_hex;
 };
 
 // The cache key: SHA-256 over the cache format version, the templates' digest, the spec's
-// canonical JSON, the exact NVRTC options, the NVRTC version and the target.
-std::string kernel_cache_key(const KernelSpec& spec, const std::string& target_used,
-                             const std::vector<std::string>& options);
-// The same for a spec of any op, given its canonical JSON (which names its op).
+// canonical JSON (which names its op), the exact NVRTC options, the NVRTC version and the
+// target.
 std::string kernel_cache_key(const std::string& spec_json, const std::string& target_used,
                              const std::vector<std::string>& options);
 

@@ -1,5 +1,7 @@
 #include "kernel_cache.h"
 
+#include <string>
+
 namespace rope_jit {
 
 template <typename Spec, typename SpecHash>
@@ -62,12 +64,25 @@ LoadedKernel BasicKernelCache<Spec, SpecHash>::get_or_build(const Spec& spec, CU
 }
 
 template <typename Spec, typename SpecHash>
-std::vector<std::pair<CUcontext, LoadedKernel>> BasicKernelCache<Spec, SpecHash>::all() const {
+void BasicKernelCache<Spec, SpecHash>::unload_all(const CudaDriverApi& api) noexcept {
     std::lock_guard<std::mutex> lock(mutex_);
-    std::vector<std::pair<CUcontext, LoadedKernel>> kernels;
-    for (const auto& entry : *snapshot_.load(std::memory_order_acquire))
-        kernels.emplace_back(entry.first.context, entry.second);
-    return kernels;
+    for (const auto& entry : *snapshot_.load(std::memory_order_acquire)) {
+        if (api.cuCtxPushCurrent(entry.first.context) != CUDA_SUCCESS) continue;
+        api.cuModuleUnload(entry.second.module);
+        CUcontext popped = nullptr;
+        api.cuCtxPopCurrent(&popped);
+    }
+}
+
+LoadedKernel load_kernel_module(const CudaDriverApi& api, const std::vector<char>& image, const char* entry) {
+    LoadedKernel kernel;
+    check_cu(api.cuModuleLoadData(&kernel.module, image.data()), "cuModuleLoadData");
+    const CUresult found = api.cuModuleGetFunction(&kernel.function, kernel.module, entry);
+    if (found != CUDA_SUCCESS) {
+        api.cuModuleUnload(kernel.module);
+        throw_cuda_error(found, (std::string("cuModuleGetFunction(") + entry + ")").c_str());
+    }
+    return kernel;
 }
 
 template class BasicKernelCache<KernelSpec, KernelSpecHash>;

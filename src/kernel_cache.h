@@ -24,6 +24,10 @@ struct LoadedKernel {
     CUfunction function = nullptr;
 };
 
+// Loads a cubin or PTX image as a module of the current context and finds its entry point;
+// on failure unloads the module and throws Error(ROPE_JIT_ERROR_CUDA) naming `entry`.
+LoadedKernel load_kernel_module(const CudaDriverApi& api, const std::vector<char>& image, const char* entry);
+
 template <typename Spec, typename SpecHash>
 class BasicKernelCache {
 public:
@@ -39,8 +43,9 @@ public:
     // result or its exception) and cache the result.
     LoadedKernel get_or_build(const Spec& spec, CUcontext context, const std::function<LoadedKernel()>& build);
 
-    // Every kernel ever cached, for unloading at shutdown.
-    std::vector<std::pair<CUcontext, LoadedKernel>> all() const;
+    // Unloads every cached module in its own context. Best effort, for destructors: at process
+    // exit the driver may already be shutting down.
+    void unload_all(const CudaDriverApi& api) noexcept;
 
 private:
     struct Key {

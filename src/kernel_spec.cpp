@@ -1,8 +1,11 @@
 #include "kernel_spec.h"
 
+#include <type_traits>
+
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "byte_hash.h"
 #include "error.h"
 #include "raw_enum.h"
 
@@ -383,11 +386,8 @@ std::string KernelSpec::describe() const {
 }
 
 size_t KernelSpecHash::operator()(const KernelSpec& spec) const noexcept {
-    // FNV-1a over the fields: cheap, and the launch path needs no cryptographic strength.
-    const unsigned char* bytes = reinterpret_cast<const unsigned char*>(&spec);
-    uint64_t hash = 1469598103934665603ull;
-    for (size_t i = 0; i < sizeof spec; ++i) hash = (hash ^ bytes[i]) * 1099511628211ull;
-    return size_t(hash);
+    static_assert(std::has_unique_object_representations_v<KernelSpec>, "hashed as plain bytes: no padding");
+    return hash_bytes(&spec, sizeof spec);
 }
 
 }  // namespace rope_jit

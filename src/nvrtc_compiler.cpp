@@ -55,15 +55,6 @@ std::string join(const std::vector<std::string>& parts) {
     return joined;
 }
 
-const NvrtcApi& require_nvrtc() {
-    const NvrtcApi* api = nvrtc_api();
-    if (api == nullptr) {
-        throw Error(ROPE_JIT_ERROR_BACKEND_UNAVAILABLE, "NVRTC is unavailable: " +
-                                                            nvrtc_load_error());
-    }
-    return *api;
-}
-
 // Destroys the program on every path out of compile_cuda, throws included.
 class ProgramGuard {
 public:
@@ -122,6 +113,13 @@ std::string choose_target_for_device(int major, int minor) {
 
 std::vector<std::string> default_compile_options() { return {"-std=c++17"}; }
 
+std::vector<std::string> compile_options(const std::string& target_used, const std::vector<std::string>& extra_options) {
+    std::vector<std::string> options = default_compile_options();
+    options.push_back("--gpu-architecture=" + target_used);
+    options.insert(options.end(), extra_options.begin(), extra_options.end());
+    return options;
+}
+
 CompileResult compile_cuda(const std::string& source, const std::string& program_name,
                            const std::string& target,
                            const std::vector<std::string>& extra_options,
@@ -132,9 +130,7 @@ CompileResult compile_cuda(const std::string& source, const std::string& program
     CompileResult result;
     result.target_used = choose_target(target, nvrtc_supported_archs());
     result.is_ptx = result.target_used.rfind("compute_", 0) == 0;
-    result.options = default_compile_options();
-    result.options.push_back("--gpu-architecture=" + result.target_used);
-    result.options.insert(result.options.end(), extra_options.begin(), extra_options.end());
+    result.options = compile_options(result.target_used, extra_options);
 
     const std::string context = "NVRTC " + nvrtc_version_string() + " failed to compile '" +
                                 program_name + "' for " + result.target_used;

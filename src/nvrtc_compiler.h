@@ -42,6 +42,11 @@ std::string choose_target_for_device(int major, int minor);
 // the kernel need accurate sincosf for large positions.
 std::vector<std::string> default_compile_options();
 
+// Every option a compile for `target_used` (choose_target's answer) gets, in order:
+// default_compile_options(), --gpu-architecture=<target_used>, then extra_options. What
+// compile_cuda passes to NVRTC, and what cache keys hash.
+std::vector<std::string> compile_options(const std::string& target_used, const std::vector<std::string>& extra_options);
+
 // A header the compiled source may #include by `name` (NVRTC reads it from memory).
 struct NamedSource {
     std::string name;
@@ -51,7 +56,7 @@ struct NamedSource {
 // Compiles `source` (which must include nothing from the CUDA toolkit) for `target` as
 // decided by choose_target. `program_name` names the source in NVRTC's diagnostics; `headers`
 // are the only files it may include.
-// Options: default_compile_options(), --gpu-architecture=<target_used>, then extra_options.
+// Options: compile_options(target_used, extra_options).
 // Throws Error(ROPE_JIT_ERROR_COMPILE) with the program name, target, options and the full
 // NVRTC log; Error(ROPE_JIT_ERROR_BACKEND_UNAVAILABLE) when NVRTC cannot be loaded, with the
 // reason; and choose_target's errors.

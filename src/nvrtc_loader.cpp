@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "error.h"
+
 namespace rope_jit {
 
 namespace {
@@ -135,6 +137,12 @@ const NvrtcState& state() {
 const NvrtcApi* nvrtc_api() {
     const NvrtcState& s = state();
     return s.loaded ? &s.api : nullptr;
+}
+
+const NvrtcApi& require_nvrtc() {
+    const NvrtcApi* api = nvrtc_api();
+    if (api == nullptr) throw Error(ROPE_JIT_ERROR_BACKEND_UNAVAILABLE, "NVRTC is not available: " + nvrtc_load_error());
+    return *api;
 }
 
 const std::string& nvrtc_load_error() { return state().error; }

@@ -53,6 +53,9 @@ struct NvrtcApi {
 // names in $CUDA_HOME, $CUDA_PATH and /usr/local/cuda (lib64/, then lib/).
 const NvrtcApi* nvrtc_api();
 
+// nvrtc_api(), or Error(ROPE_JIT_ERROR_BACKEND_UNAVAILABLE) saying why there is none.
+const NvrtcApi& require_nvrtc();
+
 // Why nvrtc_api() returned nullptr: every library tried and its dlerror. "" when loaded.
 const std::string& nvrtc_load_error();
 

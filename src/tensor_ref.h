@@ -35,6 +35,11 @@ struct TensorRef {
     std::string shape_string() const;  // "[2, 4, 33, 64]"
 };
 
+// Copies t's first n strides (elements) into a kernel's parameter array.
+inline void copy_strides(long long* out, const TensorRef& t, int n) {
+    for (int i = 0; i < n; ++i) out[i] = t.strides[i];
+}
+
 // Validates and converts `tensor` (may be NULL: returns an absent ref). Throws
 // INVALID_ARGUMENT naming `name` when the tensor is malformed or has more than max_ndim dims,
 // when its element count or byte extent overflows int64, or when a non-empty tensor's data

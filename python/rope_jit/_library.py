@@ -114,10 +114,6 @@ class Library:
             self._fields[cls] = fields
         return fields
 
-    def has_field(self, cls, init, field):
-        """Whether the loaded library's version of struct `cls` has `field`."""
-        return field in self.fields(cls, init)
-
     def check(self, function_name, status):
         """Raises the exception of `status` (with the thread's rope_jit_last_error) unless it
         is ROPE_JIT_OK. Must run on the thread that made the call: messages are per thread."""

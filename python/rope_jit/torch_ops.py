@@ -30,6 +30,7 @@ from torch import Tensor
 from .attention import attention as _call_attention
 from .attention import attention_backward as _call_attention_backward
 from .attention import has_attention as _has_attention
+from .rope import LAYOUTS
 from .rope import rope as _rope
 
 _TABLE_NAMES = ("cos", "sin", "inv_freq", "xpos_scale")
@@ -175,8 +176,6 @@ def _rope_qk_inplace_fake(q, k, cos, sin, inv_freq, positions, seqlen_offsets, c
 # ------------------------------------------------------------------------------------------
 # apply_rope: the function to call
 # ------------------------------------------------------------------------------------------
-
-LAYOUTS = ("bhsd", "bshd", "thd")
 
 
 def _refuse_table_grads(tables):
