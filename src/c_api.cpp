@@ -15,11 +15,14 @@
 #include "rope_frequencies.h"
 #include "rope_jit/rope_jit.h"
 #include "runtime.h"
+#include "versioned_struct.h"
 
 struct rope_jit_runtime {
     explicit rope_jit_runtime(const rope_jit_config& config) : runtime(config) {}
     rope_jit::Runtime runtime;
 };
+
+using rope_jit::read_versioned;
 
 namespace {
 
@@ -46,24 +49,6 @@ rope_jit_status guarded(Body&& body) noexcept {
     }
 }
 
-// Copies a caller's struct into one of this library's size, with defaults for every field
-// the caller's (older) struct does not have.
-template <typename Struct>
-Struct read_versioned(const Struct* user, void (*init)(Struct*), const char* name) {
-    Struct args;
-    init(&args);
-    if (user == nullptr) rope_jit::fail_argument(fmt::format("{}: NULL", name));
-    const size_t size = user->struct_size;
-    // Every version of a struct has a size that is a multiple of its alignment; any other
-    // size would cut a field (a pointer) in two.
-    if (size < sizeof(size_t) || size > (size_t(1) << 20) || size % alignof(Struct) != 0)
-        rope_jit::fail_argument(fmt::format("{}: struct_size is {}; initialize the struct with its _init "
-                                            "function before setting fields",
-                                            name, size));
-    std::memcpy(static_cast<void*>(&args), user, std::min(size, sizeof(Struct)));
-    args.struct_size = sizeof(Struct);
-    return args;
-}
 
 }  // namespace
 

@@ -11,6 +11,7 @@
 #include "kernel_spec.h"
 #include "raw_enum.h"
 #include "rope_problem.h"
+#include "versioned_struct.h"
 
 namespace rope_jit {
 
@@ -103,19 +104,27 @@ void Runtime::prewarm(const rope_jit_kernel_spec* specs, size_t n, const char* t
                     "target: NULL asks for the local GPU's architecture, but this runtime has no GPU; name one "
                     "(\"sm_90\")");
     }
+    // The array may come from a caller built against another version of the header: its
+    // elements lie specs[0].struct_size bytes apart, not sizeof(rope_jit_kernel_spec).
+    size_t stride = 0;
+    if (n > 0) {
+        read_versioned(specs, rope_jit_kernel_spec_init, "specs[0]");  // checks struct_size
+        stride = specs[0].struct_size;
+    }
     for (size_t i = 0; i < n; ++i) {
+        const auto* element =
+            reinterpret_cast<const rope_jit_kernel_spec*>(reinterpret_cast<const char*>(specs) + i * stride);
+        const std::string name = fmt::format("specs[{}]", i);
+        if (element->struct_size != stride)
+            fail_argument(fmt::format("{}: struct_size is {}, but specs[0]'s is {}; every element of the array "
+                                      "must have the same",
+                                      name, element->struct_size, stride));
+        const rope_jit_kernel_spec resolved = read_versioned(element, rope_jit_kernel_spec_init, name.c_str());
         KernelSpec spec;
         try {
-            // Each struct may come from an older caller: read it with its own size.
-            rope_jit_kernel_spec resolved;
-            rope_jit_kernel_spec_init(&resolved);
-            const size_t size = specs[i].struct_size;
-            if (size < sizeof(size_t) || size > sizeof(rope_jit_kernel_spec))
-                fail_argument(fmt::format("struct_size is {}; initialize specs with rope_jit_kernel_spec_init", size));
-            std::memcpy(static_cast<void*>(&resolved), &specs[i], size);
             spec = kernel_spec_from_public(resolved);
         } catch (const Error& e) {
-            throw Error(e.status(), fmt::format("specs[{}]: {}", i, e.what()));
+            throw Error(e.status(), fmt::format("{}: {}", name, e.what()));
         }
         build_kernel_binary(spec, chosen, disk_.get(), stats_);
     }

@@ -6,7 +6,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstddef>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <thread>
@@ -306,5 +308,36 @@ TEST_CASE("prewarm rejects bad specs and targets with a clear status") {
     CHECK(rope_jit_prewarm(runtime, nullptr, 1, "sm_90") == ROPE_JIT_ERROR_INVALID_ARGUMENT);
     specs[0].struct_size = 0;
     CHECK(rope_jit_prewarm(runtime, specs, 1, "sm_90") == ROPE_JIT_ERROR_INVALID_ARGUMENT);
+    rope_jit_runtime_free(runtime);
+}
+
+TEST_CASE("prewarm reads an array of specs from a caller built against an older, smaller struct") {
+    if (rope_jit::nvrtc_api() == nullptr) {
+        MESSAGE("skipped: NVRTC not available: " << rope_jit::nvrtc_load_error());
+        return;
+    }
+    rope_jit_config config;
+    rope_jit_config_init(&config);
+    config.backend = ROPE_JIT_BACKEND_CPU;
+    config.disk_cache = 0;
+    rope_jit_runtime* runtime = nullptr;
+    REQUIRE(rope_jit_runtime_create(&config, &runtime) == ROPE_JIT_OK);
+    // An older header without the last fields: elements lie old_size bytes apart.
+    const size_t old_size = offsetof(rope_jit_kernel_spec, in_place) / alignof(rope_jit_kernel_spec) *
+                            alignof(rope_jit_kernel_spec);
+    REQUIRE(old_size < sizeof(rope_jit_kernel_spec));
+    std::vector<char> array(2 * old_size);
+    auto put = [&](size_t index, int32_t head_dim) {
+        rope_jit_kernel_spec spec = public_spec(head_dim, {kDLFloat, 32, 1});
+        spec.struct_size = old_size;
+        std::memcpy(array.data() + index * old_size, &spec, old_size);
+    };
+    put(0, 64);
+    put(1, 62);
+    const auto* specs = reinterpret_cast<const rope_jit_kernel_spec*>(array.data());
+    CHECK(rope_jit_prewarm(runtime, specs, 2, "sm_90") == ROPE_JIT_OK);
+    put(1, 63);  // odd: the second element must be read where the caller put it to be refused
+    CHECK(rope_jit_prewarm(runtime, specs, 2, "sm_90") == ROPE_JIT_ERROR_INVALID_ARGUMENT);
+    CHECK(std::string(rope_jit_last_error()).find("specs[1]: head_dim") != std::string::npos);
     rope_jit_runtime_free(runtime);
 }
