@@ -6,10 +6,12 @@
 #ifndef ROPE_JIT_ATTENTION_PARAMS_H
 #define ROPE_JIT_ATTENTION_PARAMS_H
 
+#ifndef ROPE_JIT_HOST_DEVICE  // also defined, identically, by rope_params.h
 #if defined(__CUDACC__)
 #define ROPE_JIT_HOST_DEVICE __host__ __device__
 #else
 #define ROPE_JIT_HOST_DEVICE
+#endif
 #endif
 
 struct AttentionKernelParams {

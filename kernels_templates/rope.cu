@@ -19,7 +19,8 @@
 //   TABLE_VEC_LOADS                                  cos/sin spans read as aligned vectors
 //   MROPE_AXES                                       position axes (M-RoPE); 0 = one position
 //   FREQ_GRAD                                        also accumulate d(loss)/d(inv_freq)
-//   BLOCK_THREADS
+//   BLOCK_THREADS                                    the most threads a block has (the
+//                                                    launcher sizes each block to its work)
 //
 // A block owns `tokens_per_block` consecutive tokens and first resolves, once per token,
 // where its rows live and which table row it uses. With tables, every work item then reads
@@ -34,7 +35,17 @@ namespace {
 constexpr int PAIRS = ROTARY_DIM / 2;
 constexpr int ROLES = K_OWN_ANGLES ? 2 : 1;             // angle sets per token (q, and k)
 constexpr int PAIRS_PER_ITEM = INTERLEAVED ? VEC / 2 : VEC;
-constexpr int CHUNKS = PAIRS / PAIRS_PER_ITEM;          // work items per head
+// Work items per head. Interleaved: one VEC-wide chunk of features (PAIRS_PER_ITEM pairs).
+// Half style: a chunk of first halves and the chunk of their partners R/2 later, rotated and
+// stored together; or, when an out-of-place call also copies unrotated features (partial
+// rotary), one output chunk, which reads its partner chunk but stores only itself
+// (CHUNK_ITEMS). Measured on the H200 (bench/results/h200_kernel_tuning.json, "chunk_items"):
+// chunk items took partial rotary out of place from 0.62 to 0.73-0.83 of copy bandwidth, and
+// full rotary out of place from 0.90 down to 0.53-0.77. In place they would race: an item
+// overwrites its partner's input.
+constexpr bool OUT_OF_PLACE_PARTIAL = HEAD_DIM > ROTARY_DIM && !IN_PLACE_Q && (!HAS_K || !IN_PLACE_K);
+constexpr bool CHUNK_ITEMS = !INTERLEAVED && OUT_OF_PLACE_PARTIAL;
+constexpr int ROT_ITEMS = CHUNK_ITEMS ? ROTARY_DIM / VEC : PAIRS / PAIRS_PER_ITEM;
 // Angles computed once per token into shared memory (else read per item from the tables).
 constexpr bool SHARED_ANGLES = ANGLES_FROM_INV_FREQ || HAS_XPOS || MROPE_AXES > 0;
 // Table rows resolved per token: one per position axis (M-RoPE), else one per role.
@@ -242,48 +253,66 @@ struct ItemAngles {
     }
 };
 
-// ---- one work item: PAIRS_PER_ITEM pairs of one head of one token -----------------------
+// ---- one work item of one head of one token -------------------------------------------
 
-// An item's data: for half style two packs (features d1.. and d1+R/2..), interleaved one.
-struct ItemData {
-    Pack<VEC> a, b;
+// Where item `item` (0 <= item < ROT_ITEMS) of a head lies: its first feature, its partner
+// chunk's first feature (half style), its first pair, and (CHUNK_ITEMS) whether it is a chunk
+// of second halves.
+struct ItemSpan {
+    int own, partner, pair0;
+    bool second;
 };
 
-__device__ __forceinline__ ItemData load_item(const T* x, long long xs, int chunk) {
+__device__ __forceinline__ ItemSpan item_span(int item) {
+    ItemSpan span;
+    span.second = CHUNK_ITEMS && item >= PAIRS / VEC;
+    const int chunk = span.second ? item - PAIRS / VEC : item;
+    span.own = ROTARY_OFFSET + item * VEC;
+    span.partner = span.second ? span.own - PAIRS : span.own + PAIRS;
+    span.pair0 = chunk * PAIRS_PER_ITEM;
+    return span;
+}
+
+// An item's data: its chunk, and (half style) its partner chunk.
+struct ItemData {
+    Pack<VEC> own, partner;
+};
+
+__device__ __forceinline__ ItemData load_item(const T* x, long long xs, const ItemSpan& span) {
     ItemData data;
-    if (INTERLEAVED) {
-        data.a = load_pack<VEC>(x + (ROTARY_OFFSET + chunk * VEC) * xs, xs);
-    } else {
-        const long long d1 = ROTARY_OFFSET + chunk * VEC;
-        data.a = load_pack<VEC>(x + d1 * xs, xs);
-        data.b = load_pack<VEC>(x + (d1 + PAIRS) * xs, xs);
-    }
+    data.own = load_pack<VEC>(x + span.own * xs, xs);
+    if (!INTERLEAVED) data.partner = load_pack<VEC>(x + span.partner * xs, xs);
     return data;
 }
 
-__device__ __forceinline__ void rotate_store_item(ItemData data, T* y, long long ys, int chunk,
+// Rotates the item's pairs (x1, x2) to (x1 c - x2 s, x2 c + x1 s) and stores them: within
+// the chunk (interleaved), or x1 from the chunk and x2 from the partner chunk (half style;
+// a chunk item stores only its own chunk).
+__device__ __forceinline__ void rotate_store_item(ItemData data, T* y, long long ys, const ItemSpan& span,
                                                   const ItemAngles& angles) {
     if (INTERLEAVED) {
 #pragma unroll
         for (int j = 0; j < VEC / 2; ++j) {
-            const float x1 = storage_to_float<DTYPE>(data.a.v[2 * j]), x2 = storage_to_float<DTYPE>(data.a.v[2 * j + 1]);
+            const float x1 = storage_to_float<DTYPE>(data.own.v[2 * j]);
+            const float x2 = storage_to_float<DTYPE>(data.own.v[2 * j + 1]);
             const float c = angles.c(j), s = angles.s(j);
-            data.a.v[2 * j] = from_float<DTYPE>(x1 * c - x2 * s);
-            data.a.v[2 * j + 1] = from_float<DTYPE>(x2 * c + x1 * s);
+            data.own.v[2 * j] = from_float<DTYPE>(x1 * c - x2 * s);
+            data.own.v[2 * j + 1] = from_float<DTYPE>(x2 * c + x1 * s);
         }
-        store_pack<VEC>(y + (ROTARY_OFFSET + chunk * VEC) * ys, ys, data.a);
     } else {
+        // A chunk item of second halves holds x2 as its own features and x1 as its partner's.
+        const float sign = span.second ? 1.0f : -1.0f;
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
-            const float x1 = storage_to_float<DTYPE>(data.a.v[j]), x2 = storage_to_float<DTYPE>(data.b.v[j]);
+            const float x = storage_to_float<DTYPE>(data.own.v[j]);
+            const float other = storage_to_float<DTYPE>(data.partner.v[j]);
             const float c = angles.c(j), s = angles.s(j);
-            data.a.v[j] = from_float<DTYPE>(x1 * c - x2 * s);
-            data.b.v[j] = from_float<DTYPE>(x2 * c + x1 * s);
+            data.own.v[j] = from_float<DTYPE>(x * c + sign * other * s);
+            data.partner.v[j] = from_float<DTYPE>(other * c - sign * x * s);
         }
-        const long long d1 = ROTARY_OFFSET + chunk * VEC;
-        store_pack<VEC>(y + d1 * ys, ys, data.a);
-        store_pack<VEC>(y + (d1 + PAIRS) * ys, ys, data.b);
+        if (!CHUNK_ITEMS) store_pack<VEC>(y + span.partner * ys, ys, data.partner);
     }
+    store_pack<VEC>(y + span.own * ys, ys, data.own);
 }
 
 // The table row of one pair of a token (role 1 = k): per axis with M-RoPE, else k's own row
@@ -298,33 +327,29 @@ __device__ __forceinline__ long long pair_row(const long long* s_row, const Rope
 // `sums` (the derivative of the loss by the pair's angle, dy1/dt = -y2 and dy2/dt = y1, times
 // d(angle)/d(inv_freq) = position). g is the incoming gradient, y the forward output.
 __device__ __forceinline__ void accumulate_freq_grad(const ItemData& g, const ItemData& y, const long long* s_row,
-                                                     const RopeKernelParams& p, int token, int role, int pair0,
-                                                     float* sums) {
+                                                     const RopeKernelParams& p, int token, int role,
+                                                     const ItemSpan& span, float* sums) {
+    if (span.second) return;  // a chunk item's pairs are counted by their first-half item
 #pragma unroll
     for (int j = 0; j < PAIRS_PER_ITEM; ++j) {
         float g1, g2, y1, y2;
         if (INTERLEAVED) {
-            g1 = storage_to_float<DTYPE>(g.a.v[2 * j]);
-            g2 = storage_to_float<DTYPE>(g.a.v[2 * j + 1]);
-            y1 = storage_to_float<DTYPE>(y.a.v[2 * j]);
-            y2 = storage_to_float<DTYPE>(y.a.v[2 * j + 1]);
+            g1 = storage_to_float<DTYPE>(g.own.v[2 * j]);
+            g2 = storage_to_float<DTYPE>(g.own.v[2 * j + 1]);
+            y1 = storage_to_float<DTYPE>(y.own.v[2 * j]);
+            y2 = storage_to_float<DTYPE>(y.own.v[2 * j + 1]);
         } else {
-            g1 = storage_to_float<DTYPE>(g.a.v[j]);
-            g2 = storage_to_float<DTYPE>(g.b.v[j]);
-            y1 = storage_to_float<DTYPE>(y.a.v[j]);
-            y2 = storage_to_float<DTYPE>(y.b.v[j]);
+            g1 = storage_to_float<DTYPE>(g.own.v[j]);
+            g2 = storage_to_float<DTYPE>(g.partner.v[j]);
+            y1 = storage_to_float<DTYPE>(y.own.v[j]);
+            y2 = storage_to_float<DTYPE>(y.partner.v[j]);
         }
-        const float position = static_cast<float>(pair_row(s_row, p, token, role, pair0 + j));
-        atomicAdd(&sums[pair0 + j], position * (g2 * y1 - g1 * y2));
+        const float position = static_cast<float>(pair_row(s_row, p, token, role, span.pair0 + j));
+        atomicAdd(&sums[span.pair0 + j], position * (g2 * y1 - g1 * y2));
     }
 }
 
-// Where one token's rows start in q, q_out, k, k_out (element offsets of head 0); -1 when the
-// token has no q (s >= Sq) or no k (s >= Sk) or lies past the end.
-struct TokenBases {
-    long long q_in, q_out, k_in, k_out;
-    long long q_saved, k_saved;  // FREQ_GRAD only
-};
+using TokenBases = RopeTokenBases;
 
 // Token u of the grid as (batch row, index in it); 32-bit division when the sizes allow it.
 __device__ __forceinline__ void split_token(const RopeKernelParams& p, long long u, long long* b, long long* s) {
@@ -355,24 +380,27 @@ __device__ __forceinline__ TokenBases token_bases(const RopeKernelParams& p, lon
     return base;
 }
 
-// Items a thread loads before it stores any, and the blocks per multiprocessor the register
-// budget must allow. Measured on the H200 (bench/results/h200_kernel_tuning.json): one item
-// with six 256-thread blocks per SM beat two or four items at lower occupancy.
-constexpr int ITEMS_IN_FLIGHT = 1;
-constexpr int MIN_BLOCKS_PER_SM = 6;
+// The blocks per multiprocessor the register budget must allow: 1536 threads (75% of an SM),
+// at most 40 registers a thread. Measured on the H200 (bench/results/h200_kernel_tuning.json):
+// one item in flight per thread at that occupancy beat two or four at lower occupancy.
+constexpr int MIN_BLOCKS_PER_SM = BLOCK_THREADS < 1536 ? 1536 / BLOCK_THREADS : 1;
 
 // The unrotated features an out-of-place call copies, COPY_VEC per access (the host proved
 // vectors of COPY_VEC aligned with unit stride when it is above 1).
 constexpr int COPY_UNITS = HEAD_DIM > ROTARY_DIM ? (HEAD_DIM - ROTARY_DIM) / COPY_VEC : 1;
 constexpr bool COPY_VECTORS = COPY_VEC > 1;
+// Copies a thread loads before it stores any: a thread usually has several (a token's
+// unrotated features outnumber its rotation items), and one load at a time in flight leaves
+// the copy latency-bound.
+constexpr int COPY_BATCH = 4;
 
-// Everything one item needs, located from its index in the block: token, head, chunk.
+// Everything one item needs, located from its index in the block: token, head, span.
 struct ItemPlace {
     const T* x;
     T* y;
     const T* saved;  // the forward output (FREQ_GRAD only)
     long long xs, ys, saved_stride;
-    int chunk;
+    ItemSpan span;
     int token, role;
     int set;  // angle set: token * ROLES + role
     bool valid;
@@ -385,8 +413,8 @@ __device__ __forceinline__ ItemPlace place_item(const RopeKernelParams& p, const
     if (item >= block_items) return place;
     const int token = item / items_per_token;
     const int rest = item - token * items_per_token;
-    int h = rest / CHUNKS;
-    place.chunk = rest - h * CHUNKS;
+    int h = rest / ROT_ITEMS;
+    place.span = item_span(rest - h * ROT_ITEMS);
     const bool is_k = HAS_K && h >= heads_q;
     const TokenBases base = bases[token];
     if (is_k) {
@@ -423,25 +451,27 @@ __device__ __forceinline__ ItemPlace place_item(const RopeKernelParams& p, const
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM) rope_kernel(const RopeKernelParams p) {
-    extern __shared__ float shared[];
+    extern __shared__ __align__(16) char shared[];
     const int tpb = p.tokens_per_block;
-    constexpr int SHARED_PAIRS = SHARED_ANGLES ? PAIRS : 0;  // angles kept per angle set
-    float* s_cos = shared;                              // [tpb][ROLES][SHARED_PAIRS]
-    float* s_sin = s_cos + tpb * ROLES * SHARED_PAIRS;  // [tpb][ROLES][SHARED_PAIRS]
-    long long* s_row = reinterpret_cast<long long*>(s_sin + tpb * ROLES * SHARED_PAIRS);  // [tpb][ROW_SETS]
-    TokenBases* s_bases = reinterpret_cast<TokenBases*>(s_row + tpb * ROW_SETS);   // [tpb]
-    float* s_grad = reinterpret_cast<float*>(s_bases + tpb);                       // [PAIRS] if FREQ_GRAD
+    const int threads = static_cast<int>(blockDim.x);  // at most BLOCK_THREADS
+    const RopeSmemLayout layout =
+        rope_smem_layout(tpb, ROLES, SHARED_ANGLES ? PAIRS : 0, ROW_SETS, FREQ_GRAD ? PAIRS : 0);
+    float* s_cos = reinterpret_cast<float*>(shared + layout.cos);                // [tpb][ROLES][PAIRS] if SHARED_ANGLES
+    float* s_sin = reinterpret_cast<float*>(shared + layout.sin);                // [tpb][ROLES][PAIRS] if SHARED_ANGLES
+    long long* s_row = reinterpret_cast<long long*>(shared + layout.rows);       // [tpb][ROW_SETS]
+    TokenBases* s_bases = reinterpret_cast<TokenBases*>(shared + layout.bases);  // [tpb]
+    float* s_grad = reinterpret_cast<float*>(shared + layout.grad);              // [PAIRS] if FREQ_GRAD
     const long long first = static_cast<long long>(blockIdx.x) * tpb;
     const int heads_k = HAS_K ? static_cast<int>(p.heads_k) : 0;
     const int heads_q = HAS_K ? heads_k * GQA_GROUP : static_cast<int>(p.heads_q);
-    const int items_per_token = (heads_q + heads_k) * CHUNKS;
+    const int items_per_token = (heads_q + heads_k) * ROT_ITEMS;
     const int tokens_here = static_cast<int>(min(static_cast<long long>(tpb), p.units - first));
     const int block_items = tokens_here * items_per_token;
 
     // 1. Per token: where its rows are, and its table rows (for q, and for k when k has its
     //    own angles), once per token: the split of a token into (batch row, position) is the
     //    kernel's only 64-bit division (32-bit while the grid has under 2^31 tokens).
-    for (int i = threadIdx.x; i < tpb; i += BLOCK_THREADS) {
+    for (int i = threadIdx.x; i < tpb; i += threads) {
         TokenBases base{-1, -1, -1, -1, 0, 0};
         if (i < tokens_here) {
             long long b, s;
@@ -456,12 +486,12 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM) r
         s_bases[i] = base;
     }
     if (FREQ_GRAD)
-        for (int i = threadIdx.x; i < PAIRS; i += BLOCK_THREADS) s_grad[i] = 0.0f;
+        for (int i = threadIdx.x; i < PAIRS; i += threads) s_grad[i] = 0.0f;
     __syncthreads();
 
     // 2. With inv_freq or xPos: the block's cos/sin, once per token, shared by all its heads.
     if (SHARED_ANGLES) {
-        for (int i = threadIdx.x; i < tokens_here * ROLES * PAIRS; i += BLOCK_THREADS) {
+        for (int i = threadIdx.x; i < tokens_here * ROLES * PAIRS; i += threads) {
             const int set = i / PAIRS;  // token * ROLES + role
             const int pair = i - set * PAIRS;
             pair_angle(p, pair_row(s_row, p, set / ROLES, set % ROLES, pair), pair, set % ROLES == 1, &s_cos[i],
@@ -470,71 +500,75 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM) r
         __syncthreads();
     }
 
-    // 3. Rotate, ITEMS_IN_FLIGHT items at a time: all loads, then all stores. Consecutive
-    //    threads hold consecutive chunks of one head, so every access coalesces.
-    for (int first_item = threadIdx.x; first_item < block_items; first_item += ITEMS_IN_FLIGHT * BLOCK_THREADS) {
-        ItemPlace places[ITEMS_IN_FLIGHT];
-        ItemData data[ITEMS_IN_FLIGHT];
-        ItemAngles angles[ITEMS_IN_FLIGHT];
-#pragma unroll
-        for (int j = 0; j < ITEMS_IN_FLIGHT; ++j) {
-            places[j] = place_item(p, s_bases, first_item + j * BLOCK_THREADS, items_per_token, heads_q, block_items);
-            if (!places[j].valid) continue;
-            data[j] = load_item(places[j].x, places[j].xs, places[j].chunk);
-            const int pair0 = places[j].chunk * PAIRS_PER_ITEM;
-            if (SHARED_ANGLES) {
-                angles[j].shared_cos = s_cos + places[j].set * PAIRS + pair0;
-                angles[j].shared_sin = s_sin + places[j].set * PAIRS + pair0;
-            } else {
-                const long long row = pair_row(s_row, p, places[j].token, places[j].role, pair0);
-                angles[j].cos = load_table_span(p.cos, p.cos_stride, row, pair0);
-                angles[j].sin = load_table_span(p.sin, p.sin_stride, row, pair0);
-            }
+    // 3. Rotate, one item per thread at a time. Consecutive threads hold consecutive items of
+    //    one head, so every access coalesces.
+    for (int item = threadIdx.x; item < block_items; item += threads) {
+        const ItemPlace place = place_item(p, s_bases, item, items_per_token, heads_q, block_items);
+        if (!place.valid) continue;
+        const ItemData data = load_item(place.x, place.xs, place.span);
+        ItemAngles angles;
+        const int pair0 = place.span.pair0;
+        if (SHARED_ANGLES) {
+            angles.shared_cos = s_cos + place.set * PAIRS + pair0;
+            angles.shared_sin = s_sin + place.set * PAIRS + pair0;
+        } else {
+            const long long row = pair_row(s_row, p, place.token, place.role, pair0);
+            angles.cos = load_table_span(p.cos, p.cos_stride, row, pair0);
+            angles.sin = load_table_span(p.sin, p.sin_stride, row, pair0);
         }
-#pragma unroll
-        for (int j = 0; j < ITEMS_IN_FLIGHT; ++j) {
-            if (!places[j].valid) continue;
-            if (FREQ_GRAD)
-                accumulate_freq_grad(data[j], load_item(places[j].saved, places[j].saved_stride, places[j].chunk),
-                                     s_row, p, places[j].token, places[j].role, places[j].chunk * PAIRS_PER_ITEM,
-                                     s_grad);
-            rotate_store_item(data[j], places[j].y, places[j].ys, places[j].chunk, angles[j]);
-        }
+        if (FREQ_GRAD)
+            accumulate_freq_grad(data, load_item(place.saved, place.saved_stride, place.span), s_row, p, place.token,
+                                 place.role, place.span, s_grad);
+        rotate_store_item(data, place.y, place.ys, place.span, angles);
     }
     if (FREQ_GRAD) {
         // One global add per pair and block: the block's sums were gathered in shared memory.
         __syncthreads();
-        for (int i = threadIdx.x; i < PAIRS; i += BLOCK_THREADS)
+        for (int i = threadIdx.x; i < PAIRS; i += threads)
             atomicAdd(p.inv_freq_grad + i * p.inv_freq_grad_stride, s_grad[i]);
     }
 
     // 4. Out of place, the features outside the rotary range are copied unchanged, COPY_VEC
-    //    at a time (consecutive threads take consecutive vectors of a head row).
+    //    at a time (consecutive threads take consecutive vectors of a head row), COPY_BATCH
+    //    loads in flight before their stores.
     if constexpr (HEAD_DIM > ROTARY_DIM && (!IN_PLACE_Q || (HAS_K && !IN_PLACE_K))) {
         const int copies = tokens_here * (heads_q + heads_k) * COPY_UNITS;
-        for (int item = threadIdx.x; item < copies; item += BLOCK_THREADS) {
-            const int rest = item / COPY_UNITS;
-            const int f = (item - rest * COPY_UNITS) * COPY_VEC;
-            const int token = rest / (heads_q + heads_k);
-            int h = rest - token * (heads_q + heads_k);
-            const long long d = f < ROTARY_OFFSET ? f : f + ROTARY_DIM;
-            const TokenBases base = s_bases[token];
-            if (HAS_K && h >= heads_q) {
-                h -= heads_q;
-                if (IN_PLACE_K || base.k_in < 0) continue;
-                const long long xs = COPY_VECTORS ? 1 : p.k_stride[3], ys = COPY_VECTORS ? 1 : p.k_out_stride[3];
-                store_pack<COPY_VEC, COPY_VECTORS>(
-                    static_cast<T*>(p.k_out) + base.k_out + h * p.k_out_stride[1] + d * ys, ys,
-                    load_pack<COPY_VEC, COPY_VECTORS>(static_cast<const T*>(p.k) + base.k_in + h * p.k_stride[1] + d * xs,
-                                                      xs));
-            } else {
-                if (IN_PLACE_Q || base.q_in < 0) continue;
-                const long long xs = COPY_VECTORS ? 1 : p.q_stride[3], ys = COPY_VECTORS ? 1 : p.q_out_stride[3];
-                store_pack<COPY_VEC, COPY_VECTORS>(
-                    static_cast<T*>(p.q_out) + base.q_out + h * p.q_out_stride[1] + d * ys, ys,
-                    load_pack<COPY_VEC, COPY_VECTORS>(static_cast<const T*>(p.q) + base.q_in + h * p.q_stride[1] + d * xs,
-                                                      xs));
+        for (int first_copy = threadIdx.x; first_copy < copies; first_copy += COPY_BATCH * threads) {
+            T* dst[COPY_BATCH];
+            Pack<COPY_VEC> value[COPY_BATCH];
+            long long dst_stride[COPY_BATCH];
+#pragma unroll
+            for (int j = 0; j < COPY_BATCH; ++j) {
+                dst[j] = nullptr;
+                const int item = first_copy + j * threads;
+                if (item >= copies) continue;
+                const int rest = item / COPY_UNITS;
+                const int f = (item - rest * COPY_UNITS) * COPY_VEC;
+                const int token = rest / (heads_q + heads_k);
+                int h = rest - token * (heads_q + heads_k);
+                const long long d = f < ROTARY_OFFSET ? f : f + ROTARY_DIM;
+                const TokenBases base = s_bases[token];
+                const bool is_k = HAS_K && h >= heads_q;
+                if (is_k ? (IN_PLACE_K || base.k_in < 0) : (IN_PLACE_Q || base.q_in < 0)) continue;
+                const T* x;
+                long long xs;
+                if (is_k) {
+                    h -= heads_q;
+                    xs = COPY_VECTORS ? 1 : p.k_stride[3];
+                    dst_stride[j] = COPY_VECTORS ? 1 : p.k_out_stride[3];
+                    x = static_cast<const T*>(p.k) + base.k_in + h * p.k_stride[1] + d * xs;
+                    dst[j] = static_cast<T*>(p.k_out) + base.k_out + h * p.k_out_stride[1] + d * dst_stride[j];
+                } else {
+                    xs = COPY_VECTORS ? 1 : p.q_stride[3];
+                    dst_stride[j] = COPY_VECTORS ? 1 : p.q_out_stride[3];
+                    x = static_cast<const T*>(p.q) + base.q_in + h * p.q_stride[1] + d * xs;
+                    dst[j] = static_cast<T*>(p.q_out) + base.q_out + h * p.q_out_stride[1] + d * dst_stride[j];
+                }
+                value[j] = load_pack<COPY_VEC, COPY_VECTORS>(x, xs);
             }
+#pragma unroll
+            for (int j = 0; j < COPY_BATCH; ++j)
+                if (dst[j] != nullptr) store_pack<COPY_VEC, COPY_VECTORS>(dst[j], dst_stride[j], value[j]);
         }
     }
 }

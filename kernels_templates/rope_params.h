@@ -1,9 +1,17 @@
-// Run-time arguments of the rope kernel, passed by value as its single parameter. This file
-// is compiled twice: into the host launcher (src/cuda_rope_launch.cpp) and, embedded, into
-// every kernel by NVRTC, so the two sides cannot disagree on the layout. Plain C types only:
-// the kernels compile without any toolkit header.
+// Run-time arguments of the rope kernel, passed by value as its single parameter, and the
+// layout of its shared memory. This file is compiled twice: into the host launcher
+// (src/cuda_backend.cpp) and, embedded, into every kernel by NVRTC, so the two sides cannot
+// disagree on either. Plain C++ only: the kernels compile without any toolkit header.
 #ifndef ROPE_JIT_ROPE_PARAMS_H
 #define ROPE_JIT_ROPE_PARAMS_H
+
+#ifndef ROPE_JIT_HOST_DEVICE  // also defined, identically, by attention_params.h
+#if defined(__CUDACC__)
+#define ROPE_JIT_HOST_DEVICE __host__ __device__
+#else
+#define ROPE_JIT_HOST_DEVICE
+#endif
+#endif
 
 struct RopeKernelParams {
     // q, k and their outputs as [B, H, S, D] views; strides in elements. Packed [T, H, D]
@@ -62,5 +70,41 @@ struct RopeKernelParams {
     float* inv_freq_grad;
     long long inv_freq_grad_stride;
 };
+
+// Where one token's rows start in q, q_out, k, k_out (element offsets of head 0); -1 when the
+// token has no q (s >= Sq) or no k (s >= Sk) or lies past the end.
+struct RopeTokenBases {
+    long long q_in, q_out, k_in, k_out;
+    long long q_saved, k_saved;  // the forward outputs (frequency gradient only)
+};
+
+// Byte offsets of a block's shared memory: per token, cos and sin of each angle set when the
+// kernel computes them once per token, the table row of each row set, and the row bases; the
+// block's frequency-gradient sums.
+struct RopeSmemLayout {
+    int cos, sin, rows, bases, grad;
+    int bytes;
+};
+
+// Reserves `bytes` (rounded up to 16) at *at and returns their offset.
+ROPE_JIT_HOST_DEVICE constexpr int rope_take(int* at, int bytes) {
+    const int offset = *at;
+    *at += (bytes + 15) / 16 * 16;
+    return offset;
+}
+
+ROPE_JIT_HOST_DEVICE constexpr RopeSmemLayout rope_smem_layout(int tokens, int angle_sets, int shared_pairs,
+                                                              int row_sets, int grad_pairs) {
+    RopeSmemLayout l{};
+    int at = 0;
+    int* const cursor = &at;
+    l.cos = rope_take(cursor, tokens * angle_sets * shared_pairs * 4);
+    l.sin = rope_take(cursor, tokens * angle_sets * shared_pairs * 4);
+    l.rows = rope_take(cursor, tokens * row_sets * 8);
+    l.bases = rope_take(cursor, tokens * static_cast<int>(sizeof(RopeTokenBases)));
+    l.grad = rope_take(cursor, grad_pairs * 4);
+    l.bytes = at;
+    return l;
+}
 
 #endif

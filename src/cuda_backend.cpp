@@ -219,37 +219,47 @@ void CudaBackend::rope(const RopeProblem& p, void* stream_handle) {
     params.q_position_offset = p.q_position_offset;
     params.units = p.batch * params.seqlen_max;
 
-    // Tokens per block: enough work items to keep the block's threads busy, and not so many
-    // tokens that small (decode) shapes leave multiprocessors idle.
-    const int64_t roles = spec.k_own_angles ? 2 : 1;
+    // Work items per head (ROT_ITEMS in rope.cu) and per token: one per chunk of output
+    // features when an out-of-place call also copies unrotated features (CHUNK_ITEMS), else
+    // one per chunk of pairs.
     const int64_t pairs = spec.rotary_dim / 2;
-    const int64_t chunks = pairs / (spec.interleaved ? spec.vec / 2 : spec.vec);
-    const int64_t items_per_token = std::max<int64_t>(1, (p.heads_q + (p.has_k ? p.heads_k : 0)) * chunks);
-    // Shared memory (see rope.cu): per token, cos and sin per angle set when they are computed
-    // once per token, its table rows and six row offsets; per block, the frequency gradient.
-    const bool shared_angles = spec.angles_from_inv_freq || spec.has_xpos || spec.mrope_axes > 0;
-    const int64_t row_sets = spec.mrope_axes > 0 ? spec.mrope_axes : roles;
-    const int64_t shared_per_token = roles * (shared_angles ? pairs * 2 * int64_t(sizeof(float)) : 0) +
-                                     row_sets * int64_t(sizeof(long long)) + 6 * int64_t(sizeof(long long));
-    const int64_t shared_per_block = spec.freq_grad ? pairs * int64_t(sizeof(float)) : 0;
-    // Items per thread, measured on the H200 (bench/results/h200_kernel_tuning.json, "tokens_*"):
-    // small blocks win while a token's heads are one contiguous run ([B,S,H,D] buffers): two
-    // half-style items per thread; three when heads lie apart ([B,H,S,D]) or the block first
-    // searches cu_seqlens (packed). An interleaved item is one 16-byte access, a half-style item
-    // two: interleaved blocks take eight.
-    const bool heads_contiguous = p.q.strides[1] < p.q.strides[2];
-    const int64_t items_per_thread = spec.interleaved ? 8 : heads_contiguous && !spec.packed ? 2 : 3;
-    int64_t tokens = std::max<int64_t>(1, items_per_thread * spec.block_threads / items_per_token);
-    tokens = std::min<int64_t>(tokens, 64);
-    tokens = std::min<int64_t>(tokens, (48 * 1024 - shared_per_block) / shared_per_token);
+    const bool out_of_place_partial =
+        spec.rotary_dim < spec.head_dim && !spec.in_place_q && (!spec.has_k || !spec.in_place_k);
+    const bool chunk_items = !spec.interleaved && out_of_place_partial;
+    const int64_t pairs_per_item = spec.interleaved ? spec.vec / 2 : spec.vec;
+    const int64_t head_items = chunk_items ? spec.rotary_dim / spec.vec : pairs / pairs_per_item;
+    const int64_t items_per_token = std::max<int64_t>(1, (p.heads_q + (p.has_k ? p.heads_k : 0)) * head_items);
+    // Blocks of whole tokens, sized to their items: a block of 256 threads for a token's 320
+    // items ran a second, mostly idle round. Items per thread, measured on the H200
+    // (bench/results/h200_kernel_tuning.json, "block_fit"): two half-style items (four
+    // 16-byte loads) or eight interleaved ones (one load each) at about 256 threads a block;
+    // one when the block also copies the unrotated features of out-of-place partial rotary.
+    const int64_t items_per_thread = out_of_place_partial ? 1 : spec.interleaved ? 8 : 2;
+    const int64_t max_threads = spec.block_threads;
+    int64_t tokens = std::clamp<int64_t>(items_per_thread * 256 / items_per_token, 1, 64);
     const int64_t sms = devices_[size_t(ordinal)]->multiprocessors;
     while (tokens > 1 && (params.units + tokens - 1) / tokens < 2 * sms) tokens /= 2;
-    tokens = std::max<int64_t>(tokens, 1);
+    // Shared memory (rope_params.h): per token, and the frequency gradient's per block.
+    const int64_t roles = spec.k_own_angles ? 2 : 1;
+    const bool shared_angles = spec.angles_from_inv_freq || spec.has_xpos || spec.mrope_axes > 0;
+    const auto layout_for = [&](int64_t block_tokens) {
+        return rope_smem_layout(int(block_tokens), int(roles), shared_angles ? int(pairs) : 0,
+                                spec.mrope_axes > 0 ? spec.mrope_axes : int(roles), spec.freq_grad ? int(pairs) : 0);
+    };
+    constexpr int kSharedLimit = 48 * 1024;  // what a launch may take without opting in
+    while (tokens > 1 && layout_for(tokens).bytes > kSharedLimit) tokens /= 2;
+    const RopeSmemLayout layout = layout_for(tokens);
+    if (layout.bytes > kSharedLimit)
+        throw Error(ROPE_JIT_ERROR_UNSUPPORTED,
+                    fmt::format("rope: one token's angles need {} bytes of shared memory, over the {} a block may use",
+                                layout.bytes, kSharedLimit));
+    const int64_t thread_work = (tokens * items_per_token + items_per_thread - 1) / items_per_thread;
+    const int64_t threads = std::min<int64_t>(max_threads, (thread_work + 31) / 32 * 32);
     params.tokens_per_block = int(tokens);
     const int64_t blocks = (params.units + tokens - 1) / tokens;
     if (blocks > int64_t(0x7fffffff))
         throw Error(ROPE_JIT_ERROR_UNSUPPORTED, fmt::format("q: {} tokens exceed one launch's grid", params.units));
-    const unsigned shared_bytes = unsigned(tokens * shared_per_token + shared_per_block);
+    const unsigned shared_bytes = unsigned(layout.bytes);
     if (p.has_freq_grad) {
         // The kernel adds into the gradient: zero it first, ordered on the same stream.
         check_cu(api_.cuMemsetD2D32Async(CUdeviceptr(params.inv_freq_grad),
@@ -260,7 +270,7 @@ void CudaBackend::rope(const RopeProblem& p, void* stream_handle) {
     if (blocks == 0) return;  // no token: nothing to rotate (a gradient was still zeroed)
 
     void* kernel_args[] = {&params};
-    check_cu(api_.cuLaunchKernel(kernel.function, unsigned(blocks), 1, 1, unsigned(spec.block_threads), 1, 1,
+    check_cu(api_.cuLaunchKernel(kernel.function, unsigned(blocks), 1, 1, unsigned(threads), 1, 1,
                                  shared_bytes, stream, kernel_args, nullptr),
              "cuLaunchKernel(rope_kernel)");
     stats_.launches.fetch_add(1, std::memory_order_relaxed);

@@ -142,7 +142,7 @@ KernelSpec make_kernel_spec(const RopeProblem& p) {
         const int64_t span = table_span(spec);
         spec.table_vec_loads = table_friendly(p.cos, span) && table_friendly(p.sin, span);
     }
-    spec.block_threads = 256;
+    spec.block_threads = kRopeMaxBlockThreads;
     return spec;
 }
 
@@ -196,7 +196,7 @@ KernelSpec kernel_spec_from_public(const rope_jit_kernel_spec& in) {
     choose_vector_width(spec, spec.dtype == 0 ? 4 : 2, [](int64_t) { return true; });
     spec.copy_vec = choose_copy_width(spec, spec.dtype == 0 ? 4 : 2, [](int64_t) { return true; });
     spec.table_vec_loads = !spec.angles_from_inv_freq;
-    spec.block_threads = 256;
+    spec.block_threads = kRopeMaxBlockThreads;
     spec.validate();
     return spec;
 }
@@ -364,7 +364,7 @@ std::optional<KernelSpec> KernelSpec::from_json(const std::string& text, std::st
         spec.table_vec_loads = flag("table_vec_loads", 0);
         spec.mrope_axes = number("mrope_axes", 0);
         spec.freq_grad = flag("freq_grad", 0);
-        spec.block_threads = number("block_threads", 256);
+        spec.block_threads = number("block_threads", kRopeMaxBlockThreads);
         spec.validate();
     } catch (const std::exception& e) {
         return fail(e.what());

@@ -15,6 +15,9 @@
 
 namespace rope_jit {
 
+// Threads of the widest RoPE block: three such blocks fill 75% of a multiprocessor's threads.
+constexpr int32_t kRopeMaxBlockThreads = 512;
+
 struct KernelSpec {
     int32_t op = 0;  // 0 = rope
     int32_t dtype = 0, table_dtype = 0, xpos_dtype = 0, inv_freq_dtype = 0;  // 0 f32, 1 f16, 2 bf16
@@ -35,7 +38,9 @@ struct KernelSpec {
     int32_t table_vec_loads = 0;  // cos/sin item spans read as aligned vectors
     int32_t mrope_axes = 0;       // position axes of multi-section (M-RoPE) positions; 0 = one
     int32_t freq_grad = 0;        // also accumulate d(loss)/d(inv_freq)
-    int32_t block_threads = 256;
+    // The most threads a block may have (the kernel's launch bound); the launcher sizes each
+    // block to its tokens' work items (src/cuda_backend.cpp).
+    int32_t block_threads = kRopeMaxBlockThreads;
 
     bool operator==(const KernelSpec& other) const { return std::memcmp(this, &other, sizeof *this) == 0; }
     bool operator!=(const KernelSpec& other) const { return !(*this == other); }

@@ -397,6 +397,8 @@ public:
         view(c.Hk, k_shape_, k_strides_);
         const size_t q_bytes = extent_elements(q_shape_, q_strides_) * element;
         const size_t k_bytes = extent_elements(k_shape_, k_strides_) * element;
+        q_bytes_ = q_bytes;
+        k_bytes_ = k_bytes;
         const int ndim = int(q_shape_.size());
         // 0x3c bytes: about 0.0115 in bf16 and fp32, 1.06 in fp16.
         q_ = {memory.filled(q_bytes, 0x3c), device, ndim, type, q_shape_.data(), q_strides_.data(), 0};
@@ -459,6 +461,11 @@ public:
     CaseTensors& operator=(const CaseTensors&) = delete;
 
     const rope_jit_rope_args* args() const { return &args_; }
+    // The q and k buffers, whole.
+    void* q_data() const { return q_.data; }
+    void* k_data() const { return k_.data; }
+    size_t q_bytes() const { return q_bytes_; }
+    size_t k_bytes() const { return k_bytes_; }
 
 private:
     static void expect_bytes(const std::vector<char>& data, size_t bytes, const char* what) {
@@ -468,6 +475,7 @@ private:
 
     std::vector<int64_t> q_shape_, q_strides_, k_shape_, k_strides_, table_shape_, freq_shape_, positions_shape_,
         cu_shape_;
+    size_t q_bytes_ = 0, k_bytes_ = 0;
     DLTensor q_{}, k_{}, q_out_{}, k_out_{}, cos_{}, sin_{}, inv_freq_{}, positions_{}, cu_seqlens_{};
     rope_jit_rope_args args_{};
 };
@@ -770,6 +778,60 @@ double time_on_stream(rope_jit::CUstream stream, int repeat, const std::function
     return median(trials);
 }
 
+// The bandwidth a partial in-place call's access pattern allows on this device: a kernel that
+// reads and writes back, unchanged and in place, the same span of every head row (the rotary
+// features) with 16-byte accesses and no arithmetic. A RoPE call reaching this kernel's
+// bandwidth is limited by its access pattern, not by its own work.
+class SpanCopy {
+public:
+    SpanCopy() {
+        const rope_jit::CompileResult compiled = rope_jit::compile_cuda(R"(
+struct alignas(16) V { unsigned w[4]; };
+extern "C" __global__ void span_copy(char* rows, long long n_rows, long long pitch, int first_chunk, int chunks) {
+    const long long n = n_rows * chunks;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        const long long row = i / chunks;
+        V* at = reinterpret_cast<V*>(rows + row * pitch) + first_chunk + (i - row * chunks);
+        V v = *at;
+        // Opaque to the compiler, so that the store of what was loaded is not dropped.
+        asm volatile("" : "+r"(v.w[0]), "+r"(v.w[1]), "+r"(v.w[2]), "+r"(v.w[3]));
+        *at = v;
+    }
+})",
+                                                                    "span_copy.cu", rope_jit::cuda_device_target(0), {});
+        check_cu(driver().cuModuleLoadData(&module_, compiled.binary.data()), "cuModuleLoadData(span_copy)");
+        check_cu(driver().cuModuleGetFunction(&function_, module_, "span_copy"), "cuModuleGetFunction(span_copy)");
+    }
+    ~SpanCopy() { driver().cuModuleUnload(module_); }
+    SpanCopy(const SpanCopy&) = delete;
+    SpanCopy& operator=(const SpanCopy&) = delete;
+
+    // Seconds per pass over q's and k's rows (median, on `stream`), or a negative value when
+    // the span is not made of aligned 16-byte chunks.
+    double seconds(const Case& c, const CaseTensors& tensors, rope_jit::CUstream stream) const {
+        const int64_t element = int64_t(dtype_size(c.dtype));
+        const int64_t pitch = c.D * element, span = c.rotary() * element;
+        if (pitch % 16 != 0 || span % 16 != 0) return -1;
+        const auto launch = [&](void* data, size_t bytes) {
+            long long n_rows = (long long)(bytes / size_t(pitch)), row_pitch = pitch;
+            int first_chunk = 0, chunks = int(span / 16);
+            void* args[] = {&data, &n_rows, &row_pitch, &first_chunk, &chunks};
+            const long long work = n_rows * chunks;
+            const unsigned blocks = unsigned(std::min<long long>((work + 255) / 256, 1 << 20));
+            check_cu(driver().cuLaunchKernel(function_, blocks, 1, 1, 256, 1, 1, 0, stream, args, nullptr),
+                     "cuLaunchKernel(span_copy)");
+        };
+        return time_on_stream(stream, 20, [&] {
+            launch(tensors.q_data(), tensors.q_bytes());
+            launch(tensors.k_data(), tensors.k_bytes());
+        });
+    }
+
+private:
+    rope_jit::CUmodule module_ = nullptr;
+    rope_jit::CUfunction function_ = nullptr;
+};
+
 void add_stats(const rope_jit_runtime* runtime, uint64_t& compiles, double& compile_ms) {
     rope_jit_stats stats;
     rope_jit_stats_init(&stats);
@@ -840,6 +902,7 @@ nlohmann::json bench_cuda(const std::vector<Case>& cases) {
     // cu_seqlens to the host and checks them against the table before the kernel runs (and
     // compiles the kernel, which the timed runtime then loads from disk).
     rope_jit_runtime* checked = make_runtime(ROPE_JIT_BACKEND_CUDA, cache_dir.c_str(), true);
+    const SpanCopy span_copy;
     nlohmann::json results = nlohmann::json::array(), errors = nlohmann::json::array();
     bool context_lost = false;
     const size_t width = name_width(cases);
@@ -855,8 +918,19 @@ nlohmann::json bench_cuda(const std::vector<Case>& cases) {
             const double seconds = time_on_stream(
                 stream, repeat, [&] { require_ok(rope_jit_rope(runtime, tensors.args()), "rope_jit_rope"); });
             check_cu(api->cuStreamSynchronize(stream), "cuStreamSynchronize");
-            const nlohmann::json j = case_json(c, data, seconds, copy_gbps);
+            nlohmann::json j = case_json(c, data, seconds, copy_gbps);
             print_result(c, width, j);
+            if (c.in_place && c.rotary() < c.D) {
+                const double span_seconds = span_copy.seconds(c, tensors, stream);
+                if (span_seconds > 0) {
+                    const double span_gbps = data.qk_bytes / span_seconds / 1e9;
+                    j["span_copy_gbps"] = span_gbps;
+                    j["span_copy_fraction_of_copy"] = span_gbps / copy_gbps;
+                    j["fraction_of_span_copy"] = j["gbps"].get<double>() / span_gbps;
+                    fmt::print("{:>{}} in-place copy of the same spans: {:.1f} GB/s, {:.3f} of copy; RoPE at {:.3f} of it\n",
+                               "", width, span_gbps, span_gbps / copy_gbps, j["fraction_of_span_copy"].get<double>());
+                }
+            }
             results.push_back(j);
         } catch (const std::exception& e) {
             errors.push_back(case_error(c, width, e));
