@@ -391,8 +391,8 @@ constexpr int COPY_UNITS = HEAD_DIM > ROTARY_DIM ? (HEAD_DIM - ROTARY_DIM) / COP
 constexpr bool COPY_VECTORS = COPY_VEC > 1;
 // Copies a thread loads before it stores any: a thread usually has several (a token's
 // unrotated features outnumber its rotation items), and one load at a time in flight leaves
-// the copy latency-bound.
-constexpr int COPY_BATCH = 4;
+// the copy latency-bound. Four spilled registers at the 40-register budget (ncu, GPT-NeoX).
+constexpr int COPY_BATCH = 2;
 
 // Everything one item needs, located from its index in the block: token, head, span.
 struct ItemPlace {
@@ -535,8 +535,8 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM) r
         const int copies = tokens_here * (heads_q + heads_k) * COPY_UNITS;
         for (int first_copy = threadIdx.x; first_copy < copies; first_copy += COPY_BATCH * threads) {
             T* dst[COPY_BATCH];
+            bool dst_is_k[COPY_BATCH];
             Pack<COPY_VEC> value[COPY_BATCH];
-            long long dst_stride[COPY_BATCH];
 #pragma unroll
             for (int j = 0; j < COPY_BATCH; ++j) {
                 dst[j] = nullptr;
@@ -548,27 +548,27 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM) r
                 int h = rest - token * (heads_q + heads_k);
                 const long long d = f < ROTARY_OFFSET ? f : f + ROTARY_DIM;
                 const TokenBases base = s_bases[token];
-                const bool is_k = HAS_K && h >= heads_q;
-                if (is_k ? (IN_PLACE_K || base.k_in < 0) : (IN_PLACE_Q || base.q_in < 0)) continue;
-                const T* x;
-                long long xs;
-                if (is_k) {
+                dst_is_k[j] = HAS_K && h >= heads_q;
+                if (dst_is_k[j] ? (IN_PLACE_K || base.k_in < 0) : (IN_PLACE_Q || base.q_in < 0)) continue;
+                if (dst_is_k[j]) {
                     h -= heads_q;
-                    xs = COPY_VECTORS ? 1 : p.k_stride[3];
-                    dst_stride[j] = COPY_VECTORS ? 1 : p.k_out_stride[3];
-                    x = static_cast<const T*>(p.k) + base.k_in + h * p.k_stride[1] + d * xs;
-                    dst[j] = static_cast<T*>(p.k_out) + base.k_out + h * p.k_out_stride[1] + d * dst_stride[j];
+                    const long long xs = COPY_VECTORS ? 1 : p.k_stride[3], ys = COPY_VECTORS ? 1 : p.k_out_stride[3];
+                    value[j] = load_pack<COPY_VEC, COPY_VECTORS>(
+                        static_cast<const T*>(p.k) + base.k_in + h * p.k_stride[1] + d * xs, xs);
+                    dst[j] = static_cast<T*>(p.k_out) + base.k_out + h * p.k_out_stride[1] + d * ys;
                 } else {
-                    xs = COPY_VECTORS ? 1 : p.q_stride[3];
-                    dst_stride[j] = COPY_VECTORS ? 1 : p.q_out_stride[3];
-                    x = static_cast<const T*>(p.q) + base.q_in + h * p.q_stride[1] + d * xs;
-                    dst[j] = static_cast<T*>(p.q_out) + base.q_out + h * p.q_out_stride[1] + d * dst_stride[j];
+                    const long long xs = COPY_VECTORS ? 1 : p.q_stride[3], ys = COPY_VECTORS ? 1 : p.q_out_stride[3];
+                    value[j] = load_pack<COPY_VEC, COPY_VECTORS>(
+                        static_cast<const T*>(p.q) + base.q_in + h * p.q_stride[1] + d * xs, xs);
+                    dst[j] = static_cast<T*>(p.q_out) + base.q_out + h * p.q_out_stride[1] + d * ys;
                 }
-                value[j] = load_pack<COPY_VEC, COPY_VECTORS>(x, xs);
             }
 #pragma unroll
-            for (int j = 0; j < COPY_BATCH; ++j)
-                if (dst[j] != nullptr) store_pack<COPY_VEC, COPY_VECTORS>(dst[j], dst_stride[j], value[j]);
+            for (int j = 0; j < COPY_BATCH; ++j) {
+                if (dst[j] == nullptr) continue;
+                const long long ys = COPY_VECTORS ? 1 : dst_is_k[j] ? p.k_out_stride[3] : p.q_out_stride[3];
+                store_pack<COPY_VEC, COPY_VECTORS>(dst[j], ys, value[j]);
+            }
         }
     }
 }
