@@ -6,13 +6,7 @@
 #ifndef ROPE_JIT_ATTENTION_PARAMS_H
 #define ROPE_JIT_ATTENTION_PARAMS_H
 
-#ifndef ROPE_JIT_HOST_DEVICE  // also defined, identically, by rope_params.h
-#if defined(__CUDACC__)
-#define ROPE_JIT_HOST_DEVICE __host__ __device__
-#else
-#define ROPE_JIT_HOST_DEVICE
-#endif
-#endif
+#include "host_device.h"
 
 struct AttentionKernelParams {
     // [B, H, S, D] views; strides in elements. out is written by the forward and read by the

@@ -5,13 +5,7 @@
 #ifndef ROPE_JIT_ROPE_PARAMS_H
 #define ROPE_JIT_ROPE_PARAMS_H
 
-#ifndef ROPE_JIT_HOST_DEVICE  // also defined, identically, by attention_params.h
-#if defined(__CUDACC__)
-#define ROPE_JIT_HOST_DEVICE __host__ __device__
-#else
-#define ROPE_JIT_HOST_DEVICE
-#endif
-#endif
+#include "host_device.h"
 
 struct RopeKernelParams {
     // q, k and their outputs as [B, H, S, D] views; strides in elements. Packed [T, H, D]
