@@ -45,7 +45,7 @@ constexpr int PAIRS_PER_ITEM = INTERLEAVED ? VEC / 2 : VEC;
 // overwrites its partner's input.
 constexpr bool OUT_OF_PLACE_PARTIAL = HEAD_DIM > ROTARY_DIM && !IN_PLACE_Q && (!HAS_K || !IN_PLACE_K);
 constexpr bool CHUNK_ITEMS = !INTERLEAVED && OUT_OF_PLACE_PARTIAL;
-constexpr int ROT_ITEMS = CHUNK_ITEMS ? ROTARY_DIM / VEC : PAIRS / PAIRS_PER_ITEM;
+constexpr int ROT_ITEMS = rope_items_per_head(INTERLEAVED, CHUNK_ITEMS, ROTARY_DIM, VEC);
 // Angles computed once per token into shared memory (else read per item from the tables).
 constexpr bool SHARED_ANGLES = ANGLES_FROM_INV_FREQ || HAS_XPOS || MROPE_AXES > 0;
 // Table rows resolved per token: one per position axis (M-RoPE), else one per role.
@@ -349,8 +349,6 @@ __device__ __forceinline__ void accumulate_freq_grad(const ItemData& g, const It
     }
 }
 
-using TokenBases = RopeTokenBases;
-
 // Token u of the grid as (batch row, index in it); 32-bit division when the sizes allow it.
 __device__ __forceinline__ void split_token(const RopeKernelParams& p, long long u, long long* b, long long* s) {
     if (p.units <= 0x7fffffffLL) {
@@ -365,8 +363,8 @@ __device__ __forceinline__ void split_token(const RopeKernelParams& p, long long
 }
 
 // Where token (b, s)'s rows start in q, q_out, k, k_out (and the saved outputs).
-__device__ __forceinline__ TokenBases token_bases(const RopeKernelParams& p, long long b, long long s) {
-    TokenBases base{-1, -1, -1, -1, 0, 0};
+__device__ __forceinline__ RopeTokenBases token_bases(const RopeKernelParams& p, long long b, long long s) {
+    RopeTokenBases base{-1, -1, -1, -1, 0, 0};
     if (s < p.seqlen_q) {
         base.q_in = b * p.q_stride[0] + s * p.q_stride[2];
         base.q_out = b * p.q_out_stride[0] + s * p.q_out_stride[2];
@@ -406,7 +404,7 @@ struct ItemPlace {
     bool valid;
 };
 
-__device__ __forceinline__ ItemPlace place_item(const RopeKernelParams& p, const TokenBases* bases, int item,
+__device__ __forceinline__ ItemPlace place_item(const RopeKernelParams& p, const RopeTokenBases* bases, int item,
                                                 int items_per_token, int heads_q, int block_items) {
     ItemPlace place;
     place.valid = false;
@@ -416,7 +414,7 @@ __device__ __forceinline__ ItemPlace place_item(const RopeKernelParams& p, const
     int h = rest / ROT_ITEMS;
     place.span = item_span(rest - h * ROT_ITEMS);
     const bool is_k = HAS_K && h >= heads_q;
-    const TokenBases base = bases[token];
+    const RopeTokenBases base = bases[token];
     if (is_k) {
         h -= heads_q;
         const long long in = base.k_in;
@@ -456,11 +454,13 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM) r
     const int threads = static_cast<int>(blockDim.x);  // at most BLOCK_THREADS
     const RopeSmemLayout layout =
         rope_smem_layout(tpb, ROLES, SHARED_ANGLES ? PAIRS : 0, ROW_SETS, FREQ_GRAD ? PAIRS : 0);
-    float* s_cos = reinterpret_cast<float*>(shared + layout.cos);                // [tpb][ROLES][PAIRS] if SHARED_ANGLES
-    float* s_sin = reinterpret_cast<float*>(shared + layout.sin);                // [tpb][ROLES][PAIRS] if SHARED_ANGLES
-    long long* s_row = reinterpret_cast<long long*>(shared + layout.rows);       // [tpb][ROW_SETS]
-    TokenBases* s_bases = reinterpret_cast<TokenBases*>(shared + layout.bases);  // [tpb]
-    float* s_grad = reinterpret_cast<float*>(shared + layout.grad);              // [PAIRS] if FREQ_GRAD
+    // [tpb][ROLES][PAIRS] angles if SHARED_ANGLES, [tpb][ROW_SETS] table rows, [tpb] row bases,
+    // [PAIRS] gradient sums if FREQ_GRAD.
+    float* s_cos = reinterpret_cast<float*>(shared + layout.cos);
+    float* s_sin = reinterpret_cast<float*>(shared + layout.sin);
+    long long* s_row = reinterpret_cast<long long*>(shared + layout.rows);
+    RopeTokenBases* s_bases = reinterpret_cast<RopeTokenBases*>(shared + layout.bases);
+    float* s_grad = reinterpret_cast<float*>(shared + layout.grad);
     const long long first = static_cast<long long>(blockIdx.x) * tpb;
     const int heads_k = HAS_K ? static_cast<int>(p.heads_k) : 0;
     const int heads_q = HAS_K ? heads_k * GQA_GROUP : static_cast<int>(p.heads_q);
@@ -472,7 +472,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM) r
     //    own angles), once per token: the split of a token into (batch row, position) is the
     //    kernel's only 64-bit division (32-bit while the grid has under 2^31 tokens).
     for (int i = threadIdx.x; i < tpb; i += threads) {
-        TokenBases base{-1, -1, -1, -1, 0, 0};
+        RopeTokenBases base{-1, -1, -1, -1, 0, 0};
         if (i < tokens_here) {
             long long b, s;
             split_token(p, first + i, &b, &s);
@@ -547,7 +547,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM) r
                 const int token = rest / (heads_q + heads_k);
                 int h = rest - token * (heads_q + heads_k);
                 const long long d = f < ROTARY_OFFSET ? f : f + ROTARY_DIM;
-                const TokenBases base = s_bases[token];
+                const RopeTokenBases base = s_bases[token];
                 dst_is_k[j] = HAS_K && h >= heads_q;
                 if (dst_is_k[j] ? (IN_PLACE_K || base.k_in < 0) : (IN_PLACE_Q || base.q_in < 0)) continue;
                 if (dst_is_k[j]) {

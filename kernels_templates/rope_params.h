@@ -72,6 +72,13 @@ struct RopeTokenBases {
     long long q_saved, k_saved;  // the forward outputs (frequency gradient only)
 };
 
+// Work items per head of the rope kernel (ROT_ITEMS in rope.cu): interleaved, one per vector of
+// `vec` features; half style, one per vector of first halves and its partner vector, or, with
+// chunk_items (out-of-place partial rotary), one per output vector.
+ROPE_JIT_HOST_DEVICE constexpr int rope_items_per_head(bool interleaved, bool chunk_items, int rotary_dim, int vec) {
+    return interleaved || chunk_items ? rotary_dim / vec : rotary_dim / 2 / vec;
+}
+
 // Byte offsets of a block's shared memory: per token, cos and sin of each angle set when the
 // kernel computes them once per token, the table row of each row set, and the row bases; the
 // block's frequency-gradient sums.

@@ -225,9 +225,8 @@ void CudaBackend::rope(const RopeProblem& p, void* stream_handle) {
     const int64_t pairs = spec.rotary_dim / 2;
     const bool out_of_place_partial =
         spec.rotary_dim < spec.head_dim && !spec.in_place_q && (!spec.has_k || !spec.in_place_k);
-    const bool chunk_items = !spec.interleaved && out_of_place_partial;
-    const int64_t pairs_per_item = spec.interleaved ? spec.vec / 2 : spec.vec;
-    const int64_t head_items = chunk_items ? spec.rotary_dim / spec.vec : pairs / pairs_per_item;
+    const int64_t head_items =
+        rope_items_per_head(spec.interleaved, !spec.interleaved && out_of_place_partial, spec.rotary_dim, spec.vec);
     const int64_t items_per_token = std::max<int64_t>(1, (p.heads_q + (p.has_k ? p.heads_k : 0)) * head_items);
     // Blocks of whole tokens, sized to their items: a block of 256 threads for a token's 320
     // items ran a second, mostly idle round. Items per thread, measured on the H200

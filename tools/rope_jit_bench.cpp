@@ -778,33 +778,47 @@ double time_on_stream(rope_jit::CUstream stream, int repeat, const std::function
     return median(trials);
 }
 
+// A kernel of the bench's own, compiled for device 0 and loaded into the current context;
+// unloaded with the object.
+class CompiledKernel {
+public:
+    CompiledKernel(const char* source, const char* name) {
+        const rope_jit::CompileResult compiled =
+            rope_jit::compile_cuda(source, std::string(name) + ".cu", rope_jit::cuda_device_target(0), {});
+        check_cu(driver().cuModuleLoadData(&module_, compiled.binary.data()), "cuModuleLoadData");
+        check_cu(driver().cuModuleGetFunction(&function_, module_, name), "cuModuleGetFunction");
+    }
+    ~CompiledKernel() { driver().cuModuleUnload(module_); }
+    CompiledKernel(const CompiledKernel&) = delete;
+    CompiledKernel& operator=(const CompiledKernel&) = delete;
+
+    rope_jit::CUfunction function() const { return function_; }
+
+private:
+    rope_jit::CUmodule module_ = nullptr;
+    rope_jit::CUfunction function_ = nullptr;
+};
+
 // The bandwidth a partial in-place call's access pattern allows on this device: a kernel that
 // reads and writes back, unchanged and in place, the same span of every head row (the rotary
 // features) with 16-byte accesses and no arithmetic. A RoPE call reaching this kernel's
 // bandwidth is limited by its access pattern, not by its own work.
 class SpanCopy {
 public:
-    SpanCopy() {
-        const rope_jit::CompileResult compiled = rope_jit::compile_cuda(R"(
+    SpanCopy() : kernel_(R"(
 struct alignas(16) V { unsigned w[4]; };
-extern "C" __global__ void span_copy(char* rows, long long n_rows, long long pitch, int first_chunk, int chunks) {
+extern "C" __global__ void span_copy(char* rows, long long n_rows, long long pitch, int chunks) {
     const long long n = n_rows * chunks;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
         const long long row = i / chunks;
-        V* at = reinterpret_cast<V*>(rows + row * pitch) + first_chunk + (i - row * chunks);
+        V* at = reinterpret_cast<V*>(rows + row * pitch) + (i - row * chunks);
         V v = *at;
         // Opaque to the compiler, so that the store of what was loaded is not dropped.
         asm volatile("" : "+r"(v.w[0]), "+r"(v.w[1]), "+r"(v.w[2]), "+r"(v.w[3]));
         *at = v;
     }
 })",
-                                                                    "span_copy.cu", rope_jit::cuda_device_target(0), {});
-        check_cu(driver().cuModuleLoadData(&module_, compiled.binary.data()), "cuModuleLoadData(span_copy)");
-        check_cu(driver().cuModuleGetFunction(&function_, module_, "span_copy"), "cuModuleGetFunction(span_copy)");
-    }
-    ~SpanCopy() { driver().cuModuleUnload(module_); }
-    SpanCopy(const SpanCopy&) = delete;
-    SpanCopy& operator=(const SpanCopy&) = delete;
+                            "span_copy") {}
 
     // Seconds per pass over q's and k's rows (median, on `stream`), or a negative value when
     // the span is not made of aligned 16-byte chunks.
@@ -814,11 +828,11 @@ extern "C" __global__ void span_copy(char* rows, long long n_rows, long long pit
         if (pitch % 16 != 0 || span % 16 != 0) return -1;
         const auto launch = [&](void* data, size_t bytes) {
             long long n_rows = (long long)(bytes / size_t(pitch)), row_pitch = pitch;
-            int first_chunk = 0, chunks = int(span / 16);
-            void* args[] = {&data, &n_rows, &row_pitch, &first_chunk, &chunks};
+            int chunks = int(span / 16);  // the rotary features start each row (no case has an offset)
+            void* args[] = {&data, &n_rows, &row_pitch, &chunks};
             const long long work = n_rows * chunks;
             const unsigned blocks = unsigned(std::min<long long>((work + 255) / 256, 1 << 20));
-            check_cu(driver().cuLaunchKernel(function_, blocks, 1, 1, 256, 1, 1, 0, stream, args, nullptr),
+            check_cu(driver().cuLaunchKernel(kernel_.function(), blocks, 1, 1, 256, 1, 1, 0, stream, args, nullptr),
                      "cuLaunchKernel(span_copy)");
         };
         return time_on_stream(stream, 20, [&] {
@@ -828,8 +842,7 @@ extern "C" __global__ void span_copy(char* rows, long long n_rows, long long pit
     }
 
 private:
-    rope_jit::CUmodule module_ = nullptr;
-    rope_jit::CUfunction function_ = nullptr;
+    CompiledKernel kernel_;
 };
 
 void add_stats(const rope_jit_runtime* runtime, uint64_t& compiles, double& compile_ms) {
@@ -949,12 +962,7 @@ nlohmann::json bench_cuda(const std::vector<Case>& cases) {
         try {
             // Host overhead: wall time per call of many back-to-back decode calls, against a
             // bare cuLaunchKernel of an empty kernel, both on the same stream.
-            const rope_jit::CompileResult empty = rope_jit::compile_cuda(
-                "extern \"C\" __global__ void empty_kernel() {}", "empty.cu", rope_jit::cuda_device_target(0), {});
-            rope_jit::CUmodule module = nullptr;
-            rope_jit::CUfunction function = nullptr;
-            check_cu(api->cuModuleLoadData(&module, empty.binary.data()), "cuModuleLoadData");
-            check_cu(api->cuModuleGetFunction(&function, module, "empty_kernel"), "cuModuleGetFunction");
+            const CompiledKernel empty("extern \"C\" __global__ void empty_kernel() {}", "empty_kernel");
             auto host_time = [&](const std::function<void()>& call) {
                 std::vector<double> trials;
                 for (int trial = 0; trial < 5; ++trial) {
@@ -969,10 +977,9 @@ nlohmann::json bench_cuda(const std::vector<Case>& cases) {
             };
             const double rope_us = host_time([&] { require_ok(rope_jit_rope(runtime, decode_args), "rope"); });
             const double empty_us = host_time([&] {
-                check_cu(api->cuLaunchKernel(function, 1, 1, 1, 32, 1, 1, 0, stream, nullptr, nullptr),
+                check_cu(api->cuLaunchKernel(empty.function(), 1, 1, 1, 32, 1, 1, 0, stream, nullptr, nullptr),
                          "cuLaunchKernel");
             });
-            api->cuModuleUnload(module);
             const double decode_stream_us =
                 time_on_stream(stream, 200, [&] { require_ok(rope_jit_rope(runtime, decode_args), "rope"); }) * 1e6;
             // Inside a CUDA graph, as decode loops run: 100 calls captured once, the graph replayed.
