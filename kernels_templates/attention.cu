@@ -11,6 +11,8 @@
 //   CAUSAL, GQA_GROUP         top-left causal mask; Hq = GQA_GROUP * Hk
 //   WRITE_LSE                 the forward writes the log-sum-exp
 //   TENSOR_CORES              1: mma.sync (16-bit dtypes, sm_80+); 0: one warp per row
+//   WGMMA, STAGES             the forward on warpgroup matrix products (sm_90a; see wg::),
+//                             with STAGES key/value tiles in shared memory (2 or 3)
 //   TABLE_ASYNC               tables are staged with cp.async (aligned, unit column stride)
 //   WARPS, M_TILES, BLOCK_N   warps per block, 16-row tiles each warp owns; streamed tile rows
 //   COMPUTE_DK, COMPUTE_DV    which gradients a dk/dv kernel accumulates
@@ -411,7 +413,7 @@ constexpr int TBYTES = TABLE_DTYPE == 0 ? 4 : 2;
 constexpr int TABLE_ROW_BYTES = ROTATE && TABLE_ASYNC ? TCOLS * TBYTES : 0;
 constexpr int TABLE_CHUNKS = TABLE_ROW_BYTES / 16;
 constexpr AttentionSmemLayout SMEM =
-    attention_smem_layout(KIND, DP, WARPS, M_TILES, BLOCK_N, HAS_POS_MASK, TABLE_ROW_BYTES);
+    attention_smem_layout(KIND, DP, WARPS, M_TILES, BLOCK_N, HAS_POS_MASK, TABLE_ROW_BYTES, WGMMA, STAGES);
 
 // Rotation work items of one row: a chunk of interleaved pairs, or (half style) a chunk of
 // first halves with the chunk of their partners R/2 later; then the chunks past the rotary
@@ -455,6 +457,9 @@ __device__ __forceinline__ void cp_async4(void* dst, const void* src, bool valid
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+// Waits until at most `PENDING` of this thread's most recent copy groups are still in flight.
+template <int PENDING>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING) : "memory"); }
 
 template <int D = DTYPE>
 __device__ __forceinline__ unsigned pack2(float lo, float hi) {
@@ -708,6 +713,40 @@ __device__ __forceinline__ void pair_angles(const AttentionKernelParams& p, cons
     }
 }
 
+// Rotates one chunk of four interleaved pairs (pairs pair0.. of row r, token `token`), angles
+// as pair_angles gives them. Two pairs at a time keeps few angles live beside the caller's
+// accumulators.
+template <bool STAGED>
+__device__ __forceinline__ void rotate_pairs_chunk(U4& x, const AttentionKernelParams& p, const char* cos_rows,
+                                                   const char* sin_rows, int r, long long token, int pair0) {
+#pragma unroll
+    for (int e = 0; e < 4; e += 2) {
+        float c[2], s[2];
+        pair_angles<2, STAGED>(p, cos_rows, sin_rows, r, token, pair0 + e, c, s);
+#pragma unroll
+        for (int f = 0; f < 2; ++f) {
+            const F2 v = unpack2(x.w[e + f]);
+            x.w[e + f] = pack2(v.x * c[f] - v.y * s[f], v.y * c[f] + v.x * s[f]);
+        }
+    }
+}
+
+// Rotates a chunk of eight first-half features (pairs pair0..) with the chunk of their
+// partners R/2 later (half style).
+template <bool STAGED>
+__device__ __forceinline__ void rotate_halves_chunks(U4& xa, U4& xb, const AttentionKernelParams& p,
+                                                     const char* cos_rows, const char* sin_rows, int r,
+                                                     long long token, int pair0) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        float c[2], s[2];
+        pair_angles<2, STAGED>(p, cos_rows, sin_rows, r, token, pair0 + 2 * e, c, s);
+        const F2 a = unpack2(xa.w[e]), bb = unpack2(xb.w[e]);
+        xa.w[e] = pack2(a.x * c[0] - bb.x * s[0], a.y * c[1] - bb.y * s[1]);
+        xb.w[e] = pack2(bb.x * c[0] + a.x * s[0], bb.y * c[1] + a.y * s[1]);
+    }
+}
+
 // Writes rows [0, ROWS) of `src` (raw, zero-filled) into `dst` rotated by the table rows of
 // tokens row0 + r (tokens without a position and rows past `valid` stay as they are), their
 // plain copy into `plain` (pos_mask), and each row's positioned flag into `flags`. dst may be
@@ -736,19 +775,7 @@ __device__ void rotate_rows(T* dst, T* plain, const T* src, const char* cos_rows
             const int ch = k;
             U4 x = *reinterpret_cast<const U4*>(s_row + ch * 8);
             if constexpr (HAS_POS_MASK) *reinterpret_cast<U4*>(p_row + ch * 8) = x;
-            if (rotate) {
-                // Two pairs at a time keeps few angles live beside the caller's accumulators.
-#pragma unroll
-                for (int e = 0; e < 4; e += 2) {
-                    float c[2], s[2];
-                    pair_angles<2, STAGED>(p, cos_rows, sin_rows, r, token, ch * 4 + e, c, s);
-#pragma unroll
-                    for (int f = 0; f < 2; ++f) {
-                        const F2 v = unpack2(x.w[e + f]);
-                        x.w[e + f] = pack2(v.x * c[f] - v.y * s[f], v.y * c[f] + v.x * s[f]);
-                    }
-                }
-            }
+            if (rotate) rotate_pairs_chunk<STAGED>(x, p, cos_rows, sin_rows, r, token, ch * 4);
             *reinterpret_cast<U4*>(d_row + ch * 8) = x;
         } else {
             const int ca = k, cb = k + ROTARY_DIM / 16;
@@ -758,16 +785,7 @@ __device__ void rotate_rows(T* dst, T* plain, const T* src, const char* cos_rows
                 *reinterpret_cast<U4*>(p_row + ca * 8) = xa;
                 *reinterpret_cast<U4*>(p_row + cb * 8) = xb;
             }
-            if (rotate) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    float c[2], s[2];
-                    pair_angles<2, STAGED>(p, cos_rows, sin_rows, r, token, ca * 8 + 2 * e, c, s);
-                    const F2 a = unpack2(xa.w[e]), bb = unpack2(xb.w[e]);
-                    xa.w[e] = pack2(a.x * c[0] - bb.x * s[0], a.y * c[1] - bb.y * s[1]);
-                    xb.w[e] = pack2(bb.x * c[0] + a.x * s[0], bb.y * c[1] + a.y * s[1]);
-                }
-            }
+            if (rotate) rotate_halves_chunks<STAGED>(xa, xb, p, cos_rows, sin_rows, r, token, ca * 8);
             *reinterpret_cast<U4*>(d_row + ca * 8) = xa;
             *reinterpret_cast<U4*>(d_row + cb * 8) = xb;
         }
@@ -879,6 +897,64 @@ __device__ __forceinline__ void split_plain(float (&rot)[NT][4], float (&plain)[
             plain[nt][e] = rotated ? 0.f : rot[nt][e];
             if (!rotated) rot[nt][e] = 0.f;
         }
+}
+
+// One step of the online softmax over a 16 x 8*NT score tile, one row pair per thread (rows g
+// and g + 8): scores (base 2, masks applied, times `scale` > 0 still to apply) become
+// probabilities relative to the running row maximum, and the row sums and the output
+// accumulators are rescaled to the new maximum.
+template <int NT>
+__device__ __forceinline__ void online_softmax(float (&s)[NT][4], float (&row_max)[2], float (&row_sum)[2],
+                                               float (&o)[DTILES][4], float scale = 1.f) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        float mx = neg_inf();
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
+        const float m_new = fmaxf(row_max[r], mx * scale);
+        const float m_use = m_new == neg_inf() ? 0.f : m_new;
+        const float alpha = exp2_approx(row_max[r] - m_use);
+        row_max[r] = m_new;
+        float sum = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+            s[nt][2 * r] = exp2_approx(fmaf(s[nt][2 * r], scale, -m_use));
+            s[nt][2 * r + 1] = exp2_approx(fmaf(s[nt][2 * r + 1], scale, -m_use));
+            sum += s[nt][2 * r] + s[nt][2 * r + 1];
+        }
+        row_sum[r] = row_sum[r] * alpha + sum;
+#pragma unroll
+        for (int dt = 0; dt < DTILES; ++dt) {
+            o[dt][2 * r] *= alpha;
+            o[dt][2 * r + 1] *= alpha;
+        }
+    }
+}
+
+// Normalizes a warp's 16 output rows (first query first_row) by their softmax sums and writes
+// them through `stage` (16 of the warp's own shared rows), with the log-sum-exp if asked.
+template <int D = DTYPE>
+__device__ __forceinline__ void finish_rows(const float (&o)[DTILES][4], const float (&row_max)[2],
+                                            float (&row_sum)[2], T* stage, const AttentionKernelParams& p,
+                                            long long b, long long h, long long first_row, int lane) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        row_sum[r] += __shfl_xor_sync(FULL_MASK, row_sum[r], 1);
+        row_sum[r] += __shfl_xor_sync(FULL_MASK, row_sum[r], 2);
+    }
+    store_rows(o, row_sum[0] > 0.f ? 1.f / row_sum[0] : 0.f, row_sum[1] > 0.f ? 1.f / row_sum[1] : 0.f, stage,
+               head_row_out(p.out, p.out_stride, b, h, 0), p.out_stride[2], first_row, p.seqlen_q, lane);
+    if (WRITE_LSE && (lane & 3) == 0) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const long long i = first_row + (lane >> 2) + 8 * r;
+            if (i < p.seqlen_q)
+                p.lse[b * p.lse_stride[0] + h * p.lse_stride[1] + i * p.lse_stride[2]] =
+                    row_sum[r] > 0.f ? (row_max[r] + __log2f(row_sum[r])) * LN2 : neg_inf();
+        }
+    }
 }
 
 // Pointers into one block's shared memory. The second of a double buffer is found by its
@@ -1004,32 +1080,7 @@ __device__ void forward(const AttentionKernelParams& p, char* smem) {
 #pragma unroll
         for (int mt = 0; mt < M_TILES; ++mt) {
             scale_and_mask<NT, false>(s[mt], p, b, row_first + mt * 16, n0, check_bounds, check_causal, lane);
-            // Online softmax, one row pair per thread (rows g and g + 8 of the tile).
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                float mx = neg_inf();
-#pragma unroll
-                for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * r], s[mt][nt][2 * r + 1]));
-                mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 1));
-                mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
-                const float m_new = fmaxf(row_max[mt][r], mx);
-                const float m_use = m_new == neg_inf() ? 0.f : m_new;
-                const float alpha = exp2_approx(row_max[mt][r] - m_use);
-                row_max[mt][r] = m_new;
-                float sum = 0.f;
-#pragma unroll
-                for (int nt = 0; nt < NT; ++nt) {
-                    s[mt][nt][2 * r] = exp2_approx(s[mt][nt][2 * r] - m_use);
-                    s[mt][nt][2 * r + 1] = exp2_approx(s[mt][nt][2 * r + 1] - m_use);
-                    sum += s[mt][nt][2 * r] + s[mt][nt][2 * r + 1];
-                }
-                row_sum[mt][r] = row_sum[mt][r] * alpha + sum;
-#pragma unroll
-                for (int dt = 0; dt < DTILES; ++dt) {
-                    o[mt][dt][2 * r] *= alpha;
-                    o[mt][dt][2 * r + 1] *= alpha;
-                }
-            }
+            online_softmax<NT>(s[mt], row_max[mt], row_sum[mt], o[mt]);
             to_a_fragments<NT>(pa[mt], s[mt]);
         }
 
@@ -1055,25 +1106,9 @@ __device__ void forward(const AttentionKernelParams& p, char* smem) {
 
     // Only this warp reads its query rows: it may stage its output there.
 #pragma unroll
-    for (int mt = 0; mt < M_TILES; ++mt) {
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            row_sum[mt][r] += __shfl_xor_sync(FULL_MASK, row_sum[mt][r], 1);
-            row_sum[mt][r] += __shfl_xor_sync(FULL_MASK, row_sum[mt][r], 2);
-        }
-        store_rows(o[mt], row_sum[mt][0] > 0.f ? 1.f / row_sum[mt][0] : 0.f,
-                   row_sum[mt][1] > 0.f ? 1.f / row_sum[mt][1] : 0.f, m.q + (warp * WARP_ROWS + mt * 16) * ROWE,
-                   head_row_out(p.out, p.out_stride, b, h, 0), p.out_stride[2], row_first + mt * 16, p.seqlen_q, lane);
-        if (WRITE_LSE && (lane & 3) == 0) {
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                const long long i = row_first + mt * 16 + (lane >> 2) + 8 * r;
-                if (i < p.seqlen_q)
-                    p.lse[b * p.lse_stride[0] + h * p.lse_stride[1] + i * p.lse_stride[2]] =
-                        row_sum[mt][r] > 0.f ? (row_max[mt][r] + __log2f(row_sum[mt][r])) * LN2 : neg_inf();
-            }
-        }
-    }
+    for (int mt = 0; mt < M_TILES; ++mt)
+        finish_rows(o[mt], row_max[mt], row_sum[mt], m.q + (warp * WARP_ROWS + mt * 16) * ROWE, p, b, h,
+                    row_first + mt * 16, lane);
 }
 
 // lse of a row in base 2, as the backward uses it: +inf for rows that see no key or lie past
@@ -1358,6 +1393,370 @@ __device__ void backward_dkdv(const AttentionKernelParams& p, char* smem) {
                    first, p.seqlen_k, lane);
 }
 
+// ---- the forward on sm_90: warpgroup matrix products ----------------------------------------
+//
+// WGMMA: each warpgroup (4 warps) owns 64 query rows, rotated once and held in registers as
+// the A operand; the tensor cores read key and value tiles from shared memory through matrix
+// descriptors. STAGES tiles of BLOCK_N keys (and values) are in shared memory, STAGES - 1 of
+// them arriving, with one barrier per tile:
+//   top of tile t: K_{t+S-1}, its table rows and V_{t+S-1} start arriving (cp.async)
+//   S = Q K_t^T; masks; online softmax; O += P V_t (issued, runs on)
+//   once K_{t+1} landed, each thread rotates the chunks it copied itself (no barrier needed)
+//   wait for O; make the shared-memory writes visible to the tensor cores; barrier
+// A streamed tile is stored "chunk-major": 16-byte chunk c of row r at (c * BLOCK_N + r) * 16,
+// so eight consecutive rows of one chunk form one 128-byte core matrix of the wgmma layout.
+
+namespace wg {
+
+// Operand lists of the wgmma wrappers: accumulators d[N/8][4] as %0.. (N/2 registers), then
+// A's four registers, B's descriptor and the transpose flag.
+#define ROPE_JIT_WGMMA_D64 \
+    "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), \
+    "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), \
+    "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), \
+    "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), \
+    "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), \
+    "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), \
+    "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), \
+    "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+#define ROPE_JIT_WGMMA_REGS64 \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define ROPE_JIT_WGMMA_ARGS64 "}, {%32, %33, %34, %35}, %36, p, 1, 1, %37;\n}\n"
+#define ROPE_JIT_WGMMA_D128 \
+    "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), \
+    "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), \
+    "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), \
+    "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), \
+    "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), \
+    "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), \
+    "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), \
+    "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), \
+    "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), \
+    "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), \
+    "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), \
+    "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), \
+    "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), \
+    "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), \
+    "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), \
+    "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+#define ROPE_JIT_WGMMA_REGS128 \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define ROPE_JIT_WGMMA_ARGS128 "}, {%64, %65, %66, %67}, %68, p, 1, 1, %69;\n}\n"
+
+template <int TRANS_B, int D = DTYPE>
+__device__ __forceinline__ void wgmma_n64(float (&d)[8][4], const unsigned (&a)[4], unsigned long long b) {
+    if constexpr (D == 1)
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\nwgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {"
+                     ROPE_JIT_WGMMA_REGS64 ROPE_JIT_WGMMA_ARGS64
+                     : ROPE_JIT_WGMMA_D64
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TRANS_B));
+    else
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\nwgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+                     ROPE_JIT_WGMMA_REGS64 ROPE_JIT_WGMMA_ARGS64
+                     : ROPE_JIT_WGMMA_D64
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TRANS_B));
+}
+
+template <int TRANS_B, int D = DTYPE>
+__device__ __forceinline__ void wgmma_n128(float (&d)[16][4], const unsigned (&a)[4], unsigned long long b) {
+    if constexpr (D == 1)
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\nwgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {"
+                     ROPE_JIT_WGMMA_REGS128 ROPE_JIT_WGMMA_ARGS128
+                     : ROPE_JIT_WGMMA_D128
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TRANS_B));
+    else
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\nwgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+                     ROPE_JIT_WGMMA_REGS128 ROPE_JIT_WGMMA_ARGS128
+                     : ROPE_JIT_WGMMA_D128
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TRANS_B));
+}
+
+// d (64 x N over the warpgroup) += A (registers, 64 x 16) * B (shared memory, 16 x N);
+// TRANS_B: B is stored N-major (values) rather than K-major (keys).
+template <int N, int TRANS_B>
+__device__ __forceinline__ void wgmma(float (&d)[N / 8][4], const unsigned (&a)[4], unsigned long long b) {
+    static_assert(N == 64 || N == 128, "wgmma tiles of 64 or 128 columns");
+    if constexpr (N == 64) wgmma_n64<TRANS_B>(d, a, b);
+    else wgmma_n128<TRANS_B>(d, a, b);
+}
+
+// Orders this thread's register writes before the next wgmma reads them.
+__device__ __forceinline__ void fence_operands() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// Makes this thread's shared-memory writes (stores and completed cp.async) visible to the
+// tensor cores, which read through the async proxy; a barrier must follow.
+__device__ __forceinline__ void fence_async_proxy() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// A shared-memory matrix descriptor without swizzling: start address, the byte distance of
+// core matrices along K (leading) and along M/N (stride), each in 16-byte units.
+__device__ __forceinline__ unsigned long long descriptor(unsigned address, unsigned leading, unsigned stride) {
+    return static_cast<unsigned long long>((address >> 4) & 0x3fffu) |
+           static_cast<unsigned long long>((leading >> 4) & 0x3fffu) << 16 |
+           static_cast<unsigned long long>((stride >> 4) & 0x3fffu) << 32;
+}
+
+constexpr int CHUNK_STRIDE = BLOCK_N * 16;  // bytes between chunk c and c + 1 of a tile row
+__device__ __forceinline__ int chunk_offset(int row, int chunk) { return chunk * CHUNK_STRIDE + row * 16; }
+// Keys (B of S = Q K^T, K-major): the next 16 features are 2 chunks on, 8 rows are 128 bytes.
+constexpr unsigned K_LEADING = CHUNK_STRIDE, K_STRIDE = 128, K_STEP = 2 * CHUNK_STRIDE;
+// Values (B of O += P V, N-major): the next 8 keys are 128 bytes on, 8 features one chunk.
+constexpr unsigned V_LEADING = 128, V_STRIDE = CHUNK_STRIDE, V_STEP = 256;
+
+// Who loads what of a streamed tile: the tile is cut into units of 8 rows x 4 items (rotation
+// items, numbered as in rotate_rows: chunks of interleaved pairs or first-half chunks with their
+// partners, then plain chunks; for values, chunks); warp w takes units w, w + WARPS, ... and in
+// a unit lane l takes row l % 8 and item l / 8. Each quarter warp then stores 8 consecutive
+// rows of one chunk (one 128-byte core matrix: no bank conflicts) and each row is read 64
+// bytes at a time (whole 32-byte sectors). The thread that copies a key chunk also rotates
+// it, so the rotation needs no barrier after the copies. Rotating items stage the table
+// columns of their own pairs: ITEM_TABLE_BYTES per item and table.
+constexpr int ROW_UNITS = BLOCK_N / 8;
+constexpr int KEY_PASSES = (ROW_UNITS * ((ITEMS + 3) / 4) + WARPS - 1) / WARPS;
+constexpr int VALUE_PASSES = (ROW_UNITS * ((CHUNKS + 3) / 4) + WARPS - 1) / WARPS;
+constexpr int ITEM_PAIRS = INTERLEAVED ? 4 : 8;
+constexpr int TABLE_STEP = TABLE_FULL && INTERLEAVED ? 2 : 1;  // table columns per pair
+constexpr int ITEM_TABLE_BYTES = ITEM_PAIRS * TABLE_STEP * TBYTES;
+static_assert(!WGMMA || !ROTATE || !TABLE_ASYNC || ITEM_TABLE_BYTES % 8 == 0, "staged table pieces of 8 or 16 bytes");
+
+// Row and item of this thread in pass `pass` over a tile of `items` items per row; false past
+// the tile.
+__device__ __forceinline__ bool unit_slot(int pass, int items, int* row, int* item) {
+    const int unit = static_cast<int>(threadIdx.x >> 5) + WARPS * pass, lane = threadIdx.x & 31;
+    *row = (unit % ROW_UNITS) * 8 + (lane & 7);
+    *item = (unit / ROW_UNITS) * 4 + (lane >> 3);
+    return unit < ROW_UNITS * ((items + 3) / 4) && *item < items;
+}
+
+__device__ __forceinline__ void cp_async8(void* dst, const void* src, bool valid) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(shared_address(dst)), "l"(src),
+                 "r"(valid ? 8 : 0)
+                 : "memory");
+}
+
+// Starts copying key rows [n0, n0 + BLOCK_N) into `tile` (chunk-major, zero past Sk and past
+// head_dim), with the table columns of each rotating item.
+template <int D = DTYPE>
+__device__ __forceinline__ void issue_key_tile(char* tile, char* cos_stage, char* sin_stage,
+                                               const AttentionKernelParams& p, const T* k_head, long long n0) {
+#pragma unroll
+    for (int pass = 0; pass < KEY_PASSES; ++pass) {
+        int row, k;
+        if (!unit_slot(pass, ITEMS, &row, &k)) continue;
+        const long long token = n0 + row;
+        const bool ok = token < p.seqlen_k;
+        const T* src = k_head + (ok ? token : 0) * p.k_stride[2];
+        char* const dst = tile + row * 16;
+        if (k < ROT_ITEMS) {
+            cp_async16(dst + k * CHUNK_STRIDE, src + k * 8, ok);
+            if constexpr (!INTERLEAVED)
+                cp_async16(dst + (k + ROTARY_DIM / 16) * CHUNK_STRIDE, src + (k + ROTARY_DIM / 16) * 8, ok);
+            if constexpr (TABLE_ASYNC) {
+                // The item's table columns start k * ITEM_TABLE_BYTES into the token's rows.
+                const char* cos_src =
+                    static_cast<const char*>(p.cos) + (ok ? token : 0) * p.cos_stride[0] * TBYTES + k * ITEM_TABLE_BYTES;
+                const char* sin_src =
+                    static_cast<const char*>(p.sin) + (ok ? token : 0) * p.sin_stride[0] * TBYTES + k * ITEM_TABLE_BYTES;
+                char* cos_dst = cos_stage + (k * BLOCK_N + row) * ITEM_TABLE_BYTES;
+                char* sin_dst = sin_stage + (k * BLOCK_N + row) * ITEM_TABLE_BYTES;
+                if constexpr (ITEM_TABLE_BYTES == 8) {
+                    cp_async8(cos_dst, cos_src, ok);
+                    cp_async8(sin_dst, sin_src, ok);
+                } else {
+#pragma unroll
+                    for (int piece = 0; piece < ITEM_TABLE_BYTES; piece += 16) {
+                        cp_async16(cos_dst + piece, cos_src + piece, ok);
+                        cp_async16(sin_dst + piece, sin_src + piece, ok);
+                    }
+                }
+            }
+        } else {
+            const int ch = FIRST_PLAIN + (k - ROT_ITEMS);
+            cp_async16(dst + ch * CHUNK_STRIDE, src + (ch < DCHUNKS ? ch : 0) * 8, ok && ch < DCHUNKS);
+        }
+    }
+}
+
+// Rotates, in place, the key chunks this thread copied with issue_key_tile, once its own
+// copies completed (no other thread touches them).
+template <int D = DTYPE>
+__device__ __forceinline__ void rotate_key_tile(char* tile, const char* cos_stage, const char* sin_stage,
+                                                const AttentionKernelParams& p, long long n0) {
+    if constexpr (ROTATE) {
+#pragma unroll
+        for (int pass = 0; pass < KEY_PASSES; ++pass) {
+            int row, k;
+            if (!unit_slot(pass, ITEMS, &row, &k) || k >= ROT_ITEMS) continue;
+            const long long token = n0 + row;
+            if (token >= p.seqlen_k) continue;  // zero rows; the tables may not reach them
+            // Staged angles: this item's own columns (row 0 of its stage, pairs from 0).
+            const char* cos_rows = cos_stage + (k * BLOCK_N + row) * ITEM_TABLE_BYTES;
+            const char* sin_rows = sin_stage + (k * BLOCK_N + row) * ITEM_TABLE_BYTES;
+            const int pair0 = TABLE_ASYNC ? 0 : k * ITEM_PAIRS;
+            U4* xa = reinterpret_cast<U4*>(tile + row * 16 + k * CHUNK_STRIDE);
+            if constexpr (INTERLEAVED) {
+                U4 x = *xa;
+                rotate_pairs_chunk<TABLE_ASYNC>(x, p, cos_rows, sin_rows, 0, token, pair0);
+                *xa = x;
+            } else {
+                U4* xb = reinterpret_cast<U4*>(tile + row * 16 + (k + ROTARY_DIM / 16) * CHUNK_STRIDE);
+                U4 a = *xa, bb = *xb;
+                rotate_halves_chunks<TABLE_ASYNC>(a, bb, p, cos_rows, sin_rows, 0, token, pair0);
+                *xa = a;
+                *xb = bb;
+            }
+        }
+    }
+}
+
+// Starts copying value rows [n0, n0 + BLOCK_N) into `tile` (chunk-major).
+template <int D = DTYPE>
+__device__ __forceinline__ void issue_value_tile(char* tile, const AttentionKernelParams& p, const T* v_head,
+                                                 long long n0) {
+#pragma unroll
+    for (int pass = 0; pass < VALUE_PASSES; ++pass) {
+        int row, ch;
+        if (!unit_slot(pass, CHUNKS, &row, &ch)) continue;
+        const long long token = n0 + row;
+        const bool ok = token < p.seqlen_k && ch < DCHUNKS;
+        cp_async16(tile + row * 16 + ch * CHUNK_STRIDE, v_head + (ok ? token * p.v_stride[2] + ch * 8 : 0), ok);
+    }
+}
+
+// Compiler-level fences on registers a wgmma reads or writes asynchronously: the empty asm
+// "modifies" them, so no use of an accumulator moves above the wait before it, and no input
+// register is reused before the wait after it.
+template <int N>
+__device__ __forceinline__ void fence_registers(float (&r)[N][4]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+        asm volatile("" : "+f"(r[i][0]), "+f"(r[i][1]), "+f"(r[i][2]), "+f"(r[i][3])::"memory");
+}
+template <int N>
+__device__ __forceinline__ void fence_registers(unsigned (&r)[N][4]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+        asm volatile("" : "+r"(r[i][0]), "+r"(r[i][1]), "+r"(r[i][2]), "+r"(r[i][3])::"memory");
+}
+
+template <int D = DTYPE>
+__device__ void forward(const AttentionKernelParams& p, char* smem) {
+    constexpr int NT = BLOCK_N / 8;
+    static_assert(WARPS % 4 == 0 && M_TILES == 1 && !HAS_POS_MASK, "warpgroups of 16-row warps, no pos_mask");
+    static_assert(STAGES == 2 || STAGES == 3, "two or three tiles in shared memory");
+    const Buffers m = carve(smem);
+    // Tile t lives in buffer t % STAGES; its table rows in stage t % (STAGES - 1).
+    constexpr int TILE_BYTES = BLOCK_N * DP * 2, TABLE_STAGE_BYTES = BLOCK_N * TABLE_ROW_BYTES;
+    auto key_tile = [&](int t) { return smem + SMEM.k + (t % STAGES) * TILE_BYTES; };
+    auto value_tile = [&](int t) { return smem + SMEM.v0 + (t % STAGES) * TILE_BYTES; };
+    auto cos_stage = [&](int t) { return smem + SMEM.cos_stage + (t % (STAGES - 1)) * TABLE_STAGE_BYTES; };
+    auto sin_stage = [&](int t) { return smem + SMEM.sin_stage + (t % (STAGES - 1)) * TABLE_STAGE_BYTES; };
+    // Starts tile t's copies (keys with their table rows, values) as one copy group.
+    auto issue_tile = [&](int t, const T* k_head, const T* v_head) {
+        const long long n0 = static_cast<long long>(t) * BLOCK_N;
+        issue_key_tile(key_tile(t), cos_stage(t), sin_stage(t), p, k_head, n0);
+        issue_value_tile(value_tile(t), p, v_head, n0);
+    };
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const long long heads = p.batch * p.heads_q;
+    const long long bh = blockIdx.x % heads;
+    const long long m_block = p.sequence_blocks - 1 - blockIdx.x / heads;  // the longest (causal) rows first
+    const long long b = bh / p.heads_q, h = bh % p.heads_q, hk = h / GQA_GROUP;
+    const long long m0 = m_block * RESIDENT;
+    const T* q_head = head_row(p.q, p.q_stride, b, h, 0);
+    const T* k_head = head_row(p.k, p.k_stride, b, hk, 0);
+    const T* v_head = head_row(p.v, p.v_stride, b, hk, 0);
+    const long long key_end = CAUSAL ? (m0 + RESIDENT < p.seqlen_k ? m0 + RESIDENT : p.seqlen_k) : p.seqlen_k;
+    const int tiles = static_cast<int>((key_end + BLOCK_N - 1) / BLOCK_N);
+
+    // Copy groups: the queries with tile 0, then one per tile (empty past the last), so that
+    // "all but the newest STAGES - 2 groups" is always "up to the next tile".
+    issue_rows<RESIDENT>(m.q, q_head, p.q_stride[2], m0, p.seqlen_q);
+    if (tiles > 0) issue_tile(0, k_head, v_head);
+    cp_async_commit();
+#pragma unroll
+    for (int t = 1; t < STAGES - 1; ++t) {
+        if (t < tiles) issue_tile(t, k_head, v_head);
+        cp_async_commit();
+    }
+    cp_async_wait<STAGES - 2>();
+    if (tiles > 0) rotate_key_tile(key_tile(0), cos_stage(0), sin_stage(0), p, 0);
+    __syncthreads();
+    rotate_rows<RESIDENT, false>(m.q, m.q_plain, m.q, nullptr, nullptr, m.q_flags, p, b, m0, p.seqlen_q);
+    fence_async_proxy();
+    __syncthreads();
+
+    // This warp's 16 rotated query rows stay in shared memory; each tile reloads them as A
+    // fragments. (Held in registers across the loop, ptxas 13.0 gave the fragments' registers
+    // to the P fragments of the same shape (head_dim == BLOCK_N), and the second tile
+    // multiplied P by K.)
+    const unsigned q_fragments = shared_address(m.q + warp * 16 * ROWE) + a_lane_offset(lane);
+    const long long row_first = m0 + warp * 16;
+    float o[DTILES][4];
+    float row_max[2] = {neg_inf(), neg_inf()}, row_sum[2] = {0.f, 0.f};
+    zero(o);
+    for (int t = 0; t < tiles; ++t) {
+        const long long n0 = static_cast<long long>(t) * BLOCK_N;
+        if (t + STAGES - 1 < tiles) issue_tile(t + STAGES - 1, k_head, v_head);
+        cp_async_commit();
+
+        unsigned qa[KSTEPS][4];
+#pragma unroll
+        for (int kk = 0; kk < KSTEPS; ++kk) ldmatrix_x4(qa[kk], q_fragments + kk * 32);
+        float s[NT][4];
+        zero(s);
+        fence_registers(s);
+        __syncwarp();  // wgmma instructions are warp-aligned: every lane at the same one
+        fence_operands();
+        const unsigned k_address = shared_address(key_tile(t));
+#pragma unroll
+        for (int kk = 0; kk < KSTEPS; ++kk) wgmma<BLOCK_N, 0>(s, qa[kk], descriptor(k_address + kk * K_STEP, K_LEADING, K_STRIDE));
+        commit();
+        wait_all();
+        fence_registers(s);
+        fence_registers(qa);
+
+        // Tiles inside the sequence and below the diagonal need no mask: the softmax then
+        // applies the scale itself, in the exponent's multiply-add. The choice is the same for
+        // the whole warpgroup (its first row decides), whose warps must meet at the same wgmma.
+        const bool check_bounds = n0 + BLOCK_N > p.seqlen_k;
+        const bool check_causal = CAUSAL && n0 + BLOCK_N - 1 > m0 + (warp >> 2) * 64;
+        float scale = p.scale_log2;
+        if (check_bounds || check_causal || MASK_KIND != 0 || !(scale > 0.f)) {
+            scale_and_mask<NT, false>(s, p, b, row_first, n0, check_bounds, check_causal, lane);
+            scale = 1.f;
+        }
+        online_softmax<NT>(s, row_max, row_sum, o, scale);
+        unsigned pa[NT / 2][4];
+        to_a_fragments<NT>(pa, s);
+
+        fence_registers(o);
+        fence_registers(pa);
+        __syncwarp();
+        fence_operands();
+        const unsigned v_address = shared_address(value_tile(t));
+#pragma unroll
+        for (int kk = 0; kk < NT / 2; ++kk) wgmma<DP, 1>(o, pa[kk], descriptor(v_address + kk * V_STEP, V_LEADING, V_STRIDE));
+        commit();
+
+        cp_async_wait<STAGES - 2>();  // tile t + 1
+        if (t + 1 < tiles) rotate_key_tile(key_tile(t + 1), cos_stage(t + 1), sin_stage(t + 1), p, n0 + BLOCK_N);
+        __syncwarp();  // the rotation branches per lane; the wait is warp-aligned
+        wait_all();
+        fence_registers(o);
+        fence_registers(pa);
+        fence_async_proxy();
+        __syncthreads();
+    }
+    finish_rows(o, row_max, row_sum, m.q + warp * 16 * ROWE, p, b, h, row_first, lane);
+}
+
+}  // namespace wg
+
 }  // namespace tc
 
 }  // namespace
@@ -1368,7 +1767,8 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, TENSOR_CORES && KIND ==
     attention_kernel(const AttentionKernelParams p) {
     if constexpr (TENSOR_CORES) {
         extern __shared__ __align__(16) char smem[];
-        if constexpr (KIND == 0) tc::forward(p, smem);
+        if constexpr (KIND == 0 && WGMMA) tc::wg::forward(p, smem);
+        else if constexpr (KIND == 0) tc::forward(p, smem);
         else if constexpr (KIND == 1) tc::backward_dq(p, smem);
         else tc::backward_dkdv(p, smem);
     } else {

@@ -70,7 +70,7 @@ struct AttentionSmemLayout {
     int k, k_plain, k_stage, v0, v1;
     // The table rows of the streamed tile, staged raw (cos, then sin).
     int cos_stage, sin_stage;
-    // Per-row values: float row_a[queries], row_b[queries] (lse and delta of query rows;
+    // Per-row values of the backward: float row_a[queries], row_b[queries] (lse and delta of query rows;
     // dk/dv has a second row_a half where the next tile's lse lands), then unsigned char
     // positioned flags of the query and key rows.
     int row_a, row_b, q_flags, k_flags;
@@ -89,12 +89,16 @@ ROPE_JIT_HOST_DEVICE constexpr int attention_take(int* at, int bytes) {
 // `block_n` is the streamed tile's rows; the resident rows are 16 * m_tiles * warps.
 // `table_row_bytes` is the staged bytes of one table row (0: tables are not staged). The
 // forward rotates each key tile in place and keeps one value buffer; dq stages raw keys and
-// double-buffers values.
+// double-buffers values. The wgmma forward (sm_90) keeps `stages` key tiles (from k) and
+// value tiles (from v0), each in the tensor cores' core-matrix layout (unpadded rows of
+// head_dim_padded elements), and the table rows of the stages - 1 key tiles in flight.
 ROPE_JIT_HOST_DEVICE constexpr AttentionSmemLayout attention_smem_layout(int kind, int head_dim_padded, int warps,
                                                                         int m_tiles, int block_n, bool pos_mask,
-                                                                        int table_row_bytes) {
+                                                                        int table_row_bytes, bool wgmma, int stages) {
     AttentionSmemLayout l{};
     const int row_bytes = (head_dim_padded + 8) * 2;
+    const int tile_row_bytes = wgmma ? head_dim_padded * 2 : row_bytes;  // rows of streamed tiles
+    const int tiles = wgmma ? stages : 1;                                // key (and value) tiles held
     const int resident = 16 * m_tiles * warps;
     const int queries = kind == 2 ? block_n : resident;  // query rows held at once
     const int keys = kind == 2 ? resident : block_n;     // key rows held at once
@@ -106,16 +110,16 @@ ROPE_JIT_HOST_DEVICE constexpr AttentionSmemLayout attention_smem_layout(int kin
     l.o_stage = attention_take(cursor, kind == 2 ? queries * row_bytes : 0);
     l.dout0 = attention_take(cursor, kind != 0 ? queries * row_bytes : 0);
     l.dout1 = attention_take(cursor, kind == 2 ? queries * row_bytes : 0);
-    l.k = attention_take(cursor, keys * row_bytes);
+    l.k = attention_take(cursor, tiles * keys * tile_row_bytes);
     l.k_plain = attention_take(cursor, pos_mask ? keys * row_bytes : 0);
     l.k_stage = attention_take(cursor, kind == 1 ? keys * row_bytes : 0);
-    l.v0 = attention_take(cursor, keys * row_bytes);
+    l.v0 = attention_take(cursor, tiles * keys * tile_row_bytes);
     l.v1 = attention_take(cursor, kind == 1 ? keys * row_bytes : 0);
-    const int staged_rows = kind == 2 ? queries : keys;
+    const int staged_rows = (kind == 2 ? queries : keys) * (wgmma ? stages - 1 : 1);
     l.cos_stage = attention_take(cursor, staged_rows * table_row_bytes);
     l.sin_stage = attention_take(cursor, staged_rows * table_row_bytes);
-    l.row_a = attention_take(cursor, (kind == 2 ? 2 : 1) * queries * 4);
-    l.row_b = attention_take(cursor, queries * 4);
+    l.row_a = attention_take(cursor, kind == 0 ? 0 : (kind == 2 ? 2 : 1) * queries * 4);  // the backward's
+    l.row_b = attention_take(cursor, kind == 0 ? 0 : queries * 4);
     l.q_flags = attention_take(cursor, queries);
     l.k_flags = attention_take(cursor, keys);
     l.bytes = at;

@@ -56,7 +56,17 @@ bool table_stageable(const TensorRef& t, int columns) {
 
 struct TileShape {
     int32_t warps, block_n, m_tiles = 1;
+    bool wgmma = false;
+    int32_t stages = 2;  // wgmma only
 };
+
+// Whether the wgmma forward takes a spec (with its tile shape applied): head_dim 64 or 128
+// padded, 64- or 128-key tiles, warpgroups, no pos_mask, 2 or 3 stages.
+bool wgmma_fits(const AttentionSpec& spec, const TileShape& shape) {
+    const int dp = padded_head_dim(spec.head_dim);
+    return spec.kind == 0 && (dp == 64 || dp == 128) && (shape.block_n == 64 || shape.block_n == 128) &&
+           shape.warps % 4 == 0 && shape.m_tiles == 1 && !spec.pos_mask && (shape.stages == 2 || shape.stages == 3);
+}
 
 // The ROPE_JIT_ATTENTION_KERNELS override (see attention_spec.h).
 struct Override {
@@ -82,11 +92,16 @@ Override read_override() {
         if (eq != std::string::npos && x != std::string::npos && x > eq) {
             const std::string name = item.substr(0, eq);
             const int kind = name == "fwd" ? 0 : name == "dq" ? 1 : name == "dkdv" ? 2 : -1;
-            const int warps = std::atoi(item.substr(eq + 1, x - eq - 1).c_str());
+            const bool wgmma = item[eq + 1] == 'w';  // "fwd=w8x128": the wgmma forward
+            const int warps = std::atoi(item.substr(eq + 1 + (wgmma ? 1 : 0), x - eq - 1 - (wgmma ? 1 : 0)).c_str());
             const size_t x2 = item.find('x', x + 1);
             const int block_n = std::atoi(item.substr(x + 1, x2 == std::string::npos ? std::string::npos : x2 - x - 1).c_str());
             const int m_tiles = x2 == std::string::npos ? 1 : std::atoi(item.substr(x2 + 1).c_str());
-            if (kind >= 0 && warps > 0 && block_n > 0 && m_tiles > 0) o.shape[kind] = TileShape{warps, block_n, m_tiles};
+            if (kind >= 0 && warps > 0 && block_n > 0 && m_tiles > 0) {
+                // For the wgmma forward the third number is the tiles held in shared memory.
+                if (wgmma && kind == 0) o.shape[kind] = TileShape{warps, block_n, 1, true, x2 == std::string::npos ? 2 : m_tiles};
+                else o.shape[kind] = TileShape{warps, block_n, m_tiles};
+            }
         }
         start = end + 1;
     }
@@ -99,7 +114,7 @@ int AttentionSpec::shared_bytes() const {
     if (!tensor_cores) return 0;
     const int table_row_bytes = rotary_dim > 0 && table_async ? table_columns(*this) * table_element_bytes(*this) : 0;
     return attention_smem_layout(kind, padded_head_dim(head_dim), warps, m_tiles, block_n, pos_mask != 0,
-                                 table_row_bytes)
+                                 table_row_bytes, wgmma != 0, stages)
         .bytes;
 }
 
@@ -131,6 +146,17 @@ void AttentionSpec::validate() const {
         require(!table_async || rotary_dim == 0 || (table_columns(*this) * table_element_bytes(*this)) % 16 == 0,
                 "staged table rows must be whole 16-byte chunks");
     }
+    if (wgmma) {
+        const int dp = padded_head_dim(head_dim);
+        require(kind == 0 && tensor_cores, "wgmma kernels are tensor-core forwards");
+        require(warps % 4 == 0 && m_tiles == 1, fmt::format("wgmma kernels take whole warpgroups of 16-row warps, got {} warps x {}", warps, m_tiles));
+        require((dp == 64 || dp == 128) && (block_n == 64 || block_n == 128),
+                fmt::format("wgmma kernels take head_dim 64 or 128 and 64- or 128-key tiles, got {} and {}", dp, block_n));
+        require(!pos_mask, "wgmma kernels do not take pos_mask");
+        require(stages == 2 || stages == 3, fmt::format("wgmma kernels hold 2 or 3 tiles, got {}", stages));
+    } else {
+        require(stages == 2, fmt::format("stages is a wgmma setting (2 otherwise), got {}", stages));
+    }
 }
 
 std::string AttentionSpec::preamble() const {
@@ -153,6 +179,8 @@ std::string AttentionSpec::preamble() const {
     define("GQA_GROUP", gqa_group);
     flag("WRITE_LSE", write_lse);
     flag("TENSOR_CORES", tensor_cores);
+    flag("WGMMA", wgmma);
+    define("STAGES", stages);
     flag("TABLE_ASYNC", table_async);
     define("WARPS", warps);
     define("M_TILES", m_tiles);
@@ -179,6 +207,8 @@ std::string AttentionSpec::to_json() const {
     j["gqa_group"] = gqa_group;
     j["write_lse"] = bool(write_lse);
     j["tensor_cores"] = bool(tensor_cores);
+    j["wgmma"] = bool(wgmma);
+    j["stages"] = stages;
     j["table_async"] = bool(table_async);
     j["warps"] = warps;
     j["m_tiles"] = m_tiles;
@@ -203,7 +233,8 @@ std::string AttentionSpec::describe() const {
     if (write_lse) text += " lse";
     if (kind == 2 && !(compute_dk && compute_dv)) text += compute_dk ? " dk-only" : " dv-only";
     if (tensor_cores)
-        text += fmt::format(" tc {}x{}{}{}", warps, block_n, m_tiles > 1 ? fmt::format("x{}", m_tiles) : "",
+        text += fmt::format(" {} {}x{}{}{}", wgmma ? "wgmma" : "tc", warps, block_n,
+                            m_tiles > 1 ? fmt::format("x{}", m_tiles) : wgmma && stages != 2 ? fmt::format("x{}", stages) : "",
                             table_async ? " staged-tables" : "");
     else text += fmt::format(" simt {}w", warps);
     return text;
@@ -263,10 +294,13 @@ std::vector<AttentionSpec> choose_attention_specs(const AttentionProblem& p, con
             spec.warps = shape.warps;
             spec.block_n = shape.block_n;
             spec.m_tiles = shape.m_tiles;
+            spec.wgmma = shape.wgmma;
+            spec.stages = shape.wgmma ? shape.stages : 2;
             spec.compute_dk = dk;
             spec.compute_dv = dv;
             if (shape.block_n % 16 != 0 || shape.warps > 16 || (shape.m_tiles != 1 && !(shape.m_tiles == 2 && kind == AttentionKernelKind::Forward)))
                 continue;
+            if (shape.wgmma && !wgmma_fits(spec, shape)) continue;
             if (spec.shared_bytes() <= device.max_shared_bytes) return spec;
         }
         return std::nullopt;
@@ -279,6 +313,13 @@ std::vector<AttentionSpec> choose_attention_specs(const AttentionProblem& p, con
     std::vector<TileShape> forward_shapes = query_side;
     if (dp <= 128 && !base.pos_mask)
         forward_shapes.insert(forward_shapes.begin(), {TileShape{8, 64, 2}, TileShape{4, 64, 2}});
+    // On sm_90 the forward runs on warpgroup matrix products: three warpgroups of 64 query
+    // rows (each key tile, its rotation and its table rows serve 192 queries), 64-key tiles,
+    // three of them in shared memory where they fit; then smaller blocks.
+    if (device.compute_capability == 90)
+        forward_shapes.insert(forward_shapes.begin(),
+                              {TileShape{12, 64, 1, true, 3}, TileShape{12, 64, 1, true, 2}, TileShape{8, 128, 1, true, 2},
+                               TileShape{8, 64, 1, true, 2}});
     const std::vector<TileShape> key_side = dp <= 64    ? std::vector<TileShape>{{8, 64}, {4, 64}, {4, 32}}
                                             : dp <= 128 ? std::vector<TileShape>{{8, 64}, {8, 32}, {4, 32}, {4, 16}}
                                                         : std::vector<TileShape>{{4, 32}, {4, 16}};

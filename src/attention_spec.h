@@ -29,6 +29,8 @@ struct AttentionSpec {
     int32_t gqa_group = 1;
     int32_t write_lse = 0;
     int32_t tensor_cores = 0;  // mma.sync kernels; else one warp per row
+    int32_t wgmma = 0;         // the forward on warpgroup matrix products (sm_90a), with tensor_cores
+    int32_t stages = 2;        // wgmma: key/value tiles held in shared memory (2 or 3)
     int32_t table_async = 0;   // tables staged with cp.async
     int32_t warps = 4;         // warps per block
     int32_t m_tiles = 1;       // 16-row tiles each warp owns (forward: 1 or 2)
@@ -72,7 +74,8 @@ struct AttentionDevice {
 // ROPE_JIT_ATTENTION_KERNELS, read on every call, overrides the choice for experiments:
 // "simt" forces the CUDA-core kernels; "fwd=WxN[xM],dq=WxN,dkdv=WxN" (any subset) sets the
 // warps, streamed-tile rows (and, forward, 16-row tiles per warp) of the tensor-core kernels
-// (a shape that does not fit falls back).
+// (a shape that does not fit falls back); "fwd=wWxN[xS]" asks for the wgmma forward (sm_90)
+// with S tiles in shared memory (2 or 3; 2 by default).
 std::vector<AttentionSpec> choose_attention_specs(const AttentionProblem& problem, const AttentionDevice& device);
 
 }  // namespace rope_jit

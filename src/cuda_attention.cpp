@@ -17,13 +17,18 @@ constexpr const char* kAttentionEntry = "attention_kernel";
 
 }  // namespace
 
+std::string attention_target(const AttentionSpec& spec, const std::string& device_target) {
+    if (!spec.wgmma || device_target.empty() || device_target.back() == 'a') return device_target;
+    return device_target + "a";
+}
+
 KernelBinary build_attention_binary(const AttentionSpec& spec, const std::string& target, const DiskCache* disk,
                                     KernelStats& stats) {
     spec.validate();
     return build_kernel_binary(
         KernelRecipe{spec.to_json(), kAttentionTemplate,
                      [&spec] { return specialize_template(spec.preamble(), kAttentionTemplate); }},
-        target, disk, stats);
+        attention_target(spec, target), disk, stats);
 }
 
 CudaAttention::CudaAttention(CudaBackend& backend, const DiskCache* disk, KernelStats& stats)

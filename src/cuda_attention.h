@@ -18,8 +18,13 @@
 
 namespace rope_jit {
 
-// The binary of an attention kernel for `target` ("sm_90"), through the shared builder (disk
-// cache, NVRTC, the same key scheme as RoPE kernels). Needs NVRTC, not a GPU.
+// The target an attention kernel compiles for on a device whose target is `device_target`:
+// that one, except that wgmma kernels exist only on the arch-specific variant (sm_90 -> sm_90a).
+std::string attention_target(const AttentionSpec& spec, const std::string& device_target);
+
+// The binary of an attention kernel for a device of `target` ("sm_90"; attention_target picks
+// what NVRTC is asked for), through the shared builder (disk cache, NVRTC, the same key scheme
+// as RoPE kernels). Needs NVRTC, not a GPU.
 KernelBinary build_attention_binary(const AttentionSpec& spec, const std::string& target, const DiskCache* disk,
                                     KernelStats& stats);
 

@@ -84,9 +84,30 @@ std::vector<AttentionSpec> representative_specs() {
     return specs;
 }
 
+// The wgmma forwards (sm_90a only): the headline (three warpgroups, three 64-key tiles), and
+// fp16 D64 with interleaved partial rotation from a full bf16 table (8-byte table pieces), a
+// bool mask and two 64-key tiles.
+std::vector<AttentionSpec> wgmma_specs() {
+    AttentionSpec headline = spec_of(AttentionKernelKind::Forward, 2, 128, 128, true);
+    headline.wgmma = 1;
+    headline.warps = 12;
+    headline.stages = 3;
+    headline.causal = 1;
+    headline.gqa_group = 4;
+    headline.table_async = 1;
+    AttentionSpec narrow = spec_of(AttentionKernelKind::Forward, 1, 64, 32, true);
+    narrow.wgmma = 1;
+    narrow.interleaved = 1;
+    narrow.table_full = 1;
+    narrow.table_dtype = 2;
+    narrow.table_async = 1;
+    narrow.mask_kind = 1;
+    return {headline, narrow};
+}
+
 }  // namespace
 
-TEST_CASE("every family of attention kernels compiles with NVRTC for sm_80 and sm_90") {
+TEST_CASE("every family of attention kernels compiles with NVRTC for sm_80 and sm_90 (wgmma: sm_90a)") {
     if (nvrtc_api() == nullptr) {
         MESSAGE("NVRTC not available (" << nvrtc_load_error() << "): compile check skipped");
         return;
@@ -106,6 +127,25 @@ TEST_CASE("every family of attention kernels compiles with NVRTC for sm_80 and s
             CHECK(binary.image.size() > 4);
             CHECK_FALSE(binary.is_ptx);
         }
+    }
+    for (const AttentionSpec& spec : wgmma_specs()) {
+        CAPTURE(spec.describe());
+        REQUIRE_NOTHROW(spec.validate());
+        KernelBinary binary;
+        try {
+            binary = build_attention_binary(spec, "sm_90", nullptr, stats);
+        } catch (const std::exception& e) {
+            FAIL(std::string(e.what()));
+        }
+        CHECK(binary.image.size() > 4);
+        CHECK_FALSE(binary.is_ptx);
+        CHECK(attention_target(spec, "sm_90") == "sm_90a");
+        CHECK(attention_target(spec, "sm_90a") == "sm_90a");
+        AttentionSpec mma = spec;
+        mma.wgmma = 0;
+        CHECK(attention_target(mma, "sm_90") == "sm_90");
+        // wgmma does not exist before sm_90: there is no sm_80a to compile it for.
+        CHECK_THROWS(build_attention_binary(spec, "sm_80", nullptr, stats));
     }
 }
 
@@ -145,8 +185,16 @@ TEST_CASE("aligned 16-bit problems run on tensor cores, in one kernel forward an
     CHECK(forward[0].gqa_group == 4);
     CHECK(forward[0].causal == 1);
     CHECK(forward[0].write_lse == 1);
-    CHECK(forward[0].m_tiles == 2);
+    // sm_90: three warpgroups on warpgroup matrix products, three 64-key tiles in flight;
+    // sm_80: two 16-row tiles per warp.
+    CHECK(forward[0].wgmma == 1);
+    CHECK(forward[0].block_n == 64);
+    CHECK(forward[0].warps == 12);
+    CHECK(forward[0].stages == 3);
     CHECK(forward[0].shared_bytes() <= 232448);
+    const AttentionSpec ampere = chosen(c, false, AttentionDevice{80, 166912})[0];
+    CHECK(ampere.wgmma == 0);
+    CHECK(ampere.m_tiles == 2);
     const std::vector<AttentionSpec> backward = chosen(c, true);
     REQUIRE(backward.size() == 2);
     CHECK(backward[0].kind == int32_t(AttentionKernelKind::BackwardDq));
@@ -189,6 +237,22 @@ TEST_CASE("the CUDA-core kernels take what tensor cores cannot") {
         c.pos_mask = true;
         for (const AttentionSpec& s : chosen(c, true)) CHECK(s.tensor_cores == 0);
         CHECK(chosen(c, false)[0].tensor_cores == 1);
+    }
+    SUBCASE("pos_mask keeps the sm_90 forward on mma.sync, and less shared memory gives fewer stages, then rows") {
+        CHECK(chosen(c, false)[0].wgmma == 1);
+        c.pos_mask = true;
+        CHECK(chosen(c, false)[0].wgmma == 0);
+        c.pos_mask = false;
+        const AttentionSpec two_stages = chosen(c, false, AttentionDevice{90, 160 * 1024})[0];
+        CHECK(two_stages.wgmma == 1);
+        CHECK(two_stages.warps == 12);
+        CHECK(two_stages.stages == 2);
+        const AttentionSpec two_groups = chosen(c, false, AttentionDevice{90, 140 * 1024})[0];
+        CHECK(two_groups.wgmma == 1);
+        CHECK(two_groups.warps == 8);
+        CHECK(two_groups.block_n == 64);
+        c.D = c.R = 256;
+        CHECK(chosen(c, false)[0].wgmma == 0);
     }
     SUBCASE("too little shared memory for any tile") {
         CHECK(chosen(c, false, AttentionDevice{90, 16 * 1024})[0].tensor_cores == 0);
@@ -239,6 +303,33 @@ TEST_CASE("attention specs render their constants, JSON and description, and com
     CHECK(json.find("\"kind\":\"forward\"") != std::string::npos);
     CHECK(json != c.to_json());
     CHECK(a.describe() == "attention fwd bf16 D128 R64 half table/half causal gqa1 lse tc 8x64");
+    AttentionSpec w = a;
+    w.wgmma = 1;
+    CHECK(w != a);
+    CHECK(w.preamble().find("constexpr bool WGMMA = true;") != std::string::npos);
+    CHECK(w.to_json().find("\"wgmma\":true") != std::string::npos);
+    CHECK(w.describe() == "attention fwd bf16 D128 R64 half table/half causal gqa1 lse wgmma 8x64");
+    CHECK_NOTHROW(w.validate());
+    AttentionSpec bad_w = w;
+    bad_w.kind = int32_t(AttentionKernelKind::BackwardDq);
+    CHECK_THROWS_AS(bad_w.validate(), Error);
+    bad_w = w;
+    bad_w.pos_mask = 1;
+    CHECK_THROWS_AS(bad_w.validate(), Error);
+    bad_w = w;
+    bad_w.warps = 6;
+    CHECK_THROWS_AS(bad_w.validate(), Error);
+    bad_w = w;
+    bad_w.stages = 4;
+    CHECK_THROWS_AS(bad_w.validate(), Error);
+    AttentionSpec three = w;
+    three.stages = 3;
+    CHECK(three != w);
+    CHECK(three.describe() == "attention fwd bf16 D128 R64 half table/half causal gqa1 lse wgmma 8x64x3");
+    CHECK(three.preamble().find("constexpr int STAGES = 3;") != std::string::npos);
+    AttentionSpec mma_stages = a;
+    mma_stages.stages = 3;
+    CHECK_THROWS_AS(mma_stages.validate(), Error);
     AttentionSpec bad = a;
     bad.block_n = 24;
     CHECK_THROWS_AS(bad.validate(), Error);

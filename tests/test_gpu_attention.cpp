@@ -342,12 +342,45 @@ TEST_CASE("every tile shape the override offers gives the same results") {
     c.mask = Mask::BoolKeys;
     configs.push_back(c);
     for (const std::string shapes : {"fwd=4x64,dq=4x64,dkdv=4x32", "fwd=8x32,dq=8x32,dkdv=8x16", "fwd=4x16,dq=4x16,dkdv=8x64",
-                                     "fwd=4x32x2", "fwd=8x64x2", "fwd=2x16x2", "fwd=8x64,dq=8x64,dkdv=8x32"}) {
+                                     "fwd=4x32x2", "fwd=8x64x2", "fwd=2x16x2", "fwd=8x64,dq=8x64,dkdv=8x32",
+                                     "fwd=w8x128", "fwd=w8x64", "fwd=w4x64", "fwd=w12x64", "fwd=w12x64x3", "fwd=w8x64x3"}) {
         CAPTURE(shapes);
         setenv("ROPE_JIT_ATTENTION_KERNELS", shapes.c_str(), 1);
         sweep(f, configs, 5);
     }
     unsetenv("ROPE_JIT_ATTENTION_KERNELS");
+}
+
+TEST_CASE("the sm_90 wgmma forward matches the CPU reference over long sequences and every feature it takes") {
+    const rope_jit::AttentionDevice device = device_zero();
+    if (device.compute_capability != 90) {
+        MESSAGE("device is sm_" << device.compute_capability << ": the wgmma forward runs on sm_90 only");
+        return;
+    }
+    GpuFixture f;
+    std::mt19937 rng(4242);
+    std::vector<Config> configs;
+    for (int i = 0; i < 24; ++i) {
+        Config c = random_gpu_config(rng);
+        c.dt = rng() & 1 ? Dt::BF16 : Dt::F16;
+        c.D = rng() & 1 ? 128 : 64;
+        c.R = pick<int64_t>(rng, {c.D, c.D, c.D / 2, 0, 16});
+        if (!c.interleaved && c.R % 16 != 0) c.R = c.D;
+        c.pos_mask = false;
+        c.pad = 0;
+        c.Sq = 1 + rng() % 700;
+        c.Sk = rng() % 3 == 0 ? 1 + rng() % 700 : c.Sq;
+        configs.push_back(c);
+    }
+    // Every config above must run the wgmma forward, or the sweep would test something else.
+    for (const Config& c : configs) {
+        std::mt19937 probe(1);
+        Problem p(c, probe);
+        const std::vector<rope_jit::AttentionSpec> specs = kernels_of(p, device);
+        CAPTURE(describe(c));
+        CHECK(specs[0].wgmma == 1);
+    }
+    sweep(f, configs, 11);
 }
 
 TEST_CASE("the headline shape (bf16, D128, causal, GQA 4) runs on tensor cores and matches the CPU") {
