@@ -314,11 +314,12 @@ std::vector<AttentionSpec> choose_attention_specs(const AttentionProblem& p, con
     if (dp <= 128 && !base.pos_mask)
         forward_shapes.insert(forward_shapes.begin(), {TileShape{8, 64, 2}, TileShape{4, 64, 2}});
     // On sm_90 the forward runs on warpgroup matrix products: three warpgroups of 64 query
-    // rows (each key tile, its rotation and its table rows serve 192 queries), two 64-key
-    // tiles in shared memory (a third measured no faster); then smaller blocks.
+    // rows (each key tile, its rotation and its table rows serve 192 queries), 64-key tiles,
+    // three of them in shared memory where they fit; then smaller blocks.
     if (device.compute_capability == 90)
         forward_shapes.insert(forward_shapes.begin(),
-                              {TileShape{12, 64, 1, true, 2}, TileShape{8, 128, 1, true, 2}, TileShape{8, 64, 1, true, 2}});
+                              {TileShape{12, 64, 1, true, 3}, TileShape{12, 64, 1, true, 2}, TileShape{8, 128, 1, true, 2},
+                               TileShape{8, 64, 1, true, 2}});
     const std::vector<TileShape> key_side = dp <= 64    ? std::vector<TileShape>{{8, 64}, {4, 64}, {4, 32}}
                                             : dp <= 128 ? std::vector<TileShape>{{8, 64}, {8, 32}, {4, 32}, {4, 16}}
                                                         : std::vector<TileShape>{{4, 32}, {4, 16}};

@@ -185,12 +185,12 @@ TEST_CASE("aligned 16-bit problems run on tensor cores, in one kernel forward an
     CHECK(forward[0].gqa_group == 4);
     CHECK(forward[0].causal == 1);
     CHECK(forward[0].write_lse == 1);
-    // sm_90: three warpgroups on warpgroup matrix products, two 64-key tiles in shared memory;
+    // sm_90: three warpgroups on warpgroup matrix products, three 64-key tiles in flight;
     // sm_80: two 16-row tiles per warp.
     CHECK(forward[0].wgmma == 1);
     CHECK(forward[0].block_n == 64);
     CHECK(forward[0].warps == 12);
-    CHECK(forward[0].stages == 2);
+    CHECK(forward[0].stages == 3);
     CHECK(forward[0].shared_bytes() <= 232448);
     const AttentionSpec ampere = chosen(c, false, AttentionDevice{80, 166912})[0];
     CHECK(ampere.wgmma == 0);
@@ -238,11 +238,15 @@ TEST_CASE("the CUDA-core kernels take what tensor cores cannot") {
         for (const AttentionSpec& s : chosen(c, true)) CHECK(s.tensor_cores == 0);
         CHECK(chosen(c, false)[0].tensor_cores == 1);
     }
-    SUBCASE("pos_mask keeps the sm_90 forward on mma.sync, and less shared memory gives smaller blocks") {
+    SUBCASE("pos_mask keeps the sm_90 forward on mma.sync, and less shared memory gives fewer stages, then rows") {
         CHECK(chosen(c, false)[0].wgmma == 1);
         c.pos_mask = true;
         CHECK(chosen(c, false)[0].wgmma == 0);
         c.pos_mask = false;
+        const AttentionSpec two_stages = chosen(c, false, AttentionDevice{90, 160 * 1024})[0];
+        CHECK(two_stages.wgmma == 1);
+        CHECK(two_stages.warps == 12);
+        CHECK(two_stages.stages == 2);
         const AttentionSpec two_groups = chosen(c, false, AttentionDevice{90, 140 * 1024})[0];
         CHECK(two_groups.wgmma == 1);
         CHECK(two_groups.warps == 8);
