@@ -999,6 +999,33 @@ __device__ __forceinline__ Buffers carve(char* smem) {
 
 // ---- forward and dq: resident queries, streamed keys ----------------------------------------
 
+// What a forward block works on: query rows [m0, m0 + RESIDENT) of head h in batch b (blocks
+// take the longest causal rows first), the rows of its heads, and the BLOCK_N-key tiles those
+// queries see.
+struct QueryBlock {
+    long long b, h, m0;
+    const T *q_head, *k_head, *v_head;
+    int tiles;
+};
+
+template <int D = DTYPE>
+__device__ __forceinline__ QueryBlock query_block(const AttentionKernelParams& p) {
+    const long long heads = p.batch * p.heads_q;
+    const long long bh = blockIdx.x % heads;
+    QueryBlock qb;
+    qb.b = bh / p.heads_q;
+    qb.h = bh % p.heads_q;
+    qb.m0 = (p.sequence_blocks - 1 - blockIdx.x / heads) * RESIDENT;
+    const long long hk = qb.h / GQA_GROUP;
+    qb.q_head = head_row(p.q, p.q_stride, qb.b, qb.h, 0);
+    qb.k_head = head_row(p.k, p.k_stride, qb.b, hk, 0);
+    qb.v_head = head_row(p.v, p.v_stride, qb.b, hk, 0);
+    const long long key_end =
+        CAUSAL ? (qb.m0 + RESIDENT < p.seqlen_k ? qb.m0 + RESIDENT : p.seqlen_k) : p.seqlen_k;
+    qb.tiles = static_cast<int>((key_end + BLOCK_N - 1) / BLOCK_N);
+    return qb;
+}
+
 // The key stream of the dq kernel: tile t of keys rotated in m.k (and plain in m.k_plain),
 // its values in m.v(t & 1); tile t + 1 (raw keys in m.k_stage) in flight.
 template <int D = DTYPE>
@@ -1023,16 +1050,10 @@ __device__ void forward(const AttentionKernelParams& p, char* smem) {
     constexpr int WARP_ROWS = 16 * M_TILES;
     const Buffers m = carve(smem);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const long long heads = p.batch * p.heads_q;
-    const long long bh = blockIdx.x % heads;
-    const long long m_block = p.sequence_blocks - 1 - blockIdx.x / heads;  // the longest (causal) rows first
-    const long long b = bh / p.heads_q, h = bh % p.heads_q, hk = h / GQA_GROUP;
-    const long long m0 = m_block * RESIDENT;
-    const T* q_head = head_row(p.q, p.q_stride, b, h, 0);
-    const T* k_head = head_row(p.k, p.k_stride, b, hk, 0);
-    const T* v_head = head_row(p.v, p.v_stride, b, hk, 0);
-    const long long key_end = CAUSAL ? (m0 + RESIDENT < p.seqlen_k ? m0 + RESIDENT : p.seqlen_k) : p.seqlen_k;
-    const int tiles = static_cast<int>((key_end + BLOCK_N - 1) / BLOCK_N);
+    const QueryBlock qb = query_block(p);
+    const long long b = qb.b, h = qb.h, m0 = qb.m0;
+    const T *q_head = qb.q_head, *k_head = qb.k_head, *v_head = qb.v_head;
+    const int tiles = qb.tiles;
 
     issue_rows<RESIDENT>(m.q, q_head, p.q_stride[2], m0, p.seqlen_q);
     if (tiles > 0) {
@@ -1447,32 +1468,24 @@ namespace wg {
     "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
 #define ROPE_JIT_WGMMA_ARGS128 "}, {%64, %65, %66, %67}, %68, p, 1, 1, %69;\n}\n"
 
+// One wgmma with A in registers (a), B by descriptor (b), the accumulators d, scale-d true;
+// SHAPE_TYPES names shape and types, N selects the operand lists above.
+#define ROPE_JIT_WGMMA(SHAPE_TYPES, N)                                                                  \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\nwgmma.mma_async.sync.aligned." SHAPE_TYPES " {" \
+                 ROPE_JIT_WGMMA_REGS##N ROPE_JIT_WGMMA_ARGS##N                                        \
+                 : ROPE_JIT_WGMMA_D##N                                                                \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TRANS_B))
+
 template <int TRANS_B, int D = DTYPE>
 __device__ __forceinline__ void wgmma_n64(float (&d)[8][4], const unsigned (&a)[4], unsigned long long b) {
-    if constexpr (D == 1)
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\nwgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {"
-                     ROPE_JIT_WGMMA_REGS64 ROPE_JIT_WGMMA_ARGS64
-                     : ROPE_JIT_WGMMA_D64
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TRANS_B));
-    else
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\nwgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
-                     ROPE_JIT_WGMMA_REGS64 ROPE_JIT_WGMMA_ARGS64
-                     : ROPE_JIT_WGMMA_D64
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TRANS_B));
+    if constexpr (D == 1) ROPE_JIT_WGMMA("m64n64k16.f32.f16.f16", 64);
+    else ROPE_JIT_WGMMA("m64n64k16.f32.bf16.bf16", 64);
 }
 
 template <int TRANS_B, int D = DTYPE>
 __device__ __forceinline__ void wgmma_n128(float (&d)[16][4], const unsigned (&a)[4], unsigned long long b) {
-    if constexpr (D == 1)
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\nwgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {"
-                     ROPE_JIT_WGMMA_REGS128 ROPE_JIT_WGMMA_ARGS128
-                     : ROPE_JIT_WGMMA_D128
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TRANS_B));
-    else
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\nwgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
-                     ROPE_JIT_WGMMA_REGS128 ROPE_JIT_WGMMA_ARGS128
-                     : ROPE_JIT_WGMMA_D128
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TRANS_B));
+    if constexpr (D == 1) ROPE_JIT_WGMMA("m64n128k16.f32.f16.f16", 128);
+    else ROPE_JIT_WGMMA("m64n128k16.f32.bf16.bf16", 128);
 }
 
 // d (64 x N over the warpgroup) += A (registers, 64 x 16) * B (shared memory, 16 x N);
@@ -1662,16 +1675,10 @@ __device__ void forward(const AttentionKernelParams& p, char* smem) {
         issue_value_tile(value_tile(t), p, v_head, n0);
     };
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const long long heads = p.batch * p.heads_q;
-    const long long bh = blockIdx.x % heads;
-    const long long m_block = p.sequence_blocks - 1 - blockIdx.x / heads;  // the longest (causal) rows first
-    const long long b = bh / p.heads_q, h = bh % p.heads_q, hk = h / GQA_GROUP;
-    const long long m0 = m_block * RESIDENT;
-    const T* q_head = head_row(p.q, p.q_stride, b, h, 0);
-    const T* k_head = head_row(p.k, p.k_stride, b, hk, 0);
-    const T* v_head = head_row(p.v, p.v_stride, b, hk, 0);
-    const long long key_end = CAUSAL ? (m0 + RESIDENT < p.seqlen_k ? m0 + RESIDENT : p.seqlen_k) : p.seqlen_k;
-    const int tiles = static_cast<int>((key_end + BLOCK_N - 1) / BLOCK_N);
+    const QueryBlock qb = query_block(p);
+    const long long b = qb.b, h = qb.h, m0 = qb.m0;
+    const T *q_head = qb.q_head, *k_head = qb.k_head, *v_head = qb.v_head;
+    const int tiles = qb.tiles;
 
     // Copy groups: the queries with tile 0, then one per tile (empty past the last), so that
     // "all but the newest STAGES - 2 groups" is always "up to the next tile".
