@@ -218,6 +218,54 @@ std::string AttentionSpec::to_json() const {
     return j.dump();
 }
 
+std::optional<AttentionSpec> AttentionSpec::from_json(const std::string& text, std::string* error) {
+    auto fail = [&](const std::string& why) -> std::optional<AttentionSpec> {
+        if (error != nullptr) *error = why;
+        return std::nullopt;
+    };
+    const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+    if (j.is_discarded() || !j.is_object()) return fail("not a JSON object");
+    if (j.value("op", std::string()) != "attention") return fail("not an attention spec");
+    // A name among `names`, as its index.
+    auto index_of = [&](const char* key, const char* const* names, int count, int32_t* out) {
+        if (!j.contains(key) || !j[key].is_string()) return false;
+        for (int i = 0; i < count; ++i)
+            if (j[key].get<std::string>() == names[i]) {
+                *out = i;
+                return true;
+            }
+        return false;
+    };
+    auto integer = [&](const char* key, int32_t* out) {
+        if (!j.contains(key) || !j[key].is_number_integer()) return false;
+        *out = j[key].get<int32_t>();
+        return true;
+    };
+    auto flag = [&](const char* key, int32_t* out) {
+        if (!j.contains(key) || !j[key].is_boolean()) return false;
+        *out = j[key].get<bool>() ? 1 : 0;
+        return true;
+    };
+    AttentionSpec s;
+    int32_t interleaved = 0;
+    static const char* const kStyles[] = {"half", "interleaved"};
+    const bool ok = index_of("kind", kKindNames, 3, &s.kind) && index_of("dtype", kDtypeNames, 3, &s.dtype) &&
+                    index_of("table_dtype", kDtypeNames, 3, &s.table_dtype) &&
+                    index_of("mask_dtype", kDtypeNames, 3, &s.mask_dtype) && integer("head_dim", &s.head_dim) &&
+                    integer("rotary_dim", &s.rotary_dim) && index_of("style", kStyles, 2, &interleaved) &&
+                    flag("table_full", &s.table_full) && flag("pos_mask", &s.pos_mask) &&
+                    index_of("mask", kMaskNames, 3, &s.mask_kind) && flag("causal", &s.causal) &&
+                    integer("gqa_group", &s.gqa_group) && flag("write_lse", &s.write_lse) &&
+                    flag("tensor_cores", &s.tensor_cores) && flag("wgmma", &s.wgmma) && integer("stages", &s.stages) &&
+                    flag("table_async", &s.table_async) && integer("warps", &s.warps) &&
+                    integer("m_tiles", &s.m_tiles) && integer("block_n", &s.block_n) &&
+                    flag("compute_dk", &s.compute_dk) && flag("compute_dv", &s.compute_dv);
+    if (!ok) return fail("a field is missing or of the wrong type");
+    s.interleaved = interleaved;
+    if (s.to_json() != j.dump()) return fail("fields beyond this build's attention spec");
+    return s;
+}
+
 std::string AttentionSpec::describe() const {
     const char* kinds[] = {"fwd", "bwd-dq", "bwd-dkdv"};
     const char* dtypes[] = {"f32", "f16", "bf16"};

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,9 @@ struct AttentionSpec {
     std::string preamble() const;
     // Canonical JSON (fixed key order), with "op": "attention".
     std::string to_json() const;
+    // The spec whose to_json() gave `text` (what a disk-cache entry stores); nullopt for any
+    // other text, with the reason in *error when error is not NULL.
+    static std::optional<AttentionSpec> from_json(const std::string& text, std::string* error);
     // "attention fwd bf16 D128 R128 half causal gqa4 tc 8x64".
     std::string describe() const;
     // Throws Error(INVALID_ARGUMENT) when the fields cannot describe a kernel.

@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "attention_spec.h"
 #include "error.h"
 #include "kernel_builder.h"
 #include "kernel_spec.h"
@@ -91,9 +92,10 @@ std::string stale_problem(const CacheItem& entry) {
     return {};
 }
 
-// A few words on the kernel: KernelSpec::describe() for RoPE entries, else the spec JSON.
+// A few words on the kernel: the describe() of RoPE and attention entries, else the spec JSON.
 std::string describe_spec(const std::string& spec_json) {
     if (std::optional<KernelSpec> spec = KernelSpec::from_json(spec_json, nullptr)) return spec->describe();
+    if (std::optional<AttentionSpec> spec = AttentionSpec::from_json(spec_json, nullptr)) return spec->describe();
     return spec_json.size() <= 160 ? spec_json : spec_json.substr(0, 157) + "...";
 }
 

@@ -3,6 +3,7 @@
 // needs, and the kernel choice follows the problem (tensor cores where they apply).
 #include <doctest/doctest.h>
 
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -282,6 +283,32 @@ TEST_CASE("a head_dim above 512 is unsupported on the GPU") {
         CHECK(e.status() == ROPE_JIT_ERROR_UNSUPPORTED);
         CHECK(std::string(e.what()).find("head_dim 520") != std::string::npos);
     }
+}
+
+TEST_CASE("attention specs read back from their JSON, and nothing else does") {
+    std::vector<AttentionSpec> specs = representative_specs();
+    for (const AttentionSpec& w : wgmma_specs()) specs.push_back(w);
+    for (const AttentionSpec& spec : specs) {
+        CAPTURE(spec.describe());
+        std::string error;
+        const std::optional<AttentionSpec> back = AttentionSpec::from_json(spec.to_json(), &error);
+        REQUIRE_MESSAGE(back.has_value(), error);
+        CHECK(*back == spec);
+    }
+    const std::string json = specs[0].to_json();
+    std::string error;
+    CHECK_FALSE(AttentionSpec::from_json("not json", &error));
+    CHECK(error == "not a JSON object");
+    CHECK_FALSE(AttentionSpec::from_json(R"({"op":"rope"})", &error));
+    CHECK(error == "not an attention spec");
+    std::string missing = json;
+    missing.replace(missing.find("\"warps\""), 7, "\"wrps\"");
+    CHECK_FALSE(AttentionSpec::from_json(missing, &error));
+    CHECK(error == "a field is missing or of the wrong type");
+    std::string extra = json;
+    extra.insert(1, "\"zz_future\":1,");
+    CHECK_FALSE(AttentionSpec::from_json(extra, &error));
+    CHECK(error == "fields beyond this build's attention spec");
 }
 
 TEST_CASE("attention specs render their constants, JSON and description, and compare as bytes") {

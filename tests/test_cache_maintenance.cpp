@@ -13,7 +13,9 @@
 #include <string>
 #include <vector>
 
+#include "attention_spec.h"
 #include "cache_maintenance.h"
+#include "cuda_attention.h"
 #include "disk_cache.h"
 #include "error.h"
 #include "kernel_builder.h"
@@ -122,6 +124,39 @@ TEST_CASE("scan judges entries against this build: current, other NVRTC, other b
     CHECK(format.state == CacheItemState::stale);
     CHECK(format.problem.find("format v7") != std::string::npos);
     CHECK(format.bytes == 300);
+}
+
+TEST_CASE("a wgmma attention kernel is cached under sm_90a, read back, and judged current") {
+    if (rope_jit::nvrtc_api() == nullptr) {
+        MESSAGE("skipped: NVRTC not available");
+        return;
+    }
+    ScratchDir tmp;
+    DiskCache disk(tmp.path, {});
+    rope_jit::AttentionSpec spec;
+    spec.dtype = 2;
+    spec.head_dim = 64;
+    spec.rotary_dim = 64;
+    spec.causal = 1;
+    spec.tensor_cores = 1;
+    spec.wgmma = 1;
+    spec.warps = 8;
+    spec.block_n = 64;
+    rope_jit::KernelStats stats;
+    // Asked for the device's target (sm_90), it compiles for sm_90a and stores the entry there.
+    const rope_jit::KernelBinary built = rope_jit::build_attention_binary(spec, "sm_90", &disk, stats);
+    CHECK(stats.compiles.load() == 1);
+    CHECK(stats.disk_writes.load() == 1);
+    const rope_jit::KernelBinary again = rope_jit::build_attention_binary(spec, "sm_90", &disk, stats);
+    CHECK(stats.compiles.load() == 1);
+    CHECK(stats.disk_hits.load() == 1);
+    CHECK(again.image == built.image);
+    const std::vector<CacheItem> items = rope_jit::scan_cache(disk);
+    REQUIRE(items.size() == 1);
+    CHECK(items[0].state == CacheItemState::ok);
+    CHECK(items[0].problem.empty());
+    CHECK(items[0].path.find("/sm_90a/") != std::string::npos);
+    CHECK(items[0].spec_description == spec.describe());
 }
 
 TEST_CASE("scan reports damage, temp files, set-aside entries and strays, and changes nothing") {
