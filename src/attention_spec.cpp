@@ -348,7 +348,7 @@ std::vector<AttentionSpec> choose_attention_specs(const AttentionProblem& p, con
             spec.compute_dv = dv;
             if (shape.block_n % 16 != 0 || shape.warps > 16 || (shape.m_tiles != 1 && !(shape.m_tiles == 2 && kind == AttentionKernelKind::Forward)))
                 continue;
-            if (shape.wgmma && !wgmma_fits(spec, shape)) continue;
+            if (shape.wgmma && (!device.wgmma || !wgmma_fits(spec, shape))) continue;
             if (spec.shared_bytes() <= device.max_shared_bytes) return spec;
         }
         return std::nullopt;
@@ -366,7 +366,7 @@ std::vector<AttentionSpec> choose_attention_specs(const AttentionProblem& p, con
     // three of them in shared memory where they fit; then smaller blocks. (Two tiles measured
     // as fast, 162.6 against 160.8 TFLOP/s at the headline shape; three is the default the
     // GPU suite ran.)
-    if (device.compute_capability == 90)
+    if (device.wgmma)
         forward_shapes.insert(forward_shapes.begin(),
                               {TileShape{12, 64, 1, true, 3}, TileShape{12, 64, 1, true, 2}, TileShape{8, 128, 1, true, 2},
                                TileShape{8, 64, 1, true, 2}});

@@ -68,6 +68,7 @@ constexpr int64_t kAttentionMaxHeadDim = 512;
 struct AttentionDevice {
     int compute_capability = 0;  // 90 for sm_90
     int max_shared_bytes = 0;    // dynamic shared memory a block may opt in to
+    bool wgmma = false;          // sm_90 and an NVRTC that emits sm_90a: the wgmma forward runs
 };
 
 // The kernels that run `problem` (its forward, or its backward: dq first, then dk/dv, possibly

@@ -1,12 +1,14 @@
 #include "cuda_attention.h"
 
 #include <cmath>
+#include <cstdlib>
 
 #include <fmt/format.h>
 
 #include "attention_params.h"
 #include "error.h"
 #include "kernel_source.h"
+#include "nvrtc_loader.h"
 
 namespace rope_jit {
 
@@ -16,6 +18,14 @@ constexpr const char* kAttentionTemplate = "attention.cu";
 constexpr const char* kAttentionEntry = "attention_kernel";
 
 }  // namespace
+
+AttentionDevice attention_device(int compute_capability, int max_shared_bytes) {
+    AttentionDevice device;
+    device.compute_capability = compute_capability;
+    device.max_shared_bytes = max_shared_bytes;
+    device.wgmma = compute_capability == 90 && std::atoi(nvrtc_version_string().c_str()) >= 12;
+    return device;
+}
 
 std::string attention_target(const AttentionSpec& spec, const std::string& device_target) {
     if (!spec.wgmma || device_target.empty() || device_target.back() == 'a') return device_target;
@@ -43,7 +53,7 @@ CudaAttention::CudaAttention(CudaBackend& backend, const DiskCache* disk, Kernel
                  "cuDeviceGetAttribute(COMPUTE_CAPABILITY_MINOR)");
         check_cu(api_.cuDeviceGetAttribute(&shared, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, device),
                  "cuDeviceGetAttribute(MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)");
-        devices_.push_back(AttentionDevice{major * 10 + minor, shared});
+        devices_.push_back(attention_device(major * 10 + minor, shared));
     }
 }
 

@@ -18,6 +18,11 @@
 
 namespace rope_jit {
 
+// What the kernel choice needs of a device: its compute capability, the shared memory a block
+// may opt in to, and whether the wgmma forward can run (sm_90, and the loaded NVRTC is 12.0 or
+// newer: older ones cannot emit sm_90a).
+AttentionDevice attention_device(int compute_capability, int max_shared_bytes);
+
 // The target an attention kernel compiles for on a device whose target is `device_target`:
 // that one, except that wgmma kernels exist only on the arch-specific variant (sm_90 -> sm_90a).
 std::string attention_target(const AttentionSpec& spec, const std::string& device_target);

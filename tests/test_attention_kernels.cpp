@@ -3,6 +3,7 @@
 // needs, and the kernel choice follows the problem (tensor cores where they apply).
 #include <doctest/doctest.h>
 
+#include <cstdlib>
 #include <optional>
 #include <set>
 #include <string>
@@ -154,7 +155,7 @@ namespace {
 
 // The kernels chosen for a problem built from `c` on an H100/H200-like device (or `device`).
 std::vector<AttentionSpec> chosen(const attention_test::Config& c, bool backward,
-                                  AttentionDevice device = AttentionDevice{90, 232448}) {
+                                  AttentionDevice device = AttentionDevice{90, 232448, true}) {
     std::mt19937 rng(1);
     attention_test::Problem p(c, rng);
     const rope_jit_attention_args args = p.args();
@@ -244,16 +245,36 @@ TEST_CASE("the CUDA-core kernels take what tensor cores cannot") {
         c.pos_mask = true;
         CHECK(chosen(c, false)[0].wgmma == 0);
         c.pos_mask = false;
-        const AttentionSpec two_stages = chosen(c, false, AttentionDevice{90, 160 * 1024})[0];
+        const AttentionSpec two_stages = chosen(c, false, AttentionDevice{90, 160 * 1024, true})[0];
         CHECK(two_stages.wgmma == 1);
         CHECK(two_stages.warps == 12);
         CHECK(two_stages.stages == 2);
-        const AttentionSpec two_groups = chosen(c, false, AttentionDevice{90, 140 * 1024})[0];
+        const AttentionSpec two_groups = chosen(c, false, AttentionDevice{90, 140 * 1024, true})[0];
         CHECK(two_groups.wgmma == 1);
         CHECK(two_groups.warps == 8);
         CHECK(two_groups.block_n == 64);
         c.D = c.R = 256;
         CHECK(chosen(c, false)[0].wgmma == 0);
+    }
+    SUBCASE("the override asks for wgmma in vain where it cannot run") {
+        setenv("ROPE_JIT_ATTENTION_KERNELS", "fwd=w8x64", 1);
+        const AttentionSpec forced = chosen(c, false)[0];
+        CHECK(forced.wgmma == 1);
+        CHECK(forced.warps == 8);
+        CHECK(chosen(c, false, AttentionDevice{80, 166912})[0].wgmma == 0);
+        CHECK(chosen(c, false, AttentionDevice{90, 232448, false})[0].wgmma == 0);
+        unsetenv("ROPE_JIT_ATTENTION_KERNELS");
+    }
+    SUBCASE("an NVRTC that cannot emit sm_90a keeps sm_90 on mma.sync") {
+        const AttentionSpec spec = chosen(c, false, AttentionDevice{90, 232448, false})[0];
+        CHECK(spec.tensor_cores == 1);
+        CHECK(spec.wgmma == 0);
+        // attention_device() sets the flag from the compute capability and the loaded NVRTC.
+        if (nvrtc_api() != nullptr) {
+            CHECK(attention_device(90, 232448).wgmma == (std::atoi(nvrtc_version_string().c_str()) >= 12));
+            CHECK_FALSE(attention_device(80, 166912).wgmma);
+            CHECK_FALSE(attention_device(100, 232448).wgmma);
+        }
     }
     SUBCASE("too little shared memory for any tile") {
         CHECK(chosen(c, false, AttentionDevice{90, 16 * 1024})[0].tensor_cores == 0);

@@ -124,7 +124,7 @@ rope_jit::AttentionDevice device_zero() {
     check_cu(driver().cuDeviceGetAttribute(&shared, rope_jit::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
                                            device),
              "shared");
-    return rope_jit::AttentionDevice{major * 10 + minor, shared};
+    return rope_jit::attention_device(major * 10 + minor, shared);
 }
 
 // Compiles every distinct spec into the runtimes' disk cache on all cores, so the sweep itself
