@@ -470,7 +470,9 @@ ROPE_JIT_API rope_jit_status rope_jit_get_stats(const rope_jit_runtime* runtime,
  * every product is accumulated in float32. On the CUDA backend fp16/bf16 run on tensor cores
  * (sm_80 and newer, head_dim a multiple of 8 up to 256, rows 16-byte aligned with unit feature
  * stride; rotated q/k and the softmax probabilities are rounded to the input dtype before their
- * matrix products, as FlashAttention does); float32 and every other case run on the CUDA cores
+ * matrix products, as FlashAttention does; on sm_90, with an NVRTC of CUDA 12 or newer, the
+ * forward at head_dim 64 or 128 without pos_mask uses warpgroup matrix products, compiled for
+ * sm_90a); float32 and every other case run on the CUDA cores
  * in float32 (head_dim up to 512; sequences below 2^31 tokens). The CPU backend computes in
  * float64 and rounds the results once. The backward is deterministic on both backends.
  *
@@ -806,7 +808,7 @@ typedef struct rope_jit_cache_item {
     const char* problem;       /* why it is not OK, one line; "" when OK */
     const char* key;           /* 64 hex chars, from the file name; "" when not entry-shaped */
     const char* nvrtc_version; /* "13.0", from the path; "" when not entry-shaped */
-    const char* target;        /* "sm_90", from the path; "" when not entry-shaped */
+    const char* target;        /* "sm_90" ("sm_90a": wgmma attention), from the path; or "" */
     const char* kind;          /* "cubin" or "ptx"; "" when not entry-shaped */
     const char* spec_json;     /* the kernel spec stored in the entry (OK and STALE); else "" */
     const char* spec;          /* that spec in a few words ("rope bf16 fwd D128 ..."); or "" */
