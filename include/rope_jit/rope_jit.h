@@ -808,7 +808,7 @@ typedef struct rope_jit_cache_item {
     const char* problem;       /* why it is not OK, one line; "" when OK */
     const char* key;           /* 64 hex chars, from the file name; "" when not entry-shaped */
     const char* nvrtc_version; /* "13.0", from the path; "" when not entry-shaped */
-    const char* target;        /* "sm_90" ("sm_90a": wgmma attention), from the path; or "" */
+    const char* target;        /* "sm_90" (wgmma attention: "sm_90a"), from the path; "" if not entry-shaped */
     const char* kind;          /* "cubin" or "ptx"; "" when not entry-shaped */
     const char* spec_json;     /* the kernel spec stored in the entry (OK and STALE); else "" */
     const char* spec;          /* that spec in a few words ("rope bf16 fwd D128 ..."); or "" */
