@@ -409,6 +409,7 @@ constexpr int KSTEPS = DP / 16;
 constexpr int DTILES = DP / 8;
 constexpr int RESIDENT = 16 * M_TILES * WARPS;
 constexpr int TCOLS = !ROTATE ? 0 : (TABLE_FULL && INTERLEAVED) ? ROTARY_DIM : HALF_R;  // table columns read
+constexpr int TABLE_STEP = TABLE_FULL && INTERLEAVED ? 2 : 1;                         // table columns per pair
 constexpr int TBYTES = TABLE_DTYPE == 0 ? 4 : 2;
 constexpr int TABLE_ROW_BYTES = ROTATE && TABLE_ASYNC ? TCOLS * TBYTES : 0;
 constexpr int TABLE_CHUNKS = TABLE_ROW_BYTES / 16;
@@ -698,14 +699,13 @@ template <int N, bool STAGED>
 __device__ __forceinline__ void pair_angles(const AttentionKernelParams& p, const char* cos_rows, const char* sin_rows,
                                             int r, long long token, int pair, float (&c)[N], float (&s)[N]) {
     if constexpr (STAGED) {
-        constexpr int STEP = TABLE_FULL && INTERLEAVED ? 2 : 1;  // table columns per pair
-        float cc[N * STEP], ss[N * STEP];
-        load_columns<N * STEP>(cos_rows + r * TABLE_ROW_BYTES, pair * STEP, cc);
-        load_columns<N * STEP>(sin_rows + r * TABLE_ROW_BYTES, pair * STEP, ss);
+        float cc[N * TABLE_STEP], ss[N * TABLE_STEP];
+        load_columns<N * TABLE_STEP>(cos_rows + r * TABLE_ROW_BYTES, pair * TABLE_STEP, cc);
+        load_columns<N * TABLE_STEP>(sin_rows + r * TABLE_ROW_BYTES, pair * TABLE_STEP, ss);
 #pragma unroll
         for (int e = 0; e < N; ++e) {
-            c[e] = cc[e * STEP];
-            s[e] = ss[e * STEP];
+            c[e] = cc[e * TABLE_STEP];
+            s[e] = ss[e * TABLE_STEP];
         }
     } else {
 #pragma unroll
@@ -1416,9 +1416,9 @@ __device__ void backward_dkdv(const AttentionKernelParams& p, char* smem) {
 
 // ---- the forward on sm_90: warpgroup matrix products ----------------------------------------
 //
-// WGMMA: each warpgroup (4 warps) owns 64 query rows, rotated once and held in registers as
-// the A operand; the tensor cores read key and value tiles from shared memory through matrix
-// descriptors. STAGES tiles of BLOCK_N keys (and values) are in shared memory, STAGES - 1 of
+// WGMMA: each warpgroup (4 warps) owns 64 query rows, rotated once in shared memory and loaded
+// from there as the A operand (registers) of every tile's S = Q K^T; the tensor cores read key
+// and value tiles from shared memory through matrix descriptors. STAGES tiles of BLOCK_N keys (and values) are in shared memory, STAGES - 1 of
 // them arriving, with one barrier per tile:
 //   top of tile t: K_{t+S-1}, its table rows and V_{t+S-1} start arriving (cp.async)
 //   S = Q K_t^T; masks; online softmax; O += P V_t (issued, runs on)
@@ -1532,7 +1532,6 @@ constexpr int ROW_UNITS = BLOCK_N / 8;
 constexpr int KEY_PASSES = (ROW_UNITS * ((ITEMS + 3) / 4) + WARPS - 1) / WARPS;
 constexpr int VALUE_PASSES = (ROW_UNITS * ((CHUNKS + 3) / 4) + WARPS - 1) / WARPS;
 constexpr int ITEM_PAIRS = INTERLEAVED ? 4 : 8;
-constexpr int TABLE_STEP = TABLE_FULL && INTERLEAVED ? 2 : 1;  // table columns per pair
 constexpr int ITEM_TABLE_BYTES = ITEM_PAIRS * TABLE_STEP * TBYTES;
 static_assert(!WGMMA || !ROTATE || !TABLE_ASYNC || ITEM_TABLE_BYTES % 8 == 0, "staged table pieces of 8 or 16 bytes");
 
@@ -1554,7 +1553,7 @@ __device__ __forceinline__ void cp_async8(void* dst, const void* src, bool valid
 // Starts copying key rows [n0, n0 + BLOCK_N) into `tile` (chunk-major, zero past Sk and past
 // head_dim), with the table columns of each rotating item.
 template <int D = DTYPE>
-__device__ __forceinline__ void issue_key_tile(char* tile, char* cos_stage, char* sin_stage,
+__device__ __forceinline__ void copy_key_chunks(char* tile, char* cos_stage, char* sin_stage,
                                                const AttentionKernelParams& p, const T* k_head, long long n0) {
 #pragma unroll
     for (int pass = 0; pass < KEY_PASSES; ++pass) {
@@ -1594,10 +1593,10 @@ __device__ __forceinline__ void issue_key_tile(char* tile, char* cos_stage, char
     }
 }
 
-// Rotates, in place, the key chunks this thread copied with issue_key_tile, once its own
+// Rotates, in place, the key chunks this thread copied with copy_key_chunks, once its own
 // copies completed (no other thread touches them).
 template <int D = DTYPE>
-__device__ __forceinline__ void rotate_key_tile(char* tile, const char* cos_stage, const char* sin_stage,
+__device__ __forceinline__ void rotate_key_chunks(char* tile, const char* cos_stage, const char* sin_stage,
                                                 const AttentionKernelParams& p, long long n0) {
     if constexpr (ROTATE) {
 #pragma unroll
@@ -1628,7 +1627,7 @@ __device__ __forceinline__ void rotate_key_tile(char* tile, const char* cos_stag
 
 // Starts copying value rows [n0, n0 + BLOCK_N) into `tile` (chunk-major).
 template <int D = DTYPE>
-__device__ __forceinline__ void issue_value_tile(char* tile, const AttentionKernelParams& p, const T* v_head,
+__device__ __forceinline__ void copy_value_chunks(char* tile, const AttentionKernelParams& p, const T* v_head,
                                                  long long n0) {
 #pragma unroll
     for (int pass = 0; pass < VALUE_PASSES; ++pass) {
@@ -1671,8 +1670,8 @@ __device__ void forward(const AttentionKernelParams& p, char* smem) {
     // Starts tile t's copies (keys with their table rows, values) as one copy group.
     auto issue_tile = [&](int t, const T* k_head, const T* v_head) {
         const long long n0 = static_cast<long long>(t) * BLOCK_N;
-        issue_key_tile(key_tile(t), cos_stage(t), sin_stage(t), p, k_head, n0);
-        issue_value_tile(value_tile(t), p, v_head, n0);
+        copy_key_chunks(key_tile(t), cos_stage(t), sin_stage(t), p, k_head, n0);
+        copy_value_chunks(value_tile(t), p, v_head, n0);
     };
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const QueryBlock qb = query_block(p);
@@ -1691,7 +1690,7 @@ __device__ void forward(const AttentionKernelParams& p, char* smem) {
         cp_async_commit();
     }
     cp_async_wait<STAGES - 2>();
-    if (tiles > 0) rotate_key_tile(key_tile(0), cos_stage(0), sin_stage(0), p, 0);
+    if (tiles > 0) rotate_key_chunks(key_tile(0), cos_stage(0), sin_stage(0), p, 0);
     __syncthreads();
     rotate_rows<RESIDENT, false>(m.q, m.q_plain, m.q, nullptr, nullptr, m.q_flags, p, b, m0, p.seqlen_q);
     fence_async_proxy();
@@ -1751,7 +1750,7 @@ __device__ void forward(const AttentionKernelParams& p, char* smem) {
         commit();
 
         cp_async_wait<STAGES - 2>();  // tile t + 1
-        if (t + 1 < tiles) rotate_key_tile(key_tile(t + 1), cos_stage(t + 1), sin_stage(t + 1), p, n0 + BLOCK_N);
+        if (t + 1 < tiles) rotate_key_chunks(key_tile(t + 1), cos_stage(t + 1), sin_stage(t + 1), p, n0 + BLOCK_N);
         __syncwarp();  // the rotation branches per lane; the wait is warp-aligned
         wait_all();
         fence_registers(o);

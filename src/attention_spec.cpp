@@ -1,5 +1,6 @@
 #include "attention_spec.h"
 
+#include <cstdint>
 #include <cstdlib>
 #include <optional>
 #include <type_traits>
@@ -60,12 +61,28 @@ struct TileShape {
     int32_t stages = 2;  // wgmma only
 };
 
-// Whether the wgmma forward takes a spec (with its tile shape applied): head_dim 64 or 128
-// padded, 64- or 128-key tiles, warpgroups, no pos_mask, 2 or 3 stages.
+// Why the wgmma forward cannot take these settings, or "" when it can: a forward with head_dim
+// padded to 64 or 128 (56-64, 120-128), 64- or 128-key tiles, one to three warpgroups of
+// 16-row warps (four or more spill), no pos_mask, 2 or 3 tiles in shared memory.
+std::string wgmma_refusal(int32_t kind, int32_t head_dim, int32_t warps, int32_t m_tiles, int32_t block_n,
+                          int32_t pos_mask, int32_t stages) {
+    const int dp = padded_head_dim(head_dim);
+    if (kind != 0) return "wgmma kernels are forwards";
+    if (dp != 64 && dp != 128)
+        return fmt::format("wgmma kernels take head_dim padded to 64 or 128, got {} (padded {})", head_dim, dp);
+    if (block_n != 64 && block_n != 128) return fmt::format("wgmma kernels take 64- or 128-key tiles, got {}", block_n);
+    if ((warps != 4 && warps != 8 && warps != 12) || m_tiles != 1)
+        return fmt::format("wgmma kernels take 4, 8 or 12 warps of 16 rows, got {} warps x {}", warps, m_tiles);
+    if (pos_mask) return "wgmma kernels do not take pos_mask";
+    if (stages != 2 && stages != 3) return fmt::format("wgmma kernels hold 2 or 3 tiles, got {}", stages);
+    return "";
+}
+
+// Whether the wgmma forward takes a spec with its tile shape applied.
 bool wgmma_fits(const AttentionSpec& spec, const TileShape& shape) {
-    const int dp = padded_head_dim(spec.head_dim);
-    return spec.kind == 0 && (dp == 64 || dp == 128) && (shape.block_n == 64 || shape.block_n == 128) &&
-           shape.warps % 4 == 0 && shape.m_tiles == 1 && !spec.pos_mask && (shape.stages == 2 || shape.stages == 3);
+    return wgmma_refusal(spec.kind, spec.head_dim, shape.warps, shape.m_tiles, shape.block_n, spec.pos_mask,
+                         shape.stages)
+        .empty();
 }
 
 // The ROPE_JIT_ATTENTION_KERNELS override (see attention_spec.h).
@@ -92,12 +109,12 @@ Override read_override() {
         if (eq != std::string::npos && x != std::string::npos && x > eq) {
             const std::string name = item.substr(0, eq);
             const int kind = name == "fwd" ? 0 : name == "dq" ? 1 : name == "dkdv" ? 2 : -1;
-            const bool wgmma = item[eq + 1] == 'w';  // "fwd=w8x128": the wgmma forward
+            const bool wgmma = item[eq + 1] == 'w';  // "fwd=w8x128": the wgmma forward (no other kind)
             const int warps = std::atoi(item.substr(eq + 1 + (wgmma ? 1 : 0), x - eq - 1 - (wgmma ? 1 : 0)).c_str());
             const size_t x2 = item.find('x', x + 1);
             const int block_n = std::atoi(item.substr(x + 1, x2 == std::string::npos ? std::string::npos : x2 - x - 1).c_str());
             const int m_tiles = x2 == std::string::npos ? 1 : std::atoi(item.substr(x2 + 1).c_str());
-            if (kind >= 0 && warps > 0 && block_n > 0 && m_tiles > 0) {
+            if (kind >= 0 && warps > 0 && block_n > 0 && m_tiles > 0 && !(wgmma && kind != 0)) {
                 // For the wgmma forward the third number is the tiles held in shared memory.
                 if (wgmma && kind == 0) o.shape[kind] = TileShape{warps, block_n, 1, true, x2 == std::string::npos ? 2 : m_tiles};
                 else o.shape[kind] = TileShape{warps, block_n, m_tiles};
@@ -147,13 +164,9 @@ void AttentionSpec::validate() const {
                 "staged table rows must be whole 16-byte chunks");
     }
     if (wgmma) {
-        const int dp = padded_head_dim(head_dim);
-        require(kind == 0 && tensor_cores, "wgmma kernels are tensor-core forwards");
-        require(warps % 4 == 0 && m_tiles == 1, fmt::format("wgmma kernels take whole warpgroups of 16-row warps, got {} warps x {}", warps, m_tiles));
-        require((dp == 64 || dp == 128) && (block_n == 64 || block_n == 128),
-                fmt::format("wgmma kernels take head_dim 64 or 128 and 64- or 128-key tiles, got {} and {}", dp, block_n));
-        require(!pos_mask, "wgmma kernels do not take pos_mask");
-        require(stages == 2 || stages == 3, fmt::format("wgmma kernels hold 2 or 3 tiles, got {}", stages));
+        require(tensor_cores, "wgmma kernels are tensor-core kernels");
+        const std::string refusal = wgmma_refusal(kind, head_dim, warps, m_tiles, block_n, pos_mask, stages);
+        require(refusal.empty(), refusal);
     } else {
         require(stages == 2, fmt::format("stages is a wgmma setting (2 otherwise), got {}", stages));
     }
@@ -225,7 +238,8 @@ std::optional<AttentionSpec> AttentionSpec::from_json(const std::string& text, s
     };
     const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
     if (j.is_discarded() || !j.is_object()) return fail("not a JSON object");
-    if (j.value("op", std::string()) != "attention") return fail("not an attention spec");
+    if (!j.contains("op") || !j["op"].is_string() || j["op"].get<std::string>() != "attention")
+        return fail("not an attention spec");
     // A name among `names`, as its index.
     auto index_of = [&](const char* key, const char* const* names, int count, int32_t* out) {
         if (!j.contains(key) || !j[key].is_string()) return false;
@@ -238,7 +252,9 @@ std::optional<AttentionSpec> AttentionSpec::from_json(const std::string& text, s
     };
     auto integer = [&](const char* key, int32_t* out) {
         if (!j.contains(key) || !j[key].is_number_integer()) return false;
-        *out = j[key].get<int32_t>();
+        const int64_t value = j[key].get<int64_t>();
+        if (value < INT32_MIN || value > INT32_MAX) return false;
+        *out = int32_t(value);
         return true;
     };
     auto flag = [&](const char* key, int32_t* out) {
@@ -262,7 +278,7 @@ std::optional<AttentionSpec> AttentionSpec::from_json(const std::string& text, s
                     flag("compute_dk", &s.compute_dk) && flag("compute_dv", &s.compute_dv);
     if (!ok) return fail("a field is missing or of the wrong type");
     s.interleaved = interleaved;
-    if (s.to_json() != j.dump()) return fail("fields beyond this build's attention spec");
+    if (s.to_json() != j.dump()) return fail("fields or values this build's attention spec does not write");
     return s;
 }
 

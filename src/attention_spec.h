@@ -68,7 +68,7 @@ constexpr int64_t kAttentionMaxHeadDim = 512;
 struct AttentionDevice {
     int compute_capability = 0;  // 90 for sm_90
     int max_shared_bytes = 0;    // dynamic shared memory a block may opt in to
-    bool wgmma = false;          // sm_90 and an NVRTC that emits sm_90a: the wgmma forward runs
+    bool wgmma = false;          // the wgmma forward runs: sm_90 and nvrtc_runs_wgmma_forward()
 };
 
 // The kernels that run `problem` (its forward, or its backward: dq first, then dk/dv, possibly
@@ -79,8 +79,8 @@ struct AttentionDevice {
 // ROPE_JIT_ATTENTION_KERNELS, read on every call, overrides the choice for experiments:
 // "simt" forces the CUDA-core kernels; "fwd=WxN[xM],dq=WxN,dkdv=WxN" (any subset) sets the
 // warps, streamed-tile rows (and, forward, 16-row tiles per warp) of the tensor-core kernels
-// (a shape that does not fit falls back); "fwd=wWxN[xS]" asks for the wgmma forward (sm_90)
-// with S tiles in shared memory (2 or 3; 2 by default).
+// (a shape that does not fit falls back); "fwd=wWxN[xS]" asks for the wgmma forward (sm_90;
+// W of 4, 8 or 12) with S tiles in shared memory (2 or 3; 2 by default).
 std::vector<AttentionSpec> choose_attention_specs(const AttentionProblem& problem, const AttentionDevice& device);
 
 }  // namespace rope_jit

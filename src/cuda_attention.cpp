@@ -19,17 +19,24 @@ constexpr const char* kAttentionEntry = "attention_kernel";
 
 }  // namespace
 
+bool nvrtc_runs_wgmma_forward(const std::string& nvrtc_version) {
+    return std::atoi(nvrtc_version.c_str()) >= kWgmmaNvrtcMajor;
+}
+
 AttentionDevice attention_device(int compute_capability, int max_shared_bytes) {
     AttentionDevice device;
     device.compute_capability = compute_capability;
     device.max_shared_bytes = max_shared_bytes;
-    device.wgmma = compute_capability == 90 && std::atoi(nvrtc_version_string().c_str()) >= 12;
+    device.wgmma = compute_capability == 90 && nvrtc_runs_wgmma_forward(nvrtc_version_string());
     return device;
 }
 
 std::string attention_target(const AttentionSpec& spec, const std::string& device_target) {
-    if (!spec.wgmma || device_target.empty() || device_target.back() == 'a') return device_target;
-    return device_target + "a";
+    if (!spec.wgmma) return device_target;
+    if (device_target != "sm_90" && device_target != "sm_90a")
+        throw Error(ROPE_JIT_ERROR_UNSUPPORTED,
+                    fmt::format("wgmma attention kernels run on sm_90 only, not {}", device_target));
+    return "sm_90a";
 }
 
 KernelBinary build_attention_binary(const AttentionSpec& spec, const std::string& target, const DiskCache* disk,

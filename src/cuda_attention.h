@@ -18,13 +18,20 @@
 
 namespace rope_jit {
 
+// The oldest NVRTC (major version) the wgmma forward is chosen with: the one it was validated
+// with on a GPU. NVRTC 12 also emits sm_90a, but its ptxas never ran this kernel here, and
+// ptxas 13.0 already needed a workaround (Q fragments reloaded every tile).
+constexpr int kWgmmaNvrtcMajor = 13;
+// Whether an NVRTC of version "MAJOR.MINOR" gets the wgmma forward ("" when not loaded: no).
+bool nvrtc_runs_wgmma_forward(const std::string& nvrtc_version);
+
 // What the kernel choice needs of a device: its compute capability, the shared memory a block
-// may opt in to, and whether the wgmma forward can run (sm_90, and the loaded NVRTC is 12.0 or
-// newer: older ones cannot emit sm_90a).
+// may opt in to, and whether the wgmma forward runs (sm_90 with nvrtc_runs_wgmma_forward).
 AttentionDevice attention_device(int compute_capability, int max_shared_bytes);
 
 // The target an attention kernel compiles for on a device whose target is `device_target`:
-// that one, except that wgmma kernels exist only on the arch-specific variant (sm_90 -> sm_90a).
+// that one, except that wgmma kernels exist only on the arch-specific sm_90a (and only for an
+// sm_90 device: Error(UNSUPPORTED) otherwise).
 std::string attention_target(const AttentionSpec& spec, const std::string& device_target);
 
 // The binary of an attention kernel for a device of `target` ("sm_90"; attention_target picks

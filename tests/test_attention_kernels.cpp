@@ -20,6 +20,24 @@ using namespace rope_jit;
 
 namespace {
 
+// Sets an environment variable for a scope, restoring what was there (also on a failed REQUIRE).
+struct ScopedEnv {
+    ScopedEnv(const char* name, const char* value) : name_(name) {
+        if (const char* old = std::getenv(name)) previous_ = old;
+        setenv(name, value, 1);
+    }
+    ~ScopedEnv() {
+        if (previous_) setenv(name_, previous_->c_str(), 1);
+        else unsetenv(name_);
+    }
+    ScopedEnv(const ScopedEnv&) = delete;
+    ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+private:
+    const char* name_;
+    std::optional<std::string> previous_;
+};
+
 // A spec of the given kind with the common fields of the headline shape.
 AttentionSpec spec_of(AttentionKernelKind kind, int dtype, int head_dim, int rotary_dim, bool tensor_cores) {
     AttentionSpec s;
@@ -87,7 +105,7 @@ std::vector<AttentionSpec> representative_specs() {
 }
 
 // The wgmma forwards (sm_90a only): the headline (three warpgroups, three 64-key tiles), and
-// fp16 D64 with interleaved partial rotation from a full bf16 table (8-byte table pieces), a
+// fp16 D64 with interleaved partial rotation from a half bf16 table (8-byte table pieces), a
 // bool mask and two 64-key tiles.
 std::vector<AttentionSpec> wgmma_specs() {
     AttentionSpec headline = spec_of(AttentionKernelKind::Forward, 2, 128, 128, true);
@@ -100,7 +118,7 @@ std::vector<AttentionSpec> wgmma_specs() {
     AttentionSpec narrow = spec_of(AttentionKernelKind::Forward, 1, 64, 32, true);
     narrow.wgmma = 1;
     narrow.interleaved = 1;
-    narrow.table_full = 1;
+    narrow.table_full = 0;  // four pairs' columns of a bf16 half table: 8-byte pieces
     narrow.table_dtype = 2;
     narrow.table_async = 1;
     narrow.mask_kind = 1;
@@ -146,8 +164,17 @@ TEST_CASE("every family of attention kernels compiles with NVRTC for sm_80 and s
         AttentionSpec mma = spec;
         mma.wgmma = 0;
         CHECK(attention_target(mma, "sm_90") == "sm_90");
-        // wgmma does not exist before sm_90: there is no sm_80a to compile it for.
-        CHECK_THROWS(build_attention_binary(spec, "sm_80", nullptr, stats));
+        // wgmma exists on sm_90 alone: any other target is refused, naming it.
+        for (const char* other : {"sm_80", "sm_100", "sm_100a"}) {
+            CAPTURE(other);
+            try {
+                build_attention_binary(spec, other, nullptr, stats);
+                FAIL("no error");
+            } catch (const Error& e) {
+                CHECK(e.status() == ROPE_JIT_ERROR_UNSUPPORTED);
+                CHECK(std::string(e.what()).find(std::string("sm_90 only, not ") + other) != std::string::npos);
+            }
+        }
     }
 }
 
@@ -256,25 +283,39 @@ TEST_CASE("the CUDA-core kernels take what tensor cores cannot") {
         c.D = c.R = 256;
         CHECK(chosen(c, false)[0].wgmma == 0);
     }
-    SUBCASE("the override asks for wgmma in vain where it cannot run") {
-        setenv("ROPE_JIT_ATTENTION_KERNELS", "fwd=w8x64", 1);
+    SUBCASE("the override asks for wgmma in vain where it cannot run, and only for the forward") {
+        const ScopedEnv env("ROPE_JIT_ATTENTION_KERNELS", "fwd=w8x64,dq=w4x32");
         const AttentionSpec forced = chosen(c, false)[0];
         CHECK(forced.wgmma == 1);
         CHECK(forced.warps == 8);
+        CHECK(forced.stages == 2);
         CHECK(chosen(c, false, AttentionDevice{80, 166912})[0].wgmma == 0);
         CHECK(chosen(c, false, AttentionDevice{90, 232448, false})[0].wgmma == 0);
-        unsetenv("ROPE_JIT_ATTENTION_KERNELS");
+        // "dq=w..." is no shape: the dq kernel keeps its default.
+        const AttentionSpec dq = chosen(c, true)[0];
+        CHECK(dq.wgmma == 0);
+        CHECK((dq.warps == 8 && dq.block_n == 64));
     }
-    SUBCASE("an NVRTC that cannot emit sm_90a keeps sm_90 on mma.sync") {
+    SUBCASE("the override's wgmma shapes: 4, 8 or 12 warps, the third number is the stages") {
+        const ScopedEnv env("ROPE_JIT_ATTENTION_KERNELS", "fwd=w16x64");
+        CHECK(chosen(c, false)[0].warps == 12);  // 16 warps refused: the default
+        const ScopedEnv three("ROPE_JIT_ATTENTION_KERNELS", "fwd=w8x64x3");
+        const AttentionSpec spec = chosen(c, false)[0];
+        CHECK((spec.wgmma == 1 && spec.warps == 8 && spec.block_n == 64 && spec.stages == 3));
+    }
+    SUBCASE("an NVRTC the wgmma forward was not validated with keeps sm_90 on mma.sync") {
         const AttentionSpec spec = chosen(c, false, AttentionDevice{90, 232448, false})[0];
         CHECK(spec.tensor_cores == 1);
         CHECK(spec.wgmma == 0);
-        // attention_device() sets the flag from the compute capability and the loaded NVRTC.
-        if (nvrtc_api() != nullptr) {
-            CHECK(attention_device(90, 232448).wgmma == (std::atoi(nvrtc_version_string().c_str()) >= 12));
-            CHECK_FALSE(attention_device(80, 166912).wgmma);
-            CHECK_FALSE(attention_device(100, 232448).wgmma);
-        }
+        CHECK_FALSE(nvrtc_runs_wgmma_forward(""));
+        CHECK_FALSE(nvrtc_runs_wgmma_forward("11.8"));
+        CHECK_FALSE(nvrtc_runs_wgmma_forward("12.9"));
+        CHECK(nvrtc_runs_wgmma_forward("13.0"));
+        CHECK(nvrtc_runs_wgmma_forward("14.1"));
+        // attention_device() takes the loaded NVRTC's version, and sm_90 alone.
+        CHECK(attention_device(90, 232448).wgmma == nvrtc_runs_wgmma_forward(nvrtc_version_string()));
+        CHECK_FALSE(attention_device(80, 166912).wgmma);
+        CHECK_FALSE(attention_device(100, 232448).wgmma);
     }
     SUBCASE("too little shared memory for any tile") {
         CHECK(chosen(c, false, AttentionDevice{90, 16 * 1024})[0].tensor_cores == 0);
@@ -329,7 +370,14 @@ TEST_CASE("attention specs read back from their JSON, and nothing else does") {
     std::string extra = json;
     extra.insert(1, "\"zz_future\":1,");
     CHECK_FALSE(AttentionSpec::from_json(extra, &error));
-    CHECK(error == "fields beyond this build's attention spec");
+    CHECK(error == "fields or values this build's attention spec does not write");
+    CHECK_FALSE(AttentionSpec::from_json(R"({"op":1})", &error));
+    CHECK(error == "not an attention spec");
+    std::string huge = json;
+    const size_t at = huge.find("\"warps\":") + 8;
+    huge.replace(at, huge.find_first_of(",}", at) - at, "5000000000");
+    CHECK_FALSE(AttentionSpec::from_json(huge, &error));
+    CHECK(error == "a field is missing or of the wrong type");
 }
 
 TEST_CASE("attention specs render their constants, JSON and description, and compare as bytes") {
@@ -367,6 +415,19 @@ TEST_CASE("attention specs render their constants, JSON and description, and com
     bad_w = w;
     bad_w.warps = 6;
     CHECK_THROWS_AS(bad_w.validate(), Error);
+    bad_w.warps = 16;  // four warpgroups: the registers spill
+    CHECK_THROWS_AS(bad_w.validate(), Error);
+    bad_w = w;
+    bad_w.head_dim = 96;
+    try {
+        bad_w.validate();
+        FAIL("no error");
+    } catch (const Error& e) {
+        CHECK(std::string(e.what()).find("got 96 (padded 96)") != std::string::npos);
+    }
+    bad_w.head_dim = 56;  // padded to 64: taken
+    bad_w.rotary_dim = 48;
+    CHECK_NOTHROW(bad_w.validate());
     bad_w = w;
     bad_w.stages = 4;
     CHECK_THROWS_AS(bad_w.validate(), Error);

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -25,6 +26,7 @@
 #include "cuda_attention.h"
 #include "cuda_driver.h"
 #include "disk_cache.h"
+#include "nvrtc_loader.h"
 #include "gpu_test_support.h"
 
 using namespace attention_test;
@@ -341,11 +343,35 @@ TEST_CASE("every tile shape the override offers gives the same results") {
     c.table_full = true;
     c.mask = Mask::BoolKeys;
     configs.push_back(c);
+    c.D = c.R = 64;  // D64 with 128-key tiles too
+    c.interleaved = false;
+    c.table_full = false;
+    c.mask = Mask::None;
+    configs.push_back(c);
+    const rope_jit::AttentionDevice device = device_zero();
     for (const std::string shapes : {"fwd=4x64,dq=4x64,dkdv=4x32", "fwd=8x32,dq=8x32,dkdv=8x16", "fwd=4x16,dq=4x16,dkdv=8x64",
                                      "fwd=4x32x2", "fwd=8x64x2", "fwd=2x16x2", "fwd=8x64,dq=8x64,dkdv=8x32",
                                      "fwd=w8x128", "fwd=w8x64", "fwd=w4x64", "fwd=w12x64", "fwd=w12x64x3", "fwd=w8x64x3"}) {
         CAPTURE(shapes);
         setenv("ROPE_JIT_ATTENTION_KERNELS", shapes.c_str(), 1);
+        // A wgmma shape must be what the configs without pos_mask run, where wgmma runs at all
+        // and the shape's shared memory fits (else the choice falls back, as it should).
+        int warps = 0, block_n = 0, stages = 2;
+        if (device.wgmma && std::sscanf(shapes.c_str(), "fwd=w%dx%dx%d", &warps, &block_n, &stages) >= 2) {
+            for (size_t n = 1; n < configs.size(); ++n) {
+                std::mt19937 probe(1);
+                Problem p(configs[n], probe);
+                const rope_jit::AttentionSpec spec = kernels_of(p, device)[0];
+                rope_jit::AttentionSpec wanted = spec;
+                wanted.tensor_cores = wanted.wgmma = 1;
+                wanted.warps = warps;
+                wanted.block_n = block_n;
+                wanted.stages = stages;
+                wanted.m_tiles = 1;
+                CAPTURE(spec.describe());
+                if (wanted.shared_bytes() <= device.max_shared_bytes) CHECK(spec == wanted);
+            }
+        }
         sweep(f, configs, 5);
     }
     unsetenv("ROPE_JIT_ATTENTION_KERNELS");
@@ -353,8 +379,9 @@ TEST_CASE("every tile shape the override offers gives the same results") {
 
 TEST_CASE("the sm_90 wgmma forward matches the CPU reference over long sequences and every feature it takes") {
     const rope_jit::AttentionDevice device = device_zero();
-    if (device.compute_capability != 90) {
-        MESSAGE("device is sm_" << device.compute_capability << ": the wgmma forward runs on sm_90 only");
+    if (!device.wgmma) {
+        MESSAGE("device sm_" << device.compute_capability << " with NVRTC " << rope_jit::nvrtc_version_string()
+                              << ": no wgmma forward here");
         return;
     }
     GpuFixture f;
@@ -363,9 +390,11 @@ TEST_CASE("the sm_90 wgmma forward matches the CPU reference over long sequences
     for (int i = 0; i < 24; ++i) {
         Config c = random_gpu_config(rng);
         c.dt = rng() & 1 ? Dt::BF16 : Dt::F16;
-        c.D = rng() & 1 ? 128 : 64;
+        // 56 and 120 pad to 64 and 128: the zero-filled features past head_dim.
+        c.D = pick<int64_t>(rng, {128, 64, 120, 56});
         c.R = pick<int64_t>(rng, {c.D, c.D, c.D / 2, 0, 16});
-        if (!c.interleaved && c.R % 16 != 0) c.R = c.D;
+        const int64_t chunk = c.interleaved ? 8 : 16;  // whole 16-byte chunks of pairs
+        c.R = c.R / chunk * chunk;
         c.pos_mask = false;
         c.pad = 0;
         c.Sq = 1 + rng() % 700;
