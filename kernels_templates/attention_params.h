@@ -60,15 +60,19 @@ struct AttentionKernelParams {
 // Byte offsets of the shared-memory buffers of one block of a tensor-core kernel (kind 0
 // forward, 1 backward dq, 2 backward dk/dv), and the total to launch with. Buffers a kernel
 // does not use have size 0. Row buffers hold 16-bit elements with rows of (head_dim_padded +
-// 8) elements: the 16-byte pad keeps ldmatrix free of bank conflicts.
+// 8) elements: the 16-byte pad keeps ldmatrix free of bank conflicts. The wgmma forward's key
+// and value tiles are the exception: unpadded and chunk-major (see tc::wg in attention.cu).
 struct AttentionSmemLayout {
     // Forward/dq: the block's query rows and their plain copy (pos_mask), dout rows (dq),
     // and the streamed key tiles (raw keys staged, rotated keys, values in two buffers).
     // dk/dv: the block's key rows and values, and the streamed query tiles (raw queries and
     // out rows staged, rotated queries, dout in two buffers).
+    // wgmma forward: q, then `stages` key tiles from k and `stages` value tiles from v0
+    // (k_stage and v1 unused).
     int q, q_plain, q_stage, o_stage, dout0, dout1;
     int k, k_plain, k_stage, v0, v1;
-    // The table rows of the streamed tile, staged raw (cos, then sin).
+    // The table rows of the streamed tile, staged raw (cos, then sin); the wgmma forward keeps
+    // stages - 1 tiles' worth, each item's columns together.
     int cos_stage, sin_stage;
     // Per-row values of the backward: float row_a[queries], row_b[queries] (lse and delta of query rows;
     // dk/dv has a second row_a half where the next tile's lse lands), then unsigned char

@@ -470,9 +470,9 @@ ROPE_JIT_API rope_jit_status rope_jit_get_stats(const rope_jit_runtime* runtime,
  * every product is accumulated in float32. On the CUDA backend fp16/bf16 run on tensor cores
  * (sm_80 and newer, head_dim a multiple of 8 up to 256, rows 16-byte aligned with unit feature
  * stride; rotated q/k and the softmax probabilities are rounded to the input dtype before their
- * matrix products, as FlashAttention does; on sm_90, with an NVRTC of CUDA 12 or newer, the
- * forward at head_dim 64 or 128 without pos_mask uses warpgroup matrix products, compiled for
- * sm_90a); float32 and every other case run on the CUDA cores
+ * matrix products, as FlashAttention does; on sm_90, with an NVRTC of CUDA 13 or newer, the
+ * forward at head_dim 56-64 or 120-128 without pos_mask uses warpgroup matrix products,
+ * compiled for sm_90a); float32 and every other case run on the CUDA cores
  * in float32 (head_dim up to 512; sequences below 2^31 tokens). The CPU backend computes in
  * float64 and rounds the results once. The backward is deterministic on both backends.
  *
