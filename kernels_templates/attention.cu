@@ -1050,10 +1050,7 @@ __device__ void forward(const AttentionKernelParams& p, char* smem) {
     constexpr int WARP_ROWS = 16 * M_TILES;
     const Buffers m = carve(smem);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const QueryBlock qb = query_block(p);
-    const long long b = qb.b, h = qb.h, m0 = qb.m0;
-    const T *q_head = qb.q_head, *k_head = qb.k_head, *v_head = qb.v_head;
-    const int tiles = qb.tiles;
+    const auto [b, h, m0, q_head, k_head, v_head, tiles] = query_block(p);
 
     issue_rows<RESIDENT>(m.q, q_head, p.q_stride[2], m0, p.seqlen_q);
     if (tiles > 0) {
@@ -1674,10 +1671,7 @@ __device__ void forward(const AttentionKernelParams& p, char* smem) {
         copy_value_chunks(value_tile(t), p, v_head, n0);
     };
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const QueryBlock qb = query_block(p);
-    const long long b = qb.b, h = qb.h, m0 = qb.m0;
-    const T *q_head = qb.q_head, *k_head = qb.k_head, *v_head = qb.v_head;
-    const int tiles = qb.tiles;
+    const auto [b, h, m0, q_head, k_head, v_head, tiles] = query_block(p);
 
     // Copy groups: the queries with tile 0, then one per tile (empty past the last), so that
     // "all but the newest STAGES - 2 groups" is always "up to the next tile".

@@ -61,28 +61,28 @@ struct TileShape {
     int32_t stages = 2;  // wgmma only
 };
 
-// Why the wgmma forward cannot take these settings, or "" when it can: a forward with head_dim
-// padded to 64 or 128 (56-64, 120-128), 64- or 128-key tiles, one to three warpgroups of
-// 16-row warps (four or more spill), no pos_mask, 2 or 3 tiles in shared memory.
-std::string wgmma_refusal(int32_t kind, int32_t head_dim, int32_t warps, int32_t m_tiles, int32_t block_n,
-                          int32_t pos_mask, int32_t stages) {
+// The rules of the wgmma forward: a forward with head_dim padded to 64 or 128 (56-64,
+// 120-128), 64- or 128-key tiles, one to three warpgroups of 16-row warps (four or more
+// spill), no pos_mask, 2 or 3 tiles in shared memory. The first one broken, or none. No text
+// here: the kernel choice asks on every launch.
+enum class WgmmaRule { none, forward, head_dim, key_tile, warps, pos_mask, stages };
+
+WgmmaRule wgmma_broken_rule(int32_t kind, int32_t head_dim, int32_t warps, int32_t m_tiles, int32_t block_n,
+                            int32_t pos_mask, int32_t stages) {
     const int dp = padded_head_dim(head_dim);
-    if (kind != 0) return "wgmma kernels are forwards";
-    if (dp != 64 && dp != 128)
-        return fmt::format("wgmma kernels take head_dim padded to 64 or 128, got {} (padded {})", head_dim, dp);
-    if (block_n != 64 && block_n != 128) return fmt::format("wgmma kernels take 64- or 128-key tiles, got {}", block_n);
-    if ((warps != 4 && warps != 8 && warps != 12) || m_tiles != 1)
-        return fmt::format("wgmma kernels take 4, 8 or 12 warps of 16 rows, got {} warps x {}", warps, m_tiles);
-    if (pos_mask) return "wgmma kernels do not take pos_mask";
-    if (stages != 2 && stages != 3) return fmt::format("wgmma kernels hold 2 or 3 tiles, got {}", stages);
-    return "";
+    if (kind != 0) return WgmmaRule::forward;
+    if (dp != 64 && dp != 128) return WgmmaRule::head_dim;
+    if (block_n != 64 && block_n != 128) return WgmmaRule::key_tile;
+    if ((warps != 4 && warps != 8 && warps != 12) || m_tiles != 1) return WgmmaRule::warps;
+    if (pos_mask) return WgmmaRule::pos_mask;
+    if (stages != 2 && stages != 3) return WgmmaRule::stages;
+    return WgmmaRule::none;
 }
 
 // Whether the wgmma forward takes a spec with its tile shape applied.
 bool wgmma_fits(const AttentionSpec& spec, const TileShape& shape) {
-    return wgmma_refusal(spec.kind, spec.head_dim, shape.warps, shape.m_tiles, shape.block_n, spec.pos_mask,
-                         shape.stages)
-        .empty();
+    return wgmma_broken_rule(spec.kind, spec.head_dim, shape.warps, shape.m_tiles, shape.block_n, spec.pos_mask,
+                             shape.stages) == WgmmaRule::none;
 }
 
 // The ROPE_JIT_ATTENTION_KERNELS override (see attention_spec.h).
@@ -165,8 +165,24 @@ void AttentionSpec::validate() const {
     }
     if (wgmma) {
         require(tensor_cores, "wgmma kernels are tensor-core kernels");
-        const std::string refusal = wgmma_refusal(kind, head_dim, warps, m_tiles, block_n, pos_mask, stages);
-        require(refusal.empty(), refusal);
+        switch (wgmma_broken_rule(kind, head_dim, warps, m_tiles, block_n, pos_mask, stages)) {
+            case WgmmaRule::none: break;
+            case WgmmaRule::forward: fail_argument("attention kernel spec: wgmma kernels are forwards");
+            case WgmmaRule::head_dim:
+                fail_argument(fmt::format("attention kernel spec: wgmma kernels take head_dim padded to 64 or 128, "
+                                          "got {} (padded {})",
+                                          head_dim, padded_head_dim(head_dim)));
+            case WgmmaRule::key_tile:
+                fail_argument(fmt::format("attention kernel spec: wgmma kernels take 64- or 128-key tiles, got {}",
+                                          block_n));
+            case WgmmaRule::warps:
+                fail_argument(fmt::format(
+                    "attention kernel spec: wgmma kernels take 4, 8 or 12 warps of 16 rows, got {} warps x {}", warps,
+                    m_tiles));
+            case WgmmaRule::pos_mask: fail_argument("attention kernel spec: wgmma kernels do not take pos_mask");
+            case WgmmaRule::stages:
+                fail_argument(fmt::format("attention kernel spec: wgmma kernels hold 2 or 3 tiles, got {}", stages));
+        }
     } else {
         require(stages == 2, fmt::format("stages is a wgmma setting (2 otherwise), got {}", stages));
     }

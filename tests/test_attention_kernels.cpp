@@ -12,6 +12,7 @@
 #include "attention_problem.h"
 #include "attention_spec.h"
 #include "cuda_attention.h"
+#include "env_guard.h"
 #include "error.h"
 #include "nvrtc_loader.h"
 #include "attention_test_support.h"
@@ -19,24 +20,6 @@
 using namespace rope_jit;
 
 namespace {
-
-// Sets an environment variable for a scope, restoring what was there (also on a failed REQUIRE).
-struct ScopedEnv {
-    ScopedEnv(const char* name, const char* value) : name_(name) {
-        if (const char* old = std::getenv(name)) previous_ = old;
-        setenv(name, value, 1);
-    }
-    ~ScopedEnv() {
-        if (previous_) setenv(name_, previous_->c_str(), 1);
-        else unsetenv(name_);
-    }
-    ScopedEnv(const ScopedEnv&) = delete;
-    ScopedEnv& operator=(const ScopedEnv&) = delete;
-
-private:
-    const char* name_;
-    std::optional<std::string> previous_;
-};
 
 // A spec of the given kind with the common fields of the headline shape.
 AttentionSpec spec_of(AttentionKernelKind kind, int dtype, int head_dim, int rotary_dim, bool tensor_cores) {
@@ -284,7 +267,8 @@ TEST_CASE("the CUDA-core kernels take what tensor cores cannot") {
         CHECK(chosen(c, false)[0].wgmma == 0);
     }
     SUBCASE("the override asks for wgmma in vain where it cannot run, and only for the forward") {
-        const ScopedEnv env("ROPE_JIT_ATTENTION_KERNELS", "fwd=w8x64,dq=w4x32");
+        EnvGuard env;
+        env.set("ROPE_JIT_ATTENTION_KERNELS", "fwd=w8x64,dq=w4x32");
         const AttentionSpec forced = chosen(c, false)[0];
         CHECK(forced.wgmma == 1);
         CHECK(forced.warps == 8);
@@ -297,9 +281,10 @@ TEST_CASE("the CUDA-core kernels take what tensor cores cannot") {
         CHECK((dq.warps == 8 && dq.block_n == 64));
     }
     SUBCASE("the override's wgmma shapes: 4, 8 or 12 warps, the third number is the stages") {
-        const ScopedEnv env("ROPE_JIT_ATTENTION_KERNELS", "fwd=w16x64");
+        EnvGuard env;
+        env.set("ROPE_JIT_ATTENTION_KERNELS", "fwd=w16x64");
         CHECK(chosen(c, false)[0].warps == 12);  // 16 warps refused: the default
-        const ScopedEnv three("ROPE_JIT_ATTENTION_KERNELS", "fwd=w8x64x3");
+        env.set("ROPE_JIT_ATTENTION_KERNELS", "fwd=w8x64x3");
         const AttentionSpec spec = chosen(c, false)[0];
         CHECK((spec.wgmma == 1 && spec.warps == 8 && spec.block_n == 64 && spec.stages == 3));
     }

@@ -24,6 +24,7 @@
 
 #include "compile_lock.h"
 #include "disk_cache.h"
+#include "env_guard.h"
 #include "error.h"
 #include "sha256.h"
 
@@ -139,33 +140,6 @@ std::string dir_of(const std::string& path) { return path.substr(0, path.rfind('
 
 bool running_as_root() { return geteuid() == 0; }
 
-// Sets or unsets environment variables for one test and puts the old values back.
-class EnvGuard {
-public:
-    void set(const char* name, const char* value) {
-        if (saved_.find(name) == saved_.end()) {
-            const char* old = std::getenv(name);
-            saved_[name] = old ? std::optional<std::string>(old) : std::nullopt;
-        }
-        if (value) {
-            setenv(name, value, 1);
-        } else {
-            unsetenv(name);
-        }
-    }
-    ~EnvGuard() {
-        for (const auto& [name, value] : saved_) {
-            if (value) {
-                setenv(name.c_str(), value->c_str(), 1);
-            } else {
-                unsetenv(name.c_str());
-            }
-        }
-    }
-
-private:
-    std::map<std::string, std::optional<std::string>> saved_;
-};
 
 }  // namespace
 
