@@ -13,6 +13,8 @@
 //   TENSOR_CORES              1: mma.sync (16-bit dtypes, sm_80+); 0: one warp per row
 //   WGMMA, STAGES             the forward on warpgroup matrix products (sm_90a; see wg::),
 //                             with STAGES key/value tiles in shared memory (2 or 3)
+//   PRODUCER_WARPS            wgmma forward: 4 warps after the WARPS consumer warps load and
+//                             rotate the tiles (forward_specialized), or 0: every warp does
 //   TABLE_ASYNC               tables are staged with cp.async (aligned, unit column stride)
 //   WARPS, M_TILES, BLOCK_N   warps per block, 16-row tiles each warp owns; streamed tile rows
 //   COMPUTE_DK, COMPUTE_DV    which gradients a dk/dv kernel accumulates
@@ -414,7 +416,8 @@ constexpr int TBYTES = TABLE_DTYPE == 0 ? 4 : 2;
 constexpr int TABLE_ROW_BYTES = ROTATE && TABLE_ASYNC ? TCOLS * TBYTES : 0;
 constexpr int TABLE_CHUNKS = TABLE_ROW_BYTES / 16;
 constexpr AttentionSmemLayout SMEM =
-    attention_smem_layout(KIND, DP, WARPS, M_TILES, BLOCK_N, HAS_POS_MASK, TABLE_ROW_BYTES, WGMMA, STAGES);
+    attention_smem_layout(KIND, DP, WARPS, M_TILES, BLOCK_N, HAS_POS_MASK, TABLE_ROW_BYTES, WGMMA, STAGES,
+                          PRODUCER_WARPS > 0);
 
 // Rotation work items of one row: a chunk of interleaved pairs, or (half style) a chunk of
 // first halves with the chunk of their partners R/2 later; then the chunks past the rotary
@@ -1519,15 +1522,18 @@ constexpr unsigned V_LEADING = 128, V_STRIDE = CHUNK_STRIDE, V_STEP = 256;
 
 // Who loads what of a streamed tile: the tile is cut into units of 8 rows x 4 items (rotation
 // items, numbered as in rotate_rows: chunks of interleaved pairs or first-half chunks with their
-// partners, then plain chunks; for values, chunks); warp w takes units w, w + WARPS, ... and in
-// a unit lane l takes row l % 8 and item l / 8. Each quarter warp then stores 8 consecutive
+// partners, then plain chunks; for values, chunks); loader warp w (every warp, or the producer
+// warps of forward_specialized) takes units w, w + LOADER_WARPS, ... and in a unit lane l takes
+// row l % 8 and item l / 8. Each quarter warp then stores 8 consecutive
 // rows of one chunk (one 128-byte core matrix: no bank conflicts) and each row is read 64
 // bytes at a time (whole 32-byte sectors). The thread that copies a key chunk also rotates
 // it, so the rotation needs no barrier after the copies. Rotating items stage the table
 // columns of their own pairs: ITEM_TABLE_BYTES per item and table.
 constexpr int ROW_UNITS = BLOCK_N / 8;
-constexpr int KEY_PASSES = (ROW_UNITS * ((ITEMS + 3) / 4) + WARPS - 1) / WARPS;
-constexpr int VALUE_PASSES = (ROW_UNITS * ((CHUNKS + 3) / 4) + WARPS - 1) / WARPS;
+constexpr int LOADER_WARPS = PRODUCER_WARPS > 0 ? PRODUCER_WARPS : WARPS;
+constexpr int FIRST_LOADER_WARP = PRODUCER_WARPS > 0 ? WARPS : 0;
+constexpr int KEY_PASSES = (ROW_UNITS * ((ITEMS + 3) / 4) + LOADER_WARPS - 1) / LOADER_WARPS;
+constexpr int VALUE_PASSES = (ROW_UNITS * ((CHUNKS + 3) / 4) + LOADER_WARPS - 1) / LOADER_WARPS;
 constexpr int ITEM_PAIRS = INTERLEAVED ? 4 : 8;
 constexpr int ITEM_TABLE_BYTES = ITEM_PAIRS * TABLE_STEP * TBYTES;
 static_assert(!WGMMA || !ROTATE || !TABLE_ASYNC || ITEM_TABLE_BYTES % 8 == 0, "staged table pieces of 8 or 16 bytes");
@@ -1535,7 +1541,7 @@ static_assert(!WGMMA || !ROTATE || !TABLE_ASYNC || ITEM_TABLE_BYTES % 8 == 0, "s
 // Row and item of this thread in pass `pass` over a tile of `items` items per row; false past
 // the tile.
 __device__ __forceinline__ bool unit_slot(int pass, int items, int* row, int* item) {
-    const int unit = static_cast<int>(threadIdx.x >> 5) + WARPS * pass, lane = threadIdx.x & 31;
+    const int unit = static_cast<int>(threadIdx.x >> 5) - FIRST_LOADER_WARP + LOADER_WARPS * pass, lane = threadIdx.x & 31;
     *row = (unit % ROW_UNITS) * 8 + (lane & 7);
     *item = (unit / ROW_UNITS) * 4 + (lane >> 3);
     return unit < ROW_UNITS * ((items + 3) / 4) && *item < items;
@@ -1755,6 +1761,162 @@ __device__ void forward(const AttentionKernelParams& p, char* smem) {
     finish_rows(o, row_max, row_sum, m.q + warp * 16 * ROWE, p, b, h, row_first, lane);
 }
 
+// ---- the warp-specialized forward: producer warps load and rotate, consumers compute ----
+//
+// PRODUCER_WARPS (4) warps after the WARPS consumer warps copy key and value tiles into
+// STAGES shared buffers, rotate the keys and signal each tile on a `full` barrier; the
+// consumers (warpgroups of 64 query rows, as in forward) compute and signal `empty` when
+// they are done with a buffer. No block-wide barrier in the loop: the two or three consumer
+// warpgroups drift apart, so one's softmax overlaps another's tensor-core work, and loading
+// and rotating overlap both. The producer runs STAGES - 1 tiles ahead: it rotates tile t
+// (copied one tile earlier) before it waits for a buffer to issue tile t + STAGES - 1, so a
+// tile is rotated while the consumers still work on the one before it.
+
+// mbarrier operations on 8-byte barriers in shared memory (addresses from shared_address).
+__device__ __forceinline__ void barrier_init(unsigned address, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(address), "r"(count) : "memory");
+}
+__device__ __forceinline__ void barrier_arrive(unsigned address) {
+    asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(address) : "memory");
+}
+// Waits until the phase of parity `parity` (the barrier's n-th completion has parity n & 1)
+// has completed.
+__device__ __forceinline__ void barrier_wait(unsigned address, unsigned parity) {
+    asm volatile(
+        "{\n.reg .pred done;\nretry:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra retry;\n}\n" ::"r"(address),
+        "r"(parity)
+        : "memory");
+}
+// A barrier among the consumer warps only (the producers never join it).
+__device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 1, %0;\n" ::"n"(THREADS) : "memory"); }
+
+template <int D = DTYPE>
+__device__ void forward_specialized(const AttentionKernelParams& p, char* smem) {
+    constexpr int NT = BLOCK_N / 8;
+    static_assert(WARPS % 4 == 0 && PRODUCER_WARPS == 4 && M_TILES == 1 && !HAS_POS_MASK,
+                  "consumer warpgroups of 16-row warps, one producer warpgroup, no pos_mask");
+    static_assert(STAGES == 2 || STAGES == 3, "two or three tiles in shared memory");
+    const Buffers m = carve(smem);
+    // Tile t lives in buffer t % STAGES (its barriers full[t % STAGES], empty[...]); its table
+    // rows in stage t % (STAGES - 1).
+    constexpr int TILE_BYTES = BLOCK_N * DP * 2, TABLE_STAGE_BYTES = BLOCK_N * TABLE_ROW_BYTES;
+    auto key_tile = [&](int t) { return smem + SMEM.k + (t % STAGES) * TILE_BYTES; };
+    auto value_tile = [&](int t) { return smem + SMEM.v0 + (t % STAGES) * TILE_BYTES; };
+    auto cos_stage = [&](int t) { return smem + SMEM.cos_stage + (t % (STAGES - 1)) * TABLE_STAGE_BYTES; };
+    auto sin_stage = [&](int t) { return smem + SMEM.sin_stage + (t % (STAGES - 1)) * TABLE_STAGE_BYTES; };
+    const unsigned full = shared_address(smem + SMEM.barriers), empty = full + STAGES * 8;
+    auto full_of = [&](int t) { return full + (t % STAGES) * 8; };
+    auto empty_of = [&](int t) { return empty + (t % STAGES) * 8; };
+    auto phase_of = [](int t) { return static_cast<unsigned>(t / STAGES) & 1u; };
+    const auto [b, h, m0, q_head, k_head, v_head, tiles] = query_block(p);
+
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            barrier_init(full + s * 8, PRODUCER_WARPS * 32);
+            barrier_init(empty + s * 8, THREADS);
+        }
+    }
+    __syncthreads();  // the last block-wide barrier: producers and consumers part here
+
+    if (threadIdx.x >= THREADS) {
+        // Producer. Copy groups: one per tile (empty past the last), so that "all but the
+        // newest STAGES - 2 groups" is always "up to tile t".
+        auto issue_tile = [&](int t, const T* keys, const T* values) {
+            const long long n0 = static_cast<long long>(t) * BLOCK_N;
+            copy_key_chunks(key_tile(t), cos_stage(t), sin_stage(t), p, keys, n0);
+            copy_value_chunks(value_tile(t), p, values, n0);
+        };
+#pragma unroll
+        for (int t = 0; t < STAGES - 1; ++t) {
+            if (t < tiles) issue_tile(t, k_head, v_head);
+            cp_async_commit();
+        }
+        for (int t = 0; t < tiles; ++t) {
+            cp_async_wait<STAGES - 2>();  // this thread's copies of tile t
+            rotate_key_chunks(key_tile(t), cos_stage(t), sin_stage(t), p, static_cast<long long>(t) * BLOCK_N);
+            fence_async_proxy();
+            barrier_arrive(full_of(t));
+            // Tile t + STAGES - 1 takes the buffer of tile t - 1 (and tile t's table stage,
+            // which only this thread's rotation above read).
+            const int next = t + STAGES - 1;
+            if (next < tiles) {
+                if (t >= 1) barrier_wait(empty_of(t - 1), phase_of(t - 1));
+                issue_tile(next, k_head, v_head);
+            }
+            cp_async_commit();
+        }
+        return;
+    }
+
+    // Consumers: the block's query rows, rotated, then the key tiles as they come.
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    issue_rows<RESIDENT>(m.q, q_head, p.q_stride[2], m0, p.seqlen_q);
+    cp_async_commit();
+    cp_async_wait_all();
+    consumer_sync();
+    rotate_rows<RESIDENT, false>(m.q, m.q_plain, m.q, nullptr, nullptr, m.q_flags, p, b, m0, p.seqlen_q);
+    consumer_sync();
+
+    const unsigned q_fragments = shared_address(m.q + warp * 16 * ROWE) + a_lane_offset(lane);
+    const long long row_first = m0 + warp * 16;
+    const long long group_first = m0 + (warp >> 2) * 64;  // this warpgroup's first query row
+    float o[DTILES][4];
+    float row_max[2] = {neg_inf(), neg_inf()}, row_sum[2] = {0.f, 0.f};
+    zero(o);
+    for (int t = 0; t < tiles; ++t) {
+        const long long n0 = static_cast<long long>(t) * BLOCK_N;
+        barrier_wait(full_of(t), phase_of(t));
+        // A causal warpgroup whose rows all end before the tile skips it (it still releases
+        // the buffer: every consumer arrives once per tile).
+        if (!CAUSAL || n0 <= group_first + 63) {
+            unsigned qa[KSTEPS][4];
+#pragma unroll
+            for (int kk = 0; kk < KSTEPS; ++kk) ldmatrix_x4(qa[kk], q_fragments + kk * 32);
+            float s[NT][4];
+            zero(s);
+            fence_registers(s);
+            __syncwarp();
+            fence_operands();
+            const unsigned k_address = shared_address(key_tile(t));
+#pragma unroll
+            for (int kk = 0; kk < KSTEPS; ++kk)
+                wgmma<BLOCK_N, 0>(s, qa[kk], descriptor(k_address + kk * K_STEP, K_LEADING, K_STRIDE));
+            commit();
+            wait_all();
+            fence_registers(s);
+            fence_registers(qa);
+
+            const bool check_bounds = n0 + BLOCK_N > p.seqlen_k;
+            const bool check_causal = CAUSAL && n0 + BLOCK_N - 1 > group_first;
+            float scale = p.scale_log2;
+            if (check_bounds || check_causal || MASK_KIND != 0 || !(scale > 0.f)) {
+                scale_and_mask<NT, false>(s, p, b, row_first, n0, check_bounds, check_causal, lane);
+                scale = 1.f;
+            }
+            online_softmax<NT>(s, row_max, row_sum, o, scale);
+            unsigned pa[NT / 2][4];
+            to_a_fragments<NT>(pa, s);
+
+            fence_registers(o);
+            fence_registers(pa);
+            __syncwarp();
+            fence_operands();
+            const unsigned v_address = shared_address(value_tile(t));
+#pragma unroll
+            for (int kk = 0; kk < NT / 2; ++kk)
+                wgmma<DP, 1>(o, pa[kk], descriptor(v_address + kk * V_STEP, V_LEADING, V_STRIDE));
+            commit();
+            wait_all();
+            fence_registers(o);
+            fence_registers(pa);
+        }
+        barrier_arrive(empty_of(t));
+    }
+    finish_rows(o, row_max, row_sum, m.q + warp * 16 * ROWE, p, b, h, row_first, lane);
+}
+
 }  // namespace wg
 
 }  // namespace tc
@@ -1763,11 +1925,12 @@ __device__ void forward(const AttentionKernelParams& p, char* smem) {
 
 // Two blocks per multiprocessor for the FlashAttention-2 layout of the forward (up to 255
 // registers at 128 threads); no constraint otherwise.
-extern "C" __global__ void __launch_bounds__(WARPS * 32, TENSOR_CORES && KIND == 0 && M_TILES == 2 && WARPS <= 4 ? 2 : 1)
+extern "C" __global__ void __launch_bounds__((WARPS + PRODUCER_WARPS) * 32, TENSOR_CORES && KIND == 0 && M_TILES == 2 && WARPS <= 4 ? 2 : 1)
     attention_kernel(const AttentionKernelParams p) {
     if constexpr (TENSOR_CORES) {
         extern __shared__ __align__(16) char smem[];
-        if constexpr (KIND == 0 && WGMMA) tc::wg::forward(p, smem);
+        if constexpr (KIND == 0 && WGMMA && PRODUCER_WARPS > 0) tc::wg::forward_specialized(p, smem);
+        else if constexpr (KIND == 0 && WGMMA) tc::wg::forward(p, smem);
         else if constexpr (KIND == 0) tc::forward(p, smem);
         else if constexpr (KIND == 1) tc::backward_dq(p, smem);
         else tc::backward_dkdv(p, smem);

@@ -78,6 +78,8 @@ struct AttentionSmemLayout {
     // dk/dv has a second row_a half where the next tile's lse lands), then unsigned char
     // positioned flags of the query and key rows.
     int row_a, row_b, q_flags, k_flags;
+    // The warp-specialized wgmma forward: 8-byte mbarriers, `stages` full then `stages` empty.
+    int barriers;
     int bytes;
 };
 
@@ -95,10 +97,12 @@ ROPE_JIT_HOST_DEVICE constexpr int attention_take(int* at, int bytes) {
 // forward rotates each key tile in place and keeps one value buffer; dq stages raw keys and
 // double-buffers values. The wgmma forward (sm_90) keeps `stages` key tiles (from k) and
 // value tiles (from v0), each in the tensor cores' core-matrix layout (unpadded rows of
-// head_dim_padded elements), and the table rows of the stages - 1 key tiles in flight.
+// head_dim_padded elements), and the table rows of the stages - 1 key tiles in flight; with
+// `producer` warps also the barriers of its tile buffers.
 ROPE_JIT_HOST_DEVICE constexpr AttentionSmemLayout attention_smem_layout(int kind, int head_dim_padded, int warps,
                                                                         int m_tiles, int block_n, bool pos_mask,
-                                                                        int table_row_bytes, bool wgmma, int stages) {
+                                                                        int table_row_bytes, bool wgmma, int stages,
+                                                                        bool producer) {
     AttentionSmemLayout l{};
     const int row_bytes = (head_dim_padded + 8) * 2;
     const int tile_row_bytes = wgmma ? head_dim_padded * 2 : row_bytes;  // rows of streamed tiles
@@ -126,6 +130,7 @@ ROPE_JIT_HOST_DEVICE constexpr AttentionSmemLayout attention_smem_layout(int kin
     l.row_b = attention_take(cursor, kind == 0 ? 0 : queries * 4);
     l.q_flags = attention_take(cursor, queries);
     l.k_flags = attention_take(cursor, keys);
+    l.barriers = attention_take(cursor, producer ? 2 * stages * 8 : 0);
     l.bytes = at;
     return l;
 }

@@ -59,16 +59,17 @@ struct TileShape {
     int32_t warps, block_n, m_tiles = 1;
     bool wgmma = false;
     int32_t stages = 2;  // wgmma only
+    int32_t producer_warps = 0;  // wgmma only: 0 or 4
 };
 
 // The rules of the wgmma forward: a forward with head_dim padded to 64 or 128 (56-64,
 // 120-128), 64- or 128-key tiles, one to three warpgroups of 16-row warps (four or more
-// spill), no pos_mask, 2 or 3 tiles in shared memory. The first one broken, or none. No text
-// here: the kernel choice asks on every launch.
-enum class WgmmaRule { none, forward, head_dim, key_tile, warps, pos_mask, stages };
+// spill), no pos_mask, 2 or 3 tiles in shared memory, no producer warps or one warpgroup of
+// them. The first one broken, or none. No text here: the kernel choice asks on every launch.
+enum class WgmmaRule { none, forward, head_dim, key_tile, warps, pos_mask, stages, producer };
 
 WgmmaRule wgmma_broken_rule(int32_t kind, int32_t head_dim, int32_t warps, int32_t m_tiles, int32_t block_n,
-                            int32_t pos_mask, int32_t stages) {
+                            int32_t pos_mask, int32_t stages, int32_t producer_warps) {
     const int dp = padded_head_dim(head_dim);
     if (kind != 0) return WgmmaRule::forward;
     if (dp != 64 && dp != 128) return WgmmaRule::head_dim;
@@ -76,13 +77,14 @@ WgmmaRule wgmma_broken_rule(int32_t kind, int32_t head_dim, int32_t warps, int32
     if ((warps != 4 && warps != 8 && warps != 12) || m_tiles != 1) return WgmmaRule::warps;
     if (pos_mask) return WgmmaRule::pos_mask;
     if (stages != 2 && stages != 3) return WgmmaRule::stages;
+    if (producer_warps != 0 && producer_warps != 4) return WgmmaRule::producer;
     return WgmmaRule::none;
 }
 
 // Whether the wgmma forward takes a spec with its tile shape applied.
 bool wgmma_fits(const AttentionSpec& spec, const TileShape& shape) {
     return wgmma_broken_rule(spec.kind, spec.head_dim, shape.warps, shape.m_tiles, shape.block_n, spec.pos_mask,
-                             shape.stages) == WgmmaRule::none;
+                             shape.stages, shape.producer_warps) == WgmmaRule::none;
 }
 
 // The ROPE_JIT_ATTENTION_KERNELS override (see attention_spec.h).
@@ -109,14 +111,17 @@ Override read_override() {
         if (eq != std::string::npos && x != std::string::npos && x > eq) {
             const std::string name = item.substr(0, eq);
             const int kind = name == "fwd" ? 0 : name == "dq" ? 1 : name == "dkdv" ? 2 : -1;
-            const bool wgmma = item[eq + 1] == 'w';  // "fwd=w8x128": the wgmma forward (no other kind)
+            // "fwd=w8x128": the wgmma forward (no other kind); "fwd=p8x64": with producer warps.
+            const bool producer = item[eq + 1] == 'p';
+            const bool wgmma = item[eq + 1] == 'w' || producer;
             const int warps = std::atoi(item.substr(eq + 1 + (wgmma ? 1 : 0), x - eq - 1 - (wgmma ? 1 : 0)).c_str());
             const size_t x2 = item.find('x', x + 1);
             const int block_n = std::atoi(item.substr(x + 1, x2 == std::string::npos ? std::string::npos : x2 - x - 1).c_str());
             const int m_tiles = x2 == std::string::npos ? 1 : std::atoi(item.substr(x2 + 1).c_str());
             if (kind >= 0 && warps > 0 && block_n > 0 && m_tiles > 0 && !(wgmma && kind != 0)) {
                 // For the wgmma forward the third number is the tiles held in shared memory.
-                if (wgmma && kind == 0) o.shape[kind] = TileShape{warps, block_n, 1, true, x2 == std::string::npos ? 2 : m_tiles};
+                if (wgmma && kind == 0)
+                    o.shape[kind] = TileShape{warps, block_n, 1, true, x2 == std::string::npos ? 2 : m_tiles, producer ? 4 : 0};
                 else o.shape[kind] = TileShape{warps, block_n, m_tiles};
             }
         }
@@ -131,7 +136,7 @@ int AttentionSpec::shared_bytes() const {
     if (!tensor_cores) return 0;
     const int table_row_bytes = rotary_dim > 0 && table_async ? table_columns(*this) * table_element_bytes(*this) : 0;
     return attention_smem_layout(kind, padded_head_dim(head_dim), warps, m_tiles, block_n, pos_mask != 0,
-                                 table_row_bytes, wgmma != 0, stages)
+                                 table_row_bytes, wgmma != 0, stages, producer_warps > 0)
         .bytes;
 }
 
@@ -165,7 +170,7 @@ void AttentionSpec::validate() const {
     }
     if (wgmma) {
         require(tensor_cores, "wgmma kernels are tensor-core kernels");
-        switch (wgmma_broken_rule(kind, head_dim, warps, m_tiles, block_n, pos_mask, stages)) {
+        switch (wgmma_broken_rule(kind, head_dim, warps, m_tiles, block_n, pos_mask, stages, producer_warps)) {
             case WgmmaRule::none: break;
             case WgmmaRule::forward: fail_argument("attention kernel spec: wgmma kernels are forwards");
             case WgmmaRule::head_dim:
@@ -182,9 +187,14 @@ void AttentionSpec::validate() const {
             case WgmmaRule::pos_mask: fail_argument("attention kernel spec: wgmma kernels do not take pos_mask");
             case WgmmaRule::stages:
                 fail_argument(fmt::format("attention kernel spec: wgmma kernels hold 2 or 3 tiles, got {}", stages));
+            case WgmmaRule::producer:
+                fail_argument(fmt::format("attention kernel spec: wgmma kernels take 0 or 4 producer warps, got {}",
+                                          producer_warps));
         }
     } else {
         require(stages == 2, fmt::format("stages is a wgmma setting (2 otherwise), got {}", stages));
+        require(producer_warps == 0,
+                fmt::format("producer warps are a wgmma setting (0 otherwise), got {}", producer_warps));
     }
 }
 
@@ -210,6 +220,7 @@ std::string AttentionSpec::preamble() const {
     flag("TENSOR_CORES", tensor_cores);
     flag("WGMMA", wgmma);
     define("STAGES", stages);
+    define("PRODUCER_WARPS", producer_warps);
     flag("TABLE_ASYNC", table_async);
     define("WARPS", warps);
     define("M_TILES", m_tiles);
@@ -238,6 +249,7 @@ std::string AttentionSpec::to_json() const {
     j["tensor_cores"] = bool(tensor_cores);
     j["wgmma"] = bool(wgmma);
     j["stages"] = stages;
+    j["producer_warps"] = producer_warps;
     j["table_async"] = bool(table_async);
     j["warps"] = warps;
     j["m_tiles"] = m_tiles;
@@ -289,6 +301,7 @@ std::optional<AttentionSpec> AttentionSpec::from_json(const std::string& text, s
                     index_of("mask", kMaskNames, 3, &s.mask_kind) && flag("causal", &s.causal) &&
                     integer("gqa_group", &s.gqa_group) && flag("write_lse", &s.write_lse) &&
                     flag("tensor_cores", &s.tensor_cores) && flag("wgmma", &s.wgmma) && integer("stages", &s.stages) &&
+                    integer("producer_warps", &s.producer_warps) &&
                     flag("table_async", &s.table_async) && integer("warps", &s.warps) &&
                     integer("m_tiles", &s.m_tiles) && integer("block_n", &s.block_n) &&
                     flag("compute_dk", &s.compute_dk) && flag("compute_dv", &s.compute_dv);
@@ -313,8 +326,9 @@ std::string AttentionSpec::describe() const {
     if (write_lse) text += " lse";
     if (kind == 2 && !(compute_dk && compute_dv)) text += compute_dk ? " dk-only" : " dv-only";
     if (tensor_cores)
-        text += fmt::format(" {} {}x{}{}{}", wgmma ? "wgmma" : "tc", warps, block_n,
+        text += fmt::format(" {} {}x{}{}{}{}", wgmma ? "wgmma" : "tc", warps, block_n,
                             m_tiles > 1 ? fmt::format("x{}", m_tiles) : wgmma && stages != 2 ? fmt::format("x{}", stages) : "",
+                            producer_warps > 0 ? fmt::format(" +{} producer warps", producer_warps) : "",
                             table_async ? " staged-tables" : "");
     else text += fmt::format(" simt {}w", warps);
     return text;
@@ -376,6 +390,7 @@ std::vector<AttentionSpec> choose_attention_specs(const AttentionProblem& p, con
             spec.m_tiles = shape.m_tiles;
             spec.wgmma = shape.wgmma;
             spec.stages = shape.wgmma ? shape.stages : 2;
+            spec.producer_warps = shape.wgmma ? shape.producer_warps : 0;
             spec.compute_dk = dk;
             spec.compute_dv = dv;
             if (shape.block_n % 16 != 0 || shape.warps > 16 || (shape.m_tiles != 1 && !(shape.m_tiles == 2 && kind == AttentionKernelKind::Forward)))

@@ -32,8 +32,9 @@ struct AttentionSpec {
     int32_t tensor_cores = 0;  // mma.sync kernels; else one warp per row
     int32_t wgmma = 0;         // the forward on warpgroup matrix products (sm_90a), with tensor_cores
     int32_t stages = 2;        // wgmma: key/value tiles held in shared memory (2 or 3)
+    int32_t producer_warps = 0;  // wgmma: 4 warps that only load and rotate tiles (beside `warps`), or 0
     int32_t table_async = 0;   // tables staged with cp.async
-    int32_t warps = 4;         // warps per block
+    int32_t warps = 4;         // warps per block that compute (16 query rows each on tensor cores)
     int32_t m_tiles = 1;       // 16-row tiles each warp owns (forward: 1 or 2)
     int32_t block_n = 0;       // rows of a streamed tile (tensor cores)
     int32_t compute_dk = 1, compute_dv = 1;
@@ -54,7 +55,7 @@ struct AttentionSpec {
     void validate() const;
     // Dynamic shared memory of one block, bytes (0 for the CUDA-core kernels).
     int shared_bytes() const;
-    int threads() const { return warps * 32; }
+    int threads() const { return (warps + producer_warps) * 32; }
 };
 
 struct AttentionSpecHash {
@@ -80,7 +81,8 @@ struct AttentionDevice {
 // "simt" forces the CUDA-core kernels; "fwd=WxN[xM],dq=WxN,dkdv=WxN" (any subset) sets the
 // warps, streamed-tile rows (and, forward, 16-row tiles per warp) of the tensor-core kernels
 // (a shape that does not fit falls back); "fwd=wWxN[xS]" asks for the wgmma forward (sm_90;
-// W of 4, 8 or 12) with S tiles in shared memory (2 or 3; 2 by default).
+// W of 4, 8 or 12) with S tiles in shared memory (2 or 3; 2 by default), "fwd=pWxN[xS]" for
+// it with W consumer warps and 4 producer warps.
 std::vector<AttentionSpec> choose_attention_specs(const AttentionProblem& problem, const AttentionDevice& device);
 
 }  // namespace rope_jit

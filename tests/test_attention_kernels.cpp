@@ -89,7 +89,7 @@ std::vector<AttentionSpec> representative_specs() {
 
 // The wgmma forwards (sm_90a only): the headline (three warpgroups, three 64-key tiles), and
 // fp16 D64 with interleaved partial rotation from a half bf16 table (8-byte table pieces), a
-// bool mask and two 64-key tiles.
+// bool mask and two 64-key tiles; each also with a producer warpgroup.
 std::vector<AttentionSpec> wgmma_specs() {
     AttentionSpec headline = spec_of(AttentionKernelKind::Forward, 2, 128, 128, true);
     headline.wgmma = 1;
@@ -105,7 +105,13 @@ std::vector<AttentionSpec> wgmma_specs() {
     narrow.table_dtype = 2;
     narrow.table_async = 1;
     narrow.mask_kind = 1;
-    return {headline, narrow};
+    AttentionSpec specialized = headline;  // two consumer warpgroups and a producer warpgroup
+    specialized.warps = 8;
+    specialized.producer_warps = 4;
+    AttentionSpec specialized_narrow = narrow;
+    specialized_narrow.warps = 4;
+    specialized_narrow.producer_warps = 4;
+    return {headline, narrow, specialized, specialized_narrow};
 }
 
 }  // namespace
