@@ -15,6 +15,8 @@
 //                             with STAGES key/value tiles in shared memory (2 or 3)
 //   PRODUCER_WARPS            wgmma forward: 4 warps after the WARPS consumer warps load and
 //                             rotate the tiles (forward_specialized), or 0: every warp does
+//   CLUSTER                   forward_specialized: blocks per thread-block cluster sharing
+//                             their key/value tiles (1: none)
 //   TABLE_ASYNC               tables are staged with cp.async (aligned, unit column stride)
 //   WARPS, M_TILES, BLOCK_N   warps per block, 16-row tiles each warp owns; streamed tile rows
 //   COMPUTE_DK, COMPUTE_DV    which gradients a dk/dv kernel accumulates
@@ -417,7 +419,7 @@ constexpr int TABLE_ROW_BYTES = ROTATE && TABLE_ASYNC ? TCOLS * TBYTES : 0;
 constexpr int TABLE_CHUNKS = TABLE_ROW_BYTES / 16;
 constexpr AttentionSmemLayout SMEM =
     attention_smem_layout(KIND, DP, WARPS, M_TILES, BLOCK_N, HAS_POS_MASK, TABLE_ROW_BYTES, WGMMA, STAGES,
-                          PRODUCER_WARPS > 0);
+                          PRODUCER_WARPS > 0, CLUSTER);
 
 // Rotation work items of one row: a chunk of interleaved pairs, or (half style) a chunk of
 // first halves with the chunk of their partners R/2 later; then the chunks past the rotary
@@ -638,21 +640,24 @@ __device__ __forceinline__ void zero(float (&acc)[NT][4]) {
 
 // Starts copying rows [row0, row0 + ROWS) of one head (`base` at its token 0, token stride
 // `stride`) into shared rows; rows at or past `valid` and features past HEAD_DIM read as 0.
-template <int ROWS>
-__device__ __forceinline__ void issue_rows(T* dst, const T* base, long long stride, long long row0, long long valid) {
-    for (int c = threadIdx.x; c < ROWS * CHUNKS; c += THREADS) {
+// LOADERS threads share the copies, this one being `thread` of them.
+template <int ROWS, int LOADERS = THREADS>
+__device__ __forceinline__ void issue_rows(T* dst, const T* base, long long stride, long long row0, long long valid,
+                                           int thread = threadIdx.x) {
+    for (int c = thread; c < ROWS * CHUNKS; c += LOADERS) {
         const int r = c / CHUNKS, ch = c - r * CHUNKS;
         const bool ok = row0 + r < valid && ch < DCHUNKS;
         cp_async16(dst + r * ROWE + ch * 8, ok ? base + (row0 + r) * stride + ch * 8 : base, ok);
     }
 }
 
-// Starts copying the cos/sin row bytes of tokens [row0, row0 + ROWS) (zero past `valid`).
-template <int ROWS>
+// Starts copying the cos/sin row bytes of tokens [row0, row0 + ROWS) (zero past `valid`),
+// LOADERS threads sharing the copies.
+template <int ROWS, int LOADERS = THREADS>
 __device__ __forceinline__ void issue_table_rows(char* cos_dst, char* sin_dst, const AttentionKernelParams& p,
-                                                 long long row0, long long valid) {
+                                                 long long row0, long long valid, int thread = threadIdx.x) {
     if constexpr (ROTATE && TABLE_ASYNC) {
-        for (int c = threadIdx.x; c < 2 * ROWS * TABLE_CHUNKS; c += THREADS) {
+        for (int c = thread; c < 2 * ROWS * TABLE_CHUNKS; c += LOADERS) {
             const bool is_sin = c >= ROWS * TABLE_CHUNKS;
             const int rc = is_sin ? c - ROWS * TABLE_CHUNKS : c;
             const int r = rc / TABLE_CHUNKS, ch = rc - r * TABLE_CHUNKS;
@@ -1763,34 +1768,214 @@ __device__ void forward(const AttentionKernelParams& p, char* smem) {
 
 // ---- the warp-specialized forward: producer warps load and rotate, consumers compute ----
 //
-// PRODUCER_WARPS (4) warps after the WARPS consumer warps copy key and value tiles into
-// STAGES shared buffers, rotate the keys and signal each tile on a `full` barrier; the
-// consumers (warpgroups of 64 query rows, as in forward) compute and signal `empty` when
-// they are done with a buffer. No block-wide barrier in the loop: the two or three consumer
-// warpgroups drift apart, so one's softmax overlaps another's tensor-core work, and loading
-// and rotating overlap both. The producer runs STAGES - 1 tiles ahead: it rotates tile t
-// (copied one tile earlier) before it waits for a buffer to issue tile t + STAGES - 1, so a
-// tile is rotated while the consumers still work on the one before it.
+// PRODUCER_WARPS (4) warps after the WARPS consumer warps fill STAGES key/value buffers,
+// rotating the keys, and signal each tile on a `full` barrier; the consumers (warpgroups of
+// 64 query rows, as in forward) compute and signal `empty` when they are done with a buffer.
+// No block-wide barrier in the loop: the consumer warpgroups drift apart, so one's softmax
+// overlaps another's tensor-core work, and loading and rotating overlap both.
+//
+// CLUSTER > 1: the CLUSTER blocks of a thread-block cluster are consecutive query heads of
+// one GQA group (same keys, same query rows), and each block's producers load only its
+// 1/CLUSTER share of every tile's key rows (keys, table rows, values), rotate it and write it
+// into the buffers of every block of the cluster (distributed shared memory). The keys and
+// tables then cross from L2 once per cluster instead of once per block: that traffic, not the
+// tensor cores, bounds the single-block forward. A buffer is free again once the consumers
+// of every block of the cluster are done with it, so `empty` counts them all, and `full`
+// counts the producers of every block.
+constexpr int PRODUCER_THREADS = PRODUCER_WARPS * 32;
+constexpr int SHARE_ROWS = BLOCK_N / CLUSTER;  // key rows of a tile each block loads
+static_assert(CLUSTER == 1 || (PRODUCER_WARPS > 0 && SHARE_ROWS % 8 == 0 && GQA_GROUP % CLUSTER == 0),
+              "clusters of producer blocks over whole 8-row shares of a GQA group");
 
-// mbarrier operations on 8-byte barriers in shared memory (addresses from shared_address).
+// mbarrier operations on 8-byte barriers in shared memory (addresses from shared_address, or
+// shared::cluster addresses from cluster_address for the remote arrive).
 __device__ __forceinline__ void barrier_init(unsigned address, unsigned count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(address), "r"(count) : "memory");
 }
 __device__ __forceinline__ void barrier_arrive(unsigned address) {
     asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(address) : "memory");
 }
-// Waits until the phase of parity `parity` (the barrier's n-th completion has parity n & 1)
-// has completed.
-__device__ __forceinline__ void barrier_wait(unsigned address, unsigned parity) {
-    asm volatile(
-        "{\n.reg .pred done;\nretry:\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-        "@!done bra retry;\n}\n" ::"r"(address),
-        "r"(parity)
-        : "memory");
+// Arrives on the barrier at `address` (shared::cluster, possibly another block's), releasing
+// this thread's earlier writes at cluster scope.
+__device__ __forceinline__ void barrier_arrive_cluster(unsigned address) {
+    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(address) : "memory");
 }
-// A barrier among the consumer warps only (the producers never join it).
+// Waits until the phase of parity `parity` (the barrier's n-th completion has parity n & 1)
+// has completed; with CLUSTER > 1 acquiring at cluster scope (the arrivals come from other
+// blocks too).
+__device__ __forceinline__ void barrier_wait(unsigned address, unsigned parity) {
+    if constexpr (CLUSTER > 1)
+        asm volatile(
+            "{\n.reg .pred done;\nretry:\n"
+            "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
+            "@!done bra retry;\n}\n" ::"r"(address),
+            "r"(parity)
+            : "memory");
+    else
+        asm volatile(
+            "{\n.reg .pred done;\nretry:\n"
+            "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+            "@!done bra retry;\n}\n" ::"r"(address),
+            "r"(parity)
+            : "memory");
+}
+// Barriers among the consumer warps, and among the producer warps (never both).
 __device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 1, %0;\n" ::"n"(THREADS) : "memory"); }
+__device__ __forceinline__ void producer_sync() { asm volatile("bar.sync 2, %0;\n" ::"n"(PRODUCER_THREADS) : "memory"); }
+
+// Thread-block cluster helpers: this block's rank, the shared::cluster address of a shared
+// address of block `rank`, and a barrier of every thread of the cluster.
+__device__ __forceinline__ unsigned cluster_rank() {
+    unsigned rank;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
+    return rank;
+}
+__device__ __forceinline__ unsigned cluster_address(unsigned address, unsigned rank) {
+    unsigned mapped;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(mapped) : "r"(address), "r"(rank));
+    return mapped;
+}
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+__device__ __forceinline__ void store_cluster(unsigned address, const U4& x) {
+    asm volatile("st.shared::cluster.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(address), "r"(x.w[0]), "r"(x.w[1]),
+                 "r"(x.w[2]), "r"(x.w[3])
+                 : "memory");
+}
+
+// The pipeline's shared state: buffers and barriers (this block's shared addresses), and the
+// shared::cluster address of this block's shared memory in each block of the cluster.
+struct Pipeline {
+    char* smem;
+    unsigned full, empty;
+    unsigned window[CLUSTER];
+
+    static constexpr int TILE_BYTES = BLOCK_N * DP * 2;
+    __device__ __forceinline__ char* key_tile(int t) const { return smem + SMEM.k + (t % STAGES) * TILE_BYTES; }
+    __device__ __forceinline__ char* value_tile(int t) const { return smem + SMEM.v0 + (t % STAGES) * TILE_BYTES; }
+    __device__ __forceinline__ unsigned full_of(int t) const { return full + (t % STAGES) * 8; }
+    __device__ __forceinline__ unsigned empty_of(int t) const { return empty + (t % STAGES) * 8; }
+    // The parity of tile t's phase of its buffer's barriers (tile t is their (t / STAGES)-th use).
+    __device__ __forceinline__ static unsigned phase_of(int t) { return static_cast<unsigned>(t / STAGES) & 1u; }
+    // Block `rank`'s address of this block's shared `address`.
+    __device__ __forceinline__ unsigned in_block(unsigned address, int rank) const {
+        return window[rank] + (address - shared_address(smem));
+    }
+};
+
+// CLUSTER == 1: the producers copy tiles straight into the buffers with cp.async, STAGES - 1
+// tiles ahead, and rotate each tile in place once it landed (the thread that copies a key
+// chunk rotates it). Copy groups: one per tile (empty past the last), so that "all but the
+// newest STAGES - 2 groups" is always "up to tile t". Tile t + STAGES - 1 takes the buffer of
+// tile t - 1 (and tile t's table stage, which only this thread's rotation read), issued after
+// tile t is signalled: the rotation never waits for the consumers.
+template <int D = DTYPE>
+__device__ void produce_local(const Pipeline& pipe, const AttentionKernelParams& p, const T* k_head,
+                              const T* v_head, int tiles) {
+    constexpr int TABLE_STAGE_BYTES = BLOCK_N * TABLE_ROW_BYTES;
+    auto cos_stage = [&](int t) { return pipe.smem + SMEM.cos_stage + (t % (STAGES - 1)) * TABLE_STAGE_BYTES; };
+    auto sin_stage = [&](int t) { return pipe.smem + SMEM.sin_stage + (t % (STAGES - 1)) * TABLE_STAGE_BYTES; };
+    auto issue_tile = [&](int t) {
+        const long long n0 = static_cast<long long>(t) * BLOCK_N;
+        copy_key_chunks(pipe.key_tile(t), cos_stage(t), sin_stage(t), p, k_head, n0);
+        copy_value_chunks(pipe.value_tile(t), p, v_head, n0);
+    };
+#pragma unroll
+    for (int t = 0; t < STAGES - 1; ++t) {
+        if (t < tiles) issue_tile(t);
+        cp_async_commit();
+    }
+    for (int t = 0; t < tiles; ++t) {
+        cp_async_wait<STAGES - 2>();  // this thread's copies of tile t
+        rotate_key_chunks(pipe.key_tile(t), cos_stage(t), sin_stage(t), p, static_cast<long long>(t) * BLOCK_N);
+        fence_async_proxy();
+        barrier_arrive(pipe.full_of(t));
+        const int next = t + STAGES - 1;
+        if (next < tiles) {
+            if (t >= 1) barrier_wait(pipe.empty_of(t - 1), Pipeline::phase_of(t - 1));
+            issue_tile(next);
+        }
+        cp_async_commit();
+    }
+}
+
+// CLUSTER > 1: the producers copy this block's share of each tile (rows rank * SHARE_ROWS..
+// of keys, values and table rows) raw into a staging slot with cp.async, STAGES - 1 tiles
+// ahead; once tile t's share landed (all producers: a barrier), each thread rotates a few key
+// items and writes them, and a few value chunks, into tile t's buffer of every block, then
+// arrives on every block's `full`.
+template <int D = DTYPE>
+__device__ void produce_shared(const Pipeline& pipe, const AttentionKernelParams& p, const T* k_head,
+                               const T* v_head, int tiles, int rank) {
+    constexpr int STAGE_ROWS_BYTES = SHARE_ROWS * ROWE * 2, TABLE_STAGE_BYTES = SHARE_ROWS * TABLE_ROW_BYTES;
+    const int thread = static_cast<int>(threadIdx.x) - THREADS;
+    auto raw_keys = [&](int t) { return reinterpret_cast<T*>(pipe.smem + SMEM.k_stage + (t % STAGES) * STAGE_ROWS_BYTES); };
+    auto raw_values = [&](int t) { return reinterpret_cast<T*>(pipe.smem + SMEM.v1 + (t % STAGES) * STAGE_ROWS_BYTES); };
+    auto cos_stage = [&](int t) { return pipe.smem + SMEM.cos_stage + (t % STAGES) * TABLE_STAGE_BYTES; };
+    auto sin_stage = [&](int t) { return pipe.smem + SMEM.sin_stage + (t % STAGES) * TABLE_STAGE_BYTES; };
+    auto share_first = [&](int t) { return static_cast<long long>(t) * BLOCK_N + rank * SHARE_ROWS; };
+    auto issue_share = [&](int t) {
+        const long long r0 = share_first(t);
+        issue_rows<SHARE_ROWS, PRODUCER_THREADS>(raw_keys(t), k_head, p.k_stride[2], r0, p.seqlen_k, thread);
+        issue_rows<SHARE_ROWS, PRODUCER_THREADS>(raw_values(t), v_head, p.v_stride[2], r0, p.seqlen_k, thread);
+        issue_table_rows<SHARE_ROWS, PRODUCER_THREADS>(cos_stage(t), sin_stage(t), p, r0, p.seqlen_k, thread);
+    };
+    // Writes a 16-byte chunk at `offset` of a tile buffer into that buffer in every block.
+    auto scatter = [&](const char* tile, int offset, const U4& x) {
+        const unsigned address = shared_address(tile + offset);
+#pragma unroll
+        for (int r = 0; r < CLUSTER; ++r) store_cluster(pipe.in_block(address, r), x);
+    };
+#pragma unroll
+    for (int t = 0; t < STAGES - 1; ++t) {
+        if (t < tiles) issue_share(t);
+        cp_async_commit();
+    }
+    for (int t = 0; t < tiles; ++t) {
+        cp_async_wait<STAGES - 2>();
+        producer_sync();  // every producer's copies of tile t landed; all are done with tile t - 1's slot
+        if (t + STAGES - 1 < tiles) issue_share(t + STAGES - 1);  // into tile t - 1's slot
+        cp_async_commit();
+        if (t >= STAGES) barrier_wait(pipe.empty_of(t), Pipeline::phase_of(t) ^ 1u);  // tile t - STAGES consumed everywhere
+        const T* keys = raw_keys(t);
+        const T* values = raw_values(t);
+        const char* cos_rows = cos_stage(t);
+        const char* sin_rows = sin_stage(t);
+        char* const key_tile = pipe.key_tile(t);
+        char* const value_tile = pipe.value_tile(t);
+        const long long r0 = share_first(t);
+        for (int it = thread; it < SHARE_ROWS * ITEMS; it += PRODUCER_THREADS) {
+            const int r = it / ITEMS, k = it - r * ITEMS, row = rank * SHARE_ROWS + r;
+            const long long token = r0 + r;
+            const bool rotate = token < p.seqlen_k;  // rows past the keys are zeros (no table rows there)
+            const T* raw = keys + r * ROWE;
+            if (k >= ROT_ITEMS) {
+                const int ch = FIRST_PLAIN + (k - ROT_ITEMS);
+                scatter(key_tile, chunk_offset(row, ch), *reinterpret_cast<const U4*>(raw + ch * 8));
+            } else if constexpr (INTERLEAVED) {
+                U4 x = *reinterpret_cast<const U4*>(raw + k * 8);
+                if (rotate) rotate_pairs_chunk<true>(x, p, cos_rows, sin_rows, r, token, k * 4);
+                scatter(key_tile, chunk_offset(row, k), x);
+            } else {
+                const int kb = k + ROTARY_DIM / 16;
+                U4 xa = *reinterpret_cast<const U4*>(raw + k * 8), xb = *reinterpret_cast<const U4*>(raw + kb * 8);
+                if (rotate) rotate_halves_chunks<true>(xa, xb, p, cos_rows, sin_rows, r, token, k * 8);
+                scatter(key_tile, chunk_offset(row, k), xa);
+                scatter(key_tile, chunk_offset(row, kb), xb);
+            }
+        }
+        for (int it = thread; it < SHARE_ROWS * CHUNKS; it += PRODUCER_THREADS) {
+            const int r = it / CHUNKS, ch = it - r * CHUNKS;
+            scatter(value_tile, chunk_offset(rank * SHARE_ROWS + r, ch),
+                    *reinterpret_cast<const U4*>(values + r * ROWE + ch * 8));
+        }
+        // Writes by this proxy, read by the tensor cores' (async) proxy in every block.
+        asm volatile("fence.proxy.async;\n" ::: "memory");
+#pragma unroll
+        for (int r = 0; r < CLUSTER; ++r) barrier_arrive_cluster(pipe.in_block(pipe.full_of(t), r));
+    }
+}
 
 template <int D = DTYPE>
 __device__ void forward_specialized(const AttentionKernelParams& p, char* smem) {
@@ -1798,54 +1983,35 @@ __device__ void forward_specialized(const AttentionKernelParams& p, char* smem) 
     static_assert(WARPS % 4 == 0 && PRODUCER_WARPS == 4 && M_TILES == 1 && !HAS_POS_MASK,
                   "consumer warpgroups of 16-row warps, one producer warpgroup, no pos_mask");
     static_assert(STAGES == 2 || STAGES == 3, "two or three tiles in shared memory");
+    static_assert(CLUSTER == 1 || TABLE_ASYNC || !ROTATE, "clusters stage their table rows");
     const Buffers m = carve(smem);
-    // Tile t lives in buffer t % STAGES (its barriers full[t % STAGES], empty[...]); its table
-    // rows in stage t % (STAGES - 1).
-    constexpr int TILE_BYTES = BLOCK_N * DP * 2, TABLE_STAGE_BYTES = BLOCK_N * TABLE_ROW_BYTES;
-    auto key_tile = [&](int t) { return smem + SMEM.k + (t % STAGES) * TILE_BYTES; };
-    auto value_tile = [&](int t) { return smem + SMEM.v0 + (t % STAGES) * TILE_BYTES; };
-    auto cos_stage = [&](int t) { return smem + SMEM.cos_stage + (t % (STAGES - 1)) * TABLE_STAGE_BYTES; };
-    auto sin_stage = [&](int t) { return smem + SMEM.sin_stage + (t % (STAGES - 1)) * TABLE_STAGE_BYTES; };
-    const unsigned full = shared_address(smem + SMEM.barriers), empty = full + STAGES * 8;
-    auto full_of = [&](int t) { return full + (t % STAGES) * 8; };
-    auto empty_of = [&](int t) { return empty + (t % STAGES) * 8; };
-    auto phase_of = [](int t) { return static_cast<unsigned>(t / STAGES) & 1u; };
+    Pipeline pipe;
+    pipe.smem = smem;
+    pipe.full = shared_address(smem + SMEM.barriers);
+    pipe.empty = pipe.full + STAGES * 8;
+    const unsigned rank = CLUSTER > 1 ? cluster_rank() : 0u;
+#pragma unroll
+    for (int r = 0; r < CLUSTER; ++r) pipe.window[r] = CLUSTER > 1 ? cluster_address(shared_address(smem), r) : 0u;
     const auto [b, h, m0, q_head, k_head, v_head, tiles] = query_block(p);
 
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
-            barrier_init(full + s * 8, PRODUCER_WARPS * 32);
-            barrier_init(empty + s * 8, THREADS);
+            barrier_init(pipe.full + s * 8, CLUSTER * PRODUCER_THREADS);
+            barrier_init(pipe.empty + s * 8, CLUSTER * THREADS);
         }
+        if constexpr (CLUSTER > 1) asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
-    __syncthreads();  // the last block-wide barrier: producers and consumers part here
+    // The last barrier of the whole block (cluster): producers and consumers part here, and
+    // no block writes into another before that one's barriers exist.
+    if constexpr (CLUSTER > 1) cluster_sync();
+    else __syncthreads();
 
     if (threadIdx.x >= THREADS) {
-        // Producer. Copy groups: one per tile (empty past the last), so that "all but the
-        // newest STAGES - 2 groups" is always "up to tile t".
-        auto issue_tile = [&](int t, const T* keys, const T* values) {
-            const long long n0 = static_cast<long long>(t) * BLOCK_N;
-            copy_key_chunks(key_tile(t), cos_stage(t), sin_stage(t), p, keys, n0);
-            copy_value_chunks(value_tile(t), p, values, n0);
-        };
-#pragma unroll
-        for (int t = 0; t < STAGES - 1; ++t) {
-            if (t < tiles) issue_tile(t, k_head, v_head);
-            cp_async_commit();
-        }
-        for (int t = 0; t < tiles; ++t) {
-            cp_async_wait<STAGES - 2>();  // this thread's copies of tile t
-            rotate_key_chunks(key_tile(t), cos_stage(t), sin_stage(t), p, static_cast<long long>(t) * BLOCK_N);
-            fence_async_proxy();
-            barrier_arrive(full_of(t));
-            // Tile t + STAGES - 1 takes the buffer of tile t - 1 (and tile t's table stage,
-            // which only this thread's rotation above read).
-            const int next = t + STAGES - 1;
-            if (next < tiles) {
-                if (t >= 1) barrier_wait(empty_of(t - 1), phase_of(t - 1));
-                issue_tile(next, k_head, v_head);
-            }
-            cp_async_commit();
+        if constexpr (CLUSTER > 1) {
+            produce_shared(pipe, p, k_head, v_head, tiles, static_cast<int>(rank));
+            cluster_sync();  // no block exits while another may still arrive on its barriers
+        } else {
+            produce_local(pipe, p, k_head, v_head, tiles);
         }
         return;
     }
@@ -1867,10 +2033,11 @@ __device__ void forward_specialized(const AttentionKernelParams& p, char* smem) 
     zero(o);
     for (int t = 0; t < tiles; ++t) {
         const long long n0 = static_cast<long long>(t) * BLOCK_N;
-        barrier_wait(full_of(t), phase_of(t));
+        barrier_wait(pipe.full_of(t), Pipeline::phase_of(t));
         // A causal warpgroup whose rows all end before the tile skips it (it still releases
         // the buffer: every consumer arrives once per tile).
         if (!CAUSAL || n0 <= group_first + 63) {
+            if constexpr (CLUSTER > 1) fence_async_proxy();  // other blocks' writes, for the tensor cores
             unsigned qa[KSTEPS][4];
 #pragma unroll
             for (int kk = 0; kk < KSTEPS; ++kk) ldmatrix_x4(qa[kk], q_fragments + kk * 32);
@@ -1879,7 +2046,7 @@ __device__ void forward_specialized(const AttentionKernelParams& p, char* smem) 
             fence_registers(s);
             __syncwarp();
             fence_operands();
-            const unsigned k_address = shared_address(key_tile(t));
+            const unsigned k_address = shared_address(pipe.key_tile(t));
 #pragma unroll
             for (int kk = 0; kk < KSTEPS; ++kk)
                 wgmma<BLOCK_N, 0>(s, qa[kk], descriptor(k_address + kk * K_STEP, K_LEADING, K_STRIDE));
@@ -1903,7 +2070,7 @@ __device__ void forward_specialized(const AttentionKernelParams& p, char* smem) 
             fence_registers(pa);
             __syncwarp();
             fence_operands();
-            const unsigned v_address = shared_address(value_tile(t));
+            const unsigned v_address = shared_address(pipe.value_tile(t));
 #pragma unroll
             for (int kk = 0; kk < NT / 2; ++kk)
                 wgmma<DP, 1>(o, pa[kk], descriptor(v_address + kk * V_STEP, V_LEADING, V_STRIDE));
@@ -1912,9 +2079,15 @@ __device__ void forward_specialized(const AttentionKernelParams& p, char* smem) 
             fence_registers(o);
             fence_registers(pa);
         }
-        barrier_arrive(empty_of(t));
+        if constexpr (CLUSTER > 1) {
+#pragma unroll
+            for (int r = 0; r < CLUSTER; ++r) barrier_arrive_cluster(pipe.in_block(pipe.empty_of(t), r));
+        } else {
+            barrier_arrive(pipe.empty_of(t));
+        }
     }
     finish_rows(o, row_max, row_sum, m.q + warp * 16 * ROWE, p, b, h, row_first, lane);
+    if constexpr (CLUSTER > 1) cluster_sync();
 }
 
 }  // namespace wg
@@ -1923,9 +2096,15 @@ __device__ void forward_specialized(const AttentionKernelParams& p, char* smem) 
 
 }  // namespace
 
+// The preamble defines ROPE_JIT_CLUSTER_DIMS as __cluster_dims__(CLUSTER, 1, 1) for clusters
+// of more than one block (sm_90 only).
+#ifndef ROPE_JIT_CLUSTER_DIMS
+#define ROPE_JIT_CLUSTER_DIMS
+#endif
+
 // Two blocks per multiprocessor for the FlashAttention-2 layout of the forward (up to 255
 // registers at 128 threads); no constraint otherwise.
-extern "C" __global__ void __launch_bounds__((WARPS + PRODUCER_WARPS) * 32, TENSOR_CORES && KIND == 0 && M_TILES == 2 && WARPS <= 4 ? 2 : 1)
+extern "C" __global__ void ROPE_JIT_CLUSTER_DIMS __launch_bounds__((WARPS + PRODUCER_WARPS) * 32, TENSOR_CORES && KIND == 0 && M_TILES == 2 && WARPS <= 4 ? 2 : 1)
     attention_kernel(const AttentionKernelParams p) {
     if constexpr (TENSOR_CORES) {
         extern __shared__ __align__(16) char smem[];

@@ -98,11 +98,13 @@ ROPE_JIT_HOST_DEVICE constexpr int attention_take(int* at, int bytes) {
 // double-buffers values. The wgmma forward (sm_90) keeps `stages` key tiles (from k) and
 // value tiles (from v0), each in the tensor cores' core-matrix layout (unpadded rows of
 // head_dim_padded elements), and the table rows of the stages - 1 key tiles in flight; with
-// `producer` warps also the barriers of its tile buffers.
+// `producer` warps also the barriers of its tile buffers. In a `cluster` of more than one
+// block, a block stages its share of each tile (block_n / cluster rows of raw keys in k_stage,
+// raw values in v1, table rows) for `stages` tiles instead.
 ROPE_JIT_HOST_DEVICE constexpr AttentionSmemLayout attention_smem_layout(int kind, int head_dim_padded, int warps,
                                                                         int m_tiles, int block_n, bool pos_mask,
                                                                         int table_row_bytes, bool wgmma, int stages,
-                                                                        bool producer) {
+                                                                        bool producer, int cluster) {
     AttentionSmemLayout l{};
     const int row_bytes = (head_dim_padded + 8) * 2;
     const int tile_row_bytes = wgmma ? head_dim_padded * 2 : row_bytes;  // rows of streamed tiles
@@ -120,10 +122,12 @@ ROPE_JIT_HOST_DEVICE constexpr AttentionSmemLayout attention_smem_layout(int kin
     l.dout1 = attention_take(cursor, kind == 2 ? queries * row_bytes : 0);
     l.k = attention_take(cursor, tiles * keys * tile_row_bytes);
     l.k_plain = attention_take(cursor, pos_mask ? keys * row_bytes : 0);
-    l.k_stage = attention_take(cursor, kind == 1 ? keys * row_bytes : 0);
+    const bool shared_tiles = wgmma && cluster > 1;
+    const int share_rows = shared_tiles ? stages * (block_n / cluster) : 0;  // staged raw rows
+    l.k_stage = attention_take(cursor, kind == 1 ? keys * row_bytes : share_rows * row_bytes);
     l.v0 = attention_take(cursor, tiles * keys * tile_row_bytes);
-    l.v1 = attention_take(cursor, kind == 1 ? keys * row_bytes : 0);
-    const int staged_rows = (kind == 2 ? queries : keys) * (wgmma ? stages - 1 : 1);
+    l.v1 = attention_take(cursor, kind == 1 ? keys * row_bytes : share_rows * row_bytes);
+    const int staged_rows = shared_tiles ? share_rows : (kind == 2 ? queries : keys) * (wgmma ? stages - 1 : 1);
     l.cos_stage = attention_take(cursor, staged_rows * table_row_bytes);
     l.sin_stage = attention_take(cursor, staged_rows * table_row_bytes);
     l.row_a = attention_take(cursor, kind == 0 ? 0 : (kind == 2 ? 2 : 1) * queries * 4);  // the backward's

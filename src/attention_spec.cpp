@@ -58,33 +58,33 @@ bool table_stageable(const TensorRef& t, int columns) {
 struct TileShape {
     int32_t warps, block_n, m_tiles = 1;
     bool wgmma = false;
-    int32_t stages = 2;  // wgmma only
+    int32_t stages = 2;          // wgmma only
     int32_t producer_warps = 0;  // wgmma only: 0 or 4
+    int32_t cluster = 1;         // with producer warps: 1, 2 or 4
 };
 
 // The rules of the wgmma forward: a forward with head_dim padded to 64 or 128 (56-64,
 // 120-128), 64- or 128-key tiles, one to three warpgroups of 16-row warps (four or more
 // spill), no pos_mask, 2 or 3 tiles in shared memory, no producer warps or one warpgroup of
-// them. The first one broken, or none. No text here: the kernel choice asks on every launch.
-enum class WgmmaRule { none, forward, head_dim, key_tile, warps, pos_mask, stages, producer };
+// them; clusters of 2 or 4 blocks only with producer warps, within a GQA group, over shares
+// of whole 8-row units, with staged tables. The first one broken, or none. No text here: the
+// kernel choice asks on every launch.
+enum class WgmmaRule { none, forward, head_dim, key_tile, warps, pos_mask, stages, producer, cluster };
 
-WgmmaRule wgmma_broken_rule(int32_t kind, int32_t head_dim, int32_t warps, int32_t m_tiles, int32_t block_n,
-                            int32_t pos_mask, int32_t stages, int32_t producer_warps) {
-    const int dp = padded_head_dim(head_dim);
-    if (kind != 0) return WgmmaRule::forward;
+WgmmaRule wgmma_broken_rule(const AttentionSpec& s) {
+    const int dp = padded_head_dim(s.head_dim);
+    if (s.kind != 0) return WgmmaRule::forward;
     if (dp != 64 && dp != 128) return WgmmaRule::head_dim;
-    if (block_n != 64 && block_n != 128) return WgmmaRule::key_tile;
-    if ((warps != 4 && warps != 8 && warps != 12) || m_tiles != 1) return WgmmaRule::warps;
-    if (pos_mask) return WgmmaRule::pos_mask;
-    if (stages != 2 && stages != 3) return WgmmaRule::stages;
-    if (producer_warps != 0 && producer_warps != 4) return WgmmaRule::producer;
+    if (s.block_n != 64 && s.block_n != 128) return WgmmaRule::key_tile;
+    if ((s.warps != 4 && s.warps != 8 && s.warps != 12) || s.m_tiles != 1) return WgmmaRule::warps;
+    if (s.pos_mask) return WgmmaRule::pos_mask;
+    if (s.stages != 2 && s.stages != 3) return WgmmaRule::stages;
+    if (s.producer_warps != 0 && s.producer_warps != 4) return WgmmaRule::producer;
+    if (s.cluster != 1 &&
+        (s.producer_warps == 0 || (s.cluster != 2 && s.cluster != 4) || s.gqa_group % s.cluster != 0 ||
+         (s.block_n / s.cluster) % 8 != 0 || (s.rotary_dim > 0 && !s.table_async)))
+        return WgmmaRule::cluster;
     return WgmmaRule::none;
-}
-
-// Whether the wgmma forward takes a spec with its tile shape applied.
-bool wgmma_fits(const AttentionSpec& spec, const TileShape& shape) {
-    return wgmma_broken_rule(spec.kind, spec.head_dim, shape.warps, shape.m_tiles, shape.block_n, spec.pos_mask,
-                             shape.stages, shape.producer_warps) == WgmmaRule::none;
 }
 
 // The ROPE_JIT_ATTENTION_KERNELS override (see attention_spec.h).
@@ -92,6 +92,43 @@ struct Override {
     bool force_simt = false;
     std::optional<TileShape> shape[3];
 };
+
+// One "kind=shape" item: WxN[xM] (mma.sync), wWxN[xS], pWxN[xS] or cCxWxN[xS] (wgmma); nullopt
+// for anything else.
+std::optional<TileShape> parse_shape(std::string text, int kind) {
+    char family = 0;
+    if (!text.empty() && (text[0] == 'w' || text[0] == 'p' || text[0] == 'c')) {
+        family = text[0];
+        text = text.substr(1);
+    }
+    std::vector<int> numbers;
+    size_t start = 0;
+    while (start <= text.size()) {
+        size_t end = text.find('x', start);
+        if (end == std::string::npos) end = text.size();
+        const std::string number = text.substr(start, end - start);
+        if (number.empty() || number.size() > 4 || number.find_first_not_of("0123456789") != std::string::npos)
+            return std::nullopt;
+        numbers.push_back(std::atoi(number.c_str()));
+        start = end + 1;
+    }
+    const size_t first = family == 'c' ? 1 : 0;  // the cluster size comes first
+    if (numbers.size() < first + 2 || numbers.size() > first + 3) return std::nullopt;
+    for (int n : numbers)
+        if (n <= 0) return std::nullopt;
+    TileShape shape{numbers[first], numbers[first + 1]};
+    const int third = numbers.size() == first + 3 ? numbers[first + 2] : 0;
+    if (family == 0) {
+        shape.m_tiles = third > 0 ? third : 1;
+        return shape;
+    }
+    if (kind != 0) return std::nullopt;  // wgmma kernels are forwards
+    shape.wgmma = true;
+    shape.stages = third > 0 ? third : 2;
+    shape.producer_warps = family == 'w' ? 0 : 4;
+    shape.cluster = family == 'c' ? numbers[0] : 1;
+    return shape;
+}
 
 Override read_override() {
     Override o;
@@ -107,23 +144,12 @@ Override read_override() {
         size_t end = value.find(',', start);
         if (end == std::string::npos) end = value.size();
         const std::string item = value.substr(start, end - start);
-        const size_t eq = item.find('='), x = item.find('x');
-        if (eq != std::string::npos && x != std::string::npos && x > eq) {
+        const size_t eq = item.find('=');
+        if (eq != std::string::npos) {
             const std::string name = item.substr(0, eq);
             const int kind = name == "fwd" ? 0 : name == "dq" ? 1 : name == "dkdv" ? 2 : -1;
-            // "fwd=w8x128": the wgmma forward (no other kind); "fwd=p8x64": with producer warps.
-            const bool producer = item[eq + 1] == 'p';
-            const bool wgmma = item[eq + 1] == 'w' || producer;
-            const int warps = std::atoi(item.substr(eq + 1 + (wgmma ? 1 : 0), x - eq - 1 - (wgmma ? 1 : 0)).c_str());
-            const size_t x2 = item.find('x', x + 1);
-            const int block_n = std::atoi(item.substr(x + 1, x2 == std::string::npos ? std::string::npos : x2 - x - 1).c_str());
-            const int m_tiles = x2 == std::string::npos ? 1 : std::atoi(item.substr(x2 + 1).c_str());
-            if (kind >= 0 && warps > 0 && block_n > 0 && m_tiles > 0 && !(wgmma && kind != 0)) {
-                // For the wgmma forward the third number is the tiles held in shared memory.
-                if (wgmma && kind == 0)
-                    o.shape[kind] = TileShape{warps, block_n, 1, true, x2 == std::string::npos ? 2 : m_tiles, producer ? 4 : 0};
-                else o.shape[kind] = TileShape{warps, block_n, m_tiles};
-            }
+            if (kind >= 0)
+                if (std::optional<TileShape> shape = parse_shape(item.substr(eq + 1), kind)) o.shape[kind] = shape;
         }
         start = end + 1;
     }
@@ -136,7 +162,7 @@ int AttentionSpec::shared_bytes() const {
     if (!tensor_cores) return 0;
     const int table_row_bytes = rotary_dim > 0 && table_async ? table_columns(*this) * table_element_bytes(*this) : 0;
     return attention_smem_layout(kind, padded_head_dim(head_dim), warps, m_tiles, block_n, pos_mask != 0,
-                                 table_row_bytes, wgmma != 0, stages, producer_warps > 0)
+                                 table_row_bytes, wgmma != 0, stages, producer_warps > 0, cluster)
         .bytes;
 }
 
@@ -170,7 +196,7 @@ void AttentionSpec::validate() const {
     }
     if (wgmma) {
         require(tensor_cores, "wgmma kernels are tensor-core kernels");
-        switch (wgmma_broken_rule(kind, head_dim, warps, m_tiles, block_n, pos_mask, stages, producer_warps)) {
+        switch (wgmma_broken_rule(*this)) {
             case WgmmaRule::none: break;
             case WgmmaRule::forward: fail_argument("attention kernel spec: wgmma kernels are forwards");
             case WgmmaRule::head_dim:
@@ -190,11 +216,17 @@ void AttentionSpec::validate() const {
             case WgmmaRule::producer:
                 fail_argument(fmt::format("attention kernel spec: wgmma kernels take 0 or 4 producer warps, got {}",
                                           producer_warps));
+            case WgmmaRule::cluster:
+                fail_argument(fmt::format("attention kernel spec: clusters of {} blocks need producer warps, 2 or 4 "
+                                          "blocks dividing the GQA group ({}), 8-row shares of the {}-key tile and "
+                                          "staged tables",
+                                          cluster, gqa_group, block_n));
         }
     } else {
         require(stages == 2, fmt::format("stages is a wgmma setting (2 otherwise), got {}", stages));
         require(producer_warps == 0,
                 fmt::format("producer warps are a wgmma setting (0 otherwise), got {}", producer_warps));
+        require(cluster == 1, fmt::format("clusters are a wgmma setting (1 otherwise), got {}", cluster));
     }
 }
 
@@ -221,6 +253,8 @@ std::string AttentionSpec::preamble() const {
     flag("WGMMA", wgmma);
     define("STAGES", stages);
     define("PRODUCER_WARPS", producer_warps);
+    define("CLUSTER", cluster);
+    if (cluster > 1) text += fmt::format("#define ROPE_JIT_CLUSTER_DIMS __cluster_dims__({}, 1, 1)\n", cluster);
     flag("TABLE_ASYNC", table_async);
     define("WARPS", warps);
     define("M_TILES", m_tiles);
@@ -250,6 +284,7 @@ std::string AttentionSpec::to_json() const {
     j["wgmma"] = bool(wgmma);
     j["stages"] = stages;
     j["producer_warps"] = producer_warps;
+    j["cluster"] = cluster;
     j["table_async"] = bool(table_async);
     j["warps"] = warps;
     j["m_tiles"] = m_tiles;
@@ -301,7 +336,7 @@ std::optional<AttentionSpec> AttentionSpec::from_json(const std::string& text, s
                     index_of("mask", kMaskNames, 3, &s.mask_kind) && flag("causal", &s.causal) &&
                     integer("gqa_group", &s.gqa_group) && flag("write_lse", &s.write_lse) &&
                     flag("tensor_cores", &s.tensor_cores) && flag("wgmma", &s.wgmma) && integer("stages", &s.stages) &&
-                    integer("producer_warps", &s.producer_warps) &&
+                    integer("producer_warps", &s.producer_warps) && integer("cluster", &s.cluster) &&
                     flag("table_async", &s.table_async) && integer("warps", &s.warps) &&
                     integer("m_tiles", &s.m_tiles) && integer("block_n", &s.block_n) &&
                     flag("compute_dk", &s.compute_dk) && flag("compute_dv", &s.compute_dv);
@@ -328,7 +363,9 @@ std::string AttentionSpec::describe() const {
     if (tensor_cores)
         text += fmt::format(" {} {}x{}{}{}{}", wgmma ? "wgmma" : "tc", warps, block_n,
                             m_tiles > 1 ? fmt::format("x{}", m_tiles) : wgmma && stages != 2 ? fmt::format("x{}", stages) : "",
-                            producer_warps > 0 ? fmt::format(" +{} producer warps", producer_warps) : "",
+                            producer_warps > 0 ? fmt::format(" +{} producer warps{}", producer_warps,
+                                                             cluster > 1 ? fmt::format(" cluster{}", cluster) : "")
+                                               : "",
                             table_async ? " staged-tables" : "");
     else text += fmt::format(" simt {}w", warps);
     return text;
@@ -391,11 +428,12 @@ std::vector<AttentionSpec> choose_attention_specs(const AttentionProblem& p, con
             spec.wgmma = shape.wgmma;
             spec.stages = shape.wgmma ? shape.stages : 2;
             spec.producer_warps = shape.wgmma ? shape.producer_warps : 0;
+            spec.cluster = shape.wgmma ? shape.cluster : 1;
             spec.compute_dk = dk;
             spec.compute_dv = dv;
             if (shape.block_n % 16 != 0 || shape.warps > 16 || (shape.m_tiles != 1 && !(shape.m_tiles == 2 && kind == AttentionKernelKind::Forward)))
                 continue;
-            if (shape.wgmma && (!device.wgmma || !wgmma_fits(spec, shape))) continue;
+            if (shape.wgmma && (!device.wgmma || wgmma_broken_rule(spec) != WgmmaRule::none)) continue;
             if (spec.shared_bytes() <= device.max_shared_bytes) return spec;
         }
         return std::nullopt;

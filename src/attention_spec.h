@@ -33,6 +33,7 @@ struct AttentionSpec {
     int32_t wgmma = 0;         // the forward on warpgroup matrix products (sm_90a), with tensor_cores
     int32_t stages = 2;        // wgmma: key/value tiles held in shared memory (2 or 3)
     int32_t producer_warps = 0;  // wgmma: 4 warps that only load and rotate tiles (beside `warps`), or 0
+    int32_t cluster = 1;         // producer warps: blocks of a GQA group sharing their tiles (1, 2 or 4)
     int32_t table_async = 0;   // tables staged with cp.async
     int32_t warps = 4;         // warps per block that compute (16 query rows each on tensor cores)
     int32_t m_tiles = 1;       // 16-row tiles each warp owns (forward: 1 or 2)
@@ -82,7 +83,8 @@ struct AttentionDevice {
 // warps, streamed-tile rows (and, forward, 16-row tiles per warp) of the tensor-core kernels
 // (a shape that does not fit falls back); "fwd=wWxN[xS]" asks for the wgmma forward (sm_90;
 // W of 4, 8 or 12) with S tiles in shared memory (2 or 3; 2 by default), "fwd=pWxN[xS]" for
-// it with W consumer warps and 4 producer warps.
+// it with W consumer warps and 4 producer warps, "fwd=cCxWxN[xS]" for that in clusters of C
+// blocks (2 or 4; a divisor of the GQA group).
 std::vector<AttentionSpec> choose_attention_specs(const AttentionProblem& problem, const AttentionDevice& device);
 
 }  // namespace rope_jit

@@ -89,7 +89,7 @@ std::vector<AttentionSpec> representative_specs() {
 
 // The wgmma forwards (sm_90a only): the headline (three warpgroups, three 64-key tiles), and
 // fp16 D64 with interleaved partial rotation from a half bf16 table (8-byte table pieces), a
-// bool mask and two 64-key tiles; each also with a producer warpgroup.
+// bool mask and two 64-key tiles; each also with a producer warpgroup, and in a cluster.
 std::vector<AttentionSpec> wgmma_specs() {
     AttentionSpec headline = spec_of(AttentionKernelKind::Forward, 2, 128, 128, true);
     headline.wgmma = 1;
@@ -111,7 +111,12 @@ std::vector<AttentionSpec> wgmma_specs() {
     AttentionSpec specialized_narrow = narrow;
     specialized_narrow.warps = 4;
     specialized_narrow.producer_warps = 4;
-    return {headline, narrow, specialized, specialized_narrow};
+    AttentionSpec clustered = specialized;  // four blocks of a GQA group sharing their tiles
+    clustered.cluster = 4;
+    AttentionSpec clustered_narrow = specialized_narrow;
+    clustered_narrow.gqa_group = 2;
+    clustered_narrow.cluster = 2;
+    return {headline, narrow, specialized, specialized_narrow, clustered, clustered_narrow};
 }
 
 }  // namespace
@@ -294,6 +299,31 @@ TEST_CASE("the CUDA-core kernels take what tensor cores cannot") {
         const AttentionSpec spec = chosen(c, false)[0];
         CHECK((spec.wgmma == 1 && spec.warps == 8 && spec.block_n == 64 && spec.stages == 3));
     }
+    SUBCASE("the override's producer and cluster shapes, where the GQA group and tables allow") {
+        EnvGuard env;
+        env.set("ROPE_JIT_ATTENTION_KERNELS", "fwd=p8x64x3");
+        AttentionSpec spec = chosen(c, false)[0];
+        CHECK((spec.wgmma == 1 && spec.warps == 8 && spec.producer_warps == 4 && spec.cluster == 1 && spec.stages == 3));
+        CHECK(spec.threads() == 384);
+        env.set("ROPE_JIT_ATTENTION_KERNELS", "fwd=c4x8x64x3");  // the headline's GQA group is 4
+        spec = chosen(c, false)[0];
+        CHECK((spec.wgmma == 1 && spec.warps == 8 && spec.producer_warps == 4 && spec.cluster == 4 && spec.stages == 3));
+        CHECK(spec.describe().find("+4 producer warps cluster4") != std::string::npos);
+        CHECK(spec.preamble().find("__cluster_dims__(4, 1, 1)") != std::string::npos);
+        c.Hq = c.Hk * 2;  // GQA 2: four blocks would span two groups
+        CHECK(chosen(c, false)[0].cluster == 1);
+        env.set("ROPE_JIT_ATTENTION_KERNELS", "fwd=c2x8x64");
+        CHECK(chosen(c, false)[0].cluster == 2);
+        c.pad = 1;  // unaligned tables (and rows): no staging, so no cluster
+        CHECK(chosen(c, false)[0].cluster == 1);
+        c.pad = 0;
+        for (const char* junk : {"fwd=c2x8", "fwd=cx8x64", "fwd=p8x64x3x1", "fwd=w8xx64", "fwd=c0x8x64", "dq=c2x8x64"}) {
+            CAPTURE(junk);
+            env.set("ROPE_JIT_ATTENTION_KERNELS", junk);
+            CHECK(chosen(c, false)[0].cluster == 1);
+            CHECK(chosen(c, false)[0].producer_warps == 0);
+        }
+    }
     SUBCASE("an NVRTC the wgmma forward was not validated with keeps sm_90 on mma.sync") {
         const AttentionSpec spec = chosen(c, false, AttentionDevice{90, 232448, false})[0];
         CHECK(spec.tensor_cores == 1);
@@ -430,6 +460,39 @@ TEST_CASE("attention specs render their constants, JSON and description, and com
     AttentionSpec mma_stages = a;
     mma_stages.stages = 3;
     CHECK_THROWS_AS(mma_stages.validate(), Error);
+    AttentionSpec producer = w;
+    producer.producer_warps = 4;
+    CHECK_NOTHROW(producer.validate());
+    CHECK(producer.threads() == 384);
+    CHECK(producer.preamble().find("constexpr int PRODUCER_WARPS = 4;") != std::string::npos);
+    producer.producer_warps = 2;
+    CHECK_THROWS_AS(producer.validate(), Error);
+    AttentionSpec mma_producer = a;
+    mma_producer.producer_warps = 4;
+    CHECK_THROWS_AS(mma_producer.validate(), Error);
+    AttentionSpec clustered = w;
+    clustered.producer_warps = 4;
+    clustered.gqa_group = 4;
+    clustered.table_async = 1;
+    clustered.cluster = 4;
+    CHECK_NOTHROW(clustered.validate());
+    CHECK(clustered.shared_bytes() != producer.shared_bytes());
+    AttentionSpec bad_cluster = clustered;
+    bad_cluster.gqa_group = 2;  // four blocks, two GQA groups
+    CHECK_THROWS_AS(bad_cluster.validate(), Error);
+    bad_cluster = clustered;
+    bad_cluster.producer_warps = 0;
+    CHECK_THROWS_AS(bad_cluster.validate(), Error);
+    bad_cluster = clustered;
+    bad_cluster.table_async = 0;
+    CHECK_THROWS_AS(bad_cluster.validate(), Error);
+    bad_cluster = clustered;
+    bad_cluster.cluster = 8;
+    bad_cluster.gqa_group = 8;
+    CHECK_THROWS_AS(bad_cluster.validate(), Error);
+    AttentionSpec mma_cluster = a;
+    mma_cluster.cluster = 2;
+    CHECK_THROWS_AS(mma_cluster.validate(), Error);
     AttentionSpec bad = a;
     bad.block_n = 24;
     CHECK_THROWS_AS(bad.validate(), Error);

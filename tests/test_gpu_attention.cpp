@@ -352,15 +352,19 @@ TEST_CASE("every tile shape the override offers gives the same results") {
     for (const std::string shapes : {"fwd=4x64,dq=4x64,dkdv=4x32", "fwd=8x32,dq=8x32,dkdv=8x16", "fwd=4x16,dq=4x16,dkdv=8x64",
                                      "fwd=4x32x2", "fwd=8x64x2", "fwd=2x16x2", "fwd=8x64,dq=8x64,dkdv=8x32",
                                      "fwd=w8x128", "fwd=w8x64", "fwd=w4x64", "fwd=w12x64", "fwd=w12x64x3", "fwd=w8x64x3",
-                                     "fwd=p8x64x3", "fwd=p8x64", "fwd=p4x64x3", "fwd=p8x128"}) {
+                                     "fwd=p8x64x3", "fwd=p8x64", "fwd=p4x64x3", "fwd=p8x128", "fwd=c2x8x64x3",
+                                     "fwd=c2x4x128", "fwd=c2x8x128x2"}) {
         CAPTURE(shapes);
         setenv("ROPE_JIT_ATTENTION_KERNELS", shapes.c_str(), 1);
         // A wgmma shape must be what the configs without pos_mask run, where wgmma runs at all
         // and the shape's shared memory fits (else the choice falls back, as it should).
-        int warps = 0, block_n = 0, stages = 2;
-        char family = 0;  // 'w': every warp loads; 'p': with producer warps
-        if (device.wgmma && std::sscanf(shapes.c_str(), "fwd=%c%dx%dx%d", &family, &warps, &block_n, &stages) >= 3 &&
-            (family == 'w' || family == 'p')) {
+        int warps = 0, block_n = 0, stages = 2, cluster = 1;
+        char family = 0;  // 'w': every warp loads; 'p': with producer warps; 'c': in clusters
+        const bool parsed = shapes.rfind("fwd=c", 0) == 0
+                                ? std::sscanf(shapes.c_str(), "fwd=c%dx%dx%dx%d", &cluster, &warps, &block_n, &stages) >= 3
+                                : std::sscanf(shapes.c_str(), "fwd=%c%dx%dx%d", &family, &warps, &block_n, &stages) >= 3 &&
+                                      (family == 'w' || family == 'p');
+        if (device.wgmma && parsed) {
             for (size_t n = 1; n < configs.size(); ++n) {
                 std::mt19937 probe(1);
                 Problem p(configs[n], probe);
@@ -370,7 +374,8 @@ TEST_CASE("every tile shape the override offers gives the same results") {
                 wanted.warps = warps;
                 wanted.block_n = block_n;
                 wanted.stages = stages;
-                wanted.producer_warps = family == 'p' ? 4 : 0;
+                wanted.producer_warps = family == 'w' ? 0 : 4;
+                wanted.cluster = cluster;
                 wanted.m_tiles = 1;
                 CAPTURE(spec.describe());
                 if (wanted.shared_bytes() <= device.max_shared_bytes) CHECK(spec == wanted);
@@ -413,8 +418,9 @@ TEST_CASE("the sm_90 wgmma forward matches the CPU reference over long sequences
         CAPTURE(describe(c));
         CHECK(specs[0].wgmma == 1);
     }
-    // The default choice, then each family forced (every warp loading; producer warps).
-    for (const char* shapes : {"", "fwd=w12x64x3", "fwd=p8x64x3"}) {
+    // The default choice, then each family forced (every warp loading; producer warps; blocks
+    // of a cluster sharing tiles, where the GQA group allows).
+    for (const char* shapes : {"", "fwd=w12x64x3", "fwd=p8x64x3", "fwd=c4x8x64x3", "fwd=c2x8x128x2"}) {
         CAPTURE(shapes);
         setenv("ROPE_JIT_ATTENTION_KERNELS", shapes, 1);
         sweep(f, configs, 11);
