@@ -419,7 +419,7 @@ constexpr int TABLE_ROW_BYTES = ROTATE && TABLE_ASYNC ? TCOLS * TBYTES : 0;
 constexpr int TABLE_CHUNKS = TABLE_ROW_BYTES / 16;
 constexpr AttentionSmemLayout SMEM =
     attention_smem_layout(KIND, DP, WARPS, M_TILES, BLOCK_N, HAS_POS_MASK, TABLE_ROW_BYTES, WGMMA, STAGES,
-                          PRODUCER_WARPS > 0, CLUSTER);
+                          PRODUCER_WARPS > 0);
 
 // Rotation work items of one row: a chunk of interleaved pairs, or (half style) a chunk of
 // first halves with the chunk of their partners R/2 later; then the chunks past the rotary
@@ -651,9 +651,9 @@ __device__ __forceinline__ void issue_rows(T* dst, const T* base, long long stri
     }
 }
 
-// Starts copying the cos/sin row bytes of tokens [row0, row0 + ROWS) (zero past `valid`),
-// LOADERS threads sharing the copies.
-template <int ROWS, int LOADERS = THREADS>
+// Starts copying the cos/sin row bytes of tokens [row0, row0 + ROWS) (zero past `valid`) into
+// rows PITCH bytes apart, LOADERS threads sharing the copies.
+template <int ROWS, int LOADERS = THREADS, int PITCH = TABLE_ROW_BYTES>
 __device__ __forceinline__ void issue_table_rows(char* cos_dst, char* sin_dst, const AttentionKernelParams& p,
                                                  long long row0, long long valid, int thread = threadIdx.x) {
     if constexpr (ROTATE && TABLE_ASYNC) {
@@ -665,7 +665,7 @@ __device__ __forceinline__ void issue_table_rows(char* cos_dst, char* sin_dst, c
             const char* table = static_cast<const char*>(is_sin ? p.sin : p.cos);
             const long long stride = is_sin ? p.sin_stride[0] : p.cos_stride[0];
             const char* src = ok ? table + (row0 + r) * stride * TBYTES + ch * 16 : table;
-            cp_async16((is_sin ? sin_dst : cos_dst) + r * TABLE_ROW_BYTES + ch * 16, src, ok);
+            cp_async16((is_sin ? sin_dst : cos_dst) + r * PITCH + ch * 16, src, ok);
         }
     }
 }
@@ -1527,18 +1527,15 @@ constexpr unsigned V_LEADING = 128, V_STRIDE = CHUNK_STRIDE, V_STEP = 256;
 
 // Who loads what of a streamed tile: the tile is cut into units of 8 rows x 4 items (rotation
 // items, numbered as in rotate_rows: chunks of interleaved pairs or first-half chunks with their
-// partners, then plain chunks; for values, chunks); loader warp w (every warp, or the producer
-// warps of forward_specialized) takes units w, w + LOADER_WARPS, ... and in a unit lane l takes
-// row l % 8 and item l / 8. Each quarter warp then stores 8 consecutive
+// partners, then plain chunks; for values, chunks); warp w takes units w, w + WARPS, ... and in
+// a unit lane l takes row l % 8 and item l / 8. Each quarter warp then stores 8 consecutive
 // rows of one chunk (one 128-byte core matrix: no bank conflicts) and each row is read 64
 // bytes at a time (whole 32-byte sectors). The thread that copies a key chunk also rotates
 // it, so the rotation needs no barrier after the copies. Rotating items stage the table
 // columns of their own pairs: ITEM_TABLE_BYTES per item and table.
 constexpr int ROW_UNITS = BLOCK_N / 8;
-constexpr int LOADER_WARPS = PRODUCER_WARPS > 0 ? PRODUCER_WARPS : WARPS;
-constexpr int FIRST_LOADER_WARP = PRODUCER_WARPS > 0 ? WARPS : 0;
-constexpr int KEY_PASSES = (ROW_UNITS * ((ITEMS + 3) / 4) + LOADER_WARPS - 1) / LOADER_WARPS;
-constexpr int VALUE_PASSES = (ROW_UNITS * ((CHUNKS + 3) / 4) + LOADER_WARPS - 1) / LOADER_WARPS;
+constexpr int KEY_PASSES = (ROW_UNITS * ((ITEMS + 3) / 4) + WARPS - 1) / WARPS;
+constexpr int VALUE_PASSES = (ROW_UNITS * ((CHUNKS + 3) / 4) + WARPS - 1) / WARPS;
 constexpr int ITEM_PAIRS = INTERLEAVED ? 4 : 8;
 constexpr int ITEM_TABLE_BYTES = ITEM_PAIRS * TABLE_STEP * TBYTES;
 static_assert(!WGMMA || !ROTATE || !TABLE_ASYNC || ITEM_TABLE_BYTES % 8 == 0, "staged table pieces of 8 or 16 bytes");
@@ -1546,7 +1543,7 @@ static_assert(!WGMMA || !ROTATE || !TABLE_ASYNC || ITEM_TABLE_BYTES % 8 == 0, "s
 // Row and item of this thread in pass `pass` over a tile of `items` items per row; false past
 // the tile.
 __device__ __forceinline__ bool unit_slot(int pass, int items, int* row, int* item) {
-    const int unit = static_cast<int>(threadIdx.x >> 5) - FIRST_LOADER_WARP + LOADER_WARPS * pass, lane = threadIdx.x & 31;
+    const int unit = static_cast<int>(threadIdx.x >> 5) + WARPS * pass, lane = threadIdx.x & 31;
     *row = (unit % ROW_UNITS) * 8 + (lane & 7);
     *item = (unit / ROW_UNITS) * 4 + (lane >> 3);
     return unit < ROW_UNITS * ((items + 3) / 4) && *item < items;
@@ -1768,22 +1765,27 @@ __device__ void forward(const AttentionKernelParams& p, char* smem) {
 
 // ---- the warp-specialized forward: producer warps load and rotate, consumers compute ----
 //
-// PRODUCER_WARPS (4) warps after the WARPS consumer warps fill STAGES key/value buffers,
-// rotating the keys, and signal each tile on a `full` barrier; the consumers (warpgroups of
-// 64 query rows, as in forward) compute and signal `empty` when they are done with a buffer.
-// No block-wide barrier in the loop: the consumer warpgroups drift apart, so one's softmax
-// overlaps another's tensor-core work, and loading and rotating overlap both.
+// PRODUCER_WARPS (4) warps after the WARPS consumer warps fill STAGES key/value buffers and
+// signal each tile on a `full` barrier; the consumers (warpgroups of 64 query rows, as in
+// forward) compute and signal `empty` when they are done with a buffer. No block-wide barrier
+// in the loop: the consumer warpgroups drift apart, so one's softmax overlaps another's
+// tensor-core work, and loading and rotating overlap both.
+//
+// Keys and values arrive through the tensor memory accelerator (TMA): one copy per 16-byte
+// feature chunk of a tile lands its rows as one chunk column of the core-matrix layout, zero
+// past the sequence and past head_dim, and signals the buffer's `landed` barrier by bytes. The
+// producers then rotate the keys in place, with the table rows they staged by cp.async, and
+// arrive on `full`. (Copied 16 bytes a thread, the tiles cost more L2 requests than the tensor
+// cores need time: that bound the forward.)
 //
 // CLUSTER > 1: the CLUSTER blocks of a thread-block cluster are consecutive query heads of
-// one GQA group (same keys, same query rows), and each block's producers load only its
-// 1/CLUSTER share of every tile's key rows (keys, table rows, values), rotate it and write it
-// into the buffers of every block of the cluster (distributed shared memory). The keys and
-// tables then cross from L2 once per cluster instead of once per block: that traffic, not the
-// tensor cores, bounds the single-block forward. A buffer is free again once the consumers
-// of every block of the cluster are done with it, so `empty` counts them all, and `full`
-// counts the producers of every block.
+// one GQA group (same keys, same query rows). Each block copies only its share of every tile's
+// rows (SHARE_ROWS of them), multicast into the buffers of every block, so keys and values
+// cross from L2 once per cluster. A buffer is free again once the consumers of every block are
+// done with it: `empty` counts them all.
 constexpr int PRODUCER_THREADS = PRODUCER_WARPS * 32;
-constexpr int SHARE_ROWS = BLOCK_N / CLUSTER;  // key rows of a tile each block loads
+constexpr int SHARE_ROWS = BLOCK_N / CLUSTER;      // key rows of a tile each block copies
+constexpr int TABLE_PITCH = TABLE_ROW_BYTES + 16;  // staged table rows, padded: no bank conflicts
 static_assert(CLUSTER == 1 || (PRODUCER_WARPS > 0 && SHARE_ROWS % 8 == 0 && GQA_GROUP % CLUSTER == 0),
               "clusters of producer blocks over whole 8-row shares of a GQA group");
 
@@ -1795,14 +1797,20 @@ __device__ __forceinline__ void barrier_init(unsigned address, unsigned count) {
 __device__ __forceinline__ void barrier_arrive(unsigned address) {
     asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(address) : "memory");
 }
+// Arrives, and expects `bytes` more of asynchronous copies in the current phase.
+__device__ __forceinline__ void barrier_arrive_expect(unsigned address, unsigned bytes) {
+    asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1;\n}\n" ::"r"(address),
+                 "r"(bytes)
+                 : "memory");
+}
 // Arrives on the barrier at `address` (shared::cluster, possibly another block's), releasing
 // this thread's earlier writes at cluster scope.
 __device__ __forceinline__ void barrier_arrive_cluster(unsigned address) {
     asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(address) : "memory");
 }
 // Waits until the phase of parity `parity` (the barrier's n-th completion has parity n & 1)
-// has completed; with CLUSTER > 1 acquiring at cluster scope (the arrivals come from other
-// blocks too).
+// has completed; with CLUSTER > 1 acquiring at cluster scope (arrivals and copies come from
+// other blocks too).
 __device__ __forceinline__ void barrier_wait(unsigned address, unsigned parity) {
     if constexpr (CLUSTER > 1)
         asm volatile(
@@ -1824,7 +1832,7 @@ __device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 1, %0;\
 __device__ __forceinline__ void producer_sync() { asm volatile("bar.sync 2, %0;\n" ::"n"(PRODUCER_THREADS) : "memory"); }
 
 // Thread-block cluster helpers: this block's rank, the shared::cluster address of a shared
-// address of block `rank`, and a barrier of every thread of the cluster.
+// address in block `rank`, and a barrier of every thread of the cluster.
 __device__ __forceinline__ unsigned cluster_rank() {
     unsigned rank;
     asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
@@ -1838,22 +1846,46 @@ __device__ __forceinline__ unsigned cluster_address(unsigned address, unsigned r
 __device__ __forceinline__ void cluster_sync() {
     asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
 }
-__device__ __forceinline__ void store_cluster(unsigned address, const U4& x) {
-    asm volatile("st.shared::cluster.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(address), "r"(x.w[0]), "r"(x.w[1]),
-                 "r"(x.w[2]), "r"(x.w[3])
-                 : "memory");
+
+// Copies one box of a [B, H, S, D] tensor (`map`: its TMA descriptor, in the kernel's
+// parameters) from feature `feature`, token `token` of head `head`, batch `batch` into shared
+// `dst`, counting its bytes on `landed`; with CLUSTER > 1 into the same place of every block.
+__device__ __forceinline__ void copy_box(unsigned dst, const void* map, int feature, int token, int head, int batch,
+                                         unsigned landed) {
+    const unsigned long long descriptor = reinterpret_cast<unsigned long long>(map);
+    if constexpr (CLUSTER > 1)
+        asm volatile(
+            "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+            " [%0], [%1, {%2, %3, %4, %5}], [%6], %7;\n" ::"r"(dst),
+            "l"(descriptor), "r"(feature), "r"(token), "r"(head), "r"(batch), "r"(landed),
+            "h"(static_cast<unsigned short>((1u << CLUSTER) - 1u))
+            : "memory");
+    else
+        asm volatile(
+            "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+            " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
+            "l"(descriptor), "r"(feature), "r"(token), "r"(head), "r"(batch), "r"(landed)
+            : "memory");
 }
 
 // The pipeline's shared state: buffers and barriers (this block's shared addresses), and the
 // shared::cluster address of this block's shared memory in each block of the cluster.
 struct Pipeline {
     char* smem;
-    unsigned full, empty;
+    unsigned landed, full, empty;
     unsigned window[CLUSTER];
 
     static constexpr int TILE_BYTES = BLOCK_N * DP * 2;
     __device__ __forceinline__ char* key_tile(int t) const { return smem + SMEM.k + (t % STAGES) * TILE_BYTES; }
     __device__ __forceinline__ char* value_tile(int t) const { return smem + SMEM.v0 + (t % STAGES) * TILE_BYTES; }
+    // Tile t's staged table rows (stage t % (STAGES - 1)).
+    __device__ __forceinline__ char* cos_rows(int t) const {
+        return smem + SMEM.cos_stage + (t % (STAGES - 1)) * BLOCK_N * TABLE_PITCH;
+    }
+    __device__ __forceinline__ char* sin_rows(int t) const {
+        return smem + SMEM.sin_stage + (t % (STAGES - 1)) * BLOCK_N * TABLE_PITCH;
+    }
+    __device__ __forceinline__ unsigned landed_of(int t) const { return landed + (t % STAGES) * 8; }
     __device__ __forceinline__ unsigned full_of(int t) const { return full + (t % STAGES) * 8; }
     __device__ __forceinline__ unsigned empty_of(int t) const { return empty + (t % STAGES) * 8; }
     // The parity of tile t's phase of its buffer's barriers (tile t is their (t / STAGES)-th use).
@@ -1864,116 +1896,71 @@ struct Pipeline {
     }
 };
 
-// CLUSTER == 1: the producers copy tiles straight into the buffers with cp.async, STAGES - 1
-// tiles ahead, and rotate each tile in place once it landed (the thread that copies a key
-// chunk rotates it). Copy groups: one per tile (empty past the last), so that "all but the
-// newest STAGES - 2 groups" is always "up to tile t". Tile t + STAGES - 1 takes the buffer of
-// tile t - 1 (and tile t's table stage, which only this thread's rotation read), issued after
-// tile t is signalled: the rotation never waits for the consumers.
+// The producers. Tile t's copies are issued STAGES - 1 tiles ahead: this block's share of its
+// keys and values by TMA, the table rows of all its keys by cp.async (one copy group per
+// tile, empty past the last). Once they landed the keys are rotated in place and the tile
+// signalled. Tile t + STAGES - 1 takes the buffers of tile t - 1 and the table stage of tile t,
+// issued after tile t is signalled: the rotation never waits for the consumers.
 template <int D = DTYPE>
-__device__ void produce_local(const Pipeline& pipe, const AttentionKernelParams& p, const T* k_head,
-                              const T* v_head, int tiles) {
-    constexpr int TABLE_STAGE_BYTES = BLOCK_N * TABLE_ROW_BYTES;
-    auto cos_stage = [&](int t) { return pipe.smem + SMEM.cos_stage + (t % (STAGES - 1)) * TABLE_STAGE_BYTES; };
-    auto sin_stage = [&](int t) { return pipe.smem + SMEM.sin_stage + (t % (STAGES - 1)) * TABLE_STAGE_BYTES; };
-    auto issue_tile = [&](int t) {
-        const long long n0 = static_cast<long long>(t) * BLOCK_N;
-        copy_key_chunks(pipe.key_tile(t), cos_stage(t), sin_stage(t), p, k_head, n0);
-        copy_value_chunks(pipe.value_tile(t), p, v_head, n0);
+__device__ void produce(const Pipeline& pipe, const AttentionKernelParams& p, long long b, long long hk, int tiles,
+                        int rank) {
+    const int thread = static_cast<int>(threadIdx.x) - THREADS;
+    auto issue = [&](int t) {
+        const int first = t * BLOCK_N + rank * SHARE_ROWS;
+        if (thread == 0) barrier_arrive_expect(pipe.landed_of(t), 2 * Pipeline::TILE_BYTES);
+        if (thread < 2 * CHUNKS) {
+            const bool value = thread >= CHUNKS;
+            const int chunk = value ? thread - CHUNKS : thread;
+            char* tile = value ? pipe.value_tile(t) : pipe.key_tile(t);
+            copy_box(shared_address(tile + chunk_offset(rank * SHARE_ROWS, chunk)), value ? p.v_map : p.k_map,
+                     chunk * 8, first, static_cast<int>(hk), static_cast<int>(b), pipe.landed_of(t));
+        }
+        issue_table_rows<BLOCK_N, PRODUCER_THREADS, TABLE_PITCH>(pipe.cos_rows(t), pipe.sin_rows(t), p,
+                                                                 static_cast<long long>(t) * BLOCK_N, p.seqlen_k, thread);
     };
 #pragma unroll
     for (int t = 0; t < STAGES - 1; ++t) {
-        if (t < tiles) issue_tile(t);
+        if (t < tiles) issue(t);
         cp_async_commit();
     }
     for (int t = 0; t < tiles; ++t) {
-        cp_async_wait<STAGES - 2>();  // this thread's copies of tile t
-        rotate_key_chunks(pipe.key_tile(t), cos_stage(t), sin_stage(t), p, static_cast<long long>(t) * BLOCK_N);
-        fence_async_proxy();
+        cp_async_wait<STAGES - 2>();  // this thread's table rows of tile t
+        barrier_wait(pipe.landed_of(t), Pipeline::phase_of(t));
+        producer_sync();  // every producer's table rows
+        if constexpr (ROTATE) {
+            const long long n0 = static_cast<long long>(t) * BLOCK_N;
+            char* const tile = pipe.key_tile(t);
+            // Lane l of a quarter warp takes row l % 8 of 8 consecutive rows at one item: each
+            // quarter reads and writes one 128-byte core matrix.
+            for (int it = thread; it < BLOCK_N * ROT_ITEMS; it += PRODUCER_THREADS) {
+                const int unit = it >> 3, row = (unit % (BLOCK_N / 8)) * 8 + (it & 7), k = unit / (BLOCK_N / 8);
+                const long long token = n0 + row;
+                if (token >= p.seqlen_k) continue;  // zero rows, no table rows
+                const char* cos_row = pipe.cos_rows(t) + row * TABLE_PITCH;
+                const char* sin_row = pipe.sin_rows(t) + row * TABLE_PITCH;
+                U4* xa = reinterpret_cast<U4*>(tile + chunk_offset(row, k));
+                if constexpr (INTERLEAVED) {
+                    U4 x = *xa;
+                    rotate_pairs_chunk<true>(x, p, cos_row, sin_row, 0, token, k * ITEM_PAIRS);
+                    *xa = x;
+                } else {
+                    U4* xb = reinterpret_cast<U4*>(tile + chunk_offset(row, k + ROTARY_DIM / 16));
+                    U4 a = *xa, bb = *xb;
+                    rotate_halves_chunks<true>(a, bb, p, cos_row, sin_row, 0, token, k * ITEM_PAIRS);
+                    *xa = a;
+                    *xb = bb;
+                }
+            }
+        }
+        fence_async_proxy();  // the rotated keys, for the tensor cores
         barrier_arrive(pipe.full_of(t));
+        producer_sync();  // every producer is done with tile t's table stage
         const int next = t + STAGES - 1;
         if (next < tiles) {
             if (t >= 1) barrier_wait(pipe.empty_of(t - 1), Pipeline::phase_of(t - 1));
-            issue_tile(next);
+            issue(next);
         }
         cp_async_commit();
-    }
-}
-
-// CLUSTER > 1: the producers copy this block's share of each tile (rows rank * SHARE_ROWS..
-// of keys, values and table rows) raw into a staging slot with cp.async, STAGES - 1 tiles
-// ahead; once tile t's share landed (all producers: a barrier), each thread rotates a few key
-// items and writes them, and a few value chunks, into tile t's buffer of every block, then
-// arrives on every block's `full`.
-template <int D = DTYPE>
-__device__ void produce_shared(const Pipeline& pipe, const AttentionKernelParams& p, const T* k_head,
-                               const T* v_head, int tiles, int rank) {
-    constexpr int STAGE_ROWS_BYTES = SHARE_ROWS * ROWE * 2, TABLE_STAGE_BYTES = SHARE_ROWS * TABLE_ROW_BYTES;
-    const int thread = static_cast<int>(threadIdx.x) - THREADS;
-    auto raw_keys = [&](int t) { return reinterpret_cast<T*>(pipe.smem + SMEM.k_stage + (t % STAGES) * STAGE_ROWS_BYTES); };
-    auto raw_values = [&](int t) { return reinterpret_cast<T*>(pipe.smem + SMEM.v1 + (t % STAGES) * STAGE_ROWS_BYTES); };
-    auto cos_stage = [&](int t) { return pipe.smem + SMEM.cos_stage + (t % STAGES) * TABLE_STAGE_BYTES; };
-    auto sin_stage = [&](int t) { return pipe.smem + SMEM.sin_stage + (t % STAGES) * TABLE_STAGE_BYTES; };
-    auto share_first = [&](int t) { return static_cast<long long>(t) * BLOCK_N + rank * SHARE_ROWS; };
-    auto issue_share = [&](int t) {
-        const long long r0 = share_first(t);
-        issue_rows<SHARE_ROWS, PRODUCER_THREADS>(raw_keys(t), k_head, p.k_stride[2], r0, p.seqlen_k, thread);
-        issue_rows<SHARE_ROWS, PRODUCER_THREADS>(raw_values(t), v_head, p.v_stride[2], r0, p.seqlen_k, thread);
-        issue_table_rows<SHARE_ROWS, PRODUCER_THREADS>(cos_stage(t), sin_stage(t), p, r0, p.seqlen_k, thread);
-    };
-    // Writes a 16-byte chunk at `offset` of a tile buffer into that buffer in every block.
-    auto scatter = [&](const char* tile, int offset, const U4& x) {
-        const unsigned address = shared_address(tile + offset);
-#pragma unroll
-        for (int r = 0; r < CLUSTER; ++r) store_cluster(pipe.in_block(address, r), x);
-    };
-#pragma unroll
-    for (int t = 0; t < STAGES - 1; ++t) {
-        if (t < tiles) issue_share(t);
-        cp_async_commit();
-    }
-    for (int t = 0; t < tiles; ++t) {
-        cp_async_wait<STAGES - 2>();
-        producer_sync();  // every producer's copies of tile t landed; all are done with tile t - 1's slot
-        if (t + STAGES - 1 < tiles) issue_share(t + STAGES - 1);  // into tile t - 1's slot
-        cp_async_commit();
-        if (t >= STAGES) barrier_wait(pipe.empty_of(t), Pipeline::phase_of(t) ^ 1u);  // tile t - STAGES consumed everywhere
-        const T* keys = raw_keys(t);
-        const T* values = raw_values(t);
-        const char* cos_rows = cos_stage(t);
-        const char* sin_rows = sin_stage(t);
-        char* const key_tile = pipe.key_tile(t);
-        char* const value_tile = pipe.value_tile(t);
-        const long long r0 = share_first(t);
-        for (int it = thread; it < SHARE_ROWS * ITEMS; it += PRODUCER_THREADS) {
-            const int r = it / ITEMS, k = it - r * ITEMS, row = rank * SHARE_ROWS + r;
-            const long long token = r0 + r;
-            const bool rotate = token < p.seqlen_k;  // rows past the keys are zeros (no table rows there)
-            const T* raw = keys + r * ROWE;
-            if (k >= ROT_ITEMS) {
-                const int ch = FIRST_PLAIN + (k - ROT_ITEMS);
-                scatter(key_tile, chunk_offset(row, ch), *reinterpret_cast<const U4*>(raw + ch * 8));
-            } else if constexpr (INTERLEAVED) {
-                U4 x = *reinterpret_cast<const U4*>(raw + k * 8);
-                if (rotate) rotate_pairs_chunk<true>(x, p, cos_rows, sin_rows, r, token, k * 4);
-                scatter(key_tile, chunk_offset(row, k), x);
-            } else {
-                const int kb = k + ROTARY_DIM / 16;
-                U4 xa = *reinterpret_cast<const U4*>(raw + k * 8), xb = *reinterpret_cast<const U4*>(raw + kb * 8);
-                if (rotate) rotate_halves_chunks<true>(xa, xb, p, cos_rows, sin_rows, r, token, k * 8);
-                scatter(key_tile, chunk_offset(row, k), xa);
-                scatter(key_tile, chunk_offset(row, kb), xb);
-            }
-        }
-        for (int it = thread; it < SHARE_ROWS * CHUNKS; it += PRODUCER_THREADS) {
-            const int r = it / CHUNKS, ch = it - r * CHUNKS;
-            scatter(value_tile, chunk_offset(rank * SHARE_ROWS + r, ch),
-                    *reinterpret_cast<const U4*>(values + r * ROWE + ch * 8));
-        }
-        // Writes by this proxy, read by the tensor cores' (async) proxy in every block.
-        asm volatile("fence.proxy.async;\n" ::: "memory");
-#pragma unroll
-        for (int r = 0; r < CLUSTER; ++r) barrier_arrive_cluster(pipe.in_block(pipe.full_of(t), r));
     }
 }
 
@@ -1983,11 +1970,12 @@ __device__ void forward_specialized(const AttentionKernelParams& p, char* smem) 
     static_assert(WARPS % 4 == 0 && PRODUCER_WARPS == 4 && M_TILES == 1 && !HAS_POS_MASK,
                   "consumer warpgroups of 16-row warps, one producer warpgroup, no pos_mask");
     static_assert(STAGES == 2 || STAGES == 3, "two or three tiles in shared memory");
-    static_assert(CLUSTER == 1 || TABLE_ASYNC || !ROTATE, "clusters stage their table rows");
+    static_assert(TABLE_ASYNC || !ROTATE, "the producers stage their table rows");
     const Buffers m = carve(smem);
     Pipeline pipe;
     pipe.smem = smem;
-    pipe.full = shared_address(smem + SMEM.barriers);
+    pipe.landed = shared_address(smem + SMEM.barriers);
+    pipe.full = pipe.landed + STAGES * 8;
     pipe.empty = pipe.full + STAGES * 8;
     const unsigned rank = CLUSTER > 1 ? cluster_rank() : 0u;
 #pragma unroll
@@ -1996,7 +1984,8 @@ __device__ void forward_specialized(const AttentionKernelParams& p, char* smem) 
 
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
-            barrier_init(pipe.full + s * 8, CLUSTER * PRODUCER_THREADS);
+            barrier_init(pipe.landed + s * 8, 1);
+            barrier_init(pipe.full + s * 8, PRODUCER_THREADS);
             barrier_init(pipe.empty + s * 8, CLUSTER * THREADS);
         }
         if constexpr (CLUSTER > 1) asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -2007,12 +1996,8 @@ __device__ void forward_specialized(const AttentionKernelParams& p, char* smem) 
     else __syncthreads();
 
     if (threadIdx.x >= THREADS) {
-        if constexpr (CLUSTER > 1) {
-            produce_shared(pipe, p, k_head, v_head, tiles, static_cast<int>(rank));
-            cluster_sync();  // no block exits while another may still arrive on its barriers
-        } else {
-            produce_local(pipe, p, k_head, v_head, tiles);
-        }
+        produce(pipe, p, b, h / GQA_GROUP, tiles, static_cast<int>(rank));
+        if constexpr (CLUSTER > 1) cluster_sync();  // no block exits while another may still use it
         return;
     }
 
@@ -2037,7 +2022,6 @@ __device__ void forward_specialized(const AttentionKernelParams& p, char* smem) 
         // A causal warpgroup whose rows all end before the tile skips it (it still releases
         // the buffer: every consumer arrives once per tile).
         if (!CAUSAL || n0 <= group_first + 63) {
-            if constexpr (CLUSTER > 1) fence_async_proxy();  // other blocks' writes, for the tensor cores
             unsigned qa[KSTEPS][4];
 #pragma unroll
             for (int kk = 0; kk < KSTEPS; ++kk) ldmatrix_x4(qa[kk], q_fragments + kk * 32);
@@ -2105,9 +2089,9 @@ __device__ void forward_specialized(const AttentionKernelParams& p, char* smem) 
 // Two blocks per multiprocessor for the FlashAttention-2 layout of the forward (up to 255
 // registers at 128 threads); no constraint otherwise.
 extern "C" __global__ void ROPE_JIT_CLUSTER_DIMS __launch_bounds__((WARPS + PRODUCER_WARPS) * 32, TENSOR_CORES && KIND == 0 && M_TILES == 2 && WARPS <= 4 ? 2 : 1)
-    attention_kernel(const AttentionKernelParams p) {
+    attention_kernel(const __grid_constant__ AttentionKernelParams p) {
     if constexpr (TENSOR_CORES) {
-        extern __shared__ __align__(16) char smem[];
+        extern __shared__ __align__(128) char smem[];  // TMA boxes land 128-byte aligned
         if constexpr (KIND == 0 && WGMMA && PRODUCER_WARPS > 0) tc::wg::forward_specialized(p, smem);
         else if constexpr (KIND == 0 && WGMMA) tc::wg::forward(p, smem);
         else if constexpr (KIND == 0) tc::forward(p, smem);

@@ -55,6 +55,11 @@ struct AttentionKernelParams {
     long long sequence_blocks;
     float scale;       // softmax scale
     float scale_log2;  // scale * log2(e): the kernels work in base 2
+
+    // The forward with producer warps: TMA descriptors (CUtensorMap) of k and v as [B, H, S, D]
+    // tensors, boxes of 8 features by block_n / cluster tokens.
+    alignas(64) unsigned char k_map[128];
+    alignas(64) unsigned char v_map[128];
 };
 
 // Byte offsets of the shared-memory buffers of one block of a tensor-core kernel (kind 0
@@ -78,7 +83,8 @@ struct AttentionSmemLayout {
     // dk/dv has a second row_a half where the next tile's lse lands), then unsigned char
     // positioned flags of the query and key rows.
     int row_a, row_b, q_flags, k_flags;
-    // The warp-specialized wgmma forward: 8-byte mbarriers, `stages` full then `stages` empty.
+    // The wgmma forward with producer warps: 8-byte mbarriers, `stages` each of landed, full
+    // and empty.
     int barriers;
     int bytes;
 };
@@ -98,13 +104,11 @@ ROPE_JIT_HOST_DEVICE constexpr int attention_take(int* at, int bytes) {
 // double-buffers values. The wgmma forward (sm_90) keeps `stages` key tiles (from k) and
 // value tiles (from v0), each in the tensor cores' core-matrix layout (unpadded rows of
 // head_dim_padded elements), and the table rows of the stages - 1 key tiles in flight; with
-// `producer` warps also the barriers of its tile buffers. In a `cluster` of more than one
-// block, a block stages its share of each tile (block_n / cluster rows of raw keys in k_stage,
-// raw values in v1, table rows) for `stages` tiles instead.
+// `producer` warps, table rows padded by 16 bytes and the barriers of the tile buffers.
 ROPE_JIT_HOST_DEVICE constexpr AttentionSmemLayout attention_smem_layout(int kind, int head_dim_padded, int warps,
                                                                         int m_tiles, int block_n, bool pos_mask,
                                                                         int table_row_bytes, bool wgmma, int stages,
-                                                                        bool producer, int cluster) {
+                                                                        bool producer) {
     AttentionSmemLayout l{};
     const int row_bytes = (head_dim_padded + 8) * 2;
     const int tile_row_bytes = wgmma ? head_dim_padded * 2 : row_bytes;  // rows of streamed tiles
@@ -122,19 +126,18 @@ ROPE_JIT_HOST_DEVICE constexpr AttentionSmemLayout attention_smem_layout(int kin
     l.dout1 = attention_take(cursor, kind == 2 ? queries * row_bytes : 0);
     l.k = attention_take(cursor, tiles * keys * tile_row_bytes);
     l.k_plain = attention_take(cursor, pos_mask ? keys * row_bytes : 0);
-    const bool shared_tiles = wgmma && cluster > 1;
-    const int share_rows = shared_tiles ? stages * (block_n / cluster) : 0;  // staged raw rows
-    l.k_stage = attention_take(cursor, kind == 1 ? keys * row_bytes : share_rows * row_bytes);
+    l.k_stage = attention_take(cursor, kind == 1 ? keys * row_bytes : 0);
     l.v0 = attention_take(cursor, tiles * keys * tile_row_bytes);
-    l.v1 = attention_take(cursor, kind == 1 ? keys * row_bytes : share_rows * row_bytes);
-    const int staged_rows = shared_tiles ? share_rows : (kind == 2 ? queries : keys) * (wgmma ? stages - 1 : 1);
-    l.cos_stage = attention_take(cursor, staged_rows * table_row_bytes);
-    l.sin_stage = attention_take(cursor, staged_rows * table_row_bytes);
+    l.v1 = attention_take(cursor, kind == 1 ? keys * row_bytes : 0);
+    const int staged_rows = (kind == 2 ? queries : keys) * (wgmma ? stages - 1 : 1);
+    const int table_pitch = producer && table_row_bytes > 0 ? table_row_bytes + 16 : table_row_bytes;
+    l.cos_stage = attention_take(cursor, staged_rows * table_pitch);
+    l.sin_stage = attention_take(cursor, staged_rows * table_pitch);
     l.row_a = attention_take(cursor, kind == 0 ? 0 : (kind == 2 ? 2 : 1) * queries * 4);  // the backward's
     l.row_b = attention_take(cursor, kind == 0 ? 0 : queries * 4);
     l.q_flags = attention_take(cursor, queries);
     l.k_flags = attention_take(cursor, keys);
-    l.barriers = attention_take(cursor, producer ? 2 * stages * 8 : 0);
+    l.barriers = attention_take(cursor, producer ? 3 * stages * 8 : 0);
     l.bytes = at;
     return l;
 }

@@ -162,7 +162,7 @@ int AttentionSpec::shared_bytes() const {
     if (!tensor_cores) return 0;
     const int table_row_bytes = rotary_dim > 0 && table_async ? table_columns(*this) * table_element_bytes(*this) : 0;
     return attention_smem_layout(kind, padded_head_dim(head_dim), warps, m_tiles, block_n, pos_mask != 0,
-                                 table_row_bytes, wgmma != 0, stages, producer_warps > 0, cluster)
+                                 table_row_bytes, wgmma != 0, stages, producer_warps > 0)
         .bytes;
 }
 
@@ -434,6 +434,7 @@ std::vector<AttentionSpec> choose_attention_specs(const AttentionProblem& p, con
             if (shape.block_n % 16 != 0 || shape.warps > 16 || (shape.m_tiles != 1 && !(shape.m_tiles == 2 && kind == AttentionKernelKind::Forward)))
                 continue;
             if (shape.wgmma && (!device.wgmma || wgmma_broken_rule(spec) != WgmmaRule::none)) continue;
+            if (shape.producer_warps > 0 && !device.tma) continue;
             if (spec.shared_bytes() <= device.max_shared_bytes) return spec;
         }
         return std::nullopt;

@@ -71,6 +71,7 @@ struct AttentionDevice {
     int compute_capability = 0;  // 90 for sm_90
     int max_shared_bytes = 0;    // dynamic shared memory a block may opt in to
     bool wgmma = false;          // the wgmma forward runs: sm_90 and nvrtc_runs_wgmma_forward()
+    bool tma = false;            // and the driver encodes TMA descriptors (producer-warp forwards)
 };
 
 // The kernels that run `problem` (its forward, or its backward: dq first, then dk/dv, possibly

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 
 #include <fmt/format.h>
 
@@ -17,6 +18,33 @@ namespace {
 constexpr const char* kAttentionTemplate = "attention.cu";
 constexpr const char* kAttentionEntry = "attention_kernel";
 
+// Encodes into `map` the TMA descriptor of a [B, H, S, D] tensor of 16-bit elements whose
+// boxes are 8 features by `rows` tokens (the producer-warp forward's copies). The choice of
+// kernels made sure of what TMA needs (16-byte aligned data, strides of whole 16 bytes); a
+// dimension of one element gets a packed stride, since its stride is never used.
+void encode_box_map(const CudaDriverApi& api, unsigned char (&map)[128], const TensorRef& t, int rows,
+                    const char* name) {
+    static_assert(sizeof(CUtensorMap) == 128 && alignof(CUtensorMap) == 64, "the driver's CUtensorMap");
+    const unsigned long long dims[4] = {(unsigned long long)t.shape[3], (unsigned long long)t.shape[2],
+                                        (unsigned long long)t.shape[1], (unsigned long long)t.shape[0]};
+    unsigned long long strides[3];
+    unsigned long long packed = (dims[0] * 2 + 15) / 16 * 16;  // bytes of one token, rounded
+    for (int d = 0; d < 3; ++d) {
+        const int axis = 2 - d;  // S, then H, then B
+        strides[d] = t.shape[axis] > 1 ? (unsigned long long)t.strides[axis] * 2 : packed;
+        packed = strides[d] * dims[d + 1];
+    }
+    const unsigned box[4] = {8, unsigned(rows), 1, 1};
+    const unsigned element_strides[4] = {1, 1, 1, 1};
+    CUtensorMap encoded;
+    const CUresult result = api.cuTensorMapEncodeTiled(
+        &encoded, CU_TENSOR_MAP_DATA_TYPE_UINT16, 4, t.data, dims, strides, box, element_strides,
+        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (result != CUDA_SUCCESS) throw_cuda_error(result, fmt::format("cuTensorMapEncodeTiled({})", name).c_str());
+    std::memcpy(map, &encoded, sizeof encoded);
+}
+
 }  // namespace
 
 bool nvrtc_runs_wgmma_forward(const std::string& nvrtc_version) {
@@ -28,6 +56,8 @@ AttentionDevice attention_device(int compute_capability, int max_shared_bytes) {
     device.compute_capability = compute_capability;
     device.max_shared_bytes = max_shared_bytes;
     device.wgmma = compute_capability == 90 && nvrtc_runs_wgmma_forward(nvrtc_version_string());
+    const CudaDriverApi* api = cuda_driver_api();
+    device.tma = device.wgmma && api != nullptr && api->cuTensorMapEncodeTiled != nullptr;
     return device;
 }
 
@@ -159,6 +189,10 @@ void CudaAttention::run(const AttentionProblem& p, void* stream_handle) {
         if (blocks > int64_t(0x7fffffff))
             throw Error(ROPE_JIT_ERROR_UNSUPPORTED,
                         fmt::format("q: {} blocks exceed one launch's grid ({})", blocks, spec.describe()));
+        if (spec.producer_warps > 0) {
+            encode_box_map(api_, params.k_map, p.k, spec.block_n / spec.cluster, "k");
+            encode_box_map(api_, params.v_map, p.v, spec.block_n / spec.cluster, "v");
+        }
         const LoadedKernel kernel = kernel_for(spec, launch.context, ordinal);
         void* kernel_args[] = {&params};
         check_cu(api_.cuLaunchKernel(kernel.function, unsigned(blocks), 1, 1, unsigned(spec.threads()), 1, 1,

@@ -95,6 +95,11 @@ bool load_driver(const std::string& library, CudaDriverApi& api, std::string& er
     }
     ROPE_JIT_CUDA_SYMBOLS(ROPE_JIT_CUDA_RESOLVE_)
 #undef ROPE_JIT_CUDA_RESOLVE_
+    {
+        void* function = nullptr;
+        if (get("cuTensorMapEncodeTiled", &function).empty())
+            resolved.cuTensorMapEncodeTiled = reinterpret_cast<CuTensorMapEncodeTiled>(function);
+    }
 
     const CUresult init = resolved.cuInit(0);
     if (init != CUDA_SUCCESS) {

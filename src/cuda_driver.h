@@ -133,10 +133,28 @@ constexpr int ROPE_JIT_CUDA_ABI_VERSION = 12000;
     X(cuEventElapsedTime, "cuEventElapsedTime", (float* ms, CUevent start, CUevent end))           \
     X(cuEventDestroy, "cuEventDestroy", (CUevent event))
 
+// A TMA descriptor (cuda.h: CUtensorMap) and the cuTensorMapEncodeTiled arguments the
+// attention forward uses (CUtensorMapDataType, ...Interleave, ...Swizzle, ...L2promotion,
+// ...FloatOOBfill).
+struct alignas(64) CUtensorMap {
+    unsigned long long opaque[16];
+};
+constexpr int CU_TENSOR_MAP_DATA_TYPE_UINT16 = 1;
+constexpr int CU_TENSOR_MAP_INTERLEAVE_NONE = 0;
+constexpr int CU_TENSOR_MAP_SWIZZLE_NONE = 0;
+constexpr int CU_TENSOR_MAP_L2_PROMOTION_L2_256B = 3;
+constexpr int CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE = 0;  // out-of-bounds elements read as zero
+using CuTensorMapEncodeTiled = CUresult (*)(CUtensorMap* map, int data_type, unsigned rank, void* address,
+                                            const unsigned long long* dims, const unsigned long long* strides,
+                                            const unsigned* box, const unsigned* element_strides, int interleave,
+                                            int swizzle, int l2_promotion, int oob_fill);
+
 struct CudaDriverApi {
 #define ROPE_JIT_CUDA_FIELD_(field, query, params) CUresult(*field) params = nullptr;
     ROPE_JIT_CUDA_SYMBOLS(ROPE_JIT_CUDA_FIELD_)
 #undef ROPE_JIT_CUDA_FIELD_
+    // CUDA 12.0 and later; nullptr on an older driver (no TMA kernels then).
+    CuTensorMapEncodeTiled cuTensorMapEncodeTiled = nullptr;
 };
 
 // The loaded and initialized driver, or nullptr when there is none, it lacks an entry point

@@ -176,7 +176,7 @@ namespace {
 
 // The kernels chosen for a problem built from `c` on an H100/H200-like device (or `device`).
 std::vector<AttentionSpec> chosen(const attention_test::Config& c, bool backward,
-                                  AttentionDevice device = AttentionDevice{90, 232448, true}) {
+                                  AttentionDevice device = AttentionDevice{90, 232448, true, true}) {
     std::mt19937 rng(1);
     attention_test::Problem p(c, rng);
     const rope_jit_attention_args args = p.args();
