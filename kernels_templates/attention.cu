@@ -1905,18 +1905,42 @@ template <int D = DTYPE>
 __device__ void produce(const Pipeline& pipe, const AttentionKernelParams& p, long long b, long long hk, int tiles,
                         int rank) {
     const int thread = static_cast<int>(threadIdx.x) - THREADS;
+    // The 2 * CHUNKS boxes of a tile (keys, then values) go to lanes 0-7 of each producer warp:
+    // a warp issues its lanes' copies one after another.
+    const int box = (thread & 31) < 8 ? (thread >> 5) * 8 + (thread & 31) : 2 * CHUNKS;
+    // The table chunks this thread copies for every tile: rows table_row + i * TABLE_ROW_STEP,
+    // chunk table_chunk; their byte offsets in the tables computed once.
+    // (Threads past the last whole row of chunks repeat a few copies: harmless.)
+    constexpr int TABLE_ROW_STEP = TABLE_CHUNKS > 0 ? PRODUCER_THREADS / TABLE_CHUNKS : 1;
+    constexpr int TABLE_COPIES = (BLOCK_N + TABLE_ROW_STEP - 1) / TABLE_ROW_STEP;
+    const int table_chunk = thread % (TABLE_CHUNKS > 0 ? TABLE_CHUNKS : 1);
+    const int table_row = (thread / (TABLE_CHUNKS > 0 ? TABLE_CHUNKS : 1)) % TABLE_ROW_STEP;
+    const long long cos_row_bytes = p.cos_stride[0] * TBYTES, sin_row_bytes = p.sin_stride[0] * TBYTES;
     auto issue = [&](int t) {
         const int first = t * BLOCK_N + rank * SHARE_ROWS;
         if (thread == 0) barrier_arrive_expect(pipe.landed_of(t), 2 * Pipeline::TILE_BYTES);
-        if (thread < 2 * CHUNKS) {
-            const bool value = thread >= CHUNKS;
-            const int chunk = value ? thread - CHUNKS : thread;
+        if (box < 2 * CHUNKS) {
+            const bool value = box >= CHUNKS;
+            const int chunk = value ? box - CHUNKS : box;
             char* tile = value ? pipe.value_tile(t) : pipe.key_tile(t);
             copy_box(shared_address(tile + chunk_offset(rank * SHARE_ROWS, chunk)), value ? p.v_map : p.k_map,
                      chunk * 8, first, static_cast<int>(hk), static_cast<int>(b), pipe.landed_of(t));
         }
-        issue_table_rows<BLOCK_N, PRODUCER_THREADS, TABLE_PITCH>(pipe.cos_rows(t), pipe.sin_rows(t), p,
-                                                                 static_cast<long long>(t) * BLOCK_N, p.seqlen_k, thread);
+        if constexpr (ROTATE) {
+            const long long n0 = static_cast<long long>(t) * BLOCK_N;
+            const char* cos_src = static_cast<const char*>(p.cos) + n0 * cos_row_bytes + table_chunk * 16;
+            const char* sin_src = static_cast<const char*>(p.sin) + n0 * sin_row_bytes + table_chunk * 16;
+            char* cos_dst = pipe.cos_rows(t) + table_chunk * 16;
+            char* sin_dst = pipe.sin_rows(t) + table_chunk * 16;
+#pragma unroll
+            for (int i = 0; i < TABLE_COPIES; ++i) {
+                const int r = table_row + i * TABLE_ROW_STEP;
+                if (r >= BLOCK_N) break;
+                const bool ok = n0 + r < p.seqlen_k;
+                cp_async16(cos_dst + r * TABLE_PITCH, ok ? cos_src + r * cos_row_bytes : static_cast<const char*>(p.cos), ok);
+                cp_async16(sin_dst + r * TABLE_PITCH, ok ? sin_src + r * sin_row_bytes : static_cast<const char*>(p.sin), ok);
+            }
+        }
     };
 #pragma unroll
     for (int t = 0; t < STAGES - 1; ++t) {

@@ -79,10 +79,11 @@ WgmmaRule wgmma_broken_rule(const AttentionSpec& s) {
     if ((s.warps != 4 && s.warps != 8 && s.warps != 12) || s.m_tiles != 1) return WgmmaRule::warps;
     if (s.pos_mask) return WgmmaRule::pos_mask;
     if (s.stages != 2 && s.stages != 3) return WgmmaRule::stages;
-    if (s.producer_warps != 0 && s.producer_warps != 4) return WgmmaRule::producer;
-    if (s.cluster != 1 &&
-        (s.producer_warps == 0 || (s.cluster != 2 && s.cluster != 4) || s.gqa_group % s.cluster != 0 ||
-         (s.block_n / s.cluster) % 8 != 0 || (s.rotary_dim > 0 && !s.table_async)))
+    // Producers stage table rows with cp.async, so the tables must allow it.
+    if ((s.producer_warps != 0 && s.producer_warps != 4) || (s.producer_warps > 0 && s.rotary_dim > 0 && !s.table_async))
+        return WgmmaRule::producer;
+    if (s.cluster != 1 && (s.producer_warps == 0 || (s.cluster != 2 && s.cluster != 4) ||
+                           s.gqa_group % s.cluster != 0 || (s.block_n / s.cluster) % 8 != 0))
         return WgmmaRule::cluster;
     return WgmmaRule::none;
 }
@@ -214,12 +215,12 @@ void AttentionSpec::validate() const {
             case WgmmaRule::stages:
                 fail_argument(fmt::format("attention kernel spec: wgmma kernels hold 2 or 3 tiles, got {}", stages));
             case WgmmaRule::producer:
-                fail_argument(fmt::format("attention kernel spec: wgmma kernels take 0 or 4 producer warps, got {}",
+                fail_argument(fmt::format("attention kernel spec: wgmma kernels take 0 or 4 producer warps (with "
+                                          "staged tables), got {}",
                                           producer_warps));
             case WgmmaRule::cluster:
                 fail_argument(fmt::format("attention kernel spec: clusters of {} blocks need producer warps, 2 or 4 "
-                                          "blocks dividing the GQA group ({}), 8-row shares of the {}-key tile and "
-                                          "staged tables",
+                                          "blocks dividing the GQA group ({}) and 8-row shares of the {}-key tile",
                                           cluster, gqa_group, block_n));
         }
     } else {
@@ -447,15 +448,16 @@ std::vector<AttentionSpec> choose_attention_specs(const AttentionProblem& p, con
     std::vector<TileShape> forward_shapes = query_side;
     if (dp <= 128 && !base.pos_mask)
         forward_shapes.insert(forward_shapes.begin(), {TileShape{8, 64, 2}, TileShape{4, 64, 2}});
-    // On sm_90 the forward runs on warpgroup matrix products: three warpgroups of 64 query
-    // rows (each key tile, its rotation and its table rows serve 192 queries), 64-key tiles,
-    // three of them in shared memory where they fit; then smaller blocks. (Two tiles measured
-    // as fast, 162.6 against 160.8 TFLOP/s at the headline shape; three is the default the
-    // GPU suite ran.)
+    // On sm_90 the forward runs on warpgroup matrix products. First two warpgroups of 64 query
+    // rows fed by a producer warpgroup (TMA keys and values, staged tables; 202 against 164
+    // TFLOP/s at the headline shape, bench/results/attention_h200.json), three 64-key tiles in
+    // shared memory; where TMA or staged tables are not there, three warpgroups that load their
+    // own tiles (each key tile, its rotation and its table rows serve 192 queries); then
+    // smaller blocks.
     if (device.wgmma)
         forward_shapes.insert(forward_shapes.begin(),
-                              {TileShape{12, 64, 1, true, 3}, TileShape{12, 64, 1, true, 2}, TileShape{8, 128, 1, true, 2},
-                               TileShape{8, 64, 1, true, 2}});
+                              {TileShape{8, 64, 1, true, 3, 4}, TileShape{12, 64, 1, true, 3},
+                               TileShape{12, 64, 1, true, 2}, TileShape{8, 128, 1, true, 2}, TileShape{8, 64, 1, true, 2}});
     const std::vector<TileShape> key_side = dp <= 64    ? std::vector<TileShape>{{8, 64}, {4, 64}, {4, 32}}
                                             : dp <= 128 ? std::vector<TileShape>{{8, 64}, {8, 32}, {4, 32}, {4, 16}}
                                                         : std::vector<TileShape>{{4, 32}, {4, 16}};

@@ -208,13 +208,23 @@ TEST_CASE("aligned 16-bit problems run on tensor cores, in one kernel forward an
     CHECK(forward[0].gqa_group == 4);
     CHECK(forward[0].causal == 1);
     CHECK(forward[0].write_lse == 1);
-    // sm_90: three warpgroups on warpgroup matrix products, three 64-key tiles in flight;
+    // sm_90 with TMA: two warpgroups on warpgroup matrix products fed by a producer warpgroup,
+    // three 64-key tiles in flight; without TMA three warpgroups loading their own tiles;
     // sm_80: two 16-row tiles per warp.
     CHECK(forward[0].wgmma == 1);
     CHECK(forward[0].block_n == 64);
-    CHECK(forward[0].warps == 12);
+    CHECK(forward[0].warps == 8);
+    CHECK(forward[0].producer_warps == 4);
+    CHECK(forward[0].cluster == 1);
     CHECK(forward[0].stages == 3);
     CHECK(forward[0].shared_bytes() <= 232448);
+    const AttentionSpec no_tma = chosen(c, false, AttentionDevice{90, 232448, true, false})[0];
+    CHECK((no_tma.wgmma == 1 && no_tma.warps == 12 && no_tma.producer_warps == 0 && no_tma.stages == 3));
+    attention_test::Config unstaged = c;
+    unstaged.table_dt = attention_test::Dt::BF16;
+    unstaged.R = 8;  // 4 bf16 columns: 8-byte table rows, not staged
+    unstaged.interleaved = true;
+    CHECK(chosen(unstaged, false)[0].producer_warps == 0);
     const AttentionSpec ampere = chosen(c, false, AttentionDevice{80, 166912})[0];
     CHECK(ampere.wgmma == 0);
     CHECK(ampere.m_tiles == 2);
@@ -294,7 +304,7 @@ TEST_CASE("the CUDA-core kernels take what tensor cores cannot") {
     SUBCASE("the override's wgmma shapes: 4, 8 or 12 warps, the third number is the stages") {
         EnvGuard env;
         env.set("ROPE_JIT_ATTENTION_KERNELS", "fwd=w16x64");
-        CHECK(chosen(c, false)[0].warps == 12);  // 16 warps refused: the default
+        CHECK(chosen(c, false)[0].warps == 8);  // 16 warps refused: the default (8 + 4 producer warps)
         env.set("ROPE_JIT_ATTENTION_KERNELS", "fwd=w8x64x3");
         const AttentionSpec spec = chosen(c, false)[0];
         CHECK((spec.wgmma == 1 && spec.warps == 8 && spec.block_n == 64 && spec.stages == 3));
@@ -320,8 +330,8 @@ TEST_CASE("the CUDA-core kernels take what tensor cores cannot") {
         for (const char* junk : {"fwd=c2x8", "fwd=cx8x64", "fwd=p8x64x3x1", "fwd=w8xx64", "fwd=c0x8x64", "dq=c2x8x64"}) {
             CAPTURE(junk);
             env.set("ROPE_JIT_ATTENTION_KERNELS", junk);
+            CHECK(chosen(c, false)[0] == chosen(c, false, AttentionDevice{90, 232448, true, true})[0]);  // the default
             CHECK(chosen(c, false)[0].cluster == 1);
-            CHECK(chosen(c, false)[0].producer_warps == 0);
         }
     }
     SUBCASE("an NVRTC the wgmma forward was not validated with keeps sm_90 on mma.sync") {
@@ -462,6 +472,8 @@ TEST_CASE("attention specs render their constants, JSON and description, and com
     CHECK_THROWS_AS(mma_stages.validate(), Error);
     AttentionSpec producer = w;
     producer.producer_warps = 4;
+    CHECK_THROWS_AS(producer.validate(), Error);  // the producers stage table rows: staged tables only
+    producer.table_async = 1;
     CHECK_NOTHROW(producer.validate());
     CHECK(producer.threads() == 384);
     CHECK(producer.preamble().find("constexpr int PRODUCER_WARPS = 4;") != std::string::npos);
@@ -476,7 +488,7 @@ TEST_CASE("attention specs render their constants, JSON and description, and com
     clustered.table_async = 1;
     clustered.cluster = 4;
     CHECK_NOTHROW(clustered.validate());
-    CHECK(clustered.shared_bytes() != producer.shared_bytes());
+    CHECK(clustered.shared_bytes() == producer.shared_bytes());  // the same buffers, filled by several blocks
     AttentionSpec bad_cluster = clustered;
     bad_cluster.gqa_group = 2;  // four blocks, two GQA groups
     CHECK_THROWS_AS(bad_cluster.validate(), Error);
