@@ -640,24 +640,21 @@ __device__ __forceinline__ void zero(float (&acc)[NT][4]) {
 
 // Starts copying rows [row0, row0 + ROWS) of one head (`base` at its token 0, token stride
 // `stride`) into shared rows; rows at or past `valid` and features past HEAD_DIM read as 0.
-// LOADERS threads share the copies, this one being `thread` of them.
-template <int ROWS, int LOADERS = THREADS>
-__device__ __forceinline__ void issue_rows(T* dst, const T* base, long long stride, long long row0, long long valid,
-                                           int thread = threadIdx.x) {
-    for (int c = thread; c < ROWS * CHUNKS; c += LOADERS) {
+template <int ROWS>
+__device__ __forceinline__ void issue_rows(T* dst, const T* base, long long stride, long long row0, long long valid) {
+    for (int c = threadIdx.x; c < ROWS * CHUNKS; c += THREADS) {
         const int r = c / CHUNKS, ch = c - r * CHUNKS;
         const bool ok = row0 + r < valid && ch < DCHUNKS;
         cp_async16(dst + r * ROWE + ch * 8, ok ? base + (row0 + r) * stride + ch * 8 : base, ok);
     }
 }
 
-// Starts copying the cos/sin row bytes of tokens [row0, row0 + ROWS) (zero past `valid`) into
-// rows PITCH bytes apart, LOADERS threads sharing the copies.
-template <int ROWS, int LOADERS = THREADS, int PITCH = TABLE_ROW_BYTES>
+// Starts copying the cos/sin row bytes of tokens [row0, row0 + ROWS) (zero past `valid`).
+template <int ROWS>
 __device__ __forceinline__ void issue_table_rows(char* cos_dst, char* sin_dst, const AttentionKernelParams& p,
-                                                 long long row0, long long valid, int thread = threadIdx.x) {
+                                                 long long row0, long long valid) {
     if constexpr (ROTATE && TABLE_ASYNC) {
-        for (int c = thread; c < 2 * ROWS * TABLE_CHUNKS; c += LOADERS) {
+        for (int c = threadIdx.x; c < 2 * ROWS * TABLE_CHUNKS; c += THREADS) {
             const bool is_sin = c >= ROWS * TABLE_CHUNKS;
             const int rc = is_sin ? c - ROWS * TABLE_CHUNKS : c;
             const int r = rc / TABLE_CHUNKS, ch = rc - r * TABLE_CHUNKS;
@@ -665,7 +662,7 @@ __device__ __forceinline__ void issue_table_rows(char* cos_dst, char* sin_dst, c
             const char* table = static_cast<const char*>(is_sin ? p.sin : p.cos);
             const long long stride = is_sin ? p.sin_stride[0] : p.cos_stride[0];
             const char* src = ok ? table + (row0 + r) * stride * TBYTES + ch * 16 : table;
-            cp_async16((is_sin ? sin_dst : cos_dst) + r * PITCH + ch * 16, src, ok);
+            cp_async16((is_sin ? sin_dst : cos_dst) + r * TABLE_ROW_BYTES + ch * 16, src, ok);
         }
     }
 }

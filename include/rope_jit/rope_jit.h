@@ -472,7 +472,9 @@ ROPE_JIT_API rope_jit_status rope_jit_get_stats(const rope_jit_runtime* runtime,
  * stride; rotated q/k and the softmax probabilities are rounded to the input dtype before their
  * matrix products, as FlashAttention does; on sm_90, with an NVRTC of CUDA 13 or newer, the
  * forward at head_dim 56-64 or 120-128 without pos_mask uses warpgroup matrix products,
- * compiled for sm_90a); float32 and every other case run on the CUDA cores
+ * compiled for sm_90a, with keys and values brought in by the tensor memory accelerator when
+ * the driver offers it (CUDA 12 or newer) and the cos/sin rows are 16-byte aligned whole
+ * 16-byte pieces); float32 and every other case run on the CUDA cores
  * in float32 (head_dim up to 512; sequences below 2^31 tokens). The CPU backend computes in
  * float64 and rounds the results once. The backward is deterministic on both backends.
  *
