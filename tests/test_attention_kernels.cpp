@@ -489,19 +489,16 @@ TEST_CASE("attention specs render their constants, JSON and description, and com
     clustered.cluster = 4;
     CHECK_NOTHROW(clustered.validate());
     CHECK(clustered.shared_bytes() == producer.shared_bytes());  // the same buffers, filled by several blocks
-    AttentionSpec bad_cluster = clustered;
-    bad_cluster.gqa_group = 2;  // four blocks, two GQA groups
-    CHECK_THROWS_AS(bad_cluster.validate(), Error);
-    bad_cluster = clustered;
-    bad_cluster.producer_warps = 0;
-    CHECK_THROWS_AS(bad_cluster.validate(), Error);
-    bad_cluster = clustered;
-    bad_cluster.table_async = 0;
-    CHECK_THROWS_AS(bad_cluster.validate(), Error);
-    bad_cluster = clustered;
-    bad_cluster.cluster = 8;
-    bad_cluster.gqa_group = 8;
-    CHECK_THROWS_AS(bad_cluster.validate(), Error);
+    // Each rule of clusters broken alone: four blocks over two GQA groups, no producer warps,
+    // unstaged tables, eight blocks.
+    for (void (*broken)(AttentionSpec&) : {+[](AttentionSpec& s) { s.gqa_group = 2; },
+                                           +[](AttentionSpec& s) { s.producer_warps = 0; },
+                                           +[](AttentionSpec& s) { s.table_async = 0; },
+                                           +[](AttentionSpec& s) { s.cluster = s.gqa_group = 8; }}) {
+        AttentionSpec bad_cluster = clustered;
+        broken(bad_cluster);
+        CHECK_THROWS_AS(bad_cluster.validate(), Error);
+    }
     AttentionSpec mma_cluster = a;
     mma_cluster.cluster = 2;
     CHECK_THROWS_AS(mma_cluster.validate(), Error);
