@@ -1783,6 +1783,9 @@ __device__ void forward(const AttentionKernelParams& p, char* smem) {
 constexpr int PRODUCER_THREADS = PRODUCER_WARPS * 32;
 constexpr int SHARE_ROWS = BLOCK_N / CLUSTER;      // key rows of a tile each block copies
 constexpr int TABLE_PITCH = TABLE_ROW_BYTES + 16;  // staged table rows, padded: no bank conflicts
+// TMA boxes land 128-byte aligned: tile buffers at multiples of 128 bytes (chunk_offset of
+// 8-row multiples is too).
+static_assert(PRODUCER_WARPS == 0 || (SMEM.k % 128 == 0 && SMEM.v0 % 128 == 0), "TMA destinations 128-byte aligned");
 static_assert(CLUSTER == 1 || (PRODUCER_WARPS > 0 && SHARE_ROWS % 8 == 0 && GQA_GROUP % CLUSTER == 0),
               "clusters of producer blocks over whole 8-row shares of a GQA group");
 
@@ -1897,7 +1900,8 @@ struct Pipeline {
 // keys and values by TMA, the table rows of all its keys by cp.async (one copy group per
 // tile, empty past the last). Once they landed the keys are rotated in place and the tile
 // signalled. Tile t + STAGES - 1 takes the buffers of tile t - 1 and the table stage of tile t,
-// issued after tile t is signalled: the rotation never waits for the consumers.
+// issued after tile t is signalled: tile t is rotated before the producers wait for the
+// consumers to release tile t - 1.
 template <int D = DTYPE>
 __device__ void produce(const Pipeline& pipe, const AttentionKernelParams& p, long long b, long long hk, int tiles,
                         int rank) {
@@ -2009,7 +2013,9 @@ __device__ void forward_specialized(const AttentionKernelParams& p, char* smem) 
             barrier_init(pipe.full + s * 8, PRODUCER_THREADS);
             barrier_init(pipe.empty + s * 8, CLUSTER * THREADS);
         }
-        if constexpr (CLUSTER > 1) asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        // The initialized barriers, visible to the TMA unit (async proxy) and, in a cluster, to
+        // the other blocks.
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     // The last barrier of the whole block (cluster): producers and consumers part here, and
     // no block writes into another before that one's barriers exist.

@@ -46,6 +46,17 @@ bool vector_friendly(const TensorRef& t) {
     return reinterpret_cast<uintptr_t>(t.data) % 16 == 0;
 }
 
+// Whether TMA can copy boxes of a [B, H, S, D] view that vector_friendly() accepts: data there
+// and tokens in it, and every stride of a dimension longer than one positive and below the
+// 2^40 bytes a tensor map takes (a negative or zero stride, as of an expanded or flipped
+// view, is not).
+bool tma_friendly(const TensorRef& t) {
+    if (t.data == nullptr || t.shape[2] == 0) return false;
+    for (int d = 0; d < 3; ++d)
+        if (t.shape[d] > 1 && (t.strides[d] <= 0 || t.strides[d] >= (int64_t(1) << 39))) return false;
+    return true;
+}
+
 // Whether a table's rows can be staged with 16-byte cp.async copies of `columns` columns.
 bool table_stageable(const TensorRef& t, int columns) {
     const int64_t bytes = int64_t(dtype_size(t.dtype));
@@ -66,8 +77,9 @@ struct TileShape {
 // The rules of the wgmma forward: a forward with head_dim padded to 64 or 128 (56-64,
 // 120-128), 64- or 128-key tiles, one to three warpgroups of 16-row warps (four or more
 // spill), no pos_mask, 2 or 3 tiles in shared memory, no producer warps or one warpgroup of
-// them; clusters of 2 or 4 blocks only with producer warps, within a GQA group, over shares
-// of whole 8-row units, with staged tables. The first one broken, or none. No text here: the
+// them (with staged tables, three warpgroups in all at most); clusters of 2 or 4 blocks only
+// with producer warps, within a GQA group, over shares of whole 8-row units. The first one
+// broken, or none. No text here: the
 // kernel choice asks on every launch.
 enum class WgmmaRule { none, forward, head_dim, key_tile, warps, pos_mask, stages, producer, cluster };
 
@@ -79,8 +91,10 @@ WgmmaRule wgmma_broken_rule(const AttentionSpec& s) {
     if ((s.warps != 4 && s.warps != 8 && s.warps != 12) || s.m_tiles != 1) return WgmmaRule::warps;
     if (s.pos_mask) return WgmmaRule::pos_mask;
     if (s.stages != 2 && s.stages != 3) return WgmmaRule::stages;
-    // Producers stage table rows with cp.async, so the tables must allow it.
-    if ((s.producer_warps != 0 && s.producer_warps != 4) || (s.producer_warps > 0 && s.rotary_dim > 0 && !s.table_async))
+    // Producers stage table rows with cp.async, so the tables must allow it; the block takes at
+    // most three warpgroups (a fourth leaves the consumers too few registers).
+    if ((s.producer_warps != 0 && s.producer_warps != 4) ||
+        (s.producer_warps > 0 && ((s.rotary_dim > 0 && !s.table_async) || s.warps + s.producer_warps > 12)))
         return WgmmaRule::producer;
     if (s.cluster != 1 && (s.producer_warps == 0 || (s.cluster != 2 && s.cluster != 4) ||
                            s.gqa_group % s.cluster != 0 || (s.block_n / s.cluster) % 8 != 0))
@@ -216,8 +230,8 @@ void AttentionSpec::validate() const {
                 fail_argument(fmt::format("attention kernel spec: wgmma kernels hold 2 or 3 tiles, got {}", stages));
             case WgmmaRule::producer:
                 fail_argument(fmt::format("attention kernel spec: wgmma kernels take 0 or 4 producer warps (with "
-                                          "staged tables), got {}",
-                                          producer_warps));
+                                          "staged tables and at most 8 other warps), got {} beside {}",
+                                          producer_warps, warps));
             case WgmmaRule::cluster:
                 fail_argument(fmt::format("attention kernel spec: clusters of {} blocks need producer warps, 2 or 4 "
                                           "blocks dividing the GQA group ({}) and 8-row shares of the {}-key tile",
@@ -435,7 +449,7 @@ std::vector<AttentionSpec> choose_attention_specs(const AttentionProblem& p, con
             if (shape.block_n % 16 != 0 || shape.warps > 16 || (shape.m_tiles != 1 && !(shape.m_tiles == 2 && kind == AttentionKernelKind::Forward)))
                 continue;
             if (shape.wgmma && (!device.wgmma || wgmma_broken_rule(spec) != WgmmaRule::none)) continue;
-            if (shape.producer_warps > 0 && !device.tma) continue;
+            if (shape.producer_warps > 0 && !(device.tma && tma_friendly(p.k) && tma_friendly(p.v))) continue;
             if (spec.shared_bytes() <= device.max_shared_bytes) return spec;
         }
         return std::nullopt;

@@ -320,6 +320,12 @@ TEST_CASE("the CUDA-core kernels take what tensor cores cannot") {
         CHECK((spec.wgmma == 1 && spec.warps == 8 && spec.producer_warps == 4 && spec.cluster == 4 && spec.stages == 3));
         CHECK(spec.describe().find("+4 producer warps cluster4") != std::string::npos);
         CHECK(spec.preamble().find("__cluster_dims__(4, 1, 1)") != std::string::npos);
+        env.set("ROPE_JIT_ATTENTION_KERNELS", "fwd=p12x64x3");  // four warpgroups: refused, the default
+        CHECK((chosen(c, false)[0].warps == 8 && chosen(c, false)[0].producer_warps == 4));
+        attention_test::Config no_keys = c;
+        no_keys.Sk = 0;  // nothing for TMA to describe: the kernel without producers
+        CHECK(chosen(no_keys, false)[0].producer_warps == 0);
+        env.set("ROPE_JIT_ATTENTION_KERNELS", "fwd=c4x8x64x3");
         c.Hq = c.Hk * 2;  // GQA 2: four blocks would span two groups
         CHECK(chosen(c, false)[0].cluster == 1);
         env.set("ROPE_JIT_ATTENTION_KERNELS", "fwd=c2x8x64");
