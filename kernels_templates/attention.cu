@@ -1657,9 +1657,61 @@ __device__ __forceinline__ void fence_registers(unsigned (&r)[N][4]) {
         asm volatile("" : "+r"(r[i][0]), "+r"(r[i][1]), "+r"(r[i][2]), "+r"(r[i][3])::"memory");
 }
 
+// One key tile for a warp's 16 query rows (first row row_first) of a warpgroup whose first row
+// is group_first: S = Q K^T on the tensor cores (Q reloaded from shared memory as A fragments,
+// the rotated keys in key_tile), the masks and the online softmax, then O += P V (values in
+// value_tile) issued with P in `pa`. The caller waits for that product (wgmma wait) before it
+// reads `o` or lets go of `pa`, so it may overlap other work with it. Both wgmma forwards run
+// their tiles through here.
+template <int PSTEPS, int D = DTYPE>
+__device__ __forceinline__ void attend_tile(float (&o)[DTILES][4], unsigned (&pa)[PSTEPS][4],
+                                            float (&row_max)[2], float (&row_sum)[2], unsigned q_fragments,
+                                            const char* key_tile, const char* value_tile,
+                                            const AttentionKernelParams& p, long long b, long long row_first,
+                                            long long group_first, long long n0, int lane) {
+    constexpr int NT = BLOCK_N / 8;
+    static_assert(PSTEPS == NT / 2, "P fragments: one per 16 keys of the tile");
+    unsigned qa[KSTEPS][4];
+#pragma unroll
+    for (int kk = 0; kk < KSTEPS; ++kk) ldmatrix_x4(qa[kk], q_fragments + kk * 32);
+    float s[NT][4];
+    zero(s);
+    fence_registers(s);
+    __syncwarp();  // wgmma instructions are warp-aligned: every lane at the same one
+    fence_operands();
+    const unsigned k_address = shared_address(key_tile);
+#pragma unroll
+    for (int kk = 0; kk < KSTEPS; ++kk) wgmma<BLOCK_N, 0>(s, qa[kk], descriptor(k_address + kk * K_STEP, K_LEADING, K_STRIDE));
+    commit();
+    wait_all();
+    fence_registers(s);
+    fence_registers(qa);
+
+    // Tiles inside the sequence and below the diagonal need no mask: the softmax then applies
+    // the scale itself, in the exponent's multiply-add. The choice is the same for the whole
+    // warpgroup (its first row decides), whose warps must meet at the same wgmma.
+    const bool check_bounds = n0 + BLOCK_N > p.seqlen_k;
+    const bool check_causal = CAUSAL && n0 + BLOCK_N - 1 > group_first;
+    float scale = p.scale_log2;
+    if (check_bounds || check_causal || MASK_KIND != 0 || !(scale > 0.f)) {
+        scale_and_mask<NT, false>(s, p, b, row_first, n0, check_bounds, check_causal, lane);
+        scale = 1.f;
+    }
+    online_softmax<NT>(s, row_max, row_sum, o, scale);
+    to_a_fragments<NT>(pa, s);
+
+    fence_registers(o);
+    fence_registers(pa);
+    __syncwarp();
+    fence_operands();
+    const unsigned v_address = shared_address(value_tile);
+#pragma unroll
+    for (int kk = 0; kk < NT / 2; ++kk) wgmma<DP, 1>(o, pa[kk], descriptor(v_address + kk * V_STEP, V_LEADING, V_STRIDE));
+    commit();
+}
+
 template <int D = DTYPE>
 __device__ void forward(const AttentionKernelParams& p, char* smem) {
-    constexpr int NT = BLOCK_N / 8;
     static_assert(WARPS % 4 == 0 && M_TILES == 1 && !HAS_POS_MASK, "warpgroups of 16-row warps, no pos_mask");
     static_assert(STAGES == 2 || STAGES == 3, "two or three tiles in shared memory");
     const Buffers m = carve(smem);
@@ -1709,44 +1761,9 @@ __device__ void forward(const AttentionKernelParams& p, char* smem) {
         if (t + STAGES - 1 < tiles) issue_tile(t + STAGES - 1, k_head, v_head);
         cp_async_commit();
 
-        unsigned qa[KSTEPS][4];
-#pragma unroll
-        for (int kk = 0; kk < KSTEPS; ++kk) ldmatrix_x4(qa[kk], q_fragments + kk * 32);
-        float s[NT][4];
-        zero(s);
-        fence_registers(s);
-        __syncwarp();  // wgmma instructions are warp-aligned: every lane at the same one
-        fence_operands();
-        const unsigned k_address = shared_address(key_tile(t));
-#pragma unroll
-        for (int kk = 0; kk < KSTEPS; ++kk) wgmma<BLOCK_N, 0>(s, qa[kk], descriptor(k_address + kk * K_STEP, K_LEADING, K_STRIDE));
-        commit();
-        wait_all();
-        fence_registers(s);
-        fence_registers(qa);
-
-        // Tiles inside the sequence and below the diagonal need no mask: the softmax then
-        // applies the scale itself, in the exponent's multiply-add. The choice is the same for
-        // the whole warpgroup (its first row decides), whose warps must meet at the same wgmma.
-        const bool check_bounds = n0 + BLOCK_N > p.seqlen_k;
-        const bool check_causal = CAUSAL && n0 + BLOCK_N - 1 > m0 + (warp >> 2) * 64;
-        float scale = p.scale_log2;
-        if (check_bounds || check_causal || MASK_KIND != 0 || !(scale > 0.f)) {
-            scale_and_mask<NT, false>(s, p, b, row_first, n0, check_bounds, check_causal, lane);
-            scale = 1.f;
-        }
-        online_softmax<NT>(s, row_max, row_sum, o, scale);
-        unsigned pa[NT / 2][4];
-        to_a_fragments<NT>(pa, s);
-
-        fence_registers(o);
-        fence_registers(pa);
-        __syncwarp();
-        fence_operands();
-        const unsigned v_address = shared_address(value_tile(t));
-#pragma unroll
-        for (int kk = 0; kk < NT / 2; ++kk) wgmma<DP, 1>(o, pa[kk], descriptor(v_address + kk * V_STEP, V_LEADING, V_STRIDE));
-        commit();
+        unsigned pa[BLOCK_N / 16][4];
+        attend_tile(o, pa, row_max, row_sum, q_fragments, key_tile(t), value_tile(t), p, b, row_first,
+                    m0 + (warp >> 2) * 64, n0, lane);
 
         cp_async_wait<STAGES - 2>();  // tile t + 1
         if (t + 1 < tiles) rotate_key_chunks(key_tile(t + 1), cos_stage(t + 1), sin_stage(t + 1), p, n0 + BLOCK_N);
@@ -1991,7 +2008,6 @@ __device__ void produce(const Pipeline& pipe, const AttentionKernelParams& p, lo
 
 template <int D = DTYPE>
 __device__ void forward_specialized(const AttentionKernelParams& p, char* smem) {
-    constexpr int NT = BLOCK_N / 8;
     static_assert(WARPS % 4 == 0 && PRODUCER_WARPS == 4 && M_TILES == 1 && !HAS_POS_MASK,
                   "consumer warpgroups of 16-row warps, one producer warpgroup, no pos_mask");
     static_assert(STAGES == 2 || STAGES == 3, "two or three tiles in shared memory");
@@ -2049,43 +2065,9 @@ __device__ void forward_specialized(const AttentionKernelParams& p, char* smem) 
         // A causal warpgroup whose rows all end before the tile skips it (it still releases
         // the buffer: every consumer arrives once per tile).
         if (!CAUSAL || n0 <= group_first + 63) {
-            unsigned qa[KSTEPS][4];
-#pragma unroll
-            for (int kk = 0; kk < KSTEPS; ++kk) ldmatrix_x4(qa[kk], q_fragments + kk * 32);
-            float s[NT][4];
-            zero(s);
-            fence_registers(s);
-            __syncwarp();
-            fence_operands();
-            const unsigned k_address = shared_address(pipe.key_tile(t));
-#pragma unroll
-            for (int kk = 0; kk < KSTEPS; ++kk)
-                wgmma<BLOCK_N, 0>(s, qa[kk], descriptor(k_address + kk * K_STEP, K_LEADING, K_STRIDE));
-            commit();
-            wait_all();
-            fence_registers(s);
-            fence_registers(qa);
-
-            const bool check_bounds = n0 + BLOCK_N > p.seqlen_k;
-            const bool check_causal = CAUSAL && n0 + BLOCK_N - 1 > group_first;
-            float scale = p.scale_log2;
-            if (check_bounds || check_causal || MASK_KIND != 0 || !(scale > 0.f)) {
-                scale_and_mask<NT, false>(s, p, b, row_first, n0, check_bounds, check_causal, lane);
-                scale = 1.f;
-            }
-            online_softmax<NT>(s, row_max, row_sum, o, scale);
-            unsigned pa[NT / 2][4];
-            to_a_fragments<NT>(pa, s);
-
-            fence_registers(o);
-            fence_registers(pa);
-            __syncwarp();
-            fence_operands();
-            const unsigned v_address = shared_address(pipe.value_tile(t));
-#pragma unroll
-            for (int kk = 0; kk < NT / 2; ++kk)
-                wgmma<DP, 1>(o, pa[kk], descriptor(v_address + kk * V_STEP, V_LEADING, V_STRIDE));
-            commit();
+            unsigned pa[BLOCK_N / 16][4];
+            attend_tile(o, pa, row_max, row_sum, q_fragments, pipe.key_tile(t), pipe.value_tile(t), p, b, row_first,
+                        group_first, n0, lane);
             wait_all();
             fence_registers(o);
             fence_registers(pa);
