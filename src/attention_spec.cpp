@@ -79,8 +79,7 @@ struct TileShape {
 // spill), no pos_mask, 2 or 3 tiles in shared memory, no producer warps or one warpgroup of
 // them (with staged tables, three warpgroups in all at most); clusters of 2 or 4 blocks only
 // with producer warps, within a GQA group, over shares of whole 8-row units. The first one
-// broken, or none. No text here: the
-// kernel choice asks on every launch.
+// broken, or none. No text here: the kernel choice asks on every launch.
 enum class WgmmaRule { none, forward, head_dim, key_tile, warps, pos_mask, stages, producer, cluster };
 
 WgmmaRule wgmma_broken_rule(const AttentionSpec& s) {
@@ -441,9 +440,9 @@ std::vector<AttentionSpec> choose_attention_specs(const AttentionProblem& p, con
             spec.block_n = shape.block_n;
             spec.m_tiles = shape.m_tiles;
             spec.wgmma = shape.wgmma;
-            spec.stages = shape.wgmma ? shape.stages : 2;
-            spec.producer_warps = shape.wgmma ? shape.producer_warps : 0;
-            spec.cluster = shape.wgmma ? shape.cluster : 1;
+            spec.stages = shape.stages;
+            spec.producer_warps = shape.producer_warps;
+            spec.cluster = shape.cluster;
             spec.compute_dk = dk;
             spec.compute_dv = dv;
             if (shape.block_n % 16 != 0 || shape.warps > 16 || (shape.m_tiles != 1 && !(shape.m_tiles == 2 && kind == AttentionKernelKind::Forward)))
