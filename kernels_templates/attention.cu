@@ -1507,12 +1507,41 @@ __device__ __forceinline__ unsigned long long descriptor(unsigned address, unsig
            static_cast<unsigned long long>((stride >> 4) & 0x3fffu) << 32;
 }
 
+// The same with 128-byte swizzling (layout type 1 in bits 62-63): the 8-row, 1024-byte
+// pattern of swizzled_offset, the distance of its repeats along M/N (stride) and, for
+// N-major operands, of 64-element regions (leading).
+__device__ __forceinline__ unsigned long long swizzled_descriptor(unsigned address, unsigned leading, unsigned stride) {
+    return descriptor(address, leading, stride) | 1ull << 62;
+}
+
 constexpr int CHUNK_STRIDE = BLOCK_N * 16;  // bytes between chunk c and c + 1 of a tile row
 __device__ __forceinline__ int chunk_offset(int row, int chunk) { return chunk * CHUNK_STRIDE + row * 16; }
 // Keys (B of S = Q K^T, K-major): the next 16 features are 2 chunks on, 8 rows are 128 bytes.
 constexpr unsigned K_LEADING = CHUNK_STRIDE, K_STRIDE = 128, K_STEP = 2 * CHUNK_STRIDE;
 // Values (B of O += P V, N-major): the next 8 keys are 128 bytes on, 8 features one chunk.
 constexpr unsigned V_LEADING = 128, V_STRIDE = CHUNK_STRIDE, V_STEP = 256;
+
+// SWIZZLED (the producer-warp forward, whose tiles TMA copies): a tile is DP / 64 regions of
+// 64 features, each BLOCK_N rows of 128 bytes, and chunk c of row r sits at chunk
+// (c ^ r) % 8 of its row (TMA's SWIZZLE_128B, which wgmma reads by swizzled descriptors).
+// Copies then move 128-byte rows rather than 16-byte chunks, and eight rows of one chunk
+// still fall in eight different banks.
+constexpr bool SWIZZLED = PRODUCER_WARPS > 0;
+constexpr int REGION_BYTES = BLOCK_N * 128;
+static_assert(!SWIZZLED || DP % 64 == 0, "swizzled tiles are whole 64-feature regions");
+__device__ __forceinline__ int swizzled_offset(int row, int chunk) {
+    return (chunk >> 3) * REGION_BYTES + row * 128 + (((chunk ^ row) & 7) << 4);
+}
+// The descriptors of k-step kk of a key tile (16 features: 32 bytes on within a region) and
+// of a value tile (16 keys: 16 rows on).
+__device__ __forceinline__ unsigned long long key_descriptor(unsigned tile, int kk) {
+    if constexpr (SWIZZLED) return swizzled_descriptor(tile + (kk >> 2) * REGION_BYTES + (kk & 3) * 32, 16, 1024);
+    else return descriptor(tile + kk * K_STEP, K_LEADING, K_STRIDE);
+}
+__device__ __forceinline__ unsigned long long value_descriptor(unsigned tile, int kk) {
+    if constexpr (SWIZZLED) return swizzled_descriptor(tile + kk * 16 * 128, REGION_BYTES, 1024);
+    else return descriptor(tile + kk * V_STEP, V_LEADING, V_STRIDE);
+}
 
 // Who loads what of a streamed tile: the tile is cut into units of 8 rows x 4 items (rotation
 // items, numbered as in rotate_rows: chunks of interleaved pairs or first-half chunks with their
@@ -1673,7 +1702,7 @@ __device__ __forceinline__ void attend_tile(float (&o)[DTILES][4], unsigned (&pa
     fence_operands();
     const unsigned k_address = shared_address(key_tile);
 #pragma unroll
-    for (int kk = 0; kk < KSTEPS; ++kk) wgmma<BLOCK_N, 0>(s, qa[kk], descriptor(k_address + kk * K_STEP, K_LEADING, K_STRIDE));
+    for (int kk = 0; kk < KSTEPS; ++kk) wgmma<BLOCK_N, 0>(s, qa[kk], key_descriptor(k_address, kk));
     commit();
     wait_all();
     fence_registers(s);
@@ -1698,7 +1727,7 @@ __device__ __forceinline__ void attend_tile(float (&o)[DTILES][4], unsigned (&pa
     fence_operands();
     const unsigned v_address = shared_address(value_tile);
 #pragma unroll
-    for (int kk = 0; kk < NT / 2; ++kk) wgmma<DP, 1>(o, pa[kk], descriptor(v_address + kk * V_STEP, V_LEADING, V_STRIDE));
+    for (int kk = 0; kk < NT / 2; ++kk) wgmma<DP, 1>(o, pa[kk], value_descriptor(v_address, kk));
     commit();
 }
 
@@ -1777,12 +1806,12 @@ __device__ void forward(const AttentionKernelParams& p, char* smem) {
 // in the loop: the consumer warpgroups drift apart, so one's softmax overlaps another's
 // tensor-core work, and loading and rotating overlap both.
 //
-// Keys and values arrive through the tensor memory accelerator (TMA): one copy per 16-byte
-// feature chunk of a tile lands its rows as one chunk column of the core-matrix layout, zero
-// past the sequence and past head_dim, and signals the buffer's `landed` barrier by bytes. The
-// producers then rotate the keys in place, with the table rows they staged by cp.async, and
-// arrive on `full`. (Copied 16 bytes a thread, the tiles cost more L2 requests than the tensor
-// cores need time: that bound the forward.)
+// Keys and values arrive through the tensor memory accelerator (TMA): one copy per 64-feature
+// region of a tile lands its rows 128-byte swizzled (SWIZZLED), zero past the sequence and
+// past head_dim, and signals the buffer's `landed` barrier by bytes. The producers then rotate
+// the keys in place, with the table rows they staged by cp.async, and arrive on `full`.
+// (Copied 16 bytes a thread, or by TMA one 16-byte chunk column at a time, the tiles cost more
+// L2 requests than the tensor cores need time: that bound the forward.)
 //
 // CLUSTER > 1: the CLUSTER blocks of a thread-block cluster are consecutive query heads of
 // one GQA group (same keys, same query rows). Each block copies only its share of every tile's
@@ -1792,9 +1821,10 @@ __device__ void forward(const AttentionKernelParams& p, char* smem) {
 constexpr int PRODUCER_THREADS = PRODUCER_WARPS * 32;
 constexpr int SHARE_ROWS = BLOCK_N / CLUSTER;      // key rows of a tile each block copies
 constexpr int TABLE_PITCH = TABLE_ROW_BYTES + 16;  // staged table rows, padded: no bank conflicts
-// TMA boxes land 128-byte aligned: tile buffers at multiples of 128 bytes (chunk_offset of
-// 8-row multiples is too).
-static_assert(PRODUCER_WARPS == 0 || (SMEM.k % 128 == 0 && SMEM.v0 % 128 == 0), "TMA destinations 128-byte aligned");
+constexpr int TILE_BOXES = DP / 64;                // TMA copies of one tile's keys (or values)
+// Swizzled TMA boxes land where the pattern starts: tile buffers at multiples of 1024 bytes
+// (the shares of 8-row multiples are too).
+static_assert(PRODUCER_WARPS == 0 || (SMEM.k % 1024 == 0 && SMEM.v0 % 1024 == 0), "TMA destinations 1024-byte aligned");
 static_assert(CLUSTER == 1 || (PRODUCER_WARPS > 0 && SHARE_ROWS % 8 == 0 && GQA_GROUP % CLUSTER == 0),
               "clusters of producer blocks over whole 8-row shares of a GQA group");
 
@@ -1915,9 +1945,9 @@ template <int D = DTYPE>
 __device__ void produce(const Pipeline& pipe, const AttentionKernelParams& p, long long b, long long hk, int tiles,
                         int rank) {
     const int thread = static_cast<int>(threadIdx.x) - THREADS;
-    // The 2 * CHUNKS boxes of a tile (keys, then values) go to lanes 0-7 of each producer warp:
-    // a warp issues its lanes' copies one after another.
-    const int box = (thread & 31) < 8 ? (thread >> 5) * 8 + (thread & 31) : 2 * CHUNKS;
+    // The 2 * TILE_BOXES boxes of a tile (keys, then values) go to lane 0 of each producer
+    // warp in turn, then lane 1, ...
+    const int box = (thread & 31) * PRODUCER_WARPS + (thread >> 5);
     // The table chunks this thread copies for every tile: rows table_row + i * TABLE_ROW_STEP,
     // chunk table_chunk; their byte offsets in the tables computed once.
     // (Threads past the last whole row of chunks repeat a few copies: harmless.)
@@ -1929,12 +1959,12 @@ __device__ void produce(const Pipeline& pipe, const AttentionKernelParams& p, lo
     auto issue = [&](int t) {
         const int first = t * BLOCK_N + rank * SHARE_ROWS;
         if (thread == 0) barrier_arrive_expect(pipe.landed_of(t), 2 * Pipeline::TILE_BYTES);
-        if (box < 2 * CHUNKS) {
-            const bool value = box >= CHUNKS;
-            const int chunk = value ? box - CHUNKS : box;
+        if (box < 2 * TILE_BOXES) {
+            const bool value = box >= TILE_BOXES;
+            const int region = value ? box - TILE_BOXES : box;
             char* tile = value ? pipe.value_tile(t) : pipe.key_tile(t);
-            copy_box(shared_address(tile + chunk_offset(rank * SHARE_ROWS, chunk)), value ? p.v_map : p.k_map,
-                     chunk * 8, first, static_cast<int>(hk), static_cast<int>(b), pipe.landed_of(t));
+            copy_box(shared_address(tile + swizzled_offset(rank * SHARE_ROWS, region * 8)), value ? p.v_map : p.k_map,
+                     region * 64, first, static_cast<int>(hk), static_cast<int>(b), pipe.landed_of(t));
         }
         if constexpr (ROTATE) {
             const long long n0 = static_cast<long long>(t) * BLOCK_N;
@@ -1965,20 +1995,20 @@ __device__ void produce(const Pipeline& pipe, const AttentionKernelParams& p, lo
             const long long n0 = static_cast<long long>(t) * BLOCK_N;
             char* const tile = pipe.key_tile(t);
             // Lane l of a quarter warp takes row l % 8 of 8 consecutive rows at one item: each
-            // quarter reads and writes one 128-byte core matrix.
+            // quarter reads and writes one chunk of 8 rows, in 8 different banks.
             for (int it = thread; it < BLOCK_N * ROT_ITEMS; it += PRODUCER_THREADS) {
                 const int unit = it >> 3, row = (unit % (BLOCK_N / 8)) * 8 + (it & 7), k = unit / (BLOCK_N / 8);
                 const long long token = n0 + row;
                 if (token >= p.seqlen_k) continue;  // zero rows, no table rows
                 const char* cos_row = pipe.cos_rows(t) + row * TABLE_PITCH;
                 const char* sin_row = pipe.sin_rows(t) + row * TABLE_PITCH;
-                U4* xa = reinterpret_cast<U4*>(tile + chunk_offset(row, k));
+                U4* xa = reinterpret_cast<U4*>(tile + swizzled_offset(row, k));
                 if constexpr (INTERLEAVED) {
                     U4 x = *xa;
                     rotate_pairs_chunk<true>(x, p, cos_row, sin_row, 0, token, k * ITEM_PAIRS);
                     *xa = x;
                 } else {
-                    U4* xb = reinterpret_cast<U4*>(tile + chunk_offset(row, k + ROTARY_DIM / 16));
+                    U4* xb = reinterpret_cast<U4*>(tile + swizzled_offset(row, k + ROTARY_DIM / 16));
                     U4 a = *xa, bb = *xb;
                     rotate_halves_chunks<true>(a, bb, p, cos_row, sin_row, 0, token, k * ITEM_PAIRS);
                     *xa = a;
@@ -2092,7 +2122,7 @@ __device__ void forward_specialized(const AttentionKernelParams& p, char* smem) 
 extern "C" __global__ void ROPE_JIT_CLUSTER_DIMS __launch_bounds__((WARPS + PRODUCER_WARPS) * 32, TENSOR_CORES && KIND == 0 && M_TILES == 2 && WARPS <= 4 ? 2 : 1)
     attention_kernel(const __grid_constant__ AttentionKernelParams p) {
     if constexpr (TENSOR_CORES) {
-        extern __shared__ __align__(128) char smem[];  // TMA boxes land 128-byte aligned
+        extern __shared__ __align__(1024) char smem[];  // swizzled TMA boxes land 1024-byte aligned
         if constexpr (KIND == 0 && WGMMA && PRODUCER_WARPS > 0) tc::wg::forward_specialized(p, smem);
         else if constexpr (KIND == 0 && WGMMA) tc::wg::forward(p, smem);
         else if constexpr (KIND == 0) tc::forward(p, smem);

@@ -98,13 +98,18 @@ ROPE_JIT_HOST_DEVICE constexpr int attention_take(int* at, int bytes) {
     return offset;
 }
 
+// Moves *at up to a multiple of `alignment` (a power of two).
+ROPE_JIT_HOST_DEVICE constexpr void attention_align(int* at, int alignment) { *at = (*at + alignment - 1) / alignment * alignment; }
+
 // `block_n` is the streamed tile's rows; the resident rows are 16 * m_tiles * warps.
 // `table_row_bytes` is the staged bytes of one table row (0: tables are not staged). The
 // forward rotates each key tile in place and keeps one value buffer; dq stages raw keys and
 // double-buffers values. The wgmma forward (sm_90) keeps `stages` key tiles (from k) and
 // value tiles (from v0), each in the tensor cores' core-matrix layout (unpadded rows of
 // head_dim_padded elements), and the table rows of the stages - 1 key tiles in flight; with
-// `producer` warps, table rows padded by 16 bytes and the barriers of the tile buffers.
+// `producer` warps, tiles in the 128-byte-swizzle layout (which repeats every 1024 bytes, so
+// they start at multiples of 1024), table rows padded by 16 bytes and the barriers of the
+// tile buffers.
 ROPE_JIT_HOST_DEVICE constexpr AttentionSmemLayout attention_smem_layout(int kind, int head_dim_padded, int warps,
                                                                         int m_tiles, int block_n, bool pos_mask,
                                                                         int table_row_bytes, bool wgmma, int stages,
@@ -124,6 +129,7 @@ ROPE_JIT_HOST_DEVICE constexpr AttentionSmemLayout attention_smem_layout(int kin
     l.o_stage = attention_take(cursor, kind == 2 ? queries * row_bytes : 0);
     l.dout0 = attention_take(cursor, kind != 0 ? queries * row_bytes : 0);
     l.dout1 = attention_take(cursor, kind == 2 ? queries * row_bytes : 0);
+    if (producer) attention_align(cursor, 1024);
     l.k = attention_take(cursor, tiles * keys * tile_row_bytes);
     l.k_plain = attention_take(cursor, pos_mask ? keys * row_bytes : 0);
     l.k_stage = attention_take(cursor, kind == 1 ? keys * row_bytes : 0);

@@ -19,7 +19,8 @@ constexpr const char* kAttentionTemplate = "attention.cu";
 constexpr const char* kAttentionEntry = "attention_kernel";
 
 // Encodes into `map` the TMA descriptor of a [B, H, S, D] tensor of 16-bit elements whose
-// boxes are 8 features by `rows` tokens (the producer-warp forward's copies). The choice of
+// boxes are 64 features by `rows` tokens, landing 128-byte swizzled (the producer-warp
+// forward's copies). The choice of
 // kernels made sure of what TMA needs (16-byte aligned data, strides of whole 16 bytes); a
 // dimension of one element gets a packed stride, since its stride is never used.
 void encode_box_map(const CudaDriverApi& api, unsigned char (&map)[128], const TensorRef& t, int rows,
@@ -34,12 +35,13 @@ void encode_box_map(const CudaDriverApi& api, unsigned char (&map)[128], const T
         strides[d] = t.shape[axis] > 1 ? (unsigned long long)t.strides[axis] * 2 : packed;
         packed = strides[d] * dims[d + 1];
     }
-    const unsigned box[4] = {8, unsigned(rows), 1, 1};
+    // 64 features (128 bytes) of `rows` tokens, swizzled as the kernel's tiles are.
+    const unsigned box[4] = {64, unsigned(rows), 1, 1};
     const unsigned element_strides[4] = {1, 1, 1, 1};
     CUtensorMap encoded;
     const CUresult result = api.cuTensorMapEncodeTiled(
         &encoded, CU_TENSOR_MAP_DATA_TYPE_UINT16, 4, t.data, dims, strides, box, element_strides,
-        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (result != CUDA_SUCCESS) throw_cuda_error(result, fmt::format("cuTensorMapEncodeTiled({})", name).c_str());
     std::memcpy(map, &encoded, sizeof encoded);
