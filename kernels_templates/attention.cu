@@ -1935,96 +1935,181 @@ struct Pipeline {
     }
 };
 
-// The producers. Tile t's copies are issued STAGES - 1 tiles ahead: this block's share of its
-// keys and values by TMA, the table rows of all its keys by cp.async (one copy group per
-// tile, empty past the last). Once they landed the keys are rotated in place and the tile
-// signalled. Tile t + STAGES - 1 takes the buffers of tile t - 1 and the table stage of tile t,
-// issued after tile t is signalled: tile t is rotated before the producers wait for the
-// consumers to release tile t - 1.
-template <int D = DTYPE>
-__device__ void produce(const Pipeline& pipe, const AttentionKernelParams& p, long long b, long long hk, int tiles,
-                        int rank) {
-    const int thread = static_cast<int>(threadIdx.x) - THREADS;
-    // The 2 * TILE_BOXES boxes of a tile (keys, then values) go to lane 0 of each producer
-    // warp in turn, then lane 1, ...
-    const int box = (thread & 31) * PRODUCER_WARPS + (thread >> 5);
-    // The table chunks this thread copies for every tile: rows table_row + i * TABLE_ROW_STEP,
-    // chunk table_chunk; their byte offsets in the tables computed once.
-    // (Threads past the last whole row of chunks repeat a few copies: harmless.)
-    constexpr int TABLE_ROW_STEP = TABLE_CHUNKS > 0 ? PRODUCER_THREADS / TABLE_CHUNKS : 1;
-    constexpr int TABLE_COPIES = (BLOCK_N + TABLE_ROW_STEP - 1) / TABLE_ROW_STEP;
-    const int table_chunk = thread % (TABLE_CHUNKS > 0 ? TABLE_CHUNKS : 1);
-    const int table_row = (thread / (TABLE_CHUNKS > 0 ? TABLE_CHUNKS : 1)) % TABLE_ROW_STEP;
-    const long long cos_row_bytes = p.cos_stride[0] * TBYTES, sin_row_bytes = p.sin_stride[0] * TBYTES;
-    auto issue = [&](int t) {
-        const int first = t * BLOCK_N + rank * SHARE_ROWS;
-        if (thread == 0) barrier_arrive_expect(pipe.landed_of(t), 2 * Pipeline::TILE_BYTES);
-        if (box < 2 * TILE_BOXES) {
-            const bool value = box >= TILE_BOXES;
-            const int region = value ? box - TILE_BOXES : box;
-            char* tile = value ? pipe.value_tile(t) : pipe.key_tile(t);
-            copy_box(shared_address(tile + swizzled_offset(rank * SHARE_ROWS, region * 8)), value ? p.v_map : p.k_map,
-                     region * 64, first, static_cast<int>(hk), static_cast<int>(b), pipe.landed_of(t));
-        }
-        if constexpr (ROTATE) {
-            const long long n0 = static_cast<long long>(t) * BLOCK_N;
-            const char* cos_src = static_cast<const char*>(p.cos) + n0 * cos_row_bytes + table_chunk * 16;
-            const char* sin_src = static_cast<const char*>(p.sin) + n0 * sin_row_bytes + table_chunk * 16;
-            char* cos_dst = pipe.cos_rows(t) + table_chunk * 16;
-            char* sin_dst = pipe.sin_rows(t) + table_chunk * 16;
+// ---- the producers' keys: through registers, rotated on the way ----
+//
+// Each producer thread loads its items of the next key tile (rows, key chunks and table
+// columns) from global memory into registers while the consumers work on earlier tiles, then
+// rotates them there and stores them into the tile's buffer: shared memory sees each key once,
+// written, and then only the tensor cores' reads. (Landed by TMA and rotated in place, a tile
+// was read and written back once more, beside staged table rows written and read: that
+// traffic competed with the tensor cores for shared memory and bound the forward.)
+// Item `it` of a tile (row it / ITEMS, item it % ITEMS numbered as in rotate_rows) belongs to
+// producer thread it % PRODUCER_THREADS: eight consecutive threads read 128 consecutive bytes
+// of a row, and store eight chunks of one swizzled row (eight different banks).
+constexpr int KEY_LOADS = PRODUCER_THREADS > 0 ? (BLOCK_N * ITEMS + PRODUCER_THREADS - 1) / PRODUCER_THREADS : 1;  // per thread
+// Raw table bits of one rotation item's ITEM_PAIRS pairs: the columns' bytes as they are
+// (TABLE_STEP 1), or one word per pair, a 16-bit value in its low half (TABLE_STEP 2: every
+// other column). Kept raw so that no instruction waits for the loads before the tile's turn.
+constexpr int ITEM_WORDS = TABLE_STEP == 1 ? ITEM_PAIRS * TBYTES / 4 : ITEM_PAIRS;
+static_assert(TABLE_STEP == 2 || ITEM_WORDS == 2 || ITEM_WORDS % 4 == 0, "table pieces of 8 bytes or whole 16");
+
+struct KeyLoads {
+    U4 a[KEY_LOADS], b[KEY_LOADS];  // an item's chunk, and (half style) its partner chunk
+    unsigned cos[KEY_LOADS][ITEM_WORDS], sin[KEY_LOADS][ITEM_WORDS];
+};
+
+__device__ __forceinline__ U4 load_global16(const void* at) {
+    U4 v;
+    asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.w[0]), "=r"(v.w[1]), "=r"(v.w[2]), "=r"(v.w[3])
+                 : "l"(at));
+    return v;
+}
+
+// The raw table bits of the pairs from `pair0` of one table row (`row`: its first column).
+__device__ __forceinline__ void load_item_table(unsigned (&words)[ITEM_WORDS], const char* row, int pair0) {
+    if constexpr (TABLE_STEP == 2) {
 #pragma unroll
-            for (int i = 0; i < TABLE_COPIES; ++i) {
-                const int r = table_row + i * TABLE_ROW_STEP;
-                if (r >= BLOCK_N) break;
-                const bool ok = n0 + r < p.seqlen_k;
-                cp_async16(cos_dst + r * TABLE_PITCH, ok ? cos_src + r * cos_row_bytes : static_cast<const char*>(p.cos), ok);
-                cp_async16(sin_dst + r * TABLE_PITCH, ok ? sin_src + r * sin_row_bytes : static_cast<const char*>(p.sin), ok);
+        for (int e = 0; e < ITEM_PAIRS; ++e) {
+            const char* at = row + table_column(pair0 + e) * TBYTES;
+            if constexpr (TBYTES == 4) asm volatile("ld.global.nc.u32 %0, [%1];\n" : "=r"(words[e]) : "l"(at));
+            else asm volatile("ld.global.nc.u16 %0, [%1];\n" : "=r"(words[e]) : "l"(at));
+        }
+    } else {
+        const char* at = row + pair0 * TBYTES;
+        if constexpr (ITEM_WORDS % 4 == 0) {
+#pragma unroll
+            for (int v = 0; v < ITEM_WORDS / 4; ++v) {
+                const U4 w = load_global16(at + 16 * v);
+#pragma unroll
+                for (int e = 0; e < 4; ++e) words[4 * v + e] = w.w[e];
             }
+        } else {
+            asm volatile("ld.global.nc.v2.u32 {%0, %1}, [%2];\n" : "=r"(words[0]), "=r"(words[1]) : "l"(at));
         }
-    };
-#pragma unroll
-    for (int t = 0; t < STAGES - 1; ++t) {
-        if (t < tiles) issue(t);
-        cp_async_commit();
     }
-    for (int t = 0; t < tiles; ++t) {
-        cp_async_wait<STAGES - 2>();  // this thread's table rows of tile t
-        barrier_wait(pipe.landed_of(t), Pipeline::phase_of(t));
-        producer_sync();  // every producer's table rows
+}
+
+// The angle (cos or sin) of pair e of an item from its raw table bits.
+__device__ __forceinline__ float item_angle(const unsigned (&words)[ITEM_WORDS], int e) {
+    if constexpr (TBYTES == 4) return __uint_as_float(words[e]);
+    else {
+        const unsigned bits = TABLE_STEP == 2 ? words[e] & 0xffffu : (words[e / 2] >> (16 * (e % 2))) & 0xffffu;
+        if constexpr (TABLE_DTYPE == 1) {
+            float f;
+            asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(static_cast<unsigned short>(bits)));
+            return f;
+        } else {
+            return __uint_as_float(bits << 16);
+        }
+    }
+}
+
+// Item j of this thread in a tile: its row and item number, and the chunk it loads first.
+struct KeyItem {
+    int row, item, chunk;
+    bool exists;
+};
+__device__ __forceinline__ KeyItem key_item(int thread, int j) {
+    const int it = thread + j * PRODUCER_THREADS;
+    KeyItem k;
+    k.row = it / ITEMS;
+    k.item = it % ITEMS;
+    k.chunk = k.item < ROT_ITEMS ? k.item : FIRST_PLAIN + k.item - ROT_ITEMS;
+    k.exists = it < BLOCK_N * ITEMS;
+    return k;
+}
+
+// Starts loading this thread's items of the key tile from token n0 (zeros past the sequence
+// and past head_dim; no angles there, so those rows stay zero).
+template <int D = DTYPE>
+__device__ __forceinline__ void load_keys(KeyLoads& r, const AttentionKernelParams& p, const T* k_head, long long n0,
+                                          int thread) {
+    const long long cos_row_bytes = p.cos_stride[0] * TBYTES, sin_row_bytes = p.sin_stride[0] * TBYTES;
+#pragma unroll
+    for (int j = 0; j < KEY_LOADS; ++j) {
+        const KeyItem k = key_item(thread, j);
+        const long long token = n0 + k.row;
+        const bool valid = k.exists && token < p.seqlen_k;
+        const T* key = k_head + token * p.k_stride[2];
+        r.a[j] = valid && k.chunk < DCHUNKS ? load_global16(key + 8 * k.chunk) : U4{};
+        if constexpr (!INTERLEAVED) r.b[j] = valid && k.item < ROT_ITEMS ? load_global16(key + 8 * (k.chunk + ROTARY_DIM / 16)) : U4{};
         if constexpr (ROTATE) {
-            const long long n0 = static_cast<long long>(t) * BLOCK_N;
-            char* const tile = pipe.key_tile(t);
-            // Lane l of a quarter warp takes row l % 8 of 8 consecutive rows at one item: each
-            // quarter reads and writes one chunk of 8 rows, in 8 different banks.
-            for (int it = thread; it < BLOCK_N * ROT_ITEMS; it += PRODUCER_THREADS) {
-                const int unit = it >> 3, row = (unit % (BLOCK_N / 8)) * 8 + (it & 7), k = unit / (BLOCK_N / 8);
-                const long long token = n0 + row;
-                if (token >= p.seqlen_k) continue;  // zero rows, no table rows
-                const char* cos_row = pipe.cos_rows(t) + row * TABLE_PITCH;
-                const char* sin_row = pipe.sin_rows(t) + row * TABLE_PITCH;
-                U4* xa = reinterpret_cast<U4*>(tile + swizzled_offset(row, k));
-                if constexpr (INTERLEAVED) {
-                    U4 x = *xa;
-                    rotate_pairs_chunk<true>(x, p, cos_row, sin_row, 0, token, k * ITEM_PAIRS);
-                    *xa = x;
-                } else {
-                    U4* xb = reinterpret_cast<U4*>(tile + swizzled_offset(row, k + ROTARY_DIM / 16));
-                    U4 a = *xa, bb = *xb;
-                    rotate_halves_chunks<true>(a, bb, p, cos_row, sin_row, 0, token, k * ITEM_PAIRS);
-                    *xa = a;
-                    *xb = bb;
-                }
+            if (valid && k.item < ROT_ITEMS) {
+                load_item_table(r.cos[j], static_cast<const char*>(p.cos) + token * cos_row_bytes, k.item * ITEM_PAIRS);
+                load_item_table(r.sin[j], static_cast<const char*>(p.sin) + token * sin_row_bytes, k.item * ITEM_PAIRS);
+            } else {
+#pragma unroll
+                for (int e = 0; e < ITEM_WORDS; ++e) r.cos[j][e] = r.sin[j][e] = 0u;
             }
         }
-        fence_async_proxy();  // the rotated keys, for the tensor cores
+    }
+}
+
+// Rotates this thread's loaded items and stores them into the key tile at `tile`.
+template <int D = DTYPE>
+__device__ __forceinline__ void store_keys(KeyLoads& r, char* tile, int thread) {
+#pragma unroll
+    for (int j = 0; j < KEY_LOADS; ++j) {
+        const KeyItem k = key_item(thread, j);
+        if (!k.exists) continue;
+        U4 x = r.a[j];
+        if (ROTATE && k.item < ROT_ITEMS) {
+            if constexpr (INTERLEAVED) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const float c = item_angle(r.cos[j], e), sn = item_angle(r.sin[j], e);
+                    const F2 v = unpack2(x.w[e]);
+                    x.w[e] = pack2(v.x * c - v.y * sn, v.y * c + v.x * sn);
+                }
+            } else {
+                U4 y = r.b[j];
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const float c0 = item_angle(r.cos[j], 2 * e), c1 = item_angle(r.cos[j], 2 * e + 1);
+                    const float s0 = item_angle(r.sin[j], 2 * e), s1 = item_angle(r.sin[j], 2 * e + 1);
+                    const F2 a = unpack2(x.w[e]), bb = unpack2(y.w[e]);
+                    x.w[e] = pack2(a.x * c0 - bb.x * s0, a.y * c1 - bb.y * s1);
+                    y.w[e] = pack2(bb.x * c0 + a.x * s0, bb.y * c1 + a.y * s1);
+                }
+                *reinterpret_cast<U4*>(tile + swizzled_offset(k.row, k.chunk + ROTARY_DIM / 16)) = y;
+            }
+        }
+        *reinterpret_cast<U4*>(tile + swizzled_offset(k.row, k.chunk)) = x;
+    }
+}
+
+// The producers. Values arrive by TMA, issued STAGES - 1 tiles ahead (this block's share of
+// each tile's rows). Keys go through the producers' registers one tile ahead: tile t's are
+// loaded while tile t - 1's are stored, so their latency overlaps the waits for the
+// consumers. A tile's buffer is reused once the consumers released the tile STAGES before.
+template <int D = DTYPE>
+__device__ void produce(const Pipeline& pipe, const AttentionKernelParams& p, const T* k_head, long long b,
+                        long long hk, int tiles, int rank) {
+    const int thread = static_cast<int>(threadIdx.x) - THREADS;
+    // The TILE_BOXES value boxes of a tile go to lane 0 of each producer warp in turn, then
+    // lane 1, ...
+    const int box = (thread & 31) * PRODUCER_WARPS + (thread >> 5);
+    auto issue_values = [&](int t) {
+        if (thread == 0) barrier_arrive_expect(pipe.landed_of(t), Pipeline::TILE_BYTES);
+        if (box < TILE_BOXES)
+            copy_box(shared_address(pipe.value_tile(t) + swizzled_offset(rank * SHARE_ROWS, box * 8)), p.v_map, box * 64,
+                     t * BLOCK_N + rank * SHARE_ROWS, static_cast<int>(hk), static_cast<int>(b), pipe.landed_of(t));
+    };
+    for (int t = 0; t < STAGES - 1 && t < tiles; ++t) issue_values(t);
+    KeyLoads keys;
+    if (tiles > 0) load_keys(keys, p, k_head, 0, thread);
+    for (int t = 0; t < tiles; ++t) {
+        if (t >= STAGES) barrier_wait(pipe.empty_of(t - STAGES), Pipeline::phase_of(t - STAGES));
+        store_keys(keys, pipe.key_tile(t), thread);
+        fence_async_proxy();  // the keys, for the tensor cores
         barrier_arrive(pipe.full_of(t));
-        producer_sync();  // every producer is done with tile t's table stage
+        if (t + 1 < tiles) load_keys(keys, p, k_head, static_cast<long long>(t + 1) * BLOCK_N, thread);
         const int next = t + STAGES - 1;
         if (next < tiles) {
             if (t >= 1) barrier_wait(pipe.empty_of(t - 1), Pipeline::phase_of(t - 1));
-            issue(next);
+            issue_values(next);
         }
-        cp_async_commit();
     }
 }
 
@@ -2061,7 +2146,7 @@ __device__ void forward_specialized(const AttentionKernelParams& p, char* smem) 
     else __syncthreads();
 
     if (threadIdx.x >= THREADS) {
-        produce(pipe, p, b, h / GQA_GROUP, tiles, static_cast<int>(rank));
+        produce(pipe, p, k_head, b, h / GQA_GROUP, tiles, static_cast<int>(rank));
         if constexpr (CLUSTER > 1) cluster_sync();  // no block exits while another may still use it
         return;
     }
@@ -2083,7 +2168,8 @@ __device__ void forward_specialized(const AttentionKernelParams& p, char* smem) 
     zero(o);
     for (int t = 0; t < tiles; ++t) {
         const long long n0 = static_cast<long long>(t) * BLOCK_N;
-        barrier_wait(pipe.full_of(t), Pipeline::phase_of(t));
+        barrier_wait(pipe.full_of(t), Pipeline::phase_of(t));    // keys stored
+        barrier_wait(pipe.landed_of(t), Pipeline::phase_of(t));  // values landed
         // A causal warpgroup whose rows all end before the tile skips it (it still releases
         // the buffer: every consumer arrives once per tile).
         if (!CAUSAL || n0 <= group_first + 63) {
