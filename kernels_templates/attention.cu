@@ -906,11 +906,11 @@ __device__ __forceinline__ void split_plain(float (&rot)[NT][4], float (&plain)[
 
 // One step of the online softmax over a 16 x 8*NT score tile, one row pair per thread (rows g
 // and g + 8): scores (base 2, masks applied, times `scale` > 0 still to apply) become
-// probabilities relative to the running row maximum, and the row sums and the output
-// accumulators are rescaled to the new maximum.
+// probabilities relative to the running row maximum, the row sums are rescaled to the new
+// maximum, and `alpha` gets the factors that rescale the output accumulators to it.
 template <int NT>
-__device__ __forceinline__ void online_softmax(float (&s)[NT][4], float (&row_max)[2], float (&row_sum)[2],
-                                               float (&o)[DTILES][4], float scale = 1.f) {
+__device__ __forceinline__ void softmax_step(float (&s)[NT][4], float (&row_max)[2], float (&row_sum)[2],
+                                             float (&alpha)[2], float scale = 1.f) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         float mx = neg_inf();
@@ -920,7 +920,7 @@ __device__ __forceinline__ void online_softmax(float (&s)[NT][4], float (&row_ma
         mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
         const float m_new = fmaxf(row_max[r], mx * scale);
         const float m_use = m_new == neg_inf() ? 0.f : m_new;
-        const float alpha = exp2_approx(row_max[r] - m_use);
+        alpha[r] = exp2_approx(row_max[r] - m_use);
         row_max[r] = m_new;
         float sum = 0.f;
 #pragma unroll
@@ -929,13 +929,28 @@ __device__ __forceinline__ void online_softmax(float (&s)[NT][4], float (&row_ma
             s[nt][2 * r + 1] = exp2_approx(fmaf(s[nt][2 * r + 1], scale, -m_use));
             sum += s[nt][2 * r] + s[nt][2 * r + 1];
         }
-        row_sum[r] = row_sum[r] * alpha + sum;
-#pragma unroll
-        for (int dt = 0; dt < DTILES; ++dt) {
-            o[dt][2 * r] *= alpha;
-            o[dt][2 * r + 1] *= alpha;
-        }
+        row_sum[r] = row_sum[r] * alpha[r] + sum;
     }
+}
+
+// Output accumulators (rows g and g + 8 of a thread) times their rows' factors.
+__device__ __forceinline__ void rescale(float (&o)[DTILES][4], const float (&alpha)[2]) {
+#pragma unroll
+    for (int dt = 0; dt < DTILES; ++dt) {
+        o[dt][0] *= alpha[0];
+        o[dt][1] *= alpha[0];
+        o[dt][2] *= alpha[1];
+        o[dt][3] *= alpha[1];
+    }
+}
+
+// softmax_step with the accumulators rescaled at once.
+template <int NT>
+__device__ __forceinline__ void online_softmax(float (&s)[NT][4], float (&row_max)[2], float (&row_sum)[2],
+                                               float (&o)[DTILES][4], float scale = 1.f) {
+    float alpha[2];
+    softmax_step<NT>(s, row_max, row_sum, alpha, scale);
+    rescale(o, alpha);
 }
 
 // Normalizes a warp's 16 output rows (first query first_row) by their softmax sums and writes
@@ -1491,6 +1506,29 @@ __device__ __forceinline__ void wgmma(float (&d)[N / 8][4], const unsigned (&a)[
     else wgmma_n128<TRANS_B>(d, a, b);
 }
 
+// The same with A from shared memory too (descriptor a), neither operand transposed.
+#define ROPE_JIT_WGMMA_SS_ARGS64 "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+#define ROPE_JIT_WGMMA_SS_ARGS128 "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+#define ROPE_JIT_WGMMA_SS(SHAPE_TYPES, N)                                                               \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\nwgmma.mma_async.sync.aligned." SHAPE_TYPES " {" \
+                 ROPE_JIT_WGMMA_REGS##N ROPE_JIT_WGMMA_SS_ARGS##N                                     \
+                 : ROPE_JIT_WGMMA_D##N                                                                \
+                 : "l"(a), "l"(b))
+
+// d (64 x N over the warpgroup) += A (shared memory, 64 x 16, K-major) * B (shared memory,
+// 16 x N, K-major).
+template <int N, int D = DTYPE>
+__device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], unsigned long long a, unsigned long long b) {
+    static_assert(N == 64 || N == 128, "wgmma tiles of 64 or 128 columns");
+    if constexpr (N == 64) {
+        if constexpr (D == 1) ROPE_JIT_WGMMA_SS("m64n64k16.f32.f16.f16", 64);
+        else ROPE_JIT_WGMMA_SS("m64n64k16.f32.bf16.bf16", 64);
+    } else {
+        if constexpr (D == 1) ROPE_JIT_WGMMA_SS("m64n128k16.f32.f16.f16", 128);
+        else ROPE_JIT_WGMMA_SS("m64n128k16.f32.bf16.bf16", 128);
+    }
+}
+
 // Orders this thread's register writes before the next wgmma reads them.
 __device__ __forceinline__ void fence_operands() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
@@ -1537,6 +1575,13 @@ __device__ __forceinline__ int swizzled_offset(int row, int chunk) {
 __device__ __forceinline__ unsigned long long key_descriptor(unsigned tile, int kk) {
     if constexpr (SWIZZLED) return swizzled_descriptor(tile + (kk >> 2) * REGION_BYTES + (kk & 3) * 32, 16, 1024);
     else return descriptor(tile + kk * K_STEP, K_LEADING, K_STRIDE);
+}
+// The query rows of a warpgroup (A of S = Q K^T, K-major) in the same layout as a 64-row key
+// tile: the descriptor of k-step kk.
+constexpr int QUERY_REGION_BYTES = 64 * 128;
+constexpr int QUERY_GROUP_BYTES = 64 * DP * 2;  // one warpgroup's query rows
+__device__ __forceinline__ unsigned long long query_descriptor(unsigned group_tile, int kk) {
+    return swizzled_descriptor(group_tile + (kk >> 2) * QUERY_REGION_BYTES + (kk & 3) * 32, 16, 1024);
 }
 __device__ __forceinline__ unsigned long long value_descriptor(unsigned tile, int kk) {
     if constexpr (SWIZZLED) return swizzled_descriptor(tile + kk * 16 * 128, REGION_BYTES, 1024);
@@ -1678,12 +1723,44 @@ __device__ __forceinline__ void fence_registers(unsigned (&r)[N][4]) {
         asm volatile("" : "+r"(r[i][0]), "+r"(r[i][1]), "+r"(r[i][2]), "+r"(r[i][3])::"memory");
 }
 
-// One key tile for a warp's 16 query rows (first row row_first) of a warpgroup whose first row
-// is group_first: S = Q K^T on the tensor cores (Q reloaded from shared memory as A fragments,
-// the rotated keys in key_tile), the masks and the online softmax, then O += P V (values in
-// value_tile) issued with P in `pa`. The caller waits for that product (wgmma wait) before it
-// reads `o` or lets go of `pa`, so it may overlap other work with it. Both wgmma forwards run
-// their tiles through here.
+// A warpgroup's scores of one key tile made probabilities (a warp's 16 query rows, first row
+// row_first, of a warpgroup whose first row is group_first; keys from n0): masks, then a
+// softmax step whose accumulator factors go to `alpha`. Tiles inside the sequence and below
+// the diagonal need no mask: the softmax then applies the scale itself, in the exponent's
+// multiply-add. The choice is the same for the whole warpgroup (its first row decides), whose
+// warps must meet at the same wgmma.
+template <int NT>
+__device__ __forceinline__ void tile_probabilities(float (&s)[NT][4], float (&row_max)[2], float (&row_sum)[2],
+                                                   float (&alpha)[2], const AttentionKernelParams& p, long long b,
+                                                   long long row_first, long long group_first, long long n0,
+                                                   int lane) {
+    const bool check_bounds = n0 + BLOCK_N > p.seqlen_k;
+    const bool check_causal = CAUSAL && n0 + BLOCK_N - 1 > group_first;
+    float scale = p.scale_log2;
+    if (check_bounds || check_causal || MASK_KIND != 0 || !(scale > 0.f)) {
+        scale_and_mask<NT, false>(s, p, b, row_first, n0, check_bounds, check_causal, lane);
+        scale = 1.f;
+    }
+    softmax_step<NT>(s, row_max, row_sum, alpha, scale);
+}
+
+// Issues O += P V (P in `pa`, the value tile at shared address v_address) as one wgmma group.
+template <int PSTEPS>
+__device__ __forceinline__ void issue_pv(float (&o)[DTILES][4], unsigned (&pa)[PSTEPS][4], unsigned v_address) {
+    fence_registers(o);
+    fence_registers(pa);
+    __syncwarp();  // wgmma instructions are warp-aligned: every lane at the same one
+    fence_operands();
+#pragma unroll
+    for (int kk = 0; kk < PSTEPS; ++kk) wgmma<DP, 1>(o, pa[kk], value_descriptor(v_address, kk));
+    commit();
+}
+
+// One key tile for a warp's 16 query rows: S = Q K^T on the tensor cores (Q reloaded from
+// shared memory as A fragments at q_fragments, the rotated keys in key_tile), the masks and
+// the online softmax, then O += P V (values in value_tile) issued with P in `pa`. The caller
+// waits for that product (wgmma wait) before it reads `o` or lets go of `pa`, so it may overlap
+// other work with it.
 template <int PSTEPS, int D = DTYPE>
 __device__ __forceinline__ void attend_tile(float (&o)[DTILES][4], unsigned (&pa)[PSTEPS][4],
                                             float (&row_max)[2], float (&row_sum)[2], unsigned q_fragments,
@@ -1698,7 +1775,7 @@ __device__ __forceinline__ void attend_tile(float (&o)[DTILES][4], unsigned (&pa
     float s[NT][4];
     zero(s);
     fence_registers(s);
-    __syncwarp();  // wgmma instructions are warp-aligned: every lane at the same one
+    __syncwarp();
     fence_operands();
     const unsigned k_address = shared_address(key_tile);
 #pragma unroll
@@ -1708,27 +1785,11 @@ __device__ __forceinline__ void attend_tile(float (&o)[DTILES][4], unsigned (&pa
     fence_registers(s);
     fence_registers(qa);
 
-    // Tiles inside the sequence and below the diagonal need no mask: the softmax then applies
-    // the scale itself, in the exponent's multiply-add. The choice is the same for the whole
-    // warpgroup (its first row decides), whose warps must meet at the same wgmma.
-    const bool check_bounds = n0 + BLOCK_N > p.seqlen_k;
-    const bool check_causal = CAUSAL && n0 + BLOCK_N - 1 > group_first;
-    float scale = p.scale_log2;
-    if (check_bounds || check_causal || MASK_KIND != 0 || !(scale > 0.f)) {
-        scale_and_mask<NT, false>(s, p, b, row_first, n0, check_bounds, check_causal, lane);
-        scale = 1.f;
-    }
-    online_softmax<NT>(s, row_max, row_sum, o, scale);
+    float alpha[2];
+    tile_probabilities<NT>(s, row_max, row_sum, alpha, p, b, row_first, group_first, n0, lane);
+    rescale(o, alpha);
     to_a_fragments<NT>(pa, s);
-
-    fence_registers(o);
-    fence_registers(pa);
-    __syncwarp();
-    fence_operands();
-    const unsigned v_address = shared_address(value_tile);
-#pragma unroll
-    for (int kk = 0; kk < NT / 2; ++kk) wgmma<DP, 1>(o, pa[kk], value_descriptor(v_address, kk));
-    commit();
+    issue_pv(o, pa, shared_address(value_tile));
 }
 
 template <int D = DTYPE>
@@ -1820,11 +1881,11 @@ __device__ void forward(const AttentionKernelParams& p, char* smem) {
 // done with it: `empty` counts them all.
 constexpr int PRODUCER_THREADS = PRODUCER_WARPS * 32;
 constexpr int SHARE_ROWS = BLOCK_N / CLUSTER;      // key rows of a tile each block copies
-constexpr int TABLE_PITCH = TABLE_ROW_BYTES + 16;  // staged table rows, padded: no bank conflicts
 constexpr int TILE_BOXES = DP / 64;                // TMA copies of one tile's keys (or values)
 // Swizzled TMA boxes land where the pattern starts: tile buffers at multiples of 1024 bytes
 // (the shares of 8-row multiples are too).
-static_assert(PRODUCER_WARPS == 0 || (SMEM.k % 1024 == 0 && SMEM.v0 % 1024 == 0), "TMA destinations 1024-byte aligned");
+static_assert(PRODUCER_WARPS == 0 || (SMEM.k % 1024 == 0 && SMEM.v0 % 1024 == 0 && SMEM.q_tile % 1024 == 0),
+              "swizzled tiles 1024-byte aligned");
 static_assert(CLUSTER == 1 || (PRODUCER_WARPS > 0 && SHARE_ROWS % 8 == 0 && GQA_GROUP % CLUSTER == 0),
               "clusters of producer blocks over whole 8-row shares of a GQA group");
 
@@ -1866,9 +1927,8 @@ __device__ __forceinline__ void barrier_wait(unsigned address, unsigned parity) 
             "r"(parity)
             : "memory");
 }
-// Barriers among the consumer warps, and among the producer warps (never both).
+// A barrier among the consumer warps.
 __device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 1, %0;\n" ::"n"(THREADS) : "memory"); }
-__device__ __forceinline__ void producer_sync() { asm volatile("bar.sync 2, %0;\n" ::"n"(PRODUCER_THREADS) : "memory"); }
 
 // Thread-block cluster helpers: this block's rank, the shared::cluster address of a shared
 // address in block `rank`, and a barrier of every thread of the cluster.
@@ -1917,13 +1977,6 @@ struct Pipeline {
     static constexpr int TILE_BYTES = BLOCK_N * DP * 2;
     __device__ __forceinline__ char* key_tile(int t) const { return smem + SMEM.k + (t % STAGES) * TILE_BYTES; }
     __device__ __forceinline__ char* value_tile(int t) const { return smem + SMEM.v0 + (t % STAGES) * TILE_BYTES; }
-    // Tile t's staged table rows (stage t % (STAGES - 1)).
-    __device__ __forceinline__ char* cos_rows(int t) const {
-        return smem + SMEM.cos_stage + (t % (STAGES - 1)) * BLOCK_N * TABLE_PITCH;
-    }
-    __device__ __forceinline__ char* sin_rows(int t) const {
-        return smem + SMEM.sin_stage + (t % (STAGES - 1)) * BLOCK_N * TABLE_PITCH;
-    }
     __device__ __forceinline__ unsigned landed_of(int t) const { return landed + (t % STAGES) * 8; }
     __device__ __forceinline__ unsigned full_of(int t) const { return full + (t % STAGES) * 8; }
     __device__ __forceinline__ unsigned empty_of(int t) const { return empty + (t % STAGES) * 8; }
@@ -2113,12 +2166,20 @@ __device__ void produce(const Pipeline& pipe, const AttentionKernelParams& p, co
     }
 }
 
+// Registers a thread after rebalancing (setmaxnreg): the whole register file, 65536, shared
+// by three consumer warpgroups and the producer warpgroup.
+#ifndef TUNE_PRODUCER_REGISTERS
+#define TUNE_PRODUCER_REGISTERS 104
+#endif
+constexpr int PRODUCER_REGISTERS = TUNE_PRODUCER_REGISTERS;
+constexpr int CONSUMER_REGISTERS = (65536 - 128 * PRODUCER_REGISTERS) / 384 / 8 * 8;
+
 template <int D = DTYPE>
 __device__ void forward_specialized(const AttentionKernelParams& p, char* smem) {
     static_assert(WARPS % 4 == 0 && PRODUCER_WARPS == 4 && M_TILES == 1 && !HAS_POS_MASK,
                   "consumer warpgroups of 16-row warps, one producer warpgroup, no pos_mask");
     static_assert(STAGES == 2 || STAGES == 3, "two or three tiles in shared memory");
-    static_assert(TABLE_ASYNC || !ROTATE, "the producers stage their table rows");
+    static_assert(TABLE_ASYNC || !ROTATE, "the producers load table columns in 8- or 16-byte pieces");
     const Buffers m = carve(smem);
     Pipeline pipe;
     pipe.smem = smem;
@@ -2145,12 +2206,17 @@ __device__ void forward_specialized(const AttentionKernelParams& p, char* smem) 
     if constexpr (CLUSTER > 1) cluster_sync();
     else __syncthreads();
 
+    // Three consumer warpgroups beside the producers start with 128 registers a thread; the
+    // producers hand some to the consumers, whose accumulators need them more.
+    constexpr bool REBALANCE = WARPS == 12;
     if (threadIdx.x >= THREADS) {
+        if constexpr (REBALANCE) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PRODUCER_REGISTERS));
         produce(pipe, p, k_head, b, h / GQA_GROUP, tiles, static_cast<int>(rank));
         if constexpr (CLUSTER > 1) cluster_sync();  // no block exits while another may still use it
         return;
     }
 
+    if constexpr (REBALANCE) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CONSUMER_REGISTERS));
     // Consumers: the block's query rows, rotated, then the key tiles as they come.
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     issue_rows<RESIDENT>(m.q, q_head, p.q_stride[2], m0, p.seqlen_q);
@@ -2159,10 +2225,22 @@ __device__ void forward_specialized(const AttentionKernelParams& p, char* smem) 
     consumer_sync();
     rotate_rows<RESIDENT, false>(m.q, m.q_plain, m.q, nullptr, nullptr, m.q_flags, p, b, m0, p.seqlen_q);
     consumer_sync();
+    // The rotated rows once more, swizzled, where the tensor cores read them: warpgroup g's
+    // 64 rows as a 64-row key tile would be.
+    char* const q_tile = smem + SMEM.q_tile;
+    for (int it = threadIdx.x; it < RESIDENT * CHUNKS; it += THREADS) {
+        const int row = it / CHUNKS, chunk = it % CHUNKS;
+        *reinterpret_cast<U4*>(q_tile + (row >> 6) * QUERY_GROUP_BYTES + (chunk >> 3) * QUERY_REGION_BYTES +
+                               (row & 63) * 128 + (((chunk ^ row) & 7) << 4)) =
+            *reinterpret_cast<const U4*>(m.q + row * ROWE + chunk * 8);
+    }
+    fence_async_proxy();
+    consumer_sync();
 
-    const unsigned q_fragments = shared_address(m.q + warp * 16 * ROWE) + a_lane_offset(lane);
+    const unsigned q_group_tile = shared_address(q_tile + (warp >> 2) * QUERY_GROUP_BYTES);
     const long long row_first = m0 + warp * 16;
     const long long group_first = m0 + (warp >> 2) * 64;  // this warpgroup's first query row
+    constexpr int NT = BLOCK_N / 8;
     float o[DTILES][4];
     float row_max[2] = {neg_inf(), neg_inf()}, row_sum[2] = {0.f, 0.f};
     zero(o);
@@ -2173,9 +2251,25 @@ __device__ void forward_specialized(const AttentionKernelParams& p, char* smem) 
         // A causal warpgroup whose rows all end before the tile skips it (it still releases
         // the buffer: every consumer arrives once per tile).
         if (!CAUSAL || n0 <= group_first + 63) {
-            unsigned pa[BLOCK_N / 16][4];
-            attend_tile(o, pa, row_max, row_sum, q_fragments, pipe.key_tile(t), pipe.value_tile(t), p, b, row_first,
-                        group_first, n0, lane);
+            // S = Q K^T, the tensor cores reading both from shared memory.
+            float s[NT][4];
+            zero(s);
+            fence_registers(s);
+            __syncwarp();  // wgmma instructions are warp-aligned: every lane at the same one
+            fence_operands();
+            const unsigned k_address = shared_address(pipe.key_tile(t));
+#pragma unroll
+            for (int kk = 0; kk < KSTEPS; ++kk)
+                wgmma_ss<BLOCK_N>(s, query_descriptor(q_group_tile, kk), key_descriptor(k_address, kk));
+            commit();
+            wait_all();
+            fence_registers(s);
+            float alpha[2];
+            unsigned pa[NT / 2][4];
+            tile_probabilities<NT>(s, row_max, row_sum, alpha, p, b, row_first, group_first, n0, lane);
+            rescale(o, alpha);
+            to_a_fragments<NT>(pa, s);
+            issue_pv(o, pa, shared_address(pipe.value_tile(t)));
             wait_all();
             fence_registers(o);
             fence_registers(pa);

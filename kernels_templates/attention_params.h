@@ -83,9 +83,10 @@ struct AttentionSmemLayout {
     // dk/dv has a second row_a half where the next tile's lse lands), then unsigned char
     // positioned flags of the query and key rows.
     int row_a, row_b, q_flags, k_flags;
-    // The wgmma forward with producer warps: 8-byte mbarriers, `stages` each of landed, full
-    // and empty.
-    int barriers;
+    // The wgmma forward with producer warps: the rotated query rows again, 128-byte swizzled
+    // for the tensor cores (q_tile), and 8-byte mbarriers, `stages` each of landed, full and
+    // empty.
+    int q_tile, barriers;
     int bytes;
 };
 
@@ -107,9 +108,9 @@ ROPE_JIT_HOST_DEVICE constexpr void attention_align(int* at, int alignment) { *a
 // double-buffers values. The wgmma forward (sm_90) keeps `stages` key tiles (from k) and
 // value tiles (from v0), each in the tensor cores' core-matrix layout (unpadded rows of
 // head_dim_padded elements), and the table rows of the stages - 1 key tiles in flight; with
-// `producer` warps, tiles in the 128-byte-swizzle layout (which repeats every 1024 bytes, so
-// they start at multiples of 1024), table rows padded by 16 bytes and the barriers of the
-// tile buffers.
+// `producer` warps, no staged table rows, tiles in the 128-byte-swizzle layout (which repeats
+// every 1024 bytes, so they start at multiples of 1024), the query rows once more in that
+// layout and the barriers of the tile buffers.
 ROPE_JIT_HOST_DEVICE constexpr AttentionSmemLayout attention_smem_layout(int kind, int head_dim_padded, int warps,
                                                                         int m_tiles, int block_n, bool pos_mask,
                                                                         int table_row_bytes, bool wgmma, int stages,
@@ -135,14 +136,15 @@ ROPE_JIT_HOST_DEVICE constexpr AttentionSmemLayout attention_smem_layout(int kin
     l.k_stage = attention_take(cursor, kind == 1 ? keys * row_bytes : 0);
     l.v0 = attention_take(cursor, tiles * keys * tile_row_bytes);
     l.v1 = attention_take(cursor, kind == 1 ? keys * row_bytes : 0);
-    const int staged_rows = (kind == 2 ? queries : keys) * (wgmma ? stages - 1 : 1);
-    const int table_pitch = producer && table_row_bytes > 0 ? table_row_bytes + 16 : table_row_bytes;
-    l.cos_stage = attention_take(cursor, staged_rows * table_pitch);
-    l.sin_stage = attention_take(cursor, staged_rows * table_pitch);
+    const int staged_rows = producer ? 0 : (kind == 2 ? queries : keys) * (wgmma ? stages - 1 : 1);
+    l.cos_stage = attention_take(cursor, staged_rows * table_row_bytes);
+    l.sin_stage = attention_take(cursor, staged_rows * table_row_bytes);
     l.row_a = attention_take(cursor, kind == 0 ? 0 : (kind == 2 ? 2 : 1) * queries * 4);  // the backward's
     l.row_b = attention_take(cursor, kind == 0 ? 0 : queries * 4);
     l.q_flags = attention_take(cursor, queries);
     l.k_flags = attention_take(cursor, keys);
+    if (producer) attention_align(cursor, 1024);
+    l.q_tile = attention_take(cursor, producer ? queries * head_dim_padded * 2 : 0);
     l.barriers = attention_take(cursor, producer ? 3 * stages * 8 : 0);
     l.bytes = at;
     return l;
