@@ -1990,26 +1990,29 @@ struct Pipeline {
 
 // ---- the producers' keys: through registers, rotated on the way ----
 //
-// Each producer thread loads its items of the next key tile (rows, key chunks and table
-// columns) from global memory into registers while the consumers work on earlier tiles, then
-// rotates them there and stores them into the tile's buffer: shared memory sees each key once,
+// Each producer thread loads its items of the next key tile (key chunks and table columns)
+// from global memory into registers while the consumers work on earlier tiles, then rotates
+// them there and stores them into the tile's buffer: shared memory sees each key once,
 // written, and then only the tensor cores' reads. (Landed by TMA and rotated in place, a tile
 // was read and written back once more, beside staged table rows written and read: that
 // traffic competed with the tensor cores for shared memory and bound the forward.)
-// Item `it` of a tile (row it / ITEMS, item it % ITEMS numbered as in rotate_rows) belongs to
-// producer thread it % PRODUCER_THREADS: eight consecutive threads read 128 consecutive bytes
-// of a row, and store eight chunks of one swizzled row (eight different banks).
-constexpr int KEY_LOADS = PRODUCER_THREADS > 0 ? (BLOCK_N * ITEMS + PRODUCER_THREADS - 1) / PRODUCER_THREADS : 1;  // per thread
+// A thread keeps one item number (items numbered as in rotate_rows) in every row it takes:
+// ITEM_SLOTS consecutive threads cover a row (those past ITEMS idle), eight of them reading 128
+// consecutive bytes, and a pass of the producers covers ROWS_PER_PASS rows. Rows a pass apart
+// are a multiple of 8 apart, so a thread's swizzle pattern, its table columns and its address
+// steps are the same in every row: the producers compute addresses once per tile, not per
+// item. (The producers, one warp beside two consumer warps on each scheduler, are the
+// forward's critical path: instructions they save are time.)
+constexpr int ITEM_SLOTS = ITEMS <= 4 ? 4 : ITEMS <= 8 ? 8 : ITEMS <= 16 ? 16 : 32;
+constexpr int ROWS_PER_PASS = PRODUCER_THREADS > 0 ? PRODUCER_THREADS / ITEM_SLOTS : 1;
+constexpr int KEY_LOADS = PRODUCER_WARPS > 0 ? BLOCK_N / ROWS_PER_PASS : 1;  // rows per thread and tile
+static_assert(PRODUCER_WARPS == 0 || (ITEMS <= 32 && ROWS_PER_PASS % 8 == 0 && BLOCK_N % ROWS_PER_PASS == 0),
+              "producer passes of whole 8-row swizzle patterns");
 // Raw table bits of one rotation item's ITEM_PAIRS pairs: the columns' bytes as they are
 // (TABLE_STEP 1), or one word per pair, a 16-bit value in its low half (TABLE_STEP 2: every
 // other column). Kept raw so that no instruction waits for the loads before the tile's turn.
 constexpr int ITEM_WORDS = TABLE_STEP == 1 ? ITEM_PAIRS * TBYTES / 4 : ITEM_PAIRS;
 static_assert(TABLE_STEP == 2 || ITEM_WORDS == 2 || ITEM_WORDS % 4 == 0, "table pieces of 8 bytes or whole 16");
-
-struct KeyLoads {
-    U4 a[KEY_LOADS], b[KEY_LOADS];  // an item's chunk, and (half style) its partner chunk
-    unsigned cos[KEY_LOADS][ITEM_WORDS], sin[KEY_LOADS][ITEM_WORDS];
-};
 
 __device__ __forceinline__ U4 load_global16(const void* at) {
     U4 v;
@@ -2019,27 +2022,23 @@ __device__ __forceinline__ U4 load_global16(const void* at) {
     return v;
 }
 
-// The raw table bits of the pairs from `pair0` of one table row (`row`: its first column).
-__device__ __forceinline__ void load_item_table(unsigned (&words)[ITEM_WORDS], const char* row, int pair0) {
+// The raw table bits of an item's pairs (`at`: the first one's column in its table row).
+__device__ __forceinline__ void load_item_table(unsigned (&words)[ITEM_WORDS], const char* at) {
     if constexpr (TABLE_STEP == 2) {
 #pragma unroll
         for (int e = 0; e < ITEM_PAIRS; ++e) {
-            const char* at = row + table_column(pair0 + e) * TBYTES;
-            if constexpr (TBYTES == 4) asm volatile("ld.global.nc.u32 %0, [%1];\n" : "=r"(words[e]) : "l"(at));
-            else asm volatile("ld.global.nc.u16 %0, [%1];\n" : "=r"(words[e]) : "l"(at));
+            if constexpr (TBYTES == 4) asm volatile("ld.global.nc.u32 %0, [%1];\n" : "=r"(words[e]) : "l"(at + 8 * e));
+            else asm volatile("ld.global.nc.u16 %0, [%1];\n" : "=r"(words[e]) : "l"(at + 4 * e));
+        }
+    } else if constexpr (ITEM_WORDS % 4 == 0) {
+#pragma unroll
+        for (int v = 0; v < ITEM_WORDS / 4; ++v) {
+            const U4 w = load_global16(at + 16 * v);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) words[4 * v + e] = w.w[e];
         }
     } else {
-        const char* at = row + pair0 * TBYTES;
-        if constexpr (ITEM_WORDS % 4 == 0) {
-#pragma unroll
-            for (int v = 0; v < ITEM_WORDS / 4; ++v) {
-                const U4 w = load_global16(at + 16 * v);
-#pragma unroll
-                for (int e = 0; e < 4; ++e) words[4 * v + e] = w.w[e];
-            }
-        } else {
-            asm volatile("ld.global.nc.v2.u32 {%0, %1}, [%2];\n" : "=r"(words[0]), "=r"(words[1]) : "l"(at));
-        }
+        asm volatile("ld.global.nc.v2.u32 {%0, %1}, [%2];\n" : "=r"(words[0]), "=r"(words[1]) : "l"(at));
     }
 }
 
@@ -2058,56 +2057,81 @@ __device__ __forceinline__ float item_angle(const unsigned (&words)[ITEM_WORDS],
     }
 }
 
-// Item j of this thread in a tile: its row and item number, and the chunk it loads first.
-struct KeyItem {
-    int row, item, chunk;
-    bool exists;
+// What a producer thread loads and where it stores, the same in every tile: its item, the
+// byte offsets of its chunks in a key row and of its columns in a table row, its first row in
+// a tile and where that row's chunks go in the tile buffer.
+struct KeyItems {
+    bool active, rotated;
+    int row0, store_a, store_b;
+    int chunk_a, chunk_b, column;
+    long long key_step, cos_step, sin_step;  // bytes between a thread's rows (a pass apart)
 };
-__device__ __forceinline__ KeyItem key_item(int thread, int j) {
-    const int it = thread + j * PRODUCER_THREADS;
-    KeyItem k;
-    k.row = it / ITEMS;
-    k.item = it % ITEMS;
-    k.chunk = k.item < ROT_ITEMS ? k.item : FIRST_PLAIN + k.item - ROT_ITEMS;
-    k.exists = it < BLOCK_N * ITEMS;
+
+template <int D = DTYPE>
+__device__ __forceinline__ KeyItems key_items(const AttentionKernelParams& p, int thread) {
+    KeyItems k;
+    const int item = thread % ITEM_SLOTS;
+    k.active = item < ITEMS;
+    k.rotated = ROTATE && item < ROT_ITEMS;
+    k.row0 = thread / ITEM_SLOTS;
+    const int chunk = item < ROT_ITEMS ? item : FIRST_PLAIN + item - ROT_ITEMS;
+    const int partner = chunk + ROTARY_DIM / 16;  // half style: the chunk of the partners
+    k.chunk_a = chunk * 16;
+    k.chunk_b = partner * 16;
+    k.store_a = swizzled_offset(k.row0, chunk);
+    k.store_b = swizzled_offset(k.row0, partner);
+    k.column = table_column(item * ITEM_PAIRS) * TBYTES;
+    k.key_step = ROWS_PER_PASS * p.k_stride[2] * static_cast<long long>(sizeof(T));
+    k.cos_step = ROWS_PER_PASS * p.cos_stride[0] * TBYTES;
+    k.sin_step = ROWS_PER_PASS * p.sin_stride[0] * TBYTES;
     return k;
 }
 
-// Starts loading this thread's items of the key tile from token n0 (zeros past the sequence
-// and past head_dim; no angles there, so those rows stay zero).
-template <int D = DTYPE>
-__device__ __forceinline__ void load_keys(KeyLoads& r, const AttentionKernelParams& p, const T* k_head, long long n0,
-                                          int thread) {
-    const long long cos_row_bytes = p.cos_stride[0] * TBYTES, sin_row_bytes = p.sin_stride[0] * TBYTES;
+struct KeyLoads {
+    U4 a[KEY_LOADS], b[KEY_LOADS];  // an item's chunk, and (half style) its partner chunk
+    unsigned cos[KEY_LOADS][ITEM_WORDS], sin[KEY_LOADS][ITEM_WORDS];
+};
+
+// Starts loading this thread's items of the key tile from token n0: rows past the sequence
+// and chunks past head_dim load nothing and stay zero, with zero angles (CHECKED; a tile
+// wholly inside the sequence takes the path without the checks).
+template <bool CHECKED, int D = DTYPE>
+__device__ __forceinline__ void load_keys(KeyLoads& r, const KeyItems& k, const AttentionKernelParams& p,
+                                          const T* k_head, long long n0) {
+    const long long row = n0 + k.row0;
+    const char* key = reinterpret_cast<const char*>(k_head + row * p.k_stride[2]);
+    const char* cos = static_cast<const char*>(p.cos) + row * p.cos_stride[0] * TBYTES + k.column;
+    const char* sin = static_cast<const char*>(p.sin) + row * p.sin_stride[0] * TBYTES + k.column;
 #pragma unroll
     for (int j = 0; j < KEY_LOADS; ++j) {
-        const KeyItem k = key_item(thread, j);
-        const long long token = n0 + k.row;
-        const bool valid = k.exists && token < p.seqlen_k;
-        const T* key = k_head + token * p.k_stride[2];
-        r.a[j] = valid && k.chunk < DCHUNKS ? load_global16(key + 8 * k.chunk) : U4{};
-        if constexpr (!INTERLEAVED) r.b[j] = valid && k.item < ROT_ITEMS ? load_global16(key + 8 * (k.chunk + ROTARY_DIM / 16)) : U4{};
-        if constexpr (ROTATE) {
-            if (valid && k.item < ROT_ITEMS) {
-                load_item_table(r.cos[j], static_cast<const char*>(p.cos) + token * cos_row_bytes, k.item * ITEM_PAIRS);
-                load_item_table(r.sin[j], static_cast<const char*>(p.sin) + token * sin_row_bytes, k.item * ITEM_PAIRS);
-            } else {
+        const bool valid = !CHECKED || row + j * ROWS_PER_PASS < p.seqlen_k;
+        if (CHECKED) {
+            r.a[j] = U4{};
+            r.b[j] = U4{};
 #pragma unroll
-                for (int e = 0; e < ITEM_WORDS; ++e) r.cos[j][e] = r.sin[j][e] = 0u;
-            }
+            for (int e = 0; e < ITEM_WORDS; ++e) r.cos[j][e] = r.sin[j][e] = 0u;
         }
+        if (valid && k.active && k.chunk_a < DCHUNKS * 16) r.a[j] = load_global16(key + k.chunk_a);
+        if (valid && k.rotated) {
+            if constexpr (!INTERLEAVED) r.b[j] = load_global16(key + k.chunk_b);
+            load_item_table(r.cos[j], cos);
+            load_item_table(r.sin[j], sin);
+        }
+        key += k.key_step;
+        cos += k.cos_step;
+        sin += k.sin_step;
     }
 }
 
 // Rotates this thread's loaded items and stores them into the key tile at `tile`.
 template <int D = DTYPE>
-__device__ __forceinline__ void store_keys(KeyLoads& r, char* tile, int thread) {
+__device__ __forceinline__ void store_keys(KeyLoads& r, const KeyItems& k, char* tile) {
+    if (!k.active) return;
 #pragma unroll
     for (int j = 0; j < KEY_LOADS; ++j) {
-        const KeyItem k = key_item(thread, j);
-        if (!k.exists) continue;
+        char* const row = tile + j * ROWS_PER_PASS * 128;  // whole swizzle patterns on
         U4 x = r.a[j];
-        if (ROTATE && k.item < ROT_ITEMS) {
+        if (k.rotated) {
             if constexpr (INTERLEAVED) {
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
@@ -2125,11 +2149,20 @@ __device__ __forceinline__ void store_keys(KeyLoads& r, char* tile, int thread) 
                     x.w[e] = pack2(a.x * c0 - bb.x * s0, a.y * c1 - bb.y * s1);
                     y.w[e] = pack2(bb.x * c0 + a.x * s0, bb.y * c1 + a.y * s1);
                 }
-                *reinterpret_cast<U4*>(tile + swizzled_offset(k.row, k.chunk + ROTARY_DIM / 16)) = y;
+                *reinterpret_cast<U4*>(row + k.store_b) = y;
             }
         }
-        *reinterpret_cast<U4*>(tile + swizzled_offset(k.row, k.chunk)) = x;
+        *reinterpret_cast<U4*>(row + k.store_a) = x;
     }
+}
+
+// Loads tile t's keys: the checked path only for a tile that reaches past the sequence.
+template <int D = DTYPE>
+__device__ __forceinline__ void load_key_tile(KeyLoads& r, const KeyItems& k, const AttentionKernelParams& p,
+                                              const T* k_head, int t) {
+    const long long n0 = static_cast<long long>(t) * BLOCK_N;
+    if (n0 + BLOCK_N <= p.seqlen_k) load_keys<false>(r, k, p, k_head, n0);
+    else load_keys<true>(r, k, p, k_head, n0);
 }
 
 // The producers. Values arrive by TMA, issued STAGES - 1 tiles ahead (this block's share of
@@ -2150,14 +2183,15 @@ __device__ void produce(const Pipeline& pipe, const AttentionKernelParams& p, co
                      t * BLOCK_N + rank * SHARE_ROWS, static_cast<int>(hk), static_cast<int>(b), pipe.landed_of(t));
     };
     for (int t = 0; t < STAGES - 1 && t < tiles; ++t) issue_values(t);
+    const KeyItems items = key_items(p, thread);
     KeyLoads keys;
-    if (tiles > 0) load_keys(keys, p, k_head, 0, thread);
+    if (tiles > 0) load_key_tile(keys, items, p, k_head, 0);
     for (int t = 0; t < tiles; ++t) {
         if (t >= STAGES) barrier_wait(pipe.empty_of(t - STAGES), Pipeline::phase_of(t - STAGES));
-        store_keys(keys, pipe.key_tile(t), thread);
+        store_keys(keys, items, pipe.key_tile(t));
         fence_async_proxy();  // the keys, for the tensor cores
         barrier_arrive(pipe.full_of(t));
-        if (t + 1 < tiles) load_keys(keys, p, k_head, static_cast<long long>(t + 1) * BLOCK_N, thread);
+        if (t + 1 < tiles) load_key_tile(keys, items, p, k_head, t + 1);
         const int next = t + STAGES - 1;
         if (next < tiles) {
             if (t >= 1) barrier_wait(pipe.empty_of(t - 1), Pipeline::phase_of(t - 1));
@@ -2165,14 +2199,6 @@ __device__ void produce(const Pipeline& pipe, const AttentionKernelParams& p, co
         }
     }
 }
-
-// Registers a thread after rebalancing (setmaxnreg): the whole register file, 65536, shared
-// by three consumer warpgroups and the producer warpgroup.
-#ifndef TUNE_PRODUCER_REGISTERS
-#define TUNE_PRODUCER_REGISTERS 104
-#endif
-constexpr int PRODUCER_REGISTERS = TUNE_PRODUCER_REGISTERS;
-constexpr int CONSUMER_REGISTERS = (65536 - 128 * PRODUCER_REGISTERS) / 384 / 8 * 8;
 
 template <int D = DTYPE>
 __device__ void forward_specialized(const AttentionKernelParams& p, char* smem) {
@@ -2206,17 +2232,12 @@ __device__ void forward_specialized(const AttentionKernelParams& p, char* smem) 
     if constexpr (CLUSTER > 1) cluster_sync();
     else __syncthreads();
 
-    // Three consumer warpgroups beside the producers start with 128 registers a thread; the
-    // producers hand some to the consumers, whose accumulators need them more.
-    constexpr bool REBALANCE = WARPS == 12;
     if (threadIdx.x >= THREADS) {
-        if constexpr (REBALANCE) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PRODUCER_REGISTERS));
         produce(pipe, p, k_head, b, h / GQA_GROUP, tiles, static_cast<int>(rank));
         if constexpr (CLUSTER > 1) cluster_sync();  // no block exits while another may still use it
         return;
     }
 
-    if constexpr (REBALANCE) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CONSUMER_REGISTERS));
     // Consumers: the block's query rows, rotated, then the key tiles as they come.
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     issue_rows<RESIDENT>(m.q, q_head, p.q_stride[2], m0, p.seqlen_q);

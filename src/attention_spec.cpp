@@ -93,7 +93,7 @@ WgmmaRule wgmma_broken_rule(const AttentionSpec& s) {
     // Producers stage table rows with cp.async, so the tables must allow it; the block takes at
     // most three warpgroups (a fourth leaves the consumers too few registers).
     if ((s.producer_warps != 0 && s.producer_warps != 4) ||
-        (s.producer_warps > 0 && ((s.rotary_dim > 0 && !s.table_async) || s.warps + s.producer_warps > 16)))
+        (s.producer_warps > 0 && ((s.rotary_dim > 0 && !s.table_async) || s.warps + s.producer_warps > 12)))
         return WgmmaRule::producer;
     if (s.cluster != 1 && (s.producer_warps == 0 || (s.cluster != 2 && s.cluster != 4) ||
                            s.gqa_group % s.cluster != 0 || (s.block_n / s.cluster) % 8 != 0))
