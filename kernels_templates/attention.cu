@@ -1861,27 +1861,29 @@ __device__ void forward(const AttentionKernelParams& p, char* smem) {
 
 // ---- the warp-specialized forward: producer warps load and rotate, consumers compute ----
 //
-// PRODUCER_WARPS (4) warps after the WARPS consumer warps fill STAGES key/value buffers and
-// signal each tile on a `full` barrier; the consumers (warpgroups of 64 query rows, as in
-// forward) compute and signal `empty` when they are done with a buffer. No block-wide barrier
-// in the loop: the consumer warpgroups drift apart, so one's softmax overlaps another's
-// tensor-core work, and loading and rotating overlap both.
+// PRODUCER_WARPS (4) warps after the WARPS consumer warps fill STAGES key/value buffers; the
+// consumers (warpgroups of 64 query rows, as in forward) wait for a tile's keys (`full`) and
+// values (`landed`), compute, and signal `empty` when they are done with its buffers. No
+// block-wide barrier in the loop: the consumer warpgroups drift apart, so one's softmax
+// overlaps another's tensor-core work, and loading and rotating overlap both. The tensor cores
+// read everything from shared memory: the rotated query rows (q_tile), keys and values, all
+// 128-byte swizzled (SWIZZLED).
 //
-// Keys and values arrive through the tensor memory accelerator (TMA): one copy per 64-feature
-// region of a tile lands its rows 128-byte swizzled (SWIZZLED), zero past the sequence and
-// past head_dim, and signals the buffer's `landed` barrier by bytes. The producers then rotate
-// the keys in place, with the table rows they staged by cp.async, and arrive on `full`.
-// (Copied 16 bytes a thread, or by TMA one 16-byte chunk column at a time, the tiles cost more
-// L2 requests than the tensor cores need time: that bound the forward.)
+// Values arrive through the tensor memory accelerator (TMA): one copy per 64-feature region
+// of a tile lands its rows swizzled, zero past the sequence and past head_dim, and signals the
+// buffer's `landed` barrier by bytes. Keys go through the producers' registers, rotated there
+// (below), and the producers arrive on `full` once they are stored. (Copied 16 bytes a thread,
+// or by TMA one 16-byte chunk column at a time, the tiles cost more L2 requests than the
+// tensor cores need time: that bound the forward.)
 //
 // CLUSTER > 1: the CLUSTER blocks of a thread-block cluster are consecutive query heads of
-// one GQA group (same keys, same query rows). Each block copies only its share of every tile's
-// rows (SHARE_ROWS of them), multicast into the buffers of every block, so keys and values
-// cross from L2 once per cluster. A buffer is free again once the consumers of every block are
-// done with it: `empty` counts them all.
+// one GQA group (same keys, same query rows). Each block copies only its share of every value
+// tile's rows (SHARE_ROWS of them), multicast into the buffers of every block, so values cross
+// from L2 once per cluster. A buffer is free again once the consumers of every block are done
+// with it: `empty` counts them all.
 constexpr int PRODUCER_THREADS = PRODUCER_WARPS * 32;
 constexpr int SHARE_ROWS = BLOCK_N / CLUSTER;      // key rows of a tile each block copies
-constexpr int TILE_BOXES = DP / 64;                // TMA copies of one tile's keys (or values)
+constexpr int TILE_BOXES = DP / 64;                // TMA copies of one value tile
 // Swizzled TMA boxes land where the pattern starts: tile buffers at multiples of 1024 bytes
 // (the shares of 8-row multiples are too).
 static_assert(PRODUCER_WARPS == 0 || (SMEM.k % 1024 == 0 && SMEM.v0 % 1024 == 0 && SMEM.q_tile % 1024 == 0),

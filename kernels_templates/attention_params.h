@@ -56,9 +56,8 @@ struct AttentionKernelParams {
     float scale;       // softmax scale
     float scale_log2;  // scale * log2(e): the kernels work in base 2
 
-    // The forward with producer warps: TMA descriptors (CUtensorMap) of k and v as [B, H, S, D]
-    // tensors, boxes of 8 features by block_n / cluster tokens.
-    alignas(64) unsigned char k_map[128];
+    // The forward with producer warps: the TMA descriptor (CUtensorMap) of v as a [B, H, S, D]
+    // tensor, boxes of 64 features by block_n / cluster tokens, 128-byte swizzled.
     alignas(64) unsigned char v_map[128];
 };
 

@@ -77,7 +77,7 @@ struct TileShape {
 // The rules of the wgmma forward: a forward with head_dim padded to 64 or 128 (56-64,
 // 120-128), 64- or 128-key tiles, one to three warpgroups of 16-row warps (four or more
 // spill), no pos_mask, 2 or 3 tiles in shared memory, no producer warps or one warpgroup of
-// them (with staged tables, three warpgroups in all at most); clusters of 2 or 4 blocks only
+// them (with tables read in 8- or 16-byte pieces, three warpgroups in all at most); clusters of 2 or 4 blocks only
 // with producer warps, within a GQA group, over shares of whole 8-row units. The first one
 // broken, or none. No text here: the kernel choice asks on every launch.
 enum class WgmmaRule { none, forward, head_dim, key_tile, warps, pos_mask, stages, producer, cluster };
@@ -90,8 +90,9 @@ WgmmaRule wgmma_broken_rule(const AttentionSpec& s) {
     if ((s.warps != 4 && s.warps != 8 && s.warps != 12) || s.m_tiles != 1) return WgmmaRule::warps;
     if (s.pos_mask) return WgmmaRule::pos_mask;
     if (s.stages != 2 && s.stages != 3) return WgmmaRule::stages;
-    // Producers stage table rows with cp.async, so the tables must allow it; the block takes at
-    // most three warpgroups (a fourth leaves the consumers too few registers).
+    // Producers read table columns in 8- or 16-byte pieces, so the tables must allow it (as
+    // for staging them); the block takes at most three warpgroups (a fourth leaves everyone
+    // too few registers: measured, it spills and runs at half speed).
     if ((s.producer_warps != 0 && s.producer_warps != 4) ||
         (s.producer_warps > 0 && ((s.rotary_dim > 0 && !s.table_async) || s.warps + s.producer_warps > 12)))
         return WgmmaRule::producer;
@@ -229,7 +230,7 @@ void AttentionSpec::validate() const {
                 fail_argument(fmt::format("attention kernel spec: wgmma kernels hold 2 or 3 tiles, got {}", stages));
             case WgmmaRule::producer:
                 fail_argument(fmt::format("attention kernel spec: wgmma kernels take 0 or 4 producer warps (with "
-                                          "staged tables and at most 8 other warps), got {} beside {}",
+                                          "tables read in 8- or 16-byte pieces and at most 8 other warps), got {} beside {}",
                                           producer_warps, warps));
             case WgmmaRule::cluster:
                 fail_argument(fmt::format("attention kernel spec: clusters of {} blocks need producer warps, 2 or 4 "
@@ -462,11 +463,10 @@ std::vector<AttentionSpec> choose_attention_specs(const AttentionProblem& p, con
     if (dp <= 128 && !base.pos_mask)
         forward_shapes.insert(forward_shapes.begin(), {TileShape{8, 64, 2}, TileShape{4, 64, 2}});
     // On sm_90 the forward runs on warpgroup matrix products. First two warpgroups of 64 query
-    // rows fed by a producer warpgroup (TMA keys and values, staged tables; 202 against 164
-    // TFLOP/s at the headline shape, bench/results/attention_h200.json), three 64-key tiles in
-    // shared memory; where TMA or staged tables are not there, three warpgroups that load their
-    // own tiles (each key tile, its rotation and its table rows serve 192 queries); then
-    // smaller blocks.
+    // rows fed by a producer warpgroup (keys through its registers, rotated there; values by
+    // TMA; see bench/results/attention_h200.json), three 64-key tiles in shared memory; where
+    // TMA or loadable tables are not there, three warpgroups that load their own tiles (each
+    // key tile, its rotation and its table rows serve 192 queries); then smaller blocks.
     if (device.wgmma)
         forward_shapes.insert(forward_shapes.begin(),
                               {TileShape{8, 64, 1, true, 3, 4}, TileShape{12, 64, 1, true, 3},

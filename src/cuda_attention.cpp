@@ -191,10 +191,7 @@ void CudaAttention::run(const AttentionProblem& p, void* stream_handle) {
         if (blocks > int64_t(0x7fffffff))
             throw Error(ROPE_JIT_ERROR_UNSUPPORTED,
                         fmt::format("q: {} blocks exceed one launch's grid ({})", blocks, spec.describe()));
-        if (spec.producer_warps > 0) {
-            encode_box_map(api_, params.k_map, p.k, spec.block_n / spec.cluster, "k");
-            encode_box_map(api_, params.v_map, p.v, spec.block_n / spec.cluster, "v");
-        }
+        if (spec.producer_warps > 0) encode_box_map(api_, params.v_map, p.v, spec.block_n / spec.cluster, "v");
         const LoadedKernel kernel = kernel_for(spec, launch.context, ordinal);
         void* kernel_args[] = {&params};
         check_cu(api_.cuLaunchKernel(kernel.function, unsigned(blocks), 1, 1, unsigned(spec.threads()), 1, 1,
