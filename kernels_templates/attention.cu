@@ -2107,13 +2107,13 @@ __device__ __forceinline__ void load_keys(KeyLoads& r, const KeyItems& k, const 
 #pragma unroll
     for (int j = 0; j < KEY_LOADS; ++j) {
         const bool valid = !CHECKED || row + j * ROWS_PER_PASS < p.seqlen_k;
+        // (Chunks past head_dim are zero in every tile, as the query rows' are.)
+        r.a[j] = valid && k.active && k.chunk_a < DCHUNKS * 16 ? load_global16(key + k.chunk_a) : U4{};
         if (CHECKED) {
-            r.a[j] = U4{};
             r.b[j] = U4{};
 #pragma unroll
             for (int e = 0; e < ITEM_WORDS; ++e) r.cos[j][e] = r.sin[j][e] = 0u;
         }
-        if (valid && k.active && k.chunk_a < DCHUNKS * 16) r.a[j] = load_global16(key + k.chunk_a);
         if (valid && k.rotated) {
             if constexpr (!INTERLEAVED) r.b[j] = load_global16(key + k.chunk_b);
             load_item_table(r.cos[j], cos);
