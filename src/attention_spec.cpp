@@ -77,7 +77,8 @@ struct TileShape {
 // The rules of the wgmma forward: a forward with head_dim padded to 64 or 128 (56-64,
 // 120-128), 64- or 128-key tiles, one to three warpgroups of 16-row warps (four or more
 // spill), no pos_mask, 2 or 3 tiles in shared memory, no producer warps or one warpgroup of
-// them (with tables read in 8- or 16-byte pieces, three warpgroups in all at most); clusters of 2 or 4 blocks only
+// them (with tables read in 8- or 16-byte pieces, three warpgroups in all at most, head_dim
+// 64 or 128 unpadded); clusters of 2 or 4 blocks only
 // with producer warps, within a GQA group, over shares of whole 8-row units. The first one
 // broken, or none. No text here: the kernel choice asks on every launch.
 enum class WgmmaRule { none, forward, head_dim, key_tile, warps, pos_mask, stages, producer, cluster };
@@ -92,9 +93,12 @@ WgmmaRule wgmma_broken_rule(const AttentionSpec& s) {
     if (s.stages != 2 && s.stages != 3) return WgmmaRule::stages;
     // Producers read table columns in 8- or 16-byte pieces, so the tables must allow it (as
     // for staging them); the block takes at most three warpgroups (a fourth leaves everyone
-    // too few registers: measured, it spills and runs at half speed).
+    // too few registers: measured, it spills and runs at half speed). A head_dim that pads
+    // (56, 120) is left to the other kernels until the producers' zero padding has run on a
+    // GPU (it failed there before its fix, 2671eb5).
     if ((s.producer_warps != 0 && s.producer_warps != 4) ||
-        (s.producer_warps > 0 && ((s.rotary_dim > 0 && !s.table_async) || s.warps + s.producer_warps > 12)))
+        (s.producer_warps > 0 && ((s.rotary_dim > 0 && !s.table_async) || s.warps + s.producer_warps > 12 ||
+                                  s.head_dim != dp)))
         return WgmmaRule::producer;
     if (s.cluster != 1 && (s.producer_warps == 0 || (s.cluster != 2 && s.cluster != 4) ||
                            s.gqa_group % s.cluster != 0 || (s.block_n / s.cluster) % 8 != 0))
@@ -230,7 +234,8 @@ void AttentionSpec::validate() const {
                 fail_argument(fmt::format("attention kernel spec: wgmma kernels hold 2 or 3 tiles, got {}", stages));
             case WgmmaRule::producer:
                 fail_argument(fmt::format("attention kernel spec: wgmma kernels take 0 or 4 producer warps (with "
-                                          "tables read in 8- or 16-byte pieces and at most 8 other warps), got {} beside {}",
+                                          "tables read in 8- or 16-byte pieces, at most 8 other warps and "
+                                          "head_dim 64 or 128), got {} beside {}",
                                           producer_warps, warps));
             case WgmmaRule::cluster:
                 fail_argument(fmt::format("attention kernel spec: clusters of {} blocks need producer warps, 2 or 4 "
