@@ -52,20 +52,22 @@ template <int DT> struct StorageOf { using type = unsigned short; };
 template <> struct StorageOf<0> { using type = float; };
 using T = typename StorageOf<DTYPE>::type;
 
+// The float value of the bits of a 16-bit element (DT 1 fp16, 2 bf16).
+template <int DT>
+__device__ __forceinline__ float float_of_bits16(unsigned short bits) {
+    if constexpr (DT == 1) {
+        float f;
+        asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(bits));
+        return f;
+    } else {
+        return __uint_as_float(static_cast<unsigned>(bits) << 16);
+    }
+}
+
 template <int DT>
 __device__ __forceinline__ float load_float(const void* base, long long index) {
-    if constexpr (DT == 0) {
-        return static_cast<const float*>(base)[index];
-    } else {
-        const unsigned short bits = static_cast<const unsigned short*>(base)[index];
-        if constexpr (DT == 1) {
-            float f;
-            asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(bits));
-            return f;
-        } else {
-            return __uint_as_float(static_cast<unsigned>(bits) << 16);
-        }
-    }
+    if constexpr (DT == 0) return static_cast<const float*>(base)[index];
+    else return float_of_bits16<DT>(static_cast<const unsigned short*>(base)[index]);
 }
 
 // Round to nearest even, NaN kept a (quiet) NaN; written out so it needs no sm_80.
@@ -718,16 +720,15 @@ __device__ __forceinline__ void pair_angles(const AttentionKernelParams& p, cons
     }
 }
 
-// Rotates one chunk of four interleaved pairs (pairs pair0.. of row r, token `token`), angles
-// as pair_angles gives them. Two pairs at a time keeps few angles live beside the caller's
+// Rotates one chunk of four interleaved pairs; angles(e, c, s) gives the cos and sin of pairs
+// e and e + 1 of the chunk. Two pairs at a time keeps few angles live beside the caller's
 // accumulators.
-template <bool STAGED>
-__device__ __forceinline__ void rotate_pairs_chunk(U4& x, const AttentionKernelParams& p, const char* cos_rows,
-                                                   const char* sin_rows, int r, long long token, int pair0) {
+template <class Angles>
+__device__ __forceinline__ void rotate_pair_chunk(U4& x, Angles angles) {
 #pragma unroll
     for (int e = 0; e < 4; e += 2) {
         float c[2], s[2];
-        pair_angles<2, STAGED>(p, cos_rows, sin_rows, r, token, pair0 + e, c, s);
+        angles(e, c, s);
 #pragma unroll
         for (int f = 0; f < 2; ++f) {
             const F2 v = unpack2(x.w[e + f]);
@@ -736,20 +737,36 @@ __device__ __forceinline__ void rotate_pairs_chunk(U4& x, const AttentionKernelP
     }
 }
 
-// Rotates a chunk of eight first-half features (pairs pair0..) with the chunk of their
-// partners R/2 later (half style).
-template <bool STAGED>
-__device__ __forceinline__ void rotate_halves_chunks(U4& xa, U4& xb, const AttentionKernelParams& p,
-                                                     const char* cos_rows, const char* sin_rows, int r,
-                                                     long long token, int pair0) {
+// Rotates a chunk of eight first-half features with the chunk of their partners R/2 later
+// (half style); angles as for rotate_pair_chunk, over the eight pairs.
+template <class Angles>
+__device__ __forceinline__ void rotate_half_chunks(U4& xa, U4& xb, Angles angles) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
         float c[2], s[2];
-        pair_angles<2, STAGED>(p, cos_rows, sin_rows, r, token, pair0 + 2 * e, c, s);
+        angles(2 * e, c, s);
         const F2 a = unpack2(xa.w[e]), bb = unpack2(xb.w[e]);
         xa.w[e] = pack2(a.x * c[0] - bb.x * s[0], a.y * c[1] - bb.y * s[1]);
         xb.w[e] = pack2(bb.x * c[0] + a.x * s[0], bb.y * c[1] + a.y * s[1]);
     }
+}
+
+// The same for pairs pair0.. of row r of a tile (token `token`), angles as pair_angles gives
+// them.
+template <bool STAGED>
+__device__ __forceinline__ void rotate_pairs_chunk(U4& x, const AttentionKernelParams& p, const char* cos_rows,
+                                                   const char* sin_rows, int r, long long token, int pair0) {
+    rotate_pair_chunk(x, [&](int e, float (&c)[2], float (&s)[2]) {
+        pair_angles<2, STAGED>(p, cos_rows, sin_rows, r, token, pair0 + e, c, s);
+    });
+}
+template <bool STAGED>
+__device__ __forceinline__ void rotate_halves_chunks(U4& xa, U4& xb, const AttentionKernelParams& p,
+                                                     const char* cos_rows, const char* sin_rows, int r,
+                                                     long long token, int pair0) {
+    rotate_half_chunks(xa, xb, [&](int e, float (&c)[2], float (&s)[2]) {
+        pair_angles<2, STAGED>(p, cos_rows, sin_rows, r, token, pair0 + e, c, s);
+    });
 }
 
 // Writes rows [0, ROWS) of `src` (raw, zero-filled) into `dst` rotated by the table rows of
@@ -906,11 +923,11 @@ __device__ __forceinline__ void split_plain(float (&rot)[NT][4], float (&plain)[
 
 // One step of the online softmax over a 16 x 8*NT score tile, one row pair per thread (rows g
 // and g + 8): scores (base 2, masks applied, times `scale` > 0 still to apply) become
-// probabilities relative to the running row maximum, the row sums are rescaled to the new
-// maximum, and `alpha` gets the factors that rescale the output accumulators to it.
+// probabilities relative to the running row maximum, and the row sums and the output
+// accumulators are rescaled to the new maximum.
 template <int NT>
-__device__ __forceinline__ void softmax_step(float (&s)[NT][4], float (&row_max)[2], float (&row_sum)[2],
-                                             float (&alpha)[2], float scale = 1.f) {
+__device__ __forceinline__ void online_softmax(float (&s)[NT][4], float (&row_max)[2], float (&row_sum)[2],
+                                               float (&o)[DTILES][4], float scale = 1.f) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         float mx = neg_inf();
@@ -920,7 +937,7 @@ __device__ __forceinline__ void softmax_step(float (&s)[NT][4], float (&row_max)
         mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
         const float m_new = fmaxf(row_max[r], mx * scale);
         const float m_use = m_new == neg_inf() ? 0.f : m_new;
-        alpha[r] = exp2_approx(row_max[r] - m_use);
+        const float alpha = exp2_approx(row_max[r] - m_use);
         row_max[r] = m_new;
         float sum = 0.f;
 #pragma unroll
@@ -929,28 +946,13 @@ __device__ __forceinline__ void softmax_step(float (&s)[NT][4], float (&row_max)
             s[nt][2 * r + 1] = exp2_approx(fmaf(s[nt][2 * r + 1], scale, -m_use));
             sum += s[nt][2 * r] + s[nt][2 * r + 1];
         }
-        row_sum[r] = row_sum[r] * alpha[r] + sum;
-    }
-}
-
-// Output accumulators (rows g and g + 8 of a thread) times their rows' factors.
-__device__ __forceinline__ void rescale(float (&o)[DTILES][4], const float (&alpha)[2]) {
+        row_sum[r] = row_sum[r] * alpha + sum;
 #pragma unroll
-    for (int dt = 0; dt < DTILES; ++dt) {
-        o[dt][0] *= alpha[0];
-        o[dt][1] *= alpha[0];
-        o[dt][2] *= alpha[1];
-        o[dt][3] *= alpha[1];
+        for (int dt = 0; dt < DTILES; ++dt) {
+            o[dt][2 * r] *= alpha;
+            o[dt][2 * r + 1] *= alpha;
+        }
     }
-}
-
-// softmax_step with the accumulators rescaled at once.
-template <int NT>
-__device__ __forceinline__ void online_softmax(float (&s)[NT][4], float (&row_max)[2], float (&row_sum)[2],
-                                               float (&o)[DTILES][4], float scale = 1.f) {
-    float alpha[2];
-    softmax_step<NT>(s, row_max, row_sum, alpha, scale);
-    rescale(o, alpha);
 }
 
 // Normalizes a warp's 16 output rows (first query first_row) by their softmax sums and writes
@@ -1723,17 +1725,52 @@ __device__ __forceinline__ void fence_registers(unsigned (&r)[N][4]) {
         asm volatile("" : "+r"(r[i][0]), "+r"(r[i][1]), "+r"(r[i][2]), "+r"(r[i][3])::"memory");
 }
 
-// A warpgroup's scores of one key tile made probabilities (a warp's 16 query rows, first row
-// row_first, of a warpgroup whose first row is group_first; keys from n0): masks, then a
-// softmax step whose accumulator factors go to `alpha`. Tiles inside the sequence and below
-// the diagonal need no mask: the softmax then applies the scale itself, in the exponent's
-// multiply-add. The choice is the same for the whole warpgroup (its first row decides), whose
-// warps must meet at the same wgmma.
-template <int NT>
-__device__ __forceinline__ void tile_probabilities(float (&s)[NT][4], float (&row_max)[2], float (&row_sum)[2],
-                                                   float (&alpha)[2], const AttentionKernelParams& p, long long b,
-                                                   long long row_first, long long group_first, long long n0,
-                                                   int lane) {
+// One key tile for a warp's 16 query rows (first row row_first) of a warpgroup whose first row
+// is group_first: S = Q K^T on the tensor cores (`q_operand`: this lane's A fragments to reload
+// from shared memory, or with SWIZZLED the warpgroup's swizzled query rows, which the tensor
+// cores read themselves; the rotated keys in key_tile), the masks and the online softmax, then O += P V (values in
+// value_tile) issued with P in `pa`. The caller waits for that product (wgmma wait) before it
+// reads `o` or lets go of `pa`, so it may overlap other work with it. Both wgmma forwards run
+// their tiles through here.
+template <int PSTEPS, int D = DTYPE>
+__device__ __forceinline__ void attend_tile(float (&o)[DTILES][4], unsigned (&pa)[PSTEPS][4],
+                                            float (&row_max)[2], float (&row_sum)[2], unsigned q_operand,
+                                            const char* key_tile, const char* value_tile,
+                                            const AttentionKernelParams& p, long long b, long long row_first,
+                                            long long group_first, long long n0, int lane) {
+    constexpr int NT = BLOCK_N / 8;
+    static_assert(PSTEPS == NT / 2, "P fragments: one per 16 keys of the tile");
+    float s[NT][4];
+    zero(s);
+    const unsigned k_address = shared_address(key_tile);
+    if constexpr (SWIZZLED) {
+        fence_registers(s);
+        __syncwarp();  // wgmma instructions are warp-aligned: every lane at the same one
+        fence_operands();
+#pragma unroll
+        for (int kk = 0; kk < KSTEPS; ++kk)
+            wgmma_ss<BLOCK_N>(s, query_descriptor(q_operand, kk), key_descriptor(k_address, kk));
+        commit();
+        wait_all();
+        fence_registers(s);
+    } else {
+        unsigned qa[KSTEPS][4];
+#pragma unroll
+        for (int kk = 0; kk < KSTEPS; ++kk) ldmatrix_x4(qa[kk], q_operand + kk * 32);
+        fence_registers(s);
+        __syncwarp();
+        fence_operands();
+#pragma unroll
+        for (int kk = 0; kk < KSTEPS; ++kk) wgmma<BLOCK_N, 0>(s, qa[kk], key_descriptor(k_address, kk));
+        commit();
+        wait_all();
+        fence_registers(s);
+        fence_registers(qa);
+    }
+
+    // Tiles inside the sequence and below the diagonal need no mask: the softmax then applies
+    // the scale itself, in the exponent's multiply-add. The choice is the same for the whole
+    // warpgroup (its first row decides), whose warps must meet at the same wgmma.
     const bool check_bounds = n0 + BLOCK_N > p.seqlen_k;
     const bool check_causal = CAUSAL && n0 + BLOCK_N - 1 > group_first;
     float scale = p.scale_log2;
@@ -1741,55 +1778,17 @@ __device__ __forceinline__ void tile_probabilities(float (&s)[NT][4], float (&ro
         scale_and_mask<NT, false>(s, p, b, row_first, n0, check_bounds, check_causal, lane);
         scale = 1.f;
     }
-    softmax_step<NT>(s, row_max, row_sum, alpha, scale);
-}
+    online_softmax<NT>(s, row_max, row_sum, o, scale);
+    to_a_fragments<NT>(pa, s);
 
-// Issues O += P V (P in `pa`, the value tile at shared address v_address) as one wgmma group.
-template <int PSTEPS>
-__device__ __forceinline__ void issue_pv(float (&o)[DTILES][4], unsigned (&pa)[PSTEPS][4], unsigned v_address) {
     fence_registers(o);
     fence_registers(pa);
-    __syncwarp();  // wgmma instructions are warp-aligned: every lane at the same one
-    fence_operands();
-#pragma unroll
-    for (int kk = 0; kk < PSTEPS; ++kk) wgmma<DP, 1>(o, pa[kk], value_descriptor(v_address, kk));
-    commit();
-}
-
-// One key tile for a warp's 16 query rows: S = Q K^T on the tensor cores (Q reloaded from
-// shared memory as A fragments at q_fragments, the rotated keys in key_tile), the masks and
-// the online softmax, then O += P V (values in value_tile) issued with P in `pa`. The caller
-// waits for that product (wgmma wait) before it reads `o` or lets go of `pa`, so it may overlap
-// other work with it.
-template <int PSTEPS, int D = DTYPE>
-__device__ __forceinline__ void attend_tile(float (&o)[DTILES][4], unsigned (&pa)[PSTEPS][4],
-                                            float (&row_max)[2], float (&row_sum)[2], unsigned q_fragments,
-                                            const char* key_tile, const char* value_tile,
-                                            const AttentionKernelParams& p, long long b, long long row_first,
-                                            long long group_first, long long n0, int lane) {
-    constexpr int NT = BLOCK_N / 8;
-    static_assert(PSTEPS == NT / 2, "P fragments: one per 16 keys of the tile");
-    unsigned qa[KSTEPS][4];
-#pragma unroll
-    for (int kk = 0; kk < KSTEPS; ++kk) ldmatrix_x4(qa[kk], q_fragments + kk * 32);
-    float s[NT][4];
-    zero(s);
-    fence_registers(s);
     __syncwarp();
     fence_operands();
-    const unsigned k_address = shared_address(key_tile);
+    const unsigned v_address = shared_address(value_tile);
 #pragma unroll
-    for (int kk = 0; kk < KSTEPS; ++kk) wgmma<BLOCK_N, 0>(s, qa[kk], key_descriptor(k_address, kk));
+    for (int kk = 0; kk < NT / 2; ++kk) wgmma<DP, 1>(o, pa[kk], value_descriptor(v_address, kk));
     commit();
-    wait_all();
-    fence_registers(s);
-    fence_registers(qa);
-
-    float alpha[2];
-    tile_probabilities<NT>(s, row_max, row_sum, alpha, p, b, row_first, group_first, n0, lane);
-    rescale(o, alpha);
-    to_a_fragments<NT>(pa, s);
-    issue_pv(o, pa, shared_address(value_tile));
 }
 
 template <int D = DTYPE>
@@ -2048,14 +2047,8 @@ __device__ __forceinline__ void load_item_table(unsigned (&words)[ITEM_WORDS], c
 __device__ __forceinline__ float item_angle(const unsigned (&words)[ITEM_WORDS], int e) {
     if constexpr (TBYTES == 4) return __uint_as_float(words[e]);
     else {
-        const unsigned bits = TABLE_STEP == 2 ? words[e] & 0xffffu : (words[e / 2] >> (16 * (e % 2))) & 0xffffu;
-        if constexpr (TABLE_DTYPE == 1) {
-            float f;
-            asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(static_cast<unsigned short>(bits)));
-            return f;
-        } else {
-            return __uint_as_float(bits << 16);
-        }
+        const unsigned bits = TABLE_STEP == 2 ? words[e] : words[e / 2] >> (16 * (e % 2));
+        return float_of_bits16<TABLE_DTYPE>(static_cast<unsigned short>(bits & 0xffffu));
     }
 }
 
@@ -2134,23 +2127,18 @@ __device__ __forceinline__ void store_keys(KeyLoads& r, const KeyItems& k, char*
         char* const row = tile + j * ROWS_PER_PASS * 128;  // whole swizzle patterns on
         U4 x = r.a[j];
         if (k.rotated) {
-            if constexpr (INTERLEAVED) {
+            const auto angles = [&](int e, float (&c)[2], float (&s)[2]) {
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const float c = item_angle(r.cos[j], e), sn = item_angle(r.sin[j], e);
-                    const F2 v = unpack2(x.w[e]);
-                    x.w[e] = pack2(v.x * c - v.y * sn, v.y * c + v.x * sn);
+                for (int f = 0; f < 2; ++f) {
+                    c[f] = item_angle(r.cos[j], e + f);
+                    s[f] = item_angle(r.sin[j], e + f);
                 }
+            };
+            if constexpr (INTERLEAVED) {
+                rotate_pair_chunk(x, angles);
             } else {
                 U4 y = r.b[j];
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const float c0 = item_angle(r.cos[j], 2 * e), c1 = item_angle(r.cos[j], 2 * e + 1);
-                    const float s0 = item_angle(r.sin[j], 2 * e), s1 = item_angle(r.sin[j], 2 * e + 1);
-                    const F2 a = unpack2(x.w[e]), bb = unpack2(y.w[e]);
-                    x.w[e] = pack2(a.x * c0 - bb.x * s0, a.y * c1 - bb.y * s1);
-                    y.w[e] = pack2(bb.x * c0 + a.x * s0, bb.y * c1 + a.y * s1);
-                }
+                rotate_half_chunks(x, y, angles);
                 *reinterpret_cast<U4*>(row + k.store_b) = y;
             }
         }
@@ -2263,7 +2251,6 @@ __device__ void forward_specialized(const AttentionKernelParams& p, char* smem) 
     const unsigned q_group_tile = shared_address(q_tile + (warp >> 2) * QUERY_GROUP_BYTES);
     const long long row_first = m0 + warp * 16;
     const long long group_first = m0 + (warp >> 2) * 64;  // this warpgroup's first query row
-    constexpr int NT = BLOCK_N / 8;
     float o[DTILES][4];
     float row_max[2] = {neg_inf(), neg_inf()}, row_sum[2] = {0.f, 0.f};
     zero(o);
@@ -2274,25 +2261,9 @@ __device__ void forward_specialized(const AttentionKernelParams& p, char* smem) 
         // A causal warpgroup whose rows all end before the tile skips it (it still releases
         // the buffer: every consumer arrives once per tile).
         if (!CAUSAL || n0 <= group_first + 63) {
-            // S = Q K^T, the tensor cores reading both from shared memory.
-            float s[NT][4];
-            zero(s);
-            fence_registers(s);
-            __syncwarp();  // wgmma instructions are warp-aligned: every lane at the same one
-            fence_operands();
-            const unsigned k_address = shared_address(pipe.key_tile(t));
-#pragma unroll
-            for (int kk = 0; kk < KSTEPS; ++kk)
-                wgmma_ss<BLOCK_N>(s, query_descriptor(q_group_tile, kk), key_descriptor(k_address, kk));
-            commit();
-            wait_all();
-            fence_registers(s);
-            float alpha[2];
-            unsigned pa[NT / 2][4];
-            tile_probabilities<NT>(s, row_max, row_sum, alpha, p, b, row_first, group_first, n0, lane);
-            rescale(o, alpha);
-            to_a_fragments<NT>(pa, s);
-            issue_pv(o, pa, shared_address(pipe.value_tile(t)));
+            unsigned pa[BLOCK_N / 16][4];
+            attend_tile(o, pa, row_max, row_sum, q_group_tile, pipe.key_tile(t), pipe.value_tile(t), p, b, row_first,
+                        group_first, n0, lane);
             wait_all();
             fence_registers(o);
             fence_registers(pa);

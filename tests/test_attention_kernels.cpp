@@ -490,7 +490,7 @@ TEST_CASE("attention specs render their constants, JSON and description, and com
     CHECK_THROWS_AS(mma_stages.validate(), Error);
     AttentionSpec producer = w;
     producer.producer_warps = 4;
-    CHECK_THROWS_AS(producer.validate(), Error);  // the producers stage table rows: staged tables only
+    CHECK_THROWS_AS(producer.validate(), Error);  // the producers read table columns in 16-byte pieces: stageable tables only
     producer.table_async = 1;
     CHECK_NOTHROW(producer.validate());
     CHECK(producer.threads() == 384);
