@@ -94,11 +94,9 @@ WgmmaRule wgmma_broken_rule(const AttentionSpec& s) {
     // Producers read table columns in 8- or 16-byte pieces, so the tables must allow it (as
     // for staging them); the block takes at most three warpgroups (a fourth leaves everyone
     // too few registers: measured, it spills and runs at half speed). A head_dim that pads
-    // (56, 120) is left to the other kernels until the producers' zero padding has run on a
-    // GPU (it failed there before its fix, 2671eb5).
+    // (56, 120) works: the producers write zeros into the key chunks past head_dim.
     if ((s.producer_warps != 0 && s.producer_warps != 4) ||
-        (s.producer_warps > 0 && ((s.rotary_dim > 0 && !s.table_async) || s.warps + s.producer_warps > 12 ||
-                                  s.head_dim != dp)))
+        (s.producer_warps > 0 && ((s.rotary_dim > 0 && !s.table_async) || s.warps + s.producer_warps > 12)))
         return WgmmaRule::producer;
     if (s.cluster != 1 && (s.producer_warps == 0 || (s.cluster != 2 && s.cluster != 4) ||
                            s.gqa_group % s.cluster != 0 || (s.block_n / s.cluster) % 8 != 0))
@@ -234,8 +232,8 @@ void AttentionSpec::validate() const {
                 fail_argument(fmt::format("attention kernel spec: wgmma kernels hold 2 or 3 tiles, got {}", stages));
             case WgmmaRule::producer:
                 fail_argument(fmt::format("attention kernel spec: wgmma kernels take 0 or 4 producer warps (with "
-                                          "tables read in 8- or 16-byte pieces, at most 8 other warps and "
-                                          "head_dim 64 or 128), got {} beside {}",
+                                          "tables read in 8- or 16-byte pieces and at most 8 other "
+                                          "warps), got {} beside {}",
                                           producer_warps, warps));
             case WgmmaRule::cluster:
                 fail_argument(fmt::format("attention kernel spec: clusters of {} blocks need producer warps, 2 or 4 "

@@ -325,16 +325,16 @@ TEST_CASE("the CUDA-core kernels take what tensor cores cannot") {
         attention_test::Config no_keys = c;
         no_keys.Sk = 0;  // nothing for TMA to describe: the kernel without producers
         CHECK(chosen(no_keys, false)[0].producer_warps == 0);
-        for (const int padded : {56, 120}) {  // head_dims that pad: producers refused, also by default
+        for (const int padded : {56, 120}) {  // head_dims that pad: producers too, also by default
             attention_test::Config odd = c;
             odd.D = odd.R = padded;
             odd.interleaved = true;  // half style needs rotary_dim % 16 == 0 on tensor cores
             CAPTURE(padded);
             env.set("ROPE_JIT_ATTENTION_KERNELS", "fwd=p8x64x3");
             const AttentionSpec forced = chosen(odd, false)[0];
-            CHECK((forced.wgmma == 1 && forced.producer_warps == 0));
+            CHECK((forced.wgmma == 1 && forced.producer_warps == 4));
             env.set("ROPE_JIT_ATTENTION_KERNELS", "");
-            CHECK(chosen(odd, false)[0].producer_warps == 0);
+            CHECK(chosen(odd, false)[0].producer_warps == 4);
         }
         env.set("ROPE_JIT_ATTENTION_KERNELS", "fwd=p12x64x3");
         env.set("ROPE_JIT_ATTENTION_KERNELS", "fwd=c4x8x64x3");
