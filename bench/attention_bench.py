@@ -179,9 +179,9 @@ def sdpa(q, k, v, causal, backend, group):
                                                   is_causal=causal)
 
 
-def run_variants(lib, variants, backward):
-    """The fused kernels at the headline shape under each ROPE_JIT_ATTENTION_KERNELS override."""
-    b, s, hq, hk, d = 4, 4096, 32, 8, 128
+def run_variants(lib, variants, backward, shape):
+    """The fused kernels at `shape` (B, S, Hq, Hk, D) under each ROPE_JIT_ATTENTION_KERNELS override."""
+    b, s, hq, hk, d = shape
     device = torch.device("cuda")
     q = torch.randn(b, s, hq, d, device=device, dtype=torch.bfloat16).transpose(1, 2)
     k = torch.randn(b, s, hk, d, device=device, dtype=torch.bfloat16).transpose(1, 2)
@@ -194,7 +194,7 @@ def run_variants(lib, variants, backward):
     rows = []
     for variant in variants:
         os.environ["ROPE_JIT_ATTENTION_KERNELS"] = variant
-        row = {"variant": variant}
+        row = {"variant": variant, "B": b, "S": s, "Hq": hq, "Hk": hk, "D": d}
         try:
             row["fused_fwd_ms"] = time_ms(lambda: lib.attention(q, k, v, out, cos, sin, lse, True), 100.0)
             row["fused_fwd_tflops"] = flops / (row["fused_fwd_ms"] * 1e-3) / 1e12
@@ -308,7 +308,10 @@ def plot(rows, path):
             ax.set_xlabel("sequence length")
             ax.set_ylabel("TFLOP/s")
             ax.grid(True, alpha=0.3)
-            ax.legend(fontsize=8)
+            if ax.lines:
+                ax.legend(fontsize=8)
+            else:  # --backward some times the backward at the headline shape only
+                ax.text(0.5, 0.5, "not measured", ha="center", va="center", transform=ax.transAxes)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -323,7 +326,9 @@ def main():
     parser.add_argument("--backward", choices=("all", "some", "none"), default="some",
                         help="where to time the backward: every shape, the headline shape only, none")
     parser.add_argument("--variants", default="",
-                        help="';'-separated ROPE_JIT_ATTENTION_KERNELS values to time at the headline shape")
+                        help="';'-separated ROPE_JIT_ATTENTION_KERNELS values to time at --variant-shapes")
+    parser.add_argument("--variant-shapes", default="4,4096,32,8,128",
+                        help="';'-separated B,S,Hq,Hk,D shapes to time the variants at (default: the headline shape)")
     parser.add_argument("--skip-shapes", action="store_true", help="only the variants")
     parser.add_argument("--adopt-best", action="store_true",
                         help="run the shapes with the fastest fwd= and dq=/dkdv= variants (recorded in the report)")
@@ -352,11 +357,15 @@ def main():
             shape = (max(1, 16384 // s), s, hq, hk, d)
             if shape not in shapes:
                 shapes.append(shape)
-    variants = run_variants(lib, options.variants.split(";"), options.backward != "none") if options.variants else []
+    variant_shapes = [tuple(int(x) for x in shape.split(",")) for shape in options.variant_shapes.split(";")]
+    variants = []
+    for shape in variant_shapes if options.variants else []:
+        variants += run_variants(lib, options.variants.split(";"), options.backward != "none", shape)
     adopted = ""
     if options.adopt_best and variants:
-        def best(prefix, key):
-            timed = [v for v in variants if v["variant"].startswith(prefix) and key in v]
+        def best(prefix, key):  # at the first variant shape
+            timed = [v for v in variants if v["variant"].startswith(prefix) and key in v and
+                     (v["B"], v["S"], v["Hq"], v["Hk"], v["D"]) == variant_shapes[0]]
             return min(timed, key=lambda v: v[key])["variant"] if timed else None
         choice = [c for c in (best("fwd=", "fused_fwd_ms"), best("dq=", "fused_bwd_ms")) if c]
         adopted = ",".join(choice)

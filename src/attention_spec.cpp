@@ -77,10 +77,9 @@ struct TileShape {
 // The rules of the wgmma forward: a forward with head_dim padded to 64 or 128 (56-64,
 // 120-128), 64- or 128-key tiles, one to three warpgroups of 16-row warps (four or more
 // spill), no pos_mask, 2 or 3 tiles in shared memory, no producer warps or one warpgroup of
-// them (with tables read in 8- or 16-byte pieces, three warpgroups in all at most, head_dim
-// 64 or 128 unpadded); clusters of 2 or 4 blocks only
-// with producer warps, within a GQA group, over shares of whole 8-row units. The first one
-// broken, or none. No text here: the kernel choice asks on every launch.
+// them (with tables read in 8- or 16-byte pieces, three warpgroups in all at most); clusters
+// of 2 or 4 blocks only with producer warps, within a GQA group, over shares of whole 8-row
+// units. The first one broken, or none. No text here: the kernel choice asks on every launch.
 enum class WgmmaRule { none, forward, head_dim, key_tile, warps, pos_mask, stages, producer, cluster };
 
 WgmmaRule wgmma_broken_rule(const AttentionSpec& s) {
