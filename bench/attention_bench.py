@@ -383,6 +383,7 @@ def main():
         with open(os.path.join(options.out, f"attention_{options.tag}.json"), "w") as f:
             json.dump(report, f, indent=1)
 
+    write_report()  # the variants alone, should no shape follow
     for b, s, hq, hk, d in [] if options.skip_shapes else shapes:
         started = time.time()
         backward = options.backward == "all" or (options.backward == "some" and (b, s, hq, hk, d) == shapes[0])
@@ -406,7 +407,8 @@ def main():
         print(json.dumps({k: v for k, v in row.items() if "speedup" in k or k in ("S", "D", "rope_ms")}), flush=True)
         write_report()
     try:
-        plot([r for r in rows if "error" not in r], os.path.join(options.out, f"attention_{options.tag}.png"))
+        if rows:
+            plot([r for r in rows if "error" not in r], os.path.join(options.out, f"attention_{options.tag}.png"))
     except Exception as error:
         print("plot failed:", error, file=sys.stderr)
 

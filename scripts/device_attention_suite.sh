@@ -2,7 +2,8 @@
 # Runs on the GPU machine (the device tool): builds the library, the tests and the golden runner
 # there, then the attention GPU tests, the golden attention cases on CUDA and the attention
 # benchmark, with logs under $OUT. Usage: bash scripts/device_attention_suite.sh [steps...]
-#   steps: test golden bench bench-quick bench-headline bench-variants bench-tuned profile   (default: test golden bench-quick)
+#   steps: test golden bench bench-all bench-quick bench-headline bench-variants bench-tuned bench-d64-d256 profile
+#   (default: test golden bench-quick)
 set -uo pipefail
 OUT=${OUT:-/tmp/rope_jit_out}
 mkdir -p "$OUT"
@@ -19,10 +20,21 @@ export ROPE_JIT_CACHE_DIR=/tmp/rope_jit_cache
 for step in $steps; do
   case $step in
     test) build-gpu/tests/rope_jit_tests --test-suite=gpu --duration=true \
-            --test-case="*CUDA attention*,*CUDA-core kernels match*,*tile shape*,*sm_90 wgmma forward*,*headline shape*,*CUDA backward is deterministic*" \
+            --test-case="*CUDA attention*,*CUDA-core kernels match*,*tile shape*,*sm_90 wgmma forward*,*headline shape*,*defaults tuned for length*,*CUDA backward is deterministic*" \
             > "$OUT/attention_gpu.log" 2>&1
           echo "gpu attention tests rc=$?"; grep -E "FAIL|ERROR|of .* configurations|test cases|assertions" "$OUT/attention_gpu.log" | head -40 ;;
     golden) build-gpu/tools/rope-jit-golden tests/golden --backend cuda --ops attention 2>&1 | tee "$OUT/attention_golden_cuda.log" ;;
+    # The sweep with the backward timed at every shape too.
+    bench-all) PYTHONUNBUFFERED=1 python3 bench/attention_bench.py --library build-gpu/librope_jit.so --out "$OUT" --backward all 2>&1 |
+             tee "$OUT/attention_bench.log" | cut -c1-400 ;;
+    # Forward tile variants at head_dim 64 (short and long sequences) and 256.
+    bench-d64-d256)
+      for d in 64 256; do
+        if [ $d = 64 ]; then shapes="4,4096,32,8,64;16,1024,32,8,64"; variants="fwd=p8x64x3;fwd=p8x64x2;fwd=p8x128x2;fwd=p8x128x3;fwd=w12x64x3;fwd=w8x64x2"
+        else shapes="4,4096,16,4,256;16,1024,16,4,256"; variants="fwd=8x32;fwd=4x32;fwd=8x16;fwd=8x64;fwd=4x64"; fi
+        PYTHONUNBUFFERED=1 python3 bench/attention_bench.py --library build-gpu/librope_jit.so --out "$OUT" --skip-shapes \
+          --backward none --tag h200_tile_variants_d$d --variant-shapes "$shapes" --variants "$variants" 2>&1 | cut -c1-200
+      done ;;
     bench) PYTHONUNBUFFERED=1 python3 bench/attention_bench.py --library build-gpu/librope_jit.so --out "$OUT" 2>&1 |
              tee "$OUT/attention_bench.log" | cut -c1-400 ;;
     # Times tile variants at the headline shape, then the whole sweep with the fastest.

@@ -228,6 +228,24 @@ TEST_CASE("aligned 16-bit problems run on tensor cores, in one kernel forward an
     const AttentionSpec ampere = chosen(c, false, AttentionDevice{80, 166912})[0];
     CHECK(ampere.wgmma == 0);
     CHECK(ampere.m_tiles == 2);
+    // head_dim 64: 128-key producer tiles from 4096 keys on (not at the threshold's edge below).
+    attention_test::Config d64 = c;
+    d64.D = d64.R = 64;
+    d64.Sq = 8;
+    d64.Sk = 4095;
+    CHECK(chosen(d64, false)[0].block_n == 64);
+    d64.Sk = 4096;
+    const AttentionSpec long_keys = chosen(d64, false)[0];
+    CHECK((long_keys.wgmma == 1 && long_keys.producer_warps == 4 && long_keys.block_n == 128 && long_keys.stages == 2));
+    CHECK(chosen(d64, false, AttentionDevice{80, 166912})[0].wgmma == 0);
+    // head_dim 256 (no wgmma): 8 warps over 64-key tiles; with pos_mask 32-key tiles.
+    attention_test::Config d256 = c;
+    d256.D = d256.R = 256;
+    const AttentionSpec wide = chosen(d256, false)[0];
+    CHECK((wide.tensor_cores == 1 && wide.wgmma == 0 && wide.warps == 8 && wide.block_n == 64));
+    CHECK(chosen(d256, false, AttentionDevice{80, 166912})[0].tensor_cores == 1);
+    d256.pos_mask = true;
+    CHECK(chosen(d256, false)[0].block_n == 32);
     const std::vector<AttentionSpec> backward = chosen(c, true);
     REQUIRE(backward.size() == 2);
     CHECK(backward[0].kind == int32_t(AttentionKernelKind::BackwardDq));

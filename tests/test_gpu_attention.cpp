@@ -451,6 +451,35 @@ TEST_CASE("the headline shape (bf16, D128, causal, GQA 4) runs on tensor cores a
     CHECK(result.passed);
 }
 
+TEST_CASE("the head_dim 64 and 256 defaults tuned for length (128-key producer tiles, 64-key tiles) match the CPU") {
+    GpuFixture f;
+    const rope_jit::AttentionDevice device = device_zero();
+    Config c;
+    c.dt = Dt::BF16;
+    c.B = 1;
+    c.Hq = 4;
+    c.Hk = 1;
+    c.Sq = 200;  // few queries over many keys: the long-key rule at a CPU reference's cost
+    c.Sk = 4100;
+    c.D = c.R = 64;
+    Config wide = c;
+    wide.Sq = wide.Sk = 300;
+    wide.D = wide.R = 256;
+    wide.causal = true;
+    wide.interleaved = true;
+    for (const Config& config : {c, wide}) {
+        std::mt19937 rng(7);
+        Problem p(config, rng);
+        const rope_jit::AttentionSpec forward = kernels_of(p, device)[0];
+        CAPTURE(forward.describe());
+        if (config.D == 64 && device.wgmma && device.tma) CHECK((forward.producer_warps == 4 && forward.block_n == 128));
+        if (config.D == 256) CHECK((forward.tensor_cores == 1 && forward.block_n == 64));
+        const Comparison result = run_and_compare(f, p, true);
+        MESSAGE(describe(config) << " ->" << result.report);
+        CHECK(result.passed);
+    }
+}
+
 TEST_CASE("the CUDA backward is deterministic") {
     GpuFixture f;
     for (Dt dt : {Dt::BF16, Dt::F32}) {
