@@ -25,9 +25,12 @@ constexpr int kMaxTreeDepth = 32;
 
 std::string errno_text(int err) { return std::error_code(err, std::generic_category()).message(); }
 
-std::vector<std::string> names_in(const std::string& dir) {
+// The names in `dir`, sorted; `*error` (when given) is errno when it cannot be listed, else 0.
+std::vector<std::string> names_in(const std::string& dir, int* error = nullptr) {
     std::vector<std::string> names;
-    if (DIR* handle = opendir(dir.c_str())) {
+    DIR* handle = opendir(dir.c_str());
+    if (error != nullptr) *error = handle == nullptr ? errno : 0;
+    if (handle != nullptr) {
         while (const dirent* entry = readdir(handle)) {
             const std::string name = entry->d_name;
             if (name != "." && name != "..") names.push_back(name);
@@ -141,7 +144,19 @@ std::vector<CacheItem> scan_cache(const DiskCache& disk) {
     const std::string& root = disk.root();
     if (root.empty()) return items;
     const std::string current_format = fmt::format("v{}", kCacheFormatVersion);
-    for (const std::string& name : names_in(root)) {
+    // A root that is there but cannot be read must not pass for an empty cache.
+    struct stat root_st;
+    if (stat(root.c_str(), &root_st) != 0) {
+        if (errno == ENOENT) return items;
+        throw Error(ROPE_JIT_ERROR_CACHE, fmt::format("cannot use the cache directory '{}': {}", root, errno_text(errno)));
+    }
+    if (!S_ISDIR(root_st.st_mode))
+        throw Error(ROPE_JIT_ERROR_CACHE, fmt::format("the cache directory '{}' is not a directory", root));
+    int error = 0;
+    const std::vector<std::string> names = names_in(root, &error);
+    if (error != 0)
+        throw Error(ROPE_JIT_ERROR_CACHE, fmt::format("cannot list the cache directory '{}': {}", root, errno_text(error)));
+    for (const std::string& name : names) {
         if (!is_format_dir_name(name)) continue;  // not the cache's: never touched
         const std::string path = root + "/" + name;
         struct stat st;
@@ -149,6 +164,17 @@ std::vector<CacheItem> scan_cache(const DiskCache& disk) {
         if (name == current_format && S_ISDIR(st.st_mode)) {
             for (DiskCache::EntryReport& report : disk.verify(root)) items.push_back(item_from_report(std::move(report)));
             continue;
+        }
+        // Another format's directory holds nvrtc<version> directories, as ours does; a "v2"
+        // with anything else in it (a project's sources, say, in a root given by mistake) is
+        // not the cache's, and prune must never remove it.
+        if (name != current_format) {
+            if (!S_ISDIR(st.st_mode)) continue;
+            const std::vector<std::string> inside = names_in(path, &error);
+            const bool cache_shaped = error == 0 && std::all_of(inside.begin(), inside.end(), [](const std::string& n) {
+                                          return n.compare(0, 5, "nvrtc") == 0;
+                                      });
+            if (!cache_shaped) continue;
         }
         CacheItem item;
         item.path = path;

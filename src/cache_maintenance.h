@@ -41,10 +41,13 @@ struct CacheItem {
 const DiskCache& require_disk_cache(const DiskCache* disk);
 
 // Every item under disk.root(): what DiskCache::verify reports under <root>/v1, each entry
-// judged against this build (see CacheItemState), plus each other "v<N>" directory of the
-// root as one stale item (another cache format). Nothing else in the root is reported: not
-// the compile lock files of <root>/locks (compile_lock.h), which must stay for as long as
-// any process may lock them, nor anything that is not the cache's. Changes nothing. Empty when the root is "" or missing.
+// judged against this build (see CacheItemState; a directory that cannot be listed is a
+// stray item saying why), plus each other "v<N>" directory of the root that holds only
+// nvrtc<version> directories as one stale item (another cache format). Nothing else in the
+// root is reported: not the compile lock files of <root>/locks (compile_lock.h), which must
+// stay for as long as any process may lock them, nor anything that is not the cache's.
+// Changes nothing. Empty when the root is "" or missing; throws Error(CACHE) when it is not
+// a directory or cannot be listed.
 // Without NVRTC an entry's NVRTC version and key cannot be judged: valid ones count as ok.
 std::vector<CacheItem> scan_cache(const DiskCache& disk);
 

@@ -365,9 +365,11 @@ void warn_unusable_root(const std::string& root, const std::string& problem) {
                                  root, problem));
 }
 
-std::vector<std::string> sorted_names(const std::string& dir) {
+// The names in `dir`, sorted; `*error` is errno when it cannot be listed (0 when it can).
+std::vector<std::string> sorted_names(const std::string& dir, int* error) {
     std::vector<std::string> names;
     DIR* handle = opendir(dir.c_str());
+    *error = handle == nullptr ? errno : 0;
     if (handle == nullptr) return names;
     while (const dirent* entry = readdir(handle)) {
         std::string_view name = entry->d_name;
@@ -680,7 +682,20 @@ std::vector<DiskCache::EntryReport> DiskCache::verify(const std::string& root) c
     // levels: [0] nvrtc<ver>, [1] target, [2] key prefix; entries live one level below.
     std::function<void(const std::string&, std::vector<std::string>&)> walk =
         [&](const std::string& dir, std::vector<std::string>& levels) {
-            for (const std::string& name : sorted_names(dir)) {
+            int error = 0;
+            const std::vector<std::string> names = sorted_names(dir, &error);
+            // A directory this user cannot list hides whatever it holds: say so, rather than
+            // report a cache that looks clean (missing is fine: removed meanwhile, or no cache).
+            if (error != 0 && error != ENOENT) {
+                EntryReport report;
+                report.path = dir;
+                report.is_directory = true;
+                report.problem = fmt::format("cannot list this directory: {}",
+                                             std::error_code(error, std::generic_category()).message());
+                reports.push_back(std::move(report));
+                return;
+            }
+            for (const std::string& name : names) {
                 EntryReport report;
                 report.path = dir + "/" + name;
                 struct stat st;

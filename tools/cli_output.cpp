@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cctype>
+#include <cstdint>
 #include <cstdio>
 
 #include <fmt/format.h>
@@ -67,6 +68,8 @@ uint64_t parse_bytes(const std::string& text, const std::string& option) {
     else if (prefix == "T") shift = 40;
     if (shift < 0 || (unit == "iB"))
         throw UsageError(fmt::format("{}: unknown unit in '{}' (use B, K, M, G or T)", option, text));
+    // A shift past 64 bits would wrap to a tiny budget, and prune would then remove everything.
+    if (number > (UINT64_MAX >> shift)) throw UsageError(fmt::format("{}: '{}' is too large", option, text));
     return number << shift;
 }
 
@@ -79,6 +82,8 @@ int64_t parse_duration(const std::string& text, const std::string& option) {
     else if (unit == "d") scale = 86400;
     else if (unit == "w") scale = 7 * 86400;
     else throw UsageError(fmt::format("{}: unknown unit in '{}' (use s, m, h, d or w)", option, text));
+    // An overflowing product would wrap to a short age, and prune would then remove everything.
+    if (number > uint64_t(INT64_MAX / scale)) throw UsageError(fmt::format("{}: '{}' is too large", option, text));
     return int64_t(number) * scale;
 }
 

@@ -1062,7 +1062,7 @@ int main(int argc, char** argv) {
         if (!options.json_path.empty()) {
             std::FILE* file = std::fopen(options.json_path.c_str(), "w");
             if (file == nullptr) throw std::runtime_error("cannot write " + options.json_path);
-            fmt::print(file, "{}\n", result.dump(2));
+            fmt::print(file, "{}\n", result.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
             if (std::fclose(file) != 0) throw std::runtime_error("cannot write " + options.json_path);
         }
         if (result.contains("errors")) {

@@ -91,7 +91,11 @@ std::string joined(const std::vector<std::string>& names) {
     return text;
 }
 
-void print_json(const json& document) { std::cout << document.dump(2) << std::endl; }
+// File names need not be UTF-8: invalid bytes print as U+FFFD rather than failing the report
+// (after prune or clear has already acted).
+void print_json(const json& document) {
+    std::cout << document.dump(2, ' ', false, json::error_handler_t::replace) << std::endl;
+}
 
 // ---- cache items ------------------------------------------------------------------------
 
@@ -674,9 +678,16 @@ int run(int argc, char** argv) {
     // The global options, accepted before the subcommand and after it (and listed in each
     // subcommand's --help).
     auto add_global_options = [&global](CLI::App* command) {
-        command->add_option("--cache-dir", global.cache_dir,
-                            "cache root (default: $ROPE_JIT_CACHE_DIR, else $XDG_CACHE_HOME/rope_jit, else "
-                            "~/.cache/rope_jit)");
+        // An empty value (an unset shell variable, say) must not quietly mean the default cache,
+        // which clear or prune would then empty.
+        command
+            ->add_option("--cache-dir", global.cache_dir,
+                         "cache root (default: $ROPE_JIT_CACHE_DIR, else $XDG_CACHE_HOME/rope_jit, else "
+                         "~/.cache/rope_jit)")
+            ->check([](const std::string& dir) {
+                return dir.empty() ? std::string("empty; leave the option out for the default cache")
+                                   : std::string();
+            });
         command->add_flag("--json", global.json, "print one JSON document on stdout instead of text");
     };
     add_global_options(&app);

@@ -1136,7 +1136,7 @@ void print_json(const std::vector<CaseResult>& results, int passed, int failed, 
                          {"worst_ratio", r.measurement ? json_number(r.measurement->worst_ratio) : json(nullptr)},
                          {"message", r.message}});
     const json report = {{"cases", cases}, {"passed", passed}, {"failed", failed}, {"kernels", kernels}};
-    fmt::print("{}\n", report.dump(2));
+    fmt::print("{}\n", report.dump(2, ' ', false, json::error_handler_t::replace));  // names need not be UTF-8
 }
 
 using RuntimeHandle = std::unique_ptr<rope_jit_runtime, decltype(&rope_jit_runtime_free)>;

@@ -826,14 +826,16 @@ typedef int (*rope_jit_cache_visitor)(const rope_jit_cache_item* item, void* use
 
 /* Calls visitor(item, user_data) for every item under the runtime's cache root, in path
  * order: the entries of the current format with their state judged against this library
- * (files of other NVRTC versions included), each other "v<N>" directory as one STALE item,
- * temp files and anything else inside those directories. The rest of the root is not
+ * (files of other NVRTC versions included), each other "v<N>" directory that holds only
+ * nvrtc<version> directories as one STALE item, temp files and anything else inside those
+ * directories (a directory there that cannot be listed is a STRAY item saying why). The rest of the root is not
  * reported: the empty compile lock files of <root>/locks, which processes compiling into the
  * cache hold while they compile (never removed, so that all of them always lock the same
  * files), and anything that is not the cache's. Reads only; changes nothing. Without
  * NVRTC the NVRTC version and key of an entry cannot be judged, and valid entries are
  * reported OK. A missing root has no items (ROPE_JIT_OK). Fails with ERROR_INVALID_ARGUMENT
- * for a NULL runtime or visitor, ERROR_CACHE when the runtime has no disk cache. */
+ * for a NULL runtime or visitor, ERROR_CACHE when the runtime has no disk cache or its root
+ * is not a directory or cannot be listed. */
 ROPE_JIT_API rope_jit_status rope_jit_cache_walk(const rope_jit_runtime* runtime, rope_jit_cache_visitor visitor,
                                                  void* user_data);
 

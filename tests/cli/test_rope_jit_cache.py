@@ -419,6 +419,57 @@ class CommandLineTest(CacheTestCase):
         self.tool("prewarm", "--head-dim", "64", "--target", "volta", expect=2)
         self.tool("prune", "--max-bytes", "lots", expect=2)
         self.tool("prune", "--older-than", "3 fortnights", expect=2)
+        # Numbers past 64 bits would wrap to a tiny budget or age, and prune would then empty
+        # the cache; an empty --cache-dir would quietly mean the default cache.
+        for option, value in (("--max-bytes", "16777216T"), ("--max-bytes", "17179869184G"),
+                              ("--older-than", "20000000000000w"), ("--older-than", "999999999999999d")):
+            result = self.tool("--cache-dir", self.root, "prune", option, value, expect=2)
+            self.assertIn("too large", result.stderr)
+        for subcommand in ("clear", "prune", "verify"):
+            result = self.tool("--cache-dir", "", subcommand, expect=2)
+            self.assertIn("empty", result.stderr)
+
+    def test_a_root_that_is_a_file_fails_and_a_missing_one_is_empty(self):
+        write_bytes(self.root, b"not a directory")
+        for subcommand in ("list", "verify", "prune", "clear"):
+            result = self.tool("--cache-dir", self.root, subcommand, expect=1)
+            self.assertIn("not a directory", result.stderr, subcommand)
+        self.assertEqual(read_bytes(self.root), b"not a directory")
+        self.assertEqual(self.verify(root=os.path.join(self.scratch, "missing"), expect=0)["items"], [])
+
+    def test_prune_leaves_v_directories_that_are_not_the_caches(self):
+        project = os.path.join(self.root, "v2", "src", "main.c")
+        os.makedirs(os.path.dirname(project))
+        write_bytes(project, b"int main() {}")
+        other_format = os.path.join(self.root, "v3", "nvrtc12.0")
+        os.makedirs(other_format)
+        pruned = json.loads(self.tool("--cache-dir", self.root, "prune", "--json").stdout)
+        self.assertEqual([item["path"] for item in pruned["removed"]], [os.path.dirname(other_format)])
+        self.assertEqual(read_bytes(project), b"int main() {}")
+
+    def test_json_reports_survive_file_names_that_are_not_utf8(self):
+        odd = os.path.join(self.root, "v1", "nvrtc13.0").encode() + b"/bad\xff\xfename"
+        os.makedirs(os.path.dirname(odd))
+        write_bytes(odd, b"x")
+        listed = json.loads(self.tool("--cache-dir", self.root, "list", "--json").stdout)
+        self.assertEqual([item["state"] for item in listed["items"]], ["stray"])
+        self.assertIn("\ufffd", listed["items"][0]["path"])
+        pruned = json.loads(self.tool("--cache-dir", self.root, "prune", "--json").stdout)
+        self.assertEqual(len(pruned["removed"]), 1)
+        self.assertFalse(os.path.exists(odd))
+
+    @unittest.skipIf(os.geteuid() == 0, "root lists any directory")
+    def test_a_directory_that_cannot_be_listed_fails_verify_and_clear(self):
+        hidden = os.path.join(self.root, "v1", "nvrtc13.0", "sm_90", "ab")
+        os.makedirs(hidden)
+        write_bytes(os.path.join(hidden, "ab" + "0" * 62 + ".cubin"), b"damaged")
+        os.chmod(hidden, 0)
+        report = self.verify(expect=1)
+        self.assertEqual([(item["path"], item["state"]) for item in report["items"]], [(hidden, "stray")])
+        self.assertIn("cannot list", report["items"][0]["problem"])
+        self.tool("--cache-dir", self.root, "clear", expect=1)  # it cannot empty what it cannot list
+        os.chmod(hidden, 0o700)
+        self.assertEqual([item["state"] for item in self.verify(expect=1)["items"]], ["damaged"])
 
     def test_every_subcommand_prints_one_json_document_with_json(self):
         for subcommand in (["list"], ["verify"], ["prune"], ["clear"], ["info"],
