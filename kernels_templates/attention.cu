@@ -259,9 +259,10 @@ __device__ void forward(const AttentionKernelParams& p) {
         const int d = lane + 32 * u;
         if (d < HEAD_DIM) store_float<DTYPE>(out, d * p.out_stride[3], o[u] * inv);
     }
+    // -inf only for a row that sees no key; a NaN score (l NaN) gives a NaN lse.
     if (WRITE_LSE && lane == 0)
         p.lse[b * p.lse_stride[0] + h * p.lse_stride[1] + i * p.lse_stride[2]] =
-            l > 0.f ? (m + __log2f(l)) * LN2 : neg_inf();
+            l == 0.f ? neg_inf() : (m + __log2f(l)) * LN2;
 }
 
 __device__ void backward_dq(const AttentionKernelParams& p) {
@@ -974,7 +975,7 @@ __device__ __forceinline__ void finish_rows(const float (&o)[DTILES][4], const f
             const long long i = first_row + (lane >> 2) + 8 * r;
             if (i < p.seqlen_q)
                 p.lse[b * p.lse_stride[0] + h * p.lse_stride[1] + i * p.lse_stride[2]] =
-                    row_sum[r] > 0.f ? (row_max[r] + __log2f(row_sum[r])) * LN2 : neg_inf();
+                    row_sum[r] == 0.f ? neg_inf() : (row_max[r] + __log2f(row_sum[r])) * LN2;  // NaN stays NaN
         }
     }
 }

@@ -30,8 +30,8 @@ void write_float(const TensorRef& t, int64_t element, double value) {
     char* address = t.data + element * int64_t(dtype_size(t.dtype));
     switch (t.dtype) {
         case DType::F32: { const float v = float(value); std::memcpy(address, &v, 4); break; }
-        case DType::F16: { const uint16_t v = float_to_fp16(float(value)); std::memcpy(address, &v, 2); break; }
-        case DType::BF16: { const uint16_t v = float_to_bf16(float(value)); std::memcpy(address, &v, 2); break; }
+        case DType::F16: { const uint16_t v = double_to_fp16(value); std::memcpy(address, &v, 2); break; }
+        case DType::BF16: { const uint16_t v = double_to_bf16(value); std::memcpy(address, &v, 2); break; }
         default: break;
     }
 }
@@ -134,11 +134,14 @@ struct KeyValues {
 };
 
 // One query row's softmax: the probabilities p[j] (0 where masked) and the log-sum-exp.
-// Returns false when every key is masked (p all 0, lse -inf).
+// Returns false when every key is masked (p all 0, lse -inf). A NaN score makes the
+// probabilities of every visible key and the lse NaN, also when no other key is visible: a
+// NaN must not pass for "sees no key" (std::max drops NaN, so the maximum alone cannot tell).
 bool row_softmax(const AttentionProblem& p, const Tokens& tokens, const KeyValues& kv, int64_t b, int64_t i,
                  const double* q_plain, const double* q_rotated, std::vector<double>& prob, double* lse) {
     const int64_t D = p.head_dim;
     double max_score = kNegativeInfinity;
+    bool nan_score = false;
     for (int64_t j = 0; j < p.seqlen_k; ++j) {
         const double bias = tokens.mask(b, i, j);
         double score = kNegativeInfinity;
@@ -149,6 +152,12 @@ bool row_softmax(const AttentionProblem& p, const Tokens& tokens, const KeyValue
         }
         prob[size_t(j)] = score;
         max_score = std::max(max_score, score);
+        nan_score = nan_score || std::isnan(score);
+    }
+    if (nan_score) {  // NaN for every key the row sees, 0 for masked ones (as the GPU kernels)
+        for (double& x : prob) x = x == kNegativeInfinity ? 0.0 : std::numeric_limits<double>::quiet_NaN();
+        *lse = std::numeric_limits<double>::quiet_NaN();
+        return true;
     }
     if (max_score == kNegativeInfinity) {
         std::fill(prob.begin(), prob.end(), 0.0);

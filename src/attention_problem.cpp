@@ -55,7 +55,9 @@ void check_written(const TensorRef& out, std::initializer_list<const TensorRef*>
                                   out.name));
     for (const TensorRef* other : others)
         if (other->present() && other != &out && extents_overlap(out, *other))
-            fail_argument(fmt::format("{}: overlaps {}; outputs need memory of their own", out.name, other->name));
+            fail_argument(fmt::format("{}: overlaps {} (their memory ranges meet); outputs need memory of their "
+                                      "own (interleaved outputs in one buffer, as a packed dqkv, are not supported)",
+                                      out.name, other->name));
 }
 
 // A view with the same data as `t` and explicit dims, for the normalized mask views.
@@ -118,8 +120,12 @@ AttentionProblem make_attention_problem(const rope_jit_attention_args& args, boo
         p.rotate = true;
         p.rotary_dim = args.rotary_dim == 0 ? p.head_dim : args.rotary_dim;
         if (p.rotary_dim <= 0 || p.rotary_dim % 2 != 0)
-            fail_argument(fmt::format("rotary_dim: must be even and positive (0 = head_dim), got {}",
-                                      args.rotary_dim));
+            fail_argument(args.rotary_dim == 0
+                              ? fmt::format("rotary_dim: 0 means head_dim, {}, which is odd; rotation needs an "
+                                            "even rotary_dim (pass one, or no cos/sin)",
+                                            p.head_dim)
+                              : fmt::format("rotary_dim: must be even and positive (0 = head_dim), got {}",
+                                            args.rotary_dim));
         if (p.rotary_dim > p.head_dim)
             fail_argument(fmt::format("rotary_dim: {} exceeds head_dim {}", p.rotary_dim, p.head_dim));
         for (const TensorRef* t : {&cos, &sin}) {

@@ -60,4 +60,19 @@ inline uint16_t float_to_fp16(float value) {
     return uint16_t(sign | uint16_t((rebased + rounding) >> 13));
 }
 
+// `value` rounded to a float toward zero, with the last mantissa bit set when that was
+// inexact ("round to odd"). Rounding the result to fp16 or bf16 (nearest even, 13 or 16 bits
+// fewer) then rounds `value` once: through the nearest float instead, a double just above a
+// halfway point could land on it and go to even (off by one unit in the last place).
+inline float float_round_to_odd(double value) {
+    float nearest = float(value);
+    if (double(nearest) == value || value != value || nearest - nearest != 0.0f) return nearest;  // exact, NaN, inf
+    if ((nearest < 0.0f ? -double(nearest) : double(nearest)) > (value < 0.0 ? -value : value))
+        nearest = bits_float(float_bits(nearest) - 1u);  // one step toward zero (same sign)
+    return bits_float(float_bits(nearest) | 1u);
+}
+
+inline uint16_t double_to_fp16(double value) { return float_to_fp16(float_round_to_odd(value)); }
+inline uint16_t double_to_bf16(double value) { return float_to_bf16(float_round_to_odd(value)); }
+
 }  // namespace rope_jit

@@ -157,6 +157,11 @@ TEST_CASE("attention: bad rotation arguments are rejected") {
         call.args.rotary_dim = 7;
         call.expect_invalid("rotary_dim: must be even");
     }
+    SUBCASE("rotary_dim 0 (head_dim) with an odd head_dim: the message names the head_dim it stands for") {
+        for (auto* t : {&call.problem.q, &call.problem.k, &call.problem.v, &call.problem.out}) t->dl()->shape[3] = 15;
+        call.args.rotary_dim = 0;
+        call.expect_invalid("rotary_dim: 0 means head_dim, 15, which is odd");
+    }
     SUBCASE("rotary_dim above head_dim") {
         call.args.rotary_dim = 18;
         call.expect_invalid("rotary_dim: 18 exceeds head_dim 16");

@@ -4,12 +4,14 @@
 // (queries that see no key, layouts, the default scale, determinism).
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <limits>
 #include <random>
 
 #include "attention_test_support.h"
+#include "half_float.h"
 
 using namespace attention_test;
 using rope_test::Dt;
@@ -194,6 +196,86 @@ TEST_CASE("a query that sees no key gets out 0, lse -inf and no gradient") {
         for (double x : p.out.values()) CHECK(x == 0.0);
         for (double x : p.dq.values()) CHECK(x == 0.0);
         for (double x : p.lse.values()) CHECK(x == -std::numeric_limits<double>::infinity());
+    }
+}
+
+TEST_CASE("a NaN in a query row makes that row's out, lse and dq NaN, and the keys it sees get NaN gradients") {
+    CpuRuntime runtime;
+    for (const bool causal : {false, true}) {
+        CAPTURE(causal);
+        std::mt19937 rng(11);
+        Config c;
+        c.B = 1;
+        c.Hq = c.Hk = 1;
+        c.Sq = c.Sk = 5;
+        c.D = c.R = 8;
+        c.causal = causal;
+        c.mask = Mask::BoolKeys;
+        Problem p(c, rng);
+        p.mask_bool.bytes()[4] = 0;  // key 4 hidden: it must keep finite gradients
+        // Row 2 has NaN in every score (one NaN feature): a NaN must not read as "no key".
+        p.q.set({0, 0, 2, 3}, std::numeric_limits<double>::quiet_NaN());
+        run_forward(runtime.get(), p);
+        run_backward(runtime.get(), p);
+        const int64_t seen = causal ? 3 : 4;  // keys row 2 sees
+        for (int64_t i = 0; i < c.Sq; ++i) {
+            CAPTURE(i);
+            CHECK(std::isnan(p.lse.get({0, 0, i})) == (i == 2));
+            for (int64_t d = 0; d < c.D; ++d) {
+                CHECK(std::isnan(p.out.get({0, 0, i, d})) == (i == 2));
+                CHECK(std::isnan(p.dq.get({0, 0, i, d})) == (i == 2));
+            }
+        }
+        for (int64_t j = 0; j < c.Sk; ++j) {
+            CAPTURE(j);
+            CHECK(std::isnan(p.dk.get({0, 0, j, 0})) == (j < seen));
+            CHECK(std::isnan(p.dv.get({0, 0, j, 0})) == (j < seen));
+        }
+    }
+}
+
+TEST_CASE("16-bit outputs are the float64 result rounded once, also just above a halfway point") {
+    // out = sigmoid(scale) for q = [1], keys [1] and [0], values [1] and [0]. Each scale puts
+    // the output about 1e-9 above the midpoint between two representable values: rounding to a
+    // float first would land on the midpoint and then go to the even (lower) neighbour.
+    CpuRuntime runtime;
+    struct Case {
+        Dt dt;
+        double scale;
+        uint16_t below, above;  // the two neighbours of the result
+    };
+    for (const Case& k : {Case{Dt::F16, 0.00097656630290141218, 0x3800, 0x3801},
+                          Case{Dt::BF16, 0.0078125434621407943, 0x3f00, 0x3f01}}) {
+        CAPTURE(rope_test::dt_name(k.dt));
+        Config c;
+        c.dt = k.dt;
+        c.Hq = c.Hk = 1;
+        c.Sq = 1;
+        c.Sk = 2;
+        c.D = 2;
+        c.R = 0;
+        c.scale = k.scale;
+        std::mt19937 rng(1);
+        Problem p(c, rng);
+        for (int64_t d = 0; d < c.D; ++d) {
+            p.q.set({0, 0, 0, d}, d == 0 ? 1.0 : 0.0);
+            p.k.set({0, 0, 0, d}, d == 0 ? 1.0 : 0.0);
+            p.k.set({0, 0, 1, d}, 0.0);
+            p.v.set({0, 0, 0, d}, d == 0 ? 1.0 : 0.0);
+            p.v.set({0, 0, 1, d}, 0.0);
+        }
+        run_forward(runtime.get(), p);
+        const long double exact = 1.0L / (1.0L + std::exp(-static_cast<long double>(k.scale)));
+        auto value_of = [&](uint16_t bits) {
+            return k.dt == Dt::F16 ? double(rope_jit::fp16_to_float(bits)) : double(rope_jit::bf16_to_float(bits));
+        };
+        const long double to_below = exact - value_of(k.below), to_above = value_of(k.above) - exact;
+        REQUIRE((to_below > 0 && to_above > 0));
+        const uint16_t nearest = to_below < to_above ? k.below : k.above;
+        CHECK(nearest == k.above);  // the case is what it says: just above the midpoint
+        uint16_t got = 0;
+        std::memcpy(&got, p.out.bytes().data(), 2);
+        CHECK(got == nearest);
     }
 }
 

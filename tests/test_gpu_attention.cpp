@@ -480,6 +480,51 @@ TEST_CASE("the head_dim 64 and 256 defaults tuned for length (128-key producer t
     }
 }
 
+TEST_CASE("a NaN in a query row gives that row NaN out, lse and dq on every kernel family, and only that row") {
+    GpuFixture f;
+    // CUDA cores (fp32), mma.sync tiles, and the sm_90 default (wgmma where it runs).
+    const std::vector<std::pair<Dt, const char*>> families = {
+        {Dt::F32, ""}, {Dt::BF16, "fwd=8x64x2,dq=8x64,dkdv=8x64"}, {Dt::BF16, ""}};
+    for (const auto& [dt, shapes] : families)
+        for (const bool causal : {false, true}) {
+            setenv("ROPE_JIT_ATTENTION_KERNELS", shapes, 1);
+            Config c;
+            c.dt = dt;
+            c.B = 1;
+            c.Hq = c.Hk = 1;
+            c.Sq = c.Sk = 100;
+            c.D = c.R = 64;
+            c.causal = causal;
+            std::mt19937 rng(3);
+            Problem p(c, rng);
+            p.q.set({0, 0, 37, 3}, std::numeric_limits<double>::quiet_NaN());
+            CAPTURE(describe(c));
+            CAPTURE(kernels_of(p, device_zero())[0].describe());
+            poison_outputs(p);
+            DeviceProblem device(p);
+            const rope_jit_attention_args args = device.args(p.args());
+            REQUIRE(rope_jit_attention(f.cuda.get(), &args) == ROPE_JIT_OK);
+            REQUIRE(rope_jit_attention_backward(f.cuda.get(), &args) == ROPE_JIT_OK);
+            check_cu(driver().cuCtxSynchronize(), "cuCtxSynchronize");
+            const HostTensor out = device.download(p.out), lse = device.download(p.lse), dq = device.download(p.dq),
+                              dk = device.download(p.dk);
+            int wrong_rows = 0;
+            for (int64_t i = 0; i < c.Sq; ++i) {
+                bool nan_row = std::isnan(lse.get({0, 0, i}));
+                for (int64_t d = 0; d < c.D; ++d)
+                    nan_row = nan_row && std::isnan(out.get({0, 0, i, d})) && std::isnan(dq.get({0, 0, i, d}));
+                bool finite_row = std::isfinite(lse.get({0, 0, i}));
+                for (int64_t d = 0; d < c.D; ++d)
+                    finite_row = finite_row && std::isfinite(out.get({0, 0, i, d})) && std::isfinite(dq.get({0, 0, i, d}));
+                wrong_rows += i == 37 ? !nan_row : !finite_row;
+            }
+            CHECK(wrong_rows == 0);
+            CHECK(std::isnan(dk.get({0, 0, 0, 0})));  // a key row 37 sees
+            if (causal) CHECK(std::isfinite(dk.get({0, 0, 99, 0})));  // a key in no tile with row 37
+        }
+    unsetenv("ROPE_JIT_ATTENTION_KERNELS");
+}
+
 TEST_CASE("the CUDA backward is deterministic") {
     GpuFixture f;
     for (Dt dt : {Dt::BF16, Dt::F32}) {

@@ -464,7 +464,11 @@ ROPE_JIT_API rope_jit_status rope_jit_get_stats(const rope_jit_runtime* runtime,
  *
  * Without cos/sin the scores are plain (no rotation): the op is ordinary attention. Causal
  * masking is top-left aligned (key j is visible to query i when j <= i, whatever Sq and Sk).
- * A query that sees no key at all gets out = 0 and lse = -inf (softmax of nothing).
+ * A query that sees no key at all gets out = 0 and lse = -inf (softmax of nothing). A NaN
+ * score is not a masked one: a query with any NaN score (a NaN in q, in a key it sees, or in
+ * an additive mask) gets NaN out and lse, and its gradients are NaN: its dq and the dk and dv
+ * of the keys it sees (on the CUDA backend also of keys masked from it inside a tile it
+ * shares with them).
  *
  * Precision: q, k, v, out and the gradients share one dtype, float32, float16 or bfloat16;
  * every product is accumulated in float32. On the CUDA backend fp16/bf16 run on tensor cores
@@ -472,9 +476,9 @@ ROPE_JIT_API rope_jit_status rope_jit_get_stats(const rope_jit_runtime* runtime,
  * stride; rotated q/k and the softmax probabilities are rounded to the input dtype before their
  * matrix products, as FlashAttention does; on sm_90, with an NVRTC of CUDA 13 or newer, the
  * forward at head_dim 56-64 or 120-128 without pos_mask uses warpgroup matrix products,
- * compiled for sm_90a, with keys and values brought in by the tensor memory accelerator when
- * the driver offers it (CUDA 12 or newer) and the cos/sin rows are 16-byte aligned whole
- * 16-byte pieces); float32 and every other case run on the CUDA cores
+ * compiled for sm_90a, fed by a producer warpgroup (keys rotated in its registers, values
+ * brought in by the tensor memory accelerator) when the driver offers TMA (CUDA 12 or newer)
+ * and the cos/sin rows are 16-byte aligned whole 16-byte pieces); float32 and every other case run on the CUDA cores
  * in float32 (head_dim up to 512; sequences below 2^31 tokens). The CPU backend computes in
  * float64 and rounds the results once. The backward is deterministic on both backends.
  *
