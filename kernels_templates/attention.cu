@@ -1556,7 +1556,6 @@ __device__ __forceinline__ unsigned long long swizzled_descriptor(unsigned addre
 }
 
 constexpr int CHUNK_STRIDE = BLOCK_N * 16;  // bytes between chunk c and c + 1 of a tile row
-__device__ __forceinline__ int chunk_offset(int row, int chunk) { return chunk * CHUNK_STRIDE + row * 16; }
 // Keys (B of S = Q K^T, K-major): the next 16 features are 2 chunks on, 8 rows are 128 bytes.
 constexpr unsigned K_LEADING = CHUNK_STRIDE, K_STRIDE = 128, K_STEP = 2 * CHUNK_STRIDE;
 // Values (B of O += P V, N-major): the next 8 keys are 128 bytes on, 8 features one chunk.

@@ -465,7 +465,7 @@ std::vector<AttentionSpec> choose_attention_specs(const AttentionProblem& p, con
     if (dp <= 128 && !base.pos_mask)
         forward_shapes.insert(forward_shapes.begin(), {TileShape{8, 64, 2}, TileShape{4, 64, 2}});
     // head_dim 256 without pos_mask: 64-key tiles where they fit (H200, S 4096: 8% faster than
-    // 32-key tiles; bench/results/attention_h200_tile_variants.json).
+    // 32-key tiles; bench/results/attention_h200_tile_variants_d256.json).
     if (dp > 128 && !base.pos_mask) forward_shapes.insert(forward_shapes.begin(), TileShape{8, 64});
     // On sm_90 the forward runs on warpgroup matrix products. First two warpgroups of 64 query
     // rows fed by a producer warpgroup (keys through its registers, rotated there; values by

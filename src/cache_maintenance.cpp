@@ -1,6 +1,5 @@
 #include "cache_maintenance.h"
 
-#include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -25,22 +24,6 @@ constexpr int kMaxTreeDepth = 32;
 
 std::string errno_text(int err) { return std::error_code(err, std::generic_category()).message(); }
 
-// The names in `dir`, sorted; `*error` (when given) is errno when it cannot be listed, else 0.
-std::vector<std::string> names_in(const std::string& dir, int* error = nullptr) {
-    std::vector<std::string> names;
-    DIR* handle = opendir(dir.c_str());
-    if (error != nullptr) *error = handle == nullptr ? errno : 0;
-    if (handle != nullptr) {
-        while (const dirent* entry = readdir(handle)) {
-            const std::string name = entry->d_name;
-            if (name != "." && name != "..") names.push_back(name);
-        }
-        closedir(handle);
-    }
-    std::sort(names.begin(), names.end());
-    return names;
-}
-
 // "v" followed by digits only: the top directory of one cache format.
 bool is_format_dir_name(const std::string& name) {
     return name.size() >= 2 && name[0] == 'v' &&
@@ -53,7 +36,7 @@ uint64_t tree_bytes(const std::string& path, int depth = 0) {
     if (lstat(path.c_str(), &st) != 0) return 0;
     if (!S_ISDIR(st.st_mode) || depth > kMaxTreeDepth) return uint64_t(st.st_size);
     uint64_t total = 0;
-    for (const std::string& name : names_in(path)) total += tree_bytes(path + "/" + name, depth + 1);
+    for (const std::string& name : sorted_names(path)) total += tree_bytes(path + "/" + name, depth + 1);
     return total;
 }
 
@@ -64,7 +47,7 @@ std::string remove_tree(const std::string& path, int depth = 0) {
     if (lstat(path.c_str(), &st) != 0) return errno == ENOENT ? "" : fmt::format("cannot stat '{}': {}", path, errno_text(errno));
     if (S_ISDIR(st.st_mode)) {
         if (depth > kMaxTreeDepth) return fmt::format("'{}' is nested too deeply to remove", path);
-        for (const std::string& name : names_in(path)) {
+        for (const std::string& name : sorted_names(path)) {
             std::string problem = remove_tree(path + "/" + name, depth + 1);
             if (!problem.empty()) return problem;
         }
@@ -153,7 +136,7 @@ std::vector<CacheItem> scan_cache(const DiskCache& disk) {
     if (!S_ISDIR(root_st.st_mode))
         throw Error(ROPE_JIT_ERROR_CACHE, fmt::format("the cache directory '{}' is not a directory", root));
     int error = 0;
-    const std::vector<std::string> names = names_in(root, &error);
+    const std::vector<std::string> names = sorted_names(root, &error);
     if (error != 0)
         throw Error(ROPE_JIT_ERROR_CACHE, fmt::format("cannot list the cache directory '{}': {}", root, errno_text(error)));
     for (const std::string& name : names) {
@@ -170,7 +153,7 @@ std::vector<CacheItem> scan_cache(const DiskCache& disk) {
         // not the cache's, and prune must never remove it.
         if (name != current_format) {
             if (!S_ISDIR(st.st_mode)) continue;
-            const std::vector<std::string> inside = names_in(path, &error);
+            const std::vector<std::string> inside = sorted_names(path, &error);
             const bool cache_shaped = error == 0 && std::all_of(inside.begin(), inside.end(), [](const std::string& n) {
                                           return n.compare(0, 5, "nvrtc") == 0;
                                       });

@@ -141,7 +141,6 @@ struct alignas(64) CUtensorMap {
 };
 constexpr int CU_TENSOR_MAP_DATA_TYPE_UINT16 = 1;
 constexpr int CU_TENSOR_MAP_INTERLEAVE_NONE = 0;
-constexpr int CU_TENSOR_MAP_SWIZZLE_NONE = 0;
 constexpr int CU_TENSOR_MAP_SWIZZLE_128B = 3;
 constexpr int CU_TENSOR_MAP_L2_PROMOTION_L2_256B = 3;
 constexpr int CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE = 0;  // out-of-bounds elements read as zero

@@ -365,11 +365,12 @@ void warn_unusable_root(const std::string& root, const std::string& problem) {
                                  root, problem));
 }
 
-// The names in `dir`, sorted; `*error` is errno when it cannot be listed (0 when it can).
+}  // namespace
+
 std::vector<std::string> sorted_names(const std::string& dir, int* error) {
     std::vector<std::string> names;
     DIR* handle = opendir(dir.c_str());
-    *error = handle == nullptr ? errno : 0;
+    if (error != nullptr) *error = handle == nullptr ? errno : 0;
     if (handle == nullptr) return names;
     while (const dirent* entry = readdir(handle)) {
         std::string_view name = entry->d_name;
@@ -379,8 +380,6 @@ std::vector<std::string> sorted_names(const std::string& dir, int* error) {
     std::sort(names.begin(), names.end());
     return names;
 }
-
-}  // namespace
 
 // ---- entry format -----------------------------------------------------------------------
 

@@ -40,6 +40,11 @@ constexpr uint32_t kCacheFormatVersion = 1;
 constexpr uint32_t kCacheMaxSpecBytes = 1u << 20;
 constexpr uint64_t kCacheMaxPayloadBytes = uint64_t(1) << 30;
 
+// The names in `dir` but "." and "..", sorted; `*error` (when given) is errno when it cannot
+// be listed, else 0. Shared by the cache's walks (verify here, scan and removal in
+// cache_maintenance).
+std::vector<std::string> sorted_names(const std::string& dir, int* error = nullptr);
+
 class DiskCache {
 public:
     // root: the writable root, "" for none (then only read_only_roots are read).
