@@ -1,5 +1,7 @@
 #include "rope_problem.h"
 
+#include <limits>
+
 #include <fmt/format.h>
 
 #include "error.h"
@@ -29,6 +31,13 @@ TensorRef RopeProblem::position_axis(int64_t axis) const {
 }
 
 namespace {
+
+// The last table row of `tokens` (>= 1) rows from `first`; INT64_MAX when that overflows
+// (a caller's offset near the top of int64), which no table reaches either.
+int64_t last_table_row(int64_t first, int64_t tokens) {
+    return first > std::numeric_limits<int64_t>::max() - (tokens - 1) ? std::numeric_limits<int64_t>::max()
+                                                                       : first + (tokens - 1);
+}
 
 // Lifts a packed [T, H, D] view to [1, H, T, D] so both backends index one layout.
 TensorRef lift_packed(TensorRef t) {
@@ -353,7 +362,7 @@ RopeProblem make_rope_problem(const rope_jit_rope_args& args) {
     if (p.position_mode == PositionMode::Implicit && bounded && !p.cu_seqlens.present()) {
         auto check_range = [&](int64_t first, int64_t tokens, const char* who) {
             if (tokens == 0) return;
-            int64_t last = first + tokens - 1;
+            const int64_t last = last_table_row(first, tokens);
             if (first < 0 || last >= p.table_rows)
                 fail_argument(fmt::format("cos: {} uses table rows {}..{} (position_offset {}{}), but the "
                                           "table has {} rows",
@@ -420,9 +429,10 @@ void check_positions_on_host(const RopeProblem& p) {
     auto check_sequence = [&](int64_t b, int64_t first, bool is_q, const char* source) {
         int64_t length = sequence_length(b, is_q);
         if (length == 0 || !bounded) return;
-        if (first < 0 || first + length - 1 >= p.table_rows)
+        const int64_t last = last_table_row(first, length);
+        if (first < 0 || last >= p.table_rows)
             fail_argument(fmt::format("{}: sequence {} of {} uses table rows {}..{}, but the table has {} rows",
-                                      source, b, is_q ? "q" : "k", first, first + length - 1, p.table_rows));
+                                      source, b, is_q ? "q" : "k", first, last, p.table_rows));
     };
     if (p.position_mode == PositionMode::SeqlenOffsets) {
         IndexReader offsets(p.seqlen_offsets);

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <string>
 
@@ -140,4 +141,32 @@ TEST_CASE("a struct_size that would cut a field in two is rejected") {
     call.args.struct_size = offsetof(rope_jit_rope_args, k);
     CHECK(rope_jit_rope(call.runtime, &call.args) == ROPE_JIT_ERROR_INVALID_ARGUMENT);  // no angle source then
     CHECK(std::string(rope_jit_last_error()).find("struct_size") == std::string::npos);
+}
+
+TEST_CASE("table rows past int64 (a headless q of 2^63 - 1 tokens, an offset near the top) are rejected, not overflowed") {
+    CpuCall call;
+    HostTensor cos_t(Dt::F32, {8, 4}), sin_t(Dt::F32, {8, 4});
+    call.args.inv_freq = nullptr;
+    call.args.cos = cos_t.dl();
+    call.args.sin = sin_t.dl();
+    SUBCASE("implicit positions: the last row of 2^63 - 1 tokens from row 2") {
+        // The fuzzer's q: no batch and no features, so no elements and no bytes, but 2^63 - 1
+        // tokens whose table rows the implicit positions still check.
+        int64_t shape[4] = {0, 1, std::numeric_limits<int64_t>::max(), 0};
+        DLTensor empty = *call.q.dl();
+        empty.shape = shape;
+        empty.strides = nullptr;
+        call.args.q = &empty;
+        HostTensor no_columns(Dt::F32, {8, 0});
+        call.args.cos = call.args.sin = no_columns.dl();
+        call.args.position_offset = 2;
+        call.expect_invalid("q uses table rows 2..9223372036854775807");
+    }
+    SUBCASE("seqlen_offsets: a sequence starting at row 2^63 - 1") {
+        HostTensor offsets(Dt::I64, {1});
+        const int64_t top = std::numeric_limits<int64_t>::max();
+        std::memcpy(offsets.bytes().data(), &top, sizeof top);
+        call.args.seqlen_offsets = offsets.dl();
+        call.expect_invalid("seqlen_offsets: sequence 0 of q uses table rows");
+    }
 }
