@@ -16,8 +16,8 @@
 #include <string>
 #include <string_view>
 
-#include "disk_cache.h"
-#include "sha256.h"
+#include "cache/disk_cache.h"
+#include "common/sha256.h"
 
 namespace {
 

@@ -1,6 +1,6 @@
 // Attention with rotary embeddings fused in (the flash_attn_with_rotary contract): the forward
 // and the two kernels of the backward. The runtime prepends constexpr specialization constants
-// (src/attention_spec.cpp, AttentionSpec::preamble) and compiles this file with NVRTC, without
+// (src/ops/attention/attention_spec.cpp, AttentionSpec::preamble) and compiles this file with NVRTC, without
 // any CUDA toolkit header. The constants:
 //   KIND                      0 forward, 1 backward dq, 2 backward dk/dv
 //   DTYPE, TABLE_DTYPE        0 float32, 1 float16, 2 bfloat16 (q/k/v/out/grads; cos/sin)

@@ -1,6 +1,6 @@
 // Run-time arguments of the attention kernels, passed by value as their single parameter, and
 // the shared-memory layout of the tensor-core kernels. Compiled twice: into the host launcher
-// (src/cuda_attention.cpp) and, embedded, into every attention kernel by NVRTC, so the two
+// (src/ops/attention/cuda_attention.cpp) and, embedded, into every attention kernel by NVRTC, so the two
 // sides cannot disagree on the layout. Plain C++ only: kernels compile without any toolkit
 // header.
 #ifndef ROPE_JIT_ATTENTION_PARAMS_H

@@ -1,5 +1,5 @@
 // RoPE kernel template. The runtime prepends a block of constexpr specialization constants
-// (src/kernel_spec.cpp, KernelSpec::preamble) and compiles this file with NVRTC, without any
+// (src/ops/rope/kernel_spec.cpp, KernelSpec::preamble) and compiles this file with NVRTC, without any
 // CUDA toolkit header. The constants:
 //   DTYPE, TABLE_DTYPE, XPOS_DTYPE, INV_FREQ_DTYPE   0 = float32, 1 = float16, 2 = bfloat16
 //   BACKWARD_PASS                                    rotate by -angle (gradients)

@@ -1,6 +1,6 @@
 // Run-time arguments of the rope kernel, passed by value as its single parameter, and the
 // layout of its shared memory. This file is compiled twice: into the host launcher
-// (src/cuda_backend.cpp) and, embedded, into every kernel by NVRTC, so the two sides cannot
+// (src/ops/rope/cuda_backend.cpp) and, embedded, into every kernel by NVRTC, so the two sides cannot
 // disagree on either. Plain C++ only: the kernels compile without any toolkit header.
 #ifndef ROPE_JIT_ROPE_PARAMS_H
 #define ROPE_JIT_ROPE_PARAMS_H

@@ -1,7 +1,7 @@
 // Test support for attention: a configuration of one call, its tensors in host memory (any
 // dtype, optionally stored [B, S, H, D] and passed as transposed views), the argument struct
 // that points at them, and an independent float64 reference written straight from the golden
-// README's formula (it shares no code with src/attention_cpu.cpp).
+// README's formula (it shares no code with src/ops/attention/attention_cpu.cpp).
 #pragma once
 
 #include <cmath>

@@ -17,7 +17,7 @@
 
 #include <doctest/doctest.h>
 
-#include "cuda_driver.h"
+#include "cuda/cuda_driver.h"
 #include "rope_test_support.h"
 
 namespace gpu_test {

@@ -1,6 +1,6 @@
 // Test support: host tensors that hand out DLTensor views in any layout, random data, and an
 // independent RoPE reference written straight from the golden README's formulas in float64
-// (it shares no code with src/cpu_reference.cpp beyond the fp16/bf16 conversions).
+// (it shares no code with src/ops/rope/cpu_reference.cpp beyond the fp16/bf16 conversions).
 #pragma once
 
 #include <cmath>
@@ -12,7 +12,7 @@
 
 #include <dlpack/dlpack.h>
 
-#include "half_float.h"
+#include "common/half_float.h"
 #include "rope_jit/rope_jit.h"
 
 namespace rope_test {

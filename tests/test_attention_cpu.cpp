@@ -11,7 +11,7 @@
 #include <random>
 
 #include "attention_test_support.h"
-#include "half_float.h"
+#include "common/half_float.h"
 
 using namespace attention_test;
 using rope_test::Dt;

@@ -9,12 +9,12 @@
 #include <string>
 #include <vector>
 
-#include "attention_problem.h"
-#include "attention_spec.h"
-#include "cuda_attention.h"
+#include "ops/attention/attention_problem.h"
+#include "ops/attention/attention_spec.h"
+#include "ops/attention/cuda_attention.h"
 #include "env_guard.h"
-#include "error.h"
-#include "nvrtc_loader.h"
+#include "common/error.h"
+#include "jit/nvrtc_loader.h"
 #include "attention_test_support.h"
 
 using namespace rope_jit;

@@ -13,16 +13,16 @@
 #include <string>
 #include <vector>
 
-#include "attention_spec.h"
-#include "cache_maintenance.h"
-#include "cuda_attention.h"
-#include "disk_cache.h"
-#include "error.h"
-#include "kernel_builder.h"
-#include "kernel_spec.h"
-#include "nvrtc_loader.h"
+#include "ops/attention/attention_spec.h"
+#include "cache/cache_maintenance.h"
+#include "ops/attention/cuda_attention.h"
+#include "cache/disk_cache.h"
+#include "common/error.h"
+#include "jit/kernel_builder.h"
+#include "ops/rope/kernel_spec.h"
+#include "jit/nvrtc_loader.h"
 #include "rope_jit/rope_jit.h"
-#include "sha256.h"
+#include "common/sha256.h"
 
 using rope_jit::CacheEntry;
 using rope_jit::CacheEntryId;

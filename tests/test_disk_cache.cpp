@@ -22,11 +22,11 @@
 #include <thread>
 #include <vector>
 
-#include "compile_lock.h"
-#include "disk_cache.h"
+#include "cache/compile_lock.h"
+#include "cache/disk_cache.h"
 #include "env_guard.h"
-#include "error.h"
-#include "sha256.h"
+#include "common/error.h"
+#include "common/sha256.h"
 
 using rope_jit::CacheEntry;
 using rope_jit::CacheEntryId;

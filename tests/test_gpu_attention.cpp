@@ -20,13 +20,13 @@
 #include <thread>
 #include <vector>
 
-#include "attention_problem.h"
-#include "attention_spec.h"
+#include "ops/attention/attention_problem.h"
+#include "ops/attention/attention_spec.h"
 #include "attention_test_support.h"
-#include "cuda_attention.h"
-#include "cuda_driver.h"
-#include "disk_cache.h"
-#include "nvrtc_loader.h"
+#include "ops/attention/cuda_attention.h"
+#include "cuda/cuda_driver.h"
+#include "cache/disk_cache.h"
+#include "jit/nvrtc_loader.h"
 #include "gpu_test_support.h"
 
 using namespace attention_test;

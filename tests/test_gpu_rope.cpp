@@ -14,7 +14,7 @@
 #include <thread>
 #include <vector>
 
-#include "cuda_driver.h"
+#include "cuda/cuda_driver.h"
 #include "gpu_rope_problem.h"
 
 using namespace rope_test;

@@ -14,12 +14,12 @@
 #include <thread>
 #include <vector>
 
-#include "error.h"
-#include "disk_cache.h"
-#include "kernel_builder.h"
-#include "kernel_spec.h"
-#include "nvrtc_loader.h"
-#include "rope_problem.h"
+#include "common/error.h"
+#include "cache/disk_cache.h"
+#include "jit/kernel_builder.h"
+#include "ops/rope/kernel_spec.h"
+#include "jit/nvrtc_loader.h"
+#include "ops/rope/rope_problem.h"
 #include "rope_test_support.h"
 
 using namespace rope_test;

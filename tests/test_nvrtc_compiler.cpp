@@ -4,10 +4,10 @@
 #include <string>
 #include <vector>
 
-#include "cuda_driver.h"
-#include "error.h"
-#include "nvrtc_compiler.h"
-#include "nvrtc_loader.h"
+#include "cuda/cuda_driver.h"
+#include "common/error.h"
+#include "jit/nvrtc_compiler.h"
+#include "jit/nvrtc_loader.h"
 
 using namespace rope_jit;
 

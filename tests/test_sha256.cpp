@@ -5,7 +5,7 @@
 #include <random>
 #include <string>
 
-#include "sha256.h"
+#include "common/sha256.h"
 
 using rope_jit::Sha256;
 using rope_jit::sha256_hex;

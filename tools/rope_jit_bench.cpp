@@ -40,9 +40,9 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "cuda_driver.h"
-#include "half_float.h"
-#include "nvrtc_compiler.h"
+#include "cuda/cuda_driver.h"
+#include "common/half_float.h"
+#include "jit/nvrtc_compiler.h"
 #include "rope_jit/rope_jit.h"
 
 namespace {

@@ -31,8 +31,8 @@
 #include <fmt/ranges.h>  // fmt::join
 #include <nlohmann/json.hpp>
 
-#include "cuda_driver.h"  // device memory for --backend cuda (the tool's own copy of the loader)
-#include "half_float.h"   // header-only: the same fp16/bf16 conversions as the library
+#include "cuda/cuda_driver.h"  // device memory for --backend cuda (the tool's own copy of the loader)
+#include "common/half_float.h"   // header-only: the same fp16/bf16 conversions as the library
 #include "rope_jit/rope_jit.h"
 
 namespace {

@@ -1,4 +1,4 @@
-"""The cache entry file format, written from its description in src/disk_cache.h and nothing
+"""The cache entry file format, written from its description in src/cache/disk_cache.h and nothing
 else, so the CLI tests can build entries the library must accept or reject (a wrong key echo
 with a valid checksum, another format version) without trusting the code under test.
 

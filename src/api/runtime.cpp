@@ -1,0 +1,133 @@
+#include "api/runtime.h"
+
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "ops/attention/attention_cpu.h"
+#include "ops/attention/attention_problem.h"
+#include "ops/rope/cpu_reference.h"
+#include "common/error.h"
+#include "ops/rope/kernel_spec.h"
+#include "common/raw_enum.h"
+#include "ops/rope/rope_problem.h"
+#include "common/versioned_struct.h"
+
+namespace rope_jit {
+
+Runtime::Runtime(const rope_jit_config& config)
+    : cpu_threads_(config.cpu_threads), debug_checks_(config.debug_checks != 0) {
+    if (config.cpu_threads < 0)
+        fail_argument(fmt::format("cpu_threads: must be >= 0 (0 = one per hardware thread), got {}",
+                                  config.cpu_threads));
+    const int backend = raw_enum(config.backend);
+    if (backend != ROPE_JIT_BACKEND_AUTO && backend != ROPE_JIT_BACKEND_CUDA && backend != ROPE_JIT_BACKEND_CPU)
+        fail_argument(fmt::format("backend: unknown value {}", backend));
+    if (config.disk_cache != 0) {
+        const std::string root = config.cache_dir ? std::string(config.cache_dir) : DiskCache::default_root();
+        disk_ = std::make_unique<DiskCache>(root, DiskCache::default_read_only_roots());
+    }
+    if (backend == ROPE_JIT_BACKEND_CPU) return;
+    try {
+        cuda_ = std::make_unique<CudaBackend>(disk_.get(), stats_, debug_checks_);
+        cuda_attention_ = std::make_unique<CudaAttention>(*cuda_, disk_.get(), stats_);
+    } catch (const Error& e) {
+        // AUTO falls back to the CPU when there is no usable GPU; CUDA insists.
+        if (backend == ROPE_JIT_BACKEND_CUDA || e.status() != ROPE_JIT_ERROR_BACKEND_UNAVAILABLE) throw;
+    }
+}
+
+Runtime::~Runtime() = default;
+
+ThreadPool& Runtime::cpu_pool() {
+    std::call_once(pool_once_, [this] { pool_ = std::make_unique<ThreadPool>(cpu_threads_); });
+    return *pool_;
+}
+
+namespace {
+
+// The error for tensors that are not in host memory when the runtime cannot run them there:
+// CUDA tensors without a CUDA backend, or a device rope-jit does not support. Returns when
+// the tensors are on CUDA and `has_gpu_backend`.
+void require_gpu(const DLDevice& device, bool has_gpu_backend) {
+    if (device.device_type != kDLCUDA)
+        fail_argument(fmt::format("q: lives on {}, which rope-jit cannot reach", device_name(device.device_type)));
+    if (!has_gpu_backend)
+        fail_argument(fmt::format("q: lives on CUDA device {}, but this runtime runs on the CPU backend "
+                                  "(no GPU was found, or ROPE_JIT_BACKEND_CPU was requested)",
+                                  device.device_id));
+}
+
+}  // namespace
+
+void Runtime::rope(const rope_jit_rope_args& args) {
+    RopeProblem problem = make_rope_problem(args);
+    // An empty call still owes its frequency gradient (zeros).
+    if (problem.empty() && !problem.has_freq_grad) return;
+    if (host_accessible(problem.device)) {
+        check_positions_on_host(problem);
+        rope_cpu(problem, cpu_pool());
+        return;
+    }
+    if (problem.device.device_type == kDLCUDA) {
+        require_gpu(problem.device, cuda_ != nullptr);
+        cuda_->rope(problem, args.stream);
+        return;
+    }
+    require_gpu(problem.device, false);
+}
+
+void Runtime::attention(const rope_jit_attention_args& args, bool backward) {
+    const AttentionProblem problem = make_attention_problem(args, backward);
+    if (host_accessible(problem.device)) {
+        if (backward) attention_backward_cpu(problem, cpu_pool());
+        else attention_forward_cpu(problem, cpu_pool());
+        return;
+    }
+    if (problem.device.device_type == kDLCUDA) {
+        require_gpu(problem.device, cuda_attention_ != nullptr);
+        cuda_attention_->run(problem, args.stream);
+        return;
+    }
+    require_gpu(problem.device, false);
+}
+
+void Runtime::prewarm(const rope_jit_kernel_spec* specs, size_t n, const char* target) {
+    if (n > 0 && specs == nullptr) fail_argument("specs: NULL with n > 0");
+    std::string chosen;
+    if (target != nullptr) {
+        chosen = target;
+    } else if (cuda_) {
+        chosen = cuda_->target(0);
+    } else {
+        throw Error(ROPE_JIT_ERROR_BACKEND_UNAVAILABLE,
+                    "target: NULL asks for the local GPU's architecture, but this runtime has no GPU; name one "
+                    "(\"sm_90\")");
+    }
+    // The array may come from a caller built against another version of the header: its
+    // elements lie specs[0].struct_size bytes apart, not sizeof(rope_jit_kernel_spec).
+    size_t stride = 0;
+    if (n > 0) {
+        read_versioned(specs, rope_jit_kernel_spec_init, "specs[0]");  // checks struct_size
+        stride = specs[0].struct_size;
+    }
+    for (size_t i = 0; i < n; ++i) {
+        const auto* element =
+            reinterpret_cast<const rope_jit_kernel_spec*>(reinterpret_cast<const char*>(specs) + i * stride);
+        const std::string name = fmt::format("specs[{}]", i);
+        if (element->struct_size != stride)
+            fail_argument(fmt::format("{}: struct_size is {}, but specs[0]'s is {}; every element of the array "
+                                      "must have the same",
+                                      name, element->struct_size, stride));
+        const rope_jit_kernel_spec resolved = read_versioned(element, rope_jit_kernel_spec_init, name.c_str());
+        KernelSpec spec;
+        try {
+            spec = kernel_spec_from_public(resolved);
+        } catch (const Error& e) {
+            throw Error(e.status(), fmt::format("{}: {}", name, e.what()));
+        }
+        build_kernel_binary(spec, chosen, disk_.get(), stats_);
+    }
+}
+
+}  // namespace rope_jit

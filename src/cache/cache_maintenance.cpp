@@ -1,0 +1,217 @@
+#include "cache/cache_maintenance.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <system_error>
+
+#include <fmt/format.h>
+
+#include "ops/attention/attention_spec.h"
+#include "common/error.h"
+#include "jit/kernel_builder.h"
+#include "ops/rope/kernel_spec.h"
+#include "jit/nvrtc_loader.h"
+
+namespace rope_jit {
+
+namespace {
+
+// Deeper than any layout we write; a limit keeps a hostile tree from exhausting the stack.
+constexpr int kMaxTreeDepth = 32;
+
+std::string errno_text(int err) { return std::error_code(err, std::generic_category()).message(); }
+
+// "v" followed by digits only: the top directory of one cache format.
+bool is_format_dir_name(const std::string& name) {
+    return name.size() >= 2 && name[0] == 'v' &&
+           std::all_of(name.begin() + 1, name.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+// Bytes of every file below `path` (itself when it is not a directory), never following links.
+uint64_t tree_bytes(const std::string& path, int depth = 0) {
+    struct stat st;
+    if (lstat(path.c_str(), &st) != 0) return 0;
+    if (!S_ISDIR(st.st_mode) || depth > kMaxTreeDepth) return uint64_t(st.st_size);
+    uint64_t total = 0;
+    for (const std::string& name : sorted_names(path)) total += tree_bytes(path + "/" + name, depth + 1);
+    return total;
+}
+
+// Removes `path` and, for a directory, everything below it; links are unlinked, not followed.
+// Returns "" or the first problem.
+std::string remove_tree(const std::string& path, int depth = 0) {
+    struct stat st;
+    if (lstat(path.c_str(), &st) != 0) return errno == ENOENT ? "" : fmt::format("cannot stat '{}': {}", path, errno_text(errno));
+    if (S_ISDIR(st.st_mode)) {
+        if (depth > kMaxTreeDepth) return fmt::format("'{}' is nested too deeply to remove", path);
+        for (const std::string& name : sorted_names(path)) {
+            std::string problem = remove_tree(path + "/" + name, depth + 1);
+            if (!problem.empty()) return problem;
+        }
+        if (rmdir(path.c_str()) != 0 && errno != ENOENT)
+            return fmt::format("cannot remove '{}': {}", path, errno_text(errno));
+        return {};
+    }
+    if (unlink(path.c_str()) != 0 && errno != ENOENT)
+        return fmt::format("cannot remove '{}': {}", path, errno_text(errno));
+    return {};
+}
+
+// Judges a valid entry against this build: ok when a call would load it, else why it is
+// stale. The key hashes the stored spec JSON (of any op) with this build's templates and
+// options, so recomputing it tells entries of another rope-jit build from current ones.
+std::string stale_problem(const CacheItem& entry) {
+    if (nvrtc_api() == nullptr) return {};  // nothing to judge against
+    const std::string& current = nvrtc_version_string();
+    if (entry.nvrtc_version != current)
+        return fmt::format("built with NVRTC {}; this library compiles with NVRTC {}", entry.nvrtc_version, current);
+    try {
+        const CompilePlan plan = plan_compile(entry.spec_json, entry.target);
+        if (plan.entry.key_hex != entry.key_hex || plan.entry.kind != entry.kind)
+            return "written by another rope-jit build (kernel templates, options or spec layout differ)";
+    } catch (const Error& e) {
+        return fmt::format("target {} cannot be compiled by this library: {}", entry.target, e.what());
+    }
+    return {};
+}
+
+// A few words on the kernel: the describe() of RoPE and attention entries, else the spec JSON.
+std::string describe_spec(const std::string& spec_json) {
+    if (std::optional<KernelSpec> spec = KernelSpec::from_json(spec_json, nullptr)) return spec->describe();
+    if (std::optional<AttentionSpec> spec = AttentionSpec::from_json(spec_json, nullptr)) return spec->describe();
+    return spec_json.size() <= 160 ? spec_json : spec_json.substr(0, 157) + "...";
+}
+
+CacheItem item_from_report(DiskCache::EntryReport report) {
+    CacheItem item;
+    item.path = std::move(report.path);
+    item.problem = report.problem;
+    item.key_hex = std::move(report.key_hex);
+    item.nvrtc_version = std::move(report.nvrtc_version);
+    item.target = std::move(report.target);
+    item.kind = std::move(report.kind);
+    item.bytes = report.is_directory ? tree_bytes(item.path) : report.file_bytes;
+    item.modified = report.modified;
+    item.accessed = std::max(report.accessed, report.modified);
+    switch (report.found) {
+        case DiskCache::Found::temp_file: item.state = CacheItemState::temp; break;
+        case DiskCache::Found::set_aside: item.state = CacheItemState::set_aside; break;
+        case DiskCache::Found::stray: item.state = CacheItemState::stray; break;
+        case DiskCache::Found::entry: item.state = report.ok ? CacheItemState::ok : CacheItemState::damaged; break;
+    }
+    if (report.ok) {
+        item.payload_bytes = report.payload_bytes;
+        item.spec_json = std::move(report.spec_json);
+        item.spec_description = describe_spec(item.spec_json);
+        item.problem = stale_problem(item);
+        if (!item.problem.empty()) item.state = CacheItemState::stale;
+    }
+    return item;
+}
+
+}  // namespace
+
+const DiskCache& require_disk_cache(const DiskCache* disk) {
+    if (disk == nullptr || disk->root().empty())
+        throw Error(ROPE_JIT_ERROR_CACHE,
+                    "this runtime has no disk cache directory (disk_cache = 0, or none of ROPE_JIT_CACHE_DIR, "
+                    "XDG_CACHE_HOME and HOME is set)");
+    return *disk;
+}
+
+std::vector<CacheItem> scan_cache(const DiskCache& disk) {
+    std::vector<CacheItem> items;
+    const std::string& root = disk.root();
+    if (root.empty()) return items;
+    const std::string current_format = fmt::format("v{}", kCacheFormatVersion);
+    // A root that is there but cannot be read must not pass for an empty cache.
+    struct stat root_st;
+    if (stat(root.c_str(), &root_st) != 0) {
+        if (errno == ENOENT) return items;
+        throw Error(ROPE_JIT_ERROR_CACHE, fmt::format("cannot use the cache directory '{}': {}", root, errno_text(errno)));
+    }
+    if (!S_ISDIR(root_st.st_mode))
+        throw Error(ROPE_JIT_ERROR_CACHE, fmt::format("the cache directory '{}' is not a directory", root));
+    int error = 0;
+    const std::vector<std::string> names = sorted_names(root, &error);
+    if (error != 0)
+        throw Error(ROPE_JIT_ERROR_CACHE, fmt::format("cannot list the cache directory '{}': {}", root, errno_text(error)));
+    for (const std::string& name : names) {
+        if (!is_format_dir_name(name)) continue;  // not the cache's: never touched
+        const std::string path = root + "/" + name;
+        struct stat st;
+        if (lstat(path.c_str(), &st) != 0) continue;
+        if (name == current_format && S_ISDIR(st.st_mode)) {
+            for (DiskCache::EntryReport& report : disk.verify(root)) items.push_back(item_from_report(std::move(report)));
+            continue;
+        }
+        // Another format's directory holds nvrtc<version> directories, as ours does; a "v2"
+        // with anything else in it (a project's sources, say, in a root given by mistake) is
+        // not the cache's, and prune must never remove it.
+        if (name != current_format) {
+            if (!S_ISDIR(st.st_mode)) continue;
+            const std::vector<std::string> inside = sorted_names(path, &error);
+            const bool cache_shaped = error == 0 && std::all_of(inside.begin(), inside.end(), [](const std::string& n) {
+                                          return n.compare(0, 5, "nvrtc") == 0;
+                                      });
+            if (!cache_shaped) continue;
+        }
+        CacheItem item;
+        item.path = path;
+        item.state = name == current_format ? CacheItemState::stray : CacheItemState::stale;
+        item.problem = name == current_format
+                           ? fmt::format("'{}' is not a directory", path)
+                           : fmt::format("cache format {}; this library reads {}", name, current_format);
+        item.bytes = tree_bytes(path);
+        item.modified = int64_t(st.st_mtime);
+        item.accessed = std::max(int64_t(st.st_atime), item.modified);
+        items.push_back(std::move(item));
+    }
+    return items;
+}
+
+void remove_cache_item(const DiskCache& disk, const std::string& path) {
+    const std::string& root = disk.root();
+    if (root.empty()) throw Error(ROPE_JIT_ERROR_CACHE, "this runtime has no disk cache directory");
+    // Items are reported as root + "/" + their path below it, whether or not root ends in '/'.
+    size_t start = root.size();
+    if (path.compare(0, root.size(), root) == 0 && path.size() > start && path[start] == '/') ++start;
+    if (path.compare(0, root.size(), root) != 0 || (root.back() != '/' && start == root.size()) ||
+        start == path.size())
+        fail_argument(fmt::format("path: '{}' is not inside the cache directory '{}'", path, root));
+    std::vector<std::string> parts;
+    for (;;) {
+        const size_t slash = path.find('/', start);
+        parts.push_back(path.substr(start, slash == std::string::npos ? std::string::npos : slash - start));
+        if (slash == std::string::npos) break;
+        start = slash + 1;
+    }
+    for (const std::string& part : parts)
+        if (part.empty() || part == "." || part == "..")
+            fail_argument(fmt::format("path: '{}' has an empty, '.' or '..' component", path));
+    if (!is_format_dir_name(parts[0]))
+        fail_argument(fmt::format("path: '{}' is not in a cache format directory (v<N>) of '{}'", path, root));
+
+    struct stat st;
+    if (lstat(root.c_str(), &st) != 0) return;  // no cache, so nothing to remove
+    std::string why;
+    if (!disk.writable(&why))
+        throw Error(ROPE_JIT_ERROR_CACHE, fmt::format("cannot remove '{}': {}", path, why));
+    std::string walked = root;
+    for (size_t i = 0; i + 1 < parts.size(); ++i) {
+        walked += "/" + parts[i];
+        if (lstat(walked.c_str(), &st) != 0) {
+            if (errno == ENOENT) return;  // already gone
+            throw Error(ROPE_JIT_ERROR_CACHE, fmt::format("cannot use '{}': {}", walked, errno_text(errno)));
+        }
+        if (!S_ISDIR(st.st_mode))
+            fail_argument(fmt::format("path: '{}' is not a directory of the cache (a link or a file)", walked));
+    }
+    const std::string problem = remove_tree(path);
+    if (!problem.empty()) throw Error(ROPE_JIT_ERROR_CACHE, problem);
+}
+
+}  // namespace rope_jit

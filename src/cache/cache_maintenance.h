@@ -1,0 +1,62 @@
+// Looking after a disk cache from outside the compile path (rope-jit-cache list, verify, prune,
+// clear, and the rope_jit_cache_* C API): every item under a cache root, classified against
+// what this library build would load, and the removal of one such item.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cache/disk_cache.h"
+#include "rope_jit/rope_jit.h"
+
+namespace rope_jit {
+
+// The public rope_jit_cache_item_state values, so the C API passes them through.
+enum class CacheItemState {
+    ok = ROPE_JIT_CACHE_ITEM_OK,                // a valid entry this build loads
+    stale = ROPE_JIT_CACHE_ITEM_STALE,          // valid, but never loaded by this build: another
+                                                // NVRTC version, cache format or rope-jit build
+    damaged = ROPE_JIT_CACHE_ITEM_DAMAGED,      // placed like an entry but fails a check
+    temp = ROPE_JIT_CACHE_ITEM_TEMP,            // a write in progress, or one a crash interrupted
+    set_aside = ROPE_JIT_CACHE_ITEM_SET_ASIDE,  // a damaged entry an earlier load renamed
+    stray = ROPE_JIT_CACHE_ITEM_STRAY           // not part of the layout
+};
+
+struct CacheItem {
+    CacheItemState state = CacheItemState::stray;
+    std::string path;
+    std::string problem;  // why it is not ok; "" when ok
+    std::string key_hex, nvrtc_version, target, kind;  // from the path, when entry-shaped
+    std::string spec_json;         // ok and stale entries
+    std::string spec_description;  // KernelSpec::describe() of spec_json, when it parses
+    uint64_t bytes = 0;            // on disk; a directory counts every file below it
+    uint64_t payload_bytes = 0;    // ok and stale entries
+    int64_t modified = 0;          // mtime, seconds since the epoch
+    int64_t accessed = 0;          // max(atime, mtime): when it was last read, roughly
+};
+
+// *disk, when it is a cache with a root directory. Throws Error(CACHE) for a memory-only
+// runtime (nullptr, or a root of "" when no default could be derived).
+const DiskCache& require_disk_cache(const DiskCache* disk);
+
+// Every item under disk.root(): what DiskCache::verify reports under <root>/v1, each entry
+// judged against this build (see CacheItemState; a directory that cannot be listed is a
+// stray item saying why), plus each other "v<N>" directory of the root that holds only
+// nvrtc<version> directories as one stale item (another cache format). Nothing else in the
+// root is reported: not the compile lock files of <root>/locks (compile_lock.h), which must
+// stay for as long as any process may lock them, nor anything that is not the cache's.
+// Changes nothing. Empty when the root is "" or missing; throws Error(CACHE) when it is not
+// a directory or cannot be listed.
+// Without NVRTC an entry's NVRTC version and key cannot be judged: valid ones count as ok.
+std::vector<CacheItem> scan_cache(const DiskCache& disk);
+
+// Removes one item as scan_cache reports it: a file, or a directory with all it holds
+// (symbolic links are removed, never followed). `path` must lie inside a "v<N>" directory of
+// disk.root() (or be one) with no "." or ".." parts and no symbolic link on the way. An item
+// already gone counts as removed (another prune got there first). Throws
+// Error(INVALID_ARGUMENT) for a path outside the cache, Error(CACHE) when the root is "" or
+// not writable by this user (see DiskCache::writable) or the removal fails.
+void remove_cache_item(const DiskCache& disk, const std::string& path);
+
+}  // namespace rope_jit

@@ -1,0 +1,57 @@
+// A cross-process advisory lock around compiling one kernel into a shared disk cache, so that
+// processes (and runtimes or threads of one process) that miss the same key at the same moment
+// compile it once: the first compiles and stores, the others wait, then load what it stored.
+//
+// The lock is flock(2) on <root>/locks/<first 2 hex of the key>.lock:
+// - flock, not fcntl/POSIX record locks: flock locks belong to the open file description, so
+//   two runtimes or threads of one process that each open the file exclude each other too,
+//   whereas POSIX locks belong to the process (they would not serialize its threads, and
+//   closing any descriptor of the file would drop them).
+// - Striped, at most 256 lock files, never deleted: a lock file per key would grow without
+//   bound, and deleting one is racy (a waiter that opened the old file and a newcomer that
+//   creates a new one would both "hold" the lock). Two keys of one stripe serialize their
+//   compiles, which only costs time, and only when both miss at once.
+// - A process that dies, however it dies, releases its flock when the kernel closes its
+//   descriptors: a peer killed mid-compile never leaves the lock taken.
+// - Waiting is bounded (kCompileLockMaxWait): a peer that is stopped or stuck delays us, then
+//   we compile anyway, which at worst compiles a kernel twice (stores are atomic).
+// The lock only saves work; correctness never depends on it. It is taken only in a root that
+// DiskCache::writable() accepts, and any problem with it (a root that is unusable, a lock
+// file that cannot be made, a file system without flock) means no lock and at most one
+// warning per root per process, never a failed call.
+#pragma once
+
+#include <chrono>
+#include <string>
+
+#include "cache/disk_cache.h"
+
+namespace rope_jit {
+
+// How long a compile waits for peers holding its stripe's lock before it goes ahead alone.
+// Far above any single compile (seconds), so only a stopped or hung peer reaches it.
+constexpr std::chrono::milliseconds kCompileLockMaxWait = std::chrono::seconds(120);
+
+// "<root>/locks/<first 2 hex of key_hex>.lock"; "" when root is "" or key_hex does not start
+// with two lowercase hex digits.
+std::string compile_lock_path(const std::string& root, const std::string& key_hex);
+
+// Holds the lock of key_hex's stripe under disk.root() from construction to destruction.
+// The constructor waits at most max_wait for it (polling, so the wait can be bounded) and
+// never throws; held() says whether it got it.
+class CompileLock {
+public:
+    CompileLock(const DiskCache& disk, const std::string& key_hex,
+                std::chrono::milliseconds max_wait = kCompileLockMaxWait) noexcept;
+    ~CompileLock();
+    CompileLock(const CompileLock&) = delete;
+    CompileLock& operator=(const CompileLock&) = delete;
+
+    // Whether the lock is held: false when it was given up on or not taken at all.
+    bool held() const { return fd_ >= 0; }
+
+private:
+    int fd_ = -1;  // the open lock file while held; closing it releases the lock
+};
+
+}  // namespace rope_jit

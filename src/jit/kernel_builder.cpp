@@ -1,0 +1,98 @@
+#include "jit/kernel_builder.h"
+
+#include <optional>
+
+#include <fmt/format.h>
+
+#include "cache/compile_lock.h"
+#include "common/error.h"
+#include "jit/kernel_source.h"
+#include "jit/nvrtc_compiler.h"
+#include "jit/nvrtc_loader.h"
+#include "common/sha256.h"
+
+namespace rope_jit {
+
+namespace {
+
+// Line info costs nothing at run time and lets compute-sanitizer and profilers name lines.
+const std::vector<std::string> kExtraOptions = {"-lineinfo"};
+
+}  // namespace
+
+std::string kernel_cache_key(const std::string& spec_json, const std::string& target_used,
+                             const std::vector<std::string>& options) {
+    Sha256 hash;
+    auto field = [&](std::string_view text) {
+        hash.update(text);
+        hash.update(std::string_view("\n", 1));
+    };
+    field(fmt::format("rope-jit cache format {}", kCacheFormatVersion));
+    field(templates_digest());
+    field(spec_json);
+    for (const std::string& option : options) field(option);
+    field("nvrtc " + nvrtc_version_string());
+    field(target_used);
+    return hash.finish_hex();
+}
+
+CompilePlan plan_compile(const KernelSpec& spec, const std::string& target) {
+    return plan_compile(spec.to_json(), target);
+}
+
+CompilePlan plan_compile(const std::string& spec_json, const std::string& target) {
+    require_nvrtc();
+    CompilePlan plan;
+    plan.target_used = choose_target(target, nvrtc_supported_archs());
+    plan.options = compile_options(plan.target_used, kExtraOptions);
+    const bool is_ptx = plan.target_used.rfind("compute_", 0) == 0;
+    plan.entry = CacheEntryId{kernel_cache_key(spec_json, plan.target_used, plan.options), nvrtc_version_string(),
+                              target, is_ptx ? "ptx" : "cubin"};
+    return plan;
+}
+
+KernelBinary build_kernel_binary(const KernelSpec& spec, const std::string& target, const DiskCache* disk,
+                                 KernelStats& stats) {
+    spec.validate();
+    return build_kernel_binary(KernelRecipe{spec.to_json(), "rope.cu", [&spec] { return specialize_kernel(spec); }},
+                               target, disk, stats);
+}
+
+KernelBinary build_kernel_binary(const KernelRecipe& recipe, const std::string& target, const DiskCache* disk,
+                                 KernelStats& stats) {
+    const CompilePlan plan = plan_compile(recipe.spec_json, target);
+    const CacheEntryId& id = plan.entry;
+
+    KernelBinary binary;
+    binary.is_ptx = id.kind == "ptx";
+    std::optional<CompileLock> lock;  // held from a miss until the entry is stored
+    std::optional<CacheEntry> entry;
+    if (disk != nullptr) {
+        entry = disk->load(id);
+        if (!entry) {
+            // Another process, or another runtime of this one, may be compiling this very
+            // kernel into the same cache: wait for it, then look again, so that each key is
+            // compiled once per cache directory (compile_lock.h).
+            lock.emplace(*disk, id.key_hex);
+            entry = disk->load(id);
+        }
+    }
+    if (entry) {
+        stats.disk_hits.fetch_add(1, std::memory_order_relaxed);
+        binary.image = std::move(entry->payload);
+        return binary;
+    }
+
+    // target_used is choose_target's fixed point, so NVRTC gets exactly plan.options, the
+    // options the key hashed (compile_options builds both).
+    CompileResult compiled =
+        compile_cuda(recipe.source(), recipe.program_name, plan.target_used, kExtraOptions, kernel_headers());
+    stats.compiles.fetch_add(1, std::memory_order_relaxed);
+    stats.compile_microseconds.fetch_add(uint64_t(compiled.milliseconds * 1000.0), std::memory_order_relaxed);
+    binary.image = std::move(compiled.binary);
+    if (disk != nullptr && disk->store(id, CacheEntry{recipe.spec_json, binary.image}))
+        stats.disk_writes.fetch_add(1, std::memory_order_relaxed);
+    return binary;
+}
+
+}  // namespace rope_jit

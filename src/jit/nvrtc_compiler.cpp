@@ -1,0 +1,193 @@
+#include "jit/nvrtc_compiler.h"
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "jit/nvrtc_loader.h"
+
+namespace rope_jit {
+
+namespace {
+
+constexpr nvrtcResult NVRTC_ERROR_OUT_OF_MEMORY = 1;
+
+struct ParsedTarget {
+    bool is_virtual = false;  // compute_XY rather than sm_XY
+    int arch = 0;             // XY as a number: 90, 100, 120
+    std::string suffix;       // "a" or "f" for arch-specific targets, else ""
+};
+
+ParsedTarget parse_target(const std::string& target) {
+    ParsedTarget parsed;
+    std::string rest;
+    if (target.rfind("sm_", 0) == 0) {
+        rest = target.substr(3);
+    } else if (target.rfind("compute_", 0) == 0) {
+        parsed.is_virtual = true;
+        rest = target.substr(8);
+    } else {
+        fail_argument("target '" + target + "' is neither sm_XY nor compute_XY");
+    }
+    size_t digits = 0;
+    while (digits < rest.size() && std::isdigit(static_cast<unsigned char>(rest[digits]))) {
+        ++digits;
+    }
+    parsed.suffix = rest.substr(digits);
+    // Five digits is far beyond any real architecture and keeps stoi from overflowing.
+    if (digits < 2 || digits > 5 || !(parsed.suffix.empty() || parsed.suffix == "a" ||
+                                      parsed.suffix == "f")) {
+        fail_argument("target '" + target + "' is neither sm_XY nor compute_XY");
+    }
+    parsed.arch = std::stoi(rest.substr(0, digits));
+    return parsed;
+}
+
+std::string join(const std::vector<std::string>& parts) {
+    std::string joined;
+    for (const std::string& part : parts) {
+        if (!joined.empty()) joined += ' ';
+        joined += part;
+    }
+    return joined;
+}
+
+// Destroys the program on every path out of compile_cuda, throws included.
+class ProgramGuard {
+public:
+    ProgramGuard(const NvrtcApi& api, nvrtcProgram program) : api_(api), program_(program) {}
+    ProgramGuard(const ProgramGuard&) = delete;
+    ProgramGuard& operator=(const ProgramGuard&) = delete;
+    ~ProgramGuard() { api_.nvrtcDestroyProgram(&program_); }
+
+private:
+    const NvrtcApi& api_;
+    nvrtcProgram program_;
+};
+
+std::string program_log(const NvrtcApi& api, nvrtcProgram program) {
+    size_t size = 0;
+    if (api.nvrtcGetProgramLogSize(program, &size) != NVRTC_SUCCESS || size <= 1) return "";
+    std::string log(size, '\0');
+    if (api.nvrtcGetProgramLog(program, &log[0]) != NVRTC_SUCCESS) return "";
+    while (!log.empty() && (log.back() == '\0' || log.back() == '\n')) log.pop_back();
+    return log;
+}
+
+}  // namespace
+
+std::string choose_target(const std::string& requested, const std::vector<int>& supported) {
+    const ParsedTarget target = parse_target(requested);
+    if (supported.empty()) {
+        throw Error(ROPE_JIT_ERROR_BACKEND_UNAVAILABLE, "NVRTC reports no supported architecture");
+    }
+    const std::string arch = std::to_string(target.arch) + target.suffix;
+    if (std::find(supported.begin(), supported.end(), target.arch) != supported.end()) {
+        return (target.is_virtual ? "compute_" : "sm_") + arch;
+    }
+    if (!target.suffix.empty()) {
+        throw Error(ROPE_JIT_ERROR_UNSUPPORTED,
+                    "target " + requested + " is arch-specific and this NVRTC cannot emit it");
+    }
+    int fallback = 0;
+    for (int candidate : supported) {
+        if (candidate <= target.arch) fallback = std::max(fallback, candidate);
+    }
+    if (fallback == 0) {
+        throw Error(ROPE_JIT_ERROR_UNSUPPORTED,
+                    "target " + requested + " is older than every architecture this NVRTC " +
+                        "supports (oldest: sm_" +
+                        std::to_string(*std::min_element(supported.begin(), supported.end())) +
+                        ")");
+    }
+    return "compute_" + std::to_string(fallback);
+}
+
+std::string choose_target_for_device(int major, int minor) {
+    require_nvrtc();
+    return choose_target("sm_" + std::to_string(major * 10 + minor), nvrtc_supported_archs());
+}
+
+std::vector<std::string> default_compile_options() { return {"-std=c++17"}; }
+
+std::vector<std::string> compile_options(const std::string& target_used, const std::vector<std::string>& extra_options) {
+    std::vector<std::string> options = default_compile_options();
+    options.push_back("--gpu-architecture=" + target_used);
+    options.insert(options.end(), extra_options.begin(), extra_options.end());
+    return options;
+}
+
+CompileResult compile_cuda(const std::string& source, const std::string& program_name,
+                           const std::string& target,
+                           const std::vector<std::string>& extra_options,
+                           const std::vector<NamedSource>& headers) {
+    const NvrtcApi& api = require_nvrtc();
+    const auto start = std::chrono::steady_clock::now();
+
+    CompileResult result;
+    result.target_used = choose_target(target, nvrtc_supported_archs());
+    result.is_ptx = result.target_used.rfind("compute_", 0) == 0;
+    result.options = compile_options(result.target_used, extra_options);
+
+    const std::string context = "NVRTC " + nvrtc_version_string() + " failed to compile '" +
+                                program_name + "' for " + result.target_used;
+
+    std::vector<const char*> header_sources, header_names;
+    for (const NamedSource& header : headers) {
+        header_names.push_back(header.name.c_str());
+        header_sources.push_back(header.source.c_str());
+    }
+    nvrtcProgram program = nullptr;
+    const nvrtcResult created = api.nvrtcCreateProgram(
+        &program, source.c_str(), program_name.c_str(), static_cast<int>(headers.size()),
+        header_sources.data(), header_names.data());
+    if (created != NVRTC_SUCCESS) {
+        throw Error(created == NVRTC_ERROR_OUT_OF_MEMORY ? ROPE_JIT_ERROR_OUT_OF_MEMORY
+                                                         : ROPE_JIT_ERROR_COMPILE,
+                    context + ": nvrtcCreateProgram: " + nvrtc_error_name(created));
+    }
+    ProgramGuard guard(api, program);
+
+    std::vector<const char*> option_pointers;
+    option_pointers.reserve(result.options.size());
+    for (const std::string& option : result.options) option_pointers.push_back(option.c_str());
+
+    const nvrtcResult compiled = api.nvrtcCompileProgram(
+        program, static_cast<int>(option_pointers.size()), option_pointers.data());
+    result.log = program_log(api, program);
+    if (compiled != NVRTC_SUCCESS) {
+        throw Error(compiled == NVRTC_ERROR_OUT_OF_MEMORY ? ROPE_JIT_ERROR_OUT_OF_MEMORY
+                                                          : ROPE_JIT_ERROR_COMPILE,
+                    context + " (" + nvrtc_error_name(compiled) + ")\noptions: " +
+                        join(result.options) + "\nlog:\n" + result.log);
+    }
+
+    size_t size = 0;
+    const auto get_size = result.is_ptx ? api.nvrtcGetPTXSize : api.nvrtcGetCUBINSize;
+    const auto get_binary = result.is_ptx ? api.nvrtcGetPTX : api.nvrtcGetCUBIN;
+    const char* what = result.is_ptx ? "PTX" : "cubin";
+    nvrtcResult extracted = get_size(program, &size);
+    if (extracted == NVRTC_SUCCESS && size == 0) {
+        throw Error(ROPE_JIT_ERROR_COMPILE, context + ": NVRTC produced an empty " + what +
+                                                "\noptions: " + join(result.options));
+    }
+    if (extracted == NVRTC_SUCCESS) {
+        result.binary.resize(size);
+        extracted = get_binary(program, result.binary.data());
+    }
+    if (extracted != NVRTC_SUCCESS) {
+        throw Error(ROPE_JIT_ERROR_COMPILE, context + ": retrieving the " + what + ": " +
+                                                nvrtc_error_name(extracted) + "\noptions: " +
+                                                join(result.options));
+    }
+
+    result.milliseconds =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+            .count();
+    return result;
+}
+
+}  // namespace rope_jit

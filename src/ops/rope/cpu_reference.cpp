@@ -1,0 +1,274 @@
+#include "ops/rope/cpu_reference.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "common/half_float.h"
+#include "common/index_reader.h"
+#include "ops/rope/mrope_sections.h"
+
+namespace rope_jit {
+
+namespace {
+
+// Storage types of the 16-bit formats; arithmetic always happens in fp32.
+struct Bf16 { uint16_t bits; };
+struct Fp16 { uint16_t bits; };
+
+inline float to_float(float v) { return v; }
+inline float to_float(Bf16 v) { return bf16_to_float(v.bits); }
+inline float to_float(Fp16 v) { return fp16_to_float(v.bits); }
+
+template <typename T> T from_float(float v);
+template <> inline float from_float<float>(float v) { return v; }
+template <> inline Bf16 from_float<Bf16>(float v) { return Bf16{float_to_bf16(v)}; }
+template <> inline Fp16 from_float<Fp16>(float v) { return Fp16{float_to_fp16(v)}; }
+
+// One element of a float tensor of any supported dtype (tables are small: no need to
+// specialize their reads).
+float load_float(const TensorRef& t, int64_t element) {
+    const char* address = t.data + element * int64_t(dtype_size(t.dtype));
+    switch (t.dtype) {
+        case DType::F32: { float v; std::memcpy(&v, address, 4); return v; }
+        case DType::F16: { uint16_t v; std::memcpy(&v, address, 2); return fp16_to_float(v); }
+        case DType::BF16: { uint16_t v; std::memcpy(&v, address, 2); return bf16_to_float(v); }
+        default: return 0.0f;  // make_rope_problem admits float tables only
+    }
+}
+
+float load_2d(const TensorRef& t, int64_t row, int64_t col) {
+    return load_float(t, row * t.strides[0] + col * t.strides[1]);
+}
+
+// The table row of pair i of a token whose position on each axis is rows[axis]: rows[0]
+// unless M-RoPE sections send the pair to another axis.
+inline int64_t pair_row(const RopeProblem& p, const int64_t* rows, int64_t i) {
+    return p.pair_axis.empty() ? rows[0] : rows[p.pair_axis[size_t(i)]];
+}
+
+// The cosines and sines of one token's pairs, with the backward sign and xPos scale folded
+// in, so that the row loop is a plain 2x2 rotation.
+void token_angles(const RopeProblem& p, const int64_t* rows, bool is_k, float* cos_out, float* sin_out) {
+    const int64_t pairs = p.pairs();
+    for (int64_t i = 0; i < pairs; ++i) {
+        const int64_t row = pair_row(p, rows, i);
+        float c, s;
+        if (p.angles == AngleSource::Table) {
+            const int64_t col = p.table_column(i);
+            c = load_2d(p.cos, row, col);
+            s = load_2d(p.sin, row, col);
+        } else {
+            // fp64 keeps the angle exact for the positions models use (up to ~2^40); the GPU
+            // kernels are tested against this.
+            const double angle = double(row) * double(load_float(p.inv_freq, i * p.inv_freq.strides[0]));
+            c = float(std::cos(angle));
+            s = float(std::sin(angle));
+        }
+        if (p.backward) s = -s;
+        if (p.has_xpos) {
+            const float scale = load_2d(p.xpos_scale, row, p.table_column(i));
+            if (is_k) { c /= scale; s /= scale; } else { c *= scale; s *= scale; }
+        }
+        cos_out[i] = c;
+        sin_out[i] = s;
+    }
+}
+
+// Learned frequencies: where one token's contributions to d(loss)/d(inv_freq) go.
+struct FreqGradSink {
+    const TensorRef* saved;       // the forward outputs of this tensor (q_saved or k_saved)
+    const double* pair_position;  // [R/2]: the position each pair of the token turned by
+    double* sums;                 // [R/2]: this thread's running sums
+};
+
+// Adds, for every pair i of one head, p_i * (g2*y1 - g1*y2): the derivative of the loss with
+// respect to the pair's angle (dy1/dt = -y2, dy2/dt = y1) times d(angle)/d(inv_freq[i]) = p_i.
+// `grad` holds the rotated features' incoming gradient g.
+template <typename T>
+void accumulate_freq_grad(const RopeProblem& p, const FreqGradSink& sink, int64_t b, int64_t h, int64_t s,
+                          const float* grad) {
+    const TensorRef& saved = *sink.saved;
+    const int64_t half = p.pairs(), ys = saved.strides[3];
+    const T* y = reinterpret_cast<const T*>(saved.data) + b * saved.strides[0] + h * saved.strides[1] +
+                 s * saved.strides[2] + p.rotary_offset * ys;
+    for (int64_t i = 0; i < half; ++i) {
+        const int64_t i1 = p.style == ROPE_JIT_STYLE_HALF ? i : 2 * i;
+        const int64_t i2 = p.style == ROPE_JIT_STYLE_HALF ? i + half : 2 * i + 1;
+        const double y1 = to_float(y[i1 * ys]), y2 = to_float(y[i2 * ys]);
+        const double g1 = grad[i1], g2 = grad[i2];
+        sink.sums[i] += sink.pair_position[i] * (g2 * y1 - g1 * y2);
+    }
+}
+
+// Rotates heads [0, heads) of token (b, s) of `in` into `out`; with a sink, also accumulates
+// the frequency gradient from the unrotated values of `in` (the incoming gradient).
+template <typename T>
+void rotate_token(const RopeProblem& p, const TensorRef& in, const TensorRef& out, bool in_place, int64_t b,
+                  int64_t s, int64_t heads, const float* __restrict c, const float* __restrict sn,
+                  float* __restrict buf, const FreqGradSink* sink = nullptr) {
+    const int64_t D = p.head_dim, o = p.rotary_offset, R = p.rotary_dim, half = R / 2;
+    const int64_t xs = in.strides[3], ys = out.strides[3];
+    for (int64_t h = 0; h < heads; ++h) {
+        const T* x = reinterpret_cast<const T*>(in.data) + b * in.strides[0] + h * in.strides[1] + s * in.strides[2];
+        T* y = reinterpret_cast<T*>(out.data) + b * out.strides[0] + h * out.strides[1] + s * out.strides[2];
+        const T* xr = x + o * xs;
+        if (xs == 1) {
+            for (int64_t d = 0; d < R; ++d) buf[d] = to_float(xr[d]);
+        } else {
+            for (int64_t d = 0; d < R; ++d) buf[d] = to_float(xr[d * xs]);
+        }
+        if (sink != nullptr) accumulate_freq_grad<T>(p, *sink, b, h, s, buf);
+        if (p.style == ROPE_JIT_STYLE_HALF) {
+            float* __restrict lo = buf;
+            float* __restrict hi = buf + half;
+            for (int64_t i = 0; i < half; ++i) {
+                const float x1 = lo[i], x2 = hi[i];
+                lo[i] = x1 * c[i] - x2 * sn[i];
+                hi[i] = x2 * c[i] + x1 * sn[i];
+            }
+        } else {
+            for (int64_t i = 0; i < half; ++i) {
+                const float x1 = buf[2 * i], x2 = buf[2 * i + 1];
+                buf[2 * i] = x1 * c[i] - x2 * sn[i];
+                buf[2 * i + 1] = x2 * c[i] + x1 * sn[i];
+            }
+        }
+        T* yr = y + o * ys;
+        if (ys == 1) {
+            for (int64_t d = 0; d < R; ++d) yr[d] = from_float<T>(buf[d]);
+        } else {
+            for (int64_t d = 0; d < R; ++d) yr[d * ys] = from_float<T>(buf[d]);
+        }
+        if (!in_place) {
+            // Features outside the rotary range are copied bit for bit.
+            for (int64_t d = 0; d < o; ++d) y[d * ys] = x[d * xs];
+            for (int64_t d = o + R; d < D; ++d) y[d * ys] = x[d * xs];
+        }
+    }
+}
+
+template <typename T>
+void rope_cpu_typed(const RopeProblem& p, ThreadPool& pool) {
+    const int64_t seqlen = std::max(p.seqlen_q, p.has_k ? p.seqlen_k : 0);
+    const int64_t units = p.batch * seqlen;
+
+    std::vector<int64_t> cu;  // sequence starts of a packed batch
+    if (p.cu_seqlens.present()) {
+        IndexReader reader(p.cu_seqlens);
+        for (int64_t i = 0; i <= p.num_sequences; ++i) cu.push_back(reader[i]);
+    }
+
+    // One view per position axis (one without M-RoPE sections).
+    const int64_t axes = p.multi_section() ? p.num_position_axes : 1;
+    std::vector<TensorRef> axis_positions;
+    if (p.position_mode == PositionMode::Indices)
+        for (int64_t a = 0; a < axes; ++a) axis_positions.push_back(p.position_axis(a));
+
+    // The table rows of token (b, s) of q or k on every axis, by the rules of
+    // rope_jit_rope_args.
+    auto table_rows = [&](int64_t b, int64_t s, bool is_k, int64_t* rows) {
+        int64_t sequence = b, index = s;
+        if (!cu.empty()) {
+            sequence = int64_t(std::upper_bound(cu.begin(), cu.end(), s) - cu.begin()) - 1;
+            index = s - cu[size_t(sequence)];
+        }
+        switch (p.position_mode) {
+            case PositionMode::Indices:
+                for (int64_t a = 0; a < axes; ++a) {
+                    const TensorRef& view = axis_positions[size_t(a)];
+                    IndexReader positions(view);
+                    rows[a] = view.ndim == 2 ? positions(b, s) : positions[s];
+                }
+                return;
+            case PositionMode::SeqlenOffsets: rows[0] = index + IndexReader(p.seqlen_offsets)[sequence]; return;
+            case PositionMode::Implicit: break;
+        }
+        rows[0] = index + p.position_offset + (is_k ? 0 : p.q_position_offset);
+    };
+
+    // Learned frequencies: per-chunk sums in float64, added up in chunk order at the end so
+    // the result does not depend on which thread finished first.
+    const int64_t pairs = p.pairs();
+    std::mutex grad_mutex;
+    std::map<int64_t, std::vector<double>> grad_partials;
+
+    const int64_t elements_per_unit = std::max<int64_t>(1, (p.heads_q + p.heads_k) * p.head_dim);
+    const int64_t grain = std::max<int64_t>(1, 32768 / elements_per_unit);
+    pool.parallel_for(units, grain, [&](int64_t begin, int64_t end) {
+        std::vector<float> scratch(size_t(p.rotary_dim + 2 * pairs));
+        float* buf = scratch.data();
+        float* c = buf + p.rotary_dim;
+        float* sn = c + pairs;
+        int64_t q_rows[kMaxMropeSections], k_rows[kMaxMropeSections];
+        std::vector<double> pair_position, grad_sums;
+        if (p.has_freq_grad) {
+            pair_position.resize(size_t(pairs));
+            grad_sums.assign(size_t(pairs), 0.0);
+        }
+        // The positions each pair of a token turns by (the angle's factor besides inv_freq).
+        auto set_pair_positions = [&](const int64_t* rows) {
+            for (int64_t i = 0; i < pairs; ++i) pair_position[size_t(i)] = double(pair_row(p, rows, i));
+        };
+        for (int64_t u = begin; u < end; ++u) {
+            const int64_t b = u / seqlen, s = u % seqlen;
+            bool have_q_angles = false;
+            if (s < p.seqlen_q) {
+                table_rows(b, s, false, q_rows);
+                token_angles(p, q_rows, false, c, sn);
+                have_q_angles = true;
+                FreqGradSink sink{&p.q_saved, pair_position.data(), grad_sums.data()};
+                if (p.has_freq_grad) set_pair_positions(q_rows);
+                rotate_token<T>(p, p.q, p.q_out, p.q_in_place, b, s, p.heads_q, c, sn, buf,
+                                p.has_freq_grad ? &sink : nullptr);
+            }
+            if (p.has_k && s < p.seqlen_k) {
+                // k usually sits at q's rows: its angles are then q's, unless xPos scales differ.
+                table_rows(b, s, true, k_rows);
+                const bool same_rows = have_q_angles && std::equal(k_rows, k_rows + axes, q_rows);
+                if (!same_rows || p.has_xpos) token_angles(p, k_rows, true, c, sn);
+                FreqGradSink sink{&p.k_saved, pair_position.data(), grad_sums.data()};
+                if (p.has_freq_grad) set_pair_positions(k_rows);
+                rotate_token<T>(p, p.k, p.k_out, p.k_in_place, b, s, p.heads_k, c, sn, buf,
+                                p.has_freq_grad ? &sink : nullptr);
+            }
+        }
+        if (p.has_freq_grad) {
+            std::lock_guard<std::mutex> lock(grad_mutex);
+            grad_partials.emplace(begin, std::move(grad_sums));
+        }
+    });
+
+    if (p.has_freq_grad) {
+        std::vector<double> total(size_t(pairs), 0.0);
+        for (const auto& chunk : grad_partials)
+            for (int64_t i = 0; i < pairs; ++i) total[size_t(i)] += chunk.second[size_t(i)];
+        for (int64_t i = 0; i < pairs; ++i) {
+            const float value = float(total[size_t(i)]);
+            std::memcpy(p.inv_freq_grad.data + i * p.inv_freq_grad.strides[0] * 4, &value, 4);
+        }
+    }
+}
+
+}  // namespace
+
+void rope_cpu(const RopeProblem& problem, ThreadPool& pool) {
+    if (problem.empty()) {
+        // No token contributes: the frequency gradient is zero, and it is still an output.
+        if (problem.has_freq_grad)
+            for (int64_t i = 0; i < problem.pairs(); ++i)
+                std::memset(problem.inv_freq_grad.data + i * problem.inv_freq_grad.strides[0] * 4, 0, 4);
+        return;
+    }
+    switch (problem.dtype) {
+        case DType::F32: rope_cpu_typed<float>(problem, pool); break;
+        case DType::F16: rope_cpu_typed<Fp16>(problem, pool); break;
+        case DType::BF16: rope_cpu_typed<Bf16>(problem, pool); break;
+        default: break;  // make_rope_problem admits float dtypes only
+    }
+}
+
+}  // namespace rope_jit

@@ -1,0 +1,451 @@
+#include "ops/rope/rope_problem.h"
+
+#include <limits>
+
+#include <fmt/format.h>
+
+#include "common/error.h"
+#include "common/index_reader.h"
+#include "ops/rope/mrope_sections.h"
+#include "common/raw_enum.h"
+
+namespace rope_jit {
+
+bool host_accessible(const DLDevice& device) {
+    return device.device_type == kDLCPU || device.device_type == kDLCUDAHost ||
+           device.device_type == kDLCUDAManaged;
+}
+
+TensorRef RopeProblem::position_axis(int64_t axis) const {
+    if (!multi_section()) return positions;
+    TensorRef view = positions;
+    view.data = positions.data + axis * positions.strides[0] * int64_t(dtype_size(positions.dtype));
+    view.ndim = positions.ndim - 1;
+    for (int d = 0; d < view.ndim; ++d) {
+        view.shape[d] = positions.shape[d + 1];
+        view.strides[d] = positions.strides[d + 1];
+    }
+    view.shape[view.ndim] = 0;
+    view.strides[view.ndim] = 0;
+    return view;
+}
+
+namespace {
+
+// The last table row of `tokens` (>= 1) rows from `first`; INT64_MAX when that overflows
+// (a caller's offset near the top of int64), which no table reaches either.
+int64_t last_table_row(int64_t first, int64_t tokens) {
+    return first > std::numeric_limits<int64_t>::max() - (tokens - 1) ? std::numeric_limits<int64_t>::max()
+                                                                       : first + (tokens - 1);
+}
+
+// Lifts a packed [T, H, D] view to [1, H, T, D] so both backends index one layout.
+TensorRef lift_packed(TensorRef t) {
+    TensorRef lifted = t;
+    lifted.ndim = 4;
+    lifted.shape[0] = 1;
+    lifted.strides[0] = 0;
+    lifted.shape[1] = t.shape[1];
+    lifted.strides[1] = t.strides[1];
+    lifted.shape[2] = t.shape[0];
+    lifted.strides[2] = t.strides[0];
+    lifted.shape[3] = t.shape[2];
+    lifted.strides[3] = t.strides[2];
+    return lifted;
+}
+
+void require_float(const TensorRef& t) {
+    if (!is_float(t.dtype))
+        fail_argument(fmt::format("{}: dtype must be float32, float16 or bfloat16, got {}", t.name,
+                                  dtype_name(t.dtype)));
+}
+
+void require_index(const TensorRef& t) {
+    if (!is_index(t.dtype))
+        fail_argument(fmt::format("{}: dtype must be int32 or int64, got {}", t.name, dtype_name(t.dtype)));
+}
+
+void require_same_shape(const TensorRef& out, const TensorRef& in) {
+    bool same = out.ndim == in.ndim;
+    for (int i = 0; same && i < in.ndim; ++i) same = out.shape[i] == in.shape[i];
+    if (!same)
+        fail_argument(fmt::format("{}: shape {} does not match {} {}", out.name, out.shape_string(),
+                                  in.name, in.shape_string()));
+    if (out.dtype != in.dtype)
+        fail_argument(fmt::format("{}: dtype {} does not match {} {}", out.name, dtype_name(out.dtype),
+                                  in.name, dtype_name(in.dtype)));
+}
+
+// An output (or an input rotated in place) is written: its elements must be distinct, and
+// an out-of-place output may not share memory with its input unless it is the same view.
+void check_output(const TensorRef& out, const TensorRef& in, bool in_place) {
+    if (!has_distinct_elements(out))
+        fail_argument(fmt::format("{}: strides make several indices address the same element, so "
+                                  "it cannot be written",
+                                  in_place ? in.name : out.name));
+    if (!in_place && extents_overlap(out, in))
+        fail_argument(fmt::format("{}: overlaps {} without being the same view; pass the same "
+                                  "view (or NULL) for in place, or a separate buffer",
+                                  out.name, in.name));
+}
+
+void check_table(const TensorRef& t, int64_t rotary_dim) {
+    require_float(t);
+    if (t.ndim != 2 || (t.shape[1] != rotary_dim / 2 && t.shape[1] != rotary_dim))
+        fail_argument(fmt::format("{}: expected [P, {}] (half table) or [P, {}] (full table) for "
+                                  "rotary_dim {}, got {}",
+                                  t.name, rotary_dim / 2, rotary_dim, rotary_dim, t.shape_string()));
+}
+
+void check_same_device(const TensorRef& t, const DLDevice& device, const TensorRef& reference) {
+    if (!t.present()) return;
+    if (t.device.device_type != device.device_type || t.device.device_id != device.device_id)
+        fail_argument(fmt::format("{}: lives on {} device {}, but {} lives on {} device {}; every "
+                                  "tensor of a call must be on one device",
+                                  t.name, device_name(t.device.device_type), t.device.device_id,
+                                  reference.name, device_name(device.device_type), device.device_id));
+}
+
+}  // namespace
+
+RopeProblem make_rope_problem(const rope_jit_rope_args& args) {
+    RopeProblem p;
+    TensorRef q = make_tensor_ref(args.q, "q");
+    if (!q.present()) fail_argument("q: required, got NULL");
+    if (q.ndim != 4 && q.ndim != 3)
+        fail_argument(fmt::format("q: expected 4 dimensions [B, H, S, D] or 3 dimensions [T, H, D], "
+                                  "got {} with shape {}",
+                                  q.ndim, q.shape_string()));
+    require_float(q);
+    p.packed = q.ndim == 3;
+    p.dtype = q.dtype;
+    p.device = q.device;
+
+    TensorRef k = make_tensor_ref(args.k, "k");
+    TensorRef q_out = make_tensor_ref(args.q_out, "q_out");
+    TensorRef k_out = make_tensor_ref(args.k_out, "k_out");
+    p.has_k = k.present();
+    if (!p.has_k && k_out.present()) fail_argument("k_out: given without k");
+    if (q_out.present()) require_same_shape(q_out, q);
+    if (p.has_k) {
+        if (k.ndim != q.ndim)
+            fail_argument(fmt::format("k: has {} dimensions {} but q has {} {}", k.ndim, k.shape_string(),
+                                      q.ndim, q.shape_string()));
+        if (k.dtype != q.dtype)
+            fail_argument(fmt::format("k: dtype {} differs from q's {}", dtype_name(k.dtype), dtype_name(q.dtype)));
+        if (k_out.present()) require_same_shape(k_out, k);
+    }
+
+    // Dimensions, in the lifted 4-D form.
+    TensorRef q4 = p.packed ? lift_packed(q) : q;
+    p.batch = q4.shape[0];
+    p.heads_q = q4.shape[1];
+    p.seqlen_q = q4.shape[2];
+    p.head_dim = q4.shape[3];
+    if (p.head_dim % 2 != 0)
+        fail_argument(fmt::format("q: head_dim (last dimension) must be even, got {}", p.head_dim));
+    TensorRef k4;
+    if (p.has_k) {
+        k4 = p.packed ? lift_packed(k) : k;
+        p.heads_k = k4.shape[1];
+        p.seqlen_k = k4.shape[2];
+        if (k4.shape[3] != p.head_dim)
+            fail_argument(fmt::format("k: head_dim {} differs from q's {}", k4.shape[3], p.head_dim));
+        if (k4.shape[0] != p.batch)
+            fail_argument(fmt::format("k: batch {} differs from q's {}", k4.shape[0], p.batch));
+        if (p.heads_k == 0 || p.heads_q % p.heads_k != 0)
+            fail_argument(fmt::format("k: q has {} heads, which is not a multiple of k's {} heads "
+                                      "(GQA/MQA needs Hq = group * Hk)",
+                                      p.heads_q, p.heads_k));
+        if (p.packed && p.seqlen_k != p.seqlen_q)
+            fail_argument(fmt::format("k: packed k has {} tokens but q has {}", p.seqlen_k, p.seqlen_q));
+    }
+
+    p.rotary_dim = args.rotary_dim == 0 ? p.head_dim : args.rotary_dim;
+    p.rotary_offset = args.rotary_offset;
+    if (p.rotary_dim < 0 || p.rotary_dim % 2 != 0)
+        fail_argument(fmt::format("rotary_dim: must be even and positive (0 = head_dim), got {}", args.rotary_dim));
+    if (p.rotary_offset < 0)
+        fail_argument(fmt::format("rotary_offset: must be >= 0, got {}", args.rotary_offset));
+    if (p.rotary_offset + p.rotary_dim > p.head_dim)
+        fail_argument(fmt::format("rotary_dim: rotary_offset {} + rotary_dim {} exceeds head_dim {}",
+                                  p.rotary_offset, p.rotary_dim, p.head_dim));
+    const int style = raw_enum(args.style);
+    if (style != ROPE_JIT_STYLE_HALF && style != ROPE_JIT_STYLE_INTERLEAVED)
+        fail_argument(fmt::format("style: must be ROPE_JIT_STYLE_HALF or ROPE_JIT_STYLE_INTERLEAVED, got {}", style));
+    p.style = args.style;
+    p.backward = args.backward != 0;
+
+    // Outputs and in-place checks.
+    p.q_in_place = !q_out.present() || same_view(q_out, q);
+    TensorRef q_write = q_out.present() ? q_out : q;
+    check_output(q_write, q, p.q_in_place);
+    p.q = q4;
+    p.q_out = p.packed ? lift_packed(q_write) : q_write;
+    if (p.has_k) {
+        p.k_in_place = !k_out.present() || same_view(k_out, k);
+        TensorRef k_write = k_out.present() ? k_out : k;
+        check_output(k_write, k, p.k_in_place);
+        if (same_view(k_write, q_write) || same_view(k, q))
+            fail_argument("k: is the same memory as q; it would be rotated twice");
+        p.k = k4;
+        p.k_out = p.packed ? lift_packed(k_write) : k_write;
+    }
+
+    // Angle source.
+    TensorRef cos = make_tensor_ref(args.cos, "cos");
+    TensorRef sin = make_tensor_ref(args.sin, "sin");
+    TensorRef inv_freq = make_tensor_ref(args.inv_freq, "inv_freq");
+    if (cos.present() != sin.present())
+        fail_argument(cos.present() ? "sin: NULL while cos is given; pass both tables or neither"
+                                    : "cos: NULL while sin is given; pass both tables or neither");
+    if (cos.present()) {
+        p.angles = AngleSource::Table;
+        check_table(cos, p.rotary_dim);
+        check_table(sin, p.rotary_dim);
+        if (sin.shape[0] != cos.shape[0] || sin.shape[1] != cos.shape[1])
+            fail_argument(fmt::format("sin: shape {} differs from cos {}", sin.shape_string(), cos.shape_string()));
+        p.table_full = cos.shape[1] == p.rotary_dim;
+        p.table_rows = cos.shape[0];
+        p.cos = cos;
+        p.sin = sin;
+    } else if (inv_freq.present()) {
+        p.angles = AngleSource::InvFreq;
+        require_float(inv_freq);
+        if (inv_freq.ndim != 1 || inv_freq.shape[0] != p.rotary_dim / 2)
+            fail_argument(fmt::format("inv_freq: expected [{}] (rotary_dim / 2), got {}", p.rotary_dim / 2,
+                                      inv_freq.shape_string()));
+        p.inv_freq = inv_freq;
+    } else {
+        fail_argument("cos/sin: no angles given: pass cos and sin tables, or inv_freq");
+    }
+
+    TensorRef xpos = make_tensor_ref(args.xpos_scale, "xpos_scale");
+    if (xpos.present()) {
+        check_table(xpos, p.rotary_dim);
+        if (p.angles == AngleSource::Table && (xpos.shape[0] != p.table_rows || xpos.shape[1] != cos.shape[1]))
+            fail_argument(fmt::format("xpos_scale: shape {} differs from cos {}", xpos.shape_string(),
+                                      cos.shape_string()));
+        if (p.angles == AngleSource::InvFreq) {
+            p.table_full = xpos.shape[1] == p.rotary_dim;
+            p.table_rows = xpos.shape[0];
+        }
+        p.xpos_scale = xpos;
+        p.has_xpos = true;
+    }
+
+    // Positions. With M-RoPE sections they carry a leading axis, one per section.
+    const bool multi_section = args.num_mrope_sections != 0;
+    if (args.num_mrope_sections < 0)
+        fail_argument(fmt::format("num_mrope_sections: must be >= 0 (0 = none), got {}", args.num_mrope_sections));
+    if (!multi_section && args.mrope_sections != nullptr)
+        fail_argument("mrope_sections: given with num_mrope_sections = 0; set the number of sections");
+    if (multi_section) {
+        p.pair_axis = pair_axes_from_sections(args.mrope_sections, args.num_mrope_sections,
+                                              args.mrope_interleaved != 0, p.pairs(), "mrope_sections");
+        p.num_position_axes = args.num_mrope_sections;
+        if (args.positions == nullptr)
+            fail_argument(fmt::format("positions: required with mrope_sections ([{}, S], [{}, B, S] or [{}, T]: "
+                                      "one position per section and token)",
+                                      p.num_position_axes, p.num_position_axes, p.num_position_axes));
+    }
+    TensorRef positions = make_tensor_ref(args.positions, "positions", multi_section ? 3 : 2);
+    TensorRef offsets = make_tensor_ref(args.seqlen_offsets, "seqlen_offsets", 1);
+    TensorRef cu_seqlens = make_tensor_ref(args.cu_seqlens, "cu_seqlens", 1);
+    p.num_sequences = p.batch;
+    if (cu_seqlens.present()) {
+        if (!p.packed)
+            fail_argument(fmt::format("cu_seqlens: only valid with packed q [T, H, D]; q is {}", q.shape_string()));
+        require_index(cu_seqlens);
+        if (cu_seqlens.shape[0] < 2)
+            fail_argument(fmt::format("cu_seqlens: expected [B + 1] with B >= 1, got {}", cu_seqlens.shape_string()));
+        p.num_sequences = cu_seqlens.shape[0] - 1;
+        p.cu_seqlens = cu_seqlens;
+    }
+    if (positions.present()) {
+        require_index(positions);
+        p.position_mode = PositionMode::Indices;
+        // With sections, the leading axis counts them and the rest is shaped as usual.
+        const int lead = multi_section ? 1 : 0;
+        const int64_t* dims = positions.shape + lead;
+        const int token_ndim = positions.ndim - lead;
+        bool ok = token_ndim == 1   ? dims[0] == p.seqlen_q
+                  : token_ndim == 2 ? !p.packed && dims[0] == p.batch && dims[1] == p.seqlen_q
+                                    : false;
+        if (multi_section && positions.shape[0] != p.num_position_axes) ok = false;
+        const std::string axes = multi_section ? fmt::format("{}, ", p.num_position_axes) : std::string();
+        const std::string axes_name = multi_section ? "A, " : "";
+        if (!ok)
+            fail_argument(fmt::format("positions: expected {}, got {}{}",
+                                      p.packed ? fmt::format("[{}T] = [{}{}]", axes_name, axes, p.seqlen_q)
+                                               : fmt::format("[{}S] = [{}{}] or [{}B, S] = [{}{}, {}]", axes_name, axes,
+                                                             p.seqlen_q, axes_name, axes, p.batch, p.seqlen_q),
+                                      positions.shape_string(),
+                                      multi_section ? " (A = num_mrope_sections)" : ""));
+        if (p.has_k && p.seqlen_k != p.seqlen_q)
+            fail_argument(fmt::format("positions: q has {} tokens and k {}; per-token positions need "
+                                      "the same number",
+                                      p.seqlen_q, p.seqlen_k));
+        p.positions = positions;
+    } else if (offsets.present()) {
+        require_index(offsets);
+        p.position_mode = PositionMode::SeqlenOffsets;
+        if (offsets.shape[0] != p.num_sequences)
+            fail_argument(fmt::format("seqlen_offsets: expected [{}] (one per sequence), got {}",
+                                      p.num_sequences, offsets.shape_string()));
+        p.seqlen_offsets = offsets;
+    } else {
+        p.position_mode = PositionMode::Implicit;
+    }
+    p.position_offset = args.position_offset;
+    p.q_position_offset = args.q_position_offset;
+    // Token index plus offsets must not overflow: no table has 2^53 rows, and no angle is
+    // exact beyond 2^53 either.
+    constexpr int64_t kMaxOffset = int64_t(1) << 53;
+    if (p.position_offset <= -kMaxOffset || p.position_offset >= kMaxOffset)
+        fail_argument(fmt::format("position_offset: {} is out of range (|offset| < 2^53)", p.position_offset));
+    if (p.q_position_offset <= -kMaxOffset || p.q_position_offset >= kMaxOffset)
+        fail_argument(fmt::format("q_position_offset: {} is out of range (|offset| < 2^53)", p.q_position_offset));
+
+    // Learned frequencies: d(loss)/d(inv_freq) from the gradients (q, k) and the forward
+    // outputs (q_saved, k_saved).
+    TensorRef freq_grad = make_tensor_ref(args.inv_freq_grad, "inv_freq_grad", 1);
+    TensorRef q_saved = make_tensor_ref(args.q_saved, "q_saved");
+    TensorRef k_saved = make_tensor_ref(args.k_saved, "k_saved");
+    if (freq_grad.present()) {
+        if (!p.backward)
+            fail_argument("inv_freq_grad: only defined for the backward pass (backward = 1, q and k holding "
+                          "gradients)");
+        if (p.angles != AngleSource::InvFreq)
+            fail_argument("inv_freq_grad: needs angles from inv_freq (cos and sin NULL); there is no gradient "
+                          "with respect to a table");
+        if (freq_grad.dtype != DType::F32 || freq_grad.shape[0] != p.pairs())
+            fail_argument(fmt::format("inv_freq_grad: expected float32 [{}] (rotary_dim / 2), got {} {}", p.pairs(),
+                                      dtype_name(freq_grad.dtype), freq_grad.shape_string()));
+        if (!q_saved.present())
+            fail_argument("q_saved: required with inv_freq_grad (the forward pass's rotated q)");
+        require_same_shape(q_saved, q);
+        if (p.has_k) {
+            if (!k_saved.present())
+                fail_argument("k_saved: required with inv_freq_grad when k is given (the forward pass's rotated k)");
+            require_same_shape(k_saved, k);
+        } else if (k_saved.present()) {
+            fail_argument("k_saved: given without k");
+        }
+        p.q_saved = p.packed ? lift_packed(q_saved) : q_saved;
+        if (p.has_k) p.k_saved = p.packed ? lift_packed(k_saved) : k_saved;
+        // The saved outputs are read while q_out/k_out are written, and the gradient is
+        // written last: none may share memory with what the call writes.
+        for (const TensorRef* written : {&p.q_out, &p.k_out})
+            for (const TensorRef* read : {&p.q_saved, &p.k_saved})
+                if (written->present() && read->present() && extents_overlap(*written, *read))
+                    fail_argument(fmt::format("{}: overlaps the output {} (in-place outputs are q and k); keep the "
+                                              "forward outputs in their own memory",
+                                              read->name, written->name));
+        for (const TensorRef* other : {&p.q, &p.q_out, &p.k, &p.k_out, &p.q_saved, &p.k_saved, &p.inv_freq, &p.xpos_scale})
+            if (other->present() && extents_overlap(freq_grad, *other))
+                fail_argument(fmt::format("inv_freq_grad: overlaps {}; it needs its own memory", other->name));
+        p.inv_freq_grad = freq_grad;
+        p.has_freq_grad = true;
+    } else if (q_saved.present() || k_saved.present()) {
+        fail_argument(fmt::format("{}: only used with inv_freq_grad, which is NULL",
+                                  q_saved.present() ? "q_saved" : "k_saved"));
+    }
+
+    // One device for everything.
+    for (const TensorRef* t : {&k, &q_out, &k_out, &cos, &sin, &inv_freq, &xpos, &positions, &offsets, &cu_seqlens,
+                               &freq_grad, &q_saved, &k_saved})
+        check_same_device(*t, p.device, q);
+
+    // Implicit positions need no memory read: check their range here for every backend.
+    const bool bounded = p.angles == AngleSource::Table || p.has_xpos;
+    if (p.position_mode == PositionMode::Implicit && bounded && !p.cu_seqlens.present()) {
+        auto check_range = [&](int64_t first, int64_t tokens, const char* who) {
+            if (tokens == 0) return;
+            const int64_t last = last_table_row(first, tokens);
+            if (first < 0 || last >= p.table_rows)
+                fail_argument(fmt::format("cos: {} uses table rows {}..{} (position_offset {}{}), but the "
+                                          "table has {} rows",
+                                          who, first, last, p.position_offset,
+                                          p.q_position_offset && who[0] == 'q'
+                                              ? fmt::format(", q_position_offset {}", p.q_position_offset)
+                                              : std::string(),
+                                          p.table_rows));
+        };
+        check_range(p.position_offset + p.q_position_offset, p.seqlen_q, "q");
+        if (p.has_k) check_range(p.position_offset, p.seqlen_k, "k");
+    }
+    return p;
+}
+
+void check_positions_on_host(const RopeProblem& p) {
+    const bool bounded = p.angles == AngleSource::Table || p.has_xpos;
+    auto check_row = [&](int64_t row, const char* source, const std::string& where) {
+        if (bounded && (row < 0 || row >= p.table_rows))
+            fail_argument(fmt::format("{}: {} gives table row {}, outside the table's {} rows", source,
+                                      where, row, p.table_rows));
+    };
+
+    if (p.cu_seqlens.present()) {
+        IndexReader cu(p.cu_seqlens);
+        if (cu[0] != 0) fail_argument(fmt::format("cu_seqlens: must start at 0, got {}", cu[0]));
+        for (int64_t b = 0; b < p.num_sequences; ++b)
+            if (cu[b + 1] < cu[b])
+                fail_argument(fmt::format("cu_seqlens: decreases at index {} ({} then {})", b + 1, cu[b], cu[b + 1]));
+        if (cu[p.num_sequences] != p.seqlen_q)
+            fail_argument(fmt::format("cu_seqlens: ends at {} but q has {} tokens", cu[p.num_sequences], p.seqlen_q));
+    }
+
+    if (p.position_mode == PositionMode::Indices) {
+        // Every axis of M-RoPE positions is checked like one-axis positions.
+        const int64_t axes = p.multi_section() ? p.num_position_axes : 1;
+        // Without a table (inv_freq angles) any row is valid: nothing to read.
+        if (!bounded) return;
+        for (int64_t a = 0; a < axes; ++a) {
+            const TensorRef view = p.position_axis(a);
+            IndexReader pos(view);
+            const int64_t rows = view.ndim == 2 ? p.batch : 1;
+            for (int64_t b = 0; b < rows; ++b)
+                for (int64_t s = 0; s < p.seqlen_q; ++s) {
+                    const int64_t row = view.ndim == 2 ? pos(b, s) : pos[s];
+                    if (row >= 0 && row < p.table_rows) continue;
+                    // The message is built only for the row that fails.
+                    const std::string axis = p.multi_section() ? fmt::format("{}, ", a) : std::string();
+                    check_row(row, "positions",
+                              view.ndim == 2 ? fmt::format("[{}{}, {}]", axis, b, s) : fmt::format("[{}{}]", axis, s));
+                }
+        }
+        return;
+    }
+
+    // Per-sequence lengths: B sequences of S (or of the cu_seqlens lengths when packed).
+    auto sequence_length = [&](int64_t b, bool is_q) -> int64_t {
+        if (p.cu_seqlens.present()) {
+            IndexReader cu(p.cu_seqlens);
+            return cu[b + 1] - cu[b];
+        }
+        return is_q ? p.seqlen_q : p.seqlen_k;
+    };
+    auto check_sequence = [&](int64_t b, int64_t first, bool is_q, const char* source) {
+        int64_t length = sequence_length(b, is_q);
+        if (length == 0 || !bounded) return;
+        const int64_t last = last_table_row(first, length);
+        if (first < 0 || last >= p.table_rows)
+            fail_argument(fmt::format("{}: sequence {} of {} uses table rows {}..{}, but the table has {} rows",
+                                      source, b, is_q ? "q" : "k", first, last, p.table_rows));
+    };
+    if (p.position_mode == PositionMode::SeqlenOffsets) {
+        IndexReader offsets(p.seqlen_offsets);
+        for (int64_t b = 0; b < p.num_sequences; ++b) {
+            check_sequence(b, offsets[b], true, "seqlen_offsets");
+            if (p.has_k) check_sequence(b, offsets[b], false, "seqlen_offsets");
+        }
+    } else if (p.cu_seqlens.present()) {
+        for (int64_t b = 0; b < p.num_sequences; ++b) {
+            check_sequence(b, p.position_offset + p.q_position_offset, true, "position_offset");
+            if (p.has_k) check_sequence(b, p.position_offset, false, "position_offset");
+        }
+    }
+}
+
+}  // namespace rope_jit

@@ -1,0 +1,98 @@
+// A RoPE call after its arguments are checked: every tensor validated and classified, the
+// dimensions named, the position and angle sources decided. Both backends execute a
+// RopeProblem, so the checks live in one place (make_rope_problem) and backends trust it.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "rope_jit/rope_jit.h"
+#include "common/tensor_ref.h"
+
+namespace rope_jit {
+
+// Where a token's table row comes from (the rules of rope_jit_rope_args, in order).
+enum class PositionMode {
+    Indices,        // positions[...] given
+    SeqlenOffsets,  // s + seqlen_offsets[b]
+    Implicit,       // s + position_offset (+ q_position_offset for q)
+};
+
+enum class AngleSource { Table, InvFreq };
+
+struct RopeProblem {
+    // Packed inputs ([T, H, D]) are seen as one batch row of T tokens: batch = 1, seqlen = T,
+    // and the sequences inside it come from cu_seqlens (num_sequences of them).
+    bool packed = false;
+    int64_t batch = 0;
+    int64_t seqlen_q = 0, seqlen_k = 0;
+    int64_t heads_q = 0, heads_k = 0;
+    int64_t head_dim = 0;
+    int64_t num_sequences = 0;  // batch, or cu_seqlens' B when packed
+
+    int64_t rotary_dim = 0, rotary_offset = 0;
+    rope_jit_style style = ROPE_JIT_STYLE_HALF;
+    bool backward = false;
+    DType dtype = DType::F32;
+
+    // 4-D views [B, H, S, D] (packed tensors are lifted to [1, H, T, D]). The outputs are
+    // always set: equal to the inputs when in place.
+    TensorRef q, q_out, k, k_out;
+    bool has_k = false;
+    bool q_in_place = true, k_in_place = true;
+
+    AngleSource angles = AngleSource::Table;
+    TensorRef cos, sin, inv_freq;
+    bool table_full = false;  // [P, R] rather than [P, R/2]
+    int64_t table_rows = 0;   // P
+    TensorRef xpos_scale;
+    bool has_xpos = false;
+
+    PositionMode position_mode = PositionMode::Implicit;
+    TensorRef positions;           // [S], [B, S] or [T]
+    TensorRef seqlen_offsets;      // [num_sequences]
+    TensorRef cu_seqlens;          // [num_sequences + 1], packed only
+    int64_t position_offset = 0, q_position_offset = 0;
+
+    // Multi-section positions (M-RoPE): positions has a leading axis of num_position_axes,
+    // and pair i reads axis pair_axis[i]. Empty pair_axis: one position per token.
+    int64_t num_position_axes = 0;
+    std::vector<int32_t> pair_axis;  // [R/2] when M-RoPE
+
+    // Learned frequencies (backward with inv_freq only): d(loss)/d(inv_freq) into
+    // inv_freq_grad [R/2] float32, from the forward outputs q_saved/k_saved (lifted to 4-D
+    // like q and k).
+    bool has_freq_grad = false;
+    TensorRef inv_freq_grad, q_saved, k_saved;
+
+    DLDevice device{kDLCPU, 0};  // where every tensor lives
+
+    int64_t pairs() const { return rotary_dim / 2; }
+    // Column of pair i in the cos/sin/xpos tables.
+    int64_t table_column(int64_t i) const {
+        if (!table_full) return i;
+        return style == ROPE_JIT_STYLE_INTERLEAVED ? 2 * i : i;
+    }
+    // No element to rotate (q with no tokens or no heads, and no k with tokens): a no-op,
+    // however large the other dimensions (a [2^31, 0, S, D] q must not loop 2^31 times).
+    bool empty() const {
+        return batch == 0 || head_dim == 0 || ((seqlen_q == 0 || heads_q == 0) && (!has_k || seqlen_k == 0));
+    }
+    bool multi_section() const { return !pair_axis.empty(); }
+    // The positions of one axis as a plain [S], [B, S] or [T] view (M-RoPE); `positions`
+    // itself otherwise.
+    TensorRef position_axis(int64_t axis) const;
+};
+
+// Checks every argument (shapes, dtypes, devices, overlaps, implicit position ranges) and
+// builds the problem. Throws Error(INVALID_ARGUMENT) with a message naming the argument.
+RopeProblem make_rope_problem(const rope_jit_rope_args& args);
+
+// Reads the index tensors (which must be in host memory) and checks them: cu_seqlens
+// well-formed, every position inside the table. Throws Error(INVALID_ARGUMENT).
+void check_positions_on_host(const RopeProblem& problem);
+
+// Whether a tensor's memory can be read by the CPU.
+bool host_accessible(const DLDevice& device);
+
+}  // namespace rope_jit
