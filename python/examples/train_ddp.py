@@ -27,6 +27,7 @@ final parameters (full tensors, float32) with torch.save.
 
 import argparse
 import dataclasses
+import gc
 import json
 import os
 import statistics
@@ -451,6 +452,10 @@ def main(argv=None):
             with open(args.json, "w") as f:
                 json.dump(result, f, indent=1)
     if world_size > 1:
+        # The wrapped model and its optimizer go before the process group, so no gradient
+        # hook or pending collective outlives it into interpreter shutdown.
+        del trainer, model
+        gc.collect()
         dist.barrier()
         dist.destroy_process_group()
     return 0

@@ -5,10 +5,12 @@ added by rope-jit.
 
 What runs depends on the machine (skipped without torch):
   CPU only:  2 ranks over gloo, DDP and FSDP, float32 (rope-jit's CPU reference; no kernels).
-  one GPU:   1 rank over NCCL (DDP, FSDP), and 2 ranks sharing the GPU over gloo (DDP), bf16.
-  2+ GPUs:   2 ranks over NCCL (DDP, FSDP, and DDP with the fused attention), bf16.
+  one GPU:   1 rank over NCCL (DDP, FSDP, DDP with the fused attention), and 2 ranks sharing
+             the GPU over gloo (DDP), bf16 autocast.
+  2+ GPUs:   2 ranks over NCCL (DDP, FSDP, DDP with the fused attention), bf16 autocast.
 ROPE_JIT_DDP_NPROC overrides the number of NCCL ranks on GPUs (at most one per GPU). With
-ROPE_JIT_DDP_OUT set, every run's log, JSON and parameters, and summary.json, are kept there.
+ROPE_JIT_DDP_OUT set, every run's log and JSON, and summary.json, are kept there (parameters
+and caches stay in pytest's temporary directory).
 """
 
 import json
@@ -56,13 +58,19 @@ def launches():
     return runs
 
 
+class Directories:
+    def __init__(self, work, out):
+        self.work, self.out = work, out  # parameters and caches; logs and JSON
+
+
 @pytest.fixture(scope="module")
 def out_dir(tmp_path_factory):
+    work = tmp_path_factory.mktemp("distributed")
     kept = os.environ.get("ROPE_JIT_DDP_OUT")
-    path = Path(kept) if kept else tmp_path_factory.mktemp("distributed")
-    path.mkdir(parents=True, exist_ok=True)
-    yield path
-    with open(path / "summary.json", "w") as f:
+    out = Path(kept) if kept else work
+    out.mkdir(parents=True, exist_ok=True)
+    yield Directories(work, out)
+    with open(out / "summary.json", "w") as f:
         json.dump(SUMMARY, f, indent=1)
 
 
@@ -74,7 +82,7 @@ def run(out_dir, name, mode, ranks, backend, attention):
     returns (its JSON, its final parameters, the number of kernels in its cache)."""
     if name in _runs:
         return _runs[name]
-    cache = Path(tempfile.mkdtemp(prefix=f"cache_{name}_", dir=out_dir))
+    cache = Path(tempfile.mkdtemp(prefix=f"cache_{name}_", dir=out_dir.work))
     env = dict(os.environ, ROPE_JIT_CACHE_DIR=str(cache), OMP_NUM_THREADS="1")
     package = str(Path(rope_jit.__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package, env.get("PYTHONPATH")) if p)
@@ -83,17 +91,17 @@ def run(out_dir, name, mode, ranks, backend, attention):
         launcher += ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"]
     command = launcher + [str(EXAMPLE), "--mode", mode, "--attention", attention,
                           "--steps", str(STEPS), "--time-steps", "4" if GPUS else "2",
-                          "--json", str(out_dir / f"{name}.json"),
-                          "--save-params", str(out_dir / f"{name}.pt")]
+                          "--json", str(out_dir.out / f"{name}.json"),
+                          "--save-params", str(out_dir.work / f"{name}.pt")]
     if backend:
         command += ["--backend", backend]
     done = subprocess.run(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, timeout=600)
-    (out_dir / f"{name}.log").write_text(" ".join(command) + "\n" + done.stdout)
+    (out_dir.out / f"{name}.log").write_text(" ".join(command) + "\n" + done.stdout)
     assert done.returncode == 0, f"{name} failed ({done.returncode}):\n{done.stdout[-4000:]}"
-    with open(out_dir / f"{name}.json") as f:
+    with open(out_dir.out / f"{name}.json") as f:
         result = json.load(f)
-    params = torch.load(out_dir / f"{name}.pt")
+    params = torch.load(out_dir.work / f"{name}.pt")
     kernels = sum(1 for p in cache.rglob("*") if p.suffix in (".cubin", ".ptx"))
     _runs[name] = (result, params, kernels)
     return _runs[name]
@@ -182,5 +190,7 @@ def test_rope_jit_adds_no_host_synchronization_to_a_training_step(out_dir, launc
         # something waits for the GPU.
         assert probe["sync_error"] is None, (rank, probe)
         assert probe["host_ms"] < 0.5 * probe["gpu_ms"], (rank, probe)
-    if launch[4] == "rope_jit":  # the fused attention's speed is its own issue
+    # Not for the fused attention (its speed is its own issue), nor over gloo (gradients go
+    # through host memory, and that dominates the step).
+    if launch[4] == "rope_jit" and launch[3] == "nccl":
         assert timing["ratio"] <= STEP_TIME_RATIO, timing
