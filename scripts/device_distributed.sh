@@ -12,6 +12,7 @@
 # Writes $OUT/distributed.json (losses, step times, compile counts of every run),
 # $OUT/distributed_tests.json (the test's summary) and the logs in $OUT/distributed_logs.tgz.
 # Usage: bash scripts/device_distributed.sh   (PYTHON: an interpreter with torch; NPROC: ranks)
+# Bounded to fit one 10-minute device command: the test 330 s at most, each run 70 s.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/rope_jit_out}
@@ -37,7 +38,7 @@ torch.cuda.nccl.version())"
   echo "GPUs $gpus, ranks $nproc"
 } 2>&1 | tee "$LOG/environment.log"
 
-ROPE_JIT_DDP_OUT=$LOG/test ROPE_JIT_DDP_NPROC=$nproc timeout 900 $py -m pytest \
+ROPE_JIT_DDP_OUT=$LOG/test ROPE_JIT_DDP_NPROC=$nproc timeout 330 $py -m pytest \
   python/tests/test_distributed.py -v -s -rs -p no:cacheprovider > "$LOG/test_distributed.log" 2>&1
 echo "test_distributed rc=$?" | tee -a "$LOG/test_distributed.log"
 grep -E "PASSED|FAILED|SKIPPED|ERROR|passed|failed" "$LOG/test_distributed.log" | tail -20
@@ -47,9 +48,9 @@ runs=()
 for run in ddp:rope_jit fsdp:rope_jit ddp:fused; do
   mode=${run%%:*} attention=${run##*:} name=${run/:/_}_$nproc
   cache=$(mktemp -d /tmp/rope_jit_ddp_cache.XXXXXX)
-  ROPE_JIT_CACHE_DIR=$cache timeout 600 $py -m torch.distributed.run --standalone \
+  ROPE_JIT_CACHE_DIR=$cache timeout 70 $py -m torch.distributed.run --standalone \
     --nproc-per-node "$nproc" python/examples/train_ddp.py \
-    --mode "$mode" --attention "$attention" --steps 20 --time-steps 20 \
+    --mode "$mode" --attention "$attention" --steps 10 --time-steps 10 \
     --json "$LOG/$name.json" > "$LOG/$name.log" 2>&1
   echo "$name rc=$?" | tee -a "$LOG/$name.log"
   tail -n 12 "$LOG/$name.log"
