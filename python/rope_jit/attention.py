@@ -9,6 +9,7 @@ import ctypes
 from . import _structs as s
 from .rope import resolve_stream
 from .runtime import _STYLES, _choice, default_runtime
+from ._checks import c_double, c_int
 from .tensors import as_tensor
 
 _P = ctypes.POINTER
@@ -53,8 +54,8 @@ def _call(which, tensors, causal, scale, rotary_dim, style, stream, runtime):
         held.append(tensor)
         s.POINTER_FIELD.pack_into(args, getattr(s.AttentionArgs, name).offset, tensor.address)
     args.causal = 1 if causal else 0
-    args.scale = float(scale)
-    args.rotary_dim = int(rotary_dim)
+    args.scale = c_double(scale, "scale")
+    args.rotary_dim = c_int(rotary_dim, "rotary_dim")
     args.style = _choice(style, _STYLES, "style")
     args.stream = stream_handle or None
     function = forward if which == "forward" else backward

@@ -10,6 +10,7 @@ import sys
 
 from . import _structs as s
 from .runtime import _STYLES, _choice, default_runtime
+from ._checks import c_int, c_ints
 from .tensors import as_tensor, torch_stream_of
 
 LAYOUTS = ("bhsd", "bshd", "thd")
@@ -126,17 +127,17 @@ def rope(q, k=None, *, cos=None, sin=None, inv_freq=None, positions=None, seqlen
                              f"{list(tensor.shape)}")
         held.append(tensor)
         s.POINTER_FIELD.pack_into(args, _POINTER_OFFSETS[name], tensor.address)
-    args.position_offset = int(position_offset)
-    args.q_position_offset = int(q_position_offset)
-    args.rotary_dim = int(rotary_dim)
-    args.rotary_offset = int(rotary_offset)
+    args.position_offset = c_int(position_offset, "position_offset", 64)
+    args.q_position_offset = c_int(q_position_offset, "q_position_offset", 64)
+    args.rotary_dim = c_int(rotary_dim, "rotary_dim")
+    args.rotary_offset = c_int(rotary_offset, "rotary_offset")
     args.style = _choice(style, _STYLES, "style")
     args.backward = 1 if backward else 0
     args.stream = stream_handle or None
     if mrope_sections is not None:
         if "mrope_sections" not in supported:
             raise _too_old(library, "mrope_sections")
-        sections = [int(n) for n in mrope_sections]
+        sections = c_ints(mrope_sections, "mrope_sections")
         if len(sections) > s.MAX_MROPE_SECTIONS:
             raise ValueError(f"mrope_sections: at most {s.MAX_MROPE_SECTIONS} sections, got {len(sections)}")
         array = (ctypes.c_int32 * max(len(sections), 1))(*sections)
