@@ -22,18 +22,36 @@ CPU tensors run on the library's CPU reference.
 Most users call apply_rope (below) or a drop-in from rope_jit.dropin.
 """
 
+import threading
 from typing import Optional
 
 import torch
 from torch import Tensor
 
+from . import _plans
 from .attention import attention as _call_attention
 from .attention import attention_backward as _call_attention_backward
 from .attention import has_attention as _has_attention
 from .rope import LAYOUTS
 from .rope import rope as _rope
+from .runtime import default_runtime
 
 _TABLE_NAMES = ("cos", "sin", "inv_freq", "xpos_scale")
+
+# The ops are defined with torch.library.Library.define / impl: a call goes from the dispatcher
+# straight to the Python kernel, where torch.library.custom_op adds its own Python layers
+# (about 4 us a call more, measured on the H200 host). Fake kernels (torch.compile, export)
+# and the autograd formula are registered for each out-of-place op.
+_library = torch.library.Library("rope_jit", "DEF")
+_TABLES_SCHEMA = ("Tensor? cos, Tensor? sin, Tensor? inv_freq, Tensor? positions, Tensor? seqlen_offsets, "
+                  "Tensor? cu_seqlens, Tensor? xpos_scale")
+
+
+def _define(name, schema, kernel, fake):
+    _library.define(f"{name}{schema}")
+    _library.impl(name, kernel, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"rope_jit::{name}", fake, lib=_library)
+    return getattr(torch.ops.rope_jit, name).default
 
 
 def _launch(q, k, q_out, k_out, cos, sin, inv_freq, positions, seqlen_offsets, cu_seqlens, xpos_scale,
@@ -48,11 +66,8 @@ def _launch(q, k, q_out, k_out, cos, sin, inv_freq, positions, seqlen_offsets, c
 # rope_jit::rope: one tensor
 # ------------------------------------------------------------------------------------------
 
-@torch.library.custom_op("rope_jit::rope", mutates_args=())
-def rope_op(x: Tensor, cos: Optional[Tensor], sin: Optional[Tensor], inv_freq: Optional[Tensor],
-            positions: Optional[Tensor], seqlen_offsets: Optional[Tensor], cu_seqlens: Optional[Tensor],
-            xpos_scale: Optional[Tensor], position_offset: int, rotary_dim: int, rotary_offset: int,
-            interleaved: bool, backward: bool) -> Tensor:
+def _rope_kernel(x, cos, sin, inv_freq, positions, seqlen_offsets, cu_seqlens, xpos_scale, position_offset,
+                 rotary_dim, rotary_offset, interleaved, backward):
     """x rotated into a new tensor. x is [B, H, S, D] (any strides) or packed [T, H, D]; the
     other arguments are rope_jit.rope's. xpos_scale multiplies (as for q)."""
     out = torch.empty_like(x)
@@ -61,10 +76,13 @@ def rope_op(x: Tensor, cos: Optional[Tensor], sin: Optional[Tensor], inv_freq: O
     return out
 
 
-@rope_op.register_fake
 def _rope_fake(x, cos, sin, inv_freq, positions, seqlen_offsets, cu_seqlens, xpos_scale, position_offset,
                rotary_dim, rotary_offset, interleaved, backward):
     return torch.empty_like(x)
+
+
+rope_op = _define("rope", f"(Tensor x, {_TABLES_SCHEMA}, SymInt position_offset, int rotary_dim, "
+                          "int rotary_offset, bool interleaved, bool backward) -> Tensor", _rope_kernel, _rope_fake)
 
 
 def _rope_setup_context(ctx, inputs, output):
@@ -83,18 +101,15 @@ def _rope_backward(ctx, grad):
     return (grad_x,) + (None,) * 12
 
 
-rope_op.register_autograd(_rope_backward, setup_context=_rope_setup_context)
+torch.library.register_autograd("rope_jit::rope", _rope_backward, setup_context=_rope_setup_context, lib=_library)
 
 
 # ------------------------------------------------------------------------------------------
 # rope_jit::rope_qk: q and k in one launch
 # ------------------------------------------------------------------------------------------
 
-@torch.library.custom_op("rope_jit::rope_qk", mutates_args=())
-def rope_qk_op(q: Tensor, k: Tensor, cos: Optional[Tensor], sin: Optional[Tensor], inv_freq: Optional[Tensor],
-               positions: Optional[Tensor], seqlen_offsets: Optional[Tensor], cu_seqlens: Optional[Tensor],
-               xpos_scale: Optional[Tensor], position_offset: int, q_position_offset: int, rotary_dim: int,
-               rotary_offset: int, interleaved: bool, backward: bool) -> tuple[Tensor, Tensor]:
+def _rope_qk_kernel(q, k, cos, sin, inv_freq, positions, seqlen_offsets, cu_seqlens, xpos_scale, position_offset,
+                    q_position_offset, rotary_dim, rotary_offset, interleaved, backward):
     """q and k rotated into new tensors by one kernel. k may have fewer heads (GQA/MQA) and,
     with implicit positions, another length (cached keys; see q_position_offset). xpos_scale
     multiplies q and divides k."""
@@ -104,10 +119,14 @@ def rope_qk_op(q: Tensor, k: Tensor, cos: Optional[Tensor], sin: Optional[Tensor
     return q_out, k_out
 
 
-@rope_qk_op.register_fake
 def _rope_qk_fake(q, k, cos, sin, inv_freq, positions, seqlen_offsets, cu_seqlens, xpos_scale, position_offset,
                   q_position_offset, rotary_dim, rotary_offset, interleaved, backward):
     return torch.empty_like(q), torch.empty_like(k)
+
+
+rope_qk_op = _define("rope_qk", f"(Tensor q, Tensor k, {_TABLES_SCHEMA}, SymInt position_offset, "
+                                "SymInt q_position_offset, int rotary_dim, int rotary_offset, bool interleaved, "
+                                "bool backward) -> (Tensor, Tensor)", _rope_qk_kernel, _rope_qk_fake)
 
 
 def _rope_qk_setup_context(ctx, inputs, output):
@@ -133,44 +152,129 @@ def _rope_qk_backward(ctx, grad_q, grad_k):
     return (grad_q, grad_k) + (None,) * 13
 
 
-rope_qk_op.register_autograd(_rope_qk_backward, setup_context=_rope_qk_setup_context)
+torch.library.register_autograd("rope_jit::rope_qk", _rope_qk_backward, setup_context=_rope_qk_setup_context,
+                                lib=_library)
 
 
 # ------------------------------------------------------------------------------------------
 # In-place variants (inference: no autograd)
 # ------------------------------------------------------------------------------------------
 
-@torch.library.custom_op("rope_jit::rope_", mutates_args=("x",))
-def rope_inplace_op(x: Tensor, cos: Optional[Tensor], sin: Optional[Tensor], inv_freq: Optional[Tensor],
-                    positions: Optional[Tensor], seqlen_offsets: Optional[Tensor], cu_seqlens: Optional[Tensor],
-                    xpos_scale: Optional[Tensor], position_offset: int, rotary_dim: int, rotary_offset: int,
-                    interleaved: bool, backward: bool) -> None:
+def _rope_inplace_kernel(x, cos, sin, inv_freq, positions, seqlen_offsets, cu_seqlens, xpos_scale,
+                         position_offset, rotary_dim, rotary_offset, interleaved, backward):
     """rope_jit::rope, written into x."""
     _launch(x, None, None, None, cos, sin, inv_freq, positions, seqlen_offsets, cu_seqlens, xpos_scale,
             position_offset, 0, rotary_dim, rotary_offset, interleaved, backward)
 
 
-@rope_inplace_op.register_fake
 def _rope_inplace_fake(x, cos, sin, inv_freq, positions, seqlen_offsets, cu_seqlens, xpos_scale, position_offset,
                        rotary_dim, rotary_offset, interleaved, backward):
     return None
 
 
-@torch.library.custom_op("rope_jit::rope_qk_", mutates_args=("q", "k"))
-def rope_qk_inplace_op(q: Tensor, k: Tensor, cos: Optional[Tensor], sin: Optional[Tensor],
-                       inv_freq: Optional[Tensor], positions: Optional[Tensor], seqlen_offsets: Optional[Tensor],
-                       cu_seqlens: Optional[Tensor], xpos_scale: Optional[Tensor], position_offset: int,
-                       q_position_offset: int, rotary_dim: int, rotary_offset: int, interleaved: bool,
-                       backward: bool) -> None:
+rope_inplace_op = _define("rope_", f"(Tensor(a!) x, {_TABLES_SCHEMA}, SymInt position_offset, int rotary_dim, "
+                                   "int rotary_offset, bool interleaved, bool backward) -> ()",
+                          _rope_inplace_kernel, _rope_inplace_fake)
+
+
+def _rope_qk_inplace_kernel(q, k, cos, sin, inv_freq, positions, seqlen_offsets, cu_seqlens, xpos_scale,
+                            position_offset, q_position_offset, rotary_dim, rotary_offset, interleaved, backward):
     """rope_jit::rope_qk, written into q and k."""
     _launch(q, k, None, None, cos, sin, inv_freq, positions, seqlen_offsets, cu_seqlens, xpos_scale,
             position_offset, q_position_offset, rotary_dim, rotary_offset, interleaved, backward)
 
 
-@rope_qk_inplace_op.register_fake
 def _rope_qk_inplace_fake(q, k, cos, sin, inv_freq, positions, seqlen_offsets, cu_seqlens, xpos_scale,
                           position_offset, q_position_offset, rotary_dim, rotary_offset, interleaved, backward):
     return None
+
+
+rope_qk_inplace_op = _define("rope_qk_", f"(Tensor(a!) q, Tensor(b!) k, {_TABLES_SCHEMA}, SymInt position_offset, "
+                                        "SymInt q_position_offset, int rotary_dim, int rotary_offset, "
+                                        "bool interleaved, bool backward) -> ()",
+                             _rope_qk_inplace_kernel, _rope_qk_inplace_fake)
+
+
+# ------------------------------------------------------------------------------------------
+# The eager hot path: straight to the library through a plan (see _plans.py)
+# ------------------------------------------------------------------------------------------
+#
+# In eager mode apply_rope skips the dispatcher: with autograd it is one autograd.Function
+# whose forward and backward call the library through a plan, else one plan call. Used only
+# where the ops would do exactly the same: plain torch tensors, no torch.compile tracing, no
+# TorchDispatchMode (FakeTensorMode, FlopCounterMode...) on the stack; elsewhere the ops run.
+
+class _Call:
+    """What a forward resolved (tables, scalars, runtime), kept for its backward."""
+
+    __slots__ = ("tables", "position_offset", "q_position_offset", "rotary_dim", "rotary_offset", "style",
+                 "layout", "backward", "runtime")
+
+    def __init__(self, tables, position_offset, q_position_offset, rotary_dim, rotary_offset, style, layout,
+                 backward, runtime):
+        self.tables, self.position_offset, self.q_position_offset = tables, position_offset, q_position_offset
+        self.rotary_dim, self.rotary_offset, self.style = rotary_dim, rotary_offset, style
+        self.layout, self.backward, self.runtime = layout, backward, runtime
+
+    def launch(self, q, k, backward, inplace=False):
+        """(q_out, k_out): q and k rotated (inversely with `backward`) into new tensors, or
+        into q and k with `inplace` (then q_out and k_out are None)."""
+        if inplace:
+            q_out = k_out = None
+        else:
+            q_out = torch.empty_like(q)
+            k_out = None if k is None else torch.empty_like(k)
+        cos, sin, inv_freq, positions, seqlen_offsets, cu_seqlens, xpos_scale = self.tables
+        values = (q, k, q_out, k_out, cos, sin, inv_freq, positions, seqlen_offsets, cu_seqlens, xpos_scale,
+                  None, None, None)
+        if not _plans.call(self.runtime, values, self.layout, self.position_offset, self.q_position_offset,
+                           self.rotary_dim, self.rotary_offset, self.style, backward, None, False, None):
+            _rope(q, k, q_out=q_out, k_out=k_out, cos=cos, sin=sin, inv_freq=inv_freq, positions=positions,
+                  seqlen_offsets=seqlen_offsets, cu_seqlens=cu_seqlens, xpos_scale=xpos_scale,
+                  position_offset=self.position_offset, q_position_offset=self.q_position_offset,
+                  rotary_dim=self.rotary_dim, rotary_offset=self.rotary_offset, style=self.style,
+                  backward=backward, layout=self.layout, runtime=self.runtime)
+        return q_out, k_out
+
+
+class _RopeFunction(torch.autograd.Function):
+    """apply_rope's autograd in eager mode: forward and backward are one library call each.
+    Its backward is itself differentiable (double backward) through this Function."""
+
+    @staticmethod
+    def forward(ctx, q, k, call):
+        ctx.call = call
+        q_out, k_out = call.launch(q, k, call.backward)
+        return q_out if k is None else (q_out, k_out)
+
+    @staticmethod
+    def backward(ctx, grad_q, grad_k=None):
+        # Outputs that did not reach the loss come as zeros (materialize_grads), never None.
+        call = ctx.call
+        if torch.is_grad_enabled():  # create_graph: the gradient's own graph
+            inverse = _Call(call.tables, call.position_offset, call.q_position_offset, call.rotary_dim,
+                            call.rotary_offset, call.style, call.layout, not call.backward, call.runtime)
+            grads = _RopeFunction.apply(grad_q, grad_k, inverse)
+            return (grads, None, None) if grad_k is None else (grads[0], grads[1], None)
+        grad_q, grad_k = call.launch(grad_q, grad_k, not call.backward)
+        return grad_q, grad_k, None
+
+
+_dispatch_stack_depth = torch._C._len_torch_dispatch_stack
+_is_compiling = torch.compiler.is_compiling
+_TENSOR = torch.Tensor
+
+
+def _eager_fast_path_applies(q, k, tables):
+    if _is_compiling() or _dispatch_stack_depth():
+        return False
+    types = _plans.TORCH_TENSOR_TYPES or _plans.torch_types()
+    if type(q) not in types or (k is not None and type(k) not in types):
+        return False
+    for table in tables:
+        if table is not None and type(table) not in types:
+            return False
+    return True
 
 
 # ------------------------------------------------------------------------------------------
@@ -203,14 +307,41 @@ def apply_rope(q, k=None, cos=None, sin=None, *, inv_freq=None, positions=None, 
 
     Returns the rotated q when k is None, else (q, k). Gradients flow to q and k through the
     library's backward kernel; tables must not require grad.
+
+    In eager mode the call goes to the library directly (an argument struct built once per
+    signature, see _plans.py; one autograd.Function when gradients are recorded); under
+    torch.compile, export or a dispatch mode it is the rope_jit:: ops.
     """
     if style not in ("half", "interleaved"):
         raise ValueError(f"style: expected 'half' or 'interleaved', got {style!r}")
     if layout not in LAYOUTS:
         raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
-    _refuse_table_grads({"cos": cos, "sin": sin, "inv_freq": inv_freq, "xpos_scale": xpos_scale})
-    interleaved = style == "interleaved"
     tables = (cos, sin, inv_freq, positions, seqlen_offsets, cu_seqlens, xpos_scale)
+    grad_mode = torch.is_grad_enabled()
+    if grad_mode:
+        _refuse_table_grads({"cos": cos, "sin": sin, "inv_freq": inv_freq, "xpos_scale": xpos_scale})
+    records_grad = grad_mode and (q.requires_grad or (k is not None and k.requires_grad))
+
+    if _eager_fast_path_applies(q, k, tables):
+        if k is None:  # without k, q's own offset simply adds to the common one
+            position_offset, q_position_offset = position_offset + q_position_offset, 0
+        call = _Call(tables, position_offset, q_position_offset, rotary_dim, rotary_offset, style, layout,
+                     backward, default_runtime())
+        if inplace and not records_grad:
+            call.launch(q, k, backward, inplace=True)
+            return q if k is None else (q, k)
+        if records_grad:
+            rotated = _RopeFunction.apply(q, k, call)
+        else:
+            q_out, k_out = call.launch(q, k, backward)
+            rotated = q_out if k is None else (q_out, k_out)
+        if not inplace:
+            return rotated
+        if k is None:
+            return q.copy_(rotated)
+        return q.copy_(rotated[0]), k.copy_(rotated[1])
+
+    interleaved = style == "interleaved"
 
     def to_api(name, tensor):
         # The C API takes [B, H, S, D] in that logical order: a bshd tensor goes as its
@@ -226,7 +357,6 @@ def apply_rope(q, k=None, cos=None, sin=None, *, inv_freq=None, positions=None, 
     k_api = None if k is None else to_api("k", k)
 
     if inplace:
-        records_grad = torch.is_grad_enabled() and (q.requires_grad or (k is not None and k.requires_grad))
         if records_grad:
             rotated = apply_rope(q, k, cos, sin, inv_freq=inv_freq, positions=positions,
                                  seqlen_offsets=seqlen_offsets, cu_seqlens=cu_seqlens,
