@@ -18,6 +18,7 @@ import struct
 import sys
 import threading
 
+from . import _cuda_context
 from . import _structs as s
 from ._checks import c_int
 
@@ -30,6 +31,7 @@ if s.RopeArgs.q_position_offset.offset != _POSITION_OFFSET + 8:
 _STREAM_OFFSET = s.RopeArgs.stream.offset
 _pack_pointer = s.POINTER_FIELD.pack_into
 _pack_offsets = _OFFSETS_FIELD.pack_into
+_checked_devices = _cuda_context.checked_devices
 
 # The exact classes that take this path (subclasses such as FakeTensor take the general one).
 TORCH_TENSOR_TYPES = ()
@@ -147,8 +149,12 @@ def run(runtime, plan, values, position_offset, q_position_offset):
         c_int(position_offset, "position_offset", 64)  # raises the error that names it
         c_int(q_position_offset, "q_position_offset", 64)
         raise
-    if plan.cuda_device >= 0:
-        _pack_pointer(args, _STREAM_OFFSET, _raw_stream(plan.cuda_device))
+    device = plan.cuda_device
+    if device >= 0:
+        checked = _checked_devices()
+        if checked is None or device not in checked:
+            _cuda_context.ensure_current(device)
+        _pack_pointer(args, _STREAM_OFFSET, _raw_stream(device))
     library = runtime.library
     status = library.rope_jit_rope(runtime.handle, plan.args_ref)
     if status:

@@ -8,7 +8,7 @@ rope_jit.torch_ops.apply_rope, which calls this underneath.
 import ctypes
 import sys
 
-from . import _plans
+from . import _cuda_context, _plans
 from . import _structs as s
 from .runtime import _STYLES, _choice, default_runtime
 from ._checks import c_int, c_ints
@@ -164,6 +164,11 @@ def rope(q, k=None, *, cos=None, sin=None, inv_freq=None, positions=None, seqlen
     stream_handle = resolve_stream(stream, [value for value in values if value is not None])
     args, held = build_args(library, values, layout, position_offset, q_position_offset, rotary_dim,
                             rotary_offset, style, backward, mrope_sections, mrope_interleaved, stream_handle)
+    device = held[0].struct.device if held else None
+    if device is not None and device.device_type == s.KDL_CUDA:
+        checked = _cuda_context.checked_devices()
+        if checked is None or device.device_id not in checked:
+            _cuda_context.ensure_current(device.device_id)
     status = library.rope_jit_rope(runtime.handle, ctypes.byref(args))
     library.check("rope_jit_rope", status)
     del held
