@@ -22,7 +22,6 @@ CPU tensors run on the library's CPU reference.
 Most users call apply_rope (below) or a drop-in from rope_jit.dropin.
 """
 
-import threading
 from typing import Optional
 
 import torch
