@@ -156,8 +156,9 @@ def rope_tables(inv_freq, *, cos=None, sin=None, xpos_scale=None, position_start
         # The library reads axes * rows positions (rows: the tables' first extent): a shorter
         # list would be read past its end (issue 20, P1).
         values = [c_double(p, f"positions[{index}]") for index, p in enumerate(positions)]
-        rows = max((len(table.shape) and table.shape[0] for table in tables if table is not None), default=0)
-        if len(values) != axes * rows:
+        given = [table for table in tables if table is not None]
+        rows = max((len(table.shape) and table.shape[0] for table in given), default=0)
+        if given and len(values) != axes * rows:  # (no table at all: the library names that)
             raise ValueError(f"positions: {len(values)} values, but the tables' {rows} rows need {axes * rows} "
                              f"({axes} position axis(es) x {rows} rows)")
         array = (ctypes.c_double * max(len(values), 1))(*values)

@@ -129,3 +129,26 @@ def test_the_transformers_kernel_entry_matches_apply_rotary_pos_emb():
     got = hf_dropin.apply_rotary_transformers(q, k, cos, sin, unsqueeze_dim=1)
     torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-5)
+
+
+def test_the_one_import_patches_models_imported_later_without_importing_them_itself():
+    import subprocess
+    import sys
+    import textwrap
+    script = textwrap.dedent("""
+        import sys
+        import rope_jit.dropin.hf_models as hf_models
+        from rope_jit.dropin.hf import apply_rotary_pos_emb
+        assert "transformers.models.llama.modeling_llama" not in sys.modules
+        import transformers
+        model = transformers.LlamaForCausalLM  # transformers' lazy import of modeling_llama
+        from transformers.models.qwen3 import modeling_qwen3
+        from transformers.models.llama import modeling_llama
+        assert modeling_llama.apply_rotary_pos_emb is apply_rotary_pos_emb
+        assert modeling_qwen3.apply_rotary_pos_emb is apply_rotary_pos_emb
+        hf_models.unpatch()
+        assert modeling_llama.apply_rotary_pos_emb is not apply_rotary_pos_emb
+        print("ok", hf_models.patched_modules())
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and "ok []" in result.stdout, result.stdout + result.stderr
