@@ -33,8 +33,13 @@ import torch
 import rope_jit
 from rope_jit.dropin.hf import apply_rotary_pos_emb as rope_jit_hf
 
-SHAPES = [(4, 4096, 32, 8, 128), (1, 32768, 32, 8, 128), (8, 2048, 16, 16, 64), (2, 4096, 16, 8, 256),
-          (64, 1, 32, 8, 128)]  # the last: decode
+SHAPES = [
+    (4, 4096, 32, 8, 128),
+    (1, 32768, 32, 8, 128),
+    (8, 2048, 16, 16, 64),
+    (2, 4096, 16, 8, 256),
+    (64, 1, 32, 8, 128),
+]  # the last: decode
 TABLE_ROWS = 4096  # decode's table: sequences at random positions below this
 DEVICE = "cuda"
 
@@ -102,25 +107,42 @@ def implementations(q, k, cos_table, sin_table, cos_b, sin_b, offsets):
     """name -> function(q, k) -> (q_out, k_out), for q, k stored [B, S, H, D]."""
     compiled = torch.compile(eager_rope, dynamic=False)
     if offsets is None:
+
         def ours(q, k):
             return rope_jit.apply_rope(q, k, cos_table, sin_table, layout="bshd")
+
     else:
+
         def ours(q, k):
-            return rope_jit.apply_rope(q, k, cos_table, sin_table, seqlen_offsets=offsets, layout="bshd")
+            return rope_jit.apply_rope(
+                q, k, cos_table, sin_table, seqlen_offsets=offsets, layout="bshd"
+            )
+
     # (function, whether its outputs are [B, H, S, D] views rather than [B, S, H, D])
     result = {
         "rope_jit": (ours, False),
-        "rope_jit_hf": (lambda q, k: rope_jit_hf(q.transpose(1, 2), k.transpose(1, 2), cos_b, sin_b), True),
-        "eager": (lambda q, k: eager_rope(q.transpose(1, 2), k.transpose(1, 2), cos_b, sin_b), True),
-        "compile": (lambda q, k: compiled(q.transpose(1, 2), k.transpose(1, 2), cos_b, sin_b), True),
+        "rope_jit_hf": (
+            lambda q, k: rope_jit_hf(q.transpose(1, 2), k.transpose(1, 2), cos_b, sin_b),
+            True,
+        ),
+        "eager": (
+            lambda q, k: eager_rope(q.transpose(1, 2), k.transpose(1, 2), cos_b, sin_b),
+            True,
+        ),
+        "compile": (
+            lambda q, k: compiled(q.transpose(1, 2), k.transpose(1, 2), cos_b, sin_b),
+            True,
+        ),
     }
     try:
         from liger_kernel.transformers.rope import liger_rotary_pos_emb
     except ImportError as error:
         print(f"  (Liger not available: {error})")
     else:
-        result["liger"] = (lambda q, k: liger_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos_b, sin_b),
-                           True)
+        result["liger"] = (
+            lambda q, k: liger_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos_b, sin_b),
+            True,
+        )
     return result
 
 
@@ -130,12 +152,20 @@ def main():
     parser.add_argument("--repeat", type=int, default=50, help="back-to-back calls per timing")
     parser.add_argument("--trials", type=int, default=7)
     parser.add_argument("--graph-calls", type=int, default=10)
-    parser.add_argument("--shapes", help="B,S,Hq,Hk,D;... (default: the four training shapes and decode)")
-    parser.add_argument("--device", default="cuda", help="cpu: a smoke run of this script (no graphs, no Liger)")
+    parser.add_argument(
+        "--shapes", help="B,S,Hq,Hk,D;... (default: the four training shapes and decode)"
+    )
+    parser.add_argument(
+        "--device", default="cuda", help="cpu: a smoke run of this script (no graphs, no Liger)"
+    )
     options = parser.parse_args()
     global DEVICE
     DEVICE = options.device
-    shapes = SHAPES if not options.shapes else [tuple(int(v) for v in s.split(",")) for s in options.shapes.split(";")]
+    shapes = (
+        SHAPES
+        if not options.shapes
+        else [tuple(int(v) for v in s.split(",")) for s in options.shapes.split(";")]
+    )
 
     torch.manual_seed(0)
     device, dtype = DEVICE, torch.bfloat16
@@ -148,28 +178,46 @@ def main():
         k_leaf = torch.randn(B, S, Hk, D, device=device, dtype=dtype).requires_grad_(True)
         rows_in_table = TABLE_ROWS if decode else S
         inv_freq = 1.0 / (10000 ** (torch.arange(0, D, 2, device=device, dtype=torch.float32) / D))
-        angles = torch.outer(torch.arange(rows_in_table, device=device, dtype=torch.float32), inv_freq)
+        angles = torch.outer(
+            torch.arange(rows_in_table, device=device, dtype=torch.float32), inv_freq
+        )
         emb = torch.cat((angles, angles), dim=-1)
         cos_table, sin_table = emb.cos().to(dtype), emb.sin().to(dtype)
         if decode:
             offsets = torch.randint(0, rows_in_table, (B,), device=device, dtype=torch.int64)
-            cos_b, sin_b = cos_table[offsets][:, None, :], sin_table[offsets][:, None, :]  # [B, 1, D]
+            cos_b, sin_b = (
+                cos_table[offsets][:, None, :],
+                sin_table[offsets][:, None, :],
+            )  # [B, 1, D]
         else:
             offsets = None
             cos_b, sin_b = cos_table[None], sin_table[None]  # [1, S, D]
         grad_q, grad_k = torch.randn_like(q_leaf), torch.randn_like(k_leaf)
 
         # fp32 math for checks: [B, S, H, D] outputs and gradients.
-        q32, k32 = q_leaf.detach().float().requires_grad_(True), k_leaf.detach().float().requires_grad_(True)
+        q32, k32 = q_leaf.detach().float().requires_grad_(
+            True
+        ), k_leaf.detach().float().requires_grad_(True)
         want = eager_rope(q32.transpose(1, 2), k32.transpose(1, 2), cos_b.float(), sin_b.float())
-        want_grads = torch.autograd.grad(want, (q32, k32), (grad_q.float().transpose(1, 2),
-                                                            grad_k.float().transpose(1, 2)))
+        want_grads = torch.autograd.grad(
+            want, (q32, k32), (grad_q.float().transpose(1, 2), grad_k.float().transpose(1, 2))
+        )
         want = [w.transpose(1, 2) for w in want]
 
-        row = {"B": B, "S": S, "Hq": Hq, "Hk": Hk, "D": D, "decode": decode, "dtype": "bfloat16", "results": {}}
+        row = {
+            "B": B,
+            "S": S,
+            "Hq": Hq,
+            "Hk": Hk,
+            "D": D,
+            "decode": decode,
+            "dtype": "bfloat16",
+            "results": {},
+        }
         print(f"{B},{S},{Hq},{Hk},{D}{' (decode)' if decode else ''}")
-        for name, (impl, bhsd) in implementations(q_leaf, k_leaf, cos_table, sin_table, cos_b, sin_b,
-                                                   offsets).items():
+        for name, (impl, bhsd) in implementations(
+            q_leaf, k_leaf, cos_table, sin_table, cos_b, sin_b, offsets
+        ).items():
             entry = row["results"][name] = {}
 
             def fresh():
@@ -188,7 +236,9 @@ def main():
                 outs = impl(q_in, k_in)
                 got_grads = torch.autograd.grad(outs, (q_in, k_in), out_grads)
                 errors = [(to_bshd(g).float() - w).abs().max().item() for g, w in zip(outs, want)]
-                errors += [(g.float() - w).abs().max().item() for g, w in zip(got_grads, want_grads)]
+                errors += [
+                    (g.float() - w).abs().max().item() for g, w in zip(got_grads, want_grads)
+                ]
                 entry["max_error_vs_fp32"] = max(errors)
             except Exception as error:  # noqa: BLE001
                 entry["error"] = f"{type(error).__name__}: {error}"[:300]
@@ -209,7 +259,11 @@ def main():
                 outs = impl(q, k)
                 torch.autograd.grad(outs, (q, k), out_grads)
 
-            for mode, function in (("fwd", forward), ("bwd", backward), ("fwd_bwd", forward_backward)):
+            for mode, function in (
+                ("fwd", forward),
+                ("bwd", backward),
+                ("fwd_bwd", forward_backward),
+            ):
                 back_to_back = time_us(function, options.repeat, options.trials)
                 in_graph, why = graph_us(function, options.graph_calls, options.trials)
                 entry[mode] = {"back_to_back_us": back_to_back, "graph_us": in_graph}
@@ -218,15 +272,24 @@ def main():
             fb = entry["fwd_bwd"]
             if fb["graph_us"]:
                 fb["back_to_back_over_graph"] = fb["back_to_back_us"] / fb["graph_us"]
-            text = "  ".join(f"{mode} {entry[mode]['back_to_back_us']:8.1f} / "
-                             f"{entry[mode]['graph_us'] or float('nan'):7.1f}" for mode in ("fwd", "bwd", "fwd_bwd"))
+            text = "  ".join(
+                f"{mode} {entry[mode]['back_to_back_us']:8.1f} / "
+                f"{entry[mode]['graph_us'] or float('nan'):7.1f}"
+                for mode in ("fwd", "bwd", "fwd_bwd")
+            )
             print(f"  {name:<12} {text}   max err {entry['max_error_vs_fp32']:.3g}")
         rows.append(row)
 
-    result = {"device": device_name, "torch": torch.__version__,
-              "library": rope_jit.library_version(), "options": vars(options), "shapes": rows}
+    result = {
+        "device": device_name,
+        "torch": torch.__version__,
+        "library": rope_jit.library_version(),
+        "options": vars(options),
+        "shapes": rows,
+    }
     try:
         import liger_kernel
+
         result["liger_kernel"] = getattr(liger_kernel, "__version__", "installed")
     except ImportError:
         result["liger_kernel"] = None

@@ -27,13 +27,31 @@ hf_models.unpatch()  # importing it switched the models; this script switches pe
 
 def model_config(kind, tiny):
     if tiny:
-        common = dict(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                      num_attention_heads=8, num_key_value_heads=2, head_dim=32)
+        common = dict(
+            vocab_size=256,
+            hidden_size=128,
+            intermediate_size=256,
+            num_hidden_layers=2,
+            num_attention_heads=8,
+            num_key_value_heads=2,
+            head_dim=32,
+        )
     else:
-        common = dict(vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=4,
-                      num_attention_heads=32, num_key_value_heads=8, head_dim=128)
-    common.update(max_position_embeddings=8192, rope_theta=500000.0, tie_word_embeddings=False,
-                  attn_implementation="sdpa")
+        common = dict(
+            vocab_size=32000,
+            hidden_size=4096,
+            intermediate_size=14336,
+            num_hidden_layers=4,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            head_dim=128,
+        )
+    common.update(
+        max_position_embeddings=8192,
+        rope_theta=500000.0,
+        tie_word_embeddings=False,
+        attn_implementation="sdpa",
+    )
     return (transformers.LlamaConfig if kind == "llama" else transformers.Qwen3Config)(**common)
 
 
@@ -52,11 +70,17 @@ def timed_ms(function, device):
 
 def measure(kind, options, device, dtype):
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(model_config(kind, options.tiny)).to(device, dtype)
+    model = transformers.AutoModelForCausalLM.from_config(model_config(kind, options.tiny)).to(
+        device, dtype
+    )
     vocab = model.config.vocab_size
     generator = torch.Generator().manual_seed(1)
-    train_ids = torch.randint(0, vocab, (options.batch, options.seq), generator=generator).to(device)
-    prompt = torch.randint(0, vocab, (options.decode_batch, options.prompt_length), generator=generator).to(device)
+    train_ids = torch.randint(0, vocab, (options.batch, options.seq), generator=generator).to(
+        device
+    )
+    prompt = torch.randint(
+        0, vocab, (options.decode_batch, options.prompt_length), generator=generator
+    ).to(device)
 
     def train_step():
         model.zero_grad(set_to_none=True)
@@ -64,8 +88,14 @@ def measure(kind, options, device, dtype):
 
     def decode():
         with torch.no_grad():
-            model.generate(prompt, max_new_tokens=options.new_tokens, min_new_tokens=options.new_tokens,
-                           do_sample=False, use_cache=True, pad_token_id=0)
+            model.generate(
+                prompt,
+                max_new_tokens=options.new_tokens,
+                min_new_tokens=options.new_tokens,
+                do_sample=False,
+                use_cache=True,
+                pad_token_id=0,
+            )
 
     results = {}
     for name, function in (("train_step_ms", train_step), ("decode_ms", decode)):
@@ -81,16 +111,24 @@ def measure(kind, options, device, dtype):
         hf_models.unpatch()
         before, after = statistics.median(samples["before"]), statistics.median(samples["after"])
         results[name] = {"before": before, "after": after, "speedup": before / after}
-        print(f"  {kind:<6} {name:<14} before {before:9.2f} ms   after {after:9.2f} ms   x{before / after:.3f}")
+        print(
+            f"  {kind:<6} {name:<14} before {before:9.2f} ms   after {after:9.2f} ms   x{before / after:.3f}"
+        )
     return results
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", help="write the results here")
-    parser.add_argument("--tiny", action="store_true", help="2-layer 128-wide models (a CPU smoke run)")
-    parser.add_argument("--batch", type=int, default=None, help="training batch (default 4, tiny 2)")
-    parser.add_argument("--seq", type=int, default=None, help="training sequence length (default 1024, tiny 64)")
+    parser.add_argument(
+        "--tiny", action="store_true", help="2-layer 128-wide models (a CPU smoke run)"
+    )
+    parser.add_argument(
+        "--batch", type=int, default=None, help="training batch (default 4, tiny 2)"
+    )
+    parser.add_argument(
+        "--seq", type=int, default=None, help="training sequence length (default 1024, tiny 64)"
+    )
     parser.add_argument("--decode-batch", type=int, default=8)
     parser.add_argument("--prompt-length", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=16)
@@ -102,11 +140,18 @@ def main():
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    print(f"{torch.cuda.get_device_name() if device.type == 'cuda' else 'CPU'}, torch {torch.__version__}, "
-          f"transformers {transformers.__version__}, {dtype}")
-    result = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "dtype": str(dtype),
-              "torch": torch.__version__, "transformers": transformers.__version__, "options": vars(options),
-              "models": {}}
+    print(
+        f"{torch.cuda.get_device_name() if device.type == 'cuda' else 'CPU'}, torch {torch.__version__}, "
+        f"transformers {transformers.__version__}, {dtype}"
+    )
+    result = {
+        "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+        "dtype": str(dtype),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "options": vars(options),
+        "models": {},
+    }
     for kind in options.models.split(","):
         result["models"][kind] = measure(kind, options, device, dtype)
     if options.json:

@@ -42,9 +42,14 @@ def _parse_value(text):
     if text.startswith("["):
         return [_unquote(item) for item in re.findall(_STRING, text)]
     if text.startswith("{"):
-        return {key: _unquote(value) for key, value in re.findall(r'([A-Za-z0-9_-]+)\s*=\s*(' + _STRING + ')', text)}
-    raise ValueError(f"pyproject.toml: unsupported value {text!r} (the fallback reader knows strings, lists "
-                     "and inline tables)")
+        return {
+            key: _unquote(value)
+            for key, value in re.findall(r"([A-Za-z0-9_-]+)\s*=\s*(" + _STRING + ")", text)
+        }
+    raise ValueError(
+        f"pyproject.toml: unsupported value {text!r} (the fallback reader knows strings, lists "
+        "and inline tables)"
+    )
 
 
 def _unquote(text):
@@ -109,8 +114,11 @@ def metadata_text(project):
         lines.append(f"Provides-Extra: {extra}")
         for requirement in requirements:
             marker = f'extra == "{extra}"'
-            lines.append(f"Requires-Dist: {requirement}; {marker}" if ";" not in requirement
-                         else f"Requires-Dist: {requirement} and {marker}")
+            lines.append(
+                f"Requires-Dist: {requirement}; {marker}"
+                if ";" not in requirement
+                else f"Requires-Dist: {requirement} and {marker}"
+            )
     readme = project.get("readme")
     body = ""
     if isinstance(readme, str) and (ROOT / readme).is_file():
@@ -123,6 +131,7 @@ def metadata_text(project):
 # Wheels
 # --------------------------------------------------------------------------------------------
 
+
 def package_files():
     """(path in the wheel, file on disk) of the package: every .py under rope_jit/ and a
     librope_jit.so* copied next to __init__.py; no caches, sorted (reproducible wheels)."""
@@ -131,7 +140,9 @@ def package_files():
         if not path.is_file() or "__pycache__" in path.parts:
             continue
         relative = path.relative_to(ROOT).as_posix()
-        if path.suffix == ".py" or (path.parent == ROOT / PACKAGE and _LIBRARY_PATTERN.match(path.name)):
+        if path.suffix == ".py" or (
+            path.parent == ROOT / PACKAGE and _LIBRARY_PATTERN.match(path.name)
+        ):
             files.append((relative, path))
     return files
 
@@ -149,11 +160,17 @@ def _write_wheel(directory, contents):
     dist_info = f"{name}-{version}.dist-info"
     contents = list(contents) + [
         (f"{dist_info}/METADATA", metadata_text(project).encode()),
-        (f"{dist_info}/WHEEL", b"Wheel-Version: 1.0\nGenerator: rope_jit_build_backend\nRoot-Is-Purelib: true\n"
-                               b"Tag: py3-none-any\n"),
+        (
+            f"{dist_info}/WHEEL",
+            b"Wheel-Version: 1.0\nGenerator: rope_jit_build_backend\nRoot-Is-Purelib: true\n"
+            b"Tag: py3-none-any\n",
+        ),
         (f"{dist_info}/top_level.txt", f"{PACKAGE}\n".encode()),
     ]
-    record = "\n".join(_record_line(entry, data) for entry, data in contents) + f"\n{dist_info}/RECORD,,\n"
+    record = (
+        "\n".join(_record_line(entry, data) for entry, data in contents)
+        + f"\n{dist_info}/RECORD,,\n"
+    )
     contents.append((f"{dist_info}/RECORD", record.encode()))
     wheel_name = f"{name}-{version}-py3-none-any.whl"
     with zipfile.ZipFile(Path(directory) / wheel_name, "w", zipfile.ZIP_DEFLATED) as wheel:
@@ -166,17 +183,23 @@ def _write_wheel(directory, contents):
 
 
 def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
-    return _write_wheel(wheel_directory, [(name, path.read_bytes()) for name, path in package_files()])
+    return _write_wheel(
+        wheel_directory, [(name, path.read_bytes()) for name, path in package_files()]
+    )
 
 
 def build_editable(wheel_directory, config_settings=None, metadata_directory=None):
     # A .pth line puts this folder on sys.path: rope_jit is imported from the checkout.
-    return _write_wheel(wheel_directory, [(f"_{PACKAGE}_editable.pth", (str(ROOT) + "\n").encode())])
+    return _write_wheel(
+        wheel_directory, [(f"_{PACKAGE}_editable.pth", (str(ROOT) + "\n").encode())]
+    )
 
 
 def _prepare_metadata(metadata_directory):
     project = _project()
-    dist_info = Path(metadata_directory) / f"{_distribution_name(project)}-{project['version']}.dist-info"
+    dist_info = (
+        Path(metadata_directory) / f"{_distribution_name(project)}-{project['version']}.dist-info"
+    )
     dist_info.mkdir(parents=True, exist_ok=True)
     (dist_info / "METADATA").write_text(metadata_text(project), encoding="utf-8")
     return dist_info.name
@@ -206,18 +229,24 @@ def get_requires_for_build_sdist(config_settings=None):
 # Source distributions
 # --------------------------------------------------------------------------------------------
 
+
 def build_sdist(sdist_directory, config_settings=None):
     project = _project()
     base = f"{_distribution_name(project)}-{project['version']}"
     sources = [("pyproject.toml", ROOT / "pyproject.toml"), ("README.md", ROOT / "README.md")]
-    sources += [(path.relative_to(ROOT).as_posix(), path) for path in sorted((ROOT / "build_backend").glob("*.py"))]
+    sources += [
+        (path.relative_to(ROOT).as_posix(), path)
+        for path in sorted((ROOT / "build_backend").glob("*.py"))
+    ]
     sources += [(name, path) for name, path in package_files() if path.suffix == ".py"]
     archive = f"{base}.tar.gz"
     with tarfile.open(Path(sdist_directory) / archive, "w:gz", format=tarfile.PAX_FORMAT) as tar:
+
         def add(name, data):
             info = tarfile.TarInfo(f"{base}/{name}")
             info.size, info.mode, info.mtime = len(data), 0o644, 0
             tar.addfile(info, io.BytesIO(data))
+
         add("PKG-INFO", metadata_text(project).encode())
         for name, path in sources:
             if path.is_file():
@@ -225,6 +254,13 @@ def build_sdist(sdist_directory, config_settings=None):
     return archive
 
 
-__all__ = ["build_wheel", "build_editable", "build_sdist", "prepare_metadata_for_build_wheel",
-           "prepare_metadata_for_build_editable", "get_requires_for_build_wheel",
-           "get_requires_for_build_editable", "get_requires_for_build_sdist"]
+__all__ = [
+    "build_wheel",
+    "build_editable",
+    "build_sdist",
+    "prepare_metadata_for_build_wheel",
+    "prepare_metadata_for_build_editable",
+    "get_requires_for_build_wheel",
+    "get_requires_for_build_editable",
+    "get_requires_for_build_sdist",
+]

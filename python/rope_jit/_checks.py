@@ -22,11 +22,15 @@ def c_int(value, name, bits=32, signed=True):
     try:
         number = operator.index(value)
     except TypeError:
-        raise TypeError(f"{name}: expected an integer, got {type(value).__name__} {value!r}") from None
+        raise TypeError(
+            f"{name}: expected an integer, got {type(value).__name__} {value!r}"
+        ) from None
     lowest, highest = (_SIGNED_RANGES if signed else _UNSIGNED_RANGES)[bits]
     if not lowest <= number <= highest:
         kind = f"int{bits}" if signed else f"uint{bits}"
-        raise OverflowError(f"{name}: {number} is outside the range of the C field ({kind}: {lowest}..{highest})")
+        raise OverflowError(
+            f"{name}: {number} is outside the range of the C field ({kind}: {lowest}..{highest})"
+        )
     return number
 
 
@@ -42,7 +46,9 @@ def c_double(value, name):
     try:
         return float(value)
     except (TypeError, ValueError):
-        raise TypeError(f"{name}: expected a number, got {type(value).__name__} {value!r}") from None
+        raise TypeError(
+            f"{name}: expected a number, got {type(value).__name__} {value!r}"
+        ) from None
 
 
 def c_string(value, name):
@@ -51,5 +57,7 @@ def c_string(value, name):
     if not isinstance(data, bytes):
         raise TypeError(f"{name}: expected a string or path, got {type(value).__name__}")
     if b"\0" in data:
-        raise ValueError(f"{name}: contains a NUL character, which would end the C string early: {value!r}")
+        raise ValueError(
+            f"{name}: contains a NUL character, which would end the C string early: {value!r}"
+        )
     return data

@@ -27,10 +27,12 @@ def _load_driver():
             except OSError:
                 driver = False
             else:
-                for name, argtypes in (("cuCtxGetCurrent", [ctypes.POINTER(ctypes.c_void_p)]),
-                                       ("cuDeviceGet", [ctypes.POINTER(ctypes.c_int), ctypes.c_int]),
-                                       ("cuDevicePrimaryCtxRetain", [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int]),
-                                       ("cuCtxSetCurrent", [ctypes.c_void_p])):
+                for name, argtypes in (
+                    ("cuCtxGetCurrent", [ctypes.POINTER(ctypes.c_void_p)]),
+                    ("cuDeviceGet", [ctypes.POINTER(ctypes.c_int), ctypes.c_int]),
+                    ("cuDevicePrimaryCtxRetain", [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int]),
+                    ("cuCtxSetCurrent", [ctypes.c_void_p]),
+                ):
                     function = getattr(driver, name)
                     function.restype = ctypes.c_int
                     function.argtypes = argtypes

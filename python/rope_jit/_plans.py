@@ -27,7 +27,9 @@ MAX_PLANS = 256
 _OFFSETS_FIELD = struct.Struct("@qq")  # position_offset, q_position_offset (adjacent int64s)
 _POSITION_OFFSET = s.RopeArgs.position_offset.offset
 if s.RopeArgs.q_position_offset.offset != _POSITION_OFFSET + 8:
-    raise ImportError("rope_jit: position_offset and q_position_offset are not adjacent in RopeArgs")
+    raise ImportError(
+        "rope_jit: position_offset and q_position_offset are not adjacent in RopeArgs"
+    )
 _STREAM_OFFSET = s.RopeArgs.stream.offset
 _pack_pointer = s.POINTER_FIELD.pack_into
 _pack_offsets = _OFFSETS_FIELD.pack_into
@@ -48,8 +50,10 @@ def torch_types():
         return ()
     _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
     if _raw_stream is None:
+
         def _raw_stream(index):
             return torch.cuda.current_stream(index).cuda_stream
+
     TORCH_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
     return TORCH_TENSOR_TYPES
 
@@ -63,7 +67,9 @@ class Plan:
         self.args = args
         self.args_ref = ctypes.byref(args)
         self.held = held  # TensorArgs (their keepalive dropped) and the sections array
-        self.data_structs = data_structs  # per tensor slot: its DLTensor (data at offset 0), or None
+        self.data_structs = (
+            data_structs  # per tensor slot: its DLTensor (data at offset 0), or None
+        )
         self.cuda_device = cuda_device  # the CUDA device index, or -1 for host tensors
 
 
@@ -86,12 +92,26 @@ def _signature(values, head):
         if value is not None:
             if type(value) not in TORCH_TENSOR_TYPES:
                 raise TypeError("not a torch tensor")
-            key.append((slot, value.shape, value.stride(), value.dtype, value.get_device(), value.is_cpu))
+            key.append(
+                (slot, value.shape, value.stride(), value.dtype, value.get_device(), value.is_cpu)
+            )
     return tuple(key)
 
 
-def call(runtime, values, layout, position_offset, q_position_offset, rotary_dim, rotary_offset, style,
-         backward, mrope_sections, mrope_interleaved, stream):
+def call(
+    runtime,
+    values,
+    layout,
+    position_offset,
+    q_position_offset,
+    rotary_dim,
+    rotary_offset,
+    style,
+    backward,
+    mrope_sections,
+    mrope_interleaved,
+    stream,
+):
     """rope_jit_rope on `values` (torch tensors in rope._TENSOR_NAMES order, None where absent)
     through a plan. Returns False, having done nothing, when the call is not one for this path
     (a tensor that is not a plain torch tensor, an explicit stream); rope() then takes the
@@ -99,15 +119,28 @@ def call(runtime, values, layout, position_offset, q_position_offset, rotary_dim
     if stream is not None or type(rotary_dim) is not int or type(rotary_offset) is not int:
         return False  # (a float rotary_dim would find an int's plan: the general path refuses it)
     try:
-        mrope_key = None if mrope_sections is None else (tuple(mrope_sections), bool(mrope_interleaved))
-        key = _signature(values, (layout, rotary_dim, rotary_offset, style, bool(backward), mrope_key))
+        mrope_key = (
+            None if mrope_sections is None else (tuple(mrope_sections), bool(mrope_interleaved))
+        )
+        key = _signature(
+            values, (layout, rotary_dim, rotary_offset, style, bool(backward), mrope_key)
+        )
     except (TypeError, AttributeError, RuntimeError):
         return False
     plans = _plans_of(runtime)
     plan = plans.get(key)
     if plan is None:
-        plan = _build(runtime, values, layout, rotary_dim, rotary_offset, style, backward, mrope_sections,
-                      mrope_interleaved)
+        plan = _build(
+            runtime,
+            values,
+            layout,
+            rotary_dim,
+            rotary_offset,
+            style,
+            backward,
+            mrope_sections,
+            mrope_interleaved,
+        )
         if len(plans) >= MAX_PLANS:
             plans.clear()
         plans[key] = plan
@@ -115,12 +148,34 @@ def call(runtime, values, layout, position_offset, q_position_offset, rotary_dim
     return True
 
 
-def _build(runtime, values, layout, rotary_dim, rotary_offset, style, backward, mrope_sections,
-           mrope_interleaved):
+def _build(
+    runtime,
+    values,
+    layout,
+    rotary_dim,
+    rotary_offset,
+    style,
+    backward,
+    mrope_sections,
+    mrope_interleaved,
+):
     from .rope import build_args  # rope imports this module
+
     library = runtime.library
-    args, held = build_args(library, values, layout, 0, 0, rotary_dim, rotary_offset, style, backward,
-                            mrope_sections, mrope_interleaved, 0)
+    args, held = build_args(
+        library,
+        values,
+        layout,
+        0,
+        0,
+        rotary_dim,
+        rotary_offset,
+        style,
+        backward,
+        mrope_sections,
+        mrope_interleaved,
+        0,
+    )
     data_structs = []
     tensor_args = iter(item for item in held if hasattr(item, "keepalive"))
     cuda_device = -1

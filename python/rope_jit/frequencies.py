@@ -25,11 +25,17 @@ def _functions():
         return library, cached
     functions = {
         "freq_init": library.optional("rope_jit_freq_config_init", None, [_P(s.FreqConfig)]),
-        "inv_freq": library.optional("rope_jit_inv_freq", ctypes.c_int,
-                                     [_P(s.FreqConfig), _P(ctypes.c_float), ctypes.c_size_t, _P(ctypes.c_float)]),
+        "inv_freq": library.optional(
+            "rope_jit_inv_freq",
+            ctypes.c_int,
+            [_P(s.FreqConfig), _P(ctypes.c_float), ctypes.c_size_t, _P(ctypes.c_float)],
+        ),
         "table_init": library.optional("rope_jit_table_config_init", None, [_P(s.TableConfig)]),
-        "tables": library.optional("rope_jit_rope_tables", ctypes.c_int,
-                                   [_P(s.TableConfig), _P(s.DLTensor), _P(s.DLTensor), _P(s.DLTensor)]),
+        "tables": library.optional(
+            "rope_jit_rope_tables",
+            ctypes.c_int,
+            [_P(s.TableConfig), _P(s.DLTensor), _P(s.DLTensor), _P(s.DLTensor)],
+        ),
     }
     functions = functions if all(functions.values()) else None
     library._frequency_functions = functions
@@ -46,7 +52,8 @@ def _require():
     if functions is None:
         raise NotImplementedError(
             f"the loaded librope_jit ({library.path}) has no frequency builders (rope_jit_inv_freq): "
-            "build a newer rope-jit")
+            "build a newer rope-jit"
+        )
     return library, functions
 
 
@@ -103,24 +110,45 @@ def inv_freq(rope_type, rotary_dim=0, **fields):
         else:
             value = _field_value(name, value)
         setattr(config, name, value)
-    count = config.num_freqs if config.rope_type == s.ROPE_TYPES["constant"] else config.rotary_dim // 2
+    count = (
+        config.num_freqs if config.rope_type == s.ROPE_TYPES["constant"] else config.rotary_dim // 2
+    )
     if count <= 0:
         raise ValueError(f"rotary_dim: must be even and > 0, got {rotary_dim}")
     # The library reads rotary_dim / 2 factors through these pointers: a shorter list would
     # be read past its end (issue 20, P1).
     for name, length in factors.items():
         if length != config.rotary_dim // 2:
-            raise ValueError(f"{name}: {length} values, but rotary_dim {config.rotary_dim} needs one per "
-                             f"pair: {config.rotary_dim // 2}")
+            raise ValueError(
+                f"{name}: {length} values, but rotary_dim {config.rotary_dim} needs one per "
+                f"pair: {config.rotary_dim // 2}"
+            )
     values = (ctypes.c_float * count)()
     factor = ctypes.c_float()
-    library.check("rope_jit_inv_freq", functions["inv_freq"](ctypes.byref(config), values, count, ctypes.byref(factor)))
+    library.check(
+        "rope_jit_inv_freq",
+        functions["inv_freq"](ctypes.byref(config), values, count, ctypes.byref(factor)),
+    )
     return list(values), factor.value
 
 
-def rope_tables(inv_freq, *, cos=None, sin=None, xpos_scale=None, position_start=0.0, positions=None,
-                interpolate_factor=1.0, attention_factor=1.0, style="half", mrope_sections=None,
-                mrope_interleaved=False, float32_angles=False, xpos_scale_base=512.0, xpos_center=0.0):
+def rope_tables(
+    inv_freq,
+    *,
+    cos=None,
+    sin=None,
+    xpos_scale=None,
+    position_start=0.0,
+    positions=None,
+    interpolate_factor=1.0,
+    attention_factor=1.0,
+    style="half",
+    mrope_sections=None,
+    mrope_interleaved=False,
+    float32_angles=False,
+    xpos_scale_base=512.0,
+    xpos_center=0.0,
+):
     """Fills cos, sin and/or xpos_scale (host tensors, [P, n] half or [P, 2n] full tables,
     float32/float16/bfloat16; at least one) for the n = len(inv_freq) pairs.
 
@@ -159,8 +187,10 @@ def rope_tables(inv_freq, *, cos=None, sin=None, xpos_scale=None, position_start
         given = [table for table in tables if table is not None]
         rows = max((len(table.shape) and table.shape[0] for table in given), default=0)
         if given and len(values) != axes * rows:  # (no table at all: the library names that)
-            raise ValueError(f"positions: {len(values)} values, but the tables' {rows} rows need {axes * rows} "
-                             f"({axes} position axis(es) x {rows} rows)")
+            raise ValueError(
+                f"positions: {len(values)} values, but the tables' {rows} rows need {axes * rows} "
+                f"({axes} position axis(es) x {rows} rows)"
+            )
         array = (ctypes.c_double * max(len(values), 1))(*values)
         held.append(array)
         config.positions = ctypes.cast(array, _P(ctypes.c_double))

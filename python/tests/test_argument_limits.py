@@ -21,17 +21,22 @@ def tensors():
     return q, cos, sin
 
 
-@pytest.mark.parametrize("name, value, error", [
-    ("position_offset", 2**64, OverflowError),
-    ("position_offset", 2**63, OverflowError),
-    ("q_position_offset", -2**64 + 3, OverflowError),
-    ("rotary_dim", 2**32 + 16, OverflowError),
-    ("rotary_offset", 2**31, OverflowError),
-    ("rotary_dim", 16.7, TypeError),
-    ("position_offset", 1.0, TypeError),
-    ("rotary_dim", "16", TypeError),
-])
-def test_rope_refuses_integers_that_do_not_fit_their_c_field_and_non_integers(cpu_runtime, name, value, error):
+@pytest.mark.parametrize(
+    "name, value, error",
+    [
+        ("position_offset", 2**64, OverflowError),
+        ("position_offset", 2**63, OverflowError),
+        ("q_position_offset", -(2**64) + 3, OverflowError),
+        ("rotary_dim", 2**32 + 16, OverflowError),
+        ("rotary_offset", 2**31, OverflowError),
+        ("rotary_dim", 16.7, TypeError),
+        ("position_offset", 1.0, TypeError),
+        ("rotary_dim", "16", TypeError),
+    ],
+)
+def test_rope_refuses_integers_that_do_not_fit_their_c_field_and_non_integers(
+    cpu_runtime, name, value, error
+):
     q, cos, sin = tensors()
     before = q.copy()
     with pytest.raises(error, match=name):
@@ -41,9 +46,17 @@ def test_rope_refuses_integers_that_do_not_fit_their_c_field_and_non_integers(cp
 
 def test_rope_still_takes_numpy_integers_and_bools_where_c_wants_an_int(cpu_runtime):
     q, cos, sin = tensors()
-    expected, _ = rope_jit.rope(q.copy(), cos=cos, sin=sin, position_offset=2, rotary_dim=16, runtime=cpu_runtime)
-    got, _ = rope_jit.rope(q.copy(), cos=cos, sin=sin, position_offset=np.int64(2), rotary_dim=np.int32(16),
-                           runtime=cpu_runtime)
+    expected, _ = rope_jit.rope(
+        q.copy(), cos=cos, sin=sin, position_offset=2, rotary_dim=16, runtime=cpu_runtime
+    )
+    got, _ = rope_jit.rope(
+        q.copy(),
+        cos=cos,
+        sin=sin,
+        position_offset=np.int64(2),
+        rotary_dim=np.int32(16),
+        runtime=cpu_runtime,
+    )
     np.testing.assert_array_equal(got, expected)
 
 
@@ -51,9 +64,18 @@ def test_mrope_sections_that_do_not_fit_an_int32_are_refused(cpu_runtime):
     q, cos, sin = tensors()
     positions = np.zeros((2, 4), np.int64)
     with pytest.raises(OverflowError, match=r"mrope_sections\[0\]"):
-        rope_jit.rope(q, cos=cos, sin=sin, positions=positions, mrope_sections=[2**32 + 4, 4], runtime=cpu_runtime)
+        rope_jit.rope(
+            q,
+            cos=cos,
+            sin=sin,
+            positions=positions,
+            mrope_sections=[2**32 + 4, 4],
+            runtime=cpu_runtime,
+        )
     with pytest.raises(TypeError, match=r"mrope_sections\[1\]"):
-        rope_jit.rope(q, cos=cos, sin=sin, positions=positions, mrope_sections=[4, 4.0], runtime=cpu_runtime)
+        rope_jit.rope(
+            q, cos=cos, sin=sin, positions=positions, mrope_sections=[4, 4.0], runtime=cpu_runtime
+        )
 
 
 def test_runtime_refuses_a_thread_count_past_int_and_a_cache_dir_with_nul(library):
@@ -74,32 +96,43 @@ def test_prewarm_refuses_wide_head_dims_and_targets_with_nul(cpu_runtime):
         cpu_runtime.prewarm([{"head_dim": 64}], target="sm_90\0x")
 
 
-needs_builders = pytest.mark.skipif(not frequencies.has_frequency_builders(),
-                                    reason="the loaded librope_jit has no rope_jit_inv_freq")
+needs_builders = pytest.mark.skipif(
+    not frequencies.has_frequency_builders(),
+    reason="the loaded librope_jit has no rope_jit_inv_freq",
+)
 
 
 @needs_builders
 def test_rope_tables_refuses_positions_shorter_than_the_rows():
     cos = np.full((4, 4), 7.0, np.float32)
     with pytest.raises(ValueError, match="positions"):
-        frequencies.rope_tables([1, .1, .01, .001], cos=cos, positions=[0.0])
+        frequencies.rope_tables([1, 0.1, 0.01, 0.001], cos=cos, positions=[0.0])
     np.testing.assert_array_equal(cos, 7.0)
     # One position axis per section: 2 sections x 4 rows need 8 positions.
     with pytest.raises(ValueError, match="positions"):
-        frequencies.rope_tables([1, .1, .01, .001], cos=cos, positions=[0.0] * 4, mrope_sections=[2, 2])
+        frequencies.rope_tables(
+            [1, 0.1, 0.01, 0.001], cos=cos, positions=[0.0] * 4, mrope_sections=[2, 2]
+        )
     np.testing.assert_array_equal(cos, 7.0)
-    frequencies.rope_tables([1, .1, .01, .001], cos=cos, positions=[0.0, 1.0, 2.0, 3.0])
+    frequencies.rope_tables([1, 0.1, 0.01, 0.001], cos=cos, positions=[0.0, 1.0, 2.0, 3.0])
     np.testing.assert_allclose(cos[:, 0], np.cos([0.0, 1.0, 2.0, 3.0]), atol=1e-6)
 
 
 @needs_builders
 def test_longrope_factors_must_have_one_value_per_pair():
-    common = dict(rotary_dim=128, factor=4.0, max_position_embeddings=131072, original_max_position_embeddings=4096)
+    common = dict(
+        rotary_dim=128,
+        factor=4.0,
+        max_position_embeddings=131072,
+        original_max_position_embeddings=4096,
+    )
     with pytest.raises(ValueError, match="short_factor"):
         frequencies.inv_freq("longrope", short_factor=[1.0], long_factor=[1.0] * 64, **common)
     with pytest.raises(ValueError, match="long_factor"):
         frequencies.inv_freq("longrope", short_factor=[1.0] * 64, long_factor=[1.0] * 63, **common)
-    values, _ = frequencies.inv_freq("longrope", short_factor=[1.0] * 64, long_factor=[1.0] * 64, **common)
+    values, _ = frequencies.inv_freq(
+        "longrope", short_factor=[1.0] * 64, long_factor=[1.0] * 64, **common
+    )
     assert len(values) == 64
 
 

@@ -16,8 +16,9 @@ PYTHON_DIR = Path(__file__).resolve().parents[1]
 
 
 def load_backend(root):
-    spec = importlib.util.spec_from_file_location(f"backend_{id(root)}", root / "build_backend" /
-                                                  "rope_jit_build_backend.py")
+    spec = importlib.util.spec_from_file_location(
+        f"backend_{id(root)}", root / "build_backend" / "rope_jit_build_backend.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -33,13 +34,16 @@ def test_pyproject_asks_pip_for_nothing():
 @pytest.mark.skipif(sys.version_info < (3, 11), reason="tomllib is Python 3.11+")
 def test_the_fallback_pyproject_reader_agrees_with_tomllib():
     import tomllib
+
     text = (PYTHON_DIR / "pyproject.toml").read_text()
     assert load_backend(PYTHON_DIR).read_project_table(text) == tomllib.loads(text)
 
 
 def test_the_wheel_holds_the_package_metadata_and_a_record_that_matches(tmp_path):
     root = tmp_path / "python"
-    shutil.copytree(PYTHON_DIR, root, ignore=shutil.ignore_patterns("__pycache__", "tests", ".pytest_cache"))
+    shutil.copytree(
+        PYTHON_DIR, root, ignore=shutil.ignore_patterns("__pycache__", "tests", ".pytest_cache")
+    )
     (root / "rope_jit" / "librope_jit.so.0").write_bytes(b"\x7fELF stand-in")
     (root / "rope_jit" / "notes.txt").write_text("not shipped")
     backend = load_backend(root)
@@ -51,7 +55,10 @@ def test_the_wheel_holds_the_package_metadata_and_a_record_that_matches(tmp_path
         assert "rope_jit/librope_jit.so.0" in names and "rope_jit/notes.txt" not in names
         assert not [entry for entry in names if "__pycache__" in entry]
         metadata = wheel.read("rope_jit-0.1.0.dist-info/METADATA").decode()
-        assert "Name: rope-jit" in metadata and 'Requires-Dist: numpy>=1.22; extra == "numpy"' in metadata
+        assert (
+            "Name: rope-jit" in metadata
+            and 'Requires-Dist: numpy>=1.22; extra == "numpy"' in metadata
+        )
         record = wheel.read("rope_jit-0.1.0.dist-info/RECORD").decode().splitlines()
         for line in record:
             entry, digest, size = line.rsplit(",", 2)
@@ -69,6 +76,7 @@ def test_the_editable_wheel_points_at_the_checkout_and_the_sdist_has_the_sources
     with zipfile.ZipFile(tmp_path / name) as wheel:
         assert wheel.read("_rope_jit_editable.pth").decode().strip() == str(PYTHON_DIR)
     import tarfile
+
     with tarfile.open(tmp_path / backend.build_sdist(str(tmp_path))) as sdist:
         members = sdist.getnames()
     assert "rope_jit-0.1.0/pyproject.toml" in members

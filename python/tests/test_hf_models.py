@@ -30,9 +30,19 @@ BF16_SLACK = 1.05
 
 
 def config(kind):
-    common = dict(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=8,
-                  num_key_value_heads=2, head_dim=32, max_position_embeddings=256, rope_theta=10000.0,
-                  tie_word_embeddings=False, attn_implementation="sdpa")
+    common = dict(
+        vocab_size=256,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=256,
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
+        attn_implementation="sdpa",
+    )
     if kind == "llama":
         return transformers.LlamaConfig(**common)
     return transformers.Qwen3Config(**common)
@@ -72,7 +82,11 @@ def logits_and_grads(model, input_ids):
     model.zero_grad(set_to_none=True)
     out = model(input_ids=input_ids, labels=input_ids)
     out.loss.backward()
-    grads = {name: p.grad.detach().float().clone() for name, p in model.named_parameters() if p.grad is not None}
+    grads = {
+        name: p.grad.detach().float().clone()
+        for name, p in model.named_parameters()
+        if p.grad is not None
+    }
     return out.logits.detach().float(), grads
 
 
@@ -83,17 +97,33 @@ def test_float32_logits_gradients_and_greedy_generation_match_the_unswitched_mod
     logits, grads = logits_and_grads(model, input_ids)
     prompt = input_ids[:, :8]
     with torch.no_grad():
-        tokens = model.generate(prompt, max_new_tokens=32, min_new_tokens=32, do_sample=False, use_cache=True,
-                                pad_token_id=0)
+        tokens = model.generate(
+            prompt,
+            max_new_tokens=32,
+            min_new_tokens=32,
+            do_sample=False,
+            use_cache=True,
+            pad_token_id=0,
+        )
     with switched() as calls:
         got_logits, got_grads = logits_and_grads(model, input_ids)
-        assert len(calls) == model.config.num_hidden_layers, "the model did not call the switched function"
+        assert (
+            len(calls) == model.config.num_hidden_layers
+        ), "the model did not call the switched function"
         with torch.no_grad():
-            got_tokens = model.generate(prompt, max_new_tokens=32, min_new_tokens=32, do_sample=False,
-                                        use_cache=True, pad_token_id=0)
+            got_tokens = model.generate(
+                prompt,
+                max_new_tokens=32,
+                min_new_tokens=32,
+                do_sample=False,
+                use_cache=True,
+                pad_token_id=0,
+            )
     assert (got_logits - logits).abs().max().item() <= 1e-4
     for name, grad in grads.items():
-        torch.testing.assert_close(got_grads[name], grad, rtol=1e-4, atol=1e-5, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(
+            got_grads[name], grad, rtol=1e-4, atol=1e-5, msg=lambda m: f"{name}: {m}"
+        )
     assert got_tokens.shape[1] == prompt.shape[1] + 32
     assert torch.equal(got_tokens, tokens)
 
@@ -114,16 +144,27 @@ def test_bfloat16_switched_error_against_float32_is_no_larger_than_unswitched(ki
     assert switched_error <= unswitched_error * BF16_SLACK, (switched_error, unswitched_error)
 
     def grad_error(candidate):
-        return sum((candidate[name] - grad).norm().item() ** 2 for name, grad in reference_grads.items()) ** 0.5
+        return (
+            sum(
+                (candidate[name] - grad).norm().item() ** 2
+                for name, grad in reference_grads.items()
+            )
+            ** 0.5
+        )
 
-    assert grad_error(got_grads) <= grad_error(grads) * BF16_SLACK, (grad_error(got_grads), grad_error(grads))
+    assert grad_error(got_grads) <= grad_error(grads) * BF16_SLACK, (
+        grad_error(got_grads),
+        grad_error(grads),
+    )
 
 
 def test_the_transformers_kernel_entry_matches_apply_rotary_pos_emb():
     torch.manual_seed(2)
     q = torch.randn(2, 8, 5, 32, device=DEVICE)
     k = torch.randn(2, 2, 5, 32, device=DEVICE)
-    rotary = transformers.models.llama.modeling_llama.LlamaRotaryEmbedding(config("llama")).to(DEVICE)
+    rotary = transformers.models.llama.modeling_llama.LlamaRotaryEmbedding(config("llama")).to(
+        DEVICE
+    )
     cos, sin = rotary(q, torch.arange(5, device=DEVICE)[None].expand(2, -1))
     want = transformers.models.llama.modeling_llama.apply_rotary_pos_emb(q, k, cos, sin)
     got = hf_dropin.apply_rotary_transformers(q, k, cos, sin, unsqueeze_dim=1)
@@ -135,6 +176,7 @@ def test_the_one_import_patches_models_imported_later_without_importing_them_its
     import subprocess
     import sys
     import textwrap
+
     script = textwrap.dedent("""
         import sys
         import rope_jit.dropin.hf_models as hf_models
@@ -150,5 +192,7 @@ def test_the_one_import_patches_models_imported_later_without_importing_them_its
         assert modeling_llama.apply_rotary_pos_emb is not apply_rotary_pos_emb
         print("ok", hf_models.patched_modules())
     """)
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0 and "ok []" in result.stdout, result.stdout + result.stderr

@@ -18,7 +18,11 @@ from torch_reference import hf_tables, rope_torch  # noqa: E402
 
 def random(*shape, seed, requires_grad=False):
     generator = torch.Generator().manual_seed(seed)
-    return torch.randn(*shape, generator=generator, dtype=torch.float64).float().requires_grad_(requires_grad)
+    return (
+        torch.randn(*shape, generator=generator, dtype=torch.float64)
+        .float()
+        .requires_grad_(requires_grad)
+    )
 
 
 def expected(x, cos, sin, positions):
@@ -31,7 +35,9 @@ def test_a_plan_serves_new_tensors_of_its_signature_and_a_new_signature_gets_its
     for seed in range(3):  # same signature, new data each time
         q = random(2, 4, 16, 32, seed=seed)
         out = rope_jit.apply_rope(q, cos=cos, sin=sin, position_offset=seed * 5)
-        torch.testing.assert_close(out, expected(q, cos, sin, torch.arange(16) + seed * 5), rtol=2e-5, atol=2e-5)
+        torch.testing.assert_close(
+            out, expected(q, cos, sin, torch.arange(16) + seed * 5), rtol=2e-5, atol=2e-5
+        )
     plans = _plans._plans_of(runtime)
     count = len(plans)
     # The same shape with other strides (a transposed buffer) is another signature.
@@ -47,18 +53,28 @@ def test_rope_on_torch_tensors_through_a_plan_matches_the_numpy_path_and_refuses
     q, k = random(1, 6, 2, 16, seed=1), random(1, 6, 1, 16, seed=2)
     q_out, k_out = torch.empty_like(q), torch.empty_like(k)
     for offset in (0, 3, 20):
-        rope_jit.rope(q, k, cos=cos, sin=sin, q_out=q_out, k_out=k_out, layout="bshd", position_offset=offset)
+        rope_jit.rope(
+            q, k, cos=cos, sin=sin, q_out=q_out, k_out=k_out, layout="bshd", position_offset=offset
+        )
         q_np, k_np = q.numpy().copy(), k.numpy().copy()
-        rope_jit.rope(q_np, k_np, cos=cos.numpy(), sin=sin.numpy(), layout="bshd", position_offset=offset)
+        rope_jit.rope(
+            q_np, k_np, cos=cos.numpy(), sin=sin.numpy(), layout="bshd", position_offset=offset
+        )
         numpy.testing.assert_array_equal(q_out.numpy(), q_np)
         numpy.testing.assert_array_equal(k_out.numpy(), k_np)
     before = q_out.clone()
     with pytest.raises(OverflowError, match="position_offset"):
-        rope_jit.rope(q, k, cos=cos, sin=sin, q_out=q_out, k_out=k_out, layout="bshd", position_offset=2**64)
+        rope_jit.rope(
+            q, k, cos=cos, sin=sin, q_out=q_out, k_out=k_out, layout="bshd", position_offset=2**64
+        )
     with pytest.raises(TypeError, match="q_position_offset"):
-        rope_jit.rope(q, k, cos=cos, sin=sin, q_out=q_out, k_out=k_out, layout="bshd", q_position_offset=1.5)
+        rope_jit.rope(
+            q, k, cos=cos, sin=sin, q_out=q_out, k_out=k_out, layout="bshd", q_position_offset=1.5
+        )
     with pytest.raises(TypeError, match="rotary_dim"):
-        rope_jit.rope(q, k, cos=cos, sin=sin, q_out=q_out, k_out=k_out, layout="bshd", rotary_dim=16.0)
+        rope_jit.rope(
+            q, k, cos=cos, sin=sin, q_out=q_out, k_out=k_out, layout="bshd", rotary_dim=16.0
+        )
     torch.testing.assert_close(q_out, before, rtol=0, atol=0)
 
 
@@ -78,8 +94,9 @@ def test_eager_gradients_and_double_backward_through_the_fast_function():
     k = random(1, 1, 12, 8, seed=12, requires_grad=True)
     out_q, out_k = rope_jit.apply_rope(q, k, cos, sin)
     weight_q, weight_k = torch.randn_like(out_q), torch.randn_like(out_k)
-    grad_q, grad_k = torch.autograd.grad((out_q * weight_q).sum() + (out_k * weight_k).sum(), (q, k),
-                                         create_graph=True)
+    grad_q, grad_k = torch.autograd.grad(
+        (out_q * weight_q).sum() + (out_k * weight_k).sum(), (q, k), create_graph=True
+    )
     # The gradient of a rotation is the inverse rotation of the output gradient; against
     # autograd of plain PyTorch too.
     q_ref = q.detach().requires_grad_(True)
@@ -90,10 +107,13 @@ def test_eager_gradients_and_double_backward_through_the_fast_function():
     # d(weight_q) = rope(v).
     v = torch.randn_like(grad_q)
     weight_q.requires_grad_(True)
-    grad_q2, = torch.autograd.grad((rope_jit.apply_rope(q, None, cos, sin) * weight_q).sum(), (q,),
-                                   create_graph=True)
-    second, = torch.autograd.grad((grad_q2 * v).sum(), (weight_q,))
-    torch.testing.assert_close(second, expected(v, cos, sin, torch.arange(12)), rtol=1e-5, atol=1e-5)
+    (grad_q2,) = torch.autograd.grad(
+        (rope_jit.apply_rope(q, None, cos, sin) * weight_q).sum(), (q,), create_graph=True
+    )
+    (second,) = torch.autograd.grad((grad_q2 * v).sum(), (weight_q,))
+    torch.testing.assert_close(
+        second, expected(v, cos, sin, torch.arange(12)), rtol=1e-5, atol=1e-5
+    )
 
 
 def test_a_key_output_outside_the_loss_and_threads_use_their_own_plans():
@@ -103,7 +123,9 @@ def test_a_key_output_outside_the_loss_and_threads_use_their_own_plans():
     out_q, _ = rope_jit.apply_rope(q, k, cos, sin)
     out_q.sum().backward()
     ones = torch.ones_like(out_q)
-    torch.testing.assert_close(q.grad, rope_jit.apply_rope(ones, None, cos, sin, backward=True), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        q.grad, rope_jit.apply_rope(ones, None, cos, sin, backward=True), rtol=1e-5, atol=1e-5
+    )
 
     results = {}
 
@@ -118,7 +140,9 @@ def test_a_key_output_outside_the_loss_and_threads_use_their_own_plans():
         thread.join()
     assert sorted(results) == [0, 1, 2, 3]
     for index, (x, out) in results.items():
-        torch.testing.assert_close(out, expected(x, cos, sin, torch.arange(16) + index), rtol=2e-5, atol=2e-5)
+        torch.testing.assert_close(
+            out, expected(x, cos, sin, torch.arange(16) + index), rtol=2e-5, atol=2e-5
+        )
 
 
 def test_a_dispatch_mode_sees_the_rope_op_so_the_fast_path_steps_aside():

@@ -22,8 +22,20 @@ import threading
 
 from .hf import apply_rotary_pos_emb
 
-MODELS = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2",
-          "granite", "olmo2", "phi3")
+MODELS = (
+    "llama",
+    "mistral",
+    "mixtral",
+    "qwen2",
+    "qwen2_moe",
+    "qwen3",
+    "qwen3_moe",
+    "gemma",
+    "gemma2",
+    "granite",
+    "olmo2",
+    "phi3",
+)
 
 _originals = {}  # module name -> its own apply_rotary_pos_emb
 _wanted = set()  # module names to patch when they are imported
