@@ -75,8 +75,8 @@ for step in $steps; do
           python/benchmarks/hf_models_timing.py --json "$LOG/hf_models_timing.json" 2>&1 |
           tee "$LOG/hf_models_timing.log" ;;
     compare-autograd) ROPE_JIT_LIBRARY=$PWD/build-gpu/librope_jit.so PYTHONPATH=$PWD/python \
-                        ${PYTHON:-python3} bench/compare_torch_autograd.py --json "$LOG/h200_autograd.json" \
-                        2>&1 | tee "$LOG/compare_torch_autograd.log" ;;
+                        ${PYTHON:-python3} bench/compare_torch_autograd.py \
+                        --json "$LOG/h200_autograd.json" 2>&1 | tee "$LOG/compare_torch_autograd.log" ;;
     compare) ROPE_JIT_LIBRARY=$PWD/build-gpu/librope_jit.so PYTHONPATH=$PWD/python ${PYTHON:-python3} \
                bench/compare_torch.py --json "$LOG/h200_vs_torch.json" 2>&1 | tee "$LOG/compare_torch.log" ;;
     shared-cache)
