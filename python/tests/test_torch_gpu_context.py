@@ -65,12 +65,17 @@ def test_backward_in_the_autograd_thread_then_cublas_there_gives_no_context_warn
 
 
 def test_a_fresh_thread_keeps_a_current_context_after_our_call_and_cublas_does_not_warn():
-    output = run("""
+    # q is made, and the kernel loaded, on the main thread: in the worker our call is the first
+    # CUDA work (its output comes from the allocator's cache).
+    output = run(
+        """
+        q = torch.randn(1, 4, 64, 64, device="cuda")
+        rope_jit.apply_rope(q, None, cos, sin)
+        torch.cuda.synchronize()
         results = {}
 
         def worker():
             results["before"] = current_context()
-            q = torch.randn(1, 4, 64, 64, device="cuda")
             rope_jit.apply_rope(q, None, cos, sin)
             results["after"] = current_context()
             a = torch.randn(64, 64, device="cuda")
@@ -80,10 +85,12 @@ def test_a_fresh_thread_keeps_a_current_context_after_our_call_and_cublas_does_n
         thread = threading.Thread(target=worker)
         thread.start()
         thread.join()
-        assert results["after"], results      # a context is current after our launch
+        assert results["before"] is None, results  # a fresh thread starts without a context
+        assert results["after"], results  # a context is current after our launch
         assert "matmul" in results, results
         print("done", results)
-    """)
+    """
+    )
     assert "done" in output and WARNING not in output, output
 
 
