@@ -6,6 +6,7 @@ it, has_attention() is False and every call raises NotImplementedError saying so
 
 import ctypes
 
+from . import _cuda_context
 from . import _structs as s
 from .rope import resolve_stream
 from .runtime import _STYLES, _choice, default_runtime
@@ -58,6 +59,11 @@ def _call(which, tensors, causal, scale, rotary_dim, style, stream, runtime):
     args.rotary_dim = c_int(rotary_dim, "rotary_dim")
     args.style = _choice(style, _STYLES, "style")
     args.stream = stream_handle or None
+    device = held[0].struct.device if held else None
+    if device is not None and device.device_type == s.KDL_CUDA:
+        checked = _cuda_context.checked_devices()
+        if checked is None or device.device_id not in checked:
+            _cuda_context.ensure_current(device.device_id)  # see _cuda_context.py
     function = forward if which == "forward" else backward
     library.check("rope_jit_attention" + ("" if which == "forward" else "_backward"),
                   function(runtime.handle, ctypes.byref(args)))

@@ -22,10 +22,8 @@ CPU tensors run on the library's CPU reference.
 Most users call apply_rope (below) or a drop-in from rope_jit.dropin.
 """
 
-from typing import Optional
 
 import torch
-from torch import Tensor
 
 from . import _plans
 from .attention import attention as _call_attention
@@ -833,20 +831,9 @@ def apply_rope(
 # ------------------------------------------------------------------------------------------
 
 
-@torch.library.custom_op("rope_jit::attention", mutates_args=())
-def attention_op(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    cos: Optional[Tensor],
-    sin: Optional[Tensor],
-    pos_mask: Optional[Tensor],
-    attn_mask: Optional[Tensor],
-    causal: bool,
-    scale: float,
-    rotary_dim: int,
-    interleaved: bool,
-) -> tuple[Tensor, Tensor]:
+def _attention_kernel(
+    q, k, v, cos, sin, pos_mask, attn_mask, causal, scale, rotary_dim, interleaved
+):
     """(out, lse): rope_jit.attention into new tensors; lse [B, Hq, Sq] float32."""
     out = torch.empty_like(q)
     lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
@@ -868,28 +855,25 @@ def attention_op(
     return out, lse
 
 
-@attention_op.register_fake
 def _attention_fake(q, k, v, cos, sin, pos_mask, attn_mask, causal, scale, rotary_dim, interleaved):
     return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
-@torch.library.custom_op("rope_jit::attention_backward", mutates_args=())
-def attention_backward_op(
-    dout: Tensor,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    out: Tensor,
-    lse: Tensor,
-    cos: Optional[Tensor],
-    sin: Optional[Tensor],
-    pos_mask: Optional[Tensor],
-    attn_mask: Optional[Tensor],
-    causal: bool,
-    scale: float,
-    rotary_dim: int,
-    interleaved: bool,
-) -> tuple[Tensor, Tensor, Tensor]:
+_ATTENTION_SCHEMA = (
+    "Tensor? cos, Tensor? sin, Tensor? pos_mask, Tensor? attn_mask, bool causal, float scale, "
+    "int rotary_dim, bool interleaved"
+)
+attention_op = _define(
+    "attention",
+    f"(Tensor q, Tensor k, Tensor v, {_ATTENTION_SCHEMA}) -> (Tensor, Tensor)",
+    _attention_kernel,
+    _attention_fake,
+)
+
+
+def _attention_backward_kernel(
+    dout, q, k, v, out, lse, cos, sin, pos_mask, attn_mask, causal, scale, rotary_dim, interleaved
+):
     """(dq, dk, dv) of rope_jit::attention, by the library's backward kernel."""
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     _call_attention_backward(
@@ -914,11 +898,19 @@ def attention_backward_op(
     return dq, dk, dv
 
 
-@attention_backward_op.register_fake
 def _attention_backward_fake(
     dout, q, k, v, out, lse, cos, sin, pos_mask, attn_mask, causal, scale, rotary_dim, interleaved
 ):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+attention_backward_op = _define(
+    "attention_backward",
+    f"(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, {_ATTENTION_SCHEMA}) "
+    "-> (Tensor, Tensor, Tensor)",
+    _attention_backward_kernel,
+    _attention_backward_fake,
+)
 
 
 def _attention_setup_context(ctx, inputs, output):
@@ -940,7 +932,9 @@ def _attention_backward(ctx, grad_out, grad_lse):
     return (dq, dk, dv) + (None,) * 8
 
 
-attention_op.register_autograd(_attention_backward, setup_context=_attention_setup_context)
+torch.library.register_autograd(
+    "rope_jit::attention", _attention_backward, setup_context=_attention_setup_context, lib=_library
+)
 
 
 def attention(
