@@ -16,6 +16,13 @@ backward works too. Gradients flow to q and k only, never to the tables (cos, si
 xpos_scale): apply_rope refuses tables that require grad rather than silently dropping their
 gradient.
 
+The ops are defined with torch.library.Library (define / impl, register_fake,
+register_autograd): the dispatcher calls their Python kernels with no custom_op layer.
+In eager mode apply_rope does not go through them at all: it calls the library through a plan
+(_plans.py: the argument struct of a call signature built once, then only pointers patched)
+inside one torch.autograd.Function (see "The eager hot path" below); torch.compile, export and
+dispatch modes see the ops.
+
 Kernels launch on PyTorch's current CUDA stream of the tensors' device and never synchronize;
 CPU tensors run on the library's CPU reference.
 
