@@ -1,10 +1,21 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (the device tool): builds there, then runs the whole GPU suite and
 # writes logs under $OUT. Usage: bash scripts/device_gpu_suite.sh [extra steps...]
-#   steps: unit gpu golden bench bench-cpu sanitize python compare shared-cache prewarmed
+#   steps: unit gpu golden bench bench-cpu sanitize python python-perf hf compare compare-autograd
+#          shared-cache prewarmed
 #   (default: unit gpu golden bench sanitize)
-#   python: installs python/ (offline, from the wheels carried in .whl/), runs its pytest suite
-#   (torch on the GPU) and the Llama example; needs `carry: [".whl"]`.
+#   python: installs python/ (offline, from the wheels carried in .whl/, plus transformers and
+#   liger-kernel when their wheels are there), runs its pytest suite (torch on the GPU: the
+#   hot path, CUDA graphs, reduce-overhead, the autograd thread's CUDA context, the HF models)
+#   and the Llama example; needs `carry: [".whl"]`.
+#   python-perf (after python): python/benchmarks/call_overhead.py (host us per call: rope(),
+#   apply_rope fwd and fwd+bwd, the HF drop-in, at decode).
+#   hf (after python): the HF transformers check (python/tests/test_hf_models.py, verbose) and
+#   python/benchmarks/hf_models_timing.py (training step and decode, before/after; JSON).
+#   compare-autograd: bench/compare_torch_autograd.py (fwd/bwd/fwd+bwd against eager,
+#   torch.compile and Liger, back to back and in graphs; JSON).
+#   Wheels for .whl/ (on a machine with a network, for the GPU machine's Python):
+#     pip download -d .whl numpy pytest transformers && pip download -d .whl --no-deps liger-kernel
 #   compare: bench/compare_torch.py (rope-jit against PyTorch eager and torch.compile).
 #   shared-cache: one golden run per GPU at the same time on one empty cache directory (a
 #   data-parallel job); scripts/check_shared_cache.py checks each kernel was compiled once.
@@ -43,9 +54,29 @@ for step in $steps; do
     bench) build-gpu/tools/rope-jit-bench --json "$LOG/bench.json" 2>&1 | tee "$LOG/bench.log" ;;
     bench-cpu) build-gpu/tools/rope-jit-bench --backend cpu --json "$LOG/bench_cpu.json" 2>&1 | tee "$LOG/bench_cpu.log" ;;
     python) py=${PYTHON:-python3}
+            # The package's own build backend needs nothing from an index (no --no-build-isolation).
             PIP_BREAK_SYSTEM_PACKAGES=1 $py -m pip install --quiet --no-index --find-links .whl numpy pytest ./python 2>&1 | tail -3
+            if ls .whl/transformers-*.whl >/dev/null 2>&1; then
+              PIP_BREAK_SYSTEM_PACKAGES=1 $py -m pip install --quiet --no-index --find-links .whl \
+                transformers 2>&1 | tail -3
+            fi
+            if ls .whl/liger_kernel-*.whl >/dev/null 2>&1; then
+              PIP_BREAK_SYSTEM_PACKAGES=1 $py -m pip install --quiet --no-index --no-deps \
+                .whl/liger_kernel-*.whl 2>&1 | tail -3
+            fi
             ROPE_JIT_LIBRARY=$PWD/build-gpu/librope_jit.so $py -m pytest python/tests -q -rs 2>&1 | tee "$LOG/python_tests.log" | tail -8
             ROPE_JIT_LIBRARY=$PWD/build-gpu/librope_jit.so $py python/examples/llama_attention.py --compile 2>&1 | tee "$LOG/llama_attention_example.log" | tail -20 ;;
+    python-perf) ROPE_JIT_LIBRARY=$PWD/build-gpu/librope_jit.so ${PYTHON:-python3} \
+                   python/benchmarks/call_overhead.py 2>&1 | tee "$LOG/python_call_overhead.log" ;;
+    hf) ROPE_JIT_LIBRARY=$PWD/build-gpu/librope_jit.so ${PYTHON:-python3} -m pytest -v -rs \
+          python/tests/test_hf_models.py python/tests/test_torch_gpu_context.py 2>&1 |
+          tee "$LOG/hf_models_tests.log" | tail -15
+        ROPE_JIT_LIBRARY=$PWD/build-gpu/librope_jit.so ${PYTHON:-python3} \
+          python/benchmarks/hf_models_timing.py --json "$LOG/hf_models_timing.json" 2>&1 |
+          tee "$LOG/hf_models_timing.log" ;;
+    compare-autograd) ROPE_JIT_LIBRARY=$PWD/build-gpu/librope_jit.so PYTHONPATH=$PWD/python \
+                        ${PYTHON:-python3} bench/compare_torch_autograd.py \
+                        --json "$LOG/h200_autograd.json" 2>&1 | tee "$LOG/compare_torch_autograd.log" ;;
     compare) ROPE_JIT_LIBRARY=$PWD/build-gpu/librope_jit.so PYTHONPATH=$PWD/python ${PYTHON:-python3} \
                bench/compare_torch.py --json "$LOG/h200_vs_torch.json" 2>&1 | tee "$LOG/compare_torch.log" ;;
     shared-cache)

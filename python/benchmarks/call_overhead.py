@@ -86,8 +86,17 @@ def bare_c_call(tensors, runtime):
     stream = resolve_stream(None, tensors)
     args = library.new_struct(_structs.RopeArgs, library.rope_jit_rope_args_init)
     held = []
-    for name, value in (("q", q), ("k", k), ("q_out", q_out), ("k_out", k_out), ("cos", cos), ("sin", sin)):
-        tensor = as_tensor(value, name, swap_dims=(1, 2) if name in ("q", "k", "q_out", "k_out") else None)
+    for name, value in (
+        ("q", q),
+        ("k", k),
+        ("q_out", q_out),
+        ("k_out", k_out),
+        ("cos", cos),
+        ("sin", sin),
+    ):
+        tensor = as_tensor(
+            value, name, swap_dims=(1, 2) if name in ("q", "k", "q_out", "k_out") else None
+        )
         held.append(tensor)
         setattr(args, name, tensor.pointer)
     args.stream = stream or None
@@ -105,7 +114,9 @@ def time_tensors(title, tensors, runtime, calls, repeats, finish=None, extra=())
     q, k, cos, sin, q_out, k_out = tensors
 
     def call():
-        rope_jit.rope(q, k, cos=cos, sin=sin, q_out=q_out, k_out=k_out, layout="bshd", runtime=runtime)
+        rope_jit.rope(
+            q, k, cos=cos, sin=sin, q_out=q_out, k_out=k_out, layout="bshd", runtime=runtime
+        )
 
     for _ in range(20):  # compiles (GPU) or loads the kernel, and warms every cache
         call()
@@ -113,46 +124,153 @@ def time_tensors(title, tensors, runtime, calls, repeats, finish=None, extra=())
         finish()
     print(title)
     report("rope() decode, 6 tensors, bshd", best_us_per_call(call, calls, repeats, finish))
-    report("rope_jit_rope alone, arguments filled once",
-           best_us_per_call(bare_c_call(tensors, runtime), calls, repeats, finish))
-    report("as_tensor(q, swap_dims=(1, 2))",
-           best_us_per_call(lambda: as_tensor(q, "q", swap_dims=(1, 2)), calls, repeats))
+    report(
+        "rope_jit_rope alone, arguments filled once",
+        best_us_per_call(bare_c_call(tensors, runtime), calls, repeats, finish),
+    )
+    report(
+        "as_tensor(q, swap_dims=(1, 2))",
+        best_us_per_call(lambda: as_tensor(q, "q", swap_dims=(1, 2)), calls, repeats),
+    )
     report("as_tensor(cos)", best_us_per_call(lambda: as_tensor(cos, "cos"), calls, repeats))
-    report("resolve_stream(None, tensors)",
-           best_us_per_call(lambda: resolve_stream(None, tensors), calls, repeats))
+    report(
+        "resolve_stream(None, tensors)",
+        best_us_per_call(lambda: resolve_stream(None, tensors), calls, repeats),
+    )
     for label, function in extra:
         report(label, best_us_per_call(function, calls, repeats))
 
 
+def time_torch_paths(title, torch, device, dtype, runtime_note, calls, repeats, finish=None):
+    """apply_rope (forward; forward+backward), the HF drop-in and a bare autograd step for
+    scale, at decode (B=64, S=1, 32/8 heads, D128, per-sequence positions: seqlen_offsets)."""
+    import rope_jit.torch_ops  # noqa: F401  (torch ops registered; apply_rope)
+    from rope_jit.dropin.hf import apply_rotary_pos_emb
+
+    generator = torch.Generator(device=device).manual_seed(0)
+    # On the CPU reference the rotation itself takes time at B=64: B=1 there shows the host cost.
+    batch = 64 if device == "cuda" else 1
+
+    def randn(*shape, requires_grad=False):
+        return torch.randn(*shape, device=device, dtype=dtype, generator=generator).requires_grad_(
+            requires_grad
+        )
+
+    q, k = randn(batch, 1, Q_HEADS, HEAD_DIM), randn(batch, 1, K_HEADS, HEAD_DIM)
+    cos, sin = randn(4096, HEAD_DIM), randn(4096, HEAD_DIM)
+    offsets = torch.arange(batch, device=device, dtype=torch.int64) * 7
+    q_grad, k_grad = randn(batch, 1, Q_HEADS, HEAD_DIM, requires_grad=True), randn(
+        batch, 1, K_HEADS, HEAD_DIM, requires_grad=True
+    )
+    hf_q, hf_k = q.transpose(1, 2), k.transpose(1, 2)  # [B, H, 1, D] views, as the models pass them
+    hf_cos, hf_sin = randn(batch, 1, HEAD_DIM), randn(batch, 1, HEAD_DIM)
+
+    def forward():
+        rope_jit.apply_rope(q, k, cos, sin, seqlen_offsets=offsets, layout="bshd")
+
+    def forward_backward():
+        q_out, k_out = rope_jit.apply_rope(
+            q_grad, k_grad, cos, sin, seqlen_offsets=offsets, layout="bshd"
+        )
+        torch.autograd.backward((q_out, k_out), (q_out, k_out))
+
+    def plain_autograd_step():  # the floor of any fwd+bwd: two multiplications and their backward
+        q_out, k_out = q_grad * 1.0, k_grad * 1.0
+        torch.autograd.backward((q_out, k_out), (q_out, k_out))
+
+    def hf_dropin():
+        apply_rotary_pos_emb(hf_q, hf_k, hf_cos, hf_sin)
+
+    rows = [
+        (f"apply_rope fwd, decode B={batch} bshd seqlen_offsets", forward),
+        ("apply_rope fwd+bwd (backward())", forward_backward),
+        ("x * 1.0 fwd+bwd, plain PyTorch (floor)", plain_autograd_step),
+        ("dropin.hf.apply_rotary_pos_emb, cos [B,1,D]", hf_dropin),
+    ]
+    for _, function in rows:
+        for _ in range(20):
+            function()
+    if finish is not None:
+        finish()
+    print(f"{title} ({runtime_note}):")
+    for label, function in rows:
+        report(label, best_us_per_call(function, calls, repeats, finish))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--calls", type=int, default=5000, help="calls per timed run")
-    parser.add_argument("--repeats", type=int, default=5, help="timed runs; the best is printed")
+    parser.add_argument("--calls", type=int, default=500, help="calls per timed run")
+    parser.add_argument("--repeats", type=int, default=30, help="timed runs; the best is printed")
     options = parser.parse_args()
 
     print(f"rope_jit {rope_jit.__file__}, library {rope_jit.library_path()}")
+    try:
+        import torch
+
+        torch.set_num_threads(1)  # host-cost numbers, not the CPU ops' thread pool contending
+    except ImportError:
+        pass
     with rope_jit.Runtime(backend="cpu") as cpu_runtime:
-        time_tensors("NumPy float32, CPU reference:", numpy_decode_tensors(), cpu_runtime, options.calls,
-                     options.repeats)
+        time_tensors(
+            "NumPy float32, CPU reference:",
+            numpy_decode_tensors(),
+            cpu_runtime,
+            options.calls,
+            options.repeats,
+        )
 
         try:
             import torch
         except ImportError:
             print("PyTorch: not installed, skipped")
             return
-        time_tensors(f"PyTorch {torch.__version__} float32 CPU tensors, CPU reference:",
-                     torch_decode_tensors(torch, "cpu", torch.float32), cpu_runtime, options.calls,
-                     options.repeats)
+        time_tensors(
+            f"PyTorch {torch.__version__} float32 CPU tensors, CPU reference:",
+            torch_decode_tensors(torch, "cpu", torch.float32),
+            cpu_runtime,
+            options.calls,
+            options.repeats,
+        )
 
+    time_torch_paths(
+        f"PyTorch {torch.__version__} float32 CPU tensors",
+        torch,
+        "cpu",
+        torch.float32,
+        "default runtime, CPU reference",
+        options.calls,
+        options.repeats,
+    )
     if not torch.cuda.is_available():
         print("PyTorch CUDA: no GPU, skipped")
         return
     tensors = torch_decode_tensors(torch, "cuda", torch.bfloat16)
     q = tensors[0]
-    time_tensors(f"PyTorch {torch.__version__} bfloat16 CUDA tensors ({torch.cuda.get_device_name()}), "
-                 "default runtime:", tensors, None, options.calls, options.repeats, finish=torch.cuda.synchronize,
-                 extra=[("torch.cuda.current_stream(device).cuda_stream",
-                         lambda: torch.cuda.current_stream(q.device).cuda_stream)])
+    time_tensors(
+        f"PyTorch {torch.__version__} bfloat16 CUDA tensors ({torch.cuda.get_device_name()}), "
+        "default runtime:",
+        tensors,
+        None,
+        options.calls,
+        options.repeats,
+        finish=torch.cuda.synchronize,
+        extra=[
+            (
+                "torch.cuda.current_stream(device).cuda_stream",
+                lambda: torch.cuda.current_stream(q.device).cuda_stream,
+            )
+        ],
+    )
+    time_torch_paths(
+        f"PyTorch {torch.__version__} bfloat16 CUDA tensors",
+        torch,
+        "cuda",
+        torch.bfloat16,
+        "default runtime",
+        options.calls,
+        options.repeats,
+        finish=torch.cuda.synchronize,
+    )
 
 
 if __name__ == "__main__":

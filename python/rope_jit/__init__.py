@@ -51,6 +51,9 @@ def __getattr__(name):
     # The torch integration is imported on first use, so that `import rope_jit` needs no torch.
     if name in ("apply_rope", "torch_ops"):
         torch_ops = importlib.import_module(__name__ + ".torch_ops")
+        # Kept as module attributes: later lookups (every rope_jit.apply_rope call) find them
+        # directly instead of coming back here.
+        globals().update(torch_ops=torch_ops, apply_rope=torch_ops.apply_rope)
         return torch_ops if name == "torch_ops" else torch_ops.apply_rope
     raise AttributeError(f"module 'rope_jit' has no attribute {name!r}")
 

@@ -6,9 +6,11 @@ it, has_attention() is False and every call raises NotImplementedError saying so
 
 import ctypes
 
+from . import _cuda_context
 from . import _structs as s
 from .rope import resolve_stream
 from .runtime import _STYLES, _choice, default_runtime
+from ._checks import c_double, c_int
 from .tensors import as_tensor
 
 _P = ctypes.POINTER
@@ -53,10 +55,15 @@ def _call(which, tensors, causal, scale, rotary_dim, style, stream, runtime):
         held.append(tensor)
         s.POINTER_FIELD.pack_into(args, getattr(s.AttentionArgs, name).offset, tensor.address)
     args.causal = 1 if causal else 0
-    args.scale = float(scale)
-    args.rotary_dim = int(rotary_dim)
+    args.scale = c_double(scale, "scale")
+    args.rotary_dim = c_int(rotary_dim, "rotary_dim")
     args.style = _choice(style, _STYLES, "style")
     args.stream = stream_handle or None
+    device = held[0].struct.device if held else None
+    if device is not None and device.device_type == s.KDL_CUDA:
+        checked = _cuda_context.checked_devices()
+        if checked is None or device.device_id not in checked:
+            _cuda_context.ensure_current(device.device_id)  # see _cuda_context.py
     function = forward if which == "forward" else backward
     library.check("rope_jit_attention" + ("" if which == "forward" else "_backward"),
                   function(runtime.handle, ctypes.byref(args)))

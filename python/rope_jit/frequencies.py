@@ -12,6 +12,7 @@ import ctypes
 from . import _library
 from . import _structs as s
 from .runtime import _STYLES, _choice
+from ._checks import c_double, c_int, c_ints
 from .tensors import as_tensor
 
 _P = ctypes.POINTER
@@ -24,11 +25,17 @@ def _functions():
         return library, cached
     functions = {
         "freq_init": library.optional("rope_jit_freq_config_init", None, [_P(s.FreqConfig)]),
-        "inv_freq": library.optional("rope_jit_inv_freq", ctypes.c_int,
-                                     [_P(s.FreqConfig), _P(ctypes.c_float), ctypes.c_size_t, _P(ctypes.c_float)]),
+        "inv_freq": library.optional(
+            "rope_jit_inv_freq",
+            ctypes.c_int,
+            [_P(s.FreqConfig), _P(ctypes.c_float), ctypes.c_size_t, _P(ctypes.c_float)],
+        ),
         "table_init": library.optional("rope_jit_table_config_init", None, [_P(s.TableConfig)]),
-        "tables": library.optional("rope_jit_rope_tables", ctypes.c_int,
-                                   [_P(s.TableConfig), _P(s.DLTensor), _P(s.DLTensor), _P(s.DLTensor)]),
+        "tables": library.optional(
+            "rope_jit_rope_tables",
+            ctypes.c_int,
+            [_P(s.TableConfig), _P(s.DLTensor), _P(s.DLTensor), _P(s.DLTensor)],
+        ),
     }
     functions = functions if all(functions.values()) else None
     library._frequency_functions = functions
@@ -45,15 +52,30 @@ def _require():
     if functions is None:
         raise NotImplementedError(
             f"the loaded librope_jit ({library.path}) has no frequency builders (rope_jit_inv_freq): "
-            "build a newer rope-jit")
+            "build a newer rope-jit"
+        )
     return library, functions
 
 
 def _float_array(values, name):
-    values = [float(v) for v in values]
+    values = [c_double(v, f"{name}[{index}]") for index, v in enumerate(values)]
     if not values:
         raise ValueError(f"{name}: must not be empty")
     return (ctypes.c_float * len(values))(*values)
+
+
+# ctypes field type -> the check that converts a Python value for it without truncation.
+_FIELD_CHECKS = {
+    ctypes.c_int32: lambda value, name: c_int(value, name, 32),
+    ctypes.c_int: lambda value, name: c_int(value, name, 32),
+    ctypes.c_int64: lambda value, name: c_int(value, name, 64),
+    ctypes.c_double: c_double,
+}
+
+
+def _field_value(name, value):
+    field_type = dict(s.FreqConfig._fields_)[name]
+    return _FIELD_CHECKS[field_type](value, name)
 
 
 def inv_freq(rope_type, rotary_dim=0, **fields):
@@ -73,8 +95,9 @@ def inv_freq(rope_type, rotary_dim=0, **fields):
     library, functions = _require()
     config = library.new_struct(s.FreqConfig, functions["freq_init"])
     config.rope_type = _choice(rope_type, s.ROPE_TYPES, "rope_type")
-    config.rotary_dim = int(rotary_dim)
+    config.rotary_dim = c_int(rotary_dim, "rotary_dim")
     held = []
+    factors = {}
     known = {name for name, _ in s.FreqConfig._fields_} - {"struct_size", "rope_type", "rotary_dim"}
     for name, value in fields.items():
         if name not in known:
@@ -82,20 +105,50 @@ def inv_freq(rope_type, rotary_dim=0, **fields):
         if name in ("short_factor", "long_factor"):
             array = _float_array(value, name)
             held.append(array)
+            factors[name] = len(array)
             value = ctypes.cast(array, _P(ctypes.c_float))
+        else:
+            value = _field_value(name, value)
         setattr(config, name, value)
-    count = config.num_freqs if config.rope_type == s.ROPE_TYPES["constant"] else config.rotary_dim // 2
+    count = (
+        config.num_freqs if config.rope_type == s.ROPE_TYPES["constant"] else config.rotary_dim // 2
+    )
     if count <= 0:
         raise ValueError(f"rotary_dim: must be even and > 0, got {rotary_dim}")
+    # The library reads rotary_dim / 2 factors through these pointers: a shorter list would
+    # be read past its end (issue 20, P1).
+    for name, length in factors.items():
+        if length != config.rotary_dim // 2:
+            raise ValueError(
+                f"{name}: {length} values, but rotary_dim {config.rotary_dim} needs one per "
+                f"pair: {config.rotary_dim // 2}"
+            )
     values = (ctypes.c_float * count)()
     factor = ctypes.c_float()
-    library.check("rope_jit_inv_freq", functions["inv_freq"](ctypes.byref(config), values, count, ctypes.byref(factor)))
+    library.check(
+        "rope_jit_inv_freq",
+        functions["inv_freq"](ctypes.byref(config), values, count, ctypes.byref(factor)),
+    )
     return list(values), factor.value
 
 
-def rope_tables(inv_freq, *, cos=None, sin=None, xpos_scale=None, position_start=0.0, positions=None,
-                interpolate_factor=1.0, attention_factor=1.0, style="half", mrope_sections=None,
-                mrope_interleaved=False, float32_angles=False, xpos_scale_base=512.0, xpos_center=0.0):
+def rope_tables(
+    inv_freq,
+    *,
+    cos=None,
+    sin=None,
+    xpos_scale=None,
+    position_start=0.0,
+    positions=None,
+    interpolate_factor=1.0,
+    attention_factor=1.0,
+    style="half",
+    mrope_sections=None,
+    mrope_interleaved=False,
+    float32_angles=False,
+    xpos_scale_base=512.0,
+    xpos_center=0.0,
+):
     """Fills cos, sin and/or xpos_scale (host tensors, [P, n] half or [P, 2n] full tables,
     float32/float16/bfloat16; at least one) for the n = len(inv_freq) pairs.
 
@@ -109,27 +162,38 @@ def rope_tables(inv_freq, *, cos=None, sin=None, xpos_scale=None, position_start
     held = [frequencies]
     config.inv_freq = ctypes.cast(frequencies, _P(ctypes.c_float))
     config.num_freqs = len(frequencies)
-    config.position_start = float(position_start)
-    if positions is not None:
-        values = [float(p) for p in positions]
-        array = (ctypes.c_double * max(len(values), 1))(*values)
-        held.append(array)
-        config.positions = ctypes.cast(array, _P(ctypes.c_double))
-    config.interpolate_factor = float(interpolate_factor)
-    config.attention_factor = float(attention_factor)
+    config.position_start = c_double(position_start, "position_start")
+    config.interpolate_factor = c_double(interpolate_factor, "interpolate_factor")
+    config.attention_factor = c_double(attention_factor, "attention_factor")
     config.style = _choice(style, _STYLES, "style")
+    axes = 1
     if mrope_sections is not None:
-        sections = (ctypes.c_int32 * max(len(mrope_sections), 1))(*[int(n) for n in mrope_sections])
+        values = c_ints(mrope_sections, "mrope_sections")
+        sections = (ctypes.c_int32 * max(len(values), 1))(*values)
         held.append(sections)
         config.mrope_sections = ctypes.cast(sections, _P(ctypes.c_int32))
-        config.num_mrope_sections = len(mrope_sections)
+        config.num_mrope_sections = axes = len(values)
         config.mrope_interleaved = 1 if mrope_interleaved else 0
     config.float32_angles = 1 if float32_angles else 0
-    config.xpos_scale_base = float(xpos_scale_base)
-    config.xpos_center = float(xpos_center)
+    config.xpos_scale_base = c_double(xpos_scale_base, "xpos_scale_base")
+    config.xpos_center = c_double(xpos_center, "xpos_center")
     tables = []
     for name, value in (("cos", cos), ("sin", sin), ("xpos_scale", xpos_scale)):
         tables.append(None if value is None else as_tensor(value, name, writable=True))
+    if positions is not None:
+        # The library reads axes * rows positions (rows: the tables' first extent): a shorter
+        # list would be read past its end (issue 20, P1).
+        values = [c_double(p, f"positions[{index}]") for index, p in enumerate(positions)]
+        given = [table for table in tables if table is not None]
+        rows = max((len(table.shape) and table.shape[0] for table in given), default=0)
+        if given and len(values) != axes * rows:  # (no table at all: the library names that)
+            raise ValueError(
+                f"positions: {len(values)} values, but the tables' {rows} rows need {axes * rows} "
+                f"({axes} position axis(es) x {rows} rows)"
+            )
+        array = (ctypes.c_double * max(len(values), 1))(*values)
+        held.append(array)
+        config.positions = ctypes.cast(array, _P(ctypes.c_double))
     pointers = [None if table is None else table.pointer for table in tables]
     library.check("rope_jit_rope_tables", functions["tables"](ctypes.byref(config), *pointers))
     del held, tables

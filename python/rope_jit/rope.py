@@ -8,8 +8,10 @@ rope_jit.torch_ops.apply_rope, which calls this underneath.
 import ctypes
 import sys
 
+from . import _cuda_context, _plans
 from . import _structs as s
 from .runtime import _STYLES, _choice, default_runtime
+from ._checks import c_int, c_ints
 from .tensors import as_tensor, torch_stream_of
 
 LAYOUTS = ("bhsd", "bshd", "thd")
@@ -43,7 +45,9 @@ def _supported_fields(library):
 
 
 def _too_old(library, field):
-    return NotImplementedError(f"{field}: the loaded librope_jit ({library.path}) is too old for it")
+    return NotImplementedError(
+        f"{field}: the loaded librope_jit ({library.path}) is too old for it"
+    )
 
 
 # The tensors laid out like q and k (the ones `layout` describes).
@@ -51,17 +55,120 @@ _HEAD_TENSORS = frozenset(("q", "k", "q_out", "k_out", "q_saved", "k_saved"))
 # The tensors the call writes whenever they are given (q and k only when they have no output).
 _OUTPUT_TENSORS = frozenset(("q_out", "k_out", "inv_freq_grad"))
 # rope()'s tensor arguments, in the order they are converted (and errors reported).
-_TENSOR_NAMES = ("q", "k", "q_out", "k_out", "cos", "sin", "inv_freq", "positions", "seqlen_offsets",
-                 "cu_seqlens", "xpos_scale", "inv_freq_grad", "q_saved", "k_saved")
+_TENSOR_NAMES = (
+    "q",
+    "k",
+    "q_out",
+    "k_out",
+    "cos",
+    "sin",
+    "inv_freq",
+    "positions",
+    "seqlen_offsets",
+    "cu_seqlens",
+    "xpos_scale",
+    "inv_freq_grad",
+    "q_saved",
+    "k_saved",
+)
 # Where each one's DLTensor pointer lies in rope_jit_rope_args.
 _POINTER_OFFSETS = {name: getattr(s.RopeArgs, name).offset for name in _TENSOR_NAMES}
 
 
-def rope(q, k=None, *, cos=None, sin=None, inv_freq=None, positions=None, seqlen_offsets=None,
-         cu_seqlens=None, position_offset=0, q_position_offset=0, rotary_dim=0, rotary_offset=0,
-         style="half", backward=False, xpos_scale=None, q_out=None, k_out=None, layout="bhsd",
-         mrope_sections=None, mrope_interleaved=False, inv_freq_grad=None, q_saved=None, k_saved=None,
-         stream=None, runtime=None):
+def build_args(
+    library,
+    values,
+    layout,
+    position_offset,
+    q_position_offset,
+    rotary_dim,
+    rotary_offset,
+    style,
+    backward,
+    mrope_sections,
+    mrope_interleaved,
+    stream_handle,
+):
+    """(args, held): the rope_jit_rope_args of a call on `values` (the tensors in _TENSOR_NAMES
+    order, None where absent), with every check of the Python side, and the objects (TensorArgs,
+    the sections array) that must stay alive while the library reads args."""
+    q_out, k_out = values[2], values[3]
+    args = library.new_struct(s.RopeArgs, library.rope_jit_rope_args_init)
+    supported = _supported_fields(library)
+    # A [B, S, H, D] buffer is passed as its [B, H, S, D] view (dims 1 and 2 exchanged).
+    head_swap = (1, 2) if layout == "bshd" else None
+    held = []  # every TensorArg (and the sections array) stays alive until the call returns
+    for name, value in zip(_TENSOR_NAMES, values):
+        if value is None:
+            continue
+        if name not in supported:
+            raise _too_old(library, name)
+        written = (
+            name in _OUTPUT_TENSORS
+            or (name == "q" and q_out is None)
+            or (name == "k" and k_out is None)
+        )
+        swap = head_swap if name in _HEAD_TENSORS else None
+        tensor = as_tensor(value, name, writable=written, stream=stream_handle, swap_dims=swap)
+        if swap and len(tensor.shape) != 4:
+            raise ValueError(
+                f"{name}: layout bshd needs 4 dimensions [B, S, H, D], got shape "
+                f"{list(tensor.shape)}"
+            )
+        held.append(tensor)
+        s.POINTER_FIELD.pack_into(args, _POINTER_OFFSETS[name], tensor.address)
+    args.position_offset = c_int(position_offset, "position_offset", 64)
+    args.q_position_offset = c_int(q_position_offset, "q_position_offset", 64)
+    args.rotary_dim = c_int(rotary_dim, "rotary_dim")
+    args.rotary_offset = c_int(rotary_offset, "rotary_offset")
+    args.style = _choice(style, _STYLES, "style")
+    args.backward = 1 if backward else 0
+    args.stream = stream_handle or None
+    if mrope_sections is not None:
+        if "mrope_sections" not in supported:
+            raise _too_old(library, "mrope_sections")
+        sections = c_ints(mrope_sections, "mrope_sections")
+        if len(sections) > s.MAX_MROPE_SECTIONS:
+            raise ValueError(
+                f"mrope_sections: at most {s.MAX_MROPE_SECTIONS} sections, got {len(sections)}"
+            )
+        array = (ctypes.c_int32 * max(len(sections), 1))(*sections)
+        held.append(array)
+        args.mrope_sections = ctypes.cast(array, ctypes.POINTER(ctypes.c_int32))
+        args.num_mrope_sections = len(sections)
+        args.mrope_interleaved = 1 if mrope_interleaved else 0
+
+    return args, held
+
+
+def rope(
+    q,
+    k=None,
+    *,
+    cos=None,
+    sin=None,
+    inv_freq=None,
+    positions=None,
+    seqlen_offsets=None,
+    cu_seqlens=None,
+    position_offset=0,
+    q_position_offset=0,
+    rotary_dim=0,
+    rotary_offset=0,
+    style="half",
+    backward=False,
+    xpos_scale=None,
+    q_out=None,
+    k_out=None,
+    layout="bhsd",
+    mrope_sections=None,
+    mrope_interleaved=False,
+    inv_freq_grad=None,
+    q_saved=None,
+    k_saved=None,
+    stream=None,
+    runtime=None,
+):
     """Applies rotary position embeddings to q (and k) with one rope_jit_rope call.
 
     Tensors may be anything as_tensor() takes (torch, numpy, or any DLPack producer) and are
@@ -103,53 +210,70 @@ def rope(q, k=None, *, cos=None, sin=None, inv_freq=None, positions=None, seqlen
     if layout not in LAYOUTS:
         raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
     runtime = runtime if runtime is not None else default_runtime()
+    values = (
+        q,
+        k,
+        q_out,
+        k_out,
+        cos,
+        sin,
+        inv_freq,
+        positions,
+        seqlen_offsets,
+        cu_seqlens,
+        xpos_scale,
+        inv_freq_grad,
+        q_saved,
+        k_saved,
+    )  # as _TENSOR_NAMES
+    # PyTorch tensors take the planned path: the argument struct of this signature is built
+    # once (below) and only the data pointers, offsets and stream change per call.
+    if type(q) in (_plans.TORCH_TENSOR_TYPES or _plans.torch_types()) and _plans.call(
+        runtime,
+        values,
+        layout,
+        position_offset,
+        q_position_offset,
+        rotary_dim,
+        rotary_offset,
+        style,
+        backward,
+        mrope_sections,
+        mrope_interleaved,
+        stream,
+    ):
+        return (
+            q_out if q_out is not None else q,
+            None if k is None else (k_out if k_out is not None else k),
+        )
     library = runtime.library
-    values = (q, k, q_out, k_out, cos, sin, inv_freq, positions, seqlen_offsets, cu_seqlens, xpos_scale,
-              inv_freq_grad, q_saved, k_saved)  # as _TENSOR_NAMES
     stream_handle = resolve_stream(stream, [value for value in values if value is not None])
-
-    args = library.new_struct(s.RopeArgs, library.rope_jit_rope_args_init)
-    supported = _supported_fields(library)
-    # A [B, S, H, D] buffer is passed as its [B, H, S, D] view (dims 1 and 2 exchanged).
-    head_swap = (1, 2) if layout == "bshd" else None
-    held = []  # every TensorArg (and the sections array) stays alive until the call returns
-    for name, value in zip(_TENSOR_NAMES, values):
-        if value is None:
-            continue
-        if name not in supported:
-            raise _too_old(library, name)
-        written = name in _OUTPUT_TENSORS or (name == "q" and q_out is None) or (name == "k" and k_out is None)
-        swap = head_swap if name in _HEAD_TENSORS else None
-        tensor = as_tensor(value, name, writable=written, stream=stream_handle, swap_dims=swap)
-        if swap and len(tensor.shape) != 4:
-            raise ValueError(f"{name}: layout bshd needs 4 dimensions [B, S, H, D], got shape "
-                             f"{list(tensor.shape)}")
-        held.append(tensor)
-        s.POINTER_FIELD.pack_into(args, _POINTER_OFFSETS[name], tensor.address)
-    args.position_offset = int(position_offset)
-    args.q_position_offset = int(q_position_offset)
-    args.rotary_dim = int(rotary_dim)
-    args.rotary_offset = int(rotary_offset)
-    args.style = _choice(style, _STYLES, "style")
-    args.backward = 1 if backward else 0
-    args.stream = stream_handle or None
-    if mrope_sections is not None:
-        if "mrope_sections" not in supported:
-            raise _too_old(library, "mrope_sections")
-        sections = [int(n) for n in mrope_sections]
-        if len(sections) > s.MAX_MROPE_SECTIONS:
-            raise ValueError(f"mrope_sections: at most {s.MAX_MROPE_SECTIONS} sections, got {len(sections)}")
-        array = (ctypes.c_int32 * max(len(sections), 1))(*sections)
-        held.append(array)
-        args.mrope_sections = ctypes.cast(array, ctypes.POINTER(ctypes.c_int32))
-        args.num_mrope_sections = len(sections)
-        args.mrope_interleaved = 1 if mrope_interleaved else 0
-
+    args, held = build_args(
+        library,
+        values,
+        layout,
+        position_offset,
+        q_position_offset,
+        rotary_dim,
+        rotary_offset,
+        style,
+        backward,
+        mrope_sections,
+        mrope_interleaved,
+        stream_handle,
+    )
+    device = held[0].struct.device if held else None
+    if device is not None and device.device_type == s.KDL_CUDA:
+        checked = _cuda_context.checked_devices()
+        if checked is None or device.device_id not in checked:
+            _cuda_context.ensure_current(device.device_id)
     status = library.rope_jit_rope(runtime.handle, ctypes.byref(args))
     library.check("rope_jit_rope", status)
     del held
-    return (q_out if q_out is not None else q,
-            None if k is None else (k_out if k_out is not None else k))
+    return (
+        q_out if q_out is not None else q,
+        None if k is None else (k_out if k_out is not None else k),
+    )
 
 
 __all__ = ["rope", "resolve_stream", "LAYOUTS"]

@@ -12,6 +12,7 @@ import threading
 from . import _library
 from . import _structs as s
 from . import tensors
+from ._checks import c_int, c_string
 
 _BACKENDS = {"auto": s.BACKEND_AUTO, "cuda": s.BACKEND_CUDA, "cpu": s.BACKEND_CPU}
 _BACKEND_NAMES = {s.BACKEND_CUDA: "cuda", s.BACKEND_CPU: "cpu", s.BACKEND_AUTO: "auto"}
@@ -50,9 +51,9 @@ class Runtime:
         self._library = _library.load()
         config = self._library.new_struct(s.Config, self._library.rope_jit_config_init)
         config.backend = _choice(backend, _BACKENDS, "backend")
-        config.cache_dir = None if cache_dir is None else str(cache_dir).encode()
+        config.cache_dir = None if cache_dir is None else c_string(cache_dir, "cache_dir")
         config.disk_cache = 1 if disk_cache else 0
-        config.cpu_threads = int(cpu_threads)
+        config.cpu_threads = c_int(cpu_threads, "cpu_threads")
         config.debug_checks = 1 if debug_checks else 0
         handle = ctypes.c_void_p()
         self._handle = None
@@ -112,11 +113,11 @@ class Runtime:
                 elif key == "angles":
                     value = _choice(value, _ANGLE_SOURCES, field)
                 elif key in dict(s.KernelSpec._fields_) and key != "struct_size":
-                    value = int(value)
+                    value = c_int(value, field)  # every other field is an int32_t or an int
                 else:
                     raise ValueError(f"{field}: not a field of rope_jit_kernel_spec")
                 setattr(array[index], key, value)
-        target = None if target is None else str(target).encode()
+        target = None if target is None else c_string(target, "target")
         if self._library.struct_sizes[s.KernelSpec.__name__] == ctypes.sizeof(s.KernelSpec):
             self._library.check("rope_jit_prewarm", self._library.rope_jit_prewarm(self.handle, array, len(specs), target))
             return

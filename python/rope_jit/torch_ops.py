@@ -16,60 +16,178 @@ backward works too. Gradients flow to q and k only, never to the tables (cos, si
 xpos_scale): apply_rope refuses tables that require grad rather than silently dropping their
 gradient.
 
+The ops are defined with torch.library.Library (define / impl, register_fake,
+register_autograd): the dispatcher calls their Python kernels with no custom_op layer.
+In eager mode apply_rope does not go through them at all: it calls the library through a plan
+(_plans.py: the argument struct of a call signature built once, then only pointers patched)
+inside one torch.autograd.Function (see "The eager hot path" below); torch.compile, export and
+dispatch modes see the ops.
+
 Kernels launch on PyTorch's current CUDA stream of the tensors' device and never synchronize;
 CPU tensors run on the library's CPU reference.
 
 Most users call apply_rope (below) or a drop-in from rope_jit.dropin.
 """
 
-from typing import Optional
 
 import torch
-from torch import Tensor
 
+from . import _plans
 from .attention import attention as _call_attention
 from .attention import attention_backward as _call_attention_backward
 from .attention import has_attention as _has_attention
 from .rope import LAYOUTS
 from .rope import rope as _rope
+from .runtime import default_runtime
 
 _TABLE_NAMES = ("cos", "sin", "inv_freq", "xpos_scale")
 
+# The ops are defined with torch.library.Library.define / impl: a call goes from the dispatcher
+# straight to the Python kernel, where torch.library.custom_op adds its own Python layers
+# (about 4 us a call more, measured on the H200 host). Fake kernels (torch.compile, export)
+# and the autograd formula are registered for each out-of-place op.
+_library = torch.library.Library("rope_jit", "DEF")
+_TABLES_SCHEMA = (
+    "Tensor? cos, Tensor? sin, Tensor? inv_freq, Tensor? positions, Tensor? seqlen_offsets, "
+    "Tensor? cu_seqlens, Tensor? xpos_scale"
+)
 
-def _launch(q, k, q_out, k_out, cos, sin, inv_freq, positions, seqlen_offsets, cu_seqlens, xpos_scale,
-            position_offset, q_position_offset, rotary_dim, rotary_offset, interleaved, backward):
-    _rope(q, k, q_out=q_out, k_out=k_out, cos=cos, sin=sin, inv_freq=inv_freq, positions=positions,
-          seqlen_offsets=seqlen_offsets, cu_seqlens=cu_seqlens, xpos_scale=xpos_scale,
-          position_offset=position_offset, q_position_offset=q_position_offset, rotary_dim=rotary_dim,
-          rotary_offset=rotary_offset, style="interleaved" if interleaved else "half", backward=backward)
+
+def _define(name, schema, kernel, fake):
+    _library.define(f"{name}{schema}")
+    _library.impl(name, kernel, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"rope_jit::{name}", fake, lib=_library)
+    return getattr(torch.ops.rope_jit, name).default
+
+
+def _launch(
+    q,
+    k,
+    q_out,
+    k_out,
+    cos,
+    sin,
+    inv_freq,
+    positions,
+    seqlen_offsets,
+    cu_seqlens,
+    xpos_scale,
+    position_offset,
+    q_position_offset,
+    rotary_dim,
+    rotary_offset,
+    interleaved,
+    backward,
+):
+    _rope(
+        q,
+        k,
+        q_out=q_out,
+        k_out=k_out,
+        cos=cos,
+        sin=sin,
+        inv_freq=inv_freq,
+        positions=positions,
+        seqlen_offsets=seqlen_offsets,
+        cu_seqlens=cu_seqlens,
+        xpos_scale=xpos_scale,
+        position_offset=position_offset,
+        q_position_offset=q_position_offset,
+        rotary_dim=rotary_dim,
+        rotary_offset=rotary_offset,
+        style="interleaved" if interleaved else "half",
+        backward=backward,
+    )
 
 
 # ------------------------------------------------------------------------------------------
 # rope_jit::rope: one tensor
 # ------------------------------------------------------------------------------------------
 
-@torch.library.custom_op("rope_jit::rope", mutates_args=())
-def rope_op(x: Tensor, cos: Optional[Tensor], sin: Optional[Tensor], inv_freq: Optional[Tensor],
-            positions: Optional[Tensor], seqlen_offsets: Optional[Tensor], cu_seqlens: Optional[Tensor],
-            xpos_scale: Optional[Tensor], position_offset: int, rotary_dim: int, rotary_offset: int,
-            interleaved: bool, backward: bool) -> Tensor:
+
+def _rope_kernel(
+    x,
+    cos,
+    sin,
+    inv_freq,
+    positions,
+    seqlen_offsets,
+    cu_seqlens,
+    xpos_scale,
+    position_offset,
+    rotary_dim,
+    rotary_offset,
+    interleaved,
+    backward,
+):
     """x rotated into a new tensor. x is [B, H, S, D] (any strides) or packed [T, H, D]; the
     other arguments are rope_jit.rope's. xpos_scale multiplies (as for q)."""
     out = torch.empty_like(x)
-    _launch(x, None, out, None, cos, sin, inv_freq, positions, seqlen_offsets, cu_seqlens, xpos_scale,
-            position_offset, 0, rotary_dim, rotary_offset, interleaved, backward)
+    _launch(
+        x,
+        None,
+        out,
+        None,
+        cos,
+        sin,
+        inv_freq,
+        positions,
+        seqlen_offsets,
+        cu_seqlens,
+        xpos_scale,
+        position_offset,
+        0,
+        rotary_dim,
+        rotary_offset,
+        interleaved,
+        backward,
+    )
     return out
 
 
-@rope_op.register_fake
-def _rope_fake(x, cos, sin, inv_freq, positions, seqlen_offsets, cu_seqlens, xpos_scale, position_offset,
-               rotary_dim, rotary_offset, interleaved, backward):
+def _rope_fake(
+    x,
+    cos,
+    sin,
+    inv_freq,
+    positions,
+    seqlen_offsets,
+    cu_seqlens,
+    xpos_scale,
+    position_offset,
+    rotary_dim,
+    rotary_offset,
+    interleaved,
+    backward,
+):
     return torch.empty_like(x)
 
 
+rope_op = _define(
+    "rope",
+    f"(Tensor x, {_TABLES_SCHEMA}, SymInt position_offset, int rotary_dim, "
+    "int rotary_offset, bool interleaved, bool backward) -> Tensor",
+    _rope_kernel,
+    _rope_fake,
+)
+
+
 def _rope_setup_context(ctx, inputs, output):
-    (_, cos, sin, inv_freq, positions, seqlen_offsets, cu_seqlens, xpos_scale, position_offset, rotary_dim,
-     rotary_offset, interleaved, backward) = inputs
+    (
+        _,
+        cos,
+        sin,
+        inv_freq,
+        positions,
+        seqlen_offsets,
+        cu_seqlens,
+        xpos_scale,
+        position_offset,
+        rotary_dim,
+        rotary_offset,
+        interleaved,
+        backward,
+    ) = inputs
     ctx.save_for_backward(cos, sin, inv_freq, positions, seqlen_offsets, cu_seqlens, xpos_scale)
     ctx.params = (position_offset, rotary_dim, rotary_offset, interleaved, backward)
 
@@ -78,43 +196,128 @@ def _rope_backward(ctx, grad):
     position_offset, rotary_dim, rotary_offset, interleaved, backward = ctx.params
     grad_x = None
     if grad is not None:
-        grad_x = rope_op(grad, *ctx.saved_tensors, position_offset, rotary_dim, rotary_offset, interleaved,
-                         not backward)
+        grad_x = rope_op(
+            grad,
+            *ctx.saved_tensors,
+            position_offset,
+            rotary_dim,
+            rotary_offset,
+            interleaved,
+            not backward,
+        )
     return (grad_x,) + (None,) * 12
 
 
-rope_op.register_autograd(_rope_backward, setup_context=_rope_setup_context)
+torch.library.register_autograd(
+    "rope_jit::rope", _rope_backward, setup_context=_rope_setup_context, lib=_library
+)
 
 
 # ------------------------------------------------------------------------------------------
 # rope_jit::rope_qk: q and k in one launch
 # ------------------------------------------------------------------------------------------
 
-@torch.library.custom_op("rope_jit::rope_qk", mutates_args=())
-def rope_qk_op(q: Tensor, k: Tensor, cos: Optional[Tensor], sin: Optional[Tensor], inv_freq: Optional[Tensor],
-               positions: Optional[Tensor], seqlen_offsets: Optional[Tensor], cu_seqlens: Optional[Tensor],
-               xpos_scale: Optional[Tensor], position_offset: int, q_position_offset: int, rotary_dim: int,
-               rotary_offset: int, interleaved: bool, backward: bool) -> tuple[Tensor, Tensor]:
+
+def _rope_qk_kernel(
+    q,
+    k,
+    cos,
+    sin,
+    inv_freq,
+    positions,
+    seqlen_offsets,
+    cu_seqlens,
+    xpos_scale,
+    position_offset,
+    q_position_offset,
+    rotary_dim,
+    rotary_offset,
+    interleaved,
+    backward,
+):
     """q and k rotated into new tensors by one kernel. k may have fewer heads (GQA/MQA) and,
     with implicit positions, another length (cached keys; see q_position_offset). xpos_scale
     multiplies q and divides k."""
     q_out, k_out = torch.empty_like(q), torch.empty_like(k)
-    _launch(q, k, q_out, k_out, cos, sin, inv_freq, positions, seqlen_offsets, cu_seqlens, xpos_scale,
-            position_offset, q_position_offset, rotary_dim, rotary_offset, interleaved, backward)
+    _launch(
+        q,
+        k,
+        q_out,
+        k_out,
+        cos,
+        sin,
+        inv_freq,
+        positions,
+        seqlen_offsets,
+        cu_seqlens,
+        xpos_scale,
+        position_offset,
+        q_position_offset,
+        rotary_dim,
+        rotary_offset,
+        interleaved,
+        backward,
+    )
     return q_out, k_out
 
 
-@rope_qk_op.register_fake
-def _rope_qk_fake(q, k, cos, sin, inv_freq, positions, seqlen_offsets, cu_seqlens, xpos_scale, position_offset,
-                  q_position_offset, rotary_dim, rotary_offset, interleaved, backward):
+def _rope_qk_fake(
+    q,
+    k,
+    cos,
+    sin,
+    inv_freq,
+    positions,
+    seqlen_offsets,
+    cu_seqlens,
+    xpos_scale,
+    position_offset,
+    q_position_offset,
+    rotary_dim,
+    rotary_offset,
+    interleaved,
+    backward,
+):
     return torch.empty_like(q), torch.empty_like(k)
 
 
+rope_qk_op = _define(
+    "rope_qk",
+    f"(Tensor q, Tensor k, {_TABLES_SCHEMA}, SymInt position_offset, "
+    "SymInt q_position_offset, int rotary_dim, int rotary_offset, bool interleaved, "
+    "bool backward) -> (Tensor, Tensor)",
+    _rope_qk_kernel,
+    _rope_qk_fake,
+)
+
+
 def _rope_qk_setup_context(ctx, inputs, output):
-    (q, k, cos, sin, inv_freq, positions, seqlen_offsets, cu_seqlens, xpos_scale, position_offset,
-     q_position_offset, rotary_dim, rotary_offset, interleaved, backward) = inputs
+    (
+        q,
+        k,
+        cos,
+        sin,
+        inv_freq,
+        positions,
+        seqlen_offsets,
+        cu_seqlens,
+        xpos_scale,
+        position_offset,
+        q_position_offset,
+        rotary_dim,
+        rotary_offset,
+        interleaved,
+        backward,
+    ) = inputs
     ctx.save_for_backward(cos, sin, inv_freq, positions, seqlen_offsets, cu_seqlens, xpos_scale)
-    ctx.params = (position_offset, q_position_offset, rotary_dim, rotary_offset, interleaved, backward)
+    ctx.params = (
+        position_offset,
+        q_position_offset,
+        rotary_dim,
+        rotary_offset,
+        interleaved,
+        backward,
+    )
     ctx.input_specs = ((q.shape, q.dtype, q.device), (k.shape, k.dtype, k.device))
 
 
@@ -127,50 +330,321 @@ def _rope_qk_backward(ctx, grad_q, grad_k):
         grad_q = torch.zeros(q_shape, dtype=q_dtype, device=q_device)
     if grad_k is None:
         grad_k = torch.zeros(k_shape, dtype=k_dtype, device=k_device)
-    position_offset, q_position_offset, rotary_dim, rotary_offset, interleaved, backward = ctx.params
-    grad_q, grad_k = rope_qk_op(grad_q, grad_k, *ctx.saved_tensors, position_offset, q_position_offset,
-                                rotary_dim, rotary_offset, interleaved, not backward)
+    position_offset, q_position_offset, rotary_dim, rotary_offset, interleaved, backward = (
+        ctx.params
+    )
+    grad_q, grad_k = rope_qk_op(
+        grad_q,
+        grad_k,
+        *ctx.saved_tensors,
+        position_offset,
+        q_position_offset,
+        rotary_dim,
+        rotary_offset,
+        interleaved,
+        not backward,
+    )
     return (grad_q, grad_k) + (None,) * 13
 
 
-rope_qk_op.register_autograd(_rope_qk_backward, setup_context=_rope_qk_setup_context)
+torch.library.register_autograd(
+    "rope_jit::rope_qk", _rope_qk_backward, setup_context=_rope_qk_setup_context, lib=_library
+)
 
 
 # ------------------------------------------------------------------------------------------
 # In-place variants (inference: no autograd)
 # ------------------------------------------------------------------------------------------
 
-@torch.library.custom_op("rope_jit::rope_", mutates_args=("x",))
-def rope_inplace_op(x: Tensor, cos: Optional[Tensor], sin: Optional[Tensor], inv_freq: Optional[Tensor],
-                    positions: Optional[Tensor], seqlen_offsets: Optional[Tensor], cu_seqlens: Optional[Tensor],
-                    xpos_scale: Optional[Tensor], position_offset: int, rotary_dim: int, rotary_offset: int,
-                    interleaved: bool, backward: bool) -> None:
+
+def _rope_inplace_kernel(
+    x,
+    cos,
+    sin,
+    inv_freq,
+    positions,
+    seqlen_offsets,
+    cu_seqlens,
+    xpos_scale,
+    position_offset,
+    rotary_dim,
+    rotary_offset,
+    interleaved,
+    backward,
+):
     """rope_jit::rope, written into x."""
-    _launch(x, None, None, None, cos, sin, inv_freq, positions, seqlen_offsets, cu_seqlens, xpos_scale,
-            position_offset, 0, rotary_dim, rotary_offset, interleaved, backward)
+    _launch(
+        x,
+        None,
+        None,
+        None,
+        cos,
+        sin,
+        inv_freq,
+        positions,
+        seqlen_offsets,
+        cu_seqlens,
+        xpos_scale,
+        position_offset,
+        0,
+        rotary_dim,
+        rotary_offset,
+        interleaved,
+        backward,
+    )
 
 
-@rope_inplace_op.register_fake
-def _rope_inplace_fake(x, cos, sin, inv_freq, positions, seqlen_offsets, cu_seqlens, xpos_scale, position_offset,
-                       rotary_dim, rotary_offset, interleaved, backward):
+def _rope_inplace_fake(
+    x,
+    cos,
+    sin,
+    inv_freq,
+    positions,
+    seqlen_offsets,
+    cu_seqlens,
+    xpos_scale,
+    position_offset,
+    rotary_dim,
+    rotary_offset,
+    interleaved,
+    backward,
+):
     return None
 
 
-@torch.library.custom_op("rope_jit::rope_qk_", mutates_args=("q", "k"))
-def rope_qk_inplace_op(q: Tensor, k: Tensor, cos: Optional[Tensor], sin: Optional[Tensor],
-                       inv_freq: Optional[Tensor], positions: Optional[Tensor], seqlen_offsets: Optional[Tensor],
-                       cu_seqlens: Optional[Tensor], xpos_scale: Optional[Tensor], position_offset: int,
-                       q_position_offset: int, rotary_dim: int, rotary_offset: int, interleaved: bool,
-                       backward: bool) -> None:
+rope_inplace_op = _define(
+    "rope_",
+    f"(Tensor(a!) x, {_TABLES_SCHEMA}, SymInt position_offset, int rotary_dim, "
+    "int rotary_offset, bool interleaved, bool backward) -> ()",
+    _rope_inplace_kernel,
+    _rope_inplace_fake,
+)
+
+
+def _rope_qk_inplace_kernel(
+    q,
+    k,
+    cos,
+    sin,
+    inv_freq,
+    positions,
+    seqlen_offsets,
+    cu_seqlens,
+    xpos_scale,
+    position_offset,
+    q_position_offset,
+    rotary_dim,
+    rotary_offset,
+    interleaved,
+    backward,
+):
     """rope_jit::rope_qk, written into q and k."""
-    _launch(q, k, None, None, cos, sin, inv_freq, positions, seqlen_offsets, cu_seqlens, xpos_scale,
-            position_offset, q_position_offset, rotary_dim, rotary_offset, interleaved, backward)
+    _launch(
+        q,
+        k,
+        None,
+        None,
+        cos,
+        sin,
+        inv_freq,
+        positions,
+        seqlen_offsets,
+        cu_seqlens,
+        xpos_scale,
+        position_offset,
+        q_position_offset,
+        rotary_dim,
+        rotary_offset,
+        interleaved,
+        backward,
+    )
 
 
-@rope_qk_inplace_op.register_fake
-def _rope_qk_inplace_fake(q, k, cos, sin, inv_freq, positions, seqlen_offsets, cu_seqlens, xpos_scale,
-                          position_offset, q_position_offset, rotary_dim, rotary_offset, interleaved, backward):
+def _rope_qk_inplace_fake(
+    q,
+    k,
+    cos,
+    sin,
+    inv_freq,
+    positions,
+    seqlen_offsets,
+    cu_seqlens,
+    xpos_scale,
+    position_offset,
+    q_position_offset,
+    rotary_dim,
+    rotary_offset,
+    interleaved,
+    backward,
+):
     return None
+
+
+rope_qk_inplace_op = _define(
+    "rope_qk_",
+    f"(Tensor(a!) q, Tensor(b!) k, {_TABLES_SCHEMA}, SymInt position_offset, "
+    "SymInt q_position_offset, int rotary_dim, int rotary_offset, "
+    "bool interleaved, bool backward) -> ()",
+    _rope_qk_inplace_kernel,
+    _rope_qk_inplace_fake,
+)
+
+
+# ------------------------------------------------------------------------------------------
+# The eager hot path: straight to the library through a plan (see _plans.py)
+# ------------------------------------------------------------------------------------------
+#
+# In eager mode apply_rope skips the dispatcher: with autograd it is one autograd.Function
+# whose forward and backward call the library through a plan, else one plan call. Used only
+# where the ops would do exactly the same: plain torch tensors, no torch.compile tracing, no
+# TorchDispatchMode (FakeTensorMode, FlopCounterMode...) on the stack; elsewhere the ops run.
+
+
+class _Call:
+    """What a forward resolved (tables, scalars, runtime), kept for its backward."""
+
+    __slots__ = (
+        "tables",
+        "position_offset",
+        "q_position_offset",
+        "rotary_dim",
+        "rotary_offset",
+        "style",
+        "layout",
+        "backward",
+        "runtime",
+    )
+
+    def __init__(
+        self,
+        tables,
+        position_offset,
+        q_position_offset,
+        rotary_dim,
+        rotary_offset,
+        style,
+        layout,
+        backward,
+        runtime,
+    ):
+        self.tables, self.position_offset, self.q_position_offset = (
+            tables,
+            position_offset,
+            q_position_offset,
+        )
+        self.rotary_dim, self.rotary_offset, self.style = rotary_dim, rotary_offset, style
+        self.layout, self.backward, self.runtime = layout, backward, runtime
+
+    def launch(self, q, k, backward, inplace=False):
+        """(q_out, k_out): q and k rotated (inversely with `backward`) into new tensors, or
+        into q and k with `inplace` (then q_out and k_out are None)."""
+        if inplace:
+            q_out = k_out = None
+        else:
+            q_out = torch.empty_like(q)
+            k_out = None if k is None else torch.empty_like(k)
+        cos, sin, inv_freq, positions, seqlen_offsets, cu_seqlens, xpos_scale = self.tables
+        values = (
+            q,
+            k,
+            q_out,
+            k_out,
+            cos,
+            sin,
+            inv_freq,
+            positions,
+            seqlen_offsets,
+            cu_seqlens,
+            xpos_scale,
+            None,
+            None,
+            None,
+        )
+        if not _plans.call(
+            self.runtime,
+            values,
+            self.layout,
+            self.position_offset,
+            self.q_position_offset,
+            self.rotary_dim,
+            self.rotary_offset,
+            self.style,
+            backward,
+            None,
+            False,
+            None,
+        ):
+            _rope(
+                q,
+                k,
+                q_out=q_out,
+                k_out=k_out,
+                cos=cos,
+                sin=sin,
+                inv_freq=inv_freq,
+                positions=positions,
+                seqlen_offsets=seqlen_offsets,
+                cu_seqlens=cu_seqlens,
+                xpos_scale=xpos_scale,
+                position_offset=self.position_offset,
+                q_position_offset=self.q_position_offset,
+                rotary_dim=self.rotary_dim,
+                rotary_offset=self.rotary_offset,
+                style=self.style,
+                backward=backward,
+                layout=self.layout,
+                runtime=self.runtime,
+            )
+        return q_out, k_out
+
+
+class _RopeFunction(torch.autograd.Function):
+    """apply_rope's autograd in eager mode: forward and backward are one library call each.
+    Its backward is itself differentiable (double backward) through this Function."""
+
+    @staticmethod
+    def forward(ctx, q, k, call):
+        ctx.call = call
+        q_out, k_out = call.launch(q, k, call.backward)
+        return q_out if k is None else (q_out, k_out)
+
+    @staticmethod
+    def backward(ctx, grad_q, grad_k=None):
+        # Outputs that did not reach the loss come as zeros (materialize_grads), never None.
+        call = ctx.call
+        if torch.is_grad_enabled():  # create_graph: the gradient's own graph
+            inverse = _Call(
+                call.tables,
+                call.position_offset,
+                call.q_position_offset,
+                call.rotary_dim,
+                call.rotary_offset,
+                call.style,
+                call.layout,
+                not call.backward,
+                call.runtime,
+            )
+            grads = _RopeFunction.apply(grad_q, grad_k, inverse)
+            return (grads, None, None) if grad_k is None else (grads[0], grads[1], None)
+        grad_q, grad_k = call.launch(grad_q, grad_k, not call.backward)
+        return grad_q, grad_k, None
+
+
+_dispatch_stack_depth = torch._C._len_torch_dispatch_stack
+_is_compiling = torch.compiler.is_compiling
+_TENSOR = torch.Tensor
+
+
+def _eager_fast_path_applies(q, k, tables):
+    if _is_compiling() or _dispatch_stack_depth():
+        return False
+    types = _plans.TORCH_TENSOR_TYPES or _plans.torch_types()
+    if type(q) not in types or (k is not None and type(k) not in types):
+        return False
+    for table in tables:
+        if table is not None and type(table) not in types:
+            return False
+    return True
 
 
 # ------------------------------------------------------------------------------------------
@@ -185,12 +659,30 @@ def _refuse_table_grads(tables):
         if table is not None and table.requires_grad:
             raise NotImplementedError(
                 f"{name} requires grad, but rope-jit computes gradients for q and k only: pass "
-                f"{name}.detach(), or use a plain PyTorch RoPE where {name} must be learned")
+                f"{name}.detach(), or use a plain PyTorch RoPE where {name} must be learned"
+            )
 
 
-def apply_rope(q, k=None, cos=None, sin=None, *, inv_freq=None, positions=None, seqlen_offsets=None,
-               cu_seqlens=None, position_offset=0, q_position_offset=0, rotary_dim=0, rotary_offset=0,
-               style="half", layout="bhsd", xpos_scale=None, inplace=False, backward=False):
+def apply_rope(
+    q,
+    k=None,
+    cos=None,
+    sin=None,
+    *,
+    inv_freq=None,
+    positions=None,
+    seqlen_offsets=None,
+    cu_seqlens=None,
+    position_offset=0,
+    q_position_offset=0,
+    rotary_dim=0,
+    rotary_offset=0,
+    style="half",
+    layout="bhsd",
+    xpos_scale=None,
+    inplace=False,
+    backward=False,
+):
     """Rotary position embeddings for torch tensors, differentiable and torch.compile-able.
 
     Arguments are rope_jit.rope's (see there for shapes and position rules), with torch tensors:
@@ -203,14 +695,52 @@ def apply_rope(q, k=None, cos=None, sin=None, *, inv_freq=None, positions=None, 
 
     Returns the rotated q when k is None, else (q, k). Gradients flow to q and k through the
     library's backward kernel; tables must not require grad.
+
+    In eager mode the call goes to the library directly (an argument struct built once per
+    signature, see _plans.py; one autograd.Function when gradients are recorded); under
+    torch.compile, export or a dispatch mode it is the rope_jit:: ops.
     """
     if style not in ("half", "interleaved"):
         raise ValueError(f"style: expected 'half' or 'interleaved', got {style!r}")
     if layout not in LAYOUTS:
         raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
-    _refuse_table_grads({"cos": cos, "sin": sin, "inv_freq": inv_freq, "xpos_scale": xpos_scale})
-    interleaved = style == "interleaved"
     tables = (cos, sin, inv_freq, positions, seqlen_offsets, cu_seqlens, xpos_scale)
+    grad_mode = torch.is_grad_enabled()
+    if grad_mode:
+        _refuse_table_grads(
+            {"cos": cos, "sin": sin, "inv_freq": inv_freq, "xpos_scale": xpos_scale}
+        )
+    records_grad = grad_mode and (q.requires_grad or (k is not None and k.requires_grad))
+
+    if _eager_fast_path_applies(q, k, tables):
+        if k is None:  # without k, q's own offset simply adds to the common one
+            position_offset, q_position_offset = position_offset + q_position_offset, 0
+        call = _Call(
+            tables,
+            position_offset,
+            q_position_offset,
+            rotary_dim,
+            rotary_offset,
+            style,
+            layout,
+            backward,
+            default_runtime(),
+        )
+        if inplace and not records_grad:
+            call.launch(q, k, backward, inplace=True)
+            return q if k is None else (q, k)
+        if records_grad:
+            rotated = _RopeFunction.apply(q, k, call)
+        else:
+            q_out, k_out = call.launch(q, k, backward)
+            rotated = q_out if k is None else (q_out, k_out)
+        if not inplace:
+            return rotated
+        if k is None:
+            return q.copy_(rotated)
+        return q.copy_(rotated[0]), k.copy_(rotated[1])
+
+    interleaved = style == "interleaved"
 
     def to_api(name, tensor):
         # The C API takes [B, H, S, D] in that logical order: a bshd tensor goes as its
@@ -218,38 +748,88 @@ def apply_rope(q, k=None, cos=None, sin=None, *, inv_freq=None, positions=None, 
         if layout != "bshd":
             return tensor
         if tensor.dim() != 4:
-            raise ValueError(f"{name}: layout bshd needs 4 dimensions [B, S, H, D], got {list(tensor.shape)}")
+            raise ValueError(
+                f"{name}: layout bshd needs 4 dimensions [B, S, H, D], got {list(tensor.shape)}"
+            )
         return tensor.transpose(1, 2)
 
-    from_api = (lambda tensor: tensor.transpose(1, 2)) if layout == "bshd" else (lambda tensor: tensor)
+    from_api = (
+        (lambda tensor: tensor.transpose(1, 2)) if layout == "bshd" else (lambda tensor: tensor)
+    )
     q_api = to_api("q", q)
     k_api = None if k is None else to_api("k", k)
 
     if inplace:
-        records_grad = torch.is_grad_enabled() and (q.requires_grad or (k is not None and k.requires_grad))
         if records_grad:
-            rotated = apply_rope(q, k, cos, sin, inv_freq=inv_freq, positions=positions,
-                                 seqlen_offsets=seqlen_offsets, cu_seqlens=cu_seqlens,
-                                 position_offset=position_offset, q_position_offset=q_position_offset,
-                                 rotary_dim=rotary_dim, rotary_offset=rotary_offset, style=style, layout=layout,
-                                 xpos_scale=xpos_scale, backward=backward)
+            rotated = apply_rope(
+                q,
+                k,
+                cos,
+                sin,
+                inv_freq=inv_freq,
+                positions=positions,
+                seqlen_offsets=seqlen_offsets,
+                cu_seqlens=cu_seqlens,
+                position_offset=position_offset,
+                q_position_offset=q_position_offset,
+                rotary_dim=rotary_dim,
+                rotary_offset=rotary_offset,
+                style=style,
+                layout=layout,
+                xpos_scale=xpos_scale,
+                backward=backward,
+            )
             if k is None:
                 return q.copy_(rotated)
             return q.copy_(rotated[0]), k.copy_(rotated[1])
         if k is None:
-            rope_inplace_op(q_api, *tables, position_offset + q_position_offset, rotary_dim, rotary_offset,
-                            interleaved, backward)
+            rope_inplace_op(
+                q_api,
+                *tables,
+                position_offset + q_position_offset,
+                rotary_dim,
+                rotary_offset,
+                interleaved,
+                backward,
+            )
             return q
-        rope_qk_inplace_op(q_api, k_api, *tables, position_offset, q_position_offset, rotary_dim, rotary_offset,
-                           interleaved, backward)
+        rope_qk_inplace_op(
+            q_api,
+            k_api,
+            *tables,
+            position_offset,
+            q_position_offset,
+            rotary_dim,
+            rotary_offset,
+            interleaved,
+            backward,
+        )
         return q, k
 
     if k is None:
         # Without k, q's own offset simply adds to the common one.
-        return from_api(rope_op(q_api, *tables, position_offset + q_position_offset, rotary_dim, rotary_offset,
-                                interleaved, backward))
-    q_out, k_out = rope_qk_op(q_api, k_api, *tables, position_offset, q_position_offset, rotary_dim,
-                              rotary_offset, interleaved, backward)
+        return from_api(
+            rope_op(
+                q_api,
+                *tables,
+                position_offset + q_position_offset,
+                rotary_dim,
+                rotary_offset,
+                interleaved,
+                backward,
+            )
+        )
+    q_out, k_out = rope_qk_op(
+        q_api,
+        k_api,
+        *tables,
+        position_offset,
+        q_position_offset,
+        rotary_dim,
+        rotary_offset,
+        interleaved,
+        backward,
+    )
     return from_api(q_out), from_api(k_out)
 
 
@@ -257,40 +837,87 @@ def apply_rope(q, k=None, cos=None, sin=None, *, inv_freq=None, positions=None, 
 # rope_jit::attention: attention with rotary fused in (when the library has it)
 # ------------------------------------------------------------------------------------------
 
-@torch.library.custom_op("rope_jit::attention", mutates_args=())
-def attention_op(q: Tensor, k: Tensor, v: Tensor, cos: Optional[Tensor], sin: Optional[Tensor],
-                 pos_mask: Optional[Tensor], attn_mask: Optional[Tensor], causal: bool, scale: float,
-                 rotary_dim: int, interleaved: bool) -> tuple[Tensor, Tensor]:
+
+def _attention_kernel(
+    q, k, v, cos, sin, pos_mask, attn_mask, causal, scale, rotary_dim, interleaved
+):
     """(out, lse): rope_jit.attention into new tensors; lse [B, Hq, Sq] float32."""
     out = torch.empty_like(q)
     lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
-    _call_attention(q, k, v, out, cos=cos, sin=sin, pos_mask=pos_mask, attn_mask=attn_mask, causal=causal,
-                    scale=scale, rotary_dim=rotary_dim, style="interleaved" if interleaved else "half", lse=lse)
+    _call_attention(
+        q,
+        k,
+        v,
+        out,
+        cos=cos,
+        sin=sin,
+        pos_mask=pos_mask,
+        attn_mask=attn_mask,
+        causal=causal,
+        scale=scale,
+        rotary_dim=rotary_dim,
+        style="interleaved" if interleaved else "half",
+        lse=lse,
+    )
     return out, lse
 
 
-@attention_op.register_fake
 def _attention_fake(q, k, v, cos, sin, pos_mask, attn_mask, causal, scale, rotary_dim, interleaved):
     return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
-@torch.library.custom_op("rope_jit::attention_backward", mutates_args=())
-def attention_backward_op(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
-                          cos: Optional[Tensor], sin: Optional[Tensor], pos_mask: Optional[Tensor],
-                          attn_mask: Optional[Tensor], causal: bool, scale: float, rotary_dim: int,
-                          interleaved: bool) -> tuple[Tensor, Tensor, Tensor]:
+_ATTENTION_SCHEMA = (
+    "Tensor? cos, Tensor? sin, Tensor? pos_mask, Tensor? attn_mask, bool causal, float scale, "
+    "int rotary_dim, bool interleaved"
+)
+attention_op = _define(
+    "attention",
+    f"(Tensor q, Tensor k, Tensor v, {_ATTENTION_SCHEMA}) -> (Tensor, Tensor)",
+    _attention_kernel,
+    _attention_fake,
+)
+
+
+def _attention_backward_kernel(
+    dout, q, k, v, out, lse, cos, sin, pos_mask, attn_mask, causal, scale, rotary_dim, interleaved
+):
     """(dq, dk, dv) of rope_jit::attention, by the library's backward kernel."""
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    _call_attention_backward(q, k, v, out, lse, dout, dq, dk, dv, cos=cos, sin=sin, pos_mask=pos_mask,
-                             attn_mask=attn_mask, causal=causal, scale=scale, rotary_dim=rotary_dim,
-                             style="interleaved" if interleaved else "half")
+    _call_attention_backward(
+        q,
+        k,
+        v,
+        out,
+        lse,
+        dout,
+        dq,
+        dk,
+        dv,
+        cos=cos,
+        sin=sin,
+        pos_mask=pos_mask,
+        attn_mask=attn_mask,
+        causal=causal,
+        scale=scale,
+        rotary_dim=rotary_dim,
+        style="interleaved" if interleaved else "half",
+    )
     return dq, dk, dv
 
 
-@attention_backward_op.register_fake
-def _attention_backward_fake(dout, q, k, v, out, lse, cos, sin, pos_mask, attn_mask, causal, scale, rotary_dim,
-                             interleaved):
+def _attention_backward_fake(
+    dout, q, k, v, out, lse, cos, sin, pos_mask, attn_mask, causal, scale, rotary_dim, interleaved
+):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+attention_backward_op = _define(
+    "attention_backward",
+    f"(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, {_ATTENTION_SCHEMA}) "
+    "-> (Tensor, Tensor, Tensor)",
+    _attention_backward_kernel,
+    _attention_backward_fake,
+)
 
 
 def _attention_setup_context(ctx, inputs, output):
@@ -306,15 +933,32 @@ def _attention_backward(ctx, grad_out, grad_lse):
     q, k, v, out, lse, cos, sin, pos_mask, attn_mask = ctx.saved_tensors
     if grad_out is None:
         return (None,) * 11
-    dq, dk, dv = attention_backward_op(grad_out, q, k, v, out, lse, cos, sin, pos_mask, attn_mask, *ctx.params)
+    dq, dk, dv = attention_backward_op(
+        grad_out, q, k, v, out, lse, cos, sin, pos_mask, attn_mask, *ctx.params
+    )
     return (dq, dk, dv) + (None,) * 8
 
 
-attention_op.register_autograd(_attention_backward, setup_context=_attention_setup_context)
+torch.library.register_autograd(
+    "rope_jit::attention", _attention_backward, setup_context=_attention_setup_context, lib=_library
+)
 
 
-def attention(q, k, v, cos=None, sin=None, *, pos_mask=None, attn_mask=None, causal=False, scale=0.0,
-              rotary_dim=0, style="half", return_lse=False):
+def attention(
+    q,
+    k,
+    v,
+    cos=None,
+    sin=None,
+    *,
+    pos_mask=None,
+    attn_mask=None,
+    causal=False,
+    scale=0.0,
+    rotary_dim=0,
+    style="half",
+    return_lse=False,
+):
     """Attention with rotary fused in, for torch tensors, differentiable (the library's
     backward kernel) and torch.compile-able. Arguments are rope_jit.attention's: q [B, Hq, Sq,
     D], k and v [B, Hk, Sk, D], cos/sin [P, R/2] or [P, R] or None, pos_mask, attn_mask, causal
@@ -325,7 +969,20 @@ def attention(q, k, v, cos=None, sin=None, *, pos_mask=None, attn_mask=None, cau
         raise ValueError(f"style: expected 'half' or 'interleaved', got {style!r}")
     _refuse_table_grads({"cos": cos, "sin": sin})
     if not torch.compiler.is_compiling() and not _has_attention():
-        raise NotImplementedError("rope_jit.attention: the loaded librope_jit has no rope_jit_attention")
-    out, lse = attention_op(q, k, v, cos, sin, pos_mask, attn_mask, bool(causal), float(scale), int(rotary_dim),
-                            style == "interleaved")
+        raise NotImplementedError(
+            "rope_jit.attention: the loaded librope_jit has no rope_jit_attention"
+        )
+    out, lse = attention_op(
+        q,
+        k,
+        v,
+        cos,
+        sin,
+        pos_mask,
+        attn_mask,
+        bool(causal),
+        float(scale),
+        int(rotary_dim),
+        style == "interleaved",
+    )
     return (out, lse) if return_lse else out

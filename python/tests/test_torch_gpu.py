@@ -60,8 +60,12 @@ def test_the_rope_op_is_captured_in_a_cuda_graph_and_replays_with_new_inputs():
         graph.replay()
         torch.cuda.synchronize()
         rows = torch.arange(32, device=DEVICE)
-        torch.testing.assert_close(out_q.float(), rope_torch(static_q, cos, sin, rows), rtol=1.6e-2, atol=1.6e-2)
-        torch.testing.assert_close(out_k.float(), rope_torch(static_k, cos, sin, rows), rtol=1.6e-2, atol=1.6e-2)
+        torch.testing.assert_close(
+            out_q.float(), rope_torch(static_q, cos, sin, rows), rtol=1.6e-2, atol=1.6e-2
+        )
+        torch.testing.assert_close(
+            out_k.float(), rope_torch(static_k, cos, sin, rows), rtol=1.6e-2, atol=1.6e-2
+        )
 
 
 def test_torch_compile_with_cuda_graphs_gives_the_eager_values():
@@ -88,8 +92,12 @@ def test_llama_shapes_match_plain_pytorch_with_gradients(dtype):
     batch, seq_len, heads_q, heads_k, head_dim = 4, 4096, 32, 8, 128
     position_ids = torch.arange(seq_len, device=DEVICE)
     cos, sin = hf_tables(position_ids, head_dim, theta=500000.0, dtype=dtype)
-    q = torch.randn(batch, seq_len, heads_q, head_dim, device=DEVICE, dtype=dtype, requires_grad=True)
-    k = torch.randn(batch, seq_len, heads_k, head_dim, device=DEVICE, dtype=dtype, requires_grad=True)
+    q = torch.randn(
+        batch, seq_len, heads_q, head_dim, device=DEVICE, dtype=dtype, requires_grad=True
+    )
+    k = torch.randn(
+        batch, seq_len, heads_k, head_dim, device=DEVICE, dtype=dtype, requires_grad=True
+    )
     q_out, k_out = rope_jit.apply_rope(q, k, cos, sin, layout="bshd")
     q_ref = q.detach().transpose(1, 2).requires_grad_(True)
     k_ref = k.detach().transpose(1, 2).requires_grad_(True)
@@ -102,8 +110,12 @@ def test_llama_shapes_match_plain_pytorch_with_gradients(dtype):
     torch.autograd.backward([q_out, k_out], [grad_q, grad_k])
     torch.autograd.backward([q_expected, k_expected], [grad_q.float(), grad_k.float()])
     # The reference's leaves have the input dtype, so their gradients were rounded to it too.
-    torch.testing.assert_close(q.grad.float(), q_ref.grad.float().transpose(1, 2), rtol=tolerance, atol=tolerance)
-    torch.testing.assert_close(k.grad.float(), k_ref.grad.float().transpose(1, 2), rtol=tolerance, atol=tolerance)
+    torch.testing.assert_close(
+        q.grad.float(), q_ref.grad.float().transpose(1, 2), rtol=tolerance, atol=tolerance
+    )
+    torch.testing.assert_close(
+        k.grad.float(), k_ref.grad.float().transpose(1, 2), rtol=tolerance, atol=tolerance
+    )
 
 
 ROPE_CASES = cases("rope")
@@ -117,16 +129,35 @@ def test_each_golden_rope_case_matches_on_the_gpu_through_torch(case):
     q_position_offset = 0
     if "q_position_offset" in inputs:
         q_position_offset = int(inputs.pop("q_position_offset")[0]) - position_offset
-    arguments = {name: inputs[name] for name in ("positions", "seqlen_offsets", "cu_seqlens") if name in inputs}
+    arguments = {
+        name: inputs[name]
+        for name in ("positions", "seqlen_offsets", "cu_seqlens")
+        if name in inputs
+    }
     if params.get("xpos"):
         arguments["xpos_scale"] = inputs["xpos_scale"]
-    got = rope_jit.apply_rope(inputs["q"], inputs.get("k"), inputs["cos"], inputs["sin"], layout=params["layout"],
-                              style=params["style"], rotary_dim=params["rotary_dim"],
-                              rotary_offset=params.get("rotary_offset", 0), backward=params["backward"],
-                              position_offset=position_offset, q_position_offset=q_position_offset, **arguments)
+    got = rope_jit.apply_rope(
+        inputs["q"],
+        inputs.get("k"),
+        inputs["cos"],
+        inputs["sin"],
+        layout=params["layout"],
+        style=params["style"],
+        rotary_dim=params["rotary_dim"],
+        rotary_offset=params.get("rotary_offset", 0),
+        backward=params["backward"],
+        position_offset=position_offset,
+        q_position_offset=q_position_offset,
+        **arguments,
+    )
     got = {"q": got} if "k" not in inputs else {"q": got[0], "k": got[1]}
     for name, (array, dtype) in load_all(case["outputs"]).items():
-        assert_close(to_numpy_float(got[name]), as_float(array, dtype), case["tolerance"], f"{case['name']} {name}")
+        assert_close(
+            to_numpy_float(got[name]),
+            as_float(array, dtype),
+            case["tolerance"],
+            f"{case['name']} {name}",
+        )
 
 
 ATTENTION_CASES = cases("attention")
@@ -139,9 +170,18 @@ def test_each_golden_attention_case_matches_on_the_gpu_through_torch(case):
     params = case["params"]
     inputs = {name: from_numpy(*value) for name, value in load_all(case["inputs"]).items()}
     optional = {name: inputs[name] for name in ("pos_mask", "attn_mask") if name in inputs}
-    out = rope_jit.torch_ops.attention(inputs["q"], inputs["k"], inputs["v"], inputs["cos"], inputs["sin"],
-                                       causal=params["causal"], scale=params["scale"], rotary_dim=params["rotary_dim"],
-                                       style=params["style"], **optional)
+    out = rope_jit.torch_ops.attention(
+        inputs["q"],
+        inputs["k"],
+        inputs["v"],
+        inputs["cos"],
+        inputs["sin"],
+        causal=params["causal"],
+        scale=params["scale"],
+        rotary_dim=params["rotary_dim"],
+        style=params["style"],
+        **optional,
+    )
     expected, dtype = load_all(case["outputs"])["out"]
     assert_close(to_numpy_float(out), as_float(expected, dtype), case["tolerance"], case["name"])
 
@@ -154,4 +194,101 @@ def test_tensors_on_another_gpu_run_on_that_gpu_and_its_current_stream():
     with torch.cuda.device(0):
         out = rope_jit.apply_rope(q, cos=cos, sin=sin)
     torch.cuda.synchronize(1)
-    torch.testing.assert_close(out, rope_torch(q, cos, sin, torch.arange(16, device="cuda:1")), rtol=2e-5, atol=2e-5)
+    torch.testing.assert_close(
+        out, rope_torch(q, cos, sin, torch.arange(16, device="cuda:1")), rtol=2e-5, atol=2e-5
+    )
+
+
+def _bshd_inputs(seed, batch=2, seq=64, heads_q=8, heads_k=2, head_dim=64, dtype=torch.bfloat16):
+    generator = torch.Generator(device=DEVICE).manual_seed(seed)
+    q = torch.randn(batch, seq, heads_q, head_dim, device=DEVICE, dtype=dtype, generator=generator)
+    k = torch.randn(batch, seq, heads_k, head_dim, device=DEVICE, dtype=dtype, generator=generator)
+    return q, k
+
+
+def test_forward_and_backward_through_the_eager_fast_path_make_no_host_synchronization():
+    cos, sin = hf_tables(torch.arange(64, device=DEVICE), 64, dtype=torch.bfloat16)
+    q, k = (t.requires_grad_(True) for t in _bshd_inputs(0))
+    offsets = torch.tensor([0, 5], device=DEVICE)
+    # Kernels compile and load outside the check (the check sees PyTorch's CUDA calls only).
+    rope_jit.apply_rope(q, k, cos, sin, layout="bshd")
+    rope_jit.apply_rope(
+        q.detach()[:, :32], k.detach()[:, :32], cos, sin, seqlen_offsets=offsets, layout="bshd"
+    )
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(3):
+            out_q, out_k = rope_jit.apply_rope(q, k, cos, sin, layout="bshd")
+            torch.autograd.backward((out_q, out_k), (out_q.detach(), out_k.detach()))
+            rope_jit.apply_rope(
+                q.detach()[:, :32],
+                k.detach()[:, :32],
+                cos,
+                sin,
+                seqlen_offsets=offsets,
+                layout="bshd",
+            )
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    torch.cuda.synchronize()
+
+
+def test_eager_forward_and_backward_are_captured_in_a_cuda_graph_and_replay_with_new_inputs():
+    cos, sin = hf_tables(torch.arange(64, device=DEVICE), 64, dtype=torch.bfloat16)
+    static_q, static_k = (t.requires_grad_(True) for t in _bshd_inputs(1))
+    static_grad_q, static_grad_k = (t.detach() for t in _bshd_inputs(2))
+
+    def step():
+        out_q, out_k = rope_jit.apply_rope(static_q, static_k, cos, sin, layout="bshd")
+        grad_q, grad_k = torch.autograd.grad(
+            (out_q, out_k), (static_q, static_k), (static_grad_q, static_grad_k)
+        )
+        return out_q, out_k, grad_q, grad_k
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outputs = step()
+    for seed in range(3, 6):
+        q, k = _bshd_inputs(seed)
+        grad_q, grad_k = _bshd_inputs(seed + 10)
+        with torch.no_grad():
+            static_q.copy_(q)
+            static_k.copy_(k)
+        static_grad_q.copy_(grad_q)
+        static_grad_k.copy_(grad_k)
+        graph.replay()
+        q_ref, k_ref = q.clone().requires_grad_(True), k.clone().requires_grad_(True)
+        expected = rope_jit.apply_rope(q_ref, k_ref, cos, sin, layout="bshd")
+        expected_grads = torch.autograd.grad(expected, (q_ref, k_ref), (grad_q, grad_k))
+        for got, want in zip(outputs, (*expected, *expected_grads)):
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_torch_compile_reduce_overhead_fullgraph_forward_and_backward():
+    cos, sin = hf_tables(torch.arange(64, device=DEVICE), 64, dtype=torch.bfloat16)
+
+    def block(q, k):
+        q, k = rope_jit.apply_rope(q, k, cos, sin, layout="bshd")
+        return (q.float() * 0.5).sum() + (k.float() ** 2).sum()
+
+    compiled = torch.compile(block, mode="reduce-overhead", fullgraph=True)
+    for seed in range(4):  # warm-up runs, then replays of the recorded graphs
+        q, k = (t.requires_grad_(True) for t in _bshd_inputs(20 + seed))
+        got = compiled(q, k)
+        got.backward()
+        q_ref, k_ref = q.detach().clone().requires_grad_(True), k.detach().clone().requires_grad_(
+            True
+        )
+        want = block(q_ref, k_ref)
+        want.backward()
+        # Inductor fuses the loss around the op and may round bf16 intermediates differently.
+        torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-2)
+        torch.testing.assert_close(q.grad, q_ref.grad, rtol=1.6e-2, atol=1.6e-2)
+        torch.testing.assert_close(k.grad, k_ref.grad, rtol=1.6e-2, atol=1.6e-2)

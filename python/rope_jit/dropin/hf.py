@@ -26,7 +26,9 @@ def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
     if isinstance(position_ids, int) and not isinstance(position_ids, bool):
         position_ids, unsqueeze_dim = None, position_ids
     if unsqueeze_dim not in (1, 2, -3, -2):
-        raise ValueError(f"unsqueeze_dim: expected 1 ([B, H, S, D]) or 2 ([B, S, H, D]), got {unsqueeze_dim}")
+        raise ValueError(
+            f"unsqueeze_dim: expected 1 ([B, H, S, D]) or 2 ([B, S, H, D]), got {unsqueeze_dim}"
+        )
     layout = "bhsd" if unsqueeze_dim in (1, -3) else "bshd"
     seq_len = q.shape[2] if layout == "bhsd" else q.shape[1]
     batch = q.shape[0]
@@ -37,26 +39,67 @@ def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
         positions = position_ids
     elif cos.dim() == 3:
         if cos.shape[1] != seq_len:
-            raise ValueError(f"cos: {cos.shape[1]} positions for {seq_len} tokens (shape {list(cos.shape)})")
+            raise ValueError(
+                f"cos: {cos.shape[1]} positions for {seq_len} tokens (shape {list(cos.shape)})"
+            )
         if cos.shape[0] == 1 or cos.stride(0) == 0:
             # One row per token, shared by the batch.
             table_cos, table_sin = cos[0], sin[0]
         else:
             # One table per sequence: stacked into [B*S, R], sequence b starting at row b*S.
             table_cos, table_sin = cos.reshape(-1, cos.shape[-1]), sin.reshape(-1, sin.shape[-1])
-            seqlen_offsets = torch.arange(batch, device=q.device, dtype=torch.int64) * seq_len
+            seqlen_offsets = _sequence_starts(batch, seq_len, q.device)
     else:
-        raise ValueError(f"cos: expected [B, S, R], [S, R] or a [P, R] table, got shape {list(cos.shape)}")
+        raise ValueError(
+            f"cos: expected [B, S, R], [S, R] or a [P, R] table, got shape {list(cos.shape)}"
+        )
     rotary_dim = table_cos.shape[-1]
     heads_q = q.shape[1] if layout == "bhsd" else q.shape[2]
     heads_k = k.shape[1] if layout == "bhsd" else k.shape[2]
-    common = dict(positions=positions, seqlen_offsets=seqlen_offsets, rotary_dim=rotary_dim, layout=layout)
+    common = dict(
+        positions=positions, seqlen_offsets=seqlen_offsets, rotary_dim=rotary_dim, layout=layout
+    )
     if heads_q % heads_k == 0:
         return apply_rope(q, k, table_cos, table_sin, **common)
-    return apply_rope(q, None, table_cos, table_sin, **common), apply_rope(k, None, table_cos, table_sin, **common)
+    return apply_rope(q, None, table_cos, table_sin, **common), apply_rope(
+        k, None, table_cos, table_sin, **common
+    )
+
+
+def apply_rotary_transformers(q, k, cos, sin, unsqueeze_dim=1):
+    """The entry transformers' kernel mapping ("rotary_pos_emb", layer_name
+    "apply_rotary_transformers") calls: apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim)."""
+    return apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+
+
+# (batch, seq_len, device) -> arange(batch) * seq_len, int64: the start row of each sequence
+# in the stacked [B*S, R] tables. Made once per shape (a decode step would otherwise allocate
+# and fill it on every call, in every layer); never written, so sharing it is safe, also in a
+# CUDA graph (it is made outside of any capture, on first use). Bounded: decode shapes are few.
+_starts = {}
+
+
+def _sequence_starts(batch, seq_len, device):
+    if torch.compiler.is_compiling():  # traced into the graph: no Python-side cache
+        return torch.arange(batch, device=device, dtype=torch.int64) * seq_len
+    key = (batch, seq_len, device)
+    starts = _starts.get(key)
+    if starts is None:
+        if len(_starts) >= 64:
+            _starts.clear()
+        if (
+            torch.cuda.is_available()
+            and device.type == "cuda"
+            and torch.cuda.is_current_stream_capturing()
+        ):
+            return (
+                torch.arange(batch, device=device, dtype=torch.int64) * seq_len
+            )  # not kept: graph memory
+        starts = _starts[key] = torch.arange(batch, device=device, dtype=torch.int64) * seq_len
+    return starts
 
 
 def rotate_half(x):
     """transformers' rotate_half, for code that imports it alongside apply_rotary_pos_emb."""
-    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2 :]
     return torch.cat((-x2, x1), dim=-1)

@@ -1,0 +1,148 @@
+"""Issue 20, P1 and P2: Python arguments that C would misread are refused before the call.
+
+P1: a sequence shorter than what the library reads (rope_tables' positions, longrope's
+short_factor/long_factor) made C read past the Python buffer. P2: ctypes silently truncated
+integers wider than the C field (2**64 -> 0, 2**32 + 16 -> 16), floats (16.7 -> 16) and
+strings with NUL (cut at the NUL). Each case here gave a result (or OK) before the fix; now it
+raises, naming the argument, and writes nothing."""
+
+import numpy as np
+import pytest
+
+import rope_jit
+from rope_jit import frequencies
+
+
+def tensors():
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((1, 2, 4, 32)).astype(np.float32)
+    cos = np.cos(rng.standard_normal((8, 16))).astype(np.float32)
+    sin = np.sin(rng.standard_normal((8, 16))).astype(np.float32)
+    return q, cos, sin
+
+
+@pytest.mark.parametrize(
+    "name, value, error",
+    [
+        ("position_offset", 2**64, OverflowError),
+        ("position_offset", 2**63, OverflowError),
+        ("q_position_offset", -(2**64) + 3, OverflowError),
+        ("rotary_dim", 2**32 + 16, OverflowError),
+        ("rotary_offset", 2**31, OverflowError),
+        ("rotary_dim", 16.7, TypeError),
+        ("position_offset", 1.0, TypeError),
+        ("rotary_dim", "16", TypeError),
+    ],
+)
+def test_rope_refuses_integers_that_do_not_fit_their_c_field_and_non_integers(
+    cpu_runtime, name, value, error
+):
+    q, cos, sin = tensors()
+    before = q.copy()
+    with pytest.raises(error, match=name):
+        rope_jit.rope(q, cos=cos, sin=sin, runtime=cpu_runtime, **{name: value})
+    np.testing.assert_array_equal(q, before)  # nothing written
+
+
+def test_rope_still_takes_numpy_integers_and_bools_where_c_wants_an_int(cpu_runtime):
+    q, cos, sin = tensors()
+    expected, _ = rope_jit.rope(
+        q.copy(), cos=cos, sin=sin, position_offset=2, rotary_dim=16, runtime=cpu_runtime
+    )
+    got, _ = rope_jit.rope(
+        q.copy(),
+        cos=cos,
+        sin=sin,
+        position_offset=np.int64(2),
+        rotary_dim=np.int32(16),
+        runtime=cpu_runtime,
+    )
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_mrope_sections_that_do_not_fit_an_int32_are_refused(cpu_runtime):
+    q, cos, sin = tensors()
+    positions = np.zeros((2, 4), np.int64)
+    with pytest.raises(OverflowError, match=r"mrope_sections\[0\]"):
+        rope_jit.rope(
+            q,
+            cos=cos,
+            sin=sin,
+            positions=positions,
+            mrope_sections=[2**32 + 4, 4],
+            runtime=cpu_runtime,
+        )
+    with pytest.raises(TypeError, match=r"mrope_sections\[1\]"):
+        rope_jit.rope(
+            q, cos=cos, sin=sin, positions=positions, mrope_sections=[4, 4.0], runtime=cpu_runtime
+        )
+
+
+def test_runtime_refuses_a_thread_count_past_int_and_a_cache_dir_with_nul(library):
+    with pytest.raises(OverflowError, match="cpu_threads"):
+        rope_jit.Runtime(backend="cpu", cpu_threads=2**32)
+    with pytest.raises(TypeError, match="cpu_threads"):
+        rope_jit.Runtime(backend="cpu", cpu_threads=2.5)
+    with pytest.raises(ValueError, match="cache_dir"):
+        rope_jit.Runtime(backend="cpu", cache_dir="/a\0/etc")
+
+
+def test_prewarm_refuses_wide_head_dims_and_targets_with_nul(cpu_runtime):
+    with pytest.raises(OverflowError, match=r"specs\[0\].head_dim"):
+        cpu_runtime.prewarm([{"head_dim": 2**32 + 64}], target="sm_90")
+    with pytest.raises(TypeError, match=r"specs\[0\].rotary_dim"):
+        cpu_runtime.prewarm([{"head_dim": 64, "rotary_dim": 16.7}], target="sm_90")
+    with pytest.raises(ValueError, match="target"):
+        cpu_runtime.prewarm([{"head_dim": 64}], target="sm_90\0x")
+
+
+needs_builders = pytest.mark.skipif(
+    not frequencies.has_frequency_builders(),
+    reason="the loaded librope_jit has no rope_jit_inv_freq",
+)
+
+
+@needs_builders
+def test_rope_tables_refuses_positions_shorter_than_the_rows():
+    cos = np.full((4, 4), 7.0, np.float32)
+    with pytest.raises(ValueError, match="positions"):
+        frequencies.rope_tables([1, 0.1, 0.01, 0.001], cos=cos, positions=[0.0])
+    np.testing.assert_array_equal(cos, 7.0)
+    # One position axis per section: 2 sections x 4 rows need 8 positions.
+    with pytest.raises(ValueError, match="positions"):
+        frequencies.rope_tables(
+            [1, 0.1, 0.01, 0.001], cos=cos, positions=[0.0] * 4, mrope_sections=[2, 2]
+        )
+    np.testing.assert_array_equal(cos, 7.0)
+    frequencies.rope_tables([1, 0.1, 0.01, 0.001], cos=cos, positions=[0.0, 1.0, 2.0, 3.0])
+    np.testing.assert_allclose(cos[:, 0], np.cos([0.0, 1.0, 2.0, 3.0]), atol=1e-6)
+
+
+@needs_builders
+def test_longrope_factors_must_have_one_value_per_pair():
+    common = dict(
+        rotary_dim=128,
+        factor=4.0,
+        max_position_embeddings=131072,
+        original_max_position_embeddings=4096,
+    )
+    with pytest.raises(ValueError, match="short_factor"):
+        frequencies.inv_freq("longrope", short_factor=[1.0], long_factor=[1.0] * 64, **common)
+    with pytest.raises(ValueError, match="long_factor"):
+        frequencies.inv_freq("longrope", short_factor=[1.0] * 64, long_factor=[1.0] * 63, **common)
+    values, _ = frequencies.inv_freq(
+        "longrope", short_factor=[1.0] * 64, long_factor=[1.0] * 64, **common
+    )
+    assert len(values) == 64
+
+
+@needs_builders
+def test_frequency_fields_are_range_checked_and_typed():
+    with pytest.raises(OverflowError, match="rotary_dim"):
+        frequencies.inv_freq("default", 2**32 + 64)
+    with pytest.raises(OverflowError, match="max_position_embeddings"):
+        frequencies.inv_freq("dynamic", 64, factor=2.0, max_position_embeddings=2**64)
+    with pytest.raises(TypeError, match="rotary_dim"):
+        frequencies.inv_freq("default", 64.5)
+    with pytest.raises(OverflowError, match=r"mrope_sections\[0\]"):
+        frequencies.rope_tables([1.0], cos=np.zeros((2, 1), np.float32), mrope_sections=[2**32 + 1])
