@@ -50,6 +50,49 @@ TensorRef host_copy(const CudaDriverApi& api, const TensorRef& t, std::vector<ch
 
 }  // namespace
 
+RopeLaunch plan_rope_launch(const KernelSpec& spec, int64_t heads_q, int64_t heads_k, int64_t units,
+                            int64_t sms) {
+    // Work items per head (ROT_ITEMS in rope.cu) and per token: one per chunk of output
+    // features when an out-of-place call also copies unrotated features (CHUNK_ITEMS), else
+    // one per chunk of pairs.
+    const int64_t pairs = spec.rotary_dim / 2;
+    const bool out_of_place_partial =
+        spec.rotary_dim < spec.head_dim && !spec.in_place_q && (!spec.has_k || !spec.in_place_k);
+    const int64_t head_items =
+        rope_items_per_head(spec.interleaved, !spec.interleaved && out_of_place_partial, spec.rotary_dim, spec.vec);
+    const int64_t items_per_token = std::max<int64_t>(1, (heads_q + heads_k) * head_items);
+    // Blocks of whole tokens, sized to their items: a block of 256 threads for a token's 320
+    // items ran a second, mostly idle round. Items per thread, measured on the H200
+    // (bench/results/h200_kernel_tuning.json, "block_fit"): two half-style items (four
+    // 16-byte loads) or eight interleaved ones (one load each) at about 256 threads a block;
+    // one when the block also copies the unrotated features of out-of-place partial rotary.
+    const int64_t items_per_thread = out_of_place_partial ? 1 : spec.interleaved ? 8 : 2;
+    const int64_t max_threads = spec.block_threads;
+    int64_t tokens = std::clamp<int64_t>(items_per_thread * 256 / items_per_token, 1, 64);
+    while (tokens > 1 && (units + tokens - 1) / tokens < 2 * sms) tokens /= 2;
+    // Shared memory (rope_params.h): per token, and the frequency gradient's per block.
+    const int64_t roles = spec.k_own_angles ? 2 : 1;
+    const bool shared_angles = spec.angles_from_inv_freq || spec.has_xpos || spec.mrope_axes > 0;
+    const auto layout_for = [&](int64_t block_tokens) {
+        return rope_smem_layout(int(block_tokens), int(roles), shared_angles ? int(pairs) : 0,
+                                spec.mrope_axes > 0 ? spec.mrope_axes : int(roles), spec.freq_grad ? int(pairs) : 0);
+    };
+    constexpr int kSharedLimit = 48 * 1024;  // what a launch may take without opting in
+    while (tokens > 1 && layout_for(tokens).bytes > kSharedLimit) tokens /= 2;
+    const RopeSmemLayout layout = layout_for(tokens);
+    if (layout.bytes > kSharedLimit)
+        throw Error(ROPE_JIT_ERROR_UNSUPPORTED,
+                    fmt::format("rope: one token's angles need {} bytes of shared memory, over the {} a block may use",
+                                layout.bytes, kSharedLimit));
+    const int64_t thread_work = (tokens * items_per_token + items_per_thread - 1) / items_per_thread;
+    const int64_t threads = std::min<int64_t>(max_threads, (thread_work + 31) / 32 * 32);
+    const int64_t blocks = (units + tokens - 1) / tokens;
+    if (blocks > int64_t(0x7fffffff))
+        throw Error(ROPE_JIT_ERROR_UNSUPPORTED, fmt::format("q: {} tokens exceed one launch's grid", units));
+    const unsigned shared_bytes = unsigned(layout.bytes);
+    return RopeLaunch{blocks, threads, shared_bytes, int(tokens)};
+}
+
 CudaBackend::CudaBackend(const DiskCache* disk, KernelStats& stats, bool debug_checks)
     : api_(require_cuda_driver()), disk_(disk), stats_(stats), debug_checks_(debug_checks) {
     const int count = cuda_device_count();
@@ -219,46 +262,13 @@ void CudaBackend::rope(const RopeProblem& p, void* stream_handle) {
     params.q_position_offset = p.q_position_offset;
     params.units = p.batch * params.seqlen_max;
 
-    // Work items per head (ROT_ITEMS in rope.cu) and per token: one per chunk of output
-    // features when an out-of-place call also copies unrotated features (CHUNK_ITEMS), else
-    // one per chunk of pairs.
-    const int64_t pairs = spec.rotary_dim / 2;
-    const bool out_of_place_partial =
-        spec.rotary_dim < spec.head_dim && !spec.in_place_q && (!spec.has_k || !spec.in_place_k);
-    const int64_t head_items =
-        rope_items_per_head(spec.interleaved, !spec.interleaved && out_of_place_partial, spec.rotary_dim, spec.vec);
-    const int64_t items_per_token = std::max<int64_t>(1, (p.heads_q + (p.has_k ? p.heads_k : 0)) * head_items);
-    // Blocks of whole tokens, sized to their items: a block of 256 threads for a token's 320
-    // items ran a second, mostly idle round. Items per thread, measured on the H200
-    // (bench/results/h200_kernel_tuning.json, "block_fit"): two half-style items (four
-    // 16-byte loads) or eight interleaved ones (one load each) at about 256 threads a block;
-    // one when the block also copies the unrotated features of out-of-place partial rotary.
-    const int64_t items_per_thread = out_of_place_partial ? 1 : spec.interleaved ? 8 : 2;
-    const int64_t max_threads = spec.block_threads;
-    int64_t tokens = std::clamp<int64_t>(items_per_thread * 256 / items_per_token, 1, 64);
-    const int64_t sms = devices_[size_t(ordinal)]->multiprocessors;
-    while (tokens > 1 && (params.units + tokens - 1) / tokens < 2 * sms) tokens /= 2;
-    // Shared memory (rope_params.h): per token, and the frequency gradient's per block.
-    const int64_t roles = spec.k_own_angles ? 2 : 1;
-    const bool shared_angles = spec.angles_from_inv_freq || spec.has_xpos || spec.mrope_axes > 0;
-    const auto layout_for = [&](int64_t block_tokens) {
-        return rope_smem_layout(int(block_tokens), int(roles), shared_angles ? int(pairs) : 0,
-                                spec.mrope_axes > 0 ? spec.mrope_axes : int(roles), spec.freq_grad ? int(pairs) : 0);
-    };
-    constexpr int kSharedLimit = 48 * 1024;  // what a launch may take without opting in
-    while (tokens > 1 && layout_for(tokens).bytes > kSharedLimit) tokens /= 2;
-    const RopeSmemLayout layout = layout_for(tokens);
-    if (layout.bytes > kSharedLimit)
-        throw Error(ROPE_JIT_ERROR_UNSUPPORTED,
-                    fmt::format("rope: one token's angles need {} bytes of shared memory, over the {} a block may use",
-                                layout.bytes, kSharedLimit));
-    const int64_t thread_work = (tokens * items_per_token + items_per_thread - 1) / items_per_thread;
-    const int64_t threads = std::min<int64_t>(max_threads, (thread_work + 31) / 32 * 32);
-    params.tokens_per_block = int(tokens);
-    const int64_t blocks = (params.units + tokens - 1) / tokens;
-    if (blocks > int64_t(0x7fffffff))
-        throw Error(ROPE_JIT_ERROR_UNSUPPORTED, fmt::format("q: {} tokens exceed one launch's grid", params.units));
-    const unsigned shared_bytes = unsigned(layout.bytes);
+    const RopeLaunch launch_shape =
+        plan_rope_launch(spec, p.heads_q, p.has_k ? p.heads_k : 0, params.units,
+                         devices_[size_t(ordinal)]->multiprocessors);
+    params.tokens_per_block = launch_shape.tokens_per_block;
+    const int64_t blocks = launch_shape.blocks;
+    const int64_t threads = launch_shape.threads;
+    const unsigned shared_bytes = launch_shape.shared_bytes;
     if (p.has_freq_grad) {
         // The kernel adds into the gradient: zero it first, ordered on the same stream.
         check_cu(api_.cuMemsetD2D32Async(CUdeviceptr(params.inv_freq_grad),

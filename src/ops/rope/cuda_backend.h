@@ -24,6 +24,18 @@ struct LaunchContext {
     CUcontext current = nullptr;
 };
 
+// The launch geometry of a rope kernel: blocks of tokens_per_block tokens, `threads` threads
+// and `shared_bytes` of dynamic shared memory. heads_k is 0 without k; units = batch * the
+// longer of q's and k's sequences; sms = the device's multiprocessors. Throws
+// Error(UNSUPPORTED) when one token's shared memory or the grid exceeds a launch.
+struct RopeLaunch {
+    int64_t blocks = 0, threads = 0;
+    unsigned shared_bytes = 0;
+    int tokens_per_block = 0;
+};
+RopeLaunch plan_rope_launch(const KernelSpec& spec, int64_t heads_q, int64_t heads_k, int64_t units,
+                            int64_t sms);
+
 class CudaBackend {
 public:
     // Throws Error(BACKEND_UNAVAILABLE) without a driver or a device. `disk` may be NULL and
