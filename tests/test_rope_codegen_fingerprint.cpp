@@ -21,7 +21,8 @@
 #include "jit/kernel_source.h"
 #include "jit/nvrtc_compiler.h"
 #include "jit/nvrtc_loader.h"
-#include "ops/rope/cuda_backend.h"
+#include "ops/rope/rope_cuda.h"
+#include "ops/rope/rope_recipe.h"
 #include "ops/rope/kernel_spec.h"
 
 using rope_jit::KernelSpec;

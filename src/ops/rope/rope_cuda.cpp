@@ -1,39 +1,16 @@
-#include "ops/rope/cuda_backend.h"
+#include "ops/rope/rope_cuda.h"
 
 #include <algorithm>
 
 #include <fmt/format.h>
 
 #include "common/error.h"
-#include "jit/kernel_source.h"
+#include "ops/rope/rope_recipe.h"
 #include "rope_params.h"
 
 namespace rope_jit {
 
 namespace {
-
-// The device of a context, remembered per thread for the last few contexts asked about: a
-// process uses one context per device (or a handful), so this is a few compares on the
-// launch path, also for a thread that alternates between devices.
-CUdevice context_device(const CudaDriverApi& api, CUcontext context, CUcontext current) {
-    struct Remembered {
-        CUcontext context = nullptr;
-        CUdevice device = -1;
-    };
-    constexpr size_t kRemembered = 8;
-    thread_local Remembered remembered[kRemembered];
-    thread_local size_t next_slot = 0;
-    for (const Remembered& entry : remembered)
-        if (entry.context == context) return entry.device;
-    CUdevice device = -1;
-    {
-        ContextScope scope(api, context, current);
-        check_cu(api.cuCtxGetDevice(&device), "cuCtxGetDevice");
-    }
-    remembered[next_slot] = {context, device};
-    next_slot = (next_slot + 1) % kRemembered;
-    return device;
-}
 
 // A host copy of the bytes a device view covers, and the same view over that copy.
 TensorRef host_copy(const CudaDriverApi& api, const TensorRef& t, std::vector<char>& storage) {
@@ -93,106 +70,22 @@ RopeLaunch plan_rope_launch(const KernelSpec& spec, int64_t heads_q, int64_t hea
     return RopeLaunch{blocks, threads, shared_bytes, int(tokens)};
 }
 
-CudaBackend::CudaBackend(const DiskCache* disk, KernelStats& stats, bool debug_checks)
-    : api_(require_cuda_driver()), disk_(disk), stats_(stats), debug_checks_(debug_checks) {
-    const int count = cuda_device_count();
-    if (count == 0) throw Error(ROPE_JIT_ERROR_BACKEND_UNAVAILABLE, "the CUDA driver reports no device");
-    for (int ordinal = 0; ordinal < count; ++ordinal) {
-        auto device = std::make_unique<Device>();
-        check_cu(api_.cuDeviceGet(&device->handle, ordinal), "cuDeviceGet");
-        device->target = cuda_device_target(ordinal);
-        check_cu(api_.cuDeviceGetAttribute(&device->multiprocessors, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
-                                           device->handle),
-                 "cuDeviceGetAttribute(MULTIPROCESSOR_COUNT)");
-        devices_.push_back(std::move(device));
-    }
-}
-
-CudaBackend::~CudaBackend() {
-    kernels_.unload_all(api_);
-    for (const auto& device : devices_)
-        if (device->primary != nullptr) api_.cuDevicePrimaryCtxRelease(device->handle);
-}
-
-CUcontext CudaBackend::primary_context(int ordinal) {
-    Device& device = *devices_[size_t(ordinal)];
-    std::call_once(device.primary_once, [&] {
-        check_cu(api_.cuDevicePrimaryCtxRetain(&device.primary, device.handle), "cuDevicePrimaryCtxRetain");
-    });
-    return device.primary;
-}
-
-int CudaBackend::ordinal_of(CUdevice device) const {
-    for (size_t ordinal = 0; ordinal < devices_.size(); ++ordinal)
-        if (devices_[ordinal]->handle == device) return int(ordinal);
-    return -1;
-}
-
-LaunchContext CudaBackend::resolve_context(int ordinal, CUstream stream) {
-    LaunchContext launch;
-    check_cu(api_.cuCtxGetCurrent(&launch.current), "cuCtxGetCurrent");
-    const CUdevice wanted = devices_[size_t(ordinal)]->handle;
-    if (stream != nullptr) {
-        // A stream belongs to one context: the launch runs there, on the tensors' device.
-        check_cu(api_.cuStreamGetCtx(stream, &launch.context), "cuStreamGetCtx(args.stream)");
-        if (launch.context != nullptr) {
-            const CUdevice device = context_device(api_, launch.context, launch.current);
-            if (device != wanted)
-                fail_argument(fmt::format("stream: the stream belongs to CUDA device {}, but the tensors live on "
-                                          "device {}",
-                                          ordinal_of(device), ordinal));
-            return launch;
-        }
-    }
-    // The NULL stream (or a special handle such as CU_STREAM_LEGACY, which has no context of
-    // its own) is the legacy default stream of the context the launch runs in: the current
-    // one when it belongs to the tensors' device, else that device's primary context, the
-    // one PyTorch and the CUDA runtime use. So a call with tensors on device 1 works while a
-    // framework has device 0 current.
-    if (launch.current != nullptr && context_device(api_, launch.current, launch.current) == wanted)
-        launch.context = launch.current;
-    else
-        launch.context = primary_context(ordinal);
-    return launch;
-}
-
-LoadedKernel CudaBackend::kernel_for(const KernelSpec& spec, CUcontext context, int ordinal) {
-    if (LoadedKernel hit = kernels_.find(spec, context); hit.function != nullptr) {
-        stats_.memory_hits.fetch_add(1, std::memory_order_relaxed);
-        return hit;
-    }
-    // The caller made `context` current (rope()'s ContextScope): the module loads there.
-    return kernels_.get_or_build(spec, context, [&] {
-        const KernelBinary binary = build_kernel_binary(spec, devices_[size_t(ordinal)]->target, disk_, stats_);
-        return load_kernel_module(api_, binary.image, kKernelEntry);
-    });
-}
-
-void CudaBackend::check_positions_on_device(const RopeProblem& problem, CUstream stream) {
+void RopeCuda::check_positions_on_device(const RopeProblem& problem, CUstream stream) {
     // Debug mode only: waits for the stream so the indices it produces are final, then
     // checks host copies with the CPU backend's rules.
-    check_cu(api_.cuStreamSynchronize(stream), "cuStreamSynchronize (debug checks)");
+    check_cu(devices_.api().cuStreamSynchronize(stream), "cuStreamSynchronize (debug checks)");
     RopeProblem copy = problem;
     std::vector<char> positions, offsets, cu_seqlens;
-    copy.positions = host_copy(api_, problem.positions, positions);
-    copy.seqlen_offsets = host_copy(api_, problem.seqlen_offsets, offsets);
-    copy.cu_seqlens = host_copy(api_, problem.cu_seqlens, cu_seqlens);
+    copy.positions = host_copy(devices_.api(), problem.positions, positions);
+    copy.seqlen_offsets = host_copy(devices_.api(), problem.seqlen_offsets, offsets);
+    copy.cu_seqlens = host_copy(devices_.api(), problem.cu_seqlens, cu_seqlens);
     check_positions_on_host(copy);
 }
 
-void CudaBackend::rope(const RopeProblem& p, void* stream_handle) {
-    const int ordinal = p.device.device_id;
-    if (ordinal < 0 || ordinal >= device_count())
-        fail_argument(fmt::format("q: lives on CUDA device {}, but this machine has {} device(s)", ordinal,
-                                  device_count()));
-    CUstream stream = static_cast<CUstream>(stream_handle);
-    const LaunchContext launch = resolve_context(ordinal, stream);
-    ContextScope scope(api_, launch.context, launch.current);
-    if (debug_checks_) check_positions_on_device(p, stream);
+namespace {
 
-    const KernelSpec spec = make_kernel_spec(p);
-    const LoadedKernel kernel = kernel_for(spec, launch.context, ordinal);
-
+// The kernel's run-time arguments for `p`: pointers, strides and sizes (rope_params.h).
+RopeKernelParams rope_kernel_params(const RopeProblem& p) {
     RopeKernelParams params{};
     params.q = p.q.data;
     params.q_out = p.q_out.data;
@@ -261,26 +154,42 @@ void CudaBackend::rope(const RopeProblem& p, void* stream_handle) {
     params.position_offset = p.position_offset;
     params.q_position_offset = p.q_position_offset;
     params.units = p.batch * params.seqlen_max;
+    return params;
+}
 
-    const RopeLaunch launch_shape =
-        plan_rope_launch(spec, p.heads_q, p.has_k ? p.heads_k : 0, params.units,
-                         devices_[size_t(ordinal)]->multiprocessors);
-    params.tokens_per_block = launch_shape.tokens_per_block;
-    const int64_t blocks = launch_shape.blocks;
-    const int64_t threads = launch_shape.threads;
-    const unsigned shared_bytes = launch_shape.shared_bytes;
+}  // namespace
+
+RopeCuda::RopeCuda(CudaDevices& devices, KernelLoader& kernels, KernelStats& stats, bool debug_checks)
+    : devices_(devices), kernels_(kernels), stats_(stats), debug_checks_(debug_checks) {}
+
+void RopeCuda::run(const RopeProblem& p, void* stream_handle) {
+    const int ordinal = p.device.device_id;
+    devices_.check_ordinal(ordinal, "q");
+    const CudaDriverApi& api = devices_.api();
+    CUstream stream = static_cast<CUstream>(stream_handle);
+    const LaunchContext launch = devices_.resolve_context(ordinal, stream);
+    ContextScope scope(api, launch.context, launch.current);
+    if (debug_checks_) check_positions_on_device(p, stream);
+
+    const KernelSpec spec = make_kernel_spec(p);
+    const LoadedKernel kernel = kernels_.kernel_for(SpecKey::of(kRopeOp, spec), launch.context,
+                                                    devices_.target(ordinal), [&spec] { return rope_recipe(spec); });
+    RopeKernelParams params = rope_kernel_params(p);
+    const RopeLaunch shape = plan_rope_launch(spec, p.heads_q, p.has_k ? p.heads_k : 0, params.units,
+                                              devices_.device(ordinal).multiprocessors);
+    params.tokens_per_block = shape.tokens_per_block;
     if (p.has_freq_grad) {
         // The kernel adds into the gradient: zero it first, ordered on the same stream.
-        check_cu(api_.cuMemsetD2D32Async(CUdeviceptr(params.inv_freq_grad),
-                                         size_t(params.inv_freq_grad_stride) * sizeof(float), 0u, 1,
-                                         size_t(p.pairs()), stream),
+        check_cu(api.cuMemsetD2D32Async(CUdeviceptr(params.inv_freq_grad),
+                                        size_t(params.inv_freq_grad_stride) * sizeof(float), 0u, 1,
+                                        size_t(p.pairs()), stream),
                  "cuMemsetD2D32Async(inv_freq_grad)");
     }
-    if (blocks == 0) return;  // no token: nothing to rotate (a gradient was still zeroed)
+    if (shape.blocks == 0) return;  // no token: nothing to rotate (a gradient was still zeroed)
 
     void* kernel_args[] = {&params};
-    check_cu(api_.cuLaunchKernel(kernel.function, unsigned(blocks), 1, 1, unsigned(threads), 1, 1,
-                                 shared_bytes, stream, kernel_args, nullptr),
+    check_cu(api.cuLaunchKernel(kernel.function, unsigned(shape.blocks), 1, 1, unsigned(shape.threads), 1, 1,
+                                shape.shared_bytes, stream, kernel_args, nullptr),
              "cuLaunchKernel(rope_kernel)");
     stats_.launches.fetch_add(1, std::memory_order_relaxed);
 }
