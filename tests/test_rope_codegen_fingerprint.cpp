@@ -118,11 +118,37 @@ std::string hash_lines(const std::vector<std::string>& lines) {
     return hash.finish_hex().substr(0, 16);
 }
 
-// "instructions=N multiset=H order=H": the sorted multiset of normalized lines, and their order.
-std::string ptx_fingerprint(const KernelSpec& spec) {
-    const rope_jit::CompileResult ptx = rope_jit::compile_cuda(
-        rope_jit::specialize_kernel(spec), "rope.cu", "compute_90", {"-lineinfo"}, rope_jit::kernel_headers());
+// "lines=N multiset=H order=H": the sorted multiset of normalized lines, and their order. With
+// ROPE_JIT_FINGERPRINT_PTX_DIR set, also writes the normalized PTX there as <index>.ptx, to
+// diff when a fingerprint changes.
+// ROPE_JIT_FINGERPRINT_TEMPLATES=<dir> compiles the templates of that directory instead of the
+// embedded ones (another commit's kernels_templates/, from git archive), so two template
+// versions compare in one build.
+std::string read_file(const std::string& path) {
+    std::ifstream in(path);
+    REQUIRE_MESSAGE(in.good(), "cannot read " << path);
+    std::stringstream text;
+    text << in.rdbuf();
+    return text.str();
+}
+
+std::string ptx_fingerprint(const KernelSpec& spec, size_t index) {
+    std::string source = rope_jit::specialize_kernel(spec);
+    std::vector<rope_jit::NamedSource> headers = rope_jit::kernel_headers();
+    if (const char* dir = std::getenv("ROPE_JIT_FINGERPRINT_TEMPLATES")) {
+        source = spec.preamble() + "#line 1 \"rope.cu\"\n" + read_file(std::string(dir) + "/rope.cu");
+        for (rope_jit::NamedSource& header : headers) {
+            std::ifstream probe(std::string(dir) + "/" + header.name);
+            if (probe.good()) header.source = read_file(std::string(dir) + "/" + header.name);
+        }
+    }
+    const rope_jit::CompileResult ptx =
+        rope_jit::compile_cuda(source, "rope.cu", "compute_90", {"-lineinfo"}, headers);
     std::vector<std::string> lines = normalized_ptx_lines(std::string(ptx.binary.data()));
+    if (const char* dir = std::getenv("ROPE_JIT_FINGERPRINT_PTX_DIR")) {
+        std::ofstream file(std::string(dir) + "/" + std::to_string(index) + ".ptx");
+        for (const std::string& line : lines) file << line << "\n";
+    }
     const std::string order = hash_lines(lines);
     std::sort(lines.begin(), lines.end());
     return "lines=" + std::to_string(lines.size()) + " multiset=" + hash_lines(lines) + " order=" + order;
@@ -151,7 +177,7 @@ TEST_CASE("RoPE codegen fingerprint: PTX of representative specs and launch geom
         CAPTURE(spec.describe());
         spec.validate();
         const std::string name = "spec " + std::to_string(i) + " [" + spec.describe() + "]";
-        if (nvrtc) lines.push_back(name + " ptx " + ptx_fingerprint(spec));
+        if (nvrtc) lines.push_back(name + " ptx " + ptx_fingerprint(spec, i));
         const int64_t heads_k = spec.has_k ? 8 : 0;
         const int64_t heads_q = spec.has_k ? heads_k * spec.gqa_group : 32;
         struct Shape {

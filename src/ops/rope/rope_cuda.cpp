@@ -1,12 +1,10 @@
 #include "ops/rope/rope_cuda.h"
 
-#include <algorithm>
-
 #include <fmt/format.h>
 
 #include "common/error.h"
 #include "ops/rope/rope_recipe.h"
-#include "rope_params.h"
+#include "ops/rope/rope_plan.h"
 
 namespace rope_jit {
 
@@ -29,57 +27,14 @@ TensorRef host_copy(const CudaDriverApi& api, const TensorRef& t, std::vector<ch
 
 RopeLaunch plan_rope_launch(const KernelSpec& spec, int64_t heads_q, int64_t heads_k, int64_t units,
                             int64_t sms) {
-    // Work items per head (ROT_ITEMS in rope.cu) and per token: one per chunk of output
-    // features when an out-of-place call also copies unrotated features (CHUNK_ITEMS), else
-    // one per chunk of pairs.
-    const int64_t pairs = spec.rotary_dim / 2;
-    const bool out_of_place_partial =
-        spec.rotary_dim < spec.head_dim && !spec.in_place_q && (!spec.has_k || !spec.in_place_k);
-    const int64_t head_items =
-        rope_items_per_head(spec.interleaved, !spec.interleaved && out_of_place_partial, spec.rotary_dim, spec.vec);
-    const int64_t items_per_token = std::max<int64_t>(1, (heads_q + heads_k) * head_items);
-    // Blocks of whole tokens, sized to their items: a block of 256 threads for a token's 320
-    // items ran a second, mostly idle round. Items per thread, measured on the H200
-    // (bench/results/h200_kernel_tuning.json, "block_fit"): two half-style items (four
-    // 16-byte loads) or eight interleaved ones (one load each) at about 256 threads a block;
-    // one when the block also copies the unrotated features of out-of-place partial rotary.
-    const int64_t items_per_thread = out_of_place_partial ? 1 : spec.interleaved ? 8 : 2;
-    const int64_t max_threads = spec.block_threads;
-    int64_t tokens = std::clamp<int64_t>(items_per_thread * 256 / items_per_token, 1, 64);
-    while (tokens > 1 && (units + tokens - 1) / tokens < 2 * sms) tokens /= 2;
-    // Shared memory (rope_params.h): per token, and the frequency gradient's per block.
-    const int64_t roles = spec.k_own_angles ? 2 : 1;
-    const bool shared_angles = spec.angles_from_inv_freq || spec.has_xpos || spec.mrope_axes > 0;
-    const auto layout_for = [&](int64_t block_tokens) {
-        return rope_smem_layout(int(block_tokens), int(roles), shared_angles ? int(pairs) : 0,
-                                spec.mrope_axes > 0 ? spec.mrope_axes : int(roles), spec.freq_grad ? int(pairs) : 0);
-    };
-    constexpr int kSharedLimit = 48 * 1024;  // what a launch may take without opting in
-    while (tokens > 1 && layout_for(tokens).bytes > kSharedLimit) tokens /= 2;
-    const RopeSmemLayout layout = layout_for(tokens);
-    if (layout.bytes > kSharedLimit)
+    const RopeBlockFit fit = rope_block_fit(rope_plan(spec), heads_q + heads_k, units, sms, spec.block_threads);
+    if (fit.problem == kRopeFitSharedMemory)
         throw Error(ROPE_JIT_ERROR_UNSUPPORTED,
                     fmt::format("rope: one token's angles need {} bytes of shared memory, over the {} a block may use",
-                                layout.bytes, kSharedLimit));
-    const int64_t thread_work = (tokens * items_per_token + items_per_thread - 1) / items_per_thread;
-    const int64_t threads = std::min<int64_t>(max_threads, (thread_work + 31) / 32 * 32);
-    const int64_t blocks = (units + tokens - 1) / tokens;
-    if (blocks > int64_t(0x7fffffff))
+                                fit.shared_bytes, kRopeSharedLimit));
+    if (fit.problem == kRopeFitGrid)
         throw Error(ROPE_JIT_ERROR_UNSUPPORTED, fmt::format("q: {} tokens exceed one launch's grid", units));
-    const unsigned shared_bytes = unsigned(layout.bytes);
-    return RopeLaunch{blocks, threads, shared_bytes, int(tokens)};
-}
-
-void RopeCuda::check_positions_on_device(const RopeProblem& problem, CUstream stream) {
-    // Debug mode only: waits for the stream so the indices it produces are final, then
-    // checks host copies with the CPU backend's rules.
-    check_cu(devices_.api().cuStreamSynchronize(stream), "cuStreamSynchronize (debug checks)");
-    RopeProblem copy = problem;
-    std::vector<char> positions, offsets, cu_seqlens;
-    copy.positions = host_copy(devices_.api(), problem.positions, positions);
-    copy.seqlen_offsets = host_copy(devices_.api(), problem.seqlen_offsets, offsets);
-    copy.cu_seqlens = host_copy(devices_.api(), problem.cu_seqlens, cu_seqlens);
-    check_positions_on_host(copy);
+    return RopeLaunch{fit.blocks, fit.threads, unsigned(fit.shared_bytes), fit.tokens};
 }
 
 namespace {
@@ -161,6 +116,18 @@ RopeKernelParams rope_kernel_params(const RopeProblem& p) {
 
 RopeCuda::RopeCuda(CudaDevices& devices, KernelLoader& kernels, KernelStats& stats, bool debug_checks)
     : devices_(devices), kernels_(kernels), stats_(stats), debug_checks_(debug_checks) {}
+
+void RopeCuda::check_positions_on_device(const RopeProblem& problem, CUstream stream) {
+    // Debug mode only: waits for the stream so the indices it produces are final, then
+    // checks host copies with the CPU backend's rules.
+    check_cu(devices_.api().cuStreamSynchronize(stream), "cuStreamSynchronize (debug checks)");
+    RopeProblem copy = problem;
+    std::vector<char> positions, offsets, cu_seqlens;
+    copy.positions = host_copy(devices_.api(), problem.positions, positions);
+    copy.seqlen_offsets = host_copy(devices_.api(), problem.seqlen_offsets, offsets);
+    copy.cu_seqlens = host_copy(devices_.api(), problem.cu_seqlens, cu_seqlens);
+    check_positions_on_host(copy);
+}
 
 void RopeCuda::run(const RopeProblem& p, void* stream_handle) {
     const int ordinal = p.device.device_id;

@@ -15,10 +15,11 @@
 
 namespace rope_jit {
 
-// The launch geometry of a rope kernel: blocks of tokens_per_block tokens, `threads` threads
-// and `shared_bytes` of dynamic shared memory. heads_k is 0 without k; units = batch * the
-// longer of q's and k's sequences; sms = the device's multiprocessors. Throws
-// Error(UNSUPPORTED) when one token's shared memory or the grid exceeds a launch.
+// The launch geometry of a rope kernel (rope_block_fit in rope_params.h): blocks of
+// tokens_per_block tokens, `threads` threads and `shared_bytes` of dynamic shared memory.
+// heads_k is 0 without k; units = batch * the longer of q's and k's sequences; sms = the
+// device's multiprocessors. Throws Error(UNSUPPORTED) when one token's shared memory or the
+// grid exceeds a launch.
 struct RopeLaunch {
     int64_t blocks = 0, threads = 0;
     unsigned shared_bytes = 0;
