@@ -1,5 +1,7 @@
 #include "ops/rope/rope_cuda.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "common/error.h"
@@ -39,9 +41,10 @@ RopeLaunch plan_rope_launch(const KernelSpec& spec, int64_t heads_q, int64_t hea
 
 namespace {
 
-// The kernel's run-time arguments for `p`: pointers, strides and sizes (rope_params.h).
-RopeKernelParams rope_kernel_params(const RopeProblem& p) {
-    RopeKernelParams params{};
+// The kernel's run-time arguments (rope_params.h), one group at a time.
+
+// q and k, and where they go.
+void set_tensors(const RopeProblem& p, RopeKernelParams& params) {
     params.q = p.q.data;
     params.q_out = p.q_out.data;
     copy_strides(params.q_stride, p.q, 4);
@@ -52,6 +55,10 @@ RopeKernelParams rope_kernel_params(const RopeProblem& p) {
         copy_strides(params.k_stride, p.k, 4);
         copy_strides(params.k_out_stride, p.k_out, 4);
     }
+}
+
+// Where the angles come from: cos/sin tables or inv_freq, and the xPos scales.
+void set_angles(const RopeProblem& p, RopeKernelParams& params) {
     if (p.angles == AngleSource::Table) {
         params.cos = p.cos.data;
         params.sin = p.sin.data;
@@ -65,6 +72,11 @@ RopeKernelParams rope_kernel_params(const RopeProblem& p) {
         params.xpos = p.xpos_scale.data;
         copy_strides(params.xpos_stride, p.xpos_scale, 2);
     }
+}
+
+// Where the positions come from: per-token indices (per section with M-RoPE), per-sequence
+// offsets, and the packed batch's sequence starts.
+void set_positions(const RopeProblem& p, RopeKernelParams& params) {
     if (p.positions.present()) {
         // With M-RoPE, positions lead with an axis; each axis is an [S], [B, S] or [T] view.
         const TensorRef axis = p.position_axis(0);
@@ -81,16 +93,6 @@ RopeKernelParams rope_kernel_params(const RopeProblem& p) {
             for (size_t i = 0; i < p.pair_axis.size(); ++i) params.pair_axis[i] = (unsigned char)p.pair_axis[i];
         }
     }
-    if (p.has_freq_grad) {
-        params.q_saved = p.q_saved.data;
-        copy_strides(params.q_saved_stride, p.q_saved, 4);
-        if (p.has_k) {
-            params.k_saved = p.k_saved.data;
-            copy_strides(params.k_saved_stride, p.k_saved, 4);
-        }
-        params.inv_freq_grad = reinterpret_cast<float*>(p.inv_freq_grad.data);
-        params.inv_freq_grad_stride = p.inv_freq_grad.strides[0];
-    }
     if (p.seqlen_offsets.present()) {
         params.seqlen_offsets = p.seqlen_offsets.data;
         params.seqlen_offsets_stride = p.seqlen_offsets.strides[0];
@@ -99,6 +101,23 @@ RopeKernelParams rope_kernel_params(const RopeProblem& p) {
         params.cu_seqlens = p.cu_seqlens.data;
         params.cu_seqlens_stride = p.cu_seqlens.strides[0];
     }
+}
+
+// Learned frequencies: the forward outputs and the gradient the kernel adds into.
+void set_frequency_gradient(const RopeProblem& p, RopeKernelParams& params) {
+    if (!p.has_freq_grad) return;
+    params.q_saved = p.q_saved.data;
+    copy_strides(params.q_saved_stride, p.q_saved, 4);
+    if (p.has_k) {
+        params.k_saved = p.k_saved.data;
+        copy_strides(params.k_saved_stride, p.k_saved, 4);
+    }
+    params.inv_freq_grad = reinterpret_cast<float*>(p.inv_freq_grad.data);
+    params.inv_freq_grad_stride = p.inv_freq_grad.strides[0];
+}
+
+// Sizes, and the tokens the grid covers: units = batch * the longer of q's and k's sequences.
+void set_sizes(const RopeProblem& p, RopeKernelParams& params) {
     params.batch = p.batch;
     params.seqlen_q = p.seqlen_q;
     params.seqlen_k = p.has_k ? p.seqlen_k : 0;
@@ -109,6 +128,15 @@ RopeKernelParams rope_kernel_params(const RopeProblem& p) {
     params.position_offset = p.position_offset;
     params.q_position_offset = p.q_position_offset;
     params.units = p.batch * params.seqlen_max;
+}
+
+RopeKernelParams rope_kernel_params(const RopeProblem& p) {
+    RopeKernelParams params{};
+    set_tensors(p, params);
+    set_angles(p, params);
+    set_positions(p, params);
+    set_frequency_gradient(p, params);
+    set_sizes(p, params);
     return params;
 }
 
@@ -138,6 +166,7 @@ void RopeCuda::run(const RopeProblem& p, void* stream_handle) {
     ContextScope scope(api, launch.context, launch.current);
     if (debug_checks_) check_positions_on_device(p, stream);
 
+    // The kernel for this call's spec, then its arguments and its blocks (rope_params.h).
     const KernelSpec spec = make_kernel_spec(p);
     const LoadedKernel kernel = kernels_.kernel_for(SpecKey::of(kRopeOp, spec), launch.context,
                                                     devices_.target(ordinal), [&spec] { return rope_recipe(spec); });
