@@ -1,6 +1,7 @@
 // The op-agnostic JIT core: memory-cache keys of any op (SpecKey), the memory cache itself
 // (one build per key however many threads ask), the op registry that turns a stored spec JSON
-// back into a recipe, and the rule that the core includes no op header.
+// back into a recipe, the rule that the core includes no op header, and the device layer
+// without a GPU.
 #include <doctest/doctest.h>
 
 #include <dirent.h>
@@ -19,6 +20,7 @@
 
 #include "cache/disk_cache.h"
 #include "common/error.h"
+#include "cuda/cuda_devices.h"
 #include "jit/kernel_builder.h"
 #include "jit/kernel_cache.h"
 #include "jit/nvrtc_loader.h"
@@ -227,4 +229,18 @@ TEST_CASE("the JIT core, the disk cache and the device layer include no op heade
         closedir(dir);
     }
     CHECK(files >= 15);
+}
+
+TEST_CASE("without a CUDA device the device layer is unavailable, and says so") {
+    if (rope_jit::cuda_device_count() > 0) {
+        MESSAGE("skipped: this machine has a CUDA device (the gpu suite covers the device layer)");
+        return;
+    }
+    try {
+        rope_jit::CudaDevices devices;
+        FAIL("CudaDevices was created without a device");
+    } catch (const rope_jit::Error& e) {
+        CHECK(e.status() == ROPE_JIT_ERROR_BACKEND_UNAVAILABLE);
+        CHECK(std::string(e.what()).size() > 0);
+    }
 }
