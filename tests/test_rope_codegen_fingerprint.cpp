@@ -5,6 +5,10 @@
 // after with ROPE_JIT_FINGERPRINT_BASELINE=before.txt, which fails naming every line that
 // differs:
 //   build/tests/rope_jit_tests -tc='*fingerprint*' --no-skip
+// ROPE_JIT_FINGERPRINT_TEMPLATES=<dir> compiles another version's kernels_templates/ (from
+// git archive) in the same build; ROPE_JIT_FINGERPRINT_PTX_DIR=<dir> writes each spec's
+// normalized PTX there, to diff. NVRTC emits every namespace-scope constexpr of a template as
+// a global of the module, so adding or removing a named constant changes the PTX (data only).
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -118,12 +122,7 @@ std::string hash_lines(const std::vector<std::string>& lines) {
     return hash.finish_hex().substr(0, 16);
 }
 
-// "lines=N multiset=H order=H": the sorted multiset of normalized lines, and their order. With
-// ROPE_JIT_FINGERPRINT_PTX_DIR set, also writes the normalized PTX there as <index>.ptx, to
-// diff when a fingerprint changes.
-// ROPE_JIT_FINGERPRINT_TEMPLATES=<dir> compiles the templates of that directory instead of the
-// embedded ones (another commit's kernels_templates/, from git archive), so two template
-// versions compare in one build.
+// The text of a file of ROPE_JIT_FINGERPRINT_TEMPLATES.
 std::string read_file(const std::string& path) {
     std::ifstream in(path);
     REQUIRE_MESSAGE(in.good(), "cannot read " << path);
@@ -132,6 +131,9 @@ std::string read_file(const std::string& path) {
     return text.str();
 }
 
+// "lines=N multiset=H order=H": the sorted multiset of normalized lines, and their order. With
+// ROPE_JIT_FINGERPRINT_PTX_DIR set, also writes the normalized PTX there as <index>.ptx, to
+// diff when a fingerprint changes.
 std::string ptx_fingerprint(const KernelSpec& spec, size_t index) {
     std::string source = rope_jit::specialize_kernel(spec);
     std::vector<rope_jit::NamedSource> headers = rope_jit::kernel_headers();
