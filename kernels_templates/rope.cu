@@ -54,7 +54,8 @@ ROPE_JIT_HOST_DEVICE constexpr RopeShape spec_shape() {
 // A function, not a constexpr variable: NVRTC emits each namespace-scope constant as a global
 // of the module, and the plan is read only at compile time.
 ROPE_JIT_HOST_DEVICE constexpr RopePlan plan() { return rope_plan(spec_shape()); }
-static_assert(plan().problem == kRopePlanOk, "the vector width must hold whole pairs that tile the rotary range");
+static_assert(plan().problem == kRopePlanOk,
+              "the vector width must hold whole pairs that tile the rotary range");
 
 constexpr int PAIRS = plan().pairs;
 constexpr int ROLES = plan().roles;  // angle sets per token (q, and k)
@@ -223,7 +224,8 @@ __device__ void pair_angle(const RopeKernelParams& p, long long row, int pair, b
     if (BACKWARD_PASS) *s = -*s;
     if (HAS_XPOS) {
         const long long col = table_column(TABLE_FULL, INTERLEAVED, pair);
-        const float scale = load_float<XPOS_DTYPE>(p.xpos, row * p.xpos_stride[0] + col * p.xpos_stride[1]);
+        const float scale =
+            load_float<XPOS_DTYPE>(p.xpos, row * p.xpos_stride[0] + col * p.xpos_stride[1]);
         if (is_k) {
             *c /= scale;
             *s /= scale;

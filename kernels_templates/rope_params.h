@@ -99,11 +99,11 @@ struct RopePlan {
     // Half style out of place partial: an item per output chunk, which reads its partner chunk
     // but stores only itself (CHUNK_ITEMS in rope.cu); in place they would race.
     bool chunk_items;
-    int rot_items;        // work items per head
-    bool shared_angles;   // cos/sin computed once per token into shared memory (else read per item)
-    int row_sets;         // table rows resolved per token: one per position axis (M-RoPE), else per role
-    int table_step;       // table columns from one pair to the next
-    int table_span;       // table columns one item reads
+    int rot_items;       // work items per head
+    bool shared_angles;  // cos/sin computed once per token into shared memory (else read per item)
+    int row_sets;    // table rows resolved per token: one per position axis (M-RoPE), else per role
+    int table_step;  // table columns from one pair to the next
+    int table_span;  // table columns one item reads
     bool copies_unrotated;  // some output (q or k) is out of place and has unrotated features
     // Work items a thread takes, measured on the H200 (bench/results/h200_kernel_tuning.json,
     // "block_fit"): two half-style items (four 16-byte loads) or eight interleaved ones (one load
@@ -112,13 +112,14 @@ struct RopePlan {
     int items_per_thread;
     int shared_pairs;  // pairs of shared cos/sin per angle set (0 without shared angles)
     int grad_pairs;    // frequency-gradient sums per block (0 without)
-    int problem;  // RopePlanProblem
+    int problem;       // RopePlanProblem
 };
 // Why a shape has no kernel. (Enumerators, not constexpr variables: NVRTC would emit those as
 // globals of every module.)
 enum RopePlanProblem {
     kRopePlanOk = 0,
-    kRopePlanVecSplitsPairs = 1,  // the vector width does not hold whole pairs tiling the rotary range
+    kRopePlanVecSplitsPairs =
+        1,  // the vector width does not hold whole pairs tiling the rotary range
 };
 
 ROPE_JIT_HOST_DEVICE constexpr RopePlan rope_plan(const RopeShape& s) {
@@ -126,16 +127,20 @@ ROPE_JIT_HOST_DEVICE constexpr RopePlan rope_plan(const RopeShape& s) {
     plan.pairs = s.rotary_dim / 2;
     plan.roles = s.k_own_angles ? 2 : 1;
     plan.pairs_per_item = s.interleaved ? s.vec / 2 : s.vec;
-    if (plan.pairs_per_item < 1 || (s.interleaved && s.vec % 2 != 0) || plan.pairs % plan.pairs_per_item != 0)
+    if (plan.pairs_per_item < 1 || (s.interleaved && s.vec % 2 != 0) ||
+        plan.pairs % plan.pairs_per_item != 0)
         plan.problem = kRopePlanVecSplitsPairs;
-    plan.out_of_place_partial = s.head_dim > s.rotary_dim && !s.in_place_q && (!s.has_k || !s.in_place_k);
+    plan.out_of_place_partial =
+        s.head_dim > s.rotary_dim && !s.in_place_q && (!s.has_k || !s.in_place_k);
     plan.chunk_items = !s.interleaved && plan.out_of_place_partial;
-    plan.rot_items = s.vec > 0 ? rope_items_per_head(s.interleaved, plan.chunk_items, s.rotary_dim, s.vec) : 0;
+    plan.rot_items =
+        s.vec > 0 ? rope_items_per_head(s.interleaved, plan.chunk_items, s.rotary_dim, s.vec) : 0;
     plan.shared_angles = s.angles_from_inv_freq || s.has_xpos || s.mrope_axes > 0;
     plan.row_sets = s.mrope_axes > 0 ? s.mrope_axes : plan.roles;
     plan.table_step = table_column(s.table_full, s.interleaved, 1);
     plan.table_span = table_columns(s.table_full, s.interleaved, plan.pairs_per_item);
-    plan.copies_unrotated = s.head_dim > s.rotary_dim && (!s.in_place_q || (s.has_k && !s.in_place_k));
+    plan.copies_unrotated =
+        s.head_dim > s.rotary_dim && (!s.in_place_q || (s.has_k && !s.in_place_k));
     plan.items_per_thread = plan.out_of_place_partial ? 1 : s.interleaved ? 8 : 2;
     plan.shared_pairs = plan.shared_angles ? plan.pairs : 0;
     plan.grad_pairs = s.freq_grad ? plan.pairs : 0;
@@ -198,8 +203,9 @@ enum RopeFitProblem {
 // (under two blocks each) or the shared memory would not fit. `heads` = heads of q plus heads
 // of k; units = batch * the longer of q's and k's sequences; sms = the device's
 // multiprocessors; max_threads = the kernel's launch bound (BLOCK_THREADS).
-ROPE_JIT_HOST_DEVICE constexpr RopeBlockFit rope_block_fit(const RopePlan& plan, long long heads, long long units,
-                                                         long long sms, int max_threads) {
+ROPE_JIT_HOST_DEVICE constexpr RopeBlockFit rope_block_fit(const RopePlan& plan, long long heads,
+                                                           long long units, long long sms,
+                                                           int max_threads) {
     RopeBlockFit fit{};
     long long items_per_token = heads * plan.rot_items;
     if (items_per_token < 1) items_per_token = 1;
@@ -213,7 +219,8 @@ ROPE_JIT_HOST_DEVICE constexpr RopeBlockFit rope_block_fit(const RopePlan& plan,
         fit.problem = kRopeFitSharedMemory;
         return fit;
     }
-    const long long thread_work = (tokens * items_per_token + plan.items_per_thread - 1) / plan.items_per_thread;
+    const long long thread_work =
+        (tokens * items_per_token + plan.items_per_thread - 1) / plan.items_per_thread;
     const long long threads = (thread_work + 31) / 32 * 32;
     fit.threads = int(threads < max_threads ? threads : max_threads);
     fit.blocks = (units + tokens - 1) / tokens;

@@ -85,7 +85,8 @@ TEST_CASE("kernels of two ops share one loader: built once per context, then fou
         };
         const std::string& target = devices.target(0);
         const LoadedKernel first = loader.kernel_for(rope_key, launch.context, target, rope_recipe);
-        const LoadedKernel second = loader.kernel_for(rope_key, launch.context, target, rope_recipe);
+        const LoadedKernel second =
+            loader.kernel_for(rope_key, launch.context, target, rope_recipe);
         CHECK(first.function != nullptr);
         CHECK(second.function == first.function);
         CHECK(recipes == 1);
@@ -95,8 +96,9 @@ TEST_CASE("kernels of two ops share one loader: built once per context, then fou
         rope_jit::AttentionSpec attention;
         attention.dtype = 2;
         attention.head_dim = attention.rotary_dim = 64;
-        const LoadedKernel fused = loader.kernel_for(SpecKey::of(rope_jit::kAttentionOp, attention), launch.context,
-                                                     target, [&] { return rope_jit::attention_recipe(attention); });
+        const LoadedKernel fused =
+            loader.kernel_for(SpecKey::of(rope_jit::kAttentionOp, attention), launch.context,
+                              target, [&] { return rope_jit::attention_recipe(attention); });
         CHECK(fused.function != nullptr);
         CHECK(fused.function != first.function);
         CHECK(stats.compiles.load() == 2);

@@ -64,7 +64,8 @@ AttentionSpec wgmma_spec() {
 // Stand-ins for driver handles: the memory cache only stores and compares them.
 CUcontext fake_context(uintptr_t n) { return reinterpret_cast<CUcontext>(n * 64); }
 LoadedKernel fake_kernel(uintptr_t n) {
-    return LoadedKernel{reinterpret_cast<CUmodule>(n * 64), reinterpret_cast<CUfunction>(n * 64 + 8)};
+    return LoadedKernel{reinterpret_cast<CUmodule>(n * 64),
+                        reinterpret_cast<CUfunction>(n * 64 + 8)};
 }
 
 std::string read_text(const std::string& path) {
@@ -191,12 +192,14 @@ TEST_CASE("a kernel built from its stored spec JSON is the entry the launcher's 
         rope_jit::DiskCache disk(root, {});
         rope_jit::KernelStats stats;
         const KernelSpec spec = rope_spec();
-        const rope_jit::KernelBinary built = rope_jit::build_kernel_binary(spec, "sm_90", &disk, stats);
+        const rope_jit::KernelBinary built =
+            rope_jit::build_kernel_binary(spec, "sm_90", &disk, stats);
         CHECK(stats.compiles.load() == 1);
         const std::optional<rope_jit::KernelRecipe> recipe =
             rope_jit::op_of_spec_json(spec.to_json(), nullptr)->recipe(spec.to_json(), nullptr);
         REQUIRE(recipe.has_value());
-        const rope_jit::KernelBinary again = rope_jit::build_kernel_binary(*recipe, "sm_90", &disk, stats);
+        const rope_jit::KernelBinary again =
+            rope_jit::build_kernel_binary(*recipe, "sm_90", &disk, stats);
         CHECK(stats.compiles.load() == 1);
         CHECK(stats.disk_hits.load() == 1);
         CHECK(again.image == built.image);
@@ -212,7 +215,8 @@ TEST_CASE("the JIT core, the disk cache and the device layer include no op heade
         REQUIRE(dir != nullptr);
         while (dirent* entry = readdir(dir)) {
             const std::string name = entry->d_name;
-            if (name.size() < 3 || (name.substr(name.size() - 2) != ".h" && name.substr(name.size() - 4) != ".cpp"))
+            if (name.size() < 3 ||
+                (name.substr(name.size() - 2) != ".h" && name.substr(name.size() - 4) != ".cpp"))
                 continue;
             const std::string path = src + folder + "/" + name;
             const std::string text = read_text(path);

@@ -55,18 +55,26 @@ std::vector<KernelSpec> fingerprint_specs() {
     add([](KernelSpec& s) { s.interleaved = 1, s.table_full = 1; });
     add([](KernelSpec& s) { s.table_full = 1; });
     add([](KernelSpec& s) { s.rotary_dim = 64; });  // partial, in place
-    add([](KernelSpec& s) { s.rotary_dim = 64, s.rotary_offset = 32, s.in_place_q = s.in_place_k = 0, s.copy_vec = 8; });
+    add([](KernelSpec& s) {
+        s.rotary_dim = 64, s.rotary_offset = 32, s.in_place_q = s.in_place_k = 0, s.copy_vec = 8;
+    });
     add([](KernelSpec& s) { s.rotary_dim = 64, s.in_place_q = s.in_place_k = 0; });  // scalar copy
-    add([](KernelSpec& s) { s.rotary_dim = 64, s.interleaved = 1, s.in_place_q = s.in_place_k = 0, s.copy_vec = 8; });
-    add([](KernelSpec& s) { s.rotary_dim = 64, s.in_place_k = 0, s.copy_vec = 8; });  // q in place only
-    add([](KernelSpec& s) { s.in_place_q = s.in_place_k = 0; });                      // full, out of place
+    add([](KernelSpec& s) {
+        s.rotary_dim = 64, s.interleaved = 1, s.in_place_q = s.in_place_k = 0, s.copy_vec = 8;
+    });
+    add([](KernelSpec& s) {
+        s.rotary_dim = 64, s.in_place_k = 0, s.copy_vec = 8;
+    });                                                           // q in place only
+    add([](KernelSpec& s) { s.in_place_q = s.in_place_k = 0; });  // full, out of place
     add([](KernelSpec& s) { s.position_mode = 1, s.positions_int64 = 1; });
     add([](KernelSpec& s) { s.position_mode = 1; });
     add([](KernelSpec& s) { s.position_mode = 2, s.seqlen_offsets_int64 = 1; });
     add([](KernelSpec& s) { s.packed = 1, s.cu_seqlens_int64 = 0; });
     add([](KernelSpec& s) { s.packed = 1, s.cu_seqlens_int64 = 1, s.position_mode = 2; });
     add([](KernelSpec& s) { s.angles_from_inv_freq = 1, s.table_vec_loads = 0; });
-    add([](KernelSpec& s) { s.angles_from_inv_freq = 1, s.table_vec_loads = 0, s.inv_freq_dtype = 2; });
+    add([](KernelSpec& s) {
+        s.angles_from_inv_freq = 1, s.table_vec_loads = 0, s.inv_freq_dtype = 2;
+    });
     add([](KernelSpec& s) { s.has_xpos = 1, s.k_own_angles = 1, s.xpos_dtype = 0; });
     add([](KernelSpec& s) { s.k_own_angles = 1; });
     add([](KernelSpec& s) { s.dtype = 1; });
@@ -82,13 +90,16 @@ std::vector<KernelSpec> fingerprint_specs() {
     add([](KernelSpec& s) { s.head_dim = s.rotary_dim = 256; });
     add([](KernelSpec& s) { s.head_dim = s.rotary_dim = 64, s.interleaved = 1, s.backward = 1; });
     add([](KernelSpec& s) { s.position_mode = 1, s.mrope_axes = 3; });
-    add([](KernelSpec& s) { s.position_mode = 1, s.mrope_axes = 3, s.interleaved = 1, s.table_full = 1; });
+    add([](KernelSpec& s) {
+        s.position_mode = 1, s.mrope_axes = 3, s.interleaved = 1, s.table_full = 1;
+    });
     add([](KernelSpec& s) {
         s.backward = 1, s.angles_from_inv_freq = 1, s.table_vec_loads = 0, s.freq_grad = 1;
         s.in_place_q = s.in_place_k = 0;
     });
     add([](KernelSpec& s) {
-        s.backward = 1, s.angles_from_inv_freq = 1, s.table_vec_loads = 0, s.freq_grad = 1, s.interleaved = 1;
+        s.backward = 1, s.angles_from_inv_freq = 1, s.table_vec_loads = 0, s.freq_grad = 1,
+        s.interleaved = 1;
         s.in_place_q = s.in_place_k = 0;
     });
     add([](KernelSpec& s) { s.block_threads = 256; });
@@ -105,7 +116,8 @@ std::vector<std::string> normalized_ptx_lines(const std::string& ptx) {
         const size_t start = line.find_first_not_of(" \t");
         if (start == std::string::npos) continue;
         line = line.substr(start);
-        if (line.rfind("//", 0) == 0 || line.rfind(".loc", 0) == 0 || line.rfind(".file", 0) == 0) continue;
+        if (line.rfind("//", 0) == 0 || line.rfind(".loc", 0) == 0 || line.rfind(".file", 0) == 0)
+            continue;
         if (line.rfind(".section", 0) == 0) break;  // debug sections follow the code
         line = std::regex_replace(std::regex_replace(line, reg, "$1"), label, "$L");
         lines.push_back(line);
@@ -138,7 +150,8 @@ std::string ptx_fingerprint(const KernelSpec& spec, size_t index) {
     std::string source = rope_jit::specialize_kernel(spec);
     std::vector<rope_jit::NamedSource> headers = rope_jit::kernel_headers();
     if (const char* dir = std::getenv("ROPE_JIT_FINGERPRINT_TEMPLATES")) {
-        source = spec.preamble() + "#line 1 \"rope.cu\"\n" + read_file(std::string(dir) + "/rope.cu");
+        source =
+            spec.preamble() + "#line 1 \"rope.cu\"\n" + read_file(std::string(dir) + "/rope.cu");
         for (rope_jit::NamedSource& header : headers) {
             std::ifstream probe(std::string(dir) + "/" + header.name);
             if (probe.good()) header.source = read_file(std::string(dir) + "/" + header.name);
@@ -153,15 +166,19 @@ std::string ptx_fingerprint(const KernelSpec& spec, size_t index) {
     }
     const std::string order = hash_lines(lines);
     std::sort(lines.begin(), lines.end());
-    return "lines=" + std::to_string(lines.size()) + " multiset=" + hash_lines(lines) + " order=" + order;
+    return "lines=" + std::to_string(lines.size()) + " multiset=" + hash_lines(lines) +
+           " order=" + order;
 }
 
-std::string launch_fingerprint(const KernelSpec& spec, int64_t heads_q, int64_t heads_k, int64_t units,
-                               int64_t sms) {
+std::string launch_fingerprint(const KernelSpec& spec, int64_t heads_q, int64_t heads_k,
+                               int64_t units, int64_t sms) {
     try {
-        const rope_jit::RopeLaunch launch = rope_jit::plan_rope_launch(spec, heads_q, heads_k, units, sms);
-        return "grid=" + std::to_string(launch.blocks) + " block=" + std::to_string(launch.threads) +
-               " shared=" + std::to_string(launch.shared_bytes) + " tokens=" + std::to_string(launch.tokens_per_block);
+        const rope_jit::RopeLaunch launch =
+            rope_jit::plan_rope_launch(spec, heads_q, heads_k, units, sms);
+        return "grid=" + std::to_string(launch.blocks) +
+               " block=" + std::to_string(launch.threads) +
+               " shared=" + std::to_string(launch.shared_bytes) +
+               " tokens=" + std::to_string(launch.tokens_per_block);
     } catch (const rope_jit::Error& e) {
         return std::string("error: ") + e.what();
     }
@@ -169,7 +186,8 @@ std::string launch_fingerprint(const KernelSpec& spec, int64_t heads_q, int64_t 
 
 }  // namespace
 
-TEST_CASE("RoPE codegen fingerprint: PTX of representative specs and launch geometry" * doctest::skip()) {
+TEST_CASE("RoPE codegen fingerprint: PTX of representative specs and launch geometry" *
+          doctest::skip()) {
     std::vector<std::string> lines;
     const std::vector<KernelSpec> specs = fingerprint_specs();
     const bool nvrtc = rope_jit::nvrtc_api() != nullptr;
@@ -185,14 +203,16 @@ TEST_CASE("RoPE codegen fingerprint: PTX of representative specs and launch geom
         struct Shape {
             int64_t units, sms;
         };
-        for (const Shape shape : {Shape{1, 132}, Shape{7, 132}, Shape{4 * 4096, 132}, Shape{32768, 132},
-                                  Shape{8 * 2048, 16}, Shape{int64_t(3) << 40, 132}})
-            lines.push_back(name + " launch units=" + std::to_string(shape.units) + " sms=" +
-                            std::to_string(shape.sms) + " hq=" + std::to_string(heads_q) +
+        for (const Shape shape :
+             {Shape{1, 132}, Shape{7, 132}, Shape{4 * 4096, 132}, Shape{32768, 132},
+              Shape{8 * 2048, 16}, Shape{int64_t(3) << 40, 132}})
+            lines.push_back(name + " launch units=" + std::to_string(shape.units) +
+                            " sms=" + std::to_string(shape.sms) + " hq=" + std::to_string(heads_q) +
                             " hk=" + std::to_string(heads_k) + ": " +
                             launch_fingerprint(spec, heads_q, heads_k, shape.units, shape.sms));
         // One head, and many heads: the block fit's extremes.
-        lines.push_back(name + " launch one head: " + launch_fingerprint(spec, 1, spec.has_k ? 1 : 0, 4096, 132));
+        lines.push_back(name + " launch one head: " +
+                        launch_fingerprint(spec, 1, spec.has_k ? 1 : 0, 4096, 132));
         lines.push_back(name + " launch 128 heads: " +
                         launch_fingerprint(spec, 128, spec.has_k ? 128 : 0, 4096, 132));
     }

@@ -28,7 +28,8 @@ KernelSpec llama_spec() {
     return spec;
 }
 
-constexpr RopeShape shape(int head_dim, int rotary_dim, int vec, bool interleaved, bool table_full) {
+constexpr RopeShape shape(int head_dim, int rotary_dim, int vec, bool interleaved,
+                          bool table_full) {
     RopeShape s{};
     s.head_dim = head_dim;
     s.rotary_dim = rotary_dim;
@@ -42,7 +43,8 @@ constexpr RopeShape shape(int head_dim, int rotary_dim, int vec, bool interleave
 
 // The plan is a constant expression, as the kernel needs it to be.
 static_assert(rope_plan(shape(128, 128, 8, false, false)).rot_items == 8, "64 pairs, 8 a chunk");
-static_assert(rope_plan(shape(128, 128, 8, true, true)).table_span == 8, "4 pairs at every other column");
+static_assert(rope_plan(shape(128, 128, 8, true, true)).table_span == 8,
+              "4 pairs at every other column");
 
 }  // namespace
 
@@ -114,13 +116,16 @@ TEST_CASE("the launch plan of partial rotary in and out of place, xPos, inv_freq
 }
 
 TEST_CASE("a vector width that splits pairs has no plan, and the spec does not validate") {
-    CHECK(rope_plan(shape(128, 128, 1, true, false)).problem == kRopePlanVecSplitsPairs);  // half a pair
-    CHECK(rope_plan(shape(12, 12, 4, false, false)).problem == kRopePlanVecSplitsPairs);   // 6 pairs by 4
+    CHECK(rope_plan(shape(128, 128, 1, true, false)).problem ==
+          kRopePlanVecSplitsPairs);  // half a pair
+    CHECK(rope_plan(shape(12, 12, 4, false, false)).problem ==
+          kRopePlanVecSplitsPairs);  // 6 pairs by 4
     CHECK(rope_plan(shape(12, 12, 2, false, false)).problem == kRopePlanOk);
     KernelSpec spec = llama_spec();
     spec.head_dim = spec.rotary_dim = 12;
     spec.vec = 4;
-    CHECK_THROWS_WITH_AS(spec.validate(), doctest::Contains("vec 4 does not divide the 6 pairs"), rope_jit::Error);
+    CHECK_THROWS_WITH_AS(spec.validate(), doctest::Contains("vec 4 does not divide the 6 pairs"),
+                         rope_jit::Error);
 }
 
 TEST_CASE("launch geometry: blocks fit their tokens' items, the grid and shared memory") {

@@ -1,7 +1,7 @@
 // The object behind a rope_jit_runtime handle: the backend chosen at creation, the disk
 // cache, the kernel counters, with a GPU the CUDA layer (devices, the kernel loader shared by
-// every op, one launcher per op) and the CPU worker pool (started on first use). Each public operation enters here after the C API shim has read
-// the caller's structs.
+// every op, one launcher per op) and the CPU worker pool (started on first use). Each public
+// operation enters here after the C API shim has read the caller's structs.
 #pragma once
 
 #include <memory>
@@ -25,7 +25,9 @@ public:
     explicit Runtime(const rope_jit_config& config);
     ~Runtime();
 
-    rope_jit_backend_kind backend() const { return devices_ ? ROPE_JIT_BACKEND_CUDA : ROPE_JIT_BACKEND_CPU; }
+    rope_jit_backend_kind backend() const {
+        return devices_ ? ROPE_JIT_BACKEND_CUDA : ROPE_JIT_BACKEND_CPU;
+    }
     void rope(const rope_jit_rope_args& args);
     // Attention with rotary fused in: the forward, or (backward) the gradients.
     void attention(const rope_jit_attention_args& args, bool backward);

@@ -42,21 +42,25 @@ int device_attribute(const CudaDriverApi& api, CUdevice device, int attribute, c
 
 CudaDevices::CudaDevices() : api_(require_cuda_driver()) {
     const int count = cuda_device_count();
-    if (count == 0) throw Error(ROPE_JIT_ERROR_BACKEND_UNAVAILABLE, "the CUDA driver reports no device");
+    if (count == 0)
+        throw Error(ROPE_JIT_ERROR_BACKEND_UNAVAILABLE, "the CUDA driver reports no device");
     for (int ordinal = 0; ordinal < count; ++ordinal) {
         auto device = std::make_unique<Device>();
         CudaDevice& info = device->info;
         check_cu(api_.cuDeviceGet(&info.handle, ordinal), "cuDeviceGet");
         info.target = cuda_device_target(ordinal);
-        info.multiprocessors = device_attribute(api_, info.handle, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
-                                                "MULTIPROCESSOR_COUNT");
-        const int major = device_attribute(api_, info.handle, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
-                                           "COMPUTE_CAPABILITY_MAJOR");
-        const int minor = device_attribute(api_, info.handle, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
-                                           "COMPUTE_CAPABILITY_MINOR");
+        info.multiprocessors = device_attribute(
+            api_, info.handle, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, "MULTIPROCESSOR_COUNT");
+        const int major =
+            device_attribute(api_, info.handle, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+                             "COMPUTE_CAPABILITY_MAJOR");
+        const int minor =
+            device_attribute(api_, info.handle, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+                             "COMPUTE_CAPABILITY_MINOR");
         info.compute_capability = major * 10 + minor;
         info.max_shared_optin = device_attribute(
-            api_, info.handle, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, "MAX_SHARED_MEMORY_PER_BLOCK_OPTIN");
+            api_, info.handle, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            "MAX_SHARED_MEMORY_PER_BLOCK_OPTIN");
         devices_.push_back(std::move(device));
     }
 }
@@ -68,14 +72,15 @@ CudaDevices::~CudaDevices() {
 
 void CudaDevices::check_ordinal(int ordinal, const char* argument) const {
     if (ordinal < 0 || ordinal >= device_count())
-        fail_argument(fmt::format("{}: lives on CUDA device {}, but this machine has {} device(s)", argument, ordinal,
-                                  device_count()));
+        fail_argument(fmt::format("{}: lives on CUDA device {}, but this machine has {} device(s)",
+                                  argument, ordinal, device_count()));
 }
 
 CUcontext CudaDevices::primary_context(int ordinal) {
     Device& device = *devices_[size_t(ordinal)];
     std::call_once(device.primary_once, [&] {
-        check_cu(api_.cuDevicePrimaryCtxRetain(&device.primary, device.info.handle), "cuDevicePrimaryCtxRetain");
+        check_cu(api_.cuDevicePrimaryCtxRetain(&device.primary, device.info.handle),
+                 "cuDevicePrimaryCtxRetain");
     });
     return device.primary;
 }
@@ -96,9 +101,10 @@ LaunchContext CudaDevices::resolve_context(int ordinal, CUstream stream) {
         if (launch.context != nullptr) {
             const CUdevice device = context_device(api_, launch.context, launch.current);
             if (device != wanted)
-                fail_argument(fmt::format("stream: the stream belongs to CUDA device {}, but the tensors live on "
-                                          "device {}",
-                                          ordinal_of(device), ordinal));
+                fail_argument(fmt::format(
+                    "stream: the stream belongs to CUDA device {}, but the tensors live on "
+                    "device {}",
+                    ordinal_of(device), ordinal));
             return launch;
         }
     }

@@ -24,10 +24,10 @@ struct LaunchContext {
 // What launchers read of one device; fixed after enumeration.
 struct CudaDevice {
     CUdevice handle = 0;
-    std::string target;             // "sm_90": what kernels for it compile for
-    int compute_capability = 0;     // 90 for 9.0
+    std::string target;          // "sm_90": what kernels for it compile for
+    int compute_capability = 0;  // 90 for 9.0
     int multiprocessors = 1;
-    int max_shared_optin = 0;       // dynamic shared memory a block may opt in to, bytes
+    int max_shared_optin = 0;  // dynamic shared memory a block may opt in to, bytes
 };
 
 class CudaDevices {

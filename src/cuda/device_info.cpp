@@ -13,7 +13,8 @@ DeviceDescription describe_device(const CudaDevices* devices, int ordinal) {
         fail_argument(fmt::format("ordinal: {} is not a device of this runtime, which has {}", ordinal, count));
     const CudaDevice& device = devices->device(ordinal);
     char name[256] = {};
-    check_cu(devices->api().cuDeviceGetName(name, int(sizeof name) - 1, device.handle), "cuDeviceGetName");
+    check_cu(devices->api().cuDeviceGetName(name, int(sizeof name) - 1, device.handle),
+             "cuDeviceGetName");
     return DeviceDescription{name, device.target};
 }
 

@@ -11,8 +11,8 @@ constexpr int kDefaultSharedLimit = 48 * 1024;
 
 }  // namespace
 
-LoadedKernel load_kernel_module(const CudaDriverApi& api, const std::vector<char>& image, const std::string& entry,
-                                int dynamic_shared_bytes) {
+LoadedKernel load_kernel_module(const CudaDriverApi& api, const std::vector<char>& image,
+                                const std::string& entry, int dynamic_shared_bytes) {
     LoadedKernel kernel;
     check_cu(api.cuModuleLoadData(&kernel.module, image.data()), "cuModuleLoadData");
     const CUresult found = api.cuModuleGetFunction(&kernel.function, kernel.module, entry.c_str());
@@ -21,8 +21,8 @@ LoadedKernel load_kernel_module(const CudaDriverApi& api, const std::vector<char
         throw_cuda_error(found, ("cuModuleGetFunction(" + entry + ")").c_str());
     }
     if (dynamic_shared_bytes > kDefaultSharedLimit) {
-        const CUresult result = api.cuFuncSetAttribute(kernel.function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                                       dynamic_shared_bytes);
+        const CUresult result = api.cuFuncSetAttribute(
+            kernel.function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, dynamic_shared_bytes);
         if (result != CUDA_SUCCESS) {
             api.cuModuleUnload(kernel.module);
             throw_cuda_error(result, ("loading " + entry).c_str());

@@ -20,8 +20,8 @@ namespace rope_jit {
 // Loads a cubin or PTX image as a module of the current context and finds its entry point,
 // opting it in to `dynamic_shared_bytes` above the default 48 KiB; on failure unloads the
 // module and throws Error(ROPE_JIT_ERROR_CUDA) naming `entry`.
-LoadedKernel load_kernel_module(const CudaDriverApi& api, const std::vector<char>& image, const std::string& entry,
-                                int dynamic_shared_bytes = 0);
+LoadedKernel load_kernel_module(const CudaDriverApi& api, const std::vector<char>& image,
+                                const std::string& entry, int dynamic_shared_bytes = 0);
 
 class KernelLoader {
 public:
@@ -41,7 +41,8 @@ public:
             stats_.memory_hits.fetch_add(1, std::memory_order_relaxed);
             return hit;
         }
-        return build(spec, context, target, std::function<KernelRecipe()>(std::forward<MakeRecipe>(make_recipe)));
+        return build(spec, context, target,
+                     std::function<KernelRecipe()>(std::forward<MakeRecipe>(make_recipe)));
     }
 
 private:

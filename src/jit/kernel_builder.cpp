@@ -74,8 +74,8 @@ KernelBinary build_kernel_binary(const KernelRecipe& recipe, const std::string& 
 
     // target_used is choose_target's fixed point, so NVRTC gets exactly plan.options, the
     // options the key hashed (compile_options builds both).
-    CompileResult compiled =
-        compile_cuda(recipe.source(), recipe.template_name, plan.target_used, kExtraOptions, kernel_headers());
+    CompileResult compiled = compile_cuda(recipe.source(), recipe.template_name, plan.target_used,
+                                          kExtraOptions, kernel_headers());
     stats.compiles.fetch_add(1, std::memory_order_relaxed);
     stats.compile_microseconds.fetch_add(uint64_t(compiled.milliseconds * 1000.0), std::memory_order_relaxed);
     binary.image = std::move(compiled.binary);

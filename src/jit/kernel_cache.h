@@ -35,7 +35,8 @@ public:
 
     template <typename Spec>
     static SpecKey of(const char* op, const Spec& spec) noexcept {
-        static_assert(std::has_unique_object_representations_v<Spec>, "compared as plain bytes: no padding");
+        static_assert(std::has_unique_object_representations_v<Spec>,
+                      "compared as plain bytes: no padding");
         static_assert(sizeof(Spec) <= kMaxSpecBytes, "raise SpecKey::kMaxSpecBytes");
         SpecKey key;
         std::strncpy(key.op_, op, kMaxOpName);
@@ -49,7 +50,9 @@ public:
         return size_ == other.size_ && std::memcmp(op_, other.op_, sizeof op_) == 0 &&
                std::memcmp(bytes_, other.bytes_, size_) == 0;
     }
-    size_t hash() const noexcept { return hash_bytes(op_, sizeof op_) ^ (hash_bytes(bytes_, size_) * 31); }
+    size_t hash() const noexcept {
+        return hash_bytes(op_, sizeof op_) ^ (hash_bytes(bytes_, size_) * 31);
+    }
 
 private:
     SpecKey() = default;
@@ -70,7 +73,8 @@ public:
 
     // find, else build() once (others asking meanwhile wait for that build and share its
     // result or its exception) and cache the result.
-    LoadedKernel get_or_build(const SpecKey& spec, CUcontext context, const std::function<LoadedKernel()>& build);
+    LoadedKernel get_or_build(const SpecKey& spec, CUcontext context,
+                              const std::function<LoadedKernel()>& build);
 
     // Unloads every cached module in its own context. Best effort, for destructors: at process
     // exit the driver may already be shutting down.

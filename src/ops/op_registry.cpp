@@ -32,7 +32,8 @@ const OpRegistration* op_of_spec_json(const std::string& spec_json, std::string*
     } else if (!j.contains("op")) {
         op = find_op(kRopeOp);
     } else if (!j["op"].is_string() || (op = find_op(j["op"].get<std::string>())) == nullptr) {
-        if (error != nullptr) *error = "op: must be one of " + registered_op_names() + ", got " + j["op"].dump();
+        if (error != nullptr)
+            *error = "op: must be one of " + registered_op_names() + ", got " + j["op"].dump();
         return nullptr;
     }
     if (problem != nullptr && error != nullptr) *error = problem;
@@ -41,7 +42,8 @@ const OpRegistration* op_of_spec_json(const std::string& spec_json, std::string*
 
 std::string registered_op_names() {
     std::string names;
-    for (const OpRegistration& op : kOps) names += (names.empty() ? "" : ", ") + std::string(op.name);
+    for (const OpRegistration& op : kOps)
+        names += (names.empty() ? "" : ", ") + std::string(op.name);
     return names;
 }
 

@@ -28,7 +28,8 @@ template <typename Spec, KernelRecipe (*MakeRecipe)(const Spec&)>
 OpRegistration register_op(const char* name) {
     OpRegistration op;
     op.name = name;
-    op.recipe = [](const std::string& spec_json, std::string* error) -> std::optional<KernelRecipe> {
+    op.recipe = [](const std::string& spec_json,
+                   std::string* error) -> std::optional<KernelRecipe> {
         std::optional<Spec> spec = Spec::from_json(spec_json, error);
         if (!spec) return std::nullopt;
         return MakeRecipe(*spec);

@@ -26,7 +26,7 @@ KernelRecipe attention_recipe(const AttentionSpec& spec);
 // The binary of an attention kernel for a device of `target` ("sm_90"; attention_target picks
 // what NVRTC is asked for), through the shared builder (disk cache, NVRTC, the same key scheme
 // as RoPE kernels). Needs NVRTC, not a GPU.
-KernelBinary build_attention_binary(const AttentionSpec& spec, const std::string& target, const DiskCache* disk,
-                                    KernelStats& stats);
+KernelBinary build_attention_binary(const AttentionSpec& spec, const std::string& target,
+                                    const DiskCache* disk, KernelStats& stats);
 
 }  // namespace rope_jit

@@ -63,7 +63,8 @@ CudaAttention::CudaAttention(CudaDevices& devices, KernelLoader& kernels, Kernel
     : devices_(devices), kernels_(kernels), stats_(stats) {
     for (int ordinal = 0; ordinal < devices_.device_count(); ++ordinal) {
         const CudaDevice& device = devices_.device(ordinal);
-        attention_devices_.push_back(attention_device(device.compute_capability, device.max_shared_optin));
+        attention_devices_.push_back(
+            attention_device(device.compute_capability, device.max_shared_optin));
     }
 }
 
@@ -126,7 +127,8 @@ void CudaAttention::run(const AttentionProblem& p, void* stream_handle) {
     params.scale = float(p.scale);
     params.scale_log2 = float(p.scale * 1.4426950408889634);
 
-    for (const AttentionSpec& spec : choose_attention_specs(p, attention_devices_[size_t(ordinal)])) {
+    for (const AttentionSpec& spec :
+         choose_attention_specs(p, attention_devices_[size_t(ordinal)])) {
         const bool key_side = spec.kind == int32_t(AttentionKernelKind::BackwardDkDv);
         const int64_t rows = key_side ? p.seqlen_k : p.seqlen_q;
         const int64_t heads = key_side ? p.heads_k : p.heads_q;
@@ -137,14 +139,16 @@ void CudaAttention::run(const AttentionProblem& p, void* stream_handle) {
         if (blocks > int64_t(0x7fffffff))
             throw Error(ROPE_JIT_ERROR_UNSUPPORTED,
                         fmt::format("q: {} blocks exceed one launch's grid ({})", blocks, spec.describe()));
-        if (spec.producer_warps > 0) encode_box_map(api, params.v_map, p.v, spec.block_n / spec.cluster, "v");
-        const LoadedKernel kernel = kernels_.kernel_for(SpecKey::of(kAttentionOp, spec), launch.context,
-                                                        devices_.target(ordinal),
+        if (spec.producer_warps > 0)
+            encode_box_map(api, params.v_map, p.v, spec.block_n / spec.cluster, "v");
+        const LoadedKernel kernel = kernels_.kernel_for(SpecKey::of(kAttentionOp, spec),
+                                                        launch.context, devices_.target(ordinal),
                                                         [&spec] { return attention_recipe(spec); });
         void* kernel_args[] = {&params};
-        check_cu(api.cuLaunchKernel(kernel.function, unsigned(blocks), 1, 1, unsigned(spec.threads()), 1, 1,
-                                    unsigned(spec.shared_bytes()), stream, kernel_args, nullptr),
-                 "cuLaunchKernel(attention_kernel)");
+        check_cu(
+            api.cuLaunchKernel(kernel.function, unsigned(blocks), 1, 1, unsigned(spec.threads()), 1,
+                               1, unsigned(spec.shared_bytes()), stream, kernel_args, nullptr),
+            "cuLaunchKernel(attention_kernel)");
         stats_.launches.fetch_add(1, std::memory_order_relaxed);
     }
 }

@@ -18,7 +18,8 @@ TensorRef host_copy(const CudaDriverApi& api, const TensorRef& t, std::vector<ch
     uintptr_t first, last;
     t.byte_extent(&first, &last);
     storage.resize(size_t(last - first + 1));
-    check_cu(api.cuMemcpyDtoH(storage.data(), CUdeviceptr(first), storage.size()), "cuMemcpyDtoH (debug checks)");
+    check_cu(api.cuMemcpyDtoH(storage.data(), CUdeviceptr(first), storage.size()),
+             "cuMemcpyDtoH (debug checks)");
     TensorRef copy = t;
     copy.data = storage.data() + (reinterpret_cast<uintptr_t>(t.data) - first);
     copy.device = {kDLCPU, 0};
@@ -29,13 +30,16 @@ TensorRef host_copy(const CudaDriverApi& api, const TensorRef& t, std::vector<ch
 
 RopeLaunch plan_rope_launch(const KernelSpec& spec, int64_t heads_q, int64_t heads_k, int64_t units,
                             int64_t sms) {
-    const RopeBlockFit fit = rope_block_fit(rope_plan(spec), heads_q + heads_k, units, sms, spec.block_threads);
+    const RopeBlockFit fit =
+        rope_block_fit(rope_plan(spec), heads_q + heads_k, units, sms, spec.block_threads);
     if (fit.problem == kRopeFitSharedMemory)
         throw Error(ROPE_JIT_ERROR_UNSUPPORTED,
-                    fmt::format("rope: one token's angles need {} bytes of shared memory, over the {} a block may use",
+                    fmt::format("rope: one token's angles need {} bytes of shared memory, over the "
+                                "{} a block may use",
                                 fit.shared_bytes, kRopeSharedLimit));
     if (fit.problem == kRopeFitGrid)
-        throw Error(ROPE_JIT_ERROR_UNSUPPORTED, fmt::format("q: {} tokens exceed one launch's grid", units));
+        throw Error(ROPE_JIT_ERROR_UNSUPPORTED,
+                    fmt::format("q: {} tokens exceed one launch's grid", units));
     return RopeLaunch{fit.blocks, fit.threads, unsigned(fit.shared_bytes), fit.tokens};
 }
 
@@ -88,9 +92,11 @@ void set_positions(const RopeProblem& p, RopeKernelParams& params) {
             params.positions_axis_stride = p.positions.strides[0];
             if (p.pair_axis.size() > sizeof params.pair_axis)
                 throw Error(ROPE_JIT_ERROR_UNSUPPORTED,
-                            fmt::format("mrope_sections: the CUDA kernels take at most {} pairs with M-RoPE, got {}",
+                            fmt::format("mrope_sections: the CUDA kernels take at most {} pairs "
+                                        "with M-RoPE, got {}",
                                         sizeof params.pair_axis, p.pair_axis.size()));
-            for (size_t i = 0; i < p.pair_axis.size(); ++i) params.pair_axis[i] = (unsigned char)p.pair_axis[i];
+            for (size_t i = 0; i < p.pair_axis.size(); ++i)
+                params.pair_axis[i] = (unsigned char)p.pair_axis[i];
         }
     }
     if (p.seqlen_offsets.present()) {
@@ -142,7 +148,8 @@ RopeKernelParams rope_kernel_params(const RopeProblem& p) {
 
 }  // namespace
 
-RopeCuda::RopeCuda(CudaDevices& devices, KernelLoader& kernels, KernelStats& stats, bool debug_checks)
+RopeCuda::RopeCuda(CudaDevices& devices, KernelLoader& kernels, KernelStats& stats,
+                   bool debug_checks)
     : devices_(devices), kernels_(kernels), stats_(stats), debug_checks_(debug_checks) {}
 
 void RopeCuda::check_positions_on_device(const RopeProblem& problem, CUstream stream) {
@@ -168,11 +175,13 @@ void RopeCuda::run(const RopeProblem& p, void* stream_handle) {
 
     // The kernel for this call's spec, then its arguments and its blocks (rope_params.h).
     const KernelSpec spec = make_kernel_spec(p);
-    const LoadedKernel kernel = kernels_.kernel_for(SpecKey::of(kRopeOp, spec), launch.context,
-                                                    devices_.target(ordinal), [&spec] { return rope_recipe(spec); });
+    const LoadedKernel kernel =
+        kernels_.kernel_for(SpecKey::of(kRopeOp, spec), launch.context, devices_.target(ordinal),
+                            [&spec] { return rope_recipe(spec); });
     RopeKernelParams params = rope_kernel_params(p);
-    const RopeLaunch shape = plan_rope_launch(spec, p.heads_q, p.has_k ? p.heads_k : 0, params.units,
-                                              devices_.device(ordinal).multiprocessors);
+    const RopeLaunch shape =
+        plan_rope_launch(spec, p.heads_q, p.has_k ? p.heads_k : 0, params.units,
+                         devices_.device(ordinal).multiprocessors);
     params.tokens_per_block = shape.tokens_per_block;
     if (p.has_freq_grad) {
         // The kernel adds into the gradient: zero it first, ordered on the same stream.
@@ -184,9 +193,10 @@ void RopeCuda::run(const RopeProblem& p, void* stream_handle) {
     if (shape.blocks == 0) return;  // no token: nothing to rotate (a gradient was still zeroed)
 
     void* kernel_args[] = {&params};
-    check_cu(api.cuLaunchKernel(kernel.function, unsigned(shape.blocks), 1, 1, unsigned(shape.threads), 1, 1,
-                                shape.shared_bytes, stream, kernel_args, nullptr),
-             "cuLaunchKernel(rope_kernel)");
+    check_cu(
+        api.cuLaunchKernel(kernel.function, unsigned(shape.blocks), 1, 1, unsigned(shape.threads),
+                           1, 1, shape.shared_bytes, stream, kernel_args, nullptr),
+        "cuLaunchKernel(rope_kernel)");
     stats_.launches.fetch_add(1, std::memory_order_relaxed);
 }
 

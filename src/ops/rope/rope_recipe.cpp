@@ -11,7 +11,9 @@ constexpr const char* kRopeEntry = "rope_kernel";
 
 }  // namespace
 
-std::string specialize_kernel(const KernelSpec& spec) { return specialize_template(spec.preamble(), kRopeTemplate); }
+std::string specialize_kernel(const KernelSpec& spec) {
+    return specialize_template(spec.preamble(), kRopeTemplate);
+}
 
 KernelRecipe rope_recipe(const KernelSpec& spec) {
     spec.validate();
@@ -24,8 +26,8 @@ KernelRecipe rope_recipe(const KernelSpec& spec) {
     return recipe;
 }
 
-KernelBinary build_kernel_binary(const KernelSpec& spec, const std::string& target, const DiskCache* disk,
-                                 KernelStats& stats) {
+KernelBinary build_kernel_binary(const KernelSpec& spec, const std::string& target,
+                                 const DiskCache* disk, KernelStats& stats) {
     return build_kernel_binary(rope_recipe(spec), target, disk, stats);
 }
 

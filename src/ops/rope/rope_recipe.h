@@ -21,7 +21,7 @@ std::string specialize_kernel(const KernelSpec& spec);
 KernelRecipe rope_recipe(const KernelSpec& spec);
 
 // build_kernel_binary(rope_recipe(spec), ...): the binary of `spec` for `target` ("sm_90").
-KernelBinary build_kernel_binary(const KernelSpec& spec, const std::string& target, const DiskCache* disk,
-                                 KernelStats& stats);
+KernelBinary build_kernel_binary(const KernelSpec& spec, const std::string& target,
+                                 const DiskCache* disk, KernelStats& stats);
 
 }  // namespace rope_jit
