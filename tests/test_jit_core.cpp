@@ -156,6 +156,7 @@ TEST_CASE("the op registry finds each op from its spec JSON and rebuilds the sam
     CHECK(std::string(op->name) == "attention");
     recipe = op->recipe(attention.to_json(), &error);
     REQUIRE(recipe.has_value());
+    CHECK(recipe->spec_json == attention.to_json());
     CHECK(recipe->entry == "attention_kernel");
     CHECK(recipe->template_name == "attention.cu");
     CHECK(recipe->dynamic_shared_bytes == attention.shared_bytes());
