@@ -32,9 +32,34 @@
 
 namespace {
 
-constexpr int PAIRS = ROTARY_DIM / 2;
-constexpr int ROLES = K_OWN_ANGLES ? 2 : 1;             // angle sets per token (q, and k)
-constexpr int PAIRS_PER_ITEM = INTERLEAVED ? VEC / 2 : VEC;
+// The specialization as the launch plan reads it; the plan (rope_params.h) is the one the
+// launcher sizes blocks and shared memory with.
+ROPE_JIT_HOST_DEVICE constexpr RopeShape spec_shape() {
+    RopeShape s{};
+    s.head_dim = HEAD_DIM;
+    s.rotary_dim = ROTARY_DIM;
+    s.vec = VEC;
+    s.mrope_axes = MROPE_AXES;
+    s.interleaved = INTERLEAVED;
+    s.has_k = HAS_K;
+    s.in_place_q = IN_PLACE_Q;
+    s.in_place_k = IN_PLACE_K;
+    s.k_own_angles = K_OWN_ANGLES;
+    s.angles_from_inv_freq = ANGLES_FROM_INV_FREQ;
+    s.has_xpos = HAS_XPOS;
+    s.table_full = TABLE_FULL;
+    s.freq_grad = FREQ_GRAD;
+    return s;
+}
+// A function, not a constexpr variable: NVRTC emits each namespace-scope constant as a global
+// of the module, and the plan is read only at compile time.
+ROPE_JIT_HOST_DEVICE constexpr RopePlan plan() { return rope_plan(spec_shape()); }
+static_assert(plan().problem == kRopePlanOk,
+              "the vector width must hold whole pairs that tile the rotary range");
+
+constexpr int PAIRS = plan().pairs;
+constexpr int ROLES = plan().roles;  // angle sets per token (q, and k)
+constexpr int PAIRS_PER_ITEM = plan().pairs_per_item;
 // Work items per head. Interleaved: one VEC-wide chunk of features (PAIRS_PER_ITEM pairs).
 // Half style: a chunk of first halves and the chunk of their partners R/2 later, rotated and
 // stored together; or, when an out-of-place call also copies unrotated features (partial
@@ -43,19 +68,18 @@ constexpr int PAIRS_PER_ITEM = INTERLEAVED ? VEC / 2 : VEC;
 // chunk items took partial rotary out of place from 0.62 to 0.73-0.83 of copy bandwidth, and
 // full rotary out of place from 0.90 down to 0.53-0.77. In place they would race: an item
 // overwrites its partner's input.
-constexpr bool OUT_OF_PLACE_PARTIAL = HEAD_DIM > ROTARY_DIM && !IN_PLACE_Q && (!HAS_K || !IN_PLACE_K);
-constexpr bool CHUNK_ITEMS = !INTERLEAVED && OUT_OF_PLACE_PARTIAL;
-constexpr int ROT_ITEMS = rope_items_per_head(INTERLEAVED, CHUNK_ITEMS, ROTARY_DIM, VEC);
+constexpr bool OUT_OF_PLACE_PARTIAL = plan().out_of_place_partial;
+constexpr bool CHUNK_ITEMS = plan().chunk_items;
+static_assert(!CHUNK_ITEMS || OUT_OF_PLACE_PARTIAL, "chunk items race in place");
+constexpr int ROT_ITEMS = plan().rot_items;
 // Angles computed once per token into shared memory (else read per item from the tables).
-constexpr bool SHARED_ANGLES = ANGLES_FROM_INV_FREQ || HAS_XPOS || MROPE_AXES > 0;
+constexpr bool SHARED_ANGLES = plan().shared_angles;
 // Table rows resolved per token: one per position axis (M-RoPE), else one per role.
-constexpr int ROW_SETS = MROPE_AXES > 0 ? MROPE_AXES : ROLES;
+constexpr int ROW_SETS = plan().row_sets;
 // Table columns one item reads: its pairs' columns, which in a full interleaved table sit at
 // every other column (the span then covers both and the item uses the even ones).
-constexpr int TABLE_STEP = TABLE_FULL && INTERLEAVED ? 2 : 1;
-constexpr int TABLE_SPAN = PAIRS_PER_ITEM * TABLE_STEP;
-static_assert(PAIRS % PAIRS_PER_ITEM == 0, "the vector width must divide the pairs");
-static_assert(!INTERLEAVED || VEC % 2 == 0, "interleaved items hold whole pairs");
+constexpr int TABLE_STEP = plan().table_step;
+constexpr int TABLE_SPAN = plan().table_span;
 
 // ---- element types --------------------------------------------------------------------
 
@@ -182,10 +206,6 @@ __device__ long long table_row(const RopeKernelParams& p, long long b, long long
     return index + p.position_offset + (is_k ? 0 : p.q_position_offset);
 }
 
-__device__ __forceinline__ long long table_column(int pair) {
-    return TABLE_FULL && INTERLEAVED ? 2 * pair : pair;
-}
-
 // cos and sin of one pair at one table row, with the backward sign and xPos folded in.
 __device__ void pair_angle(const RopeKernelParams& p, long long row, int pair, bool is_k, float* c, float* s) {
     if (ANGLES_FROM_INV_FREQ) {
@@ -197,13 +217,15 @@ __device__ void pair_angle(const RopeKernelParams& p, long long row, int pair, b
         *c = float(cd);
         *s = float(sd);
     } else {
-        const long long col = table_column(pair);
+        const long long col = table_column(TABLE_FULL, INTERLEAVED, pair);
         *c = load_float<TABLE_DTYPE>(p.cos, row * p.cos_stride[0] + col * p.cos_stride[1]);
         *s = load_float<TABLE_DTYPE>(p.sin, row * p.sin_stride[0] + col * p.sin_stride[1]);
     }
     if (BACKWARD_PASS) *s = -*s;
     if (HAS_XPOS) {
-        const float scale = load_float<XPOS_DTYPE>(p.xpos, row * p.xpos_stride[0] + table_column(pair) * p.xpos_stride[1]);
+        const long long col = table_column(TABLE_FULL, INTERLEAVED, pair);
+        const float scale =
+            load_float<XPOS_DTYPE>(p.xpos, row * p.xpos_stride[0] + col * p.xpos_stride[1]);
         if (is_k) {
             *c /= scale;
             *s /= scale;
@@ -452,8 +474,8 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM) r
     extern __shared__ __align__(16) char shared[];
     const int tpb = p.tokens_per_block;
     const int threads = static_cast<int>(blockDim.x);  // at most BLOCK_THREADS
-    const RopeSmemLayout layout =
-        rope_smem_layout(tpb, ROLES, SHARED_ANGLES ? PAIRS : 0, ROW_SETS, FREQ_GRAD ? PAIRS : 0);
+    // The layout the launcher sized the block's dynamic shared memory with.
+    const RopeSmemLayout layout = rope_block_smem(plan(), tpb);
     // [tpb][ROLES][PAIRS] angles if SHARED_ANGLES, [tpb][ROW_SETS] table rows, [tpb] row bases,
     // [PAIRS] gradient sums if FREQ_GRAD.
     float* s_cos = reinterpret_cast<float*>(shared + layout.cos);
@@ -531,7 +553,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM) r
     // 4. Out of place, the features outside the rotary range are copied unchanged, COPY_VEC
     //    at a time (consecutive threads take consecutive vectors of a head row), COPY_BATCH
     //    loads in flight before their stores.
-    if constexpr (HEAD_DIM > ROTARY_DIM && (!IN_PLACE_Q || (HAS_K && !IN_PLACE_K))) {
+    if constexpr (plan().copies_unrotated) {
         const int copies = tokens_here * (heads_q + heads_k) * COPY_UNITS;
         for (int first_copy = threadIdx.x; first_copy < copies; first_copy += COPY_BATCH * threads) {
             T* dst[COPY_BATCH];

@@ -1,7 +1,9 @@
-// Run-time arguments of the rope kernel, passed by value as its single parameter, and the
-// layout of its shared memory. This file is compiled twice: into the host launcher
-// (src/ops/rope/cuda_backend.cpp) and, embedded, into every kernel by NVRTC, so the two sides cannot
-// disagree on either. Plain C++ only: the kernels compile without any toolkit header.
+// Run-time arguments of the rope kernel, passed by value as its single parameter, and its
+// launch plan: what the kernel's specialization implies for its work items, angle sets, row
+// sets and shared memory (rope_plan), and how the host sizes its blocks (rope_block_fit). This
+// file is compiled twice: into the host launcher (src/ops/rope/rope_cuda.cpp, through
+// rope_plan.h) and, embedded, into every kernel by NVRTC, so the two sides cannot disagree on
+// any of it. Plain C++ only: the kernels compile without any toolkit header.
 #ifndef ROPE_JIT_ROPE_PARAMS_H
 #define ROPE_JIT_ROPE_PARAMS_H
 
@@ -72,11 +74,77 @@ struct RopeTokenBases {
     long long q_saved, k_saved;  // the forward outputs (frequency gradient only)
 };
 
+// The specialization constants the plan reads (KernelSpec's fields; the preamble's
+// HEAD_DIM, ROTARY_DIM, VEC...).
+struct RopeShape {
+    int head_dim, rotary_dim, vec, mrope_axes;
+    bool interleaved, has_k, in_place_q, in_place_k;
+    bool k_own_angles, angles_from_inv_freq, has_xpos, table_full, freq_grad;
+};
+
 // Work items per head of the rope kernel (ROT_ITEMS in rope.cu): interleaved, one per vector of
 // `vec` features; half style, one per vector of first halves and its partner vector, or, with
 // chunk_items (out-of-place partial rotary), one per output vector.
 ROPE_JIT_HOST_DEVICE constexpr int rope_items_per_head(bool interleaved, bool chunk_items, int rotary_dim, int vec) {
     return interleaved || chunk_items ? rotary_dim / vec : rotary_dim / 2 / vec;
+}
+
+// What a RopeShape implies, for the kernel and its launcher alike.
+struct RopePlan {
+    int pairs;           // rotation pairs: rotary_dim / 2
+    int roles;           // angle sets per token: q, and k when it has its own (xPos, q offset)
+    int pairs_per_item;  // pairs one work item rotates
+    // An out-of-place call (q and k both) that also copies unrotated features (partial rotary).
+    bool out_of_place_partial;
+    // Half style out of place partial: an item per output chunk, which reads its partner chunk
+    // but stores only itself (CHUNK_ITEMS in rope.cu); in place they would race.
+    bool chunk_items;
+    int rot_items;       // work items per head
+    bool shared_angles;  // cos/sin computed once per token into shared memory (else read per item)
+    int row_sets;    // table rows resolved per token: one per position axis (M-RoPE), else per role
+    int table_step;  // table columns from one pair to the next
+    int table_span;  // table columns one item reads
+    bool copies_unrotated;  // some output (q or k) is out of place and has unrotated features
+    // Work items a thread takes, measured on the H200 (bench/results/h200_kernel_tuning.json,
+    // "block_fit"): two half-style items (four 16-byte loads) or eight interleaved ones (one load
+    // each) at about 256 threads a block; one when the block also copies the unrotated features
+    // of out-of-place partial rotary.
+    int items_per_thread;
+    int shared_pairs;  // pairs of shared cos/sin per angle set (0 without shared angles)
+    int grad_pairs;    // frequency-gradient sums per block (0 without)
+    int problem;       // RopePlanProblem
+};
+// Why a shape has no kernel. (Enumerators, not constexpr variables: NVRTC would emit those as
+// globals of every module.)
+enum RopePlanProblem {
+    kRopePlanOk = 0,
+    kRopePlanVecSplitsPairs =
+        1,  // the vector width does not hold whole pairs tiling the rotary range
+};
+
+ROPE_JIT_HOST_DEVICE constexpr RopePlan rope_plan(const RopeShape& s) {
+    RopePlan plan{};
+    plan.pairs = s.rotary_dim / 2;
+    plan.roles = s.k_own_angles ? 2 : 1;
+    plan.pairs_per_item = s.interleaved ? s.vec / 2 : s.vec;
+    if (plan.pairs_per_item < 1 || (s.interleaved && s.vec % 2 != 0) ||
+        plan.pairs % plan.pairs_per_item != 0)
+        plan.problem = kRopePlanVecSplitsPairs;
+    plan.out_of_place_partial =
+        s.head_dim > s.rotary_dim && !s.in_place_q && (!s.has_k || !s.in_place_k);
+    plan.chunk_items = !s.interleaved && plan.out_of_place_partial;
+    plan.rot_items =
+        s.vec > 0 ? rope_items_per_head(s.interleaved, plan.chunk_items, s.rotary_dim, s.vec) : 0;
+    plan.shared_angles = s.angles_from_inv_freq || s.has_xpos || s.mrope_axes > 0;
+    plan.row_sets = s.mrope_axes > 0 ? s.mrope_axes : plan.roles;
+    plan.table_step = table_column(s.table_full, s.interleaved, 1);
+    plan.table_span = table_columns(s.table_full, s.interleaved, plan.pairs_per_item);
+    plan.copies_unrotated =
+        s.head_dim > s.rotary_dim && (!s.in_place_q || (s.has_k && !s.in_place_k));
+    plan.items_per_thread = plan.out_of_place_partial ? 1 : s.interleaved ? 8 : 2;
+    plan.shared_pairs = plan.shared_angles ? plan.pairs : 0;
+    plan.grad_pairs = s.freq_grad ? plan.pairs : 0;
+    return plan;
 }
 
 // Byte offsets of a block's shared memory: per token, cos and sin of each angle set when the
@@ -106,6 +174,58 @@ ROPE_JIT_HOST_DEVICE constexpr RopeSmemLayout rope_smem_layout(int tokens, int a
     l.grad = rope_take(cursor, grad_pairs * 4);
     l.bytes = at;
     return l;
+}
+
+// The shared memory of a block of `tokens` tokens of a kernel with this plan.
+ROPE_JIT_HOST_DEVICE constexpr RopeSmemLayout rope_block_smem(const RopePlan& plan, int tokens) {
+    return rope_smem_layout(tokens, plan.roles, plan.shared_pairs, plan.row_sets, plan.grad_pairs);
+}
+
+// Dynamic shared memory a launch may take without opting in.
+enum { kRopeSharedLimit = 48 * 1024 };
+
+// A launch's blocks: `tokens` consecutive tokens a block, `threads` threads, `shared_bytes` of
+// dynamic shared memory, `blocks` blocks; problem says why there is no launch.
+struct RopeBlockFit {
+    int tokens, threads;
+    long long blocks;
+    int shared_bytes;
+    int problem;  // RopeFitProblem
+};
+enum RopeFitProblem {
+    kRopeFitOk = 0,
+    kRopeFitSharedMemory = 1,  // one token needs more shared memory (shared_bytes) than the limit
+    kRopeFitGrid = 2,          // more blocks than one launch's grid
+};
+
+// Blocks of whole tokens, sized to their items (a block of 256 threads for a token's 320 items
+// ran a second, mostly idle round), halved while the grid would leave multiprocessors idle
+// (under two blocks each) or the shared memory would not fit. `heads` = heads of q plus heads
+// of k; units = batch * the longer of q's and k's sequences; sms = the device's
+// multiprocessors; max_threads = the kernel's launch bound (BLOCK_THREADS).
+ROPE_JIT_HOST_DEVICE constexpr RopeBlockFit rope_block_fit(const RopePlan& plan, long long heads,
+                                                           long long units, long long sms,
+                                                           int max_threads) {
+    RopeBlockFit fit{};
+    long long items_per_token = heads * plan.rot_items;
+    if (items_per_token < 1) items_per_token = 1;
+    long long tokens = plan.items_per_thread * 256 / items_per_token;
+    tokens = tokens < 1 ? 1 : tokens > 64 ? 64 : tokens;
+    while (tokens > 1 && (units + tokens - 1) / tokens < 2 * sms) tokens /= 2;
+    while (tokens > 1 && rope_block_smem(plan, int(tokens)).bytes > kRopeSharedLimit) tokens /= 2;
+    fit.tokens = int(tokens);
+    fit.shared_bytes = rope_block_smem(plan, fit.tokens).bytes;
+    if (fit.shared_bytes > kRopeSharedLimit) {
+        fit.problem = kRopeFitSharedMemory;
+        return fit;
+    }
+    const long long thread_work =
+        (tokens * items_per_token + plan.items_per_thread - 1) / plan.items_per_thread;
+    const long long threads = (thread_work + 31) / 32 * 32;
+    fit.threads = int(threads < max_threads ? threads : max_threads);
+    fit.blocks = (units + tokens - 1) / tokens;
+    if (fit.blocks > 0x7fffffffLL) fit.problem = kRopeFitGrid;
+    return fit;
 }
 
 #endif

@@ -92,7 +92,7 @@ TEST_CASE("scan judges entries against this build: current, other NVRTC, other b
     ScratchDir tmp;
     DiskCache disk(tmp.path, {});
     const rope_jit::KernelSpec spec = small_spec();
-    const CacheEntryId current = rope_jit::plan_compile(spec, "sm_90").entry;
+    const CacheEntryId current = rope_jit::plan_compile(spec.to_json(), "sm_90").entry;
     REQUIRE(disk.store(current, entry_of(spec)));
 
     CacheEntryId other_nvrtc = current;

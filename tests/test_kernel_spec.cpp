@@ -18,6 +18,7 @@
 #include "cache/disk_cache.h"
 #include "jit/kernel_builder.h"
 #include "ops/rope/kernel_spec.h"
+#include "ops/rope/rope_recipe.h"
 #include "jit/nvrtc_loader.h"
 #include "ops/rope/rope_problem.h"
 #include "rope_test_support.h"

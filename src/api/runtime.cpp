@@ -9,6 +9,7 @@
 #include "ops/rope/cpu_reference.h"
 #include "common/error.h"
 #include "ops/rope/kernel_spec.h"
+#include "ops/rope/rope_recipe.h"
 #include "common/raw_enum.h"
 #include "ops/rope/rope_problem.h"
 #include "common/versioned_struct.h"
@@ -29,11 +30,17 @@ Runtime::Runtime(const rope_jit_config& config)
     }
     if (backend == ROPE_JIT_BACKEND_CPU) return;
     try {
-        cuda_ = std::make_unique<CudaBackend>(disk_.get(), stats_, debug_checks_);
-        cuda_attention_ = std::make_unique<CudaAttention>(*cuda_, disk_.get(), stats_);
+        devices_ = std::make_unique<CudaDevices>();
+        kernels_ = std::make_unique<KernelLoader>(devices_->api(), disk_.get(), stats_);
+        rope_cuda_ = std::make_unique<RopeCuda>(*devices_, *kernels_, stats_, debug_checks_);
+        attention_cuda_ = std::make_unique<CudaAttention>(*devices_, *kernels_, stats_);
     } catch (const Error& e) {
         // AUTO falls back to the CPU when there is no usable GPU; CUDA insists.
         if (backend == ROPE_JIT_BACKEND_CUDA || e.status() != ROPE_JIT_ERROR_BACKEND_UNAVAILABLE) throw;
+        attention_cuda_.reset();
+        rope_cuda_.reset();
+        kernels_.reset();
+        devices_.reset();
     }
 }
 
@@ -70,8 +77,8 @@ void Runtime::rope(const rope_jit_rope_args& args) {
         return;
     }
     if (problem.device.device_type == kDLCUDA) {
-        require_gpu(problem.device, cuda_ != nullptr);
-        cuda_->rope(problem, args.stream);
+        require_gpu(problem.device, rope_cuda_ != nullptr);
+        rope_cuda_->run(problem, args.stream);
         return;
     }
     require_gpu(problem.device, false);
@@ -85,8 +92,8 @@ void Runtime::attention(const rope_jit_attention_args& args, bool backward) {
         return;
     }
     if (problem.device.device_type == kDLCUDA) {
-        require_gpu(problem.device, cuda_attention_ != nullptr);
-        cuda_attention_->run(problem, args.stream);
+        require_gpu(problem.device, attention_cuda_ != nullptr);
+        attention_cuda_->run(problem, args.stream);
         return;
     }
     require_gpu(problem.device, false);
@@ -97,8 +104,8 @@ void Runtime::prewarm(const rope_jit_kernel_spec* specs, size_t n, const char* t
     std::string chosen;
     if (target != nullptr) {
         chosen = target;
-    } else if (cuda_) {
-        chosen = cuda_->target(0);
+    } else if (devices_) {
+        chosen = devices_->target(0);
     } else {
         throw Error(ROPE_JIT_ERROR_BACKEND_UNAVAILABLE,
                     "target: NULL asks for the local GPU's architecture, but this runtime has no GPU; name one "

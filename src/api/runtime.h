@@ -1,17 +1,19 @@
 // The object behind a rope_jit_runtime handle: the backend chosen at creation, the disk
-// cache, the kernel counters, the CUDA backend (when there is a GPU) and the CPU worker pool
-// (started on first use). Each public operation enters here after the C API shim has read
-// the caller's structs.
+// cache, the kernel counters, with a GPU the CUDA layer (devices, the kernel loader shared by
+// every op, one launcher per op) and the CPU worker pool (started on first use). Each public
+// operation enters here after the C API shim has read the caller's structs.
 #pragma once
 
 #include <memory>
 #include <mutex>
 #include <string>
 
-#include "ops/attention/cuda_attention.h"
-#include "ops/rope/cuda_backend.h"
 #include "cache/disk_cache.h"
+#include "cuda/cuda_devices.h"
+#include "cuda/kernel_loader.h"
 #include "jit/kernel_builder.h"
+#include "ops/attention/cuda_attention.h"
+#include "ops/rope/rope_cuda.h"
 #include "rope_jit/rope_jit.h"
 #include "common/thread_pool.h"
 
@@ -23,16 +25,18 @@ public:
     explicit Runtime(const rope_jit_config& config);
     ~Runtime();
 
-    rope_jit_backend_kind backend() const { return cuda_ ? ROPE_JIT_BACKEND_CUDA : ROPE_JIT_BACKEND_CPU; }
+    rope_jit_backend_kind backend() const {
+        return devices_ ? ROPE_JIT_BACKEND_CUDA : ROPE_JIT_BACKEND_CPU;
+    }
     void rope(const rope_jit_rope_args& args);
     // Attention with rotary fused in: the forward, or (backward) the gradients.
     void attention(const rope_jit_attention_args& args, bool backward);
     void prewarm(const rope_jit_kernel_spec* specs, size_t n, const char* target);
     const KernelStats& stats() const { return stats_; }
     // For diagnostics and cache maintenance: the disk cache (nullptr when memory-only) and
-    // the CUDA backend (nullptr on the CPU backend).
+    // the CUDA devices (nullptr on the CPU backend).
     const DiskCache* disk_cache() const { return disk_.get(); }
-    const CudaBackend* cuda() const { return cuda_.get(); }
+    const CudaDevices* cuda() const { return devices_.get(); }
 
 private:
     ThreadPool& cpu_pool();
@@ -41,8 +45,13 @@ private:
     bool debug_checks_ = false;
     std::unique_ptr<DiskCache> disk_;  // NULL: memory-only
     KernelStats stats_;
-    std::unique_ptr<CudaBackend> cuda_;  // NULL on the CPU backend
-    std::unique_ptr<CudaAttention> cuda_attention_;  // with cuda_: the attention kernels
+    // The CUDA layer, all NULL on the CPU backend. Declared in this order so that the
+    // launchers die first, then the loader (which unloads its modules in their contexts),
+    // then the devices (which release their primary contexts).
+    std::unique_ptr<CudaDevices> devices_;
+    std::unique_ptr<KernelLoader> kernels_;
+    std::unique_ptr<RopeCuda> rope_cuda_;
+    std::unique_ptr<CudaAttention> attention_cuda_;
     std::once_flag pool_once_;
     std::unique_ptr<ThreadPool> pool_;
 };

@@ -9,10 +9,9 @@
 
 #include <fmt/format.h>
 
-#include "ops/attention/attention_spec.h"
 #include "common/error.h"
 #include "jit/kernel_builder.h"
-#include "ops/rope/kernel_spec.h"
+#include "ops/op_registry.h"
 #include "jit/nvrtc_loader.h"
 
 namespace rope_jit {
@@ -78,10 +77,11 @@ std::string stale_problem(const CacheItem& entry) {
     return {};
 }
 
-// A few words on the kernel: the describe() of RoPE and attention entries, else the spec JSON.
+// A few words on the kernel: the describe() of the op the spec names (ops/op_registry.h), else
+// the spec JSON.
 std::string describe_spec(const std::string& spec_json) {
-    if (std::optional<KernelSpec> spec = KernelSpec::from_json(spec_json, nullptr)) return spec->describe();
-    if (std::optional<AttentionSpec> spec = AttentionSpec::from_json(spec_json, nullptr)) return spec->describe();
+    if (const OpRegistration* op = op_of_spec_json(spec_json, nullptr))
+        if (std::optional<std::string> description = op->describe(spec_json)) return *description;
     return spec_json.size() <= 160 ? spec_json : spec_json.substr(0, 157) + "...";
 }
 

@@ -7,17 +7,15 @@
 
 namespace rope_jit {
 
-DeviceDescription describe_device(const CudaBackend* backend, int ordinal) {
-    const int count = backend ? backend->device_count() : 0;
+DeviceDescription describe_device(const CudaDevices* devices, int ordinal) {
+    const int count = devices ? devices->device_count() : 0;
     if (ordinal < 0 || ordinal >= count)
         fail_argument(fmt::format("ordinal: {} is not a device of this runtime, which has {}", ordinal, count));
-    // The backend exists, so the driver loaded; its ordinals are the driver's.
-    const CudaDriverApi& api = *cuda_driver_api();
-    CUdevice device = 0;
-    check_cu(api.cuDeviceGet(&device, ordinal), "cuDeviceGet");
+    const CudaDevice& device = devices->device(ordinal);
     char name[256] = {};
-    check_cu(api.cuDeviceGetName(name, int(sizeof name) - 1, device), "cuDeviceGetName");
-    return DeviceDescription{name, backend->target(ordinal)};
+    check_cu(devices->api().cuDeviceGetName(name, int(sizeof name) - 1, device.handle),
+             "cuDeviceGetName");
+    return DeviceDescription{name, device.target};
 }
 
 }  // namespace rope_jit

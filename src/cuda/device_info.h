@@ -1,10 +1,10 @@
 // What rope_jit_device_describe reports about one CUDA device of a runtime: its name from the
-// driver and the compile target the backend chose for it.
+// driver and the compile target the device layer chose for it.
 #pragma once
 
 #include <string>
 
-#include "ops/rope/cuda_backend.h"
+#include "cuda/cuda_devices.h"
 
 namespace rope_jit {
 
@@ -13,9 +13,9 @@ struct DeviceDescription {
     std::string target;  // "sm_90"
 };
 
-// Device `ordinal` of `backend` (nullptr: the CPU backend, which has none). Throws
+// Device `ordinal` of `devices` (nullptr: the CPU backend, which has none). Throws
 // Error(INVALID_ARGUMENT) naming the ordinal when it is out of range, Error(CUDA) when the
 // driver cannot name the device.
-DeviceDescription describe_device(const CudaBackend* backend, int ordinal);
+DeviceDescription describe_device(const CudaDevices* devices, int ordinal);
 
 }  // namespace rope_jit

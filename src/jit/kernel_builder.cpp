@@ -36,10 +36,6 @@ std::string kernel_cache_key(const std::string& spec_json, const std::string& ta
     return hash.finish_hex();
 }
 
-CompilePlan plan_compile(const KernelSpec& spec, const std::string& target) {
-    return plan_compile(spec.to_json(), target);
-}
-
 CompilePlan plan_compile(const std::string& spec_json, const std::string& target) {
     require_nvrtc();
     CompilePlan plan;
@@ -51,16 +47,9 @@ CompilePlan plan_compile(const std::string& spec_json, const std::string& target
     return plan;
 }
 
-KernelBinary build_kernel_binary(const KernelSpec& spec, const std::string& target, const DiskCache* disk,
-                                 KernelStats& stats) {
-    spec.validate();
-    return build_kernel_binary(KernelRecipe{spec.to_json(), "rope.cu", [&spec] { return specialize_kernel(spec); }},
-                               target, disk, stats);
-}
-
 KernelBinary build_kernel_binary(const KernelRecipe& recipe, const std::string& target, const DiskCache* disk,
                                  KernelStats& stats) {
-    const CompilePlan plan = plan_compile(recipe.spec_json, target);
+    const CompilePlan plan = plan_compile(recipe.spec_json, recipe.compile_target(target));
     const CacheEntryId& id = plan.entry;
 
     KernelBinary binary;
@@ -85,8 +74,8 @@ KernelBinary build_kernel_binary(const KernelRecipe& recipe, const std::string& 
 
     // target_used is choose_target's fixed point, so NVRTC gets exactly plan.options, the
     // options the key hashed (compile_options builds both).
-    CompileResult compiled =
-        compile_cuda(recipe.source(), recipe.program_name, plan.target_used, kExtraOptions, kernel_headers());
+    CompileResult compiled = compile_cuda(recipe.source(), recipe.template_name, plan.target_used,
+                                          kExtraOptions, kernel_headers());
     stats.compiles.fetch_add(1, std::memory_order_relaxed);
     stats.compile_microseconds.fetch_add(uint64_t(compiled.milliseconds * 1000.0), std::memory_order_relaxed);
     binary.image = std::move(compiled.binary);

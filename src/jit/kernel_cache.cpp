@@ -1,28 +1,22 @@
 #include "jit/kernel_cache.h"
 
-#include <string>
-
 namespace rope_jit {
 
-template <typename Spec, typename SpecHash>
-BasicKernelCache<Spec, SpecHash>::BasicKernelCache() {
+KernelCache::KernelCache() {
     snapshots_.push_back(std::make_unique<const Map>());
     snapshot_.store(snapshots_.back().get(), std::memory_order_release);
 }
 
-template <typename Spec, typename SpecHash>
-BasicKernelCache<Spec, SpecHash>::~BasicKernelCache() = default;
+KernelCache::~KernelCache() = default;
 
-template <typename Spec, typename SpecHash>
-LoadedKernel BasicKernelCache<Spec, SpecHash>::find(const Spec& spec, CUcontext context) const noexcept {
+LoadedKernel KernelCache::find(const SpecKey& spec, CUcontext context) const noexcept {
     const Map* map = snapshot_.load(std::memory_order_acquire);
     auto it = map->find(Key{spec, context});
     return it == map->end() ? LoadedKernel{} : it->second;
 }
 
-template <typename Spec, typename SpecHash>
-LoadedKernel BasicKernelCache<Spec, SpecHash>::get_or_build(const Spec& spec, CUcontext context,
-                                                            const std::function<LoadedKernel()>& build) {
+LoadedKernel KernelCache::get_or_build(const SpecKey& spec, CUcontext context,
+                                       const std::function<LoadedKernel()>& build) {
     if (LoadedKernel hit = find(spec, context); hit.function != nullptr) return hit;
     const Key key{spec, context};
     std::promise<LoadedKernel> promise;
@@ -63,8 +57,7 @@ LoadedKernel BasicKernelCache<Spec, SpecHash>::get_or_build(const Spec& spec, CU
     }
 }
 
-template <typename Spec, typename SpecHash>
-void BasicKernelCache<Spec, SpecHash>::unload_all(const CudaDriverApi& api) noexcept {
+void KernelCache::unload_all(const CudaDriverApi& api) noexcept {
     std::lock_guard<std::mutex> lock(mutex_);
     for (const auto& entry : *snapshot_.load(std::memory_order_acquire)) {
         if (api.cuCtxPushCurrent(entry.first.context) != CUDA_SUCCESS) continue;
@@ -73,19 +66,5 @@ void BasicKernelCache<Spec, SpecHash>::unload_all(const CudaDriverApi& api) noex
         api.cuCtxPopCurrent(&popped);
     }
 }
-
-LoadedKernel load_kernel_module(const CudaDriverApi& api, const std::vector<char>& image, const char* entry) {
-    LoadedKernel kernel;
-    check_cu(api.cuModuleLoadData(&kernel.module, image.data()), "cuModuleLoadData");
-    const CUresult found = api.cuModuleGetFunction(&kernel.function, kernel.module, entry);
-    if (found != CUDA_SUCCESS) {
-        api.cuModuleUnload(kernel.module);
-        throw_cuda_error(found, (std::string("cuModuleGetFunction(") + entry + ")").c_str());
-    }
-    return kernel;
-}
-
-template class BasicKernelCache<KernelSpec, KernelSpecHash>;
-template class BasicKernelCache<AttentionSpec, AttentionSpecHash>;
 
 }  // namespace rope_jit

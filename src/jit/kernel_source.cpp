@@ -16,8 +16,6 @@ const EmbeddedTemplate& find_template(const std::string& name) {
 
 }  // namespace
 
-std::string specialize_kernel(const KernelSpec& spec) { return specialize_template(spec.preamble(), "rope.cu"); }
-
 std::string specialize_template(const std::string& preamble, const std::string& template_name) {
     // The #line directive makes NVRTC's diagnostics point into the template, not the preamble.
     return preamble + "#line 1 \"" + template_name + "\"\n" + find_template(template_name).source;

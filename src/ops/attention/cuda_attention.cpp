@@ -8,15 +8,11 @@
 
 #include "attention_params.h"
 #include "common/error.h"
-#include "jit/kernel_source.h"
 #include "jit/nvrtc_loader.h"
 
 namespace rope_jit {
 
 namespace {
-
-constexpr const char* kAttentionTemplate = "attention.cu";
-constexpr const char* kAttentionEntry = "attention_kernel";
 
 // Encodes into `map` the TMA descriptor of a [B, H, S, D] tensor of 16-bit elements whose
 // boxes are 64 features by `rows` tokens, landing 128-byte swizzled (the producer-warp
@@ -63,68 +59,18 @@ AttentionDevice attention_device(int compute_capability, int max_shared_bytes) {
     return device;
 }
 
-std::string attention_target(const AttentionSpec& spec, const std::string& device_target) {
-    if (!spec.wgmma) return device_target;
-    if (device_target != "sm_90" && device_target != "sm_90a")
-        throw Error(ROPE_JIT_ERROR_UNSUPPORTED,
-                    fmt::format("wgmma attention kernels run on sm_90 only, not {}", device_target));
-    return "sm_90a";
-}
-
-KernelBinary build_attention_binary(const AttentionSpec& spec, const std::string& target, const DiskCache* disk,
-                                    KernelStats& stats) {
-    spec.validate();
-    return build_kernel_binary(
-        KernelRecipe{spec.to_json(), kAttentionTemplate,
-                     [&spec] { return specialize_template(spec.preamble(), kAttentionTemplate); }},
-        attention_target(spec, target), disk, stats);
-}
-
-CudaAttention::CudaAttention(CudaBackend& backend, const DiskCache* disk, KernelStats& stats)
-    : api_(require_cuda_driver()), backend_(backend), disk_(disk), stats_(stats) {
-    for (int ordinal = 0; ordinal < backend_.device_count(); ++ordinal) {
-        CUdevice device = 0;
-        check_cu(api_.cuDeviceGet(&device, ordinal), "cuDeviceGet");
-        int major = 0, minor = 0, shared = 0;
-        check_cu(api_.cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device),
-                 "cuDeviceGetAttribute(COMPUTE_CAPABILITY_MAJOR)");
-        check_cu(api_.cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device),
-                 "cuDeviceGetAttribute(COMPUTE_CAPABILITY_MINOR)");
-        check_cu(api_.cuDeviceGetAttribute(&shared, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, device),
-                 "cuDeviceGetAttribute(MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)");
-        devices_.push_back(attention_device(major * 10 + minor, shared));
+CudaAttention::CudaAttention(CudaDevices& devices, KernelLoader& kernels, KernelStats& stats)
+    : devices_(devices), kernels_(kernels), stats_(stats) {
+    for (int ordinal = 0; ordinal < devices_.device_count(); ++ordinal) {
+        const CudaDevice& device = devices_.device(ordinal);
+        attention_devices_.push_back(
+            attention_device(device.compute_capability, device.max_shared_optin));
     }
-}
-
-CudaAttention::~CudaAttention() { kernels_.unload_all(api_); }
-
-LoadedKernel CudaAttention::kernel_for(const AttentionSpec& spec, CUcontext context, int ordinal) {
-    if (LoadedKernel hit = kernels_.find(spec, context); hit.function != nullptr) {
-        stats_.memory_hits.fetch_add(1, std::memory_order_relaxed);
-        return hit;
-    }
-    // The caller made `context` current (run()'s ContextScope): the module loads there.
-    return kernels_.get_or_build(spec, context, [&] {
-        const KernelBinary binary = build_attention_binary(spec, backend_.target(ordinal), disk_, stats_);
-        const LoadedKernel kernel = load_kernel_module(api_, binary.image, kAttentionEntry);
-        // Blocks of the tensor-core kernels take more than the default 48 KiB of shared memory.
-        if (spec.shared_bytes() > 48 * 1024) {
-            const CUresult result = api_.cuFuncSetAttribute(
-                kernel.function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, spec.shared_bytes());
-            if (result != CUDA_SUCCESS) {
-                api_.cuModuleUnload(kernel.module);
-                throw_cuda_error(result, "loading attention_kernel");
-            }
-        }
-        return kernel;
-    });
 }
 
 void CudaAttention::run(const AttentionProblem& p, void* stream_handle) {
     const int ordinal = p.device.device_id;
-    if (ordinal < 0 || ordinal >= backend_.device_count())
-        fail_argument(fmt::format("q: lives on CUDA device {}, but this machine has {} device(s)", ordinal,
-                                  backend_.device_count()));
+    devices_.check_ordinal(ordinal, "q");
     if (p.batch == 0 || p.heads_q == 0) return;
     // The kernels index tokens with 32-bit integers.
     if (p.seqlen_q >= (int64_t(1) << 31) || p.seqlen_k >= (int64_t(1) << 31))
@@ -132,8 +78,9 @@ void CudaAttention::run(const AttentionProblem& p, void* stream_handle) {
                     fmt::format("q: sequences of {} and {} tokens exceed the 2^31 the CUDA attention kernels index",
                                 p.seqlen_q, p.seqlen_k));
     CUstream stream = static_cast<CUstream>(stream_handle);
-    const LaunchContext launch = backend_.resolve_context(ordinal, stream);
-    ContextScope scope(api_, launch.context, launch.current);
+    const CudaDriverApi& api = devices_.api();
+    const LaunchContext launch = devices_.resolve_context(ordinal, stream);
+    ContextScope scope(api, launch.context, launch.current);
 
     AttentionKernelParams params{};
     params.q = p.q.data;
@@ -180,7 +127,8 @@ void CudaAttention::run(const AttentionProblem& p, void* stream_handle) {
     params.scale = float(p.scale);
     params.scale_log2 = float(p.scale * 1.4426950408889634);
 
-    for (const AttentionSpec& spec : choose_attention_specs(p, devices_[size_t(ordinal)])) {
+    for (const AttentionSpec& spec :
+         choose_attention_specs(p, attention_devices_[size_t(ordinal)])) {
         const bool key_side = spec.kind == int32_t(AttentionKernelKind::BackwardDkDv);
         const int64_t rows = key_side ? p.seqlen_k : p.seqlen_q;
         const int64_t heads = key_side ? p.heads_k : p.heads_q;
@@ -191,12 +139,16 @@ void CudaAttention::run(const AttentionProblem& p, void* stream_handle) {
         if (blocks > int64_t(0x7fffffff))
             throw Error(ROPE_JIT_ERROR_UNSUPPORTED,
                         fmt::format("q: {} blocks exceed one launch's grid ({})", blocks, spec.describe()));
-        if (spec.producer_warps > 0) encode_box_map(api_, params.v_map, p.v, spec.block_n / spec.cluster, "v");
-        const LoadedKernel kernel = kernel_for(spec, launch.context, ordinal);
+        if (spec.producer_warps > 0)
+            encode_box_map(api, params.v_map, p.v, spec.block_n / spec.cluster, "v");
+        const LoadedKernel kernel = kernels_.kernel_for(SpecKey::of(kAttentionOp, spec),
+                                                        launch.context, devices_.target(ordinal),
+                                                        [&spec] { return attention_recipe(spec); });
         void* kernel_args[] = {&params};
-        check_cu(api_.cuLaunchKernel(kernel.function, unsigned(blocks), 1, 1, unsigned(spec.threads()), 1, 1,
-                                     unsigned(spec.shared_bytes()), stream, kernel_args, nullptr),
-                 "cuLaunchKernel(attention_kernel)");
+        check_cu(
+            api.cuLaunchKernel(kernel.function, unsigned(blocks), 1, 1, unsigned(spec.threads()), 1,
+                               1, unsigned(spec.shared_bytes()), stream, kernel_args, nullptr),
+            "cuLaunchKernel(attention_kernel)");
         stats_.launches.fetch_add(1, std::memory_order_relaxed);
     }
 }

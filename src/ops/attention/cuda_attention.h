@@ -1,7 +1,7 @@
 // The CUDA side of attention: runs a checked AttentionProblem whose tensors live on a GPU. Per
-// call it resolves the caller's context through the CUDA backend, chooses the kernels
-// (choose_attention_specs), finds each in its memory cache (building it from the disk cache
-// or NVRTC on a miss), fills the parameters and launches on the caller's stream. Like the RoPE
+// call it takes the launch context from the device layer (cuda/cuda_devices.h), chooses the
+// kernels (choose_attention_specs), takes each from the kernel loader (cuda/kernel_loader.h),
+// fills the parameters and launches on the caller's stream. Like the RoPE
 // path it never synchronizes, allocates or creates contexts on that path, so calls can be
 // captured in CUDA graphs.
 #pragma once
@@ -9,12 +9,11 @@
 #include <string>
 #include <vector>
 
+#include "cuda/cuda_devices.h"
+#include "cuda/kernel_loader.h"
 #include "ops/attention/attention_problem.h"
+#include "ops/attention/attention_recipe.h"
 #include "ops/attention/attention_spec.h"
-#include "ops/rope/cuda_backend.h"
-#include "cache/disk_cache.h"
-#include "jit/kernel_builder.h"
-#include "jit/kernel_cache.h"
 
 namespace rope_jit {
 
@@ -29,22 +28,10 @@ bool nvrtc_runs_wgmma_forward(const std::string& nvrtc_version);
 // may opt in to, and whether the wgmma forward runs (sm_90 with nvrtc_runs_wgmma_forward).
 AttentionDevice attention_device(int compute_capability, int max_shared_bytes);
 
-// The target an attention kernel compiles for on a device whose target is `device_target`:
-// that one, except that wgmma kernels exist only on the arch-specific sm_90a (and only for an
-// sm_90 device: Error(UNSUPPORTED) otherwise).
-std::string attention_target(const AttentionSpec& spec, const std::string& device_target);
-
-// The binary of an attention kernel for a device of `target` ("sm_90"; attention_target picks
-// what NVRTC is asked for), through the shared builder (disk cache, NVRTC, the same key scheme
-// as RoPE kernels). Needs NVRTC, not a GPU.
-KernelBinary build_attention_binary(const AttentionSpec& spec, const std::string& target, const DiskCache* disk,
-                                    KernelStats& stats);
-
 class CudaAttention {
 public:
-    // `backend`, `disk` (may be NULL) and `stats` must outlive this object.
-    CudaAttention(CudaBackend& backend, const DiskCache* disk, KernelStats& stats);
-    ~CudaAttention();
+    // `devices`, `kernels` and `stats` must outlive this object.
+    CudaAttention(CudaDevices& devices, KernelLoader& kernels, KernelStats& stats);
     CudaAttention(const CudaAttention&) = delete;
     CudaAttention& operator=(const CudaAttention&) = delete;
 
@@ -53,14 +40,10 @@ public:
     void run(const AttentionProblem& problem, void* stream);
 
 private:
-    LoadedKernel kernel_for(const AttentionSpec& spec, CUcontext context, int ordinal);
-
-    const CudaDriverApi& api_;
-    CudaBackend& backend_;
-    const DiskCache* disk_;
+    CudaDevices& devices_;
+    KernelLoader& kernels_;
     KernelStats& stats_;
-    std::vector<AttentionDevice> devices_;
-    AttentionKernelCache kernels_;
+    std::vector<AttentionDevice> attention_devices_;  // what the kernel choice needs, per ordinal
 };
 
 }  // namespace rope_jit

@@ -8,6 +8,7 @@
 #include "common/byte_hash.h"
 #include "common/error.h"
 #include "common/raw_enum.h"
+#include "ops/rope/rope_plan.h"
 
 namespace rope_jit {
 
@@ -81,10 +82,7 @@ int32_t choose_copy_width(const KernelSpec& spec, size_t element_size, TensorsAl
 }
 
 // Table columns one work item reads (see TABLE_SPAN in rope.cu).
-int64_t table_span(const KernelSpec& spec) {
-    const int64_t pairs_per_item = spec.interleaved ? spec.vec / 2 : spec.vec;
-    return pairs_per_item * (spec.table_full && spec.interleaved ? 2 : 1);
-}
+int64_t table_span(const KernelSpec& spec) { return rope_plan(spec).table_span; }
 
 // Whether a [P, C] table allows reading spans of n columns as one aligned vector.
 bool table_friendly(const TensorRef& t, int64_t n) {
@@ -215,8 +213,8 @@ void KernelSpec::validate() const {
     require(gqa_group >= 1, fmt::format("gqa_group must be >= 1, got {}", gqa_group));
     require(position_mode >= 0 && position_mode <= 2, fmt::format("position_mode {} unknown", position_mode));
     require(vec >= 1 && vec <= 8 && (vec & (vec - 1)) == 0, fmt::format("vec must be 1, 2, 4 or 8, got {}", vec));
-    const int pairs_per_item = interleaved ? vec / 2 : vec;
-    require(pairs_per_item >= 1 && (rotary_dim / 2) % pairs_per_item == 0,
+    // The kernel's own static_assert on its plan (rope_params.h).
+    require(rope_plan(*this).problem != kRopePlanVecSplitsPairs,
             fmt::format("vec {} does not divide the {} pairs", vec, rotary_dim / 2));
     require(!vec_loads || rotary_offset % vec == 0, "vector loads need rotary_offset % vec == 0");
     require(!table_vec_loads || !angles_from_inv_freq, "table_vec_loads needs tables");

@@ -8,6 +8,7 @@
 
 #include "rope_jit/rope_jit.h"
 #include "common/tensor_ref.h"
+#include "host_device.h"
 
 namespace rope_jit {
 
@@ -68,10 +69,10 @@ struct RopeProblem {
     DLDevice device{kDLCPU, 0};  // where every tensor lives
 
     int64_t pairs() const { return rotary_dim / 2; }
-    // Column of pair i in the cos/sin/xpos tables.
+    // Column of pair i in the cos/sin/xpos tables: host_device.h's rule, which is linear in the
+    // pair, so its step serves 64-bit indices.
     int64_t table_column(int64_t i) const {
-        if (!table_full) return i;
-        return style == ROPE_JIT_STYLE_INTERLEAVED ? 2 * i : i;
+        return i * ::table_column(table_full, style == ROPE_JIT_STYLE_INTERLEAVED, 1);
     }
     // No element to rotate (q with no tokens or no heads, and no k with tokens): a no-op,
     // however large the other dimensions (a [2^31, 0, S, D] q must not loop 2^31 times).

@@ -1,0 +1,203 @@
+#include "ops/rope/rope_cuda.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "common/error.h"
+#include "ops/rope/rope_recipe.h"
+#include "ops/rope/rope_plan.h"
+
+namespace rope_jit {
+
+namespace {
+
+// A host copy of the bytes a device view covers, and the same view over that copy.
+TensorRef host_copy(const CudaDriverApi& api, const TensorRef& t, std::vector<char>& storage) {
+    if (!t.present() || t.numel() == 0) return t;
+    uintptr_t first, last;
+    t.byte_extent(&first, &last);
+    storage.resize(size_t(last - first + 1));
+    check_cu(api.cuMemcpyDtoH(storage.data(), CUdeviceptr(first), storage.size()),
+             "cuMemcpyDtoH (debug checks)");
+    TensorRef copy = t;
+    copy.data = storage.data() + (reinterpret_cast<uintptr_t>(t.data) - first);
+    copy.device = {kDLCPU, 0};
+    return copy;
+}
+
+}  // namespace
+
+RopeLaunch plan_rope_launch(const KernelSpec& spec, int64_t heads_q, int64_t heads_k, int64_t units,
+                            int64_t sms) {
+    const RopeBlockFit fit =
+        rope_block_fit(rope_plan(spec), heads_q + heads_k, units, sms, spec.block_threads);
+    if (fit.problem == kRopeFitSharedMemory)
+        throw Error(ROPE_JIT_ERROR_UNSUPPORTED,
+                    fmt::format("rope: one token's angles need {} bytes of shared memory, over the "
+                                "{} a block may use",
+                                fit.shared_bytes, kRopeSharedLimit));
+    if (fit.problem == kRopeFitGrid)
+        throw Error(ROPE_JIT_ERROR_UNSUPPORTED,
+                    fmt::format("q: {} tokens exceed one launch's grid", units));
+    return RopeLaunch{fit.blocks, fit.threads, unsigned(fit.shared_bytes), fit.tokens};
+}
+
+namespace {
+
+// The kernel's run-time arguments (rope_params.h), one group at a time.
+
+// q and k, and where they go.
+void set_tensors(const RopeProblem& p, RopeKernelParams& params) {
+    params.q = p.q.data;
+    params.q_out = p.q_out.data;
+    copy_strides(params.q_stride, p.q, 4);
+    copy_strides(params.q_out_stride, p.q_out, 4);
+    if (p.has_k) {
+        params.k = p.k.data;
+        params.k_out = p.k_out.data;
+        copy_strides(params.k_stride, p.k, 4);
+        copy_strides(params.k_out_stride, p.k_out, 4);
+    }
+}
+
+// Where the angles come from: cos/sin tables or inv_freq, and the xPos scales.
+void set_angles(const RopeProblem& p, RopeKernelParams& params) {
+    if (p.angles == AngleSource::Table) {
+        params.cos = p.cos.data;
+        params.sin = p.sin.data;
+        copy_strides(params.cos_stride, p.cos, 2);
+        copy_strides(params.sin_stride, p.sin, 2);
+    } else {
+        params.inv_freq = p.inv_freq.data;
+        params.inv_freq_stride = p.inv_freq.strides[0];
+    }
+    if (p.has_xpos) {
+        params.xpos = p.xpos_scale.data;
+        copy_strides(params.xpos_stride, p.xpos_scale, 2);
+    }
+}
+
+// Where the positions come from: per-token indices (per section with M-RoPE), per-sequence
+// offsets, and the packed batch's sequence starts.
+void set_positions(const RopeProblem& p, RopeKernelParams& params) {
+    if (p.positions.present()) {
+        // With M-RoPE, positions lead with an axis; each axis is an [S], [B, S] or [T] view.
+        const TensorRef axis = p.position_axis(0);
+        params.positions = axis.data;
+        // [S] and packed [T] are read at (0, s): their batch stride is 0.
+        params.positions_stride[0] = axis.ndim == 2 ? axis.strides[0] : 0;
+        params.positions_stride[1] = axis.strides[axis.ndim - 1];
+        if (p.multi_section()) {
+            params.positions_axis_stride = p.positions.strides[0];
+            if (p.pair_axis.size() > sizeof params.pair_axis)
+                throw Error(ROPE_JIT_ERROR_UNSUPPORTED,
+                            fmt::format("mrope_sections: the CUDA kernels take at most {} pairs "
+                                        "with M-RoPE, got {}",
+                                        sizeof params.pair_axis, p.pair_axis.size()));
+            for (size_t i = 0; i < p.pair_axis.size(); ++i)
+                params.pair_axis[i] = (unsigned char)p.pair_axis[i];
+        }
+    }
+    if (p.seqlen_offsets.present()) {
+        params.seqlen_offsets = p.seqlen_offsets.data;
+        params.seqlen_offsets_stride = p.seqlen_offsets.strides[0];
+    }
+    if (p.cu_seqlens.present()) {
+        params.cu_seqlens = p.cu_seqlens.data;
+        params.cu_seqlens_stride = p.cu_seqlens.strides[0];
+    }
+}
+
+// Learned frequencies: the forward outputs and the gradient the kernel adds into.
+void set_frequency_gradient(const RopeProblem& p, RopeKernelParams& params) {
+    if (!p.has_freq_grad) return;
+    params.q_saved = p.q_saved.data;
+    copy_strides(params.q_saved_stride, p.q_saved, 4);
+    if (p.has_k) {
+        params.k_saved = p.k_saved.data;
+        copy_strides(params.k_saved_stride, p.k_saved, 4);
+    }
+    params.inv_freq_grad = reinterpret_cast<float*>(p.inv_freq_grad.data);
+    params.inv_freq_grad_stride = p.inv_freq_grad.strides[0];
+}
+
+// Sizes, and the tokens the grid covers: units = batch * the longer of q's and k's sequences.
+void set_sizes(const RopeProblem& p, RopeKernelParams& params) {
+    params.batch = p.batch;
+    params.seqlen_q = p.seqlen_q;
+    params.seqlen_k = p.has_k ? p.seqlen_k : 0;
+    params.seqlen_max = std::max(params.seqlen_q, params.seqlen_k);
+    params.heads_q = p.heads_q;
+    params.heads_k = p.heads_k;
+    params.num_sequences = p.num_sequences;
+    params.position_offset = p.position_offset;
+    params.q_position_offset = p.q_position_offset;
+    params.units = p.batch * params.seqlen_max;
+}
+
+RopeKernelParams rope_kernel_params(const RopeProblem& p) {
+    RopeKernelParams params{};
+    set_tensors(p, params);
+    set_angles(p, params);
+    set_positions(p, params);
+    set_frequency_gradient(p, params);
+    set_sizes(p, params);
+    return params;
+}
+
+}  // namespace
+
+RopeCuda::RopeCuda(CudaDevices& devices, KernelLoader& kernels, KernelStats& stats,
+                   bool debug_checks)
+    : devices_(devices), kernels_(kernels), stats_(stats), debug_checks_(debug_checks) {}
+
+void RopeCuda::check_positions_on_device(const RopeProblem& problem, CUstream stream) {
+    // Debug mode only: waits for the stream so the indices it produces are final, then
+    // checks host copies with the CPU backend's rules.
+    check_cu(devices_.api().cuStreamSynchronize(stream), "cuStreamSynchronize (debug checks)");
+    RopeProblem copy = problem;
+    std::vector<char> positions, offsets, cu_seqlens;
+    copy.positions = host_copy(devices_.api(), problem.positions, positions);
+    copy.seqlen_offsets = host_copy(devices_.api(), problem.seqlen_offsets, offsets);
+    copy.cu_seqlens = host_copy(devices_.api(), problem.cu_seqlens, cu_seqlens);
+    check_positions_on_host(copy);
+}
+
+void RopeCuda::run(const RopeProblem& p, void* stream_handle) {
+    const int ordinal = p.device.device_id;
+    devices_.check_ordinal(ordinal, "q");
+    const CudaDriverApi& api = devices_.api();
+    CUstream stream = static_cast<CUstream>(stream_handle);
+    const LaunchContext launch = devices_.resolve_context(ordinal, stream);
+    ContextScope scope(api, launch.context, launch.current);
+    if (debug_checks_) check_positions_on_device(p, stream);
+
+    // The kernel for this call's spec, then its arguments and its blocks (rope_params.h).
+    const KernelSpec spec = make_kernel_spec(p);
+    const LoadedKernel kernel =
+        kernels_.kernel_for(SpecKey::of(kRopeOp, spec), launch.context, devices_.target(ordinal),
+                            [&spec] { return rope_recipe(spec); });
+    RopeKernelParams params = rope_kernel_params(p);
+    const RopeLaunch shape =
+        plan_rope_launch(spec, p.heads_q, p.has_k ? p.heads_k : 0, params.units,
+                         devices_.device(ordinal).multiprocessors);
+    params.tokens_per_block = shape.tokens_per_block;
+    if (p.has_freq_grad) {
+        // The kernel adds into the gradient: zero it first, ordered on the same stream.
+        check_cu(api.cuMemsetD2D32Async(CUdeviceptr(params.inv_freq_grad),
+                                        size_t(params.inv_freq_grad_stride) * sizeof(float), 0u, 1,
+                                        size_t(p.pairs()), stream),
+                 "cuMemsetD2D32Async(inv_freq_grad)");
+    }
+    if (shape.blocks == 0) return;  // no token: nothing to rotate (a gradient was still zeroed)
+
+    void* kernel_args[] = {&params};
+    check_cu(
+        api.cuLaunchKernel(kernel.function, unsigned(shape.blocks), 1, 1, unsigned(shape.threads),
+                           1, 1, shape.shared_bytes, stream, kernel_args, nullptr),
+        "cuLaunchKernel(rope_kernel)");
+    stats_.launches.fetch_add(1, std::memory_order_relaxed);
+}
+
+}  // namespace rope_jit

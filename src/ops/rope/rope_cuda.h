@@ -1,0 +1,50 @@
+// The RoPE launcher: runs a checked RopeProblem whose tensors live on a GPU. Per call it takes
+// the launch context from the device layer (cuda/cuda_devices.h), the kernel for the
+// problem's spec from the kernel loader (cuda/kernel_loader.h), fills the kernel's parameters,
+// sizes the launch (rope_params.h) and launches on the caller's stream. It never
+// synchronizes, allocates or creates contexts on that path, so calls can be captured in CUDA
+// graphs.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/cuda_devices.h"
+#include "cuda/kernel_loader.h"
+#include "ops/rope/kernel_spec.h"
+#include "ops/rope/rope_problem.h"
+
+namespace rope_jit {
+
+// The launch geometry of a rope kernel (rope_block_fit in rope_params.h): blocks of
+// tokens_per_block tokens, `threads` threads and `shared_bytes` of dynamic shared memory.
+// heads_k is 0 without k; units = batch * the longer of q's and k's sequences; sms = the
+// device's multiprocessors. Throws Error(UNSUPPORTED) when one token's shared memory or the
+// grid exceeds a launch.
+struct RopeLaunch {
+    int64_t blocks = 0, threads = 0;
+    unsigned shared_bytes = 0;
+    int tokens_per_block = 0;
+};
+RopeLaunch plan_rope_launch(const KernelSpec& spec, int64_t heads_q, int64_t heads_k, int64_t units,
+                            int64_t sms);
+
+class RopeCuda {
+public:
+    // `devices`, `kernels` and `stats` must outlive the launcher.
+    RopeCuda(CudaDevices& devices, KernelLoader& kernels, KernelStats& stats, bool debug_checks);
+    RopeCuda(const RopeCuda&) = delete;
+    RopeCuda& operator=(const RopeCuda&) = delete;
+
+    // Enqueues the problem on `stream` (a CUstream; NULL = legacy default stream).
+    void run(const RopeProblem& problem, void* stream);
+
+private:
+    void check_positions_on_device(const RopeProblem& problem, CUstream stream);
+
+    CudaDevices& devices_;
+    KernelLoader& kernels_;
+    KernelStats& stats_;
+    bool debug_checks_;
+};
+
+}  // namespace rope_jit

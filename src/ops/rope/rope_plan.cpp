@@ -1,0 +1,23 @@
+#include "ops/rope/rope_plan.h"
+
+namespace rope_jit {
+
+RopeShape rope_shape(const KernelSpec& spec) {
+    RopeShape shape{};
+    shape.head_dim = spec.head_dim;
+    shape.rotary_dim = spec.rotary_dim;
+    shape.vec = spec.vec;
+    shape.mrope_axes = spec.mrope_axes;
+    shape.interleaved = spec.interleaved != 0;
+    shape.has_k = spec.has_k != 0;
+    shape.in_place_q = spec.in_place_q != 0;
+    shape.in_place_k = spec.in_place_k != 0;
+    shape.k_own_angles = spec.k_own_angles != 0;
+    shape.angles_from_inv_freq = spec.angles_from_inv_freq != 0;
+    shape.has_xpos = spec.has_xpos != 0;
+    shape.table_full = spec.table_full != 0;
+    shape.freq_grad = spec.freq_grad != 0;
+    return shape;
+}
+
+}  // namespace rope_jit

@@ -1,0 +1,34 @@
+#include "ops/rope/rope_recipe.h"
+
+#include "jit/kernel_source.h"
+
+namespace rope_jit {
+
+namespace {
+
+constexpr const char* kRopeTemplate = "rope.cu";
+constexpr const char* kRopeEntry = "rope_kernel";
+
+}  // namespace
+
+std::string specialize_kernel(const KernelSpec& spec) {
+    return specialize_template(spec.preamble(), kRopeTemplate);
+}
+
+KernelRecipe rope_recipe(const KernelSpec& spec) {
+    spec.validate();
+    KernelRecipe recipe;
+    recipe.spec_json = spec.to_json();
+    recipe.template_name = kRopeTemplate;
+    recipe.entry = kRopeEntry;
+    recipe.source = [spec] { return specialize_kernel(spec); };
+    // The launcher sizes shared memory under the 48 KiB a block takes without opting in.
+    return recipe;
+}
+
+KernelBinary build_kernel_binary(const KernelSpec& spec, const std::string& target,
+                                 const DiskCache* disk, KernelStats& stats) {
+    return build_kernel_binary(rope_recipe(spec), target, disk, stats);
+}
+
+}  // namespace rope_jit

@@ -1,0 +1,158 @@
+// The RoPE launch plan (kernels_templates/rope_params.h), which the kernel specializes itself
+// with and the launcher sizes blocks and shared memory with: its values for known shapes,
+// worked out by hand from the kernel's design, and the launch geometry of known problems.
+#include <doctest/doctest.h>
+
+#include <string>
+
+#include "common/error.h"
+#include "ops/rope/kernel_spec.h"
+#include "ops/rope/rope_cuda.h"
+#include "ops/rope/rope_plan.h"
+
+using rope_jit::KernelSpec;
+
+namespace {
+
+// bf16, head_dim = rotary_dim = 128, q and k (GQA 4), in place, half style, vectors of 8.
+KernelSpec llama_spec() {
+    KernelSpec spec;
+    spec.dtype = 2;
+    spec.head_dim = spec.rotary_dim = 128;
+    spec.has_k = 1;
+    spec.gqa_group = 4;
+    spec.vec = 8;
+    spec.vec_loads = 1;
+    spec.table_vec_loads = 1;
+    spec.validate();
+    return spec;
+}
+
+constexpr RopeShape shape(int head_dim, int rotary_dim, int vec, bool interleaved,
+                          bool table_full) {
+    RopeShape s{};
+    s.head_dim = head_dim;
+    s.rotary_dim = rotary_dim;
+    s.vec = vec;
+    s.interleaved = interleaved;
+    s.table_full = table_full;
+    s.has_k = true;
+    s.in_place_q = s.in_place_k = true;
+    return s;
+}
+
+// The plan is a constant expression, as the kernel needs it to be.
+static_assert(rope_plan(shape(128, 128, 8, false, false)).rot_items == 8, "64 pairs, 8 a chunk");
+static_assert(rope_plan(shape(128, 128, 8, true, true)).table_span == 8,
+              "4 pairs at every other column");
+
+}  // namespace
+
+TEST_CASE("the launch plan of half and interleaved, half and full tables") {
+    const RopePlan half = rope_plan(shape(128, 128, 8, false, false));
+    CHECK(half.pairs == 64);
+    CHECK(half.pairs_per_item == 8);
+    CHECK(half.rot_items == 8);  // a chunk of 8 first halves and its partner chunk
+    CHECK(half.table_step == 1);
+    CHECK(half.table_span == 8);
+    CHECK(half.items_per_thread == 2);
+    CHECK(half.roles == 1);
+    CHECK(half.row_sets == 1);
+    CHECK_FALSE(half.shared_angles);
+    CHECK_FALSE(half.copies_unrotated);
+    CHECK(half.problem == kRopePlanOk);
+
+    const RopePlan interleaved = rope_plan(shape(128, 128, 8, true, false));
+    CHECK(interleaved.pairs_per_item == 4);
+    CHECK(interleaved.rot_items == 16);  // 128 features, 8 a chunk
+    CHECK(interleaved.table_span == 4);
+    CHECK(interleaved.items_per_thread == 8);
+    const RopePlan full = rope_plan(shape(128, 128, 8, true, true));
+    CHECK(full.table_step == 2);  // pair i at column 2i
+    CHECK(full.table_span == 8);
+    // A full table of half-style pairs holds pair i at column i: no step.
+    CHECK(rope_plan(shape(128, 128, 8, false, true)).table_step == 1);
+}
+
+TEST_CASE("the launch plan of partial rotary in and out of place, xPos, inv_freq and M-RoPE") {
+    RopeShape s = shape(128, 64, 8, false, false);
+    CHECK_FALSE(rope_plan(s).chunk_items);  // in place: chunk items would race
+    CHECK(rope_plan(s).rot_items == 4);
+    s.in_place_q = s.in_place_k = false;
+    RopePlan plan = rope_plan(s);
+    CHECK(plan.out_of_place_partial);
+    CHECK(plan.chunk_items);
+    CHECK(plan.rot_items == 8);  // one item per output chunk: 64 features / 8
+    CHECK(plan.items_per_thread == 1);
+    CHECK(plan.copies_unrotated);
+    // Only k out of place: its unrotated features are copied, but q's items rotate in place.
+    s.in_place_q = true;
+    plan = rope_plan(s);
+    CHECK_FALSE(plan.out_of_place_partial);
+    CHECK_FALSE(plan.chunk_items);
+    CHECK(plan.copies_unrotated);
+
+    s = shape(128, 128, 8, false, false);
+    s.has_xpos = s.k_own_angles = true;
+    plan = rope_plan(s);
+    CHECK(plan.roles == 2);
+    CHECK(plan.row_sets == 2);
+    CHECK(plan.shared_angles);
+    CHECK(plan.shared_pairs == 64);
+    s = shape(128, 128, 8, false, false);
+    s.mrope_axes = 3;
+    s.angles_from_inv_freq = s.freq_grad = true;
+    plan = rope_plan(s);
+    CHECK(plan.row_sets == 3);
+    CHECK(plan.grad_pairs == 64);
+    // Per token: cos and sin of 64 pairs (256 bytes each), 3 rows (24 -> 32), the row bases;
+    // then the block's 64 gradient sums (256).
+    const RopeSmemLayout layout = rope_block_smem(plan, 2);
+    CHECK(layout.sin == 512);
+    CHECK(layout.rows == 1024);
+    CHECK(layout.bases == 1024 + 48);
+    CHECK(layout.grad == 1024 + 48 + 2 * int(sizeof(RopeTokenBases)));
+    CHECK(layout.bytes == layout.grad + 256);
+}
+
+TEST_CASE("a vector width that splits pairs has no plan, and the spec does not validate") {
+    CHECK(rope_plan(shape(128, 128, 1, true, false)).problem ==
+          kRopePlanVecSplitsPairs);  // half a pair
+    CHECK(rope_plan(shape(12, 12, 4, false, false)).problem ==
+          kRopePlanVecSplitsPairs);  // 6 pairs by 4
+    CHECK(rope_plan(shape(12, 12, 2, false, false)).problem == kRopePlanOk);
+    KernelSpec spec = llama_spec();
+    spec.head_dim = spec.rotary_dim = 12;
+    spec.vec = 4;
+    CHECK_THROWS_WITH_AS(spec.validate(), doctest::Contains("vec 4 does not divide the 6 pairs"),
+                         rope_jit::Error);
+}
+
+TEST_CASE("launch geometry: blocks fit their tokens' items, the grid and shared memory") {
+    const KernelSpec spec = llama_spec();
+    // Llama 3 8B, 4 x 4096 tokens: 40 heads of 8 items = 320 items a token, two a thread, so
+    // one token and 160 threads a block; shared memory holds one table row and the row bases.
+    rope_jit::RopeLaunch launch = rope_jit::plan_rope_launch(spec, 32, 8, 4 * 4096, 132);
+    CHECK(launch.tokens_per_block == 1);
+    CHECK(launch.threads == 160);
+    CHECK(launch.blocks == 4 * 4096);
+    CHECK(launch.shared_bytes == 16 + sizeof(RopeTokenBases));
+    // One head: 16 items a token, 512 / 16 = 32 tokens a block, 256 threads.
+    launch = rope_jit::plan_rope_launch(spec, 1, 1, 1 << 20, 132);
+    CHECK(launch.tokens_per_block == 32);
+    CHECK(launch.threads == 256);
+    CHECK(launch.blocks == (1 << 20) / 32);
+    // Few tokens: blocks halve until every multiprocessor has two, down to one token.
+    launch = rope_jit::plan_rope_launch(spec, 1, 1, 1000, 132);
+    CHECK(launch.tokens_per_block == 2);  // 32 -> 16 -> 8 -> 4 -> 2 (500 blocks >= 264)
+    CHECK(launch.blocks == 500);
+    CHECK(launch.threads == 32);
+
+    CHECK_THROWS_WITH_AS(rope_jit::plan_rope_launch(spec, 32, 8, int64_t(3) << 40, 132),
+                         doctest::Contains("exceed one launch's grid"), rope_jit::Error);
+    KernelSpec wide = spec;
+    wide.head_dim = wide.rotary_dim = 8192;
+    wide.angles_from_inv_freq = 1, wide.k_own_angles = 1, wide.table_vec_loads = 0;
+    CHECK_THROWS_WITH_AS(rope_jit::plan_rope_launch(wide, 8, 8, 100, 132),
+                         doctest::Contains("65600 bytes of shared memory"), rope_jit::Error);
+}
