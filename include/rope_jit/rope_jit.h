@@ -252,7 +252,8 @@ typedef struct rope_jit_rope_args {
      * ERROR_INVALID_ARGUMENT). NULL = the legacy default stream of the tensors' device: of the
      * current context when that belongs to the device, else of the device's primary context
      * (the one the CUDA runtime and PyTorch use). Ignored by the CPU backend. The call never
-     * synchronizes it. */
+     * synchronizes it. A calling thread with no current context is left with the launch's
+     * context current, as after a CUDA runtime call; any other current context is restored. */
     void* stream;
 
     /* ---- Multi-section positions (M-RoPE, axial RoPE) -----------------------------------

@@ -201,10 +201,16 @@ const CudaDriverApi& require_cuda_driver() {
 }
 
 ContextScope::ContextScope(const CudaDriverApi& api, CUcontext context, CUcontext current) : api_(api) {
-    if (context != current) {
-        check_cu(api_.cuCtxPushCurrent(context), "cuCtxPushCurrent");
-        pushed_ = true;
+    if (context == current) return;
+    if (current == nullptr) {
+        // A thread with no context (PyTorch's autograd threads, a fresh std::thread) keeps the
+        // launch context, as the CUDA runtime's first call on a thread does: restoring "none"
+        // would leave the next runtime API user (cuBLAS) without a context.
+        check_cu(api_.cuCtxSetCurrent(context), "cuCtxSetCurrent");
+        return;
     }
+    check_cu(api_.cuCtxPushCurrent(context), "cuCtxPushCurrent");
+    pushed_ = true;
 }
 
 ContextScope::~ContextScope() {

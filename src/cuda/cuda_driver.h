@@ -179,7 +179,9 @@ const CudaDriverApi& require_cuda_driver();
 
 // Makes `context` current on the calling thread for a scope, when it is not `current` (the
 // caller's cuCtxGetCurrent) already, and restores the previous one at the end. With PyTorch
-// the current context is normally the one wanted, so the common case pushes nothing.
+// the current context is normally the one wanted, so the common case pushes nothing. A thread
+// with no current context keeps `context` afterwards (nothing to restore), as after a CUDA
+// runtime call.
 class ContextScope {
 public:
     ContextScope(const CudaDriverApi& api, CUcontext context, CUcontext current);
