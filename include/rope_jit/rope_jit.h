@@ -160,6 +160,16 @@ typedef struct rope_jit_config {
     /* 1: on the CUDA backend, check positions against the table size on the device before
      * every call (slower; for debugging). The CPU backend always checks. Default 0. */
     int debug_checks;
+    /* Size limit of the disk cache, in bytes: after each kernel it writes, the runtime removes
+     * the least recently used entries (last loaded or written) of its cache format and NVRTC
+     * version, in its writable root, until they fit; never the entry just written, nor temp
+     * files, lock files, read-only roots or other versions' entries. A process loading an
+     * entry that another evicts at that moment reads it whole or recompiles it; no call
+     * fails. 0 = unbounded. -1 (default) = $ROPE_JIT_CACHE_MAX_BYTES (bytes, or with a K, M,
+     * G or T suffix, powers of 1024; 0 = unbounded) when set, else 1 GiB (1073741824).
+     * Other negative values, or a malformed $ROPE_JIT_CACHE_MAX_BYTES, make
+     * rope_jit_runtime_create fail with ERROR_INVALID_ARGUMENT naming it. */
+    int64_t cache_max_bytes;
 } rope_jit_config;
 
 /* Fills *config with the defaults above and sets struct_size. NULL is ignored. */
@@ -738,9 +748,14 @@ ROPE_JIT_API rope_jit_status rope_jit_rope_tables(const rope_jit_table_config* c
  *
  * The disk cache lives under one root directory (rope_jit_config.cache_dir):
  *   <root>/v<format>/nvrtc<MAJOR.MINOR>/<target>/<2 hex>/<key>.cubin (or .ptx)
- * Each file is one kernel with a checked header. Writers publish files by rename, readers
- * never lock, and a damaged file is set aside and recompiled, so the functions below may run
- * while other processes use the same cache.
+ * Each file is one kernel with a checked header (its cubin or PTX at most 64 MiB; a larger
+ * or malformed file is judged by its first bytes, never read whole). Writers publish files
+ * by rename, readers never lock, and a damaged file, or one whose stored spec is not the
+ * kernel asked for, is set aside and recompiled, so the functions below may run while other
+ * processes use the same cache. Only trusted files are loaded: owned by the caller or root,
+ * writable by no one else, below directories owned by the caller or root that no one else
+ * can write (above the root: only with the sticky bit, as /tmp). Only names of the cache's
+ * layout are reported or removed: anything else under a root given by mistake is left alone.
  * ======================================================================================== */
 
 /* Sets *version to "MAJOR.MINOR" of the NVRTC library kernels are compiled with ("13.0";
@@ -801,8 +816,14 @@ typedef enum rope_jit_cache_item_state {
     ROPE_JIT_CACHE_ITEM_TEMP = 3,
     /* A damaged entry that an earlier call renamed out of the way ("<entry>.bad-<pid>-<n>"). */
     ROPE_JIT_CACHE_ITEM_SET_ASIDE = 4,
-    /* A file or directory in the cache's directories that is not part of its layout. */
-    ROPE_JIT_CACHE_ITEM_STRAY = 5
+    /* A file or directory named like part of the cache's layout but in the wrong place: an
+     * entry in another key's prefix directory, a file in place of a layout directory, or a
+     * directory that cannot be listed. (Names that are not the cache's are never reported.) */
+    ROPE_JIT_CACHE_ITEM_STRAY = 5,
+    /* An entry that is not trusted, and so never loaded: owned by a user other than the
+     * caller and root, writable by others, or below a directory that another user owns or
+     * that others can write (see "Security" in the README). */
+    ROPE_JIT_CACHE_ITEM_UNTRUSTED = 6
 } rope_jit_cache_item_state;
 
 /* One item of the cache, as rope_jit_cache_walk reports it. Every string is NUL-terminated,
