@@ -436,7 +436,10 @@ ROPE_JIT_API rope_jit_status rope_jit_rope(rope_jit_runtime* runtime,
  * specs[0].struct_size bytes apart (a caller built against an older header passes its own
  * size), and each must have that struct_size. Fails on the first bad spec
  * (ERROR_INVALID_ARGUMENT, naming its index) or compile error (ERROR_COMPILE, with the NVRTC
- * log); ERROR_BACKEND_UNAVAILABLE without NVRTC, or with target NULL and no GPU. */
+ * log); ERROR_BACKEND_UNAVAILABLE without NVRTC, or with target NULL and no GPU. A kernel
+ * that compiles but cannot be stored (the cache root unusable, read-only or full) is not an
+ * error: it stays in memory with one warning; rope_jit_stats tells (disk_writes does not grow
+ * with compiles), which is how rope-jit-cache prewarm decides to exit 1. */
 ROPE_JIT_API rope_jit_status rope_jit_prewarm(rope_jit_runtime* runtime, const rope_jit_kernel_spec* specs,
                                               size_t n, const char* target);
 
@@ -794,8 +797,10 @@ ROPE_JIT_API rope_jit_status rope_jit_device_describe(const rope_jit_runtime* ru
 ROPE_JIT_API const char* rope_jit_cache_root(const rope_jit_runtime* runtime);
 
 /* Checks that the runtime can write its disk cache, creating the root and <root>/v1 (mode
- * 0700) when they are missing: both must be directories owned by this user, not
- * world-writable without the sticky bit (others could plant kernels), and writable.
+ * 0700) when they are missing: both must be directories owned by this user that no one else
+ * can write (no group or world write bit, sticky or not: others could plant kernels), every
+ * directory above the root owned by this user or root and writable by others only with the
+ * sticky bit, and writable.
  * ROPE_JIT_OK when so; ERROR_CACHE when not, or when the runtime has no disk cache, with the
  * reason in rope_jit_last_error(). A runtime whose cache fails this check still works: it
  * keeps kernels in memory and warns once. ERROR_INVALID_ARGUMENT for NULL. */
@@ -851,10 +856,11 @@ typedef int (*rope_jit_cache_visitor)(const rope_jit_cache_item* item, void* use
 
 /* Calls visitor(item, user_data) for every item under the runtime's cache root, in path
  * order: the entries of the current format with their state judged against this library
- * (files of other NVRTC versions included), each other "v<N>" directory that holds only
- * nvrtc<version> directories as one STALE item, temp files and anything else inside those
- * directories (a directory there that cannot be listed is a STRAY item saying why). The rest of the root is not
- * reported: the empty compile lock files of <root>/locks, which processes compiling into the
+ * (files of other NVRTC versions included), each other "v<N>" directory whose tree holds only
+ * names of the cache layout as one STALE item, temp files, set-aside files and layout names
+ * out of place inside those directories (a directory there that cannot be listed is a STRAY
+ * item saying why). Names the cache never writes are not reported, nor is the rest of the
+ * root: the empty compile lock files of <root>/locks, which processes compiling into the
  * cache hold while they compile (never removed, so that all of them always lock the same
  * files), and anything that is not the cache's. Reads only; changes nothing. Without
  * NVRTC the NVRTC version and key of an entry cannot be judged, and valid entries are
@@ -867,8 +873,10 @@ ROPE_JIT_API rope_jit_status rope_jit_cache_walk(const rope_jit_runtime* runtime
 /* Removes one item that rope_jit_cache_walk reported (its `path`): a file, or a directory
  * with everything in it (symbolic links are removed, never followed). Safe while other
  * processes use the cache: at worst one of them recompiles a kernel. An item that is already
- * gone counts as removed. Fails with ERROR_INVALID_ARGUMENT for a path that is not inside a
- * "v<N>" directory of the cache root or has ".", ".." or a symbolic link on the way, and with
+ * gone counts as removed. Fails with ERROR_INVALID_ARGUMENT for a path that is not provably
+ * the cache's (a name the cache does not write at that depth of a "v<N>" directory of the
+ * cache root, or a directory holding such names) or has ".", ".." or a symbolic link on the
+ * way, and with
  * ERROR_CACHE when the root is not writable by this user (see rope_jit_cache_check), the
  * runtime has no disk cache, or the removal fails. */
 ROPE_JIT_API rope_jit_status rope_jit_cache_remove(const rope_jit_runtime* runtime, const char* path);
