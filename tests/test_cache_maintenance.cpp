@@ -103,7 +103,8 @@ TEST_CASE("scan judges entries against this build: current, other NVRTC, other b
     REQUIRE(disk.store(other_build, entry_of(spec)));
     const std::string other_format = tmp.path + "/v7";
     make_dirs(other_format + "/nvrtc13.0/sm_90/ab");
-    write_file(other_format + "/nvrtc13.0/sm_90/ab/ab" + std::string(62, '0') + ".cubin", std::string(300, 'y'));
+    write_file(other_format + "/nvrtc13.0/sm_90/ab/ab" + std::string(62, '0') + ".cubin",
+               std::string(300, 'y'));
     write_file(tmp.path + "/notes.txt", "not the cache's");  // outside any v<N>: not reported
 
     auto items = scan_by_path(disk);
@@ -192,7 +193,8 @@ TEST_CASE("remove deletes one item, also a whole directory, and never follows li
     const std::string old_entries = root + "/v9/nvrtc12.0/sm_90/ab";
     make_dirs(old_entries);
     write_file(old_entries + "/ab" + std::string(62, '1') + ".cubin", "old format");
-    REQUIRE(symlink(outside.c_str(), (old_entries + "/ab" + std::string(62, '2') + ".cubin").c_str()) == 0);
+    const std::string link = old_entries + "/ab" + std::string(62, '2') + ".cubin";
+    REQUIRE(symlink(outside.c_str(), link.c_str()) == 0);
     REQUIRE(symlink(tmp.path.c_str(), (root + "/v1/nvrtc13.0").c_str()) == 0);
 
     rope_jit::remove_cache_item(disk, root + "/v9");
@@ -202,7 +204,8 @@ TEST_CASE("remove deletes one item, also a whole directory, and never follows li
     // Paths that leave the cache, or pass through a link, are refused.
     for (const std::string& path : {outside, tmp.path + "/cache2/v1/x", root + "/v1/../../precious",
                                     root + "/v1/./x", root + "//v1/x", root + "/notes/x", root,
-                                    root + "/v1/nvrtc13.0/precious", root + "/v1/nvrtc13.0/sm_90"}) {
+                                    root + "/v1/nvrtc13.0/precious",
+                                    root + "/v1/nvrtc13.0/sm_90"}) {
         CAPTURE(path);
         bool refused = false;
         try {
@@ -217,7 +220,8 @@ TEST_CASE("remove deletes one item, also a whole directory, and never follows li
     rope_jit::remove_cache_item(disk, root + "/v1/nvrtc13.0");
     CHECK_FALSE(exists(root + "/v1/nvrtc13.0"));
     CHECK(exists(tmp.path + "/precious"));
-    rope_jit::remove_cache_item(disk, root + "/v1/nvrtc13.0/sm_90/ab/ab" + std::string(62, '0') + ".cubin");
+    const std::string never_there = "/v1/nvrtc13.0/sm_90/ab/ab" + std::string(62, '0') + ".cubin";
+    rope_jit::remove_cache_item(disk, root + never_there);
 }
 
 TEST_CASE("a root given with a trailing slash scans and removes like one without") {
@@ -284,7 +288,8 @@ TEST_CASE("the cache C API reports the root, walks, removes and rejects bad argu
     CHECK(seen[0].find(root + "/v1/nvrtc9.9") == 0);
     CHECK(seen[0].find("state 5") != std::string::npos);  // ROPE_JIT_CACHE_ITEM_STRAY
     CHECK(rope_jit_cache_remove(runtime, (root + "/v1/nvrtc9.9").c_str()) == ROPE_JIT_OK);
-    CHECK(rope_jit_cache_remove(runtime, (root + "/v1/README").c_str()) == ROPE_JIT_ERROR_INVALID_ARGUMENT);
+    CHECK(rope_jit_cache_remove(runtime, (root + "/v1/README").c_str()) ==
+          ROPE_JIT_ERROR_INVALID_ARGUMENT);
     CHECK(exists(root + "/v1/README"));
     seen.clear();
     CHECK(rope_jit_cache_walk(runtime, collect, &seen) == ROPE_JIT_OK);
@@ -350,11 +355,15 @@ TEST_CASE("a project given as the cache root by mistake loses nothing to scan an
     const std::string root = tmp.path + "/project";
     DiskCache disk(root, {});
     REQUIRE(disk.writable());
-    const std::vector<std::string> files = {
-        root + "/v1/src/main.py",         root + "/v1/README.md",        root + "/v1/x/y/z/dir/f",
-        root + "/v2/src/x.py",            root + "/v1/nvrtc13.0/notes.txt", root + "/v1/nvrtc13.0/docs/a",
-        root + "/v1/nvrtc13.0/sm_90/ab/main.c", root + "/v1/nvrtc13.0/sm_90/xy/a.cubin",
-        root + "/v2/nvrtc12.0/sm_80/ab/readme"};
+    const std::vector<std::string> files = {root + "/v1/src/main.py",
+                                            root + "/v1/README.md",
+                                            root + "/v1/x/y/z/dir/f",
+                                            root + "/v2/src/x.py",
+                                            root + "/v1/nvrtc13.0/notes.txt",
+                                            root + "/v1/nvrtc13.0/docs/a",
+                                            root + "/v1/nvrtc13.0/sm_90/ab/main.c",
+                                            root + "/v1/nvrtc13.0/sm_90/xy/a.cubin",
+                                            root + "/v2/nvrtc12.0/sm_80/ab/readme"};
     for (const std::string& file : files) {
         make_dirs(file.substr(0, file.rfind('/')));
         write_file(file, "precious");
@@ -371,7 +380,8 @@ TEST_CASE("a project given as the cache root by mistake loses nothing to scan an
         CHECK(refused);
         CHECK(exists(path));
     }
-    for (const std::string& dir : {root + "/v1/src", root + "/v1/x", root + "/v2", root + "/v1/nvrtc13.0/docs"}) {
+    for (const std::string& dir :
+         {root + "/v1/src", root + "/v1/x", root + "/v2", root + "/v1/nvrtc13.0/docs"}) {
         CAPTURE(dir);
         CHECK_THROWS_AS(rope_jit::remove_cache_item(disk, dir), rope_jit::Error);
         CHECK(exists(dir));

@@ -672,7 +672,8 @@ TEST_CASE("verify reports entries, damage, leftovers and strays without changing
     CHECK(problem_of(dir_path).find("directory in place") != std::string::npos);
     CHECK(problem_of(temp_path).find("temp") != std::string::npos);
     CHECK(problem_of(bad_path).find("set aside") != std::string::npos);
-    CHECK(problem_of(stray_path).find("not a directory in place of a directory") != std::string::npos);
+    CHECK(problem_of(stray_path).find("not a directory in place of a directory") !=
+          std::string::npos);
     CHECK(by_path.count(foreign_path) == 0);
     CHECK(problem_of(misplaced_path).find("prefix") != std::string::npos);
 
@@ -841,7 +842,7 @@ TEST_CASE("A directory above the root that others can write is accepted only wit
     CHECK(report_of(cache.verify(root), cache.entry_path(root, id))->ok);
 }
 
-TEST_CASE("A read-only bundle owned by root serves every user; one owned by another user does not") {
+TEST_CASE("A read-only bundle owned by root serves every user; another user's serves no one") {
     if (!running_as_root()) {
         MESSAGE("skipped: needs root to own a bundle and to act as another user");
         return;
@@ -900,7 +901,9 @@ TEST_CASE("A huge file in place of an entry is judged by its header, and entries
     TempDir tmp;
     DiskCache cache(tmp.path, {});
     const CacheEntryId huge = make_id("huge"), large = make_id("large"), claims = make_id("claims");
-    for (const CacheEntryId& id : {huge, large, claims}) REQUIRE(cache.store(id, make_entry(90, 10)));
+    for (const CacheEntryId& id : {huge, large, claims}) {
+        REQUIRE(cache.store(id, make_entry(90, 10)));
+    }
     auto truncate_to = [&](const CacheEntryId& id, off_t size) {
         REQUIRE(truncate(cache.entry_path(tmp.path, id).c_str(), size) == 0);
     };
@@ -909,7 +912,9 @@ TEST_CASE("A huge file in place of an entry is judged by its header, and entries
     std::string head = rope_jit::serialize_cache_entry(claims, make_entry(90, 10));
     const size_t payload_length_at = head.size() - 10 - 32 - 8;
     const uint64_t claimed = rope_jit::kCacheMaxPayloadBytes + 1;
-    for (int i = 0; i < 8; ++i) head[payload_length_at + size_t(i)] = char(uint8_t(claimed >> (8 * i)));
+    for (int i = 0; i < 8; ++i) {
+        head[payload_length_at + size_t(i)] = char(uint8_t(claimed >> (8 * i)));
+    }
     write_file(cache.entry_path(tmp.path, claims), head);
     truncate_to(claims, off_t(48) << 20);
     write_file(cache.entry_path(tmp.path, large), "not an entry");
@@ -943,14 +948,16 @@ TEST_CASE("ROPE_JIT_CACHE_MAX_BYTES sets the size limit; malformed values are re
     CHECK(DiskCache::default_max_bytes() == rope_jit::kCacheDefaultMaxBytes);
     CHECK(rope_jit::kCacheDefaultMaxBytes == (uint64_t(1) << 30));
     const std::pair<const char*, uint64_t> good[] = {
-        {"0", 0}, {"4096", 4096}, {"500K", 500u << 10}, {"20M", 20u << 20}, {"2G", uint64_t(2) << 30},
-        {"1T", uint64_t(1) << 40}, {"", rope_jit::kCacheDefaultMaxBytes}};
+        {"0", 0},          {"4096", 4096},           {"500K", 500u << 10},
+        {"20M", 20u << 20}, {"2G", uint64_t(2) << 30}, {"1T", uint64_t(1) << 40},
+        {"", rope_jit::kCacheDefaultMaxBytes}};
     for (const auto& [text, bytes] : good) {
         CAPTURE(text);
         env.set("ROPE_JIT_CACHE_MAX_BYTES", text);
         CHECK(DiskCache::default_max_bytes() == bytes);
     }
-    for (const char* text : {"lots", "-1", "1.5G", "2GB", "12 M", "99999999999999999999", "16777216T"}) {
+    for (const char* text :
+         {"lots", "-1", "1.5G", "2GB", "12 M", "99999999999999999999", "16777216T"}) {
         CAPTURE(text);
         env.set("ROPE_JIT_CACHE_MAX_BYTES", text);
         bool refused = false;
@@ -966,7 +973,8 @@ TEST_CASE("ROPE_JIT_CACHE_MAX_BYTES sets the size limit; malformed values are re
 
 TEST_CASE("A store past the size limit evicts the least recently used entries of its own tree") {
     TempDir tmp;
-    const size_t entry_bytes = rope_jit::serialize_cache_entry(make_id("size"), make_entry(1)).size();
+    const size_t entry_bytes =
+        rope_jit::serialize_cache_entry(make_id("size"), make_entry(1)).size();
     DiskCache cache(tmp.path, {}, 3 * entry_bytes);
     std::vector<CacheEntryId> ids;
     for (int i = 0; i < 3; ++i) {
@@ -1004,18 +1012,25 @@ TEST_CASE("A store past the size limit evicts the least recently used entries of
     const CacheEntryId big = make_id("big");
     REQUIRE(tiny.store(big, make_entry(5)));
     CHECK(exists(tiny.entry_path(tmp.path, big)));
-    for (const CacheEntryId& id : {ids[0], ids[2], fourth}) CHECK_FALSE(exists(cache.entry_path(tmp.path, id)));
+    for (const CacheEntryId& id : {ids[0], ids[2], fourth}) {
+        CHECK_FALSE(exists(cache.entry_path(tmp.path, id)));
+    }
 
     // 0 = unbounded.
     DiskCache unbounded(tmp.path, {}, 0);
-    for (int i = 0; i < 8; ++i) REQUIRE(unbounded.store(make_id("many " + std::to_string(i)), make_entry(i)));
-    for (int i = 0; i < 8; ++i) CHECK(exists(cache.entry_path(tmp.path, make_id("many " + std::to_string(i)))));
+    for (int i = 0; i < 8; ++i) {
+        REQUIRE(unbounded.store(make_id("many " + std::to_string(i)), make_entry(i)));
+    }
+    for (int i = 0; i < 8; ++i) {
+        CHECK(exists(cache.entry_path(tmp.path, make_id("many " + std::to_string(i)))));
+    }
 }
 
 TEST_CASE("Loaders racing evictors in other threads and processes get whole entries or a miss") {
     TempDir tmp;
     constexpr int kKeys = 24;
-    const size_t entry_bytes = rope_jit::serialize_cache_entry(make_id("size"), make_entry(1)).size();
+    const size_t entry_bytes =
+        rope_jit::serialize_cache_entry(make_id("size"), make_entry(1)).size();
     std::vector<CacheEntryId> ids;
     for (int i = 0; i < kKeys; ++i) ids.push_back(make_id("race " + std::to_string(i)));
     // Room for about a quarter of the keys, so nearly every store evicts.

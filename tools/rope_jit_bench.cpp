@@ -492,7 +492,8 @@ struct Options {
 };
 
 constexpr const char* kUsage =
-    "usage: rope-jit-bench [--backend auto|cpu|cuda] [--filter SUBSTRING] [--json FILE] [--quick] [--list] [--help]";
+    "usage: rope-jit-bench [--backend auto|cpu|cuda] [--filter SUBSTRING] [--json FILE] [--quick] "
+    "[--list] [--help]";
 
 constexpr const char* kHelp =
     "Measures RoPE through the C API against the copy bandwidth of this machine, in one process.\n"

@@ -415,11 +415,13 @@ int run_prewarm(const GlobalOptions& global, const PrewarmOptions& options) {
         std::string unwritten;
         if (written < compiled)
             unwritten = fmt::format(" ({} not written: kept in memory only, see the warning above)", compiled - written);
-        std::cout << printable(fmt::format("prewarm: {} kernels for {} in {} with {} job{}: {} compiled ({} in NVRTC), {} already "
-                                 "cached, {} failed; {} written to {}{}",
-                                 kernels.size(), joined(targets), format_ms(seconds * 1000.0), jobs, jobs == 1 ? "" : "s",
-                                 compiled, format_ms(compile_ms), cached, failed, written, where, unwritten))
-                  << std::endl;
+        const std::string summary = fmt::format(
+            "prewarm: {} kernels for {} in {} with {} job{}: {} compiled ({} in NVRTC), {} already "
+            "cached, {} failed; {} written to {}{}",
+            kernels.size(), joined(targets), format_ms(seconds * 1000.0), jobs,
+            jobs == 1 ? "" : "s",
+            compiled, format_ms(compile_ms), cached, failed, written, where, unwritten);
+        std::cout << printable(summary) << std::endl;
     }
     // Prewarming is for later processes: a kernel that compiled but could not be stored (a
     // root of another user, read-only, full) is a failure, however well it compiled.
@@ -445,14 +447,15 @@ int run_list(const GlobalOptions& global) {
                                  "KERNEL OR PATH")
                   << "\n";
     for (const Item& item : items) {
-        std::cout << printable(fmt::format("{:<9} {:<7} {:<6} {:>10} {:>5}  {}", state_name(item.state),
-                                           item.target.empty() ? "-" : item.target,
-                                           item.nvrtc_version.empty() ? "-" : item.nvrtc_version,
-                                           format_bytes(item.bytes), format_age(now - item.accessed), item_text(item)))
-                  << "\n";
+        const std::string line = fmt::format(
+            "{:<9} {:<7} {:<6} {:>10} {:>5}  {}", state_name(item.state),
+            item.target.empty() ? "-" : item.target,
+            item.nvrtc_version.empty() ? "-" : item.nvrtc_version, format_bytes(item.bytes),
+            format_age(now - item.accessed), item_text(item));
+        std::cout << printable(line) << "\n";
     }
-    std::cout << printable(fmt::format("{}: {} items, {}: {}", root, items.size(), format_bytes(totals.all_bytes),
-                                       totals.summary()))
+    std::cout << printable(fmt::format("{}: {} items, {}: {}", root, items.size(),
+                                       format_bytes(totals.all_bytes), totals.summary()))
               << std::endl;
     return kExitOk;
 }
@@ -472,9 +475,10 @@ int run_verify(const GlobalOptions& global) {
     if (rope_jit_nvrtc_version(&nvrtc) != ROPE_JIT_OK) nvrtc = "";
     size_t mismatched = 0;
     for (const Item& item : items)
-        mismatched += item.state == ROPE_JIT_CACHE_ITEM_STALE && !item.key.empty() && *nvrtc != '\0' &&
-                      item.nvrtc_version == nvrtc;
-    const bool healthy = count(ROPE_JIT_CACHE_ITEM_DAMAGED) == 0 && count(ROPE_JIT_CACHE_ITEM_STRAY) == 0 &&
+        mismatched += item.state == ROPE_JIT_CACHE_ITEM_STALE && !item.key.empty() &&
+                      *nvrtc != '\0' && item.nvrtc_version == nvrtc;
+    const bool healthy = count(ROPE_JIT_CACHE_ITEM_DAMAGED) == 0 &&
+                         count(ROPE_JIT_CACHE_ITEM_STRAY) == 0 &&
                          count(ROPE_JIT_CACHE_ITEM_UNTRUSTED) == 0 && mismatched == 0;
     if (global.json) {
         json list = json::array();
@@ -488,12 +492,15 @@ int run_verify(const GlobalOptions& global) {
     } else {
         for (const Item& item : items)
             if (item.state != ROPE_JIT_CACHE_ITEM_OK)
-                std::cout << printable(fmt::format("{:<9} {}: {}", state_name(item.state), item.path, item.problem))
+                std::cout << printable(fmt::format("{:<9} {}: {}", state_name(item.state),
+                                                   item.path, item.problem))
                           << "\n";
-        std::cout << printable(fmt::format("verify {}: {} good entr{}; {}{}", root, count(ROPE_JIT_CACHE_ITEM_OK),
-                                           count(ROPE_JIT_CACHE_ITEM_OK) == 1 ? "y" : "ies", totals.summary(),
-                                           healthy ? "" : " (damaged, stray, untrusted or mismatched files found; "
-                                                          "prune removes them)"))
+        const size_t good = count(ROPE_JIT_CACHE_ITEM_OK);
+        std::cout << printable(fmt::format(
+                         "verify {}: {} good entr{}; {}{}", root, good, good == 1 ? "y" : "ies",
+                         totals.summary(),
+                         healthy ? "" : " (damaged, stray, untrusted or mismatched files found; "
+                                        "prune removes them)"))
                   << std::endl;
     }
     return healthy ? kExitOk : kExitFailure;
@@ -577,7 +584,8 @@ int remove_items(const GlobalOptions& global, const rope_jit_runtime* runtime, c
             if (status != ROPE_JIT_OK) {
                 const std::string error = last_error_or(status);
                 failures.push_back(json{{"path", item.path}, {"error", error}});
-                if (!global.json) std::cerr << "rope-jit-cache: error: " << printable(error) << std::endl;
+                if (!global.json)
+                    std::cerr << "rope-jit-cache: error: " << printable(error) << std::endl;
                 continue;
             }
         }
@@ -587,9 +595,10 @@ int remove_items(const GlobalOptions& global, const rope_jit_runtime* runtime, c
         entry["reason"] = removal.reason;
         removed.push_back(entry);
         if (!global.json) {
-            std::cout << printable(fmt::format("{} {:<9} {:>10}  {}  ({})", dry_run ? "would remove" : "removed",
-                                               state_name(item.state), format_bytes(item.bytes), item_text(item),
-                                               removal.reason))
+            std::cout << printable(fmt::format("{} {:<9} {:>10}  {}  ({})",
+                                               dry_run ? "would remove" : "removed",
+                                               state_name(item.state), format_bytes(item.bytes),
+                                               item_text(item), removal.reason))
                       << "\n";
         }
     }
@@ -786,10 +795,12 @@ int run(int argc, char** argv) {
         }
         if (word.empty() || word[0] == '-') continue;
         std::vector<std::string> names;
-        for (const CLI::App* command : {prewarm, list, verify, prune, clear, info}) names.push_back(command->get_name());
+        for (const CLI::App* command : {prewarm, list, verify, prune, clear, info})
+            names.push_back(command->get_name());
         if (std::find(names.begin(), names.end(), word) == names.end()) {
-            std::cerr << "rope-jit-cache: unknown subcommand '" << printable(word) << "' (expected one of: "
-                      << joined(names) << ")\nRun with --help for usage." << std::endl;
+            std::cerr << "rope-jit-cache: unknown subcommand '" << printable(word)
+                      << "' (expected one of: " << joined(names) << ")\nRun with --help for usage."
+                      << std::endl;
             return kExitUsage;
         }
         break;
@@ -829,7 +840,8 @@ int run(int argc, char** argv) {
         if (*clear) return run_clear(global, clear_dry_run);
         if (*info) return run_info(global);
     } catch (const UsageError& e) {
-        std::cerr << "rope-jit-cache: " << printable(e.what()) << "\nRun with --help for usage." << std::endl;
+        std::cerr << "rope-jit-cache: " << printable(e.what()) << "\nRun with --help for usage."
+                  << std::endl;
         return kExitUsage;
     } catch (const Failure& e) {
         std::cerr << "rope-jit-cache: error: " << printable(e.what()) << std::endl;

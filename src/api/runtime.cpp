@@ -28,8 +28,8 @@ Runtime::Runtime(const rope_jit_config& config)
                                   config.cache_max_bytes));
     if (config.disk_cache != 0) {
         const std::string root = config.cache_dir ? std::string(config.cache_dir) : DiskCache::default_root();
-        const uint64_t max_bytes =
-            config.cache_max_bytes == -1 ? DiskCache::default_max_bytes() : uint64_t(config.cache_max_bytes);
+        const uint64_t max_bytes = config.cache_max_bytes == -1 ? DiskCache::default_max_bytes()
+                                                                : uint64_t(config.cache_max_bytes);
         disk_ = std::make_unique<DiskCache>(root, DiskCache::default_read_only_roots(), max_bytes);
     }
     if (backend == ROPE_JIT_BACKEND_CPU) return;

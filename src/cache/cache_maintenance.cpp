@@ -41,7 +41,8 @@ bool cache_shaped(const std::string& path, size_t depth = 0) {
         if (kind == LayoutName::foreign) return false;
         struct stat st;
         if (lstat((path + "/" + name).c_str(), &st) != 0) return false;
-        if (kind == LayoutName::directory && S_ISDIR(st.st_mode) && !cache_shaped(path + "/" + name, depth + 1))
+        if (kind == LayoutName::directory && S_ISDIR(st.st_mode) &&
+            !cache_shaped(path + "/" + name, depth + 1))
             return false;
     }
     return true;
@@ -88,8 +89,8 @@ std::string stale_problem(const CacheItem& entry) {
     try {
         const CompilePlan plan = plan_compile(entry.spec_json, entry.target);
         if (plan.entry.key_hex != entry.key_hex || plan.entry.kind != entry.kind)
-            return "written by another rope-jit build (kernel templates, options or spec layout differ), "
-                   "or holding another kernel than its key names";
+            return "written by another rope-jit build (kernel templates, options or spec layout "
+                   "differ), or holding another kernel than its key names";
     } catch (const Error& e) {
         return fmt::format("target {} cannot be compiled by this library: {}", entry.target, e.what());
     }
@@ -212,16 +213,18 @@ void remove_cache_item(const DiskCache& disk, const std::string& path) {
     bool ours = current ? parts.size() <= 5 : parts.size() == 1;
     for (size_t i = 1; ours && i < parts.size(); ++i) {
         const LayoutName kind = classify_layout_name(i - 1, parts[i]);
-        ours = kind != LayoutName::foreign && (i + 1 == parts.size() || kind == LayoutName::directory);
+        const bool last = i + 1 == parts.size();
+        ours = kind != LayoutName::foreign && (last || kind == LayoutName::directory);
     }
     // A layout directory goes only with a tree of layout names (an entry-named or set-aside
     // one, whatever it holds, is unmistakably the cache's).
     const bool whole_tree =
-        parts.size() == 1 || classify_layout_name(parts.size() - 2, parts.back()) == LayoutName::directory;
+        parts.size() == 1 ||
+        classify_layout_name(parts.size() - 2, parts.back()) == LayoutName::directory;
     if (!ours || (whole_tree && lstat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode) &&
                   !cache_shaped(path, current ? parts.size() - 1 : 0)))
-        fail_argument(fmt::format("path: '{}' is not an item of the cache layout under '{}'; only names "
-                                  "the cache writes are removed",
+        fail_argument(fmt::format("path: '{}' is not an item of the cache layout under '{}'; only "
+                                  "names the cache writes are removed",
                                   path, root));
 
     if (lstat(root.c_str(), &st) != 0) return;  // no cache, so nothing to remove

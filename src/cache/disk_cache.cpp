@@ -510,7 +510,9 @@ LayoutName classify_layout_name(size_t depth, std::string_view name) {
         if (first != std::string_view::npos && last != first && digits(rest.substr(0, first)) &&
             digits(rest.substr(last + 1))) {
             std::string_view thread = rest.substr(first + 1, last - first - 1);
-            if (!thread.empty() && thread.size() <= 16 && lower_hex(thread)) return LayoutName::temp;
+            if (!thread.empty() && thread.size() <= 16 && lower_hex(thread)) {
+                return LayoutName::temp;
+            }
         }
         return LayoutName::foreign;
     }
@@ -918,7 +920,8 @@ void DiskCache::evict(const CacheEntryId& stored) const {
                 if (classify_layout_name(3, name) != LayoutName::entry) continue;
                 const std::string path = prefix_dir + "/" + name;
                 struct stat st;
-                if (lstat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid()) {
+                if (lstat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) ||
+                    st.st_uid != geteuid()) {
                     continue;
                 }
                 entries.push_back({path, uint64_t(st.st_size),
