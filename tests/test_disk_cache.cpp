@@ -942,6 +942,35 @@ TEST_CASE("A huge file in place of an entry is judged by its header, and entries
     CHECK(count_containing(dir_of(cache.entry_path(tmp.path, huge)), ".bad-") >= 1);
 }
 
+TEST_CASE("The staged reader rejects a file cut at any byte or with bytes after it, and "
+          "reads a whole one") {
+    TempDir tmp;
+    DiskCache cache(tmp.path, {});
+    const CacheEntryId id = make_id("staged");
+    const CacheEntry entry = make_entry(95, 40);
+    const std::string whole = rope_jit::serialize_cache_entry(id, entry);
+    const std::string path = cache.entry_path(tmp.path, id);
+    REQUIRE(cache.store(id, entry));
+    for (size_t size = 0; size <= whole.size() + 2; ++size) {
+        CAPTURE(size);
+        const std::string bytes = size <= whole.size()
+                                      ? whole.substr(0, size)
+                                      : whole + std::string(size - whole.size(), 'x');
+        write_file(path, bytes);
+        REQUIRE(chmod(path.c_str(), 0600) == 0);
+        const auto reports = cache.verify(tmp.path);
+        const DiskCache::EntryReport* report = report_of(reports, path);
+        REQUIRE(report != nullptr);
+        CHECK(report->ok == (size == whole.size()));
+        if (size == whole.size()) {
+            CHECK(same(cache.load(id, &entry.spec_json), entry));
+        } else {
+            CHECK_FALSE(report->problem.empty());
+            CHECK_FALSE(cache.load(id).has_value());
+        }
+    }
+}
+
 TEST_CASE("ROPE_JIT_CACHE_MAX_BYTES sets the size limit; malformed values are refused by name") {
     EnvGuard env;
     env.set("ROPE_JIT_CACHE_MAX_BYTES", nullptr);
