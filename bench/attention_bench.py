@@ -63,7 +63,8 @@ class RopeArgsPrefix(ctypes.Structure):
 
 class Config(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_size_t), ("backend", ctypes.c_int), ("cache_dir", ctypes.c_char_p),
-                ("disk_cache", ctypes.c_int), ("cpu_threads", ctypes.c_int), ("debug_checks", ctypes.c_int)]
+                ("disk_cache", ctypes.c_int), ("cpu_threads", ctypes.c_int), ("debug_checks", ctypes.c_int),
+                ("cache_max_bytes", ctypes.c_int64)]
 
 
 DTYPES = {torch.bfloat16: (4, 16), torch.float16: (2, 16), torch.float32: (2, 32), torch.bool: (1, 8)}

@@ -103,7 +103,8 @@ TEST_CASE("scan judges entries against this build: current, other NVRTC, other b
     REQUIRE(disk.store(other_build, entry_of(spec)));
     const std::string other_format = tmp.path + "/v7";
     make_dirs(other_format + "/nvrtc13.0/sm_90/ab");
-    write_file(other_format + "/nvrtc13.0/sm_90/ab/file", std::string(300, 'y'));
+    write_file(other_format + "/nvrtc13.0/sm_90/ab/ab" + std::string(62, '0') + ".cubin",
+               std::string(300, 'y'));
     write_file(tmp.path + "/notes.txt", "not the cache's");  // outside any v<N>: not reported
 
     auto items = scan_by_path(disk);
@@ -169,14 +170,15 @@ TEST_CASE("scan reports damage, temp files, set-aside entries and strays, and ch
     const std::string dir = path.substr(0, path.rfind('/'));
     write_file(dir + "/.tmp-1-2-3", "half");
     write_file(path + ".bad-1-0", "old");
-    write_file(tmp.path + "/v1/README", "stray");
+    write_file(tmp.path + "/v1/nvrtc9.9", "stray");  // a file where a directory belongs
+    write_file(tmp.path + "/v1/README", "not the cache's");  // a foreign name: not reported
 
     auto items = scan_by_path(disk);
     CHECK(items.size() == 4);
     CHECK(items[path].state == CacheItemState::damaged);
     CHECK(items[dir + "/.tmp-1-2-3"].state == CacheItemState::temp);
     CHECK(items[path + ".bad-1-0"].state == CacheItemState::set_aside);
-    CHECK(items[tmp.path + "/v1/README"].state == CacheItemState::stray);
+    CHECK(items[tmp.path + "/v1/nvrtc9.9"].state == CacheItemState::stray);
     CHECK(scan_by_path(disk).size() == 4);
     CHECK(rope_jit::scan_cache(DiskCache(tmp.path + "/missing", {})).empty());
 }
@@ -188,10 +190,12 @@ TEST_CASE("remove deletes one item, also a whole directory, and never follows li
     REQUIRE(disk.writable());
     const std::string outside = tmp.path + "/precious";
     write_file(outside, "keep me");
-    make_dirs(root + "/v9/inner");
-    write_file(root + "/v9/inner/file", "old format");
-    REQUIRE(symlink(outside.c_str(), (root + "/v9/inner/link").c_str()) == 0);
-    REQUIRE(symlink(tmp.path.c_str(), (root + "/v1/escape").c_str()) == 0);
+    const std::string old_entries = root + "/v9/nvrtc12.0/sm_90/ab";
+    make_dirs(old_entries);
+    write_file(old_entries + "/ab" + std::string(62, '1') + ".cubin", "old format");
+    const std::string link = old_entries + "/ab" + std::string(62, '2') + ".cubin";
+    REQUIRE(symlink(outside.c_str(), link.c_str()) == 0);
+    REQUIRE(symlink(tmp.path.c_str(), (root + "/v1/nvrtc13.0").c_str()) == 0);
 
     rope_jit::remove_cache_item(disk, root + "/v9");
     CHECK_FALSE(exists(root + "/v9"));
@@ -200,7 +204,8 @@ TEST_CASE("remove deletes one item, also a whole directory, and never follows li
     // Paths that leave the cache, or pass through a link, are refused.
     for (const std::string& path : {outside, tmp.path + "/cache2/v1/x", root + "/v1/../../precious",
                                     root + "/v1/./x", root + "//v1/x", root + "/notes/x", root,
-                                    root + "/v1/escape/precious"}) {
+                                    root + "/v1/nvrtc13.0/precious",
+                                    root + "/v1/nvrtc13.0/sm_90"}) {
         CAPTURE(path);
         bool refused = false;
         try {
@@ -212,17 +217,18 @@ TEST_CASE("remove deletes one item, also a whole directory, and never follows li
     }
     CHECK(exists(outside));
     // A link that is itself the item is removed, its target kept; a missing item is no error.
-    rope_jit::remove_cache_item(disk, root + "/v1/escape");
-    CHECK_FALSE(exists(root + "/v1/escape"));
+    rope_jit::remove_cache_item(disk, root + "/v1/nvrtc13.0");
+    CHECK_FALSE(exists(root + "/v1/nvrtc13.0"));
     CHECK(exists(tmp.path + "/precious"));
-    rope_jit::remove_cache_item(disk, root + "/v1/nvrtc13.0/sm_90/ab/gone.cubin");
+    const std::string never_there = "/v1/nvrtc13.0/sm_90/ab/ab" + std::string(62, '0') + ".cubin";
+    rope_jit::remove_cache_item(disk, root + never_there);
 }
 
 TEST_CASE("a root given with a trailing slash scans and removes like one without") {
     ScratchDir tmp;
     DiskCache disk(tmp.path + "/cache/", {});
     REQUIRE(disk.writable());
-    write_file(tmp.path + "/cache/v1/README", "stray");
+    write_file(tmp.path + "/cache/v1/nvrtc9.9", "stray");
     make_dirs(tmp.path + "/cache/v3");
     const std::vector<CacheItem> items = rope_jit::scan_cache(disk);
     REQUIRE(items.size() == 2);
@@ -243,16 +249,16 @@ TEST_CASE("remove refuses a root that belongs to another user") {
     const std::string root = tmp.path + "/cache";
     DiskCache disk(root, {});
     REQUIRE(disk.writable());
-    write_file(root + "/v1/README", "x");
+    write_file(root + "/v1/nvrtc9.9", "x");
     REQUIRE(chown(root.c_str(), 65534, 65534) == 0);
     bool refused = false;
     try {
-        rope_jit::remove_cache_item(disk, root + "/v1/README");
+        rope_jit::remove_cache_item(disk, root + "/v1/nvrtc9.9");
     } catch (const rope_jit::Error& e) {
         refused = e.status() == ROPE_JIT_ERROR_CACHE && std::string(e.what()).find("owned by uid 65534") != std::string::npos;
     }
     CHECK(refused);
-    CHECK(exists(root + "/v1/README"));
+    CHECK(exists(root + "/v1/nvrtc9.9"));
 }
 
 TEST_CASE("the cache C API reports the root, walks, removes and rejects bad arguments") {
@@ -268,7 +274,8 @@ TEST_CASE("the cache C API reports the root, walks, removes and rejects bad argu
     CHECK_FALSE(exists(root));  // creating a runtime touches nothing
     CHECK(rope_jit_cache_check(runtime) == ROPE_JIT_OK);
     CHECK(exists(root + "/v1"));
-    write_file(root + "/v1/README", "stray");
+    write_file(root + "/v1/nvrtc9.9", "stray");
+    write_file(root + "/v1/README", "not the cache's");
 
     std::vector<std::string> seen;
     auto collect = [](const rope_jit_cache_item* item, void* user) -> int {
@@ -278,9 +285,12 @@ TEST_CASE("the cache C API reports the root, walks, removes and rejects bad argu
     };
     CHECK(rope_jit_cache_walk(runtime, collect, &seen) == ROPE_JIT_OK);
     REQUIRE(seen.size() == 1);
-    CHECK(seen[0].find(root + "/v1/README") == 0);
+    CHECK(seen[0].find(root + "/v1/nvrtc9.9") == 0);
     CHECK(seen[0].find("state 5") != std::string::npos);  // ROPE_JIT_CACHE_ITEM_STRAY
-    CHECK(rope_jit_cache_remove(runtime, (root + "/v1/README").c_str()) == ROPE_JIT_OK);
+    CHECK(rope_jit_cache_remove(runtime, (root + "/v1/nvrtc9.9").c_str()) == ROPE_JIT_OK);
+    CHECK(rope_jit_cache_remove(runtime, (root + "/v1/README").c_str()) ==
+          ROPE_JIT_ERROR_INVALID_ARGUMENT);
+    CHECK(exists(root + "/v1/README"));
     seen.clear();
     CHECK(rope_jit_cache_walk(runtime, collect, &seen) == ROPE_JIT_OK);
     CHECK(seen.empty());
@@ -337,6 +347,45 @@ TEST_CASE("a CPU runtime has no devices, and the NVRTC version is the loaded lib
         CHECK(std::string(version).empty());
     }
     CHECK(rope_jit_nvrtc_version(nullptr) == ROPE_JIT_ERROR_INVALID_ARGUMENT);
+}
+
+TEST_CASE("a project given as the cache root by mistake loses nothing to scan and remove") {
+    // Issue 20, S1: files in <root>/v1 that are not the cache's were removed as strays.
+    ScratchDir tmp;
+    const std::string root = tmp.path + "/project";
+    DiskCache disk(root, {});
+    REQUIRE(disk.writable());
+    const std::vector<std::string> files = {root + "/v1/src/main.py",
+                                            root + "/v1/README.md",
+                                            root + "/v1/x/y/z/dir/f",
+                                            root + "/v2/src/x.py",
+                                            root + "/v1/nvrtc13.0/notes.txt",
+                                            root + "/v1/nvrtc13.0/docs/a",
+                                            root + "/v1/nvrtc13.0/sm_90/ab/main.c",
+                                            root + "/v1/nvrtc13.0/sm_90/xy/a.cubin",
+                                            root + "/v2/nvrtc12.0/sm_80/ab/readme"};
+    for (const std::string& file : files) {
+        make_dirs(file.substr(0, file.rfind('/')));
+        write_file(file, "precious");
+    }
+    CHECK(rope_jit::scan_cache(disk).empty());
+    for (const std::string& path : files) {
+        CAPTURE(path);
+        bool refused = false;
+        try {
+            rope_jit::remove_cache_item(disk, path);
+        } catch (const rope_jit::Error& e) {
+            refused = e.status() == ROPE_JIT_ERROR_INVALID_ARGUMENT;
+        }
+        CHECK(refused);
+        CHECK(exists(path));
+    }
+    for (const std::string& dir :
+         {root + "/v1/src", root + "/v1/x", root + "/v2", root + "/v1/nvrtc13.0/docs"}) {
+        CAPTURE(dir);
+        CHECK_THROWS_AS(rope_jit::remove_cache_item(disk, dir), rope_jit::Error);
+        CHECK(exists(dir));
+    }
 }
 
 TEST_SUITE_END();

@@ -369,26 +369,33 @@ TEST_CASE("A root or v1 directory owned by another user is neither written nor r
     }
 }
 
-TEST_CASE("A world-writable root is written only when it has the sticky bit") {
+TEST_CASE("A root or directory others can write is neither written nor read, sticky bit or not") {
     TempDir tmp;
     DiskCache cache(tmp.path, {});
     const CacheEntryId id = make_id("shared dir");
-    REQUIRE(chmod(tmp.path.c_str(), 0777) == 0);
-    std::string why;
-    CHECK_FALSE(cache.writable(&why));
-    CHECK(why.find("world-writable") != std::string::npos);
-    CHECK_FALSE(cache.store(id, make_entry(14)));
-    CHECK(names_in(tmp.path).empty());
+    for (mode_t mode : {0777, 01777, 0770, 01770, 0720}) {
+        CAPTURE(mode);
+        REQUIRE(chmod(tmp.path.c_str(), mode) == 0);
+        std::string why;
+        CHECK_FALSE(cache.writable(&why));
+        CHECK(why.find("can be written by other users") != std::string::npos);
+        CHECK_FALSE(cache.store(id, make_entry(14)));
+        CHECK(names_in(tmp.path).empty());
+    }
 
-    REQUIRE(chmod(tmp.path.c_str(), 01777) == 0);
+    REQUIRE(chmod(tmp.path.c_str(), 0700) == 0);
     CHECK(cache.writable());
     CHECK(cache.store(id, make_entry(14)));
     CHECK(same(cache.load(id), make_entry(14)));
 
-    // Planted through a world-writable v1 directory: never served.
-    REQUIRE(chmod((tmp.path + "/v1").c_str(), 0777) == 0);
-    CHECK_FALSE(cache.load(id).has_value());
-    CHECK(exists(cache.entry_path(tmp.path, id)));
+    // Planted through a v1 directory others can write: never served, not even with the
+    // sticky bit (others may create files in it).
+    for (mode_t mode : {0777, 01777, 0770}) {
+        CAPTURE(mode);
+        REQUIRE(chmod((tmp.path + "/v1").c_str(), mode) == 0);
+        CHECK_FALSE(cache.load(id).has_value());
+        CHECK(exists(cache.entry_path(tmp.path, id)));
+    }
 }
 
 TEST_CASE("Read-only roots are searched after the writable root, in order, and never modified") {
@@ -629,12 +636,14 @@ TEST_CASE("verify reports entries, damage, leftovers and strays without changing
     write_file(temp_path, "half written");
     const std::string bad_path = cache.entry_path(tmp.path, good) + ".bad-99-0";
     write_file(bad_path, "set aside");
-    const std::string stray_path = tmp.path + "/v1/README";
+    const std::string stray_path = tmp.path + "/v1/nvrtc9.9";
     write_file(stray_path, "stray");
+    const std::string foreign_path = tmp.path + "/v1/README";
+    write_file(foreign_path, "not the cache's");
     // A valid entry in a prefix directory that is not its key's.
-    std::string wrong_prefix = misplaced.key_hex.substr(0, 2) == "zz" ? "yy" : "zz";
+    std::string wrong_prefix = misplaced.key_hex.substr(0, 2) == "ff" ? "ee" : "ff";
     const std::string misplaced_dir = tmp.path + "/v1/nvrtc13.0/sm_90/" + wrong_prefix;
-    REQUIRE(mkdir(misplaced_dir.c_str(), 0700) == 0);
+    REQUIRE((mkdir(misplaced_dir.c_str(), 0700) == 0 || errno == EEXIST));
     const std::string misplaced_path = misplaced_dir + "/" + misplaced.key_hex + ".cubin";
     write_file(misplaced_path, rope_jit::serialize_cache_entry(misplaced, make_entry(64)));
 
@@ -663,7 +672,9 @@ TEST_CASE("verify reports entries, damage, leftovers and strays without changing
     CHECK(problem_of(dir_path).find("directory in place") != std::string::npos);
     CHECK(problem_of(temp_path).find("temp") != std::string::npos);
     CHECK(problem_of(bad_path).find("set aside") != std::string::npos);
-    CHECK(problem_of(stray_path).find("outside the entry layout") != std::string::npos);
+    CHECK(problem_of(stray_path).find("not a directory in place of a directory") !=
+          std::string::npos);
+    CHECK(by_path.count(foreign_path) == 0);
     CHECK(problem_of(misplaced_path).find("prefix") != std::string::npos);
 
     // verify only looks.
@@ -710,6 +721,407 @@ TEST_CASE(
     CHECK(DiskCache::default_read_only_roots() == std::vector<std::string>{"/opt/a", "/opt/b"});
     env.set("ROPE_JIT_CACHE_RO_DIRS", "/single");
     CHECK(DiskCache::default_read_only_roots() == std::vector<std::string>{"/single"});
+}
+
+// ---- issue 20: trust, the stored spec, huge files, the size limit (helper cache-safety) -----
+
+namespace {
+
+constexpr uid_t kOtherUid = 12345;
+
+// Makes `path` and everything below it readable by everyone (a shipped bundle).
+void make_public(const std::string& path) {
+    struct stat st;
+    if (lstat(path.c_str(), &st) != 0) return;
+    chmod(path.c_str(), S_ISDIR(st.st_mode) ? 0755 : 0644);
+    if (S_ISDIR(st.st_mode))
+        for (const std::string& name : names_in(path)) make_public(path + "/" + name);
+}
+
+void chown_tree(const std::string& path, uid_t uid) {
+    REQUIRE(lchown(path.c_str(), uid, uid) == 0);
+    struct stat st;
+    if (lstat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+        for (const std::string& name : names_in(path)) chown_tree(path + "/" + name, uid);
+}
+
+const DiskCache::EntryReport* report_of(const std::vector<DiskCache::EntryReport>& reports,
+                                        const std::string& path) {
+    for (const auto& report : reports)
+        if (report.path == path) return &report;
+    return nullptr;
+}
+
+void set_times(const std::string& path, time_t seconds) {
+    const struct timespec times[2] = {{seconds, 0}, {seconds, 0}};
+    REQUIRE(utimensat(AT_FDCWD, path.c_str(), times, AT_SYMLINK_NOFOLLOW) == 0);
+}
+
+}  // namespace
+
+TEST_CASE("An entry owned by another user, or writable by others, is never loaded and verify "
+          "calls it untrusted") {
+    if (!running_as_root()) {
+        MESSAGE("skipped: needs root to give a file to another user");
+        return;
+    }
+    TempDir tmp;
+    DiskCache cache(tmp.path, {});
+    const CacheEntryId id = make_id("planted by another user");
+    REQUIRE(cache.store(id, make_entry(70)));
+    const std::string path = cache.entry_path(tmp.path, id);
+    const std::string planted = read_file(path);
+
+    SUBCASE("owned by another user") { REQUIRE(chown(path.c_str(), kOtherUid, kOtherUid) == 0); }
+    SUBCASE("group-writable") { REQUIRE(chmod(path.c_str(), 0660) == 0); }
+    SUBCASE("world-writable") { REQUIRE(chmod(path.c_str(), 0606) == 0); }
+
+    CHECK_FALSE(cache.load(id).has_value());
+    CHECK(read_file(path) == planted);  // left in place, not set aside
+    CHECK(count_containing(dir_of(path), ".bad-") == 0);
+    const auto reports = cache.verify(tmp.path);
+    const DiskCache::EntryReport* report = report_of(reports, path);
+    REQUIRE(report != nullptr);
+    CHECK(report->untrusted);
+    CHECK_FALSE(report->ok);
+    CHECK(report->problem.find("not trusted") != std::string::npos);
+    // A store replaces it (rename), and the fresh entry loads.
+    CHECK(cache.store(id, make_entry(71)));
+    CHECK(same(cache.load(id), make_entry(71)));
+}
+
+TEST_CASE("Entries below a directory others can write, or that another user owns, are untrusted") {
+    TempDir tmp;
+    DiskCache cache(tmp.path, {});
+    const CacheEntryId id = make_id("below an open directory");
+    REQUIRE(cache.store(id, make_entry(72)));
+    const std::string path = cache.entry_path(tmp.path, id);
+    const std::string target_dir = dir_of(dir_of(path));
+    for (mode_t mode : {0770, 01770, 0777, 01777, 0702}) {
+        CAPTURE(mode);
+        REQUIRE(chmod(target_dir.c_str(), mode) == 0);
+        CHECK_FALSE(cache.load(id).has_value());
+        const auto reports = cache.verify(tmp.path);
+        const DiskCache::EntryReport* report = report_of(reports, path);
+        REQUIRE(report != nullptr);
+        CHECK(report->untrusted);
+        CHECK(report->problem.find(target_dir) != std::string::npos);
+        // Read-only roots obey the same rule.
+        DiskCache reader("", {tmp.path});
+        CHECK_FALSE(reader.load(id).has_value());
+    }
+    REQUIRE(chmod(target_dir.c_str(), 0700) == 0);
+    CHECK(same(cache.load(id), make_entry(72)));
+    if (running_as_root()) {
+        REQUIRE(chown(target_dir.c_str(), kOtherUid, kOtherUid) == 0);
+        CHECK_FALSE(cache.load(id).has_value());
+        CHECK(report_of(cache.verify(tmp.path), path)->untrusted);
+        DiskCache reader("", {tmp.path});
+        CHECK_FALSE(reader.load(id).has_value());
+    }
+}
+
+TEST_CASE("A directory above the root that others can write is accepted only with the sticky bit") {
+    TempDir tmp;
+    const std::string parent = tmp.path + "/shared", root = parent + "/cache";
+    REQUIRE(mkdir(parent.c_str(), 0700) == 0);
+    DiskCache cache(root, {});
+    const CacheEntryId id = make_id("under a shared parent");
+    REQUIRE(cache.store(id, make_entry(73)));
+
+    REQUIRE(chmod(parent.c_str(), 0777) == 0);  // others could rename the root and plant one
+    std::string why;
+    CHECK_FALSE(cache.writable(&why));
+    CHECK(why.find("without the sticky bit") != std::string::npos);
+    CHECK_FALSE(cache.load(id).has_value());
+    CHECK(report_of(cache.verify(root), cache.entry_path(root, id))->untrusted);
+
+    REQUIRE(chmod(parent.c_str(), 01777) == 0);  // as /tmp: others cannot replace the root
+    CHECK(cache.writable());
+    CHECK(same(cache.load(id), make_entry(73)));
+    CHECK(report_of(cache.verify(root), cache.entry_path(root, id))->ok);
+}
+
+TEST_CASE("A read-only bundle owned by root serves every user; another user's serves no one") {
+    if (!running_as_root()) {
+        MESSAGE("skipped: needs root to own a bundle and to act as another user");
+        return;
+    }
+    TempDir tmp;
+    REQUIRE(chmod(tmp.path.c_str(), 0755) == 0);
+    const std::string bundle = tmp.path + "/bundle";
+    const CacheEntryId id = make_id("shipped");
+    REQUIRE(DiskCache(bundle, {}).store(id, make_entry(74)));
+    make_public(bundle);
+
+    // Another user reads the root-owned bundle (in a child, so only it changes its uid).
+    const pid_t child = fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+        if (setgid(kOtherUid) != 0 || setuid(kOtherUid) != 0) _exit(3);
+        DiskCache reader("", {bundle});
+        _exit(same(reader.load(id), make_entry(74)) ? 0 : 1);
+    }
+    int status = 0;
+    REQUIRE(waitpid(child, &status, 0) == child);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+
+    // The same bundle owned by another user: root does not trust it.
+    chown_tree(bundle, kOtherUid);
+    DiskCache reader("", {bundle});
+    CHECK_FALSE(reader.load(id).has_value());
+    const auto reports = reader.verify(bundle);
+    REQUIRE(reports.size() == 1);
+    CHECK(reports[0].untrusted);
+    CHECK(reports[0].problem.find("uid 12345") != std::string::npos);
+}
+
+TEST_CASE("An entry whose stored spec is not the requested one is set aside and never returned") {
+    TempDir tmp;
+    DiskCache cache(tmp.path, {});
+    const CacheEntryId id = make_id("forward kernel");
+    const CacheEntry forward = make_entry(80), backward = make_entry(81);
+    // A valid entry (right key echo, right checksum) holding another kernel under this key.
+    REQUIRE(cache.store(id, backward));
+    const std::string path = cache.entry_path(tmp.path, id);
+    CHECK(same(cache.load(id, &backward.spec_json), backward));
+    CHECK_FALSE(cache.load(id, &forward.spec_json).has_value());
+    CHECK_FALSE(exists(path));
+    CHECK(count_containing(dir_of(path), ".bad-") == 1);
+    // The same in a read-only root: ignored, left in place.
+    const std::string bundle = tmp.path + "/bundle";
+    REQUIRE(DiskCache(bundle, {}).store(id, backward));
+    DiskCache reader("", {bundle});
+    CHECK_FALSE(reader.load(id, &forward.spec_json).has_value());
+    CHECK(same(reader.load(id, &backward.spec_json), backward));
+}
+
+TEST_CASE("A huge file in place of an entry is judged by its header, and entries are bounded") {
+    TempDir tmp;
+    DiskCache cache(tmp.path, {});
+    const CacheEntryId huge = make_id("huge"), large = make_id("large"), claims = make_id("claims");
+    for (const CacheEntryId& id : {huge, large, claims}) {
+        REQUIRE(cache.store(id, make_entry(90, 10)));
+    }
+    auto truncate_to = [&](const CacheEntryId& id, off_t size) {
+        REQUIRE(truncate(cache.entry_path(tmp.path, id).c_str(), size) == 0);
+    };
+    truncate_to(huge, off_t(1) << 30);  // sparse: costs no disk
+    // Under the size bound, with a valid start: its header claims a payload over the limit.
+    std::string head = rope_jit::serialize_cache_entry(claims, make_entry(90, 10));
+    const size_t payload_length_at = head.size() - 10 - 32 - 8;
+    const uint64_t claimed = rope_jit::kCacheMaxPayloadBytes + 1;
+    for (int i = 0; i < 8; ++i) {
+        head[payload_length_at + size_t(i)] = char(uint8_t(claimed >> (8 * i)));
+    }
+    write_file(cache.entry_path(tmp.path, claims), head);
+    truncate_to(claims, off_t(48) << 20);
+    write_file(cache.entry_path(tmp.path, large), "not an entry");
+    truncate_to(large, off_t(48) << 20);
+
+    struct rusage before, after;
+    getrusage(RUSAGE_SELF, &before);
+    const auto start = std::chrono::steady_clock::now();
+    const auto reports = cache.verify(tmp.path);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    getrusage(RUSAGE_SELF, &after);
+    CHECK(seconds < 0.5);
+    // Nothing was read past the headers: the high-water mark of memory did not grow by the
+    // 48 MiB either file would have cost read whole.
+    CHECK(after.ru_maxrss - before.ru_maxrss < 40 * 1024);
+    REQUIRE(report_of(reports, cache.entry_path(tmp.path, huge)) != nullptr);
+    CHECK(report_of(reports, cache.entry_path(tmp.path, huge))->problem.find("larger than any")
+          != std::string::npos);
+    CHECK(report_of(reports, cache.entry_path(tmp.path, large))->problem.find("bad magic")
+          != std::string::npos);
+    CHECK(report_of(reports, cache.entry_path(tmp.path, claims))->problem.find("exceeds the limit")
+          != std::string::npos);
+    for (const CacheEntryId& id : {huge, large, claims}) CHECK_FALSE(cache.load(id).has_value());
+    CHECK(count_containing(dir_of(cache.entry_path(tmp.path, huge)), ".bad-") >= 1);
+}
+
+TEST_CASE("The staged reader rejects a file cut at any byte or with bytes after it, and "
+          "reads a whole one") {
+    TempDir tmp;
+    DiskCache cache(tmp.path, {});
+    const CacheEntryId id = make_id("staged");
+    const CacheEntry entry = make_entry(95, 40);
+    const std::string whole = rope_jit::serialize_cache_entry(id, entry);
+    const std::string path = cache.entry_path(tmp.path, id);
+    REQUIRE(cache.store(id, entry));
+    for (size_t size = 0; size <= whole.size() + 2; ++size) {
+        CAPTURE(size);
+        const std::string bytes = size <= whole.size()
+                                      ? whole.substr(0, size)
+                                      : whole + std::string(size - whole.size(), 'x');
+        write_file(path, bytes);
+        REQUIRE(chmod(path.c_str(), 0600) == 0);
+        const auto reports = cache.verify(tmp.path);
+        const DiskCache::EntryReport* report = report_of(reports, path);
+        REQUIRE(report != nullptr);
+        CHECK(report->ok == (size == whole.size()));
+        if (size == whole.size()) {
+            CHECK(same(cache.load(id, &entry.spec_json), entry));
+        } else {
+            CHECK_FALSE(report->problem.empty());
+            CHECK_FALSE(cache.load(id).has_value());
+        }
+    }
+}
+
+TEST_CASE("ROPE_JIT_CACHE_MAX_BYTES sets the size limit; malformed values are refused by name") {
+    EnvGuard env;
+    env.set("ROPE_JIT_CACHE_MAX_BYTES", nullptr);
+    CHECK(DiskCache::default_max_bytes() == rope_jit::kCacheDefaultMaxBytes);
+    CHECK(rope_jit::kCacheDefaultMaxBytes == (uint64_t(1) << 30));
+    const std::pair<const char*, uint64_t> good[] = {
+        {"0", 0},          {"4096", 4096},           {"500K", 500u << 10},
+        {"20M", 20u << 20}, {"2G", uint64_t(2) << 30}, {"1T", uint64_t(1) << 40},
+        {"", rope_jit::kCacheDefaultMaxBytes}};
+    for (const auto& [text, bytes] : good) {
+        CAPTURE(text);
+        env.set("ROPE_JIT_CACHE_MAX_BYTES", text);
+        CHECK(DiskCache::default_max_bytes() == bytes);
+    }
+    for (const char* text :
+         {"lots", "-1", "1.5G", "2GB", "12 M", "99999999999999999999", "16777216T"}) {
+        CAPTURE(text);
+        env.set("ROPE_JIT_CACHE_MAX_BYTES", text);
+        bool refused = false;
+        try {
+            DiskCache::default_max_bytes();
+        } catch (const rope_jit::Error& e) {
+            refused = e.status() == ROPE_JIT_ERROR_INVALID_ARGUMENT &&
+                      std::string(e.what()).find("ROPE_JIT_CACHE_MAX_BYTES") != std::string::npos;
+        }
+        CHECK(refused);
+    }
+}
+
+TEST_CASE("A store past the size limit evicts the least recently used entries of its own tree") {
+    TempDir tmp;
+    const size_t entry_bytes =
+        rope_jit::serialize_cache_entry(make_id("size"), make_entry(1)).size();
+    DiskCache cache(tmp.path, {}, 3 * entry_bytes);
+    std::vector<CacheEntryId> ids;
+    for (int i = 0; i < 3; ++i) {
+        ids.push_back(make_id("lru " + std::to_string(i)));
+        REQUIRE(cache.store(ids.back(), make_entry(i)));
+        set_times(cache.entry_path(tmp.path, ids.back()), 1000000 + i * 100);
+    }
+    // Things that are not this tree's entries are never counted or removed.
+    const std::string entry_dir = dir_of(cache.entry_path(tmp.path, ids[0]));
+    const std::string temp = entry_dir + "/.tmp-1-2-3", foreign = entry_dir + "/notes.txt";
+    write_file(temp, std::string(entry_bytes * 4, 't'));
+    write_file(foreign, std::string(entry_bytes * 4, 'f'));
+    CacheEntryId other_nvrtc = make_id("other nvrtc");
+    other_nvrtc.nvrtc_version = "12.4";
+    REQUIRE(DiskCache(tmp.path, {}).store(other_nvrtc, make_entry(9)));
+    set_times(cache.entry_path(tmp.path, other_nvrtc), 1);
+    REQUIRE(mkdir((tmp.path + "/locks").c_str(), 0700) == 0);
+    write_file(tmp.path + "/locks/ab.lock", "");
+
+    // Loading refreshes an entry's last use: ids[0] is now the most recent.
+    CHECK(same(cache.load(ids[0]), make_entry(0)));
+    const CacheEntryId fourth = make_id("lru 3");
+    REQUIRE(cache.store(fourth, make_entry(3)));
+    CHECK(exists(cache.entry_path(tmp.path, ids[0])));
+    CHECK_FALSE(exists(cache.entry_path(tmp.path, ids[1])));  // least recently used
+    CHECK(exists(cache.entry_path(tmp.path, ids[2])));
+    CHECK(exists(cache.entry_path(tmp.path, fourth)));
+    CHECK(exists(temp));
+    CHECK(exists(foreign));
+    CHECK(exists(cache.entry_path(tmp.path, other_nvrtc)));
+    CHECK(exists(tmp.path + "/locks/ab.lock"));
+
+    // An entry larger than the limit is still stored (and everything older goes).
+    DiskCache tiny(tmp.path, {}, 10);
+    const CacheEntryId big = make_id("big");
+    REQUIRE(tiny.store(big, make_entry(5)));
+    CHECK(exists(tiny.entry_path(tmp.path, big)));
+    for (const CacheEntryId& id : {ids[0], ids[2], fourth}) {
+        CHECK_FALSE(exists(cache.entry_path(tmp.path, id)));
+    }
+
+    // 0 = unbounded.
+    DiskCache unbounded(tmp.path, {}, 0);
+    for (int i = 0; i < 8; ++i) {
+        REQUIRE(unbounded.store(make_id("many " + std::to_string(i)), make_entry(i)));
+    }
+    for (int i = 0; i < 8; ++i) {
+        CHECK(exists(cache.entry_path(tmp.path, make_id("many " + std::to_string(i)))));
+    }
+}
+
+TEST_CASE("Loaders racing evictors in other threads and processes get whole entries or a miss") {
+    TempDir tmp;
+    constexpr int kKeys = 24;
+    const size_t entry_bytes =
+        rope_jit::serialize_cache_entry(make_id("size"), make_entry(1)).size();
+    std::vector<CacheEntryId> ids;
+    for (int i = 0; i < kKeys; ++i) ids.push_back(make_id("race " + std::to_string(i)));
+    // Room for about a quarter of the keys, so nearly every store evicts.
+    const uint64_t limit = uint64_t(kKeys / 4) * entry_bytes;
+
+    // Children store (and so evict) all the time.
+    std::vector<pid_t> children;
+    for (int c = 0; c < 2; ++c) {
+        const pid_t child = fork();
+        REQUIRE(child >= 0);
+        if (child == 0) {
+            DiskCache writer(tmp.path, {}, limit);
+            const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(1500);
+            for (int n = c; std::chrono::steady_clock::now() < until; ++n) {
+                if (!writer.store(ids[size_t(n % kKeys)], make_entry(n % kKeys))) _exit(2);
+            }
+            _exit(0);
+        }
+        children.push_back(child);
+    }
+    std::atomic<int> hits{0}, misses{0}, wrong{0};
+    auto load_loop = [&](int seed) {
+        DiskCache reader(tmp.path, {}, limit);
+        const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(1500);
+        for (int n = seed; std::chrono::steady_clock::now() < until; n += 7) {
+            const int i = n % kKeys;
+            const CacheEntry want = make_entry(i);
+            const std::optional<CacheEntry> got = reader.load(ids[size_t(i)], &want.spec_json);
+            if (!got) {
+                ++misses;
+                // A loader that misses compiles and stores: it evicts too.
+                if (n % 3 == 0 && !reader.store(ids[size_t(i)], want)) ++wrong;
+            } else if (same(got, want)) {
+                ++hits;
+            } else {
+                ++wrong;
+            }
+        }
+    };
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 3; ++t) threads.emplace_back(load_loop, t);
+    for (std::thread& thread : threads) thread.join();
+    for (pid_t child : children) {
+        int status = 0;
+        REQUIRE(waitpid(child, &status, 0) == child);
+        CHECK(WIFEXITED(status));
+        CHECK(WEXITSTATUS(status) == 0);
+    }
+    CAPTURE(hits.load());
+    CAPTURE(misses.load());
+    CHECK(wrong == 0);
+    CHECK(hits > 0);
+    CHECK(misses > 0);
+    // Eviction never looks like damage: nothing was set aside, no temp file is left, and what
+    // is left is whole and within the limit plus the entries stored last.
+    uint64_t total = 0;
+    for (const auto& report : DiskCache(tmp.path, {}).verify(tmp.path)) {
+        CAPTURE(report.path);
+        CHECK(report.ok);
+        total += report.file_bytes;
+    }
+    CHECK(total <= limit + 5 * entry_bytes);
 }
 
 // ---- the compile lock (compile_lock.h) ----------------------------------------------------

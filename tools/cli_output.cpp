@@ -12,6 +12,26 @@
 
 namespace rope_jit_cache {
 
+std::string printable(const std::string& text) {
+    std::string out;
+    out.reserve(text.size());
+    for (const char c : text) {
+        const unsigned char byte = static_cast<unsigned char>(c);
+        if (byte >= 0x20 && byte != 0x7f) {
+            out += c;
+        } else if (c == '\n') {
+            out += "\\n";
+        } else if (c == '\r') {
+            out += "\\r";
+        } else if (c == '\t') {
+            out += "\\t";
+        } else {
+            out += fmt::format("\\x{:02x}", unsigned(byte));
+        }
+    }
+    return out;
+}
+
 std::string format_bytes(uint64_t bytes) {
     const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
     if (bytes < 1024) return fmt::format("{} B", bytes);

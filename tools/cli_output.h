@@ -8,6 +8,11 @@
 
 namespace rope_jit_cache {
 
+// `text` with every control character (bytes below 0x20, and 0x7f) written as an escape:
+// \n, \r, \t, else \xNN. File names may hold any byte but '/' and NUL; printed raw, an
+// escape sequence in one could rewrite the terminal or forge lines of the report.
+std::string printable(const std::string& text);
+
 // "512 B", "21.3 KiB", "1.2 GiB".
 std::string format_bytes(uint64_t bytes);
 

@@ -488,10 +488,22 @@ struct Options {
     std::string filter;
     bool quick = false;
     bool list = false;
+    bool help = false;
 };
 
 constexpr const char* kUsage =
-    "usage: rope-jit-bench [--backend auto|cpu|cuda] [--filter SUBSTRING] [--json FILE] [--quick] [--list]";
+    "usage: rope-jit-bench [--backend auto|cpu|cuda] [--filter SUBSTRING] [--json FILE] [--quick] "
+    "[--list] [--help]";
+
+constexpr const char* kHelp =
+    "Measures RoPE through the C API against the copy bandwidth of this machine, in one process.\n"
+    "  --backend B     auto (default), cpu or cuda\n"
+    "  --filter S      only the cases whose name contains S (or any of several, comma-separated)\n"
+    "  --json FILE     also write the results to FILE as JSON\n"
+    "  --quick         only the first selected case\n"
+    "  --list          print the cases without running them\n"
+    "  --help, -h      print this help\n"
+    "Exit status: 0 success, 1 a case or an argument failed.";
 
 Options parse(int argc, char** argv) {
     Options options;
@@ -515,6 +527,8 @@ Options parse(int argc, char** argv) {
             options.quick = true;
         } else if (arg == "--list") {
             options.list = true;
+        } else if (arg == "--help" || arg == "-h") {
+            options.help = true;
         } else {
             throw std::runtime_error("unknown argument " + arg + "\n" + kUsage);
         }
@@ -1043,6 +1057,10 @@ nlohmann::json bench_cuda(const std::vector<Case>& cases) {
 int main(int argc, char** argv) {
     try {
         const Options options = parse(argc, argv);
+        if (options.help) {
+            fmt::print("{}\n{}\n", kUsage, kHelp);
+            return 0;
+        }
         const std::vector<Case> cases = selected_cases(options);
         if (options.list) {
             const size_t width = name_width(cases);

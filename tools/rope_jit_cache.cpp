@@ -107,13 +107,15 @@ const char* state_name(rope_jit_cache_item_state state) {
         case ROPE_JIT_CACHE_ITEM_TEMP: return "temp";
         case ROPE_JIT_CACHE_ITEM_SET_ASIDE: return "set-aside";
         case ROPE_JIT_CACHE_ITEM_STRAY: return "stray";
+        case ROPE_JIT_CACHE_ITEM_UNTRUSTED: return "untrusted";
     }
     return "unknown";
 }
 
 constexpr rope_jit_cache_item_state kAllStates[] = {
     ROPE_JIT_CACHE_ITEM_OK,   ROPE_JIT_CACHE_ITEM_STALE,     ROPE_JIT_CACHE_ITEM_DAMAGED,
-    ROPE_JIT_CACHE_ITEM_TEMP, ROPE_JIT_CACHE_ITEM_SET_ASIDE, ROPE_JIT_CACHE_ITEM_STRAY};
+    ROPE_JIT_CACHE_ITEM_TEMP, ROPE_JIT_CACHE_ITEM_SET_ASIDE, ROPE_JIT_CACHE_ITEM_STRAY,
+    ROPE_JIT_CACHE_ITEM_UNTRUSTED};
 
 // An owned copy of a rope_jit_cache_item (whose strings live only during the visit).
 struct Item {
@@ -413,13 +415,17 @@ int run_prewarm(const GlobalOptions& global, const PrewarmOptions& options) {
         std::string unwritten;
         if (written < compiled)
             unwritten = fmt::format(" ({} not written: kept in memory only, see the warning above)", compiled - written);
-        std::cout << fmt::format("prewarm: {} kernels for {} in {} with {} job{}: {} compiled ({} in NVRTC), {} already "
-                                 "cached, {} failed; {} written to {}{}",
-                                 kernels.size(), joined(targets), format_ms(seconds * 1000.0), jobs, jobs == 1 ? "" : "s",
-                                 compiled, format_ms(compile_ms), cached, failed, written, where, unwritten)
-                  << std::endl;
+        const std::string summary = fmt::format(
+            "prewarm: {} kernels for {} in {} with {} job{}: {} compiled ({} in NVRTC), {} already "
+            "cached, {} failed; {} written to {}{}",
+            kernels.size(), joined(targets), format_ms(seconds * 1000.0), jobs,
+            jobs == 1 ? "" : "s",
+            compiled, format_ms(compile_ms), cached, failed, written, where, unwritten);
+        std::cout << printable(summary) << std::endl;
     }
-    return failed == 0 ? kExitOk : kExitFailure;
+    // Prewarming is for later processes: a kernel that compiled but could not be stored (a
+    // root of another user, read-only, full) is a failure, however well it compiled.
+    return failed == 0 && written >= compiled ? kExitOk : kExitFailure;
 }
 
 // ---- list and verify --------------------------------------------------------------------
@@ -441,14 +447,15 @@ int run_list(const GlobalOptions& global) {
                                  "KERNEL OR PATH")
                   << "\n";
     for (const Item& item : items) {
-        std::cout << fmt::format("{:<9} {:<7} {:<6} {:>10} {:>5}  {}", state_name(item.state),
-                                 item.target.empty() ? "-" : item.target,
-                                 item.nvrtc_version.empty() ? "-" : item.nvrtc_version, format_bytes(item.bytes),
-                                 format_age(now - item.accessed), item_text(item))
-                  << "\n";
+        const std::string line = fmt::format(
+            "{:<9} {:<7} {:<6} {:>10} {:>5}  {}", state_name(item.state),
+            item.target.empty() ? "-" : item.target,
+            item.nvrtc_version.empty() ? "-" : item.nvrtc_version, format_bytes(item.bytes),
+            format_age(now - item.accessed), item_text(item));
+        std::cout << printable(line) << "\n";
     }
-    std::cout << fmt::format("{}: {} items, {}: {}", root, items.size(), format_bytes(totals.all_bytes),
-                             totals.summary())
+    std::cout << printable(fmt::format("{}: {} items, {}: {}", root, items.size(),
+                                       format_bytes(totals.all_bytes), totals.summary()))
               << std::endl;
     return kExitOk;
 }
@@ -459,9 +466,20 @@ int run_verify(const GlobalOptions& global) {
     const std::vector<Item> items = collect_items(runtime.get());
     const Totals totals = totals_of(items);
     auto count = [&](rope_jit_cache_item_state state) { return totals.count.count(state) ? totals.count.at(state) : 0; };
-    // Damage and strays mean something wrote where only rope-jit should; the rest is normal
-    // wear (stale entries after upgrades, leftovers of killed processes) that prune removes.
-    const bool healthy = count(ROPE_JIT_CACHE_ITEM_DAMAGED) == 0 && count(ROPE_JIT_CACHE_ITEM_STRAY) == 0;
+    // Damage, strays and untrusted entries mean something wrote where only rope-jit should, as
+    // does an entry of this NVRTC version whose stored spec does not hash to its key (another
+    // kernel under its name, or another rope-jit build's: this library never loads it). The
+    // rest is normal wear (entries of other NVRTC versions or formats after upgrades,
+    // leftovers of killed processes) that prune removes.
+    const char* nvrtc = "";
+    if (rope_jit_nvrtc_version(&nvrtc) != ROPE_JIT_OK) nvrtc = "";
+    size_t mismatched = 0;
+    for (const Item& item : items)
+        mismatched += item.state == ROPE_JIT_CACHE_ITEM_STALE && !item.key.empty() &&
+                      *nvrtc != '\0' && item.nvrtc_version == nvrtc;
+    const bool healthy = count(ROPE_JIT_CACHE_ITEM_DAMAGED) == 0 &&
+                         count(ROPE_JIT_CACHE_ITEM_STRAY) == 0 &&
+                         count(ROPE_JIT_CACHE_ITEM_UNTRUSTED) == 0 && mismatched == 0;
     if (global.json) {
         json list = json::array();
         const int64_t now = now_seconds();
@@ -474,10 +492,15 @@ int run_verify(const GlobalOptions& global) {
     } else {
         for (const Item& item : items)
             if (item.state != ROPE_JIT_CACHE_ITEM_OK)
-                std::cout << fmt::format("{:<9} {}: {}", state_name(item.state), item.path, item.problem) << "\n";
-        std::cout << fmt::format("verify {}: {} good entr{}; {}{}", root, count(ROPE_JIT_CACHE_ITEM_OK),
-                                 count(ROPE_JIT_CACHE_ITEM_OK) == 1 ? "y" : "ies", totals.summary(),
-                                 healthy ? "" : " (damaged or stray files found; prune removes them)")
+                std::cout << printable(fmt::format("{:<9} {}: {}", state_name(item.state),
+                                                   item.path, item.problem))
+                          << "\n";
+        const size_t good = count(ROPE_JIT_CACHE_ITEM_OK);
+        std::cout << printable(fmt::format(
+                         "verify {}: {} good entr{}; {}{}", root, good, good == 1 ? "y" : "ies",
+                         totals.summary(),
+                         healthy ? "" : " (damaged, stray, untrusted or mismatched files found; "
+                                        "prune removes them)"))
                   << std::endl;
     }
     return healthy ? kExitOk : kExitFailure;
@@ -512,6 +535,7 @@ std::vector<Removal> plan_prune(const std::vector<Item>& items, int64_t now, con
         const Item& item = items[i];
         switch (item.state) {
             case ROPE_JIT_CACHE_ITEM_DAMAGED:
+            case ROPE_JIT_CACHE_ITEM_UNTRUSTED:
             case ROPE_JIT_CACHE_ITEM_STRAY:
             case ROPE_JIT_CACHE_ITEM_SET_ASIDE: removals.push_back({i, state_name(item.state)}); continue;
             case ROPE_JIT_CACHE_ITEM_TEMP:
@@ -560,7 +584,8 @@ int remove_items(const GlobalOptions& global, const rope_jit_runtime* runtime, c
             if (status != ROPE_JIT_OK) {
                 const std::string error = last_error_or(status);
                 failures.push_back(json{{"path", item.path}, {"error", error}});
-                if (!global.json) std::cerr << "rope-jit-cache: error: " << error << std::endl;
+                if (!global.json)
+                    std::cerr << "rope-jit-cache: error: " << printable(error) << std::endl;
                 continue;
             }
         }
@@ -570,8 +595,10 @@ int remove_items(const GlobalOptions& global, const rope_jit_runtime* runtime, c
         entry["reason"] = removal.reason;
         removed.push_back(entry);
         if (!global.json) {
-            std::cout << fmt::format("{} {:<9} {:>10}  {}  ({})", dry_run ? "would remove" : "removed", state_name(item.state),
-                                     format_bytes(item.bytes), item_text(item), removal.reason)
+            std::cout << printable(fmt::format("{} {:<9} {:>10}  {}  ({})",
+                                               dry_run ? "would remove" : "removed",
+                                               state_name(item.state), format_bytes(item.bytes),
+                                               item_text(item), removal.reason))
                       << "\n";
         }
     }
@@ -584,8 +611,9 @@ int remove_items(const GlobalOptions& global, const rope_jit_runtime* runtime, c
                         {"removed", removed},     {"removed_bytes", removed_bytes}, {"failures", failures},
                         {"remaining", left.to_json()}});
     } else {
-        std::cout << fmt::format("{}: {} {} items ({}) from {}; left: {}", command, dry_run ? "would remove" : "removed",
-                                 removed.size(), format_bytes(removed_bytes), root, left.summary())
+        std::cout << printable(fmt::format("{}: {} {} items ({}) from {}; left: {}", command,
+                                           dry_run ? "would remove" : "removed", removed.size(),
+                                           format_bytes(removed_bytes), root, left.summary()))
                   << std::endl;
     }
     return failures.empty() ? kExitOk : kExitFailure;
@@ -649,7 +677,7 @@ int run_info(const GlobalOptions& global) {
         return kExitOk;
     }
     auto line = [](const char* label, const std::string& value) {
-        std::cout << fmt::format("{:<16}{}", label, value) << "\n";
+        std::cout << printable(fmt::format("{:<16}{}", label, value)) << "\n";
     };
     line("rope-jit", rope_jit_version_string());
     line("NVRTC", nvrtc_problem.empty() ? nvrtc : "not available: " + nvrtc_problem);
@@ -757,6 +785,27 @@ int run(int argc, char** argv) {
 
     for (CLI::App* command : {prewarm, list, verify, prune, clear, info}) add_global_options(command);
 
+    // CLI11 reports a word that is no subcommand as "A subcommand is required"; name it instead.
+    // The first word that is neither an option nor the value of --cache-dir is the subcommand.
+    for (int i = 1; i < argc; ++i) {
+        const std::string word = argv[i];
+        if (word == "--cache-dir") {
+            ++i;
+            continue;
+        }
+        if (word.empty() || word[0] == '-') continue;
+        std::vector<std::string> names;
+        for (const CLI::App* command : {prewarm, list, verify, prune, clear, info})
+            names.push_back(command->get_name());
+        if (std::find(names.begin(), names.end(), word) == names.end()) {
+            std::cerr << "rope-jit-cache: unknown subcommand '" << printable(word)
+                      << "' (expected one of: " << joined(names) << ")\nRun with --help for usage."
+                      << std::endl;
+            return kExitUsage;
+        }
+        break;
+    }
+
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
@@ -791,13 +840,14 @@ int run(int argc, char** argv) {
         if (*clear) return run_clear(global, clear_dry_run);
         if (*info) return run_info(global);
     } catch (const UsageError& e) {
-        std::cerr << "rope-jit-cache: " << e.what() << "\nRun with --help for usage." << std::endl;
+        std::cerr << "rope-jit-cache: " << printable(e.what()) << "\nRun with --help for usage."
+                  << std::endl;
         return kExitUsage;
     } catch (const Failure& e) {
-        std::cerr << "rope-jit-cache: error: " << e.what() << std::endl;
+        std::cerr << "rope-jit-cache: error: " << printable(e.what()) << std::endl;
         return kExitFailure;
     } catch (const std::exception& e) {
-        std::cerr << "rope-jit-cache: error: " << e.what() << std::endl;
+        std::cerr << "rope-jit-cache: error: " << printable(e.what()) << std::endl;
         return kExitFailure;
     }
     return kExitUsage;

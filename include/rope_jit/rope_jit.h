@@ -160,6 +160,16 @@ typedef struct rope_jit_config {
     /* 1: on the CUDA backend, check positions against the table size on the device before
      * every call (slower; for debugging). The CPU backend always checks. Default 0. */
     int debug_checks;
+    /* Size limit of the disk cache, in bytes: after each kernel it writes, the runtime removes
+     * the least recently used entries (last loaded or written) of its cache format and NVRTC
+     * version, in its writable root, until they fit; never the entry just written, nor temp
+     * files, lock files, read-only roots or other versions' entries. A process loading an
+     * entry that another evicts at that moment reads it whole or recompiles it; no call
+     * fails. 0 = unbounded. -1 (default) = $ROPE_JIT_CACHE_MAX_BYTES (bytes, or with a K, M,
+     * G or T suffix, powers of 1024; 0 = unbounded) when set, else 1 GiB (1073741824).
+     * Other negative values, or a malformed $ROPE_JIT_CACHE_MAX_BYTES, make
+     * rope_jit_runtime_create fail with ERROR_INVALID_ARGUMENT naming it. */
+    int64_t cache_max_bytes;
 } rope_jit_config;
 
 /* Fills *config with the defaults above and sets struct_size. NULL is ignored. */
@@ -427,7 +437,10 @@ ROPE_JIT_API rope_jit_status rope_jit_rope(rope_jit_runtime* runtime,
  * specs[0].struct_size bytes apart (a caller built against an older header passes its own
  * size), and each must have that struct_size. Fails on the first bad spec
  * (ERROR_INVALID_ARGUMENT, naming its index) or compile error (ERROR_COMPILE, with the NVRTC
- * log); ERROR_BACKEND_UNAVAILABLE without NVRTC, or with target NULL and no GPU. */
+ * log); ERROR_BACKEND_UNAVAILABLE without NVRTC, or with target NULL and no GPU. A kernel
+ * that compiles but cannot be stored (the cache root unusable, read-only or full) is not an
+ * error: it stays in memory with one warning; rope_jit_stats tells (disk_writes does not grow
+ * with compiles), which is how rope-jit-cache prewarm decides to exit 1. */
 ROPE_JIT_API rope_jit_status rope_jit_prewarm(rope_jit_runtime* runtime, const rope_jit_kernel_spec* specs,
                                               size_t n, const char* target);
 
@@ -739,9 +752,14 @@ ROPE_JIT_API rope_jit_status rope_jit_rope_tables(const rope_jit_table_config* c
  *
  * The disk cache lives under one root directory (rope_jit_config.cache_dir):
  *   <root>/v<format>/nvrtc<MAJOR.MINOR>/<target>/<2 hex>/<key>.cubin (or .ptx)
- * Each file is one kernel with a checked header. Writers publish files by rename, readers
- * never lock, and a damaged file is set aside and recompiled, so the functions below may run
- * while other processes use the same cache.
+ * Each file is one kernel with a checked header (its cubin or PTX at most 64 MiB; a larger
+ * or malformed file is judged by its first bytes, never read whole). Writers publish files
+ * by rename, readers never lock, and a damaged file, or one whose stored spec is not the
+ * kernel asked for, is set aside and recompiled, so the functions below may run while other
+ * processes use the same cache. Only trusted files are loaded: owned by the caller or root,
+ * writable by no one else, below directories owned by the caller or root that no one else
+ * can write (above the root: only with the sticky bit, as /tmp). Only names of the cache's
+ * layout are reported or removed: anything else under a root given by mistake is left alone.
  * ======================================================================================== */
 
 /* Sets *version to "MAJOR.MINOR" of the NVRTC library kernels are compiled with ("13.0";
@@ -780,8 +798,10 @@ ROPE_JIT_API rope_jit_status rope_jit_device_describe(const rope_jit_runtime* ru
 ROPE_JIT_API const char* rope_jit_cache_root(const rope_jit_runtime* runtime);
 
 /* Checks that the runtime can write its disk cache, creating the root and <root>/v1 (mode
- * 0700) when they are missing: both must be directories owned by this user, not
- * world-writable without the sticky bit (others could plant kernels), and writable.
+ * 0700) when they are missing: both must be directories owned by this user that no one else
+ * can write (no group or world write bit, sticky or not: others could plant kernels), every
+ * directory above the root owned by this user or root and writable by others only with the
+ * sticky bit, and writable.
  * ROPE_JIT_OK when so; ERROR_CACHE when not, or when the runtime has no disk cache, with the
  * reason in rope_jit_last_error(). A runtime whose cache fails this check still works: it
  * keeps kernels in memory and warns once. ERROR_INVALID_ARGUMENT for NULL. */
@@ -802,8 +822,14 @@ typedef enum rope_jit_cache_item_state {
     ROPE_JIT_CACHE_ITEM_TEMP = 3,
     /* A damaged entry that an earlier call renamed out of the way ("<entry>.bad-<pid>-<n>"). */
     ROPE_JIT_CACHE_ITEM_SET_ASIDE = 4,
-    /* A file or directory in the cache's directories that is not part of its layout. */
-    ROPE_JIT_CACHE_ITEM_STRAY = 5
+    /* A file or directory named like part of the cache's layout but in the wrong place: an
+     * entry in another key's prefix directory, a file in place of a layout directory, or a
+     * directory that cannot be listed. (Names that are not the cache's are never reported.) */
+    ROPE_JIT_CACHE_ITEM_STRAY = 5,
+    /* An entry that is not trusted, and so never loaded: owned by a user other than the
+     * caller and root, writable by others, or below a directory that another user owns or
+     * that others can write (see "Security" in the README). */
+    ROPE_JIT_CACHE_ITEM_UNTRUSTED = 6
 } rope_jit_cache_item_state;
 
 /* One item of the cache, as rope_jit_cache_walk reports it. Every string is NUL-terminated,
@@ -831,10 +857,11 @@ typedef int (*rope_jit_cache_visitor)(const rope_jit_cache_item* item, void* use
 
 /* Calls visitor(item, user_data) for every item under the runtime's cache root, in path
  * order: the entries of the current format with their state judged against this library
- * (files of other NVRTC versions included), each other "v<N>" directory that holds only
- * nvrtc<version> directories as one STALE item, temp files and anything else inside those
- * directories (a directory there that cannot be listed is a STRAY item saying why). The rest of the root is not
- * reported: the empty compile lock files of <root>/locks, which processes compiling into the
+ * (files of other NVRTC versions included), each other "v<N>" directory whose tree holds only
+ * names of the cache layout as one STALE item, temp files, set-aside files and layout names
+ * out of place inside those directories (a directory there that cannot be listed is a STRAY
+ * item saying why). Names the cache never writes are not reported, nor is the rest of the
+ * root: the empty compile lock files of <root>/locks, which processes compiling into the
  * cache hold while they compile (never removed, so that all of them always lock the same
  * files), and anything that is not the cache's. Reads only; changes nothing. Without
  * NVRTC the NVRTC version and key of an entry cannot be judged, and valid entries are
@@ -847,8 +874,10 @@ ROPE_JIT_API rope_jit_status rope_jit_cache_walk(const rope_jit_runtime* runtime
 /* Removes one item that rope_jit_cache_walk reported (its `path`): a file, or a directory
  * with everything in it (symbolic links are removed, never followed). Safe while other
  * processes use the cache: at worst one of them recompiles a kernel. An item that is already
- * gone counts as removed. Fails with ERROR_INVALID_ARGUMENT for a path that is not inside a
- * "v<N>" directory of the cache root or has ".", ".." or a symbolic link on the way, and with
+ * gone counts as removed. Fails with ERROR_INVALID_ARGUMENT for a path that is not provably
+ * the cache's (a name the cache does not write at that depth of a "v<N>" directory of the
+ * cache root, or a directory holding such names) or has ".", ".." or a symbolic link on the
+ * way, and with
  * ERROR_CACHE when the root is not writable by this user (see rope_jit_cache_check), the
  * runtime has no disk cache, or the removal fails. */
 ROPE_JIT_API rope_jit_status rope_jit_cache_remove(const rope_jit_runtime* runtime, const char* path);

@@ -95,6 +95,7 @@ class Config(ctypes.Structure):
         ("disk_cache", ctypes.c_int),
         ("cpu_threads", ctypes.c_int),
         ("debug_checks", ctypes.c_int),
+        ("cache_max_bytes", ctypes.c_int64),
     ]
 
 

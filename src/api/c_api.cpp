@@ -96,6 +96,7 @@ void rope_jit_config_init(rope_jit_config* config) {
     config->disk_cache = 1;
     config->cpu_threads = 0;
     config->debug_checks = 0;
+    config->cache_max_bytes = -1;
 }
 
 void rope_jit_rope_args_init(rope_jit_rope_args* args) {

@@ -24,9 +24,14 @@ Runtime::Runtime(const rope_jit_config& config)
     const int backend = raw_enum(config.backend);
     if (backend != ROPE_JIT_BACKEND_AUTO && backend != ROPE_JIT_BACKEND_CUDA && backend != ROPE_JIT_BACKEND_CPU)
         fail_argument(fmt::format("backend: unknown value {}", backend));
+    if (config.cache_max_bytes < -1)
+        fail_argument(fmt::format("cache_max_bytes: must be >= 0, or -1 for the default, got {}",
+                                  config.cache_max_bytes));
     if (config.disk_cache != 0) {
         const std::string root = config.cache_dir ? std::string(config.cache_dir) : DiskCache::default_root();
-        disk_ = std::make_unique<DiskCache>(root, DiskCache::default_read_only_roots());
+        const uint64_t max_bytes = config.cache_max_bytes == -1 ? DiskCache::default_max_bytes()
+                                                                : uint64_t(config.cache_max_bytes);
+        disk_ = std::make_unique<DiskCache>(root, DiskCache::default_read_only_roots(), max_bytes);
     }
     if (backend == ROPE_JIT_BACKEND_CPU) return;
     try {

@@ -29,6 +29,24 @@ bool is_format_dir_name(const std::string& name) {
            std::all_of(name.begin() + 1, name.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 
+// Whether every name in the tree below `path` (a "v<N>" directory) is a name of the cache
+// layout at its depth, never following links: only then is the tree provably the cache's.
+bool cache_shaped(const std::string& path, size_t depth = 0) {
+    int error = 0;
+    const std::vector<std::string> names = sorted_names(path, &error);
+    if (error != 0 || depth > 3) return false;
+    for (const std::string& name : names) {
+        const LayoutName kind = classify_layout_name(depth, name);
+        if (kind == LayoutName::foreign) return false;
+        struct stat st;
+        if (lstat((path + "/" + name).c_str(), &st) != 0) return false;
+        if (kind == LayoutName::directory && S_ISDIR(st.st_mode) &&
+            !cache_shaped(path + "/" + name, depth + 1))
+            return false;
+    }
+    return true;
+}
+
 // Bytes of every file below `path` (itself when it is not a directory), never following links.
 uint64_t tree_bytes(const std::string& path, int depth = 0) {
     struct stat st;
@@ -70,7 +88,8 @@ std::string stale_problem(const CacheItem& entry) {
     try {
         const CompilePlan plan = plan_compile(entry.spec_json, entry.target);
         if (plan.entry.key_hex != entry.key_hex || plan.entry.kind != entry.kind)
-            return "written by another rope-jit build (kernel templates, options or spec layout differ)";
+            return "written by another rope-jit build (kernel templates, options or spec layout "
+                   "differ), or holding another kernel than its key names";
     } catch (const Error& e) {
         return fmt::format("target {} cannot be compiled by this library: {}", entry.target, e.what());
     }
@@ -102,6 +121,7 @@ CacheItem item_from_report(DiskCache::EntryReport report) {
         case DiskCache::Found::stray: item.state = CacheItemState::stray; break;
         case DiskCache::Found::entry: item.state = report.ok ? CacheItemState::ok : CacheItemState::damaged; break;
     }
+    if (report.untrusted) item.state = CacheItemState::untrusted;
     if (report.ok) {
         item.payload_bytes = report.payload_bytes;
         item.spec_json = std::move(report.spec_json);
@@ -148,17 +168,10 @@ std::vector<CacheItem> scan_cache(const DiskCache& disk) {
             for (DiskCache::EntryReport& report : disk.verify(root)) items.push_back(item_from_report(std::move(report)));
             continue;
         }
-        // Another format's directory holds nvrtc<version> directories, as ours does; a "v2"
-        // with anything else in it (a project's sources, say, in a root given by mistake) is
-        // not the cache's, and prune must never remove it.
-        if (name != current_format) {
-            if (!S_ISDIR(st.st_mode)) continue;
-            const std::vector<std::string> inside = sorted_names(path, &error);
-            const bool cache_shaped = error == 0 && std::all_of(inside.begin(), inside.end(), [](const std::string& n) {
-                                          return n.compare(0, 5, "nvrtc") == 0;
-                                      });
-            if (!cache_shaped) continue;
-        }
+        // Another format's directory holds our layout, as v1 does; a "v2" with anything else
+        // in it (a project's sources, say, in a root given by mistake) is not the cache's, and
+        // prune must never remove it.
+        if (name != current_format && (!S_ISDIR(st.st_mode) || !cache_shaped(path))) continue;
         CacheItem item;
         item.path = path;
         item.state = name == current_format ? CacheItemState::stray : CacheItemState::stale;
@@ -192,10 +205,28 @@ void remove_cache_item(const DiskCache& disk, const std::string& path) {
     for (const std::string& part : parts)
         if (part.empty() || part == "." || part == "..")
             fail_argument(fmt::format("path: '{}' has an empty, '.' or '..' component", path));
+    struct stat st;
     if (!is_format_dir_name(parts[0]))
         fail_argument(fmt::format("path: '{}' is not in a cache format directory (v<N>) of '{}'", path, root));
+    // Only what is provably the cache's: layout names in v1, or a whole other-format tree of them.
+    const bool current = parts[0] == fmt::format("v{}", kCacheFormatVersion);
+    bool ours = current ? parts.size() <= 5 : parts.size() == 1;
+    for (size_t i = 1; ours && i < parts.size(); ++i) {
+        const LayoutName kind = classify_layout_name(i - 1, parts[i]);
+        const bool last = i + 1 == parts.size();
+        ours = kind != LayoutName::foreign && (last || kind == LayoutName::directory);
+    }
+    // A layout directory goes only with a tree of layout names (an entry-named or set-aside
+    // one, whatever it holds, is unmistakably the cache's).
+    const bool whole_tree =
+        parts.size() == 1 ||
+        classify_layout_name(parts.size() - 2, parts.back()) == LayoutName::directory;
+    if (!ours || (whole_tree && lstat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode) &&
+                  !cache_shaped(path, current ? parts.size() - 1 : 0)))
+        fail_argument(fmt::format("path: '{}' is not an item of the cache layout under '{}'; only "
+                                  "names the cache writes are removed",
+                                  path, root));
 
-    struct stat st;
     if (lstat(root.c_str(), &st) != 0) return;  // no cache, so nothing to remove
     std::string why;
     if (!disk.writable(&why))

@@ -20,7 +20,8 @@ enum class CacheItemState {
     damaged = ROPE_JIT_CACHE_ITEM_DAMAGED,      // placed like an entry but fails a check
     temp = ROPE_JIT_CACHE_ITEM_TEMP,            // a write in progress, or one a crash interrupted
     set_aside = ROPE_JIT_CACHE_ITEM_SET_ASIDE,  // a damaged entry an earlier load renamed
-    stray = ROPE_JIT_CACHE_ITEM_STRAY           // not part of the layout
+    stray = ROPE_JIT_CACHE_ITEM_STRAY,          // a layout name in the wrong place
+    untrusted = ROPE_JIT_CACHE_ITEM_UNTRUSTED   // an entry that fails the trust rule: never loaded
 };
 
 struct CacheItem {
@@ -42,21 +43,23 @@ const DiskCache& require_disk_cache(const DiskCache* disk);
 
 // Every item under disk.root(): what DiskCache::verify reports under <root>/v1, each entry
 // judged against this build (see CacheItemState; a directory that cannot be listed is a
-// stray item saying why), plus each other "v<N>" directory of the root that holds only
-// nvrtc<version> directories as one stale item (another cache format). Nothing else in the
-// root is reported: not the compile lock files of <root>/locks (compile_lock.h), which must
-// stay for as long as any process may lock them, nor anything that is not the cache's.
+// stray item saying why), plus each other "v<N>" directory of the root whose whole tree has
+// only names of the cache layout (classify_layout_name) as one stale item (another cache
+// format). Nothing else in the root is reported: not the compile lock files of <root>/locks
+// (compile_lock.h), which must stay for as long as any process may lock them, nor anything
+// that is not the cache's (a project's files in a root given by mistake).
 // Changes nothing. Empty when the root is "" or missing; throws Error(CACHE) when it is not
 // a directory or cannot be listed.
 // Without NVRTC an entry's NVRTC version and key cannot be judged: valid ones count as ok.
 std::vector<CacheItem> scan_cache(const DiskCache& disk);
 
 // Removes one item as scan_cache reports it: a file, or a directory with all it holds
-// (symbolic links are removed, never followed). `path` must lie inside a "v<N>" directory of
-// disk.root() (or be one) with no "." or ".." parts and no symbolic link on the way. An item
-// already gone counts as removed (another prune got there first). Throws
-// Error(INVALID_ARGUMENT) for a path outside the cache, Error(CACHE) when the root is "" or
-// not writable by this user (see DiskCache::writable) or the removal fails.
+// (symbolic links are removed, never followed). `path` must be provably the cache's: below
+// <root>/v1, every part a name of the layout at its depth (classify_layout_name); or another
+// "v<N>" directory of the root whose whole tree has only such names. No "." or ".." parts and
+// no symbolic link on the way. An item already gone counts as removed (another prune got
+// there first). Throws Error(INVALID_ARGUMENT) for any other path, Error(CACHE) when the root
+// is "" or not writable by this user (see DiskCache::writable) or the removal fails.
 void remove_cache_item(const DiskCache& disk, const std::string& path);
 
 }  // namespace rope_jit

@@ -114,17 +114,58 @@ std::array<uint8_t, 32> entry_checksum(std::string_view before_checksum, std::st
 
 // ---- file system helpers ----------------------------------------------------------------
 
-// Why a directory must not be trusted, or "" when it may be. Anyone who can write into it
-// could plant a kernel with a valid checksum, or swap files under us.
+// Group or world write permission: someone else may create, rename or replace files there.
+bool others_can_write(const struct stat& st) { return (st.st_mode & (S_IWGRP | S_IWOTH)) != 0; }
+
+std::string others_can_write_problem(const std::string& path) {
+    return fmt::format("'{}' can be written by other users (group- or world-writable; a sticky "
+                       "bit does not stop them creating files)",
+                       path);
+}
+
+// Why a directory of our own root must not be trusted, or "" when it may be. Anyone who can
+// write into it could plant a kernel with a valid checksum, or swap files under us.
 std::string unsafe_dir_problem(const std::string& path, const struct stat& st) {
     if (st.st_uid != geteuid()) {
         return fmt::format("'{}' is owned by uid {}, not by this user (uid {})", path,
                            unsigned(st.st_uid), unsigned(geteuid()));
     }
-    if ((st.st_mode & S_IWOTH) && !(st.st_mode & S_ISVTX)) {
-        return fmt::format("'{}' is world-writable without the sticky bit", path);
-    }
+    if (others_can_write(st)) return others_can_write_problem(path);
     return {};
+}
+
+bool trusted_owner(const struct stat& st) { return st.st_uid == geteuid() || st.st_uid == 0; }
+
+// The directories above a cache root: owned by this user or root, and writable by others only
+// with the sticky bit (as /tmp), so that nobody else can rename or replace the way down.
+// `resolved` is an absolute path without symbolic links; its last component is not checked.
+std::string ancestors_problem(const std::string& resolved) {
+    if (resolved.empty() || resolved[0] != '/') return {};
+    std::string dir = "/";
+    for (size_t next = 1;;) {
+        struct stat st;
+        if (stat(dir.c_str(), &st) != 0) return {};
+        if (!trusted_owner(st)) {
+            return fmt::format("'{}' is owned by uid {}, neither this user (uid {}) nor root", dir,
+                               unsigned(st.st_uid), unsigned(geteuid()));
+        }
+        if (others_can_write(st) && !(st.st_mode & S_ISVTX)) {
+            return fmt::format("'{}' can be written by other users without the sticky bit", dir);
+        }
+        const size_t slash = resolved.find('/', next);
+        if (slash == std::string::npos) return {};  // what follows is the last component
+        dir = resolved.substr(0, slash);
+        next = slash + 1;
+    }
+}
+
+// realpath as a string, or "" (missing, or unresolvable).
+std::string resolved_path(const std::string& path) {
+    char* resolved = realpath(path.c_str(), nullptr);
+    if (resolved == nullptr) return {};
+    std::string out = resolved;
+    std::free(resolved);
+    return out;
 }
 
 // Creates `path` and its missing parents with mode 0700. Returns "" or the problem.
@@ -195,6 +236,8 @@ std::string check_tree(const std::string& root, const std::string* subdir_list, 
     }
     if (!S_ISDIR(st.st_mode)) return fmt::format("'{}' is not a directory", root);
     std::string problem = unsafe_dir_problem(root, st);
+    if (!problem.empty()) return problem;
+    problem = ancestors_problem(resolved_path(root));
     if (!problem.empty()) return problem;
 
     std::string path = root;
@@ -276,11 +319,32 @@ private:
     int fd_ = -1;
 };
 
-enum class ReadResult { ok, missing, bad };
+enum class ReadResult { ok, missing, bad, untrusted };
 
-// Reads a whole entry file. `no_follow` for our own root, where we never create symlinks.
-// `keep_atime` for inspection (verify): the access time is what tells used entries from
-// unused ones when pruning, so looking at an entry must not count as using it.
+// Appends bytes of fd to *bytes until it holds `want` bytes or the file ends. False, with
+// *problem, on a read error.
+bool read_up_to(int fd, size_t want, std::string* bytes, std::string* problem) {
+    char buffer[1 << 16];
+    while (bytes->size() < want) {
+        const size_t chunk = std::min(sizeof(buffer), want - bytes->size());
+        ssize_t n = read(fd, buffer, chunk);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            *problem = "cannot read: " + errno_text(errno);
+            return false;
+        }
+        if (n == 0) break;
+        bytes->append(buffer, size_t(n));
+    }
+    return true;
+}
+
+// Reads an entry file, judging its header before reading further: a file that does not
+// start like an entry, or whose lengths exceed the limits, is read no further than that
+// (parse_cache_entry then says what is wrong with what was read), so a huge file in place of
+// an entry costs a few bytes, not its size. `no_follow` for our own root, where we never
+// create symlinks. `keep_atime` for inspection (verify): the access time is what tells used
+// entries from unused ones when pruning, so looking at an entry must not count as using it.
 ReadResult read_entry_file(const std::string& path, bool no_follow, std::string* bytes,
                            std::string* problem, struct stat* st, bool keep_atime = false) {
     // O_NONBLOCK so a FIFO planted in place of an entry cannot hang the caller.
@@ -313,47 +377,31 @@ ReadResult read_entry_file(const std::string& path, bool no_follow, std::string*
         *problem = "not a regular file";
         return ReadResult::bad;
     }
+    *problem = untrusted_file_problem(*st);
+    if (!problem->empty()) return ReadResult::untrusted;
     if (uint64_t(st->st_size) > kMaxFileBytes) {
         *problem =
             fmt::format("file of {} bytes is larger than any valid entry", uint64_t(st->st_size));
         return ReadResult::bad;
     }
     bytes->clear();
-    bytes->reserve(size_t(st->st_size));
-    char buffer[1 << 16];
-    for (;;) {
-        ssize_t n = read(fd, buffer, sizeof(buffer));
-        if (n < 0) {
-            if (errno == EINTR) continue;
-            *problem = "cannot read: " + errno_text(errno);
-            return ReadResult::bad;
-        }
-        if (n == 0) break;
-        bytes->append(buffer, size_t(n));
-        if (bytes->size() > kMaxFileBytes) {
-            *problem = "file is larger than any valid entry";
-            return ReadResult::bad;
-        }
+    if (!read_up_to(fd, kHeadBytes, bytes, problem)) return ReadResult::bad;
+    if (bytes->size() < kHeadBytes || std::memcmp(bytes->data(), kMagic, sizeof(kMagic)) != 0 ||
+        get_u32(bytes->data() + 8) != kCacheFormatVersion) {
+        return ReadResult::ok;
     }
+    const uint32_t spec_size = get_u32(bytes->data() + kHeadBytes - 4);
+    if (spec_size > kCacheMaxSpecBytes) return ReadResult::ok;
+    const size_t payload_at = kHeadBytes + spec_size + kMidBytes;
+    if (!read_up_to(fd, payload_at, bytes, problem)) return ReadResult::bad;
+    if (bytes->size() < payload_at) return ReadResult::ok;
+    const uint64_t payload_size = get_u64(bytes->data() + payload_at - kMidBytes);
+    if (payload_size > kCacheMaxPayloadBytes) return ReadResult::ok;
+    // One byte past the end shows trailing garbage without reading all of it.
+    const size_t whole = payload_at + size_t(payload_size);
+    bytes->reserve(whole + 1);
+    if (!read_up_to(fd, whole + 1, bytes, problem)) return ReadResult::bad;
     return ReadResult::ok;
-}
-
-// For a read-only root: why it must not be trusted, or "". Unlike our own root it may belong
-// to another user and hold symbolic links, but no directory on the way to an entry may be
-// world-writable without the sticky bit. Missing directories are no problem (a miss).
-std::string shared_tree_problem(const std::string& root, const std::string* subdir_list,
-                                size_t count) {
-    std::string path = root;
-    for (size_t i = 0;; ++i) {
-        struct stat st;
-        if (stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return {};
-        if ((st.st_mode & S_IWOTH) && !(st.st_mode & S_ISVTX)) {
-            return fmt::format("'{}' is world-writable without the sticky bit", path);
-        }
-        if (i == count) return {};
-        path += '/';
-        path += subdir_list[i];
-    }
 }
 
 std::string warning_key(const std::string& root) { return "disk_cache_root:" + root; }
@@ -366,6 +414,112 @@ void warn_unusable_root(const std::string& root, const std::string& problem) {
 }
 
 }  // namespace
+
+std::string untrusted_file_problem(const struct stat& st) {
+    if (!trusted_owner(st)) {
+        return fmt::format("owned by uid {}, neither this user (uid {}) nor root",
+                           unsigned(st.st_uid), unsigned(geteuid()));
+    }
+    if (others_can_write(st)) return "writable by other users (group- or world-writable)";
+    return {};
+}
+
+std::string trust_problem(const std::string& root, const std::string& dir) {
+    const std::string resolved_root = resolved_path(root);
+    if (resolved_root.empty()) return {};  // missing: nothing to trust, a miss
+    // Resolved, the way to dir may leave the root (a bundle may hold links): each directory
+    // on it is judged by the ancestor rule when it lies above the root, else strictly.
+    std::string resolved = resolved_path(dir);
+    if (resolved.empty()) resolved = resolved_root;  // dir missing: a miss; judge the root
+    auto above_root = [&](const std::string& path) {
+        return path.size() < resolved_root.size() &&
+               resolved_root.compare(0, path.size(), path) == 0 &&
+               (path == "/" || resolved_root[path.size()] == '/');
+    };
+    for (size_t slash = 0;; slash = resolved.find('/', slash + 1)) {
+        const std::string path = slash == std::string::npos ? resolved
+                                 : slash == 0               ? std::string("/")
+                                                            : resolved.substr(0, slash);
+        struct stat st;
+        if (stat(path.c_str(), &st) != 0) return {};
+        if (!trusted_owner(st)) {
+            return fmt::format("'{}' is owned by uid {}, neither this user (uid {}) nor root", path,
+                               unsigned(st.st_uid), unsigned(geteuid()));
+        }
+        if (others_can_write(st)) {
+            if (!above_root(path)) return others_can_write_problem(path);
+            if (!(st.st_mode & S_ISVTX)) {
+                return fmt::format("'{}' can be written by other users without the sticky bit",
+                                   path);
+            }
+        }
+        if (slash == std::string::npos) return {};
+    }
+}
+
+LayoutName classify_layout_name(size_t depth, std::string_view name) {
+    auto digits = [](std::string_view text) {
+        return !text.empty() && text.size() <= 20 &&
+               std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
+    };
+    auto lower_hex = [](std::string_view text) {
+        return std::all_of(text.begin(), text.end(), [](char c) {
+            return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+        });
+    };
+    // "sm_90", "sm_90a", "compute_90": what choose_target and the device layer name.
+    auto is_target = [&](std::string_view text) {
+        for (std::string_view prefix : {std::string_view("sm_"), std::string_view("compute_")}) {
+            if (text.substr(0, prefix.size()) != prefix) continue;
+            std::string_view rest = text.substr(prefix.size());
+            size_t n = 0;
+            while (n < rest.size() && rest[n] >= '0' && rest[n] <= '9') ++n;
+            return n > 0 && n <= 4 && rest.size() - n <= 2 &&
+                   std::all_of(rest.begin() + long(n), rest.end(),
+                               [](char c) { return c >= 'a' && c <= 'z'; });
+        }
+        return false;
+    };
+    auto is_directory_name = [&](std::string_view text) {
+        switch (depth) {
+            case 0: return text.substr(0, 5) == "nvrtc" && is_path_word(text.substr(5));
+            case 1: return is_target(text);
+            case 2: return text.size() == 2 && lower_hex(text);
+            default: return false;
+        }
+    };
+    auto is_entry_name = [&](std::string_view text) {
+        return depth == 3 && text.size() > kKeyChars + 1 && text[kKeyChars] == '.' &&
+               is_key_hex(text.substr(0, kKeyChars)) && is_kind(text.substr(kKeyChars + 1));
+    };
+    // "<layout name>.bad-<pid>-<n>" (set_aside).
+    const size_t bad = name.rfind(kBadMarker);
+    if (bad != std::string_view::npos) {
+        std::string_view base = name.substr(0, bad), tail = name.substr(bad + kBadMarker.size());
+        const size_t dash = tail.find('-');
+        if (dash != std::string_view::npos && digits(tail.substr(0, dash)) &&
+            digits(tail.substr(dash + 1)) && (is_directory_name(base) || is_entry_name(base))) {
+            return LayoutName::set_aside;
+        }
+        return LayoutName::foreign;
+    }
+    // ".tmp-<pid>-<thread hash hex>-<n>" (temp_name).
+    if (depth == 3 && name.substr(0, kTempPrefix.size()) == kTempPrefix) {
+        std::string_view rest = name.substr(kTempPrefix.size());
+        const size_t first = rest.find('-'), last = rest.rfind('-');
+        if (first != std::string_view::npos && last != first && digits(rest.substr(0, first)) &&
+            digits(rest.substr(last + 1))) {
+            std::string_view thread = rest.substr(first + 1, last - first - 1);
+            if (!thread.empty() && thread.size() <= 16 && lower_hex(thread)) {
+                return LayoutName::temp;
+            }
+        }
+        return LayoutName::foreign;
+    }
+    if (is_directory_name(name)) return LayoutName::directory;
+    if (is_entry_name(name)) return LayoutName::entry;
+    return LayoutName::foreign;
+}
 
 std::vector<std::string> sorted_names(const std::string& dir, int* error) {
     std::vector<std::string> names;
@@ -470,8 +624,35 @@ std::optional<CacheEntry> parse_cache_entry(const CacheEntryId& id, std::string_
 
 // ---- DiskCache --------------------------------------------------------------------------
 
-DiskCache::DiskCache(std::string root, std::vector<std::string> read_only_roots)
-    : root_(std::move(root)), read_only_roots_(std::move(read_only_roots)) {}
+DiskCache::DiskCache(std::string root, std::vector<std::string> read_only_roots,
+                     uint64_t max_bytes)
+    : root_(std::move(root)), read_only_roots_(std::move(read_only_roots)), max_bytes_(max_bytes) {}
+
+uint64_t DiskCache::default_max_bytes() {
+    const char* value = std::getenv("ROPE_JIT_CACHE_MAX_BYTES");
+    if (value == nullptr || *value == '\0') return kCacheDefaultMaxBytes;
+    std::string_view text = value;
+    size_t digits = 0;
+    while (digits < text.size() && text[digits] >= '0' && text[digits] <= '9') ++digits;
+    static constexpr std::string_view kSuffixes = "KMGT";
+    const std::string_view suffix = text.substr(digits);
+    const size_t power = suffix.empty() ? 0 : kSuffixes.find(suffix) + 1;
+    uint64_t bytes = 0;
+    bool ok = digits > 0 && digits <= 19 && (suffix.empty() || (suffix.size() == 1 && power > 0));
+    if (ok) {
+        bytes = std::stoull(std::string(text.substr(0, digits)));
+        for (size_t i = 0; i < power && ok; ++i) {
+            ok = bytes <= (UINT64_MAX >> 10);
+            bytes <<= 10;
+        }
+    }
+    if (!ok) {
+        fail_argument(fmt::format("ROPE_JIT_CACHE_MAX_BYTES: '{}' is not a size in bytes (like "
+                                  "1073741824, 500M or 2G; 0 = unbounded)",
+                                  text));
+    }
+    return bytes;
+}
 
 std::string DiskCache::default_root() {
     auto env = [](const char* name) -> std::string {
@@ -513,7 +694,8 @@ std::string DiskCache::entry_path(const std::string& root, const CacheEntryId& i
     return fmt::format("{}/{}.{}", path, id.key_hex, id.kind);
 }
 
-std::optional<CacheEntry> DiskCache::load(const CacheEntryId& id) const {
+std::optional<CacheEntry> DiskCache::load(const CacheEntryId& id,
+                                          const std::string* expected_spec_json) const {
     try {
         std::string problem = id_problem(id);
         if (!problem.empty()) {
@@ -532,21 +714,26 @@ std::optional<CacheEntry> DiskCache::load(const CacheEntryId& id) const {
                     warning_key(root_),
                     fmt::format("kernel cache directory '{}' is not used: {}", root_, problem));
             } else if (!missing) {
-                if (auto entry = load_from(root_, id, /*owned=*/true)) return entry;
+                if (auto entry = load_from(root_, id, /*owned=*/true, expected_spec_json)) {
+                    return entry;
+                }
             }
         }
         for (const std::string& root : read_only_roots_) {
             if (root.empty()) continue;
-            // Bundles may belong to anyone (root, an admin), but not be open to every writer.
-            auto dirs = subdirs(id);
-            problem = shared_tree_problem(root, dirs.data(), dirs.size());
+            // Bundles may belong to root (shared by every user) or to this user, and no one
+            // else may be able to write on the way to the entry.
+            const std::string path = entry_path(root, id);
+            problem = trust_problem(root, path.substr(0, path.rfind('/')));
             if (!problem.empty()) {
                 log_warning_once(warning_key(root),
                                  fmt::format("read-only kernel cache directory '{}' is not used: {}",
                                              root, problem));
                 continue;
             }
-            if (auto entry = load_from(root, id, /*owned=*/false)) return entry;
+            if (auto entry = load_from(root, id, /*owned=*/false, expected_spec_json)) {
+                return entry;
+            }
         }
     } catch (...) {
         // A cache problem (even running out of memory reading one) must never fail the
@@ -556,7 +743,8 @@ std::optional<CacheEntry> DiskCache::load(const CacheEntryId& id) const {
 }
 
 std::optional<CacheEntry> DiskCache::load_from(const std::string& root, const CacheEntryId& id,
-                                               bool owned) const {
+                                               bool owned,
+                                               const std::string* expected_spec_json) const {
     const std::string path = entry_path(root, id);
     std::string bytes, problem;
     // A second look only when a concurrent store replaced the bad file while we judged it.
@@ -565,8 +753,29 @@ std::optional<CacheEntry> DiskCache::load_from(const std::string& root, const Ca
         std::memset(&st, 0, sizeof(st));
         ReadResult result = read_entry_file(path, owned, &bytes, &problem, &st);
         if (result == ReadResult::missing) return std::nullopt;
+        if (result == ReadResult::untrusted) {
+            // Not ours to move: it stays, and a store replaces it by rename.
+            log_warning_once("disk_cache_untrusted:" + path,
+                             fmt::format("kernel cache entry '{}' is not trusted ({}); ignored",
+                                         path, problem));
+            return std::nullopt;
+        }
         if (result == ReadResult::ok) {
-            if (auto entry = parse_cache_entry(id, bytes, &problem)) return entry;
+            if (auto entry = parse_cache_entry(id, bytes, &problem)) {
+                // The key is a hash: a file under it holding another spec is a planted or
+                // mixed-up kernel, never to be launched in place of the one asked for.
+                if (expected_spec_json == nullptr || entry->spec_json == *expected_spec_json) {
+                    // The size limit evicts by last use; relatime would rarely record it.
+                    if (owned) {
+                        const struct timespec times[2] = {{0, UTIME_NOW}, {0, UTIME_OMIT}};
+                        utimensat(AT_FDCWD, path.c_str(), times, AT_SYMLINK_NOFOLLOW);
+                    }
+                    return entry;
+                }
+                problem = fmt::format("its stored spec {} is not the requested {}",
+                                      entry->spec_json.substr(0, 200),
+                                      expected_spec_json->substr(0, 200));
+            }
         }
         if (!owned) break;
         bool replaced = false;
@@ -648,6 +857,7 @@ bool DiskCache::store(const CacheEntryId& id, const CacheEntry& entry) const {
         }
         temp.published();
         // No fsync of the directory: losing the rename in a crash only costs a recompile.
+        evict(id);
         return true;
     } catch (...) {
         return false;
@@ -676,11 +886,84 @@ bool DiskCache::writable(std::string* why) const {
     }
 }
 
+void DiskCache::evict(const CacheEntryId& stored) const {
+    if (max_bytes_ == 0) return;
+    // Only this build's tree (format and NVRTC version): entries of other versions are not
+    // ours to judge, and the lock files and temp files are never counted or removed.
+    const std::string top = fmt::format("{}/{}/nvrtc{}", root_, kVersionDir, stored.nvrtc_version);
+    const std::string keep = entry_path(root_, stored);
+    struct Candidate {
+        std::string path;
+        uint64_t bytes;
+        int64_t used_ns;
+    };
+    std::vector<Candidate> entries;
+    uint64_t total = 0;
+    // A directory to walk: a real directory (never a link out of the cache) that is safe.
+    auto safe_dir = [](const std::string& path) {
+        struct stat st;
+        return lstat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode) &&
+               unsafe_dir_problem(path, st).empty();
+    };
+    auto ns = [](const struct timespec& t) { return int64_t(t.tv_sec) * 1000000000 + t.tv_nsec; };
+    for (const std::string& target : sorted_names(top)) {
+        const std::string target_dir = top + "/" + target;
+        if (classify_layout_name(1, target) != LayoutName::directory || !safe_dir(target_dir)) {
+            continue;
+        }
+        for (const std::string& prefix : sorted_names(target_dir)) {
+            const std::string prefix_dir = target_dir + "/" + prefix;
+            if (classify_layout_name(2, prefix) != LayoutName::directory || !safe_dir(prefix_dir)) {
+                continue;
+            }
+            for (const std::string& name : sorted_names(prefix_dir)) {
+                if (classify_layout_name(3, name) != LayoutName::entry) continue;
+                const std::string path = prefix_dir + "/" + name;
+                struct stat st;
+                if (lstat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) ||
+                    st.st_uid != geteuid()) {
+                    continue;
+                }
+                entries.push_back({path, uint64_t(st.st_size),
+                                   std::max(ns(st.st_atim), ns(st.st_mtim))});
+                total += uint64_t(st.st_size);
+            }
+        }
+    }
+    if (total <= max_bytes_) return;
+    std::sort(entries.begin(), entries.end(), [](const Candidate& a, const Candidate& b) {
+        return a.used_ns != b.used_ns ? a.used_ns < b.used_ns : a.path < b.path;
+    });
+    // unlink is atomic: a loader that opened the file reads it whole, one that comes later
+    // misses and recompiles. Another process evicting at once only makes some unlinks ENOENT.
+    for (const Candidate& entry : entries) {
+        if (total <= max_bytes_) break;
+        if (entry.path == keep) continue;
+        if (unlink(entry.path.c_str()) == 0 || errno == ENOENT) total -= entry.bytes;
+    }
+}
+
 std::vector<DiskCache::EntryReport> DiskCache::verify(const std::string& root) const {
     std::vector<EntryReport> reports;
+    const bool own_root = root == root_;
+    // Why directories above the root are not to be trusted ("" when they are): inherited by
+    // every entry found.
+    const std::string root_problem = trust_problem(root, root);
     // levels: [0] nvrtc<ver>, [1] target, [2] key prefix; entries live one level below.
-    std::function<void(const std::string&, std::vector<std::string>&)> walk =
-        [&](const std::string& dir, std::vector<std::string>& levels) {
+    std::function<void(const std::string&, std::vector<std::string>&, const std::string&)> walk =
+        [&](const std::string& dir, std::vector<std::string>& levels,
+            const std::string& inherited_problem) {
+            std::string dir_problem = inherited_problem;
+            struct stat dir_st;
+            if (dir_problem.empty() && lstat(dir.c_str(), &dir_st) == 0) {
+                if (!trusted_owner(dir_st)) {
+                    dir_problem = fmt::format("'{}' is owned by uid {}, neither this user (uid {}) "
+                                              "nor root",
+                                              dir, unsigned(dir_st.st_uid), unsigned(geteuid()));
+                } else if (others_can_write(dir_st)) {
+                    dir_problem = others_can_write_problem(dir);
+                }
+            }
             int error = 0;
             const std::vector<std::string> names = sorted_names(dir, &error);
             // A directory this user cannot list hides whatever it holds: say so, rather than
@@ -694,7 +977,10 @@ std::vector<DiskCache::EntryReport> DiskCache::verify(const std::string& root) c
                 reports.push_back(std::move(report));
                 return;
             }
+            const size_t depth = levels.size();
             for (const std::string& name : names) {
+                const LayoutName kind = classify_layout_name(depth, name);
+                if (kind == LayoutName::foreign) continue;  // not the cache's: never reported
                 EntryReport report;
                 report.path = dir + "/" + name;
                 struct stat st;
@@ -704,50 +990,46 @@ std::vector<DiskCache::EntryReport> DiskCache::verify(const std::string& root) c
                 report.file_bytes = uint64_t(st.st_size);
                 report.modified = int64_t(st.st_mtime);
                 report.accessed = int64_t(st.st_atime);
-                if (name.compare(0, kTempPrefix.size(), kTempPrefix) == 0) {
+                if (kind == LayoutName::temp) {
                     report.found = Found::temp_file;
                     report.problem = "leftover temp file of an interrupted or ongoing write";
-                } else if (name.find(kBadMarker) != std::string::npos) {
+                } else if (kind == LayoutName::set_aside) {
                     report.found = Found::set_aside;
                     report.problem = "entry set aside earlier as damaged";
-                } else if (levels.size() < 3) {
+                } else if (kind == LayoutName::directory) {
                     if (is_dir) {
                         levels.push_back(name);
-                        walk(report.path, levels);
+                        walk(report.path, levels, dir_problem);
                         levels.pop_back();
                         continue;
                     }
-                    report.problem = "unexpected file outside the entry layout";
+                    report.problem = "not a directory in place of a directory of the layout";
                 } else {
-                    size_t dot = name.find('.');
                     CacheEntryId id;
-                    if (dot == kKeyChars) {
-                        id.key_hex = name.substr(0, dot);
-                        id.kind = name.substr(dot + 1);
-                    }
-                    if (levels[0].compare(0, 5, "nvrtc") == 0) {
-                        id.nvrtc_version = levels[0].substr(5);
-                    }
+                    id.key_hex = name.substr(0, kKeyChars);
+                    id.kind = name.substr(kKeyChars + 1);
+                    id.nvrtc_version = levels[0].substr(5);
                     id.target = levels[1];
                     report.key_hex = id.key_hex;
                     report.nvrtc_version = id.nvrtc_version;
                     report.target = id.target;
                     report.kind = id.kind;
-                    std::string problem = id_problem(id);
-                    if (!problem.empty()) {
-                        report.problem = is_dir ? "unexpected directory in the entry layout"
-                                                : "not an entry of the cache layout: " + problem;
-                    } else if (levels[2] != id.key_hex.substr(0, 2)) {
+                    if (levels[2] != id.key_hex.substr(0, 2)) {
                         report.problem = "entry is in the wrong key prefix directory";
                     } else {
                         report.found = Found::entry;
                         std::string bytes;
                         // In our own root a symbolic link is damage, exactly as load() sees it.
-                        ReadResult result = read_entry_file(report.path, /*no_follow=*/root == root_,
+                        ReadResult result = read_entry_file(report.path, /*no_follow=*/own_root,
                                                             &bytes, &report.problem, &st,
                                                             /*keep_atime=*/true);
                         if (result == ReadResult::missing) continue;  // removed meanwhile
-                        if (result == ReadResult::ok) {
+                        if (result == ReadResult::untrusted || !dir_problem.empty()) {
+                            report.untrusted = true;
+                            report.problem = "not trusted: " + (dir_problem.empty()
+                                                                    ? report.problem
+                                                                    : dir_problem);
+                        } else if (result == ReadResult::ok) {
                             if (auto entry = parse_cache_entry(id, bytes, &report.problem)) {
                                 report.ok = true;
                                 report.spec_json = std::move(entry->spec_json);
@@ -760,7 +1042,7 @@ std::vector<DiskCache::EntryReport> DiskCache::verify(const std::string& root) c
             }
         };
     std::vector<std::string> levels;
-    walk(root + "/" + std::string(kVersionDir), levels);
+    walk(root + "/" + std::string(kVersionDir), levels, root_problem);
     return reports;
 }
 

@@ -5,6 +5,8 @@
 // warning and an in-memory run.
 #pragma once
 
+#include <sys/stat.h>
+
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -36,9 +38,24 @@ struct CacheEntry {
 
 // Bumped whenever the entry file layout changes; the path's "v1" follows it.
 constexpr uint32_t kCacheFormatVersion = 1;
-// Lengths above these are taken as corruption rather than trusted for an allocation.
+// Lengths above these are taken as corruption rather than trusted for an allocation: a spec
+// is a few hundred bytes and a cubin a few MiB. A file is judged by its header before more
+// of it is read, so a huge file in place of an entry costs a few bytes of reading, not its
+// size (rope_jit.h and the README state the payload limit).
 constexpr uint32_t kCacheMaxSpecBytes = 1u << 20;
-constexpr uint64_t kCacheMaxPayloadBytes = uint64_t(1) << 30;
+constexpr uint64_t kCacheMaxPayloadBytes = uint64_t(64) << 20;
+// The size limit of a writable root when neither the config nor $ROPE_JIT_CACHE_MAX_BYTES
+// sets one.
+constexpr uint64_t kCacheDefaultMaxBytes = uint64_t(1) << 30;
+
+// What a name found at `depth` below <root>/v<N> is in the cache layout, by the name alone:
+// depth 0 holds nvrtc<version> directories, 1 target directories (sm_90, sm_90a,
+// compute_90), 2 key-prefix directories (2 lowercase hex), 3 entries ("<64 hex>.<kind>"),
+// temp files (".tmp-<pid>-<hex>-<n>") and set-aside entries; a layout name followed by
+// ".bad-<pid>-<n>" is set aside at any depth. Everything else is foreign: not the cache's,
+// so never reported by verify and never removed (a mistaken root must lose nothing).
+enum class LayoutName { foreign, directory, entry, temp, set_aside };
+LayoutName classify_layout_name(size_t depth, std::string_view name);
 
 // The names in `dir` but "." and "..", sorted; `*error` (when given) is errno when it cannot
 // be listed, else 0. Shared by the cache's walks (verify here, scan and removal in
@@ -49,14 +66,20 @@ class DiskCache {
 public:
     // root: the writable root, "" for none (then only read_only_roots are read).
     // read_only_roots: searched after root, in order; never written, never modified.
+    // max_bytes: after each store, the least recently used entries of the stored entry's
+    // nvrtc<version> directory in root are removed until those entries fit (0 = unbounded).
     // Touches nothing on disk: directories are created by the first store() or writable().
-    DiskCache(std::string root, std::vector<std::string> read_only_roots);
+    DiskCache(std::string root, std::vector<std::string> read_only_roots, uint64_t max_bytes = 0);
 
     // $ROPE_JIT_CACHE_DIR, else $XDG_CACHE_HOME/rope_jit (when absolute, as the XDG spec
     // requires), else $HOME/.cache/rope_jit; "" when none is set (empty counts as unset).
     static std::string default_root();
     // $ROPE_JIT_CACHE_RO_DIRS split at ':', empty parts dropped.
     static std::vector<std::string> default_read_only_roots();
+    // $ROPE_JIT_CACHE_MAX_BYTES (decimal bytes, or with a K, M, G or T suffix in powers of
+    // 1024; 0 = unbounded), else kCacheDefaultMaxBytes. Throws Error(INVALID_ARGUMENT)
+    // naming the variable for any other value.
+    static uint64_t default_max_bytes();
 
     // <root>/v1/nvrtc<ver>/<target>/<first 2 hex of key>/<key>.<kind>. Throws rope_jit::Error
     // (ERROR_INVALID_ARGUMENT) for an invalid id.
@@ -64,26 +87,37 @@ public:
 
     // The first valid entry for id in root, then in each read-only root; nullopt for a miss.
     // A file there that fails any check (unreadable, truncated, wrong magic, format, key echo
-    // or checksum, a directory or other non-file in its place) counts as a miss and gets a
-    // warning; in root it is also renamed to <path>.bad-<pid>-<n> so the next store replaces
-    // it. root is not read when it is unsafe (see writable()); a read-only root is skipped,
-    // with one warning, when it or a directory below it on the entry's path is world-writable
-    // without the sticky bit (it may belong to another user). Never throws.
-    std::optional<CacheEntry> load(const CacheEntryId& id) const;
+    // or checksum, a stored spec other than *expected_spec_json when that is given, a
+    // directory or other non-file in its place) counts as a miss and gets a warning; in root
+    // it is also renamed to <path>.bad-<pid>-<n> so the next store replaces it. Only trusted
+    // files are read (see trust_problem below): an untrusted one is a miss with one warning,
+    // left in place; root is not read at all when it is unsafe (see writable()), nor a
+    // read-only root whose directories fail the trust rule. A hit in root refreshes the
+    // entry's access time, which the size limit evicts by. Never throws.
+    std::optional<CacheEntry> load(const CacheEntryId& id,
+                                   const std::string* expected_spec_json = nullptr) const;
 
     // Writes the entry under root atomically (temp file ".tmp-..." in the entry's directory,
     // fsync, rename over the final path; directories created with mode 0700). Concurrent
     // stores of one id from any threads or processes are safe: the last rename wins and
-    // every reader sees one complete entry. Returns false, with one warning per root per
+    // every reader sees one complete entry. Then, with a size limit, evicts (see the
+    // constructor): only entry-named files of this layout are counted and removed, never
+    // temp files, lock files, other NVRTC versions or formats, and never the entry just
+    // stored; a process loading an evicted entry at that moment either reads it whole (it
+    // holds it open) or misses and recompiles. Returns false, with one warning per root per
     // process, when root is "" or unusable (see writable()) or a write fails (disk full...);
     // no temp file is left behind. Never throws.
     bool store(const CacheEntryId& id, const CacheEntry& entry) const;
 
     // Whether store() can write under root: it exists or can be created (this creates
-    // <root>/v1), it and <root>/v1 are directories owned by this user and not world-writable
-    // without the sticky bit (others could plant or swap entries), and the user may write
-    // there. On false, *why (when given) says which check failed. Never throws.
+    // <root>/v1), it and <root>/v1 are directories owned by this user that no other user
+    // can write (no group or world write bit, sticky or not: others could plant entries),
+    // every directory above the root is owned by this user or root and writable by others
+    // only with the sticky bit (/tmp), and the user may write there. On false, *why (when
+    // given) says which check failed. Never throws.
     bool writable(std::string* why = nullptr) const;
+
+    uint64_t max_bytes() const { return max_bytes_; }
 
     const std::string& root() const { return root_; }
     const std::vector<std::string>& read_only_roots() const { return read_only_roots_; }
@@ -107,6 +141,7 @@ public:
         int64_t accessed = 0;        // st_atime, seconds since the epoch
         std::string key_hex;         // from the file name, when it has the entry form
         std::string spec_json;       // when ok
+        bool untrusted = false;      // an entry that fails the trust rule; `problem` says why
         uint64_t payload_bytes = 0;  // when ok
         std::string nvrtc_version;   // from the path, when it has the entry layout
         std::string target;
@@ -115,19 +150,34 @@ public:
     // Walks <root>/v1 (any root, read-only ones included) and checks every entry the way
     // load() does, without changing anything (access times included where the file system
     // allows O_NOATIME: they tell prune which entries are used). Reports, besides entries,
-    // leftover temp files,
-    // entries set aside earlier, directories or other files in place of entries, files
-    // outside the layout and entries whose key echo does not match their file name. Depth
-    // first, names sorted within each directory; empty when <root>/v1 does not exist.
+    // untrusted entries (owned by another user, or below a directory others can write),
+    // leftover temp files, entries set aside earlier, directories or other files in place of
+    // entries or layout directories, entries whose key echo does not match their file name
+    // and directories that cannot be listed. Foreign names (classify_layout_name) are not
+    // reported, nor walked into. Depth first, names sorted within each directory; empty when
+    // <root>/v1 does not exist.
     std::vector<EntryReport> verify(const std::string& root) const;
 
 private:
     std::optional<CacheEntry> load_from(const std::string& root, const CacheEntryId& id,
-                                        bool owned) const;
+                                        bool owned, const std::string* expected_spec_json) const;
+    void evict(const CacheEntryId& stored) const;
 
     std::string root_;
     std::vector<std::string> read_only_roots_;
+    uint64_t max_bytes_ = 0;
 };
+
+// The trust rule for reading a cache (the rule ssh applies to its files): why the entries in
+// directory `dir` of cache root `root` must not be trusted, or "". Every directory from "/"
+// down to `dir` (symbolic links resolved) must be owned by this user or root; from the root
+// down none may be writable by group or others (a sticky bit does not stop others creating
+// files), above the root only with the sticky bit (as /tmp: others may create files there
+// but not replace ours). A missing directory is no problem (a miss).
+std::string trust_problem(const std::string& root, const std::string& dir);
+// Why one file (its lstat or fstat) must not be trusted, or "": it must be owned by this
+// user or root and not writable by group or others.
+std::string untrusted_file_problem(const struct stat& st);
 
 // The entry file format, little-endian:
 //   "RJITCACH"            8 bytes

@@ -57,13 +57,13 @@ KernelBinary build_kernel_binary(const KernelRecipe& recipe, const std::string& 
     std::optional<CompileLock> lock;  // held from a miss until the entry is stored
     std::optional<CacheEntry> entry;
     if (disk != nullptr) {
-        entry = disk->load(id);
+        entry = disk->load(id, &recipe.spec_json);
         if (!entry) {
             // Another process, or another runtime of this one, may be compiling this very
             // kernel into the same cache: wait for it, then look again, so that each key is
             // compiled once per cache directory (compile_lock.h).
             lock.emplace(*disk, id.key_hex);
-            entry = disk->load(id);
+            entry = disk->load(id, &recipe.spec_json);
         }
     }
     if (entry) {

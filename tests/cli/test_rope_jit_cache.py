@@ -196,10 +196,10 @@ class DamageTest(CacheTestCase):
 
 @needs_nvrtc
 class UnusableDirectoryTest(CacheTestCase):
-    def test_a_cache_root_under_a_regular_file_is_not_written_and_prewarm_succeeds_with_one_warning(self):
+    def test_a_cache_root_under_a_regular_file_is_not_written_and_prewarm_fails_with_one_warning(self):
         blocker = os.path.join(self.scratch, "a_file")
         write_bytes(blocker, b"in the way")
-        result, stderr = self.prewarm(*FIVE_SPECS, root=os.path.join(blocker, "cache"))
+        result, stderr = self.prewarm(*FIVE_SPECS, root=os.path.join(blocker, "cache"), expect=1)
         self.assertEqual((result["compiled"], result["failed"], result["written"]), (5, 0, 0))
         warnings = warnings_in(stderr)
         self.assertEqual(len(warnings), 1, stderr)
@@ -212,7 +212,7 @@ class UnusableDirectoryTest(CacheTestCase):
             signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
             resource.setrlimit(resource.RLIMIT_FSIZE, (8192, 8192))
 
-        result, stderr = self.prewarm(*FIVE_SPECS, preexec_fn=limit_file_size)
+        result, stderr = self.prewarm(*FIVE_SPECS, preexec_fn=limit_file_size, expect=1)
         self.assertEqual((result["compiled"], result["failed"], result["written"]), (5, 0, 0))
         warnings = warnings_in(stderr)
         self.assertEqual(len(warnings), 1, stderr)
@@ -229,7 +229,7 @@ class UnusableDirectoryTest(CacheTestCase):
             self.skipTest("cannot mount a tmpfs here (needs root); the write-limit test covers full disks")
         try:
             root = os.path.join(mount_point, "cache")
-            result, stderr = self.prewarm(*FIVE_SPECS, root=root)
+            result, stderr = self.prewarm(*FIVE_SPECS, root=root, expect=1)
             self.assertEqual((result["compiled"], result["failed"]), (5, 0))
             self.assertLess(result["written"], 5)
             warnings = warnings_in(stderr)
@@ -339,17 +339,18 @@ class HostileRootTest(CacheTestCase):
             directory = os.path.dirname(directory)
         self.assertEqual(stat.S_IMODE(os.stat(entry["path"]).st_mode), 0o600)
 
-    def test_a_world_writable_root_is_written_only_with_the_sticky_bit(self):
+    def test_a_root_others_can_write_is_not_written_even_with_the_sticky_bit(self):
         os.mkdir(self.root)
-        os.chmod(self.root, 0o777)
-        result, stderr = self.prewarm("--head-dim", "64")
-        self.assertEqual(result["written"], 0)
-        warnings = warnings_in(stderr)
-        self.assertEqual(len(warnings), 1, stderr)
-        self.assertIn("world-writable without the sticky bit", warnings[0])
-        self.assertFalse(os.path.exists(os.path.join(self.root, "v1")))
+        for mode in (0o777, 0o1777, 0o770):
+            os.chmod(self.root, mode)
+            result, stderr = self.prewarm("--head-dim", "64", expect=1)
+            self.assertEqual(result["written"], 0)
+            warnings = warnings_in(stderr)
+            self.assertEqual(len(warnings), 1, stderr)
+            self.assertIn("can be written by other users", warnings[0])
+            self.assertFalse(os.path.exists(os.path.join(self.root, "v1")))
 
-        os.chmod(self.root, 0o1777)
+        os.chmod(self.root, 0o700)
         result, stderr = self.prewarm("--head-dim", "64")
         self.assertEqual((result["written"], warnings_in(stderr)), (1, []))
 
@@ -357,7 +358,7 @@ class HostileRootTest(CacheTestCase):
     def test_a_root_owned_by_another_user_is_neither_written_nor_read(self):
         self.prewarm("--head-dim", "64")
         os.chown(self.root, 65534, 65534)
-        result, stderr = self.prewarm("--head-dim", "64")
+        result, stderr = self.prewarm("--head-dim", "64", expect=1)
         self.assertEqual((result["compiled"], result["cached"], result["written"]), (1, 0, 0))
         warnings = warnings_in(stderr)
         self.assertEqual(len(warnings), 1, stderr)
@@ -448,14 +449,22 @@ class CommandLineTest(CacheTestCase):
         self.assertEqual(read_bytes(project), b"int main() {}")
 
     def test_json_reports_survive_file_names_that_are_not_utf8(self):
-        odd = os.path.join(self.root, "v1", "nvrtc13.0").encode() + b"/bad\xff\xfename"
-        os.makedirs(os.path.dirname(odd))
+        # The cache's own names are ASCII; a root's name need not be UTF-8.
+        root = self.scratch.encode() + b"/cache\xff\xfe"
+        odd = root + b"/v1/nvrtc13.0/sm_90/ab/ab" + b"0" * 62 + b".cubin"
+        os.makedirs(os.path.dirname(odd), mode=0o700)
+        os.chmod(root, 0o700)
         write_bytes(odd, b"x")
-        listed = json.loads(self.tool("--cache-dir", self.root, "list", "--json").stdout)
-        self.assertEqual([item["state"] for item in listed["items"]], ["stray"])
+        result = subprocess.run([TOOL.encode(), b"--cache-dir", root, b"list", b"--json"], capture_output=True,
+                                env=tool_env())
+        self.assertEqual(result.returncode, 0, result.stderr)
+        listed = json.loads(result.stdout)
+        self.assertEqual([item["state"] for item in listed["items"]], ["damaged"])
         self.assertIn("\ufffd", listed["items"][0]["path"])
-        pruned = json.loads(self.tool("--cache-dir", self.root, "prune", "--json").stdout)
-        self.assertEqual(len(pruned["removed"]), 1)
+        result = subprocess.run([TOOL.encode(), b"--cache-dir", root, b"prune", b"--json"], capture_output=True,
+                                env=tool_env())
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(len(json.loads(result.stdout)["removed"]), 1)
         self.assertFalse(os.path.exists(odd))
 
     @unittest.skipIf(os.geteuid() == 0, "root lists any directory")
@@ -544,6 +553,216 @@ class CommandLineTest(CacheTestCase):
             self.skipTest("this machine has a GPU: the default target is the GPU's")
         self.assertIn("no GPU found: compiling for sm_90", plan.stdout)
         self.assertIn("would prewarm  sm_90", plan.stdout)
+
+
+# ---- issue 20: reliability and security of the cache (helper cache-safety) ------------------
+
+OTHER_UID = 12345
+
+
+def tree_files(top):
+    return sorted(os.path.relpath(os.path.join(path, name), top)
+                  for path, _, files in os.walk(top) for name in files)
+
+
+class ForeignFilesTest(CacheTestCase):
+    def test_prune_and_clear_keep_files_in_v1_that_are_not_the_caches(self):
+        # S1: a project given as the cache root by mistake loses nothing.
+        root = self.root
+        os.makedirs(os.path.join(root, "v1", "src"))
+        os.makedirs(os.path.join(root, "v1", "x", "y", "z", "dir"))
+        os.makedirs(os.path.join(root, "v1", "nvrtc13.0", "notes"))
+        os.makedirs(os.path.join(root, "v2", "src"))
+        for relative, text in (("v1/src/main.py", b"code"), ("v1/README.md", b"doc"),
+                               ("v1/x/y/z/dir/f", b"deep"), ("v2/src/x.py", b"code"),
+                               ("v1/nvrtc13.0/notes/todo.txt", b"todo"), ("v1/nvrtc13.0/sm_90.txt", b"n")):
+            write_bytes(os.path.join(root, relative), text)
+        before = tree_files(root)
+        for command in (["prune"], ["clear"]):
+            self.tool("--cache-dir", root, *command, "--json")
+            self.assertEqual(tree_files(root), before, command)
+        self.assertEqual(read_bytes(os.path.join(root, "v1", "x", "y", "z", "dir", "f")), b"deep")
+
+
+@needs_nvrtc
+@unittest.skipUnless(os.geteuid() == 0, "giving files to another user needs root")
+class UntrustedEntryTest(CacheTestCase):
+    def test_entries_of_another_user_or_under_directories_others_can_write_are_refused(self):
+        # S2: verify reports them untrusted (exit 1); a load ignores them with a warning.
+        self.prewarm("--head-dim", "64")
+        (entry,) = self.items("ok")
+        path = entry["path"]
+        os.chown(path, OTHER_UID, OTHER_UID)
+        report = self.verify(expect=1)
+        self.assertEqual([item["state"] for item in report["items"]], ["untrusted"], report)
+        self.assertIn(f"uid {OTHER_UID}", report["items"][0]["problem"])
+        result, stderr = self.prewarm("--head-dim", "64")
+        self.assertEqual((result["compiled"], result["cached"]), (1, 0))
+        self.assertTrue(any("not trusted" in line for line in warnings_in(stderr)), stderr)
+        os.chown(path, 0, 0)  # (the store above replaced it by now anyway)
+
+        for mode in (0o770, 0o777, 0o1777, 0o1770):
+            directory = os.path.dirname(os.path.dirname(path))  # .../sm_90
+            os.chmod(directory, mode)
+            try:
+                report = self.verify(expect=1)
+                self.assertEqual([item["state"] for item in report["items"]], ["untrusted"], (oct(mode), report))
+                result, stderr = self.prewarm("--head-dim", "64", expect=1)  # nothing can be written
+                self.assertEqual((result["compiled"], result["cached"], result["written"]), (1, 0, 0), oct(mode))
+            finally:
+                os.chmod(directory, 0o700)
+
+    def test_a_root_owned_read_only_bundle_is_used_by_other_users_and_another_users_bundle_is_not(self):
+        bundle = os.path.join(self.scratch, "bundle")
+        self.prewarm("--head-dim", "64", root=bundle)
+        for path, dirs, files in os.walk(bundle):
+            os.chmod(path, 0o755)
+            for name in files:
+                os.chmod(os.path.join(path, name), 0o644)
+        os.chmod(self.scratch, 0o755)
+        own_root = os.path.join(self.scratch, "user_cache")
+        os.mkdir(own_root, 0o700)
+        os.chown(own_root, OTHER_UID, OTHER_UID)
+        env = tool_env()
+        env["ROPE_JIT_CACHE_RO_DIRS"] = bundle
+
+        def as_other_user():
+            os.setgid(OTHER_UID)
+            os.setuid(OTHER_UID)
+
+        args = [TOOL, "--cache-dir", own_root, "prewarm", "--target", "sm_90", "--json", "--head-dim", "64"]
+        result = subprocess.run(args, capture_output=True, text=True, env=env, preexec_fn=as_other_user)
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        report = json.loads(result.stdout)
+        self.assertEqual((report["compiled"], report["cached"]), (0, 1), result.stderr)
+        self.assertEqual(warnings_in(result.stderr), [])
+
+        # The same bundle owned by another user is not trusted by root.
+        for path, dirs, files in os.walk(bundle):
+            os.chown(path, OTHER_UID, OTHER_UID)
+        env["ROPE_JIT_CACHE_RO_DIRS"] = bundle
+        result = subprocess.run(args[:2] + [os.path.join(self.scratch, "root_cache")] + args[3:],
+                                capture_output=True, text=True, env=env)
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        report = json.loads(result.stdout)
+        self.assertEqual((report["compiled"], report["cached"]), (1, 0), result.stderr)
+        self.assertTrue(any(f"uid {OTHER_UID}" in line for line in warnings_in(result.stderr)), result.stderr)
+
+
+@needs_nvrtc
+class WrongKernelTest(CacheTestCase):
+    def test_an_entry_holding_another_kernels_spec_is_not_loaded_and_fails_verify(self):
+        # S3: a valid entry (right key echo and checksum) whose stored spec is another kernel.
+        self.prewarm("--head-dim", "64,128")
+        entries = {item["spec_json"]["head_dim"]: item for item in self.items("ok")}
+        _, key64, _, _ = cache_entry_format.parse(read_bytes(entries[64]["path"]))
+        _, _, spec128, payload128 = cache_entry_format.parse(read_bytes(entries[128]["path"]))
+        write_bytes(entries[64]["path"], cache_entry_format.serialize(key64, spec128, payload128))
+        report = self.verify(expect=1)
+        self.assertFalse(report["healthy"])
+        result, stderr = self.prewarm("--head-dim", "64")
+        self.assertEqual((result["compiled"], result["cached"]), (1, 0), stderr)
+        self.assertTrue(any("spec" in line for line in warnings_in(stderr)), stderr)
+        self.verify(expect=0)
+
+
+@needs_nvrtc
+@unittest.skipUnless(os.geteuid() == 0, "changing a directory's owner needs root")
+class UnwrittenPrewarmTest(CacheTestCase):
+    def test_prewarm_exits_1_when_an_entry_could_not_be_written(self):
+        # S4: the root belongs to another user: every kernel compiles, none is written.
+        os.mkdir(self.root, 0o700)
+        os.chown(self.root, OTHER_UID, OTHER_UID)
+        result, stderr = self.prewarm("--head-dim", "64,128", expect=1)
+        self.assertEqual((result["compiled"], result["failed"], result["written"]), (2, 0, 0))
+        text = self.tool("--cache-dir", self.root, "prewarm", "--target", "sm_90", "--head-dim", "64", expect=1)
+        self.assertIn("not written", text.stdout + text.stderr)
+
+
+class HugeFileTest(CacheTestCase):
+    def test_a_huge_file_named_like_an_entry_is_rejected_from_its_header_quickly(self):
+        # S5: a sparse 1 GB file is judged by its first bytes, not read whole.
+        directory = os.path.join(self.root, "v1", "nvrtc13.0", "sm_90", "ab")
+        os.makedirs(directory, mode=0o700)
+        os.chmod(self.root, 0o700)
+        huge = os.path.join(directory, "ab" + "0" * 62 + ".cubin")
+        with open(huge, "wb") as file:
+            file.truncate(1 << 30)
+        # Under the 64 MiB payload limit: judged by its magic, not read whole.
+        large = os.path.join(directory, "ab" + "1" * 62 + ".cubin")
+        with open(large, "wb") as file:
+            file.truncate(40 << 20)
+
+        def small_memory():
+            # Reading the 1 GB file whole would fail under this (ASan reserves terabytes of
+            # shadow memory, so a sanitized build runs without it: the time limit still holds).
+            if b"__asan_init" not in read_bytes(TOOL):
+                resource.setrlimit(resource.RLIMIT_DATA, (512 << 20, 512 << 20))
+
+        start = time.monotonic()
+        result = run_tool("--cache-dir", self.root, "verify", "--json", preexec_fn=small_memory)
+        elapsed = time.monotonic() - start
+        self.assertEqual(result.returncode, 1, result.stdout + result.stderr)
+        items = {item["path"]: item for item in json.loads(result.stdout)["items"]}
+        self.assertEqual([item["state"] for item in items.values()], ["damaged", "damaged"])
+        self.assertIn("larger than any valid entry", items[huge]["problem"])
+        self.assertIn("bad magic", items[large]["problem"])
+        self.assertLess(elapsed, 2.0)
+
+
+class CommandLineSafetyTest(CacheTestCase):
+    def test_an_unknown_subcommand_is_named(self):
+        result = self.tool("bogus", expect=2)
+        self.assertIn("bogus", result.stderr)
+        self.assertNotIn("A subcommand is required", result.stderr)
+
+    def test_text_output_escapes_control_characters_in_file_names(self):
+        root = os.path.join(self.scratch, "cache\x1b[31m\rred")
+        directory = os.path.join(root, "v1", "nvrtc13.0", "sm_90", "ab")
+        os.makedirs(directory, mode=0o700)
+        for path in (root, os.path.join(root, "v1")):
+            os.chmod(path, 0o700)
+        write_bytes(os.path.join(directory, "ab" + "0" * 62 + ".cubin"), b"damaged")
+        for command in ("list", "verify", "prune", "info"):
+            result = run_tool("--cache-dir", root, command)
+            self.assertNotIn("\x1b", result.stdout + result.stderr, command)
+            self.assertNotIn("\r", result.stdout + result.stderr, command)
+            self.assertIn("\\x1b[31m\\rred", result.stdout + result.stderr, command)
+
+    def test_rope_jit_bench_help_prints_usage_and_exits_0(self):
+        bench = os.path.join(os.path.dirname(TOOL), "rope-jit-bench")
+        if not os.access(bench, os.X_OK):
+            self.skipTest("rope-jit-bench is not built next to rope-jit-cache")
+        result = subprocess.run([bench, "--help"], capture_output=True, text=True, timeout=60)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("usage: rope-jit-bench", result.stdout)
+
+
+@needs_nvrtc
+class BoundedCacheTest(CacheTestCase):
+    def test_writes_past_rope_jit_cache_max_bytes_evict_the_least_recently_used_entries(self):
+        self.prewarm("--head-dim", "64")
+        (first,) = self.items("ok")
+        budget = 3 * first["bytes"] + first["bytes"] // 2  # room for three entries of this size
+        env = tool_env()
+        env["ROPE_JIT_CACHE_MAX_BYTES"] = str(budget)
+        for head_dim in (32, 96, 128, 160, 192):
+            result = subprocess.run([TOOL, "--cache-dir", self.root, "prewarm", "--target", "sm_90", "--json",
+                                     "--head-dim", str(head_dim), "--jobs", "1"],
+                                    capture_output=True, text=True, env=env)
+            self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+            self.assertEqual(warnings_in(result.stderr), [])
+            ok = self.items("ok")
+            self.assertLessEqual(sum(item["bytes"] for item in ok), budget)
+            self.assertIn(head_dim, [item["spec_json"]["head_dim"] for item in ok])
+        kept = sorted(item["spec_json"]["head_dim"] for item in self.items("ok"))
+        self.assertEqual(kept[-1], 192)
+        self.assertNotIn(64, kept)  # the oldest went first
+        # Unbounded with 0; a bad value names the variable.
+        env["ROPE_JIT_CACHE_MAX_BYTES"] = "lots"
+        result = subprocess.run([TOOL, "--cache-dir", self.root, "list"], capture_output=True, text=True, env=env)
+        self.assertNotEqual(result.returncode, 0)
+        self.assertIn("ROPE_JIT_CACHE_MAX_BYTES", result.stderr)
 
 
 if __name__ == "__main__":
