@@ -5,6 +5,8 @@
 //   attention-ptx-fingerprint                 prints "<target> <multiset> <text> <spec>" lines
 //   attention-ptx-fingerprint --check FILE    compares with FILE (a previous output); exit 1
 //                                             on any difference, naming the spec
+//   attention-ptx-fingerprint --dump DIR      also writes each kernel's normalized PTX to
+//                                             DIR/<n>.ptx (to diff two runs)
 //
 // Two fingerprints per kernel, SHA-256 over normalized PTX (comments, blank lines and the
 // NVRTC version banner dropped; virtual register numbers, label numbers and register-count
@@ -233,11 +235,13 @@ std::string hash_lines(const std::vector<std::string>& lines) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    std::string check;
+    std::string check, dump;
     if (argc == 3 && std::string(argv[1]) == "--check") {
         check = argv[2];
+    } else if (argc == 3 && std::string(argv[1]) == "--dump") {
+        dump = argv[2];
     } else if (argc != 1) {
-        std::cerr << "usage: attention-ptx-fingerprint [--check FILE]\n";
+        std::cerr << "usage: attention-ptx-fingerprint [--check FILE | --dump DIR]\n";
         return 2;
     }
     if (nvrtc_api() == nullptr) {
@@ -258,6 +262,10 @@ int main(int argc, char** argv) {
         const CompileResult r = compile_cuda(source, "attention.cu", target, {}, kernel_headers());
         std::vector<std::string> lines = normalized_lines(std::string(r.binary.data()));
         const std::string text = hash_lines(lines);
+        if (!dump.empty()) {
+            std::ofstream file(dump + "/" + std::to_string(out.size()) + ".ptx");
+            for (const std::string& line : lines) file << line << "\n";
+        }
         std::sort(lines.begin(), lines.end());
         out.push_back(target + " " + hash_lines(lines) + " " + text + " " + spec.to_json());
         if (check.empty()) std::cout << out.back() << std::endl;
