@@ -21,8 +21,8 @@ constexpr int DCHUNKS = HEAD_DIM / 8;           // chunks holding features (HEAD
 constexpr int KSTEPS = DP / 16;
 constexpr int DTILES = DP / 8;
 constexpr int RESIDENT = 16 * M_TILES * WARPS;
-constexpr int TCOLS = !ROTATE ? 0 : (TABLE_FULL && INTERLEAVED) ? ROTARY_DIM : HALF_R;  // table columns read
-constexpr int TABLE_STEP = TABLE_FULL && INTERLEAVED ? 2 : 1;                         // table columns per pair
+constexpr int TCOLS = table_columns(TABLE_FULL, INTERLEAVED, HALF_R);  // table columns read
+constexpr int TABLE_STEP = table_columns(TABLE_FULL, INTERLEAVED, 1);  // table columns per pair
 constexpr int TBYTES = TABLE_DTYPE == 0 ? 4 : 2;
 constexpr int TABLE_ROW_BYTES = ROTATE && TABLE_ASYNC ? TCOLS * TBYTES : 0;
 constexpr int TABLE_CHUNKS = TABLE_ROW_BYTES / 16;

@@ -7,7 +7,8 @@
 
 namespace {
 
-__device__ __forceinline__ int table_column(int pair) { return TABLE_FULL && INTERLEAVED ? 2 * pair : pair; }
+// The column of pair `pair` in this kernel's tables (host_device.h states the rule).
+__device__ __forceinline__ int table_column(int pair) { return ::table_column(TABLE_FULL, INTERLEAVED, pair); }
 
 // cos and sin of pair `pair` at table row `row`, from the tables in global memory.
 __device__ __forceinline__ void table_angle(const AttentionKernelParams& p, long long row, int pair, float* c,
