@@ -8,9 +8,9 @@
 //   attention-ptx-fingerprint --dump DIR      also writes each kernel's normalized PTX to
 //                                             DIR/<n>.ptx (to diff two runs)
 //
-// Two fingerprints per kernel, SHA-256 over normalized PTX (comments, blank lines and the
-// NVRTC version banner dropped; virtual register numbers, label numbers and register-count
-// declarations erased): "multiset" hashes the sorted lines (the instructions whatever their
+// Two fingerprints per kernel, SHA-256 over normalized PTX (comments, blank lines, the NVRTC
+// version banner and module-scope .global constants dropped; virtual register numbers, label
+// numbers and register-count declarations erased): "multiset" hashes the sorted lines (the instructions whatever their
 // order), "text" hashes them in order. Equal multisets with different text mean the same
 // instructions emitted in another order. The PTX depends on the NVRTC version, so a stored
 // file is only comparable under the same NVRTC (its first line records the version).
@@ -206,7 +206,16 @@ std::vector<std::string> normalized_lines(const std::string& ptx) {
     std::vector<std::string> lines;
     std::istringstream in(ptx);
     std::string line;
+    int depth = 0;  // braces open: 0 at module scope
     while (std::getline(in, line)) {
+        const int opening = int(std::count(line.begin(), line.end(), '{'));
+        const int closing = int(std::count(line.begin(), line.end(), '}'));
+        const bool module_scope = depth == 0;
+        depth += opening - closing;
+        // Module-scope .global variables are the namespace-scope constexpr constants, which
+        // NVRTC emits as data whether or not code reads them (code that does keeps their name
+        // in its instructions); adding or renaming a constant is no change of the code.
+        if (module_scope && line.rfind(".global ", 0) == 0) continue;
         const size_t first = line.find_first_not_of(" \t");
         if (first == std::string::npos) continue;
         line = line.substr(first);
