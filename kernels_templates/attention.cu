@@ -53,7 +53,8 @@
 
 // Two blocks per multiprocessor for the FlashAttention-2 layout of the forward (up to 255
 // registers at 128 threads); no constraint otherwise.
-extern "C" __global__ void ROPE_JIT_CLUSTER_DIMS __launch_bounds__((WARPS + PRODUCER_WARPS) * 32, TENSOR_CORES && KIND == 0 && M_TILES == 2 && WARPS <= 4 ? 2 : 1)
+extern "C" __global__ void ROPE_JIT_CLUSTER_DIMS
+__launch_bounds__(PLAN.threads, TENSOR_CORES && KIND == 0 && M_TILES == 2 && WARPS <= 4 ? 2 : 1)
     attention_kernel(const __grid_constant__ AttentionKernelParams p) {
     if constexpr (TENSOR_CORES) {
         extern __shared__ __align__(1024) char smem[];  // swizzled TMA boxes land 1024-byte aligned

@@ -14,21 +14,19 @@ namespace tc {
 // so that nothing of it reaches the PTX of a CUDA-core specialization.
 // ============================================================================================
 
-constexpr int DP = (HEAD_DIM + 15) / 16 * 16;  // head_dim padded to the mma k-step
+constexpr int DP = PLAN.head_dim_padded;  // head_dim padded to the mma k-step
 constexpr int ROWE = DP + 8;                    // elements per shared-memory row (16-byte pad)
 constexpr int CHUNKS = DP / 8;                  // 16-byte chunks per row
 constexpr int DCHUNKS = HEAD_DIM / 8;           // chunks holding features (HEAD_DIM % 8 == 0)
 constexpr int KSTEPS = DP / 16;
 constexpr int DTILES = DP / 8;
-constexpr int RESIDENT = 16 * M_TILES * WARPS;
-constexpr int TCOLS = table_columns(TABLE_FULL, INTERLEAVED, HALF_R);  // table columns read
+constexpr int RESIDENT = PLAN.rows_per_block;  // 16 * M_TILES * WARPS
+constexpr int TCOLS = PLAN.table_columns;  // table columns read
 constexpr int TABLE_STEP = table_columns(TABLE_FULL, INTERLEAVED, 1);  // table columns per pair
 constexpr int TBYTES = TABLE_DTYPE == 0 ? 4 : 2;
-constexpr int TABLE_ROW_BYTES = ROTATE && TABLE_ASYNC ? TCOLS * TBYTES : 0;
+constexpr int TABLE_ROW_BYTES = PLAN.table_row_bytes;  // TCOLS * TBYTES when staged
 constexpr int TABLE_CHUNKS = TABLE_ROW_BYTES / 16;
-constexpr AttentionSmemLayout SMEM =
-    attention_smem_layout(KIND, DP, WARPS, M_TILES, BLOCK_N, HAS_POS_MASK, TABLE_ROW_BYTES, WGMMA, STAGES,
-                          PRODUCER_WARPS > 0);
+constexpr AttentionSmemLayout SMEM = PLAN.smem;
 
 // Rotation work items of one row: a chunk of interleaved pairs, or (half style) a chunk of
 // first halves with the chunk of their partners R/2 later; then the chunks past the rotary

@@ -59,7 +59,7 @@ __device__ void forward(const AttentionKernelParams& p) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const long long heads = p.batch * p.heads_q;
     const long long bh = blockIdx.x % heads;
-    const long long i = (blockIdx.x / heads) * WARPS + warp;
+    const long long i = (blockIdx.x / heads) * PLAN.rows_per_block + warp;
     if (i >= p.seqlen_q) return;
     const long long b = bh / p.heads_q, h = bh % p.heads_q, hk = h / GQA_GROUP;
 
@@ -118,7 +118,7 @@ __device__ void backward_dq(const AttentionKernelParams& p) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const long long heads = p.batch * p.heads_q;
     const long long bh = blockIdx.x % heads;
-    const long long i = (blockIdx.x / heads) * WARPS + warp;
+    const long long i = (blockIdx.x / heads) * PLAN.rows_per_block + warp;
     if (i >= p.seqlen_q) return;
     const long long b = bh / p.heads_q, h = bh % p.heads_q, hk = h / GQA_GROUP;
 
@@ -182,7 +182,7 @@ __device__ void backward_dkdv(const AttentionKernelParams& p) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const long long heads = p.batch * p.heads_k;
     const long long bh = blockIdx.x % heads;
-    const long long j = (blockIdx.x / heads) * WARPS + warp;
+    const long long j = (blockIdx.x / heads) * PLAN.rows_per_block + warp;
     if (j >= p.seqlen_k) return;
     const long long b = bh / p.heads_k, hk = bh % p.heads_k;
 
