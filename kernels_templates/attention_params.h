@@ -1,7 +1,7 @@
 // Run-time arguments of the attention kernels, passed by value as their single parameter, the
 // shared-memory layout of the tensor-core kernels and the launch plan (block size, rows per
-// block, shared memory). Compiled twice: into the host launcher
-// (src/ops/attention/cuda_attention.cpp) and, embedded, into every attention kernel by NVRTC, so the two
+// block, shared memory). Compiled twice: into the host (src/ops/attention/cuda_attention.cpp,
+// attention_kernel_choice.cpp) and, embedded, into every attention kernel by NVRTC, so the two
 // sides cannot disagree on the layout. Plain C++ only: kernels compile without any toolkit
 // header.
 #ifndef ROPE_JIT_ATTENTION_PARAMS_H

@@ -1,6 +1,6 @@
 // The CUDA side of attention: runs a checked AttentionProblem whose tensors live on a GPU. Per
 // call it resolves the caller's context through the CUDA backend, chooses the kernels
-// (choose_attention_specs), finds each in its memory cache (building it from the disk cache
+// (choose_attention_specs, with the ROPE_JIT_ATTENTION_KERNELS override read at creation), finds each in its memory cache (building it from the disk cache
 // or NVRTC on a miss), fills the parameters and launches on the caller's stream. Like the RoPE
 // path it never synchronizes, allocates or creates contexts on that path, so calls can be
 // captured in CUDA graphs.
@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "ops/attention/attention_kernel_choice.h"
 #include "ops/attention/attention_problem.h"
 #include "ops/attention/attention_spec.h"
 #include "ops/rope/cuda_backend.h"
@@ -60,6 +61,8 @@ private:
     const DiskCache* disk_;
     KernelStats& stats_;
     std::vector<AttentionDevice> devices_;
+    // ROPE_JIT_ATTENTION_KERNELS as it was when this object was created.
+    const AttentionKernelOverride override_;
     AttentionKernelCache kernels_;
 };
 
