@@ -41,6 +41,64 @@ __device__ __forceinline__ void row_deltas(float* delta, int rows, const T* dout
     }
 }
 
+// The blocks dq and dk/dv share. Rows are this warp's 16 resident rows (queries for dq, keys
+// for dk/dv), columns the streamed tile's BLOCK_N rows; `plain` buffers and flags serve
+// pos_mask (a rotated score where both tokens are positioned, else a plain one).
+
+// s = rows . tile^T over the head dim, with pos_mask's plain scores where a token is unpositioned.
+template <int NT>
+__device__ __forceinline__ void tile_scores(float (&s)[NT][4], const T* rows, const T* plain_rows, const T* tile,
+                                            const T* tile_plain, const unsigned char* row_flags,
+                                            const unsigned char* tile_flags, int lane) {
+    zero(s);
+    gemm_abt<NT>(s, rows, tile, lane);
+    if constexpr (HAS_POS_MASK) {
+        float plain[NT][4];
+        zero(plain);
+        gemm_abt<NT>(plain, plain_rows, tile_plain, lane);
+        select_plain<NT>(s, plain, row_flags, tile_flags, lane);
+    }
+}
+
+// acc += ds . tile (the gradient of the resident rows), the pairs of unpositioned tokens into
+// acc_plain (pos_mask): they are not rotated back.
+template <int NT>
+__device__ __forceinline__ void accumulate_gradient(float (&acc)[DTILES][4], float (&acc_plain)[DTILES][4],
+                                                    float (&ds)[NT][4], const T* tile, const T* tile_plain,
+                                                    const unsigned char* row_flags, const unsigned char* tile_flags,
+                                                    int lane) {
+    if constexpr (HAS_POS_MASK) {
+        float ds_plain[NT][4];
+        split_plain<NT>(ds, ds_plain, row_flags, tile_flags, lane);
+        unsigned a_plain[NT / 2][4];
+        to_a_fragments<NT>(a_plain, ds_plain);
+        gemm_ab<NT / 2>(acc_plain, a_plain, tile_plain, lane);
+    }
+    unsigned a[NT / 2][4];
+    to_a_fragments<NT>(a, ds);
+    gemm_ab<NT / 2>(acc, a, tile, lane);
+}
+
+// The gradient accumulated for the warp's rows first.. as it is stored: rotated back where the
+// row is positioned (and below `valid`), plus its plain part (pos_mask).
+template <int D = DTYPE>
+__device__ __forceinline__ void finish_gradient(float (&acc)[DTILES][4], const float (&acc_plain)[DTILES][4],
+                                                const unsigned char* row_flags, const AttentionKernelParams& p,
+                                                long long first, long long valid, int lane) {
+    const int g = lane >> 2;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const long long i = first + g + 8 * r;
+        if (ROTATE && i < valid && row_flags[g + 8 * r]) rotate_back_row(acc, r, p, i, lane);
+    }
+    if constexpr (HAS_POS_MASK) {
+#pragma unroll
+        for (int dt = 0; dt < DTILES; ++dt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[dt][e] += acc_plain[dt][e];
+    }
+}
+
 template <int D = DTYPE>
 __device__ void backward_dq(const AttentionKernelParams& p, char* smem) {
     const Buffers m = carve(smem);
@@ -87,14 +145,7 @@ __device__ void backward_dq(const AttentionKernelParams& p, char* smem) {
         cp_async_commit();
 
         float s[BLOCK_N / 8][4];
-        zero(s);
-        gemm_abt<BLOCK_N / 8>(s, q_rows, m.k, lane);
-        if constexpr (HAS_POS_MASK) {
-            float plain[BLOCK_N / 8][4];
-            zero(plain);
-            gemm_abt<BLOCK_N / 8>(plain, q_plain_rows, m.k_plain, lane);
-            select_plain<BLOCK_N / 8>(s, plain, row_flags, m.k_flags, lane);
-        }
+        tile_scores(s, q_rows, q_plain_rows, m.k, m.k_plain, row_flags, m.k_flags, lane);
         scale_and_mask<BLOCK_N / 8, false>(s, p, b, m0 + warp * 16, n0, n0 + BLOCK_N > p.seqlen_k,
                                            n0 + BLOCK_N - 1 > m0, lane);
         float ds[BLOCK_N / 8][4];
@@ -107,16 +158,7 @@ __device__ void backward_dq(const AttentionKernelParams& p, char* smem) {
                 const float prob = exp2_approx(s[nt][e] - row_lse[e >> 1]);
                 ds[nt][e] = prob * (ds[nt][e] - row_delta[e >> 1]);
             }
-        if constexpr (HAS_POS_MASK) {
-            float ds_plain[BLOCK_N / 8][4];
-            split_plain<BLOCK_N / 8>(ds, ds_plain, row_flags, m.k_flags, lane);
-            unsigned a_plain[BLOCK_N / 16][4];
-            to_a_fragments<BLOCK_N / 8>(a_plain, ds_plain);
-            gemm_ab<BLOCK_N / 16>(dq_plain, a_plain, m.k_plain, lane);
-        }
-        unsigned a[BLOCK_N / 16][4];
-        to_a_fragments<BLOCK_N / 8>(a, ds);
-        gemm_ab<BLOCK_N / 16>(dq, a, m.k, lane);
+        accumulate_gradient(dq, dq_plain, ds, m.k, m.k_plain, row_flags, m.k_flags, lane);
 
         cp_async_wait_all();
         __syncthreads();
@@ -126,17 +168,7 @@ __device__ void backward_dq(const AttentionKernelParams& p, char* smem) {
         __syncthreads();
     }
 
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        const long long i = m0 + warp * 16 + g + 8 * r;
-        if (ROTATE && i < p.seqlen_q && row_flags[g + 8 * r]) rotate_back_row(dq, r, p, i, lane);
-    }
-    if constexpr (HAS_POS_MASK) {
-#pragma unroll
-        for (int dt = 0; dt < DTILES; ++dt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) dq[dt][e] += dq_plain[dt][e];
-    }
+    finish_gradient(dq, dq_plain, row_flags, p, m0 + warp * 16, p.seqlen_q, lane);
     T* stage = m.q + warp * 16 * ROWE;
     store_rows(dq, p.scale, p.scale, stage, head_row_out(p.dq, p.dq_stride, b, h, 0), p.dq_stride[2], m0 + warp * 16,
                p.seqlen_q, lane);
@@ -220,14 +252,7 @@ __device__ void backward_dkdv(const AttentionKernelParams& p, char* smem) {
 
         // S^T = K Q^T: rows are this warp's keys, columns the tile's queries.
         float s[BLOCK_N / 8][4];
-        zero(s);
-        gemm_abt<BLOCK_N / 8>(s, k_rows, m.q, lane);
-        if constexpr (HAS_POS_MASK) {
-            float plain[BLOCK_N / 8][4];
-            zero(plain);
-            gemm_abt<BLOCK_N / 8>(plain, k_plain_rows, m.q_plain, lane);
-            select_plain<BLOCK_N / 8>(s, plain, row_flags, m.q_flags, lane);
-        }
+        tile_scores(s, k_rows, k_plain_rows, m.q, m.q_plain, row_flags, m.q_flags, lane);
         scale_and_mask<BLOCK_N / 8, true>(s, p, b, n0 + warp * 16, m0, true, m0 < n0 + RESIDENT, lane);
 #pragma unroll
         for (int nt = 0; nt < BLOCK_N / 8; ++nt)
@@ -248,16 +273,7 @@ __device__ void backward_dkdv(const AttentionKernelParams& p, char* smem) {
 #pragma unroll
                 for (int e = 0; e < 4; ++e)
                     ds[nt][e] = s[nt][e] * (ds[nt][e] - m.row_b[nt * 8 + 2 * (lane & 3) + (e & 1)]);
-            if constexpr (HAS_POS_MASK) {
-                float ds_plain[BLOCK_N / 8][4];
-                split_plain<BLOCK_N / 8>(ds, ds_plain, row_flags, m.q_flags, lane);
-                unsigned a_plain[BLOCK_N / 16][4];
-                to_a_fragments<BLOCK_N / 8>(a_plain, ds_plain);
-                gemm_ab<BLOCK_N / 16>(dk_plain, a_plain, m.q_plain, lane);
-            }
-            unsigned a[BLOCK_N / 16][4];
-            to_a_fragments<BLOCK_N / 8>(a, ds);
-            gemm_ab<BLOCK_N / 16>(dk, a, m.q, lane);
+            accumulate_gradient(dk, dk_plain, ds, m.q, m.q_plain, row_flags, m.q_flags, lane);
         }
 
         cp_async_wait_all();
@@ -266,20 +282,9 @@ __device__ void backward_dkdv(const AttentionKernelParams& p, char* smem) {
         __syncthreads();
     }
 
-    const int g = lane >> 2;
     const long long first = n0 + warp * 16;
     if constexpr (COMPUTE_DK) {
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            const long long j = first + g + 8 * r;
-            if (ROTATE && j < p.seqlen_k && row_flags[g + 8 * r]) rotate_back_row(dk, r, p, j, lane);
-        }
-        if constexpr (HAS_POS_MASK) {
-#pragma unroll
-            for (int dt = 0; dt < DTILES; ++dt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) dk[dt][e] += dk_plain[dt][e];
-        }
+        finish_gradient(dk, dk_plain, row_flags, p, first, p.seqlen_k, lane);
         // Only this warp reads its key rows: it may stage its results there.
         store_rows(dk, p.scale, p.scale, m.k + warp * 16 * ROWE, head_row_out(p.dk, p.dk_stride, b, hk, 0),
                    p.dk_stride[2], first, p.seqlen_k, lane);
