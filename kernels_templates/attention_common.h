@@ -1,6 +1,6 @@
-// Attention templates: the constants every kernel uses (with the launch plan), the storage type T of q/k/v/out and
-// their rows, base-2 exponentials and warp sums, and the positioned test of pos_mask. Reads
-// the specialization constants (see attention.cu).
+// Attention templates: the constants every kernel uses (with the launch plan), the storage
+// type T of q/k/v/out and their rows, base-2 exponentials and warp sums, and the positioned
+// test of pos_mask. Reads the specialization constants (see attention.cu).
 #ifndef ROPE_JIT_ATTENTION_COMMON_H
 #define ROPE_JIT_ATTENTION_COMMON_H
 
@@ -14,9 +14,9 @@ constexpr float LN2 = 0.6931471805599453f;
 constexpr unsigned FULL_MASK = 0xffffffffu;
 // What the host sized this launch with (block threads, rows per block, shared memory), from
 // the same function (attention_params.h).
-constexpr AttentionLaunchPlan PLAN =
-    attention_launch_plan(KIND, HEAD_DIM, ROTARY_DIM, INTERLEAVED, TABLE_FULL, TABLE_DTYPE, TABLE_ASYNC,
-                          HAS_POS_MASK, TENSOR_CORES, WGMMA, WARPS, M_TILES, BLOCK_N, STAGES, PRODUCER_WARPS);
+constexpr AttentionLaunchPlan PLAN = attention_launch_plan(
+    KIND, HEAD_DIM, ROTARY_DIM, INTERLEAVED, TABLE_FULL, TABLE_DTYPE, TABLE_ASYNC, HAS_POS_MASK,
+    TENSOR_CORES, WGMMA, WARPS, M_TILES, BLOCK_N, STAGES, PRODUCER_WARPS);
 
 __device__ __forceinline__ float pos_inf() { return __int_as_float(0x7f800000); }
 __device__ __forceinline__ float neg_inf() { return -pos_inf(); }

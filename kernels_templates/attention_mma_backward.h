@@ -45,10 +45,12 @@ __device__ __forceinline__ void row_deltas(float* delta, int rows, const T* dout
 // for dk/dv), columns the streamed tile's BLOCK_N rows; `plain` buffers and flags serve
 // pos_mask (a rotated score where both tokens are positioned, else a plain one).
 
-// s = rows . tile^T over the head dim, with pos_mask's plain scores where a token is unpositioned.
+// s = rows . tile^T over the head dim, with pos_mask's plain scores where a token is
+// unpositioned.
 template <int NT>
-__device__ __forceinline__ void tile_scores(float (&s)[NT][4], const T* rows, const T* plain_rows, const T* tile,
-                                            const T* tile_plain, const unsigned char* row_flags,
+__device__ __forceinline__ void tile_scores(float (&s)[NT][4], const T* rows, const T* plain_rows,
+                                            const T* tile, const T* tile_plain,
+                                            const unsigned char* row_flags,
                                             const unsigned char* tile_flags, int lane) {
     zero(s);
     gemm_abt<NT>(s, rows, tile, lane);
@@ -63,10 +65,12 @@ __device__ __forceinline__ void tile_scores(float (&s)[NT][4], const T* rows, co
 // acc += ds . tile (the gradient of the resident rows), the pairs of unpositioned tokens into
 // acc_plain (pos_mask): they are not rotated back.
 template <int NT>
-__device__ __forceinline__ void accumulate_gradient(float (&acc)[DTILES][4], float (&acc_plain)[DTILES][4],
-                                                    float (&ds)[NT][4], const T* tile, const T* tile_plain,
-                                                    const unsigned char* row_flags, const unsigned char* tile_flags,
-                                                    int lane) {
+__device__ __forceinline__ void accumulate_gradient(float (&acc)[DTILES][4],
+                                                    float (&acc_plain)[DTILES][4],
+                                                    float (&ds)[NT][4], const T* tile,
+                                                    const T* tile_plain,
+                                                    const unsigned char* row_flags,
+                                                    const unsigned char* tile_flags, int lane) {
     if constexpr (HAS_POS_MASK) {
         float ds_plain[NT][4];
         split_plain<NT>(ds, ds_plain, row_flags, tile_flags, lane);
@@ -79,12 +83,14 @@ __device__ __forceinline__ void accumulate_gradient(float (&acc)[DTILES][4], flo
     gemm_ab<NT / 2>(acc, a, tile, lane);
 }
 
-// The gradient accumulated for the warp's rows first.. as it is stored: rotated back where the
-// row is positioned (and below `valid`), plus its plain part (pos_mask).
+// The gradient accumulated for the warp's rows first.. as it is stored: rotated back where
+// the row is positioned (and below `valid`), plus its plain part (pos_mask).
 template <int D = DTYPE>
-__device__ __forceinline__ void finish_gradient(float (&acc)[DTILES][4], const float (&acc_plain)[DTILES][4],
-                                                const unsigned char* row_flags, const AttentionKernelParams& p,
-                                                long long first, long long valid, int lane) {
+__device__ __forceinline__ void finish_gradient(float (&acc)[DTILES][4],
+                                                const float (&acc_plain)[DTILES][4],
+                                                const unsigned char* row_flags,
+                                                const AttentionKernelParams& p, long long first,
+                                                long long valid, int lane) {
     const int g = lane >> 2;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {

@@ -10,10 +10,10 @@
 //
 // Two fingerprints per kernel, SHA-256 over normalized PTX (comments, blank lines, the NVRTC
 // version banner and module-scope .global constants dropped; virtual register numbers, label
-// numbers and register-count declarations erased): "multiset" hashes the sorted lines (the instructions whatever their
-// order), "text" hashes them in order. Equal multisets with different text mean the same
-// instructions emitted in another order. The PTX depends on the NVRTC version, so a stored
-// file is only comparable under the same NVRTC (its first line records the version).
+// numbers and register-count declarations erased): "multiset" hashes the sorted lines (the
+// instructions whatever their order), "text" hashes them in order. Equal multisets with different
+// text mean the same instructions emitted in another order. The PTX depends on the NVRTC version,
+// so a stored file is only comparable under the same NVRTC (its first line records the version).
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
@@ -193,8 +193,8 @@ std::vector<AttentionSpec> wgmma_specs() {
     AttentionSpec clustered_narrow = specialized_narrow;
     clustered_narrow.gqa_group = 2;
     clustered_narrow.cluster = 2;
-    return {headline,   narrow, unrotated,    in_place,  specialized,      specialized_narrow,
-            long_keys,  padded, padded_plain, clustered, clustered_narrow};
+    return {headline,  narrow, unrotated,    in_place,  specialized,     specialized_narrow,
+            long_keys, padded, padded_plain, clustered, clustered_narrow};
 }
 
 // Normalized PTX lines: no comments, blank lines or version banner; register and label
@@ -220,7 +220,8 @@ std::vector<std::string> normalized_lines(const std::string& ptx) {
         if (first == std::string::npos) continue;
         line = line.substr(first);
         if (line.rfind("//", 0) == 0) continue;
-        if (const size_t comment = line.find("//"); comment != std::string::npos) line.resize(comment);
+        if (const size_t comment = line.find("//"); comment != std::string::npos)
+            line.resize(comment);
         while (!line.empty() && (line.back() == ' ' || line.back() == '\t' || line.back() == '\0'))
             line.pop_back();
         if (line.empty()) continue;
@@ -312,7 +313,7 @@ int main(int argc, char** argv) {
             ++reordered;
         }
     }
-    std::cout << out.size() - 1 << " kernels: " << differences << " with other instructions, " << reordered
-              << " with the same instructions in another order\n";
+    std::cout << out.size() - 1 << " kernels: " << differences << " with other instructions, "
+              << reordered << " with the same instructions in another order\n";
     return differences == 0 ? 0 : 1;
 }

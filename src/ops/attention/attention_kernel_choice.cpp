@@ -78,9 +78,12 @@ const TileRow kTileTable[] = {
 
 int32_t dtype_code(DType dtype) {
     switch (dtype) {
-        case DType::F16: return 1;
-        case DType::BF16: return 2;
-        default: return 0;
+        case DType::F16:
+            return 1;
+        case DType::BF16:
+            return 2;
+        default:
+            return 0;
     }
 }
 
@@ -100,7 +103,8 @@ bool vector_friendly(const TensorRef& t) {
 bool tma_friendly(const TensorRef& t) {
     if (t.data == nullptr || t.shape[2] == 0) return false;
     for (int d = 0; d < 3; ++d)
-        if (t.shape[d] > 1 && (t.strides[d] <= 0 || t.strides[d] >= (int64_t(1) << 39))) return false;
+        if (t.shape[d] > 1 && (t.strides[d] <= 0 || t.strides[d] >= (int64_t(1) << 39)))
+            return false;
     return true;
 }
 
@@ -127,7 +131,8 @@ std::optional<AttentionTileShape> parse_shape(std::string text, int kind) {
         size_t end = text.find('x', start);
         if (end == std::string::npos) end = text.size();
         const std::string number = text.substr(start, end - start);
-        if (number.empty() || number.size() > 4 || number.find_first_not_of("0123456789") != std::string::npos)
+        if (number.empty() || number.size() > 4 ||
+            number.find_first_not_of("0123456789") != std::string::npos)
             return std::nullopt;
         numbers.push_back(std::atoi(number.c_str()));
         start = end + 1;
@@ -170,7 +175,8 @@ AttentionKernelOverride parse_attention_kernel_override(const char* text) {
             const std::string name = item.substr(0, eq);
             const int kind = name == "fwd" ? 0 : name == "dq" ? 1 : name == "dkdv" ? 2 : -1;
             if (kind >= 0)
-                if (std::optional<AttentionTileShape> shape = parse_shape(item.substr(eq + 1), kind))
+                if (std::optional<AttentionTileShape> shape =
+                        parse_shape(item.substr(eq + 1), kind))
                     o.shape[kind] = shape;
         }
         start = end + 1;
@@ -183,9 +189,10 @@ AttentionKernelOverride attention_kernel_override_from_environment() {
 }
 
 AttentionLaunchPlan attention_launch_plan(const AttentionSpec& s) {
-    return ::attention_launch_plan(s.kind, s.head_dim, s.rotary_dim, s.interleaved != 0, s.table_full != 0,
-                                   s.table_dtype, s.table_async != 0, s.pos_mask != 0, s.tensor_cores != 0,
-                                   s.wgmma != 0, s.warps, s.m_tiles, s.block_n, s.stages, s.producer_warps);
+    return ::attention_launch_plan(s.kind, s.head_dim, s.rotary_dim, s.interleaved != 0,
+                                   s.table_full != 0, s.table_dtype, s.table_async != 0,
+                                   s.pos_mask != 0, s.tensor_cores != 0, s.wgmma != 0, s.warps,
+                                   s.m_tiles, s.block_n, s.stages, s.producer_warps);
 }
 
 int AttentionSpec::shared_bytes() const { return attention_launch_plan(*this).shared_bytes; }
@@ -205,7 +212,8 @@ WgmmaRule wgmma_broken_rule(const AttentionSpec& s) {
     // too few registers: measured, it spills and runs at half speed). A head_dim that pads
     // (56, 120) works: the producers write zeros into the key chunks past head_dim.
     if ((s.producer_warps != 0 && s.producer_warps != 4) ||
-        (s.producer_warps > 0 && ((s.rotary_dim > 0 && !s.table_async) || s.warps + s.producer_warps > 12)))
+        (s.producer_warps > 0 &&
+         ((s.rotary_dim > 0 && !s.table_async) || s.warps + s.producer_warps > 12)))
         return WgmmaRule::producer;
     if (s.cluster != 1 && (s.producer_warps == 0 || (s.cluster != 2 && s.cluster != 4) ||
                            s.gqa_group % s.cluster != 0 || (s.block_n / s.cluster) % 8 != 0))
@@ -213,16 +221,18 @@ WgmmaRule wgmma_broken_rule(const AttentionSpec& s) {
     return WgmmaRule::none;
 }
 
-std::vector<AttentionSpec> choose_attention_specs(const AttentionProblem& p, const AttentionDevice& device) {
+std::vector<AttentionSpec> choose_attention_specs(const AttentionProblem& p,
+                                                  const AttentionDevice& device) {
     return choose_attention_specs(p, device, AttentionKernelOverride{});
 }
 
-std::vector<AttentionSpec> choose_attention_specs(const AttentionProblem& p, const AttentionDevice& device,
+std::vector<AttentionSpec> choose_attention_specs(const AttentionProblem& p,
+                                                  const AttentionDevice& device,
                                                   const AttentionKernelOverride& override) {
     if (p.head_dim > kAttentionMaxHeadDim)
         throw Error(ROPE_JIT_ERROR_UNSUPPORTED,
-                    fmt::format("q: head_dim {} exceeds the {} the CUDA attention kernels support", p.head_dim,
-                                kAttentionMaxHeadDim));
+                    fmt::format("q: head_dim {} exceeds the {} the CUDA attention kernels support",
+                                p.head_dim, kAttentionMaxHeadDim));
 
     AttentionSpec base;
     base.dtype = dtype_code(p.dtype);
@@ -234,19 +244,26 @@ std::vector<AttentionSpec> choose_attention_specs(const AttentionProblem& p, con
         base.table_full = p.table_full;
         base.pos_mask = p.has_pos_mask;
     }
-    base.mask_kind = p.mask_kind == AttentionMaskKind::None ? 0 : p.mask_kind == AttentionMaskKind::Bool ? 1 : 2;
+    base.mask_kind = p.mask_kind == AttentionMaskKind::None   ? 0
+                     : p.mask_kind == AttentionMaskKind::Bool ? 1
+                                                              : 2;
     base.mask_dtype = base.mask_kind == 2 ? dtype_code(p.attn_mask.dtype) : 0;
     base.causal = p.causal;
     base.gqa_group = int32_t(p.group());
     const int table_columns = attention_launch_plan(base).table_columns;
-    if (p.rotate) base.table_async = table_stageable(p.cos, table_columns) && table_stageable(p.sin, table_columns);
+    if (p.rotate)
+        base.table_async =
+            table_stageable(p.cos, table_columns) && table_stageable(p.sin, table_columns);
 
-    bool tensor_cores = !override.force_simt && p.dtype != DType::F32 && device.compute_capability >= 80 &&
-                        p.head_dim % 8 == 0 && p.head_dim <= 256 &&
+    bool tensor_cores = !override.force_simt && p.dtype != DType::F32 &&
+                        device.compute_capability >= 80 && p.head_dim % 8 == 0 &&
+                        p.head_dim <= 256 &&
                         (!p.rotate || p.rotary_dim % (base.interleaved ? 8 : 16) == 0);
-    for (const TensorRef* t : {&p.q, &p.k, &p.v, &p.out}) tensor_cores = tensor_cores && vector_friendly(*t);
+    for (const TensorRef* t : {&p.q, &p.k, &p.v, &p.out})
+        tensor_cores = tensor_cores && vector_friendly(*t);
     if (p.backward)
-        for (const TensorRef* t : {&p.dout, &p.dq, &p.dk, &p.dv}) tensor_cores = tensor_cores && vector_friendly(*t);
+        for (const TensorRef* t : {&p.dout, &p.dq, &p.dk, &p.dv})
+            tensor_cores = tensor_cores && vector_friendly(*t);
 
     const int dp = attention_launch_plan(base).head_dim_padded;
     auto simt = [&](Kind kind) {
@@ -258,7 +275,8 @@ std::vector<AttentionSpec> choose_attention_specs(const AttentionProblem& p, con
         return spec;
     };
     // The spec of `shape` if the kernel takes it here and its shared memory fits.
-    auto fitted = [&](Kind kind, const AttentionTileShape& shape, bool dk, bool dv) -> std::optional<AttentionSpec> {
+    auto fitted = [&](Kind kind, const AttentionTileShape& shape, bool dk,
+                      bool dv) -> std::optional<AttentionSpec> {
         AttentionSpec spec = simt(kind);
         spec.tensor_cores = 1;
         spec.table_async = base.table_async;
@@ -274,8 +292,10 @@ std::vector<AttentionSpec> choose_attention_specs(const AttentionProblem& p, con
         if (shape.block_n % 16 != 0 || shape.warps > 16 ||
             (shape.m_tiles != 1 && !(shape.m_tiles == 2 && kind == Kind::Forward)))
             return std::nullopt;
-        if (shape.wgmma && (!device.wgmma || wgmma_broken_rule(spec) != WgmmaRule::none)) return std::nullopt;
-        if (shape.producer_warps > 0 && !(device.tma && tma_friendly(p.k) && tma_friendly(p.v))) return std::nullopt;
+        if (shape.wgmma && (!device.wgmma || wgmma_broken_rule(spec) != WgmmaRule::none))
+            return std::nullopt;
+        if (shape.producer_warps > 0 && !(device.tma && tma_friendly(p.k) && tma_friendly(p.v)))
+            return std::nullopt;
         if (spec.shared_bytes() > device.max_shared_bytes) return std::nullopt;
         return spec;
     };
@@ -293,19 +313,22 @@ std::vector<AttentionSpec> choose_attention_specs(const AttentionProblem& p, con
 
     std::vector<AttentionSpec> specs;
     if (!p.backward) {
-        const std::optional<AttentionSpec> spec = tensor_cores ? tiled(Kind::Forward, true, true) : std::nullopt;
+        const std::optional<AttentionSpec> spec =
+            tensor_cores ? tiled(Kind::Forward, true, true) : std::nullopt;
         specs.push_back(spec ? *spec : simt(Kind::Forward));
         return specs;
     }
     // Accumulator registers per thread: dq (and its plain part), dk (and its plain part), dv.
     const int accumulators = dp / 2, rotated_parts = base.pos_mask ? 2 : 1;
     std::optional<AttentionSpec> dq;
-    if (tensor_cores && accumulators * rotated_parts <= 128) dq = tiled(Kind::BackwardDq, true, true);
+    if (tensor_cores && accumulators * rotated_parts <= 128)
+        dq = tiled(Kind::BackwardDq, true, true);
     specs.push_back(dq ? *dq : simt(Kind::BackwardDq));
 
     std::vector<AttentionSpec> passes;
     if (tensor_cores && accumulators * (rotated_parts + 1) <= 128) {
-        if (std::optional<AttentionSpec> both = tiled(Kind::BackwardDkDv, true, true)) passes.push_back(*both);
+        if (std::optional<AttentionSpec> both = tiled(Kind::BackwardDkDv, true, true))
+            passes.push_back(*both);
     } else if (tensor_cores && accumulators * rotated_parts <= 128) {
         std::optional<AttentionSpec> dk = tiled(Kind::BackwardDkDv, true, false);
         std::optional<AttentionSpec> dv = tiled(Kind::BackwardDkDv, false, true);

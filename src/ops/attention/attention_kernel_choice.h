@@ -58,11 +58,13 @@ AttentionKernelOverride attention_kernel_override_from_environment();
 // layout, strides and alignment allow, the first shape of the tile tables whose rules hold and
 // whose shared memory fits, the CUDA-core kernels otherwise. `override` (see above) comes
 // first. Throws Error(UNSUPPORTED) for a head_dim above kAttentionMaxHeadDim.
-std::vector<AttentionSpec> choose_attention_specs(const AttentionProblem& problem, const AttentionDevice& device,
+std::vector<AttentionSpec> choose_attention_specs(const AttentionProblem& problem,
+                                                  const AttentionDevice& device,
                                                   const AttentionKernelOverride& override);
 // The same without an override: what a runtime without ROPE_JIT_ATTENTION_KERNELS runs (and
 // what prewarming compiles).
-std::vector<AttentionSpec> choose_attention_specs(const AttentionProblem& problem, const AttentionDevice& device);
+std::vector<AttentionSpec> choose_attention_specs(const AttentionProblem& problem,
+                                                  const AttentionDevice& device);
 
 // The launch plan of `spec`: the kernel computes the same from its constants
 // (kernels_templates/attention_params.h), so the two cannot disagree.
@@ -75,7 +77,17 @@ AttentionLaunchPlan attention_launch_plan(const AttentionSpec& spec);
 // of 2 or 4 blocks only with producer warps, within a GQA group, over shares of whole 8-row
 // units. The first one `spec` breaks, or none. No text here: the kernel choice asks on every
 // launch; AttentionSpec::validate words the error.
-enum class WgmmaRule { none, forward, head_dim, key_tile, warps, pos_mask, stages, producer, cluster };
+enum class WgmmaRule {
+    none,
+    forward,
+    head_dim,
+    key_tile,
+    warps,
+    pos_mask,
+    stages,
+    producer,
+    cluster
+};
 WgmmaRule wgmma_broken_rule(const AttentionSpec& spec);
 
 }  // namespace rope_jit
