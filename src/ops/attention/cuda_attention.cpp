@@ -81,10 +81,7 @@ KernelBinary build_attention_binary(const AttentionSpec& spec, const std::string
 }
 
 CudaAttention::CudaAttention(CudaBackend& backend, const DiskCache* disk, KernelStats& stats)
-    : api_(require_cuda_driver()),
-      backend_(backend),
-      disk_(disk),
-      stats_(stats),
+    : api_(require_cuda_driver()), backend_(backend), disk_(disk), stats_(stats),
       override_(attention_kernel_override_from_environment()) {
     for (int ordinal = 0; ordinal < backend_.device_count(); ++ordinal) {
         CUdevice device = 0;

@@ -1,9 +1,10 @@
 // The CUDA side of attention: runs a checked AttentionProblem whose tensors live on a GPU. Per
 // call it resolves the caller's context through the CUDA backend, chooses the kernels
-// (choose_attention_specs, with the ROPE_JIT_ATTENTION_KERNELS override read at creation), finds each in its memory cache (building it from the disk cache
-// or NVRTC on a miss), fills the parameters and launches on the caller's stream. Like the RoPE
-// path it never synchronizes, allocates or creates contexts on that path, so calls can be
-// captured in CUDA graphs.
+// (choose_attention_specs, under the ROPE_JIT_ATTENTION_KERNELS override read at creation),
+// finds each in its memory cache (building it from the disk cache or NVRTC on a miss), fills
+// the parameters and launches on the caller's stream. Like the RoPE path it never
+// synchronizes, allocates or creates contexts on that path, so calls can be captured in CUDA
+// graphs.
 #pragma once
 
 #include <string>
