@@ -72,6 +72,7 @@ DTYPES = {torch.bfloat16: (4, 16), torch.float16: (2, 16), torch.float32: (2, 32
 
 class Library:
     def __init__(self, path):
+        self.path = path
         self.lib = ctypes.CDLL(path)
         lib = self.lib
         lib.rope_jit_last_error.restype = ctypes.c_char_p
@@ -195,6 +196,7 @@ def run_variants(lib, variants, backward, shape):
     rows = []
     for variant in variants:
         os.environ["ROPE_JIT_ATTENTION_KERNELS"] = variant
+        lib = Library(lib.path)  # a runtime reads the override once, when it is created
         row = {"variant": variant, "B": b, "S": s, "Hq": hq, "Hk": hk, "D": d}
         try:
             row["fused_fwd_ms"] = time_ms(lambda: lib.attention(q, k, v, out, cos, sin, lse, True), 100.0)
@@ -371,6 +373,7 @@ def main():
         choice = [c for c in (best("fwd=", "fused_fwd_ms"), best("dq=", "fused_bwd_ms")) if c]
         adopted = ",".join(choice)
         os.environ["ROPE_JIT_ATTENTION_KERNELS"] = adopted
+        lib = Library(options.library)  # a runtime reads the override once, when it is created
         print("adopted kernels:", adopted, flush=True)
     rows = []
 

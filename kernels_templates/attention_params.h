@@ -1,6 +1,7 @@
-// Run-time arguments of the attention kernels, passed by value as their single parameter, and
-// the shared-memory layout of the tensor-core kernels. Compiled twice: into the host launcher
-// (src/ops/attention/cuda_attention.cpp) and, embedded, into every attention kernel by NVRTC, so the two
+// Run-time arguments of the attention kernels, passed by value as their single parameter, the
+// shared-memory layout of the tensor-core kernels and the launch plan (block size, rows per
+// block, shared memory). Compiled twice: into the host (src/ops/attention/cuda_attention.cpp,
+// attention_kernel_choice.cpp) and, embedded, into every attention kernel by NVRTC, so the two
 // sides cannot disagree on the layout. Plain C++ only: kernels compile without any toolkit
 // header.
 #ifndef ROPE_JIT_ATTENTION_PARAMS_H
@@ -147,6 +148,40 @@ ROPE_JIT_HOST_DEVICE constexpr AttentionSmemLayout attention_smem_layout(int kin
     l.barriers = attention_take(cursor, producer ? 3 * stages * 8 : 0);
     l.bytes = at;
     return l;
+}
+
+// What the host launcher and the kernel both derive from a spec's fields: one function, so a
+// one-sided edit cannot launch a kernel with a grid, block or shared-memory size it does not
+// expect. The host calls it with an AttentionSpec's fields (attention_kernel_choice.cpp), the
+// kernel with its specialization constants (attention_common.h).
+struct AttentionLaunchPlan {
+    int head_dim_padded;  // head_dim rounded up to the mma k-step (16)
+    int table_columns;    // columns of a table row the kernel reads (0 without rotation)
+    int table_row_bytes;  // bytes of one table row staged in shared memory (0: read in place)
+    int rows_per_block;   // sequence rows a block owns: 16 * m_tiles * warps on tensor cores,
+                          // one per warp on CUDA cores
+    int threads;          // threads of a block: computing warps and producer warps
+    int shared_bytes;     // dynamic shared memory of a block (0 for the CUDA-core kernels)
+    AttentionSmemLayout smem;  // its buffers (computed for every spec; used by tensor cores)
+};
+
+// `kind` 0 forward, 1 dq, 2 dk/dv; `table_dtype` 0 float32, else 16-bit; `table_async` tables
+// staged with cp.async; the rest as the AttentionSpec fields of the same names.
+ROPE_JIT_HOST_DEVICE constexpr AttentionLaunchPlan attention_launch_plan(
+    int kind, int head_dim, int rotary_dim, bool interleaved, bool table_full, int table_dtype,
+    bool table_async, bool pos_mask, bool tensor_cores, bool wgmma, int warps, int m_tiles,
+    int block_n, int stages, int producer_warps) {
+    AttentionLaunchPlan plan{};
+    plan.head_dim_padded = (head_dim + 15) / 16 * 16;
+    plan.table_columns = table_columns(table_full, interleaved, rotary_dim / 2);
+    plan.table_row_bytes =
+        rotary_dim > 0 && table_async ? plan.table_columns * (table_dtype == 0 ? 4 : 2) : 0;
+    plan.rows_per_block = tensor_cores ? 16 * m_tiles * warps : warps;
+    plan.threads = (warps + producer_warps) * 32;
+    plan.smem = attention_smem_layout(kind, plan.head_dim_padded, warps, m_tiles, block_n, pos_mask,
+                                      plan.table_row_bytes, wgmma, stages, producer_warps > 0);
+    plan.shared_bytes = tensor_cores ? plan.smem.bytes : 0;
+    return plan;
 }
 
 #endif

@@ -3,17 +3,21 @@
 // needs, and the kernel choice follows the problem (tensor cores where they apply).
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <optional>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "ops/attention/attention_kernel_choice.h"
 #include "ops/attention/attention_problem.h"
 #include "ops/attention/attention_spec.h"
 #include "ops/attention/cuda_attention.h"
 #include "env_guard.h"
 #include "common/error.h"
+#include "jit/kernel_source.h"
+#include "jit/nvrtc_compiler.h"
 #include "jit/nvrtc_loader.h"
 #include "attention_test_support.h"
 
@@ -174,13 +178,16 @@ TEST_CASE("every family of attention kernels compiles with NVRTC for sm_80 and s
 
 namespace {
 
-// The kernels chosen for a problem built from `c` on an H100/H200-like device (or `device`).
+// The kernels chosen for a problem built from `c` on an H100/H200-like device (or `device`),
+// under the ROPE_JIT_ATTENTION_KERNELS override the environment holds now (as a runtime
+// created now would read it).
 std::vector<AttentionSpec> chosen(const attention_test::Config& c, bool backward,
                                   AttentionDevice device = AttentionDevice{90, 232448, true, true}) {
     std::mt19937 rng(1);
     attention_test::Problem p(c, rng);
     const rope_jit_attention_args args = p.args();
-    return choose_attention_specs(make_attention_problem(args, backward), device);
+    return choose_attention_specs(make_attention_problem(args, backward), device,
+                                  attention_kernel_override_from_environment());
 }
 
 attention_test::Config headline_config() {
@@ -548,4 +555,190 @@ TEST_CASE("attention specs render their constants, JSON and description, and com
     bad.kind = int32_t(AttentionKernelKind::BackwardDq);
     bad.m_tiles = 2;
     CHECK_THROWS_AS(bad.validate(), Error);
+}
+
+TEST_CASE("the ROPE_JIT_ATTENTION_KERNELS text parses into tile shapes; anything else is ignored") {
+    const AttentionKernelOverride none = parse_attention_kernel_override(nullptr);
+    CHECK_FALSE(none.force_simt);
+    for (const auto& shape : none.shape) CHECK_FALSE(shape.has_value());
+    CHECK_FALSE(parse_attention_kernel_override("").shape[0].has_value());
+    CHECK(parse_attention_kernel_override("simt").force_simt);
+
+    const AttentionKernelOverride o = parse_attention_kernel_override("fwd=8x64x2,dq=4x32,dkdv=8x16");
+    CHECK_FALSE(o.force_simt);
+    REQUIRE(o.shape[0].has_value());
+    CHECK((o.shape[0]->warps == 8 && o.shape[0]->block_n == 64 && o.shape[0]->m_tiles == 2 && !o.shape[0]->wgmma));
+    REQUIRE(o.shape[1].has_value());
+    CHECK((o.shape[1]->warps == 4 && o.shape[1]->block_n == 32 && o.shape[1]->m_tiles == 1));
+    REQUIRE(o.shape[2].has_value());
+    CHECK((o.shape[2]->warps == 8 && o.shape[2]->block_n == 16));
+
+    const AttentionTileShape w = *parse_attention_kernel_override("fwd=w12x64x3").shape[0];
+    CHECK((w.wgmma && w.warps == 12 && w.block_n == 64 && w.stages == 3 && w.producer_warps == 0 && w.cluster == 1));
+    const AttentionTileShape p = *parse_attention_kernel_override("fwd=p8x128").shape[0];
+    CHECK((p.wgmma && p.warps == 8 && p.block_n == 128 && p.stages == 2 && p.producer_warps == 4 && p.cluster == 1));
+    const AttentionTileShape c = *parse_attention_kernel_override("fwd=c4x8x64x3").shape[0];
+    CHECK((c.wgmma && c.warps == 8 && c.block_n == 64 && c.stages == 3 && c.producer_warps == 4 && c.cluster == 4));
+
+    // Malformed items, unknown kinds and wgmma shapes for a backward kernel are left out; the
+    // well-formed items beside them stay.
+    for (const char* junk : {"fwd=c2x8", "fwd=cx8x64", "fwd=p8x64x3x1", "fwd=w8xx64", "fwd=c0x8x64", "dq=c2x8x64",
+                             "dkdv=w4x32", "fwd=8", "fwd=", "fwd=0x64", "fwd=8x64x2x2", "fwd=12345x64", "bwd=8x64",
+                             "fwd", "SIMT", "fwd=-8x64", "fwd=8x64 "}) {
+        CAPTURE(junk);
+        const AttentionKernelOverride bad = parse_attention_kernel_override(junk);
+        CHECK_FALSE(bad.force_simt);
+        for (const auto& shape : bad.shape) CHECK_FALSE(shape.has_value());
+    }
+    const AttentionKernelOverride mixed = parse_attention_kernel_override("fwd=w8xx64,dq=8x32,,junk");
+    CHECK_FALSE(mixed.shape[0].has_value());
+    REQUIRE(mixed.shape[1].has_value());
+    CHECK(mixed.shape[1]->block_n == 32);
+}
+
+TEST_CASE("the choice without an override ignores ROPE_JIT_ATTENTION_KERNELS; the runtime reads it once") {
+    const attention_test::Config c = headline_config();
+    std::mt19937 rng(1);
+    attention_test::Problem p(c, rng);
+    const rope_jit_attention_args args = p.args();
+    const AttentionProblem problem = make_attention_problem(args, false);
+    const AttentionDevice device{90, 232448, true, true};
+    EnvGuard env;
+    env.set("ROPE_JIT_ATTENTION_KERNELS", "simt");
+    // What prewarming compiles: the default choice, whatever the environment says.
+    CHECK(choose_attention_specs(problem, device)[0].tensor_cores == 1);
+    CHECK(choose_attention_specs(problem, device)[0] ==
+          choose_attention_specs(problem, device, AttentionKernelOverride{})[0]);
+    CHECK(choose_attention_specs(problem, device, attention_kernel_override_from_environment())[0].tensor_cores == 0);
+}
+
+TEST_CASE("launch plans: block threads, rows per block and shared memory of each kernel family") {
+    using K = AttentionKernelKind;
+    // The headline forward on mma.sync, 8 warps of 16 query rows, 64-key tiles, staged fp32
+    // tables of 64 columns. Rows of 128 + 8 elements (272 bytes): 128 query rows, 64 key rows,
+    // 64 value rows, 64 cos and 64 sin rows of 256 bytes, 128 + 64 flags.
+    AttentionSpec forward = spec_of(K::Forward, 2, 128, 128, true);
+    forward.table_async = 1;
+    AttentionLaunchPlan plan = attention_launch_plan(forward);
+    CHECK(plan.head_dim_padded == 128);
+    CHECK(plan.table_columns == 64);
+    CHECK(plan.table_row_bytes == 256);
+    CHECK(plan.rows_per_block == 128);
+    CHECK(plan.threads == 256);
+    CHECK(plan.shared_bytes == 128 * 272 + 64 * 272 * 2 + 64 * 256 * 2 + 128 + 64);
+    CHECK(forward.shared_bytes() == plan.shared_bytes);
+    CHECK(forward.threads() == 256);
+    // Tables read in place are not staged; an interleaved full table spans 2 columns a pair.
+    forward.table_async = 0;
+    forward.interleaved = 1;
+    forward.table_full = 1;
+    CHECK(attention_launch_plan(forward).table_columns == 128);
+    CHECK(attention_launch_plan(forward).table_row_bytes == 0);
+    CHECK(attention_launch_plan(forward).shared_bytes == 128 * 272 + 64 * 272 * 2 + 128 + 64);
+    // Two 16-row tiles per warp: 4 warps own 128 rows.
+    AttentionSpec two_tiles = spec_of(K::Forward, 2, 128, 0, true);
+    two_tiles.warps = 4;
+    two_tiles.m_tiles = 2;
+    CHECK(attention_launch_plan(two_tiles).rows_per_block == 128);
+    CHECK(attention_launch_plan(two_tiles).threads == 128);
+    // CUDA cores: a row per warp, no dynamic shared memory; head_dim 72 pads to 80 for nothing.
+    const AttentionSpec simt = spec_of(K::Forward, 0, 72, 24, false);
+    CHECK(attention_launch_plan(simt).rows_per_block == 4);
+    CHECK(attention_launch_plan(simt).threads == 128);
+    CHECK(simt.shared_bytes() == 0);
+    // The producer-warp wgmma forward: 8 + 4 warps; 128 padded query rows, then (1024-aligned)
+    // three 64-key tiles of keys and of values, unpadded (256-byte rows), the flags, then
+    // (1024-aligned) the swizzled query rows and 3 x 3 barriers of 8 bytes.
+    AttentionSpec producer = spec_of(K::Forward, 2, 128, 128, true);
+    producer.wgmma = 1;
+    producer.stages = 3;
+    producer.producer_warps = 4;
+    producer.table_async = 1;
+    plan = attention_launch_plan(producer);
+    CHECK(plan.threads == 384);
+    CHECK(plan.rows_per_block == 128);
+    CHECK(plan.smem.k == 34816);
+    CHECK(plan.smem.q_tile == 134144);
+    CHECK(plan.shared_bytes == 134144 + 128 * 256 + 80);
+    // dk/dv: 128 resident key and value rows, 32-query tiles (raw, rotated, out, two dout), the
+    // staged tables of 32 rows, two lse halves and delta, and the flags.
+    AttentionSpec dkdv = spec_of(K::BackwardDkDv, 2, 128, 128, true);
+    dkdv.block_n = 32;
+    dkdv.table_async = 1;
+    plan = attention_launch_plan(dkdv);
+    CHECK(plan.rows_per_block == 128);
+    CHECK(plan.shared_bytes == 5 * 32 * 272 + 2 * 128 * 272 + 2 * 32 * 256 + 2 * 32 * 4 + 32 * 4 + 32 + 128);
+}
+
+// On sm_86 (99 KiB of shared memory a block) the smallest dq or dk/dv tiles of head_dim 200
+// and more do not fit: those backwards run (in part) on CUDA cores there.
+TEST_CASE("the tile tables give every head_dim multiple of 8 up to 256 tensor cores on sm_80 (sm_86: to 192)") {
+    for (const AttentionDevice device : {AttentionDevice{80, 166912}, AttentionDevice{86, 101376}})
+        for (int64_t d = 8; d <= (device.compute_capability == 80 ? 256 : 192); d += 8) {
+            attention_test::Config c = headline_config();
+            c.D = c.R = d;
+            c.interleaved = true;  // rotary_dim % 8 suffices
+            CAPTURE(d);
+            CAPTURE(device.compute_capability);
+            const AttentionSpec forward = chosen(c, false, device)[0];
+            CHECK(forward.tensor_cores == 1);
+            CHECK(forward.shared_bytes() <= device.max_shared_bytes);
+            // The backward: dq and dk/dv (one pass, or a dk and a dv pass past head_dim 128).
+            const std::vector<AttentionSpec> backward = chosen(c, true, device);
+            CHECK(backward.size() == (d <= 128 ? 2u : 3u));
+            for (const AttentionSpec& s : backward) {
+                CAPTURE(s.describe());
+                CHECK(s.tensor_cores == 1);
+                CHECK(s.shared_bytes() <= device.max_shared_bytes);
+            }
+        }
+    attention_test::Config c = headline_config();
+    c.D = c.R = 200;
+    c.interleaved = true;
+    CHECK(chosen(c, false, AttentionDevice{86, 101376})[0].tensor_cores == 1);
+    const std::vector<AttentionSpec> backward = chosen(c, true, AttentionDevice{86, 101376});
+    CHECK(std::any_of(backward.begin(), backward.end(), [](const AttentionSpec& s) { return s.tensor_cores == 0; }));
+}
+
+TEST_CASE("the kernels compute the launch plan the host launches them with") {
+    if (nvrtc_api() == nullptr) {
+        MESSAGE("NVRTC not available (" << nvrtc_load_error() << "): compile check skipped");
+        return;
+    }
+    using K = AttentionKernelKind;
+    AttentionSpec forward = spec_of(K::Forward, 2, 128, 128, true);
+    forward.table_async = 1;
+    AttentionSpec dkdv = spec_of(K::BackwardDkDv, 1, 64, 32, true);
+    dkdv.interleaved = 1;
+    dkdv.table_full = 1;
+    dkdv.pos_mask = 1;
+    AttentionSpec producer = forward;
+    producer.wgmma = 1;
+    producer.stages = 3;
+    producer.producer_warps = 4;
+    // The kernel's PLAN (attention_common.h) checked at compile time against the host's.
+    auto check = [](const AttentionSpec& spec, const AttentionLaunchPlan& plan) {
+        return "\nstatic_assert(PLAN.shared_bytes == " + std::to_string(plan.shared_bytes) +
+               " && PLAN.threads == " + std::to_string(plan.threads) +
+               " && PLAN.rows_per_block == " + std::to_string(plan.rows_per_block) +
+               " && PLAN.table_row_bytes == " + std::to_string(plan.table_row_bytes) + ", \"" + spec.describe() +
+               "\");\n";
+    };
+    for (const AttentionSpec& spec : {forward, dkdv, producer}) {
+        CAPTURE(spec.describe());
+        REQUIRE_NOTHROW(spec.validate());
+        const std::string target = spec.wgmma ? "compute_90a" : "compute_80";
+        const std::string source = specialize_template(spec.preamble(), "attention.cu");
+        const AttentionLaunchPlan plan = attention_launch_plan(spec);
+        CHECK_NOTHROW(compile_cuda(source + check(spec, plan), "attention.cu", target, {}, kernel_headers()));
+        AttentionLaunchPlan other = plan;
+        other.shared_bytes += 16;  // a one-sided change: the kernel disagrees
+        try {
+            compile_cuda(source + check(spec, other), "attention.cu", target, {}, kernel_headers());
+            FAIL("no error");
+        } catch (const Error& e) {
+            CHECK(e.status() == ROPE_JIT_ERROR_COMPILE);
+            CHECK(std::string(e.what()).find(spec.describe()) != std::string::npos);
+        }
+    }
 }

@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "ops/attention/attention_kernel_choice.h"
 #include "ops/attention/attention_problem.h"
 #include "ops/attention/attention_spec.h"
 #include "attention_test_support.h"
@@ -39,8 +40,17 @@ using gpu_test::driver;
 
 // The shared GPU fixture (gpu_test_support.h), under the names this suite uses.
 struct GpuFixture : gpu_test::GpuFixture {
-    gpu_test::RuntimeHandle& cuda = cuda_runtime;
     gpu_test::RuntimeHandle& cpu = cpu_runtime;
+    // The CUDA runtime under test: cuda_runtime, or the last one override_kernels created.
+    gpu_test::RuntimeHandle& cuda() { return overridden ? *overridden : cuda_runtime; }
+    // Sets ROPE_JIT_ATTENTION_KERNELS to `text` and creates a CUDA runtime under it: a runtime
+    // reads the override once, when it is created.
+    void override_kernels(const char* text) {
+        setenv("ROPE_JIT_ATTENTION_KERNELS", text, 1);
+        overridden.reset();
+        overridden = std::make_unique<gpu_test::RuntimeHandle>(ROPE_JIT_BACKEND_CUDA);
+    }
+    std::unique_ptr<gpu_test::RuntimeHandle> overridden;
 };
 
 // Every tensor of a host Problem mirrored in device memory (the whole backing buffer, so
@@ -111,8 +121,12 @@ void poison_outputs(Problem& p) {
 // The kernels the CUDA runtime will choose for this problem's forward and backward.
 std::vector<rope_jit::AttentionSpec> kernels_of(Problem& p, const rope_jit::AttentionDevice& device) {
     const rope_jit_attention_args args = p.args();
-    std::vector<rope_jit::AttentionSpec> specs = choose_attention_specs(rope_jit::make_attention_problem(args, false), device);
-    for (const rope_jit::AttentionSpec& s : choose_attention_specs(rope_jit::make_attention_problem(args, true), device))
+    // Under the override the environment holds now, as override_kernels' runtime reads it.
+    const rope_jit::AttentionKernelOverride override = rope_jit::attention_kernel_override_from_environment();
+    std::vector<rope_jit::AttentionSpec> specs =
+        choose_attention_specs(rope_jit::make_attention_problem(args, false), device, override);
+    for (const rope_jit::AttentionSpec& s :
+         choose_attention_specs(rope_jit::make_attention_problem(args, true), device, override))
         specs.push_back(s);
     return specs;
 }
@@ -194,8 +208,8 @@ Comparison run_and_compare(GpuFixture& f, Problem& p, bool backward) {
         }
         return status == ROPE_JIT_OK;
     };
-    if (!call(f.cuda.get(), device_args, false)) return result;
-    if (backward && !call(f.cuda.get(), device_args, true)) return result;
+    if (!call(f.cuda().get(), device_args, false)) return result;
+    if (backward && !call(f.cuda().get(), device_args, true)) return result;
     check_cu(driver().cuCtxSynchronize(), "cuCtxSynchronize");
     if (!call(f.cpu.get(), host_args, false)) return result;
     if (backward && !call(f.cpu.get(), host_args, true)) return result;
@@ -308,7 +322,7 @@ TEST_CASE("CUDA attention forward and backward match the CPU reference over a ra
 
 TEST_CASE("the CUDA-core kernels match the CPU reference for 16-bit inputs too") {
     GpuFixture f;
-    setenv("ROPE_JIT_ATTENTION_KERNELS", "simt", 1);
+    f.override_kernels("simt");
     std::mt19937 rng(99);
     std::vector<Config> configs;
     for (int i = 0; i < 8; ++i) {
@@ -355,7 +369,7 @@ TEST_CASE("every tile shape the override offers gives the same results") {
                                      "fwd=p8x64x3", "fwd=p8x64", "fwd=p4x64x3", "fwd=p8x128", "fwd=c2x8x64x3",
                                      "fwd=c2x4x128", "fwd=c2x8x128x2"}) {
         CAPTURE(shapes);
-        setenv("ROPE_JIT_ATTENTION_KERNELS", shapes.c_str(), 1);
+        f.override_kernels(shapes.c_str());
         // A wgmma shape must be what the configs without pos_mask run, where wgmma runs at all
         // and the shape's shared memory fits (else the choice falls back, as it should).
         int warps = 0, block_n = 0, stages = 2, cluster = 1;
@@ -422,7 +436,7 @@ TEST_CASE("the sm_90 wgmma forward matches the CPU reference over long sequences
     // of a cluster sharing tiles, where the GQA group allows).
     for (const char* shapes : {"", "fwd=w12x64x3", "fwd=p8x64x3", "fwd=c4x8x64x3", "fwd=c2x8x128x2"}) {
         CAPTURE(shapes);
-        setenv("ROPE_JIT_ATTENTION_KERNELS", shapes, 1);
+        f.override_kernels(shapes);
         sweep(f, configs, 11);
     }
     unsetenv("ROPE_JIT_ATTENTION_KERNELS");
@@ -487,7 +501,7 @@ TEST_CASE("a NaN in a query row gives that row NaN out, lse and dq on every kern
         {Dt::F32, ""}, {Dt::BF16, "fwd=8x64x2,dq=8x64,dkdv=8x64"}, {Dt::BF16, ""}};
     for (const auto& [dt, shapes] : families)
         for (const bool causal : {false, true}) {
-            setenv("ROPE_JIT_ATTENTION_KERNELS", shapes, 1);
+            f.override_kernels(shapes);
             Config c;
             c.dt = dt;
             c.B = 1;
@@ -503,8 +517,8 @@ TEST_CASE("a NaN in a query row gives that row NaN out, lse and dq on every kern
             poison_outputs(p);
             DeviceProblem device(p);
             const rope_jit_attention_args args = device.args(p.args());
-            REQUIRE(rope_jit_attention(f.cuda.get(), &args) == ROPE_JIT_OK);
-            REQUIRE(rope_jit_attention_backward(f.cuda.get(), &args) == ROPE_JIT_OK);
+            REQUIRE(rope_jit_attention(f.cuda().get(), &args) == ROPE_JIT_OK);
+            REQUIRE(rope_jit_attention_backward(f.cuda().get(), &args) == ROPE_JIT_OK);
             check_cu(driver().cuCtxSynchronize(), "cuCtxSynchronize");
             const HostTensor out = device.download(p.out), lse = device.download(p.lse), dq = device.download(p.dq),
                               dk = device.download(p.dk);
@@ -547,12 +561,12 @@ TEST_CASE("the CUDA backward is deterministic") {
         Problem p(c, rng);
         DeviceProblem device(p);
         const rope_jit_attention_args a = device.args(p.args());
-        REQUIRE(rope_jit_attention(f.cuda.get(), &a) == ROPE_JIT_OK);
-        REQUIRE(rope_jit_attention_backward(f.cuda.get(), &a) == ROPE_JIT_OK);
+        REQUIRE(rope_jit_attention(f.cuda().get(), &a) == ROPE_JIT_OK);
+        REQUIRE(rope_jit_attention_backward(f.cuda().get(), &a) == ROPE_JIT_OK);
         check_cu(driver().cuCtxSynchronize(), "cuCtxSynchronize");
         const HostTensor dq = device.download(p.dq), dk = device.download(p.dk), dv = device.download(p.dv);
         for (int repeat = 0; repeat < 3; ++repeat) {
-            REQUIRE(rope_jit_attention_backward(f.cuda.get(), &a) == ROPE_JIT_OK);
+            REQUIRE(rope_jit_attention_backward(f.cuda().get(), &a) == ROPE_JIT_OK);
             check_cu(driver().cuCtxSynchronize(), "cuCtxSynchronize");
             CHECK(device.download(p.dq).bytes() == const_cast<HostTensor&>(dq).bytes());
             CHECK(device.download(p.dk).bytes() == const_cast<HostTensor&>(dk).bytes());

@@ -54,9 +54,11 @@ struct AttentionSpec {
     std::string describe() const;
     // Throws Error(INVALID_ARGUMENT) when the fields cannot describe a kernel.
     void validate() const;
-    // Dynamic shared memory of one block, bytes (0 for the CUDA-core kernels).
+    // Dynamic shared memory of one block, bytes (0 for the CUDA-core kernels). This and
+    // threads() come from attention_launch_plan (attention_kernel_choice.h).
     int shared_bytes() const;
-    int threads() const { return (warps + producer_warps) * 32; }
+    // Threads of one block (computing and producer warps).
+    int threads() const;
 };
 
 struct AttentionSpecHash {
@@ -65,27 +67,5 @@ struct AttentionSpecHash {
 
 // The largest head_dim any attention kernel takes (the CUDA-core kernels: 16 features a lane).
 constexpr int64_t kAttentionMaxHeadDim = 512;
-
-// What the GPU offers the choice of kernels.
-struct AttentionDevice {
-    int compute_capability = 0;  // 90 for sm_90
-    int max_shared_bytes = 0;    // dynamic shared memory a block may opt in to
-    bool wgmma = false;          // the wgmma forward runs: sm_90 and nvrtc_runs_wgmma_forward()
-    bool tma = false;            // and the driver encodes TMA descriptors (producer-warp forwards)
-};
-
-// The kernels that run `problem` (its forward, or its backward: dq first, then dk/dv, possibly
-// split into a dk and a dv pass) on `device`: tensor cores where the dtype, head_dim,
-// rotation layout, strides and alignment allow, the CUDA-core kernels otherwise. Throws
-// Error(UNSUPPORTED) for a head_dim above kAttentionMaxHeadDim.
-//
-// ROPE_JIT_ATTENTION_KERNELS, read on every call, overrides the choice for experiments:
-// "simt" forces the CUDA-core kernels; "fwd=WxN[xM],dq=WxN,dkdv=WxN" (any subset) sets the
-// warps, streamed-tile rows (and, forward, 16-row tiles per warp) of the tensor-core kernels
-// (a shape that does not fit falls back); "fwd=wWxN[xS]" asks for the wgmma forward (sm_90;
-// W of 4, 8 or 12) with S tiles in shared memory (2 or 3; 2 by default), "fwd=pWxN[xS]" for
-// it with W consumer warps and 4 producer warps, "fwd=cCxWxN[xS]" for that in clusters of C
-// blocks (2 or 4; a divisor of the GQA group).
-std::vector<AttentionSpec> choose_attention_specs(const AttentionProblem& problem, const AttentionDevice& device);
 
 }  // namespace rope_jit

@@ -60,7 +60,8 @@ AttentionDevice attention_device(int compute_capability, int max_shared_bytes) {
 }
 
 CudaAttention::CudaAttention(CudaDevices& devices, KernelLoader& kernels, KernelStats& stats)
-    : devices_(devices), kernels_(kernels), stats_(stats) {
+    : devices_(devices), kernels_(kernels), stats_(stats),
+      override_(attention_kernel_override_from_environment()) {
     for (int ordinal = 0; ordinal < devices_.device_count(); ++ordinal) {
         const CudaDevice& device = devices_.device(ordinal);
         attention_devices_.push_back(
@@ -128,11 +129,11 @@ void CudaAttention::run(const AttentionProblem& p, void* stream_handle) {
     params.scale_log2 = float(p.scale * 1.4426950408889634);
 
     for (const AttentionSpec& spec :
-         choose_attention_specs(p, attention_devices_[size_t(ordinal)])) {
+         choose_attention_specs(p, attention_devices_[size_t(ordinal)], override_)) {
         const bool key_side = spec.kind == int32_t(AttentionKernelKind::BackwardDkDv);
         const int64_t rows = key_side ? p.seqlen_k : p.seqlen_q;
         const int64_t heads = key_side ? p.heads_k : p.heads_q;
-        const int64_t rows_per_block = spec.tensor_cores ? 16 * spec.warps * spec.m_tiles : spec.warps;
+        const int64_t rows_per_block = attention_launch_plan(spec).rows_per_block;
         params.sequence_blocks = (rows + rows_per_block - 1) / rows_per_block;
         const int64_t blocks = params.sequence_blocks * p.batch * heads;
         if (blocks == 0) continue;

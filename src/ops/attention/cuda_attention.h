@@ -1,6 +1,7 @@
 // The CUDA side of attention: runs a checked AttentionProblem whose tensors live on a GPU. Per
 // call it takes the launch context from the device layer (cuda/cuda_devices.h), chooses the
-// kernels (choose_attention_specs), takes each from the kernel loader (cuda/kernel_loader.h),
+// kernels (choose_attention_specs, under the ROPE_JIT_ATTENTION_KERNELS override read at
+// creation), takes each from the kernel loader (cuda/kernel_loader.h),
 // fills the parameters and launches on the caller's stream. Like the RoPE
 // path it never synchronizes, allocates or creates contexts on that path, so calls can be
 // captured in CUDA graphs.
@@ -11,6 +12,7 @@
 
 #include "cuda/cuda_devices.h"
 #include "cuda/kernel_loader.h"
+#include "ops/attention/attention_kernel_choice.h"
 #include "ops/attention/attention_problem.h"
 #include "ops/attention/attention_recipe.h"
 #include "ops/attention/attention_spec.h"
@@ -44,6 +46,8 @@ private:
     KernelLoader& kernels_;
     KernelStats& stats_;
     std::vector<AttentionDevice> attention_devices_;  // what the kernel choice needs, per ordinal
+    // ROPE_JIT_ATTENTION_KERNELS as it was when this object was created.
+    const AttentionKernelOverride override_;
 };
 
 }  // namespace rope_jit

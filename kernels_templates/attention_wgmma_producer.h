@@ -1,0 +1,440 @@
+// Attention templates: the warp-specialized sm_90a forward: producer warps load (TMA for
+// values, registers for rotated keys) into mbarrier-guarded stages, consumer warpgroups
+// compute; optionally in thread-block clusters that share value tiles.
+#ifndef ROPE_JIT_ATTENTION_WGMMA_PRODUCER_H
+#define ROPE_JIT_ATTENTION_WGMMA_PRODUCER_H
+
+namespace {
+
+namespace tc {
+
+namespace wg {
+
+// ---- the warp-specialized forward: producer warps load and rotate, consumers compute ----
+//
+// PRODUCER_WARPS (4) warps after the WARPS consumer warps fill STAGES key/value buffers; the
+// consumers (warpgroups of 64 query rows, as in forward) wait for a tile's keys (`full`) and
+// values (`landed`), compute, and signal `empty` when they are done with its buffers. No
+// block-wide barrier in the loop: the consumer warpgroups drift apart, so one's softmax
+// overlaps another's tensor-core work, and loading and rotating overlap both. The tensor cores
+// read everything from shared memory: the rotated query rows (q_tile), keys and values, all
+// 128-byte swizzled (SWIZZLED).
+//
+// Values arrive through the tensor memory accelerator (TMA): one copy per 64-feature region
+// of a tile lands its rows swizzled, zero past the sequence and past head_dim, and signals the
+// buffer's `landed` barrier by bytes. Keys go through the producers' registers, rotated there
+// (below), and the producers arrive on `full` once they are stored. (Copied 16 bytes a thread,
+// or by TMA one 16-byte chunk column at a time, the tiles cost more L2 requests than the
+// tensor cores need time: that bound the forward.)
+//
+// CLUSTER > 1: the CLUSTER blocks of a thread-block cluster are consecutive query heads of
+// one GQA group (same keys, same query rows). Each block copies only its share of every value
+// tile's rows (SHARE_ROWS of them), multicast into the buffers of every block, so values cross
+// from L2 once per cluster. A buffer is free again once the consumers of every block are done
+// with it: `empty` counts them all.
+constexpr int PRODUCER_THREADS = PRODUCER_WARPS * 32;
+constexpr int SHARE_ROWS = BLOCK_N / CLUSTER;      // key rows of a tile each block copies
+constexpr int TILE_BOXES = DP / 64;                // TMA copies of one value tile
+// Swizzled TMA boxes land where the pattern starts: tile buffers at multiples of 1024 bytes
+// (the shares of 8-row multiples are too).
+static_assert(PRODUCER_WARPS == 0 || (SMEM.k % 1024 == 0 && SMEM.v0 % 1024 == 0 && SMEM.q_tile % 1024 == 0),
+              "swizzled tiles 1024-byte aligned");
+static_assert(CLUSTER == 1 || (PRODUCER_WARPS > 0 && SHARE_ROWS % 8 == 0 && GQA_GROUP % CLUSTER == 0),
+              "clusters of producer blocks over whole 8-row shares of a GQA group");
+
+// mbarrier operations on 8-byte barriers in shared memory (addresses from shared_address, or
+// shared::cluster addresses from cluster_address for the remote arrive).
+__device__ __forceinline__ void barrier_init(unsigned address, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(address), "r"(count) : "memory");
+}
+__device__ __forceinline__ void barrier_arrive(unsigned address) {
+    asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(address) : "memory");
+}
+// Arrives, and expects `bytes` more of asynchronous copies in the current phase.
+__device__ __forceinline__ void barrier_arrive_expect(unsigned address, unsigned bytes) {
+    asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1;\n}\n" ::"r"(address),
+                 "r"(bytes)
+                 : "memory");
+}
+// Arrives on the barrier at `address` (shared::cluster, possibly another block's), releasing
+// this thread's earlier writes at cluster scope.
+__device__ __forceinline__ void barrier_arrive_cluster(unsigned address) {
+    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(address) : "memory");
+}
+// Waits until the phase of parity `parity` (the barrier's n-th completion has parity n & 1)
+// has completed; with CLUSTER > 1 acquiring at cluster scope (arrivals and copies come from
+// other blocks too).
+__device__ __forceinline__ void barrier_wait(unsigned address, unsigned parity) {
+    if constexpr (CLUSTER > 1)
+        asm volatile(
+            "{\n.reg .pred done;\nretry:\n"
+            "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
+            "@!done bra retry;\n}\n" ::"r"(address),
+            "r"(parity)
+            : "memory");
+    else
+        asm volatile(
+            "{\n.reg .pred done;\nretry:\n"
+            "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+            "@!done bra retry;\n}\n" ::"r"(address),
+            "r"(parity)
+            : "memory");
+}
+// A barrier among the consumer warps.
+__device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 1, %0;\n" ::"n"(THREADS) : "memory"); }
+
+// Thread-block cluster helpers: this block's rank, the shared::cluster address of a shared
+// address in block `rank`, and a barrier of every thread of the cluster.
+__device__ __forceinline__ unsigned cluster_rank() {
+    unsigned rank;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
+    return rank;
+}
+__device__ __forceinline__ unsigned cluster_address(unsigned address, unsigned rank) {
+    unsigned mapped;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(mapped) : "r"(address), "r"(rank));
+    return mapped;
+}
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+
+// Copies one box of a [B, H, S, D] tensor (`map`: its TMA descriptor, in the kernel's
+// parameters) from feature `feature`, token `token` of head `head`, batch `batch` into shared
+// `dst`, counting its bytes on `landed`; with CLUSTER > 1 into the same place of every block.
+__device__ __forceinline__ void copy_box(unsigned dst, const void* map, int feature, int token, int head, int batch,
+                                         unsigned landed) {
+    const unsigned long long descriptor = reinterpret_cast<unsigned long long>(map);
+    if constexpr (CLUSTER > 1)
+        asm volatile(
+            "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+            " [%0], [%1, {%2, %3, %4, %5}], [%6], %7;\n" ::"r"(dst),
+            "l"(descriptor), "r"(feature), "r"(token), "r"(head), "r"(batch), "r"(landed),
+            "h"(static_cast<unsigned short>((1u << CLUSTER) - 1u))
+            : "memory");
+    else
+        asm volatile(
+            "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+            " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
+            "l"(descriptor), "r"(feature), "r"(token), "r"(head), "r"(batch), "r"(landed)
+            : "memory");
+}
+
+// The pipeline's shared state: buffers and barriers (this block's shared addresses), and the
+// shared::cluster address of this block's shared memory in each block of the cluster.
+struct Pipeline {
+    char* smem;
+    unsigned landed, full, empty;
+    unsigned window[CLUSTER];
+
+    static constexpr int TILE_BYTES = BLOCK_N * DP * 2;
+    __device__ __forceinline__ char* key_tile(int t) const { return smem + SMEM.k + (t % STAGES) * TILE_BYTES; }
+    __device__ __forceinline__ char* value_tile(int t) const { return smem + SMEM.v0 + (t % STAGES) * TILE_BYTES; }
+    __device__ __forceinline__ unsigned landed_of(int t) const { return landed + (t % STAGES) * 8; }
+    __device__ __forceinline__ unsigned full_of(int t) const { return full + (t % STAGES) * 8; }
+    __device__ __forceinline__ unsigned empty_of(int t) const { return empty + (t % STAGES) * 8; }
+    // The parity of tile t's phase of its buffer's barriers (tile t is their (t / STAGES)-th use).
+    __device__ __forceinline__ static unsigned phase_of(int t) { return static_cast<unsigned>(t / STAGES) & 1u; }
+    // Block `rank`'s address of this block's shared `address`.
+    __device__ __forceinline__ unsigned in_block(unsigned address, int rank) const {
+        return window[rank] + (address - shared_address(smem));
+    }
+};
+
+// ---- the producers' keys: through registers, rotated on the way ----
+//
+// Each producer thread loads its items of the next key tile (key chunks and table columns)
+// from global memory into registers while the consumers work on earlier tiles, then rotates
+// them there and stores them into the tile's buffer: shared memory sees each key once,
+// written, and then only the tensor cores' reads. (Landed by TMA and rotated in place, a tile
+// was read and written back once more, beside staged table rows written and read: that
+// traffic competed with the tensor cores for shared memory and bound the forward.)
+// A thread keeps one item number (items numbered as in rotate_rows) in every row it takes:
+// ITEM_SLOTS consecutive threads cover a row (those past ITEMS idle), eight of them reading 128
+// consecutive bytes, and a pass of the producers covers ROWS_PER_PASS rows. Rows a pass apart
+// are a multiple of 8 apart, so a thread's swizzle pattern, its table columns and its address
+// steps are the same in every row: the producers compute addresses once per tile, not per
+// item. (The producers, one warp beside two consumer warps on each scheduler, are the
+// forward's critical path: instructions they save are time.)
+constexpr int ITEM_SLOTS = ITEMS <= 4 ? 4 : ITEMS <= 8 ? 8 : ITEMS <= 16 ? 16 : 32;
+constexpr int ROWS_PER_PASS = PRODUCER_THREADS > 0 ? PRODUCER_THREADS / ITEM_SLOTS : 1;
+constexpr int KEY_LOADS = PRODUCER_WARPS > 0 ? BLOCK_N / ROWS_PER_PASS : 1;  // rows per thread and tile
+static_assert(PRODUCER_WARPS == 0 || (ITEMS <= 32 && ROWS_PER_PASS % 8 == 0 && BLOCK_N % ROWS_PER_PASS == 0),
+              "producer passes of whole 8-row swizzle patterns");
+// Raw table bits of one rotation item's ITEM_PAIRS pairs: the columns' bytes as they are
+// (TABLE_STEP 1), or one word per pair, a 16-bit value in its low half (TABLE_STEP 2: every
+// other column). Kept raw so that no instruction waits for the loads before the tile's turn.
+constexpr int ITEM_WORDS = TABLE_STEP == 1 ? ITEM_PAIRS * TBYTES / 4 : ITEM_PAIRS;
+static_assert(TABLE_STEP == 2 || ITEM_WORDS == 2 || ITEM_WORDS % 4 == 0, "table pieces of 8 bytes or whole 16");
+
+__device__ __forceinline__ U4 load_global16(const void* at) {
+    U4 v;
+    asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.w[0]), "=r"(v.w[1]), "=r"(v.w[2]), "=r"(v.w[3])
+                 : "l"(at));
+    return v;
+}
+
+// The raw table bits of an item's pairs (`at`: the first one's column in its table row).
+__device__ __forceinline__ void load_item_table(unsigned (&words)[ITEM_WORDS], const char* at) {
+    if constexpr (TABLE_STEP == 2) {
+#pragma unroll
+        for (int e = 0; e < ITEM_PAIRS; ++e) {
+            if constexpr (TBYTES == 4) asm volatile("ld.global.nc.u32 %0, [%1];\n" : "=r"(words[e]) : "l"(at + 8 * e));
+            else asm volatile("ld.global.nc.u16 %0, [%1];\n" : "=r"(words[e]) : "l"(at + 4 * e));
+        }
+    } else if constexpr (ITEM_WORDS % 4 == 0) {
+#pragma unroll
+        for (int v = 0; v < ITEM_WORDS / 4; ++v) {
+            const U4 w = load_global16(at + 16 * v);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) words[4 * v + e] = w.w[e];
+        }
+    } else {
+        asm volatile("ld.global.nc.v2.u32 {%0, %1}, [%2];\n" : "=r"(words[0]), "=r"(words[1]) : "l"(at));
+    }
+}
+
+// The angle (cos or sin) of pair e of an item from its raw table bits.
+__device__ __forceinline__ float item_angle(const unsigned (&words)[ITEM_WORDS], int e) {
+    if constexpr (TBYTES == 4) return __uint_as_float(words[e]);
+    else {
+        const unsigned bits = TABLE_STEP == 2 ? words[e] : words[e / 2] >> (16 * (e % 2));
+        return float_of_bits16<TABLE_DTYPE>(static_cast<unsigned short>(bits & 0xffffu));
+    }
+}
+
+// What a producer thread loads and where it stores, the same in every tile: its item, the
+// byte offsets of its chunks in a key row and of its columns in a table row, its first row in
+// a tile and where that row's chunks go in the tile buffer.
+struct KeyItems {
+    bool active, rotated;
+    int row0, store_a, store_b;
+    int chunk_a, chunk_b, column;
+    long long key_step, cos_step, sin_step;  // bytes between a thread's rows (a pass apart)
+};
+
+template <int D = DTYPE>
+__device__ __forceinline__ KeyItems key_items(const AttentionKernelParams& p, int thread) {
+    KeyItems k;
+    const int item = thread % ITEM_SLOTS;
+    k.active = item < ITEMS;
+    k.rotated = ROTATE && item < ROT_ITEMS;
+    k.row0 = thread / ITEM_SLOTS;
+    const int chunk = item < ROT_ITEMS ? item : FIRST_PLAIN + item - ROT_ITEMS;
+    const int partner = chunk + ROTARY_DIM / 16;  // half style: the chunk of the partners
+    k.chunk_a = chunk * 16;
+    k.chunk_b = partner * 16;
+    k.store_a = swizzled_offset(k.row0, chunk);
+    k.store_b = swizzled_offset(k.row0, partner);
+    k.column = table_column(item * ITEM_PAIRS) * TBYTES;
+    k.key_step = ROWS_PER_PASS * p.k_stride[2] * static_cast<long long>(sizeof(T));
+    k.cos_step = ROWS_PER_PASS * p.cos_stride[0] * TBYTES;
+    k.sin_step = ROWS_PER_PASS * p.sin_stride[0] * TBYTES;
+    return k;
+}
+
+struct KeyLoads {
+    U4 a[KEY_LOADS], b[KEY_LOADS];  // an item's chunk, and (half style) its partner chunk
+    unsigned cos[KEY_LOADS][ITEM_WORDS], sin[KEY_LOADS][ITEM_WORDS];
+};
+
+// Starts loading this thread's items of the key tile from token n0: rows past the sequence
+// and chunks past head_dim load nothing and stay zero, with zero angles (CHECKED; a tile
+// wholly inside the sequence takes the path without the checks).
+template <bool CHECKED, int D = DTYPE>
+__device__ __forceinline__ void load_keys(KeyLoads& r, const KeyItems& k, const AttentionKernelParams& p,
+                                          const T* k_head, long long n0) {
+    const long long row = n0 + k.row0;
+    const char* key = reinterpret_cast<const char*>(k_head + row * p.k_stride[2]);
+    const char* cos = static_cast<const char*>(p.cos) + row * p.cos_stride[0] * TBYTES + k.column;
+    const char* sin = static_cast<const char*>(p.sin) + row * p.sin_stride[0] * TBYTES + k.column;
+#pragma unroll
+    for (int j = 0; j < KEY_LOADS; ++j) {
+        const bool valid = !CHECKED || row + j * ROWS_PER_PASS < p.seqlen_k;
+        // (Chunks past head_dim are zero in every tile, as the query rows' are.)
+        r.a[j] = valid && k.active && k.chunk_a < DCHUNKS * 16 ? load_global16(key + k.chunk_a) : U4{};
+        if (CHECKED) {
+            r.b[j] = U4{};
+#pragma unroll
+            for (int e = 0; e < ITEM_WORDS; ++e) r.cos[j][e] = r.sin[j][e] = 0u;
+        }
+        if (valid && k.rotated) {
+            if constexpr (!INTERLEAVED) r.b[j] = load_global16(key + k.chunk_b);
+            load_item_table(r.cos[j], cos);
+            load_item_table(r.sin[j], sin);
+        }
+        key += k.key_step;
+        cos += k.cos_step;
+        sin += k.sin_step;
+    }
+}
+
+// Rotates this thread's loaded items and stores them into the key tile at `tile`.
+template <int D = DTYPE>
+__device__ __forceinline__ void store_keys(KeyLoads& r, const KeyItems& k, char* tile) {
+    if (!k.active) return;
+#pragma unroll
+    for (int j = 0; j < KEY_LOADS; ++j) {
+        char* const row = tile + j * ROWS_PER_PASS * 128;  // whole swizzle patterns on
+        U4 x = r.a[j];
+        if (k.rotated) {
+            const auto angles = [&](int e, float (&c)[2], float (&s)[2]) {
+#pragma unroll
+                for (int f = 0; f < 2; ++f) {
+                    c[f] = item_angle(r.cos[j], e + f);
+                    s[f] = item_angle(r.sin[j], e + f);
+                }
+            };
+            if constexpr (INTERLEAVED) {
+                rotate_pair_chunk(x, angles);
+            } else {
+                U4 y = r.b[j];
+                rotate_half_chunks(x, y, angles);
+                *reinterpret_cast<U4*>(row + k.store_b) = y;
+            }
+        }
+        *reinterpret_cast<U4*>(row + k.store_a) = x;
+    }
+}
+
+// Loads tile t's keys: the checked path only for a tile that reaches past the sequence.
+template <int D = DTYPE>
+__device__ __forceinline__ void load_key_tile(KeyLoads& r, const KeyItems& k, const AttentionKernelParams& p,
+                                              const T* k_head, int t) {
+    const long long n0 = static_cast<long long>(t) * BLOCK_N;
+    if (n0 + BLOCK_N <= p.seqlen_k) load_keys<false>(r, k, p, k_head, n0);
+    else load_keys<true>(r, k, p, k_head, n0);
+}
+
+// The producers. Values arrive by TMA, issued STAGES - 1 tiles ahead (this block's share of
+// each tile's rows). Keys go through the producers' registers one tile ahead: tile t's are
+// loaded while tile t - 1's are stored, so their latency overlaps the waits for the
+// consumers. A tile's buffer is reused once the consumers released the tile STAGES before.
+template <int D = DTYPE>
+__device__ void produce(const Pipeline& pipe, const AttentionKernelParams& p, const T* k_head, long long b,
+                        long long hk, int tiles, int rank) {
+    const int thread = static_cast<int>(threadIdx.x) - THREADS;
+    // The TILE_BOXES value boxes of a tile go to lane 0 of each producer warp in turn, then
+    // lane 1, ...
+    const int box = (thread & 31) * PRODUCER_WARPS + (thread >> 5);
+    auto issue_values = [&](int t) {
+        if (thread == 0) barrier_arrive_expect(pipe.landed_of(t), Pipeline::TILE_BYTES);
+        if (box < TILE_BOXES)
+            copy_box(shared_address(pipe.value_tile(t) + swizzled_offset(rank * SHARE_ROWS, box * 8)), p.v_map, box * 64,
+                     t * BLOCK_N + rank * SHARE_ROWS, static_cast<int>(hk), static_cast<int>(b), pipe.landed_of(t));
+    };
+    for (int t = 0; t < STAGES - 1 && t < tiles; ++t) issue_values(t);
+    const KeyItems items = key_items(p, thread);
+    KeyLoads keys;
+    if (tiles > 0) load_key_tile(keys, items, p, k_head, 0);
+    for (int t = 0; t < tiles; ++t) {
+        if (t >= STAGES) barrier_wait(pipe.empty_of(t - STAGES), Pipeline::phase_of(t - STAGES));
+        store_keys(keys, items, pipe.key_tile(t));
+        fence_async_proxy();  // the keys, for the tensor cores
+        barrier_arrive(pipe.full_of(t));
+        if (t + 1 < tiles) load_key_tile(keys, items, p, k_head, t + 1);
+        const int next = t + STAGES - 1;
+        if (next < tiles) {
+            if (t >= 1) barrier_wait(pipe.empty_of(t - 1), Pipeline::phase_of(t - 1));
+            issue_values(next);
+        }
+    }
+}
+
+template <int D = DTYPE>
+__device__ void forward_specialized(const AttentionKernelParams& p, char* smem) {
+    static_assert(WARPS % 4 == 0 && PRODUCER_WARPS == 4 && M_TILES == 1 && !HAS_POS_MASK,
+                  "consumer warpgroups of 16-row warps, one producer warpgroup, no pos_mask");
+    static_assert(STAGES == 2 || STAGES == 3, "two or three tiles in shared memory");
+    static_assert(TABLE_ASYNC || !ROTATE, "the producers load table columns in 8- or 16-byte pieces");
+    const Buffers m = carve(smem);
+    Pipeline pipe;
+    pipe.smem = smem;
+    pipe.landed = shared_address(smem + SMEM.barriers);
+    pipe.full = pipe.landed + STAGES * 8;
+    pipe.empty = pipe.full + STAGES * 8;
+    const unsigned rank = CLUSTER > 1 ? cluster_rank() : 0u;
+#pragma unroll
+    for (int r = 0; r < CLUSTER; ++r) pipe.window[r] = CLUSTER > 1 ? cluster_address(shared_address(smem), r) : 0u;
+    const auto [b, h, m0, q_head, k_head, v_head, tiles] = query_block(p);
+
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            barrier_init(pipe.landed + s * 8, 1);
+            barrier_init(pipe.full + s * 8, PRODUCER_THREADS);
+            barrier_init(pipe.empty + s * 8, CLUSTER * THREADS);
+        }
+        // The initialized barriers, visible to the TMA unit (async proxy) and, in a cluster, to
+        // the other blocks.
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    // The last barrier of the whole block (cluster): producers and consumers part here, and
+    // no block writes into another before that one's barriers exist.
+    if constexpr (CLUSTER > 1) cluster_sync();
+    else __syncthreads();
+
+    if (threadIdx.x >= THREADS) {
+        produce(pipe, p, k_head, b, h / GQA_GROUP, tiles, static_cast<int>(rank));
+        if constexpr (CLUSTER > 1) cluster_sync();  // no block exits while another may still use it
+        return;
+    }
+
+    // Consumers: the block's query rows, rotated, then the key tiles as they come.
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    issue_rows<RESIDENT>(m.q, q_head, p.q_stride[2], m0, p.seqlen_q);
+    cp_async_commit();
+    cp_async_wait_all();
+    consumer_sync();
+    rotate_rows<RESIDENT, false>(m.q, m.q_plain, m.q, nullptr, nullptr, m.q_flags, p, b, m0, p.seqlen_q);
+    consumer_sync();
+    // The rotated rows once more, swizzled, where the tensor cores read them: warpgroup g's
+    // 64 rows as a 64-row key tile would be.
+    char* const q_tile = smem + SMEM.q_tile;
+    for (int it = threadIdx.x; it < RESIDENT * CHUNKS; it += THREADS) {
+        const int row = it / CHUNKS, chunk = it % CHUNKS;
+        *reinterpret_cast<U4*>(q_tile + (row >> 6) * QUERY_GROUP_BYTES + (chunk >> 3) * QUERY_REGION_BYTES +
+                               (row & 63) * 128 + (((chunk ^ row) & 7) << 4)) =
+            *reinterpret_cast<const U4*>(m.q + row * ROWE + chunk * 8);
+    }
+    fence_async_proxy();
+    consumer_sync();
+
+    const unsigned q_group_tile = shared_address(q_tile + (warp >> 2) * QUERY_GROUP_BYTES);
+    const long long row_first = m0 + warp * 16;
+    const long long group_first = m0 + (warp >> 2) * 64;  // this warpgroup's first query row
+    float o[DTILES][4];
+    float row_max[2] = {neg_inf(), neg_inf()}, row_sum[2] = {0.f, 0.f};
+    zero(o);
+    for (int t = 0; t < tiles; ++t) {
+        const long long n0 = static_cast<long long>(t) * BLOCK_N;
+        barrier_wait(pipe.full_of(t), Pipeline::phase_of(t));    // keys stored
+        barrier_wait(pipe.landed_of(t), Pipeline::phase_of(t));  // values landed
+        // A causal warpgroup whose rows all end before the tile skips it (it still releases
+        // the buffer: every consumer arrives once per tile).
+        if (!CAUSAL || n0 <= group_first + 63) {
+            unsigned pa[BLOCK_N / 16][4];
+            attend_tile(o, pa, row_max, row_sum, q_group_tile, pipe.key_tile(t), pipe.value_tile(t), p, b, row_first,
+                        group_first, n0, lane);
+            wait_all();
+            fence_registers(o);
+            fence_registers(pa);
+        }
+        if constexpr (CLUSTER > 1) {
+#pragma unroll
+            for (int r = 0; r < CLUSTER; ++r) barrier_arrive_cluster(pipe.in_block(pipe.empty_of(t), r));
+        } else {
+            barrier_arrive(pipe.empty_of(t));
+        }
+    }
+    finish_rows(o, row_max, row_sum, m.q + warp * 16 * ROWE, p, b, h, row_first, lane);
+    if constexpr (CLUSTER > 1) cluster_sync();
+}
+
+}  // namespace wg
+
+}  // namespace tc
+
+}  // namespace
+
+#endif
