@@ -27,8 +27,8 @@ constexpr int32_t kRopeMaxBlockThreads = 512;
 //   or a vocabulary of names whose index is stored), minimum, maximum, the template's
 //   constexpr name (nullptr: none), and whether a JSON object may leave the field out: PLAIN
 //   (the default), DERIVED (computed from the others in from_json) or REQUIRED.
-// A new field is one line here (and its use in rope.cu); keep the member order stable only
-// within a cache format version (kCacheFormatVersion), since the order is not part of the key.
+// A new field is one line here (and its use in rope.cu). The disk-cache key hashes the JSON,
+// not the member order; the in-memory key hashes the members as bytes.
 #define ROPE_JIT_ROPE_SPEC_FIELDS(X)                                                                 \
     X(op, 0, nullptr, Integer, 0, 0, nullptr, PLAIN)                                                 \
     X(dtype, 0, "dtype", FloatTypes, 0, 2, "DTYPE", PLAIN)                                           \
