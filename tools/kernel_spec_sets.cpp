@@ -26,9 +26,11 @@ const std::vector<Preset> kPresets = {
     {"qwen2.5-7b", "hidden 3584, 28 heads, 4 kv heads", 128, 128, "half", 7},
     {"gemma-2-9b", "head_dim 256, 16 heads, 8 kv heads", 256, 256, "half", 2},
     {"phi-3-mini", "hidden 3072, 32 heads, 32 kv heads, full rotary", 96, 96, "half", 1},
-    {"phi-4-mini", "hidden 3072, 24 heads, 8 kv heads, partial_rotary_factor 0.75", 128, 96, "half", 3},
+    {"phi-4-mini", "hidden 3072, 24 heads, 8 kv heads, partial_rotary_factor 0.75", 128, 96, "half",
+     3},
     {"phi-2", "hidden 2560, 32 heads, partial_rotary_factor 0.4", 80, 32, "half", 1},
-    {"gpt-j-6b", "hidden 4096, 16 heads, rotary_dim 64, rotate_every_two", 256, 64, "interleaved", 1},
+    {"gpt-j-6b", "hidden 4096, 16 heads, rotary_dim 64, rotate_every_two", 256, 64, "interleaved",
+     1},
     {"gpt-neox-20b", "hidden 6144, 64 heads, rotary_pct 0.25", 96, 24, "half", 1},
 };
 
@@ -44,8 +46,9 @@ std::string read_text(const std::string& path) {
         text.append(buffer, got);
         if (text.size() > kMaxManifestBytes) {
             std::fclose(file);
-            throw UsageError(fmt::format("--manifest: '{}' is larger than the {} MiB a manifest may have", path,
-                                         kMaxManifestBytes >> 20));
+            throw UsageError(
+                fmt::format("--manifest: '{}' is larger than the {} MiB a manifest may have", path,
+                            kMaxManifestBytes >> 20));
         }
     }
     const bool failed = std::ferror(file) != 0;
@@ -60,35 +63,46 @@ int nesting_depth(const std::string& text, int limit) {
     bool in_string = false, escaped = false;
     for (char c : text) {
         if (in_string) {
-            if (escaped) escaped = false;
-            else if (c == '\\') escaped = true;
-            else if (c == '"') in_string = false;
+            if (escaped)
+                escaped = false;
+            else if (c == '\\')
+                escaped = true;
+            else if (c == '"')
+                in_string = false;
             continue;
         }
-        if (c == '"') in_string = true;
-        else if (c == '[' || c == '{') deepest = std::max(deepest, ++depth);
-        else if (c == ']' || c == '}') --depth;
+        if (c == '"')
+            in_string = true;
+        else if (c == '[' || c == '{')
+            deepest = std::max(deepest, ++depth);
+        else if (c == ']' || c == '}')
+            --depth;
         if (deepest > limit) break;
     }
     return deepest;
 }
 
 std::string text_of(const json& value, const std::string& what) {
-    if (!value.is_string()) throw UsageError(fmt::format("{}: expected a string, got {}", what, value.dump()));
+    if (!value.is_string())
+        throw UsageError(fmt::format("{}: expected a string, got {}", what, value.dump()));
     return value.get<std::string>();
 }
 
 // The "ok" entries of a `rope-jit-cache list --json` document, each for its own target.
 std::vector<SpecTemplate> listed_templates(const json& listing, const std::string& path) {
-    if (!listing["items"].is_array()) throw UsageError(fmt::format("{}: items must be a list", path));
+    if (!listing["items"].is_array())
+        throw UsageError(fmt::format("{}: items must be a list", path));
     std::vector<SpecTemplate> templates;
     for (size_t i = 0; i < listing["items"].size(); ++i) {
         const json& item = listing["items"][i];
         if (!item.is_object() || item.value("state", std::string()) != "ok") continue;
-        if (!item.contains("spec_json") || !item["spec_json"].is_object() || !item.contains("target"))
-            throw UsageError(fmt::format("{}: items[{}] has no spec_json object or target", path, i));
-        templates.push_back(SpecTemplate{item["spec_json"], fmt::format("{}#items[{}]", path, i),
-                                         text_of(item["target"], fmt::format("{}: items[{}].target", path, i))});
+        if (!item.contains("spec_json") || !item["spec_json"].is_object() ||
+            !item.contains("target"))
+            throw UsageError(
+                fmt::format("{}: items[{}] has no spec_json object or target", path, i));
+        templates.push_back(
+            SpecTemplate{item["spec_json"], fmt::format("{}#items[{}]", path, i),
+                         text_of(item["target"], fmt::format("{}: items[{}].target", path, i))});
     }
     return templates;
 }
@@ -98,9 +112,12 @@ std::vector<SpecTemplate> listed_templates(const json& listing, const std::strin
 Ops parse_ops(const std::vector<std::string>& names) {
     Ops ops{false, false};
     for (const std::string& name : names) {
-        if (name == "rope") ops.rope = true;
-        else if (name == "attention") ops.attention = true;
-        else throw UsageError(fmt::format("--ops: unknown op '{}' (known: rope, attention)", name));
+        if (name == "rope")
+            ops.rope = true;
+        else if (name == "attention")
+            ops.attention = true;
+        else
+            throw UsageError(fmt::format("--ops: unknown op '{}' (known: rope, attention)", name));
     }
     if (!ops.rope && !ops.attention) throw UsageError("--ops: name rope, attention or both");
     return ops;
@@ -113,18 +130,19 @@ std::vector<SpecTemplate> preset_templates(const std::string& name, const Ops& o
         if (name != preset.name) continue;
         std::vector<SpecTemplate> templates;
         if (ops.rope)
-            templates.push_back(SpecTemplate{json{{"op", "rope"},
-                                                  {"head_dim", preset.head_dim},
-                                                  {"rotary_dim", preset.rotary_dim},
-                                                  {"style", preset.style},
-                                                  {"gqa_group", preset.gqa_group},
-                                                  {"dtype", "bfloat16"},
-                                                  {"table_dtype", "bfloat16"},
-                                                  {"angles", "table-full"},
-                                                  {"direction", {"forward", "backward"}},
-                                                  {"positions", {"implicit", "indices", "seqlen-offsets"}},
-                                                  {"in_place_q", {true, false}}},
-                                             name, ""});
+            templates.push_back(
+                SpecTemplate{json{{"op", "rope"},
+                                  {"head_dim", preset.head_dim},
+                                  {"rotary_dim", preset.rotary_dim},
+                                  {"style", preset.style},
+                                  {"gqa_group", preset.gqa_group},
+                                  {"dtype", "bfloat16"},
+                                  {"table_dtype", "bfloat16"},
+                                  {"angles", "table-full"},
+                                  {"direction", {"forward", "backward"}},
+                                  {"positions", {"implicit", "indices", "seqlen-offsets"}},
+                                  {"in_place_q", {true, false}}},
+                             name, ""});
         if (ops.attention)
             templates.push_back(SpecTemplate{json{{"op", "attention"},
                                                   {"head_dim", preset.head_dim},
@@ -141,45 +159,55 @@ std::vector<SpecTemplate> preset_templates(const std::string& name, const Ops& o
         return templates;
     }
     std::string known;
-    for (const Preset& preset : kPresets) known += std::string(known.empty() ? "" : ", ") + preset.name;
+    for (const Preset& preset : kPresets)
+        known += std::string(known.empty() ? "" : ", ") + preset.name;
     throw UsageError(fmt::format("--preset: unknown model '{}' (known: {})", name, known));
 }
 
 std::vector<SpecTemplate> read_manifest(const std::string& path, const Ops& ops) {
     const std::string text = read_text(path);
     if (nesting_depth(text, kMaxManifestDepth) > kMaxManifestDepth)
-        throw UsageError(fmt::format("--manifest: '{}' nests deeper than {} levels", path, kMaxManifestDepth));
+        throw UsageError(
+            fmt::format("--manifest: '{}' nests deeper than {} levels", path, kMaxManifestDepth));
     const json manifest = json::parse(text, nullptr, /*allow_exceptions=*/false);
-    if (manifest.is_discarded()) throw UsageError(fmt::format("--manifest: '{}' is not valid JSON", path));
+    if (manifest.is_discarded())
+        throw UsageError(fmt::format("--manifest: '{}' is not valid JSON", path));
     std::vector<SpecTemplate> templates;
     json specs = json::array();
     if (manifest.is_array()) {
         specs = manifest;
-    } else if (manifest.is_object() && manifest.contains("items") && manifest.value("command", "") == "list") {
+    } else if (manifest.is_object() && manifest.contains("items") &&
+               manifest.value("command", "") == "list") {
         return listed_templates(manifest, path);
     } else if (manifest.is_object()) {
         Ops manifest_ops = ops;
         if (manifest.contains("ops")) {
-            if (!manifest["ops"].is_array()) throw UsageError(fmt::format("{}: ops must be a list of names", path));
+            if (!manifest["ops"].is_array())
+                throw UsageError(fmt::format("{}: ops must be a list of names", path));
             std::vector<std::string> names;
             for (const json& name : manifest["ops"]) names.push_back(text_of(name, path + ".ops"));
             manifest_ops = parse_ops(names);
         }
         for (const auto& [key, value] : manifest.items()) {
             if (key == "presets") {
-                if (!value.is_array()) throw UsageError(fmt::format("{}: presets must be a list of names", path));
+                if (!value.is_array())
+                    throw UsageError(fmt::format("{}: presets must be a list of names", path));
                 for (const json& name : value)
-                    for (SpecTemplate& t : preset_templates(text_of(name, path + ".presets"), manifest_ops))
+                    for (SpecTemplate& t :
+                         preset_templates(text_of(name, path + ".presets"), manifest_ops))
                         templates.push_back(std::move(t));
             } else if (key == "specs") {
-                if (!value.is_array()) throw UsageError(fmt::format("{}: specs must be a list of objects", path));
+                if (!value.is_array())
+                    throw UsageError(fmt::format("{}: specs must be a list of objects", path));
                 specs = value;
             } else if (key != "ops") {
-                throw UsageError(fmt::format("{}: unknown key '{}' (known: presets, ops, specs)", path, key));
+                throw UsageError(
+                    fmt::format("{}: unknown key '{}' (known: presets, ops, specs)", path, key));
             }
         }
     } else {
-        throw UsageError(fmt::format("{}: expected an object with presets and specs, or a list of specs", path));
+        throw UsageError(
+            fmt::format("{}: expected an object with presets and specs, or a list of specs", path));
     }
     for (size_t i = 0; i < specs.size(); ++i)
         templates.push_back(SpecTemplate{specs[i], fmt::format("{}#{}", path, i), ""});
@@ -191,15 +219,17 @@ std::vector<json> expand_template(const SpecTemplate& spec_template, size_t budg
     const json& fields = spec_template.fields;
     const std::string& where = spec_template.source;
     if (!fields.is_object())
-        throw UsageError(fmt::format("{}: a spec must be a JSON object, got {}", where, fields.dump()));
+        throw UsageError(
+            fmt::format("{}: a spec must be a JSON object, got {}", where, fields.dump()));
     // The count first, so that a few bytes of lists cannot ask for billions of specs.
     size_t count = 1;
     for (const auto& [key, value] : fields.items()) {
         if (!value.is_array()) continue;
         if (value.empty()) throw UsageError(fmt::format("{}.{}: empty list", where, key));
         if (count > budget / value.size())
-            throw UsageError(fmt::format("{}: its lists stand for more than the {} specs one run may prewarm", where,
-                                         kMaxSpecs));
+            throw UsageError(
+                fmt::format("{}: its lists stand for more than the {} specs one run may prewarm",
+                            where, kMaxSpecs));
         count *= value.size();
     }
     std::vector<json> specs(1, json::object());
@@ -235,7 +265,8 @@ std::vector<PlannedKernel> plan_kernels(const std::vector<SpecTemplate>& templat
     auto visit = [](const char* spec_json, const char* description, void* user) -> int {
         Visit& v = *static_cast<Visit*>(user);
         const auto [at, added] = v.index->emplace(*v.target + "\n" + spec_json, v.kernels->size());
-        if (added) v.kernels->push_back(PlannedKernel{*v.target, spec_json, description, {*v.source}});
+        if (added)
+            v.kernels->push_back(PlannedKernel{*v.target, spec_json, description, {*v.source}});
         std::vector<std::string>& sources = (*v.kernels)[at->second].sources;
         if (!added && std::find(sources.begin(), sources.end(), *v.source) == sources.end())
             sources.push_back(*v.source);
@@ -247,9 +278,11 @@ std::vector<PlannedKernel> plan_kernels(const std::vector<SpecTemplate>& templat
         const std::vector<std::string> own{t.target};
         for (const std::string& target : t.target.empty() ? targets : own) {
             for (size_t i = 0; i < specs.size(); ++i) {
-                const std::string where = specs.size() == 1 ? t.source : fmt::format("{} (spec {})", t.source, i);
+                const std::string where =
+                    specs.size() == 1 ? t.source : fmt::format("{} (spec {})", t.source, i);
                 Visit v{&kernels, &index, &target, &t.source};
-                const rope_jit_status status = rope_jit_prewarm_plan(specs[i].dump().c_str(), target.c_str(), visit, &v);
+                const rope_jit_status status =
+                    rope_jit_prewarm_plan(specs[i].dump().c_str(), target.c_str(), visit, &v);
                 if (status != ROPE_JIT_OK) {
                     // The library names the field; "json: " is its name for the text it was given.
                     std::string error = rope_jit_last_error();

@@ -23,8 +23,8 @@ public:
 // Bounds on what a manifest may ask for, so that a hostile or mistaken file fails at once
 // with a message instead of exhausting memory, the stack or the afternoon.
 constexpr size_t kMaxManifestBytes = size_t(4) << 20;  // 4 MiB
-constexpr int kMaxManifestDepth = 16;                 // nesting of [ and {
-constexpr size_t kMaxSpecs = 20000;                   // specs after every cross product
+constexpr int kMaxManifestDepth = 16;                  // nesting of [ and {
+constexpr size_t kMaxSpecs = 20000;                    // specs after every cross product
 
 // Which ops a preset prewarms (--ops).
 struct Ops {

@@ -1,5 +1,6 @@
 // rope-jit-cache: fills, inspects and trims rope-jit's on-disk kernel cache, through the
-// public C API only (rope_jit_prewarm and the rope_jit_cache_* calls).
+// public C API only (rope_jit_prewarm_plan, rope_jit_prewarm_json and the rope_jit_cache_*
+// calls); spec JSON passes through it to the library, which reads every field.
 //
 //   rope-jit-cache prewarm --preset llama3-8b --target sm_90   compile ahead of time
 //   rope-jit-cache list | verify | prune | clear | info
@@ -240,8 +241,10 @@ std::vector<SpecTemplate> gather_templates(const PrewarmOptions& options) {
         for (SpecTemplate& t : preset_templates(preset, ops)) templates.push_back(std::move(t));
     for (const std::string& manifest : options.manifests)
         for (SpecTemplate& t : read_manifest(manifest, ops)) templates.push_back(std::move(t));
-    if (!options.flag_template.empty()) templates.push_back(SpecTemplate{options.flag_template, "flags", ""});
-    if (templates.empty()) throw UsageError("prewarm: nothing to compile; give --preset, --manifest or --head-dim");
+    if (!options.flag_template.empty())
+        templates.push_back(SpecTemplate{options.flag_template, "flags", ""});
+    if (templates.empty())
+        throw UsageError("prewarm: nothing to compile; give --preset, --manifest or --head-dim");
     return templates;
 }
 
@@ -252,8 +255,9 @@ std::vector<std::string> choose_targets(const GlobalOptions& global, const Prewa
         std::vector<std::string> targets;
         for (const std::string& target : options.targets) {
             if (!valid_target(target))
-                throw UsageError(fmt::format("--target: '{}' is not an architecture like sm_90, sm_90a or compute_90",
-                                             target));
+                throw UsageError(fmt::format(
+                    "--target: '{}' is not an architecture like sm_90, sm_90a or compute_90",
+                    target));
             if (std::find(targets.begin(), targets.end(), target) == targets.end()) targets.push_back(target);
         }
         return targets;
@@ -284,7 +288,8 @@ void prewarm_one(rope_jit_runtime* runtime, const PlannedKernel& planned, Kernel
     rope_jit_stats_init(&after);
     rope_jit_get_stats(runtime, &before);
     const auto start = std::chrono::steady_clock::now();
-    const rope_jit_status status = rope_jit_prewarm_json(runtime, planned.spec_json.c_str(), planned.target.c_str());
+    const rope_jit_status status =
+        rope_jit_prewarm_json(runtime, planned.spec_json.c_str(), planned.target.c_str());
     kernel.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     if (status != ROPE_JIT_OK) {
         kernel.result = Result::failed;
@@ -314,7 +319,8 @@ int print_prewarm_plan(const GlobalOptions& global, const std::vector<PlannedKer
                        const std::string& root) {
     if (global.json) {
         json list = json::array();
-        for (const PlannedKernel& kernel : planned) list.push_back(kernel_json(kernel, Kernel{}, "planned"));
+        for (const PlannedKernel& kernel : planned)
+            list.push_back(kernel_json(kernel, Kernel{}, "planned"));
         print_json(json{{"command", "prewarm"}, {"dry_run", true}, {"cache_dir", root}, {"kernels", list}});
         return kExitOk;
     }
@@ -322,7 +328,8 @@ int print_prewarm_plan(const GlobalOptions& global, const std::vector<PlannedKer
         std::cout << fmt::format("would prewarm  {:<7} {}  [{}]", kernel.target, kernel.description,
                                  joined(kernel.sources))
                   << "\n";
-    std::cout << fmt::format("prewarm: {} kernels planned for {}", planned.size(), root) << std::endl;
+    std::cout << fmt::format("prewarm: {} kernels planned for {}", planned.size(), root)
+              << std::endl;
     return kExitOk;
 }
 
@@ -354,8 +361,9 @@ int run_prewarm(const GlobalOptions& global, const PrewarmOptions& options) {
         cached += kernel.result == Result::cached;
         failed += kernel.result == Result::failed;
         if (!global.json) {
-            bar.print_line(fmt::format("{:<9} {:<7} {}  [{}]  {}", result_name(kernel.result), planned[i].target,
-                                       planned[i].description, joined(planned[i].sources), format_ms(kernel.ms)));
+            bar.print_line(fmt::format("{:<9} {:<7} {}  [{}]  {}", result_name(kernel.result),
+                                       planned[i].target, planned[i].description,
+                                       joined(planned[i].sources), format_ms(kernel.ms)));
             if (kernel.result == Result::failed) bar.print_line("  " + kernel.error);
         }
         bar.update(done, fmt::format("{} compiled, {} cached, {} failed", compiled, cached, failed));
@@ -373,8 +381,10 @@ int run_prewarm(const GlobalOptions& global, const PrewarmOptions& options) {
             runtime_error = e.what();
         }
         for (size_t i = next++; i < kernels.size(); i = next++) {
-            if (runtime) prewarm_one(runtime.get(), planned[i], kernels[i]);
-            else kernels[i].error = runtime_error;
+            if (runtime)
+                prewarm_one(runtime.get(), planned[i], kernels[i]);
+            else
+                kernels[i].error = runtime_error;
             report(i);
         }
     };
@@ -688,21 +698,27 @@ int run(int argc, char** argv) {
     PrewarmOptions prewarm_options;
     std::vector<std::string> preset_names;
     for (const Preset& preset : presets()) preset_names.push_back(preset.name);
-    prewarm->add_option("--preset", prewarm_options.presets,
-                        "model presets, comma-separated: the kernels rope_jit.rope, apply_rope, the HF drop-in "
-                        "and the fused attention run for one layer of the model (bf16, bf16 tables; RoPE in and "
-                        "out of place, forward and backward, implicit, int64 indices and int64 offsets; causal "
-                        "attention forward and backward). Known: " +
-                            joined(preset_names))
+    prewarm
+        ->add_option(
+            "--preset", prewarm_options.presets,
+            "model presets, comma-separated: the kernels rope_jit.rope, apply_rope, the HF drop-in "
+            "and the fused attention run for one layer of the model (bf16, bf16 tables; RoPE in "
+            "and "
+            "out of place, forward and backward, implicit, int64 indices and int64 offsets; causal "
+            "attention forward and backward). Known: " +
+                joined(preset_names))
         ->delimiter(',');
-    prewarm->add_option("--ops", prewarm_options.ops, "ops of the presets: rope, attention (default both)")
+    prewarm
+        ->add_option("--ops", prewarm_options.ops,
+                     "ops of the presets: rope, attention (default both)")
         ->delimiter(',');
-    prewarm->add_option("--manifest", prewarm_options.manifests,
-                        "JSON file: {\"presets\": [...], \"ops\": [...], \"specs\": [{field: value or [values]}, "
-                        "...]}, a list of such specs, or the output of `rope-jit-cache list --json` (its ok "
-                        "entries, each for its own target). Fields are rope_jit_prewarm_json's (rope_jit.h): "
-                        "\"op\" (rope, attention), head_dim, rotary_dim, dtype, direction, ...; at most 4 MiB, "
-                        "16 levels of nesting and 20000 specs");
+    prewarm->add_option(
+        "--manifest", prewarm_options.manifests,
+        "JSON file: {\"presets\": [...], \"ops\": [...], \"specs\": [{field: value or [values]}, "
+        "...]}, a list of such specs, or the output of `rope-jit-cache list --json` (its ok "
+        "entries, each for its own target). Fields are rope_jit_prewarm_json's (rope_jit.h): "
+        "\"op\" (rope, attention), head_dim, rotary_dim, dtype, direction, ...; at most 4 MiB, "
+        "16 levels of nesting and 20000 specs");
     prewarm->add_option("--target", prewarm_options.targets,
                         std::string("architectures, comma-separated (sm_80,sm_90); default: those of the local "
                                     "GPUs, or ") +
@@ -715,7 +731,8 @@ int run(int argc, char** argv) {
     std::vector<std::string> dtypes, table_dtypes, styles, directions, positions, index_dtypes, angles;
     bool q_only = false, packed = false, xpos = false, out_of_place = false;
     prewarm->add_option("--head-dim", head_dims, "spec: features per head (required for specs from flags)")->delimiter(',');
-    prewarm->add_option("--rotary-dim", rotary_dims, "spec: rotated features (default head_dim)")->delimiter(',');
+    prewarm->add_option("--rotary-dim", rotary_dims, "spec: rotated features (default head_dim)")
+        ->delimiter(',');
     prewarm->add_option("--rotary-offset", rotary_offsets, "spec: first rotated feature (default 0)")->delimiter(',');
     prewarm->add_option("--gqa-group", gqa_groups, "spec: q heads per k head (default 1)")->delimiter(',');
     prewarm->add_option("--dtype", dtypes, "spec: float32 (default), float16, bfloat16")->delimiter(',');
@@ -783,10 +800,12 @@ int run(int argc, char** argv) {
             if (!positions.empty()) tmpl["positions"] = positions;
             if (!index_dtypes.empty()) {
                 // int64, the default, is what the derived index dtype fields give.
-                if (index_dtypes.size() != 1 || (index_dtypes[0] != "int32" && index_dtypes[0] != "int64"))
+                if (index_dtypes.size() != 1 ||
+                    (index_dtypes[0] != "int32" && index_dtypes[0] != "int64"))
                     throw UsageError("--index-dtype: expected one of int32, int64");
                 if (index_dtypes[0] == "int32")
-                    for (const char* key : {"positions_int64", "seqlen_offsets_int64", "cu_seqlens_int64"})
+                    for (const char* key :
+                         {"positions_int64", "seqlen_offsets_int64", "cu_seqlens_int64"})
                         tmpl[key] = false;
             }
             if (!angles.empty()) tmpl["angles"] = angles;

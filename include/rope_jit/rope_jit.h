@@ -426,7 +426,9 @@ ROPE_JIT_API rope_jit_status rope_jit_rope(rope_jit_runtime* runtime,
  * specs[0].struct_size bytes apart (a caller built against an older header passes its own
  * size), and each must have that struct_size. Fails on the first bad spec
  * (ERROR_INVALID_ARGUMENT, naming its index) or compile error (ERROR_COMPILE, with the NVRTC
- * log); ERROR_BACKEND_UNAVAILABLE without NVRTC, or with target NULL and no GPU. */
+ * log); ERROR_BACKEND_UNAVAILABLE without NVRTC, or with target NULL and no GPU. A malformed
+ * target ("sm_9", "sm_90x") is ERROR_INVALID_ARGUMENT. RoPE kernels only: rope_jit_prewarm_json
+ * takes every op's specs. */
 ROPE_JIT_API rope_jit_status rope_jit_prewarm(rope_jit_runtime* runtime, const rope_jit_kernel_spec* specs,
                                               size_t n, const char* target);
 
@@ -463,13 +465,14 @@ ROPE_JIT_API rope_jit_status rope_jit_prewarm(rope_jit_runtime* runtime, const r
  * the entry ("json[2]") and the field, before anything is compiled. `target` as for
  * rope_jit_prewarm (NULL = device 0's); a malformed target ("sm_9", "sm_90x") is
  * ERROR_INVALID_ARGUMENT. Other failures as rope_jit_prewarm's. */
-ROPE_JIT_API rope_jit_status rope_jit_prewarm_json(rope_jit_runtime* runtime, const char* specs_json,
-                                                   const char* target);
+ROPE_JIT_API rope_jit_status rope_jit_prewarm_json(rope_jit_runtime* runtime,
+                                                   const char* specs_json, const char* target);
 
 /* Called once per kernel by rope_jit_prewarm_plan: its spec as canonical JSON (every field;
  * what the cache stores) and a short description, both NUL-terminated and valid during the
  * call. Returns 0 to go on, anything else to stop. */
-typedef int (*rope_jit_spec_visitor)(const char* spec_json, const char* description, void* user_data);
+typedef int (*rope_jit_spec_visitor)(const char* spec_json, const char* description,
+                                     void* user_data);
 
 /* The kernels rope_jit_prewarm_json(runtime, specs_json, target) would prewarm, in order and
  * without duplicates, compiling nothing: calls visitor for each. `target` is required here.

@@ -160,21 +160,25 @@ rope_jit_status rope_jit_prewarm(rope_jit_runtime* runtime, const rope_jit_kerne
     });
 }
 
-rope_jit_status rope_jit_prewarm_json(rope_jit_runtime* runtime, const char* specs_json, const char* target) {
+rope_jit_status rope_jit_prewarm_json(rope_jit_runtime* runtime, const char* specs_json,
+                                      const char* target) {
     return guarded([&] {
         if (runtime == nullptr) rope_jit::fail_argument("runtime: NULL");
         runtime->runtime.prewarm_json(specs_json, target);
     });
 }
 
-rope_jit_status rope_jit_prewarm_plan(const char* specs_json, const char* target, rope_jit_spec_visitor visitor,
-                                      void* user_data) {
+rope_jit_status rope_jit_prewarm_plan(const char* specs_json, const char* target,
+                                      rope_jit_spec_visitor visitor, void* user_data) {
     return guarded([&] {
         if (specs_json == nullptr) rope_jit::fail_argument("specs_json: NULL");
-        if (target == nullptr) rope_jit::fail_argument("target: NULL; name an architecture (\"sm_90\")");
+        if (target == nullptr)
+            rope_jit::fail_argument("target: NULL; name an architecture (\"sm_90\")");
         if (visitor == nullptr) rope_jit::fail_argument("visitor: NULL");
-        for (const rope_jit::PrewarmKernel& kernel : rope_jit::expand_prewarm_json(specs_json, target))
-            if (visitor(kernel.spec_json.c_str(), kernel.description.c_str(), user_data) != 0) break;
+        for (const rope_jit::PrewarmKernel& kernel :
+             rope_jit::expand_prewarm_json(specs_json, target))
+            if (visitor(kernel.spec_json.c_str(), kernel.description.c_str(), user_data) != 0)
+                break;
     });
 }
 

@@ -25,9 +25,9 @@ struct SharedMemoryRow {
     int bytes;
 };
 constexpr SharedMemoryRow kOptInSharedMemory[] = {
-    {70, 98304},  {72, 98304},  {75, 65536},  {80, 166912}, {86, 101376}, {87, 166912},
-    {89, 101376}, {90, 232448}, {100, 232448}, {101, 232448}, {103, 232448}, {110, 232448},
-    {120, 101376}, {121, 101376},
+    {70, 98304},   {72, 98304},   {75, 65536},   {80, 166912},  {86, 101376},
+    {87, 166912},  {89, 101376},  {90, 232448},  {100, 232448}, {101, 232448},
+    {103, 232448}, {110, 232448}, {120, 101376}, {121, 101376},
 };
 
 // A fake, 256-byte-aligned address for the views of a call that has no tensors: the kernel
@@ -51,7 +51,9 @@ TensorRef contiguous(const char* name, DType dtype, int ndim, const int64_t* sha
     return t;
 }
 
-DType float_type(int32_t code) { return code == 1 ? DType::F16 : code == 2 ? DType::BF16 : DType::F32; }
+DType float_type(int32_t code) {
+    return code == 1 ? DType::F16 : code == 2 ? DType::BF16 : DType::F32;
+}
 
 // The problem of an attention call with contiguous, aligned tensors: one sequence of
 // seqlen_k queries and keys, gqa_group q heads over one k head.
@@ -89,7 +91,8 @@ AttentionProblem attention_problem(const AttentionCall& call) {
     if (f.mask_kind != 0) {
         p.mask_kind = f.mask_kind == 1 ? AttentionMaskKind::Bool : AttentionMaskKind::Additive;
         const int64_t mask_shape[3] = {1, p.seqlen_q, p.seqlen_k};
-        p.attn_mask = contiguous("attn_mask", f.mask_kind == 1 ? DType::U8 : float_type(f.mask_dtype), 3, mask_shape);
+        p.attn_mask = contiguous(
+            "attn_mask", f.mask_kind == 1 ? DType::U8 : float_type(f.mask_dtype), 3, mask_shape);
     }
     p.causal = f.causal;
     p.scale = 1.0;
@@ -107,7 +110,8 @@ AttentionProblem attention_problem(const AttentionCall& call) {
 
 int target_compute_capability(const std::string& target) {
     const auto bad = [&] {
-        fail_argument(fmt::format("target: '{}' is not an architecture like sm_90, sm_90a or compute_90", target));
+        fail_argument(fmt::format(
+            "target: '{}' is not an architecture like sm_90, sm_90a or compute_90", target));
     };
     size_t start = target.rfind("sm_", 0) == 0 ? 3 : target.rfind("compute_", 0) == 0 ? 8 : 0;
     if (start == 0) bad();
@@ -115,7 +119,8 @@ int target_compute_capability(const std::string& target) {
     while (end < target.size() && std::isdigit(static_cast<unsigned char>(target[end]))) ++end;
     const size_t digits = end - start;
     const std::string suffix = target.substr(end);
-    if (digits < 2 || digits > 4 || target[start] == '0' || !(suffix.empty() || suffix == "a" || suffix == "f"))
+    if (digits < 2 || digits > 4 || target[start] == '0' ||
+        !(suffix.empty() || suffix == "a" || suffix == "f"))
         bad();
     return std::stoi(target.substr(start, digits));
 }
@@ -125,14 +130,18 @@ AttentionDevice attention_device_for_target(const std::string& target) {
     device.compute_capability = target_compute_capability(target);
     device.max_shared_bytes = 48 * 1024;  // every architecture's default
     for (const SharedMemoryRow& row : kOptInSharedMemory)
-        if (row.compute_capability <= device.compute_capability) device.max_shared_bytes = row.bytes;
-    device.wgmma = device.compute_capability == 90 && nvrtc_runs_wgmma_forward(nvrtc_version_string());
+        if (row.compute_capability <= device.compute_capability)
+            device.max_shared_bytes = row.bytes;
+    // The wgmma forward is built for sm_90a: a PTX target (compute_90) cannot hold it.
+    device.wgmma = device.compute_capability == 90 && target.rfind("sm_", 0) == 0 &&
+                   nvrtc_runs_wgmma_forward(nvrtc_version_string());
     // TMA descriptors are encoded at launch by the driver of the GPU that runs them (sm_90).
     device.tma = device.wgmma;
     return device;
 }
 
-std::vector<PrewarmKernel> expand_prewarm_json(const std::string& json_text, const std::string& target) {
+std::vector<PrewarmKernel> expand_prewarm_json(const std::string& json_text,
+                                               const std::string& target) {
     target_compute_capability(target);  // a malformed target fails before any entry
     const json document = json::parse(json_text, nullptr, /*allow_exceptions=*/false);
     if (document.is_discarded()) fail_argument("json: not valid JSON");
@@ -148,7 +157,8 @@ std::vector<PrewarmKernel> expand_prewarm_json(const std::string& json_text, con
     for (size_t i = 0; i < (many ? document.size() : 1); ++i) {
         const json& entry = many ? document[i] : document;
         const std::string where = many ? fmt::format("json[{}]", i) : std::string("json");
-        if (!entry.is_object()) fail_argument(fmt::format("{}: expected a spec object, got {}", where, entry.dump()));
+        if (!entry.is_object())
+            fail_argument(fmt::format("{}: expected a spec object, got {}", where, entry.dump()));
         if (entry.contains("op") && !entry["op"].is_string())
             fail_argument(fmt::format("{}: op: expected \"rope\" or \"attention\"", where));
         const std::string op = entry.value("op", std::string("rope"));
@@ -175,7 +185,8 @@ std::vector<PrewarmKernel> expand_prewarm_json(const std::string& json_text, con
             const std::optional<AttentionCall> call = attention_call_from_json(text, &error);
             if (!call) fail_argument(fmt::format("{}: {}", where, error));
             if (!device) device = attention_device_for_target(target);
-            for (const AttentionSpec& spec : choose_attention_specs(attention_problem(*call), *device)) {
+            for (const AttentionSpec& spec :
+                 choose_attention_specs(attention_problem(*call), *device)) {
                 PrewarmKernel kernel;
                 kernel.attention = true;
                 kernel.attention_spec = spec;
@@ -184,7 +195,8 @@ std::vector<PrewarmKernel> expand_prewarm_json(const std::string& json_text, con
                 add(std::move(kernel));
             }
         } else {
-            fail_argument(fmt::format("{}: op: expected \"rope\" or \"attention\", got \"{}\"", where, op));
+            fail_argument(
+                fmt::format("{}: op: expected \"rope\" or \"attention\", got \"{}\"", where, op));
         }
     }
     return kernels;

@@ -21,21 +21,23 @@ namespace rope_jit {
 // One kernel to prewarm.
 struct PrewarmKernel {
     bool attention = false;
-    KernelSpec rope;          // when !attention
+    KernelSpec rope;               // when !attention
     AttentionSpec attention_spec;  // when attention
-    std::string spec_json;    // canonical
-    std::string description;  // describe()
+    std::string spec_json;         // canonical
+    std::string description;       // describe()
 };
 
 // The kernels of `json_text` (an entry or an array of entries) for `target` ("sm_90"), in
 // order, duplicates removed. Throws Error(INVALID_ARGUMENT) naming the entry ("[2]") and the
 // field for malformed JSON, unknown fields or bad values, and for a malformed target.
-std::vector<PrewarmKernel> expand_prewarm_json(const std::string& json_text, const std::string& target);
+std::vector<PrewarmKernel> expand_prewarm_json(const std::string& json_text,
+                                               const std::string& target);
 
 // What the kernel choice of attention knows of a GPU of `target` ("sm_90", "sm_80",
 // "sm_90a"...) when there is none to ask: its compute capability, the dynamic shared memory a
 // block may opt in to on that architecture (a table; an unknown one takes the nearest older
-// entry), wgmma where nvrtc_runs_wgmma_forward says the loaded NVRTC builds it, TMA with wgmma.
+// entry), wgmma for sm_90 targets where nvrtc_runs_wgmma_forward says the loaded NVRTC builds
+// it, TMA with wgmma.
 // Throws Error(INVALID_ARGUMENT) for a malformed target.
 AttentionDevice attention_device_for_target(const std::string& target);
 

@@ -99,17 +99,20 @@ std::string Runtime::prewarm_target(const char* target) const {
         return target;
     }
     if (cuda_) return cuda_->target(0);
-    throw Error(ROPE_JIT_ERROR_BACKEND_UNAVAILABLE,
-                "target: NULL asks for the local GPU's architecture, but this runtime has no GPU; name one "
-                "(\"sm_90\")");
+    throw Error(
+        ROPE_JIT_ERROR_BACKEND_UNAVAILABLE,
+        "target: NULL asks for the local GPU's architecture, but this runtime has no GPU; name one "
+        "(\"sm_90\")");
 }
 
 void Runtime::prewarm_json(const char* specs_json, const char* target) {
     if (specs_json == nullptr) fail_argument("specs_json: NULL");
     const std::string chosen = prewarm_target(target);
     for (const PrewarmKernel& kernel : expand_prewarm_json(specs_json, chosen)) {
-        if (kernel.attention) build_attention_binary(kernel.attention_spec, chosen, disk_.get(), stats_);
-        else build_kernel_binary(kernel.rope, chosen, disk_.get(), stats_);
+        if (kernel.attention)
+            build_attention_binary(kernel.attention_spec, chosen, disk_.get(), stats_);
+        else
+            build_kernel_binary(kernel.rope, chosen, disk_.get(), stats_);
     }
 }
 

@@ -48,10 +48,13 @@ inline std::string spec_value_names(const SpecValues& values) {
 // The JSON of a stored value.
 inline nlohmann::json spec_value_json(const SpecValues& values, int32_t value) {
     switch (values.kind) {
-        case SpecValues::boolean: return bool(value);
+        case SpecValues::boolean:
+            return bool(value);
         case SpecValues::named:
-            return value >= 0 && value < values.count ? nlohmann::json(values.names[value]) : nlohmann::json(value);
-        case SpecValues::integer: break;
+            return value >= 0 && value < values.count ? nlohmann::json(values.names[value])
+                                                      : nlohmann::json(value);
+        case SpecValues::integer:
+            break;
     }
     return value;
 }
@@ -63,15 +66,17 @@ inline int32_t spec_parse_value(const char* key, const SpecValues& values, int64
     switch (values.kind) {
         case SpecValues::boolean:
             if (!value.is_boolean())
-                throw std::runtime_error(fmt::format("{}: expected true or false, got {}", key, value.dump()));
+                throw std::runtime_error(
+                    fmt::format("{}: expected true or false, got {}", key, value.dump()));
             return value.get<bool>() ? 1 : 0;
         case SpecValues::named:
             if (value.is_string())
                 for (int i = 0; i < values.count; ++i)
                     if (value.get<std::string>() == values.names[i]) return i;
-            throw std::runtime_error(
-                fmt::format("{}: expected one of {}, got {}", key, spec_value_names(values), value.dump()));
-        case SpecValues::integer: break;
+            throw std::runtime_error(fmt::format("{}: expected one of {}, got {}", key,
+                                                 spec_value_names(values), value.dump()));
+        case SpecValues::integer:
+            break;
     }
     if (!value.is_number_integer())
         throw std::runtime_error(fmt::format("{}: expected an integer, got {}", key, value.dump()));
@@ -79,7 +84,8 @@ inline int32_t spec_parse_value(const char* key, const SpecValues& values, int64
     const bool huge = value.is_number_unsigned() && value.get<uint64_t>() > uint64_t(INT64_MAX);
     const int64_t number = huge ? INT64_MAX : value.get<int64_t>();
     if (number < min || number > max)
-        throw std::runtime_error(fmt::format("{}: must be in [{}, {}], got {}", key, min, max, value.dump()));
+        throw std::runtime_error(
+            fmt::format("{}: must be in [{}, {}], got {}", key, min, max, value.dump()));
     return int32_t(number);
 }
 
@@ -117,7 +123,8 @@ void spec_read_fields(Spec& spec, const SpecField<Spec> (&fields)[N], const nloh
     for (const auto& item : j.items()) {
         bool known = false;
         for (const char* key : other_keys) known = known || item.key() == key;
-        for (const SpecField<Spec>& f : fields) known = known || (f.key != nullptr && item.key() == f.key);
+        for (const SpecField<Spec>& f : fields)
+            known = known || (f.key != nullptr && item.key() == f.key);
         if (known) continue;
         std::string keys;
         for (const char* key : other_keys) keys += std::string(keys.empty() ? "" : ", ") + key;
@@ -127,8 +134,10 @@ void spec_read_fields(Spec& spec, const SpecField<Spec> (&fields)[N], const nloh
     }
     for (const SpecField<Spec>& f : fields) {
         if (f.key == nullptr) continue;
-        if (j.contains(f.key)) spec.*f.member = spec_parse_value(f.key, *f.values, f.min, f.max, j[f.key]);
-        else if (f.presence == SpecPresence::required) throw std::runtime_error(fmt::format("{}: required", f.key));
+        if (j.contains(f.key))
+            spec.*f.member = spec_parse_value(f.key, *f.values, f.min, f.max, j[f.key]);
+        else if (f.presence == SpecPresence::required)
+            throw std::runtime_error(fmt::format("{}: required", f.key));
     }
 }
 

@@ -517,7 +517,8 @@ class CommandLineTest(CacheTestCase):
             kinds = sorted({spec["kind"] for spec in attention})
             self.assertEqual(kinds, ["backward-dkdv", "backward-dq", "forward"], name)
             for table_full in (False, True):
-                forwards = [spec for spec in attention if spec["kind"] == "forward" and spec["table_full"] == table_full]
+                forwards = [spec for spec in attention
+                            if spec["kind"] == "forward" and spec["table_full"] == table_full]
                 self.assertEqual(sorted(spec["write_lse"] for spec in forwards), [False, True], name)
             self.assertTrue(all(spec["causal"] for spec in attention), name)
             only_rope = json.loads(self.tool("--cache-dir", self.root, "prewarm", "--dry-run", "--json", "--preset",

@@ -272,7 +272,8 @@ void AttentionSpec::validate() const {
 std::string AttentionSpec::preamble() const {
     std::string text = "// Specialization of attention.cu: " + describe() + "\n";
     text += spec_constants(*this, kFields);
-    if (cluster > 1) text += fmt::format("#define ROPE_JIT_CLUSTER_DIMS __cluster_dims__({}, 1, 1)\n", cluster);
+    if (cluster > 1)
+        text += fmt::format("#define ROPE_JIT_CLUSTER_DIMS __cluster_dims__({}, 1, 1)\n", cluster);
     return text;
 }
 
@@ -290,7 +291,8 @@ std::optional<AttentionSpec> AttentionSpec::from_json(const std::string& text, s
     };
     const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
     if (j.is_discarded() || !j.is_object()) return fail("not a JSON object");
-    if (!j.contains("op") || j["op"] != nlohmann::json("attention")) return fail("not an attention spec");
+    if (!j.contains("op") || j["op"] != nlohmann::json("attention"))
+        return fail("not an attention spec");
     AttentionSpec s;
     try {
         spec_read_fields(s, kFields, j, {"op"});
@@ -308,10 +310,11 @@ std::optional<AttentionCall> attention_call_from_json(const std::string& text, s
     };
     nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
     if (j.is_discarded() || !j.is_object()) return fail("not a JSON object");
-    if (!j.contains("op") || j["op"] != nlohmann::json("attention")) return fail("not an attention spec");
-    static const char* const kTileKeys[] = {"kind", "tensor_cores", "wgmma", "stages", "producer_warps", "cluster",
-                                            "table_async", "warps", "m_tiles", "block_n", "compute_dk",
-                                            "compute_dv"};
+    if (!j.contains("op") || j["op"] != nlohmann::json("attention"))
+        return fail("not an attention spec");
+    static const char* const kTileKeys[] = {
+        "kind",        "tensor_cores", "wgmma",   "stages",  "producer_warps", "cluster",
+        "table_async", "warps",        "m_tiles", "block_n", "compute_dk",     "compute_dv"};
     AttentionCall call;
     try {
         for (const char* key : kTileKeys)

@@ -21,36 +21,37 @@ enum class AttentionKernelKind : int32_t { Forward = 0, BackwardDq = 1, Backward
 // The fields of an attention kernel spec, in member order; columns as for
 // ROPE_JIT_ROPE_SPEC_FIELDS (kernel_spec.h): member, default, JSON key, values, minimum,
 // maximum, the template's constexpr name, and whether a JSON object may leave it out.
-#define ROPE_JIT_ATTENTION_SPEC_FIELDS(X)                                                            \
+#define ROPE_JIT_ATTENTION_SPEC_FIELDS(X)                                                          \
     X(kind, 0, "kind", KernelKinds, 0, 2, "KIND", REQUIRED) /* AttentionKernelKind */              \
-    X(dtype, 0, "dtype", FloatTypes, 0, 2, "DTYPE", PLAIN)                                           \
-    X(table_dtype, 0, "table_dtype", FloatTypes, 0, 2, "TABLE_DTYPE", PLAIN)                         \
-    X(mask_dtype, 0, "mask_dtype", FloatTypes, 0, 2, "MASK_DTYPE", PLAIN)                            \
-    X(head_dim, 0, "head_dim", Integer, 1, kAttentionMaxHeadDim, "HEAD_DIM", REQUIRED)               \
-    X(rotary_dim, 0, "rotary_dim", Integer, 0, kAttentionMaxHeadDim, "ROTARY_DIM", PLAIN) /* 0: none */ \
-    X(interleaved, 0, "style", Styles, 0, 1, "INTERLEAVED", PLAIN)                                   \
-    X(table_full, 0, "table_full", Boolean, 0, 1, "TABLE_FULL", PLAIN)                               \
-    X(pos_mask, 0, "pos_mask", Boolean, 0, 1, "HAS_POS_MASK", PLAIN)                                 \
-    X(mask_kind, 0, "mask", MaskKinds, 0, 2, "MASK_KIND", PLAIN)                                     \
-    X(causal, 0, "causal", Boolean, 0, 1, "CAUSAL", PLAIN)                                           \
-    X(gqa_group, 1, "gqa_group", Integer, 1, 1 << 20, "GQA_GROUP", PLAIN)                            \
-    X(write_lse, 0, "write_lse", Boolean, 0, 1, "WRITE_LSE", PLAIN)                                  \
-    /* mma.sync kernels; else one warp per row */                                                   \
-    X(tensor_cores, 0, "tensor_cores", Boolean, 0, 1, "TENSOR_CORES", PLAIN)                         \
-    /* the forward on warpgroup matrix products (sm_90a), with tensor_cores */                      \
-    X(wgmma, 0, "wgmma", Boolean, 0, 1, "WGMMA", PLAIN)                                              \
-    /* wgmma: key/value tiles held in shared memory (2 or 3) */                                     \
-    X(stages, 2, "stages", Integer, 2, 3, "STAGES", PLAIN)                                           \
-    /* wgmma: 4 warps that only load and rotate tiles (beside `warps`), or 0 */                     \
-    X(producer_warps, 0, "producer_warps", Integer, 0, 4, "PRODUCER_WARPS", PLAIN)                   \
-    /* producer warps: blocks of a GQA group sharing their tiles (1, 2 or 4) */                     \
-    X(cluster, 1, "cluster", Integer, 1, 4, "CLUSTER", PLAIN)                                        \
-    X(table_async, 0, "table_async", Boolean, 0, 1, "TABLE_ASYNC", PLAIN) /* tables by cp.async */  \
-    /* warps per block that compute (16 query rows each on tensor cores) */                         \
-    X(warps, 4, "warps", Integer, 1, 16, "WARPS", PLAIN)                                             \
-    X(m_tiles, 1, "m_tiles", Integer, 1, 2, "M_TILES", PLAIN) /* 16-row tiles per warp */          \
-    X(block_n, 0, "block_n", Integer, 0, 1024, "BLOCK_N", PLAIN) /* rows of a streamed tile */      \
-    X(compute_dk, 1, "compute_dk", Boolean, 0, 1, "COMPUTE_DK", PLAIN)                               \
+    X(dtype, 0, "dtype", FloatTypes, 0, 2, "DTYPE", PLAIN)                                         \
+    X(table_dtype, 0, "table_dtype", FloatTypes, 0, 2, "TABLE_DTYPE", PLAIN)                       \
+    X(mask_dtype, 0, "mask_dtype", FloatTypes, 0, 2, "MASK_DTYPE", PLAIN)                          \
+    X(head_dim, 0, "head_dim", Integer, 1, kAttentionMaxHeadDim, "HEAD_DIM", REQUIRED)             \
+    X(rotary_dim, 0, "rotary_dim", Integer, 0, kAttentionMaxHeadDim, "ROTARY_DIM",                 \
+      PLAIN) /* 0: none */                                                                         \
+    X(interleaved, 0, "style", Styles, 0, 1, "INTERLEAVED", PLAIN)                                 \
+    X(table_full, 0, "table_full", Boolean, 0, 1, "TABLE_FULL", PLAIN)                             \
+    X(pos_mask, 0, "pos_mask", Boolean, 0, 1, "HAS_POS_MASK", PLAIN)                               \
+    X(mask_kind, 0, "mask", MaskKinds, 0, 2, "MASK_KIND", PLAIN)                                   \
+    X(causal, 0, "causal", Boolean, 0, 1, "CAUSAL", PLAIN)                                         \
+    X(gqa_group, 1, "gqa_group", Integer, 1, 1 << 20, "GQA_GROUP", PLAIN)                          \
+    X(write_lse, 0, "write_lse", Boolean, 0, 1, "WRITE_LSE", PLAIN)                                \
+    /* mma.sync kernels; else one warp per row */                                                  \
+    X(tensor_cores, 0, "tensor_cores", Boolean, 0, 1, "TENSOR_CORES", PLAIN)                       \
+    /* the forward on warpgroup matrix products (sm_90a), with tensor_cores */                     \
+    X(wgmma, 0, "wgmma", Boolean, 0, 1, "WGMMA", PLAIN)                                            \
+    /* wgmma: key/value tiles held in shared memory (2 or 3) */                                    \
+    X(stages, 2, "stages", Integer, 2, 3, "STAGES", PLAIN)                                         \
+    /* wgmma: 4 warps that only load and rotate tiles (beside `warps`), or 0 */                    \
+    X(producer_warps, 0, "producer_warps", Integer, 0, 4, "PRODUCER_WARPS", PLAIN)                 \
+    /* producer warps: blocks of a GQA group sharing their tiles (1, 2 or 4) */                    \
+    X(cluster, 1, "cluster", Integer, 1, 4, "CLUSTER", PLAIN)                                      \
+    X(table_async, 0, "table_async", Boolean, 0, 1, "TABLE_ASYNC", PLAIN) /* tables by cp.async */ \
+    /* warps per block that compute (16 query rows each on tensor cores) */                        \
+    X(warps, 4, "warps", Integer, 1, 16, "WARPS", PLAIN)                                           \
+    X(m_tiles, 1, "m_tiles", Integer, 1, 2, "M_TILES", PLAIN)    /* 16-row tiles per warp */       \
+    X(block_n, 0, "block_n", Integer, 0, 1024, "BLOCK_N", PLAIN) /* rows of a streamed tile */     \
+    X(compute_dk, 1, "compute_dk", Boolean, 0, 1, "COMPUTE_DK", PLAIN)                             \
     X(compute_dv, 1, "compute_dv", Boolean, 0, 1, "COMPUTE_DV", PLAIN)
 
 // The largest head_dim any attention kernel takes (the CUDA-core kernels: 16 features a lane).

@@ -247,7 +247,8 @@ void KernelSpec::validate() const {
     require(head_dim % 2 == 0, fmt::format("head_dim must be even, got {}", head_dim));
     require(rotary_dim % 2 == 0, fmt::format("rotary_dim must be even, got {}", rotary_dim));
     require(int64_t(rotary_offset) + int64_t(rotary_dim) <= int64_t(head_dim),
-            fmt::format("rotary_offset {} + rotary_dim {} exceeds head_dim {}", rotary_offset, rotary_dim, head_dim));
+            fmt::format("rotary_offset {} + rotary_dim {} exceeds head_dim {}", rotary_offset,
+                        rotary_dim, head_dim));
     require(!(angles_from_inv_freq && table_full), "angles: inv-freq and table-full at once");
     require(has_k || gqa_group == 1, fmt::format("gqa_group {} needs has_k", gqa_group));
     require((vec & (vec - 1)) == 0, fmt::format("vec must be 1, 2, 4 or 8, got {}", vec));
@@ -256,21 +257,26 @@ void KernelSpec::validate() const {
             fmt::format("vec {} does not divide the {} pairs", vec, rotary_dim / 2));
     require(!vec_loads || rotary_offset % vec == 0, "vector loads need rotary_offset % vec == 0");
     require(!table_vec_loads || !angles_from_inv_freq, "table_vec_loads needs tables");
-    require(copy_vec <= (dtype == 0 ? 4 : 8) && (copy_vec & (copy_vec - 1)) == 0 && rotary_offset % copy_vec == 0 &&
+    require(copy_vec <= (dtype == 0 ? 4 : 8) && (copy_vec & (copy_vec - 1)) == 0 &&
+                rotary_offset % copy_vec == 0 &&
                 (int64_t(rotary_offset) + rotary_dim) % copy_vec == 0 && head_dim % copy_vec == 0,
-            fmt::format("copy_vec {} must be a power of 2 of at most 16 bytes that tiles the unrotated features",
+            fmt::format("copy_vec {} must be a power of 2 of at most 16 bytes that tiles the "
+                        "unrotated features",
                         copy_vec));
     require(mrope_axes == 0 || (position_mode == 1 && rotary_dim / 2 <= 256),
             "mrope_axes needs per-token positions and at most 256 pairs");
     require(!freq_grad || (angles_from_inv_freq && backward), "freq_grad needs inv_freq angles and backward");
-    require(block_threads % 32 == 0, fmt::format("block_threads must be a multiple of 32, got {}", block_threads));
+    require(block_threads % 32 == 0,
+            fmt::format("block_threads must be a multiple of 32, got {}", block_threads));
     // One kernel, one spec: fields the kernel does not read keep their defaults.
-    require(!angles_from_inv_freq || table_dtype == 0, "table_dtype: must be float32 with inv-freq angles (no table)");
+    require(!angles_from_inv_freq || table_dtype == 0,
+            "table_dtype: must be float32 with inv-freq angles (no table)");
     require(angles_from_inv_freq || inv_freq_dtype == 0,
             "inv_freq_dtype: must be float32 unless the angles are inv-freq");
     require(has_xpos || xpos_dtype == 0, "xpos_dtype: must be float32 without xpos");
     require(!positions_int64 || position_mode == 1, "positions_int64: needs positions \"indices\"");
-    require(!seqlen_offsets_int64 || position_mode == 2, "seqlen_offsets_int64: needs positions \"seqlen-offsets\"");
+    require(!seqlen_offsets_int64 || position_mode == 2,
+            "seqlen_offsets_int64: needs positions \"seqlen-offsets\"");
     require(!cu_seqlens_int64 || packed, "cu_seqlens_int64: needs packed");
     require(has_k || (in_place_k && !k_own_angles), "in_place_k and k_own_angles: need has_k");
 }
@@ -280,7 +286,8 @@ std::string KernelSpec::preamble() const {
     std::string text = "// Specialization of rope.cu: " + describe() + "\n";
     text += spec_constants(*this, kFields);
     // Derived for the template's convenience.
-    text += fmt::format("constexpr bool HAS_ROPE_INDICES = {};\n", position_mode == 1 ? "true" : "false");
+    text += fmt::format("constexpr bool HAS_ROPE_INDICES = {};\n",
+                        position_mode == 1 ? "true" : "false");
     return text;
 }
 
@@ -313,17 +320,20 @@ std::optional<KernelSpec> KernelSpec::from_json(const std::string& text, std::st
         // int64 indices, the C API's default) gets; see kernel_spec_from_public.
         auto absent = [&](const char* key) { return !j.contains(key); };
         if (absent("rotary_dim")) spec.rotary_dim = spec.head_dim;
-        if (absent("xpos_dtype")) spec.xpos_dtype = spec.has_xpos ? (spec.angles_from_inv_freq ? spec.inv_freq_dtype
-                                                                                                : spec.table_dtype)
-                                                                  : 0;
+        if (absent("xpos_dtype"))
+            spec.xpos_dtype =
+                spec.has_xpos ? (spec.angles_from_inv_freq ? spec.inv_freq_dtype : spec.table_dtype)
+                              : 0;
         if (absent("positions_int64")) spec.positions_int64 = spec.position_mode == 1;
         if (absent("seqlen_offsets_int64")) spec.seqlen_offsets_int64 = spec.position_mode == 2;
         if (absent("cu_seqlens_int64")) spec.cu_seqlens_int64 = spec.packed;
         if (absent("k_own_angles")) spec.k_own_angles = spec.has_k && spec.has_xpos;
         if (absent("in_place_k")) spec.in_place_k = !spec.has_k || spec.in_place_q;
         const size_t element_size = spec.dtype == 0 ? 4 : 2;
-        if (absent("vec") && absent("vec_loads")) choose_vector_width(spec, element_size, [](int64_t) { return true; });
-        if (absent("copy_vec")) spec.copy_vec = choose_copy_width(spec, element_size, [](int64_t) { return true; });
+        if (absent("vec") && absent("vec_loads"))
+            choose_vector_width(spec, element_size, [](int64_t) { return true; });
+        if (absent("copy_vec"))
+            spec.copy_vec = choose_copy_width(spec, element_size, [](int64_t) { return true; });
         if (absent("table_vec_loads")) spec.table_vec_loads = !spec.angles_from_inv_freq;
         if (absent("block_threads")) spec.block_threads = kRopeMaxBlockThreads;
         spec.validate();
@@ -342,8 +352,12 @@ std::string KernelSpec::describe() const {
                        backward ? "bwd" : "fwd", head_dim, rotary_dim, rotary_offset,
                        interleaved ? "interleaved" : "half", has_k ? "qk " : "q ", gqa_group,
                        name(position_mode, positions, 3), packed ? "+packed" : "",
-                       angles_from_inv_freq ? "inv_freq" : table_full ? "table/full" : "table/half",
-                       has_xpos ? " xpos" : mrope_axes ? fmt::format(" mrope{}", mrope_axes) : std::string(),
+                       angles_from_inv_freq ? "inv_freq"
+                       : table_full         ? "table/full"
+                                            : "table/half",
+                       has_xpos     ? " xpos"
+                       : mrope_axes ? fmt::format(" mrope{}", mrope_axes)
+                                    : std::string(),
                        in_place_q && in_place_k ? " inplace" : " outofplace", vec,
                        vec_loads ? "" : "(scalar)") +
            (freq_grad ? " +freq_grad" : "");
