@@ -440,18 +440,18 @@ TEST_CASE("attention specs read back from their JSON, and nothing else does") {
     std::string missing = json;
     missing.replace(missing.find("\"warps\""), 7, "\"wrps\"");
     CHECK_FALSE(AttentionSpec::from_json(missing, &error));
-    CHECK(error == "a field is missing or of the wrong type");
+    CHECK(error.rfind("unknown field 'wrps' (known: op, kind, dtype,", 0) == 0);
     std::string extra = json;
     extra.insert(1, "\"zz_future\":1,");
     CHECK_FALSE(AttentionSpec::from_json(extra, &error));
-    CHECK(error == "fields or values this build's attention spec does not write");
+    CHECK(error.rfind("unknown field 'zz_future'", 0) == 0);
     CHECK_FALSE(AttentionSpec::from_json(R"({"op":1})", &error));
     CHECK(error == "not an attention spec");
     std::string huge = json;
     const size_t at = huge.find("\"warps\":") + 8;
     huge.replace(at, huge.find_first_of(",}", at) - at, "5000000000");
     CHECK_FALSE(AttentionSpec::from_json(huge, &error));
-    CHECK(error == "a field is missing or of the wrong type");
+    CHECK(error == "warps: must be in [1, 16], got 5000000000");
 }
 
 TEST_CASE("attention specs render their constants, JSON and description, and compare as bytes") {

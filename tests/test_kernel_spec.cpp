@@ -14,7 +14,11 @@
 #include <thread>
 #include <vector>
 
+#include <fmt/format.h>
+
+#include "api/prewarm_specs.h"
 #include "common/error.h"
+#include "ops/attention/attention_problem.h"
 #include "cache/disk_cache.h"
 #include "jit/kernel_builder.h"
 #include "ops/rope/kernel_spec.h"
@@ -343,4 +347,267 @@ TEST_CASE("prewarm reads an array of specs from a caller built against an older,
     CHECK(rope_jit_prewarm(runtime, specs, 2, "sm_90") == ROPE_JIT_ERROR_INVALID_ARGUMENT);
     CHECK(std::string(rope_jit_last_error()).find("specs[1]: head_dim") != std::string::npos);
     rope_jit_runtime_free(runtime);
+}
+
+// ---- one JSON vocabulary, derived fields, prewarm from JSON ------------------------------
+
+namespace {
+
+// The spec a manifest entry (JSON text, derived fields left out) stands for.
+KernelSpec manifest_spec(const std::string& text) {
+    std::string error;
+    const std::optional<KernelSpec> spec = KernelSpec::from_json(text, &error);
+    INFO(text << ": " << error);
+    REQUIRE(spec.has_value());
+    return *spec;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "a manifest entry without derived fields is the spec of a call with contiguous aligned "
+    "tensors") {
+    // Calls as apply_rope and the HF drop-in make them (python/rope_jit/torch_ops.py,
+    // dropin/hf.py): bf16 q [B, S, Hq, D] and k seen as [B, H, S, D] views, out of place into
+    // fresh tensors, HF's bf16 cos/sin of [B, S, R] stacked to a [B*S, R] table with int64
+    // per-sequence offsets (a batch of 2), or a [S, R] table with implicit positions.
+    const int64_t B = 2, S = 16, Hq = 8, Hk = 2, D = 128;
+    HostTensor q(Dt::BF16, {B, Hq, S, D}, {0, 2, 1, 3}), k(Dt::BF16, {B, Hk, S, D}, {0, 2, 1, 3});
+    HostTensor q_out(Dt::BF16, {B, Hq, S, D}, {0, 2, 1, 3}),
+        k_out(Dt::BF16, {B, Hk, S, D}, {0, 2, 1, 3});
+    HostTensor cos_t(Dt::BF16, {B * S, D}), sin_t(Dt::BF16, {B * S, D});
+    HostTensor offsets(Dt::I64, {B}), positions(Dt::I64, {B, S});
+    rope_jit_rope_args args;
+    rope_jit_rope_args_init(&args);
+    args.q = q.dl();
+    args.k = k.dl();
+    args.cos = cos_t.dl();
+    args.sin = sin_t.dl();
+    const std::string common =
+        R"("head_dim": 128, "gqa_group": 4, "dtype": "bfloat16", "table_dtype": "bfloat16")";
+    for (int backward = 0; backward < 2; ++backward) {
+        args.backward = backward;
+        const std::string direction = backward ? R"(, "direction": "backward")" : "";
+        args.q_out = q_out.dl();
+        args.k_out = k_out.dl();
+        args.seqlen_offsets = offsets.dl();
+        CHECK(spec_of(args) ==
+              manifest_spec("{" + common + direction +
+                            R"(, "positions": "seqlen-offsets", "in_place_q": false})"));
+        args.seqlen_offsets = nullptr;
+        CHECK(spec_of(args) ==
+              manifest_spec("{" + common + direction + R"(, "in_place_q": false})"));
+        args.positions = positions.dl();
+        CHECK(spec_of(args) == manifest_spec("{" + common + direction +
+                                             R"(, "positions": "indices", "in_place_q": false})"));
+        args.positions = nullptr;
+        args.q_out = args.k_out = nullptr;
+        CHECK(spec_of(args) == manifest_spec("{" + common + direction + "}"));
+    }
+    // Partial rotary out of place (GPT-NeoX): the copy of unrotated features vectorizes too.
+    HostTensor cos24(Dt::F32, {S, 24}), sin24(Dt::F32, {S, 24});
+    args.cos = cos24.dl();
+    args.sin = sin24.dl();
+    args.rotary_dim = 24;
+    args.q_out = q_out.dl();
+    args.k_out = k_out.dl();
+    args.backward = 0;
+    CHECK(spec_of(args) ==
+          manifest_spec(R"({"head_dim": 128, "rotary_dim": 24, "gqa_group": 4, "dtype": "bfloat16",
+                                             "in_place_q": false})"));
+    // And the C struct's spec of the same parameters.
+    rope_jit_kernel_spec in = public_spec(128, {kDLBfloat, 16, 1});
+    in.rotary_dim = 24;
+    in.gqa_group = 4;
+    in.in_place = 0;
+    CHECK(rope_jit::kernel_spec_from_public(in) == spec_of(args));
+}
+
+TEST_CASE("rope specs: every field round-trips through JSON, and bad JSON names the field") {
+    // Specs of many kinds: each field away from its default somewhere.
+    std::vector<KernelSpec> specs;
+    for (
+        const char* text :
+        {R"({"head_dim": 64})", R"({"head_dim": 80, "style": "interleaved", "positions": "indices",
+              "positions_int64": false, "direction": "backward", "gqa_group": 8, "dtype": "float16"})",
+         R"({"head_dim": 96, "rotary_dim": 24, "rotary_offset": 8, "in_place_q": false, "has_k": false})",
+         R"({"head_dim": 64, "angles": "inv-freq", "inv_freq_dtype": "bfloat16", "xpos": true,
+              "direction": "backward", "freq_grad": true, "packed": true, "positions": "seqlen-offsets"})",
+         R"({"head_dim": 64, "angles": "table-half", "positions": "indices", "mrope_axes": 3, "vec": 2,
+              "vec_loads": false, "table_vec_loads": false, "block_threads": 256, "copy_vec": 1})"})
+        specs.push_back(manifest_spec(text));
+    for (const KernelSpec& spec : specs) {
+        CAPTURE(spec.to_json());
+        std::string error;
+        const std::optional<KernelSpec> back = KernelSpec::from_json(spec.to_json(), &error);
+        REQUIRE_MESSAGE(back.has_value(), error);
+        CHECK(*back == spec);
+    }
+    // The vocabulary: names, not codes.
+    const std::string text = specs[3].to_json();
+    for (const char* piece :
+         {R"("angles":"inv-freq")", R"("direction":"backward")", R"("inv_freq_dtype":"bfloat16")",
+          R"("positions":"seqlen-offsets")", R"("op":"rope")", R"("xpos":true)"})
+        CHECK_MESSAGE(text.find(piece) != std::string::npos, piece);
+    const struct {
+        const char* json;
+        const char* error;
+    } bad[] = {
+        {R"({"head_dim": 64, "colour": "blue"})", "unknown field 'colour'"},
+        {R"({"rotary_dim": 64})", "head_dim: required"},
+        {R"({"head_dim": "64"})", "head_dim: expected an integer, got \"64\""},
+        {R"({"head_dim": -2})", "head_dim: must be in [2, 1048576], got -2"},
+        {R"({"head_dim": 63})", "kernel spec: head_dim must be even, got 63"},
+        {R"({"head_dim": 18446744073709551615})", "head_dim: must be in [2, 1048576]"},
+        {R"({"head_dim": 64, "dtype": "bf16"})",
+         "dtype: expected one of float32, float16, bfloat16, got \"bf16\""},
+        {R"({"head_dim": 64, "angles": "table_full"})",
+         "angles: expected one of table-half, table-full, inv-freq"},
+        {R"({"head_dim": 64, "backward": true})", "unknown field 'backward'"},
+        {R"({"head_dim": 64, "has_k": 1})", "has_k: expected true or false, got 1"},
+        {R"({"head_dim": 64, "op": "attention"})", "op: expected \"rope\""},
+        {R"({"head_dim": 64, "angles": "inv-freq", "table_dtype": "bfloat16"})",
+         "table_dtype: must be float32"},
+        {R"({"head_dim": 64, "positions_int64": true})",
+         "positions_int64: needs positions \"indices\""},
+        // D2: near INT32_MAX the sum rotary_offset + rotary_dim overflowed int32.
+        {R"({"head_dim": 128, "rotary_dim": 2, "rotary_offset": 2147483646})",
+         "rotary_offset: must be in"},
+    };
+    for (const auto& [json, expected] : bad) {
+        std::string error;
+        CHECK_MESSAGE(!KernelSpec::from_json(json, &error).has_value(), json);
+        CHECK_MESSAGE(error.find(expected) != std::string::npos, json << " -> " << error);
+    }
+}
+
+TEST_CASE("D2: prewarm refuses rotary ranges whose sum overflows int32, without overflowing") {
+    rope_jit_kernel_spec in = public_spec(128, {kDLFloat, 32, 1});
+    in.rotary_dim = INT32_MAX - 1;
+    in.rotary_offset = 4;
+    CHECK_THROWS_AS(rope_jit::kernel_spec_from_public(in), rope_jit::Error);
+    KernelSpec spec = rope_jit::kernel_spec_from_public(public_spec(128, {kDLFloat, 32, 1}));
+    spec.rotary_offset = INT32_MAX - 1;
+    spec.rotary_dim = 2;
+    spec.head_dim = INT32_MAX - 1;
+    CHECK_THROWS_AS(spec.validate(),
+                    rope_jit::Error);  // out of range, and the sum is taken in int64
+    rope_jit_config config;
+    rope_jit_config_init(&config);
+    config.backend = ROPE_JIT_BACKEND_CPU;
+    config.disk_cache = 0;
+    rope_jit_runtime* runtime = nullptr;
+    REQUIRE(rope_jit_runtime_create(&config, &runtime) == ROPE_JIT_OK);
+    CHECK(rope_jit_prewarm(runtime, &in, 1, "sm_90") == ROPE_JIT_ERROR_INVALID_ARGUMENT);
+    CHECK(std::string(rope_jit_last_error()).find("rotary_dim") != std::string::npos);
+    CHECK(rope_jit_prewarm_json(
+              runtime, R"({"head_dim": 128, "rotary_dim": 2147483646, "rotary_offset": 4})",
+              "sm_90") == ROPE_JIT_ERROR_INVALID_ARGUMENT);
+    rope_jit_runtime_free(runtime);
+}
+
+TEST_CASE("prewarm plans: targets are checked, entries are named in errors, duplicates merge") {
+    std::vector<std::string> seen;
+    auto visit = [](const char* spec_json, const char*, void* user) {
+        static_cast<std::vector<std::string>*>(user)->push_back(spec_json);
+        return 0;
+    };
+    for (const char* target :
+         {"sm_9", "sm_90x", "sm_0", "sm_12345678901234567890", "volta", "sm_", ""}) {
+        CHECK_MESSAGE(rope_jit_prewarm_plan(R"({"head_dim": 64})", target, visit, &seen) ==
+                          ROPE_JIT_ERROR_INVALID_ARGUMENT,
+                      target);
+        CHECK(std::string(rope_jit_last_error()).find("target") != std::string::npos);
+    }
+    CHECK(seen.empty());
+    CHECK(rope_jit_prewarm_plan(
+              R"([{"head_dim": 64}, {"head_dim": 64, "rotary_dim": 64}, {"head_dim": 32}])",
+              "sm_90", visit, &seen) == ROPE_JIT_OK);
+    REQUIRE(seen.size() == 2);
+    CHECK(seen[0] == manifest_spec(R"({"head_dim": 64})").to_json());
+    CHECK(rope_jit_prewarm_plan(R"([{"head_dim": 64}, {"head_dim": 64, "style": "diagonal"}])",
+                                "sm_90", visit, &seen) == ROPE_JIT_ERROR_INVALID_ARGUMENT);
+    CHECK(std::string(rope_jit_last_error())
+              .find("json[1]: style: expected one of half, interleaved") != std::string::npos);
+    CHECK(rope_jit_prewarm_plan(R"({"op": "conv", "head_dim": 64})", "sm_90", visit, &seen) ==
+          ROPE_JIT_ERROR_INVALID_ARGUMENT);
+    CHECK(rope_jit_prewarm_plan("[1, 2]", "sm_90", visit, &seen) ==
+          ROPE_JIT_ERROR_INVALID_ARGUMENT);
+    CHECK(rope_jit_prewarm_plan(nullptr, "sm_90", visit, &seen) == ROPE_JIT_ERROR_INVALID_ARGUMENT);
+    CHECK(rope_jit_prewarm_plan("{}", nullptr, visit, &seen) == ROPE_JIT_ERROR_INVALID_ARGUMENT);
+}
+
+TEST_CASE(
+    "an attention call entry stands for the kernels a real call of that shape picks on the "
+    "target") {
+    // A Llama-shaped call as rope_jit.torch_ops.attention makes it: bf16 [B, H, S, D] tensors,
+    // lse, causal, a bf16 table; its kernels on a device of each target's table entry.
+    const int64_t B = 2, Hq = 8, Hk = 2, S = 64, D = 128;
+    for (const bool full : {false, true}) {
+        HostTensor q(Dt::BF16, {B, Hq, S, D}), k(Dt::BF16, {B, Hk, S, D}),
+            v(Dt::BF16, {B, Hk, S, D});
+        HostTensor out(Dt::BF16, {B, Hq, S, D}), lse(Dt::F32, {B, Hq, S});
+        HostTensor cos_t(Dt::BF16, {S, full ? D : D / 2}), sin_t(Dt::BF16, {S, full ? D : D / 2});
+        HostTensor dout(Dt::BF16, {B, Hq, S, D}), dq(Dt::BF16, {B, Hq, S, D}),
+            dk(Dt::BF16, {B, Hk, S, D}), dv(Dt::BF16, {B, Hk, S, D});
+        rope_jit_attention_args args;
+        rope_jit_attention_args_init(&args);
+        args.q = q.dl();
+        args.k = k.dl();
+        args.v = v.dl();
+        args.out = out.dl();
+        args.lse = lse.dl();
+        args.cos = cos_t.dl();
+        args.sin = sin_t.dl();
+        args.causal = 1;
+        args.dout = dout.dl();
+        args.dq = dq.dl();
+        args.dk = dk.dl();
+        args.dv = dv.dl();
+        for (const char* target : {"sm_80", "sm_86", "sm_90", "sm_120"}) {
+            for (const bool backward : {false, true}) {
+                CAPTURE(target);
+                CAPTURE(backward);
+                const rope_jit::AttentionProblem problem =
+                    rope_jit::make_attention_problem(args, backward);
+                const std::vector<rope_jit::AttentionSpec> expected =
+                    rope_jit::choose_attention_specs(problem,
+                                                     rope_jit::attention_device_for_target(target));
+                const std::string entry = fmt::format(
+                    R"({{"op": "attention", "head_dim": 128, "gqa_group": 4, "dtype": "bfloat16",
+                         "table_dtype": "bfloat16", "table_full": {}, "causal": true, "write_lse": true,
+                         "direction": "{}"}})",
+                    full ? "true" : "false", backward ? "backward" : "forward");
+                const std::vector<rope_jit::PrewarmKernel> kernels =
+                    rope_jit::expand_prewarm_json(entry, target);
+                REQUIRE(kernels.size() == expected.size());
+                CHECK(kernels.size() == (backward ? 2u : 1u));
+                for (size_t i = 0; i < kernels.size(); ++i) {
+                    CHECK(kernels[i].attention);
+                    CHECK(kernels[i].attention_spec == expected[i]);
+                    CHECK(kernels[i].spec_json == expected[i].to_json());
+                    // And the listed kernel JSON is itself a valid entry that stands for itself.
+                    const std::vector<rope_jit::PrewarmKernel> again =
+                        rope_jit::expand_prewarm_json(kernels[i].spec_json, target);
+                    REQUIRE(again.size() == 1);
+                    CHECK(again[0].attention_spec == expected[i]);
+                }
+            }
+        }
+    }
+    // The device a target stands for, from the table.
+    CHECK(rope_jit::attention_device_for_target("sm_90").max_shared_bytes == 232448);
+    CHECK(rope_jit::attention_device_for_target("sm_80").max_shared_bytes == 166912);
+    CHECK(rope_jit::attention_device_for_target("sm_89").max_shared_bytes == 101376);
+    CHECK(rope_jit::attention_device_for_target("sm_91").max_shared_bytes ==
+          232448);  // nearest older
+    CHECK(rope_jit::attention_device_for_target("sm_90a").compute_capability == 90);
+    CHECK_FALSE(rope_jit::attention_device_for_target("sm_80").wgmma);
+    // A call entry does not take the fields the kernel choice sets.
+    CHECK_THROWS_WITH_AS(rope_jit::expand_prewarm_json(
+                             R"({"op": "attention", "head_dim": 64, "warps": 8})", "sm_90"),
+                         doctest::Contains("warps: the kernel choice sets it"), rope_jit::Error);
+    CHECK_THROWS_WITH_AS(
+        rope_jit::expand_prewarm_json(R"({"op": "attention", "head_dim": 1000})", "sm_90"),
+        doctest::Contains("head_dim: must be in [1, 512]"), rope_jit::Error);
 }

@@ -1,11 +1,14 @@
 #include "kernel_spec_sets.h"
 
-#include <fstream>
-#include <functional>
-#include <sstream>
+#include <algorithm>
+#include <cstdio>
+#include <regex>
+#include <unordered_map>
 #include <utility>
 
 #include <fmt/format.h>
+
+#include "rope_jit/rope_jit.h"
 
 namespace rope_jit_cache {
 
@@ -17,298 +20,286 @@ using nlohmann::json;
 // head_dim = hidden_size / num_attention_heads unless the config sets head_dim; rotary_dim =
 // head_dim * partial_rotary_factor (rotary_pct, rotary_dim); gqa = heads / kv heads.
 const std::vector<Preset> kPresets = {
-    {"llama3-8b", "hidden 4096, 32 heads, 8 kv heads", 128, 128, ROPE_JIT_STYLE_HALF, 4},
-    {"llama3-70b", "hidden 8192, 64 heads, 8 kv heads", 128, 128, ROPE_JIT_STYLE_HALF, 8},
-    {"mistral-7b", "hidden 4096, 32 heads, 8 kv heads", 128, 128, ROPE_JIT_STYLE_HALF, 4},
-    {"qwen2.5-7b", "hidden 3584, 28 heads, 4 kv heads", 128, 128, ROPE_JIT_STYLE_HALF, 7},
-    {"gemma-2-9b", "head_dim 256, 16 heads, 8 kv heads", 256, 256, ROPE_JIT_STYLE_HALF, 2},
-    {"phi-3-mini", "hidden 3072, 32 heads, 32 kv heads, full rotary", 96, 96, ROPE_JIT_STYLE_HALF, 1},
-    {"phi-4-mini", "hidden 3072, 24 heads, 8 kv heads, partial_rotary_factor 0.75", 128, 96, ROPE_JIT_STYLE_HALF, 3},
-    {"phi-2", "hidden 2560, 32 heads, partial_rotary_factor 0.4", 80, 32, ROPE_JIT_STYLE_HALF, 1},
-    {"gpt-j-6b", "hidden 4096, 16 heads, rotary_dim 64, rotate_every_two", 256, 64, ROPE_JIT_STYLE_INTERLEAVED, 1},
-    {"gpt-neox-20b", "hidden 6144, 64 heads, rotary_pct 0.25", 96, 24, ROPE_JIT_STYLE_HALF, 1},
+    {"llama3-8b", "hidden 4096, 32 heads, 8 kv heads", 128, 128, "half", 4},
+    {"llama3-70b", "hidden 8192, 64 heads, 8 kv heads", 128, 128, "half", 8},
+    {"mistral-7b", "hidden 4096, 32 heads, 8 kv heads", 128, 128, "half", 4},
+    {"qwen2.5-7b", "hidden 3584, 28 heads, 4 kv heads", 128, 128, "half", 7},
+    {"gemma-2-9b", "head_dim 256, 16 heads, 8 kv heads", 256, 256, "half", 2},
+    {"phi-3-mini", "hidden 3072, 32 heads, 32 kv heads, full rotary", 96, 96, "half", 1},
+    {"phi-4-mini", "hidden 3072, 24 heads, 8 kv heads, partial_rotary_factor 0.75", 128, 96, "half",
+     3},
+    {"phi-2", "hidden 2560, 32 heads, partial_rotary_factor 0.4", 80, 32, "half", 1},
+    {"gpt-j-6b", "hidden 4096, 16 heads, rotary_dim 64, rotate_every_two", 256, 64, "interleaved",
+     1},
+    {"gpt-neox-20b", "hidden 6144, 64 heads, rotary_pct 0.25", 96, 24, "half", 1},
 };
 
-struct Named {
-    const char* name;
-    int value;
-};
-
-const Named kStyles[] = {{"half", ROPE_JIT_STYLE_HALF}, {"interleaved", ROPE_JIT_STYLE_INTERLEAVED}};
-const Named kDirections[] = {{"forward", 0}, {"backward", 1}};
-const Named kPositions[] = {{"implicit", ROPE_JIT_POSITIONS_IMPLICIT},
-                            {"indices", ROPE_JIT_POSITIONS_INDICES},
-                            {"seqlen-offsets", ROPE_JIT_POSITIONS_SEQLEN_OFFSETS}};
-const Named kAngles[] = {{"table-full", ROPE_JIT_ANGLES_TABLE_FULL},
-                         {"table-half", ROPE_JIT_ANGLES_TABLE_HALF},
-                         {"inv-freq", ROPE_JIT_ANGLES_INV_FREQ}};
-
-template <size_t N>
-int lookup(const Named (&table)[N], const std::string& value, const std::string& what) {
-    for (const Named& named : table)
-        if (value == named.name) return named.value;
-    std::string known;
-    for (const Named& named : table) known += std::string(known.empty() ? "" : ", ") + named.name;
-    throw UsageError(fmt::format("{}: unknown value '{}' (known: {})", what, value, known));
+// Reads at most kMaxManifestBytes (+1 to tell a larger file), so /dev/zero or a huge file
+// fails at once.
+std::string read_text(const std::string& path) {
+    std::FILE* file = std::fopen(path.c_str(), "rb");
+    if (file == nullptr) throw UsageError(fmt::format("--manifest: cannot read '{}'", path));
+    std::string text;
+    char buffer[1 << 16];
+    size_t got = 0;
+    while ((got = std::fread(buffer, 1, sizeof buffer, file)) > 0) {
+        text.append(buffer, got);
+        if (text.size() > kMaxManifestBytes) {
+            std::fclose(file);
+            throw UsageError(
+                fmt::format("--manifest: '{}' is larger than the {} MiB a manifest may have", path,
+                            kMaxManifestBytes >> 20));
+        }
+    }
+    const bool failed = std::ferror(file) != 0;
+    std::fclose(file);
+    if (failed) throw UsageError(fmt::format("--manifest: cannot read '{}'", path));
+    return text;
 }
 
-template <size_t N>
-const char* name_of(const Named (&table)[N], int value) {
-    for (const Named& named : table)
-        if (named.value == value) return named.name;
-    return "?";
-}
-
-DLDataType float_dtype(const std::string& value, const std::string& what) {
-    if (value == "float32" || value == "f32" || value == "fp32") return {kDLFloat, 32, 1};
-    if (value == "float16" || value == "f16" || value == "fp16") return {kDLFloat, 16, 1};
-    if (value == "bfloat16" || value == "bf16") return {kDLBfloat, 16, 1};
-    throw UsageError(fmt::format("{}: unknown value '{}' (known: float32, float16, bfloat16)", what, value));
-}
-
-const char* float_dtype_name(DLDataType dtype) {
-    if (dtype.code == kDLFloat && dtype.bits == 32) return "float32";
-    if (dtype.code == kDLFloat && dtype.bits == 16) return "float16";
-    if (dtype.code == kDLBfloat && dtype.bits == 16) return "bfloat16";
-    return "?";
-}
-
-const char* short_dtype(DLDataType dtype) {
-    if (dtype.code == kDLFloat && dtype.bits == 32) return "f32";
-    if (dtype.code == kDLFloat && dtype.bits == 16) return "f16";
-    if (dtype.code == kDLBfloat && dtype.bits == 16) return "bf16";
-    if (dtype.code == kDLInt && dtype.bits == 32) return "int32";
-    if (dtype.code == kDLInt && dtype.bits == 64) return "int64";
-    return "?";
+// The deepest nesting of [ and { outside strings; stops counting past `limit`.
+int nesting_depth(const std::string& text, int limit) {
+    int depth = 0, deepest = 0;
+    bool in_string = false, escaped = false;
+    for (char c : text) {
+        if (in_string) {
+            if (escaped)
+                escaped = false;
+            else if (c == '\\')
+                escaped = true;
+            else if (c == '"')
+                in_string = false;
+            continue;
+        }
+        if (c == '"')
+            in_string = true;
+        else if (c == '[' || c == '{')
+            deepest = std::max(deepest, ++depth);
+        else if (c == ']' || c == '}')
+            --depth;
+        if (deepest > limit) break;
+    }
+    return deepest;
 }
 
 std::string text_of(const json& value, const std::string& what) {
-    if (!value.is_string()) throw UsageError(fmt::format("{}: expected a string, got {}", what, value.dump()));
+    if (!value.is_string())
+        throw UsageError(fmt::format("{}: expected a string, got {}", what, value.dump()));
     return value.get<std::string>();
 }
 
-int32_t int_of(const json& value, const std::string& what) {
-    if (!value.is_number_integer() || value.get<int64_t>() < INT32_MIN || value.get<int64_t>() > INT32_MAX)
-        throw UsageError(fmt::format("{}: expected an integer, got {}", what, value.dump()));
-    return value.get<int32_t>();
-}
-
-int bool_of(const json& value, const std::string& what) {
-    if (!value.is_boolean()) throw UsageError(fmt::format("{}: expected true or false, got {}", what, value.dump()));
-    return value.get<bool>() ? 1 : 0;
-}
-
-using Setter = std::function<void(rope_jit_kernel_spec&, const json&, const std::string&)>;
-
-// Field name -> how one value of it sets a spec. The order is the help text's.
-const std::vector<std::pair<std::string, Setter>>& setters() {
-    static const std::vector<std::pair<std::string, Setter>> table = {
-        {"head_dim", [](auto& s, const json& v, const std::string& w) { s.head_dim = int_of(v, w); }},
-        {"rotary_dim", [](auto& s, const json& v, const std::string& w) { s.rotary_dim = int_of(v, w); }},
-        {"rotary_offset", [](auto& s, const json& v, const std::string& w) { s.rotary_offset = int_of(v, w); }},
-        {"gqa_group", [](auto& s, const json& v, const std::string& w) { s.gqa_group = int_of(v, w); }},
-        {"dtype", [](auto& s, const json& v, const std::string& w) { s.dtype = float_dtype(text_of(v, w), w); }},
-        {"table_dtype",
-         [](auto& s, const json& v, const std::string& w) { s.table_dtype = float_dtype(text_of(v, w), w); }},
-        {"style",
-         [](auto& s, const json& v, const std::string& w) {
-             s.style = rope_jit_style(lookup(kStyles, text_of(v, w), w));
-         }},
-        {"direction",
-         [](auto& s, const json& v, const std::string& w) { s.backward = lookup(kDirections, text_of(v, w), w); }},
-        {"positions",
-         [](auto& s, const json& v, const std::string& w) {
-             s.positions = rope_jit_position_mode(lookup(kPositions, text_of(v, w), w));
-         }},
-        {"index_dtype",
-         [](auto& s, const json& v, const std::string& w) {
-             const std::string text = text_of(v, w);
-             if (text == "int32") s.index_dtype = {kDLInt, 32, 1};
-             else if (text == "int64") s.index_dtype = {kDLInt, 64, 1};
-             else throw UsageError(fmt::format("{}: unknown value '{}' (known: int32, int64)", w, text));
-         }},
-        {"angles",
-         [](auto& s, const json& v, const std::string& w) {
-             s.angles = rope_jit_angle_source(lookup(kAngles, text_of(v, w), w));
-         }},
-        {"has_k", [](auto& s, const json& v, const std::string& w) { s.has_k = bool_of(v, w); }},
-        {"packed", [](auto& s, const json& v, const std::string& w) { s.packed = bool_of(v, w); }},
-        {"xpos", [](auto& s, const json& v, const std::string& w) { s.xpos = bool_of(v, w); }},
-        {"in_place", [](auto& s, const json& v, const std::string& w) { s.in_place = bool_of(v, w); }},
-    };
-    return table;
-}
-
-std::string read_text(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) throw UsageError(fmt::format("--manifest: cannot read '{}'", path));
-    std::ostringstream text;
-    text << in.rdbuf();
-    return text.str();
-}
-
-std::vector<NamedSpec> named(const std::vector<rope_jit_kernel_spec>& specs, const std::string& source) {
-    std::vector<NamedSpec> out;
-    for (const rope_jit_kernel_spec& spec : specs) out.push_back(NamedSpec{spec, {source}});
-    return out;
+// The "ok" entries of a `rope-jit-cache list --json` document, each for its own target.
+std::vector<SpecTemplate> listed_templates(const json& listing, const std::string& path) {
+    if (!listing["items"].is_array())
+        throw UsageError(fmt::format("{}: items must be a list", path));
+    std::vector<SpecTemplate> templates;
+    for (size_t i = 0; i < listing["items"].size(); ++i) {
+        const json& item = listing["items"][i];
+        if (!item.is_object() || item.value("state", std::string()) != "ok") continue;
+        if (!item.contains("spec_json") || !item["spec_json"].is_object() ||
+            !item.contains("target"))
+            throw UsageError(
+                fmt::format("{}: items[{}] has no spec_json object or target", path, i));
+        templates.push_back(
+            SpecTemplate{item["spec_json"], fmt::format("{}#items[{}]", path, i),
+                         text_of(item["target"], fmt::format("{}: items[{}].target", path, i))});
+    }
+    return templates;
 }
 
 }  // namespace
 
+Ops parse_ops(const std::vector<std::string>& names) {
+    Ops ops{false, false};
+    for (const std::string& name : names) {
+        if (name == "rope")
+            ops.rope = true;
+        else if (name == "attention")
+            ops.attention = true;
+        else
+            throw UsageError(fmt::format("--ops: unknown op '{}' (known: rope, attention)", name));
+    }
+    if (!ops.rope && !ops.attention) throw UsageError("--ops: name rope, attention or both");
+    return ops;
+}
+
 const std::vector<Preset>& presets() { return kPresets; }
 
-json preset_template(const Preset& preset) {
-    return json{{"head_dim", preset.head_dim},
-                {"rotary_dim", preset.rotary_dim},
-                {"style", name_of(kStyles, preset.style)},
-                {"gqa_group", preset.gqa_group},
-                {"dtype", "bfloat16"},
-                // HF models cast cos/sin to the activations' dtype before applying them.
-                {"table_dtype", "bfloat16"},
-                {"angles", "table-full"},
-                {"direction", {"forward", "backward"}},
-                {"positions", {"implicit", "indices"}},
-                {"index_dtype", "int64"},
-                {"has_k", true}};
-}
-
-const std::vector<std::string>& template_fields() {
-    static const std::vector<std::string> names = [] {
-        std::vector<std::string> out;
-        for (const auto& [name, setter] : setters()) out.push_back(name);
-        return out;
-    }();
-    return names;
-}
-
-std::vector<rope_jit_kernel_spec> expand_template(const json& spec_template, const std::string& where) {
-    if (!spec_template.is_object())
-        throw UsageError(fmt::format("{}: a spec must be a JSON object, got {}", where, spec_template.dump()));
-    for (const auto& [key, value] : spec_template.items()) {
-        bool known = false;
-        for (const auto& [name, setter] : setters()) known = known || name == key;
-        if (!known) {
-            std::string fields;
-            for (const std::string& name : template_fields()) fields += (fields.empty() ? "" : ", ") + name;
-            throw UsageError(fmt::format("{}: unknown field '{}' (known: {})", where, key, fields));
-        }
-        if (value.is_array() && value.empty()) throw UsageError(fmt::format("{}.{}: empty list", where, key));
+std::vector<SpecTemplate> preset_templates(const std::string& name, const Ops& ops) {
+    for (const Preset& preset : kPresets) {
+        if (name != preset.name) continue;
+        std::vector<SpecTemplate> templates;
+        if (ops.rope)
+            templates.push_back(
+                SpecTemplate{json{{"op", "rope"},
+                                  {"head_dim", preset.head_dim},
+                                  {"rotary_dim", preset.rotary_dim},
+                                  {"style", preset.style},
+                                  {"gqa_group", preset.gqa_group},
+                                  {"dtype", "bfloat16"},
+                                  {"table_dtype", "bfloat16"},
+                                  {"angles", "table-full"},
+                                  {"direction", {"forward", "backward"}},
+                                  {"positions", {"implicit", "indices", "seqlen-offsets"}},
+                                  {"in_place_q", {true, false}}},
+                             name, ""});
+        if (ops.attention)
+            templates.push_back(SpecTemplate{json{{"op", "attention"},
+                                                  {"head_dim", preset.head_dim},
+                                                  {"rotary_dim", preset.rotary_dim},
+                                                  {"style", preset.style},
+                                                  {"gqa_group", preset.gqa_group},
+                                                  {"dtype", "bfloat16"},
+                                                  {"table_dtype", "bfloat16"},
+                                                  {"table_full", {false, true}},
+                                                  {"causal", true},
+                                                  {"write_lse", {true, false}},
+                                                  {"direction", {"forward", "backward"}}},
+                                             name, ""});
+        return templates;
     }
-    if (!spec_template.contains("head_dim")) throw UsageError(fmt::format("{}: head_dim is required", where));
-
-    std::vector<rope_jit_kernel_spec> specs;
-    rope_jit_kernel_spec base;
-    rope_jit_kernel_spec_init(&base);
-    // Depth-first over the fields in table order: the cross product of every list.
-    std::function<void(size_t, rope_jit_kernel_spec)> expand = [&](size_t field, rope_jit_kernel_spec spec) {
-        if (field == setters().size()) {
-            specs.push_back(spec);
-            return;
-        }
-        const auto& [name, setter] = setters()[field];
-        if (!spec_template.contains(name)) {
-            expand(field + 1, spec);
-            return;
-        }
-        const json& value = spec_template.at(name);
-        const std::string what = where + "." + name;
-        if (!value.is_array()) {
-            setter(spec, value, what);
-            expand(field + 1, spec);
-            return;
-        }
-        for (const json& each : value) {
-            rope_jit_kernel_spec next = spec;
-            setter(next, each, what);
-            expand(field + 1, next);
-        }
-    };
-    expand(0, base);
-    return specs;
-}
-
-std::vector<NamedSpec> read_manifest(const std::string& path) {
-    const json manifest = json::parse(read_text(path), nullptr, /*allow_exceptions=*/false);
-    if (manifest.is_discarded()) throw UsageError(fmt::format("--manifest: '{}' is not valid JSON", path));
-    std::vector<NamedSpec> specs;
-    json templates = json::array();
-    if (manifest.is_array()) {
-        templates = manifest;
-    } else if (manifest.is_object()) {
-        for (const auto& [key, value] : manifest.items()) {
-            if (key == "presets") {
-                if (!value.is_array()) throw UsageError(fmt::format("{}: presets must be a list of names", path));
-                for (const json& name : value) add_unique(specs, preset_specs(text_of(name, path + ".presets")));
-            } else if (key == "specs") {
-                if (!value.is_array()) throw UsageError(fmt::format("{}: specs must be a list of objects", path));
-                templates = value;
-            } else {
-                throw UsageError(fmt::format("{}: unknown key '{}' (known: presets, specs)", path, key));
-            }
-        }
-    } else {
-        throw UsageError(fmt::format("{}: expected an object with presets and specs, or a list of specs", path));
-    }
-    for (size_t i = 0; i < templates.size(); ++i) {
-        const std::string where = fmt::format("{}#{}", path, i);
-        add_unique(specs, named(expand_template(templates[i], where), where));
-    }
-    if (specs.empty()) throw UsageError(fmt::format("--manifest: '{}' names no spec", path));
-    return specs;
-}
-
-std::vector<NamedSpec> preset_specs(const std::string& name) {
-    for (const Preset& preset : kPresets)
-        if (name == preset.name) return named(expand_template(preset_template(preset), name), name);
     std::string known;
-    for (const Preset& preset : kPresets) known += std::string(known.empty() ? "" : ", ") + preset.name;
+    for (const Preset& preset : kPresets)
+        known += std::string(known.empty() ? "" : ", ") + preset.name;
     throw UsageError(fmt::format("--preset: unknown model '{}' (known: {})", name, known));
 }
 
-void add_unique(std::vector<NamedSpec>& specs, const std::vector<NamedSpec>& more) {
-    for (const NamedSpec& candidate : more) {
-        const std::string identity = describe(candidate.spec);
-        bool merged = false;
-        for (NamedSpec& existing : specs) {
-            if (describe(existing.spec) != identity) continue;
-            for (const std::string& source : candidate.sources) existing.sources.push_back(source);
-            merged = true;
-            break;
+std::vector<SpecTemplate> read_manifest(const std::string& path, const Ops& ops) {
+    const std::string text = read_text(path);
+    if (nesting_depth(text, kMaxManifestDepth) > kMaxManifestDepth)
+        throw UsageError(
+            fmt::format("--manifest: '{}' nests deeper than {} levels", path, kMaxManifestDepth));
+    const json manifest = json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (manifest.is_discarded())
+        throw UsageError(fmt::format("--manifest: '{}' is not valid JSON", path));
+    std::vector<SpecTemplate> templates;
+    json specs = json::array();
+    if (manifest.is_array()) {
+        specs = manifest;
+    } else if (manifest.is_object() && manifest.contains("items") &&
+               manifest.value("command", "") == "list") {
+        return listed_templates(manifest, path);
+    } else if (manifest.is_object()) {
+        Ops manifest_ops = ops;
+        if (manifest.contains("ops")) {
+            if (!manifest["ops"].is_array())
+                throw UsageError(fmt::format("{}: ops must be a list of names", path));
+            std::vector<std::string> names;
+            for (const json& name : manifest["ops"]) names.push_back(text_of(name, path + ".ops"));
+            manifest_ops = parse_ops(names);
         }
-        if (!merged) specs.push_back(candidate);
+        for (const auto& [key, value] : manifest.items()) {
+            if (key == "presets") {
+                if (!value.is_array())
+                    throw UsageError(fmt::format("{}: presets must be a list of names", path));
+                for (const json& name : value)
+                    for (SpecTemplate& t :
+                         preset_templates(text_of(name, path + ".presets"), manifest_ops))
+                        templates.push_back(std::move(t));
+            } else if (key == "specs") {
+                if (!value.is_array())
+                    throw UsageError(fmt::format("{}: specs must be a list of objects", path));
+                specs = value;
+            } else if (key != "ops") {
+                throw UsageError(
+                    fmt::format("{}: unknown key '{}' (known: presets, ops, specs)", path, key));
+            }
+        }
+    } else {
+        throw UsageError(
+            fmt::format("{}: expected an object with presets and specs, or a list of specs", path));
     }
+    for (size_t i = 0; i < specs.size(); ++i)
+        templates.push_back(SpecTemplate{specs[i], fmt::format("{}#{}", path, i), ""});
+    if (templates.empty()) throw UsageError(fmt::format("--manifest: '{}' names no spec", path));
+    return templates;
 }
 
-std::string describe(const rope_jit_kernel_spec& spec) {
-    const int rotary = spec.rotary_dim == 0 ? spec.head_dim : spec.rotary_dim;
-    // Index dtypes only matter where indices are read.
-    const bool reads_indices = spec.positions != ROPE_JIT_POSITIONS_IMPLICIT || spec.packed;
-    return fmt::format("{} {} D{} R{}@{} {} {} {} {}{}{} {}/{}{} {}", short_dtype(spec.dtype),
-                       spec.backward ? "bwd" : "fwd", spec.head_dim, rotary, spec.rotary_offset,
-                       name_of(kStyles, spec.style), spec.has_k ? "qk" : "q",
-                       spec.has_k ? fmt::format("gqa{}", spec.gqa_group) : std::string("-"),
-                       name_of(kPositions, spec.positions),
-                       reads_indices ? fmt::format("/{}", short_dtype(spec.index_dtype)) : std::string(),
-                       spec.packed ? " packed" : "", name_of(kAngles, spec.angles), short_dtype(spec.table_dtype),
-                       spec.xpos ? " xpos" : "", spec.in_place ? "inplace" : "outofplace");
+std::vector<json> expand_template(const SpecTemplate& spec_template, size_t budget) {
+    const json& fields = spec_template.fields;
+    const std::string& where = spec_template.source;
+    if (!fields.is_object())
+        throw UsageError(
+            fmt::format("{}: a spec must be a JSON object, got {}", where, fields.dump()));
+    // The count first, so that a few bytes of lists cannot ask for billions of specs.
+    size_t count = 1;
+    for (const auto& [key, value] : fields.items()) {
+        if (!value.is_array()) continue;
+        if (value.empty()) throw UsageError(fmt::format("{}.{}: empty list", where, key));
+        if (count > budget / value.size())
+            throw UsageError(
+                fmt::format("{}: its lists stand for more than the {} specs one run may prewarm",
+                            where, kMaxSpecs));
+        count *= value.size();
+    }
+    std::vector<json> specs(1, json::object());
+    for (const auto& [key, value] : fields.items()) {
+        if (!value.is_array()) {
+            for (json& spec : specs) spec[key] = value;
+            continue;
+        }
+        std::vector<json> next;
+        next.reserve(specs.size() * value.size());
+        for (const json& spec : specs)
+            for (const json& each : value) {
+                json more = spec;
+                more[key] = each;
+                next.push_back(std::move(more));
+            }
+        specs = std::move(next);
+    }
+    return specs;
 }
 
-json spec_to_json(const rope_jit_kernel_spec& spec) {
-    return json{{"head_dim", spec.head_dim},
-                {"rotary_dim", spec.rotary_dim == 0 ? spec.head_dim : spec.rotary_dim},
-                {"rotary_offset", spec.rotary_offset},
-                {"gqa_group", spec.gqa_group},
-                {"dtype", float_dtype_name(spec.dtype)},
-                {"table_dtype", float_dtype_name(spec.table_dtype)},
-                {"style", name_of(kStyles, spec.style)},
-                {"direction", spec.backward ? "backward" : "forward"},
-                {"positions", name_of(kPositions, spec.positions)},
-                {"index_dtype", short_dtype(spec.index_dtype)},
-                {"angles", name_of(kAngles, spec.angles)},
-                {"has_k", spec.has_k != 0},
-                {"packed", spec.packed != 0},
-                {"xpos", spec.xpos != 0},
-                {"in_place", spec.in_place != 0}};
+std::vector<PlannedKernel> plan_kernels(const std::vector<SpecTemplate>& templates,
+                                        const std::vector<std::string>& targets) {
+    std::vector<PlannedKernel> kernels;
+    std::unordered_map<std::string, size_t> index;  // target + canonical spec -> kernels[i]
+    size_t budget = kMaxSpecs;
+    struct Visit {
+        std::vector<PlannedKernel>* kernels;
+        std::unordered_map<std::string, size_t>* index;
+        const std::string* target;
+        const std::string* source;
+    };
+    auto visit = [](const char* spec_json, const char* description, void* user) -> int {
+        Visit& v = *static_cast<Visit*>(user);
+        const auto [at, added] = v.index->emplace(*v.target + "\n" + spec_json, v.kernels->size());
+        if (added)
+            v.kernels->push_back(PlannedKernel{*v.target, spec_json, description, {*v.source}});
+        std::vector<std::string>& sources = (*v.kernels)[at->second].sources;
+        if (!added && std::find(sources.begin(), sources.end(), *v.source) == sources.end())
+            sources.push_back(*v.source);
+        return 0;
+    };
+    for (const SpecTemplate& t : templates) {
+        const std::vector<json> specs = expand_template(t, budget);
+        budget -= specs.size();
+        const std::vector<std::string> own{t.target};
+        for (const std::string& target : t.target.empty() ? targets : own) {
+            for (size_t i = 0; i < specs.size(); ++i) {
+                const std::string where =
+                    specs.size() == 1 ? t.source : fmt::format("{} (spec {})", t.source, i);
+                Visit v{&kernels, &index, &target, &t.source};
+                const rope_jit_status status =
+                    rope_jit_prewarm_plan(specs[i].dump().c_str(), target.c_str(), visit, &v);
+                if (status != ROPE_JIT_OK) {
+                    // The library names the field; "json: " is its name for the text it was given.
+                    std::string error = rope_jit_last_error();
+                    if (error.rfind("json: ", 0) == 0) error = error.substr(6);
+                    if (status == ROPE_JIT_ERROR_INVALID_ARGUMENT)
+                        throw UsageError(fmt::format("{}: {}", where, error));
+                    throw std::runtime_error(fmt::format("{}: {}", where, error));
+                }
+            }
+        }
+    }
+    return kernels;
+}
+
+bool valid_target(const std::string& target) {
+    static const std::regex pattern("(sm|compute)_[1-9][0-9]{1,3}[af]?");
+    return std::regex_match(target, pattern);
 }
 
 }  // namespace rope_jit_cache

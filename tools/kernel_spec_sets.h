@@ -1,15 +1,16 @@
 // Sets of kernel specs for rope-jit-cache prewarm: model presets, the spec flags and JSON
-// manifests. All three become "spec templates" (JSON objects whose fields are values or lists
-// of values) that expand, as the cross product of their lists, into rope_jit_kernel_specs.
+// manifests. All three become spec templates: JSON objects in the library's one spec
+// vocabulary (rope_jit_prewarm_json in rope_jit.h) whose values may be lists, standing for
+// the cross product of their lists. The library expands each resulting spec, for each
+// target, into the exact kernels (rope_jit_prewarm_plan); this file knows no spec field.
 #pragma once
 
+#include <cstddef>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
-
-#include "rope_jit/rope_jit.h"
 
 namespace rope_jit_cache {
 
@@ -19,60 +20,80 @@ public:
     using std::runtime_error::runtime_error;
 };
 
-// One spec to prewarm, with where it came from ("llama3-8b", "flags", "manifest.json#2").
-struct NamedSpec {
-    rope_jit_kernel_spec spec;
-    std::vector<std::string> sources;  // several when presets share a spec
+// Bounds on what a manifest may ask for, so that a hostile or mistaken file fails at once
+// with a message instead of exhausting memory, the stack or the afternoon.
+constexpr size_t kMaxManifestBytes = size_t(4) << 20;  // 4 MiB
+constexpr int kMaxManifestDepth = 16;                  // nesting of [ and {
+constexpr size_t kMaxSpecs = 20000;                    // specs after every cross product
+
+// Which ops a preset prewarms (--ops).
+struct Ops {
+    bool rope = true;
+    bool attention = true;
+};
+// "rope,attention" (a subset, comma-separated); throws UsageError naming --ops otherwise.
+Ops parse_ops(const std::vector<std::string>& names);
+
+// A spec template and where it came from ("llama3-8b", "flags", "manifest.json#2").
+struct SpecTemplate {
+    nlohmann::json fields;
+    std::string source;
+    std::string target;  // "" = the run's targets; a listed entry keeps its own
 };
 
-// A model preset: one attention layer's RoPE as the model's reference implementation runs it.
+// A model preset: one attention layer of the model as the library's own integrations run it.
 struct Preset {
     const char* name;
     const char* about;  // the config values the spec comes from
     int head_dim;
     int rotary_dim;
-    rope_jit_style style;
-    int gqa_group;  // num_attention_heads / num_key_value_heads
+    const char* style;  // "half" or "interleaved"
+    int gqa_group;      // num_attention_heads / num_key_value_heads
 };
 
 // Every preset, in a fixed order.
 const std::vector<Preset>& presets();
 
-// The template of a preset: bf16 q and k with bf16 HF-style full tables, forward and
-// backward, with implicit positions and with int64 position indices (4 specs).
-nlohmann::json preset_template(const Preset& preset);
+// The templates of a preset, for the ops asked for:
+// - RoPE as rope_jit.rope, apply_rope and the HF drop-in call it: bf16 q and k with bf16
+//   full tables (HF casts cos/sin to the activations' dtype), forward and backward, in place
+//   and out of place (apply_rope and the HF drop-in return new tensors, and their backward
+//   too), with implicit positions, int64 position indices and int64 per-sequence offsets
+//   (the HF drop-in with a batch of several [B, S, R] tables).
+// - Attention as rope_jit.attention / rope_jit.torch_ops.attention call it: bf16, bf16
+//   tables of either format, causal, with and without lse, forward and backward.
+std::vector<SpecTemplate> preset_templates(const std::string& name, const Ops& ops);
 
-// The spec template fields, in the order help texts list them. Each takes a value or a list:
-//   head_dim (required), rotary_dim (0 = head_dim), rotary_offset, gqa_group: integers
-//   dtype, table_dtype: float32 | float16 | bfloat16 (also f32, fp32, f16, fp16, bf16)
-//   style: half | interleaved          direction: forward | backward
-//   positions: implicit | indices | seqlen-offsets      index_dtype: int32 | int64
-//   angles: table-full | table-half | inv-freq
-//   has_k, packed, xpos, in_place: booleans
-// Fields left out take rope_jit_kernel_spec_init's defaults.
-const std::vector<std::string>& template_fields();
+// The templates of a manifest file:
+//   {"presets": ["llama3-8b", ...], "ops": ["rope"], "specs": [<template>, ...]},
+//   [<template>, ...], or what `rope-jit-cache list --json` prints (its "ok" items, each for
+//   the target it was listed under).
+// Throws UsageError when the file cannot be read, is larger than kMaxManifestBytes, nests
+// deeper than kMaxManifestDepth, is not valid JSON, or names an unknown key or preset.
+std::vector<SpecTemplate> read_manifest(const std::string& path, const Ops& ops);
 
-// Expands one template into specs (the cross product of its lists). `where` names the
-// template in errors. Throws UsageError for an unknown field, a wrong type or value, or a
-// missing head_dim.
-std::vector<rope_jit_kernel_spec> expand_template(const nlohmann::json& spec_template, const std::string& where);
+// The specs of a template: the cross product of its list values (each a JSON object with
+// one value per field). Throws UsageError for a template that is not an object, an empty
+// list, or more than `budget` specs.
+std::vector<nlohmann::json> expand_template(const SpecTemplate& spec_template, size_t budget);
 
-// The specs of a manifest file:
-//   {"presets": ["llama3-8b", ...], "specs": [<template>, ...]}   or   [<template>, ...]
-// Throws UsageError when the file cannot be read or parsed, or names an unknown preset.
-std::vector<NamedSpec> read_manifest(const std::string& path);
+// One kernel to prewarm.
+struct PlannedKernel {
+    std::string target;
+    std::string spec_json;    // canonical, as the cache stores it
+    std::string description;  // the library's short description
+    std::vector<std::string> sources;
+};
 
-// The preset's specs; throws UsageError naming the known presets for an unknown name.
-std::vector<NamedSpec> preset_specs(const std::string& name);
+// The kernels of `templates` for `targets` (each template's own target, when it has one), in
+// order, duplicates merged (their sources join) by a hash of target and canonical spec.
+// Throws UsageError naming the template for a spec the library rejects, or for more than
+// kMaxSpecs specs.
+std::vector<PlannedKernel> plan_kernels(const std::vector<SpecTemplate>& templates,
+                                        const std::vector<std::string>& targets);
 
-// Appends `more` to `specs`, merging specs that describe the same kernel (their sources join).
-void add_unique(std::vector<NamedSpec>& specs, const std::vector<NamedSpec>& more);
-
-// A short, complete description of a spec, also its identity for add_unique:
-// "bf16 fwd D128 R128@0 half qk gqa4 implicit table-full/bf16 inplace".
-std::string describe(const rope_jit_kernel_spec& spec);
-
-// The spec as a template with one value per field (what --json prints).
-nlohmann::json spec_to_json(const rope_jit_kernel_spec& spec);
+// Whether `target` is an architecture name: sm_XY or compute_XY (two to four digits, no
+// leading zero), optionally with the arch-specific suffix a or f.
+bool valid_target(const std::string& target);
 
 }  // namespace rope_jit_cache

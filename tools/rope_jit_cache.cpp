@@ -1,5 +1,6 @@
 // rope-jit-cache: fills, inspects and trims rope-jit's on-disk kernel cache, through the
-// public C API only (rope_jit_prewarm and the rope_jit_cache_* calls).
+// public C API only (rope_jit_prewarm_plan, rope_jit_prewarm_json and the rope_jit_cache_*
+// calls); spec JSON passes through it to the library, which reads every field.
 //
 //   rope-jit-cache prewarm --preset llama3-8b --target sm_90   compile ahead of time
 //   rope-jit-cache list | verify | prune | clear | info
@@ -209,6 +210,7 @@ struct PrewarmOptions {
     std::vector<std::string> presets;
     std::vector<std::string> manifests;
     std::vector<std::string> targets;
+    std::vector<std::string> ops;  // --ops; empty = both
     int jobs = 0;
     bool dry_run = false;
     json flag_template = json::object();
@@ -226,8 +228,6 @@ const char* result_name(Result result) {
 }
 
 struct Kernel {
-    size_t spec = 0;
-    std::string target;
     Result result = Result::failed;
     double ms = 0.0;          // wall time of the prewarm call
     double compile_ms = 0.0;  // NVRTC's share of it
@@ -235,30 +235,31 @@ struct Kernel {
     std::string error;
 };
 
-// The specs of every source the options name, without duplicates.
-std::vector<NamedSpec> gather_specs(const PrewarmOptions& options) {
-    std::vector<NamedSpec> specs;
-    for (const std::string& preset : options.presets) add_unique(specs, preset_specs(preset));
-    for (const std::string& manifest : options.manifests) add_unique(specs, read_manifest(manifest));
-    if (!options.flag_template.empty()) {
-        std::vector<NamedSpec> from_flags;
-        for (const rope_jit_kernel_spec& spec : expand_template(options.flag_template, "flags"))
-            from_flags.push_back(NamedSpec{spec, {"flags"}});
-        add_unique(specs, from_flags);
-    }
-    if (specs.empty()) throw UsageError("prewarm: nothing to compile; give --preset, --manifest or --head-dim");
-    return specs;
+// The templates of every source the options name.
+std::vector<SpecTemplate> gather_templates(const PrewarmOptions& options) {
+    const Ops ops = options.ops.empty() ? Ops{} : parse_ops(options.ops);
+    std::vector<SpecTemplate> templates;
+    for (const std::string& preset : options.presets)
+        for (SpecTemplate& t : preset_templates(preset, ops)) templates.push_back(std::move(t));
+    for (const std::string& manifest : options.manifests)
+        for (SpecTemplate& t : read_manifest(manifest, ops)) templates.push_back(std::move(t));
+    if (!options.flag_template.empty())
+        templates.push_back(SpecTemplate{options.flag_template, "flags", ""});
+    if (templates.empty())
+        throw UsageError("prewarm: nothing to compile; give --preset, --manifest or --head-dim");
+    return templates;
 }
 
 // The targets to compile for, and a note on where they came from.
 std::vector<std::string> choose_targets(const GlobalOptions& global, const PrewarmOptions& options,
                                         std::string* note) {
-    static const std::regex pattern("(sm|compute)_[0-9]+[a-z]?");
     if (!options.targets.empty()) {
         std::vector<std::string> targets;
         for (const std::string& target : options.targets) {
-            if (!std::regex_match(target, pattern))
-                throw UsageError(fmt::format("--target: '{}' is not an architecture like sm_90 or compute_90", target));
+            if (!valid_target(target))
+                throw UsageError(fmt::format(
+                    "--target: '{}' is not an architecture like sm_90, sm_90a or compute_90",
+                    target));
             if (std::find(targets.begin(), targets.end(), target) == targets.end()) targets.push_back(target);
         }
         return targets;
@@ -283,13 +284,14 @@ std::vector<std::string> choose_targets(const GlobalOptions& global, const Prewa
 }
 
 // Prewarms one kernel on a runtime of its own thread, so the counters it reads are its own.
-void prewarm_one(rope_jit_runtime* runtime, const rope_jit_kernel_spec& spec, Kernel& kernel) {
+void prewarm_one(rope_jit_runtime* runtime, const PlannedKernel& planned, Kernel& kernel) {
     rope_jit_stats before, after;
     rope_jit_stats_init(&before);
     rope_jit_stats_init(&after);
     rope_jit_get_stats(runtime, &before);
     const auto start = std::chrono::steady_clock::now();
-    const rope_jit_status status = rope_jit_prewarm(runtime, &spec, 1, kernel.target.c_str());
+    const rope_jit_status status =
+        rope_jit_prewarm_json(runtime, planned.spec_json.c_str(), planned.target.c_str());
     kernel.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     if (status != ROPE_JIT_OK) {
         kernel.result = Result::failed;
@@ -302,11 +304,11 @@ void prewarm_one(rope_jit_runtime* runtime, const rope_jit_kernel_spec& spec, Ke
     kernel.written = after.disk_writes > before.disk_writes;
 }
 
-json kernel_json(const std::vector<NamedSpec>& specs, const Kernel& kernel, const char* result) {
-    return json{{"target", kernel.target},
-                {"spec", spec_to_json(specs[kernel.spec].spec)},
-                {"description", describe(specs[kernel.spec].spec)},
-                {"sources", specs[kernel.spec].sources},
+json kernel_json(const PlannedKernel& planned, const Kernel& kernel, const char* result) {
+    return json{{"target", planned.target},
+                {"spec", json::parse(planned.spec_json)},
+                {"description", planned.description},
+                {"sources", planned.sources},
                 {"result", result},
                 {"ms", kernel.ms},
                 {"compile_ms", kernel.compile_ms},
@@ -315,59 +317,55 @@ json kernel_json(const std::vector<NamedSpec>& specs, const Kernel& kernel, cons
 }
 
 // prewarm --dry-run: what would be compiled, compiling nothing.
-int print_prewarm_plan(const GlobalOptions& global, const std::vector<NamedSpec>& specs,
-                       const std::vector<Kernel>& kernels, const std::string& root) {
+int print_prewarm_plan(const GlobalOptions& global, const std::vector<PlannedKernel>& planned,
+                       const std::string& root) {
     if (global.json) {
         json list = json::array();
-        for (const Kernel& kernel : kernels) list.push_back(kernel_json(specs, kernel, "planned"));
+        for (const PlannedKernel& kernel : planned)
+            list.push_back(kernel_json(kernel, Kernel{}, "planned"));
         print_json(json{{"command", "prewarm"}, {"dry_run", true}, {"cache_dir", root}, {"kernels", list}});
         return kExitOk;
     }
-    for (const Kernel& kernel : kernels)
-        std::cout << fmt::format("would prewarm  {:<7} {}  [{}]", kernel.target, describe(specs[kernel.spec].spec),
-                                 joined(specs[kernel.spec].sources))
+    for (const PlannedKernel& kernel : planned)
+        std::cout << fmt::format("would prewarm  {:<7} {}  [{}]", kernel.target, kernel.description,
+                                 joined(kernel.sources))
                   << "\n";
-    std::cout << fmt::format("prewarm: {} kernels planned for {}", kernels.size(), root) << std::endl;
+    std::cout << fmt::format("prewarm: {} kernels planned for {}", planned.size(), root)
+              << std::endl;
     return kExitOk;
 }
 
 int run_prewarm(const GlobalOptions& global, const PrewarmOptions& options) {
-    const std::vector<NamedSpec> specs = gather_specs(options);
+    const std::vector<SpecTemplate> templates = gather_templates(options);
     if (options.jobs < 0) throw UsageError("--jobs: must be >= 1 (0 = one per hardware thread)");
     std::string note;
     const std::vector<std::string> targets = choose_targets(global, options, &note);
+    const std::vector<PlannedKernel> planned = plan_kernels(templates, targets);
     // The root every worker's runtime resolves to, for the report.
     const std::string root = rope_jit_cache_root(make_runtime(global, ROPE_JIT_BACKEND_CPU).get());
-
-    std::vector<Kernel> kernels;
-    for (const std::string& target : targets)
-        for (size_t i = 0; i < specs.size(); ++i) {
-            Kernel kernel;
-            kernel.spec = i;
-            kernel.target = target;
-            kernels.push_back(kernel);
-        }
+    std::vector<Kernel> kernels(planned.size());
     const size_t hardware = std::max(1u, std::thread::hardware_concurrency());
     const size_t jobs = std::min(kernels.size(), options.jobs > 0 ? size_t(options.jobs) : hardware);
 
     if (!global.json && !note.empty()) std::cout << note << std::endl;
-    if (options.dry_run) return print_prewarm_plan(global, specs, kernels, root);
+    if (options.dry_run) return print_prewarm_plan(global, planned, root);
     const char* nvrtc = "";
     if (const rope_jit_status status = rope_jit_nvrtc_version(&nvrtc); status != ROPE_JIT_OK)
         throw Failure("prewarm compiles with NVRTC, which is not available here: " + last_error_or(status));
     ProgressBar bar(kernels.size(), !global.json);
     std::mutex report_mutex;
     size_t done = 0, compiled = 0, cached = 0, failed = 0;
-    auto report = [&](const Kernel& kernel) {
+    auto report = [&](size_t i) {
+        const Kernel& kernel = kernels[i];
         std::lock_guard<std::mutex> lock(report_mutex);
         ++done;
         compiled += kernel.result == Result::compiled;
         cached += kernel.result == Result::cached;
         failed += kernel.result == Result::failed;
         if (!global.json) {
-            const NamedSpec& spec = specs[kernel.spec];
-            bar.print_line(fmt::format("{:<9} {:<7} {}  [{}]  {}", result_name(kernel.result), kernel.target,
-                                       describe(spec.spec), joined(spec.sources), format_ms(kernel.ms)));
+            bar.print_line(fmt::format("{:<9} {:<7} {}  [{}]  {}", result_name(kernel.result),
+                                       planned[i].target, planned[i].description,
+                                       joined(planned[i].sources), format_ms(kernel.ms)));
             if (kernel.result == Result::failed) bar.print_line("  " + kernel.error);
         }
         bar.update(done, fmt::format("{} compiled, {} cached, {} failed", compiled, cached, failed));
@@ -385,10 +383,11 @@ int run_prewarm(const GlobalOptions& global, const PrewarmOptions& options) {
             runtime_error = e.what();
         }
         for (size_t i = next++; i < kernels.size(); i = next++) {
-            Kernel& kernel = kernels[i];
-            if (runtime) prewarm_one(runtime.get(), specs[kernel.spec].spec, kernel);
-            else kernel.error = runtime_error;
-            report(kernel);
+            if (runtime)
+                prewarm_one(runtime.get(), planned[i], kernels[i]);
+            else
+                kernels[i].error = runtime_error;
+            report(i);
         }
     };
     std::vector<std::thread> threads;
@@ -405,7 +404,8 @@ int run_prewarm(const GlobalOptions& global, const PrewarmOptions& options) {
     }
     if (global.json) {
         json list = json::array();
-        for (const Kernel& kernel : kernels) list.push_back(kernel_json(specs, kernel, result_name(kernel.result)));
+        for (size_t i = 0; i < kernels.size(); ++i)
+            list.push_back(kernel_json(planned[i], kernels[i], result_name(kernels[i].result)));
         print_json(json{{"command", "prewarm"}, {"cache_dir", root},     {"targets", targets},
                         {"note", note},         {"jobs", jobs},          {"kernels", list},
                         {"compiled", compiled}, {"cached", cached},      {"failed", failed},
@@ -726,14 +726,27 @@ int run(int argc, char** argv) {
     PrewarmOptions prewarm_options;
     std::vector<std::string> preset_names;
     for (const Preset& preset : presets()) preset_names.push_back(preset.name);
-    prewarm->add_option("--preset", prewarm_options.presets,
-                        "model presets, comma-separated; each is bf16 q and k with bf16 full tables, forward and "
-                        "backward, with and without int64 position indices. Known: " +
-                            joined(preset_names))
+    prewarm
+        ->add_option(
+            "--preset", prewarm_options.presets,
+            "model presets, comma-separated: the kernels rope_jit.rope, apply_rope, the HF drop-in "
+            "and the fused attention run for one layer of the model (bf16, bf16 tables; RoPE in "
+            "and "
+            "out of place, forward and backward, implicit, int64 indices and int64 offsets; causal "
+            "attention forward and backward). Known: " +
+                joined(preset_names))
         ->delimiter(',');
-    prewarm->add_option("--manifest", prewarm_options.manifests,
-                        "JSON file: {\"presets\": [...], \"specs\": [{field: value or [values]}, ...]} with the "
-                        "fields of the spec flags below (head_dim, rotary_dim, dtype, ...)");
+    prewarm
+        ->add_option("--ops", prewarm_options.ops,
+                     "ops of the presets: rope, attention (default both)")
+        ->delimiter(',');
+    prewarm->add_option(
+        "--manifest", prewarm_options.manifests,
+        "JSON file: {\"presets\": [...], \"ops\": [...], \"specs\": [{field: value or [values]}, "
+        "...]}, a list of such specs, or the output of `rope-jit-cache list --json` (its ok "
+        "entries, each for its own target). Fields are rope_jit_prewarm_json's (rope_jit.h): "
+        "\"op\" (rope, attention), head_dim, rotary_dim, dtype, direction, ...; at most 4 MiB, "
+        "16 levels of nesting and 20000 specs");
     prewarm->add_option("--target", prewarm_options.targets,
                         std::string("architectures, comma-separated (sm_80,sm_90); default: those of the local "
                                     "GPUs, or ") +
@@ -746,7 +759,8 @@ int run(int argc, char** argv) {
     std::vector<std::string> dtypes, table_dtypes, styles, directions, positions, index_dtypes, angles;
     bool q_only = false, packed = false, xpos = false, out_of_place = false;
     prewarm->add_option("--head-dim", head_dims, "spec: features per head (required for specs from flags)")->delimiter(',');
-    prewarm->add_option("--rotary-dim", rotary_dims, "spec: rotated features (default 0 = head_dim)")->delimiter(',');
+    prewarm->add_option("--rotary-dim", rotary_dims, "spec: rotated features (default head_dim)")
+        ->delimiter(',');
     prewarm->add_option("--rotary-offset", rotary_offsets, "spec: first rotated feature (default 0)")->delimiter(',');
     prewarm->add_option("--gqa-group", gqa_groups, "spec: q heads per k head (default 1)")->delimiter(',');
     prewarm->add_option("--dtype", dtypes, "spec: float32 (default), float16, bfloat16")->delimiter(',');
@@ -755,7 +769,7 @@ int run(int argc, char** argv) {
     prewarm->add_option("--style", styles, "spec: half (default) or interleaved")->delimiter(',');
     prewarm->add_option("--direction", directions, "spec: forward (default), backward")->delimiter(',');
     prewarm->add_option("--positions", positions, "spec: implicit (default), indices, seqlen-offsets")->delimiter(',');
-    prewarm->add_option("--index-dtype", index_dtypes, "spec: int64 (default) or int32")->delimiter(',');
+    prewarm->add_option("--index-dtype", index_dtypes, "spec: int64 (default) or int32");
     prewarm->add_option("--angles", angles, "spec: table-full (default), table-half, inv-freq")->delimiter(',');
     prewarm->add_flag("--q-only", q_only, "spec: rotate q alone (no k)");
     prewarm->add_flag("--packed", packed, "spec: packed [T,H,D] tensors with cu_seqlens");
@@ -819,17 +833,35 @@ int run(int argc, char** argv) {
             if (!rotary_dims.empty()) tmpl["rotary_dim"] = rotary_dims;
             if (!rotary_offsets.empty()) tmpl["rotary_offset"] = rotary_offsets;
             if (!gqa_groups.empty()) tmpl["gqa_group"] = gqa_groups;
-            if (!dtypes.empty()) tmpl["dtype"] = dtypes;
-            if (!table_dtypes.empty()) tmpl["table_dtype"] = table_dtypes;
+            // Flags take the short dtype names too; the JSON vocabulary has the long ones.
+            auto long_dtypes = [](std::vector<std::string> names) {
+                for (std::string& name : names) {
+                    if (name == "f32" || name == "fp32") name = "float32";
+                    if (name == "f16" || name == "fp16") name = "float16";
+                    if (name == "bf16") name = "bfloat16";
+                }
+                return names;
+            };
+            if (!dtypes.empty()) tmpl["dtype"] = long_dtypes(dtypes);
+            if (!table_dtypes.empty()) tmpl["table_dtype"] = long_dtypes(table_dtypes);
             if (!styles.empty()) tmpl["style"] = styles;
             if (!directions.empty()) tmpl["direction"] = directions;
             if (!positions.empty()) tmpl["positions"] = positions;
-            if (!index_dtypes.empty()) tmpl["index_dtype"] = index_dtypes;
+            if (!index_dtypes.empty()) {
+                // int64, the default, is what the derived index dtype fields give.
+                if (index_dtypes.size() != 1 ||
+                    (index_dtypes[0] != "int32" && index_dtypes[0] != "int64"))
+                    throw UsageError("--index-dtype: expected one of int32, int64");
+                if (index_dtypes[0] == "int32")
+                    for (const char* key :
+                         {"positions_int64", "seqlen_offsets_int64", "cu_seqlens_int64"})
+                        tmpl[key] = false;
+            }
             if (!angles.empty()) tmpl["angles"] = angles;
             if (q_only) tmpl["has_k"] = false;
             if (packed) tmpl["packed"] = true;
             if (xpos) tmpl["xpos"] = true;
-            if (out_of_place) tmpl["in_place"] = false;
+            if (out_of_place) tmpl["in_place_q"] = false;
             if (!tmpl.empty() && head_dims.empty())
                 throw UsageError("prewarm: --head-dim is required with the other spec flags");
             return run_prewarm(global, prewarm_options);

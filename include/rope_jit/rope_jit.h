@@ -437,12 +437,63 @@ ROPE_JIT_API rope_jit_status rope_jit_rope(rope_jit_runtime* runtime,
  * specs[0].struct_size bytes apart (a caller built against an older header passes its own
  * size), and each must have that struct_size. Fails on the first bad spec
  * (ERROR_INVALID_ARGUMENT, naming its index) or compile error (ERROR_COMPILE, with the NVRTC
- * log); ERROR_BACKEND_UNAVAILABLE without NVRTC, or with target NULL and no GPU. A kernel
- * that compiles but cannot be stored (the cache root unusable, read-only or full) is not an
- * error: it stays in memory with one warning; rope_jit_stats tells (disk_writes does not grow
- * with compiles), which is how rope-jit-cache prewarm decides to exit 1. */
+ * log); ERROR_BACKEND_UNAVAILABLE without NVRTC, or with target NULL and no GPU. A malformed
+ * target ("sm_9", "sm_90x") is ERROR_INVALID_ARGUMENT. A kernel that compiles but cannot be
+ * stored (the cache root unusable, read-only or full) is not an error: it stays in memory with
+ * one warning; rope_jit_stats tells (disk_writes does not grow with compiles), which is how
+ * rope-jit-cache prewarm decides to exit 1. RoPE kernels only: rope_jit_prewarm_json takes
+ * every op's specs. */
 ROPE_JIT_API rope_jit_status rope_jit_prewarm(rope_jit_runtime* runtime, const rope_jit_kernel_spec* specs,
                                               size_t n, const char* target);
+
+/* Prewarms kernels of every op from specs written as JSON, in the vocabulary the cache
+ * stores and `rope-jit-cache list --json` prints (so a listed spec can be passed back
+ * unchanged). `specs_json` is one spec object or an array of them; each names its "op":
+ *
+ *   RoPE ("op": "rope", the default): the fields of a kernel spec. Required: "head_dim".
+ *     Enumerations by name: "dtype", "table_dtype", "inv_freq_dtype", "xpos_dtype":
+ *     "float32" | "float16" | "bfloat16"; "direction": "forward" | "backward"; "style":
+ *     "half" | "interleaved"; "positions": "implicit" | "indices" | "seqlen-offsets";
+ *     "angles": "table-full" | "table-half" | "inv-freq". Integers: "rotary_dim" (default
+ *     head_dim), "rotary_offset", "gqa_group", "mrope_axes". Booleans: "has_k" (default
+ *     true), "packed", "xpos", "in_place_q" (default true), "in_place_k", "freq_grad",
+ *     "positions_int64", "seqlen_offsets_int64", "cu_seqlens_int64", "k_own_angles".
+ *     Left out, the derived fields (index dtypes: int64 where read; in_place_k = in_place_q;
+ *     "vec", "vec_loads", "copy_vec", "table_vec_loads", "block_threads") take what a call
+ *     with C-contiguous, 16-byte-aligned tensors gets; the others take rope_jit_kernel_spec_
+ *     init's defaults. Example: {"head_dim": 128, "dtype": "bfloat16", "table_dtype":
+ *     "bfloat16", "direction": "backward", "gqa_group": 4, "in_place_q": false}.
+ *   Attention ("op": "attention") describing a call: "head_dim" (required), "dtype",
+ *     "table_dtype", "mask_dtype", "rotary_dim" (default head_dim; 0 = no rotation),
+ *     "style", "table_full" ([P, R] tables; default false: [P, R/2]), "pos_mask", "mask"
+ *     ("none" | "bool" | "additive"), "causal", "gqa_group", "write_lse" (the forward writes
+ *     lse), "direction" ("forward": the forward kernel; "backward": the dq and dk/dv
+ *     kernels) and "seqlen_k" (keys per sequence, default 1024; the kernel choice depends on
+ *     it only through classes). Such an entry stands for the kernels a call with contiguous,
+ *     16-byte-aligned tensors runs on a GPU of `target` (the tile choice of that
+ *     architecture and this NVRTC).
+ *   Attention with "kind" ("forward" | "backward-dq" | "backward-dkdv"): one exact kernel,
+ *     every field as `list --json` prints it.
+ *
+ * Unknown fields, wrong types and values out of range fail with ERROR_INVALID_ARGUMENT naming
+ * the entry ("json[2]") and the field, before anything is compiled. `target` as for
+ * rope_jit_prewarm (NULL = device 0's); a malformed target ("sm_9", "sm_90x") is
+ * ERROR_INVALID_ARGUMENT. Other failures as rope_jit_prewarm's. */
+ROPE_JIT_API rope_jit_status rope_jit_prewarm_json(rope_jit_runtime* runtime,
+                                                   const char* specs_json, const char* target);
+
+/* Called once per kernel by rope_jit_prewarm_plan: its spec as canonical JSON (every field;
+ * what the cache stores) and a short description, both NUL-terminated and valid during the
+ * call. Returns 0 to go on, anything else to stop. */
+typedef int (*rope_jit_spec_visitor)(const char* spec_json, const char* description,
+                                     void* user_data);
+
+/* The kernels rope_jit_prewarm_json(runtime, specs_json, target) would prewarm, in order and
+ * without duplicates, compiling nothing: calls visitor for each. `target` is required here.
+ * Fails as rope_jit_prewarm_json does for bad JSON or a bad target, and with
+ * ERROR_INVALID_ARGUMENT for a NULL argument. */
+ROPE_JIT_API rope_jit_status rope_jit_prewarm_plan(const char* specs_json, const char* target,
+                                                   rope_jit_spec_visitor visitor, void* user_data);
 
 /* Copies the runtime's counters into *stats (up to stats->struct_size bytes). */
 ROPE_JIT_API rope_jit_status rope_jit_get_stats(const rope_jit_runtime* runtime, rope_jit_stats* stats);

@@ -126,6 +126,22 @@ class Runtime:
             status = self._library.rope_jit_prewarm(self.handle, ctypes.byref(array[index]), 1, target)
             self._library.check(f"rope_jit_prewarm (specs[{index}])", status)
 
+    def prewarm_json(self, specs, target=None):
+        """Compiles into the disk cache the kernels of `specs`: one dict or a list of dicts in
+        the library's JSON spec vocabulary (rope_jit_prewarm_json in rope_jit.h; what
+        `rope-jit-cache list --json` prints as spec_json), for RoPE ({"head_dim": 128,
+        "dtype": "bfloat16", "direction": "backward", "in_place_q": False, ...}) and attention
+        ({"op": "attention", "head_dim": 128, "causal": True, "direction": "backward", ...}:
+        the kernels such a call runs on `target`). `target` as for prewarm()."""
+        import json
+        function = self._library.optional("rope_jit_prewarm_json", ctypes.c_int,
+                                          [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_char_p])
+        if function is None:
+            raise NotImplementedError("the loaded librope_jit has no rope_jit_prewarm_json: build a newer rope-jit")
+        text = json.dumps(specs)
+        target = None if target is None else str(target).encode()
+        self._library.check("rope_jit_prewarm_json", function(self.handle, text.encode(), target))
+
     def close(self):
         """Frees the runtime. No call may be in flight on it. Closing twice is a no-op."""
         if self._handle is not None:

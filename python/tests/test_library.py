@@ -151,3 +151,14 @@ def test_arguments_past_an_older_librarys_rope_args_are_refused_rather_than_igno
             rope_jit.rope(q, inv_freq=inv_freq, backward=True, inv_freq_grad=np.zeros(4, np.float32),
                           runtime=runtime)
     rope_jit.rope(q, inv_freq=inv_freq, runtime=runtime)  # what it has still works
+
+
+def test_prewarm_json_takes_the_cache_vocabulary_and_names_a_bad_field(library, tmp_path):
+    with rope_jit.Runtime(backend="cpu", cache_dir=tmp_path) as runtime:
+        with pytest.raises(rope_jit.InvalidArgumentError) as caught:
+            runtime.prewarm_json([{"head_dim": 64}, {"head_dim": 64, "direction": "sideways"}], target="sm_90")
+        assert "json[1]: direction" in caught.value.detail
+        with pytest.raises(rope_jit.InvalidArgumentError) as caught:
+            runtime.prewarm_json({"head_dim": 64}, target="sm_9")
+        assert "target" in caught.value.detail
+        assert runtime.stats()["compiles"] == 0

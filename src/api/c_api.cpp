@@ -14,6 +14,7 @@
 #include "jit/nvrtc_loader.h"
 #include "ops/rope/rope_frequencies.h"
 #include "rope_jit/rope_jit.h"
+#include "api/prewarm_specs.h"
 #include "api/runtime.h"
 #include "common/versioned_struct.h"
 
@@ -157,6 +158,28 @@ rope_jit_status rope_jit_prewarm(rope_jit_runtime* runtime, const rope_jit_kerne
     return guarded([&] {
         if (runtime == nullptr) rope_jit::fail_argument("runtime: NULL");
         runtime->runtime.prewarm(specs, n, target);
+    });
+}
+
+rope_jit_status rope_jit_prewarm_json(rope_jit_runtime* runtime, const char* specs_json,
+                                      const char* target) {
+    return guarded([&] {
+        if (runtime == nullptr) rope_jit::fail_argument("runtime: NULL");
+        runtime->runtime.prewarm_json(specs_json, target);
+    });
+}
+
+rope_jit_status rope_jit_prewarm_plan(const char* specs_json, const char* target,
+                                      rope_jit_spec_visitor visitor, void* user_data) {
+    return guarded([&] {
+        if (specs_json == nullptr) rope_jit::fail_argument("specs_json: NULL");
+        if (target == nullptr)
+            rope_jit::fail_argument("target: NULL; name an architecture (\"sm_90\")");
+        if (visitor == nullptr) rope_jit::fail_argument("visitor: NULL");
+        for (const rope_jit::PrewarmKernel& kernel :
+             rope_jit::expand_prewarm_json(specs_json, target))
+            if (visitor(kernel.spec_json.c_str(), kernel.description.c_str(), user_data) != 0)
+                break;
     });
 }
 

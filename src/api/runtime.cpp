@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "api/prewarm_specs.h"
 #include "ops/attention/attention_cpu.h"
 #include "ops/attention/attention_problem.h"
 #include "ops/rope/cpu_reference.h"
@@ -104,18 +105,32 @@ void Runtime::attention(const rope_jit_attention_args& args, bool backward) {
     require_gpu(problem.device, false);
 }
 
+std::string Runtime::prewarm_target(const char* target) const {
+    if (target != nullptr) {
+        target_compute_capability(target);  // Error(INVALID_ARGUMENT) for "sm_9", "sm_90x"...
+        return target;
+    }
+    if (devices_) return devices_->target(0);
+    throw Error(
+        ROPE_JIT_ERROR_BACKEND_UNAVAILABLE,
+        "target: NULL asks for the local GPU's architecture, but this runtime has no GPU; name one "
+        "(\"sm_90\")");
+}
+
+void Runtime::prewarm_json(const char* specs_json, const char* target) {
+    if (specs_json == nullptr) fail_argument("specs_json: NULL");
+    const std::string chosen = prewarm_target(target);
+    for (const PrewarmKernel& kernel : expand_prewarm_json(specs_json, chosen)) {
+        if (kernel.attention)
+            build_attention_binary(kernel.attention_spec, chosen, disk_.get(), stats_);
+        else
+            build_kernel_binary(kernel.rope, chosen, disk_.get(), stats_);
+    }
+}
+
 void Runtime::prewarm(const rope_jit_kernel_spec* specs, size_t n, const char* target) {
     if (n > 0 && specs == nullptr) fail_argument("specs: NULL with n > 0");
-    std::string chosen;
-    if (target != nullptr) {
-        chosen = target;
-    } else if (devices_) {
-        chosen = devices_->target(0);
-    } else {
-        throw Error(ROPE_JIT_ERROR_BACKEND_UNAVAILABLE,
-                    "target: NULL asks for the local GPU's architecture, but this runtime has no GPU; name one "
-                    "(\"sm_90\")");
-    }
+    const std::string chosen = prewarm_target(target);
     // The array may come from a caller built against another version of the header: its
     // elements lie specs[0].struct_size bytes apart, not sizeof(rope_jit_kernel_spec).
     size_t stride = 0;

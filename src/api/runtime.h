@@ -32,6 +32,8 @@ public:
     // Attention with rotary fused in: the forward, or (backward) the gradients.
     void attention(const rope_jit_attention_args& args, bool backward);
     void prewarm(const rope_jit_kernel_spec* specs, size_t n, const char* target);
+    // Specs as JSON text (api/prewarm_specs.h), for every op.
+    void prewarm_json(const char* specs_json, const char* target);
     const KernelStats& stats() const { return stats_; }
     // For diagnostics and cache maintenance: the disk cache (nullptr when memory-only) and
     // the CUDA devices (nullptr on the CPU backend).
@@ -40,6 +42,8 @@ public:
 
 private:
     ThreadPool& cpu_pool();
+    // `target`, or the local GPU's for NULL (Error(BACKEND_UNAVAILABLE) without one).
+    std::string prewarm_target(const char* target) const;
 
     int cpu_threads_ = 0;
     bool debug_checks_ = false;

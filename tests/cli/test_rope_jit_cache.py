@@ -507,44 +507,151 @@ class CommandLineTest(CacheTestCase):
                                         "--target", "sm_90").stdout)
             head_dim = hidden // heads
             specs = [kernel["spec"] for kernel in plan["kernels"]]
-            self.assertEqual(len(specs), 4, name)
             for spec in specs:
                 self.assertEqual(spec["head_dim"], head_dim, name)
                 self.assertEqual(spec["rotary_dim"], int(head_dim * fraction), name)
                 self.assertEqual(spec["style"], style, name)
                 self.assertEqual(spec["gqa_group"], heads // kv_heads, name)
                 self.assertEqual((spec["dtype"], spec["table_dtype"]), ("bfloat16", "bfloat16"), name)
-            self.assertEqual(sorted((spec["direction"], spec["positions"]) for spec in specs),
-                             [("backward", "implicit"), ("backward", "indices"),
-                              ("forward", "implicit"), ("forward", "indices")], name)
+            rope = [spec for spec in specs if spec["op"] == "rope"]
+            # rope_jit.rope in place, apply_rope and the HF drop-in out of place (forward and
+            # the backward of autograd), with implicit positions, indices and per-sequence
+            # offsets (the HF drop-in with a batch of [B, S, R] tables); HF-style full tables.
+            self.assertEqual(sorted((spec["direction"], spec["positions"], spec["in_place_q"]) for spec in rope),
+                             sorted((direction, positions, in_place) for direction in ("forward", "backward")
+                                    for positions in ("implicit", "indices", "seqlen-offsets")
+                                    for in_place in (True, False)), name)
+            self.assertTrue(all(spec["angles"] == "table-full" and spec["has_k"] for spec in rope), name)
+            attention = [spec for spec in specs if spec["op"] == "attention"]
+            kinds = sorted({spec["kind"] for spec in attention})
+            self.assertEqual(kinds, ["backward-dkdv", "backward-dq", "forward"], name)
+            for table_full in (False, True):
+                forwards = [spec for spec in attention
+                            if spec["kind"] == "forward" and spec["table_full"] == table_full]
+                self.assertEqual(sorted(spec["write_lse"] for spec in forwards), [False, True], name)
+            self.assertTrue(all(spec["causal"] for spec in attention), name)
+            only_rope = json.loads(self.tool("--cache-dir", self.root, "prewarm", "--dry-run", "--json", "--preset",
+                                             name, "--ops", "rope", "--target", "sm_90").stdout)
+            self.assertEqual([kernel["spec"] for kernel in only_rope["kernels"]], rope, name)
+        self.tool("prewarm", "--preset", "llama3-8b", "--ops", "conv", "--target", "sm_90", expect=2)
 
     def test_a_manifest_expands_each_spec_as_the_cross_product_of_its_lists_and_merges_duplicates(self):
         manifest = os.path.join(self.scratch, "manifest.json")
         write_bytes(manifest, json.dumps({
-            "presets": ["llama3-8b", "mistral-7b"],
+            "presets": ["llama3-8b", "mistral-7b"], "ops": ["rope"],
             "specs": [{"head_dim": [64, 128], "style": ["half", "interleaved"], "dtype": "float16"}]}).encode())
         plan = json.loads(self.tool("--cache-dir", self.root, "prewarm", "--dry-run", "--json", "--manifest", manifest,
                                     "--target", "sm_80,sm_90").stdout)
-        self.assertEqual(len(plan["kernels"]), 2 * (4 + 4))  # llama3-8b and mistral-7b share their 4 specs
+        self.assertEqual(len(plan["kernels"]), 2 * (12 + 4))  # llama3-8b and mistral-7b share their 12 specs
         merged = [kernel for kernel in plan["kernels"] if "mistral-7b" in kernel["sources"]]
+        self.assertEqual(len(merged), 2 * 12)
         self.assertTrue(all(kernel["sources"] == ["llama3-8b", "mistral-7b"] for kernel in merged))
-        write_bytes(manifest, json.dumps({"specs": [{"head_dim": 64, "colour": "blue"}]}).encode())
-        self.tool("prewarm", "--manifest", manifest, expect=2)
+        for bad in ({"specs": [{"head_dim": 64, "colour": "blue"}]}, {"specs": [{"head_dim": 64, "style": []}]},
+                    {"specs": [{"head_dim": 64}], "extra": 1}, {"presets": ["no-such-model"]}, {"specs": []}):
+            write_bytes(manifest, json.dumps(bad).encode())
+            self.tool("prewarm", "--manifest", manifest, "--target", "sm_90", expect=2)
         write_bytes(manifest, b"{not json")
         self.tool("prewarm", "--manifest", manifest, expect=2)
         self.tool("prewarm", "--manifest", os.path.join(self.scratch, "missing.json"), expect=2)
 
+    def test_manifest_values_the_library_refuses_are_usage_errors_naming_the_field(self):
+        # Issue 20 C3 (these exited 1) and D2 (this one exited 0 and wrote an entry after a
+        # signed overflow in the spec's validation).
+        manifest = os.path.join(self.scratch, "manifest.json")
+        for spec, message in (({"head_dim": -2}, "head_dim: must be in"), ({"head_dim": 63}, "head_dim must be even"),
+                              ({"head_dim": 64, "dtype": "float8"}, "dtype: expected one of"),
+                              ({"op": "attention", "head_dim": 2000}, "head_dim: must be in"),
+                              ({"op": "conv", "head_dim": 64}, "op: expected")):
+            write_bytes(manifest, json.dumps([spec]).encode())
+            result = self.tool("--cache-dir", self.root, "prewarm", "--manifest", manifest, "--target", "sm_90",
+                               expect=2)
+            self.assertIn(message, result.stderr, spec)
+        result = self.tool("--cache-dir", self.root, "prewarm", "--head-dim", "128", "--rotary-dim", "2",
+                           "--rotary-offset", "2147483646", "--target", "sm_90", expect=2)
+        self.assertIn("rotary_offset", result.stderr)
+        self.assertFalse(os.path.exists(os.path.join(self.root, "v1")))
+
+    def test_targets_that_are_not_architectures_are_usage_errors(self):
+        # Issue 20 C3: these passed the old pattern and exited 1 from the library.
+        for target in ("sm_9", "sm_90x", "sm_0", "sm_" + "1" * 20, "compute_", "sm_090"):
+            result = self.tool("--cache-dir", self.root, "prewarm", "--head-dim", "64", "--target", target, expect=2)
+            self.assertIn("--target", result.stderr, target)
+        self.tool("--cache-dir", self.root, "prewarm", "--dry-run", "--head-dim", "64", "--target", "sm_90a,sm_100")
+
+    def test_manifests_are_bounded_in_depth_size_and_specs(self):
+        manifest = os.path.join(self.scratch, "manifest.json")
+        # Issue 20 C1: a deeply nested manifest crashed the tool (stack overflow).
+        write_bytes(manifest, b"[" * 100000 + b"]" * 100000)
+        result = self.tool("prewarm", "--manifest", manifest, "--target", "sm_90", expect=2)
+        self.assertIn("nests deeper", result.stderr)
+        # Issue 20 C2: /dev/zero grew to gigabytes; a large file is refused unread.
+        start = time.monotonic()
+        result = self.tool("prewarm", "--manifest", "/dev/zero", "--target", "sm_90", expect=2)
+        self.assertIn("larger than", result.stderr)
+        self.assertLess(time.monotonic() - start, 5)
+        write_bytes(manifest, b"[" + b" " * (5 << 20) + b"]")
+        self.tool("prewarm", "--manifest", manifest, "--target", "sm_90", expect=2)
+        # A few bytes of lists must not stand for billions of specs.
+        write_bytes(manifest, json.dumps([{"head_dim": list(range(2, 200, 2)), "gqa_group": list(range(1, 100)),
+                                           "rotary_offset": list(range(0, 100, 2))}]).encode())
+        result = self.tool("prewarm", "--dry-run", "--manifest", manifest, "--target", "sm_90", expect=2)
+        self.assertIn("more than the 20000 specs", result.stderr)
+        # Duplicates merge by hash: 3600 specs, each twice, plan in well under the old 6 s.
+        many = {"head_dim": 128, "rotary_dim": 2, "rotary_offset": list(range(0, 120, 2)),
+                "gqa_group": list(range(1, 61))}
+        write_bytes(manifest, json.dumps([many, many]).encode())
+        start = time.monotonic()
+        plan = json.loads(self.tool("--cache-dir", self.root, "prewarm", "--dry-run", "--json", "--manifest",
+                                    manifest, "--target", "sm_90").stdout)
+        self.assertLess(time.monotonic() - start, 5)
+        self.assertEqual(len(plan["kernels"]), 3600)
+        self.assertEqual({len(kernel["sources"]) for kernel in plan["kernels"]}, {2})
+
+    @needs_nvrtc
+    def test_list_json_is_a_manifest_that_prewarms_the_same_entries_into_an_empty_root(self):
+        manifest = os.path.join(self.scratch, "manifest.json")
+        write_bytes(manifest, json.dumps({"specs": [
+            {"head_dim": 64, "dtype": "bfloat16", "direction": ["forward", "backward"], "in_place_q": [True, False]},
+            {"head_dim": 96, "rotary_dim": 24, "in_place_q": False, "positions": "indices", "style": "interleaved"},
+            {"head_dim": 64, "angles": "inv-freq", "direction": "backward", "freq_grad": True, "has_k": False},
+            {"op": "attention", "head_dim": 32, "rotary_dim": 16, "direction": ["forward", "backward"]},
+        ]}).encode())
+        first, _ = self.prewarm("--manifest", manifest)
+        self.assertEqual(first["failed"], 0)
+        listed = self.tool("--cache-dir", self.root, "list", "--json").stdout
+        write_bytes(manifest, listed.encode())
+        other = os.path.join(self.scratch, "other")
+        second = json.loads(self.tool("--cache-dir", other, "prewarm", "--json", "--manifest", manifest).stdout)
+        self.assertEqual(second["failed"], 0)
+        self.assertEqual(second["compiled"], len(json.loads(listed)["items"]))
+
+        def entries(root):
+            items = json.loads(self.tool("--cache-dir", root, "list", "--json").stdout)["items"]
+            self.assertTrue(all(item["state"] == "ok" for item in items))
+            return sorted((item["target"], item["key"], json.dumps(item["spec_json"], sort_keys=True),
+                           item["payload_bytes"]) for item in items)
+        self.assertEqual(entries(other), entries(self.root))
+        # The listed specs, as plain spec objects, are a manifest too (the one-liner in the
+        # README: jq '[.items[] | select(.state == "ok") | .spec_json]').
+        plain = [item["spec_json"] for item in json.loads(listed)["items"] if item["state"] == "ok"]
+        write_bytes(manifest, json.dumps(plain).encode())
+        third = json.loads(self.tool("--cache-dir", other, "prewarm", "--json", "--manifest", manifest,
+                                     "--target", "sm_90").stdout)
+        self.assertEqual((third["compiled"], third["cached"]), (0, len(plain)))
+
     @needs_nvrtc
     def test_prewarm_says_what_it_compiled_or_found_cached_and_how_long_it_took(self):
-        first = self.tool("--cache-dir", self.root, "prewarm", "--preset", "llama3-8b", "--target", "sm_90")
+        first = self.tool("--cache-dir", self.root, "prewarm", "--preset", "llama3-8b", "--ops", "rope",
+                          "--target", "sm_90")
         lines = first.stdout.splitlines()
         self.assertEqual(sum(line.startswith("compiled ") and (line.endswith(" ms") or line.endswith(" s"))
-                             for line in lines[:-1]), 4, first.stdout)
-        self.assertIn("4 compiled", lines[-1])
+                             for line in lines[:-1]), 12, first.stdout)
+        self.assertIn("12 compiled", lines[-1])
         self.assertIn("sm_90", lines[-1])
-        second = self.tool("--cache-dir", self.root, "prewarm", "--preset", "llama3-8b", "--target", "sm_90")
-        self.assertEqual(sum(line.startswith("cached ") for line in second.stdout.splitlines()), 4, second.stdout)
-        self.assertIn("4 already cached", second.stdout)
+        second = self.tool("--cache-dir", self.root, "prewarm", "--preset", "llama3-8b", "--ops", "rope",
+                           "--target", "sm_90")
+        self.assertEqual(sum(line.startswith("cached ") for line in second.stdout.splitlines()), 12, second.stdout)
+        self.assertIn("12 already cached", second.stdout)
 
     def test_without_a_gpu_or_target_prewarm_compiles_for_sm_90_and_says_so(self):
         plan = self.tool("--cache-dir", self.root, "prewarm", "--dry-run", "--head-dim", "64")

@@ -11,15 +11,35 @@
 #include "attention_params.h"
 #include "common/byte_hash.h"
 #include "common/error.h"
+#include "common/spec_fields.h"
 #include "ops/attention/attention_kernel_choice.h"
 
 namespace rope_jit {
 
 namespace {
 
-const char* const kDtypeNames[] = {"float32", "float16", "bfloat16"};
-const char* const kKindNames[] = {"forward", "backward_dq", "backward_dkdv"};
+// ---- the field table, compiled: one row per ROPE_JIT_ATTENTION_SPEC_FIELDS line -----------
+
+const char* const kFloatTypeNames[] = {"float32", "float16", "bfloat16"};
+const char* const kKindNames[] = {"forward", "backward-dq", "backward-dkdv"};
 const char* const kMaskNames[] = {"none", "bool", "additive"};
+const char* const kStyleNames[] = {"half", "interleaved"};
+
+const SpecValues Integer{SpecValues::integer, nullptr, 0, false};
+const SpecValues Boolean{SpecValues::boolean, nullptr, 0, true};
+const SpecValues FloatTypes{SpecValues::named, kFloatTypeNames, 3, false};
+const SpecValues KernelKinds{SpecValues::named, kKindNames, 3, false};
+const SpecValues MaskKinds{SpecValues::named, kMaskNames, 3, false};
+const SpecValues Styles{SpecValues::named, kStyleNames, 2, true};
+
+constexpr SpecPresence PLAIN = SpecPresence::plain, REQUIRED = SpecPresence::required;
+
+const SpecField<AttentionSpec> kFields[] = {
+#define ROPE_JIT_ATTENTION_SPEC_ROW(member, init, key, values, min, max, constant, presence) \
+    {&AttentionSpec::member, #member, key, &values, min, max, constant, presence},
+    ROPE_JIT_ATTENTION_SPEC_FIELDS(ROPE_JIT_ATTENTION_SPEC_ROW)
+#undef ROPE_JIT_ATTENTION_SPEC_ROW
+};
 
 int padded_head_dim(int head_dim) { return (head_dim + 15) / 16 * 16; }
 
@@ -35,6 +55,8 @@ void AttentionSpec::validate() const {
     auto require = [](bool ok, const std::string& message) {
         if (!ok) fail_argument("attention kernel spec: " + message);
     };
+    const std::string out_of_range = spec_range_problem(*this, kFields);
+    require(out_of_range.empty(), out_of_range);
     require(kind >= 0 && kind <= 2, fmt::format("kind {} is not 0, 1 or 2", kind));
     for (int32_t code : {dtype, table_dtype, mask_dtype})
         require(code >= 0 && code <= 2, fmt::format("dtype code {} is not 0, 1 or 2", code));
@@ -98,65 +120,16 @@ void AttentionSpec::validate() const {
 
 std::string AttentionSpec::preamble() const {
     std::string text = "// Specialization of attention.cu: " + describe() + "\n";
-    auto define = [&](const char* name, long long value) { text += fmt::format("constexpr int {} = {};\n", name, value); };
-    auto flag = [&](const char* name, int32_t value) {
-        text += fmt::format("constexpr bool {} = {};\n", name, value ? "true" : "false");
-    };
-    define("KIND", kind);
-    define("DTYPE", dtype);
-    define("TABLE_DTYPE", table_dtype);
-    define("MASK_DTYPE", mask_dtype);
-    define("HEAD_DIM", head_dim);
-    define("ROTARY_DIM", rotary_dim);
-    flag("INTERLEAVED", interleaved);
-    flag("TABLE_FULL", table_full);
-    flag("HAS_POS_MASK", pos_mask);
-    define("MASK_KIND", mask_kind);
-    flag("CAUSAL", causal);
-    define("GQA_GROUP", gqa_group);
-    flag("WRITE_LSE", write_lse);
-    flag("TENSOR_CORES", tensor_cores);
-    flag("WGMMA", wgmma);
-    define("STAGES", stages);
-    define("PRODUCER_WARPS", producer_warps);
-    define("CLUSTER", cluster);
-    if (cluster > 1) text += fmt::format("#define ROPE_JIT_CLUSTER_DIMS __cluster_dims__({}, 1, 1)\n", cluster);
-    flag("TABLE_ASYNC", table_async);
-    define("WARPS", warps);
-    define("M_TILES", m_tiles);
-    define("BLOCK_N", block_n);
-    flag("COMPUTE_DK", compute_dk);
-    flag("COMPUTE_DV", compute_dv);
+    text += spec_constants(*this, kFields);
+    if (cluster > 1)
+        text += fmt::format("#define ROPE_JIT_CLUSTER_DIMS __cluster_dims__({}, 1, 1)\n", cluster);
     return text;
 }
 
 std::string AttentionSpec::to_json() const {
     nlohmann::json j;  // keys are sorted on output, so the text is canonical
     j["op"] = "attention";
-    j["kind"] = kKindNames[kind];
-    j["dtype"] = kDtypeNames[dtype];
-    j["table_dtype"] = kDtypeNames[table_dtype];
-    j["mask_dtype"] = kDtypeNames[mask_dtype];
-    j["head_dim"] = head_dim;
-    j["rotary_dim"] = rotary_dim;
-    j["style"] = interleaved ? "interleaved" : "half";
-    j["table_full"] = bool(table_full);
-    j["pos_mask"] = bool(pos_mask);
-    j["mask"] = kMaskNames[mask_kind];
-    j["causal"] = bool(causal);
-    j["gqa_group"] = gqa_group;
-    j["write_lse"] = bool(write_lse);
-    j["tensor_cores"] = bool(tensor_cores);
-    j["wgmma"] = bool(wgmma);
-    j["stages"] = stages;
-    j["producer_warps"] = producer_warps;
-    j["cluster"] = cluster;
-    j["table_async"] = bool(table_async);
-    j["warps"] = warps;
-    j["m_tiles"] = m_tiles;
-    j["block_n"] = block_n;
-    j["compute_dk"] = bool(compute_dk);
-    j["compute_dv"] = bool(compute_dv);
+    spec_write_fields(*this, kFields, j);
     return j.dump();
 }
 
@@ -167,49 +140,52 @@ std::optional<AttentionSpec> AttentionSpec::from_json(const std::string& text, s
     };
     const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
     if (j.is_discarded() || !j.is_object()) return fail("not a JSON object");
-    if (!j.contains("op") || !j["op"].is_string() || j["op"].get<std::string>() != "attention")
+    if (!j.contains("op") || j["op"] != nlohmann::json("attention"))
         return fail("not an attention spec");
-    // A name among `names`, as its index.
-    auto index_of = [&](const char* key, const char* const* names, int count, int32_t* out) {
-        if (!j.contains(key) || !j[key].is_string()) return false;
-        for (int i = 0; i < count; ++i)
-            if (j[key].get<std::string>() == names[i]) {
-                *out = i;
-                return true;
-            }
-        return false;
-    };
-    auto integer = [&](const char* key, int32_t* out) {
-        if (!j.contains(key) || !j[key].is_number_integer()) return false;
-        const int64_t value = j[key].get<int64_t>();
-        if (value < INT32_MIN || value > INT32_MAX) return false;
-        *out = int32_t(value);
-        return true;
-    };
-    auto flag = [&](const char* key, int32_t* out) {
-        if (!j.contains(key) || !j[key].is_boolean()) return false;
-        *out = j[key].get<bool>() ? 1 : 0;
-        return true;
-    };
     AttentionSpec s;
-    int32_t interleaved = 0;
-    static const char* const kStyles[] = {"half", "interleaved"};
-    const bool ok = index_of("kind", kKindNames, 3, &s.kind) && index_of("dtype", kDtypeNames, 3, &s.dtype) &&
-                    index_of("table_dtype", kDtypeNames, 3, &s.table_dtype) &&
-                    index_of("mask_dtype", kDtypeNames, 3, &s.mask_dtype) && integer("head_dim", &s.head_dim) &&
-                    integer("rotary_dim", &s.rotary_dim) && index_of("style", kStyles, 2, &interleaved) &&
-                    flag("table_full", &s.table_full) && flag("pos_mask", &s.pos_mask) &&
-                    index_of("mask", kMaskNames, 3, &s.mask_kind) && flag("causal", &s.causal) &&
-                    integer("gqa_group", &s.gqa_group) && flag("write_lse", &s.write_lse) &&
-                    flag("tensor_cores", &s.tensor_cores) && flag("wgmma", &s.wgmma) && integer("stages", &s.stages) &&
-                    integer("producer_warps", &s.producer_warps) && integer("cluster", &s.cluster) &&
-                    flag("table_async", &s.table_async) && integer("warps", &s.warps) &&
-                    integer("m_tiles", &s.m_tiles) && integer("block_n", &s.block_n) &&
-                    flag("compute_dk", &s.compute_dk) && flag("compute_dv", &s.compute_dv);
-    if (!ok) return fail("a field is missing or of the wrong type");
-    s.interleaved = interleaved;
-    if (s.to_json() != j.dump()) return fail("fields or values this build's attention spec does not write");
+    try {
+        spec_read_fields(s, kFields, j, {"op"});
+        s.validate();
+    } catch (const std::exception& e) {
+        return fail(e.what());
+    }
     return s;
+}
+
+std::optional<AttentionCall> attention_call_from_json(const std::string& text, std::string* error) {
+    auto fail = [&](const std::string& why) -> std::optional<AttentionCall> {
+        if (error != nullptr) *error = why;
+        return std::nullopt;
+    };
+    nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+    if (j.is_discarded() || !j.is_object()) return fail("not a JSON object");
+    if (!j.contains("op") || j["op"] != nlohmann::json("attention"))
+        return fail("not an attention spec");
+    static const char* const kTileKeys[] = {
+        "kind",        "tensor_cores", "wgmma",   "stages",  "producer_warps", "cluster",
+        "table_async", "warps",        "m_tiles", "block_n", "compute_dk",     "compute_dv"};
+    AttentionCall call;
+    try {
+        for (const char* key : kTileKeys)
+            if (j.contains(key))
+                throw std::runtime_error(fmt::format(
+                    "{}: the kernel choice sets it; give \"kind\" too for one exact kernel", key));
+        if (j.contains("direction")) {
+            static const char* const kDirections[] = {"forward", "backward"};
+            static const SpecValues directions{SpecValues::named, kDirections, 2, false};
+            call.backward = spec_parse_value("direction", directions, 0, 1, j["direction"]) == 1;
+        }
+        if (j.contains("seqlen_k")) {
+            call.seqlen_k = spec_parse_value("seqlen_k", Integer, 1, INT32_MAX, j["seqlen_k"]);
+        }
+        j["kind"] = kKindNames[0];  // read as a forward kernel's fields
+        spec_read_fields(call.fields, kFields, j, {"op", "direction", "seqlen_k"});
+        if (!j.contains("rotary_dim")) call.fields.rotary_dim = call.fields.head_dim;
+        call.fields.validate();
+    } catch (const std::exception& e) {
+        return fail(e.what());
+    }
+    return call;
 }
 
 std::string AttentionSpec::describe() const {

@@ -18,37 +18,64 @@ namespace rope_jit {
 
 enum class AttentionKernelKind : int32_t { Forward = 0, BackwardDq = 1, BackwardDkDv = 2 };
 
+// The fields of an attention kernel spec, in member order; columns as for
+// ROPE_JIT_ROPE_SPEC_FIELDS (kernel_spec.h): member, default, JSON key, values, minimum,
+// maximum, the template's constexpr name, and whether a JSON object may leave it out.
+#define ROPE_JIT_ATTENTION_SPEC_FIELDS(X)                                                          \
+    X(kind, 0, "kind", KernelKinds, 0, 2, "KIND", REQUIRED) /* AttentionKernelKind */              \
+    X(dtype, 0, "dtype", FloatTypes, 0, 2, "DTYPE", PLAIN)                                         \
+    X(table_dtype, 0, "table_dtype", FloatTypes, 0, 2, "TABLE_DTYPE", PLAIN)                       \
+    X(mask_dtype, 0, "mask_dtype", FloatTypes, 0, 2, "MASK_DTYPE", PLAIN)                          \
+    X(head_dim, 0, "head_dim", Integer, 1, kAttentionMaxHeadDim, "HEAD_DIM", REQUIRED)             \
+    X(rotary_dim, 0, "rotary_dim", Integer, 0, kAttentionMaxHeadDim, "ROTARY_DIM",                 \
+      PLAIN) /* 0: none */                                                                         \
+    X(interleaved, 0, "style", Styles, 0, 1, "INTERLEAVED", PLAIN)                                 \
+    X(table_full, 0, "table_full", Boolean, 0, 1, "TABLE_FULL", PLAIN)                             \
+    X(pos_mask, 0, "pos_mask", Boolean, 0, 1, "HAS_POS_MASK", PLAIN)                               \
+    X(mask_kind, 0, "mask", MaskKinds, 0, 2, "MASK_KIND", PLAIN)                                   \
+    X(causal, 0, "causal", Boolean, 0, 1, "CAUSAL", PLAIN)                                         \
+    X(gqa_group, 1, "gqa_group", Integer, 1, 1 << 20, "GQA_GROUP", PLAIN)                          \
+    X(write_lse, 0, "write_lse", Boolean, 0, 1, "WRITE_LSE", PLAIN)                                \
+    /* mma.sync kernels; else one warp per row */                                                  \
+    X(tensor_cores, 0, "tensor_cores", Boolean, 0, 1, "TENSOR_CORES", PLAIN)                       \
+    /* the forward on warpgroup matrix products (sm_90a), with tensor_cores */                     \
+    X(wgmma, 0, "wgmma", Boolean, 0, 1, "WGMMA", PLAIN)                                            \
+    /* wgmma: key/value tiles held in shared memory (2 or 3) */                                    \
+    X(stages, 2, "stages", Integer, 2, 3, "STAGES", PLAIN)                                         \
+    /* wgmma: 4 warps that only load and rotate tiles (beside `warps`), or 0 */                    \
+    X(producer_warps, 0, "producer_warps", Integer, 0, 4, "PRODUCER_WARPS", PLAIN)                 \
+    /* producer warps: blocks of a GQA group sharing their tiles (1, 2 or 4) */                    \
+    X(cluster, 1, "cluster", Integer, 1, 4, "CLUSTER", PLAIN)                                      \
+    X(table_async, 0, "table_async", Boolean, 0, 1, "TABLE_ASYNC", PLAIN) /* tables by cp.async */ \
+    /* warps per block that compute (16 query rows each on tensor cores) */                        \
+    X(warps, 4, "warps", Integer, 1, 16, "WARPS", PLAIN)                                           \
+    X(m_tiles, 1, "m_tiles", Integer, 1, 2, "M_TILES", PLAIN)    /* 16-row tiles per warp */       \
+    X(block_n, 0, "block_n", Integer, 0, 1024, "BLOCK_N", PLAIN) /* rows of a streamed tile */     \
+    X(compute_dk, 1, "compute_dk", Boolean, 0, 1, "COMPUTE_DK", PLAIN)                             \
+    X(compute_dv, 1, "compute_dv", Boolean, 0, 1, "COMPUTE_DV", PLAIN)
+
+// The largest head_dim any attention kernel takes (the CUDA-core kernels: 16 features a lane).
+constexpr int64_t kAttentionMaxHeadDim = 512;
+
 struct AttentionSpec {
-    int32_t kind = 0;                                  // AttentionKernelKind
-    int32_t dtype = 0, table_dtype = 0, mask_dtype = 0;  // 0 f32, 1 f16, 2 bf16
-    int32_t head_dim = 0;
-    int32_t rotary_dim = 0;  // 0: no rotation
-    int32_t interleaved = 0, table_full = 0;
-    int32_t pos_mask = 0;
-    int32_t mask_kind = 0;  // 0 none, 1 bool, 2 additive
-    int32_t causal = 0;
-    int32_t gqa_group = 1;
-    int32_t write_lse = 0;
-    int32_t tensor_cores = 0;  // mma.sync kernels; else one warp per row
-    int32_t wgmma = 0;         // the forward on warpgroup matrix products (sm_90a), with tensor_cores
-    int32_t stages = 2;        // wgmma: key/value tiles held in shared memory (2 or 3)
-    int32_t producer_warps = 0;  // wgmma: 4 warps that only load and rotate tiles (beside `warps`), or 0
-    int32_t cluster = 1;         // producer warps: blocks of a GQA group sharing their tiles (1, 2 or 4)
-    int32_t table_async = 0;   // tables staged with cp.async
-    int32_t warps = 4;         // warps per block that compute (16 query rows each on tensor cores)
-    int32_t m_tiles = 1;       // 16-row tiles each warp owns (forward: 1 or 2)
-    int32_t block_n = 0;       // rows of a streamed tile (tensor cores)
-    int32_t compute_dk = 1, compute_dv = 1;
+#define ROPE_JIT_ATTENTION_SPEC_MEMBER(member, init, ...) int32_t member = init;
+    ROPE_JIT_ATTENTION_SPEC_FIELDS(ROPE_JIT_ATTENTION_SPEC_MEMBER)
+#undef ROPE_JIT_ATTENTION_SPEC_MEMBER
 
     bool operator==(const AttentionSpec& other) const { return std::memcmp(this, &other, sizeof *this) == 0; }
     bool operator!=(const AttentionSpec& other) const { return !(*this == other); }
 
     // The constexpr block prepended to attention.cu.
     std::string preamble() const;
-    // Canonical JSON (fixed key order), with "op": "attention".
+    // Canonical JSON (every field, sorted keys, names for enumerations: "kind":
+    // "backward-dq", "dtype": "bfloat16", "mask": "none"), with "op": "attention".
     std::string to_json() const;
-    // The spec whose to_json() gave `text` (what a disk-cache entry stores); nullopt for any
-    // other text, with the reason in *error when error is not NULL.
+    // The spec of a JSON object in to_json's vocabulary (what a disk-cache entry stores, what
+    // `rope-jit-cache list --json` prints, a manifest's kernel-level entry): "op" must be
+    // "attention", "kind" and "head_dim" must be there, other fields left out take the
+    // struct's defaults; unknown keys, wrong types and values out of range are errors, and so
+    // is a spec validate() rejects. from_json(s.to_json()) == s. nullopt on any error, with the
+    // reason in *error when error is not NULL.
     static std::optional<AttentionSpec> from_json(const std::string& text, std::string* error);
     // "attention fwd bf16 D128 R128 half causal gqa4 tc 8x64".
     std::string describe() const;
@@ -61,11 +88,24 @@ struct AttentionSpec {
     int threads() const;
 };
 
+// An attention call as a prewarm entry describes it: an AttentionSpec JSON object without
+// "kind" and the tile fields (tensor_cores, wgmma, stages, producer_warps, cluster,
+// table_async, warps, m_tiles, block_n, compute_dk, compute_dv), which the kernel choice
+// decides, plus "direction" ("forward", the default, or "backward") and "seqlen_k" (keys per
+// sequence, default 1024: the choice depends on it only through classes, today 4096 keys and
+// more at head_dim 64). "rotary_dim" left out means head_dim; 0 means no rotation.
+struct AttentionCall {
+    AttentionSpec fields;  // kind and tile fields at their defaults
+    bool backward = false;
+    int64_t seqlen_k = 1024;
+};
+// The call of a JSON object in that vocabulary; nullopt with the reason (naming the field) in
+// *error when error is not NULL.
+std::optional<AttentionCall> attention_call_from_json(const std::string& text, std::string* error);
+
 struct AttentionSpecHash {
     size_t operator()(const AttentionSpec& spec) const noexcept;
 };
 
-// The largest head_dim any attention kernel takes (the CUDA-core kernels: 16 features a lane).
-constexpr int64_t kAttentionMaxHeadDim = 512;
 
 }  // namespace rope_jit

@@ -1,5 +1,6 @@
 #include "ops/rope/kernel_spec.h"
 
+#include <stdexcept>
 #include <type_traits>
 
 #include <fmt/format.h>
@@ -8,14 +9,12 @@
 #include "common/byte_hash.h"
 #include "common/error.h"
 #include "common/raw_enum.h"
+#include "common/spec_fields.h"
 #include "ops/rope/rope_plan.h"
 
 namespace rope_jit {
 
 namespace {
-
-const char* const kDtypeNames[] = {"float32", "float16", "bfloat16"};
-const char* const kPositionModeNames[] = {"implicit", "indices", "seqlen_offsets"};
 
 int32_t dtype_code(DType dtype) {
     switch (dtype) {
@@ -199,112 +198,102 @@ KernelSpec kernel_spec_from_public(const rope_jit_kernel_spec& in) {
     return spec;
 }
 
+namespace {
+
+using nlohmann::json;
+
+// ---- the field table, compiled: one row per ROPE_JIT_ROPE_SPEC_FIELDS line ----------------
+
+const char* const kFloatTypeNames[] = {"float32", "float16", "bfloat16"};
+const char* const kDirectionNames[] = {"forward", "backward"};
+const char* const kStyleNames[] = {"half", "interleaved"};
+const char* const kPositionModeNames[] = {"implicit", "indices", "seqlen-offsets"};
+// The composite key "angles" sets two members (angles_from_inv_freq, table_full).
+const char* const kAngleNames[] = {"table-half", "table-full", "inv-freq"};
+
+const SpecValues Integer{SpecValues::integer, nullptr, 0, false};
+const SpecValues Boolean{SpecValues::boolean, nullptr, 0, true};
+const SpecValues FloatTypes{SpecValues::named, kFloatTypeNames, 3, false};
+const SpecValues Directions{SpecValues::named, kDirectionNames, 2, true};
+const SpecValues Styles{SpecValues::named, kStyleNames, 2, true};
+const SpecValues PositionModes{SpecValues::named, kPositionModeNames, 3, false};
+const SpecValues Angles{SpecValues::named, kAngleNames, 3, false};
+
+constexpr SpecPresence PLAIN = SpecPresence::plain, DERIVED = SpecPresence::derived,
+                       REQUIRED = SpecPresence::required;
+
+const SpecField<KernelSpec> kFields[] = {
+#define ROPE_JIT_SPEC_ROW(member, init, key, values, min, max, constant, presence) \
+    {&KernelSpec::member, #member, key, &values, min, max, constant, presence},
+    ROPE_JIT_ROPE_SPEC_FIELDS(ROPE_JIT_SPEC_ROW)
+#undef ROPE_JIT_SPEC_ROW
+};
+
+int32_t angles_of(const KernelSpec& s) { return s.angles_from_inv_freq ? 2 : s.table_full ? 1 : 0; }
+
+}  // namespace
+
 void KernelSpec::validate() const {
     auto require = [](bool ok, const std::string& message) {
         if (!ok) fail_argument("kernel spec: " + message);
     };
-    require(op == 0, fmt::format("op must be 0 (rope), got {}", op));
-    for (int32_t code : {dtype, table_dtype, xpos_dtype, inv_freq_dtype})
-        require(code >= 0 && code <= 2, fmt::format("dtype code {} is not 0, 1 or 2", code));
-    require(head_dim > 0 && head_dim % 2 == 0, fmt::format("head_dim must be even and positive, got {}", head_dim));
-    require(rotary_dim > 0 && rotary_dim % 2 == 0, fmt::format("rotary_dim must be even and positive, got {}", rotary_dim));
-    require(rotary_offset >= 0 && rotary_offset + rotary_dim <= head_dim,
-            fmt::format("rotary_offset {} + rotary_dim {} exceeds head_dim {}", rotary_offset, rotary_dim, head_dim));
-    require(gqa_group >= 1, fmt::format("gqa_group must be >= 1, got {}", gqa_group));
-    require(position_mode >= 0 && position_mode <= 2, fmt::format("position_mode {} unknown", position_mode));
-    require(vec >= 1 && vec <= 8 && (vec & (vec - 1)) == 0, fmt::format("vec must be 1, 2, 4 or 8, got {}", vec));
+    // Ranges, from the table.
+    const std::string out_of_range = spec_range_problem(*this, kFields);
+    require(out_of_range.empty(), out_of_range);
+    // What the template's static_asserts require of the fields together. Sums in int64: the
+    // fields are int32 and may be near its top.
+    require(head_dim % 2 == 0, fmt::format("head_dim must be even, got {}", head_dim));
+    require(rotary_dim % 2 == 0, fmt::format("rotary_dim must be even, got {}", rotary_dim));
+    require(int64_t(rotary_offset) + int64_t(rotary_dim) <= int64_t(head_dim),
+            fmt::format("rotary_offset {} + rotary_dim {} exceeds head_dim {}", rotary_offset,
+                        rotary_dim, head_dim));
+    require(!(angles_from_inv_freq && table_full), "angles: inv-freq and table-full at once");
+    require(has_k || gqa_group == 1, fmt::format("gqa_group {} needs has_k", gqa_group));
+    require((vec & (vec - 1)) == 0, fmt::format("vec must be 1, 2, 4 or 8, got {}", vec));
     // The kernel's own static_assert on its plan (rope_params.h).
     require(rope_plan(*this).problem != kRopePlanVecSplitsPairs,
             fmt::format("vec {} does not divide the {} pairs", vec, rotary_dim / 2));
     require(!vec_loads || rotary_offset % vec == 0, "vector loads need rotary_offset % vec == 0");
     require(!table_vec_loads || !angles_from_inv_freq, "table_vec_loads needs tables");
-    require(copy_vec >= 1 && copy_vec <= (dtype == 0 ? 4 : 8) && (copy_vec & (copy_vec - 1)) == 0 &&
-                rotary_offset % copy_vec == 0 && (rotary_offset + rotary_dim) % copy_vec == 0 &&
-                head_dim % copy_vec == 0,
-            fmt::format("copy_vec {} must be a power of 2 of at most 16 bytes that tiles the unrotated features",
+    require(copy_vec <= (dtype == 0 ? 4 : 8) && (copy_vec & (copy_vec - 1)) == 0 &&
+                rotary_offset % copy_vec == 0 &&
+                (int64_t(rotary_offset) + rotary_dim) % copy_vec == 0 && head_dim % copy_vec == 0,
+            fmt::format("copy_vec {} must be a power of 2 of at most 16 bytes that tiles the "
+                        "unrotated features",
                         copy_vec));
-    require(mrope_axes >= 0 && mrope_axes <= ROPE_JIT_MAX_MROPE_SECTIONS,
-            fmt::format("mrope_axes must be in [0, {}], got {}", ROPE_JIT_MAX_MROPE_SECTIONS, mrope_axes));
     require(mrope_axes == 0 || (position_mode == 1 && rotary_dim / 2 <= 256),
             "mrope_axes needs per-token positions and at most 256 pairs");
     require(!freq_grad || (angles_from_inv_freq && backward), "freq_grad needs inv_freq angles and backward");
-    require(block_threads >= 32 && block_threads <= 1024 && block_threads % 32 == 0,
-            fmt::format("block_threads must be a multiple of 32 in [32, 1024], got {}", block_threads));
+    require(block_threads % 32 == 0,
+            fmt::format("block_threads must be a multiple of 32, got {}", block_threads));
+    // One kernel, one spec: fields the kernel does not read keep their defaults.
+    require(!angles_from_inv_freq || table_dtype == 0,
+            "table_dtype: must be float32 with inv-freq angles (no table)");
+    require(angles_from_inv_freq || inv_freq_dtype == 0,
+            "inv_freq_dtype: must be float32 unless the angles are inv-freq");
+    require(has_xpos || xpos_dtype == 0, "xpos_dtype: must be float32 without xpos");
+    require(!positions_int64 || position_mode == 1, "positions_int64: needs positions \"indices\"");
+    require(!seqlen_offsets_int64 || position_mode == 2,
+            "seqlen_offsets_int64: needs positions \"seqlen-offsets\"");
+    require(!cu_seqlens_int64 || packed, "cu_seqlens_int64: needs packed");
+    require(has_k || (in_place_k && !k_own_angles), "in_place_k and k_own_angles: need has_k");
 }
 
 std::string KernelSpec::preamble() const {
     // One constexpr per specialization constant: the template reads only these names.
     std::string text = "// Specialization of rope.cu: " + describe() + "\n";
-    auto define = [&](const char* type, const char* name, long long value) {
-        text += fmt::format("constexpr {} {} = {};\n", type, name, value);
-    };
-    auto flag = [&](const char* name, int32_t value) {
-        text += fmt::format("constexpr bool {} = {};\n", name, value ? "true" : "false");
-    };
-    define("int", "DTYPE", dtype);
-    define("int", "TABLE_DTYPE", table_dtype);
-    define("int", "XPOS_DTYPE", xpos_dtype);
-    define("int", "INV_FREQ_DTYPE", inv_freq_dtype);
-    flag("BACKWARD_PASS", backward);
-    define("int", "HEAD_DIM", head_dim);
-    define("int", "ROTARY_DIM", rotary_dim);
-    define("int", "ROTARY_OFFSET", rotary_offset);
-    flag("INTERLEAVED", interleaved);
-    flag("HAS_K", has_k);
-    define("int", "GQA_GROUP", gqa_group);
-    define("int", "POSITION_MODE", position_mode);
-    flag("HAS_ROPE_INDICES", position_mode == 1);
-    flag("PACKED", packed);
-    flag("POSITIONS_INT64", positions_int64);
-    flag("SEQLEN_OFFSETS_INT64", seqlen_offsets_int64);
-    flag("CU_SEQLENS_INT64", cu_seqlens_int64);
-    flag("ANGLES_FROM_INV_FREQ", angles_from_inv_freq);
-    flag("TABLE_FULL", table_full);
-    flag("HAS_XPOS", has_xpos);
-    flag("K_OWN_ANGLES", k_own_angles);
-    flag("IN_PLACE_Q", in_place_q);
-    flag("IN_PLACE_K", in_place_k);
-    define("int", "VEC", vec);
-    flag("VEC_LOADS", vec_loads);
-    define("int", "COPY_VEC", copy_vec);
-    flag("TABLE_VEC_LOADS", table_vec_loads);
-    define("int", "MROPE_AXES", mrope_axes);
-    flag("FREQ_GRAD", freq_grad);
-    define("int", "BLOCK_THREADS", block_threads);
+    text += spec_constants(*this, kFields);
+    // Derived for the template's convenience.
+    text += fmt::format("constexpr bool HAS_ROPE_INDICES = {};\n",
+                        position_mode == 1 ? "true" : "false");
     return text;
 }
 
 std::string KernelSpec::to_json() const {
-    nlohmann::json j;  // keys are sorted on output, so the text is canonical
+    json j;  // keys are sorted on output, so the text is canonical
     j["op"] = "rope";
-    j["dtype"] = kDtypeNames[dtype];
-    j["table_dtype"] = kDtypeNames[table_dtype];
-    j["xpos_dtype"] = kDtypeNames[xpos_dtype];
-    j["inv_freq_dtype"] = kDtypeNames[inv_freq_dtype];
-    j["backward"] = bool(backward);
-    j["head_dim"] = head_dim;
-    j["rotary_dim"] = rotary_dim;
-    j["rotary_offset"] = rotary_offset;
-    j["style"] = interleaved ? "interleaved" : "half";
-    j["has_k"] = bool(has_k);
-    j["gqa_group"] = gqa_group;
-    j["positions"] = kPositionModeNames[position_mode];
-    j["packed"] = bool(packed);
-    j["positions_int64"] = bool(positions_int64);
-    j["seqlen_offsets_int64"] = bool(seqlen_offsets_int64);
-    j["cu_seqlens_int64"] = bool(cu_seqlens_int64);
-    j["angles"] = angles_from_inv_freq ? "inv_freq" : table_full ? "table_full" : "table_half";
-    j["xpos"] = bool(has_xpos);
-    j["k_own_angles"] = bool(k_own_angles);
-    j["in_place_q"] = bool(in_place_q);
-    j["in_place_k"] = bool(in_place_k);
-    j["vec"] = vec;
-    j["vec_loads"] = bool(vec_loads);
-    j["copy_vec"] = copy_vec;
-    j["table_vec_loads"] = bool(table_vec_loads);
-    j["mrope_axes"] = mrope_axes;
-    j["freq_grad"] = bool(freq_grad);
-    j["block_threads"] = block_threads;
+    j["angles"] = kAngleNames[angles_of(*this)];
+    spec_write_fields(*this, kFields, j);
     return j.dump();
 }
 
@@ -313,56 +302,38 @@ std::optional<KernelSpec> KernelSpec::from_json(const std::string& text, std::st
         if (error) *error = message;
         return std::nullopt;
     };
-    nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+    const json j = json::parse(text, nullptr, false);
     if (j.is_discarded() || !j.is_object()) return fail("not a JSON object");
     KernelSpec spec;
     try {
-        auto name_index = [&](const char* key, const char* const* names, int count, int32_t fallback) -> int32_t {
-            if (!j.contains(key)) return fallback;
-            const std::string value = j.at(key).get<std::string>();
-            for (int i = 0; i < count; ++i)
-                if (value == names[i]) return i;
-            throw std::runtime_error(fmt::format("{}: unknown value '{}'", key, value));
-        };
-        auto flag = [&](const char* key, int32_t fallback) -> int32_t {
-            return j.contains(key) ? int32_t(j.at(key).get<bool>()) : fallback;
-        };
-        auto number = [&](const char* key, int32_t fallback) -> int32_t {
-            return j.contains(key) ? j.at(key).get<int32_t>() : fallback;
-        };
-        if (j.value("op", std::string("rope")) != "rope") return fail("op: only 'rope' is supported");
-        spec.dtype = name_index("dtype", kDtypeNames, 3, 0);
-        spec.table_dtype = name_index("table_dtype", kDtypeNames, 3, 0);
-        spec.xpos_dtype = name_index("xpos_dtype", kDtypeNames, 3, 0);
-        spec.inv_freq_dtype = name_index("inv_freq_dtype", kDtypeNames, 3, 0);
-        spec.backward = flag("backward", 0);
-        spec.head_dim = number("head_dim", 0);
-        spec.rotary_dim = number("rotary_dim", spec.head_dim);
-        spec.rotary_offset = number("rotary_offset", 0);
-        const char* const styles[] = {"half", "interleaved"};
-        spec.interleaved = name_index("style", styles, 2, 0);
-        spec.has_k = flag("has_k", 0);
-        spec.gqa_group = number("gqa_group", 1);
-        spec.position_mode = name_index("positions", kPositionModeNames, 3, 0);
-        spec.packed = flag("packed", 0);
-        spec.positions_int64 = flag("positions_int64", 0);
-        spec.seqlen_offsets_int64 = flag("seqlen_offsets_int64", 0);
-        spec.cu_seqlens_int64 = flag("cu_seqlens_int64", 0);
-        const char* const angles[] = {"table_half", "table_full", "inv_freq"};
-        const int32_t angle_source = name_index("angles", angles, 3, 0);
-        spec.angles_from_inv_freq = angle_source == 2;
-        spec.table_full = angle_source == 1;
-        spec.has_xpos = flag("xpos", 0);
-        spec.k_own_angles = flag("k_own_angles", spec.has_k && spec.has_xpos);
-        spec.in_place_q = flag("in_place_q", 1);
-        spec.in_place_k = flag("in_place_k", 1);
-        spec.vec = number("vec", spec.interleaved ? 2 : 1);
-        spec.vec_loads = flag("vec_loads", 0);
-        spec.copy_vec = number("copy_vec", 1);
-        spec.table_vec_loads = flag("table_vec_loads", 0);
-        spec.mrope_axes = number("mrope_axes", 0);
-        spec.freq_grad = flag("freq_grad", 0);
-        spec.block_threads = number("block_threads", kRopeMaxBlockThreads);
+        if (j.contains("op") && j["op"] != json("rope"))
+            throw std::runtime_error(fmt::format("op: expected \"rope\", got {}", j["op"].dump()));
+        spec_read_fields(spec, kFields, j, {"op", "angles"});
+        if (j.contains("angles")) {
+            const int32_t angles = spec_parse_value("angles", Angles, 0, 2, j["angles"]);
+            spec.angles_from_inv_freq = angles == 2;
+            spec.table_full = angles == 1;
+        }
+        // Derived fields left out: what a call with contiguous, 16-byte-aligned tensors (and
+        // int64 indices, the C API's default) gets; see kernel_spec_from_public.
+        auto absent = [&](const char* key) { return !j.contains(key); };
+        if (absent("rotary_dim")) spec.rotary_dim = spec.head_dim;
+        if (absent("xpos_dtype"))
+            spec.xpos_dtype =
+                spec.has_xpos ? (spec.angles_from_inv_freq ? spec.inv_freq_dtype : spec.table_dtype)
+                              : 0;
+        if (absent("positions_int64")) spec.positions_int64 = spec.position_mode == 1;
+        if (absent("seqlen_offsets_int64")) spec.seqlen_offsets_int64 = spec.position_mode == 2;
+        if (absent("cu_seqlens_int64")) spec.cu_seqlens_int64 = spec.packed;
+        if (absent("k_own_angles")) spec.k_own_angles = spec.has_k && spec.has_xpos;
+        if (absent("in_place_k")) spec.in_place_k = !spec.has_k || spec.in_place_q;
+        const size_t element_size = spec.dtype == 0 ? 4 : 2;
+        if (absent("vec") && absent("vec_loads"))
+            choose_vector_width(spec, element_size, [](int64_t) { return true; });
+        if (absent("copy_vec"))
+            spec.copy_vec = choose_copy_width(spec, element_size, [](int64_t) { return true; });
+        if (absent("table_vec_loads")) spec.table_vec_loads = !spec.angles_from_inv_freq;
+        if (absent("block_threads")) spec.block_threads = kRopeMaxBlockThreads;
         spec.validate();
     } catch (const std::exception& e) {
         return fail(e.what());
@@ -372,12 +343,19 @@ std::optional<KernelSpec> KernelSpec::from_json(const std::string& text, std::st
 
 std::string KernelSpec::describe() const {
     const char* positions[] = {"implicit", "indices", "offsets"};
+    const auto name = [](int32_t index, const char* const* names, int count) {
+        return index >= 0 && index < count ? names[index] : "?";
+    };
     return fmt::format("rope {} {} D{} R{}@{} {} {}gqa{} {}{} {}{}{} v{}{}", dtype_short(dtype),
                        backward ? "bwd" : "fwd", head_dim, rotary_dim, rotary_offset,
                        interleaved ? "interleaved" : "half", has_k ? "qk " : "q ", gqa_group,
-                       positions[position_mode], packed ? "+packed" : "",
-                       angles_from_inv_freq ? "inv_freq" : table_full ? "table/full" : "table/half",
-                       has_xpos ? " xpos" : mrope_axes ? fmt::format(" mrope{}", mrope_axes) : std::string(),
+                       name(position_mode, positions, 3), packed ? "+packed" : "",
+                       angles_from_inv_freq ? "inv_freq"
+                       : table_full         ? "table/full"
+                                            : "table/half",
+                       has_xpos     ? " xpos"
+                       : mrope_axes ? fmt::format(" mrope{}", mrope_axes)
+                                    : std::string(),
                        in_place_q && in_place_k ? " inplace" : " outofplace", vec,
                        vec_loads ? "" : "(scalar)") +
            (freq_grad ? " +freq_grad" : "");
