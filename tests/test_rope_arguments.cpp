@@ -2,7 +2,11 @@
 // the argument, and writes nothing.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cstring>
+#include <limits>
 #include <string>
+#include <vector>
 
 #include "rope_test_support.h"
 
@@ -394,4 +398,330 @@ TEST_CASE("an unknown style is rejected") {
     ValidCall call;
     call.args.style = static_cast<rope_jit_style>(7);
     call.expect_invalid("style: must be ROPE_JIT_STYLE_HALF or ROPE_JIT_STYLE_INTERLEAVED, got 7");
+}
+
+namespace {
+
+// A q-only call with angles from inv_freq (no table bounds the positions): q [1, 2, 4, 8]
+// float32, inv_freq [4].
+struct InvFreqCall {
+    InvFreqCall() {
+        rope_jit_config config;
+        rope_jit_config_init(&config);
+        config.backend = ROPE_JIT_BACKEND_CPU;
+        config.disk_cache = 0;
+        REQUIRE(rope_jit_runtime_create(&config, &runtime) == ROPE_JIT_OK);
+        std::mt19937 rng(5);
+        q.fill_uniform(rng, -1, 1);
+        inv_freq.fill_uniform(rng, 0.1, 1);
+        rope_jit_rope_args_init(&args);
+        args.q = q.dl();
+        args.inv_freq = inv_freq.dl();
+        q_before = q.bytes();
+    }
+    ~InvFreqCall() { rope_jit_runtime_free(runtime); }
+
+    void expect_invalid(const std::string& needle) {
+        const rope_jit_status status = rope_jit_rope(runtime, &args);
+        const std::string message = rope_jit_last_error();
+        CAPTURE(message);
+        CHECK(status == ROPE_JIT_ERROR_INVALID_ARGUMENT);
+        CHECK(message.find(needle) != std::string::npos);
+        CHECK(q.bytes() == q_before);
+    }
+
+    rope_jit_runtime* runtime = nullptr;
+    HostTensor q{Dt::F32, {1, 2, 4, 8}};
+    HostTensor inv_freq{Dt::F32, {4}};
+    rope_jit_rope_args args{};
+    std::vector<uint8_t> q_before;
+};
+
+}  // namespace
+
+TEST_CASE(
+    "negative positions are rejected with inv_freq too, naming the source, and nothing is "
+    "written") {
+    InvFreqCall call;
+    SUBCASE("position_offset") {
+        call.args.position_offset = -5;
+        call.expect_invalid("position_offset");
+    }
+    SUBCASE("q_position_offset taking q below 0") {
+        call.args.position_offset = 2;
+        call.args.q_position_offset = -3;
+        call.expect_invalid("q_position_offset -3");
+    }
+    SUBCASE("an int64 positions entry") {
+        HostTensor positions(Dt::I64, {4});
+        const int64_t values[4] = {0, -7, 2, 3};
+        for (int64_t s = 0; s < 4; ++s) positions.set({s}, double(values[s]));
+        call.args.positions = positions.dl();
+        call.expect_invalid("positions: [1] gives position -7");
+    }
+    SUBCASE("an M-RoPE axis") {
+        HostTensor positions(Dt::I32, {2, 4});
+        for (int64_t s = 0; s < 4; ++s)
+            positions.set({0, s}, double(s)), positions.set({1, s}, s == 3 ? -1.0 : 1.0);
+        const int32_t sections[2] = {2, 2};
+        call.args.positions = positions.dl();
+        call.args.mrope_sections = sections;
+        call.args.num_mrope_sections = 2;
+        call.expect_invalid("positions: [1, 3] gives position -1");
+    }
+    SUBCASE("seqlen_offsets") {
+        HostTensor offsets(Dt::I64, {1});
+        offsets.set({0}, -2);
+        call.args.seqlen_offsets = offsets.dl();
+        call.expect_invalid("seqlen_offsets: sequence 0 of q");
+    }
+    SUBCASE("seqlen_offsets whose last position overflows int64") {
+        HostTensor offsets(Dt::I64, {1});
+        const int64_t top = std::numeric_limits<int64_t>::max() - 1;
+        std::memcpy(offsets.bytes().data(), &top, sizeof top);
+        call.args.seqlen_offsets = offsets.dl();
+        call.expect_invalid("seqlen_offsets: sequence 0 of q");
+    }
+    SUBCASE("position_offset with packed sequences") {
+        HostTensor packed(Dt::F32, {4, 2, 8});
+        HostTensor cu(Dt::I32, {3});
+        cu.set({0}, 0), cu.set({1}, 1), cu.set({2}, 4);
+        const std::vector<uint8_t> packed_before = packed.bytes();
+        call.args.q = packed.dl();
+        call.args.cu_seqlens = cu.dl();
+        call.args.position_offset = -1;
+        call.expect_invalid("position_offset");
+        CHECK(packed.bytes() == packed_before);
+    }
+    SUBCASE("positions >= 0 and large still work") {
+        HostTensor positions(Dt::I64, {4});
+        for (int64_t s = 0; s < 4; ++s) positions.set({s}, double(s * 1000));
+        call.args.positions = positions.dl();
+        CHECK(rope_jit_rope(call.runtime, &call.args) == ROPE_JIT_OK);
+        call.args.positions = nullptr;
+        call.args.position_offset = 3;
+        call.args.q_position_offset = -3;
+        CHECK(rope_jit_rope(call.runtime, &call.args) == ROPE_JIT_OK);
+    }
+}
+
+namespace {
+
+// The start of the message for a tensor whose device type has no DLPack enumerator.
+std::string device_type_message(const char* name, int type) {
+    return std::string(name) + ": device type " + std::to_string(type) + " is not";
+}
+
+// A view of another tensor's memory: shape and strides (elements) from `offset` elements in.
+struct View {
+    View(HostTensor& base, std::vector<int64_t> shape_, std::vector<int64_t> strides_,
+         int64_t offset, Dt dt = Dt::F32)
+        : shape(std::move(shape_)), strides(std::move(strides_)) {
+        tensor = *base.dl();
+        tensor.dtype = dl_type(dt);
+        tensor.ndim = int(shape.size());
+        tensor.shape = shape.data();
+        tensor.strides = strides.data();
+        tensor.byte_offset = uint64_t(offset) * dt_size(dt);
+    }
+    std::vector<int64_t> shape, strides;
+    DLTensor tensor{};
+};
+
+}  // namespace
+
+TEST_CASE("tensors written by the call that share memory with another tensor of it are rejected") {
+    ValidCall call;  // q [2, 4, 6, 16], k [2, 2, 6, 16], tables [8, 8]
+    SUBCASE("q_out placed on k's memory") {
+        HostTensor k_big(Dt::F32, {2, 4, 7, 16});
+        call.args.k = k_big.dl();
+        // One token into k, with k's strides: overlaps it without being the same view.
+        View q_out(k_big, {2, 4, 6, 16}, {448, 112, 16, 1}, 16);
+        call.args.q_out = &q_out.tensor;
+        call.expect_invalid("q_out: shares memory with k");
+    }
+    SUBCASE("q_out exactly on k") {
+        HostTensor k_same(Dt::F32, {2, 4, 6, 16});
+        call.args.k = k_same.dl();
+        call.args.q_out = k_same.dl();
+        call.expect_invalid("is the same memory as");
+        const std::string message = rope_jit_last_error();
+        CHECK(message.find("q_out") != std::string::npos);
+    }
+    SUBCASE("k in place starting 2 tokens into q") {
+        View k(call.q, {2, 2, 4, 16}, {384, 96, 16, 1}, 2 * 16);
+        call.args.k = &k.tensor;
+        call.expect_invalid("q: shares memory with k");
+    }
+    SUBCASE("q_out and k_out one buffer") {
+        HostTensor out(Dt::F32, {2, 4, 6, 16});
+        View k_out(out, {2, 2, 6, 16}, {384, 96, 16, 1}, 0);
+        call.args.q_out = out.dl();
+        call.args.k_out = &k_out.tensor;
+        call.expect_invalid("shares memory with");
+        const std::string message = rope_jit_last_error();
+        CHECK(message.find("q_out") != std::string::npos);
+        CHECK(message.find("k_out") != std::string::npos);
+    }
+    SUBCASE("q_out and k_out the very same view") {
+        HostTensor q(Dt::F32, {2, 2, 6, 16});
+        HostTensor out(Dt::F32, {2, 2, 6, 16});
+        call.args.q = q.dl();
+        call.args.q_out = out.dl();
+        call.args.k_out = out.dl();
+        call.expect_invalid("q_out: is the same memory as k_out");
+    }
+    SUBCASE("q in place over positions") {
+        HostTensor positions(Dt::I64, {6});
+        for (int64_t s = 0; s < 6; ++s) positions.set({s}, double(s));
+        View aliased(call.q, {6}, {1}, 0, Dt::I64);  // q's first 12 floats read as 6 positions
+        std::memcpy(call.q.bytes().data(), positions.bytes().data(), 48);
+        call.q_before = call.q.bytes();
+        call.args.positions = &aliased.tensor;
+        call.expect_invalid("q: shares memory with positions");
+    }
+    SUBCASE("k_out over the cos table") {
+        View k_out(call.cos_t, {2, 2, 2, 8}, {32, 16, 8, 1}, 0);
+        HostTensor k(Dt::F32, {2, 2, 2, 8});
+        HostTensor q(Dt::F32, {2, 4, 2, 8});
+        call.args.q = q.dl();
+        call.args.k = k.dl();
+        call.args.k_out = &k_out.tensor;
+        call.expect_invalid("k_out: shares memory with cos");
+    }
+}
+
+TEST_CASE(
+    "views of one buffer that never touch the same elements stay accepted and are rotated once") {
+    ValidCall call;
+    const int64_t B = 2, S = 6, H = 2, D = 16;
+    std::mt19937 rng(9);
+    HostTensor cos_t(Dt::F32, {8, 8}), sin_t(Dt::F32, {8, 8});
+    cos_t.fill_uniform(rng, -1, 1);
+    sin_t.fill_uniform(rng, -1, 1);
+    rope_test::Case c;
+    c.D = D;
+    c.R = D;
+    c.cos.assign(8, std::vector<double>(8));
+    c.sin = c.cos;
+    for (int64_t p = 0; p < 8; ++p)
+        for (int64_t i = 0; i < 8; ++i) {
+            c.cos[size_t(p)][size_t(i)] = cos_t.get({p, i});
+            c.sin[size_t(p)][size_t(i)] = sin_t.get({p, i});
+        }
+    // Expected: every head vector at (b, s) of the rotated slots turned by row s, the rest as is.
+    auto check_rotated = [&](const HostTensor& before, const HostTensor& after,
+                             const std::vector<int64_t>& slot_of, int64_t rotated_slots) {
+        const int64_t slots = int64_t(slot_of.size());
+        double worst = 0;
+        for (int64_t b = 0; b < B; ++b)
+            for (int64_t s = 0; s < S; ++s)
+                for (int64_t h = 0; h < slots; ++h) {
+                    std::vector<double> x(static_cast<size_t>(D)), y(static_cast<size_t>(D));
+                    for (int64_t d = 0; d < D; ++d) {
+                        x[size_t(d)] = before.get({b, s, h, d});
+                        y[size_t(d)] = after.get({b, s, h, d});
+                    }
+                    const std::vector<double> expected =
+                        slot_of[size_t(h)] < rotated_slots
+                            ? rope_test::reference_rotate(c, x, s, false)
+                            : x;
+                    worst = std::max(worst, rope_test::worst_ratio(y, expected, 1e-5, 1e-5));
+                }
+        CHECK(worst <= 1);
+    };
+    call.args.cos = cos_t.dl();
+    call.args.sin = sin_t.dl();
+    SUBCASE("q and k as [:, :, 0] and [:, :, 1] of a [B, S, 3, H, D] qkv, in place") {
+        HostTensor qkv(Dt::F32, {B, S, 3 * H, D});  // [B, S, 3, H, D] with (3, H) merged
+        qkv.fill_uniform(rng, -2, 2);
+        const HostTensor before = qkv;
+        // [B, H, S, D] views: batch S*3H*D, head D, token 3H*D, feature 1.
+        View q(qkv, {B, H, S, D}, {S * 3 * H * D, D, 3 * H * D, 1}, 0);
+        View k(qkv, {B, H, S, D}, {S * 3 * H * D, D, 3 * H * D, 1}, H * D);
+        call.args.q = &q.tensor;
+        call.args.k = &k.tensor;
+        REQUIRE(rope_jit_rope(call.runtime, &call.args) == ROPE_JIT_OK);
+        check_rotated(before, qkv, {0, 0, 1, 1, 2, 2}, 2);
+    }
+    SUBCASE(
+        "q and k as head slices of a [B, S, Hq + 2 Hk, D] qkv, out of place into one fused "
+        "output") {
+        HostTensor qkv(Dt::F32, {B, S, 3 * H, D});
+        qkv.fill_uniform(rng, -2, 2);
+        HostTensor out(Dt::F32, {B, S, 3 * H, D});
+        out.fill_uniform(rng, -2, 2);
+        HostTensor qkv_before = qkv, out_before = out;
+        View q(qkv, {B, H, S, D}, {S * 3 * H * D, D, 3 * H * D, 1}, 0);
+        View k(qkv, {B, H, S, D}, {S * 3 * H * D, D, 3 * H * D, 1}, H * D);
+        View q_out(out, {B, H, S, D}, {S * 3 * H * D, D, 3 * H * D, 1}, 0);
+        View k_out(out, {B, H, S, D}, {S * 3 * H * D, D, 3 * H * D, 1}, H * D);
+        call.args.q = &q.tensor;
+        call.args.k = &k.tensor;
+        call.args.q_out = &q_out.tensor;
+        call.args.k_out = &k_out.tensor;
+        REQUIRE(rope_jit_rope(call.runtime, &call.args) == ROPE_JIT_OK);
+        CHECK(qkv.bytes() == qkv_before.bytes());
+        // out's q and k slots hold the rotated inputs, its v slot is untouched.
+        HostTensor expected_src = qkv_before;
+        for (int64_t b = 0; b < B; ++b)
+            for (int64_t s = 0; s < S; ++s)
+                for (int64_t d = 0; d < D; ++d)
+                    for (int64_t h = 2 * H; h < 3 * H; ++h)
+                        expected_src.set({b, s, h, d}, out_before.get({b, s, h, d}));
+        check_rotated(expected_src, out, {0, 0, 1, 1, 2, 2}, 2);
+    }
+    SUBCASE("q_out interleaved with q (every other head), never touching q's elements") {
+        HostTensor buffer(Dt::F32, {B, S, 2 * H, D});
+        buffer.fill_uniform(rng, -2, 2);
+        const HostTensor before = buffer;
+        View q(buffer, {B, H, S, D}, {S * 2 * H * D, 2 * D, 2 * H * D, 1}, 0);
+        View q_out(buffer, {B, H, S, D}, {S * 2 * H * D, 2 * D, 2 * H * D, 1}, D);
+        call.args.q = &q.tensor;
+        call.args.k = nullptr;
+        call.args.q_out = &q_out.tensor;
+        REQUIRE(rope_jit_rope(call.runtime, &call.args) == ROPE_JIT_OK);
+        // Even heads (q) unchanged; odd heads hold q's rotation.
+        HostTensor expected_src = before;
+        for (int64_t b = 0; b < B; ++b)
+            for (int64_t s = 0; s < S; ++s)
+                for (int64_t h = 0; h < H; ++h)
+                    for (int64_t d = 0; d < D; ++d)
+                        expected_src.set({b, s, 2 * h + 1, d}, before.get({b, s, 2 * h, d}));
+        check_rotated(expected_src, buffer, {2, 0, 2, 0}, 1);
+    }
+    SUBCASE("cos and sin halves of one buffer (both only read)") {
+        HostTensor both(Dt::F32, {8, 16});
+        for (int64_t p = 0; p < 8; ++p)
+            for (int64_t i = 0; i < 8; ++i)
+                both.set({p, i}, cos_t.get({p, i})), both.set({p, 8 + i}, sin_t.get({p, i}));
+        View cos(both, {8, 8}, {16, 1}, 0), sin(both, {8, 8}, {16, 1}, 8);
+        HostTensor q(Dt::F32, {B, S, H, D});
+        q.fill_uniform(rng, -2, 2);
+        const HostTensor before = q;
+        View q4(q, {B, H, S, D}, {S * H * D, D, H * D, 1}, 0);
+        call.args.q = &q4.tensor;
+        call.args.k = nullptr;
+        call.args.cos = &cos.tensor;
+        call.args.sin = &sin.tensor;
+        REQUIRE(rope_jit_rope(call.runtime, &call.args) == ROPE_JIT_OK);
+        check_rotated(before, q, {0, 0}, 1);
+    }
+}
+
+TEST_CASE("a device type outside DLPack's enum is rejected as a raw integer, naming the tensor") {
+    ValidCall call;
+    for (int type : {16, -1, 0, 1000}) {
+        CAPTURE(type);
+        DLTensor k = *call.k.dl();
+        std::memcpy(&k.device.device_type, &type, sizeof type);
+        call.args.k = &k;
+        call.expect_invalid(device_type_message("k", type));
+        DLTensor q = *call.q.dl();
+        std::memcpy(&q.device.device_type, &type, sizeof type);
+        call.args.k = call.k.dl();
+        call.args.q = &q;
+        call.expect_invalid(device_type_message("q", type));
+        call.args.q = call.q.dl();
+    }
 }
