@@ -19,7 +19,10 @@ bool host_accessible(const DLDevice& device) {
 TensorRef RopeProblem::position_axis(int64_t axis) const {
     if (!multi_section()) return positions;
     TensorRef view = positions;
-    view.data = positions.data + axis * positions.strides[0] * int64_t(dtype_size(positions.dtype));
+    // An empty positions tensor may have NULL data, which no offset may be applied to.
+    if (positions.data != nullptr)
+        view.data =
+            positions.data + axis * positions.strides[0] * int64_t(dtype_size(positions.dtype));
     view.ndim = positions.ndim - 1;
     for (int d = 0; d < view.ndim; ++d) {
         view.shape[d] = positions.shape[d + 1];
