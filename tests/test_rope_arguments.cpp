@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -709,6 +710,43 @@ TEST_CASE(
     }
 }
 
+TEST_CASE("q and k of a model-sized fused qkv are told apart quickly, without a false overlap") {
+    // Shapes of Llama-3-8B training (B 4, S 4096, Hq 32, Hk 8, D 128) over a buffer that is
+    // never read: the table is too short, so the call fails after the memory checks, and the
+    // message shows which check refused it.
+    ValidCall call;
+    HostTensor cos_t(Dt::F32, {8, 64}), sin_t(Dt::F32, {8, 64});
+    call.args.cos = cos_t.dl();
+    call.args.sin = sin_t.dl();
+    const int64_t B = 4, S = 4096, D = 128;
+    struct Layout {
+        int64_t hq, hk, token_heads, k_head;  // heads per token in the buffer, k's first head
+    };
+    for (const Layout& l : {Layout{32, 32, 96, 32}, Layout{32, 8, 48, 32}}) {
+        CAPTURE(l.hk);
+        View q(call.q, {B, l.hq, S, D}, {S * l.token_heads * D, D, l.token_heads * D, 1}, 0);
+        View k(call.q, {B, l.hk, S, D}, {S * l.token_heads * D, D, l.token_heads * D, 1},
+               l.k_head * D);
+        // An address far from the heap, so the views meet only each other.
+        void* const far_away = reinterpret_cast<void*>(uintptr_t(1) << 46);
+        q.tensor.data = k.tensor.data = far_away;
+        call.args.q = &q.tensor;
+        call.args.k = &k.tensor;
+        const auto start = std::chrono::steady_clock::now();
+        call.expect_invalid("cos: q uses table rows 0..4095");
+        const double seconds =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        CAPTURE(seconds);
+        CHECK(seconds < 0.05);
+        // k one head back: its first head is q's last, so the two overlap.
+        View k_back(call.q, {B, l.hk, S, D}, {S * l.token_heads * D, D, l.token_heads * D, 1},
+                    (l.k_head - 1) * D);
+        k_back.tensor.data = far_away;
+        call.args.k = &k_back.tensor;
+        call.expect_invalid("q: shares memory with k");
+    }
+}
+
 TEST_CASE("a device type outside DLPack's enum is rejected as a raw integer, naming the tensor") {
     ValidCall call;
     for (int type : {16, -1, 0, 1000}) {
@@ -724,4 +762,119 @@ TEST_CASE("a device type outside DLPack's enum is rejected as a raw integer, nam
         call.expect_invalid(device_type_message("q", type));
         call.args.q = call.q.dl();
     }
+}
+
+TEST_CASE("an output is refused exactly when it shares an element with its input (brute force)") {
+    // Random strided views of one 512-float buffer as q and q_out; the expected verdict comes
+    // from listing both views' element offsets.
+    rope_jit_config config;
+    rope_jit_config_init(&config);
+    config.backend = ROPE_JIT_BACKEND_CPU;
+    config.disk_cache = 0;
+    rope_jit_runtime* runtime = nullptr;
+    REQUIRE(rope_jit_runtime_create(&config, &runtime) == ROPE_JIT_OK);
+    HostTensor buffer(Dt::F32, {512});
+    HostTensor inv_freq(Dt::F32, {1});
+    inv_freq.set({0}, 0.5);
+    std::mt19937 rng(23);
+    auto random_view = [&](std::vector<int64_t>& shape, std::vector<int64_t>& strides) -> int64_t {
+        shape = {1 + int64_t(rng() % 2), 1 + int64_t(rng() % 3), 1 + int64_t(rng() % 3), 2};
+        strides.assign(4, 0);
+        int64_t low = 0, high = 0;
+        for (int d = 0; d < 4; ++d) {
+            const int64_t choices[] = {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, -1, -8, 0};
+            strides[size_t(d)] = choices[rng() % 13];
+            const int64_t reach = strides[size_t(d)] * (shape[size_t(d)] - 1);
+            (reach < 0 ? low : high) += reach;
+        }
+        const int64_t span = high - low + 1;
+        return -low + int64_t(rng() % uint32_t(512 - span + 1));  // the first element's offset
+    };
+    auto offsets = [](const std::vector<int64_t>& shape, const std::vector<int64_t>& strides,
+                      int64_t start) {
+        std::vector<int64_t> out;
+        for (int64_t a = 0; a < shape[0]; ++a)
+            for (int64_t b = 0; b < shape[1]; ++b)
+                for (int64_t c = 0; c < shape[2]; ++c)
+                    for (int64_t d = 0; d < shape[3]; ++d)
+                        out.push_back(start + a * strides[0] + b * strides[1] + c * strides[2] +
+                                      d * strides[3]);
+        std::sort(out.begin(), out.end());
+        return out;
+    };
+    int refused = 0, accepted = 0, interleaved = 0;
+    for (int trial = 0; trial < 3000; ++trial) {
+        std::vector<int64_t> q_shape, q_strides, out_strides, unused;
+        const int64_t q_start = random_view(q_shape, q_strides);
+        std::vector<int64_t> out_shape = q_shape;
+        int64_t out_start = random_view(unused, out_strides);
+        // Keep q_out inside the buffer with q's shape.
+        int64_t low = 0, high = 0;
+        for (int d = 0; d < 4; ++d) {
+            const int64_t reach = out_strides[size_t(d)] * (out_shape[size_t(d)] - 1);
+            (reach < 0 ? low : high) += reach;
+        }
+        out_start = -low + int64_t(rng() % uint32_t(512 - (high - low + 1) + 1));
+        // Half the time near q, where the two may meet.
+        const int64_t near = q_start - 4 + int64_t(rng() % 8);
+        if (rng() % 2 && near + low >= 0 && near + high < 512) out_start = near;
+        const std::vector<int64_t> q_offsets = offsets(q_shape, q_strides, q_start);
+        const std::vector<int64_t> out_offsets = offsets(out_shape, out_strides, out_start);
+        const bool q_repeats =
+            std::adjacent_find(q_offsets.begin(), q_offsets.end()) != q_offsets.end();
+        const bool out_repeats =
+            std::adjacent_find(out_offsets.begin(), out_offsets.end()) != out_offsets.end();
+        if (q_repeats) continue;  // refused for that reason, with its own message
+        std::vector<int64_t> common;
+        std::set_intersection(q_offsets.begin(), q_offsets.end(), out_offsets.begin(),
+                              out_offsets.end(), std::back_inserter(common));
+        bool same = q_start == out_start;
+        for (size_t d = 0; d < 4; ++d)
+            same = same && (q_shape[d] == 1 || q_strides[d] == out_strides[d]);
+
+        DLTensor q = *buffer.dl(), out = *buffer.dl();
+        q.ndim = out.ndim = 4;
+        q.shape = q_shape.data();
+        out.shape = out_shape.data();
+        q.strides = q_strides.data();
+        out.strides = out_strides.data();
+        q.byte_offset = uint64_t(q_start) * 4;
+        out.byte_offset = uint64_t(out_start) * 4;
+        rope_jit_rope_args args;
+        rope_jit_rope_args_init(&args);
+        args.q = &q;
+        args.q_out = &out;
+        args.inv_freq = inv_freq.dl();
+        args.rotary_dim = 2;
+        const rope_jit_status status = rope_jit_rope(runtime, &args);
+        const std::string message = rope_jit_last_error();
+        CAPTURE(trial);
+        CAPTURE(message);
+        if (out_repeats && !same) {
+            CHECK(status == ROPE_JIT_ERROR_INVALID_ARGUMENT);
+            CHECK(message.find("same element") != std::string::npos);
+        } else if (message.find("same element") != std::string::npos) {
+            // The distinct-elements test is a sufficient one (has_distinct_elements): some
+            // interleaving strides are refused though no element repeats.
+            CHECK(status == ROPE_JIT_ERROR_INVALID_ARGUMENT);
+        } else if (!same && !common.empty()) {
+            CHECK(status == ROPE_JIT_ERROR_INVALID_ARGUMENT);
+            CHECK(message.find("q_out: overlaps q") != std::string::npos);
+            ++refused;
+        } else {
+            CHECK(status == ROPE_JIT_OK);
+            ++accepted;
+            // Accepted although their ranges meet: views that interleave.
+            if (!same && out_offsets.front() <= q_offsets.back() &&
+                q_offsets.front() <= out_offsets.back())
+                ++interleaved;
+        }
+    }
+    CAPTURE(refused);
+    CAPTURE(accepted);
+    CAPTURE(interleaved);
+    CHECK(refused > 20);
+    CHECK(accepted > 100);
+    CHECK(interleaved > 20);
+    rope_jit_runtime_free(runtime);
 }
