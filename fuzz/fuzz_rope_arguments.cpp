@@ -101,6 +101,12 @@ bool build(Input& in, Built& b, char* arena) {
     DLTensor& t = b.tensor;
     t.dtype = in.pick(kDtypes);
     t.device = {in.pick(kDevices), in.byte() % 4 == 0 ? 1 : 0};
+    if (in.byte() % 32 == 0) {
+        // A device type outside DLPack's enum, stored bytewise as a C caller may.
+        const int raw_types[] = {16, -1, 0, 1000};
+        const int raw = in.pick(raw_types);
+        std::memcpy(&t.device.device_type, &raw, sizeof raw);
+    }
     t.ndim = in.byte() % 7 - (in.byte() % 9 == 0 ? 1 : 0);  // -1 .. 6
     const int dims = t.ndim > 0 ? (t.ndim < 6 ? t.ndim : 6) : 0;
     for (int i = 0; i < dims; ++i) b.shape[i] = in.pick(kDims);
@@ -136,8 +142,10 @@ bool build(Input& in, Built& b, char* arena) {
 // With ROPE_JIT_FUZZ_VERBOSE set, prints each call's arguments (to reproduce a finding).
 void describe(const char* name, const DLTensor* t) {
     if (t == nullptr) return;
-    std::fprintf(stderr, "  %s: dtype %d/%d/%d device %d ndim %d byte_offset %llu data %p shape", name, t->dtype.code,
-                 t->dtype.bits, t->dtype.lanes, int(t->device.device_type), t->ndim,
+    int device_type;  // read bytewise: the field may hold a value outside the enum
+    std::memcpy(&device_type, &t->device.device_type, sizeof device_type);
+    std::fprintf(stderr, "  %s: dtype %d/%d/%d device %d ndim %d byte_offset %llu data %p shape",
+                 name, t->dtype.code, t->dtype.bits, t->dtype.lanes, device_type, t->ndim,
                  static_cast<unsigned long long>(t->byte_offset), t->data);
     for (int i = 0; t->shape && i < t->ndim && i < 6; ++i) std::fprintf(stderr, " %lld", static_cast<long long>(t->shape[i]));
     std::fprintf(stderr, " strides");

@@ -24,23 +24,33 @@ cmake --build build-sanitize -j"$jobs"
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest --test-dir build-sanitize --output-on-failure
 
-# libFuzzer targets (fuzz/): the cache entry parser and rope_jit_rope's argument checks, built
+# libFuzzer targets (fuzz/, listed in fuzz/CMakeLists.txt): the cache entry parser, the
+# argument checks of rope_jit_rope and rope_jit_attention (forward and backward), M-RoPE
+# sections, the frequency gradient and builders, and the spec JSON and manifest parsers, built
 # with Clang, ASan and UBSan in their own directory and each run for a bounded time
-# (ROPE_JIT_FUZZ_SECONDS, default 60). A finding fails the run; its input is kept in
-# build-fuzz/findings/ (replay: build-fuzz/fuzz/<target> <file>).
+# (ROPE_JIT_FUZZ_SECONDS, default 25: six targets take about what two took at 60). A finding
+# fails the run; its input is kept in build-fuzz/findings/ (replay: build-fuzz/fuzz/<target>
+# <file>).
+fuzz_targets="fuzz_cache_entry fuzz_rope_arguments fuzz_attention_arguments fuzz_rope_sections
+  fuzz_freq_grad fuzz_spec_json"
 CC=clang CXX=clang++ cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DROPE_JIT_FUZZ=ON \
   -DROPE_JIT_BUILD_TESTS=OFF -DROPE_JIT_BUILD_TOOLS=OFF >/dev/null
-cmake --build build-fuzz -j"$jobs" --target fuzz_cache_entry fuzz_rope_arguments
-fuzz_seconds=${ROPE_JIT_FUZZ_SECONDS:-60}
-for target in fuzz_cache_entry fuzz_rope_arguments; do
+# shellcheck disable=SC2086  # the list splits into targets
+cmake --build build-fuzz -j"$jobs" --target $fuzz_targets
+fuzz_seconds=${ROPE_JIT_FUZZ_SECONDS:-25}
+fuzz_count=0
+for target in $fuzz_targets; do
   mkdir -p "build-fuzz/corpus/$target" build-fuzz/findings
+  seeds=()
+  [[ -d "fuzz/seeds/$target" ]] && seeds=("fuzz/seeds/$target")
   if ! "build-fuzz/fuzz/$target" -max_total_time="$fuzz_seconds" -timeout=10 -rss_limit_mb=2048 \
        -artifact_prefix=build-fuzz/findings/ -print_final_stats=1 "build-fuzz/corpus/$target" \
-       >"build-fuzz/$target.log" 2>&1; then
+       ${seeds[@]+"${seeds[@]}"} >"build-fuzz/$target.log" 2>&1; then
     tail -n 60 "build-fuzz/$target.log"
     echo "fuzz: $target found a crash, timeout or leak; its input is in build-fuzz/findings/"
     exit 1
   fi
   echo "$target: $(grep -m1 -o 'Done [0-9]* runs in [0-9]* second(s)' "build-fuzz/$target.log"), no finding"
+  fuzz_count=$((fuzz_count + 1))
 done
-echo "fuzz: 2 passed, 0 failed"
+echo "fuzz: $fuzz_count passed, 0 failed"

@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <string>
 
@@ -284,5 +285,20 @@ TEST_CASE("attention: tensors on different devices are rejected") {
         call.problem.pos_mask.dl()->device = {kDLCUDA, 0};
         call.problem.mask_bool.dl()->device = {kDLCUDA, 0};
         call.expect_invalid("CPU backend");
+    }
+}
+
+TEST_CASE(
+    "attention: a device type outside DLPack's enum is rejected as a raw integer, naming the "
+    "tensor") {
+    ValidCall call;
+    for (int type : {16, -1}) {
+        CAPTURE(type);
+        DLTensor v = *call.args.v;
+        std::memcpy(&v.device.device_type, &type, sizeof type);
+        call.args.v = &v;
+        call.expect_invalid("v: device type " + std::to_string(type) + " is not");
+        call.expect_invalid("v: device type " + std::to_string(type) + " is not", true);
+        call.args.v = call.problem.v.dl();
     }
 }

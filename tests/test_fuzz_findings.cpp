@@ -170,3 +170,31 @@ TEST_CASE("table rows past int64 (a headless q of 2^63 - 1 tokens, an offset nea
         call.expect_invalid("seqlen_offsets: sequence 0 of q uses table rows");
     }
 }
+
+TEST_CASE("empty M-RoPE positions with NULL data give a zero gradient without offsetting NULL") {
+    // fuzz_freq_grad: an empty backward still owes its frequency gradient, so its positions
+    // are checked; a [2, 0] positions tensor may have NULL data, and splitting it into its
+    // axes offset that NULL (undefined behaviour, reported by UBSan) before the fix.
+    CpuCall call;
+    HostTensor q(Dt::F32, {1, 2, 0, 8}), q_saved(Dt::F32, {1, 2, 0, 8});
+    q.dl()->data = nullptr;
+    q_saved.dl()->data = nullptr;
+    HostTensor grad(Dt::F32, {4});
+    grad.set({0}, 5);
+    int64_t shape[2] = {2, 0};
+    DLTensor positions{};
+    positions.device = {kDLCPU, 0};
+    positions.ndim = 2;
+    positions.dtype = {kDLInt, 64, 1};
+    positions.shape = shape;
+    const int32_t sections[2] = {2, 2};
+    call.args.q = q.dl();
+    call.args.backward = 1;
+    call.args.inv_freq_grad = grad.dl();
+    call.args.q_saved = q_saved.dl();
+    call.args.positions = &positions;
+    call.args.mrope_sections = sections;
+    call.args.num_mrope_sections = 2;
+    CHECK(rope_jit_rope(call.runtime, &call.args) == ROPE_JIT_OK);
+    CHECK(grad.values() == std::vector<double>(4, 0.0));
+}

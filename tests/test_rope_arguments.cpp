@@ -2,7 +2,12 @@
 // the argument, and writes nothing.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <limits>
 #include <string>
+#include <vector>
 
 #include "rope_test_support.h"
 
@@ -394,4 +399,482 @@ TEST_CASE("an unknown style is rejected") {
     ValidCall call;
     call.args.style = static_cast<rope_jit_style>(7);
     call.expect_invalid("style: must be ROPE_JIT_STYLE_HALF or ROPE_JIT_STYLE_INTERLEAVED, got 7");
+}
+
+namespace {
+
+// A q-only call with angles from inv_freq (no table bounds the positions): q [1, 2, 4, 8]
+// float32, inv_freq [4].
+struct InvFreqCall {
+    InvFreqCall() {
+        rope_jit_config config;
+        rope_jit_config_init(&config);
+        config.backend = ROPE_JIT_BACKEND_CPU;
+        config.disk_cache = 0;
+        REQUIRE(rope_jit_runtime_create(&config, &runtime) == ROPE_JIT_OK);
+        std::mt19937 rng(5);
+        q.fill_uniform(rng, -1, 1);
+        inv_freq.fill_uniform(rng, 0.1, 1);
+        rope_jit_rope_args_init(&args);
+        args.q = q.dl();
+        args.inv_freq = inv_freq.dl();
+        q_before = q.bytes();
+    }
+    ~InvFreqCall() { rope_jit_runtime_free(runtime); }
+
+    void expect_invalid(const std::string& needle) {
+        const rope_jit_status status = rope_jit_rope(runtime, &args);
+        const std::string message = rope_jit_last_error();
+        CAPTURE(message);
+        CHECK(status == ROPE_JIT_ERROR_INVALID_ARGUMENT);
+        CHECK(message.find(needle) != std::string::npos);
+        CHECK(q.bytes() == q_before);
+    }
+
+    rope_jit_runtime* runtime = nullptr;
+    HostTensor q{Dt::F32, {1, 2, 4, 8}};
+    HostTensor inv_freq{Dt::F32, {4}};
+    rope_jit_rope_args args{};
+    std::vector<uint8_t> q_before;
+};
+
+}  // namespace
+
+TEST_CASE(
+    "negative positions are rejected with inv_freq too, naming the source, and nothing is "
+    "written") {
+    InvFreqCall call;
+    SUBCASE("position_offset") {
+        call.args.position_offset = -5;
+        call.expect_invalid("position_offset");
+    }
+    SUBCASE("q_position_offset taking q below 0") {
+        call.args.position_offset = 2;
+        call.args.q_position_offset = -3;
+        call.expect_invalid("q_position_offset -3");
+    }
+    SUBCASE("an int64 positions entry") {
+        HostTensor positions(Dt::I64, {4});
+        const int64_t values[4] = {0, -7, 2, 3};
+        for (int64_t s = 0; s < 4; ++s) positions.set({s}, double(values[s]));
+        call.args.positions = positions.dl();
+        call.expect_invalid("positions: [1] gives position -7");
+    }
+    SUBCASE("an M-RoPE axis") {
+        HostTensor positions(Dt::I32, {2, 4});
+        for (int64_t s = 0; s < 4; ++s)
+            positions.set({0, s}, double(s)), positions.set({1, s}, s == 3 ? -1.0 : 1.0);
+        const int32_t sections[2] = {2, 2};
+        call.args.positions = positions.dl();
+        call.args.mrope_sections = sections;
+        call.args.num_mrope_sections = 2;
+        call.expect_invalid("positions: [1, 3] gives position -1");
+    }
+    SUBCASE("seqlen_offsets") {
+        HostTensor offsets(Dt::I64, {1});
+        offsets.set({0}, -2);
+        call.args.seqlen_offsets = offsets.dl();
+        call.expect_invalid("seqlen_offsets: sequence 0 of q");
+    }
+    SUBCASE("seqlen_offsets whose last position overflows int64") {
+        HostTensor offsets(Dt::I64, {1});
+        const int64_t top = std::numeric_limits<int64_t>::max() - 1;
+        std::memcpy(offsets.bytes().data(), &top, sizeof top);
+        call.args.seqlen_offsets = offsets.dl();
+        call.expect_invalid("seqlen_offsets: sequence 0 of q");
+    }
+    SUBCASE("position_offset with packed sequences") {
+        HostTensor packed(Dt::F32, {4, 2, 8});
+        HostTensor cu(Dt::I32, {3});
+        cu.set({0}, 0), cu.set({1}, 1), cu.set({2}, 4);
+        const std::vector<uint8_t> packed_before = packed.bytes();
+        call.args.q = packed.dl();
+        call.args.cu_seqlens = cu.dl();
+        call.args.position_offset = -1;
+        call.expect_invalid("position_offset");
+        CHECK(packed.bytes() == packed_before);
+    }
+    SUBCASE("positions >= 0 and large still work") {
+        HostTensor positions(Dt::I64, {4});
+        for (int64_t s = 0; s < 4; ++s) positions.set({s}, double(s * 1000));
+        call.args.positions = positions.dl();
+        CHECK(rope_jit_rope(call.runtime, &call.args) == ROPE_JIT_OK);
+        call.args.positions = nullptr;
+        call.args.position_offset = 3;
+        call.args.q_position_offset = -3;
+        CHECK(rope_jit_rope(call.runtime, &call.args) == ROPE_JIT_OK);
+    }
+}
+
+namespace {
+
+// The start of the message for a tensor whose device type has no DLPack enumerator.
+std::string device_type_message(const char* name, int type) {
+    return std::string(name) + ": device type " + std::to_string(type) + " is not";
+}
+
+// A view of another tensor's memory: shape and strides (elements) from `offset` elements in.
+struct View {
+    View(HostTensor& base, std::vector<int64_t> shape_, std::vector<int64_t> strides_,
+         int64_t offset, Dt dt = Dt::F32)
+        : shape(std::move(shape_)), strides(std::move(strides_)) {
+        tensor = *base.dl();
+        tensor.dtype = dl_type(dt);
+        tensor.ndim = int(shape.size());
+        tensor.shape = shape.data();
+        tensor.strides = strides.data();
+        tensor.byte_offset = uint64_t(offset) * dt_size(dt);
+    }
+    std::vector<int64_t> shape, strides;
+    DLTensor tensor{};
+};
+
+}  // namespace
+
+TEST_CASE("tensors written by the call that share memory with another tensor of it are rejected") {
+    ValidCall call;  // q [2, 4, 6, 16], k [2, 2, 6, 16], tables [8, 8]
+    SUBCASE("q_out placed on k's memory") {
+        HostTensor k_big(Dt::F32, {2, 4, 7, 16});
+        call.args.k = k_big.dl();
+        // One token into k, with k's strides: overlaps it without being the same view.
+        View q_out(k_big, {2, 4, 6, 16}, {448, 112, 16, 1}, 16);
+        call.args.q_out = &q_out.tensor;
+        call.expect_invalid("q_out: shares memory with k");
+    }
+    SUBCASE("q_out exactly on k") {
+        HostTensor k_same(Dt::F32, {2, 4, 6, 16});
+        call.args.k = k_same.dl();
+        call.args.q_out = k_same.dl();
+        call.expect_invalid("is the same memory as");
+        const std::string message = rope_jit_last_error();
+        CHECK(message.find("q_out") != std::string::npos);
+    }
+    SUBCASE("k in place starting 2 tokens into q") {
+        View k(call.q, {2, 2, 4, 16}, {384, 96, 16, 1}, 2 * 16);
+        call.args.k = &k.tensor;
+        call.expect_invalid("q: shares memory with k");
+    }
+    SUBCASE("q_out and k_out one buffer") {
+        HostTensor out(Dt::F32, {2, 4, 6, 16});
+        View k_out(out, {2, 2, 6, 16}, {384, 96, 16, 1}, 0);
+        call.args.q_out = out.dl();
+        call.args.k_out = &k_out.tensor;
+        call.expect_invalid("shares memory with");
+        const std::string message = rope_jit_last_error();
+        CHECK(message.find("q_out") != std::string::npos);
+        CHECK(message.find("k_out") != std::string::npos);
+    }
+    SUBCASE("q_out and k_out the very same view") {
+        HostTensor q(Dt::F32, {2, 2, 6, 16});
+        HostTensor out(Dt::F32, {2, 2, 6, 16});
+        call.args.q = q.dl();
+        call.args.q_out = out.dl();
+        call.args.k_out = out.dl();
+        call.expect_invalid("q_out: is the same memory as k_out");
+    }
+    SUBCASE("q in place over positions") {
+        HostTensor positions(Dt::I64, {6});
+        for (int64_t s = 0; s < 6; ++s) positions.set({s}, double(s));
+        View aliased(call.q, {6}, {1}, 0, Dt::I64);  // q's first 12 floats read as 6 positions
+        std::memcpy(call.q.bytes().data(), positions.bytes().data(), 48);
+        call.q_before = call.q.bytes();
+        call.args.positions = &aliased.tensor;
+        call.expect_invalid("q: shares memory with positions");
+    }
+    SUBCASE("k_out over the cos table") {
+        View k_out(call.cos_t, {2, 2, 2, 8}, {32, 16, 8, 1}, 0);
+        HostTensor k(Dt::F32, {2, 2, 2, 8});
+        HostTensor q(Dt::F32, {2, 4, 2, 8});
+        call.args.q = q.dl();
+        call.args.k = k.dl();
+        call.args.k_out = &k_out.tensor;
+        call.expect_invalid("k_out: shares memory with cos");
+    }
+}
+
+TEST_CASE(
+    "views of one buffer that never touch the same elements stay accepted and are rotated once") {
+    ValidCall call;
+    const int64_t B = 2, S = 6, H = 2, D = 16;
+    std::mt19937 rng(9);
+    HostTensor cos_t(Dt::F32, {8, 8}), sin_t(Dt::F32, {8, 8});
+    cos_t.fill_uniform(rng, -1, 1);
+    sin_t.fill_uniform(rng, -1, 1);
+    rope_test::Case c;
+    c.D = D;
+    c.R = D;
+    c.cos.assign(8, std::vector<double>(8));
+    c.sin = c.cos;
+    for (int64_t p = 0; p < 8; ++p)
+        for (int64_t i = 0; i < 8; ++i) {
+            c.cos[size_t(p)][size_t(i)] = cos_t.get({p, i});
+            c.sin[size_t(p)][size_t(i)] = sin_t.get({p, i});
+        }
+    // Expected: every head vector at (b, s) of the rotated slots turned by row s, the rest as is.
+    auto check_rotated = [&](const HostTensor& before, const HostTensor& after,
+                             const std::vector<int64_t>& slot_of, int64_t rotated_slots) {
+        const int64_t slots = int64_t(slot_of.size());
+        double worst = 0;
+        for (int64_t b = 0; b < B; ++b)
+            for (int64_t s = 0; s < S; ++s)
+                for (int64_t h = 0; h < slots; ++h) {
+                    std::vector<double> x(static_cast<size_t>(D)), y(static_cast<size_t>(D));
+                    for (int64_t d = 0; d < D; ++d) {
+                        x[size_t(d)] = before.get({b, s, h, d});
+                        y[size_t(d)] = after.get({b, s, h, d});
+                    }
+                    const std::vector<double> expected =
+                        slot_of[size_t(h)] < rotated_slots
+                            ? rope_test::reference_rotate(c, x, s, false)
+                            : x;
+                    worst = std::max(worst, rope_test::worst_ratio(y, expected, 1e-5, 1e-5));
+                }
+        CHECK(worst <= 1);
+    };
+    call.args.cos = cos_t.dl();
+    call.args.sin = sin_t.dl();
+    SUBCASE("q and k as [:, :, 0] and [:, :, 1] of a [B, S, 3, H, D] qkv, in place") {
+        HostTensor qkv(Dt::F32, {B, S, 3 * H, D});  // [B, S, 3, H, D] with (3, H) merged
+        qkv.fill_uniform(rng, -2, 2);
+        const HostTensor before = qkv;
+        // [B, H, S, D] views: batch S*3H*D, head D, token 3H*D, feature 1.
+        View q(qkv, {B, H, S, D}, {S * 3 * H * D, D, 3 * H * D, 1}, 0);
+        View k(qkv, {B, H, S, D}, {S * 3 * H * D, D, 3 * H * D, 1}, H * D);
+        call.args.q = &q.tensor;
+        call.args.k = &k.tensor;
+        REQUIRE(rope_jit_rope(call.runtime, &call.args) == ROPE_JIT_OK);
+        check_rotated(before, qkv, {0, 0, 1, 1, 2, 2}, 2);
+    }
+    SUBCASE(
+        "q and k as head slices of a [B, S, Hq + 2 Hk, D] qkv, out of place into one fused "
+        "output") {
+        HostTensor qkv(Dt::F32, {B, S, 3 * H, D});
+        qkv.fill_uniform(rng, -2, 2);
+        HostTensor out(Dt::F32, {B, S, 3 * H, D});
+        out.fill_uniform(rng, -2, 2);
+        HostTensor qkv_before = qkv, out_before = out;
+        View q(qkv, {B, H, S, D}, {S * 3 * H * D, D, 3 * H * D, 1}, 0);
+        View k(qkv, {B, H, S, D}, {S * 3 * H * D, D, 3 * H * D, 1}, H * D);
+        View q_out(out, {B, H, S, D}, {S * 3 * H * D, D, 3 * H * D, 1}, 0);
+        View k_out(out, {B, H, S, D}, {S * 3 * H * D, D, 3 * H * D, 1}, H * D);
+        call.args.q = &q.tensor;
+        call.args.k = &k.tensor;
+        call.args.q_out = &q_out.tensor;
+        call.args.k_out = &k_out.tensor;
+        REQUIRE(rope_jit_rope(call.runtime, &call.args) == ROPE_JIT_OK);
+        CHECK(qkv.bytes() == qkv_before.bytes());
+        // out's q and k slots hold the rotated inputs, its v slot is untouched.
+        HostTensor expected_src = qkv_before;
+        for (int64_t b = 0; b < B; ++b)
+            for (int64_t s = 0; s < S; ++s)
+                for (int64_t d = 0; d < D; ++d)
+                    for (int64_t h = 2 * H; h < 3 * H; ++h)
+                        expected_src.set({b, s, h, d}, out_before.get({b, s, h, d}));
+        check_rotated(expected_src, out, {0, 0, 1, 1, 2, 2}, 2);
+    }
+    SUBCASE("q_out interleaved with q (every other head), never touching q's elements") {
+        HostTensor buffer(Dt::F32, {B, S, 2 * H, D});
+        buffer.fill_uniform(rng, -2, 2);
+        const HostTensor before = buffer;
+        View q(buffer, {B, H, S, D}, {S * 2 * H * D, 2 * D, 2 * H * D, 1}, 0);
+        View q_out(buffer, {B, H, S, D}, {S * 2 * H * D, 2 * D, 2 * H * D, 1}, D);
+        call.args.q = &q.tensor;
+        call.args.k = nullptr;
+        call.args.q_out = &q_out.tensor;
+        REQUIRE(rope_jit_rope(call.runtime, &call.args) == ROPE_JIT_OK);
+        // Even heads (q) unchanged; odd heads hold q's rotation.
+        HostTensor expected_src = before;
+        for (int64_t b = 0; b < B; ++b)
+            for (int64_t s = 0; s < S; ++s)
+                for (int64_t h = 0; h < H; ++h)
+                    for (int64_t d = 0; d < D; ++d)
+                        expected_src.set({b, s, 2 * h + 1, d}, before.get({b, s, 2 * h, d}));
+        check_rotated(expected_src, buffer, {2, 0, 2, 0}, 1);
+    }
+    SUBCASE("cos and sin halves of one buffer (both only read)") {
+        HostTensor both(Dt::F32, {8, 16});
+        for (int64_t p = 0; p < 8; ++p)
+            for (int64_t i = 0; i < 8; ++i)
+                both.set({p, i}, cos_t.get({p, i})), both.set({p, 8 + i}, sin_t.get({p, i}));
+        View cos(both, {8, 8}, {16, 1}, 0), sin(both, {8, 8}, {16, 1}, 8);
+        HostTensor q(Dt::F32, {B, S, H, D});
+        q.fill_uniform(rng, -2, 2);
+        const HostTensor before = q;
+        View q4(q, {B, H, S, D}, {S * H * D, D, H * D, 1}, 0);
+        call.args.q = &q4.tensor;
+        call.args.k = nullptr;
+        call.args.cos = &cos.tensor;
+        call.args.sin = &sin.tensor;
+        REQUIRE(rope_jit_rope(call.runtime, &call.args) == ROPE_JIT_OK);
+        check_rotated(before, q, {0, 0}, 1);
+    }
+}
+
+TEST_CASE("q and k of a model-sized fused qkv are told apart quickly, without a false overlap") {
+    // Shapes of Llama-3-8B training (B 4, S 4096, Hq 32, Hk 8, D 128) over a buffer that is
+    // never read: the table is too short, so the call fails after the memory checks, and the
+    // message shows which check refused it.
+    ValidCall call;
+    HostTensor cos_t(Dt::F32, {8, 64}), sin_t(Dt::F32, {8, 64});
+    call.args.cos = cos_t.dl();
+    call.args.sin = sin_t.dl();
+    const int64_t B = 4, S = 4096, D = 128;
+    struct Layout {
+        int64_t hq, hk, token_heads, k_head;  // heads per token in the buffer, k's first head
+    };
+    for (const Layout& l : {Layout{32, 32, 96, 32}, Layout{32, 8, 48, 32}}) {
+        CAPTURE(l.hk);
+        View q(call.q, {B, l.hq, S, D}, {S * l.token_heads * D, D, l.token_heads * D, 1}, 0);
+        View k(call.q, {B, l.hk, S, D}, {S * l.token_heads * D, D, l.token_heads * D, 1},
+               l.k_head * D);
+        // An address far from the heap, so the views meet only each other.
+        void* const far_away = reinterpret_cast<void*>(uintptr_t(1) << 46);
+        q.tensor.data = k.tensor.data = far_away;
+        call.args.q = &q.tensor;
+        call.args.k = &k.tensor;
+        const auto start = std::chrono::steady_clock::now();
+        call.expect_invalid("cos: q uses table rows 0..4095");
+        const double seconds =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        CAPTURE(seconds);
+        CHECK(seconds < 0.05);
+        // k one head back: its first head is q's last, so the two overlap.
+        View k_back(call.q, {B, l.hk, S, D}, {S * l.token_heads * D, D, l.token_heads * D, 1},
+                    (l.k_head - 1) * D);
+        k_back.tensor.data = far_away;
+        call.args.k = &k_back.tensor;
+        call.expect_invalid("q: shares memory with k");
+    }
+}
+
+TEST_CASE("a device type outside DLPack's enum is rejected as a raw integer, naming the tensor") {
+    ValidCall call;
+    for (int type : {16, -1, 0, 1000}) {
+        CAPTURE(type);
+        DLTensor k = *call.k.dl();
+        std::memcpy(&k.device.device_type, &type, sizeof type);
+        call.args.k = &k;
+        call.expect_invalid(device_type_message("k", type));
+        DLTensor q = *call.q.dl();
+        std::memcpy(&q.device.device_type, &type, sizeof type);
+        call.args.k = call.k.dl();
+        call.args.q = &q;
+        call.expect_invalid(device_type_message("q", type));
+        call.args.q = call.q.dl();
+    }
+}
+
+TEST_CASE("an output is refused exactly when it shares an element with its input (brute force)") {
+    // Random strided views of one 512-float buffer as q and q_out; the expected verdict comes
+    // from listing both views' element offsets.
+    rope_jit_config config;
+    rope_jit_config_init(&config);
+    config.backend = ROPE_JIT_BACKEND_CPU;
+    config.disk_cache = 0;
+    rope_jit_runtime* runtime = nullptr;
+    REQUIRE(rope_jit_runtime_create(&config, &runtime) == ROPE_JIT_OK);
+    HostTensor buffer(Dt::F32, {512});
+    HostTensor inv_freq(Dt::F32, {1});
+    inv_freq.set({0}, 0.5);
+    std::mt19937 rng(23);
+    auto random_view = [&](std::vector<int64_t>& shape, std::vector<int64_t>& strides) -> int64_t {
+        shape = {1 + int64_t(rng() % 2), 1 + int64_t(rng() % 3), 1 + int64_t(rng() % 3), 2};
+        strides.assign(4, 0);
+        int64_t low = 0, high = 0;
+        for (int d = 0; d < 4; ++d) {
+            const int64_t choices[] = {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, -1, -8, 0};
+            strides[size_t(d)] = choices[rng() % 13];
+            const int64_t reach = strides[size_t(d)] * (shape[size_t(d)] - 1);
+            (reach < 0 ? low : high) += reach;
+        }
+        const int64_t span = high - low + 1;
+        return -low + int64_t(rng() % uint32_t(512 - span + 1));  // the first element's offset
+    };
+    auto offsets = [](const std::vector<int64_t>& shape, const std::vector<int64_t>& strides,
+                      int64_t start) {
+        std::vector<int64_t> out;
+        for (int64_t a = 0; a < shape[0]; ++a)
+            for (int64_t b = 0; b < shape[1]; ++b)
+                for (int64_t c = 0; c < shape[2]; ++c)
+                    for (int64_t d = 0; d < shape[3]; ++d)
+                        out.push_back(start + a * strides[0] + b * strides[1] + c * strides[2] +
+                                      d * strides[3]);
+        std::sort(out.begin(), out.end());
+        return out;
+    };
+    int refused = 0, accepted = 0, interleaved = 0;
+    for (int trial = 0; trial < 3000; ++trial) {
+        std::vector<int64_t> q_shape, q_strides, out_strides, unused;
+        const int64_t q_start = random_view(q_shape, q_strides);
+        std::vector<int64_t> out_shape = q_shape;
+        int64_t out_start = random_view(unused, out_strides);
+        // Keep q_out inside the buffer with q's shape.
+        int64_t low = 0, high = 0;
+        for (int d = 0; d < 4; ++d) {
+            const int64_t reach = out_strides[size_t(d)] * (out_shape[size_t(d)] - 1);
+            (reach < 0 ? low : high) += reach;
+        }
+        out_start = -low + int64_t(rng() % uint32_t(512 - (high - low + 1) + 1));
+        // Half the time near q, where the two may meet.
+        const int64_t near = q_start - 4 + int64_t(rng() % 8);
+        if (rng() % 2 && near + low >= 0 && near + high < 512) out_start = near;
+        const std::vector<int64_t> q_offsets = offsets(q_shape, q_strides, q_start);
+        const std::vector<int64_t> out_offsets = offsets(out_shape, out_strides, out_start);
+        const bool q_repeats =
+            std::adjacent_find(q_offsets.begin(), q_offsets.end()) != q_offsets.end();
+        const bool out_repeats =
+            std::adjacent_find(out_offsets.begin(), out_offsets.end()) != out_offsets.end();
+        if (q_repeats) continue;  // refused for that reason, with its own message
+        std::vector<int64_t> common;
+        std::set_intersection(q_offsets.begin(), q_offsets.end(), out_offsets.begin(),
+                              out_offsets.end(), std::back_inserter(common));
+        bool same = q_start == out_start;
+        for (size_t d = 0; d < 4; ++d)
+            same = same && (q_shape[d] == 1 || q_strides[d] == out_strides[d]);
+
+        DLTensor q = *buffer.dl(), out = *buffer.dl();
+        q.ndim = out.ndim = 4;
+        q.shape = q_shape.data();
+        out.shape = out_shape.data();
+        q.strides = q_strides.data();
+        out.strides = out_strides.data();
+        q.byte_offset = uint64_t(q_start) * 4;
+        out.byte_offset = uint64_t(out_start) * 4;
+        rope_jit_rope_args args;
+        rope_jit_rope_args_init(&args);
+        args.q = &q;
+        args.q_out = &out;
+        args.inv_freq = inv_freq.dl();
+        args.rotary_dim = 2;
+        const rope_jit_status status = rope_jit_rope(runtime, &args);
+        const std::string message = rope_jit_last_error();
+        CAPTURE(trial);
+        CAPTURE(message);
+        if (out_repeats && !same) {
+            CHECK(status == ROPE_JIT_ERROR_INVALID_ARGUMENT);
+            CHECK(message.find("same element") != std::string::npos);
+        } else if (message.find("same element") != std::string::npos) {
+            // The distinct-elements test is a sufficient one (has_distinct_elements): some
+            // interleaving strides are refused though no element repeats.
+            CHECK(status == ROPE_JIT_ERROR_INVALID_ARGUMENT);
+        } else if (!same && !common.empty()) {
+            CHECK(status == ROPE_JIT_ERROR_INVALID_ARGUMENT);
+            CHECK(message.find("q_out: overlaps q") != std::string::npos);
+            ++refused;
+        } else {
+            CHECK(status == ROPE_JIT_OK);
+            ++accepted;
+            // Accepted although their ranges meet: views that interleave.
+            if (!same && out_offsets.front() <= q_offsets.back() &&
+                q_offsets.front() <= out_offsets.back())
+                ++interleaved;
+        }
+    }
+    CAPTURE(refused);
+    CAPTURE(accepted);
+    CAPTURE(interleaved);
+    CHECK(refused > 20);
+    CHECK(accepted > 100);
+    CHECK(interleaved > 20);
+    rope_jit_runtime_free(runtime);
 }

@@ -1481,3 +1481,104 @@ TEST_CASE("bad frequency-gradient arguments are rejected, naming the argument") 
         expect_invalid("inv_freq_grad: overlaps");
     }
 }
+
+TEST_CASE(
+    "lists whose stated length is not what the builders read are rejected before reading them") {
+    SUBCASE(
+        "longrope short_factor or long_factor with fewer (or more) than rotary_dim / 2 elements") {
+        const std::vector<float> one = {1.0f};
+        std::vector<float> factors(64, 1.0f);
+        rope_jit_freq_config config = freq_config(ROPE_JIT_ROPE_TYPE_LONGROPE, 128, 10000);
+        config.original_max_position_embeddings = 4096;
+        config.factor = 2;
+        config.short_factor = one.data();
+        config.long_factor = factors.data();
+        config.num_short_factor = one.size();
+        config.num_long_factor = factors.size();
+        std::vector<float> inv(64, 7.0f);
+        CHECK(rope_jit_inv_freq(&config, inv.data(), 64, nullptr) ==
+              ROPE_JIT_ERROR_INVALID_ARGUMENT);
+        std::string message = rope_jit_last_error();
+        CAPTURE(message);
+        CHECK(message.find("short_factor: num_short_factor is 1, but rope_type longrope reads "
+                           "rotary_dim / 2 = 64") != std::string::npos);
+        CHECK(inv == std::vector<float>(64, 7.0f));
+        // The long list is checked whichever one the sequence length picks.
+        config.short_factor = factors.data();
+        config.num_short_factor = 64;
+        config.num_long_factor = 65;
+        CHECK(rope_jit_inv_freq(&config, inv.data(), 64, nullptr) ==
+              ROPE_JIT_ERROR_INVALID_ARGUMENT);
+        message = rope_jit_last_error();
+        CHECK(message.find("long_factor: num_long_factor is 65") != std::string::npos);
+        // Stated right, or not stated (0): computed.
+        config.num_long_factor = 64;
+        CHECK(rope_jit_inv_freq(&config, inv.data(), 64, nullptr) == ROPE_JIT_OK);
+        CHECK(inv[0] == 1.0f);
+        config.num_short_factor = config.num_long_factor = 0;
+        CHECK(rope_jit_inv_freq(&config, inv.data(), 64, nullptr) == ROPE_JIT_OK);
+    }
+    SUBCASE("table positions shorter than the tables' rows (times the sections)") {
+        const std::vector<float> inv = {1.0f, 0.1f, 0.01f, 0.001f};
+        rope_jit_table_config config;
+        rope_jit_table_config_init(&config);
+        config.inv_freq = inv.data();
+        config.num_freqs = inv.size();
+        const std::vector<double> positions = {0.0};
+        config.positions = positions.data();
+        config.num_positions = positions.size();
+        HostTensor cos(Dt::F32, {4, 4});
+        const std::vector<uint8_t> before = cos.bytes();
+        CHECK(rope_jit_rope_tables(&config, cos.dl(), nullptr, nullptr) ==
+              ROPE_JIT_ERROR_INVALID_ARGUMENT);
+        std::string message = rope_jit_last_error();
+        CAPTURE(message);
+        CHECK(message.find("positions: num_positions is 1, but the tables' 4 rows need 4") !=
+              std::string::npos);
+        CHECK(cos.bytes() == before);
+        // With two sections every row reads two positions: 4 rows need 8.
+        const std::vector<double> four = {0, 1, 2, 3};
+        const int32_t sections[2] = {1, 1};
+        HostTensor half_cos(Dt::F32, {4, 2});
+        const std::vector<float> two = {1.0f, 0.5f};
+        config.inv_freq = two.data();
+        config.num_freqs = 2;
+        config.positions = four.data();
+        config.num_positions = four.size();
+        config.mrope_sections = sections;
+        config.num_mrope_sections = 2;
+        CHECK(rope_jit_rope_tables(&config, half_cos.dl(), nullptr, nullptr) ==
+              ROPE_JIT_ERROR_INVALID_ARGUMENT);
+        message = rope_jit_last_error();
+        CHECK(message.find("positions: num_positions is 4, but the tables' 4 rows need 8") !=
+              std::string::npos);
+        // Enough positions (more is fine: a longer buffer), or not stated: filled.
+        const std::vector<double> nine = {0, 1, 2, 3, 0, 1, 2, 3, 99};
+        config.positions = nine.data();
+        config.num_positions = nine.size();
+        CHECK(rope_jit_rope_tables(&config, half_cos.dl(), nullptr, nullptr) == ROPE_JIT_OK);
+        CHECK(half_cos.get({3, 0}) == doctest::Approx(std::cos(3.0)));
+        CHECK(half_cos.get({3, 1}) == doctest::Approx(std::cos(1.5)));
+    }
+}
+
+TEST_CASE("a table whose device type is outside DLPack's enum is rejected as a raw integer") {
+    const std::vector<float> inv = {1.0f, 0.5f};
+    rope_jit_table_config config;
+    rope_jit_table_config_init(&config);
+    config.inv_freq = inv.data();
+    config.num_freqs = 2;
+    HostTensor cos(Dt::F32, {5, 4});
+    const std::vector<uint8_t> before = cos.bytes();
+    for (int type : {16, -1}) {
+        CAPTURE(type);
+        std::memcpy(&cos.dl()->device.device_type, &type, sizeof type);
+        CHECK(rope_jit_rope_tables(&config, cos.dl(), nullptr, nullptr) ==
+              ROPE_JIT_ERROR_INVALID_ARGUMENT);
+        const std::string message = rope_jit_last_error();
+        CAPTURE(message);
+        CHECK(message.find("cos: device type " + std::to_string(type) + " is not") !=
+              std::string::npos);
+        CHECK(cos.bytes() == before);
+    }
+}

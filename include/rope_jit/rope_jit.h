@@ -180,6 +180,8 @@ ROPE_JIT_API void rope_jit_config_init(rope_jit_config* config);
  *
  * Tensors are DLPack DLTensors: data, device, dtype, shape and strides in elements (strides
  * NULL = C-contiguous); byte_offset is honoured. Nothing is copied, whatever the strides.
+ * A device type that is none of DLPack's enumerators (16, -1: read as an integer) fails with
+ * ERROR_INVALID_ARGUMENT naming the tensor, in every call that takes tensors.
  * The runtime never keeps a pointer to a tensor or its data after the call returns (on the
  * CUDA backend the kernel reads and writes the data asynchronously on `stream`).
  *
@@ -204,9 +206,17 @@ ROPE_JIT_API void rope_jit_config_init(rope_jit_config* config);
  *   1. positions[b, s] (positions[s] if positions is [S]; positions[t] when packed);
  *   2. else s + seqlen_offsets[b];
  *   3. else s + position_offset (+ q_position_offset for q only).
- * Every p must lie in [0, P) (or be >= 0 with inv_freq); otherwise the call fails with
- * ERROR_INVALID_ARGUMENT and writes nothing (checked fully on the CPU backend; on the CUDA
- * backend with rope_jit_config.debug_checks).
+ * Every p must lie in [0, P) (or in [0, 2^63 - 1) with inv_freq and no xpos_scale);
+ * otherwise the call fails with ERROR_INVALID_ARGUMENT and writes nothing. Implicit positions
+ * (rule 3) are checked on every backend; positions, seqlen_offsets and cu_seqlens are read
+ * and checked on the CPU backend, and on the CUDA backend with rope_jit_config.debug_checks.
+ *
+ * Memory: a tensor the call writes (q_out, or q when in place; k_out or k likewise) may share
+ * no element with any other tensor of the call (an input it is not the same view of, the
+ * other output, a table, inv_freq, an index tensor); such a call fails with
+ * ERROR_INVALID_ARGUMENT naming both. Views of one buffer that interleave without touching
+ * the same elements are fine: q and k as slices of a fused qkv, rotated in place. Tensors that
+ * are only read may share memory freely.
  *
  * dtypes: q, k, q_out and k_out share one dtype: float32, float16 or bfloat16.
  * ======================================================================================== */
@@ -221,8 +231,8 @@ typedef struct rope_jit_rope_args {
      * positions (no `positions`) k may have a different S than q (cached keys). */
     const DLTensor* k;
     /* Outputs, or NULL for in place. Same shape and dtype as q (k), any strides. An output
-     * may be the very same view as its input (in place); one that overlaps its input any
-     * other way is rejected. */
+     * may be the very same view as its input (in place); one that shares elements with its
+     * input any other way, or with another tensor of the call, is rejected (see "Memory"). */
     const DLTensor* q_out;
     const DLTensor* k_out;
 
@@ -720,6 +730,13 @@ typedef struct rope_jit_freq_config {
     double max_freq;
     /* CONSTANT: the number of frequencies. Default 1. */
     int32_t num_freqs;
+    /* LONGROPE: the number of elements the caller holds in short_factor and long_factor, so
+     * that the call can refuse lists of the wrong length instead of reading past them (a
+     * binding that knows its arrays' sizes sets them). 0 (default) = not stated: the caller
+     * vouches for rotary_dim / 2 elements. Otherwise it must be rotary_dim / 2, else
+     * ERROR_INVALID_ARGUMENT naming the list. */
+    size_t num_short_factor;
+    size_t num_long_factor;
 } rope_jit_freq_config;
 
 /* Fills *config with the defaults above and sets struct_size. NULL is ignored. */
@@ -783,6 +800,11 @@ typedef struct rope_jit_table_config {
     /* xPos: the position whose scale is 1. rotary-embedding-torch uses seq_len // 2 for a table
      * of seq_len rows from position 0 (before interpolate_factor divides t). Default 0. */
     double xpos_center;
+    /* The number of doubles the caller holds in `positions`, so that the call can refuse a
+     * list shorter than the tables instead of reading past it (a binding that knows the
+     * array's size sets it). 0 (default) = not stated: the caller vouches for A * P. Otherwise
+     * it must be at least A * P, else ERROR_INVALID_ARGUMENT naming positions. */
+    size_t num_positions;
 } rope_jit_table_config;
 
 /* Fills *config with the defaults above and sets struct_size. NULL is ignored. */

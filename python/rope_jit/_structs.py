@@ -230,6 +230,8 @@ class FreqConfig(ctypes.Structure):
         ("theta_rescale_factor", ctypes.c_double),
         ("max_freq", ctypes.c_double),
         ("num_freqs", ctypes.c_int32),
+        ("num_short_factor", ctypes.c_size_t),
+        ("num_long_factor", ctypes.c_size_t),
     ]
 
 
@@ -251,4 +253,5 @@ class TableConfig(ctypes.Structure):
         ("float32_angles", ctypes.c_int),
         ("xpos_scale_base", ctypes.c_double),
         ("xpos_center", ctypes.c_double),
+        ("num_positions", ctypes.c_size_t),
     ]

@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <vector>
 
 #include <fmt/format.h>
 
 #include "common/error.h"
+#include "common/raw_enum.h"
 
 namespace rope_jit {
 
@@ -31,15 +33,39 @@ size_t dtype_size(DType dtype) {
     return 0;
 }
 
+namespace {
+
+// DLPack's device types (dlpack.h 0.6). A caller may store any integer in the enum field;
+// only these are compared as DLDeviceType.
+struct DeviceTypeName {
+    int type;
+    const char* name;
+};
+constexpr DeviceTypeName kDeviceTypes[] = {
+    {kDLCPU, "CPU"},
+    {kDLCUDA, "CUDA"},
+    {kDLCUDAHost, "CUDA host (pinned)"},
+    {kDLOpenCL, "OpenCL"},
+    {kDLVulkan, "Vulkan"},
+    {kDLMetal, "Metal"},
+    {kDLVPI, "VPI"},
+    {kDLROCM, "ROCm"},
+    {kDLROCMHost, "ROCm host"},
+    {kDLExtDev, "ExtDev"},
+    {kDLCUDAManaged, "CUDA managed"},
+};
+
+const char* find_device_name(int type) {
+    for (const DeviceTypeName& known : kDeviceTypes)
+        if (known.type == type) return known.name;
+    return nullptr;
+}
+
+}  // namespace
+
 const char* device_name(DLDeviceType type) {
-    switch (type) {
-        case kDLCPU: return "CPU";
-        case kDLCUDA: return "CUDA";
-        case kDLCUDAHost: return "CUDA host (pinned)";
-        case kDLCUDAManaged: return "CUDA managed";
-        case kDLROCM: return "ROCm";
-        default: return "an unsupported device";
-    }
+    const char* name = find_device_name(raw_enum(type));
+    return name ? name : "an unknown device";
 }
 
 int64_t TensorRef::numel() const {
@@ -110,6 +136,12 @@ TensorRef make_tensor_ref(const DLTensor* tensor, const char* name, int max_ndim
         fail_argument(fmt::format("{}: expected 1 to {} dimensions, got {}", name, max_ndim, tensor->ndim));
     if (tensor->shape == nullptr) fail_argument(fmt::format("{}: shape is NULL", name));
     ref.dtype = dtype_of(tensor->dtype, name);
+    const int device_type = raw_enum(tensor->device.device_type);
+    if (find_device_name(device_type) == nullptr)
+        fail_argument(fmt::format(
+            "{}: device type {} is not a DLPack device type (CPU = {}, CUDA = {}, "
+            "CUDA host = {}, CUDA managed = {} are the ones rope-jit reaches)",
+            name, device_type, int(kDLCPU), int(kDLCUDA), int(kDLCUDAHost), int(kDLCUDAManaged)));
     ref.device = tensor->device;
     ref.ndim = tensor->ndim;
     int64_t contiguous_stride = 1;
@@ -150,6 +182,133 @@ bool extents_overlap(const TensorRef& a, const TensorRef& b) {
     a.byte_extent(&a_first, &a_last);
     b.byte_extent(&b_first, &b_last);
     return a_first <= b_last && b_first <= a_last;
+}
+
+namespace {
+
+// Whether sum(step_i * x_i) = target has a solution with 0 <= x_i < count_i: a depth-first
+// search from the largest step down, pruned by the reach of the smaller steps and their gcd.
+// The views a call passes have a few steps each, most much larger than the span below them,
+// so a search visits a handful of nodes; one that exceeds its budget answers true.
+class LatticeSearch {
+public:
+    using Wide = __int128;  // a step times a count spans up to two int64 extents
+    struct Term {
+        Wide step, count;
+    };
+
+    explicit LatticeSearch(std::vector<Term> terms) : terms_(std::move(terms)) {
+        std::sort(terms_.begin(), terms_.end(),
+                  [](const Term& a, const Term& b) { return a.step > b.step; });
+        // Equal steps are one variable: x + y, x in [0, c1) and y in [0, c2), takes every
+        // value of [0, c1 + c2 - 1).
+        std::vector<Term> merged;
+        for (const Term& t : terms_) {
+            if (!merged.empty() && merged.back().step == t.step)
+                merged.back().count += t.count - 1;
+            else
+                merged.push_back(t);
+        }
+        terms_ = std::move(merged);
+        reach_.assign(terms_.size() + 1, 0);
+        gcd_.assign(terms_.size() + 1, 0);
+        for (size_t i = terms_.size(); i-- > 0;) {
+            reach_[i] = reach_[i + 1] + terms_[i].step * (terms_[i].count - 1);
+            gcd_[i] = gcd(terms_[i].step, gcd_[i + 1]);
+        }
+    }
+
+    bool solvable(Wide target) { return solve(0, target); }
+
+private:
+    static Wide gcd(Wide a, Wide b) {
+        while (b != 0) {
+            const Wide r = a % b;
+            a = b;
+            b = r;
+        }
+        return a;
+    }
+
+    bool solve(size_t i, Wide target) {
+        if (target < 0 || target > reach_[i]) return false;
+        if (i == terms_.size()) return target == 0;
+        if (target % gcd_[i] != 0) return false;
+        if (--budget_ < 0) return true;
+        const Term& t = terms_[i];
+        // x_i such that the rest can still reach target - x_i * step.
+        const Wide rest = reach_[i + 1];
+        const Wide lowest = target > rest ? (target - rest + t.step - 1) / t.step : 0;
+        const Wide highest = std::min(t.count - 1, target / t.step);
+        for (Wide x = highest; x >= lowest; --x) {
+            if (solve(i + 1, target - x * t.step)) return true;
+            if (budget_ < 0) return true;
+        }
+        return false;
+    }
+
+    std::vector<Term> terms_;
+    std::vector<Wide> reach_, gcd_;  // suffix sums of step * (count - 1), suffix gcds
+    int64_t budget_ = int64_t(1) << 16;
+};
+
+}  // namespace
+
+bool shares_memory(const TensorRef& a, const TensorRef& b) {
+    if (!extents_overlap(a, b)) return false;  // also: either one empty
+    // A byte of both: a.data + sum(a_i x_i) + e == b.data + sum(b_j y_j) + f, with e and f the
+    // byte within an element. Every term moves to the left with a positive step (a variable
+    // x in [0, n) with step -s becomes n - 1 - x with step s, shifting the target).
+    using Wide = LatticeSearch::Wide;
+    std::vector<LatticeSearch::Term> terms;
+    Wide target =
+        Wide(reinterpret_cast<uintptr_t>(b.data)) - Wide(reinterpret_cast<uintptr_t>(a.data));
+    auto add = [&](Wide step, Wide count) {
+        if (step == 0 || count <= 1) return;
+        if (step < 0) {
+            target -= step * (count - 1);
+            step = -step;
+        }
+        terms.push_back({step, count});
+    };
+    for (const TensorRef* t : {&a, &b}) {
+        const Wide sign = t == &a ? 1 : -1;
+        const Wide size = Wide(dtype_size(t->dtype));
+        for (int i = 0; i < t->ndim; ++i) add(sign * size * t->strides[i], t->shape[i]);
+        add(sign, size);  // the byte within the element
+    }
+    return LatticeSearch(std::move(terms)).solvable(target);
+}
+
+void check_written(const TensorRef& written, std::initializer_list<const TensorRef*> others,
+                   MemoryRule rule) {
+    if (!has_distinct_elements(written))
+        fail_argument(
+            fmt::format("{}: strides make several indices address the same element, so it cannot "
+                        "be written",
+                        written.name));
+    for (const TensorRef* other : others) {
+        if (!other->present() || other == &written) continue;
+        if (rule == MemoryRule::ByteRanges) {
+            if (extents_overlap(written, *other))
+                fail_argument(fmt::format(
+                    "{}: overlaps {} (their memory ranges meet); outputs need memory of "
+                    "their own (interleaved outputs in one buffer, as a packed dqkv, are "
+                    "not supported)",
+                    written.name, other->name));
+        } else if (same_view(written, *other)) {
+            fail_argument(fmt::format(
+                "{}: is the same memory as {}; a tensor the call writes needs memory no "
+                "other tensor of the call uses",
+                written.name, other->name));
+        } else if (shares_memory(written, *other)) {
+            fail_argument(fmt::format(
+                "{}: shares memory with {}; a tensor the call writes needs elements no "
+                "other tensor of the call uses (views of one buffer may interleave, but "
+                "not touch the same elements)",
+                written.name, other->name));
+        }
+    }
 }
 
 bool has_distinct_elements(const TensorRef& t) {

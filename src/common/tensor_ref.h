@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 
 #include <dlpack/dlpack.h>
@@ -42,18 +43,38 @@ inline void copy_strides(long long* out, const TensorRef& t, int n) {
 
 // Validates and converts `tensor` (may be NULL: returns an absent ref). Throws
 // INVALID_ARGUMENT naming `name` when the tensor is malformed or has more than max_ndim dims,
-// when its element count or byte extent overflows int64, or when a non-empty tensor's data
-// (with byte_offset) is not aligned to its element size.
+// when its device type is none of DLPack's (read as an integer: comparing another value in
+// the enum field would be undefined behaviour), when its element count or byte extent
+// overflows int64, or when a non-empty tensor's data (with byte_offset) is not aligned to its
+// element size.
 TensorRef make_tensor_ref(const DLTensor* tensor, const char* name, int max_ndim = 4);
 
 // Whether a and b are exactly the same view (same data, dtype, shape and strides).
 bool same_view(const TensorRef& a, const TensorRef& b);
 // Whether the byte ranges of a and b intersect (a conservative test of sharing memory).
 bool extents_overlap(const TensorRef& a, const TensorRef& b);
+// Whether some byte of an element of a is a byte of an element of b. Exact for views that
+// interleave in one buffer (q and k as slices of a fused qkv do not share memory), found by a
+// bounded search over the two index lattices; a search past its bound answers true, the
+// safe answer for a tensor about to be written.
+bool shares_memory(const TensorRef& a, const TensorRef& b);
 // Whether no two distinct indices of the view address the same element, by the sufficient
 // test "sorted by stride, each stride exceeds the span of the smaller ones". Outputs must pass.
 bool has_distinct_elements(const TensorRef& t);
 
+// When a written tensor meets another tensor of the call (check_written).
+enum class MemoryRule {
+    ByteRanges,  // their byte ranges intersect: views interleaved in one buffer meet
+    Elements,    // they share a byte (shares_memory): interleaved views may coexist
+};
+
+// A tensor the call writes: its elements must be distinct, and it must meet none of `others`
+// (absent ones, and `written` itself, are skipped), since outputs are written while inputs
+// are still read. Throws INVALID_ARGUMENT naming `written` and the tensor it meets.
+void check_written(const TensorRef& written, std::initializer_list<const TensorRef*> others,
+                   MemoryRule rule);
+
+// The name of a device type make_tensor_ref admits ("CPU", "CUDA", ...).
 const char* device_name(DLDeviceType type);
 
 }  // namespace rope_jit

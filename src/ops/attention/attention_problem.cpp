@@ -13,6 +13,10 @@ namespace rope_jit {
 
 namespace {
 
+// Outputs are refused when their byte range meets another tensor's, even where the views only
+// interleave: outputs packed into one buffer (a dqkv) are not supported.
+constexpr MemoryRule kRule = MemoryRule::ByteRanges;
+
 void require_float_dtype(const TensorRef& t) {
     if (!is_float(t.dtype))
         fail_argument(fmt::format("{}: dtype must be float32, float16 or bfloat16, got {}", t.name,
@@ -44,20 +48,6 @@ void require_same_device(const TensorRef& t, const TensorRef& reference) {
                                   "call must be on one device",
                                   t.name, device_name(t.device.device_type), t.device.device_id, reference.name,
                                   device_name(reference.device.device_type), reference.device.device_id));
-}
-
-// A written tensor: its elements distinct, and sharing no memory with any other tensor of the
-// call (outputs are written while inputs are still read).
-void check_written(const TensorRef& out, std::initializer_list<const TensorRef*> others) {
-    if (!has_distinct_elements(out))
-        fail_argument(fmt::format("{}: strides make several indices address the same element, so it cannot "
-                                  "be written",
-                                  out.name));
-    for (const TensorRef* other : others)
-        if (other->present() && other != &out && extents_overlap(out, *other))
-            fail_argument(fmt::format("{}: overlaps {} (their memory ranges meet); outputs need memory of their "
-                                      "own (interleaved outputs in one buffer, as a packed dqkv, are not supported)",
-                                      out.name, other->name));
 }
 
 // A view with the same data as `t` and explicit dims, for the normalized mask views.
@@ -218,8 +208,8 @@ AttentionProblem make_attention_problem(const rope_jit_attention_args& args, boo
     for (const TensorRef* t : {&k, &v, &out, &cos, &sin, &pos_mask, &mask, &lse}) require_same_device(*t, q);
 
     if (!backward) {
-        check_written(out, {&q, &k, &v, &cos, &sin, &pos_mask, &mask, &lse});
-        if (p.has_lse) check_written(lse, {&q, &k, &v, &out, &cos, &sin, &pos_mask, &mask});
+        check_written(out, {&q, &k, &v, &cos, &sin, &pos_mask, &mask, &lse}, kRule);
+        if (p.has_lse) check_written(lse, {&q, &k, &v, &out, &cos, &sin, &pos_mask, &mask}, kRule);
         return p;
     }
 
@@ -238,7 +228,7 @@ AttentionProblem make_attention_problem(const rope_jit_attention_args& args, boo
     require_shape4(dv, p.batch, p.heads_k, p.seqlen_k, p.head_dim, "v");
     const std::initializer_list<const TensorRef*> everything = {&q,   &k,   &v,    &out,  &cos, &sin, &pos_mask,
                                                                 &mask, &lse, &dout, &dq,  &dk,  &dv};
-    for (const TensorRef* t : {&dq, &dk, &dv}) check_written(*t, everything);
+    for (const TensorRef* t : {&dq, &dk, &dv}) check_written(*t, everything, kRule);
     p.dout = dout;
     p.dq = dq;
     p.dk = dk;

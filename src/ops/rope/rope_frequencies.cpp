@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -179,6 +180,13 @@ Frequencies longrope(const rope_jit_freq_config& c, size_t n, const FieldChecker
     if (c.seq_len < 0) fail_argument(fmt::format("seq_len: must be >= 0 (0 = none), got {}", c.seq_len));
     if (c.short_factor == nullptr) fail_argument("short_factor: required for rope_type longrope, got NULL");
     if (c.long_factor == nullptr) fail_argument("long_factor: required for rope_type longrope, got NULL");
+    // A caller that states its lists' lengths gets them checked before anything is read.
+    for (const auto& [stated, name] : {std::pair{c.num_short_factor, "short_factor"},
+                                       std::pair{c.num_long_factor, "long_factor"}})
+        if (stated != 0 && stated != n)
+            fail_argument(fmt::format(
+                "{}: num_{} is {}, but rope_type longrope reads rotary_dim / 2 = {} factors", name,
+                name, stated, n));
     const bool long_context = c.seq_len > original;
     const float* ext = long_context ? c.long_factor : c.short_factor;
     for (size_t i = 0; i < n; ++i)
@@ -367,6 +375,17 @@ void fill_rope_tables(const rope_jit_table_config& c, const DLTensor* cos_tensor
         fail_argument(fmt::format("xpos_scale_base: must be finite and > 0, got {}", c.xpos_scale_base));
     if (xpos.present() && !std::isfinite(c.xpos_center))
         fail_argument(fmt::format("xpos_center: must be finite, got {}", c.xpos_center));
+    if (c.positions != nullptr && c.num_positions != 0) {
+        // A caller that states how many positions it holds gets that checked before any is read.
+        const unsigned __int128 needed =
+            (unsigned __int128)num_axes * (unsigned __int128)std::max<int64_t>(rows, 0);
+        if (c.num_positions < needed)
+            fail_argument(
+                fmt::format("positions: num_positions is {}, but the tables' {} rows need {}{}",
+                            c.num_positions, rows, uint64_t(needed),
+                            num_axes > 1 ? fmt::format(" ({} sections x {} rows)", num_axes, rows)
+                                         : std::string()));
+    }
     if (c.positions != nullptr)
         for (int64_t e = 0; e < num_axes * rows; ++e)
             if (!std::isfinite(c.positions[e]))

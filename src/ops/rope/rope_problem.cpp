@@ -12,14 +12,17 @@
 namespace rope_jit {
 
 bool host_accessible(const DLDevice& device) {
-    return device.device_type == kDLCPU || device.device_type == kDLCUDAHost ||
-           device.device_type == kDLCUDAManaged;
+    const int type = raw_enum(device.device_type);
+    return type == kDLCPU || type == kDLCUDAHost || type == kDLCUDAManaged;
 }
 
 TensorRef RopeProblem::position_axis(int64_t axis) const {
     if (!multi_section()) return positions;
     TensorRef view = positions;
-    view.data = positions.data + axis * positions.strides[0] * int64_t(dtype_size(positions.dtype));
+    // An empty positions tensor may have NULL data, which no offset may be applied to.
+    if (positions.data != nullptr)
+        view.data =
+            positions.data + axis * positions.strides[0] * int64_t(dtype_size(positions.dtype));
     view.ndim = positions.ndim - 1;
     for (int d = 0; d < view.ndim; ++d) {
         view.shape[d] = positions.shape[d + 1];
@@ -38,6 +41,18 @@ int64_t last_table_row(int64_t first, int64_t tokens) {
     return first > std::numeric_limits<int64_t>::max() - (tokens - 1) ? std::numeric_limits<int64_t>::max()
                                                                        : first + (tokens - 1);
 }
+
+// Whether a table (cos/sin, or xpos_scale with inv_freq) bounds the positions to its rows.
+bool bounds_by_table(const RopeProblem& p) { return p.angles == AngleSource::Table || p.has_xpos; }
+
+// Positions must lie in [0, limit): the table's rows, or, with angles from inv_freq and no
+// table, every int64 the last position of a sequence can be computed as without overflow.
+int64_t position_limit(const RopeProblem& p) {
+    return bounds_by_table(p) ? p.table_rows : std::numeric_limits<int64_t>::max();
+}
+
+constexpr const char* kInvFreqPositions =
+    "positions must be >= 0 (and below 2^63 - 1) with inv_freq";
 
 // Lifts a packed [T, H, D] view to [1, H, T, D] so both backends index one layout.
 TensorRef lift_packed(TensorRef t) {
@@ -83,7 +98,7 @@ void check_output(const TensorRef& out, const TensorRef& in, bool in_place) {
         fail_argument(fmt::format("{}: strides make several indices address the same element, so "
                                   "it cannot be written",
                                   in_place ? in.name : out.name));
-    if (!in_place && extents_overlap(out, in))
+    if (!in_place && shares_memory(out, in))
         fail_argument(fmt::format("{}: overlaps {} without being the same view; pass the same "
                                   "view (or NULL) for in place, or a separate buffer",
                                   out.name, in.name));
@@ -176,17 +191,19 @@ RopeProblem make_rope_problem(const rope_jit_rope_args& args) {
     p.style = args.style;
     p.backward = args.backward != 0;
 
-    // Outputs and in-place checks.
+    // Outputs and in-place checks (what else they may not meet is checked once every tensor
+    // is known, below).
     p.q_in_place = !q_out.present() || same_view(q_out, q);
-    TensorRef q_write = q_out.present() ? q_out : q;
+    const TensorRef q_write = q_out.present() ? q_out : q;
     check_output(q_write, q, p.q_in_place);
     p.q = q4;
     p.q_out = p.packed ? lift_packed(q_write) : q_write;
+    TensorRef k_write;
     if (p.has_k) {
         p.k_in_place = !k_out.present() || same_view(k_out, k);
-        TensorRef k_write = k_out.present() ? k_out : k;
+        k_write = k_out.present() ? k_out : k;
         check_output(k_write, k, p.k_in_place);
-        if (same_view(k_write, q_write) || same_view(k, q))
+        if (p.q_in_place && p.k_in_place && same_view(k, q))
             fail_argument("k: is the same memory as q; it would be rotated twice");
         p.k = k4;
         p.k_out = p.packed ? lift_packed(k_write) : k_write;
@@ -357,20 +374,37 @@ RopeProblem make_rope_problem(const rope_jit_rope_args& args) {
                                &freq_grad, &q_saved, &k_saved})
         check_same_device(*t, p.device, q);
 
+    // What the call writes (q_out, or q in place; k likewise) shares no element with anything
+    // else it reads or writes: a q_out on k's memory would change k before k is read, a k two
+    // tokens into q would be rotated twice, positions under q would change while in use.
+    // Views of one buffer that only interleave (q and k of a fused qkv) pass.
+    check_written(q_write,
+                  {&k, &k_write, &cos, &sin, &inv_freq, &xpos, &positions, &offsets, &cu_seqlens},
+                  MemoryRule::Elements);
+    if (p.has_k)
+        check_written(k_write,
+                      {&q, &cos, &sin, &inv_freq, &xpos, &positions, &offsets, &cu_seqlens},
+                      MemoryRule::Elements);
+
     // Implicit positions need no memory read: check their range here for every backend.
-    const bool bounded = p.angles == AngleSource::Table || p.has_xpos;
-    if (p.position_mode == PositionMode::Implicit && bounded && !p.cu_seqlens.present()) {
+    if (p.position_mode == PositionMode::Implicit && !p.cu_seqlens.present()) {
+        const int64_t limit = position_limit(p);
         auto check_range = [&](int64_t first, int64_t tokens, const char* who) {
             if (tokens == 0) return;
             const int64_t last = last_table_row(first, tokens);
-            if (first < 0 || last >= p.table_rows)
-                fail_argument(fmt::format("cos: {} uses table rows {}..{} (position_offset {}{}), but the "
-                                          "table has {} rows",
-                                          who, first, last, p.position_offset,
-                                          p.q_position_offset && who[0] == 'q'
-                                              ? fmt::format(", q_position_offset {}", p.q_position_offset)
-                                              : std::string(),
-                                          p.table_rows));
+            if (first >= 0 && last < limit) return;
+            const bool q_offset = p.q_position_offset != 0 && who[0] == 'q';
+            const std::string offset_text =
+                fmt::format("position_offset {}{}", p.position_offset,
+                            q_offset ? fmt::format(", q_position_offset {}", p.q_position_offset)
+                                     : std::string());
+            if (bounds_by_table(p))
+                fail_argument(
+                    fmt::format("cos: {} uses table rows {}..{} ({}), but the table has {} rows",
+                                who, first, last, offset_text, p.table_rows));
+            fail_argument(fmt::format("{}: {} uses positions {}..{} ({}), but {}",
+                                      q_offset ? "q_position_offset" : "position_offset", who,
+                                      first, last, offset_text, kInvFreqPositions));
         };
         check_range(p.position_offset + p.q_position_offset, p.seqlen_q, "q");
         if (p.has_k) check_range(p.position_offset, p.seqlen_k, "k");
@@ -379,11 +413,14 @@ RopeProblem make_rope_problem(const rope_jit_rope_args& args) {
 }
 
 void check_positions_on_host(const RopeProblem& p) {
-    const bool bounded = p.angles == AngleSource::Table || p.has_xpos;
-    auto check_row = [&](int64_t row, const char* source, const std::string& where) {
-        if (bounded && (row < 0 || row >= p.table_rows))
-            fail_argument(fmt::format("{}: {} gives table row {}, outside the table's {} rows", source,
-                                      where, row, p.table_rows));
+    const bool bounded = bounds_by_table(p);
+    const int64_t limit = position_limit(p);
+    auto fail_row = [&](int64_t row, const char* source, const std::string& where) {
+        if (bounded)
+            fail_argument(fmt::format("{}: {} gives table row {}, outside the table's {} rows",
+                                      source, where, row, p.table_rows));
+        fail_argument(
+            fmt::format("{}: {} gives position {}, but {}", source, where, row, kInvFreqPositions));
     };
 
     if (p.cu_seqlens.present()) {
@@ -399,8 +436,6 @@ void check_positions_on_host(const RopeProblem& p) {
     if (p.position_mode == PositionMode::Indices) {
         // Every axis of M-RoPE positions is checked like one-axis positions.
         const int64_t axes = p.multi_section() ? p.num_position_axes : 1;
-        // Without a table (inv_freq angles) any row is valid: nothing to read.
-        if (!bounded) return;
         for (int64_t a = 0; a < axes; ++a) {
             const TensorRef view = p.position_axis(a);
             IndexReader pos(view);
@@ -408,11 +443,12 @@ void check_positions_on_host(const RopeProblem& p) {
             for (int64_t b = 0; b < rows; ++b)
                 for (int64_t s = 0; s < p.seqlen_q; ++s) {
                     const int64_t row = view.ndim == 2 ? pos(b, s) : pos[s];
-                    if (row >= 0 && row < p.table_rows) continue;
+                    if (row >= 0 && row < limit) continue;
                     // The message is built only for the row that fails.
                     const std::string axis = p.multi_section() ? fmt::format("{}, ", a) : std::string();
-                    check_row(row, "positions",
-                              view.ndim == 2 ? fmt::format("[{}{}, {}]", axis, b, s) : fmt::format("[{}{}]", axis, s));
+                    fail_row(row, "positions",
+                             view.ndim == 2 ? fmt::format("[{}{}, {}]", axis, b, s)
+                                            : fmt::format("[{}{}]", axis, s));
                 }
         }
         return;
@@ -428,11 +464,14 @@ void check_positions_on_host(const RopeProblem& p) {
     };
     auto check_sequence = [&](int64_t b, int64_t first, bool is_q, const char* source) {
         int64_t length = sequence_length(b, is_q);
-        if (length == 0 || !bounded) return;
+        if (length == 0) return;
         const int64_t last = last_table_row(first, length);
-        if (first < 0 || last >= p.table_rows)
+        if (first >= 0 && last < limit) return;
+        if (bounded)
             fail_argument(fmt::format("{}: sequence {} of {} uses table rows {}..{}, but the table has {} rows",
                                       source, b, is_q ? "q" : "k", first, last, p.table_rows));
+        fail_argument(fmt::format("{}: sequence {} of {} uses positions {}..{}, but {}", source, b,
+                                  is_q ? "q" : "k", first, last, kInvFreqPositions));
     };
     if (p.position_mode == PositionMode::SeqlenOffsets) {
         IndexReader offsets(p.seqlen_offsets);
