@@ -95,7 +95,8 @@ void read_manifest_text(const std::string& text) {
     if (ftruncate(fd, 0) != 0 || pwrite(fd, text.data(), text.size(), 0) != ssize_t(text.size()))
         __builtin_trap();
     try {
-        const auto specs = rope_jit_cache::read_manifest("/proc/self/fd/" + std::to_string(fd));
+        const std::string path = "/proc/self/fd/" + std::to_string(fd);
+        const auto specs = rope_jit_cache::read_manifest(path, rope_jit_cache::Ops{});
         if (specs.empty()) __builtin_trap();  // "names no spec" is a UsageError
     } catch (const rope_jit_cache::UsageError& e) {
         if (e.what()[0] == '\0') __builtin_trap();
