@@ -160,6 +160,16 @@ typedef struct rope_jit_config {
     /* 1: on the CUDA backend, check positions against the table size on the device before
      * every call (slower; for debugging). The CPU backend always checks. Default 0. */
     int debug_checks;
+    /* ---- Fields added by the cold-start work (issue 22); append later fields after them. */
+    /* 1 (default): when the CUDA backend compiles a forward kernel (a real cache miss, not a
+     * disk hit), it compiles that kernel's backward kernels on one or two background threads
+     * (RoPE: the same spec backward; attention, for a forward that writes lse: the dq and
+     * dk/dv kernels of the same problem), into the disk cache (or, with disk_cache 0, kept in
+     * memory), so the first backward call finds them. The forward never waits for them;
+     * their errors are dropped (the backward call reports its own); rope_jit_runtime_free
+     * drops queued ones and waits for a running compile. 0: off. The environment variable
+     * ROPE_JIT_BACKGROUND_BUILDS=0 turns it off as well. */
+    int background_builds;
 } rope_jit_config;
 
 /* Fills *config with the defaults above and sets struct_size. NULL is ignored. */
@@ -390,6 +400,12 @@ typedef struct rope_jit_stats {
     double compile_ms;     /* total wall time of those compiles, milliseconds */
     uint64_t disk_writes;  /* cache entries written */
     uint64_t launches;     /* kernels launched */
+    /* ---- Background builds (rope_jit_config.background_builds); later fields after them. */
+    uint64_t background_builds;   /* kernels built in the background (counted in compiles or
+                                   * disk_hits too) */
+    uint64_t background_failures; /* background builds that failed (error dropped) */
+    uint64_t background_dropped;  /* background builds refused (queue full) or dropped when the
+                                   * runtime was freed first */
 } rope_jit_stats;
 
 /* Zeroes *stats and sets struct_size. NULL is ignored. */
@@ -422,7 +438,8 @@ ROPE_JIT_API rope_jit_status rope_jit_rope(rope_jit_runtime* runtime,
 
 /* Compiles the kernels of specs[0..n) for `target` ("sm_80", "sm_90"; NULL = the
  * architecture of CUDA device 0) and stores them in the runtime's disk cache, so that later
- * processes load them without compiling. Needs NVRTC, not a GPU: it works on any backend.
+ * processes load them without compiling. Compiles on one thread per hardware thread; on a
+ * compile error the compiles under way finish and no new one starts. Needs NVRTC, not a GPU: it works on any backend.
  * Specs already in the cache are not compiled again. The elements of specs lie
  * specs[0].struct_size bytes apart (a caller built against an older header passes its own
  * size), and each must have that struct_size. Fails on the first bad spec
