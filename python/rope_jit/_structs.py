@@ -95,6 +95,7 @@ class Config(ctypes.Structure):
         ("disk_cache", ctypes.c_int),
         ("cpu_threads", ctypes.c_int),
         ("debug_checks", ctypes.c_int),
+        ("background_builds", ctypes.c_int),
     ]
 
 
@@ -170,6 +171,9 @@ class Stats(ctypes.Structure):
         ("compile_ms", ctypes.c_double),
         ("disk_writes", ctypes.c_uint64),
         ("launches", ctypes.c_uint64),
+        ("background_builds", ctypes.c_uint64),
+        ("background_failures", ctypes.c_uint64),
+        ("background_dropped", ctypes.c_uint64),
     ]
 
 
