@@ -16,6 +16,7 @@
 #include "attention_test_support.h"
 #include "cache/disk_cache.h"
 #include "common/error.h"
+#include "env_guard.h"
 #include "gpu_test_support.h"
 #include "jit/background_builds.h"
 #include "jit/kernel_builder.h"
@@ -333,4 +334,32 @@ TEST_CASE("parallel prewarming reports the lowest-indexed failure, named") {
         CHECK(std::string(e.what()).rfind("specs[1]: ", 0) == 0);
     }
     CHECK_NOTHROW(rope_jit::build_binaries_parallel({}, "sm_90", nullptr, stats, 4));
+}
+
+TEST_CASE("background builds are on by default and off through the config or the environment") {
+    rope_jit_config config;
+    rope_jit_config_init(&config);
+    CHECK(config.background_builds == 1);
+    {
+        EnvGuard env;
+        env.set("ROPE_JIT_BACKGROUND_BUILDS", nullptr);
+        CHECK_FALSE(rope_jit::background_builds_disabled_by_env());
+        env.set("ROPE_JIT_BACKGROUND_BUILDS", "1");
+        CHECK_FALSE(rope_jit::background_builds_disabled_by_env());
+        env.set("ROPE_JIT_BACKGROUND_BUILDS", "0");
+        CHECK(rope_jit::background_builds_disabled_by_env());
+    }
+    // The counters start at zero and reach a caller through rope_jit_get_stats.
+    config.backend = ROPE_JIT_BACKEND_CPU;
+    config.disk_cache = 0;
+    rope_jit_runtime* runtime = nullptr;
+    REQUIRE(rope_jit_runtime_create(&config, &runtime) == ROPE_JIT_OK);
+    rope_jit_stats stats;
+    rope_jit_stats_init(&stats);
+    stats.background_dropped = 7;
+    CHECK(rope_jit_get_stats(runtime, &stats) == ROPE_JIT_OK);
+    CHECK(stats.background_builds == 0);
+    CHECK(stats.background_failures == 0);
+    CHECK(stats.background_dropped == 0);
+    rope_jit_runtime_free(runtime);
 }
