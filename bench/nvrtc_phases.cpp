@@ -49,7 +49,8 @@ int main(int argc, char** argv) {
     KernelSpec inter = rope;
     inter.interleaved = 1;
     std::vector<std::pair<std::string, KernelRecipe>> recipes = {
-        {"rope_fwd", rope_recipe(rope)}, {"rope_bwd", rope_recipe(back)},
+        {"rope_fwd", rope_recipe(rope)},
+        {"rope_bwd", rope_recipe(back)},
         {"rope_interleaved", rope_recipe(inter)}};
     // The attention kernels of B=1 S=1024 Hq=32 Hk=8 D=128 causal bf16 on an H200 (sequence
     // length does not enter the choice; a short one keeps the host tensors small).
@@ -68,7 +69,8 @@ int main(int argc, char** argv) {
     const char* names[] = {"attn_fwd", "attn_dq", "attn_dkdv", "attn_extra"};
     int index = 0;
     for (bool backward : {false, true})
-        for (const AttentionSpec& s : choose_attention_specs(make_attention_problem(args, backward), h200))
+        for (const AttentionSpec& s :
+             choose_attention_specs(make_attention_problem(args, backward), h200))
             recipes.push_back({names[std::min(index++, 3)], attention_recipe(s)});
 
     std::string json = "{";
@@ -89,8 +91,8 @@ int main(int argc, char** argv) {
         start = Clock::now();
         const std::string source = recipe.source();
         const double specialize_ms = ms_since(start);
-        const CompileResult r = compile_cuda(source, recipe.template_name,
-                                             recipe.compile_target("sm_90"), extra, kernel_headers());
+        const CompileResult r = compile_cuda(
+            source, recipe.template_name, recipe.compile_target("sm_90"), extra, kernel_headers());
         json += ",\"" + name + "_ms\":" + std::to_string(ms_since(start)) + ",\"" + name +
                 "_specialize_ms\":" + std::to_string(specialize_ms) + ",\"" + name +
                 "_bytes\":" + std::to_string(r.binary.size());

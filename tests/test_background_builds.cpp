@@ -82,7 +82,8 @@ KernelRecipe tiny_recipe(int n, Gate* gate = nullptr, bool valid = true) {
 
 // Whether `disk` holds the entry of `recipe` for sm_90, and its payload.
 std::optional<rope_jit::CacheEntry> entry_of(const DiskCache& disk, const KernelRecipe& recipe) {
-    return disk.load(rope_jit::plan_compile(recipe.spec_json, recipe.compile_target("sm_90")).entry);
+    return disk.load(
+        rope_jit::plan_compile(recipe.spec_json, recipe.compile_target("sm_90")).entry);
 }
 
 KernelSpec llama_rope_spec() {
@@ -110,7 +111,8 @@ TEST_CASE("a compiled RoPE forward's backward is built in the background into th
     backward.backward = 1;
 
     // The forward compiles on the caller's thread; its follow-up (the backward) is queued.
-    const KernelBinary binary = background.build_now(rope_jit::rope_recipe_with_backward(forward), "sm_90");
+    const KernelBinary binary =
+        background.build_now(rope_jit::rope_recipe_with_backward(forward), "sm_90");
     CHECK(binary.compiled);
     CHECK(binary.image.size() > 4);
     background.wait_idle();
@@ -121,7 +123,8 @@ TEST_CASE("a compiled RoPE forward's backward is built in the background into th
     const KernelRecipe backward_recipe = rope_jit::rope_recipe(backward);
     REQUIRE(entry_of(disk, backward_recipe));
     KernelStats later;
-    const KernelBinary loaded = rope_jit::build_kernel_binary(backward_recipe, "sm_90", &disk, later);
+    const KernelBinary loaded =
+        rope_jit::build_kernel_binary(backward_recipe, "sm_90", &disk, later);
     CHECK_FALSE(loaded.compiled);
     CHECK(later.disk_hits.load() == 1);
     CHECK(later.compiles.load() == 0);
@@ -152,11 +155,13 @@ TEST_CASE("an attention forward that writes lse names its problem's dq and dk/dv
     const rope_jit::AttentionDevice h200{90, 232448, true, true};
     const rope_jit::AttentionProblem forward = rope_jit::make_attention_problem(args, false);
     REQUIRE(forward.has_lse);
-    const std::vector<rope_jit::AttentionSpec> forward_specs = choose_attention_specs(forward, h200);
+    const std::vector<rope_jit::AttentionSpec> forward_specs =
+        choose_attention_specs(forward, h200);
     const std::vector<rope_jit::AttentionSpec> backward_specs =
         choose_attention_specs(rope_jit::make_attention_problem(args, true), h200);
     REQUIRE(forward_specs.size() == 1);
-    const KernelRecipe recipe = rope_jit::attention_recipe_with_backward(forward_specs[0], forward, h200);
+    const KernelRecipe recipe =
+        rope_jit::attention_recipe_with_backward(forward_specs[0], forward, h200);
     REQUIRE(recipe.follow_ups);
     const std::vector<KernelRecipe> follow_ups = recipe.follow_ups();
     REQUIRE(follow_ups.size() == backward_specs.size());
@@ -167,8 +172,10 @@ TEST_CASE("an attention forward that writes lse names its problem's dq and dk/dv
     // Without lse there is no backward to expect (inference), and backward kernels name none.
     rope_jit::AttentionProblem inference = forward;
     inference.has_lse = false;
-    CHECK_FALSE(rope_jit::attention_recipe_with_backward(forward_specs[0], inference, h200).follow_ups);
-    CHECK_FALSE(rope_jit::attention_recipe_with_backward(backward_specs[0], forward, h200).follow_ups);
+    CHECK_FALSE(
+        rope_jit::attention_recipe_with_backward(forward_specs[0], inference, h200).follow_ups);
+    CHECK_FALSE(
+        rope_jit::attention_recipe_with_backward(backward_specs[0], forward, h200).follow_ups);
 }
 
 TEST_CASE("a memory-only runtime's background binary is handed to the loader once") {
@@ -301,7 +308,8 @@ TEST_CASE("parallel prewarming stores the same entries as building one after the
     gpu_test::TempDir serial_dir("rope_jit_serial_"), parallel_dir("rope_jit_parallel_");
     DiskCache serial(serial_dir.path(), {}), parallel(parallel_dir.path(), {});
     KernelStats serial_stats, parallel_stats;
-    for (const KernelRecipe& recipe : recipes) rope_jit::build_kernel_binary(recipe, "sm_90", &serial, serial_stats);
+    for (const KernelRecipe& recipe : recipes)
+        rope_jit::build_kernel_binary(recipe, "sm_90", &serial, serial_stats);
     rope_jit::build_binaries_parallel(recipes, "sm_90", &parallel, parallel_stats, 4);
     CHECK(parallel_stats.compiles.load() == recipes.size());
     CHECK(parallel_stats.disk_writes.load() == serial_stats.disk_writes.load());
@@ -322,8 +330,8 @@ TEST_CASE("parallel prewarming stores the same entries as building one after the
 
 TEST_CASE("parallel prewarming reports the lowest-indexed failure, named") {
     if (rope_jit::nvrtc_api() == nullptr) return;
-    std::vector<KernelRecipe> recipes = {tiny_recipe(40), tiny_recipe(41, nullptr, false), tiny_recipe(42),
-                                         tiny_recipe(43, nullptr, false)};
+    std::vector<KernelRecipe> recipes = {tiny_recipe(40), tiny_recipe(41, nullptr, false),
+                                         tiny_recipe(42), tiny_recipe(43, nullptr, false)};
     KernelStats stats;
     try {
         rope_jit::build_binaries_parallel(recipes, "sm_90", nullptr, stats, 4,

@@ -439,12 +439,14 @@ ROPE_JIT_API rope_jit_status rope_jit_rope(rope_jit_runtime* runtime,
 /* Compiles the kernels of specs[0..n) for `target` ("sm_80", "sm_90"; NULL = the
  * architecture of CUDA device 0) and stores them in the runtime's disk cache, so that later
  * processes load them without compiling. Compiles on one thread per hardware thread; on a
- * compile error the compiles under way finish and no new one starts. Needs NVRTC, not a GPU: it works on any backend.
+ * compile error the compiles under way finish and no new one starts. Needs NVRTC, not a
+ * GPU: it works on any backend.
  * Specs already in the cache are not compiled again. The elements of specs lie
  * specs[0].struct_size bytes apart (a caller built against an older header passes its own
- * size), and each must have that struct_size. Fails on the first bad spec
- * (ERROR_INVALID_ARGUMENT, naming its index) or compile error (ERROR_COMPILE, with the NVRTC
- * log); ERROR_BACKEND_UNAVAILABLE without NVRTC, or with target NULL and no GPU. */
+ * size), and each must have that struct_size. Every spec is checked before any compiles.
+ * Fails on the first bad spec (ERROR_INVALID_ARGUMENT, naming its index) or the compile
+ * error of the lowest-indexed spec that failed (ERROR_COMPILE, naming its index, with the
+ * NVRTC log); ERROR_BACKEND_UNAVAILABLE without NVRTC, or with target NULL and no GPU. */
 ROPE_JIT_API rope_jit_status rope_jit_prewarm(rope_jit_runtime* runtime, const rope_jit_kernel_spec* specs,
                                               size_t n, const char* target);
 

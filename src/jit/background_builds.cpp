@@ -22,16 +22,18 @@ bool background_builds_disabled_by_env() {
 BackgroundBuilds::BackgroundBuilds(const DiskCache* disk, KernelStats& stats, Limits limits)
     : disk_(disk), stats_(stats), limits_(limits) {}
 
-BackgroundBuilds::~BackgroundBuilds() { stop(); }
+BackgroundBuilds::~BackgroundBuilds() {
+    stop();
+}
 
 bool BackgroundBuilds::submit(KernelRecipe recipe, const std::string& target) noexcept {
     try {
         std::string key = job_key(recipe.spec_json, target);
         std::lock_guard<std::mutex> lock(mutex_);
-        const bool known =
-            kept_.count(key) != 0 ||
-            std::find(running_.begin(), running_.end(), key) != running_.end() ||
-            std::any_of(queue_.begin(), queue_.end(), [&](const Job& job) { return job.key == key; });
+        const bool known = kept_.count(key) != 0 ||
+                           std::find(running_.begin(), running_.end(), key) != running_.end() ||
+                           std::any_of(queue_.begin(), queue_.end(),
+                                       [&](const Job& job) { return job.key == key; });
         if (known) return false;
         if (stopping_ || queue_.size() >= limits_.max_queued) {
             stats_.background_dropped.fetch_add(1, std::memory_order_relaxed);
@@ -86,13 +88,15 @@ void BackgroundBuilds::worker_loop() {
 }
 
 KernelBinary BackgroundBuilds::build_now(const KernelRecipe& recipe, const std::string& target) {
-    if (std::optional<KernelBinary> ready = take(recipe.spec_json, target)) return std::move(*ready);
+    if (std::optional<KernelBinary> ready = take(recipe.spec_json, target))
+        return std::move(*ready);
     KernelBinary binary = build_kernel_binary(recipe, target, disk_, stats_);
     if (binary.compiled && recipe.follow_ups) submit_follow_ups(recipe, target);
     return binary;
 }
 
-void BackgroundBuilds::submit_follow_ups(const KernelRecipe& recipe, const std::string& target) noexcept {
+void BackgroundBuilds::submit_follow_ups(const KernelRecipe& recipe,
+                                         const std::string& target) noexcept {
     // Best effort: a recipe that cannot be made now is built (or reported) by the call that
     // needs it.
     try {
@@ -106,12 +110,14 @@ std::optional<KernelBinary> BackgroundBuilds::take(const std::string& spec_json,
                                                    const std::string& target) {
     const std::string key = job_key(spec_json, target);
     std::unique_lock<std::mutex> lock(mutex_);
-    auto queued = std::find_if(queue_.begin(), queue_.end(), [&](const Job& job) { return job.key == key; });
+    auto queued =
+        std::find_if(queue_.begin(), queue_.end(), [&](const Job& job) { return job.key == key; });
     if (queued != queue_.end()) {
         queue_.erase(queued);
         return std::nullopt;
     }
-    done_.wait(lock, [&] { return std::find(running_.begin(), running_.end(), key) == running_.end(); });
+    done_.wait(lock,
+               [&] { return std::find(running_.begin(), running_.end(), key) == running_.end(); });
     auto kept = kept_.find(key);
     if (kept == kept_.end()) return std::nullopt;
     KernelBinary binary = std::move(kept->second);

@@ -29,9 +29,9 @@ namespace rope_jit {
 class BackgroundBuilds {
 public:
     struct Limits {
-        int threads = 1;          // workers, started on the first submit
-        size_t max_queued = 16;   // jobs waiting; submit refuses beyond
-        size_t max_kept = 32;     // binaries held for a memory-only runtime; the oldest go
+        int threads = 1;         // workers, started on the first submit
+        size_t max_queued = 16;  // jobs waiting; submit refuses beyond
+        size_t max_kept = 32;    // binaries held for a memory-only runtime; the oldest go
     };
 
     // `disk` (NULL: memory-only, binaries kept here) and `stats` must outlive the service.
@@ -86,9 +86,9 @@ private:
     std::condition_variable wake_;  // workers: a job or stop
     std::condition_variable done_;  // take and wait_idle: a job finished
     std::deque<Job> queue_;
-    std::vector<std::string> running_;                  // keys being built now
-    std::map<std::string, KernelBinary> kept_;          // memory-only results, by key
-    std::deque<std::string> kept_order_;                // oldest first
+    std::vector<std::string> running_;          // keys being built now
+    std::map<std::string, KernelBinary> kept_;  // memory-only results, by key
+    std::deque<std::string> kept_order_;        // oldest first
     std::vector<std::thread> workers_;
     bool stopping_ = false;
 };
