@@ -4,8 +4,14 @@
 // Llama-3-8B shape on sm_90. Built by hand against the library's objects (see
 // bench/results/cold_start_notes.md); one fresh process per run:
 //   nvrtc_phases [--time DIR]     prints one JSON line
+//   nvrtc_phases --extra OPTION   every compile also gets OPTION ("-Ofast-compile=min"): times
+//                                 and a hash of each binary, to compare with no option
+//   nvrtc_phases --set THREADS    the Llama-3-8B training set (4 RoPE kernels of the preset,
+//                                 attention forward, dq, dk/dv) built at once with
+//                                 build_binaries_parallel (what prewarming a preset does)
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -14,6 +20,7 @@
 #include "jit/kernel_source.h"
 #include "jit/nvrtc_compiler.h"
 #include "jit/nvrtc_loader.h"
+#include "jit/parallel_builds.h"
 #include "ops/attention/attention_recipe.h"
 #include "ops/attention/attention_spec.h"
 #include "ops/rope/kernel_spec.h"
@@ -28,6 +35,7 @@ static double ms_since(Clock::time_point start) {
 
 int main(int argc, char** argv) {
     std::string time_dir = argc > 2 && std::string(argv[1]) == "--time" ? argv[2] : "";
+    std::string extra_option = argc > 2 && std::string(argv[1]) == "--extra" ? argv[2] : "";
     auto start = Clock::now();
     require_nvrtc();
     const double load_ms = ms_since(start);
@@ -73,6 +81,28 @@ int main(int argc, char** argv) {
              choose_attention_specs(make_attention_problem(args, backward), h200))
             recipes.push_back({names[std::min(index++, 3)], attention_recipe(s)});
 
+    if (argc > 2 && std::string(argv[1]) == "--set") {
+        // The preset's RoPE kernels: bf16 full tables, forward and backward, implicit
+        // positions and int64 indices; the attention kernels first (the longest).
+        std::vector<KernelRecipe> set;
+        for (size_t i = 3; i < recipes.size(); ++i) set.push_back(recipes[i].second);
+        for (int backward : {0, 1})
+            for (int indices : {0, 1}) {
+                KernelSpec spec = rope;
+                spec.table_dtype = 2;
+                spec.table_full = 1;
+                spec.backward = backward;
+                spec.position_mode = indices;
+                spec.positions_int64 = indices;
+                set.push_back(rope_recipe(spec));
+            }
+        KernelStats stats;
+        start = Clock::now();
+        build_binaries_parallel(set, "sm_90", nullptr, stats, std::atoi(argv[2]));
+        std::printf("{\"kernels\":%zu,\"threads\":%s,\"wall_ms\":%f,\"nvrtc_ms\":%f}\n", set.size(),
+                    argv[2], ms_since(start), stats.compile_microseconds.load() / 1e3);
+        return 0;
+    }
     std::string json = "{";
     json += "\"load_ms\":" + std::to_string(load_ms) + ",\"archs_ms\":" + std::to_string(archs_ms);
     start = Clock::now();
@@ -88,6 +118,7 @@ int main(int argc, char** argv) {
     for (auto& [name, recipe] : recipes) {
         std::vector<std::string> extra = {"-lineinfo"};
         if (!time_dir.empty()) extra.push_back("--time=" + time_dir + "/" + name + ".csv");
+        if (!extra_option.empty()) extra.push_back(extra_option);
         start = Clock::now();
         const std::string source = recipe.source();
         const double specialize_ms = ms_since(start);
@@ -95,7 +126,8 @@ int main(int argc, char** argv) {
             source, recipe.template_name, recipe.compile_target("sm_90"), extra, kernel_headers());
         json += ",\"" + name + "_ms\":" + std::to_string(ms_since(start)) + ",\"" + name +
                 "_specialize_ms\":" + std::to_string(specialize_ms) + ",\"" + name +
-                "_bytes\":" + std::to_string(r.binary.size());
+                "_bytes\":" + std::to_string(r.binary.size()) + ",\"" + name +
+                "_hash\":" + std::to_string(std::hash<std::string>{}(std::string(r.binary.begin(), r.binary.end())));
     }
     json += "}";
     std::printf("%s\n", json.c_str());
