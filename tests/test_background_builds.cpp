@@ -116,12 +116,23 @@ TEST_CASE("a compiled RoPE forward's backward is built in the background into th
     CHECK(binary.compiled);
     CHECK(binary.image.size() > 4);
     background.wait_idle();
-    CHECK(stats.compiles.load() == 2);
     CHECK(stats.background_builds.load() == 1);
     CHECK(stats.background_failures.load() == 0);
-    // The backward's entry is on disk: the backward call is a disk hit, no compile.
+    CHECK(stats.disk_writes.load() == 2);
+    // Not counted as a compile until a call takes it.
+    CHECK(stats.compiles.load() == 1);
+    // The backward's entry is on disk, for other processes.
     const KernelRecipe backward_recipe = rope_jit::rope_recipe(backward);
     REQUIRE(entry_of(disk, backward_recipe));
+    // The backward call takes the binary from memory: one compile more, no disk hit.
+    const KernelBinary taken =
+        background.build_now(rope_jit::rope_recipe_with_backward(backward), "sm_90");
+    CHECK(taken.compiled);
+    CHECK(taken.image == entry_of(disk, backward_recipe)->payload);
+    CHECK(stats.compiles.load() == 2);
+    CHECK(stats.disk_hits.load() == 0);
+    CHECK(background.pending() == 0);
+    // Another process's backward call is a disk hit.
     KernelStats later;
     const KernelBinary loaded =
         rope_jit::build_kernel_binary(backward_recipe, "sm_90", &disk, later);
@@ -186,8 +197,10 @@ TEST_CASE("a memory-only runtime's background binary is handed to the loader onc
     CHECK(background.submit(recipe, "sm_90"));
     background.wait_idle();
     CHECK(stats.background_builds.load() == 1);
+    CHECK(stats.compiles.load() == 0);
     const std::optional<KernelBinary> kept = background.take(recipe.spec_json, "sm_90");
     REQUIRE(kept);
+    CHECK(stats.compiles.load() == 1);
     CHECK(kept->compiled);
     CHECK(kept->image.size() > 4);
     CHECK_FALSE(background.take(recipe.spec_json, "sm_90"));

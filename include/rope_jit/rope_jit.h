@@ -164,8 +164,8 @@ typedef struct rope_jit_config {
     /* 1 (default): when the CUDA backend compiles a forward kernel (a real cache miss, not a
      * disk hit), it compiles that kernel's backward kernels on one or two background threads
      * (RoPE: the same spec backward; attention, for a forward that writes lse: the dq and
-     * dk/dv kernels of the same problem), into the disk cache (or, with disk_cache 0, kept in
-     * memory), so the first backward call finds them. The forward never waits for them;
+     * dk/dv kernels of the same problem), into the disk cache and kept in memory, so the
+     * first backward call finds them. The forward never waits for them;
      * their errors are dropped (the backward call reports its own); rope_jit_runtime_free
      * drops queued ones and waits for a running compile. 0: off. The environment variable
      * ROPE_JIT_BACKGROUND_BUILDS=0 turns it off as well. */
@@ -396,13 +396,15 @@ typedef struct rope_jit_stats {
     size_t struct_size;
     uint64_t memory_hits;  /* launches whose kernel was already loaded */
     uint64_t disk_hits;    /* kernels read from the disk cache instead of compiled */
-    uint64_t compiles;     /* kernels compiled with NVRTC */
+    uint64_t compiles;     /* kernels compiled with NVRTC (one built in the background counts
+                            * when a call takes it, so that compiles + disk_hits counts the
+                            * kernels the calls loaded) */
     double compile_ms;     /* total wall time of those compiles, milliseconds */
     uint64_t disk_writes;  /* cache entries written */
     uint64_t launches;     /* kernels launched */
     /* ---- Background builds (rope_jit_config.background_builds); later fields after them. */
-    uint64_t background_builds;   /* kernels built in the background (counted in compiles or
-                                   * disk_hits too) */
+    uint64_t background_builds;   /* kernels built in the background; each counts in compiles
+                                   * (or disk_hits) once a call takes it */
     uint64_t background_failures; /* background builds that failed (error dropped) */
     uint64_t background_dropped;  /* background builds refused (queue full) or dropped when the
                                    * runtime was freed first */

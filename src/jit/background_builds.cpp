@@ -64,9 +64,14 @@ void BackgroundBuilds::worker_loop() {
         running_.push_back(job.key);
         lock.unlock();
 
-        std::optional<KernelBinary> binary;
+        // The job's compile or disk hit is counted in the runtime's stats when a call takes
+        // its binary (take), so that those count the kernels its calls loaded.
+        std::optional<Kept> kept;
         try {
-            binary = build_kernel_binary(job.recipe, job.target, disk_, stats_);
+            KernelStats job_stats;
+            kept = Kept{build_kernel_binary(job.recipe, job.target, disk_, job_stats),
+                        job_stats.compile_microseconds.load()};
+            stats_.disk_writes.fetch_add(job_stats.disk_writes.load(), std::memory_order_relaxed);
             stats_.background_builds.fetch_add(1, std::memory_order_relaxed);
         } catch (...) {
             // Swallowed: the call that needs this kernel builds it again and reports why.
@@ -75,13 +80,14 @@ void BackgroundBuilds::worker_loop() {
 
         lock.lock();
         running_.erase(std::find(running_.begin(), running_.end(), job.key));
-        if (binary && disk_ == nullptr && limits_.max_kept > 0) {
+        // Kept in memory even with a disk cache: the call that takes it reads no file.
+        if (kept && limits_.max_kept > 0) {
             if (kept_.size() >= limits_.max_kept) {
                 kept_.erase(kept_order_.front());
                 kept_order_.pop_front();
             }
             kept_order_.push_back(job.key);
-            kept_.emplace(job.key, std::move(*binary));
+            kept_.emplace(job.key, std::move(*kept));
         }
         done_.notify_all();
     }
@@ -120,7 +126,14 @@ std::optional<KernelBinary> BackgroundBuilds::take(const std::string& spec_json,
                [&] { return std::find(running_.begin(), running_.end(), key) == running_.end(); });
     auto kept = kept_.find(key);
     if (kept == kept_.end()) return std::nullopt;
-    KernelBinary binary = std::move(kept->second);
+    KernelBinary binary = std::move(kept->second.binary);
+    if (binary.compiled) {
+        stats_.compiles.fetch_add(1, std::memory_order_relaxed);
+        stats_.compile_microseconds.fetch_add(kept->second.compile_microseconds,
+                                              std::memory_order_relaxed);
+    } else {
+        stats_.disk_hits.fetch_add(1, std::memory_order_relaxed);
+    }
     kept_.erase(kept);
     kept_order_.erase(std::find(kept_order_.begin(), kept_order_.end(), key));
     return binary;

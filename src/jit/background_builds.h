@@ -1,8 +1,11 @@
 // Builds kernels that a caller will almost surely ask for soon (training calls a forward's
 // backward kernels right after it) on a small pool of background threads, so that the later
 // call finds them ready. Each job runs the shared builder (jit/kernel_builder.h), so it takes
-// the same compile lock and leaves a disk-cache entry; the later call is then a disk hit. A
-// runtime without a disk cache keeps the binaries here until the loader takes them.
+// the same compile lock and leaves a disk-cache entry (other processes then get a disk hit).
+//
+// The binaries also stay in memory (a few, until a call takes them), so that the call reads
+// no file; the job's compile (or disk hit) counts in the runtime's compiles (or disk_hits)
+// only then: those keep counting the kernels the runtime's calls loaded, once each.
 //
 // Bounded (a few threads, a fixed queue; a full queue refuses), never blocking the caller
 // that submits, cancellable: stop() (and the destructor) drops queued jobs and waits for the
@@ -12,6 +15,7 @@
 
 #include <condition_variable>
 #include <cstddef>
+#include <cstdint>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -31,10 +35,10 @@ public:
     struct Limits {
         int threads = 1;         // workers, started on the first submit
         size_t max_queued = 16;  // jobs waiting; submit refuses beyond
-        size_t max_kept = 32;    // binaries held for a memory-only runtime; the oldest go
+        size_t max_kept = 16;    // binaries held until a call takes them; the oldest go
     };
 
-    // `disk` (NULL: memory-only, binaries kept here) and `stats` must outlive the service.
+    // `disk` (NULL: memory-only) and `stats` must outlive the service.
     BackgroundBuilds(const DiskCache* disk, KernelStats& stats, Limits limits);
     BackgroundBuilds(const DiskCache* disk, KernelStats& stats)
         : BackgroundBuilds(disk, stats, Limits{}) {}
@@ -53,10 +57,10 @@ public:
     // (a real miss, not a disk hit), the recipe's follow-ups are submitted before it returns.
     KernelBinary build_now(const KernelRecipe& recipe, const std::string& target);
 
-    // Just before a caller builds (spec_json, target) itself. A queued job for it
-    // is dropped (the caller builds it now); a running one is waited for (it holds the
-    // compile lock anyway). Returns the binary a memory-only service kept for it, else
-    // nullopt (with a disk cache the caller's build then finds the entry).
+    // Just before a caller builds (spec_json, target) itself. A queued job for it is dropped
+    // (the caller builds it now); a running one is waited for (it holds the compile lock
+    // anyway). Returns the binary a job built for it (counting the job's compile or disk hit
+    // in the stats), once; else nullopt.
     std::optional<KernelBinary> take(const std::string& spec_json, const std::string& target);
 
     // Blocks until no job is queued or running (tests and benchmarks).
@@ -87,7 +91,11 @@ private:
     std::condition_variable done_;  // take and wait_idle: a job finished
     std::deque<Job> queue_;
     std::vector<std::string> running_;          // keys being built now
-    std::map<std::string, KernelBinary> kept_;  // memory-only results, by key
+    struct Kept {
+        KernelBinary binary;
+        uint64_t compile_microseconds = 0;
+    };
+    std::map<std::string, Kept> kept_;  // results no call took yet, by key
     std::deque<std::string> kept_order_;        // oldest first
     std::vector<std::thread> workers_;
     bool stopping_ = false;
