@@ -3,10 +3,39 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <set>
 
 namespace rope_jit {
 
 namespace {
+
+// Every live service, so that a process that exits without freeing its runtime (Python's
+// default runtime, a leaked handle) first stops them: a compile still running while the
+// statics of this library and of NVRTC are destroyed would crash the exit. Never destroyed.
+struct Registry {
+    std::mutex mutex;
+    std::set<BackgroundBuilds*> live;
+    bool hooked = false;
+};
+Registry& registry() {
+    static Registry* instance = new Registry;
+    return *instance;
+}
+
+void stop_all_at_exit() {
+    Registry& r = registry();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    for (BackgroundBuilds* service : r.live) service->stop();
+}
+
+// Exit handlers run in the reverse order of registration, and NVRTC registers the destructors
+// of its own statics during its first compile: registered at the first submit, which in a
+// runtime follows a compile (a forward's), this one runs before those destructors.
+void hook_exit() {
+    Registry& r = registry();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    if (!r.hooked) r.hooked = std::atexit(stop_all_at_exit) == 0;
+}
 
 std::string job_key(const std::string& spec_json, const std::string& target) {
     return target + '\n' + spec_json;
@@ -20,14 +49,22 @@ bool background_builds_disabled_by_env() {
 }
 
 BackgroundBuilds::BackgroundBuilds(const DiskCache* disk, KernelStats& stats, Limits limits)
-    : disk_(disk), stats_(stats), limits_(limits) {}
+    : disk_(disk), stats_(stats), limits_(limits) {
+    Registry& r = registry();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    r.live.insert(this);
+}
 
 BackgroundBuilds::~BackgroundBuilds() {
     stop();
+    Registry& r = registry();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    r.live.erase(this);
 }
 
 bool BackgroundBuilds::submit(KernelRecipe recipe, const std::string& target) noexcept {
     try {
+        hook_exit();  // before taking mutex_: stop_all_at_exit takes the two the other way
         std::string key = job_key(recipe.spec_json, target);
         std::lock_guard<std::mutex> lock(mutex_);
         const bool known = kept_.count(key) != 0 ||
