@@ -170,6 +170,15 @@ typedef struct rope_jit_config {
      * Other negative values, or a malformed $ROPE_JIT_CACHE_MAX_BYTES, make
      * rope_jit_runtime_create fail with ERROR_INVALID_ARGUMENT naming it. */
     int64_t cache_max_bytes;
+    /* 1 (default): when the CUDA backend compiles a forward kernel (a real cache miss, not a
+     * disk hit), it compiles that kernel's backward kernels on one or two background threads
+     * (RoPE: the same spec backward; attention, for a forward that writes lse: the dq and
+     * dk/dv kernels of the same problem), into the disk cache and kept in memory, so the
+     * first backward call finds them. The forward never waits for them;
+     * their errors are dropped (the backward call reports its own); rope_jit_runtime_free
+     * drops queued ones and waits for a running compile. 0: off. The environment variable
+     * ROPE_JIT_BACKGROUND_BUILDS=0 turns it off as well. */
+    int background_builds;
 } rope_jit_config;
 
 /* Fills *config with the defaults above and sets struct_size. NULL is ignored. */
@@ -406,10 +415,18 @@ typedef struct rope_jit_stats {
     size_t struct_size;
     uint64_t memory_hits;  /* launches whose kernel was already loaded */
     uint64_t disk_hits;    /* kernels read from the disk cache instead of compiled */
-    uint64_t compiles;     /* kernels compiled with NVRTC */
+    uint64_t compiles;     /* kernels compiled with NVRTC (one built in the background counts
+                            * when a call takes it, so that compiles + disk_hits counts the
+                            * kernels the calls loaded) */
     double compile_ms;     /* total wall time of those compiles, milliseconds */
     uint64_t disk_writes;  /* cache entries written */
     uint64_t launches;     /* kernels launched */
+    /* ---- Background builds (rope_jit_config.background_builds); later fields after them. */
+    uint64_t background_builds;   /* kernels built in the background; each counts in compiles
+                                   * (or disk_hits) once a call takes it */
+    uint64_t background_failures; /* background builds that failed (error dropped) */
+    uint64_t background_dropped;  /* background builds refused (queue full) or dropped when the
+                                   * runtime was freed first */
 } rope_jit_stats;
 
 /* Zeroes *stats and sets struct_size. NULL is ignored. */
@@ -442,17 +459,20 @@ ROPE_JIT_API rope_jit_status rope_jit_rope(rope_jit_runtime* runtime,
 
 /* Compiles the kernels of specs[0..n) for `target` ("sm_80", "sm_90"; NULL = the
  * architecture of CUDA device 0) and stores them in the runtime's disk cache, so that later
- * processes load them without compiling. Needs NVRTC, not a GPU: it works on any backend.
+ * processes load them without compiling. Compiles on one thread per hardware thread; on a
+ * compile error the compiles under way finish and no new one starts. Needs NVRTC, not a
+ * GPU: it works on any backend.
  * Specs already in the cache are not compiled again. The elements of specs lie
  * specs[0].struct_size bytes apart (a caller built against an older header passes its own
- * size), and each must have that struct_size. Fails on the first bad spec
- * (ERROR_INVALID_ARGUMENT, naming its index) or compile error (ERROR_COMPILE, with the NVRTC
- * log); ERROR_BACKEND_UNAVAILABLE without NVRTC, or with target NULL and no GPU. A malformed
- * target ("sm_9", "sm_90x") is ERROR_INVALID_ARGUMENT. A kernel that compiles but cannot be
- * stored (the cache root unusable, read-only or full) is not an error: it stays in memory with
- * one warning; rope_jit_stats tells (disk_writes does not grow with compiles), which is how
- * rope-jit-cache prewarm decides to exit 1. RoPE kernels only: rope_jit_prewarm_json takes
- * every op's specs. */
+ * size), and each must have that struct_size. Every spec is checked before any compiles.
+ * Fails on the first bad spec (ERROR_INVALID_ARGUMENT, naming its index) or the compile
+ * error of the lowest-indexed spec that failed (ERROR_COMPILE, naming its index, with the
+ * NVRTC log); ERROR_BACKEND_UNAVAILABLE without NVRTC, or with target NULL and no GPU. A
+ * malformed target ("sm_9", "sm_90x") is ERROR_INVALID_ARGUMENT. A kernel that compiles but
+ * cannot be stored (the cache root unusable, read-only or full) is not an error: it stays in
+ * memory with one warning; rope_jit_stats tells (disk_writes does not grow with compiles),
+ * which is how rope-jit-cache prewarm decides to exit 1. RoPE kernels only:
+ * rope_jit_prewarm_json takes every op's specs. */
 ROPE_JIT_API rope_jit_status rope_jit_prewarm(rope_jit_runtime* runtime, const rope_jit_kernel_spec* specs,
                                               size_t n, const char* target);
 

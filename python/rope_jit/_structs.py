@@ -96,6 +96,7 @@ class Config(ctypes.Structure):
         ("cpu_threads", ctypes.c_int),
         ("debug_checks", ctypes.c_int),
         ("cache_max_bytes", ctypes.c_int64),
+        ("background_builds", ctypes.c_int),
     ]
 
 
@@ -171,6 +172,9 @@ class Stats(ctypes.Structure):
         ("compile_ms", ctypes.c_double),
         ("disk_writes", ctypes.c_uint64),
         ("launches", ctypes.c_uint64),
+        ("background_builds", ctypes.c_uint64),
+        ("background_failures", ctypes.c_uint64),
+        ("background_dropped", ctypes.c_uint64),
     ]
 
 

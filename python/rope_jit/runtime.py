@@ -42,12 +42,15 @@ class Runtime:
         disk_cache: False keeps compiled kernels in memory only.
         cpu_threads: worker threads of the CPU reference; 0 = one per hardware thread.
         debug_checks: True checks positions against the table on the GPU (slower).
+        background_builds: True (default) compiles a compiled forward's backward kernels in
+            the background (rope_jit_config.background_builds).
 
     Usable from any number of threads. Free it with close() (or a with block); it is also
     freed when garbage-collected.
     """
 
-    def __init__(self, backend="auto", cache_dir=None, disk_cache=True, cpu_threads=0, debug_checks=False):
+    def __init__(self, backend="auto", cache_dir=None, disk_cache=True, cpu_threads=0, debug_checks=False,
+                 background_builds=True):
         self._library = _library.load()
         config = self._library.new_struct(s.Config, self._library.rope_jit_config_init)
         config.backend = _choice(backend, _BACKENDS, "backend")
@@ -55,6 +58,7 @@ class Runtime:
         config.disk_cache = 1 if disk_cache else 0
         config.cpu_threads = c_int(cpu_threads, "cpu_threads")
         config.debug_checks = 1 if debug_checks else 0
+        config.background_builds = 1 if background_builds else 0
         handle = ctypes.c_void_p()
         self._handle = None
         status = self._library.rope_jit_runtime_create(ctypes.byref(config), ctypes.byref(handle))
@@ -79,7 +83,8 @@ class Runtime:
 
     def stats(self):
         """The kernel-cache counters since creation, as a dict: memory_hits, disk_hits,
-        compiles, compile_ms, disk_writes, launches."""
+        compiles, compile_ms, disk_writes, launches, background_builds, background_failures,
+        background_dropped."""
         stats = self._library.new_struct(s.Stats, self._library.rope_jit_stats_init)
         self._library.check("rope_jit_get_stats", self._library.rope_jit_get_stats(self.handle, ctypes.byref(stats)))
         return {name: getattr(stats, name) for name, _ in s.Stats._fields_ if name != "struct_size"}

@@ -112,7 +112,8 @@ def test_a_cpu_runtime_says_cpu_counts_nothing_before_work_and_refuses_use_after
     runtime = rope_jit.Runtime(backend="cpu", disk_cache=False)
     assert runtime.backend == "cpu"
     stats = runtime.stats()
-    assert set(stats) == {"memory_hits", "disk_hits", "compiles", "compile_ms", "disk_writes", "launches"}
+    assert set(stats) == {"memory_hits", "disk_hits", "compiles", "compile_ms", "disk_writes", "launches",
+                          "background_builds", "background_failures", "background_dropped"}
     assert stats["compiles"] == 0 and stats["launches"] == 0
     runtime.close()
     runtime.close()  # a second close is a no-op

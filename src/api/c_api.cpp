@@ -98,6 +98,7 @@ void rope_jit_config_init(rope_jit_config* config) {
     config->cpu_threads = 0;
     config->debug_checks = 0;
     config->cache_max_bytes = -1;
+    config->background_builds = 1;
 }
 
 void rope_jit_rope_args_init(rope_jit_rope_args* args) {
@@ -199,6 +200,9 @@ rope_jit_status rope_jit_get_stats(const rope_jit_runtime* runtime, rope_jit_sta
         full.compile_ms = double(counters.compile_microseconds.load(std::memory_order_relaxed)) / 1000.0;
         full.disk_writes = counters.disk_writes.load(std::memory_order_relaxed);
         full.launches = counters.launches.load(std::memory_order_relaxed);
+        full.background_builds = counters.background_builds.load(std::memory_order_relaxed);
+        full.background_failures = counters.background_failures.load(std::memory_order_relaxed);
+        full.background_dropped = counters.background_dropped.load(std::memory_order_relaxed);
         // An older caller's smaller struct gets the fields it knows.
         std::memcpy(static_cast<void*>(stats), &full, std::min(size, sizeof full));
         stats->struct_size = size;

@@ -1,6 +1,7 @@
 #include "api/runtime.h"
 
 #include <cstring>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -9,6 +10,7 @@
 #include "ops/attention/attention_problem.h"
 #include "ops/rope/cpu_reference.h"
 #include "common/error.h"
+#include "jit/parallel_builds.h"
 #include "ops/rope/kernel_spec.h"
 #include "ops/rope/rope_recipe.h"
 #include "common/raw_enum.h"
@@ -40,9 +42,17 @@ Runtime::Runtime(const rope_jit_config& config)
         kernels_ = std::make_unique<KernelLoader>(devices_->api(), disk_.get(), stats_);
         rope_cuda_ = std::make_unique<RopeCuda>(*devices_, *kernels_, stats_, debug_checks_);
         attention_cuda_ = std::make_unique<CudaAttention>(*devices_, *kernels_, stats_);
+        if (config.background_builds != 0 && !background_builds_disabled_by_env()) {
+            // Two threads where the cores allow: attention's dq and dk/dv compile side by side.
+            BackgroundBuilds::Limits limits;
+            limits.threads = std::thread::hardware_concurrency() >= 4 ? 2 : 1;
+            background_ = std::make_unique<BackgroundBuilds>(disk_.get(), stats_, limits);
+            kernels_->set_background_builds(background_.get());
+        }
     } catch (const Error& e) {
         // AUTO falls back to the CPU when there is no usable GPU; CUDA insists.
         if (backend == ROPE_JIT_BACKEND_CUDA || e.status() != ROPE_JIT_ERROR_BACKEND_UNAVAILABLE) throw;
+        background_.reset();
         attention_cuda_.reset();
         rope_cuda_.reset();
         kernels_.reset();
@@ -50,7 +60,11 @@ Runtime::Runtime(const rope_jit_config& config)
     }
 }
 
-Runtime::~Runtime() = default;
+Runtime::~Runtime() {
+    // Queued background builds are dropped and a running compile is waited for, before the
+    // loader, the disk cache and the counters they use go away.
+    if (background_) background_->stop();
+}
 
 ThreadPool& Runtime::cpu_pool() {
     std::call_once(pool_once_, [this] { pool_ = std::make_unique<ThreadPool>(cpu_threads_); });
@@ -138,6 +152,8 @@ void Runtime::prewarm(const rope_jit_kernel_spec* specs, size_t n, const char* t
         read_versioned(specs, rope_jit_kernel_spec_init, "specs[0]");  // checks struct_size
         stride = specs[0].struct_size;
     }
+    std::vector<KernelRecipe> recipes;
+    std::vector<std::string> names;
     for (size_t i = 0; i < n; ++i) {
         const auto* element =
             reinterpret_cast<const rope_jit_kernel_spec*>(reinterpret_cast<const char*>(specs) + i * stride);
@@ -147,14 +163,15 @@ void Runtime::prewarm(const rope_jit_kernel_spec* specs, size_t n, const char* t
                                       "must have the same",
                                       name, element->struct_size, stride));
         const rope_jit_kernel_spec resolved = read_versioned(element, rope_jit_kernel_spec_init, name.c_str());
-        KernelSpec spec;
         try {
-            spec = kernel_spec_from_public(resolved);
+            recipes.push_back(rope_recipe(kernel_spec_from_public(resolved)));
         } catch (const Error& e) {
             throw Error(e.status(), fmt::format("{}: {}", name, e.what()));
         }
-        build_kernel_binary(spec, chosen, disk_.get(), stats_);
+        names.push_back(name);
     }
+    // Every spec checked, then all compiled at once on every core.
+    build_binaries_parallel(recipes, chosen, disk_.get(), stats_, 0, names);
 }
 
 }  // namespace rope_jit

@@ -11,6 +11,7 @@
 #include "cache/disk_cache.h"
 #include "cuda/cuda_devices.h"
 #include "cuda/kernel_loader.h"
+#include "jit/background_builds.h"
 #include "jit/kernel_builder.h"
 #include "ops/attention/cuda_attention.h"
 #include "ops/rope/rope_cuda.h"
@@ -39,6 +40,8 @@ public:
     // the CUDA devices (nullptr on the CPU backend).
     const DiskCache* disk_cache() const { return disk_.get(); }
     const CudaDevices* cuda() const { return devices_.get(); }
+    // The background builds, NULL when off (tests and benchmarks wait on it).
+    BackgroundBuilds* background_builds() { return background_.get(); }
 
 private:
     ThreadPool& cpu_pool();
@@ -56,6 +59,9 @@ private:
     std::unique_ptr<KernelLoader> kernels_;
     std::unique_ptr<RopeCuda> rope_cuda_;
     std::unique_ptr<CudaAttention> attention_cuda_;
+    // Builds a compiled forward's backward kernels (jit/background_builds.h); NULL when off or
+    // on the CPU backend. Dies first (~Runtime stops it): its jobs use disk_ and stats_.
+    std::unique_ptr<BackgroundBuilds> background_;
     std::once_flag pool_once_;
     std::unique_ptr<ThreadPool> pool_;
 };

@@ -41,7 +41,11 @@ LoadedKernel KernelLoader::build(const SpecKey& spec, CUcontext context, const s
     // The caller made `context` current: the module loads there.
     return kernels_.get_or_build(spec, context, [&] {
         const KernelRecipe recipe = make_recipe();
-        const KernelBinary binary = build_kernel_binary(recipe, target, disk_, stats_);
+        // With background builds, a binary built there is taken, and a compiled recipe's
+        // follow-ups start compiling while this module loads.
+        const KernelBinary binary = background_ != nullptr
+                                        ? background_->build_now(recipe, target)
+                                        : build_kernel_binary(recipe, target, disk_, stats_);
         return load_kernel_module(api_, binary.image, recipe.entry, recipe.dynamic_shared_bytes);
     });
 }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cache/disk_cache.h"
+#include "jit/background_builds.h"
 #include "jit/kernel_builder.h"
 #include "jit/kernel_cache.h"
 #include "jit/kernel_recipe.h"
@@ -45,6 +46,12 @@ public:
                      std::function<KernelRecipe()>(std::forward<MakeRecipe>(make_recipe)));
     }
 
+    // Where a miss builds (BackgroundBuilds::build_now: a binary built in the background
+    // first; a compiled recipe's follow-ups queued), or NULL (the default): the builder alone.
+    // Set before any call; must outlive the loader's use of it; must share its disk and
+    // stats.
+    void set_background_builds(BackgroundBuilds* background) { background_ = background; }
+
 private:
     LoadedKernel build(const SpecKey& spec, CUcontext context, const std::string& target,
                        const std::function<KernelRecipe()>& make_recipe);
@@ -52,6 +59,7 @@ private:
     const CudaDriverApi& api_;
     const DiskCache* disk_;
     KernelStats& stats_;
+    BackgroundBuilds* background_ = nullptr;
     KernelCache kernels_;
 };
 

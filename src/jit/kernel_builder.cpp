@@ -79,6 +79,7 @@ KernelBinary build_kernel_binary(const KernelRecipe& recipe, const std::string& 
     stats.compiles.fetch_add(1, std::memory_order_relaxed);
     stats.compile_microseconds.fetch_add(uint64_t(compiled.milliseconds * 1000.0), std::memory_order_relaxed);
     binary.image = std::move(compiled.binary);
+    binary.compiled = true;
     if (disk != nullptr && disk->store(id, CacheEntry{recipe.spec_json, binary.image}))
         stats.disk_writes.fetch_add(1, std::memory_order_relaxed);
     return binary;

@@ -21,11 +21,17 @@ struct KernelStats {
     std::atomic<uint64_t> compile_microseconds{0};
     std::atomic<uint64_t> disk_writes{0};
     std::atomic<uint64_t> launches{0};
+    // Background builds (jit/background_builds.h): finished, failed (swallowed), and refused
+    // or dropped (full queue, runtime destroyed first).
+    std::atomic<uint64_t> background_builds{0};
+    std::atomic<uint64_t> background_failures{0};
+    std::atomic<uint64_t> background_dropped{0};
 };
 
 struct KernelBinary {
     std::vector<char> image;  // cubin, or NUL-terminated PTX
     bool is_ptx = false;
+    bool compiled = false;  // NVRTC made it just now (not read from the disk cache)
 };
 
 // The cache key: SHA-256 over the cache format version, the templates' digest, the spec's

@@ -5,6 +5,7 @@
 
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace rope_jit {
 
@@ -25,6 +26,11 @@ struct KernelRecipe {
     // Dynamic shared memory a launch takes; above the default 48 KiB, loading the module opts
     // the function in to it.
     int dynamic_shared_bytes = 0;
+    // The kernels a caller almost surely asks for next (a forward's backward kernels), or
+    // empty. Called on the caller's thread right after this recipe was compiled (a real miss,
+    // not a disk hit); the runtime builds what it returns in the background
+    // (jit/background_builds.h). The recipes it returns must own everything they use.
+    std::function<std::vector<KernelRecipe>()> follow_ups;
 
     std::string compile_target(const std::string& device_target) const {
         return target ? target(device_target) : device_target;

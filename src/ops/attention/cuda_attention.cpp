@@ -43,10 +43,38 @@ void encode_box_map(const CudaDriverApi& api, unsigned char (&map)[128], const T
     std::memcpy(map, &encoded, sizeof encoded);
 }
 
+// The backward problem training runs after the forward `p`: gradients shaped and laid out
+// like the tensors they belong to (what autograd allocates), lse saved.
+AttentionProblem expected_backward(const AttentionProblem& p) {
+    AttentionProblem backward = p;
+    backward.backward = true;
+    backward.dout = p.out;
+    backward.dq = p.q;
+    backward.dk = p.k;
+    backward.dv = p.v;
+    return backward;
+}
+
 }  // namespace
 
 bool nvrtc_runs_wgmma_forward(const std::string& nvrtc_version) {
     return std::atoi(nvrtc_version.c_str()) >= kWgmmaNvrtcMajor;
+}
+
+KernelRecipe attention_recipe_with_backward(const AttentionSpec& spec, const AttentionProblem& p,
+                                            const AttentionDevice& device) {
+    KernelRecipe recipe = attention_recipe(spec);
+    if (spec.kind == int32_t(AttentionKernelKind::Forward) && p.has_lse) {
+        // Called on the caller's thread during the forward call, so the problem's views of
+        // the caller's tensors are still valid.
+        recipe.follow_ups = [backward = expected_backward(p), device] {
+            std::vector<KernelRecipe> recipes;
+            for (const AttentionSpec& kernel : choose_attention_specs(backward, device))
+                recipes.push_back(attention_recipe(kernel));
+            return recipes;
+        };
+    }
+    return recipe;
 }
 
 AttentionDevice attention_device(int compute_capability, int max_shared_bytes) {
@@ -128,8 +156,11 @@ void CudaAttention::run(const AttentionProblem& p, void* stream_handle) {
     params.scale = float(p.scale);
     params.scale_log2 = float(p.scale * 1.4426950408889634);
 
-    for (const AttentionSpec& spec :
-         choose_attention_specs(p, attention_devices_[size_t(ordinal)], override_)) {
+    const AttentionDevice& device = attention_devices_[size_t(ordinal)];
+    auto recipe_for = [&](const AttentionSpec& spec) {
+        return attention_recipe_with_backward(spec, p, device);
+    };
+    for (const AttentionSpec& spec : choose_attention_specs(p, device, override_)) {
         const bool key_side = spec.kind == int32_t(AttentionKernelKind::BackwardDkDv);
         const int64_t rows = key_side ? p.seqlen_k : p.seqlen_q;
         const int64_t heads = key_side ? p.heads_k : p.heads_q;
@@ -144,7 +175,7 @@ void CudaAttention::run(const AttentionProblem& p, void* stream_handle) {
             encode_box_map(api, params.v_map, p.v, spec.block_n / spec.cluster, "v");
         const LoadedKernel kernel = kernels_.kernel_for(SpecKey::of(kAttentionOp, spec),
                                                         launch.context, devices_.target(ordinal),
-                                                        [&spec] { return attention_recipe(spec); });
+                                                        [&] { return recipe_for(spec); });
         void* kernel_args[] = {&params};
         check_cu(
             api.cuLaunchKernel(kernel.function, unsigned(blocks), 1, 1, unsigned(spec.threads()), 1,

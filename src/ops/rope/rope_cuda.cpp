@@ -28,6 +28,18 @@ TensorRef host_copy(const CudaDriverApi& api, const TensorRef& t, std::vector<ch
 
 }  // namespace
 
+KernelRecipe rope_recipe_with_backward(const KernelSpec& spec) {
+    KernelRecipe recipe = rope_recipe(spec);
+    if (!spec.backward) {
+        recipe.follow_ups = [spec] {
+            KernelSpec backward = spec;
+            backward.backward = 1;
+            return std::vector<KernelRecipe>{rope_recipe(backward)};
+        };
+    }
+    return recipe;
+}
+
 RopeLaunch plan_rope_launch(const KernelSpec& spec, int64_t heads_q, int64_t heads_k, int64_t units,
                             int64_t sms) {
     const RopeBlockFit fit =
@@ -177,7 +189,7 @@ void RopeCuda::run(const RopeProblem& p, void* stream_handle) {
     const KernelSpec spec = make_kernel_spec(p);
     const LoadedKernel kernel =
         kernels_.kernel_for(SpecKey::of(kRopeOp, spec), launch.context, devices_.target(ordinal),
-                            [&spec] { return rope_recipe(spec); });
+                            [&spec] { return rope_recipe_with_backward(spec); });
     RopeKernelParams params = rope_kernel_params(p);
     const RopeLaunch shape =
         plan_rope_launch(spec, p.heads_q, p.has_k ? p.heads_k : 0, params.units,

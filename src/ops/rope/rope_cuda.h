@@ -15,6 +15,11 @@
 
 namespace rope_jit {
 
+// The recipe of `spec`; a forward's names its backward (the same spec, direction flipped) as
+// a follow-up, which the runtime builds in the background once the forward compiled
+// (jit/background_builds.h): training calls it right after.
+KernelRecipe rope_recipe_with_backward(const KernelSpec& spec);
+
 // The launch geometry of a rope kernel (rope_block_fit in rope_params.h): blocks of
 // tokens_per_block tokens, `threads` threads and `shared_bytes` of dynamic shared memory.
 // heads_k is 0 without k; units = batch * the longer of q's and k's sequences; sms = the

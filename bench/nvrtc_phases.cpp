@@ -1,0 +1,134 @@
+// Where a cold compile's time goes, without a GPU: NVRTC's first use (dlopen, version and
+// architectures, then the first compile that pulls in its builtins) against later compiles,
+// and NVRTC 13's own per-phase timing (--time) for RoPE and attention kernels of the
+// Llama-3-8B shape on sm_90. Built by hand against the library's objects (see
+// bench/results/cold_start_notes.md); one fresh process per run:
+//   nvrtc_phases [--time DIR]     prints one JSON line
+//   nvrtc_phases --extra OPTION   every compile also gets OPTION ("-Ofast-compile=min"): times
+//                                 and a hash of each binary, to compare with no option
+//   nvrtc_phases --set THREADS    the Llama-3-8B training set (4 RoPE kernels of the preset,
+//                                 attention forward, dq, dk/dv) built at once with
+//                                 build_binaries_parallel (what prewarming a preset does)
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "../tests/attention_test_support.h"
+#include "jit/kernel_source.h"
+#include "jit/nvrtc_compiler.h"
+#include "jit/nvrtc_loader.h"
+#include "jit/parallel_builds.h"
+#include "ops/attention/attention_recipe.h"
+#include "ops/attention/attention_spec.h"
+#include "ops/rope/kernel_spec.h"
+#include "ops/rope/rope_recipe.h"
+
+using namespace rope_jit;
+using Clock = std::chrono::steady_clock;
+
+static double ms_since(Clock::time_point start) {
+    return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+}
+
+int main(int argc, char** argv) {
+    std::string time_dir = argc > 2 && std::string(argv[1]) == "--time" ? argv[2] : "";
+    std::string extra_option = argc > 2 && std::string(argv[1]) == "--extra" ? argv[2] : "";
+    auto start = Clock::now();
+    require_nvrtc();
+    const double load_ms = ms_since(start);
+    start = Clock::now();
+    nvrtc_supported_archs();
+    const double archs_ms = ms_since(start);
+
+    // The Llama-3-8B RoPE spec (bf16 q and k, fp32 half table, D128, GQA 4, in place), its
+    // backward, and the interleaved variant.
+    KernelSpec rope{};
+    rope.dtype = 2;
+    rope.head_dim = rope.rotary_dim = 128;
+    rope.has_k = 1;
+    rope.gqa_group = 4;
+    rope.vec = 8;
+    rope.vec_loads = 1;
+    KernelSpec back = rope;
+    back.backward = 1;
+    KernelSpec inter = rope;
+    inter.interleaved = 1;
+    std::vector<std::pair<std::string, KernelRecipe>> recipes = {
+        {"rope_fwd", rope_recipe(rope)},
+        {"rope_bwd", rope_recipe(back)},
+        {"rope_interleaved", rope_recipe(inter)}};
+    // The attention kernels of B=1 S=1024 Hq=32 Hk=8 D=128 causal bf16 on an H200 (sequence
+    // length does not enter the choice; a short one keeps the host tensors small).
+    attention_test::Config c;
+    c.dt = rope_test::Dt::BF16;
+    c.B = 1;
+    c.Hq = 32;
+    c.Hk = 8;
+    c.Sq = c.Sk = 16;
+    c.D = c.R = 128;
+    c.causal = true;
+    std::mt19937 rng(1);
+    attention_test::Problem p(c, rng);
+    const rope_jit_attention_args args = p.args();
+    const AttentionDevice h200{90, 232448, true, true};
+    const char* names[] = {"attn_fwd", "attn_dq", "attn_dkdv", "attn_extra"};
+    int index = 0;
+    for (bool backward : {false, true})
+        for (const AttentionSpec& s :
+             choose_attention_specs(make_attention_problem(args, backward), h200))
+            recipes.push_back({names[std::min(index++, 3)], attention_recipe(s)});
+
+    if (argc > 2 && std::string(argv[1]) == "--set") {
+        // The preset's RoPE kernels: bf16 full tables, forward and backward, implicit
+        // positions and int64 indices; the attention kernels first (the longest).
+        std::vector<KernelRecipe> set;
+        for (size_t i = 3; i < recipes.size(); ++i) set.push_back(recipes[i].second);
+        for (int backward : {0, 1})
+            for (int indices : {0, 1}) {
+                KernelSpec spec = rope;
+                spec.table_dtype = 2;
+                spec.table_full = 1;
+                spec.backward = backward;
+                spec.position_mode = indices;
+                spec.positions_int64 = indices;
+                set.push_back(rope_recipe(spec));
+            }
+        KernelStats stats;
+        start = Clock::now();
+        build_binaries_parallel(set, "sm_90", nullptr, stats, std::atoi(argv[2]));
+        std::printf("{\"kernels\":%zu,\"threads\":%s,\"wall_ms\":%f,\"nvrtc_ms\":%f}\n", set.size(),
+                    argv[2], ms_since(start), stats.compile_microseconds.load() / 1e3);
+        return 0;
+    }
+    std::string json = "{";
+    json += "\"load_ms\":" + std::to_string(load_ms) + ",\"archs_ms\":" + std::to_string(archs_ms);
+    start = Clock::now();
+    compile_cuda("extern \"C\" __global__ void k(float* x) { x[0] = 1.0f; }", "tiny.cu", "sm_90",
+                 {"-lineinfo"});
+    json += ",\"tiny_first_ms\":" + std::to_string(ms_since(start));
+    start = Clock::now();
+    std::vector<std::string> tiny_options = {"-lineinfo"};
+    if (!time_dir.empty()) tiny_options.push_back("--time=" + time_dir + "/tiny.csv");
+    compile_cuda("extern \"C\" __global__ void k(float* x) { x[0] = 2.0f; }", "tiny.cu", "sm_90",
+                 tiny_options);
+    json += ",\"tiny_second_ms\":" + std::to_string(ms_since(start));
+    for (auto& [name, recipe] : recipes) {
+        std::vector<std::string> extra = {"-lineinfo"};
+        if (!time_dir.empty()) extra.push_back("--time=" + time_dir + "/" + name + ".csv");
+        if (!extra_option.empty()) extra.push_back(extra_option);
+        start = Clock::now();
+        const std::string source = recipe.source();
+        const double specialize_ms = ms_since(start);
+        const CompileResult r = compile_cuda(
+            source, recipe.template_name, recipe.compile_target("sm_90"), extra, kernel_headers());
+        json += ",\"" + name + "_ms\":" + std::to_string(ms_since(start)) + ",\"" + name +
+                "_specialize_ms\":" + std::to_string(specialize_ms) + ",\"" + name +
+                "_bytes\":" + std::to_string(r.binary.size()) + ",\"" + name +
+                "_hash\":" + std::to_string(std::hash<std::string>{}(std::string(r.binary.begin(), r.binary.end())));
+    }
+    json += "}";
+    std::printf("%s\n", json.c_str());
+}

@@ -1,0 +1,58 @@
+#include "jit/parallel_builds.h"
+
+#include <algorithm>
+#include <atomic>
+#include <exception>
+#include <mutex>
+#include <thread>
+
+#include "common/error.h"
+
+namespace rope_jit {
+
+void build_binaries_parallel(const std::vector<KernelRecipe>& recipes, const std::string& target,
+                             const DiskCache* disk, KernelStats& stats, int threads,
+                             const std::vector<std::string>& names) {
+    if (recipes.empty()) return;
+    if (threads <= 0) threads = int(std::max(1u, std::thread::hardware_concurrency()));
+    const size_t workers = std::min(size_t(threads), recipes.size());
+
+    std::atomic<size_t> next{0};
+    std::atomic<bool> failed{false};
+    std::mutex error_mutex;
+    size_t error_index = recipes.size();
+    std::exception_ptr error;
+    auto run = [&] {
+        for (;;) {
+            const size_t i = next.fetch_add(1);
+            if (i >= recipes.size() || failed.load()) return;
+            try {
+                build_kernel_binary(recipes[i], target, disk, stats);
+            } catch (...) {
+                std::lock_guard<std::mutex> lock(error_mutex);
+                if (i < error_index) {
+                    error_index = i;
+                    error = std::current_exception();
+                }
+                failed.store(true);
+            }
+        }
+    };
+    std::vector<std::thread> pool;
+    try {
+        for (size_t t = 1; t < workers; ++t) pool.emplace_back(run);
+    } catch (...) {
+        // No more threads to be had: the ones started and this one do the work.
+    }
+    run();
+    for (std::thread& thread : pool) thread.join();
+    if (!error) return;
+    if (error_index >= names.size()) std::rethrow_exception(error);
+    try {
+        std::rethrow_exception(error);
+    } catch (const Error& e) {
+        throw Error(e.status(), names[error_index] + ": " + e.what());
+    }
+}
+
+}  // namespace rope_jit

@@ -1,0 +1,447 @@
+// Background builds (a compiled forward's backward kernels, built off the caller's thread)
+// and parallel prewarming: both run the shared builder, so they are tested with recipes and
+// NVRTC alone, no GPU. Jobs whose source() blocks until the test releases them make
+// "running" and "queued" states deterministic.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "attention_test_support.h"
+#include "cache/disk_cache.h"
+#include "common/error.h"
+#include "env_guard.h"
+#include "gpu_rope_problem.h"
+#include "gpu_test_support.h"
+#include "jit/background_builds.h"
+#include "jit/kernel_builder.h"
+#include "jit/nvrtc_loader.h"
+#include "jit/parallel_builds.h"
+#include "ops/attention/cuda_attention.h"
+#include "ops/rope/rope_cuda.h"
+#include "ops/rope/rope_recipe.h"
+
+using rope_jit::BackgroundBuilds;
+using rope_jit::DiskCache;
+using rope_jit::KernelBinary;
+using rope_jit::KernelRecipe;
+using rope_jit::KernelSpec;
+using rope_jit::KernelStats;
+
+namespace {
+
+// A gate the test opens: jobs whose source() waits on it stay "running" until then.
+class Gate {
+public:
+    void open() {
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            open_ = true;
+        }
+        changed_.notify_all();
+    }
+    void wait() {
+        std::unique_lock<std::mutex> lock(mutex_);
+        ++waiting_;
+        changed_.notify_all();
+        changed_.wait(lock, [&] { return open_; });
+    }
+    // Blocks until `n` callers wait (or have waited) at the gate.
+    void wait_for_waiters(int n) {
+        std::unique_lock<std::mutex> lock(mutex_);
+        changed_.wait(lock, [&] { return waiting_ >= n; });
+    }
+
+private:
+    std::mutex mutex_;
+    std::condition_variable changed_;
+    bool open_ = false;
+    int waiting_ = 0;
+};
+
+// A tiny kernel's recipe, distinct per `n` (its spec JSON and its source); with `gate`, its
+// source() waits there first; `valid` false: a source NVRTC rejects.
+KernelRecipe tiny_recipe(int n, Gate* gate = nullptr, bool valid = true) {
+    KernelRecipe recipe;
+    recipe.spec_json = "{\"op\":\"background-test\",\"n\":" + std::to_string(n) + "}";
+    recipe.template_name = "tiny.cu";
+    recipe.entry = "tiny_kernel";
+    recipe.source = [n, gate, valid] {
+        if (gate != nullptr) gate->wait();
+        if (!valid) return std::string("this is not CUDA;");
+        return "extern \"C\" __global__ void tiny_kernel(float* x) { x[0] = " + std::to_string(n) +
+               ".0f; }\n";
+    };
+    return recipe;
+}
+
+// Whether `disk` holds the entry of `recipe` for sm_90, and its payload.
+std::optional<rope_jit::CacheEntry> entry_of(const DiskCache& disk, const KernelRecipe& recipe) {
+    return disk.load(
+        rope_jit::plan_compile(recipe.spec_json, recipe.compile_target("sm_90")).entry);
+}
+
+KernelSpec llama_rope_spec() {
+    KernelSpec spec;
+    spec.dtype = 2;
+    spec.head_dim = spec.rotary_dim = 128;
+    spec.has_k = 1;
+    spec.gqa_group = 4;
+    spec.vec = 8;
+    spec.vec_loads = 1;
+    spec.validate();
+    return spec;
+}
+
+}  // namespace
+
+TEST_CASE("a compiled RoPE forward's backward is built in the background into the disk cache") {
+    if (rope_jit::nvrtc_api() == nullptr) return;  // NVRTC is needed to compile
+    gpu_test::TempDir dir("rope_jit_background_");
+    DiskCache disk(dir.path(), {});
+    KernelStats stats;
+    BackgroundBuilds background(&disk, stats);
+    const KernelSpec forward = llama_rope_spec();
+    KernelSpec backward = forward;
+    backward.backward = 1;
+
+    // The forward compiles on the caller's thread; its follow-up (the backward) is queued.
+    const KernelBinary binary =
+        background.build_now(rope_jit::rope_recipe_with_backward(forward), "sm_90");
+    CHECK(binary.compiled);
+    CHECK(binary.image.size() > 4);
+    background.wait_idle();
+    CHECK(stats.background_builds.load() == 1);
+    CHECK(stats.background_failures.load() == 0);
+    CHECK(stats.disk_writes.load() == 2);
+    // Not counted as a compile until a call takes it.
+    CHECK(stats.compiles.load() == 1);
+    // The backward's entry is on disk, for other processes.
+    const KernelRecipe backward_recipe = rope_jit::rope_recipe(backward);
+    REQUIRE(entry_of(disk, backward_recipe));
+    // The backward call takes the binary from memory: one compile more, no disk hit.
+    const KernelBinary taken =
+        background.build_now(rope_jit::rope_recipe_with_backward(backward), "sm_90");
+    CHECK(taken.compiled);
+    CHECK(taken.image == entry_of(disk, backward_recipe)->payload);
+    CHECK(stats.compiles.load() == 2);
+    CHECK(stats.disk_hits.load() == 0);
+    CHECK(background.pending() == 0);
+    // Another process's backward call is a disk hit.
+    KernelStats later;
+    const KernelBinary loaded =
+        rope_jit::build_kernel_binary(backward_recipe, "sm_90", &disk, later);
+    CHECK_FALSE(loaded.compiled);
+    CHECK(later.disk_hits.load() == 1);
+    CHECK(later.compiles.load() == 0);
+
+    // A forward read from the disk cache (not compiled) queues nothing.
+    KernelStats fresh_stats;
+    BackgroundBuilds fresh(&disk, fresh_stats);
+    const KernelBinary hit = fresh.build_now(rope_jit::rope_recipe_with_backward(forward), "sm_90");
+    CHECK_FALSE(hit.compiled);
+    CHECK(fresh.pending() == 0);
+    CHECK(fresh_stats.background_builds.load() == 0);
+    // A backward names no follow-up.
+    CHECK_FALSE(rope_jit::rope_recipe_with_backward(backward).follow_ups);
+}
+
+TEST_CASE("an attention forward that writes lse names its problem's dq and dk/dv kernels") {
+    attention_test::Config c;
+    c.dt = rope_test::Dt::BF16;
+    c.B = 1;
+    c.Hq = 8;
+    c.Hk = 2;
+    c.Sq = c.Sk = 16;
+    c.D = c.R = 128;
+    c.causal = true;
+    std::mt19937 rng(1);
+    attention_test::Problem p(c, rng);
+    const rope_jit_attention_args args = p.args();
+    const rope_jit::AttentionDevice h200{90, 232448, true, true};
+    const rope_jit::AttentionProblem forward = rope_jit::make_attention_problem(args, false);
+    REQUIRE(forward.has_lse);
+    const std::vector<rope_jit::AttentionSpec> forward_specs =
+        choose_attention_specs(forward, h200);
+    const std::vector<rope_jit::AttentionSpec> backward_specs =
+        choose_attention_specs(rope_jit::make_attention_problem(args, true), h200);
+    REQUIRE(forward_specs.size() == 1);
+    const KernelRecipe recipe =
+        rope_jit::attention_recipe_with_backward(forward_specs[0], forward, h200);
+    REQUIRE(recipe.follow_ups);
+    const std::vector<KernelRecipe> follow_ups = recipe.follow_ups();
+    REQUIRE(follow_ups.size() == backward_specs.size());
+    for (size_t i = 0; i < follow_ups.size(); ++i) {
+        CAPTURE(i);
+        CHECK(follow_ups[i].spec_json == backward_specs[i].to_json());
+    }
+    // Without lse there is no backward to expect (inference), and backward kernels name none.
+    rope_jit::AttentionProblem inference = forward;
+    inference.has_lse = false;
+    CHECK_FALSE(
+        rope_jit::attention_recipe_with_backward(forward_specs[0], inference, h200).follow_ups);
+    CHECK_FALSE(
+        rope_jit::attention_recipe_with_backward(backward_specs[0], forward, h200).follow_ups);
+}
+
+TEST_CASE("a memory-only runtime's background binary is handed to the loader once") {
+    if (rope_jit::nvrtc_api() == nullptr) return;
+    KernelStats stats;
+    BackgroundBuilds background(nullptr, stats);
+    const KernelRecipe recipe = tiny_recipe(1);
+    CHECK(background.submit(recipe, "sm_90"));
+    background.wait_idle();
+    CHECK(stats.background_builds.load() == 1);
+    CHECK(stats.compiles.load() == 0);
+    const std::optional<KernelBinary> kept = background.take(recipe.spec_json, "sm_90");
+    REQUIRE(kept);
+    CHECK(stats.compiles.load() == 1);
+    CHECK(kept->compiled);
+    CHECK(kept->image.size() > 4);
+    CHECK_FALSE(background.take(recipe.spec_json, "sm_90"));
+    // build_now then compiles it itself.
+    CHECK(background.build_now(recipe, "sm_90").compiled);
+    CHECK(stats.compiles.load() == 2);
+}
+
+TEST_CASE("the background queue is bounded, refuses duplicates and drops what it cannot run") {
+    if (rope_jit::nvrtc_api() == nullptr) return;
+    Gate gate;
+    KernelStats stats;
+    BackgroundBuilds::Limits limits;
+    limits.threads = 1;
+    limits.max_queued = 2;
+    BackgroundBuilds background(nullptr, stats, limits);
+    CHECK(background.submit(tiny_recipe(1, &gate), "sm_90"));
+    gate.wait_for_waiters(1);  // job 1 runs (blocked in source()), the queue is empty
+    CHECK(background.submit(tiny_recipe(2), "sm_90"));
+    CHECK(background.submit(tiny_recipe(3), "sm_90"));
+    CHECK(background.pending() == 3);
+    // Full: refused and counted; a duplicate of a queued or running job: refused, not counted.
+    CHECK_FALSE(background.submit(tiny_recipe(4), "sm_90"));
+    CHECK(stats.background_dropped.load() == 1);
+    CHECK_FALSE(background.submit(tiny_recipe(2), "sm_90"));
+    CHECK_FALSE(background.submit(tiny_recipe(1), "sm_90"));
+    CHECK(stats.background_dropped.load() == 1);
+    // The same spec for another target is another job... but the queue is full.
+    CHECK_FALSE(background.submit(tiny_recipe(2), "sm_80"));
+    // A caller about to build job 3 itself takes it off the queue.
+    CHECK_FALSE(background.take(tiny_recipe(3).spec_json, "sm_90"));
+    CHECK(background.pending() == 2);
+    gate.open();
+    background.wait_idle();
+    CHECK(stats.background_builds.load() == 2);  // jobs 1 and 2
+    CHECK(background.pending() == 0);
+}
+
+TEST_CASE("destroying the background builds drops queued jobs and waits for the running one") {
+    if (rope_jit::nvrtc_api() == nullptr) return;
+    gpu_test::TempDir dir("rope_jit_background_");
+    DiskCache disk(dir.path(), {});
+    KernelStats stats;
+    Gate gate;
+    std::vector<KernelRecipe> recipes;
+    for (int n = 0; n < 5; ++n) recipes.push_back(tiny_recipe(10 + n, n == 0 ? &gate : nullptr));
+    {
+        BackgroundBuilds::Limits limits;
+        limits.threads = 1;
+        BackgroundBuilds background(&disk, stats, limits);
+        for (const KernelRecipe& recipe : recipes) CHECK(background.submit(recipe, "sm_90"));
+        gate.wait_for_waiters(1);  // job 0 is running: the other four are queued
+        // Opened only once the destructor is under way, so the running job outlives it.
+        std::thread opener([&] {
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+            gate.open();
+        });
+        background.stop();
+        opener.join();
+        CHECK_FALSE(background.submit(tiny_recipe(99), "sm_90"));  // stopped: refused
+    }
+    // The running job finished and stored its entry; the queued ones never ran.
+    CHECK(stats.background_builds.load() == 1);
+    CHECK(stats.background_dropped.load() == 5);  // four queued, one refused after stop
+    CHECK(entry_of(disk, recipes[0]));
+    for (size_t n = 1; n < recipes.size(); ++n) CHECK_FALSE(entry_of(disk, recipes[n]));
+
+    // Destroyed with jobs queued: each job was built or dropped, none lost, and no hang.
+    KernelStats idle_stats;
+    const auto start = std::chrono::steady_clock::now();
+    {
+        Gate never;
+        BackgroundBuilds::Limits limits;
+        limits.threads = 1;
+        BackgroundBuilds background(nullptr, idle_stats, limits);
+        CHECK(background.submit(tiny_recipe(20, &never), "sm_90"));
+        for (int n = 21; n < 25; ++n) CHECK(background.submit(tiny_recipe(n), "sm_90"));
+        never.wait_for_waiters(1);
+        never.open();
+    }
+    CHECK(idle_stats.background_dropped.load() + idle_stats.background_builds.load() == 5);
+    CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(30));
+}
+
+TEST_CASE("a failing background compile is swallowed and counted; the real call reports it") {
+    if (rope_jit::nvrtc_api() == nullptr) return;
+    KernelStats stats;
+    BackgroundBuilds background(nullptr, stats);
+    const KernelRecipe broken = tiny_recipe(7, nullptr, false);
+    CHECK(background.submit(broken, "sm_90"));
+    // follow_ups that throw are counted too, and the forward still gets its binary.
+    KernelRecipe forward = tiny_recipe(8);
+    forward.follow_ups = []() -> std::vector<KernelRecipe> {
+        throw rope_jit::Error(ROPE_JIT_ERROR_UNSUPPORTED, "no backward here");
+    };
+    CHECK(background.build_now(forward, "sm_90").compiled);
+    background.wait_idle();
+    CHECK(stats.background_failures.load() == 2);
+    CHECK(stats.background_builds.load() == 0);
+    CHECK_FALSE(background.take(broken.spec_json, "sm_90"));
+    try {
+        background.build_now(broken, "sm_90");
+        FAIL("no error");
+    } catch (const rope_jit::Error& e) {
+        CHECK(e.status() == ROPE_JIT_ERROR_COMPILE);
+    }
+}
+
+TEST_CASE("parallel prewarming stores the same entries as building one after the other") {
+    if (rope_jit::nvrtc_api() == nullptr) return;
+    std::vector<KernelRecipe> recipes;
+    for (int n = 0; n < 5; ++n) recipes.push_back(tiny_recipe(30 + n));
+    KernelSpec backward = llama_rope_spec();
+    backward.backward = 1;
+    recipes.push_back(rope_jit::rope_recipe(llama_rope_spec()));
+    recipes.push_back(rope_jit::rope_recipe(backward));
+
+    gpu_test::TempDir serial_dir("rope_jit_serial_"), parallel_dir("rope_jit_parallel_");
+    DiskCache serial(serial_dir.path(), {}), parallel(parallel_dir.path(), {});
+    KernelStats serial_stats, parallel_stats;
+    for (const KernelRecipe& recipe : recipes)
+        rope_jit::build_kernel_binary(recipe, "sm_90", &serial, serial_stats);
+    rope_jit::build_binaries_parallel(recipes, "sm_90", &parallel, parallel_stats, 4);
+    CHECK(parallel_stats.compiles.load() == recipes.size());
+    CHECK(parallel_stats.disk_writes.load() == serial_stats.disk_writes.load());
+    for (const KernelRecipe& recipe : recipes) {
+        CAPTURE(recipe.spec_json);
+        const auto a = entry_of(serial, recipe), b = entry_of(parallel, recipe);
+        REQUIRE(a);
+        REQUIRE(b);
+        CHECK(a->payload == b->payload);
+        CHECK(a->spec_json == b->spec_json);
+    }
+    // Again: every entry is a disk hit.
+    KernelStats again;
+    rope_jit::build_binaries_parallel(recipes, "sm_90", &parallel, again, 0);
+    CHECK(again.disk_hits.load() == recipes.size());
+    CHECK(again.compiles.load() == 0);
+}
+
+TEST_CASE("parallel prewarming reports the lowest-indexed failure, named") {
+    if (rope_jit::nvrtc_api() == nullptr) return;
+    std::vector<KernelRecipe> recipes = {tiny_recipe(40), tiny_recipe(41, nullptr, false),
+                                         tiny_recipe(42), tiny_recipe(43, nullptr, false)};
+    KernelStats stats;
+    try {
+        rope_jit::build_binaries_parallel(recipes, "sm_90", nullptr, stats, 4,
+                                          {"specs[0]", "specs[1]", "specs[2]", "specs[3]"});
+        FAIL("no error");
+    } catch (const rope_jit::Error& e) {
+        CHECK(e.status() == ROPE_JIT_ERROR_COMPILE);
+        CHECK(std::string(e.what()).rfind("specs[1]: ", 0) == 0);
+    }
+    CHECK_NOTHROW(rope_jit::build_binaries_parallel({}, "sm_90", nullptr, stats, 4));
+}
+
+TEST_CASE("background builds are on by default and off through the config or the environment") {
+    rope_jit_config config;
+    rope_jit_config_init(&config);
+    CHECK(config.background_builds == 1);
+    {
+        EnvGuard env;
+        env.set("ROPE_JIT_BACKGROUND_BUILDS", nullptr);
+        CHECK_FALSE(rope_jit::background_builds_disabled_by_env());
+        env.set("ROPE_JIT_BACKGROUND_BUILDS", "1");
+        CHECK_FALSE(rope_jit::background_builds_disabled_by_env());
+        env.set("ROPE_JIT_BACKGROUND_BUILDS", "0");
+        CHECK(rope_jit::background_builds_disabled_by_env());
+    }
+    // The counters start at zero and reach a caller through rope_jit_get_stats.
+    config.backend = ROPE_JIT_BACKEND_CPU;
+    config.disk_cache = 0;
+    rope_jit_runtime* runtime = nullptr;
+    REQUIRE(rope_jit_runtime_create(&config, &runtime) == ROPE_JIT_OK);
+    rope_jit_stats stats;
+    rope_jit_stats_init(&stats);
+    stats.background_dropped = 7;
+    CHECK(rope_jit_get_stats(runtime, &stats) == ROPE_JIT_OK);
+    CHECK(stats.background_builds == 0);
+    CHECK(stats.background_failures == 0);
+    CHECK(stats.background_dropped == 0);
+    rope_jit_runtime_free(runtime);
+}
+
+TEST_SUITE("gpu") {
+
+TEST_CASE_FIXTURE(gpu_test::GpuFixture,
+                  "a RoPE forward compiled on the GPU leaves its backward ready for the first "
+                  "backward call") {
+    using namespace gpu_rope_test;
+    gpu_test::TempDir dir("rope_jit_background_gpu_");
+    rope_jit_config config;
+    rope_jit_config_init(&config);
+    config.backend = ROPE_JIT_BACKEND_CUDA;
+    config.cache_dir = dir.path().c_str();
+    rope_jit_runtime* runtime = nullptr;
+    REQUIRE(rope_jit_runtime_create(&config, &runtime) == ROPE_JIT_OK);
+    auto stats_now = [&] {
+        rope_jit_stats stats;
+        rope_jit_stats_init(&stats);
+        REQUIRE(rope_jit_get_stats(runtime, &stats) == ROPE_JIT_OK);
+        return stats;
+    };
+
+    Spec c;  // Llama-like: bf16, [B,S,H,D], GQA 4
+    c.dt = Dt::BF16;
+    c.layout = Layout::BSHD;
+    c.B = 1, c.S = 64, c.Hk = 2, c.group = 4, c.D = 128, c.R = 128;
+    std::mt19937 rng(2201);
+    const Problem forward = make_problem(c, rng);
+    const Problem forward_gpu = run_with_device_tensors(runtime, forward);
+    check_gpu_matches_cpu(forward, forward_gpu, run_with_host_tensors(cpu_runtime.get(), forward),
+                          gpu_tolerance(c));
+    CHECK(stats_now().compiles == 1);
+
+    // The backward compiles in the background meanwhile (a model runs its other layers).
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (stats_now().background_builds == 0 && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    REQUIRE(stats_now().background_builds == 1);
+
+    Spec b = c;
+    b.backward = true;
+    const Problem backward = make_problem(b, rng);
+    const auto start = std::chrono::steady_clock::now();
+    const Problem backward_gpu = run_with_device_tensors(runtime, backward);
+    const double backward_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    MESSAGE("first backward call after its background build: ", backward_ms, " ms");
+    check_gpu_matches_cpu(backward, backward_gpu,
+                          run_with_host_tensors(cpu_runtime.get(), backward), gpu_tolerance(b));
+    // Taken from the background build: counted as this runtime's second compile, no disk read.
+    const rope_jit_stats after = stats_now();
+    CHECK(after.compiles == 2);
+    CHECK(after.disk_hits == 0);
+    // The forward's entry and the background's: the backward call wrote none of its own (it
+    // would, had its spec differed from the one built in the background).
+    CHECK(after.disk_writes == 2);
+    CHECK(after.background_failures == 0);
+    rope_jit_runtime_free(runtime);
+}
+
+}  // TEST_SUITE("gpu")
