@@ -124,10 +124,11 @@ int main(int argc, char** argv) {
         const double specialize_ms = ms_since(start);
         const CompileResult r = compile_cuda(
             source, recipe.template_name, recipe.compile_target("sm_90"), extra, kernel_headers());
-        json += ",\"" + name + "_ms\":" + std::to_string(ms_since(start)) + ",\"" + name +
-                "_specialize_ms\":" + std::to_string(specialize_ms) + ",\"" + name +
-                "_bytes\":" + std::to_string(r.binary.size()) + ",\"" + name +
-                "_hash\":" + std::to_string(std::hash<std::string>{}(std::string(r.binary.begin(), r.binary.end())));
+        json +=
+            ",\"" + name + "_ms\":" + std::to_string(ms_since(start)) + ",\"" + name +
+            "_specialize_ms\":" + std::to_string(specialize_ms) + ",\"" + name +
+            "_bytes\":" + std::to_string(r.binary.size()) + ",\"" + name + "_hash\":" +
+            std::to_string(std::hash<std::string>{}(std::string(r.binary.begin(), r.binary.end())));
     }
     json += "}";
     std::printf("%s\n", json.c_str());

@@ -61,11 +61,13 @@ void check_round_trip(const uint8_t* data, size_t size) {
     const rope_jit::CacheEntryId id{std::string(64, 'c'), "13.0", "sm_90", "cubin"};
     rope_jit::CacheEntry entry;
     entry.spec_json.assign(reinterpret_cast<const char*>(data + 3), split);
-    entry.payload.assign(reinterpret_cast<const char*>(data + 3 + split), reinterpret_cast<const char*>(data + size));
+    entry.payload.assign(reinterpret_cast<const char*>(data + 3 + split),
+                         reinterpret_cast<const char*>(data + size));
     std::string file = rope_jit::serialize_cache_entry(id, entry);
     std::string problem;
     const auto parsed = rope_jit::parse_cache_entry(id, file, &problem);
-    if (!parsed || parsed->spec_json != entry.spec_json || parsed->payload != entry.payload) __builtin_trap();
+    if (!parsed || parsed->spec_json != entry.spec_json || parsed->payload != entry.payload)
+        __builtin_trap();
     if (mode & 8) {
         const size_t bit = (flip * 7919u + size) % (file.size() * 8);
         file[bit / 8] = char(file[bit / 8] ^ (1 << (bit % 8)));

@@ -29,7 +29,9 @@ public:
     Input(const uint8_t* data, size_t size) : data_(data), size_(size) {}
     uint8_t byte() { return at_ < size_ ? data_[at_++] : 0; }
     template <size_t N, typename T>
-    T pick(const T (&table)[N]) { return table[byte() % N]; }
+    T pick(const T (&table)[N]) {
+        return table[byte() % N];
+    }
     int64_t i64() {
         uint64_t v = 0;
         for (int i = 0; i < 8; ++i) v = (v << 8) | byte();
@@ -45,16 +47,35 @@ private:
     size_t at_ = 0;
 };
 
-const DLDataType kDtypes[] = {
-    {kDLFloat, 32, 1}, {kDLFloat, 16, 1}, {kDLBfloat, 16, 1}, {kDLInt, 32, 1}, {kDLInt, 64, 1},
-    {kDLFloat, 32, 1}, {kDLBfloat, 16, 1}, {kDLUInt, 8, 1},   {kDLFloat, 64, 1}, {kDLFloat, 32, 2},
-    {kDLInt, 16, 1},   {200, 32, 1},       {6, 8, 1},   {kDLFloat, 0, 1},  {kDLFloat, 32, 0}};
-const DLDeviceType kDevices[] = {kDLCPU, kDLCPU, kDLCPU, kDLCPU, kDLCPU, kDLCUDAHost, kDLCUDA, kDLROCM};
-const int64_t kDims[] = {1, 2, 3, 4, 8, 16, 5, 2, 1, 0, 32, 64, 7, -1, int64_t(1) << 31,
+const DLDataType kDtypes[] = {{kDLFloat, 32, 1},  {kDLFloat, 16, 1}, {kDLBfloat, 16, 1},
+                              {kDLInt, 32, 1},    {kDLInt, 64, 1},   {kDLFloat, 32, 1},
+                              {kDLBfloat, 16, 1}, {kDLUInt, 8, 1},   {kDLFloat, 64, 1},
+                              {kDLFloat, 32, 2},  {kDLInt, 16, 1},   {200, 32, 1},
+                              {6, 8, 1},          {kDLFloat, 0, 1},  {kDLFloat, 32, 0}};
+const DLDeviceType kDevices[] = {kDLCPU, kDLCPU,      kDLCPU,  kDLCPU,
+                                 kDLCPU, kDLCUDAHost, kDLCUDA, kDLROCM};
+const int64_t kDims[] = {1,
+                         2,
+                         3,
+                         4,
+                         8,
+                         16,
+                         5,
+                         2,
+                         1,
+                         0,
+                         32,
+                         64,
+                         7,
+                         -1,
+                         int64_t(1) << 31,
                          std::numeric_limits<int64_t>::max()};
-const int64_t kStrides[] = {1, 0, -1, 2, 64, -64, 3, 4096, int64_t(1) << 40, std::numeric_limits<int64_t>::min()};
+const int64_t kStrides[] = {
+    1, 0, -1, 2, 64, -64, 3, 4096, int64_t(1) << 40, std::numeric_limits<int64_t>::min()};
 
-size_t element_bytes(const DLDataType& dtype) { return dtype.bits >= 8 ? size_t(dtype.bits / 8) * dtype.lanes : 1; }
+size_t element_bytes(const DLDataType& dtype) {
+    return dtype.bits >= 8 ? size_t(dtype.bits / 8) * dtype.lanes : 1;
+}
 
 struct Built {
     DLTensor tensor{};
@@ -72,7 +93,8 @@ bool reach(const Built& b, int64_t* low, int64_t* high, bool* oversized) {
     int64_t lo = 0, hi = 0, count = 1;
     bool overflow = false;
     for (int i = 0; i < b.tensor.ndim; ++i)
-        if (b.shape[i] <= 0) return true;  // no elements (or a negative dim the library must reject)
+        if (b.shape[i] <= 0)
+            return true;  // no elements (or a negative dim the library must reject)
     for (int i = 0; i < b.tensor.ndim; ++i) {
         const int64_t dim = b.shape[i];
         overflow |= __builtin_mul_overflow(count, dim, &count);
@@ -147,7 +169,8 @@ void describe(const char* name, const DLTensor* t) {
     std::fprintf(stderr, "  %s: dtype %d/%d/%d device %d ndim %d byte_offset %llu data %p shape",
                  name, t->dtype.code, t->dtype.bits, t->dtype.lanes, device_type, t->ndim,
                  static_cast<unsigned long long>(t->byte_offset), t->data);
-    for (int i = 0; t->shape && i < t->ndim && i < 6; ++i) std::fprintf(stderr, " %lld", static_cast<long long>(t->shape[i]));
+    for (int i = 0; t->shape && i < t->ndim && i < 6; ++i)
+        std::fprintf(stderr, " %lld", static_cast<long long>(t->shape[i]));
     std::fprintf(stderr, " strides");
     for (int i = 0; t->strides && i < t->ndim && i < 6; ++i)
         std::fprintf(stderr, " %lld", static_cast<long long>(t->strides[i]));
@@ -175,7 +198,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     char* base = arena.data() + (64 - reinterpret_cast<uintptr_t>(arena.data()) % 64) % 64;
     Input in(data, size);
 
-    enum { Q, K, Q_OUT, K_OUT, COS, SIN, INV_FREQ, POSITIONS, SEQLEN_OFFSETS, CU_SEQLENS, XPOS, COUNT };
+    enum {
+        Q,
+        K,
+        Q_OUT,
+        K_OUT,
+        COS,
+        SIN,
+        INV_FREQ,
+        POSITIONS,
+        SEQLEN_OFFSETS,
+        CU_SEQLENS,
+        XPOS,
+        COUNT
+    };
     Built tensors[COUNT];
     for (Built& b : tensors)
         if (!build(in, b, base)) return 0;
@@ -210,18 +246,25 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
     static const bool verbose = std::getenv("ROPE_JIT_FUZZ_VERBOSE") != nullptr;
     if (verbose) {
-        std::fprintf(stderr, "rope_jit_rope: position_offset %lld q_position_offset %lld rotary_dim %d offset %d "
-                     "style %d backward %d struct_size %zu\n",
-                     static_cast<long long>(args.position_offset), static_cast<long long>(args.q_position_offset),
-                     args.rotary_dim, args.rotary_offset, style, args.backward, args.struct_size);
-        const char* names[] = {"q", "k", "q_out", "k_out", "cos", "sin", "inv_freq", "positions", "seqlen_offsets",
-                               "cu_seqlens", "xpos_scale"};
-        const DLTensor* views[] = {args.q, args.k, args.q_out, args.k_out, args.cos, args.sin, args.inv_freq,
-                                   args.positions, args.seqlen_offsets, args.cu_seqlens, args.xpos_scale};
+        std::fprintf(
+            stderr,
+            "rope_jit_rope: position_offset %lld q_position_offset %lld rotary_dim %d offset %d "
+            "style %d backward %d struct_size %zu\n",
+            static_cast<long long>(args.position_offset),
+            static_cast<long long>(args.q_position_offset), args.rotary_dim, args.rotary_offset,
+            style, args.backward, args.struct_size);
+        const char* names[] = {"q",         "k",        "q_out",     "k_out",          "cos",
+                               "sin",       "inv_freq", "positions", "seqlen_offsets", "cu_seqlens",
+                               "xpos_scale"};
+        const DLTensor* views[] = {args.q,          args.k,         args.q_out,
+                                   args.k_out,      args.cos,       args.sin,
+                                   args.inv_freq,   args.positions, args.seqlen_offsets,
+                                   args.cu_seqlens, args.xpos_scale};
         for (int i = 0; i < COUNT; ++i) describe(names[i], views[i]);
     }
     rope_jit_status status = rope_jit_rope(cpu_runtime(), &args);
-    if (verbose) std::fprintf(stderr, "-> %s: %s\n", rope_jit_status_name(status), rope_jit_last_error());
+    if (verbose)
+        std::fprintf(stderr, "-> %s: %s\n", rope_jit_status_name(status), rope_jit_last_error());
     // A failure must come with a message naming what was wrong.
     if (status != ROPE_JIT_OK && rope_jit_last_error()[0] == '\0') __builtin_trap();
     return 0;

@@ -54,18 +54,26 @@
 // Two blocks per multiprocessor for the FlashAttention-2 layout of the forward (up to 255
 // registers at 128 threads); no constraint otherwise.
 extern "C" __global__ void ROPE_JIT_CLUSTER_DIMS
-__launch_bounds__(PLAN.threads, TENSOR_CORES && KIND == 0 && M_TILES == 2 && WARPS <= 4 ? 2 : 1)
+__launch_bounds__(PLAN.threads, TENSOR_CORES&& KIND == 0 && M_TILES == 2 && WARPS <= 4 ? 2 : 1)
     attention_kernel(const __grid_constant__ AttentionKernelParams p) {
     if constexpr (TENSOR_CORES) {
         extern __shared__ __align__(1024) char smem[];  // swizzled TMA boxes land 1024-byte aligned
-        if constexpr (KIND == 0 && WGMMA && PRODUCER_WARPS > 0) tc::wg::forward_specialized(p, smem);
-        else if constexpr (KIND == 0 && WGMMA) tc::wg::forward(p, smem);
-        else if constexpr (KIND == 0) tc::forward(p, smem);
-        else if constexpr (KIND == 1) tc::backward_dq(p, smem);
-        else tc::backward_dkdv(p, smem);
+        if constexpr (KIND == 0 && WGMMA && PRODUCER_WARPS > 0)
+            tc::wg::forward_specialized(p, smem);
+        else if constexpr (KIND == 0 && WGMMA)
+            tc::wg::forward(p, smem);
+        else if constexpr (KIND == 0)
+            tc::forward(p, smem);
+        else if constexpr (KIND == 1)
+            tc::backward_dq(p, smem);
+        else
+            tc::backward_dkdv(p, smem);
     } else {
-        if constexpr (KIND == 0) simt::forward(p);
-        else if constexpr (KIND == 1) simt::backward_dq(p);
-        else simt::backward_dkdv(p);
+        if constexpr (KIND == 0)
+            simt::forward(p);
+        else if constexpr (KIND == 1)
+            simt::backward_dq(p);
+        else
+            simt::backward_dkdv(p);
     }
 }

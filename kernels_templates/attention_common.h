@@ -18,8 +18,12 @@ constexpr AttentionLaunchPlan PLAN = attention_launch_plan(
     KIND, HEAD_DIM, ROTARY_DIM, INTERLEAVED, TABLE_FULL, TABLE_DTYPE, TABLE_ASYNC, HAS_POS_MASK,
     TENSOR_CORES, WGMMA, WARPS, M_TILES, BLOCK_N, STAGES, PRODUCER_WARPS);
 
-__device__ __forceinline__ float pos_inf() { return __int_as_float(0x7f800000); }
-__device__ __forceinline__ float neg_inf() { return -pos_inf(); }
+__device__ __forceinline__ float pos_inf() {
+    return __int_as_float(0x7f800000);
+}
+__device__ __forceinline__ float neg_inf() {
+    return -pos_inf();
+}
 
 }  // namespace
 
@@ -41,18 +45,21 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
-__device__ __forceinline__ bool positioned(const AttentionKernelParams& p, long long b, long long s) {
-    if constexpr (!HAS_POS_MASK) return true;
-    else return p.pos_mask[b * p.pos_mask_stride[0] + s * p.pos_mask_stride[1]] != 0;
+__device__ __forceinline__ bool positioned(const AttentionKernelParams& p, long long b,
+                                           long long s) {
+    if constexpr (!HAS_POS_MASK)
+        return true;
+    else
+        return p.pos_mask[b * p.pos_mask_stride[0] + s * p.pos_mask_stride[1]] != 0;
 }
 
-__device__ __forceinline__ const T* head_row(const void* base, const long long* stride, long long b, long long h,
-                                             long long s) {
+__device__ __forceinline__ const T* head_row(const void* base, const long long* stride, long long b,
+                                             long long h, long long s) {
     return static_cast<const T*>(base) + b * stride[0] + h * stride[1] + s * stride[2];
 }
 
-__device__ __forceinline__ T* head_row_out(void* base, const long long* stride, long long b, long long h,
-                                           long long s) {
+__device__ __forceinline__ T* head_row_out(void* base, const long long* stride, long long b,
+                                           long long h, long long s) {
     return static_cast<T*>(base) + b * stride[0] + h * stride[1] + s * stride[2];
 }
 

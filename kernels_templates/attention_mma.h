@@ -15,13 +15,13 @@ namespace tc {
 // ============================================================================================
 
 constexpr int DP = PLAN.head_dim_padded;  // head_dim padded to the mma k-step
-constexpr int ROWE = DP + 8;                    // elements per shared-memory row (16-byte pad)
-constexpr int CHUNKS = DP / 8;                  // 16-byte chunks per row
-constexpr int DCHUNKS = HEAD_DIM / 8;           // chunks holding features (HEAD_DIM % 8 == 0)
+constexpr int ROWE = DP + 8;              // elements per shared-memory row (16-byte pad)
+constexpr int CHUNKS = DP / 8;            // 16-byte chunks per row
+constexpr int DCHUNKS = HEAD_DIM / 8;     // chunks holding features (HEAD_DIM % 8 == 0)
 constexpr int KSTEPS = DP / 16;
 constexpr int DTILES = DP / 8;
-constexpr int RESIDENT = PLAN.rows_per_block;  // 16 * M_TILES * WARPS
-constexpr int TCOLS = PLAN.table_columns;  // table columns read
+constexpr int RESIDENT = PLAN.rows_per_block;                          // 16 * M_TILES * WARPS
+constexpr int TCOLS = PLAN.table_columns;                              // table columns read
 constexpr int TABLE_STEP = table_columns(TABLE_FULL, INTERLEAVED, 1);  // table columns per pair
 constexpr int TBYTES = TABLE_DTYPE == 0 ? 4 : 2;
 constexpr int TABLE_ROW_BYTES = PLAN.table_row_bytes;  // TCOLS * TBYTES when staged
@@ -37,10 +37,12 @@ constexpr int ITEMS = ROT_ITEMS + CHUNKS - FIRST_PLAIN;
 
 static_assert(!TENSOR_CORES || DTYPE != 0, "tensor-core kernels take 16-bit inputs");
 static_assert(!TENSOR_CORES || HEAD_DIM % 8 == 0, "tensor-core kernels need head_dim % 8 == 0");
-static_assert(!TENSOR_CORES || !ROTATE || (INTERLEAVED ? ROTARY_DIM % 8 == 0 : ROTARY_DIM % 16 == 0),
+static_assert(!TENSOR_CORES || !ROTATE ||
+                  (INTERLEAVED ? ROTARY_DIM % 8 == 0 : ROTARY_DIM % 16 == 0),
               "rotation by 16-byte chunks needs whole pairs per chunk");
 static_assert(!TENSOR_CORES || BLOCK_N % 16 == 0, "streamed tiles are whole mma k-steps");
-static_assert(!TENSOR_CORES || !ROTATE || !TABLE_ASYNC || TABLE_ROW_BYTES % 16 == 0, "staged table rows are 16-byte chunks");
+static_assert(!TENSOR_CORES || !ROTATE || !TABLE_ASYNC || TABLE_ROW_BYTES % 16 == 0,
+              "staged table rows are 16-byte chunks");
 
 struct alignas(16) U4 {
     unsigned w[4];
@@ -52,33 +54,43 @@ struct F2 {
 
 __device__ __forceinline__ unsigned shared_address(const void* pointer) {
     unsigned address;
-    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(address) : "l"(pointer));
+    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }"
+        : "=r"(address)
+        : "l"(pointer));
     return address;
 }
 
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address(dst)), "l"(src),
-                 "r"(valid ? 16 : 0)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address(dst)),
+                 "l"(src), "r"(valid ? 16 : 0)
                  : "memory");
 }
 
 __device__ __forceinline__ void cp_async4(void* dst, const void* src, bool valid) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(shared_address(dst)), "l"(src),
-                 "r"(valid ? 4 : 0)
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(shared_address(dst)),
+                 "l"(src), "r"(valid ? 4 : 0)
                  : "memory");
 }
 
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() {
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+}
 // Waits until at most `PENDING` of this thread's most recent copy groups are still in flight.
 template <int PENDING>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING) : "memory"); }
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING) : "memory");
+}
 
 template <int D = DTYPE>
 __device__ __forceinline__ unsigned pack2(float lo, float hi) {
     unsigned r;
-    if constexpr (D == 1) asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    else asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    if constexpr (D == 1)
+        asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    else
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
     return r;
 }
 
@@ -119,24 +131,29 @@ __device__ __forceinline__ unsigned a_lane_offset(int lane) {
     return static_cast<unsigned>(((lane & 15) * ROWE + (lane >> 4) * 8) * 2);
 }
 __device__ __forceinline__ unsigned b_lane_offset(int lane) {
-    return static_cast<unsigned>((((lane & 7) + ((lane >> 4) << 3)) * ROWE + ((lane >> 3) & 1) * 8) * 2);
+    return static_cast<unsigned>(
+        (((lane & 7) + ((lane >> 4) << 3)) * ROWE + ((lane >> 3) & 1) * 8) * 2);
 }
 __device__ __forceinline__ unsigned bt_lane_offset(int lane) {
-    return static_cast<unsigned>((((lane & 7) + ((lane >> 3) & 1) * 8) * ROWE + (lane >> 4) * 8) * 2);
+    return static_cast<unsigned>((((lane & 7) + ((lane >> 3) & 1) * 8) * ROWE + (lane >> 4) * 8) *
+                                 2);
 }
 
 // c += a * b for one m16n8k16 tile (a: 4 registers of A, b0/b1: B).
 template <int D = DTYPE>
-__device__ __forceinline__ void mma(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+__device__ __forceinline__ void mma(float (&c)[4], const unsigned (&a)[4], unsigned b0,
+                                    unsigned b1) {
     if constexpr (D == 1)
         asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+            "{%8, %9}, "
             "{%0, %1, %2, %3};\n"
             : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
     else
         asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, "
+            "%7}, {%8, %9}, "
             "{%0, %1, %2, %3};\n"
             : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
@@ -145,7 +162,8 @@ __device__ __forceinline__ void mma(float (&c)[4], const unsigned (&a)[4], unsig
 // acc[NT] += A B^T over the head dim: A = 16 rows at a_rows, B = 8*NT rows at b_rows (both
 // shared-memory rows of ROWE elements). S = Q K^T, dP = dO V^T, and their transposes.
 template <int NT>
-__device__ __forceinline__ void gemm_abt(float (&acc)[NT][4], const T* a_rows, const T* b_rows, int lane) {
+__device__ __forceinline__ void gemm_abt(float (&acc)[NT][4], const T* a_rows, const T* b_rows,
+                                         int lane) {
     static_assert(NT % 2 == 0, "pairs of n-tiles per ldmatrix");
     const unsigned a_base = shared_address(a_rows) + a_lane_offset(lane);
     const unsigned b_base = shared_address(b_rows) + b_lane_offset(lane);
@@ -166,8 +184,8 @@ __device__ __forceinline__ void gemm_abt(float (&acc)[NT][4], const T* a_rows, c
 // acc[DTILES] += A B over KS k-steps: A from registers (16 x 16*KS), B = 16*KS rows at
 // b_rows (shared memory, [k][feature]). O += P V, dQ += dS K, dV += P^T dO, dK += dS^T Q.
 template <int KS>
-__device__ __forceinline__ void gemm_ab(float (&acc)[DTILES][4], const unsigned (&a)[KS][4], const T* b_rows,
-                                        int lane) {
+__device__ __forceinline__ void gemm_ab(float (&acc)[DTILES][4], const unsigned (&a)[KS][4],
+                                        const T* b_rows, int lane) {
     const unsigned b_base = shared_address(b_rows) + bt_lane_offset(lane);
 #pragma unroll
     for (int kk = 0; kk < KS; ++kk) {
@@ -184,7 +202,8 @@ __device__ __forceinline__ void gemm_ab(float (&acc)[DTILES][4], const unsigned 
 // gemm_abt for MT 16-row tiles of A (consecutive rows from a_rows): each B fragment is loaded
 // once and used by every tile, which halves the shared-memory traffic of K and V at MT = 2.
 template <int MT, int NT>
-__device__ __forceinline__ void gemm_abt_mt(float (&acc)[MT][NT][4], const T* a_rows, const T* b_rows, int lane) {
+__device__ __forceinline__ void gemm_abt_mt(float (&acc)[MT][NT][4], const T* a_rows,
+                                            const T* b_rows, int lane) {
     static_assert(NT % 2 == 0, "pairs of n-tiles per ldmatrix");
     const unsigned a_base = shared_address(a_rows) + a_lane_offset(lane);
     const unsigned b_base = shared_address(b_rows) + b_lane_offset(lane);
@@ -208,8 +227,9 @@ __device__ __forceinline__ void gemm_abt_mt(float (&acc)[MT][NT][4], const T* a_
 
 // gemm_ab for MT tiles of A fragments.
 template <int MT, int KS>
-__device__ __forceinline__ void gemm_ab_mt(float (&acc)[MT][DTILES][4], const unsigned (&a)[MT][KS][4],
-                                           const T* b_rows, int lane) {
+__device__ __forceinline__ void gemm_ab_mt(float (&acc)[MT][DTILES][4],
+                                           const unsigned (&a)[MT][KS][4], const T* b_rows,
+                                           int lane) {
     const unsigned b_base = shared_address(b_rows) + bt_lane_offset(lane);
 #pragma unroll
     for (int kk = 0; kk < KS; ++kk) {
@@ -248,7 +268,8 @@ __device__ __forceinline__ void zero(float (&acc)[NT][4]) {
 // Starts copying rows [row0, row0 + ROWS) of one head (`base` at its token 0, token stride
 // `stride`) into shared rows; rows at or past `valid` and features past HEAD_DIM read as 0.
 template <int ROWS>
-__device__ __forceinline__ void issue_rows(T* dst, const T* base, long long stride, long long row0, long long valid) {
+__device__ __forceinline__ void issue_rows(T* dst, const T* base, long long stride, long long row0,
+                                           long long valid) {
     for (int c = threadIdx.x; c < ROWS * CHUNKS; c += THREADS) {
         const int r = c / CHUNKS, ch = c - r * CHUNKS;
         const bool ok = row0 + r < valid && ch < DCHUNKS;
@@ -258,8 +279,9 @@ __device__ __forceinline__ void issue_rows(T* dst, const T* base, long long stri
 
 // Starts copying the cos/sin row bytes of tokens [row0, row0 + ROWS) (zero past `valid`).
 template <int ROWS>
-__device__ __forceinline__ void issue_table_rows(char* cos_dst, char* sin_dst, const AttentionKernelParams& p,
-                                                 long long row0, long long valid) {
+__device__ __forceinline__ void issue_table_rows(char* cos_dst, char* sin_dst,
+                                                 const AttentionKernelParams& p, long long row0,
+                                                 long long valid) {
     if constexpr (ROTATE && TABLE_ASYNC) {
         for (int c = threadIdx.x; c < 2 * ROWS * TABLE_CHUNKS; c += THREADS) {
             const bool is_sin = c >= ROWS * TABLE_CHUNKS;
@@ -277,12 +299,14 @@ __device__ __forceinline__ void issue_table_rows(char* cos_dst, char* sin_dst, c
 // Stores a warp's 16 x HEAD_DIM result rows (accumulators times `scale`) through its own
 // shared rows `stage` to global rows first_row.. (those below `valid`), 16 bytes at a time.
 template <int D = DTYPE>
-__device__ __forceinline__ void store_rows(const float (&acc)[DTILES][4], float scale0, float scale1, T* stage,
-                                           T* base, long long stride, long long first_row, long long valid, int lane) {
+__device__ __forceinline__ void store_rows(const float (&acc)[DTILES][4], float scale0,
+                                           float scale1, T* stage, T* base, long long stride,
+                                           long long first_row, long long valid, int lane) {
     const int g = lane >> 2, t2 = 2 * (lane & 3);
 #pragma unroll
     for (int dt = 0; dt < DTILES; ++dt) {
-        *reinterpret_cast<unsigned*>(stage + g * ROWE + dt * 8 + t2) = pack2(acc[dt][0] * scale0, acc[dt][1] * scale0);
+        *reinterpret_cast<unsigned*>(stage + g * ROWE + dt * 8 + t2) =
+            pack2(acc[dt][0] * scale0, acc[dt][1] * scale0);
         *reinterpret_cast<unsigned*>(stage + (g + 8) * ROWE + dt * 8 + t2) =
             pack2(acc[dt][2] * scale1, acc[dt][3] * scale1);
     }

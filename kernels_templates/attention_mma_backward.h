@@ -10,7 +10,8 @@ namespace tc {
 // lse of a row in base 2, as the backward uses it: +inf for rows that see no key or lie past
 // Sq, which makes every P of the row exp2(x - inf) = 0.
 template <int D = DTYPE>
-__device__ __forceinline__ float base2_lse(const AttentionKernelParams& p, long long b, long long h, long long i) {
+__device__ __forceinline__ float base2_lse(const AttentionKernelParams& p, long long b, long long h,
+                                           long long i) {
     if (i >= p.seqlen_q) return pos_inf();
     const float lse = p.lse[b * p.lse_stride[0] + h * p.lse_stride[1] + i * p.lse_stride[2]];
     return lse == neg_inf() ? pos_inf() : lse * LOG2E;
@@ -19,16 +20,19 @@ __device__ __forceinline__ float base2_lse(const AttentionKernelParams& p, long 
 // delta_i = dout_i . out_i for `rows` rows whose dout is in shared rows `dout_rows`, their out
 // in global memory (`out_rows`, or in shared rows `out_stage` when given); one warp per row.
 template <int D = DTYPE>
-__device__ __forceinline__ void row_deltas(float* delta, int rows, const T* dout_rows, const T* out_stage,
-                                           const T* out_head, long long out_stride, long long row0, long long valid,
+__device__ __forceinline__ void row_deltas(float* delta, int rows, const T* dout_rows,
+                                           const T* out_stage, const T* out_head,
+                                           long long out_stride, long long row0, long long valid,
                                            int warp, int lane) {
     for (int r = warp; r < rows; r += WARPS) {
         float sum = 0.f;
         if (row0 + r < valid) {
             for (int ch = lane; ch < DCHUNKS; ch += 32) {
                 const U4 g = *reinterpret_cast<const U4*>(dout_rows + r * ROWE + ch * 8);
-                const U4 o = out_stage != nullptr ? *reinterpret_cast<const U4*>(out_stage + r * ROWE + ch * 8)
-                                                  : *reinterpret_cast<const U4*>(out_head + (row0 + r) * out_stride + ch * 8);
+                const U4 o =
+                    out_stage != nullptr
+                        ? *reinterpret_cast<const U4*>(out_stage + r * ROWE + ch * 8)
+                        : *reinterpret_cast<const U4*>(out_head + (row0 + r) * out_stride + ch * 8);
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const F2 gg = unpack2(g.w[e]), oo = unpack2(o.w[e]);
@@ -116,22 +120,25 @@ __device__ void backward_dq(const AttentionKernelParams& p, char* smem) {
     const long long m0 = m_block * RESIDENT;
     const T* k_head = head_row(p.k, p.k_stride, b, hk, 0);
     const T* v_head = head_row(p.v, p.v_stride, b, hk, 0);
-    const long long key_end = CAUSAL ? (m0 + RESIDENT < p.seqlen_k ? m0 + RESIDENT : p.seqlen_k) : p.seqlen_k;
+    const long long key_end =
+        CAUSAL ? (m0 + RESIDENT < p.seqlen_k ? m0 + RESIDENT : p.seqlen_k) : p.seqlen_k;
     const int tiles = static_cast<int>((key_end + BLOCK_N - 1) / BLOCK_N);
 
     issue_rows<RESIDENT>(m.q, head_row(p.q, p.q_stride, b, h, 0), p.q_stride[2], m0, p.seqlen_q);
-    issue_rows<RESIDENT>(m.dout(0), head_row(p.dout, p.dout_stride, b, h, 0), p.dout_stride[2], m0, p.seqlen_q);
+    issue_rows<RESIDENT>(m.dout(0), head_row(p.dout, p.dout_stride, b, h, 0), p.dout_stride[2], m0,
+                         p.seqlen_q);
     if (tiles > 0) issue_key_tile(m, p, k_head, v_head, 0, 0);
     cp_async_commit();
     for (int r = threadIdx.x; r < RESIDENT; r += THREADS) m.row_a[r] = base2_lse(p, b, h, m0 + r);
     cp_async_wait_all();
     __syncthreads();
-    rotate_rows<RESIDENT, false>(m.q, m.q_plain, m.q, nullptr, nullptr, m.q_flags, p, b, m0, p.seqlen_q);
+    rotate_rows<RESIDENT, false>(m.q, m.q_plain, m.q, nullptr, nullptr, m.q_flags, p, b, m0,
+                                 p.seqlen_q);
     if (tiles > 0)
-        rotate_rows<BLOCK_N, TABLE_ASYNC>(m.k, m.k_plain, m.k_stage, m.cos_stage, m.sin_stage, m.k_flags, p, b, 0,
-                                          p.seqlen_k);
-    row_deltas(m.row_b, RESIDENT, m.dout(0), nullptr, head_row(p.out, p.out_stride, b, h, 0), p.out_stride[2], m0,
-               p.seqlen_q, warp, lane);
+        rotate_rows<BLOCK_N, TABLE_ASYNC>(m.k, m.k_plain, m.k_stage, m.cos_stage, m.sin_stage,
+                                          m.k_flags, p, b, 0, p.seqlen_k);
+    row_deltas(m.row_b, RESIDENT, m.dout(0), nullptr, head_row(p.out, p.out_stride, b, h, 0),
+               p.out_stride[2], m0, p.seqlen_q, warp, lane);
     __syncthreads();
 
     const T* q_rows = m.q + warp * 16 * ROWE;
@@ -169,40 +176,48 @@ __device__ void backward_dq(const AttentionKernelParams& p, char* smem) {
         cp_async_wait_all();
         __syncthreads();
         if (t + 1 < tiles)
-            rotate_rows<BLOCK_N, TABLE_ASYNC>(m.k, m.k_plain, m.k_stage, m.cos_stage, m.sin_stage, m.k_flags, p, b,
-                                              n0 + BLOCK_N, p.seqlen_k);
+            rotate_rows<BLOCK_N, TABLE_ASYNC>(m.k, m.k_plain, m.k_stage, m.cos_stage, m.sin_stage,
+                                              m.k_flags, p, b, n0 + BLOCK_N, p.seqlen_k);
         __syncthreads();
     }
 
     finish_gradient(dq, dq_plain, row_flags, p, m0 + warp * 16, p.seqlen_q, lane);
     T* stage = m.q + warp * 16 * ROWE;
-    store_rows(dq, p.scale, p.scale, stage, head_row_out(p.dq, p.dq_stride, b, h, 0), p.dq_stride[2], m0 + warp * 16,
-               p.seqlen_q, lane);
+    store_rows(dq, p.scale, p.scale, stage, head_row_out(p.dq, p.dq_stride, b, h, 0),
+               p.dq_stride[2], m0 + warp * 16, p.seqlen_q, lane);
 }
 
 // ---- dk/dv: resident keys and values, streamed query tiles ----------------------------------
 
 template <int D = DTYPE>
-__device__ __forceinline__ void issue_query_tile(const Buffers& m, const AttentionKernelParams& p, long long b,
-                                                 long long h, long long m0, int buffer) {
-    issue_rows<BLOCK_N>(m.q_stage, head_row(p.q, p.q_stride, b, h, 0), p.q_stride[2], m0, p.seqlen_q);
+__device__ __forceinline__ void issue_query_tile(const Buffers& m, const AttentionKernelParams& p,
+                                                 long long b, long long h, long long m0,
+                                                 int buffer) {
+    issue_rows<BLOCK_N>(m.q_stage, head_row(p.q, p.q_stride, b, h, 0), p.q_stride[2], m0,
+                        p.seqlen_q);
     issue_table_rows<BLOCK_N>(m.cos_stage, m.sin_stage, p, m0, p.seqlen_q);
-    issue_rows<BLOCK_N>(m.dout(buffer), head_row(p.dout, p.dout_stride, b, h, 0), p.dout_stride[2], m0, p.seqlen_q);
-    issue_rows<BLOCK_N>(m.o_stage, head_row(p.out, p.out_stride, b, h, 0), p.out_stride[2], m0, p.seqlen_q);
+    issue_rows<BLOCK_N>(m.dout(buffer), head_row(p.dout, p.dout_stride, b, h, 0), p.dout_stride[2],
+                        m0, p.seqlen_q);
+    issue_rows<BLOCK_N>(m.o_stage, head_row(p.out, p.out_stride, b, h, 0), p.out_stride[2], m0,
+                        p.seqlen_q);
     for (int r = threadIdx.x; r < BLOCK_N; r += THREADS) {
         const bool ok = m0 + r < p.seqlen_q;
-        cp_async4(m.row_a + BLOCK_N + r, ok ? p.lse + b * p.lse_stride[0] + h * p.lse_stride[1] + (m0 + r) * p.lse_stride[2] : p.lse,
-                  ok);
+        cp_async4(
+            m.row_a + BLOCK_N + r,
+            ok ? p.lse + b * p.lse_stride[0] + h * p.lse_stride[1] + (m0 + r) * p.lse_stride[2]
+               : p.lse,
+            ok);
     }
 }
 
 // After a query tile's copies landed: rotate it, and turn its lse into the base-2 form and
 // its out rows into deltas.
 template <int D = DTYPE>
-__device__ __forceinline__ void prepare_query_tile(const Buffers& m, const AttentionKernelParams& p, long long b,
-                                                   long long m0, int buffer, int warp, int lane) {
-    rotate_rows<BLOCK_N, TABLE_ASYNC>(m.q, m.q_plain, m.q_stage, m.cos_stage, m.sin_stage, m.q_flags, p, b, m0,
-                                      p.seqlen_q);
+__device__ __forceinline__ void prepare_query_tile(const Buffers& m, const AttentionKernelParams& p,
+                                                   long long b, long long m0, int buffer, int warp,
+                                                   int lane) {
+    rotate_rows<BLOCK_N, TABLE_ASYNC>(m.q, m.q_plain, m.q_stage, m.cos_stage, m.sin_stage,
+                                      m.q_flags, p, b, m0, p.seqlen_q);
     for (int r = threadIdx.x; r < BLOCK_N; r += THREADS) {
         const float lse = m.row_a[BLOCK_N + r];
         m.row_a[r] = m0 + r >= p.seqlen_q || lse == neg_inf() ? pos_inf() : lse * LOG2E;
@@ -216,7 +231,8 @@ __device__ void backward_dkdv(const AttentionKernelParams& p, char* smem) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const long long heads = p.batch * p.heads_k;
     const long long bh = blockIdx.x % heads;
-    const long long n_block = blockIdx.x / heads;  // the keys seen by the most queries (causal) first
+    const long long n_block =
+        blockIdx.x / heads;  // the keys seen by the most queries (causal) first
     const long long b = bh / p.heads_k, hk = bh % p.heads_k;
     const long long n0 = n_block * RESIDENT;
     const long long tile_begin = CAUSAL ? n0 / BLOCK_N : 0;
@@ -225,12 +241,14 @@ __device__ void backward_dkdv(const AttentionKernelParams& p, char* smem) {
     const long long steps = per_head * GQA_GROUP;
 
     issue_rows<RESIDENT>(m.k, head_row(p.k, p.k_stride, b, hk, 0), p.k_stride[2], n0, p.seqlen_k);
-    issue_rows<RESIDENT>(m.v(0), head_row(p.v, p.v_stride, b, hk, 0), p.v_stride[2], n0, p.seqlen_k);
+    issue_rows<RESIDENT>(m.v(0), head_row(p.v, p.v_stride, b, hk, 0), p.v_stride[2], n0,
+                         p.seqlen_k);
     if (steps > 0) issue_query_tile(m, p, b, hk * GQA_GROUP, tile_begin * BLOCK_N, 0);
     cp_async_commit();
     cp_async_wait_all();
     __syncthreads();
-    rotate_rows<RESIDENT, false>(m.k, m.k_plain, m.k, nullptr, nullptr, m.k_flags, p, b, n0, p.seqlen_k);
+    rotate_rows<RESIDENT, false>(m.k, m.k_plain, m.k, nullptr, nullptr, m.k_flags, p, b, n0,
+                                 p.seqlen_k);
     if (steps > 0) prepare_query_tile(m, p, b, tile_begin * BLOCK_N, 0, warp, lane);
     __syncthreads();
 
@@ -259,11 +277,13 @@ __device__ void backward_dkdv(const AttentionKernelParams& p, char* smem) {
         // S^T = K Q^T: rows are this warp's keys, columns the tile's queries.
         float s[BLOCK_N / 8][4];
         tile_scores(s, k_rows, k_plain_rows, m.q, m.q_plain, row_flags, m.q_flags, lane);
-        scale_and_mask<BLOCK_N / 8, true>(s, p, b, n0 + warp * 16, m0, true, m0 < n0 + RESIDENT, lane);
+        scale_and_mask<BLOCK_N / 8, true>(s, p, b, n0 + warp * 16, m0, true, m0 < n0 + RESIDENT,
+                                          lane);
 #pragma unroll
         for (int nt = 0; nt < BLOCK_N / 8; ++nt)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) s[nt][e] = exp2_approx(s[nt][e] - m.row_a[nt * 8 + 2 * (lane & 3) + (e & 1)]);
+            for (int e = 0; e < 4; ++e)
+                s[nt][e] = exp2_approx(s[nt][e] - m.row_a[nt * 8 + 2 * (lane & 3) + (e & 1)]);
         if constexpr (COMPUTE_DV) {
             unsigned pa[BLOCK_N / 16][4];
             to_a_fragments<BLOCK_N / 8>(pa, s);
@@ -292,12 +312,14 @@ __device__ void backward_dkdv(const AttentionKernelParams& p, char* smem) {
     if constexpr (COMPUTE_DK) {
         finish_gradient(dk, dk_plain, row_flags, p, first, p.seqlen_k, lane);
         // Only this warp reads its key rows: it may stage its results there.
-        store_rows(dk, p.scale, p.scale, m.k + warp * 16 * ROWE, head_row_out(p.dk, p.dk_stride, b, hk, 0),
-                   p.dk_stride[2], first, p.seqlen_k, lane);
+        store_rows(dk, p.scale, p.scale, m.k + warp * 16 * ROWE,
+                   head_row_out(p.dk, p.dk_stride, b, hk, 0), p.dk_stride[2], first, p.seqlen_k,
+                   lane);
     }
     if constexpr (COMPUTE_DV)
-        store_rows(dv, 1.f, 1.f, m.v(0) + warp * 16 * ROWE, head_row_out(p.dv, p.dv_stride, b, hk, 0), p.dv_stride[2],
-                   first, p.seqlen_k, lane);
+        store_rows(dv, 1.f, 1.f, m.v(0) + warp * 16 * ROWE,
+                   head_row_out(p.dv, p.dv_stride, b, hk, 0), p.dv_stride[2], first, p.seqlen_k,
+                   lane);
 }
 
 }  // namespace tc

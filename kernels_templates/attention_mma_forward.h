@@ -40,8 +40,9 @@ __device__ __forceinline__ QueryBlock query_block(const AttentionKernelParams& p
 // The key stream of the dq kernel: tile t of keys rotated in m.k (and plain in m.k_plain),
 // its values in m.v(t & 1); tile t + 1 (raw keys in m.k_stage) in flight.
 template <int D = DTYPE>
-__device__ __forceinline__ void issue_key_tile(const Buffers& m, const AttentionKernelParams& p, const T* k_head,
-                                               const T* v_head, long long n0, int buffer) {
+__device__ __forceinline__ void issue_key_tile(const Buffers& m, const AttentionKernelParams& p,
+                                               const T* k_head, const T* v_head, long long n0,
+                                               int buffer) {
     issue_rows<BLOCK_N>(m.k_stage, k_head, p.k_stride[2], n0, p.seqlen_k);
     issue_table_rows<BLOCK_N>(m.cos_stage, m.sin_stage, p, n0, p.seqlen_k);
     issue_rows<BLOCK_N>(m.v(buffer), v_head, p.v_stride[2], n0, p.seqlen_k);
@@ -73,9 +74,11 @@ __device__ void forward(const AttentionKernelParams& p, char* smem) {
     __syncthreads();
     if (tiles > 0) issue_rows<BLOCK_N>(m.v0, v_head, p.v_stride[2], 0, p.seqlen_k);
     cp_async_commit();
-    rotate_rows<RESIDENT, false>(m.q, m.q_plain, m.q, nullptr, nullptr, m.q_flags, p, b, m0, p.seqlen_q);
+    rotate_rows<RESIDENT, false>(m.q, m.q_plain, m.q, nullptr, nullptr, m.q_flags, p, b, m0,
+                                 p.seqlen_q);
     if (tiles > 0)
-        rotate_rows<BLOCK_N, TABLE_ASYNC>(m.k, m.k_plain, m.k, m.cos_stage, m.sin_stage, m.k_flags, p, b, 0, p.seqlen_k);
+        rotate_rows<BLOCK_N, TABLE_ASYNC>(m.k, m.k_plain, m.k, m.cos_stage, m.sin_stage, m.k_flags,
+                                          p, b, 0, p.seqlen_k);
     __syncthreads();
 
     const T* q_rows = m.q + warp * WARP_ROWS * ROWE;
@@ -102,13 +105,16 @@ __device__ void forward(const AttentionKernelParams& p, char* smem) {
             gemm_abt_mt<M_TILES, NT>(plain, q_plain_rows, m.k_plain, lane);
 #pragma unroll
             for (int mt = 0; mt < M_TILES; ++mt)
-                select_plain<NT>(s[mt], plain[mt], m.q_flags + warp * WARP_ROWS + mt * 16, m.k_flags, lane);
+                select_plain<NT>(s[mt], plain[mt], m.q_flags + warp * WARP_ROWS + mt * 16,
+                                 m.k_flags, lane);
         }
-        const bool check_bounds = n0 + BLOCK_N > p.seqlen_k, check_causal = n0 + BLOCK_N - 1 > row_first;
+        const bool check_bounds = n0 + BLOCK_N > p.seqlen_k,
+                   check_causal = n0 + BLOCK_N - 1 > row_first;
         unsigned pa[M_TILES][NT / 2][4];
 #pragma unroll
         for (int mt = 0; mt < M_TILES; ++mt) {
-            scale_and_mask<NT, false>(s[mt], p, b, row_first + mt * 16, n0, check_bounds, check_causal, lane);
+            scale_and_mask<NT, false>(s[mt], p, b, row_first + mt * 16, n0, check_bounds,
+                                      check_causal, lane);
             online_softmax<NT>(s[mt], row_max[mt], row_sum[mt], o[mt]);
             to_a_fragments<NT>(pa[mt], s[mt]);
         }
@@ -127,8 +133,8 @@ __device__ void forward(const AttentionKernelParams& p, char* smem) {
         if (t + 1 < tiles) {
             issue_rows<BLOCK_N>(m.v0, v_head, p.v_stride[2], n0 + BLOCK_N, p.seqlen_k);
             cp_async_commit();
-            rotate_rows<BLOCK_N, TABLE_ASYNC>(m.k, m.k_plain, m.k, m.cos_stage, m.sin_stage, m.k_flags, p, b,
-                                              n0 + BLOCK_N, p.seqlen_k);
+            rotate_rows<BLOCK_N, TABLE_ASYNC>(m.k, m.k_plain, m.k, m.cos_stage, m.sin_stage,
+                                              m.k_flags, p, b, n0 + BLOCK_N, p.seqlen_k);
         }
         __syncthreads();
     }
@@ -136,8 +142,8 @@ __device__ void forward(const AttentionKernelParams& p, char* smem) {
     // Only this warp reads its query rows: it may stage its output there.
 #pragma unroll
     for (int mt = 0; mt < M_TILES; ++mt)
-        finish_rows(o[mt], row_max[mt], row_sum[mt], m.q + (warp * WARP_ROWS + mt * 16) * ROWE, p, b, h,
-                    row_first + mt * 16, lane);
+        finish_rows(o[mt], row_max[mt], row_sum[mt], m.q + (warp * WARP_ROWS + mt * 16) * ROWE, p,
+                    b, h, row_first + mt * 16, lane);
 }
 
 }  // namespace tc

@@ -90,7 +90,9 @@ struct AttentionSmemLayout {
     int bytes;
 };
 
-ROPE_JIT_HOST_DEVICE constexpr int attention_align16(int bytes) { return (bytes + 15) / 16 * 16; }
+ROPE_JIT_HOST_DEVICE constexpr int attention_align16(int bytes) {
+    return (bytes + 15) / 16 * 16;
+}
 
 // Reserves `bytes` (rounded up to 16) at *at and returns their offset.
 ROPE_JIT_HOST_DEVICE constexpr int attention_take(int* at, int bytes) {
@@ -100,7 +102,9 @@ ROPE_JIT_HOST_DEVICE constexpr int attention_take(int* at, int bytes) {
 }
 
 // Moves *at up to a multiple of `alignment` (a power of two).
-ROPE_JIT_HOST_DEVICE constexpr void attention_align(int* at, int alignment) { *at = (*at + alignment - 1) / alignment * alignment; }
+ROPE_JIT_HOST_DEVICE constexpr void attention_align(int* at, int alignment) {
+    *at = (*at + alignment - 1) / alignment * alignment;
+}
 
 // `block_n` is the streamed tile's rows; the resident rows are 16 * m_tiles * warps.
 // `table_row_bytes` is the staged bytes of one table row (0: tables are not staged). The
@@ -111,14 +115,13 @@ ROPE_JIT_HOST_DEVICE constexpr void attention_align(int* at, int alignment) { *a
 // `producer` warps, no staged table rows, tiles in the 128-byte-swizzle layout (which repeats
 // every 1024 bytes, so they start at multiples of 1024), the query rows once more in that
 // layout and the barriers of the tile buffers.
-ROPE_JIT_HOST_DEVICE constexpr AttentionSmemLayout attention_smem_layout(int kind, int head_dim_padded, int warps,
-                                                                        int m_tiles, int block_n, bool pos_mask,
-                                                                        int table_row_bytes, bool wgmma, int stages,
-                                                                        bool producer) {
+ROPE_JIT_HOST_DEVICE constexpr AttentionSmemLayout attention_smem_layout(
+    int kind, int head_dim_padded, int warps, int m_tiles, int block_n, bool pos_mask,
+    int table_row_bytes, bool wgmma, int stages, bool producer) {
     AttentionSmemLayout l{};
     const int row_bytes = (head_dim_padded + 8) * 2;
     const int tile_row_bytes = wgmma ? head_dim_padded * 2 : row_bytes;  // rows of streamed tiles
-    const int tiles = wgmma ? stages : 1;                                // key (and value) tiles held
+    const int tiles = wgmma ? stages : 1;  // key (and value) tiles held
     const int resident = 16 * m_tiles * warps;
     const int queries = kind == 2 ? block_n : resident;  // query rows held at once
     const int keys = kind == 2 ? resident : block_n;     // key rows held at once
@@ -139,7 +142,8 @@ ROPE_JIT_HOST_DEVICE constexpr AttentionSmemLayout attention_smem_layout(int kin
     const int staged_rows = producer ? 0 : (kind == 2 ? queries : keys) * (wgmma ? stages - 1 : 1);
     l.cos_stage = attention_take(cursor, staged_rows * table_row_bytes);
     l.sin_stage = attention_take(cursor, staged_rows * table_row_bytes);
-    l.row_a = attention_take(cursor, kind == 0 ? 0 : (kind == 2 ? 2 : 1) * queries * 4);  // the backward's
+    l.row_a = attention_take(cursor,
+                             kind == 0 ? 0 : (kind == 2 ? 2 : 1) * queries * 4);  // the backward's
     l.row_b = attention_take(cursor, kind == 0 ? 0 : queries * 4);
     l.q_flags = attention_take(cursor, queries);
     l.k_flags = attention_take(cursor, keys);
@@ -155,13 +159,13 @@ ROPE_JIT_HOST_DEVICE constexpr AttentionSmemLayout attention_smem_layout(int kin
 // expect. The host calls it with an AttentionSpec's fields (attention_kernel_choice.cpp), the
 // kernel with its specialization constants (attention_common.h).
 struct AttentionLaunchPlan {
-    int head_dim_padded;  // head_dim rounded up to the mma k-step (16)
-    int table_columns;    // columns of a table row the kernel reads (0 without rotation)
-    int table_row_bytes;  // bytes of one table row staged in shared memory (0: read in place)
-    int rows_per_block;   // sequence rows a block owns: 16 * m_tiles * warps on tensor cores,
-                          // one per warp on CUDA cores
-    int threads;          // threads of a block: computing warps and producer warps
-    int shared_bytes;     // dynamic shared memory of a block (0 for the CUDA-core kernels)
+    int head_dim_padded;       // head_dim rounded up to the mma k-step (16)
+    int table_columns;         // columns of a table row the kernel reads (0 without rotation)
+    int table_row_bytes;       // bytes of one table row staged in shared memory (0: read in place)
+    int rows_per_block;        // sequence rows a block owns: 16 * m_tiles * warps on tensor cores,
+                               // one per warp on CUDA cores
+    int threads;               // threads of a block: computing warps and producer warps
+    int shared_bytes;          // dynamic shared memory of a block (0 for the CUDA-core kernels)
     AttentionSmemLayout smem;  // its buffers (computed for every spec; used by tensor cores)
 };
 

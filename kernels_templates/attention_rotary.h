@@ -8,11 +8,13 @@
 namespace {
 
 // The column of pair `pair` in this kernel's tables (host_device.h states the rule).
-__device__ __forceinline__ int table_column(int pair) { return ::table_column(TABLE_FULL, INTERLEAVED, pair); }
+__device__ __forceinline__ int table_column(int pair) {
+    return ::table_column(TABLE_FULL, INTERLEAVED, pair);
+}
 
 // cos and sin of pair `pair` at table row `row`, from the tables in global memory.
-__device__ __forceinline__ void table_angle(const AttentionKernelParams& p, long long row, int pair, float* c,
-                                            float* s) {
+__device__ __forceinline__ void table_angle(const AttentionKernelParams& p, long long row, int pair,
+                                            float* c, float* s) {
     const long long col = table_column(pair);
     *c = load_float<TABLE_DTYPE>(p.cos, row * p.cos_stride[0] + col * p.cos_stride[1]);
     *s = load_float<TABLE_DTYPE>(p.sin, row * p.sin_stride[0] + col * p.sin_stride[1]);
@@ -65,15 +67,17 @@ __device__ __forceinline__ void load_columns(const char* row, int first, float (
     }
 #pragma unroll
     for (int e = 0; e < M; ++e)
-        out[e] = TBYTES == 4 ? __uint_as_float(words[e])
-                             : load_float<TABLE_DTYPE>(reinterpret_cast<const unsigned short*>(words), e);
+        out[e] = TBYTES == 4
+                     ? __uint_as_float(words[e])
+                     : load_float<TABLE_DTYPE>(reinterpret_cast<const unsigned short*>(words), e);
 }
 
 // cos/sin of the N consecutive pairs from `pair` for row r of a tile (token `token`): from the
 // staged rows (vector reads), or from the tables in global memory.
 template <int N, bool STAGED>
-__device__ __forceinline__ void pair_angles(const AttentionKernelParams& p, const char* cos_rows, const char* sin_rows,
-                                            int r, long long token, int pair, float (&c)[N], float (&s)[N]) {
+__device__ __forceinline__ void pair_angles(const AttentionKernelParams& p, const char* cos_rows,
+                                            const char* sin_rows, int r, long long token, int pair,
+                                            float (&c)[N], float (&s)[N]) {
     if constexpr (STAGED) {
         float cc[N * TABLE_STEP], ss[N * TABLE_STEP];
         load_columns<N * TABLE_STEP>(cos_rows + r * TABLE_ROW_BYTES, pair * TABLE_STEP, cc);
@@ -123,17 +127,18 @@ __device__ __forceinline__ void rotate_half_chunks(U4& xa, U4& xb, Angles angles
 // The same for pairs pair0.. of row r of a tile (token `token`), angles as pair_angles gives
 // them.
 template <bool STAGED>
-__device__ __forceinline__ void rotate_pairs_chunk(U4& x, const AttentionKernelParams& p, const char* cos_rows,
-                                                   const char* sin_rows, int r, long long token, int pair0) {
-    rotate_pair_chunk(x, [&](int e, float (&c)[2], float (&s)[2]) {
+__device__ __forceinline__ void rotate_pairs_chunk(U4& x, const AttentionKernelParams& p,
+                                                   const char* cos_rows, const char* sin_rows,
+                                                   int r, long long token, int pair0) {
+    rotate_pair_chunk(x, [&](int e, float(&c)[2], float(&s)[2]) {
         pair_angles<2, STAGED>(p, cos_rows, sin_rows, r, token, pair0 + e, c, s);
     });
 }
 template <bool STAGED>
 __device__ __forceinline__ void rotate_halves_chunks(U4& xa, U4& xb, const AttentionKernelParams& p,
-                                                     const char* cos_rows, const char* sin_rows, int r,
-                                                     long long token, int pair0) {
-    rotate_half_chunks(xa, xb, [&](int e, float (&c)[2], float (&s)[2]) {
+                                                     const char* cos_rows, const char* sin_rows,
+                                                     int r, long long token, int pair0) {
+    rotate_half_chunks(xa, xb, [&](int e, float(&c)[2], float(&s)[2]) {
         pair_angles<2, STAGED>(p, cos_rows, sin_rows, r, token, pair0 + e, c, s);
     });
 }
@@ -143,8 +148,9 @@ __device__ __forceinline__ void rotate_halves_chunks(U4& xa, U4& xb, const Atten
 // plain copy into `plain` (pos_mask), and each row's positioned flag into `flags`. dst may be
 // src (in place). STAGED: the angles come from the staged table rows of the tile.
 template <int ROWS, bool STAGED>
-__device__ void rotate_rows(T* dst, T* plain, const T* src, const char* cos_rows, const char* sin_rows,
-                            unsigned char* flags, const AttentionKernelParams& p, long long b, long long row0,
+__device__ void rotate_rows(T* dst, T* plain, const T* src, const char* cos_rows,
+                            const char* sin_rows, unsigned char* flags,
+                            const AttentionKernelParams& p, long long b, long long row0,
                             long long valid) {
     for (int r = threadIdx.x; r < ROWS; r += THREADS)
         flags[r] = row0 + r < valid && positioned(p, b, row0 + r) ? 1 : 0;
@@ -176,7 +182,8 @@ __device__ void rotate_rows(T* dst, T* plain, const T* src, const char* cos_rows
                 *reinterpret_cast<U4*>(p_row + ca * 8) = xa;
                 *reinterpret_cast<U4*>(p_row + cb * 8) = xb;
             }
-            if (rotate) rotate_halves_chunks<STAGED>(xa, xb, p, cos_rows, sin_rows, r, token, ca * 8);
+            if (rotate)
+                rotate_halves_chunks<STAGED>(xa, xb, p, cos_rows, sin_rows, r, token, ca * 8);
             *reinterpret_cast<U4*>(d_row + ca * 8) = xa;
             *reinterpret_cast<U4*>(d_row + cb * 8) = xb;
         }
@@ -186,8 +193,9 @@ __device__ void rotate_rows(T* dst, T* plain, const T* src, const char* cos_rows
 // Applies the transposed rotation of token `token` to one accumulator row (rows e2 = 0: c[.][0..1],
 // e2 = 1: c[.][2..3]) of a 16 x DP tile whose column of (dt, e) is dt*8 + 2*(lane&3) + e.
 template <int D = DTYPE>
-__device__ __forceinline__ void rotate_back_row(float (&acc)[DTILES][4], int e2, const AttentionKernelParams& p,
-                                                long long token, int lane) {
+__device__ __forceinline__ void rotate_back_row(float (&acc)[DTILES][4], int e2,
+                                                const AttentionKernelParams& p, long long token,
+                                                int lane) {
     if constexpr (ROTATE) {
         const int t2 = 2 * (lane & 3);
         if constexpr (INTERLEAVED) {
@@ -206,7 +214,8 @@ __device__ __forceinline__ void rotate_back_row(float (&acc)[DTILES][4], int e2,
                 for (int e = 0; e < 2; ++e) {
                     float c, s;
                     table_angle(p, token, dt * 8 + t2 + e, &c, &s);
-                    const float x1 = acc[dt][2 * e2 + e], x2 = acc[dt + ROTARY_DIM / 16][2 * e2 + e];
+                    const float x1 = acc[dt][2 * e2 + e],
+                                x2 = acc[dt + ROTARY_DIM / 16][2 * e2 + e];
                     acc[dt][2 * e2 + e] = x1 * c + x2 * s;
                     acc[dt + ROTARY_DIM / 16][2 * e2 + e] = x2 * c - x1 * s;
                 }

@@ -14,8 +14,8 @@ namespace simt {
 constexpr int U = (HEAD_DIM + 31) / 32;  // features per lane
 
 // Feature d (< HEAD_DIM) of head vector x at token `row`, rotated when `rotate`.
-__device__ __forceinline__ float feature(const AttentionKernelParams& p, const T* x, long long ds, int d,
-                                         long long row, bool rotate) {
+__device__ __forceinline__ float feature(const AttentionKernelParams& p, const T* x, long long ds,
+                                         int d, long long row, bool rotate) {
     const float v = load_float<DTYPE>(x, d * ds);
     if constexpr (!ROTATE) {
         return v;
@@ -31,7 +31,8 @@ __device__ __forceinline__ float feature(const AttentionKernelParams& p, const T
 
 // Applies the transposed rotation of table row `row` to the lane-distributed vector g, through
 // the warp's scratch (partners live in other lanes). Warp-uniform.
-__device__ void rotate_back(const AttentionKernelParams& p, float (&g)[U], long long row, float* scratch, int lane) {
+__device__ void rotate_back(const AttentionKernelParams& p, float (&g)[U], long long row,
+                            float* scratch, int lane) {
     if constexpr (ROTATE) {
         __syncwarp();
 #pragma unroll
@@ -87,7 +88,8 @@ __device__ void forward(const AttentionKernelParams& p) {
         for (int u = 0; u < U; ++u) {
             const int d = lane + 32 * u;
             if (d < HEAD_DIM)
-                part += (rotated_pair ? q_rot[u] : q_plain[u]) * feature(p, k, p.k_stride[3], d, j, rotated_pair && k_pos);
+                part += (rotated_pair ? q_rot[u] : q_plain[u]) *
+                        feature(p, k, p.k_stride[3], d, j, rotated_pair && k_pos);
         }
         const float s = warp_sum(part) * p.scale_log2 + bias;
         const float m_new = fmaxf(m, s);
@@ -96,7 +98,8 @@ __device__ void forward(const AttentionKernelParams& p) {
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const int d = lane + 32 * u;
-            o[u] = o[u] * alpha + (d < HEAD_DIM ? pj * load_float<DTYPE>(v, d * p.v_stride[3]) : 0.f);
+            o[u] =
+                o[u] * alpha + (d < HEAD_DIM ? pj * load_float<DTYPE>(v, d * p.v_stride[3]) : 0.f);
         }
         m = m_new;
     }
@@ -140,7 +143,9 @@ __device__ void backward_dq(const AttentionKernelParams& p) {
     }
     delta = warp_sum(delta);
     const float lse = p.lse[b * p.lse_stride[0] + h * p.lse_stride[1] + i * p.lse_stride[2]];
-    const long long keys = lse == neg_inf() ? 0 : CAUSAL ? (i + 1 < p.seqlen_k ? i + 1 : p.seqlen_k) : p.seqlen_k;
+    const long long keys = lse == neg_inf() ? 0
+                           : CAUSAL         ? (i + 1 < p.seqlen_k ? i + 1 : p.seqlen_k)
+                                            : p.seqlen_k;
     const float L = lse * LOG2E;
     for (long long j = 0; j < keys; ++j) {
         const float bias = mask_bias(p, b, i, j);
@@ -164,8 +169,10 @@ __device__ void backward_dq(const AttentionKernelParams& p) {
         const float ds = pj * (warp_sum(dp) - delta);
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-            if (rotated_pair) dq_rot[u] += ds * kvec[u];
-            else dq_plain[u] += ds * kvec[u];
+            if (rotated_pair)
+                dq_rot[u] += ds * kvec[u];
+            else
+                dq_plain[u] += ds * kvec[u];
         }
     }
     if (q_pos) rotate_back(p, dq_rot, i, scratch[warp], lane);
@@ -173,7 +180,8 @@ __device__ void backward_dq(const AttentionKernelParams& p) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
         const int d = lane + 32 * u;
-        if (d < HEAD_DIM) store_float<DTYPE>(dq, d * p.dq_stride[3], p.scale * (dq_rot[u] + dq_plain[u]));
+        if (d < HEAD_DIM)
+            store_float<DTYPE>(dq, d * p.dq_stride[3], p.scale * (dq_rot[u] + dq_plain[u]));
     }
 }
 
@@ -204,7 +212,8 @@ __device__ void backward_dkdv(const AttentionKernelParams& p) {
         for (long long i = CAUSAL ? j : 0; i < p.seqlen_q; ++i) {
             const float bias = mask_bias(p, b, i, j);
             if (bias == neg_inf()) continue;
-            const float lse = p.lse[b * p.lse_stride[0] + h * p.lse_stride[1] + i * p.lse_stride[2]];
+            const float lse =
+                p.lse[b * p.lse_stride[0] + h * p.lse_stride[1] + i * p.lse_stride[2]];
             if (lse == neg_inf()) continue;
             const T* q = head_row(p.q, p.q_stride, b, h, i);
             const T* out = head_row(p.out, p.out_stride, b, h, i);
@@ -229,8 +238,10 @@ __device__ void backward_dkdv(const AttentionKernelParams& p) {
 #pragma unroll
             for (int u = 0; u < U; ++u) {
                 dv[u] += pj * gvec[u];
-                if (rotated_pair) dk_rot[u] += ds * qvec[u];
-                else dk_plain[u] += ds * qvec[u];
+                if (rotated_pair)
+                    dk_rot[u] += ds * qvec[u];
+                else
+                    dk_plain[u] += ds * qvec[u];
             }
         }
     }

@@ -9,13 +9,16 @@ namespace {
 
 // The attn_mask term of score (i, j) in base 2: 0, the additive value, or -inf (masked out).
 // Requires i < Sq and j < Sk.
-__device__ __forceinline__ float mask_bias(const AttentionKernelParams& p, long long b, long long i, long long j) {
+__device__ __forceinline__ float mask_bias(const AttentionKernelParams& p, long long b, long long i,
+                                           long long j) {
     if constexpr (MASK_KIND == 0) {
         return 0.f;
     } else {
         const long long at = b * p.mask_stride[0] + i * p.mask_stride[1] + j * p.mask_stride[2];
-        if constexpr (MASK_KIND == 1) return static_cast<const unsigned char*>(p.attn_mask)[at] ? 0.f : neg_inf();
-        else return load_float<MASK_DTYPE>(p.attn_mask, at) * LOG2E;
+        if constexpr (MASK_KIND == 1)
+            return static_cast<const unsigned char*>(p.attn_mask)[at] ? 0.f : neg_inf();
+        else
+            return load_float<MASK_DTYPE>(p.attn_mask, at) * LOG2E;
     }
 }
 
@@ -29,8 +32,9 @@ namespace tc {
 // TRANSPOSED) at row_first + g (+8), columns at col_first + 8*nt + 2*(lane&3) (+1).
 // Token indices are 32-bit here: the launcher refuses sequences of 2^31 tokens or more.
 template <int NT, bool TRANSPOSED>
-__device__ __forceinline__ void scale_and_mask(float (&s)[NT][4], const AttentionKernelParams& p, long long b,
-                                               long long row_first, long long col_first, bool check_bounds,
+__device__ __forceinline__ void scale_and_mask(float (&s)[NT][4], const AttentionKernelParams& p,
+                                               long long b, long long row_first,
+                                               long long col_first, bool check_bounds,
                                                bool check_causal, int lane) {
     const int row0 = static_cast<int>(row_first) + (lane >> 2);
     const int col0 = static_cast<int>(col_first) + 2 * (lane & 3);
@@ -43,9 +47,12 @@ __device__ __forceinline__ void scale_and_mask(float (&s)[NT][4], const Attentio
             const int row = row0 + 8 * (e >> 1), col = col0 + nt * 8 + (e & 1);
             const int i = TRANSPOSED ? col : row, j = TRANSPOSED ? row : col;
             float x = s[nt][e] * scale;
-            if (check_bounds && (j >= seqlen_k || i >= seqlen_q)) x = neg_inf();
-            else if (CAUSAL && check_causal && j > i) x = neg_inf();
-            else if (MASK_KIND != 0 && i < seqlen_q && j < seqlen_k) x += mask_bias(p, b, i, j);
+            if (check_bounds && (j >= seqlen_k || i >= seqlen_q))
+                x = neg_inf();
+            else if (CAUSAL && check_causal && j > i)
+                x = neg_inf();
+            else if (MASK_KIND != 0 && i < seqlen_q && j < seqlen_k)
+                x += mask_bias(p, b, i, j);
             s[nt][e] = x;
         }
     }
@@ -55,24 +62,28 @@ __device__ __forceinline__ void scale_and_mask(float (&s)[NT][4], const Attentio
 // is the plain product. `row_flags`/`col_flags` index by tile-local row and column.
 template <int NT>
 __device__ __forceinline__ void select_plain(float (&s)[NT][4], const float (&plain)[NT][4],
-                                             const unsigned char* row_flags, const unsigned char* col_flags, int lane) {
+                                             const unsigned char* row_flags,
+                                             const unsigned char* col_flags, int lane) {
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e)
-            if (row_flags[(lane >> 2) + 8 * (e >> 1)] != col_flags[nt * 8 + 2 * (lane & 3) + (e & 1)])
+            if (row_flags[(lane >> 2) + 8 * (e >> 1)] !=
+                col_flags[nt * 8 + 2 * (lane & 3) + (e & 1)])
                 s[nt][e] = plain[nt][e];
 }
 
 // Splits dS into the part that flows through rotated vectors and the plain part.
 template <int NT>
-__device__ __forceinline__ void split_plain(float (&rot)[NT][4], float (&plain)[NT][4], const unsigned char* row_flags,
+__device__ __forceinline__ void split_plain(float (&rot)[NT][4], float (&plain)[NT][4],
+                                            const unsigned char* row_flags,
                                             const unsigned char* col_flags, int lane) {
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-            const bool rotated = row_flags[(lane >> 2) + 8 * (e >> 1)] == col_flags[nt * 8 + 2 * (lane & 3) + (e & 1)];
+            const bool rotated = row_flags[(lane >> 2) + 8 * (e >> 1)] ==
+                                 col_flags[nt * 8 + 2 * (lane & 3) + (e & 1)];
             plain[nt][e] = rotated ? 0.f : rot[nt][e];
             if (!rotated) rot[nt][e] = 0.f;
         }
@@ -83,8 +94,9 @@ __device__ __forceinline__ void split_plain(float (&rot)[NT][4], float (&plain)[
 // probabilities relative to the running row maximum, and the row sums and the output
 // accumulators are rescaled to the new maximum.
 template <int NT>
-__device__ __forceinline__ void online_softmax(float (&s)[NT][4], float (&row_max)[2], float (&row_sum)[2],
-                                               float (&o)[DTILES][4], float scale = 1.f) {
+__device__ __forceinline__ void online_softmax(float (&s)[NT][4], float (&row_max)[2],
+                                               float (&row_sum)[2], float (&o)[DTILES][4],
+                                               float scale = 1.f) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         float mx = neg_inf();
@@ -116,22 +128,26 @@ __device__ __forceinline__ void online_softmax(float (&s)[NT][4], float (&row_ma
 // them through `stage` (16 of the warp's own shared rows), with the log-sum-exp if asked.
 template <int D = DTYPE>
 __device__ __forceinline__ void finish_rows(const float (&o)[DTILES][4], const float (&row_max)[2],
-                                            float (&row_sum)[2], T* stage, const AttentionKernelParams& p,
-                                            long long b, long long h, long long first_row, int lane) {
+                                            float (&row_sum)[2], T* stage,
+                                            const AttentionKernelParams& p, long long b,
+                                            long long h, long long first_row, int lane) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         row_sum[r] += __shfl_xor_sync(FULL_MASK, row_sum[r], 1);
         row_sum[r] += __shfl_xor_sync(FULL_MASK, row_sum[r], 2);
     }
-    store_rows(o, row_sum[0] > 0.f ? 1.f / row_sum[0] : 0.f, row_sum[1] > 0.f ? 1.f / row_sum[1] : 0.f, stage,
-               head_row_out(p.out, p.out_stride, b, h, 0), p.out_stride[2], first_row, p.seqlen_q, lane);
+    store_rows(o, row_sum[0] > 0.f ? 1.f / row_sum[0] : 0.f,
+               row_sum[1] > 0.f ? 1.f / row_sum[1] : 0.f, stage,
+               head_row_out(p.out, p.out_stride, b, h, 0), p.out_stride[2], first_row, p.seqlen_q,
+               lane);
     if (WRITE_LSE && (lane & 3) == 0) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             const long long i = first_row + (lane >> 2) + 8 * r;
             if (i < p.seqlen_q)
                 p.lse[b * p.lse_stride[0] + h * p.lse_stride[1] + i * p.lse_stride[2]] =
-                    row_sum[r] == 0.f ? neg_inf() : (row_max[r] + __log2f(row_sum[r])) * LN2;  // NaN stays NaN
+                    row_sum[r] == 0.f ? neg_inf()
+                                      : (row_max[r] + __log2f(row_sum[r])) * LN2;  // NaN stays NaN
         }
     }
 }

@@ -25,98 +25,120 @@ namespace wg {
 
 // Operand lists of the wgmma wrappers: accumulators d[N/8][4] as %0.. (N/2 registers), then
 // A's four registers, B's descriptor and the transpose flag.
-#define ROPE_JIT_WGMMA_D64 \
-    "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), \
-    "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), \
-    "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), \
-    "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), \
-    "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), \
-    "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), \
-    "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), \
-    "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
-#define ROPE_JIT_WGMMA_REGS64 \
+#define ROPE_JIT_WGMMA_D64                                                                        \
+    "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),     \
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), \
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), \
+        "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), \
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), \
+        "+f"(d[7][2]), "+f"(d[7][3])
+#define ROPE_JIT_WGMMA_REGS64                                                \
     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
 #define ROPE_JIT_WGMMA_ARGS64 "}, {%32, %33, %34, %35}, %36, p, 1, 1, %37;\n}\n"
-#define ROPE_JIT_WGMMA_D128 \
-    ROPE_JIT_WGMMA_D64, \
-    "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), \
-    "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), \
-    "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), \
-    "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), \
-    "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), \
-    "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), \
-    "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), \
-    "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
-#define ROPE_JIT_WGMMA_REGS128 \
-    ROPE_JIT_WGMMA_REGS64 ", " \
-    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
-    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define ROPE_JIT_WGMMA_D128                                                                        \
+    ROPE_JIT_WGMMA_D64, "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), \
+        "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]),               \
+        "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]),            \
+        "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]),            \
+        "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]),            \
+        "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]),            \
+        "+f"(d[15][2]), "+f"(d[15][3])
+#define ROPE_JIT_WGMMA_REGS128                                                             \
+    ROPE_JIT_WGMMA_REGS64                                                                  \
+        ", "                                                                               \
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
 #define ROPE_JIT_WGMMA_ARGS128 "}, {%64, %65, %66, %67}, %68, p, 1, 1, %69;\n}\n"
 
 // One wgmma with A in registers (a), B by descriptor (b), the accumulators d, scale-d true;
 // SHAPE_TYPES names shape and types, N selects the operand lists above.
-#define ROPE_JIT_WGMMA(SHAPE_TYPES, N)                                                                  \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\nwgmma.mma_async.sync.aligned." SHAPE_TYPES " {" \
-                 ROPE_JIT_WGMMA_REGS##N ROPE_JIT_WGMMA_ARGS##N                                        \
-                 : ROPE_JIT_WGMMA_D##N                                                                \
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TRANS_B))
+#define ROPE_JIT_WGMMA(SHAPE_TYPES, N)                                                      \
+    asm volatile(                                                                           \
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\nwgmma.mma_async.sync.aligned." SHAPE_TYPES \
+        " {" ROPE_JIT_WGMMA_REGS##N ROPE_JIT_WGMMA_ARGS##N                                  \
+        : ROPE_JIT_WGMMA_D##N                                                               \
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TRANS_B))
 
 template <int TRANS_B, int D = DTYPE>
-__device__ __forceinline__ void wgmma_n64(float (&d)[8][4], const unsigned (&a)[4], unsigned long long b) {
-    if constexpr (D == 1) ROPE_JIT_WGMMA("m64n64k16.f32.f16.f16", 64);
-    else ROPE_JIT_WGMMA("m64n64k16.f32.bf16.bf16", 64);
+__device__ __forceinline__ void wgmma_n64(float (&d)[8][4], const unsigned (&a)[4],
+                                          unsigned long long b) {
+    if constexpr (D == 1)
+        ROPE_JIT_WGMMA("m64n64k16.f32.f16.f16", 64);
+    else
+        ROPE_JIT_WGMMA("m64n64k16.f32.bf16.bf16", 64);
 }
 
 template <int TRANS_B, int D = DTYPE>
-__device__ __forceinline__ void wgmma_n128(float (&d)[16][4], const unsigned (&a)[4], unsigned long long b) {
-    if constexpr (D == 1) ROPE_JIT_WGMMA("m64n128k16.f32.f16.f16", 128);
-    else ROPE_JIT_WGMMA("m64n128k16.f32.bf16.bf16", 128);
+__device__ __forceinline__ void wgmma_n128(float (&d)[16][4], const unsigned (&a)[4],
+                                           unsigned long long b) {
+    if constexpr (D == 1)
+        ROPE_JIT_WGMMA("m64n128k16.f32.f16.f16", 128);
+    else
+        ROPE_JIT_WGMMA("m64n128k16.f32.bf16.bf16", 128);
 }
 
 // d (64 x N over the warpgroup) += A (registers, 64 x 16) * B (shared memory, 16 x N);
 // TRANS_B: B is stored N-major (values) rather than K-major (keys).
 template <int N, int TRANS_B>
-__device__ __forceinline__ void wgmma(float (&d)[N / 8][4], const unsigned (&a)[4], unsigned long long b) {
+__device__ __forceinline__ void wgmma(float (&d)[N / 8][4], const unsigned (&a)[4],
+                                      unsigned long long b) {
     static_assert(N == 64 || N == 128, "wgmma tiles of 64 or 128 columns");
-    if constexpr (N == 64) wgmma_n64<TRANS_B>(d, a, b);
-    else wgmma_n128<TRANS_B>(d, a, b);
+    if constexpr (N == 64)
+        wgmma_n64<TRANS_B>(d, a, b);
+    else
+        wgmma_n128<TRANS_B>(d, a, b);
 }
 
 // The same with A from shared memory too (descriptor a), neither operand transposed.
 #define ROPE_JIT_WGMMA_SS_ARGS64 "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
 #define ROPE_JIT_WGMMA_SS_ARGS128 "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-#define ROPE_JIT_WGMMA_SS(SHAPE_TYPES, N)                                                               \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\nwgmma.mma_async.sync.aligned." SHAPE_TYPES " {" \
-                 ROPE_JIT_WGMMA_REGS##N ROPE_JIT_WGMMA_SS_ARGS##N                                     \
-                 : ROPE_JIT_WGMMA_D##N                                                                \
-                 : "l"(a), "l"(b))
+#define ROPE_JIT_WGMMA_SS(SHAPE_TYPES, N)                                                   \
+    asm volatile(                                                                           \
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\nwgmma.mma_async.sync.aligned." SHAPE_TYPES \
+        " {" ROPE_JIT_WGMMA_REGS##N ROPE_JIT_WGMMA_SS_ARGS##N                               \
+        : ROPE_JIT_WGMMA_D##N                                                               \
+        : "l"(a), "l"(b))
 
 // d (64 x N over the warpgroup) += A (shared memory, 64 x 16, K-major) * B (shared memory,
 // 16 x N, K-major).
 template <int N, int D = DTYPE>
-__device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], unsigned long long a, unsigned long long b) {
+__device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], unsigned long long a,
+                                         unsigned long long b) {
     static_assert(N == 64 || N == 128, "wgmma tiles of 64 or 128 columns");
     if constexpr (N == 64) {
-        if constexpr (D == 1) ROPE_JIT_WGMMA_SS("m64n64k16.f32.f16.f16", 64);
-        else ROPE_JIT_WGMMA_SS("m64n64k16.f32.bf16.bf16", 64);
+        if constexpr (D == 1)
+            ROPE_JIT_WGMMA_SS("m64n64k16.f32.f16.f16", 64);
+        else
+            ROPE_JIT_WGMMA_SS("m64n64k16.f32.bf16.bf16", 64);
     } else {
-        if constexpr (D == 1) ROPE_JIT_WGMMA_SS("m64n128k16.f32.f16.f16", 128);
-        else ROPE_JIT_WGMMA_SS("m64n128k16.f32.bf16.bf16", 128);
+        if constexpr (D == 1)
+            ROPE_JIT_WGMMA_SS("m64n128k16.f32.f16.f16", 128);
+        else
+            ROPE_JIT_WGMMA_SS("m64n128k16.f32.bf16.bf16", 128);
     }
 }
 
 // Orders this thread's register writes before the next wgmma reads them.
-__device__ __forceinline__ void fence_operands() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+__device__ __forceinline__ void fence_operands() {
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void commit() {
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wait_all() {
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
 // Makes this thread's shared-memory writes (stores and completed cp.async) visible to the
 // tensor cores, which read through the async proxy; a barrier must follow.
-__device__ __forceinline__ void fence_async_proxy() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+__device__ __forceinline__ void fence_async_proxy() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
 
 // A shared-memory matrix descriptor without swizzling: start address, the byte distance of
 // core matrices along K (leading) and along M/N (stride), each in 16-byte units.
-__device__ __forceinline__ unsigned long long descriptor(unsigned address, unsigned leading, unsigned stride) {
+__device__ __forceinline__ unsigned long long descriptor(unsigned address, unsigned leading,
+                                                         unsigned stride) {
     return static_cast<unsigned long long>((address >> 4) & 0x3fffu) |
            static_cast<unsigned long long>((leading >> 4) & 0x3fffu) << 16 |
            static_cast<unsigned long long>((stride >> 4) & 0x3fffu) << 32;
@@ -125,7 +147,9 @@ __device__ __forceinline__ unsigned long long descriptor(unsigned address, unsig
 // The same with 128-byte swizzling (layout type 1 in bits 62-63): the 8-row, 1024-byte
 // pattern of swizzled_offset, the distance of its repeats along M/N (stride) and, for
 // N-major operands, of 64-element regions (leading).
-__device__ __forceinline__ unsigned long long swizzled_descriptor(unsigned address, unsigned leading, unsigned stride) {
+__device__ __forceinline__ unsigned long long swizzled_descriptor(unsigned address,
+                                                                  unsigned leading,
+                                                                  unsigned stride) {
     return descriptor(address, leading, stride) | 1ull << 62;
 }
 
@@ -149,19 +173,24 @@ __device__ __forceinline__ int swizzled_offset(int row, int chunk) {
 // The descriptors of k-step kk of a key tile (16 features: 32 bytes on within a region) and
 // of a value tile (16 keys: 16 rows on).
 __device__ __forceinline__ unsigned long long key_descriptor(unsigned tile, int kk) {
-    if constexpr (SWIZZLED) return swizzled_descriptor(tile + (kk >> 2) * REGION_BYTES + (kk & 3) * 32, 16, 1024);
-    else return descriptor(tile + kk * K_STEP, K_LEADING, K_STRIDE);
+    if constexpr (SWIZZLED)
+        return swizzled_descriptor(tile + (kk >> 2) * REGION_BYTES + (kk & 3) * 32, 16, 1024);
+    else
+        return descriptor(tile + kk * K_STEP, K_LEADING, K_STRIDE);
 }
 // The query rows of a warpgroup (A of S = Q K^T, K-major) in the same layout as a 64-row key
 // tile: the descriptor of k-step kk.
 constexpr int QUERY_REGION_BYTES = 64 * 128;
 constexpr int QUERY_GROUP_BYTES = 64 * DP * 2;  // one warpgroup's query rows
 __device__ __forceinline__ unsigned long long query_descriptor(unsigned group_tile, int kk) {
-    return swizzled_descriptor(group_tile + (kk >> 2) * QUERY_REGION_BYTES + (kk & 3) * 32, 16, 1024);
+    return swizzled_descriptor(group_tile + (kk >> 2) * QUERY_REGION_BYTES + (kk & 3) * 32, 16,
+                               1024);
 }
 __device__ __forceinline__ unsigned long long value_descriptor(unsigned tile, int kk) {
-    if constexpr (SWIZZLED) return swizzled_descriptor(tile + kk * 16 * 128, REGION_BYTES, 1024);
-    else return descriptor(tile + kk * V_STEP, V_LEADING, V_STRIDE);
+    if constexpr (SWIZZLED)
+        return swizzled_descriptor(tile + kk * 16 * 128, REGION_BYTES, 1024);
+    else
+        return descriptor(tile + kk * V_STEP, V_LEADING, V_STRIDE);
 }
 
 // Who loads what of a streamed tile: the tile is cut into units of 8 rows x 4 items (rotation
@@ -177,7 +206,8 @@ constexpr int KEY_PASSES = (ROW_UNITS * ((ITEMS + 3) / 4) + WARPS - 1) / WARPS;
 constexpr int VALUE_PASSES = (ROW_UNITS * ((CHUNKS + 3) / 4) + WARPS - 1) / WARPS;
 constexpr int ITEM_PAIRS = INTERLEAVED ? 4 : 8;
 constexpr int ITEM_TABLE_BYTES = ITEM_PAIRS * TABLE_STEP * TBYTES;
-static_assert(!WGMMA || !ROTATE || !TABLE_ASYNC || ITEM_TABLE_BYTES % 8 == 0, "staged table pieces of 8 or 16 bytes");
+static_assert(!WGMMA || !ROTATE || !TABLE_ASYNC || ITEM_TABLE_BYTES % 8 == 0,
+              "staged table pieces of 8 or 16 bytes");
 
 // Row and item of this thread in pass `pass` over a tile of `items` items per row; false past
 // the tile.
@@ -189,8 +219,8 @@ __device__ __forceinline__ bool unit_slot(int pass, int items, int* row, int* it
 }
 
 __device__ __forceinline__ void cp_async8(void* dst, const void* src, bool valid) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(shared_address(dst)), "l"(src),
-                 "r"(valid ? 8 : 0)
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(shared_address(dst)),
+                 "l"(src), "r"(valid ? 8 : 0)
                  : "memory");
 }
 
@@ -198,7 +228,8 @@ __device__ __forceinline__ void cp_async8(void* dst, const void* src, bool valid
 // head_dim), with the table columns of each rotating item.
 template <int D = DTYPE>
 __device__ __forceinline__ void copy_key_chunks(char* tile, char* cos_stage, char* sin_stage,
-                                               const AttentionKernelParams& p, const T* k_head, long long n0) {
+                                                const AttentionKernelParams& p, const T* k_head,
+                                                long long n0) {
 #pragma unroll
     for (int pass = 0; pass < KEY_PASSES; ++pass) {
         int row, k;
@@ -210,13 +241,16 @@ __device__ __forceinline__ void copy_key_chunks(char* tile, char* cos_stage, cha
         if (k < ROT_ITEMS) {
             cp_async16(dst + k * CHUNK_STRIDE, src + k * 8, ok);
             if constexpr (!INTERLEAVED)
-                cp_async16(dst + (k + ROTARY_DIM / 16) * CHUNK_STRIDE, src + (k + ROTARY_DIM / 16) * 8, ok);
+                cp_async16(dst + (k + ROTARY_DIM / 16) * CHUNK_STRIDE,
+                           src + (k + ROTARY_DIM / 16) * 8, ok);
             if constexpr (TABLE_ASYNC) {
                 // The item's table columns start k * ITEM_TABLE_BYTES into the token's rows.
-                const char* cos_src =
-                    static_cast<const char*>(p.cos) + (ok ? token : 0) * p.cos_stride[0] * TBYTES + k * ITEM_TABLE_BYTES;
-                const char* sin_src =
-                    static_cast<const char*>(p.sin) + (ok ? token : 0) * p.sin_stride[0] * TBYTES + k * ITEM_TABLE_BYTES;
+                const char* cos_src = static_cast<const char*>(p.cos) +
+                                      (ok ? token : 0) * p.cos_stride[0] * TBYTES +
+                                      k * ITEM_TABLE_BYTES;
+                const char* sin_src = static_cast<const char*>(p.sin) +
+                                      (ok ? token : 0) * p.sin_stride[0] * TBYTES +
+                                      k * ITEM_TABLE_BYTES;
                 char* cos_dst = cos_stage + (k * BLOCK_N + row) * ITEM_TABLE_BYTES;
                 char* sin_dst = sin_stage + (k * BLOCK_N + row) * ITEM_TABLE_BYTES;
                 if constexpr (ITEM_TABLE_BYTES == 8) {
@@ -232,7 +266,8 @@ __device__ __forceinline__ void copy_key_chunks(char* tile, char* cos_stage, cha
             }
         } else {
             const int ch = FIRST_PLAIN + (k - ROT_ITEMS);
-            cp_async16(dst + ch * CHUNK_STRIDE, src + (ch < DCHUNKS ? ch : 0) * 8, ok && ch < DCHUNKS);
+            cp_async16(dst + ch * CHUNK_STRIDE, src + (ch < DCHUNKS ? ch : 0) * 8,
+                       ok && ch < DCHUNKS);
         }
     }
 }
@@ -240,8 +275,9 @@ __device__ __forceinline__ void copy_key_chunks(char* tile, char* cos_stage, cha
 // Rotates, in place, the key chunks this thread copied with copy_key_chunks, once its own
 // copies completed (no other thread touches them).
 template <int D = DTYPE>
-__device__ __forceinline__ void rotate_key_chunks(char* tile, const char* cos_stage, const char* sin_stage,
-                                                const AttentionKernelParams& p, long long n0) {
+__device__ __forceinline__ void rotate_key_chunks(char* tile, const char* cos_stage,
+                                                  const char* sin_stage,
+                                                  const AttentionKernelParams& p, long long n0) {
     if constexpr (ROTATE) {
 #pragma unroll
         for (int pass = 0; pass < KEY_PASSES; ++pass) {
@@ -259,7 +295,8 @@ __device__ __forceinline__ void rotate_key_chunks(char* tile, const char* cos_st
                 rotate_pairs_chunk<TABLE_ASYNC>(x, p, cos_rows, sin_rows, 0, token, pair0);
                 *xa = x;
             } else {
-                U4* xb = reinterpret_cast<U4*>(tile + row * 16 + (k + ROTARY_DIM / 16) * CHUNK_STRIDE);
+                U4* xb =
+                    reinterpret_cast<U4*>(tile + row * 16 + (k + ROTARY_DIM / 16) * CHUNK_STRIDE);
                 U4 a = *xa, bb = *xb;
                 rotate_halves_chunks<TABLE_ASYNC>(a, bb, p, cos_rows, sin_rows, 0, token, pair0);
                 *xa = a;
@@ -271,15 +308,16 @@ __device__ __forceinline__ void rotate_key_chunks(char* tile, const char* cos_st
 
 // Starts copying value rows [n0, n0 + BLOCK_N) into `tile` (chunk-major).
 template <int D = DTYPE>
-__device__ __forceinline__ void copy_value_chunks(char* tile, const AttentionKernelParams& p, const T* v_head,
-                                                 long long n0) {
+__device__ __forceinline__ void copy_value_chunks(char* tile, const AttentionKernelParams& p,
+                                                  const T* v_head, long long n0) {
 #pragma unroll
     for (int pass = 0; pass < VALUE_PASSES; ++pass) {
         int row, ch;
         if (!unit_slot(pass, CHUNKS, &row, &ch)) continue;
         const long long token = n0 + row;
         const bool ok = token < p.seqlen_k && ch < DCHUNKS;
-        cp_async16(tile + row * 16 + ch * CHUNK_STRIDE, v_head + (ok ? token * p.v_stride[2] + ch * 8 : 0), ok);
+        cp_async16(tile + row * 16 + ch * CHUNK_STRIDE,
+                   v_head + (ok ? token * p.v_stride[2] + ch * 8 : 0), ok);
     }
 }
 
@@ -308,10 +346,11 @@ __device__ __forceinline__ void fence_registers(unsigned (&r)[N][4]) {
 // their tiles through here.
 template <int PSTEPS, int D = DTYPE>
 __device__ __forceinline__ void attend_tile(float (&o)[DTILES][4], unsigned (&pa)[PSTEPS][4],
-                                            float (&row_max)[2], float (&row_sum)[2], unsigned q_operand,
-                                            const char* key_tile, const char* value_tile,
-                                            const AttentionKernelParams& p, long long b, long long row_first,
-                                            long long group_first, long long n0, int lane) {
+                                            float (&row_max)[2], float (&row_sum)[2],
+                                            unsigned q_operand, const char* key_tile,
+                                            const char* value_tile, const AttentionKernelParams& p,
+                                            long long b, long long row_first, long long group_first,
+                                            long long n0, int lane) {
     constexpr int NT = BLOCK_N / 8;
     static_assert(PSTEPS == NT / 2, "P fragments: one per 16 keys of the tile");
     float s[NT][4];
@@ -335,7 +374,8 @@ __device__ __forceinline__ void attend_tile(float (&o)[DTILES][4], unsigned (&pa
         __syncwarp();
         fence_operands();
 #pragma unroll
-        for (int kk = 0; kk < KSTEPS; ++kk) wgmma<BLOCK_N, 0>(s, qa[kk], key_descriptor(k_address, kk));
+        for (int kk = 0; kk < KSTEPS; ++kk)
+            wgmma<BLOCK_N, 0>(s, qa[kk], key_descriptor(k_address, kk));
         commit();
         wait_all();
         fence_registers(s);
@@ -367,15 +407,20 @@ __device__ __forceinline__ void attend_tile(float (&o)[DTILES][4], unsigned (&pa
 
 template <int D = DTYPE>
 __device__ void forward(const AttentionKernelParams& p, char* smem) {
-    static_assert(WARPS % 4 == 0 && M_TILES == 1 && !HAS_POS_MASK, "warpgroups of 16-row warps, no pos_mask");
+    static_assert(WARPS % 4 == 0 && M_TILES == 1 && !HAS_POS_MASK,
+                  "warpgroups of 16-row warps, no pos_mask");
     static_assert(STAGES == 2 || STAGES == 3, "two or three tiles in shared memory");
     const Buffers m = carve(smem);
     // Tile t lives in buffer t % STAGES; its table rows in stage t % (STAGES - 1).
     constexpr int TILE_BYTES = BLOCK_N * DP * 2, TABLE_STAGE_BYTES = BLOCK_N * TABLE_ROW_BYTES;
     auto key_tile = [&](int t) { return smem + SMEM.k + (t % STAGES) * TILE_BYTES; };
     auto value_tile = [&](int t) { return smem + SMEM.v0 + (t % STAGES) * TILE_BYTES; };
-    auto cos_stage = [&](int t) { return smem + SMEM.cos_stage + (t % (STAGES - 1)) * TABLE_STAGE_BYTES; };
-    auto sin_stage = [&](int t) { return smem + SMEM.sin_stage + (t % (STAGES - 1)) * TABLE_STAGE_BYTES; };
+    auto cos_stage = [&](int t) {
+        return smem + SMEM.cos_stage + (t % (STAGES - 1)) * TABLE_STAGE_BYTES;
+    };
+    auto sin_stage = [&](int t) {
+        return smem + SMEM.sin_stage + (t % (STAGES - 1)) * TABLE_STAGE_BYTES;
+    };
     // Starts tile t's copies (keys with their table rows, values) as one copy group.
     auto issue_tile = [&](int t, const T* k_head, const T* v_head) {
         const long long n0 = static_cast<long long>(t) * BLOCK_N;
@@ -398,7 +443,8 @@ __device__ void forward(const AttentionKernelParams& p, char* smem) {
     cp_async_wait<STAGES - 2>();
     if (tiles > 0) rotate_key_chunks(key_tile(0), cos_stage(0), sin_stage(0), p, 0);
     __syncthreads();
-    rotate_rows<RESIDENT, false>(m.q, m.q_plain, m.q, nullptr, nullptr, m.q_flags, p, b, m0, p.seqlen_q);
+    rotate_rows<RESIDENT, false>(m.q, m.q_plain, m.q, nullptr, nullptr, m.q_flags, p, b, m0,
+                                 p.seqlen_q);
     fence_async_proxy();
     __syncthreads();
 
@@ -417,11 +463,12 @@ __device__ void forward(const AttentionKernelParams& p, char* smem) {
         cp_async_commit();
 
         unsigned pa[BLOCK_N / 16][4];
-        attend_tile(o, pa, row_max, row_sum, q_fragments, key_tile(t), value_tile(t), p, b, row_first,
-                    m0 + (warp >> 2) * 64, n0, lane);
+        attend_tile(o, pa, row_max, row_sum, q_fragments, key_tile(t), value_tile(t), p, b,
+                    row_first, m0 + (warp >> 2) * 64, n0, lane);
 
         cp_async_wait<STAGES - 2>();  // tile t + 1
-        if (t + 1 < tiles) rotate_key_chunks(key_tile(t + 1), cos_stage(t + 1), sin_stage(t + 1), p, n0 + BLOCK_N);
+        if (t + 1 < tiles)
+            rotate_key_chunks(key_tile(t + 1), cos_stage(t + 1), sin_stage(t + 1), p, n0 + BLOCK_N);
         __syncwarp();  // the rotation branches per lane; the wait is warp-aligned
         wait_all();
         fence_registers(o);

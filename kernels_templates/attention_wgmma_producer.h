@@ -33,13 +33,15 @@ namespace wg {
 // from L2 once per cluster. A buffer is free again once the consumers of every block are done
 // with it: `empty` counts them all.
 constexpr int PRODUCER_THREADS = PRODUCER_WARPS * 32;
-constexpr int SHARE_ROWS = BLOCK_N / CLUSTER;      // key rows of a tile each block copies
-constexpr int TILE_BOXES = DP / 64;                // TMA copies of one value tile
+constexpr int SHARE_ROWS = BLOCK_N / CLUSTER;  // key rows of a tile each block copies
+constexpr int TILE_BOXES = DP / 64;            // TMA copies of one value tile
 // Swizzled TMA boxes land where the pattern starts: tile buffers at multiples of 1024 bytes
 // (the shares of 8-row multiples are too).
-static_assert(PRODUCER_WARPS == 0 || (SMEM.k % 1024 == 0 && SMEM.v0 % 1024 == 0 && SMEM.q_tile % 1024 == 0),
+static_assert(PRODUCER_WARPS == 0 ||
+                  (SMEM.k % 1024 == 0 && SMEM.v0 % 1024 == 0 && SMEM.q_tile % 1024 == 0),
               "swizzled tiles 1024-byte aligned");
-static_assert(CLUSTER == 1 || (PRODUCER_WARPS > 0 && SHARE_ROWS % 8 == 0 && GQA_GROUP % CLUSTER == 0),
+static_assert(CLUSTER == 1 ||
+                  (PRODUCER_WARPS > 0 && SHARE_ROWS % 8 == 0 && GQA_GROUP % CLUSTER == 0),
               "clusters of producer blocks over whole 8-row shares of a GQA group");
 
 // mbarrier operations on 8-byte barriers in shared memory (addresses from shared_address, or
@@ -48,18 +50,23 @@ __device__ __forceinline__ void barrier_init(unsigned address, unsigned count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(address), "r"(count) : "memory");
 }
 __device__ __forceinline__ void barrier_arrive(unsigned address) {
-    asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(address) : "memory");
+    asm volatile(
+        "{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(address)
+        : "memory");
 }
 // Arrives, and expects `bytes` more of asynchronous copies in the current phase.
 __device__ __forceinline__ void barrier_arrive_expect(unsigned address, unsigned bytes) {
-    asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1;\n}\n" ::"r"(address),
-                 "r"(bytes)
-                 : "memory");
+    asm volatile(
+        "{\n.reg .b64 state;\nmbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1;\n}\n" ::
+            "r"(address),
+        "r"(bytes)
+        : "memory");
 }
 // Arrives on the barrier at `address` (shared::cluster, possibly another block's), releasing
 // this thread's earlier writes at cluster scope.
 __device__ __forceinline__ void barrier_arrive_cluster(unsigned address) {
-    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(address) : "memory");
+    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(address)
+                 : "memory");
 }
 // Waits until the phase of parity `parity` (the barrier's n-th completion has parity n & 1)
 // has completed; with CLUSTER > 1 acquiring at cluster scope (arrivals and copies come from
@@ -81,7 +88,9 @@ __device__ __forceinline__ void barrier_wait(unsigned address, unsigned parity) 
             : "memory");
 }
 // A barrier among the consumer warps.
-__device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 1, %0;\n" ::"n"(THREADS) : "memory"); }
+__device__ __forceinline__ void consumer_sync() {
+    asm volatile("bar.sync 1, %0;\n" ::"n"(THREADS) : "memory");
+}
 
 // Thread-block cluster helpers: this block's rank, the shared::cluster address of a shared
 // address in block `rank`, and a barrier of every thread of the cluster.
@@ -102,12 +111,13 @@ __device__ __forceinline__ void cluster_sync() {
 // Copies one box of a [B, H, S, D] tensor (`map`: its TMA descriptor, in the kernel's
 // parameters) from feature `feature`, token `token` of head `head`, batch `batch` into shared
 // `dst`, counting its bytes on `landed`; with CLUSTER > 1 into the same place of every block.
-__device__ __forceinline__ void copy_box(unsigned dst, const void* map, int feature, int token, int head, int batch,
-                                         unsigned landed) {
+__device__ __forceinline__ void copy_box(unsigned dst, const void* map, int feature, int token,
+                                         int head, int batch, unsigned landed) {
     const unsigned long long descriptor = reinterpret_cast<unsigned long long>(map);
     if constexpr (CLUSTER > 1)
         asm volatile(
-            "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+            "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast:"
+            ":cluster"
             " [%0], [%1, {%2, %3, %4, %5}], [%6], %7;\n" ::"r"(dst),
             "l"(descriptor), "r"(feature), "r"(token), "r"(head), "r"(batch), "r"(landed),
             "h"(static_cast<unsigned short>((1u << CLUSTER) - 1u))
@@ -128,13 +138,19 @@ struct Pipeline {
     unsigned window[CLUSTER];
 
     static constexpr int TILE_BYTES = BLOCK_N * DP * 2;
-    __device__ __forceinline__ char* key_tile(int t) const { return smem + SMEM.k + (t % STAGES) * TILE_BYTES; }
-    __device__ __forceinline__ char* value_tile(int t) const { return smem + SMEM.v0 + (t % STAGES) * TILE_BYTES; }
+    __device__ __forceinline__ char* key_tile(int t) const {
+        return smem + SMEM.k + (t % STAGES) * TILE_BYTES;
+    }
+    __device__ __forceinline__ char* value_tile(int t) const {
+        return smem + SMEM.v0 + (t % STAGES) * TILE_BYTES;
+    }
     __device__ __forceinline__ unsigned landed_of(int t) const { return landed + (t % STAGES) * 8; }
     __device__ __forceinline__ unsigned full_of(int t) const { return full + (t % STAGES) * 8; }
     __device__ __forceinline__ unsigned empty_of(int t) const { return empty + (t % STAGES) * 8; }
     // The parity of tile t's phase of its buffer's barriers (tile t is their (t / STAGES)-th use).
-    __device__ __forceinline__ static unsigned phase_of(int t) { return static_cast<unsigned>(t / STAGES) & 1u; }
+    __device__ __forceinline__ static unsigned phase_of(int t) {
+        return static_cast<unsigned>(t / STAGES) & 1u;
+    }
     // Block `rank`'s address of this block's shared `address`.
     __device__ __forceinline__ unsigned in_block(unsigned address, int rank) const {
         return window[rank] + (address - shared_address(smem));
@@ -158,14 +174,17 @@ struct Pipeline {
 // forward's critical path: instructions they save are time.)
 constexpr int ITEM_SLOTS = ITEMS <= 4 ? 4 : ITEMS <= 8 ? 8 : ITEMS <= 16 ? 16 : 32;
 constexpr int ROWS_PER_PASS = PRODUCER_THREADS > 0 ? PRODUCER_THREADS / ITEM_SLOTS : 1;
-constexpr int KEY_LOADS = PRODUCER_WARPS > 0 ? BLOCK_N / ROWS_PER_PASS : 1;  // rows per thread and tile
-static_assert(PRODUCER_WARPS == 0 || (ITEMS <= 32 && ROWS_PER_PASS % 8 == 0 && BLOCK_N % ROWS_PER_PASS == 0),
+constexpr int KEY_LOADS =
+    PRODUCER_WARPS > 0 ? BLOCK_N / ROWS_PER_PASS : 1;  // rows per thread and tile
+static_assert(PRODUCER_WARPS == 0 ||
+                  (ITEMS <= 32 && ROWS_PER_PASS % 8 == 0 && BLOCK_N % ROWS_PER_PASS == 0),
               "producer passes of whole 8-row swizzle patterns");
 // Raw table bits of one rotation item's ITEM_PAIRS pairs: the columns' bytes as they are
 // (TABLE_STEP 1), or one word per pair, a 16-bit value in its low half (TABLE_STEP 2: every
 // other column). Kept raw so that no instruction waits for the loads before the tile's turn.
 constexpr int ITEM_WORDS = TABLE_STEP == 1 ? ITEM_PAIRS * TBYTES / 4 : ITEM_PAIRS;
-static_assert(TABLE_STEP == 2 || ITEM_WORDS == 2 || ITEM_WORDS % 4 == 0, "table pieces of 8 bytes or whole 16");
+static_assert(TABLE_STEP == 2 || ITEM_WORDS == 2 || ITEM_WORDS % 4 == 0,
+              "table pieces of 8 bytes or whole 16");
 
 __device__ __forceinline__ U4 load_global16(const void* at) {
     U4 v;
@@ -180,8 +199,10 @@ __device__ __forceinline__ void load_item_table(unsigned (&words)[ITEM_WORDS], c
     if constexpr (TABLE_STEP == 2) {
 #pragma unroll
         for (int e = 0; e < ITEM_PAIRS; ++e) {
-            if constexpr (TBYTES == 4) asm volatile("ld.global.nc.u32 %0, [%1];\n" : "=r"(words[e]) : "l"(at + 8 * e));
-            else asm volatile("ld.global.nc.u16 %0, [%1];\n" : "=r"(words[e]) : "l"(at + 4 * e));
+            if constexpr (TBYTES == 4)
+                asm volatile("ld.global.nc.u32 %0, [%1];\n" : "=r"(words[e]) : "l"(at + 8 * e));
+            else
+                asm volatile("ld.global.nc.u16 %0, [%1];\n" : "=r"(words[e]) : "l"(at + 4 * e));
         }
     } else if constexpr (ITEM_WORDS % 4 == 0) {
 #pragma unroll
@@ -191,13 +212,16 @@ __device__ __forceinline__ void load_item_table(unsigned (&words)[ITEM_WORDS], c
             for (int e = 0; e < 4; ++e) words[4 * v + e] = w.w[e];
         }
     } else {
-        asm volatile("ld.global.nc.v2.u32 {%0, %1}, [%2];\n" : "=r"(words[0]), "=r"(words[1]) : "l"(at));
+        asm volatile("ld.global.nc.v2.u32 {%0, %1}, [%2];\n"
+                     : "=r"(words[0]), "=r"(words[1])
+                     : "l"(at));
     }
 }
 
 // The angle (cos or sin) of pair e of an item from its raw table bits.
 __device__ __forceinline__ float item_angle(const unsigned (&words)[ITEM_WORDS], int e) {
-    if constexpr (TBYTES == 4) return __uint_as_float(words[e]);
+    if constexpr (TBYTES == 4)
+        return __uint_as_float(words[e]);
     else {
         const unsigned bits = TABLE_STEP == 2 ? words[e] : words[e / 2] >> (16 * (e % 2));
         return float_of_bits16<TABLE_DTYPE>(static_cast<unsigned short>(bits & 0xffffu));
@@ -243,8 +267,9 @@ struct KeyLoads {
 // and chunks past head_dim load nothing and stay zero, with zero angles (CHECKED; a tile
 // wholly inside the sequence takes the path without the checks).
 template <bool CHECKED, int D = DTYPE>
-__device__ __forceinline__ void load_keys(KeyLoads& r, const KeyItems& k, const AttentionKernelParams& p,
-                                          const T* k_head, long long n0) {
+__device__ __forceinline__ void load_keys(KeyLoads& r, const KeyItems& k,
+                                          const AttentionKernelParams& p, const T* k_head,
+                                          long long n0) {
     const long long row = n0 + k.row0;
     const char* key = reinterpret_cast<const char*>(k_head + row * p.k_stride[2]);
     const char* cos = static_cast<const char*>(p.cos) + row * p.cos_stride[0] * TBYTES + k.column;
@@ -253,7 +278,8 @@ __device__ __forceinline__ void load_keys(KeyLoads& r, const KeyItems& k, const 
     for (int j = 0; j < KEY_LOADS; ++j) {
         const bool valid = !CHECKED || row + j * ROWS_PER_PASS < p.seqlen_k;
         // (Chunks past head_dim are zero in every tile, as the query rows' are.)
-        r.a[j] = valid && k.active && k.chunk_a < DCHUNKS * 16 ? load_global16(key + k.chunk_a) : U4{};
+        r.a[j] =
+            valid && k.active && k.chunk_a < DCHUNKS * 16 ? load_global16(key + k.chunk_a) : U4{};
         if (CHECKED) {
             r.b[j] = U4{};
 #pragma unroll
@@ -279,7 +305,7 @@ __device__ __forceinline__ void store_keys(KeyLoads& r, const KeyItems& k, char*
         char* const row = tile + j * ROWS_PER_PASS * 128;  // whole swizzle patterns on
         U4 x = r.a[j];
         if (k.rotated) {
-            const auto angles = [&](int e, float (&c)[2], float (&s)[2]) {
+            const auto angles = [&](int e, float(&c)[2], float(&s)[2]) {
 #pragma unroll
                 for (int f = 0; f < 2; ++f) {
                     c[f] = item_angle(r.cos[j], e + f);
@@ -300,11 +326,14 @@ __device__ __forceinline__ void store_keys(KeyLoads& r, const KeyItems& k, char*
 
 // Loads tile t's keys: the checked path only for a tile that reaches past the sequence.
 template <int D = DTYPE>
-__device__ __forceinline__ void load_key_tile(KeyLoads& r, const KeyItems& k, const AttentionKernelParams& p,
-                                              const T* k_head, int t) {
+__device__ __forceinline__ void load_key_tile(KeyLoads& r, const KeyItems& k,
+                                              const AttentionKernelParams& p, const T* k_head,
+                                              int t) {
     const long long n0 = static_cast<long long>(t) * BLOCK_N;
-    if (n0 + BLOCK_N <= p.seqlen_k) load_keys<false>(r, k, p, k_head, n0);
-    else load_keys<true>(r, k, p, k_head, n0);
+    if (n0 + BLOCK_N <= p.seqlen_k)
+        load_keys<false>(r, k, p, k_head, n0);
+    else
+        load_keys<true>(r, k, p, k_head, n0);
 }
 
 // The producers. Values arrive by TMA, issued STAGES - 1 tiles ahead (this block's share of
@@ -312,8 +341,8 @@ __device__ __forceinline__ void load_key_tile(KeyLoads& r, const KeyItems& k, co
 // loaded while tile t - 1's are stored, so their latency overlaps the waits for the
 // consumers. A tile's buffer is reused once the consumers released the tile STAGES before.
 template <int D = DTYPE>
-__device__ void produce(const Pipeline& pipe, const AttentionKernelParams& p, const T* k_head, long long b,
-                        long long hk, int tiles, int rank) {
+__device__ void produce(const Pipeline& pipe, const AttentionKernelParams& p, const T* k_head,
+                        long long b, long long hk, int tiles, int rank) {
     const int thread = static_cast<int>(threadIdx.x) - THREADS;
     // The TILE_BOXES value boxes of a tile go to lane 0 of each producer warp in turn, then
     // lane 1, ...
@@ -321,8 +350,10 @@ __device__ void produce(const Pipeline& pipe, const AttentionKernelParams& p, co
     auto issue_values = [&](int t) {
         if (thread == 0) barrier_arrive_expect(pipe.landed_of(t), Pipeline::TILE_BYTES);
         if (box < TILE_BOXES)
-            copy_box(shared_address(pipe.value_tile(t) + swizzled_offset(rank * SHARE_ROWS, box * 8)), p.v_map, box * 64,
-                     t * BLOCK_N + rank * SHARE_ROWS, static_cast<int>(hk), static_cast<int>(b), pipe.landed_of(t));
+            copy_box(
+                shared_address(pipe.value_tile(t) + swizzled_offset(rank * SHARE_ROWS, box * 8)),
+                p.v_map, box * 64, t * BLOCK_N + rank * SHARE_ROWS, static_cast<int>(hk),
+                static_cast<int>(b), pipe.landed_of(t));
     };
     for (int t = 0; t < STAGES - 1 && t < tiles; ++t) issue_values(t);
     const KeyItems items = key_items(p, thread);
@@ -347,7 +378,8 @@ __device__ void forward_specialized(const AttentionKernelParams& p, char* smem) 
     static_assert(WARPS % 4 == 0 && PRODUCER_WARPS == 4 && M_TILES == 1 && !HAS_POS_MASK,
                   "consumer warpgroups of 16-row warps, one producer warpgroup, no pos_mask");
     static_assert(STAGES == 2 || STAGES == 3, "two or three tiles in shared memory");
-    static_assert(TABLE_ASYNC || !ROTATE, "the producers load table columns in 8- or 16-byte pieces");
+    static_assert(TABLE_ASYNC || !ROTATE,
+                  "the producers load table columns in 8- or 16-byte pieces");
     const Buffers m = carve(smem);
     Pipeline pipe;
     pipe.smem = smem;
@@ -356,7 +388,8 @@ __device__ void forward_specialized(const AttentionKernelParams& p, char* smem) 
     pipe.empty = pipe.full + STAGES * 8;
     const unsigned rank = CLUSTER > 1 ? cluster_rank() : 0u;
 #pragma unroll
-    for (int r = 0; r < CLUSTER; ++r) pipe.window[r] = CLUSTER > 1 ? cluster_address(shared_address(smem), r) : 0u;
+    for (int r = 0; r < CLUSTER; ++r)
+        pipe.window[r] = CLUSTER > 1 ? cluster_address(shared_address(smem), r) : 0u;
     const auto [b, h, m0, q_head, k_head, v_head, tiles] = query_block(p);
 
     if (threadIdx.x == 0) {
@@ -371,8 +404,10 @@ __device__ void forward_specialized(const AttentionKernelParams& p, char* smem) 
     }
     // The last barrier of the whole block (cluster): producers and consumers part here, and
     // no block writes into another before that one's barriers exist.
-    if constexpr (CLUSTER > 1) cluster_sync();
-    else __syncthreads();
+    if constexpr (CLUSTER > 1)
+        cluster_sync();
+    else
+        __syncthreads();
 
     if (threadIdx.x >= THREADS) {
         produce(pipe, p, k_head, b, h / GQA_GROUP, tiles, static_cast<int>(rank));
@@ -386,15 +421,17 @@ __device__ void forward_specialized(const AttentionKernelParams& p, char* smem) 
     cp_async_commit();
     cp_async_wait_all();
     consumer_sync();
-    rotate_rows<RESIDENT, false>(m.q, m.q_plain, m.q, nullptr, nullptr, m.q_flags, p, b, m0, p.seqlen_q);
+    rotate_rows<RESIDENT, false>(m.q, m.q_plain, m.q, nullptr, nullptr, m.q_flags, p, b, m0,
+                                 p.seqlen_q);
     consumer_sync();
     // The rotated rows once more, swizzled, where the tensor cores read them: warpgroup g's
     // 64 rows as a 64-row key tile would be.
     char* const q_tile = smem + SMEM.q_tile;
     for (int it = threadIdx.x; it < RESIDENT * CHUNKS; it += THREADS) {
         const int row = it / CHUNKS, chunk = it % CHUNKS;
-        *reinterpret_cast<U4*>(q_tile + (row >> 6) * QUERY_GROUP_BYTES + (chunk >> 3) * QUERY_REGION_BYTES +
-                               (row & 63) * 128 + (((chunk ^ row) & 7) << 4)) =
+        *reinterpret_cast<U4*>(q_tile + (row >> 6) * QUERY_GROUP_BYTES +
+                               (chunk >> 3) * QUERY_REGION_BYTES + (row & 63) * 128 +
+                               (((chunk ^ row) & 7) << 4)) =
             *reinterpret_cast<const U4*>(m.q + row * ROWE + chunk * 8);
     }
     fence_async_proxy();
@@ -414,15 +451,16 @@ __device__ void forward_specialized(const AttentionKernelParams& p, char* smem) 
         // the buffer: every consumer arrives once per tile).
         if (!CAUSAL || n0 <= group_first + 63) {
             unsigned pa[BLOCK_N / 16][4];
-            attend_tile(o, pa, row_max, row_sum, q_group_tile, pipe.key_tile(t), pipe.value_tile(t), p, b, row_first,
-                        group_first, n0, lane);
+            attend_tile(o, pa, row_max, row_sum, q_group_tile, pipe.key_tile(t), pipe.value_tile(t),
+                        p, b, row_first, group_first, n0, lane);
             wait_all();
             fence_registers(o);
             fence_registers(pa);
         }
         if constexpr (CLUSTER > 1) {
 #pragma unroll
-            for (int r = 0; r < CLUSTER; ++r) barrier_arrive_cluster(pipe.in_block(pipe.empty_of(t), r));
+            for (int r = 0; r < CLUSTER; ++r)
+                barrier_arrive_cluster(pipe.in_block(pipe.empty_of(t), r));
         } else {
             barrier_arrive(pipe.empty_of(t));
         }

@@ -7,8 +7,14 @@
 
 namespace {
 
-template <int DT> struct StorageOf { using type = unsigned short; };
-template <> struct StorageOf<0> { using type = float; };
+template <int DT>
+struct StorageOf {
+    using type = unsigned short;
+};
+template <>
+struct StorageOf<0> {
+    using type = float;
+};
 
 // The float value of the bits of a 16-bit element (DT 1 fp16, 2 bf16).
 template <int DT>
@@ -24,14 +30,17 @@ __device__ __forceinline__ float float_of_bits16(unsigned short bits) {
 
 template <int DT>
 __device__ __forceinline__ float load_float(const void* base, long long index) {
-    if constexpr (DT == 0) return static_cast<const float*>(base)[index];
-    else return float_of_bits16<DT>(static_cast<const unsigned short*>(base)[index]);
+    if constexpr (DT == 0)
+        return static_cast<const float*>(base)[index];
+    else
+        return float_of_bits16<DT>(static_cast<const unsigned short*>(base)[index]);
 }
 
 // Round to nearest even, NaN kept a (quiet) NaN; written out so it needs no sm_80.
 __device__ __forceinline__ unsigned short float_to_bf16_bits(float v) {
     unsigned bits = __float_as_uint(v);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<unsigned short>((bits >> 16) | 0x40u);
+    if ((bits & 0x7fffffffu) > 0x7f800000u)
+        return static_cast<unsigned short>((bits >> 16) | 0x40u);
     bits += 0x7fffu + ((bits >> 16) & 1u);
     return static_cast<unsigned short>(bits >> 16);
 }

@@ -53,7 +53,9 @@ ROPE_JIT_HOST_DEVICE constexpr RopeShape spec_shape() {
 }
 // A function, not a constexpr variable: NVRTC emits each namespace-scope constant as a global
 // of the module, and the plan is read only at compile time.
-ROPE_JIT_HOST_DEVICE constexpr RopePlan plan() { return rope_plan(spec_shape()); }
+ROPE_JIT_HOST_DEVICE constexpr RopePlan plan() {
+    return rope_plan(spec_shape());
+}
 static_assert(plan().problem == kRopePlanOk,
               "the vector width must hold whole pairs that tile the rotary range");
 
@@ -83,8 +85,14 @@ constexpr int TABLE_SPAN = plan().table_span;
 
 // ---- element types --------------------------------------------------------------------
 
-template <int DT> struct Storage { using type = unsigned short; };
-template <> struct Storage<0> { using type = float; };
+template <int DT>
+struct Storage {
+    using type = unsigned short;
+};
+template <>
+struct Storage<0> {
+    using type = float;
+};
 
 template <int DT>
 __device__ __forceinline__ float to_float16bits(unsigned short v) {
@@ -118,7 +126,8 @@ __device__ __forceinline__ typename Storage<DT>::type from_float(float v) {
 #else
         // Round to nearest even, keeping NaN a (quiet) NaN, as cvt.rn.bf16.f32 does on sm_80+.
         unsigned bits = __float_as_uint(v);
-        if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<unsigned short>((bits >> 16) | 0x40u);
+        if ((bits & 0x7fffffffu) > 0x7f800000u)
+            return static_cast<unsigned short>((bits >> 16) | 0x40u);
         bits += 0x7fffu + ((bits >> 16) & 1u);
         return static_cast<unsigned short>(bits >> 16);
 #endif
@@ -127,8 +136,10 @@ __device__ __forceinline__ typename Storage<DT>::type from_float(float v) {
 
 template <int DT>
 __device__ __forceinline__ float storage_to_float(typename Storage<DT>::type v) {
-    if constexpr (DT == 0) return v;
-    else return to_float16bits<DT>(v);
+    if constexpr (DT == 0)
+        return v;
+    else
+        return to_float16bits<DT>(v);
 }
 
 using T = typename Storage<DTYPE>::type;
@@ -144,7 +155,8 @@ struct alignas(N * sizeof(T)) Pack {
 // "hints_*"): 0.84 -> 0.89 of copy bandwidth on bf16 Llama shapes; load hints (evict-first,
 // or no L1 allocation) changed nothing measurable and are not used.
 __device__ __forceinline__ void store_streaming16(void* y, const unsigned* w) {
-    asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(y), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3])
+    asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(y), "r"(w[0]), "r"(w[1]),
+                 "r"(w[2]), "r"(w[3])
                  : "memory");
 }
 
@@ -186,32 +198,39 @@ __device__ __forceinline__ long long load_index(const void* base, long long inde
 // The table row of token (b, s) of q or k: positions (of `axis` with M-RoPE), else
 // s + seqlen_offsets[sequence], else s + position_offset (+ q_position_offset for q). Packed batches find their sequence
 // in cu_seqlens and restart s at 0 in each.
-__device__ long long table_row(const RopeKernelParams& p, long long b, long long s, bool is_k, int axis = 0) {
+__device__ long long table_row(const RopeKernelParams& p, long long b, long long s, bool is_k,
+                               int axis = 0) {
     long long sequence = b, index = s;
     if (PACKED) {
         long long lo = 0, hi = p.num_sequences - 1;  // last sequence whose start <= s
         while (lo < hi) {
             const long long mid = (lo + hi + 1) / 2;
-            if (load_index<CU_SEQLENS_INT64>(p.cu_seqlens, mid * p.cu_seqlens_stride) <= s) lo = mid;
-            else hi = mid - 1;
+            if (load_index<CU_SEQLENS_INT64>(p.cu_seqlens, mid * p.cu_seqlens_stride) <= s)
+                lo = mid;
+            else
+                hi = mid - 1;
         }
         sequence = lo;
         index = s - load_index<CU_SEQLENS_INT64>(p.cu_seqlens, lo * p.cu_seqlens_stride);
     }
     if (HAS_ROPE_INDICES)
-        return load_index<POSITIONS_INT64>(p.positions, axis * p.positions_axis_stride + b * p.positions_stride[0] +
-                                                            s * p.positions_stride[1]);
+        return load_index<POSITIONS_INT64>(
+            p.positions,
+            axis * p.positions_axis_stride + b * p.positions_stride[0] + s * p.positions_stride[1]);
     if (POSITION_MODE == 2)
-        return index + load_index<SEQLEN_OFFSETS_INT64>(p.seqlen_offsets, sequence * p.seqlen_offsets_stride);
+        return index + load_index<SEQLEN_OFFSETS_INT64>(p.seqlen_offsets,
+                                                        sequence * p.seqlen_offsets_stride);
     return index + p.position_offset + (is_k ? 0 : p.q_position_offset);
 }
 
 // cos and sin of one pair at one table row, with the backward sign and xPos folded in.
-__device__ void pair_angle(const RopeKernelParams& p, long long row, int pair, bool is_k, float* c, float* s) {
+__device__ void pair_angle(const RopeKernelParams& p, long long row, int pair, bool is_k, float* c,
+                           float* s) {
     if (ANGLES_FROM_INV_FREQ) {
         // fp64 keeps p * inv_freq exact far beyond fp32's 2^24 positions; the reduction inside
         // sincos is then exact too.
-        const double angle = double(row) * double(load_float<INV_FREQ_DTYPE>(p.inv_freq, pair * p.inv_freq_stride));
+        const double angle =
+            double(row) * double(load_float<INV_FREQ_DTYPE>(p.inv_freq, pair * p.inv_freq_stride));
         double sd, cd;
         sincos(angle, &sd, &cd);
         *c = float(cd);
@@ -245,7 +264,8 @@ struct alignas(N * sizeof(TableT)) TablePack {
 
 // The table columns of an item's pairs in one row, as stored: the item converts them when it
 // computes, so that they occupy few registers while its loads are in flight.
-__device__ __forceinline__ TablePack<TABLE_SPAN> load_table_span(const void* table, const long long* stride,
+__device__ __forceinline__ TablePack<TABLE_SPAN> load_table_span(const void* table,
+                                                                 const long long* stride,
                                                                  long long row, int pair0) {
     const TableT* base = static_cast<const TableT*>(table) + row * stride[0];
     const long long col0 = static_cast<long long>(pair0) * TABLE_STEP;
@@ -310,8 +330,8 @@ __device__ __forceinline__ ItemData load_item(const T* x, long long xs, const It
 // Rotates the item's pairs (x1, x2) to (x1 c - x2 s, x2 c + x1 s) and stores them: within
 // the chunk (interleaved), or x1 from the chunk and x2 from the partner chunk (half style;
 // a chunk item stores only its own chunk).
-__device__ __forceinline__ void rotate_store_item(ItemData data, T* y, long long ys, const ItemSpan& span,
-                                                  const ItemAngles& angles) {
+__device__ __forceinline__ void rotate_store_item(ItemData data, T* y, long long ys,
+                                                  const ItemSpan& span, const ItemAngles& angles) {
     if (INTERLEAVED) {
 #pragma unroll
         for (int j = 0; j < VEC / 2; ++j) {
@@ -339,8 +359,8 @@ __device__ __forceinline__ void rotate_store_item(ItemData data, T* y, long long
 
 // The table row of one pair of a token (role 1 = k): per axis with M-RoPE, else k's own row
 // when it has one (K_OWN_ANGLES), else the token's one row.
-__device__ __forceinline__ long long pair_row(const long long* s_row, const RopeKernelParams& p, int token, int role,
-                                              int pair) {
+__device__ __forceinline__ long long pair_row(const long long* s_row, const RopeKernelParams& p,
+                                              int token, int role, int pair) {
     if (MROPE_AXES > 0) return s_row[token * ROW_SETS + p.pair_axis[pair]];
     return s_row[token * ROW_SETS + (ROLES == 2 ? role : 0)];
 }
@@ -348,7 +368,8 @@ __device__ __forceinline__ long long pair_row(const long long* s_row, const Rope
 // Learned frequencies: adds, for each of the item's pairs, position * (g2*y1 - g1*y2) to
 // `sums` (the derivative of the loss by the pair's angle, dy1/dt = -y2 and dy2/dt = y1, times
 // d(angle)/d(inv_freq) = position). g is the incoming gradient, y the forward output.
-__device__ __forceinline__ void accumulate_freq_grad(const ItemData& g, const ItemData& y, const long long* s_row,
+__device__ __forceinline__ void accumulate_freq_grad(const ItemData& g, const ItemData& y,
+                                                     const long long* s_row,
                                                      const RopeKernelParams& p, int token, int role,
                                                      const ItemSpan& span, float* sums) {
     if (span.second) return;  // a chunk item's pairs are counted by their first-half item
@@ -372,7 +393,8 @@ __device__ __forceinline__ void accumulate_freq_grad(const ItemData& g, const It
 }
 
 // Token u of the grid as (batch row, index in it); 32-bit division when the sizes allow it.
-__device__ __forceinline__ void split_token(const RopeKernelParams& p, long long u, long long* b, long long* s) {
+__device__ __forceinline__ void split_token(const RopeKernelParams& p, long long u, long long* b,
+                                            long long* s) {
     if (p.units <= 0x7fffffffLL) {
         const unsigned uu = static_cast<unsigned>(u), per_row = static_cast<unsigned>(p.seqlen_max);
         const unsigned row = uu / per_row;
@@ -385,7 +407,8 @@ __device__ __forceinline__ void split_token(const RopeKernelParams& p, long long
 }
 
 // Where token (b, s)'s rows start in q, q_out, k, k_out (and the saved outputs).
-__device__ __forceinline__ RopeTokenBases token_bases(const RopeKernelParams& p, long long b, long long s) {
+__device__ __forceinline__ RopeTokenBases token_bases(const RopeKernelParams& p, long long b,
+                                                      long long s) {
     RopeTokenBases base{-1, -1, -1, -1, 0, 0};
     if (s < p.seqlen_q) {
         base.q_in = b * p.q_stride[0] + s * p.q_stride[2];
@@ -426,7 +449,8 @@ struct ItemPlace {
     bool valid;
 };
 
-__device__ __forceinline__ ItemPlace place_item(const RopeKernelParams& p, const RopeTokenBases* bases, int item,
+__device__ __forceinline__ ItemPlace place_item(const RopeKernelParams& p,
+                                                const RopeTokenBases* bases, int item,
                                                 int items_per_token, int heads_q, int block_items) {
     ItemPlace place;
     place.valid = false;
@@ -470,7 +494,8 @@ __device__ __forceinline__ ItemPlace place_item(const RopeKernelParams& p, const
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM) rope_kernel(const RopeKernelParams p) {
+extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM)
+    rope_kernel(const RopeKernelParams p) {
     extern __shared__ __align__(16) char shared[];
     const int tpb = p.tokens_per_block;
     const int threads = static_cast<int>(blockDim.x);  // at most BLOCK_THREADS
@@ -500,9 +525,11 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM) r
             split_token(p, first + i, &b, &s);
             base = token_bases(p, b, s);
             if (MROPE_AXES > 0) {
-                for (int axis = 0; axis < MROPE_AXES; ++axis) s_row[i * ROW_SETS + axis] = table_row(p, b, s, false, axis);
+                for (int axis = 0; axis < MROPE_AXES; ++axis)
+                    s_row[i * ROW_SETS + axis] = table_row(p, b, s, false, axis);
             } else {
-                for (int role = 0; role < ROLES; ++role) s_row[i * ROW_SETS + role] = table_row(p, b, s, role == 1);
+                for (int role = 0; role < ROLES; ++role)
+                    s_row[i * ROW_SETS + role] = table_row(p, b, s, role == 1);
             }
         }
         s_bases[i] = base;
@@ -516,8 +543,8 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM) r
         for (int i = threadIdx.x; i < tokens_here * ROLES * PAIRS; i += threads) {
             const int set = i / PAIRS;  // token * ROLES + role
             const int pair = i - set * PAIRS;
-            pair_angle(p, pair_row(s_row, p, set / ROLES, set % ROLES, pair), pair, set % ROLES == 1, &s_cos[i],
-                       &s_sin[i]);
+            pair_angle(p, pair_row(s_row, p, set / ROLES, set % ROLES, pair), pair,
+                       set % ROLES == 1, &s_cos[i], &s_sin[i]);
         }
         __syncthreads();
     }
@@ -539,8 +566,8 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM) r
             angles.sin = load_table_span(p.sin, p.sin_stride, row, pair0);
         }
         if (FREQ_GRAD)
-            accumulate_freq_grad(data, load_item(place.saved, place.saved_stride, place.span), s_row, p, place.token,
-                                 place.role, place.span, s_grad);
+            accumulate_freq_grad(data, load_item(place.saved, place.saved_stride, place.span),
+                                 s_row, p, place.token, place.role, place.span, s_grad);
         rotate_store_item(data, place.y, place.ys, place.span, angles);
     }
     if (FREQ_GRAD) {
@@ -555,7 +582,8 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM) r
     //    loads in flight before their stores.
     if constexpr (plan().copies_unrotated) {
         const int copies = tokens_here * (heads_q + heads_k) * COPY_UNITS;
-        for (int first_copy = threadIdx.x; first_copy < copies; first_copy += COPY_BATCH * threads) {
+        for (int first_copy = threadIdx.x; first_copy < copies;
+             first_copy += COPY_BATCH * threads) {
             T* dst[COPY_BATCH];
             bool dst_is_k[COPY_BATCH];
             Pack<COPY_VEC> value[COPY_BATCH];
@@ -571,15 +599,18 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM) r
                 const long long d = f < ROTARY_OFFSET ? f : f + ROTARY_DIM;
                 const RopeTokenBases base = s_bases[token];
                 dst_is_k[j] = HAS_K && h >= heads_q;
-                if (dst_is_k[j] ? (IN_PLACE_K || base.k_in < 0) : (IN_PLACE_Q || base.q_in < 0)) continue;
+                if (dst_is_k[j] ? (IN_PLACE_K || base.k_in < 0) : (IN_PLACE_Q || base.q_in < 0))
+                    continue;
                 if (dst_is_k[j]) {
                     h -= heads_q;
-                    const long long xs = COPY_VECTORS ? 1 : p.k_stride[3], ys = COPY_VECTORS ? 1 : p.k_out_stride[3];
+                    const long long xs = COPY_VECTORS ? 1 : p.k_stride[3],
+                                    ys = COPY_VECTORS ? 1 : p.k_out_stride[3];
                     value[j] = load_pack<COPY_VEC, COPY_VECTORS>(
                         static_cast<const T*>(p.k) + base.k_in + h * p.k_stride[1] + d * xs, xs);
                     dst[j] = static_cast<T*>(p.k_out) + base.k_out + h * p.k_out_stride[1] + d * ys;
                 } else {
-                    const long long xs = COPY_VECTORS ? 1 : p.q_stride[3], ys = COPY_VECTORS ? 1 : p.q_out_stride[3];
+                    const long long xs = COPY_VECTORS ? 1 : p.q_stride[3],
+                                    ys = COPY_VECTORS ? 1 : p.q_out_stride[3];
                     value[j] = load_pack<COPY_VEC, COPY_VECTORS>(
                         static_cast<const T*>(p.q) + base.q_in + h * p.q_stride[1] + d * xs, xs);
                     dst[j] = static_cast<T*>(p.q_out) + base.q_out + h * p.q_out_stride[1] + d * ys;
@@ -588,7 +619,9 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM) r
 #pragma unroll
             for (int j = 0; j < COPY_BATCH; ++j) {
                 if (dst[j] == nullptr) continue;
-                const long long ys = COPY_VECTORS ? 1 : dst_is_k[j] ? p.k_out_stride[3] : p.q_out_stride[3];
+                const long long ys = COPY_VECTORS  ? 1
+                                     : dst_is_k[j] ? p.k_out_stride[3]
+                                                   : p.q_out_stride[3];
                 store_pack<COPY_VEC, COPY_VECTORS>(dst[j], ys, value[j]);
             }
         }

@@ -85,7 +85,8 @@ struct RopeShape {
 // Work items per head of the rope kernel (ROT_ITEMS in rope.cu): interleaved, one per vector of
 // `vec` features; half style, one per vector of first halves and its partner vector, or, with
 // chunk_items (out-of-place partial rotary), one per output vector.
-ROPE_JIT_HOST_DEVICE constexpr int rope_items_per_head(bool interleaved, bool chunk_items, int rotary_dim, int vec) {
+ROPE_JIT_HOST_DEVICE constexpr int rope_items_per_head(bool interleaved, bool chunk_items,
+                                                       int rotary_dim, int vec) {
     return interleaved || chunk_items ? rotary_dim / vec : rotary_dim / 2 / vec;
 }
 
@@ -162,8 +163,9 @@ ROPE_JIT_HOST_DEVICE constexpr int rope_take(int* at, int bytes) {
     return offset;
 }
 
-ROPE_JIT_HOST_DEVICE constexpr RopeSmemLayout rope_smem_layout(int tokens, int angle_sets, int shared_pairs,
-                                                              int row_sets, int grad_pairs) {
+ROPE_JIT_HOST_DEVICE constexpr RopeSmemLayout rope_smem_layout(int tokens, int angle_sets,
+                                                               int shared_pairs, int row_sets,
+                                                               int grad_pairs) {
     RopeSmemLayout l{};
     int at = 0;
     int* const cursor = &at;

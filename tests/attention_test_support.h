@@ -22,7 +22,8 @@ using rope_test::HostTensor;
 enum class Mask { None, BoolKeys, BoolFull, AddKeys, AddFull };
 
 inline const char* mask_name(Mask m) {
-    const char* names[] = {"none", "bool[B,Sk]", "bool[B,Sq,Sk]", "additive[B,Sk]", "additive[B,Sq,Sk]"};
+    const char* names[] = {"none", "bool[B,Sk]", "bool[B,Sq,Sk]", "additive[B,Sk]",
+                           "additive[B,Sq,Sk]"};
     return names[int(m)];
 }
 
@@ -37,19 +38,20 @@ struct Config {
     bool mask_batch_broadcast = false;  // attn_mask with a leading 1
     double scale = 0;                   // 0: the default 1/sqrt(D)
     bool bshd = false;                  // q/k/v/out/grads stored [B, S, H, D]
-    int64_t pad = 0;                    // unused elements after each stored row (non-contiguous views)
-    bool rotary_dim_zero = false;       // pass rotary_dim = 0 (R == D)
+    int64_t pad = 0;               // unused elements after each stored row (non-contiguous views)
+    bool rotary_dim_zero = false;  // pass rotary_dim = 0 (R == D)
 };
 
 inline std::string describe(const Config& c) {
     std::ostringstream s;
-    s << "dt=" << rope_test::dt_name(c.dt) << " table_dt=" << rope_test::dt_name(c.table_dt) << " B=" << c.B
-      << " Hq=" << c.Hq << " Hk=" << c.Hk << " Sq=" << c.Sq << " Sk=" << c.Sk << " D=" << c.D << " R=" << c.R
-      << " style=" << (c.interleaved ? "interleaved" : "half") << " table=" << (c.table_full ? "full" : "half")
-      << " causal=" << c.causal << " pos_mask=" << c.pos_mask << (c.pos_mask_batched ? "[B,N]" : "[N]")
+    s << "dt=" << rope_test::dt_name(c.dt) << " table_dt=" << rope_test::dt_name(c.table_dt)
+      << " B=" << c.B << " Hq=" << c.Hq << " Hk=" << c.Hk << " Sq=" << c.Sq << " Sk=" << c.Sk
+      << " D=" << c.D << " R=" << c.R << " style=" << (c.interleaved ? "interleaved" : "half")
+      << " table=" << (c.table_full ? "full" : "half") << " causal=" << c.causal
+      << " pos_mask=" << c.pos_mask << (c.pos_mask_batched ? "[B,N]" : "[N]")
       << " mask=" << mask_name(c.mask) << " mask_dt=" << rope_test::dt_name(c.mask_dt)
-      << " mask_b1=" << c.mask_batch_broadcast << " scale=" << c.scale << " bshd=" << c.bshd << " pad=" << c.pad
-      << " rotary_dim_zero=" << c.rotary_dim_zero;
+      << " mask_b1=" << c.mask_batch_broadcast << " scale=" << c.scale << " bshd=" << c.bshd
+      << " pad=" << c.pad << " rotary_dim_zero=" << c.rotary_dim_zero;
     return s.str();
 }
 
@@ -57,7 +59,8 @@ inline std::string describe(const Config& c) {
 class ByteTensor {
 public:
     ByteTensor() = default;
-    explicit ByteTensor(std::vector<int64_t> shape, uint8_t dl_code = kDLUInt) : shape_(std::move(shape)) {
+    explicit ByteTensor(std::vector<int64_t> shape, uint8_t dl_code = kDLUInt)
+        : shape_(std::move(shape)) {
         int64_t n = 1;
         for (int64_t d : shape_) n *= d;
         bytes_.assign(size_t(std::max<int64_t>(n, 1)), 0);
@@ -91,7 +94,8 @@ private:
 
 // [B, H, S, D] logically; stored [B, S, H, D] when bshd, with `pad` after each stored row.
 inline HostTensor head_tensor(const Config& c, Dt dt, int64_t heads, int64_t tokens) {
-    return HostTensor(dt, {c.B, heads, tokens, c.D}, c.bshd ? std::vector<int>{0, 2, 1, 3} : std::vector<int>{}, c.pad);
+    return HostTensor(dt, {c.B, heads, tokens, c.D},
+                      c.bshd ? std::vector<int>{0, 2, 1, 3} : std::vector<int>{}, c.pad);
 }
 
 // Every tensor of one call. Masks and pos_mask are drawn so that some tokens lack positions
@@ -123,21 +127,26 @@ struct Problem {
             // Angles of a real RoPE table (position times a frequency), so cos^2 + sin^2 = 1.
             for (int64_t p = 0; p <= tokens; ++p)
                 for (int64_t col = 0; col < columns; ++col) {
-                    const int64_t pair = c.table_full && c.interleaved ? col / 2 : c.table_full ? col % (c.R / 2) : col;
-                    const double angle = double(p) * std::pow(10000.0, -2.0 * double(pair) / double(c.R));
+                    const int64_t pair = c.table_full && c.interleaved ? col / 2
+                                         : c.table_full                ? col % (c.R / 2)
+                                                                       : col;
+                    const double angle =
+                        double(p) * std::pow(10000.0, -2.0 * double(pair) / double(c.R));
                     cos.set({p, col}, std::cos(angle));
                     sin.set({p, col}, std::sin(angle));
                 }
         }
         if (c.pos_mask) {
-            pos_mask = ByteTensor(c.pos_mask_batched ? std::vector<int64_t>{c.B, tokens + 2} : std::vector<int64_t>{tokens + 2});
+            pos_mask = ByteTensor(c.pos_mask_batched ? std::vector<int64_t>{c.B, tokens + 2}
+                                                     : std::vector<int64_t>{tokens + 2});
             // Mostly positioned, with a few register/CLS tokens (the first one always unpositioned).
-            for (size_t i = 0; i < pos_mask.bytes().size(); ++i) pos_mask.bytes()[i] = (i % (tokens + 2)) != 0 && rng() % 5 != 0;
+            for (size_t i = 0; i < pos_mask.bytes().size(); ++i)
+                pos_mask.bytes()[i] = (i % (tokens + 2)) != 0 && rng() % 5 != 0;
         }
         const bool full = c.mask == Mask::BoolFull || c.mask == Mask::AddFull;
         const int64_t mask_batch = c.mask_batch_broadcast ? 1 : c.B;
-        const std::vector<int64_t> mask_shape =
-            full ? std::vector<int64_t>{mask_batch, c.Sq, c.Sk} : std::vector<int64_t>{mask_batch, c.Sk};
+        const std::vector<int64_t> mask_shape = full ? std::vector<int64_t>{mask_batch, c.Sq, c.Sk}
+                                                     : std::vector<int64_t>{mask_batch, c.Sk};
         if (c.mask == Mask::BoolKeys || c.mask == Mask::BoolFull) {
             mask_bool = ByteTensor(mask_shape, rng() % 2 ? kDLUInt : 6 /* kDLBool */);
             // Key 0 always visible, so no row is entirely masked out by the mask itself.
@@ -148,7 +157,8 @@ struct Problem {
             std::uniform_real_distribution<double> bias(-2.0, 1.0);
             mask_float.for_each([&](const std::vector<int64_t>& i) {
                 const bool key0 = i.back() == 0;
-                mask_float.set(i, !key0 && rng() % 6 == 0 ? -std::numeric_limits<double>::infinity() : bias(rng));
+                mask_float.set(i, !key0 && rng() % 6 == 0 ? -std::numeric_limits<double>::infinity()
+                                                          : bias(rng));
             });
         }
     }
@@ -191,7 +201,9 @@ struct Arrays {
     std::vector<double> q, k, v;
 };
 
-inline Arrays arrays_of(const Problem& p) { return Arrays{p.q.values(), p.k.values(), p.v.values()}; }
+inline Arrays arrays_of(const Problem& p) {
+    return Arrays{p.q.values(), p.k.values(), p.v.values()};
+}
 
 struct Result {
     std::vector<double> out;  // [B][Hq][Sq][D]
@@ -209,7 +221,8 @@ public:
         }
         tokens_ = std::max(c_.Sq, c_.Sk) + 2;
         if (c_.pos_mask) positioned_.assign(p.pos_mask.bytes().begin(), p.pos_mask.bytes().end());
-        if (p.mask_bool.present()) bool_mask_.assign(p.mask_bool.bytes().begin(), p.mask_bool.bytes().end());
+        if (p.mask_bool.present())
+            bool_mask_.assign(p.mask_bool.bytes().begin(), p.mask_bool.bytes().end());
         if (c_.mask == Mask::AddKeys || c_.mask == Mask::AddFull) add_mask_ = p.mask_float.values();
     }
 
@@ -233,7 +246,8 @@ public:
                             double product = 0;
                             if (c_.R > 0 && has_position(b, i) && has_position(b, j)) {
                                 const std::vector<double> qr = rotate(qi, i), kr = rotate(kj, j);
-                                for (int64_t d = 0; d < D; ++d) product += qr[size_t(d)] * kr[size_t(d)];
+                                for (int64_t d = 0; d < D; ++d)
+                                    product += qr[size_t(d)] * kr[size_t(d)];
                             } else {
                                 for (int64_t d = 0; d < D; ++d) product += qi[d] * kj[d];
                             }
@@ -267,20 +281,25 @@ private:
     }
     bool visible(int64_t b, int64_t i, int64_t j) const {
         if (c_.causal && j > i) return false;
-        if (c_.mask == Mask::BoolKeys || c_.mask == Mask::BoolFull) return mask_value(bool_mask_, b, i, j) != 0;
-        if ((c_.mask == Mask::AddKeys || c_.mask == Mask::AddFull) && std::isinf(mask_value(add_mask_, b, i, j)))
+        if (c_.mask == Mask::BoolKeys || c_.mask == Mask::BoolFull)
+            return mask_value(bool_mask_, b, i, j) != 0;
+        if ((c_.mask == Mask::AddKeys || c_.mask == Mask::AddFull) &&
+            std::isinf(mask_value(add_mask_, b, i, j)))
             return false;
         return true;
     }
     double additive(int64_t b, int64_t i, int64_t j) const {
-        return c_.mask == Mask::AddKeys || c_.mask == Mask::AddFull ? mask_value(add_mask_, b, i, j) : 0.0;
+        return c_.mask == Mask::AddKeys || c_.mask == Mask::AddFull ? mask_value(add_mask_, b, i, j)
+                                                                    : 0.0;
     }
     std::vector<double> rotate(const double* x, int64_t s) const {
         std::vector<double> y(x, x + c_.D);
         for (int64_t i = 0; i < c_.R / 2; ++i) {
             const int64_t col = c_.table_full && c_.interleaved ? 2 * i : i;
-            const double co = cos_[size_t(s * columns_ + col)], si = sin_[size_t(s * columns_ + col)];
-            const int64_t i1 = c_.interleaved ? 2 * i : i, i2 = c_.interleaved ? 2 * i + 1 : i + c_.R / 2;
+            const double co = cos_[size_t(s * columns_ + col)],
+                         si = sin_[size_t(s * columns_ + col)];
+            const int64_t i1 = c_.interleaved ? 2 * i : i,
+                          i2 = c_.interleaved ? 2 * i + 1 : i + c_.R / 2;
             y[size_t(i1)] = x[i1] * co - x[i2] * si;
             y[size_t(i2)] = x[i2] * co + x[i1] * si;
         }
@@ -295,7 +314,8 @@ private:
 };
 
 // max |got - expected| / max(max |expected|, floor): an error normalized by the output's scale.
-inline double normalized_error(const std::vector<double>& got, const std::vector<double>& expected, double floor = 1e-3) {
+inline double normalized_error(const std::vector<double>& got, const std::vector<double>& expected,
+                               double floor = 1e-3) {
     double worst = 0, scale = floor;
     for (double e : expected)
         if (std::isfinite(e)) scale = std::max(scale, std::fabs(e));

@@ -34,7 +34,8 @@ enum class Positions { Implicit, PerToken, PerBatchToken, SeqlenOffsets };
 enum class Angles { HalfTable, FullTable, InvFreq };
 
 inline const char* layout_name(Layout l) {
-    const char* names[] = {"bhsd", "bshd", "padded", "packed+cu_seqlens", "packed_head_major+cu_seqlens"};
+    const char* names[] = {"bhsd", "bshd", "padded", "packed+cu_seqlens",
+                           "packed_head_major+cu_seqlens"};
     return names[int(l)];
 }
 inline const char* positions_name(Positions p) {
@@ -45,7 +46,9 @@ inline const char* angles_name(Angles a) {
     const char* names[] = {"half table", "full table", "inv_freq"};
     return names[int(a)];
 }
-inline bool is_packed(Layout l) { return l == Layout::Packed || l == Layout::PackedHeadMajor; }
+inline bool is_packed(Layout l) {
+    return l == Layout::Packed || l == Layout::PackedHeadMajor;
+}
 
 // One call's parameters. Packed layouts always come with cu_seqlens (positions [S] is then [T]).
 struct Spec {
@@ -63,7 +66,8 @@ struct Spec {
 
 inline std::string describe(const Spec& c) {
     std::ostringstream text;
-    text << "dt=" << dt_name(c.dt) << " table_dt=" << dt_name(c.table_dt) << " index_dt=" << dt_name(c.index_dt)
+    text << "dt=" << dt_name(c.dt) << " table_dt=" << dt_name(c.table_dt)
+         << " index_dt=" << dt_name(c.index_dt)
          << " style=" << (c.interleaved ? "interleaved" : "half") << " backward=" << c.backward
          << " has_k=" << c.has_k << " xpos=" << c.xpos << " in_place=" << c.in_place
          << " out_as_same_view=" << c.out_as_same_view << " rotary_dim_zero=" << c.rotary_dim_zero
@@ -86,9 +90,10 @@ inline void redraw_sizes(Spec& c, std::mt19937& rng) {
     c.S = 1 + rng() % 40;
     c.Hk = 1 + rng() % 2;
     c.position_offset = c.positions == Positions::Implicit ? rng() % 4 : 0;
-    c.q_extra = c.positions == Positions::Implicit && !is_packed(c.layout) && c.has_k && rng() % 3 == 0
-                    ? 1 + rng() % 4
-                    : 0;
+    c.q_extra =
+        c.positions == Positions::Implicit && !is_packed(c.layout) && c.has_k && rng() % 3 == 0
+            ? 1 + rng() % 4
+            : 0;
 }
 
 // A random point of the spec space, with small shapes (B <= 3, S <= 40, heads <= 16).
@@ -103,17 +108,20 @@ inline Spec random_spec(std::mt19937& rng) {
     c.out_as_same_view = c.in_place && (rng() & 1);
     c.has_k = rng() % 4 != 0;
     c.xpos = rng() % 6 == 0;
-    c.layout = pick(rng, {Layout::BHSD, Layout::BSHD, Layout::Padded, Layout::Packed, Layout::PackedHeadMajor});
+    c.layout = pick(
+        rng, {Layout::BHSD, Layout::BSHD, Layout::Padded, Layout::Packed, Layout::PackedHeadMajor});
     const bool packed = is_packed(c.layout);
-    c.positions = packed ? pick(rng, {Positions::Implicit, Positions::PerToken, Positions::SeqlenOffsets})
-                         : pick(rng, {Positions::Implicit, Positions::PerToken, Positions::PerBatchToken,
-                                      Positions::SeqlenOffsets});
+    c.positions =
+        packed ? pick(rng, {Positions::Implicit, Positions::PerToken, Positions::SeqlenOffsets})
+               : pick(rng, {Positions::Implicit, Positions::PerToken, Positions::PerBatchToken,
+                            Positions::SeqlenOffsets});
     c.angles = pick(rng, {Angles::HalfTable, Angles::FullTable, Angles::InvFreq});
     c.D = pick<int64_t>(rng, {64, 80, 96, 128, 256});
     c.R = c.D;
     c.offset = 0;
     if (rng() % 3 == 0) {  // partial rotary: common fractions and odd pair counts, at any offset
-        c.R = pick<int64_t>(rng, {c.D / 2, c.D / 4, 2 * (1 + int64_t(rng() % uint32_t(c.D / 2 - 1)))});
+        c.R = pick<int64_t>(rng,
+                            {c.D / 2, c.D / 4, 2 * (1 + int64_t(rng() % uint32_t(c.D / 2 - 1)))});
         c.offset = pick<int64_t>(rng, {0, c.D - c.R, int64_t(rng() % uint32_t(c.D - c.R + 1))});
     }
     c.rotary_dim_zero = c.R == c.D && (rng() & 1);
@@ -123,11 +131,25 @@ inline Spec random_spec(std::mt19937& rng) {
 }
 
 // Where each tensor of a call sits in a Problem; an absent tensor has an empty shape.
-enum Slot : size_t { kQ, kK, kQOut, kKOut, kCos, kSin, kInvFreq, kXpos, kPositions, kSeqlenOffsets, kCuSeqlens, kSlots };
+enum Slot : size_t {
+    kQ,
+    kK,
+    kQOut,
+    kKOut,
+    kCos,
+    kSin,
+    kInvFreq,
+    kXpos,
+    kPositions,
+    kSeqlenOffsets,
+    kCuSeqlens,
+    kSlots
+};
 
 inline const char* slot_name(size_t slot) {
-    const char* names[] = {"q",          "k",         "q_out",     "k_out",          "cos",       "sin",
-                           "inv_freq",   "xpos_scale", "positions", "seqlen_offsets", "cu_seqlens"};
+    const char* names[] = {"q",         "k",        "q_out",      "k_out",     "cos",
+                           "sin",       "inv_freq", "xpos_scale", "positions", "seqlen_offsets",
+                           "cu_seqlens"};
     return names[slot];
 }
 
@@ -142,7 +164,9 @@ struct Problem {
         if (spec.in_place) return slot == kQ || (slot == kK && has(kK));
         return slot == kQOut || (slot == kKOut && has(kKOut));
     }
-    int64_t table_rows() const { return has(kCos) ? t[kCos].shape()[0] : has(kXpos) ? t[kXpos].shape()[0] : 0; }
+    int64_t table_rows() const {
+        return has(kCos) ? t[kCos].shape()[0] : has(kXpos) ? t[kXpos].shape()[0] : 0;
+    }
 };
 
 inline HostTensor make_qk(const Spec& c, int64_t H, int64_t S, int64_t T) {
@@ -167,7 +191,8 @@ inline void fill_angles(Problem& p, int64_t P, std::mt19937& rng) {
     std::uniform_real_distribution<double> angle(-7, 7), scale(0.5, 1.5);
     if (c.angles == Angles::InvFreq) {
         p.t[kInvFreq] = HostTensor(Dt::F32, {half});
-        for (int64_t i = 0; i < half; ++i) p.t[kInvFreq].set({i}, std::pow(10000.0, -2.0 * double(i) / double(c.R)));
+        for (int64_t i = 0; i < half; ++i)
+            p.t[kInvFreq].set({i}, std::pow(10000.0, -2.0 * double(i) / double(c.R)));
     } else {
         p.t[kCos] = HostTensor(c.table_dt, {P, columns});
         p.t[kSin] = HostTensor(c.table_dt, {P, columns});
@@ -201,10 +226,12 @@ inline Problem make_problem(const Spec& c, std::mt19937& rng) {
     const int64_t Hq = c.Hk * c.group, Sk = c.S + c.q_extra;
 
     std::vector<int64_t> cu = {0};  // packed: sequences of random lengths 0..S
-    for (int64_t b = 0; b < c.B; ++b) cu.push_back(cu.back() + (packed ? int64_t(rng() % uint32_t(c.S + 1)) : c.S));
+    for (int64_t b = 0; b < c.B; ++b)
+        cu.push_back(cu.back() + (packed ? int64_t(rng() % uint32_t(c.S + 1)) : c.S));
     const int64_t T = cu.back();
     int64_t longest = 0;  // longest sequence of q or k
-    for (int64_t b = 0; b < c.B; ++b) longest = std::max(longest, cu[size_t(b) + 1] - cu[size_t(b)]);
+    for (int64_t b = 0; b < c.B; ++b)
+        longest = std::max(longest, cu[size_t(b) + 1] - cu[size_t(b)]);
     if (!packed && c.has_k) longest = std::max(longest, Sk);
 
     p.t[kQ] = make_qk(c, Hq, c.S, T);
@@ -221,9 +248,7 @@ inline Problem make_problem(const Spec& c, std::mt19937& rng) {
     int64_t max_row = 0;
     std::uniform_int_distribution<int64_t> any_row(0, 40);
     switch (c.positions) {
-        case Positions::Implicit:
-            max_row = longest - 1 + c.position_offset + c.q_extra;
-            break;
+        case Positions::Implicit: max_row = longest - 1 + c.position_offset + c.q_extra; break;
         case Positions::PerToken: {
             const int64_t n = packed ? T : c.S;
             p.t[kPositions] = HostTensor(c.index_dt, {n});
@@ -353,7 +378,8 @@ inline Problem run_with_host_tensors(rope_jit_runtime* runtime, const Problem& p
 
 // Runs the problem once with device copies of every tensor on `stream`, synchronizes that
 // stream and returns every tensor as the device holds it afterwards.
-inline Problem run_with_device_tensors(rope_jit_runtime* runtime, const Problem& p, rope_jit::CUstream stream = nullptr) {
+inline Problem run_with_device_tensors(rope_jit_runtime* runtime, const Problem& p,
+                                       rope_jit::CUstream stream = nullptr) {
     DeviceProblem device(p);
     require_ok(call_rope(runtime, make_args(p.spec, device.views(), stream)), "device tensors");
     synchronize(stream);
@@ -382,7 +408,8 @@ inline std::string format_number(double v) {
 }
 
 // Element-wise |got - expected| <= tol * (1 + |expected|), reporting the worst element.
-inline void check_close(const HostTensor& got, const HostTensor& expected, double tol, const std::string& what) {
+inline void check_close(const HostTensor& got, const HostTensor& expected, double tol,
+                        const std::string& what) {
     const std::vector<double> g = got.values(), e = expected.values();
     REQUIRE(g.size() == e.size());
     size_t worst = 0;
@@ -390,19 +417,23 @@ inline void check_close(const HostTensor& got, const HostTensor& expected, doubl
     for (size_t i = 0; i < g.size(); ++i) {
         const double allowed = tol * (1 + std::fabs(e[i]));
         const double error = std::fabs(g[i] - e[i]);
-        const double ratio = error <= allowed ? error / std::max(allowed, 1e-300) : std::isfinite(error) ? error / allowed : 1e30;
+        const double ratio = error <= allowed       ? error / std::max(allowed, 1e-300)
+                             : std::isfinite(error) ? error / allowed
+                                                    : 1e30;
         if (ratio > worst_ratio) worst_ratio = ratio, worst = i;
     }
-    const std::string detail = g.empty() ? std::string("empty")
-                                         : "worst element " + std::to_string(worst) + " (row-major): got " +
-                                               format_number(g[worst]) + ", expected " + format_number(e[worst]) +
-                                               ", tolerance " + format_number(tol) + " * (1 + |expected|)";
+    const std::string detail =
+        g.empty() ? std::string("empty")
+                  : "worst element " + std::to_string(worst) + " (row-major): got " +
+                        format_number(g[worst]) + ", expected " + format_number(e[worst]) +
+                        ", tolerance " + format_number(tol) + " * (1 + |expected|)";
     INFO(what, ": ", detail);
     CHECK(worst_ratio <= 1.0);
 }
 
 // Bytes of `got` outside its view must equal those of `before` (same buffer shape).
-inline void check_outside_view_untouched(const HostTensor& got, const HostTensor& before, const std::string& what) {
+inline void check_outside_view_untouched(const HostTensor& got, const HostTensor& before,
+                                         const std::string& what) {
     const size_t element = dt_size(got.dtype());
     const std::vector<uint8_t>& after_bytes = bytes_of(got);
     const std::vector<uint8_t>& before_bytes = bytes_of(before);
@@ -411,12 +442,15 @@ inline void check_outside_view_untouched(const HostTensor& got, const HostTensor
     got.for_each([&](const std::vector<int64_t>& i) { covered[size_t(got.offset(i))] = true; });
     size_t changed = 0;
     for (size_t e = 0; e < covered.size(); ++e)
-        if (!covered[e]) changed += std::memcmp(&after_bytes[e * element], &before_bytes[e * element], element) != 0;
+        if (!covered[e])
+            changed +=
+                std::memcmp(&after_bytes[e * element], &before_bytes[e * element], element) != 0;
     INFO(what, ": elements outside the view that changed: ", changed);
     CHECK(changed == 0);
 }
 
-inline void check_bytes_unchanged(const HostTensor& got, const HostTensor& before, const std::string& what) {
+inline void check_bytes_unchanged(const HostTensor& got, const HostTensor& before,
+                                  const std::string& what) {
     const bool unchanged = bytes_of(got) == bytes_of(before);
     INFO(what, ": must be left exactly as it was");
     CHECK(unchanged);
@@ -424,14 +458,17 @@ inline void check_bytes_unchanged(const HostTensor& got, const HostTensor& befor
 
 // What the GPU left against what the CPU left: written tensors within tol, the bytes around
 // their views untouched, and every tensor the call only reads exactly as it was.
-inline void check_gpu_matches_cpu(const Problem& original, const Problem& gpu, const Problem& cpu, double tol) {
+inline void check_gpu_matches_cpu(const Problem& original, const Problem& gpu, const Problem& cpu,
+                                  double tol) {
     for (size_t s = 0; s < kSlots; ++s) {
         if (!original.has(s)) continue;
         if (original.written(s)) {
             check_close(gpu.t[s], cpu.t[s], tol, std::string(slot_name(s)) + " (GPU vs CPU)");
-            check_outside_view_untouched(gpu.t[s], original.t[s], std::string(slot_name(s)) + " on the device");
+            check_outside_view_untouched(gpu.t[s], original.t[s],
+                                         std::string(slot_name(s)) + " on the device");
         } else {
-            check_bytes_unchanged(gpu.t[s], original.t[s], std::string(slot_name(s)) + " on the device");
+            check_bytes_unchanged(gpu.t[s], original.t[s],
+                                  std::string(slot_name(s)) + " on the device");
         }
     }
 }

@@ -32,12 +32,15 @@ using rope_test::HostTensor;
 // The loaded driver; throws (rather than REQUIREs) so that worker threads may call it.
 inline const rope_jit::CudaDriverApi& driver() {
     const rope_jit::CudaDriverApi* api = rope_jit::cuda_driver_api();
-    if (api == nullptr) throw std::runtime_error("no CUDA driver: " + rope_jit::cuda_driver_load_error());
+    if (api == nullptr)
+        throw std::runtime_error("no CUDA driver: " + rope_jit::cuda_driver_load_error());
     return *api;
 }
 
 // The number of CUDA devices the driver reports (0 without a driver or a device).
-inline int device_count() { return rope_jit::cuda_device_count(); }
+inline int device_count() {
+    return rope_jit::cuda_device_count();
+}
 
 // Device `ordinal`'s primary context, retained once for the whole process and never released,
 // as PyTorch does. Each thread that touches device memory makes it current first.
@@ -58,13 +61,16 @@ inline void make_primary_context_current(int ordinal = 0) {
     check_cu(driver().cuCtxSetCurrent(primary_context(ordinal)), "cuCtxSetCurrent");
 }
 
-inline void synchronize_context() { check_cu(driver().cuCtxSynchronize(), "cuCtxSynchronize"); }
+inline void synchronize_context() {
+    check_cu(driver().cuCtxSynchronize(), "cuCtxSynchronize");
+}
 
 // A directory made with mkdtemp, removed with everything in it when the process ends.
 class TempDir {
 public:
     explicit TempDir(const std::string& prefix) {
-        std::string pattern = (std::filesystem::temp_directory_path() / (prefix + "XXXXXX")).string();
+        std::string pattern =
+            (std::filesystem::temp_directory_path() / (prefix + "XXXXXX")).string();
         if (mkdtemp(pattern.data()) == nullptr)
             throw std::runtime_error("mkdtemp(" + pattern + "): " + std::strerror(errno));
         path_ = pattern;
@@ -98,9 +104,10 @@ public:
         config.debug_checks = debug_checks ? 1 : 0;
         const rope_jit_status status = rope_jit_runtime_create(&config, &handle_);
         const std::string message = rope_jit_last_error();
-        const std::string call = std::string("rope_jit_runtime_create(") +
-                                 (backend == ROPE_JIT_BACKEND_CUDA ? "ROPE_JIT_BACKEND_CUDA" : "ROPE_JIT_BACKEND_CPU") +
-                                 ") -> " + rope_jit_status_name(status);
+        const std::string call =
+            std::string("rope_jit_runtime_create(") +
+            (backend == ROPE_JIT_BACKEND_CUDA ? "ROPE_JIT_BACKEND_CUDA" : "ROPE_JIT_BACKEND_CPU") +
+            ") -> " + rope_jit_status_name(status);
         INFO(call, ": ", message);
         REQUIRE(status == ROPE_JIT_OK);
     }
@@ -132,9 +139,13 @@ struct GpuFixture {
 // ------------------------------------------------------------------------------------------
 
 // HostTensor hands out its bytes only through a non-const accessor.
-inline const std::vector<uint8_t>& bytes_of(const HostTensor& t) { return const_cast<HostTensor&>(t).bytes(); }
+inline const std::vector<uint8_t>& bytes_of(const HostTensor& t) {
+    return const_cast<HostTensor&>(t).bytes();
+}
 
-inline void* as_pointer(rope_jit::CUdeviceptr pointer) { return reinterpret_cast<void*>(static_cast<uintptr_t>(pointer)); }
+inline void* as_pointer(rope_jit::CUdeviceptr pointer) {
+    return reinterpret_cast<void*>(static_cast<uintptr_t>(pointer));
+}
 
 // A HostTensor mirrored on the GPU: the whole backing buffer (padding included) copied to
 // device memory, handed out as a DLTensor with the same shape and strides on {kDLCUDA, ordinal}.
@@ -153,7 +164,8 @@ public:
     DeviceTensor(const DeviceTensor&) = delete;
     DeviceTensor& operator=(const DeviceTensor&) = delete;
     ~DeviceTensor() {
-        if (const rope_jit::CudaDriverApi* api = rope_jit::cuda_driver_api()) api->cuMemFree(pointer_);
+        if (const rope_jit::CudaDriverApi* api = rope_jit::cuda_driver_api())
+            api->cuMemFree(pointer_);
     }
 
     const DLTensor* dl() const { return &tensor_; }
@@ -164,7 +176,8 @@ public:
     // ends, and work on a non-blocking stream is not ordered after it.
     void upload(const HostTensor& host) {
         const std::vector<uint8_t>& bytes = bytes_of(host);
-        if (bytes.size() != size_) throw std::invalid_argument("DeviceTensor::upload: size differs");
+        if (bytes.size() != size_)
+            throw std::invalid_argument("DeviceTensor::upload: size differs");
         check_cu(driver().cuMemcpyHtoD(pointer_, bytes.data(), size_), "cuMemcpyHtoD");
         synchronize_context();
     }
@@ -172,7 +185,8 @@ public:
     // wrote them first.
     void download(HostTensor& host) const {
         std::vector<uint8_t>& bytes = host.bytes();
-        if (bytes.size() != size_) throw std::invalid_argument("DeviceTensor::download: size differs");
+        if (bytes.size() != size_)
+            throw std::invalid_argument("DeviceTensor::download: size differs");
         check_cu(driver().cuMemcpyDtoH(bytes.data(), pointer_, size_), "cuMemcpyDtoH");
     }
 
@@ -185,11 +199,15 @@ private:
 
 class Stream {
 public:
-    Stream() { check_cu(driver().cuStreamCreate(&stream_, rope_jit::CU_STREAM_NON_BLOCKING), "cuStreamCreate"); }
+    Stream() {
+        check_cu(driver().cuStreamCreate(&stream_, rope_jit::CU_STREAM_NON_BLOCKING),
+                 "cuStreamCreate");
+    }
     Stream(const Stream&) = delete;
     Stream& operator=(const Stream&) = delete;
     ~Stream() {
-        if (const rope_jit::CudaDriverApi* api = rope_jit::cuda_driver_api()) api->cuStreamDestroy(stream_);
+        if (const rope_jit::CudaDriverApi* api = rope_jit::cuda_driver_api())
+            api->cuStreamDestroy(stream_);
     }
     rope_jit::CUstream get() const { return stream_; }
 
@@ -197,7 +215,9 @@ private:
     rope_jit::CUstream stream_ = nullptr;
 };
 
-inline void synchronize(rope_jit::CUstream stream) { check_cu(driver().cuStreamSynchronize(stream), "cuStreamSynchronize"); }
+inline void synchronize(rope_jit::CUstream stream) {
+    check_cu(driver().cuStreamSynchronize(stream), "cuStreamSynchronize");
+}
 
 struct Graph {
     Graph() = default;

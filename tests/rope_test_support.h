@@ -83,7 +83,10 @@ public:
 
     // Copies own their bytes and shape: the DLTensor is re-pointed at the copy's storage.
     HostTensor(const HostTensor& other)
-        : dt_(other.dt_), shape_(other.shape_), strides_(other.strides_), bytes_(other.bytes_),
+        : dt_(other.dt_),
+          shape_(other.shape_),
+          strides_(other.strides_),
+          bytes_(other.bytes_),
           tensor_(other.tensor_) {
         repoint();
     }
@@ -120,22 +123,62 @@ public:
     double get_at(int64_t o) const {
         const uint8_t* p = bytes_.data() + o * int64_t(dt_size(dt_));
         switch (dt_) {
-            case Dt::F32: { float v; std::memcpy(&v, p, 4); return v; }
-            case Dt::F16: { uint16_t v; std::memcpy(&v, p, 2); return rope_jit::fp16_to_float(v); }
-            case Dt::BF16: { uint16_t v; std::memcpy(&v, p, 2); return rope_jit::bf16_to_float(v); }
-            case Dt::I32: { int32_t v; std::memcpy(&v, p, 4); return v; }
-            case Dt::I64: { int64_t v; std::memcpy(&v, p, 8); return double(v); }
+            case Dt::F32: {
+                float v;
+                std::memcpy(&v, p, 4);
+                return v;
+            }
+            case Dt::F16: {
+                uint16_t v;
+                std::memcpy(&v, p, 2);
+                return rope_jit::fp16_to_float(v);
+            }
+            case Dt::BF16: {
+                uint16_t v;
+                std::memcpy(&v, p, 2);
+                return rope_jit::bf16_to_float(v);
+            }
+            case Dt::I32: {
+                int32_t v;
+                std::memcpy(&v, p, 4);
+                return v;
+            }
+            case Dt::I64: {
+                int64_t v;
+                std::memcpy(&v, p, 8);
+                return double(v);
+            }
         }
         return 0;
     }
     void set_at(int64_t o, double v) {
         uint8_t* p = bytes_.data() + o * int64_t(dt_size(dt_));
         switch (dt_) {
-            case Dt::F32: { float f = float(v); std::memcpy(p, &f, 4); break; }
-            case Dt::F16: { uint16_t h = rope_jit::float_to_fp16(float(v)); std::memcpy(p, &h, 2); break; }
-            case Dt::BF16: { uint16_t h = rope_jit::float_to_bf16(float(v)); std::memcpy(p, &h, 2); break; }
-            case Dt::I32: { int32_t i = int32_t(v); std::memcpy(p, &i, 4); break; }
-            case Dt::I64: { int64_t i = int64_t(v); std::memcpy(p, &i, 8); break; }
+            case Dt::F32: {
+                float f = float(v);
+                std::memcpy(p, &f, 4);
+                break;
+            }
+            case Dt::F16: {
+                uint16_t h = rope_jit::float_to_fp16(float(v));
+                std::memcpy(p, &h, 2);
+                break;
+            }
+            case Dt::BF16: {
+                uint16_t h = rope_jit::float_to_bf16(float(v));
+                std::memcpy(p, &h, 2);
+                break;
+            }
+            case Dt::I32: {
+                int32_t i = int32_t(v);
+                std::memcpy(p, &i, 4);
+                break;
+            }
+            case Dt::I64: {
+                int64_t i = int64_t(v);
+                std::memcpy(p, &i, 8);
+                break;
+            }
         }
     }
 
@@ -190,7 +233,8 @@ struct Case {
 };
 
 // y for one head vector x at table row p, straight from the README's formulas.
-inline std::vector<double> reference_rotate(const Case& c, const std::vector<double>& x, int64_t p, bool is_k) {
+inline std::vector<double> reference_rotate(const Case& c, const std::vector<double>& x, int64_t p,
+                                            bool is_k) {
     std::vector<double> y = x;
     const int64_t R = c.R, half = R / 2;
     for (int64_t i = 0; i < half; ++i) {
@@ -220,18 +264,22 @@ inline std::vector<double> reference_rotate(const Case& c, const std::vector<dou
 
 // Element-wise check |got - expected| <= atol + rtol * |expected|; returns the worst ratio
 // of error to allowance (<= 1 passes).
-inline double worst_ratio(const std::vector<double>& got, const std::vector<double>& expected, double atol,
-                          double rtol) {
+inline double worst_ratio(const std::vector<double>& got, const std::vector<double>& expected,
+                          double atol, double rtol) {
     double worst = 0;
     for (size_t i = 0; i < got.size(); ++i) {
         const double allowed = atol + rtol * std::fabs(expected[i]);
         const double err = std::fabs(got[i] - expected[i]);
-        if (!(err <= allowed)) worst = std::max(worst, std::isfinite(err) ? err / allowed : 1e30);
-        else worst = std::max(worst, err / allowed);
+        if (!(err <= allowed))
+            worst = std::max(worst, std::isfinite(err) ? err / allowed : 1e30);
+        else
+            worst = std::max(worst, err / allowed);
     }
     return worst;
 }
 
-inline double tolerance_for(Dt dt) { return dt == Dt::F32 ? 1e-5 : dt == Dt::F16 ? 2e-3 : 1.6e-2; }
+inline double tolerance_for(Dt dt) {
+    return dt == Dt::F32 ? 1e-5 : dt == Dt::F16 ? 2e-3 : 1.6e-2;
+}
 
 }  // namespace rope_test

@@ -51,8 +51,8 @@ struct ValidCall {
     // Runs the broken call (forward, or backward) and checks the status, that the message
     // names `needle`, and that no output changed.
     void expect_invalid(const std::string& needle, bool backward = false) {
-        const rope_jit_status status =
-            backward ? rope_jit_attention_backward(runtime, &args) : rope_jit_attention(runtime, &args);
+        const rope_jit_status status = backward ? rope_jit_attention_backward(runtime, &args)
+                                                : rope_jit_attention(runtime, &args);
         const std::string message = rope_jit_last_error();
         CAPTURE(message);
         CHECK(status == ROPE_JIT_ERROR_INVALID_ARGUMENT);
@@ -158,8 +158,11 @@ TEST_CASE("attention: bad rotation arguments are rejected") {
         call.args.rotary_dim = 7;
         call.expect_invalid("rotary_dim: must be even");
     }
-    SUBCASE("rotary_dim 0 (head_dim) with an odd head_dim: the message names the head_dim it stands for") {
-        for (auto* t : {&call.problem.q, &call.problem.k, &call.problem.v, &call.problem.out}) t->dl()->shape[3] = 15;
+    SUBCASE(
+        "rotary_dim 0 (head_dim) with an odd head_dim: the message names the head_dim it stands "
+        "for") {
+        for (auto* t : {&call.problem.q, &call.problem.k, &call.problem.v, &call.problem.out})
+            t->dl()->shape[3] = 15;
         call.args.rotary_dim = 0;
         call.expect_invalid("rotary_dim: 0 means head_dim, 15, which is odd");
     }
@@ -279,8 +282,8 @@ TEST_CASE("attention: tensors on different devices are rejected") {
         call.expect_invalid("k: lives on CUDA device 0, but q lives on CPU device 0");
     }
     SUBCASE("everything on a GPU, on a CPU-only runtime") {
-        for (HostTensor* t : {&call.problem.q, &call.problem.k, &call.problem.v, &call.problem.out, &call.problem.lse,
-                              &call.problem.cos, &call.problem.sin})
+        for (HostTensor* t : {&call.problem.q, &call.problem.k, &call.problem.v, &call.problem.out,
+                              &call.problem.lse, &call.problem.cos, &call.problem.sin})
             t->dl()->device = {kDLCUDA, 0};
         call.problem.pos_mask.dl()->device = {kDLCUDA, 0};
         call.problem.mask_bool.dl()->device = {kDLCUDA, 0};

@@ -38,19 +38,23 @@ private:
 void run_forward(rope_jit_runtime* runtime, Problem& p) {
     const rope_jit_attention_args args = p.args();
     const rope_jit_status status = rope_jit_attention(runtime, &args);
-    INFO("rope_jit_attention: " << std::string(rope_jit_status_name(status)) << ": " << std::string(rope_jit_last_error()));
+    INFO("rope_jit_attention: " << std::string(rope_jit_status_name(status)) << ": "
+                                << std::string(rope_jit_last_error()));
     REQUIRE(status == ROPE_JIT_OK);
 }
 
 void run_backward(rope_jit_runtime* runtime, Problem& p) {
     const rope_jit_attention_args args = p.args();
     const rope_jit_status status = rope_jit_attention_backward(runtime, &args);
-    INFO("rope_jit_attention_backward: " << std::string(rope_jit_status_name(status)) << ": " << std::string(rope_jit_last_error()));
+    INFO("rope_jit_attention_backward: " << std::string(rope_jit_status_name(status)) << ": "
+                                         << std::string(rope_jit_last_error()));
     REQUIRE(status == ROPE_JIT_OK);
 }
 
 // The output tolerance of a dtype when the only error is the final rounding (normalized).
-double rounding_tolerance(Dt dt) { return dt == Dt::F32 ? 2e-7 : dt == Dt::F16 ? 1e-3 : 8e-3; }
+double rounding_tolerance(Dt dt) {
+    return dt == Dt::F32 ? 2e-7 : dt == Dt::F16 ? 1e-3 : 8e-3;
+}
 
 template <typename T>
 T pick(std::mt19937& rng, std::initializer_list<T> options) {
@@ -74,7 +78,8 @@ Config random_config(std::mt19937& rng) {
     c.causal = rng() & 1;
     c.pos_mask = c.R > 0 && rng() % 3 == 0;
     c.pos_mask_batched = rng() & 1;
-    c.mask = pick(rng, {Mask::None, Mask::None, Mask::BoolKeys, Mask::BoolFull, Mask::AddKeys, Mask::AddFull});
+    c.mask = pick(rng, {Mask::None, Mask::None, Mask::BoolKeys, Mask::BoolFull, Mask::AddKeys,
+                        Mask::AddFull});
     c.mask_batch_broadcast = rng() % 3 == 0;
     c.scale = rng() % 3 == 0 ? 0.3 : 0.0;
     c.bshd = rng() & 1;
@@ -85,7 +90,9 @@ Config random_config(std::mt19937& rng) {
 
 }  // namespace
 
-TEST_CASE("the CPU forward matches an independent float64 reference across dtypes, styles, masks, GQA and pos_mask") {
+TEST_CASE(
+    "the CPU forward matches an independent float64 reference across dtypes, styles, masks, GQA "
+    "and pos_mask") {
     CpuRuntime runtime;
     std::mt19937 rng(2024);
     for (int round = 0; round < 150; ++round) {
@@ -99,8 +106,11 @@ TEST_CASE("the CPU forward matches an independent float64 reference across dtype
         const std::vector<double> lse = p.lse.values();
         for (size_t i = 0; i < lse.size(); ++i) {
             CAPTURE(i);
-            if (std::isinf(expected.lse[i])) CHECK(lse[i] == expected.lse[i]);
-            else CHECK(std::fabs(lse[i] - expected.lse[i]) <= 1e-6 * std::max(1.0, std::fabs(expected.lse[i])));
+            if (std::isinf(expected.lse[i]))
+                CHECK(lse[i] == expected.lse[i]);
+            else
+                CHECK(std::fabs(lse[i] - expected.lse[i]) <=
+                      1e-6 * std::max(1.0, std::fabs(expected.lse[i])));
         }
     }
 }
@@ -123,13 +133,41 @@ TEST_CASE("the CPU backward matches finite differences of the independent refere
     };
     add([](Config&) {});
     add([](Config& c) { c.R = 0; });
-    add([](Config& c) { c.causal = true; c.Hq = 4; c.Hk = 2; });
-    add([](Config& c) { c.interleaved = true; c.table_full = true; c.R = 4; });
+    add([](Config& c) {
+        c.causal = true;
+        c.Hq = 4;
+        c.Hk = 2;
+    });
+    add([](Config& c) {
+        c.interleaved = true;
+        c.table_full = true;
+        c.R = 4;
+    });
     add([](Config& c) { c.pos_mask = true; });
-    add([](Config& c) { c.pos_mask = true; c.interleaved = true; c.causal = true; c.Sq = 5; c.Sk = 5; });
-    add([](Config& c) { c.mask = Mask::BoolFull; c.Sk = 6; });
-    add([](Config& c) { c.mask = Mask::AddKeys; c.pos_mask = true; c.pos_mask_batched = true; c.B = 2; });
-    add([](Config& c) { c.mask = Mask::AddFull; c.causal = true; c.Sq = 6; c.Sk = 3; c.scale = 0.7; });
+    add([](Config& c) {
+        c.pos_mask = true;
+        c.interleaved = true;
+        c.causal = true;
+        c.Sq = 5;
+        c.Sk = 5;
+    });
+    add([](Config& c) {
+        c.mask = Mask::BoolFull;
+        c.Sk = 6;
+    });
+    add([](Config& c) {
+        c.mask = Mask::AddKeys;
+        c.pos_mask = true;
+        c.pos_mask_batched = true;
+        c.B = 2;
+    });
+    add([](Config& c) {
+        c.mask = Mask::AddFull;
+        c.causal = true;
+        c.Sq = 6;
+        c.Sk = 3;
+        c.scale = 0.7;
+    });
     for (const Config& c : configs) {
         CAPTURE(describe(c));
         Problem p(c, rng);
@@ -199,7 +237,9 @@ TEST_CASE("a query that sees no key gets out 0, lse -inf and no gradient") {
     }
 }
 
-TEST_CASE("a NaN in a query row makes that row's out, lse and dq NaN, and the keys it sees get NaN gradients") {
+TEST_CASE(
+    "a NaN in a query row makes that row's out, lse and dq NaN, and the keys it sees get NaN "
+    "gradients") {
     CpuRuntime runtime;
     for (const bool causal : {false, true}) {
         CAPTURE(causal);
@@ -267,9 +307,11 @@ TEST_CASE("16-bit outputs are the float64 result rounded once, also just above a
         run_forward(runtime.get(), p);
         const long double exact = 1.0L / (1.0L + std::exp(-static_cast<long double>(k.scale)));
         auto value_of = [&](uint16_t bits) {
-            return k.dt == Dt::F16 ? double(rope_jit::fp16_to_float(bits)) : double(rope_jit::bf16_to_float(bits));
+            return k.dt == Dt::F16 ? double(rope_jit::fp16_to_float(bits))
+                                   : double(rope_jit::bf16_to_float(bits));
         };
-        const long double to_below = exact - value_of(k.below), to_above = value_of(k.above) - exact;
+        const long double to_below = exact - value_of(k.below),
+                          to_above = value_of(k.above) - exact;
         REQUIRE((to_below > 0 && to_above > 0));
         const uint16_t nearest = to_below < to_above ? k.below : k.above;
         CHECK(nearest == k.above);  // the case is what it says: just above the midpoint
@@ -279,7 +321,8 @@ TEST_CASE("16-bit outputs are the float64 result rounded once, also just above a
     }
 }
 
-TEST_CASE("strided views give the same results as contiguous tensors and leave their padding alone") {
+TEST_CASE(
+    "strided views give the same results as contiguous tensors and leave their padding alone") {
     CpuRuntime runtime;
     Config c;
     c.dt = Dt::BF16;

@@ -26,7 +26,8 @@ using namespace rope_jit;
 namespace {
 
 // A spec of the given kind with the common fields of the headline shape.
-AttentionSpec spec_of(AttentionKernelKind kind, int dtype, int head_dim, int rotary_dim, bool tensor_cores) {
+AttentionSpec spec_of(AttentionKernelKind kind, int dtype, int head_dim, int rotary_dim,
+                      bool tensor_cores) {
     AttentionSpec s;
     s.kind = int32_t(kind);
     s.dtype = dtype;
@@ -81,7 +82,8 @@ std::vector<AttentionSpec> representative_specs() {
     two_tiles.causal = 1;
     two_tiles.table_async = 1;
     specs.push_back(two_tiles);
-    AttentionSpec dk_pass = spec_of(K::BackwardDkDv, 2, 128, 128, true);  // the dk pass with pos_mask
+    AttentionSpec dk_pass =
+        spec_of(K::BackwardDkDv, 2, 128, 128, true);  // the dk pass with pos_mask
     dk_pass.pos_mask = 1;
     dk_pass.compute_dv = 0;
     dk_pass.warps = 4;
@@ -125,7 +127,8 @@ std::vector<AttentionSpec> wgmma_specs() {
 
 }  // namespace
 
-TEST_CASE("every family of attention kernels compiles with NVRTC for sm_80 and sm_90 (wgmma: sm_90a)") {
+TEST_CASE(
+    "every family of attention kernels compiles with NVRTC for sm_80 and sm_90 (wgmma: sm_90a)") {
     if (nvrtc_api() == nullptr) {
         MESSAGE("NVRTC not available (" << nvrtc_load_error() << "): compile check skipped");
         return;
@@ -170,7 +173,8 @@ TEST_CASE("every family of attention kernels compiles with NVRTC for sm_80 and s
                 FAIL("no error");
             } catch (const Error& e) {
                 CHECK(e.status() == ROPE_JIT_ERROR_UNSUPPORTED);
-                CHECK(std::string(e.what()).find(std::string("sm_90 only, not ") + other) != std::string::npos);
+                CHECK(std::string(e.what()).find(std::string("sm_90 only, not ") + other) !=
+                      std::string::npos);
             }
         }
     }
@@ -182,7 +186,8 @@ namespace {
 // under the ROPE_JIT_ATTENTION_KERNELS override the environment holds now (as a runtime
 // created now would read it).
 std::vector<AttentionSpec> chosen(const attention_test::Config& c, bool backward,
-                                  AttentionDevice device = AttentionDevice{90, 232448, true, true}) {
+                                  AttentionDevice device = AttentionDevice{90, 232448, true,
+                                                                           true}) {
     std::mt19937 rng(1);
     attention_test::Problem p(c, rng);
     const rope_jit_attention_args args = p.args();
@@ -226,7 +231,8 @@ TEST_CASE("aligned 16-bit problems run on tensor cores, in one kernel forward an
     CHECK(forward[0].stages == 3);
     CHECK(forward[0].shared_bytes() <= 232448);
     const AttentionSpec no_tma = chosen(c, false, AttentionDevice{90, 232448, true, false})[0];
-    CHECK((no_tma.wgmma == 1 && no_tma.warps == 12 && no_tma.producer_warps == 0 && no_tma.stages == 3));
+    CHECK((no_tma.wgmma == 1 && no_tma.warps == 12 && no_tma.producer_warps == 0 &&
+           no_tma.stages == 3));
     attention_test::Config unstaged = c;
     unstaged.table_dt = attention_test::Dt::BF16;
     unstaged.R = 8;  // 4 bf16 columns: 8-byte table rows, not staged
@@ -243,7 +249,8 @@ TEST_CASE("aligned 16-bit problems run on tensor cores, in one kernel forward an
     CHECK(chosen(d64, false)[0].block_n == 64);
     d64.Sk = 4096;
     const AttentionSpec long_keys = chosen(d64, false)[0];
-    CHECK((long_keys.wgmma == 1 && long_keys.producer_warps == 4 && long_keys.block_n == 128 && long_keys.stages == 2));
+    CHECK((long_keys.wgmma == 1 && long_keys.producer_warps == 4 && long_keys.block_n == 128 &&
+           long_keys.stages == 2));
     CHECK(chosen(d64, false, AttentionDevice{80, 166912})[0].wgmma == 0);
     // head_dim 256 (no wgmma): 8 warps over 64-key tiles; with pos_mask 32-key tiles.
     attention_test::Config d256 = c;
@@ -296,7 +303,9 @@ TEST_CASE("the CUDA-core kernels take what tensor cores cannot") {
         for (const AttentionSpec& s : chosen(c, true)) CHECK(s.tensor_cores == 0);
         CHECK(chosen(c, false)[0].tensor_cores == 1);
     }
-    SUBCASE("pos_mask keeps the sm_90 forward on mma.sync, and less shared memory gives fewer stages, then rows") {
+    SUBCASE(
+        "pos_mask keeps the sm_90 forward on mma.sync, and less shared memory gives fewer stages, "
+        "then rows") {
         CHECK(chosen(c, false)[0].wgmma == 1);
         c.pos_mask = true;
         CHECK(chosen(c, false)[0].wgmma == 0);
@@ -329,7 +338,8 @@ TEST_CASE("the CUDA-core kernels take what tensor cores cannot") {
     SUBCASE("the override's wgmma shapes: 4, 8 or 12 warps, the third number is the stages") {
         EnvGuard env;
         env.set("ROPE_JIT_ATTENTION_KERNELS", "fwd=w16x64");
-        CHECK(chosen(c, false)[0].warps == 8);  // 16 warps refused: the default (8 + 4 producer warps)
+        CHECK(chosen(c, false)[0].warps ==
+              8);  // 16 warps refused: the default (8 + 4 producer warps)
         env.set("ROPE_JIT_ATTENTION_KERNELS", "fwd=w8x64x3");
         const AttentionSpec spec = chosen(c, false)[0];
         CHECK((spec.wgmma == 1 && spec.warps == 8 && spec.block_n == 64 && spec.stages == 3));
@@ -338,14 +348,17 @@ TEST_CASE("the CUDA-core kernels take what tensor cores cannot") {
         EnvGuard env;
         env.set("ROPE_JIT_ATTENTION_KERNELS", "fwd=p8x64x3");
         AttentionSpec spec = chosen(c, false)[0];
-        CHECK((spec.wgmma == 1 && spec.warps == 8 && spec.producer_warps == 4 && spec.cluster == 1 && spec.stages == 3));
+        CHECK((spec.wgmma == 1 && spec.warps == 8 && spec.producer_warps == 4 &&
+               spec.cluster == 1 && spec.stages == 3));
         CHECK(spec.threads() == 384);
         env.set("ROPE_JIT_ATTENTION_KERNELS", "fwd=c4x8x64x3");  // the headline's GQA group is 4
         spec = chosen(c, false)[0];
-        CHECK((spec.wgmma == 1 && spec.warps == 8 && spec.producer_warps == 4 && spec.cluster == 4 && spec.stages == 3));
+        CHECK((spec.wgmma == 1 && spec.warps == 8 && spec.producer_warps == 4 &&
+               spec.cluster == 4 && spec.stages == 3));
         CHECK(spec.describe().find("+4 producer warps cluster4") != std::string::npos);
         CHECK(spec.preamble().find("__cluster_dims__(4, 1, 1)") != std::string::npos);
-        env.set("ROPE_JIT_ATTENTION_KERNELS", "fwd=p12x64x3");  // four warpgroups: refused, the default
+        env.set("ROPE_JIT_ATTENTION_KERNELS",
+                "fwd=p12x64x3");  // four warpgroups: refused, the default
         CHECK((chosen(c, false)[0].warps == 8 && chosen(c, false)[0].producer_warps == 4));
         attention_test::Config no_keys = c;
         no_keys.Sk = 0;  // nothing for TMA to describe: the kernel without producers
@@ -370,10 +383,12 @@ TEST_CASE("the CUDA-core kernels take what tensor cores cannot") {
         c.pad = 1;  // unaligned tables (and rows): no staging, so no cluster
         CHECK(chosen(c, false)[0].cluster == 1);
         c.pad = 0;
-        for (const char* junk : {"fwd=c2x8", "fwd=cx8x64", "fwd=p8x64x3x1", "fwd=w8xx64", "fwd=c0x8x64", "dq=c2x8x64"}) {
+        for (const char* junk : {"fwd=c2x8", "fwd=cx8x64", "fwd=p8x64x3x1", "fwd=w8xx64",
+                                 "fwd=c0x8x64", "dq=c2x8x64"}) {
             CAPTURE(junk);
             env.set("ROPE_JIT_ATTENTION_KERNELS", junk);
-            CHECK(chosen(c, false)[0] == chosen(c, false, AttentionDevice{90, 232448, true, true})[0]);  // the default
+            CHECK(chosen(c, false)[0] ==
+                  chosen(c, false, AttentionDevice{90, 232448, true, true})[0]);  // the default
             CHECK(chosen(c, false)[0].cluster == 1);
         }
     }
@@ -387,7 +402,8 @@ TEST_CASE("the CUDA-core kernels take what tensor cores cannot") {
         CHECK(nvrtc_runs_wgmma_forward("13.0"));
         CHECK(nvrtc_runs_wgmma_forward("14.1"));
         // attention_device() takes the loaded NVRTC's version, and sm_90 alone.
-        CHECK(attention_device(90, 232448).wgmma == nvrtc_runs_wgmma_forward(nvrtc_version_string()));
+        CHECK(attention_device(90, 232448).wgmma ==
+              nvrtc_runs_wgmma_forward(nvrtc_version_string()));
         CHECK_FALSE(attention_device(80, 166912).wgmma);
         CHECK_FALSE(attention_device(100, 232448).wgmma);
     }
@@ -508,14 +524,17 @@ TEST_CASE("attention specs render their constants, JSON and description, and com
     AttentionSpec three = w;
     three.stages = 3;
     CHECK(three != w);
-    CHECK(three.describe() == "attention fwd bf16 D128 R64 half table/half causal gqa1 lse wgmma 8x64x3");
+    CHECK(three.describe() ==
+          "attention fwd bf16 D128 R64 half table/half causal gqa1 lse wgmma 8x64x3");
     CHECK(three.preamble().find("constexpr int STAGES = 3;") != std::string::npos);
     AttentionSpec mma_stages = a;
     mma_stages.stages = 3;
     CHECK_THROWS_AS(mma_stages.validate(), Error);
     AttentionSpec producer = w;
     producer.producer_warps = 4;
-    CHECK_THROWS_AS(producer.validate(), Error);  // the producers read table columns in 16-byte pieces: stageable tables only
+    CHECK_THROWS_AS(
+        producer.validate(),
+        Error);  // the producers read table columns in 16-byte pieces: stageable tables only
     producer.table_async = 1;
     CHECK_NOTHROW(producer.validate());
     CHECK(producer.threads() == 384);
@@ -531,13 +550,15 @@ TEST_CASE("attention specs render their constants, JSON and description, and com
     clustered.table_async = 1;
     clustered.cluster = 4;
     CHECK_NOTHROW(clustered.validate());
-    CHECK(clustered.shared_bytes() == producer.shared_bytes());  // the same buffers, filled by several blocks
+    CHECK(clustered.shared_bytes() ==
+          producer.shared_bytes());  // the same buffers, filled by several blocks
     // Each rule of clusters broken alone: four blocks over two GQA groups, no producer warps,
     // unstaged tables, eight blocks.
-    for (void (*broken)(AttentionSpec&) : {+[](AttentionSpec& s) { s.gqa_group = 2; },
-                                           +[](AttentionSpec& s) { s.producer_warps = 0; },
-                                           +[](AttentionSpec& s) { s.table_async = 0; },
-                                           +[](AttentionSpec& s) { s.cluster = s.gqa_group = 8; }}) {
+    for (void (*broken)(AttentionSpec&) :
+         {+[](AttentionSpec& s) { s.gqa_group = 2; },
+          +[](AttentionSpec& s) { s.producer_warps = 0; },
+          +[](AttentionSpec& s) { s.table_async = 0; },
+          +[](AttentionSpec& s) { s.cluster = s.gqa_group = 8; }}) {
         AttentionSpec bad_cluster = clustered;
         broken(bad_cluster);
         CHECK_THROWS_AS(bad_cluster.validate(), Error);
@@ -564,39 +585,48 @@ TEST_CASE("the ROPE_JIT_ATTENTION_KERNELS text parses into tile shapes; anything
     CHECK_FALSE(parse_attention_kernel_override("").shape[0].has_value());
     CHECK(parse_attention_kernel_override("simt").force_simt);
 
-    const AttentionKernelOverride o = parse_attention_kernel_override("fwd=8x64x2,dq=4x32,dkdv=8x16");
+    const AttentionKernelOverride o =
+        parse_attention_kernel_override("fwd=8x64x2,dq=4x32,dkdv=8x16");
     CHECK_FALSE(o.force_simt);
     REQUIRE(o.shape[0].has_value());
-    CHECK((o.shape[0]->warps == 8 && o.shape[0]->block_n == 64 && o.shape[0]->m_tiles == 2 && !o.shape[0]->wgmma));
+    CHECK((o.shape[0]->warps == 8 && o.shape[0]->block_n == 64 && o.shape[0]->m_tiles == 2 &&
+           !o.shape[0]->wgmma));
     REQUIRE(o.shape[1].has_value());
     CHECK((o.shape[1]->warps == 4 && o.shape[1]->block_n == 32 && o.shape[1]->m_tiles == 1));
     REQUIRE(o.shape[2].has_value());
     CHECK((o.shape[2]->warps == 8 && o.shape[2]->block_n == 16));
 
     const AttentionTileShape w = *parse_attention_kernel_override("fwd=w12x64x3").shape[0];
-    CHECK((w.wgmma && w.warps == 12 && w.block_n == 64 && w.stages == 3 && w.producer_warps == 0 && w.cluster == 1));
+    CHECK((w.wgmma && w.warps == 12 && w.block_n == 64 && w.stages == 3 && w.producer_warps == 0 &&
+           w.cluster == 1));
     const AttentionTileShape p = *parse_attention_kernel_override("fwd=p8x128").shape[0];
-    CHECK((p.wgmma && p.warps == 8 && p.block_n == 128 && p.stages == 2 && p.producer_warps == 4 && p.cluster == 1));
+    CHECK((p.wgmma && p.warps == 8 && p.block_n == 128 && p.stages == 2 && p.producer_warps == 4 &&
+           p.cluster == 1));
     const AttentionTileShape c = *parse_attention_kernel_override("fwd=c4x8x64x3").shape[0];
-    CHECK((c.wgmma && c.warps == 8 && c.block_n == 64 && c.stages == 3 && c.producer_warps == 4 && c.cluster == 4));
+    CHECK((c.wgmma && c.warps == 8 && c.block_n == 64 && c.stages == 3 && c.producer_warps == 4 &&
+           c.cluster == 4));
 
     // Malformed items, unknown kinds and wgmma shapes for a backward kernel are left out; the
     // well-formed items beside them stay.
-    for (const char* junk : {"fwd=c2x8", "fwd=cx8x64", "fwd=p8x64x3x1", "fwd=w8xx64", "fwd=c0x8x64", "dq=c2x8x64",
-                             "dkdv=w4x32", "fwd=8", "fwd=", "fwd=0x64", "fwd=8x64x2x2", "fwd=12345x64", "bwd=8x64",
-                             "fwd", "SIMT", "fwd=-8x64", "fwd=8x64 "}) {
+    for (const char* junk :
+         {"fwd=c2x8", "fwd=cx8x64", "fwd=p8x64x3x1", "fwd=w8xx64", "fwd=c0x8x64", "dq=c2x8x64",
+          "dkdv=w4x32", "fwd=8", "fwd=", "fwd=0x64", "fwd=8x64x2x2", "fwd=12345x64", "bwd=8x64",
+          "fwd", "SIMT", "fwd=-8x64", "fwd=8x64 "}) {
         CAPTURE(junk);
         const AttentionKernelOverride bad = parse_attention_kernel_override(junk);
         CHECK_FALSE(bad.force_simt);
         for (const auto& shape : bad.shape) CHECK_FALSE(shape.has_value());
     }
-    const AttentionKernelOverride mixed = parse_attention_kernel_override("fwd=w8xx64,dq=8x32,,junk");
+    const AttentionKernelOverride mixed =
+        parse_attention_kernel_override("fwd=w8xx64,dq=8x32,,junk");
     CHECK_FALSE(mixed.shape[0].has_value());
     REQUIRE(mixed.shape[1].has_value());
     CHECK(mixed.shape[1]->block_n == 32);
 }
 
-TEST_CASE("the choice without an override ignores ROPE_JIT_ATTENTION_KERNELS; the runtime reads it once") {
+TEST_CASE(
+    "the choice without an override ignores ROPE_JIT_ATTENTION_KERNELS; the runtime reads it "
+    "once") {
     const attention_test::Config c = headline_config();
     std::mt19937 rng(1);
     attention_test::Problem p(c, rng);
@@ -609,7 +639,8 @@ TEST_CASE("the choice without an override ignores ROPE_JIT_ATTENTION_KERNELS; th
     CHECK(choose_attention_specs(problem, device)[0].tensor_cores == 1);
     CHECK(choose_attention_specs(problem, device)[0] ==
           choose_attention_specs(problem, device, AttentionKernelOverride{})[0]);
-    CHECK(choose_attention_specs(problem, device, attention_kernel_override_from_environment())[0].tensor_cores == 0);
+    CHECK(choose_attention_specs(problem, device, attention_kernel_override_from_environment())[0]
+              .tensor_cores == 0);
 }
 
 TEST_CASE("launch plans: block threads, rows per block and shared memory of each kernel family") {
@@ -667,12 +698,15 @@ TEST_CASE("launch plans: block threads, rows per block and shared memory of each
     dkdv.table_async = 1;
     plan = attention_launch_plan(dkdv);
     CHECK(plan.rows_per_block == 128);
-    CHECK(plan.shared_bytes == 5 * 32 * 272 + 2 * 128 * 272 + 2 * 32 * 256 + 2 * 32 * 4 + 32 * 4 + 32 + 128);
+    CHECK(plan.shared_bytes ==
+          5 * 32 * 272 + 2 * 128 * 272 + 2 * 32 * 256 + 2 * 32 * 4 + 32 * 4 + 32 + 128);
 }
 
 // On sm_86 (99 KiB of shared memory a block) the smallest dq or dk/dv tiles of head_dim 200
 // and more do not fit: those backwards run (in part) on CUDA cores there.
-TEST_CASE("the tile tables give every head_dim multiple of 8 up to 256 tensor cores on sm_80 (sm_86: to 192)") {
+TEST_CASE(
+    "the tile tables give every head_dim multiple of 8 up to 256 tensor cores on sm_80 (sm_86: to "
+    "192)") {
     for (const AttentionDevice device : {AttentionDevice{80, 166912}, AttentionDevice{86, 101376}})
         for (int64_t d = 8; d <= (device.compute_capability == 80 ? 256 : 192); d += 8) {
             attention_test::Config c = headline_config();
@@ -697,7 +731,8 @@ TEST_CASE("the tile tables give every head_dim multiple of 8 up to 256 tensor co
     c.interleaved = true;
     CHECK(chosen(c, false, AttentionDevice{86, 101376})[0].tensor_cores == 1);
     const std::vector<AttentionSpec> backward = chosen(c, true, AttentionDevice{86, 101376});
-    CHECK(std::any_of(backward.begin(), backward.end(), [](const AttentionSpec& s) { return s.tensor_cores == 0; }));
+    CHECK(std::any_of(backward.begin(), backward.end(),
+                      [](const AttentionSpec& s) { return s.tensor_cores == 0; }));
 }
 
 TEST_CASE("the kernels compute the launch plan the host launches them with") {
@@ -721,8 +756,8 @@ TEST_CASE("the kernels compute the launch plan the host launches them with") {
         return "\nstatic_assert(PLAN.shared_bytes == " + std::to_string(plan.shared_bytes) +
                " && PLAN.threads == " + std::to_string(plan.threads) +
                " && PLAN.rows_per_block == " + std::to_string(plan.rows_per_block) +
-               " && PLAN.table_row_bytes == " + std::to_string(plan.table_row_bytes) + ", \"" + spec.describe() +
-               "\");\n";
+               " && PLAN.table_row_bytes == " + std::to_string(plan.table_row_bytes) + ", \"" +
+               spec.describe() + "\");\n";
     };
     for (const AttentionSpec& spec : {forward, dkdv, producer}) {
         CAPTURE(spec.describe());
@@ -730,7 +765,8 @@ TEST_CASE("the kernels compute the launch plan the host launches them with") {
         const std::string target = spec.wgmma ? "compute_90a" : "compute_80";
         const std::string source = specialize_template(spec.preamble(), "attention.cu");
         const AttentionLaunchPlan plan = attention_launch_plan(spec);
-        CHECK_NOTHROW(compile_cuda(source + check(spec, plan), "attention.cu", target, {}, kernel_headers()));
+        CHECK_NOTHROW(
+            compile_cuda(source + check(spec, plan), "attention.cu", target, {}, kernel_headers()));
         AttentionLaunchPlan other = plan;
         other.shared_bytes += 16;  // a one-sided change: the kernel disagrees
         try {

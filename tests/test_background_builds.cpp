@@ -387,61 +387,61 @@ TEST_CASE("background builds are on by default and off through the config or the
 }
 
 TEST_SUITE("gpu") {
+    TEST_CASE_FIXTURE(gpu_test::GpuFixture,
+                      "a RoPE forward compiled on the GPU leaves its backward ready for the first "
+                      "backward call") {
+        using namespace gpu_rope_test;
+        gpu_test::TempDir dir("rope_jit_background_gpu_");
+        rope_jit_config config;
+        rope_jit_config_init(&config);
+        config.backend = ROPE_JIT_BACKEND_CUDA;
+        config.cache_dir = dir.path().c_str();
+        rope_jit_runtime* runtime = nullptr;
+        REQUIRE(rope_jit_runtime_create(&config, &runtime) == ROPE_JIT_OK);
+        auto stats_now = [&] {
+            rope_jit_stats stats;
+            rope_jit_stats_init(&stats);
+            REQUIRE(rope_jit_get_stats(runtime, &stats) == ROPE_JIT_OK);
+            return stats;
+        };
 
-TEST_CASE_FIXTURE(gpu_test::GpuFixture,
-                  "a RoPE forward compiled on the GPU leaves its backward ready for the first "
-                  "backward call") {
-    using namespace gpu_rope_test;
-    gpu_test::TempDir dir("rope_jit_background_gpu_");
-    rope_jit_config config;
-    rope_jit_config_init(&config);
-    config.backend = ROPE_JIT_BACKEND_CUDA;
-    config.cache_dir = dir.path().c_str();
-    rope_jit_runtime* runtime = nullptr;
-    REQUIRE(rope_jit_runtime_create(&config, &runtime) == ROPE_JIT_OK);
-    auto stats_now = [&] {
-        rope_jit_stats stats;
-        rope_jit_stats_init(&stats);
-        REQUIRE(rope_jit_get_stats(runtime, &stats) == ROPE_JIT_OK);
-        return stats;
-    };
+        Spec c;  // Llama-like: bf16, [B,S,H,D], GQA 4
+        c.dt = Dt::BF16;
+        c.layout = Layout::BSHD;
+        c.B = 1, c.S = 64, c.Hk = 2, c.group = 4, c.D = 128, c.R = 128;
+        std::mt19937 rng(2201);
+        const Problem forward = make_problem(c, rng);
+        const Problem forward_gpu = run_with_device_tensors(runtime, forward);
+        check_gpu_matches_cpu(forward, forward_gpu,
+                              run_with_host_tensors(cpu_runtime.get(), forward), gpu_tolerance(c));
+        CHECK(stats_now().compiles == 1);
 
-    Spec c;  // Llama-like: bf16, [B,S,H,D], GQA 4
-    c.dt = Dt::BF16;
-    c.layout = Layout::BSHD;
-    c.B = 1, c.S = 64, c.Hk = 2, c.group = 4, c.D = 128, c.R = 128;
-    std::mt19937 rng(2201);
-    const Problem forward = make_problem(c, rng);
-    const Problem forward_gpu = run_with_device_tensors(runtime, forward);
-    check_gpu_matches_cpu(forward, forward_gpu, run_with_host_tensors(cpu_runtime.get(), forward),
-                          gpu_tolerance(c));
-    CHECK(stats_now().compiles == 1);
+        // The backward compiles in the background meanwhile (a model runs its other layers).
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+        while (stats_now().background_builds == 0 && std::chrono::steady_clock::now() < deadline)
+            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        REQUIRE(stats_now().background_builds == 1);
 
-    // The backward compiles in the background meanwhile (a model runs its other layers).
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-    while (stats_now().background_builds == 0 && std::chrono::steady_clock::now() < deadline)
-        std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    REQUIRE(stats_now().background_builds == 1);
-
-    Spec b = c;
-    b.backward = true;
-    const Problem backward = make_problem(b, rng);
-    const auto start = std::chrono::steady_clock::now();
-    const Problem backward_gpu = run_with_device_tensors(runtime, backward);
-    const double backward_ms =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-    MESSAGE("first backward call after its background build: ", backward_ms, " ms");
-    check_gpu_matches_cpu(backward, backward_gpu,
-                          run_with_host_tensors(cpu_runtime.get(), backward), gpu_tolerance(b));
-    // Taken from the background build: counted as this runtime's second compile, no disk read.
-    const rope_jit_stats after = stats_now();
-    CHECK(after.compiles == 2);
-    CHECK(after.disk_hits == 0);
-    // The forward's entry and the background's: the backward call wrote none of its own (it
-    // would, had its spec differed from the one built in the background).
-    CHECK(after.disk_writes == 2);
-    CHECK(after.background_failures == 0);
-    rope_jit_runtime_free(runtime);
-}
+        Spec b = c;
+        b.backward = true;
+        const Problem backward = make_problem(b, rng);
+        const auto start = std::chrono::steady_clock::now();
+        const Problem backward_gpu = run_with_device_tensors(runtime, backward);
+        const double backward_ms =
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+                .count();
+        MESSAGE("first backward call after its background build: ", backward_ms, " ms");
+        check_gpu_matches_cpu(backward, backward_gpu,
+                              run_with_host_tensors(cpu_runtime.get(), backward), gpu_tolerance(b));
+        // Taken from the background build: counted as this runtime's second compile, no disk read.
+        const rope_jit_stats after = stats_now();
+        CHECK(after.compiles == 2);
+        CHECK(after.disk_hits == 0);
+        // The forward's entry and the background's: the backward call wrote none of its own (it
+        // would, had its spec differed from the one built in the background).
+        CHECK(after.disk_writes == 2);
+        CHECK(after.background_failures == 0);
+        rope_jit_runtime_free(runtime);
+    }
 
 }  // TEST_SUITE("gpu")

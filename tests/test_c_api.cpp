@@ -12,19 +12,21 @@
 TEST_CASE("the version call agrees with the header macros") {
     CHECK(rope_jit_version_number() == ROPE_JIT_VERSION_NUMBER);
     CHECK(std::string(rope_jit_version_string()) ==
-          std::to_string(ROPE_JIT_VERSION_MAJOR) + "." + std::to_string(ROPE_JIT_VERSION_MINOR) + "." +
-              std::to_string(ROPE_JIT_VERSION_PATCH));
+          std::to_string(ROPE_JIT_VERSION_MAJOR) + "." + std::to_string(ROPE_JIT_VERSION_MINOR) +
+              "." + std::to_string(ROPE_JIT_VERSION_PATCH));
 }
 
 TEST_CASE("every status has a name and a message from the one table") {
     CHECK(std::string(rope_jit_status_name(ROPE_JIT_OK)) == "OK");
     CHECK(std::string(rope_jit_status_message(ROPE_JIT_OK)) == "success");
-    CHECK(std::string(rope_jit_status_name(ROPE_JIT_ERROR_INVALID_ARGUMENT)) == "ERROR_INVALID_ARGUMENT");
+    CHECK(std::string(rope_jit_status_name(ROPE_JIT_ERROR_INVALID_ARGUMENT)) ==
+          "ERROR_INVALID_ARGUMENT");
     CHECK(std::string(rope_jit_status_name(ROPE_JIT_ERROR_COMPILE)) == "ERROR_COMPILE");
     CHECK(ROPE_JIT_ERROR_INVALID_ARGUMENT == 1);  // values never change meaning
     CHECK(ROPE_JIT_ERROR_INTERNAL == 8);
     CHECK(std::string(rope_jit_status_name(static_cast<rope_jit_status>(999))) == "UNKNOWN_STATUS");
-    CHECK(std::string(rope_jit_status_message(static_cast<rope_jit_status>(-1))) == "unknown status");
+    CHECK(std::string(rope_jit_status_message(static_cast<rope_jit_status>(-1))) ==
+          "unknown status");
 }
 
 TEST_CASE("init functions fill the documented defaults and accept NULL") {
@@ -82,13 +84,15 @@ TEST_CASE("runtime creation reports bad arguments and leaves *out NULL") {
     SUBCASE("uninitialized config") {
         config.struct_size = 0;
         CHECK(rope_jit_runtime_create(&config, &runtime) == ROPE_JIT_ERROR_INVALID_ARGUMENT);
-        CHECK(std::string(rope_jit_last_error()).find("config: struct_size is 0") != std::string::npos);
+        CHECK(std::string(rope_jit_last_error()).find("config: struct_size is 0") !=
+              std::string::npos);
         CHECK(runtime == nullptr);
     }
     SUBCASE("unknown backend") {
         config.backend = static_cast<rope_jit_backend_kind>(42);
         CHECK(rope_jit_runtime_create(&config, &runtime) == ROPE_JIT_ERROR_INVALID_ARGUMENT);
-        CHECK(std::string(rope_jit_last_error()).find("backend: unknown value 42") != std::string::npos);
+        CHECK(std::string(rope_jit_last_error()).find("backend: unknown value 42") !=
+              std::string::npos);
         CHECK(runtime == nullptr);
     }
     SUBCASE("negative thread count") {

@@ -40,7 +40,8 @@ struct ScratchDir {
         path = made;
     }
     ~ScratchDir() {
-        if (std::system(("rm -rf '" + path + "'").c_str()) != 0) MESSAGE("could not remove " << path);
+        if (std::system(("rm -rf '" + path + "'").c_str()) != 0)
+            MESSAGE("could not remove " << path);
     }
     std::string path;
 };
@@ -84,7 +85,8 @@ CacheEntry entry_of(const rope_jit::KernelSpec& spec) {
 
 TEST_SUITE_BEGIN("cache_maintenance");
 
-TEST_CASE("scan judges entries against this build: current, other NVRTC, other build, other format") {
+TEST_CASE(
+    "scan judges entries against this build: current, other NVRTC, other build, other format") {
     if (rope_jit::nvrtc_api() == nullptr) {
         MESSAGE("skipped: NVRTC not available, so keys cannot be recomputed");
         return;
@@ -110,19 +112,19 @@ TEST_CASE("scan judges entries against this build: current, other NVRTC, other b
     auto items = scan_by_path(disk);
     CHECK(items.size() == 4);
     const CacheItem& ok = items[disk.entry_path(tmp.path, current)];
-    CHECK(ok.state == CacheItemState::ok);
+    CHECK(ok.state == CacheItemState::Ok);
     CHECK(ok.problem.empty());
     CHECK(ok.spec_description == spec.describe());
     CHECK(ok.payload_bytes == 1000);
     CHECK(ok.bytes > 1000);
     const CacheItem& nvrtc = items[disk.entry_path(tmp.path, other_nvrtc)];
-    CHECK(nvrtc.state == CacheItemState::stale);
+    CHECK(nvrtc.state == CacheItemState::Stale);
     CHECK(nvrtc.problem.find("NVRTC 11.8") != std::string::npos);
     const CacheItem& build = items[disk.entry_path(tmp.path, other_build)];
-    CHECK(build.state == CacheItemState::stale);
+    CHECK(build.state == CacheItemState::Stale);
     CHECK(build.problem.find("another rope-jit build") != std::string::npos);
     const CacheItem& format = items[other_format];
-    CHECK(format.state == CacheItemState::stale);
+    CHECK(format.state == CacheItemState::Stale);
     CHECK(format.problem.find("format v7") != std::string::npos);
     CHECK(format.bytes == 300);
 }
@@ -145,16 +147,18 @@ TEST_CASE("a wgmma attention kernel is cached under sm_90a, read back, and judge
     spec.block_n = 64;
     rope_jit::KernelStats stats;
     // Asked for the device's target (sm_90), it compiles for sm_90a and stores the entry there.
-    const rope_jit::KernelBinary built = rope_jit::build_attention_binary(spec, "sm_90", &disk, stats);
+    const rope_jit::KernelBinary built =
+        rope_jit::build_attention_binary(spec, "sm_90", &disk, stats);
     CHECK(stats.compiles.load() == 1);
     CHECK(stats.disk_writes.load() == 1);
-    const rope_jit::KernelBinary again = rope_jit::build_attention_binary(spec, "sm_90", &disk, stats);
+    const rope_jit::KernelBinary again =
+        rope_jit::build_attention_binary(spec, "sm_90", &disk, stats);
     CHECK(stats.compiles.load() == 1);
     CHECK(stats.disk_hits.load() == 1);
     CHECK(again.image == built.image);
     const std::vector<CacheItem> items = rope_jit::scan_cache(disk);
     REQUIRE(items.size() == 1);
-    CHECK(items[0].state == CacheItemState::ok);
+    CHECK(items[0].state == CacheItemState::Ok);
     CHECK(items[0].problem.empty());
     CHECK(items[0].path.find("/sm_90a/") != std::string::npos);
     CHECK(items[0].spec_description == spec.describe());
@@ -170,20 +174,21 @@ TEST_CASE("scan reports damage, temp files, set-aside entries and strays, and ch
     const std::string dir = path.substr(0, path.rfind('/'));
     write_file(dir + "/.tmp-1-2-3", "half");
     write_file(path + ".bad-1-0", "old");
-    write_file(tmp.path + "/v1/nvrtc9.9", "stray");  // a file where a directory belongs
+    write_file(tmp.path + "/v1/nvrtc9.9", "stray");          // a file where a directory belongs
     write_file(tmp.path + "/v1/README", "not the cache's");  // a foreign name: not reported
 
     auto items = scan_by_path(disk);
     CHECK(items.size() == 4);
-    CHECK(items[path].state == CacheItemState::damaged);
-    CHECK(items[dir + "/.tmp-1-2-3"].state == CacheItemState::temp);
-    CHECK(items[path + ".bad-1-0"].state == CacheItemState::set_aside);
-    CHECK(items[tmp.path + "/v1/nvrtc9.9"].state == CacheItemState::stray);
+    CHECK(items[path].state == CacheItemState::Damaged);
+    CHECK(items[dir + "/.tmp-1-2-3"].state == CacheItemState::Temp);
+    CHECK(items[path + ".bad-1-0"].state == CacheItemState::SetAside);
+    CHECK(items[tmp.path + "/v1/nvrtc9.9"].state == CacheItemState::Stray);
     CHECK(scan_by_path(disk).size() == 4);
     CHECK(rope_jit::scan_cache(DiskCache(tmp.path + "/missing", {})).empty());
 }
 
-TEST_CASE("remove deletes one item, also a whole directory, and never follows links out of the cache") {
+TEST_CASE(
+    "remove deletes one item, also a whole directory, and never follows links out of the cache") {
     ScratchDir tmp;
     const std::string root = tmp.path + "/cache";
     DiskCache disk(root, {});
@@ -202,10 +207,10 @@ TEST_CASE("remove deletes one item, also a whole directory, and never follows li
     CHECK(exists(outside));
 
     // Paths that leave the cache, or pass through a link, are refused.
-    for (const std::string& path : {outside, tmp.path + "/cache2/v1/x", root + "/v1/../../precious",
-                                    root + "/v1/./x", root + "//v1/x", root + "/notes/x", root,
-                                    root + "/v1/nvrtc13.0/precious",
-                                    root + "/v1/nvrtc13.0/sm_90"}) {
+    for (const std::string& path :
+         {outside, tmp.path + "/cache2/v1/x", root + "/v1/../../precious", root + "/v1/./x",
+          root + "//v1/x", root + "/notes/x", root, root + "/v1/nvrtc13.0/precious",
+          root + "/v1/nvrtc13.0/sm_90"}) {
         CAPTURE(path);
         bool refused = false;
         try {
@@ -255,7 +260,8 @@ TEST_CASE("remove refuses a root that belongs to another user") {
     try {
         rope_jit::remove_cache_item(disk, root + "/v1/nvrtc9.9");
     } catch (const rope_jit::Error& e) {
-        refused = e.status() == ROPE_JIT_ERROR_CACHE && std::string(e.what()).find("owned by uid 65534") != std::string::npos;
+        refused = e.status() == ROPE_JIT_ERROR_CACHE &&
+                  std::string(e.what()).find("owned by uid 65534") != std::string::npos;
     }
     CHECK(refused);
     CHECK(exists(root + "/v1/nvrtc9.9"));
@@ -279,8 +285,9 @@ TEST_CASE("the cache C API reports the root, walks, removes and rejects bad argu
 
     std::vector<std::string> seen;
     auto collect = [](const rope_jit_cache_item* item, void* user) -> int {
-        static_cast<std::vector<std::string>*>(user)->push_back(std::string(item->path) + " " + item->problem +
-                                                               " state " + std::to_string(int(item->state)));
+        static_cast<std::vector<std::string>*>(user)->push_back(std::string(item->path) + " " +
+                                                                item->problem + " state " +
+                                                                std::to_string(int(item->state)));
         return 0;
     };
     CHECK(rope_jit_cache_walk(runtime, collect, &seen) == ROPE_JIT_OK);

@@ -59,7 +59,8 @@ HostTensor make_qk(const Config& c, int64_t H, int64_t S, const std::vector<int6
     const bool packed = c.layout == Layout::Packed || c.layout == Layout::PackedHeadMajor;
     if (packed) {
         const int64_t T = cu.back();
-        return c.layout == Layout::Packed ? HostTensor(c.dt, {T, H, c.D}) : HostTensor(c.dt, {T, H, c.D}, {1, 0, 2});
+        return c.layout == Layout::Packed ? HostTensor(c.dt, {T, H, c.D})
+                                          : HostTensor(c.dt, {T, H, c.D}, {1, 0, 2});
     }
     switch (c.layout) {
         case Layout::BSHD: return HostTensor(c.dt, {c.B, H, S, c.D}, {0, 2, 1, 3});
@@ -79,7 +80,8 @@ void check_untouched_padding(const HostTensor& t, const std::vector<uint8_t>& be
     for (size_t e = 0; e < covered.size(); ++e)
         if (!covered[e])
             for (size_t byte = 0; byte < dt_size(t.dtype()); ++byte)
-                changed += after[e * dt_size(t.dtype()) + byte] != before[e * dt_size(t.dtype()) + byte];
+                changed +=
+                    after[e * dt_size(t.dtype()) + byte] != before[e * dt_size(t.dtype()) + byte];
     CHECK(changed == 0);
 }
 
@@ -106,7 +108,9 @@ void run_config(rope_jit_runtime* runtime, const Config& c, std::mt19937& rng) {
     std::vector<int64_t> row_q(static_cast<size_t>(tokens_q)), row_k(static_cast<size_t>(tokens_k));
     HostTensor positions, offsets, cu_tensor;
     int64_t P = 1;
-    auto sequence_of = [&](int64_t t) { return int64_t(std::upper_bound(cu.begin(), cu.end(), t) - cu.begin()) - 1; };
+    auto sequence_of = [&](int64_t t) {
+        return int64_t(std::upper_bound(cu.begin(), cu.end(), t) - cu.begin()) - 1;
+    };
     std::uniform_int_distribution<int64_t> any_row(0, 40);
     switch (c.positions) {
         case Positions::Implicit:
@@ -118,8 +122,10 @@ void run_config(rope_jit_runtime* runtime, const Config& c, std::mt19937& rng) {
                 }
             } else {
                 for (int64_t b = 0; b < c.B; ++b) {
-                    for (int64_t s = 0; s < c.S; ++s) row_q[size_t(b * c.S + s)] = s + c.position_offset + c.q_extra;
-                    for (int64_t s = 0; s < Sk; ++s) row_k[size_t(b * Sk + s)] = s + c.position_offset;
+                    for (int64_t s = 0; s < c.S; ++s)
+                        row_q[size_t(b * c.S + s)] = s + c.position_offset + c.q_extra;
+                    for (int64_t s = 0; s < Sk; ++s)
+                        row_k[size_t(b * Sk + s)] = s + c.position_offset;
                 }
             }
             break;
@@ -138,7 +144,8 @@ void run_config(rope_jit_runtime* runtime, const Config& c, std::mt19937& rng) {
             for (int64_t b = 0; b < c.B; ++b)
                 for (int64_t s = 0; s < c.S; ++s) {
                     positions.set({b, s}, double(any_row(rng)));
-                    row_q[size_t(b * c.S + s)] = row_k[size_t(b * c.S + s)] = int64_t(positions.get({b, s}));
+                    row_q[size_t(b * c.S + s)] = row_k[size_t(b * c.S + s)] =
+                        int64_t(positions.get({b, s}));
                 }
             break;
         case Positions::SeqlenOffsets:
@@ -224,18 +231,22 @@ void run_config(rope_jit_runtime* runtime, const Config& c, std::mt19937& rng) {
             for (int64_t h = 0; h < heads; ++h)
                 for (int64_t s = 0; s < seq; ++s) {
                     auto index = [&](int64_t d) {
-                        return packed ? std::vector<int64_t>{s, h, d} : std::vector<int64_t>{b, h, s, d};
+                        return packed ? std::vector<int64_t>{s, h, d}
+                                      : std::vector<int64_t>{b, h, s, d};
                     };
                     std::vector<double> v(size_t(c.D));
                     for (int64_t d = 0; d < c.D; ++d) v[size_t(d)] = x.get(index(d));
-                    std::vector<double> y = reference_rotate(ref, v, rows[size_t(b * seq + s)], is_k);
+                    std::vector<double> y =
+                        reference_rotate(ref, v, rows[size_t(b * seq + s)], is_k);
                     for (int64_t d = 0; d < c.D; ++d) e.set(index(d), quantize(y[size_t(d)], c.dt));
                 }
         return e.values();
     };
     const std::vector<double> expected_q = expected_of(q, row_q, false);
-    const std::vector<double> expected_k = c.has_k ? expected_of(k, row_k, true) : std::vector<double>();
-    const std::vector<double> q_before = q.values(), k_before = c.has_k ? k.values() : std::vector<double>();
+    const std::vector<double> expected_k =
+        c.has_k ? expected_of(k, row_k, true) : std::vector<double>();
+    const std::vector<double> q_before = q.values(),
+                              k_before = c.has_k ? k.values() : std::vector<double>();
 
     HostTensor q_out, k_out;
     if (!c.in_place) {
@@ -265,7 +276,8 @@ void run_config(rope_jit_runtime* runtime, const Config& c, std::mt19937& rng) {
     args.cu_seqlens = packed ? cu_tensor.dl() : nullptr;
     args.position_offset = c.position_offset;
     args.q_position_offset = c.q_extra;
-    args.rotary_dim = int32_t(c.R == c.D && c.offset == 0 && (rng() & 1) ? 0 : c.R);  // 0 means head_dim
+    args.rotary_dim =
+        int32_t(c.R == c.D && c.offset == 0 && (rng() & 1) ? 0 : c.R);  // 0 means head_dim
     args.rotary_offset = int32_t(c.offset);
     args.style = c.interleaved ? ROPE_JIT_STYLE_INTERLEAVED : ROPE_JIT_STYLE_HALF;
     args.backward = c.backward;
@@ -295,7 +307,8 @@ T pick(std::mt19937& rng, std::initializer_list<T> options) {
 
 }  // namespace
 
-TEST_CASE("the CPU backend matches the float64 reference over a randomized sweep of the spec space") {
+TEST_CASE(
+    "the CPU backend matches the float64 reference over a randomized sweep of the spec space") {
     Runtime runtime;
     std::mt19937 rng(20261129);
     for (int iteration = 0; iteration < 400; ++iteration) {
@@ -308,11 +321,13 @@ TEST_CASE("the CPU backend matches the float64 reference over a randomized sweep
         c.in_place = rng() & 1;
         c.has_k = rng() % 4 != 0;
         c.xpos = rng() % 5 == 0;
-        c.layout = pick(rng, {Layout::BHSD, Layout::BSHD, Layout::Padded, Layout::Packed, Layout::PackedHeadMajor});
+        c.layout = pick(rng, {Layout::BHSD, Layout::BSHD, Layout::Padded, Layout::Packed,
+                              Layout::PackedHeadMajor});
         const bool packed = c.layout == Layout::Packed || c.layout == Layout::PackedHeadMajor;
-        c.positions = packed ? pick(rng, {Positions::Implicit, Positions::PerToken, Positions::SeqlenOffsets})
-                             : pick(rng, {Positions::Implicit, Positions::PerToken, Positions::PerBatchToken,
-                                          Positions::SeqlenOffsets});
+        c.positions =
+            packed ? pick(rng, {Positions::Implicit, Positions::PerToken, Positions::SeqlenOffsets})
+                   : pick(rng, {Positions::Implicit, Positions::PerToken, Positions::PerBatchToken,
+                                Positions::SeqlenOffsets});
         c.angles = pick(rng, {Angles::HalfTable, Angles::FullTable, Angles::InvFreq});
         c.D = pick<int64_t>(rng, {2, 8, 34, 64, 80, 96, 128, 256});
         c.R = rng() % 3 == 0 ? 2 * (1 + int64_t(rng() % uint32_t(c.D / 2))) : c.D;
@@ -322,11 +337,15 @@ TEST_CASE("the CPU backend matches the float64 reference over a randomized sweep
         c.Hk = 1 + rng() % 3;
         c.group = pick<int64_t>(rng, {1, 2, 4, 8});
         c.position_offset = c.positions == Positions::Implicit ? rng() % 4 : 0;
-        c.q_extra = c.positions == Positions::Implicit && !packed && c.has_k && rng() % 3 == 0 ? 1 + rng() % 4 : 0;
+        c.q_extra = c.positions == Positions::Implicit && !packed && c.has_k && rng() % 3 == 0
+                        ? 1 + rng() % 4
+                        : 0;
 
         CAPTURE(iteration);
-        const std::string dtype = dt_name(c.dt), table_dtype = dt_name(c.table_dt), index_dtype = dt_name(c.index_dt);
-        const std::string layout = layout_name(c.layout), positions = positions_name(c.positions), angles = angles_name(c.angles);
+        const std::string dtype = dt_name(c.dt), table_dtype = dt_name(c.table_dt),
+                          index_dtype = dt_name(c.index_dt);
+        const std::string layout = layout_name(c.layout), positions = positions_name(c.positions),
+                          angles = angles_name(c.angles);
         CAPTURE(dtype);
         CAPTURE(table_dtype);
         CAPTURE(index_dtype);

@@ -136,10 +136,13 @@ bool exists(const std::string& path) {
     return lstat(path.c_str(), &st) == 0;
 }
 
-std::string dir_of(const std::string& path) { return path.substr(0, path.rfind('/')); }
+std::string dir_of(const std::string& path) {
+    return path.substr(0, path.rfind('/'));
+}
 
-bool running_as_root() { return geteuid() == 0; }
-
+bool running_as_root() {
+    return geteuid() == 0;
+}
 
 }  // namespace
 
@@ -214,7 +217,9 @@ TEST_CASE("A damaged entry file is a miss, is set aside, and the next store repl
     const std::string good = read_file(path);
     const size_t payload_at = good.size() - entry.payload.size();
 
-    SUBCASE("truncated") { write_file(path, good.substr(0, good.size() - 100)); }
+    SUBCASE("truncated") {
+        write_file(path, good.substr(0, good.size() - 100));
+    }
     SUBCASE("a flipped payload byte") {
         std::string bad = good;
         bad[payload_at + 17] ^= 0x01;
@@ -228,13 +233,17 @@ TEST_CASE("A damaged entry file is a miss, is set aside, and the next store repl
     SUBCASE("the key echo of another entry") {
         write_file(path, rope_jit::serialize_cache_entry(make_id("other"), entry));
     }
-    SUBCASE("zero length") { write_file(path, ""); }
+    SUBCASE("zero length") {
+        write_file(path, "");
+    }
     SUBCASE("wrong magic") {
         std::string bad = good;
         bad[0] = 'X';
         write_file(path, bad);
     }
-    SUBCASE("trailing garbage") { write_file(path, good + "x"); }
+    SUBCASE("trailing garbage") {
+        write_file(path, good + "x");
+    }
     SUBCASE("a directory in place of the entry") {
         REQUIRE(unlink(path.c_str()) == 0);
         REQUIRE(mkdir(path.c_str(), 0700) == 0);
@@ -599,12 +608,24 @@ TEST_CASE("Ids that could escape the cache directory are refused; load and store
     TempDir tmp;
     DiskCache cache(tmp.path + "/root", {});
     CacheEntryId bad = make_id("escape");
-    SUBCASE("a key that is not hex") { bad.key_hex = std::string(62, 'a') + "/.."; }
-    SUBCASE("an upper-case key") { bad.key_hex = std::string(64, 'A'); }
-    SUBCASE("a target with a slash") { bad.target = "../../x"; }
-    SUBCASE("a dot-dot NVRTC version") { bad.nvrtc_version = ".."; }
-    SUBCASE("a kind with a dot") { bad.kind = "cubin.bad-1"; }
-    SUBCASE("an empty kind") { bad.kind = ""; }
+    SUBCASE("a key that is not hex") {
+        bad.key_hex = std::string(62, 'a') + "/..";
+    }
+    SUBCASE("an upper-case key") {
+        bad.key_hex = std::string(64, 'A');
+    }
+    SUBCASE("a target with a slash") {
+        bad.target = "../../x";
+    }
+    SUBCASE("a dot-dot NVRTC version") {
+        bad.nvrtc_version = "..";
+    }
+    SUBCASE("a kind with a dot") {
+        bad.kind = "cubin.bad-1";
+    }
+    SUBCASE("an empty kind") {
+        bad.kind = "";
+    }
     CHECK_THROWS_AS(cache.entry_path(tmp.path, bad), rope_jit::Error);
     CHECK_FALSE(cache.store(bad, make_entry(50)));
     CHECK_FALSE(cache.load(bad).has_value());
@@ -759,8 +780,9 @@ void set_times(const std::string& path, time_t seconds) {
 
 }  // namespace
 
-TEST_CASE("An entry owned by another user, or writable by others, is never loaded and verify "
-          "calls it untrusted") {
+TEST_CASE(
+    "An entry owned by another user, or writable by others, is never loaded and verify "
+    "calls it untrusted") {
     if (!running_as_root()) {
         MESSAGE("skipped: needs root to give a file to another user");
         return;
@@ -772,9 +794,15 @@ TEST_CASE("An entry owned by another user, or writable by others, is never loade
     const std::string path = cache.entry_path(tmp.path, id);
     const std::string planted = read_file(path);
 
-    SUBCASE("owned by another user") { REQUIRE(chown(path.c_str(), kOtherUid, kOtherUid) == 0); }
-    SUBCASE("group-writable") { REQUIRE(chmod(path.c_str(), 0660) == 0); }
-    SUBCASE("world-writable") { REQUIRE(chmod(path.c_str(), 0606) == 0); }
+    SUBCASE("owned by another user") {
+        REQUIRE(chown(path.c_str(), kOtherUid, kOtherUid) == 0);
+    }
+    SUBCASE("group-writable") {
+        REQUIRE(chmod(path.c_str(), 0660) == 0);
+    }
+    SUBCASE("world-writable") {
+        REQUIRE(chmod(path.c_str(), 0606) == 0);
+    }
 
     CHECK_FALSE(cache.load(id).has_value());
     CHECK(read_file(path) == planted);  // left in place, not set aside
@@ -932,18 +960,20 @@ TEST_CASE("A huge file in place of an entry is judged by its header, and entries
     // 48 MiB either file would have cost read whole.
     CHECK(after.ru_maxrss - before.ru_maxrss < 40 * 1024);
     REQUIRE(report_of(reports, cache.entry_path(tmp.path, huge)) != nullptr);
-    CHECK(report_of(reports, cache.entry_path(tmp.path, huge))->problem.find("larger than any")
-          != std::string::npos);
-    CHECK(report_of(reports, cache.entry_path(tmp.path, large))->problem.find("bad magic")
-          != std::string::npos);
-    CHECK(report_of(reports, cache.entry_path(tmp.path, claims))->problem.find("exceeds the limit")
-          != std::string::npos);
+    CHECK(report_of(reports, cache.entry_path(tmp.path, huge))->problem.find("larger than any") !=
+          std::string::npos);
+    CHECK(report_of(reports, cache.entry_path(tmp.path, large))->problem.find("bad magic") !=
+          std::string::npos);
+    CHECK(
+        report_of(reports, cache.entry_path(tmp.path, claims))->problem.find("exceeds the limit") !=
+        std::string::npos);
     for (const CacheEntryId& id : {huge, large, claims}) CHECK_FALSE(cache.load(id).has_value());
     CHECK(count_containing(dir_of(cache.entry_path(tmp.path, huge)), ".bad-") >= 1);
 }
 
-TEST_CASE("The staged reader rejects a file cut at any byte or with bytes after it, and "
-          "reads a whole one") {
+TEST_CASE(
+    "The staged reader rejects a file cut at any byte or with bytes after it, and "
+    "reads a whole one") {
     TempDir tmp;
     DiskCache cache(tmp.path, {});
     const CacheEntryId id = make_id("staged");
@@ -976,10 +1006,13 @@ TEST_CASE("ROPE_JIT_CACHE_MAX_BYTES sets the size limit; malformed values are re
     env.set("ROPE_JIT_CACHE_MAX_BYTES", nullptr);
     CHECK(DiskCache::default_max_bytes() == rope_jit::kCacheDefaultMaxBytes);
     CHECK(rope_jit::kCacheDefaultMaxBytes == (uint64_t(1) << 30));
-    const std::pair<const char*, uint64_t> good[] = {
-        {"0", 0},          {"4096", 4096},           {"500K", 500u << 10},
-        {"20M", 20u << 20}, {"2G", uint64_t(2) << 30}, {"1T", uint64_t(1) << 40},
-        {"", rope_jit::kCacheDefaultMaxBytes}};
+    const std::pair<const char*, uint64_t> good[] = {{"0", 0},
+                                                     {"4096", 4096},
+                                                     {"500K", 500u << 10},
+                                                     {"20M", 20u << 20},
+                                                     {"2G", uint64_t(2) << 30},
+                                                     {"1T", uint64_t(1) << 40},
+                                                     {"", rope_jit::kCacheDefaultMaxBytes}};
     for (const auto& [text, bytes] : good) {
         CAPTURE(text);
         env.set("ROPE_JIT_CACHE_MAX_BYTES", text);
@@ -1176,8 +1209,7 @@ TEST_CASE("Threads taking one key's compile lock are never inside it together") 
                 if (!lock.held()) ++not_held;
                 const int now_inside = ++inside;
                 int seen = most_inside.load();
-                while (now_inside > seen && !most_inside.compare_exchange_weak(seen, now_inside)) {
-                }
+                while (now_inside > seen && !most_inside.compare_exchange_weak(seen, now_inside)) {}
                 std::this_thread::sleep_for(2ms);
                 --inside;
             }
@@ -1254,10 +1286,12 @@ TEST_CASE("Lock files are at most 256 private empty files in <root>/locks, one p
     TempDir tmp;
     DiskCache cache(tmp.path, {});
     const std::string key = rope_jit::sha256_hex("layout");
-    CHECK(rope_jit::compile_lock_path(tmp.path, key) == tmp.path + "/locks/" + key.substr(0, 2) + ".lock");
+    CHECK(rope_jit::compile_lock_path(tmp.path, key) ==
+          tmp.path + "/locks/" + key.substr(0, 2) + ".lock");
     CHECK(rope_jit::compile_lock_path("", key).empty());
     CHECK(rope_jit::compile_lock_path(tmp.path, "ZZ" + key.substr(2)).empty());
-    for (int i = 0; i < 600; ++i) CHECK(CompileLock(cache, rope_jit::sha256_hex(std::to_string(i))).held());
+    for (int i = 0; i < 600; ++i)
+        CHECK(CompileLock(cache, rope_jit::sha256_hex(std::to_string(i))).held());
 
     const std::string dir = tmp.path + "/locks";
     struct stat st;
@@ -1286,7 +1320,9 @@ TEST_CASE("Without a usable root or lock file there is no lock, no failure and n
     const std::string lock_name = key.substr(0, 2) + ".lock";
     const auto start = std::chrono::steady_clock::now();
 
-    SUBCASE("no root") { CHECK_FALSE(CompileLock(DiskCache("", {}), key).held()); }
+    SUBCASE("no root") {
+        CHECK_FALSE(CompileLock(DiskCache("", {}), key).held());
+    }
     SUBCASE("a root under a regular file") {
         write_file(tmp.path + "/file", "x");
         CHECK_FALSE(CompileLock(DiskCache(tmp.path + "/file/cache", {}), key).held());
@@ -1320,8 +1356,12 @@ TEST_CASE("Without a usable root or lock file there is no lock, no failure and n
     SUBCASE("a directory, a FIFO or a symbolic link in place of the lock file") {
         REQUIRE(mkdir((tmp.path + "/locks").c_str(), 0700) == 0);
         const std::string path = tmp.path + "/locks/" + lock_name;
-        SUBCASE("directory") { REQUIRE(mkdir(path.c_str(), 0700) == 0); }
-        SUBCASE("FIFO") { REQUIRE(mkfifo(path.c_str(), 0600) == 0); }
+        SUBCASE("directory") {
+            REQUIRE(mkdir(path.c_str(), 0700) == 0);
+        }
+        SUBCASE("FIFO") {
+            REQUIRE(mkfifo(path.c_str(), 0600) == 0);
+        }
         SUBCASE("symbolic link") {
             REQUIRE(symlink((tmp.path + "/planted").c_str(), path.c_str()) == 0);
         }

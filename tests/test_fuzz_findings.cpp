@@ -84,7 +84,8 @@ TEST_CASE("a data pointer not aligned to the element size is rejected, naming th
     odd_positions.byte_offset = 4;
     call.args.q = call.q.dl();
     call.args.positions = &odd_positions;
-    call.expect_invalid("positions: data + byte_offset is not aligned to its 8-byte int64 elements");
+    call.expect_invalid(
+        "positions: data + byte_offset is not aligned to its 8-byte int64 elements");
 }
 
 TEST_CASE("an empty tensor with NULL data and a byte_offset is a successful no-op") {
@@ -106,7 +107,8 @@ TEST_CASE("a q with no heads returns at once however large its batch") {
     call.args.q = &headless;
     const auto start = std::chrono::steady_clock::now();
     CHECK(rope_jit_rope(call.runtime, &call.args) == ROPE_JIT_OK);
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     CAPTURE(seconds);
     CHECK(seconds < 0.5);
     CHECK(call.q.bytes() == call.q_before);
@@ -115,7 +117,8 @@ TEST_CASE("a q with no heads returns at once however large its batch") {
 TEST_CASE("position offsets of magnitude 2^53 or more are rejected, naming the offset") {
     CpuCall call;
     const int64_t limit = int64_t(1) << 53;
-    for (int64_t offset : {limit, -limit, std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::min()}) {
+    for (int64_t offset : {limit, -limit, std::numeric_limits<int64_t>::max(),
+                           std::numeric_limits<int64_t>::min()}) {
         CAPTURE(offset);
         call.args.position_offset = offset;
         call.args.q_position_offset = 0;
@@ -139,11 +142,14 @@ TEST_CASE("a struct_size that would cut a field in two is rejected") {
     }
     // An older caller's smaller struct, ending at a field boundary, is still read.
     call.args.struct_size = offsetof(rope_jit_rope_args, k);
-    CHECK(rope_jit_rope(call.runtime, &call.args) == ROPE_JIT_ERROR_INVALID_ARGUMENT);  // no angle source then
+    CHECK(rope_jit_rope(call.runtime, &call.args) ==
+          ROPE_JIT_ERROR_INVALID_ARGUMENT);  // no angle source then
     CHECK(std::string(rope_jit_last_error()).find("struct_size") == std::string::npos);
 }
 
-TEST_CASE("table rows past int64 (a headless q of 2^63 - 1 tokens, an offset near the top) are rejected, not overflowed") {
+TEST_CASE(
+    "table rows past int64 (a headless q of 2^63 - 1 tokens, an offset near the top) are rejected, "
+    "not overflowed") {
     CpuCall call;
     HostTensor cos_t(Dt::F32, {8, 4}), sin_t(Dt::F32, {8, 4});
     call.args.inv_freq = nullptr;

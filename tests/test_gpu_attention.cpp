@@ -58,7 +58,8 @@ struct GpuFixture : gpu_test::GpuFixture {
 class DeviceProblem {
 public:
     explicit DeviceProblem(Problem& p) {
-        for (HostTensor* t : {&p.q, &p.k, &p.v, &p.out, &p.lse, &p.cos, &p.sin, &p.mask_float, &p.dout, &p.dq, &p.dk, &p.dv})
+        for (HostTensor* t : {&p.q, &p.k, &p.v, &p.out, &p.lse, &p.cos, &p.sin, &p.mask_float,
+                              &p.dout, &p.dq, &p.dk, &p.dv})
             if (!t->shape().empty()) add(t->dl(), t->bytes());
         for (ByteTensor* t : {&p.pos_mask, &p.mask_bool})
             if (t->present()) add(t->dl(), t->bytes());
@@ -73,8 +74,8 @@ public:
     // The host call's arguments with every tensor replaced by its mirror.
     rope_jit_attention_args args(const rope_jit_attention_args& host) const {
         rope_jit_attention_args a = host;
-        for (const DLTensor** t : {&a.q, &a.k, &a.v, &a.out, &a.cos, &a.sin, &a.pos_mask, &a.attn_mask, &a.lse, &a.dout,
-                                   &a.dq, &a.dk, &a.dv})
+        for (const DLTensor** t : {&a.q, &a.k, &a.v, &a.out, &a.cos, &a.sin, &a.pos_mask,
+                                   &a.attn_mask, &a.lse, &a.dout, &a.dq, &a.dk, &a.dv})
             if (*t != nullptr) *t = &find(*t).device;
         return a;
     }
@@ -115,14 +116,17 @@ private:
 
 // 0xff bytes are NaN in every float dtype: an element a kernel fails to write cannot pass.
 void poison_outputs(Problem& p) {
-    for (HostTensor* t : {&p.out, &p.lse, &p.dq, &p.dk, &p.dv}) std::fill(t->bytes().begin(), t->bytes().end(), 0xff);
+    for (HostTensor* t : {&p.out, &p.lse, &p.dq, &p.dk, &p.dv})
+        std::fill(t->bytes().begin(), t->bytes().end(), 0xff);
 }
 
 // The kernels the CUDA runtime will choose for this problem's forward and backward.
-std::vector<rope_jit::AttentionSpec> kernels_of(Problem& p, const rope_jit::AttentionDevice& device) {
+std::vector<rope_jit::AttentionSpec> kernels_of(Problem& p,
+                                                const rope_jit::AttentionDevice& device) {
     const rope_jit_attention_args args = p.args();
     // Under the override the environment holds now, as override_kernels' runtime reads it.
-    const rope_jit::AttentionKernelOverride override = rope_jit::attention_kernel_override_from_environment();
+    const rope_jit::AttentionKernelOverride override =
+        rope_jit::attention_kernel_override_from_environment();
     std::vector<rope_jit::AttentionSpec> specs =
         choose_attention_specs(rope_jit::make_attention_problem(args, false), device, override);
     for (const rope_jit::AttentionSpec& s :
@@ -135,10 +139,14 @@ rope_jit::AttentionDevice device_zero() {
     rope_jit::CUdevice device = 0;
     check_cu(driver().cuDeviceGet(&device, 0), "cuDeviceGet");
     int major = 0, minor = 0, shared = 0;
-    check_cu(driver().cuDeviceGetAttribute(&major, rope_jit::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device), "cc");
-    check_cu(driver().cuDeviceGetAttribute(&minor, rope_jit::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device), "cc");
-    check_cu(driver().cuDeviceGetAttribute(&shared, rope_jit::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
-                                           device),
+    check_cu(driver().cuDeviceGetAttribute(
+                 &major, rope_jit::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device),
+             "cc");
+    check_cu(driver().cuDeviceGetAttribute(
+                 &minor, rope_jit::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device),
+             "cc");
+    check_cu(driver().cuDeviceGetAttribute(
+                 &shared, rope_jit::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, device),
              "shared");
     return rope_jit::attention_device(major * 10 + minor, shared);
 }
@@ -200,11 +208,13 @@ Comparison run_and_compare(GpuFixture& f, Problem& p, bool backward) {
     const rope_jit_attention_args device_args = device.args(host_args);
     Comparison result;
     auto call = [&](rope_jit_runtime* runtime, const rope_jit_attention_args& a, bool bwd) {
-        const rope_jit_status status = bwd ? rope_jit_attention_backward(runtime, &a) : rope_jit_attention(runtime, &a);
+        const rope_jit_status status =
+            bwd ? rope_jit_attention_backward(runtime, &a) : rope_jit_attention(runtime, &a);
         if (status != ROPE_JIT_OK) {
             result.passed = false;
-            result.report += std::string(bwd ? " backward" : " forward") + " failed: " + rope_jit_status_name(status) +
-                             ": " + rope_jit_last_error();
+            result.report += std::string(bwd ? " backward" : " forward") +
+                             " failed: " + rope_jit_status_name(status) + ": " +
+                             rope_jit_last_error();
         }
         return status == ROPE_JIT_OK;
     };
@@ -216,7 +226,8 @@ Comparison run_and_compare(GpuFixture& f, Problem& p, bool backward) {
 
     const Tolerance tol = gpu_tolerance(p.c.dt);
     auto compare = [&](const char* name, HostTensor& expected, double limit, double floor) {
-        const double err = normalized_error(device.download(expected).values(), expected.values(), floor);
+        const double err =
+            normalized_error(device.download(expected).values(), expected.values(), floor);
         char text[96];
         std::snprintf(text, sizeof text, " %s=%.2e", name, err);
         result.report += text;
@@ -231,8 +242,11 @@ Comparison run_and_compare(GpuFixture& f, Problem& p, bool backward) {
         const std::vector<double> got = device.download(p.lse).values(), expected = p.lse.values();
         double worst = 0;
         for (size_t i = 0; i < got.size(); ++i) {
-            if (std::isinf(expected[i])) worst = std::max(worst, got[i] == expected[i] ? 0.0 : 1e30);
-            else worst = std::max(worst, std::isfinite(got[i]) ? std::fabs(got[i] - expected[i]) : 1e30);
+            if (std::isinf(expected[i]))
+                worst = std::max(worst, got[i] == expected[i] ? 0.0 : 1e30);
+            else
+                worst =
+                    std::max(worst, std::isfinite(got[i]) ? std::fabs(got[i] - expected[i]) : 1e30);
         }
         char text[64];
         std::snprintf(text, sizeof text, " lse=%.2e", worst);
@@ -272,7 +286,8 @@ Config random_gpu_config(std::mt19937& rng) {
     c.causal = rng() & 1;
     c.pos_mask = c.R > 0 && rng() % 4 == 0;
     c.pos_mask_batched = rng() & 1;
-    c.mask = pick(rng, {Mask::None, Mask::None, Mask::None, Mask::BoolKeys, Mask::BoolFull, Mask::AddKeys, Mask::AddFull});
+    c.mask = pick(rng, {Mask::None, Mask::None, Mask::None, Mask::BoolKeys, Mask::BoolFull,
+                        Mask::AddKeys, Mask::AddFull});
     c.mask_batch_broadcast = rng() % 4 == 0;
     c.scale = rng() % 4 == 0 ? 0.05 : 0.0;
     c.bshd = rng() % 3 == 0;
@@ -298,281 +313,313 @@ void sweep(GpuFixture& f, const std::vector<Config>& configs, uint32_t seed) {
     for (size_t n = 0; n < configs.size(); ++n) {
         Problem p(configs[n], rng);
         std::string kernels;
-        for (const rope_jit::AttentionSpec& s : kernels_of(p, device)) kernels += "\n    " + s.describe();
+        for (const rope_jit::AttentionSpec& s : kernels_of(p, device))
+            kernels += "\n    " + s.describe();
         const Comparison result = run_and_compare(f, p, true);
         if (!result.passed) ++failures;
-        MESSAGE((result.passed ? "ok  " : "FAIL") << " [" << n << "] " << describe(configs[n]) << " ->" << result.report
-                                                  << (result.passed ? std::string() : kernels));
+        MESSAGE((result.passed ? "ok  " : "FAIL")
+                << " [" << n << "] " << describe(configs[n]) << " ->" << result.report
+                << (result.passed ? std::string() : kernels));
         CHECK_MESSAGE(result.passed, describe(configs[n]), result.report, kernels);
     }
-    MESSAGE((configs.size() - size_t(failures)) << " of " << configs.size() << " configurations matched the CPU");
+    MESSAGE((configs.size() - size_t(failures))
+            << " of " << configs.size() << " configurations matched the CPU");
 }
 
 }  // namespace
 
 TEST_SUITE("gpu") {
-
-TEST_CASE("CUDA attention forward and backward match the CPU reference over a randomized sweep") {
-    GpuFixture f;
-    std::mt19937 rng(20241);
-    std::vector<Config> configs;
-    for (int i = 0; i < 48; ++i) configs.push_back(random_gpu_config(rng));
-    sweep(f, configs, 7);
-}
-
-TEST_CASE("the CUDA-core kernels match the CPU reference for 16-bit inputs too") {
-    GpuFixture f;
-    f.override_kernels("simt");
-    std::mt19937 rng(99);
-    std::vector<Config> configs;
-    for (int i = 0; i < 8; ++i) {
-        Config c = random_gpu_config(rng);
-        if (c.dt == Dt::F32) c.dt = Dt::BF16;
-        c.Sq = std::min<int64_t>(c.Sq, 64);
-        c.Sk = std::min<int64_t>(c.Sk, 64);
-        configs.push_back(c);
+    TEST_CASE(
+        "CUDA attention forward and backward match the CPU reference over a randomized sweep") {
+        GpuFixture f;
+        std::mt19937 rng(20241);
+        std::vector<Config> configs;
+        for (int i = 0; i < 48; ++i) configs.push_back(random_gpu_config(rng));
+        sweep(f, configs, 7);
     }
-    sweep(f, configs, 8);
-    unsetenv("ROPE_JIT_ATTENTION_KERNELS");
-}
 
-TEST_CASE("every tile shape the override offers gives the same results") {
-    GpuFixture f;
-    std::vector<Config> configs;
-    Config c;
-    c.dt = Dt::BF16;
-    c.B = 1;
-    c.Hq = 4;
-    c.Hk = 2;
-    c.Sq = 150;
-    c.Sk = 150;
-    c.D = 128;
-    c.R = 128;
-    c.causal = true;
-    c.pos_mask = true;
-    c.mask = Mask::AddFull;
-    configs.push_back(c);
-    c.pos_mask = false;
-    c.interleaved = true;
-    c.table_full = true;
-    c.mask = Mask::BoolKeys;
-    configs.push_back(c);
-    c.D = c.R = 64;  // D64 with 128-key tiles too
-    c.interleaved = false;
-    c.table_full = false;
-    c.mask = Mask::None;
-    configs.push_back(c);
-    const rope_jit::AttentionDevice device = device_zero();
-    for (const std::string shapes : {"fwd=4x64,dq=4x64,dkdv=4x32", "fwd=8x32,dq=8x32,dkdv=8x16", "fwd=4x16,dq=4x16,dkdv=8x64",
-                                     "fwd=4x32x2", "fwd=8x64x2", "fwd=2x16x2", "fwd=8x64,dq=8x64,dkdv=8x32",
-                                     "fwd=w8x128", "fwd=w8x64", "fwd=w4x64", "fwd=w12x64", "fwd=w12x64x3", "fwd=w8x64x3",
-                                     "fwd=p8x64x3", "fwd=p8x64", "fwd=p4x64x3", "fwd=p8x128", "fwd=c2x8x64x3",
-                                     "fwd=c2x4x128", "fwd=c2x8x128x2"}) {
-        CAPTURE(shapes);
-        f.override_kernels(shapes.c_str());
-        // A wgmma shape must be what the configs without pos_mask run, where wgmma runs at all
-        // and the shape's shared memory fits (else the choice falls back, as it should).
-        int warps = 0, block_n = 0, stages = 2, cluster = 1;
-        char family = 0;  // 'w': every warp loads; 'p': with producer warps; 'c': in clusters
-        const bool parsed = shapes.rfind("fwd=c", 0) == 0
-                                ? std::sscanf(shapes.c_str(), "fwd=c%dx%dx%dx%d", &cluster, &warps, &block_n, &stages) >= 3
-                                : std::sscanf(shapes.c_str(), "fwd=%c%dx%dx%d", &family, &warps, &block_n, &stages) >= 3 &&
-                                      (family == 'w' || family == 'p');
-        if (device.wgmma && parsed) {
-            for (size_t n = 1; n < configs.size(); ++n) {
-                std::mt19937 probe(1);
-                Problem p(configs[n], probe);
-                const rope_jit::AttentionSpec spec = kernels_of(p, device)[0];
-                rope_jit::AttentionSpec wanted = spec;
-                wanted.tensor_cores = wanted.wgmma = 1;
-                wanted.warps = warps;
-                wanted.block_n = block_n;
-                wanted.stages = stages;
-                wanted.producer_warps = family == 'w' ? 0 : 4;
-                wanted.cluster = cluster;
-                wanted.m_tiles = 1;
-                CAPTURE(spec.describe());
-                if (wanted.shared_bytes() <= device.max_shared_bytes) CHECK(spec == wanted);
-            }
+    TEST_CASE("the CUDA-core kernels match the CPU reference for 16-bit inputs too") {
+        GpuFixture f;
+        f.override_kernels("simt");
+        std::mt19937 rng(99);
+        std::vector<Config> configs;
+        for (int i = 0; i < 8; ++i) {
+            Config c = random_gpu_config(rng);
+            if (c.dt == Dt::F32) c.dt = Dt::BF16;
+            c.Sq = std::min<int64_t>(c.Sq, 64);
+            c.Sk = std::min<int64_t>(c.Sk, 64);
+            configs.push_back(c);
         }
-        sweep(f, configs, 5);
+        sweep(f, configs, 8);
+        unsetenv("ROPE_JIT_ATTENTION_KERNELS");
     }
-    unsetenv("ROPE_JIT_ATTENTION_KERNELS");
-}
 
-TEST_CASE("the sm_90 wgmma forward matches the CPU reference over long sequences and every feature it takes") {
-    const rope_jit::AttentionDevice device = device_zero();
-    if (!device.wgmma) {
-        MESSAGE("device sm_" << device.compute_capability << " with NVRTC " << rope_jit::nvrtc_version_string()
-                              << ": no wgmma forward here");
-        return;
-    }
-    GpuFixture f;
-    std::mt19937 rng(4242);
-    std::vector<Config> configs;
-    for (int i = 0; i < 24; ++i) {
-        Config c = random_gpu_config(rng);
-        c.dt = rng() & 1 ? Dt::BF16 : Dt::F16;
-        // 56 and 120 pad to 64 and 128: the zero-filled features past head_dim.
-        c.D = pick<int64_t>(rng, {128, 64, 120, 56});
-        c.R = pick<int64_t>(rng, {c.D, c.D, c.D / 2, 0, 16});
-        const int64_t chunk = c.interleaved ? 8 : 16;  // whole 16-byte chunks of pairs
-        c.R = c.R / chunk * chunk;
-        c.pos_mask = false;
-        c.pad = 0;
-        c.Sq = 1 + rng() % 700;
-        c.Sk = rng() % 3 == 0 ? 1 + rng() % 700 : c.Sq;
-        configs.push_back(c);
-    }
-    // Every config above must run the wgmma forward, or the sweep would test something else.
-    for (const Config& c : configs) {
-        std::mt19937 probe(1);
-        Problem p(c, probe);
-        const std::vector<rope_jit::AttentionSpec> specs = kernels_of(p, device);
-        CAPTURE(describe(c));
-        CHECK(specs[0].wgmma == 1);
-    }
-    // The default choice, then each family forced (every warp loading; producer warps; blocks
-    // of a cluster sharing tiles, where the GQA group allows).
-    for (const char* shapes : {"", "fwd=w12x64x3", "fwd=p8x64x3", "fwd=c4x8x64x3", "fwd=c2x8x128x2"}) {
-        CAPTURE(shapes);
-        f.override_kernels(shapes);
-        sweep(f, configs, 11);
-    }
-    unsetenv("ROPE_JIT_ATTENTION_KERNELS");
-}
-
-TEST_CASE("the headline shape (bf16, D128, causal, GQA 4) runs on tensor cores and matches the CPU") {
-    GpuFixture f;
-    Config c;
-    c.dt = Dt::BF16;
-    c.B = 1;
-    c.Hq = 8;
-    c.Hk = 2;
-    c.Sq = 700;
-    c.Sk = 700;
-    c.D = 128;
-    c.R = 128;
-    c.causal = true;
-    std::mt19937 rng(1);
-    Problem p(c, rng);
-    for (const rope_jit::AttentionSpec& s : kernels_of(p, device_zero())) {
-        CAPTURE(s.describe());
-        CHECK(s.tensor_cores == 1);
-    }
-    const Comparison result = run_and_compare(f, p, true);
-    MESSAGE(describe(c) << " ->" << result.report);
-    CHECK(result.passed);
-}
-
-TEST_CASE("the head_dim 64 and 256 defaults tuned for length (128-key producer tiles, 64-key tiles) match the CPU") {
-    GpuFixture f;
-    const rope_jit::AttentionDevice device = device_zero();
-    Config c;
-    c.dt = Dt::BF16;
-    c.B = 1;
-    c.Hq = 4;
-    c.Hk = 1;
-    c.Sq = 200;  // few queries over many keys: the long-key rule at a CPU reference's cost
-    c.Sk = 4100;
-    c.D = c.R = 64;
-    Config wide = c;
-    wide.Sq = wide.Sk = 300;
-    wide.D = wide.R = 256;
-    wide.causal = true;
-    wide.interleaved = true;
-    for (const Config& config : {c, wide}) {
-        std::mt19937 rng(7);
-        Problem p(config, rng);
-        const rope_jit::AttentionSpec forward = kernels_of(p, device)[0];
-        CAPTURE(forward.describe());
-        if (config.D == 64 && device.wgmma && device.tma) CHECK((forward.producer_warps == 4 && forward.block_n == 128));
-        if (config.D == 256) CHECK((forward.tensor_cores == 1 && forward.block_n == 64));
-        const Comparison result = run_and_compare(f, p, true);
-        MESSAGE(describe(config) << " ->" << result.report);
-        CHECK(result.passed);
-    }
-}
-
-TEST_CASE("a NaN in a query row gives that row NaN out, lse and dq on every kernel family, and only that row") {
-    GpuFixture f;
-    // CUDA cores (fp32), mma.sync tiles, and the sm_90 default (wgmma where it runs).
-    const std::vector<std::pair<Dt, const char*>> families = {
-        {Dt::F32, ""}, {Dt::BF16, "fwd=8x64x2,dq=8x64,dkdv=8x64"}, {Dt::BF16, ""}};
-    for (const auto& [dt, shapes] : families)
-        for (const bool causal : {false, true}) {
-            f.override_kernels(shapes);
-            Config c;
-            c.dt = dt;
-            c.B = 1;
-            c.Hq = c.Hk = 1;
-            c.Sq = c.Sk = 100;
-            c.D = c.R = 64;
-            c.causal = causal;
-            std::mt19937 rng(3);
-            Problem p(c, rng);
-            p.q.set({0, 0, 37, 3}, std::numeric_limits<double>::quiet_NaN());
-            CAPTURE(describe(c));
-            CAPTURE(kernels_of(p, device_zero())[0].describe());
-            poison_outputs(p);
-            DeviceProblem device(p);
-            const rope_jit_attention_args args = device.args(p.args());
-            REQUIRE(rope_jit_attention(f.cuda().get(), &args) == ROPE_JIT_OK);
-            REQUIRE(rope_jit_attention_backward(f.cuda().get(), &args) == ROPE_JIT_OK);
-            check_cu(driver().cuCtxSynchronize(), "cuCtxSynchronize");
-            const HostTensor out = device.download(p.out), lse = device.download(p.lse), dq = device.download(p.dq),
-                              dk = device.download(p.dk);
-            int wrong_rows = 0;
-            for (int64_t i = 0; i < c.Sq; ++i) {
-                bool nan_row = std::isnan(lse.get({0, 0, i}));
-                for (int64_t d = 0; d < c.D; ++d)
-                    nan_row = nan_row && std::isnan(out.get({0, 0, i, d})) && std::isnan(dq.get({0, 0, i, d}));
-                bool finite_row = std::isfinite(lse.get({0, 0, i}));
-                for (int64_t d = 0; d < c.D; ++d)
-                    finite_row = finite_row && std::isfinite(out.get({0, 0, i, d})) && std::isfinite(dq.get({0, 0, i, d}));
-                wrong_rows += i == 37 ? !nan_row : !finite_row;
-            }
-            CHECK(wrong_rows == 0);
-            CHECK(std::isnan(dk.get({0, 0, 0, 0})));  // a key row 37 sees
-            // A key masked from row 37: finite on the CUDA cores, which skip masked pairs; the
-            // tensor-core backward may give it NaN when it shares a tile with row 37 (documented).
-            if (causal && dt == Dt::F32) CHECK(std::isfinite(dk.get({0, 0, 99, 0})));
-        }
-    unsetenv("ROPE_JIT_ATTENTION_KERNELS");
-}
-
-TEST_CASE("the CUDA backward is deterministic") {
-    GpuFixture f;
-    for (Dt dt : {Dt::BF16, Dt::F32}) {
-        const std::string dtype = rope_test::dt_name(dt);
-        CAPTURE(dtype);
+    TEST_CASE("every tile shape the override offers gives the same results") {
+        GpuFixture f;
+        std::vector<Config> configs;
         Config c;
-        c.dt = dt;
-        c.B = 2;
-        c.Hq = 8;
+        c.dt = Dt::BF16;
+        c.B = 1;
+        c.Hq = 4;
         c.Hk = 2;
-        c.Sq = 300;
-        c.Sk = 300;
-        c.D = 64;
-        c.R = 64;
+        c.Sq = 150;
+        c.Sk = 150;
+        c.D = 128;
+        c.R = 128;
         c.causal = true;
         c.pos_mask = true;
-        std::mt19937 rng(4);
+        c.mask = Mask::AddFull;
+        configs.push_back(c);
+        c.pos_mask = false;
+        c.interleaved = true;
+        c.table_full = true;
+        c.mask = Mask::BoolKeys;
+        configs.push_back(c);
+        c.D = c.R = 64;  // D64 with 128-key tiles too
+        c.interleaved = false;
+        c.table_full = false;
+        c.mask = Mask::None;
+        configs.push_back(c);
+        const rope_jit::AttentionDevice device = device_zero();
+        for (const std::string shapes : {"fwd=4x64,dq=4x64,dkdv=4x32",
+                                         "fwd=8x32,dq=8x32,dkdv=8x16",
+                                         "fwd=4x16,dq=4x16,dkdv=8x64",
+                                         "fwd=4x32x2",
+                                         "fwd=8x64x2",
+                                         "fwd=2x16x2",
+                                         "fwd=8x64,dq=8x64,dkdv=8x32",
+                                         "fwd=w8x128",
+                                         "fwd=w8x64",
+                                         "fwd=w4x64",
+                                         "fwd=w12x64",
+                                         "fwd=w12x64x3",
+                                         "fwd=w8x64x3",
+                                         "fwd=p8x64x3",
+                                         "fwd=p8x64",
+                                         "fwd=p4x64x3",
+                                         "fwd=p8x128",
+                                         "fwd=c2x8x64x3",
+                                         "fwd=c2x4x128",
+                                         "fwd=c2x8x128x2"}) {
+            CAPTURE(shapes);
+            f.override_kernels(shapes.c_str());
+            // A wgmma shape must be what the configs without pos_mask run, where wgmma runs at all
+            // and the shape's shared memory fits (else the choice falls back, as it should).
+            int warps = 0, block_n = 0, stages = 2, cluster = 1;
+            char family = 0;  // 'w': every warp loads; 'p': with producer warps; 'c': in clusters
+            const bool parsed = shapes.rfind("fwd=c", 0) == 0
+                                    ? std::sscanf(shapes.c_str(), "fwd=c%dx%dx%dx%d", &cluster,
+                                                  &warps, &block_n, &stages) >= 3
+                                    : std::sscanf(shapes.c_str(), "fwd=%c%dx%dx%d", &family, &warps,
+                                                  &block_n, &stages) >= 3 &&
+                                          (family == 'w' || family == 'p');
+            if (device.wgmma && parsed) {
+                for (size_t n = 1; n < configs.size(); ++n) {
+                    std::mt19937 probe(1);
+                    Problem p(configs[n], probe);
+                    const rope_jit::AttentionSpec spec = kernels_of(p, device)[0];
+                    rope_jit::AttentionSpec wanted = spec;
+                    wanted.tensor_cores = wanted.wgmma = 1;
+                    wanted.warps = warps;
+                    wanted.block_n = block_n;
+                    wanted.stages = stages;
+                    wanted.producer_warps = family == 'w' ? 0 : 4;
+                    wanted.cluster = cluster;
+                    wanted.m_tiles = 1;
+                    CAPTURE(spec.describe());
+                    if (wanted.shared_bytes() <= device.max_shared_bytes) CHECK(spec == wanted);
+                }
+            }
+            sweep(f, configs, 5);
+        }
+        unsetenv("ROPE_JIT_ATTENTION_KERNELS");
+    }
+
+    TEST_CASE(
+        "the sm_90 wgmma forward matches the CPU reference over long sequences and every feature "
+        "it takes") {
+        const rope_jit::AttentionDevice device = device_zero();
+        if (!device.wgmma) {
+            MESSAGE("device sm_" << device.compute_capability << " with NVRTC "
+                                 << rope_jit::nvrtc_version_string() << ": no wgmma forward here");
+            return;
+        }
+        GpuFixture f;
+        std::mt19937 rng(4242);
+        std::vector<Config> configs;
+        for (int i = 0; i < 24; ++i) {
+            Config c = random_gpu_config(rng);
+            c.dt = rng() & 1 ? Dt::BF16 : Dt::F16;
+            // 56 and 120 pad to 64 and 128: the zero-filled features past head_dim.
+            c.D = pick<int64_t>(rng, {128, 64, 120, 56});
+            c.R = pick<int64_t>(rng, {c.D, c.D, c.D / 2, 0, 16});
+            const int64_t chunk = c.interleaved ? 8 : 16;  // whole 16-byte chunks of pairs
+            c.R = c.R / chunk * chunk;
+            c.pos_mask = false;
+            c.pad = 0;
+            c.Sq = 1 + rng() % 700;
+            c.Sk = rng() % 3 == 0 ? 1 + rng() % 700 : c.Sq;
+            configs.push_back(c);
+        }
+        // Every config above must run the wgmma forward, or the sweep would test something else.
+        for (const Config& c : configs) {
+            std::mt19937 probe(1);
+            Problem p(c, probe);
+            const std::vector<rope_jit::AttentionSpec> specs = kernels_of(p, device);
+            CAPTURE(describe(c));
+            CHECK(specs[0].wgmma == 1);
+        }
+        // The default choice, then each family forced (every warp loading; producer warps; blocks
+        // of a cluster sharing tiles, where the GQA group allows).
+        for (const char* shapes :
+             {"", "fwd=w12x64x3", "fwd=p8x64x3", "fwd=c4x8x64x3", "fwd=c2x8x128x2"}) {
+            CAPTURE(shapes);
+            f.override_kernels(shapes);
+            sweep(f, configs, 11);
+        }
+        unsetenv("ROPE_JIT_ATTENTION_KERNELS");
+    }
+
+    TEST_CASE(
+        "the headline shape (bf16, D128, causal, GQA 4) runs on tensor cores and matches the CPU") {
+        GpuFixture f;
+        Config c;
+        c.dt = Dt::BF16;
+        c.B = 1;
+        c.Hq = 8;
+        c.Hk = 2;
+        c.Sq = 700;
+        c.Sk = 700;
+        c.D = 128;
+        c.R = 128;
+        c.causal = true;
+        std::mt19937 rng(1);
         Problem p(c, rng);
-        DeviceProblem device(p);
-        const rope_jit_attention_args a = device.args(p.args());
-        REQUIRE(rope_jit_attention(f.cuda().get(), &a) == ROPE_JIT_OK);
-        REQUIRE(rope_jit_attention_backward(f.cuda().get(), &a) == ROPE_JIT_OK);
-        check_cu(driver().cuCtxSynchronize(), "cuCtxSynchronize");
-        const HostTensor dq = device.download(p.dq), dk = device.download(p.dk), dv = device.download(p.dv);
-        for (int repeat = 0; repeat < 3; ++repeat) {
-            REQUIRE(rope_jit_attention_backward(f.cuda().get(), &a) == ROPE_JIT_OK);
-            check_cu(driver().cuCtxSynchronize(), "cuCtxSynchronize");
-            CHECK(device.download(p.dq).bytes() == const_cast<HostTensor&>(dq).bytes());
-            CHECK(device.download(p.dk).bytes() == const_cast<HostTensor&>(dk).bytes());
-            CHECK(device.download(p.dv).bytes() == const_cast<HostTensor&>(dv).bytes());
+        for (const rope_jit::AttentionSpec& s : kernels_of(p, device_zero())) {
+            CAPTURE(s.describe());
+            CHECK(s.tensor_cores == 1);
+        }
+        const Comparison result = run_and_compare(f, p, true);
+        MESSAGE(describe(c) << " ->" << result.report);
+        CHECK(result.passed);
+    }
+
+    TEST_CASE(
+        "the head_dim 64 and 256 defaults tuned for length (128-key producer tiles, 64-key tiles) "
+        "match the CPU") {
+        GpuFixture f;
+        const rope_jit::AttentionDevice device = device_zero();
+        Config c;
+        c.dt = Dt::BF16;
+        c.B = 1;
+        c.Hq = 4;
+        c.Hk = 1;
+        c.Sq = 200;  // few queries over many keys: the long-key rule at a CPU reference's cost
+        c.Sk = 4100;
+        c.D = c.R = 64;
+        Config wide = c;
+        wide.Sq = wide.Sk = 300;
+        wide.D = wide.R = 256;
+        wide.causal = true;
+        wide.interleaved = true;
+        for (const Config& config : {c, wide}) {
+            std::mt19937 rng(7);
+            Problem p(config, rng);
+            const rope_jit::AttentionSpec forward = kernels_of(p, device)[0];
+            CAPTURE(forward.describe());
+            if (config.D == 64 && device.wgmma && device.tma)
+                CHECK((forward.producer_warps == 4 && forward.block_n == 128));
+            if (config.D == 256) CHECK((forward.tensor_cores == 1 && forward.block_n == 64));
+            const Comparison result = run_and_compare(f, p, true);
+            MESSAGE(describe(config) << " ->" << result.report);
+            CHECK(result.passed);
         }
     }
-}
+
+    TEST_CASE(
+        "a NaN in a query row gives that row NaN out, lse and dq on every kernel family, and only "
+        "that row") {
+        GpuFixture f;
+        // CUDA cores (fp32), mma.sync tiles, and the sm_90 default (wgmma where it runs).
+        const std::vector<std::pair<Dt, const char*>> families = {
+            {Dt::F32, ""}, {Dt::BF16, "fwd=8x64x2,dq=8x64,dkdv=8x64"}, {Dt::BF16, ""}};
+        for (const auto& [dt, shapes] : families)
+            for (const bool causal : {false, true}) {
+                f.override_kernels(shapes);
+                Config c;
+                c.dt = dt;
+                c.B = 1;
+                c.Hq = c.Hk = 1;
+                c.Sq = c.Sk = 100;
+                c.D = c.R = 64;
+                c.causal = causal;
+                std::mt19937 rng(3);
+                Problem p(c, rng);
+                p.q.set({0, 0, 37, 3}, std::numeric_limits<double>::quiet_NaN());
+                CAPTURE(describe(c));
+                CAPTURE(kernels_of(p, device_zero())[0].describe());
+                poison_outputs(p);
+                DeviceProblem device(p);
+                const rope_jit_attention_args args = device.args(p.args());
+                REQUIRE(rope_jit_attention(f.cuda().get(), &args) == ROPE_JIT_OK);
+                REQUIRE(rope_jit_attention_backward(f.cuda().get(), &args) == ROPE_JIT_OK);
+                check_cu(driver().cuCtxSynchronize(), "cuCtxSynchronize");
+                const HostTensor out = device.download(p.out), lse = device.download(p.lse),
+                                 dq = device.download(p.dq), dk = device.download(p.dk);
+                int wrong_rows = 0;
+                for (int64_t i = 0; i < c.Sq; ++i) {
+                    bool nan_row = std::isnan(lse.get({0, 0, i}));
+                    for (int64_t d = 0; d < c.D; ++d)
+                        nan_row = nan_row && std::isnan(out.get({0, 0, i, d})) &&
+                                  std::isnan(dq.get({0, 0, i, d}));
+                    bool finite_row = std::isfinite(lse.get({0, 0, i}));
+                    for (int64_t d = 0; d < c.D; ++d)
+                        finite_row = finite_row && std::isfinite(out.get({0, 0, i, d})) &&
+                                     std::isfinite(dq.get({0, 0, i, d}));
+                    wrong_rows += i == 37 ? !nan_row : !finite_row;
+                }
+                CHECK(wrong_rows == 0);
+                CHECK(std::isnan(dk.get({0, 0, 0, 0})));  // a key row 37 sees
+                // A key masked from row 37: finite on the CUDA cores, which skip masked pairs; the
+                // tensor-core backward may give it NaN when it shares a tile with row 37 (documented).
+                if (causal && dt == Dt::F32) CHECK(std::isfinite(dk.get({0, 0, 99, 0})));
+            }
+        unsetenv("ROPE_JIT_ATTENTION_KERNELS");
+    }
+
+    TEST_CASE("the CUDA backward is deterministic") {
+        GpuFixture f;
+        for (Dt dt : {Dt::BF16, Dt::F32}) {
+            const std::string dtype = rope_test::dt_name(dt);
+            CAPTURE(dtype);
+            Config c;
+            c.dt = dt;
+            c.B = 2;
+            c.Hq = 8;
+            c.Hk = 2;
+            c.Sq = 300;
+            c.Sk = 300;
+            c.D = 64;
+            c.R = 64;
+            c.causal = true;
+            c.pos_mask = true;
+            std::mt19937 rng(4);
+            Problem p(c, rng);
+            DeviceProblem device(p);
+            const rope_jit_attention_args a = device.args(p.args());
+            REQUIRE(rope_jit_attention(f.cuda().get(), &a) == ROPE_JIT_OK);
+            REQUIRE(rope_jit_attention_backward(f.cuda().get(), &a) == ROPE_JIT_OK);
+            check_cu(driver().cuCtxSynchronize(), "cuCtxSynchronize");
+            const HostTensor dq = device.download(p.dq), dk = device.download(p.dk),
+                             dv = device.download(p.dv);
+            for (int repeat = 0; repeat < 3; ++repeat) {
+                REQUIRE(rope_jit_attention_backward(f.cuda().get(), &a) == ROPE_JIT_OK);
+                check_cu(driver().cuCtxSynchronize(), "cuCtxSynchronize");
+                CHECK(device.download(p.dq).bytes() == const_cast<HostTensor&>(dq).bytes());
+                CHECK(device.download(p.dk).bytes() == const_cast<HostTensor&>(dk).bytes());
+                CHECK(device.download(p.dv).bytes() == const_cast<HostTensor&>(dv).bytes());
+            }
+        }
+    }
 
 }  // TEST_SUITE("gpu")

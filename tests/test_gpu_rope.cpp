@@ -48,350 +48,380 @@ constexpr uint32_t kSweepSeed = 20261130;
 }  // namespace
 
 TEST_SUITE("gpu") {
-
-TEST_CASE_FIXTURE(GpuFixture, "the CUDA backend matches the CPU backend over a randomized sweep of the spec space") {
-    // 100 random kernels (NVRTC compiles dominate the run time), each run with 3 random sizes.
-    // Every (family, variant) has its own seed, so a failure replays alone.
-    for (uint32_t family = 0; family < 100; ++family) {
-        std::mt19937 family_rng(kSweepSeed + family);
-        const Spec base = random_spec(family_rng);
-        for (uint32_t variant = 0; variant < 3; ++variant) {
-            std::mt19937 rng(kSweepSeed + 7919 * (variant + 1) + family);
-            Spec c = base;
-            if (variant > 0) redraw_sizes(c, rng);
-            const std::string spec = describe(c);
-            CAPTURE(family);
-            CAPTURE(variant);
-            CAPTURE(spec);
-            const Problem p = make_problem(c, rng);
-            const Problem from_cpu = run_with_host_tensors(cpu_runtime.get(), p);
-            const Problem from_gpu = run_with_device_tensors(cuda_runtime.get(), p);
-            check_gpu_matches_cpu(p, from_gpu, from_cpu, gpu_tolerance(c));
-        }
-    }
-}
-
-TEST_CASE_FIXTURE(GpuFixture, "large bfloat16 shapes, as the vectorized paths see them, match the CPU backend") {
-    for (Layout layout : {Layout::BHSD, Layout::BSHD})
-        for (bool backward : {false, true})
-            for (Angles angles : {Angles::HalfTable, Angles::InvFreq}) {
-                Spec c;
-                c.dt = Dt::BF16;
-                c.table_dt = Dt::BF16;  // tables in the model's dtype, as HF and Unsloth pass them
-                c.layout = layout;
-                c.backward = backward;
-                c.angles = angles;
-                c.in_place = !backward;  // forward in place, backward out of place
-                c.B = 2, c.S = 257, c.Hk = 8, c.group = 4, c.D = 128, c.R = 128;
-                c.position_offset = 3;
+    TEST_CASE_FIXTURE(
+        GpuFixture,
+        "the CUDA backend matches the CPU backend over a randomized sweep of the spec space") {
+        // 100 random kernels (NVRTC compiles dominate the run time), each run with 3 random sizes.
+        // Every (family, variant) has its own seed, so a failure replays alone.
+        for (uint32_t family = 0; family < 100; ++family) {
+            std::mt19937 family_rng(kSweepSeed + family);
+            const Spec base = random_spec(family_rng);
+            for (uint32_t variant = 0; variant < 3; ++variant) {
+                std::mt19937 rng(kSweepSeed + 7919 * (variant + 1) + family);
+                Spec c = base;
+                if (variant > 0) redraw_sizes(c, rng);
                 const std::string spec = describe(c);
+                CAPTURE(family);
+                CAPTURE(variant);
                 CAPTURE(spec);
-                std::mt19937 rng(uint32_t(int(layout) * 4 + int(backward) * 2 + int(angles)));
                 const Problem p = make_problem(c, rng);
                 const Problem from_cpu = run_with_host_tensors(cpu_runtime.get(), p);
                 const Problem from_gpu = run_with_device_tensors(cuda_runtime.get(), p);
                 check_gpu_matches_cpu(p, from_gpu, from_cpu, gpu_tolerance(c));
             }
-}
-
-TEST_CASE_FIXTURE(GpuFixture, "q and k as strided slices of a packed qkv buffer are rotated in place, and v is untouched") {
-    for (Dt dt : {Dt::F16, Dt::BF16, Dt::F32}) {
-        const int64_t B = 2, S = 37, H = 4, D = 64;
-        const std::string dtype = dt_name(dt);
-        CAPTURE(dtype);
-        CAPTURE(B);
-        CAPTURE(S);
-        CAPTURE(H);
-        CAPTURE(D);
-        std::mt19937 rng(31 + uint32_t(dt));
-        HostTensor qkv(dt, {B, S, 3, H, D});  // [:, :, 0] = q, [:, :, 1] = k, [:, :, 2] = v
-        qkv.fill_uniform(rng, -2, 2);
-        Spec table_spec;  // half tables in float32, implicit positions 0..S-1
-        table_spec.dt = dt;
-        table_spec.D = D;
-        table_spec.R = D;
-        Problem tables;
-        tables.spec = table_spec;
-        fill_angles(tables, S + 1, rng);
-
-        // q and k as [B, H, S, D] views of the [B, S, 3, H, D] buffer: no copies.
-        auto slice = [&](int64_t slot) {
-            StridedView v;
-            v.dt = dt;
-            v.shape = {B, H, S, D};
-            v.strides = {S * 3 * H * D, D, 3 * H * D, 1};
-            v.byte_offset = uint64_t(slot * H * D) * dt_size(dt);
-            return v;
-        };
-        StridedView q_host = slice(0), k_host = slice(1), q_device = slice(0), k_device = slice(1);
-
-        HostTensor from_cpu = qkv;
-        rope_jit_rope_args args;
-        rope_jit_rope_args_init(&args);
-        args.q = q_host.on(from_cpu.bytes().data(), {kDLCPU, 0});
-        args.k = k_host.on(from_cpu.bytes().data(), {kDLCPU, 0});
-        args.cos = tables.t[kCos].dl();
-        args.sin = tables.t[kSin].dl();
-        require_ok(call_rope(cpu_runtime.get(), args), "CPU");
-
-        DeviceTensor device(qkv);
-        DeviceTensor cos_device(tables.t[kCos]), sin_device(tables.t[kSin]);
-        args.q = q_device.on(as_pointer(device.pointer()), {kDLCUDA, 0});
-        args.k = k_device.on(as_pointer(device.pointer()), {kDLCUDA, 0});
-        args.cos = cos_device.dl();
-        args.sin = sin_device.dl();
-        require_ok(call_rope(cuda_runtime.get(), args), "CUDA");
-        synchronize(nullptr);
-        HostTensor from_gpu = qkv;
-        device.download(from_gpu);
-
-        // Each slot as its own tensor, to compare slot by slot.
-        auto slot_of = [&](const HostTensor& buffer, int64_t slot) {
-            HostTensor out(dt, {B, S, H, D});
-            out.for_each([&](const std::vector<int64_t>& i) {
-                out.set(i, buffer.get({i[0], i[1], slot, i[2], i[3]}));
-            });
-            return out;
-        };
-        const double tol = gpu_tolerance(table_spec);
-        check_close(slot_of(from_gpu, 0), slot_of(from_cpu, 0), tol, "q slice (GPU vs CPU)");
-        check_close(slot_of(from_gpu, 1), slot_of(from_cpu, 1), tol, "k slice (GPU vs CPU)");
-        size_t v_changed = 0;
-        const size_t element = dt_size(dt);
-        qkv.for_each([&](const std::vector<int64_t>& i) {
-            if (i[2] != 2) return;
-            const size_t at = size_t(qkv.offset(i)) * element;
-            v_changed += std::memcmp(&from_gpu.bytes()[at], &bytes_of(qkv)[at], element) != 0;
-        });
-        INFO("v slice elements changed on the device: ", v_changed);
-        CHECK(v_changed == 0);
-    }
-}
-
-TEST_CASE_FIXTURE(GpuFixture, "a call on a non-default stream runs there and matches the CPU backend") {
-    Stream stream;
-    Spec c;
-    c.dt = Dt::F16;
-    c.interleaved = true;
-    c.layout = Layout::BSHD;
-    c.positions = Positions::PerBatchToken;
-    c.index_dt = Dt::I64;
-    c.in_place = false;
-    c.B = 3, c.S = 29, c.Hk = 2, c.group = 4, c.D = 128, c.R = 64, c.offset = 32;
-    const std::string spec = describe(c);
-    CAPTURE(spec);
-    std::mt19937 rng(4);
-    const Problem p = make_problem(c, rng);
-    const Problem from_cpu = run_with_host_tensors(cpu_runtime.get(), p);
-    const Problem from_gpu = run_with_device_tensors(cuda_runtime.get(), p, stream.get());
-    check_gpu_matches_cpu(p, from_gpu, from_cpu, gpu_tolerance(c));
-}
-
-TEST_CASE_FIXTURE(GpuFixture, "a call captured in a CUDA graph reads the data present at each replay") {
-    Stream stream;
-    Spec c;
-    c.dt = Dt::BF16;
-    c.layout = Layout::Padded;
-    c.positions = Positions::PerBatchToken;
-    c.index_dt = Dt::I32;
-    c.in_place = false;  // the warm-up call leaves the inputs as they are
-    c.B = 2, c.S = 21, c.Hk = 2, c.group = 4, c.D = 128, c.R = 128;
-    const std::string spec = describe(c);
-    CAPTURE(spec);
-    std::mt19937 rng(5);
-    const Problem p = make_problem(c, rng);
-    DeviceProblem device(p);
-    const rope_jit_rope_args args = make_args(c, device.views(), stream.get());
-
-    // Warm-up outside the capture: compiles and loads the kernel.
-    require_ok(call_rope(cuda_runtime.get(), args), "warm-up");
-    synchronize(stream.get());
-
-    Graph graph;
-    check_cu(driver().cuStreamBeginCapture(stream.get(), rope_jit::CU_STREAM_CAPTURE_MODE_GLOBAL), "cuStreamBeginCapture");
-    const CallResult captured = call_rope(cuda_runtime.get(), args);
-    const rope_jit::CUresult ended = driver().cuStreamEndCapture(stream.get(), &graph.graph);  // always end it
-    require_ok(captured, "during capture");
-    check_cu(ended, "cuStreamEndCapture");
-    check_cu(driver().cuGraphInstantiate(&graph.exec, graph.graph, 0), "cuGraphInstantiate");
-
-    // Each replay gets new q, k and positions, and poisoned outputs: a replay that reuses
-    // captured data, or writes nothing, shows.
-    for (int replay = 0; replay < 2; ++replay) {
-        CAPTURE(replay);
-        Problem next = p;
-        next.t[kQ].fill_uniform(rng, -2, 2);
-        next.t[kK].fill_uniform(rng, -2, 2);
-        std::uniform_int_distribution<int64_t> row(0, next.table_rows() - 1);
-        next.t[kPositions].for_each([&](const std::vector<int64_t>& i) { next.t[kPositions].set(i, double(row(rng))); });
-        for (size_t s : {kQ, kK, kQOut, kKOut, kPositions}) device[s].upload(next.t[s]);
-
-        check_cu(driver().cuGraphLaunch(graph.exec, stream.get()), "cuGraphLaunch");
-        synchronize(stream.get());
-        const Problem from_gpu = device.download(next);
-        const Problem from_cpu = run_with_host_tensors(cpu_runtime.get(), next);
-        check_gpu_matches_cpu(next, from_gpu, from_cpu, gpu_tolerance(c));
-    }
-}
-
-TEST_CASE_FIXTURE(GpuFixture, "two threads launching on their own streams at once both get correct results") {
-    constexpr int kCalls = 200;  // forward, backward, ...: an even number returns to the input
-
-    std::array<Spec, 2> specs;
-    // float32 tables: rounded to 16 bits, cos^2 + sin^2 drifts from 1 enough that 100 round
-    // trips no longer return the input.
-    specs[0].dt = Dt::BF16;  // bf16, half style, tables, bshd
-    specs[0].table_dt = Dt::F32;
-    specs[0].layout = Layout::BSHD;
-    specs[0].position_offset = 2;
-    specs[0].B = 2, specs[0].S = 33, specs[0].Hk = 2, specs[0].group = 4, specs[0].D = 128, specs[0].R = 128;
-    specs[1].dt = Dt::F32;  // f32, interleaved, inv_freq, partial rotary, padded rows, positions [S]
-    specs[1].interleaved = true;
-    specs[1].angles = Angles::InvFreq;
-    specs[1].layout = Layout::Padded;
-    specs[1].positions = Positions::PerToken;
-    specs[1].index_dt = Dt::I32;
-    specs[1].B = 3, specs[1].S = 17, specs[1].Hk = 3, specs[1].group = 1, specs[1].D = 64, specs[1].R = 32;
-    specs[1].offset = 16;
-
-    struct Worker {
-        Problem original;
-        std::unique_ptr<DeviceProblem> device;
-        rope_jit_status status = ROPE_JIT_OK;
-        std::string message, failure;
-    };
-    std::array<Worker, 2> workers;
-    for (size_t w = 0; w < workers.size(); ++w) {
-        std::mt19937 rng(600 + uint32_t(w));
-        workers[w].original = make_problem(specs[w], rng);
-        workers[w].device = std::make_unique<DeviceProblem>(workers[w].original);
-    }
-
-    std::atomic<int> ready{0};
-    std::vector<std::thread> threads;
-    for (size_t w = 0; w < workers.size(); ++w)
-        threads.emplace_back([&, w] {
-            Worker& worker = workers[w];
-            ++ready;
-            while (ready.load() < int(workers.size())) std::this_thread::yield();
-            try {
-                make_primary_context_current();
-                Stream stream;
-                rope_jit_rope_args args = make_args(worker.original.spec, worker.device->views(), stream.get());
-                for (int call = 0; call < kCalls; ++call) {
-                    args.backward = call % 2;
-                    const rope_jit_status status = rope_jit_rope(cuda_runtime.get(), &args);
-                    if (status != ROPE_JIT_OK) {
-                        worker.status = status;
-                        worker.message = rope_jit_last_error();
-                        break;
-                    }
-                }
-                synchronize(stream.get());
-            } catch (const std::exception& e) {
-                worker.failure = e.what();
-            }
-        });
-    for (std::thread& thread : threads) thread.join();
-
-    for (size_t w = 0; w < workers.size(); ++w) {
-        const Worker& worker = workers[w];
-        const std::string spec = describe(worker.original.spec);
-        CAPTURE(w);
-        CAPTURE(spec);
-        INFO("thread failure: ", worker.failure);
-        REQUIRE(worker.failure.empty());
-        const std::string status = rope_jit_status_name(worker.status);
-        INFO("rope_jit_rope -> ", status, ": ", worker.message);
-        REQUIRE(worker.status == ROPE_JIT_OK);
-        // Rounding accumulates over the calls like a random walk.
-        const double tol = gpu_tolerance(worker.original.spec) * std::sqrt(double(kCalls));
-        const Problem from_gpu = worker.device->download(worker.original);
-        const Problem from_cpu = run_with_host_tensors(cpu_runtime.get(), worker.original, kCalls);
-        check_gpu_matches_cpu(worker.original, from_gpu, from_cpu, tol);
-        check_close(from_gpu.t[kQ], worker.original.t[kQ], tol, "q after forward/backward pairs vs the original q");
-        check_close(from_gpu.t[kK], worker.original.t[kK], tol, "k after forward/backward pairs vs the original k");
-    }
-}
-
-TEST_CASE_FIXTURE(GpuFixture, "a CUDA runtime runs a call whose tensors all live in host memory on the CPU reference") {
-    Spec c;
-    c.dt = Dt::F16;
-    c.layout = Layout::Packed;
-    c.angles = Angles::FullTable;
-    c.B = 3, c.S = 11, c.Hk = 2, c.group = 2, c.D = 80, c.R = 80;
-    const std::string spec = describe(c);
-    CAPTURE(spec);
-    std::mt19937 rng(7);
-    const Problem p = make_problem(c, rng);
-    const Problem from_cpu = run_with_host_tensors(cpu_runtime.get(), p);
-    const Problem via_cuda_runtime = run_with_host_tensors(cuda_runtime.get(), p);
-    check_gpu_matches_cpu(p, via_cuda_runtime, from_cpu, 0.0);  // the same code: bit for bit
-}
-
-TEST_CASE_FIXTURE(GpuFixture, "tensors on different devices are rejected with a message naming the argument, and nothing is written") {
-    Spec c;
-    c.B = 2, c.S = 9, c.Hk = 2, c.group = 2, c.D = 64, c.R = 64;
-    std::mt19937 rng(8);
-    Problem host = make_problem(c, rng);
-    const Problem original = host;
-    DeviceProblem device(original);
-    Views views = device.views();
-    std::string needle;
-    SUBCASE("cos and sin in host memory, q and k on the GPU") {
-        views[kCos] = host.t[kCos].dl();
-        views[kSin] = host.t[kSin].dl();
-        needle = "cos:";
-    }
-    SUBCASE("k in host memory, q on the GPU") {
-        views[kK] = host.t[kK].dl();
-        needle = "k:";
-    }
-    SUBCASE("q in host memory, everything else on the GPU") {
-        views[kQ] = host.t[kQ].dl();
-        needle = "k:";
-    }
-    CAPTURE(needle);
-    const CallResult result = call_rope(cuda_runtime.get(), make_args(c, views, nullptr));
-    CAPTURE(result.message);
-    CHECK(result.status == ROPE_JIT_ERROR_INVALID_ARGUMENT);
-    CHECK(result.message.find(needle) != std::string::npos);
-    synchronize_context();
-    check_nothing_written(original, device.download(original));
-    check_nothing_written(original, host);
-}
-
-TEST_CASE_FIXTURE(GpuFixture, "with debug_checks, a device position outside the table is rejected naming positions, and nothing is written") {
-    const RuntimeHandle debug_runtime(ROPE_JIT_BACKEND_CUDA, /*debug_checks=*/true);
-    for (Positions mode : {Positions::PerToken, Positions::PerBatchToken})
-        for (bool past_the_end : {true, false}) {
-            Spec c;
-            c.dt = Dt::F16;
-            c.positions = mode;
-            c.index_dt = mode == Positions::PerToken ? Dt::I32 : Dt::I64;
-            c.B = 2, c.S = 9, c.Hk = 2, c.group = 2, c.D = 64, c.R = 64;
-            const std::string spec = describe(c);
-            CAPTURE(spec);
-            CAPTURE(past_the_end);
-            std::mt19937 rng(9);
-            const Problem p = make_problem(c, rng);
-
-            // Valid positions pass the check and give the CPU's result.
-            const Problem from_cpu = run_with_host_tensors(cpu_runtime.get(), p);
-            const Problem from_gpu = run_with_device_tensors(debug_runtime.get(), p);
-            check_gpu_matches_cpu(p, from_gpu, from_cpu, gpu_tolerance(c));
-
-            // One token (the last) at row P, or at row -1.
-            Problem bad = p;
-            bad.t[kPositions].set_at(bad.t[kPositions].numel() - 1, past_the_end ? double(p.table_rows()) : -1.0);
-            DeviceProblem device(bad);
-            const CallResult result = call_rope(debug_runtime.get(), make_args(c, device.views(), nullptr));
-            CAPTURE(result.message);
-            CHECK(result.status == ROPE_JIT_ERROR_INVALID_ARGUMENT);
-            CHECK(result.message.find("positions") != std::string::npos);
-            synchronize_context();
-            check_nothing_written(bad, device.download(bad));
         }
-}
+    }
+
+    TEST_CASE_FIXTURE(
+        GpuFixture,
+        "large bfloat16 shapes, as the vectorized paths see them, match the CPU backend") {
+        for (Layout layout : {Layout::BHSD, Layout::BSHD})
+            for (bool backward : {false, true})
+                for (Angles angles : {Angles::HalfTable, Angles::InvFreq}) {
+                    Spec c;
+                    c.dt = Dt::BF16;
+                    c.table_dt =
+                        Dt::BF16;  // tables in the model's dtype, as HF and Unsloth pass them
+                    c.layout = layout;
+                    c.backward = backward;
+                    c.angles = angles;
+                    c.in_place = !backward;  // forward in place, backward out of place
+                    c.B = 2, c.S = 257, c.Hk = 8, c.group = 4, c.D = 128, c.R = 128;
+                    c.position_offset = 3;
+                    const std::string spec = describe(c);
+                    CAPTURE(spec);
+                    std::mt19937 rng(uint32_t(int(layout) * 4 + int(backward) * 2 + int(angles)));
+                    const Problem p = make_problem(c, rng);
+                    const Problem from_cpu = run_with_host_tensors(cpu_runtime.get(), p);
+                    const Problem from_gpu = run_with_device_tensors(cuda_runtime.get(), p);
+                    check_gpu_matches_cpu(p, from_gpu, from_cpu, gpu_tolerance(c));
+                }
+    }
+
+    TEST_CASE_FIXTURE(GpuFixture,
+                      "q and k as strided slices of a packed qkv buffer are rotated in place, and "
+                      "v is untouched") {
+        for (Dt dt : {Dt::F16, Dt::BF16, Dt::F32}) {
+            const int64_t B = 2, S = 37, H = 4, D = 64;
+            const std::string dtype = dt_name(dt);
+            CAPTURE(dtype);
+            CAPTURE(B);
+            CAPTURE(S);
+            CAPTURE(H);
+            CAPTURE(D);
+            std::mt19937 rng(31 + uint32_t(dt));
+            HostTensor qkv(dt, {B, S, 3, H, D});  // [:, :, 0] = q, [:, :, 1] = k, [:, :, 2] = v
+            qkv.fill_uniform(rng, -2, 2);
+            Spec table_spec;  // half tables in float32, implicit positions 0..S-1
+            table_spec.dt = dt;
+            table_spec.D = D;
+            table_spec.R = D;
+            Problem tables;
+            tables.spec = table_spec;
+            fill_angles(tables, S + 1, rng);
+
+            // q and k as [B, H, S, D] views of the [B, S, 3, H, D] buffer: no copies.
+            auto slice = [&](int64_t slot) {
+                StridedView v;
+                v.dt = dt;
+                v.shape = {B, H, S, D};
+                v.strides = {S * 3 * H * D, D, 3 * H * D, 1};
+                v.byte_offset = uint64_t(slot * H * D) * dt_size(dt);
+                return v;
+            };
+            StridedView q_host = slice(0), k_host = slice(1), q_device = slice(0),
+                        k_device = slice(1);
+
+            HostTensor from_cpu = qkv;
+            rope_jit_rope_args args;
+            rope_jit_rope_args_init(&args);
+            args.q = q_host.on(from_cpu.bytes().data(), {kDLCPU, 0});
+            args.k = k_host.on(from_cpu.bytes().data(), {kDLCPU, 0});
+            args.cos = tables.t[kCos].dl();
+            args.sin = tables.t[kSin].dl();
+            require_ok(call_rope(cpu_runtime.get(), args), "CPU");
+
+            DeviceTensor device(qkv);
+            DeviceTensor cos_device(tables.t[kCos]), sin_device(tables.t[kSin]);
+            args.q = q_device.on(as_pointer(device.pointer()), {kDLCUDA, 0});
+            args.k = k_device.on(as_pointer(device.pointer()), {kDLCUDA, 0});
+            args.cos = cos_device.dl();
+            args.sin = sin_device.dl();
+            require_ok(call_rope(cuda_runtime.get(), args), "CUDA");
+            synchronize(nullptr);
+            HostTensor from_gpu = qkv;
+            device.download(from_gpu);
+
+            // Each slot as its own tensor, to compare slot by slot.
+            auto slot_of = [&](const HostTensor& buffer, int64_t slot) {
+                HostTensor out(dt, {B, S, H, D});
+                out.for_each([&](const std::vector<int64_t>& i) {
+                    out.set(i, buffer.get({i[0], i[1], slot, i[2], i[3]}));
+                });
+                return out;
+            };
+            const double tol = gpu_tolerance(table_spec);
+            check_close(slot_of(from_gpu, 0), slot_of(from_cpu, 0), tol, "q slice (GPU vs CPU)");
+            check_close(slot_of(from_gpu, 1), slot_of(from_cpu, 1), tol, "k slice (GPU vs CPU)");
+            size_t v_changed = 0;
+            const size_t element = dt_size(dt);
+            qkv.for_each([&](const std::vector<int64_t>& i) {
+                if (i[2] != 2) return;
+                const size_t at = size_t(qkv.offset(i)) * element;
+                v_changed += std::memcmp(&from_gpu.bytes()[at], &bytes_of(qkv)[at], element) != 0;
+            });
+            INFO("v slice elements changed on the device: ", v_changed);
+            CHECK(v_changed == 0);
+        }
+    }
+
+    TEST_CASE_FIXTURE(GpuFixture,
+                      "a call on a non-default stream runs there and matches the CPU backend") {
+        Stream stream;
+        Spec c;
+        c.dt = Dt::F16;
+        c.interleaved = true;
+        c.layout = Layout::BSHD;
+        c.positions = Positions::PerBatchToken;
+        c.index_dt = Dt::I64;
+        c.in_place = false;
+        c.B = 3, c.S = 29, c.Hk = 2, c.group = 4, c.D = 128, c.R = 64, c.offset = 32;
+        const std::string spec = describe(c);
+        CAPTURE(spec);
+        std::mt19937 rng(4);
+        const Problem p = make_problem(c, rng);
+        const Problem from_cpu = run_with_host_tensors(cpu_runtime.get(), p);
+        const Problem from_gpu = run_with_device_tensors(cuda_runtime.get(), p, stream.get());
+        check_gpu_matches_cpu(p, from_gpu, from_cpu, gpu_tolerance(c));
+    }
+
+    TEST_CASE_FIXTURE(GpuFixture,
+                      "a call captured in a CUDA graph reads the data present at each replay") {
+        Stream stream;
+        Spec c;
+        c.dt = Dt::BF16;
+        c.layout = Layout::Padded;
+        c.positions = Positions::PerBatchToken;
+        c.index_dt = Dt::I32;
+        c.in_place = false;  // the warm-up call leaves the inputs as they are
+        c.B = 2, c.S = 21, c.Hk = 2, c.group = 4, c.D = 128, c.R = 128;
+        const std::string spec = describe(c);
+        CAPTURE(spec);
+        std::mt19937 rng(5);
+        const Problem p = make_problem(c, rng);
+        DeviceProblem device(p);
+        const rope_jit_rope_args args = make_args(c, device.views(), stream.get());
+
+        // Warm-up outside the capture: compiles and loads the kernel.
+        require_ok(call_rope(cuda_runtime.get(), args), "warm-up");
+        synchronize(stream.get());
+
+        Graph graph;
+        check_cu(
+            driver().cuStreamBeginCapture(stream.get(), rope_jit::CU_STREAM_CAPTURE_MODE_GLOBAL),
+            "cuStreamBeginCapture");
+        const CallResult captured = call_rope(cuda_runtime.get(), args);
+        const rope_jit::CUresult ended =
+            driver().cuStreamEndCapture(stream.get(), &graph.graph);  // always end it
+        require_ok(captured, "during capture");
+        check_cu(ended, "cuStreamEndCapture");
+        check_cu(driver().cuGraphInstantiate(&graph.exec, graph.graph, 0), "cuGraphInstantiate");
+
+        // Each replay gets new q, k and positions, and poisoned outputs: a replay that reuses
+        // captured data, or writes nothing, shows.
+        for (int replay = 0; replay < 2; ++replay) {
+            CAPTURE(replay);
+            Problem next = p;
+            next.t[kQ].fill_uniform(rng, -2, 2);
+            next.t[kK].fill_uniform(rng, -2, 2);
+            std::uniform_int_distribution<int64_t> row(0, next.table_rows() - 1);
+            next.t[kPositions].for_each([&](const std::vector<int64_t>& i) {
+                next.t[kPositions].set(i, double(row(rng)));
+            });
+            for (size_t s : {kQ, kK, kQOut, kKOut, kPositions}) device[s].upload(next.t[s]);
+
+            check_cu(driver().cuGraphLaunch(graph.exec, stream.get()), "cuGraphLaunch");
+            synchronize(stream.get());
+            const Problem from_gpu = device.download(next);
+            const Problem from_cpu = run_with_host_tensors(cpu_runtime.get(), next);
+            check_gpu_matches_cpu(next, from_gpu, from_cpu, gpu_tolerance(c));
+        }
+    }
+
+    TEST_CASE_FIXTURE(
+        GpuFixture, "two threads launching on their own streams at once both get correct results") {
+        constexpr int kCalls = 200;  // forward, backward, ...: an even number returns to the input
+
+        std::array<Spec, 2> specs;
+        // float32 tables: rounded to 16 bits, cos^2 + sin^2 drifts from 1 enough that 100 round
+        // trips no longer return the input.
+        specs[0].dt = Dt::BF16;  // bf16, half style, tables, bshd
+        specs[0].table_dt = Dt::F32;
+        specs[0].layout = Layout::BSHD;
+        specs[0].position_offset = 2;
+        specs[0].B = 2, specs[0].S = 33, specs[0].Hk = 2, specs[0].group = 4, specs[0].D = 128,
+        specs[0].R = 128;
+        specs[1].dt =
+            Dt::F32;  // f32, interleaved, inv_freq, partial rotary, padded rows, positions [S]
+        specs[1].interleaved = true;
+        specs[1].angles = Angles::InvFreq;
+        specs[1].layout = Layout::Padded;
+        specs[1].positions = Positions::PerToken;
+        specs[1].index_dt = Dt::I32;
+        specs[1].B = 3, specs[1].S = 17, specs[1].Hk = 3, specs[1].group = 1, specs[1].D = 64,
+        specs[1].R = 32;
+        specs[1].offset = 16;
+
+        struct Worker {
+            Problem original;
+            std::unique_ptr<DeviceProblem> device;
+            rope_jit_status status = ROPE_JIT_OK;
+            std::string message, failure;
+        };
+        std::array<Worker, 2> workers;
+        for (size_t w = 0; w < workers.size(); ++w) {
+            std::mt19937 rng(600 + uint32_t(w));
+            workers[w].original = make_problem(specs[w], rng);
+            workers[w].device = std::make_unique<DeviceProblem>(workers[w].original);
+        }
+
+        std::atomic<int> ready{0};
+        std::vector<std::thread> threads;
+        for (size_t w = 0; w < workers.size(); ++w)
+            threads.emplace_back([&, w] {
+                Worker& worker = workers[w];
+                ++ready;
+                while (ready.load() < int(workers.size())) std::this_thread::yield();
+                try {
+                    make_primary_context_current();
+                    Stream stream;
+                    rope_jit_rope_args args =
+                        make_args(worker.original.spec, worker.device->views(), stream.get());
+                    for (int call = 0; call < kCalls; ++call) {
+                        args.backward = call % 2;
+                        const rope_jit_status status = rope_jit_rope(cuda_runtime.get(), &args);
+                        if (status != ROPE_JIT_OK) {
+                            worker.status = status;
+                            worker.message = rope_jit_last_error();
+                            break;
+                        }
+                    }
+                    synchronize(stream.get());
+                } catch (const std::exception& e) {
+                    worker.failure = e.what();
+                }
+            });
+        for (std::thread& thread : threads) thread.join();
+
+        for (size_t w = 0; w < workers.size(); ++w) {
+            const Worker& worker = workers[w];
+            const std::string spec = describe(worker.original.spec);
+            CAPTURE(w);
+            CAPTURE(spec);
+            INFO("thread failure: ", worker.failure);
+            REQUIRE(worker.failure.empty());
+            const std::string status = rope_jit_status_name(worker.status);
+            INFO("rope_jit_rope -> ", status, ": ", worker.message);
+            REQUIRE(worker.status == ROPE_JIT_OK);
+            // Rounding accumulates over the calls like a random walk.
+            const double tol = gpu_tolerance(worker.original.spec) * std::sqrt(double(kCalls));
+            const Problem from_gpu = worker.device->download(worker.original);
+            const Problem from_cpu =
+                run_with_host_tensors(cpu_runtime.get(), worker.original, kCalls);
+            check_gpu_matches_cpu(worker.original, from_gpu, from_cpu, tol);
+            check_close(from_gpu.t[kQ], worker.original.t[kQ], tol,
+                        "q after forward/backward pairs vs the original q");
+            check_close(from_gpu.t[kK], worker.original.t[kK], tol,
+                        "k after forward/backward pairs vs the original k");
+        }
+    }
+
+    TEST_CASE_FIXTURE(
+        GpuFixture,
+        "a CUDA runtime runs a call whose tensors all live in host memory on the CPU reference") {
+        Spec c;
+        c.dt = Dt::F16;
+        c.layout = Layout::Packed;
+        c.angles = Angles::FullTable;
+        c.B = 3, c.S = 11, c.Hk = 2, c.group = 2, c.D = 80, c.R = 80;
+        const std::string spec = describe(c);
+        CAPTURE(spec);
+        std::mt19937 rng(7);
+        const Problem p = make_problem(c, rng);
+        const Problem from_cpu = run_with_host_tensors(cpu_runtime.get(), p);
+        const Problem via_cuda_runtime = run_with_host_tensors(cuda_runtime.get(), p);
+        check_gpu_matches_cpu(p, via_cuda_runtime, from_cpu, 0.0);  // the same code: bit for bit
+    }
+
+    TEST_CASE_FIXTURE(GpuFixture,
+                      "tensors on different devices are rejected with a message naming the "
+                      "argument, and nothing is written") {
+        Spec c;
+        c.B = 2, c.S = 9, c.Hk = 2, c.group = 2, c.D = 64, c.R = 64;
+        std::mt19937 rng(8);
+        Problem host = make_problem(c, rng);
+        const Problem original = host;
+        DeviceProblem device(original);
+        Views views = device.views();
+        std::string needle;
+        SUBCASE("cos and sin in host memory, q and k on the GPU") {
+            views[kCos] = host.t[kCos].dl();
+            views[kSin] = host.t[kSin].dl();
+            needle = "cos:";
+        }
+        SUBCASE("k in host memory, q on the GPU") {
+            views[kK] = host.t[kK].dl();
+            needle = "k:";
+        }
+        SUBCASE("q in host memory, everything else on the GPU") {
+            views[kQ] = host.t[kQ].dl();
+            needle = "k:";
+        }
+        CAPTURE(needle);
+        const CallResult result = call_rope(cuda_runtime.get(), make_args(c, views, nullptr));
+        CAPTURE(result.message);
+        CHECK(result.status == ROPE_JIT_ERROR_INVALID_ARGUMENT);
+        CHECK(result.message.find(needle) != std::string::npos);
+        synchronize_context();
+        check_nothing_written(original, device.download(original));
+        check_nothing_written(original, host);
+    }
+
+    TEST_CASE_FIXTURE(GpuFixture,
+                      "with debug_checks, a device position outside the table is rejected naming "
+                      "positions, and nothing is written") {
+        const RuntimeHandle debug_runtime(ROPE_JIT_BACKEND_CUDA, /*debug_checks=*/true);
+        for (Positions mode : {Positions::PerToken, Positions::PerBatchToken})
+            for (bool past_the_end : {true, false}) {
+                Spec c;
+                c.dt = Dt::F16;
+                c.positions = mode;
+                c.index_dt = mode == Positions::PerToken ? Dt::I32 : Dt::I64;
+                c.B = 2, c.S = 9, c.Hk = 2, c.group = 2, c.D = 64, c.R = 64;
+                const std::string spec = describe(c);
+                CAPTURE(spec);
+                CAPTURE(past_the_end);
+                std::mt19937 rng(9);
+                const Problem p = make_problem(c, rng);
+
+                // Valid positions pass the check and give the CPU's result.
+                const Problem from_cpu = run_with_host_tensors(cpu_runtime.get(), p);
+                const Problem from_gpu = run_with_device_tensors(debug_runtime.get(), p);
+                check_gpu_matches_cpu(p, from_gpu, from_cpu, gpu_tolerance(c));
+
+                // One token (the last) at row P, or at row -1.
+                Problem bad = p;
+                bad.t[kPositions].set_at(bad.t[kPositions].numel() - 1,
+                                         past_the_end ? double(p.table_rows()) : -1.0);
+                DeviceProblem device(bad);
+                const CallResult result =
+                    call_rope(debug_runtime.get(), make_args(c, device.views(), nullptr));
+                CAPTURE(result.message);
+                CHECK(result.status == ROPE_JIT_ERROR_INVALID_ARGUMENT);
+                CHECK(result.message.find("positions") != std::string::npos);
+                synchronize_context();
+                check_nothing_written(bad, device.download(bad));
+            }
+    }
 
 }  // TEST_SUITE("gpu")

@@ -62,7 +62,9 @@ AttentionSpec wgmma_spec() {
 }
 
 // Stand-ins for driver handles: the memory cache only stores and compares them.
-CUcontext fake_context(uintptr_t n) { return reinterpret_cast<CUcontext>(n * 64); }
+CUcontext fake_context(uintptr_t n) {
+    return reinterpret_cast<CUcontext>(n * 64);
+}
 LoadedKernel fake_kernel(uintptr_t n) {
     return LoadedKernel{reinterpret_cast<CUmodule>(n * 64),
                         reinterpret_cast<CUfunction>(n * 64 + 8)};

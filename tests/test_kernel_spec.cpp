@@ -38,7 +38,8 @@ struct TempDir {
         path = mkdtemp(pattern);
     }
     ~TempDir() {
-        if (std::system(("rm -rf '" + path + "'").c_str()) != 0) MESSAGE("could not remove " << path);
+        if (std::system(("rm -rf '" + path + "'").c_str()) != 0)
+            MESSAGE("could not remove " << path);
     }
     std::string path;
 };
@@ -52,15 +53,19 @@ int count_entries(const std::string& dir) {
         const std::string name = entry->d_name;
         if (name == "." || name == "..") continue;
         const std::string path = dir + "/" + name;
-        if (entry->d_type == DT_DIR) count += count_entries(path);
-        else if (name.size() > 6 && (name.rfind(".cubin") == name.size() - 6 || name.rfind(".ptx") == name.size() - 4))
+        if (entry->d_type == DT_DIR)
+            count += count_entries(path);
+        else if (name.size() > 6 &&
+                 (name.rfind(".cubin") == name.size() - 6 || name.rfind(".ptx") == name.size() - 4))
             ++count;
     }
     closedir(handle);
     return count;
 }
 
-KernelSpec spec_of(rope_jit_rope_args& args) { return rope_jit::make_kernel_spec(rope_jit::make_rope_problem(args)); }
+KernelSpec spec_of(rope_jit_rope_args& args) {
+    return rope_jit::make_kernel_spec(rope_jit::make_rope_problem(args));
+}
 
 rope_jit_kernel_spec public_spec(int32_t head_dim, DLDataType dtype) {
     rope_jit_kernel_spec spec;
@@ -95,7 +100,8 @@ TEST_CASE("a call's spec records what is fixed and picks the widest safe vector"
         CHECK(spec.k_own_angles == 0);
     }
     SUBCASE("a [B,S,H,D] buffer seen as its transposed view still vectorizes") {
-        HostTensor qt(Dt::BF16, {2, 8, 16, 128}, {0, 2, 1, 3}), kt(Dt::BF16, {2, 2, 16, 128}, {0, 2, 1, 3});
+        HostTensor qt(Dt::BF16, {2, 8, 16, 128}, {0, 2, 1, 3}),
+            kt(Dt::BF16, {2, 2, 16, 128}, {0, 2, 1, 3});
         args.q = qt.dl();
         args.k = kt.dl();
         CHECK(spec_of(args).vec == 8);
@@ -116,7 +122,9 @@ TEST_CASE("a call's spec records what is fixed and picks the widest safe vector"
         CHECK(spec.vec_loads == 0);
         CHECK(spec.vec == 1);
     }
-    SUBCASE("out of place with partial rotary, the copy of unrotated features gets its own vector width") {
+    SUBCASE(
+        "out of place with partial rotary, the copy of unrotated features gets its own vector "
+        "width") {
         HostTensor q_out(Dt::BF16, {2, 8, 16, 128}), k_out(Dt::BF16, {2, 2, 16, 128});
         args.q_out = q_out.dl();
         args.k_out = k_out.dl();
@@ -158,9 +166,10 @@ TEST_CASE("specs survive the JSON round trip and render every specialization con
     REQUIRE(back.has_value());
     CHECK(*back == spec);
     const std::string preamble = spec.preamble();
-    for (const char* name : {"BACKWARD_PASS = true", "HAS_ROPE_INDICES = true", "HEAD_DIM = 80", "ROTARY_DIM = 80",
-                             "GQA_GROUP = 8", "INTERLEAVED = true", "DTYPE = 1", "POSITIONS_INT64 = false",
-                             "VEC = 8", "IN_PLACE_Q = true", "COPY_VEC = 1"})
+    for (const char* name :
+         {"BACKWARD_PASS = true", "HAS_ROPE_INDICES = true", "HEAD_DIM = 80", "ROTARY_DIM = 80",
+          "GQA_GROUP = 8", "INTERLEAVED = true", "DTYPE = 1", "POSITIONS_INT64 = false", "VEC = 8",
+          "IN_PLACE_Q = true", "COPY_VEC = 1"})
         CHECK_MESSAGE(preamble.find(name) != std::string::npos, name);
     CHECK(!KernelSpec::from_json("{\"head_dim\": 7}", &error).has_value());
     CHECK(error.find("head_dim") != std::string::npos);
@@ -175,7 +184,9 @@ TEST_CASE("the template compiles for every kind of specialization") {
     rope_jit::KernelStats stats;
     int compiled = 0;
     for (int variant = 0; variant < 12; ++variant) {
-        rope_jit_kernel_spec in = public_spec(variant % 3 == 0 ? 64 : variant % 3 == 1 ? 80 : 256,
+        rope_jit_kernel_spec in = public_spec(variant % 3 == 0   ? 64
+                                              : variant % 3 == 1 ? 80
+                                                                 : 256,
                                               variant % 3 == 0   ? DLDataType{kDLFloat, 32, 1}
                                               : variant % 3 == 1 ? DLDataType{kDLFloat, 16, 1}
                                                                  : DLDataType{kDLBfloat, 16, 1});
@@ -183,7 +194,8 @@ TEST_CASE("the template compiles for every kind of specialization") {
         in.positions = static_cast<rope_jit_position_mode>(variant % 3);
         in.packed = variant % 4 == 3;
         in.angles = static_cast<rope_jit_angle_source>((variant / 2) % 3);
-        in.table_dtype = variant % 5 == 0 ? DLDataType{kDLBfloat, 16, 1} : DLDataType{kDLFloat, 32, 1};
+        in.table_dtype =
+            variant % 5 == 0 ? DLDataType{kDLBfloat, 16, 1} : DLDataType{kDLFloat, 32, 1};
         in.xpos = variant % 6 == 5;
         in.in_place = variant % 2 == 0 && variant != 6;  // 6: partial rotary out of place
         in.backward = variant % 4 == 1;
@@ -196,10 +208,12 @@ TEST_CASE("the template compiles for every kind of specialization") {
         const KernelSpec spec = rope_jit::kernel_spec_from_public(in);
         CAPTURE(spec.describe());
         // sm_75: the bfloat16 conversion without cvt.rn.bf16.f32.
-        const rope_jit::KernelBinary binary =
-            rope_jit::build_kernel_binary(spec, variant % 4 == 0 ? "sm_75" : "sm_90", nullptr, stats);
+        const rope_jit::KernelBinary binary = rope_jit::build_kernel_binary(
+            spec, variant % 4 == 0 ? "sm_75" : "sm_90", nullptr, stats);
         REQUIRE(binary.image.size() > 4);
-        CHECK(std::string(binary.image.data(), 4) == "\x7f" "ELF");
+        CHECK(std::string(binary.image.data(), 4) ==
+              "\x7f"
+              "ELF");
         ++compiled;
     }
     // Multi-section positions and the frequency gradient have no public spec fields: set them
@@ -215,25 +229,32 @@ TEST_CASE("the template compiles for every kind of specialization") {
         spec.freq_grad = variant >= 2;
         spec.validate();
         CAPTURE(spec.describe());
-        const rope_jit::KernelBinary binary = rope_jit::build_kernel_binary(spec, "sm_90", nullptr, stats);
-        CHECK(std::string(binary.image.data(), 4) == "\x7f" "ELF");
+        const rope_jit::KernelBinary binary =
+            rope_jit::build_kernel_binary(spec, "sm_90", nullptr, stats);
+        CHECK(std::string(binary.image.data(), 4) ==
+              "\x7f"
+              "ELF");
         ++compiled;
     }
     CHECK(stats.compiles.load() == uint64_t(compiled));
-    MESSAGE("average cold compile: " << double(stats.compile_microseconds.load()) / 1000.0 / compiled << " ms");
+    MESSAGE("average cold compile: "
+            << double(stats.compile_microseconds.load()) / 1000.0 / compiled << " ms");
 }
 
-TEST_CASE("prewarming for sm_80 and sm_90 fills the disk cache, and a fresh process compiles nothing") {
+TEST_CASE(
+    "prewarming for sm_80 and sm_90 fills the disk cache, and a fresh process compiles nothing") {
     if (rope_jit::nvrtc_api() == nullptr) {
         MESSAGE("skipped: NVRTC not available");
         return;
     }
     TempDir dir;
-    rope_jit_kernel_spec specs[2] = {public_spec(128, {kDLBfloat, 16, 1}), public_spec(64, {kDLFloat, 16, 1})};
+    rope_jit_kernel_spec specs[2] = {public_spec(128, {kDLBfloat, 16, 1}),
+                                     public_spec(64, {kDLFloat, 16, 1})};
     specs[1].style = ROPE_JIT_STYLE_INTERLEAVED;
     specs[1].backward = 1;
 
-    auto prewarm_in_child = [&](const char* target, uint64_t expect_compiles, uint64_t expect_disk_hits) {
+    auto prewarm_in_child = [&](const char* target, uint64_t expect_compiles,
+                                uint64_t expect_disk_hits) {
         // A child process: nothing in memory survives from earlier prewarms.
         const pid_t pid = fork();
         if (pid == 0) {
@@ -265,7 +286,8 @@ TEST_CASE("prewarming for sm_80 and sm_90 fills the disk cache, and a fresh proc
     CHECK(count_entries(dir.path + "/v1") == 4);
 }
 
-TEST_CASE("runtimes of one process that miss the same spec at once compile it once and share the entry") {
+TEST_CASE(
+    "runtimes of one process that miss the same spec at once compile it once and share the entry") {
     if (rope_jit::nvrtc_api() == nullptr) {
         MESSAGE("skipped: NVRTC not available");
         return;
@@ -280,7 +302,8 @@ TEST_CASE("runtimes of one process that miss the same spec at once compile it on
     for (int r = 0; r < kRuntimes; ++r) {
         threads.emplace_back([&, r] {
             const rope_jit::DiskCache disk(dir.path, {});
-            images[size_t(r)] = rope_jit::build_kernel_binary(spec, "sm_90", &disk, stats[size_t(r)]).image;
+            images[size_t(r)] =
+                rope_jit::build_kernel_binary(spec, "sm_90", &disk, stats[size_t(r)]).image;
         });
     }
     for (std::thread& thread : threads) thread.join();
@@ -304,7 +327,8 @@ TEST_CASE("prewarm rejects bad specs and targets with a clear status") {
     config.disk_cache = 0;
     rope_jit_runtime* runtime = nullptr;
     REQUIRE(rope_jit_runtime_create(&config, &runtime) == ROPE_JIT_OK);
-    rope_jit_kernel_spec specs[2] = {public_spec(64, {kDLFloat, 32, 1}), public_spec(63, {kDLFloat, 32, 1})};
+    rope_jit_kernel_spec specs[2] = {public_spec(64, {kDLFloat, 32, 1}),
+                                     public_spec(63, {kDLFloat, 32, 1})};
     if (rope_jit::nvrtc_api() != nullptr) {
         CHECK(rope_jit_prewarm(runtime, specs, 2, "sm_90") == ROPE_JIT_ERROR_INVALID_ARGUMENT);
         CHECK(std::string(rope_jit_last_error()).find("specs[1]: head_dim") != std::string::npos);
@@ -330,8 +354,8 @@ TEST_CASE("prewarm reads an array of specs from a caller built against an older,
     rope_jit_runtime* runtime = nullptr;
     REQUIRE(rope_jit_runtime_create(&config, &runtime) == ROPE_JIT_OK);
     // An older header without the last fields: elements lie old_size bytes apart.
-    const size_t old_size = offsetof(rope_jit_kernel_spec, in_place) / alignof(rope_jit_kernel_spec) *
-                            alignof(rope_jit_kernel_spec);
+    const size_t old_size = offsetof(rope_jit_kernel_spec, in_place) /
+                            alignof(rope_jit_kernel_spec) * alignof(rope_jit_kernel_spec);
     REQUIRE(old_size < sizeof(rope_jit_kernel_spec));
     std::vector<char> array(2 * old_size);
     auto put = [&](size_t index, int32_t head_dim) {

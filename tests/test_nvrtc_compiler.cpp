@@ -62,8 +62,8 @@ TEST_CASE("a kernel without includes compiles to a cubin for the exact architect
         CHECK(result.target_used == target);
         CHECK(starts_with_elf_magic(result.binary));
         CHECK(result.milliseconds > 0.0);
-        CHECK(result.options == std::vector<std::string>{"-std=c++17",
-                                                         "--gpu-architecture=" + target});
+        CHECK(result.options ==
+              std::vector<std::string>{"-std=c++17", "--gpu-architecture=" + target});
     }
 }
 
@@ -149,8 +149,8 @@ TEST_CASE("the target decision follows the supported list, not a table") {
         }
     }
     SUBCASE("malformed targets are invalid arguments") {
-        for (const char* bad : {"", "sm_", "sm_9", "90", "sm_90x", "compute_", "gfx90a",
-                                "sm_12345678901234567890"}) {
+        for (const char* bad :
+             {"", "sm_", "sm_9", "90", "sm_90x", "compute_", "gfx90a", "sm_12345678901234567890"}) {
             CAPTURE(bad);
             try {
                 choose_target(bad, supported);
@@ -199,180 +199,184 @@ TEST_CASE("a missing driver library or the toolkit's stub is rejected with a rea
 
 // Run only where a GPU is: a CPU-only run excludes them with -tse=gpu.
 TEST_SUITE("gpu") {
+    namespace {
 
-namespace {
-
-const CudaDriverApi& require_driver() {
-    const CudaDriverApi* api = cuda_driver_api();
-    INFO("driver load error: " << cuda_driver_load_error());
-    REQUIRE(api != nullptr);
-    REQUIRE(cuda_device_count() > 0);
-    return *api;
-}
-
-// Makes device 0's primary context current for the test's duration, the way a framework's
-// context would be when the runtime is called.
-class PrimaryContext {
-public:
-    explicit PrimaryContext(const CudaDriverApi& api) : api_(api) {
-        check_cu(api_.cuDeviceGet(&device_, 0), "cuDeviceGet");
-        check_cu(api_.cuDevicePrimaryCtxRetain(&context_, device_), "cuDevicePrimaryCtxRetain");
-        check_cu(api_.cuCtxPushCurrent(context_), "cuCtxPushCurrent");
+    const CudaDriverApi& require_driver() {
+        const CudaDriverApi* api = cuda_driver_api();
+        INFO("driver load error: " << cuda_driver_load_error());
+        REQUIRE(api != nullptr);
+        REQUIRE(cuda_device_count() > 0);
+        return *api;
     }
-    PrimaryContext(const PrimaryContext&) = delete;
-    PrimaryContext& operator=(const PrimaryContext&) = delete;
-    ~PrimaryContext() {
-        CUcontext popped = nullptr;
-        api_.cuCtxPopCurrent(&popped);
-        api_.cuDevicePrimaryCtxRelease(device_);
-    }
-    CUcontext context() const { return context_; }
 
-private:
-    const CudaDriverApi& api_;
-    CUdevice device_ = 0;
-    CUcontext context_ = nullptr;
-};
+    // Makes device 0's primary context current for the test's duration, the way a framework's
+    // context would be when the runtime is called.
+    class PrimaryContext {
+    public:
+        explicit PrimaryContext(const CudaDriverApi& api) : api_(api) {
+            check_cu(api_.cuDeviceGet(&device_, 0), "cuDeviceGet");
+            check_cu(api_.cuDevicePrimaryCtxRetain(&context_, device_), "cuDevicePrimaryCtxRetain");
+            check_cu(api_.cuCtxPushCurrent(context_), "cuCtxPushCurrent");
+        }
+        PrimaryContext(const PrimaryContext&) = delete;
+        PrimaryContext& operator=(const PrimaryContext&) = delete;
+        ~PrimaryContext() {
+            CUcontext popped = nullptr;
+            api_.cuCtxPopCurrent(&popped);
+            api_.cuDevicePrimaryCtxRelease(device_);
+        }
+        CUcontext context() const { return context_; }
 
-// Loads `binary`, runs scale(data, 3, n) on `stream` (through a captured graph when asked) and
-// returns what came back.
-std::vector<float> run_scale(const CudaDriverApi& api, const CompileResult& compiled,
-                             CUstream stream, bool through_graph) {
-    CUmodule module = nullptr;
-    check_cu(api.cuModuleLoadData(&module, compiled.binary.data()), "cuModuleLoadData");
-    CUfunction function = nullptr;
-    check_cu(api.cuModuleGetFunction(&function, module, "scale"), "cuModuleGetFunction");
-
-    const int n = 1000;
-    std::vector<float> host(n);
-    for (int i = 0; i < n; ++i) host[static_cast<size_t>(i)] = static_cast<float>(i);
-    const size_t bytes = host.size() * sizeof(float);
-    CUdeviceptr data = 0;
-    check_cu(api.cuMemAlloc(&data, bytes), "cuMemAlloc");
-    check_cu(api.cuMemcpyHtoD(data, host.data(), bytes), "cuMemcpyHtoD");
-
-    float factor = 3.0f;
-    int count = n;
-    void* params[] = {&data, &factor, &count};
-    auto launch = [&] {
-        check_cu(api.cuLaunchKernel(function, (n + 255) / 256, 1, 1, 256, 1, 1, 0, stream,
-                                    params, nullptr),
-                 "cuLaunchKernel");
+    private:
+        const CudaDriverApi& api_;
+        CUdevice device_ = 0;
+        CUcontext context_ = nullptr;
     };
-    if (through_graph) {
-        check_cu(api.cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
-                 "cuStreamBeginCapture");
-        launch();
-        CUgraph graph = nullptr;
-        check_cu(api.cuStreamEndCapture(stream, &graph), "cuStreamEndCapture");
-        CUgraphExec exec = nullptr;
-        check_cu(api.cuGraphInstantiate(&exec, graph, 0), "cuGraphInstantiate");
-        check_cu(api.cuGraphLaunch(exec, stream), "cuGraphLaunch");
-        check_cu(api.cuStreamSynchronize(stream), "cuStreamSynchronize");
-        check_cu(api.cuGraphExecDestroy(exec), "cuGraphExecDestroy");
-        check_cu(api.cuGraphDestroy(graph), "cuGraphDestroy");
-    } else {
-        launch();
-        check_cu(api.cuStreamSynchronize(stream), "cuStreamSynchronize");
-    }
-    check_cu(api.cuMemcpyDtoH(host.data(), data, bytes), "cuMemcpyDtoH");
-    check_cu(api.cuMemFree(data), "cuMemFree");
-    check_cu(api.cuModuleUnload(module), "cuModuleUnload");
-    return host;
-}
 
-void check_scaled(const std::vector<float>& values) {
-    for (size_t i = 0; i < values.size(); ++i) {
-        if (values[i] != 3.0f * static_cast<float>(i)) {
-            CAPTURE(i);
-            CHECK(values[i] == 3.0f * static_cast<float>(i));
-            return;
+    // Loads `binary`, runs scale(data, 3, n) on `stream` (through a captured graph when asked) and
+    // returns what came back.
+    std::vector<float> run_scale(const CudaDriverApi& api, const CompileResult& compiled,
+                                 CUstream stream, bool through_graph) {
+        CUmodule module = nullptr;
+        check_cu(api.cuModuleLoadData(&module, compiled.binary.data()), "cuModuleLoadData");
+        CUfunction function = nullptr;
+        check_cu(api.cuModuleGetFunction(&function, module, "scale"), "cuModuleGetFunction");
+
+        const int n = 1000;
+        std::vector<float> host(n);
+        for (int i = 0; i < n; ++i) host[static_cast<size_t>(i)] = static_cast<float>(i);
+        const size_t bytes = host.size() * sizeof(float);
+        CUdeviceptr data = 0;
+        check_cu(api.cuMemAlloc(&data, bytes), "cuMemAlloc");
+        check_cu(api.cuMemcpyHtoD(data, host.data(), bytes), "cuMemcpyHtoD");
+
+        float factor = 3.0f;
+        int count = n;
+        void* params[] = {&data, &factor, &count};
+        auto launch = [&] {
+            check_cu(api.cuLaunchKernel(function, (n + 255) / 256, 1, 1, 256, 1, 1, 0, stream,
+                                        params, nullptr),
+                     "cuLaunchKernel");
+        };
+        if (through_graph) {
+            check_cu(api.cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+                     "cuStreamBeginCapture");
+            launch();
+            CUgraph graph = nullptr;
+            check_cu(api.cuStreamEndCapture(stream, &graph), "cuStreamEndCapture");
+            CUgraphExec exec = nullptr;
+            check_cu(api.cuGraphInstantiate(&exec, graph, 0), "cuGraphInstantiate");
+            check_cu(api.cuGraphLaunch(exec, stream), "cuGraphLaunch");
+            check_cu(api.cuStreamSynchronize(stream), "cuStreamSynchronize");
+            check_cu(api.cuGraphExecDestroy(exec), "cuGraphExecDestroy");
+            check_cu(api.cuGraphDestroy(graph), "cuGraphDestroy");
+        } else {
+            launch();
+            check_cu(api.cuStreamSynchronize(stream), "cuStreamSynchronize");
+        }
+        check_cu(api.cuMemcpyDtoH(host.data(), data, bytes), "cuMemcpyDtoH");
+        check_cu(api.cuMemFree(data), "cuMemFree");
+        check_cu(api.cuModuleUnload(module), "cuModuleUnload");
+        return host;
+    }
+
+    void check_scaled(const std::vector<float>& values) {
+        for (size_t i = 0; i < values.size(); ++i) {
+            if (values[i] != 3.0f * static_cast<float>(i)) {
+                CAPTURE(i);
+                CHECK(values[i] == 3.0f * static_cast<float>(i));
+                return;
+            }
         }
     }
-}
 
-}  // namespace
+    }  // namespace
 
-TEST_CASE("the driver loads, counts the devices and names the device's target") {
-    const CudaDriverApi& api = require_driver();
-    int version = 0;
-    check_cu(api.cuDriverGetVersion(&version), "cuDriverGetVersion");
-    CHECK(version >= 11040);
-    const std::string target = cuda_device_target(0);
-    CAPTURE(target);
-    CHECK(target.rfind("sm_", 0) == 0);
-    CHECK(cuda_error_text(CUDA_ERROR_INVALID_VALUE).rfind("CUDA_ERROR_INVALID_VALUE: ", 0) == 0);
-    CHECK_THROWS_AS(cuda_device_target(cuda_device_count()), Error);
-}
+    TEST_CASE("the driver loads, counts the devices and names the device's target") {
+        const CudaDriverApi& api = require_driver();
+        int version = 0;
+        check_cu(api.cuDriverGetVersion(&version), "cuDriverGetVersion");
+        CHECK(version >= 11040);
+        const std::string target = cuda_device_target(0);
+        CAPTURE(target);
+        CHECK(target.rfind("sm_", 0) == 0);
+        CHECK(cuda_error_text(CUDA_ERROR_INVALID_VALUE).rfind("CUDA_ERROR_INVALID_VALUE: ", 0) ==
+              0);
+        CHECK_THROWS_AS(cuda_device_target(cuda_device_count()), Error);
+    }
 
-TEST_CASE("a cubin for the device's own architecture loads and runs, also from a graph") {
-    const CudaDriverApi& api = require_driver();
-    PrimaryContext context(api);
-    int major = 0;
-    int minor = 0;
-    check_cu(api.cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, 0),
-             "cuDeviceGetAttribute");
-    check_cu(api.cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, 0),
-             "cuDeviceGetAttribute");
-    const CompileResult compiled = compile_cuda(kTinyKernel, "tiny.cu",
-                                                choose_target_for_device(major, minor), {});
-    CAPTURE(compiled.target_used);
+    TEST_CASE("a cubin for the device's own architecture loads and runs, also from a graph") {
+        const CudaDriverApi& api = require_driver();
+        PrimaryContext context(api);
+        int major = 0;
+        int minor = 0;
+        check_cu(api.cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, 0),
+                 "cuDeviceGetAttribute");
+        check_cu(api.cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, 0),
+                 "cuDeviceGetAttribute");
+        const CompileResult compiled =
+            compile_cuda(kTinyKernel, "tiny.cu", choose_target_for_device(major, minor), {});
+        CAPTURE(compiled.target_used);
 
-    CUstream stream = nullptr;
-    check_cu(api.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
-    CUcontext stream_context = nullptr;
-    check_cu(api.cuStreamGetCtx(stream, &stream_context), "cuStreamGetCtx");
-    CHECK(stream_context == context.context());
-    CUdevice current = -1;
-    check_cu(api.cuCtxGetDevice(&current), "cuCtxGetDevice");
-    CHECK(current == 0);
+        CUstream stream = nullptr;
+        check_cu(api.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+        CUcontext stream_context = nullptr;
+        check_cu(api.cuStreamGetCtx(stream, &stream_context), "cuStreamGetCtx");
+        CHECK(stream_context == context.context());
+        CUdevice current = -1;
+        check_cu(api.cuCtxGetDevice(&current), "cuCtxGetDevice");
+        CHECK(current == 0);
 
-    SUBCASE("launched directly") { check_scaled(run_scale(api, compiled, stream, false)); }
-    SUBCASE("captured in a graph") { check_scaled(run_scale(api, compiled, stream, true)); }
-    check_cu(api.cuStreamDestroy(stream), "cuStreamDestroy");
-}
+        SUBCASE("launched directly") {
+            check_scaled(run_scale(api, compiled, stream, false));
+        }
+        SUBCASE("captured in a graph") {
+            check_scaled(run_scale(api, compiled, stream, true));
+        }
+        check_cu(api.cuStreamDestroy(stream), "cuStreamDestroy");
+    }
 
-TEST_CASE("PTX for an older architecture is JIT-compiled by the driver and runs") {
-    const CudaDriverApi& api = require_driver();
-    PrimaryContext context(api);
-    const std::string oldest = "compute_" + std::to_string(nvrtc_supported_archs().front());
-    const CompileResult compiled = compile_cuda(kTinyKernel, "tiny.cu", oldest, {});
-    REQUIRE(compiled.is_ptx);
-    check_scaled(run_scale(api, compiled, nullptr, false));
-}
+    TEST_CASE("PTX for an older architecture is JIT-compiled by the driver and runs") {
+        const CudaDriverApi& api = require_driver();
+        PrimaryContext context(api);
+        const std::string oldest = "compute_" + std::to_string(nvrtc_supported_archs().front());
+        const CompileResult compiled = compile_cuda(kTinyKernel, "tiny.cu", oldest, {});
+        REQUIRE(compiled.is_ptx);
+        check_scaled(run_scale(api, compiled, nullptr, false));
+    }
 
-TEST_CASE("device pointers report their device and events time the stream") {
-    const CudaDriverApi& api = require_driver();
-    PrimaryContext context(api);
-    CUdeviceptr data = 0;
-    check_cu(api.cuMemAlloc(&data, 1 << 20), "cuMemAlloc");
-    unsigned memory_type = 0;
-    check_cu(api.cuPointerGetAttribute(&memory_type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, data),
-             "cuPointerGetAttribute(MEMORY_TYPE)");
-    CHECK(memory_type == CU_MEMORYTYPE_DEVICE);
-    int ordinal = -1;
-    check_cu(api.cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, data),
-             "cuPointerGetAttribute(DEVICE_ORDINAL)");
-    CHECK(ordinal == 0);
+    TEST_CASE("device pointers report their device and events time the stream") {
+        const CudaDriverApi& api = require_driver();
+        PrimaryContext context(api);
+        CUdeviceptr data = 0;
+        check_cu(api.cuMemAlloc(&data, 1 << 20), "cuMemAlloc");
+        unsigned memory_type = 0;
+        check_cu(api.cuPointerGetAttribute(&memory_type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, data),
+                 "cuPointerGetAttribute(MEMORY_TYPE)");
+        CHECK(memory_type == CU_MEMORYTYPE_DEVICE);
+        int ordinal = -1;
+        check_cu(api.cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, data),
+                 "cuPointerGetAttribute(DEVICE_ORDINAL)");
+        CHECK(ordinal == 0);
 
-    CUevent start = nullptr;
-    CUevent stop = nullptr;
-    check_cu(api.cuEventCreate(&start, CU_EVENT_DEFAULT), "cuEventCreate");
-    check_cu(api.cuEventCreate(&stop, CU_EVENT_DEFAULT), "cuEventCreate");
-    check_cu(api.cuEventRecord(start, nullptr), "cuEventRecord");
-    check_cu(api.cuMemsetD8(data, 7, 1 << 20), "cuMemsetD8");
-    check_cu(api.cuEventRecord(stop, nullptr), "cuEventRecord");
-    check_cu(api.cuEventSynchronize(stop), "cuEventSynchronize");
-    float ms = -1.0f;
-    check_cu(api.cuEventElapsedTime(&ms, start, stop), "cuEventElapsedTime");
-    CHECK(ms >= 0.0f);
-    unsigned char byte = 0;
-    check_cu(api.cuMemcpyDtoH(&byte, data + 12345, 1), "cuMemcpyDtoH");
-    CHECK(byte == 7);
-    check_cu(api.cuEventDestroy(start), "cuEventDestroy");
-    check_cu(api.cuEventDestroy(stop), "cuEventDestroy");
-    check_cu(api.cuMemFree(data), "cuMemFree");
-    check_cu(api.cuCtxSynchronize(), "cuCtxSynchronize");
-}
+        CUevent start = nullptr;
+        CUevent stop = nullptr;
+        check_cu(api.cuEventCreate(&start, CU_EVENT_DEFAULT), "cuEventCreate");
+        check_cu(api.cuEventCreate(&stop, CU_EVENT_DEFAULT), "cuEventCreate");
+        check_cu(api.cuEventRecord(start, nullptr), "cuEventRecord");
+        check_cu(api.cuMemsetD8(data, 7, 1 << 20), "cuMemsetD8");
+        check_cu(api.cuEventRecord(stop, nullptr), "cuEventRecord");
+        check_cu(api.cuEventSynchronize(stop), "cuEventSynchronize");
+        float ms = -1.0f;
+        check_cu(api.cuEventElapsedTime(&ms, start, stop), "cuEventElapsedTime");
+        CHECK(ms >= 0.0f);
+        unsigned char byte = 0;
+        check_cu(api.cuMemcpyDtoH(&byte, data + 12345, 1), "cuMemcpyDtoH");
+        CHECK(byte == 7);
+        check_cu(api.cuEventDestroy(start), "cuEventDestroy");
+        check_cu(api.cuEventDestroy(stop), "cuEventDestroy");
+        check_cu(api.cuMemFree(data), "cuMemFree");
+        check_cu(api.cuCtxSynchronize(), "cuCtxSynchronize");
+    }
 
 }  // TEST_SUITE("gpu")

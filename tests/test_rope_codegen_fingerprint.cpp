@@ -47,6 +47,7 @@ std::vector<KernelSpec> fingerprint_specs() {
     auto add = [&](const std::function<void(KernelSpec&)>& change) {
         KernelSpec spec = base;
         change(spec);
+        if (spec.angles_from_inv_freq) spec.table_full = 0;  // no table to be full
         specs.push_back(spec);
     };
     add([](KernelSpec&) {});
@@ -220,6 +221,7 @@ TEST_CASE("RoPE codegen fingerprint: PTX of representative specs and launch geom
     KernelSpec wide = specs.front();
     wide.head_dim = wide.rotary_dim = 8192;
     wide.angles_from_inv_freq = 1, wide.k_own_angles = 1, wide.table_vec_loads = 0;
+    wide.table_full = 0;
     lines.push_back("wide inv_freq launch: " + launch_fingerprint(wide, 8, 8, 100, 132));
 
     if (const char* out = std::getenv("ROPE_JIT_FINGERPRINT_OUT")) {

@@ -49,7 +49,8 @@ std::vector<float> read_golden_floats(const std::string& relative) {
 }
 
 // The library's frequencies for a config; REQUIREs success.
-std::vector<float> library_inv_freq(const rope_jit_freq_config& config, size_t n, float* attention = nullptr) {
+std::vector<float> library_inv_freq(const rope_jit_freq_config& config, size_t n,
+                                    float* attention = nullptr) {
     std::vector<float> inv(n, -1.0f);
     float factor = -1.0f;
     const rope_jit_status status = rope_jit_inv_freq(&config, inv.data(), n, &factor);
@@ -59,11 +60,13 @@ std::vector<float> library_inv_freq(const rope_jit_freq_config& config, size_t n
     return inv;
 }
 
-void check_close(const std::vector<float>& got, const std::vector<float>& expected, double rtol, double atol = 0) {
+void check_close(const std::vector<float>& got, const std::vector<float>& expected, double rtol,
+                 double atol = 0) {
     REQUIRE(got.size() == expected.size());
     for (size_t i = 0; i < got.size(); ++i) {
         CAPTURE(i);
-        CHECK(std::fabs(double(got[i]) - double(expected[i])) <= atol + rtol * std::fabs(double(expected[i])));
+        CHECK(std::fabs(double(got[i]) - double(expected[i])) <=
+              atol + rtol * std::fabs(double(expected[i])));
     }
 }
 
@@ -72,7 +75,8 @@ std::vector<float> torch_linspace(float start, float end, int steps) {
     std::vector<float> values(static_cast<size_t>(steps));
     const float step = (end - start) / float(steps - 1);
     for (int i = 0; i < steps; ++i)
-        values[size_t(i)] = i < steps / 2 ? start + step * float(i) : end - step * float(steps - i - 1);
+        values[size_t(i)] =
+            i < steps / 2 ? start + step * float(i) : end - step * float(steps - i - 1);
     return values;
 }
 
@@ -101,18 +105,21 @@ rope_jit_freq_config freq_config(rope_jit_rope_type type, int32_t rotary_dim, do
 // 1.0 / (base ** (torch.arange(0, dim, 2).float() / dim))
 std::vector<float> hf_default(double base, int dim) {
     std::vector<float> inv(static_cast<size_t>(dim / 2));
-    for (int i = 0; i < dim / 2; ++i) inv[size_t(i)] = 1.0f / std::pow(float(base), float(2 * i) / float(dim));
+    for (int i = 0; i < dim / 2; ++i)
+        inv[size_t(i)] = 1.0f / std::pow(float(base), float(2 * i) / float(dim));
     return inv;
 }
 
-std::vector<float> hf_dynamic(double base, int dim, double factor, int64_t max_pos, int64_t seq_len) {
+std::vector<float> hf_dynamic(double base, int dim, double factor, int64_t max_pos,
+                              int64_t seq_len) {
     const double length = double(std::max(seq_len, max_pos));
-    base = base * std::pow(factor * length / double(max_pos) - (factor - 1), double(dim) / double(dim - 2));
+    base = base * std::pow(factor * length / double(max_pos) - (factor - 1),
+                           double(dim) / double(dim - 2));
     return hf_default(base, dim);
 }
 
-std::vector<float> hf_yarn(double base, int dim, double factor, int64_t original, double beta_fast, double beta_slow,
-                           bool truncate) {
+std::vector<float> hf_yarn(double base, int dim, double factor, int64_t original, double beta_fast,
+                           double beta_slow, bool truncate) {
     auto correction_dim = [&](double rotations) {
         return (dim * std::log(double(original) / (rotations * 2 * kPi))) / (2 * std::log(base));
     };
@@ -131,20 +138,26 @@ std::vector<float> hf_yarn(double base, int dim, double factor, int64_t original
         const float interpolation = 1.0f / (float(factor) * pos_freq);
         const float ramp = std::clamp((float(i) - float(low)) / float(high - low), 0.0f, 1.0f);
         const float extrapolation_factor = 1.0f - ramp;
-        inv[size_t(i)] = interpolation * (1.0f - extrapolation_factor) + extrapolation * extrapolation_factor;
+        inv[size_t(i)] =
+            interpolation * (1.0f - extrapolation_factor) + extrapolation * extrapolation_factor;
     }
     return inv;
 }
 
-double hf_yarn_mscale(double scale, double mscale) { return scale <= 1 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0; }
+double hf_yarn_mscale(double scale, double mscale) {
+    return scale <= 1 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0;
+}
 
-std::vector<float> hf_llama3(double base, int dim, double factor, double low_ff, double high_ff, int64_t old_context) {
+std::vector<float> hf_llama3(double base, int dim, double factor, double low_ff, double high_ff,
+                             int64_t old_context) {
     std::vector<float> inv = hf_default(base, dim);
-    const double low_wavelen = double(old_context) / low_ff, high_wavelen = double(old_context) / high_ff;
+    const double low_wavelen = double(old_context) / low_ff,
+                 high_wavelen = double(old_context) / high_ff;
     for (float& f : inv) {
         const float wavelen = float(2 * kPi) / f;
         const float scaled = wavelen > low_wavelen ? f / float(factor) : f;
-        const float smooth = (float(old_context) / wavelen - float(low_ff)) / float(high_ff - low_ff);
+        const float smooth =
+            (float(old_context) / wavelen - float(low_ff)) / float(high_ff - low_ff);
         const float smoothed = (1 - smooth) * scaled / float(factor) + smooth * scaled;
         const bool medium = !(wavelen < high_wavelen) && !(wavelen > low_wavelen);
         f = medium ? smoothed : scaled;
@@ -194,10 +207,12 @@ TEST_CASE("the HF rope types match the golden values recorded from transformers"
         CAPTURE(golden.name);
         float attention = 0;
         const std::vector<float> inv = library_inv_freq(golden.config, 64, &attention);
-        check_close(inv, read_golden_floats(std::string(golden.name) + "/out_inv_freq.bin"), 1e-5, 1e-6);
+        check_close(inv, read_golden_floats(std::string(golden.name) + "/out_inv_freq.bin"), 1e-5,
+                    1e-6);
         const float expected_attention =
             read_golden_floats(std::string(golden.name) + "/out_attention_factor.bin").at(0);
-        CHECK(std::fabs(attention - expected_attention) <= 1e-6 + 1e-5 * std::fabs(expected_attention));
+        CHECK(std::fabs(attention - expected_attention) <=
+              1e-6 + 1e-5 * std::fabs(expected_attention));
     }
 }
 
@@ -206,7 +221,8 @@ TEST_CASE("default, linear and dynamic NTK match transformers' formulas") {
         CAPTURE(dim);
         for (double theta : {10000.0, 500000.0, 1e6}) {
             CAPTURE(theta);
-            check_close(library_inv_freq(freq_config(ROPE_JIT_ROPE_TYPE_DEFAULT, dim, theta), size_t(dim / 2)),
+            check_close(library_inv_freq(freq_config(ROPE_JIT_ROPE_TYPE_DEFAULT, dim, theta),
+                                         size_t(dim / 2)),
                         hf_default(theta, dim), 2e-6);
             rope_jit_freq_config linear = freq_config(ROPE_JIT_ROPE_TYPE_LINEAR, dim, theta);
             linear.factor = 2.5;
@@ -240,14 +256,16 @@ TEST_CASE("YaRN matches transformers' formula, its attention factor and its opti
     const double ln40 = std::log(40.0);
     const std::vector<YarnCase> cases = {
         {10000, 4, 32768, 4096, 0, 0, 0, 0, 0, true, 0.1 * std::log(4.0) + 1},
-        {1e6, 4, 131072, 32768, 32, 1, 0, 0, 0, true, 0.1 * std::log(4.0) + 1},       // Qwen2.5 style
-        {10000, 40, 163840, 4096, 32, 1, 1.0, 1.0, 0, true, 1.0},                     // DeepSeek-V3
+        {1e6, 4, 131072, 32768, 32, 1, 0, 0, 0, true, 0.1 * std::log(4.0) + 1},  // Qwen2.5 style
+        {10000, 40, 163840, 4096, 32, 1, 1.0, 1.0, 0, true, 1.0},                // DeepSeek-V3
         {10000, 40, 163840, 4096, 32, 1, 0.707, 1.0, 0, true,
          (0.1 * 0.707 * ln40 + 1) / (0.1 * ln40 + 1)},
-        {10000, 40, 163840, 4096, 32, 1, 1.0, 0.0, 0, true, 0.1 * ln40 + 1},          // mscale_all_dim 0: plain
-        {150000, 32, 131072, 4096, 32, 1, 0, 0, 0, false, 0.1 * std::log(32.0) + 1},  // gpt-oss: no truncation
-        {10000, 8, 65536, 8192, 16, 2, 0, 0, 1.25, true, 1.25},                       // explicit attention factor
-        {10000, 0.5, 4096, 8192, 32, 1, 0, 0, 0, true, 1.0},                          // factor <= 1
+        {10000, 40, 163840, 4096, 32, 1, 1.0, 0.0, 0, true,
+         0.1 * ln40 + 1},  // mscale_all_dim 0: plain
+        {150000, 32, 131072, 4096, 32, 1, 0, 0, 0, false,
+         0.1 * std::log(32.0) + 1},                              // gpt-oss: no truncation
+        {10000, 8, 65536, 8192, 16, 2, 0, 0, 1.25, true, 1.25},  // explicit attention factor
+        {10000, 0.5, 4096, 8192, 32, 1, 0, 0, 0, true, 1.0},     // factor <= 1
     };
     for (const YarnCase& c : cases) {
         for (int dim : {64, 128}) {
@@ -268,15 +286,19 @@ TEST_CASE("YaRN matches transformers' formula, its attention factor and its opti
             config.truncate = c.truncate ? 1 : 0;
             float attention = 0;
             const std::vector<float> inv = library_inv_freq(config, size_t(dim / 2), &attention);
-            const double beta_fast = c.beta_fast == 0 ? 32 : c.beta_fast, beta_slow = c.beta_slow == 0 ? 1 : c.beta_slow;
-            check_close(inv, hf_yarn(c.theta, dim, c.factor, c.original, beta_fast, beta_slow, c.truncate), 4e-6);
+            const double beta_fast = c.beta_fast == 0 ? 32 : c.beta_fast,
+                         beta_slow = c.beta_slow == 0 ? 1 : c.beta_slow;
+            check_close(
+                inv, hf_yarn(c.theta, dim, c.factor, c.original, beta_fast, beta_slow, c.truncate),
+                4e-6);
             CHECK(attention == doctest::Approx(c.expected_attention).epsilon(1e-6));
-            CHECK(double(attention) == doctest::Approx(c.attention > 0 ? c.attention
-                                                       : c.mscale != 0 && c.mscale_all_dim != 0
-                                                           ? hf_yarn_mscale(c.factor, c.mscale) /
-                                                                 hf_yarn_mscale(c.factor, c.mscale_all_dim)
-                                                           : hf_yarn_mscale(c.factor, 1))
-                                         .epsilon(1e-6));
+            CHECK(double(attention) ==
+                  doctest::Approx(c.attention > 0 ? c.attention
+                                  : c.mscale != 0 && c.mscale_all_dim != 0
+                                      ? hf_yarn_mscale(c.factor, c.mscale) /
+                                            hf_yarn_mscale(c.factor, c.mscale_all_dim)
+                                      : hf_yarn_mscale(c.factor, 1))
+                      .epsilon(1e-6));
         }
     }
 
@@ -285,7 +307,8 @@ TEST_CASE("YaRN matches transformers' formula, its attention factor and its opti
         config.max_position_embeddings = 16384;
         config.original_max_position_embeddings = 2048;
         float attention = 0;
-        check_close(library_inv_freq(config, 32, &attention), hf_yarn(10000, 64, 8, 2048, 32, 1, true), 4e-6);
+        check_close(library_inv_freq(config, 32, &attention),
+                    hf_yarn(10000, 64, 8, 2048, 32, 1, true), 4e-6);
         CHECK(attention == doctest::Approx(0.1 * std::log(8.0) + 1).epsilon(1e-6));
     }
     SUBCASE("an unset original context falls back to max_position_embeddings") {
@@ -332,7 +355,9 @@ TEST_CASE("Llama 3 keeps high frequencies, divides low ones and blends the band 
     }
 }
 
-TEST_CASE("LongRoPE picks short or long factors by sequence length and derives Phi-3's attention factor") {
+TEST_CASE(
+    "LongRoPE picks short or long factors by sequence length and derives Phi-3's attention "
+    "factor") {
     const int dim = 96;  // Phi-3-mini: head_dim 96
     std::vector<float> short_factor(48), long_factor(48);
     for (int i = 0; i < 48; ++i) {
@@ -352,7 +377,8 @@ TEST_CASE("LongRoPE picks short or long factors by sequence length and derives P
             CAPTURE(seq_len);
             config.seq_len = seq_len;
             float attention = 0;
-            check_close(library_inv_freq(config, 48, &attention), hf_longrope(10000, dim, short_factor), 4e-6);
+            check_close(library_inv_freq(config, 48, &attention),
+                        hf_longrope(10000, dim, short_factor), 4e-6);
             CHECK(attention == doctest::Approx(phi3_attention).epsilon(1e-6));
         }
     }
@@ -361,7 +387,8 @@ TEST_CASE("LongRoPE picks short or long factors by sequence length and derives P
             CAPTURE(seq_len);
             config.seq_len = seq_len;
             float attention = 0;
-            check_close(library_inv_freq(config, 48, &attention), hf_longrope(10000, dim, long_factor), 4e-6);
+            check_close(library_inv_freq(config, 48, &attention),
+                        hf_longrope(10000, dim, long_factor), 4e-6);
             CHECK(attention == doctest::Approx(phi3_attention).epsilon(1e-6));
         }
     }
@@ -369,7 +396,8 @@ TEST_CASE("LongRoPE picks short or long factors by sequence length and derives P
         config.factor = 4;
         float attention = 0;
         library_inv_freq(config, 48, &attention);
-        CHECK(attention == doctest::Approx(std::sqrt(1 + std::log(4.0) / std::log(4096.0))).epsilon(1e-6));
+        CHECK(attention ==
+              doctest::Approx(std::sqrt(1 + std::log(4.0) / std::log(4096.0))).epsilon(1e-6));
         config.attention_factor = 1.1;
         library_inv_freq(config, 48, &attention);
         CHECK(attention == doctest::Approx(1.1).epsilon(1e-7));
@@ -383,12 +411,15 @@ TEST_CASE("LongRoPE picks short or long factors by sequence length and derives P
     SUBCASE("missing or non-positive factors are rejected, naming the list") {
         std::vector<float> inv(48);
         config.long_factor = nullptr;
-        CHECK(rope_jit_inv_freq(&config, inv.data(), 48, nullptr) == ROPE_JIT_ERROR_INVALID_ARGUMENT);
+        CHECK(rope_jit_inv_freq(&config, inv.data(), 48, nullptr) ==
+              ROPE_JIT_ERROR_INVALID_ARGUMENT);
         CHECK(std::string(rope_jit_last_error()).find("long_factor") != std::string::npos);
         config.long_factor = long_factor.data();
         short_factor[7] = 0;
-        CHECK(rope_jit_inv_freq(&config, inv.data(), 48, nullptr) == ROPE_JIT_ERROR_INVALID_ARGUMENT);
-        CHECK(std::string(rope_jit_last_error()).find("short_factor: element 7") != std::string::npos);
+        CHECK(rope_jit_inv_freq(&config, inv.data(), 48, nullptr) ==
+              ROPE_JIT_ERROR_INVALID_ARGUMENT);
+        CHECK(std::string(rope_jit_last_error()).find("short_factor: element 7") !=
+              std::string::npos);
     }
 }
 
@@ -402,12 +433,14 @@ TEST_CASE("rotary-embedding-torch's lang, pixel and constant frequencies match t
     SUBCASE("lang with theta_rescale_factor 4") {
         rope_jit_freq_config config = freq_config(ROPE_JIT_ROPE_TYPE_LANG, 64, 10000);
         config.theta_rescale_factor = 4;
-        check_close(library_inv_freq(config, 32), read_golden_floats("ret_theta_rescale_interp/in_inv_freq.bin"), 2e-6);
+        check_close(library_inv_freq(config, 32),
+                    read_golden_floats("ret_theta_rescale_interp/in_inv_freq.bin"), 2e-6);
     }
     SUBCASE("pixel with max_freq 64") {
         rope_jit_freq_config config = freq_config(ROPE_JIT_ROPE_TYPE_PIXEL, 32, 10000);
         config.max_freq = 64;
-        check_close(library_inv_freq(config, 16), read_golden_floats("ret_pixel_d32/in_inv_freq.bin"), 1e-6);
+        check_close(library_inv_freq(config, 16),
+                    read_golden_floats("ret_pixel_d32/in_inv_freq.bin"), 1e-6);
     }
     SUBCASE("constant: num_freqs ones, whatever rotary_dim") {
         rope_jit_freq_config config = freq_config(ROPE_JIT_ROPE_TYPE_CONSTANT, 0, 10000);
@@ -419,7 +452,8 @@ TEST_CASE("rotary-embedding-torch's lang, pixel and constant frequencies match t
 TEST_CASE("bad frequency configs are rejected with the field named and the outputs untouched") {
     std::vector<float> inv(32, 7.0f);
     float attention = 7.0f;
-    auto expect_invalid = [&](const rope_jit_freq_config* config, size_t n, const std::string& needle) {
+    auto expect_invalid = [&](const rope_jit_freq_config* config, size_t n,
+                              const std::string& needle) {
         const rope_jit_status status = rope_jit_inv_freq(config, inv.data(), n, &attention);
         const std::string message = rope_jit_last_error();
         CAPTURE(message);
@@ -434,7 +468,9 @@ TEST_CASE("bad frequency configs are rejected with the field named and the outpu
         config.struct_size = 0;
         expect_invalid(&config, 32, "struct_size");
     }
-    SUBCASE("wrong n") { expect_invalid(&config, 31, "n: expected rotary_dim / 2 = 32"); }
+    SUBCASE("wrong n") {
+        expect_invalid(&config, 31, "n: expected rotary_dim / 2 = 32");
+    }
     SUBCASE("odd rotary_dim") {
         config.rotary_dim = 63;
         expect_invalid(&config, 31, "rotary_dim: must be even");
@@ -580,7 +616,8 @@ TEST_CASE("tables hold cos and sin of position times inv_freq in every layout, s
                 config.interpolate_factor = 2;
                 config.attention_factor = 1.25;
                 // A padded view: every row has unused trailing elements that must stay.
-                HostTensor cos(dt, {P, full ? 2 * n : n}, {}, 3), sin(dt, {P, full ? 2 * n : n}, {}, 3);
+                HostTensor cos(dt, {P, full ? 2 * n : n}, {}, 3),
+                    sin(dt, {P, full ? 2 * n : n}, {}, 3);
                 const std::vector<uint8_t> padding_before = cos.bytes();
                 REQUIRE(build_tables(config, &cos, &sin, nullptr) == ROPE_JIT_OK);
                 for (int64_t r = 0; r < P; ++r) {
@@ -588,9 +625,12 @@ TEST_CASE("tables hold cos and sin of position times inv_freq in every layout, s
                         const double angle = (3.0 + double(r)) / 2.0 * double(inv[size_t(i)]);
                         const double c = 1.25 * std::cos(angle), s = 1.25 * std::sin(angle);
                         std::vector<int64_t> columns;
-                        if (!full) columns = {i};
-                        else if (style == ROPE_JIT_STYLE_HALF) columns = {i, i + n};
-                        else columns = {2 * i, 2 * i + 1};
+                        if (!full)
+                            columns = {i};
+                        else if (style == ROPE_JIT_STYLE_HALF)
+                            columns = {i, i + n};
+                        else
+                            columns = {2 * i, 2 * i + 1};
                         for (int64_t col : columns) {
                             CAPTURE(r);
                             CAPTURE(col);
@@ -602,7 +642,9 @@ TEST_CASE("tables hold cos and sin of position times inv_freq in every layout, s
                 // Padding bytes after each row are untouched.
                 for (int64_t r = 0; r < P; ++r)
                     for (int64_t extra = 0; extra < 3; ++extra) {
-                        const size_t byte = size_t((r * (cos.shape()[1] + 3) + cos.shape()[1] + extra)) * dt_size(dt);
+                        const size_t byte =
+                            size_t((r * (cos.shape()[1] + 3) + cos.shape()[1] + extra)) *
+                            dt_size(dt);
                         CHECK(cos.bytes()[byte] == padding_before[byte]);
                     }
             }
@@ -611,12 +653,15 @@ TEST_CASE("tables hold cos and sin of position times inv_freq in every layout, s
 }
 
 TEST_CASE("tables from the builders reproduce rotary-embedding-torch's recorded tables") {
-    auto lang = [](int dim) { return library_inv_freq(freq_config(ROPE_JIT_ROPE_TYPE_LANG, dim, 10000), size_t(dim / 2)); };
+    auto lang = [](int dim) {
+        return library_inv_freq(freq_config(ROPE_JIT_ROPE_TYPE_LANG, dim, 10000), size_t(dim / 2));
+    };
     auto check_table = [](const HostTensor& got, const std::vector<float>& expected, double atol) {
         const std::vector<double> values = got.values();
         REQUIRE(values.size() == expected.size());
         double worst = 0;
-        for (size_t e = 0; e < values.size(); ++e) worst = std::max(worst, std::fabs(values[e] - double(expected[e])));
+        for (size_t e = 0; e < values.size(); ++e)
+            worst = std::max(worst, std::fabs(values[e] - double(expected[e])));
         CAPTURE(worst);
         CHECK(worst <= atol);
     };
@@ -687,7 +732,8 @@ TEST_CASE("tables from the builders reproduce rotary-embedding-torch's recorded 
         for (int64_t r = 0; r < 17; ++r)
             for (int64_t i = 0; i < 32; ++i)
                 CHECK(half.get({r, i}) ==
-                      doctest::Approx(std::pow((2.0 * i + 0.4 * 64) / (1.4 * 64), (r - 8) / 512.0)).epsilon(1e-7));
+                      doctest::Approx(std::pow((2.0 * i + 0.4 * 64) / (1.4 * 64), (r - 8) / 512.0))
+                          .epsilon(1e-7));
     }
     SUBCASE("axial pixel frequencies over a 4 x 6 grid (get_axial_freqs)") {
         // RotaryEmbedding(dim = 16, freqs_for = 'pixel', max_freq = 32): each axis takes a full
@@ -695,7 +741,8 @@ TEST_CASE("tables from the builders reproduce rotary-embedding-torch's recorded 
         const std::vector<float> axis_inv = torch_pixel_freqs(32, 8);
         std::vector<float> inv = axis_inv;
         inv.insert(inv.end(), axis_inv.begin(), axis_inv.end());
-        const std::vector<float> steps4 = torch_linspace(-1, 1, 4), steps6 = torch_linspace(-1, 1, 6);
+        const std::vector<float> steps4 = torch_linspace(-1, 1, 4),
+                                 steps6 = torch_linspace(-1, 1, 6);
         std::vector<double> positions(2 * 24);
         for (int64_t r = 0; r < 24; ++r) {
             positions[size_t(r)] = steps4[size_t(r / 6)];       // axis 0 of the grid
@@ -710,8 +757,10 @@ TEST_CASE("tables from the builders reproduce rotary-embedding-torch's recorded 
         HostTensor cos(Dt::F32, {24, 32}), sin(Dt::F32, {24, 32});
         // Exact angles: within the float32 rounding of angles up to 50.3.
         REQUIRE(build_tables(config, &cos, &sin, nullptr) == ROPE_JIT_OK);
-        check_table(cos, read_golden_floats("ret_axial_4x6/in_cos.bin"), 50.3 * std::ldexp(1.0, -24) + 1e-6);
-        check_table(sin, read_golden_floats("ret_axial_4x6/in_sin.bin"), 50.3 * std::ldexp(1.0, -24) + 1e-6);
+        check_table(cos, read_golden_floats("ret_axial_4x6/in_cos.bin"),
+                    50.3 * std::ldexp(1.0, -24) + 1e-6);
+        check_table(sin, read_golden_floats("ret_axial_4x6/in_sin.bin"),
+                    50.3 * std::ldexp(1.0, -24) + 1e-6);
         config.float32_angles = 1;
         REQUIRE(build_tables(config, &cos, &sin, nullptr) == ROPE_JIT_OK);
         check_table(cos, read_golden_floats("ret_axial_4x6/in_cos.bin"), 3e-7);
@@ -727,7 +776,8 @@ TEST_CASE("bad table arguments are rejected, naming the argument, and nothing is
     config.num_freqs = 2;
     HostTensor cos(Dt::F32, {5, 4}), sin(Dt::F32, {5, 4});
     const std::vector<uint8_t> cos_before = cos.bytes(), sin_before = sin.bytes();
-    auto expect_invalid = [&](const DLTensor* c, const DLTensor* s, const DLTensor* x, const std::string& needle) {
+    auto expect_invalid = [&](const DLTensor* c, const DLTensor* s, const DLTensor* x,
+                              const std::string& needle) {
         const rope_jit_status status = rope_jit_rope_tables(&config, c, s, x);
         const std::string message = rope_jit_last_error();
         CAPTURE(message);
@@ -740,7 +790,9 @@ TEST_CASE("bad table arguments are rejected, naming the argument, and nothing is
         config.inv_freq = nullptr;
         expect_invalid(cos.dl(), sin.dl(), nullptr, "inv_freq: required");
     }
-    SUBCASE("no table at all") { expect_invalid(nullptr, nullptr, nullptr, "all NULL"); }
+    SUBCASE("no table at all") {
+        expect_invalid(nullptr, nullptr, nullptr, "all NULL");
+    }
     SUBCASE("a table of the wrong width") {
         HostTensor wide(Dt::F32, {5, 3});
         expect_invalid(cos.dl(), wide.dl(), nullptr, "sin: expected [P, 2] (half table) or [P, 4]");
@@ -758,7 +810,9 @@ TEST_CASE("bad table arguments are rejected, naming the argument, and nothing is
         device.dl()->device = {kDLCUDA, 0};
         expect_invalid(cos.dl(), device.dl(), nullptr, "sin: lives on CUDA");
     }
-    SUBCASE("two tables in one buffer") { expect_invalid(cos.dl(), cos.dl(), nullptr, "overlaps"); }
+    SUBCASE("two tables in one buffer") {
+        expect_invalid(cos.dl(), cos.dl(), nullptr, "overlaps");
+    }
     SUBCASE("a zero or infinite interpolate_factor") {
         config.interpolate_factor = 0;
         expect_invalid(cos.dl(), sin.dl(), nullptr, "interpolate_factor");
@@ -769,7 +823,8 @@ TEST_CASE("bad table arguments are rejected, naming the argument, and nothing is
         const int32_t sections[2] = {1, 2};
         config.mrope_sections = sections;
         config.num_mrope_sections = 2;
-        expect_invalid(cos.dl(), sin.dl(), nullptr, "mrope_sections: sections sum to 3, but there are 2");
+        expect_invalid(cos.dl(), sin.dl(), nullptr,
+                       "mrope_sections: sections sum to 3, but there are 2");
     }
     SUBCASE("a non-finite explicit position") {
         std::vector<double> positions = {0, 1, NAN, 3, 4};
@@ -795,9 +850,11 @@ namespace {
 // from axis j % A; then q * cos + rotate_half(q) * sin. `interleaved` is Qwen3-VL's
 // apply_interleaved_mrope instead: freqs of axis 0, with columns a, a + A, ... up to
 // A * section[a] overwritten by axis a (before the cat).
-std::vector<double> qwen_mrope_reference(const std::vector<double>& x, const std::vector<double>& inv_freq,
+std::vector<double> qwen_mrope_reference(const std::vector<double>& x,
+                                         const std::vector<double>& inv_freq,
                                          const std::vector<int64_t>& axis_positions,
-                                         const std::vector<int32_t>& sections, bool interleaved, bool backward) {
+                                         const std::vector<int32_t>& sections, bool interleaved,
+                                         bool backward) {
     const size_t n = inv_freq.size(), R = 2 * n, A = sections.size();
     std::vector<size_t> column_axis(R);
     if (!interleaved) {
@@ -829,7 +886,8 @@ struct MropeCase {
     Dt dt = Dt::F32;
     Dt index_dt = Dt::I64;
     std::vector<int32_t> sections = {4, 6, 6};  // Qwen2-VL style, R = 32
-    bool interleaved = false, backward = false, packed = false, batched_positions = true, table = false;
+    bool interleaved = false, backward = false, packed = false, batched_positions = true,
+         table = false;
     int64_t B = 2, Hq = 4, Hk = 2, S = 7, D = 40, offset = 4;
 };
 
@@ -843,18 +901,24 @@ void run_mrope_case(rope_jit_runtime* runtime, const MropeCase& c, std::mt19937&
     const int64_t S = c.packed ? T : c.S;
     const int64_t P = 60;
 
-    HostTensor q = c.packed ? HostTensor(c.dt, {T, c.Hq, c.D}) : HostTensor(c.dt, {c.B, c.Hq, c.S, c.D}, {0, 2, 1, 3});
-    HostTensor k = c.packed ? HostTensor(c.dt, {T, c.Hk, c.D}) : HostTensor(c.dt, {c.B, c.Hk, c.S, c.D});
+    HostTensor q = c.packed ? HostTensor(c.dt, {T, c.Hq, c.D})
+                            : HostTensor(c.dt, {c.B, c.Hq, c.S, c.D}, {0, 2, 1, 3});
+    HostTensor k =
+        c.packed ? HostTensor(c.dt, {T, c.Hk, c.D}) : HostTensor(c.dt, {c.B, c.Hk, c.S, c.D});
     q.fill_uniform(rng, -2, 2);
     k.fill_uniform(rng, -2, 2);
     const HostTensor q_in = q, k_in = k;
-    HostTensor q_out = c.packed ? HostTensor(c.dt, {T, c.Hq, c.D}) : HostTensor(c.dt, {c.B, c.Hq, c.S, c.D});
+    HostTensor q_out =
+        c.packed ? HostTensor(c.dt, {T, c.Hq, c.D}) : HostTensor(c.dt, {c.B, c.Hq, c.S, c.D});
 
     // Positions: text-like (all axes equal) for some tokens, image-like (t, h, w differ) for others.
     std::vector<int64_t> pos_shape = {A};
-    if (c.packed) pos_shape.push_back(T);
-    else if (c.batched_positions) pos_shape.insert(pos_shape.end(), {c.B, c.S});
-    else pos_shape.push_back(c.S);
+    if (c.packed)
+        pos_shape.push_back(T);
+    else if (c.batched_positions)
+        pos_shape.insert(pos_shape.end(), {c.B, c.S});
+    else
+        pos_shape.push_back(c.S);
     HostTensor positions(c.index_dt, pos_shape);
     std::uniform_int_distribution<int64_t> any(0, P - 1);
     positions.for_each([&](const std::vector<int64_t>& i) { positions.set(i, double(any(rng))); });
@@ -865,7 +929,8 @@ void run_mrope_case(rope_jit_runtime* runtime, const MropeCase& c, std::mt19937&
     };
 
     std::vector<float> inv(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) inv[size_t(i)] = float(std::pow(10000.0, -double(2 * i) / double(R)));
+    for (int64_t i = 0; i < n; ++i)
+        inv[size_t(i)] = float(std::pow(10000.0, -double(2 * i) / double(R)));
     std::vector<double> inv_d(inv.begin(), inv.end());
     int64_t inv_shape_value = n;
     HostTensor inv_freq(Dt::F32, {inv_shape_value});
@@ -902,7 +967,8 @@ void run_mrope_case(rope_jit_runtime* runtime, const MropeCase& c, std::mt19937&
 
     const double tol = tolerance_for(c.dt);
     double worst = 0;
-    auto check_head = [&](const HostTensor& in, const HostTensor& out, int64_t b, int64_t h, int64_t s) {
+    auto check_head = [&](const HostTensor& in, const HostTensor& out, int64_t b, int64_t h,
+                          int64_t s) {
         std::vector<double> x(static_cast<size_t>(R)), everything(static_cast<size_t>(c.D));
         auto at = [&](int64_t d) -> std::vector<int64_t> {
             return c.packed ? std::vector<int64_t>{s, h, d} : std::vector<int64_t>{b, h, s, d};
@@ -930,7 +996,8 @@ void run_mrope_case(rope_jit_runtime* runtime, const MropeCase& c, std::mt19937&
 
 }  // namespace
 
-TEST_CASE("M-RoPE matches Qwen2-VL's and Qwen3-VL's definitions over layouts, dtypes and angle sources") {
+TEST_CASE(
+    "M-RoPE matches Qwen2-VL's and Qwen3-VL's definitions over layouts, dtypes and angle sources") {
     CpuRuntime runtime;
     std::mt19937 rng(1234);
     for (bool interleaved : {false, true})
@@ -956,7 +1023,8 @@ TEST_CASE("M-RoPE matches Qwen2-VL's and Qwen3-VL's definitions over layouts, dt
                     }
 }
 
-TEST_CASE("M-RoPE with a text token (all axes equal) is plain RoPE, and one section is plain RoPE") {
+TEST_CASE(
+    "M-RoPE with a text token (all axes equal) is plain RoPE, and one section is plain RoPE") {
     CpuRuntime runtime;
     std::mt19937 rng(99);
     MropeCase c;
@@ -966,7 +1034,9 @@ TEST_CASE("M-RoPE with a text token (all axes equal) is plain RoPE, and one sect
     run_mrope_case(runtime.handle, c, rng);
 }
 
-TEST_CASE("axial RoPE with per-axis sections reproduces rotary-embedding-torch's get_axial_freqs output") {
+TEST_CASE(
+    "axial RoPE with per-axis sections reproduces rotary-embedding-torch's get_axial_freqs "
+    "output") {
     // ret_axial_4x6: q [2, 3, 24, 64], rotary_dim 32 interleaved, grid cell r = (r / 6, r % 6).
     // As M-RoPE: sections {8, 8}, positions [2, 24] = the grid indices, and a table whose
     // row j holds, in each section's columns, that axis' linspace(-1, 1, steps)[j] angles.
@@ -1020,7 +1090,8 @@ TEST_CASE("axial RoPE with per-axis sections reproduces rotary-embedding-torch's
         const std::vector<double> got = q.values();
         double worst = 0;
         for (size_t i = 0; i < got.size(); ++i)
-            worst = std::max(worst, std::fabs(got[i] - expected[i]) / (1e-5 + 1e-5 * std::fabs(expected[i])));
+            worst = std::max(
+                worst, std::fabs(got[i] - expected[i]) / (1e-5 + 1e-5 * std::fabs(expected[i])));
         CHECK(worst <= 1.0);
     }
 }
@@ -1165,7 +1236,8 @@ TEST_CASE("on-the-fly angles match builder tables at positions up to 1,000,000")
         REQUIRE(rope_jit_rope(runtime.handle, &args) == ROPE_JIT_OK);
         const std::vector<double> a = with_table.values(), b = on_the_fly.values();
         const double tol = dt == Dt::F32 ? 1e-5 : 1.6e-2;
-        for (size_t e = 0; e < a.size(); ++e) CHECK(std::fabs(a[e] - b[e]) <= tol + tol * std::fabs(a[e]));
+        for (size_t e = 0; e < a.size(); ++e)
+            CHECK(std::fabs(a[e] - b[e]) <= tol + tol * std::fabs(a[e]));
     }
 }
 
@@ -1182,17 +1254,20 @@ struct GradCase {
 };
 
 // y for one head vector in float64, straight from the definition (forward only).
-std::vector<double> rotate_reference(const std::vector<double>& x, const std::vector<double>& inv_freq,
-                                     const std::vector<double>& pair_position, const std::vector<double>& scale,
-                                     const GradCase& c) {
+std::vector<double> rotate_reference(const std::vector<double>& x,
+                                     const std::vector<double>& inv_freq,
+                                     const std::vector<double>& pair_position,
+                                     const std::vector<double>& scale, const GradCase& c) {
     std::vector<double> y = x;
     const int64_t half = c.R / 2;
     for (int64_t i = 0; i < half; ++i) {
         const int64_t i1 = c.interleaved ? c.offset + 2 * i : c.offset + i;
         const int64_t i2 = c.interleaved ? c.offset + 2 * i + 1 : c.offset + i + half;
         const double angle = pair_position[size_t(i)] * inv_freq[size_t(i)];
-        y[size_t(i1)] = scale[size_t(i)] * (x[size_t(i1)] * std::cos(angle) - x[size_t(i2)] * std::sin(angle));
-        y[size_t(i2)] = scale[size_t(i)] * (x[size_t(i2)] * std::cos(angle) + x[size_t(i1)] * std::sin(angle));
+        y[size_t(i1)] =
+            scale[size_t(i)] * (x[size_t(i1)] * std::cos(angle) - x[size_t(i2)] * std::sin(angle));
+        y[size_t(i2)] =
+            scale[size_t(i)] * (x[size_t(i2)] * std::cos(angle) + x[size_t(i1)] * std::sin(angle));
     }
     return y;
 }
@@ -1216,14 +1291,16 @@ void run_grad_case(rope_jit_runtime* runtime, const GradCase& c, std::mt19937& r
 
     // Positions: per token (or per axis and token with M-RoPE sections {2, 2, 2}).
     const std::vector<int32_t> sections = {2, 2, 2};
-    HostTensor positions = c.mrope ? (c.packed ? HostTensor(Dt::I64, {3, S}) : HostTensor(Dt::I64, {3, B, S}))
-                                   : (c.packed ? HostTensor(Dt::I64, {S}) : HostTensor(Dt::I64, {B, S}));
+    HostTensor positions =
+        c.mrope ? (c.packed ? HostTensor(Dt::I64, {3, S}) : HostTensor(Dt::I64, {3, B, S}))
+                : (c.packed ? HostTensor(Dt::I64, {S}) : HostTensor(Dt::I64, {B, S}));
     std::uniform_int_distribution<int64_t> any(0, P - 1);
     positions.for_each([&](const std::vector<int64_t>& i) { positions.set(i, double(any(rng))); });
     auto pair_positions = [&](int64_t b, int64_t s) {
         std::vector<double> p(static_cast<size_t>(half));
         for (int64_t i = 0; i < half; ++i) {
-            if (!c.mrope) p[size_t(i)] = c.packed ? positions.get({s}) : positions.get({b, s});
+            if (!c.mrope)
+                p[size_t(i)] = c.packed ? positions.get({s}) : positions.get({b, s});
             else {
                 const int64_t axis = i / 2;  // contiguous sections of 2 pairs
                 p[size_t(i)] = c.packed ? positions.get({axis, s}) : positions.get({axis, b, s});
@@ -1245,7 +1322,8 @@ void run_grad_case(rope_jit_runtime* runtime, const GradCase& c, std::mt19937& r
     };
 
     // Forward inputs x and the upstream gradients w = d(loss)/dy.
-    HostTensor xq = head_tensor(c.Hq), xk = head_tensor(c.Hk), wq = head_tensor(c.Hq), wk = head_tensor(c.Hk);
+    HostTensor xq = head_tensor(c.Hq), xk = head_tensor(c.Hk), wq = head_tensor(c.Hq),
+               wk = head_tensor(c.Hk);
     for (HostTensor* t : {&xq, &xk, &wq, &wk}) t->fill_uniform(rng, -1, 1);
     HostTensor yq = head_tensor(c.Hq), yk = head_tensor(c.Hk);
 
@@ -1294,8 +1372,10 @@ void run_grad_case(rope_jit_runtime* runtime, const GradCase& c, std::mt19937& r
                     for (int64_t h = 0; h < H; ++h) {
                         std::vector<double> xv(static_cast<size_t>(c.D));
                         for (int64_t d = 0; d < c.D; ++d) xv[size_t(d)] = x.get(index(b, h, s, d));
-                        const std::vector<double> y = rotate_reference(xv, f, pair_positions(b, s), scales(b, s, is_k), c);
-                        for (int64_t d = 0; d < c.D; ++d) total += w.get(index(b, h, s, d)) * y[size_t(d)];
+                        const std::vector<double> y =
+                            rotate_reference(xv, f, pair_positions(b, s), scales(b, s, is_k), c);
+                        for (int64_t d = 0; d < c.D; ++d)
+                            total += w.get(index(b, h, s, d)) * y[size_t(d)];
                     }
         };
         add(xq, wq, c.Hq, false);
@@ -1316,16 +1396,20 @@ void run_grad_case(rope_jit_runtime* runtime, const GradCase& c, std::mt19937& r
                     const std::vector<double> y = rotate_reference(xv, f, p, scales(b, s, is_k), c);
                     for (int64_t i = 0; i < half; ++i) {
                         const int64_t i1 = c.interleaved ? c.offset + 2 * i : c.offset + i;
-                        const int64_t i2 = c.interleaved ? c.offset + 2 * i + 1 : c.offset + i + half;
-                        magnitude[size_t(i)] += std::fabs(p[size_t(i)]) *
-                                                (std::fabs(w.get(index(b, h, s, i2)) * y[size_t(i1)]) +
-                                                 std::fabs(w.get(index(b, h, s, i1)) * y[size_t(i2)]));
+                        const int64_t i2 =
+                            c.interleaved ? c.offset + 2 * i + 1 : c.offset + i + half;
+                        magnitude[size_t(i)] +=
+                            std::fabs(p[size_t(i)]) *
+                            (std::fabs(w.get(index(b, h, s, i2)) * y[size_t(i1)]) +
+                             std::fabs(w.get(index(b, h, s, i1)) * y[size_t(i2)]));
                     }
                 }
     };
     add_magnitude(xq, wq, c.Hq, false);
     if (c.has_k) add_magnitude(xk, wk, c.Hk, true);
-    const double relative = c.dt == Dt::F32 ? 1e-6 : c.dt == Dt::F16 ? std::ldexp(1.0, -10) : std::ldexp(1.0, -7);
+    const double relative = c.dt == Dt::F32   ? 1e-6
+                            : c.dt == Dt::F16 ? std::ldexp(1.0, -10)
+                                              : std::ldexp(1.0, -7);
     for (int64_t i = 0; i < half; ++i) {
         CAPTURE(i);
         CAPTURE(magnitude[size_t(i)]);
@@ -1335,13 +1419,15 @@ void run_grad_case(rope_jit_runtime* runtime, const GradCase& c, std::mt19937& r
         down[size_t(i)] -= h;
         const double finite_difference = (loss(up) - loss(down)) / (2 * h);
         CAPTURE(finite_difference);
-        CHECK(std::fabs(grad.get({i}) - finite_difference) <= relative * magnitude[size_t(i)] + 1e-7);
+        CHECK(std::fabs(grad.get({i}) - finite_difference) <=
+              relative * magnitude[size_t(i)] + 1e-7);
     }
 
     // The input gradients are the inverse rotation of w (scaled like the forward).
     double worst = 0;
     const double tol = tolerance_for(c.dt);
-    auto check_input_gradient = [&](const HostTensor& w, const HostTensor& g, int64_t H, bool is_k) {
+    auto check_input_gradient = [&](const HostTensor& w, const HostTensor& g, int64_t H,
+                                    bool is_k) {
         for (int64_t b = 0; b < B; ++b)
             for (int64_t s = 0; s < S; ++s)
                 for (int64_t h = 0; h < H; ++h) {
@@ -1350,7 +1436,8 @@ void run_grad_case(rope_jit_runtime* runtime, const GradCase& c, std::mt19937& r
                     std::vector<double> p = pair_positions(b, s);
                     std::vector<double> minus_f(f.size());
                     for (size_t i = 0; i < f.size(); ++i) minus_f[i] = -f[i];
-                    const std::vector<double> expected = rotate_reference(wv, minus_f, p, scales(b, s, is_k), c);
+                    const std::vector<double> expected =
+                        rotate_reference(wv, minus_f, p, scales(b, s, is_k), c);
                     for (int64_t d = 0; d < c.D; ++d) {
                         const double e = expected[size_t(d)], got = g.get(index(b, h, s, d));
                         worst = std::max(worst, std::fabs(got - e) / (tol + tol * std::fabs(e)));
@@ -1397,7 +1484,8 @@ TEST_CASE("the frequency gradient matches finite differences of the loss") {
 
 TEST_CASE("an empty backward still writes a zero frequency gradient") {
     CpuRuntime runtime;
-    HostTensor q(Dt::F32, {0, 2, 3, 8}), saved(Dt::F32, {0, 2, 3, 8}), inv_freq(Dt::F32, {4}), grad(Dt::F32, {4});
+    HostTensor q(Dt::F32, {0, 2, 3, 8}), saved(Dt::F32, {0, 2, 3, 8}), inv_freq(Dt::F32, {4}),
+        grad(Dt::F32, {4});
     std::mt19937 rng(1);
     grad.fill_uniform(rng, 1, 2);
     rope_jit_rope_args args;

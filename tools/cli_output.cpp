@@ -60,11 +60,13 @@ std::string format_ms(double milliseconds) {
 namespace {
 
 // Splits "20M" into 20 and "M"; throws when there is no leading number.
-std::pair<uint64_t, std::string> number_and_unit(const std::string& text, const std::string& option) {
+std::pair<uint64_t, std::string> number_and_unit(const std::string& text,
+                                                 const std::string& option) {
     size_t digits = 0;
     while (digits < text.size() && std::isdigit(static_cast<unsigned char>(text[digits]))) ++digits;
     if (digits == 0 || digits > 15)
-        throw UsageError(fmt::format("{}: '{}' is not a number with an optional unit", option, text));
+        throw UsageError(
+            fmt::format("{}: '{}' is not a number with an optional unit", option, text));
     return {std::stoull(text.substr(0, digits)), text.substr(digits)};
 }
 
@@ -75,42 +77,62 @@ uint64_t parse_bytes(const std::string& text, const std::string& option) {
     std::string prefix = unit;
     for (const char* suffix : {"iB", "B"}) {
         const std::string s = suffix;
-        if (prefix.size() >= s.size() && prefix.compare(prefix.size() - s.size(), s.size(), s) == 0) {
+        if (prefix.size() >= s.size() &&
+            prefix.compare(prefix.size() - s.size(), s.size(), s) == 0) {
             prefix.resize(prefix.size() - s.size());
             break;
         }
     }
     int shift = -1;
-    if (prefix.empty()) shift = 0;
-    else if (prefix == "K" || prefix == "k") shift = 10;
-    else if (prefix == "M") shift = 20;
-    else if (prefix == "G") shift = 30;
-    else if (prefix == "T") shift = 40;
+    if (prefix.empty())
+        shift = 0;
+    else if (prefix == "K" || prefix == "k")
+        shift = 10;
+    else if (prefix == "M")
+        shift = 20;
+    else if (prefix == "G")
+        shift = 30;
+    else if (prefix == "T")
+        shift = 40;
     if (shift < 0 || (unit == "iB"))
-        throw UsageError(fmt::format("{}: unknown unit in '{}' (use B, K, M, G or T)", option, text));
+        throw UsageError(
+            fmt::format("{}: unknown unit in '{}' (use B, K, M, G or T)", option, text));
     // A shift past 64 bits would wrap to a tiny budget, and prune would then remove everything.
-    if (number > (UINT64_MAX >> shift)) throw UsageError(fmt::format("{}: '{}' is too large", option, text));
+    if (number > (UINT64_MAX >> shift))
+        throw UsageError(fmt::format("{}: '{}' is too large", option, text));
     return number << shift;
 }
 
 int64_t parse_duration(const std::string& text, const std::string& option) {
     auto [number, unit] = number_and_unit(text, option);
     int64_t scale = 0;
-    if (unit.empty() || unit == "s") scale = 1;
-    else if (unit == "m") scale = 60;
-    else if (unit == "h") scale = 3600;
-    else if (unit == "d") scale = 86400;
-    else if (unit == "w") scale = 7 * 86400;
-    else throw UsageError(fmt::format("{}: unknown unit in '{}' (use s, m, h, d or w)", option, text));
+    if (unit.empty() || unit == "s")
+        scale = 1;
+    else if (unit == "m")
+        scale = 60;
+    else if (unit == "h")
+        scale = 3600;
+    else if (unit == "d")
+        scale = 86400;
+    else if (unit == "w")
+        scale = 7 * 86400;
+    else
+        throw UsageError(
+            fmt::format("{}: unknown unit in '{}' (use s, m, h, d or w)", option, text));
     // An overflowing product would wrap to a short age, and prune would then remove everything.
-    if (number > uint64_t(INT64_MAX / scale)) throw UsageError(fmt::format("{}: '{}' is too large", option, text));
+    if (number > uint64_t(INT64_MAX / scale))
+        throw UsageError(fmt::format("{}: '{}' is too large", option, text));
     return int64_t(number) * scale;
 }
 
 ProgressBar::ProgressBar(size_t total, bool allowed)
-    : total_(total), enabled_(allowed && isatty(STDERR_FILENO)), shares_terminal_(isatty(STDOUT_FILENO)) {}
+    : total_(total),
+      enabled_(allowed && isatty(STDERR_FILENO)),
+      shares_terminal_(isatty(STDOUT_FILENO)) {}
 
-ProgressBar::~ProgressBar() { finish(); }
+ProgressBar::~ProgressBar() {
+    finish();
+}
 
 void ProgressBar::update(size_t done, const std::string& status) {
     done_ = done;

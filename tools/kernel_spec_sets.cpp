@@ -123,7 +123,9 @@ Ops parse_ops(const std::vector<std::string>& names) {
     return ops;
 }
 
-const std::vector<Preset>& presets() { return kPresets; }
+const std::vector<Preset>& presets() {
+    return kPresets;
+}
 
 std::vector<SpecTemplate> preset_templates(const std::string& name, const Ops& ops) {
     for (const Preset& preset : kPresets) {

@@ -65,13 +65,17 @@ enum class DType { F32, F16, BF16 };
 enum class Layout { Bshd, Bhsd, Thd };
 enum class Angles { FullTable, HalfTable, InvFreq };
 
-size_t dtype_size(DType type) { return type == DType::F32 ? 4 : 2; }
+size_t dtype_size(DType type) {
+    return type == DType::F32 ? 4 : 2;
+}
 
 const char* dtype_name(DType type) {
     return type == DType::F32 ? "float32" : type == DType::F16 ? "float16" : "bfloat16";
 }
 
-const char* dtype_short(DType type) { return type == DType::F32 ? "f32" : type == DType::F16 ? "f16" : "bf16"; }
+const char* dtype_short(DType type) {
+    return type == DType::F32 ? "f32" : type == DType::F16 ? "f16" : "bf16";
+}
 
 DLDataType dl_dtype(DType type) {
     if (type == DType::BF16) return {kDLBfloat, 16, 1};
@@ -83,13 +87,16 @@ const char* layout_name(Layout layout) {
 }
 
 const char* angles_name(Angles angles) {
-    return angles == Angles::FullTable ? "full_table" : angles == Angles::HalfTable ? "half_table" : "inv_freq";
+    return angles == Angles::FullTable   ? "full_table"
+           : angles == Angles::HalfTable ? "half_table"
+                                         : "inv_freq";
 }
 
 // One benchmark case. B, S, Hq, Hk and D as in the C API; a packed case holds B sequences of
 // variable lengths that average S tokens, T = B * S tokens in all.
 struct Case {
-    Case(std::string case_name, int64_t batch, int64_t seqlen, int64_t heads_q, int64_t heads_k, int64_t head_dim)
+    Case(std::string case_name, int64_t batch, int64_t seqlen, int64_t heads_q, int64_t heads_k,
+         int64_t head_dim)
         : name(std::move(case_name)), B(batch), S(seqlen), Hq(heads_q), Hk(heads_k), D(head_dim) {}
 
     std::string name;
@@ -97,11 +104,11 @@ struct Case {
     Layout layout = Layout::Bshd;
     DType dtype = DType::BF16;
     rope_jit_style style = ROPE_JIT_STYLE_HALF;
-    int64_t rotary_dim = 0;            // 0 = D
-    bool indices = false;              // per-token positions [B, S] ([T] packed); else implicit
-    int index_bits = 64;               // of positions and cu_seqlens
+    int64_t rotary_dim = 0;  // 0 = D
+    bool indices = false;    // per-token positions [B, S] ([T] packed); else implicit
+    int index_bits = 64;     // of positions and cu_seqlens
     Angles angles = Angles::FullTable;
-    DType angle_dtype = DType::BF16;   // of the cos/sin tables or of inv_freq
+    DType angle_dtype = DType::BF16;  // of the cos/sin tables or of inv_freq
     bool backward = false;
     bool in_place = true;
 
@@ -109,21 +116,51 @@ struct Case {
     bool packed() const { return layout == Layout::Thd; }
 
     // Modifiers, so the suite reads one line per case.
-    Case& as(Layout value) { layout = value; return *this; }
+    Case& as(Layout value) {
+        layout = value;
+        return *this;
+    }
     // Tables in the tensors' dtype, as HF casts cos/sin to the activations'.
-    Case& typed(DType value) { dtype = angle_dtype = value; return *this; }
-    Case& interleaved() { style = ROPE_JIT_STYLE_INTERLEAVED; return *this; }
-    Case& partial(int64_t rotated) { rotary_dim = rotated; return *this; }
-    Case& with_indices(int bits = 64) { indices = true; index_bits = bits; return *this; }
-    Case& angles_from(Angles source, DType type) { angles = source; angle_dtype = type; return *this; }
-    Case& bwd() { backward = true; return *this; }
-    Case& out_of_place() { in_place = false; return *this; }
+    Case& typed(DType value) {
+        dtype = angle_dtype = value;
+        return *this;
+    }
+    Case& interleaved() {
+        style = ROPE_JIT_STYLE_INTERLEAVED;
+        return *this;
+    }
+    Case& partial(int64_t rotated) {
+        rotary_dim = rotated;
+        return *this;
+    }
+    Case& with_indices(int bits = 64) {
+        indices = true;
+        index_bits = bits;
+        return *this;
+    }
+    Case& angles_from(Angles source, DType type) {
+        angles = source;
+        angle_dtype = type;
+        return *this;
+    }
+    Case& bwd() {
+        backward = true;
+        return *this;
+    }
+    Case& out_of_place() {
+        in_place = false;
+        return *this;
+    }
 };
 
 std::vector<Case> suite() {
     const auto llama = [](const char* name) { return Case(name, 4, 4096, 32, 8, 128); };
-    const auto packed = [](const char* name) { return Case(name, 16, 1024, 32, 8, 128).as(Layout::Thd); };
-    const auto decode = [](const char* name, int64_t batch) { return Case(name, batch, 1, 32, 8, 128).with_indices(); };
+    const auto packed = [](const char* name) {
+        return Case(name, 16, 1024, 32, 8, 128).as(Layout::Thd);
+    };
+    const auto decode = [](const char* name, int64_t batch) {
+        return Case(name, batch, 1, 32, 8, 128).with_indices();
+    };
     return {
         // The first seven keep their names and shapes: earlier results are compared by name.
         llama("llama3-8b prefill"),
@@ -149,7 +186,9 @@ std::vector<Case> suite() {
         llama("llama3-8b half table f32").angles_from(Angles::HalfTable, DType::F32),
         // Interleaved pairs: HF-style full table (pair i in column 2i), flash-attn's half table.
         llama("llama3-8b interleaved").interleaved(),
-        llama("llama3-8b interleaved half f32").interleaved().angles_from(Angles::HalfTable, DType::F32),
+        llama("llama3-8b interleaved half f32")
+            .interleaved()
+            .angles_from(Angles::HalfTable, DType::F32),
         // Packed variable-length batches: 16 sequences of 256..1792 tokens, T = 16384.
         packed("packed varlen"),
         packed("packed varlen positions").with_indices(),
@@ -163,9 +202,14 @@ std::vector<Case> suite() {
         Case("phi-2 partial 32/80 out of place", 4, 4096, 32, 32, 80).partial(32).out_of_place(),
         Case("D96 MHA", 4, 4096, 32, 32, 96),
         Case("gpt-neox-20b partial 24/96", 8, 2048, 64, 64, 96).partial(24),
-        Case("gpt-neox-20b partial 24/96 out of place", 8, 2048, 64, 64, 96).partial(24).out_of_place(),
+        Case("gpt-neox-20b partial 24/96 out of place", 8, 2048, 64, 64, 96)
+            .partial(24)
+            .out_of_place(),
         Case("gpt-j-6b partial 64/256", 8, 2048, 16, 16, 256).partial(64).interleaved(),
-        Case("gpt-j-6b partial 64/256 out of place", 8, 2048, 16, 16, 256).partial(64).interleaved().out_of_place(),
+        Case("gpt-j-6b partial 64/256 out of place", 8, 2048, 16, 16, 256)
+            .partial(64)
+            .interleaved()
+            .out_of_place(),
         Case("D256 bwd", 2, 4096, 16, 8, 256).bwd(),
         // Decode: one new token per sequence at its own position ([B, 1] int64 indices).
         decode("decode B=1 positions", 1),
@@ -193,10 +237,10 @@ double span_bytes(int64_t begin, int64_t end, int64_t pitch) {
 // The host side of a case: its sequences, index and angle data in the bytes the device gets
 // (the same on both backends), and the traffic one call must move.
 struct CaseData {
-    int64_t tokens = 0;         // B * S (= T when packed)
+    int64_t tokens = 0;  // B * S (= T when packed)
     int64_t max_seqlen = 0;
-    int64_t table_rows = 0;     // P
-    int64_t rows_used = 0;      // distinct table rows the tokens use
+    int64_t table_rows = 0;  // P
+    int64_t rows_used = 0;   // distinct table rows the tokens use
     std::vector<char> cos, sin, inv_freq, positions, cu_seqlens;
     double qk_bytes = 0, table_bytes = 0, index_bytes = 0;
 
@@ -209,7 +253,8 @@ void store_float(std::vector<char>& bytes, size_t index, DType type, double valu
         std::memcpy(bytes.data() + index * 4, &f, 4);
         return;
     }
-    const uint16_t h = type == DType::F16 ? rope_jit::float_to_fp16(float(value)) : rope_jit::float_to_bf16(float(value));
+    const uint16_t h = type == DType::F16 ? rope_jit::float_to_fp16(float(value))
+                                          : rope_jit::float_to_bf16(float(value));
     std::memcpy(bytes.data() + index * 2, &h, 2);
 }
 
@@ -281,7 +326,8 @@ CaseData make_case_data(const Case& c) {
                 used[size_t(first + s)] = 1;
             }
         }
-        if (int64_t(token) != d.tokens) throw std::logic_error(c.name + ": positions do not cover every token");
+        if (int64_t(token) != d.tokens)
+            throw std::logic_error(c.name + ": positions do not cover every token");
     } else {
         // Implicit: token s of every sequence uses row s.
         std::fill(used.begin(), used.begin() + d.max_seqlen, char(1));
@@ -291,11 +337,13 @@ CaseData make_case_data(const Case& c) {
     // Angles: the usual inverse frequencies (base 10000), real cos/sin values, so rotating in
     // place over and over keeps values normal (no denormal slow paths on the CPU).
     std::vector<double> inv_freq(static_cast<size_t>(pairs));
-    for (int64_t i = 0; i < pairs; ++i) inv_freq[size_t(i)] = std::pow(10000.0, -2.0 * double(i) / double(rotary));
+    for (int64_t i = 0; i < pairs; ++i)
+        inv_freq[size_t(i)] = std::pow(10000.0, -2.0 * double(i) / double(rotary));
     const int64_t angle_size = int64_t(dtype_size(c.angle_dtype));
     if (c.angles == Angles::InvFreq) {
         d.inv_freq.resize(size_t(pairs * angle_size));
-        for (int64_t i = 0; i < pairs; ++i) store_float(d.inv_freq, size_t(i), c.angle_dtype, inv_freq[size_t(i)]);
+        for (int64_t i = 0; i < pairs; ++i)
+            store_float(d.inv_freq, size_t(i), c.angle_dtype, inv_freq[size_t(i)]);
         d.table_bytes = double(pairs * angle_size);
     } else {
         const bool half = c.angles == Angles::HalfTable;
@@ -317,7 +365,8 @@ CaseData make_case_data(const Case& c) {
 
     const int64_t element = int64_t(dtype_size(c.dtype));
     const double rows = double(d.tokens) * double(c.Hq + c.Hk);
-    const double row_bytes = c.in_place ? span_bytes(0, rotary * element, c.D * element) : double(c.D * element);
+    const double row_bytes =
+        c.in_place ? span_bytes(0, rotary * element, c.D * element) : double(c.D * element);
     d.qk_bytes = 2.0 * rows * row_bytes;
     d.index_bytes = double(d.positions.size() + d.cu_seqlens.size());
     return d;
@@ -376,21 +425,22 @@ public:
         const size_t element = dtype_size(c.dtype);
 
         // q and k: [B, H, S, D] views of [B, S, H, D] or [B, H, S, D] buffers, or [T, H, D].
-        const auto view = [&](int64_t heads, std::vector<int64_t>& shape, std::vector<int64_t>& strides) {
+        const auto view = [&](int64_t heads, std::vector<int64_t>& shape,
+                              std::vector<int64_t>& strides) {
             const int64_t S = c.S, D = c.D;
             switch (c.layout) {
-            case Layout::Bshd:
-                shape = {c.B, heads, S, D};
-                strides = {S * heads * D, D, heads * D, 1};
-                break;
-            case Layout::Bhsd:
-                shape = {c.B, heads, S, D};
-                strides = {heads * S * D, S * D, D, 1};
-                break;
-            case Layout::Thd:
-                shape = {d.tokens, heads, D};
-                strides = {heads * D, D, 1};
-                break;
+                case Layout::Bshd:
+                    shape = {c.B, heads, S, D};
+                    strides = {S * heads * D, D, heads * D, 1};
+                    break;
+                case Layout::Bhsd:
+                    shape = {c.B, heads, S, D};
+                    strides = {heads * S * D, S * D, D, 1};
+                    break;
+                case Layout::Thd:
+                    shape = {d.tokens, heads, D};
+                    strides = {heads * D, D, 1};
+                    break;
             }
         };
         view(c.Hq, q_shape_, q_strides_);
@@ -401,11 +451,25 @@ public:
         k_bytes_ = k_bytes;
         const int ndim = int(q_shape_.size());
         // 0x3c bytes: about 0.0115 in bf16 and fp32, 1.06 in fp16.
-        q_ = {memory.filled(q_bytes, 0x3c), device, ndim, type, q_shape_.data(), q_strides_.data(), 0};
-        k_ = {memory.filled(k_bytes, 0x3c), device, ndim, type, k_shape_.data(), k_strides_.data(), 0};
+        q_ = {memory.filled(q_bytes, 0x3c),
+              device,
+              ndim,
+              type,
+              q_shape_.data(),
+              q_strides_.data(),
+              0};
+        k_ = {memory.filled(k_bytes, 0x3c),
+              device,
+              ndim,
+              type,
+              k_shape_.data(),
+              k_strides_.data(),
+              0};
         if (!c.in_place) {
-            q_out_ = {memory.filled(q_bytes, 0), device, ndim, type, q_shape_.data(), q_strides_.data(), 0};
-            k_out_ = {memory.filled(k_bytes, 0), device, ndim, type, k_shape_.data(), k_strides_.data(), 0};
+            q_out_ = {memory.filled(q_bytes, 0), device, ndim, type, q_shape_.data(),
+                      q_strides_.data(),         0};
+            k_out_ = {memory.filled(k_bytes, 0), device, ndim, type, k_shape_.data(),
+                      k_strides_.data(),         0};
         }
 
         const DLDataType angle_type = dl_dtype(c.angle_dtype);
@@ -413,7 +477,8 @@ public:
         if (c.angles == Angles::InvFreq) {
             freq_shape_ = {rotary / 2};
             expect_bytes(d.inv_freq, size_t(rotary / 2) * angle_size, "inv_freq");
-            inv_freq_ = {memory.copy_of(d.inv_freq), device, 1, angle_type, freq_shape_.data(), nullptr, 0};
+            inv_freq_ = {memory.copy_of(d.inv_freq), device,  1, angle_type,
+                         freq_shape_.data(),         nullptr, 0};
         } else {
             table_shape_ = {d.table_rows, c.angles == Angles::HalfTable ? rotary / 2 : rotary};
             expect_bytes(d.cos, size_t(table_shape_[0] * table_shape_[1]) * angle_size, "cos");
@@ -424,16 +489,24 @@ public:
         const DLDataType index_type{kDLInt, uint8_t(c.index_bits), 1};
         const size_t index_size = size_t(c.index_bits / 8);
         if (c.indices) {
-            if (c.packed()) positions_shape_ = {d.tokens};
-            else positions_shape_ = {c.B, c.S};
+            if (c.packed())
+                positions_shape_ = {d.tokens};
+            else
+                positions_shape_ = {c.B, c.S};
             expect_bytes(d.positions, size_t(d.tokens) * index_size, "positions");
-            positions_ = {memory.copy_of(d.positions), device, int(positions_shape_.size()), index_type,
-                          positions_shape_.data(), nullptr, 0};
+            positions_ = {memory.copy_of(d.positions),
+                          device,
+                          int(positions_shape_.size()),
+                          index_type,
+                          positions_shape_.data(),
+                          nullptr,
+                          0};
         }
         if (c.packed()) {
             cu_shape_ = {c.B + 1};
             expect_bytes(d.cu_seqlens, size_t(c.B + 1) * index_size, "cu_seqlens");
-            cu_seqlens_ = {memory.copy_of(d.cu_seqlens), device, 1, index_type, cu_shape_.data(), nullptr, 0};
+            cu_seqlens_ = {
+                memory.copy_of(d.cu_seqlens), device, 1, index_type, cu_shape_.data(), nullptr, 0};
         }
         memory.ready();
 
@@ -470,13 +543,15 @@ public:
 private:
     static void expect_bytes(const std::vector<char>& data, size_t bytes, const char* what) {
         if (data.size() != bytes)
-            throw std::logic_error(fmt::format("{}: {} bytes of data for a tensor of {} bytes", what, data.size(), bytes));
+            throw std::logic_error(fmt::format("{}: {} bytes of data for a tensor of {} bytes",
+                                               what, data.size(), bytes));
     }
 
-    std::vector<int64_t> q_shape_, q_strides_, k_shape_, k_strides_, table_shape_, freq_shape_, positions_shape_,
-        cu_shape_;
+    std::vector<int64_t> q_shape_, q_strides_, k_shape_, k_strides_, table_shape_, freq_shape_,
+        positions_shape_, cu_shape_;
     size_t q_bytes_ = 0, k_bytes_ = 0;
-    DLTensor q_{}, k_{}, q_out_{}, k_out_{}, cos_{}, sin_{}, inv_freq_{}, positions_{}, cu_seqlens_{};
+    DLTensor q_{}, k_{}, q_out_{}, k_out_{}, cos_{}, sin_{}, inv_freq_{}, positions_{},
+        cu_seqlens_{};
     rope_jit_rope_args args_{};
 };
 
@@ -515,10 +590,14 @@ Options parse(int argc, char** argv) {
         };
         if (arg == "--backend") {
             const std::string v = value();
-            if (v == "cpu") options.backend = ROPE_JIT_BACKEND_CPU;
-            else if (v == "cuda") options.backend = ROPE_JIT_BACKEND_CUDA;
-            else if (v == "auto") options.backend = ROPE_JIT_BACKEND_AUTO;
-            else throw std::runtime_error("--backend: expected auto, cpu or cuda, got " + v);
+            if (v == "cpu")
+                options.backend = ROPE_JIT_BACKEND_CPU;
+            else if (v == "cuda")
+                options.backend = ROPE_JIT_BACKEND_CUDA;
+            else if (v == "auto")
+                options.backend = ROPE_JIT_BACKEND_AUTO;
+            else
+                throw std::runtime_error("--backend: expected auto, cpu or cuda, got " + v);
         } else if (arg == "--json") {
             options.json_path = value();
         } else if (arg == "--filter") {
@@ -545,7 +624,8 @@ std::vector<Case> selected_cases(const Options& options) {
     std::vector<std::string> wanted;
     for (size_t start = 0;;) {
         const size_t comma = options.filter.find(',', start);
-        wanted.push_back(options.filter.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+        wanted.push_back(options.filter.substr(
+            start, comma == std::string::npos ? std::string::npos : comma - start));
         if (comma == std::string::npos) break;
         start = comma + 1;
     }
@@ -554,17 +634,21 @@ std::vector<Case> selected_cases(const Options& options) {
         if (std::any_of(wanted.begin(), wanted.end(),
                         [&](const std::string& w) { return c.name.find(w) != std::string::npos; }))
             cases.push_back(c);
-    if (cases.empty()) throw std::runtime_error("no case name contains '" + options.filter + "' (--list shows them)");
+    if (cases.empty())
+        throw std::runtime_error("no case name contains '" + options.filter +
+                                 "' (--list shows them)");
     if (options.quick) cases.erase(cases.begin() + 1, cases.end());
     return cases;
 }
 
 void require_ok(rope_jit_status status, const char* what) {
     if (status != ROPE_JIT_OK)
-        throw std::runtime_error(fmt::format("{}: {}: {}", what, rope_jit_status_name(status), rope_jit_last_error()));
+        throw std::runtime_error(
+            fmt::format("{}: {}: {}", what, rope_jit_status_name(status), rope_jit_last_error()));
 }
 
-rope_jit_runtime* make_runtime(rope_jit_backend_kind backend, const char* cache_dir, bool debug_checks = false) {
+rope_jit_runtime* make_runtime(rope_jit_backend_kind backend, const char* cache_dir,
+                               bool debug_checks = false) {
     rope_jit_config config;
     rope_jit_config_init(&config);
     config.backend = backend;
@@ -624,25 +708,32 @@ size_t name_width(const std::vector<Case>& cases) {
 }
 
 void print_header(size_t width) {
-    fmt::print("{:<{}} {:>9} {:>5} {:>4} {:>4} {:<4} {:<4} {:<4} {:<4} {:<9} {:<3} {:<3} {:>11} {:>8} {:>8} {:>7}\n",
-               "case", width, "BxS", "Hq/Hk", "D", "R", "type", "lay", "pair", "pos", "angles", "dir", "mem", "time us",
-               "MB", "GB/s", "of copy");
+    fmt::print(
+        "{:<{}} {:>9} {:>5} {:>4} {:>4} {:<4} {:<4} {:<4} {:<4} {:<9} {:<3} {:<3} {:>11} {:>8} "
+        "{:>8} {:>7}\n",
+        "case", width, "BxS", "Hq/Hk", "D", "R", "type", "lay", "pair", "pos", "angles", "dir",
+        "mem", "time us", "MB", "GB/s", "of copy");
 }
 
 void print_case(const Case& c, size_t width, const std::string& tail) {
-    const std::string angles =
-        fmt::format("{}.{}", c.angles == Angles::FullTable ? "full" : c.angles == Angles::HalfTable ? "half" : "invf",
-                    dtype_short(c.angle_dtype));
-    fmt::print("{:<{}} {:>9} {:>5} {:>4} {:>4} {:<4} {:<4} {:<4} {:<4} {:<9} {:<3} {:<3} {}\n", c.name, width,
-               fmt::format("{}x{}", c.B, c.S), fmt::format("{}/{}", c.Hq, c.Hk), c.D, c.rotary(),
-               dtype_short(c.dtype), layout_name(c.layout), c.style == ROPE_JIT_STYLE_INTERLEAVED ? "intl" : "half",
-               c.indices ? (c.index_bits == 64 ? "i64" : "i32") : "impl", angles, c.backward ? "bwd" : "fwd",
-               c.in_place ? "in" : "out", tail);
+    const std::string angles = fmt::format("{}.{}",
+                                           c.angles == Angles::FullTable   ? "full"
+                                           : c.angles == Angles::HalfTable ? "half"
+                                                                           : "invf",
+                                           dtype_short(c.angle_dtype));
+    fmt::print("{:<{}} {:>9} {:>5} {:>4} {:>4} {:<4} {:<4} {:<4} {:<4} {:<9} {:<3} {:<3} {}\n",
+               c.name, width, fmt::format("{}x{}", c.B, c.S), fmt::format("{}/{}", c.Hq, c.Hk), c.D,
+               c.rotary(), dtype_short(c.dtype), layout_name(c.layout),
+               c.style == ROPE_JIT_STYLE_INTERLEAVED ? "intl" : "half",
+               c.indices ? (c.index_bits == 64 ? "i64" : "i32") : "impl", angles,
+               c.backward ? "bwd" : "fwd", c.in_place ? "in" : "out", tail);
     std::fflush(stdout);
 }
 
 // Three decimals for the small (decode) cases, one for the rest.
-std::string megabytes(double bytes) { return fmt::format("{:.{}f}", bytes / 1e6, bytes < 1e7 ? 3 : 1); }
+std::string megabytes(double bytes) {
+    return fmt::format("{:.{}f}", bytes / 1e6, bytes < 1e7 ? 3 : 1);
+}
 
 void print_result(const Case& c, size_t width, const nlohmann::json& j) {
     print_case(c, width,
@@ -691,7 +782,8 @@ nlohmann::json bench_cpu(const std::vector<Case>& cases) {
             std::vector<double> rope_times, copy_times;
             for (int trial = 0; trial < 5; ++trial) {
                 start = Clock::now();
-                for (int i = 0; i < repeat; ++i) require_ok(rope_jit_rope(runtime, tensors.args()), "rope_jit_rope");
+                for (int i = 0; i < repeat; ++i)
+                    require_ok(rope_jit_rope(runtime, tensors.args()), "rope_jit_rope");
                 rope_times.push_back(seconds_since(start) / repeat);
                 start = Clock::now();
                 for (int i = 0; i < copy_repeat; ++i) copy();
@@ -714,7 +806,9 @@ nlohmann::json bench_cpu(const std::vector<Case>& cases) {
 
 // ---- CUDA -----------------------------------------------------------------------------
 
-const rope_jit::CudaDriverApi& driver() { return *rope_jit::cuda_driver_api(); }
+const rope_jit::CudaDriverApi& driver() {
+    return *rope_jit::cuda_driver_api();
+}
 
 // One cuMemAlloc, freed with the object.
 class DeviceBuffer {
@@ -753,7 +847,8 @@ public:
     void* copy_of(const std::vector<char>& host) override {
         auto buffer = std::make_unique<DeviceBuffer>(host.size());
         if (!host.empty())
-            check_cu(driver().cuMemcpyHtoD(buffer->pointer(), host.data(), host.size()), "cuMemcpyHtoD");
+            check_cu(driver().cuMemcpyHtoD(buffer->pointer(), host.data(), host.size()),
+                     "cuMemcpyHtoD");
         buffers_.push_back(std::move(buffer));
         return buffers_.back()->get();
     }
@@ -797,8 +892,8 @@ double time_on_stream(rope_jit::CUstream stream, int repeat, const std::function
 class CompiledKernel {
 public:
     CompiledKernel(const char* source, const char* name) {
-        const rope_jit::CompileResult compiled =
-            rope_jit::compile_cuda(source, std::string(name) + ".cu", rope_jit::cuda_device_target(0), {});
+        const rope_jit::CompileResult compiled = rope_jit::compile_cuda(
+            source, std::string(name) + ".cu", rope_jit::cuda_device_target(0), {});
         check_cu(driver().cuModuleLoadData(&module_, compiled.binary.data()), "cuModuleLoadData");
         check_cu(driver().cuModuleGetFunction(&function_, module_, name), "cuModuleGetFunction");
     }
@@ -819,7 +914,8 @@ private:
 // bandwidth is limited by its access pattern, not by its own work.
 class SpanCopy {
 public:
-    SpanCopy() : kernel_(R"(
+    SpanCopy()
+        : kernel_(R"(
 struct alignas(16) V { unsigned w[4]; };
 extern "C" __global__ void span_copy(char* rows, long long n_rows, long long pitch, int chunks) {
     const long long n = n_rows * chunks;
@@ -832,7 +928,7 @@ extern "C" __global__ void span_copy(char* rows, long long n_rows, long long pit
         *at = v;
     }
 })",
-                            "span_copy") {}
+                  "span_copy") {}
 
     // Seconds per pass over q's and k's rows (median, on `stream`), or a negative value when
     // the span is not made of aligned 16-byte chunks.
@@ -842,11 +938,13 @@ extern "C" __global__ void span_copy(char* rows, long long n_rows, long long pit
         if (pitch % 16 != 0 || span % 16 != 0) return -1;
         const auto launch = [&](void* data, size_t bytes) {
             long long n_rows = (long long)(bytes / size_t(pitch)), row_pitch = pitch;
-            int chunks = int(span / 16);  // the rotary features start each row (no case has an offset)
+            int chunks =
+                int(span / 16);  // the rotary features start each row (no case has an offset)
             void* args[] = {&data, &n_rows, &row_pitch, &chunks};
             const long long work = n_rows * chunks;
             const unsigned blocks = unsigned(std::min<long long>((work + 255) / 256, 1 << 20));
-            check_cu(driver().cuLaunchKernel(kernel_.function(), blocks, 1, 1, 256, 1, 1, 0, stream, args, nullptr),
+            check_cu(driver().cuLaunchKernel(kernel_.function(), blocks, 1, 1, 256, 1, 1, 0, stream,
+                                             args, nullptr),
                      "cuLaunchKernel(span_copy)");
         };
         return time_on_stream(stream, 20, [&] {
@@ -869,7 +967,8 @@ void add_stats(const rope_jit_runtime* runtime, uint64_t& compiles, double& comp
 
 nlohmann::json bench_cuda(const std::vector<Case>& cases) {
     const rope_jit::CudaDriverApi* api = rope_jit::cuda_driver_api();
-    if (api == nullptr) throw std::runtime_error("no CUDA driver: " + rope_jit::cuda_driver_load_error());
+    if (api == nullptr)
+        throw std::runtime_error("no CUDA driver: " + rope_jit::cuda_driver_load_error());
     rope_jit::CUdevice device = 0;
     check_cu(api->cuDeviceGet(&device, 0), "cuDeviceGet");
     rope_jit::CUcontext context = nullptr;
@@ -888,12 +987,12 @@ nlohmann::json bench_cuda(const std::vector<Case>& cases) {
         const auto src = reinterpret_cast<rope_jit::CUdeviceptr>(memory.filled(bytes, 0x3c));
         const auto dst = reinterpret_cast<rope_jit::CUdeviceptr>(memory.filled(bytes, 0));
         memory.ready();
-        const double seconds = time_on_stream(nullptr, 5, [&] {
-            check_cu(api->cuMemcpyDtoD(dst, src, bytes), "cuMemcpyDtoD");
-        });
+        const double seconds = time_on_stream(
+            nullptr, 5, [&] { check_cu(api->cuMemcpyDtoD(dst, src, bytes), "cuMemcpyDtoD"); });
         copy_gbps = 2.0 * double(bytes) / seconds / 1e9;
     }
-    fmt::print("backend cuda on {}: device copy bandwidth {:.1f} GB/s (read + write)\n", name, copy_gbps);
+    fmt::print("backend cuda on {}: device copy bandwidth {:.1f} GB/s (read + write)\n", name,
+               copy_gbps);
 
     char cache_template[] = "/tmp/rope_jit_bench_cache_XXXXXX";
     if (mkdtemp(cache_template) == nullptr) throw std::runtime_error("mkdtemp failed");
@@ -942,8 +1041,9 @@ nlohmann::json bench_cuda(const std::vector<Case>& cases) {
             require_ok(rope_jit_rope(checked, tensors.args()), "rope_jit_rope (debug checks)");
             check_cu(api->cuStreamSynchronize(stream), "cuStreamSynchronize");
             const int repeat = data.bytes() < 16e6 ? 200 : 20;
-            const double seconds = time_on_stream(
-                stream, repeat, [&] { require_ok(rope_jit_rope(runtime, tensors.args()), "rope_jit_rope"); });
+            const double seconds = time_on_stream(stream, repeat, [&] {
+                require_ok(rope_jit_rope(runtime, tensors.args()), "rope_jit_rope");
+            });
             check_cu(api->cuStreamSynchronize(stream), "cuStreamSynchronize");
             nlohmann::json j = case_json(c, data, seconds, copy_gbps);
             print_result(c, width, j);
@@ -954,8 +1054,11 @@ nlohmann::json bench_cuda(const std::vector<Case>& cases) {
                     j["span_copy_gbps"] = span_gbps;
                     j["span_copy_fraction_of_copy"] = span_gbps / copy_gbps;
                     j["fraction_of_span_copy"] = j["gbps"].get<double>() / span_gbps;
-                    fmt::print("{:>{}} in-place copy of the same spans: {:.1f} GB/s, {:.3f} of copy; RoPE at {:.3f} of it\n",
-                               "", width, span_gbps, span_gbps / copy_gbps, j["fraction_of_span_copy"].get<double>());
+                    fmt::print(
+                        "{:>{}} in-place copy of the same spans: {:.1f} GB/s, {:.3f} of copy; RoPE "
+                        "at {:.3f} of it\n",
+                        "", width, span_gbps, span_gbps / copy_gbps,
+                        j["fraction_of_span_copy"].get<double>());
                 }
             }
             results.push_back(j);
@@ -964,19 +1067,24 @@ nlohmann::json bench_cuda(const std::vector<Case>& cases) {
             // A fault in a kernel poisons the context: every later call would fail too.
             if (api->cuCtxSynchronize() != rope_jit::CUDA_SUCCESS) {
                 context_lost = true;
-                fmt::print("the CUDA context is lost; the remaining cases and timings are skipped\n");
+                fmt::print(
+                    "the CUDA context is lost; the remaining cases and timings are skipped\n");
                 break;
             }
         }
     }
 
-    nlohmann::json result = {{"backend", "cuda"}, {"device", name}, {"copy_gbps", copy_gbps}, {"cases", results},
+    nlohmann::json result = {{"backend", "cuda"},
+                             {"device", name},
+                             {"copy_gbps", copy_gbps},
+                             {"cases", results},
                              {"jit", jit}};
     if (!context_lost) {
         try {
             // Host overhead: wall time per call of many back-to-back decode calls, against a
             // bare cuLaunchKernel of an empty kernel, both on the same stream.
-            const CompiledKernel empty("extern \"C\" __global__ void empty_kernel() {}", "empty_kernel");
+            const CompiledKernel empty("extern \"C\" __global__ void empty_kernel() {}",
+                                       "empty_kernel");
             auto host_time = [&](const std::function<void()>& call) {
                 std::vector<double> trials;
                 for (int trial = 0; trial < 5; ++trial) {
@@ -989,53 +1097,68 @@ nlohmann::json bench_cuda(const std::vector<Case>& cases) {
                 check_cu(api->cuStreamSynchronize(stream), "cuStreamSynchronize");
                 return median(trials) * 1e6;
             };
-            const double rope_us = host_time([&] { require_ok(rope_jit_rope(runtime, decode_args), "rope"); });
+            const double rope_us =
+                host_time([&] { require_ok(rope_jit_rope(runtime, decode_args), "rope"); });
             const double empty_us = host_time([&] {
-                check_cu(api->cuLaunchKernel(empty.function(), 1, 1, 1, 32, 1, 1, 0, stream, nullptr, nullptr),
+                check_cu(api->cuLaunchKernel(empty.function(), 1, 1, 1, 32, 1, 1, 0, stream,
+                                             nullptr, nullptr),
                          "cuLaunchKernel");
             });
             const double decode_stream_us =
-                time_on_stream(stream, 200, [&] { require_ok(rope_jit_rope(runtime, decode_args), "rope"); }) * 1e6;
+                time_on_stream(stream, 200,
+                               [&] { require_ok(rope_jit_rope(runtime, decode_args), "rope"); }) *
+                1e6;
             // Inside a CUDA graph, as decode loops run: 100 calls captured once, the graph replayed.
             const int graph_calls = 100;
             rope_jit::CUgraph graph = nullptr;
             rope_jit::CUgraphExec graph_exec = nullptr;
-            check_cu(api->cuStreamBeginCapture(stream, rope_jit::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
-                     "cuStreamBeginCapture");
+            check_cu(
+                api->cuStreamBeginCapture(stream, rope_jit::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+                "cuStreamBeginCapture");
             rope_jit_status captured = ROPE_JIT_OK;
-            for (int i = 0; i < graph_calls && captured == ROPE_JIT_OK; ++i) captured = rope_jit_rope(runtime, decode_args);
+            for (int i = 0; i < graph_calls && captured == ROPE_JIT_OK; ++i)
+                captured = rope_jit_rope(runtime, decode_args);
             const std::string capture_error = captured == ROPE_JIT_OK ? "" : rope_jit_last_error();
             // End the capture whatever happened, so the stream is usable again.
             check_cu(api->cuStreamEndCapture(stream, &graph), "cuStreamEndCapture");
             if (captured != ROPE_JIT_OK) {
                 if (graph != nullptr) api->cuGraphDestroy(graph);
-                throw std::runtime_error(fmt::format("rope (captured): {}: {}", rope_jit_status_name(captured),
-                                                     capture_error));
+                throw std::runtime_error(fmt::format(
+                    "rope (captured): {}: {}", rope_jit_status_name(captured), capture_error));
             }
             check_cu(api->cuGraphInstantiate(&graph_exec, graph, 0), "cuGraphInstantiate");
             const double decode_gpu_us =
-                time_on_stream(stream, 5,
-                               [&] { check_cu(api->cuGraphLaunch(graph_exec, stream), "cuGraphLaunch"); }) *
+                time_on_stream(
+                    stream, 5,
+                    [&] { check_cu(api->cuGraphLaunch(graph_exec, stream), "cuGraphLaunch"); }) *
                 1e6 / graph_calls;
             check_cu(api->cuStreamSynchronize(stream), "cuStreamSynchronize");
             api->cuGraphExecDestroy(graph_exec);
             api->cuGraphDestroy(graph);
-            fmt::print("host overhead per call: rope {:.2f} us, bare empty cuLaunchKernel {:.2f} us (+{:.2f} us)\n",
-                       rope_us, empty_us, rope_us - empty_us);
-            fmt::print("decode B=1 S=1 32/8 D128: {:.2f} us per call inside a CUDA graph ({:.2f} us back to back on "
-                       "a stream)\n",
-                       decode_gpu_us, decode_stream_us);
-            result["host_overhead_us"] = {
-                {"rope_call", rope_us}, {"empty_launch", empty_us}, {"difference", rope_us - empty_us}};
+            fmt::print(
+                "host overhead per call: rope {:.2f} us, bare empty cuLaunchKernel {:.2f} us "
+                "(+{:.2f} us)\n",
+                rope_us, empty_us, rope_us - empty_us);
+            fmt::print(
+                "decode B=1 S=1 32/8 D128: {:.2f} us per call inside a CUDA graph ({:.2f} us back "
+                "to back on "
+                "a stream)\n",
+                decode_gpu_us, decode_stream_us);
+            result["host_overhead_us"] = {{"rope_call", rope_us},
+                                          {"empty_launch", empty_us},
+                                          {"difference", rope_us - empty_us}};
             result["decode_us_per_call_in_graph"] = decode_gpu_us;
             result["decode_us_per_call_on_stream"] = decode_stream_us;
         } catch (const std::exception& e) {
             fmt::print("host overhead and decode timings FAILED: {}\n", e.what());
-            errors.push_back(nlohmann::json{{"name", "host overhead and decode timings"}, {"error", e.what()}});
+            errors.push_back(
+                nlohmann::json{{"name", "host overhead and decode timings"}, {"error", e.what()}});
         }
     }
-    fmt::print("first call, cold compile: {:.1f} ms; first call of a fresh runtime, warm disk cache: {:.1f} ms\n",
-               jit["cold_first_call_ms"].get<double>(), jit["warm_cache_first_call_ms"].get<double>());
+    fmt::print(
+        "first call, cold compile: {:.1f} ms; first call of a fresh runtime, warm disk cache: "
+        "{:.1f} ms\n",
+        jit["cold_first_call_ms"].get<double>(), jit["warm_cache_first_call_ms"].get<double>());
 
     uint64_t compiles = 0;
     double compile_ms = 0;
@@ -1048,7 +1171,8 @@ nlohmann::json bench_cuda(const std::vector<Case>& cases) {
     rope_jit_runtime_free(checked);
     rope_jit_runtime_free(runtime);
     api->cuStreamDestroy(stream);
-    if (std::system(("rm -rf '" + cache_dir + "'").c_str()) != 0) fmt::print(stderr, "could not remove {}\n", cache_dir);
+    if (std::system(("rm -rf '" + cache_dir + "'").c_str()) != 0)
+        fmt::print(stderr, "could not remove {}\n", cache_dir);
     return result;
 }
 
@@ -1080,8 +1204,10 @@ int main(int argc, char** argv) {
         if (!options.json_path.empty()) {
             std::FILE* file = std::fopen(options.json_path.c_str(), "w");
             if (file == nullptr) throw std::runtime_error("cannot write " + options.json_path);
-            fmt::print(file, "{}\n", result.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
-            if (std::fclose(file) != 0) throw std::runtime_error("cannot write " + options.json_path);
+            fmt::print(file, "{}\n",
+                       result.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
+            if (std::fclose(file) != 0)
+                throw std::runtime_error("cannot write " + options.json_path);
         }
         if (result.contains("errors")) {
             fmt::print(stderr, "rope-jit-bench: {} case(s) failed\n", result["errors"].size());

@@ -83,7 +83,9 @@ RuntimeHandle make_runtime(const GlobalOptions& global, rope_jit_backend_kind ba
     return RuntimeHandle(runtime, rope_jit_runtime_free);
 }
 
-int64_t now_seconds() { return int64_t(std::time(nullptr)); }
+int64_t now_seconds() {
+    return int64_t(std::time(nullptr));
+}
 
 // "a, b, c".
 std::string joined(const std::vector<std::string>& names) {
@@ -114,8 +116,8 @@ const char* state_name(rope_jit_cache_item_state state) {
 }
 
 constexpr rope_jit_cache_item_state kAllStates[] = {
-    ROPE_JIT_CACHE_ITEM_OK,   ROPE_JIT_CACHE_ITEM_STALE,     ROPE_JIT_CACHE_ITEM_DAMAGED,
-    ROPE_JIT_CACHE_ITEM_TEMP, ROPE_JIT_CACHE_ITEM_SET_ASIDE, ROPE_JIT_CACHE_ITEM_STRAY,
+    ROPE_JIT_CACHE_ITEM_OK,       ROPE_JIT_CACHE_ITEM_STALE,     ROPE_JIT_CACHE_ITEM_DAMAGED,
+    ROPE_JIT_CACHE_ITEM_TEMP,     ROPE_JIT_CACHE_ITEM_SET_ASIDE, ROPE_JIT_CACHE_ITEM_STRAY,
     ROPE_JIT_CACHE_ITEM_UNTRUSTED};
 
 // An owned copy of a rope_jit_cache_item (whose strings live only during the visit).
@@ -129,10 +131,10 @@ struct Item {
 std::vector<Item> collect_items(const rope_jit_runtime* runtime) {
     std::vector<Item> items;
     auto visit = [](const rope_jit_cache_item* item, void* user) -> int {
-        static_cast<std::vector<Item>*>(user)->push_back(Item{item->state, item->path, item->problem, item->key,
-                                                              item->nvrtc_version, item->target, item->kind,
-                                                              item->spec_json, item->spec, item->bytes,
-                                                              item->payload_bytes, item->modified, item->accessed});
+        static_cast<std::vector<Item>*>(user)->push_back(
+            Item{item->state, item->path, item->problem, item->key, item->nvrtc_version,
+                 item->target, item->kind, item->spec_json, item->spec, item->bytes,
+                 item->payload_bytes, item->modified, item->accessed});
         return 0;
     };
     const rope_jit_status status = rope_jit_cache_walk(runtime, visit, &items);
@@ -183,8 +185,8 @@ struct Totals {
         std::string text;
         for (rope_jit_cache_item_state state : kAllStates) {
             if (!count.count(state)) continue;
-            text += fmt::format("{}{} {} ({})", text.empty() ? "" : ", ", count.at(state), state_name(state),
-                                format_bytes(bytes.at(state)));
+            text += fmt::format("{}{} {} ({})", text.empty() ? "" : ", ", count.at(state),
+                                state_name(state), format_bytes(bytes.at(state)));
         }
         return text.empty() ? "empty" : text;
     }
@@ -260,14 +262,16 @@ std::vector<std::string> choose_targets(const GlobalOptions& global, const Prewa
                 throw UsageError(fmt::format(
                     "--target: '{}' is not an architecture like sm_90, sm_90a or compute_90",
                     target));
-            if (std::find(targets.begin(), targets.end(), target) == targets.end()) targets.push_back(target);
+            if (std::find(targets.begin(), targets.end(), target) == targets.end())
+                targets.push_back(target);
         }
         return targets;
     }
     RuntimeHandle runtime = make_runtime(global, ROPE_JIT_BACKEND_AUTO);
     const int devices = rope_jit_device_count(runtime.get());
     if (devices == 0) {
-        *note = fmt::format("no GPU found: compiling for {}, the default (choose with --target)", kDefaultTarget);
+        *note = fmt::format("no GPU found: compiling for {}, the default (choose with --target)",
+                            kDefaultTarget);
         return {kDefaultTarget};
     }
     std::vector<std::string> targets;
@@ -275,10 +279,13 @@ std::vector<std::string> choose_targets(const GlobalOptions& global, const Prewa
         rope_jit_device_info info;
         rope_jit_device_info_init(&info);
         const rope_jit_status status = rope_jit_device_describe(runtime.get(), ordinal, &info);
-        if (status != ROPE_JIT_OK) throw Failure(fmt::format("device {}: {}", ordinal, last_error_or(status)));
-        *note += fmt::format("{}device {}: {} ({})", note->empty() ? "compiling for the local GPUs: " : ", ", ordinal,
+        if (status != ROPE_JIT_OK)
+            throw Failure(fmt::format("device {}: {}", ordinal, last_error_or(status)));
+        *note += fmt::format("{}device {}: {} ({})",
+                             note->empty() ? "compiling for the local GPUs: " : ", ", ordinal,
                              info.name, info.target);
-        if (std::find(targets.begin(), targets.end(), info.target) == targets.end()) targets.push_back(info.target);
+        if (std::find(targets.begin(), targets.end(), info.target) == targets.end())
+            targets.push_back(info.target);
     }
     return targets;
 }
@@ -292,7 +299,8 @@ void prewarm_one(rope_jit_runtime* runtime, const PlannedKernel& planned, Kernel
     const auto start = std::chrono::steady_clock::now();
     const rope_jit_status status =
         rope_jit_prewarm_json(runtime, planned.spec_json.c_str(), planned.target.c_str());
-    kernel.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    kernel.ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     if (status != ROPE_JIT_OK) {
         kernel.result = Result::failed;
         kernel.error = fmt::format("{}: {}", rope_jit_status_name(status), last_error_or(status));
@@ -323,7 +331,8 @@ int print_prewarm_plan(const GlobalOptions& global, const std::vector<PlannedKer
         json list = json::array();
         for (const PlannedKernel& kernel : planned)
             list.push_back(kernel_json(kernel, Kernel{}, "planned"));
-        print_json(json{{"command", "prewarm"}, {"dry_run", true}, {"cache_dir", root}, {"kernels", list}});
+        print_json(json{
+            {"command", "prewarm"}, {"dry_run", true}, {"cache_dir", root}, {"kernels", list}});
         return kExitOk;
     }
     for (const PlannedKernel& kernel : planned)
@@ -345,13 +354,15 @@ int run_prewarm(const GlobalOptions& global, const PrewarmOptions& options) {
     const std::string root = rope_jit_cache_root(make_runtime(global, ROPE_JIT_BACKEND_CPU).get());
     std::vector<Kernel> kernels(planned.size());
     const size_t hardware = std::max(1u, std::thread::hardware_concurrency());
-    const size_t jobs = std::min(kernels.size(), options.jobs > 0 ? size_t(options.jobs) : hardware);
+    const size_t jobs =
+        std::min(kernels.size(), options.jobs > 0 ? size_t(options.jobs) : hardware);
 
     if (!global.json && !note.empty()) std::cout << note << std::endl;
     if (options.dry_run) return print_prewarm_plan(global, planned, root);
     const char* nvrtc = "";
     if (const rope_jit_status status = rope_jit_nvrtc_version(&nvrtc); status != ROPE_JIT_OK)
-        throw Failure("prewarm compiles with NVRTC, which is not available here: " + last_error_or(status));
+        throw Failure("prewarm compiles with NVRTC, which is not available here: " +
+                      last_error_or(status));
     ProgressBar bar(kernels.size(), !global.json);
     std::mutex report_mutex;
     size_t done = 0, compiled = 0, cached = 0, failed = 0;
@@ -368,7 +379,8 @@ int run_prewarm(const GlobalOptions& global, const PrewarmOptions& options) {
                                        joined(planned[i].sources), format_ms(kernel.ms)));
             if (kernel.result == Result::failed) bar.print_line("  " + kernel.error);
         }
-        bar.update(done, fmt::format("{} compiled, {} cached, {} failed", compiled, cached, failed));
+        bar.update(done,
+                   fmt::format("{} compiled, {} cached, {} failed", compiled, cached, failed));
     };
 
     bar.update(0, "compiling");
@@ -393,7 +405,8 @@ int run_prewarm(const GlobalOptions& global, const PrewarmOptions& options) {
     std::vector<std::thread> threads;
     for (size_t j = 0; j < jobs; ++j) threads.emplace_back(worker);
     for (std::thread& thread : threads) thread.join();
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     bar.finish();
 
     size_t written = 0;
@@ -406,21 +419,30 @@ int run_prewarm(const GlobalOptions& global, const PrewarmOptions& options) {
         json list = json::array();
         for (size_t i = 0; i < kernels.size(); ++i)
             list.push_back(kernel_json(planned[i], kernels[i], result_name(kernels[i].result)));
-        print_json(json{{"command", "prewarm"}, {"cache_dir", root},     {"targets", targets},
-                        {"note", note},         {"jobs", jobs},          {"kernels", list},
-                        {"compiled", compiled}, {"cached", cached},      {"failed", failed},
-                        {"written", written},   {"seconds", seconds},    {"compile_seconds", compile_ms / 1000.0}});
+        print_json(json{{"command", "prewarm"},
+                        {"cache_dir", root},
+                        {"targets", targets},
+                        {"note", note},
+                        {"jobs", jobs},
+                        {"kernels", list},
+                        {"compiled", compiled},
+                        {"cached", cached},
+                        {"failed", failed},
+                        {"written", written},
+                        {"seconds", seconds},
+                        {"compile_seconds", compile_ms / 1000.0}});
     } else {
         std::string where = root.empty() ? "no cache directory" : root;
         std::string unwritten;
         if (written < compiled)
-            unwritten = fmt::format(" ({} not written: kept in memory only, see the warning above)", compiled - written);
+            unwritten = fmt::format(" ({} not written: kept in memory only, see the warning above)",
+                                    compiled - written);
         const std::string summary = fmt::format(
             "prewarm: {} kernels for {} in {} with {} job{}: {} compiled ({} in NVRTC), {} already "
             "cached, {} failed; {} written to {}{}",
             kernels.size(), joined(targets), format_ms(seconds * 1000.0), jobs,
-            jobs == 1 ? "" : "s",
-            compiled, format_ms(compile_ms), cached, failed, written, where, unwritten);
+            jobs == 1 ? "" : "s", compiled, format_ms(compile_ms), cached, failed, written, where,
+            unwritten);
         std::cout << printable(summary) << std::endl;
     }
     // Prewarming is for later processes: a kernel that compiled but could not be stored (a
@@ -439,19 +461,22 @@ int run_list(const GlobalOptions& global) {
     if (global.json) {
         json list = json::array();
         for (const Item& item : items) list.push_back(item_json(item, now));
-        print_json(json{{"command", "list"}, {"cache_dir", root}, {"items", list}, {"totals", totals.to_json()}});
+        print_json(json{{"command", "list"},
+                        {"cache_dir", root},
+                        {"items", list},
+                        {"totals", totals.to_json()}});
         return kExitOk;
     }
     if (!items.empty())
-        std::cout << fmt::format("{:<9} {:<7} {:<6} {:>10} {:>5}  {}", "STATE", "TARGET", "NVRTC", "SIZE", "USED",
-                                 "KERNEL OR PATH")
+        std::cout << fmt::format("{:<9} {:<7} {:<6} {:>10} {:>5}  {}", "STATE", "TARGET", "NVRTC",
+                                 "SIZE", "USED", "KERNEL OR PATH")
                   << "\n";
     for (const Item& item : items) {
-        const std::string line = fmt::format(
-            "{:<9} {:<7} {:<6} {:>10} {:>5}  {}", state_name(item.state),
-            item.target.empty() ? "-" : item.target,
-            item.nvrtc_version.empty() ? "-" : item.nvrtc_version, format_bytes(item.bytes),
-            format_age(now - item.accessed), item_text(item));
+        const std::string line =
+            fmt::format("{:<9} {:<7} {:<6} {:>10} {:>5}  {}", state_name(item.state),
+                        item.target.empty() ? "-" : item.target,
+                        item.nvrtc_version.empty() ? "-" : item.nvrtc_version,
+                        format_bytes(item.bytes), format_age(now - item.accessed), item_text(item));
         std::cout << printable(line) << "\n";
     }
     std::cout << printable(fmt::format("{}: {} items, {}: {}", root, items.size(),
@@ -465,7 +490,9 @@ int run_verify(const GlobalOptions& global) {
     const std::string root = rope_jit_cache_root(runtime.get());
     const std::vector<Item> items = collect_items(runtime.get());
     const Totals totals = totals_of(items);
-    auto count = [&](rope_jit_cache_item_state state) { return totals.count.count(state) ? totals.count.at(state) : 0; };
+    auto count = [&](rope_jit_cache_item_state state) {
+        return totals.count.count(state) ? totals.count.at(state) : 0;
+    };
     // Damage, strays and untrusted entries mean something wrote where only rope-jit should, as
     // does an entry of this NVRTC version whose stored spec does not hash to its key (another
     // kernel under its name, or another rope-jit build's: this library never loads it). The
@@ -499,8 +526,9 @@ int run_verify(const GlobalOptions& global) {
         std::cout << printable(fmt::format(
                          "verify {}: {} good entr{}; {}{}", root, good, good == 1 ? "y" : "ies",
                          totals.summary(),
-                         healthy ? "" : " (damaged, stray, untrusted or mismatched files found; "
-                                        "prune removes them)"))
+                         healthy ? ""
+                                 : " (damaged, stray, untrusted or mismatched files found; "
+                                   "prune removes them)"))
                   << std::endl;
     }
     return healthy ? kExitOk : kExitFailure;
@@ -523,7 +551,8 @@ struct Removal {
 // Which items prune removes, in this order: damage, strays, set-aside files, temp files past
 // the grace period and (unless kept) stale entries; then entries unused for longer than
 // --older-than; then, least recently used first, entries until the rest fits --max-bytes.
-std::vector<Removal> plan_prune(const std::vector<Item>& items, int64_t now, const PruneOptions& options) {
+std::vector<Removal> plan_prune(const std::vector<Item>& items, int64_t now,
+                                const PruneOptions& options) {
     const bool has_age = !options.older_than.empty();
     const int64_t older_than = has_age ? parse_duration(options.older_than, "--older-than") : 0;
     const bool has_budget = !options.max_bytes.empty();
@@ -537,9 +566,12 @@ std::vector<Removal> plan_prune(const std::vector<Item>& items, int64_t now, con
             case ROPE_JIT_CACHE_ITEM_DAMAGED:
             case ROPE_JIT_CACHE_ITEM_UNTRUSTED:
             case ROPE_JIT_CACHE_ITEM_STRAY:
-            case ROPE_JIT_CACHE_ITEM_SET_ASIDE: removals.push_back({i, state_name(item.state)}); continue;
+            case ROPE_JIT_CACHE_ITEM_SET_ASIDE:
+                removals.push_back({i, state_name(item.state)});
+                continue;
             case ROPE_JIT_CACHE_ITEM_TEMP:
-                if (now - item.modified > kTempGraceSeconds) removals.push_back({i, "leftover temp file"});
+                if (now - item.modified > kTempGraceSeconds)
+                    removals.push_back({i, "leftover temp file"});
                 continue;
             case ROPE_JIT_CACHE_ITEM_STALE:
                 if (!options.keep_stale) {
@@ -562,7 +594,8 @@ std::vector<Removal> plan_prune(const std::vector<Item>& items, int64_t now, con
                          [&](size_t a, size_t b) { return items[a].accessed < items[b].accessed; });
         for (size_t i : kept) {
             if (total <= budget) break;
-            removals.push_back({i, fmt::format("least recently used over --max-bytes {}", format_bytes(budget))});
+            removals.push_back(
+                {i, fmt::format("least recently used over --max-bytes {}", format_bytes(budget))});
             total -= items[i].bytes;
         }
     }
@@ -571,7 +604,8 @@ std::vector<Removal> plan_prune(const std::vector<Item>& items, int64_t now, con
 
 // Removes the planned items and reports; shared by prune and clear.
 int remove_items(const GlobalOptions& global, const rope_jit_runtime* runtime, const char* command,
-                 const std::vector<Item>& items, const std::vector<Removal>& removals, bool dry_run) {
+                 const std::vector<Item>& items, const std::vector<Removal>& removals,
+                 bool dry_run) {
     const std::string root = rope_jit_cache_root(runtime);
     const int64_t now = now_seconds();
     json removed = json::array(), failures = json::array();
@@ -607,8 +641,12 @@ int remove_items(const GlobalOptions& global, const rope_jit_runtime* runtime, c
         if (!gone.count(i)) remaining.push_back(items[i]);
     const Totals left = totals_of(remaining);
     if (global.json) {
-        print_json(json{{"command", command},     {"cache_dir", root},          {"dry_run", dry_run},
-                        {"removed", removed},     {"removed_bytes", removed_bytes}, {"failures", failures},
+        print_json(json{{"command", command},
+                        {"cache_dir", root},
+                        {"dry_run", dry_run},
+                        {"removed", removed},
+                        {"removed_bytes", removed_bytes},
+                        {"failures", failures},
                         {"remaining", left.to_json()}});
     } else {
         std::cout << printable(fmt::format("{}: {} {} items ({}) from {}; left: {}", command,
@@ -640,14 +678,16 @@ int run_info(const GlobalOptions& global) {
     RuntimeHandle runtime = make_runtime(global, ROPE_JIT_BACKEND_AUTO);
     const char* nvrtc = "";
     const rope_jit_status nvrtc_status = rope_jit_nvrtc_version(&nvrtc);
-    const std::string nvrtc_problem = nvrtc_status == ROPE_JIT_OK ? "" : last_error_or(nvrtc_status);
+    const std::string nvrtc_problem =
+        nvrtc_status == ROPE_JIT_OK ? "" : last_error_or(nvrtc_status);
     const bool cuda = rope_jit_backend(runtime.get()) == ROPE_JIT_BACKEND_CUDA;
     json devices = json::array();
     for (int ordinal = 0; ordinal < rope_jit_device_count(runtime.get()); ++ordinal) {
         rope_jit_device_info info;
         rope_jit_device_info_init(&info);
         if (rope_jit_device_describe(runtime.get(), ordinal, &info) == ROPE_JIT_OK)
-            devices.push_back(json{{"ordinal", ordinal}, {"name", info.name}, {"target", info.target}});
+            devices.push_back(
+                json{{"ordinal", ordinal}, {"name", info.name}, {"target", info.target}});
     }
     const std::string root = rope_jit_cache_root(runtime.get());
     const rope_jit_status check = rope_jit_cache_check(runtime.get());
@@ -684,14 +724,16 @@ int run_info(const GlobalOptions& global) {
     line("backend", cuda ? "cuda" : "cpu (no usable CUDA device)");
     if (devices.empty()) line("devices", "none");
     for (const json& device : devices)
-        line("device", fmt::format("{}: {} ({})", device["ordinal"].get<int>(), device["name"].get<std::string>(),
-                                   device["target"].get<std::string>()));
+        line("device",
+             fmt::format("{}: {} ({})", device["ordinal"].get<int>(),
+                         device["name"].get<std::string>(), device["target"].get<std::string>()));
     line("cache dir", root.empty() ? "none (memory only)" : root);
     line("cache writable", check == ROPE_JIT_OK ? "yes" : "no: " + why_not_writable);
     if (read_only && *read_only) line("read-only dirs", read_only);
-    line("cache contents", walk_problem.empty() ? fmt::format("{} items, {}: {}", items.size(),
-                                                              format_bytes(totals.all_bytes), totals.summary())
-                                                : walk_problem);
+    line("cache contents", walk_problem.empty()
+                               ? fmt::format("{} items, {}: {}", items.size(),
+                                             format_bytes(totals.all_bytes), totals.summary())
+                               : walk_problem);
     std::cout << std::flush;
     return kExitOk;
 }
@@ -699,8 +741,9 @@ int run_info(const GlobalOptions& global) {
 // ---- command line -----------------------------------------------------------------------
 
 int run(int argc, char** argv) {
-    CLI::App app{"rope-jit-cache: prewarm, inspect and trim the rope-jit kernel cache.\n"
-                 "Exit status: 0 success, 1 failure, 2 usage error."};
+    CLI::App app{
+        "rope-jit-cache: prewarm, inspect and trim the rope-jit kernel cache.\n"
+        "Exit status: 0 success, 1 failure, 2 usage error."};
     app.require_subcommand(1);
     GlobalOptions global;
     // The global options, accepted before the subcommand and after it (and listed in each
@@ -709,14 +752,17 @@ int run(int argc, char** argv) {
         // An empty value (an unset shell variable, say) must not quietly mean the default cache,
         // which clear or prune would then empty.
         command
-            ->add_option("--cache-dir", global.cache_dir,
-                         "cache root (default: $ROPE_JIT_CACHE_DIR, else $XDG_CACHE_HOME/rope_jit, else "
-                         "~/.cache/rope_jit)")
+            ->add_option(
+                "--cache-dir", global.cache_dir,
+                "cache root (default: $ROPE_JIT_CACHE_DIR, else $XDG_CACHE_HOME/rope_jit, else "
+                "~/.cache/rope_jit)")
             ->check([](const std::string& dir) {
-                return dir.empty() ? std::string("empty; leave the option out for the default cache")
-                                   : std::string();
+                return dir.empty()
+                           ? std::string("empty; leave the option out for the default cache")
+                           : std::string();
             });
-        command->add_flag("--json", global.json, "print one JSON document on stdout instead of text");
+        command->add_flag("--json", global.json,
+                          "print one JSON document on stdout instead of text");
     };
     add_global_options(&app);
 
@@ -747,57 +793,82 @@ int run(int argc, char** argv) {
         "entries, each for its own target). Fields are rope_jit_prewarm_json's (rope_jit.h): "
         "\"op\" (rope, attention), head_dim, rotary_dim, dtype, direction, ...; at most 4 MiB, "
         "16 levels of nesting and 20000 specs");
-    prewarm->add_option("--target", prewarm_options.targets,
-                        std::string("architectures, comma-separated (sm_80,sm_90); default: those of the local "
-                                    "GPUs, or ") +
-                            kDefaultTarget + " when there is none")
+    prewarm
+        ->add_option(
+            "--target", prewarm_options.targets,
+            std::string("architectures, comma-separated (sm_80,sm_90); default: those of the local "
+                        "GPUs, or ") +
+                kDefaultTarget + " when there is none")
         ->delimiter(',');
-    prewarm->add_option("--jobs,-j", prewarm_options.jobs, "kernels compiled in parallel (default 0: one per hardware thread)");
-    prewarm->add_flag("--dry-run", prewarm_options.dry_run, "only list the kernels it would prewarm");
+    prewarm->add_option("--jobs,-j", prewarm_options.jobs,
+                        "kernels compiled in parallel (default 0: one per hardware thread)");
+    prewarm->add_flag("--dry-run", prewarm_options.dry_run,
+                      "only list the kernels it would prewarm");
     // Spec flags: each takes comma-separated values; the specs are their cross product.
     std::vector<int> head_dims, rotary_dims, rotary_offsets, gqa_groups;
-    std::vector<std::string> dtypes, table_dtypes, styles, directions, positions, index_dtypes, angles;
+    std::vector<std::string> dtypes, table_dtypes, styles, directions, positions, index_dtypes,
+        angles;
     bool q_only = false, packed = false, xpos = false, out_of_place = false;
-    prewarm->add_option("--head-dim", head_dims, "spec: features per head (required for specs from flags)")->delimiter(',');
+    prewarm
+        ->add_option("--head-dim", head_dims,
+                     "spec: features per head (required for specs from flags)")
+        ->delimiter(',');
     prewarm->add_option("--rotary-dim", rotary_dims, "spec: rotated features (default head_dim)")
         ->delimiter(',');
-    prewarm->add_option("--rotary-offset", rotary_offsets, "spec: first rotated feature (default 0)")->delimiter(',');
-    prewarm->add_option("--gqa-group", gqa_groups, "spec: q heads per k head (default 1)")->delimiter(',');
-    prewarm->add_option("--dtype", dtypes, "spec: float32 (default), float16, bfloat16")->delimiter(',');
-    prewarm->add_option("--table-dtype", table_dtypes, "spec: cos/sin dtype, float32 (default), float16, bfloat16")
+    prewarm
+        ->add_option("--rotary-offset", rotary_offsets, "spec: first rotated feature (default 0)")
+        ->delimiter(',');
+    prewarm->add_option("--gqa-group", gqa_groups, "spec: q heads per k head (default 1)")
+        ->delimiter(',');
+    prewarm->add_option("--dtype", dtypes, "spec: float32 (default), float16, bfloat16")
+        ->delimiter(',');
+    prewarm
+        ->add_option("--table-dtype", table_dtypes,
+                     "spec: cos/sin dtype, float32 (default), float16, bfloat16")
         ->delimiter(',');
     prewarm->add_option("--style", styles, "spec: half (default) or interleaved")->delimiter(',');
-    prewarm->add_option("--direction", directions, "spec: forward (default), backward")->delimiter(',');
-    prewarm->add_option("--positions", positions, "spec: implicit (default), indices, seqlen-offsets")->delimiter(',');
+    prewarm->add_option("--direction", directions, "spec: forward (default), backward")
+        ->delimiter(',');
+    prewarm
+        ->add_option("--positions", positions, "spec: implicit (default), indices, seqlen-offsets")
+        ->delimiter(',');
     prewarm->add_option("--index-dtype", index_dtypes, "spec: int64 (default) or int32");
-    prewarm->add_option("--angles", angles, "spec: table-full (default), table-half, inv-freq")->delimiter(',');
+    prewarm->add_option("--angles", angles, "spec: table-full (default), table-half, inv-freq")
+        ->delimiter(',');
     prewarm->add_flag("--q-only", q_only, "spec: rotate q alone (no k)");
     prewarm->add_flag("--packed", packed, "spec: packed [T,H,D] tensors with cu_seqlens");
     prewarm->add_flag("--xpos", xpos, "spec: xPos scales");
     prewarm->add_flag("--out-of-place", out_of_place, "spec: separate outputs");
 
     // list, verify, prune, clear, info
-    CLI::App* list = app.add_subcommand("list", "list every item of the cache: entries and what is wrong with others");
+    CLI::App* list = app.add_subcommand(
+        "list", "list every item of the cache: entries and what is wrong with others");
     CLI::App* verify = app.add_subcommand(
         "verify", "re-check every entry; exit status 1 when damaged or stray files are found");
     CLI::App* prune = app.add_subcommand(
-        "prune", "remove damaged, stale (other NVRTC or format versions) and leftover files, then old or "
-                 "least recently used entries");
+        "prune",
+        "remove damaged, stale (other NVRTC or format versions) and leftover files, then old or "
+        "least recently used entries");
     PruneOptions prune_options;
-    prune->add_option("--max-bytes", prune_options.max_bytes,
-                      "keep at most this much (500M, 2G...), removing least recently used entries first");
-    prune->add_option("--older-than", prune_options.older_than, "remove entries unused for this long (12h, 30d, 2w...)");
-    prune->add_flag("--keep-stale", prune_options.keep_stale, "keep entries of other NVRTC or cache format versions");
+    prune->add_option(
+        "--max-bytes", prune_options.max_bytes,
+        "keep at most this much (500M, 2G...), removing least recently used entries first");
+    prune->add_option("--older-than", prune_options.older_than,
+                      "remove entries unused for this long (12h, 30d, 2w...)");
+    prune->add_flag("--keep-stale", prune_options.keep_stale,
+                    "keep entries of other NVRTC or cache format versions");
     prune->add_flag("--dry-run", prune_options.dry_run, "only say what would be removed");
-    CLI::App* clear = app.add_subcommand(
-        "clear", "remove every item of the cache; the compile lock files in <root>/locks stay (empty, and perhaps "
-                 "held by a process compiling right now)");
+    CLI::App* clear = app.add_subcommand("clear",
+                                         "remove every item of the cache; the compile lock files "
+                                         "in <root>/locks stay (empty, and perhaps "
+                                         "held by a process compiling right now)");
     bool clear_dry_run = false;
     clear->add_flag("--dry-run", clear_dry_run, "only say what would be removed");
     CLI::App* info = app.add_subcommand(
         "info", "versions, backend, devices, cache directory and whether it is writable");
 
-    for (CLI::App* command : {prewarm, list, verify, prune, clear, info}) add_global_options(command);
+    for (CLI::App* command : {prewarm, list, verify, prune, clear, info})
+        add_global_options(command);
 
     // CLI11 reports a word that is no subcommand as "A subcommand is required"; name it instead.
     // The first word that is neither an option nor the value of --cache-dir is the subcommand.
@@ -887,4 +958,6 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) { return run(argc, argv); }
+int main(int argc, char** argv) {
+    return run(argc, argv);
+}

@@ -32,7 +32,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cuda/cuda_driver.h"  // device memory for --backend cuda (the tool's own copy of the loader)
-#include "common/half_float.h"   // header-only: the same fp16/bf16 conversions as the library
+#include "common/half_float.h"  // header-only: the same fp16/bf16 conversions as the library
 #include "rope_jit/rope_jit.h"
 
 namespace {
@@ -71,15 +71,16 @@ struct Options {
     rope_jit_backend_kind backend = ROPE_JIT_BACKEND_AUTO;
     std::set<std::string> ops;  // empty: every op
     AngleMode angles = AngleMode::Table;
-    std::string case_filter;    // substring of the case name; empty: every case
-    int device = 0;             // the CUDA device the tensors live on (CUDA backend)
+    std::string case_filter;  // substring of the case name; empty: every case
+    int device = 0;           // the CUDA device the tensors live on (CUDA backend)
     bool json = false;
     bool help = false;
 };
 
 const char* const kUsage =
     "usage: rope-jit-golden DIR [--backend auto|cpu|cuda] [--ops rope,attention,inv_freq]\n"
-    "                           [--angles table|inv_freq] [--case SUBSTRING] [--device N] [--json]\n"
+    "                           [--angles table|inv_freq] [--case SUBSTRING] [--device N] "
+    "[--json]\n"
     "\n"
     "Runs every case of DIR/manifest.json (format rope-jit-golden/1) whose op is in --ops\n"
     "(default: all) through the rope-jit C API and compares its outputs with the recorded ones.\n"
@@ -112,7 +113,8 @@ std::set<std::string> parse_ops(const std::string& value) {
     std::set<std::string> ops;
     for (const std::string& op : split_commas(value)) {
         if (kKnownOps.count(op) == 0)
-            throw UsageError(fmt::format("--ops: unknown op '{}' (known: rope, attention, inv_freq)", op));
+            throw UsageError(
+                fmt::format("--ops: unknown op '{}' (known: rope, attention, inv_freq)", op));
         ops.insert(op);
     }
     if (ops.empty()) throw UsageError("--ops: expected a comma-separated list of ops");
@@ -134,7 +136,8 @@ int parse_device(const std::string& value) {
         used = 0;
     }
     if (used != value.size() || device < 0)
-        throw UsageError(fmt::format("--device: expected a device ordinal (0, 1, ...), got '{}'", value));
+        throw UsageError(
+            fmt::format("--device: expected a device ordinal (0, 1, ...), got '{}'", value));
     return device;
 }
 
@@ -172,13 +175,15 @@ Options parse_options(int argc, char** argv) {
         } else if (arg.size() > 1 && arg[0] == '-') {
             throw UsageError(fmt::format("unknown option '{}'", arg));
         } else if (have_dir) {
-            throw UsageError(fmt::format("unexpected argument '{}' (DIR is already '{}')", arg, options.dir));
+            throw UsageError(
+                fmt::format("unexpected argument '{}' (DIR is already '{}')", arg, options.dir));
         } else {
             options.dir = arg;
             have_dir = true;
         }
     }
-    if (!have_dir && !options.help) throw UsageError("missing DIR (the folder holding manifest.json)");
+    if (!have_dir && !options.help)
+        throw UsageError("missing DIR (the folder holding manifest.json)");
     return options;
 }
 
@@ -231,11 +236,31 @@ struct HostArray {
     double at(int64_t i) const {
         const unsigned char* p = bytes.data() + size_t(i) * element_info(type).size;
         switch (type) {
-            case ElementType::F32: { float v; std::memcpy(&v, p, 4); return v; }
-            case ElementType::F16: { uint16_t v; std::memcpy(&v, p, 2); return rope_jit::fp16_to_float(v); }
-            case ElementType::BF16: { uint16_t v; std::memcpy(&v, p, 2); return rope_jit::bf16_to_float(v); }
-            case ElementType::I32: { int32_t v; std::memcpy(&v, p, 4); return v; }
-            case ElementType::I64: { int64_t v; std::memcpy(&v, p, 8); return double(v); }
+            case ElementType::F32: {
+                float v;
+                std::memcpy(&v, p, 4);
+                return v;
+            }
+            case ElementType::F16: {
+                uint16_t v;
+                std::memcpy(&v, p, 2);
+                return rope_jit::fp16_to_float(v);
+            }
+            case ElementType::BF16: {
+                uint16_t v;
+                std::memcpy(&v, p, 2);
+                return rope_jit::bf16_to_float(v);
+            }
+            case ElementType::I32: {
+                int32_t v;
+                std::memcpy(&v, p, 4);
+                return v;
+            }
+            case ElementType::I64: {
+                int64_t v;
+                std::memcpy(&v, p, 8);
+                return double(v);
+            }
             case ElementType::Bool: return *p != 0 ? 1.0 : 0.0;
         }
         return 0.0;
@@ -255,18 +280,21 @@ ElementType parse_element_type(const json& value, const std::string& what) {
 }
 
 std::vector<int64_t> parse_shape(const json& value, const std::string& what) {
-    if (!value.is_array()) throw CaseFailure(fmt::format("{}: shape must be an array, got {}", what, value.dump()));
+    if (!value.is_array())
+        throw CaseFailure(fmt::format("{}: shape must be an array, got {}", what, value.dump()));
     std::vector<int64_t> shape;
     for (const json& extent : value) {
         if (!extent.is_number_integer() || extent.get<int64_t>() < 0)
-            throw CaseFailure(fmt::format("{}: shape {} must hold non-negative integers", what, value.dump()));
+            throw CaseFailure(
+                fmt::format("{}: shape {} must hold non-negative integers", what, value.dump()));
         shape.push_back(extent.get<int64_t>());
     }
     return shape;
 }
 
 // Byte size of a shape, refusing absurd shapes before they overflow or exhaust memory.
-uint64_t checked_byte_size(const std::vector<int64_t>& shape, size_t item_size, const std::string& what) {
+uint64_t checked_byte_size(const std::vector<int64_t>& shape, size_t item_size,
+                           const std::string& what) {
     const uint64_t limit = uint64_t(1) << 40;
     uint64_t bytes = item_size;
     for (int64_t extent : shape) {
@@ -279,21 +307,26 @@ uint64_t checked_byte_size(const std::vector<int64_t>& shape, size_t item_size, 
 
 // Reads the array a manifest entry {file, dtype, shape} describes; `what` names it in messages.
 HostArray load_array(const fs::path& dir, const json& spec, const std::string& what) {
-    if (!spec.is_object() || !spec.contains("file") || !spec["file"].is_string() || !spec.contains("dtype") ||
-        !spec.contains("shape"))
-        throw CaseFailure(fmt::format("{}: expected {{\"file\", \"dtype\", \"shape\"}}, got {}", what, spec.dump()));
+    if (!spec.is_object() || !spec.contains("file") || !spec["file"].is_string() ||
+        !spec.contains("dtype") || !spec.contains("shape"))
+        throw CaseFailure(fmt::format("{}: expected {{\"file\", \"dtype\", \"shape\"}}, got {}",
+                                      what, spec.dump()));
     HostArray array;
     array.type = parse_element_type(spec["dtype"], what);
     array.shape = parse_shape(spec["shape"], what);
-    const uint64_t expected_bytes = checked_byte_size(array.shape, element_info(array.type).size, what);
+    const uint64_t expected_bytes =
+        checked_byte_size(array.shape, element_info(array.type).size, what);
 
     const fs::path path = dir / spec["file"].get<std::string>();
     std::error_code error;
     const uintmax_t file_bytes = fs::file_size(path, error);
-    if (error) throw CaseFailure(fmt::format("{}: cannot read {}: {}", what, path.string(), error.message()));
+    if (error)
+        throw CaseFailure(
+            fmt::format("{}: cannot read {}: {}", what, path.string(), error.message()));
     if (file_bytes != expected_bytes)
-        throw CaseFailure(fmt::format("{}: {} has {} bytes, but {} {} needs {}", what, path.string(), file_bytes,
-                                      element_info(array.type).name, shape_string(array.shape), expected_bytes));
+        throw CaseFailure(fmt::format("{}: {} has {} bytes, but {} {} needs {}", what,
+                                      path.string(), file_bytes, element_info(array.type).name,
+                                      shape_string(array.shape), expected_bytes));
     array.bytes.resize(size_t(expected_bytes));
     std::ifstream file(path, std::ios::binary);
     if (!file.read(reinterpret_cast<char*>(array.bytes.data()), std::streamsize(expected_bytes)))
@@ -326,14 +359,18 @@ public:
     // allocated there from now on.
     static void activate(int ordinal) {
         const rope_jit::CudaDriverApi* api = rope_jit::cuda_driver_api();
-        if (api == nullptr) throw UsageError("CUDA backend without a driver: " + rope_jit::cuda_driver_load_error());
+        if (api == nullptr)
+            throw UsageError("CUDA backend without a driver: " +
+                             rope_jit::cuda_driver_load_error());
         const int count = rope_jit::cuda_device_count();
         if (ordinal >= count)
-            throw UsageError(fmt::format("--device: {} is not a device of this machine, which has {}", ordinal, count));
+            throw UsageError(fmt::format(
+                "--device: {} is not a device of this machine, which has {}", ordinal, count));
         rope_jit::CUdevice device = 0;
         rope_jit::check_cu(api->cuDeviceGet(&device, ordinal), "cuDeviceGet");
         rope_jit::CUcontext context = nullptr;
-        rope_jit::check_cu(api->cuDevicePrimaryCtxRetain(&context, device), "cuDevicePrimaryCtxRetain");
+        rope_jit::check_cu(api->cuDevicePrimaryCtxRetain(&context, device),
+                           "cuDevicePrimaryCtxRetain");
         rope_jit::check_cu(api->cuCtxSetCurrent(context), "cuCtxSetCurrent");
         enabled() = true;
         ordinal_() = ordinal;
@@ -353,7 +390,8 @@ public:
 class TensorStorage {
 public:
     TensorStorage() = default;
-    TensorStorage(TensorStorage&& other) noexcept : host_(std::move(other.host_)), device_(other.device_) {
+    TensorStorage(TensorStorage&& other) noexcept
+        : host_(std::move(other.host_)), device_(other.device_) {
         other.device_ = 0;
     }
     TensorStorage& operator=(TensorStorage&&) = delete;
@@ -371,7 +409,8 @@ public:
     }
 
     // A fresh buffer whose every byte is `fill`.
-    static TensorStorage allocate(ElementType type, const std::vector<int64_t>& shape, unsigned char fill) {
+    static TensorStorage allocate(ElementType type, const std::vector<int64_t>& shape,
+                                  unsigned char fill) {
         TensorStorage storage;
         storage.host_.type = type;
         storage.host_.shape = shape;
@@ -385,8 +424,9 @@ public:
     HostArray download() const {
         HostArray copy = host_;
         if (device_ != 0 && !copy.bytes.empty())
-            rope_jit::check_cu(DeviceMemory::api().cuMemcpyDtoH(copy.bytes.data(), device_, copy.bytes.size()),
-                               "cuMemcpyDtoH");
+            rope_jit::check_cu(
+                DeviceMemory::api().cuMemcpyDtoH(copy.bytes.data(), device_, copy.bytes.size()),
+                "cuMemcpyDtoH");
         return copy;
     }
 
@@ -394,7 +434,9 @@ public:
         if (device_ != 0) return reinterpret_cast<void*>(device_);
         return host_.bytes.empty() ? nullptr : host_.bytes.data();
     }
-    DLDevice device() const { return device_ != 0 ? DLDevice{kDLCUDA, DeviceMemory::ordinal()} : DLDevice{kDLCPU, 0}; }
+    DLDevice device() const {
+        return device_ != 0 ? DLDevice{kDLCUDA, DeviceMemory::ordinal()} : DLDevice{kDLCPU, 0};
+    }
     ElementType type() const { return host_.type; }
     const std::vector<int64_t>& shape() const { return host_.shape; }
 
@@ -403,7 +445,8 @@ private:
         if (!DeviceMemory::enabled() || host_.bytes.empty()) return;
         const rope_jit::CudaDriverApi& api = DeviceMemory::api();
         rope_jit::check_cu(api.cuMemAlloc(&device_, host_.bytes.size()), "cuMemAlloc");
-        rope_jit::check_cu(api.cuMemcpyHtoD(device_, host_.bytes.data(), host_.bytes.size()), "cuMemcpyHtoD");
+        rope_jit::check_cu(api.cuMemcpyHtoD(device_, host_.bytes.data(), host_.bytes.size()),
+                           "cuMemcpyHtoD");
     }
 
     HostArray host_;
@@ -448,11 +491,15 @@ std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape) {
 // stay valid until the call returns. Deques never move their elements.
 class CallTensors {
 public:
-    TensorStorage& upload(const HostArray& host) { return storages_.emplace_back(TensorStorage::upload(host)); }
-    TensorStorage& allocate(ElementType type, const std::vector<int64_t>& shape, unsigned char fill) {
+    TensorStorage& upload(const HostArray& host) {
+        return storages_.emplace_back(TensorStorage::upload(host));
+    }
+    TensorStorage& allocate(ElementType type, const std::vector<int64_t>& shape,
+                            unsigned char fill) {
         return storages_.emplace_back(TensorStorage::allocate(type, shape, fill));
     }
-    const DLTensor* view(TensorStorage& storage, std::vector<int64_t> shape, std::vector<int64_t> strides) {
+    const DLTensor* view(TensorStorage& storage, std::vector<int64_t> shape,
+                         std::vector<int64_t> strides) {
         return views_.emplace_back(storage, std::move(shape), std::move(strides)).get();
     }
     // The storage as stored: C-contiguous, its own shape.
@@ -503,8 +550,8 @@ std::string index_string(int64_t flat, const std::vector<int64_t>& shape) {
 Measurement compare_array(const HostArray& got, const HostArray& expected, Tolerance tolerance,
                           const std::string& label) {
     if (got.shape != expected.shape)
-        throw CaseFailure(fmt::format("{}: got shape {}, expected {}", label, shape_string(got.shape),
-                                      shape_string(expected.shape)));
+        throw CaseFailure(fmt::format("{}: got shape {}, expected {}", label,
+                                      shape_string(got.shape), shape_string(expected.shape)));
     Measurement m;
     int64_t worst_index = -1;
     const int64_t n = expected.numel();
@@ -527,8 +574,9 @@ Measurement compare_array(const HostArray& got, const HostArray& expected, Toler
         }
     }
     if (worst_index >= 0)
-        m.worst = fmt::format("{}{}: got {:.8g}, expected {:.8g}", label, index_string(worst_index, expected.shape),
-                              got.at(worst_index), expected.at(worst_index));
+        m.worst = fmt::format("{}{}: got {:.8g}, expected {:.8g}", label,
+                              index_string(worst_index, expected.shape), got.at(worst_index),
+                              expected.at(worst_index));
     return m;
 }
 
@@ -555,10 +603,10 @@ struct RunContext {
 };
 
 Tolerance parse_tolerance(const json& value) {
-    if (!value.is_object() || !value.contains("atol") || !value["atol"].is_number() || !value.contains("rtol") ||
-        !value["rtol"].is_number())
-        throw CaseFailure(fmt::format("tolerance: expected {{\"atol\": number, \"rtol\": number}}, got {}",
-                                      value.dump()));
+    if (!value.is_object() || !value.contains("atol") || !value["atol"].is_number() ||
+        !value.contains("rtol") || !value["rtol"].is_number())
+        throw CaseFailure(fmt::format(
+            "tolerance: expected {{\"atol\": number, \"rtol\": number}}, got {}", value.dump()));
     return Tolerance{value["atol"].get<double>(), value["rtol"].get<double>()};
 }
 
@@ -580,28 +628,34 @@ struct RopeParams {
 
 // Inputs a rope case may have (README, "op = rope"). Anything else means the format grew
 // semantics this runner does not know, so such a case fails rather than silently passing.
-const std::set<std::string> kRopeInputs = {"q",          "k",          "cos",           "sin",
-                                           "positions",  "seqlen_offsets", "cu_seqlens", "q_position_offset",
-                                           "xpos_scale", "inv_freq",   "positions_f"};
+const std::set<std::string> kRopeInputs = {"q",          "k",
+                                           "cos",        "sin",
+                                           "positions",  "seqlen_offsets",
+                                           "cu_seqlens", "q_position_offset",
+                                           "xpos_scale", "inv_freq",
+                                           "positions_f"};
 
 std::string param_string(const json& params, const char* key, const char* fallback) {
     if (!params.contains(key)) return fallback;
     if (!params[key].is_string())
-        throw CaseFailure(fmt::format("params.{}: expected a string, got {}", key, params[key].dump()));
+        throw CaseFailure(
+            fmt::format("params.{}: expected a string, got {}", key, params[key].dump()));
     return params[key].get<std::string>();
 }
 
 int64_t param_int(const json& params, const char* key, int64_t fallback) {
     if (!params.contains(key)) return fallback;
     if (!params[key].is_number_integer())
-        throw CaseFailure(fmt::format("params.{}: expected an integer, got {}", key, params[key].dump()));
+        throw CaseFailure(
+            fmt::format("params.{}: expected an integer, got {}", key, params[key].dump()));
     return params[key].get<int64_t>();
 }
 
 bool param_bool(const json& params, const char* key, bool fallback) {
     if (!params.contains(key)) return fallback;
     if (!params[key].is_boolean())
-        throw CaseFailure(fmt::format("params.{}: expected true or false, got {}", key, params[key].dump()));
+        throw CaseFailure(
+            fmt::format("params.{}: expected true or false, got {}", key, params[key].dump()));
     return params[key].get<bool>();
 }
 
@@ -609,21 +663,30 @@ RopeParams parse_rope_params(const json& params) {
     if (!params.is_object()) throw CaseFailure("params: must be an object");
     RopeParams p;
     const std::string layout = param_string(params, "layout", "bhsd");
-    if (layout == "bhsd") p.layout = Layout::BHSD;
-    else if (layout == "bshd") p.layout = Layout::BSHD;
-    else if (layout == "thd") p.layout = Layout::THD;
-    else throw CaseFailure(fmt::format("params.layout: expected bhsd, bshd or thd, got '{}'", layout));
+    if (layout == "bhsd")
+        p.layout = Layout::BHSD;
+    else if (layout == "bshd")
+        p.layout = Layout::BSHD;
+    else if (layout == "thd")
+        p.layout = Layout::THD;
+    else
+        throw CaseFailure(
+            fmt::format("params.layout: expected bhsd, bshd or thd, got '{}'", layout));
 
     const std::string style = param_string(params, "style", "half");
-    if (style == "half") p.style = ROPE_JIT_STYLE_HALF;
-    else if (style == "interleaved") p.style = ROPE_JIT_STYLE_INTERLEAVED;
-    else throw CaseFailure(fmt::format("params.style: expected half or interleaved, got '{}'", style));
+    if (style == "half")
+        p.style = ROPE_JIT_STYLE_HALF;
+    else if (style == "interleaved")
+        p.style = ROPE_JIT_STYLE_INTERLEAVED;
+    else
+        throw CaseFailure(
+            fmt::format("params.style: expected half or interleaved, got '{}'", style));
 
     const int64_t rotary_dim = param_int(params, "rotary_dim", 0);
     const int64_t rotary_offset = param_int(params, "rotary_offset", 0);
     if (rotary_dim < 0 || rotary_dim > INT32_MAX || rotary_offset < 0 || rotary_offset > INT32_MAX)
-        throw CaseFailure(fmt::format("params: rotary_dim {} / rotary_offset {} out of range", rotary_dim,
-                                      rotary_offset));
+        throw CaseFailure(fmt::format("params: rotary_dim {} / rotary_offset {} out of range",
+                                      rotary_dim, rotary_offset));
     p.rotary_dim = int32_t(rotary_dim);
     p.rotary_offset = int32_t(rotary_offset);
     p.backward = param_bool(params, "backward", false);
@@ -637,7 +700,8 @@ RopeParams parse_rope_params(const json& params) {
 void check_rope_inputs(const ArrayMap& inputs, const RopeParams& params, const json& raw_params) {
     for (const auto& entry : inputs)
         if (kRopeInputs.count(entry.first) == 0)
-            throw CaseFailure(fmt::format("input '{}' is not part of the rope format", entry.first));
+            throw CaseFailure(
+                fmt::format("input '{}' is not part of the rope format", entry.first));
     if (inputs.count("q") == 0) throw CaseFailure("input 'q' is missing");
     const HostArray& q = inputs.at("q");
     const size_t rank = params.layout == Layout::THD ? 3 : 4;
@@ -645,14 +709,14 @@ void check_rope_inputs(const ArrayMap& inputs, const RopeParams& params, const j
         auto it = inputs.find(name);
         if (it == inputs.end()) continue;
         if (it->second.shape.size() != rank)
-            throw CaseFailure(fmt::format("input '{}': layout needs {} dimensions, got {}", name, rank,
-                                          shape_string(it->second.shape)));
+            throw CaseFailure(fmt::format("input '{}': layout needs {} dimensions, got {}", name,
+                                          rank, shape_string(it->second.shape)));
         if (!it->second.is_float() || it->second.type != q.type)
             throw CaseFailure(fmt::format("input '{}': dtype must be q's float dtype", name));
     }
     if (raw_params.contains("dtype") && raw_params["dtype"] != element_info(q.type).name)
-        throw CaseFailure(fmt::format("params.dtype {} differs from q's {}", raw_params["dtype"].dump(),
-                                      element_info(q.type).name));
+        throw CaseFailure(fmt::format("params.dtype {} differs from q's {}",
+                                      raw_params["dtype"].dump(), element_info(q.type).name));
     for (const char* name : {"positions", "seqlen_offsets", "cu_seqlens", "q_position_offset"}) {
         auto it = inputs.find(name);
         if (it != inputs.end() && !it->second.is_index())
@@ -684,8 +748,9 @@ void require_inv_freq_usable(const ArrayMap& inputs) {
     const HostArray& positions = it->second;
     for (int64_t r = 0; r < positions.numel(); ++r)
         if (positions.at(r) != double(r))
-            throw CaseUnsupported(fmt::format("float positions (positions_f[{}] = {:g}, not table row {})", r,
-                                              positions.at(r), r));
+            throw CaseUnsupported(
+                fmt::format("float positions (positions_f[{}] = {:g}, not table row {})", r,
+                            positions.at(r), r));
 }
 
 // q or k as the C API wants it: [B, H, S, D] in that logical order, or packed [T, H, D].
@@ -762,8 +827,8 @@ ArrayMap execute_rope(const ArrayMap& inputs, const RopeParams& params, Placemen
 
     const rope_jit_status status = rope_jit_rope(context.runtime, &args);
     if (status != ROPE_JIT_OK)
-        throw CaseFailure(fmt::format("{}: {}: {}", placement_name(placement), rope_jit_status_name(status),
-                                      rope_jit_last_error()));
+        throw CaseFailure(fmt::format("{}: {}: {}", placement_name(placement),
+                                      rope_jit_status_name(status), rope_jit_last_error()));
 
     ArrayMap outputs;
     for (const auto& [name, storage] : results) outputs.emplace(name, storage->download());
@@ -775,8 +840,10 @@ Measurement compare_outputs(const ArrayMap& got, const ArrayMap& expected, Toler
     Measurement worst;
     for (const auto& [name, array] : expected) {
         auto it = got.find(name);
-        if (it == got.end()) throw CaseFailure(fmt::format("output '{}': the rope op produces only q and k", name));
-        worst.merge(compare_array(it->second, array, tolerance, fmt::format("{} ({})", name, placement_name(placement))));
+        if (it == got.end())
+            throw CaseFailure(fmt::format("output '{}': the rope op produces only q and k", name));
+        worst.merge(compare_array(it->second, array, tolerance,
+                                  fmt::format("{} ({})", name, placement_name(placement))));
     }
     return worst;
 }
@@ -793,7 +860,8 @@ Measurement run_rope_case(const GoldenCase& golden, const RunContext& context) {
 
     Measurement worst;
     for (Placement placement : {Placement::OutOfPlace, Placement::InPlace})
-        worst.merge(compare_outputs(execute_rope(inputs, params, placement, context), expected, tolerance, placement));
+        worst.merge(compare_outputs(execute_rope(inputs, params, placement, context), expected,
+                                    tolerance, placement));
     return worst;
 }
 
@@ -803,8 +871,14 @@ Measurement run_rope_case(const GoldenCase& golden, const RunContext& context) {
 // the tables and leaves the angles and indices aside.
 // ============================================================================================
 
-const std::set<std::string> kAttentionInputs = {"q",        "k",         "v",          "cos",
-                                                "sin",      "pos_mask",  "attn_mask",  "rotary_pos_emb",
+const std::set<std::string> kAttentionInputs = {"q",
+                                                "k",
+                                                "v",
+                                                "cos",
+                                                "sin",
+                                                "pos_mask",
+                                                "attn_mask",
+                                                "rotary_pos_emb",
                                                 "rotary_pos_emb_indices"};
 const std::set<std::string> kAttentionParams = {"layout", "style", "head_dim", "rotary_dim",
                                                 "causal", "scale", "dtype",    "note"};
@@ -814,20 +888,25 @@ Measurement run_attention_case(const GoldenCase& golden, const RunContext& conte
     if (!params.is_object()) throw CaseFailure("params: must be an object");
     for (const auto& entry : params.items())
         if (kAttentionParams.count(entry.key()) == 0)
-            throw CaseFailure(fmt::format("params.{} is not part of the attention format", entry.key()));
+            throw CaseFailure(
+                fmt::format("params.{} is not part of the attention format", entry.key()));
     const std::string layout_name = param_string(params, "layout", "bhsd");
     if (layout_name != "bhsd" && layout_name != "bshd")
-        throw CaseFailure(fmt::format("params.layout: expected bhsd or bshd, got '{}'", layout_name));
+        throw CaseFailure(
+            fmt::format("params.layout: expected bhsd or bshd, got '{}'", layout_name));
     const Layout layout = layout_name == "bshd" ? Layout::BSHD : Layout::BHSD;
     const std::string style = param_string(params, "style", "interleaved");
     if (style != "half" && style != "interleaved")
-        throw CaseFailure(fmt::format("params.style: expected half or interleaved, got '{}'", style));
+        throw CaseFailure(
+            fmt::format("params.style: expected half or interleaved, got '{}'", style));
     const int64_t rotary_dim = param_int(params, "rotary_dim", 0);
-    if (rotary_dim < 0 || rotary_dim > INT32_MAX) throw CaseFailure("params.rotary_dim: out of range");
+    if (rotary_dim < 0 || rotary_dim > INT32_MAX)
+        throw CaseFailure("params.rotary_dim: out of range");
     double scale = 0;
     if (params.contains("scale") && !params["scale"].is_null()) {
         if (!params["scale"].is_number())
-            throw CaseFailure(fmt::format("params.scale: expected a number, got {}", params["scale"].dump()));
+            throw CaseFailure(
+                fmt::format("params.scale: expected a number, got {}", params["scale"].dump()));
         scale = params["scale"].get<double>();
     }
 
@@ -836,18 +915,23 @@ Measurement run_attention_case(const GoldenCase& golden, const RunContext& conte
     const ArrayMap expected = load_arrays(context.dir, golden.outputs, "output");
     for (const auto& entry : inputs)
         if (kAttentionInputs.count(entry.first) == 0)
-            throw CaseFailure(fmt::format("input '{}' is not part of the attention format", entry.first));
+            throw CaseFailure(
+                fmt::format("input '{}' is not part of the attention format", entry.first));
     for (const auto& entry : expected)
         if (entry.first != "out" && entry.first != "lse")
-            throw CaseFailure(fmt::format("output '{}' is not part of the attention format", entry.first));
+            throw CaseFailure(
+                fmt::format("output '{}' is not part of the attention format", entry.first));
     if (expected.count("out") == 0) throw CaseFailure("output 'out' is missing");
     for (const char* name : {"q", "k", "v"}) {
         auto it = inputs.find(name);
         if (it == inputs.end()) throw CaseFailure(fmt::format("input '{}' is missing", name));
-        if (it->second.shape.size() != 4 || !it->second.is_float() || it->second.type != inputs.at("q").type)
-            throw CaseFailure(fmt::format("input '{}': expected 4 dimensions of q's float dtype", name));
+        if (it->second.shape.size() != 4 || !it->second.is_float() ||
+            it->second.type != inputs.at("q").type)
+            throw CaseFailure(
+                fmt::format("input '{}': expected 4 dimensions of q's float dtype", name));
     }
-    if (inputs.count("cos") != inputs.count("sin")) throw CaseFailure("inputs: cos and sin go together");
+    if (inputs.count("cos") != inputs.count("sin"))
+        throw CaseFailure("inputs: cos and sin go together");
     if (params.contains("dtype") && params["dtype"] != element_info(inputs.at("q").type).name)
         throw CaseFailure(fmt::format("params.dtype {} differs from q's {}", params["dtype"].dump(),
                                       element_info(inputs.at("q").type).name));
@@ -862,8 +946,9 @@ Measurement run_attention_case(const GoldenCase& golden, const RunContext& conte
     // 0xff bytes are NaN: an element the library fails to write cannot pass by accident.
     TensorStorage& out = tensors.allocate(q.type, q.shape, 0xff);
     args.out = head_view(tensors, out, layout);
-    const std::vector<int64_t> lse_shape = layout == Layout::BSHD ? std::vector<int64_t>{q.shape[0], q.shape[2], q.shape[1]}
-                                                                  : std::vector<int64_t>{q.shape[0], q.shape[1], q.shape[2]};
+    const std::vector<int64_t> lse_shape =
+        layout == Layout::BSHD ? std::vector<int64_t>{q.shape[0], q.shape[2], q.shape[1]}
+                               : std::vector<int64_t>{q.shape[0], q.shape[1], q.shape[2]};
     TensorStorage& lse = tensors.allocate(ElementType::F32, lse_shape, 0xff);
     args.lse = tensors.plain_view(lse);
     auto plain = [&](const char* name) -> const DLTensor* {
@@ -881,7 +966,8 @@ Measurement run_attention_case(const GoldenCase& golden, const RunContext& conte
 
     const rope_jit_status status = rope_jit_attention(context.runtime, &args);
     if (status != ROPE_JIT_OK)
-        throw CaseFailure(fmt::format("rope_jit_attention: {}: {}", rope_jit_status_name(status), rope_jit_last_error()));
+        throw CaseFailure(fmt::format("rope_jit_attention: {}: {}", rope_jit_status_name(status),
+                                      rope_jit_last_error()));
     Measurement worst = compare_array(out.download(), expected.at("out"), tolerance, "out");
     if (auto it = expected.find("lse"); it != expected.end())
         worst.merge(compare_array(lse.download(), it->second, tolerance, "lse"));
@@ -895,25 +981,45 @@ Measurement run_attention_case(const GoldenCase& golden, const RunContext& conte
 
 // Every params key the op knows. Another key means the format grew semantics this runner
 // does not know, so such a case fails rather than silently passing.
-const std::set<std::string> kInvFreqParams = {
-    "rope_type", "head_dim", "partial_rotary_factor", "dim", "rope_theta", "theta",
-    "max_position_embeddings", "original_max_position_embeddings", "factor", "seq_len",
-    "attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate",
-    "low_freq_factor", "high_freq_factor", "short_factor", "long_factor",
-    "theta_rescale_factor", "max_freq", "num_freqs", "note"};
+const std::set<std::string> kInvFreqParams = {"rope_type",
+                                              "head_dim",
+                                              "partial_rotary_factor",
+                                              "dim",
+                                              "rope_theta",
+                                              "theta",
+                                              "max_position_embeddings",
+                                              "original_max_position_embeddings",
+                                              "factor",
+                                              "seq_len",
+                                              "attention_factor",
+                                              "beta_fast",
+                                              "beta_slow",
+                                              "mscale",
+                                              "mscale_all_dim",
+                                              "truncate",
+                                              "low_freq_factor",
+                                              "high_freq_factor",
+                                              "short_factor",
+                                              "long_factor",
+                                              "theta_rescale_factor",
+                                              "max_freq",
+                                              "num_freqs",
+                                              "note"};
 
 // A number parameter; absent or null gives the fallback (the library's "unset").
 double param_number(const json& params, const char* key, double fallback) {
     if (!params.contains(key) || params[key].is_null()) return fallback;
     if (!params[key].is_number())
-        throw CaseFailure(fmt::format("params.{}: expected a number, got {}", key, params[key].dump()));
+        throw CaseFailure(
+            fmt::format("params.{}: expected a number, got {}", key, params[key].dump()));
     return params[key].get<double>();
 }
 
 int64_t param_whole_number(const json& params, const char* key, int64_t fallback) {
     const double value = param_number(params, key, double(fallback));
     if (value != std::floor(value) || std::fabs(value) > 9.0e15)
-        throw CaseFailure(fmt::format("params.{}: expected a whole number, got {}", key, params[key].dump()));
+        throw CaseFailure(
+            fmt::format("params.{}: expected a whole number, got {}", key, params[key].dump()));
     return int64_t(value);
 }
 
@@ -921,10 +1027,12 @@ std::vector<float> param_float_list(const json& params, const char* key) {
     std::vector<float> values;
     if (!params.contains(key) || params[key].is_null()) return values;
     if (!params[key].is_array())
-        throw CaseFailure(fmt::format("params.{}: expected a list of numbers, got {}", key, params[key].dump()));
+        throw CaseFailure(
+            fmt::format("params.{}: expected a list of numbers, got {}", key, params[key].dump()));
     for (const json& value : params[key]) {
         if (!value.is_number())
-            throw CaseFailure(fmt::format("params.{}: expected a list of numbers, got {}", key, params[key].dump()));
+            throw CaseFailure(fmt::format("params.{}: expected a list of numbers, got {}", key,
+                                          params[key].dump()));
         values.push_back(value.get<float>());
     }
     return values;
@@ -932,10 +1040,10 @@ std::vector<float> param_float_list(const json& params, const char* key) {
 
 rope_jit_rope_type parse_rope_type(const std::string& name) {
     static const std::map<std::string, rope_jit_rope_type> types = {
-        {"default", ROPE_JIT_ROPE_TYPE_DEFAULT}, {"linear", ROPE_JIT_ROPE_TYPE_LINEAR},
-        {"dynamic", ROPE_JIT_ROPE_TYPE_DYNAMIC}, {"yarn", ROPE_JIT_ROPE_TYPE_YARN},
-        {"llama3", ROPE_JIT_ROPE_TYPE_LLAMA3},   {"longrope", ROPE_JIT_ROPE_TYPE_LONGROPE},
-        {"lang", ROPE_JIT_ROPE_TYPE_LANG},       {"pixel", ROPE_JIT_ROPE_TYPE_PIXEL},
+        {"default", ROPE_JIT_ROPE_TYPE_DEFAULT},  {"linear", ROPE_JIT_ROPE_TYPE_LINEAR},
+        {"dynamic", ROPE_JIT_ROPE_TYPE_DYNAMIC},  {"yarn", ROPE_JIT_ROPE_TYPE_YARN},
+        {"llama3", ROPE_JIT_ROPE_TYPE_LLAMA3},    {"longrope", ROPE_JIT_ROPE_TYPE_LONGROPE},
+        {"lang", ROPE_JIT_ROPE_TYPE_LANG},        {"pixel", ROPE_JIT_ROPE_TYPE_PIXEL},
         {"constant", ROPE_JIT_ROPE_TYPE_CONSTANT}};
     auto it = types.find(name);
     if (it == types.end()) throw CaseUnsupported(fmt::format("rope_type '{}'", name));
@@ -947,13 +1055,15 @@ Measurement run_inv_freq_case(const GoldenCase& golden, const RunContext& contex
     if (!params.is_object()) throw CaseFailure("params: must be an object");
     for (const auto& entry : params.items())
         if (kInvFreqParams.count(entry.key()) == 0)
-            throw CaseFailure(fmt::format("params.{} is not part of the inv_freq format", entry.key()));
+            throw CaseFailure(
+                fmt::format("params.{} is not part of the inv_freq format", entry.key()));
     const Tolerance tolerance = parse_tolerance(golden.tolerance);
     const ArrayMap expected = load_arrays(context.dir, golden.outputs, "output");
     if (expected.count("inv_freq") == 0) throw CaseFailure("output 'inv_freq' is missing");
     for (const auto& entry : expected)
         if (entry.first != "inv_freq" && entry.first != "attention_factor")
-            throw CaseFailure(fmt::format("output '{}' is not part of the inv_freq format", entry.first));
+            throw CaseFailure(
+                fmt::format("output '{}' is not part of the inv_freq format", entry.first));
     const int64_t n = expected.at("inv_freq").numel();
 
     rope_jit_freq_config config;
@@ -966,7 +1076,8 @@ Measurement run_inv_freq_case(const GoldenCase& golden, const RunContext& contex
     config.theta = param_number(params, "rope_theta", param_number(params, "theta", config.theta));
     config.factor = param_number(params, "factor", 0);
     config.max_position_embeddings = param_whole_number(params, "max_position_embeddings", 0);
-    config.original_max_position_embeddings = param_whole_number(params, "original_max_position_embeddings", 0);
+    config.original_max_position_embeddings =
+        param_whole_number(params, "original_max_position_embeddings", 0);
     config.seq_len = param_whole_number(params, "seq_len", 0);
     config.attention_factor = param_number(params, "attention_factor", 0);
     config.beta_fast = param_number(params, "beta_fast", 0);  // 0: the default, as HF's `or 32`
@@ -976,14 +1087,16 @@ Measurement run_inv_freq_case(const GoldenCase& golden, const RunContext& contex
     config.truncate = param_bool(params, "truncate", true) ? 1 : 0;
     config.low_freq_factor = param_number(params, "low_freq_factor", config.low_freq_factor);
     config.high_freq_factor = param_number(params, "high_freq_factor", config.high_freq_factor);
-    config.theta_rescale_factor = param_number(params, "theta_rescale_factor", config.theta_rescale_factor);
+    config.theta_rescale_factor =
+        param_number(params, "theta_rescale_factor", config.theta_rescale_factor);
     config.max_freq = param_number(params, "max_freq", config.max_freq);
     config.num_freqs = int32_t(param_whole_number(params, "num_freqs", config.num_freqs));
     const std::vector<float> short_factor = param_float_list(params, "short_factor");
     const std::vector<float> long_factor = param_float_list(params, "long_factor");
     for (const auto* list : {&short_factor, &long_factor})
         if (!list->empty() && int64_t(list->size()) != n)
-            throw CaseFailure(fmt::format("params: short_factor/long_factor need {} entries, got {}", n, list->size()));
+            throw CaseFailure(fmt::format(
+                "params: short_factor/long_factor need {} entries, got {}", n, list->size()));
     config.short_factor = short_factor.empty() ? nullptr : short_factor.data();
     config.long_factor = long_factor.empty() ? nullptr : long_factor.data();
 
@@ -993,13 +1106,15 @@ Measurement run_inv_freq_case(const GoldenCase& golden, const RunContext& contex
         rope_jit_inv_freq(&config, reinterpret_cast<float*>(inv_freq.bytes.data()), size_t(n),
                           reinterpret_cast<float*>(attention_factor.bytes.data()));
     if (status != ROPE_JIT_OK)
-        throw CaseFailure(fmt::format("rope_jit_inv_freq: {}: {}", rope_jit_status_name(status), rope_jit_last_error()));
+        throw CaseFailure(fmt::format("rope_jit_inv_freq: {}: {}", rope_jit_status_name(status),
+                                      rope_jit_last_error()));
 
     Measurement worst = compare_array(inv_freq, expected.at("inv_freq"), tolerance, "inv_freq");
     auto it = expected.find("attention_factor");
     if (it != expected.end()) {
         if (it->second.shape != std::vector<int64_t>{1})
-            throw CaseFailure(fmt::format("output 'attention_factor': expected [1], got {}", shape_string(it->second.shape)));
+            throw CaseFailure(fmt::format("output 'attention_factor': expected [1], got {}",
+                                          shape_string(it->second.shape)));
         worst.merge(compare_array(attention_factor, it->second, tolerance, "attention_factor"));
     }
     return worst;
@@ -1043,7 +1158,8 @@ CaseResult run_case(const GoldenCase& golden, const RunContext& context) {
     try {
         if (!golden.malformed.empty()) throw CaseFailure(golden.malformed);
         auto runner = op_runners.find(golden.op);
-        if (runner == op_runners.end()) throw CaseUnsupported(fmt::format("unknown op '{}'", golden.op));
+        if (runner == op_runners.end())
+            throw CaseUnsupported(fmt::format("unknown op '{}'", golden.op));
         result.measurement = runner->second(golden, context);
         const bool passed = result.measurement->passed();
         result.verdict = passed ? Verdict::Pass : Verdict::Fail;
@@ -1066,15 +1182,18 @@ CaseResult run_case(const GoldenCase& golden, const RunContext& context) {
 json read_manifest(const fs::path& dir) {
     const fs::path path = dir / "manifest.json";
     std::ifstream file(path);
-    if (!file) throw UsageError(fmt::format("cannot read {}: {}", path.string(), std::strerror(errno)));
+    if (!file)
+        throw UsageError(fmt::format("cannot read {}: {}", path.string(), std::strerror(errno)));
     json manifest;
     try {
         manifest = json::parse(file);
     } catch (const json::exception& e) {
         throw UsageError(fmt::format("{}: not valid JSON: {}", path.string(), e.what()));
     }
-    if (!manifest.is_object() || !manifest.contains("format") || manifest["format"] != "rope-jit-golden/1")
-        throw UsageError(fmt::format("{}: expected \"format\": \"rope-jit-golden/1\"", path.string()));
+    if (!manifest.is_object() || !manifest.contains("format") ||
+        manifest["format"] != "rope-jit-golden/1")
+        throw UsageError(
+            fmt::format("{}: expected \"format\": \"rope-jit-golden/1\"", path.string()));
     if (!manifest.contains("cases") || !manifest["cases"].is_array())
         throw UsageError(fmt::format("{}: expected a \"cases\" array", path.string()));
     return manifest;
@@ -1102,41 +1221,53 @@ GoldenCase parse_case(const json& entry, size_t index) {
 
 // An entry without an op passes any --ops filter: what it is meant to be is unknown.
 bool selected(const GoldenCase& golden, const Options& options) {
-    if (!options.ops.empty() && !golden.op.empty() && options.ops.count(golden.op) == 0) return false;
+    if (!options.ops.empty() && !golden.op.empty() && options.ops.count(golden.op) == 0)
+        return false;
     return golden.name.find(options.case_filter) != std::string::npos;
 }
 
-std::string format_number(double value) { return fmt::format("{:.3e}", value); }
+std::string format_number(double value) {
+    return fmt::format("{:.3e}", value);
+}
 
 void print_text_line(const CaseResult& result) {
-    const std::string error = result.measurement ? format_number(result.measurement->max_abs_error) : "-";
-    fmt::print("{:<50} max_abs_error {:<10} {}{}\n", result.name, error, verdict_name(result.verdict),
-               result.message.empty() ? "" : ": " + result.message);
+    const std::string error =
+        result.measurement ? format_number(result.measurement->max_abs_error) : "-";
+    fmt::print("{:<50} max_abs_error {:<10} {}{}\n", result.name, error,
+               verdict_name(result.verdict), result.message.empty() ? "" : ": " + result.message);
 }
 
 // NaN and infinity are not JSON numbers: they become null.
-json json_number(double value) { return std::isfinite(value) ? json(value) : json(nullptr); }
+json json_number(double value) {
+    return std::isfinite(value) ? json(value) : json(nullptr);
+}
 
 // The runtime's counters: what a run compiled, read from the disk cache and launched.
 json kernel_counters(rope_jit_runtime* runtime) {
     rope_jit_stats stats;
     rope_jit_stats_init(&stats);
     if (rope_jit_get_stats(runtime, &stats) != ROPE_JIT_OK) return nullptr;
-    return {{"compiles", stats.compiles},       {"compile_ms", stats.compile_ms}, {"disk_hits", stats.disk_hits},
-            {"disk_writes", stats.disk_writes}, {"memory_hits", stats.memory_hits}, {"launches", stats.launches}};
+    return {{"compiles", stats.compiles},       {"compile_ms", stats.compile_ms},
+            {"disk_hits", stats.disk_hits},     {"disk_writes", stats.disk_writes},
+            {"memory_hits", stats.memory_hits}, {"launches", stats.launches}};
 }
 
-void print_json(const std::vector<CaseResult>& results, int passed, int failed, const json& kernels) {
+void print_json(const std::vector<CaseResult>& results, int passed, int failed,
+                const json& kernels) {
     json cases = json::array();
     for (const CaseResult& r : results)
         cases.push_back({{"name", r.name},
                          {"op", r.op},
                          {"status", verdict_name(r.verdict)},
-                         {"max_abs_error", r.measurement ? json_number(r.measurement->max_abs_error) : json(nullptr)},
-                         {"worst_ratio", r.measurement ? json_number(r.measurement->worst_ratio) : json(nullptr)},
+                         {"max_abs_error", r.measurement ? json_number(r.measurement->max_abs_error)
+                                                         : json(nullptr)},
+                         {"worst_ratio",
+                          r.measurement ? json_number(r.measurement->worst_ratio) : json(nullptr)},
                          {"message", r.message}});
-    const json report = {{"cases", cases}, {"passed", passed}, {"failed", failed}, {"kernels", kernels}};
-    fmt::print("{}\n", report.dump(2, ' ', false, json::error_handler_t::replace));  // names need not be UTF-8
+    const json report = {
+        {"cases", cases}, {"passed", passed}, {"failed", failed}, {"kernels", kernels}};
+    fmt::print("{}\n", report.dump(2, ' ', false,
+                                   json::error_handler_t::replace));  // names need not be UTF-8
 }
 
 using RuntimeHandle = std::unique_ptr<rope_jit_runtime, decltype(&rope_jit_runtime_free)>;
@@ -1149,8 +1280,8 @@ RuntimeHandle create_runtime(rope_jit_backend_kind backend) {
     rope_jit_runtime* runtime = nullptr;
     const rope_jit_status status = rope_jit_runtime_create(&config, &runtime);
     if (status != ROPE_JIT_OK)
-        fmt::print(stderr, "rope-jit-golden: cannot create the runtime: {}: {}\n", rope_jit_status_name(status),
-                   rope_jit_last_error());
+        fmt::print(stderr, "rope-jit-golden: cannot create the runtime: {}: {}\n",
+                   rope_jit_status_name(status), rope_jit_last_error());
     return RuntimeHandle(status == ROPE_JIT_OK ? runtime : nullptr, rope_jit_runtime_free);
 }
 
@@ -1182,10 +1313,12 @@ int run(const Options& options) {
     } else {
         fmt::print("{} passed, {} failed\n", passed, failed);
         if (!kernels.is_null())
-            fmt::print("kernels: {} compiled ({:.0f} ms), {} read from the disk cache, {} written to it, {} launches\n",
-                       kernels["compiles"].get<uint64_t>(), kernels["compile_ms"].get<double>(),
-                       kernels["disk_hits"].get<uint64_t>(), kernels["disk_writes"].get<uint64_t>(),
-                       kernels["launches"].get<uint64_t>());
+            fmt::print(
+                "kernels: {} compiled ({:.0f} ms), {} read from the disk cache, {} written to it, "
+                "{} launches\n",
+                kernels["compiles"].get<uint64_t>(), kernels["compile_ms"].get<double>(),
+                kernels["disk_hits"].get<uint64_t>(), kernels["disk_writes"].get<uint64_t>(),
+                kernels["launches"].get<uint64_t>());
     }
     return failed == 0 ? 0 : 1;
 }

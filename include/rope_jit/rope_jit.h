@@ -86,15 +86,15 @@ ROPE_JIT_API const char* rope_jit_version_string(void);
  * One table generates the enum, the names and the messages. Values never change meaning.
  * ======================================================================================== */
 
-#define ROPE_JIT_STATUS_MAP(X)                                                                 \
-    X(OK, 0, "success")                                                                        \
-    X(ERROR_INVALID_ARGUMENT, 1, "invalid argument")                                           \
-    X(ERROR_UNSUPPORTED, 2, "valid but unsupported combination of arguments")                  \
-    X(ERROR_BACKEND_UNAVAILABLE, 3, "the requested backend is not available on this machine")  \
-    X(ERROR_OUT_OF_MEMORY, 4, "out of host or device memory")                                  \
-    X(ERROR_COMPILE, 5, "kernel compilation failed")                                           \
-    X(ERROR_CUDA, 6, "a CUDA driver call failed")                                              \
-    X(ERROR_CACHE, 7, "the kernel cache could not be used")                                    \
+#define ROPE_JIT_STATUS_MAP(X)                                                                \
+    X(OK, 0, "success")                                                                       \
+    X(ERROR_INVALID_ARGUMENT, 1, "invalid argument")                                          \
+    X(ERROR_UNSUPPORTED, 2, "valid but unsupported combination of arguments")                 \
+    X(ERROR_BACKEND_UNAVAILABLE, 3, "the requested backend is not available on this machine") \
+    X(ERROR_OUT_OF_MEMORY, 4, "out of host or device memory")                                 \
+    X(ERROR_COMPILE, 5, "kernel compilation failed")                                          \
+    X(ERROR_CUDA, 6, "a CUDA driver call failed")                                             \
+    X(ERROR_CACHE, 7, "the kernel cache could not be used")                                   \
     X(ERROR_INTERNAL, 8, "internal error (a bug in rope-jit)")
 
 typedef enum rope_jit_status {
@@ -137,8 +137,8 @@ typedef enum rope_jit_backend_kind {
 
 /* Which two features of a head form a rotated pair (see "RoPE in brief" above). */
 typedef enum rope_jit_style {
-    ROPE_JIT_STYLE_HALF = 0,        /* (x[o+i], x[o+i+R/2]): GPT-NeoX, Llama, HF, Unsloth */
-    ROPE_JIT_STYLE_INTERLEAVED = 1  /* (x[o+2i], x[o+2i+1]): GPT-J, rotary-embedding-torch */
+    ROPE_JIT_STYLE_HALF = 0,       /* (x[o+i], x[o+i+R/2]): GPT-NeoX, Llama, HF, Unsloth */
+    ROPE_JIT_STYLE_INTERLEAVED = 1 /* (x[o+2i], x[o+2i+1]): GPT-J, rotary-embedding-torch */
 } rope_jit_style;
 
 /* ========================================================================================
@@ -359,16 +359,16 @@ ROPE_JIT_API void rope_jit_rope_args_init(rope_jit_rope_args* args);
 
 /* Where token positions come from (see "RoPE arguments"). */
 typedef enum rope_jit_position_mode {
-    ROPE_JIT_POSITIONS_IMPLICIT = 0,       /* s + position_offset */
-    ROPE_JIT_POSITIONS_INDICES = 1,        /* a positions tensor (HAS_ROPE_INDICES) */
-    ROPE_JIT_POSITIONS_SEQLEN_OFFSETS = 2  /* s + seqlen_offsets[b] */
+    ROPE_JIT_POSITIONS_IMPLICIT = 0,      /* s + position_offset */
+    ROPE_JIT_POSITIONS_INDICES = 1,       /* a positions tensor (HAS_ROPE_INDICES) */
+    ROPE_JIT_POSITIONS_SEQLEN_OFFSETS = 2 /* s + seqlen_offsets[b] */
 } rope_jit_position_mode;
 
 /* Where the angles come from. */
 typedef enum rope_jit_angle_source {
-    ROPE_JIT_ANGLES_TABLE_HALF = 0,  /* cos/sin [P, R/2] */
-    ROPE_JIT_ANGLES_TABLE_FULL = 1,  /* cos/sin [P, R] */
-    ROPE_JIT_ANGLES_INV_FREQ = 2     /* computed from inv_freq [R/2] */
+    ROPE_JIT_ANGLES_TABLE_HALF = 0, /* cos/sin [P, R/2] */
+    ROPE_JIT_ANGLES_TABLE_FULL = 1, /* cos/sin [P, R] */
+    ROPE_JIT_ANGLES_INV_FREQ = 2    /* computed from inv_freq [R/2] */
 } rope_jit_angle_source;
 
 typedef struct rope_jit_kernel_spec {
@@ -413,14 +413,14 @@ ROPE_JIT_API void rope_jit_kernel_spec_init(rope_jit_kernel_spec* spec);
 typedef struct rope_jit_stats {
     /* sizeof(rope_jit_stats) as the caller compiled it. Set by rope_jit_stats_init. */
     size_t struct_size;
-    uint64_t memory_hits;  /* launches whose kernel was already loaded */
-    uint64_t disk_hits;    /* kernels read from the disk cache instead of compiled */
-    uint64_t compiles;     /* kernels compiled with NVRTC (one built in the background counts
+    uint64_t memory_hits; /* launches whose kernel was already loaded */
+    uint64_t disk_hits;   /* kernels read from the disk cache instead of compiled */
+    uint64_t compiles;    /* kernels compiled with NVRTC (one built in the background counts
                             * when a call takes it, so that compiles + disk_hits counts the
                             * kernels the calls loaded) */
-    double compile_ms;     /* total wall time of those compiles, milliseconds */
-    uint64_t disk_writes;  /* cache entries written */
-    uint64_t launches;     /* kernels launched */
+    double compile_ms;    /* total wall time of those compiles, milliseconds */
+    uint64_t disk_writes; /* cache entries written */
+    uint64_t launches;    /* kernels launched */
     /* ---- Background builds (rope_jit_config.background_builds); later fields after them. */
     uint64_t background_builds;   /* kernels built in the background; each counts in compiles
                                    * (or disk_hits) once a call takes it */
@@ -473,8 +473,9 @@ ROPE_JIT_API rope_jit_status rope_jit_rope(rope_jit_runtime* runtime,
  * memory with one warning; rope_jit_stats tells (disk_writes does not grow with compiles),
  * which is how rope-jit-cache prewarm decides to exit 1. RoPE kernels only:
  * rope_jit_prewarm_json takes every op's specs. */
-ROPE_JIT_API rope_jit_status rope_jit_prewarm(rope_jit_runtime* runtime, const rope_jit_kernel_spec* specs,
-                                              size_t n, const char* target);
+ROPE_JIT_API rope_jit_status rope_jit_prewarm(rope_jit_runtime* runtime,
+                                              const rope_jit_kernel_spec* specs, size_t n,
+                                              const char* target);
 
 /* Prewarms kernels of every op from specs written as JSON, in the vocabulary the cache
  * stores and `rope-jit-cache list --json` prints (so a listed spec can be passed back
@@ -526,7 +527,8 @@ ROPE_JIT_API rope_jit_status rope_jit_prewarm_plan(const char* specs_json, const
                                                    rope_jit_spec_visitor visitor, void* user_data);
 
 /* Copies the runtime's counters into *stats (up to stats->struct_size bytes). */
-ROPE_JIT_API rope_jit_status rope_jit_get_stats(const rope_jit_runtime* runtime, rope_jit_stats* stats);
+ROPE_JIT_API rope_jit_status rope_jit_get_stats(const rope_jit_runtime* runtime,
+                                                rope_jit_stats* stats);
 
 /* ========================================================================================
  * Attention with rotary embeddings fused in (the flash_attn_with_rotary contract)
@@ -637,7 +639,8 @@ ROPE_JIT_API void rope_jit_attention_args_init(rope_jit_attention_args* args);
  * is done when the call returns; on the CUDA backend it is enqueued on args->stream. Fails
  * with ERROR_INVALID_ARGUMENT (naming the argument) and writes nothing on any bad input;
  * ERROR_UNSUPPORTED for a head_dim above 512 on the CUDA backend. Thread-safe. */
-ROPE_JIT_API rope_jit_status rope_jit_attention(rope_jit_runtime* runtime, const rope_jit_attention_args* args);
+ROPE_JIT_API rope_jit_status rope_jit_attention(rope_jit_runtime* runtime,
+                                                const rope_jit_attention_args* args);
 
 /* Attention backward: from q, k, v, out, lse (the forward's results, same arguments) and
  * dout, writes dq, dk and dv (gradients of the loss through the rotation: dq and dk are with
@@ -767,8 +770,8 @@ ROPE_JIT_API void rope_jit_freq_config_init(rope_jit_freq_config* config);
  * multiplies cos and sin by) into *attention_factor. n must be rotary_dim / 2 (num_freqs for
  * CONSTANT). Fails with ERROR_INVALID_ARGUMENT, naming the field, on a bad config or size;
  * the outputs are then untouched. Thread-safe. */
-ROPE_JIT_API rope_jit_status rope_jit_inv_freq(const rope_jit_freq_config* config, float* inv_freq, size_t n,
-                                               float* attention_factor);
+ROPE_JIT_API rope_jit_status rope_jit_inv_freq(const rope_jit_freq_config* config, float* inv_freq,
+                                               size_t n, float* attention_factor);
 
 /* How rope_jit_rope_tables lays out positions and values. Row r of every table holds, for
  * each pair i (n = num_freqs pairs):
@@ -837,8 +840,9 @@ ROPE_JIT_API void rope_jit_table_config_init(rope_jit_table_config* config);
  * float64 and rounded to float32 (then to float16/bfloat16 for those tables, as a float32
  * table converted with PyTorch's .to() would be). Fails with ERROR_INVALID_ARGUMENT
  * (naming the argument) on bad input, writing nothing. Thread-safe. */
-ROPE_JIT_API rope_jit_status rope_jit_rope_tables(const rope_jit_table_config* config, const DLTensor* cos,
-                                                  const DLTensor* sin, const DLTensor* xpos_scale);
+ROPE_JIT_API rope_jit_status rope_jit_rope_tables(const rope_jit_table_config* config,
+                                                  const DLTensor* cos, const DLTensor* sin,
+                                                  const DLTensor* xpos_scale);
 
 /* ========================================================================================
  * Diagnostics and cache maintenance (what rope-jit-cache uses)
@@ -934,14 +938,15 @@ typedef struct rope_jit_cache_item {
     const char* problem;       /* why it is not OK, one line; "" when OK */
     const char* key;           /* 64 hex chars, from the file name; "" when not entry-shaped */
     const char* nvrtc_version; /* "13.0", from the path; "" when not entry-shaped */
-    const char* target;        /* "sm_90" (wgmma attention: "sm_90a"), from the path; "" if not entry-shaped */
-    const char* kind;          /* "cubin" or "ptx"; "" when not entry-shaped */
-    const char* spec_json;     /* the kernel spec stored in the entry (OK and STALE); else "" */
-    const char* spec;          /* that spec in a few words ("rope bf16 fwd D128 ..."); or "" */
-    uint64_t bytes;            /* size on disk; a directory counts every file below it */
-    uint64_t payload_bytes;    /* the cubin or PTX inside an OK or STALE entry; else 0 */
-    int64_t modified;          /* last modification, seconds since the Unix epoch */
-    int64_t accessed;          /* the later of last access and modification (how recent the
+    const char*
+        target; /* "sm_90" (wgmma attention: "sm_90a"), from the path; "" if not entry-shaped */
+    const char* kind;       /* "cubin" or "ptx"; "" when not entry-shaped */
+    const char* spec_json;  /* the kernel spec stored in the entry (OK and STALE); else "" */
+    const char* spec;       /* that spec in a few words ("rope bf16 fwd D128 ..."); or "" */
+    uint64_t bytes;         /* size on disk; a directory counts every file below it */
+    uint64_t payload_bytes; /* the cubin or PTX inside an OK or STALE entry; else 0 */
+    int64_t modified;       /* last modification, seconds since the Unix epoch */
+    int64_t accessed;       /* the later of last access and modification (how recent the
                                 * access time is depends on the file system's atime policy) */
 } rope_jit_cache_item;
 
@@ -961,8 +966,8 @@ typedef int (*rope_jit_cache_visitor)(const rope_jit_cache_item* item, void* use
  * reported OK. A missing root has no items (ROPE_JIT_OK). Fails with ERROR_INVALID_ARGUMENT
  * for a NULL runtime or visitor, ERROR_CACHE when the runtime has no disk cache or its root
  * is not a directory or cannot be listed. */
-ROPE_JIT_API rope_jit_status rope_jit_cache_walk(const rope_jit_runtime* runtime, rope_jit_cache_visitor visitor,
-                                                 void* user_data);
+ROPE_JIT_API rope_jit_status rope_jit_cache_walk(const rope_jit_runtime* runtime,
+                                                 rope_jit_cache_visitor visitor, void* user_data);
 
 /* Removes one item that rope_jit_cache_walk reported (its `path`): a file, or a directory
  * with everything in it (symbolic links are removed, never followed). Safe while other
@@ -973,7 +978,8 @@ ROPE_JIT_API rope_jit_status rope_jit_cache_walk(const rope_jit_runtime* runtime
  * way, and with
  * ERROR_CACHE when the root is not writable by this user (see rope_jit_cache_check), the
  * runtime has no disk cache, or the removal fails. */
-ROPE_JIT_API rope_jit_status rope_jit_cache_remove(const rope_jit_runtime* runtime, const char* path);
+ROPE_JIT_API rope_jit_status rope_jit_cache_remove(const rope_jit_runtime* runtime,
+                                                   const char* path);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -50,18 +50,19 @@ rope_jit_status guarded(Body&& body) noexcept {
     }
 }
 
-
 }  // namespace
 
 extern "C" {
 
-unsigned rope_jit_version_number(void) { return ROPE_JIT_VERSION_NUMBER; }
+unsigned rope_jit_version_number(void) {
+    return ROPE_JIT_VERSION_NUMBER;
+}
 
 const char* rope_jit_version_string(void) {
 #define ROPE_JIT_STR_(x) #x
 #define ROPE_JIT_XSTR_(x) ROPE_JIT_STR_(x)
-    return ROPE_JIT_XSTR_(ROPE_JIT_VERSION_MAJOR) "." ROPE_JIT_XSTR_(ROPE_JIT_VERSION_MINOR) "." ROPE_JIT_XSTR_(
-        ROPE_JIT_VERSION_PATCH);
+    return ROPE_JIT_XSTR_(ROPE_JIT_VERSION_MAJOR) "." ROPE_JIT_XSTR_(
+        ROPE_JIT_VERSION_MINOR) "." ROPE_JIT_XSTR_(ROPE_JIT_VERSION_PATCH);
 #undef ROPE_JIT_XSTR_
 #undef ROPE_JIT_STR_
 }
@@ -86,7 +87,9 @@ const char* rope_jit_status_message(rope_jit_status status) {
     return "unknown status";
 }
 
-const char* rope_jit_last_error(void) { return last_error.c_str(); }
+const char* rope_jit_last_error(void) {
+    return last_error.c_str();
+}
 
 void rope_jit_config_init(rope_jit_config* config) {
     if (config == nullptr) return;
@@ -120,7 +123,9 @@ rope_jit_status rope_jit_runtime_create(const rope_jit_config* config, rope_jit_
     });
 }
 
-void rope_jit_runtime_free(rope_jit_runtime* runtime) { delete runtime; }
+void rope_jit_runtime_free(rope_jit_runtime* runtime) {
+    delete runtime;
+}
 
 rope_jit_backend_kind rope_jit_backend(const rope_jit_runtime* runtime) {
     return runtime ? runtime->runtime.backend() : ROPE_JIT_BACKEND_CPU;
@@ -154,8 +159,8 @@ void rope_jit_stats_init(rope_jit_stats* stats) {
     stats->struct_size = sizeof(rope_jit_stats);
 }
 
-rope_jit_status rope_jit_prewarm(rope_jit_runtime* runtime, const rope_jit_kernel_spec* specs, size_t n,
-                                 const char* target) {
+rope_jit_status rope_jit_prewarm(rope_jit_runtime* runtime, const rope_jit_kernel_spec* specs,
+                                 size_t n, const char* target) {
     return guarded([&] {
         if (runtime == nullptr) rope_jit::fail_argument("runtime: NULL");
         runtime->runtime.prewarm(specs, n, target);
@@ -197,7 +202,8 @@ rope_jit_status rope_jit_get_stats(const rope_jit_runtime* runtime, rope_jit_sta
         full.memory_hits = counters.memory_hits.load(std::memory_order_relaxed);
         full.disk_hits = counters.disk_hits.load(std::memory_order_relaxed);
         full.compiles = counters.compiles.load(std::memory_order_relaxed);
-        full.compile_ms = double(counters.compile_microseconds.load(std::memory_order_relaxed)) / 1000.0;
+        full.compile_ms =
+            double(counters.compile_microseconds.load(std::memory_order_relaxed)) / 1000.0;
         full.disk_writes = counters.disk_writes.load(std::memory_order_relaxed);
         full.launches = counters.launches.load(std::memory_order_relaxed);
         full.background_builds = counters.background_builds.load(std::memory_order_relaxed);
@@ -219,14 +225,17 @@ rope_jit_status rope_jit_rope(rope_jit_runtime* runtime, const rope_jit_rope_arg
 rope_jit_status rope_jit_attention(rope_jit_runtime* runtime, const rope_jit_attention_args* args) {
     return guarded([&] {
         if (runtime == nullptr) rope_jit::fail_argument("runtime: NULL");
-        runtime->runtime.attention(read_versioned(args, rope_jit_attention_args_init, "args"), false);
+        runtime->runtime.attention(read_versioned(args, rope_jit_attention_args_init, "args"),
+                                   false);
     });
 }
 
-rope_jit_status rope_jit_attention_backward(rope_jit_runtime* runtime, const rope_jit_attention_args* args) {
+rope_jit_status rope_jit_attention_backward(rope_jit_runtime* runtime,
+                                            const rope_jit_attention_args* args) {
     return guarded([&] {
         if (runtime == nullptr) rope_jit::fail_argument("runtime: NULL");
-        runtime->runtime.attention(read_versioned(args, rope_jit_attention_args_init, "args"), true);
+        runtime->runtime.attention(read_versioned(args, rope_jit_attention_args_init, "args"),
+                                   true);
     });
 }
 
@@ -251,14 +260,17 @@ int rope_jit_device_count(const rope_jit_runtime* runtime) {
     return runtime && runtime->runtime.cuda() ? runtime->runtime.cuda()->device_count() : 0;
 }
 
-rope_jit_status rope_jit_device_describe(const rope_jit_runtime* runtime, int ordinal, rope_jit_device_info* info) {
+rope_jit_status rope_jit_device_describe(const rope_jit_runtime* runtime, int ordinal,
+                                         rope_jit_device_info* info) {
     return guarded([&] {
         if (runtime == nullptr) rope_jit::fail_argument("runtime: NULL");
         if (info == nullptr) rope_jit::fail_argument("info: NULL");
         const size_t size = info->struct_size;
         if (size < sizeof(size_t) || size > (size_t(1) << 20))
-            rope_jit::fail_argument("info: struct_size is not set; initialize with rope_jit_device_info_init");
-        const rope_jit::DeviceDescription device = rope_jit::describe_device(runtime->runtime.cuda(), ordinal);
+            rope_jit::fail_argument(
+                "info: struct_size is not set; initialize with rope_jit_device_info_init");
+        const rope_jit::DeviceDescription device =
+            rope_jit::describe_device(runtime->runtime.cuda(), ordinal);
         rope_jit_device_info full;
         rope_jit_device_info_init(&full);
         std::snprintf(full.name, sizeof full.name, "%s", device.name.c_str());
@@ -276,19 +288,23 @@ const char* rope_jit_cache_root(const rope_jit_runtime* runtime) {
 rope_jit_status rope_jit_cache_check(const rope_jit_runtime* runtime) {
     return guarded([&] {
         if (runtime == nullptr) rope_jit::fail_argument("runtime: NULL");
-        const rope_jit::DiskCache& disk = rope_jit::require_disk_cache(runtime->runtime.disk_cache());
+        const rope_jit::DiskCache& disk =
+            rope_jit::require_disk_cache(runtime->runtime.disk_cache());
         std::string why;
         if (!disk.writable(&why))
-            throw rope_jit::Error(ROPE_JIT_ERROR_CACHE,
-                                  fmt::format("kernel cache directory '{}' is not writable: {}", disk.root(), why));
+            throw rope_jit::Error(
+                ROPE_JIT_ERROR_CACHE,
+                fmt::format("kernel cache directory '{}' is not writable: {}", disk.root(), why));
     });
 }
 
-rope_jit_status rope_jit_cache_walk(const rope_jit_runtime* runtime, rope_jit_cache_visitor visitor, void* user_data) {
+rope_jit_status rope_jit_cache_walk(const rope_jit_runtime* runtime, rope_jit_cache_visitor visitor,
+                                    void* user_data) {
     return guarded([&] {
         if (runtime == nullptr) rope_jit::fail_argument("runtime: NULL");
         if (visitor == nullptr) rope_jit::fail_argument("visitor: NULL");
-        const rope_jit::DiskCache& disk = rope_jit::require_disk_cache(runtime->runtime.disk_cache());
+        const rope_jit::DiskCache& disk =
+            rope_jit::require_disk_cache(runtime->runtime.disk_cache());
         for (const rope_jit::CacheItem& found : rope_jit::scan_cache(disk)) {
             rope_jit_cache_item item{};
             item.struct_size = sizeof item;
@@ -314,7 +330,8 @@ rope_jit_status rope_jit_cache_remove(const rope_jit_runtime* runtime, const cha
     return guarded([&] {
         if (runtime == nullptr) rope_jit::fail_argument("runtime: NULL");
         if (path == nullptr) rope_jit::fail_argument("path: NULL");
-        rope_jit::remove_cache_item(rope_jit::require_disk_cache(runtime->runtime.disk_cache()), path);
+        rope_jit::remove_cache_item(rope_jit::require_disk_cache(runtime->runtime.disk_cache()),
+                                    path);
     });
 }
 
@@ -339,8 +356,10 @@ void rope_jit_freq_config_init(rope_jit_freq_config* config) {
 rope_jit_status rope_jit_inv_freq(const rope_jit_freq_config* config, float* inv_freq, size_t n,
                                   float* attention_factor) {
     return guarded([&] {
-        const rope_jit_freq_config resolved = read_versioned(config, rope_jit_freq_config_init, "config");
-        if (inv_freq == nullptr && n > 0) rope_jit::fail_argument("inv_freq: NULL (where should the frequencies go?)");
+        const rope_jit_freq_config resolved =
+            read_versioned(config, rope_jit_freq_config_init, "config");
+        if (inv_freq == nullptr && n > 0)
+            rope_jit::fail_argument("inv_freq: NULL (where should the frequencies go?)");
         const rope_jit::Frequencies built = rope_jit::compute_frequencies(resolved, n);
         for (size_t i = 0; i < n; ++i) inv_freq[i] = float(built.inv_freq[i]);
         if (attention_factor != nullptr) *attention_factor = float(built.attention_factor);
@@ -357,11 +376,11 @@ void rope_jit_table_config_init(rope_jit_table_config* config) {
     config->xpos_scale_base = 512.0;
 }
 
-rope_jit_status rope_jit_rope_tables(const rope_jit_table_config* config, const DLTensor* cos, const DLTensor* sin,
-                                     const DLTensor* xpos_scale) {
+rope_jit_status rope_jit_rope_tables(const rope_jit_table_config* config, const DLTensor* cos,
+                                     const DLTensor* sin, const DLTensor* xpos_scale) {
     return guarded([&] {
-        rope_jit::fill_rope_tables(read_versioned(config, rope_jit_table_config_init, "config"), cos, sin,
-                                   xpos_scale);
+        rope_jit::fill_rope_tables(read_versioned(config, rope_jit_table_config_init, "config"),
+                                   cos, sin, xpos_scale);
     });
 }
 

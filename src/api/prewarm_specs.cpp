@@ -32,7 +32,9 @@ constexpr SharedMemoryRow kOptInSharedMemory[] = {
 
 // A fake, 256-byte-aligned address for the views of a call that has no tensors: the kernel
 // choice reads only shapes, strides and alignment, never data.
-char* fake_data() { return reinterpret_cast<char*>(uintptr_t(1) << 20); }
+char* fake_data() {
+    return reinterpret_cast<char*>(uintptr_t(1) << 20);
+}
 
 // A contiguous view of `shape` (ndim entries).
 TensorRef contiguous(const char* name, DType dtype, int ndim, const int64_t* shape) {

@@ -25,13 +25,15 @@ Runtime::Runtime(const rope_jit_config& config)
         fail_argument(fmt::format("cpu_threads: must be >= 0 (0 = one per hardware thread), got {}",
                                   config.cpu_threads));
     const int backend = raw_enum(config.backend);
-    if (backend != ROPE_JIT_BACKEND_AUTO && backend != ROPE_JIT_BACKEND_CUDA && backend != ROPE_JIT_BACKEND_CPU)
+    if (backend != ROPE_JIT_BACKEND_AUTO && backend != ROPE_JIT_BACKEND_CUDA &&
+        backend != ROPE_JIT_BACKEND_CPU)
         fail_argument(fmt::format("backend: unknown value {}", backend));
     if (config.cache_max_bytes < -1)
         fail_argument(fmt::format("cache_max_bytes: must be >= 0, or -1 for the default, got {}",
                                   config.cache_max_bytes));
     if (config.disk_cache != 0) {
-        const std::string root = config.cache_dir ? std::string(config.cache_dir) : DiskCache::default_root();
+        const std::string root =
+            config.cache_dir ? std::string(config.cache_dir) : DiskCache::default_root();
         const uint64_t max_bytes = config.cache_max_bytes == -1 ? DiskCache::default_max_bytes()
                                                                 : uint64_t(config.cache_max_bytes);
         disk_ = std::make_unique<DiskCache>(root, DiskCache::default_read_only_roots(), max_bytes);
@@ -51,7 +53,8 @@ Runtime::Runtime(const rope_jit_config& config)
         }
     } catch (const Error& e) {
         // AUTO falls back to the CPU when there is no usable GPU; CUDA insists.
-        if (backend == ROPE_JIT_BACKEND_CUDA || e.status() != ROPE_JIT_ERROR_BACKEND_UNAVAILABLE) throw;
+        if (backend == ROPE_JIT_BACKEND_CUDA || e.status() != ROPE_JIT_ERROR_BACKEND_UNAVAILABLE)
+            throw;
         background_.reset();
         attention_cuda_.reset();
         rope_cuda_.reset();
@@ -78,11 +81,13 @@ namespace {
 // the tensors are on CUDA and `has_gpu_backend`.
 void require_gpu(const DLDevice& device, bool has_gpu_backend) {
     if (device.device_type != kDLCUDA)
-        fail_argument(fmt::format("q: lives on {}, which rope-jit cannot reach", device_name(device.device_type)));
+        fail_argument(fmt::format("q: lives on {}, which rope-jit cannot reach",
+                                  device_name(device.device_type)));
     if (!has_gpu_backend)
-        fail_argument(fmt::format("q: lives on CUDA device {}, but this runtime runs on the CPU backend "
-                                  "(no GPU was found, or ROPE_JIT_BACKEND_CPU was requested)",
-                                  device.device_id));
+        fail_argument(
+            fmt::format("q: lives on CUDA device {}, but this runtime runs on the CPU backend "
+                        "(no GPU was found, or ROPE_JIT_BACKEND_CPU was requested)",
+                        device.device_id));
 }
 
 }  // namespace
@@ -107,8 +112,10 @@ void Runtime::rope(const rope_jit_rope_args& args) {
 void Runtime::attention(const rope_jit_attention_args& args, bool backward) {
     const AttentionProblem problem = make_attention_problem(args, backward);
     if (host_accessible(problem.device)) {
-        if (backward) attention_backward_cpu(problem, cpu_pool());
-        else attention_forward_cpu(problem, cpu_pool());
+        if (backward)
+            attention_backward_cpu(problem, cpu_pool());
+        else
+            attention_forward_cpu(problem, cpu_pool());
         return;
     }
     if (problem.device.device_type == kDLCUDA) {
@@ -155,14 +162,16 @@ void Runtime::prewarm(const rope_jit_kernel_spec* specs, size_t n, const char* t
     std::vector<KernelRecipe> recipes;
     std::vector<std::string> names;
     for (size_t i = 0; i < n; ++i) {
-        const auto* element =
-            reinterpret_cast<const rope_jit_kernel_spec*>(reinterpret_cast<const char*>(specs) + i * stride);
+        const auto* element = reinterpret_cast<const rope_jit_kernel_spec*>(
+            reinterpret_cast<const char*>(specs) + i * stride);
         const std::string name = fmt::format("specs[{}]", i);
         if (element->struct_size != stride)
-            fail_argument(fmt::format("{}: struct_size is {}, but specs[0]'s is {}; every element of the array "
-                                      "must have the same",
-                                      name, element->struct_size, stride));
-        const rope_jit_kernel_spec resolved = read_versioned(element, rope_jit_kernel_spec_init, name.c_str());
+            fail_argument(fmt::format(
+                "{}: struct_size is {}, but specs[0]'s is {}; every element of the array "
+                "must have the same",
+                name, element->struct_size, stride));
+        const rope_jit_kernel_spec resolved =
+            read_versioned(element, rope_jit_kernel_spec_init, name.c_str());
         try {
             recipes.push_back(rope_recipe(kernel_spec_from_public(resolved)));
         } catch (const Error& e) {

@@ -21,7 +21,9 @@ namespace {
 // Deeper than any layout we write; a limit keeps a hostile tree from exhausting the stack.
 constexpr int kMaxTreeDepth = 32;
 
-std::string errno_text(int err) { return std::error_code(err, std::generic_category()).message(); }
+std::string errno_text(int err) {
+    return std::error_code(err, std::generic_category()).message();
+}
 
 // "v" followed by digits only: the top directory of one cache format.
 bool is_format_dir_name(const std::string& name) {
@@ -37,10 +39,10 @@ bool cache_shaped(const std::string& path, size_t depth = 0) {
     if (error != 0 || depth > 3) return false;
     for (const std::string& name : names) {
         const LayoutName kind = classify_layout_name(depth, name);
-        if (kind == LayoutName::foreign) return false;
+        if (kind == LayoutName::Foreign) return false;
         struct stat st;
         if (lstat((path + "/" + name).c_str(), &st) != 0) return false;
-        if (kind == LayoutName::directory && S_ISDIR(st.st_mode) &&
+        if (kind == LayoutName::Directory && S_ISDIR(st.st_mode) &&
             !cache_shaped(path + "/" + name, depth + 1))
             return false;
     }
@@ -53,7 +55,8 @@ uint64_t tree_bytes(const std::string& path, int depth = 0) {
     if (lstat(path.c_str(), &st) != 0) return 0;
     if (!S_ISDIR(st.st_mode) || depth > kMaxTreeDepth) return uint64_t(st.st_size);
     uint64_t total = 0;
-    for (const std::string& name : sorted_names(path)) total += tree_bytes(path + "/" + name, depth + 1);
+    for (const std::string& name : sorted_names(path))
+        total += tree_bytes(path + "/" + name, depth + 1);
     return total;
 }
 
@@ -61,7 +64,8 @@ uint64_t tree_bytes(const std::string& path, int depth = 0) {
 // Returns "" or the first problem.
 std::string remove_tree(const std::string& path, int depth = 0) {
     struct stat st;
-    if (lstat(path.c_str(), &st) != 0) return errno == ENOENT ? "" : fmt::format("cannot stat '{}': {}", path, errno_text(errno));
+    if (lstat(path.c_str(), &st) != 0)
+        return errno == ENOENT ? "" : fmt::format("cannot stat '{}': {}", path, errno_text(errno));
     if (S_ISDIR(st.st_mode)) {
         if (depth > kMaxTreeDepth) return fmt::format("'{}' is nested too deeply to remove", path);
         for (const std::string& name : sorted_names(path)) {
@@ -84,14 +88,16 @@ std::string stale_problem(const CacheItem& entry) {
     if (nvrtc_api() == nullptr) return {};  // nothing to judge against
     const std::string& current = nvrtc_version_string();
     if (entry.nvrtc_version != current)
-        return fmt::format("built with NVRTC {}; this library compiles with NVRTC {}", entry.nvrtc_version, current);
+        return fmt::format("built with NVRTC {}; this library compiles with NVRTC {}",
+                           entry.nvrtc_version, current);
     try {
         const CompilePlan plan = plan_compile(entry.spec_json, entry.target);
         if (plan.entry.key_hex != entry.key_hex || plan.entry.kind != entry.kind)
             return "written by another rope-jit build (kernel templates, options or spec layout "
                    "differ), or holding another kernel than its key names";
     } catch (const Error& e) {
-        return fmt::format("target {} cannot be compiled by this library: {}", entry.target, e.what());
+        return fmt::format("target {} cannot be compiled by this library: {}", entry.target,
+                           e.what());
     }
     return {};
 }
@@ -116,18 +122,20 @@ CacheItem item_from_report(DiskCache::EntryReport report) {
     item.modified = report.modified;
     item.accessed = std::max(report.accessed, report.modified);
     switch (report.found) {
-        case DiskCache::Found::temp_file: item.state = CacheItemState::temp; break;
-        case DiskCache::Found::set_aside: item.state = CacheItemState::set_aside; break;
-        case DiskCache::Found::stray: item.state = CacheItemState::stray; break;
-        case DiskCache::Found::entry: item.state = report.ok ? CacheItemState::ok : CacheItemState::damaged; break;
+        case DiskCache::Found::TempFile: item.state = CacheItemState::Temp; break;
+        case DiskCache::Found::SetAside: item.state = CacheItemState::SetAside; break;
+        case DiskCache::Found::Stray: item.state = CacheItemState::Stray; break;
+        case DiskCache::Found::Entry:
+            item.state = report.ok ? CacheItemState::Ok : CacheItemState::Damaged;
+            break;
     }
-    if (report.untrusted) item.state = CacheItemState::untrusted;
+    if (report.untrusted) item.state = CacheItemState::Untrusted;
     if (report.ok) {
         item.payload_bytes = report.payload_bytes;
         item.spec_json = std::move(report.spec_json);
         item.spec_description = describe_spec(item.spec_json);
         item.problem = stale_problem(item);
-        if (!item.problem.empty()) item.state = CacheItemState::stale;
+        if (!item.problem.empty()) item.state = CacheItemState::Stale;
     }
     return item;
 }
@@ -137,7 +145,8 @@ CacheItem item_from_report(DiskCache::EntryReport report) {
 const DiskCache& require_disk_cache(const DiskCache* disk) {
     if (disk == nullptr || disk->root().empty())
         throw Error(ROPE_JIT_ERROR_CACHE,
-                    "this runtime has no disk cache directory (disk_cache = 0, or none of ROPE_JIT_CACHE_DIR, "
+                    "this runtime has no disk cache directory (disk_cache = 0, or none of "
+                    "ROPE_JIT_CACHE_DIR, "
                     "XDG_CACHE_HOME and HOME is set)");
     return *disk;
 }
@@ -151,21 +160,25 @@ std::vector<CacheItem> scan_cache(const DiskCache& disk) {
     struct stat root_st;
     if (stat(root.c_str(), &root_st) != 0) {
         if (errno == ENOENT) return items;
-        throw Error(ROPE_JIT_ERROR_CACHE, fmt::format("cannot use the cache directory '{}': {}", root, errno_text(errno)));
+        throw Error(ROPE_JIT_ERROR_CACHE, fmt::format("cannot use the cache directory '{}': {}",
+                                                      root, errno_text(errno)));
     }
     if (!S_ISDIR(root_st.st_mode))
-        throw Error(ROPE_JIT_ERROR_CACHE, fmt::format("the cache directory '{}' is not a directory", root));
+        throw Error(ROPE_JIT_ERROR_CACHE,
+                    fmt::format("the cache directory '{}' is not a directory", root));
     int error = 0;
     const std::vector<std::string> names = sorted_names(root, &error);
     if (error != 0)
-        throw Error(ROPE_JIT_ERROR_CACHE, fmt::format("cannot list the cache directory '{}': {}", root, errno_text(error)));
+        throw Error(ROPE_JIT_ERROR_CACHE, fmt::format("cannot list the cache directory '{}': {}",
+                                                      root, errno_text(error)));
     for (const std::string& name : names) {
         if (!is_format_dir_name(name)) continue;  // not the cache's: never touched
         const std::string path = root + "/" + name;
         struct stat st;
         if (lstat(path.c_str(), &st) != 0) continue;
         if (name == current_format && S_ISDIR(st.st_mode)) {
-            for (DiskCache::EntryReport& report : disk.verify(root)) items.push_back(item_from_report(std::move(report)));
+            for (DiskCache::EntryReport& report : disk.verify(root))
+                items.push_back(item_from_report(std::move(report)));
             continue;
         }
         // Another format's directory holds our layout, as v1 does; a "v2" with anything else
@@ -174,10 +187,11 @@ std::vector<CacheItem> scan_cache(const DiskCache& disk) {
         if (name != current_format && (!S_ISDIR(st.st_mode) || !cache_shaped(path))) continue;
         CacheItem item;
         item.path = path;
-        item.state = name == current_format ? CacheItemState::stray : CacheItemState::stale;
-        item.problem = name == current_format
-                           ? fmt::format("'{}' is not a directory", path)
-                           : fmt::format("cache format {}; this library reads {}", name, current_format);
+        item.state = name == current_format ? CacheItemState::Stray : CacheItemState::Stale;
+        item.problem =
+            name == current_format
+                ? fmt::format("'{}' is not a directory", path)
+                : fmt::format("cache format {}; this library reads {}", name, current_format);
         item.bytes = tree_bytes(path);
         item.modified = int64_t(st.st_mtime);
         item.accessed = std::max(int64_t(st.st_atime), item.modified);
@@ -191,14 +205,16 @@ void remove_cache_item(const DiskCache& disk, const std::string& path) {
     if (root.empty()) throw Error(ROPE_JIT_ERROR_CACHE, "this runtime has no disk cache directory");
     // Items are reported as root + "/" + their path below it, whether or not root ends in '/'.
     size_t start = root.size();
-    if (path.compare(0, root.size(), root) == 0 && path.size() > start && path[start] == '/') ++start;
+    if (path.compare(0, root.size(), root) == 0 && path.size() > start && path[start] == '/')
+        ++start;
     if (path.compare(0, root.size(), root) != 0 || (root.back() != '/' && start == root.size()) ||
         start == path.size())
         fail_argument(fmt::format("path: '{}' is not inside the cache directory '{}'", path, root));
     std::vector<std::string> parts;
     for (;;) {
         const size_t slash = path.find('/', start);
-        parts.push_back(path.substr(start, slash == std::string::npos ? std::string::npos : slash - start));
+        parts.push_back(
+            path.substr(start, slash == std::string::npos ? std::string::npos : slash - start));
         if (slash == std::string::npos) break;
         start = slash + 1;
     }
@@ -207,25 +223,27 @@ void remove_cache_item(const DiskCache& disk, const std::string& path) {
             fail_argument(fmt::format("path: '{}' has an empty, '.' or '..' component", path));
     struct stat st;
     if (!is_format_dir_name(parts[0]))
-        fail_argument(fmt::format("path: '{}' is not in a cache format directory (v<N>) of '{}'", path, root));
+        fail_argument(fmt::format("path: '{}' is not in a cache format directory (v<N>) of '{}'",
+                                  path, root));
     // Only what is provably the cache's: layout names in v1, or a whole other-format tree of them.
     const bool current = parts[0] == fmt::format("v{}", kCacheFormatVersion);
     bool ours = current ? parts.size() <= 5 : parts.size() == 1;
     for (size_t i = 1; ours && i < parts.size(); ++i) {
         const LayoutName kind = classify_layout_name(i - 1, parts[i]);
         const bool last = i + 1 == parts.size();
-        ours = kind != LayoutName::foreign && (last || kind == LayoutName::directory);
+        ours = kind != LayoutName::Foreign && (last || kind == LayoutName::Directory);
     }
     // A layout directory goes only with a tree of layout names (an entry-named or set-aside
     // one, whatever it holds, is unmistakably the cache's).
     const bool whole_tree =
         parts.size() == 1 ||
-        classify_layout_name(parts.size() - 2, parts.back()) == LayoutName::directory;
+        classify_layout_name(parts.size() - 2, parts.back()) == LayoutName::Directory;
     if (!ours || (whole_tree && lstat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode) &&
                   !cache_shaped(path, current ? parts.size() - 1 : 0)))
-        fail_argument(fmt::format("path: '{}' is not an item of the cache layout under '{}'; only "
-                                  "names the cache writes are removed",
-                                  path, root));
+        fail_argument(
+            fmt::format("path: '{}' is not an item of the cache layout under '{}'; only "
+                        "names the cache writes are removed",
+                        path, root));
 
     if (lstat(root.c_str(), &st) != 0) return;  // no cache, so nothing to remove
     std::string why;
@@ -236,10 +254,12 @@ void remove_cache_item(const DiskCache& disk, const std::string& path) {
         walked += "/" + parts[i];
         if (lstat(walked.c_str(), &st) != 0) {
             if (errno == ENOENT) return;  // already gone
-            throw Error(ROPE_JIT_ERROR_CACHE, fmt::format("cannot use '{}': {}", walked, errno_text(errno)));
+            throw Error(ROPE_JIT_ERROR_CACHE,
+                        fmt::format("cannot use '{}': {}", walked, errno_text(errno)));
         }
         if (!S_ISDIR(st.st_mode))
-            fail_argument(fmt::format("path: '{}' is not a directory of the cache (a link or a file)", walked));
+            fail_argument(fmt::format(
+                "path: '{}' is not a directory of the cache (a link or a file)", walked));
     }
     const std::string problem = remove_tree(path);
     if (!problem.empty()) throw Error(ROPE_JIT_ERROR_CACHE, problem);

@@ -14,22 +14,22 @@ namespace rope_jit {
 
 // The public rope_jit_cache_item_state values, so the C API passes them through.
 enum class CacheItemState {
-    ok = ROPE_JIT_CACHE_ITEM_OK,                // a valid entry this build loads
-    stale = ROPE_JIT_CACHE_ITEM_STALE,          // valid, but never loaded by this build: another
-                                                // NVRTC version, cache format or rope-jit build
-    damaged = ROPE_JIT_CACHE_ITEM_DAMAGED,      // placed like an entry but fails a check
-    temp = ROPE_JIT_CACHE_ITEM_TEMP,            // a write in progress, or one a crash interrupted
-    set_aside = ROPE_JIT_CACHE_ITEM_SET_ASIDE,  // a damaged entry an earlier load renamed
-    stray = ROPE_JIT_CACHE_ITEM_STRAY,          // a layout name in the wrong place
-    untrusted = ROPE_JIT_CACHE_ITEM_UNTRUSTED   // an entry that fails the trust rule: never loaded
+    Ok = ROPE_JIT_CACHE_ITEM_OK,               // a valid entry this build loads
+    Stale = ROPE_JIT_CACHE_ITEM_STALE,         // valid, but never loaded by this build: another
+                                               // NVRTC version, cache format or rope-jit build
+    Damaged = ROPE_JIT_CACHE_ITEM_DAMAGED,     // placed like an entry but fails a check
+    Temp = ROPE_JIT_CACHE_ITEM_TEMP,           // a write in progress, or one a crash interrupted
+    SetAside = ROPE_JIT_CACHE_ITEM_SET_ASIDE,  // a damaged entry an earlier load renamed
+    Stray = ROPE_JIT_CACHE_ITEM_STRAY,         // a layout name in the wrong place
+    Untrusted = ROPE_JIT_CACHE_ITEM_UNTRUSTED  // an entry that fails the trust rule: never loaded
 };
 
 struct CacheItem {
-    CacheItemState state = CacheItemState::stray;
+    CacheItemState state = CacheItemState::Stray;
     std::string path;
-    std::string problem;  // why it is not ok; "" when ok
+    std::string problem;                               // why it is not ok; "" when ok
     std::string key_hex, nvrtc_version, target, kind;  // from the path, when entry-shaped
-    std::string spec_json;         // ok and stale entries
+    std::string spec_json;                             // ok and stale entries
     std::string spec_description;  // KernelSpec::describe() of spec_json, when it parses
     uint64_t bytes = 0;            // on disk; a directory counts every file below it
     uint64_t payload_bytes = 0;    // ok and stale entries

@@ -25,13 +25,18 @@ constexpr std::string_view kLockDir = "locks";
 constexpr std::chrono::milliseconds kFirstPoll{5};
 constexpr std::chrono::milliseconds kLongestPoll{20};
 
-std::string errno_text(int err) { return std::error_code(err, std::generic_category()).message(); }
+std::string errno_text(int err) {
+    return std::error_code(err, std::generic_category()).message();
+}
 
-bool is_lower_hex(char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); }
+bool is_lower_hex(char c) {
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+}
 
 // One warning per root per process for anything about the lock, like the disk cache's own.
 void warn_once(const std::string& root, const std::string& message) {
-    log_warning_once("compile_lock:" + root, fmt::format("kernel cache directory '{}': {}", root, message));
+    log_warning_once("compile_lock:" + root,
+                     fmt::format("kernel cache directory '{}': {}", root, message));
 }
 
 // Opens (creating it and its directory, mode 0700/0600) the lock file at `path`, a name in
@@ -54,7 +59,8 @@ int open_lock_file(const std::string& root, const std::string& path, std::string
     if (fstat(dir_fd, &st) != 0) {
         *problem = fmt::format("cannot stat '{}': {}", dir, errno_text(errno));
     } else if (st.st_uid != geteuid()) {
-        *problem = fmt::format("'{}' is owned by uid {}, not by this user", dir, unsigned(st.st_uid));
+        *problem =
+            fmt::format("'{}' is owned by uid {}, not by this user", dir, unsigned(st.st_uid));
     } else if ((st.st_mode & S_IWOTH) && !(st.st_mode & S_ISVTX)) {
         *problem = fmt::format("'{}' is world-writable without the sticky bit", dir);
     } else {
@@ -62,7 +68,8 @@ int open_lock_file(const std::string& root, const std::string& path, std::string
         // O_RDWR: NFS emulates flock with byte-range locks, whose exclusive kind needs a file
         // open for writing. O_NOFOLLOW and O_NONBLOCK: neither a link nor a FIFO in its place
         // can redirect or hang the open.
-        fd = openat(dir_fd, name.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600);
+        fd = openat(dir_fd, name.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK,
+                    0600);
         if (fd < 0) {
             *problem = fmt::format("cannot open '{}': {}", path, errno_text(errno));
         } else if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
@@ -78,7 +85,9 @@ int open_lock_file(const std::string& root, const std::string& path, std::string
 }  // namespace
 
 std::string compile_lock_path(const std::string& root, const std::string& key_hex) {
-    if (root.empty() || key_hex.size() < 2 || !is_lower_hex(key_hex[0]) || !is_lower_hex(key_hex[1])) return {};
+    if (root.empty() || key_hex.size() < 2 || !is_lower_hex(key_hex[0]) ||
+        !is_lower_hex(key_hex[1]))
+        return {};
     return fmt::format("{}/{}/{}.lock", root, kLockDir, key_hex.substr(0, 2));
 }
 
@@ -94,7 +103,8 @@ CompileLock::CompileLock(const DiskCache& disk, const std::string& key_hex,
         std::string problem;
         fd = open_lock_file(root, path, &problem);
         if (fd < 0) {
-            warn_once(root, "no compile lock (" + problem + "); processes sharing it may compile a kernel twice");
+            warn_once(root, "no compile lock (" + problem +
+                                "); processes sharing it may compile a kernel twice");
             return;
         }
         // Polled rather than a blocking flock(LOCK_EX), which has no timeout and would wait
@@ -109,18 +119,24 @@ CompileLock::CompileLock(const DiskCache& disk, const std::string& key_hex,
             const int err = errno;
             if (err == EINTR) continue;
             if (err != EWOULDBLOCK) {
-                warn_once(root, fmt::format("cannot lock '{}' ({}); processes sharing it may compile a kernel twice",
-                                            path, errno_text(err)));
+                warn_once(
+                    root,
+                    fmt::format(
+                        "cannot lock '{}' ({}); processes sharing it may compile a kernel twice",
+                        path, errno_text(err)));
                 break;
             }
             const auto now = std::chrono::steady_clock::now();
             if (now >= deadline) {
-                warn_once(root, fmt::format("gave up after {:g} s waiting for the compile lock '{}' (a process "
-                                            "holding it may be stopped or hung); compiling without it",
-                                            double(max_wait.count()) / 1000.0, path));
+                warn_once(
+                    root,
+                    fmt::format("gave up after {:g} s waiting for the compile lock '{}' (a process "
+                                "holding it may be stopped or hung); compiling without it",
+                                double(max_wait.count()) / 1000.0, path));
                 break;
             }
-            std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(pause, deadline - now));
+            std::this_thread::sleep_for(
+                std::min<std::chrono::steady_clock::duration>(pause, deadline - now));
             pause = std::min(pause * 2, kLongestPoll);
         }
     } catch (...) {

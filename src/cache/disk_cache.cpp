@@ -40,7 +40,9 @@ constexpr std::string_view kTempPrefix = ".tmp-";
 constexpr std::string_view kBadMarker = ".bad-";
 constexpr std::string_view kVersionDir = "v1";
 
-std::string errno_text(int err) { return std::error_code(err, std::generic_category()).message(); }
+std::string errno_text(int err) {
+    return std::error_code(err, std::generic_category()).message();
+}
 
 // ---- id validation ----------------------------------------------------------------------
 
@@ -115,12 +117,15 @@ std::array<uint8_t, 32> entry_checksum(std::string_view before_checksum, std::st
 // ---- file system helpers ----------------------------------------------------------------
 
 // Group or world write permission: someone else may create, rename or replace files there.
-bool others_can_write(const struct stat& st) { return (st.st_mode & (S_IWGRP | S_IWOTH)) != 0; }
+bool others_can_write(const struct stat& st) {
+    return (st.st_mode & (S_IWGRP | S_IWOTH)) != 0;
+}
 
 std::string others_can_write_problem(const std::string& path) {
-    return fmt::format("'{}' can be written by other users (group- or world-writable; a sticky "
-                       "bit does not stop them creating files)",
-                       path);
+    return fmt::format(
+        "'{}' can be written by other users (group- or world-writable; a sticky "
+        "bit does not stop them creating files)",
+        path);
 }
 
 // Why a directory of our own root must not be trusted, or "" when it may be. Anyone who can
@@ -134,7 +139,9 @@ std::string unsafe_dir_problem(const std::string& path, const struct stat& st) {
     return {};
 }
 
-bool trusted_owner(const struct stat& st) { return st.st_uid == geteuid() || st.st_uid == 0; }
+bool trusted_owner(const struct stat& st) {
+    return st.st_uid == geteuid() || st.st_uid == 0;
+}
 
 // The directories above a cache root: owned by this user or root, and writable by others only
 // with the sticky bit (as /tmp), so that nobody else can rename or replace the way down.
@@ -319,7 +326,7 @@ private:
     int fd_ = -1;
 };
 
-enum class ReadResult { ok, missing, bad, untrusted };
+enum class ReadResult { Ok, Missing, Bad, Untrusted };
 
 // Appends bytes of fd to *bytes until it holds `want` bytes or the file ends. False, with
 // *problem, on a read error.
@@ -354,11 +361,11 @@ ReadResult read_entry_file(const std::string& path, bool no_follow, std::string*
     if (fd < 0) fd = open(path.c_str(), flags);
     if (fd < 0) {
         int err = errno;
-        if (err == ENOENT || err == ENOTDIR) return ReadResult::missing;
+        if (err == ENOENT || err == ENOTDIR) return ReadResult::Missing;
         *problem = err == ELOOP && no_follow ? "a symbolic link in place of the entry"
                                              : "cannot open: " + errno_text(err);
         if (lstat(path.c_str(), st) != 0) std::memset(st, 0, sizeof(*st));
-        return ReadResult::bad;
+        return ReadResult::Bad;
     }
     struct Closer {
         int fd;
@@ -367,44 +374,46 @@ ReadResult read_entry_file(const std::string& path, bool no_follow, std::string*
 
     if (fstat(fd, st) != 0) {
         *problem = "cannot stat: " + errno_text(errno);
-        return ReadResult::bad;
+        return ReadResult::Bad;
     }
     if (S_ISDIR(st->st_mode)) {
         *problem = "a directory in place of the entry";
-        return ReadResult::bad;
+        return ReadResult::Bad;
     }
     if (!S_ISREG(st->st_mode)) {
         *problem = "not a regular file";
-        return ReadResult::bad;
+        return ReadResult::Bad;
     }
     *problem = untrusted_file_problem(*st);
-    if (!problem->empty()) return ReadResult::untrusted;
+    if (!problem->empty()) return ReadResult::Untrusted;
     if (uint64_t(st->st_size) > kMaxFileBytes) {
         *problem =
             fmt::format("file of {} bytes is larger than any valid entry", uint64_t(st->st_size));
-        return ReadResult::bad;
+        return ReadResult::Bad;
     }
     bytes->clear();
-    if (!read_up_to(fd, kHeadBytes, bytes, problem)) return ReadResult::bad;
+    if (!read_up_to(fd, kHeadBytes, bytes, problem)) return ReadResult::Bad;
     if (bytes->size() < kHeadBytes || std::memcmp(bytes->data(), kMagic, sizeof(kMagic)) != 0 ||
         get_u32(bytes->data() + 8) != kCacheFormatVersion) {
-        return ReadResult::ok;
+        return ReadResult::Ok;
     }
     const uint32_t spec_size = get_u32(bytes->data() + kHeadBytes - 4);
-    if (spec_size > kCacheMaxSpecBytes) return ReadResult::ok;
+    if (spec_size > kCacheMaxSpecBytes) return ReadResult::Ok;
     const size_t payload_at = kHeadBytes + spec_size + kMidBytes;
-    if (!read_up_to(fd, payload_at, bytes, problem)) return ReadResult::bad;
-    if (bytes->size() < payload_at) return ReadResult::ok;
+    if (!read_up_to(fd, payload_at, bytes, problem)) return ReadResult::Bad;
+    if (bytes->size() < payload_at) return ReadResult::Ok;
     const uint64_t payload_size = get_u64(bytes->data() + payload_at - kMidBytes);
-    if (payload_size > kCacheMaxPayloadBytes) return ReadResult::ok;
+    if (payload_size > kCacheMaxPayloadBytes) return ReadResult::Ok;
     // One byte past the end shows trailing garbage without reading all of it.
     const size_t whole = payload_at + size_t(payload_size);
     bytes->reserve(whole + 1);
-    if (!read_up_to(fd, whole + 1, bytes, problem)) return ReadResult::bad;
-    return ReadResult::ok;
+    if (!read_up_to(fd, whole + 1, bytes, problem)) return ReadResult::Bad;
+    return ReadResult::Ok;
 }
 
-std::string warning_key(const std::string& root) { return "disk_cache_root:" + root; }
+std::string warning_key(const std::string& root) {
+    return "disk_cache_root:" + root;
+}
 
 void warn_unusable_root(const std::string& root, const std::string& problem) {
     log_warning_once(warning_key(root),
@@ -463,9 +472,8 @@ LayoutName classify_layout_name(size_t depth, std::string_view name) {
                std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
     };
     auto lower_hex = [](std::string_view text) {
-        return std::all_of(text.begin(), text.end(), [](char c) {
-            return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
-        });
+        return std::all_of(text.begin(), text.end(),
+                           [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
     };
     // "sm_90", "sm_90a", "compute_90": what choose_target and the device layer name.
     auto is_target = [&](std::string_view text) {
@@ -499,9 +507,9 @@ LayoutName classify_layout_name(size_t depth, std::string_view name) {
         const size_t dash = tail.find('-');
         if (dash != std::string_view::npos && digits(tail.substr(0, dash)) &&
             digits(tail.substr(dash + 1)) && (is_directory_name(base) || is_entry_name(base))) {
-            return LayoutName::set_aside;
+            return LayoutName::SetAside;
         }
-        return LayoutName::foreign;
+        return LayoutName::Foreign;
     }
     // ".tmp-<pid>-<thread hash hex>-<n>" (temp_name).
     if (depth == 3 && name.substr(0, kTempPrefix.size()) == kTempPrefix) {
@@ -511,14 +519,14 @@ LayoutName classify_layout_name(size_t depth, std::string_view name) {
             digits(rest.substr(last + 1))) {
             std::string_view thread = rest.substr(first + 1, last - first - 1);
             if (!thread.empty() && thread.size() <= 16 && lower_hex(thread)) {
-                return LayoutName::temp;
+                return LayoutName::Temp;
             }
         }
-        return LayoutName::foreign;
+        return LayoutName::Foreign;
     }
-    if (is_directory_name(name)) return LayoutName::directory;
-    if (is_entry_name(name)) return LayoutName::entry;
-    return LayoutName::foreign;
+    if (is_directory_name(name)) return LayoutName::Directory;
+    if (is_entry_name(name)) return LayoutName::Entry;
+    return LayoutName::Foreign;
 }
 
 std::vector<std::string> sorted_names(const std::string& dir, int* error) {
@@ -624,8 +632,7 @@ std::optional<CacheEntry> parse_cache_entry(const CacheEntryId& id, std::string_
 
 // ---- DiskCache --------------------------------------------------------------------------
 
-DiskCache::DiskCache(std::string root, std::vector<std::string> read_only_roots,
-                     uint64_t max_bytes)
+DiskCache::DiskCache(std::string root, std::vector<std::string> read_only_roots, uint64_t max_bytes)
     : root_(std::move(root)), read_only_roots_(std::move(read_only_roots)), max_bytes_(max_bytes) {}
 
 uint64_t DiskCache::default_max_bytes() {
@@ -647,9 +654,10 @@ uint64_t DiskCache::default_max_bytes() {
         }
     }
     if (!ok) {
-        fail_argument(fmt::format("ROPE_JIT_CACHE_MAX_BYTES: '{}' is not a size in bytes (like "
-                                  "1073741824, 500M or 2G; 0 = unbounded)",
-                                  text));
+        fail_argument(
+            fmt::format("ROPE_JIT_CACHE_MAX_BYTES: '{}' is not a size in bytes (like "
+                        "1073741824, 500M or 2G; 0 = unbounded)",
+                        text));
     }
     return bytes;
 }
@@ -726,9 +734,10 @@ std::optional<CacheEntry> DiskCache::load(const CacheEntryId& id,
             const std::string path = entry_path(root, id);
             problem = trust_problem(root, path.substr(0, path.rfind('/')));
             if (!problem.empty()) {
-                log_warning_once(warning_key(root),
-                                 fmt::format("read-only kernel cache directory '{}' is not used: {}",
-                                             root, problem));
+                log_warning_once(
+                    warning_key(root),
+                    fmt::format("read-only kernel cache directory '{}' is not used: {}", root,
+                                problem));
                 continue;
             }
             if (auto entry = load_from(root, id, /*owned=*/false, expected_spec_json)) {
@@ -752,15 +761,15 @@ std::optional<CacheEntry> DiskCache::load_from(const std::string& root, const Ca
         struct stat st;
         std::memset(&st, 0, sizeof(st));
         ReadResult result = read_entry_file(path, owned, &bytes, &problem, &st);
-        if (result == ReadResult::missing) return std::nullopt;
-        if (result == ReadResult::untrusted) {
+        if (result == ReadResult::Missing) return std::nullopt;
+        if (result == ReadResult::Untrusted) {
             // Not ours to move: it stays, and a store replaces it by rename.
-            log_warning_once("disk_cache_untrusted:" + path,
-                             fmt::format("kernel cache entry '{}' is not trusted ({}); ignored",
-                                         path, problem));
+            log_warning_once(
+                "disk_cache_untrusted:" + path,
+                fmt::format("kernel cache entry '{}' is not trusted ({}); ignored", path, problem));
             return std::nullopt;
         }
-        if (result == ReadResult::ok) {
+        if (result == ReadResult::Ok) {
             if (auto entry = parse_cache_entry(id, bytes, &problem)) {
                 // The key is a hash: a file under it holding another spec is a planted or
                 // mixed-up kernel, never to be launched in place of the one asked for.
@@ -908,24 +917,24 @@ void DiskCache::evict(const CacheEntryId& stored) const {
     auto ns = [](const struct timespec& t) { return int64_t(t.tv_sec) * 1000000000 + t.tv_nsec; };
     for (const std::string& target : sorted_names(top)) {
         const std::string target_dir = top + "/" + target;
-        if (classify_layout_name(1, target) != LayoutName::directory || !safe_dir(target_dir)) {
+        if (classify_layout_name(1, target) != LayoutName::Directory || !safe_dir(target_dir)) {
             continue;
         }
         for (const std::string& prefix : sorted_names(target_dir)) {
             const std::string prefix_dir = target_dir + "/" + prefix;
-            if (classify_layout_name(2, prefix) != LayoutName::directory || !safe_dir(prefix_dir)) {
+            if (classify_layout_name(2, prefix) != LayoutName::Directory || !safe_dir(prefix_dir)) {
                 continue;
             }
             for (const std::string& name : sorted_names(prefix_dir)) {
-                if (classify_layout_name(3, name) != LayoutName::entry) continue;
+                if (classify_layout_name(3, name) != LayoutName::Entry) continue;
                 const std::string path = prefix_dir + "/" + name;
                 struct stat st;
                 if (lstat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) ||
                     st.st_uid != geteuid()) {
                     continue;
                 }
-                entries.push_back({path, uint64_t(st.st_size),
-                                   std::max(ns(st.st_atim), ns(st.st_mtim))});
+                entries.push_back(
+                    {path, uint64_t(st.st_size), std::max(ns(st.st_atim), ns(st.st_mtim))});
                 total += uint64_t(st.st_size);
             }
         }
@@ -957,9 +966,10 @@ std::vector<DiskCache::EntryReport> DiskCache::verify(const std::string& root) c
             struct stat dir_st;
             if (dir_problem.empty() && lstat(dir.c_str(), &dir_st) == 0) {
                 if (!trusted_owner(dir_st)) {
-                    dir_problem = fmt::format("'{}' is owned by uid {}, neither this user (uid {}) "
-                                              "nor root",
-                                              dir, unsigned(dir_st.st_uid), unsigned(geteuid()));
+                    dir_problem = fmt::format(
+                        "'{}' is owned by uid {}, neither this user (uid {}) "
+                        "nor root",
+                        dir, unsigned(dir_st.st_uid), unsigned(geteuid()));
                 } else if (others_can_write(dir_st)) {
                     dir_problem = others_can_write_problem(dir);
                 }
@@ -972,15 +982,16 @@ std::vector<DiskCache::EntryReport> DiskCache::verify(const std::string& root) c
                 EntryReport report;
                 report.path = dir;
                 report.is_directory = true;
-                report.problem = fmt::format("cannot list this directory: {}",
-                                             std::error_code(error, std::generic_category()).message());
+                report.problem =
+                    fmt::format("cannot list this directory: {}",
+                                std::error_code(error, std::generic_category()).message());
                 reports.push_back(std::move(report));
                 return;
             }
             const size_t depth = levels.size();
             for (const std::string& name : names) {
                 const LayoutName kind = classify_layout_name(depth, name);
-                if (kind == LayoutName::foreign) continue;  // not the cache's: never reported
+                if (kind == LayoutName::Foreign) continue;  // not the cache's: never reported
                 EntryReport report;
                 report.path = dir + "/" + name;
                 struct stat st;
@@ -990,13 +1001,13 @@ std::vector<DiskCache::EntryReport> DiskCache::verify(const std::string& root) c
                 report.file_bytes = uint64_t(st.st_size);
                 report.modified = int64_t(st.st_mtime);
                 report.accessed = int64_t(st.st_atime);
-                if (kind == LayoutName::temp) {
-                    report.found = Found::temp_file;
+                if (kind == LayoutName::Temp) {
+                    report.found = Found::TempFile;
                     report.problem = "leftover temp file of an interrupted or ongoing write";
-                } else if (kind == LayoutName::set_aside) {
-                    report.found = Found::set_aside;
+                } else if (kind == LayoutName::SetAside) {
+                    report.found = Found::SetAside;
                     report.problem = "entry set aside earlier as damaged";
-                } else if (kind == LayoutName::directory) {
+                } else if (kind == LayoutName::Directory) {
                     if (is_dir) {
                         levels.push_back(name);
                         walk(report.path, levels, dir_problem);
@@ -1017,19 +1028,18 @@ std::vector<DiskCache::EntryReport> DiskCache::verify(const std::string& root) c
                     if (levels[2] != id.key_hex.substr(0, 2)) {
                         report.problem = "entry is in the wrong key prefix directory";
                     } else {
-                        report.found = Found::entry;
+                        report.found = Found::Entry;
                         std::string bytes;
                         // In our own root a symbolic link is damage, exactly as load() sees it.
                         ReadResult result = read_entry_file(report.path, /*no_follow=*/own_root,
                                                             &bytes, &report.problem, &st,
                                                             /*keep_atime=*/true);
-                        if (result == ReadResult::missing) continue;  // removed meanwhile
-                        if (result == ReadResult::untrusted || !dir_problem.empty()) {
+                        if (result == ReadResult::Missing) continue;  // removed meanwhile
+                        if (result == ReadResult::Untrusted || !dir_problem.empty()) {
                             report.untrusted = true;
-                            report.problem = "not trusted: " + (dir_problem.empty()
-                                                                    ? report.problem
-                                                                    : dir_problem);
-                        } else if (result == ReadResult::ok) {
+                            report.problem = "not trusted: " +
+                                             (dir_problem.empty() ? report.problem : dir_problem);
+                        } else if (result == ReadResult::Ok) {
                             if (auto entry = parse_cache_entry(id, bytes, &report.problem)) {
                                 report.ok = true;
                                 report.spec_json = std::move(entry->spec_json);

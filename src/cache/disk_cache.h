@@ -54,7 +54,7 @@ constexpr uint64_t kCacheDefaultMaxBytes = uint64_t(1) << 30;
 // temp files (".tmp-<pid>-<hex>-<n>") and set-aside entries; a layout name followed by
 // ".bad-<pid>-<n>" is set aside at any depth. Everything else is foreign: not the cache's,
 // so never reported by verify and never removed (a mistaken root must lose nothing).
-enum class LayoutName { foreign, directory, entry, temp, set_aside };
+enum class LayoutName { Foreign, Directory, Entry, Temp, SetAside };
 LayoutName classify_layout_name(size_t depth, std::string_view name);
 
 // The names in `dir` but "." and "..", sorted; `*error` (when given) is errno when it cannot
@@ -124,18 +124,18 @@ public:
 
     // What a path found by verify() is, by its name and place (before its content is read).
     enum class Found {
-        entry,      // named and placed like an entry: `ok` says whether it passed every check
-        temp_file,  // ".tmp-*": a write in progress, or one a crash interrupted
-        set_aside,  // "*.bad-*": an entry an earlier load found damaged and renamed
-        stray       // anything else: a file outside the layout, an entry in the wrong place
+        Entry,     // named and placed like an entry: `ok` says whether it passed every check
+        TempFile,  // ".tmp-*": a write in progress, or one a crash interrupted
+        SetAside,  // "*.bad-*": an entry an earlier load found damaged and renamed
+        Stray      // anything else: a file outside the layout, an entry in the wrong place
     };
     // One file or directory found under <root>/v1 by verify().
     struct EntryReport {
         std::string path;
-        Found found = Found::stray;
+        Found found = Found::Stray;
         bool ok = false;
-        std::string problem;         // why it is not a usable entry; "" when ok
-        uint64_t file_bytes = 0;     // st_size as lstat reports it (a directory's own size)
+        std::string problem;      // why it is not a usable entry; "" when ok
+        uint64_t file_bytes = 0;  // st_size as lstat reports it (a directory's own size)
         bool is_directory = false;
         int64_t modified = 0;        // st_mtime, seconds since the epoch
         int64_t accessed = 0;        // st_atime, seconds since the epoch
@@ -159,8 +159,8 @@ public:
     std::vector<EntryReport> verify(const std::string& root) const;
 
 private:
-    std::optional<CacheEntry> load_from(const std::string& root, const CacheEntryId& id,
-                                        bool owned, const std::string* expected_spec_json) const;
+    std::optional<CacheEntry> load_from(const std::string& root, const CacheEntryId& id, bool owned,
+                                        const std::string* expected_spec_json) const;
     void evict(const CacheEntryId& stored) const;
 
     std::string root_;

@@ -20,7 +20,9 @@ inline float bits_float(uint32_t bits) {
 }
 
 // bfloat16 is the upper half of a float32.
-inline float bf16_to_float(uint16_t value) { return bits_float(uint32_t(value) << 16); }
+inline float bf16_to_float(uint16_t value) {
+    return bits_float(uint32_t(value) << 16);
+}
 
 inline uint16_t float_to_bf16(float value) {
     uint32_t bits = float_bits(value);
@@ -46,7 +48,7 @@ inline uint16_t float_to_fp16(float value) {
     uint32_t bits = float_bits(value);
     uint16_t sign = uint16_t((bits >> 16) & 0x8000u);
     uint32_t magnitude = bits & 0x7fffffffu;
-    if (magnitude > 0x7f800000u) return uint16_t(sign | 0x7e00u);  // NaN
+    if (magnitude > 0x7f800000u) return uint16_t(sign | 0x7e00u);   // NaN
     if (magnitude >= 0x477ff000u) return uint16_t(sign | 0x7c00u);  // rounds to >= 65520: inf
     if (magnitude < 0x38800000u) {
         // Result is subnormal in fp16: round magnitude / 2^-24 to an integer, ties to even.
@@ -66,13 +68,18 @@ inline uint16_t float_to_fp16(float value) {
 // halfway point could land on it and go to even (off by one unit in the last place).
 inline float float_round_to_odd(double value) {
     float nearest = float(value);
-    if (double(nearest) == value || value != value || nearest - nearest != 0.0f) return nearest;  // exact, NaN, inf
+    if (double(nearest) == value || value != value || nearest - nearest != 0.0f)
+        return nearest;  // exact, NaN, inf
     if ((nearest < 0.0f ? -double(nearest) : double(nearest)) > (value < 0.0 ? -value : value))
         nearest = bits_float(float_bits(nearest) - 1u);  // one step toward zero (same sign)
     return bits_float(float_bits(nearest) | 1u);
 }
 
-inline uint16_t double_to_fp16(double value) { return float_to_fp16(float_round_to_odd(value)); }
-inline uint16_t double_to_bf16(double value) { return float_to_bf16(float_round_to_odd(value)); }
+inline uint16_t double_to_fp16(double value) {
+    return float_to_fp16(float_round_to_odd(value));
+}
+inline uint16_t double_to_bf16(double value) {
+    return float_to_bf16(float_round_to_odd(value));
+}
 
 }  // namespace rope_jit

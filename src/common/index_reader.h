@@ -13,7 +13,9 @@ class IndexReader {
 public:
     explicit IndexReader(const TensorRef& t) : t_(t) {}
     int64_t operator[](int64_t i) const { return at(i * t_.strides[0]); }
-    int64_t operator()(int64_t i, int64_t j) const { return at(i * t_.strides[0] + j * t_.strides[1]); }
+    int64_t operator()(int64_t i, int64_t j) const {
+        return at(i * t_.strides[0] + j * t_.strides[1]);
+    }
 
 private:
     int64_t at(int64_t element) const {

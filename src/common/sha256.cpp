@@ -22,7 +22,9 @@ constexpr std::array<uint32_t, 64> kRound = {
 constexpr std::array<uint32_t, 8> kInitial = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
                                               0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
 
-inline uint32_t rotr(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
+inline uint32_t rotr(uint32_t x, int n) {
+    return (x >> n) | (x << (32 - n));
+}
 
 std::string hex(const std::array<uint8_t, 32>& digest) {
     static const char kDigits[] = "0123456789abcdef";
@@ -36,7 +38,9 @@ std::string hex(const std::array<uint8_t, 32>& digest) {
 
 }  // namespace
 
-Sha256::Sha256() { reset(); }
+Sha256::Sha256() {
+    reset();
+}
 
 void Sha256::reset() {
     state_ = kInitial;
@@ -107,7 +111,9 @@ void Sha256::update(const void* data, size_t size) {
     }
 }
 
-void Sha256::update(std::string_view s) { update(s.data(), s.size()); }
+void Sha256::update(std::string_view s) {
+    update(s.data(), s.size());
+}
 
 std::array<uint8_t, 32> Sha256::finish() {
     const uint64_t bit_length = total_bytes_ * 8;
@@ -128,7 +134,9 @@ std::array<uint8_t, 32> Sha256::finish() {
     return digest;
 }
 
-std::string Sha256::finish_hex() { return hex(finish()); }
+std::string Sha256::finish_hex() {
+    return hex(finish());
+}
 
 std::string sha256_hex(std::string_view data) {
     Sha256 hasher;

@@ -24,7 +24,7 @@ struct SpecValues {
 
 // Whether a JSON object (a manifest entry) may leave the field out: PLAIN fields take the
 // struct's default, DERIVED ones a value computed from the others, REQUIRED ones must be there.
-enum class SpecPresence { plain, derived, required };
+enum class SpecPresence { Plain, Derived, Required };
 
 template <typename Spec>
 struct SpecField {
@@ -48,13 +48,11 @@ inline std::string spec_value_names(const SpecValues& values) {
 // The JSON of a stored value.
 inline nlohmann::json spec_value_json(const SpecValues& values, int32_t value) {
     switch (values.kind) {
-        case SpecValues::boolean:
-            return bool(value);
+        case SpecValues::boolean: return bool(value);
         case SpecValues::named:
             return value >= 0 && value < values.count ? nlohmann::json(values.names[value])
                                                       : nlohmann::json(value);
-        case SpecValues::integer:
-            break;
+        case SpecValues::integer: break;
     }
     return value;
 }
@@ -75,8 +73,7 @@ inline int32_t spec_parse_value(const char* key, const SpecValues& values, int64
                     if (value.get<std::string>() == values.names[i]) return i;
             throw std::runtime_error(fmt::format("{}: expected one of {}, got {}", key,
                                                  spec_value_names(values), value.dump()));
-        case SpecValues::integer:
-            break;
+        case SpecValues::integer: break;
     }
     if (!value.is_number_integer())
         throw std::runtime_error(fmt::format("{}: expected an integer, got {}", key, value.dump()));
@@ -136,7 +133,7 @@ void spec_read_fields(Spec& spec, const SpecField<Spec> (&fields)[N], const nloh
         if (f.key == nullptr) continue;
         if (j.contains(f.key))
             spec.*f.member = spec_parse_value(f.key, *f.values, f.min, f.max, j[f.key]);
-        else if (f.presence == SpecPresence::required)
+        else if (f.presence == SpecPresence::Required)
             throw std::runtime_error(fmt::format("{}: required", f.key));
     }
 }

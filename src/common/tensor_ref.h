@@ -18,7 +18,9 @@ size_t dtype_size(DType dtype);
 inline bool is_float(DType dtype) {
     return dtype == DType::F32 || dtype == DType::F16 || dtype == DType::BF16;
 }
-inline bool is_index(DType dtype) { return dtype == DType::I32 || dtype == DType::I64; }
+inline bool is_index(DType dtype) {
+    return dtype == DType::I32 || dtype == DType::I64;
+}
 
 struct TensorRef {
     const char* name = "";  // the argument's name, for messages

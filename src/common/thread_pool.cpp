@@ -63,7 +63,8 @@ void ThreadPool::worker_loop() {
     }
 }
 
-void ThreadPool::parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& body) {
+void ThreadPool::parallel_for(int64_t n, int64_t grain,
+                              const std::function<void(int64_t, int64_t)>& body) {
     if (n <= 0) return;
     grain = std::max<int64_t>(grain, 1);
     std::unique_lock<std::mutex> busy(busy_, std::try_to_lock);

@@ -23,9 +23,10 @@ Struct read_versioned(const Struct* user, void (*init)(Struct*), const char* nam
     // Every version of a struct has a size that is a multiple of its alignment; any other
     // size would cut a field (a pointer) in two.
     if (size < sizeof(size_t) || size > (size_t(1) << 20) || size % alignof(Struct) != 0)
-        fail_argument(fmt::format("{}: struct_size is {}; initialize the struct with its _init function "
-                                  "before setting fields",
-                                  name, size));
+        fail_argument(
+            fmt::format("{}: struct_size is {}; initialize the struct with its _init function "
+                        "before setting fields",
+                        name, size));
     std::memcpy(static_cast<void*>(&args), user, std::min(size, sizeof(Struct)));
     args.struct_size = sizeof(Struct);
     return args;

@@ -46,8 +46,8 @@ bool load_driver(const std::string& library, CudaDriverApi& api, std::string& er
     if (handle == nullptr) {
         // dlerror already names the file.
         const char* reason = dlerror();
-        error = reason != nullptr ? "CUDA driver: " + std::string(reason)
-                                  : prefix + "dlopen failed";
+        error =
+            reason != nullptr ? "CUDA driver: " + std::string(reason) : prefix + "dlopen failed";
         return false;
     }
     auto fail = [&](const std::string& reason) {
@@ -86,12 +86,12 @@ bool load_driver(const std::string& library, CudaDriverApi& api, std::string& er
     };
 
     CudaDriverApi resolved;
-#define ROPE_JIT_CUDA_RESOLVE_(field, query, params)                                               \
-    {                                                                                              \
-        void* function = nullptr;                                                                  \
-        const std::string problem = get(query, &function);                                         \
-        if (!problem.empty()) return fail(problem);                                                \
-        resolved.field = reinterpret_cast<decltype(resolved.field)>(function);                     \
+#define ROPE_JIT_CUDA_RESOLVE_(field, query, params)                           \
+    {                                                                          \
+        void* function = nullptr;                                              \
+        const std::string problem = get(query, &function);                     \
+        if (!problem.empty()) return fail(problem);                            \
+        resolved.field = reinterpret_cast<decltype(resolved.field)>(function); \
     }
     ROPE_JIT_CUDA_SYMBOLS(ROPE_JIT_CUDA_RESOLVE_)
 #undef ROPE_JIT_CUDA_RESOLVE_
@@ -137,7 +137,9 @@ const CudaDriverApi* cuda_driver_api() {
     return s.loaded ? &s.api : nullptr;
 }
 
-const std::string& cuda_driver_load_error() { return state().error; }
+const std::string& cuda_driver_load_error() {
+    return state().error;
+}
 
 std::string cuda_driver_probe(const std::string& library) {
     CudaDriverApi api;
@@ -167,12 +169,12 @@ std::string cuda_device_target(int device) {
              ("cuDeviceGet(" + std::to_string(device) + ")").c_str());
     int major = 0;
     int minor = 0;
-    check_cu(api->cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
-                                       handle),
-             "cuDeviceGetAttribute(COMPUTE_CAPABILITY_MAJOR)");
-    check_cu(api->cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
-                                       handle),
-             "cuDeviceGetAttribute(COMPUTE_CAPABILITY_MINOR)");
+    check_cu(
+        api->cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, handle),
+        "cuDeviceGetAttribute(COMPUTE_CAPABILITY_MAJOR)");
+    check_cu(
+        api->cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, handle),
+        "cuDeviceGetAttribute(COMPUTE_CAPABILITY_MINOR)");
     return "sm_" + std::to_string(major * 10 + minor);
 }
 
@@ -196,11 +198,13 @@ void throw_cuda_error(CUresult result, const char* what) {
 const CudaDriverApi& require_cuda_driver() {
     const CudaDriverApi* api = cuda_driver_api();
     if (api == nullptr)
-        throw Error(ROPE_JIT_ERROR_BACKEND_UNAVAILABLE, "CUDA driver not available: " + cuda_driver_load_error());
+        throw Error(ROPE_JIT_ERROR_BACKEND_UNAVAILABLE,
+                    "CUDA driver not available: " + cuda_driver_load_error());
     return *api;
 }
 
-ContextScope::ContextScope(const CudaDriverApi& api, CUcontext context, CUcontext current) : api_(api) {
+ContextScope::ContextScope(const CudaDriverApi& api, CUcontext context, CUcontext current)
+    : api_(api) {
     if (context == current) return;
     if (current == nullptr) {
         // A thread with no context (PyTorch's autograd threads, a fresh std::thread) keeps the

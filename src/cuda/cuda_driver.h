@@ -80,57 +80,58 @@ constexpr int ROPE_JIT_CUDA_ABI_VERSION = 12000;
 // matches ROPE_JIT_CUDA_ABI_VERSION) and the parameters. All return CUresult.
 // cuGraphInstantiate is requested as cuGraphInstantiateWithFlags, the one name whose signature
 // never changed (12.0 repointed cuGraphInstantiate at it; before that it took a log buffer).
-#define ROPE_JIT_CUDA_SYMBOLS(X)                                                                   \
-    X(cuInit, "cuInit", (unsigned flags))                                                          \
-    X(cuDriverGetVersion, "cuDriverGetVersion", (int* version))                                    \
-    X(cuGetErrorName, "cuGetErrorName", (CUresult error, const char** name))                       \
-    X(cuGetErrorString, "cuGetErrorString", (CUresult error, const char** message))                \
-    X(cuDeviceGetCount, "cuDeviceGetCount", (int* count))                                          \
-    X(cuDeviceGet, "cuDeviceGet", (CUdevice* device, int ordinal))                                 \
-    X(cuDeviceGetAttribute, "cuDeviceGetAttribute", (int* value, int attribute, CUdevice dev))     \
-    X(cuDeviceGetName, "cuDeviceGetName", (char* name, int length, CUdevice device))               \
-    X(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", (CUcontext* ctx, CUdevice dev))        \
-    X(cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease", (CUdevice device))                   \
-    X(cuCtxGetCurrent, "cuCtxGetCurrent", (CUcontext* ctx))                                        \
-    X(cuCtxSetCurrent, "cuCtxSetCurrent", (CUcontext ctx))                                         \
-    X(cuCtxPushCurrent, "cuCtxPushCurrent", (CUcontext ctx))                                       \
-    X(cuCtxPopCurrent, "cuCtxPopCurrent", (CUcontext* ctx))                                        \
-    X(cuCtxGetDevice, "cuCtxGetDevice", (CUdevice* device))                                        \
-    X(cuCtxSynchronize, "cuCtxSynchronize", ())                                                    \
-    X(cuStreamGetCtx, "cuStreamGetCtx", (CUstream stream, CUcontext* ctx))                         \
-    X(cuModuleLoadData, "cuModuleLoadData", (CUmodule* module, const void* image))                 \
-    X(cuModuleUnload, "cuModuleUnload", (CUmodule module))                                         \
-    X(cuModuleGetFunction, "cuModuleGetFunction",                                                  \
-      (CUfunction* function, CUmodule module, const char* name))                                   \
-    X(cuLaunchKernel, "cuLaunchKernel",                                                            \
-      (CUfunction function, unsigned grid_x, unsigned grid_y, unsigned grid_z,                     \
-       unsigned block_x, unsigned block_y, unsigned block_z, unsigned shared_bytes,                \
-       CUstream stream, void** params, void** extra))                                              \
-    X(cuFuncSetAttribute, "cuFuncSetAttribute", (CUfunction f, int attribute, int value))          \
-    X(cuPointerGetAttribute, "cuPointerGetAttribute",                                              \
-      (void* data, int attribute, CUdeviceptr pointer))                                            \
-    X(cuMemAlloc, "cuMemAlloc", (CUdeviceptr* pointer, size_t bytes))                              \
-    X(cuMemFree, "cuMemFree", (CUdeviceptr pointer))                                               \
-    X(cuMemcpyHtoD, "cuMemcpyHtoD", (CUdeviceptr dst, const void* src, size_t bytes))              \
-    X(cuMemcpyDtoH, "cuMemcpyDtoH", (void* dst, CUdeviceptr src, size_t bytes))                    \
-    X(cuMemcpyDtoD, "cuMemcpyDtoD", (CUdeviceptr dst, CUdeviceptr src, size_t bytes))              \
-    X(cuMemsetD8, "cuMemsetD8", (CUdeviceptr dst, unsigned char value, size_t count))              \
-    X(cuMemsetD2D32Async, "cuMemsetD2D32Async",                                                    \
-      (CUdeviceptr dst, size_t pitch, unsigned value, size_t width, size_t height, CUstream stream)) \
-    X(cuStreamCreate, "cuStreamCreate", (CUstream* stream, unsigned flags))                        \
-    X(cuStreamDestroy, "cuStreamDestroy", (CUstream stream))                                       \
-    X(cuStreamSynchronize, "cuStreamSynchronize", (CUstream stream))                               \
-    X(cuStreamBeginCapture, "cuStreamBeginCapture", (CUstream stream, int mode))                   \
-    X(cuStreamEndCapture, "cuStreamEndCapture", (CUstream stream, CUgraph* graph))                 \
-    X(cuGraphInstantiate, "cuGraphInstantiateWithFlags",                                           \
-      (CUgraphExec* exec, CUgraph graph, unsigned long long flags))                                \
-    X(cuGraphLaunch, "cuGraphLaunch", (CUgraphExec exec, CUstream stream))                         \
-    X(cuGraphExecDestroy, "cuGraphExecDestroy", (CUgraphExec exec))                                \
-    X(cuGraphDestroy, "cuGraphDestroy", (CUgraph graph))                                           \
-    X(cuEventCreate, "cuEventCreate", (CUevent* event, unsigned flags))                            \
-    X(cuEventRecord, "cuEventRecord", (CUevent event, CUstream stream))                            \
-    X(cuEventSynchronize, "cuEventSynchronize", (CUevent event))                                   \
-    X(cuEventElapsedTime, "cuEventElapsedTime", (float* ms, CUevent start, CUevent end))           \
+#define ROPE_JIT_CUDA_SYMBOLS(X)                                                                  \
+    X(cuInit, "cuInit", (unsigned flags))                                                         \
+    X(cuDriverGetVersion, "cuDriverGetVersion", (int* version))                                   \
+    X(cuGetErrorName, "cuGetErrorName", (CUresult error, const char** name))                      \
+    X(cuGetErrorString, "cuGetErrorString", (CUresult error, const char** message))               \
+    X(cuDeviceGetCount, "cuDeviceGetCount", (int* count))                                         \
+    X(cuDeviceGet, "cuDeviceGet", (CUdevice * device, int ordinal))                               \
+    X(cuDeviceGetAttribute, "cuDeviceGetAttribute", (int* value, int attribute, CUdevice dev))    \
+    X(cuDeviceGetName, "cuDeviceGetName", (char* name, int length, CUdevice device))              \
+    X(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", (CUcontext * ctx, CUdevice dev))      \
+    X(cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease", (CUdevice device))                  \
+    X(cuCtxGetCurrent, "cuCtxGetCurrent", (CUcontext * ctx))                                      \
+    X(cuCtxSetCurrent, "cuCtxSetCurrent", (CUcontext ctx))                                        \
+    X(cuCtxPushCurrent, "cuCtxPushCurrent", (CUcontext ctx))                                      \
+    X(cuCtxPopCurrent, "cuCtxPopCurrent", (CUcontext * ctx))                                      \
+    X(cuCtxGetDevice, "cuCtxGetDevice", (CUdevice * device))                                      \
+    X(cuCtxSynchronize, "cuCtxSynchronize", ())                                                   \
+    X(cuStreamGetCtx, "cuStreamGetCtx", (CUstream stream, CUcontext * ctx))                       \
+    X(cuModuleLoadData, "cuModuleLoadData", (CUmodule * module, const void* image))               \
+    X(cuModuleUnload, "cuModuleUnload", (CUmodule module))                                        \
+    X(cuModuleGetFunction, "cuModuleGetFunction",                                                 \
+      (CUfunction * function, CUmodule module, const char* name))                                 \
+    X(cuLaunchKernel, "cuLaunchKernel",                                                           \
+      (CUfunction function, unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned block_x,  \
+       unsigned block_y, unsigned block_z, unsigned shared_bytes, CUstream stream, void** params, \
+       void** extra))                                                                             \
+    X(cuFuncSetAttribute, "cuFuncSetAttribute", (CUfunction f, int attribute, int value))         \
+    X(cuPointerGetAttribute, "cuPointerGetAttribute",                                             \
+      (void* data, int attribute, CUdeviceptr pointer))                                           \
+    X(cuMemAlloc, "cuMemAlloc", (CUdeviceptr * pointer, size_t bytes))                            \
+    X(cuMemFree, "cuMemFree", (CUdeviceptr pointer))                                              \
+    X(cuMemcpyHtoD, "cuMemcpyHtoD", (CUdeviceptr dst, const void* src, size_t bytes))             \
+    X(cuMemcpyDtoH, "cuMemcpyDtoH", (void* dst, CUdeviceptr src, size_t bytes))                   \
+    X(cuMemcpyDtoD, "cuMemcpyDtoD", (CUdeviceptr dst, CUdeviceptr src, size_t bytes))             \
+    X(cuMemsetD8, "cuMemsetD8", (CUdeviceptr dst, unsigned char value, size_t count))             \
+    X(cuMemsetD2D32Async, "cuMemsetD2D32Async",                                                   \
+      (CUdeviceptr dst, size_t pitch, unsigned value, size_t width, size_t height,                \
+       CUstream stream))                                                                          \
+    X(cuStreamCreate, "cuStreamCreate", (CUstream * stream, unsigned flags))                      \
+    X(cuStreamDestroy, "cuStreamDestroy", (CUstream stream))                                      \
+    X(cuStreamSynchronize, "cuStreamSynchronize", (CUstream stream))                              \
+    X(cuStreamBeginCapture, "cuStreamBeginCapture", (CUstream stream, int mode))                  \
+    X(cuStreamEndCapture, "cuStreamEndCapture", (CUstream stream, CUgraph * graph))               \
+    X(cuGraphInstantiate, "cuGraphInstantiateWithFlags",                                          \
+      (CUgraphExec * exec, CUgraph graph, unsigned long long flags))                              \
+    X(cuGraphLaunch, "cuGraphLaunch", (CUgraphExec exec, CUstream stream))                        \
+    X(cuGraphExecDestroy, "cuGraphExecDestroy", (CUgraphExec exec))                               \
+    X(cuGraphDestroy, "cuGraphDestroy", (CUgraph graph))                                          \
+    X(cuEventCreate, "cuEventCreate", (CUevent * event, unsigned flags))                          \
+    X(cuEventRecord, "cuEventRecord", (CUevent event, CUstream stream))                           \
+    X(cuEventSynchronize, "cuEventSynchronize", (CUevent event))                                  \
+    X(cuEventElapsedTime, "cuEventElapsedTime", (float* ms, CUevent start, CUevent end))          \
     X(cuEventDestroy, "cuEventDestroy", (CUevent event))
 
 // A TMA descriptor (cuda.h: CUtensorMap) and the cuTensorMapEncodeTiled arguments the
@@ -144,9 +145,10 @@ constexpr int CU_TENSOR_MAP_INTERLEAVE_NONE = 0;
 constexpr int CU_TENSOR_MAP_SWIZZLE_128B = 3;
 constexpr int CU_TENSOR_MAP_L2_PROMOTION_L2_256B = 3;
 constexpr int CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE = 0;  // out-of-bounds elements read as zero
-using CuTensorMapEncodeTiled = CUresult (*)(CUtensorMap* map, int data_type, unsigned rank, void* address,
-                                            const unsigned long long* dims, const unsigned long long* strides,
-                                            const unsigned* box, const unsigned* element_strides, int interleave,
+using CuTensorMapEncodeTiled = CUresult (*)(CUtensorMap* map, int data_type, unsigned rank,
+                                            void* address, const unsigned long long* dims,
+                                            const unsigned long long* strides, const unsigned* box,
+                                            const unsigned* element_strides, int interleave,
                                             int swizzle, int l2_promotion, int oob_fill);
 
 struct CudaDriverApi {

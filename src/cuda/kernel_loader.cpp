@@ -34,7 +34,9 @@ LoadedKernel load_kernel_module(const CudaDriverApi& api, const std::vector<char
 KernelLoader::KernelLoader(const CudaDriverApi& api, const DiskCache* disk, KernelStats& stats)
     : api_(api), disk_(disk), stats_(stats) {}
 
-KernelLoader::~KernelLoader() { kernels_.unload_all(api_); }
+KernelLoader::~KernelLoader() {
+    kernels_.unload_all(api_);
+}
 
 LoadedKernel KernelLoader::build(const SpecKey& spec, CUcontext context, const std::string& target,
                                  const std::function<KernelRecipe()>& make_recipe) {

@@ -90,13 +90,13 @@ private:
     std::condition_variable wake_;  // workers: a job or stop
     std::condition_variable done_;  // take and wait_idle: a job finished
     std::deque<Job> queue_;
-    std::vector<std::string> running_;          // keys being built now
+    std::vector<std::string> running_;  // keys being built now
     struct Kept {
         KernelBinary binary;
         uint64_t compile_microseconds = 0;
     };
-    std::map<std::string, Kept> kept_;  // results no call took yet, by key
-    std::deque<std::string> kept_order_;        // oldest first
+    std::map<std::string, Kept> kept_;    // results no call took yet, by key
+    std::deque<std::string> kept_order_;  // oldest first
     std::vector<std::thread> workers_;
     bool stopping_ = false;
 };

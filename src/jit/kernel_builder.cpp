@@ -42,13 +42,13 @@ CompilePlan plan_compile(const std::string& spec_json, const std::string& target
     plan.target_used = choose_target(target, nvrtc_supported_archs());
     plan.options = compile_options(plan.target_used, kExtraOptions);
     const bool is_ptx = plan.target_used.rfind("compute_", 0) == 0;
-    plan.entry = CacheEntryId{kernel_cache_key(spec_json, plan.target_used, plan.options), nvrtc_version_string(),
-                              target, is_ptx ? "ptx" : "cubin"};
+    plan.entry = CacheEntryId{kernel_cache_key(spec_json, plan.target_used, plan.options),
+                              nvrtc_version_string(), target, is_ptx ? "ptx" : "cubin"};
     return plan;
 }
 
-KernelBinary build_kernel_binary(const KernelRecipe& recipe, const std::string& target, const DiskCache* disk,
-                                 KernelStats& stats) {
+KernelBinary build_kernel_binary(const KernelRecipe& recipe, const std::string& target,
+                                 const DiskCache* disk, KernelStats& stats) {
     const CompilePlan plan = plan_compile(recipe.spec_json, recipe.compile_target(target));
     const CacheEntryId& id = plan.entry;
 
@@ -77,7 +77,8 @@ KernelBinary build_kernel_binary(const KernelRecipe& recipe, const std::string& 
     CompileResult compiled = compile_cuda(recipe.source(), recipe.template_name, plan.target_used,
                                           kExtraOptions, kernel_headers());
     stats.compiles.fetch_add(1, std::memory_order_relaxed);
-    stats.compile_microseconds.fetch_add(uint64_t(compiled.milliseconds * 1000.0), std::memory_order_relaxed);
+    stats.compile_microseconds.fetch_add(uint64_t(compiled.milliseconds * 1000.0),
+                                         std::memory_order_relaxed);
     binary.image = std::move(compiled.binary);
     binary.compiled = true;
     if (disk != nullptr && disk->store(id, CacheEntry{recipe.spec_json, binary.image}))

@@ -59,7 +59,7 @@ CompilePlan plan_compile(const std::string& spec_json, const std::string& target
 // each key once; an entry a peer stored meanwhile counts as a disk hit.
 // Throws Error(COMPILE) with the NVRTC log, Error(BACKEND_UNAVAILABLE) without NVRTC, and the
 // recipe's target errors.
-KernelBinary build_kernel_binary(const KernelRecipe& recipe, const std::string& target, const DiskCache* disk,
-                                 KernelStats& stats);
+KernelBinary build_kernel_binary(const KernelRecipe& recipe, const std::string& target,
+                                 const DiskCache* disk, KernelStats& stats);
 
 }  // namespace rope_jit

@@ -84,7 +84,9 @@ private:
     struct Key {
         SpecKey spec;
         CUcontext context;
-        bool operator==(const Key& other) const { return spec == other.spec && context == other.context; }
+        bool operator==(const Key& other) const {
+            return spec == other.spec && context == other.context;
+        }
     };
     struct KeyHash {
         size_t operator()(const Key& key) const noexcept {

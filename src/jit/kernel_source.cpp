@@ -11,7 +11,8 @@ namespace {
 const EmbeddedTemplate& find_template(const std::string& name) {
     for (const EmbeddedTemplate& t : embedded_templates())
         if (t.name == name) return t;
-    throw Error(ROPE_JIT_ERROR_INTERNAL, "kernel template '" + name + "' is not embedded in the library");
+    throw Error(ROPE_JIT_ERROR_INTERNAL,
+                "kernel template '" + name + "' is not embedded in the library");
 }
 
 }  // namespace
@@ -25,7 +26,8 @@ const std::vector<NamedSource>& kernel_headers() {
     static const std::vector<NamedSource> headers = [] {
         std::vector<NamedSource> list;
         for (const EmbeddedTemplate& t : embedded_templates())
-            if (t.name.size() > 2 && t.name.compare(t.name.size() - 2, 2, ".h") == 0) list.push_back({t.name, t.source});
+            if (t.name.size() > 2 && t.name.compare(t.name.size() - 2, 2, ".h") == 0)
+                list.push_back({t.name, t.source});
         return list;
     }();
     return headers;

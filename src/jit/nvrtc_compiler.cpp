@@ -38,8 +38,8 @@ ParsedTarget parse_target(const std::string& target) {
     }
     parsed.suffix = rest.substr(digits);
     // Five digits is far beyond any real architecture and keeps stoi from overflowing.
-    if (digits < 2 || digits > 5 || !(parsed.suffix.empty() || parsed.suffix == "a" ||
-                                      parsed.suffix == "f")) {
+    if (digits < 2 || digits > 5 ||
+        !(parsed.suffix.empty() || parsed.suffix == "a" || parsed.suffix == "f")) {
         fail_argument("target '" + target + "' is neither sm_XY nor compute_XY");
     }
     parsed.arch = std::stoi(rest.substr(0, digits));
@@ -111,9 +111,12 @@ std::string choose_target_for_device(int major, int minor) {
     return choose_target("sm_" + std::to_string(major * 10 + minor), nvrtc_supported_archs());
 }
 
-std::vector<std::string> default_compile_options() { return {"-std=c++17"}; }
+std::vector<std::string> default_compile_options() {
+    return {"-std=c++17"};
+}
 
-std::vector<std::string> compile_options(const std::string& target_used, const std::vector<std::string>& extra_options) {
+std::vector<std::string> compile_options(const std::string& target_used,
+                                         const std::vector<std::string>& extra_options) {
     std::vector<std::string> options = default_compile_options();
     options.push_back("--gpu-architecture=" + target_used);
     options.insert(options.end(), extra_options.begin(), extra_options.end());
@@ -121,8 +124,7 @@ std::vector<std::string> compile_options(const std::string& target_used, const s
 }
 
 CompileResult compile_cuda(const std::string& source, const std::string& program_name,
-                           const std::string& target,
-                           const std::vector<std::string>& extra_options,
+                           const std::string& target, const std::vector<std::string>& extra_options,
                            const std::vector<NamedSource>& headers) {
     const NvrtcApi& api = require_nvrtc();
     const auto start = std::chrono::steady_clock::now();
@@ -161,8 +163,8 @@ CompileResult compile_cuda(const std::string& source, const std::string& program
     if (compiled != NVRTC_SUCCESS) {
         throw Error(compiled == NVRTC_ERROR_OUT_OF_MEMORY ? ROPE_JIT_ERROR_OUT_OF_MEMORY
                                                           : ROPE_JIT_ERROR_COMPILE,
-                    context + " (" + nvrtc_error_name(compiled) + ")\noptions: " +
-                        join(result.options) + "\nlog:\n" + result.log);
+                    context + " (" + nvrtc_error_name(compiled) +
+                        ")\noptions: " + join(result.options) + "\nlog:\n" + result.log);
     }
 
     size_t size = 0;
@@ -180,13 +182,12 @@ CompileResult compile_cuda(const std::string& source, const std::string& program
     }
     if (extracted != NVRTC_SUCCESS) {
         throw Error(ROPE_JIT_ERROR_COMPILE, context + ": retrieving the " + what + ": " +
-                                                nvrtc_error_name(extracted) + "\noptions: " +
-                                                join(result.options));
+                                                nvrtc_error_name(extracted) +
+                                                "\noptions: " + join(result.options));
     }
 
     result.milliseconds =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-            .count();
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     return result;
 }
 

@@ -45,7 +45,8 @@ std::vector<std::string> default_compile_options();
 // Every option a compile for `target_used` (choose_target's answer) gets, in order:
 // default_compile_options(), --gpu-architecture=<target_used>, then extra_options. What
 // compile_cuda passes to NVRTC, and what cache keys hash.
-std::vector<std::string> compile_options(const std::string& target_used, const std::vector<std::string>& extra_options);
+std::vector<std::string> compile_options(const std::string& target_used,
+                                         const std::vector<std::string>& extra_options);
 
 // A header the compiled source may #include by `name` (NVRTC reads it from memory).
 struct NamedSource {
@@ -61,8 +62,7 @@ struct NamedSource {
 // NVRTC log; Error(ROPE_JIT_ERROR_BACKEND_UNAVAILABLE) when NVRTC cannot be loaded, with the
 // reason; and choose_target's errors.
 CompileResult compile_cuda(const std::string& source, const std::string& program_name,
-                           const std::string& target,
-                           const std::vector<std::string>& extra_options,
+                           const std::string& target, const std::vector<std::string>& extra_options,
                            const std::vector<NamedSource>& headers = {});
 
 }  // namespace rope_jit

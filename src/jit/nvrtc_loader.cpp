@@ -74,8 +74,8 @@ std::string loaded_path(void* handle, const std::string& fallback) {
 // otherwise why this library is unusable.
 std::string try_library(void* handle, NvrtcState& state) {
     NvrtcApi api;
-#define ROPE_JIT_NVRTC_RESOLVE_(name, ret, params)                                                 \
-    api.name = reinterpret_cast<decltype(api.name)>(dlsym(handle, #name));                         \
+#define ROPE_JIT_NVRTC_RESOLVE_(name, ret, params)                         \
+    api.name = reinterpret_cast<decltype(api.name)>(dlsym(handle, #name)); \
     if (api.name == nullptr) return "missing symbol " #name " (NVRTC older than 11.2?)";
     ROPE_JIT_NVRTC_SYMBOLS(ROPE_JIT_NVRTC_RESOLVE_)
 #undef ROPE_JIT_NVRTC_RESOLVE_
@@ -122,8 +122,8 @@ NvrtcState load() {
         failures += "\n  " + name + ": " + problem;
         dlclose(handle);
     }
-    state.error = "no usable NVRTC library (set ROPE_JIT_NVRTC_LIBRARY to its path); tried:" +
-                  failures;
+    state.error =
+        "no usable NVRTC library (set ROPE_JIT_NVRTC_LIBRARY to its path); tried:" + failures;
     return state;
 }
 
@@ -141,17 +141,27 @@ const NvrtcApi* nvrtc_api() {
 
 const NvrtcApi& require_nvrtc() {
     const NvrtcApi* api = nvrtc_api();
-    if (api == nullptr) throw Error(ROPE_JIT_ERROR_BACKEND_UNAVAILABLE, "NVRTC is not available: " + nvrtc_load_error());
+    if (api == nullptr)
+        throw Error(ROPE_JIT_ERROR_BACKEND_UNAVAILABLE,
+                    "NVRTC is not available: " + nvrtc_load_error());
     return *api;
 }
 
-const std::string& nvrtc_load_error() { return state().error; }
+const std::string& nvrtc_load_error() {
+    return state().error;
+}
 
-const std::string& nvrtc_library_path() { return state().path; }
+const std::string& nvrtc_library_path() {
+    return state().path;
+}
 
-const std::string& nvrtc_version_string() { return state().version; }
+const std::string& nvrtc_version_string() {
+    return state().version;
+}
 
-const std::vector<int>& nvrtc_supported_archs() { return state().archs; }
+const std::vector<int>& nvrtc_supported_archs() {
+    return state().archs;
+}
 
 std::string nvrtc_error_name(nvrtcResult result) {
     if (const NvrtcApi* api = nvrtc_api()) {

@@ -20,22 +20,22 @@ constexpr nvrtcResult NVRTC_ERROR_COMPILATION = 6;
 
 // Every NVRTC entry point the runtime uses, one line each: name, return type, parameters.
 // nvrtcGetSupportedArchs (NVRTC 11.2) is the newest, so older libraries are rejected.
-#define ROPE_JIT_NVRTC_SYMBOLS(X)                                                                  \
-    X(nvrtcVersion, nvrtcResult, (int* major, int* minor))                                         \
-    X(nvrtcGetErrorString, const char*, (nvrtcResult result))                                      \
-    X(nvrtcCreateProgram, nvrtcResult,                                                             \
-      (nvrtcProgram* program, const char* source, const char* name, int num_headers,               \
-       const char* const* headers, const char* const* include_names))                              \
-    X(nvrtcDestroyProgram, nvrtcResult, (nvrtcProgram* program))                                   \
-    X(nvrtcCompileProgram, nvrtcResult,                                                            \
-      (nvrtcProgram program, int num_options, const char* const* options))                         \
-    X(nvrtcGetProgramLogSize, nvrtcResult, (nvrtcProgram program, size_t* size))                   \
-    X(nvrtcGetProgramLog, nvrtcResult, (nvrtcProgram program, char* log))                          \
-    X(nvrtcGetPTXSize, nvrtcResult, (nvrtcProgram program, size_t* size))                          \
-    X(nvrtcGetPTX, nvrtcResult, (nvrtcProgram program, char* ptx))                                 \
-    X(nvrtcGetCUBINSize, nvrtcResult, (nvrtcProgram program, size_t* size))                        \
-    X(nvrtcGetCUBIN, nvrtcResult, (nvrtcProgram program, char* cubin))                             \
-    X(nvrtcGetNumSupportedArchs, nvrtcResult, (int* count))                                        \
+#define ROPE_JIT_NVRTC_SYMBOLS(X)                                                     \
+    X(nvrtcVersion, nvrtcResult, (int* major, int* minor))                            \
+    X(nvrtcGetErrorString, const char*, (nvrtcResult result))                         \
+    X(nvrtcCreateProgram, nvrtcResult,                                                \
+      (nvrtcProgram * program, const char* source, const char* name, int num_headers, \
+       const char* const* headers, const char* const* include_names))                 \
+    X(nvrtcDestroyProgram, nvrtcResult, (nvrtcProgram * program))                     \
+    X(nvrtcCompileProgram, nvrtcResult,                                               \
+      (nvrtcProgram program, int num_options, const char* const* options))            \
+    X(nvrtcGetProgramLogSize, nvrtcResult, (nvrtcProgram program, size_t * size))     \
+    X(nvrtcGetProgramLog, nvrtcResult, (nvrtcProgram program, char* log))             \
+    X(nvrtcGetPTXSize, nvrtcResult, (nvrtcProgram program, size_t * size))            \
+    X(nvrtcGetPTX, nvrtcResult, (nvrtcProgram program, char* ptx))                    \
+    X(nvrtcGetCUBINSize, nvrtcResult, (nvrtcProgram program, size_t * size))          \
+    X(nvrtcGetCUBIN, nvrtcResult, (nvrtcProgram program, char* cubin))                \
+    X(nvrtcGetNumSupportedArchs, nvrtcResult, (int* count))                           \
     X(nvrtcGetSupportedArchs, nvrtcResult, (int* archs))
 
 struct NvrtcApi {

@@ -18,9 +18,21 @@ constexpr double kNegativeInfinity = -std::numeric_limits<double>::infinity();
 double read_float(const TensorRef& t, int64_t element) {
     const char* address = t.data + element * int64_t(dtype_size(t.dtype));
     switch (t.dtype) {
-        case DType::F32: { float v; std::memcpy(&v, address, 4); return v; }
-        case DType::F16: { uint16_t v; std::memcpy(&v, address, 2); return fp16_to_float(v); }
-        case DType::BF16: { uint16_t v; std::memcpy(&v, address, 2); return bf16_to_float(v); }
+        case DType::F32: {
+            float v;
+            std::memcpy(&v, address, 4);
+            return v;
+        }
+        case DType::F16: {
+            uint16_t v;
+            std::memcpy(&v, address, 2);
+            return fp16_to_float(v);
+        }
+        case DType::BF16: {
+            uint16_t v;
+            std::memcpy(&v, address, 2);
+            return bf16_to_float(v);
+        }
         case DType::U8: return double(*reinterpret_cast<const uint8_t*>(address));
         default: return 0.0;  // make_attention_problem admits no other dtype here
     }
@@ -29,9 +41,21 @@ double read_float(const TensorRef& t, int64_t element) {
 void write_float(const TensorRef& t, int64_t element, double value) {
     char* address = t.data + element * int64_t(dtype_size(t.dtype));
     switch (t.dtype) {
-        case DType::F32: { const float v = float(value); std::memcpy(address, &v, 4); break; }
-        case DType::F16: { const uint16_t v = double_to_fp16(value); std::memcpy(address, &v, 2); break; }
-        case DType::BF16: { const uint16_t v = double_to_bf16(value); std::memcpy(address, &v, 2); break; }
+        case DType::F32: {
+            const float v = float(value);
+            std::memcpy(address, &v, 4);
+            break;
+        }
+        case DType::F16: {
+            const uint16_t v = double_to_fp16(value);
+            std::memcpy(address, &v, 2);
+            break;
+        }
+        case DType::BF16: {
+            const uint16_t v = double_to_bf16(value);
+            std::memcpy(address, &v, 2);
+            break;
+        }
         default: break;
     }
 }
@@ -46,7 +70,8 @@ void read_row(const TensorRef& t, int64_t b, int64_t h, int64_t s, double* out, 
     for (int64_t d = 0; d < D; ++d) out[d] = read_float(t, base + d * t.strides[3]);
 }
 
-void write_row(const TensorRef& t, int64_t b, int64_t h, int64_t s, const double* values, int64_t D) {
+void write_row(const TensorRef& t, int64_t b, int64_t h, int64_t s, const double* values,
+               int64_t D) {
     const int64_t base = offset4(t, b, h, s);
     for (int64_t d = 0; d < D; ++d) write_float(t, base + d * t.strides[3], values[d]);
 }
@@ -69,7 +94,8 @@ public:
     // Whether token s of batch b has a position (every token does without pos_mask).
     bool positioned(int64_t b, int64_t s) const {
         if (!p_.has_pos_mask) return true;
-        return read_float(p_.pos_mask, b * p_.pos_mask.strides[0] + s * p_.pos_mask.strides[1]) != 0.0;
+        return read_float(p_.pos_mask, b * p_.pos_mask.strides[0] + s * p_.pos_mask.strides[1]) !=
+               0.0;
     }
 
     // Whether the pair (i, j) scores rotated vectors: both tokens have positions. Tokens that
@@ -116,7 +142,8 @@ struct KeyValues {
     int64_t D = 0;
     std::vector<double> plain, rotated, values;
 
-    KeyValues(const AttentionProblem& p, const Tokens& tokens, int64_t b, int64_t hk) : D(p.head_dim) {
+    KeyValues(const AttentionProblem& p, const Tokens& tokens, int64_t b, int64_t hk)
+        : D(p.head_dim) {
         const size_t n = size_t(p.seqlen_k * D);
         plain.resize(n);
         rotated.resize(n);
@@ -137,8 +164,9 @@ struct KeyValues {
 // Returns false when every key is masked (p all 0, lse -inf). A NaN score makes the
 // probabilities of every visible key and the lse NaN, also when no other key is visible: a
 // NaN must not pass for "sees no key" (std::max drops NaN, so the maximum alone cannot tell).
-bool row_softmax(const AttentionProblem& p, const Tokens& tokens, const KeyValues& kv, int64_t b, int64_t i,
-                 const double* q_plain, const double* q_rotated, std::vector<double>& prob, double* lse) {
+bool row_softmax(const AttentionProblem& p, const Tokens& tokens, const KeyValues& kv, int64_t b,
+                 int64_t i, const double* q_plain, const double* q_rotated,
+                 std::vector<double>& prob, double* lse) {
     const int64_t D = p.head_dim;
     double max_score = kNegativeInfinity;
     bool nan_score = false;
@@ -155,7 +183,8 @@ bool row_softmax(const AttentionProblem& p, const Tokens& tokens, const KeyValue
         nan_score = nan_score || std::isnan(score);
     }
     if (nan_score) {  // NaN for every key the row sees, 0 for masked ones (as the GPU kernels)
-        for (double& x : prob) x = x == kNegativeInfinity ? 0.0 : std::numeric_limits<double>::quiet_NaN();
+        for (double& x : prob)
+            x = x == kNegativeInfinity ? 0.0 : std::numeric_limits<double>::quiet_NaN();
         *lse = std::numeric_limits<double>::quiet_NaN();
         return true;
     }
@@ -184,9 +213,11 @@ void attention_forward_cpu(const AttentionProblem& p, ThreadPool& pool) {
     const int64_t row_blocks = (p.seqlen_q + kRowsPerUnit - 1) / kRowsPerUnit;
     const int64_t units = p.batch * p.heads_q * row_blocks;
     pool.parallel_for(units, 1, [&](int64_t begin, int64_t end) {
-        std::vector<double> q_plain(static_cast<size_t>(D)), q_rotated(static_cast<size_t>(D)), o(static_cast<size_t>(D)), prob(static_cast<size_t>(p.seqlen_k));
+        std::vector<double> q_plain(static_cast<size_t>(D)), q_rotated(static_cast<size_t>(D)),
+            o(static_cast<size_t>(D)), prob(static_cast<size_t>(p.seqlen_k));
         for (int64_t u = begin; u < end; ++u) {
-            const int64_t block = u % row_blocks, h = (u / row_blocks) % p.heads_q, b = u / (row_blocks * p.heads_q);
+            const int64_t block = u % row_blocks, h = (u / row_blocks) % p.heads_q,
+                          b = u / (row_blocks * p.heads_q);
             const KeyValues kv(p, tokens, b, h / p.group());
             const int64_t last = std::min(p.seqlen_q, (block + 1) * kRowsPerUnit);
             for (int64_t i = block * kRowsPerUnit; i < last; ++i) {
@@ -199,7 +230,10 @@ void attention_forward_cpu(const AttentionProblem& p, ThreadPool& pool) {
                     for (int64_t j = 0; j < p.seqlen_k; ++j)
                         if (prob[size_t(j)] != 0.0) axpy(prob[size_t(j)], kv.v(j), o.data(), D);
                 write_row(p.out, b, h, i, o.data(), D);
-                if (p.has_lse) write_float(p.lse, b * p.lse.strides[0] + h * p.lse.strides[1] + i * p.lse.strides[2], lse);
+                if (p.has_lse)
+                    write_float(p.lse,
+                                b * p.lse.strides[0] + h * p.lse.strides[1] + i * p.lse.strides[2],
+                                lse);
             }
         }
     });
@@ -212,8 +246,10 @@ void attention_backward_cpu(const AttentionProblem& p, ThreadPool& pool) {
     // One unit per (batch, kv head): it owns dk and dv of that head and dq of its query heads,
     // so units write disjoint memory and the sums run in one fixed order (deterministic).
     pool.parallel_for(p.batch * p.heads_k, 1, [&](int64_t begin, int64_t end) {
-        std::vector<double> q_plain(static_cast<size_t>(D)), q_rotated(static_cast<size_t>(D)), dout(static_cast<size_t>(D)), prob(static_cast<size_t>(p.seqlen_k)),
-            dprob(static_cast<size_t>(p.seqlen_k)), dq_rotated(static_cast<size_t>(D)), dq_plain(static_cast<size_t>(D));
+        std::vector<double> q_plain(static_cast<size_t>(D)), q_rotated(static_cast<size_t>(D)),
+            dout(static_cast<size_t>(D)), prob(static_cast<size_t>(p.seqlen_k)),
+            dprob(static_cast<size_t>(p.seqlen_k)), dq_rotated(static_cast<size_t>(D)),
+            dq_plain(static_cast<size_t>(D));
         for (int64_t u = begin; u < end; ++u) {
             const int64_t b = u / p.heads_k, hk = u % p.heads_k;
             const KeyValues kv(p, tokens, b, hk);
@@ -230,11 +266,13 @@ void attention_backward_cpu(const AttentionProblem& p, ThreadPool& pool) {
                     std::fill(dq_rotated.begin(), dq_rotated.end(), 0.0);
                     std::fill(dq_plain.begin(), dq_plain.end(), 0.0);
                     double lse = 0;
-                    if (row_softmax(p, tokens, kv, b, i, q_plain.data(), q_rotated.data(), prob, &lse)) {
+                    if (row_softmax(p, tokens, kv, b, i, q_plain.data(), q_rotated.data(), prob,
+                                    &lse)) {
                         // d(loss)/d(score_j) = p_j (dp_j - sum_k p_k dp_k), dp_j = dout . v_j.
                         double weighted = 0;
                         for (int64_t j = 0; j < p.seqlen_k; ++j) {
-                            dprob[size_t(j)] = prob[size_t(j)] != 0.0 ? dot(dout.data(), kv.v(j), D) : 0.0;
+                            dprob[size_t(j)] =
+                                prob[size_t(j)] != 0.0 ? dot(dout.data(), kv.v(j), D) : 0.0;
                             weighted += prob[size_t(j)] * dprob[size_t(j)];
                         }
                         for (int64_t j = 0; j < p.seqlen_k; ++j) {

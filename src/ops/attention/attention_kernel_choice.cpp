@@ -78,12 +78,9 @@ const TileRow kTileTable[] = {
 
 int32_t dtype_code(DType dtype) {
     switch (dtype) {
-        case DType::F16:
-            return 1;
-        case DType::BF16:
-            return 2;
-        default:
-            return 0;
+        case DType::F16: return 1;
+        case DType::BF16: return 2;
+        default: return 0;
     }
 }
 
@@ -195,18 +192,22 @@ AttentionLaunchPlan attention_launch_plan(const AttentionSpec& s) {
                                    s.m_tiles, s.block_n, s.stages, s.producer_warps);
 }
 
-int AttentionSpec::shared_bytes() const { return attention_launch_plan(*this).shared_bytes; }
+int AttentionSpec::shared_bytes() const {
+    return attention_launch_plan(*this).shared_bytes;
+}
 
-int AttentionSpec::threads() const { return attention_launch_plan(*this).threads; }
+int AttentionSpec::threads() const {
+    return attention_launch_plan(*this).threads;
+}
 
 WgmmaRule wgmma_broken_rule(const AttentionSpec& s) {
     const int dp = attention_launch_plan(s).head_dim_padded;
-    if (s.kind != 0) return WgmmaRule::forward;
-    if (dp != 64 && dp != 128) return WgmmaRule::head_dim;
-    if (s.block_n != 64 && s.block_n != 128) return WgmmaRule::key_tile;
-    if ((s.warps != 4 && s.warps != 8 && s.warps != 12) || s.m_tiles != 1) return WgmmaRule::warps;
-    if (s.pos_mask) return WgmmaRule::pos_mask;
-    if (s.stages != 2 && s.stages != 3) return WgmmaRule::stages;
+    if (s.kind != 0) return WgmmaRule::Forward;
+    if (dp != 64 && dp != 128) return WgmmaRule::HeadDim;
+    if (s.block_n != 64 && s.block_n != 128) return WgmmaRule::KeyTile;
+    if ((s.warps != 4 && s.warps != 8 && s.warps != 12) || s.m_tiles != 1) return WgmmaRule::Warps;
+    if (s.pos_mask) return WgmmaRule::PosMask;
+    if (s.stages != 2 && s.stages != 3) return WgmmaRule::Stages;
     // Producers read table columns in 8- or 16-byte pieces, so the tables must allow it (as
     // for staging them); the block takes at most three warpgroups (a fourth leaves everyone
     // too few registers: measured, it spills and runs at half speed). A head_dim that pads
@@ -214,11 +215,11 @@ WgmmaRule wgmma_broken_rule(const AttentionSpec& s) {
     if ((s.producer_warps != 0 && s.producer_warps != 4) ||
         (s.producer_warps > 0 &&
          ((s.rotary_dim > 0 && !s.table_async) || s.warps + s.producer_warps > 12)))
-        return WgmmaRule::producer;
+        return WgmmaRule::Producer;
     if (s.cluster != 1 && (s.producer_warps == 0 || (s.cluster != 2 && s.cluster != 4) ||
                            s.gqa_group % s.cluster != 0 || (s.block_n / s.cluster) % 8 != 0))
-        return WgmmaRule::cluster;
-    return WgmmaRule::none;
+        return WgmmaRule::Cluster;
+    return WgmmaRule::None;
 }
 
 std::vector<AttentionSpec> choose_attention_specs(const AttentionProblem& p,
@@ -292,7 +293,7 @@ std::vector<AttentionSpec> choose_attention_specs(const AttentionProblem& p,
         if (shape.block_n % 16 != 0 || shape.warps > 16 ||
             (shape.m_tiles != 1 && !(shape.m_tiles == 2 && kind == Kind::Forward)))
             return std::nullopt;
-        if (shape.wgmma && (!device.wgmma || wgmma_broken_rule(spec) != WgmmaRule::none))
+        if (shape.wgmma && (!device.wgmma || wgmma_broken_rule(spec) != WgmmaRule::None))
             return std::nullopt;
         if (shape.producer_warps > 0 && !(device.tma && tma_friendly(p.k) && tma_friendly(p.v)))
             return std::nullopt;

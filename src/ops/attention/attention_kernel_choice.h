@@ -77,17 +77,7 @@ AttentionLaunchPlan attention_launch_plan(const AttentionSpec& spec);
 // of 2 or 4 blocks only with producer warps, within a GQA group, over shares of whole 8-row
 // units. The first one `spec` breaks, or none. No text here: the kernel choice asks on every
 // launch; AttentionSpec::validate words the error.
-enum class WgmmaRule {
-    none,
-    forward,
-    head_dim,
-    key_tile,
-    warps,
-    pos_mask,
-    stages,
-    producer,
-    cluster
-};
+enum class WgmmaRule { None, Forward, HeadDim, KeyTile, Warps, PosMask, Stages, Producer, Cluster };
 WgmmaRule wgmma_broken_rule(const AttentionSpec& spec);
 
 }  // namespace rope_jit

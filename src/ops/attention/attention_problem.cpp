@@ -25,29 +25,33 @@ void require_float_dtype(const TensorRef& t) {
 
 // A [B, H, S, D] tensor with its expected dims (-1 = any); `like` names the tensor the
 // expected dims come from, for the message.
-void require_shape4(const TensorRef& t, int64_t b, int64_t h, int64_t s, int64_t d, const char* like) {
+void require_shape4(const TensorRef& t, int64_t b, int64_t h, int64_t s, int64_t d,
+                    const char* like) {
     if (t.ndim != 4)
-        fail_argument(fmt::format("{}: expected 4 dimensions [B, H, S, D], got {}", t.name, t.shape_string()));
+        fail_argument(fmt::format("{}: expected 4 dimensions [B, H, S, D], got {}", t.name,
+                                  t.shape_string()));
     const int64_t expected[4] = {b, h, s, d};
     for (int i = 0; i < 4; ++i)
         if (expected[i] >= 0 && t.shape[i] != expected[i])
-            fail_argument(fmt::format("{}: shape {} does not match {} (dimension {} should be {})", t.name,
-                                      t.shape_string(), like, i, expected[i]));
+            fail_argument(fmt::format("{}: shape {} does not match {} (dimension {} should be {})",
+                                      t.name, t.shape_string(), like, i, expected[i]));
 }
 
 void require_same_dtype(const TensorRef& t, const TensorRef& reference) {
     if (t.dtype != reference.dtype)
-        fail_argument(fmt::format("{}: dtype {} differs from {}'s {}", t.name, dtype_name(t.dtype), reference.name,
-                                  dtype_name(reference.dtype)));
+        fail_argument(fmt::format("{}: dtype {} differs from {}'s {}", t.name, dtype_name(t.dtype),
+                                  reference.name, dtype_name(reference.dtype)));
 }
 
 void require_same_device(const TensorRef& t, const TensorRef& reference) {
     if (!t.present()) return;
-    if (t.device.device_type != reference.device.device_type || t.device.device_id != reference.device.device_id)
-        fail_argument(fmt::format("{}: lives on {} device {}, but {} lives on {} device {}; every tensor of a "
-                                  "call must be on one device",
-                                  t.name, device_name(t.device.device_type), t.device.device_id, reference.name,
-                                  device_name(reference.device.device_type), reference.device.device_id));
+    if (t.device.device_type != reference.device.device_type ||
+        t.device.device_id != reference.device.device_id)
+        fail_argument(fmt::format(
+            "{}: lives on {} device {}, but {} lives on {} device {}; every tensor of a "
+            "call must be on one device",
+            t.name, device_name(t.device.device_type), t.device.device_id, reference.name,
+            device_name(reference.device.device_type), reference.device.device_id));
 }
 
 // A view with the same data as `t` and explicit dims, for the normalized mask views.
@@ -88,9 +92,10 @@ AttentionProblem make_attention_problem(const rope_jit_attention_args& args, boo
     p.heads_k = k.shape[1];
     p.seqlen_k = k.shape[2];
     if (p.heads_k == 0 || p.heads_q % p.heads_k != 0)
-        fail_argument(fmt::format("k: q has {} heads, which is not a multiple of k's {} heads (GQA/MQA needs "
-                                  "Hq = group * Hk)",
-                                  p.heads_q, p.heads_k));
+        fail_argument(
+            fmt::format("k: q has {} heads, which is not a multiple of k's {} heads (GQA/MQA needs "
+                        "Hq = group * Hk)",
+                        p.heads_q, p.heads_k));
     require_shape4(v, p.batch, p.heads_k, p.seqlen_k, p.head_dim, "k");
     require_shape4(out, p.batch, p.heads_q, p.seqlen_q, p.head_dim, "q");
     for (const TensorRef* t : {&k, &v, &out}) require_same_dtype(*t, q);
@@ -103,37 +108,44 @@ AttentionProblem make_attention_problem(const rope_jit_attention_args& args, boo
                                     : "cos: NULL while sin is given; pass both tables or neither");
     const int style = raw_enum(args.style);
     if (style != ROPE_JIT_STYLE_HALF && style != ROPE_JIT_STYLE_INTERLEAVED)
-        fail_argument(fmt::format("style: must be ROPE_JIT_STYLE_HALF or ROPE_JIT_STYLE_INTERLEAVED, got {}", style));
+        fail_argument(fmt::format(
+            "style: must be ROPE_JIT_STYLE_HALF or ROPE_JIT_STYLE_INTERLEAVED, got {}", style));
     p.style = args.style;
     const int64_t max_tokens = std::max(p.seqlen_q, p.seqlen_k);
     if (cos.present()) {
         p.rotate = true;
         p.rotary_dim = args.rotary_dim == 0 ? p.head_dim : args.rotary_dim;
         if (p.rotary_dim <= 0 || p.rotary_dim % 2 != 0)
-            fail_argument(args.rotary_dim == 0
-                              ? fmt::format("rotary_dim: 0 means head_dim, {}, which is odd; rotation needs an "
-                                            "even rotary_dim (pass one, or no cos/sin)",
-                                            p.head_dim)
-                              : fmt::format("rotary_dim: must be even and positive (0 = head_dim), got {}",
-                                            args.rotary_dim));
+            fail_argument(
+                args.rotary_dim == 0
+                    ? fmt::format(
+                          "rotary_dim: 0 means head_dim, {}, which is odd; rotation needs an "
+                          "even rotary_dim (pass one, or no cos/sin)",
+                          p.head_dim)
+                    : fmt::format("rotary_dim: must be even and positive (0 = head_dim), got {}",
+                                  args.rotary_dim));
         if (p.rotary_dim > p.head_dim)
-            fail_argument(fmt::format("rotary_dim: {} exceeds head_dim {}", p.rotary_dim, p.head_dim));
+            fail_argument(
+                fmt::format("rotary_dim: {} exceeds head_dim {}", p.rotary_dim, p.head_dim));
         for (const TensorRef* t : {&cos, &sin}) {
             require_float_dtype(*t);
             if (t->ndim != 2 || (t->shape[1] != p.rotary_dim / 2 && t->shape[1] != p.rotary_dim))
-                fail_argument(fmt::format("{}: expected [P, {}] (half table) or [P, {}] (full table) for "
-                                          "rotary_dim {}, got {}",
-                                          t->name, p.rotary_dim / 2, p.rotary_dim, p.rotary_dim, t->shape_string()));
+                fail_argument(fmt::format(
+                    "{}: expected [P, {}] (half table) or [P, {}] (full table) for "
+                    "rotary_dim {}, got {}",
+                    t->name, p.rotary_dim / 2, p.rotary_dim, p.rotary_dim, t->shape_string()));
         }
         if (sin.shape[0] != cos.shape[0] || sin.shape[1] != cos.shape[1])
-            fail_argument(fmt::format("sin: shape {} differs from cos {}", sin.shape_string(), cos.shape_string()));
+            fail_argument(fmt::format("sin: shape {} differs from cos {}", sin.shape_string(),
+                                      cos.shape_string()));
         if (sin.dtype != cos.dtype)
             fail_argument(fmt::format("sin: dtype {} differs from cos's {}", dtype_name(sin.dtype),
                                       dtype_name(cos.dtype)));
         if (cos.shape[0] < max_tokens)
-            fail_argument(fmt::format("cos: has {} rows, but token s reads row s and there are {} tokens "
-                                      "(max of Sq = {} and Sk = {})",
-                                      cos.shape[0], max_tokens, p.seqlen_q, p.seqlen_k));
+            fail_argument(
+                fmt::format("cos: has {} rows, but token s reads row s and there are {} tokens "
+                            "(max of Sq = {} and Sk = {})",
+                            cos.shape[0], max_tokens, p.seqlen_q, p.seqlen_k));
         p.table_full = cos.shape[1] == p.rotary_dim;
         p.cos = cos;
         p.sin = sin;
@@ -143,14 +155,15 @@ AttentionProblem make_attention_problem(const rope_jit_attention_args& args, boo
     if (pos_mask.present()) {
         if (!p.rotate) fail_argument("pos_mask: given without cos/sin; it selects rotated tokens");
         if (pos_mask.dtype != DType::U8)
-            fail_argument(fmt::format("pos_mask: dtype must be bool or uint8, got {}", dtype_name(pos_mask.dtype)));
+            fail_argument(fmt::format("pos_mask: dtype must be bool or uint8, got {}",
+                                      dtype_name(pos_mask.dtype)));
         const int64_t n = pos_mask.shape[pos_mask.ndim - 1];
         if (n < max_tokens)
-            fail_argument(fmt::format("pos_mask: has {} entries per sequence, fewer than the {} tokens", n,
-                                      max_tokens));
+            fail_argument(fmt::format(
+                "pos_mask: has {} entries per sequence, fewer than the {} tokens", n, max_tokens));
         if (pos_mask.ndim == 2 && pos_mask.shape[0] != p.batch && pos_mask.shape[0] != 1)
-            fail_argument(fmt::format("pos_mask: expected [N] or [B, N] with B = {}, got {}", p.batch,
-                                      pos_mask.shape_string()));
+            fail_argument(fmt::format("pos_mask: expected [N] or [B, N] with B = {}, got {}",
+                                      p.batch, pos_mask.shape_string()));
         TensorRef view = pos_mask;
         view.ndim = 2;
         view.shape[0] = p.batch;
@@ -163,38 +176,44 @@ AttentionProblem make_attention_problem(const rope_jit_attention_args& args, boo
 
     TensorRef mask = make_tensor_ref(args.attn_mask, "attn_mask", 3);
     if (mask.present()) {
-        if (mask.dtype == DType::U8) p.mask_kind = AttentionMaskKind::Bool;
-        else if (is_float(mask.dtype)) p.mask_kind = AttentionMaskKind::Additive;
+        if (mask.dtype == DType::U8)
+            p.mask_kind = AttentionMaskKind::Bool;
+        else if (is_float(mask.dtype))
+            p.mask_kind = AttentionMaskKind::Additive;
         else
-            fail_argument(fmt::format("attn_mask: dtype must be bool/uint8 (keep where nonzero) or float (added "
-                                      "to the scores), got {}",
-                                      dtype_name(mask.dtype)));
+            fail_argument(fmt::format(
+                "attn_mask: dtype must be bool/uint8 (keep where nonzero) or float (added "
+                "to the scores), got {}",
+                dtype_name(mask.dtype)));
         const bool per_query = mask.ndim == 3;
-        const bool shape_ok =
-            mask.ndim >= 2 && (mask.shape[0] == p.batch || mask.shape[0] == 1) &&
-            mask.shape[mask.ndim - 1] == p.seqlen_k && (!per_query || mask.shape[1] == p.seqlen_q);
+        const bool shape_ok = mask.ndim >= 2 && (mask.shape[0] == p.batch || mask.shape[0] == 1) &&
+                              mask.shape[mask.ndim - 1] == p.seqlen_k &&
+                              (!per_query || mask.shape[1] == p.seqlen_q);
         if (!shape_ok)
-            fail_argument(fmt::format("attn_mask: expected [B, Sk] = [{}, {}] or [B, Sq, Sk] = [{}, {}, {}] (B may "
-                                      "be 1), got {}",
-                                      p.batch, p.seqlen_k, p.batch, p.seqlen_q, p.seqlen_k, mask.shape_string()));
+            fail_argument(fmt::format(
+                "attn_mask: expected [B, Sk] = [{}, {}] or [B, Sq, Sk] = [{}, {}, {}] (B may "
+                "be 1), got {}",
+                p.batch, p.seqlen_k, p.batch, p.seqlen_q, p.seqlen_k, mask.shape_string()));
         const int64_t shape[3] = {p.batch, p.seqlen_q, p.seqlen_k};
-        const int64_t strides[3] = {mask.shape[0] == 1 ? 0 : mask.strides[0], per_query ? mask.strides[1] : 0,
-                                    mask.strides[mask.ndim - 1]};
+        const int64_t strides[3] = {mask.shape[0] == 1 ? 0 : mask.strides[0],
+                                    per_query ? mask.strides[1] : 0, mask.strides[mask.ndim - 1]};
         p.attn_mask = view3(mask, shape, strides);
     }
 
     p.causal = args.causal != 0;
     if (!std::isfinite(args.scale))
-        fail_argument(fmt::format("scale: must be finite (0 = 1/sqrt(head_dim)), got {}", args.scale));
+        fail_argument(
+            fmt::format("scale: must be finite (0 = 1/sqrt(head_dim)), got {}", args.scale));
     p.scale = args.scale == 0.0 ? 1.0 / std::sqrt(double(p.head_dim)) : args.scale;
 
     TensorRef lse = make_tensor_ref(args.lse, "lse", 3);
     if (lse.present()) {
         if (lse.dtype != DType::F32)
             fail_argument(fmt::format("lse: dtype must be float32, got {}", dtype_name(lse.dtype)));
-        if (lse.ndim != 3 || lse.shape[0] != p.batch || lse.shape[1] != p.heads_q || lse.shape[2] != p.seqlen_q)
-            fail_argument(fmt::format("lse: expected [B, Hq, Sq] = [{}, {}, {}], got {}", p.batch, p.heads_q,
-                                      p.seqlen_q, lse.shape_string()));
+        if (lse.ndim != 3 || lse.shape[0] != p.batch || lse.shape[1] != p.heads_q ||
+            lse.shape[2] != p.seqlen_q)
+            fail_argument(fmt::format("lse: expected [B, Hq, Sq] = [{}, {}, {}], got {}", p.batch,
+                                      p.heads_q, p.seqlen_q, lse.shape_string()));
         p.lse = lse;
         p.has_lse = true;
     } else if (backward) {
@@ -205,7 +224,8 @@ AttentionProblem make_attention_problem(const rope_jit_attention_args& args, boo
     p.k = k;
     p.v = v;
     p.out = out;
-    for (const TensorRef* t : {&k, &v, &out, &cos, &sin, &pos_mask, &mask, &lse}) require_same_device(*t, q);
+    for (const TensorRef* t : {&k, &v, &out, &cos, &sin, &pos_mask, &mask, &lse})
+        require_same_device(*t, q);
 
     if (!backward) {
         check_written(out, {&q, &k, &v, &cos, &sin, &pos_mask, &mask, &lse}, kRule);
@@ -218,7 +238,8 @@ AttentionProblem make_attention_problem(const rope_jit_attention_args& args, boo
     TensorRef dk = make_tensor_ref(args.dk, "dk");
     TensorRef dv = make_tensor_ref(args.dv, "dv");
     for (const TensorRef* t : {&dout, &dq, &dk, &dv}) {
-        if (!t->present()) fail_argument(fmt::format("{}: required by the backward, got NULL", t->name));
+        if (!t->present())
+            fail_argument(fmt::format("{}: required by the backward, got NULL", t->name));
         require_same_dtype(*t, q);
         require_same_device(*t, q);
     }
@@ -226,8 +247,8 @@ AttentionProblem make_attention_problem(const rope_jit_attention_args& args, boo
     require_shape4(dq, p.batch, p.heads_q, p.seqlen_q, p.head_dim, "q");
     require_shape4(dk, p.batch, p.heads_k, p.seqlen_k, p.head_dim, "k");
     require_shape4(dv, p.batch, p.heads_k, p.seqlen_k, p.head_dim, "v");
-    const std::initializer_list<const TensorRef*> everything = {&q,   &k,   &v,    &out,  &cos, &sin, &pos_mask,
-                                                                &mask, &lse, &dout, &dq,  &dk,  &dv};
+    const std::initializer_list<const TensorRef*> everything = {
+        &q, &k, &v, &out, &cos, &sin, &pos_mask, &mask, &lse, &dout, &dq, &dk, &dv};
     for (const TensorRef* t : {&dq, &dk, &dv}) check_written(*t, everything, kRule);
     p.dout = dout;
     p.dq = dq;

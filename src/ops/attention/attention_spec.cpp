@@ -32,7 +32,7 @@ const SpecValues KernelKinds{SpecValues::named, kKindNames, 3, false};
 const SpecValues MaskKinds{SpecValues::named, kMaskNames, 3, false};
 const SpecValues Styles{SpecValues::named, kStyleNames, 2, true};
 
-constexpr SpecPresence PLAIN = SpecPresence::plain, REQUIRED = SpecPresence::required;
+constexpr SpecPresence PLAIN = SpecPresence::Plain, REQUIRED = SpecPresence::Required;
 
 const SpecField<AttentionSpec> kFields[] = {
 #define ROPE_JIT_ATTENTION_SPEC_ROW(member, init, key, values, min, max, constant, presence) \
@@ -41,13 +41,17 @@ const SpecField<AttentionSpec> kFields[] = {
 #undef ROPE_JIT_ATTENTION_SPEC_ROW
 };
 
-int padded_head_dim(int head_dim) { return (head_dim + 15) / 16 * 16; }
+int padded_head_dim(int head_dim) {
+    return (head_dim + 15) / 16 * 16;
+}
 
 int table_columns(const AttentionSpec& s) {
     return ::table_columns(s.table_full != 0, s.interleaved != 0, s.rotary_dim / 2);
 }
 
-int table_element_bytes(const AttentionSpec& s) { return s.table_dtype == 0 ? 4 : 2; }
+int table_element_bytes(const AttentionSpec& s) {
+    return s.table_dtype == 0 ? 4 : 2;
+}
 
 }  // namespace
 
@@ -73,48 +77,63 @@ void AttentionSpec::validate() const {
     require(compute_dk || compute_dv, "a dk/dv kernel must compute dk or dv");
     if (tensor_cores) {
         require(dtype != 0, "tensor-core kernels take float16 or bfloat16");
-        require(head_dim % 8 == 0 && head_dim <= 256,
-                fmt::format("tensor-core kernels need head_dim % 8 == 0 and <= 256, got {}", head_dim));
-        require(block_n >= 16 && block_n % 16 == 0, fmt::format("block_n must be a multiple of 16, got {}", block_n));
+        require(
+            head_dim % 8 == 0 && head_dim <= 256,
+            fmt::format("tensor-core kernels need head_dim % 8 == 0 and <= 256, got {}", head_dim));
+        require(block_n >= 16 && block_n % 16 == 0,
+                fmt::format("block_n must be a multiple of 16, got {}", block_n));
         require(rotary_dim == 0 || rotary_dim % (interleaved ? 8 : 16) == 0,
-                fmt::format("tensor-core rotation needs rotary_dim % {} == 0, got {}", interleaved ? 8 : 16, rotary_dim));
-        require(!table_async || rotary_dim == 0 || (table_columns(*this) * table_element_bytes(*this)) % 16 == 0,
+                fmt::format("tensor-core rotation needs rotary_dim % {} == 0, got {}",
+                            interleaved ? 8 : 16, rotary_dim));
+        require(!table_async || rotary_dim == 0 ||
+                    (table_columns(*this) * table_element_bytes(*this)) % 16 == 0,
                 "staged table rows must be whole 16-byte chunks");
     }
     if (wgmma) {
         require(tensor_cores, "wgmma kernels are tensor-core kernels");
         switch (wgmma_broken_rule(*this)) {
-            case WgmmaRule::none: break;
-            case WgmmaRule::forward: fail_argument("attention kernel spec: wgmma kernels are forwards");
-            case WgmmaRule::head_dim:
-                fail_argument(fmt::format("attention kernel spec: wgmma kernels take head_dim padded to 64 or 128, "
-                                          "got {} (padded {})",
-                                          head_dim, padded_head_dim(head_dim)));
-            case WgmmaRule::key_tile:
-                fail_argument(fmt::format("attention kernel spec: wgmma kernels take 64- or 128-key tiles, got {}",
-                                          block_n));
-            case WgmmaRule::warps:
+            case WgmmaRule::None: break;
+            case WgmmaRule::Forward:
+                fail_argument("attention kernel spec: wgmma kernels are forwards");
+            case WgmmaRule::HeadDim:
                 fail_argument(fmt::format(
-                    "attention kernel spec: wgmma kernels take 4, 8 or 12 warps of 16 rows, got {} warps x {}", warps,
-                    m_tiles));
-            case WgmmaRule::pos_mask: fail_argument("attention kernel spec: wgmma kernels do not take pos_mask");
-            case WgmmaRule::stages:
-                fail_argument(fmt::format("attention kernel spec: wgmma kernels hold 2 or 3 tiles, got {}", stages));
-            case WgmmaRule::producer:
-                fail_argument(fmt::format("attention kernel spec: wgmma kernels take 0 or 4 producer warps (with "
-                                          "tables read in 8- or 16-byte pieces and at most 8 other "
-                                          "warps), got {} beside {}",
-                                          producer_warps, warps));
-            case WgmmaRule::cluster:
-                fail_argument(fmt::format("attention kernel spec: clusters of {} blocks need producer warps, 2 or 4 "
-                                          "blocks dividing the GQA group ({}) and 8-row shares of the {}-key tile",
-                                          cluster, gqa_group, block_n));
+                    "attention kernel spec: wgmma kernels take head_dim padded to 64 or 128, "
+                    "got {} (padded {})",
+                    head_dim, padded_head_dim(head_dim)));
+            case WgmmaRule::KeyTile:
+                fail_argument(fmt::format(
+                    "attention kernel spec: wgmma kernels take 64- or 128-key tiles, got {}",
+                    block_n));
+            case WgmmaRule::Warps:
+                fail_argument(
+                    fmt::format("attention kernel spec: wgmma kernels take 4, 8 or 12 warps of 16 "
+                                "rows, got {} warps x {}",
+                                warps, m_tiles));
+            case WgmmaRule::PosMask:
+                fail_argument("attention kernel spec: wgmma kernels do not take pos_mask");
+            case WgmmaRule::Stages:
+                fail_argument(fmt::format(
+                    "attention kernel spec: wgmma kernels hold 2 or 3 tiles, got {}", stages));
+            case WgmmaRule::Producer:
+                fail_argument(fmt::format(
+                    "attention kernel spec: wgmma kernels take 0 or 4 producer warps (with "
+                    "tables read in 8- or 16-byte pieces and at most 8 other "
+                    "warps), got {} beside {}",
+                    producer_warps, warps));
+            case WgmmaRule::Cluster:
+                fail_argument(fmt::format(
+                    "attention kernel spec: clusters of {} blocks need producer warps, 2 or 4 "
+                    "blocks dividing the GQA group ({}) and 8-row shares of the {}-key tile",
+                    cluster, gqa_group, block_n));
         }
     } else {
-        require(stages == 2, fmt::format("stages is a wgmma setting (2 otherwise), got {}", stages));
+        require(stages == 2,
+                fmt::format("stages is a wgmma setting (2 otherwise), got {}", stages));
         require(producer_warps == 0,
-                fmt::format("producer warps are a wgmma setting (0 otherwise), got {}", producer_warps));
-        require(cluster == 1, fmt::format("clusters are a wgmma setting (1 otherwise), got {}", cluster));
+                fmt::format("producer warps are a wgmma setting (0 otherwise), got {}",
+                            producer_warps));
+        require(cluster == 1,
+                fmt::format("clusters are a wgmma setting (1 otherwise), got {}", cluster));
     }
 }
 
@@ -204,17 +223,22 @@ std::string AttentionSpec::describe() const {
     if (kind == 2 && !(compute_dk && compute_dv)) text += compute_dk ? " dk-only" : " dv-only";
     if (tensor_cores)
         text += fmt::format(" {} {}x{}{}{}{}", wgmma ? "wgmma" : "tc", warps, block_n,
-                            m_tiles > 1 ? fmt::format("x{}", m_tiles) : wgmma && stages != 2 ? fmt::format("x{}", stages) : "",
-                            producer_warps > 0 ? fmt::format(" +{} producer warps{}", producer_warps,
-                                                             cluster > 1 ? fmt::format(" cluster{}", cluster) : "")
-                                               : "",
+                            m_tiles > 1            ? fmt::format("x{}", m_tiles)
+                            : wgmma && stages != 2 ? fmt::format("x{}", stages)
+                                                   : "",
+                            producer_warps > 0
+                                ? fmt::format(" +{} producer warps{}", producer_warps,
+                                              cluster > 1 ? fmt::format(" cluster{}", cluster) : "")
+                                : "",
                             table_async ? " staged-tables" : "");
-    else text += fmt::format(" simt {}w", warps);
+    else
+        text += fmt::format(" simt {}w", warps);
     return text;
 }
 
 size_t AttentionSpecHash::operator()(const AttentionSpec& spec) const noexcept {
-    static_assert(std::has_unique_object_representations_v<AttentionSpec>, "hashed as plain bytes: no padding");
+    static_assert(std::has_unique_object_representations_v<AttentionSpec>,
+                  "hashed as plain bytes: no padding");
     return hash_bytes(&spec, sizeof spec);
 }
 

@@ -62,8 +62,12 @@ struct AttentionSpec {
     ROPE_JIT_ATTENTION_SPEC_FIELDS(ROPE_JIT_ATTENTION_SPEC_MEMBER)
 #undef ROPE_JIT_ATTENTION_SPEC_MEMBER
 
-    bool operator==(const AttentionSpec& other) const { return std::memcmp(this, &other, sizeof *this) == 0; }
-    bool operator!=(const AttentionSpec& other) const { return !(*this == other); }
+    bool operator==(const AttentionSpec& other) const {
+        return std::memcmp(this, &other, sizeof *this) == 0;
+    }
+    bool operator!=(const AttentionSpec& other) const {
+        return !(*this == other);
+    }
 
     // The constexpr block prepended to attention.cu.
     std::string preamble() const;
@@ -106,6 +110,5 @@ std::optional<AttentionCall> attention_call_from_json(const std::string& text, s
 struct AttentionSpecHash {
     size_t operator()(const AttentionSpec& spec) const noexcept;
 };
-
 
 }  // namespace rope_jit

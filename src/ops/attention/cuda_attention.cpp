@@ -19,11 +19,13 @@ namespace {
 // forward's copies). The choice of
 // kernels made sure of what TMA needs (16-byte aligned data, strides of whole 16 bytes); a
 // dimension of one element gets a packed stride, since its stride is never used.
-void encode_box_map(const CudaDriverApi& api, unsigned char (&map)[128], const TensorRef& t, int rows,
-                    const char* name) {
-    static_assert(sizeof(CUtensorMap) == 128 && alignof(CUtensorMap) == 64, "the driver's CUtensorMap");
-    const unsigned long long dims[4] = {(unsigned long long)t.shape[3], (unsigned long long)t.shape[2],
-                                        (unsigned long long)t.shape[1], (unsigned long long)t.shape[0]};
+void encode_box_map(const CudaDriverApi& api, unsigned char (&map)[128], const TensorRef& t,
+                    int rows, const char* name) {
+    static_assert(sizeof(CUtensorMap) == 128 && alignof(CUtensorMap) == 64,
+                  "the driver's CUtensorMap");
+    const unsigned long long dims[4] = {
+        (unsigned long long)t.shape[3], (unsigned long long)t.shape[2],
+        (unsigned long long)t.shape[1], (unsigned long long)t.shape[0]};
     unsigned long long strides[3];
     unsigned long long packed = (dims[0] * 2 + 15) / 16 * 16;  // bytes of one token, rounded
     for (int d = 0; d < 3; ++d) {
@@ -37,9 +39,10 @@ void encode_box_map(const CudaDriverApi& api, unsigned char (&map)[128], const T
     CUtensorMap encoded;
     const CUresult result = api.cuTensorMapEncodeTiled(
         &encoded, CU_TENSOR_MAP_DATA_TYPE_UINT16, 4, t.data, dims, strides, box, element_strides,
-        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (result != CUDA_SUCCESS) throw_cuda_error(result, fmt::format("cuTensorMapEncodeTiled({})", name).c_str());
+        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (result != CUDA_SUCCESS)
+        throw_cuda_error(result, fmt::format("cuTensorMapEncodeTiled({})", name).c_str());
     std::memcpy(map, &encoded, sizeof encoded);
 }
 
@@ -88,7 +91,9 @@ AttentionDevice attention_device(int compute_capability, int max_shared_bytes) {
 }
 
 CudaAttention::CudaAttention(CudaDevices& devices, KernelLoader& kernels, KernelStats& stats)
-    : devices_(devices), kernels_(kernels), stats_(stats),
+    : devices_(devices),
+      kernels_(kernels),
+      stats_(stats),
       override_(attention_kernel_override_from_environment()) {
     for (int ordinal = 0; ordinal < devices_.device_count(); ++ordinal) {
         const CudaDevice& device = devices_.device(ordinal);
@@ -103,9 +108,11 @@ void CudaAttention::run(const AttentionProblem& p, void* stream_handle) {
     if (p.batch == 0 || p.heads_q == 0) return;
     // The kernels index tokens with 32-bit integers.
     if (p.seqlen_q >= (int64_t(1) << 31) || p.seqlen_k >= (int64_t(1) << 31))
-        throw Error(ROPE_JIT_ERROR_UNSUPPORTED,
-                    fmt::format("q: sequences of {} and {} tokens exceed the 2^31 the CUDA attention kernels index",
-                                p.seqlen_q, p.seqlen_k));
+        throw Error(
+            ROPE_JIT_ERROR_UNSUPPORTED,
+            fmt::format(
+                "q: sequences of {} and {} tokens exceed the 2^31 the CUDA attention kernels index",
+                p.seqlen_q, p.seqlen_k));
     CUstream stream = static_cast<CUstream>(stream_handle);
     const CudaDriverApi& api = devices_.api();
     const LaunchContext launch = devices_.resolve_context(ordinal, stream);
@@ -169,13 +176,14 @@ void CudaAttention::run(const AttentionProblem& p, void* stream_handle) {
         const int64_t blocks = params.sequence_blocks * p.batch * heads;
         if (blocks == 0) continue;
         if (blocks > int64_t(0x7fffffff))
-            throw Error(ROPE_JIT_ERROR_UNSUPPORTED,
-                        fmt::format("q: {} blocks exceed one launch's grid ({})", blocks, spec.describe()));
+            throw Error(
+                ROPE_JIT_ERROR_UNSUPPORTED,
+                fmt::format("q: {} blocks exceed one launch's grid ({})", blocks, spec.describe()));
         if (spec.producer_warps > 0)
             encode_box_map(api, params.v_map, p.v, spec.block_n / spec.cluster, "v");
-        const LoadedKernel kernel = kernels_.kernel_for(SpecKey::of(kAttentionOp, spec),
-                                                        launch.context, devices_.target(ordinal),
-                                                        [&] { return recipe_for(spec); });
+        const LoadedKernel kernel =
+            kernels_.kernel_for(SpecKey::of(kAttentionOp, spec), launch.context,
+                                devices_.target(ordinal), [&] { return recipe_for(spec); });
         void* kernel_args[] = {&params};
         check_cu(
             api.cuLaunchKernel(kernel.function, unsigned(blocks), 1, 1, unsigned(spec.threads()), 1,

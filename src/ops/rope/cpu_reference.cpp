@@ -16,26 +16,58 @@ namespace rope_jit {
 namespace {
 
 // Storage types of the 16-bit formats; arithmetic always happens in fp32.
-struct Bf16 { uint16_t bits; };
-struct Fp16 { uint16_t bits; };
+struct Bf16 {
+    uint16_t bits;
+};
+struct Fp16 {
+    uint16_t bits;
+};
 
-inline float to_float(float v) { return v; }
-inline float to_float(Bf16 v) { return bf16_to_float(v.bits); }
-inline float to_float(Fp16 v) { return fp16_to_float(v.bits); }
+inline float to_float(float v) {
+    return v;
+}
+inline float to_float(Bf16 v) {
+    return bf16_to_float(v.bits);
+}
+inline float to_float(Fp16 v) {
+    return fp16_to_float(v.bits);
+}
 
-template <typename T> T from_float(float v);
-template <> inline float from_float<float>(float v) { return v; }
-template <> inline Bf16 from_float<Bf16>(float v) { return Bf16{float_to_bf16(v)}; }
-template <> inline Fp16 from_float<Fp16>(float v) { return Fp16{float_to_fp16(v)}; }
+template <typename T>
+T from_float(float v);
+template <>
+inline float from_float<float>(float v) {
+    return v;
+}
+template <>
+inline Bf16 from_float<Bf16>(float v) {
+    return Bf16{float_to_bf16(v)};
+}
+template <>
+inline Fp16 from_float<Fp16>(float v) {
+    return Fp16{float_to_fp16(v)};
+}
 
 // One element of a float tensor of any supported dtype (tables are small: no need to
 // specialize their reads).
 float load_float(const TensorRef& t, int64_t element) {
     const char* address = t.data + element * int64_t(dtype_size(t.dtype));
     switch (t.dtype) {
-        case DType::F32: { float v; std::memcpy(&v, address, 4); return v; }
-        case DType::F16: { uint16_t v; std::memcpy(&v, address, 2); return fp16_to_float(v); }
-        case DType::BF16: { uint16_t v; std::memcpy(&v, address, 2); return bf16_to_float(v); }
+        case DType::F32: {
+            float v;
+            std::memcpy(&v, address, 4);
+            return v;
+        }
+        case DType::F16: {
+            uint16_t v;
+            std::memcpy(&v, address, 2);
+            return fp16_to_float(v);
+        }
+        case DType::BF16: {
+            uint16_t v;
+            std::memcpy(&v, address, 2);
+            return bf16_to_float(v);
+        }
         default: return 0.0f;  // make_rope_problem admits float tables only
     }
 }
@@ -52,7 +84,8 @@ inline int64_t pair_row(const RopeProblem& p, const int64_t* rows, int64_t i) {
 
 // The cosines and sines of one token's pairs, with the backward sign and xPos scale folded
 // in, so that the row loop is a plain 2x2 rotation.
-void token_angles(const RopeProblem& p, const int64_t* rows, bool is_k, float* cos_out, float* sin_out) {
+void token_angles(const RopeProblem& p, const int64_t* rows, bool is_k, float* cos_out,
+                  float* sin_out) {
     const int64_t pairs = p.pairs();
     for (int64_t i = 0; i < pairs; ++i) {
         const int64_t row = pair_row(p, rows, i);
@@ -64,14 +97,21 @@ void token_angles(const RopeProblem& p, const int64_t* rows, bool is_k, float* c
         } else {
             // fp64 keeps the angle exact for the positions models use (up to ~2^40); the GPU
             // kernels are tested against this.
-            const double angle = double(row) * double(load_float(p.inv_freq, i * p.inv_freq.strides[0]));
+            const double angle =
+                double(row) * double(load_float(p.inv_freq, i * p.inv_freq.strides[0]));
             c = float(std::cos(angle));
             s = float(std::sin(angle));
         }
         if (p.backward) s = -s;
         if (p.has_xpos) {
             const float scale = load_2d(p.xpos_scale, row, p.table_column(i));
-            if (is_k) { c /= scale; s /= scale; } else { c *= scale; s *= scale; }
+            if (is_k) {
+                c /= scale;
+                s /= scale;
+            } else {
+                c *= scale;
+                s *= scale;
+            }
         }
         cos_out[i] = c;
         sin_out[i] = s;
@@ -89,12 +129,12 @@ struct FreqGradSink {
 // respect to the pair's angle (dy1/dt = -y2, dy2/dt = y1) times d(angle)/d(inv_freq[i]) = p_i.
 // `grad` holds the rotated features' incoming gradient g.
 template <typename T>
-void accumulate_freq_grad(const RopeProblem& p, const FreqGradSink& sink, int64_t b, int64_t h, int64_t s,
-                          const float* grad) {
+void accumulate_freq_grad(const RopeProblem& p, const FreqGradSink& sink, int64_t b, int64_t h,
+                          int64_t s, const float* grad) {
     const TensorRef& saved = *sink.saved;
     const int64_t half = p.pairs(), ys = saved.strides[3];
-    const T* y = reinterpret_cast<const T*>(saved.data) + b * saved.strides[0] + h * saved.strides[1] +
-                 s * saved.strides[2] + p.rotary_offset * ys;
+    const T* y = reinterpret_cast<const T*>(saved.data) + b * saved.strides[0] +
+                 h * saved.strides[1] + s * saved.strides[2] + p.rotary_offset * ys;
     for (int64_t i = 0; i < half; ++i) {
         const int64_t i1 = p.style == ROPE_JIT_STYLE_HALF ? i : 2 * i;
         const int64_t i2 = p.style == ROPE_JIT_STYLE_HALF ? i + half : 2 * i + 1;
@@ -107,14 +147,17 @@ void accumulate_freq_grad(const RopeProblem& p, const FreqGradSink& sink, int64_
 // Rotates heads [0, heads) of token (b, s) of `in` into `out`; with a sink, also accumulates
 // the frequency gradient from the unrotated values of `in` (the incoming gradient).
 template <typename T>
-void rotate_token(const RopeProblem& p, const TensorRef& in, const TensorRef& out, bool in_place, int64_t b,
-                  int64_t s, int64_t heads, const float* __restrict c, const float* __restrict sn,
-                  float* __restrict buf, const FreqGradSink* sink = nullptr) {
+void rotate_token(const RopeProblem& p, const TensorRef& in, const TensorRef& out, bool in_place,
+                  int64_t b, int64_t s, int64_t heads, const float* __restrict c,
+                  const float* __restrict sn, float* __restrict buf,
+                  const FreqGradSink* sink = nullptr) {
     const int64_t D = p.head_dim, o = p.rotary_offset, R = p.rotary_dim, half = R / 2;
     const int64_t xs = in.strides[3], ys = out.strides[3];
     for (int64_t h = 0; h < heads; ++h) {
-        const T* x = reinterpret_cast<const T*>(in.data) + b * in.strides[0] + h * in.strides[1] + s * in.strides[2];
-        T* y = reinterpret_cast<T*>(out.data) + b * out.strides[0] + h * out.strides[1] + s * out.strides[2];
+        const T* x = reinterpret_cast<const T*>(in.data) + b * in.strides[0] + h * in.strides[1] +
+                     s * in.strides[2];
+        T* y = reinterpret_cast<T*>(out.data) + b * out.strides[0] + h * out.strides[1] +
+               s * out.strides[2];
         const T* xr = x + o * xs;
         if (xs == 1) {
             for (int64_t d = 0; d < R; ++d) buf[d] = to_float(xr[d]);
@@ -184,7 +227,9 @@ void rope_cpu_typed(const RopeProblem& p, ThreadPool& pool) {
                     rows[a] = view.ndim == 2 ? positions(b, s) : positions[s];
                 }
                 return;
-            case PositionMode::SeqlenOffsets: rows[0] = index + IndexReader(p.seqlen_offsets)[sequence]; return;
+            case PositionMode::SeqlenOffsets:
+                rows[0] = index + IndexReader(p.seqlen_offsets)[sequence];
+                return;
             case PositionMode::Implicit: break;
         }
         rows[0] = index + p.position_offset + (is_k ? 0 : p.q_position_offset);
@@ -211,7 +256,8 @@ void rope_cpu_typed(const RopeProblem& p, ThreadPool& pool) {
         }
         // The positions each pair of a token turns by (the angle's factor besides inv_freq).
         auto set_pair_positions = [&](const int64_t* rows) {
-            for (int64_t i = 0; i < pairs; ++i) pair_position[size_t(i)] = double(pair_row(p, rows, i));
+            for (int64_t i = 0; i < pairs; ++i)
+                pair_position[size_t(i)] = double(pair_row(p, rows, i));
         };
         for (int64_t u = begin; u < end; ++u) {
             const int64_t b = u / seqlen, s = u % seqlen;
@@ -260,7 +306,8 @@ void rope_cpu(const RopeProblem& problem, ThreadPool& pool) {
         // No token contributes: the frequency gradient is zero, and it is still an output.
         if (problem.has_freq_grad)
             for (int64_t i = 0; i < problem.pairs(); ++i)
-                std::memset(problem.inv_freq_grad.data + i * problem.inv_freq_grad.strides[0] * 4, 0, 4);
+                std::memset(problem.inv_freq_grad.data + i * problem.inv_freq_grad.strides[0] * 4,
+                            0, 4);
         return;
     }
     switch (problem.dtype) {

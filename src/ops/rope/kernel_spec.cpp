@@ -56,8 +56,8 @@ void choose_vector_width(KernelSpec& spec, size_t element_size, TensorsAllow ten
     spec.vec_loads = 0;
     spec.vec = spec.interleaved ? 2 : 1;
     for (int64_t n = 16 / int64_t(element_size); n >= 2; n /= 2) {
-        const bool layout_ok =
-            spec.rotary_offset % n == 0 && (spec.interleaved ? spec.rotary_dim % n == 0 : pairs % n == 0);
+        const bool layout_ok = spec.rotary_offset % n == 0 &&
+                               (spec.interleaved ? spec.rotary_dim % n == 0 : pairs % n == 0);
         if (layout_ok && tensors_allow(n)) {
             spec.vec = int32_t(n);
             spec.vec_loads = 1;
@@ -81,7 +81,9 @@ int32_t choose_copy_width(const KernelSpec& spec, size_t element_size, TensorsAl
 }
 
 // Table columns one work item reads (see TABLE_SPAN in rope.cu).
-int64_t table_span(const KernelSpec& spec) { return rope_plan(spec).table_span; }
+int64_t table_span(const KernelSpec& spec) {
+    return rope_plan(spec).table_span;
+}
 
 // Whether a [P, C] table allows reading spans of n columns as one aligned vector.
 bool table_friendly(const TensorRef& t, int64_t n) {
@@ -117,8 +119,9 @@ KernelSpec make_kernel_spec(const RopeProblem& p) {
     spec.xpos_dtype = p.has_xpos ? dtype_code(p.xpos_scale.dtype) : 0;
     // k reads its own cos/sin only when they differ from q's: xPos divides where q multiplies,
     // and q_position_offset moves q's implicit rows.
-    spec.k_own_angles = p.has_k && (p.has_xpos || (p.position_mode == PositionMode::Implicit &&
-                                                   p.q_position_offset != 0));
+    spec.k_own_angles =
+        p.has_k &&
+        (p.has_xpos || (p.position_mode == PositionMode::Implicit && p.q_position_offset != 0));
     spec.in_place_q = p.q_in_place;
     spec.in_place_k = !p.has_k || p.k_in_place;
 
@@ -219,8 +222,8 @@ const SpecValues Styles{SpecValues::named, kStyleNames, 2, true};
 const SpecValues PositionModes{SpecValues::named, kPositionModeNames, 3, false};
 const SpecValues Angles{SpecValues::named, kAngleNames, 3, false};
 
-constexpr SpecPresence PLAIN = SpecPresence::plain, DERIVED = SpecPresence::derived,
-                       REQUIRED = SpecPresence::required;
+constexpr SpecPresence PLAIN = SpecPresence::Plain, DERIVED = SpecPresence::Derived,
+                       REQUIRED = SpecPresence::Required;
 
 const SpecField<KernelSpec> kFields[] = {
 #define ROPE_JIT_SPEC_ROW(member, init, key, values, min, max, constant, presence) \
@@ -229,7 +232,9 @@ const SpecField<KernelSpec> kFields[] = {
 #undef ROPE_JIT_SPEC_ROW
 };
 
-int32_t angles_of(const KernelSpec& s) { return s.angles_from_inv_freq ? 2 : s.table_full ? 1 : 0; }
+int32_t angles_of(const KernelSpec& s) {
+    return s.angles_from_inv_freq ? 2 : s.table_full ? 1 : 0;
+}
 
 }  // namespace
 
@@ -263,7 +268,8 @@ void KernelSpec::validate() const {
                         copy_vec));
     require(mrope_axes == 0 || (position_mode == 1 && rotary_dim / 2 <= 256),
             "mrope_axes needs per-token positions and at most 256 pairs");
-    require(!freq_grad || (angles_from_inv_freq && backward), "freq_grad needs inv_freq angles and backward");
+    require(!freq_grad || (angles_from_inv_freq && backward),
+            "freq_grad needs inv_freq angles and backward");
     require(block_threads % 32 == 0,
             fmt::format("block_threads must be a multiple of 32, got {}", block_threads));
     // One kernel, one spec: fields the kernel does not read keep their defaults.
@@ -362,7 +368,8 @@ std::string KernelSpec::describe() const {
 }
 
 size_t KernelSpecHash::operator()(const KernelSpec& spec) const noexcept {
-    static_assert(std::has_unique_object_representations_v<KernelSpec>, "hashed as plain bytes: no padding");
+    static_assert(std::has_unique_object_representations_v<KernelSpec>,
+                  "hashed as plain bytes: no padding");
     return hash_bytes(&spec, sizeof spec);
 }
 

@@ -75,8 +75,12 @@ struct KernelSpec {
     ROPE_JIT_ROPE_SPEC_FIELDS(ROPE_JIT_SPEC_MEMBER)
 #undef ROPE_JIT_SPEC_MEMBER
 
-    bool operator==(const KernelSpec& other) const { return std::memcmp(this, &other, sizeof *this) == 0; }
-    bool operator!=(const KernelSpec& other) const { return !(*this == other); }
+    bool operator==(const KernelSpec& other) const {
+        return std::memcmp(this, &other, sizeof *this) == 0;
+    }
+    bool operator!=(const KernelSpec& other) const {
+        return !(*this == other);
+    }
 
     // The constexpr block prepended to the template.
     std::string preamble() const;

@@ -19,7 +19,7 @@ constexpr int32_t kMaxMropeSections = 8;
 //   interleaved: axis a >= 1 takes pairs a, a + A, ..., a + A * (n_a - 1); axis 0 the rest.
 // Sections are >= 0 and sum to `pairs`. Throws Error(INVALID_ARGUMENT) naming `name` (the
 // argument holding the sections) otherwise.
-std::vector<int32_t> pair_axes_from_sections(const int32_t* sections, int32_t num_sections, bool interleaved,
-                                             int64_t pairs, const char* name);
+std::vector<int32_t> pair_axes_from_sections(const int32_t* sections, int32_t num_sections,
+                                             bool interleaved, int64_t pairs, const char* name);
 
 }  // namespace rope_jit

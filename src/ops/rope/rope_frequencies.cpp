@@ -45,48 +45,61 @@ struct FieldChecker {
 
     void positive(double value, const char* field) const {
         if (!(std::isfinite(value) && value > 0))
-            fail_argument(fmt::format("{}: must be finite and > 0 for rope_type {}, got {}", field, type, value));
+            fail_argument(fmt::format("{}: must be finite and > 0 for rope_type {}, got {}", field,
+                                      type, value));
     }
     void finite(double value, const char* field) const {
         if (!std::isfinite(value))
-            fail_argument(fmt::format("{}: must be finite for rope_type {}, got {}", field, type, value));
+            fail_argument(
+                fmt::format("{}: must be finite for rope_type {}, got {}", field, type, value));
     }
     void at_least_zero(double value, const char* field, const char* zero_means) const {
         if (!(std::isfinite(value) && value >= 0))
-            fail_argument(fmt::format("{}: must be finite and >= 0 (0 = {}) for rope_type {}, got {}", field,
-                                      zero_means, type, value));
+            fail_argument(
+                fmt::format("{}: must be finite and >= 0 (0 = {}) for rope_type {}, got {}", field,
+                            zero_means, type, value));
     }
     void positive_count(int64_t value, const char* field) const {
-        if (value <= 0) fail_argument(fmt::format("{}: required (> 0) for rope_type {}, got {}", field, type, value));
+        if (value <= 0)
+            fail_argument(
+                fmt::format("{}: required (> 0) for rope_type {}, got {}", field, type, value));
     }
 };
 
 // theta^(-2i/R), i in [0, R/2): HF's `1 / base ** (arange(0, dim, 2) / dim)`.
 std::vector<double> default_inv_freq(double theta, int64_t rotary_dim) {
     std::vector<double> inv(size_t(rotary_dim / 2));
-    for (size_t i = 0; i < inv.size(); ++i) inv[i] = std::pow(theta, -double(2 * i) / double(rotary_dim));
+    for (size_t i = 0; i < inv.size(); ++i)
+        inv[i] = std::pow(theta, -double(2 * i) / double(rotary_dim));
     return inv;
 }
 
 // HF's YaRN get_mscale.
-double yarn_mscale(double scale, double mscale) { return scale <= 1 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0; }
+double yarn_mscale(double scale, double mscale) {
+    return scale <= 1 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0;
+}
 
 Frequencies yarn(const rope_jit_freq_config& c, const FieldChecker& check) {
     const int64_t R = c.rotary_dim;
     if (c.theta == 1.0) fail_argument("theta: yarn divides by ln(theta), so theta must not be 1");
     if (c.max_position_embeddings < 0 || c.original_max_position_embeddings < 0)
-        fail_argument("max_position_embeddings / original_max_position_embeddings: must be >= 0 (0 = unset)");
-    const int64_t original =
-        c.original_max_position_embeddings > 0 ? c.original_max_position_embeddings : c.max_position_embeddings;
+        fail_argument(
+            "max_position_embeddings / original_max_position_embeddings: must be >= 0 (0 = unset)");
+    const int64_t original = c.original_max_position_embeddings > 0
+                                 ? c.original_max_position_embeddings
+                                 : c.max_position_embeddings;
     if (original <= 0)
-        fail_argument("original_max_position_embeddings: required for rope_type yarn (or max_position_embeddings, "
-                      "which stands in for it)");
+        fail_argument(
+            "original_max_position_embeddings: required for rope_type yarn (or "
+            "max_position_embeddings, "
+            "which stands in for it)");
     double factor = c.factor;
     if (factor == 0) {
         // HF (DeepSeek-V3 configs): factor = max_position_embeddings / original when unset.
         if (c.max_position_embeddings <= 0 || c.original_max_position_embeddings <= 0)
-            fail_argument("factor: required for rope_type yarn, unless both max_position_embeddings and "
-                          "original_max_position_embeddings are given (factor is then their ratio)");
+            fail_argument(
+                "factor: required for rope_type yarn, unless both max_position_embeddings and "
+                "original_max_position_embeddings are given (factor is then their ratio)");
         factor = double(c.max_position_embeddings) / double(c.original_max_position_embeddings);
     }
     check.positive(factor, "factor");
@@ -100,7 +113,8 @@ Frequencies yarn(const rope_jit_freq_config& c, const FieldChecker& check) {
     if (c.attention_factor > 0) {
         out.attention_factor = c.attention_factor;
     } else if (c.mscale != 0 && c.mscale_all_dim != 0) {
-        out.attention_factor = yarn_mscale(factor, c.mscale) / yarn_mscale(factor, c.mscale_all_dim);
+        out.attention_factor =
+            yarn_mscale(factor, c.mscale) / yarn_mscale(factor, c.mscale_all_dim);
     } else {
         out.attention_factor = yarn_mscale(factor, 1.0);
     }
@@ -110,7 +124,8 @@ Frequencies yarn(const rope_jit_freq_config& c, const FieldChecker& check) {
     const double beta_slow = c.beta_slow > 0 ? c.beta_slow : 1.0;
     // The pair index whose wavelength makes `rotations` turns over the original context.
     auto correction_dim = [&](double rotations) {
-        return double(R) * std::log(double(original) / (rotations * 2 * kPi)) / (2 * std::log(c.theta));
+        return double(R) * std::log(double(original) / (rotations * 2 * kPi)) /
+               (2 * std::log(c.theta));
     };
     double low = correction_dim(beta_fast), high = correction_dim(beta_slow);
     if (c.truncate != 0) {
@@ -137,8 +152,9 @@ Frequencies llama3(const rope_jit_freq_config& c, const FieldChecker& check) {
     check.positive(c.low_freq_factor, "low_freq_factor");
     check.positive(c.high_freq_factor, "high_freq_factor");
     if (!(c.high_freq_factor > c.low_freq_factor))
-        fail_argument(fmt::format("high_freq_factor: must exceed low_freq_factor ({}) for rope_type llama3, got {}",
-                                  c.low_freq_factor, c.high_freq_factor));
+        fail_argument(fmt::format(
+            "high_freq_factor: must exceed low_freq_factor ({}) for rope_type llama3, got {}",
+            c.low_freq_factor, c.high_freq_factor));
     const double old_context = double(c.original_max_position_embeddings);
     const double low_freq_wavelength = old_context / c.low_freq_factor;
     const double high_freq_wavelength = old_context / c.high_freq_factor;
@@ -151,8 +167,8 @@ Frequencies llama3(const rope_jit_freq_config& c, const FieldChecker& check) {
             inv /= c.factor;  // low frequencies: interpolated fully
         } else if (!(wavelength < high_freq_wavelength)) {
             // Between the two: blend smoothly from interpolated to unchanged.
-            const double smooth =
-                (old_context / wavelength - c.low_freq_factor) / (c.high_freq_factor - c.low_freq_factor);
+            const double smooth = (old_context / wavelength - c.low_freq_factor) /
+                                  (c.high_freq_factor - c.low_freq_factor);
             inv = (1 - smooth) * inv / c.factor + smooth * inv;
         }  // high frequencies: unchanged
     }
@@ -161,25 +177,32 @@ Frequencies llama3(const rope_jit_freq_config& c, const FieldChecker& check) {
 
 Frequencies longrope(const rope_jit_freq_config& c, size_t n, const FieldChecker& check) {
     if (c.max_position_embeddings < 0 || c.original_max_position_embeddings < 0)
-        fail_argument("max_position_embeddings / original_max_position_embeddings: must be >= 0 (0 = unset)");
-    const int64_t original =
-        c.original_max_position_embeddings > 0 ? c.original_max_position_embeddings : c.max_position_embeddings;
+        fail_argument(
+            "max_position_embeddings / original_max_position_embeddings: must be >= 0 (0 = unset)");
+    const int64_t original = c.original_max_position_embeddings > 0
+                                 ? c.original_max_position_embeddings
+                                 : c.max_position_embeddings;
     if (original <= 0)
-        fail_argument("original_max_position_embeddings: required for rope_type longrope (or "
-                      "max_position_embeddings, which stands in for it)");
+        fail_argument(
+            "original_max_position_embeddings: required for rope_type longrope (or "
+            "max_position_embeddings, which stands in for it)");
     double factor = c.factor;
     if (factor == 0) {
         // HF (Phi-3 configs): the ratio of the extended to the original context when unset.
         if (c.max_position_embeddings <= 0)
-            fail_argument("factor: required for rope_type longrope, unless max_position_embeddings is given "
-                          "(factor is then max_position_embeddings / original_max_position_embeddings)");
+            fail_argument(
+                "factor: required for rope_type longrope, unless max_position_embeddings is given "
+                "(factor is then max_position_embeddings / original_max_position_embeddings)");
         factor = double(c.max_position_embeddings) / double(original);
     }
     check.positive(factor, "factor");
     check.at_least_zero(c.attention_factor, "attention_factor", "derive it");
-    if (c.seq_len < 0) fail_argument(fmt::format("seq_len: must be >= 0 (0 = none), got {}", c.seq_len));
-    if (c.short_factor == nullptr) fail_argument("short_factor: required for rope_type longrope, got NULL");
-    if (c.long_factor == nullptr) fail_argument("long_factor: required for rope_type longrope, got NULL");
+    if (c.seq_len < 0)
+        fail_argument(fmt::format("seq_len: must be >= 0 (0 = none), got {}", c.seq_len));
+    if (c.short_factor == nullptr)
+        fail_argument("short_factor: required for rope_type longrope, got NULL");
+    if (c.long_factor == nullptr)
+        fail_argument("long_factor: required for rope_type longrope, got NULL");
     // A caller that states its lists' lengths gets them checked before anything is read.
     for (const auto& [stated, name] : {std::pair{c.num_short_factor, "short_factor"},
                                        std::pair{c.num_long_factor, "long_factor"}})
@@ -201,8 +224,10 @@ Frequencies longrope(const rope_jit_freq_config& c, size_t n, const FieldChecker
         out.attention_factor = 1.0;
     } else {
         if (original <= 1)
-            fail_argument("original_max_position_embeddings: must be > 1 to derive longrope's attention factor "
-                          "(it divides by its logarithm)");
+            fail_argument(
+                "original_max_position_embeddings: must be > 1 to derive longrope's attention "
+                "factor "
+                "(it divides by its logarithm)");
         out.attention_factor = std::sqrt(1 + std::log(factor) / std::log(double(original)));
     }
     out.inv_freq = default_inv_freq(c.theta, c.rotary_dim);
@@ -214,13 +239,18 @@ Frequencies longrope(const rope_jit_freq_config& c, size_t n, const FieldChecker
 
 Frequencies compute_frequencies(const rope_jit_freq_config& c, size_t n) {
     const char* type = rope_type_name(raw_enum(c.rope_type));
-    if (type == nullptr) fail_argument(fmt::format("rope_type: unknown value {}", raw_enum(c.rope_type)));
+    if (type == nullptr)
+        fail_argument(fmt::format("rope_type: unknown value {}", raw_enum(c.rope_type)));
     const FieldChecker check{type};
 
     if (c.rope_type == ROPE_JIT_ROPE_TYPE_CONSTANT) {
-        if (c.num_freqs <= 0) fail_argument(fmt::format("num_freqs: must be > 0 for rope_type constant, got {}", c.num_freqs));
+        if (c.num_freqs <= 0)
+            fail_argument(
+                fmt::format("num_freqs: must be > 0 for rope_type constant, got {}", c.num_freqs));
         if (n != size_t(c.num_freqs))
-            fail_argument(fmt::format("n: rope_type constant has num_freqs = {} frequencies, got n = {}", c.num_freqs, n));
+            fail_argument(
+                fmt::format("n: rope_type constant has num_freqs = {} frequencies, got n = {}",
+                            c.num_freqs, n));
         Frequencies out;
         out.inv_freq.assign(n, 1.0);
         return out;
@@ -229,7 +259,8 @@ Frequencies compute_frequencies(const rope_jit_freq_config& c, size_t n) {
     if (c.rotary_dim <= 0 || c.rotary_dim % 2 != 0)
         fail_argument(fmt::format("rotary_dim: must be even and > 0, got {}", c.rotary_dim));
     if (n != size_t(c.rotary_dim / 2))
-        fail_argument(fmt::format("n: expected rotary_dim / 2 = {} inverse frequencies, got {}", c.rotary_dim / 2, n));
+        fail_argument(fmt::format("n: expected rotary_dim / 2 = {} inverse frequencies, got {}",
+                                  c.rotary_dim / 2, n));
     if (c.rope_type != ROPE_JIT_ROPE_TYPE_PIXEL) check.positive(c.theta, "theta");
 
     Frequencies out;
@@ -246,15 +277,18 @@ Frequencies compute_frequencies(const rope_jit_freq_config& c, size_t n) {
         case ROPE_JIT_ROPE_TYPE_DYNAMIC: {
             check.positive(c.factor, "factor");
             check.positive_count(c.max_position_embeddings, "max_position_embeddings");
-            if (c.seq_len < 0) fail_argument(fmt::format("seq_len: must be >= 0 (0 = none), got {}", c.seq_len));
+            if (c.seq_len < 0)
+                fail_argument(fmt::format("seq_len: must be >= 0 (0 = none), got {}", c.seq_len));
             if (c.rotary_dim <= 2)
-                fail_argument(fmt::format("rotary_dim: dynamic NTK raises theta to R / (R - 2), so it needs "
-                                          "rotary_dim > 2, got {}",
-                                          c.rotary_dim));
+                fail_argument(
+                    fmt::format("rotary_dim: dynamic NTK raises theta to R / (R - 2), so it needs "
+                                "rotary_dim > 2, got {}",
+                                c.rotary_dim));
             // HF clamps the length from below: the scaling starts past the trained context.
             const double length = double(std::max(c.seq_len, c.max_position_embeddings));
             const double R = c.rotary_dim;
-            const double stretch = c.factor * length / double(c.max_position_embeddings) - (c.factor - 1);
+            const double stretch =
+                c.factor * length / double(c.max_position_embeddings) - (c.factor - 1);
             out.inv_freq = default_inv_freq(c.theta * std::pow(stretch, R / (R - 2)), c.rotary_dim);
             return out;
         }
@@ -266,9 +300,10 @@ Frequencies compute_frequencies(const rope_jit_freq_config& c, size_t n) {
             double theta = c.theta;
             if (c.theta_rescale_factor != 1.0) {
                 if (c.rotary_dim <= 2)
-                    fail_argument(fmt::format("rotary_dim: theta_rescale_factor raises it to R / (R - 2), so it "
-                                              "needs rotary_dim > 2, got {}",
-                                              c.rotary_dim));
+                    fail_argument(fmt::format(
+                        "rotary_dim: theta_rescale_factor raises it to R / (R - 2), so it "
+                        "needs rotary_dim > 2, got {}",
+                        c.rotary_dim));
                 const double R = c.rotary_dim;
                 theta *= std::pow(c.theta_rescale_factor, R / (R - 2));
             }
@@ -281,7 +316,8 @@ Frequencies compute_frequencies(const rope_jit_freq_config& c, size_t n) {
             const double last = c.max_freq / 2;
             out.inv_freq.resize(n);
             for (size_t i = 0; i < n; ++i)
-                out.inv_freq[i] = kPi * (n == 1 ? 1.0 : 1.0 + double(i) * (last - 1.0) / double(n - 1));
+                out.inv_freq[i] =
+                    kPi * (n == 1 ? 1.0 : 1.0 + double(i) * (last - 1.0) / double(n - 1));
             return out;
         }
         case ROPE_JIT_ROPE_TYPE_CONSTANT: break;  // handled above
@@ -296,12 +332,21 @@ Frequencies compute_frequencies(const rope_jit_freq_config& c, size_t n) {
 namespace {
 
 void store(const TensorRef& t, int64_t row, int64_t col, double value) {
-    char* address = t.data + (row * t.strides[0] + col * t.strides[1]) * int64_t(dtype_size(t.dtype));
+    char* address =
+        t.data + (row * t.strides[0] + col * t.strides[1]) * int64_t(dtype_size(t.dtype));
     const float v = float(value);
     switch (t.dtype) {
         case DType::F32: std::memcpy(address, &v, 4); break;
-        case DType::F16: { const uint16_t h = float_to_fp16(v); std::memcpy(address, &h, 2); break; }
-        case DType::BF16: { const uint16_t h = float_to_bf16(v); std::memcpy(address, &h, 2); break; }
+        case DType::F16: {
+            const uint16_t h = float_to_fp16(v);
+            std::memcpy(address, &h, 2);
+            break;
+        }
+        case DType::BF16: {
+            const uint16_t h = float_to_bf16(v);
+            std::memcpy(address, &h, 2);
+            break;
+        }
         default: break;  // check_output_table admits float dtypes only
     }
 }
@@ -310,44 +355,51 @@ TensorRef check_output_table(const DLTensor* tensor, const char* name, int64_t p
     TensorRef t = make_tensor_ref(tensor, name, 2);
     if (!t.present()) return t;
     if (t.ndim != 2 || (t.shape[1] != pairs && t.shape[1] != 2 * pairs))
-        fail_argument(fmt::format("{}: expected [P, {}] (half table) or [P, {}] (full table) for num_freqs {}, got {}",
-                                  name, pairs, 2 * pairs, pairs, t.shape_string()));
+        fail_argument(fmt::format(
+            "{}: expected [P, {}] (half table) or [P, {}] (full table) for num_freqs {}, got {}",
+            name, pairs, 2 * pairs, pairs, t.shape_string()));
     if (!is_float(t.dtype))
-        fail_argument(fmt::format("{}: dtype must be float32, float16 or bfloat16, got {}", name, dtype_name(t.dtype)));
+        fail_argument(fmt::format("{}: dtype must be float32, float16 or bfloat16, got {}", name,
+                                  dtype_name(t.dtype)));
     if (!host_accessible(t.device))
-        fail_argument(fmt::format("{}: lives on {}; tables are built in host memory (CPU, CUDA host or managed); "
-                                  "copy them to the device afterwards",
-                                  name, device_name(t.device.device_type)));
+        fail_argument(fmt::format(
+            "{}: lives on {}; tables are built in host memory (CPU, CUDA host or managed); "
+            "copy them to the device afterwards",
+            name, device_name(t.device.device_type)));
     if (!has_distinct_elements(t))
-        fail_argument(fmt::format("{}: strides make several indices address the same element, so it cannot be "
-                                  "written",
-                                  name));
+        fail_argument(fmt::format(
+            "{}: strides make several indices address the same element, so it cannot be "
+            "written",
+            name));
     return t;
 }
 
 }  // namespace
 
-void fill_rope_tables(const rope_jit_table_config& c, const DLTensor* cos_tensor, const DLTensor* sin_tensor,
-                      const DLTensor* xpos_tensor) {
+void fill_rope_tables(const rope_jit_table_config& c, const DLTensor* cos_tensor,
+                      const DLTensor* sin_tensor, const DLTensor* xpos_tensor) {
     if (c.inv_freq == nullptr) fail_argument("inv_freq: required, got NULL");
     if (c.num_freqs == 0 || c.num_freqs > (size_t(1) << 24))
         fail_argument(fmt::format("num_freqs: must be in [1, 2^24], got {}", c.num_freqs));
     const int64_t pairs = int64_t(c.num_freqs);
     if (!(std::isfinite(c.interpolate_factor) && c.interpolate_factor > 0))
-        fail_argument(fmt::format("interpolate_factor: must be finite and > 0, got {}", c.interpolate_factor));
+        fail_argument(fmt::format("interpolate_factor: must be finite and > 0, got {}",
+                                  c.interpolate_factor));
     if (!std::isfinite(c.attention_factor))
         fail_argument(fmt::format("attention_factor: must be finite, got {}", c.attention_factor));
     if (!std::isfinite(c.position_start))
         fail_argument(fmt::format("position_start: must be finite, got {}", c.position_start));
     const int style = raw_enum(c.style);
     if (style != ROPE_JIT_STYLE_HALF && style != ROPE_JIT_STYLE_INTERLEAVED)
-        fail_argument(fmt::format("style: must be ROPE_JIT_STYLE_HALF or ROPE_JIT_STYLE_INTERLEAVED, got {}", style));
+        fail_argument(fmt::format(
+            "style: must be ROPE_JIT_STYLE_HALF or ROPE_JIT_STYLE_INTERLEAVED, got {}", style));
     if (c.num_mrope_sections < 0)
-        fail_argument(fmt::format("num_mrope_sections: must be >= 0, got {}", c.num_mrope_sections));
+        fail_argument(
+            fmt::format("num_mrope_sections: must be >= 0, got {}", c.num_mrope_sections));
     const std::vector<int32_t> axes =
         c.num_mrope_sections > 0
-            ? pair_axes_from_sections(c.mrope_sections, c.num_mrope_sections, c.mrope_interleaved != 0, pairs,
-                                      "mrope_sections")
+            ? pair_axes_from_sections(c.mrope_sections, c.num_mrope_sections,
+                                      c.mrope_interleaved != 0, pairs, "mrope_sections")
             : std::vector<int32_t>();
     const int64_t num_axes = c.num_mrope_sections > 0 ? c.num_mrope_sections : 1;
 
@@ -365,14 +417,17 @@ void fill_rope_tables(const rope_jit_table_config& c, const DLTensor* cos_tensor
             first = t;
             rows = t->shape[0];
         } else if (t->shape[0] != rows) {
-            fail_argument(fmt::format("{}: has {} rows but {} has {}", t->name, t->shape[0], first->name, rows));
+            fail_argument(fmt::format("{}: has {} rows but {} has {}", t->name, t->shape[0],
+                                      first->name, rows));
         }
         for (const TensorRef* other : tables)
             if (other != t && other->present() && extents_overlap(*t, *other))
-                fail_argument(fmt::format("{}: overlaps {}; each table needs its own memory", t->name, other->name));
+                fail_argument(fmt::format("{}: overlaps {}; each table needs its own memory",
+                                          t->name, other->name));
     }
     if (xpos.present() && !(std::isfinite(c.xpos_scale_base) && c.xpos_scale_base > 0))
-        fail_argument(fmt::format("xpos_scale_base: must be finite and > 0, got {}", c.xpos_scale_base));
+        fail_argument(
+            fmt::format("xpos_scale_base: must be finite and > 0, got {}", c.xpos_scale_base));
     if (xpos.present() && !std::isfinite(c.xpos_center))
         fail_argument(fmt::format("xpos_center: must be finite, got {}", c.xpos_center));
     if (c.positions != nullptr && c.num_positions != 0) {
@@ -389,7 +444,8 @@ void fill_rope_tables(const rope_jit_table_config& c, const DLTensor* cos_tensor
     if (c.positions != nullptr)
         for (int64_t e = 0; e < num_axes * rows; ++e)
             if (!std::isfinite(c.positions[e]))
-                fail_argument(fmt::format("positions: entry [{}, {}] is not finite ({})", e / std::max<int64_t>(rows, 1),
+                fail_argument(fmt::format("positions: entry [{}, {}] is not finite ({})",
+                                          e / std::max<int64_t>(rows, 1),
                                           e % std::max<int64_t>(rows, 1), c.positions[e]));
 
     // Every check passed: from here on nothing fails.
@@ -408,13 +464,15 @@ void fill_rope_tables(const rope_jit_table_config& c, const DLTensor* cos_tensor
         int64_t col = 0;
         const int count = columns(t, i, &col);
         store(t, r, col, value);
-        if (count == 2) store(t, r, c.style == ROPE_JIT_STYLE_INTERLEAVED ? col + 1 : col + pairs, value);
+        if (count == 2)
+            store(t, r, c.style == ROPE_JIT_STYLE_INTERLEAVED ? col + 1 : col + pairs, value);
     };
 
     for (int64_t r = 0; r < rows; ++r) {
         for (int64_t i = 0; i < pairs; ++i) {
             const int64_t axis = axes.empty() ? 0 : axes[size_t(i)];
-            const double position = c.positions ? c.positions[axis * rows + r] : c.position_start + double(r);
+            const double position =
+                c.positions ? c.positions[axis * rows + r] : c.position_start + double(r);
             double t = position / c.interpolate_factor;
             double angle;
             if (float32_angles) {
@@ -428,7 +486,8 @@ void fill_rope_tables(const rope_jit_table_config& c, const DLTensor* cos_tensor
             put(cos, r, i, c.attention_factor * std::cos(angle));
             put(sin, r, i, c.attention_factor * std::sin(angle));
             if (xpos.present()) {
-                const double base = (2.0 * double(i) + 0.4 * rotated_features) / (1.4 * rotated_features);
+                const double base =
+                    (2.0 * double(i) + 0.4 * rotated_features) / (1.4 * rotated_features);
                 put(xpos, r, i, std::pow(base, (t - c.xpos_center) / c.xpos_scale_base));
             }
         }

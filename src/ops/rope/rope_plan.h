@@ -10,6 +10,8 @@ namespace rope_jit {
 // The specialization constants of `spec`, as the kernel reads them from its preamble.
 RopeShape rope_shape(const KernelSpec& spec);
 
-inline RopePlan rope_plan(const KernelSpec& spec) { return rope_plan(rope_shape(spec)); }
+inline RopePlan rope_plan(const KernelSpec& spec) {
+    return rope_plan(rope_shape(spec));
+}
 
 }  // namespace rope_jit

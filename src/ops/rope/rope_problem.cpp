@@ -38,12 +38,15 @@ namespace {
 // The last table row of `tokens` (>= 1) rows from `first`; INT64_MAX when that overflows
 // (a caller's offset near the top of int64), which no table reaches either.
 int64_t last_table_row(int64_t first, int64_t tokens) {
-    return first > std::numeric_limits<int64_t>::max() - (tokens - 1) ? std::numeric_limits<int64_t>::max()
-                                                                       : first + (tokens - 1);
+    return first > std::numeric_limits<int64_t>::max() - (tokens - 1)
+               ? std::numeric_limits<int64_t>::max()
+               : first + (tokens - 1);
 }
 
 // Whether a table (cos/sin, or xpos_scale with inv_freq) bounds the positions to its rows.
-bool bounds_by_table(const RopeProblem& p) { return p.angles == AngleSource::Table || p.has_xpos; }
+bool bounds_by_table(const RopeProblem& p) {
+    return p.angles == AngleSource::Table || p.has_xpos;
+}
 
 // Positions must lie in [0, limit): the table's rows, or, with angles from inv_freq and no
 // table, every int64 the last position of a sequence can be computed as without overflow.
@@ -77,7 +80,8 @@ void require_float(const TensorRef& t) {
 
 void require_index(const TensorRef& t) {
     if (!is_index(t.dtype))
-        fail_argument(fmt::format("{}: dtype must be int32 or int64, got {}", t.name, dtype_name(t.dtype)));
+        fail_argument(
+            fmt::format("{}: dtype must be int32 or int64, got {}", t.name, dtype_name(t.dtype)));
 }
 
 void require_same_shape(const TensorRef& out, const TensorRef& in) {
@@ -87,38 +91,42 @@ void require_same_shape(const TensorRef& out, const TensorRef& in) {
         fail_argument(fmt::format("{}: shape {} does not match {} {}", out.name, out.shape_string(),
                                   in.name, in.shape_string()));
     if (out.dtype != in.dtype)
-        fail_argument(fmt::format("{}: dtype {} does not match {} {}", out.name, dtype_name(out.dtype),
-                                  in.name, dtype_name(in.dtype)));
+        fail_argument(fmt::format("{}: dtype {} does not match {} {}", out.name,
+                                  dtype_name(out.dtype), in.name, dtype_name(in.dtype)));
 }
 
 // An output (or an input rotated in place) is written: its elements must be distinct, and
 // an out-of-place output may not share memory with its input unless it is the same view.
 void check_output(const TensorRef& out, const TensorRef& in, bool in_place) {
     if (!has_distinct_elements(out))
-        fail_argument(fmt::format("{}: strides make several indices address the same element, so "
-                                  "it cannot be written",
-                                  in_place ? in.name : out.name));
+        fail_argument(
+            fmt::format("{}: strides make several indices address the same element, so "
+                        "it cannot be written",
+                        in_place ? in.name : out.name));
     if (!in_place && shares_memory(out, in))
-        fail_argument(fmt::format("{}: overlaps {} without being the same view; pass the same "
-                                  "view (or NULL) for in place, or a separate buffer",
-                                  out.name, in.name));
+        fail_argument(
+            fmt::format("{}: overlaps {} without being the same view; pass the same "
+                        "view (or NULL) for in place, or a separate buffer",
+                        out.name, in.name));
 }
 
 void check_table(const TensorRef& t, int64_t rotary_dim) {
     require_float(t);
     if (t.ndim != 2 || (t.shape[1] != rotary_dim / 2 && t.shape[1] != rotary_dim))
-        fail_argument(fmt::format("{}: expected [P, {}] (half table) or [P, {}] (full table) for "
-                                  "rotary_dim {}, got {}",
-                                  t.name, rotary_dim / 2, rotary_dim, rotary_dim, t.shape_string()));
+        fail_argument(
+            fmt::format("{}: expected [P, {}] (half table) or [P, {}] (full table) for "
+                        "rotary_dim {}, got {}",
+                        t.name, rotary_dim / 2, rotary_dim, rotary_dim, t.shape_string()));
 }
 
 void check_same_device(const TensorRef& t, const DLDevice& device, const TensorRef& reference) {
     if (!t.present()) return;
     if (t.device.device_type != device.device_type || t.device.device_id != device.device_id)
-        fail_argument(fmt::format("{}: lives on {} device {}, but {} lives on {} device {}; every "
-                                  "tensor of a call must be on one device",
-                                  t.name, device_name(t.device.device_type), t.device.device_id,
-                                  reference.name, device_name(device.device_type), device.device_id));
+        fail_argument(
+            fmt::format("{}: lives on {} device {}, but {} lives on {} device {}; every "
+                        "tensor of a call must be on one device",
+                        t.name, device_name(t.device.device_type), t.device.device_id,
+                        reference.name, device_name(device.device_type), device.device_id));
 }
 
 }  // namespace
@@ -128,9 +136,10 @@ RopeProblem make_rope_problem(const rope_jit_rope_args& args) {
     TensorRef q = make_tensor_ref(args.q, "q");
     if (!q.present()) fail_argument("q: required, got NULL");
     if (q.ndim != 4 && q.ndim != 3)
-        fail_argument(fmt::format("q: expected 4 dimensions [B, H, S, D] or 3 dimensions [T, H, D], "
-                                  "got {} with shape {}",
-                                  q.ndim, q.shape_string()));
+        fail_argument(
+            fmt::format("q: expected 4 dimensions [B, H, S, D] or 3 dimensions [T, H, D], "
+                        "got {} with shape {}",
+                        q.ndim, q.shape_string()));
     require_float(q);
     p.packed = q.ndim == 3;
     p.dtype = q.dtype;
@@ -144,10 +153,11 @@ RopeProblem make_rope_problem(const rope_jit_rope_args& args) {
     if (q_out.present()) require_same_shape(q_out, q);
     if (p.has_k) {
         if (k.ndim != q.ndim)
-            fail_argument(fmt::format("k: has {} dimensions {} but q has {} {}", k.ndim, k.shape_string(),
-                                      q.ndim, q.shape_string()));
+            fail_argument(fmt::format("k: has {} dimensions {} but q has {} {}", k.ndim,
+                                      k.shape_string(), q.ndim, q.shape_string()));
         if (k.dtype != q.dtype)
-            fail_argument(fmt::format("k: dtype {} differs from q's {}", dtype_name(k.dtype), dtype_name(q.dtype)));
+            fail_argument(fmt::format("k: dtype {} differs from q's {}", dtype_name(k.dtype),
+                                      dtype_name(q.dtype)));
         if (k_out.present()) require_same_shape(k_out, k);
     }
 
@@ -165,29 +175,35 @@ RopeProblem make_rope_problem(const rope_jit_rope_args& args) {
         p.heads_k = k4.shape[1];
         p.seqlen_k = k4.shape[2];
         if (k4.shape[3] != p.head_dim)
-            fail_argument(fmt::format("k: head_dim {} differs from q's {}", k4.shape[3], p.head_dim));
+            fail_argument(
+                fmt::format("k: head_dim {} differs from q's {}", k4.shape[3], p.head_dim));
         if (k4.shape[0] != p.batch)
             fail_argument(fmt::format("k: batch {} differs from q's {}", k4.shape[0], p.batch));
         if (p.heads_k == 0 || p.heads_q % p.heads_k != 0)
-            fail_argument(fmt::format("k: q has {} heads, which is not a multiple of k's {} heads "
-                                      "(GQA/MQA needs Hq = group * Hk)",
-                                      p.heads_q, p.heads_k));
+            fail_argument(
+                fmt::format("k: q has {} heads, which is not a multiple of k's {} heads "
+                            "(GQA/MQA needs Hq = group * Hk)",
+                            p.heads_q, p.heads_k));
         if (p.packed && p.seqlen_k != p.seqlen_q)
-            fail_argument(fmt::format("k: packed k has {} tokens but q has {}", p.seqlen_k, p.seqlen_q));
+            fail_argument(
+                fmt::format("k: packed k has {} tokens but q has {}", p.seqlen_k, p.seqlen_q));
     }
 
     p.rotary_dim = args.rotary_dim == 0 ? p.head_dim : args.rotary_dim;
     p.rotary_offset = args.rotary_offset;
     if (p.rotary_dim < 0 || p.rotary_dim % 2 != 0)
-        fail_argument(fmt::format("rotary_dim: must be even and positive (0 = head_dim), got {}", args.rotary_dim));
+        fail_argument(fmt::format("rotary_dim: must be even and positive (0 = head_dim), got {}",
+                                  args.rotary_dim));
     if (p.rotary_offset < 0)
         fail_argument(fmt::format("rotary_offset: must be >= 0, got {}", args.rotary_offset));
     if (p.rotary_offset + p.rotary_dim > p.head_dim)
-        fail_argument(fmt::format("rotary_dim: rotary_offset {} + rotary_dim {} exceeds head_dim {}",
-                                  p.rotary_offset, p.rotary_dim, p.head_dim));
+        fail_argument(
+            fmt::format("rotary_dim: rotary_offset {} + rotary_dim {} exceeds head_dim {}",
+                        p.rotary_offset, p.rotary_dim, p.head_dim));
     const int style = raw_enum(args.style);
     if (style != ROPE_JIT_STYLE_HALF && style != ROPE_JIT_STYLE_INTERLEAVED)
-        fail_argument(fmt::format("style: must be ROPE_JIT_STYLE_HALF or ROPE_JIT_STYLE_INTERLEAVED, got {}", style));
+        fail_argument(fmt::format(
+            "style: must be ROPE_JIT_STYLE_HALF or ROPE_JIT_STYLE_INTERLEAVED, got {}", style));
     p.style = args.style;
     p.backward = args.backward != 0;
 
@@ -221,7 +237,8 @@ RopeProblem make_rope_problem(const rope_jit_rope_args& args) {
         check_table(cos, p.rotary_dim);
         check_table(sin, p.rotary_dim);
         if (sin.shape[0] != cos.shape[0] || sin.shape[1] != cos.shape[1])
-            fail_argument(fmt::format("sin: shape {} differs from cos {}", sin.shape_string(), cos.shape_string()));
+            fail_argument(fmt::format("sin: shape {} differs from cos {}", sin.shape_string(),
+                                      cos.shape_string()));
         p.table_full = cos.shape[1] == p.rotary_dim;
         p.table_rows = cos.shape[0];
         p.cos = cos;
@@ -230,8 +247,8 @@ RopeProblem make_rope_problem(const rope_jit_rope_args& args) {
         p.angles = AngleSource::InvFreq;
         require_float(inv_freq);
         if (inv_freq.ndim != 1 || inv_freq.shape[0] != p.rotary_dim / 2)
-            fail_argument(fmt::format("inv_freq: expected [{}] (rotary_dim / 2), got {}", p.rotary_dim / 2,
-                                      inv_freq.shape_string()));
+            fail_argument(fmt::format("inv_freq: expected [{}] (rotary_dim / 2), got {}",
+                                      p.rotary_dim / 2, inv_freq.shape_string()));
         p.inv_freq = inv_freq;
     } else {
         fail_argument("cos/sin: no angles given: pass cos and sin tables, or inv_freq");
@@ -240,9 +257,10 @@ RopeProblem make_rope_problem(const rope_jit_rope_args& args) {
     TensorRef xpos = make_tensor_ref(args.xpos_scale, "xpos_scale");
     if (xpos.present()) {
         check_table(xpos, p.rotary_dim);
-        if (p.angles == AngleSource::Table && (xpos.shape[0] != p.table_rows || xpos.shape[1] != cos.shape[1]))
-            fail_argument(fmt::format("xpos_scale: shape {} differs from cos {}", xpos.shape_string(),
-                                      cos.shape_string()));
+        if (p.angles == AngleSource::Table &&
+            (xpos.shape[0] != p.table_rows || xpos.shape[1] != cos.shape[1]))
+            fail_argument(fmt::format("xpos_scale: shape {} differs from cos {}",
+                                      xpos.shape_string(), cos.shape_string()));
         if (p.angles == AngleSource::InvFreq) {
             p.table_full = xpos.shape[1] == p.rotary_dim;
             p.table_rows = xpos.shape[0];
@@ -254,17 +272,21 @@ RopeProblem make_rope_problem(const rope_jit_rope_args& args) {
     // Positions. With M-RoPE sections they carry a leading axis, one per section.
     const bool multi_section = args.num_mrope_sections != 0;
     if (args.num_mrope_sections < 0)
-        fail_argument(fmt::format("num_mrope_sections: must be >= 0 (0 = none), got {}", args.num_mrope_sections));
+        fail_argument(fmt::format("num_mrope_sections: must be >= 0 (0 = none), got {}",
+                                  args.num_mrope_sections));
     if (!multi_section && args.mrope_sections != nullptr)
-        fail_argument("mrope_sections: given with num_mrope_sections = 0; set the number of sections");
+        fail_argument(
+            "mrope_sections: given with num_mrope_sections = 0; set the number of sections");
     if (multi_section) {
-        p.pair_axis = pair_axes_from_sections(args.mrope_sections, args.num_mrope_sections,
-                                              args.mrope_interleaved != 0, p.pairs(), "mrope_sections");
+        p.pair_axis =
+            pair_axes_from_sections(args.mrope_sections, args.num_mrope_sections,
+                                    args.mrope_interleaved != 0, p.pairs(), "mrope_sections");
         p.num_position_axes = args.num_mrope_sections;
         if (args.positions == nullptr)
-            fail_argument(fmt::format("positions: required with mrope_sections ([{}, S], [{}, B, S] or [{}, T]: "
-                                      "one position per section and token)",
-                                      p.num_position_axes, p.num_position_axes, p.num_position_axes));
+            fail_argument(fmt::format(
+                "positions: required with mrope_sections ([{}, S], [{}, B, S] or [{}, T]: "
+                "one position per section and token)",
+                p.num_position_axes, p.num_position_axes, p.num_position_axes));
     }
     TensorRef positions = make_tensor_ref(args.positions, "positions", multi_section ? 3 : 2);
     TensorRef offsets = make_tensor_ref(args.seqlen_offsets, "seqlen_offsets", 1);
@@ -272,10 +294,12 @@ RopeProblem make_rope_problem(const rope_jit_rope_args& args) {
     p.num_sequences = p.batch;
     if (cu_seqlens.present()) {
         if (!p.packed)
-            fail_argument(fmt::format("cu_seqlens: only valid with packed q [T, H, D]; q is {}", q.shape_string()));
+            fail_argument(fmt::format("cu_seqlens: only valid with packed q [T, H, D]; q is {}",
+                                      q.shape_string()));
         require_index(cu_seqlens);
         if (cu_seqlens.shape[0] < 2)
-            fail_argument(fmt::format("cu_seqlens: expected [B + 1] with B >= 1, got {}", cu_seqlens.shape_string()));
+            fail_argument(fmt::format("cu_seqlens: expected [B + 1] with B >= 1, got {}",
+                                      cu_seqlens.shape_string()));
         p.num_sequences = cu_seqlens.shape[0] - 1;
         p.cu_seqlens = cu_seqlens;
     }
@@ -290,19 +314,21 @@ RopeProblem make_rope_problem(const rope_jit_rope_args& args) {
                   : token_ndim == 2 ? !p.packed && dims[0] == p.batch && dims[1] == p.seqlen_q
                                     : false;
         if (multi_section && positions.shape[0] != p.num_position_axes) ok = false;
-        const std::string axes = multi_section ? fmt::format("{}, ", p.num_position_axes) : std::string();
+        const std::string axes =
+            multi_section ? fmt::format("{}, ", p.num_position_axes) : std::string();
         const std::string axes_name = multi_section ? "A, " : "";
         if (!ok)
-            fail_argument(fmt::format("positions: expected {}, got {}{}",
-                                      p.packed ? fmt::format("[{}T] = [{}{}]", axes_name, axes, p.seqlen_q)
-                                               : fmt::format("[{}S] = [{}{}] or [{}B, S] = [{}{}, {}]", axes_name, axes,
-                                                             p.seqlen_q, axes_name, axes, p.batch, p.seqlen_q),
-                                      positions.shape_string(),
-                                      multi_section ? " (A = num_mrope_sections)" : ""));
+            fail_argument(fmt::format(
+                "positions: expected {}, got {}{}",
+                p.packed ? fmt::format("[{}T] = [{}{}]", axes_name, axes, p.seqlen_q)
+                         : fmt::format("[{}S] = [{}{}] or [{}B, S] = [{}{}, {}]", axes_name, axes,
+                                       p.seqlen_q, axes_name, axes, p.batch, p.seqlen_q),
+                positions.shape_string(), multi_section ? " (A = num_mrope_sections)" : ""));
         if (p.has_k && p.seqlen_k != p.seqlen_q)
-            fail_argument(fmt::format("positions: q has {} tokens and k {}; per-token positions need "
-                                      "the same number",
-                                      p.seqlen_q, p.seqlen_k));
+            fail_argument(
+                fmt::format("positions: q has {} tokens and k {}; per-token positions need "
+                            "the same number",
+                            p.seqlen_q, p.seqlen_k));
         p.positions = positions;
     } else if (offsets.present()) {
         require_index(offsets);
@@ -320,9 +346,11 @@ RopeProblem make_rope_problem(const rope_jit_rope_args& args) {
     // exact beyond 2^53 either.
     constexpr int64_t kMaxOffset = int64_t(1) << 53;
     if (p.position_offset <= -kMaxOffset || p.position_offset >= kMaxOffset)
-        fail_argument(fmt::format("position_offset: {} is out of range (|offset| < 2^53)", p.position_offset));
+        fail_argument(fmt::format("position_offset: {} is out of range (|offset| < 2^53)",
+                                  p.position_offset));
     if (p.q_position_offset <= -kMaxOffset || p.q_position_offset >= kMaxOffset)
-        fail_argument(fmt::format("q_position_offset: {} is out of range (|offset| < 2^53)", p.q_position_offset));
+        fail_argument(fmt::format("q_position_offset: {} is out of range (|offset| < 2^53)",
+                                  p.q_position_offset));
 
     // Learned frequencies: d(loss)/d(inv_freq) from the gradients (q, k) and the forward
     // outputs (q_saved, k_saved).
@@ -331,20 +359,26 @@ RopeProblem make_rope_problem(const rope_jit_rope_args& args) {
     TensorRef k_saved = make_tensor_ref(args.k_saved, "k_saved");
     if (freq_grad.present()) {
         if (!p.backward)
-            fail_argument("inv_freq_grad: only defined for the backward pass (backward = 1, q and k holding "
-                          "gradients)");
+            fail_argument(
+                "inv_freq_grad: only defined for the backward pass (backward = 1, q and k holding "
+                "gradients)");
         if (p.angles != AngleSource::InvFreq)
-            fail_argument("inv_freq_grad: needs angles from inv_freq (cos and sin NULL); there is no gradient "
-                          "with respect to a table");
+            fail_argument(
+                "inv_freq_grad: needs angles from inv_freq (cos and sin NULL); there is no "
+                "gradient "
+                "with respect to a table");
         if (freq_grad.dtype != DType::F32 || freq_grad.shape[0] != p.pairs())
-            fail_argument(fmt::format("inv_freq_grad: expected float32 [{}] (rotary_dim / 2), got {} {}", p.pairs(),
-                                      dtype_name(freq_grad.dtype), freq_grad.shape_string()));
+            fail_argument(
+                fmt::format("inv_freq_grad: expected float32 [{}] (rotary_dim / 2), got {} {}",
+                            p.pairs(), dtype_name(freq_grad.dtype), freq_grad.shape_string()));
         if (!q_saved.present())
             fail_argument("q_saved: required with inv_freq_grad (the forward pass's rotated q)");
         require_same_shape(q_saved, q);
         if (p.has_k) {
             if (!k_saved.present())
-                fail_argument("k_saved: required with inv_freq_grad when k is given (the forward pass's rotated k)");
+                fail_argument(
+                    "k_saved: required with inv_freq_grad when k is given (the forward pass's "
+                    "rotated k)");
             require_same_shape(k_saved, k);
         } else if (k_saved.present()) {
             fail_argument("k_saved: given without k");
@@ -356,12 +390,15 @@ RopeProblem make_rope_problem(const rope_jit_rope_args& args) {
         for (const TensorRef* written : {&p.q_out, &p.k_out})
             for (const TensorRef* read : {&p.q_saved, &p.k_saved})
                 if (written->present() && read->present() && extents_overlap(*written, *read))
-                    fail_argument(fmt::format("{}: overlaps the output {} (in-place outputs are q and k); keep the "
-                                              "forward outputs in their own memory",
-                                              read->name, written->name));
-        for (const TensorRef* other : {&p.q, &p.q_out, &p.k, &p.k_out, &p.q_saved, &p.k_saved, &p.inv_freq, &p.xpos_scale})
+                    fail_argument(fmt::format(
+                        "{}: overlaps the output {} (in-place outputs are q and k); keep the "
+                        "forward outputs in their own memory",
+                        read->name, written->name));
+        for (const TensorRef* other :
+             {&p.q, &p.q_out, &p.k, &p.k_out, &p.q_saved, &p.k_saved, &p.inv_freq, &p.xpos_scale})
             if (other->present() && extents_overlap(freq_grad, *other))
-                fail_argument(fmt::format("inv_freq_grad: overlaps {}; it needs its own memory", other->name));
+                fail_argument(fmt::format("inv_freq_grad: overlaps {}; it needs its own memory",
+                                          other->name));
         p.inv_freq_grad = freq_grad;
         p.has_freq_grad = true;
     } else if (q_saved.present() || k_saved.present()) {
@@ -370,8 +407,8 @@ RopeProblem make_rope_problem(const rope_jit_rope_args& args) {
     }
 
     // One device for everything.
-    for (const TensorRef* t : {&k, &q_out, &k_out, &cos, &sin, &inv_freq, &xpos, &positions, &offsets, &cu_seqlens,
-                               &freq_grad, &q_saved, &k_saved})
+    for (const TensorRef* t : {&k, &q_out, &k_out, &cos, &sin, &inv_freq, &xpos, &positions,
+                               &offsets, &cu_seqlens, &freq_grad, &q_saved, &k_saved})
         check_same_device(*t, p.device, q);
 
     // What the call writes (q_out, or q in place; k likewise) shares no element with anything
@@ -428,9 +465,11 @@ void check_positions_on_host(const RopeProblem& p) {
         if (cu[0] != 0) fail_argument(fmt::format("cu_seqlens: must start at 0, got {}", cu[0]));
         for (int64_t b = 0; b < p.num_sequences; ++b)
             if (cu[b + 1] < cu[b])
-                fail_argument(fmt::format("cu_seqlens: decreases at index {} ({} then {})", b + 1, cu[b], cu[b + 1]));
+                fail_argument(fmt::format("cu_seqlens: decreases at index {} ({} then {})", b + 1,
+                                          cu[b], cu[b + 1]));
         if (cu[p.num_sequences] != p.seqlen_q)
-            fail_argument(fmt::format("cu_seqlens: ends at {} but q has {} tokens", cu[p.num_sequences], p.seqlen_q));
+            fail_argument(fmt::format("cu_seqlens: ends at {} but q has {} tokens",
+                                      cu[p.num_sequences], p.seqlen_q));
     }
 
     if (p.position_mode == PositionMode::Indices) {
@@ -445,7 +484,8 @@ void check_positions_on_host(const RopeProblem& p) {
                     const int64_t row = view.ndim == 2 ? pos(b, s) : pos[s];
                     if (row >= 0 && row < limit) continue;
                     // The message is built only for the row that fails.
-                    const std::string axis = p.multi_section() ? fmt::format("{}, ", a) : std::string();
+                    const std::string axis =
+                        p.multi_section() ? fmt::format("{}, ", a) : std::string();
                     fail_row(row, "positions",
                              view.ndim == 2 ? fmt::format("[{}{}, {}]", axis, b, s)
                                             : fmt::format("[{}{}]", axis, s));
@@ -468,8 +508,9 @@ void check_positions_on_host(const RopeProblem& p) {
         const int64_t last = last_table_row(first, length);
         if (first >= 0 && last < limit) return;
         if (bounded)
-            fail_argument(fmt::format("{}: sequence {} of {} uses table rows {}..{}, but the table has {} rows",
-                                      source, b, is_q ? "q" : "k", first, last, p.table_rows));
+            fail_argument(fmt::format(
+                "{}: sequence {} of {} uses table rows {}..{}, but the table has {} rows", source,
+                b, is_q ? "q" : "k", first, last, p.table_rows));
         fail_argument(fmt::format("{}: sequence {} of {} uses positions {}..{}, but {}", source, b,
                                   is_q ? "q" : "k", first, last, kInvFreqPositions));
     };

@@ -50,9 +50,9 @@ struct RopeProblem {
     bool has_xpos = false;
 
     PositionMode position_mode = PositionMode::Implicit;
-    TensorRef positions;           // [S], [B, S] or [T]
-    TensorRef seqlen_offsets;      // [num_sequences]
-    TensorRef cu_seqlens;          // [num_sequences + 1], packed only
+    TensorRef positions;       // [S], [B, S] or [T]
+    TensorRef seqlen_offsets;  // [num_sequences]
+    TensorRef cu_seqlens;      // [num_sequences + 1], packed only
     int64_t position_offset = 0, q_position_offset = 0;
 
     // Multi-section positions (M-RoPE): positions has a leading axis of num_position_axes,
@@ -77,7 +77,8 @@ struct RopeProblem {
     // No element to rotate (q with no tokens or no heads, and no k with tokens): a no-op,
     // however large the other dimensions (a [2^31, 0, S, D] q must not loop 2^31 times).
     bool empty() const {
-        return batch == 0 || head_dim == 0 || ((seqlen_q == 0 || heads_q == 0) && (!has_k || seqlen_k == 0));
+        return batch == 0 || head_dim == 0 ||
+               ((seqlen_q == 0 || heads_q == 0) && (!has_k || seqlen_k == 0));
     }
     bool multi_section() const { return !pair_axis.empty(); }
     // The positions of one axis as a plain [S], [B, S] or [T] view (M-RoPE); `positions`
