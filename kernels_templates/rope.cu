@@ -28,6 +28,7 @@
 // they come from L1, and the kernel streams q and k with no further barrier. Angles computed
 // from inv_freq (or scaled by xPos) are computed once per token into shared memory instead.
 
+#include "device_numeric.h"
 #include "rope_params.h"
 
 namespace {
@@ -85,33 +86,11 @@ constexpr int TABLE_SPAN = plan().table_span;
 
 // ---- element types --------------------------------------------------------------------
 
-template <int DT>
-struct Storage {
-    using type = unsigned short;
-};
-template <>
-struct Storage<0> {
-    using type = float;
-};
+// StorageOf, float_of_bits16, load_float and float_to_bf16_bits: device_numeric.h, shared with
+// the attention templates.
 
 template <int DT>
-__device__ __forceinline__ float to_float16bits(unsigned short v) {
-    if (DT == 1) {
-        float f;
-        asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(v));
-        return f;
-    }
-    return __uint_as_float(static_cast<unsigned>(v) << 16);  // bfloat16: the upper half
-}
-
-template <int DT>
-__device__ __forceinline__ float load_float(const void* base, long long index) {
-    if (DT == 0) return static_cast<const float*>(base)[index];
-    return to_float16bits<DT>(static_cast<const unsigned short*>(base)[index]);
-}
-
-template <int DT>
-__device__ __forceinline__ typename Storage<DT>::type from_float(float v) {
+__device__ __forceinline__ typename StorageOf<DT>::type from_float(float v) {
     if constexpr (DT == 0) {
         return v;
     } else if constexpr (DT == 1) {
@@ -124,25 +103,20 @@ __device__ __forceinline__ typename Storage<DT>::type from_float(float v) {
         asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));
         return h;
 #else
-        // Round to nearest even, keeping NaN a (quiet) NaN, as cvt.rn.bf16.f32 does on sm_80+.
-        unsigned bits = __float_as_uint(v);
-        if ((bits & 0x7fffffffu) > 0x7f800000u)
-            return static_cast<unsigned short>((bits >> 16) | 0x40u);
-        bits += 0x7fffu + ((bits >> 16) & 1u);
-        return static_cast<unsigned short>(bits >> 16);
+        return float_to_bf16_bits(v);  // what cvt.rn.bf16.f32 does on sm_80+
 #endif
     }
 }
 
 template <int DT>
-__device__ __forceinline__ float storage_to_float(typename Storage<DT>::type v) {
+__device__ __forceinline__ float storage_to_float(typename StorageOf<DT>::type v) {
     if constexpr (DT == 0)
         return v;
     else
-        return to_float16bits<DT>(v);
+        return float_of_bits16<DT>(v);
 }
 
-using T = typename Storage<DTYPE>::type;
+using T = typename StorageOf<DTYPE>::type;
 
 template <int N>
 struct alignas(N * sizeof(T)) Pack {
@@ -255,7 +229,7 @@ __device__ void pair_angle(const RopeKernelParams& p, long long row, int pair, b
     }
 }
 
-using TableT = typename Storage<TABLE_DTYPE>::type;
+using TableT = typename StorageOf<TABLE_DTYPE>::type;
 
 template <int N>
 struct alignas(N * sizeof(TableT)) TablePack {

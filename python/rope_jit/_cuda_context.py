@@ -1,13 +1,13 @@
 """A thread's CUDA context, left as PyTorch expects it.
 
 A thread that has not yet made a CUDA runtime call has no current context (PyTorch's autograd
-device threads start so). The library then launches in the device's primary context by
-pushing it for the call and popping it after (cuda_backend.cpp, ContextScope): the thread is
-left with no current context, and the next cuBLAS call there warns "Attempting to run cuBLAS,
-but there was no current CUDA context!" (PyTorch then sets one itself). So, once per thread and
-device, before its first launch there, this makes the device's primary context current on the
-thread when none is, as the CUDA runtime's first call would: the library then finds it current
-and pushes nothing. Costs one thread-local lookup per call after the first.
+device threads start so). The next cuBLAS call on such a thread warns "Attempting to run
+cuBLAS, but there was no current CUDA context!" unless something made one current. The library
+now leaves the launch context current on a thread that had none (cuda/cuda_driver.cpp,
+ContextScope); older libraries pushed it for the call and popped it after. So, once per thread
+and device, before its first launch there, this makes the device's primary context current on
+the thread when none is, as the CUDA runtime's first call would, whatever library version is
+loaded. Costs one thread-local lookup per call after the first.
 """
 
 import ctypes

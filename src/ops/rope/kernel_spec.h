@@ -66,7 +66,7 @@ constexpr int32_t kRopeMaxBlockThreads = 512;
     /* also accumulate d(loss)/d(inv_freq) */                                                    \
     X(freq_grad, 0, "freq_grad", Boolean, 0, 1, "FREQ_GRAD", PLAIN)                              \
     /* The most threads a block may have (the kernel's launch bound); the launcher sizes each */ \
-    /* block to its tokens' work items (src/ops/rope/cuda_backend.cpp). */                       \
+    /* block to its tokens' work items (src/ops/rope/rope_cuda.cpp). */                       \
     X(block_threads, kRopeMaxBlockThreads, "block_threads", Integer, 32, 1024, "BLOCK_THREADS",  \
       DERIVED)
 
