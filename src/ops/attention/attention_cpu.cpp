@@ -7,36 +7,13 @@
 #include <vector>
 
 #include "common/half_float.h"
+#include "common/tensor_element.h"
 
 namespace rope_jit {
 
 namespace {
 
 constexpr double kNegativeInfinity = -std::numeric_limits<double>::infinity();
-
-// Element `element` (an offset in elements) of a float tensor of any supported dtype.
-double read_float(const TensorRef& t, int64_t element) {
-    const char* address = t.data + element * int64_t(dtype_size(t.dtype));
-    switch (t.dtype) {
-        case DType::F32: {
-            float v;
-            std::memcpy(&v, address, 4);
-            return v;
-        }
-        case DType::F16: {
-            uint16_t v;
-            std::memcpy(&v, address, 2);
-            return fp16_to_float(v);
-        }
-        case DType::BF16: {
-            uint16_t v;
-            std::memcpy(&v, address, 2);
-            return bf16_to_float(v);
-        }
-        case DType::U8: return double(*reinterpret_cast<const uint8_t*>(address));
-        default: return 0.0;  // make_attention_problem admits no other dtype here
-    }
-}
 
 void write_float(const TensorRef& t, int64_t element, double value) {
     char* address = t.data + element * int64_t(dtype_size(t.dtype));
@@ -67,7 +44,7 @@ int64_t offset4(const TensorRef& t, int64_t b, int64_t h, int64_t s) {
 // Head vector (b, h, s) of a [B, H, S, D] tensor as doubles.
 void read_row(const TensorRef& t, int64_t b, int64_t h, int64_t s, double* out, int64_t D) {
     const int64_t base = offset4(t, b, h, s);
-    for (int64_t d = 0; d < D; ++d) out[d] = read_float(t, base + d * t.strides[3]);
+    for (int64_t d = 0; d < D; ++d) out[d] = read_element(t, base + d * t.strides[3]);
 }
 
 void write_row(const TensorRef& t, int64_t b, int64_t h, int64_t s, const double* values,
@@ -94,7 +71,7 @@ public:
     // Whether token s of batch b has a position (every token does without pos_mask).
     bool positioned(int64_t b, int64_t s) const {
         if (!p_.has_pos_mask) return true;
-        return read_float(p_.pos_mask, b * p_.pos_mask.strides[0] + s * p_.pos_mask.strides[1]) !=
+        return read_element(p_.pos_mask, b * p_.pos_mask.strides[0] + s * p_.pos_mask.strides[1]) !=
                0.0;
     }
 
@@ -111,8 +88,8 @@ public:
         const int64_t half = p_.rotary_dim / 2;
         for (int64_t i = 0; i < half; ++i) {
             const int64_t col = p_.table_column(i);
-            const double c = read_float(p_.cos, s * p_.cos.strides[0] + col * p_.cos.strides[1]);
-            double sn = read_float(p_.sin, s * p_.sin.strides[0] + col * p_.sin.strides[1]);
+            const double c = read_element(p_.cos, s * p_.cos.strides[0] + col * p_.cos.strides[1]);
+            double sn = read_element(p_.sin, s * p_.sin.strides[0] + col * p_.sin.strides[1]);
             if (inverse) sn = -sn;
             const int64_t i1 = p_.style == ROPE_JIT_STYLE_INTERLEAVED ? 2 * i : i;
             const int64_t i2 = p_.style == ROPE_JIT_STYLE_INTERLEAVED ? 2 * i + 1 : i + half;
@@ -127,7 +104,8 @@ public:
         if (p_.causal && j > i) return kNegativeInfinity;
         if (p_.mask_kind == AttentionMaskKind::None) return 0.0;
         const TensorRef& m = p_.attn_mask;
-        const double value = read_float(m, b * m.strides[0] + i * m.strides[1] + j * m.strides[2]);
+        const double value =
+            read_element(m, b * m.strides[0] + i * m.strides[1] + j * m.strides[2]);
         if (p_.mask_kind == AttentionMaskKind::Bool) return value != 0.0 ? 0.0 : kNegativeInfinity;
         return value;
     }

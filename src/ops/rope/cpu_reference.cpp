@@ -9,6 +9,7 @@
 
 #include "common/half_float.h"
 #include "common/index_reader.h"
+#include "common/tensor_element.h"
 #include "ops/rope/mrope_sections.h"
 
 namespace rope_jit {
@@ -48,28 +49,9 @@ inline Fp16 from_float<Fp16>(float v) {
     return Fp16{float_to_fp16(v)};
 }
 
-// One element of a float tensor of any supported dtype (tables are small: no need to
-// specialize their reads).
+// One element of a float tensor (tables are small: no need to specialize their reads).
 float load_float(const TensorRef& t, int64_t element) {
-    const char* address = t.data + element * int64_t(dtype_size(t.dtype));
-    switch (t.dtype) {
-        case DType::F32: {
-            float v;
-            std::memcpy(&v, address, 4);
-            return v;
-        }
-        case DType::F16: {
-            uint16_t v;
-            std::memcpy(&v, address, 2);
-            return fp16_to_float(v);
-        }
-        case DType::BF16: {
-            uint16_t v;
-            std::memcpy(&v, address, 2);
-            return bf16_to_float(v);
-        }
-        default: return 0.0f;  // make_rope_problem admits float tables only
-    }
+    return float(read_element(t, element));
 }
 
 float load_2d(const TensorRef& t, int64_t row, int64_t col) {

@@ -79,9 +79,9 @@ double yarn_mscale(double scale, double mscale) {
     return scale <= 1 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0;
 }
 
-Frequencies yarn(const rope_jit_freq_config& c, const FieldChecker& check) {
-    const int64_t R = c.rotary_dim;
-    if (c.theta == 1.0) fail_argument("theta: yarn divides by ln(theta), so theta must not be 1");
+// The context length a scaled rope type was trained at: original_max_position_embeddings, or
+// max_position_embeddings standing in for it (HF's fallback). Both are >= 0 (0 = unset).
+int64_t original_max_positions(const rope_jit_freq_config& c, const char* rope_type) {
     if (c.max_position_embeddings < 0 || c.original_max_position_embeddings < 0)
         fail_argument(
             "max_position_embeddings / original_max_position_embeddings: must be >= 0 (0 = unset)");
@@ -90,9 +90,16 @@ Frequencies yarn(const rope_jit_freq_config& c, const FieldChecker& check) {
                                  : c.max_position_embeddings;
     if (original <= 0)
         fail_argument(
-            "original_max_position_embeddings: required for rope_type yarn (or "
-            "max_position_embeddings, "
-            "which stands in for it)");
+            fmt::format("original_max_position_embeddings: required for rope_type {} (or "
+                        "max_position_embeddings, which stands in for it)",
+                        rope_type));
+    return original;
+}
+
+Frequencies yarn(const rope_jit_freq_config& c, const FieldChecker& check) {
+    const int64_t R = c.rotary_dim;
+    if (c.theta == 1.0) fail_argument("theta: yarn divides by ln(theta), so theta must not be 1");
+    const int64_t original = original_max_positions(c, "yarn");
     double factor = c.factor;
     if (factor == 0) {
         // HF (DeepSeek-V3 configs): factor = max_position_embeddings / original when unset.
@@ -176,16 +183,7 @@ Frequencies llama3(const rope_jit_freq_config& c, const FieldChecker& check) {
 }
 
 Frequencies longrope(const rope_jit_freq_config& c, size_t n, const FieldChecker& check) {
-    if (c.max_position_embeddings < 0 || c.original_max_position_embeddings < 0)
-        fail_argument(
-            "max_position_embeddings / original_max_position_embeddings: must be >= 0 (0 = unset)");
-    const int64_t original = c.original_max_position_embeddings > 0
-                                 ? c.original_max_position_embeddings
-                                 : c.max_position_embeddings;
-    if (original <= 0)
-        fail_argument(
-            "original_max_position_embeddings: required for rope_type longrope (or "
-            "max_position_embeddings, which stands in for it)");
+    const int64_t original = original_max_positions(c, "longrope");
     double factor = c.factor;
     if (factor == 0) {
         // HF (Phi-3 configs): the ratio of the extended to the original context when unset.
