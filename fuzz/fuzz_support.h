@@ -49,7 +49,9 @@ private:
 constexpr DLDataType kF32{kDLFloat, 32, 1}, kF16{kDLFloat, 16, 1}, kBF16{kDLBfloat, 16, 1};
 constexpr DLDataType kI32{kDLInt, 32, 1}, kI64{kDLInt, 64, 1}, kU8{kDLUInt, 8, 1};
 
-inline size_t element_bytes(const DLDataType& t) { return size_t(std::max(1, t.bits / 8)); }
+inline size_t element_bytes(const DLDataType& t) {
+    return size_t(std::max(1, t.bits / 8));
+}
 
 // A tensor with memory of its own: the logical shape laid out in an order the input picks
 // (dims permuted, the innermost padded, one dim walked backwards), in a heap block of exactly
@@ -159,7 +161,9 @@ public:
                 }
                 break;
             case 3:
-                if (tensor_.ndim > 1) {
+                // Not past an empty leading dim: the rest would be a non-empty view over bytes
+                // this tensor never had (its data may be `nothing`).
+                if (tensor_.ndim > 1 && tensor_.shape[0] != 0) {
                     tensor_.ndim -= 1;
                     tensor_.shape += 1;
                     tensor_.strides += 1;
