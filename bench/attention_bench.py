@@ -51,7 +51,7 @@ class AttentionArgs(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_size_t), ("q", P), ("k", P), ("v", P), ("out", P), ("cos", P), ("sin", P),
                 ("pos_mask", P), ("attn_mask", P), ("causal", ctypes.c_int), ("scale", ctypes.c_double),
                 ("rotary_dim", ctypes.c_int32), ("style", ctypes.c_int), ("lse", P), ("stream", ctypes.c_void_p),
-                ("dout", P), ("dq", P), ("dk", P), ("dv", P)]
+                ("dout", P), ("dq", P), ("dk", P), ("dv", P), ("deterministic", ctypes.c_int)]
 
 
 class RopeArgsPrefix(ctypes.Structure):

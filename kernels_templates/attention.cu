@@ -2,7 +2,8 @@
 // and the two kernels of the backward. The runtime prepends constexpr specialization constants
 // (src/ops/attention/attention_spec.cpp, AttentionSpec::preamble) and compiles this file with NVRTC, without
 // any CUDA toolkit header. The constants:
-//   KIND                      0 forward, 1 backward dq, 2 backward dk/dv
+//   KIND                      0 forward, 1 backward dq, 2 backward dk/dv; the sm_90 backward:
+//                             3 prepare, 4 backward, 5 dq finish (attention_wgmma_backward.h)
 //   DTYPE, TABLE_DTYPE        0 float32, 1 float16, 2 bfloat16 (q/k/v/out/grads; cos/sin)
 //   HEAD_DIM, ROTARY_DIM      features; the first ROTARY_DIM rotate (0: no rotation)
 //   INTERLEAVED, TABLE_FULL   pairs (2i, 2i+1) else (i, i + R/2); tables [P, R] vs [P, R/2]
@@ -44,6 +45,7 @@
 #include "attention_mma_backward.h"
 #include "attention_wgmma.h"
 #include "attention_wgmma_producer.h"
+#include "attention_wgmma_backward.h"
 
 // The preamble defines ROPE_JIT_CLUSTER_DIMS as __cluster_dims__(CLUSTER, 1, 1) for clusters
 // of more than one block (sm_90 only).
@@ -58,7 +60,13 @@ __launch_bounds__(PLAN.threads, TENSOR_CORES&& KIND == 0 && M_TILES == 2 && WARP
     attention_kernel(const __grid_constant__ AttentionKernelParams p) {
     if constexpr (TENSOR_CORES) {
         extern __shared__ __align__(1024) char smem[];  // swizzled TMA boxes land 1024-byte aligned
-        if constexpr (KIND == 0 && WGMMA && PRODUCER_WARPS > 0)
+        if constexpr (KIND == 3)
+            tc::wg::prepare(p);
+        else if constexpr (KIND == 4)
+            tc::wg::backward(p, smem);
+        else if constexpr (KIND == 5)
+            tc::wg::finish_dq(p);
+        else if constexpr (KIND == 0 && WGMMA && PRODUCER_WARPS > 0)
             tc::wg::forward_specialized(p, smem);
         else if constexpr (KIND == 0 && WGMMA)
             tc::wg::forward(p, smem);

@@ -60,7 +60,30 @@ struct AttentionKernelParams {
     // The forward with producer warps: the TMA descriptor (CUtensorMap) of v as a [B, H, S, D]
     // tensor, boxes of 64 features by block_n / cluster tokens, 128-byte swizzled.
     alignas(64) unsigned char v_map[128];
+
+    // The sm_90 backward (kinds 3-5, see attention.cu), through a workspace the host allocates
+    // per call: q and k rotated once ([B, Hq, Sq_padded, DP] and [B, Hk, Sk_padded, DP], DP the
+    // padded head_dim, zero past the sequence and past head_dim), dq accumulated in float32
+    // ([B, Hq, Sq_padded, DP]), and per query row the lse in base 2 (+inf for a row that sees
+    // nothing or lies past Sq) and delta = dout . out ([B, Hq, Sq_padded] each).
+    void* q_rot;
+    void* k_rot;
+    float* dq_accum;
+    float* row_lse2;
+    float* row_delta;
+    long long seqlen_q_padded;  // a multiple of the backward's query tile (64)
+    long long seqlen_k_padded;  // a multiple of its key block (128)
+    // Blocks of the prepare kernel that rotate query rows; the rest rotate key rows.
+    long long prepare_query_blocks;
+    // TMA descriptors of the rotated q (boxes of 64 features by 64 tokens), the rotated k
+    // (by block_n tokens) and dout (64 tokens); v's is v_map (block_n tokens).
+    alignas(64) unsigned char q_map[128];
+    alignas(64) unsigned char k_map[128];
+    alignas(64) unsigned char dout_map[128];
 };
+
+// Query rows of one tile of the sm_90 backward, and the row multiple of its workspaces.
+constexpr int kAttentionBackwardQueryTile = 64;
 
 // Byte offsets of the shared-memory buffers of one block of a tensor-core kernel (kind 0
 // forward, 1 backward dq, 2 backward dk/dv), and the total to launch with. Buffers a kernel
@@ -87,6 +110,8 @@ struct AttentionSmemLayout {
     // for the tensor cores (q_tile), and 8-byte mbarriers, `stages` each of landed, full and
     // empty.
     int q_tile, barriers;
+    // The sm_90 backward (kind 4): two tiles of dS^T (block_n keys by 64 queries, swizzled).
+    int ds;
     int bytes;
 };
 
@@ -115,9 +140,32 @@ ROPE_JIT_HOST_DEVICE constexpr void attention_align(int* at, int alignment) {
 // `producer` warps, no staged table rows, tiles in the 128-byte-swizzle layout (which repeats
 // every 1024 bytes, so they start at multiples of 1024), the query rows once more in that
 // layout and the barriers of the tile buffers.
+// The sm_90 backward (kind 4): its key block's rotated keys and values (block_n rows each),
+// `stages` tiles each of rotated queries and dout (64 rows) with their lse and delta rows, two
+// dS^T tiles, all 128-byte swizzled (1024-byte aligned), and the barriers: one per stage, one
+// for the keys and values.
+ROPE_JIT_HOST_DEVICE constexpr AttentionSmemLayout attention_backward_smem_layout(
+    int head_dim_padded, int block_n, int stages) {
+    AttentionSmemLayout l{};
+    const int tile_m = kAttentionBackwardQueryTile;
+    int at = 0;
+    int* const cursor = &at;
+    l.k = attention_take(cursor, block_n * head_dim_padded * 2);
+    l.v0 = attention_take(cursor, block_n * head_dim_padded * 2);
+    l.q = attention_take(cursor, stages * tile_m * head_dim_padded * 2);
+    l.dout0 = attention_take(cursor, stages * tile_m * head_dim_padded * 2);
+    l.ds = attention_take(cursor, 2 * block_n * tile_m * 2);
+    l.row_a = attention_take(cursor, stages * tile_m * 4);
+    l.row_b = attention_take(cursor, stages * tile_m * 4);
+    l.barriers = attention_take(cursor, (stages + 1) * 8);
+    l.bytes = at;
+    return l;
+}
+
 ROPE_JIT_HOST_DEVICE constexpr AttentionSmemLayout attention_smem_layout(
     int kind, int head_dim_padded, int warps, int m_tiles, int block_n, bool pos_mask,
     int table_row_bytes, bool wgmma, int stages, bool producer) {
+    if (kind == 4) return attention_backward_smem_layout(head_dim_padded, block_n, stages);
     AttentionSmemLayout l{};
     const int row_bytes = (head_dim_padded + 8) * 2;
     const int tile_row_bytes = wgmma ? head_dim_padded * 2 : row_bytes;  // rows of streamed tiles
@@ -185,6 +233,14 @@ ROPE_JIT_HOST_DEVICE constexpr AttentionLaunchPlan attention_launch_plan(
     plan.smem = attention_smem_layout(kind, plan.head_dim_padded, warps, m_tiles, block_n, pos_mask,
                                       plan.table_row_bytes, wgmma, stages, producer_warps > 0);
     plan.shared_bytes = tensor_cores ? plan.smem.bytes : 0;
+    // The sm_90 backward: the prepare and dq-finish kernels work through 64-row blocks without
+    // shared memory; the main kernel owns block_n keys.
+    if (kind == 3 || kind == 5) {
+        plan.rows_per_block = kAttentionBackwardQueryTile;
+        plan.shared_bytes = 0;
+    } else if (kind == 4) {
+        plan.rows_per_block = block_n;
+    }
     return plan;
 }
 

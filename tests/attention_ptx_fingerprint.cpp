@@ -7,6 +7,8 @@
 //                                             on any difference, naming the spec
 //   attention-ptx-fingerprint --dump DIR      also writes each kernel's normalized PTX to
 //                                             DIR/<n>.ptx (to diff two runs)
+//   attention-ptx-fingerprint --raw DIR       writes each kernel's PTX unchanged to DIR/<n>.ptx
+//                                             (for ptxas -v: registers and spills)
 //
 // Two fingerprints per kernel, SHA-256 over normalized PTX (comments, blank lines, the NVRTC
 // version banner and module-scope .global constants dropped; virtual register numbers, label
@@ -193,8 +195,29 @@ std::vector<AttentionSpec> wgmma_specs() {
     AttentionSpec clustered_narrow = specialized_narrow;
     clustered_narrow.gqa_group = 2;
     clustered_narrow.cluster = 2;
-    return {headline,  narrow, unrotated,    in_place,  specialized,     specialized_narrow,
-            long_keys, padded, padded_plain, clustered, clustered_narrow};
+    std::vector<AttentionSpec> specs = {headline,     narrow,    unrotated,       in_place,
+                                        specialized,  specialized_narrow, long_keys, padded,
+                                        padded_plain, clustered, clustered_narrow};
+    // The sm_90 backward's three kernels: the headline (GQA 4, causal, half tables), head_dim
+    // 64 interleaved with an additive mask, and an unrotated head_dim 120.
+    for (const AttentionSpec& forward : {headline, narrow, unrotated}) {
+        for (K kind : {K::BackwardPrepare, K::Backward, K::BackwardDqFinish}) {
+            AttentionSpec s = forward;
+            s.kind = int32_t(kind);
+            s.write_lse = 0;
+            s.warps = 8;
+            s.block_n = 128;
+            s.stages = 3;
+            s.table_async = 0;
+            if (forward.mask_kind == 2) s.head_dim = 120;
+            if (forward.mask_kind == 1) {
+                s.mask_kind = 2;
+                s.mask_dtype = 0;
+            }
+            specs.push_back(s);
+        }
+    }
+    return specs;
 }
 
 // Normalized PTX lines: no comments, blank lines or version banner; register and label
@@ -245,13 +268,15 @@ std::string hash_lines(const std::vector<std::string>& lines) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    std::string check, dump;
+    std::string check, dump, raw;
     if (argc == 3 && std::string(argv[1]) == "--check") {
         check = argv[2];
     } else if (argc == 3 && std::string(argv[1]) == "--dump") {
         dump = argv[2];
+    } else if (argc == 3 && std::string(argv[1]) == "--raw") {
+        raw = argv[2];
     } else if (argc != 1) {
-        std::cerr << "usage: attention-ptx-fingerprint [--check FILE | --dump DIR]\n";
+        std::cerr << "usage: attention-ptx-fingerprint [--check FILE | --dump DIR | --raw DIR]\n";
         return 2;
     }
     if (nvrtc_api() == nullptr) {
@@ -272,6 +297,10 @@ int main(int argc, char** argv) {
         const CompileResult r = compile_cuda(source, "attention.cu", target, {}, kernel_headers());
         std::vector<std::string> lines = normalized_lines(std::string(r.binary.data()));
         const std::string text = hash_lines(lines);
+        if (!raw.empty()) {  // the PTX as NVRTC wrote it (for ptxas -v)
+            std::ofstream file(raw + "/" + std::to_string(out.size()) + ".ptx");
+            file << r.binary.data();
+        }
         if (!dump.empty()) {
             std::ofstream file(dump + "/" + std::to_string(out.size()) + ".ptx");
             for (const std::string& line : lines) file << line << "\n";

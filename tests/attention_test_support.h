@@ -40,6 +40,7 @@ struct Config {
     bool bshd = false;                  // q/k/v/out/grads stored [B, S, H, D]
     int64_t pad = 0;               // unused elements after each stored row (non-contiguous views)
     bool rotary_dim_zero = false;  // pass rotary_dim = 0 (R == D)
+    bool deterministic = false;    // the backward's bitwise-reproducible kernels
 };
 
 inline std::string describe(const Config& c) {
@@ -51,7 +52,8 @@ inline std::string describe(const Config& c) {
       << " pos_mask=" << c.pos_mask << (c.pos_mask_batched ? "[B,N]" : "[N]")
       << " mask=" << mask_name(c.mask) << " mask_dt=" << rope_test::dt_name(c.mask_dt)
       << " mask_b1=" << c.mask_batch_broadcast << " scale=" << c.scale << " bshd=" << c.bshd
-      << " pad=" << c.pad << " rotary_dim_zero=" << c.rotary_dim_zero;
+      << " pad=" << c.pad << " rotary_dim_zero=" << c.rotary_dim_zero
+      << " deterministic=" << c.deterministic;
     return s.str();
 }
 
@@ -182,6 +184,7 @@ struct Problem {
         if (mask_bool.present()) a.attn_mask = mask_bool.dl();
         if (c.mask == Mask::AddKeys || c.mask == Mask::AddFull) a.attn_mask = mask_float.dl();
         a.causal = c.causal;
+        a.deterministic = c.deterministic;
         a.scale = c.scale;
         a.style = c.interleaved ? ROPE_JIT_STYLE_INTERLEAVED : ROPE_JIT_STYLE_HALF;
         a.dout = dout.dl();

@@ -209,7 +209,9 @@ attention_test::Config headline_config() {
 
 }  // namespace
 
-TEST_CASE("aligned 16-bit problems run on tensor cores, in one kernel forward and two backward") {
+TEST_CASE(
+    "aligned 16-bit problems run on tensor cores: one kernel forward; backward, three on sm_90 "
+    "(prepare, wgmma, dq finish) or two (dq, dk/dv)") {
     const attention_test::Config c = headline_config();
     const std::vector<AttentionSpec> forward = chosen(c, false);
     REQUIRE(forward.size() == 1);
@@ -260,7 +262,36 @@ TEST_CASE("aligned 16-bit problems run on tensor cores, in one kernel forward an
     CHECK(chosen(d256, false, AttentionDevice{80, 166912})[0].tensor_cores == 1);
     d256.pos_mask = true;
     CHECK(chosen(d256, false)[0].block_n == 32);
-    const std::vector<AttentionSpec> backward = chosen(c, true);
+    // sm_90 with TMA: the wgmma backward's three kernels.
+    const std::vector<AttentionSpec> sm90 = chosen(c, true);
+    REQUIRE(sm90.size() == 3);
+    CHECK(sm90[0].kind == int32_t(AttentionKernelKind::BackwardPrepare));
+    CHECK(sm90[1].kind == int32_t(AttentionKernelKind::Backward));
+    CHECK(sm90[2].kind == int32_t(AttentionKernelKind::BackwardDqFinish));
+    for (const AttentionSpec& s : sm90) {
+        CAPTURE(s.describe());
+        CHECK((s.wgmma == 1 && s.warps == 8 && s.block_n == 128 && s.stages == 3));
+        CHECK(s.shared_bytes() <= 232448);
+    }
+    CHECK(sm90[0].shared_bytes() == 0);
+    CHECK(sm90[1].shared_bytes() > 0);
+    // Deterministic, without TMA, on sm_80, with pos_mask or at head_dim 256: dq, then dk/dv.
+    attention_test::Config deterministic = c;
+    deterministic.deterministic = true;
+    attention_test::Config masked = c;
+    masked.pos_mask = true;
+    attention_test::Config wide_backward = c;
+    wide_backward.D = wide_backward.R = 256;
+    // (dk/dv may be split into a dk and a dv pass.)
+    const auto dq_first = [](const std::vector<AttentionSpec>& specs) {
+        return specs.size() >= 2 && specs[0].kind == int32_t(AttentionKernelKind::BackwardDq) &&
+               specs[1].kind == int32_t(AttentionKernelKind::BackwardDkDv);
+    };
+    CHECK(dq_first(chosen(deterministic, true)));
+    CHECK(dq_first(chosen(c, true, AttentionDevice{90, 232448, true, false})));
+    CHECK(dq_first(chosen(masked, true)));
+    CHECK(dq_first(chosen(wide_backward, true)));
+    const std::vector<AttentionSpec> backward = chosen(c, true, AttentionDevice{80, 166912});
     REQUIRE(backward.size() == 2);
     CHECK(backward[0].kind == int32_t(AttentionKernelKind::BackwardDq));
     CHECK(backward[1].kind == int32_t(AttentionKernelKind::BackwardDkDv));
@@ -330,10 +361,17 @@ TEST_CASE("the CUDA-core kernels take what tensor cores cannot") {
         CHECK(forced.stages == 2);
         CHECK(chosen(c, false, AttentionDevice{80, 166912})[0].wgmma == 0);
         CHECK(chosen(c, false, AttentionDevice{90, 232448, false})[0].wgmma == 0);
-        // "dq=w..." is no shape: the dq kernel keeps its default.
+        // "dq=w..." is no shape: the backward keeps its default, the wgmma backward here and
+        // the dq kernel's default shape where that runs.
+        CHECK(chosen(c, true)[0].kind == int32_t(AttentionKernelKind::BackwardPrepare));
+        c.deterministic = true;
         const AttentionSpec dq = chosen(c, true)[0];
         CHECK(dq.wgmma == 0);
         CHECK((dq.warps == 8 && dq.block_n == 64));
+        // A dq or dk/dv shape asks for those kernels.
+        c.deterministic = false;
+        env.set("ROPE_JIT_ATTENTION_KERNELS", "dkdv=4x32");
+        CHECK(chosen(c, true)[1].kind == int32_t(AttentionKernelKind::BackwardDkDv));
     }
     SUBCASE("the override's wgmma shapes: 4, 8 or 12 warps, the third number is the stages") {
         EnvGuard env;

@@ -481,6 +481,51 @@ TEST_SUITE("gpu") {
     }
 
     TEST_CASE(
+        "the sm_90 wgmma backward matches the CPU reference over ragged lengths, GQA groups, masks, "
+        "partial rotary and both styles") {
+        const rope_jit::AttentionDevice device = device_zero();
+        if (!device.wgmma || !device.tma) {
+            MESSAGE("device sm_" << device.compute_capability << ": no wgmma backward here");
+            return;
+        }
+        GpuFixture f;
+        std::mt19937 rng(9090);
+        std::vector<Config> configs;
+        for (int i = 0; i < 40; ++i) {
+            Config c = random_gpu_config(rng);
+            c.dt = rng() & 1 ? Dt::BF16 : Dt::F16;
+            c.D = pick<int64_t>(rng, {128, 64, 120, 56});
+            c.R = pick<int64_t>(rng, {c.D, c.D, c.D / 2, 0, 16});
+            const int64_t chunk = c.interleaved ? 8 : 16;
+            c.R = c.R / chunk * chunk;
+            c.pos_mask = false;
+            c.pad = 0;
+            c.Hk = 1 + rng() % 2;
+            c.Hq = c.Hk * pick<int64_t>(rng, {1, 2, 4, 8});
+            // Lengths around and between the 64-query tiles and 128-key blocks.
+            c.Sq = pick<int64_t>(rng, {1, 63, 64, 65, 127, 129, 200, 255, 300, 520});
+            c.Sk = rng() % 3 == 0 ? pick<int64_t>(rng, {1, 64, 127, 128, 129, 333}) : c.Sq;
+            configs.push_back(c);
+        }
+        // Every config must run the wgmma backward, or the sweep would test something else.
+        for (const Config& c : configs) {
+            std::mt19937 probe(1);
+            Problem p(c, probe);
+            const std::vector<rope_jit::AttentionSpec> specs = kernels_of(p, device);
+            CAPTURE(describe(c));
+            REQUIRE(specs.size() == 4);
+            CHECK(specs[1].kind == int32_t(rope_jit::AttentionKernelKind::BackwardPrepare));
+            CHECK(specs[2].kind == int32_t(rope_jit::AttentionKernelKind::Backward));
+            CHECK(specs[3].kind == int32_t(rope_jit::AttentionKernelKind::BackwardDqFinish));
+        }
+        sweep(f, configs, 17);
+        // The same problems through the deterministic kernels.
+        for (Config& c : configs) c.deterministic = true;
+        configs.resize(8);
+        sweep(f, configs, 17);
+    }
+
+    TEST_CASE(
         "the headline shape (bf16, D128, causal, GQA 4) runs on tensor cores and matches the CPU") {
         GpuFixture f;
         Config c;
@@ -587,12 +632,15 @@ TEST_SUITE("gpu") {
         unsetenv("ROPE_JIT_ATTENTION_KERNELS");
     }
 
-    TEST_CASE("the CUDA backward is deterministic") {
+    TEST_CASE("the CUDA backward asked to be deterministic is: the same bits on every run") {
         GpuFixture f;
+        for (const bool pos_mask : {true, false})
         for (Dt dt : {Dt::BF16, Dt::F32}) {
             const std::string dtype = rope_test::dt_name(dt);
             CAPTURE(dtype);
+            CAPTURE(pos_mask);
             Config c;
+            c.deterministic = true;
             c.dt = dt;
             c.B = 2;
             c.Hq = 8;
@@ -602,7 +650,7 @@ TEST_SUITE("gpu") {
             c.D = 64;
             c.R = 64;
             c.causal = true;
-            c.pos_mask = true;
+            c.pos_mask = pos_mask;
             std::mt19937 rng(4);
             Problem p(c, rng);
             DeviceProblem device(p);

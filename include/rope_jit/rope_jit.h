@@ -576,8 +576,13 @@ ROPE_JIT_API rope_jit_status rope_jit_get_stats(const rope_jit_runtime* runtime,
  * compiled for sm_90a, fed by a producer warpgroup (keys rotated in its registers, values
  * brought in by the tensor memory accelerator) when the driver offers TMA (CUDA 12 or newer)
  * and the cos/sin rows are 16-byte aligned whole 16-byte pieces); float32 and every other case run on the CUDA cores
- * in float32 (head_dim up to 512; sequences below 2^31 tokens). The CPU backend computes in
- * float64 and rounds the results once. The backward is deterministic on both backends.
+ * in float32 (head_dim up to 512; sequences below 2^31 tokens). On sm_90 with TMA the
+ * backward at head_dim 56-64 or 120-128 without pos_mask runs on warpgroup matrix products
+ * too: q and k are rotated once into a workspace the library allocates on the call's stream
+ * (stream-ordered, freed when the backward's kernels are done), and dq is accumulated there in
+ * float32 with atomic adds (set `deterministic` for reproducible bits: the mma.sync kernels
+ * then run). The CPU backend computes in float64 and rounds the results once; its backward
+ * is deterministic.
  *
  * Nothing is expanded or copied: masks, tables and pos_mask are read in place.
  * ======================================================================================== */
@@ -629,6 +634,11 @@ typedef struct rope_jit_attention_args {
     const DLTensor* dq;
     const DLTensor* dk;
     const DLTensor* dv;
+    /* Backward: 1 asks for bitwise-reproducible gradients (the same inputs give the same bits
+     * on every run). Default 0: the fastest kernels, which on sm_90 (the wgmma backward, see
+     * above) accumulate dq with float32 atomic adds, whose order varies between runs (the
+     * results differ by rounding only). The CPU backend is always reproducible. */
+    int deterministic;
 } rope_jit_attention_args;
 
 /* Fills *args with the defaults above (every tensor NULL) and sets struct_size. NULL is
@@ -644,9 +654,10 @@ ROPE_JIT_API rope_jit_status rope_jit_attention(rope_jit_runtime* runtime,
 
 /* Attention backward: from q, k, v, out, lse (the forward's results, same arguments) and
  * dout, writes dq, dk and dv (gradients of the loss through the rotation: dq and dk are with
- * respect to the unrotated q and k). No gradient flows to attn_mask or the tables. The
- * result is deterministic: the same inputs give the same bits on every run. Same failures
- * as rope_jit_attention. */
+ * respect to the unrotated q and k). No gradient flows to attn_mask or the tables. With
+ * args->deterministic the result is bitwise reproducible (see the field). Same failures as
+ * rope_jit_attention, and ERROR_CUDA when the workspace of the sm_90 backward cannot be
+ * allocated (nothing is written then). */
 ROPE_JIT_API rope_jit_status rope_jit_attention_backward(rope_jit_runtime* runtime,
                                                          const rope_jit_attention_args* args);
 

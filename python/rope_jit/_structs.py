@@ -201,6 +201,7 @@ class AttentionArgs(ctypes.Structure):
         ("dq", DLTensorPointer),
         ("dk", DLTensorPointer),
         ("dv", DLTensorPointer),
+        ("deterministic", ctypes.c_int),
     ]
 
 

@@ -35,7 +35,7 @@ def has_attention(runtime=None):
     return _functions(runtime.library) is not None
 
 
-def _call(which, tensors, causal, scale, rotary_dim, style, stream, runtime):
+def _call(which, tensors, causal, scale, rotary_dim, style, stream, runtime, deterministic=False):
     runtime = runtime if runtime is not None else default_runtime()
     library = runtime.library
     functions = _functions(library)
@@ -58,6 +58,7 @@ def _call(which, tensors, causal, scale, rotary_dim, style, stream, runtime):
     args.scale = c_double(scale, "scale")
     args.rotary_dim = c_int(rotary_dim, "rotary_dim")
     args.style = _choice(style, _STYLES, "style")
+    args.deterministic = 1 if deterministic else 0
     args.stream = stream_handle or None
     device = held[0].struct.device if held else None
     if device is not None and device.device_type == s.KDL_CUDA:
@@ -91,11 +92,13 @@ def attention(q, k, v, out, *, cos=None, sin=None, pos_mask=None, attn_mask=None
 
 def attention_backward(q, k, v, out, lse, dout, dq, dk, dv, *, cos=None, sin=None, pos_mask=None,
                        attn_mask=None, causal=False, scale=0.0, rotary_dim=0, style="half", stream=None,
-                       runtime=None):
+                       runtime=None, deterministic=False):
     """The gradients of attention(): from the forward's arguments, its out and lse, and dout
     (like out), writes dq, dk and dv (like q, k, v; overwritten), with respect to the unrotated
-    q and k. No gradient for the masks or tables. Returns (dq, dk, dv)."""
+    q and k. No gradient for the masks or tables. deterministic=True asks for bitwise
+    reproducible gradients (on sm_90 the default kernels accumulate dq with float32 atomic adds,
+    whose order varies). Returns (dq, dk, dv)."""
     _call("backward", {"q": q, "k": k, "v": v, "out": out, "cos": cos, "sin": sin, "pos_mask": pos_mask,
                        "attn_mask": attn_mask, "lse": lse, "dout": dout, "dq": dq, "dk": dk, "dv": dv},
-          causal, scale, rotary_dim, style, stream, runtime)
+          causal, scale, rotary_dim, style, stream, runtime, deterministic)
     return dq, dk, dv

@@ -115,6 +115,10 @@ constexpr int ROPE_JIT_CUDA_ABI_VERSION = 12000;
     X(cuMemcpyDtoH, "cuMemcpyDtoH", (void* dst, CUdeviceptr src, size_t bytes))                   \
     X(cuMemcpyDtoD, "cuMemcpyDtoD", (CUdeviceptr dst, CUdeviceptr src, size_t bytes))             \
     X(cuMemsetD8, "cuMemsetD8", (CUdeviceptr dst, unsigned char value, size_t count))             \
+    X(cuMemsetD32Async, "cuMemsetD32Async",                                                       \
+      (CUdeviceptr dst, unsigned value, size_t count, CUstream stream))                           \
+    X(cuMemAllocAsync, "cuMemAllocAsync", (CUdeviceptr * pointer, size_t bytes, CUstream stream)) \
+    X(cuMemFreeAsync, "cuMemFreeAsync", (CUdeviceptr pointer, CUstream stream))                   \
     X(cuMemsetD2D32Async, "cuMemsetD2D32Async",                                                   \
       (CUdeviceptr dst, size_t pitch, unsigned value, size_t width, size_t height,                \
        CUstream stream))                                                                          \

@@ -202,6 +202,17 @@ int AttentionSpec::threads() const {
 
 WgmmaRule wgmma_broken_rule(const AttentionSpec& s) {
     const int dp = attention_launch_plan(s).head_dim_padded;
+    if (s.kind >= int32_t(Kind::BackwardPrepare)) {
+        // The sm_90 backward: two warpgroups over 128 keys, 64-query tiles by TMA.
+        if (dp != 64 && dp != 128) return WgmmaRule::HeadDim;
+        if (s.block_n != 128) return WgmmaRule::KeyTile;
+        if (s.warps != 8 || s.m_tiles != 1) return WgmmaRule::Warps;
+        if (s.pos_mask) return WgmmaRule::PosMask;
+        if (s.stages != 2 && s.stages != 3) return WgmmaRule::Stages;
+        if (s.producer_warps != 0) return WgmmaRule::Producer;
+        if (s.cluster != 1) return WgmmaRule::Cluster;
+        return WgmmaRule::None;
+    }
     if (s.kind != 0) return WgmmaRule::Forward;
     if (dp != 64 && dp != 128) return WgmmaRule::HeadDim;
     if (s.block_n != 64 && s.block_n != 128) return WgmmaRule::KeyTile;
@@ -313,6 +324,27 @@ std::vector<AttentionSpec> choose_attention_specs(const AttentionProblem& p,
     };
 
     std::vector<AttentionSpec> specs;
+    // The sm_90 backward (dq accumulated with atomic adds: not bitwise reproducible, so not
+    // for a deterministic call), where TMA can read v and dout, unless the override asks for
+    // the dq or dk/dv kernels.
+    const bool other_backward_asked = override.shape[int(Kind::BackwardDq)].has_value() ||
+                                      override.shape[int(Kind::BackwardDkDv)].has_value();
+    if (p.backward && tensor_cores && !p.deterministic && !other_backward_asked && device.wgmma &&
+        device.tma && tma_friendly(p.v) && tma_friendly(p.dout)) {
+        std::vector<AttentionSpec> family;
+        for (Kind kind : {Kind::BackwardPrepare, Kind::Backward, Kind::BackwardDqFinish}) {
+            AttentionSpec spec = simt(kind);
+            spec.tensor_cores = spec.wgmma = 1;
+            spec.warps = 8;
+            spec.block_n = 128;
+            spec.stages = 3;
+            if (wgmma_broken_rule(spec) != WgmmaRule::None ||
+                spec.shared_bytes() > device.max_shared_bytes)
+                break;
+            family.push_back(spec);
+        }
+        if (family.size() == 3) return family;
+    }
     if (!p.backward) {
         const std::optional<AttentionSpec> spec =
             tensor_cores ? tiled(Kind::Forward, true, true) : std::nullopt;

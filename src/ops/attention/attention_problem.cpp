@@ -201,6 +201,7 @@ AttentionProblem make_attention_problem(const rope_jit_attention_args& args, boo
     }
 
     p.causal = args.causal != 0;
+    p.deterministic = args.deterministic != 0;
     if (!std::isfinite(args.scale))
         fail_argument(
             fmt::format("scale: must be finite (0 = 1/sqrt(head_dim)), got {}", args.scale));

@@ -41,6 +41,8 @@ struct AttentionProblem {
 
     bool causal = false;
     double scale = 0;  // resolved: never 0 unless the caller's was
+    // Backward: bitwise-reproducible results asked for (rope_jit_attention_args).
+    bool deterministic = false;
 
     // Backward tensors ([B, H, S, D] views).
     TensorRef dout, dq, dk, dv;

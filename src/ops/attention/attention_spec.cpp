@@ -21,14 +21,15 @@ namespace {
 // ---- the field table, compiled: one row per ROPE_JIT_ATTENTION_SPEC_FIELDS line -----------
 
 const char* const kFloatTypeNames[] = {"float32", "float16", "bfloat16"};
-const char* const kKindNames[] = {"forward", "backward-dq", "backward-dkdv"};
+const char* const kKindNames[] = {"forward",          "backward-dq",       "backward-dkdv",
+                                   "backward-prepare", "backward-wgmma",    "backward-dq-finish"};
 const char* const kMaskNames[] = {"none", "bool", "additive"};
 const char* const kStyleNames[] = {"half", "interleaved"};
 
 const SpecValues Integer{SpecValues::integer, nullptr, 0, false};
 const SpecValues Boolean{SpecValues::boolean, nullptr, 0, true};
 const SpecValues FloatTypes{SpecValues::named, kFloatTypeNames, 3, false};
-const SpecValues KernelKinds{SpecValues::named, kKindNames, 3, false};
+const SpecValues KernelKinds{SpecValues::named, kKindNames, 6, false};
 const SpecValues MaskKinds{SpecValues::named, kMaskNames, 3, false};
 const SpecValues Styles{SpecValues::named, kStyleNames, 2, true};
 
@@ -61,7 +62,7 @@ void AttentionSpec::validate() const {
     };
     const std::string out_of_range = spec_range_problem(*this, kFields);
     require(out_of_range.empty(), out_of_range);
-    require(kind >= 0 && kind <= 2, fmt::format("kind {} is not 0, 1 or 2", kind));
+    require(kind >= 0 && kind <= 5, fmt::format("kind {} is not in [0, 5]", kind));
     for (int32_t code : {dtype, table_dtype, mask_dtype})
         require(code >= 0 && code <= 2, fmt::format("dtype code {} is not 0, 1 or 2", code));
     require(head_dim > 0 && head_dim <= kAttentionMaxHeadDim,
@@ -89,12 +90,16 @@ void AttentionSpec::validate() const {
                     (table_columns(*this) * table_element_bytes(*this)) % 16 == 0,
                 "staged table rows must be whole 16-byte chunks");
     }
+    require(kind < int32_t(AttentionKernelKind::BackwardPrepare) || wgmma,
+            "the sm_90 backward's kernels (kinds 3-5) are wgmma kernels");
     if (wgmma) {
         require(tensor_cores, "wgmma kernels are tensor-core kernels");
         switch (wgmma_broken_rule(*this)) {
             case WgmmaRule::None: break;
             case WgmmaRule::Forward:
-                fail_argument("attention kernel spec: wgmma kernels are forwards");
+                fail_argument(
+                    "attention kernel spec: wgmma kernels are forwards or the sm_90 backward "
+                    "(kinds 3-5)");
             case WgmmaRule::HeadDim:
                 fail_argument(fmt::format(
                     "attention kernel spec: wgmma kernels take head_dim padded to 64 or 128, "
@@ -208,7 +213,7 @@ std::optional<AttentionCall> attention_call_from_json(const std::string& text, s
 }
 
 std::string AttentionSpec::describe() const {
-    const char* kinds[] = {"fwd", "bwd-dq", "bwd-dkdv"};
+    const char* kinds[] = {"fwd", "bwd-dq", "bwd-dkdv", "bwd-prepare", "bwd", "bwd-dq-finish"};
     const char* dtypes[] = {"f32", "f16", "bf16"};
     std::string text = fmt::format("attention {} {} D{}", kinds[kind], dtypes[dtype], head_dim);
     if (rotary_dim > 0)

@@ -16,13 +16,23 @@
 
 namespace rope_jit {
 
-enum class AttentionKernelKind : int32_t { Forward = 0, BackwardDq = 1, BackwardDkDv = 2 };
+// The kernels: the forward; the backward as dq and dk/dv kernels (mma.sync or CUDA cores);
+// the sm_90 backward as prepare (rotated q and k, lse and delta rows into the workspace),
+// the backward proper (wgmma; dq accumulated in float32) and dq finish.
+enum class AttentionKernelKind : int32_t {
+    Forward = 0,
+    BackwardDq = 1,
+    BackwardDkDv = 2,
+    BackwardPrepare = 3,
+    Backward = 4,
+    BackwardDqFinish = 5,
+};
 
 // The fields of an attention kernel spec, in member order; columns as for
 // ROPE_JIT_ROPE_SPEC_FIELDS (kernel_spec.h): member, default, JSON key, values, minimum,
 // maximum, the template's constexpr name, and whether a JSON object may leave it out.
 #define ROPE_JIT_ATTENTION_SPEC_FIELDS(X)                                                          \
-    X(kind, 0, "kind", KernelKinds, 0, 2, "KIND", REQUIRED) /* AttentionKernelKind */              \
+    X(kind, 0, "kind", KernelKinds, 0, 5, "KIND", REQUIRED) /* AttentionKernelKind */              \
     X(dtype, 0, "dtype", FloatTypes, 0, 2, "DTYPE", PLAIN)                                         \
     X(table_dtype, 0, "table_dtype", FloatTypes, 0, 2, "TABLE_DTYPE", PLAIN)                       \
     X(mask_dtype, 0, "mask_dtype", FloatTypes, 0, 2, "MASK_DTYPE", PLAIN)                          \

@@ -9,6 +9,7 @@
 #include "attention_params.h"
 #include "common/error.h"
 #include "jit/nvrtc_loader.h"
+#include "ops/attention/attention_workspace.h"
 
 namespace rope_jit {
 
@@ -16,7 +17,7 @@ namespace {
 
 // Encodes into `map` the TMA descriptor of a [B, H, S, D] tensor of 16-bit elements whose
 // boxes are 64 features by `rows` tokens, landing 128-byte swizzled (the producer-warp
-// forward's copies). The choice of
+// forward's and the sm_90 backward's copies). The choice of
 // kernels made sure of what TMA needs (16-byte aligned data, strides of whole 16 bytes); a
 // dimension of one element gets a packed stride, since its stride is never used.
 void encode_box_map(const CudaDriverApi& api, unsigned char (&map)[128], const TensorRef& t,
@@ -56,6 +57,53 @@ AttentionProblem expected_backward(const AttentionProblem& p) {
     backward.dk = p.k;
     backward.dv = p.v;
     return backward;
+}
+
+// A contiguous [B, H, S_padded, DP] 16-bit view of workspace memory, for encode_box_map.
+TensorRef workspace_rows(const char* name, char* data, int64_t batch, int64_t heads,
+                         int64_t rows, int64_t head_dim_padded) {
+    TensorRef t;
+    t.name = name;
+    t.dtype = DType::BF16;
+    t.data = data;
+    t.ndim = 4;
+    const int64_t shape[4] = {batch, heads, rows, head_dim_padded};
+    const int64_t strides[4] = {heads * rows * head_dim_padded, rows * head_dim_padded,
+                                head_dim_padded, 1};
+    for (int d = 0; d < 4; ++d) {
+        t.shape[d] = shape[d];
+        t.strides[d] = strides[d];
+    }
+    return t;
+}
+
+bool is_sm90_backward(const std::vector<AttentionSpec>& specs) {
+    return !specs.empty() && specs[0].kind == int32_t(AttentionKernelKind::BackwardPrepare);
+}
+
+// Blocks of the grid of `spec` for problem `p` (rows_per_block from the launch plan); for the
+// sm_90 backward's kernels, from the workspace layout `w`.
+int64_t grid_blocks(const AttentionSpec& spec, const AttentionProblem& p,
+                    const AttentionWorkspaceLayout& w, long long* sequence_blocks) {
+    const int64_t rows_per_block = attention_launch_plan(spec).rows_per_block;
+    switch (AttentionKernelKind(spec.kind)) {
+        case AttentionKernelKind::BackwardPrepare:
+            *sequence_blocks = w.seqlen_q_padded / rows_per_block;
+            return p.batch * (p.heads_q * w.seqlen_q_padded + p.heads_k * w.seqlen_k_padded) /
+                   rows_per_block;
+        case AttentionKernelKind::Backward:
+            *sequence_blocks = w.seqlen_k_padded / rows_per_block;
+            return *sequence_blocks * p.batch * p.heads_k;
+        case AttentionKernelKind::BackwardDqFinish:
+            *sequence_blocks = w.seqlen_q_padded / rows_per_block;
+            return *sequence_blocks * p.batch * p.heads_q;
+        default: break;
+    }
+    const bool key_side = spec.kind == int32_t(AttentionKernelKind::BackwardDkDv);
+    const int64_t rows = key_side ? p.seqlen_k : p.seqlen_q;
+    const int64_t heads = key_side ? p.heads_k : p.heads_q;
+    *sequence_blocks = (rows + rows_per_block - 1) / rows_per_block;
+    return *sequence_blocks * p.batch * heads;
 }
 
 }  // namespace
@@ -164,33 +212,83 @@ void CudaAttention::run(const AttentionProblem& p, void* stream_handle) {
     params.scale_log2 = float(p.scale * 1.4426950408889634);
 
     const AttentionDevice& device = attention_devices_[size_t(ordinal)];
+    std::vector<AttentionSpec> specs = choose_attention_specs(p, device, override_);
+    AttentionWorkspaceLayout workspace_layout;
+    CUdeviceptr workspace = 0;
+    if (is_sm90_backward(specs)) {
+        const AttentionSpec& main = specs[1];
+        const int dp = attention_launch_plan(main).head_dim_padded;
+        workspace_layout = attention_workspace_layout(p, dp, main.block_n);
+        // Stream-ordered: the allocation comes from the device's pool (no synchronization,
+        // and capturable in a CUDA graph). Where it fails, the deterministic kernels run,
+        // which need no workspace.
+        if (api.cuMemAllocAsync(&workspace, workspace_layout.bytes, stream) != CUDA_SUCCESS) {
+            workspace = 0;
+            AttentionProblem fallback = p;
+            fallback.deterministic = true;
+            specs = choose_attention_specs(fallback, device, override_);
+        } else {
+            char* const base = reinterpret_cast<char*>(static_cast<uintptr_t>(workspace));
+            params.q_rot = base + workspace_layout.q_rot;
+            params.k_rot = base + workspace_layout.k_rot;
+            params.dq_accum = reinterpret_cast<float*>(base + workspace_layout.dq_accum);
+            params.row_lse2 = reinterpret_cast<float*>(base + workspace_layout.row_lse2);
+            params.row_delta = reinterpret_cast<float*>(base + workspace_layout.row_delta);
+            params.seqlen_q_padded = workspace_layout.seqlen_q_padded;
+            params.seqlen_k_padded = workspace_layout.seqlen_k_padded;
+            params.prepare_query_blocks =
+                p.batch * p.heads_q * workspace_layout.seqlen_q_padded / kAttentionBackwardQueryTile;
+            encode_box_map(api, params.q_map,
+                           workspace_rows("q", base + workspace_layout.q_rot, p.batch, p.heads_q,
+                                          workspace_layout.seqlen_q_padded, dp),
+                           kAttentionBackwardQueryTile, "rotated q");
+            encode_box_map(api, params.k_map,
+                           workspace_rows("k", base + workspace_layout.k_rot, p.batch, p.heads_k,
+                                          workspace_layout.seqlen_k_padded, dp),
+                           main.block_n, "rotated k");
+            encode_box_map(api, params.v_map, p.v, main.block_n, "v");
+            encode_box_map(api, params.dout_map, p.dout, kAttentionBackwardQueryTile, "dout");
+        }
+    }
+    // Every kernel is loaded (compiled where it must be) before the first launch, so a failure
+    // leaves nothing half done.
     auto recipe_for = [&](const AttentionSpec& spec) {
         return attention_recipe_with_backward(spec, p, device);
     };
-    for (const AttentionSpec& spec : choose_attention_specs(p, device, override_)) {
-        const bool key_side = spec.kind == int32_t(AttentionKernelKind::BackwardDkDv);
-        const int64_t rows = key_side ? p.seqlen_k : p.seqlen_q;
-        const int64_t heads = key_side ? p.heads_k : p.heads_q;
-        const int64_t rows_per_block = attention_launch_plan(spec).rows_per_block;
-        params.sequence_blocks = (rows + rows_per_block - 1) / rows_per_block;
-        const int64_t blocks = params.sequence_blocks * p.batch * heads;
-        if (blocks == 0) continue;
-        if (blocks > int64_t(0x7fffffff))
-            throw Error(
-                ROPE_JIT_ERROR_UNSUPPORTED,
-                fmt::format("q: {} blocks exceed one launch's grid ({})", blocks, spec.describe()));
-        if (spec.producer_warps > 0)
-            encode_box_map(api, params.v_map, p.v, spec.block_n / spec.cluster, "v");
-        const LoadedKernel kernel =
-            kernels_.kernel_for(SpecKey::of(kAttentionOp, spec), launch.context,
-                                devices_.target(ordinal), [&] { return recipe_for(spec); });
-        void* kernel_args[] = {&params};
-        check_cu(
-            api.cuLaunchKernel(kernel.function, unsigned(blocks), 1, 1, unsigned(spec.threads()), 1,
-                               1, unsigned(spec.shared_bytes()), stream, kernel_args, nullptr),
-            "cuLaunchKernel(attention_kernel)");
-        stats_.launches.fetch_add(1, std::memory_order_relaxed);
+    std::vector<LoadedKernel> kernels;
+    try {
+        for (const AttentionSpec& spec : specs)
+            kernels.push_back(kernels_.kernel_for(SpecKey::of(kAttentionOp, spec), launch.context,
+                                                  devices_.target(ordinal),
+                                                  [&] { return recipe_for(spec); }));
+        if (workspace != 0)
+            check_cu(api.cuMemsetD32Async(CUdeviceptr(params.dq_accum), 0u,
+                                          workspace_layout.dq_accum_bytes / 4, stream),
+                     "cuMemsetD32Async(dq accumulator)");
+        for (size_t n = 0; n < specs.size(); ++n) {
+            const AttentionSpec& spec = specs[n];
+            const int64_t blocks = grid_blocks(spec, p, workspace_layout, &params.sequence_blocks);
+            if (blocks == 0) continue;
+            if (blocks > int64_t(0x7fffffff))
+                throw Error(ROPE_JIT_ERROR_UNSUPPORTED,
+                            fmt::format("q: {} blocks exceed one launch's grid ({})", blocks,
+                                        spec.describe()));
+            if (spec.producer_warps > 0)
+                encode_box_map(api, params.v_map, p.v, spec.block_n / spec.cluster, "v");
+            void* kernel_args[] = {&params};
+            check_cu(api.cuLaunchKernel(kernels[n].function, unsigned(blocks), 1, 1,
+                                        unsigned(spec.threads()), 1, 1,
+                                        unsigned(spec.shared_bytes()), stream, kernel_args,
+                                        nullptr),
+                     "cuLaunchKernel(attention_kernel)");
+            stats_.launches.fetch_add(1, std::memory_order_relaxed);
+        }
+    } catch (...) {
+        if (workspace != 0) api.cuMemFreeAsync(workspace, stream);
+        throw;
     }
+    if (workspace != 0)
+        check_cu(api.cuMemFreeAsync(workspace, stream), "cuMemFreeAsync(attention workspace)");
 }
 
 }  // namespace rope_jit

@@ -3,8 +3,9 @@
 // kernels (choose_attention_specs, under the ROPE_JIT_ATTENTION_KERNELS override read at
 // creation), takes each from the kernel loader (cuda/kernel_loader.h),
 // fills the parameters and launches on the caller's stream. Like the RoPE
-// path it never synchronizes, allocates or creates contexts on that path, so calls can be
-// captured in CUDA graphs.
+// path it never synchronizes or creates contexts on that path, so calls can be captured in
+// CUDA graphs; the sm_90 backward's workspace is allocated and freed on the stream
+// (cuMemAllocAsync / cuMemFreeAsync), which graphs capture too.
 #pragma once
 
 #include <string>

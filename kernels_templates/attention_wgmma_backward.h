@@ -1,0 +1,523 @@
+// Attention templates: the sm_90a backward on warpgroup matrix products, in three kernels
+// (FlashAttention-3's structure, with the rotation moved out of the main loop):
+//   prepare   (KIND 3)  rotates q and k once into the workspace (attention_params.h), and per
+//                       query row writes lse in base 2 and delta = dout . out
+//   backward  (KIND 4)  one block per key block of one kv head: dK and dV accumulate in
+//                       registers over every query tile of every query head of the GQA group;
+//                       dQ is accumulated in float32 in the workspace (atomic adds)
+//   dq finish (KIND 5)  dq = the transposed rotation of scale * the accumulated dQ
+// dK's transposed rotation happens in the backward's epilogue. The host zeroes the dQ
+// accumulator before the backward runs.
+#ifndef ROPE_JIT_ATTENTION_WGMMA_BACKWARD_H
+#define ROPE_JIT_ATTENTION_WGMMA_BACKWARD_H
+
+namespace {
+
+namespace tc {
+
+namespace wg {
+
+// ---- prepare and dq finish: 64 rows a block, one 16-byte item (rotate_rows' items) a thread
+// at a time --------------------------------------------------------------------------------
+
+constexpr int BWD_ROWS = kAttentionBackwardQueryTile;
+
+struct alignas(8) Float2 {
+    float x, y;
+};
+struct alignas(16) Float4 {
+    float v[4];
+};
+
+__device__ __forceinline__ U4 load_chunk(const T* row, int chunk) {
+    return chunk < DCHUNKS ? *reinterpret_cast<const U4*>(row + chunk * 8) : U4{};
+}
+
+// Writes rows [row0, row0 + 64) of one head (`src` at its token 0, token stride `stride`)
+// rotated into `dst` (the workspace: rows of DP elements): zero past `valid` and past
+// head_dim.
+template <int D = DTYPE>
+__device__ void rotate_into_workspace(T* dst, const T* src, long long stride,
+                                      const AttentionKernelParams& p, long long row0,
+                                      long long valid) {
+    for (int it = threadIdx.x; it < BWD_ROWS * ITEMS; it += THREADS) {
+        const int r = it / ITEMS, k = it - r * ITEMS;
+        const long long token = row0 + r;
+        const bool inside = token < valid;
+        const T* s_row = src + (inside ? token : 0) * stride;
+        T* d_row = dst + r * DP;
+        if (k >= ROT_ITEMS) {
+            const int ch = FIRST_PLAIN + (k - ROT_ITEMS);
+            *reinterpret_cast<U4*>(d_row + ch * 8) = inside ? load_chunk(s_row, ch) : U4{};
+        } else if constexpr (INTERLEAVED) {
+            U4 x = inside ? load_chunk(s_row, k) : U4{};
+            if (inside) rotate_pairs_chunk<false>(x, p, nullptr, nullptr, 0, token, k * 4);
+            *reinterpret_cast<U4*>(d_row + k * 8) = x;
+        } else {
+            const int ca = k, cb = k + ROTARY_DIM / 16;
+            U4 xa = inside ? load_chunk(s_row, ca) : U4{};
+            U4 xb = inside ? load_chunk(s_row, cb) : U4{};
+            if (inside) rotate_halves_chunks<false>(xa, xb, p, nullptr, nullptr, 0, token, ca * 8);
+            *reinterpret_cast<U4*>(d_row + ca * 8) = xa;
+            *reinterpret_cast<U4*>(d_row + cb * 8) = xb;
+        }
+    }
+}
+
+// KIND 3. Blocks [0, prepare_query_blocks) take 64 query rows of one (batch, query head):
+// rotated q, lse in base 2 and delta; the rest take 64 key rows of one (batch, kv head).
+template <int D = DTYPE>
+__device__ void prepare(const AttentionKernelParams& p) {
+    const long long block = blockIdx.x;
+    const bool queries = block < p.prepare_query_blocks;
+    const long long local = queries ? block : block - p.prepare_query_blocks;
+    const long long heads = queries ? p.heads_q : p.heads_k;
+    const long long padded = queries ? p.seqlen_q_padded : p.seqlen_k_padded;
+    const long long row_blocks = padded / BWD_ROWS;
+    const long long bh = local / row_blocks;  // b * heads + h
+    const long long b = bh / heads, h = bh % heads;
+    const long long row0 = (local % row_blocks) * BWD_ROWS;
+    const long long first = bh * padded + row0;  // the block's first workspace row
+    if (!queries) {
+        rotate_into_workspace(static_cast<T*>(p.k_rot) + first * DP,
+                              head_row(p.k, p.k_stride, b, h, 0), p.k_stride[2], p, row0,
+                              p.seqlen_k);
+        return;
+    }
+    rotate_into_workspace(static_cast<T*>(p.q_rot) + first * DP,
+                          head_row(p.q, p.q_stride, b, h, 0), p.q_stride[2], p, row0,
+                          p.seqlen_q);
+    // delta and lse: one warp per row.
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const T* dout_head = head_row(p.dout, p.dout_stride, b, h, 0);
+    const T* out_head = head_row(p.out, p.out_stride, b, h, 0);
+    for (int r = warp; r < BWD_ROWS; r += WARPS) {
+        const long long i = row0 + r;
+        float sum = 0.f;
+        if (i < p.seqlen_q) {
+            for (int ch = lane; ch < DCHUNKS; ch += 32) {
+                const U4 g = load_chunk(dout_head + i * p.dout_stride[2], ch);
+                const U4 o = load_chunk(out_head + i * p.out_stride[2], ch);
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const F2 gg = unpack2(g.w[e]), oo = unpack2(o.w[e]);
+                    sum += gg.x * oo.x + gg.y * oo.y;
+                }
+            }
+        }
+        sum = warp_sum(sum);
+        if (lane == 0) {
+            p.row_delta[first + r] = sum;
+            p.row_lse2[first + r] = base2_lse(p, b, h, i);
+        }
+    }
+}
+
+// KIND 5: dq rows [row0, row0 + 64) of one (batch, query head) from the float32 accumulator:
+// scaled by the softmax scale and rotated back.
+template <int D = DTYPE>
+__device__ void finish_dq(const AttentionKernelParams& p) {
+    const long long row_blocks = p.seqlen_q_padded / BWD_ROWS;
+    const long long bh = blockIdx.x / row_blocks;
+    const long long b = bh / p.heads_q, h = bh % p.heads_q;
+    const long long row0 = (blockIdx.x % row_blocks) * BWD_ROWS;
+    const float* acc_rows = p.dq_accum + (bh * p.seqlen_q_padded + row0) * DP;
+    T* dq_head = head_row_out(p.dq, p.dq_stride, b, h, 0);
+    constexpr int OUT_ITEMS = ROT_ITEMS + DCHUNKS - FIRST_PLAIN;  // no chunks past head_dim
+    for (int it = threadIdx.x; it < BWD_ROWS * OUT_ITEMS; it += THREADS) {
+        const int r = it / OUT_ITEMS, k = it - r * OUT_ITEMS;
+        const long long token = row0 + r;
+        if (token >= p.seqlen_q) continue;
+        const float* a_row = acc_rows + r * DP;
+        T* out_row = dq_head + token * p.dq_stride[2];
+        // Eight accumulated features of chunk ch, scaled.
+        auto chunk = [&](int ch, float (&x)[8]) {
+            const Float4 lo = *reinterpret_cast<const Float4*>(a_row + ch * 8);
+            const Float4 hi = *reinterpret_cast<const Float4*>(a_row + ch * 8 + 4);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                x[e] = lo.v[e] * p.scale;
+                x[4 + e] = hi.v[e] * p.scale;
+            }
+        };
+        auto store = [&](int ch, const float (&x)[8]) {
+            U4 u;
+#pragma unroll
+            for (int e = 0; e < 4; ++e) u.w[e] = pack2(x[2 * e], x[2 * e + 1]);
+            *reinterpret_cast<U4*>(out_row + ch * 8) = u;
+        };
+        float xa[8];
+        if (k >= ROT_ITEMS) {
+            const int ch = FIRST_PLAIN + (k - ROT_ITEMS);
+            chunk(ch, xa);
+            store(ch, xa);
+        } else if constexpr (INTERLEAVED) {
+            // Pairs (2i, 2i + 1) of the chunk: the transposed rotation.
+            chunk(k, xa);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                float c, s;
+                table_angle(p, token, k * 4 + e, &c, &s);
+                const float x1 = xa[2 * e], x2 = xa[2 * e + 1];
+                xa[2 * e] = x1 * c + x2 * s;
+                xa[2 * e + 1] = x2 * c - x1 * s;
+            }
+            store(k, xa);
+        } else {
+            const int cb = k + ROTARY_DIM / 16;
+            float xb[8];
+            chunk(k, xa);
+            chunk(cb, xb);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                float c, s;
+                table_angle(p, token, k * 8 + e, &c, &s);
+                const float x1 = xa[e], x2 = xb[e];
+                xa[e] = x1 * c + x2 * s;
+                xb[e] = x2 * c - x1 * s;
+            }
+            store(k, xa);
+            store(cb, xb);
+        }
+    }
+}
+
+// ---- the backward (KIND 4) ------------------------------------------------------------------
+//
+// A block owns BLOCK_N (128) keys of one (batch, kv head): two warpgroups of 64 keys each,
+// every warp 16 of them. It iterates over the query tiles (64 rows) of each query head of the
+// group that can see its keys; per tile, warpgroup g (keys K_g, values V_g):
+//   S^T = K_g Q^T, dP^T = V_g dO^T             (both operands in shared memory)
+//   P^T = exp2(S^T * scale - lse), dS^T = P^T (dP^T - delta)
+//   dV_g += P^T dO, dK_g += dS^T Q             (P^T, dS^T from registers)
+//   dS^T into shared memory; barrier of both warpgroups
+//   dQ[:, g half of the features] = dS K      (dS^T and K read transposed from shared memory)
+//   atomic adds of dQ into the workspace
+// Thread 0 brings every tile in by TMA (rotated q and lse/delta rows from the workspace, dout
+// from the caller's tensor), STAGES - 1 tiles ahead: the barrier of tile i proves tile i - 1's
+// buffers free (both warpgroups waited for all their products of it), so tile i + STAGES - 1
+// goes there. dS^T is double-buffered for the same reason.
+
+constexpr int TILE_M = kAttentionBackwardQueryTile;
+constexpr int Q_REGION = TILE_M * 128;    // one 64-feature region of a q/dout tile
+constexpr int K_REGION = BLOCK_N * 128;   // of a key/value tile
+constexpr int Q_TILE_BYTES = TILE_M * DP * 2;
+constexpr int K_TILE_BYTES = BLOCK_N * DP * 2;
+constexpr int DS_TILE_BYTES = BLOCK_N * TILE_M * 2;
+constexpr int DQ_N = DP / 2;  // dq features per warpgroup
+
+// Descriptors of k-step kk of a 128-byte-swizzled tile whose 64-feature regions are
+// `region` bytes apart: K-major (the k-step runs along the features: 32 bytes on within a
+// region) and MN-major (the k-step runs along the rows: 16 rows on).
+__device__ __forceinline__ unsigned long long kmajor_descriptor(unsigned tile, int region,
+                                                                int kk) {
+    return swizzled_descriptor(tile + (kk >> 2) * region + (kk & 3) * 32, 16, 1024);
+}
+__device__ __forceinline__ unsigned long long mnmajor_descriptor(unsigned tile, int region,
+                                                                 int kk) {
+    return swizzled_descriptor(tile + kk * 16 * 128, region, 1024);
+}
+
+// d (64 x N) += A^T B with both operands from shared memory and MN-major (transposed).
+#define ROPE_JIT_WGMMA_D32                                                                        \
+    "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),     \
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), \
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+#define ROPE_JIT_WGMMA_REGS32 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+#define ROPE_JIT_WGMMA_TT_ARGS32 "}, %16, %17, p, 1, 1, 1, 1;\n}\n"
+#define ROPE_JIT_WGMMA_TT_ARGS64 "}, %32, %33, p, 1, 1, 1, 1;\n}\n"
+#define ROPE_JIT_WGMMA_TT(SHAPE_TYPES, N)                                                   \
+    asm volatile(                                                                           \
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\nwgmma.mma_async.sync.aligned." SHAPE_TYPES \
+        " {" ROPE_JIT_WGMMA_REGS##N ROPE_JIT_WGMMA_TT_ARGS##N                               \
+        : ROPE_JIT_WGMMA_D##N                                                               \
+        : "l"(a), "l"(b))
+
+template <int N, int D = DTYPE>
+__device__ __forceinline__ void wgmma_tt(float (&d)[N / 8][4], unsigned long long a,
+                                         unsigned long long b) {
+    static_assert(N == 32 || N == 64, "dq tiles of 32 or 64 features a warpgroup");
+    if constexpr (N == 32) {
+        if constexpr (D == 1)
+            ROPE_JIT_WGMMA_TT("m64n32k16.f32.f16.f16", 32);
+        else
+            ROPE_JIT_WGMMA_TT("m64n32k16.f32.bf16.bf16", 32);
+    } else {
+        if constexpr (D == 1)
+            ROPE_JIT_WGMMA_TT("m64n64k16.f32.f16.f16", 64);
+        else
+            ROPE_JIT_WGMMA_TT("m64n64k16.f32.bf16.bf16", 64);
+    }
+}
+
+// Copies `bytes` (a multiple of 16) from global `src` to shared `dst`, counted on `landed`.
+__device__ __forceinline__ void copy_bulk(unsigned dst, const void* src, unsigned bytes,
+                                          unsigned landed) {
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, "
+        "[%3];\n" ::"r"(dst),
+        "l"(src), "r"(bytes), "r"(landed)
+        : "memory");
+}
+
+// Two float32 atomic adds at `at` (8-byte aligned).
+__device__ __forceinline__ void atomic_add2(float* at, float x, float y) {
+    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(at), "f"(x), "f"(y) : "memory");
+}
+
+struct KeyBlock {
+    long long b, hk, n0;
+    int first_tile;      // the first query tile that sees a key of the block
+    int tiles_per_head;  // query tiles per query head from there
+    int iterations;      // tiles_per_head * GQA_GROUP
+};
+
+// Block x takes key block x / (B * Hk), so under a causal mask the blocks with the most query
+// tiles (the first keys) start first.
+__device__ __forceinline__ KeyBlock key_block(const AttentionKernelParams& p) {
+    const long long heads = p.batch * p.heads_k;
+    const long long bh = blockIdx.x % heads;
+    KeyBlock k;
+    k.b = bh / p.heads_k;
+    k.hk = bh % p.heads_k;
+    k.n0 = (blockIdx.x / heads) * BLOCK_N;
+    const int q_tiles = static_cast<int>((p.seqlen_q + TILE_M - 1) / TILE_M);
+    const int first = CAUSAL ? static_cast<int>(k.n0 / TILE_M) : 0;
+    k.first_tile = first < q_tiles ? first : q_tiles;
+    k.tiles_per_head = q_tiles - k.first_tile;
+    k.iterations = k.tiles_per_head * GQA_GROUP;
+    return k;
+}
+
+// Writes a warp's 16 accumulated rows (keys from `first_key`) of dk or dv, as the dtype, those
+// inside the sequence; with ROTATE_BACK (dk) scaled and rotated back first.
+template <bool ROTATE_BACK, int D = DTYPE>
+__device__ __forceinline__ void store_key_rows(float (&acc)[DTILES][4], void* base,
+                                               const long long* stride, const KeyBlock& kb,
+                                               const AttentionKernelParams& p,
+                                               long long first_key, int lane) {
+    T* head = head_row_out(base, stride, kb.b, kb.hk, 0);
+    const int t2 = 2 * (lane & 3);
+#pragma unroll
+    for (int e2 = 0; e2 < 2; ++e2) {
+        const long long key = first_key + (lane >> 2) + 8 * e2;
+        if (key >= p.seqlen_k) continue;
+        if constexpr (ROTATE_BACK) {
+#pragma unroll
+            for (int dt = 0; dt < DTILES; ++dt) {
+                acc[dt][2 * e2] *= p.scale;
+                acc[dt][2 * e2 + 1] *= p.scale;
+            }
+            rotate_back_row(acc, e2, p, key, lane);
+        }
+        T* row = head + key * stride[2];
+#pragma unroll
+        for (int dt = 0; dt < HEAD_DIM / 8; ++dt)
+            *reinterpret_cast<unsigned*>(row + dt * 8 + t2) =
+                pack2(acc[dt][2 * e2], acc[dt][2 * e2 + 1]);
+    }
+}
+
+template <int D = DTYPE>
+__device__ void backward(const AttentionKernelParams& p, char* smem) {
+    static_assert(WARPS == 8 && BLOCK_N == 128 && STAGES >= 2 && (DP == 64 || DP == 128) &&
+                      !HAS_POS_MASK,
+                  "two warpgroups over 128 keys, head_dim padded to 64 or 128, no pos_mask");
+    constexpr int NT = TILE_M / 8;  // n-tiles of a score tile (queries)
+    constexpr int PSTEPS = TILE_M / 16;
+    const KeyBlock kb = key_block(p);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, group = warp >> 2;
+    char* const k_tile = smem + SMEM.k;
+    char* const v_tile = smem + SMEM.v0;
+    auto q_tile = [&](int i) { return smem + SMEM.q + (i % STAGES) * Q_TILE_BYTES; };
+    auto dout_tile = [&](int i) { return smem + SMEM.dout0 + (i % STAGES) * Q_TILE_BYTES; };
+    auto lse_rows = [&](int i) {
+        return reinterpret_cast<const float*>(smem + SMEM.row_a) + (i % STAGES) * TILE_M;
+    };
+    auto delta_rows = [&](int i) {
+        return reinterpret_cast<const float*>(smem + SMEM.row_b) + (i % STAGES) * TILE_M;
+    };
+    const unsigned full = shared_address(smem + SMEM.barriers);  // one per stage
+    const unsigned keys_landed = full + STAGES * 8;
+    auto head_of = [&](int i) { return kb.hk * GQA_GROUP + i / kb.tiles_per_head; };
+    auto row_of = [&](int i) {
+        return static_cast<long long>(kb.first_tile + i % kb.tiles_per_head) * TILE_M;
+    };
+
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; ++s) barrier_init(full + s * 8, 1);
+        barrier_init(keys_landed, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    // Tile i: its rotated queries and dout (one box per 64 features each) and its lse and
+    // delta rows.
+    auto issue = [&](int i) {
+        const unsigned landed = full + (i % STAGES) * 8;
+        barrier_arrive_expect(landed, 2 * Q_TILE_BYTES + 2 * TILE_M * 4);
+        const long long h = head_of(i), m0 = row_of(i);
+#pragma unroll
+        for (int r = 0; r < DP / 64; ++r) {
+            copy_box(shared_address(q_tile(i) + r * Q_REGION), p.q_map, r * 64,
+                     static_cast<int>(m0), static_cast<int>(h), static_cast<int>(kb.b), landed);
+            copy_box(shared_address(dout_tile(i) + r * Q_REGION), p.dout_map, r * 64,
+                     static_cast<int>(m0), static_cast<int>(h), static_cast<int>(kb.b), landed);
+        }
+        const long long row = (kb.b * p.heads_q + h) * p.seqlen_q_padded + m0;
+        copy_bulk(shared_address(lse_rows(i)), p.row_lse2 + row, TILE_M * 4, landed);
+        copy_bulk(shared_address(delta_rows(i)), p.row_delta + row, TILE_M * 4, landed);
+    };
+    if (threadIdx.x == 0 && kb.iterations > 0) {
+        barrier_arrive_expect(keys_landed, 2 * K_TILE_BYTES);
+#pragma unroll
+        for (int r = 0; r < DP / 64; ++r) {
+            copy_box(shared_address(k_tile + r * K_REGION), p.k_map, r * 64,
+                     static_cast<int>(kb.n0), static_cast<int>(kb.hk), static_cast<int>(kb.b),
+                     keys_landed);
+            copy_box(shared_address(v_tile + r * K_REGION), p.v_map, r * 64,
+                     static_cast<int>(kb.n0), static_cast<int>(kb.hk), static_cast<int>(kb.b),
+                     keys_landed);
+        }
+        for (int i = 0; i < STAGES - 1 && i < kb.iterations; ++i) issue(i);
+    }
+
+    // This warp's 16 keys: rows 16 * (warp % 4) of its warpgroup's 64.
+    const long long key_first = kb.n0 + group * 64 + (warp & 3) * 16;
+    const unsigned k_rows = shared_address(k_tile) + group * 64 * 128;  // A of S^T, K-major
+    const unsigned v_rows = shared_address(v_tile) + group * 64 * 128;
+    // B of dQ: this warpgroup's DQ_N features of the keys (a region, or half of one).
+    const unsigned k_features =
+        shared_address(k_tile) + (DP == 128 ? group * K_REGION : group * DQ_N * 2);
+    float dv[DTILES][4], dk[DTILES][4];
+    zero(dv);
+    zero(dk);
+    if (kb.iterations > 0) barrier_wait(keys_landed, 0);
+    for (int i = 0; i < kb.iterations; ++i) {
+        const long long h = head_of(i), m0 = row_of(i);
+        barrier_wait(full + (i % STAGES) * 8, static_cast<unsigned>(i / STAGES) & 1u);
+        const unsigned q_address = shared_address(q_tile(i));
+        const unsigned dout_address = shared_address(dout_tile(i));
+
+        float s[NT][4], dp[NT][4];
+        zero(s);
+        zero(dp);
+        fence_registers(s);
+        fence_registers(dp);
+        __syncwarp();
+        fence_operands();
+#pragma unroll
+        for (int kk = 0; kk < KSTEPS; ++kk)
+            wgmma_ss<TILE_M>(s, kmajor_descriptor(k_rows, K_REGION, kk),
+                             kmajor_descriptor(q_address, Q_REGION, kk));
+#pragma unroll
+        for (int kk = 0; kk < KSTEPS; ++kk)
+            wgmma_ss<TILE_M>(dp, kmajor_descriptor(v_rows, K_REGION, kk),
+                             kmajor_descriptor(dout_address, Q_REGION, kk));
+        commit();
+        wait_all();
+        fence_registers(s);
+        fence_registers(dp);
+
+        // P^T and dS^T. Rows are this warp's keys, columns the tile's queries; masked scores
+        // and queries past Sq (lse +inf) give P = 0.
+        const bool check_bounds = kb.n0 + BLOCK_N > p.seqlen_k;
+        const bool check_causal = CAUSAL && kb.n0 + BLOCK_N - 1 > m0;
+        float scale = p.scale_log2;
+        if (check_bounds || check_causal || MASK_KIND != 0) {
+            scale_and_mask<NT, true>(s, p, kb.b, key_first, m0, check_bounds, check_causal, lane);
+            scale = 1.f;
+        }
+        const float* lse = lse_rows(i);
+        const float* delta = delta_rows(i);
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+            const int col = nt * 8 + 2 * (lane & 3);
+            const Float2 l = *reinterpret_cast<const Float2*>(lse + col);
+            const Float2 dl = *reinterpret_cast<const Float2*>(delta + col);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const float pr = exp2_approx(fmaf(s[nt][e], scale, -((e & 1) ? l.y : l.x)));
+                s[nt][e] = pr;
+                dp[nt][e] = pr * (dp[nt][e] - ((e & 1) ? dl.y : dl.x));
+            }
+        }
+        unsigned pa[PSTEPS][4], dsa[PSTEPS][4];
+        to_a_fragments<NT>(pa, s);
+        to_a_fragments<NT>(dsa, dp);
+
+        // dS^T (rounded as the products use it) into its tile: row = key, 64 queries of 128
+        // bytes, swizzled; a quarter warp's eight rows fall in eight different 16-byte lanes.
+        char* const ds_tile = smem + SMEM.ds + (i & 1) * DS_TILE_BYTES;
+        {
+            const int g = lane >> 2;
+            const int r0 = group * 64 + (warp & 3) * 16 + g;
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+                const int at = ((nt ^ g) << 4) + 4 * (lane & 3);
+                *reinterpret_cast<unsigned*>(ds_tile + r0 * 128 + at) = dsa[nt / 2][(nt & 1) * 2];
+                *reinterpret_cast<unsigned*>(ds_tile + (r0 + 8) * 128 + at) =
+                    dsa[nt / 2][(nt & 1) * 2 + 1];
+            }
+        }
+
+        fence_registers(dv);
+        fence_registers(dk);
+        fence_registers(pa);
+        fence_registers(dsa);
+        __syncwarp();
+        fence_operands();
+#pragma unroll
+        for (int kk = 0; kk < PSTEPS; ++kk)
+            wgmma<DP, 1>(dv, pa[kk], mnmajor_descriptor(dout_address, Q_REGION, kk));
+#pragma unroll
+        for (int kk = 0; kk < PSTEPS; ++kk)
+            wgmma<DP, 1>(dk, dsa[kk], mnmajor_descriptor(q_address, Q_REGION, kk));
+        commit();
+
+        // Both warpgroups' dS^T rows, for the tensor cores; tile i - 1 is done with.
+        fence_async_proxy();
+        consumer_sync();  // both warpgroups
+        if (threadIdx.x == 0 && i + STAGES - 1 < kb.iterations) issue(i + STAGES - 1);
+
+        float dq[DQ_N / 8][4];
+        zero(dq);
+        fence_registers(dq);
+        __syncwarp();
+        fence_operands();
+        const unsigned ds_address = shared_address(ds_tile);
+#pragma unroll
+        for (int kk = 0; kk < BLOCK_N / 16; ++kk)
+            wgmma_tt<DQ_N>(dq, mnmajor_descriptor(ds_address, TILE_M * 128, kk),
+                           mnmajor_descriptor(k_features, K_REGION, kk));
+        commit();
+        wait_all();
+        fence_registers(dq);
+        fence_registers(dv);
+        fence_registers(dk);
+        fence_registers(pa);
+        fence_registers(dsa);
+
+        // dQ rows: this warp's 16 queries of the tile, the warpgroup's features.
+        float* const dq_rows = p.dq_accum + ((kb.b * p.heads_q + h) * p.seqlen_q_padded + m0 +
+                                             (warp & 3) * 16 + (lane >> 2)) *
+                                                DP +
+                               group * DQ_N + 2 * (lane & 3);
+#pragma unroll
+        for (int nt = 0; nt < DQ_N / 8; ++nt) {
+            atomic_add2(dq_rows + nt * 8, dq[nt][0], dq[nt][1]);
+            atomic_add2(dq_rows + 8 * DP + nt * 8, dq[nt][2], dq[nt][3]);
+        }
+    }
+
+    store_key_rows<false>(dv, p.dv, p.dv_stride, kb, p, key_first, lane);
+    store_key_rows<true>(dk, p.dk, p.dk_stride, kb, p, key_first, lane);
+}
+
+}  // namespace wg
+
+}  // namespace tc
+
+}  // namespace
+
+#endif
