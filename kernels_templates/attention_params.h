@@ -82,8 +82,10 @@ struct AttentionKernelParams {
     alignas(64) unsigned char dout_map[128];
 };
 
-// Query rows of one tile of the sm_90 backward, and the row multiple of its workspaces.
+// Query rows of one tile of the sm_90 backward, and the row multiple of the workspace's query
+// rows; its key block (the multiple of the workspace's key rows).
 constexpr int kAttentionBackwardQueryTile = 64;
+constexpr int kAttentionBackwardKeyBlock = 128;
 
 // Byte offsets of the shared-memory buffers of one block of a tensor-core kernel (kind 0
 // forward, 1 backward dq, 2 backward dk/dv), and the total to launch with. Buffers a kernel

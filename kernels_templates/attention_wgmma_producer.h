@@ -337,25 +337,39 @@ __device__ __forceinline__ void load_key_tile(KeyLoads& r, const KeyItems& k,
 }
 
 // The producers. Values arrive by TMA, issued STAGES - 1 tiles ahead (this block's share of
-// each tile's rows). Keys go through the producers' registers one tile ahead: tile t's are
-// loaded while tile t - 1's are stored, so their latency overlaps the waits for the
-// consumers. A tile's buffer is reused once the consumers released the tile STAGES before.
+// each tile's rows); with KEYS_BY_TMA keys too, from k_map (the keys rotated beforehand by
+// the prepare kernel, or k itself without rotation), counted on the same barrier. Otherwise
+// keys go through the producers' registers one tile ahead: tile t's are loaded while tile
+// t - 1's are stored, so their latency overlaps the waits for the consumers. A tile's buffer
+// is reused once the consumers released the tile STAGES before.
 template <int D = DTYPE>
 __device__ void produce(const Pipeline& pipe, const AttentionKernelParams& p, const T* k_head,
                         long long b, long long hk, int tiles, int rank) {
     const int thread = static_cast<int>(threadIdx.x) - THREADS;
-    // The TILE_BOXES value boxes of a tile go to lane 0 of each producer warp in turn, then
-    // lane 1, ...
+    // The TILE_BOXES value (and key) boxes of a tile go to lane 0 of each producer warp in
+    // turn, then lane 1, ...
     const int box = (thread & 31) * PRODUCER_WARPS + (thread >> 5);
     auto issue_values = [&](int t) {
-        if (thread == 0) barrier_arrive_expect(pipe.landed_of(t), Pipeline::TILE_BYTES);
-        if (box < TILE_BOXES)
-            copy_box(
-                shared_address(pipe.value_tile(t) + swizzled_offset(rank * SHARE_ROWS, box * 8)),
-                p.v_map, box * 64, t * BLOCK_N + rank * SHARE_ROWS, static_cast<int>(hk),
-                static_cast<int>(b), pipe.landed_of(t));
+        if (thread == 0)
+            barrier_arrive_expect(pipe.landed_of(t), (KEYS_BY_TMA ? 2 : 1) * Pipeline::TILE_BYTES);
+        if (box < TILE_BOXES) {
+            const int offset = swizzled_offset(rank * SHARE_ROWS, box * 8);
+            const int token = t * BLOCK_N + rank * SHARE_ROWS;
+            copy_box(shared_address(pipe.value_tile(t) + offset), p.v_map, box * 64, token,
+                     static_cast<int>(hk), static_cast<int>(b), pipe.landed_of(t));
+            if constexpr (KEYS_BY_TMA)
+                copy_box(shared_address(pipe.key_tile(t) + offset), p.k_map, box * 64, token,
+                         static_cast<int>(hk), static_cast<int>(b), pipe.landed_of(t));
+        }
     };
     for (int t = 0; t < STAGES - 1 && t < tiles; ++t) issue_values(t);
+    if constexpr (KEYS_BY_TMA) {
+        for (int t = 0; t + STAGES - 1 < tiles; ++t) {
+            if (t >= 1) barrier_wait(pipe.empty_of(t - 1), Pipeline::phase_of(t - 1));
+            issue_values(t + STAGES - 1);
+        }
+        return;
+    }
     const KeyItems items = key_items(p, thread);
     KeyLoads keys;
     if (tiles > 0) load_key_tile(keys, items, p, k_head, 0);
@@ -378,7 +392,7 @@ __device__ void forward_specialized(const AttentionKernelParams& p, char* smem) 
     static_assert(WARPS % 4 == 0 && PRODUCER_WARPS == 4 && M_TILES == 1 && !HAS_POS_MASK,
                   "consumer warpgroups of 16-row warps, one producer warpgroup, no pos_mask");
     static_assert(STAGES == 2 || STAGES == 3, "two or three tiles in shared memory");
-    static_assert(TABLE_ASYNC || !ROTATE,
+    static_assert(TABLE_ASYNC || !ROTATE || KEYS_BY_TMA,
                   "the producers load table columns in 8- or 16-byte pieces");
     const Buffers m = carve(smem);
     Pipeline pipe;
@@ -445,8 +459,9 @@ __device__ void forward_specialized(const AttentionKernelParams& p, char* smem) 
     zero(o);
     for (int t = 0; t < tiles; ++t) {
         const long long n0 = static_cast<long long>(t) * BLOCK_N;
-        barrier_wait(pipe.full_of(t), Pipeline::phase_of(t));    // keys stored
-        barrier_wait(pipe.landed_of(t), Pipeline::phase_of(t));  // values landed
+        if constexpr (!KEYS_BY_TMA)
+            barrier_wait(pipe.full_of(t), Pipeline::phase_of(t));  // keys stored
+        barrier_wait(pipe.landed_of(t), Pipeline::phase_of(t));    // values (and keys) landed
         // A causal warpgroup whose rows all end before the tile skips it (it still releases
         // the buffer: every consumer arrives once per tile).
         if (!CAUSAL || n0 <= group_first + 63) {

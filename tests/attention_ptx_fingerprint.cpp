@@ -195,7 +195,17 @@ std::vector<AttentionSpec> wgmma_specs() {
     AttentionSpec clustered_narrow = specialized_narrow;
     clustered_narrow.gqa_group = 2;
     clustered_narrow.cluster = 2;
-    std::vector<AttentionSpec> specs = {headline,     narrow,    unrotated,       in_place,
+    // Keys by TMA (rotated beforehand; unrotated from k), alone and in a cluster.
+    AttentionSpec keys_by_tma = specialized;
+    keys_by_tma.keys_by_tma = 1;
+    keys_by_tma.table_async = 0;
+    AttentionSpec keys_by_tma_plain = long_keys;
+    keys_by_tma_plain.keys_by_tma = 1;
+    keys_by_tma_plain.rotary_dim = 0;
+    AttentionSpec keys_by_tma_cluster = clustered;
+    keys_by_tma_cluster.keys_by_tma = 1;
+    std::vector<AttentionSpec> specs = {keys_by_tma, keys_by_tma_plain, keys_by_tma_cluster,
+                                        headline,     narrow,    unrotated,       in_place,
                                         specialized,  specialized_narrow, long_keys, padded,
                                         padded_plain, clustered, clustered_narrow};
     // The sm_90 backward's three kernels: the headline (GQA 4, causal, half tables), head_dim

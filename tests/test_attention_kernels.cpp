@@ -191,8 +191,14 @@ std::vector<AttentionSpec> chosen(const attention_test::Config& c, bool backward
     std::mt19937 rng(1);
     attention_test::Problem p(c, rng);
     const rope_jit_attention_args args = p.args();
-    return choose_attention_specs(make_attention_problem(args, backward), device,
-                                  attention_kernel_override_from_environment());
+    std::vector<AttentionSpec> specs = choose_attention_specs(
+        make_attention_problem(args, backward), device, attention_kernel_override_from_environment());
+    // A forward's prepare kernel (rotated keys for TMA) is checked where it matters; the rest
+    // of this file looks at the forward itself.
+    if (!backward && specs.size() == 2 &&
+        specs[0].kind == int32_t(AttentionKernelKind::BackwardPrepare))
+        specs.erase(specs.begin());
+    return specs;
 }
 
 attention_test::Config headline_config() {
@@ -232,6 +238,28 @@ TEST_CASE(
     CHECK(forward[0].cluster == 1);
     CHECK(forward[0].stages == 3);
     CHECK(forward[0].shared_bytes() <= 232448);
+    // Its keys come by TMA, rotated first by the backward's prepare kernel (the same spec).
+    CHECK(forward[0].keys_by_tma == 1);
+    {
+        std::mt19937 rng(1);
+        attention_test::Problem p(c, rng);
+        const rope_jit_attention_args args = p.args();
+        const AttentionDevice h200{90, 232448, true, true};
+        const std::vector<AttentionSpec> both =
+            choose_attention_specs(make_attention_problem(args, false), h200);
+        const std::vector<AttentionSpec> backward_kernels =
+            choose_attention_specs(make_attention_problem(args, true), h200);
+        REQUIRE(both.size() == 2);
+        CHECK(both[0].kind == int32_t(AttentionKernelKind::BackwardPrepare));
+        CHECK(both[0] == backward_kernels[0]);
+        CHECK(both[1] == forward[0]);
+        // Without a workspace (allocation failed) the producers rotate the keys themselves.
+        AttentionProblem without = make_attention_problem(args, false);
+        without.no_workspace = true;
+        const std::vector<AttentionSpec> alone = choose_attention_specs(without, h200);
+        REQUIRE(alone.size() == 1);
+        CHECK((alone[0].producer_warps == 4 && alone[0].keys_by_tma == 0));
+    }
     const AttentionSpec no_tma = chosen(c, false, AttentionDevice{90, 232448, true, false})[0];
     CHECK((no_tma.wgmma == 1 && no_tma.warps == 12 && no_tma.producer_warps == 0 &&
            no_tma.stages == 3));
@@ -239,7 +267,18 @@ TEST_CASE(
     unstaged.table_dt = attention_test::Dt::BF16;
     unstaged.R = 8;  // 4 bf16 columns: 8-byte table rows, not staged
     unstaged.interleaved = true;
-    CHECK(chosen(unstaged, false)[0].producer_warps == 0);
+    // Tables the producers cannot read in pieces: keys by TMA (rotated by the prepare kernel)
+    // need no table reads there; without a workspace no producer warps then.
+    CHECK(chosen(unstaged, false)[0].keys_by_tma == 1);
+    {
+        std::mt19937 rng(1);
+        attention_test::Problem p(unstaged, rng);
+        const rope_jit_attention_args args = p.args();
+        AttentionProblem without = make_attention_problem(args, false);
+        without.no_workspace = true;
+        CHECK(choose_attention_specs(without, AttentionDevice{90, 232448, true, true})[0]
+                  .producer_warps == 0);
+    }
     const AttentionSpec ampere = chosen(c, false, AttentionDevice{80, 166912})[0];
     CHECK(ampere.wgmma == 0);
     CHECK(ampere.m_tiles == 2);

@@ -171,9 +171,12 @@ TEST_CASE("an attention forward that writes lse names its problem's dq and dk/dv
         choose_attention_specs(forward, h200);
     const std::vector<rope_jit::AttentionSpec> backward_specs =
         choose_attention_specs(rope_jit::make_attention_problem(args, true), h200);
-    REQUIRE(forward_specs.size() == 1);
+    // The prepare kernel (rotated keys), then the forward, which names the follow-ups.
+    REQUIRE(forward_specs.size() == 2);
+    CHECK_FALSE(
+        rope_jit::attention_recipe_with_backward(forward_specs[0], forward, h200).follow_ups);
     const KernelRecipe recipe =
-        rope_jit::attention_recipe_with_backward(forward_specs[0], forward, h200);
+        rope_jit::attention_recipe_with_backward(forward_specs[1], forward, h200);
     REQUIRE(recipe.follow_ups);
     const std::vector<KernelRecipe> follow_ups = recipe.follow_ups();
     REQUIRE(follow_ups.size() == backward_specs.size());
@@ -185,7 +188,7 @@ TEST_CASE("an attention forward that writes lse names its problem's dq and dk/dv
     rope_jit::AttentionProblem inference = forward;
     inference.has_lse = false;
     CHECK_FALSE(
-        rope_jit::attention_recipe_with_backward(forward_specs[0], inference, h200).follow_ups);
+        rope_jit::attention_recipe_with_backward(forward_specs[1], inference, h200).follow_ups);
     CHECK_FALSE(
         rope_jit::attention_recipe_with_backward(backward_specs[0], forward, h200).follow_ups);
 }

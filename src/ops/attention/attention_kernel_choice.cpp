@@ -114,11 +114,12 @@ bool table_stageable(const TensorRef& t, int columns) {
     return reinterpret_cast<uintptr_t>(t.data) % 16 == 0;
 }
 
-// One "kind=shape" item: WxN[xM] (mma.sync), wWxN[xS], pWxN[xS] or cCxWxN[xS] (wgmma); nullopt
-// for anything else.
+// One "kind=shape" item: WxN[xM] (mma.sync), wWxN[xS], pWxN[xS], rWxN[xS] or cCxWxN[xS]
+// (wgmma); nullopt for anything else.
 std::optional<AttentionTileShape> parse_shape(std::string text, int kind) {
     char family = 0;
-    if (!text.empty() && (text[0] == 'w' || text[0] == 'p' || text[0] == 'c')) {
+    if (!text.empty() &&
+        (text[0] == 'w' || text[0] == 'p' || text[0] == 'r' || text[0] == 'c')) {
         family = text[0];
         text = text.substr(1);
     }
@@ -149,6 +150,7 @@ std::optional<AttentionTileShape> parse_shape(std::string text, int kind) {
     shape.stages = third > 0 ? third : 2;
     shape.producer_warps = family == 'w' ? 0 : 4;
     shape.cluster = family == 'c' ? numbers[0] : 1;
+    shape.keys_by_tma = family != 'r';
     return shape;
 }
 
@@ -209,7 +211,7 @@ WgmmaRule wgmma_broken_rule(const AttentionSpec& s) {
         if (s.warps != 8 || s.m_tiles != 1) return WgmmaRule::Warps;
         if (s.pos_mask) return WgmmaRule::PosMask;
         if (s.stages != 2 && s.stages != 3) return WgmmaRule::Stages;
-        if (s.producer_warps != 0) return WgmmaRule::Producer;
+        if (s.producer_warps != 0 || s.keys_by_tma) return WgmmaRule::Producer;
         if (s.cluster != 1) return WgmmaRule::Cluster;
         return WgmmaRule::None;
     }
@@ -223,9 +225,11 @@ WgmmaRule wgmma_broken_rule(const AttentionSpec& s) {
     // for staging them); the block takes at most three warpgroups (a fourth leaves everyone
     // too few registers: measured, it spills and runs at half speed). A head_dim that pads
     // (56, 120) works: the producers write zeros into the key chunks past head_dim.
-    if ((s.producer_warps != 0 && s.producer_warps != 4) ||
+    // Keys by TMA need no table pieces (the prepare kernel rotates them), but producer warps.
+    if ((s.producer_warps != 0 && s.producer_warps != 4) || (s.keys_by_tma && s.producer_warps == 0) ||
         (s.producer_warps > 0 &&
-         ((s.rotary_dim > 0 && !s.table_async) || s.warps + s.producer_warps > 12)))
+         ((s.rotary_dim > 0 && !s.table_async && !s.keys_by_tma) ||
+          s.warps + s.producer_warps > 12)))
         return WgmmaRule::Producer;
     if (s.cluster != 1 && (s.producer_warps == 0 || (s.cluster != 2 && s.cluster != 4) ||
                            s.gqa_group % s.cluster != 0 || (s.block_n / s.cluster) % 8 != 0))
@@ -299,6 +303,9 @@ std::vector<AttentionSpec> choose_attention_specs(const AttentionProblem& p,
         spec.stages = shape.stages;
         spec.producer_warps = shape.producer_warps;
         spec.cluster = shape.cluster;
+        // Rotated keys by TMA come from a workspace, which a call may have to do without.
+        spec.keys_by_tma = shape.producer_warps > 0 && shape.keys_by_tma &&
+                           (base.rotary_dim == 0 || !p.no_workspace);
         spec.compute_dk = dk;
         spec.compute_dv = dv;
         if (shape.block_n % 16 != 0 || shape.warps > 16 ||
@@ -323,21 +330,27 @@ std::vector<AttentionSpec> choose_attention_specs(const AttentionProblem& p,
         return std::nullopt;
     };
 
+    // A kernel of the sm_90 backward's family (kinds 3-5: two warpgroups over 128 keys).
+    auto sm90_backward_kernel = [&](Kind kind) {
+        AttentionSpec spec = simt(kind);
+        spec.tensor_cores = spec.wgmma = 1;
+        spec.warps = 8;
+        spec.block_n = 128;
+        spec.stages = 3;
+        return spec;
+    };
     std::vector<AttentionSpec> specs;
     // The sm_90 backward (dq accumulated with atomic adds: not bitwise reproducible, so not
     // for a deterministic call), where TMA can read v and dout, unless the override asks for
     // the dq or dk/dv kernels.
     const bool other_backward_asked = override.shape[int(Kind::BackwardDq)].has_value() ||
                                       override.shape[int(Kind::BackwardDkDv)].has_value();
-    if (p.backward && tensor_cores && !p.deterministic && !other_backward_asked && device.wgmma &&
-        device.tma && tma_friendly(p.v) && tma_friendly(p.dout)) {
+    if (p.backward && tensor_cores && !p.deterministic && !p.no_workspace &&
+        !other_backward_asked && device.wgmma && device.tma && tma_friendly(p.v) &&
+        tma_friendly(p.dout)) {
         std::vector<AttentionSpec> family;
         for (Kind kind : {Kind::BackwardPrepare, Kind::Backward, Kind::BackwardDqFinish}) {
-            AttentionSpec spec = simt(kind);
-            spec.tensor_cores = spec.wgmma = 1;
-            spec.warps = 8;
-            spec.block_n = 128;
-            spec.stages = 3;
+            const AttentionSpec spec = sm90_backward_kernel(kind);
             if (wgmma_broken_rule(spec) != WgmmaRule::None ||
                 spec.shared_bytes() > device.max_shared_bytes)
                 break;
@@ -348,6 +361,10 @@ std::vector<AttentionSpec> choose_attention_specs(const AttentionProblem& p,
     if (!p.backward) {
         const std::optional<AttentionSpec> spec =
             tensor_cores ? tiled(Kind::Forward, true, true) : std::nullopt;
+        // Keys by TMA, rotated: the backward's prepare kernel rotates them first (the same
+        // kernel, compiled once for both).
+        if (spec && spec->keys_by_tma && spec->rotary_dim > 0)
+            specs.push_back(sm90_backward_kernel(Kind::BackwardPrepare));
         specs.push_back(spec ? *spec : simt(Kind::Forward));
         return specs;
     }

@@ -24,22 +24,25 @@ struct AttentionDevice {
 
 // The tile fields of a tensor-core kernel: `warps` computing warps of 16-row tiles (`m_tiles`
 // of them each, forward only), streamed tiles of `block_n` rows; the wgmma forward (sm_90)
-// with `stages` tiles in shared memory, `producer_warps` (0 or 4) and clusters of `cluster`
-// blocks.
+// with `stages` tiles in shared memory, `producer_warps` (0 or 4), clusters of `cluster`
+// blocks, and with producer warps keys by TMA (rotated beforehand) or through the producers'
+// registers (rotated there).
 struct AttentionTileShape {
     int32_t warps = 0, block_n = 0, m_tiles = 1;
     bool wgmma = false;
     int32_t stages = 2;
     int32_t producer_warps = 0;
     int32_t cluster = 1;
+    bool keys_by_tma = true;
 };
 
 // ROPE_JIT_ATTENTION_KERNELS, parsed: "simt" forces the CUDA-core kernels;
 // "fwd=WxN[xM],dq=WxN,dkdv=WxN" (any subset) puts a shape first for the tensor-core kernels of
 // that kind (a shape that does not fit falls back to the tables); "fwd=wWxN[xS]" asks for the
 // wgmma forward (sm_90; W of 4, 8 or 12) with S tiles in shared memory (2 or 3; 2 by default),
-// "fwd=pWxN[xS]" for it with W consumer warps and 4 producer warps, "fwd=cCxWxN[xS]" for that
-// in clusters of C blocks (2 or 4; a divisor of the GQA group). It is a tool for experiments:
+// "fwd=pWxN[xS]" for it with W consumer warps and 4 producer warps (keys by TMA),
+// "fwd=rWxN[xS]" the same with the keys rotated in the producers' registers, "fwd=cCxWxN[xS]"
+// for 'p' in clusters of C blocks (2 or 4; a divisor of the GQA group). It is a tool for experiments:
 // an item that is not of these forms (an unknown kind, a malformed shape, a wgmma shape for a
 // backward kernel) is ignored, so a typo runs the default choice rather than failing calls.
 struct AttentionKernelOverride {

@@ -43,6 +43,9 @@ struct AttentionProblem {
     double scale = 0;  // resolved: never 0 unless the caller's was
     // Backward: bitwise-reproducible results asked for (rope_jit_attention_args).
     bool deterministic = false;
+    // Kernels that need a workspace (the sm_90 backward, rotated keys by TMA) are not to be
+    // chosen: set by the CUDA backend when the workspace could not be allocated.
+    bool no_workspace = false;
 
     // Backward tensors ([B, H, S, D] views).
     TensorRef dout, dq, dk, dv;

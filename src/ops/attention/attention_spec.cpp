@@ -123,7 +123,7 @@ void AttentionSpec::validate() const {
                 fail_argument(fmt::format(
                     "attention kernel spec: wgmma kernels take 0 or 4 producer warps (with "
                     "tables read in 8- or 16-byte pieces and at most 8 other "
-                    "warps), got {} beside {}",
+                    "warps; keys by TMA only with them), got {} beside {}",
                     producer_warps, warps));
             case WgmmaRule::Cluster:
                 fail_argument(fmt::format(
@@ -139,6 +139,7 @@ void AttentionSpec::validate() const {
                             producer_warps));
         require(cluster == 1,
                 fmt::format("clusters are a wgmma setting (1 otherwise), got {}", cluster));
+        require(keys_by_tma == 0, "keys by TMA are a wgmma setting");
     }
 }
 
@@ -186,7 +187,7 @@ std::optional<AttentionCall> attention_call_from_json(const std::string& text, s
     if (!j.contains("op") || j["op"] != nlohmann::json("attention"))
         return fail("not an attention spec");
     static const char* const kTileKeys[] = {
-        "kind",        "tensor_cores", "wgmma",   "stages",  "producer_warps", "cluster",
+        "kind",        "tensor_cores", "wgmma",   "stages",  "producer_warps", "cluster", "keys_by_tma",
         "table_async", "warps",        "m_tiles", "block_n", "compute_dk",     "compute_dv"};
     AttentionCall call;
     try {
@@ -232,8 +233,9 @@ std::string AttentionSpec::describe() const {
                             : wgmma && stages != 2 ? fmt::format("x{}", stages)
                                                    : "",
                             producer_warps > 0
-                                ? fmt::format(" +{} producer warps{}", producer_warps,
-                                              cluster > 1 ? fmt::format(" cluster{}", cluster) : "")
+                                ? fmt::format(" +{} producer warps{}{}", producer_warps,
+                                              cluster > 1 ? fmt::format(" cluster{}", cluster) : "",
+                                              keys_by_tma ? " keys-by-tma" : "")
                                 : "",
                             table_async ? " staged-tables" : "");
     else

@@ -13,10 +13,10 @@ int64_t round_up(int64_t n, int64_t multiple) {
 }  // namespace
 
 AttentionWorkspaceLayout attention_workspace_layout(const AttentionProblem& p, int head_dim_padded,
-                                                    int block_n) {
+                                                    bool backward) {
     AttentionWorkspaceLayout w;
-    w.seqlen_q_padded = round_up(p.seqlen_q, kAttentionBackwardQueryTile);
-    w.seqlen_k_padded = round_up(p.seqlen_k, block_n);
+    w.seqlen_q_padded = backward ? round_up(p.seqlen_q, kAttentionBackwardQueryTile) : 0;
+    w.seqlen_k_padded = round_up(p.seqlen_k, kAttentionBackwardKeyBlock);
     const int64_t query_rows = p.batch * p.heads_q * w.seqlen_q_padded;
     const int64_t key_rows = p.batch * p.heads_k * w.seqlen_k_padded;
     size_t at = 0;

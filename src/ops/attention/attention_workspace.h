@@ -12,7 +12,7 @@ namespace rope_jit {
 
 struct AttentionWorkspaceLayout {
     int64_t seqlen_q_padded = 0;  // Sq rounded up to the backward's query tile (64)
-    int64_t seqlen_k_padded = 0;  // Sk rounded up to its key block (128)
+    int64_t seqlen_k_padded = 0;  // Sk rounded up to the backward's key block (128)
     // Byte offsets of [B, Hq, Sq_padded, DP] rotated q (16-bit), [B, Hk, Sk_padded, DP]
     // rotated k, [B, Hq, Sq_padded, DP] float32 dq, and [B, Hq, Sq_padded] float32 lse (base 2)
     // and delta; each 256-byte aligned.
@@ -21,9 +21,9 @@ struct AttentionWorkspaceLayout {
     size_t bytes = 0;           // the whole allocation
 };
 
-// The layout for `problem` with head_dim padded to `head_dim_padded` and key blocks of
-// `block_n` keys.
+// The layout for `problem` with head_dim padded to `head_dim_padded`: everything for the
+// backward, only the rotated keys (Sq_padded 0) for a forward whose producers take them by TMA.
 AttentionWorkspaceLayout attention_workspace_layout(const AttentionProblem& problem,
-                                                    int head_dim_padded, int block_n);
+                                                    int head_dim_padded, bool backward);
 
 }  // namespace rope_jit

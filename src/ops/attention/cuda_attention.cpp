@@ -77,7 +77,8 @@ TensorRef workspace_rows(const char* name, char* data, int64_t batch, int64_t he
     return t;
 }
 
-bool is_sm90_backward(const std::vector<AttentionSpec>& specs) {
+// Whether the kernels begin with the prepare kernel, which writes the workspace.
+bool needs_workspace(const std::vector<AttentionSpec>& specs) {
     return !specs.empty() && specs[0].kind == int32_t(AttentionKernelKind::BackwardPrepare);
 }
 
@@ -215,17 +216,19 @@ void CudaAttention::run(const AttentionProblem& p, void* stream_handle) {
     std::vector<AttentionSpec> specs = choose_attention_specs(p, device, override_);
     AttentionWorkspaceLayout workspace_layout;
     CUdeviceptr workspace = 0;
-    if (is_sm90_backward(specs)) {
+    if (needs_workspace(specs)) {
+        // The sm_90 backward (prepare, backward, dq finish) or a forward whose producers take
+        // rotated keys by TMA (prepare, forward).
         const AttentionSpec& main = specs[1];
+        const bool backward = main.kind == int32_t(AttentionKernelKind::Backward);
         const int dp = attention_launch_plan(main).head_dim_padded;
-        workspace_layout = attention_workspace_layout(p, dp, main.block_n);
+        workspace_layout = attention_workspace_layout(p, dp, backward);
         // Stream-ordered: the allocation comes from the device's pool (no synchronization,
-        // and capturable in a CUDA graph). Where it fails, the deterministic kernels run,
-        // which need no workspace.
+        // and capturable in a CUDA graph). Where it fails, kernels without a workspace run.
         if (api.cuMemAllocAsync(&workspace, workspace_layout.bytes, stream) != CUDA_SUCCESS) {
             workspace = 0;
             AttentionProblem fallback = p;
-            fallback.deterministic = true;
+            fallback.no_workspace = true;
             specs = choose_attention_specs(fallback, device, override_);
         } else {
             char* const base = reinterpret_cast<char*>(static_cast<uintptr_t>(workspace));
@@ -238,16 +241,20 @@ void CudaAttention::run(const AttentionProblem& p, void* stream_handle) {
             params.seqlen_k_padded = workspace_layout.seqlen_k_padded;
             params.prepare_query_blocks =
                 p.batch * p.heads_q * workspace_layout.seqlen_q_padded / kAttentionBackwardQueryTile;
-            encode_box_map(api, params.q_map,
-                           workspace_rows("q", base + workspace_layout.q_rot, p.batch, p.heads_q,
-                                          workspace_layout.seqlen_q_padded, dp),
-                           kAttentionBackwardQueryTile, "rotated q");
+            // The forward's producers copy block_n / cluster keys a block (a share of each
+            // tile with clusters); the backward copies its whole 128-key block.
             encode_box_map(api, params.k_map,
                            workspace_rows("k", base + workspace_layout.k_rot, p.batch, p.heads_k,
                                           workspace_layout.seqlen_k_padded, dp),
-                           main.block_n, "rotated k");
-            encode_box_map(api, params.v_map, p.v, main.block_n, "v");
-            encode_box_map(api, params.dout_map, p.dout, kAttentionBackwardQueryTile, "dout");
+                           main.block_n / main.cluster, "rotated k");
+            if (backward) {
+                encode_box_map(api, params.q_map,
+                               workspace_rows("q", base + workspace_layout.q_rot, p.batch,
+                                              p.heads_q, workspace_layout.seqlen_q_padded, dp),
+                               kAttentionBackwardQueryTile, "rotated q");
+                encode_box_map(api, params.v_map, p.v, main.block_n, "v");
+                encode_box_map(api, params.dout_map, p.dout, kAttentionBackwardQueryTile, "dout");
+            }
         }
     }
     // Every kernel is loaded (compiled where it must be) before the first launch, so a failure
@@ -275,6 +282,8 @@ void CudaAttention::run(const AttentionProblem& p, void* stream_handle) {
                                         spec.describe()));
             if (spec.producer_warps > 0)
                 encode_box_map(api, params.v_map, p.v, spec.block_n / spec.cluster, "v");
+            if (spec.keys_by_tma && spec.rotary_dim == 0)  // unrotated keys: k itself
+                encode_box_map(api, params.k_map, p.k, spec.block_n / spec.cluster, "k");
             void* kernel_args[] = {&params};
             check_cu(api.cuLaunchKernel(kernels[n].function, unsigned(blocks), 1, 1,
                                         unsigned(spec.threads()), 1, 1,
