@@ -402,6 +402,8 @@ TEST_SUITE("gpu") {
                                          "fwd=w12x64x3",
                                          "fwd=w8x64x3",
                                          "fwd=p8x64x3",
+                                         "fwd=r8x64x3",
+                                         "fwd=r8x128",
                                          "fwd=p8x64",
                                          "fwd=p4x64x3",
                                          "fwd=p8x128",
@@ -413,13 +415,15 @@ TEST_SUITE("gpu") {
             // A wgmma shape must be what the configs without pos_mask run, where wgmma runs at all
             // and the shape's shared memory fits (else the choice falls back, as it should).
             int warps = 0, block_n = 0, stages = 2, cluster = 1;
-            char family = 0;  // 'w': every warp loads; 'p': with producer warps; 'c': in clusters
+            // 'w': every warp loads; 'p': with producer warps (keys by TMA); 'r': producer warps
+            // rotating keys in registers; 'c': in clusters (keys by TMA)
+            char family = 0;
             const bool parsed = shapes.rfind("fwd=c", 0) == 0
                                     ? std::sscanf(shapes.c_str(), "fwd=c%dx%dx%dx%d", &cluster,
                                                   &warps, &block_n, &stages) >= 3
                                     : std::sscanf(shapes.c_str(), "fwd=%c%dx%dx%d", &family, &warps,
                                                   &block_n, &stages) >= 3 &&
-                                          (family == 'w' || family == 'p');
+                                          (family == 'w' || family == 'p' || family == 'r');
             if (device.wgmma && parsed) {
                 for (size_t n = 1; n < configs.size(); ++n) {
                     std::mt19937 probe(1);
@@ -431,6 +435,7 @@ TEST_SUITE("gpu") {
                     wanted.block_n = block_n;
                     wanted.stages = stages;
                     wanted.producer_warps = family == 'w' ? 0 : 4;
+                    wanted.keys_by_tma = family != 'w' && family != 'r';
                     wanted.cluster = cluster;
                     wanted.m_tiles = 1;
                     CAPTURE(spec.describe());
@@ -479,7 +484,7 @@ TEST_SUITE("gpu") {
         // The default choice, then each family forced (every warp loading; producer warps; blocks
         // of a cluster sharing tiles, where the GQA group allows).
         for (const char* shapes :
-             {"", "fwd=w12x64x3", "fwd=p8x64x3", "fwd=c4x8x64x3", "fwd=c2x8x128x2"}) {
+             {"", "fwd=w12x64x3", "fwd=p8x64x3", "fwd=r8x64x3", "fwd=c4x8x64x3", "fwd=c2x8x128x2"}) {
             CAPTURE(shapes);
             f.override_kernels(shapes);
             sweep(f, configs, 11);
