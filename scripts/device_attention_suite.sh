@@ -2,7 +2,7 @@
 # Runs on the GPU machine (the device tool): builds the library, the tests and the golden runner
 # there, then the attention GPU tests, the golden attention cases on CUDA and the attention
 # benchmark, with logs under $OUT. Usage: bash scripts/device_attention_suite.sh [steps...]
-#   steps: test golden bench bench-all bench-quick bench-headline bench-variants bench-tuned bench-d64-d256 profile
+#   steps: test golden bench bench-all bench-quick bench-headline bench-issue bench-variants bench-tuned bench-d64-d256 profile
 #   (default: test golden bench-quick; ATTENTION_TESTS narrows the test step's test cases)
 set -uo pipefail
 OUT=${OUT:-/tmp/rope_jit_out}
@@ -53,6 +53,10 @@ for step in $steps; do
              echo "ncu rc=$?"; grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Stall|Warp Cycles Per Issued" "$OUT/attention_ncu.txt" | head -40 ;;
     bench-headline) PYTHONUNBUFFERED=1 python3 bench/attention_bench.py --library build-gpu/librope_jit.so --out "$OUT" --headline \
                    --tag h200_headline 2>&1 | tee "$OUT/attention_bench.log" | cut -c1-600 ;;
+    # Issue 19's comparison: fused vs RoPE + SDPA flash / cuDNN, fwd, bwd, fwd+bwd (graph replay).
+    bench-issue) PYTHONUNBUFFERED=1 python3 bench/attention_bench.py --library build-gpu/librope_jit.so --out "$OUT" \
+                   --issue-shapes --tag h200_issue19 ${ATTENTION_VARIANTS:+--variants "$ATTENTION_VARIANTS"} \
+                   2>&1 | tee "$OUT/attention_issue19.log" | cut -c1-700 ;;
     bench-quick) PYTHONUNBUFFERED=1 python3 bench/attention_bench.py --library build-gpu/librope_jit.so --out "$OUT" --quick \
                    --tag h200_quick 2>&1 | tee "$OUT/attention_bench.log" | cut -c1-400 ;;
   esac
