@@ -32,6 +32,9 @@ const TileRow kTileTable[] = {
     // round trips per key (H200, S 4096: 10% faster; at S 1024 5% slower, so only from 4096
     // keys).
     {Kind::Forward,  64,  64, false, 4096, {8, 128, 1, true, 2, 4}},
+    // head_dim 128 likewise, with keys by TMA (H200, 4x4096 32/8 heads causal: 1.37 ms against
+    // 1.51 ms with three 64-key tiles; bench/results/attention_h200_issue19.json, variants).
+    {Kind::Forward, 128, 128, false, 4096, {8, 128, 1, true, 2, 4}},
     // On sm_90 the forward runs on warpgroup matrix products. First two warpgroups of 64 query
     // rows fed by a producer warpgroup (keys through its registers, rotated there; values by
     // TMA; see bench/results/attention_h200.json), three 64-key tiles in shared memory; where
