@@ -387,68 +387,6 @@ __device__ void produce(const Pipeline& pipe, const AttentionKernelParams& p, co
     }
 }
 
-// ---- the consumers' pipeline with keys by TMA (FlashAttention-3's intra-warpgroup overlap) ----
-//
-// Per tile t, with S_t = Q K_t^T already in registers:
-//   softmax of S_t (row maxima and sums; P_t), while O += P_{t-1} V_{t-1} still runs
-//   wait for that product, release tile t - 1, rescale O, P_t into A fragments
-//   issue S_{t+1} = Q K_{t+1}^T, then O += P_t V_t
-//   wait for S_{t+1} only
-// so the softmax of one tile overlaps the PV product of the one before on the tensor cores.
-
-// Waits until at most N of this thread's wgmma groups are pending (the older ones complete).
-template <int N>
-__device__ __forceinline__ void wait_pending() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-
-// Issues S = Q K^T of the warpgroup (both operands swizzled in shared memory) into s, as one
-// wgmma group.
-template <int NT>
-__device__ __forceinline__ void issue_scores(float (&s)[NT][4], unsigned q_group_tile,
-                                             unsigned key_tile) {
-    zero(s);
-    fence_registers(s);
-    __syncwarp();  // wgmma instructions are warp-aligned: every lane at the same one
-    fence_operands();
-#pragma unroll
-    for (int kk = 0; kk < KSTEPS; ++kk)
-        wgmma_ss<BLOCK_N>(s, query_descriptor(q_group_tile, kk), key_descriptor(key_tile, kk));
-    commit();
-}
-
-// The masks and the softmax step of a landed score tile (keys from n0): probabilities in s,
-// the output's rescale factors in alpha.
-template <int NT>
-__device__ __forceinline__ void tile_probabilities(float (&s)[NT][4], float (&row_max)[2],
-                                                   float (&row_sum)[2], float (&alpha)[2],
-                                                   const AttentionKernelParams& p, long long b,
-                                                   long long row_first, long long group_first,
-                                                   long long n0, int lane) {
-    const bool check_bounds = n0 + BLOCK_N > p.seqlen_k;
-    const bool check_causal = CAUSAL && n0 + BLOCK_N - 1 > group_first;
-    float scale = p.scale_log2;
-    if (check_bounds || check_causal || MASK_KIND != 0 || !(scale > 0.f)) {
-        scale_and_mask<NT, false>(s, p, b, row_first, n0, check_bounds, check_causal, lane);
-        scale = 1.f;
-    }
-    online_softmax_rows<NT>(s, row_max, row_sum, alpha, scale);
-}
-
-// Issues O += P V (P from registers, the value tile swizzled) as one wgmma group.
-template <int PSTEPS>
-__device__ __forceinline__ void issue_values_product(float (&o)[DTILES][4],
-                                                     unsigned (&pa)[PSTEPS][4],
-                                                     unsigned value_tile) {
-    fence_registers(o);
-    fence_registers(pa);
-    __syncwarp();
-    fence_operands();
-#pragma unroll
-    for (int kk = 0; kk < PSTEPS; ++kk) wgmma<DP, 1>(o, pa[kk], value_descriptor(value_tile, kk));
-    commit();
-}
-
 template <int D = DTYPE>
 __device__ void forward_specialized(const AttentionKernelParams& p, char* smem) {
     static_assert(WARPS % 4 == 0 && PRODUCER_WARPS == 4 && M_TILES == 1 && !HAS_POS_MASK,
@@ -485,14 +423,6 @@ __device__ void forward_specialized(const AttentionKernelParams& p, char* smem) 
     else
         __syncthreads();
 
-    // With keys by TMA the producers only issue copies: they hand most of their registers to
-    // the consumers (the block keeps its total, 168 x 384 = 40 x 128 + 232 x 256).
-    if constexpr (KEYS_BY_TMA && WARPS == 8) {
-        if (threadIdx.x >= THREADS)
-            asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
-        else
-            asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
-    }
     if (threadIdx.x >= THREADS) {
         produce(pipe, p, k_head, b, h / GQA_GROUP, tiles, static_cast<int>(rank));
         if constexpr (CLUSTER > 1) cluster_sync();  // no block exits while another may still use it
@@ -527,67 +457,6 @@ __device__ void forward_specialized(const AttentionKernelParams& p, char* smem) 
     float o[DTILES][4];
     float row_max[2] = {neg_inf(), neg_inf()}, row_sum[2] = {0.f, 0.f};
     zero(o);
-    // Every consumer arrives once per tile on its buffer's `empty` (of every block of a
-    // cluster).
-    auto release = [&](int t) {
-        if constexpr (CLUSTER > 1) {
-#pragma unroll
-            for (int r = 0; r < CLUSTER; ++r)
-                barrier_arrive_cluster(pipe.in_block(pipe.empty_of(t), r));
-        } else {
-            barrier_arrive(pipe.empty_of(t));
-        }
-    };
-    if constexpr (KEYS_BY_TMA) {
-        constexpr int NT = BLOCK_N / 8;
-        // Under a causal mask this warpgroup's rows end at group_first + 63: later tiles are
-        // only waited for and released.
-        const int seen = static_cast<int>((group_first + 63) / BLOCK_N) + 1;
-        const int last = CAUSAL && seen < tiles ? seen : tiles;
-        float s[NT][4];
-        unsigned pa[BLOCK_N / 16][4];
-        if (last > 0) {
-            barrier_wait(pipe.landed_of(0), Pipeline::phase_of(0));
-            issue_scores(s, q_group_tile, shared_address(pipe.key_tile(0)));
-            wait_pending<0>();
-            fence_registers(s);
-        }
-        for (int t = 0; t < last; ++t) {
-            float alpha[2];
-            tile_probabilities(s, row_max, row_sum, alpha, p, b, row_first, group_first,
-                               static_cast<long long>(t) * BLOCK_N, lane);
-            if (t > 0) {
-                wait_pending<0>();  // O += P_{t-1} V_{t-1}
-                fence_registers(o);
-                fence_registers(pa);
-                release(t - 1);
-            }
-            rescale_rows(o, alpha);
-            to_a_fragments<NT>(pa, s);
-            if (t + 1 < last) {
-                barrier_wait(pipe.landed_of(t + 1), Pipeline::phase_of(t + 1));
-                issue_scores(s, q_group_tile, shared_address(pipe.key_tile(t + 1)));
-            }
-            issue_values_product(o, pa, shared_address(pipe.value_tile(t)));
-            if (t + 1 < last) {
-                wait_pending<1>();  // S_{t+1}; the PV product runs on
-                fence_registers(s);
-            }
-        }
-        if (last > 0) {
-            wait_pending<0>();
-            fence_registers(o);
-            fence_registers(pa);
-            release(last - 1);
-        }
-        for (int t = last; t < tiles; ++t) {
-            barrier_wait(pipe.landed_of(t), Pipeline::phase_of(t));
-            release(t);
-        }
-        finish_rows(o, row_max, row_sum, m.q + warp * 16 * ROWE, p, b, h, row_first, lane);
-        if constexpr (CLUSTER > 1) cluster_sync();
-        return;
-    }
     for (int t = 0; t < tiles; ++t) {
         const long long n0 = static_cast<long long>(t) * BLOCK_N;
         if constexpr (!KEYS_BY_TMA)
@@ -603,7 +472,13 @@ __device__ void forward_specialized(const AttentionKernelParams& p, char* smem) 
             fence_registers(o);
             fence_registers(pa);
         }
-        release(t);
+        if constexpr (CLUSTER > 1) {
+#pragma unroll
+            for (int r = 0; r < CLUSTER; ++r)
+                barrier_arrive_cluster(pipe.in_block(pipe.empty_of(t), r));
+        } else {
+            barrier_arrive(pipe.empty_of(t));
+        }
     }
     finish_rows(o, row_max, row_sum, m.q + warp * 16 * ROWE, p, b, h, row_first, lane);
     if constexpr (CLUSTER > 1) cluster_sync();
