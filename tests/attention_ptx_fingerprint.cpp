@@ -210,14 +210,17 @@ std::vector<AttentionSpec> wgmma_specs() {
                                         padded_plain, clustered, clustered_narrow};
     // The sm_90 backward's three kernels: the headline (GQA 4, causal, half tables), head_dim
     // 64 interleaved with an additive mask, and an unrotated head_dim 120.
-    for (const AttentionSpec& forward : {headline, narrow, unrotated}) {
+    AttentionSpec wide = headline;  // head_dim 256: 64-key blocks, two stages
+    wide.head_dim = wide.rotary_dim = 256;
+    wide.interleaved = 1;
+    for (const AttentionSpec& forward : {headline, narrow, unrotated, wide}) {
         for (K kind : {K::BackwardPrepare, K::Backward, K::BackwardDqFinish}) {
             AttentionSpec s = forward;
             s.kind = int32_t(kind);
             s.write_lse = 0;
             s.warps = 8;
-            s.block_n = 128;
-            s.stages = 3;
+            s.block_n = forward.head_dim == 256 ? 64 : 128;
+            s.stages = forward.head_dim == 256 ? 2 : 3;
             s.table_async = 0;
             if (forward.mask_kind == 2) s.head_dim = 120;
             if (forward.mask_kind == 1) {
