@@ -84,9 +84,8 @@ __device__ void prepare(const AttentionKernelParams& p) {
                               p.seqlen_k);
         return;
     }
-    rotate_into_workspace(static_cast<T*>(p.q_rot) + first * DP,
-                          head_row(p.q, p.q_stride, b, h, 0), p.q_stride[2], p, row0,
-                          p.seqlen_q);
+    rotate_into_workspace(static_cast<T*>(p.q_rot) + first * DP, head_row(p.q, p.q_stride, b, h, 0),
+                          p.q_stride[2], p, row0, p.seqlen_q);
     // delta and lse: one warp per row.
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const T* dout_head = head_row(p.dout, p.dout_stride, b, h, 0);
@@ -120,57 +119,57 @@ constexpr int OUT_ITEMS = ROT_ITEMS + DCHUNKS - FIRST_PLAIN;
 // space) times the softmax scale, rotated back by token `token`'s angles, into `out_row`.
 template <int D = DTYPE>
 __device__ __forceinline__ void store_rotated_back(const float* a_row, T* out_row,
-                                                   const AttentionKernelParams& p,
-                                                   long long token, int k) {
-        // Eight accumulated features of chunk ch, scaled.
-        auto chunk = [&](int ch, float (&x)[8]) {
-            const Float4 lo = *reinterpret_cast<const Float4*>(a_row + ch * 8);
-            const Float4 hi = *reinterpret_cast<const Float4*>(a_row + ch * 8 + 4);
+                                                   const AttentionKernelParams& p, long long token,
+                                                   int k) {
+    // Eight accumulated features of chunk ch, scaled.
+    auto chunk = [&](int ch, float(&x)[8]) {
+        const Float4 lo = *reinterpret_cast<const Float4*>(a_row + ch * 8);
+        const Float4 hi = *reinterpret_cast<const Float4*>(a_row + ch * 8 + 4);
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                x[e] = lo.v[e] * p.scale;
-                x[4 + e] = hi.v[e] * p.scale;
-            }
-        };
-        auto store = [&](int ch, const float (&x)[8]) {
-            U4 u;
-#pragma unroll
-            for (int e = 0; e < 4; ++e) u.w[e] = pack2(x[2 * e], x[2 * e + 1]);
-            *reinterpret_cast<U4*>(out_row + ch * 8) = u;
-        };
-        float xa[8];
-        if (k >= ROT_ITEMS) {
-            const int ch = FIRST_PLAIN + (k - ROT_ITEMS);
-            chunk(ch, xa);
-            store(ch, xa);
-        } else if constexpr (INTERLEAVED) {
-            // Pairs (2i, 2i + 1) of the chunk: the transposed rotation.
-            chunk(k, xa);
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                float c, s;
-                table_angle(p, token, k * 4 + e, &c, &s);
-                const float x1 = xa[2 * e], x2 = xa[2 * e + 1];
-                xa[2 * e] = x1 * c + x2 * s;
-                xa[2 * e + 1] = x2 * c - x1 * s;
-            }
-            store(k, xa);
-        } else {
-            const int cb = k + ROTARY_DIM / 16;
-            float xb[8];
-            chunk(k, xa);
-            chunk(cb, xb);
-#pragma unroll
-            for (int e = 0; e < 8; ++e) {
-                float c, s;
-                table_angle(p, token, k * 8 + e, &c, &s);
-                const float x1 = xa[e], x2 = xb[e];
-                xa[e] = x1 * c + x2 * s;
-                xb[e] = x2 * c - x1 * s;
-            }
-            store(k, xa);
-            store(cb, xb);
+        for (int e = 0; e < 4; ++e) {
+            x[e] = lo.v[e] * p.scale;
+            x[4 + e] = hi.v[e] * p.scale;
         }
+    };
+    auto store = [&](int ch, const float(&x)[8]) {
+        U4 u;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) u.w[e] = pack2(x[2 * e], x[2 * e + 1]);
+        *reinterpret_cast<U4*>(out_row + ch * 8) = u;
+    };
+    float xa[8];
+    if (k >= ROT_ITEMS) {
+        const int ch = FIRST_PLAIN + (k - ROT_ITEMS);
+        chunk(ch, xa);
+        store(ch, xa);
+    } else if constexpr (INTERLEAVED) {
+        // Pairs (2i, 2i + 1) of the chunk: the transposed rotation.
+        chunk(k, xa);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            float c, s;
+            table_angle(p, token, k * 4 + e, &c, &s);
+            const float x1 = xa[2 * e], x2 = xa[2 * e + 1];
+            xa[2 * e] = x1 * c + x2 * s;
+            xa[2 * e + 1] = x2 * c - x1 * s;
+        }
+        store(k, xa);
+    } else {
+        const int cb = k + ROTARY_DIM / 16;
+        float xb[8];
+        chunk(k, xa);
+        chunk(cb, xb);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            float c, s;
+            table_angle(p, token, k * 8 + e, &c, &s);
+            const float x1 = xa[e], x2 = xb[e];
+            xa[e] = x1 * c + x2 * s;
+            xb[e] = x2 * c - x1 * s;
+        }
+        store(k, xa);
+        store(cb, xb);
+    }
 }
 
 // KIND 5: dq rows [row0, row0 + 64) of one (batch, query head) from the float32 accumulator:
@@ -208,19 +207,18 @@ __device__ void finish_dq(const AttentionKernelParams& p) {
 // goes there. dS^T is double-buffered for the same reason.
 
 constexpr int TILE_M = kAttentionBackwardQueryTile;
-constexpr int Q_REGION = TILE_M * 128;    // one 64-feature region of a q/dout tile
-constexpr int K_REGION = BLOCK_N * 128;   // of a key/value tile
+constexpr int Q_REGION = TILE_M * 128;   // one 64-feature region of a q/dout tile
+constexpr int K_REGION = BLOCK_N * 128;  // of a key/value tile
 constexpr int Q_TILE_BYTES = TILE_M * DP * 2;
 constexpr int K_TILE_BYTES = BLOCK_N * DP * 2;
 constexpr int DS_TILE_BYTES = BLOCK_N * TILE_M * 2;
-constexpr int DQ_N = DP / 2;  // dq features per warpgroup
+constexpr int DQ_N = DP / 2;              // dq features per warpgroup
 constexpr int PSTEPS_WIDE = TILE_M / 16;  // k-steps over a query tile
 
 // Descriptors of k-step kk of a 128-byte-swizzled tile whose 64-feature regions are
 // `region` bytes apart: K-major (the k-step runs along the features: 32 bytes on within a
 // region) and MN-major (the k-step runs along the rows: 16 rows on).
-__device__ __forceinline__ unsigned long long kmajor_descriptor(unsigned tile, int region,
-                                                                int kk) {
+__device__ __forceinline__ unsigned long long kmajor_descriptor(unsigned tile, int region, int kk) {
     return swizzled_descriptor(tile + (kk >> 2) * region + (kk & 3) * 32, 16, 1024);
 }
 __device__ __forceinline__ unsigned long long mnmajor_descriptor(unsigned tile, int region,
@@ -265,8 +263,7 @@ __device__ __forceinline__ void wgmma_tt(float (&d)[N / 8][4], unsigned long lon
 #define ROPE_JIT_WGMMA_ST(SHAPE_TYPES)                                                      \
     asm volatile(                                                                           \
         "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\nwgmma.mma_async.sync.aligned." SHAPE_TYPES \
-        " {" ROPE_JIT_WGMMA_REGS128 ROPE_JIT_WGMMA_ST_ARGS128                               \
-        : ROPE_JIT_WGMMA_D128                                                               \
+        " {" ROPE_JIT_WGMMA_REGS128 ROPE_JIT_WGMMA_ST_ARGS128:ROPE_JIT_WGMMA_D128           \
         : "l"(a), "l"(b), "n"(TRANS_A), "n"(TRANS_B))
 
 template <int TRANS_A, int TRANS_B, int D = DTYPE>
@@ -322,8 +319,8 @@ __device__ __forceinline__ KeyBlock key_block(const AttentionKernelParams& p) {
 template <bool ROTATE_BACK, int D = DTYPE>
 __device__ __forceinline__ void store_key_rows(float (&acc)[DTILES][4], void* base,
                                                const long long* stride, const KeyBlock& kb,
-                                               const AttentionKernelParams& p,
-                                               long long first_key, int lane) {
+                                               const AttentionKernelParams& p, long long first_key,
+                                               int lane) {
     T* head = head_row_out(base, stride, kb.b, kb.hk, 0);
     const int t2 = 2 * (lane & 3);
 #pragma unroll
@@ -443,7 +440,7 @@ __device__ void backward_wide(const AttentionKernelParams& p, char* smem) {
     }
 
     const int g = lane >> 2;
-    const int r0 = (warp & 3) * 16 + g;          // this thread's key rows r0 and r0 + 8
+    const int r0 = (warp & 3) * 16 + g;                   // this thread's key rows r0 and r0 + 8
     const long long key_first = kb.n0 + (warp & 3) * 16;  // the warp's first key
     const unsigned k_address = shared_address(k_tile), v_address = shared_address(v_tile);
     const unsigned pt_address = shared_address(pt_tile), ds_address = shared_address(ds_tile);
@@ -550,10 +547,10 @@ __device__ void backward_wide(const AttentionKernelParams& p, char* smem) {
         fence_registers(dv);
         fence_registers(dk);
 
-        float* const dq_rows = p.dq_accum + ((kb.b * p.heads_q + h) * p.seqlen_q_padded + m0 +
-                                             (warp & 3) * 16 + g) *
-                                                DP +
-                               group * HALF + 2 * (lane & 3);
+        float* const dq_rows =
+            p.dq_accum +
+            ((kb.b * p.heads_q + h) * p.seqlen_q_padded + m0 + (warp & 3) * 16 + g) * DP +
+            group * HALF + 2 * (lane & 3);
 #pragma unroll
         for (int nt = 0; nt < HALF / 8; ++nt) {
             atomic_add2(dq_rows + nt * 8, dq[nt][0], dq[nt][1]);
@@ -598,11 +595,27 @@ __device__ void backward_wide(const AttentionKernelParams& p, char* smem) {
     }
 }
 
+// dS^T (as A fragments, rounded as the products use them) into its tile: row = key, 64
+// queries of 128 bytes, swizzled; a quarter warp's eight rows fall in eight different 16-byte
+// lanes. The warp's rows: 16 * (warp % 4) of warpgroup `group`'s 64.
+template <int PSTEPS>
+__device__ __forceinline__ void store_ds_rows(char* ds_tile, const unsigned (&dsa)[PSTEPS][4],
+                                              int group, int warp, int lane) {
+    const int g = lane >> 2;
+    const int r0 = group * 64 + (warp & 3) * 16 + g;
+#pragma unroll
+    for (int nt = 0; nt < 2 * PSTEPS; ++nt) {
+        const int at = ((nt ^ g) << 4) + 4 * (lane & 3);
+        *reinterpret_cast<unsigned*>(ds_tile + r0 * 128 + at) = dsa[nt / 2][(nt & 1) * 2];
+        *reinterpret_cast<unsigned*>(ds_tile + (r0 + 8) * 128 + at) = dsa[nt / 2][(nt & 1) * 2 + 1];
+    }
+}
+
 template <int D = DTYPE>
 __device__ void backward_narrow(const AttentionKernelParams& p, char* smem) {
-    static_assert(WARPS == 8 && BLOCK_N == 128 && STAGES >= 2 && (DP == 64 || DP == 128) &&
-                      !HAS_POS_MASK,
-                  "two warpgroups over 128 keys, head_dim padded to 64 or 128, no pos_mask");
+    static_assert(
+        WARPS == 8 && BLOCK_N == 128 && STAGES >= 2 && (DP == 64 || DP == 128) && !HAS_POS_MASK,
+        "two warpgroups over 128 keys, head_dim padded to 64 or 128, no pos_mask");
     constexpr int NT = TILE_M / 8;  // n-tiles of a score tile (queries)
     constexpr int PSTEPS = TILE_M / 16;
     const KeyBlock kb = key_block(p);
@@ -679,81 +692,78 @@ __device__ void backward_narrow(const AttentionKernelParams& p, char* smem) {
         const unsigned q_address = shared_address(q_tile(i));
         const unsigned dout_address = shared_address(dout_tile(i));
 
-        float s[NT][4], dp[NT][4];
-        zero(s);
-        zero(dp);
-        fence_registers(s);
-        fence_registers(dp);
-        __syncwarp();
-        fence_operands();
-#pragma unroll
-        for (int kk = 0; kk < KSTEPS; ++kk)
-            wgmma_ss<TILE_M>(s, kmajor_descriptor(k_rows, K_REGION, kk),
-                             kmajor_descriptor(q_address, Q_REGION, kk));
-#pragma unroll
-        for (int kk = 0; kk < KSTEPS; ++kk)
-            wgmma_ss<TILE_M>(dp, kmajor_descriptor(v_rows, K_REGION, kk),
-                             kmajor_descriptor(dout_address, Q_REGION, kk));
-        commit();
-        wait_all();
-        fence_registers(s);
-        fence_registers(dp);
-
-        // P^T and dS^T. Rows are this warp's keys, columns the tile's queries; masked scores
-        // and queries past Sq (lse +inf) give P = 0.
-        const bool check_bounds = kb.n0 + BLOCK_N > p.seqlen_k;
-        const bool check_causal = CAUSAL && kb.n0 + BLOCK_N - 1 > m0;
-        float scale = p.scale_log2;
-        if (check_bounds || check_causal || MASK_KIND != 0) {
-            scale_and_mask<NT, true>(s, p, kb.b, key_first, m0, check_bounds, check_causal, lane);
-            scale = 1.f;
-        }
-        const float* lse = lse_rows(i);
-        const float* delta = delta_rows(i);
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-            const int col = nt * 8 + 2 * (lane & 3);
-            const Float2 l = *reinterpret_cast<const Float2*>(lse + col);
-            const Float2 dl = *reinterpret_cast<const Float2*>(delta + col);
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const float pr = exp2_approx(fmaf(s[nt][e], scale, -((e & 1) ? l.y : l.x)));
-                s[nt][e] = pr;
-                dp[nt][e] = pr * (dp[nt][e] - ((e & 1) ? dl.y : dl.x));
-            }
-        }
-        unsigned pa[PSTEPS][4], dsa[PSTEPS][4];
-        to_a_fragments<NT>(pa, s);
-        to_a_fragments<NT>(dsa, dp);
-
-        // dS^T (rounded as the products use it) into its tile: row = key, 64 queries of 128
-        // bytes, swizzled; a quarter warp's eight rows fall in eight different 16-byte lanes.
+        // Under a causal mask a warpgroup whose keys all come after the tile's queries (on the
+        // diagonal) has P = dS = 0: it only writes its zero dS^T rows for the dQ product.
+        const bool masked_out = CAUSAL && kb.n0 + group * 64 > m0 + TILE_M - 1;
         char* const ds_tile = smem + SMEM.ds + (i & 1) * DS_TILE_BYTES;
-        {
-            const int g = lane >> 2;
-            const int r0 = group * 64 + (warp & 3) * 16 + g;
+        unsigned pa[PSTEPS][4], dsa[PSTEPS][4];
+        if (masked_out) {
+#pragma unroll
+            for (int k = 0; k < PSTEPS; ++k) pa[k][0] = pa[k][1] = pa[k][2] = pa[k][3] = 0u;
+            store_ds_rows(ds_tile, pa, group, warp, lane);
+        } else {
+            float s[NT][4], dp[NT][4];
+            zero(s);
+            zero(dp);
+            fence_registers(s);
+            fence_registers(dp);
+            __syncwarp();
+            fence_operands();
+#pragma unroll
+            for (int kk = 0; kk < KSTEPS; ++kk)
+                wgmma_ss<TILE_M>(s, kmajor_descriptor(k_rows, K_REGION, kk),
+                                 kmajor_descriptor(q_address, Q_REGION, kk));
+#pragma unroll
+            for (int kk = 0; kk < KSTEPS; ++kk)
+                wgmma_ss<TILE_M>(dp, kmajor_descriptor(v_rows, K_REGION, kk),
+                                 kmajor_descriptor(dout_address, Q_REGION, kk));
+            commit();
+            wait_all();
+            fence_registers(s);
+            fence_registers(dp);
+
+            // P^T and dS^T. Rows are this warp's keys, columns the tile's queries; masked scores
+            // and queries past Sq (lse +inf) give P = 0.
+            const bool check_bounds = kb.n0 + BLOCK_N > p.seqlen_k;
+            const bool check_causal = CAUSAL && kb.n0 + BLOCK_N - 1 > m0;
+            float scale = p.scale_log2;
+            if (check_bounds || check_causal || MASK_KIND != 0) {
+                scale_and_mask<NT, true>(s, p, kb.b, key_first, m0, check_bounds, check_causal,
+                                         lane);
+                scale = 1.f;
+            }
+            const float* lse = lse_rows(i);
+            const float* delta = delta_rows(i);
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
-                const int at = ((nt ^ g) << 4) + 4 * (lane & 3);
-                *reinterpret_cast<unsigned*>(ds_tile + r0 * 128 + at) = dsa[nt / 2][(nt & 1) * 2];
-                *reinterpret_cast<unsigned*>(ds_tile + (r0 + 8) * 128 + at) =
-                    dsa[nt / 2][(nt & 1) * 2 + 1];
+                const int col = nt * 8 + 2 * (lane & 3);
+                const Float2 l = *reinterpret_cast<const Float2*>(lse + col);
+                const Float2 dl = *reinterpret_cast<const Float2*>(delta + col);
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const float pr = exp2_approx(fmaf(s[nt][e], scale, -((e & 1) ? l.y : l.x)));
+                    s[nt][e] = pr;
+                    dp[nt][e] = pr * (dp[nt][e] - ((e & 1) ? dl.y : dl.x));
+                }
             }
-        }
+            to_a_fragments<NT>(pa, s);
+            to_a_fragments<NT>(dsa, dp);
+            store_ds_rows(ds_tile, dsa, group, warp, lane);
 
-        fence_registers(dv);
-        fence_registers(dk);
-        fence_registers(pa);
-        fence_registers(dsa);
-        __syncwarp();
-        fence_operands();
+            fence_registers(dv);
+            fence_registers(dk);
+            fence_registers(pa);
+            fence_registers(dsa);
+            __syncwarp();
+            fence_operands();
 #pragma unroll
-        for (int kk = 0; kk < PSTEPS; ++kk)
-            wgmma<DP, 1>(dv, pa[kk], mnmajor_descriptor(dout_address, Q_REGION, kk));
+            for (int kk = 0; kk < PSTEPS; ++kk)
+                wgmma<DP, 1>(dv, pa[kk], mnmajor_descriptor(dout_address, Q_REGION, kk));
 #pragma unroll
-        for (int kk = 0; kk < PSTEPS; ++kk)
-            wgmma<DP, 1>(dk, dsa[kk], mnmajor_descriptor(q_address, Q_REGION, kk));
-        commit();
+            for (int kk = 0; kk < PSTEPS; ++kk)
+                wgmma<DP, 1>(dk, dsa[kk], mnmajor_descriptor(q_address, Q_REGION, kk));
+            commit();
+        }
 
         // Both warpgroups' dS^T rows, for the tensor cores; tile i - 1 is done with.
         fence_async_proxy();
@@ -779,10 +789,10 @@ __device__ void backward_narrow(const AttentionKernelParams& p, char* smem) {
         fence_registers(dsa);
 
         // dQ rows: this warp's 16 queries of the tile, the warpgroup's features.
-        float* const dq_rows = p.dq_accum + ((kb.b * p.heads_q + h) * p.seqlen_q_padded + m0 +
-                                             (warp & 3) * 16 + (lane >> 2)) *
-                                                DP +
-                               group * DQ_N + 2 * (lane & 3);
+        float* const dq_rows =
+            p.dq_accum +
+            ((kb.b * p.heads_q + h) * p.seqlen_q_padded + m0 + (warp & 3) * 16 + (lane >> 2)) * DP +
+            group * DQ_N + 2 * (lane & 3);
 #pragma unroll
         for (int nt = 0; nt < DQ_N / 8; ++nt) {
             atomic_add2(dq_rows + nt * 8, dq[nt][0], dq[nt][1]);

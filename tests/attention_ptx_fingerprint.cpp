@@ -204,7 +204,11 @@ std::vector<AttentionSpec> wgmma_specs() {
     keys_by_tma_plain.rotary_dim = 0;
     AttentionSpec keys_by_tma_cluster = clustered;
     keys_by_tma_cluster.keys_by_tma = 1;
+    AttentionSpec keys_by_tma_wide = keys_by_tma;  // head_dim 128 over 128-key tiles (default)
+    keys_by_tma_wide.block_n = 128;
+    keys_by_tma_wide.stages = 2;
     std::vector<AttentionSpec> specs = {keys_by_tma, keys_by_tma_plain, keys_by_tma_cluster,
+                                        keys_by_tma_wide,
                                         headline,     narrow,    unrotated,       in_place,
                                         specialized,  specialized_narrow, long_keys, padded,
                                         padded_plain, clustered, clustered_narrow};
