@@ -423,15 +423,6 @@ __device__ void forward_specialized(const AttentionKernelParams& p, char* smem) 
     else
         __syncthreads();
 
-    // With keys by TMA the producers only issue copies: they hand most of their registers to
-    // the consumers (the block keeps its total, 168 x 384 = 40 x 128 + 232 x 256), which then
-    // hold 128-key tiles without spilling (ptxas: 48 bytes spilled at head_dim 128 without).
-    if constexpr (KEYS_BY_TMA && WARPS == 8) {
-        if (threadIdx.x >= THREADS)
-            asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
-        else
-            asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
-    }
     if (threadIdx.x >= THREADS) {
         produce(pipe, p, k_head, b, h / GQA_GROUP, tiles, static_cast<int>(rank));
         if constexpr (CLUSTER > 1) cluster_sync();  // no block exits while another may still use it
