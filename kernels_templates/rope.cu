@@ -5,6 +5,8 @@
 //   BACKWARD_PASS                                    rotate by -angle (gradients)
 //   HEAD_DIM, ROTARY_DIM, ROTARY_OFFSET              features; [OFFSET, OFFSET+DIM) rotate
 //   INTERLEAVED                                      pairs (2i, 2i+1), else (i, i + R/2)
+//   PROPORTIONAL                                     half style with pairs (i, i + D/2)
+//                                                    (an enumerator, as are later fields)
 //   HAS_K, GQA_GROUP                                 k present; Hq = GQA_GROUP * Hk
 //   POSITION_MODE                                    0 implicit, 1 per-token, 2 seqlen offsets
 //   HAS_ROPE_INDICES                                 POSITION_MODE == 1
@@ -83,6 +85,22 @@ constexpr int ROW_SETS = plan().row_sets;
 // every other column (the span then covers both and the item uses the even ones).
 constexpr int TABLE_STEP = plan().table_step;
 constexpr int TABLE_SPAN = plan().table_span;
+
+// Where a pair's partner lies: R/2 after its first feature (half style), or D/2 (proportional,
+// whose unrotated features are the tail of each half). SECOND_SHIFT moves a chunk item of
+// second halves from R/2 + chunk to D/2 + chunk; COPY_SPLIT and COPY_SHIFT map the copy's
+// unrotated feature f to its place: f + COPY_SHIFT below COPY_SPLIT, else f + R. Enumerators,
+// not constexpr variables, so that the modules of the other styles keep their globals.
+enum : int {
+    PARTNER_DISTANCE = PROPORTIONAL ? HEAD_DIM / 2 : PAIRS,
+    SECOND_SHIFT = PROPORTIONAL ? HEAD_DIM / 2 - PAIRS : 0,
+    COPY_SPLIT = PROPORTIONAL ? HEAD_DIM / 2 - PAIRS : ROTARY_OFFSET,
+    COPY_SHIFT = PROPORTIONAL ? PAIRS : 0,
+};
+static_assert(!PROPORTIONAL || (!INTERLEAVED && ROTARY_OFFSET == 0 &&
+                                (!VEC_LOADS || (HEAD_DIM / 2) % VEC == 0) &&
+                                PAIRS % COPY_VEC == 0 && (HEAD_DIM / 2) % COPY_VEC == 0),
+              "proportional pairs: half style from feature 0, vectors that tile both halves");
 
 // ---- element types --------------------------------------------------------------------
 
@@ -283,8 +301,8 @@ __device__ __forceinline__ ItemSpan item_span(int item) {
     ItemSpan span;
     span.second = CHUNK_ITEMS && item >= PAIRS / VEC;
     const int chunk = span.second ? item - PAIRS / VEC : item;
-    span.own = ROTARY_OFFSET + item * VEC;
-    span.partner = span.second ? span.own - PAIRS : span.own + PAIRS;
+    span.own = ROTARY_OFFSET + item * VEC + (span.second ? SECOND_SHIFT : 0);
+    span.partner = span.second ? span.own - PARTNER_DISTANCE : span.own + PARTNER_DISTANCE;
     span.pair0 = chunk * PAIRS_PER_ITEM;
     return span;
 }
@@ -570,7 +588,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM)
                 const int f = (item - rest * COPY_UNITS) * COPY_VEC;
                 const int token = rest / (heads_q + heads_k);
                 int h = rest - token * (heads_q + heads_k);
-                const long long d = f < ROTARY_OFFSET ? f : f + ROTARY_DIM;
+                const long long d = f < COPY_SPLIT ? f + COPY_SHIFT : f + ROTARY_DIM;
                 const RopeTokenBases base = s_bases[token];
                 dst_is_k[j] = HAS_K && h >= heads_q;
                 if (dst_is_k[j] ? (IN_PLACE_K || base.k_in < 0) : (IN_PLACE_Q || base.q_in < 0))

@@ -40,7 +40,15 @@
  *     ROPE_JIT_STYLE_INTERLEAVED (GPT-J, flash-attn interleaved): pair(i) = (x[o+2i], x[o+2i+1])
  *         x: [ a0 b0 a1 b1 a2 b2 a3 b3 ]      pairs (a0,b0) (a1,b1) (a2,b2) (a3,b3)
  *
- * Features outside [o, o+R) are copied unchanged. All arithmetic is fp32 (the CPU reference
+ *     ROPE_JIT_STYLE_PROPORTIONAL (Gemma-4 partial rotary): pair(i) = (x[i], x[i+D/2]),
+ *     D = head_dim: half style whose partner lies head_dim/2 (not R/2) away, so that partial
+ *     rotary turns the first R/2 features of each half and passes the rest through:
+ *         x: [ a0 a1 n n | b0 b1 n n ]        R = 4, D = 8: pairs (a0,b0) (a1,b1)
+ *     It is HF rotate_half over the whole head with the angles of pairs R/2..D/2-1 zero.
+ *     rotary_offset must be 0; tables and inv_freq hold the R/2 rotated pairs only (a full
+ *     table [P, R] is laid out as for STYLE_HALF).
+ *
+ * Features outside [o, o+R) (STYLE_PROPORTIONAL: outside the pairs) are copied unchanged. All arithmetic is fp32 (the CPU reference
  * computes on-the-fly angles in fp64).
  * ------------------------------------------------------------------------------------------
  */
@@ -137,8 +145,12 @@ typedef enum rope_jit_backend_kind {
 
 /* Which two features of a head form a rotated pair (see "RoPE in brief" above). */
 typedef enum rope_jit_style {
-    ROPE_JIT_STYLE_HALF = 0,       /* (x[o+i], x[o+i+R/2]): GPT-NeoX, Llama, HF, Unsloth */
-    ROPE_JIT_STYLE_INTERLEAVED = 1 /* (x[o+2i], x[o+2i+1]): GPT-J, rotary-embedding-torch */
+    ROPE_JIT_STYLE_HALF = 0,        /* (x[o+i], x[o+i+R/2]): GPT-NeoX, Llama, HF, Unsloth */
+    ROPE_JIT_STYLE_INTERLEAVED = 1, /* (x[o+2i], x[o+2i+1]): GPT-J, rotary-embedding-torch */
+    /* (x[i], x[i+D/2]) for i < R/2: Gemma-4 "proportional" partial rotary. rope_jit_rope,
+     * prewarm specs and the table builder take it; rope_jit_attention does not (it fails with
+     * ERROR_INVALID_ARGUMENT naming style). */
+    ROPE_JIT_STYLE_PROPORTIONAL = 2
 } rope_jit_style;
 
 /* ========================================================================================
@@ -266,9 +278,11 @@ typedef struct rope_jit_rope_args {
     /* Number of rotated features R; 0 (default) = head_dim. Even, and
      * rotary_offset + rotary_dim <= head_dim. */
     int32_t rotary_dim;
-    /* First rotated feature o. Default 0. */
+    /* First rotated feature o. Default 0; must be 0 with ROPE_JIT_STYLE_PROPORTIONAL. */
     int32_t rotary_offset;
-    /* Pair style. Default ROPE_JIT_STYLE_HALF. */
+    /* Pair style. Default ROPE_JIT_STYLE_HALF. ROPE_JIT_STYLE_PROPORTIONAL works with every
+     * other field of this struct (positions, varlen, GQA, both table formats, inv_freq, xPos,
+     * M-RoPE sections, which then split its R/2 pairs, and the frequency gradient). */
     rope_jit_style style;
     /* 1: apply the inverse rotation (the backward pass: q and k hold gradients). Default 0. */
     int backward;
@@ -380,9 +394,9 @@ typedef struct rope_jit_kernel_spec {
     int32_t head_dim;
     /* Rotated features; 0 (default) = head_dim. */
     int32_t rotary_dim;
-    /* First rotated feature. Default 0. */
+    /* First rotated feature. Default 0 (0 with ROPE_JIT_STYLE_PROPORTIONAL). */
     int32_t rotary_offset;
-    /* Default ROPE_JIT_STYLE_HALF. */
+    /* Default ROPE_JIT_STYLE_HALF; any of the three. */
     rope_jit_style style;
     /* 1: backward (inverse rotation). Default 0. */
     int backward;
@@ -484,7 +498,7 @@ ROPE_JIT_API rope_jit_status rope_jit_prewarm(rope_jit_runtime* runtime,
  *   RoPE ("op": "rope", the default): the fields of a kernel spec. Required: "head_dim".
  *     Enumerations by name: "dtype", "table_dtype", "inv_freq_dtype", "xpos_dtype":
  *     "float32" | "float16" | "bfloat16"; "direction": "forward" | "backward"; "style":
- *     "half" | "interleaved"; "positions": "implicit" | "indices" | "seqlen-offsets";
+ *     "half" | "interleaved" | "proportional"; "positions": "implicit" | "indices" | "seqlen-offsets";
  *     "angles": "table-full" | "table-half" | "inv-freq". Integers: "rotary_dim" (default
  *     head_dim), "rotary_offset", "gqa_group", "mrope_axes". Booleans: "has_k" (default
  *     true), "packed", "xpos", "in_place_q" (default true), "in_place_k", "freq_grad",
@@ -784,8 +798,9 @@ ROPE_JIT_API rope_jit_status rope_jit_inv_freq(const rope_jit_freq_config* confi
  * where the position is position_start + r, or positions[axis(i) * P + r] when positions
  * is given (axis(i) = 0 without sections; P = the tables' rows). Each table is [P, n] (half:
  * column i) or [P, 2n] (full: pair i in columns i and i + n for STYLE_HALF, as HF's
- * cat(freqs, freqs); in columns 2i and 2i + 1 for STYLE_INTERLEAVED, as
- * rotary-embedding-torch's repeat), which is exactly what rope_jit_rope_args reads. */
+ * cat(freqs, freqs), and for STYLE_PROPORTIONAL; in columns 2i and 2i + 1 for
+ * STYLE_INTERLEAVED, as rotary-embedding-torch's repeat), which is exactly what
+ * rope_jit_rope_args reads. */
 typedef struct rope_jit_table_config {
     /* sizeof(rope_jit_table_config) as the caller compiled it. Set by rope_jit_table_config_init. */
     size_t struct_size;
@@ -804,7 +819,8 @@ typedef struct rope_jit_table_config {
     double interpolate_factor;
     /* Multiplies cos and sin (HF attention_scaling from rope_jit_inv_freq). Default 1. */
     double attention_factor;
-    /* Column layout of full tables. Default ROPE_JIT_STYLE_HALF. */
+    /* Column layout of full tables. Default ROPE_JIT_STYLE_HALF (STYLE_PROPORTIONAL: the
+     * same layout). */
     rope_jit_style style;
     /* Axial tables: the split of the n pairs into position axes, as in rope_jit_rope_args
      * (mrope_sections, num_mrope_sections, mrope_interleaved). Default NULL, 0, 0. With

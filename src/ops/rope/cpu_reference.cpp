@@ -115,13 +115,15 @@ void accumulate_freq_grad(const RopeProblem& p, const FreqGradSink& sink, int64_
                           int64_t s, const float* grad) {
     const TensorRef& saved = *sink.saved;
     const int64_t half = p.pairs(), ys = saved.strides[3];
+    const bool interleaved = p.style == ROPE_JIT_STYLE_INTERLEAVED;
     const T* y = reinterpret_cast<const T*>(saved.data) + b * saved.strides[0] +
-                 h * saved.strides[1] + s * saved.strides[2] + p.rotary_offset * ys;
+                 h * saved.strides[1] + s * saved.strides[2];
     for (int64_t i = 0; i < half; ++i) {
-        const int64_t i1 = p.style == ROPE_JIT_STYLE_HALF ? i : 2 * i;
-        const int64_t i2 = p.style == ROPE_JIT_STYLE_HALF ? i + half : 2 * i + 1;
-        const double y1 = to_float(y[i1 * ys]), y2 = to_float(y[i2 * ys]);
-        const double g1 = grad[i1], g2 = grad[i2];
+        // Elements of `grad` (the rotated range, gathered) and their features in the head.
+        const int64_t e1 = interleaved ? 2 * i : i, e2 = interleaved ? 2 * i + 1 : i + half;
+        const int64_t f1 = p.rotated_feature(e1), f2 = p.rotated_feature(e2);
+        const double y1 = to_float(y[f1 * ys]), y2 = to_float(y[f2 * ys]);
+        const double g1 = grad[e1], g2 = grad[e2];
         sink.sums[i] += sink.pair_position[i] * (g2 * y1 - g1 * y2);
     }
 }
@@ -141,13 +143,15 @@ void rotate_token(const RopeProblem& p, const TensorRef& in, const TensorRef& ou
         T* y = reinterpret_cast<T*>(out.data) + b * out.strides[0] + h * out.strides[1] +
                s * out.strides[2];
         const T* xr = x + o * xs;
-        if (xs == 1) {
+        if (p.proportional()) {
+            for (int64_t e = 0; e < R; ++e) buf[e] = to_float(x[p.rotated_feature(e) * xs]);
+        } else if (xs == 1) {
             for (int64_t d = 0; d < R; ++d) buf[d] = to_float(xr[d]);
         } else {
             for (int64_t d = 0; d < R; ++d) buf[d] = to_float(xr[d * xs]);
         }
         if (sink != nullptr) accumulate_freq_grad<T>(p, *sink, b, h, s, buf);
-        if (p.style == ROPE_JIT_STYLE_HALF) {
+        if (p.style != ROPE_JIT_STYLE_INTERLEAVED) {  // half and proportional
             float* __restrict lo = buf;
             float* __restrict hi = buf + half;
             for (int64_t i = 0; i < half; ++i) {
@@ -163,12 +167,18 @@ void rotate_token(const RopeProblem& p, const TensorRef& in, const TensorRef& ou
             }
         }
         T* yr = y + o * ys;
-        if (ys == 1) {
+        if (p.proportional()) {
+            for (int64_t e = 0; e < R; ++e) y[p.rotated_feature(e) * ys] = from_float<T>(buf[e]);
+        } else if (ys == 1) {
             for (int64_t d = 0; d < R; ++d) yr[d] = from_float<T>(buf[d]);
         } else {
             for (int64_t d = 0; d < R; ++d) yr[d * ys] = from_float<T>(buf[d]);
         }
-        if (!in_place) {
+        if (!in_place && p.proportional()) {
+            // The unrotated tail of each half, bit for bit.
+            for (int64_t d = half; d < D / 2; ++d) y[d * ys] = x[d * xs];
+            for (int64_t d = D / 2 + half; d < D; ++d) y[d * ys] = x[d * xs];
+        } else if (!in_place) {
             // Features outside the rotary range are copied bit for bit.
             for (int64_t d = 0; d < o; ++d) y[d * ys] = x[d * xs];
             for (int64_t d = o + R; d < D; ++d) y[d * ys] = x[d * xs];

@@ -201,9 +201,16 @@ RopeProblem make_rope_problem(const rope_jit_rope_args& args) {
             fmt::format("rotary_dim: rotary_offset {} + rotary_dim {} exceeds head_dim {}",
                         p.rotary_offset, p.rotary_dim, p.head_dim));
     const int style = raw_enum(args.style);
-    if (style != ROPE_JIT_STYLE_HALF && style != ROPE_JIT_STYLE_INTERLEAVED)
-        fail_argument(fmt::format(
-            "style: must be ROPE_JIT_STYLE_HALF or ROPE_JIT_STYLE_INTERLEAVED, got {}", style));
+    if (style != ROPE_JIT_STYLE_HALF && style != ROPE_JIT_STYLE_INTERLEAVED &&
+        style != ROPE_JIT_STYLE_PROPORTIONAL)
+        fail_argument(fmt::format("style: must be ROPE_JIT_STYLE_HALF, ROPE_JIT_STYLE_INTERLEAVED "
+                                  "or ROPE_JIT_STYLE_PROPORTIONAL, got {}",
+                                  style));
+    // Proportional pairs are (i, i + D/2) from feature 0: an offset has no meaning there.
+    if (style == ROPE_JIT_STYLE_PROPORTIONAL && p.rotary_offset != 0)
+        fail_argument(fmt::format("rotary_offset: must be 0 with ROPE_JIT_STYLE_PROPORTIONAL "
+                                  "(pairs (i, i + head_dim/2)), got {}",
+                                  p.rotary_offset));
     p.style = args.style;
     p.backward = args.backward != 0;
 

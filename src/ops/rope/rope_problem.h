@@ -69,8 +69,17 @@ struct RopeProblem {
     DLDevice device{kDLCPU, 0};  // where every tensor lives
 
     int64_t pairs() const { return rotary_dim / 2; }
+    bool proportional() const { return style == ROPE_JIT_STYLE_PROPORTIONAL; }
+    // The head feature of rotated element e in [0, R): the pairs' first features are elements
+    // [0, R/2) and their partners [R/2, R) (half and proportional styles), or pair i is
+    // elements (2i, 2i+1) (interleaved). Offset o + e except for proportional pairs, whose
+    // partners sit head_dim/2 after them.
+    int64_t rotated_feature(int64_t e) const {
+        if (!proportional()) return rotary_offset + e;
+        return e < pairs() ? e : head_dim / 2 + (e - pairs());
+    }
     // Column of pair i in the cos/sin/xpos tables: host_device.h's rule, which is linear in the
-    // pair, so its step serves 64-bit indices.
+    // pair, so its step serves 64-bit indices. Proportional tables are laid out as half ones.
     int64_t table_column(int64_t i) const {
         return i * ::table_column(table_full, style == ROPE_JIT_STYLE_INTERLEAVED, 1);
     }
