@@ -12,9 +12,11 @@
 #include <vector>
 
 #include "common/error.h"
+#include "gpu_rope_problem.h"
 #include "jit/kernel_builder.h"
 #include "jit/nvrtc_loader.h"
 #include "ops/rope/kernel_spec.h"
+#include "ops/rope/rope_problem.h"
 #include "ops/rope/rope_recipe.h"
 #include "rope_jit/rope_jit.h"
 #include "rope_test_support.h"
@@ -197,12 +199,9 @@ void run_sweep_case(rope_jit_runtime* runtime, const Sweep& c, std::mt19937& rng
     if (c.has_k) check(k_in, c.in_place ? k : k_out, c.Hk, "k");
 }
 
-template <typename T>
-T pick(std::mt19937& rng, std::initializer_list<T> options) {
-    return *(options.begin() + rng() % options.size());
-}
-
 }  // namespace
+
+using gpu_rope_test::pick;
 
 TEST_CASE("a proportional quarter turn on a hand-written example gives the hand-computed result") {
     // D = 8, R = 4: pairs (x0, x4) and (x1, x5) turn a quarter at row 0; x2, x3, x6, x7 stay.
@@ -461,4 +460,40 @@ TEST_CASE("proportional kernels compile with NVRTC for sm_90 in every variant") 
               "\x7f"
               "ELF");
     }
+}
+
+TEST_CASE("the proportional GPU sweep's calls run on the CPU backend and their kernels compile") {
+    // The specs of test_gpu_rope_proportional.cpp's sweep (which needs a GPU), checked here
+    // without one: each call is valid, and the kernel it selects compiles for sm_90.
+    if (rope_jit::nvrtc_api() == nullptr) {
+        MESSAGE("skipped: NVRTC not available: " << rope_jit::nvrtc_load_error());
+        return;
+    }
+    Runtime runtime;
+    rope_jit::KernelStats stats;
+    std::vector<KernelSpec> compiled;
+    for (uint32_t family = 0; family < gpu_rope_test::kProportionalFamilies; ++family) {
+        std::mt19937 family_rng(gpu_rope_test::kProportionalSeed + family);
+        const gpu_rope_test::Spec c = gpu_rope_test::random_proportional_spec(family_rng);
+        std::mt19937 rng(gpu_rope_test::kProportionalSeed + 7919 + family);
+        gpu_rope_test::Problem p = gpu_rope_test::make_problem(c, rng);
+        const std::string spec_text = gpu_rope_test::describe(c);
+        CAPTURE(family);
+        CAPTURE(spec_text);
+        gpu_rope_test::run_with_host_tensors(runtime.handle, p);
+        const rope_jit_rope_args args =
+            gpu_rope_test::make_args(c, gpu_rope_test::host_views(p), nullptr);
+        const KernelSpec spec = rope_jit::make_kernel_spec(rope_jit::make_rope_problem(args));
+        CHECK(spec.proportional == 1);
+        if (std::find(compiled.begin(), compiled.end(), spec) != compiled.end()) continue;
+        compiled.push_back(spec);
+        const std::string name = spec.describe();
+        CAPTURE(name);
+        const rope_jit::KernelBinary binary =
+            rope_jit::build_kernel_binary(spec, "sm_90", nullptr, stats);
+        CHECK(std::string(binary.image.data(), 4) ==
+              "\x7f"
+              "ELF");
+    }
+    MESSAGE(compiled.size() << " proportional kernels compiled");
 }
