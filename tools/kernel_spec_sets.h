@@ -47,7 +47,7 @@ struct Preset {
     const char* about;  // the config values the spec comes from
     int head_dim;
     int rotary_dim;
-    const char* style;  // "half" or "interleaved"
+    const char* style;  // "half", "interleaved" or "proportional" (RoPE only: no attention)
     int gqa_group;      // num_attention_heads / num_key_value_heads
 };
 
@@ -61,7 +61,8 @@ const std::vector<Preset>& presets();
 //   too), with implicit positions, int64 position indices and int64 per-sequence offsets
 //   (the HF drop-in with a batch of several [B, S, R] tables).
 // - Attention as rope_jit.attention / rope_jit.torch_ops.attention call it: bf16, bf16
-//   tables of either format, causal, with and without lse, forward and backward.
+//   tables of either format, causal, with and without lse, forward and backward (not for
+//   proportional presets: the attention op has no such pairs).
 std::vector<SpecTemplate> preset_templates(const std::string& name, const Ops& ops);
 
 // The templates of a manifest file:
