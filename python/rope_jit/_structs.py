@@ -70,6 +70,7 @@ BACKEND_CPU = 2
 # rope_jit_style
 STYLE_HALF = 0
 STYLE_INTERLEAVED = 1
+STYLE_PROPORTIONAL = 2
 
 # rope_jit_position_mode
 POSITIONS_IMPLICIT = 0

@@ -186,7 +186,9 @@ def rope(
         position_offset: added to implicit positions of q and k (default 0).
         q_position_offset: added for q only, on top (queries after cached keys).
         rotary_dim: rotated features R; 0 = head_dim. rotary_offset: the first one.
-        style: "half" (NeoX/Llama pairs (i, i+R/2)) or "interleaved" (GPT-J pairs (2i, 2i+1)).
+        style: "half" (NeoX/Llama pairs (i, i+R/2)), "interleaved" (GPT-J pairs (2i, 2i+1)) or
+            "proportional" (Gemma-4 partial rotary: pairs (i, i+D/2) for i < R/2, the rest of
+            each half unchanged; rotary_offset must be 0).
         backward: True applies the inverse rotation (q and k hold gradients).
         xpos_scale: xPos scales shaped like cos: q is multiplied, k divided.
         q_out, k_out: outputs shaped like q and k (same layout), or None to write in place.

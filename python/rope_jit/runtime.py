@@ -16,7 +16,8 @@ from ._checks import c_int, c_string
 
 _BACKENDS = {"auto": s.BACKEND_AUTO, "cuda": s.BACKEND_CUDA, "cpu": s.BACKEND_CPU}
 _BACKEND_NAMES = {s.BACKEND_CUDA: "cuda", s.BACKEND_CPU: "cpu", s.BACKEND_AUTO: "auto"}
-_STYLES = {"half": s.STYLE_HALF, "interleaved": s.STYLE_INTERLEAVED}
+_STYLES = {"half": s.STYLE_HALF, "interleaved": s.STYLE_INTERLEAVED,
+           "proportional": s.STYLE_PROPORTIONAL}
 _POSITION_MODES = {"implicit": s.POSITIONS_IMPLICIT, "indices": s.POSITIONS_INDICES,
                    "seqlen_offsets": s.POSITIONS_SEQLEN_OFFSETS}
 _ANGLE_SOURCES = {"table_half": s.ANGLES_TABLE_HALF, "table_full": s.ANGLES_TABLE_FULL,
@@ -95,8 +96,8 @@ class Runtime:
 
         Each spec is a dict of rope_jit_kernel_spec fields; unnamed fields keep the library's
         defaults: head_dim (required), dtype ("float32", "float16", "bfloat16"), rotary_dim,
-        rotary_offset, style ("half"/"interleaved"), backward, has_k, gqa_group, positions
-        ("implicit", "indices", "seqlen_offsets"), index_dtype ("int32"/"int64"), packed,
+        rotary_offset, style ("half"/"interleaved"/"proportional"), backward, has_k, gqa_group,
+        positions ("implicit", "indices", "seqlen_offsets"), index_dtype ("int32"/"int64"), packed,
         angles ("table_half", "table_full", "inv_freq"), table_dtype, xpos, in_place.
         """
         specs = list(specs)
