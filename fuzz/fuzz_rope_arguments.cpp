@@ -238,8 +238,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     args.q_position_offset = in.byte() % 4 == 0 ? in.i64() : in.byte() % 8;
     args.rotary_dim = int32_t(in.byte() % 4 == 0 ? in.i64() : in.byte() % 70);
     args.rotary_offset = int32_t(in.byte() % 8 == 0 ? in.i64() : in.byte() % 8);
-    // Any int, as a C caller may pass; stored bytewise since C++ forbids such enum values.
-    const int style = in.byte() % 8 == 0 ? int(in.byte()) : in.byte() % 2;
+    // Any int, as a C caller may pass (0-2: the three pair styles); stored bytewise since C++
+    // forbids such enum values.
+    const int style = in.byte() % 8 == 0 ? int(in.byte()) : in.byte() % 3;
     std::memcpy(&args.style, &style, sizeof style);
     args.backward = in.byte() % 2;
     if (in.byte() % 64 == 0) args.struct_size = size_t(in.byte());
