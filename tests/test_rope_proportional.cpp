@@ -99,8 +99,10 @@ void run_sweep_case(rope_jit_runtime* runtime, const Sweep& c, std::mt19937& rng
         int64_t sequence = b, index = s;
         if (c.packed)
             for (int64_t i = 0; i < c.B; ++i)
-                if (s >= cu[size_t(i)] && s < cu[size_t(i) + 1]) sequence = i, index = s - cu[size_t(i)];
-        if (c.rows == Rows::Indices) return int64_t(c.packed ? positions.get({s}) : positions.get({b, s}));
+                if (s >= cu[size_t(i)] && s < cu[size_t(i) + 1])
+                    sequence = i, index = s - cu[size_t(i)];
+        if (c.rows == Rows::Indices)
+            return int64_t(c.packed ? positions.get({s}) : positions.get({b, s}));
         if (c.rows == Rows::SeqlenOffsets) return index + int64_t(seqlen_offsets.get({sequence}));
         return index + c.position_offset;
     };
@@ -189,7 +191,8 @@ void run_sweep_case(rope_jit_runtime* runtime, const Sweep& c, std::mt19937& rng
                         CAPTURE(d);
                         const bool rotated = d % (c.D / 2) < half;
                         if (rotated)
-                            REQUIRE(std::fabs(got - y[size_t(d)]) <= tol * (1 + std::fabs(y[size_t(d)])));
+                            REQUIRE(std::fabs(got - y[size_t(d)]) <=
+                                    tol * (1 + std::fabs(y[size_t(d)])));
                         else
                             REQUIRE(got == x[size_t(d)]);  // passed through bit for bit
                     }

@@ -48,8 +48,8 @@
  *     rotary_offset must be 0; tables and inv_freq hold the R/2 rotated pairs only (a full
  *     table [P, R] is laid out as for STYLE_HALF).
  *
- * Features outside [o, o+R) (STYLE_PROPORTIONAL: outside the pairs) are copied unchanged. All arithmetic is fp32 (the CPU reference
- * computes on-the-fly angles in fp64).
+ * Features outside [o, o+R) (STYLE_PROPORTIONAL: outside the pairs) are copied unchanged. All
+ * arithmetic is fp32 (the CPU reference computes on-the-fly angles in fp64).
  * ------------------------------------------------------------------------------------------
  */
 #ifndef ROPE_JIT_H
@@ -498,7 +498,8 @@ ROPE_JIT_API rope_jit_status rope_jit_prewarm(rope_jit_runtime* runtime,
  *   RoPE ("op": "rope", the default): the fields of a kernel spec. Required: "head_dim".
  *     Enumerations by name: "dtype", "table_dtype", "inv_freq_dtype", "xpos_dtype":
  *     "float32" | "float16" | "bfloat16"; "direction": "forward" | "backward"; "style":
- *     "half" | "interleaved" | "proportional"; "positions": "implicit" | "indices" | "seqlen-offsets";
+ *     "half" | "interleaved" | "proportional"; "positions": "implicit" | "indices" |
+ *     "seqlen-offsets";
  *     "angles": "table-full" | "table-half" | "inv-freq". Integers: "rotary_dim" (default
  *     head_dim), "rotary_offset", "gqa_group", "mrope_axes". Booleans: "has_k" (default
  *     true), "packed", "xpos", "in_place_q" (default true), "in_place_k", "freq_grad",

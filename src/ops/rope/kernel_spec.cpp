@@ -61,8 +61,8 @@ bool rotation_tiles(const KernelSpec& spec, int64_t n) {
 // or, proportional, [R/2, D/2) and [D/2 + R/2, D).
 bool copy_tiles(const KernelSpec& spec, int64_t n) {
     if (spec.proportional) return (spec.rotary_dim / 2) % n == 0 && (spec.head_dim / 2) % n == 0;
-    return spec.rotary_offset % n == 0 && (int64_t(spec.rotary_offset) + spec.rotary_dim) % n == 0 &&
-           spec.head_dim % n == 0;
+    return spec.rotary_offset % n == 0 &&
+           (int64_t(spec.rotary_offset) + spec.rotary_dim) % n == 0 && spec.head_dim % n == 0;
 }
 
 // Sets spec.vec/vec_loads to the widest vector (at most 16 bytes) that the pair layout and
@@ -180,8 +180,8 @@ KernelSpec kernel_spec_from_public(const rope_jit_kernel_spec& in) {
     spec.interleaved = style == ROPE_JIT_STYLE_INTERLEAVED;
     spec.proportional = style == ROPE_JIT_STYLE_PROPORTIONAL;
     if (spec.proportional && in.rotary_offset != 0)
-        fail_argument(fmt::format("rotary_offset: must be 0 with ROPE_JIT_STYLE_PROPORTIONAL, got {}",
-                                  in.rotary_offset));
+        fail_argument(fmt::format(
+            "rotary_offset: must be 0 with ROPE_JIT_STYLE_PROPORTIONAL, got {}", in.rotary_offset));
     spec.backward = in.backward != 0;
     spec.has_k = in.has_k != 0;
     spec.gqa_group = spec.has_k ? in.gqa_group : 1;
