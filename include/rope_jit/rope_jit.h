@@ -353,6 +353,50 @@ typedef struct rope_jit_rope_args {
      * otherwise. */
     const DLTensor* q_saved;
     const DLTensor* k_saved;
+
+    /* ---- QK-norm: RMSNorm of each head before the rotation ------------------------------
+     *
+     * Qwen3, Gemma 3 and OLMo 2 normalize every head vector x of q and k over its D features
+     * before rotating it. With q_norm_weight given, this call does the same:
+     *
+     *     n = x / sqrt(mean(x^2) + norm_eps) * w'     w' = w, or 1 + w with norm_unit_offset
+     *     y = rope(n)                                 (every other field as without the norm)
+     *
+     * for every head of q (weights q_norm_weight) and of k (k_norm_weight). All D features are
+     * normalized; features outside the rotated pairs leave as n. Arithmetic in fp32.
+     *
+     * Backward (backward = 1): q and k hold dL/dy and the call writes dL/dx into q_out and
+     * k_out (or in place). With g = the inverse rotation of dL/dy, xh = x * r and
+     * r = 1 / sqrt(mean(x^2) + norm_eps):
+     *
+     *     dL/dx = r * (w' * g - xh * mean(w' * g * xh))
+     *     dL/dw = sum over every token and head of g * xh      (the same for 1 + w)
+     *
+     * which needs the forward's inputs x (q_norm_input, k_norm_input). The weight gradients
+     * are optional outputs; the CPU backend sums them in float64 in a fixed order; the CUDA
+     * backend zeroes them on args->stream, then adds float32 block sums with atomics, so their
+     * last bits may vary from run to run. Not combinable with inv_freq_grad. The CUDA backend
+     * takes head_dim <= 3072 (<= 6144 without weight gradients). */
+
+    /* Norm weights [D] (float32, float16 or bfloat16, both of one dtype; any stride), or NULL
+     * (default): no norm. k_norm_weight is required when k is given and q_norm_weight is,
+     * and must be NULL otherwise. */
+    const DLTensor* q_norm_weight;
+    const DLTensor* k_norm_weight;
+    /* The epsilon inside the square root: finite and > 0. Default 1e-6. */
+    double norm_eps;
+    /* 1: the weights are offsets from 1 (Gemma's (1 + w)); 0 (default): y = n * w. */
+    int norm_unit_offset;
+    /* Backward with norm weights: the forward's q and k as they were before the norm (same
+     * shape and dtype as q and k, any strides, read only, not overlapping what the call
+     * writes). Required then (k_norm_input when k is given); NULL (default) otherwise. */
+    const DLTensor* q_norm_input;
+    const DLTensor* k_norm_input;
+    /* Backward with norm weights: outputs [D] float32 for dL/dw of q's and k's weights, or
+     * NULL (default) for none; overwritten (not accumulated into), see above. Each must have
+     * its own memory. k_norm_weight_grad needs k. */
+    const DLTensor* q_norm_weight_grad;
+    const DLTensor* k_norm_weight_grad;
 } rope_jit_rope_args;
 
 /* The most sections rope_jit_rope_args.mrope_sections (and rope_jit_table_config) may have. */
@@ -418,6 +462,15 @@ typedef struct rope_jit_kernel_spec {
     int xpos;
     /* 1 (default): in place; 0: separate outputs. */
     int in_place;
+    /* 1: QK-norm before the rotation (rope_jit_rope_args.q_norm_weight). Default 0. */
+    int qk_norm;
+    /* With qk_norm: 1 for weights 1 + w (norm_unit_offset). Default 0. */
+    int norm_unit_offset;
+    /* With qk_norm: dtype of the norm weights. Default float32. */
+    DLDataType norm_weight_dtype;
+    /* With qk_norm and backward: 1 (default) when the call also computes the weight
+     * gradients (q_norm_weight_grad or k_norm_weight_grad given). */
+    int norm_weight_grad;
 } rope_jit_kernel_spec;
 
 /* Fills *spec with the defaults above and sets struct_size. NULL is ignored. */
@@ -503,7 +556,8 @@ ROPE_JIT_API rope_jit_status rope_jit_prewarm(rope_jit_runtime* runtime,
  *     "angles": "table-full" | "table-half" | "inv-freq". Integers: "rotary_dim" (default
  *     head_dim), "rotary_offset", "gqa_group", "mrope_axes". Booleans: "has_k" (default
  *     true), "packed", "xpos", "in_place_q" (default true), "in_place_k", "freq_grad",
- *     "positions_int64", "seqlen_offsets_int64", "cu_seqlens_int64", "k_own_angles".
+ *     "positions_int64", "seqlen_offsets_int64", "cu_seqlens_int64", "k_own_angles", "qk_norm",
+ *     "norm_unit_offset", "norm_weight_grad" (QK-norm; "norm_weight_dtype" names a dtype).
  *     Left out, the derived fields (index dtypes: int64 where read; in_place_k = in_place_q;
  *     "vec", "vec_loads", "copy_vec", "table_vec_loads", "block_threads") take what a call
  *     with C-contiguous, 16-byte-aligned tensors gets; the others take rope_jit_kernel_spec_

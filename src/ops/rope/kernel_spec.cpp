@@ -11,6 +11,7 @@
 #include "common/raw_enum.h"
 #include "common/spec_fields.h"
 #include "ops/rope/rope_plan.h"
+#include "rope_norm_params.h"
 
 namespace rope_jit {
 
@@ -92,6 +93,17 @@ int32_t choose_copy_width(const KernelSpec& spec, size_t element_size, TensorsAl
     return 1;
 }
 
+// The QK-norm kernel (rope_norm.cu) reads rows one element at a time through a warp: the
+// plain kernel's vector and block fields take one value there, so that one kernel has one spec.
+void set_norm_access(KernelSpec& spec) {
+    if (!spec.qk_norm) return;
+    spec.vec = spec.interleaved ? 2 : 1;
+    spec.vec_loads = 0;
+    spec.copy_vec = 1;
+    spec.table_vec_loads = 0;
+    spec.block_threads = 32 * kRopeNormMaxWarps;
+}
+
 // Table columns one work item reads (see TABLE_SPAN in rope.cu).
 int64_t table_span(const KernelSpec& spec) {
     return rope_plan(spec).table_span;
@@ -156,6 +168,13 @@ KernelSpec make_kernel_spec(const RopeProblem& p) {
         spec.table_vec_loads = table_friendly(p.cos, span) && table_friendly(p.sin, span);
     }
     spec.block_threads = kRopeMaxBlockThreads;
+    spec.qk_norm = p.has_norm;
+    if (p.has_norm) {
+        spec.norm_unit_offset = p.norm_unit_offset;
+        spec.norm_weight_dtype = dtype_code(p.q_norm_weight.dtype);
+        spec.norm_weight_grad = p.has_norm_weight_grad;
+    }
+    set_norm_access(spec);
     return spec;
 }
 
@@ -215,6 +234,13 @@ KernelSpec kernel_spec_from_public(const rope_jit_kernel_spec& in) {
     spec.copy_vec = choose_copy_width(spec, spec.dtype == 0 ? 4 : 2, [](int64_t) { return true; });
     spec.table_vec_loads = !spec.angles_from_inv_freq;
     spec.block_threads = kRopeMaxBlockThreads;
+    spec.qk_norm = in.qk_norm != 0;
+    if (spec.qk_norm) {
+        spec.norm_unit_offset = in.norm_unit_offset != 0;
+        spec.norm_weight_dtype = float_code(in.norm_weight_dtype, "norm_weight_dtype");
+        spec.norm_weight_grad = spec.backward && in.norm_weight_grad != 0;
+    }
+    set_norm_access(spec);
     spec.validate();
     return spec;
 }
@@ -237,6 +263,7 @@ const SpecValues Integer{SpecValues::integer, nullptr, 0, false};
 const SpecValues Boolean{SpecValues::boolean, nullptr, 0, true};
 const SpecValues BooleanEnumerator{SpecValues::boolean, nullptr, 0, true, true};
 const SpecValues FloatTypes{SpecValues::named, kFloatTypeNames, 3, false};
+const SpecValues FloatTypesEnumerator{SpecValues::named, kFloatTypeNames, 3, false, true};
 const SpecValues Directions{SpecValues::named, kDirectionNames, 2, true};
 const SpecValues Styles{SpecValues::named, kStyleNames, 3, false};
 const SpecValues PositionModes{SpecValues::named, kPositionModeNames, 3, false};
@@ -312,6 +339,15 @@ void KernelSpec::validate() const {
             "seqlen_offsets_int64: needs positions \"seqlen-offsets\"");
     require(!cu_seqlens_int64 || packed, "cu_seqlens_int64: needs packed");
     require(has_k || (in_place_k && !k_own_angles), "in_place_k and k_own_angles: need has_k");
+    require(qk_norm || (!norm_unit_offset && norm_weight_dtype == 0 && !norm_weight_grad),
+            "norm_unit_offset, norm_weight_dtype and norm_weight_grad: need qk_norm");
+    require(!norm_weight_grad || backward, "norm_weight_grad: needs direction backward");
+    require(!qk_norm || !freq_grad, "qk_norm: not with freq_grad");
+    require(!qk_norm || (vec == (interleaved ? 2 : 1) && !vec_loads && copy_vec == 1 &&
+                         !table_vec_loads && block_threads == 32 * kRopeNormMaxWarps),
+            fmt::format("qk_norm: the norm kernel takes vec {}, vec_loads, copy_vec 1, no "
+                        "table_vec_loads and block_threads {}",
+                        interleaved ? 2 : 1, 32 * kRopeNormMaxWarps));
 }
 
 std::string KernelSpec::preamble() const {
@@ -375,6 +411,16 @@ std::optional<KernelSpec> KernelSpec::from_json(const std::string& text, std::st
             spec.copy_vec = choose_copy_width(spec, element_size, [](int64_t) { return true; });
         if (absent("table_vec_loads")) spec.table_vec_loads = !spec.angles_from_inv_freq;
         if (absent("block_threads")) spec.block_threads = kRopeMaxBlockThreads;
+        if (spec.qk_norm) {
+            const KernelSpec given = spec;
+            set_norm_access(spec);
+            // Values the JSON names stay as given (validate() then says what is wrong).
+            if (!absent("vec")) spec.vec = given.vec;
+            if (!absent("vec_loads")) spec.vec_loads = given.vec_loads;
+            if (!absent("copy_vec")) spec.copy_vec = given.copy_vec;
+            if (!absent("table_vec_loads")) spec.table_vec_loads = given.table_vec_loads;
+            if (!absent("block_threads")) spec.block_threads = given.block_threads;
+        }
         spec.validate();
     } catch (const std::exception& e) {
         return fail(e.what());
@@ -399,7 +445,10 @@ std::string KernelSpec::describe() const {
                                     : std::string(),
                        in_place_q && in_place_k ? " inplace" : " outofplace", vec,
                        vec_loads ? "" : "(scalar)") +
-           (freq_grad ? " +freq_grad" : "");
+           (freq_grad ? " +freq_grad" : "") +
+           (qk_norm ? fmt::format(" +qk_norm{}{}", norm_unit_offset ? "(1+w)" : "",
+                                  norm_weight_grad ? " +dw" : "")
+                    : std::string());
 }
 
 size_t KernelSpecHash::operator()(const KernelSpec& spec) const noexcept {

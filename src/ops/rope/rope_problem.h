@@ -66,6 +66,14 @@ struct RopeProblem {
     bool has_freq_grad = false;
     TensorRef inv_freq_grad, q_saved, k_saved;
 
+    // QK-norm (RMSNorm of every head before the rotation; see qk_norm.h): weights [D], and in
+    // the backward the forward's pre-norm inputs (lifted to 4-D like q and k) and the optional
+    // weight gradients [D] float32.
+    bool has_norm = false, norm_unit_offset = false, has_norm_weight_grad = false;
+    double norm_eps = 1e-6;
+    TensorRef q_norm_weight, k_norm_weight, q_norm_input, k_norm_input;
+    TensorRef q_norm_weight_grad, k_norm_weight_grad;
+
     DLDevice device{kDLCPU, 0};  // where every tensor lives
 
     int64_t pairs() const { return rotary_dim / 2; }
