@@ -11,9 +11,11 @@
 #include <vector>
 
 #include "common/error.h"
+#include "gpu_rope_norm_problem.h"
 #include "jit/kernel_builder.h"
 #include "jit/nvrtc_loader.h"
 #include "ops/rope/kernel_spec.h"
+#include "ops/rope/rope_problem.h"
 #include "ops/rope/rope_recipe.h"
 #include "rope_jit/rope_jit.h"
 #include "rope_test_support.h"
@@ -68,10 +70,7 @@ std::vector<double> norm_rope(const std::vector<double>& x, const std::vector<do
     return y;
 }
 
-template <typename T>
-T pick(std::mt19937& rng, std::initializer_list<T> options) {
-    return *(options.begin() + rng() % options.size());
-}
+using gpu_rope_test::pick;
 
 struct NormCase {
     Dt dt = Dt::F32;
@@ -475,4 +474,39 @@ TEST_CASE("QK-norm kernels compile with NVRTC for sm_90 in every variant") {
         nullptr);
     REQUIRE(old.has_value());
     CHECK(rope_jit::build_kernel_binary(*old, "sm_75", nullptr, stats).image.size() > 4);
+}
+
+TEST_CASE("the QK-norm GPU sweep's calls run on the CPU backend and their kernels compile") {
+    // The calls of test_gpu_rope_qk_norm.cpp's sweep (which needs a GPU), checked here without
+    // one: each is valid, and the kernel it selects compiles for sm_90.
+    if (rope_jit::nvrtc_api() == nullptr) {
+        MESSAGE("skipped: NVRTC not available: " << rope_jit::nvrtc_load_error());
+        return;
+    }
+    Runtime runtime;
+    rope_jit::KernelStats stats;
+    std::vector<KernelSpec> compiled;
+    for (uint32_t family = 0; family < gpu_rope_test::kNormFamilies; ++family) {
+        gpu_rope_test::NormFamily f = gpu_rope_test::norm_family(family);
+        const std::string spec_text = gpu_rope_test::describe(f.problem.spec);
+        CAPTURE(family);
+        CAPTURE(spec_text);
+        std::vector<const DLTensor*> views;
+        for (HostTensor* t : gpu_rope_test::norm_slots(f.norm))
+            views.push_back(t->shape().empty() ? nullptr : t->dl());
+        rope_jit_rope_args args =
+            gpu_rope_test::make_args(f.problem.spec, gpu_rope_test::host_views(f.problem), nullptr);
+        gpu_rope_test::add_norm_args(args, f.norm, views);
+        const KernelSpec spec = rope_jit::make_kernel_spec(rope_jit::make_rope_problem(args));
+        const rope_jit_status status = rope_jit_rope(runtime.handle, &args);
+        INFO(rope_jit_last_error());
+        REQUIRE(status == ROPE_JIT_OK);
+        CHECK(spec.qk_norm == 1);
+        if (std::find(compiled.begin(), compiled.end(), spec) != compiled.end()) continue;
+        compiled.push_back(spec);
+        const std::string name = spec.describe();
+        CAPTURE(name);
+        CHECK(rope_jit::build_kernel_binary(spec, "sm_90", nullptr, stats).image.size() > 4);
+    }
+    MESSAGE(compiled.size() << " QK-norm kernels compiled");
 }
