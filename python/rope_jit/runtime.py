@@ -98,7 +98,8 @@ class Runtime:
         defaults: head_dim (required), dtype ("float32", "float16", "bfloat16"), rotary_dim,
         rotary_offset, style ("half"/"interleaved"/"proportional"), backward, has_k, gqa_group,
         positions ("implicit", "indices", "seqlen_offsets"), index_dtype ("int32"/"int64"), packed,
-        angles ("table_half", "table_full", "inv_freq"), table_dtype, xpos, in_place.
+        angles ("table_half", "table_full", "inv_freq"), table_dtype, xpos, in_place, qk_norm,
+        norm_unit_offset, norm_weight_dtype, norm_weight_grad.
         """
         specs = list(specs)
         if not specs:
@@ -108,7 +109,7 @@ class Runtime:
             array[index] = self._library.new_struct(s.KernelSpec, self._library.rope_jit_kernel_spec_init)
             for key, value in spec.items():
                 field = f"specs[{index}].{key}"
-                if key in ("dtype", "index_dtype", "table_dtype"):
+                if key in ("dtype", "index_dtype", "table_dtype", "norm_weight_dtype"):
                     if value not in tensors.DTYPES:
                         raise ValueError(f"{field}: expected one of {sorted(tensors.DTYPES)}, got {value!r}")
                     value = s.DLDataType(*tensors.DTYPES[value], 1)
