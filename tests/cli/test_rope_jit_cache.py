@@ -555,6 +555,23 @@ class CommandLineTest(CacheTestCase):
         self.tool("--cache-dir", self.root, "prewarm", "--dry-run", "--head-dim", "64", "--rotary-dim", "16",
                   "--style", "proportional", "--target", "sm_90")
 
+    def test_the_qwen3_8b_preset_prewarms_rope_kernels_with_qk_norm(self):
+        # head_dim 128, 32/8 heads, q_norm/k_norm over the head before the rotation: forwards,
+        # and backwards with the weight gradients; attention as for the other models.
+        plan = json.loads(self.tool("--cache-dir", self.root, "prewarm", "--dry-run", "--json", "--preset",
+                                    "qwen3-8b", "--target", "sm_90").stdout)
+        specs = [kernel["spec"] for kernel in plan["kernels"]]
+        rope = [spec for spec in specs if spec["op"] == "rope"]
+        self.assertEqual(len(rope), 12)
+        for spec in rope:
+            self.assertEqual((spec["head_dim"], spec["gqa_group"], spec["qk_norm"], spec["norm_weight_dtype"]),
+                             (128, 4, True, "bfloat16"))
+            self.assertEqual(spec["norm_weight_grad"], spec["direction"] == "backward")
+        self.assertTrue(any(spec["op"] == "attention" for spec in specs))
+        result = self.tool("--cache-dir", self.root, "prewarm", "--json", "--preset", "qwen3-8b", "--ops", "rope",
+                           "--target", "sm_90")
+        self.assertEqual(json.loads(result.stdout)["compiled"], 12)
+
     def test_a_manifest_expands_each_spec_as_the_cross_product_of_its_lists_and_merges_duplicates(self):
         manifest = os.path.join(self.scratch, "manifest.json")
         write_bytes(manifest, json.dumps({
