@@ -43,8 +43,8 @@ __device__ __forceinline__ long long load_index(const void* base, long long inde
 }
 
 // The table row of token (b, s) of q or k: positions (of `axis` with M-RoPE), else
-// s + seqlen_offsets[sequence], else s + position_offset (+ q_position_offset for q). Packed batches find their sequence
-// in cu_seqlens and restart s at 0 in each.
+// s + seqlen_offsets[sequence], else s + position_offset (+ q_position_offset for q). Packed
+// batches find their sequence in cu_seqlens and restart s at 0 in each.
 __device__ long long table_row(const RopeKernelParams& p, long long b, long long s, bool is_k,
                                int axis = 0) {
     long long sequence = b, index = s;

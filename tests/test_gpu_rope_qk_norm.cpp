@@ -130,7 +130,8 @@ TEST_SUITE("gpu") {
                 sin_t.set(i, std::sin(a));
             });
             // Interleaved sections give axis a >= 1 the pairs a, a+3, ...: axis 0 is the largest.
-            const int32_t sections_contiguous[3] = {16, 24, 24}, sections_interleaved[3] = {24, 20, 20};
+            const int32_t sections_contiguous[3] = {16, 24, 24};
+            const int32_t sections_interleaved[3] = {24, 20, 20};
             const int32_t* sections = variant % 2 ? sections_interleaved : sections_contiguous;
             std::vector<HostTensor*> tensors = {&q,   &k,   &positions, &cos_t, &sin_t,
                                                 &w_q, &w_k, &x_q,       &x_k,   &dw_q, &dw_k};

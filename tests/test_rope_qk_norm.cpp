@@ -147,9 +147,9 @@ void run_forward_case(rope_jit_runtime* runtime, const NormCase& c, std::mt19937
                                                     : s + c.position_offset;
                     for (int64_t i = 0; i < half; ++i) {
                         // The library reads the table's float32 values; inv_freq in float64.
-                        angle[size_t(i)] = c.inv_freq
-                                               ? double(row) * freq[size_t(i)]
-                                               : std::atan2(sin_t.get({row, i}), cos_t.get({row, i}));
+                        angle[size_t(i)] =
+                            c.inv_freq ? double(row) * freq[size_t(i)]
+                                       : std::atan2(sin_t.get({row, i}), cos_t.get({row, i}));
                     }
                     for (int64_t d = 0; d < c.D; ++d) x[size_t(d)] = in.get({b, h, s, d});
                     const std::vector<double> y =

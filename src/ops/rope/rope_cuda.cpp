@@ -65,13 +65,15 @@ RopeNormLaunch plan_rope_norm_launch(const KernelSpec& spec, int64_t rows, int64
         launch.warps = warps;
         launch.threads = 32 * warps;
         launch.shared_bytes = unsigned(bytes);
-        launch.blocks = std::min<int64_t>((rows + warps - 1) / warps, 16 * std::max<int64_t>(sms, 1));
+        launch.blocks =
+            std::min<int64_t>((rows + warps - 1) / warps, 16 * std::max<int64_t>(sms, 1));
         return launch;
     }
     throw Error(ROPE_JIT_ERROR_UNSUPPORTED,
                 fmt::format("head_dim: QK-norm on the GPU stages a row of {} features in {} bytes "
                             "of shared memory, over the {} a block may use",
-                            spec.head_dim, rope_norm_smem_bytes(spec.head_dim, 1, spec.norm_weight_grad),
+                            spec.head_dim,
+                            rope_norm_smem_bytes(spec.head_dim, 1, spec.norm_weight_grad),
                             kRopeSharedLimit));
 }
 

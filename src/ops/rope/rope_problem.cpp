@@ -159,9 +159,10 @@ void check_qk_norm(const rope_jit_rope_args& args, const TensorRef& q, const Ten
         if (!k_weight.present())
             fail_argument("k_norm_weight: required when k is given with q_norm_weight");
         if (k_weight.shape[0] != p.head_dim || k_weight.dtype != q_weight.dtype)
-            fail_argument(fmt::format("k_norm_weight: expected {} [{}] like q_norm_weight, got {} {}",
-                                      dtype_name(q_weight.dtype), p.head_dim,
-                                      dtype_name(k_weight.dtype), k_weight.shape_string()));
+            fail_argument(fmt::format(
+                "k_norm_weight: expected {} [{}] like q_norm_weight, got {} {}",
+                dtype_name(q_weight.dtype), p.head_dim, dtype_name(k_weight.dtype),
+                k_weight.shape_string()));
     } else if (k_weight.present()) {
         fail_argument("k_norm_weight: given without k");
     }
