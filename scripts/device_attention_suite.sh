@@ -2,7 +2,7 @@
 # Runs on the GPU machine (the device tool): builds the library, the tests and the golden runner
 # there, then the attention GPU tests, the golden attention cases on CUDA and the attention
 # benchmark, with logs under $OUT. Usage: bash scripts/device_attention_suite.sh [steps...]
-#   steps: test golden bench bench-all bench-quick bench-headline bench-issue bench-variants bench-tuned bench-d64-d256 profile
+#   steps: test golden sanitize rope cold bench bench-all bench-quick bench-headline bench-issue bench-variants bench-tuned bench-d64-d256 profile
 #   (default: test golden bench-quick; ATTENTION_TESTS narrows the test step's test cases)
 set -uo pipefail
 OUT=${OUT:-/tmp/rope_jit_out}
@@ -53,6 +53,27 @@ for step in $steps; do
              echo "ncu rc=$?"; grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Stall|Warp Cycles Per Issued" "$OUT/attention_ncu.txt" | head -40 ;;
     bench-headline) PYTHONUNBUFFERED=1 python3 bench/attention_bench.py --library build-gpu/librope_jit.so --out "$OUT" --headline \
                    --tag h200_headline 2>&1 | tee "$OUT/attention_bench.log" | cut -c1-600 ;;
+    # The new sm_90 kernels under compute-sanitizer (memcheck, racecheck) on a small problem of
+    # every kernel family (the NaN test: 100 tokens, forward and backward).
+    sanitize) for tool in memcheck racecheck; do
+                timeout ${SANITIZE_TIMEOUT:-150} compute-sanitizer --tool $tool --error-exitcode 9 \
+                  build-gpu/tests/rope_jit_tests --test-suite=gpu --test-case="${SANITIZE_TESTS:-*NaN in a query row*}" \
+                  > "$OUT/attention_$tool.log" 2>&1
+                echo "compute-sanitizer $tool rc=$?" | tee -a "$OUT/attention_$tool.log"; tail -4 "$OUT/attention_$tool.log"
+              done ;;
+    # The RoPE op's GPU tests (proportional rotary, QK-norm, M-RoPE, frequency gradients).
+    rope) build-gpu/tests/rope_jit_tests --test-suite=gpu --duration=true \
+            --test-case="${ROPE_TESTS:-*roportional*,*QK-norm*,*multi-section*,*frequency gradient on the GPU*,*CUDA backend matches the CPU backend*}" \
+            > "$OUT/rope_gpu.log" 2>&1
+          echo "gpu rope tests rc=$?"; grep -E "ERROR|FAIL|test cases|assertions" "$OUT/rope_gpu.log" | head -20 ;;
+    # Cold start of the fused attention (needs the Python package: installs it from .whl/).
+    cold) PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --quiet --no-index --find-links .whl numpy ./python 2>&1 | tail -2
+          PYTHONUNBUFFERED=1 python3 bench/cold_start.py --library build-gpu/librope_jit.so --repeats ${COLD_REPEATS:-2} \
+            --cases attention_first,attention_warm,attention_gap --json "$OUT/cold_start_attention.json" 2>&1 | tail -8 ;;
+    # The Python package's attention tests on the GPU (after cold, which installs it).
+    python) ROPE_JIT_LIBRARY="$PWD/build-gpu/librope_jit.so" python3 -m pytest -q -x python/tests/test_dropin.py \
+              -k "flash_attn or deterministic" > "$OUT/python_attention.log" 2>&1
+            echo "pytest rc=$?"; tail -3 "$OUT/python_attention.log" ;;
     # Issue 19's comparison: fused vs RoPE + SDPA flash / cuDNN, fwd, bwd, fwd+bwd (graph replay).
     bench-issue) PYTHONUNBUFFERED=1 python3 bench/attention_bench.py --library build-gpu/librope_jit.so --out "$OUT" \
                    --issue-shapes --tag h200_issue19 ${ATTENTION_VARIANTS:+--variants "$ATTENTION_VARIANTS"} \

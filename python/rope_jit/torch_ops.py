@@ -881,7 +881,10 @@ attention_op = _define(
 def _attention_backward_kernel(
     dout, q, k, v, out, lse, cos, sin, pos_mask, attn_mask, causal, scale, rotary_dim, interleaved
 ):
-    """(dq, dk, dv) of rope_jit::attention, by the library's backward kernel."""
+    """(dq, dk, dv) of rope_jit::attention, by the library's backward kernel; bitwise
+    reproducible when torch.use_deterministic_algorithms(True) is in effect (the library's
+    `deterministic` option), else the fastest kernels (on sm_90 dq is accumulated with atomic
+    adds)."""
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     _call_attention_backward(
         q,
@@ -901,6 +904,7 @@ def _attention_backward_kernel(
         scale=scale,
         rotary_dim=rotary_dim,
         style="interleaved" if interleaved else "half",
+        deterministic=torch.are_deterministic_algorithms_enabled(),
     )
     return dq, dk, dv
 

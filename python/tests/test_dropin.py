@@ -328,3 +328,36 @@ def test_flash_attn_with_rotary_matches_the_reference_attention_and_its_gradient
     close(got, reference(q, k, v, **kwargs), tolerance=1e-4, label=variant)
     check_gradients([q, k, v], lambda a, b, c: ret.flash_attn_with_rotary(a, b, c, **kwargs),
                     lambda a, b, c: reference(a, b, c, **kwargs), device, variant, tolerance=1e-4)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_flash_attn_with_rotary_under_deterministic_algorithms_is_reproducible_and_right(device):
+    # torch.use_deterministic_algorithms(True) selects the library's bitwise-reproducible
+    # backward (rope_jit_attention_args.deterministic): the same gradients as the reference,
+    # and the same bits on a second run.
+    if not rope_jit.has_attention():
+        pytest.skip("the loaded librope_jit has no rope_jit_attention")
+    q = random((1, 4, 40, 64), device, 31, requires_grad=True)
+    k = random((1, 2, 40, 64), device, 32, requires_grad=True)
+    v = random((1, 2, 40, 64), device, 33, requires_grad=True)
+    kwargs = {"rotary_pos_emb": ret_freqs(64, torch.arange(40, device=device)), "is_causal": True}
+    reference = ret.get_flash_attention_fused(force_reference=True)
+    previous = torch.are_deterministic_algorithms_enabled()
+    # warn_only: the reference's own matmuls on CUDA would otherwise ask for a cuBLAS setting.
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        grads = []
+        for _ in range(2):
+            for t in (q, k, v):
+                t.grad = None
+            ret.flash_attn_with_rotary(q, k, v, **kwargs).square().sum().backward()
+            grads.append([t.grad.clone() for t in (q, k, v)])
+        for t in (q, k, v):
+            t.grad = None
+        check_gradients([q, k, v], lambda a, b, c: ret.flash_attn_with_rotary(a, b, c, **kwargs),
+                        lambda a, b, c: reference(a, b, c, **kwargs), device, "deterministic",
+                        tolerance=1e-4)
+    finally:
+        torch.use_deterministic_algorithms(previous)
+    for first, second in zip(*grads):
+        assert torch.equal(first, second)
