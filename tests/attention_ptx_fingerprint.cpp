@@ -143,7 +143,7 @@ std::vector<AttentionSpec> mma_and_simt_specs() {
 }
 
 // sm_90a wgmma forwards: three and two warpgroups, 2 and 3 stages, 64- and 128-key tiles, with
-// and without producer warps and clusters, head_dims 64, 128 and 56.
+// and without producer warps and clusters, head_dims 64, 128, 56 and 256.
 std::vector<AttentionSpec> wgmma_specs() {
     AttentionSpec headline = base_spec(K::Forward, 2, 128, 128, true);
     headline.wgmma = 1;
@@ -227,6 +227,26 @@ std::vector<AttentionSpec> wgmma_specs() {
             specs.push_back(s);
         }
     }
+    // head_dim 256 (two warpgroups loading 64-key tiles, two stages): the issue-19 shape (GQA 2,
+    // causal, float32 half tables read in place, as they do not fit in shared memory), bf16
+    // tables staged, and fp16 interleaved partial rotary with an additive mask.
+    AttentionSpec wide = base_spec(K::Forward, 2, 256, 256, true);
+    wide.wgmma = 1;
+    wide.block_n = 64;
+    wide.causal = 1;
+    wide.gqa_group = 2;
+    AttentionSpec wide_staged = wide;
+    wide_staged.table_dtype = 2;
+    wide_staged.table_async = 1;
+    AttentionSpec wide_partial = base_spec(K::Forward, 1, 256, 128, true);
+    wide_partial.wgmma = 1;
+    wide_partial.block_n = 64;
+    wide_partial.interleaved = 1;
+    wide_partial.table_async = 1;
+    wide_partial.mask_kind = 2;
+    wide_partial.mask_dtype = 2;
+    wide_partial.write_lse = 0;
+    for (const AttentionSpec& s : {wide, wide_staged, wide_partial}) specs.push_back(s);
     return specs;
 }
 

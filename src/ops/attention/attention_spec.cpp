@@ -103,7 +103,8 @@ void AttentionSpec::validate() const {
             case WgmmaRule::HeadDim:
                 fail_argument(fmt::format(
                     "attention kernel spec: wgmma kernels take head_dim padded to 64 or 128, "
-                    "got {} (padded {})",
+                    "or to 256 in forwards of 4 or 8 warps over 64-key tiles without producer "
+                    "warps, got {} (padded {})",
                     head_dim, padded_head_dim(head_dim)));
             case WgmmaRule::KeyTile:
                 fail_argument(fmt::format(
