@@ -490,6 +490,26 @@ TEST_SUITE("gpu") {
             c.Sk = rng() % 3 == 0 ? pick<int64_t>(rng, {1, 64, 127, 191, 300}) : c.Sq;
             wide.push_back(c);
         }
+        // Issue 19's head_dim 256 shape in small (bf16, halves, float32 half tables read in
+        // place, causal, GQA 2), and GQA 1 with staged bf16 tables and a boolean mask.
+        Config issue;
+        issue.dt = Dt::BF16;
+        issue.D = issue.R = 256;
+        issue.Hq = 4;
+        issue.Hk = 2;
+        issue.Sq = issue.Sk = 300;
+        issue.causal = true;
+        wide.push_back(issue);
+        Config staged = issue;
+        staged.dt = Dt::F16;
+        staged.table_dt = Dt::BF16;
+        staged.Hq = staged.Hk = 2;
+        staged.B = 2;
+        staged.Sq = 65;
+        staged.Sk = 250;
+        staged.causal = false;
+        staged.mask = Mask::BoolFull;
+        wide.push_back(staged);
         // Every config above must run the wgmma forward, or the sweep would test something else.
         std::vector<Config> all = configs;
         all.insert(all.end(), wide.begin(), wide.end());
