@@ -112,8 +112,9 @@ struct AttentionSmemLayout {
     // for the tensor cores (q_tile), and 8-byte mbarriers, `stages` each of landed, full and
     // empty.
     int q_tile, barriers;
-    // The sm_90 backward (kind 4): two tiles of dS^T (block_n keys by 64 queries, swizzled).
-    int ds;
+    // The sm_90 backward (kind 4): two tiles of dS^T (block_n keys by 64 queries, swizzled);
+    // at head_dim 256 one, with P^T beside it (16-bit, swizzled) and dP^T (float32, plain).
+    int ds, pt, dpt;
     int bytes;
 };
 
@@ -144,19 +145,23 @@ ROPE_JIT_HOST_DEVICE constexpr void attention_align(int* at, int alignment) {
 // layout and the barriers of the tile buffers.
 // The sm_90 backward (kind 4): its key block's rotated keys and values (block_n rows each),
 // `stages` tiles each of rotated queries and dout (64 rows) with their lse and delta rows, two
-// dS^T tiles, all 128-byte swizzled (1024-byte aligned), and the barriers: one per stage, one
-// for the keys and values.
+// dS^T tiles (at head_dim 256: one, beside a P^T tile and a float32 dP^T tile), all but dP^T
+// 128-byte swizzled (1024-byte aligned), and the barriers: one per stage, one for the keys
+// and values.
 ROPE_JIT_HOST_DEVICE constexpr AttentionSmemLayout attention_backward_smem_layout(
     int head_dim_padded, int block_n, int stages) {
     AttentionSmemLayout l{};
     const int tile_m = kAttentionBackwardQueryTile;
+    const bool wide = head_dim_padded > 128;
     int at = 0;
     int* const cursor = &at;
     l.k = attention_take(cursor, block_n * head_dim_padded * 2);
     l.v0 = attention_take(cursor, block_n * head_dim_padded * 2);
     l.q = attention_take(cursor, stages * tile_m * head_dim_padded * 2);
     l.dout0 = attention_take(cursor, stages * tile_m * head_dim_padded * 2);
-    l.ds = attention_take(cursor, 2 * block_n * tile_m * 2);
+    l.ds = attention_take(cursor, (wide ? 1 : 2) * block_n * tile_m * 2);
+    l.pt = attention_take(cursor, wide ? block_n * tile_m * 2 : 0);
+    l.dpt = attention_take(cursor, wide ? block_n * tile_m * 4 : 0);
     l.row_a = attention_take(cursor, stages * tile_m * 4);
     l.row_b = attention_take(cursor, stages * tile_m * 4);
     l.barriers = attention_take(cursor, (stages + 1) * 8);

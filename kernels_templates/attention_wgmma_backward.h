@@ -84,9 +84,8 @@ __device__ void prepare(const AttentionKernelParams& p) {
                               p.seqlen_k);
         return;
     }
-    rotate_into_workspace(static_cast<T*>(p.q_rot) + first * DP,
-                          head_row(p.q, p.q_stride, b, h, 0), p.q_stride[2], p, row0,
-                          p.seqlen_q);
+    rotate_into_workspace(static_cast<T*>(p.q_rot) + first * DP, head_row(p.q, p.q_stride, b, h, 0),
+                          p.q_stride[2], p, row0, p.seqlen_q);
     // delta and lse: one warp per row.
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const T* dout_head = head_row(p.dout, p.dout_stride, b, h, 0);
@@ -113,6 +112,66 @@ __device__ void prepare(const AttentionKernelParams& p) {
     }
 }
 
+// Rotation items of an output row (rotate_rows' items without the chunks past head_dim).
+constexpr int OUT_ITEMS = ROT_ITEMS + DCHUNKS - FIRST_PLAIN;
+
+// Writes item k of a gradient row: the float32 accumulated row `a_row` (DP features, rotated
+// space) times the softmax scale, rotated back by token `token`'s angles, into `out_row`.
+template <int D = DTYPE>
+__device__ __forceinline__ void store_rotated_back(const float* a_row, T* out_row,
+                                                   const AttentionKernelParams& p, long long token,
+                                                   int k) {
+    // Eight accumulated features of chunk ch, scaled.
+    auto chunk = [&](int ch, float(&x)[8]) {
+        const Float4 lo = *reinterpret_cast<const Float4*>(a_row + ch * 8);
+        const Float4 hi = *reinterpret_cast<const Float4*>(a_row + ch * 8 + 4);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            x[e] = lo.v[e] * p.scale;
+            x[4 + e] = hi.v[e] * p.scale;
+        }
+    };
+    auto store = [&](int ch, const float(&x)[8]) {
+        U4 u;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) u.w[e] = pack2(x[2 * e], x[2 * e + 1]);
+        *reinterpret_cast<U4*>(out_row + ch * 8) = u;
+    };
+    float xa[8];
+    if (k >= ROT_ITEMS) {
+        const int ch = FIRST_PLAIN + (k - ROT_ITEMS);
+        chunk(ch, xa);
+        store(ch, xa);
+    } else if constexpr (INTERLEAVED) {
+        // Pairs (2i, 2i + 1) of the chunk: the transposed rotation.
+        chunk(k, xa);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            float c, s;
+            table_angle(p, token, k * 4 + e, &c, &s);
+            const float x1 = xa[2 * e], x2 = xa[2 * e + 1];
+            xa[2 * e] = x1 * c + x2 * s;
+            xa[2 * e + 1] = x2 * c - x1 * s;
+        }
+        store(k, xa);
+    } else {
+        const int cb = k + ROTARY_DIM / 16;
+        float xb[8];
+        chunk(k, xa);
+        chunk(cb, xb);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            float c, s;
+            table_angle(p, token, k * 8 + e, &c, &s);
+            const float x1 = xa[e], x2 = xb[e];
+            xa[e] = x1 * c + x2 * s;
+            xb[e] = x2 * c - x1 * s;
+        }
+        store(k, xa);
+        store(cb, xb);
+    }
+}
+
 // KIND 5: dq rows [row0, row0 + 64) of one (batch, query head) from the float32 accumulator:
 // scaled by the softmax scale and rotated back.
 template <int D = DTYPE>
@@ -123,62 +182,11 @@ __device__ void finish_dq(const AttentionKernelParams& p) {
     const long long row0 = (blockIdx.x % row_blocks) * BWD_ROWS;
     const float* acc_rows = p.dq_accum + (bh * p.seqlen_q_padded + row0) * DP;
     T* dq_head = head_row_out(p.dq, p.dq_stride, b, h, 0);
-    constexpr int OUT_ITEMS = ROT_ITEMS + DCHUNKS - FIRST_PLAIN;  // no chunks past head_dim
     for (int it = threadIdx.x; it < BWD_ROWS * OUT_ITEMS; it += THREADS) {
         const int r = it / OUT_ITEMS, k = it - r * OUT_ITEMS;
         const long long token = row0 + r;
         if (token >= p.seqlen_q) continue;
-        const float* a_row = acc_rows + r * DP;
-        T* out_row = dq_head + token * p.dq_stride[2];
-        // Eight accumulated features of chunk ch, scaled.
-        auto chunk = [&](int ch, float (&x)[8]) {
-            const Float4 lo = *reinterpret_cast<const Float4*>(a_row + ch * 8);
-            const Float4 hi = *reinterpret_cast<const Float4*>(a_row + ch * 8 + 4);
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                x[e] = lo.v[e] * p.scale;
-                x[4 + e] = hi.v[e] * p.scale;
-            }
-        };
-        auto store = [&](int ch, const float (&x)[8]) {
-            U4 u;
-#pragma unroll
-            for (int e = 0; e < 4; ++e) u.w[e] = pack2(x[2 * e], x[2 * e + 1]);
-            *reinterpret_cast<U4*>(out_row + ch * 8) = u;
-        };
-        float xa[8];
-        if (k >= ROT_ITEMS) {
-            const int ch = FIRST_PLAIN + (k - ROT_ITEMS);
-            chunk(ch, xa);
-            store(ch, xa);
-        } else if constexpr (INTERLEAVED) {
-            // Pairs (2i, 2i + 1) of the chunk: the transposed rotation.
-            chunk(k, xa);
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                float c, s;
-                table_angle(p, token, k * 4 + e, &c, &s);
-                const float x1 = xa[2 * e], x2 = xa[2 * e + 1];
-                xa[2 * e] = x1 * c + x2 * s;
-                xa[2 * e + 1] = x2 * c - x1 * s;
-            }
-            store(k, xa);
-        } else {
-            const int cb = k + ROTARY_DIM / 16;
-            float xb[8];
-            chunk(k, xa);
-            chunk(cb, xb);
-#pragma unroll
-            for (int e = 0; e < 8; ++e) {
-                float c, s;
-                table_angle(p, token, k * 8 + e, &c, &s);
-                const float x1 = xa[e], x2 = xb[e];
-                xa[e] = x1 * c + x2 * s;
-                xb[e] = x2 * c - x1 * s;
-            }
-            store(k, xa);
-            store(cb, xb);
-        }
+        store_rotated_back(acc_rows + r * DP, dq_head + token * p.dq_stride[2], p, token, k);
     }
 }
 
@@ -199,18 +207,18 @@ __device__ void finish_dq(const AttentionKernelParams& p) {
 // goes there. dS^T is double-buffered for the same reason.
 
 constexpr int TILE_M = kAttentionBackwardQueryTile;
-constexpr int Q_REGION = TILE_M * 128;    // one 64-feature region of a q/dout tile
-constexpr int K_REGION = BLOCK_N * 128;   // of a key/value tile
+constexpr int Q_REGION = TILE_M * 128;   // one 64-feature region of a q/dout tile
+constexpr int K_REGION = BLOCK_N * 128;  // of a key/value tile
 constexpr int Q_TILE_BYTES = TILE_M * DP * 2;
 constexpr int K_TILE_BYTES = BLOCK_N * DP * 2;
 constexpr int DS_TILE_BYTES = BLOCK_N * TILE_M * 2;
-constexpr int DQ_N = DP / 2;  // dq features per warpgroup
+constexpr int DQ_N = DP / 2;              // dq features per warpgroup
+constexpr int PSTEPS_WIDE = TILE_M / 16;  // k-steps over a query tile
 
 // Descriptors of k-step kk of a 128-byte-swizzled tile whose 64-feature regions are
 // `region` bytes apart: K-major (the k-step runs along the features: 32 bytes on within a
 // region) and MN-major (the k-step runs along the rows: 16 rows on).
-__device__ __forceinline__ unsigned long long kmajor_descriptor(unsigned tile, int region,
-                                                                int kk) {
+__device__ __forceinline__ unsigned long long kmajor_descriptor(unsigned tile, int region, int kk) {
     return swizzled_descriptor(tile + (kk >> 2) * region + (kk & 3) * 32, 16, 1024);
 }
 __device__ __forceinline__ unsigned long long mnmajor_descriptor(unsigned tile, int region,
@@ -248,6 +256,23 @@ __device__ __forceinline__ void wgmma_tt(float (&d)[N / 8][4], unsigned long lon
         else
             ROPE_JIT_WGMMA_TT("m64n64k16.f32.bf16.bf16", 64);
     }
+}
+
+// d (64 x 128) += A B with both operands from shared memory, each K-major (0) or MN-major (1).
+#define ROPE_JIT_WGMMA_ST_ARGS128 "}, %64, %65, p, 1, 1, %66, %67;\n}\n"
+#define ROPE_JIT_WGMMA_ST(SHAPE_TYPES)                                                      \
+    asm volatile(                                                                           \
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\nwgmma.mma_async.sync.aligned." SHAPE_TYPES \
+        " {" ROPE_JIT_WGMMA_REGS128 ROPE_JIT_WGMMA_ST_ARGS128:ROPE_JIT_WGMMA_D128           \
+        : "l"(a), "l"(b), "n"(TRANS_A), "n"(TRANS_B))
+
+template <int TRANS_A, int TRANS_B, int D = DTYPE>
+__device__ __forceinline__ void wgmma_ss128(float (&d)[16][4], unsigned long long a,
+                                            unsigned long long b) {
+    if constexpr (D == 1)
+        ROPE_JIT_WGMMA_ST("m64n128k16.f32.f16.f16");
+    else
+        ROPE_JIT_WGMMA_ST("m64n128k16.f32.bf16.bf16");
 }
 
 // Copies `bytes` (a multiple of 16) from global `src` to shared `dst`, counted on `landed`.
@@ -294,8 +319,8 @@ __device__ __forceinline__ KeyBlock key_block(const AttentionKernelParams& p) {
 template <bool ROTATE_BACK, int D = DTYPE>
 __device__ __forceinline__ void store_key_rows(float (&acc)[DTILES][4], void* base,
                                                const long long* stride, const KeyBlock& kb,
-                                               const AttentionKernelParams& p,
-                                               long long first_key, int lane) {
+                                               const AttentionKernelParams& p, long long first_key,
+                                               int lane) {
     T* head = head_row_out(base, stride, kb.b, kb.hk, 0);
     const int t2 = 2 * (lane & 3);
 #pragma unroll
@@ -318,11 +343,279 @@ __device__ __forceinline__ void store_key_rows(float (&acc)[DTILES][4], void* ba
     }
 }
 
+// Named barriers of the head_dim 256 backward beside consumer_sync's (1).
+__device__ __forceinline__ void named_arrive(int id) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(THREADS) : "memory");
+}
+__device__ __forceinline__ void named_sync(int id) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(THREADS) : "memory");
+}
+
+// Stores the two 16-bit rows (r0 and r0 + 8, r0 % 8 == lane / 4) of a warp's 16 x 64 score
+// tile `x` (accumulator layout) into a 64-column swizzled tile: row = key, 128 bytes.
+template <int NT>
+__device__ __forceinline__ void store_swizzled_rows(char* tile, const float (&x)[NT][4], int r0,
+                                                    int lane) {
+    const int g = lane >> 2;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+        const int at = ((nt ^ g) << 4) + 4 * (lane & 3);
+        *reinterpret_cast<unsigned*>(tile + r0 * 128 + at) = pack2(x[nt][0], x[nt][1]);
+        *reinterpret_cast<unsigned*>(tile + (r0 + 8) * 128 + at) = pack2(x[nt][2], x[nt][3]);
+    }
+}
+
+// ---- head_dim 256 (KIND 4 with DP 256) ------------------------------------------------------
+//
+// dK and dV of 128 keys at 256 features would take 256 accumulator registers a thread; here a
+// block owns 64 keys, both warpgroups take all 64 (wgmma's rows) and split the work:
+//   warpgroup 0: S^T = K Q^T -> P^T;  warpgroup 1: dP^T = V dO^T -> shared (float32)
+//   barrier 2; warpgroup 0: dS^T = P^T (dP^T - delta); P^T and dS^T into shared; barrier 3
+//   warpgroup g, its 128 features: dV += P^T dO, dK += dS^T Q, dQ = dS K (shared operands)
+// Barrier 2 also proves both warpgroups done with the previous tile (they waited for its
+// products), so P^T, dS^T, dP^T and the previous tile's q/dout stage are free from there. At
+// the end dK goes through shared memory (float32), where each thread finds its pairs' partners
+// for the transposed rotation.
 template <int D = DTYPE>
-__device__ void backward(const AttentionKernelParams& p, char* smem) {
-    static_assert(WARPS == 8 && BLOCK_N == 128 && STAGES >= 2 && (DP == 64 || DP == 128) &&
-                      !HAS_POS_MASK,
-                  "two warpgroups over 128 keys, head_dim padded to 64 or 128, no pos_mask");
+__device__ void backward_wide(const AttentionKernelParams& p, char* smem) {
+    static_assert(WARPS == 8 && BLOCK_N == 64 && STAGES == 2 && DP == 256 && !HAS_POS_MASK,
+                  "two warpgroups over 64 keys, head_dim padded to 256, no pos_mask");
+    static_assert(2 * Q_TILE_BYTES >= BLOCK_N * DP * 4, "dK's float32 rows fit the q stages");
+    constexpr int NT = TILE_M / 8;
+    constexpr int HALF = DP / 2;  // features of each warpgroup's products
+    const KeyBlock kb = key_block(p);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, group = warp >> 2;
+    char* const k_tile = smem + SMEM.k;
+    char* const v_tile = smem + SMEM.v0;
+    char* const pt_tile = smem + SMEM.pt;
+    char* const ds_tile = smem + SMEM.ds;
+    float* const dpt = reinterpret_cast<float*>(smem + SMEM.dpt);
+    auto q_tile = [&](int i) { return smem + SMEM.q + (i % STAGES) * Q_TILE_BYTES; };
+    auto dout_tile = [&](int i) { return smem + SMEM.dout0 + (i % STAGES) * Q_TILE_BYTES; };
+    auto lse_rows = [&](int i) {
+        return reinterpret_cast<const float*>(smem + SMEM.row_a) + (i % STAGES) * TILE_M;
+    };
+    auto delta_rows = [&](int i) {
+        return reinterpret_cast<const float*>(smem + SMEM.row_b) + (i % STAGES) * TILE_M;
+    };
+    const unsigned full = shared_address(smem + SMEM.barriers);
+    const unsigned keys_landed = full + STAGES * 8;
+    auto head_of = [&](int i) { return kb.hk * GQA_GROUP + i / kb.tiles_per_head; };
+    auto row_of = [&](int i) {
+        return static_cast<long long>(kb.first_tile + i % kb.tiles_per_head) * TILE_M;
+    };
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; ++s) barrier_init(full + s * 8, 1);
+        barrier_init(keys_landed, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    auto issue = [&](int i) {
+        const unsigned landed = full + (i % STAGES) * 8;
+        barrier_arrive_expect(landed, 2 * Q_TILE_BYTES + 2 * TILE_M * 4);
+        const long long h = head_of(i), m0 = row_of(i);
+#pragma unroll
+        for (int r = 0; r < DP / 64; ++r) {
+            copy_box(shared_address(q_tile(i) + r * Q_REGION), p.q_map, r * 64,
+                     static_cast<int>(m0), static_cast<int>(h), static_cast<int>(kb.b), landed);
+            copy_box(shared_address(dout_tile(i) + r * Q_REGION), p.dout_map, r * 64,
+                     static_cast<int>(m0), static_cast<int>(h), static_cast<int>(kb.b), landed);
+        }
+        const long long row = (kb.b * p.heads_q + h) * p.seqlen_q_padded + m0;
+        copy_bulk(shared_address(lse_rows(i)), p.row_lse2 + row, TILE_M * 4, landed);
+        copy_bulk(shared_address(delta_rows(i)), p.row_delta + row, TILE_M * 4, landed);
+    };
+    if (threadIdx.x == 0 && kb.iterations > 0) {
+        barrier_arrive_expect(keys_landed, 2 * K_TILE_BYTES);
+#pragma unroll
+        for (int r = 0; r < DP / 64; ++r) {
+            copy_box(shared_address(k_tile + r * K_REGION), p.k_map, r * 64,
+                     static_cast<int>(kb.n0), static_cast<int>(kb.hk), static_cast<int>(kb.b),
+                     keys_landed);
+            copy_box(shared_address(v_tile + r * K_REGION), p.v_map, r * 64,
+                     static_cast<int>(kb.n0), static_cast<int>(kb.hk), static_cast<int>(kb.b),
+                     keys_landed);
+        }
+        issue(0);
+    }
+
+    const int g = lane >> 2;
+    const int r0 = (warp & 3) * 16 + g;                   // this thread's key rows r0 and r0 + 8
+    const long long key_first = kb.n0 + (warp & 3) * 16;  // the warp's first key
+    const unsigned k_address = shared_address(k_tile), v_address = shared_address(v_tile);
+    const unsigned pt_address = shared_address(pt_tile), ds_address = shared_address(ds_tile);
+    float dv[HALF / 8][4], dk[HALF / 8][4];
+    zero(dv);
+    zero(dk);
+    if (kb.iterations > 0) barrier_wait(keys_landed, 0);
+    for (int i = 0; i < kb.iterations; ++i) {
+        const long long h = head_of(i), m0 = row_of(i);
+        barrier_wait(full + (i % STAGES) * 8, static_cast<unsigned>(i / STAGES) & 1u);
+        const unsigned q_address = shared_address(q_tile(i));
+        const unsigned dout_address = shared_address(dout_tile(i));
+
+        // S^T (warpgroup 0) or dP^T (warpgroup 1).
+        float s[NT][4];
+        zero(s);
+        fence_registers(s);
+        __syncwarp();
+        fence_operands();
+        const unsigned a_rows = group == 0 ? k_address : v_address;
+        const unsigned b_rows = group == 0 ? q_address : dout_address;
+#pragma unroll
+        for (int kk = 0; kk < KSTEPS; ++kk)
+            wgmma_ss<TILE_M>(s, kmajor_descriptor(a_rows, K_REGION, kk),
+                             kmajor_descriptor(b_rows, Q_REGION, kk));
+        commit();
+        wait_all();
+        fence_registers(s);
+
+        if (group == 1) {
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+                const int col = nt * 8 + 2 * (lane & 3);
+                *reinterpret_cast<Float2*>(dpt + r0 * TILE_M + col) = Float2{s[nt][0], s[nt][1]};
+                *reinterpret_cast<Float2*>(dpt + (r0 + 8) * TILE_M + col) =
+                    Float2{s[nt][2], s[nt][3]};
+            }
+            named_arrive(2);
+        } else {
+            const bool check_bounds = kb.n0 + BLOCK_N > p.seqlen_k;
+            const bool check_causal = CAUSAL && kb.n0 + BLOCK_N - 1 > m0;
+            float scale = p.scale_log2;
+            if (check_bounds || check_causal || MASK_KIND != 0) {
+                scale_and_mask<NT, true>(s, p, kb.b, key_first, m0, check_bounds, check_causal,
+                                         lane);
+                scale = 1.f;
+            }
+            const float* lse = lse_rows(i);
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+                const Float2 l = *reinterpret_cast<const Float2*>(lse + nt * 8 + 2 * (lane & 3));
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    s[nt][e] = exp2_approx(fmaf(s[nt][e], scale, -((e & 1) ? l.y : l.x)));
+            }
+            named_sync(2);  // dP^T there; the previous tile done with by both warpgroups
+            if (threadIdx.x == 0 && i + 1 < kb.iterations) issue(i + 1);
+            store_swizzled_rows(pt_tile, s, r0, lane);
+            const float* delta = delta_rows(i);
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+                const int col = nt * 8 + 2 * (lane & 3);
+                const Float2 dl = *reinterpret_cast<const Float2*>(delta + col);
+                const Float2 d0 = *reinterpret_cast<const Float2*>(dpt + r0 * TILE_M + col);
+                const Float2 d1 = *reinterpret_cast<const Float2*>(dpt + (r0 + 8) * TILE_M + col);
+                s[nt][0] *= d0.x - dl.x;
+                s[nt][1] *= d0.y - dl.y;
+                s[nt][2] *= d1.x - dl.x;
+                s[nt][3] *= d1.y - dl.y;
+            }
+            store_swizzled_rows(ds_tile, s, r0, lane);
+            fence_async_proxy();
+        }
+        named_sync(3);  // P^T and dS^T there, for both warpgroups' tensor cores
+
+        const unsigned dout_half = dout_address + group * 2 * Q_REGION;
+        const unsigned q_half = q_address + group * 2 * Q_REGION;
+        fence_registers(dv);
+        fence_registers(dk);
+        __syncwarp();
+        fence_operands();
+#pragma unroll
+        for (int kk = 0; kk < PSTEPS_WIDE; ++kk)
+            wgmma_ss128<0, 1>(dv, kmajor_descriptor(pt_address, TILE_M * 128, kk),
+                              mnmajor_descriptor(dout_half, Q_REGION, kk));
+#pragma unroll
+        for (int kk = 0; kk < PSTEPS_WIDE; ++kk)
+            wgmma_ss128<0, 1>(dk, kmajor_descriptor(ds_address, TILE_M * 128, kk),
+                              mnmajor_descriptor(q_half, Q_REGION, kk));
+        commit();
+        float dq[HALF / 8][4];
+        zero(dq);
+        fence_registers(dq);
+        __syncwarp();
+        fence_operands();
+        const unsigned k_half = k_address + group * 2 * K_REGION;
+#pragma unroll
+        for (int kk = 0; kk < BLOCK_N / 16; ++kk)
+            wgmma_ss128<1, 1>(dq, mnmajor_descriptor(ds_address, TILE_M * 128, kk),
+                              mnmajor_descriptor(k_half, K_REGION, kk));
+        commit();
+        wait_all();
+        fence_registers(dq);
+        fence_registers(dv);
+        fence_registers(dk);
+
+        float* const dq_rows =
+            p.dq_accum +
+            ((kb.b * p.heads_q + h) * p.seqlen_q_padded + m0 + (warp & 3) * 16 + g) * DP +
+            group * HALF + 2 * (lane & 3);
+#pragma unroll
+        for (int nt = 0; nt < HALF / 8; ++nt) {
+            atomic_add2(dq_rows + nt * 8, dq[nt][0], dq[nt][1]);
+            atomic_add2(dq_rows + 8 * DP + nt * 8, dq[nt][2], dq[nt][3]);
+        }
+    }
+
+    // dV: this warpgroup's half of the features, straight from the accumulators.
+    {
+        T* head = head_row_out(p.dv, p.dv_stride, kb.b, kb.hk, 0);
+#pragma unroll
+        for (int e2 = 0; e2 < 2; ++e2) {
+            const long long key = kb.n0 + r0 + 8 * e2;
+            if (key >= p.seqlen_k) continue;
+            T* row = head + key * p.dv_stride[2];
+#pragma unroll
+            for (int dt = 0; dt < HALF / 8; ++dt) {
+                const int col = group * HALF + dt * 8 + 2 * (lane & 3);
+                if (col < HEAD_DIM)
+                    *reinterpret_cast<unsigned*>(row + col) =
+                        pack2(dv[dt][2 * e2], dv[dt][2 * e2 + 1]);
+            }
+        }
+    }
+    // dK: float32 rows in shared memory (over the q stages, once both warpgroups are done
+    // with them; no copy is in flight), then scaled and rotated back item by item.
+    consumer_sync();
+    float* const dk_rows = reinterpret_cast<float*>(smem + SMEM.q);
+#pragma unroll
+    for (int dt = 0; dt < HALF / 8; ++dt) {
+        const int col = group * HALF + dt * 8 + 2 * (lane & 3);
+        *reinterpret_cast<Float2*>(dk_rows + r0 * DP + col) = Float2{dk[dt][0], dk[dt][1]};
+        *reinterpret_cast<Float2*>(dk_rows + (r0 + 8) * DP + col) = Float2{dk[dt][2], dk[dt][3]};
+    }
+    consumer_sync();
+    T* const dk_head = head_row_out(p.dk, p.dk_stride, kb.b, kb.hk, 0);
+    for (int it = threadIdx.x; it < BLOCK_N * OUT_ITEMS; it += THREADS) {
+        const int r = it / OUT_ITEMS, k = it - r * OUT_ITEMS;
+        const long long key = kb.n0 + r;
+        if (key < p.seqlen_k)
+            store_rotated_back(dk_rows + r * DP, dk_head + key * p.dk_stride[2], p, key, k);
+    }
+}
+
+// dS^T (as A fragments, rounded as the products use them) into its tile: row = key, 64
+// queries of 128 bytes, swizzled; a quarter warp's eight rows fall in eight different 16-byte
+// lanes. The warp's rows: 16 * (warp % 4) of warpgroup `group`'s 64.
+template <int PSTEPS>
+__device__ __forceinline__ void store_ds_rows(char* ds_tile, const unsigned (&dsa)[PSTEPS][4],
+                                              int group, int warp, int lane) {
+    const int g = lane >> 2;
+    const int r0 = group * 64 + (warp & 3) * 16 + g;
+#pragma unroll
+    for (int nt = 0; nt < 2 * PSTEPS; ++nt) {
+        const int at = ((nt ^ g) << 4) + 4 * (lane & 3);
+        *reinterpret_cast<unsigned*>(ds_tile + r0 * 128 + at) = dsa[nt / 2][(nt & 1) * 2];
+        *reinterpret_cast<unsigned*>(ds_tile + (r0 + 8) * 128 + at) = dsa[nt / 2][(nt & 1) * 2 + 1];
+    }
+}
+
+template <int D = DTYPE>
+__device__ void backward_narrow(const AttentionKernelParams& p, char* smem) {
+    static_assert(
+        WARPS == 8 && BLOCK_N == 128 && STAGES >= 2 && (DP == 64 || DP == 128) && !HAS_POS_MASK,
+        "two warpgroups over 128 keys, head_dim padded to 64 or 128, no pos_mask");
     constexpr int NT = TILE_M / 8;  // n-tiles of a score tile (queries)
     constexpr int PSTEPS = TILE_M / 16;
     const KeyBlock kb = key_block(p);
@@ -399,81 +692,78 @@ __device__ void backward(const AttentionKernelParams& p, char* smem) {
         const unsigned q_address = shared_address(q_tile(i));
         const unsigned dout_address = shared_address(dout_tile(i));
 
-        float s[NT][4], dp[NT][4];
-        zero(s);
-        zero(dp);
-        fence_registers(s);
-        fence_registers(dp);
-        __syncwarp();
-        fence_operands();
-#pragma unroll
-        for (int kk = 0; kk < KSTEPS; ++kk)
-            wgmma_ss<TILE_M>(s, kmajor_descriptor(k_rows, K_REGION, kk),
-                             kmajor_descriptor(q_address, Q_REGION, kk));
-#pragma unroll
-        for (int kk = 0; kk < KSTEPS; ++kk)
-            wgmma_ss<TILE_M>(dp, kmajor_descriptor(v_rows, K_REGION, kk),
-                             kmajor_descriptor(dout_address, Q_REGION, kk));
-        commit();
-        wait_all();
-        fence_registers(s);
-        fence_registers(dp);
-
-        // P^T and dS^T. Rows are this warp's keys, columns the tile's queries; masked scores
-        // and queries past Sq (lse +inf) give P = 0.
-        const bool check_bounds = kb.n0 + BLOCK_N > p.seqlen_k;
-        const bool check_causal = CAUSAL && kb.n0 + BLOCK_N - 1 > m0;
-        float scale = p.scale_log2;
-        if (check_bounds || check_causal || MASK_KIND != 0) {
-            scale_and_mask<NT, true>(s, p, kb.b, key_first, m0, check_bounds, check_causal, lane);
-            scale = 1.f;
-        }
-        const float* lse = lse_rows(i);
-        const float* delta = delta_rows(i);
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-            const int col = nt * 8 + 2 * (lane & 3);
-            const Float2 l = *reinterpret_cast<const Float2*>(lse + col);
-            const Float2 dl = *reinterpret_cast<const Float2*>(delta + col);
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const float pr = exp2_approx(fmaf(s[nt][e], scale, -((e & 1) ? l.y : l.x)));
-                s[nt][e] = pr;
-                dp[nt][e] = pr * (dp[nt][e] - ((e & 1) ? dl.y : dl.x));
-            }
-        }
-        unsigned pa[PSTEPS][4], dsa[PSTEPS][4];
-        to_a_fragments<NT>(pa, s);
-        to_a_fragments<NT>(dsa, dp);
-
-        // dS^T (rounded as the products use it) into its tile: row = key, 64 queries of 128
-        // bytes, swizzled; a quarter warp's eight rows fall in eight different 16-byte lanes.
+        // Under a causal mask a warpgroup whose keys all come after the tile's queries (on the
+        // diagonal) has P = dS = 0: it only writes its zero dS^T rows for the dQ product.
+        const bool masked_out = CAUSAL && kb.n0 + group * 64 > m0 + TILE_M - 1;
         char* const ds_tile = smem + SMEM.ds + (i & 1) * DS_TILE_BYTES;
-        {
-            const int g = lane >> 2;
-            const int r0 = group * 64 + (warp & 3) * 16 + g;
+        unsigned pa[PSTEPS][4], dsa[PSTEPS][4];
+        if (masked_out) {
+#pragma unroll
+            for (int k = 0; k < PSTEPS; ++k) pa[k][0] = pa[k][1] = pa[k][2] = pa[k][3] = 0u;
+            store_ds_rows(ds_tile, pa, group, warp, lane);
+        } else {
+            float s[NT][4], dp[NT][4];
+            zero(s);
+            zero(dp);
+            fence_registers(s);
+            fence_registers(dp);
+            __syncwarp();
+            fence_operands();
+#pragma unroll
+            for (int kk = 0; kk < KSTEPS; ++kk)
+                wgmma_ss<TILE_M>(s, kmajor_descriptor(k_rows, K_REGION, kk),
+                                 kmajor_descriptor(q_address, Q_REGION, kk));
+#pragma unroll
+            for (int kk = 0; kk < KSTEPS; ++kk)
+                wgmma_ss<TILE_M>(dp, kmajor_descriptor(v_rows, K_REGION, kk),
+                                 kmajor_descriptor(dout_address, Q_REGION, kk));
+            commit();
+            wait_all();
+            fence_registers(s);
+            fence_registers(dp);
+
+            // P^T and dS^T. Rows are this warp's keys, columns the tile's queries; masked scores
+            // and queries past Sq (lse +inf) give P = 0.
+            const bool check_bounds = kb.n0 + BLOCK_N > p.seqlen_k;
+            const bool check_causal = CAUSAL && kb.n0 + BLOCK_N - 1 > m0;
+            float scale = p.scale_log2;
+            if (check_bounds || check_causal || MASK_KIND != 0) {
+                scale_and_mask<NT, true>(s, p, kb.b, key_first, m0, check_bounds, check_causal,
+                                         lane);
+                scale = 1.f;
+            }
+            const float* lse = lse_rows(i);
+            const float* delta = delta_rows(i);
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
-                const int at = ((nt ^ g) << 4) + 4 * (lane & 3);
-                *reinterpret_cast<unsigned*>(ds_tile + r0 * 128 + at) = dsa[nt / 2][(nt & 1) * 2];
-                *reinterpret_cast<unsigned*>(ds_tile + (r0 + 8) * 128 + at) =
-                    dsa[nt / 2][(nt & 1) * 2 + 1];
+                const int col = nt * 8 + 2 * (lane & 3);
+                const Float2 l = *reinterpret_cast<const Float2*>(lse + col);
+                const Float2 dl = *reinterpret_cast<const Float2*>(delta + col);
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const float pr = exp2_approx(fmaf(s[nt][e], scale, -((e & 1) ? l.y : l.x)));
+                    s[nt][e] = pr;
+                    dp[nt][e] = pr * (dp[nt][e] - ((e & 1) ? dl.y : dl.x));
+                }
             }
-        }
+            to_a_fragments<NT>(pa, s);
+            to_a_fragments<NT>(dsa, dp);
+            store_ds_rows(ds_tile, dsa, group, warp, lane);
 
-        fence_registers(dv);
-        fence_registers(dk);
-        fence_registers(pa);
-        fence_registers(dsa);
-        __syncwarp();
-        fence_operands();
+            fence_registers(dv);
+            fence_registers(dk);
+            fence_registers(pa);
+            fence_registers(dsa);
+            __syncwarp();
+            fence_operands();
 #pragma unroll
-        for (int kk = 0; kk < PSTEPS; ++kk)
-            wgmma<DP, 1>(dv, pa[kk], mnmajor_descriptor(dout_address, Q_REGION, kk));
+            for (int kk = 0; kk < PSTEPS; ++kk)
+                wgmma<DP, 1>(dv, pa[kk], mnmajor_descriptor(dout_address, Q_REGION, kk));
 #pragma unroll
-        for (int kk = 0; kk < PSTEPS; ++kk)
-            wgmma<DP, 1>(dk, dsa[kk], mnmajor_descriptor(q_address, Q_REGION, kk));
-        commit();
+            for (int kk = 0; kk < PSTEPS; ++kk)
+                wgmma<DP, 1>(dk, dsa[kk], mnmajor_descriptor(q_address, Q_REGION, kk));
+            commit();
+        }
 
         // Both warpgroups' dS^T rows, for the tensor cores; tile i - 1 is done with.
         fence_async_proxy();
@@ -499,10 +789,10 @@ __device__ void backward(const AttentionKernelParams& p, char* smem) {
         fence_registers(dsa);
 
         // dQ rows: this warp's 16 queries of the tile, the warpgroup's features.
-        float* const dq_rows = p.dq_accum + ((kb.b * p.heads_q + h) * p.seqlen_q_padded + m0 +
-                                             (warp & 3) * 16 + (lane >> 2)) *
-                                                DP +
-                               group * DQ_N + 2 * (lane & 3);
+        float* const dq_rows =
+            p.dq_accum +
+            ((kb.b * p.heads_q + h) * p.seqlen_q_padded + m0 + (warp & 3) * 16 + (lane >> 2)) * DP +
+            group * DQ_N + 2 * (lane & 3);
 #pragma unroll
         for (int nt = 0; nt < DQ_N / 8; ++nt) {
             atomic_add2(dq_rows + nt * 8, dq[nt][0], dq[nt][1]);
@@ -512,6 +802,16 @@ __device__ void backward(const AttentionKernelParams& p, char* smem) {
 
     store_key_rows<false>(dv, p.dv, p.dv_stride, kb, p, key_first, lane);
     store_key_rows<true>(dk, p.dk, p.dk_stride, kb, p, key_first, lane);
+}
+
+// KIND 4: head_dim padded to 256 splits the features between the warpgroups (backward_wide),
+// 64 and 128 the keys (backward_narrow).
+template <int D = DTYPE>
+__device__ void backward(const AttentionKernelParams& p, char* smem) {
+    if constexpr (DP > 128)
+        backward_wide(p, smem);
+    else
+        backward_narrow(p, smem);
 }
 
 }  // namespace wg

@@ -204,20 +204,27 @@ std::vector<AttentionSpec> wgmma_specs() {
     keys_by_tma_plain.rotary_dim = 0;
     AttentionSpec keys_by_tma_cluster = clustered;
     keys_by_tma_cluster.keys_by_tma = 1;
+    AttentionSpec keys_by_tma_wide = keys_by_tma;  // head_dim 128 over 128-key tiles (default)
+    keys_by_tma_wide.block_n = 128;
+    keys_by_tma_wide.stages = 2;
     std::vector<AttentionSpec> specs = {keys_by_tma, keys_by_tma_plain, keys_by_tma_cluster,
+                                        keys_by_tma_wide,
                                         headline,     narrow,    unrotated,       in_place,
                                         specialized,  specialized_narrow, long_keys, padded,
                                         padded_plain, clustered, clustered_narrow};
     // The sm_90 backward's three kernels: the headline (GQA 4, causal, half tables), head_dim
     // 64 interleaved with an additive mask, and an unrotated head_dim 120.
-    for (const AttentionSpec& forward : {headline, narrow, unrotated}) {
+    AttentionSpec wide = headline;  // head_dim 256: 64-key blocks, two stages
+    wide.head_dim = wide.rotary_dim = 256;
+    wide.interleaved = 1;
+    for (const AttentionSpec& forward : {headline, narrow, unrotated, wide}) {
         for (K kind : {K::BackwardPrepare, K::Backward, K::BackwardDqFinish}) {
             AttentionSpec s = forward;
             s.kind = int32_t(kind);
             s.write_lse = 0;
             s.warps = 8;
-            s.block_n = 128;
-            s.stages = 3;
+            s.block_n = forward.head_dim == 256 ? 64 : 128;
+            s.stages = forward.head_dim == 256 ? 2 : 3;
             s.table_async = 0;
             if (forward.mask_kind == 2) s.head_dim = 120;
             if (forward.mask_kind == 1) {
@@ -230,23 +237,23 @@ std::vector<AttentionSpec> wgmma_specs() {
     // head_dim 256 (two warpgroups loading 64-key tiles, two stages): the issue-19 shape (GQA 2,
     // causal, float32 half tables read in place, as they do not fit in shared memory), bf16
     // tables staged, and fp16 interleaved partial rotary with an additive mask.
-    AttentionSpec wide = base_spec(K::Forward, 2, 256, 256, true);
-    wide.wgmma = 1;
-    wide.block_n = 64;
-    wide.causal = 1;
-    wide.gqa_group = 2;
-    AttentionSpec wide_staged = wide;
-    wide_staged.table_dtype = 2;
-    wide_staged.table_async = 1;
-    AttentionSpec wide_partial = base_spec(K::Forward, 1, 256, 128, true);
-    wide_partial.wgmma = 1;
-    wide_partial.block_n = 64;
-    wide_partial.interleaved = 1;
-    wide_partial.table_async = 1;
-    wide_partial.mask_kind = 2;
-    wide_partial.mask_dtype = 2;
-    wide_partial.write_lse = 0;
-    for (const AttentionSpec& s : {wide, wide_staged, wide_partial}) specs.push_back(s);
+    AttentionSpec fwd256 = base_spec(K::Forward, 2, 256, 256, true);
+    fwd256.wgmma = 1;
+    fwd256.block_n = 64;
+    fwd256.causal = 1;
+    fwd256.gqa_group = 2;
+    AttentionSpec fwd256_staged = fwd256;
+    fwd256_staged.table_dtype = 2;
+    fwd256_staged.table_async = 1;
+    AttentionSpec fwd256_partial = base_spec(K::Forward, 1, 256, 128, true);
+    fwd256_partial.wgmma = 1;
+    fwd256_partial.block_n = 64;
+    fwd256_partial.interleaved = 1;
+    fwd256_partial.table_async = 1;
+    fwd256_partial.mask_kind = 2;
+    fwd256_partial.mask_dtype = 2;
+    fwd256_partial.write_lse = 0;
+    for (const AttentionSpec& s : {fwd256, fwd256_staged, fwd256_partial}) specs.push_back(s);
     return specs;
 }
 

@@ -565,6 +565,15 @@ TEST_SUITE("gpu") {
             c.Sk = rng() % 3 == 0 ? pick<int64_t>(rng, {1, 64, 127, 128, 129, 333}) : c.Sq;
             configs.push_back(c);
         }
+        // head_dim 256 (64-key blocks, the features split between the warpgroups).
+        for (int i = 0; i < 12; ++i) {
+            Config c = configs[size_t(i)];
+            c.D = 256;
+            c.R = pick<int64_t>(rng, {256, 256, 128, 0, 16});
+            c.Sq = pick<int64_t>(rng, {1, 63, 64, 65, 129, 200});
+            c.Sk = rng() % 3 == 0 ? pick<int64_t>(rng, {1, 64, 65, 130}) : c.Sq;
+            configs.push_back(c);
+        }
         // Every config must run the wgmma backward, or the sweep would test something else.
         for (const Config& c : configs) {
             std::mt19937 probe(1);

@@ -211,12 +211,13 @@ int AttentionSpec::threads() const {
 WgmmaRule wgmma_broken_rule(const AttentionSpec& s) {
     const int dp = attention_launch_plan(s).head_dim_padded;
     if (s.kind >= int32_t(Kind::BackwardPrepare)) {
-        // The sm_90 backward: two warpgroups over 128 keys, 64-query tiles by TMA.
-        if (dp != 64 && dp != 128) return WgmmaRule::HeadDim;
-        if (s.block_n != 128) return WgmmaRule::KeyTile;
+        // The sm_90 backward: two warpgroups over 128 keys, 64-query tiles by TMA; at head_dim
+        // 256 over 64 keys with two stages (shared memory).
+        if (dp != 64 && dp != 128 && dp != 256) return WgmmaRule::HeadDim;
+        if (s.block_n != (dp == 256 ? 64 : 128)) return WgmmaRule::KeyTile;
         if (s.warps != 8 || s.m_tiles != 1) return WgmmaRule::Warps;
         if (s.pos_mask) return WgmmaRule::PosMask;
-        if (s.stages != 2 && s.stages != 3) return WgmmaRule::Stages;
+        if (dp == 256 ? s.stages != 2 : (s.stages != 2 && s.stages != 3)) return WgmmaRule::Stages;
         if (s.producer_warps != 0 || s.keys_by_tma) return WgmmaRule::Producer;
         if (s.cluster != 1) return WgmmaRule::Cluster;
         return WgmmaRule::None;
@@ -346,13 +347,14 @@ std::vector<AttentionSpec> choose_attention_specs(const AttentionProblem& p,
         return std::nullopt;
     };
 
-    // A kernel of the sm_90 backward's family (kinds 3-5: two warpgroups over 128 keys).
+    // A kernel of the sm_90 backward's family (kinds 3-5: two warpgroups over 128 keys, over
+    // 64 at head_dim 256).
     auto sm90_backward_kernel = [&](Kind kind) {
         AttentionSpec spec = simt(kind);
         spec.tensor_cores = spec.wgmma = 1;
         spec.warps = 8;
-        spec.block_n = 128;
-        spec.stages = 3;
+        spec.block_n = dp == 256 ? 64 : 128;
+        spec.stages = dp == 256 ? 2 : 3;
         return spec;
     };
     std::vector<AttentionSpec> specs;

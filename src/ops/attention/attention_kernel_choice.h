@@ -60,7 +60,7 @@ AttentionKernelOverride attention_kernel_override_from_environment();
 // the dtype, head_dim, rotation layout, strides and alignment allow, the first shape of the
 // tile tables whose rules hold and whose shared memory fits, the CUDA-core kernels otherwise.
 // The backward is the sm_90 backward's three kernels (prepare, wgmma backward, dq finish;
-// kinds 3-5) where the device runs wgmma with TMA, head_dim pads to 64 or 128, there is no
+// kinds 3-5) where the device runs wgmma with TMA, head_dim pads to 64, 128 or 256, there is no
 // pos_mask, v and dout suit TMA, the call is not deterministic and the override names no dq
 // or dk/dv shape; else dq first, then dk/dv, possibly split into a dk and a dv pass.
 // `override` (see above) comes first. Throws Error(UNSUPPORTED) for a head_dim above
@@ -77,8 +77,9 @@ std::vector<AttentionSpec> choose_attention_specs(const AttentionProblem& proble
 // (kernels_templates/attention_params.h), so the two cannot disagree.
 AttentionLaunchPlan attention_launch_plan(const AttentionSpec& spec);
 
-// The rules of the sm_90 backward's kernels (kinds 3-5): head_dim padded to 64 or 128, 128-key
-// blocks of 8 warps, no pos_mask, 2 or 3 query tiles in flight, no producer warps or clusters.
+// The rules of the sm_90 backward's kernels (kinds 3-5): head_dim padded to 64 or 128 with
+// 128-key blocks and 2 or 3 query tiles in flight, or to 256 with 64-key blocks and 2; 8 warps,
+// no pos_mask, no producer warps or clusters.
 // The rules of the wgmma forward: a forward with head_dim padded to 64 or 128 (56-64,
 // 120-128), 64- or 128-key tiles, one to three warpgroups of 16-row warps (four or more
 // spill), no pos_mask, 2 or 3 tiles in shared memory, no producer warps or one warpgroup of

@@ -93,7 +93,7 @@ int64_t grid_blocks(const AttentionSpec& spec, const AttentionProblem& p,
             return p.batch * (p.heads_q * w.seqlen_q_padded + p.heads_k * w.seqlen_k_padded) /
                    rows_per_block;
         case AttentionKernelKind::Backward:
-            *sequence_blocks = w.seqlen_k_padded / rows_per_block;
+            *sequence_blocks = (p.seqlen_k + rows_per_block - 1) / rows_per_block;
             return *sequence_blocks * p.batch * p.heads_k;
         case AttentionKernelKind::BackwardDqFinish:
             *sequence_blocks = w.seqlen_q_padded / rows_per_block;
