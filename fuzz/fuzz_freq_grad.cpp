@@ -110,7 +110,7 @@ void fuzz_gradient(Input& in) {
     args.cu_seqlens = cu_seqlens.dl();
     args.rotary_dim = int32_t(R);
     args.rotary_offset = int32_t(in.chance(4) ? in.below(D - R + 1) : 0);
-    fuzz::set_raw_enum(args.style, in.chance(16) ? int(int8_t(in.byte())) : int(in.below(2)));
+    fuzz::set_raw_enum(args.style, in.chance(16) ? int(int8_t(in.byte())) : int(in.below(3)));
     args.backward = !in.chance(16);
 
     // The gradient, a saved output or an output on another tensor's memory.

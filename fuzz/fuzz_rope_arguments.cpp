@@ -238,11 +238,34 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     args.q_position_offset = in.byte() % 4 == 0 ? in.i64() : in.byte() % 8;
     args.rotary_dim = int32_t(in.byte() % 4 == 0 ? in.i64() : in.byte() % 70);
     args.rotary_offset = int32_t(in.byte() % 8 == 0 ? in.i64() : in.byte() % 8);
-    // Any int, as a C caller may pass; stored bytewise since C++ forbids such enum values.
-    const int style = in.byte() % 8 == 0 ? int(in.byte()) : in.byte() % 2;
+    // Any int, as a C caller may pass (0-2: the three pair styles); stored bytewise since C++
+    // forbids such enum values.
+    const int style = in.byte() % 8 == 0 ? int(in.byte()) : in.byte() % 3;
     std::memcpy(&args.style, &style, sizeof style);
     args.backward = in.byte() % 2;
     if (in.byte() % 64 == 0) args.struct_size = size_t(in.byte());
+    // QK-norm, decoded after everything else so that older inputs keep their meaning (an
+    // exhausted input leaves every norm tensor absent).
+    enum { Q_NORM_WEIGHT, K_NORM_WEIGHT, Q_NORM_INPUT, K_NORM_INPUT, Q_NORM_GRAD, K_NORM_GRAD,
+           NORM_COUNT };
+    Built norm[NORM_COUNT];
+    for (Built& b : norm)
+        if (!build(in, b, base)) return 0;
+    auto norm_view = [&](int slot) -> const DLTensor* {
+        return norm[slot].present ? &norm[slot].tensor : nullptr;
+    };
+    const uint8_t norm_aliasing = in.byte();
+    args.q_norm_weight = norm_view(Q_NORM_WEIGHT);
+    args.k_norm_weight = norm_aliasing % 4 == 0 ? args.q_norm_weight : norm_view(K_NORM_WEIGHT);
+    args.q_norm_input = norm_aliasing / 4 % 4 == 0 ? args.q : norm_view(Q_NORM_INPUT);
+    args.k_norm_input = norm_aliasing / 16 % 4 == 0 ? args.k : norm_view(K_NORM_INPUT);
+    args.q_norm_weight_grad = norm_view(Q_NORM_GRAD);
+    args.k_norm_weight_grad = norm_view(K_NORM_GRAD);
+    if (in.byte() % 4 == 0) {
+        const int64_t bits = in.i64();  // any double, NaN and infinities included
+        std::memcpy(&args.norm_eps, &bits, sizeof bits);
+    }
+    args.norm_unit_offset = in.byte() % 2;
 
     static const bool verbose = std::getenv("ROPE_JIT_FUZZ_VERBOSE") != nullptr;
     if (verbose) {

@@ -101,7 +101,7 @@ void fuzz_rope(Input& in) {
     args.cu_seqlens = cu_seqlens.dl();
     args.rotary_dim = int32_t(R);
     args.rotary_offset = int32_t(offset);
-    fuzz::set_raw_enum(args.style, in.chance(16) ? int(int8_t(in.byte())) : int(in.below(2)));
+    fuzz::set_raw_enum(args.style, in.chance(16) ? int(int8_t(in.byte())) : int(in.below(3)));
     args.backward = in.chance(2);
     // A count the list does not match is refused (sums, or 1 to 8) before the list is read.
     args.num_mrope_sections = count;
@@ -152,7 +152,7 @@ void fuzz_tables(Input& in) {
     config.num_mrope_sections = count;
     config.mrope_sections = sections.data();
     config.mrope_interleaved = in.chance(2);
-    fuzz::set_raw_enum(config.style, in.chance(16) ? int(int8_t(in.byte())) : int(in.below(2)));
+    fuzz::set_raw_enum(config.style, in.chance(16) ? int(int8_t(in.byte())) : int(in.below(3)));
     config.float32_angles = in.chance(2);
     fuzz::check_status(rope_jit_rope_tables(&config, cos.dl(), sin.dl(), xpos.dl()));
 }

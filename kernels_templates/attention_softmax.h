@@ -91,12 +91,12 @@ __device__ __forceinline__ void split_plain(float (&rot)[NT][4], float (&plain)[
 
 // One step of the online softmax over a 16 x 8*NT score tile, one row pair per thread (rows g
 // and g + 8): scores (base 2, masks applied, times `scale` > 0 still to apply) become
-// probabilities relative to the running row maximum, the row sums are rescaled to the new
-// maximum, and alpha[r] is the factor the output rows must be rescaled by (rescale_rows).
+// probabilities relative to the running row maximum, and the row sums and the output
+// accumulators are rescaled to the new maximum.
 template <int NT>
-__device__ __forceinline__ void online_softmax_rows(float (&s)[NT][4], float (&row_max)[2],
-                                                    float (&row_sum)[2], float (&alpha)[2],
-                                                    float scale = 1.f) {
+__device__ __forceinline__ void online_softmax(float (&s)[NT][4], float (&row_max)[2],
+                                               float (&row_sum)[2], float (&o)[DTILES][4],
+                                               float scale = 1.f) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         float mx = neg_inf();
@@ -106,7 +106,7 @@ __device__ __forceinline__ void online_softmax_rows(float (&s)[NT][4], float (&r
         mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
         const float m_new = fmaxf(row_max[r], mx * scale);
         const float m_use = m_new == neg_inf() ? 0.f : m_new;
-        alpha[r] = exp2_approx(row_max[r] - m_use);
+        const float alpha = exp2_approx(row_max[r] - m_use);
         row_max[r] = m_new;
         float sum = 0.f;
 #pragma unroll
@@ -115,29 +115,13 @@ __device__ __forceinline__ void online_softmax_rows(float (&s)[NT][4], float (&r
             s[nt][2 * r + 1] = exp2_approx(fmaf(s[nt][2 * r + 1], scale, -m_use));
             sum += s[nt][2 * r] + s[nt][2 * r + 1];
         }
-        row_sum[r] = row_sum[r] * alpha[r] + sum;
-    }
-}
-
-// Rescales the output rows (g: o[.][0..1], g + 8: o[.][2..3]) by alpha.
-__device__ __forceinline__ void rescale_rows(float (&o)[DTILES][4], const float (&alpha)[2]) {
+        row_sum[r] = row_sum[r] * alpha + sum;
 #pragma unroll
-    for (int dt = 0; dt < DTILES; ++dt) {
-        o[dt][0] *= alpha[0];
-        o[dt][1] *= alpha[0];
-        o[dt][2] *= alpha[1];
-        o[dt][3] *= alpha[1];
+        for (int dt = 0; dt < DTILES; ++dt) {
+            o[dt][2 * r] *= alpha;
+            o[dt][2 * r + 1] *= alpha;
+        }
     }
-}
-
-// online_softmax_rows, then the output rows rescaled.
-template <int NT>
-__device__ __forceinline__ void online_softmax(float (&s)[NT][4], float (&row_max)[2],
-                                               float (&row_sum)[2], float (&o)[DTILES][4],
-                                               float scale = 1.f) {
-    float alpha[2];
-    online_softmax_rows<NT>(s, row_max, row_sum, alpha, scale);
-    rescale_rows(o, alpha);
 }
 
 // Normalizes a warp's 16 output rows (first query first_row) by their softmax sums and writes

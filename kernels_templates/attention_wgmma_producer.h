@@ -387,67 +387,6 @@ __device__ void produce(const Pipeline& pipe, const AttentionKernelParams& p, co
     }
 }
 
-// ---- the consumers with keys by TMA: the two warpgroups take turns (ping-pong) ----
-//
-// Each tile's two products, S = Q K^T and O += P V, are issued in a fixed order across the
-// consumer warpgroups: S of warpgroup 0, S of warpgroup 1, PV of 0, PV of 1, then the next
-// tile. A warpgroup waits for its turn (named barrier 2 + its index), issues, and hands the
-// turn on (arrives on the other's barrier), so one warpgroup's softmax runs while the other's
-// product keeps the tensor cores busy, rather than both softmaxes at once.
-__device__ __forceinline__ void turn_wait(int group) {
-    asm volatile("bar.sync %0, %1;\n" ::"r"(2 + group), "n"(THREADS) : "memory");
-}
-__device__ __forceinline__ void turn_pass(int group) {
-    asm volatile("bar.arrive %0, %1;\n" ::"r"(3 - group), "n"(THREADS) : "memory");
-}
-
-// Issues S = Q K^T of the warpgroup (both operands swizzled in shared memory) into s, as one
-// wgmma group.
-template <int NT>
-__device__ __forceinline__ void issue_scores(float (&s)[NT][4], unsigned q_group_tile,
-                                             unsigned key_tile) {
-    zero(s);
-    fence_registers(s);
-    __syncwarp();  // wgmma instructions are warp-aligned: every lane at the same one
-    fence_operands();
-#pragma unroll
-    for (int kk = 0; kk < KSTEPS; ++kk)
-        wgmma_ss<BLOCK_N>(s, query_descriptor(q_group_tile, kk), key_descriptor(key_tile, kk));
-    commit();
-}
-
-// The masks and the softmax step of a landed score tile (keys from n0): probabilities in s,
-// the output's rescale factors in alpha.
-template <int NT>
-__device__ __forceinline__ void tile_probabilities(float (&s)[NT][4], float (&row_max)[2],
-                                                   float (&row_sum)[2], float (&alpha)[2],
-                                                   const AttentionKernelParams& p, long long b,
-                                                   long long row_first, long long group_first,
-                                                   long long n0, int lane) {
-    const bool check_bounds = n0 + BLOCK_N > p.seqlen_k;
-    const bool check_causal = CAUSAL && n0 + BLOCK_N - 1 > group_first;
-    float scale = p.scale_log2;
-    if (check_bounds || check_causal || MASK_KIND != 0 || !(scale > 0.f)) {
-        scale_and_mask<NT, false>(s, p, b, row_first, n0, check_bounds, check_causal, lane);
-        scale = 1.f;
-    }
-    online_softmax_rows<NT>(s, row_max, row_sum, alpha, scale);
-}
-
-// Issues O += P V (P from registers, the value tile swizzled) as one wgmma group.
-template <int PSTEPS>
-__device__ __forceinline__ void issue_values_product(float (&o)[DTILES][4],
-                                                     unsigned (&pa)[PSTEPS][4],
-                                                     unsigned value_tile) {
-    fence_registers(o);
-    fence_registers(pa);
-    __syncwarp();
-    fence_operands();
-#pragma unroll
-    for (int kk = 0; kk < PSTEPS; ++kk) wgmma<DP, 1>(o, pa[kk], value_descriptor(value_tile, kk));
-    commit();
-}
-
 template <int D = DTYPE>
 __device__ void forward_specialized(const AttentionKernelParams& p, char* smem) {
     static_assert(WARPS % 4 == 0 && PRODUCER_WARPS == 4 && M_TILES == 1 && !HAS_POS_MASK,
@@ -484,15 +423,6 @@ __device__ void forward_specialized(const AttentionKernelParams& p, char* smem) 
     else
         __syncthreads();
 
-    // With keys by TMA the producers only issue copies: they hand most of their registers to
-    // the consumers (the block keeps its total, 168 x 384 = 40 x 128 + 232 x 256), which then
-    // hold 128-key tiles without spilling (ptxas: 48 bytes spilled at head_dim 128 without).
-    if constexpr (KEYS_BY_TMA && WARPS == 8) {
-        if (threadIdx.x >= THREADS)
-            asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
-        else
-            asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
-    }
     if (threadIdx.x >= THREADS) {
         produce(pipe, p, k_head, b, h / GQA_GROUP, tiles, static_cast<int>(rank));
         if constexpr (CLUSTER > 1) cluster_sync();  // no block exits while another may still use it
@@ -527,57 +457,6 @@ __device__ void forward_specialized(const AttentionKernelParams& p, char* smem) 
     float o[DTILES][4];
     float row_max[2] = {neg_inf(), neg_inf()}, row_sum[2] = {0.f, 0.f};
     zero(o);
-    // Every consumer arrives once per tile on its buffer's `empty` (of every block of a
-    // cluster).
-    auto release = [&](int t) {
-        if constexpr (CLUSTER > 1) {
-#pragma unroll
-            for (int r = 0; r < CLUSTER; ++r)
-                barrier_arrive_cluster(pipe.in_block(pipe.empty_of(t), r));
-        } else {
-            barrier_arrive(pipe.empty_of(t));
-        }
-    };
-    if constexpr (KEYS_BY_TMA && WARPS == 8) {
-        const int group = warp >> 2;
-        constexpr int NT = BLOCK_N / 8;
-        // Warpgroup 0 issues first; every turn taken is handed on, and the one warpgroup 1
-        // hands on last is taken after the loop, so both barriers end balanced.
-        if (group == 1) turn_pass(group);
-        for (int t = 0; t < tiles; ++t) {
-            const long long n0 = static_cast<long long>(t) * BLOCK_N;
-            barrier_wait(pipe.landed_of(t), Pipeline::phase_of(t));
-            // A causal warpgroup whose rows all end before the tile only takes its turns.
-            const bool active = !CAUSAL || n0 <= group_first + 63;
-            float s[NT][4];
-            unsigned pa[BLOCK_N / 16][4];
-            turn_wait(group);
-            if (active) issue_scores(s, q_group_tile, shared_address(pipe.key_tile(t)));
-            turn_pass(group);
-            if (active) {
-                wait_all();
-                fence_registers(s);
-                float alpha[2];
-                tile_probabilities(s, row_max, row_sum, alpha, p, b, row_first, group_first, n0,
-                                   lane);
-                rescale_rows(o, alpha);
-                to_a_fragments<NT>(pa, s);
-            }
-            turn_wait(group);
-            if (active) issue_values_product(o, pa, shared_address(pipe.value_tile(t)));
-            turn_pass(group);
-            if (active) {
-                wait_all();
-                fence_registers(o);
-                fence_registers(pa);
-            }
-            release(t);
-        }
-        if (group == 0) turn_wait(group);
-        finish_rows(o, row_max, row_sum, m.q + warp * 16 * ROWE, p, b, h, row_first, lane);
-        if constexpr (CLUSTER > 1) cluster_sync();
-        return;
-    }
     for (int t = 0; t < tiles; ++t) {
         const long long n0 = static_cast<long long>(t) * BLOCK_N;
         if constexpr (!KEYS_BY_TMA)
@@ -593,7 +472,13 @@ __device__ void forward_specialized(const AttentionKernelParams& p, char* smem) 
             fence_registers(o);
             fence_registers(pa);
         }
-        release(t);
+        if constexpr (CLUSTER > 1) {
+#pragma unroll
+            for (int r = 0; r < CLUSTER; ++r)
+                barrier_arrive_cluster(pipe.in_block(pipe.empty_of(t), r));
+        } else {
+            barrier_arrive(pipe.empty_of(t));
+        }
     }
     finish_rows(o, row_max, row_sum, m.q + warp * 16 * ROWE, p, b, h, row_first, lane);
     if constexpr (CLUSTER > 1) cluster_sync();

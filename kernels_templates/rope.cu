@@ -5,6 +5,8 @@
 //   BACKWARD_PASS                                    rotate by -angle (gradients)
 //   HEAD_DIM, ROTARY_DIM, ROTARY_OFFSET              features; [OFFSET, OFFSET+DIM) rotate
 //   INTERLEAVED                                      pairs (2i, 2i+1), else (i, i + R/2)
+//   PROPORTIONAL                                     half style with pairs (i, i + D/2)
+//                                                    (an enumerator, as are later fields)
 //   HAS_K, GQA_GROUP                                 k present; Hq = GQA_GROUP * Hk
 //   POSITION_MODE                                    0 implicit, 1 per-token, 2 seqlen offsets
 //   HAS_ROPE_INDICES                                 POSITION_MODE == 1
@@ -30,6 +32,7 @@
 
 #include "device_numeric.h"
 #include "rope_params.h"
+#include "rope_device.h"
 
 namespace {
 
@@ -84,37 +87,26 @@ constexpr int ROW_SETS = plan().row_sets;
 constexpr int TABLE_STEP = plan().table_step;
 constexpr int TABLE_SPAN = plan().table_span;
 
+// Where a pair's partner lies: R/2 after its first feature (half style), or D/2 (proportional,
+// whose unrotated features are the tail of each half). SECOND_SHIFT moves a chunk item of
+// second halves from R/2 + chunk to D/2 + chunk; COPY_SPLIT and COPY_SHIFT map the copy's
+// unrotated feature f to its place: f + COPY_SHIFT below COPY_SPLIT, else f + R. Enumerators,
+// not constexpr variables, so that the modules of the other styles keep their globals.
+enum : int {
+    PARTNER_DISTANCE = PROPORTIONAL ? HEAD_DIM / 2 : PAIRS,
+    SECOND_SHIFT = PROPORTIONAL ? HEAD_DIM / 2 - PAIRS : 0,
+    COPY_SPLIT = PROPORTIONAL ? HEAD_DIM / 2 - PAIRS : ROTARY_OFFSET,
+    COPY_SHIFT = PROPORTIONAL ? PAIRS : 0,
+};
+static_assert(!PROPORTIONAL || (!INTERLEAVED && ROTARY_OFFSET == 0 &&
+                                (!VEC_LOADS || (HEAD_DIM / 2) % VEC == 0) &&
+                                PAIRS % COPY_VEC == 0 && (HEAD_DIM / 2) % COPY_VEC == 0),
+              "proportional pairs: half style from feature 0, vectors that tile both halves");
+
 // ---- element types --------------------------------------------------------------------
 
 // StorageOf, float_of_bits16, load_float and float_to_bf16_bits: device_numeric.h, shared with
-// the attention templates.
-
-template <int DT>
-__device__ __forceinline__ typename StorageOf<DT>::type from_float(float v) {
-    if constexpr (DT == 0) {
-        return v;
-    } else if constexpr (DT == 1) {
-        unsigned short h;
-        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
-        return h;
-    } else {
-#if __CUDA_ARCH__ >= 800
-        unsigned short h;
-        asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));
-        return h;
-#else
-        return float_to_bf16_bits(v);  // what cvt.rn.bf16.f32 does on sm_80+
-#endif
-    }
-}
-
-template <int DT>
-__device__ __forceinline__ float storage_to_float(typename StorageOf<DT>::type v) {
-    if constexpr (DT == 0)
-        return v;
-    else
-        return float_of_bits16<DT>(v);
-}
+// the attention templates; from_float and storage_to_float: rope_device.h.
 
 using T = typename StorageOf<DTYPE>::type;
 
@@ -163,71 +155,7 @@ __device__ __forceinline__ void store_pack(T* y, long long stride, const Pack<N>
 
 // ---- positions --------------------------------------------------------------------------
 
-template <bool IS64>
-__device__ __forceinline__ long long load_index(const void* base, long long index) {
-    if (IS64) return static_cast<const long long*>(base)[index];
-    return static_cast<const int*>(base)[index];
-}
-
-// The table row of token (b, s) of q or k: positions (of `axis` with M-RoPE), else
-// s + seqlen_offsets[sequence], else s + position_offset (+ q_position_offset for q). Packed batches find their sequence
-// in cu_seqlens and restart s at 0 in each.
-__device__ long long table_row(const RopeKernelParams& p, long long b, long long s, bool is_k,
-                               int axis = 0) {
-    long long sequence = b, index = s;
-    if (PACKED) {
-        long long lo = 0, hi = p.num_sequences - 1;  // last sequence whose start <= s
-        while (lo < hi) {
-            const long long mid = (lo + hi + 1) / 2;
-            if (load_index<CU_SEQLENS_INT64>(p.cu_seqlens, mid * p.cu_seqlens_stride) <= s)
-                lo = mid;
-            else
-                hi = mid - 1;
-        }
-        sequence = lo;
-        index = s - load_index<CU_SEQLENS_INT64>(p.cu_seqlens, lo * p.cu_seqlens_stride);
-    }
-    if (HAS_ROPE_INDICES)
-        return load_index<POSITIONS_INT64>(
-            p.positions,
-            axis * p.positions_axis_stride + b * p.positions_stride[0] + s * p.positions_stride[1]);
-    if (POSITION_MODE == 2)
-        return index + load_index<SEQLEN_OFFSETS_INT64>(p.seqlen_offsets,
-                                                        sequence * p.seqlen_offsets_stride);
-    return index + p.position_offset + (is_k ? 0 : p.q_position_offset);
-}
-
-// cos and sin of one pair at one table row, with the backward sign and xPos folded in.
-__device__ void pair_angle(const RopeKernelParams& p, long long row, int pair, bool is_k, float* c,
-                           float* s) {
-    if (ANGLES_FROM_INV_FREQ) {
-        // fp64 keeps p * inv_freq exact far beyond fp32's 2^24 positions; the reduction inside
-        // sincos is then exact too.
-        const double angle =
-            double(row) * double(load_float<INV_FREQ_DTYPE>(p.inv_freq, pair * p.inv_freq_stride));
-        double sd, cd;
-        sincos(angle, &sd, &cd);
-        *c = float(cd);
-        *s = float(sd);
-    } else {
-        const long long col = table_column(TABLE_FULL, INTERLEAVED, pair);
-        *c = load_float<TABLE_DTYPE>(p.cos, row * p.cos_stride[0] + col * p.cos_stride[1]);
-        *s = load_float<TABLE_DTYPE>(p.sin, row * p.sin_stride[0] + col * p.sin_stride[1]);
-    }
-    if (BACKWARD_PASS) *s = -*s;
-    if (HAS_XPOS) {
-        const long long col = table_column(TABLE_FULL, INTERLEAVED, pair);
-        const float scale =
-            load_float<XPOS_DTYPE>(p.xpos, row * p.xpos_stride[0] + col * p.xpos_stride[1]);
-        if (is_k) {
-            *c /= scale;
-            *s /= scale;
-        } else {
-            *c *= scale;
-            *s *= scale;
-        }
-    }
-}
+// load_index, table_row and pair_angle: rope_device.h, shared with rope_norm.cu.
 
 using TableT = typename StorageOf<TABLE_DTYPE>::type;
 
@@ -283,8 +211,8 @@ __device__ __forceinline__ ItemSpan item_span(int item) {
     ItemSpan span;
     span.second = CHUNK_ITEMS && item >= PAIRS / VEC;
     const int chunk = span.second ? item - PAIRS / VEC : item;
-    span.own = ROTARY_OFFSET + item * VEC;
-    span.partner = span.second ? span.own - PAIRS : span.own + PAIRS;
+    span.own = ROTARY_OFFSET + item * VEC + (span.second ? SECOND_SHIFT : 0);
+    span.partner = span.second ? span.own - PARTNER_DISTANCE : span.own + PARTNER_DISTANCE;
     span.pair0 = chunk * PAIRS_PER_ITEM;
     return span;
 }
@@ -366,19 +294,6 @@ __device__ __forceinline__ void accumulate_freq_grad(const ItemData& g, const It
     }
 }
 
-// Token u of the grid as (batch row, index in it); 32-bit division when the sizes allow it.
-__device__ __forceinline__ void split_token(const RopeKernelParams& p, long long u, long long* b,
-                                            long long* s) {
-    if (p.units <= 0x7fffffffLL) {
-        const unsigned uu = static_cast<unsigned>(u), per_row = static_cast<unsigned>(p.seqlen_max);
-        const unsigned row = uu / per_row;
-        *b = row;
-        *s = uu - row * per_row;
-    } else {
-        *b = u / p.seqlen_max;
-        *s = u - *b * p.seqlen_max;
-    }
-}
 
 // Where token (b, s)'s rows start in q, q_out, k, k_out (and the saved outputs).
 __device__ __forceinline__ RopeTokenBases token_bases(const RopeKernelParams& p, long long b,
@@ -570,7 +485,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM)
                 const int f = (item - rest * COPY_UNITS) * COPY_VEC;
                 const int token = rest / (heads_q + heads_k);
                 int h = rest - token * (heads_q + heads_k);
-                const long long d = f < ROTARY_OFFSET ? f : f + ROTARY_DIM;
+                const long long d = f < COPY_SPLIT ? f + COPY_SHIFT : f + ROTARY_DIM;
                 const RopeTokenBases base = s_bases[token];
                 dst_is_k[j] = HAS_K && h >= heads_q;
                 if (dst_is_k[j] ? (IN_PLACE_K || base.k_in < 0) : (IN_PLACE_Q || base.q_in < 0))

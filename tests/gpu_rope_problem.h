@@ -54,6 +54,7 @@ inline bool is_packed(Layout l) {
 struct Spec {
     Dt dt = Dt::F32, table_dt = Dt::F32, index_dt = Dt::I64;
     bool interleaved = false, backward = false, has_k = true, xpos = false;
+    bool proportional = false;  // ROPE_JIT_STYLE_PROPORTIONAL (interleaved false, offset 0)
     bool in_place = true;
     bool out_as_same_view = false;  // in place by passing q as q_out (and k as k_out)
     bool rotary_dim_zero = false;   // pass rotary_dim = 0 (R == D, offset 0)
@@ -68,7 +69,8 @@ inline std::string describe(const Spec& c) {
     std::ostringstream text;
     text << "dt=" << dt_name(c.dt) << " table_dt=" << dt_name(c.table_dt)
          << " index_dt=" << dt_name(c.index_dt)
-         << " style=" << (c.interleaved ? "interleaved" : "half") << " backward=" << c.backward
+         << " style=" << (c.proportional ? "proportional" : c.interleaved ? "interleaved" : "half")
+         << " backward=" << c.backward
          << " has_k=" << c.has_k << " xpos=" << c.xpos << " in_place=" << c.in_place
          << " out_as_same_view=" << c.out_as_same_view << " rotary_dim_zero=" << c.rotary_dim_zero
          << " layout=" << layout_name(c.layout) << " positions=" << positions_name(c.positions)
@@ -127,6 +129,26 @@ inline Spec random_spec(std::mt19937& rng) {
     c.rotary_dim_zero = c.R == c.D && (rng() & 1);
     c.group = pick<int64_t>(rng, {1, 4, 8});
     redraw_sizes(c, rng);
+    return c;
+}
+
+// The seed of the proportional sweep (test_gpu_rope_proportional.cpp), whose specs a CPU test
+// also compiles (test_rope_proportional.cpp).
+constexpr uint32_t kProportionalSeed = 20261201;
+constexpr uint32_t kProportionalFamilies = 40;
+
+// A random spec made proportional (ROPE_JIT_STYLE_PROPORTIONAL): no offset, head dims up to
+// Gemma-4's 512 and 576, and R a quarter, a half, all of D, one pair or any even count.
+inline Spec random_proportional_spec(std::mt19937& rng) {
+    Spec c = random_spec(rng);
+    c.proportional = true;
+    c.interleaved = false;
+    c.offset = 0;
+    c.D = pick<int64_t>(rng, {12, 64, 80, 128, 256, 512, 576});
+    const auto even = [](int64_t n) { return std::max<int64_t>(2, n - n % 2); };
+    c.R = pick<int64_t>(rng, {even(c.D / 4), even(c.D / 2), c.D, 2,
+                              2 * (1 + int64_t(rng() % uint32_t(c.D / 2)))});
+    c.rotary_dim_zero = c.R == c.D && (rng() & 1);
     return c;
 }
 
@@ -311,7 +333,9 @@ inline rope_jit_rope_args make_args(const Spec& c, const Views& v, rope_jit::CUs
     args.q_position_offset = c.q_extra;
     args.rotary_dim = int32_t(c.rotary_dim_zero ? 0 : c.R);
     args.rotary_offset = int32_t(c.offset);
-    args.style = c.interleaved ? ROPE_JIT_STYLE_INTERLEAVED : ROPE_JIT_STYLE_HALF;
+    args.style = c.proportional  ? ROPE_JIT_STYLE_PROPORTIONAL
+                 : c.interleaved ? ROPE_JIT_STYLE_INTERLEAVED
+                                 : ROPE_JIT_STYLE_HALF;
     args.backward = c.backward;
     args.stream = stream;
     return args;

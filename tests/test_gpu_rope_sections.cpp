@@ -77,16 +77,18 @@ TEST_SUITE("gpu") {
     TEST_CASE_FIXTURE(GpuFixture,
                       "multi-section positions (M-RoPE) on the GPU match the CPU backend") {
         std::mt19937 rng(31);
-        for (int variant = 0; variant < 24; ++variant) {
+        // Variants 24..29: proportional pairs (i, i + D/2) over half the features (Gemma-4).
+        for (int variant = 0; variant < 30; ++variant) {
             const Dt dt = variant % 3 == 0 ? Dt::F32 : variant % 3 == 1 ? Dt::BF16 : Dt::F16;
-            const bool interleaved_style = variant % 2;
+            const bool proportional = variant >= 24;
+            const bool interleaved_style = variant % 2 && !proportional;
             const int angles = variant % 4 < 2    ? 0
                                : variant % 4 == 2 ? 1
                                                   : 2;  // full, half, inv_freq
             const bool sections_interleaved = variant % 5 == 0;
             const bool batched_positions = variant % 3 != 2;
-            const int64_t B = 2, S = 19, Hk = 2, Hq = 8, D = variant % 2 ? 128 : 80, R = D,
-                          half = R / 2;
+            const int64_t B = 2, S = 19, Hk = 2, Hq = 8, D = variant % 2 ? 128 : 80,
+                          R = proportional ? D / 2 : D, half = R / 2;
             // Interleaved sections (Qwen3-VL) give axis a >= 1 the pairs a, a+3, ...: axis 0 must be
             // the largest for those to fit.
             std::vector<int32_t> sections =
@@ -94,8 +96,14 @@ TEST_SUITE("gpu") {
                                                  : std::vector<int32_t>{16, 24, 24})
                          : (sections_interleaved ? std::vector<int32_t>{16, 12, 12}
                                                  : std::vector<int32_t>{10, 10, 20});
+            if (proportional)
+                sections = D == 128 ? (sections_interleaved ? std::vector<int32_t>{12, 10, 10}
+                                                            : std::vector<int32_t>{8, 12, 12})
+                                    : (sections_interleaved ? std::vector<int32_t>{8, 6, 6}
+                                                            : std::vector<int32_t>{5, 5, 10});
             CAPTURE(variant);
             CAPTURE(D);
+            CAPTURE(proportional);
             const int64_t P = 64;
             HostTensor q(dt, {B, Hq, S, D}, {0, 2, 1, 3}), k(dt, {B, Hk, S, D});
             q.fill_uniform(rng, -2, 2);
@@ -119,7 +127,10 @@ TEST_SUITE("gpu") {
 
             rope_jit_rope_args args;
             rope_jit_rope_args_init(&args);
-            args.style = interleaved_style ? ROPE_JIT_STYLE_INTERLEAVED : ROPE_JIT_STYLE_HALF;
+            args.style = proportional        ? ROPE_JIT_STYLE_PROPORTIONAL
+                         : interleaved_style ? ROPE_JIT_STYLE_INTERLEAVED
+                                             : ROPE_JIT_STYLE_HALF;
+            args.rotary_dim = int32_t(R);
             args.backward = variant % 7 == 3;
             args.mrope_sections = sections.data();
             args.num_mrope_sections = 3;
@@ -145,11 +156,16 @@ TEST_SUITE("gpu") {
 
     TEST_CASE_FIXTURE(GpuFixture, "the frequency gradient on the GPU matches the CPU backend") {
         std::mt19937 rng(47);
-        for (int variant = 0; variant < 8; ++variant) {
+        // Variants 8..11: proportional pairs (i, i + D/2) over a quarter or half of D.
+        for (int variant = 0; variant < 12; ++variant) {
             const Dt dt = variant % 2 ? Dt::BF16 : Dt::F32;
-            const int64_t B = 2, S = 33, Hk = 2, Hq = 4, D = 64, R = variant % 4 < 2 ? 64 : 32,
+            const bool proportional = variant >= 8;
+            const int64_t B = 2, S = 33, Hk = 2, Hq = 4, D = 64,
+                          R = proportional ? (variant % 4 < 2 ? 16 : 32)
+                                           : (variant % 4 < 2 ? 64 : 32),
                           half = R / 2;
             CAPTURE(variant);
+            CAPTURE(proportional);
             HostTensor g_q(dt, {B, Hq, S, D}), g_k(dt, {B, Hk, S, D}), y_q(dt, {B, Hq, S, D}),
                 y_k(dt, {B, Hk, S, D});
             for (HostTensor* t : {&g_q, &g_k, &y_q, &y_k}) t->fill_uniform(rng, -1, 1);
@@ -164,7 +180,9 @@ TEST_SUITE("gpu") {
 
             rope_jit_rope_args args;
             rope_jit_rope_args_init(&args);
-            args.style = variant % 3 ? ROPE_JIT_STYLE_HALF : ROPE_JIT_STYLE_INTERLEAVED;
+            args.style = proportional  ? ROPE_JIT_STYLE_PROPORTIONAL
+                         : variant % 3 ? ROPE_JIT_STYLE_HALF
+                                       : ROPE_JIT_STYLE_INTERLEAVED;
             args.backward = 1;
             args.rotary_dim = int32_t(R);
             std::vector<HostTensor*> tensors = {&g_q,      &g_k,  &y_q,   &y_k,

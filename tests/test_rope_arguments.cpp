@@ -398,7 +398,16 @@ TEST_CASE("tensors on a device the backend cannot reach are rejected") {
 TEST_CASE("an unknown style is rejected") {
     ValidCall call;
     call.args.style = static_cast<rope_jit_style>(7);
-    call.expect_invalid("style: must be ROPE_JIT_STYLE_HALF or ROPE_JIT_STYLE_INTERLEAVED, got 7");
+    call.expect_invalid("style: must be ROPE_JIT_STYLE_HALF, ROPE_JIT_STYLE_INTERLEAVED or "
+                        "ROPE_JIT_STYLE_PROPORTIONAL, got 7");
+}
+
+TEST_CASE("a proportional style with a rotary offset is rejected, naming rotary_offset") {
+    ValidCall call;
+    call.args.style = ROPE_JIT_STYLE_PROPORTIONAL;
+    call.args.rotary_dim = 4;
+    call.args.rotary_offset = 2;
+    call.expect_invalid("rotary_offset: must be 0 with ROPE_JIT_STYLE_PROPORTIONAL");
 }
 
 namespace {

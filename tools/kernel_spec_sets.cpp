@@ -32,6 +32,14 @@ const std::vector<Preset> kPresets = {
     {"gpt-j-6b", "hidden 4096, 16 heads, rotary_dim 64, rotate_every_two", 256, 64, "interleaved",
      1},
     {"gpt-neox-20b", "hidden 6144, 64 heads, rotary_pct 0.25", 96, 24, "half", 1},
+    // The full-attention layers, as issue 23 describes them; the kv grouping is an assumption
+    // still to check against the published config.json.
+    {"gemma-4", "full-attention layers: head_dim 512, proportional rotary (pairs (i, i+256)), "
+     "partial_rotary_factor 0.25; kv grouping 2 assumed",
+     512, 128, "proportional", 2},
+    // QK-norm (q_norm and k_norm RMSNorm over head_dim before the rotation).
+    {"qwen3-8b", "hidden 4096, 32 heads, 8 kv heads, head_dim 128, q_norm/k_norm", 128, 128,
+     "half", 4, true},
 };
 
 // Reads at most kMaxManifestBytes (+1 to tell a larger file), so /dev/zero or a huge file
@@ -131,21 +139,31 @@ std::vector<SpecTemplate> preset_templates(const std::string& name, const Ops& o
     for (const Preset& preset : kPresets) {
         if (name != preset.name) continue;
         std::vector<SpecTemplate> templates;
-        if (ops.rope)
-            templates.push_back(
-                SpecTemplate{json{{"op", "rope"},
-                                  {"head_dim", preset.head_dim},
-                                  {"rotary_dim", preset.rotary_dim},
-                                  {"style", preset.style},
-                                  {"gqa_group", preset.gqa_group},
-                                  {"dtype", "bfloat16"},
-                                  {"table_dtype", "bfloat16"},
-                                  {"angles", "table-full"},
-                                  {"direction", {"forward", "backward"}},
-                                  {"positions", {"implicit", "indices", "seqlen-offsets"}},
-                                  {"in_place_q", {true, false}}},
-                             name, ""});
-        if (ops.attention)
+        json rope{{"op", "rope"},
+                  {"head_dim", preset.head_dim},
+                  {"rotary_dim", preset.rotary_dim},
+                  {"style", preset.style},
+                  {"gqa_group", preset.gqa_group},
+                  {"dtype", "bfloat16"},
+                  {"table_dtype", "bfloat16"},
+                  {"angles", "table-full"},
+                  {"direction", {"forward", "backward"}},
+                  {"positions", {"implicit", "indices", "seqlen-offsets"}},
+                  {"in_place_q", {true, false}}};
+        if (ops.rope && preset.qk_norm) {
+            // The forward, and the backward with the weight gradients (a training step).
+            rope["qk_norm"] = true;
+            rope["norm_weight_dtype"] = "bfloat16";
+            rope["direction"] = "forward";
+            templates.push_back(SpecTemplate{rope, name, ""});
+            rope["direction"] = "backward";
+            rope["norm_weight_grad"] = true;
+            templates.push_back(SpecTemplate{rope, name, ""});
+        } else if (ops.rope) {
+            templates.push_back(SpecTemplate{rope, name, ""});
+        }
+        // The attention op has no proportional pairs: such a preset prewarms RoPE only.
+        if (ops.attention && std::string(preset.style) != "proportional")
             templates.push_back(SpecTemplate{json{{"op", "attention"},
                                                   {"head_dim", preset.head_dim},
                                                   {"rotary_dim", preset.rotary_dim},

@@ -47,8 +47,9 @@ struct Preset {
     const char* about;  // the config values the spec comes from
     int head_dim;
     int rotary_dim;
-    const char* style;  // "half" or "interleaved"
+    const char* style;  // "half", "interleaved" or "proportional" (RoPE only: no attention)
     int gqa_group;      // num_attention_heads / num_key_value_heads
+    bool qk_norm = false;  // RMSNorm of q and k heads before the rotation (bf16 weights)
 };
 
 // Every preset, in a fixed order.
@@ -59,9 +60,11 @@ const std::vector<Preset>& presets();
 //   full tables (HF casts cos/sin to the activations' dtype), forward and backward, in place
 //   and out of place (apply_rope and the HF drop-in return new tensors, and their backward
 //   too), with implicit positions, int64 position indices and int64 per-sequence offsets
-//   (the HF drop-in with a batch of several [B, S, R] tables).
+//   (the HF drop-in with a batch of several [B, S, R] tables). With qk_norm: the same with the
+//   norm fused (bf16 weights), the backward with weight gradients.
 // - Attention as rope_jit.attention / rope_jit.torch_ops.attention call it: bf16, bf16
-//   tables of either format, causal, with and without lse, forward and backward.
+//   tables of either format, causal, with and without lse, forward and backward (not for
+//   proportional presets: the attention op has no such pairs).
 std::vector<SpecTemplate> preset_templates(const std::string& name, const Ops& ops);
 
 // The templates of a manifest file:

@@ -826,7 +826,8 @@ int run(int argc, char** argv) {
         ->add_option("--table-dtype", table_dtypes,
                      "spec: cos/sin dtype, float32 (default), float16, bfloat16")
         ->delimiter(',');
-    prewarm->add_option("--style", styles, "spec: half (default) or interleaved")->delimiter(',');
+    prewarm->add_option("--style", styles, "spec: half (default), interleaved or proportional")
+        ->delimiter(',');
     prewarm->add_option("--direction", directions, "spec: forward (default), backward")
         ->delimiter(',');
     prewarm

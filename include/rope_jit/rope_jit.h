@@ -40,8 +40,16 @@
  *     ROPE_JIT_STYLE_INTERLEAVED (GPT-J, flash-attn interleaved): pair(i) = (x[o+2i], x[o+2i+1])
  *         x: [ a0 b0 a1 b1 a2 b2 a3 b3 ]      pairs (a0,b0) (a1,b1) (a2,b2) (a3,b3)
  *
- * Features outside [o, o+R) are copied unchanged. All arithmetic is fp32 (the CPU reference
- * computes on-the-fly angles in fp64).
+ *     ROPE_JIT_STYLE_PROPORTIONAL (Gemma-4 partial rotary): pair(i) = (x[i], x[i+D/2]),
+ *     D = head_dim: half style whose partner lies head_dim/2 (not R/2) away, so that partial
+ *     rotary turns the first R/2 features of each half and passes the rest through:
+ *         x: [ a0 a1 n n | b0 b1 n n ]        R = 4, D = 8: pairs (a0,b0) (a1,b1)
+ *     It is HF rotate_half over the whole head with the angles of pairs R/2..D/2-1 zero.
+ *     rotary_offset must be 0; tables and inv_freq hold the R/2 rotated pairs only (a full
+ *     table [P, R] is laid out as for STYLE_HALF).
+ *
+ * Features outside [o, o+R) (STYLE_PROPORTIONAL: outside the pairs) are copied unchanged. All
+ * arithmetic is fp32 (the CPU reference computes on-the-fly angles in fp64).
  * ------------------------------------------------------------------------------------------
  */
 #ifndef ROPE_JIT_H
@@ -137,8 +145,12 @@ typedef enum rope_jit_backend_kind {
 
 /* Which two features of a head form a rotated pair (see "RoPE in brief" above). */
 typedef enum rope_jit_style {
-    ROPE_JIT_STYLE_HALF = 0,       /* (x[o+i], x[o+i+R/2]): GPT-NeoX, Llama, HF, Unsloth */
-    ROPE_JIT_STYLE_INTERLEAVED = 1 /* (x[o+2i], x[o+2i+1]): GPT-J, rotary-embedding-torch */
+    ROPE_JIT_STYLE_HALF = 0,        /* (x[o+i], x[o+i+R/2]): GPT-NeoX, Llama, HF, Unsloth */
+    ROPE_JIT_STYLE_INTERLEAVED = 1, /* (x[o+2i], x[o+2i+1]): GPT-J, rotary-embedding-torch */
+    /* (x[i], x[i+D/2]) for i < R/2: Gemma-4 "proportional" partial rotary. rope_jit_rope,
+     * prewarm specs and the table builder take it; rope_jit_attention does not (it fails with
+     * ERROR_INVALID_ARGUMENT naming style). */
+    ROPE_JIT_STYLE_PROPORTIONAL = 2
 } rope_jit_style;
 
 /* ========================================================================================
@@ -266,9 +278,11 @@ typedef struct rope_jit_rope_args {
     /* Number of rotated features R; 0 (default) = head_dim. Even, and
      * rotary_offset + rotary_dim <= head_dim. */
     int32_t rotary_dim;
-    /* First rotated feature o. Default 0. */
+    /* First rotated feature o. Default 0; must be 0 with ROPE_JIT_STYLE_PROPORTIONAL. */
     int32_t rotary_offset;
-    /* Pair style. Default ROPE_JIT_STYLE_HALF. */
+    /* Pair style. Default ROPE_JIT_STYLE_HALF. ROPE_JIT_STYLE_PROPORTIONAL works with every
+     * other field of this struct (positions, varlen, GQA, both table formats, inv_freq, xPos,
+     * M-RoPE sections, which then split its R/2 pairs, and the frequency gradient). */
     rope_jit_style style;
     /* 1: apply the inverse rotation (the backward pass: q and k hold gradients). Default 0. */
     int backward;
@@ -339,6 +353,50 @@ typedef struct rope_jit_rope_args {
      * otherwise. */
     const DLTensor* q_saved;
     const DLTensor* k_saved;
+
+    /* ---- QK-norm: RMSNorm of each head before the rotation ------------------------------
+     *
+     * Qwen3, Gemma 3 and OLMo 2 normalize every head vector x of q and k over its D features
+     * before rotating it. With q_norm_weight given, this call does the same:
+     *
+     *     n = x / sqrt(mean(x^2) + norm_eps) * w'     w' = w, or 1 + w with norm_unit_offset
+     *     y = rope(n)                                 (every other field as without the norm)
+     *
+     * for every head of q (weights q_norm_weight) and of k (k_norm_weight). All D features are
+     * normalized; features outside the rotated pairs leave as n. Arithmetic in fp32.
+     *
+     * Backward (backward = 1): q and k hold dL/dy and the call writes dL/dx into q_out and
+     * k_out (or in place). With g = the inverse rotation of dL/dy, xh = x * r and
+     * r = 1 / sqrt(mean(x^2) + norm_eps):
+     *
+     *     dL/dx = r * (w' * g - xh * mean(w' * g * xh))
+     *     dL/dw = sum over every token and head of g * xh      (the same for 1 + w)
+     *
+     * which needs the forward's inputs x (q_norm_input, k_norm_input). The weight gradients
+     * are optional outputs; the CPU backend sums them in float64 in a fixed order; the CUDA
+     * backend zeroes them on args->stream, then adds float32 block sums with atomics, so their
+     * last bits may vary from run to run. Not combinable with inv_freq_grad. The CUDA backend
+     * takes head_dim <= 3072 (<= 6144 without weight gradients). */
+
+    /* Norm weights [D] (float32, float16 or bfloat16, both of one dtype; any stride), or NULL
+     * (default): no norm. k_norm_weight is required when k is given and q_norm_weight is,
+     * and must be NULL otherwise. */
+    const DLTensor* q_norm_weight;
+    const DLTensor* k_norm_weight;
+    /* The epsilon inside the square root: finite and > 0. Default 1e-6. */
+    double norm_eps;
+    /* 1: the weights are offsets from 1 (Gemma's (1 + w)); 0 (default): y = n * w. */
+    int norm_unit_offset;
+    /* Backward with norm weights: the forward's q and k as they were before the norm (same
+     * shape and dtype as q and k, any strides, read only, not overlapping what the call
+     * writes). Required then (k_norm_input when k is given); NULL (default) otherwise. */
+    const DLTensor* q_norm_input;
+    const DLTensor* k_norm_input;
+    /* Backward with norm weights: outputs [D] float32 for dL/dw of q's and k's weights, or
+     * NULL (default) for none; overwritten (not accumulated into), see above. Each must have
+     * its own memory. k_norm_weight_grad needs k. */
+    const DLTensor* q_norm_weight_grad;
+    const DLTensor* k_norm_weight_grad;
 } rope_jit_rope_args;
 
 /* The most sections rope_jit_rope_args.mrope_sections (and rope_jit_table_config) may have. */
@@ -380,9 +438,9 @@ typedef struct rope_jit_kernel_spec {
     int32_t head_dim;
     /* Rotated features; 0 (default) = head_dim. */
     int32_t rotary_dim;
-    /* First rotated feature. Default 0. */
+    /* First rotated feature. Default 0 (0 with ROPE_JIT_STYLE_PROPORTIONAL). */
     int32_t rotary_offset;
-    /* Default ROPE_JIT_STYLE_HALF. */
+    /* Default ROPE_JIT_STYLE_HALF; any of the three. */
     rope_jit_style style;
     /* 1: backward (inverse rotation). Default 0. */
     int backward;
@@ -404,6 +462,15 @@ typedef struct rope_jit_kernel_spec {
     int xpos;
     /* 1 (default): in place; 0: separate outputs. */
     int in_place;
+    /* 1: QK-norm before the rotation (rope_jit_rope_args.q_norm_weight). Default 0. */
+    int qk_norm;
+    /* With qk_norm: 1 for weights 1 + w (norm_unit_offset). Default 0. */
+    int norm_unit_offset;
+    /* With qk_norm: dtype of the norm weights. Default float32. */
+    DLDataType norm_weight_dtype;
+    /* With qk_norm and backward: 1 (default) when the call also computes the weight
+     * gradients (q_norm_weight_grad or k_norm_weight_grad given). */
+    int norm_weight_grad;
 } rope_jit_kernel_spec;
 
 /* Fills *spec with the defaults above and sets struct_size. NULL is ignored. */
@@ -484,11 +551,13 @@ ROPE_JIT_API rope_jit_status rope_jit_prewarm(rope_jit_runtime* runtime,
  *   RoPE ("op": "rope", the default): the fields of a kernel spec. Required: "head_dim".
  *     Enumerations by name: "dtype", "table_dtype", "inv_freq_dtype", "xpos_dtype":
  *     "float32" | "float16" | "bfloat16"; "direction": "forward" | "backward"; "style":
- *     "half" | "interleaved"; "positions": "implicit" | "indices" | "seqlen-offsets";
+ *     "half" | "interleaved" | "proportional"; "positions": "implicit" | "indices" |
+ *     "seqlen-offsets";
  *     "angles": "table-full" | "table-half" | "inv-freq". Integers: "rotary_dim" (default
  *     head_dim), "rotary_offset", "gqa_group", "mrope_axes". Booleans: "has_k" (default
  *     true), "packed", "xpos", "in_place_q" (default true), "in_place_k", "freq_grad",
- *     "positions_int64", "seqlen_offsets_int64", "cu_seqlens_int64", "k_own_angles".
+ *     "positions_int64", "seqlen_offsets_int64", "cu_seqlens_int64", "k_own_angles", "qk_norm",
+ *     "norm_unit_offset", "norm_weight_grad" (QK-norm; "norm_weight_dtype" names a dtype).
  *     Left out, the derived fields (index dtypes: int64 where read; in_place_k = in_place_q;
  *     "vec", "vec_loads", "copy_vec", "table_vec_loads", "block_threads") take what a call
  *     with C-contiguous, 16-byte-aligned tensors gets; the others take rope_jit_kernel_spec_
@@ -796,8 +865,9 @@ ROPE_JIT_API rope_jit_status rope_jit_inv_freq(const rope_jit_freq_config* confi
  * where the position is position_start + r, or positions[axis(i) * P + r] when positions
  * is given (axis(i) = 0 without sections; P = the tables' rows). Each table is [P, n] (half:
  * column i) or [P, 2n] (full: pair i in columns i and i + n for STYLE_HALF, as HF's
- * cat(freqs, freqs); in columns 2i and 2i + 1 for STYLE_INTERLEAVED, as
- * rotary-embedding-torch's repeat), which is exactly what rope_jit_rope_args reads. */
+ * cat(freqs, freqs), and for STYLE_PROPORTIONAL; in columns 2i and 2i + 1 for
+ * STYLE_INTERLEAVED, as rotary-embedding-torch's repeat), which is exactly what
+ * rope_jit_rope_args reads. */
 typedef struct rope_jit_table_config {
     /* sizeof(rope_jit_table_config) as the caller compiled it. Set by rope_jit_table_config_init. */
     size_t struct_size;
@@ -816,7 +886,8 @@ typedef struct rope_jit_table_config {
     double interpolate_factor;
     /* Multiplies cos and sin (HF attention_scaling from rope_jit_inv_freq). Default 1. */
     double attention_factor;
-    /* Column layout of full tables. Default ROPE_JIT_STYLE_HALF. */
+    /* Column layout of full tables. Default ROPE_JIT_STYLE_HALF (STYLE_PROPORTIONAL: the
+     * same layout). */
     rope_jit_style style;
     /* Axial tables: the split of the n pairs into position axes, as in rope_jit_rope_args
      * (mrope_sections, num_mrope_sections, mrope_interleaved). Default NULL, 0, 0. With

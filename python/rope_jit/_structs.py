@@ -70,6 +70,7 @@ BACKEND_CPU = 2
 # rope_jit_style
 STYLE_HALF = 0
 STYLE_INTERLEAVED = 1
+STYLE_PROPORTIONAL = 2
 
 # rope_jit_position_mode
 POSITIONS_IMPLICIT = 0
@@ -131,6 +132,15 @@ class RopeArgs(ctypes.Structure):
         ("inv_freq_grad", DLTensorPointer),
         ("q_saved", DLTensorPointer),
         ("k_saved", DLTensorPointer),
+        # QK-norm: RMSNorm of each head before the rotation.
+        ("q_norm_weight", DLTensorPointer),
+        ("k_norm_weight", DLTensorPointer),
+        ("norm_eps", ctypes.c_double),
+        ("norm_unit_offset", ctypes.c_int),
+        ("q_norm_input", DLTensorPointer),
+        ("k_norm_input", DLTensorPointer),
+        ("q_norm_weight_grad", DLTensorPointer),
+        ("k_norm_weight_grad", DLTensorPointer),
     ]
 
 
@@ -158,6 +168,10 @@ class KernelSpec(ctypes.Structure):
         ("table_dtype", DLDataType),
         ("xpos", ctypes.c_int),
         ("in_place", ctypes.c_int),
+        ("qk_norm", ctypes.c_int),
+        ("norm_unit_offset", ctypes.c_int),
+        ("norm_weight_dtype", DLDataType),
+        ("norm_weight_grad", ctypes.c_int),
     ]
 
 

@@ -51,9 +51,13 @@ def _too_old(library, field):
 
 
 # The tensors laid out like q and k (the ones `layout` describes).
-_HEAD_TENSORS = frozenset(("q", "k", "q_out", "k_out", "q_saved", "k_saved"))
+_HEAD_TENSORS = frozenset(
+    ("q", "k", "q_out", "k_out", "q_saved", "k_saved", "q_norm_input", "k_norm_input")
+)
 # The tensors the call writes whenever they are given (q and k only when they have no output).
-_OUTPUT_TENSORS = frozenset(("q_out", "k_out", "inv_freq_grad"))
+_OUTPUT_TENSORS = frozenset(
+    ("q_out", "k_out", "inv_freq_grad", "q_norm_weight_grad", "k_norm_weight_grad")
+)
 # rope()'s tensor arguments, in the order they are converted (and errors reported).
 _TENSOR_NAMES = (
     "q",
@@ -70,6 +74,12 @@ _TENSOR_NAMES = (
     "inv_freq_grad",
     "q_saved",
     "k_saved",
+    "q_norm_weight",
+    "k_norm_weight",
+    "q_norm_input",
+    "k_norm_input",
+    "q_norm_weight_grad",
+    "k_norm_weight_grad",
 )
 # Where each one's DLTensor pointer lies in rope_jit_rope_args.
 _POINTER_OFFSETS = {name: getattr(s.RopeArgs, name).offset for name in _TENSOR_NAMES}
@@ -88,6 +98,8 @@ def build_args(
     mrope_sections,
     mrope_interleaved,
     stream_handle,
+    norm_eps=1e-6,
+    norm_unit_offset=False,
 ):
     """(args, held): the rope_jit_rope_args of a call on `values` (the tensors in _TENSOR_NAMES
     order, None where absent), with every check of the Python side, and the objects (TensorArgs,
@@ -137,6 +149,11 @@ def build_args(
         args.mrope_sections = ctypes.cast(array, ctypes.POINTER(ctypes.c_int32))
         args.num_mrope_sections = len(sections)
         args.mrope_interleaved = 1 if mrope_interleaved else 0
+    if values[_TENSOR_NAMES.index("q_norm_weight")] is not None:
+        if isinstance(norm_eps, bool) or not isinstance(norm_eps, (int, float)):
+            raise TypeError(f"norm_eps: expected a number, got {norm_eps!r}")
+        args.norm_eps = float(norm_eps)
+        args.norm_unit_offset = 1 if norm_unit_offset else 0
 
     return args, held
 
@@ -166,6 +183,14 @@ def rope(
     inv_freq_grad=None,
     q_saved=None,
     k_saved=None,
+    q_norm_weight=None,
+    k_norm_weight=None,
+    norm_eps=1e-6,
+    norm_unit_offset=False,
+    q_norm_input=None,
+    k_norm_input=None,
+    q_norm_weight_grad=None,
+    k_norm_weight_grad=None,
     stream=None,
     runtime=None,
 ):
@@ -186,7 +211,9 @@ def rope(
         position_offset: added to implicit positions of q and k (default 0).
         q_position_offset: added for q only, on top (queries after cached keys).
         rotary_dim: rotated features R; 0 = head_dim. rotary_offset: the first one.
-        style: "half" (NeoX/Llama pairs (i, i+R/2)) or "interleaved" (GPT-J pairs (2i, 2i+1)).
+        style: "half" (NeoX/Llama pairs (i, i+R/2)), "interleaved" (GPT-J pairs (2i, 2i+1)) or
+            "proportional" (Gemma-4 partial rotary: pairs (i, i+D/2) for i < R/2, the rest of
+            each half unchanged; rotary_offset must be 0).
         backward: True applies the inverse rotation (q and k hold gradients).
         xpos_scale: xPos scales shaped like cos: q is multiplied, k divided.
         q_out, k_out: outputs shaped like q and k (same layout), or None to write in place.
@@ -196,6 +223,12 @@ def rope(
             sections instead of contiguous ones.
         inv_freq_grad: [R/2] float32 output of d(loss)/d(inv_freq), with backward=True, angles
             from inv_freq, and q_saved/k_saved the forward's outputs (learned frequencies).
+        q_norm_weight, k_norm_weight: [D] weights of an RMSNorm over each head before the
+            rotation (QK-norm, as Qwen3, Gemma 3, OLMo 2): y = rope(x / sqrt(mean(x^2) +
+            norm_eps) * w), or * (1 + w) with norm_unit_offset=True (Gemma). k_norm_weight is
+            required with k. Backward: q and k hold dL/dy, the outputs get dL/dx, and
+            q_norm_input/k_norm_input must be the forward's q and k before the norm;
+            q_norm_weight_grad/k_norm_weight_grad ([D] float32, optional) receive dL/dw.
         stream: the CUDA stream to launch on; see resolve_stream for the default.
         runtime: a Runtime; None = default_runtime().
 
@@ -225,10 +258,19 @@ def rope(
         inv_freq_grad,
         q_saved,
         k_saved,
+        q_norm_weight,
+        k_norm_weight,
+        q_norm_input,
+        k_norm_input,
+        q_norm_weight_grad,
+        k_norm_weight_grad,
     )  # as _TENSOR_NAMES
+    norm = q_norm_weight is not None
     # PyTorch tensors take the planned path: the argument struct of this signature is built
     # once (below) and only the data pointers, offsets and stream change per call.
-    if type(q) in (_plans.TORCH_TENSOR_TYPES or _plans.torch_types()) and _plans.call(
+    # (QK-norm calls take the general path: a plan's key does not hold norm_eps.)
+    planned = not norm and type(q) in (_plans.TORCH_TENSOR_TYPES or _plans.torch_types())
+    if planned and _plans.call(
         runtime,
         values,
         layout,
@@ -261,6 +303,8 @@ def rope(
         mrope_sections,
         mrope_interleaved,
         stream_handle,
+        norm_eps=norm_eps,
+        norm_unit_offset=norm_unit_offset,
     )
     device = held[0].struct.device if held else None
     if device is not None and device.device_type == s.KDL_CUDA:

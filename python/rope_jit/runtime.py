@@ -16,7 +16,8 @@ from ._checks import c_int, c_string
 
 _BACKENDS = {"auto": s.BACKEND_AUTO, "cuda": s.BACKEND_CUDA, "cpu": s.BACKEND_CPU}
 _BACKEND_NAMES = {s.BACKEND_CUDA: "cuda", s.BACKEND_CPU: "cpu", s.BACKEND_AUTO: "auto"}
-_STYLES = {"half": s.STYLE_HALF, "interleaved": s.STYLE_INTERLEAVED}
+_STYLES = {"half": s.STYLE_HALF, "interleaved": s.STYLE_INTERLEAVED,
+           "proportional": s.STYLE_PROPORTIONAL}
 _POSITION_MODES = {"implicit": s.POSITIONS_IMPLICIT, "indices": s.POSITIONS_INDICES,
                    "seqlen_offsets": s.POSITIONS_SEQLEN_OFFSETS}
 _ANGLE_SOURCES = {"table_half": s.ANGLES_TABLE_HALF, "table_full": s.ANGLES_TABLE_FULL,
@@ -95,9 +96,10 @@ class Runtime:
 
         Each spec is a dict of rope_jit_kernel_spec fields; unnamed fields keep the library's
         defaults: head_dim (required), dtype ("float32", "float16", "bfloat16"), rotary_dim,
-        rotary_offset, style ("half"/"interleaved"), backward, has_k, gqa_group, positions
-        ("implicit", "indices", "seqlen_offsets"), index_dtype ("int32"/"int64"), packed,
-        angles ("table_half", "table_full", "inv_freq"), table_dtype, xpos, in_place.
+        rotary_offset, style ("half"/"interleaved"/"proportional"), backward, has_k, gqa_group,
+        positions ("implicit", "indices", "seqlen_offsets"), index_dtype ("int32"/"int64"), packed,
+        angles ("table_half", "table_full", "inv_freq"), table_dtype, xpos, in_place, qk_norm,
+        norm_unit_offset, norm_weight_dtype, norm_weight_grad.
         """
         specs = list(specs)
         if not specs:
@@ -107,7 +109,7 @@ class Runtime:
             array[index] = self._library.new_struct(s.KernelSpec, self._library.rope_jit_kernel_spec_init)
             for key, value in spec.items():
                 field = f"specs[{index}].{key}"
-                if key in ("dtype", "index_dtype", "table_dtype"):
+                if key in ("dtype", "index_dtype", "table_dtype", "norm_weight_dtype"):
                     if value not in tensors.DTYPES:
                         raise ValueError(f"{field}: expected one of {sorted(tensors.DTYPES)}, got {value!r}")
                     value = s.DLDataType(*tensors.DTYPES[value], 1)

@@ -109,6 +109,7 @@ void rope_jit_rope_args_init(rope_jit_rope_args* args) {
     *args = rope_jit_rope_args{};
     args->struct_size = sizeof(rope_jit_rope_args);
     args->style = ROPE_JIT_STYLE_HALF;
+    args->norm_eps = 1e-6;
 }
 
 rope_jit_status rope_jit_runtime_create(const rope_jit_config* config, rope_jit_runtime** out) {
@@ -151,6 +152,8 @@ void rope_jit_kernel_spec_init(rope_jit_kernel_spec* spec) {
     spec->angles = ROPE_JIT_ANGLES_TABLE_FULL;
     spec->table_dtype = DLDataType{kDLFloat, 32, 1};
     spec->in_place = 1;
+    spec->norm_weight_dtype = DLDataType{kDLFloat, 32, 1};
+    spec->norm_weight_grad = 1;
 }
 
 void rope_jit_stats_init(rope_jit_stats* stats) {

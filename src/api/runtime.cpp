@@ -94,8 +94,8 @@ void require_gpu(const DLDevice& device, bool has_gpu_backend) {
 
 void Runtime::rope(const rope_jit_rope_args& args) {
     RopeProblem problem = make_rope_problem(args);
-    // An empty call still owes its frequency gradient (zeros).
-    if (problem.empty() && !problem.has_freq_grad) return;
+    // An empty call still owes its frequency and norm weight gradients (zeros).
+    if (problem.empty() && !problem.has_freq_grad && !problem.has_norm_weight_grad) return;
     if (host_accessible(problem.device)) {
         check_positions_on_host(problem);
         rope_cpu(problem, cpu_pool());

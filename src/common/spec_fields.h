@@ -20,6 +20,11 @@ struct SpecValues {
     const char* const* names = nullptr;  // names[i] is stored as i
     int count = 0;
     bool constant_is_bool = false;  // the preamble writes `constexpr bool`
+    // The preamble writes an enumerator (`enum : bool { NAME = false };`) instead of a
+    // constexpr variable. NVRTC emits every namespace-scope constexpr variable as a global of
+    // the module and no enumerator, so a field added this way leaves the PTX of the specs
+    // that existed before it (which keep its default) unchanged.
+    bool constant_is_enumerator = false;
 };
 
 // Whether a JSON object (a manifest entry) may leave the field out: PLAIN fields take the
@@ -93,7 +98,12 @@ std::string spec_constants(const Spec& spec, const SpecField<Spec> (&fields)[N])
     for (const SpecField<Spec>& f : fields) {
         if (f.constant == nullptr) continue;
         const int32_t value = spec.*f.member;
-        if (f.values->constant_is_bool)
+        if (f.values->constant_is_enumerator && f.values->constant_is_bool)
+            text += fmt::format("enum : bool {{ {} = {} }};\n", f.constant,
+                                value ? "true" : "false");
+        else if (f.values->constant_is_enumerator)
+            text += fmt::format("enum : int {{ {} = {} }};\n", f.constant, value);
+        else if (f.values->constant_is_bool)
             text += fmt::format("constexpr bool {} = {};\n", f.constant, value ? "true" : "false");
         else
             text += fmt::format("constexpr int {} = {};\n", f.constant, value);

@@ -535,6 +535,43 @@ class CommandLineTest(CacheTestCase):
             self.assertEqual([kernel["spec"] for kernel in only_rope["kernels"]], rope, name)
         self.tool("prewarm", "--preset", "llama3-8b", "--ops", "conv", "--target", "sm_90", expect=2)
 
+    def test_the_gemma_4_preset_prewarms_proportional_rope_kernels_only(self):
+        # Proportional partial rotary over a quarter of head_dim 512 (issue 23); the attention
+        # op has no proportional pairs, so --ops attention alone has nothing to compile.
+        plan = json.loads(self.tool("--cache-dir", self.root, "prewarm", "--dry-run", "--json", "--preset",
+                                    "gemma-4", "--target", "sm_90").stdout)
+        specs = [kernel["spec"] for kernel in plan["kernels"]]
+        self.assertEqual(len(specs), 12)
+        for spec in specs:
+            self.assertEqual((spec["op"], spec["style"], spec["head_dim"], spec["rotary_dim"], spec["gqa_group"]),
+                             ("rope", "proportional", 512, 128, 2))
+            self.assertEqual(spec["rotary_offset"], 0)
+        result = self.tool("--cache-dir", self.root, "prewarm", "--json", "--preset", "gemma-4", "--target", "sm_90")
+        self.assertEqual(len(json.loads(result.stdout)["kernels"]), 12)
+        listed = json.loads(self.tool("--cache-dir", self.root, "list", "--json").stdout)["items"]
+        self.assertEqual(sorted(item["spec_json"]["style"] for item in listed), ["proportional"] * 12)
+        self.tool("prewarm", "--dry-run", "--preset", "gemma-4", "--ops", "attention", "--target", "sm_90",
+                  expect=2)
+        self.tool("--cache-dir", self.root, "prewarm", "--dry-run", "--head-dim", "64", "--rotary-dim", "16",
+                  "--style", "proportional", "--target", "sm_90")
+
+    def test_the_qwen3_8b_preset_prewarms_rope_kernels_with_qk_norm(self):
+        # head_dim 128, 32/8 heads, q_norm/k_norm over the head before the rotation: forwards,
+        # and backwards with the weight gradients; attention as for the other models.
+        plan = json.loads(self.tool("--cache-dir", self.root, "prewarm", "--dry-run", "--json", "--preset",
+                                    "qwen3-8b", "--target", "sm_90").stdout)
+        specs = [kernel["spec"] for kernel in plan["kernels"]]
+        rope = [spec for spec in specs if spec["op"] == "rope"]
+        self.assertEqual(len(rope), 12)
+        for spec in rope:
+            self.assertEqual((spec["head_dim"], spec["gqa_group"], spec["qk_norm"], spec["norm_weight_dtype"]),
+                             (128, 4, True, "bfloat16"))
+            self.assertEqual(spec["norm_weight_grad"], spec["direction"] == "backward")
+        self.assertTrue(any(spec["op"] == "attention" for spec in specs))
+        result = self.tool("--cache-dir", self.root, "prewarm", "--json", "--preset", "qwen3-8b", "--ops", "rope",
+                           "--target", "sm_90")
+        self.assertEqual(json.loads(result.stdout)["compiled"], 12)
+
     def test_a_manifest_expands_each_spec_as_the_cross_product_of_its_lists_and_merges_duplicates(self):
         manifest = os.path.join(self.scratch, "manifest.json")
         write_bytes(manifest, json.dumps({

@@ -115,13 +115,15 @@ void accumulate_freq_grad(const RopeProblem& p, const FreqGradSink& sink, int64_
                           int64_t s, const float* grad) {
     const TensorRef& saved = *sink.saved;
     const int64_t half = p.pairs(), ys = saved.strides[3];
+    const bool interleaved = p.style == ROPE_JIT_STYLE_INTERLEAVED;
     const T* y = reinterpret_cast<const T*>(saved.data) + b * saved.strides[0] +
-                 h * saved.strides[1] + s * saved.strides[2] + p.rotary_offset * ys;
+                 h * saved.strides[1] + s * saved.strides[2];
     for (int64_t i = 0; i < half; ++i) {
-        const int64_t i1 = p.style == ROPE_JIT_STYLE_HALF ? i : 2 * i;
-        const int64_t i2 = p.style == ROPE_JIT_STYLE_HALF ? i + half : 2 * i + 1;
-        const double y1 = to_float(y[i1 * ys]), y2 = to_float(y[i2 * ys]);
-        const double g1 = grad[i1], g2 = grad[i2];
+        // Elements of `grad` (the rotated range, gathered) and their features in the head.
+        const int64_t e1 = interleaved ? 2 * i : i, e2 = interleaved ? 2 * i + 1 : i + half;
+        const int64_t f1 = p.rotated_feature(e1), f2 = p.rotated_feature(e2);
+        const double y1 = to_float(y[f1 * ys]), y2 = to_float(y[f2 * ys]);
+        const double g1 = grad[e1], g2 = grad[e2];
         sink.sums[i] += sink.pair_position[i] * (g2 * y1 - g1 * y2);
     }
 }
@@ -141,13 +143,15 @@ void rotate_token(const RopeProblem& p, const TensorRef& in, const TensorRef& ou
         T* y = reinterpret_cast<T*>(out.data) + b * out.strides[0] + h * out.strides[1] +
                s * out.strides[2];
         const T* xr = x + o * xs;
-        if (xs == 1) {
+        if (p.proportional()) {
+            for (int64_t e = 0; e < R; ++e) buf[e] = to_float(x[p.rotated_feature(e) * xs]);
+        } else if (xs == 1) {
             for (int64_t d = 0; d < R; ++d) buf[d] = to_float(xr[d]);
         } else {
             for (int64_t d = 0; d < R; ++d) buf[d] = to_float(xr[d * xs]);
         }
         if (sink != nullptr) accumulate_freq_grad<T>(p, *sink, b, h, s, buf);
-        if (p.style == ROPE_JIT_STYLE_HALF) {
+        if (p.style != ROPE_JIT_STYLE_INTERLEAVED) {  // half and proportional
             float* __restrict lo = buf;
             float* __restrict hi = buf + half;
             for (int64_t i = 0; i < half; ++i) {
@@ -163,16 +167,103 @@ void rotate_token(const RopeProblem& p, const TensorRef& in, const TensorRef& ou
             }
         }
         T* yr = y + o * ys;
-        if (ys == 1) {
+        if (p.proportional()) {
+            for (int64_t e = 0; e < R; ++e) y[p.rotated_feature(e) * ys] = from_float<T>(buf[e]);
+        } else if (ys == 1) {
             for (int64_t d = 0; d < R; ++d) yr[d] = from_float<T>(buf[d]);
         } else {
             for (int64_t d = 0; d < R; ++d) yr[d * ys] = from_float<T>(buf[d]);
         }
-        if (!in_place) {
+        if (!in_place && p.proportional()) {
+            // The unrotated tail of each half, bit for bit.
+            for (int64_t d = half; d < D / 2; ++d) y[d * ys] = x[d * xs];
+            for (int64_t d = D / 2 + half; d < D; ++d) y[d * ys] = x[d * xs];
+        } else if (!in_place) {
             // Features outside the rotary range are copied bit for bit.
             for (int64_t d = 0; d < o; ++d) y[d * ys] = x[d * xs];
             for (int64_t d = o + R; d < D; ++d) y[d * ys] = x[d * xs];
         }
+    }
+}
+
+// The head features of rotated pair i: (first, second).
+inline void pair_features(const RopeProblem& p, int64_t i, int64_t* f1, int64_t* f2) {
+    if (p.style == ROPE_JIT_STYLE_INTERLEAVED) {
+        *f1 = p.rotary_offset + 2 * i;
+        *f2 = *f1 + 1;
+    } else {
+        *f1 = p.rotated_feature(i);
+        *f2 = p.rotated_feature(i + p.pairs());
+    }
+}
+
+// QK-norm: one head row of each of heads [0, heads) of token (b, s), with the norm weights
+// `weight`. Forward: in holds x, out gets rope(x / rms * w'). Backward: in holds dL/dy, `input`
+// the forward's x, out gets dL/dx, and dw (when not NULL) gathers dL/dw in float64.
+template <typename T>
+void norm_rotate_token(const RopeProblem& p, const TensorRef& in, const TensorRef& out,
+                       const TensorRef& input, const TensorRef& weight, int64_t b, int64_t s,
+                       int64_t heads, const float* c, const float* sn, std::vector<float>& row,
+                       std::vector<float>& x, double* dw) {
+    const int64_t D = p.head_dim, pairs = p.pairs();
+    const float offset = p.norm_unit_offset ? 1.0f : 0.0f;
+    auto rotate = [&](float* v) {
+        for (int64_t i = 0; i < pairs; ++i) {
+            int64_t f1, f2;
+            pair_features(p, i, &f1, &f2);
+            const float x1 = v[f1], x2 = v[f2];
+            v[f1] = x1 * c[i] - x2 * sn[i];
+            v[f2] = x2 * c[i] + x1 * sn[i];
+        }
+    };
+    auto load_row = [&](const TensorRef& t, int64_t h, float* v) {
+        const T* src = reinterpret_cast<const T*>(t.data) + b * t.strides[0] + h * t.strides[1] +
+                       s * t.strides[2];
+        for (int64_t d = 0; d < D; ++d) v[d] = to_float(src[d * t.strides[3]]);
+    };
+    // 1 / sqrt(mean(v^2) + eps), the sum in float64.
+    auto inverse_rms = [&](const float* v) {
+        double sum = 0;
+        for (int64_t d = 0; d < D; ++d) sum += double(v[d]) * double(v[d]);
+        return float(1.0 / std::sqrt(sum / double(D) + p.norm_eps));
+    };
+    for (int64_t h = 0; h < heads; ++h) {
+        load_row(in, h, row.data());
+        if (!p.backward) {
+            const float r = inverse_rms(row.data());
+            for (int64_t d = 0; d < D; ++d)
+                row[size_t(d)] = row[size_t(d)] * r *
+                                 (load_float(weight, d * weight.strides[0]) + offset);
+            rotate(row.data());
+        } else {
+            rotate(row.data());  // g: the inverse rotation (the angles carry the backward sign)
+            load_row(input, h, x.data());
+            const float r = inverse_rms(x.data());
+            double dot = 0;
+            for (int64_t d = 0; d < D; ++d) {
+                const float w = load_float(weight, d * weight.strides[0]) + offset;
+                x[size_t(d)] *= r;  // x hat
+                dot += double(w) * double(row[size_t(d)]) * double(x[size_t(d)]);
+                if (dw != nullptr) dw[d] += double(row[size_t(d)]) * double(x[size_t(d)]);
+            }
+            const float mean = float(dot / double(D));
+            for (int64_t d = 0; d < D; ++d) {
+                const float w = load_float(weight, d * weight.strides[0]) + offset;
+                row[size_t(d)] = r * (w * row[size_t(d)] - x[size_t(d)] * mean);
+            }
+        }
+        T* dst = reinterpret_cast<T*>(out.data) + b * out.strides[0] + h * out.strides[1] +
+                 s * out.strides[2];
+        for (int64_t d = 0; d < D; ++d) dst[d * out.strides[3]] = from_float<T>(row[size_t(d)]);
+    }
+}
+
+// Writes float64 sums into a [D] float32 output (when present).
+void store_sums(const TensorRef& out, const std::vector<double>& sums) {
+    if (!out.present()) return;
+    for (size_t i = 0; i < sums.size(); ++i) {
+        const float value = float(sums[i]);
+        std::memcpy(out.data + int64_t(i) * out.strides[0] * 4, &value, 4);
     }
 }
 
@@ -222,6 +313,8 @@ void rope_cpu_typed(const RopeProblem& p, ThreadPool& pool) {
     const int64_t pairs = p.pairs();
     std::mutex grad_mutex;
     std::map<int64_t, std::vector<double>> grad_partials;
+    // QK-norm weight gradients, likewise: per chunk, q's D sums then k's.
+    std::map<int64_t, std::vector<double>> norm_partials;
 
     const int64_t elements_per_unit = std::max<int64_t>(1, (p.heads_q + p.heads_k) * p.head_dim);
     const int64_t grain = std::max<int64_t>(1, 32768 / elements_per_unit);
@@ -231,6 +324,19 @@ void rope_cpu_typed(const RopeProblem& p, ThreadPool& pool) {
         float* c = buf + p.rotary_dim;
         float* sn = c + pairs;
         int64_t q_rows[kMaxMropeSections], k_rows[kMaxMropeSections];
+        std::vector<float> norm_row, norm_x;
+        std::vector<double> norm_sums;
+        double* q_dw = nullptr;
+        double* k_dw = nullptr;
+        if (p.has_norm) {
+            norm_row.resize(size_t(p.head_dim));
+            norm_x.resize(size_t(p.head_dim));
+            if (p.has_norm_weight_grad) {
+                norm_sums.assign(size_t(2 * p.head_dim), 0.0);
+                q_dw = norm_sums.data();
+                k_dw = q_dw + p.head_dim;
+            }
+        }
         std::vector<double> pair_position, grad_sums;
         if (p.has_freq_grad) {
             pair_position.resize(size_t(pairs));
@@ -250,8 +356,12 @@ void rope_cpu_typed(const RopeProblem& p, ThreadPool& pool) {
                 have_q_angles = true;
                 FreqGradSink sink{&p.q_saved, pair_position.data(), grad_sums.data()};
                 if (p.has_freq_grad) set_pair_positions(q_rows);
-                rotate_token<T>(p, p.q, p.q_out, p.q_in_place, b, s, p.heads_q, c, sn, buf,
-                                p.has_freq_grad ? &sink : nullptr);
+                if (p.has_norm)
+                    norm_rotate_token<T>(p, p.q, p.q_out, p.q_norm_input, p.q_norm_weight, b, s,
+                                         p.heads_q, c, sn, norm_row, norm_x, q_dw);
+                else
+                    rotate_token<T>(p, p.q, p.q_out, p.q_in_place, b, s, p.heads_q, c, sn, buf,
+                                    p.has_freq_grad ? &sink : nullptr);
             }
             if (p.has_k && s < p.seqlen_k) {
                 // k usually sits at q's rows: its angles are then q's, unless xPos scales differ.
@@ -260,15 +370,35 @@ void rope_cpu_typed(const RopeProblem& p, ThreadPool& pool) {
                 if (!same_rows || p.has_xpos) token_angles(p, k_rows, true, c, sn);
                 FreqGradSink sink{&p.k_saved, pair_position.data(), grad_sums.data()};
                 if (p.has_freq_grad) set_pair_positions(k_rows);
-                rotate_token<T>(p, p.k, p.k_out, p.k_in_place, b, s, p.heads_k, c, sn, buf,
-                                p.has_freq_grad ? &sink : nullptr);
+                if (p.has_norm)
+                    norm_rotate_token<T>(p, p.k, p.k_out, p.k_norm_input, p.k_norm_weight, b, s,
+                                         p.heads_k, c, sn, norm_row, norm_x, k_dw);
+                else
+                    rotate_token<T>(p, p.k, p.k_out, p.k_in_place, b, s, p.heads_k, c, sn, buf,
+                                    p.has_freq_grad ? &sink : nullptr);
             }
         }
         if (p.has_freq_grad) {
             std::lock_guard<std::mutex> lock(grad_mutex);
             grad_partials.emplace(begin, std::move(grad_sums));
         }
+        if (p.has_norm_weight_grad) {
+            std::lock_guard<std::mutex> lock(grad_mutex);
+            norm_partials.emplace(begin, std::move(norm_sums));
+        }
     });
+
+    if (p.has_norm_weight_grad) {
+        const size_t D = size_t(p.head_dim);
+        std::vector<double> q_total(D, 0.0), k_total(D, 0.0);
+        for (const auto& chunk : norm_partials)
+            for (size_t d = 0; d < D; ++d) {
+                q_total[d] += chunk.second[d];
+                k_total[d] += chunk.second[D + d];
+            }
+        store_sums(p.q_norm_weight_grad, q_total);
+        store_sums(p.k_norm_weight_grad, k_total);
+    }
 
     if (p.has_freq_grad) {
         std::vector<double> total(size_t(pairs), 0.0);
@@ -290,6 +420,9 @@ void rope_cpu(const RopeProblem& problem, ThreadPool& pool) {
             for (int64_t i = 0; i < problem.pairs(); ++i)
                 std::memset(problem.inv_freq_grad.data + i * problem.inv_freq_grad.strides[0] * 4,
                             0, 4);
+        const std::vector<double> zeros(size_t(problem.head_dim), 0.0);
+        store_sums(problem.q_norm_weight_grad, zeros);
+        store_sums(problem.k_norm_weight_grad, zeros);
         return;
     }
     switch (problem.dtype) {

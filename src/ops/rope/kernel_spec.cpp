@@ -11,6 +11,7 @@
 #include "common/raw_enum.h"
 #include "common/spec_fields.h"
 #include "ops/rope/rope_plan.h"
+#include "rope_norm_params.h"
 
 namespace rope_jit {
 
@@ -48,17 +49,31 @@ bool vector_friendly(const TensorRef& t, int64_t n) {
     return reinterpret_cast<uintptr_t>(t.data) % alignment == 0;
 }
 
+// Whether aligned vectors of n features tile the rotated chunks: the first features of the
+// pairs and, in the half and proportional styles, their partners (at R/2, or at D/2).
+bool rotation_tiles(const KernelSpec& spec, int64_t n) {
+    const int64_t pairs = spec.rotary_dim / 2;
+    return spec.rotary_offset % n == 0 &&
+           (spec.interleaved ? spec.rotary_dim % n == 0 : pairs % n == 0) &&
+           (!spec.proportional || (spec.head_dim / 2) % n == 0);
+}
+
+// Whether aligned vectors of n features tile the unrotated features: [0, o) and [o + R, D),
+// or, proportional, [R/2, D/2) and [D/2 + R/2, D).
+bool copy_tiles(const KernelSpec& spec, int64_t n) {
+    if (spec.proportional) return (spec.rotary_dim / 2) % n == 0 && (spec.head_dim / 2) % n == 0;
+    return spec.rotary_offset % n == 0 &&
+           (int64_t(spec.rotary_offset) + spec.rotary_dim) % n == 0 && spec.head_dim % n == 0;
+}
+
 // Sets spec.vec/vec_loads to the widest vector (at most 16 bytes) that the pair layout and
 // the tensors (tensors_allow(n)) permit; scalar accesses otherwise.
 template <typename TensorsAllow>
 void choose_vector_width(KernelSpec& spec, size_t element_size, TensorsAllow tensors_allow) {
-    const int64_t pairs = spec.rotary_dim / 2;
     spec.vec_loads = 0;
     spec.vec = spec.interleaved ? 2 : 1;
     for (int64_t n = 16 / int64_t(element_size); n >= 2; n /= 2) {
-        const bool layout_ok = spec.rotary_offset % n == 0 &&
-                               (spec.interleaved ? spec.rotary_dim % n == 0 : pairs % n == 0);
-        if (layout_ok && tensors_allow(n)) {
+        if (rotation_tiles(spec, n) && tensors_allow(n)) {
             spec.vec = int32_t(n);
             spec.vec_loads = 1;
             return;
@@ -67,17 +82,26 @@ void choose_vector_width(KernelSpec& spec, size_t element_size, TensorsAllow ten
 }
 
 // The copy's vector width (see KernelSpec::copy_vec): the widest n (16 bytes at most) that
-// tiles both unrotated ranges [0, offset) and [offset + R, D) and that the tensors allow
-// (tensors_allow(n)); 1 when the call copies nothing.
+// tiles both unrotated ranges (copy_tiles) and that the tensors allow (tensors_allow(n)); 1
+// when the call copies nothing.
 template <typename TensorsAllow>
 int32_t choose_copy_width(const KernelSpec& spec, size_t element_size, TensorsAllow tensors_allow) {
     const bool copies = spec.rotary_dim < spec.head_dim && (!spec.in_place_q || !spec.in_place_k);
     if (!copies) return 1;
     for (int64_t n = 16 / int64_t(element_size); n >= 2; n /= 2)
-        if (spec.rotary_offset % n == 0 && (spec.rotary_offset + spec.rotary_dim) % n == 0 &&
-            spec.head_dim % n == 0 && tensors_allow(n))
-            return int32_t(n);
+        if (copy_tiles(spec, n) && tensors_allow(n)) return int32_t(n);
     return 1;
+}
+
+// The QK-norm kernel (rope_norm.cu) reads rows one element at a time through a warp: the
+// plain kernel's vector and block fields take one value there, so that one kernel has one spec.
+void set_norm_access(KernelSpec& spec) {
+    if (!spec.qk_norm) return;
+    spec.vec = spec.interleaved ? 2 : 1;
+    spec.vec_loads = 0;
+    spec.copy_vec = 1;
+    spec.table_vec_loads = 0;
+    spec.block_threads = 32 * kRopeNormMaxWarps;
 }
 
 // Table columns one work item reads (see TABLE_SPAN in rope.cu).
@@ -104,6 +128,7 @@ KernelSpec make_kernel_spec(const RopeProblem& p) {
     spec.rotary_dim = int32_t(p.rotary_dim);
     spec.rotary_offset = int32_t(p.rotary_offset);
     spec.interleaved = p.style == ROPE_JIT_STYLE_INTERLEAVED;
+    spec.proportional = p.style == ROPE_JIT_STYLE_PROPORTIONAL;
     spec.has_k = p.has_k;
     spec.gqa_group = p.has_k ? int32_t(p.heads_q / p.heads_k) : 1;
     spec.position_mode = position_mode_code(p.position_mode);
@@ -143,6 +168,13 @@ KernelSpec make_kernel_spec(const RopeProblem& p) {
         spec.table_vec_loads = table_friendly(p.cos, span) && table_friendly(p.sin, span);
     }
     spec.block_threads = kRopeMaxBlockThreads;
+    spec.qk_norm = p.has_norm;
+    if (p.has_norm) {
+        spec.norm_unit_offset = p.norm_unit_offset;
+        spec.norm_weight_dtype = dtype_code(p.q_norm_weight.dtype);
+        spec.norm_weight_grad = p.has_norm_weight_grad;
+    }
+    set_norm_access(spec);
     return spec;
 }
 
@@ -161,9 +193,14 @@ KernelSpec kernel_spec_from_public(const rope_jit_kernel_spec& in) {
     spec.rotary_dim = in.rotary_dim == 0 ? in.head_dim : in.rotary_dim;
     spec.rotary_offset = in.rotary_offset;
     const int style = raw_enum(in.style);
-    if (style != ROPE_JIT_STYLE_HALF && style != ROPE_JIT_STYLE_INTERLEAVED)
+    if (style != ROPE_JIT_STYLE_HALF && style != ROPE_JIT_STYLE_INTERLEAVED &&
+        style != ROPE_JIT_STYLE_PROPORTIONAL)
         fail_argument(fmt::format("style: unknown value {}", style));
     spec.interleaved = style == ROPE_JIT_STYLE_INTERLEAVED;
+    spec.proportional = style == ROPE_JIT_STYLE_PROPORTIONAL;
+    if (spec.proportional && in.rotary_offset != 0)
+        fail_argument(fmt::format(
+            "rotary_offset: must be 0 with ROPE_JIT_STYLE_PROPORTIONAL, got {}", in.rotary_offset));
     spec.backward = in.backward != 0;
     spec.has_k = in.has_k != 0;
     spec.gqa_group = spec.has_k ? in.gqa_group : 1;
@@ -197,6 +234,13 @@ KernelSpec kernel_spec_from_public(const rope_jit_kernel_spec& in) {
     spec.copy_vec = choose_copy_width(spec, spec.dtype == 0 ? 4 : 2, [](int64_t) { return true; });
     spec.table_vec_loads = !spec.angles_from_inv_freq;
     spec.block_threads = kRopeMaxBlockThreads;
+    spec.qk_norm = in.qk_norm != 0;
+    if (spec.qk_norm) {
+        spec.norm_unit_offset = in.norm_unit_offset != 0;
+        spec.norm_weight_dtype = float_code(in.norm_weight_dtype, "norm_weight_dtype");
+        spec.norm_weight_grad = spec.backward && in.norm_weight_grad != 0;
+    }
+    set_norm_access(spec);
     spec.validate();
     return spec;
 }
@@ -209,16 +253,19 @@ using nlohmann::json;
 
 const char* const kFloatTypeNames[] = {"float32", "float16", "bfloat16"};
 const char* const kDirectionNames[] = {"forward", "backward"};
-const char* const kStyleNames[] = {"half", "interleaved"};
+// The composite key "style" sets two members (interleaved, proportional).
+const char* const kStyleNames[] = {"half", "interleaved", "proportional"};
 const char* const kPositionModeNames[] = {"implicit", "indices", "seqlen-offsets"};
 // The composite key "angles" sets two members (angles_from_inv_freq, table_full).
 const char* const kAngleNames[] = {"table-half", "table-full", "inv-freq"};
 
 const SpecValues Integer{SpecValues::integer, nullptr, 0, false};
 const SpecValues Boolean{SpecValues::boolean, nullptr, 0, true};
+const SpecValues BooleanEnumerator{SpecValues::boolean, nullptr, 0, true, true};
 const SpecValues FloatTypes{SpecValues::named, kFloatTypeNames, 3, false};
+const SpecValues FloatTypesEnumerator{SpecValues::named, kFloatTypeNames, 3, false, true};
 const SpecValues Directions{SpecValues::named, kDirectionNames, 2, true};
-const SpecValues Styles{SpecValues::named, kStyleNames, 2, true};
+const SpecValues Styles{SpecValues::named, kStyleNames, 3, false};
 const SpecValues PositionModes{SpecValues::named, kPositionModeNames, 3, false};
 const SpecValues Angles{SpecValues::named, kAngleNames, 3, false};
 
@@ -234,6 +281,10 @@ const SpecField<KernelSpec> kFields[] = {
 
 int32_t angles_of(const KernelSpec& s) {
     return s.angles_from_inv_freq ? 2 : s.table_full ? 1 : 0;
+}
+
+int32_t style_of(const KernelSpec& s) {
+    return s.proportional ? 2 : s.interleaved ? 1 : 0;
 }
 
 }  // namespace
@@ -259,10 +310,15 @@ void KernelSpec::validate() const {
     require(rope_plan(*this).problem != kRopePlanVecSplitsPairs,
             fmt::format("vec {} does not divide the {} pairs", vec, rotary_dim / 2));
     require(!vec_loads || rotary_offset % vec == 0, "vector loads need rotary_offset % vec == 0");
+    require(!(interleaved && proportional), "style: interleaved and proportional at once");
+    require(!proportional || rotary_offset == 0,
+            fmt::format("rotary_offset must be 0 with style proportional, got {}", rotary_offset));
+    require(!proportional || !vec_loads || (head_dim / 2) % vec == 0,
+            fmt::format("vector loads of style proportional need vec {} to divide head_dim/2 {}",
+                        vec, head_dim / 2));
     require(!table_vec_loads || !angles_from_inv_freq, "table_vec_loads needs tables");
     require(copy_vec <= (dtype == 0 ? 4 : 8) && (copy_vec & (copy_vec - 1)) == 0 &&
-                rotary_offset % copy_vec == 0 &&
-                (int64_t(rotary_offset) + rotary_dim) % copy_vec == 0 && head_dim % copy_vec == 0,
+                copy_tiles(*this, copy_vec),
             fmt::format("copy_vec {} must be a power of 2 of at most 16 bytes that tiles the "
                         "unrotated features",
                         copy_vec));
@@ -283,6 +339,15 @@ void KernelSpec::validate() const {
             "seqlen_offsets_int64: needs positions \"seqlen-offsets\"");
     require(!cu_seqlens_int64 || packed, "cu_seqlens_int64: needs packed");
     require(has_k || (in_place_k && !k_own_angles), "in_place_k and k_own_angles: need has_k");
+    require(qk_norm || (!norm_unit_offset && norm_weight_dtype == 0 && !norm_weight_grad),
+            "norm_unit_offset, norm_weight_dtype and norm_weight_grad: need qk_norm");
+    require(!norm_weight_grad || backward, "norm_weight_grad: needs direction backward");
+    require(!qk_norm || !freq_grad, "qk_norm: not with freq_grad");
+    require(!qk_norm || (vec == (interleaved ? 2 : 1) && !vec_loads && copy_vec == 1 &&
+                         !table_vec_loads && block_threads == 32 * kRopeNormMaxWarps),
+            fmt::format("qk_norm: the norm kernel takes vec {}, vec_loads, copy_vec 1, no "
+                        "table_vec_loads and block_threads {}",
+                        interleaved ? 2 : 1, 32 * kRopeNormMaxWarps));
 }
 
 std::string KernelSpec::preamble() const {
@@ -299,6 +364,7 @@ std::string KernelSpec::to_json() const {
     json j;  // keys are sorted on output, so the text is canonical
     j["op"] = "rope";
     j["angles"] = kAngleNames[angles_of(*this)];
+    j["style"] = kStyleNames[style_of(*this)];
     spec_write_fields(*this, kFields, j);
     return j.dump();
 }
@@ -314,11 +380,16 @@ std::optional<KernelSpec> KernelSpec::from_json(const std::string& text, std::st
     try {
         if (j.contains("op") && j["op"] != json("rope"))
             throw std::runtime_error(fmt::format("op: expected \"rope\", got {}", j["op"].dump()));
-        spec_read_fields(spec, kFields, j, {"op", "angles"});
+        spec_read_fields(spec, kFields, j, {"op", "angles", "style"});
         if (j.contains("angles")) {
             const int32_t angles = spec_parse_value("angles", Angles, 0, 2, j["angles"]);
             spec.angles_from_inv_freq = angles == 2;
             spec.table_full = angles == 1;
+        }
+        if (j.contains("style")) {
+            const int32_t style = spec_parse_value("style", Styles, 0, 2, j["style"]);
+            spec.interleaved = style == 1;
+            spec.proportional = style == 2;
         }
         // Derived fields left out: what a call with contiguous, 16-byte-aligned tensors (and
         // int64 indices, the C API's default) gets; see kernel_spec_from_public.
@@ -340,6 +411,16 @@ std::optional<KernelSpec> KernelSpec::from_json(const std::string& text, std::st
             spec.copy_vec = choose_copy_width(spec, element_size, [](int64_t) { return true; });
         if (absent("table_vec_loads")) spec.table_vec_loads = !spec.angles_from_inv_freq;
         if (absent("block_threads")) spec.block_threads = kRopeMaxBlockThreads;
+        if (spec.qk_norm) {
+            const KernelSpec given = spec;
+            set_norm_access(spec);
+            // Values the JSON names stay as given (validate() then says what is wrong).
+            if (!absent("vec")) spec.vec = given.vec;
+            if (!absent("vec_loads")) spec.vec_loads = given.vec_loads;
+            if (!absent("copy_vec")) spec.copy_vec = given.copy_vec;
+            if (!absent("table_vec_loads")) spec.table_vec_loads = given.table_vec_loads;
+            if (!absent("block_threads")) spec.block_threads = given.block_threads;
+        }
         spec.validate();
     } catch (const std::exception& e) {
         return fail(e.what());
@@ -354,7 +435,7 @@ std::string KernelSpec::describe() const {
     };
     return fmt::format("rope {} {} D{} R{}@{} {} {}gqa{} {}{} {}{}{} v{}{}", dtype_short(dtype),
                        backward ? "bwd" : "fwd", head_dim, rotary_dim, rotary_offset,
-                       interleaved ? "interleaved" : "half", has_k ? "qk " : "q ", gqa_group,
+                       name(style_of(*this), kStyleNames, 3), has_k ? "qk " : "q ", gqa_group,
                        name(position_mode, positions, 3), packed ? "+packed" : "",
                        angles_from_inv_freq ? "inv_freq"
                        : table_full         ? "table/full"
@@ -364,7 +445,10 @@ std::string KernelSpec::describe() const {
                                     : std::string(),
                        in_place_q && in_place_k ? " inplace" : " outofplace", vec,
                        vec_loads ? "" : "(scalar)") +
-           (freq_grad ? " +freq_grad" : "");
+           (freq_grad ? " +freq_grad" : "") +
+           (qk_norm ? fmt::format(" +qk_norm{}{}", norm_unit_offset ? "(1+w)" : "",
+                                  norm_weight_grad ? " +dw" : "")
+                    : std::string());
 }
 
 size_t KernelSpecHash::operator()(const KernelSpec& spec) const noexcept {

@@ -39,7 +39,8 @@ constexpr int32_t kRopeMaxBlockThreads = 512;
     X(head_dim, 0, "head_dim", Integer, 2, 1 << 20, "HEAD_DIM", REQUIRED)                        \
     X(rotary_dim, 0, "rotary_dim", Integer, 2, 1 << 20, "ROTARY_DIM", DERIVED)                   \
     X(rotary_offset, 0, "rotary_offset", Integer, 0, 1 << 20, "ROTARY_OFFSET", PLAIN)            \
-    X(interleaved, 0, "style", Styles, 0, 1, "INTERLEAVED", PLAIN)                               \
+    /* interleaved and proportional: set through the composite key "style" */                   \
+    X(interleaved, 0, nullptr, Boolean, 0, 1, "INTERLEAVED", PLAIN)                              \
     X(has_k, 1, "has_k", Boolean, 0, 1, "HAS_K", PLAIN)                                          \
     X(gqa_group, 1, "gqa_group", Integer, 1, 1 << 20, "GQA_GROUP", PLAIN)                        \
     X(position_mode, 0, "positions", PositionModes, 0, 2, "POSITION_MODE", PLAIN)                \
@@ -68,7 +69,19 @@ constexpr int32_t kRopeMaxBlockThreads = 512;
     /* The most threads a block may have (the kernel's launch bound); the launcher sizes each */ \
     /* block to its tokens' work items (src/ops/rope/rope_cuda.cpp). */                       \
     X(block_threads, kRopeMaxBlockThreads, "block_threads", Integer, 32, 1024, "BLOCK_THREADS",  \
-      DERIVED)
+      DERIVED)                                                                                   \
+    /* Half-style pairs (i, i + HEAD_DIM/2) (Gemma-4 proportional partial rotary). Fields */     \
+    /* added from here on are enumerators in the preamble (older specs keep their PTX). */      \
+    X(proportional, 0, nullptr, BooleanEnumerator, 0, 1, "PROPORTIONAL", PLAIN)                  \
+    /* QK-norm: RMSNorm of every head before the rotation (kernels_templates/rope_norm.cu), */  \
+    /* with weights w or 1 + w (unit offset) of norm_weight_dtype; backward: also dL/dw */       \
+    X(qk_norm, 0, "qk_norm", BooleanEnumerator, 0, 1, "QK_NORM", PLAIN)                          \
+    X(norm_unit_offset, 0, "norm_unit_offset", BooleanEnumerator, 0, 1, "NORM_UNIT_OFFSET",      \
+      PLAIN)                                                                                     \
+    X(norm_weight_dtype, 0, "norm_weight_dtype", FloatTypesEnumerator, 0, 2,                     \
+      "NORM_WEIGHT_DTYPE", PLAIN)                                                                \
+    X(norm_weight_grad, 0, "norm_weight_grad", BooleanEnumerator, 0, 1, "NORM_WEIGHT_GRAD",      \
+      PLAIN)
 
 struct KernelSpec {
 #define ROPE_JIT_SPEC_MEMBER(member, init, ...) int32_t member = init;

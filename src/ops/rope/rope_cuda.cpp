@@ -7,6 +7,7 @@
 #include "common/error.h"
 #include "ops/rope/rope_recipe.h"
 #include "ops/rope/rope_plan.h"
+#include "rope_norm_params.h"
 
 namespace rope_jit {
 
@@ -34,6 +35,7 @@ KernelRecipe rope_recipe_with_backward(const KernelSpec& spec) {
         recipe.follow_ups = [spec] {
             KernelSpec backward = spec;
             backward.backward = 1;
+            backward.norm_weight_grad = spec.qk_norm;  // training wants dL/dw too
             return std::vector<KernelRecipe>{rope_recipe(backward)};
         };
     }
@@ -53,6 +55,26 @@ RopeLaunch plan_rope_launch(const KernelSpec& spec, int64_t heads_q, int64_t hea
         throw Error(ROPE_JIT_ERROR_UNSUPPORTED,
                     fmt::format("q: {} tokens exceed one launch's grid", units));
     return RopeLaunch{fit.blocks, fit.threads, unsigned(fit.shared_bytes), fit.tokens};
+}
+
+RopeNormLaunch plan_rope_norm_launch(const KernelSpec& spec, int64_t rows, int64_t sms) {
+    RopeNormLaunch launch;
+    for (int warps = kRopeNormMaxWarps; warps >= 1; --warps) {
+        const int bytes = rope_norm_smem_bytes(spec.head_dim, warps, spec.norm_weight_grad);
+        if (bytes > kRopeSharedLimit) continue;
+        launch.warps = warps;
+        launch.threads = 32 * warps;
+        launch.shared_bytes = unsigned(bytes);
+        launch.blocks =
+            std::min<int64_t>((rows + warps - 1) / warps, 16 * std::max<int64_t>(sms, 1));
+        return launch;
+    }
+    throw Error(ROPE_JIT_ERROR_UNSUPPORTED,
+                fmt::format("head_dim: QK-norm on the GPU stages a row of {} features in {} bytes "
+                            "of shared memory, over the {} a block may use",
+                            spec.head_dim,
+                            rope_norm_smem_bytes(spec.head_dim, 1, spec.norm_weight_grad),
+                            kRopeSharedLimit));
 }
 
 namespace {
@@ -158,6 +180,38 @@ RopeKernelParams rope_kernel_params(const RopeProblem& p) {
     return params;
 }
 
+// The QK-norm kernel's arguments (rope_norm_params.h): the rope ones, the weights, and in the
+// backward the pre-norm inputs and the weight gradients.
+RopeNormParams rope_norm_params(const RopeProblem& p, int warps) {
+    RopeNormParams params{};
+    params.rope = rope_kernel_params(p);
+    params.q_weight = p.q_norm_weight.data;
+    params.q_weight_stride = p.q_norm_weight.strides[0];
+    if (p.has_k) {
+        params.k_weight = p.k_norm_weight.data;
+        params.k_weight_stride = p.k_norm_weight.strides[0];
+    }
+    if (p.backward) {
+        params.q_input = p.q_norm_input.data;
+        copy_strides(params.q_input_stride, p.q_norm_input, 4);
+        if (p.has_k) {
+            params.k_input = p.k_norm_input.data;
+            copy_strides(params.k_input_stride, p.k_norm_input, 4);
+        }
+    }
+    if (p.q_norm_weight_grad.present()) {
+        params.q_weight_grad = reinterpret_cast<float*>(p.q_norm_weight_grad.data);
+        params.q_weight_grad_stride = p.q_norm_weight_grad.strides[0];
+    }
+    if (p.k_norm_weight_grad.present()) {
+        params.k_weight_grad = reinterpret_cast<float*>(p.k_norm_weight_grad.data);
+        params.k_weight_grad_stride = p.k_norm_weight_grad.strides[0];
+    }
+    params.eps = float(p.norm_eps);
+    params.warps = warps;
+    return params;
+}
+
 }  // namespace
 
 RopeCuda::RopeCuda(CudaDevices& devices, KernelLoader& kernels, KernelStats& stats,
@@ -190,6 +244,10 @@ void RopeCuda::run(const RopeProblem& p, void* stream_handle) {
     const LoadedKernel kernel =
         kernels_.kernel_for(SpecKey::of(kRopeOp, spec), launch.context, devices_.target(ordinal),
                             [&spec] { return rope_recipe_with_backward(spec); });
+    if (spec.qk_norm) {
+        run_norm(p, spec, kernel, stream);
+        return;
+    }
     RopeKernelParams params = rope_kernel_params(p);
     const RopeLaunch shape =
         plan_rope_launch(spec, p.heads_q, p.has_k ? p.heads_k : 0, params.units,
@@ -209,6 +267,30 @@ void RopeCuda::run(const RopeProblem& p, void* stream_handle) {
         api.cuLaunchKernel(kernel.function, unsigned(shape.blocks), 1, 1, unsigned(shape.threads),
                            1, 1, shape.shared_bytes, stream, kernel_args, nullptr),
         "cuLaunchKernel(rope_kernel)");
+    stats_.launches.fetch_add(1, std::memory_order_relaxed);
+}
+
+void RopeCuda::run_norm(const RopeProblem& p, const KernelSpec& spec, const LoadedKernel& kernel,
+                        CUstream stream) {
+    const CudaDriverApi& api = devices_.api();
+    const int64_t units = p.batch * std::max(p.seqlen_q, p.has_k ? p.seqlen_k : 0);
+    const int64_t rows = units * (p.heads_q + (p.has_k ? p.heads_k : 0));
+    const RopeNormLaunch shape = plan_rope_norm_launch(
+        spec, rows, devices_.device(p.device.device_id).multiprocessors);
+    RopeNormParams params = rope_norm_params(p, shape.warps);
+    // The kernel adds into the weight gradients: zero them first, ordered on the same stream.
+    for (const TensorRef* grad : {&p.q_norm_weight_grad, &p.k_norm_weight_grad})
+        if (grad->present())
+            check_cu(api.cuMemsetD2D32Async(CUdeviceptr(grad->data),
+                                            size_t(grad->strides[0]) * sizeof(float), 0u, 1,
+                                            size_t(p.head_dim), stream),
+                     "cuMemsetD2D32Async(norm weight gradient)");
+    if (shape.blocks == 0) return;  // no row: nothing to normalize (gradients were zeroed)
+    void* kernel_args[] = {&params};
+    check_cu(
+        api.cuLaunchKernel(kernel.function, unsigned(shape.blocks), 1, 1, unsigned(shape.threads),
+                           1, 1, shape.shared_bytes, stream, kernel_args, nullptr),
+        "cuLaunchKernel(rope_norm_kernel)");
     stats_.launches.fetch_add(1, std::memory_order_relaxed);
 }
 

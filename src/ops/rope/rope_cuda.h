@@ -33,6 +33,17 @@ struct RopeLaunch {
 RopeLaunch plan_rope_launch(const KernelSpec& spec, int64_t heads_q, int64_t heads_k, int64_t units,
                             int64_t sms);
 
+// The launch geometry of a QK-norm kernel (rope_norm.cu, rope_norm_params.h): `warps` warps a
+// block, each normalizing one of the `rows` (token, head) rows at a time, the grid at most 16
+// blocks per multiprocessor (rows are taken grid-stride). Throws Error(UNSUPPORTED) when one
+// warp's row does not fit the shared memory of a block.
+struct RopeNormLaunch {
+    int64_t blocks = 0, threads = 0;
+    unsigned shared_bytes = 0;
+    int warps = 0;
+};
+RopeNormLaunch plan_rope_norm_launch(const KernelSpec& spec, int64_t rows, int64_t sms);
+
 class RopeCuda {
 public:
     // `devices`, `kernels` and `stats` must outlive the launcher.
@@ -45,6 +56,9 @@ public:
 
 private:
     void check_positions_on_device(const RopeProblem& problem, CUstream stream);
+    // The QK-norm kernel's launch (spec.qk_norm), from run().
+    void run_norm(const RopeProblem& problem, const KernelSpec& spec, const LoadedKernel& kernel,
+                  CUstream stream);
 
     CudaDevices& devices_;
     KernelLoader& kernels_;

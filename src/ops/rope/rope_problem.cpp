@@ -1,5 +1,6 @@
 #include "ops/rope/rope_problem.h"
 
+#include <cmath>
 #include <limits>
 
 #include <fmt/format.h>
@@ -129,6 +130,108 @@ void check_same_device(const TensorRef& t, const DLDevice& device, const TensorR
                         reference.name, device_name(device.device_type), device.device_id));
 }
 
+// QK-norm (rope_jit_rope_args' q_norm_weight ... k_norm_weight_grad): weights [D] of one float
+// dtype, a finite positive eps, and in the backward the pre-norm inputs and optional weight
+// gradients. q and k are the call's tensors as given (3-D when packed); q_write and k_write
+// what it writes. Fills p's norm fields.
+void check_qk_norm(const rope_jit_rope_args& args, const TensorRef& q, const TensorRef& k,
+                   const TensorRef& q_write, const TensorRef& k_write, RopeProblem& p) {
+    TensorRef q_weight = make_tensor_ref(args.q_norm_weight, "q_norm_weight", 1);
+    TensorRef k_weight = make_tensor_ref(args.k_norm_weight, "k_norm_weight", 1);
+    TensorRef q_input = make_tensor_ref(args.q_norm_input, "q_norm_input");
+    TensorRef k_input = make_tensor_ref(args.k_norm_input, "k_norm_input");
+    TensorRef q_grad = make_tensor_ref(args.q_norm_weight_grad, "q_norm_weight_grad", 1);
+    TensorRef k_grad = make_tensor_ref(args.k_norm_weight_grad, "k_norm_weight_grad", 1);
+    if (!q_weight.present()) {
+        for (const TensorRef* t : {&k_weight, &q_input, &k_input, &q_grad, &k_grad})
+            if (t->present())
+                fail_argument(fmt::format("{}: given without q_norm_weight (no QK-norm)", t->name));
+        return;
+    }
+    for (const TensorRef* t : {&k_weight, &q_input, &k_input, &q_grad, &k_grad})
+        check_same_device(*t, p.device, q);
+    check_same_device(q_weight, p.device, q);
+    require_float(q_weight);
+    if (q_weight.shape[0] != p.head_dim)
+        fail_argument(fmt::format("q_norm_weight: expected [{}] (head_dim), got {}", p.head_dim,
+                                  q_weight.shape_string()));
+    if (p.has_k) {
+        if (!k_weight.present())
+            fail_argument("k_norm_weight: required when k is given with q_norm_weight");
+        if (k_weight.shape[0] != p.head_dim || k_weight.dtype != q_weight.dtype)
+            fail_argument(fmt::format(
+                "k_norm_weight: expected {} [{}] like q_norm_weight, got {} {}",
+                dtype_name(q_weight.dtype), p.head_dim, dtype_name(k_weight.dtype),
+                k_weight.shape_string()));
+    } else if (k_weight.present()) {
+        fail_argument("k_norm_weight: given without k");
+    }
+    if (!std::isfinite(args.norm_eps) || !(args.norm_eps > 0))
+        fail_argument(fmt::format("norm_eps: must be finite and > 0, got {}", args.norm_eps));
+    if (p.has_freq_grad)
+        fail_argument("inv_freq_grad: not available with QK-norm (q_norm_weight)");
+
+    if (p.backward) {
+        if (!q_input.present())
+            fail_argument("q_norm_input: required in the backward with q_norm_weight (the "
+                          "forward's q before the norm)");
+        require_same_shape(q_input, q);
+        if (p.has_k) {
+            if (!k_input.present())
+                fail_argument("k_norm_input: required in the backward with k_norm_weight (the "
+                              "forward's k before the norm)");
+            require_same_shape(k_input, k);
+        } else if (k_input.present()) {
+            fail_argument("k_norm_input: given without k");
+        }
+        for (TensorRef* grad : {&q_grad, &k_grad}) {
+            if (!grad->present()) continue;
+            if (grad->dtype != DType::F32 || grad->shape[0] != p.head_dim)
+                fail_argument(fmt::format("{}: expected float32 [{}] (head_dim), got {} {}",
+                                          grad->name, p.head_dim, dtype_name(grad->dtype),
+                                          grad->shape_string()));
+        }
+        if (k_grad.present() && !p.has_k) fail_argument("k_norm_weight_grad: given without k");
+        // The inputs are read while the outputs are written; the gradients are written too.
+        for (const TensorRef* written : {&q_write, &k_write})
+            for (const TensorRef* read : {&q_input, &k_input})
+                if (written->present() && read->present() && extents_overlap(*written, *read))
+                    fail_argument(fmt::format("{}: overlaps {}, which the call writes; keep the "
+                                              "forward's inputs in their own memory",
+                                              read->name, written->name));
+        for (const TensorRef* grad : {&q_grad, &k_grad}) {
+            if (!grad->present()) continue;
+            check_written(*grad, {&q, &k, &q_write, &k_write, &q_input, &k_input, &q_weight,
+                                  &k_weight, &q_grad, &k_grad, &p.cos, &p.sin, &p.inv_freq,
+                                  &p.xpos_scale, &p.positions, &p.seqlen_offsets, &p.cu_seqlens},
+                          MemoryRule::ByteRanges);
+        }
+    } else {
+        for (const TensorRef* t : {&q_input, &k_input, &q_grad, &k_grad})
+            if (t->present())
+                fail_argument(fmt::format("{}: only used in the backward (backward = 1)", t->name));
+    }
+    // The weights are read while q and k are written.
+    for (const TensorRef* written : {&q_write, &k_write})
+        for (const TensorRef* weight : {&q_weight, &k_weight})
+            if (written->present() && weight->present() && extents_overlap(*written, *weight))
+                fail_argument(fmt::format("{}: overlaps {}, which the call writes", weight->name,
+                                          written->name));
+
+    p.has_norm = true;
+    p.norm_unit_offset = args.norm_unit_offset != 0;
+    p.norm_eps = args.norm_eps;
+    p.q_norm_weight = q_weight;
+    p.k_norm_weight = k_weight;
+    if (p.backward) {
+        p.q_norm_input = p.packed ? lift_packed(q_input) : q_input;
+        if (p.has_k) p.k_norm_input = p.packed ? lift_packed(k_input) : k_input;
+        p.q_norm_weight_grad = q_grad;
+        p.k_norm_weight_grad = k_grad;
+        p.has_norm_weight_grad = q_grad.present() || k_grad.present();
+    }
+}
+
 }  // namespace
 
 RopeProblem make_rope_problem(const rope_jit_rope_args& args) {
@@ -201,9 +304,16 @@ RopeProblem make_rope_problem(const rope_jit_rope_args& args) {
             fmt::format("rotary_dim: rotary_offset {} + rotary_dim {} exceeds head_dim {}",
                         p.rotary_offset, p.rotary_dim, p.head_dim));
     const int style = raw_enum(args.style);
-    if (style != ROPE_JIT_STYLE_HALF && style != ROPE_JIT_STYLE_INTERLEAVED)
-        fail_argument(fmt::format(
-            "style: must be ROPE_JIT_STYLE_HALF or ROPE_JIT_STYLE_INTERLEAVED, got {}", style));
+    if (style != ROPE_JIT_STYLE_HALF && style != ROPE_JIT_STYLE_INTERLEAVED &&
+        style != ROPE_JIT_STYLE_PROPORTIONAL)
+        fail_argument(fmt::format("style: must be ROPE_JIT_STYLE_HALF, ROPE_JIT_STYLE_INTERLEAVED "
+                                  "or ROPE_JIT_STYLE_PROPORTIONAL, got {}",
+                                  style));
+    // Proportional pairs are (i, i + D/2) from feature 0: an offset has no meaning there.
+    if (style == ROPE_JIT_STYLE_PROPORTIONAL && p.rotary_offset != 0)
+        fail_argument(fmt::format("rotary_offset: must be 0 with ROPE_JIT_STYLE_PROPORTIONAL "
+                                  "(pairs (i, i + head_dim/2)), got {}",
+                                  p.rotary_offset));
     p.style = args.style;
     p.backward = args.backward != 0;
 
@@ -410,6 +520,7 @@ RopeProblem make_rope_problem(const rope_jit_rope_args& args) {
     for (const TensorRef* t : {&k, &q_out, &k_out, &cos, &sin, &inv_freq, &xpos, &positions,
                                &offsets, &cu_seqlens, &freq_grad, &q_saved, &k_saved})
         check_same_device(*t, p.device, q);
+    check_qk_norm(args, q, k, q_write, k_write, p);
 
     // What the call writes (q_out, or q in place; k likewise) shares no element with anything
     // else it reads or writes: a q_out on k's memory would change k before k is read, a k two

@@ -66,11 +66,28 @@ struct RopeProblem {
     bool has_freq_grad = false;
     TensorRef inv_freq_grad, q_saved, k_saved;
 
+    // QK-norm (RMSNorm of every head before the rotation; see qk_norm.h): weights [D], and in
+    // the backward the forward's pre-norm inputs (lifted to 4-D like q and k) and the optional
+    // weight gradients [D] float32.
+    bool has_norm = false, norm_unit_offset = false, has_norm_weight_grad = false;
+    double norm_eps = 1e-6;
+    TensorRef q_norm_weight, k_norm_weight, q_norm_input, k_norm_input;
+    TensorRef q_norm_weight_grad, k_norm_weight_grad;
+
     DLDevice device{kDLCPU, 0};  // where every tensor lives
 
     int64_t pairs() const { return rotary_dim / 2; }
+    bool proportional() const { return style == ROPE_JIT_STYLE_PROPORTIONAL; }
+    // The head feature of rotated element e in [0, R): the pairs' first features are elements
+    // [0, R/2) and their partners [R/2, R) (half and proportional styles), or pair i is
+    // elements (2i, 2i+1) (interleaved). Offset o + e except for proportional pairs, whose
+    // partners sit head_dim/2 after them.
+    int64_t rotated_feature(int64_t e) const {
+        if (!proportional()) return rotary_offset + e;
+        return e < pairs() ? e : head_dim / 2 + (e - pairs());
+    }
     // Column of pair i in the cos/sin/xpos tables: host_device.h's rule, which is linear in the
-    // pair, so its step serves 64-bit indices.
+    // pair, so its step serves 64-bit indices. Proportional tables are laid out as half ones.
     int64_t table_column(int64_t i) const {
         return i * ::table_column(table_full, style == ROPE_JIT_STYLE_INTERLEAVED, 1);
     }

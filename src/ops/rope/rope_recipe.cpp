@@ -6,21 +6,26 @@ namespace rope_jit {
 
 namespace {
 
-constexpr const char* kRopeTemplate = "rope.cu";
-constexpr const char* kRopeEntry = "rope_kernel";
+// The plain kernel, and the one that normalizes each head first (QK-norm).
+const char* template_of(const KernelSpec& spec) {
+    return spec.qk_norm ? "rope_norm.cu" : "rope.cu";
+}
+const char* entry_of(const KernelSpec& spec) {
+    return spec.qk_norm ? "rope_norm_kernel" : "rope_kernel";
+}
 
 }  // namespace
 
 std::string specialize_kernel(const KernelSpec& spec) {
-    return specialize_template(spec.preamble(), kRopeTemplate);
+    return specialize_template(spec.preamble(), template_of(spec));
 }
 
 KernelRecipe rope_recipe(const KernelSpec& spec) {
     spec.validate();
     KernelRecipe recipe;
     recipe.spec_json = spec.to_json();
-    recipe.template_name = kRopeTemplate;
-    recipe.entry = kRopeEntry;
+    recipe.template_name = template_of(spec);
+    recipe.entry = entry_of(spec);
     recipe.source = [spec] { return specialize_kernel(spec); };
     // The launcher sizes shared memory under the 48 KiB a block takes without opting in.
     return recipe;

@@ -14,7 +14,8 @@ namespace rope_jit {
 // The op's name: the "op" of its spec JSON and its memory-cache keys.
 inline constexpr char kRopeOp[] = "rope";
 
-// The full source NVRTC compiles for `spec`: its preamble and kernels_templates/rope.cu.
+// The full source NVRTC compiles for `spec`: its preamble and kernels_templates/rope.cu (or,
+// with qk_norm, rope_norm.cu).
 std::string specialize_kernel(const KernelSpec& spec);
 
 // The recipe of `spec`. Throws Error(INVALID_ARGUMENT) when the spec does not validate.

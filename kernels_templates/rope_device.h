@@ -1,0 +1,121 @@
+// Device functions both RoPE templates (rope.cu, rope_norm.cu) use, after the runtime's
+// specialization constants (kernel_spec.cpp): element conversions, a token's table row, a
+// pair's cos and sin, and a grid token's (batch row, index). Plain CUDA without toolkit headers.
+#ifndef ROPE_JIT_ROPE_DEVICE_H
+#define ROPE_JIT_ROPE_DEVICE_H
+
+#include "device_numeric.h"
+#include "rope_params.h"
+
+namespace {
+
+template <int DT>
+__device__ __forceinline__ typename StorageOf<DT>::type from_float(float v) {
+    if constexpr (DT == 0) {
+        return v;
+    } else if constexpr (DT == 1) {
+        unsigned short h;
+        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
+        return h;
+    } else {
+#if __CUDA_ARCH__ >= 800
+        unsigned short h;
+        asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));
+        return h;
+#else
+        return float_to_bf16_bits(v);  // what cvt.rn.bf16.f32 does on sm_80+
+#endif
+    }
+}
+
+template <int DT>
+__device__ __forceinline__ float storage_to_float(typename StorageOf<DT>::type v) {
+    if constexpr (DT == 0)
+        return v;
+    else
+        return float_of_bits16<DT>(v);
+}
+
+template <bool IS64>
+__device__ __forceinline__ long long load_index(const void* base, long long index) {
+    if (IS64) return static_cast<const long long*>(base)[index];
+    return static_cast<const int*>(base)[index];
+}
+
+// The table row of token (b, s) of q or k: positions (of `axis` with M-RoPE), else
+// s + seqlen_offsets[sequence], else s + position_offset (+ q_position_offset for q). Packed
+// batches find their sequence in cu_seqlens and restart s at 0 in each.
+__device__ long long table_row(const RopeKernelParams& p, long long b, long long s, bool is_k,
+                               int axis = 0) {
+    long long sequence = b, index = s;
+    if (PACKED) {
+        long long lo = 0, hi = p.num_sequences - 1;  // last sequence whose start <= s
+        while (lo < hi) {
+            const long long mid = (lo + hi + 1) / 2;
+            if (load_index<CU_SEQLENS_INT64>(p.cu_seqlens, mid * p.cu_seqlens_stride) <= s)
+                lo = mid;
+            else
+                hi = mid - 1;
+        }
+        sequence = lo;
+        index = s - load_index<CU_SEQLENS_INT64>(p.cu_seqlens, lo * p.cu_seqlens_stride);
+    }
+    if (HAS_ROPE_INDICES)
+        return load_index<POSITIONS_INT64>(
+            p.positions,
+            axis * p.positions_axis_stride + b * p.positions_stride[0] + s * p.positions_stride[1]);
+    if (POSITION_MODE == 2)
+        return index + load_index<SEQLEN_OFFSETS_INT64>(p.seqlen_offsets,
+                                                        sequence * p.seqlen_offsets_stride);
+    return index + p.position_offset + (is_k ? 0 : p.q_position_offset);
+}
+
+// cos and sin of one pair at one table row, with the backward sign and xPos folded in.
+__device__ void pair_angle(const RopeKernelParams& p, long long row, int pair, bool is_k, float* c,
+                           float* s) {
+    if (ANGLES_FROM_INV_FREQ) {
+        // fp64 keeps p * inv_freq exact far beyond fp32's 2^24 positions; the reduction inside
+        // sincos is then exact too.
+        const double angle =
+            double(row) * double(load_float<INV_FREQ_DTYPE>(p.inv_freq, pair * p.inv_freq_stride));
+        double sd, cd;
+        sincos(angle, &sd, &cd);
+        *c = float(cd);
+        *s = float(sd);
+    } else {
+        const long long col = table_column(TABLE_FULL, INTERLEAVED, pair);
+        *c = load_float<TABLE_DTYPE>(p.cos, row * p.cos_stride[0] + col * p.cos_stride[1]);
+        *s = load_float<TABLE_DTYPE>(p.sin, row * p.sin_stride[0] + col * p.sin_stride[1]);
+    }
+    if (BACKWARD_PASS) *s = -*s;
+    if (HAS_XPOS) {
+        const long long col = table_column(TABLE_FULL, INTERLEAVED, pair);
+        const float scale =
+            load_float<XPOS_DTYPE>(p.xpos, row * p.xpos_stride[0] + col * p.xpos_stride[1]);
+        if (is_k) {
+            *c /= scale;
+            *s /= scale;
+        } else {
+            *c *= scale;
+            *s *= scale;
+        }
+    }
+}
+
+// Token u of the grid as (batch row, index in it); 32-bit division when the sizes allow it.
+__device__ __forceinline__ void split_token(const RopeKernelParams& p, long long u, long long* b,
+                                            long long* s) {
+    if (p.units <= 0x7fffffffLL) {
+        const unsigned uu = static_cast<unsigned>(u), per_row = static_cast<unsigned>(p.seqlen_max);
+        const unsigned row = uu / per_row;
+        *b = row;
+        *s = uu - row * per_row;
+    } else {
+        *b = u / p.seqlen_max;
+        *s = u - *b * p.seqlen_max;
+    }
+}
+
+}  // namespace
+
+#endif

@@ -1,0 +1,512 @@
+// QK-norm before the rotation (rope_jit_rope_args.q_norm_weight ...) on the CPU backend, against
+// a float64 reference written in this file from the definitions (RMSNorm, then the pair
+// rotation of each style), and its gradients against central finite differences of that
+// reference; the argument checks; the spec; and the kernels compiled with NVRTC for sm_90.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "gpu_rope_norm_problem.h"
+#include "jit/kernel_builder.h"
+#include "jit/nvrtc_loader.h"
+#include "ops/rope/kernel_spec.h"
+#include "ops/rope/rope_problem.h"
+#include "ops/rope/rope_recipe.h"
+#include "rope_jit/rope_jit.h"
+#include "rope_test_support.h"
+
+using namespace rope_test;
+using rope_jit::KernelSpec;
+
+namespace {
+
+struct Runtime {
+    rope_jit_runtime* handle = nullptr;
+    Runtime() {
+        rope_jit_config config;
+        rope_jit_config_init(&config);
+        config.backend = ROPE_JIT_BACKEND_CPU;
+        config.cpu_threads = 2;
+        REQUIRE(rope_jit_runtime_create(&config, &handle) == ROPE_JIT_OK);
+    }
+    ~Runtime() { rope_jit_runtime_free(handle); }
+};
+
+// The features of pair i: (o+i, o+i+R/2) half, (o+2i, o+2i+1) interleaved, (i, i+D/2)
+// proportional.
+void pair_of(rope_jit_style style, int64_t D, int64_t R, int64_t o, int64_t i, int64_t* f1,
+             int64_t* f2) {
+    switch (style) {
+        case ROPE_JIT_STYLE_INTERLEAVED: *f1 = o + 2 * i, *f2 = o + 2 * i + 1; return;
+        case ROPE_JIT_STYLE_PROPORTIONAL: *f1 = i, *f2 = i + D / 2; return;
+        default: *f1 = o + i, *f2 = o + i + R / 2; return;
+    }
+}
+
+// y = rope(x / sqrt(mean(x^2) + eps) * w') for one head vector, in float64; angle[i] per pair.
+std::vector<double> norm_rope(const std::vector<double>& x, const std::vector<double>& w,
+                              bool unit_offset, double eps, const std::vector<double>& angle,
+                              rope_jit_style style, int64_t R, int64_t o) {
+    const int64_t D = int64_t(x.size());
+    double mean_square = 0;
+    for (double v : x) mean_square += v * v / double(D);
+    const double r = 1.0 / std::sqrt(mean_square + eps);
+    std::vector<double> y(static_cast<size_t>(D));
+    for (int64_t d = 0; d < D; ++d)
+        y[size_t(d)] = x[size_t(d)] * r * (w[size_t(d)] + (unit_offset ? 1.0 : 0.0));
+    for (int64_t i = 0; i < R / 2; ++i) {
+        int64_t f1, f2;
+        pair_of(style, D, R, o, i, &f1, &f2);
+        const double c = std::cos(angle[size_t(i)]), s = std::sin(angle[size_t(i)]);
+        const double x1 = y[size_t(f1)], x2 = y[size_t(f2)];
+        y[size_t(f1)] = x1 * c - x2 * s;
+        y[size_t(f2)] = x2 * c + x1 * s;
+    }
+    return y;
+}
+
+using gpu_rope_test::pick;
+
+struct NormCase {
+    Dt dt = Dt::F32;
+    rope_jit_style style = ROPE_JIT_STYLE_HALF;
+    bool inv_freq = false, bshd = false, in_place = true, with_k = true, unit_offset = false;
+    bool positions = false;
+    int64_t B = 2, S = 3, Hk = 2, group = 2, D = 16, R = 16, offset = 0, position_offset = 0;
+};
+
+// One forward call against norm_rope; angles are position * inv_freq[i] (inv_freq, or a table
+// of those values).
+void run_forward_case(rope_jit_runtime* runtime, const NormCase& c, std::mt19937& rng) {
+    const int64_t half = c.R / 2, Hq = c.Hk * c.group, P = 16;
+    auto make = [&](int64_t H) {
+        return c.bshd ? HostTensor(c.dt, {c.B, H, c.S, c.D}, {0, 2, 1, 3})
+                      : HostTensor(c.dt, {c.B, H, c.S, c.D});
+    };
+    HostTensor q = make(Hq), k = make(c.Hk), q_out = make(Hq), k_out = make(c.Hk);
+    q.fill_uniform(rng, -2, 2);
+    k.fill_uniform(rng, -2, 2);
+    const HostTensor q_in = q, k_in = k;
+    const Dt weight_dt = pick(rng, {Dt::F32, Dt::BF16});
+    HostTensor q_weight(weight_dt, {c.D}), k_weight(weight_dt, {c.D});
+    q_weight.fill_uniform(rng, -1.5, 1.5);
+    k_weight.fill_uniform(rng, -1.5, 1.5);
+    std::vector<double> freq(static_cast<size_t>(half));
+    for (int64_t i = 0; i < half; ++i)
+        freq[size_t(i)] = double(float(std::pow(100.0, -2.0 * double(i) / double(c.R))));
+    HostTensor inv(Dt::F32, {half}), cos_t(Dt::F32, {P, half}), sin_t(Dt::F32, {P, half});
+    for (int64_t i = 0; i < half; ++i) inv.set({i}, freq[size_t(i)]);
+    for (int64_t r = 0; r < P; ++r)
+        for (int64_t i = 0; i < half; ++i) {
+            cos_t.set({r, i}, std::cos(double(r) * freq[size_t(i)]));
+            sin_t.set({r, i}, std::sin(double(r) * freq[size_t(i)]));
+        }
+    HostTensor positions(Dt::I64, {c.B, c.S});
+    positions.for_each([&](const std::vector<int64_t>& i) { positions.set(i, double(rng() % P)); });
+
+    rope_jit_rope_args args;
+    rope_jit_rope_args_init(&args);
+    args.q = q.dl();
+    args.k = c.with_k ? k.dl() : nullptr;
+    args.q_out = c.in_place ? nullptr : q_out.dl();
+    args.k_out = c.in_place || !c.with_k ? nullptr : k_out.dl();
+    if (c.inv_freq) {
+        args.inv_freq = inv.dl();
+    } else {
+        args.cos = cos_t.dl();
+        args.sin = sin_t.dl();
+    }
+    if (c.positions) args.positions = positions.dl();
+    args.position_offset = c.position_offset;
+    args.rotary_dim = int32_t(c.R);
+    args.rotary_offset = int32_t(c.offset);
+    args.style = c.style;
+    args.q_norm_weight = q_weight.dl();
+    args.k_norm_weight = c.with_k ? k_weight.dl() : nullptr;
+    args.norm_eps = 1e-5;
+    args.norm_unit_offset = c.unit_offset;
+    const rope_jit_status status = rope_jit_rope(runtime, &args);
+    INFO(rope_jit_last_error());
+    REQUIRE(status == ROPE_JIT_OK);
+
+    const double tol = tolerance_for(c.dt);
+    auto check = [&](const HostTensor& in, const HostTensor& out, const HostTensor& weight,
+                     int64_t H, const char* name) {
+        std::vector<double> w(static_cast<size_t>(c.D)), x(static_cast<size_t>(c.D));
+        std::vector<double> angle(static_cast<size_t>(half));
+        for (int64_t d = 0; d < c.D; ++d) w[size_t(d)] = weight.get({d});
+        for (int64_t b = 0; b < c.B; ++b)
+            for (int64_t h = 0; h < H; ++h)
+                for (int64_t s = 0; s < c.S; ++s) {
+                    const int64_t row = c.positions ? int64_t(positions.get({b, s}))
+                                                    : s + c.position_offset;
+                    for (int64_t i = 0; i < half; ++i) {
+                        // The library reads the table's float32 values; inv_freq in float64.
+                        angle[size_t(i)] =
+                            c.inv_freq ? double(row) * freq[size_t(i)]
+                                       : std::atan2(sin_t.get({row, i}), cos_t.get({row, i}));
+                    }
+                    for (int64_t d = 0; d < c.D; ++d) x[size_t(d)] = in.get({b, h, s, d});
+                    const std::vector<double> y =
+                        norm_rope(x, w, c.unit_offset, 1e-5, angle, c.style, c.R, c.offset);
+                    for (int64_t d = 0; d < c.D; ++d) {
+                        CAPTURE(name);
+                        CAPTURE(b);
+                        CAPTURE(h);
+                        CAPTURE(s);
+                        CAPTURE(d);
+                        const double got = out.get({b, h, s, d}), want = y[size_t(d)];
+                        REQUIRE(std::fabs(got - want) <= tol * (1 + std::fabs(want)));
+                    }
+                }
+    };
+    check(q_in, c.in_place ? q : q_out, q_weight, Hq, "q");
+    if (c.with_k) check(k_in, c.in_place ? k : k_out, k_weight, c.Hk, "k");
+}
+
+}  // namespace
+
+TEST_CASE("QK-norm then RoPE matches the float64 definition over a sweep") {
+    Runtime runtime;
+    std::mt19937 rng(20261202);
+    for (int iteration = 0; iteration < 80; ++iteration) {
+        NormCase c;
+        c.dt = pick(rng, {Dt::F32, Dt::F16, Dt::BF16});
+        c.style = pick(rng, {ROPE_JIT_STYLE_HALF, ROPE_JIT_STYLE_INTERLEAVED,
+                             ROPE_JIT_STYLE_PROPORTIONAL});
+        c.inv_freq = rng() & 1;
+        c.bshd = rng() & 1;
+        c.in_place = rng() & 1;
+        c.with_k = rng() % 4 != 0;
+        c.unit_offset = rng() & 1;
+        c.positions = rng() % 3 == 0;
+        c.D = pick<int64_t>(rng, {2, 8, 16, 64, 128, 576});
+        c.R = rng() % 3 == 0 ? std::max<int64_t>(2, c.D / 4 - c.D / 4 % 2) : c.D;
+        c.offset = c.style != ROPE_JIT_STYLE_PROPORTIONAL && c.R < c.D
+                       ? int64_t(rng() % uint32_t(c.D - c.R + 1))
+                       : 0;
+        c.group = pick<int64_t>(rng, {1, 2, 4});
+        c.position_offset = c.positions ? 0 : rng() % 4;
+        const std::string dtype = dt_name(c.dt);
+        CAPTURE(iteration);
+        CAPTURE(dtype);
+        CAPTURE(int(c.style));
+        CAPTURE(c.inv_freq);
+        CAPTURE(c.bshd);
+        CAPTURE(c.in_place);
+        CAPTURE(c.with_k);
+        CAPTURE(c.unit_offset);
+        CAPTURE(c.positions);
+        CAPTURE(c.D);
+        CAPTURE(c.R);
+        CAPTURE(c.offset);
+        run_forward_case(runtime.handle, c, rng);
+    }
+}
+
+TEST_CASE("QK-norm gradients for q, k and both weights match finite differences") {
+    // loss = sum(gq * y_q) + sum(gk * y_k); the backward call gets gq, gk and the forward's
+    // inputs, and gives dL/dx (as q_out, k_out) and dL/dw.
+    Runtime runtime;
+    for (rope_jit_style style :
+         {ROPE_JIT_STYLE_HALF, ROPE_JIT_STYLE_INTERLEAVED, ROPE_JIT_STYLE_PROPORTIONAL}) {
+        for (bool unit_offset : {false, true}) {
+            CAPTURE(int(style));
+            CAPTURE(unit_offset);
+            const int64_t B = 1, Hq = 4, Hk = 2, S = 3, D = 12, R = 8, offset = 0;
+            const double eps = 1e-5;
+            std::mt19937 rng(uint32_t(3 + int(style) * 2 + unit_offset));
+            HostTensor xq(Dt::F32, {B, Hq, S, D}), xk(Dt::F32, {B, Hk, S, D});
+            HostTensor gq(Dt::F32, {B, Hq, S, D}), gk(Dt::F32, {B, Hk, S, D});
+            HostTensor dq(Dt::F32, {B, Hq, S, D}), dk(Dt::F32, {B, Hk, S, D});
+            HostTensor wq(Dt::F32, {D}), wk(Dt::F32, {D}), dwq(Dt::F32, {D}), dwk(Dt::F32, {D});
+            HostTensor inv(Dt::F32, {R / 2});
+            for (HostTensor* t : {&xq, &xk, &gq, &gk}) t->fill_uniform(rng, -1, 1);
+            wq.fill_uniform(rng, 0.5, 1.5);
+            wk.fill_uniform(rng, -0.5, 0.5);
+            for (int64_t i = 0; i < R / 2; ++i) inv.set({i}, 0.9 / double(i + 1));
+
+            rope_jit_rope_args args;
+            rope_jit_rope_args_init(&args);
+            args.q = gq.dl();
+            args.k = gk.dl();
+            args.q_out = dq.dl();
+            args.k_out = dk.dl();
+            args.inv_freq = inv.dl();
+            args.position_offset = 2;
+            args.rotary_dim = int32_t(R);
+            args.style = style;
+            args.backward = 1;
+            args.q_norm_weight = wq.dl();
+            args.k_norm_weight = wk.dl();
+            args.norm_eps = eps;
+            args.norm_unit_offset = unit_offset;
+            args.q_norm_input = xq.dl();
+            args.k_norm_input = xk.dl();
+            args.q_norm_weight_grad = dwq.dl();
+            args.k_norm_weight_grad = dwk.dl();
+            const rope_jit_status status = rope_jit_rope(runtime.handle, &args);
+            INFO(rope_jit_last_error());
+            REQUIRE(status == ROPE_JIT_OK);
+
+            // The loss of one tensor as a function of its inputs and weights, in float64.
+            auto loss = [&](const std::vector<double>& x, const std::vector<double>& w,
+                            const HostTensor& g, int64_t H) {
+                double total = 0;
+                std::vector<double> row(static_cast<size_t>(D)), angle(static_cast<size_t>(R / 2));
+                for (int64_t h = 0; h < H; ++h)
+                    for (int64_t s = 0; s < S; ++s) {
+                        for (int64_t i = 0; i < R / 2; ++i)
+                            angle[size_t(i)] = double(s + 2) * inv.get({i});
+                        for (int64_t d = 0; d < D; ++d)
+                            row[size_t(d)] = x[size_t((h * S + s) * D + d)];
+                        const std::vector<double> y =
+                            norm_rope(row, w, unit_offset, eps, angle, style, R, offset);
+                        for (int64_t d = 0; d < D; ++d) total += g.get({0, h, s, d}) * y[size_t(d)];
+                    }
+                return total;
+            };
+            const double step = 1e-6;
+            auto check_tensor = [&](const HostTensor& x, const HostTensor& w, const HostTensor& g,
+                                    const HostTensor& dx, const HostTensor& dw, int64_t H,
+                                    const char* name) {
+                std::vector<double> xv = x.values(), wv = w.values();
+                for (size_t e = 0; e < xv.size(); ++e) {
+                    const double saved = xv[e];
+                    xv[e] = saved + step;
+                    const double up = loss(xv, wv, g, H);
+                    xv[e] = saved - step;
+                    const double down = loss(xv, wv, g, H);
+                    xv[e] = saved;
+                    CAPTURE(name);
+                    CAPTURE(e);
+                    const double want = (up - down) / (2 * step);
+                    CHECK(dx.values()[e] == doctest::Approx(want).epsilon(1e-3).scale(1.0));
+                }
+                for (size_t d = 0; d < wv.size(); ++d) {
+                    const double saved = wv[d];
+                    wv[d] = saved + step;
+                    const double up = loss(xv, wv, g, H);
+                    wv[d] = saved - step;
+                    const double down = loss(xv, wv, g, H);
+                    wv[d] = saved;
+                    CAPTURE(name);
+                    CAPTURE(d);
+                    const double want = (up - down) / (2 * step);
+                    CHECK(dw.get({int64_t(d)}) == doctest::Approx(want).epsilon(1e-3).scale(1.0));
+                }
+            };
+            check_tensor(xq, wq, gq, dq, dwq, Hq, "q");
+            check_tensor(xk, wk, gk, dk, dwk, Hk, "k");
+        }
+    }
+}
+
+TEST_CASE("QK-norm arguments are checked, each error naming the argument, writing nothing") {
+    Runtime runtime;
+    std::mt19937 rng(9);
+    HostTensor q(Dt::F32, {1, 2, 3, 8}), k(Dt::F32, {1, 1, 3, 8}), cos_t(Dt::F32, {4, 4}),
+        sin_t(Dt::F32, {4, 4}), w(Dt::F32, {8}), w_bad(Dt::F32, {6}), w16(Dt::F16, {8}),
+        grad(Dt::F32, {8}), xq(Dt::F32, {1, 2, 3, 8});
+    for (HostTensor* t : {&q, &k, &cos_t, &sin_t, &w, &xq}) t->fill_uniform(rng, -1, 1);
+    const std::vector<uint8_t> q_before = q.bytes(), k_before = k.bytes();
+    auto expect = [&](const char* needle, auto&& change) {
+        rope_jit_rope_args args;
+        rope_jit_rope_args_init(&args);
+        args.q = q.dl();
+        args.k = k.dl();
+        args.cos = cos_t.dl();
+        args.sin = sin_t.dl();
+        args.q_norm_weight = w.dl();
+        args.k_norm_weight = w.dl();
+        change(args);
+        const rope_jit_status status = rope_jit_rope(runtime.handle, &args);
+        const std::string message = rope_jit_last_error();
+        CAPTURE(message);
+        CHECK(status == ROPE_JIT_ERROR_INVALID_ARGUMENT);
+        CHECK(message.find(needle) != std::string::npos);
+        CHECK(q.bytes() == q_before);
+        CHECK(k.bytes() == k_before);
+    };
+    expect("k_norm_weight", [&](rope_jit_rope_args& a) { a.k_norm_weight = nullptr; });
+    expect("k_norm_weight", [&](rope_jit_rope_args& a) { a.k_norm_weight = w16.dl(); });
+    expect("q_norm_weight", [&](rope_jit_rope_args& a) { a.q_norm_weight = w_bad.dl(); });
+    expect("k_norm_weight", [&](rope_jit_rope_args& a) { a.q_norm_weight = nullptr; });
+    expect("norm_eps", [&](rope_jit_rope_args& a) { a.norm_eps = 0; });
+    expect("norm_eps", [&](rope_jit_rope_args& a) { a.norm_eps = std::nan(""); });
+    expect("q_norm_input", [&](rope_jit_rope_args& a) { a.backward = 1; });
+    expect("k_norm_input", [&](rope_jit_rope_args& a) {
+        a.backward = 1;
+        a.q_norm_input = xq.dl();
+    });
+    expect("q_norm_input", [&](rope_jit_rope_args& a) { a.q_norm_input = xq.dl(); });
+    expect("q_norm_weight_grad", [&](rope_jit_rope_args& a) { a.q_norm_weight_grad = grad.dl(); });
+    expect("q_norm_input", [&](rope_jit_rope_args& a) {
+        a.backward = 1;
+        a.k = nullptr;
+        a.k_norm_weight = nullptr;
+        a.q_norm_input = q.dl();  // the output itself (in place)
+    });
+    expect("q_norm_weight_grad", [&](rope_jit_rope_args& a) {
+        a.backward = 1;
+        a.k = nullptr;
+        a.k_norm_weight = nullptr;
+        a.q_norm_input = xq.dl();
+        a.q_norm_weight_grad = w.dl();  // the weights' own memory
+    });
+    expect("k_norm_weight", [&](rope_jit_rope_args& a) { a.k = nullptr; });
+    expect("q_norm_weight", [&](rope_jit_rope_args& a) {
+        a.k = nullptr;
+        a.k_norm_weight = nullptr;
+        a.q_norm_weight = xq.dl();  // not 1-D
+    });
+}
+
+TEST_CASE("a QK-norm call with no token still zeroes the weight gradients") {
+    Runtime runtime;
+    HostTensor q(Dt::F32, {1, 2, 0, 8}), g(Dt::F32, {1, 2, 0, 8}), cos_t(Dt::F32, {4, 4}),
+        sin_t(Dt::F32, {4, 4}), w(Dt::F32, {8}), dw(Dt::F32, {8});
+    for (int64_t d = 0; d < 8; ++d) dw.set({d}, 5.0);
+    rope_jit_rope_args args;
+    rope_jit_rope_args_init(&args);
+    args.q = g.dl();
+    args.cos = cos_t.dl();
+    args.sin = sin_t.dl();
+    args.backward = 1;
+    args.q_norm_weight = w.dl();
+    args.q_norm_input = q.dl();
+    args.q_norm_weight_grad = dw.dl();
+    REQUIRE(rope_jit_rope(runtime.handle, &args) == ROPE_JIT_OK);
+    CHECK(dw.values() == std::vector<double>(8, 0.0));
+}
+
+TEST_CASE("a QK-norm spec has its own JSON fields, template and canonical access fields") {
+    std::string error;
+    const auto spec = KernelSpec::from_json(
+        R"({"head_dim": 128, "dtype": "bfloat16", "qk_norm": true, "norm_weight_dtype": "bfloat16",
+            "direction": "backward", "norm_weight_grad": true, "norm_unit_offset": true})",
+        &error);
+    INFO(error);
+    REQUIRE(spec.has_value());
+    CHECK(spec->qk_norm == 1);
+    CHECK(spec->vec == 1);
+    CHECK(spec->vec_loads == 0);
+    CHECK(spec->block_threads == 256);
+    CHECK(KernelSpec::from_json(spec->to_json(), nullptr) == spec);
+    CHECK(spec->preamble().find("enum : bool { QK_NORM = true };") != std::string::npos);
+    CHECK(spec->preamble().find("enum : int { NORM_WEIGHT_DTYPE = 2 };") != std::string::npos);
+    CHECK(rope_jit::specialize_kernel(*spec).find("rope_norm_kernel") != std::string::npos);
+    CHECK(rope_jit::rope_recipe(*spec).entry == "rope_norm_kernel");
+    // Fields the norm kernel alone reads need it; its access fields take one value.
+    CHECK(!KernelSpec::from_json(R"({"head_dim": 64, "norm_unit_offset": true})", &error));
+    CHECK(error.find("qk_norm") != std::string::npos);
+    CHECK(!KernelSpec::from_json(R"({"head_dim": 64, "qk_norm": true, "norm_weight_grad": true})",
+                                 &error));
+    CHECK(error.find("backward") != std::string::npos);
+    CHECK(!KernelSpec::from_json(R"({"head_dim": 64, "qk_norm": true, "vec": 4})", &error));
+    CHECK(error.find("qk_norm") != std::string::npos);
+    // A plain spec names the new fields false and specializes them as enumerators.
+    const auto plain = KernelSpec::from_json(R"({"head_dim": 64})", nullptr);
+    REQUIRE(plain.has_value());
+    CHECK(plain->to_json().find(R"("qk_norm":false)") != std::string::npos);
+    CHECK(plain->preamble().find("constexpr bool QK_NORM") == std::string::npos);
+    CHECK(rope_jit::rope_recipe(*plain).entry == "rope_kernel");
+
+    rope_jit_kernel_spec in;
+    rope_jit_kernel_spec_init(&in);
+    in.head_dim = 128;
+    in.qk_norm = 1;
+    in.backward = 1;
+    const KernelSpec from_public = rope_jit::kernel_spec_from_public(in);
+    CHECK(from_public.qk_norm == 1);
+    CHECK(from_public.norm_weight_grad == 1);
+    in.norm_weight_dtype = DLDataType{kDLInt, 32, 1};
+    CHECK_THROWS_WITH_AS(rope_jit::kernel_spec_from_public(in),
+                         doctest::Contains("norm_weight_dtype"), rope_jit::Error);
+}
+
+TEST_CASE("QK-norm kernels compile with NVRTC for sm_90 in every variant") {
+    if (rope_jit::nvrtc_api() == nullptr) {
+        MESSAGE("skipped: NVRTC not available: " << rope_jit::nvrtc_load_error());
+        return;
+    }
+    const char* const variants[] = {
+        R"({"head_dim": 128, "dtype": "bfloat16", "table_dtype": "bfloat16", "gqa_group": 4,
+            "qk_norm": true, "norm_weight_dtype": "bfloat16"})",
+        R"({"head_dim": 128, "dtype": "bfloat16", "direction": "backward", "qk_norm": true,
+            "norm_weight_grad": true, "in_place_q": false})",
+        R"({"head_dim": 128, "direction": "backward", "qk_norm": true, "has_k": false})",
+        R"({"head_dim": 256, "dtype": "float16", "qk_norm": true, "norm_unit_offset": true,
+            "style": "interleaved", "angles": "inv-freq", "positions": "indices"})",
+        R"({"head_dim": 512, "rotary_dim": 128, "style": "proportional", "qk_norm": true,
+            "direction": "backward", "norm_weight_grad": true, "dtype": "bfloat16"})",
+        R"({"head_dim": 80, "rotary_dim": 32, "rotary_offset": 16, "qk_norm": true,
+            "packed": true, "positions": "seqlen-offsets", "xpos": true})",
+        R"({"head_dim": 128, "qk_norm": true, "positions": "indices", "mrope_axes": 3,
+            "dtype": "bfloat16", "table_dtype": "bfloat16"})",
+        R"({"head_dim": 576, "qk_norm": true, "direction": "backward", "norm_weight_grad": true,
+            "norm_weight_dtype": "float16", "k_own_angles": true})",
+    };
+    rope_jit::KernelStats stats;
+    for (const char* json : variants) {
+        std::string error;
+        const auto spec = KernelSpec::from_json(json, &error);
+        INFO(json, error);
+        REQUIRE(spec.has_value());
+        const std::string name = spec->describe();
+        CAPTURE(name);
+        const rope_jit::KernelBinary binary =
+            rope_jit::build_kernel_binary(*spec, "sm_90", nullptr, stats);
+        REQUIRE(binary.image.size() > 4);
+        CHECK(std::string(binary.image.data(), 4) ==
+              "\x7f"
+              "ELF");
+    }
+    // sm_75: the bfloat16 conversion without cvt.rn.bf16.f32.
+    const auto old = KernelSpec::from_json(
+        R"({"head_dim": 64, "dtype": "bfloat16", "qk_norm": true, "direction": "backward",
+            "norm_weight_grad": true})",
+        nullptr);
+    REQUIRE(old.has_value());
+    CHECK(rope_jit::build_kernel_binary(*old, "sm_75", nullptr, stats).image.size() > 4);
+}
+
+TEST_CASE("the QK-norm GPU sweep's calls run on the CPU backend and their kernels compile") {
+    // The calls of test_gpu_rope_qk_norm.cpp's sweep (which needs a GPU), checked here without
+    // one: each is valid, and the kernel it selects compiles for sm_90.
+    if (rope_jit::nvrtc_api() == nullptr) {
+        MESSAGE("skipped: NVRTC not available: " << rope_jit::nvrtc_load_error());
+        return;
+    }
+    Runtime runtime;
+    rope_jit::KernelStats stats;
+    std::vector<KernelSpec> compiled;
+    for (uint32_t family = 0; family < gpu_rope_test::kNormFamilies; ++family) {
+        gpu_rope_test::NormFamily f = gpu_rope_test::norm_family(family);
+        const std::string spec_text = gpu_rope_test::describe(f.problem.spec);
+        CAPTURE(family);
+        CAPTURE(spec_text);
+        std::vector<const DLTensor*> views;
+        for (HostTensor* t : gpu_rope_test::norm_slots(f.norm))
+            views.push_back(t->shape().empty() ? nullptr : t->dl());
+        rope_jit_rope_args args =
+            gpu_rope_test::make_args(f.problem.spec, gpu_rope_test::host_views(f.problem), nullptr);
+        gpu_rope_test::add_norm_args(args, f.norm, views);
+        const KernelSpec spec = rope_jit::make_kernel_spec(rope_jit::make_rope_problem(args));
+        const rope_jit_status status = rope_jit_rope(runtime.handle, &args);
+        INFO(rope_jit_last_error());
+        REQUIRE(status == ROPE_JIT_OK);
+        CHECK(spec.qk_norm == 1);
+        if (std::find(compiled.begin(), compiled.end(), spec) != compiled.end()) continue;
+        compiled.push_back(spec);
+        const std::string name = spec.describe();
+        CAPTURE(name);
+        CHECK(rope_jit::build_kernel_binary(spec, "sm_90", nullptr, stats).image.size() > 4);
+    }
+    MESSAGE(compiled.size() << " QK-norm kernels compiled");
+}
