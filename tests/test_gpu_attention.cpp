@@ -643,6 +643,8 @@ TEST_SUITE("gpu") {
             if (config.D == 64 && device.wgmma && device.tma)
                 CHECK((forward.producer_warps == 4 && forward.block_n == 128));
             if (config.D == 256) CHECK((forward.tensor_cores == 1 && forward.block_n == 64));
+            if (config.D == 256 && device.wgmma)  // two warpgroups loading their own tiles
+                CHECK((forward.wgmma == 1 && forward.warps == 8 && forward.producer_warps == 0));
             const Comparison result = run_and_compare(f, p, true);
             MESSAGE(describe(config) << " ->" << result.report);
             CHECK(result.passed);
