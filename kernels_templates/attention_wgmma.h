@@ -50,6 +50,31 @@ namespace wg {
         "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
         "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
 #define ROPE_JIT_WGMMA_ARGS128 "}, {%64, %65, %66, %67}, %68, p, 1, 1, %69;\n}\n"
+// m64n256k16 (the value product at head_dim 256): 128 accumulators.
+#define ROPE_JIT_WGMMA_D256                                                              \
+    ROPE_JIT_WGMMA_D128, "+f"(d[16][0]), "+f"(d[16][1]), "+f"(d[16][2]), "+f"(d[16][3]), \
+        "+f"(d[17][0]), "+f"(d[17][1]), "+f"(d[17][2]), "+f"(d[17][3]), "+f"(d[18][0]),  \
+        "+f"(d[18][1]), "+f"(d[18][2]), "+f"(d[18][3]), "+f"(d[19][0]), "+f"(d[19][1]),  \
+        "+f"(d[19][2]), "+f"(d[19][3]), "+f"(d[20][0]), "+f"(d[20][1]), "+f"(d[20][2]),  \
+        "+f"(d[20][3]), "+f"(d[21][0]), "+f"(d[21][1]), "+f"(d[21][2]), "+f"(d[21][3]),  \
+        "+f"(d[22][0]), "+f"(d[22][1]), "+f"(d[22][2]), "+f"(d[22][3]), "+f"(d[23][0]),  \
+        "+f"(d[23][1]), "+f"(d[23][2]), "+f"(d[23][3]), "+f"(d[24][0]), "+f"(d[24][1]),  \
+        "+f"(d[24][2]), "+f"(d[24][3]), "+f"(d[25][0]), "+f"(d[25][1]), "+f"(d[25][2]),  \
+        "+f"(d[25][3]), "+f"(d[26][0]), "+f"(d[26][1]), "+f"(d[26][2]), "+f"(d[26][3]),  \
+        "+f"(d[27][0]), "+f"(d[27][1]), "+f"(d[27][2]), "+f"(d[27][3]), "+f"(d[28][0]),  \
+        "+f"(d[28][1]), "+f"(d[28][2]), "+f"(d[28][3]), "+f"(d[29][0]), "+f"(d[29][1]),  \
+        "+f"(d[29][2]), "+f"(d[29][3]), "+f"(d[30][0]), "+f"(d[30][1]), "+f"(d[30][2]),  \
+        "+f"(d[30][3]), "+f"(d[31][0]), "+f"(d[31][1]), "+f"(d[31][2]), "+f"(d[31][3])
+#define ROPE_JIT_WGMMA_REGS256                                                     \
+    ROPE_JIT_WGMMA_REGS128                                                         \
+        ", "                                                                       \
+        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, "             \
+        "%76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, "             \
+        "%88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, "             \
+        "%100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
+        "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, " \
+        "%124, %125, %126, %127"
+#define ROPE_JIT_WGMMA_ARGS256 "}, {%128, %129, %130, %131}, %132, p, 1, 1, %133;\n}\n"
 
 // One wgmma with A in registers (a), B by descriptor (b), the accumulators d, scale-d true;
 // SHAPE_TYPES names shape and types, N selects the operand lists above.
@@ -78,16 +103,27 @@ __device__ __forceinline__ void wgmma_n128(float (&d)[16][4], const unsigned (&a
         ROPE_JIT_WGMMA("m64n128k16.f32.bf16.bf16", 128);
 }
 
+template <int TRANS_B, int D = DTYPE>
+__device__ __forceinline__ void wgmma_n256(float (&d)[32][4], const unsigned (&a)[4],
+                                           unsigned long long b) {
+    if constexpr (D == 1)
+        ROPE_JIT_WGMMA("m64n256k16.f32.f16.f16", 256);
+    else
+        ROPE_JIT_WGMMA("m64n256k16.f32.bf16.bf16", 256);
+}
+
 // d (64 x N over the warpgroup) += A (registers, 64 x 16) * B (shared memory, 16 x N);
 // TRANS_B: B is stored N-major (values) rather than K-major (keys).
 template <int N, int TRANS_B>
 __device__ __forceinline__ void wgmma(float (&d)[N / 8][4], const unsigned (&a)[4],
                                       unsigned long long b) {
-    static_assert(N == 64 || N == 128, "wgmma tiles of 64 or 128 columns");
+    static_assert(N == 64 || N == 128 || N == 256, "wgmma tiles of 64, 128 or 256 columns");
     if constexpr (N == 64)
         wgmma_n64<TRANS_B>(d, a, b);
-    else
+    else if constexpr (N == 128)
         wgmma_n128<TRANS_B>(d, a, b);
+    else
+        wgmma_n256<TRANS_B>(d, a, b);
 }
 
 // The same with A from shared memory too (descriptor a), neither operand transposed.

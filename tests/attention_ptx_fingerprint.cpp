@@ -143,7 +143,7 @@ std::vector<AttentionSpec> mma_and_simt_specs() {
 }
 
 // sm_90a wgmma forwards: three and two warpgroups, 2 and 3 stages, 64- and 128-key tiles, with
-// and without producer warps and clusters, head_dims 64, 128 and 56.
+// and without producer warps and clusters, head_dims 64, 128, 56 and 256.
 std::vector<AttentionSpec> wgmma_specs() {
     AttentionSpec headline = base_spec(K::Forward, 2, 128, 128, true);
     headline.wgmma = 1;
@@ -234,6 +234,26 @@ std::vector<AttentionSpec> wgmma_specs() {
             specs.push_back(s);
         }
     }
+    // head_dim 256 (two warpgroups loading 64-key tiles, two stages): the issue-19 shape (GQA 2,
+    // causal, float32 half tables read in place, as they do not fit in shared memory), bf16
+    // tables staged, and fp16 interleaved partial rotary with an additive mask.
+    AttentionSpec fwd256 = base_spec(K::Forward, 2, 256, 256, true);
+    fwd256.wgmma = 1;
+    fwd256.block_n = 64;
+    fwd256.causal = 1;
+    fwd256.gqa_group = 2;
+    AttentionSpec fwd256_staged = fwd256;
+    fwd256_staged.table_dtype = 2;
+    fwd256_staged.table_async = 1;
+    AttentionSpec fwd256_partial = base_spec(K::Forward, 1, 256, 128, true);
+    fwd256_partial.wgmma = 1;
+    fwd256_partial.block_n = 64;
+    fwd256_partial.interleaved = 1;
+    fwd256_partial.table_async = 1;
+    fwd256_partial.mask_kind = 2;
+    fwd256_partial.mask_dtype = 2;
+    fwd256_partial.write_lse = 0;
+    for (const AttentionSpec& s : {fwd256, fwd256_staged, fwd256_partial}) specs.push_back(s);
     return specs;
 }
 

@@ -293,10 +293,12 @@ TEST_CASE(
     CHECK((long_keys.wgmma == 1 && long_keys.producer_warps == 4 && long_keys.block_n == 128 &&
            long_keys.stages == 2));
     CHECK(chosen(d64, false, AttentionDevice{80, 166912})[0].wgmma == 0);
-    // head_dim 256 (no wgmma): 8 warps over 64-key tiles; with pos_mask 32-key tiles.
+    // head_dim 256: wgmma on sm_90 (see the test of its own below); without it 8 warps over
+    // 64-key tiles; with pos_mask 32-key tiles.
     attention_test::Config d256 = c;
     d256.D = d256.R = 256;
-    const AttentionSpec wide = chosen(d256, false)[0];
+    CHECK(chosen(d256, false)[0].wgmma == 1);
+    const AttentionSpec wide = chosen(d256, false, AttentionDevice{90, 232448, false})[0];
     CHECK((wide.tensor_cores == 1 && wide.wgmma == 0 && wide.warps == 8 && wide.block_n == 64));
     CHECK(chosen(d256, false, AttentionDevice{80, 166912})[0].tensor_cores == 1);
     d256.pos_mask = true;
@@ -350,6 +352,100 @@ TEST_CASE(
     }
 }
 
+TEST_CASE(
+    "head_dim 256 forwards on sm_90 run on warpgroup matrix products: two warpgroups loading two "
+    "64-key tiles, table rows staged where they fit") {
+    attention_test::Config c = headline_config();
+    c.D = c.R = 256;
+    // Query rows of 528 bytes (256 features + 8 pad), two key and two value tiles of 64 rows of
+    // 512 bytes, 128 + 64 flags; float32 half tables (512-byte rows) would add 64 KiB and do
+    // not fit: the rotation reads them in place.
+    constexpr int kBase = 128 * 528 + 2 * 2 * 64 * 512 + 128 + 64;
+    for (const AttentionDevice& device :
+         {AttentionDevice{90, 232448, true, true}, AttentionDevice{90, 232448, true, false}}) {
+        CAPTURE(device.tma);
+        const std::vector<AttentionSpec> specs = chosen(c, false, device);
+        REQUIRE(specs.size() == 1);
+        const AttentionSpec& s = specs[0];
+        CAPTURE(s.describe());
+        CHECK((s.kind == int32_t(AttentionKernelKind::Forward) && s.tensor_cores == 1));
+        CHECK((s.wgmma == 1 && s.warps == 8 && s.block_n == 64 && s.stages == 2));
+        CHECK((s.producer_warps == 0 && s.keys_by_tma == 0 && s.cluster == 1));
+        CHECK(s.table_async == 0);
+        CHECK(s.shared_bytes() == kBase);
+        CHECK(s.threads() == 256);
+        CHECK_NOTHROW(s.validate());
+    }
+    // bf16 tables: their rows (256 bytes of cos and of sin per key) fit, just.
+    c.table_dt = attention_test::Dt::BF16;
+    const AttentionSpec staged = chosen(c, false)[0];
+    CAPTURE(staged.describe());
+    CHECK((staged.wgmma == 1 && staged.table_async == 1));
+    CHECK(staged.shared_bytes() == kBase + 2 * 64 * 256);
+    CHECK(staged.shared_bytes() <= 232448);
+    // Partial interleaved rotary with an additive mask, fp16, no GQA: the same kernel family.
+    attention_test::Config partial = c;
+    partial.dt = attention_test::Dt::F16;
+    partial.R = 128;
+    partial.interleaved = true;
+    partial.mask = attention_test::Mask::AddFull;
+    partial.Hk = partial.Hq;
+    const AttentionSpec p = chosen(partial, false)[0];
+    CAPTURE(p.describe());
+    CHECK((p.wgmma == 1 && p.warps == 8 && p.table_async == 1 && p.mask_kind == 2));
+    // sm_80, pos_mask and sm_90 without wgmma keep the mma.sync forward.
+    CHECK(chosen(c, false, AttentionDevice{80, 166912})[0].wgmma == 0);
+    CHECK(chosen(c, false, AttentionDevice{90, 232448, false})[0].wgmma == 0);
+    c.pos_mask = true;
+    CHECK(chosen(c, false)[0].wgmma == 0);
+}
+
+TEST_CASE("wgmma forwards at head_dim 256: only 4 or 8 loading warps over 64-key tiles") {
+    AttentionSpec s;
+    s.kind = int32_t(AttentionKernelKind::Forward);
+    s.dtype = 2;
+    s.head_dim = s.rotary_dim = 256;
+    s.tensor_cores = s.wgmma = 1;
+    s.warps = 8;
+    s.block_n = 64;
+    s.stages = 2;
+    CHECK(wgmma_broken_rule(s) == WgmmaRule::None);
+    CHECK_NOTHROW(s.validate());
+    s.warps = 4;
+    CHECK(wgmma_broken_rule(s) == WgmmaRule::None);
+    s.head_dim = s.rotary_dim = 240;  // pads to 240
+    CHECK(wgmma_broken_rule(s) == WgmmaRule::HeadDim);
+    s.head_dim = s.rotary_dim = 256;
+    AttentionSpec producers = s;
+    producers.producer_warps = 4;
+    AttentionSpec three_groups = s;
+    three_groups.warps = 12;
+    AttentionSpec long_tiles = s;
+    long_tiles.block_n = 128;
+    for (const AttentionSpec& broken : {producers, three_groups, long_tiles}) {
+        CAPTURE(broken.describe());
+        CHECK(wgmma_broken_rule(broken) == WgmmaRule::HeadDim);
+        try {
+            broken.validate();
+            FAIL("validate() accepted " << broken.describe());
+        } catch (const Error& e) {
+            CHECK(std::string(e.what()).find("padded 256") != std::string::npos);
+        }
+    }
+    // An override that asks for producer warps or three warpgroups at head_dim 256 falls back
+    // to the table's shape.
+    attention_test::Config c = headline_config();
+    c.D = c.R = 256;
+    for (const char* text : {"fwd=p8x64x2", "fwd=w12x64x2", "fwd=w8x128"}) {
+        CAPTURE(text);
+        EnvGuard env;
+        env.set("ROPE_JIT_ATTENTION_KERNELS", text);
+        const AttentionSpec chosen_spec = chosen(c, false)[0];
+        CHECK((chosen_spec.wgmma == 1 && chosen_spec.warps == 8 && chosen_spec.block_n == 64 &&
+               chosen_spec.producer_warps == 0));
+    }
+}
+
 TEST_CASE("the CUDA-core kernels take what tensor cores cannot") {
     attention_test::Config c = headline_config();
     SUBCASE("float32") {
@@ -395,8 +491,10 @@ TEST_CASE("the CUDA-core kernels take what tensor cores cannot") {
         CHECK(two_groups.wgmma == 1);
         CHECK(two_groups.warps == 8);
         CHECK(two_groups.block_n == 64);
+        // head_dim 256 needs 198848 bytes (and the wgmma forward's tables in place).
         c.D = c.R = 256;
-        CHECK(chosen(c, false)[0].wgmma == 0);
+        CHECK(chosen(c, false, AttentionDevice{90, 198848, true})[0].wgmma == 1);
+        CHECK(chosen(c, false, AttentionDevice{90, 198847, true})[0].wgmma == 0);
     }
     SUBCASE("the override asks for wgmma in vain where it cannot run, and only for the forward") {
         EnvGuard env;

@@ -473,8 +473,47 @@ TEST_SUITE("gpu") {
             c.Sk = rng() % 3 == 0 ? 1 + rng() % 700 : c.Sq;
             configs.push_back(c);
         }
+        // head_dim 256 and 248 (two warpgroups loading their own 64-key tiles): lengths short for
+        // the CPU reference, ragged around the 64-key tiles; GQA groups 1-8.
+        std::vector<Config> wide;
+        for (int i = 0; i < 8; ++i) {
+            Config c = random_gpu_config(rng);
+            c.dt = rng() & 1 ? Dt::BF16 : Dt::F16;
+            c.D = pick<int64_t>(rng, {256, 256, 256, 248});  // 248 pads to 256
+            c.R = pick<int64_t>(rng, {c.D, c.D, c.D / 2, 0, 16});
+            c.R = c.R / (c.interleaved ? 8 : 16) * (c.interleaved ? 8 : 16);
+            c.pos_mask = false;
+            c.pad = 0;
+            c.Hk = 1 + rng() % 2;
+            c.Hq = c.Hk * pick<int64_t>(rng, {1, 2, 4, 8});
+            c.Sq = pick<int64_t>(rng, {1, 63, 64, 65, 129, 200, 300});
+            c.Sk = rng() % 3 == 0 ? pick<int64_t>(rng, {1, 64, 127, 191, 300}) : c.Sq;
+            wide.push_back(c);
+        }
+        // Issue 19's head_dim 256 shape in small (bf16, halves, float32 half tables read in
+        // place, causal, GQA 2), and GQA 1 with staged bf16 tables and a boolean mask.
+        Config issue;
+        issue.dt = Dt::BF16;
+        issue.D = issue.R = 256;
+        issue.Hq = 4;
+        issue.Hk = 2;
+        issue.Sq = issue.Sk = 300;
+        issue.causal = true;
+        wide.push_back(issue);
+        Config staged = issue;
+        staged.dt = Dt::F16;
+        staged.table_dt = Dt::BF16;
+        staged.Hq = staged.Hk = 2;
+        staged.B = 2;
+        staged.Sq = 65;
+        staged.Sk = 250;
+        staged.causal = false;
+        staged.mask = Mask::BoolFull;
+        wide.push_back(staged);
         // Every config above must run the wgmma forward, or the sweep would test something else.
-        for (const Config& c : configs) {
+        std::vector<Config> all = configs;
+        all.insert(all.end(), wide.begin(), wide.end());
+        for (const Config& c : all) {
             std::mt19937 probe(1);
             Problem p(c, probe);
             const std::vector<rope_jit::AttentionSpec> specs = kernels_of(p, device);
@@ -488,6 +527,13 @@ TEST_SUITE("gpu") {
             CAPTURE(shapes);
             f.override_kernels(shapes);
             sweep(f, configs, 11);
+        }
+        // head_dim 256 takes only warps that load (the other families fall back to it): the
+        // default (two warpgroups) and one warpgroup.
+        for (const char* shapes : {"", "fwd=w4x64x2"}) {
+            CAPTURE(shapes);
+            f.override_kernels(shapes);
+            sweep(f, wide, 12);
         }
         unsetenv("ROPE_JIT_ATTENTION_KERNELS");
     }
@@ -597,6 +643,8 @@ TEST_SUITE("gpu") {
             if (config.D == 64 && device.wgmma && device.tma)
                 CHECK((forward.producer_warps == 4 && forward.block_n == 128));
             if (config.D == 256) CHECK((forward.tensor_cores == 1 && forward.block_n == 64));
+            if (config.D == 256 && device.wgmma)  // two warpgroups loading their own tiles
+                CHECK((forward.wgmma == 1 && forward.warps == 8 && forward.producer_warps == 0));
             const Comparison result = run_and_compare(f, p, true);
             MESSAGE(describe(config) << " ->" << result.report);
             CHECK(result.passed);

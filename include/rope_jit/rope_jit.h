@@ -641,17 +641,18 @@ ROPE_JIT_API rope_jit_status rope_jit_get_stats(const rope_jit_runtime* runtime,
  * (sm_80 and newer, head_dim a multiple of 8 up to 256, rows 16-byte aligned with unit feature
  * stride; rotated q/k and the softmax probabilities are rounded to the input dtype before their
  * matrix products, as FlashAttention does; on sm_90, with an NVRTC of CUDA 13 or newer, the
- * forward at head_dim 56-64 or 120-128 without pos_mask uses warpgroup matrix products,
- * compiled for sm_90a, fed by a producer warpgroup (keys rotated in its registers, values
- * brought in by the tensor memory accelerator) when the driver offers TMA (CUDA 12 or newer)
- * and the cos/sin rows are 16-byte aligned whole 16-byte pieces); float32 and every other case run on the CUDA cores
- * in float32 (head_dim up to 512; sequences below 2^31 tokens). On sm_90 with TMA the
- * backward at head_dim 56-64, 120-128 or 248-256 without pos_mask runs on warpgroup matrix products
- * too: q and k are rotated once into a workspace the library allocates on the call's stream
- * (stream-ordered, freed when the backward's kernels are done), and dq is accumulated there in
- * float32 with atomic adds (set `deterministic` for reproducible bits: the mma.sync kernels
- * then run). The CPU backend computes in float64 and rounds the results once; its backward
- * is deterministic.
+ * forward at head_dim 56-64, 120-128 or 248-256 without pos_mask uses warpgroup matrix
+ * products, compiled for sm_90a, at 56-64 and 120-128 fed by a producer warpgroup (keys rotated
+ * in its registers, values brought in by the tensor memory accelerator) when the driver offers
+ * TMA (CUDA 12 or newer) and the cos/sin rows are 16-byte aligned whole 16-byte pieces, at
+ * 248-256 by two warpgroups that load their own tiles); float32 and every other case run on
+ * the CUDA cores in float32 (head_dim up to 512; sequences below 2^31 tokens). On sm_90 with
+ * TMA the backward at head_dim 56-64, 120-128 or 248-256 without pos_mask runs on warpgroup
+ * matrix products too: q and k are rotated once into a workspace the library allocates on the
+ * call's stream (stream-ordered, freed when the backward's kernels are done), and dq is
+ * accumulated there in float32 with atomic adds (set `deterministic` for reproducible bits: the
+ * mma.sync kernels then run). The CPU backend computes in float64 and rounds the results once;
+ * its backward is deterministic.
  *
  * Nothing is expanded or copied: masks, tables and pos_mask are read in place.
  * ======================================================================================== */

@@ -28,7 +28,10 @@ struct TileRow {
 
 // clang-format off
 const TileRow kTileTable[] = {
-    // Forward. head_dim 64 over long key sequences: 128-key producer tiles halve the pipeline's
+    // Forward. head_dim 256 on sm_90: two warpgroups that load their own 64-key tiles, two in
+    // shared memory (the only wgmma shape it takes; see wgmma_broken_rule).
+    {Kind::Forward, 256, 256, false, 0, {8, 64, 1, true, 2}},
+    // head_dim 64 over long key sequences: 128-key producer tiles halve the pipeline's
     // round trips per key (H200, S 4096: 10% faster; at S 1024 5% slower, so only from 4096
     // keys).
     {Kind::Forward,  64,  64, false, 4096, {8, 128, 1, true, 2, 4}},
@@ -220,7 +223,11 @@ WgmmaRule wgmma_broken_rule(const AttentionSpec& s) {
         return WgmmaRule::None;
     }
     if (s.kind != 0) return WgmmaRule::Forward;
-    if (dp != 64 && dp != 128) return WgmmaRule::HeadDim;
+    // head_dim 256: warps that load their own 64-key tiles, at most two warpgroups (a thread
+    // holds 128 output accumulators: a third warpgroup or producer warps cap its registers
+    // at 168 and spill them).
+    const bool wide = dp == 256 && s.producer_warps == 0 && s.warps <= 8 && s.block_n == 64;
+    if (dp != 64 && dp != 128 && !wide) return WgmmaRule::HeadDim;
     if (s.block_n != 64 && s.block_n != 128) return WgmmaRule::KeyTile;
     if ((s.warps != 4 && s.warps != 8 && s.warps != 12) || s.m_tiles != 1) return WgmmaRule::Warps;
     if (s.pos_mask) return WgmmaRule::PosMask;
@@ -319,6 +326,12 @@ std::vector<AttentionSpec> choose_attention_specs(const AttentionProblem& p,
             return std::nullopt;
         if (shape.producer_warps > 0 && !(device.tma && tma_friendly(p.k) && tma_friendly(p.v)))
             return std::nullopt;
+        // head_dim 256: the query rows and two key and value tiles take 196 KiB, so the staged
+        // table rows of a tile (up to 64 KiB) may not fit beside them; the rotation then reads
+        // its angles in place.
+        if (shape.wgmma && dp == 256 && spec.table_async &&
+            spec.shared_bytes() > device.max_shared_bytes)
+            spec.table_async = 0;
         if (spec.shared_bytes() > device.max_shared_bytes) return std::nullopt;
         return spec;
     };

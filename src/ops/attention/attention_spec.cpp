@@ -102,8 +102,9 @@ void AttentionSpec::validate() const {
                     "(kinds 3-5)");
             case WgmmaRule::HeadDim:
                 fail_argument(fmt::format(
-                    "attention kernel spec: wgmma kernels take head_dim padded to 64 or 128, "
-                    "got {} (padded {})",
+                    "attention kernel spec: wgmma kernels take head_dim padded to 64, 128 or "
+                    "256 (forwards at 256: 4 or 8 warps over 64-key tiles without producer "
+                    "warps), got {} (padded {})",
                     head_dim, padded_head_dim(head_dim)));
             case WgmmaRule::KeyTile:
                 fail_argument(fmt::format(
