@@ -55,7 +55,7 @@ for step in $steps; do
                    --tag h200_headline 2>&1 | tee "$OUT/attention_bench.log" | cut -c1-600 ;;
     # The new sm_90 kernels under compute-sanitizer (memcheck, racecheck) on a small problem of
     # every kernel family (the NaN test: 100 tokens, forward and backward).
-    sanitize) for tool in memcheck racecheck; do
+    sanitize) for tool in ${SANITIZE_TOOLS:-memcheck racecheck}; do
                 timeout ${SANITIZE_TIMEOUT:-150} compute-sanitizer --tool $tool --error-exitcode 9 \
                   build-gpu/tests/rope_jit_tests --test-suite=gpu --test-case="${SANITIZE_TESTS:-*NaN in a query row*}" \
                   > "$OUT/attention_$tool.log" 2>&1
