@@ -246,8 +246,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (in.byte() % 64 == 0) args.struct_size = size_t(in.byte());
     // QK-norm, decoded after everything else so that older inputs keep their meaning (an
     // exhausted input leaves every norm tensor absent).
-    enum { Q_NORM_WEIGHT, K_NORM_WEIGHT, Q_NORM_INPUT, K_NORM_INPUT, Q_NORM_GRAD, K_NORM_GRAD,
-           NORM_COUNT };
+    enum {
+        Q_NORM_WEIGHT,
+        K_NORM_WEIGHT,
+        Q_NORM_INPUT,
+        K_NORM_INPUT,
+        Q_NORM_GRAD,
+        K_NORM_GRAD,
+        NORM_COUNT
+    };
     Built norm[NORM_COUNT];
     for (Built& b : norm)
         if (!build(in, b, base)) return 0;

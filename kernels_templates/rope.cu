@@ -294,7 +294,6 @@ __device__ __forceinline__ void accumulate_freq_grad(const ItemData& g, const It
     }
 }
 
-
 // Where token (b, s)'s rows start in q, q_out, k, k_out (and the saved outputs).
 __device__ __forceinline__ RopeTokenBases token_bases(const RopeKernelParams& p, long long b,
                                                       long long s) {

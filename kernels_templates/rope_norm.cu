@@ -85,14 +85,14 @@ __device__ __forceinline__ float weight_at(const void* w, long long stride, int 
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(WARP * kRopeNormMaxWarps)
+extern "C" __global__ void __launch_bounds__(WARP* kRopeNormMaxWarps)
     rope_norm_kernel(const RopeNormParams np) {
     extern __shared__ __align__(16) char shared[];
     const RopeKernelParams& p = np.rope;
     const int warp = static_cast<int>(threadIdx.x) / WARP;
     const int lane = static_cast<int>(threadIdx.x) % WARP;
-    float* row = reinterpret_cast<float*>(shared) + warp * 2 * HEAD_DIM;  // the staged row
-    float* grad = row + HEAD_DIM;                                        // backward: g
+    float* row = reinterpret_cast<float*>(shared) + warp * 2 * HEAD_DIM;     // the staged row
+    float* grad = row + HEAD_DIM;                                            // backward: g
     float* dw = reinterpret_cast<float*>(shared) + np.warps * 2 * HEAD_DIM;  // [2][HEAD_DIM]
     if (NORM_WEIGHT_GRAD) {
         for (int d = threadIdx.x; d < 2 * HEAD_DIM; d += blockDim.x) dw[d] = 0.0f;

@@ -34,8 +34,7 @@ enum { kRopeNormMaxWarps = 8 };
 
 // Dynamic shared memory of a block: per warp, its row and (backward) the row's gradient after
 // the inverse rotation, as float; per block, with weight gradients, the sums of q's and k's.
-ROPE_JIT_HOST_DEVICE constexpr int rope_norm_smem_bytes(int head_dim, int warps,
-                                                        bool weight_grad) {
+ROPE_JIT_HOST_DEVICE constexpr int rope_norm_smem_bytes(int head_dim, int warps, bool weight_grad) {
     return (warps * 2 * head_dim + (weight_grad ? 2 * head_dim : 0)) * 4;
 }
 

@@ -207,11 +207,10 @@ std::vector<AttentionSpec> wgmma_specs() {
     AttentionSpec keys_by_tma_wide = keys_by_tma;  // head_dim 128 over 128-key tiles (default)
     keys_by_tma_wide.block_n = 128;
     keys_by_tma_wide.stages = 2;
-    std::vector<AttentionSpec> specs = {keys_by_tma, keys_by_tma_plain, keys_by_tma_cluster,
-                                        keys_by_tma_wide,
-                                        headline,     narrow,    unrotated,       in_place,
-                                        specialized,  specialized_narrow, long_keys, padded,
-                                        padded_plain, clustered, clustered_narrow};
+    std::vector<AttentionSpec> specs = {
+        keys_by_tma,  keys_by_tma_plain, keys_by_tma_cluster, keys_by_tma_wide,   headline,  narrow,
+        unrotated,    in_place,          specialized,         specialized_narrow, long_keys, padded,
+        padded_plain, clustered,         clustered_narrow};
     // The sm_90 backward's three kernels: the headline (GQA 4, causal, half tables), head_dim
     // 64 interleaved with an additive mask, and an unrotated head_dim 120.
     AttentionSpec wide = headline;  // head_dim 256: 64-key blocks, two stages

@@ -68,15 +68,17 @@ struct Spec {
 inline std::string describe(const Spec& c) {
     std::ostringstream text;
     text << "dt=" << dt_name(c.dt) << " table_dt=" << dt_name(c.table_dt)
-         << " index_dt=" << dt_name(c.index_dt)
-         << " style=" << (c.proportional ? "proportional" : c.interleaved ? "interleaved" : "half")
-         << " backward=" << c.backward
-         << " has_k=" << c.has_k << " xpos=" << c.xpos << " in_place=" << c.in_place
-         << " out_as_same_view=" << c.out_as_same_view << " rotary_dim_zero=" << c.rotary_dim_zero
-         << " layout=" << layout_name(c.layout) << " positions=" << positions_name(c.positions)
-         << " angles=" << angles_name(c.angles) << " B=" << c.B << " S=" << c.S << " Hk=" << c.Hk
-         << " group=" << c.group << " D=" << c.D << " R=" << c.R << " offset=" << c.offset
-         << " position_offset=" << c.position_offset << " q_extra=" << c.q_extra;
+         << " index_dt=" << dt_name(c.index_dt) << " style="
+         << (c.proportional  ? "proportional"
+             : c.interleaved ? "interleaved"
+                             : "half")
+         << " backward=" << c.backward << " has_k=" << c.has_k << " xpos=" << c.xpos
+         << " in_place=" << c.in_place << " out_as_same_view=" << c.out_as_same_view
+         << " rotary_dim_zero=" << c.rotary_dim_zero << " layout=" << layout_name(c.layout)
+         << " positions=" << positions_name(c.positions) << " angles=" << angles_name(c.angles)
+         << " B=" << c.B << " S=" << c.S << " Hk=" << c.Hk << " group=" << c.group << " D=" << c.D
+         << " R=" << c.R << " offset=" << c.offset << " position_offset=" << c.position_offset
+         << " q_extra=" << c.q_extra;
     return text.str();
 }
 
@@ -146,8 +148,8 @@ inline Spec random_proportional_spec(std::mt19937& rng) {
     c.offset = 0;
     c.D = pick<int64_t>(rng, {12, 64, 80, 128, 256, 512, 576});
     const auto even = [](int64_t n) { return std::max<int64_t>(2, n - n % 2); };
-    c.R = pick<int64_t>(rng, {even(c.D / 4), even(c.D / 2), c.D, 2,
-                              2 * (1 + int64_t(rng() % uint32_t(c.D / 2)))});
+    c.R = pick<int64_t>(
+        rng, {even(c.D / 4), even(c.D / 2), c.D, 2, 2 * (1 + int64_t(rng() % uint32_t(c.D / 2)))});
     c.rotary_dim_zero = c.R == c.D && (rng() & 1);
     return c;
 }

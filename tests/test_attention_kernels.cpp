@@ -191,8 +191,9 @@ std::vector<AttentionSpec> chosen(const attention_test::Config& c, bool backward
     std::mt19937 rng(1);
     attention_test::Problem p(c, rng);
     const rope_jit_attention_args args = p.args();
-    std::vector<AttentionSpec> specs = choose_attention_specs(
-        make_attention_problem(args, backward), device, attention_kernel_override_from_environment());
+    std::vector<AttentionSpec> specs =
+        choose_attention_specs(make_attention_problem(args, backward), device,
+                               attention_kernel_override_from_environment());
     // A forward's prepare kernel (rotated keys for TMA) is checked where it matters; the rest
     // of this file looks at the forward itself.
     if (!backward && specs.size() == 2 &&

@@ -522,8 +522,8 @@ TEST_SUITE("gpu") {
         }
         // The default choice, then each family forced (every warp loading; producer warps; blocks
         // of a cluster sharing tiles, where the GQA group allows).
-        for (const char* shapes :
-             {"", "fwd=w12x64x3", "fwd=p8x64x3", "fwd=r8x64x3", "fwd=c4x8x64x3", "fwd=c2x8x128x2"}) {
+        for (const char* shapes : {"", "fwd=w12x64x3", "fwd=p8x64x3", "fwd=r8x64x3",
+                                   "fwd=c4x8x64x3", "fwd=c2x8x128x2"}) {
             CAPTURE(shapes);
             f.override_kernels(shapes);
             sweep(f, configs, 11);
@@ -539,7 +539,8 @@ TEST_SUITE("gpu") {
     }
 
     TEST_CASE(
-        "the sm_90 wgmma backward matches the CPU reference over ragged lengths, GQA groups, masks, "
+        "the sm_90 wgmma backward matches the CPU reference over ragged lengths, GQA groups, "
+        "masks, "
         "partial rotary and both styles") {
         const rope_jit::AttentionDevice device = device_zero();
         if (!device.wgmma || !device.tma) {
@@ -705,39 +706,39 @@ TEST_SUITE("gpu") {
     TEST_CASE("the CUDA backward asked to be deterministic is: the same bits on every run") {
         GpuFixture f;
         for (const bool pos_mask : {true, false})
-        for (Dt dt : {Dt::BF16, Dt::F32}) {
-            const std::string dtype = rope_test::dt_name(dt);
-            CAPTURE(dtype);
-            CAPTURE(pos_mask);
-            Config c;
-            c.deterministic = true;
-            c.dt = dt;
-            c.B = 2;
-            c.Hq = 8;
-            c.Hk = 2;
-            c.Sq = 300;
-            c.Sk = 300;
-            c.D = 64;
-            c.R = 64;
-            c.causal = true;
-            c.pos_mask = pos_mask;
-            std::mt19937 rng(4);
-            Problem p(c, rng);
-            DeviceProblem device(p);
-            const rope_jit_attention_args a = device.args(p.args());
-            REQUIRE(rope_jit_attention(f.cuda().get(), &a) == ROPE_JIT_OK);
-            REQUIRE(rope_jit_attention_backward(f.cuda().get(), &a) == ROPE_JIT_OK);
-            check_cu(driver().cuCtxSynchronize(), "cuCtxSynchronize");
-            const HostTensor dq = device.download(p.dq), dk = device.download(p.dk),
-                             dv = device.download(p.dv);
-            for (int repeat = 0; repeat < 3; ++repeat) {
+            for (Dt dt : {Dt::BF16, Dt::F32}) {
+                const std::string dtype = rope_test::dt_name(dt);
+                CAPTURE(dtype);
+                CAPTURE(pos_mask);
+                Config c;
+                c.deterministic = true;
+                c.dt = dt;
+                c.B = 2;
+                c.Hq = 8;
+                c.Hk = 2;
+                c.Sq = 300;
+                c.Sk = 300;
+                c.D = 64;
+                c.R = 64;
+                c.causal = true;
+                c.pos_mask = pos_mask;
+                std::mt19937 rng(4);
+                Problem p(c, rng);
+                DeviceProblem device(p);
+                const rope_jit_attention_args a = device.args(p.args());
+                REQUIRE(rope_jit_attention(f.cuda().get(), &a) == ROPE_JIT_OK);
                 REQUIRE(rope_jit_attention_backward(f.cuda().get(), &a) == ROPE_JIT_OK);
                 check_cu(driver().cuCtxSynchronize(), "cuCtxSynchronize");
-                CHECK(device.download(p.dq).bytes() == const_cast<HostTensor&>(dq).bytes());
-                CHECK(device.download(p.dk).bytes() == const_cast<HostTensor&>(dk).bytes());
-                CHECK(device.download(p.dv).bytes() == const_cast<HostTensor&>(dv).bytes());
+                const HostTensor dq = device.download(p.dq), dk = device.download(p.dk),
+                                 dv = device.download(p.dv);
+                for (int repeat = 0; repeat < 3; ++repeat) {
+                    REQUIRE(rope_jit_attention_backward(f.cuda().get(), &a) == ROPE_JIT_OK);
+                    check_cu(driver().cuCtxSynchronize(), "cuCtxSynchronize");
+                    CHECK(device.download(p.dq).bytes() == const_cast<HostTensor&>(dq).bytes());
+                    CHECK(device.download(p.dk).bytes() == const_cast<HostTensor&>(dk).bytes());
+                    CHECK(device.download(p.dv).bytes() == const_cast<HostTensor&>(dv).bytes());
+                }
             }
-        }
     }
 
 }  // TEST_SUITE("gpu")

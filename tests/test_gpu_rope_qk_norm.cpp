@@ -67,7 +67,6 @@ void run_and_compare(GpuFixture& fixture, const Problem& p, NormTensors n, doubl
     }
 }
 
-
 }  // namespace
 
 TEST_SUITE("gpu") {
@@ -107,8 +106,7 @@ TEST_SUITE("gpu") {
             }
     }
 
-    TEST_CASE_FIXTURE(GpuFixture,
-                      "QK-norm + RoPE with M-RoPE sections matches the CPU backend") {
+    TEST_CASE_FIXTURE(GpuFixture, "QK-norm + RoPE with M-RoPE sections matches the CPU backend") {
         for (int variant = 0; variant < 4; ++variant) {
             const Dt dt = variant % 2 ? Dt::BF16 : Dt::F32;
             const int64_t B = 2, S = 9, Hk = 2, Hq = 4, D = 128, R = 128, P = 32;
@@ -133,8 +131,8 @@ TEST_SUITE("gpu") {
             const int32_t sections_contiguous[3] = {16, 24, 24};
             const int32_t sections_interleaved[3] = {24, 20, 20};
             const int32_t* sections = variant % 2 ? sections_interleaved : sections_contiguous;
-            std::vector<HostTensor*> tensors = {&q,   &k,   &positions, &cos_t, &sin_t,
-                                                &w_q, &w_k, &x_q,       &x_k,   &dw_q, &dw_k};
+            std::vector<HostTensor*> tensors = {&q,   &k,   &positions, &cos_t, &sin_t, &w_q,
+                                                &w_k, &x_q, &x_k,       &dw_q,  &dw_k};
             auto args_for = [&](const std::vector<const DLTensor*>& v) {
                 rope_jit_rope_args args;
                 rope_jit_rope_args_init(&args);

@@ -398,8 +398,9 @@ TEST_CASE("tensors on a device the backend cannot reach are rejected") {
 TEST_CASE("an unknown style is rejected") {
     ValidCall call;
     call.args.style = static_cast<rope_jit_style>(7);
-    call.expect_invalid("style: must be ROPE_JIT_STYLE_HALF, ROPE_JIT_STYLE_INTERLEAVED or "
-                        "ROPE_JIT_STYLE_PROPORTIONAL, got 7");
+    call.expect_invalid(
+        "style: must be ROPE_JIT_STYLE_HALF, ROPE_JIT_STYLE_INTERLEAVED or "
+        "ROPE_JIT_STYLE_PROPORTIONAL, got 7");
 }
 
 TEST_CASE("a proportional style with a rotary offset is rejected, naming rotary_offset") {

@@ -414,8 +414,8 @@ TEST_CASE("a proportional spec round-trips through JSON and specializes with an 
     CHECK(from_public.proportional == 1);
     CHECK(from_public.vec == 4);  // float32: 72 pairs and 288 features a half
     in.rotary_offset = 2;
-    CHECK_THROWS_WITH_AS(rope_jit::kernel_spec_from_public(in),
-                         doctest::Contains("rotary_offset"), rope_jit::Error);
+    CHECK_THROWS_WITH_AS(rope_jit::kernel_spec_from_public(in), doctest::Contains("rotary_offset"),
+                         rope_jit::Error);
 }
 
 TEST_CASE("proportional kernels compile with NVRTC for sm_90 in every variant") {

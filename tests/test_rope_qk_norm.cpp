@@ -143,8 +143,8 @@ void run_forward_case(rope_jit_runtime* runtime, const NormCase& c, std::mt19937
         for (int64_t b = 0; b < c.B; ++b)
             for (int64_t h = 0; h < H; ++h)
                 for (int64_t s = 0; s < c.S; ++s) {
-                    const int64_t row = c.positions ? int64_t(positions.get({b, s}))
-                                                    : s + c.position_offset;
+                    const int64_t row =
+                        c.positions ? int64_t(positions.get({b, s})) : s + c.position_offset;
                     for (int64_t i = 0; i < half; ++i) {
                         // The library reads the table's float32 values; inv_freq in float64.
                         angle[size_t(i)] =
@@ -177,8 +177,8 @@ TEST_CASE("QK-norm then RoPE matches the float64 definition over a sweep") {
     for (int iteration = 0; iteration < 80; ++iteration) {
         NormCase c;
         c.dt = pick(rng, {Dt::F32, Dt::F16, Dt::BF16});
-        c.style = pick(rng, {ROPE_JIT_STYLE_HALF, ROPE_JIT_STYLE_INTERLEAVED,
-                             ROPE_JIT_STYLE_PROPORTIONAL});
+        c.style = pick(
+            rng, {ROPE_JIT_STYLE_HALF, ROPE_JIT_STYLE_INTERLEAVED, ROPE_JIT_STYLE_PROPORTIONAL});
         c.inv_freq = rng() & 1;
         c.bshd = rng() & 1;
         c.in_place = rng() & 1;

@@ -34,12 +34,13 @@ const std::vector<Preset> kPresets = {
     {"gpt-neox-20b", "hidden 6144, 64 heads, rotary_pct 0.25", 96, 24, "half", 1},
     // The full-attention layers, as issue 23 describes them; the kv grouping is an assumption
     // still to check against the published config.json.
-    {"gemma-4", "full-attention layers: head_dim 512, proportional rotary (pairs (i, i+256)), "
+    {"gemma-4",
+     "full-attention layers: head_dim 512, proportional rotary (pairs (i, i+256)), "
      "partial_rotary_factor 0.25; kv grouping 2 assumed",
      512, 128, "proportional", 2},
     // QK-norm (q_norm and k_norm RMSNorm over head_dim before the rotation).
-    {"qwen3-8b", "hidden 4096, 32 heads, 8 kv heads, head_dim 128, q_norm/k_norm", 128, 128,
-     "half", 4, true},
+    {"qwen3-8b", "hidden 4096, 32 heads, 8 kv heads, head_dim 128, q_norm/k_norm", 128, 128, "half",
+     4, true},
 };
 
 // Reads at most kMaxManifestBytes (+1 to tell a larger file), so /dev/zero or a huge file

@@ -47,8 +47,8 @@ struct Preset {
     const char* about;  // the config values the spec comes from
     int head_dim;
     int rotary_dim;
-    const char* style;  // "half", "interleaved" or "proportional" (RoPE only: no attention)
-    int gqa_group;      // num_attention_heads / num_key_value_heads
+    const char* style;     // "half", "interleaved" or "proportional" (RoPE only: no attention)
+    int gqa_group;         // num_attention_heads / num_key_value_heads
     bool qk_norm = false;  // RMSNorm of q and k heads before the rotation (bf16 weights)
 };
 

@@ -102,8 +102,10 @@ def build_args(
     norm_unit_offset=False,
 ):
     """(args, held): the rope_jit_rope_args of a call on `values` (the tensors in _TENSOR_NAMES
-    order, None where absent), with every check of the Python side, and the objects (TensorArgs,
-    the sections array) that must stay alive while the library reads args."""
+    order, None where absent; a shorter tuple leaves the names past its end absent, as the
+    torch hot path's plans do), with every check of the Python side, and the objects
+    (TensorArgs, the sections array) that must stay alive while the library reads args."""
+    values = tuple(values) + (None,) * (len(_TENSOR_NAMES) - len(values))
     q_out, k_out = values[2], values[3]
     args = library.new_struct(s.RopeArgs, library.rope_jit_rope_args_init)
     supported = _supported_fields(library)

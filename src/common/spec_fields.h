@@ -99,8 +99,8 @@ std::string spec_constants(const Spec& spec, const SpecField<Spec> (&fields)[N])
         if (f.constant == nullptr) continue;
         const int32_t value = spec.*f.member;
         if (f.values->constant_is_enumerator && f.values->constant_is_bool)
-            text += fmt::format("enum : bool {{ {} = {} }};\n", f.constant,
-                                value ? "true" : "false");
+            text +=
+                fmt::format("enum : bool {{ {} = {} }};\n", f.constant, value ? "true" : "false");
         else if (f.values->constant_is_enumerator)
             text += fmt::format("enum : int {{ {} = {} }};\n", f.constant, value);
         else if (f.values->constant_is_bool)

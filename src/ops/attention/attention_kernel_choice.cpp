@@ -39,8 +39,9 @@ const TileRow kTileTable[] = {
     // 1.51 ms with three 64-key tiles; bench/results/attention_h200_issue19.json, variants).
     {Kind::Forward, 128, 128, false, 4096, {8, 128, 1, true, 2, 4}},
     // On sm_90 the forward runs on warpgroup matrix products. First two warpgroups of 64 query
-    // rows fed by a producer warpgroup (keys through its registers, rotated there; values by
-    // TMA; see bench/results/attention_h200.json), three 64-key tiles in shared memory; where
+    // rows fed by a producer warpgroup (keys and values by TMA, the keys rotated beforehand by
+    // the prepare kernel; without a workspace, keys through the producers' registers, rotated
+    // there; bench/results/attention_h200_issue19.json), three 64-key tiles in shared memory; where
     // TMA or loadable tables are not there, three warpgroups that load their own tiles (each
     // key tile, its rotation and its table rows serve 192 queries); then smaller blocks.
     {Kind::Forward,  16, 256, false, 0, {8, 64, 1, true, 3, 4}},
@@ -124,8 +125,7 @@ bool table_stageable(const TensorRef& t, int columns) {
 // (wgmma); nullopt for anything else.
 std::optional<AttentionTileShape> parse_shape(std::string text, int kind) {
     char family = 0;
-    if (!text.empty() &&
-        (text[0] == 'w' || text[0] == 'p' || text[0] == 'r' || text[0] == 'c')) {
+    if (!text.empty() && (text[0] == 'w' || text[0] == 'p' || text[0] == 'r' || text[0] == 'c')) {
         family = text[0];
         text = text.substr(1);
     }
@@ -237,10 +237,10 @@ WgmmaRule wgmma_broken_rule(const AttentionSpec& s) {
     // too few registers: measured, it spills and runs at half speed). A head_dim that pads
     // (56, 120) works: the producers write zeros into the key chunks past head_dim.
     // Keys by TMA need no table pieces (the prepare kernel rotates them), but producer warps.
-    if ((s.producer_warps != 0 && s.producer_warps != 4) || (s.keys_by_tma && s.producer_warps == 0) ||
-        (s.producer_warps > 0 &&
-         ((s.rotary_dim > 0 && !s.table_async && !s.keys_by_tma) ||
-          s.warps + s.producer_warps > 12)))
+    if ((s.producer_warps != 0 && s.producer_warps != 4) ||
+        (s.keys_by_tma && s.producer_warps == 0) ||
+        (s.producer_warps > 0 && ((s.rotary_dim > 0 && !s.table_async && !s.keys_by_tma) ||
+                                  s.warps + s.producer_warps > 12)))
         return WgmmaRule::Producer;
     if (s.cluster != 1 && (s.producer_warps == 0 || (s.cluster != 2 && s.cluster != 4) ||
                            s.gqa_group % s.cluster != 0 || (s.block_n / s.cluster) % 8 != 0))

@@ -21,8 +21,8 @@ namespace {
 // ---- the field table, compiled: one row per ROPE_JIT_ATTENTION_SPEC_FIELDS line -----------
 
 const char* const kFloatTypeNames[] = {"float32", "float16", "bfloat16"};
-const char* const kKindNames[] = {"forward",          "backward-dq",       "backward-dkdv",
-                                   "backward-prepare", "backward-wgmma",    "backward-dq-finish"};
+const char* const kKindNames[] = {"forward",          "backward-dq",    "backward-dkdv",
+                                  "backward-prepare", "backward-wgmma", "backward-dq-finish"};
 const char* const kMaskNames[] = {"none", "bool", "additive"};
 const char* const kStyleNames[] = {"half", "interleaved"};
 
@@ -188,8 +188,9 @@ std::optional<AttentionCall> attention_call_from_json(const std::string& text, s
     if (!j.contains("op") || j["op"] != nlohmann::json("attention"))
         return fail("not an attention spec");
     static const char* const kTileKeys[] = {
-        "kind",        "tensor_cores", "wgmma",   "stages",  "producer_warps", "cluster", "keys_by_tma",
-        "table_async", "warps",        "m_tiles", "block_n", "compute_dk",     "compute_dv"};
+        "kind",    "tensor_cores", "wgmma",       "stages", "producer_warps",
+        "cluster", "keys_by_tma",  "table_async", "warps",  "m_tiles",
+        "block_n", "compute_dk",   "compute_dv"};
     AttentionCall call;
     try {
         for (const char* key : kTileKeys)

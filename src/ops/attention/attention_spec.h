@@ -56,7 +56,7 @@ enum class AttentionKernelKind : int32_t {
     X(producer_warps, 0, "producer_warps", Integer, 0, 4, "PRODUCER_WARPS", PLAIN)                 \
     /* producer warps: blocks of a GQA group sharing their tiles (1, 2 or 4) */                    \
     X(cluster, 1, "cluster", Integer, 1, 4, "CLUSTER", PLAIN)                                      \
-    /* producer warps: keys by TMA, rotated beforehand (prepare kernel) or unrotated */           \
+    /* producer warps: keys by TMA, rotated beforehand (prepare kernel) or unrotated */            \
     X(keys_by_tma, 0, "keys_by_tma", Boolean, 0, 1, "KEYS_BY_TMA", PLAIN)                          \
     X(table_async, 0, "table_async", Boolean, 0, 1, "TABLE_ASYNC", PLAIN) /* tables by cp.async */ \
     /* warps per block that compute (16 query rows each on tensor cores) */                        \

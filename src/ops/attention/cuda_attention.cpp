@@ -60,8 +60,8 @@ AttentionProblem expected_backward(const AttentionProblem& p) {
 }
 
 // A contiguous [B, H, S_padded, DP] 16-bit view of workspace memory, for encode_box_map.
-TensorRef workspace_rows(const char* name, char* data, int64_t batch, int64_t heads,
-                         int64_t rows, int64_t head_dim_padded) {
+TensorRef workspace_rows(const char* name, char* data, int64_t batch, int64_t heads, int64_t rows,
+                         int64_t head_dim_padded) {
     TensorRef t;
     t.name = name;
     t.dtype = DType::BF16;
@@ -239,8 +239,8 @@ void CudaAttention::run(const AttentionProblem& p, void* stream_handle) {
             params.row_delta = reinterpret_cast<float*>(base + workspace_layout.row_delta);
             params.seqlen_q_padded = workspace_layout.seqlen_q_padded;
             params.seqlen_k_padded = workspace_layout.seqlen_k_padded;
-            params.prepare_query_blocks =
-                p.batch * p.heads_q * workspace_layout.seqlen_q_padded / kAttentionBackwardQueryTile;
+            params.prepare_query_blocks = p.batch * p.heads_q * workspace_layout.seqlen_q_padded /
+                                          kAttentionBackwardQueryTile;
             // The forward's producers copy block_n / cluster keys a block (a share of each
             // tile with clusters); the backward copies its whole 128-key block.
             encode_box_map(api, params.k_map,
@@ -285,10 +285,9 @@ void CudaAttention::run(const AttentionProblem& p, void* stream_handle) {
             if (spec.keys_by_tma && spec.rotary_dim == 0)  // unrotated keys: k itself
                 encode_box_map(api, params.k_map, p.k, spec.block_n / spec.cluster, "k");
             void* kernel_args[] = {&params};
-            check_cu(api.cuLaunchKernel(kernels[n].function, unsigned(blocks), 1, 1,
-                                        unsigned(spec.threads()), 1, 1,
-                                        unsigned(spec.shared_bytes()), stream, kernel_args,
-                                        nullptr),
+            check_cu(api.cuLaunchKernel(
+                         kernels[n].function, unsigned(blocks), 1, 1, unsigned(spec.threads()), 1,
+                         1, unsigned(spec.shared_bytes()), stream, kernel_args, nullptr),
                      "cuLaunchKernel(attention_kernel)");
             stats_.launches.fetch_add(1, std::memory_order_relaxed);
         }

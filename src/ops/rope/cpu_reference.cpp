@@ -232,8 +232,8 @@ void norm_rotate_token(const RopeProblem& p, const TensorRef& in, const TensorRe
         if (!p.backward) {
             const float r = inverse_rms(row.data());
             for (int64_t d = 0; d < D; ++d)
-                row[size_t(d)] = row[size_t(d)] * r *
-                                 (load_float(weight, d * weight.strides[0]) + offset);
+                row[size_t(d)] =
+                    row[size_t(d)] * r * (load_float(weight, d * weight.strides[0]) + offset);
             rotate(row.data());
         } else {
             rotate(row.data());  // g: the inverse rotation (the angles carry the backward sign)

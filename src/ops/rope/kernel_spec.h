@@ -29,59 +29,57 @@ constexpr int32_t kRopeMaxBlockThreads = 512;
 //   (the default), DERIVED (computed from the others in from_json) or REQUIRED.
 // A new field is one line here (and its use in rope.cu). The disk-cache key hashes the JSON,
 // not the member order; the in-memory key hashes the members as bytes.
-#define ROPE_JIT_ROPE_SPEC_FIELDS(X)                                                             \
-    X(op, 0, nullptr, Integer, 0, 0, nullptr, PLAIN)                                             \
-    X(dtype, 0, "dtype", FloatTypes, 0, 2, "DTYPE", PLAIN)                                       \
-    X(table_dtype, 0, "table_dtype", FloatTypes, 0, 2, "TABLE_DTYPE", PLAIN)                     \
-    X(xpos_dtype, 0, "xpos_dtype", FloatTypes, 0, 2, "XPOS_DTYPE", DERIVED)                      \
-    X(inv_freq_dtype, 0, "inv_freq_dtype", FloatTypes, 0, 2, "INV_FREQ_DTYPE", PLAIN)            \
-    X(backward, 0, "direction", Directions, 0, 1, "BACKWARD_PASS", PLAIN)                        \
-    X(head_dim, 0, "head_dim", Integer, 2, 1 << 20, "HEAD_DIM", REQUIRED)                        \
-    X(rotary_dim, 0, "rotary_dim", Integer, 2, 1 << 20, "ROTARY_DIM", DERIVED)                   \
-    X(rotary_offset, 0, "rotary_offset", Integer, 0, 1 << 20, "ROTARY_OFFSET", PLAIN)            \
-    /* interleaved and proportional: set through the composite key "style" */                   \
-    X(interleaved, 0, nullptr, Boolean, 0, 1, "INTERLEAVED", PLAIN)                              \
-    X(has_k, 1, "has_k", Boolean, 0, 1, "HAS_K", PLAIN)                                          \
-    X(gqa_group, 1, "gqa_group", Integer, 1, 1 << 20, "GQA_GROUP", PLAIN)                        \
-    X(position_mode, 0, "positions", PositionModes, 0, 2, "POSITION_MODE", PLAIN)                \
-    X(packed, 0, "packed", Boolean, 0, 1, "PACKED", PLAIN)                                       \
-    X(positions_int64, 0, "positions_int64", Boolean, 0, 1, "POSITIONS_INT64", DERIVED)          \
-    X(seqlen_offsets_int64, 0, "seqlen_offsets_int64", Boolean, 0, 1, "SEQLEN_OFFSETS_INT64",    \
-      DERIVED)                                                                                   \
-    X(cu_seqlens_int64, 0, "cu_seqlens_int64", Boolean, 0, 1, "CU_SEQLENS_INT64", DERIVED)       \
-    X(angles_from_inv_freq, 0, nullptr, Boolean, 0, 1, "ANGLES_FROM_INV_FREQ", PLAIN)            \
-    X(table_full, 1, nullptr, Boolean, 0, 1, "TABLE_FULL", PLAIN)                                \
-    X(has_xpos, 0, "xpos", Boolean, 0, 1, "HAS_XPOS", PLAIN)                                     \
-    X(k_own_angles, 0, "k_own_angles", Boolean, 0, 1, "K_OWN_ANGLES", DERIVED)                   \
-    X(in_place_q, 1, "in_place_q", Boolean, 0, 1, "IN_PLACE_Q", PLAIN)                           \
-    X(in_place_k, 1, "in_place_k", Boolean, 0, 1, "IN_PLACE_K", DERIVED)                         \
-    X(vec, 1, "vec", Integer, 1, 8, "VEC", DERIVED)                                              \
-    X(vec_loads, 0, "vec_loads", Boolean, 0, 1, "VEC_LOADS", DERIVED)                            \
-    /* Elements per access of the out-of-place copy of unrotated features: a vector (unit */     \
-    /* stride, aligned) when > 1. 1 when nothing is copied. */                                   \
-    X(copy_vec, 1, "copy_vec", Integer, 1, 8, "COPY_VEC", DERIVED)                               \
-    /* cos/sin item spans read as aligned vectors */                                             \
-    X(table_vec_loads, 0, "table_vec_loads", Boolean, 0, 1, "TABLE_VEC_LOADS", DERIVED)          \
-    /* position axes of multi-section (M-RoPE) positions; 0 = one */                             \
-    X(mrope_axes, 0, "mrope_axes", Integer, 0, ROPE_JIT_MAX_MROPE_SECTIONS, "MROPE_AXES", PLAIN) \
-    /* also accumulate d(loss)/d(inv_freq) */                                                    \
-    X(freq_grad, 0, "freq_grad", Boolean, 0, 1, "FREQ_GRAD", PLAIN)                              \
-    /* The most threads a block may have (the kernel's launch bound); the launcher sizes each */ \
-    /* block to its tokens' work items (src/ops/rope/rope_cuda.cpp). */                       \
-    X(block_threads, kRopeMaxBlockThreads, "block_threads", Integer, 32, 1024, "BLOCK_THREADS",  \
-      DERIVED)                                                                                   \
-    /* Half-style pairs (i, i + HEAD_DIM/2) (Gemma-4 proportional partial rotary). Fields */     \
-    /* added from here on are enumerators in the preamble (older specs keep their PTX). */      \
-    X(proportional, 0, nullptr, BooleanEnumerator, 0, 1, "PROPORTIONAL", PLAIN)                  \
-    /* QK-norm: RMSNorm of every head before the rotation (kernels_templates/rope_norm.cu), */  \
-    /* with weights w or 1 + w (unit offset) of norm_weight_dtype; backward: also dL/dw */       \
-    X(qk_norm, 0, "qk_norm", BooleanEnumerator, 0, 1, "QK_NORM", PLAIN)                          \
-    X(norm_unit_offset, 0, "norm_unit_offset", BooleanEnumerator, 0, 1, "NORM_UNIT_OFFSET",      \
-      PLAIN)                                                                                     \
-    X(norm_weight_dtype, 0, "norm_weight_dtype", FloatTypesEnumerator, 0, 2,                     \
-      "NORM_WEIGHT_DTYPE", PLAIN)                                                                \
-    X(norm_weight_grad, 0, "norm_weight_grad", BooleanEnumerator, 0, 1, "NORM_WEIGHT_GRAD",      \
-      PLAIN)
+#define ROPE_JIT_ROPE_SPEC_FIELDS(X)                                                               \
+    X(op, 0, nullptr, Integer, 0, 0, nullptr, PLAIN)                                               \
+    X(dtype, 0, "dtype", FloatTypes, 0, 2, "DTYPE", PLAIN)                                         \
+    X(table_dtype, 0, "table_dtype", FloatTypes, 0, 2, "TABLE_DTYPE", PLAIN)                       \
+    X(xpos_dtype, 0, "xpos_dtype", FloatTypes, 0, 2, "XPOS_DTYPE", DERIVED)                        \
+    X(inv_freq_dtype, 0, "inv_freq_dtype", FloatTypes, 0, 2, "INV_FREQ_DTYPE", PLAIN)              \
+    X(backward, 0, "direction", Directions, 0, 1, "BACKWARD_PASS", PLAIN)                          \
+    X(head_dim, 0, "head_dim", Integer, 2, 1 << 20, "HEAD_DIM", REQUIRED)                          \
+    X(rotary_dim, 0, "rotary_dim", Integer, 2, 1 << 20, "ROTARY_DIM", DERIVED)                     \
+    X(rotary_offset, 0, "rotary_offset", Integer, 0, 1 << 20, "ROTARY_OFFSET", PLAIN)              \
+    /* interleaved and proportional: set through the composite key "style" */                      \
+    X(interleaved, 0, nullptr, Boolean, 0, 1, "INTERLEAVED", PLAIN)                                \
+    X(has_k, 1, "has_k", Boolean, 0, 1, "HAS_K", PLAIN)                                            \
+    X(gqa_group, 1, "gqa_group", Integer, 1, 1 << 20, "GQA_GROUP", PLAIN)                          \
+    X(position_mode, 0, "positions", PositionModes, 0, 2, "POSITION_MODE", PLAIN)                  \
+    X(packed, 0, "packed", Boolean, 0, 1, "PACKED", PLAIN)                                         \
+    X(positions_int64, 0, "positions_int64", Boolean, 0, 1, "POSITIONS_INT64", DERIVED)            \
+    X(seqlen_offsets_int64, 0, "seqlen_offsets_int64", Boolean, 0, 1, "SEQLEN_OFFSETS_INT64",      \
+      DERIVED)                                                                                     \
+    X(cu_seqlens_int64, 0, "cu_seqlens_int64", Boolean, 0, 1, "CU_SEQLENS_INT64", DERIVED)         \
+    X(angles_from_inv_freq, 0, nullptr, Boolean, 0, 1, "ANGLES_FROM_INV_FREQ", PLAIN)              \
+    X(table_full, 1, nullptr, Boolean, 0, 1, "TABLE_FULL", PLAIN)                                  \
+    X(has_xpos, 0, "xpos", Boolean, 0, 1, "HAS_XPOS", PLAIN)                                       \
+    X(k_own_angles, 0, "k_own_angles", Boolean, 0, 1, "K_OWN_ANGLES", DERIVED)                     \
+    X(in_place_q, 1, "in_place_q", Boolean, 0, 1, "IN_PLACE_Q", PLAIN)                             \
+    X(in_place_k, 1, "in_place_k", Boolean, 0, 1, "IN_PLACE_K", DERIVED)                           \
+    X(vec, 1, "vec", Integer, 1, 8, "VEC", DERIVED)                                                \
+    X(vec_loads, 0, "vec_loads", Boolean, 0, 1, "VEC_LOADS", DERIVED)                              \
+    /* Elements per access of the out-of-place copy of unrotated features: a vector (unit */       \
+    /* stride, aligned) when > 1. 1 when nothing is copied. */                                     \
+    X(copy_vec, 1, "copy_vec", Integer, 1, 8, "COPY_VEC", DERIVED)                                 \
+    /* cos/sin item spans read as aligned vectors */                                               \
+    X(table_vec_loads, 0, "table_vec_loads", Boolean, 0, 1, "TABLE_VEC_LOADS", DERIVED)            \
+    /* position axes of multi-section (M-RoPE) positions; 0 = one */                               \
+    X(mrope_axes, 0, "mrope_axes", Integer, 0, ROPE_JIT_MAX_MROPE_SECTIONS, "MROPE_AXES", PLAIN)   \
+    /* also accumulate d(loss)/d(inv_freq) */                                                      \
+    X(freq_grad, 0, "freq_grad", Boolean, 0, 1, "FREQ_GRAD", PLAIN)                                \
+    /* The most threads a block may have (the kernel's launch bound); the launcher sizes each */   \
+    /* block to its tokens' work items (src/ops/rope/rope_cuda.cpp). */                            \
+    X(block_threads, kRopeMaxBlockThreads, "block_threads", Integer, 32, 1024, "BLOCK_THREADS",    \
+      DERIVED)                                                                                     \
+    /* Half-style pairs (i, i + HEAD_DIM/2) (Gemma-4 proportional partial rotary). Fields */       \
+    /* added from here on are enumerators in the preamble (older specs keep their PTX). */         \
+    X(proportional, 0, nullptr, BooleanEnumerator, 0, 1, "PROPORTIONAL", PLAIN)                    \
+    /* QK-norm: RMSNorm of every head before the rotation (kernels_templates/rope_norm.cu), */     \
+    /* with weights w or 1 + w (unit offset) of norm_weight_dtype; backward: also dL/dw */         \
+    X(qk_norm, 0, "qk_norm", BooleanEnumerator, 0, 1, "QK_NORM", PLAIN)                            \
+    X(norm_unit_offset, 0, "norm_unit_offset", BooleanEnumerator, 0, 1, "NORM_UNIT_OFFSET", PLAIN) \
+    X(norm_weight_dtype, 0, "norm_weight_dtype", FloatTypesEnumerator, 0, 2, "NORM_WEIGHT_DTYPE",  \
+      PLAIN)                                                                                       \
+    X(norm_weight_grad, 0, "norm_weight_grad", BooleanEnumerator, 0, 1, "NORM_WEIGHT_GRAD", PLAIN)
 
 struct KernelSpec {
 #define ROPE_JIT_SPEC_MEMBER(member, init, ...) int32_t member = init;

@@ -69,12 +69,12 @@ RopeNormLaunch plan_rope_norm_launch(const KernelSpec& spec, int64_t rows, int64
             std::min<int64_t>((rows + warps - 1) / warps, 16 * std::max<int64_t>(sms, 1));
         return launch;
     }
-    throw Error(ROPE_JIT_ERROR_UNSUPPORTED,
-                fmt::format("head_dim: QK-norm on the GPU stages a row of {} features in {} bytes "
-                            "of shared memory, over the {} a block may use",
-                            spec.head_dim,
-                            rope_norm_smem_bytes(spec.head_dim, 1, spec.norm_weight_grad),
-                            kRopeSharedLimit));
+    throw Error(
+        ROPE_JIT_ERROR_UNSUPPORTED,
+        fmt::format("head_dim: QK-norm on the GPU stages a row of {} features in {} bytes "
+                    "of shared memory, over the {} a block may use",
+                    spec.head_dim, rope_norm_smem_bytes(spec.head_dim, 1, spec.norm_weight_grad),
+                    kRopeSharedLimit));
 }
 
 namespace {
@@ -275,8 +275,8 @@ void RopeCuda::run_norm(const RopeProblem& p, const KernelSpec& spec, const Load
     const CudaDriverApi& api = devices_.api();
     const int64_t units = p.batch * std::max(p.seqlen_q, p.has_k ? p.seqlen_k : 0);
     const int64_t rows = units * (p.heads_q + (p.has_k ? p.heads_k : 0));
-    const RopeNormLaunch shape = plan_rope_norm_launch(
-        spec, rows, devices_.device(p.device.device_id).multiprocessors);
+    const RopeNormLaunch shape =
+        plan_rope_norm_launch(spec, rows, devices_.device(p.device.device_id).multiprocessors);
     RopeNormParams params = rope_norm_params(p, shape.warps);
     // The kernel adds into the weight gradients: zero them first, ordered on the same stream.
     for (const TensorRef* grad : {&p.q_norm_weight_grad, &p.k_norm_weight_grad})

@@ -390,9 +390,10 @@ void fill_rope_tables(const rope_jit_table_config& c, const DLTensor* cos_tensor
     const int style = raw_enum(c.style);  // proportional tables are laid out as half ones
     if (style != ROPE_JIT_STYLE_HALF && style != ROPE_JIT_STYLE_INTERLEAVED &&
         style != ROPE_JIT_STYLE_PROPORTIONAL)
-        fail_argument(fmt::format("style: must be ROPE_JIT_STYLE_HALF, ROPE_JIT_STYLE_INTERLEAVED "
-                                  "or ROPE_JIT_STYLE_PROPORTIONAL, got {}",
-                                  style));
+        fail_argument(
+            fmt::format("style: must be ROPE_JIT_STYLE_HALF, ROPE_JIT_STYLE_INTERLEAVED "
+                        "or ROPE_JIT_STYLE_PROPORTIONAL, got {}",
+                        style));
     if (c.num_mrope_sections < 0)
         fail_argument(
             fmt::format("num_mrope_sections: must be >= 0, got {}", c.num_mrope_sections));

@@ -159,27 +159,28 @@ void check_qk_norm(const rope_jit_rope_args& args, const TensorRef& q, const Ten
         if (!k_weight.present())
             fail_argument("k_norm_weight: required when k is given with q_norm_weight");
         if (k_weight.shape[0] != p.head_dim || k_weight.dtype != q_weight.dtype)
-            fail_argument(fmt::format(
-                "k_norm_weight: expected {} [{}] like q_norm_weight, got {} {}",
-                dtype_name(q_weight.dtype), p.head_dim, dtype_name(k_weight.dtype),
-                k_weight.shape_string()));
+            fail_argument(
+                fmt::format("k_norm_weight: expected {} [{}] like q_norm_weight, got {} {}",
+                            dtype_name(q_weight.dtype), p.head_dim, dtype_name(k_weight.dtype),
+                            k_weight.shape_string()));
     } else if (k_weight.present()) {
         fail_argument("k_norm_weight: given without k");
     }
     if (!std::isfinite(args.norm_eps) || !(args.norm_eps > 0))
         fail_argument(fmt::format("norm_eps: must be finite and > 0, got {}", args.norm_eps));
-    if (p.has_freq_grad)
-        fail_argument("inv_freq_grad: not available with QK-norm (q_norm_weight)");
+    if (p.has_freq_grad) fail_argument("inv_freq_grad: not available with QK-norm (q_norm_weight)");
 
     if (p.backward) {
         if (!q_input.present())
-            fail_argument("q_norm_input: required in the backward with q_norm_weight (the "
-                          "forward's q before the norm)");
+            fail_argument(
+                "q_norm_input: required in the backward with q_norm_weight (the "
+                "forward's q before the norm)");
         require_same_shape(q_input, q);
         if (p.has_k) {
             if (!k_input.present())
-                fail_argument("k_norm_input: required in the backward with k_norm_weight (the "
-                              "forward's k before the norm)");
+                fail_argument(
+                    "k_norm_input: required in the backward with k_norm_weight (the "
+                    "forward's k before the norm)");
             require_same_shape(k_input, k);
         } else if (k_input.present()) {
             fail_argument("k_norm_input: given without k");
@@ -196,14 +197,16 @@ void check_qk_norm(const rope_jit_rope_args& args, const TensorRef& q, const Ten
         for (const TensorRef* written : {&q_write, &k_write})
             for (const TensorRef* read : {&q_input, &k_input})
                 if (written->present() && read->present() && extents_overlap(*written, *read))
-                    fail_argument(fmt::format("{}: overlaps {}, which the call writes; keep the "
-                                              "forward's inputs in their own memory",
-                                              read->name, written->name));
+                    fail_argument(
+                        fmt::format("{}: overlaps {}, which the call writes; keep the "
+                                    "forward's inputs in their own memory",
+                                    read->name, written->name));
         for (const TensorRef* grad : {&q_grad, &k_grad}) {
             if (!grad->present()) continue;
-            check_written(*grad, {&q, &k, &q_write, &k_write, &q_input, &k_input, &q_weight,
-                                  &k_weight, &q_grad, &k_grad, &p.cos, &p.sin, &p.inv_freq,
-                                  &p.xpos_scale, &p.positions, &p.seqlen_offsets, &p.cu_seqlens},
+            check_written(*grad,
+                          {&q, &k, &q_write, &k_write, &q_input, &k_input, &q_weight, &k_weight,
+                           &q_grad, &k_grad, &p.cos, &p.sin, &p.inv_freq, &p.xpos_scale,
+                           &p.positions, &p.seqlen_offsets, &p.cu_seqlens},
                           MemoryRule::ByteRanges);
         }
     } else {
@@ -306,14 +309,16 @@ RopeProblem make_rope_problem(const rope_jit_rope_args& args) {
     const int style = raw_enum(args.style);
     if (style != ROPE_JIT_STYLE_HALF && style != ROPE_JIT_STYLE_INTERLEAVED &&
         style != ROPE_JIT_STYLE_PROPORTIONAL)
-        fail_argument(fmt::format("style: must be ROPE_JIT_STYLE_HALF, ROPE_JIT_STYLE_INTERLEAVED "
-                                  "or ROPE_JIT_STYLE_PROPORTIONAL, got {}",
-                                  style));
+        fail_argument(
+            fmt::format("style: must be ROPE_JIT_STYLE_HALF, ROPE_JIT_STYLE_INTERLEAVED "
+                        "or ROPE_JIT_STYLE_PROPORTIONAL, got {}",
+                        style));
     // Proportional pairs are (i, i + D/2) from feature 0: an offset has no meaning there.
     if (style == ROPE_JIT_STYLE_PROPORTIONAL && p.rotary_offset != 0)
-        fail_argument(fmt::format("rotary_offset: must be 0 with ROPE_JIT_STYLE_PROPORTIONAL "
-                                  "(pairs (i, i + head_dim/2)), got {}",
-                                  p.rotary_offset));
+        fail_argument(
+            fmt::format("rotary_offset: must be 0 with ROPE_JIT_STYLE_PROPORTIONAL "
+                        "(pairs (i, i + head_dim/2)), got {}",
+                        p.rotary_offset));
     p.style = args.style;
     p.backward = args.backward != 0;
 
