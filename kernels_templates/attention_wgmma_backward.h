@@ -365,6 +365,86 @@ __device__ __forceinline__ void store_swizzled_rows(char* tile, const float (&x)
     }
 }
 
+// A key block's resident keys and values and its stream of query tiles in shared memory,
+// with their barriers: what both backward kernels share. Tile i (head head_of(i), rows from
+// row_of(i)) lives in stage i % STAGES: its rotated queries and dout (one TMA box per 64
+// features each) and its lse and delta rows, counted on the stage's barrier.
+struct QueryStream {
+    const AttentionKernelParams& p;
+    char* smem;
+    KeyBlock kb;
+    unsigned full;         // STAGES barriers, one per stage
+    unsigned keys_landed;  // the keys and values
+
+    __device__ __forceinline__ char* q_tile(int i) const {
+        return smem + SMEM.q + (i % STAGES) * Q_TILE_BYTES;
+    }
+    __device__ __forceinline__ char* dout_tile(int i) const {
+        return smem + SMEM.dout0 + (i % STAGES) * Q_TILE_BYTES;
+    }
+    __device__ __forceinline__ const float* lse_rows(int i) const {
+        return reinterpret_cast<const float*>(smem + SMEM.row_a) + (i % STAGES) * TILE_M;
+    }
+    __device__ __forceinline__ const float* delta_rows(int i) const {
+        return reinterpret_cast<const float*>(smem + SMEM.row_b) + (i % STAGES) * TILE_M;
+    }
+    __device__ __forceinline__ long long head_of(int i) const {
+        return kb.hk * GQA_GROUP + i / kb.tiles_per_head;
+    }
+    __device__ __forceinline__ long long row_of(int i) const {
+        return static_cast<long long>(kb.first_tile + i % kb.tiles_per_head) * TILE_M;
+    }
+    // Thread 0: starts tile i's copies.
+    __device__ __forceinline__ void issue(int i) const {
+        const unsigned landed = full + (i % STAGES) * 8;
+        barrier_arrive_expect(landed, 2 * Q_TILE_BYTES + 2 * TILE_M * 4);
+        const long long h = head_of(i), m0 = row_of(i);
+#pragma unroll
+        for (int r = 0; r < DP / 64; ++r) {
+            copy_box(shared_address(q_tile(i) + r * Q_REGION), p.q_map, r * 64,
+                     static_cast<int>(m0), static_cast<int>(h), static_cast<int>(kb.b), landed);
+            copy_box(shared_address(dout_tile(i) + r * Q_REGION), p.dout_map, r * 64,
+                     static_cast<int>(m0), static_cast<int>(h), static_cast<int>(kb.b), landed);
+        }
+        const long long row = (kb.b * p.heads_q + h) * p.seqlen_q_padded + m0;
+        copy_bulk(shared_address(lse_rows(i)), p.row_lse2 + row, TILE_M * 4, landed);
+        copy_bulk(shared_address(delta_rows(i)), p.row_delta + row, TILE_M * 4, landed);
+    }
+    // Waits until tile i landed.
+    __device__ __forceinline__ void wait(int i) const {
+        barrier_wait(full + (i % STAGES) * 8, static_cast<unsigned>(i / STAGES) & 1u);
+    }
+};
+
+// The block's stream, its barriers initialized; thread 0 has started the keys' and values'
+// copies and those of the first STAGES - 1 query tiles.
+template <int D = DTYPE>
+__device__ __forceinline__ QueryStream start_query_stream(const AttentionKernelParams& p,
+                                                          char* smem) {
+    const unsigned barriers = shared_address(smem + SMEM.barriers);
+    const QueryStream q{p, smem, key_block(p), barriers, barriers + STAGES * 8};
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; ++s) barrier_init(q.full + s * 8, 1);
+        barrier_init(q.keys_landed, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    if (threadIdx.x == 0 && q.kb.iterations > 0) {
+        barrier_arrive_expect(q.keys_landed, 2 * K_TILE_BYTES);
+#pragma unroll
+        for (int r = 0; r < DP / 64; ++r) {
+            copy_box(shared_address(smem + SMEM.k + r * K_REGION), p.k_map, r * 64,
+                     static_cast<int>(q.kb.n0), static_cast<int>(q.kb.hk), static_cast<int>(q.kb.b),
+                     q.keys_landed);
+            copy_box(shared_address(smem + SMEM.v0 + r * K_REGION), p.v_map, r * 64,
+                     static_cast<int>(q.kb.n0), static_cast<int>(q.kb.hk), static_cast<int>(q.kb.b),
+                     q.keys_landed);
+        }
+        for (int i = 0; i < STAGES - 1 && i < q.kb.iterations; ++i) q.issue(i);
+    }
+    return q;
+}
+
 // ---- head_dim 256 (KIND 4 with DP 256) ------------------------------------------------------
 //
 // dK and dV of 128 keys at 256 features would take 256 accumulator registers a thread; here a
@@ -383,61 +463,14 @@ __device__ void backward_wide(const AttentionKernelParams& p, char* smem) {
     static_assert(2 * Q_TILE_BYTES >= BLOCK_N * DP * 4, "dK's float32 rows fit the q stages");
     constexpr int NT = TILE_M / 8;
     constexpr int HALF = DP / 2;  // features of each warpgroup's products
-    const KeyBlock kb = key_block(p);
+    const QueryStream stream = start_query_stream(p, smem);
+    const KeyBlock& kb = stream.kb;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, group = warp >> 2;
     char* const k_tile = smem + SMEM.k;
     char* const v_tile = smem + SMEM.v0;
     char* const pt_tile = smem + SMEM.pt;
     char* const ds_tile = smem + SMEM.ds;
     float* const dpt = reinterpret_cast<float*>(smem + SMEM.dpt);
-    auto q_tile = [&](int i) { return smem + SMEM.q + (i % STAGES) * Q_TILE_BYTES; };
-    auto dout_tile = [&](int i) { return smem + SMEM.dout0 + (i % STAGES) * Q_TILE_BYTES; };
-    auto lse_rows = [&](int i) {
-        return reinterpret_cast<const float*>(smem + SMEM.row_a) + (i % STAGES) * TILE_M;
-    };
-    auto delta_rows = [&](int i) {
-        return reinterpret_cast<const float*>(smem + SMEM.row_b) + (i % STAGES) * TILE_M;
-    };
-    const unsigned full = shared_address(smem + SMEM.barriers);
-    const unsigned keys_landed = full + STAGES * 8;
-    auto head_of = [&](int i) { return kb.hk * GQA_GROUP + i / kb.tiles_per_head; };
-    auto row_of = [&](int i) {
-        return static_cast<long long>(kb.first_tile + i % kb.tiles_per_head) * TILE_M;
-    };
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < STAGES; ++s) barrier_init(full + s * 8, 1);
-        barrier_init(keys_landed, 1);
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
-    auto issue = [&](int i) {
-        const unsigned landed = full + (i % STAGES) * 8;
-        barrier_arrive_expect(landed, 2 * Q_TILE_BYTES + 2 * TILE_M * 4);
-        const long long h = head_of(i), m0 = row_of(i);
-#pragma unroll
-        for (int r = 0; r < DP / 64; ++r) {
-            copy_box(shared_address(q_tile(i) + r * Q_REGION), p.q_map, r * 64,
-                     static_cast<int>(m0), static_cast<int>(h), static_cast<int>(kb.b), landed);
-            copy_box(shared_address(dout_tile(i) + r * Q_REGION), p.dout_map, r * 64,
-                     static_cast<int>(m0), static_cast<int>(h), static_cast<int>(kb.b), landed);
-        }
-        const long long row = (kb.b * p.heads_q + h) * p.seqlen_q_padded + m0;
-        copy_bulk(shared_address(lse_rows(i)), p.row_lse2 + row, TILE_M * 4, landed);
-        copy_bulk(shared_address(delta_rows(i)), p.row_delta + row, TILE_M * 4, landed);
-    };
-    if (threadIdx.x == 0 && kb.iterations > 0) {
-        barrier_arrive_expect(keys_landed, 2 * K_TILE_BYTES);
-#pragma unroll
-        for (int r = 0; r < DP / 64; ++r) {
-            copy_box(shared_address(k_tile + r * K_REGION), p.k_map, r * 64,
-                     static_cast<int>(kb.n0), static_cast<int>(kb.hk), static_cast<int>(kb.b),
-                     keys_landed);
-            copy_box(shared_address(v_tile + r * K_REGION), p.v_map, r * 64,
-                     static_cast<int>(kb.n0), static_cast<int>(kb.hk), static_cast<int>(kb.b),
-                     keys_landed);
-        }
-        issue(0);
-    }
 
     const int g = lane >> 2;
     const int r0 = (warp & 3) * 16 + g;                   // this thread's key rows r0 and r0 + 8
@@ -447,12 +480,12 @@ __device__ void backward_wide(const AttentionKernelParams& p, char* smem) {
     float dv[HALF / 8][4], dk[HALF / 8][4];
     zero(dv);
     zero(dk);
-    if (kb.iterations > 0) barrier_wait(keys_landed, 0);
+    if (kb.iterations > 0) barrier_wait(stream.keys_landed, 0);
     for (int i = 0; i < kb.iterations; ++i) {
-        const long long h = head_of(i), m0 = row_of(i);
-        barrier_wait(full + (i % STAGES) * 8, static_cast<unsigned>(i / STAGES) & 1u);
-        const unsigned q_address = shared_address(q_tile(i));
-        const unsigned dout_address = shared_address(dout_tile(i));
+        const long long h = stream.head_of(i), m0 = stream.row_of(i);
+        stream.wait(i);
+        const unsigned q_address = shared_address(stream.q_tile(i));
+        const unsigned dout_address = shared_address(stream.dout_tile(i));
 
         // S^T (warpgroup 0) or dP^T (warpgroup 1).
         float s[NT][4];
@@ -488,7 +521,7 @@ __device__ void backward_wide(const AttentionKernelParams& p, char* smem) {
                                          lane);
                 scale = 1.f;
             }
-            const float* lse = lse_rows(i);
+            const float* lse = stream.lse_rows(i);
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
                 const Float2 l = *reinterpret_cast<const Float2*>(lse + nt * 8 + 2 * (lane & 3));
@@ -497,9 +530,9 @@ __device__ void backward_wide(const AttentionKernelParams& p, char* smem) {
                     s[nt][e] = exp2_approx(fmaf(s[nt][e], scale, -((e & 1) ? l.y : l.x)));
             }
             named_sync(2);  // dP^T there; the previous tile done with by both warpgroups
-            if (threadIdx.x == 0 && i + 1 < kb.iterations) issue(i + 1);
+            if (threadIdx.x == 0 && i + 1 < kb.iterations) stream.issue(i + 1);
             store_swizzled_rows(pt_tile, s, r0, lane);
-            const float* delta = delta_rows(i);
+            const float* delta = stream.delta_rows(i);
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
                 const int col = nt * 8 + 2 * (lane & 3);
@@ -618,62 +651,11 @@ __device__ void backward_narrow(const AttentionKernelParams& p, char* smem) {
         "two warpgroups over 128 keys, head_dim padded to 64 or 128, no pos_mask");
     constexpr int NT = TILE_M / 8;  // n-tiles of a score tile (queries)
     constexpr int PSTEPS = TILE_M / 16;
-    const KeyBlock kb = key_block(p);
+    const QueryStream stream = start_query_stream(p, smem);
+    const KeyBlock& kb = stream.kb;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, group = warp >> 2;
     char* const k_tile = smem + SMEM.k;
     char* const v_tile = smem + SMEM.v0;
-    auto q_tile = [&](int i) { return smem + SMEM.q + (i % STAGES) * Q_TILE_BYTES; };
-    auto dout_tile = [&](int i) { return smem + SMEM.dout0 + (i % STAGES) * Q_TILE_BYTES; };
-    auto lse_rows = [&](int i) {
-        return reinterpret_cast<const float*>(smem + SMEM.row_a) + (i % STAGES) * TILE_M;
-    };
-    auto delta_rows = [&](int i) {
-        return reinterpret_cast<const float*>(smem + SMEM.row_b) + (i % STAGES) * TILE_M;
-    };
-    const unsigned full = shared_address(smem + SMEM.barriers);  // one per stage
-    const unsigned keys_landed = full + STAGES * 8;
-    auto head_of = [&](int i) { return kb.hk * GQA_GROUP + i / kb.tiles_per_head; };
-    auto row_of = [&](int i) {
-        return static_cast<long long>(kb.first_tile + i % kb.tiles_per_head) * TILE_M;
-    };
-
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < STAGES; ++s) barrier_init(full + s * 8, 1);
-        barrier_init(keys_landed, 1);
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
-
-    // Tile i: its rotated queries and dout (one box per 64 features each) and its lse and
-    // delta rows.
-    auto issue = [&](int i) {
-        const unsigned landed = full + (i % STAGES) * 8;
-        barrier_arrive_expect(landed, 2 * Q_TILE_BYTES + 2 * TILE_M * 4);
-        const long long h = head_of(i), m0 = row_of(i);
-#pragma unroll
-        for (int r = 0; r < DP / 64; ++r) {
-            copy_box(shared_address(q_tile(i) + r * Q_REGION), p.q_map, r * 64,
-                     static_cast<int>(m0), static_cast<int>(h), static_cast<int>(kb.b), landed);
-            copy_box(shared_address(dout_tile(i) + r * Q_REGION), p.dout_map, r * 64,
-                     static_cast<int>(m0), static_cast<int>(h), static_cast<int>(kb.b), landed);
-        }
-        const long long row = (kb.b * p.heads_q + h) * p.seqlen_q_padded + m0;
-        copy_bulk(shared_address(lse_rows(i)), p.row_lse2 + row, TILE_M * 4, landed);
-        copy_bulk(shared_address(delta_rows(i)), p.row_delta + row, TILE_M * 4, landed);
-    };
-    if (threadIdx.x == 0 && kb.iterations > 0) {
-        barrier_arrive_expect(keys_landed, 2 * K_TILE_BYTES);
-#pragma unroll
-        for (int r = 0; r < DP / 64; ++r) {
-            copy_box(shared_address(k_tile + r * K_REGION), p.k_map, r * 64,
-                     static_cast<int>(kb.n0), static_cast<int>(kb.hk), static_cast<int>(kb.b),
-                     keys_landed);
-            copy_box(shared_address(v_tile + r * K_REGION), p.v_map, r * 64,
-                     static_cast<int>(kb.n0), static_cast<int>(kb.hk), static_cast<int>(kb.b),
-                     keys_landed);
-        }
-        for (int i = 0; i < STAGES - 1 && i < kb.iterations; ++i) issue(i);
-    }
 
     // This warp's 16 keys: rows 16 * (warp % 4) of its warpgroup's 64.
     const long long key_first = kb.n0 + group * 64 + (warp & 3) * 16;
@@ -685,12 +667,12 @@ __device__ void backward_narrow(const AttentionKernelParams& p, char* smem) {
     float dv[DTILES][4], dk[DTILES][4];
     zero(dv);
     zero(dk);
-    if (kb.iterations > 0) barrier_wait(keys_landed, 0);
+    if (kb.iterations > 0) barrier_wait(stream.keys_landed, 0);
     for (int i = 0; i < kb.iterations; ++i) {
-        const long long h = head_of(i), m0 = row_of(i);
-        barrier_wait(full + (i % STAGES) * 8, static_cast<unsigned>(i / STAGES) & 1u);
-        const unsigned q_address = shared_address(q_tile(i));
-        const unsigned dout_address = shared_address(dout_tile(i));
+        const long long h = stream.head_of(i), m0 = stream.row_of(i);
+        stream.wait(i);
+        const unsigned q_address = shared_address(stream.q_tile(i));
+        const unsigned dout_address = shared_address(stream.dout_tile(i));
 
         // Under a causal mask a warpgroup whose keys all come after the tile's queries (on the
         // diagonal) has P = dS = 0: it only writes its zero dS^T rows for the dQ product.
@@ -732,8 +714,8 @@ __device__ void backward_narrow(const AttentionKernelParams& p, char* smem) {
                                          lane);
                 scale = 1.f;
             }
-            const float* lse = lse_rows(i);
-            const float* delta = delta_rows(i);
+            const float* lse = stream.lse_rows(i);
+            const float* delta = stream.delta_rows(i);
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
                 const int col = nt * 8 + 2 * (lane & 3);
@@ -768,7 +750,7 @@ __device__ void backward_narrow(const AttentionKernelParams& p, char* smem) {
         // Both warpgroups' dS^T rows, for the tensor cores; tile i - 1 is done with.
         fence_async_proxy();
         consumer_sync();  // both warpgroups
-        if (threadIdx.x == 0 && i + STAGES - 1 < kb.iterations) issue(i + STAGES - 1);
+        if (threadIdx.x == 0 && i + STAGES - 1 < kb.iterations) stream.issue(i + STAGES - 1);
 
         float dq[DQ_N / 8][4];
         zero(dq);
