@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -277,6 +278,25 @@ inline double worst_ratio(const std::vector<double>& got, const std::vector<doub
     }
     return worst;
 }
+
+// A CPU-backend runtime for one test: `threads` workers (more than the cores exercises the
+// pool's hand-off). Throws when it cannot be created (doctest reports the exception).
+class CpuRuntime {
+public:
+    explicit CpuRuntime(int threads = 3) {
+        rope_jit_config config;
+        rope_jit_config_init(&config);
+        config.backend = ROPE_JIT_BACKEND_CPU;
+        config.cpu_threads = threads;
+        if (rope_jit_runtime_create(&config, &handle) != ROPE_JIT_OK)
+            throw std::runtime_error(std::string("rope_jit_runtime_create: ") +
+                                     rope_jit_last_error());
+    }
+    ~CpuRuntime() { rope_jit_runtime_free(handle); }
+    CpuRuntime(const CpuRuntime&) = delete;
+    CpuRuntime& operator=(const CpuRuntime&) = delete;
+    rope_jit_runtime* handle = nullptr;
+};
 
 inline double tolerance_for(Dt dt) {
     return dt == Dt::F32 ? 1e-5 : dt == Dt::F16 ? 2e-3 : 1.6e-2;

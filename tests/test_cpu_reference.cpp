@@ -14,18 +14,6 @@ using namespace rope_test;
 
 namespace {
 
-struct Runtime {
-    Runtime() {
-        rope_jit_config config;
-        rope_jit_config_init(&config);
-        config.backend = ROPE_JIT_BACKEND_CPU;
-        config.cpu_threads = 3;  // more workers than cores: exercises the pool's hand-off
-        REQUIRE(rope_jit_runtime_create(&config, &handle) == ROPE_JIT_OK);
-    }
-    ~Runtime() { rope_jit_runtime_free(handle); }
-    rope_jit_runtime* handle = nullptr;
-};
-
 enum class Layout { BHSD, BSHD, Padded, Packed, PackedHeadMajor };
 enum class Positions { Implicit, PerToken, PerBatchToken, SeqlenOffsets };
 enum class Angles { HalfTable, FullTable, InvFreq };
@@ -309,7 +297,7 @@ T pick(std::mt19937& rng, std::initializer_list<T> options) {
 
 TEST_CASE(
     "the CPU backend matches the float64 reference over a randomized sweep of the spec space") {
-    Runtime runtime;
+    CpuRuntime runtime;
     std::mt19937 rng(20261129);
     for (int iteration = 0; iteration < 400; ++iteration) {
         Config c;
@@ -373,7 +361,7 @@ TEST_CASE(
 TEST_CASE("a quarter turn on a hand-written example gives the hand-computed result") {
     // D = 4, half style, one token at position 1 whose angle is pi/2 for pair 0 and 0 for
     // pair 1: pair (x0, x2) turns a quarter, (x1, x3) stays.
-    Runtime runtime;
+    CpuRuntime runtime;
     HostTensor q(Dt::F32, {1, 1, 1, 4});
     for (int64_t d = 0; d < 4; ++d) q.set({0, 0, 0, d}, double(d + 1));  // 1 2 3 4
     HostTensor cos_t(Dt::F32, {2, 2}), sin_t(Dt::F32, {2, 2});
@@ -397,7 +385,7 @@ TEST_CASE("a quarter turn on a hand-written example gives the hand-computed resu
 }
 
 TEST_CASE("empty inputs are a successful no-op") {
-    Runtime runtime;
+    CpuRuntime runtime;
     HostTensor q(Dt::F32, {2, 4, 0, 8});
     HostTensor cos_t(Dt::F32, {4, 4}), sin_t(Dt::F32, {4, 4});
     rope_jit_rope_args args;
@@ -409,7 +397,7 @@ TEST_CASE("empty inputs are a successful no-op") {
 }
 
 TEST_CASE("many threads calling one runtime at once all get correct results") {
-    Runtime runtime;
+    CpuRuntime runtime;
     std::vector<std::thread> threads;
     std::atomic<int> failures{0};
     for (int t = 0; t < 6; ++t)

@@ -25,18 +25,6 @@ namespace {
 
 constexpr double kPi = 3.14159265358979323846;
 
-struct CpuRuntime {
-    CpuRuntime() {
-        rope_jit_config config;
-        rope_jit_config_init(&config);
-        config.backend = ROPE_JIT_BACKEND_CPU;
-        config.cpu_threads = 3;
-        REQUIRE(rope_jit_runtime_create(&config, &handle) == ROPE_JIT_OK);
-    }
-    ~CpuRuntime() { rope_jit_runtime_free(handle); }
-    rope_jit_runtime* handle = nullptr;
-};
-
 std::vector<float> read_golden_floats(const std::string& relative) {
     const std::string path = std::string(ROPE_JIT_TEST_DATA_DIR) + "/golden/" + relative;
     std::ifstream file(path, std::ios::binary | std::ios::ate);

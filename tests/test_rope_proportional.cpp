@@ -26,18 +26,6 @@ using rope_jit::KernelSpec;
 
 namespace {
 
-struct Runtime {
-    rope_jit_runtime* handle = nullptr;
-    Runtime() {
-        rope_jit_config config;
-        rope_jit_config_init(&config);
-        config.backend = ROPE_JIT_BACKEND_CPU;
-        config.cpu_threads = 2;
-        REQUIRE(rope_jit_runtime_create(&config, &handle) == ROPE_JIT_OK);
-    }
-    ~Runtime() { rope_jit_runtime_free(handle); }
-};
-
 // HF's apply_rotary_pos_emb for one head vector x [D], with the R/2 pair angles given as their
 // cosines and sines (already signed for backward): the D/2 frequencies of a proportional
 // model are the R/2 rotated ones padded with zeros, and cos/sin are cat(freqs, freqs).
@@ -208,7 +196,7 @@ using gpu_rope_test::pick;
 
 TEST_CASE("a proportional quarter turn on a hand-written example gives the hand-computed result") {
     // D = 8, R = 4: pairs (x0, x4) and (x1, x5) turn a quarter at row 0; x2, x3, x6, x7 stay.
-    Runtime runtime;
+    CpuRuntime runtime;
     HostTensor q(Dt::F32, {1, 1, 1, 8});
     for (int64_t d = 0; d < 8; ++d) q.set({0, 0, 0, d}, double(d + 1));  // 1 .. 8
     HostTensor cos_t(Dt::F32, {1, 2}), sin_t(Dt::F32, {1, 2});
@@ -229,7 +217,7 @@ TEST_CASE("a proportional quarter turn on a hand-written example gives the hand-
 }
 
 TEST_CASE("proportional rotary matches HF's formulation over a sweep of head dims and features") {
-    Runtime runtime;
+    CpuRuntime runtime;
     std::mt19937 rng(20261201);
     for (int iteration = 0; iteration < 120; ++iteration) {
         Sweep c;
@@ -271,7 +259,7 @@ TEST_CASE("proportional rotary matches HF's formulation over a sweep of head dim
 
 TEST_CASE("proportional rotary with M-RoPE sections turns each pair by its own axis") {
     // D = 16, R = 8: four pairs (i, i + 8), sections [1, 2, 1] over three position axes.
-    Runtime runtime;
+    CpuRuntime runtime;
     const int64_t S = 3, D = 16, P = 10;
     std::mt19937 rng(5);
     HostTensor q(Dt::F32, {1, 2, S, D});
@@ -316,7 +304,7 @@ TEST_CASE("proportional rotary with M-RoPE sections turns each pair by its own a
 TEST_CASE("the proportional frequency gradient matches finite differences of HF's formulation") {
     // loss = sum(g * rope(x; inv_freq)); d loss / d inv_freq[i] by central differences of the
     // float64 reference, against what the backward call gives from g and the forward output.
-    Runtime runtime;
+    CpuRuntime runtime;
     const int64_t S = 5, H = 3, D = 12, R = 4, half = R / 2;
     std::mt19937 rng(11);
     HostTensor x(Dt::F32, {1, H, S, D}), g(Dt::F32, {1, H, S, D}), y(Dt::F32, {1, H, S, D});
@@ -472,7 +460,7 @@ TEST_CASE("the proportional GPU sweep's calls run on the CPU backend and their k
         MESSAGE("skipped: NVRTC not available: " << rope_jit::nvrtc_load_error());
         return;
     }
-    Runtime runtime;
+    CpuRuntime runtime;
     rope_jit::KernelStats stats;
     std::vector<KernelSpec> compiled;
     for (uint32_t family = 0; family < gpu_rope_test::kProportionalFamilies; ++family) {

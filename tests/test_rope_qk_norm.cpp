@@ -25,18 +25,6 @@ using rope_jit::KernelSpec;
 
 namespace {
 
-struct Runtime {
-    rope_jit_runtime* handle = nullptr;
-    Runtime() {
-        rope_jit_config config;
-        rope_jit_config_init(&config);
-        config.backend = ROPE_JIT_BACKEND_CPU;
-        config.cpu_threads = 2;
-        REQUIRE(rope_jit_runtime_create(&config, &handle) == ROPE_JIT_OK);
-    }
-    ~Runtime() { rope_jit_runtime_free(handle); }
-};
-
 // The features of pair i: (o+i, o+i+R/2) half, (o+2i, o+2i+1) interleaved, (i, i+D/2)
 // proportional.
 void pair_of(rope_jit_style style, int64_t D, int64_t R, int64_t o, int64_t i, int64_t* f1,
@@ -172,7 +160,7 @@ void run_forward_case(rope_jit_runtime* runtime, const NormCase& c, std::mt19937
 }  // namespace
 
 TEST_CASE("QK-norm then RoPE matches the float64 definition over a sweep") {
-    Runtime runtime;
+    CpuRuntime runtime;
     std::mt19937 rng(20261202);
     for (int iteration = 0; iteration < 80; ++iteration) {
         NormCase c;
@@ -212,7 +200,7 @@ TEST_CASE("QK-norm then RoPE matches the float64 definition over a sweep") {
 TEST_CASE("QK-norm gradients for q, k and both weights match finite differences") {
     // loss = sum(gq * y_q) + sum(gk * y_k); the backward call gets gq, gk and the forward's
     // inputs, and gives dL/dx (as q_out, k_out) and dL/dw.
-    Runtime runtime;
+    CpuRuntime runtime;
     for (rope_jit_style style :
          {ROPE_JIT_STYLE_HALF, ROPE_JIT_STYLE_INTERLEAVED, ROPE_JIT_STYLE_PROPORTIONAL}) {
         for (bool unit_offset : {false, true}) {
@@ -308,7 +296,7 @@ TEST_CASE("QK-norm gradients for q, k and both weights match finite differences"
 }
 
 TEST_CASE("QK-norm arguments are checked, each error naming the argument, writing nothing") {
-    Runtime runtime;
+    CpuRuntime runtime;
     std::mt19937 rng(9);
     HostTensor q(Dt::F32, {1, 2, 3, 8}), k(Dt::F32, {1, 1, 3, 8}), cos_t(Dt::F32, {4, 4}),
         sin_t(Dt::F32, {4, 4}), w(Dt::F32, {8}), w_bad(Dt::F32, {6}), w16(Dt::F16, {8}),
@@ -368,7 +356,7 @@ TEST_CASE("QK-norm arguments are checked, each error naming the argument, writin
 }
 
 TEST_CASE("a QK-norm call with no token still zeroes the weight gradients") {
-    Runtime runtime;
+    CpuRuntime runtime;
     HostTensor q(Dt::F32, {1, 2, 0, 8}), g(Dt::F32, {1, 2, 0, 8}), cos_t(Dt::F32, {4, 4}),
         sin_t(Dt::F32, {4, 4}), w(Dt::F32, {8}), dw(Dt::F32, {8});
     for (int64_t d = 0; d < 8; ++d) dw.set({d}, 5.0);
@@ -483,7 +471,7 @@ TEST_CASE("the QK-norm GPU sweep's calls run on the CPU backend and their kernel
         MESSAGE("skipped: NVRTC not available: " << rope_jit::nvrtc_load_error());
         return;
     }
-    Runtime runtime;
+    CpuRuntime runtime;
     rope_jit::KernelStats stats;
     std::vector<KernelSpec> compiled;
     for (uint32_t family = 0; family < gpu_rope_test::kNormFamilies; ++family) {
