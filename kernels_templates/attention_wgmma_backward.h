@@ -365,6 +365,46 @@ __device__ __forceinline__ void store_swizzled_rows(char* tile, const float (&x)
     }
 }
 
+// P^T of a warp's 16 keys (from key_first) by the tile's queries (from m0), from the scores
+// S^T in s (in place): masked scores and queries past Sq (lse +inf) give P = 0.
+template <int NT>
+__device__ __forceinline__ void key_probabilities(float (&s)[NT][4], const AttentionKernelParams& p,
+                                                  const KeyBlock& kb, long long key_first,
+                                                  long long m0, const float* lse, int lane) {
+    const bool check_bounds = kb.n0 + BLOCK_N > p.seqlen_k;
+    const bool check_causal = CAUSAL && kb.n0 + BLOCK_N - 1 > m0;
+    float scale = p.scale_log2;
+    if (check_bounds || check_causal || MASK_KIND != 0) {
+        scale_and_mask<NT, true>(s, p, kb.b, key_first, m0, check_bounds, check_causal, lane);
+        scale = 1.f;
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+        const Float2 l = *reinterpret_cast<const Float2*>(lse + nt * 8 + 2 * (lane & 3));
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            s[nt][e] = exp2_approx(fmaf(s[nt][e], scale, -((e & 1) ? l.y : l.x)));
+    }
+}
+
+// Adds a warp's dQ part (its 16 queries of the tile at m0 of head h, N features from
+// `feature`) into the float32 accumulator.
+template <int N>
+__device__ __forceinline__ void add_dq_rows(const float (&dq)[N / 8][4],
+                                            const AttentionKernelParams& p, const KeyBlock& kb,
+                                            long long h, long long m0, int feature, int warp,
+                                            int lane) {
+    float* const rows =
+        p.dq_accum +
+        ((kb.b * p.heads_q + h) * p.seqlen_q_padded + m0 + (warp & 3) * 16 + (lane >> 2)) * DP +
+        feature + 2 * (lane & 3);
+#pragma unroll
+    for (int nt = 0; nt < N / 8; ++nt) {
+        atomic_add2(rows + nt * 8, dq[nt][0], dq[nt][1]);
+        atomic_add2(rows + 8 * DP + nt * 8, dq[nt][2], dq[nt][3]);
+    }
+}
+
 // A key block's resident keys and values and its stream of query tiles in shared memory,
 // with their barriers: what both backward kernels share. Tile i (head head_of(i), rows from
 // row_of(i)) lives in stage i % STAGES: its rotated queries and dout (one TMA box per 64
@@ -513,22 +553,7 @@ __device__ void backward_wide(const AttentionKernelParams& p, char* smem) {
             }
             named_arrive(2);
         } else {
-            const bool check_bounds = kb.n0 + BLOCK_N > p.seqlen_k;
-            const bool check_causal = CAUSAL && kb.n0 + BLOCK_N - 1 > m0;
-            float scale = p.scale_log2;
-            if (check_bounds || check_causal || MASK_KIND != 0) {
-                scale_and_mask<NT, true>(s, p, kb.b, key_first, m0, check_bounds, check_causal,
-                                         lane);
-                scale = 1.f;
-            }
-            const float* lse = stream.lse_rows(i);
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt) {
-                const Float2 l = *reinterpret_cast<const Float2*>(lse + nt * 8 + 2 * (lane & 3));
-#pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    s[nt][e] = exp2_approx(fmaf(s[nt][e], scale, -((e & 1) ? l.y : l.x)));
-            }
+            key_probabilities(s, p, kb, key_first, m0, stream.lse_rows(i), lane);
             named_sync(2);  // dP^T there; the previous tile done with by both warpgroups
             if (threadIdx.x == 0 && i + 1 < kb.iterations) stream.issue(i + 1);
             store_swizzled_rows(pt_tile, s, r0, lane);
@@ -580,15 +605,7 @@ __device__ void backward_wide(const AttentionKernelParams& p, char* smem) {
         fence_registers(dv);
         fence_registers(dk);
 
-        float* const dq_rows =
-            p.dq_accum +
-            ((kb.b * p.heads_q + h) * p.seqlen_q_padded + m0 + (warp & 3) * 16 + g) * DP +
-            group * HALF + 2 * (lane & 3);
-#pragma unroll
-        for (int nt = 0; nt < HALF / 8; ++nt) {
-            atomic_add2(dq_rows + nt * 8, dq[nt][0], dq[nt][1]);
-            atomic_add2(dq_rows + 8 * DP + nt * 8, dq[nt][2], dq[nt][3]);
-        }
+        add_dq_rows<HALF>(dq, p, kb, h, m0, group * HALF, warp, lane);
     }
 
     // dV: this warpgroup's half of the features, straight from the accumulators.
@@ -704,29 +721,15 @@ __device__ void backward_narrow(const AttentionKernelParams& p, char* smem) {
             fence_registers(s);
             fence_registers(dp);
 
-            // P^T and dS^T. Rows are this warp's keys, columns the tile's queries; masked scores
-            // and queries past Sq (lse +inf) give P = 0.
-            const bool check_bounds = kb.n0 + BLOCK_N > p.seqlen_k;
-            const bool check_causal = CAUSAL && kb.n0 + BLOCK_N - 1 > m0;
-            float scale = p.scale_log2;
-            if (check_bounds || check_causal || MASK_KIND != 0) {
-                scale_and_mask<NT, true>(s, p, kb.b, key_first, m0, check_bounds, check_causal,
-                                         lane);
-                scale = 1.f;
-            }
-            const float* lse = stream.lse_rows(i);
+            // P^T, then dS^T = P^T (dP^T - delta).
+            key_probabilities(s, p, kb, key_first, m0, stream.lse_rows(i), lane);
             const float* delta = stream.delta_rows(i);
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
-                const int col = nt * 8 + 2 * (lane & 3);
-                const Float2 l = *reinterpret_cast<const Float2*>(lse + col);
-                const Float2 dl = *reinterpret_cast<const Float2*>(delta + col);
+                const Float2 dl = *reinterpret_cast<const Float2*>(delta + nt * 8 + 2 * (lane & 3));
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const float pr = exp2_approx(fmaf(s[nt][e], scale, -((e & 1) ? l.y : l.x)));
-                    s[nt][e] = pr;
-                    dp[nt][e] = pr * (dp[nt][e] - ((e & 1) ? dl.y : dl.x));
-                }
+                for (int e = 0; e < 4; ++e)
+                    dp[nt][e] = s[nt][e] * (dp[nt][e] - ((e & 1) ? dl.y : dl.x));
             }
             to_a_fragments<NT>(pa, s);
             to_a_fragments<NT>(dsa, dp);
@@ -769,17 +772,8 @@ __device__ void backward_narrow(const AttentionKernelParams& p, char* smem) {
         fence_registers(dk);
         fence_registers(pa);
         fence_registers(dsa);
-
         // dQ rows: this warp's 16 queries of the tile, the warpgroup's features.
-        float* const dq_rows =
-            p.dq_accum +
-            ((kb.b * p.heads_q + h) * p.seqlen_q_padded + m0 + (warp & 3) * 16 + (lane >> 2)) * DP +
-            group * DQ_N + 2 * (lane & 3);
-#pragma unroll
-        for (int nt = 0; nt < DQ_N / 8; ++nt) {
-            atomic_add2(dq_rows + nt * 8, dq[nt][0], dq[nt][1]);
-            atomic_add2(dq_rows + 8 * DP + nt * 8, dq[nt][2], dq[nt][3]);
-        }
+        add_dq_rows<DQ_N>(dq, p, kb, h, m0, group * DQ_N, warp, lane);
     }
 
     store_key_rows<false>(dv, p.dv, p.dv_stride, kb, p, key_first, lane);
