@@ -126,23 +126,35 @@ __device__ __forceinline__ void wgmma(float (&d)[N / 8][4], const unsigned (&a)[
         wgmma_n256<TRANS_B>(d, a, b);
 }
 
-// The same with A from shared memory too (descriptor a), neither operand transposed.
-#define ROPE_JIT_WGMMA_SS_ARGS64 "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-#define ROPE_JIT_WGMMA_SS_ARGS128 "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+// The same with A from shared memory too (descriptor a), each operand K-major (0) or MN-major
+// (1, "transposed"): TRANS_A and TRANS_B.
+#define ROPE_JIT_WGMMA_D32                                                                        \
+    "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),     \
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), \
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+#define ROPE_JIT_WGMMA_REGS32 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+#define ROPE_JIT_WGMMA_SS_ARGS32 "}, %16, %17, p, 1, 1, %18, %19;\n}\n"
+#define ROPE_JIT_WGMMA_SS_ARGS64 "}, %32, %33, p, 1, 1, %34, %35;\n}\n"
+#define ROPE_JIT_WGMMA_SS_ARGS128 "}, %64, %65, p, 1, 1, %66, %67;\n}\n"
 #define ROPE_JIT_WGMMA_SS(SHAPE_TYPES, N)                                                   \
     asm volatile(                                                                           \
         "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\nwgmma.mma_async.sync.aligned." SHAPE_TYPES \
         " {" ROPE_JIT_WGMMA_REGS##N ROPE_JIT_WGMMA_SS_ARGS##N                               \
         : ROPE_JIT_WGMMA_D##N                                                               \
-        : "l"(a), "l"(b))
+        : "l"(a), "l"(b), "n"(TRANS_A), "n"(TRANS_B))
 
-// d (64 x N over the warpgroup) += A (shared memory, 64 x 16, K-major) * B (shared memory,
-// 16 x N, K-major).
-template <int N, int D = DTYPE>
+// d (64 x N over the warpgroup) += A (shared memory, 64 x 16) * B (shared memory, 16 x N),
+// each stored K-major unless its TRANS flag says MN-major.
+template <int N, int TRANS_A = 0, int TRANS_B = 0, int D = DTYPE>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], unsigned long long a,
                                          unsigned long long b) {
-    static_assert(N == 64 || N == 128, "wgmma tiles of 64 or 128 columns");
-    if constexpr (N == 64) {
+    static_assert(N == 32 || N == 64 || N == 128, "wgmma tiles of 32, 64 or 128 columns");
+    if constexpr (N == 32) {
+        if constexpr (D == 1)
+            ROPE_JIT_WGMMA_SS("m64n32k16.f32.f16.f16", 32);
+        else
+            ROPE_JIT_WGMMA_SS("m64n32k16.f32.bf16.bf16", 32);
+    } else if constexpr (N == 64) {
         if constexpr (D == 1)
             ROPE_JIT_WGMMA_SS("m64n64k16.f32.f16.f16", 64);
         else

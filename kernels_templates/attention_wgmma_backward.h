@@ -226,55 +226,6 @@ __device__ __forceinline__ unsigned long long mnmajor_descriptor(unsigned tile, 
     return swizzled_descriptor(tile + kk * 16 * 128, region, 1024);
 }
 
-// d (64 x N) += A^T B with both operands from shared memory and MN-major (transposed).
-#define ROPE_JIT_WGMMA_D32                                                                        \
-    "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),     \
-        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), \
-        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
-#define ROPE_JIT_WGMMA_REGS32 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
-#define ROPE_JIT_WGMMA_TT_ARGS32 "}, %16, %17, p, 1, 1, 1, 1;\n}\n"
-#define ROPE_JIT_WGMMA_TT_ARGS64 "}, %32, %33, p, 1, 1, 1, 1;\n}\n"
-#define ROPE_JIT_WGMMA_TT(SHAPE_TYPES, N)                                                   \
-    asm volatile(                                                                           \
-        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\nwgmma.mma_async.sync.aligned." SHAPE_TYPES \
-        " {" ROPE_JIT_WGMMA_REGS##N ROPE_JIT_WGMMA_TT_ARGS##N                               \
-        : ROPE_JIT_WGMMA_D##N                                                               \
-        : "l"(a), "l"(b))
-
-template <int N, int D = DTYPE>
-__device__ __forceinline__ void wgmma_tt(float (&d)[N / 8][4], unsigned long long a,
-                                         unsigned long long b) {
-    static_assert(N == 32 || N == 64, "dq tiles of 32 or 64 features a warpgroup");
-    if constexpr (N == 32) {
-        if constexpr (D == 1)
-            ROPE_JIT_WGMMA_TT("m64n32k16.f32.f16.f16", 32);
-        else
-            ROPE_JIT_WGMMA_TT("m64n32k16.f32.bf16.bf16", 32);
-    } else {
-        if constexpr (D == 1)
-            ROPE_JIT_WGMMA_TT("m64n64k16.f32.f16.f16", 64);
-        else
-            ROPE_JIT_WGMMA_TT("m64n64k16.f32.bf16.bf16", 64);
-    }
-}
-
-// d (64 x 128) += A B with both operands from shared memory, each K-major (0) or MN-major (1).
-#define ROPE_JIT_WGMMA_ST_ARGS128 "}, %64, %65, p, 1, 1, %66, %67;\n}\n"
-#define ROPE_JIT_WGMMA_ST(SHAPE_TYPES)                                                      \
-    asm volatile(                                                                           \
-        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\nwgmma.mma_async.sync.aligned." SHAPE_TYPES \
-        " {" ROPE_JIT_WGMMA_REGS128 ROPE_JIT_WGMMA_ST_ARGS128:ROPE_JIT_WGMMA_D128           \
-        : "l"(a), "l"(b), "n"(TRANS_A), "n"(TRANS_B))
-
-template <int TRANS_A, int TRANS_B, int D = DTYPE>
-__device__ __forceinline__ void wgmma_ss128(float (&d)[16][4], unsigned long long a,
-                                            unsigned long long b) {
-    if constexpr (D == 1)
-        ROPE_JIT_WGMMA_ST("m64n128k16.f32.f16.f16");
-    else
-        ROPE_JIT_WGMMA_ST("m64n128k16.f32.bf16.bf16");
-}
-
 // Copies `bytes` (a multiple of 16) from global `src` to shared `dst`, counted on `landed`.
 __device__ __forceinline__ void copy_bulk(unsigned dst, const void* src, unsigned bytes,
                                           unsigned landed) {
@@ -582,12 +533,12 @@ __device__ void backward_wide(const AttentionKernelParams& p, char* smem) {
         fence_operands();
 #pragma unroll
         for (int kk = 0; kk < PSTEPS_WIDE; ++kk)
-            wgmma_ss128<0, 1>(dv, kmajor_descriptor(pt_address, TILE_M * 128, kk),
-                              mnmajor_descriptor(dout_half, Q_REGION, kk));
+            wgmma_ss<128, 0, 1>(dv, kmajor_descriptor(pt_address, TILE_M * 128, kk),
+                                mnmajor_descriptor(dout_half, Q_REGION, kk));
 #pragma unroll
         for (int kk = 0; kk < PSTEPS_WIDE; ++kk)
-            wgmma_ss128<0, 1>(dk, kmajor_descriptor(ds_address, TILE_M * 128, kk),
-                              mnmajor_descriptor(q_half, Q_REGION, kk));
+            wgmma_ss<128, 0, 1>(dk, kmajor_descriptor(ds_address, TILE_M * 128, kk),
+                                mnmajor_descriptor(q_half, Q_REGION, kk));
         commit();
         float dq[HALF / 8][4];
         zero(dq);
@@ -597,8 +548,8 @@ __device__ void backward_wide(const AttentionKernelParams& p, char* smem) {
         const unsigned k_half = k_address + group * 2 * K_REGION;
 #pragma unroll
         for (int kk = 0; kk < BLOCK_N / 16; ++kk)
-            wgmma_ss128<1, 1>(dq, mnmajor_descriptor(ds_address, TILE_M * 128, kk),
-                              mnmajor_descriptor(k_half, K_REGION, kk));
+            wgmma_ss<128, 1, 1>(dq, mnmajor_descriptor(ds_address, TILE_M * 128, kk),
+                                mnmajor_descriptor(k_half, K_REGION, kk));
         commit();
         wait_all();
         fence_registers(dq);
@@ -763,8 +714,8 @@ __device__ void backward_narrow(const AttentionKernelParams& p, char* smem) {
         const unsigned ds_address = shared_address(ds_tile);
 #pragma unroll
         for (int kk = 0; kk < BLOCK_N / 16; ++kk)
-            wgmma_tt<DQ_N>(dq, mnmajor_descriptor(ds_address, TILE_M * 128, kk),
-                           mnmajor_descriptor(k_features, K_REGION, kk));
+            wgmma_ss<DQ_N, 1, 1>(dq, mnmajor_descriptor(ds_address, TILE_M * 128, kk),
+                                 mnmajor_descriptor(k_features, K_REGION, kk));
         commit();
         wait_all();
         fence_registers(dq);
