@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import rope_jit
-from rope_reference import (angle_tables, bf16_bits_to_float, float_to_bf16_bits, packed_rows, rope_reference,
+from library_arrays import from_dtype, library_tensor, to_dtype
+from rope_reference import (angle_tables, packed_rows, rope_reference,
                             token_rows)
 
 TOLERANCES = {"float32": 2e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
@@ -35,23 +36,6 @@ def sample_cases(count=64):
     chooser = random.Random(1234)
     chosen = chooser.sample(grid, count)
     return [Case(*values, seed=index) for index, values in enumerate(chosen)]
-
-
-def to_dtype(values, dtype):
-    """(array the library gets, the same values as float64 after rounding)."""
-    if dtype == "bfloat16":
-        bits = float_to_bf16_bits(values)
-        return bits, bf16_bits_to_float(bits).astype(np.float64)
-    array = np.asarray(values, dtype=dtype)
-    return array, array.astype(np.float64)
-
-
-def from_dtype(array, dtype):
-    return bf16_bits_to_float(array).astype(np.float64) if dtype == "bfloat16" else array.astype(np.float64)
-
-
-def library_tensor(array, dtype):
-    return rope_jit.reinterpret(array, "bfloat16") if dtype == "bfloat16" else array
 
 
 @pytest.mark.parametrize("case", sample_cases(), ids=str)

@@ -12,7 +12,8 @@ import pytest
 
 import rope_jit
 from rope_jit.frequencies import rope_tables
-from rope_reference import bf16_bits_to_float, float_to_bf16_bits, packed_rows, token_rows
+from rope_reference import packed_rows, token_rows
+from library_arrays import from_dtype, library_tensor, to_dtype
 
 TOLERANCES = {"float32": 2e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
 
@@ -28,23 +29,6 @@ def hf_proportional(x, cos_pairs, sin_pairs):
     sin_full = np.concatenate([sin_half, sin_half], axis=1)[:, None, :]
     rotated = np.concatenate([-x[..., d // 2:], x[..., : d // 2]], axis=-1)
     return x * cos_full + rotated * sin_full
-
-
-def to_dtype(values, dtype):
-    """(array the library gets, the same values as float64 after rounding)."""
-    if dtype == "bfloat16":
-        bits = float_to_bf16_bits(values)
-        return bits, bf16_bits_to_float(bits).astype(np.float64)
-    array = np.asarray(values, dtype=dtype)
-    return array, array.astype(np.float64)
-
-
-def from_dtype(array, dtype):
-    return bf16_bits_to_float(array).astype(np.float64) if dtype == "bfloat16" else array.astype(np.float64)
-
-
-def library_tensor(array, dtype):
-    return rope_jit.reinterpret(array, "bfloat16") if dtype == "bfloat16" else array
 
 
 def flat_tokens(x, layout):

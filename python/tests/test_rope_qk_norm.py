@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import rope_jit
-from rope_reference import bf16_bits_to_float, float_to_bf16_bits
+from library_arrays import from_dtype, library_tensor, to_dtype
 
 TOLERANCES = {"float32": 3e-5, "float16": 3e-3, "bfloat16": 1.6e-2}
 
@@ -73,22 +73,6 @@ def test_the_reference_gradient_matches_finite_differences():
         up[d] += step
         down[d] -= step
         assert dw[d] == pytest.approx((loss(x, up) - loss(x, down)) / (2 * step), rel=1e-5, abs=1e-7)
-
-
-def to_dtype(values, dtype):
-    if dtype == "bfloat16":
-        bits = float_to_bf16_bits(values)
-        return bits, bf16_bits_to_float(bits).astype(np.float64)
-    array = np.asarray(values, dtype=dtype)
-    return array, array.astype(np.float64)
-
-
-def from_dtype(array, dtype):
-    return bf16_bits_to_float(array).astype(np.float64) if dtype == "bfloat16" else array.astype(np.float64)
-
-
-def library_tensor(array, dtype):
-    return rope_jit.reinterpret(array, "bfloat16") if dtype == "bfloat16" else array
 
 
 def sample_cases(count=40):
