@@ -260,6 +260,18 @@ TEST_CASE(
         const std::vector<AttentionSpec> alone = choose_attention_specs(without, h200);
         REQUIRE(alone.size() == 1);
         CHECK((alone[0].producer_warps == 4 && alone[0].keys_by_tma == 0));
+        // Nor with an empty sequence: nothing to put in one (and no TMA box over no rows).
+        for (const bool backward : {false, true})
+            for (const bool empty_keys : {false, true}) {
+                AttentionProblem empty = make_attention_problem(args, backward);
+                (empty_keys ? empty.seqlen_k : empty.seqlen_q) = 0;
+                for (const AttentionSpec& s : choose_attention_specs(empty, h200)) {
+                    CHECK(s.kind != int32_t(AttentionKernelKind::BackwardPrepare));
+                    CHECK(s.keys_by_tma == 0);
+                }
+            }
+        CHECK(choose_attention_specs(make_attention_problem(args, true), h200)[0].kind ==
+              int32_t(AttentionKernelKind::BackwardPrepare));
     }
     const AttentionSpec no_tma = chosen(c, false, AttentionDevice{90, 232448, true, false})[0];
     CHECK((no_tma.wgmma == 1 && no_tma.warps == 12 && no_tma.producer_warps == 0 &&

@@ -594,6 +594,28 @@ TEST_SUITE("gpu") {
         sweep(f, configs, 17);
     }
 
+    TEST_CASE("empty query or key sequences on the default kernels match the CPU (no workspace)") {
+        GpuFixture f;
+        for (const int64_t sq : {0, 70})
+            for (const int64_t sk : {0, 70}) {
+                Config c;
+                c.dt = Dt::BF16;
+                c.B = 2;
+                c.Hq = 4;
+                c.Hk = 2;
+                c.Sq = sq;
+                c.Sk = sk;
+                c.D = c.R = 128;
+                c.causal = sk > 0;
+                std::mt19937 rng(5);
+                Problem p(c, rng);
+                const Comparison result = run_and_compare(f, p, true);
+                CAPTURE(describe(c));
+                MESSAGE(describe(c) << " ->" << result.report);
+                CHECK(result.passed);
+            }
+    }
+
     TEST_CASE(
         "the headline shape (bf16, D128, causal, GQA 4) runs on tensor cores and matches the CPU") {
         GpuFixture f;

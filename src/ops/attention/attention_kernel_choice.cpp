@@ -293,6 +293,9 @@ std::vector<AttentionSpec> choose_attention_specs(const AttentionProblem& p,
             tensor_cores = tensor_cores && vector_friendly(*t);
 
     const int dp = attention_launch_plan(base).head_dim_padded;
+    // Kernels with a workspace (the sm_90 backward, rotated keys by TMA) need rows to put in it:
+    // an empty sequence (out = 0, lse = -inf; empty gradients) runs the kernels without one.
+    const bool workspace = !p.no_workspace && p.seqlen_q > 0 && p.seqlen_k > 0;
     auto simt = [&](Kind kind) {
         AttentionSpec spec = base;
         spec.kind = int32_t(kind);
@@ -316,7 +319,7 @@ std::vector<AttentionSpec> choose_attention_specs(const AttentionProblem& p,
         spec.cluster = shape.cluster;
         // Rotated keys by TMA come from a workspace, which a call may have to do without.
         spec.keys_by_tma = shape.producer_warps > 0 && shape.keys_by_tma &&
-                           (base.rotary_dim == 0 || !p.no_workspace);
+                           (base.rotary_dim == 0 || workspace);
         spec.compute_dk = dk;
         spec.compute_dv = dv;
         if (shape.block_n % 16 != 0 || shape.warps > 16 ||
@@ -363,7 +366,7 @@ std::vector<AttentionSpec> choose_attention_specs(const AttentionProblem& p,
     // the dq or dk/dv kernels.
     const bool other_backward_asked = override.shape[int(Kind::BackwardDq)].has_value() ||
                                       override.shape[int(Kind::BackwardDkDv)].has_value();
-    if (p.backward && tensor_cores && !p.deterministic && !p.no_workspace &&
+    if (p.backward && tensor_cores && !p.deterministic && workspace &&
         !other_backward_asked && device.wgmma && device.tma && tma_friendly(p.v) &&
         tma_friendly(p.dout)) {
         std::vector<AttentionSpec> family;
