@@ -3,10 +3,12 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <limits>
 #include <string>
 
+#include "api/attention_args.h"
 #include "attention_test_support.h"
 
 using namespace attention_test;
@@ -82,6 +84,25 @@ TEST_CASE("attention: a NULL runtime, NULL args or uninitialized args are reject
     call.args.struct_size = 0;
     call.expect_invalid("struct_size");
     call.expect_invalid("struct_size", true);
+}
+
+TEST_CASE(
+    "attention: `deterministic` defaults to 0, and to 1 for a caller built before the field") {
+    rope_jit_attention_args args;
+    rope_jit_attention_args_init(&args);
+    CHECK(args.deterministic == 0);
+    CHECK(rope_jit::read_attention_args(&args).deterministic == 0);
+    args.deterministic = 1;
+    CHECK(rope_jit::read_attention_args(&args).deterministic == 1);
+    // The struct as the previous header laid it out: it ended with dv.
+    rope_jit_attention_args old;
+    rope_jit_attention_args_init(&old);
+    old.struct_size = offsetof(rope_jit_attention_args, dv) + sizeof old.dv;
+    old.deterministic = 0;  // beyond the old struct: never read
+    const rope_jit_attention_args read = rope_jit::read_attention_args(&old);
+    CHECK(read.deterministic == 1);
+    CHECK(read.struct_size == sizeof(rope_jit_attention_args));
+    CHECK_THROWS(rope_jit::read_attention_args(nullptr));
 }
 
 TEST_CASE("attention: a missing q, k, v or out is rejected") {

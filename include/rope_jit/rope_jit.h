@@ -634,7 +634,8 @@ ROPE_JIT_API rope_jit_status rope_jit_get_stats(const rope_jit_runtime* runtime,
  * score is not a masked one: a query with any NaN score (a NaN in q, in a key it sees, or in
  * an additive mask) gets NaN out and lse, and its gradients are NaN: its dq and the dk and dv
  * of the keys it sees (on the CUDA backend also of keys masked from it inside a tile it
- * shares with them).
+ * shares with them, and a NaN in a key or value masked from a query may also make that
+ * query's dq NaN when they share a tile).
  *
  * Precision: q, k, v, out and the gradients share one dtype, float32, float16 or bfloat16;
  * every product is accumulated in float32. On the CUDA backend fp16/bf16 run on tensor cores
@@ -642,17 +643,24 @@ ROPE_JIT_API rope_jit_status rope_jit_get_stats(const rope_jit_runtime* runtime,
  * stride; rotated q/k and the softmax probabilities are rounded to the input dtype before their
  * matrix products, as FlashAttention does; on sm_90, with an NVRTC of CUDA 13 or newer, the
  * forward at head_dim 56-64, 120-128 or 248-256 without pos_mask uses warpgroup matrix
- * products, compiled for sm_90a, at 56-64 and 120-128 fed by a producer warpgroup (keys rotated
- * in its registers, values brought in by the tensor memory accelerator) when the driver offers
- * TMA (CUDA 12 or newer) and the cos/sin rows are 16-byte aligned whole 16-byte pieces, at
- * 248-256 by two warpgroups that load their own tiles); float32 and every other case run on
- * the CUDA cores in float32 (head_dim up to 512; sequences below 2^31 tokens). On sm_90 with
- * TMA the backward at head_dim 56-64, 120-128 or 248-256 without pos_mask runs on warpgroup
- * matrix products too: q and k are rotated once into a workspace the library allocates on the
- * call's stream (stream-ordered, freed when the backward's kernels are done), and dq is
+ * products, compiled for sm_90a, at 56-64 and 120-128 fed by a producer warpgroup that brings
+ * keys and values in by the tensor memory accelerator when the driver offers TMA (CUDA 12 or
+ * newer), the keys rotated first into a workspace (see below; without one, the producers
+ * rotate them in their registers, which needs cos/sin rows of 16-byte aligned whole 16-byte
+ * pieces), at 248-256 by two warpgroups that load their own tiles); float32 and every other
+ * case run on the CUDA cores in float32 (head_dim up to 512; sequences below 2^31 tokens). On
+ * sm_90 with TMA the backward at head_dim 56-64, 120-128 or 248-256 without pos_mask runs on
+ * warpgroup matrix products too: q and k are rotated once into the workspace and dq is
  * accumulated there in float32 with atomic adds (set `deterministic` for reproducible bits: the
- * mma.sync kernels then run). The CPU backend computes in float64 and rounds the results once;
- * its backward is deterministic.
+ * mma.sync kernels then run).
+ *
+ * The workspace: allocated per call on the call's stream (cuMemAllocAsync from the device's
+ * default memory pool, freed on the stream after the kernels; for the backward about
+ * 8 * B * Hq * Sq * D bytes, for the forward 2 * B * Hk * Sk * D). Where the pool has no room,
+ * kernels without a workspace run instead (slower; same results). A CUDA graph that captures
+ * such a call holds the allocation's alloc and free nodes, so the driver allows one executable
+ * instantiation of it at a time. The CPU backend computes in float64 and rounds the results
+ * once; its backward is deterministic.
  *
  * Nothing is expanded or copied: masks, tables and pos_mask are read in place.
  * ======================================================================================== */
@@ -707,7 +715,9 @@ typedef struct rope_jit_attention_args {
     /* Backward: 1 asks for bitwise-reproducible gradients (the same inputs give the same bits
      * on every run). Default 0: the fastest kernels, which on sm_90 (the wgmma backward, see
      * above) accumulate dq with float32 atomic adds, whose order varies between runs (the
-     * results differ by rounding only). The CPU backend is always reproducible. */
+     * results differ by rounding only). A caller built against a header without this field
+     * (a smaller struct_size) gets 1, as that header promised. The CPU backend is always
+     * reproducible. */
     int deterministic;
 } rope_jit_attention_args;
 
@@ -726,8 +736,7 @@ ROPE_JIT_API rope_jit_status rope_jit_attention(rope_jit_runtime* runtime,
  * dout, writes dq, dk and dv (gradients of the loss through the rotation: dq and dk are with
  * respect to the unrotated q and k). No gradient flows to attn_mask or the tables. With
  * args->deterministic the result is bitwise reproducible (see the field). Same failures as
- * rope_jit_attention, and ERROR_CUDA when the workspace of the sm_90 backward cannot be
- * allocated (nothing is written then). */
+ * rope_jit_attention. */
 ROPE_JIT_API rope_jit_status rope_jit_attention_backward(rope_jit_runtime* runtime,
                                                          const rope_jit_attention_args* args);
 

@@ -14,6 +14,7 @@
 #include "jit/nvrtc_loader.h"
 #include "ops/rope/rope_frequencies.h"
 #include "rope_jit/rope_jit.h"
+#include "api/attention_args.h"
 #include "api/prewarm_specs.h"
 #include "api/runtime.h"
 #include "common/versioned_struct.h"
@@ -228,7 +229,7 @@ rope_jit_status rope_jit_rope(rope_jit_runtime* runtime, const rope_jit_rope_arg
 rope_jit_status rope_jit_attention(rope_jit_runtime* runtime, const rope_jit_attention_args* args) {
     return guarded([&] {
         if (runtime == nullptr) rope_jit::fail_argument("runtime: NULL");
-        runtime->runtime.attention(read_versioned(args, rope_jit_attention_args_init, "args"),
+        runtime->runtime.attention(rope_jit::read_attention_args(args),
                                    false);
     });
 }
@@ -237,7 +238,7 @@ rope_jit_status rope_jit_attention_backward(rope_jit_runtime* runtime,
                                             const rope_jit_attention_args* args) {
     return guarded([&] {
         if (runtime == nullptr) rope_jit::fail_argument("runtime: NULL");
-        runtime->runtime.attention(read_versioned(args, rope_jit_attention_args_init, "args"),
+        runtime->runtime.attention(rope_jit::read_attention_args(args),
                                    true);
     });
 }

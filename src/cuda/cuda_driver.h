@@ -32,9 +32,11 @@ using CUgraphExec = CUgraphExec_st*;
 
 constexpr CUresult CUDA_SUCCESS = 0;
 constexpr CUresult CUDA_ERROR_INVALID_VALUE = 1;
+constexpr CUresult CUDA_ERROR_OUT_OF_MEMORY = 2;
 constexpr CUresult CUDA_ERROR_NOT_INITIALIZED = 3;
 constexpr CUresult CUDA_ERROR_STUB_LIBRARY = 34;
 constexpr CUresult CUDA_ERROR_NO_DEVICE = 100;
+constexpr CUresult CUDA_ERROR_NOT_SUPPORTED = 801;
 constexpr CUresult CUDA_ERROR_INVALID_CONTEXT = 201;
 
 // CUdevice_attribute

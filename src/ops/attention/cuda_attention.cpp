@@ -77,6 +77,41 @@ TensorRef workspace_rows(const char* name, char* data, int64_t batch, int64_t he
     return t;
 }
 
+// A stream-ordered allocation (cuMemAllocAsync): freed on its stream by free() or, on any way
+// out of the call (an exception), by the destructor.
+class StreamAllocation {
+public:
+    StreamAllocation(const CudaDriverApi& api, CUstream stream) : api_(api), stream_(stream) {}
+    StreamAllocation(const StreamAllocation&) = delete;
+    StreamAllocation& operator=(const StreamAllocation&) = delete;
+    ~StreamAllocation() {
+        if (pointer_ != 0) api_.cuMemFreeAsync(pointer_, stream_);
+    }
+    // False when the device's pool has no room or no pool (the caller does without); throws
+    // on any other error, which a fallback would only hide.
+    bool allocate(size_t bytes) {
+        const CUresult result = api_.cuMemAllocAsync(&pointer_, bytes, stream_);
+        if (result == CUDA_ERROR_OUT_OF_MEMORY || result == CUDA_ERROR_NOT_SUPPORTED) {
+            pointer_ = 0;
+            return false;
+        }
+        check_cu(result, "cuMemAllocAsync(attention workspace)");
+        return true;
+    }
+    char* data() const { return reinterpret_cast<char*>(static_cast<uintptr_t>(pointer_)); }
+    void free() {
+        const CUdeviceptr pointer = pointer_;
+        pointer_ = 0;
+        if (pointer != 0)
+            check_cu(api_.cuMemFreeAsync(pointer, stream_), "cuMemFreeAsync(workspace)");
+    }
+
+private:
+    const CudaDriverApi& api_;
+    CUstream stream_;
+    CUdeviceptr pointer_ = 0;
+};
+
 // Whether the kernels begin with the prepare kernel, which writes the workspace.
 bool needs_workspace(const std::vector<AttentionSpec>& specs) {
     return !specs.empty() && specs[0].kind == int32_t(AttentionKernelKind::BackwardPrepare);
@@ -215,7 +250,7 @@ void CudaAttention::run(const AttentionProblem& p, void* stream_handle) {
     const AttentionDevice& device = attention_devices_[size_t(ordinal)];
     std::vector<AttentionSpec> specs = choose_attention_specs(p, device, override_);
     AttentionWorkspaceLayout workspace_layout;
-    CUdeviceptr workspace = 0;
+    StreamAllocation workspace(api, stream);
     if (needs_workspace(specs)) {
         // The sm_90 backward (prepare, backward, dq finish) or a forward whose producers take
         // rotated keys by TMA (prepare, forward).
@@ -224,14 +259,13 @@ void CudaAttention::run(const AttentionProblem& p, void* stream_handle) {
         const int dp = attention_launch_plan(main).head_dim_padded;
         workspace_layout = attention_workspace_layout(p, dp, backward);
         // Stream-ordered: the allocation comes from the device's pool (no synchronization,
-        // and capturable in a CUDA graph). Where it fails, kernels without a workspace run.
-        if (api.cuMemAllocAsync(&workspace, workspace_layout.bytes, stream) != CUDA_SUCCESS) {
-            workspace = 0;
+        // and capturable in a CUDA graph). Without room, kernels without a workspace run.
+        if (!workspace.allocate(workspace_layout.bytes)) {
             AttentionProblem fallback = p;
             fallback.no_workspace = true;
             specs = choose_attention_specs(fallback, device, override_);
         } else {
-            char* const base = reinterpret_cast<char*>(static_cast<uintptr_t>(workspace));
+            char* const base = workspace.data();
             params.q_rot = base + workspace_layout.q_rot;
             params.k_rot = base + workspace_layout.k_rot;
             params.dq_accum = reinterpret_cast<float*>(base + workspace_layout.dq_accum);
@@ -258,45 +292,40 @@ void CudaAttention::run(const AttentionProblem& p, void* stream_handle) {
         }
     }
     // Every kernel is loaded (compiled where it must be) before the first launch, so a failure
-    // leaves nothing half done.
+    // to compile or load enqueues nothing. (A failed launch after others leaves the outputs
+    // unspecified.)
     auto recipe_for = [&](const AttentionSpec& spec) {
         return attention_recipe_with_backward(spec, p, device);
     };
     std::vector<LoadedKernel> kernels;
-    try {
-        for (const AttentionSpec& spec : specs)
-            kernels.push_back(kernels_.kernel_for(SpecKey::of(kAttentionOp, spec), launch.context,
-                                                  devices_.target(ordinal),
-                                                  [&] { return recipe_for(spec); }));
-        if (workspace != 0)
-            check_cu(api.cuMemsetD32Async(CUdeviceptr(params.dq_accum), 0u,
-                                          workspace_layout.dq_accum_bytes / 4, stream),
-                     "cuMemsetD32Async(dq accumulator)");
-        for (size_t n = 0; n < specs.size(); ++n) {
-            const AttentionSpec& spec = specs[n];
-            const int64_t blocks = grid_blocks(spec, p, workspace_layout, &params.sequence_blocks);
-            if (blocks == 0) continue;
-            if (blocks > int64_t(0x7fffffff))
-                throw Error(ROPE_JIT_ERROR_UNSUPPORTED,
-                            fmt::format("q: {} blocks exceed one launch's grid ({})", blocks,
-                                        spec.describe()));
-            if (spec.producer_warps > 0)
-                encode_box_map(api, params.v_map, p.v, spec.block_n / spec.cluster, "v");
-            if (spec.keys_by_tma && spec.rotary_dim == 0)  // unrotated keys: k itself
-                encode_box_map(api, params.k_map, p.k, spec.block_n / spec.cluster, "k");
-            void* kernel_args[] = {&params};
-            check_cu(api.cuLaunchKernel(
-                         kernels[n].function, unsigned(blocks), 1, 1, unsigned(spec.threads()), 1,
-                         1, unsigned(spec.shared_bytes()), stream, kernel_args, nullptr),
-                     "cuLaunchKernel(attention_kernel)");
-            stats_.launches.fetch_add(1, std::memory_order_relaxed);
-        }
-    } catch (...) {
-        if (workspace != 0) api.cuMemFreeAsync(workspace, stream);
-        throw;
+    for (const AttentionSpec& spec : specs)
+        kernels.push_back(kernels_.kernel_for(SpecKey::of(kAttentionOp, spec), launch.context,
+                                              devices_.target(ordinal),
+                                              [&] { return recipe_for(spec); }));
+    if (workspace.data() != nullptr)
+        check_cu(api.cuMemsetD32Async(CUdeviceptr(params.dq_accum), 0u,
+                                      workspace_layout.dq_accum_bytes / 4, stream),
+                 "cuMemsetD32Async(dq accumulator)");
+    for (size_t n = 0; n < specs.size(); ++n) {
+        const AttentionSpec& spec = specs[n];
+        const int64_t blocks = grid_blocks(spec, p, workspace_layout, &params.sequence_blocks);
+        if (blocks == 0) continue;
+        if (blocks > int64_t(0x7fffffff))
+            throw Error(
+                ROPE_JIT_ERROR_UNSUPPORTED,
+                fmt::format("q: {} blocks exceed one launch's grid ({})", blocks, spec.describe()));
+        if (spec.producer_warps > 0)
+            encode_box_map(api, params.v_map, p.v, spec.block_n / spec.cluster, "v");
+        if (spec.keys_by_tma && spec.rotary_dim == 0)  // unrotated keys: k itself
+            encode_box_map(api, params.k_map, p.k, spec.block_n / spec.cluster, "k");
+        void* kernel_args[] = {&params};
+        check_cu(api.cuLaunchKernel(kernels[n].function, unsigned(blocks), 1, 1,
+                                    unsigned(spec.threads()), 1, 1, unsigned(spec.shared_bytes()),
+                                    stream, kernel_args, nullptr),
+                 "cuLaunchKernel(attention_kernel)");
+        stats_.launches.fetch_add(1, std::memory_order_relaxed);
     }
-    if (workspace != 0)
-        check_cu(api.cuMemFreeAsync(workspace, stream), "cuMemFreeAsync(attention workspace)");
+    workspace.free();
 }
 
 }  // namespace rope_jit
