@@ -86,6 +86,18 @@ const char* layout_name(Layout layout) {
     return layout == Layout::Bshd ? "bshd" : layout == Layout::Bhsd ? "bhsd" : "thd";
 }
 
+// The pair style as the JSON names it, and as the terminal table abbreviates it.
+const char* style_name(rope_jit_style style) {
+    return style == ROPE_JIT_STYLE_INTERLEAVED    ? "interleaved"
+           : style == ROPE_JIT_STYLE_PROPORTIONAL ? "proportional"
+                                                  : "half";
+}
+const char* style_short(rope_jit_style style) {
+    return style == ROPE_JIT_STYLE_INTERLEAVED    ? "intl"
+           : style == ROPE_JIT_STYLE_PROPORTIONAL ? "prop"
+                                                  : "half";
+}
+
 const char* angles_name(Angles angles) {
     return angles == Angles::FullTable   ? "full_table"
            : angles == Angles::HalfTable ? "half_table"
@@ -111,6 +123,7 @@ struct Case {
     DType angle_dtype = DType::BF16;  // of the cos/sin tables or of inv_freq
     bool backward = false;
     bool in_place = true;
+    bool qk_norm = false;  // RMSNorm of every head (weights [D] in the tensors' dtype) first
 
     int64_t rotary() const { return rotary_dim == 0 ? D : rotary_dim; }
     bool packed() const { return layout == Layout::Thd; }
@@ -127,6 +140,16 @@ struct Case {
     }
     Case& interleaved() {
         style = ROPE_JIT_STYLE_INTERLEAVED;
+        return *this;
+    }
+    // Gemma-4's partial rotary: R features rotated in pairs (i, i + D/2).
+    Case& proportional(int64_t rotated) {
+        style = ROPE_JIT_STYLE_PROPORTIONAL;
+        rotary_dim = rotated;
+        return *this;
+    }
+    Case& normed() {
+        qk_norm = true;
         return *this;
     }
     Case& partial(int64_t rotated) {
@@ -216,6 +239,14 @@ std::vector<Case> suite() {
         decode("decode B=8 positions", 8),
         decode("decode B=64 positions", 64),
         decode("decode B=256 positions", 256),
+        // Fusions (issue 23): QK-norm before the rotation (Qwen3-8B), Gemma-4's proportional
+        // partial rotary (128 of head_dim 512).
+        llama("qwen3-8b qk-norm prefill").normed(),
+        decode("decode B=64 qk-norm", 64).normed(),
+        Case("gemma-4 proportional 128/512", 2, 4096, 16, 8, 512).proportional(128),
+        Case("gemma-4 proportional 128/512 out of place", 2, 4096, 16, 8, 512)
+            .proportional(128)
+            .out_of_place(),
     };
 }
 
@@ -242,6 +273,7 @@ struct CaseData {
     int64_t table_rows = 0;  // P
     int64_t rows_used = 0;   // distinct table rows the tokens use
     std::vector<char> cos, sin, inv_freq, positions, cu_seqlens;
+    std::vector<char> norm_weights;  // QK-norm: q's [D] weights, then k's
     double qk_bytes = 0, table_bytes = 0, index_bytes = 0;
 
     double bytes() const { return qk_bytes + table_bytes + index_bytes; }
@@ -270,8 +302,10 @@ void store_index(std::vector<char>& bytes, size_t index, int bits, int64_t value
 // Builds the data of a case and counts its bytes. The rule, per call:
 //   q and k: every (token, head) row is read and written once. Out of place the whole row of D
 //     features moves (rotated pairs and the copied unrotated features, read from q, written to
-//     q_out). In place only the rotated features [0, R) are read and written; the others are
-//     not touched (rounded out to 32-byte sectors, which matters for GPT-NeoX's 24 of 96).
+//     q_out). In place only the rotated features [0, R) are read and written (proportional
+//     pairs: [0, R/2) and [D/2, D/2 + R/2)); the others are not touched (rounded out to 32-byte
+//     sectors, which matters for GPT-NeoX's 24 of 96). With QK-norm every feature changes: the
+//     whole row moves, and the two weight vectors are read once.
 //   cos and sin: each distinct table row the tokens use is read once (later reads of a row hit
 //     the caches), and of it only the columns read: R/2 of a half table [P, R/2]; the first
 //     R/2 of a full table [P, R] with half-style pairs (pair i in column i); all R of a full
@@ -365,9 +399,20 @@ CaseData make_case_data(const Case& c) {
 
     const int64_t element = int64_t(dtype_size(c.dtype));
     const double rows = double(d.tokens) * double(c.Hq + c.Hk);
-    const double row_bytes =
-        c.in_place ? span_bytes(0, rotary * element, c.D * element) : double(c.D * element);
+    const int64_t pitch = c.D * element;
+    double row_bytes = double(pitch);
+    if (c.in_place && !c.qk_norm)
+        row_bytes = c.style == ROPE_JIT_STYLE_PROPORTIONAL
+                        ? span_bytes(0, pairs * element, pitch) +
+                              span_bytes(c.D / 2 * element, (c.D / 2 + pairs) * element, pitch)
+                        : span_bytes(0, rotary * element, pitch);
     d.qk_bytes = 2.0 * rows * row_bytes;
+    if (c.qk_norm) {
+        d.norm_weights.resize(size_t(2 * c.D * element));
+        for (int64_t i = 0; i < 2 * c.D; ++i)
+            store_float(d.norm_weights, size_t(i), c.dtype, 1.0 + 0.01 * double(i % 7));
+        d.table_bytes += double(d.norm_weights.size());
+    }
     d.index_bytes = double(d.positions.size() + d.cu_seqlens.size());
     return d;
 }
@@ -508,6 +553,14 @@ public:
             cu_seqlens_ = {
                 memory.copy_of(d.cu_seqlens), device, 1, index_type, cu_shape_.data(), nullptr, 0};
         }
+        if (c.qk_norm) {
+            weight_shape_ = {c.D};
+            expect_bytes(d.norm_weights, size_t(2 * c.D) * element, "norm weights");
+            char* weights = static_cast<char*>(memory.copy_of(d.norm_weights));
+            q_norm_weight_ = {weights, device, 1, type, weight_shape_.data(), nullptr, 0};
+            k_norm_weight_ = {weights + c.D * element, device,  1, type,
+                              weight_shape_.data(),    nullptr, 0};
+        }
         memory.ready();
 
         rope_jit_rope_args_init(&args_);
@@ -525,6 +578,10 @@ public:
         }
         if (c.indices) args_.positions = &positions_;
         if (c.packed()) args_.cu_seqlens = &cu_seqlens_;
+        if (c.qk_norm) {
+            args_.q_norm_weight = &q_norm_weight_;
+            args_.k_norm_weight = &k_norm_weight_;
+        }
         args_.rotary_dim = c.rotary_dim == 0 ? 0 : int32_t(c.rotary_dim);
         args_.style = c.style;
         args_.backward = c.backward ? 1 : 0;
@@ -548,10 +605,10 @@ private:
     }
 
     std::vector<int64_t> q_shape_, q_strides_, k_shape_, k_strides_, table_shape_, freq_shape_,
-        positions_shape_, cu_shape_;
+        positions_shape_, cu_shape_, weight_shape_;
     size_t q_bytes_ = 0, k_bytes_ = 0;
     DLTensor q_{}, k_{}, q_out_{}, k_out_{}, cos_{}, sin_{}, inv_freq_{}, positions_{},
-        cu_seqlens_{};
+        cu_seqlens_{}, q_norm_weight_{}, k_norm_weight_{};
     rope_jit_rope_args args_{};
 };
 
@@ -680,7 +737,8 @@ nlohmann::json case_json(const Case& c, const CaseData& d, double seconds, doubl
                         {"bytes", bytes},
                         {"gbps", gbps},
                         {"fraction_of_copy", gbps / copy_gbps},
-                        {"style", c.style == ROPE_JIT_STYLE_INTERLEAVED ? "interleaved" : "half"},
+                        {"style", style_name(c.style)},
+                        {"qk_norm", c.qk_norm},
                         {"rotary_dim", c.rotary()},
                         {"positions", positions_name(c)},
                         {"angles", angles_name(c.angles)},
@@ -698,7 +756,8 @@ nlohmann::json case_json(const Case& c, const CaseData& d, double seconds, doubl
     return j;
 }
 
-// The terminal table. Compact columns: type = q/k dtype; pair = half or intl(eaved);
+// The terminal table. Compact columns: type = q/k dtype; pair = half, intl(eaved),
+// prop(ortional) or norm (QK-norm, then half pairs);
 // pos = impl(icit) or the index dtype of per-token positions; angles = full/half table or
 // invf (inv_freq) and their dtype; mem = in place or out of place.
 size_t name_width(const std::vector<Case>& cases) {
@@ -724,7 +783,7 @@ void print_case(const Case& c, size_t width, const std::string& tail) {
     fmt::print("{:<{}} {:>9} {:>5} {:>4} {:>4} {:<4} {:<4} {:<4} {:<4} {:<9} {:<3} {:<3} {}\n",
                c.name, width, fmt::format("{}x{}", c.B, c.S), fmt::format("{}/{}", c.Hq, c.Hk), c.D,
                c.rotary(), dtype_short(c.dtype), layout_name(c.layout),
-               c.style == ROPE_JIT_STYLE_INTERLEAVED ? "intl" : "half",
+               c.qk_norm ? "norm" : style_short(c.style),
                c.indices ? (c.index_bits == 64 ? "i64" : "i32") : "impl", angles,
                c.backward ? "bwd" : "fwd", c.in_place ? "in" : "out", tail);
     std::fflush(stdout);
