@@ -173,6 +173,7 @@ ROPE_JIT_HOST_DEVICE constexpr AttentionSmemLayout attention_smem_layout(
     int kind, int head_dim_padded, int warps, int m_tiles, int block_n, bool pos_mask,
     int table_row_bytes, bool wgmma, int stages, bool producer) {
     if (kind == 4) return attention_backward_smem_layout(head_dim_padded, block_n, stages);
+    if (kind == 3 || kind == 5) return AttentionSmemLayout{};  // row kernels: no shared memory
     AttentionSmemLayout l{};
     const int row_bytes = (head_dim_padded + 8) * 2;
     const int tile_row_bytes = wgmma ? head_dim_padded * 2 : row_bytes;  // rows of streamed tiles
@@ -240,14 +241,12 @@ ROPE_JIT_HOST_DEVICE constexpr AttentionLaunchPlan attention_launch_plan(
     plan.smem = attention_smem_layout(kind, plan.head_dim_padded, warps, m_tiles, block_n, pos_mask,
                                       plan.table_row_bytes, wgmma, stages, producer_warps > 0);
     plan.shared_bytes = tensor_cores ? plan.smem.bytes : 0;
-    // The sm_90 backward: the prepare and dq-finish kernels work through 64-row blocks without
-    // shared memory; the main kernel owns block_n keys.
-    if (kind == 3 || kind == 5) {
+    // The sm_90 backward: the prepare and dq-finish kernels work through 64-row blocks; the
+    // main kernel owns block_n keys.
+    if (kind == 3 || kind == 5)
         plan.rows_per_block = kAttentionBackwardQueryTile;
-        plan.shared_bytes = 0;
-    } else if (kind == 4) {
+    else if (kind == 4)
         plan.rows_per_block = block_n;
-    }
     return plan;
 }
 

@@ -212,8 +212,8 @@ constexpr int K_REGION = BLOCK_N * 128;  // of a key/value tile
 constexpr int Q_TILE_BYTES = TILE_M * DP * 2;
 constexpr int K_TILE_BYTES = BLOCK_N * DP * 2;
 constexpr int DS_TILE_BYTES = BLOCK_N * TILE_M * 2;
-constexpr int DQ_N = DP / 2;              // dq features per warpgroup
-constexpr int PSTEPS_WIDE = TILE_M / 16;  // k-steps over a query tile
+constexpr int DQ_N = DP / 2;          // dq features per warpgroup
+constexpr int Q_STEPS = TILE_M / 16;  // k-steps over a query tile's rows
 
 // Descriptors of k-step kk of a 128-byte-swizzled tile whose 64-feature regions are
 // `region` bytes apart: K-major (the k-step runs along the features: 32 bytes on within a
@@ -267,11 +267,12 @@ __device__ __forceinline__ KeyBlock key_block(const AttentionKernelParams& p) {
 
 // Writes a warp's 16 accumulated rows (keys from `first_key`) of dk or dv, as the dtype, those
 // inside the sequence; with ROTATE_BACK (dk) scaled and rotated back first.
-template <bool ROTATE_BACK, int D = DTYPE>
-__device__ __forceinline__ void store_key_rows(float (&acc)[DTILES][4], void* base,
+template <bool ROTATE_BACK, int COLS, int D = DTYPE>
+__device__ __forceinline__ void store_key_rows(float (&acc)[COLS / 8][4], void* base,
                                                const long long* stride, const KeyBlock& kb,
                                                const AttentionKernelParams& p, long long first_key,
-                                               int lane) {
+                                               int first_feature, int lane) {
+    static_assert(!ROTATE_BACK || COLS == DP, "rows rotated back whole");
     T* head = head_row_out(base, stride, kb.b, kb.hk, 0);
     const int t2 = 2 * (lane & 3);
 #pragma unroll
@@ -286,11 +287,12 @@ __device__ __forceinline__ void store_key_rows(float (&acc)[DTILES][4], void* ba
             }
             rotate_back_row(acc, e2, p, key, lane);
         }
-        T* row = head + key * stride[2];
+        T* row = head + key * stride[2] + first_feature;
 #pragma unroll
-        for (int dt = 0; dt < HEAD_DIM / 8; ++dt)
-            *reinterpret_cast<unsigned*>(row + dt * 8 + t2) =
-                pack2(acc[dt][2 * e2], acc[dt][2 * e2 + 1]);
+        for (int dt = 0; dt < COLS / 8; ++dt)
+            if (first_feature + dt * 8 < HEAD_DIM)
+                *reinterpret_cast<unsigned*>(row + dt * 8 + t2) =
+                    pack2(acc[dt][2 * e2], acc[dt][2 * e2 + 1]);
     }
 }
 
@@ -407,8 +409,8 @@ struct QueryStream {
     }
 };
 
-// The block's stream, its barriers initialized; thread 0 has started the keys' and values'
-// copies and those of the first STAGES - 1 query tiles.
+// The block's stream, its barriers initialized; thread 0 has started the copies of the first
+// STAGES - 1 query tiles, and the keys and values have landed.
 template <int D = DTYPE>
 __device__ __forceinline__ QueryStream start_query_stream(const AttentionKernelParams& p,
                                                           char* smem) {
@@ -433,6 +435,7 @@ __device__ __forceinline__ QueryStream start_query_stream(const AttentionKernelP
         }
         for (int i = 0; i < STAGES - 1 && i < q.kb.iterations; ++i) q.issue(i);
     }
+    if (q.kb.iterations > 0) barrier_wait(q.keys_landed, 0);
     return q;
 }
 
@@ -471,7 +474,6 @@ __device__ void backward_wide(const AttentionKernelParams& p, char* smem) {
     float dv[HALF / 8][4], dk[HALF / 8][4];
     zero(dv);
     zero(dk);
-    if (kb.iterations > 0) barrier_wait(stream.keys_landed, 0);
     for (int i = 0; i < kb.iterations; ++i) {
         const long long h = stream.head_of(i), m0 = stream.row_of(i);
         stream.wait(i);
@@ -532,11 +534,11 @@ __device__ void backward_wide(const AttentionKernelParams& p, char* smem) {
         __syncwarp();
         fence_operands();
 #pragma unroll
-        for (int kk = 0; kk < PSTEPS_WIDE; ++kk)
+        for (int kk = 0; kk < Q_STEPS; ++kk)
             wgmma_ss<128, 0, 1>(dv, kmajor_descriptor(pt_address, TILE_M * 128, kk),
                                 mnmajor_descriptor(dout_half, Q_REGION, kk));
 #pragma unroll
-        for (int kk = 0; kk < PSTEPS_WIDE; ++kk)
+        for (int kk = 0; kk < Q_STEPS; ++kk)
             wgmma_ss<128, 0, 1>(dk, kmajor_descriptor(ds_address, TILE_M * 128, kk),
                                 mnmajor_descriptor(q_half, Q_REGION, kk));
         commit();
@@ -560,22 +562,7 @@ __device__ void backward_wide(const AttentionKernelParams& p, char* smem) {
     }
 
     // dV: this warpgroup's half of the features, straight from the accumulators.
-    {
-        T* head = head_row_out(p.dv, p.dv_stride, kb.b, kb.hk, 0);
-#pragma unroll
-        for (int e2 = 0; e2 < 2; ++e2) {
-            const long long key = kb.n0 + r0 + 8 * e2;
-            if (key >= p.seqlen_k) continue;
-            T* row = head + key * p.dv_stride[2];
-#pragma unroll
-            for (int dt = 0; dt < HALF / 8; ++dt) {
-                const int col = group * HALF + dt * 8 + 2 * (lane & 3);
-                if (col < HEAD_DIM)
-                    *reinterpret_cast<unsigned*>(row + col) =
-                        pack2(dv[dt][2 * e2], dv[dt][2 * e2 + 1]);
-            }
-        }
-    }
+    store_key_rows<false, HALF>(dv, p.dv, p.dv_stride, kb, p, key_first, group * HALF, lane);
     // dK: float32 rows in shared memory (over the q stages, once both warpgroups are done
     // with them; no copy is in flight), then scaled and rotated back item by item.
     consumer_sync();
@@ -618,7 +605,6 @@ __device__ void backward_narrow(const AttentionKernelParams& p, char* smem) {
         WARPS == 8 && BLOCK_N == 128 && STAGES >= 2 && (DP == 64 || DP == 128) && !HAS_POS_MASK,
         "two warpgroups over 128 keys, head_dim padded to 64 or 128, no pos_mask");
     constexpr int NT = TILE_M / 8;  // n-tiles of a score tile (queries)
-    constexpr int PSTEPS = TILE_M / 16;
     const QueryStream stream = start_query_stream(p, smem);
     const KeyBlock& kb = stream.kb;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, group = warp >> 2;
@@ -635,7 +621,6 @@ __device__ void backward_narrow(const AttentionKernelParams& p, char* smem) {
     float dv[DTILES][4], dk[DTILES][4];
     zero(dv);
     zero(dk);
-    if (kb.iterations > 0) barrier_wait(stream.keys_landed, 0);
     for (int i = 0; i < kb.iterations; ++i) {
         const long long h = stream.head_of(i), m0 = stream.row_of(i);
         stream.wait(i);
@@ -646,10 +631,10 @@ __device__ void backward_narrow(const AttentionKernelParams& p, char* smem) {
         // diagonal) has P = dS = 0: it only writes its zero dS^T rows for the dQ product.
         const bool masked_out = CAUSAL && kb.n0 + group * 64 > m0 + TILE_M - 1;
         char* const ds_tile = smem + SMEM.ds + (i & 1) * DS_TILE_BYTES;
-        unsigned pa[PSTEPS][4], dsa[PSTEPS][4];
+        unsigned pa[Q_STEPS][4], dsa[Q_STEPS][4];
         if (masked_out) {
 #pragma unroll
-            for (int k = 0; k < PSTEPS; ++k) pa[k][0] = pa[k][1] = pa[k][2] = pa[k][3] = 0u;
+            for (int k = 0; k < Q_STEPS; ++k) pa[k][0] = pa[k][1] = pa[k][2] = pa[k][3] = 0u;
             store_ds_rows(ds_tile, pa, group, warp, lane);
         } else {
             float s[NT][4], dp[NT][4];
@@ -693,10 +678,10 @@ __device__ void backward_narrow(const AttentionKernelParams& p, char* smem) {
             __syncwarp();
             fence_operands();
 #pragma unroll
-            for (int kk = 0; kk < PSTEPS; ++kk)
+            for (int kk = 0; kk < Q_STEPS; ++kk)
                 wgmma<DP, 1>(dv, pa[kk], mnmajor_descriptor(dout_address, Q_REGION, kk));
 #pragma unroll
-            for (int kk = 0; kk < PSTEPS; ++kk)
+            for (int kk = 0; kk < Q_STEPS; ++kk)
                 wgmma<DP, 1>(dk, dsa[kk], mnmajor_descriptor(q_address, Q_REGION, kk));
             commit();
         }
@@ -727,8 +712,8 @@ __device__ void backward_narrow(const AttentionKernelParams& p, char* smem) {
         add_dq_rows<DQ_N>(dq, p, kb, h, m0, group * DQ_N, warp, lane);
     }
 
-    store_key_rows<false>(dv, p.dv, p.dv_stride, kb, p, key_first, lane);
-    store_key_rows<true>(dk, p.dk, p.dk_stride, kb, p, key_first, lane);
+    store_key_rows<false, DP>(dv, p.dv, p.dv_stride, kb, p, key_first, 0, lane);
+    store_key_rows<true, DP>(dk, p.dk, p.dk_stride, kb, p, key_first, 0, lane);
 }
 
 // KIND 4: head_dim padded to 256 splits the features between the warpgroups (backward_wide),
