@@ -19,17 +19,14 @@ struct QueryBlock {
     int tiles;
 };
 
-// Query block `item` of the sequence_blocks * batch * heads_q (a block's own, blockIdx.x, but
-// for the persistent forward, whose blocks take several in turn).
 template <int D = DTYPE>
-__device__ __forceinline__ QueryBlock query_block(const AttentionKernelParams& p,
-                                                  long long item) {
+__device__ __forceinline__ QueryBlock query_block(const AttentionKernelParams& p) {
     const long long heads = p.batch * p.heads_q;
-    const long long bh = item % heads;
+    const long long bh = blockIdx.x % heads;
     QueryBlock qb;
     qb.b = bh / p.heads_q;
     qb.h = bh % p.heads_q;
-    qb.m0 = (p.sequence_blocks - 1 - item / heads) * RESIDENT;
+    qb.m0 = (p.sequence_blocks - 1 - blockIdx.x / heads) * RESIDENT;
     const long long hk = qb.h / GQA_GROUP;
     qb.q_head = head_row(p.q, p.q_stride, qb.b, qb.h, 0);
     qb.k_head = head_row(p.k, p.k_stride, qb.b, hk, 0);
@@ -38,10 +35,6 @@ __device__ __forceinline__ QueryBlock query_block(const AttentionKernelParams& p
         CAUSAL ? (qb.m0 + RESIDENT < p.seqlen_k ? qb.m0 + RESIDENT : p.seqlen_k) : p.seqlen_k;
     qb.tiles = static_cast<int>((key_end + BLOCK_N - 1) / BLOCK_N);
     return qb;
-}
-template <int D = DTYPE>
-__device__ __forceinline__ QueryBlock query_block(const AttentionKernelParams& p) {
-    return query_block(p, blockIdx.x);
 }
 
 // The key stream of the dq kernel: tile t of keys rotated in m.k (and plain in m.k_plain),

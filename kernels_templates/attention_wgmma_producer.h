@@ -340,55 +340,50 @@ __device__ __forceinline__ void load_key_tile(KeyLoads& r, const KeyItems& k,
 // each tile's rows); with KEYS_BY_TMA keys too, from k_map (the keys rotated beforehand by
 // the prepare kernel, or k itself without rotation), counted on the same barrier. Otherwise
 // keys go through the producers' registers one tile ahead: tile t's are loaded while tile
-// t - 1's are stored, so their latency overlaps the waits for the consumers. The block takes
-// query blocks in turn (persistent: see forward_specialized), and `g` numbers its tiles over
-// all of them, so the next query block's first tiles start arriving while the consumers still
-// work on the last one's. Tile g's buffer is reused once the consumers released tile g - STAGES.
+// t - 1's are stored, so their latency overlaps the waits for the consumers. A tile's buffer
+// is reused once the consumers released the tile STAGES before.
 template <int D = DTYPE>
-__device__ void produce(const Pipeline& pipe, const AttentionKernelParams& p, long long items,
-                        int rank) {
+__device__ void produce(const Pipeline& pipe, const AttentionKernelParams& p, const T* k_head,
+                        long long b, long long hk, int tiles, int rank) {
     const int thread = static_cast<int>(threadIdx.x) - THREADS;
     // The TILE_BOXES value (and key) boxes of a tile go to lane 0 of each producer warp in
     // turn, then lane 1, ...
     const int box = (thread & 31) * PRODUCER_WARPS + (thread >> 5);
-    // Tile t of query block (b, hk) into the buffers of this block's tile g, once free.
-    auto issue_values = [&](int g, int t, long long b, long long hk) {
-        if (g >= STAGES) barrier_wait(pipe.empty_of(g - STAGES), Pipeline::phase_of(g - STAGES));
+    auto issue_values = [&](int t) {
         if (thread == 0)
-            barrier_arrive_expect(pipe.landed_of(g), (KEYS_BY_TMA ? 2 : 1) * Pipeline::TILE_BYTES);
+            barrier_arrive_expect(pipe.landed_of(t), (KEYS_BY_TMA ? 2 : 1) * Pipeline::TILE_BYTES);
         if (box < TILE_BOXES) {
             const int offset = swizzled_offset(rank * SHARE_ROWS, box * 8);
             const int token = t * BLOCK_N + rank * SHARE_ROWS;
-            copy_box(shared_address(pipe.value_tile(g) + offset), p.v_map, box * 64, token,
-                     static_cast<int>(hk), static_cast<int>(b), pipe.landed_of(g));
+            copy_box(shared_address(pipe.value_tile(t) + offset), p.v_map, box * 64, token,
+                     static_cast<int>(hk), static_cast<int>(b), pipe.landed_of(t));
             if constexpr (KEYS_BY_TMA)
-                copy_box(shared_address(pipe.key_tile(g) + offset), p.k_map, box * 64, token,
-                         static_cast<int>(hk), static_cast<int>(b), pipe.landed_of(g));
+                copy_box(shared_address(pipe.key_tile(t) + offset), p.k_map, box * 64, token,
+                         static_cast<int>(hk), static_cast<int>(b), pipe.landed_of(t));
         }
     };
-    const KeyItems key_slots = key_items(p, thread);
-    KeyLoads keys;
-    int g = 0;
-    for (long long item = blockIdx.x; item < items; item += gridDim.x) {
-        const auto [b, h, m0, q_head, k_head, v_head, tiles] = query_block(p, item);
-        const long long hk = h / GQA_GROUP;
-        if constexpr (KEYS_BY_TMA) {
-            for (int t = 0; t < tiles; ++t) issue_values(g + t, t, b, hk);
-        } else {
-            for (int t = 0; t < STAGES - 1 && t < tiles; ++t) issue_values(g + t, t, b, hk);
-            if (tiles > 0) load_key_tile(keys, key_slots, p, k_head, 0);
-            for (int t = 0; t < tiles; ++t) {
-                if (g + t >= STAGES)
-                    barrier_wait(pipe.empty_of(g + t - STAGES), Pipeline::phase_of(g + t - STAGES));
-                store_keys(keys, key_slots, pipe.key_tile(g + t));
-                fence_async_proxy();  // the keys, for the tensor cores
-                barrier_arrive(pipe.full_of(g + t));
-                if (t + 1 < tiles) load_key_tile(keys, key_slots, p, k_head, t + 1);
-                if (t + STAGES - 1 < tiles)
-                    issue_values(g + t + STAGES - 1, t + STAGES - 1, b, hk);
-            }
+    for (int t = 0; t < STAGES - 1 && t < tiles; ++t) issue_values(t);
+    if constexpr (KEYS_BY_TMA) {
+        for (int t = 0; t + STAGES - 1 < tiles; ++t) {
+            if (t >= 1) barrier_wait(pipe.empty_of(t - 1), Pipeline::phase_of(t - 1));
+            issue_values(t + STAGES - 1);
         }
-        g += tiles;
+        return;
+    }
+    const KeyItems items = key_items(p, thread);
+    KeyLoads keys;
+    if (tiles > 0) load_key_tile(keys, items, p, k_head, 0);
+    for (int t = 0; t < tiles; ++t) {
+        if (t >= STAGES) barrier_wait(pipe.empty_of(t - STAGES), Pipeline::phase_of(t - STAGES));
+        store_keys(keys, items, pipe.key_tile(t));
+        fence_async_proxy();  // the keys, for the tensor cores
+        barrier_arrive(pipe.full_of(t));
+        if (t + 1 < tiles) load_key_tile(keys, items, p, k_head, t + 1);
+        const int next = t + STAGES - 1;
+        if (next < tiles) {
+            if (t >= 1) barrier_wait(pipe.empty_of(t - 1), Pipeline::phase_of(t - 1));
+            issue_values(next);
+        }
     }
 }
 
@@ -409,12 +404,7 @@ __device__ void forward_specialized(const AttentionKernelParams& p, char* smem) 
 #pragma unroll
     for (int r = 0; r < CLUSTER; ++r)
         pipe.window[r] = CLUSTER > 1 ? cluster_address(shared_address(smem), r) : 0u;
-    // Persistent: the grid may be smaller than the query blocks (the host launches what fits
-    // the device at once), and block x takes query blocks x, x + gridDim.x, ... in turn, so one
-    // query block's loads overlap the last one's final tiles and output, and no block pays a
-    // launch per query block. (Clusters take CLUSTER consecutive query blocks: consecutive
-    // heads of one GQA group; the grid is a multiple of CLUSTER.)
-    const long long items = p.sequence_blocks * p.batch * p.heads_q;
+    const auto [b, h, m0, q_head, k_head, v_head, tiles] = query_block(p);
 
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
@@ -434,71 +424,63 @@ __device__ void forward_specialized(const AttentionKernelParams& p, char* smem) 
         __syncthreads();
 
     if (threadIdx.x >= THREADS) {
-        produce(pipe, p, items, static_cast<int>(rank));
+        produce(pipe, p, k_head, b, h / GQA_GROUP, tiles, static_cast<int>(rank));
         if constexpr (CLUSTER > 1) cluster_sync();  // no block exits while another may still use it
         return;
     }
 
-    // Consumers: each query block's rows, rotated, then its key tiles as they come; `g`
-    // numbers the block's tiles as the producers do.
+    // Consumers: the block's query rows, rotated, then the key tiles as they come.
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    issue_rows<RESIDENT>(m.q, q_head, p.q_stride[2], m0, p.seqlen_q);
+    cp_async_commit();
+    cp_async_wait_all();
+    consumer_sync();
+    rotate_rows<RESIDENT, false>(m.q, m.q_plain, m.q, nullptr, nullptr, m.q_flags, p, b, m0,
+                                 p.seqlen_q);
+    consumer_sync();
+    // The rotated rows once more, swizzled, where the tensor cores read them: warpgroup g's
+    // 64 rows as a 64-row key tile would be.
     char* const q_tile = smem + SMEM.q_tile;
-    const unsigned q_group_tile = shared_address(q_tile + (warp >> 2) * QUERY_GROUP_BYTES);
-    int g = 0;
-    for (long long item = blockIdx.x; item < items; item += gridDim.x) {
-        const auto [b, h, m0, q_head, k_head, v_head, tiles] = query_block(p, item);
-        // The last query block's output rows (staged in m.q) and its products reading q_tile
-        // are done in every consumer warp before new rows overwrite them.
-        if (item != blockIdx.x) consumer_sync();
-        issue_rows<RESIDENT>(m.q, q_head, p.q_stride[2], m0, p.seqlen_q);
-        cp_async_commit();
-        cp_async_wait_all();
-        consumer_sync();
-        rotate_rows<RESIDENT, false>(m.q, m.q_plain, m.q, nullptr, nullptr, m.q_flags, p, b, m0,
-                                     p.seqlen_q);
-        consumer_sync();
-        // The rotated rows once more, swizzled, where the tensor cores read them: warpgroup
-        // w's 64 rows as a 64-row key tile would be.
-        for (int it = threadIdx.x; it < RESIDENT * CHUNKS; it += THREADS) {
-            const int row = it / CHUNKS, chunk = it % CHUNKS;
-            *reinterpret_cast<U4*>(q_tile + (row >> 6) * QUERY_GROUP_BYTES +
-                                   (chunk >> 3) * QUERY_REGION_BYTES + (row & 63) * 128 +
-                                   (((chunk ^ row) & 7) << 4)) =
-                *reinterpret_cast<const U4*>(m.q + row * ROWE + chunk * 8);
-        }
-        fence_async_proxy();
-        consumer_sync();
-
-        const long long row_first = m0 + warp * 16;
-        const long long group_first = m0 + (warp >> 2) * 64;  // this warpgroup's first row
-        float o[DTILES][4];
-        float row_max[2] = {neg_inf(), neg_inf()}, row_sum[2] = {0.f, 0.f};
-        zero(o);
-        for (int t = 0; t < tiles; ++t, ++g) {
-            const long long n0 = static_cast<long long>(t) * BLOCK_N;
-            if constexpr (!KEYS_BY_TMA)
-                barrier_wait(pipe.full_of(g), Pipeline::phase_of(g));  // keys stored
-            barrier_wait(pipe.landed_of(g), Pipeline::phase_of(g));    // values (and keys) landed
-            // A causal warpgroup whose rows all end before the tile skips it (it still
-            // releases the buffer: every consumer arrives once per tile).
-            if (!CAUSAL || n0 <= group_first + 63) {
-                unsigned pa[BLOCK_N / 16][4];
-                attend_tile(o, pa, row_max, row_sum, q_group_tile, pipe.key_tile(g),
-                            pipe.value_tile(g), p, b, row_first, group_first, n0, lane);
-                wait_all();
-                fence_registers(o);
-                fence_registers(pa);
-            }
-            if constexpr (CLUSTER > 1) {
-#pragma unroll
-                for (int r = 0; r < CLUSTER; ++r)
-                    barrier_arrive_cluster(pipe.in_block(pipe.empty_of(g), r));
-            } else {
-                barrier_arrive(pipe.empty_of(g));
-            }
-        }
-        finish_rows(o, row_max, row_sum, m.q + warp * 16 * ROWE, p, b, h, row_first, lane);
+    for (int it = threadIdx.x; it < RESIDENT * CHUNKS; it += THREADS) {
+        const int row = it / CHUNKS, chunk = it % CHUNKS;
+        *reinterpret_cast<U4*>(q_tile + (row >> 6) * QUERY_GROUP_BYTES +
+                               (chunk >> 3) * QUERY_REGION_BYTES + (row & 63) * 128 +
+                               (((chunk ^ row) & 7) << 4)) =
+            *reinterpret_cast<const U4*>(m.q + row * ROWE + chunk * 8);
     }
+    fence_async_proxy();
+    consumer_sync();
+
+    const unsigned q_group_tile = shared_address(q_tile + (warp >> 2) * QUERY_GROUP_BYTES);
+    const long long row_first = m0 + warp * 16;
+    const long long group_first = m0 + (warp >> 2) * 64;  // this warpgroup's first query row
+    float o[DTILES][4];
+    float row_max[2] = {neg_inf(), neg_inf()}, row_sum[2] = {0.f, 0.f};
+    zero(o);
+    for (int t = 0; t < tiles; ++t) {
+        const long long n0 = static_cast<long long>(t) * BLOCK_N;
+        if constexpr (!KEYS_BY_TMA)
+            barrier_wait(pipe.full_of(t), Pipeline::phase_of(t));  // keys stored
+        barrier_wait(pipe.landed_of(t), Pipeline::phase_of(t));    // values (and keys) landed
+        // A causal warpgroup whose rows all end before the tile skips it (it still releases
+        // the buffer: every consumer arrives once per tile).
+        if (!CAUSAL || n0 <= group_first + 63) {
+            unsigned pa[BLOCK_N / 16][4];
+            attend_tile(o, pa, row_max, row_sum, q_group_tile, pipe.key_tile(t), pipe.value_tile(t),
+                        p, b, row_first, group_first, n0, lane);
+            wait_all();
+            fence_registers(o);
+            fence_registers(pa);
+        }
+        if constexpr (CLUSTER > 1) {
+#pragma unroll
+            for (int r = 0; r < CLUSTER; ++r)
+                barrier_arrive_cluster(pipe.in_block(pipe.empty_of(t), r));
+        } else {
+            barrier_arrive(pipe.empty_of(t));
+        }
+    }
+    finish_rows(o, row_max, row_sum, m.q + warp * 16 * ROWE, p, b, h, row_first, lane);
     if constexpr (CLUSTER > 1) cluster_sync();
 }
 

@@ -779,12 +779,6 @@ TEST_CASE("the ROPE_JIT_ATTENTION_KERNELS text parses into tile shapes; anything
     for (const auto& shape : none.shape) CHECK_FALSE(shape.has_value());
     CHECK_FALSE(parse_attention_kernel_override("").shape[0].has_value());
     CHECK(parse_attention_kernel_override("simt").force_simt);
-    CHECK_FALSE(none.one_block_per_query_block);
-    const AttentionKernelOverride full_grid =
-        parse_attention_kernel_override("fwd=p8x128,persistent=0");
-    CHECK(full_grid.one_block_per_query_block);
-    CHECK(full_grid.shape[0].has_value());
-    CHECK_FALSE(parse_attention_kernel_override("persistent=1").one_block_per_query_block);
 
     const AttentionKernelOverride o =
         parse_attention_kernel_override("fwd=8x64x2,dq=4x32,dkdv=8x16");

@@ -725,48 +725,6 @@ TEST_SUITE("gpu") {
         unsetenv("ROPE_JIT_ATTENTION_KERNELS");
     }
 
-    TEST_CASE(
-        "the persistent producer forward (blocks taking several query blocks each) matches a "
-        "block per query block bit for bit, and the CPU") {
-        GpuFixture f;
-        if (!device_zero().tma) return;  // no producer forwards here
-        // 2 x 24 heads x 6 query blocks of 128 rows (700 rows: the last ragged) = 288 query
-        // blocks, more than an H200 holds at once (132), so blocks take two or three in turn,
-        // crossing batches and heads; causal blocks of unequal length.
-        Config c;
-        c.dt = Dt::BF16;
-        c.B = 2;
-        c.Hq = 24;
-        c.Hk = 6;
-        c.Sq = 700;
-        c.Sk = 700;
-        c.D = 128;
-        c.R = 128;
-        c.causal = true;
-        for (const char* shape : {"fwd=p8x128", "fwd=p8x64x3", "fwd=r8x64x3", "fwd=c2x8x64x3"}) {
-            CAPTURE(shape);
-            std::vector<HostTensor> runs;
-            for (const char* grid : {"", ",persistent=0"}) {
-                f.override_kernels((std::string(shape) + grid).c_str());
-                std::mt19937 rng(7);
-                Problem p(c, rng);
-                poison_outputs(p);
-                DeviceProblem device(p);
-                const rope_jit_attention_args a = device.args(p.args());
-                REQUIRE(rope_jit_attention(f.cuda().get(), &a) == ROPE_JIT_OK);
-                check_cu(driver().cuCtxSynchronize(), "cuCtxSynchronize");
-                runs.push_back(device.download(p.out));
-                runs.push_back(device.download(p.lse));
-            }
-            CHECK(runs[0].bytes() == runs[2].bytes());  // out
-            CHECK(runs[1].bytes() == runs[3].bytes());  // lse
-        }
-        // And against the CPU, forward and backward, persistent (the default grid).
-        f.override_kernels("fwd=p8x128");
-        sweep(f, {c}, 8);
-        unsetenv("ROPE_JIT_ATTENTION_KERNELS");
-    }
-
     TEST_CASE("the CUDA backward asked to be deterministic is: the same bits on every run") {
         GpuFixture f;
         for (const bool pos_mask : {true, false})

@@ -109,8 +109,6 @@ constexpr int ROPE_JIT_CUDA_ABI_VERSION = 12000;
        unsigned block_y, unsigned block_z, unsigned shared_bytes, CUstream stream, void** params, \
        void** extra))                                                                             \
     X(cuFuncSetAttribute, "cuFuncSetAttribute", (CUfunction f, int attribute, int value))         \
-    X(cuOccupancyMaxActiveBlocksPerMultiprocessor, "cuOccupancyMaxActiveBlocksPerMultiprocessor", \
-      (int* blocks, CUfunction function, int block_size, size_t dynamic_shared_bytes))            \
     X(cuPointerGetAttribute, "cuPointerGetAttribute",                                             \
       (void* data, int attribute, CUdeviceptr pointer))                                           \
     X(cuMemAlloc, "cuMemAlloc", (CUdeviceptr * pointer, size_t bytes))                            \

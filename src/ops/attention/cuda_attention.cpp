@@ -1,6 +1,5 @@
 #include "ops/attention/cuda_attention.h"
 
-#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -141,21 +140,6 @@ int64_t grid_blocks(const AttentionSpec& spec, const AttentionProblem& p,
     const int64_t heads = key_side ? p.heads_k : p.heads_q;
     *sequence_blocks = (rows + rows_per_block - 1) / rows_per_block;
     return *sequence_blocks * p.batch * heads;
-}
-
-// Blocks to launch for the `blocks` query blocks of a producer forward (forward_specialized is
-// persistent: block x takes query blocks x, x + grid, ...): as many as are resident at once on
-// the device, so no query block waits for a launch and each one's loads overlap the end of the
-// last; a multiple of the cluster, whose blocks take consecutive query blocks together.
-int64_t persistent_blocks(const CudaDriverApi& api, const LoadedKernel& kernel,
-                          const AttentionSpec& spec, int multiprocessors, int64_t blocks) {
-    int per_multiprocessor = 0;
-    check_cu(api.cuOccupancyMaxActiveBlocksPerMultiprocessor(
-                 &per_multiprocessor, kernel.function, spec.threads(), size_t(spec.shared_bytes())),
-             "cuOccupancyMaxActiveBlocksPerMultiprocessor(attention_kernel)");
-    const int64_t resident = int64_t(std::max(per_multiprocessor, 1)) * multiprocessors;
-    const int64_t grid = std::min(blocks, resident) / spec.cluster * spec.cluster;
-    return std::max<int64_t>(grid, spec.cluster);
 }
 
 }  // namespace
@@ -324,11 +308,8 @@ void CudaAttention::run(const AttentionProblem& p, void* stream_handle) {
                  "cuMemsetD32Async(dq accumulator)");
     for (size_t n = 0; n < specs.size(); ++n) {
         const AttentionSpec& spec = specs[n];
-        int64_t blocks = grid_blocks(spec, p, workspace_layout, &params.sequence_blocks);
+        const int64_t blocks = grid_blocks(spec, p, workspace_layout, &params.sequence_blocks);
         if (blocks == 0) continue;
-        if (spec.producer_warps > 0 && !override_.one_block_per_query_block)
-            blocks = persistent_blocks(api, kernels[n], spec,
-                                       devices_.device(ordinal).multiprocessors, blocks);
         if (blocks > int64_t(0x7fffffff))
             throw Error(
                 ROPE_JIT_ERROR_UNSUPPORTED,
