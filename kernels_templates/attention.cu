@@ -18,8 +18,10 @@
 //                             rotate the tiles (forward_specialized), or 0: every warp does
 //   CLUSTER                   forward_specialized: blocks per thread-block cluster sharing
 //                             their key/value tiles (1: none)
-//   KEYS_BY_TMA               forward_specialized: keys by TMA from k_map (rotated beforehand
-//                             by the prepare kernel), not through the producers' registers
+//   KEYS_BY_TMA               the wgmma forwards take keys rotated beforehand by the prepare
+//                             kernel (the workspace's k_rot): forward_specialized by TMA from
+//                             k_map, not through the producers' registers; forward (head_dim
+//                             256) by cp.async, as values, rather than rotating each tile
 //   TABLE_ASYNC               tables are staged with cp.async (aligned, unit column stride)
 //   WARPS, M_TILES, BLOCK_N   warps per block, 16-row tiles each warp owns; streamed tile rows
 //   COMPUTE_DK, COMPUTE_DV    which gradients a dk/dv kernel accumulates

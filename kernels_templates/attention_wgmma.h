@@ -354,10 +354,12 @@ __device__ __forceinline__ void rotate_key_chunks(char* tile, const char* cos_st
     }
 }
 
-// Starts copying value rows [n0, n0 + BLOCK_N) into `tile` (chunk-major).
+// Starts copying rows [n0, n0 + BLOCK_N) of a head's values (or of its keys rotated
+// beforehand), `row_stride` elements apart, into `tile` (chunk-major), as they are.
 template <int D = DTYPE>
-__device__ __forceinline__ void copy_value_chunks(char* tile, const AttentionKernelParams& p,
-                                                  const T* v_head, long long n0) {
+__device__ __forceinline__ void copy_plain_chunks(char* tile, const AttentionKernelParams& p,
+                                                  const T* head, long long row_stride,
+                                                  long long n0) {
 #pragma unroll
     for (int pass = 0; pass < VALUE_PASSES; ++pass) {
         int row, ch;
@@ -365,7 +367,7 @@ __device__ __forceinline__ void copy_value_chunks(char* tile, const AttentionKer
         const long long token = n0 + row;
         const bool ok = token < p.seqlen_k && ch < DCHUNKS;
         cp_async16(tile + row * 16 + ch * CHUNK_STRIDE,
-                   v_head + (ok ? token * p.v_stride[2] + ch * 8 : 0), ok);
+                   head + (ok ? token * row_stride + ch * 8 : 0), ok);
     }
 }
 
@@ -469,27 +471,45 @@ __device__ void forward(const AttentionKernelParams& p, char* smem) {
     auto sin_stage = [&](int t) {
         return smem + SMEM.sin_stage + (t % (STAGES - 1)) * TABLE_STAGE_BYTES;
     };
-    // Starts tile t's copies (keys with their table rows, values) as one copy group.
-    auto issue_tile = [&](int t, const T* k_head, const T* v_head) {
-        const long long n0 = static_cast<long long>(t) * BLOCK_N;
-        copy_key_chunks(key_tile(t), cos_stage(t), sin_stage(t), p, k_head, n0);
-        copy_value_chunks(value_tile(t), p, v_head, n0);
-    };
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const auto [b, h, m0, q_head, k_head, v_head, tiles] = query_block(p);
+    // With KEYS_BY_TMA the prepare kernel rotated the keys beforehand, into the workspace's
+    // [B, Hk, seqlen_k_padded, DP] rows: they are copied as they are, like values, and no
+    // tile is rotated here (at head_dim 256 a tile's rotation took the warps as long as a
+    // good part of its products, reading the angles in place).
+    const T* const k_rows =
+        KEYS_BY_TMA ? static_cast<const T*>(p.k_rot) +
+                          (b * p.heads_k + h / GQA_GROUP) * p.seqlen_k_padded * DP
+                    : k_head;
+    const T* const v_rows = v_head;  // (a structured binding cannot be captured)
+    // Starts tile t's copies (keys with their table rows, values) as one copy group.
+    auto issue_tile = [&](int t) {
+        const long long n0 = static_cast<long long>(t) * BLOCK_N;
+        if constexpr (KEYS_BY_TMA)
+            copy_plain_chunks(key_tile(t), p, k_rows, DP, n0);
+        else
+            copy_key_chunks(key_tile(t), cos_stage(t), sin_stage(t), p, k_rows, n0);
+        copy_plain_chunks(value_tile(t), p, v_rows, p.v_stride[2], n0);
+    };
+    // Rotates tile t's keys, copied raw (without KEYS_BY_TMA).
+    auto rotate_tile = [&](int t) {
+        if constexpr (!KEYS_BY_TMA)
+            rotate_key_chunks(key_tile(t), cos_stage(t), sin_stage(t), p,
+                              static_cast<long long>(t) * BLOCK_N);
+    };
 
     // Copy groups: the queries with tile 0, then one per tile (empty past the last), so that
     // "all but the newest STAGES - 2 groups" is always "up to the next tile".
     issue_rows<RESIDENT>(m.q, q_head, p.q_stride[2], m0, p.seqlen_q);
-    if (tiles > 0) issue_tile(0, k_head, v_head);
+    if (tiles > 0) issue_tile(0);
     cp_async_commit();
 #pragma unroll
     for (int t = 1; t < STAGES - 1; ++t) {
-        if (t < tiles) issue_tile(t, k_head, v_head);
+        if (t < tiles) issue_tile(t);
         cp_async_commit();
     }
     cp_async_wait<STAGES - 2>();
-    if (tiles > 0) rotate_key_chunks(key_tile(0), cos_stage(0), sin_stage(0), p, 0);
+    if (tiles > 0) rotate_tile(0);
     __syncthreads();
     rotate_rows<RESIDENT, false>(m.q, m.q_plain, m.q, nullptr, nullptr, m.q_flags, p, b, m0,
                                  p.seqlen_q);
@@ -507,7 +527,7 @@ __device__ void forward(const AttentionKernelParams& p, char* smem) {
     zero(o);
     for (int t = 0; t < tiles; ++t) {
         const long long n0 = static_cast<long long>(t) * BLOCK_N;
-        if (t + STAGES - 1 < tiles) issue_tile(t + STAGES - 1, k_head, v_head);
+        if (t + STAGES - 1 < tiles) issue_tile(t + STAGES - 1);
         cp_async_commit();
 
         unsigned pa[BLOCK_N / 16][4];
@@ -515,8 +535,7 @@ __device__ void forward(const AttentionKernelParams& p, char* smem) {
                     row_first, m0 + (warp >> 2) * 64, n0, lane);
 
         cp_async_wait<STAGES - 2>();  // tile t + 1
-        if (t + 1 < tiles)
-            rotate_key_chunks(key_tile(t + 1), cos_stage(t + 1), sin_stage(t + 1), p, n0 + BLOCK_N);
+        if (t + 1 < tiles) rotate_tile(t + 1);
         __syncwarp();  // the rotation branches per lane; the wait is warp-aligned
         wait_all();
         fence_registers(o);

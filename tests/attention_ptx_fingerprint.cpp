@@ -252,7 +252,14 @@ std::vector<AttentionSpec> wgmma_specs() {
     fwd256_partial.mask_kind = 2;
     fwd256_partial.mask_dtype = 2;
     fwd256_partial.write_lse = 0;
-    for (const AttentionSpec& s : {fwd256, fwd256_staged, fwd256_partial}) specs.push_back(s);
+    // The default at head_dim 256 with a workspace: keys rotated beforehand, copied as values.
+    AttentionSpec fwd256_prerotated = fwd256;
+    fwd256_prerotated.keys_by_tma = 1;
+    AttentionSpec fwd256_partial_prerotated = fwd256_partial;
+    fwd256_partial_prerotated.keys_by_tma = 1;
+    for (const AttentionSpec& s : {fwd256, fwd256_staged, fwd256_partial, fwd256_prerotated,
+                                   fwd256_partial_prerotated})
+        specs.push_back(s);
     return specs;
 }
 

@@ -367,7 +367,7 @@ TEST_CASE(
 
 TEST_CASE(
     "head_dim 256 forwards on sm_90 run on warpgroup matrix products: two warpgroups loading two "
-    "64-key tiles, table rows staged where they fit") {
+    "64-key tiles of keys rotated beforehand (table rows staged where they fit without)") {
     attention_test::Config c = headline_config();
     c.D = c.R = 256;
     // Query rows of 528 bytes (256 features + 8 pad), two key and two value tiles of 64 rows of
@@ -383,11 +383,36 @@ TEST_CASE(
         CAPTURE(s.describe());
         CHECK((s.kind == int32_t(AttentionKernelKind::Forward) && s.tensor_cores == 1));
         CHECK((s.wgmma == 1 && s.warps == 8 && s.block_n == 64 && s.stages == 2));
-        CHECK((s.producer_warps == 0 && s.keys_by_tma == 0 && s.cluster == 1));
+        // Keys rotated beforehand by the prepare kernel (with or without TMA: these warps copy
+        // them as they copy values).
+        CHECK((s.producer_warps == 0 && s.keys_by_tma == 1 && s.cluster == 1));
         CHECK(s.table_async == 0);
         CHECK(s.shared_bytes() == kBase);
         CHECK(s.threads() == 256);
         CHECK_NOTHROW(s.validate());
+        std::mt19937 rng(1);
+        attention_test::Problem p(c, rng);
+        const rope_jit_attention_args args = p.args();
+        AttentionProblem problem = make_attention_problem(args, false);
+        const std::vector<AttentionSpec> with_prepare =
+            choose_attention_specs(problem, device, AttentionKernelOverride{});
+        REQUIRE(with_prepare.size() == 2);
+        CHECK(with_prepare[0].kind == int32_t(AttentionKernelKind::BackwardPrepare));
+        CHECK(with_prepare[0].block_n == 64);
+        // Without a workspace (none could be allocated), the forward rotates each tile itself.
+        problem.no_workspace = true;
+        const std::vector<AttentionSpec> own =
+            choose_attention_specs(problem, device, AttentionKernelOverride{});
+        REQUIRE(own.size() == 1);
+        CHECK((own[0].wgmma == 1 && own[0].keys_by_tma == 0 && own[0].block_n == 64));
+    }
+    {
+        // Without rotation there is nothing to do beforehand.
+        attention_test::Config plain = c;
+        plain.R = 0;
+        const std::vector<AttentionSpec> specs = chosen(plain, false);
+        REQUIRE(specs.size() == 1);
+        CHECK((specs[0].wgmma == 1 && specs[0].keys_by_tma == 0));
     }
     // bf16 tables: their rows (256 bytes of cos and of sin per key) fit, just.
     c.table_dt = attention_test::Dt::BF16;

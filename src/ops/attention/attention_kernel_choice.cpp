@@ -236,9 +236,10 @@ WgmmaRule wgmma_broken_rule(const AttentionSpec& s) {
     // for staging them); the block takes at most three warpgroups (a fourth leaves everyone
     // too few registers: measured, it spills and runs at half speed). A head_dim that pads
     // (56, 120) works: the producers write zeros into the key chunks past head_dim.
-    // Keys by TMA need no table pieces (the prepare kernel rotates them), but producer warps.
+    // Keys by TMA need no table pieces (the prepare kernel rotates them), but producer warps
+    // (or, at head_dim 256, warps that copy them as they copy values).
     if ((s.producer_warps != 0 && s.producer_warps != 4) ||
-        (s.keys_by_tma && s.producer_warps == 0) ||
+        (s.keys_by_tma && s.producer_warps == 0 && !wide) ||
         (s.producer_warps > 0 && ((s.rotary_dim > 0 && !s.table_async && !s.keys_by_tma) ||
                                   s.warps + s.producer_warps > 12)))
         return WgmmaRule::Producer;
@@ -317,9 +318,12 @@ std::vector<AttentionSpec> choose_attention_specs(const AttentionProblem& p,
         spec.stages = shape.stages;
         spec.producer_warps = shape.producer_warps;
         spec.cluster = shape.cluster;
-        // Rotated keys by TMA come from a workspace, which a call may have to do without.
-        spec.keys_by_tma = shape.producer_warps > 0 && shape.keys_by_tma &&
-                           (base.rotary_dim == 0 || workspace);
+        // Rotated keys by TMA come from a workspace, which a call may have to do without. The
+        // head_dim 256 forward without producers (every warp loads) takes them too, by cp.async
+        // (nothing to gain there without a rotation).
+        const bool wide = shape.wgmma && shape.producer_warps == 0 && dp == 256;
+        spec.keys_by_tma = shape.keys_by_tma && (shape.producer_warps > 0 || wide) &&
+                           (base.rotary_dim == 0 ? !wide : workspace);
         spec.compute_dk = dk;
         spec.compute_dv = dv;
         if (shape.block_n % 16 != 0 || shape.warps > 16 ||
