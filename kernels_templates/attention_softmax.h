@@ -93,47 +93,29 @@ __device__ __forceinline__ void split_plain(float (&rot)[NT][4], float (&plain)[
 // and g + 8): scores (base 2, masks applied, times `scale` > 0 still to apply) become
 // probabilities relative to the running row maximum, and the row sums and the output
 // accumulators are rescaled to the new maximum.
-// The row maximum and sum run as CHAINS independent partial results, combined at the end: a
-// single chain of NT dependent operations per row made the consumer warps (one or two per
-// scheduler) wait on instruction latency, not throughput.
-constexpr int SOFTMAX_CHAINS = 4;
-template <int NT>
-__device__ __forceinline__ float combine_chains(const float (&part)[SOFTMAX_CHAINS], bool sum) {
-    float x = part[0];
-#pragma unroll
-    for (int c = 1; c < SOFTMAX_CHAINS && c < NT; ++c) x = sum ? x + part[c] : fmaxf(x, part[c]);
-    return x;
-}
-
 template <int NT>
 __device__ __forceinline__ void online_softmax(float (&s)[NT][4], float (&row_max)[2],
                                                float (&row_sum)[2], float (&o)[DTILES][4],
                                                float scale = 1.f) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-        float part[SOFTMAX_CHAINS];
+        float mx = neg_inf();
 #pragma unroll
-        for (int c = 0; c < SOFTMAX_CHAINS; ++c) part[c] = neg_inf();
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-            part[nt % SOFTMAX_CHAINS] =
-                fmaxf(part[nt % SOFTMAX_CHAINS], fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
-        float mx = combine_chains<NT>(part, false);
+        for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
         mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
         const float m_new = fmaxf(row_max[r], mx * scale);
         const float m_use = m_new == neg_inf() ? 0.f : m_new;
         const float alpha = exp2_approx(row_max[r] - m_use);
         row_max[r] = m_new;
-#pragma unroll
-        for (int c = 0; c < SOFTMAX_CHAINS; ++c) part[c] = 0.f;
+        float sum = 0.f;
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
             s[nt][2 * r] = exp2_approx(fmaf(s[nt][2 * r], scale, -m_use));
             s[nt][2 * r + 1] = exp2_approx(fmaf(s[nt][2 * r + 1], scale, -m_use));
-            part[nt % SOFTMAX_CHAINS] += s[nt][2 * r] + s[nt][2 * r + 1];
+            sum += s[nt][2 * r] + s[nt][2 * r + 1];
         }
-        row_sum[r] = row_sum[r] * alpha + combine_chains<NT>(part, true);
+        row_sum[r] = row_sum[r] * alpha + sum;
 #pragma unroll
         for (int dt = 0; dt < DTILES; ++dt) {
             o[dt][2 * r] *= alpha;
