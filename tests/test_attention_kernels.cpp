@@ -804,6 +804,12 @@ TEST_CASE("the ROPE_JIT_ATTENTION_KERNELS text parses into tile shapes; anything
     for (const auto& shape : none.shape) CHECK_FALSE(shape.has_value());
     CHECK_FALSE(parse_attention_kernel_override("").shape[0].has_value());
     CHECK(parse_attention_kernel_override("simt").force_simt);
+    CHECK_FALSE(none.no_workspace);
+    const AttentionKernelOverride without =
+        parse_attention_kernel_override("fwd=p8x128,workspace=0");
+    CHECK(without.no_workspace);
+    CHECK(without.shape[0].has_value());
+    CHECK_FALSE(parse_attention_kernel_override("workspace=1").no_workspace);
 
     const AttentionKernelOverride o =
         parse_attention_kernel_override("fwd=8x64x2,dq=4x32,dkdv=8x16");

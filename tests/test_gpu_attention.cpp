@@ -725,6 +725,35 @@ TEST_SUITE("gpu") {
         unsetenv("ROPE_JIT_ATTENTION_KERNELS");
     }
 
+    TEST_CASE(
+        "without a workspace (its allocation failed) the kernels without one run, match the CPU, "
+        "and the fallback is counted") {
+        GpuFixture f;
+        // The headline family at a head_dim of each width, and head_dim 256's forward (which
+        // takes keys rotated beforehand when it has a workspace).
+        std::vector<Config> configs;
+        Config c;
+        c.dt = Dt::BF16;
+        c.B = 2;
+        c.Hq = 8;
+        c.Hk = 2;
+        c.Sq = 300;
+        c.Sk = 300;
+        c.causal = true;
+        for (int64_t d : {64, 128, 256}) {
+            c.D = c.R = d;
+            configs.push_back(c);
+        }
+        f.override_kernels("workspace=0");
+        sweep(f, configs, 11);
+        rope_jit_stats stats;
+        rope_jit_stats_init(&stats);
+        REQUIRE(rope_jit_get_stats(f.cuda().get(), &stats) == ROPE_JIT_OK);
+        // Each configuration's forward and backward would have taken a workspace on sm_90.
+        if (device_zero().wgmma) CHECK(stats.attention_workspace_fallbacks >= configs.size() * 2);
+        unsetenv("ROPE_JIT_ATTENTION_KERNELS");
+    }
+
     TEST_CASE("the CUDA backward asked to be deterministic is: the same bits on every run") {
         GpuFixture f;
         for (const bool pos_mask : {true, false})

@@ -494,6 +494,9 @@ typedef struct rope_jit_stats {
     uint64_t background_failures; /* background builds that failed (error dropped) */
     uint64_t background_dropped;  /* background builds refused (queue full) or dropped when the
                                    * runtime was freed first */
+    uint64_t attention_workspace_fallbacks; /* attention calls that ran the kernels without a
+                                             * workspace because the stream-ordered allocation
+                                             * failed (out of memory, or no memory pool) */
 } rope_jit_stats;
 
 /* Zeroes *stats and sets struct_size. NULL is ignored. */

@@ -189,6 +189,7 @@ class Stats(ctypes.Structure):
         ("background_builds", ctypes.c_uint64),
         ("background_failures", ctypes.c_uint64),
         ("background_dropped", ctypes.c_uint64),
+        ("attention_workspace_fallbacks", ctypes.c_uint64),
     ]
 
 

@@ -213,6 +213,8 @@ rope_jit_status rope_jit_get_stats(const rope_jit_runtime* runtime, rope_jit_sta
         full.background_builds = counters.background_builds.load(std::memory_order_relaxed);
         full.background_failures = counters.background_failures.load(std::memory_order_relaxed);
         full.background_dropped = counters.background_dropped.load(std::memory_order_relaxed);
+        full.attention_workspace_fallbacks =
+            counters.attention_workspace_fallbacks.load(std::memory_order_relaxed);
         // An older caller's smaller struct gets the fields it knows.
         std::memcpy(static_cast<void*>(stats), &full, std::min(size, sizeof full));
         stats->struct_size = size;

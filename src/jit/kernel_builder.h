@@ -26,6 +26,8 @@ struct KernelStats {
     std::atomic<uint64_t> background_builds{0};
     std::atomic<uint64_t> background_failures{0};
     std::atomic<uint64_t> background_dropped{0};
+    // Attention calls that ran the kernels without a workspace: its allocation failed.
+    std::atomic<uint64_t> attention_workspace_fallbacks{0};
 };
 
 struct KernelBinary {

@@ -178,6 +178,7 @@ AttentionKernelOverride parse_attention_kernel_override(const char* text) {
         const size_t eq = item.find('=');
         if (eq != std::string::npos) {
             const std::string name = item.substr(0, eq);
+            if (name == "workspace") o.no_workspace = item.substr(eq + 1) == "0";
             const int kind = name == "fwd" ? 0 : name == "dq" ? 1 : name == "dkdv" ? 2 : -1;
             if (kind >= 0)
                 if (std::optional<AttentionTileShape> shape =

@@ -259,8 +259,10 @@ void CudaAttention::run(const AttentionProblem& p, void* stream_handle) {
         const int dp = attention_launch_plan(main).head_dim_padded;
         workspace_layout = attention_workspace_layout(p, dp, backward);
         // Stream-ordered: the allocation comes from the device's pool (no synchronization,
-        // and capturable in a CUDA graph). Without room, kernels without a workspace run.
-        if (!workspace.allocate(workspace_layout.bytes)) {
+        // and capturable in a CUDA graph). Without room, kernels without a workspace run
+        // (as when the override says "workspace=0", to test that path).
+        if (override_.no_workspace || !workspace.allocate(workspace_layout.bytes)) {
+            stats_.attention_workspace_fallbacks.fetch_add(1, std::memory_order_relaxed);
             AttentionProblem fallback = p;
             fallback.no_workspace = true;
             specs = choose_attention_specs(fallback, device, override_);
