@@ -278,6 +278,9 @@ def main():
                 for mode in ("fwd", "bwd", "fwd_bwd")
             )
             print(f"  {name:<12} {text}   max err {entry['max_error_vs_fp32']:.3g}")
+            for mode in ("fwd", "bwd", "fwd_bwd"):
+                if entry[mode].get("graph_error"):  # why a graph time is nan
+                    print(f"    {mode} graph: {entry[mode]['graph_error'][:160]}")
         rows.append(row)
 
     result = {

@@ -574,10 +574,11 @@ class _Call:
         ):
             layout, rotary_dim, rotary_offset, style = self.params
             values = self.recipe.values(signed, derived)
+            given = zip(_TENSOR_NAMES[2:], values[2:])
             _rope(
                 q,
                 k,
-                **{name: value for name, value in zip(_TENSOR_NAMES[2:], values[2:]) if value is not None},
+                **{name: value for name, value in given if value is not None},
                 position_offset=self.position_offset,
                 q_position_offset=self.q_position_offset,
                 rotary_dim=rotary_dim,

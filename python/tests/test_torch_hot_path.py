@@ -246,7 +246,8 @@ def test_apply_rope_outputs_are_derived_yet_a_new_input_layout_gets_a_new_plan()
     for q in (contiguous, transposed, contiguous):
         out = rope_jit.apply_rope(q, None, cos, sin)
         assert out.stride() == q.stride()
-        torch.testing.assert_close(out, expected(q, cos, sin, torch.arange(16)), rtol=2e-5, atol=2e-5)
+        want = expected(q, cos, sin, torch.arange(16))
+        torch.testing.assert_close(out, want, rtol=2e-5, atol=2e-5)
     keys = [key for key in _plans._plans_of(runtime) if key[0] is torch_ops.APPLY_RECIPE]
     assert len({(key[2], key[3]) for key in keys}) >= 2  # q's shape and strides lead each key
 
