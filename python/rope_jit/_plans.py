@@ -107,10 +107,11 @@ class Recipe:
 class Plan:
     """One signature's argument struct and DLTensors, in one buffer."""
 
-    __slots__ = ("buffer", "args", "args_ref", "pack", "values", "cuda_device", "held")
+    __slots__ = ("buffer", "args", "args_ref", "pack", "values", "cuda_device", "held", "function")
 
-    def __init__(self, buffer, args, pack, values, cuda_device, held):
+    def __init__(self, buffer, args, pack, values, cuda_device, held, function):
         self.buffer = buffer
+        self.function = function  # the library's rope_jit_rope
         self.args = args  # a RopeArgs over buffer's first bytes
         self.args_ref = ctypes.byref(args)
         # pack(buffer, _PACK_AT, *values) writes a call's values: [position_offset,
@@ -125,14 +126,22 @@ class Plan:
 _NO_PLAN = object()
 
 
-def _plans_of(runtime):
+def _thread_state(runtime):
+    """This thread's plans of `runtime`: a threading.local with `plans` (key -> Plan), and the
+    last call's key (a list) and plan, which a run of calls of one signature (a model's
+    layers, a decode loop) finds by one comparison, without hashing the key."""
     local = runtime.__dict__.get("_plans")
     if local is None:
         local = runtime.__dict__.setdefault("_plans", threading.local())
-    plans = getattr(local, "plans", None)
-    if plans is None:
-        plans = local.plans = {}
-    return plans
+    if not hasattr(local, "plans"):
+        local.plans = {}
+        local.last_key = local.last_plan = None
+    return local
+
+
+def _plans_of(runtime):
+    """This thread's plans of `runtime` (key -> Plan, or _NO_PLAN)."""
+    return _thread_state(runtime).plans
 
 
 def call(runtime, recipe, signed, derived, head, position_offset, q_position_offset):
@@ -165,16 +174,23 @@ def call(runtime, recipe, signed, derived, head, position_offset, q_position_off
         for value in derived:
             if value is not None:
                 add_pointer(value.data_ptr())
-        key = tuple(key)
-        plans = _plans_of(runtime)
-        plan = plans.get(key)
+        state = runtime.__dict__.get("_plans")
+        if state is None or not hasattr(state, "plans"):
+            state = _thread_state(runtime)
+        if key == state.last_key:
+            plan, frozen = state.last_plan, None
+        else:
+            frozen = tuple(key)
+            plan = state.plans.get(frozen)
     except (TypeError, AttributeError, RuntimeError):
         return False  # not plain strided torch tensors, or an unhashable argument
-    if plan is None:
-        plan = _build(runtime, recipe, signed, derived, head)
-        if len(plans) >= MAX_PLANS:
-            plans.clear()
-        plans[key] = plan
+    if frozen is not None:
+        if plan is None:
+            plan = _build(runtime, recipe, signed, derived, head)
+            if len(state.plans) >= MAX_PLANS:
+                state.plans.clear()
+            state.plans[frozen] = plan
+        state.last_key, state.last_plan = key, plan
     if plan is _NO_PLAN:
         return False
     device = plan.cuda_device
@@ -189,10 +205,10 @@ def call(runtime, recipe, signed, derived, head, position_offset, q_position_off
         c_int(position_offset, "position_offset", 64)  # raises the error that names it
         c_int(q_position_offset, "q_position_offset", 64)
         raise
-    library = runtime.library
-    status = library.rope_jit_rope(runtime.handle, plan.args_ref)
+    handle = runtime._handle
+    status = plan.function(handle if handle is not None else runtime.handle, plan.args_ref)
     if status:
-        library.check("rope_jit_rope", status)
+        runtime.library.check("rope_jit_rope", status)
     return True
 
 
@@ -285,6 +301,7 @@ def _build(runtime, recipe, signed, derived, head):
         if checked is None or cuda_device not in checked:
             _cuda_context.ensure_current(cuda_device)
     outside = [item for item in held if not hasattr(item, "keepalive")]
+    args_view = s.RopeArgs.from_buffer(buffer)
     return Plan(
-        buffer, s.RopeArgs.from_buffer(buffer), packer.pack_into, template, cuda_device, outside
+        buffer, args_view, packer.pack_into, template, cuda_device, outside, library.rope_jit_rope
     )

@@ -115,10 +115,10 @@ def _eager(q, k, cos, sin, unsqueeze_dim):
         return None
     if not torch_ops.eager_path_applies(q, k, (cos, sin)):
         return None
-    if q.dim() != 4 or k.dim() != 4 or cos.dim() != 3:
+    q_shape, k_shape, cos_shape = q.shape, k.shape, cos.shape
+    if len(q_shape) != 4 or len(k_shape) != 4 or len(cos_shape) != 3:
         return None
-    q_shape, cos_shape = q.shape, cos.shape
-    heads_k = k.shape[head_dim]
+    heads_k = k_shape[head_dim]
     if cos_shape[1] != q_shape[seq_dim] or not heads_k or q_shape[head_dim] % heads_k:
         return None
     grad_mode = torch_ops._is_grad_enabled()
@@ -128,7 +128,9 @@ def _eager(q, k, cos, sin, unsqueeze_dim):
         recipe, derived = _SHARED, _NO_TABLES
     else:
         recipe = _PER_SEQUENCE
-        derived = (_sequence_starts(q_shape[0], q_shape[seq_dim], q.device),)
+        key = (q_shape[0], q_shape[seq_dim], q.device)
+        starts = _starts.get(key)  # (not compiling here: the cache serves)
+        derived = (starts if starts is not None else _sequence_starts(*key),)
     call = torch_ops._Call(
         recipe,
         (cos, sin),
