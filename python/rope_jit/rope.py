@@ -288,6 +288,9 @@ def rope(
                 if mrope_sections is None
                 else (tuple(mrope_sections), bool(mrope_interleaved))
             )
+            # Sections of floats would find the plan of equal ints: the general path refuses them.
+            if mrope[0] is not None and not all(hasattr(n, "__index__") for n in mrope[0]):
+                mrope = None
         except (TypeError, AttributeError, RuntimeError):
             mrope = None  # the general path names the problem
         try:  # (a tuple of Nones against another: identity checks; NumPy's == can raise)

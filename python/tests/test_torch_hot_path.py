@@ -270,3 +270,21 @@ def test_a_plan_holds_its_struct_and_dltensors_in_one_buffer_that_points_into_it
         assert start <= shape < end, name
     assert plan.args.q.contents.shape[2] == 8 and plan.args.cos.contents.shape[1] == 16
     runtime.close()
+
+
+def test_mrope_sections_of_floats_never_find_the_plan_of_equal_integers():
+    # (16.0 == 16 and they hash alike: a plan key holding the sections must not serve floats,
+    # which the general path refuses.)
+    cos, sin = hf_tables(torch.arange(8), 16)
+    q = random(1, 2, 4, 16, seed=70)
+    positions = torch.zeros(2, 4, dtype=torch.int64)
+    runtime = rope_jit.Runtime(backend="cpu")
+    out = torch.empty_like(q)
+    rope_jit.rope(q, cos=cos, sin=sin, positions=positions, mrope_sections=[4, 4], q_out=out,
+                  runtime=runtime)
+    torch.testing.assert_close(out, expected(q, cos, sin, torch.zeros(4, dtype=torch.int64)),
+                               rtol=2e-5, atol=2e-5)
+    with pytest.raises(TypeError, match=r"mrope_sections\[1\]"):
+        rope_jit.rope(q, cos=cos, sin=sin, positions=positions, mrope_sections=[4, 4.0],
+                      q_out=out, runtime=runtime)
+    runtime.close()
