@@ -152,8 +152,10 @@ def call(runtime, recipe, signed, derived, head, position_offset, q_position_off
     False, having done nothing, when the call is not one for this path (a tensor that is not
     a plain torch tensor, a rotary_dim that is not an int, a signature without a plan); the
     caller then takes the general one. Raises the general path's errors for bad arguments."""
-    if type(head[1]) is not int or type(head[2]) is not int:
-        return False  # (a float rotary_dim would find an int's plan: the general path refuses it)
+    if type(head[1]) is not int or type(head[2]) is not int or type(head[3]) not in (str, int):
+        # A float rotary_dim (or style 0.0) would find an int's plan (16.0 == 16, same hash):
+        # the general path refuses it.
+        return False
     types = TORCH_TENSOR_TYPES
     key = [recipe, head]
     append = key.append
