@@ -149,6 +149,9 @@ def _eager(q, k, cos, sin, unsqueeze_dim):
 def apply_rotary_transformers(q, k, cos, sin, unsqueeze_dim=1):
     """The entry transformers' kernel mapping ("rotary_pos_emb", layer_name
     "apply_rotary_transformers") calls: apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim)."""
+    rotated = _eager(q, k, cos, sin, unsqueeze_dim)
+    if rotated is not None:
+        return rotated
     return apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
 
 
