@@ -114,7 +114,7 @@ class Plan:
         self.function = function  # the library's rope_jit_rope
         self.args = args  # a RopeArgs over buffer's first bytes
         self.args_ref = ctypes.byref(args)
-        # pack(buffer, _PACK_AT, *values) writes a call's values: [position_offset,
+        # pack(buffer, _POSITION_OFFSET, *values) writes a call's values: [position_offset,
         # q_position_offset, gap, stream, gap, pointer, gap, pointer, ...], gaps constant.
         self.pack = pack
         self.values = values
