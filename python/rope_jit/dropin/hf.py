@@ -2,7 +2,7 @@
 
 import torch
 
-from .. import torch_ops
+from .. import _plans, torch_ops
 from ..rope import _TENSOR_NAMES
 from ..runtime import default_runtime
 from ..torch_ops import apply_rope
@@ -76,8 +76,8 @@ def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
 # The eager hot path of the models' own calls (cos/sin [B|1, S, R], no position_ids): the
 # plan's key holds cos and sin as the model passes them, and the library reads them through
 # views made once, when the plan is built (cos[0], or the [B*S, R] rows); the outputs and the
-# sequence starts are derived from q (_plans.Recipe). Same results as the general code below,
-# which every other call takes.
+# sequence starts are derived from q (_plans.Recipe). Same results as apply_rotary_pos_emb's
+# general code, which every other call takes.
 def _first(table):
     return table[0]
 
@@ -86,14 +86,14 @@ def _rows(table):
     return table.reshape(-1, table.shape[-1])
 
 
-_SHARED = torch_ops._plans.Recipe(
+_SHARED = _plans.Recipe(
     "hf shared cos/sin",
     _TENSOR_NAMES,
     signed=("q", "k", "cos", "sin"),
     derived=("q_out", "k_out"),
     views={"cos": _first, "sin": _first},
 )
-_PER_SEQUENCE = torch_ops._plans.Recipe(
+_PER_SEQUENCE = _plans.Recipe(
     "hf cos/sin per sequence",
     _TENSOR_NAMES,
     signed=("q", "k", "cos", "sin"),
@@ -113,7 +113,7 @@ def _eager(q, k, cos, sin, unsqueeze_dim):
         layout, seq_dim, head_dim = "bshd", 1, 2
     else:
         return None
-    if not torch_ops.eager_path_applies(q, k, (cos, sin)):
+    if k is None or not torch_ops.eager_path_applies(q, k, (cos, sin)):
         return None
     q_shape, k_shape, cos_shape = q.shape, k.shape, cos.shape
     if len(q_shape) != 4 or len(k_shape) != 4 or len(cos_shape) != 3:
