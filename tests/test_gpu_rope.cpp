@@ -99,6 +99,29 @@ TEST_SUITE("gpu") {
     }
 
     TEST_CASE_FIXTURE(GpuFixture,
+                      "decode shapes match the CPU backend on both sides of the tiny-launch "
+                      "bound (one item a thread while tokens <= multiprocessors)") {
+        // B = 1 and 64: 320 threads of one item; 300: the measured shape (160 threads of two).
+        // Out of place with partial rotary too: the copy of unrotated features at 320 threads.
+        for (int64_t B : {1, 64, 300})
+            for (bool partial : {false, true}) {
+                Spec c;
+                c.dt = c.table_dt = Dt::BF16;
+                c.layout = Layout::BSHD;
+                c.positions = Positions::SeqlenOffsets;
+                c.B = B, c.S = 1, c.Hk = 8, c.group = 4, c.D = 128, c.R = partial ? 64 : 128;
+                c.in_place = !partial;
+                const std::string spec = describe(c);
+                CAPTURE(spec);
+                std::mt19937 rng(uint32_t(B * 2 + int(partial)));
+                const Problem p = make_problem(c, rng);
+                const Problem from_cpu = run_with_host_tensors(cpu_runtime.get(), p);
+                const Problem from_gpu = run_with_device_tensors(cuda_runtime.get(), p);
+                check_gpu_matches_cpu(p, from_gpu, from_cpu, gpu_tolerance(c));
+            }
+    }
+
+    TEST_CASE_FIXTURE(GpuFixture,
                       "q and k as strided slices of a packed qkv buffer are rotated in place, and "
                       "v is untouched") {
         for (Dt dt : {Dt::F16, Dt::BF16, Dt::F32}) {

@@ -148,6 +148,27 @@ TEST_CASE("launch geometry: blocks fit their tokens' items, the grid and shared 
     CHECK(launch.blocks == 500);
     CHECK(launch.threads == 32);
 
+    // Decode (B = 64, a token each, under one block per multiprocessor): one item a thread,
+    // 320 threads; from B = 133 on (more tokens than multiprocessors) the measured shape.
+    launch = rope_jit::plan_rope_launch(spec, 32, 8, 64, 132);
+    CHECK(launch.tokens_per_block == 1);
+    CHECK(launch.blocks == 64);
+    CHECK(launch.threads == 320);
+    CHECK(launch.shared_bytes == 16 + sizeof(RopeTokenBases));
+    launch = rope_jit::plan_rope_launch(spec, 32, 8, 132, 132);
+    CHECK(launch.threads == 320);
+    launch = rope_jit::plan_rope_launch(spec, 32, 8, 133, 132);
+    CHECK(launch.threads == 160);
+    // A token's items past the block bound (64 heads of 16 items): unchanged.
+    KernelSpec d256 = spec;
+    d256.head_dim = d256.rotary_dim = 256;
+    launch = rope_jit::plan_rope_launch(d256, 32, 32, 8, 132);
+    CHECK(launch.threads == rope_jit::plan_rope_launch(d256, 32, 32, 1 << 16, 132).threads);
+    // One head of one token: a warp.
+    launch = rope_jit::plan_rope_launch(spec, 1, 0, 1, 132);
+    CHECK(launch.threads == 32);
+    CHECK(launch.blocks == 1);
+
     CHECK_THROWS_WITH_AS(rope_jit::plan_rope_launch(spec, 32, 8, int64_t(3) << 40, 132),
                          doctest::Contains("exceed one launch's grid"), rope_jit::Error);
     KernelSpec wide = spec;

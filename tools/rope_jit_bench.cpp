@@ -1208,6 +1208,57 @@ nlohmann::json bench_cuda(const std::vector<Case>& cases) {
                                           {"difference", rope_us - empty_us}};
             result["decode_us_per_call_in_graph"] = decode_gpu_us;
             result["decode_us_per_call_on_stream"] = decode_stream_us;
+
+            // The launch floor of issue 21: decode B=64 (a token per sequence at its own
+            // position) against an empty kernel, each 100 times in a graph captured the same
+            // way; the GPU time a call adds over a launch that does nothing.
+            auto graph_us = [&](const std::function<rope_jit_status()>& call) {
+                rope_jit::CUgraph g = nullptr;
+                rope_jit::CUgraphExec exec = nullptr;
+                check_cu(api->cuStreamBeginCapture(stream,
+                                                   rope_jit::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+                         "cuStreamBeginCapture");
+                rope_jit_status status = ROPE_JIT_OK;
+                for (int i = 0; i < graph_calls && status == ROPE_JIT_OK; ++i) status = call();
+                const std::string error = status == ROPE_JIT_OK ? "" : rope_jit_last_error();
+                check_cu(api->cuStreamEndCapture(stream, &g), "cuStreamEndCapture");
+                if (status != ROPE_JIT_OK) {
+                    if (g != nullptr) api->cuGraphDestroy(g);
+                    throw std::runtime_error(fmt::format("captured call: {}: {}",
+                                                         rope_jit_status_name(status), error));
+                }
+                check_cu(api->cuGraphInstantiate(&exec, g, 0), "cuGraphInstantiate");
+                const double us = time_on_stream(stream, 20, [&] {
+                                      check_cu(api->cuGraphLaunch(exec, stream), "cuGraphLaunch");
+                                  }) *
+                                  1e6 / graph_calls;
+                check_cu(api->cuStreamSynchronize(stream), "cuStreamSynchronize");
+                api->cuGraphExecDestroy(exec);
+                api->cuGraphDestroy(g);
+                return us;
+            };
+            Case decode64("decode B=64 positions", 64, 1, 32, 8, 128);
+            decode64.with_indices();
+            const CaseData decode64_data = make_case_data(decode64);
+            DeviceMemory decode64_memory;
+            const CaseTensors decode64_tensors(decode64, decode64_data, decode64_memory, stream);
+            require_ok(rope_jit_rope(runtime, decode64_tensors.args()), "rope_jit_rope");
+            const double decode64_us =
+                graph_us([&] { return rope_jit_rope(runtime, decode64_tensors.args()); });
+            const double empty_graph_us = graph_us([&] {
+                return api->cuLaunchKernel(empty.function(), 1, 1, 1, 32, 1, 1, 0, stream, nullptr,
+                                           nullptr) == rope_jit::CUDA_SUCCESS
+                           ? ROPE_JIT_OK
+                           : ROPE_JIT_ERROR_CUDA;
+            });
+            fmt::print(
+                "decode B=64 positions 32/8 D128: {:.2f} us per call inside a CUDA graph; an "
+                "empty kernel in the same graph setup {:.2f} us (+{:.2f} us)\n",
+                decode64_us, empty_graph_us, decode64_us - empty_graph_us);
+            result["decode_floor"] = {{"case", "decode B=64 positions"},
+                                      {"decode_us_in_graph", decode64_us},
+                                      {"empty_kernel_us_in_graph", empty_graph_us},
+                                      {"difference_us", decode64_us - empty_graph_us}};
         } catch (const std::exception& e) {
             fmt::print("host overhead and decode timings FAILED: {}\n", e.what());
             errors.push_back(

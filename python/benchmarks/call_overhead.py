@@ -15,8 +15,8 @@ Prints, per kind of tensor available here:
     back and synchronized once at the end of each run, so the GPU time hides behind the host
     time unless the host is faster than the kernel.
 
-Each number is the best of several repeats of many calls (the least-disturbed run), in
-microseconds per call. From the repository root, without installing the package:
+Each row gives the best of several repeats of many calls (the least-disturbed run) and their
+median, in microseconds per call. From the repository root, without installing the package:
 
     PYTHONPATH=python ROPE_JIT_LIBRARY=build/librope_jit.so python3 python/benchmarks/call_overhead.py
 
@@ -25,6 +25,7 @@ microseconds per call. From the repository root, without installing the package:
 
 import argparse
 import ctypes
+import statistics
 import time
 
 import numpy as np
@@ -36,24 +37,26 @@ from rope_jit.runtime import default_runtime
 from rope_jit.tensors import as_tensor
 
 BATCH, SEQUENCE, Q_HEADS, K_HEADS, HEAD_DIM = 1, 1, 32, 8, 128
+CLOCK = time.perf_counter  # --clock thread: this thread's CPU time (see main)
 
 
 def best_us_per_call(function, calls, repeats, finish=None):
-    """The fastest of `repeats` runs of `calls` calls, in microseconds per call. `finish` runs
-    once at the end of each run (inside the timing), e.g. to wait for queued GPU work."""
-    best = float("inf")
+    """(best, median) of `repeats` runs of `calls` calls, in microseconds per call. `finish`
+    runs once at the end of each run (inside the timing), e.g. to wait for queued GPU work."""
+    runs = []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = CLOCK()
         for _ in range(calls):
             function()
         if finish is not None:
             finish()
-        best = min(best, (time.perf_counter() - start) / calls * 1e6)
-    return best
+        runs.append((CLOCK() - start) / calls * 1e6)
+    return min(runs), statistics.median(runs)
 
 
 def report(label, microseconds):
-    print(f"  {label:<44} {microseconds:8.2f} us")
+    best, median = microseconds
+    print(f"  {label:<50} {best:8.2f} us  (median {median:8.2f} us)")
 
 
 def numpy_decode_tensors():
@@ -164,6 +167,14 @@ def time_torch_paths(title, torch, device, dtype, runtime_note, calls, repeats, 
     )
     hf_q, hf_k = q.transpose(1, 2), k.transpose(1, 2)  # [B, H, 1, D] views, as the models pass them
     hf_cos, hf_sin = randn(batch, 1, HEAD_DIM), randn(batch, 1, HEAD_DIM)
+    # The GPU's decode shape takes the drop-in's per-sequence branch (cos [B, 1, D], B > 1: the
+    # [B*S, D] rows and sequence starts); B=1 on the CPU takes the shared one. B=2 shows the
+    # per-sequence branch's host cost there.
+    seq_q, seq_k = randn(2, 1, Q_HEADS, HEAD_DIM).transpose(1, 2), randn(
+        2, 1, K_HEADS, HEAD_DIM
+    ).transpose(1, 2)
+    seq_cos, seq_sin = randn(2, 1, HEAD_DIM), randn(2, 1, HEAD_DIM)
+    grad_out = (torch.ones_like(q_grad), torch.ones_like(k_grad))
 
     def forward():
         rope_jit.apply_rope(q, k, cos, sin, seqlen_offsets=offsets, layout="bshd")
@@ -178,15 +189,30 @@ def time_torch_paths(title, torch, device, dtype, runtime_note, calls, repeats, 
         q_out, k_out = q_grad * 1.0, k_grad * 1.0
         torch.autograd.backward((q_out, k_out), (q_out, k_out))
 
+    def forward_grad():  # as bench/compare_torch_autograd.py's fwd_bwd: no .grad accumulation
+        outs = rope_jit.apply_rope(q_grad, k_grad, cos, sin, seqlen_offsets=offsets, layout="bshd")
+        torch.autograd.grad(outs, (q_grad, k_grad), grad_out)
+
+    def plain_grad():
+        outs = (q_grad * 1.0, k_grad * 1.0)
+        torch.autograd.grad(outs, (q_grad, k_grad), grad_out)
+
     def hf_dropin():
         apply_rotary_pos_emb(hf_q, hf_k, hf_cos, hf_sin)
+
+    def hf_dropin_per_sequence():
+        apply_rotary_pos_emb(seq_q, seq_k, seq_cos, seq_sin)
 
     rows = [
         (f"apply_rope fwd, decode B={batch} bshd seqlen_offsets", forward),
         ("apply_rope fwd+bwd (backward())", forward_backward),
         ("x * 1.0 fwd+bwd, plain PyTorch (floor)", plain_autograd_step),
-        ("dropin.hf.apply_rotary_pos_emb, cos [B,1,D]", hf_dropin),
+        ("apply_rope fwd+bwd (autograd.grad)", forward_grad),
+        ("x * 1.0 fwd+bwd (autograd.grad, floor)", plain_grad),
+        (f"dropin.hf.apply_rotary_pos_emb, cos [B,1,D] B={batch}", hf_dropin),
     ]
+    if batch != 2:
+        rows.append(("dropin.hf.apply_rotary_pos_emb, cos [B,1,D] B=2", hf_dropin_per_sequence))
     for _, function in rows:
         for _ in range(20):
             function()
@@ -200,8 +226,20 @@ def time_torch_paths(title, torch, device, dtype, runtime_note, calls, repeats, 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=500, help="calls per timed run")
-    parser.add_argument("--repeats", type=int, default=30, help="timed runs; the best is printed")
+    parser.add_argument(
+        "--repeats", type=int, default=30, help="timed runs; the best and the median are printed"
+    )
+    parser.add_argument(
+        "--clock",
+        choices=("wall", "thread"),
+        default="wall",
+        help="thread: the calling thread's CPU time (time.thread_time), which a busy machine "
+        "disturbs far less than wall time; it leaves out the CPU reference's worker threads "
+        "and any wait for the GPU, so use it to compare host costs (before/after), not GPU runs",
+    )
     options = parser.parse_args()
+    global CLOCK
+    CLOCK = time.thread_time if options.clock == "thread" else time.perf_counter
 
     print(f"rope_jit {rope_jit.__file__}, library {rope_jit.library_path()}")
     try:

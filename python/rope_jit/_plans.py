@@ -4,13 +4,22 @@ A call's signature is everything the argument struct holds except the data point
 position offsets and the stream: which tensors are given, their shapes, strides, dtypes and
 devices, the layout, rotary_dim, rotary_offset, style, direction and M-RoPE sections. The
 first call of a signature builds its struct with every check (rope.build_args, the same code
-as any other call); later calls write the tensors' data_ptr() into the DLTensors it points
-to, the offsets and the stream into the struct, and call the library: no DLPack capsule, no
-ctypes object made, no per-tensor conversion. The library checks every call's arguments as
-before (shapes are the signature's, so only pointers can differ).
+as any other call) and copies it, with the DLTensors it points to, into one buffer; later
+calls write the offsets, the stream and every tensor's data_ptr() into that buffer with one
+struct.pack_into and call the library: no DLPack capsule, no ctypes object made, no
+per-tensor conversion. The library checks every call's arguments as before (shapes are the
+signature's, so only pointers can differ).
+
+A Recipe says how a caller's tensors fill the struct: `signed` tensors are part of the
+signature; `derived` ones only give their data pointer, because the caller made them from the
+signed ones (torch.empty_like(q) has q's shape, dtype and device, and strides that follow from
+q's), so reading their shape again would only repeat the key; `views` give the library a view
+of a signed tensor that starts at its address (a [1, S, R] cos table passed as its [S, R]
+row), made once when the plan is built, never per call.
 
 Plans live in the Runtime, per thread (an autograd worker thread and the main thread never
-patch one struct at once), at most MAX_PLANS per thread; a plan holds no tensor.
+patch one buffer at once), at most MAX_PLANS per thread; a plan holds no tensor. A thread's
+CUDA context is made current (_cuda_context) when it builds its first plan for a device.
 """
 
 import ctypes
@@ -24,16 +33,18 @@ from ._checks import c_int
 
 MAX_PLANS = 256
 
-_OFFSETS_FIELD = struct.Struct("@qq")  # position_offset, q_position_offset (adjacent int64s)
 _POSITION_OFFSET = s.RopeArgs.position_offset.offset
-if s.RopeArgs.q_position_offset.offset != _POSITION_OFFSET + 8:
-    raise ImportError(
-        "rope_jit: position_offset and q_position_offset are not adjacent in RopeArgs"
-    )
 _STREAM_OFFSET = s.RopeArgs.stream.offset
-_pack_pointer = s.POINTER_FIELD.pack_into
-_pack_offsets = _OFFSETS_FIELD.pack_into
-_checked_devices = _cuda_context.checked_devices
+# The buffer's per-call fields, in the order they are packed (ascending offsets).
+if not _POSITION_OFFSET + 8 == s.RopeArgs.q_position_offset.offset < _STREAM_OFFSET:
+    raise ImportError("rope_jit: RopeArgs' offsets and stream are not in the expected order")
+_DLTENSOR_SHAPE = s.DLTensor.shape.offset  # strides follow at + 8
+if s.DLTensor.strides.offset != _DLTENSOR_SHAPE + 8 or s.DLTensor.data.offset != 0:
+    raise ImportError("rope_jit: unexpected DLTensor mirror layout")
+_POINTER_PAIR = struct.Struct("@PP")
+_WORD = 8  # every per-call field is 8 bytes at an 8-aligned offset
+if ctypes.sizeof(ctypes.c_void_p) != _WORD:
+    raise ImportError("rope_jit: the torch hot path needs 64-bit pointers")
 
 # The exact classes that take this path (subclasses such as FakeTensor take the general one).
 TORCH_TENSOR_TYPES = ()
@@ -58,109 +69,162 @@ def torch_types():
     return TORCH_TENSOR_TYPES
 
 
+class Recipe:
+    """How a caller's tensors fill rope_jit_rope_args (see the module docstring).
+
+    `names` is rope._TENSOR_NAMES (the struct's tensor fields); `signed` and `derived` name
+    the fields the caller's `signed` and `derived` tuples fill, in their order; `views` maps
+    a signed field's name to a function giving the tensor the library sees for it, which must
+    start at the given tensor's address (else the signature gets no plan). Made once, at
+    import: a plan's key holds the recipe itself."""
+
+    __slots__ = ("name", "signed", "derived", "views", "size")
+
+    def __init__(self, name, names, signed, derived=(), views=None):
+        slot = {field: index for index, field in enumerate(names)}
+        self.name = name
+        self.signed = tuple(slot[field] for field in signed)
+        self.derived = tuple(slot[field] for field in derived)
+        self.views = tuple((slot[field], view) for field, view in (views or {}).items())
+        self.size = len(names)
+
+    def values(self, signed, derived):
+        """The struct's tensors in field order (None where absent), views applied."""
+        values = [None] * self.size
+        for slot, value in zip(self.signed, signed):
+            values[slot] = value
+        for slot, value in zip(self.derived, derived):
+            values[slot] = value
+        for slot, view in self.views:
+            if values[slot] is not None:
+                values[slot] = view(values[slot])
+        return values
+
+    def __repr__(self):
+        return f"Recipe({self.name})"
+
+
 class Plan:
-    """One signature's argument struct and the DLTensors it points to."""
+    """One signature's argument struct and DLTensors, in one buffer."""
 
-    __slots__ = ("args", "args_ref", "data_structs", "held", "cuda_device")
+    __slots__ = ("buffer", "args", "args_ref", "pack", "values", "cuda_device", "held", "function")
 
-    def __init__(self, args, held, data_structs, cuda_device):
-        self.args = args
+    def __init__(self, buffer, args, pack, values, cuda_device, held, function):
+        self.buffer = buffer
+        self.function = function  # the library's rope_jit_rope
+        self.args = args  # a RopeArgs over buffer's first bytes
         self.args_ref = ctypes.byref(args)
-        self.held = held  # TensorArgs (their keepalive dropped) and the sections array
-        self.data_structs = (
-            data_structs  # per tensor slot: its DLTensor (data at offset 0), or None
-        )
+        # pack(buffer, _POSITION_OFFSET, *values) writes a call's values: [position_offset,
+        # q_position_offset, gap, stream, gap, pointer, gap, pointer, ...], gaps constant.
+        self.pack = pack
+        self.values = values
         self.cuda_device = cuda_device  # the CUDA device index, or -1 for host tensors
+        self.held = held  # what the struct points to outside the buffer (M-RoPE sections)
 
 
-def _plans_of(runtime):
+# A signature whose views do not start at their tensor's address: the general path serves it.
+_NO_PLAN = object()
+
+
+def _thread_state(runtime):
+    """This thread's plans of `runtime`: a threading.local with `plans` (key -> Plan), and the
+    last call's key (a list) and plan, which a run of calls of one signature (a model's
+    layers, a decode loop) finds by one comparison, without hashing the key."""
     local = runtime.__dict__.get("_plans")
     if local is None:
         local = runtime.__dict__.setdefault("_plans", threading.local())
-    plans = getattr(local, "plans", None)
-    if plans is None:
-        plans = local.plans = {}
-    return plans
+    if not hasattr(local, "plans"):
+        local.plans = {}
+        local.last_key = local.last_plan = None
+    return local
 
 
-def _signature(values, head):
-    """The part of the key that comes from the tensors; raises AttributeError / TypeError /
-    RuntimeError for objects that are not plain strided torch tensors (the caller then takes
-    the general path, which names the problem)."""
-    key = [head]
-    for slot, value in enumerate(values):
-        if value is not None:
-            if type(value) not in TORCH_TENSOR_TYPES:
-                raise TypeError("not a torch tensor")
-            key.append(
-                (slot, value.shape, value.stride(), value.dtype, value.get_device(), value.is_cpu)
-            )
-    return tuple(key)
+def _plans_of(runtime):
+    """This thread's plans of `runtime` (key -> Plan, or _NO_PLAN)."""
+    return _thread_state(runtime).plans
 
 
-def call(
-    runtime,
-    values,
-    layout,
-    position_offset,
-    q_position_offset,
-    rotary_dim,
-    rotary_offset,
-    style,
-    backward,
-    mrope_sections,
-    mrope_interleaved,
-    stream,
-):
-    """rope_jit_rope on `values` (torch tensors in rope._TENSOR_NAMES order, None where absent)
-    through a plan. Returns False, having done nothing, when the call is not one for this path
-    (a tensor that is not a plain torch tensor, an explicit stream); rope() then takes the
-    general one."""
-    if stream is not None or type(rotary_dim) is not int or type(rotary_offset) is not int:
-        return False  # (a float rotary_dim would find an int's plan: the general path refuses it)
-    try:
-        mrope_key = (
-            None if mrope_sections is None else (tuple(mrope_sections), bool(mrope_interleaved))
-        )
-        key = _signature(
-            values, (layout, rotary_dim, rotary_offset, style, bool(backward), mrope_key)
-        )
-    except (TypeError, AttributeError, RuntimeError):
+def call(runtime, recipe, signed, derived, head, position_offset, q_position_offset):
+    """rope_jit_rope through a plan. `signed` and `derived` are torch tensors (or None) as
+    `recipe` lists them; `head` is (layout, rotary_dim, rotary_offset, style, backward,
+    mrope_sections (a tuple or None), mrope_interleaved) plus anything else the caller's
+    signature needs (e.g. whether outputs are given): hashable, part of the key. Returns
+    False, having done nothing, when the call is not one for this path (a tensor that is not
+    a plain torch tensor, a rotary_dim that is not an int, a signature without a plan); the
+    caller then takes the general one. Raises the general path's errors for bad arguments."""
+    if type(head[1]) is not int or type(head[2]) is not int or type(head[3]) not in (str, int):
+        # A float rotary_dim (or style 0.0) would find an int's plan (16.0 == 16, same hash):
+        # the general path refuses it.
         return False
-    plans = _plans_of(runtime)
-    plan = plans.get(key)
-    if plan is None:
-        plan = _build(
-            runtime,
-            values,
-            layout,
-            rotary_dim,
-            rotary_offset,
-            style,
-            backward,
-            mrope_sections,
-            mrope_interleaved,
-        )
-        if len(plans) >= MAX_PLANS:
-            plans.clear()
-        plans[key] = plan
-    run(runtime, plan, values, position_offset, q_position_offset)
+    types = TORCH_TENSOR_TYPES
+    key = [recipe, head]
+    append = key.append
+    pointers = []
+    add_pointer = pointers.append
+    try:
+        for value in signed:
+            if value is None:
+                append(None)
+            elif type(value) in types:
+                append(value.shape)
+                append(value.stride())
+                append(value.dtype)
+                append(value.device)
+                add_pointer(value.data_ptr())
+            else:
+                return False
+        for value in derived:
+            if value is not None:
+                add_pointer(value.data_ptr())
+        state = runtime.__dict__.get("_plans")
+        if state is None or not hasattr(state, "plans"):
+            state = _thread_state(runtime)
+        if key == state.last_key:
+            plan, frozen = state.last_plan, None
+        else:
+            frozen = tuple(key)
+            plan = state.plans.get(frozen)
+    except (TypeError, AttributeError, RuntimeError):
+        return False  # not plain strided torch tensors, or an unhashable argument
+    if frozen is not None:
+        if plan is None:
+            plan = _build(runtime, recipe, signed, derived, head)
+            if len(state.plans) >= MAX_PLANS:
+                state.plans.clear()
+            state.plans[frozen] = plan
+        state.last_key, state.last_plan = key, plan
+    if plan is _NO_PLAN:
+        return False
+    device = plan.cuda_device
+    values = plan.values
+    values[0] = position_offset
+    values[1] = q_position_offset
+    values[3] = _raw_stream(device) if device >= 0 else 0
+    values[5::2] = pointers
+    try:
+        plan.pack(plan.buffer, _POSITION_OFFSET, *values)
+    except struct.error:
+        c_int(position_offset, "position_offset", 64)  # raises the error that names it
+        c_int(q_position_offset, "q_position_offset", 64)
+        raise
+    handle = runtime._handle
+    status = plan.function(handle if handle is not None else runtime.handle, plan.args_ref)
+    if status:
+        runtime.library.check("rope_jit_rope", status)
     return True
 
 
-def _build(
-    runtime,
-    values,
-    layout,
-    rotary_dim,
-    rotary_offset,
-    style,
-    backward,
-    mrope_sections,
-    mrope_interleaved,
-):
-    from .rope import build_args  # rope imports this module
+def _build(runtime, recipe, signed, derived, head):
+    """The plan of this call's signature (every check of the general path runs here), or
+    _NO_PLAN when a view does not start at its tensor's address."""
+    from .rope import _POINTER_OFFSETS, _TENSOR_NAMES, build_args  # rope imports this module
 
+    values = recipe.values(signed, derived)
+    for slot, _ in recipe.views:
+        original = signed[recipe.signed.index(slot)]
+        if original is not None and values[slot].data_ptr() != original.data_ptr():
+            return _NO_PLAN  # a copy, not a view: its address changes every call
+    layout, rotary_dim, rotary_offset, style, backward, mrope_sections, mrope_interleaved = head[:7]
     library = runtime.library
     args, held = build_args(
         library,
@@ -176,41 +240,70 @@ def _build(
         mrope_interleaved,
         0,
     )
-    data_structs = []
+    # The TensorArgs, in field order, and the order the call passes pointers in.
     tensor_args = iter(item for item in held if hasattr(item, "keepalive"))
+    by_slot = {slot: next(tensor_args) for slot, value in enumerate(values) if value is not None}
+    order = [slot for slot, value in zip(recipe.signed, signed) if value is not None]
+    order += [slot for slot, value in zip(recipe.derived, derived) if value is not None]
+
+    # One buffer: the struct, then each DLTensor (with its shape and strides) in call order.
+    args_size = ctypes.sizeof(args)
+    places, end = [], (args_size + _WORD - 1) // _WORD * _WORD
+    for slot in order:
+        places.append(end)
+        end += (ctypes.sizeof(by_slot[slot].struct) + _WORD - 1) // _WORD * _WORD
+    buffer = (ctypes.c_uint64 * (end // _WORD))()
+    base = ctypes.addressof(buffer)
+    ctypes.memmove(base, ctypes.addressof(args), args_size)
+    for slot, place in zip(order, places):
+        tensor = by_slot[slot]
+        size = ctypes.sizeof(tensor.struct)
+        ctypes.memmove(base + place, tensor.address, size)
+        # The shape and strides arrays live inside the DLTensor object: point at the copies.
+        relocated = [
+            pointer - tensor.address + base + place
+            if tensor.address <= pointer < tensor.address + size
+            else pointer
+            for pointer in _POINTER_PAIR.unpack_from(buffer, place + _DLTENSOR_SHAPE)
+        ]
+        _POINTER_PAIR.pack_into(buffer, place + _DLTENSOR_SHAPE, *relocated)
+        s.POINTER_FIELD.pack_into(buffer, _POINTER_OFFSETS[_TENSOR_NAMES[slot]], base + place)
+    # What a call writes, in buffer order: the offsets, the stream, each DLTensor's data. One
+    # pack_into writes them all; struct would zero the bytes between them ("x" padding), so
+    # those go in as "s" fields holding the buffer's own bytes (constant once built).
+    fields = [(_POSITION_OFFSET + 8, "q"), (_STREAM_OFFSET, "P")]
+    fields += [(place, "P") for place in places]
+    contents = bytes(buffer)
+    pack_format, template, at = "@q", [0], _POSITION_OFFSET + _WORD
+    for offset, code in fields:
+        if offset > at:
+            pack_format += f"{offset - at}s"
+            template.append(contents[at:offset])
+        pack_format += code
+        template.append(0)
+        at = offset + _WORD
+    packer = struct.Struct(pack_format)
+    if packer.size != at - _POSITION_OFFSET:
+        raise RuntimeError("rope_jit: unexpected padding in a plan's pack format")
+    # Where the call's values go in the template: offsets, stream, pointers (every other one,
+    # a gap between each two).
+    if len(template) != 4 + 2 * len(places) or not all(
+        type(gap) is bytes for gap in template[2::2]
+    ):
+        raise RuntimeError("rope_jit: unexpected gaps in a plan's pack format")
+
     cuda_device = -1
-    for value in values:
-        if value is None:
-            data_structs.append(None)
-            continue
-        tensor = next(tensor_args)
-        tensor.keepalive = ()  # a plan must not keep the first call's tensors alive
-        data_structs.append(tensor.struct)
-        if cuda_device < 0 and value.is_cuda:
-            cuda_device = value.get_device()
-    return Plan(args, held, data_structs, cuda_device)
-
-
-def run(runtime, plan, values, position_offset, q_position_offset):
-    """Patches `plan` with the tensors' data pointers, the offsets and the stream (PyTorch's
-    current one on the plan's device), then calls the library."""
-    for value, dl_tensor in zip(values, plan.data_structs):
-        if dl_tensor is not None:
-            _pack_pointer(dl_tensor, 0, value.data_ptr())
-    args = plan.args
-    try:
-        _pack_offsets(args, _POSITION_OFFSET, position_offset, q_position_offset)
-    except struct.error:
-        c_int(position_offset, "position_offset", 64)  # raises the error that names it
-        c_int(q_position_offset, "q_position_offset", 64)
-        raise
-    device = plan.cuda_device
-    if device >= 0:
-        checked = _checked_devices()
-        if checked is None or device not in checked:
-            _cuda_context.ensure_current(device)
-        _pack_pointer(args, _STREAM_OFFSET, _raw_stream(device))
-    library = runtime.library
-    status = library.rope_jit_rope(runtime.handle, plan.args_ref)
-    if status:
-        library.check("rope_jit_rope", status)
+    for tensor in by_slot.values():
+        if tensor.struct.device.device_type == s.KDL_CUDA:
+            cuda_device = tensor.struct.device.device_id
+            break
+    if cuda_device >= 0:
+        # Plans are per thread: this thread's context is checked once, before its first launch.
+        checked = _cuda_context.checked_devices()
+        if checked is None or cuda_device not in checked:
+            _cuda_context.ensure_current(cuda_device)
+    outside = [item for item in held if not hasattr(item, "keepalive")]
+    args_view = s.RopeArgs.from_buffer(buffer)
+    return Plan(
+        buffer, args_view, packer.pack_into, template, cuda_device, outside, library.rope_jit_rope
+    )

@@ -83,6 +83,13 @@ _TENSOR_NAMES = (
 )
 # Where each one's DLTensor pointer lies in rope_jit_rope_args.
 _POINTER_OFFSETS = {name: getattr(s.RopeArgs, name).offset for name in _TENSOR_NAMES}
+# rope()'s torch hot path: every tensor argument is part of a plan's signature. Calls that
+# give none of the tensors past xpos_scale (all but learned frequencies and QK-norm) are keyed
+# on the first ones only: fewer absent slots to walk per call.
+_ROPE_RECIPE = _plans.Recipe("rope", _TENSOR_NAMES, _TENSOR_NAMES)
+_COMMON = _TENSOR_NAMES.index("xpos_scale") + 1
+_ROPE_COMMON_RECIPE = _plans.Recipe("rope common", _TENSOR_NAMES, _TENSOR_NAMES[:_COMMON])
+_ABSENT_TAIL = (None,) * (len(_TENSOR_NAMES) - _COMMON)
 
 
 def build_args(
@@ -267,29 +274,42 @@ def rope(
         q_norm_weight_grad,
         k_norm_weight_grad,
     )  # as _TENSOR_NAMES
-    norm = q_norm_weight is not None
     # PyTorch tensors take the planned path: the argument struct of this signature is built
     # once (below) and only the data pointers, offsets and stream change per call.
     # (QK-norm calls take the general path: a plan's key does not hold norm_eps.)
-    planned = not norm and type(q) in (_plans.TORCH_TENSOR_TYPES or _plans.torch_types())
-    if planned and _plans.call(
-        runtime,
-        values,
-        layout,
-        position_offset,
-        q_position_offset,
-        rotary_dim,
-        rotary_offset,
-        style,
-        backward,
-        mrope_sections,
-        mrope_interleaved,
-        stream,
+    if (
+        q_norm_weight is None
+        and stream is None
+        and type(q) in (_plans.TORCH_TENSOR_TYPES or _plans.torch_types())
     ):
-        return (
-            q_out if q_out is not None else q,
-            None if k is None else (k_out if k_out is not None else k),
-        )
+        try:
+            mrope = (
+                (None, False)
+                if mrope_sections is None
+                else (tuple(mrope_sections), bool(mrope_interleaved))
+            )
+            # Sections of floats would find the plan of equal ints: the general path refuses them.
+            if mrope[0] is not None and not all(hasattr(n, "__index__") for n in mrope[0]):
+                mrope = None
+        except (TypeError, AttributeError, RuntimeError):
+            mrope = None  # the general path names the problem
+        try:  # (a tuple of Nones against another: identity checks; NumPy's == can raise)
+            common = values[_COMMON:] == _ABSENT_TAIL
+        except (ValueError, TypeError, RuntimeError):
+            common = False
+        if mrope is not None and _plans.call(
+            runtime,
+            _ROPE_COMMON_RECIPE if common else _ROPE_RECIPE,
+            values[:_COMMON] if common else values,
+            (),
+            (layout, rotary_dim, rotary_offset, style, bool(backward)) + mrope,
+            position_offset,
+            q_position_offset,
+        ):
+            return (
+                q_out if q_out is not None else q,
+                None if k is None else (k_out if k_out is not None else k),
+            )
     library = runtime.library
     stream_handle = resolve_stream(stream, [value for value in values if value is not None])
     args, held = build_args(

@@ -36,11 +36,15 @@ from . import _plans
 from .attention import attention as _call_attention
 from .attention import attention_backward as _call_attention_backward
 from .attention import has_attention as _has_attention
-from .rope import LAYOUTS
+from .rope import _TENSOR_NAMES, LAYOUTS
 from .rope import rope as _rope
 from .runtime import default_runtime
 
 _TABLE_NAMES = ("cos", "sin", "inv_freq", "xpos_scale")
+# apply_rope's tables and positions, in the order of the ops' schema and of `tables` below.
+_TABLE_FIELDS = (
+    "cos", "sin", "inv_freq", "positions", "seqlen_offsets", "cu_seqlens", "xpos_scale"
+)
 
 # The ops are defined with torch.library.Library.define / impl: a call goes from the dispatcher
 # straight to the Python kernel, where torch.library.custom_op adds its own Python layers
@@ -500,40 +504,54 @@ rope_qk_inplace_op = _define(
 # TorchDispatchMode (FakeTensorMode, FlopCounterMode...) on the stack; elsewhere the ops run.
 
 
+# apply_rope's tensors in a plan: q, k and the tables are signed; the outputs are made here by
+# torch.empty_like of q and k, so their shapes, strides, dtypes and devices follow from q's
+# and k's (see _plans.Recipe).
+APPLY_RECIPE = _plans.Recipe(
+    "apply_rope",
+    _TENSOR_NAMES,
+    signed=("q", "k") + _TABLE_FIELDS,
+    derived=("q_out", "k_out"),
+)
+
+
 class _Call:
-    """What a forward resolved (tables, scalars, runtime), kept for its backward."""
+    """What a forward resolved (recipe, tables, scalars, runtime), kept for its backward.
+
+    `tables` are the recipe's signed tensors after q and k; `derived` its derived ones after
+    the outputs (e.g. the HF drop-in's sequence starts); `params` = (layout, rotary_dim,
+    rotary_offset, style)."""
 
     __slots__ = (
+        "recipe",
         "tables",
+        "derived",
+        "params",
         "position_offset",
         "q_position_offset",
-        "rotary_dim",
-        "rotary_offset",
-        "style",
-        "layout",
         "backward",
         "runtime",
     )
 
     def __init__(
-        self,
-        tables,
-        position_offset,
-        q_position_offset,
-        rotary_dim,
-        rotary_offset,
-        style,
-        layout,
-        backward,
-        runtime,
+        self, recipe, tables, derived, params, position_offset, q_position_offset, backward, runtime
     ):
-        self.tables, self.position_offset, self.q_position_offset = (
-            tables,
-            position_offset,
-            q_position_offset,
+        self.recipe, self.tables, self.derived, self.params = recipe, tables, derived, params
+        self.position_offset, self.q_position_offset = position_offset, q_position_offset
+        self.backward, self.runtime = backward, runtime
+
+    def inverse(self):
+        """The same call in the other direction (the gradient's own graph)."""
+        return _Call(
+            self.recipe,
+            self.tables,
+            self.derived,
+            self.params,
+            self.position_offset,
+            self.q_position_offset,
+            not self.backward,
+            self.runtime,
         )
-        self.rotary_dim, self.rotary_offset, self.style = rotary_dim, rotary_offset, style
-        self.layout, self.backward, self.runtime = layout, backward, runtime
 
     def launch(self, q, k, backward, inplace=False):
         """(q_out, k_out): q and k rotated (inversely with `backward`) into new tensors, or
@@ -541,66 +559,42 @@ class _Call:
         if inplace:
             q_out = k_out = None
         else:
-            q_out = torch.empty_like(q)
-            k_out = None if k is None else torch.empty_like(k)
-        cos, sin, inv_freq, positions, seqlen_offsets, cu_seqlens, xpos_scale = self.tables
-        values = (
-            q,
-            k,
-            q_out,
-            k_out,
-            cos,
-            sin,
-            inv_freq,
-            positions,
-            seqlen_offsets,
-            cu_seqlens,
-            xpos_scale,
-            None,
-            None,
-            None,
-        )
+            q_out = _empty_like(q)
+            k_out = None if k is None else _empty_like(k)
+        signed = (q, k) + self.tables
+        derived = (q_out, k_out) + self.derived
         if not _plans.call(
             self.runtime,
-            values,
-            self.layout,
+            self.recipe,
+            signed,
+            derived,
+            self.params + (backward, None, False, inplace),
             self.position_offset,
             self.q_position_offset,
-            self.rotary_dim,
-            self.rotary_offset,
-            self.style,
-            backward,
-            None,
-            False,
-            None,
         ):
+            layout, rotary_dim, rotary_offset, style = self.params
+            values = self.recipe.values(signed, derived)
+            given = zip(_TENSOR_NAMES[2:], values[2:])
             _rope(
                 q,
                 k,
-                q_out=q_out,
-                k_out=k_out,
-                cos=cos,
-                sin=sin,
-                inv_freq=inv_freq,
-                positions=positions,
-                seqlen_offsets=seqlen_offsets,
-                cu_seqlens=cu_seqlens,
-                xpos_scale=xpos_scale,
+                **{name: value for name, value in given if value is not None},
                 position_offset=self.position_offset,
                 q_position_offset=self.q_position_offset,
-                rotary_dim=self.rotary_dim,
-                rotary_offset=self.rotary_offset,
-                style=self.style,
+                rotary_dim=rotary_dim,
+                rotary_offset=rotary_offset,
+                style=style,
                 backward=backward,
-                layout=self.layout,
+                layout=layout,
                 runtime=self.runtime,
             )
         return q_out, k_out
 
 
 class _RopeFunction(torch.autograd.Function):
-    """apply_rope's autograd in eager mode: forward and backward are one library call each.
-    Its backward is itself differentiable (double backward) through this Function."""
+    """apply_rope's autograd in eager mode: forward and backward are one library call each
+    (the backward through the same recipe and tables as its forward). Its backward is itself
+    differentiable (double backward) through this Function."""
 
     @staticmethod
     def forward(ctx, q, k, call):
@@ -613,18 +607,7 @@ class _RopeFunction(torch.autograd.Function):
         # Outputs that did not reach the loss come as zeros (materialize_grads), never None.
         call = ctx.call
         if torch.is_grad_enabled():  # create_graph: the gradient's own graph
-            inverse = _Call(
-                call.tables,
-                call.position_offset,
-                call.q_position_offset,
-                call.rotary_dim,
-                call.rotary_offset,
-                call.style,
-                call.layout,
-                not call.backward,
-                call.runtime,
-            )
-            grads = _RopeFunction.apply(grad_q, grad_k, inverse)
+            grads = _RopeFunction.apply(grad_q, grad_k, call.inverse())
             return (grads, None, None) if grad_k is None else (grads[0], grads[1], None)
         grad_q, grad_k = call.launch(grad_q, grad_k, not call.backward)
         return grad_q, grad_k, None
@@ -632,10 +615,14 @@ class _RopeFunction(torch.autograd.Function):
 
 _dispatch_stack_depth = torch._C._len_torch_dispatch_stack
 _is_compiling = torch.compiler.is_compiling
-_TENSOR = torch.Tensor
+_is_grad_enabled = torch.is_grad_enabled
+_empty_like = torch.empty_like
+_apply_function = _RopeFunction.apply
 
 
-def _eager_fast_path_applies(q, k, tables):
+def eager_path_applies(q, k, tables):
+    """Whether a call on these tensors may skip the ops: eager mode (no torch.compile tracing,
+    no TorchDispatchMode on the stack) and plain torch tensors only."""
     if _is_compiling() or _dispatch_stack_depth():
         return False
     types = _plans.TORCH_TENSOR_TYPES or _plans.torch_types()
@@ -645,6 +632,24 @@ def _eager_fast_path_applies(q, k, tables):
         if table is not None and type(table) not in types:
             return False
     return True
+
+
+def run_eager(call, q, k, inplace, records_grad):
+    """apply_rope's eager result for a resolved call: one library call (in place or into new
+    tensors), or, when autograd records it, one _RopeFunction node (then, in place, copied)."""
+    if inplace and not records_grad:
+        call.launch(q, k, call.backward, inplace=True)
+        return q if k is None else (q, k)
+    if records_grad:
+        rotated = _apply_function(q, k, call)
+    else:
+        q_out, k_out = call.launch(q, k, call.backward)
+        rotated = q_out if k is None else (q_out, k_out)
+    if not inplace:
+        return rotated
+    if k is None:
+        return q.copy_(rotated)
+    return q.copy_(rotated[0]), k.copy_(rotated[1])
 
 
 # ------------------------------------------------------------------------------------------
@@ -705,40 +710,32 @@ def apply_rope(
     if layout not in LAYOUTS:
         raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
     tables = (cos, sin, inv_freq, positions, seqlen_offsets, cu_seqlens, xpos_scale)
-    grad_mode = torch.is_grad_enabled()
-    if grad_mode:
+    grad_mode = _is_grad_enabled()
+    if grad_mode and (
+        (cos is not None and cos.requires_grad)
+        or (sin is not None and sin.requires_grad)
+        or (inv_freq is not None and inv_freq.requires_grad)
+        or (xpos_scale is not None and xpos_scale.requires_grad)
+    ):
         _refuse_table_grads(
             {"cos": cos, "sin": sin, "inv_freq": inv_freq, "xpos_scale": xpos_scale}
         )
     records_grad = grad_mode and (q.requires_grad or (k is not None and k.requires_grad))
 
-    if _eager_fast_path_applies(q, k, tables):
+    if eager_path_applies(q, k, tables):
         if k is None:  # without k, q's own offset simply adds to the common one
             position_offset, q_position_offset = position_offset + q_position_offset, 0
         call = _Call(
+            APPLY_RECIPE,
             tables,
+            (),
+            (layout, rotary_dim, rotary_offset, style),
             position_offset,
             q_position_offset,
-            rotary_dim,
-            rotary_offset,
-            style,
-            layout,
-            backward,
+            bool(backward),
             default_runtime(),
         )
-        if inplace and not records_grad:
-            call.launch(q, k, backward, inplace=True)
-            return q if k is None else (q, k)
-        if records_grad:
-            rotated = _RopeFunction.apply(q, k, call)
-        else:
-            q_out, k_out = call.launch(q, k, backward)
-            rotated = q_out if k is None else (q_out, k_out)
-        if not inplace:
-            return rotated
-        if k is None:
-            return q.copy_(rotated)
-        return q.copy_(rotated[0]), k.copy_(rotated[1])
+        return run_eager(call, q, k, inplace, records_grad)
 
     interleaved = style == "interleaved"
 

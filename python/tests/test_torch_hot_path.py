@@ -178,3 +178,113 @@ def test_the_ops_are_defined_with_torch_library_not_custom_op():
     # Library.define/impl: the dispatcher calls the kernel with no CustomOpDef layer around it.
     assert isinstance(torch_ops.rope_qk_op, torch._ops.OpOverload)
     assert torch_ops.rope_qk_op._schema.name == "rope_jit::rope_qk"
+
+
+def _plan_recipes(runtime):
+    return [key[0].name for key in _plans._plans_of(runtime)]
+
+
+@pytest.mark.parametrize("per_sequence", [False, True])
+def test_the_hf_drop_in_runs_through_a_plan_of_its_own_and_matches_the_formula(per_sequence):
+    from rope_jit.dropin import hf
+
+    batch, seq_len, head_dim = 3, 5, 16
+    starts = torch.arange(batch)[:, None] * (7 if per_sequence else 0)
+    positions = torch.arange(seq_len)[None] + starts  # [B, S]
+    cos, sin = hf_tables(positions.reshape(-1), head_dim)
+    cos, sin = cos.reshape(batch, seq_len, head_dim), sin.reshape(batch, seq_len, head_dim)
+    if not per_sequence:
+        cos, sin = cos[:1], sin[:1]
+    runtime = rope_jit.default_runtime()
+    for seed in range(3):  # new tensors of one signature: one plan, refilled
+        # [B, H, S, D] views of [B, S, H, D] projections, as the models pass them.
+        q = random(batch, seq_len, 4, head_dim, seed=20 + seed, requires_grad=True).transpose(1, 2)
+        k = random(batch, seq_len, 2, head_dim, seed=30 + seed, requires_grad=True).transpose(1, 2)
+        got_q, got_k = hf.apply_rotary_pos_emb(q, k, cos, sin)
+        for got, x in ((got_q, q), (got_k, k)):
+            want = x * cos[:, None] + torch.cat((-x[..., 8:], x[..., :8]), -1) * sin[:, None]
+            torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
+        weight = torch.randn_like(got_q)
+        (grad_q,) = torch.autograd.grad((got_q * weight).sum(), (q,))
+        # The gradient of the rotation: the inverse rotation of the output's gradient.
+        want_grad = weight * cos[:, None] + torch.cat(
+            (weight[..., 8:], -weight[..., :8]), -1
+        ) * sin[:, None]
+        torch.testing.assert_close(grad_q, want_grad, rtol=2e-5, atol=2e-5)
+    recipe = "hf cos/sin per sequence" if per_sequence else "hf shared cos/sin"
+    assert recipe in _plan_recipes(runtime)
+
+
+def test_a_view_that_would_copy_gets_no_plan_and_the_general_path_still_answers():
+    from rope_jit.dropin import hf
+
+    batch, seq_len, head_dim = 2, 3, 16
+    positions = torch.arange(batch * seq_len) * 3
+    cos, sin = hf_tables(positions, head_dim)
+    # [B, S, D] tables whose rows cannot be viewed as [B*S, D] (S and B exchanged in memory):
+    # reshape copies, so the library must read the copy, every call.
+    cos = cos.reshape(seq_len, batch, head_dim).transpose(0, 1)
+    sin = sin.reshape(seq_len, batch, head_dim).transpose(0, 1)
+    q = random(batch, 4, seq_len, head_dim, seed=40)
+    k = random(batch, 2, seq_len, head_dim, seed=41)
+    runtime = rope_jit.default_runtime()
+    for _ in range(2):
+        got_q, got_k = hf.apply_rotary_pos_emb(q, k, cos, sin)
+        for got, x in ((got_q, q), (got_k, k)):
+            want = x * cos[:, None] + torch.cat((-x[..., 8:], x[..., :8]), -1) * sin[:, None]
+            torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
+    assert any(plan is _plans._NO_PLAN for plan in _plans._plans_of(runtime).values())
+
+
+def test_apply_rope_outputs_are_derived_yet_a_new_input_layout_gets_a_new_plan():
+    # The outputs' strides follow q's (empty_like keeps a dense layout): a transposed q gives
+    # transposed outputs, through another plan, and both results are right.
+    cos, sin = hf_tables(torch.arange(16), 16)
+    runtime = rope_jit.default_runtime()
+    contiguous = random(1, 3, 16, 16, seed=50)
+    transposed = random(1, 16, 3, 16, seed=51).transpose(1, 2)
+    for q in (contiguous, transposed, contiguous):
+        out = rope_jit.apply_rope(q, None, cos, sin)
+        assert out.stride() == q.stride()
+        want = expected(q, cos, sin, torch.arange(16))
+        torch.testing.assert_close(out, want, rtol=2e-5, atol=2e-5)
+    keys = [key for key in _plans._plans_of(runtime) if key[0] is torch_ops.APPLY_RECIPE]
+    assert len({(key[2], key[3]) for key in keys}) >= 2  # q's shape and strides lead each key
+
+
+def test_a_plan_holds_its_struct_and_dltensors_in_one_buffer_that_points_into_itself():
+    cos, sin = hf_tables(torch.arange(8), 16)
+    q = random(1, 2, 8, 16, seed=60)
+    runtime = rope_jit.Runtime(backend="cpu")
+    rope_jit.rope(q, cos=cos, sin=sin, runtime=runtime)
+    (plan,) = _plans._plans_of(runtime).values()
+    import ctypes
+
+    start = ctypes.addressof(plan.buffer)
+    end = start + ctypes.sizeof(plan.buffer)
+    for name in ("q", "cos", "sin"):
+        pointer = ctypes.cast(getattr(plan.args, name), ctypes.c_void_p).value
+        assert start <= pointer < end, name
+        dl_tensor = getattr(plan.args, name).contents
+        shape = ctypes.cast(dl_tensor.shape, ctypes.c_void_p).value
+        assert start <= shape < end, name
+    assert plan.args.q.contents.shape[2] == 8 and plan.args.cos.contents.shape[1] == 16
+    runtime.close()
+
+
+def test_mrope_sections_of_floats_never_find_the_plan_of_equal_integers():
+    # (16.0 == 16 and they hash alike: a plan key holding the sections must not serve floats,
+    # which the general path refuses.)
+    cos, sin = hf_tables(torch.arange(8), 16)
+    q = random(1, 2, 4, 16, seed=70)
+    positions = torch.zeros(2, 4, dtype=torch.int64)
+    runtime = rope_jit.Runtime(backend="cpu")
+    out = torch.empty_like(q)
+    rope_jit.rope(q, cos=cos, sin=sin, positions=positions, mrope_sections=[4, 4], q_out=out,
+                  runtime=runtime)
+    torch.testing.assert_close(out, expected(q, cos, sin, torch.zeros(4, dtype=torch.int64)),
+                               rtol=2e-5, atol=2e-5)
+    with pytest.raises(TypeError, match=r"mrope_sections\[1\]"):
+        rope_jit.rope(q, cos=cos, sin=sin, positions=positions, mrope_sections=[4, 4.0],
+                      q_out=out, runtime=runtime)
+    runtime.close()

@@ -2,6 +2,9 @@
 
 import torch
 
+from .. import _plans, torch_ops
+from ..rope import _TENSOR_NAMES
+from ..runtime import default_runtime
 from ..torch_ops import apply_rope
 
 
@@ -25,6 +28,10 @@ def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
     """
     if isinstance(position_ids, int) and not isinstance(position_ids, bool):
         position_ids, unsqueeze_dim = None, position_ids
+    if position_ids is None:
+        rotated = _eager(q, k, cos, sin, unsqueeze_dim)
+        if rotated is not None:
+            return rotated
     if unsqueeze_dim not in (1, 2, -3, -2):
         raise ValueError(
             f"unsqueeze_dim: expected 1 ([B, H, S, D]) or 2 ([B, S, H, D]), got {unsqueeze_dim}"
@@ -66,9 +73,85 @@ def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
     )
 
 
+# The eager hot path of the models' own calls (cos/sin [B|1, S, R], no position_ids): the
+# plan's key holds cos and sin as the model passes them, and the library reads them through
+# views made once, when the plan is built (cos[0], or the [B*S, R] rows); the outputs and the
+# sequence starts are derived from q (_plans.Recipe). Same results as apply_rotary_pos_emb's
+# general code, which every other call takes.
+def _first(table):
+    return table[0]
+
+
+def _rows(table):
+    return table.reshape(-1, table.shape[-1])
+
+
+_SHARED = _plans.Recipe(
+    "hf shared cos/sin",
+    _TENSOR_NAMES,
+    signed=("q", "k", "cos", "sin"),
+    derived=("q_out", "k_out"),
+    views={"cos": _first, "sin": _first},
+)
+_PER_SEQUENCE = _plans.Recipe(
+    "hf cos/sin per sequence",
+    _TENSOR_NAMES,
+    signed=("q", "k", "cos", "sin"),
+    derived=("q_out", "k_out", "seqlen_offsets"),
+    views={"cos": _rows, "sin": _rows},
+)
+_NO_TABLES = ()
+
+
+def _eager(q, k, cos, sin, unsqueeze_dim):
+    """apply_rotary_pos_emb's result straight through a plan, or None when the general code
+    must run (tracing, a dispatch mode, other shapes, tables that require grad, bad input:
+    there, errors are raised as before)."""
+    if unsqueeze_dim == 1 or unsqueeze_dim == -3:
+        layout, seq_dim, head_dim = "bhsd", 2, 1
+    elif unsqueeze_dim == 2 or unsqueeze_dim == -2:
+        layout, seq_dim, head_dim = "bshd", 1, 2
+    else:
+        return None
+    if k is None or not torch_ops.eager_path_applies(q, k, (cos, sin)):
+        return None
+    q_shape, k_shape, cos_shape = q.shape, k.shape, cos.shape
+    if len(q_shape) != 4 or len(k_shape) != 4 or len(cos_shape) != 3:
+        return None
+    heads_k = k_shape[head_dim]
+    if cos_shape[1] != q_shape[seq_dim] or not heads_k or q_shape[head_dim] % heads_k:
+        return None
+    grad_mode = torch_ops._is_grad_enabled()
+    if grad_mode and (cos.requires_grad or sin.requires_grad):
+        return None
+    if cos_shape[0] == 1 or cos.stride(0) == 0:
+        recipe, derived = _SHARED, _NO_TABLES
+    else:
+        recipe = _PER_SEQUENCE
+        key = (q_shape[0], q_shape[seq_dim], q.device)
+        starts = _starts.get(key)  # (not compiling here: the cache serves)
+        derived = (starts if starts is not None else _sequence_starts(*key),)
+    call = torch_ops._Call(
+        recipe,
+        (cos, sin),
+        derived,
+        (layout, cos_shape[-1], 0, "half"),
+        0,
+        0,
+        False,
+        default_runtime(),
+    )
+    return torch_ops.run_eager(
+        call, q, k, False, grad_mode and (q.requires_grad or k.requires_grad)
+    )
+
+
 def apply_rotary_transformers(q, k, cos, sin, unsqueeze_dim=1):
     """The entry transformers' kernel mapping ("rotary_pos_emb", layer_name
     "apply_rotary_transformers") calls: apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim)."""
+    rotated = _eager(q, k, cos, sin, unsqueeze_dim)
+    if rotated is not None:
+        return rotated
     return apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
 
 

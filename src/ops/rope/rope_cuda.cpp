@@ -44,8 +44,19 @@ KernelRecipe rope_recipe_with_backward(const KernelSpec& spec) {
 
 RopeLaunch plan_rope_launch(const KernelSpec& spec, int64_t heads_q, int64_t heads_k, int64_t units,
                             int64_t sms) {
-    const RopeBlockFit fit =
-        rope_block_fit(rope_plan(spec), heads_q + heads_k, units, sms, spec.block_threads);
+    const RopePlan plan = rope_plan(spec);
+    RopeBlockFit fit = rope_block_fit(plan, heads_q + heads_k, units, sms, spec.block_threads);
+    // Tiny problems (decode: a token per sequence, fewer tokens than multiprocessors): the
+    // grid is a single partial wave, so the time is one thread's chain of dependent loads
+    // and stores, not bandwidth. One item a thread (a block as wide as its token's items)
+    // takes a whole load-rotate-store round off that chain (B=64, 32+8 heads, D128: 64
+    // blocks of 320 threads instead of 160 threads of two items). Larger problems keep the
+    // measured shape of rope_block_fit.
+    const int64_t token_items = (heads_q + heads_k) * plan.rot_items;
+    if (fit.problem == kRopeFitOk && fit.tokens == 1 && units <= sms && token_items > 0) {
+        const int64_t threads = (token_items + 31) / 32 * 32;
+        if (threads > fit.threads && threads <= spec.block_threads) fit.threads = int(threads);
+    }
     if (fit.problem == kRopeFitSharedMemory)
         throw Error(ROPE_JIT_ERROR_UNSUPPORTED,
                     fmt::format("rope: one token's angles need {} bytes of shared memory, over the "
