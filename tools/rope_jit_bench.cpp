@@ -124,6 +124,9 @@ struct Case {
     bool backward = false;
     bool in_place = true;
     bool qk_norm = false;  // RMSNorm of every head (weights [D] in the tensors' dtype) first
+    // KV cache write (issue 23): k rotated and v copied into paged NHD caches of 16-token
+    // blocks at slot_mapping (token t at slot t), float8 e4m3fn with scales when kv_fp8.
+    bool kv_cache = false, kv_fp8 = false;
 
     int64_t rotary() const { return rotary_dim == 0 ? D : rotary_dim; }
     bool packed() const { return layout == Layout::Thd; }
@@ -150,6 +153,11 @@ struct Case {
     }
     Case& normed() {
         qk_norm = true;
+        return *this;
+    }
+    Case& paged_kv(bool fp8) {
+        kv_cache = true;
+        kv_fp8 = fp8;
         return *this;
     }
     Case& partial(int64_t rotated) {
@@ -243,6 +251,9 @@ std::vector<Case> suite() {
         // partial rotary (128 of head_dim 512).
         llama("qwen3-8b qk-norm prefill").normed(),
         decode("decode B=64 qk-norm", 64).normed(),
+        // RoPE + paged KV cache write (NHD, slot_mapping) + FP8 caches in one launch.
+        llama("llama3-8b prefill paged kv fp8").paged_kv(true),
+        decode("decode B=64 paged kv fp8", 64).paged_kv(true),
         Case("gemma-4 proportional 128/512", 2, 4096, 16, 8, 512).proportional(128),
         Case("gemma-4 proportional 128/512 out of place", 2, 4096, 16, 8, 512)
             .proportional(128)
@@ -274,6 +285,7 @@ struct CaseData {
     int64_t rows_used = 0;   // distinct table rows the tokens use
     std::vector<char> cos, sin, inv_freq, positions, cu_seqlens;
     std::vector<char> norm_weights;  // QK-norm: q's [D] weights, then k's
+    std::vector<char> slot_mapping;  // KV cache: int64 [tokens], token t at slot t
     double qk_bytes = 0, table_bytes = 0, index_bytes = 0;
 
     double bytes() const { return qk_bytes + table_bytes + index_bytes; }
@@ -407,13 +419,24 @@ CaseData make_case_data(const Case& c) {
                               span_bytes(c.D / 2 * element, (c.D / 2 + pairs) * element, pitch)
                         : span_bytes(0, rotary * element, pitch);
     d.qk_bytes = 2.0 * rows * row_bytes;
+    if (c.kv_cache) {
+        // q as above; k read whole (it is not written) and its rotated row written to the
+        // cache; v read and written to its cache; the slots read once.
+        const double k_rows = double(d.tokens) * double(c.Hk);
+        const int64_t cache_element = c.kv_fp8 ? 1 : element;
+        d.qk_bytes = 2.0 * double(d.tokens) * double(c.Hq) * row_bytes +
+                     2.0 * k_rows * double(pitch + c.D * cache_element);
+        d.slot_mapping.resize(size_t(d.tokens) * 8);
+        for (int64_t t = 0; t < d.tokens; ++t) store_index(d.slot_mapping, size_t(t), 64, t);
+        d.index_bytes += double(d.slot_mapping.size());
+    }
     if (c.qk_norm) {
         d.norm_weights.resize(size_t(2 * c.D * element));
         for (int64_t i = 0; i < 2 * c.D; ++i)
             store_float(d.norm_weights, size_t(i), c.dtype, 1.0 + 0.01 * double(i % 7));
         d.table_bytes += double(d.norm_weights.size());
     }
-    d.index_bytes = double(d.positions.size() + d.cu_seqlens.size());
+    d.index_bytes += double(d.positions.size() + d.cu_seqlens.size());
     return d;
 }
 
@@ -561,6 +584,31 @@ public:
             k_norm_weight_ = {weights + c.D * element, device,  1, type,
                               weight_shape_.data(),    nullptr, 0};
         }
+        if (c.kv_cache) {
+            // v like k; caches [blocks, 16, Hk, D]; scales 1.
+            v_ = k_;
+            v_.data = memory.filled(k_bytes, 0x3c);
+            const int64_t block = 16, blocks = (d.tokens + block - 1) / block;
+            cache_shape_ = {blocks, block, c.Hk, c.D};
+            const DLDataType cache_type =
+                c.kv_fp8 ? DLDataType{ROPE_JIT_DLPACK_FLOAT8_E4M3FN, 8, 1} : type;
+            const size_t cache_bytes =
+                size_t(blocks * block * c.Hk * c.D) * (c.kv_fp8 ? 1 : element);
+            k_cache_ = {memory.filled(cache_bytes, 0), device, 4, cache_type, cache_shape_.data(),
+                        nullptr, 0};
+            v_cache_ = {memory.filled(cache_bytes, 0), device, 4, cache_type, cache_shape_.data(),
+                        nullptr, 0};
+            slots_shape_ = {d.tokens};
+            expect_bytes(d.slot_mapping, size_t(d.tokens) * 8, "slot_mapping");
+            slot_mapping_ = {memory.copy_of(d.slot_mapping), device, 1, DLDataType{kDLInt, 64, 1},
+                             slots_shape_.data(), nullptr, 0};
+            scale_shape_ = {1};
+            std::vector<char> one(4);
+            const float unit = 1.0f;
+            std::memcpy(one.data(), &unit, 4);
+            scale_ = {memory.copy_of(one), device, 1, DLDataType{kDLFloat, 32, 1},
+                      scale_shape_.data(), nullptr, 0};
+        }
         memory.ready();
 
         rope_jit_rope_args_init(&args_);
@@ -581,6 +629,15 @@ public:
         if (c.qk_norm) {
             args_.q_norm_weight = &q_norm_weight_;
             args_.k_norm_weight = &k_norm_weight_;
+        }
+        if (c.kv_cache) {
+            args_.kv_layout = ROPE_JIT_KV_CACHE_PAGED_NHD;
+            args_.v = &v_;
+            args_.k_cache = &k_cache_;
+            args_.v_cache = &v_cache_;
+            args_.slot_mapping = &slot_mapping_;
+            args_.k_out = nullptr;  // k goes to the cache
+            if (c.kv_fp8) args_.k_scale = args_.v_scale = &scale_;
         }
         args_.rotary_dim = c.rotary_dim == 0 ? 0 : int32_t(c.rotary_dim);
         args_.style = c.style;
@@ -605,10 +662,11 @@ private:
     }
 
     std::vector<int64_t> q_shape_, q_strides_, k_shape_, k_strides_, table_shape_, freq_shape_,
-        positions_shape_, cu_shape_, weight_shape_;
+        positions_shape_, cu_shape_, weight_shape_, cache_shape_, slots_shape_, scale_shape_;
     size_t q_bytes_ = 0, k_bytes_ = 0;
     DLTensor q_{}, k_{}, q_out_{}, k_out_{}, cos_{}, sin_{}, inv_freq_{}, positions_{},
-        cu_seqlens_{}, q_norm_weight_{}, k_norm_weight_{};
+        cu_seqlens_{}, q_norm_weight_{}, k_norm_weight_{}, v_{}, k_cache_{}, v_cache_{},
+        slot_mapping_{}, scale_{};
     rope_jit_rope_args args_{};
 };
 
@@ -739,6 +797,7 @@ nlohmann::json case_json(const Case& c, const CaseData& d, double seconds, doubl
                         {"fraction_of_copy", gbps / copy_gbps},
                         {"style", style_name(c.style)},
                         {"qk_norm", c.qk_norm},
+                        {"kv_cache", c.kv_cache ? (c.kv_fp8 ? "paged-nhd-fp8" : "paged-nhd") : "none"},
                         {"rotary_dim", c.rotary()},
                         {"positions", positions_name(c)},
                         {"angles", angles_name(c.angles)},
