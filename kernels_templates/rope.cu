@@ -210,13 +210,14 @@ __device__ __forceinline__ void store_fp8(unsigned char* y, long long stride, co
 #pragma unroll
     for (int j = 0; j < N / 2; ++j)
         pairs[j] = e4m3x2_bits(__fdiv_rn(v[2 * j], scale), __fdiv_rn(v[2 * j + 1], scale));
-    if (N % 2 != 0) pairs[N / 2] = static_cast<unsigned short>(e4m3_bits(__fdiv_rn(v[N - 1], scale)));
+    if (N % 2 != 0)
+        pairs[N / 2] = static_cast<unsigned short>(e4m3_bits(__fdiv_rn(v[N - 1], scale)));
     if constexpr (VECTOR && N == 8) {
         struct alignas(8) Words {
             unsigned lo, hi;
         };
-        *reinterpret_cast<Words*>(y) = Words{pairs[0] | (unsigned(pairs[1]) << 16),
-                                             pairs[2] | (unsigned(pairs[3]) << 16)};
+        *reinterpret_cast<Words*>(y) =
+            Words{pairs[0] | (unsigned(pairs[1]) << 16), pairs[2] | (unsigned(pairs[3]) << 16)};
     } else if constexpr (VECTOR && N == 4) {
         *reinterpret_cast<unsigned*>(y) = pairs[0] | (unsigned(pairs[1]) << 16);
     } else if constexpr (VECTOR && N == 2) {
@@ -349,8 +350,8 @@ __device__ __forceinline__ void rotate_store_item(ItemData data, T* y, long long
 }
 
 // The same for an FP8 output (float8 e4m3fn): the fp32 results quantized by `scale`.
-__device__ __forceinline__ void rotate_store_item_fp8(ItemData data, unsigned char* y,
-                                                      long long ys, const ItemSpan& span,
+__device__ __forceinline__ void rotate_store_item_fp8(ItemData data, unsigned char* y, long long ys,
+                                                      const ItemSpan& span,
                                                       const ItemAngles& angles, float scale) {
     float own[VEC], partner[VEC];
     if (INTERLEAVED) {
@@ -565,7 +566,8 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM)
                 if (base.k_in >= 0 && cache_slot(p, *cache, b, s, &block, &slot)) {
                     base.k_out = block * p.k_out_stride[0] + slot * p.k_out_stride[2];
                     value.v_in = b * cache->v_stride[0] + s * cache->v_stride[2];
-                    value.v_out = block * cache->v_cache_stride[0] + slot * cache->v_cache_stride[2];
+                    value.v_out =
+                        block * cache->v_cache_stride[0] + slot * cache->v_cache_stride[2];
                 } else {
                     base.k_in = -1;
                 }

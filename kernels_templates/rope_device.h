@@ -134,8 +134,8 @@ __device__ __forceinline__ void split_token(const RopeKernelParams& p, long long
 __device__ bool cache_slot(const RopeKernelParams& p, const RopeCacheParams& c, long long b,
                            long long s, long long* block, long long* slot) {
     if (KV_CACHE == 2) {
-        const long long value =
-            load_index<KV_INDEX_INT64>(c.slot_mapping, (b * p.seqlen_k + s) * c.slot_mapping_stride);
+        const long long value = load_index<KV_INDEX_INT64>(
+            c.slot_mapping, (b * p.seqlen_k + s) * c.slot_mapping_stride);
         if (value < 0) return false;
         *block = value / c.cache_slots;
         *slot = value - *block * c.cache_slots;

@@ -247,8 +247,7 @@ enum RopeFitProblem {
 // k, whose v rows (plan.v_items copies each) the same threads copy.
 ROPE_JIT_HOST_DEVICE constexpr RopeBlockFit rope_block_fit(const RopePlan& plan, long long heads,
                                                            long long units, long long sms,
-                                                           int max_threads,
-                                                           long long heads_k = 0) {
+                                                           int max_threads, long long heads_k = 0) {
     RopeBlockFit fit{};
     long long items_per_token = heads * plan.rot_items + heads_k * plan.v_items;
     if (items_per_token < 1) items_per_token = 1;

@@ -52,15 +52,15 @@ inline std::string describe(const KvCase& c) {
     const char* styles[] = {"half", "interleaved", "proportional"};
     return std::string(rope_test::dt_name(c.dt)) + " " + styles[c.style] + " D" +
            std::to_string(c.D) + " R" + std::to_string(c.R) + "@" + std::to_string(c.offset) +
-           " Dv" + std::to_string(c.Dv) + " B" + std::to_string(c.B) + " S" +
-           std::to_string(c.S) + " Hk" + std::to_string(c.Hk) + "x" + std::to_string(c.group) +
-           " " + layouts[c.layout] + "/" + indexes[int(c.index)] +
-           (c.index_dt == Dt::I32 ? "/i32" : "") + " bs" + std::to_string(c.block_size) +
-           (c.fp8 ? " fp8" : "") + (c.scales ? " scales" : "") + (c.tiny_scale ? "(tiny)" : "") +
-           (c.q_fp8 ? " q_fp8" : "") + (c.packed ? " packed" : "") +
-           (c.positions ? " positions" : "") + (c.offsets ? " offsets" : "") +
-           (c.inv_freq ? " inv_freq" : "") + (c.bshd ? " bshd" : " bhsd") +
-           (c.in_place_q ? "" : " q_out") + (c.skip_slots ? " skips" : "");
+           " Dv" + std::to_string(c.Dv) + " B" + std::to_string(c.B) + " S" + std::to_string(c.S) +
+           " Hk" + std::to_string(c.Hk) + "x" + std::to_string(c.group) + " " + layouts[c.layout] +
+           "/" + indexes[int(c.index)] + (c.index_dt == Dt::I32 ? "/i32" : "") + " bs" +
+           std::to_string(c.block_size) + (c.fp8 ? " fp8" : "") + (c.scales ? " scales" : "") +
+           (c.tiny_scale ? "(tiny)" : "") + (c.q_fp8 ? " q_fp8" : "") +
+           (c.packed ? " packed" : "") + (c.positions ? " positions" : "") +
+           (c.offsets ? " offsets" : "") + (c.inv_freq ? " inv_freq" : "") +
+           (c.bshd ? " bshd" : " bhsd") + (c.in_place_q ? "" : " q_out") +
+           (c.skip_slots ? " skips" : "");
 }
 
 // Family f: a deterministic mix of every option (the first few are the plain cases).
@@ -84,8 +84,8 @@ inline KvCase kv_case(int f) {
     c.Dv = pick(4) == 0 ? 0 : pick(3) == 0 ? 40 : c.D;
     c.layout = rope_jit_kv_cache_layout(1 + pick(3));
     c.index = c.layout == ROPE_JIT_KV_CACHE_CONTIGUOUS ? KvIndex::Rows
-              : pick(2)                                 ? KvIndex::SlotMapping
-                                                        : KvIndex::BlockTables;
+              : pick(2)                                ? KvIndex::SlotMapping
+                                                       : KvIndex::BlockTables;
     c.index_dt = pick(2) ? Dt::I64 : Dt::I32;
     c.block_size = std::vector<int64_t>{1, 4, 16}[size_t(pick(3))];
     c.fp8 = pick(2);
@@ -122,10 +122,24 @@ struct KvProblem {
 };
 
 inline std::vector<HostTensor*> slots_of(KvProblem& p) {
-    return {&p.q,        &p.k,         &p.v,           &p.q_out,        &p.k_cache,
-            &p.v_cache,  &p.cos,       &p.sin,         &p.inv_freq,     &p.positions,
-            &p.offsets,  &p.cu_seqlens, &p.slot_mapping, &p.block_tables, &p.k_scale,
-            &p.v_scale,  &p.q_scale,   &p.q_ref_out};
+    return {&p.q,
+            &p.k,
+            &p.v,
+            &p.q_out,
+            &p.k_cache,
+            &p.v_cache,
+            &p.cos,
+            &p.sin,
+            &p.inv_freq,
+            &p.positions,
+            &p.offsets,
+            &p.cu_seqlens,
+            &p.slot_mapping,
+            &p.block_tables,
+            &p.k_scale,
+            &p.v_scale,
+            &p.q_scale,
+            &p.q_ref_out};
 }
 
 // DLTensor views of the problem's tensors, NULL for the unused ones.
@@ -162,9 +176,11 @@ inline KvProblem make_kv_problem(const KvCase& c, std::mt19937& rng) {
         p.v = activations(c.Hk, c.Dv);
         p.v.fill_uniform(rng, -2, 2);
     }
-    if (c.q_fp8) p.q_out = c.packed ? HostTensor(Dt::F8, {p.tokens, Hq, c.D})
-                                    : HostTensor(Dt::F8, {c.B, Hq, c.S, c.D}, {0, 2, 1, 3});
-    else if (!c.in_place_q) p.q_out = activations(Hq, c.D);
+    if (c.q_fp8)
+        p.q_out = c.packed ? HostTensor(Dt::F8, {p.tokens, Hq, c.D})
+                           : HostTensor(Dt::F8, {c.B, Hq, c.S, c.D}, {0, 2, 1, 3});
+    else if (!c.in_place_q)
+        p.q_out = activations(Hq, c.D);
     p.q_ref_out = activations(Hq, c.D);
 
     // Each token's sequence, index, table row and cache position.
@@ -202,13 +218,15 @@ inline KvProblem make_kv_problem(const KvCase& c, std::mt19937& rng) {
     if (c.positions) {
         p.positions = c.packed ? HostTensor(Dt::I64, {p.tokens}) : HostTensor(Dt::I64, {c.B, c.S});
         for (int64_t t = 0; t < p.tokens; ++t)
-            p.positions.set_at(p.positions.offset(c.packed ? std::vector<int64_t>{t}
-                                                           : std::vector<int64_t>{t / c.S, t % c.S}),
-                               double(position[size_t(t)]));
+            p.positions.set_at(
+                p.positions.offset(c.packed ? std::vector<int64_t>{t}
+                                            : std::vector<int64_t>{t / c.S, t % c.S}),
+                double(position[size_t(t)]));
     }
     if (c.offsets) {
         p.offsets = HostTensor(Dt::I64, {p.num_sequences});
-        for (int64_t b = 0; b < p.num_sequences; ++b) p.offsets.set({b}, double(seq_offset[size_t(b)]));
+        for (int64_t b = 0; b < p.num_sequences; ++b)
+            p.offsets.set({b}, double(seq_offset[size_t(b)]));
     }
     if (c.packed) {
         p.cu_seqlens = HostTensor(Dt::I64, {c.B + 1});
@@ -218,7 +236,8 @@ inline KvProblem make_kv_problem(const KvCase& c, std::mt19937& rng) {
     // Angles: a table of cos/sin (float32) or inv_freq.
     std::vector<double> freq(static_cast<size_t>(pairs));
     for (int64_t i = 0; i < pairs; ++i)
-        freq[size_t(i)] = double(float(std::pow(100.0, -2.0 * double(i) / double(std::max<int64_t>(c.R, 2)))));
+        freq[size_t(i)] =
+            double(float(std::pow(100.0, -2.0 * double(i) / double(std::max<int64_t>(c.R, 2)))));
     if (c.inv_freq) {
         p.inv_freq = HostTensor(Dt::F32, {pairs});
         for (int64_t i = 0; i < pairs; ++i) p.inv_freq.set({i}, freq[size_t(i)]);
@@ -269,7 +288,8 @@ inline KvProblem make_kv_problem(const KvCase& c, std::mt19937& rng) {
         p.block_tables = HostTensor(c.index_dt, {p.num_sequences, max_blocks});
         for (int64_t b = 0; b < p.num_sequences; ++b)
             for (int64_t e = 0; e < max_blocks; ++e)
-                p.block_tables.set({b, e}, e < entries ? double(pool[size_t(b * entries + e)]) : -1.0);
+                p.block_tables.set({b, e},
+                                   e < entries ? double(pool[size_t(b * entries + e)]) : -1.0);
         for (int64_t t = 0; t < p.tokens; ++t) {
             const int64_t pos = cache_position[size_t(t)];
             p.block[size_t(t)] = pool[size_t(sequence[size_t(t)] * entries + pos / slots)];
@@ -278,7 +298,8 @@ inline KvProblem make_kv_problem(const KvCase& c, std::mt19937& rng) {
     }
     auto cache = [&](int64_t dim) {
         switch (c.layout) {
-            case ROPE_JIT_KV_CACHE_PAGED_HND: return HostTensor(cache_dt, {blocks, c.Hk, slots, dim});
+            case ROPE_JIT_KV_CACHE_PAGED_HND:
+                return HostTensor(cache_dt, {blocks, c.Hk, slots, dim});
             default: return HostTensor(cache_dt, {blocks, slots, c.Hk, dim});
         }
     };
@@ -396,7 +417,8 @@ inline void check_against_definition(KvProblem& p, KvProblem& before) {
         return c.layout == ROPE_JIT_KV_CACHE_PAGED_HND ? std::vector<int64_t>{block, h, slot, d}
                                                        : std::vector<int64_t>{block, slot, h, d};
     };
-    std::vector<char> k_written(p.k_cache.bytes().size(), 0), v_written(p.v_cache.bytes().size(), 0);
+    std::vector<char> k_written(p.k_cache.bytes().size(), 0),
+        v_written(p.v_cache.bytes().size(), 0);
     std::vector<double> x(size_t(c.D)), y(size_t(c.D));
     std::vector<char> rotated(size_t(c.D), 0);
     for (int64_t i = 0; i < pairs; ++i) {

@@ -146,9 +146,9 @@ TEST_SUITE("gpu") {
             c.D = c.R = c.Dv = 64;
             std::mt19937 rng(kKvSeed + 300 + uint32_t(dt));
             KvProblem p = make_kv_problem(c, rng);
-            const double specials[] = {NAN,    -NAN,   INFINITY, -INFINITY, 1e6,   -1e6, 448.0,
-                                       464.0,  480.0,  -464.0,   1e-3,      -1e-3, 0.0,  -0.0,
-                                       2e-3,   3e-3,   0.0087890625};
+            const double specials[] = {NAN,   -NAN,  INFINITY, -INFINITY, 1e6,         -1e6,
+                                       448.0, 464.0, 480.0,    -464.0,    1e-3,        -1e-3,
+                                       0.0,   -0.0,  2e-3,     3e-3,      0.0087890625};
             int64_t i = 0;
             p.v.for_each([&](const std::vector<int64_t>& index) {
                 p.v.set(index, specials[size_t(i++ % 17)]);

@@ -27,8 +27,8 @@ using rope_jit::KernelSpec;
 
 TEST_CASE("float8 e4m3fn: the library's conversion is the nearest code by enumeration") {
     // Every code's value and the midpoints between neighbours (ties to even), then a sweep.
-    std::vector<float> values = {0.0f, -0.0f, 448.0f, 449.0f, 463.9f, 464.0f, 480.0f, 1e30f,
-                                 -1e30f, INFINITY, -INFINITY, 1e-30f, -1e-30f};
+    std::vector<float> values = {0.0f,  -0.0f,  448.0f,   449.0f,    463.9f, 464.0f, 480.0f,
+                                 1e30f, -1e30f, INFINITY, -INFINITY, 1e-30f, -1e-30f};
     for (int code = 0; code < 256; ++code) {
         const double v = e4m3_value(uint8_t(code));
         if (std::isnan(v)) continue;
@@ -86,7 +86,7 @@ TEST_CASE("KV cache arguments: every bad input names its argument and writes not
     base.scales = true;
     base.q_fp8 = true;
     struct Bad {
-        const char* what;    // the argument the message must name
+        const char* what;  // the argument the message must name
         rope_jit_status status;
         void (*change)(KvProblem&, rope_jit_rope_args&);
     };

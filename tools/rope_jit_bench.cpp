@@ -594,19 +594,24 @@ public:
                 c.kv_fp8 ? DLDataType{ROPE_JIT_DLPACK_FLOAT8_E4M3FN, 8, 1} : type;
             const size_t cache_bytes =
                 size_t(blocks * block * c.Hk * c.D) * (c.kv_fp8 ? 1 : element);
-            k_cache_ = {memory.filled(cache_bytes, 0), device, 4, cache_type, cache_shape_.data(),
-                        nullptr, 0};
-            v_cache_ = {memory.filled(cache_bytes, 0), device, 4, cache_type, cache_shape_.data(),
-                        nullptr, 0};
+            k_cache_ = {memory.filled(cache_bytes, 0), device,  4, cache_type,
+                        cache_shape_.data(),           nullptr, 0};
+            v_cache_ = {memory.filled(cache_bytes, 0), device,  4, cache_type,
+                        cache_shape_.data(),           nullptr, 0};
             slots_shape_ = {d.tokens};
             expect_bytes(d.slot_mapping, size_t(d.tokens) * 8, "slot_mapping");
-            slot_mapping_ = {memory.copy_of(d.slot_mapping), device, 1, DLDataType{kDLInt, 64, 1},
-                             slots_shape_.data(), nullptr, 0};
+            slot_mapping_ = {memory.copy_of(d.slot_mapping),
+                             device,
+                             1,
+                             DLDataType{kDLInt, 64, 1},
+                             slots_shape_.data(),
+                             nullptr,
+                             0};
             scale_shape_ = {1};
             std::vector<char> one(4);
             const float unit = 1.0f;
             std::memcpy(one.data(), &unit, 4);
-            scale_ = {memory.copy_of(one), device, 1, DLDataType{kDLFloat, 32, 1},
+            scale_ = {memory.copy_of(one), device,  1, DLDataType{kDLFloat, 32, 1},
                       scale_shape_.data(), nullptr, 0};
         }
         memory.ready();
@@ -782,34 +787,35 @@ std::string positions_name(const Case& c) {
 nlohmann::json case_json(const Case& c, const CaseData& d, double seconds, double copy_gbps) {
     const double bytes = d.bytes();
     const double gbps = bytes / seconds / 1e9;
-    nlohmann::json j = {{"name", c.name},
-                        {"B", c.B},
-                        {"S", c.S},
-                        {"Hq", c.Hq},
-                        {"Hk", c.Hk},
-                        {"D", c.D},
-                        {"layout", layout_name(c.layout)},
-                        {"dtype", dtype_name(c.dtype)},
-                        {"direction", c.backward ? "backward" : "forward"},
-                        {"time_us", seconds * 1e6},
-                        {"bytes", bytes},
-                        {"gbps", gbps},
-                        {"fraction_of_copy", gbps / copy_gbps},
-                        {"style", style_name(c.style)},
-                        {"qk_norm", c.qk_norm},
-                        {"kv_cache", c.kv_cache ? (c.kv_fp8 ? "paged-nhd-fp8" : "paged-nhd") : "none"},
-                        {"rotary_dim", c.rotary()},
-                        {"positions", positions_name(c)},
-                        {"angles", angles_name(c.angles)},
-                        {"angle_dtype", dtype_name(c.angle_dtype)},
-                        {"in_place", c.in_place},
-                        {"varlen", c.packed()},
-                        {"tokens", d.tokens},
-                        {"table_rows", d.table_rows},
-                        {"table_rows_used", d.rows_used},
-                        {"bytes_qk", d.qk_bytes},
-                        {"bytes_angles", d.table_bytes},
-                        {"bytes_indices", d.index_bytes}};
+    nlohmann::json j = {
+        {"name", c.name},
+        {"B", c.B},
+        {"S", c.S},
+        {"Hq", c.Hq},
+        {"Hk", c.Hk},
+        {"D", c.D},
+        {"layout", layout_name(c.layout)},
+        {"dtype", dtype_name(c.dtype)},
+        {"direction", c.backward ? "backward" : "forward"},
+        {"time_us", seconds * 1e6},
+        {"bytes", bytes},
+        {"gbps", gbps},
+        {"fraction_of_copy", gbps / copy_gbps},
+        {"style", style_name(c.style)},
+        {"qk_norm", c.qk_norm},
+        {"kv_cache", c.kv_cache ? (c.kv_fp8 ? "paged-nhd-fp8" : "paged-nhd") : "none"},
+        {"rotary_dim", c.rotary()},
+        {"positions", positions_name(c)},
+        {"angles", angles_name(c.angles)},
+        {"angle_dtype", dtype_name(c.angle_dtype)},
+        {"in_place", c.in_place},
+        {"varlen", c.packed()},
+        {"tokens", d.tokens},
+        {"table_rows", d.table_rows},
+        {"table_rows_used", d.rows_used},
+        {"bytes_qk", d.qk_bytes},
+        {"bytes_angles", d.table_bytes},
+        {"bytes_indices", d.index_bytes}};
     if (c.packed()) j["max_seqlen"] = d.max_seqlen;
     if (c.indices || c.packed()) j["index_dtype"] = c.index_bits == 64 ? "int64" : "int32";
     return j;

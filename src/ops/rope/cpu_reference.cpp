@@ -456,8 +456,8 @@ void rope_cpu_typed(const RopeProblem& p, ThreadPool& pool) {
                     norm_rotate_token<T>(p, p.q, p.q_out, p.q_norm_input, p.q_norm_weight, b, s,
                                          p.heads_q, c, sn, norm_row, norm_x, q_dw);
                 else if (p.q_fp8)
-                    rotate_token_to_sink<T>(p, p.q, b, s, p.heads_q, c, sn, sink_row,
-                                            sink_rotated, row_sink(p.q_out, b, s, true, q_scale));
+                    rotate_token_to_sink<T>(p, p.q, b, s, p.heads_q, c, sn, sink_row, sink_rotated,
+                                            row_sink(p.q_out, b, s, true, q_scale));
                 else
                     rotate_token<T>(p, p.q, p.q_out, p.q_in_place, b, s, p.heads_q, c, sn, buf,
                                     p.has_freq_grad ? &sink : nullptr);
@@ -479,9 +479,9 @@ void rope_cpu_typed(const RopeProblem& p, ThreadPool& pool) {
                             p, p.k, b, s, p.heads_k, c, sn, sink_row, sink_rotated,
                             row_sink(p.k_out, slot.block, slot.slot, p.kv_fp8, k_scale));
                         if (p.has_v)
-                            copy_token_to_sink<T>(p, b, s,
-                                                  row_sink(p.v_cache, slot.block, slot.slot,
-                                                           p.kv_fp8, v_scale));
+                            copy_token_to_sink<T>(
+                                p, b, s,
+                                row_sink(p.v_cache, slot.block, slot.slot, p.kv_fp8, v_scale));
                     }
                 } else
                     rotate_token<T>(p, p.k, p.k_out, p.k_in_place, b, s, p.heads_k, c, sn, buf,

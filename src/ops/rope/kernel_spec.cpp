@@ -163,9 +163,7 @@ KernelSpec make_kernel_spec(const RopeProblem& p) {
     spec.mrope_axes = p.multi_section() ? int32_t(p.num_position_axes) : 0;
     spec.freq_grad = p.has_freq_grad;
     if (p.has_kv_cache) {
-        spec.kv_cache = p.kv_layout == ROPE_JIT_KV_CACHE_CONTIGUOUS ? 1
-                        : p.kv_block_tables                         ? 3
-                                                                    : 2;
+        spec.kv_cache = p.kv_layout == ROPE_JIT_KV_CACHE_CONTIGUOUS ? 1 : p.kv_block_tables ? 3 : 2;
         const TensorRef& index = p.kv_block_tables ? p.block_tables : p.slot_mapping;
         spec.kv_index_int64 = index.present() && index.dtype == DType::I64;
         spec.kv_seqlen_offsets = p.kv_seqlen_offsets;
@@ -270,8 +268,8 @@ KernelSpec kernel_spec_from_public(const rope_jit_kernel_spec& in) {
         fail_argument(fmt::format("kv_layout: unknown value {}", kv_layout));
     if (kv_layout != ROPE_JIT_KV_CACHE_NONE) {
         spec.kv_cache = kv_layout == ROPE_JIT_KV_CACHE_CONTIGUOUS ? 1
-                        : in.kv_block_tables != 0                ? 3
-                                                                 : 2;
+                        : in.kv_block_tables != 0                 ? 3
+                                                                  : 2;
         spec.kv_index_int64 = index64;
         spec.kv_seqlen_offsets = spec.kv_cache != 2 && spec.position_mode == 2;
         spec.kv_fp8 = in.kv_fp8 != 0;
@@ -389,8 +387,8 @@ void KernelSpec::validate() const {
     require(!qk_norm || !freq_grad, "qk_norm: not with freq_grad");
     require(kv_cache == 0 || (has_k && !backward && !qk_norm && !in_place_k),
             "kv_cache: needs has_k, direction forward, no qk_norm and in_place_k false");
-    require(kv_cache != 0 || (!kv_index_int64 && !kv_seqlen_offsets && !kv_fp8 && v_dim == 0 &&
-                              v_vec == 1),
+    require(kv_cache != 0 ||
+                (!kv_index_int64 && !kv_seqlen_offsets && !kv_fp8 && v_dim == 0 && v_vec == 1),
             "kv_index_int64, kv_seqlen_offsets, kv_fp8, v_head_dim and v_vec: need kv_cache");
     require(!kv_index_int64 || kv_cache >= 2, "kv_index_int64: needs a paged kv_cache");
     require(!kv_seqlen_offsets || kv_cache == 1 || kv_cache == 3,
@@ -517,8 +515,7 @@ std::string KernelSpec::describe() const {
            (qk_norm ? fmt::format(" +qk_norm{}{}", norm_unit_offset ? "(1+w)" : "",
                                   norm_weight_grad ? " +dw" : "")
                     : std::string()) +
-           (kv_cache ? fmt::format(" +kv:{}{}{}", kKvCacheNames[kv_cache & 3],
-                                   kv_fp8 ? "/fp8" : "",
+           (kv_cache ? fmt::format(" +kv:{}{}{}", kKvCacheNames[kv_cache & 3], kv_fp8 ? "/fp8" : "",
                                    v_dim ? fmt::format(" v{}x{}", v_dim, v_vec) : std::string())
                      : std::string()) +
            (q_fp8 ? " +q_fp8" : "");

@@ -80,9 +80,9 @@ constexpr int32_t kRopeMaxBlockThreads = 512;
     X(norm_weight_dtype, 0, "norm_weight_dtype", FloatTypesEnumerator, 0, 2, "NORM_WEIGHT_DTYPE",  \
       PLAIN)                                                                                       \
     X(norm_weight_grad, 0, "norm_weight_grad", BooleanEnumerator, 0, 1, "NORM_WEIGHT_GRAD", PLAIN) \
-    /* KV cache write (inference): k's rotated rows into a cache at slots found by */             \
-    /* kv_cache = 1 contiguous rows (positions), 2 slot_mapping, 3 block_tables + positions; */   \
-    /* NHD and HND differ in strides only. kv_index_int64: slot_mapping/block_tables int64; */    \
+    /* KV cache write (inference): k's rotated rows into a cache at slots found by */              \
+    /* kv_cache = 1 contiguous rows (positions), 2 slot_mapping, 3 block_tables + positions; */    \
+    /* NHD and HND differ in strides only. kv_index_int64: slot_mapping/block_tables int64; */     \
     /* kv_seqlen_offsets: cache positions from seqlen_offsets (also beside positions). */          \
     X(kv_cache, 0, "kv_cache", KvCacheKinds, 0, 3, "KV_CACHE", PLAIN)                              \
     X(kv_index_int64, 0, "kv_index_int64", BooleanEnumerator, 0, 1, "KV_INDEX_INT64", DERIVED)     \

@@ -242,13 +242,14 @@ TensorRef check_scale(const DLTensor* tensor, const char* name, bool fp8, const 
     TensorRef scale = make_tensor_ref(tensor, name);
     if (!scale.present()) return scale;
     if (!fp8)
-        fail_argument(fmt::format("{}: given, but {} is not float8_e4m3fn (a scale quantizes "
-                                  "an FP8 output only)",
-                                  name, output));
+        fail_argument(
+            fmt::format("{}: given, but {} is not float8_e4m3fn (a scale quantizes "
+                        "an FP8 output only)",
+                        name, output));
     check_same_device(scale, p.device, q);
     if (scale.dtype != DType::F32 || scale.numel() != 1)
-        fail_argument(fmt::format("{}: expected a float32 tensor of one element, got {} {}",
-                                  name, dtype_name(scale.dtype), scale.shape_string()));
+        fail_argument(fmt::format("{}: expected a float32 tensor of one element, got {} {}", name,
+                                  dtype_name(scale.dtype), scale.shape_string()));
     return scale;
 }
 
@@ -287,16 +288,18 @@ void check_kv_cache(const rope_jit_rope_args& args, const TensorRef& k, const Te
     if (layout == ROPE_JIT_KV_CACHE_NONE) {
         for (const TensorRef* t : {&v, &k_cache, &v_cache, &slots, &tables})
             if (t->present())
-                fail_argument(fmt::format("{}: given with kv_layout ROPE_JIT_KV_CACHE_NONE (no "
-                                          "KV cache); set kv_layout",
-                                          t->name));
+                fail_argument(
+                    fmt::format("{}: given with kv_layout ROPE_JIT_KV_CACHE_NONE (no "
+                                "KV cache); set kv_layout",
+                                t->name));
         return;
     }
     if (!k_cache.present()) fail_argument("k_cache: required with kv_layout set");
     if (!p.has_k) fail_argument("k: required with a KV cache (k_cache)");
     if (k_out.present())
-        fail_argument("k_out: must be NULL with a KV cache: the rotated k is written to k_cache "
-                      "only (k is not modified)");
+        fail_argument(
+            "k_out: must be NULL with a KV cache: the rotated k is written to k_cache "
+            "only (k is not modified)");
     if (p.backward) fail_argument("backward: a KV cache write is forward only");
     if (args.q_norm_weight != nullptr)
         throw Error(ROPE_JIT_ERROR_UNSUPPORTED,
@@ -312,9 +315,10 @@ void check_kv_cache(const rope_jit_rope_args& args, const TensorRef& k, const Te
                           ? "block_tables: give slot_mapping or block_tables, not both"
                           : "slot_mapping: a paged KV cache needs slot_mapping or block_tables");
     if (!paged && (slots.present() || tables.present()))
-        fail_argument(fmt::format("{}: not used by ROPE_JIT_KV_CACHE_CONTIGUOUS (rows come "
-                                  "from seqlen_offsets or positions)",
-                                  slots.present() ? "slot_mapping" : "block_tables"));
+        fail_argument(
+            fmt::format("{}: not used by ROPE_JIT_KV_CACHE_CONTIGUOUS (rows come "
+                        "from seqlen_offsets or positions)",
+                        slots.present() ? "slot_mapping" : "block_tables"));
 
     // The caches: their dtype, layout and heads.
     if (k_cache.dtype != p.dtype && k_cache.dtype != DType::F8E4M3)
@@ -323,17 +327,16 @@ void check_kv_cache(const rope_jit_rope_args& args, const TensorRef& k, const Te
     const TensorRef k_view = cache_view(k_cache, layout);
     auto check_cache_shape = [&](const TensorRef& cache, const TensorRef& view, int64_t dim) {
         if (cache.ndim != 4 || view.shape[1] != p.heads_k || view.shape[3] != dim)
-            fail_argument(fmt::format("{}: expected {} with Hk = {} and D = {}, got {}",
-                                      cache.name, layout_dims(layout), p.heads_k, dim,
-                                      cache.shape_string()));
+            fail_argument(fmt::format("{}: expected {} with Hk = {} and D = {}, got {}", cache.name,
+                                      layout_dims(layout), p.heads_k, dim, cache.shape_string()));
     };
     check_cache_shape(k_cache, k_view, p.head_dim);
     if (!paged && k_view.shape[0] != p.num_sequences)
         fail_argument(fmt::format("k_cache: expected {} sequences (dimension 0 of {}), got {}",
                                   p.num_sequences, layout_dims(layout), k_cache.shape_string()));
     if (paged && k_view.shape[2] < 1)
-        fail_argument(fmt::format("k_cache: block_size must be >= 1, got {}",
-                                  k_cache.shape_string()));
+        fail_argument(
+            fmt::format("k_cache: block_size must be >= 1, got {}", k_cache.shape_string()));
     if (v.present() != v_cache.present())
         fail_argument(v.present() ? "v_cache: required when v is given"
                                   : "v: required when v_cache is given");
@@ -346,11 +349,12 @@ void check_kv_cache(const rope_jit_rope_args& args, const TensorRef& k, const Te
             fail_argument(fmt::format("v: dtype {} differs from k's {}", dtype_name(v.dtype),
                                       dtype_name(p.dtype)));
         const TensorRef v4 = p.packed ? lift_packed(v) : v;
-        if (v4.shape[0] != p.k.shape[0] || v4.shape[1] != p.heads_k ||
-            v4.shape[2] != p.seqlen_k || v4.shape[3] < 1)
-            fail_argument(fmt::format("v: expected k's batch, heads and tokens ({}) with any "
-                                      "head_dim, got {}",
-                                      k.shape_string(), v.shape_string()));
+        if (v4.shape[0] != p.k.shape[0] || v4.shape[1] != p.heads_k || v4.shape[2] != p.seqlen_k ||
+            v4.shape[3] < 1)
+            fail_argument(
+                fmt::format("v: expected k's batch, heads and tokens ({}) with any "
+                            "head_dim, got {}",
+                            k.shape_string(), v.shape_string()));
         p.v = v4;
         p.v_head_dim = v4.shape[3];
         if (v_cache.dtype != k_cache.dtype)
@@ -359,9 +363,10 @@ void check_kv_cache(const rope_jit_rope_args& args, const TensorRef& k, const Te
         v_view = cache_view(v_cache, layout);
         check_cache_shape(v_cache, v_view, p.v_head_dim);
         if (v_view.shape[0] != k_view.shape[0] || v_view.shape[2] != k_view.shape[2])
-            fail_argument(fmt::format("v_cache: {} has other blocks or block size than k_cache "
-                                      "{}",
-                                      v_cache.shape_string(), k_cache.shape_string()));
+            fail_argument(
+                fmt::format("v_cache: {} has other blocks or block size than k_cache "
+                            "{}",
+                            v_cache.shape_string(), k_cache.shape_string()));
     }
 
     // The indices.
@@ -375,14 +380,16 @@ void check_kv_cache(const rope_jit_rope_args& args, const TensorRef& k, const Te
     if (tables.present()) {
         require_index(tables);
         if (tables.ndim != 2 || tables.shape[0] != p.num_sequences || tables.shape[1] < 1)
-            fail_argument(fmt::format("block_tables: expected [{}, max_blocks_per_seq >= 1], "
-                                      "got {}",
-                                      p.num_sequences, tables.shape_string()));
+            fail_argument(
+                fmt::format("block_tables: expected [{}, max_blocks_per_seq >= 1], "
+                            "got {}",
+                            p.num_sequences, tables.shape_string()));
     }
     const bool positional = !paged || tables.present();  // the cache row is the position
     if (positional && p.multi_section() && !offsets.present())
-        fail_argument("seqlen_offsets: required for the KV cache rows with M-RoPE positions "
-                      "(a token's several positions give no cache row)");
+        fail_argument(
+            "seqlen_offsets: required for the KV cache rows with M-RoPE positions "
+            "(a token's several positions give no cache row)");
     if (offsets.present() && p.position_mode == PositionMode::Indices) {
         // Positions give the table rows; seqlen_offsets still places the tokens in the cache.
         require_index(offsets);
@@ -394,8 +401,8 @@ void check_kv_cache(const rope_jit_rope_args& args, const TensorRef& k, const Te
             p.kv_seqlen_offsets = true;
         }
     }
-    p.kv_seqlen_offsets = p.kv_seqlen_offsets ||
-                          (positional && p.position_mode == PositionMode::SeqlenOffsets);
+    p.kv_seqlen_offsets =
+        p.kv_seqlen_offsets || (positional && p.position_mode == PositionMode::SeqlenOffsets);
 
     // FP8.
     p.kv_fp8 = k_cache.dtype == DType::F8E4M3;
@@ -728,10 +735,10 @@ RopeProblem make_rope_problem(const rope_jit_rope_args& args) {
                    &p.v_scale, &p.q_scale},
                   MemoryRule::Elements);
     if (p.has_k && !p.has_kv_cache)
-        check_written(k_write,
-                      {&q, &cos, &sin, &inv_freq, &xpos, &positions, &offsets, &cu_seqlens,
-                       &p.q_scale},
-                      MemoryRule::Elements);
+        check_written(
+            k_write,
+            {&q, &cos, &sin, &inv_freq, &xpos, &positions, &offsets, &cu_seqlens, &p.q_scale},
+            MemoryRule::Elements);
     for (const TensorRef* cache : {&k_cache, static_cast<const TensorRef*>(&p.v_cache)})
         if (cache->present())
             check_written(*cache,
@@ -769,17 +776,18 @@ RopeProblem make_rope_problem(const rope_jit_rope_args& args) {
 // The table-row checks of check_positions_on_host (defined after it).
 void check_positions_on_host_rows(const RopeProblem& p);
 
-bool cache_slot_on_host(const RopeProblem& p, int64_t b, int64_t s, int64_t sequence,
-                        int64_t index, CacheSlot* out) {
+bool cache_slot_on_host(const RopeProblem& p, int64_t b, int64_t s, int64_t sequence, int64_t index,
+                        CacheSlot* out) {
     const int64_t slots = p.cache_slots(), blocks = p.cache_blocks();
     if (p.kv_layout != ROPE_JIT_KV_CACHE_CONTIGUOUS && !p.kv_block_tables) {
         const int64_t token = b * p.seqlen_k + s;
         const int64_t slot = IndexReader(p.slot_mapping)[token];
         if (slot < 0) return false;  // a padding token: skipped
         if (slot / slots >= blocks)
-            fail_argument(fmt::format("slot_mapping: token {} has slot {}, outside the cache's {} "
-                                      "blocks of {} slots",
-                                      token, slot, blocks, slots));
+            fail_argument(
+                fmt::format("slot_mapping: token {} has slot {}, outside the cache's {} "
+                            "blocks of {} slots",
+                            token, slot, blocks, slots));
         *out = CacheSlot{slot / slots, slot % slots};
         return true;
     }
@@ -799,18 +807,19 @@ bool cache_slot_on_host(const RopeProblem& p, int64_t b, int64_t s, int64_t sequ
     }
     if (p.kv_layout == ROPE_JIT_KV_CACHE_CONTIGUOUS) {
         if (position < 0 || position >= slots)
-            fail_argument(fmt::format("k_cache: token {} of sequence {} goes to cache row {} "
-                                      "(from {}), outside the cache's {} rows (S_max)",
-                                      index, sequence, position, source, slots));
+            fail_argument(
+                fmt::format("k_cache: token {} of sequence {} goes to cache row {} "
+                            "(from {}), outside the cache's {} rows (S_max)",
+                            index, sequence, position, source, slots));
         *out = CacheSlot{sequence, position};
         return true;
     }
     const int64_t entry = position < 0 ? -1 : position / slots;
     if (entry < 0 || entry >= p.block_tables.shape[1])
-        fail_argument(fmt::format("block_tables: token {} of sequence {} has cache position {} "
-                                  "(from {}), outside its {} blocks of {} slots",
-                                  index, sequence, position, source, p.block_tables.shape[1],
-                                  slots));
+        fail_argument(
+            fmt::format("block_tables: token {} of sequence {} has cache position {} "
+                        "(from {}), outside its {} blocks of {} slots",
+                        index, sequence, position, source, p.block_tables.shape[1], slots));
     const int64_t block = IndexReader(p.block_tables)(sequence, entry);
     if (block < 0 || block >= blocks)
         fail_argument(fmt::format("block_tables: [{}, {}] = {} is outside the cache's {} blocks",
