@@ -650,7 +650,10 @@ ROPE_JIT_API rope_jit_status rope_jit_prewarm(rope_jit_runtime* runtime,
  *     head_dim), "rotary_offset", "gqa_group", "mrope_axes". Booleans: "has_k" (default
  *     true), "packed", "xpos", "in_place_q" (default true), "in_place_k", "freq_grad",
  *     "positions_int64", "seqlen_offsets_int64", "cu_seqlens_int64", "k_own_angles", "qk_norm",
- *     "norm_unit_offset", "norm_weight_grad" (QK-norm; "norm_weight_dtype" names a dtype).
+ *     "norm_unit_offset", "norm_weight_grad" (QK-norm; "norm_weight_dtype" names a dtype);
+ *     KV cache and FP8: "kv_cache": "none" | "contiguous" | "slot-mapping" | "block-tables"
+ *     (NHD and HND share a kernel), "kv_fp8", "q_fp8" (booleans), "v_head_dim" (0 = no v),
+ *     and the derived "kv_index_int64", "kv_seqlen_offsets", "v_vec".
  *     Left out, the derived fields (index dtypes: int64 where read; in_place_k = in_place_q;
  *     "vec", "vec_loads", "copy_vec", "table_vec_loads", "block_threads") take what a call
  *     with C-contiguous, 16-byte-aligned tensors gets; the others take rope_jit_kernel_spec_
