@@ -29,6 +29,7 @@ using rope_test::e4m3_value;
 using rope_test::HostTensor;
 
 constexpr uint32_t kKvSeed = 2323;
+constexpr double kNormEps = 1e-5;
 constexpr int kKvFamilies = 96;
 
 enum class KvIndex { Rows, SlotMapping, BlockTables };
@@ -44,6 +45,7 @@ struct KvCase {
     bool fp8 = false, scales = false, q_fp8 = false, packed = false, positions = false;
     bool offsets = false, inv_freq = false, bshd = true, in_place_q = true, skip_slots = false;
     bool tiny_scale = false;  // scales small enough that some values saturate at 448
+    bool norm = false, unit_offset = false;  // QK-norm before the rotation (weights [D] f32)
 };
 
 inline std::string describe(const KvCase& c) {
@@ -60,7 +62,8 @@ inline std::string describe(const KvCase& c) {
            (c.packed ? " packed" : "") + (c.positions ? " positions" : "") +
            (c.offsets ? " offsets" : "") + (c.inv_freq ? " inv_freq" : "") +
            (c.bshd ? " bshd" : " bhsd") + (c.in_place_q ? "" : " q_out") +
-           (c.skip_slots ? " skips" : "");
+           (c.skip_slots ? " skips" : "") +
+           (c.norm ? (c.unit_offset ? " qk-norm(1+w)" : " qk-norm") : "");
 }
 
 // Family f: a deterministic mix of every option (the first few are the plain cases).
@@ -99,6 +102,8 @@ inline KvCase kv_case(int f) {
     c.bshd = pick(3) != 0;
     c.in_place_q = !c.q_fp8 && pick(2);
     c.skip_slots = c.index == KvIndex::SlotMapping && pick(2);
+    c.norm = pick(4) == 0;
+    c.unit_offset = c.norm && pick(2);
     if (f < 6) {  // plain cases first: each layout and slot source, bf16 and fp8
         c = KvCase{};
         c.layout = rope_jit_kv_cache_layout(1 + f % 3);
@@ -115,6 +120,7 @@ struct KvProblem {
     KvCase c;
     HostTensor q, k, v, q_out, k_cache, v_cache, cos, sin, inv_freq, positions, offsets;
     HostTensor cu_seqlens, slot_mapping, block_tables, k_scale, v_scale, q_scale, q_ref_out;
+    HostTensor q_norm_weight, k_norm_weight;
     int64_t tokens = 0, num_sequences = 0;
     // Per token t of k (t = b * S + s, or the packed index): its (b, s) in the lifted view, its
     // table row and its cache cell (block, slot), block -1 when skipped.
@@ -139,7 +145,9 @@ inline std::vector<HostTensor*> slots_of(KvProblem& p) {
             &p.k_scale,
             &p.v_scale,
             &p.q_scale,
-            &p.q_ref_out};
+            &p.q_ref_out,
+            &p.q_norm_weight,
+            &p.k_norm_weight};
 }
 
 // DLTensor views of the problem's tensors, NULL for the unused ones.
@@ -318,6 +326,12 @@ inline KvProblem make_kv_problem(const KvCase& c, std::mt19937& rng) {
         if (c.Dv > 0) scale(p.v_scale);
     }
     if (c.q_fp8 && c.scales) scale(p.q_scale);
+    if (c.norm) {
+        p.q_norm_weight = HostTensor(Dt::F32, {c.D});
+        p.k_norm_weight = HostTensor(Dt::F32, {c.D});
+        p.q_norm_weight.fill_uniform(rng, -0.5, 1.5);
+        p.k_norm_weight.fill_uniform(rng, -0.5, 1.5);
+    }
     return p;
 }
 
@@ -333,6 +347,9 @@ inline rope_jit_rope_args kv_args(const KvProblem& p, const std::vector<const DL
     a.positions = v[9], a.seqlen_offsets = v[10], a.cu_seqlens = v[11];
     a.slot_mapping = v[12], a.block_tables = v[13];
     a.k_scale = v[14], a.v_scale = v[15], a.q_scale = v[16];
+    a.q_norm_weight = v[18], a.k_norm_weight = v[19];
+    a.norm_eps = kNormEps;
+    a.norm_unit_offset = p.c.unit_offset;
     a.kv_layout = p.c.layout;
     a.rotary_dim = int32_t(p.c.R);
     a.rotary_offset = int32_t(p.c.offset);
@@ -395,7 +412,8 @@ inline void check_element(Dt dt, double got, uint8_t got_code, double expected, 
         CHECK(got == expected);
         return;
     }
-    CHECK(std::fabs(got - expected) <= rope_test::tolerance_for(dt) * 0.5);
+    CHECK(std::fabs(got - expected) <=
+          rope_test::tolerance_for(dt) * 0.5 * std::max(1.0, std::fabs(expected)));
 }
 
 // The k, v and q contents of a call made on `p` (whose inputs were `before`), against the
@@ -426,6 +444,15 @@ inline void check_against_definition(KvProblem& p, KvProblem& before) {
         pair_features(c, i, &f1, &f2);
         rotated[size_t(f1)] = rotated[size_t(f2)] = 1;
     }
+    // QK-norm (c.norm): x = x / sqrt(mean(x^2) + eps) * w' first, every feature computed.
+    auto normalize = [&](const HostTensor& weight) {
+        if (!c.norm) return;
+        double mean_square = 0;
+        for (double value : x) mean_square += value * value / double(c.D);
+        const double r = 1.0 / std::sqrt(mean_square + kNormEps);
+        for (int64_t d = 0; d < c.D; ++d)
+            x[size_t(d)] *= r * (weight.get({d}) + (c.unit_offset ? 1.0 : 0.0));
+    };
     // y = the rotation of x at table row `row`, in float64 from the stored angles.
     auto rotate = [&](int64_t row) {
         y = x;
@@ -450,17 +477,19 @@ inline void check_against_definition(KvProblem& p, KvProblem& before) {
         HostTensor& q_dst = c.q_fp8 || !c.in_place_q ? p.q_out : p.q;
         for (int64_t h = 0; h < Hq; ++h) {
             for (int64_t d = 0; d < c.D; ++d) x[size_t(d)] = before.q.get(input_index(t, h, d));
+            normalize(p.q_norm_weight);
             rotate(p.row[size_t(t)]);
             for (int64_t d = 0; d < c.D; ++d) {
                 const int64_t o = q_dst.offset(input_index(t, h, d));
                 check_element(c.q_fp8 ? Dt::F8 : c.dt, q_dst.get_at(o), q_dst.bytes()[size_t(o)],
                               rotated[size_t(d)] ? y[size_t(d)] : x[size_t(d)],
-                              rotated[size_t(d)] != 0, q_scale, "q");
+                              rotated[size_t(d)] || c.norm, q_scale, "q");
             }
         }
         if (p.block[size_t(t)] < 0) continue;  // skipped: nothing of k and v written
         for (int64_t h = 0; h < c.Hk; ++h) {
             for (int64_t d = 0; d < c.D; ++d) x[size_t(d)] = before.k.get(input_index(t, h, d));
+            normalize(p.k_norm_weight);
             rotate(p.row[size_t(t)]);
             for (int64_t d = 0; d < c.D; ++d) {
                 const int64_t o =
@@ -469,7 +498,7 @@ inline void check_against_definition(KvProblem& p, KvProblem& before) {
                     k_written[size_t(o) * rope_test::dt_size(cache_dt) + byte] = 1;
                 check_element(cache_dt, p.k_cache.get_at(o), p.k_cache.bytes()[size_t(o)],
                               rotated[size_t(d)] ? y[size_t(d)] : x[size_t(d)],
-                              rotated[size_t(d)] != 0, k_scale, "k_cache");
+                              rotated[size_t(d)] || c.norm, k_scale, "k_cache");
             }
             for (int64_t d = 0; d < c.Dv; ++d) {
                 const double value = before.v.get(input_index(t, h, d));

@@ -108,12 +108,15 @@ TEST_SUITE("gpu") {
     }
 
     TEST_CASE_FIXTURE(GpuFixture,
-                      "KV cache write + FP8 at Llama sizes (bf16, D128, 32/8 heads): decode "
-                      "with block tables and prefill with slot_mapping match the CPU backend") {
+                      "KV cache write + FP8 at Llama/Qwen3 sizes (bf16, D128, 32/8 heads): decode "
+                      "with block tables (with and without QK-norm) and prefill with "
+                      "slot_mapping match the CPU backend") {
         int index = 0;
-        for (bool decode : {true, false})
-            for (rope_jit_kv_cache_layout layout :
-                 {ROPE_JIT_KV_CACHE_PAGED_NHD, ROPE_JIT_KV_CACHE_PAGED_HND}) {
+        for (int variant = 0; variant < 6; ++variant) {
+            const bool decode = variant < 4, norm = variant % 4 >= 2;
+            const rope_jit_kv_cache_layout layout =
+                variant % 2 ? ROPE_JIT_KV_CACHE_PAGED_HND : ROPE_JIT_KV_CACHE_PAGED_NHD;
+            {
                 KvCase c;
                 c.dt = Dt::BF16;
                 c.D = c.R = c.Dv = 128;
@@ -127,12 +130,14 @@ TEST_SUITE("gpu") {
                 c.offsets = decode;
                 c.q_fp8 = decode;
                 c.in_place_q = !decode;
+                c.norm = norm;  // Qwen3's QK-norm + RoPE + paged KV + FP8 in one launch
                 const std::string name = describe(c);
                 CAPTURE(name);
                 std::mt19937 rng(kKvSeed + 200 + uint32_t(index++));
                 KvProblem p = make_kv_problem(c, rng);
                 run_and_compare(*this, p);
             }
+        }
     }
 
     TEST_CASE_FIXTURE(GpuFixture,

@@ -85,6 +85,7 @@ TEST_CASE("KV cache arguments: every bad input names its argument and writes not
     base.fp8 = true;
     base.scales = true;
     base.q_fp8 = true;
+    base.norm = true;
     struct Bad {
         const char* what;  // the argument the message must name
         rope_jit_status status;
@@ -101,9 +102,9 @@ TEST_CASE("KV cache arguments: every bad input names its argument and writes not
          [](KvProblem& p, rope_jit_rope_args& a) { a.k_out = p.k.dl(); }},
         {"backward", ROPE_JIT_ERROR_INVALID_ARGUMENT,
          [](KvProblem&, rope_jit_rope_args& a) { a.backward = 1; }},
-        {"q_norm_weight", ROPE_JIT_ERROR_UNSUPPORTED,
-         [](KvProblem& p, rope_jit_rope_args& a) {
-             a.q_norm_weight = p.inv_freq.dl();  // any tensor: refused before it is read
+        {"k_norm_weight", ROPE_JIT_ERROR_INVALID_ARGUMENT,
+         [](KvProblem&, rope_jit_rope_args& a) {
+             a.k_norm_weight = nullptr;  // QK-norm without k's weights
          }},
         {"v_cache", ROPE_JIT_ERROR_INVALID_ARGUMENT,
          [](KvProblem&, rope_jit_rope_args& a) { a.v_cache = nullptr; }},
@@ -176,6 +177,13 @@ TEST_CASE("KV cache and FP8 kernels compile with NVRTC for sm_90 and sm_80") {
             "block-tables", "kv_seqlen_offsets": true, "seqlen_offsets_int64": true})",
         R"({"head_dim": 128, "dtype": "bfloat16", "q_fp8": true, "in_place_q": false,
             "has_k": false})",
+        // QK-norm + RoPE + paged KV + FP8 (the decode bench's case).
+        R"({"head_dim": 128, "dtype": "bfloat16", "table_dtype": "bfloat16", "gqa_group": 4,
+            "positions": "indices", "qk_norm": true, "norm_weight_dtype": "bfloat16",
+            "kv_cache": "slot-mapping", "kv_fp8": true, "v_head_dim": 128, "q_fp8": true,
+            "in_place_q": false})",
+        R"({"head_dim": 64, "qk_norm": true, "kv_cache": "block-tables", "positions":
+            "seqlen-offsets", "v_head_dim": 40, "style": "interleaved", "packed": true})",
     };
     rope_jit::KernelStats stats;
     for (const char* target : {"sm_90", "sm_80"})

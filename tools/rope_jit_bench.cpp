@@ -254,6 +254,7 @@ std::vector<Case> suite() {
         // RoPE + paged KV cache write (NHD, slot_mapping) + FP8 caches in one launch.
         llama("llama3-8b prefill paged kv fp8").paged_kv(true),
         decode("decode B=64 paged kv fp8", 64).paged_kv(true),
+        decode("decode B=64 qk-norm paged kv fp8", 64).normed().paged_kv(true),
         Case("gemma-4 proportional 128/512", 2, 4096, 16, 8, 512).proportional(128),
         Case("gemma-4 proportional 128/512 out of place", 2, 4096, 16, 8, 512)
             .proportional(128)
@@ -1011,6 +1012,38 @@ double time_on_stream(rope_jit::CUstream stream, int repeat, const std::function
     return median(trials);
 }
 
+// GPU time of one call inside a CUDA graph, as decode loops run it: 100 calls captured once,
+// the graph replayed; microseconds per call.
+double graph_us_per_call(rope_jit::CUstream stream, rope_jit_runtime* runtime,
+                         const rope_jit_rope_args* args) {
+    const rope_jit::CudaDriverApi* api = rope_jit::cuda_driver_api();
+    const int graph_calls = 100;
+    rope_jit::CUgraph graph = nullptr;
+    rope_jit::CUgraphExec graph_exec = nullptr;
+    check_cu(api->cuStreamBeginCapture(stream, rope_jit::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+             "cuStreamBeginCapture");
+    rope_jit_status captured = ROPE_JIT_OK;
+    for (int i = 0; i < graph_calls && captured == ROPE_JIT_OK; ++i)
+        captured = rope_jit_rope(runtime, args);
+    const std::string capture_error = captured == ROPE_JIT_OK ? "" : rope_jit_last_error();
+    // End the capture whatever happened, so the stream is usable again.
+    check_cu(api->cuStreamEndCapture(stream, &graph), "cuStreamEndCapture");
+    if (captured != ROPE_JIT_OK) {
+        if (graph != nullptr) api->cuGraphDestroy(graph);
+        throw std::runtime_error(fmt::format("rope (captured): {}: {}",
+                                             rope_jit_status_name(captured), capture_error));
+    }
+    check_cu(api->cuGraphInstantiate(&graph_exec, graph, 0), "cuGraphInstantiate");
+    const double us =
+        time_on_stream(stream, 5,
+                       [&] { check_cu(api->cuGraphLaunch(graph_exec, stream), "cuGraphLaunch"); }) *
+        1e6 / graph_calls;
+    check_cu(api->cuStreamSynchronize(stream), "cuStreamSynchronize");
+    api->cuGraphExecDestroy(graph_exec);
+    api->cuGraphDestroy(graph);
+    return us;
+}
+
 // A kernel of the bench's own, compiled for device 0 and loaded into the current context;
 // unloaded with the object.
 class CompiledKernel {
@@ -1171,6 +1204,13 @@ nlohmann::json bench_cuda(const std::vector<Case>& cases) {
             check_cu(api->cuStreamSynchronize(stream), "cuStreamSynchronize");
             nlohmann::json j = case_json(c, data, seconds, copy_gbps);
             print_result(c, width, j);
+            if (c.S == 1 && !c.packed()) {
+                // Decode: GPU time per call inside a CUDA graph (the issue 23 bar: <= 2.5 us for
+                // QK-norm + RoPE + paged KV + FP8 at B = 64).
+                const double graph_us = graph_us_per_call(stream, runtime, tensors.args());
+                j["us_per_call_in_graph"] = graph_us;
+                fmt::print("{:>{}} in a CUDA graph: {:.2f} us per call\n", "", width, graph_us);
+            }
             if (c.in_place && c.rotary() < c.D) {
                 const double span_seconds = span_copy.seconds(c, tensors, stream);
                 if (span_seconds > 0) {
@@ -1233,32 +1273,7 @@ nlohmann::json bench_cuda(const std::vector<Case>& cases) {
                                [&] { require_ok(rope_jit_rope(runtime, decode_args), "rope"); }) *
                 1e6;
             // Inside a CUDA graph, as decode loops run: 100 calls captured once, the graph replayed.
-            const int graph_calls = 100;
-            rope_jit::CUgraph graph = nullptr;
-            rope_jit::CUgraphExec graph_exec = nullptr;
-            check_cu(
-                api->cuStreamBeginCapture(stream, rope_jit::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
-                "cuStreamBeginCapture");
-            rope_jit_status captured = ROPE_JIT_OK;
-            for (int i = 0; i < graph_calls && captured == ROPE_JIT_OK; ++i)
-                captured = rope_jit_rope(runtime, decode_args);
-            const std::string capture_error = captured == ROPE_JIT_OK ? "" : rope_jit_last_error();
-            // End the capture whatever happened, so the stream is usable again.
-            check_cu(api->cuStreamEndCapture(stream, &graph), "cuStreamEndCapture");
-            if (captured != ROPE_JIT_OK) {
-                if (graph != nullptr) api->cuGraphDestroy(graph);
-                throw std::runtime_error(fmt::format(
-                    "rope (captured): {}: {}", rope_jit_status_name(captured), capture_error));
-            }
-            check_cu(api->cuGraphInstantiate(&graph_exec, graph, 0), "cuGraphInstantiate");
-            const double decode_gpu_us =
-                time_on_stream(
-                    stream, 5,
-                    [&] { check_cu(api->cuGraphLaunch(graph_exec, stream), "cuGraphLaunch"); }) *
-                1e6 / graph_calls;
-            check_cu(api->cuStreamSynchronize(stream), "cuStreamSynchronize");
-            api->cuGraphExecDestroy(graph_exec);
-            api->cuGraphDestroy(graph);
+            const double decode_gpu_us = graph_us_per_call(stream, runtime, decode_args);
             fmt::print(
                 "host overhead per call: rope {:.2f} us, bare empty cuLaunchKernel {:.2f} us "
                 "(+{:.2f} us)\n",

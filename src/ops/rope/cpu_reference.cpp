@@ -286,7 +286,7 @@ template <typename T>
 void norm_rotate_token(const RopeProblem& p, const TensorRef& in, const TensorRef& out,
                        const TensorRef& input, const TensorRef& weight, int64_t b, int64_t s,
                        int64_t heads, const float* c, const float* sn, std::vector<float>& row,
-                       std::vector<float>& x, double* dw) {
+                       std::vector<float>& x, double* dw, const RowSink* sink = nullptr) {
     const int64_t D = p.head_dim, pairs = p.pairs();
     const float offset = p.norm_unit_offset ? 1.0f : 0.0f;
     auto rotate = [&](float* v) {
@@ -333,6 +333,10 @@ void norm_rotate_token(const RopeProblem& p, const TensorRef& in, const TensorRe
                 const float w = load_float(weight, d * weight.strides[0]) + offset;
                 row[size_t(d)] = r * (w * row[size_t(d)] - x[size_t(d)] * mean);
             }
+        }
+        if (sink != nullptr) {  // a KV cache row or an FP8 output
+            for (int64_t d = 0; d < D; ++d) sink_store<T>(*sink, h, d, row[size_t(d)], nullptr);
+            continue;
         }
         T* dst = reinterpret_cast<T*>(out.data) + b * out.strides[0] + h * out.strides[1] +
                  s * out.strides[2];
@@ -452,10 +456,12 @@ void rope_cpu_typed(const RopeProblem& p, ThreadPool& pool) {
                 have_q_angles = true;
                 FreqGradSink sink{&p.q_saved, pair_position.data(), grad_sums.data()};
                 if (p.has_freq_grad) set_pair_positions(q_rows);
-                if (p.has_norm)
+                if (p.has_norm) {
+                    const RowSink q_sink = row_sink(p.q_out, b, s, true, q_scale);
                     norm_rotate_token<T>(p, p.q, p.q_out, p.q_norm_input, p.q_norm_weight, b, s,
-                                         p.heads_q, c, sn, norm_row, norm_x, q_dw);
-                else if (p.q_fp8)
+                                         p.heads_q, c, sn, norm_row, norm_x, q_dw,
+                                         p.q_fp8 ? &q_sink : nullptr);
+                } else if (p.q_fp8)
                     rotate_token_to_sink<T>(p, p.q, b, s, p.heads_q, c, sn, sink_row, sink_rotated,
                                             row_sink(p.q_out, b, s, true, q_scale));
                 else
@@ -470,19 +476,25 @@ void rope_cpu_typed(const RopeProblem& p, ThreadPool& pool) {
                 FreqGradSink sink{&p.k_saved, pair_position.data(), grad_sums.data()};
                 if (p.has_freq_grad) set_pair_positions(k_rows);
                 CacheSlot slot{};
-                if (p.has_norm)
-                    norm_rotate_token<T>(p, p.k, p.k_out, p.k_norm_input, p.k_norm_weight, b, s,
-                                         p.heads_k, c, sn, norm_row, norm_x, k_dw);
-                else if (p.has_kv_cache) {
+                if (p.has_kv_cache) {
                     if (cache_slot(b, s, &slot)) {
-                        rotate_token_to_sink<T>(
-                            p, p.k, b, s, p.heads_k, c, sn, sink_row, sink_rotated,
-                            row_sink(p.k_out, slot.block, slot.slot, p.kv_fp8, k_scale));
+                        const RowSink k_sink =
+                            row_sink(p.k_out, slot.block, slot.slot, p.kv_fp8, k_scale);
+                        if (p.has_norm)
+                            norm_rotate_token<T>(p, p.k, p.k_out, p.k_norm_input, p.k_norm_weight,
+                                                 b, s, p.heads_k, c, sn, norm_row, norm_x, k_dw,
+                                                 &k_sink);
+                        else
+                            rotate_token_to_sink<T>(p, p.k, b, s, p.heads_k, c, sn, sink_row,
+                                                    sink_rotated, k_sink);
                         if (p.has_v)
                             copy_token_to_sink<T>(
                                 p, b, s,
                                 row_sink(p.v_cache, slot.block, slot.slot, p.kv_fp8, v_scale));
                     }
+                } else if (p.has_norm) {
+                    norm_rotate_token<T>(p, p.k, p.k_out, p.k_norm_input, p.k_norm_weight, b, s,
+                                         p.heads_k, c, sn, norm_row, norm_x, k_dw);
                 } else
                     rotate_token<T>(p, p.k, p.k_out, p.k_in_place, b, s, p.heads_k, c, sn, buf,
                                     p.has_freq_grad ? &sink : nullptr);

@@ -112,6 +112,7 @@ void set_norm_access(KernelSpec& spec) {
     spec.copy_vec = 1;
     spec.table_vec_loads = 0;
     spec.block_threads = 32 * kRopeNormMaxWarps;
+    spec.v_vec = 1;
 }
 
 // Table columns one work item reads (see TABLE_SPAN in rope.cu).
@@ -262,7 +263,6 @@ KernelSpec kernel_spec_from_public(const rope_jit_kernel_spec& in) {
         spec.norm_weight_dtype = float_code(in.norm_weight_dtype, "norm_weight_dtype");
         spec.norm_weight_grad = spec.backward && in.norm_weight_grad != 0;
     }
-    set_norm_access(spec);
     const int kv_layout = raw_enum(in.kv_layout);
     if (kv_layout < ROPE_JIT_KV_CACHE_NONE || kv_layout > ROPE_JIT_KV_CACHE_PAGED_HND)
         fail_argument(fmt::format("kv_layout: unknown value {}", kv_layout));
@@ -280,6 +280,7 @@ KernelSpec kernel_spec_from_public(const rope_jit_kernel_spec& in) {
         spec.v_vec = choose_v_width(spec, spec.dtype == 0 ? 4 : 2, [](int64_t) { return true; });
     }
     spec.q_fp8 = in.q_fp8 != 0;
+    set_norm_access(spec);  // last: the norm kernel's access fields override the others
     spec.validate();
     return spec;
 }
@@ -385,8 +386,8 @@ void KernelSpec::validate() const {
             "norm_unit_offset, norm_weight_dtype and norm_weight_grad: need qk_norm");
     require(!norm_weight_grad || backward, "norm_weight_grad: needs direction backward");
     require(!qk_norm || !freq_grad, "qk_norm: not with freq_grad");
-    require(kv_cache == 0 || (has_k && !backward && !qk_norm && !in_place_k),
-            "kv_cache: needs has_k, direction forward, no qk_norm and in_place_k false");
+    require(kv_cache == 0 || (has_k && !backward && !in_place_k),
+            "kv_cache: needs has_k, direction forward and in_place_k false");
     require(kv_cache != 0 ||
                 (!kv_index_int64 && !kv_seqlen_offsets && !kv_fp8 && v_dim == 0 && v_vec == 1),
             "kv_index_int64, kv_seqlen_offsets, kv_fp8, v_head_dim and v_vec: need kv_cache");
@@ -397,10 +398,11 @@ void KernelSpec::validate() const {
                 (v_dim == 0 ? v_vec == 1 : v_dim % v_vec == 0),
             fmt::format("v_vec {} must be a power of 2 of at most 16 bytes dividing v_head_dim {}",
                         v_vec, v_dim));
-    require(!q_fp8 || (!in_place_q && !backward && !qk_norm),
-            "q_fp8: needs in_place_q false, direction forward and no qk_norm");
+    require(!q_fp8 || (!in_place_q && !backward), "q_fp8: needs in_place_q false and direction "
+                                                  "forward");
     require(!qk_norm || (vec == (interleaved ? 2 : 1) && !vec_loads && copy_vec == 1 &&
-                         !table_vec_loads && block_threads == 32 * kRopeNormMaxWarps),
+                         v_vec == 1 && !table_vec_loads &&
+                         block_threads == 32 * kRopeNormMaxWarps),
             fmt::format("qk_norm: the norm kernel takes vec {}, vec_loads, copy_vec 1, no "
                         "table_vec_loads and block_threads {}",
                         interleaved ? 2 : 1, 32 * kRopeNormMaxWarps));
@@ -486,6 +488,7 @@ std::optional<KernelSpec> KernelSpec::from_json(const std::string& text, std::st
             if (!absent("copy_vec")) spec.copy_vec = given.copy_vec;
             if (!absent("table_vec_loads")) spec.table_vec_loads = given.table_vec_loads;
             if (!absent("block_threads")) spec.block_threads = given.block_threads;
+            if (!absent("v_vec")) spec.v_vec = given.v_vec;
         }
         spec.validate();
     } catch (const std::exception& e) {

@@ -317,7 +317,9 @@ void RopeCuda::run_norm(const RopeProblem& p, const KernelSpec& spec, const Load
                         CUstream stream) {
     const CudaDriverApi& api = devices_.api();
     const int64_t units = p.batch * std::max(p.seqlen_q, p.has_k ? p.seqlen_k : 0);
-    const int64_t rows = units * (p.heads_q + (p.has_k ? p.heads_k : 0));
+    // Rows: q's and k's heads, and v's, which the kernel copies into its cache (KV cache).
+    const int64_t rows =
+        units * (p.heads_q + (p.has_k ? p.heads_k : 0) + (p.has_v ? p.heads_k : 0));
     const RopeNormLaunch shape =
         plan_rope_norm_launch(spec, rows, devices_.device(p.device.device_id).multiprocessors);
     RopeNormParams params = rope_norm_params(p, shape.warps);
@@ -329,11 +331,20 @@ void RopeCuda::run_norm(const RopeProblem& p, const KernelSpec& spec, const Load
                                             size_t(p.head_dim), stream),
                      "cuMemsetD2D32Async(norm weight gradient)");
     if (shape.blocks == 0) return;  // no row: nothing to normalize (gradients were zeroed)
-    void* kernel_args[] = {&params};
-    check_cu(
-        api.cuLaunchKernel(kernel.function, unsigned(shape.blocks), 1, 1, unsigned(shape.threads),
-                           1, 1, shape.shared_bytes, stream, kernel_args, nullptr),
-        "cuLaunchKernel(rope_norm_kernel)");
+    auto launch_with = [&](void* arguments) {
+        void* kernel_args[] = {arguments};
+        check_cu(api.cuLaunchKernel(kernel.function, unsigned(shape.blocks), 1, 1,
+                                    unsigned(shape.threads), 1, 1, shape.shared_bytes, stream,
+                                    kernel_args, nullptr),
+                 "cuLaunchKernel(rope_norm_kernel)");
+    };
+    if (spec.kv_cache != 0 || spec.q_fp8 != 0) {
+        // With a KV cache or FP8 outputs the cache arguments follow (rope_norm_params.h).
+        RopeNormCacheParams cache_params{params, rope_cache_params(p)};
+        launch_with(&cache_params);
+    } else {
+        launch_with(&params);
+    }
     stats_.launches.fetch_add(1, std::memory_order_relaxed);
 }
 

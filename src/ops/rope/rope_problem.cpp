@@ -301,9 +301,6 @@ void check_kv_cache(const rope_jit_rope_args& args, const TensorRef& k, const Te
             "k_out: must be NULL with a KV cache: the rotated k is written to k_cache "
             "only (k is not modified)");
     if (p.backward) fail_argument("backward: a KV cache write is forward only");
-    if (args.q_norm_weight != nullptr)
-        throw Error(ROPE_JIT_ERROR_UNSUPPORTED,
-                    "q_norm_weight: QK-norm with a KV cache write is not supported yet");
     if (args.inv_freq_grad != nullptr)
         fail_argument("inv_freq_grad: not with a KV cache write (forward only)");
     for (const TensorRef* t : {&v, &k_cache, &v_cache, &slots, &tables})
@@ -719,8 +716,8 @@ RopeProblem make_rope_problem(const rope_jit_rope_args& args) {
     check_kv_cache(args, k, k_out, offsets, q, p);
     p.q_scale = check_scale(args.q_scale, "q_scale", p.q_fp8, "q_out", p, q);
     check_qk_norm(args, q, k, q_write, k_write, p);
-    if (p.q_fp8 && (p.backward || p.has_norm || p.has_freq_grad))
-        fail_argument("q_out: float8_e4m3fn only in the forward without QK-norm");
+    if (p.q_fp8 && (p.backward || p.has_freq_grad))
+        fail_argument("q_out: float8_e4m3fn only in the forward (backward = 0)");
 
     // What the call writes (q_out, or q in place; k likewise) shares no element with anything
     // else it reads or writes: a q_out on k's memory would change k before k is read, a k two
