@@ -420,10 +420,10 @@ typedef struct rope_jit_rope_args {
      * rotated k (all D features: the unrotated ones copied) into k_cache, and v's row (copied,
      * or quantized) into v_cache, at the token's cache slot; q is rotated as usual (in place,
      * or into q_out). k itself is only read: k_out must be NULL (the rotated k exists in the
-     * cache only). Forward only (backward = 0); k is required; not combinable with QK-norm yet
-     * (q_norm_weight: ERROR_UNSUPPORTED) nor with inv_freq_grad. Every other field works as
-     * without a cache (positions, seqlen_offsets, cu_seqlens, GQA, the three styles, partial
-     * rotary, xPos, M-RoPE).
+     * cache only). Forward only (backward = 0, so no inv_freq_grad); k is required. Every
+     * other field works as without a cache: positions, seqlen_offsets, cu_seqlens, GQA, the
+     * three styles, partial rotary, xPos, M-RoPE, and QK-norm (q_norm_weight: the cache then
+     * holds k normalized and rotated, all D features computed).
      *
      * A token's cache position pos (its index in its sequence's cache) is, in this order:
      *   seqlen_offsets[sequence] + s (s: its index in its sequence) when seqlen_offsets is
