@@ -792,7 +792,11 @@ bool cache_slot_on_host(const RopeProblem& p, int64_t b, int64_t s, int64_t sequ
     int64_t position;
     const char* source;
     if (p.kv_seqlen_offsets) {
-        position = index + IndexReader(p.seqlen_offsets)[sequence];
+        // Beside positions the offsets are not range-checked as table rows: check the sum.
+        const int64_t offset = IndexReader(p.seqlen_offsets)[sequence];
+        if (__builtin_add_overflow(index, offset, &position))
+            fail_argument(fmt::format("seqlen_offsets: [{}] = {} overflows a cache position",
+                                      sequence, offset));
         source = "seqlen_offsets";
     } else if (p.position_mode == PositionMode::Indices) {
         IndexReader positions(p.positions);
