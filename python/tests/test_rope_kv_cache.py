@@ -224,3 +224,39 @@ def test_torch_float8_cache_on_cpu(cpu_runtime):
     # Token 0 at position 0: angle 0, so its k is copied.
     np.testing.assert_array_equal(k_cache.view(torch.uint8).numpy()[2, 1, 0],
                                   e4m3_encode(k[0, 0, 0].numpy()))
+
+
+def test_torch_cuda_kv_cache_matches_the_cpu(cpu_runtime):
+    """GPU machines: torch CUDA tensors (bf16, paged NHD at slot_mapping, FP8 caches) give the
+    CPU backend's cache bytes: v's exactly, k's within one e4m3 step."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or not hasattr(torch, "float8_e4m3fn"):
+        pytest.skip("needs CUDA and torch.float8_e4m3fn")
+    generator = torch.Generator().manual_seed(23)
+    B, S, Hq, Hk, D, block_size = 3, 7, 8, 2, 128, 16
+    q = torch.randn(B, S, Hq, D, generator=generator).to(torch.bfloat16)
+    k = torch.randn(B, S, Hk, D, generator=generator).to(torch.bfloat16)
+    v = torch.randn(B, S, Hk, D, generator=generator).to(torch.bfloat16)
+    positions = torch.arange(S).repeat(B, 1) + 3
+    inv_freq = 10000.0 ** (-torch.arange(0, D, 2, dtype=torch.float32) / D)
+    slot = torch.randperm(4 * block_size, generator=generator)[: B * S]
+    scale = torch.tensor([0.25])
+    results = []
+    for device in ("cpu", "cuda"):
+        k_cache = torch.zeros(4, block_size, Hk, D, dtype=torch.float8_e4m3fn, device=device)
+        v_cache = torch.zeros_like(k_cache)
+        q_d = q.to(device)
+        runtime = cpu_runtime if device == "cpu" else None
+        rope_jit.rope(q_d, k.to(device), v=v.to(device), inv_freq=inv_freq.to(device),
+                      positions=positions.to(device), layout="bshd", kv_layout="nhd",
+                      k_cache=k_cache, v_cache=v_cache, slot_mapping=slot.to(device),
+                      k_scale=scale.to(device), v_scale=scale.to(device), runtime=runtime)
+        torch.cuda.synchronize()
+        results.append((q_d.float().cpu(), k_cache.view(torch.uint8).cpu().numpy(),
+                        v_cache.view(torch.uint8).cpu().numpy()))
+    (q_cpu, k_cpu, v_cpu), (q_gpu, k_gpu, v_gpu) = results
+    np.testing.assert_array_equal(v_gpu, v_cpu)
+    decoded_cpu, decoded_gpu = VALUES[k_cpu], VALUES[k_gpu]
+    step = np.maximum(np.abs(decoded_cpu), 2.0**-6) / 8
+    assert (np.abs(decoded_gpu - decoded_cpu) <= step * 1.001).all()
+    torch.testing.assert_close(q_gpu, q_cpu, atol=1.6e-2, rtol=0)
