@@ -229,3 +229,42 @@ TEST_CASE("the KV cache GPU sweep's calls run on the CPU backend and their kerne
     }
     MESSAGE(compiled.size() << " KV cache kernels compiled");
 }
+
+TEST_CASE("a prewarmed KV cache spec is the one a call with contiguous tensors uses") {
+    // rope_jit_kernel_spec's kv fields describe the same kernel as the call (bf16, 32/8 heads,
+    // D128, per-token positions, paged NHD at slot_mapping or block tables, FP8 or not).
+    std::mt19937 rng(kKvSeed + 3);
+    for (int variant = 0; variant < 4; ++variant) {
+        KvCase c;
+        c.D = c.R = c.Dv = 128;
+        c.Hk = 8, c.group = 4, c.S = 3, c.block_size = 16;
+        c.bshd = true;
+        c.positions = true;
+        c.offsets = false;
+        c.index = variant % 2 ? KvIndex::BlockTables : KvIndex::SlotMapping;
+        c.fp8 = variant >= 2;
+        c.norm = variant == 3;
+        CAPTURE(variant);
+        KvProblem p = make_kv_problem(c, rng);
+        KernelSpec from_call = spec_of(kv_args(p, host_views(p)));
+        // The test's float32 tables live in a std::vector (16-byte aligned): their 32-byte
+        // spans may not load as vectors, which a prewarmed spec assumes (QK-norm: never).
+        from_call.table_vec_loads = c.norm ? 0 : 1;
+
+        rope_jit_kernel_spec spec;
+        rope_jit_kernel_spec_init(&spec);
+        spec.dtype = DLDataType{kDLBfloat, 16, 1};
+        spec.head_dim = 128;
+        spec.gqa_group = 4;
+        spec.positions = ROPE_JIT_POSITIONS_INDICES;
+        spec.angles = ROPE_JIT_ANGLES_TABLE_HALF;
+        spec.kv_layout = ROPE_JIT_KV_CACHE_PAGED_NHD;
+        spec.kv_block_tables = c.index == KvIndex::BlockTables;
+        spec.kv_fp8 = c.fp8;
+        spec.v_head_dim = 128;
+        spec.qk_norm = c.norm;
+        const KernelSpec from_public = rope_jit::kernel_spec_from_public(spec);
+        const std::string call = from_call.to_json(), prewarmed = from_public.to_json();
+        CHECK(call == prewarmed);
+    }
+}
