@@ -165,7 +165,8 @@ extern "C" __global__ void __launch_bounds__(WARP* kRopeNormMaxWarps)
                 const T* v = static_cast<const T*>(cache->v) + b * cache->v_stride[0] +
                              h * cache->v_stride[1] + s * cache->v_stride[2];
                 const long long out = block * cache->v_cache_stride[0] +
-                                      h * cache->v_cache_stride[1] + slot * cache->v_cache_stride[2];
+                                      h * cache->v_cache_stride[1] +
+                                      slot * cache->v_cache_stride[2];
                 for (int d = lane; d < V_DIM; d += WARP) {
                     const T value = v[d * cache->v_stride[3]];
                     const long long at = out + d * cache->v_cache_stride[3];

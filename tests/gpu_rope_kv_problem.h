@@ -44,7 +44,7 @@ struct KvCase {
     int64_t block_size = 4;
     bool fp8 = false, scales = false, q_fp8 = false, packed = false, positions = false;
     bool offsets = false, inv_freq = false, bshd = true, in_place_q = true, skip_slots = false;
-    bool tiny_scale = false;  // scales small enough that some values saturate at 448
+    bool tiny_scale = false;                 // scales small enough that some values saturate at 448
     bool norm = false, unit_offset = false;  // QK-norm before the rotation (weights [D] f32)
 };
 

@@ -1030,8 +1030,8 @@ double graph_us_per_call(rope_jit::CUstream stream, rope_jit_runtime* runtime,
     check_cu(api->cuStreamEndCapture(stream, &graph), "cuStreamEndCapture");
     if (captured != ROPE_JIT_OK) {
         if (graph != nullptr) api->cuGraphDestroy(graph);
-        throw std::runtime_error(fmt::format("rope (captured): {}: {}",
-                                             rope_jit_status_name(captured), capture_error));
+        throw std::runtime_error(
+            fmt::format("rope (captured): {}: {}", rope_jit_status_name(captured), capture_error));
     }
     check_cu(api->cuGraphInstantiate(&graph_exec, graph, 0), "cuGraphInstantiate");
     const double us =

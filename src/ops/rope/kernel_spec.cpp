@@ -398,11 +398,11 @@ void KernelSpec::validate() const {
                 (v_dim == 0 ? v_vec == 1 : v_dim % v_vec == 0),
             fmt::format("v_vec {} must be a power of 2 of at most 16 bytes dividing v_head_dim {}",
                         v_vec, v_dim));
-    require(!q_fp8 || (!in_place_q && !backward), "q_fp8: needs in_place_q false and direction "
-                                                  "forward");
+    require(!q_fp8 || (!in_place_q && !backward),
+            "q_fp8: needs in_place_q false and direction "
+            "forward");
     require(!qk_norm || (vec == (interleaved ? 2 : 1) && !vec_loads && copy_vec == 1 &&
-                         v_vec == 1 && !table_vec_loads &&
-                         block_threads == 32 * kRopeNormMaxWarps),
+                         v_vec == 1 && !table_vec_loads && block_threads == 32 * kRopeNormMaxWarps),
             fmt::format("qk_norm: the norm kernel takes vec {}, vec_loads, copy_vec 1, no "
                         "table_vec_loads and block_threads {}",
                         interleaved ? 2 : 1, 32 * kRopeNormMaxWarps));
