@@ -320,14 +320,28 @@ def rope(
         q_norm_weight_grad,
         k_norm_weight_grad,
     )  # as _TENSOR_NAMES
-    kv = (v, k_cache, v_cache, slot_mapping, block_tables, k_scale, v_scale, q_scale)
-    if kv_layout is not None or any(value is not None for value in kv):
-        values = values + kv
+    # KV cache and FP8 scale arguments (plain comparisons: this runs on every call).
+    kv = (
+        kv_layout is not None
+        or k_cache is not None
+        or v is not None
+        or v_cache is not None
+        or slot_mapping is not None
+        or block_tables is not None
+        or k_scale is not None
+        or v_scale is not None
+        or q_scale is not None
+    )
+    if kv:
+        values += (v, k_cache, v_cache, slot_mapping, block_tables, k_scale, v_scale, q_scale)
     norm = q_norm_weight is not None
     # PyTorch tensors take the planned path: the argument struct of this signature is built
     # once (below) and only the data pointers, offsets and stream change per call.
-    # (QK-norm calls take the general path: a plan's key does not hold norm_eps.)
-    planned = not norm and len(values) == 20 and type(q) in (_plans.TORCH_TENSOR_TYPES or _plans.torch_types())
+    # (QK-norm and KV cache calls take the general path: a plan's key holds neither norm_eps
+    # nor kv_layout.)
+    planned = (
+        not norm and not kv and type(q) in (_plans.TORCH_TENSOR_TYPES or _plans.torch_types())
+    )
     if planned and _plans.call(
         runtime,
         values,
