@@ -273,6 +273,28 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         std::memcpy(&args.norm_eps, &bits, sizeof bits);
     }
     args.norm_unit_offset = in.byte() % 2;
+    // KV cache write and FP8 outputs, decoded last likewise. Caches and q_out may become
+    // float8 e4m3fn: one byte an element, so the view stays inside the bytes built for it.
+    enum { V, K_CACHE, V_CACHE, SLOT_MAPPING, BLOCK_TABLES, K_SCALE, V_SCALE, Q_SCALE, KV_COUNT };
+    Built kv[KV_COUNT];
+    for (Built& b : kv)
+        if (!build(in, b, base)) return 0;
+    const DLDataType fp8{ROPE_JIT_DLPACK_FLOAT8_E4M3FN, 8, 1};
+    for (Built* b : {&kv[K_CACHE], &kv[V_CACHE], &tensors[Q_OUT]})
+        if (in.byte() % 3 == 0) b->tensor.dtype = fp8;
+    auto kv_view = [&](int slot) -> const DLTensor* {
+        return kv[slot].present ? &kv[slot].tensor : nullptr;
+    };
+    const int kv_layout = in.byte() % 8 == 0 ? int(in.byte()) - 64 : in.byte() % 4;
+    std::memcpy(&args.kv_layout, &kv_layout, sizeof kv_layout);
+    args.v = kv_view(V);
+    args.k_cache = kv_view(K_CACHE);
+    args.v_cache = in.byte() % 8 == 0 ? args.k_cache : kv_view(V_CACHE);
+    args.slot_mapping = kv_view(SLOT_MAPPING);
+    args.block_tables = kv_view(BLOCK_TABLES);
+    args.k_scale = kv_view(K_SCALE);
+    args.v_scale = kv_view(V_SCALE);
+    args.q_scale = kv_view(Q_SCALE);
 
     static const bool verbose = std::getenv("ROPE_JIT_FUZZ_VERBOSE") != nullptr;
     if (verbose) {

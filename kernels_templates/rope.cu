@@ -23,6 +23,14 @@
 //   FREQ_GRAD                                        also accumulate d(loss)/d(inv_freq)
 //   BLOCK_THREADS                                    the most threads a block has (the
 //                                                    launcher sizes each block to its work)
+//   KV_CACHE                                         k into a KV cache (instead of k_out)
+//                                                    at slots: 1 contiguous rows, 2 slot_mapping,
+//                                                    3 block_tables; 0 none
+//   KV_INDEX_INT64, KV_SEQLEN_OFFSETS                slot/block index dtype; cache positions
+//                                                    from seqlen_offsets
+//   KV_FP8, Q_FP8                                    the caches, q_out hold float8 e4m3fn
+//   V_DIM, V_VEC                                     v's head_dim (0: no v), copied into its
+//                                                    cache V_VEC elements per access
 //
 // A block owns `tokens_per_block` consecutive tokens and first resolves, once per token,
 // where its rows live and which table row it uses. With tables, every work item then reads
@@ -53,6 +61,8 @@ ROPE_JIT_HOST_DEVICE constexpr RopeShape spec_shape() {
     s.has_xpos = HAS_XPOS;
     s.table_full = TABLE_FULL;
     s.freq_grad = FREQ_GRAD;
+    s.v_dim = V_DIM;
+    s.v_vec = V_VEC;
     return s;
 }
 // A function, not a constexpr variable: NVRTC emits each namespace-scope constant as a global
@@ -150,6 +160,86 @@ __device__ __forceinline__ void store_pack(T* y, long long stride, const Pack<N>
     } else {
 #pragma unroll
         for (int j = 0; j < N; ++j) y[j * stride] = pack.v[j];
+    }
+}
+
+// ---- FP8 outputs --------------------------------------------------------------------------
+
+// The calls with FP8 outputs or a KV cache take a second group of arguments
+// (RopeCacheKernelParams); the others keep RopeKernelParams alone. Enumerators, not constexpr
+// variables (see PARTNER_DISTANCE below).
+enum : bool { CACHE_PARAMS = KV_CACHE != 0 || Q_FP8 };
+
+template <bool CACHE>
+struct LaunchParams {
+    using type = RopeKernelParams;
+};
+template <>
+struct LaunchParams<true> {
+    using type = RopeCacheKernelParams;
+};
+__device__ __forceinline__ const RopeKernelParams& rope_args(const RopeKernelParams& a) {
+    return a;
+}
+__device__ __forceinline__ const RopeKernelParams& rope_args(const RopeCacheKernelParams& a) {
+    return a.rope;
+}
+__device__ __forceinline__ const RopeCacheParams* cache_args(const RopeKernelParams&) {
+    return nullptr;
+}
+__device__ __forceinline__ const RopeCacheParams* cache_args(const RopeCacheKernelParams& a) {
+    return &a.cache;
+}
+
+// Where a result goes: an element of q's dtype, or (FP8) a float8 e4m3fn byte.
+template <bool FP8>
+struct OutOf {
+    using type = T;
+};
+template <>
+struct OutOf<true> {
+    using type = unsigned char;
+};
+
+// N values quantized to float8 e4m3fn (value / scale), stored at y: one N-byte access when the
+// host proved alignment and unit stride (VECTOR), else N byte stores at `stride`.
+template <int N, bool VECTOR>
+__device__ __forceinline__ void store_fp8(unsigned char* y, long long stride, const float* v,
+                                          float scale) {
+    unsigned short pairs[(N + 1) / 2];
+#pragma unroll
+    for (int j = 0; j < N / 2; ++j)
+        pairs[j] = e4m3x2_bits(__fdiv_rn(v[2 * j], scale), __fdiv_rn(v[2 * j + 1], scale));
+    if (N % 2 != 0)
+        pairs[N / 2] = static_cast<unsigned short>(e4m3_bits(__fdiv_rn(v[N - 1], scale)));
+    if constexpr (VECTOR && N == 8) {
+        struct alignas(8) Words {
+            unsigned lo, hi;
+        };
+        *reinterpret_cast<Words*>(y) =
+            Words{pairs[0] | (unsigned(pairs[1]) << 16), pairs[2] | (unsigned(pairs[3]) << 16)};
+    } else if constexpr (VECTOR && N == 4) {
+        *reinterpret_cast<unsigned*>(y) = pairs[0] | (unsigned(pairs[1]) << 16);
+    } else if constexpr (VECTOR && N == 2) {
+        *reinterpret_cast<unsigned short*>(y) = pairs[0];
+    } else {
+#pragma unroll
+        for (int j = 0; j < N; ++j)
+            y[j * stride] = static_cast<unsigned char>(pairs[j / 2] >> (8 * (j % 2)));
+    }
+}
+
+// A pack of N input elements stored as an output of kind FP8: bit for bit, or quantized.
+template <bool FP8, int N, bool VECTOR>
+__device__ __forceinline__ void store_out(typename OutOf<FP8>::type* y, long long stride,
+                                          const Pack<N>& pack, float scale) {
+    if constexpr (FP8) {
+        float v[N];
+#pragma unroll
+        for (int j = 0; j < N; ++j) v[j] = storage_to_float<DTYPE>(pack.v[j]);
+        store_fp8<N, VECTOR>(y, stride, v, scale);
+    } else {
+        store_pack<N, VECTOR>(y, stride, pack);
     }
 }
 
@@ -259,6 +349,35 @@ __device__ __forceinline__ void rotate_store_item(ItemData data, T* y, long long
     store_pack<VEC>(y + span.own * ys, ys, data.own);
 }
 
+// The same for an FP8 output (float8 e4m3fn): the fp32 results quantized by `scale`.
+__device__ __forceinline__ void rotate_store_item_fp8(ItemData data, unsigned char* y, long long ys,
+                                                      const ItemSpan& span,
+                                                      const ItemAngles& angles, float scale) {
+    float own[VEC], partner[VEC];
+    if (INTERLEAVED) {
+#pragma unroll
+        for (int j = 0; j < VEC / 2; ++j) {
+            const float x1 = storage_to_float<DTYPE>(data.own.v[2 * j]);
+            const float x2 = storage_to_float<DTYPE>(data.own.v[2 * j + 1]);
+            const float c = angles.c(j), s = angles.s(j);
+            own[2 * j] = x1 * c - x2 * s;
+            own[2 * j + 1] = x2 * c + x1 * s;
+        }
+    } else {
+        const float sign = span.second ? 1.0f : -1.0f;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+            const float x = storage_to_float<DTYPE>(data.own.v[j]);
+            const float other = storage_to_float<DTYPE>(data.partner.v[j]);
+            const float c = angles.c(j), s = angles.s(j);
+            own[j] = x * c + sign * other * s;
+            partner[j] = other * c - sign * x * s;
+        }
+        if (!CHUNK_ITEMS) store_fp8<VEC, VEC_LOADS>(y + span.partner * ys, ys, partner, scale);
+    }
+    store_fp8<VEC, VEC_LOADS>(y + span.own * ys, ys, own, scale);
+}
+
 // The table row of one pair of a token (role 1 = k): per axis with M-RoPE, else k's own row
 // when it has one (K_OWN_ANGLES), else the token's one row.
 __device__ __forceinline__ long long pair_row(const long long* s_row, const RopeKernelParams& p,
@@ -329,6 +448,9 @@ constexpr int COPY_BATCH = 2;
 struct ItemPlace {
     const T* x;
     T* y;
+    unsigned char* y8;  // the output when it is FP8 (fp8; then y is unused)
+    float scale;        // its scale
+    bool fp8;
     const T* saved;  // the forward output (FREQ_GRAD only)
     long long xs, ys, saved_stride;
     ItemSpan span;
@@ -339,9 +461,11 @@ struct ItemPlace {
 
 __device__ __forceinline__ ItemPlace place_item(const RopeKernelParams& p,
                                                 const RopeTokenBases* bases, int item,
-                                                int items_per_token, int heads_q, int block_items) {
+                                                int items_per_token, int heads_q, int block_items,
+                                                float q_scale = 1.0f, float k_scale = 1.0f) {
     ItemPlace place;
     place.valid = false;
+    place.fp8 = false;
     if (item >= block_items) return place;
     const int token = item / items_per_token;
     const int rest = item - token * items_per_token;
@@ -354,7 +478,13 @@ __device__ __forceinline__ ItemPlace place_item(const RopeKernelParams& p,
         const long long in = base.k_in;
         if (in < 0) return place;
         place.x = static_cast<const T*>(p.k) + in + h * p.k_stride[1];
-        place.y = static_cast<T*>(p.k_out) + base.k_out + h * p.k_out_stride[1];
+        if (KV_FP8) {
+            place.y8 = static_cast<unsigned char*>(p.k_out) + base.k_out + h * p.k_out_stride[1];
+            place.scale = k_scale;
+            place.fp8 = true;
+        } else {
+            place.y = static_cast<T*>(p.k_out) + base.k_out + h * p.k_out_stride[1];
+        }
         place.xs = VEC_LOADS ? 1 : p.k_stride[3];
         place.ys = VEC_LOADS ? 1 : p.k_out_stride[3];
         if (FREQ_GRAD) {
@@ -365,7 +495,13 @@ __device__ __forceinline__ ItemPlace place_item(const RopeKernelParams& p,
         const long long in = base.q_in;
         if (in < 0) return place;
         place.x = static_cast<const T*>(p.q) + in + h * p.q_stride[1];
-        place.y = static_cast<T*>(p.q_out) + base.q_out + h * p.q_out_stride[1];
+        if (Q_FP8) {
+            place.y8 = static_cast<unsigned char*>(p.q_out) + base.q_out + h * p.q_out_stride[1];
+            place.scale = q_scale;
+            place.fp8 = true;
+        } else {
+            place.y = static_cast<T*>(p.q_out) + base.q_out + h * p.q_out_stride[1];
+        }
         place.xs = VEC_LOADS ? 1 : p.q_stride[3];
         place.ys = VEC_LOADS ? 1 : p.q_out_stride[3];
         if (FREQ_GRAD) {
@@ -383,7 +519,9 @@ __device__ __forceinline__ ItemPlace place_item(const RopeKernelParams& p,
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM)
-    rope_kernel(const RopeKernelParams p) {
+    rope_kernel(const typename LaunchParams<CACHE_PARAMS>::type args) {
+    const RopeKernelParams& p = rope_args(args);
+    const RopeCacheParams* cache = cache_args(args);  // KV cache and FP8 scales, or NULL
     extern __shared__ __align__(16) char shared[];
     const int tpb = p.tokens_per_block;
     const int threads = static_cast<int>(blockDim.x);  // at most BLOCK_THREADS
@@ -396,6 +534,14 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM)
     long long* s_row = reinterpret_cast<long long*>(shared + layout.rows);
     RopeTokenBases* s_bases = reinterpret_cast<RopeTokenBases*>(shared + layout.bases);
     float* s_grad = reinterpret_cast<float*>(shared + layout.grad);
+    RopeValueBases* s_value = reinterpret_cast<RopeValueBases*>(shared + layout.value_bases);
+    // The FP8 scales, read once (NULL: 1).
+    float q_scale = 1.0f, k_scale = 1.0f, v_scale = 1.0f;
+    if constexpr (CACHE_PARAMS) {
+        if (Q_FP8 && cache->q_scale != nullptr) q_scale = *cache->q_scale;
+        if (KV_FP8 && cache->k_scale != nullptr) k_scale = *cache->k_scale;
+        if (KV_FP8 && V_DIM > 0 && cache->v_scale != nullptr) v_scale = *cache->v_scale;
+    }
     const long long first = static_cast<long long>(blockIdx.x) * tpb;
     const int heads_k = HAS_K ? static_cast<int>(p.heads_k) : 0;
     const int heads_q = HAS_K ? heads_k * GQA_GROUP : static_cast<int>(p.heads_q);
@@ -412,6 +558,21 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM)
             long long b, s;
             split_token(p, first + i, &b, &s);
             base = token_bases(p, b, s);
+            if constexpr (KV_CACHE != 0) {
+                // k goes to its cache slot (k_out is the cache), v to v's; a token without a
+                // slot writes neither.
+                RopeValueBases value{-1, -1};
+                long long block, slot;
+                if (base.k_in >= 0 && cache_slot(p, *cache, b, s, &block, &slot)) {
+                    base.k_out = block * p.k_out_stride[0] + slot * p.k_out_stride[2];
+                    value.v_in = b * cache->v_stride[0] + s * cache->v_stride[2];
+                    value.v_out =
+                        block * cache->v_cache_stride[0] + slot * cache->v_cache_stride[2];
+                } else {
+                    base.k_in = -1;
+                }
+                if (V_DIM > 0) s_value[i] = value;
+            }
             if (MROPE_AXES > 0) {
                 for (int axis = 0; axis < MROPE_AXES; ++axis)
                     s_row[i * ROW_SETS + axis] = table_row(p, b, s, false, axis);
@@ -421,6 +582,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM)
             }
         }
         s_bases[i] = base;
+        if (KV_CACHE != 0 && V_DIM > 0 && i >= tokens_here) s_value[i] = RopeValueBases{-1, -1};
     }
     if (FREQ_GRAD)
         for (int i = threadIdx.x; i < PAIRS; i += threads) s_grad[i] = 0.0f;
@@ -440,7 +602,8 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM)
     // 3. Rotate, one item per thread at a time. Consecutive threads hold consecutive items of
     //    one head, so every access coalesces.
     for (int item = threadIdx.x; item < block_items; item += threads) {
-        const ItemPlace place = place_item(p, s_bases, item, items_per_token, heads_q, block_items);
+        const ItemPlace place =
+            place_item(p, s_bases, item, items_per_token, heads_q, block_items, q_scale, k_scale);
         if (!place.valid) continue;
         const ItemData data = load_item(place.x, place.xs, place.span);
         ItemAngles angles;
@@ -456,7 +619,10 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM)
         if (FREQ_GRAD)
             accumulate_freq_grad(data, load_item(place.saved, place.saved_stride, place.span),
                                  s_row, p, place.token, place.role, place.span, s_grad);
-        rotate_store_item(data, place.y, place.ys, place.span, angles);
+        if ((Q_FP8 || KV_FP8) && place.fp8)
+            rotate_store_item_fp8(data, place.y8, place.ys, place.span, angles, place.scale);
+        else
+            rotate_store_item(data, place.y, place.ys, place.span, angles);
     }
     if (FREQ_GRAD) {
         // One global add per pair and block: the block's sums were gathered in shared memory.
@@ -473,6 +639,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM)
         for (int first_copy = threadIdx.x; first_copy < copies;
              first_copy += COPY_BATCH * threads) {
             T* dst[COPY_BATCH];
+            unsigned char* dst8[COPY_BATCH];  // FP8 outputs (KV_FP8 for k, Q_FP8 for q)
             bool dst_is_k[COPY_BATCH];
             Pack<COPY_VEC> value[COPY_BATCH];
 #pragma unroll
@@ -496,12 +663,18 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM)
                     value[j] = load_pack<COPY_VEC, COPY_VECTORS>(
                         static_cast<const T*>(p.k) + base.k_in + h * p.k_stride[1] + d * xs, xs);
                     dst[j] = static_cast<T*>(p.k_out) + base.k_out + h * p.k_out_stride[1] + d * ys;
+                    if (KV_FP8)
+                        dst8[j] = static_cast<unsigned char*>(p.k_out) + base.k_out +
+                                  h * p.k_out_stride[1] + d * ys;
                 } else {
                     const long long xs = COPY_VECTORS ? 1 : p.q_stride[3],
                                     ys = COPY_VECTORS ? 1 : p.q_out_stride[3];
                     value[j] = load_pack<COPY_VEC, COPY_VECTORS>(
                         static_cast<const T*>(p.q) + base.q_in + h * p.q_stride[1] + d * xs, xs);
                     dst[j] = static_cast<T*>(p.q_out) + base.q_out + h * p.q_out_stride[1] + d * ys;
+                    if (Q_FP8)
+                        dst8[j] = static_cast<unsigned char*>(p.q_out) + base.q_out +
+                                  h * p.q_out_stride[1] + d * ys;
                 }
             }
 #pragma unroll
@@ -510,7 +683,49 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM)
                 const long long ys = COPY_VECTORS  ? 1
                                      : dst_is_k[j] ? p.k_out_stride[3]
                                                    : p.q_out_stride[3];
-                store_pack<COPY_VEC, COPY_VECTORS>(dst[j], ys, value[j]);
+                if ((Q_FP8 || KV_FP8) && (dst_is_k[j] ? KV_FP8 : Q_FP8))
+                    store_out<true, COPY_VEC, COPY_VECTORS>(dst8[j], ys, value[j],
+                                                            dst_is_k[j] ? k_scale : q_scale);
+                else
+                    store_pack<COPY_VEC, COPY_VECTORS>(dst[j], ys, value[j]);
+            }
+        }
+    }
+
+    // 5. KV cache: v's rows of the block's tokens copied (or quantized) into v's cache,
+    //    V_VEC at a time, consecutive threads on consecutive vectors of a head row.
+    if constexpr (KV_CACHE != 0 && V_DIM > 0) {
+        constexpr int V_UNITS = V_DIM / V_VEC;
+        constexpr bool V_VECTORS = V_VEC > 1;
+        const int copies = tokens_here * heads_k * V_UNITS;
+        for (int first_copy = threadIdx.x; first_copy < copies;
+             first_copy += COPY_BATCH * threads) {
+            typename OutOf<KV_FP8>::type* dst[COPY_BATCH];
+            Pack<V_VEC> value[COPY_BATCH];
+#pragma unroll
+            for (int j = 0; j < COPY_BATCH; ++j) {
+                dst[j] = nullptr;
+                const int item = first_copy + j * threads;
+                if (item >= copies) continue;
+                const int rest = item / V_UNITS;
+                const int f = (item - rest * V_UNITS) * V_VEC;
+                const int token = rest / heads_k;
+                const int h = rest - token * heads_k;
+                const RopeValueBases base = s_value[token];
+                if (base.v_in < 0) continue;
+                const long long xs = V_VECTORS ? 1 : cache->v_stride[3];
+                const long long ys = V_VECTORS ? 1 : cache->v_cache_stride[3];
+                value[j] = load_pack<V_VEC, V_VECTORS>(
+                    static_cast<const T*>(cache->v) + base.v_in + h * cache->v_stride[1] + f * xs,
+                    xs);
+                dst[j] = static_cast<typename OutOf<KV_FP8>::type*>(cache->v_cache) + base.v_out +
+                         h * cache->v_cache_stride[1] + f * ys;
+            }
+#pragma unroll
+            for (int j = 0; j < COPY_BATCH; ++j) {
+                if (dst[j] == nullptr) continue;
+                const long long ys = V_VECTORS ? 1 : cache->v_cache_stride[3];
+                store_out<KV_FP8, V_VEC, V_VECTORS>(dst[j], ys, value[j], v_scale);
             }
         }
     }

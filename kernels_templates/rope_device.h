@@ -42,12 +42,12 @@ __device__ __forceinline__ long long load_index(const void* base, long long inde
     return static_cast<const int*>(base)[index];
 }
 
-// The table row of token (b, s) of q or k: positions (of `axis` with M-RoPE), else
-// s + seqlen_offsets[sequence], else s + position_offset (+ q_position_offset for q). Packed
-// batches find their sequence in cu_seqlens and restart s at 0 in each.
-__device__ long long table_row(const RopeKernelParams& p, long long b, long long s, bool is_k,
-                               int axis = 0) {
-    long long sequence = b, index = s;
+// Token (b, s)'s sequence and its index in it: (b, s), except in packed batches, which find
+// their sequence in cu_seqlens and restart s at 0 in each.
+__device__ __forceinline__ void token_sequence(const RopeKernelParams& p, long long b, long long s,
+                                               long long* sequence, long long* index) {
+    *sequence = b;
+    *index = s;
     if (PACKED) {
         long long lo = 0, hi = p.num_sequences - 1;  // last sequence whose start <= s
         while (lo < hi) {
@@ -57,9 +57,17 @@ __device__ long long table_row(const RopeKernelParams& p, long long b, long long
             else
                 hi = mid - 1;
         }
-        sequence = lo;
-        index = s - load_index<CU_SEQLENS_INT64>(p.cu_seqlens, lo * p.cu_seqlens_stride);
+        *sequence = lo;
+        *index = s - load_index<CU_SEQLENS_INT64>(p.cu_seqlens, lo * p.cu_seqlens_stride);
     }
+}
+
+// The table row of token (b, s) of q or k: positions (of `axis` with M-RoPE), else
+// s + seqlen_offsets[sequence], else s + position_offset (+ q_position_offset for q).
+__device__ long long table_row(const RopeKernelParams& p, long long b, long long s, bool is_k,
+                               int axis = 0) {
+    long long sequence, index;
+    token_sequence(p, b, s, &sequence, &index);
     if (HAS_ROPE_INDICES)
         return load_index<POSITIONS_INT64>(
             p.positions,
@@ -114,6 +122,76 @@ __device__ __forceinline__ void split_token(const RopeKernelParams& p, long long
         *b = u / p.seqlen_max;
         *s = u - *b * p.seqlen_max;
     }
+}
+
+// ---- KV cache and FP8 outputs ----------------------------------------------------------
+
+// Where token (b, s) of k goes in the cache ([blocks, Hk, slots, D] views): its block and slot,
+// by the rules of rope_jit_rope_args (slot_mapping; or the token's cache position, a row of a
+// contiguous cache or, through block_tables, a paged one). False for a token that writes
+// nothing: a negative slot (padding), or any index out of range (never written out of bounds;
+// the CPU backend and debug checks report those instead).
+__device__ bool cache_slot(const RopeKernelParams& p, const RopeCacheParams& c, long long b,
+                           long long s, long long* block, long long* slot) {
+    if (KV_CACHE == 2) {
+        const long long value = load_index<KV_INDEX_INT64>(
+            c.slot_mapping, (b * p.seqlen_k + s) * c.slot_mapping_stride);
+        if (value < 0) return false;
+        *block = value / c.cache_slots;
+        *slot = value - *block * c.cache_slots;
+        return *block < c.cache_blocks;
+    }
+    long long sequence, index, position;
+    token_sequence(p, b, s, &sequence, &index);
+    if (KV_SEQLEN_OFFSETS)
+        position = index + load_index<SEQLEN_OFFSETS_INT64>(p.seqlen_offsets,
+                                                            sequence * p.seqlen_offsets_stride);
+    else if (HAS_ROPE_INDICES)
+        position = load_index<POSITIONS_INT64>(
+            p.positions, b * p.positions_stride[0] + s * p.positions_stride[1]);
+    else
+        position = index + p.position_offset;
+    if (position < 0) return false;
+    if (KV_CACHE == 1) {
+        *block = sequence;
+        *slot = position;
+        return position < c.cache_slots;
+    }
+    const long long entry = position / c.cache_slots;
+    if (entry >= c.max_blocks) return false;
+    const long long table_block = load_index<KV_INDEX_INT64>(
+        c.block_tables, sequence * c.block_tables_stride[0] + entry * c.block_tables_stride[1]);
+    if (table_block < 0 || table_block >= c.cache_blocks) return false;
+    *block = table_block;
+    *slot = position - entry * c.cache_slots;
+    return true;
+}
+
+// float8 e4m3fn of x: round to nearest even, saturating to +-448 (infinities included), NaN to
+// 0x7f; the CPU reference's float_to_e4m3 (src/common/float8.h), written with bit operations.
+__device__ __forceinline__ unsigned e4m3_bits(float x) {
+    const unsigned bits = __float_as_uint(x);
+    const unsigned sign = (bits >> 24) & 0x80u;
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return 0x7fu;
+    const float a = fminf(__uint_as_float(bits & 0x7fffffffu), 448.0f);
+    if (a < 0.015625f)  // below 2^-6: subnormals, multiples of 2^-9 (8 of them round to 2^-6)
+        return sign | static_cast<unsigned>(__float2int_rn(a * 512.0f));
+    // Keep 3 of the 23 mantissa bits, ties to even (a carry moves into the exponent), and
+    // rebias the exponent from 127 to 7.
+    const unsigned ab = __float_as_uint(a);
+    return sign | (((ab + 0x7ffffu + ((ab >> 20) & 1u)) >> 20) - (120u << 3));
+}
+
+// Two values as two e4m3fn bytes, lo first; sm_89+ converts them in one instruction with the
+// same rounding, saturation and NaN.
+__device__ __forceinline__ unsigned short e4m3x2_bits(float lo, float hi) {
+#if __CUDA_ARCH__ >= 890
+    unsigned short packed;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(packed) : "f"(hi), "f"(lo));
+    return packed;
+#else
+    return static_cast<unsigned short>(e4m3_bits(lo) | (e4m3_bits(hi) << 8));
+#endif
 }
 
 }  // namespace

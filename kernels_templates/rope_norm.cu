@@ -9,6 +9,10 @@
 // taken grid-stride. Forward: y = rope(x * r * w'), r = 1/sqrt(mean(x^2) + eps). Backward (q and
 // k hold dL/dy): g = the inverse rotation of dL/dy, xh = x * r, dL/dx = r (w' g - xh mean(w' g
 // xh)), and dL/dw sums g xh, per block in shared memory, then once per block with atomics.
+//
+// Forward with a KV cache (KV_CACHE): k's rows go to their cache slots instead of k_out, and
+// v's rows (V_DIM > 0) are copied into v's cache by warps of their own, one row each; FP8
+// outputs (KV_FP8, Q_FP8) store float8 e4m3fn of value / scale.
 
 #include "device_numeric.h"
 #include "rope_norm_params.h"
@@ -83,12 +87,53 @@ __device__ __forceinline__ float weight_at(const void* w, long long stride, int 
     return load_float<NORM_WEIGHT_DTYPE>(w, d * stride) + (NORM_UNIT_OFFSET ? 1.0f : 0.0f);
 }
 
+// The launch's argument block: RopeNormParams, followed by RopeCacheParams for a KV cache or
+// FP8 outputs. Enumerators and types, not constexpr variables (globals of every module).
+enum : bool { CACHE_PARAMS = KV_CACHE != 0 || Q_FP8 };
+template <bool CACHE>
+struct NormLaunchParams {
+    using type = RopeNormParams;
+};
+template <>
+struct NormLaunchParams<true> {
+    using type = RopeNormCacheParams;
+};
+__device__ __forceinline__ const RopeNormParams& norm_args(const RopeNormParams& a) {
+    return a;
+}
+__device__ __forceinline__ const RopeNormParams& norm_args(const RopeNormCacheParams& a) {
+    return a.norm;
+}
+__device__ __forceinline__ const RopeCacheParams* cache_args(const RopeNormParams&) {
+    return nullptr;
+}
+__device__ __forceinline__ const RopeCacheParams* cache_args(const RopeNormCacheParams& a) {
+    return &a.cache;
+}
+
+// Stores one result: of q's dtype at y, or (fp8) float8 e4m3fn of value / scale at y8.
+__device__ __forceinline__ void store_result(T* y, unsigned char* y8, bool fp8, long long index,
+                                             float value, float scale) {
+    if ((KV_FP8 || Q_FP8) && fp8)
+        y8[index] = static_cast<unsigned char>(e4m3_bits(__fdiv_rn(value, scale)));
+    else
+        y[index] = from_float<DTYPE>(value);
+}
+
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(WARP* kRopeNormMaxWarps)
-    rope_norm_kernel(const RopeNormParams np) {
+    rope_norm_kernel(const typename NormLaunchParams<CACHE_PARAMS>::type args) {
     extern __shared__ __align__(16) char shared[];
+    const RopeNormParams& np = norm_args(args);
+    const RopeCacheParams* cache = cache_args(args);  // KV cache and FP8 scales, or NULL
     const RopeKernelParams& p = np.rope;
+    float q_scale = 1.0f, k_scale = 1.0f, v_scale = 1.0f;
+    if constexpr (CACHE_PARAMS) {
+        if (Q_FP8 && cache->q_scale != nullptr) q_scale = *cache->q_scale;
+        if (KV_FP8 && cache->k_scale != nullptr) k_scale = *cache->k_scale;
+        if (KV_FP8 && V_DIM > 0 && cache->v_scale != nullptr) v_scale = *cache->v_scale;
+    }
     const int warp = static_cast<int>(threadIdx.x) / WARP;
     const int lane = static_cast<int>(threadIdx.x) % WARP;
     float* row = reinterpret_cast<float*>(shared) + warp * 2 * HEAD_DIM;     // the staged row
@@ -101,17 +146,55 @@ extern "C" __global__ void __launch_bounds__(WARP* kRopeNormMaxWarps)
 
     const int heads_k = HAS_K ? static_cast<int>(p.heads_k) : 0;
     const int heads_q = HAS_K ? heads_k * GQA_GROUP : static_cast<int>(p.heads_q);
-    const long long rows_total = p.units * (heads_q + heads_k);
+    // Rows of a token: q's heads, k's, and (KV cache with v) v's, copied by warps of their own.
+    const int heads_v = KV_CACHE != 0 && V_DIM > 0 ? heads_k : 0;
+    const int heads_all = heads_q + heads_k + heads_v;
+    const long long rows_total = p.units * heads_all;
     const float inv_d = 1.0f / HEAD_DIM;
     for (long long r = static_cast<long long>(blockIdx.x) * np.warps + warp; r < rows_total;
          r += static_cast<long long>(gridDim.x) * np.warps) {
-        const long long u = r / (heads_q + heads_k);
-        int h = static_cast<int>(r - u * (heads_q + heads_k));
+        const long long u = r / heads_all;
+        int h = static_cast<int>(r - u * heads_all);
         long long b, s;
         split_token(p, u, &b, &s);
+        if constexpr (KV_CACHE != 0 && V_DIM > 0) {
+            if (h >= heads_q + heads_k) {  // a row of v: copied (or quantized) into v's cache
+                h -= heads_q + heads_k;
+                long long block, slot;
+                if (s >= p.seqlen_k || !cache_slot(p, *cache, b, s, &block, &slot)) continue;
+                const T* v = static_cast<const T*>(cache->v) + b * cache->v_stride[0] +
+                             h * cache->v_stride[1] + s * cache->v_stride[2];
+                const long long out = block * cache->v_cache_stride[0] +
+                                      h * cache->v_cache_stride[1] +
+                                      slot * cache->v_cache_stride[2];
+                for (int d = lane; d < V_DIM; d += WARP) {
+                    const T value = v[d * cache->v_stride[3]];
+                    const long long at = out + d * cache->v_cache_stride[3];
+                    if (KV_FP8)
+                        static_cast<unsigned char*>(cache->v_cache)[at] =
+                            static_cast<unsigned char>(
+                                e4m3_bits(__fdiv_rn(storage_to_float<DTYPE>(value), v_scale)));
+                    else
+                        static_cast<T*>(cache->v_cache)[at] = value;
+                }
+                continue;
+            }
+        }
         const bool is_k = HAS_K && h >= heads_q;
         if (is_k) h -= heads_q;
         if (s >= (is_k ? p.seqlen_k : p.seqlen_q)) continue;  // the whole warp skips the row
+        // Where k's row goes with a KV cache (k_out is the cache's view): its slot, if any.
+        long long k_base = b * p.k_out_stride[0] + s * p.k_out_stride[2];
+        if constexpr (KV_CACHE != 0) {
+            if (is_k) {
+                long long block, slot;
+                if (!cache_slot(p, *cache, b, s, &block, &slot)) continue;
+                k_base = block * p.k_out_stride[0] + slot * p.k_out_stride[2];
+            }
+        }
+        const bool fp8 = is_k ? KV_FP8 : Q_FP8;
+        const float scale = is_k ? k_scale : q_scale;
+        unsigned char* y8 = nullptr;
         const T* x;
         T* y;
         const T* x0 = nullptr;  // backward: the forward's input
@@ -121,8 +204,8 @@ extern "C" __global__ void __launch_bounds__(WARP* kRopeNormMaxWarps)
         if (is_k) {
             x = static_cast<const T*>(p.k) + b * p.k_stride[0] + h * p.k_stride[1] +
                 s * p.k_stride[2];
-            y = static_cast<T*>(p.k_out) + b * p.k_out_stride[0] + h * p.k_out_stride[1] +
-                s * p.k_out_stride[2];
+            y = static_cast<T*>(p.k_out) + k_base + h * p.k_out_stride[1];
+            if (KV_FP8) y8 = static_cast<unsigned char*>(p.k_out) + k_base + h * p.k_out_stride[1];
             xs = p.k_stride[3], ys = p.k_out_stride[3];
             w = np.k_weight, ws = np.k_weight_stride;
             if (BACKWARD_PASS) {
@@ -135,6 +218,9 @@ extern "C" __global__ void __launch_bounds__(WARP* kRopeNormMaxWarps)
                 s * p.q_stride[2];
             y = static_cast<T*>(p.q_out) + b * p.q_out_stride[0] + h * p.q_out_stride[1] +
                 s * p.q_out_stride[2];
+            if (Q_FP8)
+                y8 = static_cast<unsigned char*>(p.q_out) + b * p.q_out_stride[0] +
+                     h * p.q_out_stride[1] + s * p.q_out_stride[2];
             xs = p.q_stride[3], ys = p.q_out_stride[3];
             w = np.q_weight, ws = np.q_weight_stride;
             if (BACKWARD_PASS) {
@@ -163,7 +249,7 @@ extern "C" __global__ void __launch_bounds__(WARP* kRopeNormMaxWarps)
             for (int d = lane; d < HEAD_DIM; d += WARP) row[d] *= rms * weight_at(w, ws, d);
             __syncwarp();
             for (int d = lane; d < HEAD_DIM; d += WARP)
-                y[d * ys] = from_float<DTYPE>(rotated_feature(p, row, d, rows, is_k));
+                store_result(y, y8, fp8, d * ys, rotated_feature(p, row, d, rows, is_k), scale);
         } else {
             for (int d = lane; d < HEAD_DIM; d += WARP) row[d] = storage_to_float<DTYPE>(x[d * xs]);
             __syncwarp();

@@ -67,6 +67,37 @@ struct RopeKernelParams {
     long long inv_freq_grad_stride;
 };
 
+// The KV cache write and the FP8 outputs (specs with KV_CACHE or Q_FP8): a second group of
+// arguments, launched together with RopeKernelParams as RopeCacheKernelParams, so that the
+// other kernels keep their parameter block. The k cache arrives as RopeKernelParams' k_out: a
+// [blocks, Hk, slots, D] view (contiguous caches: a sequence's rows are its block).
+struct RopeCacheParams {
+    const void* v;  // [B, Hk, S, Dv] like k
+    void* v_cache;  // [blocks, Hk, slots, Dv]
+    long long v_stride[4];
+    long long v_cache_stride[4];
+    const void* slot_mapping;  // [tokens of k]
+    long long slot_mapping_stride;
+    const void* block_tables;  // [sequences, max_blocks]
+    long long block_tables_stride[2];
+    long long max_blocks;
+    long long cache_blocks, cache_slots;
+    // float32 scales of the FP8 outputs (one element each), NULL for 1.
+    const float* k_scale;
+    const float* v_scale;
+    const float* q_scale;
+};
+
+struct RopeCacheKernelParams {
+    RopeKernelParams rope;
+    RopeCacheParams cache;
+};
+
+// Where one token's v row starts in v and v_cache; -1 when the token writes nothing.
+struct RopeValueBases {
+    long long v_in, v_out;
+};
+
 // Where one token's rows start in q, q_out, k, k_out (element offsets of head 0); -1 when the
 // token has no q (s >= Sq) or no k (s >= Sk) or lies past the end.
 struct RopeTokenBases {
@@ -80,6 +111,7 @@ struct RopeShape {
     int head_dim, rotary_dim, vec, mrope_axes;
     bool interleaved, has_k, in_place_q, in_place_k;
     bool k_own_angles, angles_from_inv_freq, has_xpos, table_full, freq_grad;
+    int v_dim, v_vec;  // v copied into a cache (0: no v), and its access width
 };
 
 // Work items per head of the rope kernel (ROT_ITEMS in rope.cu): interleaved, one per vector of
@@ -114,6 +146,7 @@ struct RopePlan {
     int shared_pairs;  // pairs of shared cos/sin per angle set (0 without shared angles)
     int grad_pairs;    // frequency-gradient sums per block (0 without)
     int problem;       // RopePlanProblem
+    int v_items;       // v copies per head of k and token (0 without v)
 };
 // Why a shape has no kernel. (Enumerators, not constexpr variables: NVRTC would emit those as
 // globals of every module.)
@@ -145,15 +178,17 @@ ROPE_JIT_HOST_DEVICE constexpr RopePlan rope_plan(const RopeShape& s) {
     plan.items_per_thread = plan.out_of_place_partial ? 1 : s.interleaved ? 8 : 2;
     plan.shared_pairs = plan.shared_angles ? plan.pairs : 0;
     plan.grad_pairs = s.freq_grad ? plan.pairs : 0;
+    plan.v_items = s.v_dim > 0 && s.v_vec > 0 ? s.v_dim / s.v_vec : 0;
     return plan;
 }
 
 // Byte offsets of a block's shared memory: per token, cos and sin of each angle set when the
 // kernel computes them once per token, the table row of each row set, and the row bases; the
-// block's frequency-gradient sums.
+// block's frequency-gradient sums; per token, its v row bases (v copied into a cache).
 struct RopeSmemLayout {
     int cos, sin, rows, bases, grad;
     int bytes;
+    int value_bases;
 };
 
 // Reserves `bytes` (rounded up to 16) at *at and returns their offset.
@@ -165,7 +200,8 @@ ROPE_JIT_HOST_DEVICE constexpr int rope_take(int* at, int bytes) {
 
 ROPE_JIT_HOST_DEVICE constexpr RopeSmemLayout rope_smem_layout(int tokens, int angle_sets,
                                                                int shared_pairs, int row_sets,
-                                                               int grad_pairs) {
+                                                               int grad_pairs,
+                                                               bool value_bases = false) {
     RopeSmemLayout l{};
     int at = 0;
     int* const cursor = &at;
@@ -174,13 +210,16 @@ ROPE_JIT_HOST_DEVICE constexpr RopeSmemLayout rope_smem_layout(int tokens, int a
     l.rows = rope_take(cursor, tokens * row_sets * 8);
     l.bases = rope_take(cursor, tokens * static_cast<int>(sizeof(RopeTokenBases)));
     l.grad = rope_take(cursor, grad_pairs * 4);
+    l.value_bases =
+        rope_take(cursor, value_bases ? tokens * static_cast<int>(sizeof(RopeValueBases)) : 0);
     l.bytes = at;
     return l;
 }
 
 // The shared memory of a block of `tokens` tokens of a kernel with this plan.
 ROPE_JIT_HOST_DEVICE constexpr RopeSmemLayout rope_block_smem(const RopePlan& plan, int tokens) {
-    return rope_smem_layout(tokens, plan.roles, plan.shared_pairs, plan.row_sets, plan.grad_pairs);
+    return rope_smem_layout(tokens, plan.roles, plan.shared_pairs, plan.row_sets, plan.grad_pairs,
+                            plan.v_items > 0);
 }
 
 // Dynamic shared memory a launch may take without opting in.
@@ -204,12 +243,13 @@ enum RopeFitProblem {
 // ran a second, mostly idle round), halved while the grid would leave multiprocessors idle
 // (under two blocks each) or the shared memory would not fit. `heads` = heads of q plus heads
 // of k; units = batch * the longer of q's and k's sequences; sms = the device's
-// multiprocessors; max_threads = the kernel's launch bound (BLOCK_THREADS).
+// multiprocessors; max_threads = the kernel's launch bound (BLOCK_THREADS); heads_k = heads of
+// k, whose v rows (plan.v_items copies each) the same threads copy.
 ROPE_JIT_HOST_DEVICE constexpr RopeBlockFit rope_block_fit(const RopePlan& plan, long long heads,
                                                            long long units, long long sms,
-                                                           int max_threads) {
+                                                           int max_threads, long long heads_k = 0) {
     RopeBlockFit fit{};
-    long long items_per_token = heads * plan.rot_items;
+    long long items_per_token = heads * plan.rot_items + heads_k * plan.v_items;
     if (items_per_token < 1) items_per_token = 1;
     long long tokens = plan.items_per_thread * 256 / items_per_token;
     tokens = tokens < 1 ? 1 : tokens > 64 ? 64 : tokens;

@@ -18,7 +18,32 @@
 
 namespace rope_test {
 
-enum class Dt { F32, F16, BF16, I32, I64 };
+// F8: float8 e4m3fn (an output dtype of the KV cache and q_out), coded by e4m3_nearest below.
+enum class Dt { F32, F16, BF16, I32, I64, F8 };
+
+// float8 e4m3fn from its definition (test_rope_kv_cache.cpp's reference; independent of
+// src/common/float8.h): sign, 4 exponent bits of bias 7, 3 mantissa bits, subnormals at
+// exponent 0, 0x7f and 0xff NaN, no infinities.
+inline double e4m3_value(uint8_t code) {
+    const int e = (code >> 3) & 15, m = code & 7;
+    if ((code & 0x7f) == 0x7f) return NAN;
+    const double v = e == 0 ? std::ldexp(m / 8.0, -6) : std::ldexp(1.0 + m / 8.0, e - 7);
+    return (code & 0x80) ? -v : v;
+}
+
+// The e4m3fn code nearest to x among all codes (ties to the even code, whose mantissa ends in
+// 0), after saturation to +-448; NaN gives 0x7f.
+inline uint8_t e4m3_nearest(double x) {
+    if (std::isnan(x)) return 0x7f;
+    const double a = std::min(std::fabs(x), 448.0);
+    int best = 0;
+    for (int code = 1; code < 0x7f; ++code) {
+        const double d = std::fabs(e4m3_value(uint8_t(code)) - a),
+                     d_best = std::fabs(e4m3_value(uint8_t(best)) - a);
+        if (d < d_best || (d == d_best && code % 2 == 0 && best % 2 != 0)) best = code;
+    }
+    return uint8_t(best | (std::signbit(x) ? 0x80 : 0));
+}
 
 inline const char* dt_name(Dt dt) {
     switch (dt) {
@@ -27,12 +52,13 @@ inline const char* dt_name(Dt dt) {
         case Dt::BF16: return "bfloat16";
         case Dt::I32: return "int32";
         case Dt::I64: return "int64";
+        case Dt::F8: return "float8_e4m3fn";
     }
     return "?";
 }
 
 inline size_t dt_size(Dt dt) {
-    return dt == Dt::F32 || dt == Dt::I32 ? 4 : dt == Dt::I64 ? 8 : 2;
+    return dt == Dt::F32 || dt == Dt::I32 ? 4 : dt == Dt::I64 ? 8 : dt == Dt::F8 ? 1 : 2;
 }
 
 inline DLDataType dl_type(Dt dt) {
@@ -42,6 +68,7 @@ inline DLDataType dl_type(Dt dt) {
         case Dt::BF16: return {kDLBfloat, 16, 1};
         case Dt::I32: return {kDLInt, 32, 1};
         case Dt::I64: return {kDLInt, 64, 1};
+        case Dt::F8: return {ROPE_JIT_DLPACK_FLOAT8_E4M3FN, 8, 1};
     }
     return {kDLFloat, 32, 1};
 }
@@ -149,6 +176,7 @@ public:
                 std::memcpy(&v, p, 8);
                 return double(v);
             }
+            case Dt::F8: return e4m3_value(*p);
         }
         return 0;
     }
@@ -180,6 +208,7 @@ public:
                 std::memcpy(p, &i, 8);
                 break;
             }
+            case Dt::F8: *p = e4m3_nearest(v); break;
         }
     }
 

@@ -157,6 +157,15 @@ std::vector<SpecTemplate> preset_templates(const std::string& name, const Ops& o
             rope["norm_weight_dtype"] = "bfloat16";
             rope["direction"] = "forward";
             templates.push_back(SpecTemplate{rope, name, ""});
+            // Inference as vLLM calls it: QK-norm + RoPE + k and v written into a paged cache
+            // at slot_mapping, bf16 or FP8 (issue 23), positions per token, q in place.
+            json kv = rope;
+            kv["positions"] = "indices";
+            kv["in_place_q"] = true;
+            kv["kv_cache"] = "slot-mapping";
+            kv["kv_fp8"] = {false, true};
+            kv["v_head_dim"] = preset.head_dim;
+            templates.push_back(SpecTemplate{kv, name, ""});
             rope["direction"] = "backward";
             rope["norm_weight_grad"] = true;
             templates.push_back(SpecTemplate{rope, name, ""});

@@ -124,6 +124,9 @@ struct Case {
     bool backward = false;
     bool in_place = true;
     bool qk_norm = false;  // RMSNorm of every head (weights [D] in the tensors' dtype) first
+    // KV cache write (issue 23): k rotated and v copied into paged NHD caches of 16-token
+    // blocks at slot_mapping (token t at slot t), float8 e4m3fn with scales when kv_fp8.
+    bool kv_cache = false, kv_fp8 = false;
 
     int64_t rotary() const { return rotary_dim == 0 ? D : rotary_dim; }
     bool packed() const { return layout == Layout::Thd; }
@@ -150,6 +153,11 @@ struct Case {
     }
     Case& normed() {
         qk_norm = true;
+        return *this;
+    }
+    Case& paged_kv(bool fp8) {
+        kv_cache = true;
+        kv_fp8 = fp8;
         return *this;
     }
     Case& partial(int64_t rotated) {
@@ -243,6 +251,10 @@ std::vector<Case> suite() {
         // partial rotary (128 of head_dim 512).
         llama("qwen3-8b qk-norm prefill").normed(),
         decode("decode B=64 qk-norm", 64).normed(),
+        // RoPE + paged KV cache write (NHD, slot_mapping) + FP8 caches in one launch.
+        llama("llama3-8b prefill paged kv fp8").paged_kv(true),
+        decode("decode B=64 paged kv fp8", 64).paged_kv(true),
+        decode("decode B=64 qk-norm paged kv fp8", 64).normed().paged_kv(true),
         Case("gemma-4 proportional 128/512", 2, 4096, 16, 8, 512).proportional(128),
         Case("gemma-4 proportional 128/512 out of place", 2, 4096, 16, 8, 512)
             .proportional(128)
@@ -274,6 +286,7 @@ struct CaseData {
     int64_t rows_used = 0;   // distinct table rows the tokens use
     std::vector<char> cos, sin, inv_freq, positions, cu_seqlens;
     std::vector<char> norm_weights;  // QK-norm: q's [D] weights, then k's
+    std::vector<char> slot_mapping;  // KV cache: int64 [tokens], token t at slot t
     double qk_bytes = 0, table_bytes = 0, index_bytes = 0;
 
     double bytes() const { return qk_bytes + table_bytes + index_bytes; }
@@ -407,13 +420,24 @@ CaseData make_case_data(const Case& c) {
                               span_bytes(c.D / 2 * element, (c.D / 2 + pairs) * element, pitch)
                         : span_bytes(0, rotary * element, pitch);
     d.qk_bytes = 2.0 * rows * row_bytes;
+    if (c.kv_cache) {
+        // q as above; k read whole (it is not written) and its rotated row written to the
+        // cache; v read and written to its cache; the slots read once.
+        const double k_rows = double(d.tokens) * double(c.Hk);
+        const int64_t cache_element = c.kv_fp8 ? 1 : element;
+        d.qk_bytes = 2.0 * double(d.tokens) * double(c.Hq) * row_bytes +
+                     2.0 * k_rows * double(pitch + c.D * cache_element);
+        d.slot_mapping.resize(size_t(d.tokens) * 8);
+        for (int64_t t = 0; t < d.tokens; ++t) store_index(d.slot_mapping, size_t(t), 64, t);
+        d.index_bytes += double(d.slot_mapping.size());
+    }
     if (c.qk_norm) {
         d.norm_weights.resize(size_t(2 * c.D * element));
         for (int64_t i = 0; i < 2 * c.D; ++i)
             store_float(d.norm_weights, size_t(i), c.dtype, 1.0 + 0.01 * double(i % 7));
         d.table_bytes += double(d.norm_weights.size());
     }
-    d.index_bytes = double(d.positions.size() + d.cu_seqlens.size());
+    d.index_bytes += double(d.positions.size() + d.cu_seqlens.size());
     return d;
 }
 
@@ -561,6 +585,36 @@ public:
             k_norm_weight_ = {weights + c.D * element, device,  1, type,
                               weight_shape_.data(),    nullptr, 0};
         }
+        if (c.kv_cache) {
+            // v like k; caches [blocks, 16, Hk, D]; scales 1.
+            v_ = k_;
+            v_.data = memory.filled(k_bytes, 0x3c);
+            const int64_t block = 16, blocks = (d.tokens + block - 1) / block;
+            cache_shape_ = {blocks, block, c.Hk, c.D};
+            const DLDataType cache_type =
+                c.kv_fp8 ? DLDataType{ROPE_JIT_DLPACK_FLOAT8_E4M3FN, 8, 1} : type;
+            const size_t cache_bytes =
+                size_t(blocks * block * c.Hk * c.D) * (c.kv_fp8 ? 1 : element);
+            k_cache_ = {memory.filled(cache_bytes, 0), device,  4, cache_type,
+                        cache_shape_.data(),           nullptr, 0};
+            v_cache_ = {memory.filled(cache_bytes, 0), device,  4, cache_type,
+                        cache_shape_.data(),           nullptr, 0};
+            slots_shape_ = {d.tokens};
+            expect_bytes(d.slot_mapping, size_t(d.tokens) * 8, "slot_mapping");
+            slot_mapping_ = {memory.copy_of(d.slot_mapping),
+                             device,
+                             1,
+                             DLDataType{kDLInt, 64, 1},
+                             slots_shape_.data(),
+                             nullptr,
+                             0};
+            scale_shape_ = {1};
+            std::vector<char> one(4);
+            const float unit = 1.0f;
+            std::memcpy(one.data(), &unit, 4);
+            scale_ = {memory.copy_of(one), device,  1, DLDataType{kDLFloat, 32, 1},
+                      scale_shape_.data(), nullptr, 0};
+        }
         memory.ready();
 
         rope_jit_rope_args_init(&args_);
@@ -581,6 +635,15 @@ public:
         if (c.qk_norm) {
             args_.q_norm_weight = &q_norm_weight_;
             args_.k_norm_weight = &k_norm_weight_;
+        }
+        if (c.kv_cache) {
+            args_.kv_layout = ROPE_JIT_KV_CACHE_PAGED_NHD;
+            args_.v = &v_;
+            args_.k_cache = &k_cache_;
+            args_.v_cache = &v_cache_;
+            args_.slot_mapping = &slot_mapping_;
+            args_.k_out = nullptr;  // k goes to the cache
+            if (c.kv_fp8) args_.k_scale = args_.v_scale = &scale_;
         }
         args_.rotary_dim = c.rotary_dim == 0 ? 0 : int32_t(c.rotary_dim);
         args_.style = c.style;
@@ -605,10 +668,11 @@ private:
     }
 
     std::vector<int64_t> q_shape_, q_strides_, k_shape_, k_strides_, table_shape_, freq_shape_,
-        positions_shape_, cu_shape_, weight_shape_;
+        positions_shape_, cu_shape_, weight_shape_, cache_shape_, slots_shape_, scale_shape_;
     size_t q_bytes_ = 0, k_bytes_ = 0;
     DLTensor q_{}, k_{}, q_out_{}, k_out_{}, cos_{}, sin_{}, inv_freq_{}, positions_{},
-        cu_seqlens_{}, q_norm_weight_{}, k_norm_weight_{};
+        cu_seqlens_{}, q_norm_weight_{}, k_norm_weight_{}, v_{}, k_cache_{}, v_cache_{},
+        slot_mapping_{}, scale_{};
     rope_jit_rope_args args_{};
 };
 
@@ -724,33 +788,35 @@ std::string positions_name(const Case& c) {
 nlohmann::json case_json(const Case& c, const CaseData& d, double seconds, double copy_gbps) {
     const double bytes = d.bytes();
     const double gbps = bytes / seconds / 1e9;
-    nlohmann::json j = {{"name", c.name},
-                        {"B", c.B},
-                        {"S", c.S},
-                        {"Hq", c.Hq},
-                        {"Hk", c.Hk},
-                        {"D", c.D},
-                        {"layout", layout_name(c.layout)},
-                        {"dtype", dtype_name(c.dtype)},
-                        {"direction", c.backward ? "backward" : "forward"},
-                        {"time_us", seconds * 1e6},
-                        {"bytes", bytes},
-                        {"gbps", gbps},
-                        {"fraction_of_copy", gbps / copy_gbps},
-                        {"style", style_name(c.style)},
-                        {"qk_norm", c.qk_norm},
-                        {"rotary_dim", c.rotary()},
-                        {"positions", positions_name(c)},
-                        {"angles", angles_name(c.angles)},
-                        {"angle_dtype", dtype_name(c.angle_dtype)},
-                        {"in_place", c.in_place},
-                        {"varlen", c.packed()},
-                        {"tokens", d.tokens},
-                        {"table_rows", d.table_rows},
-                        {"table_rows_used", d.rows_used},
-                        {"bytes_qk", d.qk_bytes},
-                        {"bytes_angles", d.table_bytes},
-                        {"bytes_indices", d.index_bytes}};
+    nlohmann::json j = {
+        {"name", c.name},
+        {"B", c.B},
+        {"S", c.S},
+        {"Hq", c.Hq},
+        {"Hk", c.Hk},
+        {"D", c.D},
+        {"layout", layout_name(c.layout)},
+        {"dtype", dtype_name(c.dtype)},
+        {"direction", c.backward ? "backward" : "forward"},
+        {"time_us", seconds * 1e6},
+        {"bytes", bytes},
+        {"gbps", gbps},
+        {"fraction_of_copy", gbps / copy_gbps},
+        {"style", style_name(c.style)},
+        {"qk_norm", c.qk_norm},
+        {"kv_cache", c.kv_cache ? (c.kv_fp8 ? "paged-nhd-fp8" : "paged-nhd") : "none"},
+        {"rotary_dim", c.rotary()},
+        {"positions", positions_name(c)},
+        {"angles", angles_name(c.angles)},
+        {"angle_dtype", dtype_name(c.angle_dtype)},
+        {"in_place", c.in_place},
+        {"varlen", c.packed()},
+        {"tokens", d.tokens},
+        {"table_rows", d.table_rows},
+        {"table_rows_used", d.rows_used},
+        {"bytes_qk", d.qk_bytes},
+        {"bytes_angles", d.table_bytes},
+        {"bytes_indices", d.index_bytes}};
     if (c.packed()) j["max_seqlen"] = d.max_seqlen;
     if (c.indices || c.packed()) j["index_dtype"] = c.index_bits == 64 ? "int64" : "int32";
     return j;
@@ -946,6 +1012,38 @@ double time_on_stream(rope_jit::CUstream stream, int repeat, const std::function
     return median(trials);
 }
 
+// GPU time of one call inside a CUDA graph, as decode loops run it: 100 calls captured once,
+// the graph replayed; microseconds per call.
+double graph_us_per_call(rope_jit::CUstream stream, rope_jit_runtime* runtime,
+                         const rope_jit_rope_args* args) {
+    const rope_jit::CudaDriverApi* api = rope_jit::cuda_driver_api();
+    const int graph_calls = 100;
+    rope_jit::CUgraph graph = nullptr;
+    rope_jit::CUgraphExec graph_exec = nullptr;
+    check_cu(api->cuStreamBeginCapture(stream, rope_jit::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+             "cuStreamBeginCapture");
+    rope_jit_status captured = ROPE_JIT_OK;
+    for (int i = 0; i < graph_calls && captured == ROPE_JIT_OK; ++i)
+        captured = rope_jit_rope(runtime, args);
+    const std::string capture_error = captured == ROPE_JIT_OK ? "" : rope_jit_last_error();
+    // End the capture whatever happened, so the stream is usable again.
+    check_cu(api->cuStreamEndCapture(stream, &graph), "cuStreamEndCapture");
+    if (captured != ROPE_JIT_OK) {
+        if (graph != nullptr) api->cuGraphDestroy(graph);
+        throw std::runtime_error(
+            fmt::format("rope (captured): {}: {}", rope_jit_status_name(captured), capture_error));
+    }
+    check_cu(api->cuGraphInstantiate(&graph_exec, graph, 0), "cuGraphInstantiate");
+    const double us =
+        time_on_stream(stream, 5,
+                       [&] { check_cu(api->cuGraphLaunch(graph_exec, stream), "cuGraphLaunch"); }) *
+        1e6 / graph_calls;
+    check_cu(api->cuStreamSynchronize(stream), "cuStreamSynchronize");
+    api->cuGraphExecDestroy(graph_exec);
+    api->cuGraphDestroy(graph);
+    return us;
+}
+
 // A kernel of the bench's own, compiled for device 0 and loaded into the current context;
 // unloaded with the object.
 class CompiledKernel {
@@ -1106,6 +1204,13 @@ nlohmann::json bench_cuda(const std::vector<Case>& cases) {
             check_cu(api->cuStreamSynchronize(stream), "cuStreamSynchronize");
             nlohmann::json j = case_json(c, data, seconds, copy_gbps);
             print_result(c, width, j);
+            if (c.S == 1 && !c.packed()) {
+                // Decode: GPU time per call inside a CUDA graph (the issue 23 bar: <= 2.5 us for
+                // QK-norm + RoPE + paged KV + FP8 at B = 64).
+                const double graph_us = graph_us_per_call(stream, runtime, tensors.args());
+                j["us_per_call_in_graph"] = graph_us;
+                fmt::print("{:>{}} in a CUDA graph: {:.2f} us per call\n", "", width, graph_us);
+            }
             if (c.in_place && c.rotary() < c.D) {
                 const double span_seconds = span_copy.seconds(c, tensors, stream);
                 if (span_seconds > 0) {
@@ -1168,32 +1273,7 @@ nlohmann::json bench_cuda(const std::vector<Case>& cases) {
                                [&] { require_ok(rope_jit_rope(runtime, decode_args), "rope"); }) *
                 1e6;
             // Inside a CUDA graph, as decode loops run: 100 calls captured once, the graph replayed.
-            const int graph_calls = 100;
-            rope_jit::CUgraph graph = nullptr;
-            rope_jit::CUgraphExec graph_exec = nullptr;
-            check_cu(
-                api->cuStreamBeginCapture(stream, rope_jit::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
-                "cuStreamBeginCapture");
-            rope_jit_status captured = ROPE_JIT_OK;
-            for (int i = 0; i < graph_calls && captured == ROPE_JIT_OK; ++i)
-                captured = rope_jit_rope(runtime, decode_args);
-            const std::string capture_error = captured == ROPE_JIT_OK ? "" : rope_jit_last_error();
-            // End the capture whatever happened, so the stream is usable again.
-            check_cu(api->cuStreamEndCapture(stream, &graph), "cuStreamEndCapture");
-            if (captured != ROPE_JIT_OK) {
-                if (graph != nullptr) api->cuGraphDestroy(graph);
-                throw std::runtime_error(fmt::format(
-                    "rope (captured): {}: {}", rope_jit_status_name(captured), capture_error));
-            }
-            check_cu(api->cuGraphInstantiate(&graph_exec, graph, 0), "cuGraphInstantiate");
-            const double decode_gpu_us =
-                time_on_stream(
-                    stream, 5,
-                    [&] { check_cu(api->cuGraphLaunch(graph_exec, stream), "cuGraphLaunch"); }) *
-                1e6 / graph_calls;
-            check_cu(api->cuStreamSynchronize(stream), "cuStreamSynchronize");
-            api->cuGraphExecDestroy(graph_exec);
-            api->cuGraphDestroy(graph);
+            const double decode_gpu_us = graph_us_per_call(stream, runtime, decode_args);
             fmt::print(
                 "host overhead per call: rope {:.2f} us, bare empty cuLaunchKernel {:.2f} us "
                 "(+{:.2f} us)\n",

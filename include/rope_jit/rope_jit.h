@@ -153,6 +153,21 @@ typedef enum rope_jit_style {
     ROPE_JIT_STYLE_PROPORTIONAL = 2
 } rope_jit_style;
 
+/* Where rope_jit_rope_args.k_cache and v_cache keep a token's row (see "KV cache" there).
+ * Hk = heads of k, D = head_dim (Dv = v's head_dim for v_cache). */
+typedef enum rope_jit_kv_cache_layout {
+    ROPE_JIT_KV_CACHE_NONE = 0,       /* no cache (default) */
+    ROPE_JIT_KV_CACHE_CONTIGUOUS = 1, /* [B, S_max, Hk, D]: one row per sequence position */
+    ROPE_JIT_KV_CACHE_PAGED_NHD = 2,  /* [num_blocks, block_size, Hk, D] (vLLM, FlashInfer NHD) */
+    ROPE_JIT_KV_CACHE_PAGED_HND = 3   /* [num_blocks, Hk, block_size, D] (FlashInfer HND) */
+} rope_jit_kv_cache_layout;
+
+/* DLPack 1.1's type code of float8 e4m3fn (4 exponent bits, bias 7, 3 mantissa bits, no
+ * infinities, NaN 0x7f/0xff, largest finite 448): DLDataType {10, 8, 1}. The DLPack header
+ * this library builds against (version 0.6) predates it; PyTorch exports torch.float8_e4m3fn
+ * with this code. */
+#define ROPE_JIT_DLPACK_FLOAT8_E4M3FN 10
+
 /* ========================================================================================
  * Runtime configuration
  * ======================================================================================== */
@@ -239,7 +254,8 @@ ROPE_JIT_API void rope_jit_config_init(rope_jit_config* config);
  * the same elements are fine: q and k as slices of a fused qkv, rotated in place. Tensors that
  * are only read may share memory freely.
  *
- * dtypes: q, k, q_out and k_out share one dtype: float32, float16 or bfloat16.
+ * dtypes: q, k, q_out and k_out share one dtype: float32, float16 or bfloat16; q_out may
+ * instead be float8 e4m3fn (see "FP8 outputs" in rope_jit_rope_args).
  * ======================================================================================== */
 
 typedef struct rope_jit_rope_args {
@@ -397,6 +413,72 @@ typedef struct rope_jit_rope_args {
      * its own memory. k_norm_weight_grad needs k. */
     const DLTensor* q_norm_weight_grad;
     const DLTensor* k_norm_weight_grad;
+
+    /* ---- KV cache: k and v written into a cache in the same launch (inference) ----------
+     *
+     * With kv_layout != ROPE_JIT_KV_CACHE_NONE the call writes, for every token of k, the
+     * rotated k (all D features: the unrotated ones copied) into k_cache, and v's row (copied,
+     * or quantized) into v_cache, at the token's cache slot; q is rotated as usual (in place,
+     * or into q_out). k itself is only read: k_out must be NULL (the rotated k exists in the
+     * cache only). Forward only (backward = 0, so no inv_freq_grad); k is required. Every
+     * other field works as without a cache: positions, seqlen_offsets, cu_seqlens, GQA, the
+     * three styles, partial rotary, xPos, M-RoPE, and QK-norm (q_norm_weight: the cache then
+     * holds k normalized and rotated, all D features computed).
+     *
+     * A token's cache position pos (its index in its sequence's cache) is, in this order:
+     *   seqlen_offsets[sequence] + s (s: its index in its sequence) when seqlen_offsets is
+     *   given; else positions[b, s] (positions[t] when packed; not with M-RoPE sections); else
+     *   s + position_offset.
+     * Its slot, by layout (T: k's tokens; token t = b * Sk + s, or the packed index):
+     *   CONTIGUOUS   k_cache[sequence, pos, h, :]; pos must lie in [0, S_max).
+     *   PAGED_*      with slot_mapping: slot = slot_mapping[t]; a negative slot skips the token
+     *                (nothing written for it, as vLLM pads); else block = slot / block_size,
+     *                offset = slot % block_size, and slot < num_blocks * block_size.
+     *                With block_tables: block = block_tables[sequence, pos / block_size],
+     *                offset = pos % block_size; pos / block_size < max_blocks_per_seq and
+     *                block in [0, num_blocks).
+     *                NHD: k_cache[block, offset, h, :]; HND: k_cache[block, h, offset, :].
+     * Indices out of range make the call fail with ERROR_INVALID_ARGUMENT naming the tensor
+     * and the token, before anything is written, on the CPU backend (and on the CUDA backend
+     * with rope_jit_config.debug_checks). Without debug checks the CUDA kernel skips a token
+     * whose slot is out of range (writes nothing of its k and v; never out of bounds) and
+     * reports nothing. Two tokens of one call with the same slot: which one the cache keeps
+     * is unspecified.
+     *
+     * Shapes and dtypes:
+     *   v             [B, Hk, Sk, Dv] ([B,S,H,D] buffers as their transposed view, like k) or
+     *                 packed [T, Hk, Dv]; k's dtype; any Dv >= 1 (need not be D).
+     *   k_cache       by layout, with Hk heads of D features; v_cache likewise with Dv. Both
+     *                 of one dtype: k's dtype or float8 e4m3fn. Any strides (the cache may be
+     *                 a view of a bigger buffer, e.g. k and v halves of one tensor); each must
+     *                 have distinct elements and share none with any other tensor of the call.
+     *                 Paged caches of k and v have the same num_blocks and block_size.
+     *   slot_mapping  [T] (T = B * Sk, or the packed T), int32 or int64.
+     *   block_tables  [num_sequences, max_blocks_per_seq], int32 or int64.
+     * Exactly one of slot_mapping and block_tables with the PAGED layouts, neither with
+     * CONTIGUOUS. v and v_cache: both or neither (a cache of k alone). */
+    rope_jit_kv_cache_layout kv_layout;
+    const DLTensor* v;
+    const DLTensor* k_cache;
+    const DLTensor* v_cache;
+    const DLTensor* slot_mapping;
+    const DLTensor* block_tables;
+
+    /* ---- FP8 outputs ---------------------------------------------------------------------
+     *
+     * k_cache/v_cache, and q_out, may have dtype float8 e4m3fn (ROPE_JIT_DLPACK_FLOAT8_E4M3FN).
+     * Such an output stores quantize(y / scale) of each result y (the fp32 rotated value, or
+     * the input value for copied features and v): the division in fp32, then round to the
+     * nearest e4m3 value (ties to even), saturating: anything beyond +-448, infinities
+     * included, becomes +-448; NaN becomes 0x7f. (This is what vLLM's and FlashInfer's FP8
+     * caches store; the rotated value is not rounded to k's dtype first.)
+     * Scales: float32 tensors of one element (any shape of numel 1) on the call's device
+     * (device memory on the CUDA backend, read by the kernel: a CUDA graph may change them
+     * between replays), or NULL for 1.0. A scale is only accepted for an FP8 output
+     * (k_scale and v_scale: FP8 caches; q_scale: an FP8 q_out). */
+    const DLTensor* k_scale;
+    const DLTensor* v_scale;
+    const DLTensor* q_scale;
 } rope_jit_rope_args;
 
 /* The most sections rope_jit_rope_args.mrope_sections (and rope_jit_table_config) may have. */
@@ -471,6 +553,17 @@ typedef struct rope_jit_kernel_spec {
     /* With qk_norm and backward: 1 (default) when the call also computes the weight
      * gradients (q_norm_weight_grad or k_norm_weight_grad given). */
     int norm_weight_grad;
+    /* KV cache write (rope_jit_rope_args.kv_layout): the layout; ROPE_JIT_KV_CACHE_NONE
+     * (default) for none. NHD and HND compile to one kernel (their strides differ only). */
+    rope_jit_kv_cache_layout kv_layout;
+    /* With a paged layout: 1 for block_tables, 0 (default) for slot_mapping. */
+    int kv_block_tables;
+    /* With a cache: the float8 e4m3fn cache (0, default: the cache has q's dtype). */
+    int kv_fp8;
+    /* With a cache: v's head_dim; 0 (default) for no v (a cache of k alone). */
+    int32_t v_head_dim;
+    /* 1: q_out is float8 e4m3fn (then in_place must be 0). Default 0. */
+    int q_fp8;
 } rope_jit_kernel_spec;
 
 /* Fills *spec with the defaults above and sets struct_size. NULL is ignored. */
@@ -560,7 +653,10 @@ ROPE_JIT_API rope_jit_status rope_jit_prewarm(rope_jit_runtime* runtime,
  *     head_dim), "rotary_offset", "gqa_group", "mrope_axes". Booleans: "has_k" (default
  *     true), "packed", "xpos", "in_place_q" (default true), "in_place_k", "freq_grad",
  *     "positions_int64", "seqlen_offsets_int64", "cu_seqlens_int64", "k_own_angles", "qk_norm",
- *     "norm_unit_offset", "norm_weight_grad" (QK-norm; "norm_weight_dtype" names a dtype).
+ *     "norm_unit_offset", "norm_weight_grad" (QK-norm; "norm_weight_dtype" names a dtype);
+ *     KV cache and FP8: "kv_cache": "none" | "contiguous" | "slot-mapping" | "block-tables"
+ *     (NHD and HND share a kernel), "kv_fp8", "q_fp8" (booleans), "v_head_dim" (0 = no v),
+ *     and the derived "kv_index_int64", "kv_seqlen_offsets", "v_vec".
  *     Left out, the derived fields (index dtypes: int64 where read; in_place_k = in_place_q;
  *     "vec", "vec_loads", "copy_vec", "table_vec_loads", "block_threads") take what a call
  *     with C-contiguous, 16-byte-aligned tensors gets; the others take rope_jit_kernel_spec_

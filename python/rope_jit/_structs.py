@@ -22,6 +22,8 @@ KDL_BFLOAT = 4
 # DLPack 0.8 added kDLBool; producers that know it (recent PyTorch) export bool with it. The
 # library is built against 0.6, whose convention for bool is one-byte unsigned integers.
 KDL_BOOL = 6
+# DLPack 1.1's float8 e4m3fn (ROPE_JIT_DLPACK_FLOAT8_E4M3FN): FP8 KV caches and q_out.
+KDL_FLOAT8_E4M3FN = 10
 
 
 class DLDevice(ctypes.Structure):
@@ -141,6 +143,15 @@ class RopeArgs(ctypes.Structure):
         ("k_norm_input", DLTensorPointer),
         ("q_norm_weight_grad", DLTensorPointer),
         ("k_norm_weight_grad", DLTensorPointer),
+        ("kv_layout", ctypes.c_int),
+        ("v", DLTensorPointer),
+        ("k_cache", DLTensorPointer),
+        ("v_cache", DLTensorPointer),
+        ("slot_mapping", DLTensorPointer),
+        ("block_tables", DLTensorPointer),
+        ("k_scale", DLTensorPointer),
+        ("v_scale", DLTensorPointer),
+        ("q_scale", DLTensorPointer),
     ]
 
 
@@ -172,6 +183,11 @@ class KernelSpec(ctypes.Structure):
         ("norm_unit_offset", ctypes.c_int),
         ("norm_weight_dtype", DLDataType),
         ("norm_weight_grad", ctypes.c_int),
+        ("kv_layout", ctypes.c_int),
+        ("kv_block_tables", ctypes.c_int),
+        ("kv_fp8", ctypes.c_int),
+        ("v_head_dim", ctypes.c_int32),
+        ("q_fp8", ctypes.c_int),
     ]
 
 

@@ -52,11 +52,19 @@ def _too_old(library, field):
 
 # The tensors laid out like q and k (the ones `layout` describes).
 _HEAD_TENSORS = frozenset(
-    ("q", "k", "q_out", "k_out", "q_saved", "k_saved", "q_norm_input", "k_norm_input")
+    ("q", "k", "q_out", "k_out", "q_saved", "k_saved", "q_norm_input", "k_norm_input", "v")
 )
 # The tensors the call writes whenever they are given (q and k only when they have no output).
 _OUTPUT_TENSORS = frozenset(
-    ("q_out", "k_out", "inv_freq_grad", "q_norm_weight_grad", "k_norm_weight_grad")
+    (
+        "q_out",
+        "k_out",
+        "inv_freq_grad",
+        "q_norm_weight_grad",
+        "k_norm_weight_grad",
+        "k_cache",
+        "v_cache",
+    )
 )
 # rope()'s tensor arguments, in the order they are converted (and errors reported).
 _TENSOR_NAMES = (
@@ -80,7 +88,18 @@ _TENSOR_NAMES = (
     "k_norm_input",
     "q_norm_weight_grad",
     "k_norm_weight_grad",
+    "v",
+    "k_cache",
+    "v_cache",
+    "slot_mapping",
+    "block_tables",
+    "k_scale",
+    "v_scale",
+    "q_scale",
 )
+# kv_layout's names (rope_jit_kv_cache_layout): k_cache/v_cache [B, S_max, Hk, D],
+# [num_blocks, block_size, Hk, D] or [num_blocks, Hk, block_size, D].
+KV_LAYOUTS = {None: 0, "contiguous": 1, "nhd": 2, "hnd": 3}
 # Where each one's DLTensor pointer lies in rope_jit_rope_args.
 _POINTER_OFFSETS = {name: getattr(s.RopeArgs, name).offset for name in _TENSOR_NAMES}
 # rope()'s torch hot path: every tensor argument is part of a plan's signature. Calls that
@@ -107,6 +126,7 @@ def build_args(
     stream_handle,
     norm_eps=1e-6,
     norm_unit_offset=False,
+    kv_layout=None,
 ):
     """(args, held): the rope_jit_rope_args of a call on `values` (the tensors in _TENSOR_NAMES
     order, None where absent; a shorter tuple leaves the names past its end absent, as the
@@ -114,6 +134,8 @@ def build_args(
     (TensorArgs, the sections array) that must stay alive while the library reads args."""
     values = tuple(values) + (None,) * (len(_TENSOR_NAMES) - len(values))
     q_out, k_out = values[2], values[3]
+    # With a KV cache, k is only read (its rotation goes to k_cache).
+    k_cache = values[_TENSOR_NAMES.index("k_cache")]
     args = library.new_struct(s.RopeArgs, library.rope_jit_rope_args_init)
     supported = _supported_fields(library)
     # A [B, S, H, D] buffer is passed as its [B, H, S, D] view (dims 1 and 2 exchanged).
@@ -127,7 +149,7 @@ def build_args(
         written = (
             name in _OUTPUT_TENSORS
             or (name == "q" and q_out is None)
-            or (name == "k" and k_out is None)
+            or (name == "k" and k_out is None and k_cache is None)
         )
         swap = head_swap if name in _HEAD_TENSORS else None
         tensor = as_tensor(value, name, writable=written, stream=stream_handle, swap_dims=swap)
@@ -163,6 +185,14 @@ def build_args(
             raise TypeError(f"norm_eps: expected a number, got {norm_eps!r}")
         args.norm_eps = float(norm_eps)
         args.norm_unit_offset = 1 if norm_unit_offset else 0
+    if kv_layout is not None:
+        if "kv_layout" not in supported:
+            raise _too_old(library, "kv_layout")
+        if kv_layout not in KV_LAYOUTS:
+            raise ValueError(
+                f"kv_layout: expected one of {[n for n in KV_LAYOUTS if n]}, got {kv_layout!r}"
+            )
+        args.kv_layout = KV_LAYOUTS[kv_layout]
 
     return args, held
 
@@ -200,6 +230,15 @@ def rope(
     k_norm_input=None,
     q_norm_weight_grad=None,
     k_norm_weight_grad=None,
+    v=None,
+    k_cache=None,
+    v_cache=None,
+    kv_layout=None,
+    slot_mapping=None,
+    block_tables=None,
+    k_scale=None,
+    v_scale=None,
+    q_scale=None,
     stream=None,
     runtime=None,
 ):
@@ -238,12 +277,26 @@ def rope(
             required with k. Backward: q and k hold dL/dy, the outputs get dL/dx, and
             q_norm_input/k_norm_input must be the forward's q and k before the norm;
             q_norm_weight_grad/k_norm_weight_grad ([D] float32, optional) receive dL/dw.
+        kv_layout: "contiguous", "nhd" or "hnd" to write k (rotated) and v into a KV cache in
+            the same launch (forward, inference); None (default): no cache. k is then only
+            read (k_out must be None) and k_cache receives every token's rotated k:
+            "contiguous" k_cache [B, S_max, Hk, D] at row seqlen_offsets[b] + s (or positions,
+            or s + position_offset); "nhd" [num_blocks, block_size, Hk, D] and "hnd"
+            [num_blocks, Hk, block_size, D] at slot_mapping[t] (vLLM: slot = block *
+            block_size + offset, negative = skip the token) or through block_tables
+            [B, max_blocks] (block = block_tables[b, pos // block_size]).
+        v, v_cache: v shaped like k (same layout, any head_dim Dv) copied into v_cache (k_cache's
+            layout with Dv). Both or neither.
+        k_scale, v_scale, q_scale: float32 tensors of one element (on the tensors' device): FP8
+            outputs (k_cache/v_cache, or q_out, of dtype float8_e4m3fn) store value / scale,
+            rounded to nearest even and saturated to +-448 (NaN stays NaN). None = 1.
         stream: the CUDA stream to launch on; see resolve_stream for the default.
         runtime: a Runtime; None = default_runtime().
 
     Returns:
         (q_result, k_result): the tensors that hold the result, i.e. q_out or q, and k_out or k
-        (None without k). On the GPU the work is enqueued on `stream`, not finished.
+        (None without k; k_cache with a KV cache). On the GPU the work is enqueued on `stream`,
+        not finished.
 
     Raises:
         InvalidArgumentError (a ValueError) naming the argument for bad input; another
@@ -274,11 +327,27 @@ def rope(
         q_norm_weight_grad,
         k_norm_weight_grad,
     )  # as _TENSOR_NAMES
+    # KV cache and FP8 scale arguments (always in `values`, as in _TENSOR_NAMES; `kv` with
+    # plain comparisons: this runs on every call).
+    values += (v, k_cache, v_cache, slot_mapping, block_tables, k_scale, v_scale, q_scale)
+    kv = (
+        kv_layout is not None
+        or v is not None
+        or k_cache is not None
+        or v_cache is not None
+        or slot_mapping is not None
+        or block_tables is not None
+        or k_scale is not None
+        or v_scale is not None
+        or q_scale is not None
+    )
     # PyTorch tensors take the planned path: the argument struct of this signature is built
     # once (below) and only the data pointers, offsets and stream change per call.
-    # (QK-norm calls take the general path: a plan's key does not hold norm_eps.)
+    # (QK-norm and KV cache calls take the general path: a plan's key holds neither norm_eps
+    # nor kv_layout.)
     if (
         q_norm_weight is None
+        and not kv
         and stream is None
         and type(q) in (_plans.TORCH_TENSOR_TYPES or _plans.torch_types())
     ):
@@ -327,6 +396,7 @@ def rope(
         stream_handle,
         norm_eps=norm_eps,
         norm_unit_offset=norm_unit_offset,
+        kv_layout=kv_layout,
     )
     device = held[0].struct.device if held else None
     if device is not None and device.device_type == s.KDL_CUDA:
@@ -338,7 +408,7 @@ def rope(
     del held
     return (
         q_out if q_out is not None else q,
-        None if k is None else (k_out if k_out is not None else k),
+        None if k is None else k_cache if k_cache is not None else k_out if k_out is not None else k,
     )
 
 

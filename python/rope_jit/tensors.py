@@ -37,6 +37,7 @@ DTYPES = {
     "uint8": (s.KDL_UINT, 8),
     "uint16": (s.KDL_UINT, 16),
     "bool": (s.KDL_UINT, 8),
+    "float8_e4m3fn": (s.KDL_FLOAT8_E4M3FN, 8),
 }
 _DTYPE_NAMES = {}
 for _name, _code_bits in DTYPES.items():
@@ -229,6 +230,12 @@ def _torch_dtypes(torch):
         torch.int8: DTYPES["int8"],
         torch.uint8: DTYPES["uint8"],
         torch.bool: DTYPES["bool"],
+        # FP8 KV caches and q_out (torch >= 2.1).
+        **(
+            {torch.float8_e4m3fn: DTYPES["float8_e4m3fn"]}
+            if hasattr(torch, "float8_e4m3fn")
+            else {}
+        ),
     }
 
 
@@ -280,8 +287,8 @@ def _numpy_dtype(dtype, name):
 
 
 def _numpy_dtype_uncached(dtype, name):
-    if dtype.name == "bfloat16":  # ml_dtypes
-        return DTYPES["bfloat16"]
+    if dtype.name in ("bfloat16", "float8_e4m3fn"):  # ml_dtypes
+        return DTYPES[dtype.name]
     if dtype.byteorder == ">" or (dtype.byteorder == "=" and sys.byteorder == "big"):
         raise ValueError(f"{name}: big-endian arrays are not supported")
     if dtype.name in DTYPES:

@@ -8,6 +8,7 @@
 
 #include "common/error.h"
 #include "common/raw_enum.h"
+#include "rope_jit/rope_jit.h"
 
 namespace rope_jit {
 
@@ -19,6 +20,7 @@ const char* dtype_name(DType dtype) {
         case DType::I32: return "int32";
         case DType::I64: return "int64";
         case DType::U8: return "uint8/bool";
+        case DType::F8E4M3: return "float8_e4m3fn";
     }
     return "unknown";
 }
@@ -30,7 +32,8 @@ size_t dtype_size(DType dtype) {
         case DType::F16:
         case DType::BF16: return 2;
         case DType::I64: return 8;
-        case DType::U8: return 1;
+        case DType::U8:
+        case DType::F8E4M3: return 1;
     }
     return 0;
 }
@@ -110,6 +113,7 @@ DType dtype_of(const DLDataType& type, const char* name) {
     if ((type.code == kDLUInt || type.code == kDLInt) && type.bits == 8) return DType::U8;
     // DLPack >= 0.8 encodes bool as code 6 with 8 bits.
     if (type.code == 6 && type.bits == 8) return DType::U8;
+    if (type.code == ROPE_JIT_DLPACK_FLOAT8_E4M3FN && type.bits == 8) return DType::F8E4M3;
     fail_argument(
         fmt::format("{}: unsupported dtype (code {}, {} bits)", name, type.code, type.bits));
 }

@@ -11,7 +11,8 @@
 
 namespace rope_jit {
 
-enum class DType { F32, F16, BF16, I32, I64, U8 };
+// F8E4M3: float8 e4m3fn (DLPack 1.1 code 10, ROPE_JIT_DLPACK_FLOAT8_E4M3FN), an output dtype only.
+enum class DType { F32, F16, BF16, I32, I64, U8, F8E4M3 };
 
 const char* dtype_name(DType dtype);
 size_t dtype_size(DType dtype);

@@ -568,7 +568,13 @@ class CommandLineTest(CacheTestCase):
         plan = json.loads(self.tool("--cache-dir", self.root, "prewarm", "--dry-run", "--json", "--preset",
                                     "qwen3-8b", "--target", "sm_90").stdout)
         specs = [kernel["spec"] for kernel in plan["kernels"]]
-        rope = [spec for spec in specs if spec["op"] == "rope"]
+        # The inference kernels with a paged KV cache write (bf16 and FP8), then the rest.
+        cached = [spec for spec in specs if spec["op"] == "rope" and spec["kv_cache"] != "none"]
+        self.assertEqual(sorted(spec["kv_fp8"] for spec in cached), [False, True])
+        for spec in cached:
+            self.assertEqual((spec["kv_cache"], spec["v_head_dim"], spec["qk_norm"], spec["direction"]),
+                             ("slot-mapping", 128, True, "forward"))
+        rope = [spec for spec in specs if spec["op"] == "rope" and spec["kv_cache"] == "none"]
         self.assertEqual(len(rope), 12)
         for spec in rope:
             self.assertEqual((spec["head_dim"], spec["gqa_group"], spec["qk_norm"], spec["norm_weight_dtype"]),
@@ -577,7 +583,7 @@ class CommandLineTest(CacheTestCase):
         self.assertTrue(any(spec["op"] == "attention" for spec in specs))
         result = self.tool("--cache-dir", self.root, "prewarm", "--json", "--preset", "qwen3-8b", "--ops", "rope",
                            "--target", "sm_90")
-        self.assertEqual(json.loads(result.stdout)["compiled"], 12)
+        self.assertEqual(json.loads(result.stdout)["compiled"], 14)
 
     def test_a_manifest_expands_each_spec_as_the_cross_product_of_its_lists_and_merges_duplicates(self):
         manifest = os.path.join(self.scratch, "manifest.json")

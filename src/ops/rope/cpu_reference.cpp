@@ -7,6 +7,7 @@
 #include <mutex>
 #include <vector>
 
+#include "common/float8.h"
 #include "common/half_float.h"
 #include "common/index_reader.h"
 #include "common/tensor_element.h"
@@ -197,6 +198,87 @@ inline void pair_features(const RopeProblem& p, int64_t i, int64_t* f1, int64_t*
     }
 }
 
+// Where the rows of one token go when they are not plain outputs of q's dtype (a KV cache, or
+// an FP8 output): head h's feature d is element base + h * head_stride + d * feature_stride,
+// of q's dtype or (fp8) float8 e4m3fn holding value / scale.
+struct RowSink {
+    char* base;
+    int64_t head_stride, feature_stride;
+    bool fp8;
+    float scale;
+};
+
+// The sink of token (b, s) of an output view [B, H, S, D] (or a cache view at (block, slot)).
+RowSink row_sink(const TensorRef& out, int64_t b, int64_t s, bool fp8, float scale) {
+    const int64_t element = b * out.strides[0] + s * out.strides[2];
+    return RowSink{out.data + element * int64_t(dtype_size(out.dtype)), out.strides[1],
+                   out.strides[3], fp8, scale};
+}
+
+// Stores feature d of head h: a computed value (quantized when FP8), or (copy) the input
+// element x bit for bit when the sink has x's dtype.
+template <typename T>
+void sink_store(const RowSink& sink, int64_t h, int64_t d, float value, const T* copy) {
+    const int64_t element = h * sink.head_stride + d * sink.feature_stride;
+    if (sink.fp8) {
+        const float v = copy != nullptr ? to_float(*copy) : value;
+        reinterpret_cast<uint8_t*>(sink.base)[element] = float_to_e4m3(v / sink.scale);
+    } else {
+        reinterpret_cast<T*>(sink.base)[element] = copy != nullptr ? *copy : from_float<T>(value);
+    }
+}
+
+// Rotates heads [0, heads) of token (b, s) of `in` into a sink (every feature: the unrotated
+// ones copied). The same fp32 expressions as rotate_token, so the values agree bit for bit.
+template <typename T>
+void rotate_token_to_sink(const RopeProblem& p, const TensorRef& in, int64_t b, int64_t s,
+                          int64_t heads, const float* c, const float* sn, std::vector<float>& row,
+                          std::vector<char>& rotated, const RowSink& sink) {
+    const int64_t D = p.head_dim, pairs = p.pairs();
+    const bool interleaved = p.style == ROPE_JIT_STYLE_INTERLEAVED;
+    std::fill(rotated.begin(), rotated.end(), 0);
+    for (int64_t i = 0; i < pairs; ++i) {
+        const int64_t f1 = interleaved ? p.rotary_offset + 2 * i : p.rotated_feature(i);
+        const int64_t f2 = interleaved ? f1 + 1 : p.rotated_feature(i + pairs);
+        rotated[size_t(f1)] = rotated[size_t(f2)] = 1;
+    }
+    for (int64_t h = 0; h < heads; ++h) {
+        const T* x = reinterpret_cast<const T*>(in.data) + b * in.strides[0] + h * in.strides[1] +
+                     s * in.strides[2];
+        for (int64_t d = 0; d < D; ++d) row[size_t(d)] = to_float(x[d * in.strides[3]]);
+        for (int64_t i = 0; i < pairs; ++i) {
+            const int64_t f1 = interleaved ? p.rotary_offset + 2 * i : p.rotated_feature(i);
+            const int64_t f2 = interleaved ? f1 + 1 : p.rotated_feature(i + pairs);
+            const float x1 = row[size_t(f1)], x2 = row[size_t(f2)];
+            row[size_t(f1)] = x1 * c[i] - x2 * sn[i];
+            row[size_t(f2)] = x2 * c[i] + x1 * sn[i];
+        }
+        for (int64_t d = 0; d < D; ++d)
+            sink_store<T>(sink, h, d, row[size_t(d)],
+                          rotated[size_t(d)] ? nullptr : x + d * in.strides[3]);
+    }
+}
+
+// Copies (or quantizes) v's rows of token (b, s) into a sink.
+template <typename T>
+void copy_token_to_sink(const RopeProblem& p, int64_t b, int64_t s, const RowSink& sink) {
+    const TensorRef& v = p.v;
+    for (int64_t h = 0; h < p.heads_k; ++h) {
+        const T* x = reinterpret_cast<const T*>(v.data) + b * v.strides[0] + h * v.strides[1] +
+                     s * v.strides[2];
+        for (int64_t d = 0; d < p.v_head_dim; ++d)
+            sink_store<T>(sink, h, d, 0.0f, x + d * v.strides[3]);
+    }
+}
+
+// A float32 scale of one element in host memory, or 1 when absent.
+float scale_value(const TensorRef& scale) {
+    if (!scale.present()) return 1.0f;
+    float value;
+    std::memcpy(&value, scale.data, 4);
+    return value;
+}
+
 // QK-norm: one head row of each of heads [0, heads) of token (b, s), with the norm weights
 // `weight`. Forward: in holds x, out gets rope(x / rms * w'). Backward: in holds dL/dy, `input`
 // the forward's x, out gets dL/dx, and dw (when not NULL) gathers dL/dw in float64.
@@ -204,7 +286,7 @@ template <typename T>
 void norm_rotate_token(const RopeProblem& p, const TensorRef& in, const TensorRef& out,
                        const TensorRef& input, const TensorRef& weight, int64_t b, int64_t s,
                        int64_t heads, const float* c, const float* sn, std::vector<float>& row,
-                       std::vector<float>& x, double* dw) {
+                       std::vector<float>& x, double* dw, const RowSink* sink = nullptr) {
     const int64_t D = p.head_dim, pairs = p.pairs();
     const float offset = p.norm_unit_offset ? 1.0f : 0.0f;
     auto rotate = [&](float* v) {
@@ -251,6 +333,10 @@ void norm_rotate_token(const RopeProblem& p, const TensorRef& in, const TensorRe
                 const float w = load_float(weight, d * weight.strides[0]) + offset;
                 row[size_t(d)] = r * (w * row[size_t(d)] - x[size_t(d)] * mean);
             }
+        }
+        if (sink != nullptr) {  // a KV cache row or an FP8 output
+            for (int64_t d = 0; d < D; ++d) sink_store<T>(*sink, h, d, row[size_t(d)], nullptr);
+            continue;
         }
         T* dst = reinterpret_cast<T*>(out.data) + b * out.strides[0] + h * out.strides[1] +
                  s * out.strides[2];
@@ -316,6 +402,18 @@ void rope_cpu_typed(const RopeProblem& p, ThreadPool& pool) {
     // QK-norm weight gradients, likewise: per chunk, q's D sums then k's.
     std::map<int64_t, std::vector<double>> norm_partials;
 
+    // KV cache and FP8 outputs.
+    const float q_scale = scale_value(p.q_scale), k_scale = scale_value(p.k_scale),
+                v_scale = scale_value(p.v_scale);
+    auto cache_slot = [&](int64_t b, int64_t s, CacheSlot* slot) {
+        int64_t sequence = b, index = s;
+        if (!cu.empty()) {
+            sequence = int64_t(std::upper_bound(cu.begin(), cu.end(), s) - cu.begin()) - 1;
+            index = s - cu[size_t(sequence)];
+        }
+        return cache_slot_on_host(p, b, s, sequence, index, slot);
+    };
+
     const int64_t elements_per_unit = std::max<int64_t>(1, (p.heads_q + p.heads_k) * p.head_dim);
     const int64_t grain = std::max<int64_t>(1, 32768 / elements_per_unit);
     pool.parallel_for(units, grain, [&](int64_t begin, int64_t end) {
@@ -347,6 +445,8 @@ void rope_cpu_typed(const RopeProblem& p, ThreadPool& pool) {
             for (int64_t i = 0; i < pairs; ++i)
                 pair_position[size_t(i)] = double(pair_row(p, rows, i));
         };
+        std::vector<float> sink_row(size_t(p.head_dim));
+        std::vector<char> sink_rotated(size_t(p.head_dim));
         for (int64_t u = begin; u < end; ++u) {
             const int64_t b = u / seqlen, s = u % seqlen;
             bool have_q_angles = false;
@@ -356,9 +456,14 @@ void rope_cpu_typed(const RopeProblem& p, ThreadPool& pool) {
                 have_q_angles = true;
                 FreqGradSink sink{&p.q_saved, pair_position.data(), grad_sums.data()};
                 if (p.has_freq_grad) set_pair_positions(q_rows);
-                if (p.has_norm)
+                if (p.has_norm) {
+                    const RowSink q_sink = row_sink(p.q_out, b, s, true, q_scale);
                     norm_rotate_token<T>(p, p.q, p.q_out, p.q_norm_input, p.q_norm_weight, b, s,
-                                         p.heads_q, c, sn, norm_row, norm_x, q_dw);
+                                         p.heads_q, c, sn, norm_row, norm_x, q_dw,
+                                         p.q_fp8 ? &q_sink : nullptr);
+                } else if (p.q_fp8)
+                    rotate_token_to_sink<T>(p, p.q, b, s, p.heads_q, c, sn, sink_row, sink_rotated,
+                                            row_sink(p.q_out, b, s, true, q_scale));
                 else
                     rotate_token<T>(p, p.q, p.q_out, p.q_in_place, b, s, p.heads_q, c, sn, buf,
                                     p.has_freq_grad ? &sink : nullptr);
@@ -370,10 +475,27 @@ void rope_cpu_typed(const RopeProblem& p, ThreadPool& pool) {
                 if (!same_rows || p.has_xpos) token_angles(p, k_rows, true, c, sn);
                 FreqGradSink sink{&p.k_saved, pair_position.data(), grad_sums.data()};
                 if (p.has_freq_grad) set_pair_positions(k_rows);
-                if (p.has_norm)
+                CacheSlot slot{};
+                if (p.has_kv_cache) {
+                    if (cache_slot(b, s, &slot)) {
+                        const RowSink k_sink =
+                            row_sink(p.k_out, slot.block, slot.slot, p.kv_fp8, k_scale);
+                        if (p.has_norm)
+                            norm_rotate_token<T>(p, p.k, p.k_out, p.k_norm_input, p.k_norm_weight,
+                                                 b, s, p.heads_k, c, sn, norm_row, norm_x, k_dw,
+                                                 &k_sink);
+                        else
+                            rotate_token_to_sink<T>(p, p.k, b, s, p.heads_k, c, sn, sink_row,
+                                                    sink_rotated, k_sink);
+                        if (p.has_v)
+                            copy_token_to_sink<T>(
+                                p, b, s,
+                                row_sink(p.v_cache, slot.block, slot.slot, p.kv_fp8, v_scale));
+                    }
+                } else if (p.has_norm) {
                     norm_rotate_token<T>(p, p.k, p.k_out, p.k_norm_input, p.k_norm_weight, b, s,
                                          p.heads_k, c, sn, norm_row, norm_x, k_dw);
-                else
+                } else
                     rotate_token<T>(p, p.k, p.k_out, p.k_in_place, b, s, p.heads_k, c, sn, buf,
                                     p.has_freq_grad ? &sink : nullptr);
             }

@@ -93,6 +93,16 @@ int32_t choose_copy_width(const KernelSpec& spec, size_t element_size, TensorsAl
     return 1;
 }
 
+// v's copy width (KernelSpec::v_vec): the widest n (16 bytes at most) dividing v's head_dim
+// that the tensors allow; 1 without v.
+template <typename TensorsAllow>
+int32_t choose_v_width(const KernelSpec& spec, size_t element_size, TensorsAllow tensors_allow) {
+    if (spec.v_dim == 0) return 1;
+    for (int64_t n = 16 / int64_t(element_size); n >= 2; n /= 2)
+        if (spec.v_dim % n == 0 && tensors_allow(n)) return int32_t(n);
+    return 1;
+}
+
 // The QK-norm kernel (rope_norm.cu) reads rows one element at a time through a warp: the
 // plain kernel's vector and block fields take one value there, so that one kernel has one spec.
 void set_norm_access(KernelSpec& spec) {
@@ -102,6 +112,7 @@ void set_norm_access(KernelSpec& spec) {
     spec.copy_vec = 1;
     spec.table_vec_loads = 0;
     spec.block_threads = 32 * kRopeNormMaxWarps;
+    spec.v_vec = 1;
 }
 
 // Table columns one work item reads (see TABLE_SPAN in rope.cu).
@@ -152,6 +163,18 @@ KernelSpec make_kernel_spec(const RopeProblem& p) {
 
     spec.mrope_axes = p.multi_section() ? int32_t(p.num_position_axes) : 0;
     spec.freq_grad = p.has_freq_grad;
+    if (p.has_kv_cache) {
+        spec.kv_cache = p.kv_layout == ROPE_JIT_KV_CACHE_CONTIGUOUS ? 1 : p.kv_block_tables ? 3 : 2;
+        const TensorRef& index = p.kv_block_tables ? p.block_tables : p.slot_mapping;
+        spec.kv_index_int64 = index.present() && index.dtype == DType::I64;
+        spec.kv_seqlen_offsets = p.kv_seqlen_offsets;
+        spec.kv_fp8 = p.kv_fp8;
+        spec.v_dim = p.has_v ? int32_t(p.v_head_dim) : 0;
+        spec.v_vec = choose_v_width(spec, dtype_size(p.dtype), [&](int64_t n) {
+            return vector_friendly(p.v, n) && vector_friendly(p.v_cache, n);
+        });
+    }
+    spec.q_fp8 = p.q_fp8;
     const auto tensors_allow = [&](int64_t n) {
         bool ok = vector_friendly(p.q, n) && vector_friendly(p.q_out, n);
         if (p.has_k) ok = ok && vector_friendly(p.k, n) && vector_friendly(p.k_out, n);
@@ -240,7 +263,24 @@ KernelSpec kernel_spec_from_public(const rope_jit_kernel_spec& in) {
         spec.norm_weight_dtype = float_code(in.norm_weight_dtype, "norm_weight_dtype");
         spec.norm_weight_grad = spec.backward && in.norm_weight_grad != 0;
     }
-    set_norm_access(spec);
+    const int kv_layout = raw_enum(in.kv_layout);
+    if (kv_layout < ROPE_JIT_KV_CACHE_NONE || kv_layout > ROPE_JIT_KV_CACHE_PAGED_HND)
+        fail_argument(fmt::format("kv_layout: unknown value {}", kv_layout));
+    if (kv_layout != ROPE_JIT_KV_CACHE_NONE) {
+        spec.kv_cache = kv_layout == ROPE_JIT_KV_CACHE_CONTIGUOUS ? 1
+                        : in.kv_block_tables != 0                 ? 3
+                                                                  : 2;
+        spec.kv_index_int64 = index64;
+        spec.kv_seqlen_offsets = spec.kv_cache != 2 && spec.position_mode == 2;
+        spec.kv_fp8 = in.kv_fp8 != 0;
+        spec.v_dim = in.v_head_dim;
+        spec.in_place_k = 0;  // k goes to the cache
+        spec.copy_vec =
+            choose_copy_width(spec, spec.dtype == 0 ? 4 : 2, [](int64_t) { return true; });
+        spec.v_vec = choose_v_width(spec, spec.dtype == 0 ? 4 : 2, [](int64_t) { return true; });
+    }
+    spec.q_fp8 = in.q_fp8 != 0;
+    set_norm_access(spec);  // last: the norm kernel's access fields override the others
     spec.validate();
     return spec;
 }
@@ -258,6 +298,7 @@ const char* const kStyleNames[] = {"half", "interleaved", "proportional"};
 const char* const kPositionModeNames[] = {"implicit", "indices", "seqlen-offsets"};
 // The composite key "angles" sets two members (angles_from_inv_freq, table_full).
 const char* const kAngleNames[] = {"table-half", "table-full", "inv-freq"};
+const char* const kKvCacheNames[] = {"none", "contiguous", "slot-mapping", "block-tables"};
 
 const SpecValues Integer{SpecValues::integer, nullptr, 0, false};
 const SpecValues Boolean{SpecValues::boolean, nullptr, 0, true};
@@ -268,6 +309,8 @@ const SpecValues Directions{SpecValues::named, kDirectionNames, 2, true};
 const SpecValues Styles{SpecValues::named, kStyleNames, 3, false};
 const SpecValues PositionModes{SpecValues::named, kPositionModeNames, 3, false};
 const SpecValues Angles{SpecValues::named, kAngleNames, 3, false};
+const SpecValues IntegerEnumerator{SpecValues::integer, nullptr, 0, false, true};
+const SpecValues KvCacheKinds{SpecValues::named, kKvCacheNames, 4, false, true};
 
 constexpr SpecPresence PLAIN = SpecPresence::Plain, DERIVED = SpecPresence::Derived,
                        REQUIRED = SpecPresence::Required;
@@ -335,16 +378,31 @@ void KernelSpec::validate() const {
             "inv_freq_dtype: must be float32 unless the angles are inv-freq");
     require(has_xpos || xpos_dtype == 0, "xpos_dtype: must be float32 without xpos");
     require(!positions_int64 || position_mode == 1, "positions_int64: needs positions \"indices\"");
-    require(!seqlen_offsets_int64 || position_mode == 2,
-            "seqlen_offsets_int64: needs positions \"seqlen-offsets\"");
+    require(!seqlen_offsets_int64 || position_mode == 2 || kv_seqlen_offsets,
+            "seqlen_offsets_int64: needs positions \"seqlen-offsets\" or kv_seqlen_offsets");
     require(!cu_seqlens_int64 || packed, "cu_seqlens_int64: needs packed");
     require(has_k || (in_place_k && !k_own_angles), "in_place_k and k_own_angles: need has_k");
     require(qk_norm || (!norm_unit_offset && norm_weight_dtype == 0 && !norm_weight_grad),
             "norm_unit_offset, norm_weight_dtype and norm_weight_grad: need qk_norm");
     require(!norm_weight_grad || backward, "norm_weight_grad: needs direction backward");
     require(!qk_norm || !freq_grad, "qk_norm: not with freq_grad");
+    require(kv_cache == 0 || (has_k && !backward && !in_place_k),
+            "kv_cache: needs has_k, direction forward and in_place_k false");
+    require(kv_cache != 0 ||
+                (!kv_index_int64 && !kv_seqlen_offsets && !kv_fp8 && v_dim == 0 && v_vec == 1),
+            "kv_index_int64, kv_seqlen_offsets, kv_fp8, v_head_dim and v_vec: need kv_cache");
+    require(!kv_index_int64 || kv_cache >= 2, "kv_index_int64: needs a paged kv_cache");
+    require(!kv_seqlen_offsets || kv_cache == 1 || kv_cache == 3,
+            "kv_seqlen_offsets: needs kv_cache contiguous or block-tables");
+    require(v_vec <= (dtype == 0 ? 4 : 8) && (v_vec & (v_vec - 1)) == 0 &&
+                (v_dim == 0 ? v_vec == 1 : v_dim % v_vec == 0),
+            fmt::format("v_vec {} must be a power of 2 of at most 16 bytes dividing v_head_dim {}",
+                        v_vec, v_dim));
+    require(!q_fp8 || (!in_place_q && !backward),
+            "q_fp8: needs in_place_q false and direction "
+            "forward");
     require(!qk_norm || (vec == (interleaved ? 2 : 1) && !vec_loads && copy_vec == 1 &&
-                         !table_vec_loads && block_threads == 32 * kRopeNormMaxWarps),
+                         v_vec == 1 && !table_vec_loads && block_threads == 32 * kRopeNormMaxWarps),
             fmt::format("qk_norm: the norm kernel takes vec {}, vec_loads, copy_vec 1, no "
                         "table_vec_loads and block_threads {}",
                         interleaved ? 2 : 1, 32 * kRopeNormMaxWarps));
@@ -411,6 +469,16 @@ std::optional<KernelSpec> KernelSpec::from_json(const std::string& text, std::st
             spec.copy_vec = choose_copy_width(spec, element_size, [](int64_t) { return true; });
         if (absent("table_vec_loads")) spec.table_vec_loads = !spec.angles_from_inv_freq;
         if (absent("block_threads")) spec.block_threads = kRopeMaxBlockThreads;
+        if (spec.kv_cache != 0) {
+            if (absent("in_place_k")) spec.in_place_k = 0;  // k goes to the cache
+            if (absent("kv_index_int64")) spec.kv_index_int64 = spec.kv_cache >= 2;
+            if (absent("kv_seqlen_offsets"))
+                spec.kv_seqlen_offsets = spec.kv_cache != 2 && spec.position_mode == 2;
+            if (absent("copy_vec"))
+                spec.copy_vec = choose_copy_width(spec, element_size, [](int64_t) { return true; });
+            if (absent("v_vec"))
+                spec.v_vec = choose_v_width(spec, element_size, [](int64_t) { return true; });
+        }
         if (spec.qk_norm) {
             const KernelSpec given = spec;
             set_norm_access(spec);
@@ -420,6 +488,7 @@ std::optional<KernelSpec> KernelSpec::from_json(const std::string& text, std::st
             if (!absent("copy_vec")) spec.copy_vec = given.copy_vec;
             if (!absent("table_vec_loads")) spec.table_vec_loads = given.table_vec_loads;
             if (!absent("block_threads")) spec.block_threads = given.block_threads;
+            if (!absent("v_vec")) spec.v_vec = given.v_vec;
         }
         spec.validate();
     } catch (const std::exception& e) {
@@ -448,7 +517,11 @@ std::string KernelSpec::describe() const {
            (freq_grad ? " +freq_grad" : "") +
            (qk_norm ? fmt::format(" +qk_norm{}{}", norm_unit_offset ? "(1+w)" : "",
                                   norm_weight_grad ? " +dw" : "")
-                    : std::string());
+                    : std::string()) +
+           (kv_cache ? fmt::format(" +kv:{}{}{}", kKvCacheNames[kv_cache & 3], kv_fp8 ? "/fp8" : "",
+                                   v_dim ? fmt::format(" v{}x{}", v_dim, v_vec) : std::string())
+                     : std::string()) +
+           (q_fp8 ? " +q_fp8" : "");
 }
 
 size_t KernelSpecHash::operator()(const KernelSpec& spec) const noexcept {

@@ -79,7 +79,23 @@ constexpr int32_t kRopeMaxBlockThreads = 512;
     X(norm_unit_offset, 0, "norm_unit_offset", BooleanEnumerator, 0, 1, "NORM_UNIT_OFFSET", PLAIN) \
     X(norm_weight_dtype, 0, "norm_weight_dtype", FloatTypesEnumerator, 0, 2, "NORM_WEIGHT_DTYPE",  \
       PLAIN)                                                                                       \
-    X(norm_weight_grad, 0, "norm_weight_grad", BooleanEnumerator, 0, 1, "NORM_WEIGHT_GRAD", PLAIN)
+    X(norm_weight_grad, 0, "norm_weight_grad", BooleanEnumerator, 0, 1, "NORM_WEIGHT_GRAD", PLAIN) \
+    /* KV cache write (inference): k's rotated rows into a cache at slots found by */              \
+    /* kv_cache = 1 contiguous rows (positions), 2 slot_mapping, 3 block_tables + positions; */    \
+    /* NHD and HND differ in strides only. kv_index_int64: slot_mapping/block_tables int64; */     \
+    /* kv_seqlen_offsets: cache positions from seqlen_offsets (also beside positions). */          \
+    X(kv_cache, 0, "kv_cache", KvCacheKinds, 0, 3, "KV_CACHE", PLAIN)                              \
+    X(kv_index_int64, 0, "kv_index_int64", BooleanEnumerator, 0, 1, "KV_INDEX_INT64", DERIVED)     \
+    X(kv_seqlen_offsets, 0, "kv_seqlen_offsets", BooleanEnumerator, 0, 1, "KV_SEQLEN_OFFSETS",     \
+      DERIVED)                                                                                     \
+    /* the caches hold float8 e4m3fn (else q's dtype) */                                           \
+    X(kv_fp8, 0, "kv_fp8", BooleanEnumerator, 0, 1, "KV_FP8", PLAIN)                               \
+    /* v's head_dim (v copied into v_cache by the same launch); 0 = no v */                        \
+    X(v_dim, 0, "v_head_dim", IntegerEnumerator, 0, 1 << 20, "V_DIM", PLAIN)                       \
+    /* elements per access of v's copy: a vector (unit stride, aligned) when > 1 */                \
+    X(v_vec, 1, "v_vec", IntegerEnumerator, 1, 8, "V_VEC", DERIVED)                                \
+    /* q_out holds float8 e4m3fn */                                                                \
+    X(q_fp8, 0, "q_fp8", BooleanEnumerator, 0, 1, "Q_FP8", PLAIN)
 
 struct KernelSpec {
 #define ROPE_JIT_SPEC_MEMBER(member, init, ...) int32_t member = init;

@@ -45,14 +45,15 @@ KernelRecipe rope_recipe_with_backward(const KernelSpec& spec) {
 RopeLaunch plan_rope_launch(const KernelSpec& spec, int64_t heads_q, int64_t heads_k, int64_t units,
                             int64_t sms) {
     const RopePlan plan = rope_plan(spec);
-    RopeBlockFit fit = rope_block_fit(plan, heads_q + heads_k, units, sms, spec.block_threads);
+    RopeBlockFit fit =
+        rope_block_fit(plan, heads_q + heads_k, units, sms, spec.block_threads, heads_k);
     // Tiny problems (decode: a token per sequence, fewer tokens than multiprocessors): the
     // grid is a single partial wave, so the time is one thread's chain of dependent loads
     // and stores, not bandwidth. One item a thread (a block as wide as its token's items)
     // takes a whole load-rotate-store round off that chain (B=64, 32+8 heads, D128: 64
     // blocks of 320 threads instead of 160 threads of two items). Larger problems keep the
     // measured shape of rope_block_fit.
-    const int64_t token_items = (heads_q + heads_k) * plan.rot_items;
+    const int64_t token_items = (heads_q + heads_k) * plan.rot_items + heads_k * plan.v_items;
     if (fit.problem == kRopeFitOk && fit.tokens == 1 && units <= sms && token_items > 0) {
         const int64_t threads = (token_items + 31) / 32 * 32;
         if (threads > fit.threads && threads <= spec.block_threads) fit.threads = int(threads);
@@ -191,6 +192,37 @@ RopeKernelParams rope_kernel_params(const RopeProblem& p) {
     return params;
 }
 
+// The KV cache's and the FP8 outputs' arguments (RopeCacheParams): v and its cache (the k
+// cache is k_out), the slot sources and the scales.
+RopeCacheParams rope_cache_params(const RopeProblem& p) {
+    RopeCacheParams params{};
+    auto scale = [](const TensorRef& t) {
+        return t.present() ? reinterpret_cast<const float*>(t.data) : nullptr;
+    };
+    params.q_scale = scale(p.q_scale);
+    if (!p.has_kv_cache) return params;
+    params.k_scale = scale(p.k_scale);
+    params.v_scale = scale(p.v_scale);
+    params.cache_blocks = p.cache_blocks();
+    params.cache_slots = p.cache_slots();
+    if (p.has_v) {
+        params.v = p.v.data;
+        params.v_cache = p.v_cache.data;
+        copy_strides(params.v_stride, p.v, 4);
+        copy_strides(params.v_cache_stride, p.v_cache, 4);
+    }
+    if (p.slot_mapping.present()) {
+        params.slot_mapping = p.slot_mapping.data;
+        params.slot_mapping_stride = p.slot_mapping.strides[0];
+    }
+    if (p.block_tables.present()) {
+        params.block_tables = p.block_tables.data;
+        copy_strides(params.block_tables_stride, p.block_tables, 2);
+        params.max_blocks = p.block_tables.shape[1];
+    }
+    return params;
+}
+
 // The QK-norm kernel's arguments (rope_norm_params.h): the rope ones, the weights, and in the
 // backward the pre-norm inputs and the weight gradients.
 RopeNormParams rope_norm_params(const RopeProblem& p, int warps) {
@@ -238,6 +270,9 @@ void RopeCuda::check_positions_on_device(const RopeProblem& problem, CUstream st
     copy.positions = host_copy(devices_.api(), problem.positions, positions);
     copy.seqlen_offsets = host_copy(devices_.api(), problem.seqlen_offsets, offsets);
     copy.cu_seqlens = host_copy(devices_.api(), problem.cu_seqlens, cu_seqlens);
+    std::vector<char> slot_mapping, block_tables;
+    copy.slot_mapping = host_copy(devices_.api(), problem.slot_mapping, slot_mapping);
+    copy.block_tables = host_copy(devices_.api(), problem.block_tables, block_tables);
     check_positions_on_host(copy);
 }
 
@@ -273,11 +308,20 @@ void RopeCuda::run(const RopeProblem& p, void* stream_handle) {
     }
     if (shape.blocks == 0) return;  // no token: nothing to rotate (a gradient was still zeroed)
 
-    void* kernel_args[] = {&params};
-    check_cu(
-        api.cuLaunchKernel(kernel.function, unsigned(shape.blocks), 1, 1, unsigned(shape.threads),
-                           1, 1, shape.shared_bytes, stream, kernel_args, nullptr),
-        "cuLaunchKernel(rope_kernel)");
+    auto launch_with = [&](void* arguments) {
+        void* kernel_args[] = {arguments};
+        check_cu(api.cuLaunchKernel(kernel.function, unsigned(shape.blocks), 1, 1,
+                                    unsigned(shape.threads), 1, 1, shape.shared_bytes, stream,
+                                    kernel_args, nullptr),
+                 "cuLaunchKernel(rope_kernel)");
+    };
+    if (spec.kv_cache != 0 || spec.q_fp8 != 0) {
+        // KV cache and FP8 kernels take the cache arguments after the rope ones (rope_params.h).
+        RopeCacheKernelParams cache_params{params, rope_cache_params(p)};
+        launch_with(&cache_params);
+    } else {
+        launch_with(&params);
+    }
     stats_.launches.fetch_add(1, std::memory_order_relaxed);
 }
 
@@ -285,7 +329,9 @@ void RopeCuda::run_norm(const RopeProblem& p, const KernelSpec& spec, const Load
                         CUstream stream) {
     const CudaDriverApi& api = devices_.api();
     const int64_t units = p.batch * std::max(p.seqlen_q, p.has_k ? p.seqlen_k : 0);
-    const int64_t rows = units * (p.heads_q + (p.has_k ? p.heads_k : 0));
+    // Rows: q's and k's heads, and v's, which the kernel copies into its cache (KV cache).
+    const int64_t rows =
+        units * (p.heads_q + (p.has_k ? p.heads_k : 0) + (p.has_v ? p.heads_k : 0));
     const RopeNormLaunch shape =
         plan_rope_norm_launch(spec, rows, devices_.device(p.device.device_id).multiprocessors);
     RopeNormParams params = rope_norm_params(p, shape.warps);
@@ -297,11 +343,20 @@ void RopeCuda::run_norm(const RopeProblem& p, const KernelSpec& spec, const Load
                                             size_t(p.head_dim), stream),
                      "cuMemsetD2D32Async(norm weight gradient)");
     if (shape.blocks == 0) return;  // no row: nothing to normalize (gradients were zeroed)
-    void* kernel_args[] = {&params};
-    check_cu(
-        api.cuLaunchKernel(kernel.function, unsigned(shape.blocks), 1, 1, unsigned(shape.threads),
-                           1, 1, shape.shared_bytes, stream, kernel_args, nullptr),
-        "cuLaunchKernel(rope_norm_kernel)");
+    auto launch_with = [&](void* arguments) {
+        void* kernel_args[] = {arguments};
+        check_cu(api.cuLaunchKernel(kernel.function, unsigned(shape.blocks), 1, 1,
+                                    unsigned(shape.threads), 1, 1, shape.shared_bytes, stream,
+                                    kernel_args, nullptr),
+                 "cuLaunchKernel(rope_norm_kernel)");
+    };
+    if (spec.kv_cache != 0 || spec.q_fp8 != 0) {
+        // With a KV cache or FP8 outputs the cache arguments follow (rope_norm_params.h).
+        RopeNormCacheParams cache_params{params, rope_cache_params(p)};
+        launch_with(&cache_params);
+    } else {
+        launch_with(&params);
+    }
     stats_.launches.fetch_add(1, std::memory_order_relaxed);
 }
 

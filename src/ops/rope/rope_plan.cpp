@@ -17,6 +17,8 @@ RopeShape rope_shape(const KernelSpec& spec) {
     shape.has_xpos = spec.has_xpos != 0;
     shape.table_full = spec.table_full != 0;
     shape.freq_grad = spec.freq_grad != 0;
+    shape.v_dim = spec.v_dim;
+    shape.v_vec = spec.v_vec;
     return shape;
 }
 

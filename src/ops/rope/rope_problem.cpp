@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -235,6 +236,187 @@ void check_qk_norm(const rope_jit_rope_args& args, const TensorRef& q, const Ten
     }
 }
 
+// A float32 scale of one element, or absent; only for an FP8 output.
+TensorRef check_scale(const DLTensor* tensor, const char* name, bool fp8, const char* output,
+                      const RopeProblem& p, const TensorRef& q) {
+    TensorRef scale = make_tensor_ref(tensor, name);
+    if (!scale.present()) return scale;
+    if (!fp8)
+        fail_argument(
+            fmt::format("{}: given, but {} is not float8_e4m3fn (a scale quantizes "
+                        "an FP8 output only)",
+                        name, output));
+    check_same_device(scale, p.device, q);
+    if (scale.dtype != DType::F32 || scale.numel() != 1)
+        fail_argument(fmt::format("{}: expected a float32 tensor of one element, got {} {}", name,
+                                  dtype_name(scale.dtype), scale.shape_string()));
+    return scale;
+}
+
+// A cache as the [blocks, Hk, slots, D] view both backends index (see RopeProblem), from the
+// layout the caller gave: [B, S_max, Hk, D], [N, block_size, Hk, D] or [N, Hk, block_size, D].
+TensorRef cache_view(const TensorRef& cache, rope_jit_kv_cache_layout layout) {
+    if (layout == ROPE_JIT_KV_CACHE_PAGED_HND) return cache;
+    TensorRef view = cache;  // swap dims 1 and 2
+    view.shape[1] = cache.shape[2], view.strides[1] = cache.strides[2];
+    view.shape[2] = cache.shape[1], view.strides[2] = cache.strides[1];
+    return view;
+}
+
+const char* layout_dims(rope_jit_kv_cache_layout layout) {
+    switch (layout) {
+        case ROPE_JIT_KV_CACHE_CONTIGUOUS: return "[B, S_max, Hk, D]";
+        case ROPE_JIT_KV_CACHE_PAGED_NHD: return "[num_blocks, block_size, Hk, D]";
+        case ROPE_JIT_KV_CACHE_PAGED_HND: return "[num_blocks, Hk, block_size, D]";
+        default: return "?";
+    }
+}
+
+// The KV cache fields of rope_jit_rope_args (kv_layout ... v_scale): checks them and fills p's
+// cache fields; k_out becomes the k cache's view. `offsets` is seqlen_offsets as given.
+void check_kv_cache(const rope_jit_rope_args& args, const TensorRef& k, const TensorRef& k_out,
+                    const TensorRef& offsets, const TensorRef& q, RopeProblem& p) {
+    TensorRef v = make_tensor_ref(args.v, "v");
+    TensorRef k_cache = make_tensor_ref(args.k_cache, "k_cache");
+    TensorRef v_cache = make_tensor_ref(args.v_cache, "v_cache");
+    TensorRef slots = make_tensor_ref(args.slot_mapping, "slot_mapping", 1);
+    TensorRef tables = make_tensor_ref(args.block_tables, "block_tables", 2);
+    const int layout_value = raw_enum(args.kv_layout);
+    if (layout_value < ROPE_JIT_KV_CACHE_NONE || layout_value > ROPE_JIT_KV_CACHE_PAGED_HND)
+        fail_argument(fmt::format("kv_layout: unknown value {}", layout_value));
+    const auto layout = static_cast<rope_jit_kv_cache_layout>(layout_value);
+    if (layout == ROPE_JIT_KV_CACHE_NONE) {
+        for (const TensorRef* t : {&v, &k_cache, &v_cache, &slots, &tables})
+            if (t->present())
+                fail_argument(
+                    fmt::format("{}: given with kv_layout ROPE_JIT_KV_CACHE_NONE (no "
+                                "KV cache); set kv_layout",
+                                t->name));
+        return;
+    }
+    if (!k_cache.present()) fail_argument("k_cache: required with kv_layout set");
+    if (!p.has_k) fail_argument("k: required with a KV cache (k_cache)");
+    if (k_out.present())
+        fail_argument(
+            "k_out: must be NULL with a KV cache: the rotated k is written to k_cache "
+            "only (k is not modified)");
+    if (p.backward) fail_argument("backward: a KV cache write is forward only");
+    if (args.inv_freq_grad != nullptr)
+        fail_argument("inv_freq_grad: not with a KV cache write (forward only)");
+    for (const TensorRef* t : {&v, &k_cache, &v_cache, &slots, &tables})
+        check_same_device(*t, p.device, q);
+
+    const bool paged = layout != ROPE_JIT_KV_CACHE_CONTIGUOUS;
+    if (paged && slots.present() == tables.present())
+        fail_argument(slots.present()
+                          ? "block_tables: give slot_mapping or block_tables, not both"
+                          : "slot_mapping: a paged KV cache needs slot_mapping or block_tables");
+    if (!paged && (slots.present() || tables.present()))
+        fail_argument(
+            fmt::format("{}: not used by ROPE_JIT_KV_CACHE_CONTIGUOUS (rows come "
+                        "from seqlen_offsets or positions)",
+                        slots.present() ? "slot_mapping" : "block_tables"));
+
+    // The caches: their dtype, layout and heads.
+    if (k_cache.dtype != p.dtype && k_cache.dtype != DType::F8E4M3)
+        fail_argument(fmt::format("k_cache: dtype must be k's ({}) or float8_e4m3fn, got {}",
+                                  dtype_name(p.dtype), dtype_name(k_cache.dtype)));
+    const TensorRef k_view = cache_view(k_cache, layout);
+    auto check_cache_shape = [&](const TensorRef& cache, const TensorRef& view, int64_t dim) {
+        if (cache.ndim != 4 || view.shape[1] != p.heads_k || view.shape[3] != dim)
+            fail_argument(fmt::format("{}: expected {} with Hk = {} and D = {}, got {}", cache.name,
+                                      layout_dims(layout), p.heads_k, dim, cache.shape_string()));
+    };
+    check_cache_shape(k_cache, k_view, p.head_dim);
+    if (!paged && k_view.shape[0] != p.num_sequences)
+        fail_argument(fmt::format("k_cache: expected {} sequences (dimension 0 of {}), got {}",
+                                  p.num_sequences, layout_dims(layout), k_cache.shape_string()));
+    if (paged && k_view.shape[2] < 1)
+        fail_argument(
+            fmt::format("k_cache: block_size must be >= 1, got {}", k_cache.shape_string()));
+    if (v.present() != v_cache.present())
+        fail_argument(v.present() ? "v_cache: required when v is given"
+                                  : "v: required when v_cache is given");
+    TensorRef v_view;
+    if (v.present()) {
+        if (v.ndim != k.ndim)
+            fail_argument(fmt::format("v: expected {} dimensions like k ({}), got {}", k.ndim,
+                                      k.shape_string(), v.shape_string()));
+        if (v.dtype != p.dtype)
+            fail_argument(fmt::format("v: dtype {} differs from k's {}", dtype_name(v.dtype),
+                                      dtype_name(p.dtype)));
+        const TensorRef v4 = p.packed ? lift_packed(v) : v;
+        if (v4.shape[0] != p.k.shape[0] || v4.shape[1] != p.heads_k || v4.shape[2] != p.seqlen_k ||
+            v4.shape[3] < 1)
+            fail_argument(
+                fmt::format("v: expected k's batch, heads and tokens ({}) with any "
+                            "head_dim, got {}",
+                            k.shape_string(), v.shape_string()));
+        p.v = v4;
+        p.v_head_dim = v4.shape[3];
+        if (v_cache.dtype != k_cache.dtype)
+            fail_argument(fmt::format("v_cache: dtype {} differs from k_cache's {}",
+                                      dtype_name(v_cache.dtype), dtype_name(k_cache.dtype)));
+        v_view = cache_view(v_cache, layout);
+        check_cache_shape(v_cache, v_view, p.v_head_dim);
+        if (v_view.shape[0] != k_view.shape[0] || v_view.shape[2] != k_view.shape[2])
+            fail_argument(
+                fmt::format("v_cache: {} has other blocks or block size than k_cache "
+                            "{}",
+                            v_cache.shape_string(), k_cache.shape_string()));
+    }
+
+    // The indices.
+    const int64_t tokens = p.packed ? p.seqlen_k : p.batch * p.seqlen_k;
+    if (slots.present()) {
+        require_index(slots);
+        if (slots.shape[0] != tokens)
+            fail_argument(fmt::format("slot_mapping: expected [{}] (one per token of k), got {}",
+                                      tokens, slots.shape_string()));
+    }
+    if (tables.present()) {
+        require_index(tables);
+        if (tables.ndim != 2 || tables.shape[0] != p.num_sequences || tables.shape[1] < 1)
+            fail_argument(
+                fmt::format("block_tables: expected [{}, max_blocks_per_seq >= 1], "
+                            "got {}",
+                            p.num_sequences, tables.shape_string()));
+    }
+    const bool positional = !paged || tables.present();  // the cache row is the position
+    if (positional && p.multi_section() && !offsets.present())
+        fail_argument(
+            "seqlen_offsets: required for the KV cache rows with M-RoPE positions "
+            "(a token's several positions give no cache row)");
+    if (offsets.present() && p.position_mode == PositionMode::Indices) {
+        // Positions give the table rows; seqlen_offsets still places the tokens in the cache.
+        require_index(offsets);
+        if (offsets.shape[0] != p.num_sequences)
+            fail_argument(fmt::format("seqlen_offsets: expected [{}] (one per sequence), got {}",
+                                      p.num_sequences, offsets.shape_string()));
+        if (positional) {
+            p.seqlen_offsets = offsets;
+            p.kv_seqlen_offsets = true;
+        }
+    }
+    p.kv_seqlen_offsets =
+        p.kv_seqlen_offsets || (positional && p.position_mode == PositionMode::SeqlenOffsets);
+
+    // FP8.
+    p.kv_fp8 = k_cache.dtype == DType::F8E4M3;
+    p.k_scale = check_scale(args.k_scale, "k_scale", p.kv_fp8, "k_cache", p, q);
+    p.v_scale = check_scale(args.v_scale, "v_scale", p.kv_fp8 && v.present(), "v_cache", p, q);
+
+    p.kv_layout = layout;
+    p.has_kv_cache = true;
+    p.has_v = v.present();
+    p.kv_block_tables = tables.present();
+    p.slot_mapping = slots;
+    p.block_tables = tables;
+    p.k_out = k_view;
+    p.k_in_place = false;
+    p.v_cache = v_view;
+}
+
 }  // namespace
 
 RopeProblem make_rope_problem(const rope_jit_rope_args& args) {
@@ -256,7 +438,13 @@ RopeProblem make_rope_problem(const rope_jit_rope_args& args) {
     TensorRef k_out = make_tensor_ref(args.k_out, "k_out");
     p.has_k = k.present();
     if (!p.has_k && k_out.present()) fail_argument("k_out: given without k");
-    if (q_out.present()) require_same_shape(q_out, q);
+    // An FP8 q_out (quantized, so never in place) has q's shape and its own dtype.
+    p.q_fp8 = q_out.present() && q_out.dtype == DType::F8E4M3;
+    if (q_out.present()) {
+        TensorRef shape_only = q_out;
+        if (p.q_fp8) shape_only.dtype = q.dtype;
+        require_same_shape(shape_only, q);
+    }
     if (p.has_k) {
         if (k.ndim != q.ndim)
             fail_argument(fmt::format("k: has {} dimensions {} but q has {} {}", k.ndim,
@@ -525,19 +713,36 @@ RopeProblem make_rope_problem(const rope_jit_rope_args& args) {
     for (const TensorRef* t : {&k, &q_out, &k_out, &cos, &sin, &inv_freq, &xpos, &positions,
                                &offsets, &cu_seqlens, &freq_grad, &q_saved, &k_saved})
         check_same_device(*t, p.device, q);
+    check_kv_cache(args, k, k_out, offsets, q, p);
+    p.q_scale = check_scale(args.q_scale, "q_scale", p.q_fp8, "q_out", p, q);
     check_qk_norm(args, q, k, q_write, k_write, p);
+    if (p.q_fp8 && (p.backward || p.has_freq_grad))
+        fail_argument("q_out: float8_e4m3fn only in the forward (backward = 0)");
 
     // What the call writes (q_out, or q in place; k likewise) shares no element with anything
     // else it reads or writes: a q_out on k's memory would change k before k is read, a k two
     // tokens into q would be rotated twice, positions under q would change while in use.
     // Views of one buffer that only interleave (q and k of a fused qkv) pass.
+    // A KV cache call writes the caches instead of k (k_out is the k cache's view then).
+    const TensorRef no_tensor;
+    const TensorRef& k_cache = p.has_kv_cache ? p.k_out : no_tensor;
     check_written(q_write,
-                  {&k, &k_write, &cos, &sin, &inv_freq, &xpos, &positions, &offsets, &cu_seqlens},
+                  {&k, &k_write, &cos, &sin, &inv_freq, &xpos, &positions, &offsets, &cu_seqlens,
+                   &p.v, &k_cache, &p.v_cache, &p.slot_mapping, &p.block_tables, &p.k_scale,
+                   &p.v_scale, &p.q_scale},
                   MemoryRule::Elements);
-    if (p.has_k)
-        check_written(k_write,
-                      {&q, &cos, &sin, &inv_freq, &xpos, &positions, &offsets, &cu_seqlens},
-                      MemoryRule::Elements);
+    if (p.has_k && !p.has_kv_cache)
+        check_written(
+            k_write,
+            {&q, &cos, &sin, &inv_freq, &xpos, &positions, &offsets, &cu_seqlens, &p.q_scale},
+            MemoryRule::Elements);
+    for (const TensorRef* cache : {&k_cache, static_cast<const TensorRef*>(&p.v_cache)})
+        if (cache->present())
+            check_written(*cache,
+                          {&q, &q_write, &k, &p.v, &k_cache, &p.v_cache, &cos, &sin, &inv_freq,
+                           &xpos, &positions, &offsets, &cu_seqlens, &p.slot_mapping,
+                           &p.block_tables, &p.k_scale, &p.v_scale, &p.q_scale},
+                          MemoryRule::Elements);
 
     // Implicit positions need no memory read: check their range here for every backend.
     if (p.position_mode == PositionMode::Implicit && !p.cu_seqlens.present()) {
@@ -565,7 +770,99 @@ RopeProblem make_rope_problem(const rope_jit_rope_args& args) {
     return p;
 }
 
+// The table-row checks of check_positions_on_host (defined after it).
+void check_positions_on_host_rows(const RopeProblem& p);
+
+bool cache_slot_on_host(const RopeProblem& p, int64_t b, int64_t s, int64_t sequence, int64_t index,
+                        CacheSlot* out) {
+    const int64_t slots = p.cache_slots(), blocks = p.cache_blocks();
+    if (p.kv_layout != ROPE_JIT_KV_CACHE_CONTIGUOUS && !p.kv_block_tables) {
+        const int64_t token = b * p.seqlen_k + s;
+        const int64_t slot = IndexReader(p.slot_mapping)[token];
+        if (slot < 0) return false;  // a padding token: skipped
+        if (slot / slots >= blocks)
+            fail_argument(
+                fmt::format("slot_mapping: token {} has slot {}, outside the cache's {} "
+                            "blocks of {} slots",
+                            token, slot, blocks, slots));
+        *out = CacheSlot{slot / slots, slot % slots};
+        return true;
+    }
+    // The token's position in its sequence's cache (rope_jit_rope_args' rule).
+    int64_t position;
+    const char* source;
+    if (p.kv_seqlen_offsets) {
+        // Beside positions the offsets are not range-checked as table rows: check the sum.
+        const int64_t offset = IndexReader(p.seqlen_offsets)[sequence];
+        if (__builtin_add_overflow(index, offset, &position))
+            fail_argument(fmt::format("seqlen_offsets: [{}] = {} overflows a cache position",
+                                      sequence, offset));
+        source = "seqlen_offsets";
+    } else if (p.position_mode == PositionMode::Indices) {
+        IndexReader positions(p.positions);
+        position = p.positions.ndim == 2 ? positions(b, s) : positions[s];
+        source = "positions";
+    } else {
+        position = index + p.position_offset;
+        source = "position_offset";
+    }
+    if (p.kv_layout == ROPE_JIT_KV_CACHE_CONTIGUOUS) {
+        if (position < 0 || position >= slots)
+            fail_argument(
+                fmt::format("k_cache: token {} of sequence {} goes to cache row {} "
+                            "(from {}), outside the cache's {} rows (S_max)",
+                            index, sequence, position, source, slots));
+        *out = CacheSlot{sequence, position};
+        return true;
+    }
+    const int64_t entry = position < 0 ? -1 : position / slots;
+    if (entry < 0 || entry >= p.block_tables.shape[1])
+        fail_argument(
+            fmt::format("block_tables: token {} of sequence {} has cache position {} "
+                        "(from {}), outside its {} blocks of {} slots",
+                        index, sequence, position, source, p.block_tables.shape[1], slots));
+    const int64_t block = IndexReader(p.block_tables)(sequence, entry);
+    if (block < 0 || block >= blocks)
+        fail_argument(fmt::format("block_tables: [{}, {}] = {} is outside the cache's {} blocks",
+                                  sequence, entry, block, blocks));
+    *out = CacheSlot{block, position % slots};
+    return true;
+}
+
+namespace {
+
+// Every token of k has a slot inside the cache (or is skipped): cache_slot_on_host throws for
+// the first that does not.
+void check_cache_slots(const RopeProblem& p) {
+    std::vector<int64_t> starts;  // sequence starts of a packed batch
+    if (p.cu_seqlens.present()) {
+        IndexReader cu(p.cu_seqlens);
+        for (int64_t i = 0; i <= p.num_sequences; ++i) starts.push_back(cu[i]);
+    }
+    int64_t sequence = 0;
+    for (int64_t b = 0; b < p.batch; ++b)
+        for (int64_t s = 0; s < p.seqlen_k; ++s) {
+            int64_t index = s;
+            if (!starts.empty()) {
+                while (sequence + 1 < p.num_sequences && starts[size_t(sequence + 1)] <= s)
+                    ++sequence;
+                index = s - starts[size_t(sequence)];
+            } else {
+                sequence = b;
+            }
+            CacheSlot slot{};
+            cache_slot_on_host(p, b, s, sequence, index, &slot);
+        }
+}
+
+}  // namespace
+
 void check_positions_on_host(const RopeProblem& p) {
+    check_positions_on_host_rows(p);
+    if (p.has_kv_cache) check_cache_slots(p);
+}
+
+void check_positions_on_host_rows(const RopeProblem& p) {
     const bool bounded = bounds_by_table(p);
     const int64_t limit = position_limit(p);
     auto fail_row = [&](int64_t row, const char* source, const std::string& where) {

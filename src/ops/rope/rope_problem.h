@@ -74,6 +74,25 @@ struct RopeProblem {
     TensorRef q_norm_weight, k_norm_weight, q_norm_input, k_norm_input;
     TensorRef q_norm_weight_grad, k_norm_weight_grad;
 
+    // KV cache write (forward only; see rope_jit_rope_args.kv_layout): k's rotated rows go
+    // to k_cache (then k_out above is that cache's view and k_in_place false), v's rows to
+    // v_cache. The caches are seen as [blocks, Hk, slots, D] views (contiguous: [B, Hk, S_max,
+    // D], a sequence's rows as one block), so a token's row is at (block, h, slot, :) as q's
+    // is at (b, h, s, :). kv_block_tables: paged with block_tables, else with slot_mapping
+    // (paged) or positions (contiguous). kv_seqlen_offsets: the cache position of a token is
+    // s + seqlen_offsets[sequence] even where positions give the table row.
+    rope_jit_kv_cache_layout kv_layout = ROPE_JIT_KV_CACHE_NONE;
+    bool has_kv_cache = false, has_v = false, kv_block_tables = false, kv_seqlen_offsets = false;
+    TensorRef v;        // [B, Hk, Sk, Dv] (packed lifted like k)
+    TensorRef v_cache;  // [blocks, Hk, slots, Dv]
+    int64_t v_head_dim = 0;
+    TensorRef slot_mapping, block_tables;
+
+    // FP8 outputs: the caches (kv_fp8) and q_out (q_fp8) store float8 e4m3fn of value / scale;
+    // the scales are float32 tensors of one element, absent for 1.
+    bool kv_fp8 = false, q_fp8 = false;
+    TensorRef k_scale, v_scale, q_scale;
+
     DLDevice device{kDLCPU, 0};  // where every tensor lives
 
     int64_t pairs() const { return rotary_dim / 2; }
@@ -101,6 +120,8 @@ struct RopeProblem {
     // The positions of one axis as a plain [S], [B, S] or [T] view (M-RoPE); `positions`
     // itself otherwise.
     TensorRef position_axis(int64_t axis) const;
+    int64_t cache_blocks() const { return k_out.shape[0]; }  // with a cache: its blocks (B)
+    int64_t cache_slots() const { return k_out.shape[2]; }   // rows a block (S_max)
 };
 
 // Checks every argument (shapes, dtypes, devices, overlaps, implicit position ranges) and
@@ -108,10 +129,22 @@ struct RopeProblem {
 RopeProblem make_rope_problem(const rope_jit_rope_args& args);
 
 // Reads the index tensors (which must be in host memory) and checks them: cu_seqlens
-// well-formed, every position inside the table. Throws Error(INVALID_ARGUMENT).
+// well-formed, every position inside the table, every KV cache slot inside the cache.
+// Throws Error(INVALID_ARGUMENT).
 void check_positions_on_host(const RopeProblem& problem);
 
 // Whether a tensor's memory can be read by the CPU.
 bool host_accessible(const DLDevice& device);
+
+// Where token (b, s) of k goes in the KV cache (b, s as in the lifted [B, H, S, D] views;
+// `sequence` and `index` its sequence and place in it, from cu_seqlens when packed): its block
+// and slot in the [blocks, Hk, slots, D] cache views. False when the token is skipped (a
+// negative slot_mapping entry). Reads host memory; throws INVALID_ARGUMENT for an index out of
+// range, naming it.
+struct CacheSlot {
+    int64_t block, slot;
+};
+bool cache_slot_on_host(const RopeProblem& problem, int64_t b, int64_t s, int64_t sequence,
+                        int64_t index, CacheSlot* out);
 
 }  // namespace rope_jit

@@ -1,0 +1,166 @@
+// KV cache write and FP8 outputs on the CUDA backend against the CPU backend (itself checked
+// against the definitions in test_rope_kv_cache.cpp): the randomized families of
+// gpu_rope_kv_problem.h, a decode-sized and a prefill-sized bfloat16 call, and FP8 edge values
+// (NaN, infinities, saturation, subnormals). Copies (v, unrotated features, everything not
+// written) must match bit for bit; rotated values within fp32 rounding, and for FP8 within one
+// e4m3 step (the GPU's fused multiply-adds may move a value across a rounding midpoint).
+// Every test is in TEST_SUITE("gpu").
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gpu_rope_kv_problem.h"
+#include "gpu_test_support.h"
+
+using namespace rope_test;
+using namespace gpu_test;
+using namespace kv_test;
+
+namespace {
+
+// Whether element i of the FP8 or float tensor `got` matches `expected`: FP8 codes equal, or
+// (rotated values only) one e4m3 step apart; floats within tol.
+void compare(const HostTensor& got_tensor, const HostTensor& expected_tensor, bool exact,
+             double tol, const char* what) {
+    HostTensor got = got_tensor, expected = expected_tensor;
+    CAPTURE(what);
+    if (exact) {
+        CHECK(got.bytes() == expected.bytes());
+        return;
+    }
+    int64_t failures = 0;
+    got.for_each([&](const std::vector<int64_t>& index) {
+        const int64_t o = got.offset(index);
+        const double g = got.get_at(o), e = expected.get_at(o);
+        bool ok;
+        if (got.dtype() == Dt::F8)
+            ok = got.bytes()[size_t(o)] == expected.bytes()[size_t(o)] ||
+                 (!std::isnan(g) && !std::isnan(e) &&
+                  std::fabs(g - e) <= 2.001 * e4m3_half_step(std::max(std::fabs(g), std::fabs(e))));
+        else
+            ok = (std::isnan(g) && std::isnan(e)) || std::fabs(g - e) <= tol;
+        if (!ok && failures++ < 5) {
+            std::string where;
+            for (int64_t i : index) where += std::to_string(i) + " ";
+            CAPTURE(where);
+            CAPTURE(g);
+            CAPTURE(e);
+            CHECK(ok);
+        }
+    });
+    CHECK(failures == 0);
+}
+
+void require_ok(rope_jit_runtime* runtime, const rope_jit_rope_args& args, const char* where) {
+    const rope_jit_status status = rope_jit_rope(runtime, &args);
+    const std::string message = rope_jit_last_error();
+    INFO(where, ": ", message);
+    REQUIRE(status == ROPE_JIT_OK);
+}
+
+// Runs the problem on both backends and compares every tensor the call may write.
+void run_and_compare(GpuFixture& fixture, KvProblem& p) {
+    KvProblem cpu = p;
+    const rope_jit_rope_args cpu_args = kv_args(cpu, host_views(cpu));
+    require_ok(fixture.cpu_runtime.get(), cpu_args, "cpu");
+
+    std::vector<std::unique_ptr<DeviceTensor>> device;
+    std::vector<const DLTensor*> views;
+    for (HostTensor* t : slots_of(p)) {
+        device.push_back(t->shape().empty() ? nullptr : std::make_unique<DeviceTensor>(*t));
+        views.push_back(device.back() ? device.back()->dl() : nullptr);
+    }
+    require_ok(fixture.cuda_runtime.get(), kv_args(p, views), "gpu");
+    synchronize(nullptr);
+    KvProblem gpu = p;
+    const std::vector<HostTensor*> gpu_slots = slots_of(gpu);
+    for (size_t i = 0; i < gpu_slots.size(); ++i)
+        if (device[i]) device[i]->download(*gpu_slots[i]);
+
+    const double tol = tolerance_for(p.c.dt);
+    compare(gpu.q, cpu.q, p.c.q_fp8 || !p.c.in_place_q, tol, "q");
+    if (!gpu.q_out.shape().empty()) compare(gpu.q_out, cpu.q_out, false, tol, "q_out");
+    compare(gpu.k, cpu.k, true, 0, "k");
+    compare(gpu.v, cpu.v, true, 0, "v");
+    compare(gpu.k_cache, cpu.k_cache, false, tol, "k_cache");
+    compare(gpu.v_cache, cpu.v_cache, true, 0, "v_cache");
+}
+
+}  // namespace
+
+TEST_SUITE("gpu") {
+    TEST_CASE_FIXTURE(GpuFixture,
+                      "KV cache write + FP8: the CUDA backend matches the CPU backend over the "
+                      "randomized families") {
+        std::mt19937 rng(kKvSeed + 100);
+        for (int family = 0; family < kKvFamilies; ++family) {
+            const KvCase c = kv_case(family);
+            const std::string name = describe(c);
+            CAPTURE(family);
+            CAPTURE(name);
+            KvProblem p = make_kv_problem(c, rng);
+            run_and_compare(*this, p);
+        }
+    }
+
+    TEST_CASE_FIXTURE(GpuFixture,
+                      "KV cache write + FP8 at Llama/Qwen3 sizes (bf16, D128, 32/8 heads): decode "
+                      "with block tables (with and without QK-norm) and prefill with "
+                      "slot_mapping match the CPU backend") {
+        int index = 0;
+        for (int variant = 0; variant < 6; ++variant) {
+            const bool decode = variant < 4, norm = variant % 4 >= 2;
+            const rope_jit_kv_cache_layout layout =
+                variant % 2 ? ROPE_JIT_KV_CACHE_PAGED_HND : ROPE_JIT_KV_CACHE_PAGED_NHD;
+            {
+                KvCase c;
+                c.dt = Dt::BF16;
+                c.D = c.R = c.Dv = 128;
+                c.Hk = 8, c.group = 4;
+                c.B = decode ? 64 : 2;
+                c.S = decode ? 1 : 300;
+                c.layout = layout;
+                c.index = decode ? KvIndex::BlockTables : KvIndex::SlotMapping;
+                c.block_size = 16;
+                c.fp8 = c.scales = true;
+                c.offsets = decode;
+                c.q_fp8 = decode;
+                c.in_place_q = !decode;
+                c.norm = norm;  // Qwen3's QK-norm + RoPE + paged KV + FP8 in one launch
+                const std::string name = describe(c);
+                CAPTURE(name);
+                std::mt19937 rng(kKvSeed + 200 + uint32_t(index++));
+                KvProblem p = make_kv_problem(c, rng);
+                run_and_compare(*this, p);
+            }
+        }
+    }
+
+    TEST_CASE_FIXTURE(GpuFixture,
+                      "FP8 edge values: NaN, infinities, saturation and subnormals convert "
+                      "bit for bit as on the CPU") {
+        for (Dt dt : {Dt::F32, Dt::BF16, Dt::F16}) {
+            KvCase c;
+            c.dt = dt;
+            c.fp8 = c.scales = true;
+            c.S = 8;
+            c.D = c.R = c.Dv = 64;
+            std::mt19937 rng(kKvSeed + 300 + uint32_t(dt));
+            KvProblem p = make_kv_problem(c, rng);
+            const double specials[] = {NAN,   -NAN,  INFINITY, -INFINITY, 1e6,         -1e6,
+                                       448.0, 464.0, 480.0,    -464.0,    1e-3,        -1e-3,
+                                       0.0,   -0.0,  2e-3,     3e-3,      0.0087890625};
+            int64_t i = 0;
+            p.v.for_each([&](const std::vector<int64_t>& index) {
+                p.v.set(index, specials[size_t(i++ % 17)]);
+            });
+            p.v_scale.set({0}, 1.0);
+            CAPTURE(dt_name(dt));
+            run_and_compare(*this, p);
+        }
+    }
+}  // TEST_SUITE("gpu")

@@ -1,0 +1,270 @@
+// KV cache write and FP8 outputs (rope_jit_rope_args.kv_layout ... q_scale) on the CPU backend,
+// against a reference written in this file from the definitions: each token's cache slot
+// (contiguous rows, vLLM slot_mapping, block tables), the pair rotation of each style in
+// float64, and float8 e4m3fn by enumeration of its 256 codes (rope_test_support.h). Also: the
+// argument checks (each names the argument and writes nothing), the float8 conversion of the
+// library against the enumeration, and the kernels compiled with NVRTC for sm_90 and sm_80.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/float8.h"
+#include "gpu_rope_kv_problem.h"
+#include "jit/kernel_builder.h"
+#include "jit/nvrtc_loader.h"
+#include "ops/rope/kernel_spec.h"
+#include "ops/rope/rope_recipe.h"
+#include "rope_jit/rope_jit.h"
+
+using namespace rope_test;
+using namespace kv_test;
+using rope_jit::KernelSpec;
+
+TEST_CASE("float8 e4m3fn: the library's conversion is the nearest code by enumeration") {
+    // Every code's value and the midpoints between neighbours (ties to even), then a sweep.
+    std::vector<float> values = {0.0f,  -0.0f,  448.0f,   449.0f,    463.9f, 464.0f, 480.0f,
+                                 1e30f, -1e30f, INFINITY, -INFINITY, 1e-30f, -1e-30f};
+    for (int code = 0; code < 256; ++code) {
+        const double v = e4m3_value(uint8_t(code));
+        if (std::isnan(v)) continue;
+        values.push_back(float(v));
+        const double next = e4m3_value(uint8_t(code + 1));
+        if ((code & 0x7f) < 0x7e && !std::isnan(next))
+            values.push_back(float((v + next) / 2));  // exact in float32
+    }
+    std::mt19937 rng(23);
+    std::uniform_real_distribution<float> wide(-500.0f, 500.0f), narrow(-0.05f, 0.05f);
+    for (int i = 0; i < 20000; ++i) values.push_back(i % 2 ? wide(rng) : narrow(rng));
+    for (float v : values) {
+        CAPTURE(v);
+        CHECK(int(rope_jit::float_to_e4m3(v)) == int(e4m3_nearest(double(v))));
+    }
+    CHECK(int(rope_jit::float_to_e4m3(NAN)) == 0x7f);
+    CHECK(int(rope_jit::float_to_e4m3(-NAN)) == 0x7f);
+    for (int code = 0; code < 256; ++code) {
+        const double expected = e4m3_value(uint8_t(code));
+        const double got = rope_jit::e4m3_to_float(uint8_t(code));
+        CHECK((std::isnan(expected) ? std::isnan(got) : got == expected));
+    }
+}
+
+TEST_CASE("RoPE with a KV cache write and FP8 outputs matches the definition on the CPU") {
+    CpuRuntime cpu;
+    rope_jit_runtime* const runtime = cpu.handle;
+    std::mt19937 rng(kKvSeed);
+    int checked = 0;
+    for (int family = 0; family < kKvFamilies; ++family) {
+        const KvCase c = kv_case(family);
+        const std::string name = describe(c);
+        CAPTURE(family);
+        CAPTURE(name);
+        KvProblem p = make_kv_problem(c, rng);
+        KvProblem before = p;
+        const rope_jit_rope_args args = kv_args(p, host_views(p));
+        const rope_jit_status status = rope_jit_rope(runtime, &args);
+        INFO(rope_jit_last_error());
+        REQUIRE(status == ROPE_JIT_OK);
+        check_against_definition(p, before);
+        ++checked;
+    }
+    CHECK(checked == kKvFamilies);
+}
+
+TEST_CASE("KV cache arguments: every bad input names its argument and writes nothing") {
+    CpuRuntime cpu;
+    rope_jit_runtime* const runtime = cpu.handle;
+    std::mt19937 rng(kKvSeed + 1);
+    KvCase base;
+    base.layout = ROPE_JIT_KV_CACHE_PAGED_NHD;
+    base.index = KvIndex::SlotMapping;
+    base.fp8 = true;
+    base.scales = true;
+    base.q_fp8 = true;
+    base.norm = true;
+    struct Bad {
+        const char* what;  // the argument the message must name
+        rope_jit_status status;
+        void (*change)(KvProblem&, rope_jit_rope_args&);
+    };
+    const Bad bads[] = {
+        {"kv_layout", ROPE_JIT_ERROR_INVALID_ARGUMENT,
+         [](KvProblem&, rope_jit_rope_args& a) { a.kv_layout = rope_jit_kv_cache_layout(7); }},
+        {"kv_layout", ROPE_JIT_ERROR_INVALID_ARGUMENT,
+         [](KvProblem&, rope_jit_rope_args& a) { a.kv_layout = ROPE_JIT_KV_CACHE_NONE; }},
+        {"k_cache", ROPE_JIT_ERROR_INVALID_ARGUMENT,
+         [](KvProblem&, rope_jit_rope_args& a) { a.k_cache = nullptr; }},
+        {"k_out", ROPE_JIT_ERROR_INVALID_ARGUMENT,
+         [](KvProblem& p, rope_jit_rope_args& a) { a.k_out = p.k.dl(); }},
+        {"backward", ROPE_JIT_ERROR_INVALID_ARGUMENT,
+         [](KvProblem&, rope_jit_rope_args& a) { a.backward = 1; }},
+        {"k_norm_weight", ROPE_JIT_ERROR_INVALID_ARGUMENT,
+         [](KvProblem&, rope_jit_rope_args& a) {
+             a.k_norm_weight = nullptr;  // QK-norm without k's weights
+         }},
+        {"v_cache", ROPE_JIT_ERROR_INVALID_ARGUMENT,
+         [](KvProblem&, rope_jit_rope_args& a) { a.v_cache = nullptr; }},
+        {"v", ROPE_JIT_ERROR_INVALID_ARGUMENT,
+         [](KvProblem&, rope_jit_rope_args& a) { a.v = nullptr; }},
+        {"slot_mapping", ROPE_JIT_ERROR_INVALID_ARGUMENT,
+         [](KvProblem&, rope_jit_rope_args& a) { a.slot_mapping = nullptr; }},
+        {"block_tables", ROPE_JIT_ERROR_INVALID_ARGUMENT,
+         [](KvProblem& p, rope_jit_rope_args& a) { a.block_tables = p.block_tables.dl(); }},
+        {"slot_mapping", ROPE_JIT_ERROR_INVALID_ARGUMENT,
+         [](KvProblem& p, rope_jit_rope_args&) {  // one slot past the cache
+             p.slot_mapping.set({1}, double(p.k_cache.shape()[0] * p.k_cache.shape()[1]));
+         }},
+        {"slot_mapping", ROPE_JIT_ERROR_INVALID_ARGUMENT,
+         [](KvProblem& p, rope_jit_rope_args& a) { a.slot_mapping = p.inv_freq.dl(); }},
+        {"k_cache", ROPE_JIT_ERROR_INVALID_ARGUMENT,
+         [](KvProblem& p, rope_jit_rope_args& a) { a.k_cache = p.q.dl(); }},
+        {"v_cache", ROPE_JIT_ERROR_INVALID_ARGUMENT,
+         [](KvProblem& p, rope_jit_rope_args& a) { a.v_cache = p.k_cache.dl(); }},
+        {"k_scale", ROPE_JIT_ERROR_INVALID_ARGUMENT,
+         [](KvProblem& p, rope_jit_rope_args& a) { a.k_scale = p.slot_mapping.dl(); }},
+        {"q_scale", ROPE_JIT_ERROR_INVALID_ARGUMENT,
+         [](KvProblem& p, rope_jit_rope_args& a) {
+             a.q_out = p.q_ref_out.dl();  // a float q_out takes no scale
+         }},
+        {"slot_mapping", ROPE_JIT_ERROR_INVALID_ARGUMENT,
+         [](KvProblem&, rope_jit_rope_args& a) { a.kv_layout = ROPE_JIT_KV_CACHE_CONTIGUOUS; }},
+        {"k_cache", ROPE_JIT_ERROR_INVALID_ARGUMENT,
+         [](KvProblem&, rope_jit_rope_args& a) { a.kv_layout = ROPE_JIT_KV_CACHE_PAGED_HND; }},
+    };
+    for (const Bad& bad : bads) {
+        const std::string what = bad.what;
+        CAPTURE(what);
+        KvProblem p = make_kv_problem(base, rng);
+        rope_jit_rope_args args = kv_args(p, host_views(p));
+        bad.change(p, args);
+        KvProblem before = p;
+        const rope_jit_status status = rope_jit_rope(runtime, &args);
+        const std::string message = rope_jit_last_error();
+        CAPTURE(message);
+        CHECK(status == bad.status);
+        CHECK(message.find(bad.what) != std::string::npos);
+        CHECK(unchanged(p, before));
+    }
+}
+
+TEST_CASE("KV cache and FP8 kernels compile with NVRTC for sm_90 and sm_80") {
+    if (rope_jit::nvrtc_api() == nullptr) {
+        MESSAGE("skipped: NVRTC not available: " << rope_jit::nvrtc_load_error());
+        return;
+    }
+    const char* const variants[] = {
+        // Prefill, paged NHD with slot_mapping, FP8 cache: the bench's case.
+        R"({"head_dim": 128, "dtype": "bfloat16", "table_dtype": "bfloat16", "gqa_group": 4,
+            "positions": "indices", "kv_cache": "slot-mapping", "kv_fp8": true,
+            "v_head_dim": 128})",
+        // Decode with block tables and seqlen offsets, FP8 q too.
+        R"({"head_dim": 128, "dtype": "bfloat16", "gqa_group": 4, "positions": "seqlen-offsets",
+            "kv_cache": "block-tables", "kv_fp8": true, "v_head_dim": 128, "q_fp8": true,
+            "in_place_q": false})",
+        R"({"head_dim": 64, "rotary_dim": 32, "style": "interleaved", "kv_cache": "contiguous",
+            "v_head_dim": 48, "packed": true, "positions": "seqlen-offsets"})",
+        R"({"head_dim": 512, "rotary_dim": 128, "style": "proportional", "dtype": "float16",
+            "kv_cache": "slot-mapping", "kv_fp8": true, "v_head_dim": 512, "angles": "inv-freq",
+            "kv_index_int64": false})",
+        R"({"head_dim": 80, "rotary_dim": 32, "rotary_offset": 16, "kv_cache": "slot-mapping",
+            "xpos": true, "vec": 1, "vec_loads": false, "copy_vec": 1, "v_head_dim": 7,
+            "v_vec": 1, "kv_fp8": true})",
+        R"({"head_dim": 128, "positions": "indices", "mrope_axes": 3, "kv_cache":
+            "block-tables", "kv_seqlen_offsets": true, "seqlen_offsets_int64": true})",
+        R"({"head_dim": 128, "dtype": "bfloat16", "q_fp8": true, "in_place_q": false,
+            "has_k": false})",
+        // QK-norm + RoPE + paged KV + FP8 (the decode bench's case).
+        R"({"head_dim": 128, "dtype": "bfloat16", "table_dtype": "bfloat16", "gqa_group": 4,
+            "positions": "indices", "qk_norm": true, "norm_weight_dtype": "bfloat16",
+            "kv_cache": "slot-mapping", "kv_fp8": true, "v_head_dim": 128, "q_fp8": true,
+            "in_place_q": false})",
+        R"({"head_dim": 64, "qk_norm": true, "kv_cache": "block-tables", "positions":
+            "seqlen-offsets", "v_head_dim": 40, "style": "interleaved", "packed": true})",
+    };
+    rope_jit::KernelStats stats;
+    for (const char* target : {"sm_90", "sm_80"})
+        for (const char* json : variants) {
+            std::string error;
+            const auto spec = KernelSpec::from_json(json, &error);
+            INFO(json, error);
+            REQUIRE(spec.has_value());
+            CHECK(KernelSpec::from_json(spec->to_json(), nullptr) == spec);
+            const std::string name = spec->describe();
+            CAPTURE(name);
+            CAPTURE(target);
+            const rope_jit::KernelBinary binary =
+                rope_jit::build_kernel_binary(*spec, target, nullptr, stats);
+            REQUIRE(binary.image.size() > 4);
+        }
+}
+
+TEST_CASE("the KV cache GPU sweep's calls run on the CPU backend and their kernels compile") {
+    // The calls of test_gpu_rope_kv_cache.cpp (which needs a GPU): each is valid, and the
+    // kernel it selects compiles for sm_90.
+    if (rope_jit::nvrtc_api() == nullptr) {
+        MESSAGE("skipped: NVRTC not available: " << rope_jit::nvrtc_load_error());
+        return;
+    }
+    CpuRuntime cpu;
+    rope_jit_runtime* const runtime = cpu.handle;
+    std::mt19937 rng(kKvSeed + 2);
+    std::vector<KernelSpec> compiled;
+    rope_jit::KernelStats stats;
+    for (int family = 0; family < kKvFamilies; ++family) {
+        const KvCase c = kv_case(family);
+        KvProblem p = make_kv_problem(c, rng);
+        const rope_jit_rope_args args = kv_args(p, host_views(p));
+        const rope_jit::KernelSpec spec = spec_of(args);
+        INFO(describe(c));
+        REQUIRE(rope_jit_rope(runtime, &args) == ROPE_JIT_OK);
+        if (std::find(compiled.begin(), compiled.end(), spec) != compiled.end()) continue;
+        compiled.push_back(spec);
+        const std::string name = spec.describe();
+        CAPTURE(name);
+        CHECK(rope_jit::build_kernel_binary(spec, "sm_90", nullptr, stats).image.size() > 4);
+    }
+    MESSAGE(compiled.size() << " KV cache kernels compiled");
+}
+
+TEST_CASE("a prewarmed KV cache spec is the one a call with contiguous tensors uses") {
+    // rope_jit_kernel_spec's kv fields describe the same kernel as the call (bf16, 32/8 heads,
+    // D128, per-token positions, paged NHD at slot_mapping or block tables, FP8 or not).
+    std::mt19937 rng(kKvSeed + 3);
+    for (int variant = 0; variant < 4; ++variant) {
+        KvCase c;
+        c.D = c.R = c.Dv = 128;
+        c.Hk = 8, c.group = 4, c.S = 3, c.block_size = 16;
+        c.bshd = true;
+        c.positions = true;
+        c.offsets = false;
+        c.index = variant % 2 ? KvIndex::BlockTables : KvIndex::SlotMapping;
+        c.fp8 = variant >= 2;
+        c.norm = variant == 3;
+        CAPTURE(variant);
+        KvProblem p = make_kv_problem(c, rng);
+        KernelSpec from_call = spec_of(kv_args(p, host_views(p)));
+        // The test's float32 tables live in a std::vector (16-byte aligned): their 32-byte
+        // spans may not load as vectors, which a prewarmed spec assumes (QK-norm: never).
+        from_call.table_vec_loads = c.norm ? 0 : 1;
+
+        rope_jit_kernel_spec spec;
+        rope_jit_kernel_spec_init(&spec);
+        spec.dtype = DLDataType{kDLBfloat, 16, 1};
+        spec.head_dim = 128;
+        spec.gqa_group = 4;
+        spec.positions = ROPE_JIT_POSITIONS_INDICES;
+        spec.angles = ROPE_JIT_ANGLES_TABLE_HALF;
+        spec.kv_layout = ROPE_JIT_KV_CACHE_PAGED_NHD;
+        spec.kv_block_tables = c.index == KvIndex::BlockTables;
+        spec.kv_fp8 = c.fp8;
+        spec.v_head_dim = 128;
+        spec.qk_norm = c.norm;
+        const KernelSpec from_public = rope_jit::kernel_spec_from_public(spec);
+        const std::string call = from_call.to_json(), prewarmed = from_public.to_json();
+        CHECK(call == prewarmed);
+    }
+}
