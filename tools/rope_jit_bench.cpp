@@ -1013,9 +1013,8 @@ double time_on_stream(rope_jit::CUstream stream, int repeat, const std::function
 }
 
 // GPU time of one call inside a CUDA graph, as decode loops run it: 100 calls captured once,
-// the graph replayed; microseconds per call.
-double graph_us_per_call(rope_jit::CUstream stream, rope_jit_runtime* runtime,
-                         const rope_jit_rope_args* args) {
+// the graph replayed; microseconds per call. `call` enqueues one call on `stream`.
+double graph_us_per_call(rope_jit::CUstream stream, const std::function<rope_jit_status()>& call) {
     const rope_jit::CudaDriverApi* api = rope_jit::cuda_driver_api();
     const int graph_calls = 100;
     rope_jit::CUgraph graph = nullptr;
@@ -1023,15 +1022,14 @@ double graph_us_per_call(rope_jit::CUstream stream, rope_jit_runtime* runtime,
     check_cu(api->cuStreamBeginCapture(stream, rope_jit::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
              "cuStreamBeginCapture");
     rope_jit_status captured = ROPE_JIT_OK;
-    for (int i = 0; i < graph_calls && captured == ROPE_JIT_OK; ++i)
-        captured = rope_jit_rope(runtime, args);
+    for (int i = 0; i < graph_calls && captured == ROPE_JIT_OK; ++i) captured = call();
     const std::string capture_error = captured == ROPE_JIT_OK ? "" : rope_jit_last_error();
     // End the capture whatever happened, so the stream is usable again.
     check_cu(api->cuStreamEndCapture(stream, &graph), "cuStreamEndCapture");
     if (captured != ROPE_JIT_OK) {
         if (graph != nullptr) api->cuGraphDestroy(graph);
         throw std::runtime_error(
-            fmt::format("rope (captured): {}: {}", rope_jit_status_name(captured), capture_error));
+            fmt::format("captured call: {}: {}", rope_jit_status_name(captured), capture_error));
     }
     check_cu(api->cuGraphInstantiate(&graph_exec, graph, 0), "cuGraphInstantiate");
     const double us =
@@ -1042,6 +1040,10 @@ double graph_us_per_call(rope_jit::CUstream stream, rope_jit_runtime* runtime,
     api->cuGraphExecDestroy(graph_exec);
     api->cuGraphDestroy(graph);
     return us;
+}
+double graph_us_per_call(rope_jit::CUstream stream, rope_jit_runtime* runtime,
+                         const rope_jit_rope_args* args) {
+    return graph_us_per_call(stream, [&] { return rope_jit_rope(runtime, args); });
 }
 
 // A kernel of the bench's own, compiled for device 0 and loaded into the current context;
@@ -1292,31 +1294,6 @@ nlohmann::json bench_cuda(const std::vector<Case>& cases) {
             // The launch floor of issue 21: decode B=64 (a token per sequence at its own
             // position) against an empty kernel, each 100 times in a graph captured the same
             // way; the GPU time a call adds over a launch that does nothing.
-            auto graph_us = [&](const std::function<rope_jit_status()>& call) {
-                rope_jit::CUgraph g = nullptr;
-                rope_jit::CUgraphExec exec = nullptr;
-                check_cu(api->cuStreamBeginCapture(stream,
-                                                   rope_jit::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
-                         "cuStreamBeginCapture");
-                rope_jit_status status = ROPE_JIT_OK;
-                for (int i = 0; i < graph_calls && status == ROPE_JIT_OK; ++i) status = call();
-                const std::string error = status == ROPE_JIT_OK ? "" : rope_jit_last_error();
-                check_cu(api->cuStreamEndCapture(stream, &g), "cuStreamEndCapture");
-                if (status != ROPE_JIT_OK) {
-                    if (g != nullptr) api->cuGraphDestroy(g);
-                    throw std::runtime_error(fmt::format("captured call: {}: {}",
-                                                         rope_jit_status_name(status), error));
-                }
-                check_cu(api->cuGraphInstantiate(&exec, g, 0), "cuGraphInstantiate");
-                const double us = time_on_stream(stream, 20, [&] {
-                                      check_cu(api->cuGraphLaunch(exec, stream), "cuGraphLaunch");
-                                  }) *
-                                  1e6 / graph_calls;
-                check_cu(api->cuStreamSynchronize(stream), "cuStreamSynchronize");
-                api->cuGraphExecDestroy(exec);
-                api->cuGraphDestroy(g);
-                return us;
-            };
             Case decode64("decode B=64 positions", 64, 1, 32, 8, 128);
             decode64.with_indices();
             const CaseData decode64_data = make_case_data(decode64);
@@ -1324,8 +1301,8 @@ nlohmann::json bench_cuda(const std::vector<Case>& cases) {
             const CaseTensors decode64_tensors(decode64, decode64_data, decode64_memory, stream);
             require_ok(rope_jit_rope(runtime, decode64_tensors.args()), "rope_jit_rope");
             const double decode64_us =
-                graph_us([&] { return rope_jit_rope(runtime, decode64_tensors.args()); });
-            const double empty_graph_us = graph_us([&] {
+                graph_us_per_call(stream, runtime, decode64_tensors.args());
+            const double empty_graph_us = graph_us_per_call(stream, [&] {
                 return api->cuLaunchKernel(empty.function(), 1, 1, 1, 32, 1, 1, 0, stream, nullptr,
                                            nullptr) == rope_jit::CUDA_SUCCESS
                            ? ROPE_JIT_OK
