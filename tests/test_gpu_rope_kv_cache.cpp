@@ -42,7 +42,7 @@ void compare(const HostTensor& got_tensor, const HostTensor& expected_tensor, bo
                  (!std::isnan(g) && !std::isnan(e) &&
                   std::fabs(g - e) <= 2.001 * e4m3_half_step(std::max(std::fabs(g), std::fabs(e))));
         else
-            ok = (std::isnan(g) && std::isnan(e)) || std::fabs(g - e) <= tol;
+            ok = (std::isnan(g) && std::isnan(e)) || g == e || std::fabs(g - e) <= tol;
         if (!ok && failures++ < 5) {
             std::string where;
             for (int64_t i : index) where += std::to_string(i) + " ";

@@ -267,4 +267,19 @@ TEST_CASE("a prewarmed KV cache spec is the one a call with contiguous tensors u
         const std::string call = from_call.to_json(), prewarmed = from_public.to_json();
         CHECK(call == prewarmed);
     }
+    // Every layout prewarms from the struct's defaults (int64 indices, which only a paged
+    // cache's slot_mapping or block_tables have).
+    for (rope_jit_kv_cache_layout layout :
+         {ROPE_JIT_KV_CACHE_CONTIGUOUS, ROPE_JIT_KV_CACHE_PAGED_NHD, ROPE_JIT_KV_CACHE_PAGED_HND}) {
+        CAPTURE(int(layout));
+        rope_jit_kernel_spec spec;
+        rope_jit_kernel_spec_init(&spec);
+        spec.dtype = DLDataType{kDLBfloat, 16, 1};
+        spec.head_dim = 128;
+        spec.kv_layout = layout;
+        KernelSpec prewarmed;
+        REQUIRE_NOTHROW(prewarmed = rope_jit::kernel_spec_from_public(spec));
+        CHECK(prewarmed.kv_cache == (layout == ROPE_JIT_KV_CACHE_CONTIGUOUS ? 1 : 2));
+        CHECK(prewarmed.kv_index_int64 == (layout == ROPE_JIT_KV_CACHE_CONTIGUOUS ? 0 : 1));
+    }
 }

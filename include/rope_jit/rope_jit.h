@@ -442,8 +442,8 @@ typedef struct rope_jit_rope_args {
      * and the token, before anything is written, on the CPU backend (and on the CUDA backend
      * with rope_jit_config.debug_checks). Without debug checks the CUDA kernel skips a token
      * whose slot is out of range (writes nothing of its k and v; never out of bounds) and
-     * reports nothing. Two tokens of one call with the same slot: which one the cache keeps
-     * is unspecified.
+     * reports nothing. Two tokens of one call with the same slot: the slot's contents are
+     * unspecified (different threads write its parts, so it may mix the two tokens).
      *
      * Shapes and dtypes:
      *   v             [B, Hk, Sk, Dv] ([B,S,H,D] buffers as their transposed view, like k) or
@@ -474,8 +474,9 @@ typedef struct rope_jit_rope_args {
      * caches store; the rotated value is not rounded to k's dtype first.)
      * Scales: float32 tensors of one element (any shape of numel 1) on the call's device
      * (device memory on the CUDA backend, read by the kernel: a CUDA graph may change them
-     * between replays), or NULL for 1.0. A scale is only accepted for an FP8 output
-     * (k_scale and v_scale: FP8 caches; q_scale: an FP8 q_out). */
+     * between replays), or NULL for 1.0. A scale must be finite and > 0 (it is not checked:
+     * 0 gives +-448 or NaN, a negative scale flips signs). A scale is only accepted for an
+     * FP8 output (k_scale and v_scale: FP8 caches; q_scale: an FP8 q_out). */
     const DLTensor* k_scale;
     const DLTensor* v_scale;
     const DLTensor* q_scale;

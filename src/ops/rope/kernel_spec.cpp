@@ -270,7 +270,7 @@ KernelSpec kernel_spec_from_public(const rope_jit_kernel_spec& in) {
         spec.kv_cache = kv_layout == ROPE_JIT_KV_CACHE_CONTIGUOUS ? 1
                         : in.kv_block_tables != 0                 ? 3
                                                                   : 2;
-        spec.kv_index_int64 = index64;
+        spec.kv_index_int64 = spec.kv_cache >= 2 && index64;  // slot_mapping or block_tables
         spec.kv_seqlen_offsets = spec.kv_cache != 2 && spec.position_mode == 2;
         spec.kv_fp8 = in.kv_fp8 != 0;
         spec.v_dim = in.v_head_dim;
