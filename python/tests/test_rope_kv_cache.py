@@ -245,7 +245,7 @@ def test_torch_cuda_kv_cache_matches_the_cpu(cpu_runtime):
     for device in ("cpu", "cuda"):
         k_cache = torch.zeros(4, block_size, Hk, D, dtype=torch.float8_e4m3fn, device=device)
         v_cache = torch.zeros_like(k_cache)
-        q_d = q.to(device)
+        q_d = q.clone().to(device)  # rotated in place: each backend its own copy
         runtime = cpu_runtime if device == "cpu" else None
         rope_jit.rope(q_d, k.to(device), v=v.to(device), inv_freq=inv_freq.to(device),
                       positions=positions.to(device), layout="bshd", kv_layout="nhd",
