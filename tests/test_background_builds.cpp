@@ -57,6 +57,12 @@ public:
         std::unique_lock<std::mutex> lock(mutex_);
         changed_.wait(lock, [&] { return waiting_ >= n; });
     }
+    // The same, giving up after `timeout`: whether they came (a test that would otherwise hang
+    // fails instead).
+    bool waiters_within(int n, std::chrono::seconds timeout) {
+        std::unique_lock<std::mutex> lock(mutex_);
+        return changed_.wait_for(lock, timeout, [&] { return waiting_ >= n; });
+    }
 
 private:
     std::mutex mutex_;
@@ -171,26 +177,109 @@ TEST_CASE("an attention forward that writes lse names its problem's dq and dk/dv
         choose_attention_specs(forward, h200);
     const std::vector<rope_jit::AttentionSpec> backward_specs =
         choose_attention_specs(rope_jit::make_attention_problem(args, true), h200);
-    // The prepare kernel (rotated keys), then the forward, which names the follow-ups.
+    // The prepare kernel (rotated keys), then the forward: both name the follow-ups, so that
+    // they are queued as soon as the first of them compiles (the prepare, which the backward
+    // shares: BackgroundBuilds does not queue what a caller builds itself).
     REQUIRE(forward_specs.size() == 2);
-    CHECK_FALSE(
-        rope_jit::attention_recipe_with_backward(forward_specs[0], forward, h200).follow_ups);
-    const KernelRecipe recipe =
-        rope_jit::attention_recipe_with_backward(forward_specs[1], forward, h200);
-    REQUIRE(recipe.follow_ups);
-    const std::vector<KernelRecipe> follow_ups = recipe.follow_ups();
-    REQUIRE(follow_ups.size() == backward_specs.size());
-    for (size_t i = 0; i < follow_ups.size(); ++i) {
-        CAPTURE(i);
-        CHECK(follow_ups[i].spec_json == backward_specs[i].to_json());
+    CHECK(backward_specs.size() == 3);
+    CHECK(backward_specs[0].to_json() == forward_specs[0].to_json());
+    for (const rope_jit::AttentionSpec& spec : forward_specs) {
+        CAPTURE(spec.describe());
+        const KernelRecipe recipe = rope_jit::attention_recipe_with_backward(spec, forward, h200);
+        REQUIRE(recipe.follow_ups);
+        const std::vector<KernelRecipe> follow_ups = recipe.follow_ups();
+        REQUIRE(follow_ups.size() == backward_specs.size());
+        for (size_t i = 0; i < follow_ups.size(); ++i) {
+            CAPTURE(i);
+            CHECK(follow_ups[i].spec_json == backward_specs[i].to_json());
+        }
     }
     // Without lse there is no backward to expect (inference), and backward kernels name none.
     rope_jit::AttentionProblem inference = forward;
     inference.has_lse = false;
     CHECK_FALSE(
         rope_jit::attention_recipe_with_backward(forward_specs[1], inference, h200).follow_ups);
-    CHECK_FALSE(
-        rope_jit::attention_recipe_with_backward(backward_specs[0], forward, h200).follow_ups);
+    const rope_jit::AttentionProblem backward = rope_jit::make_attention_problem(args, true);
+    for (const rope_jit::AttentionSpec& spec : backward_specs)
+        CHECK_FALSE(rope_jit::attention_recipe_with_backward(spec, backward, h200).follow_ups);
+}
+
+TEST_CASE("a forward's follow-ups are queued before its own compile and build beside it") {
+    if (rope_jit::nvrtc_api() == nullptr) return;
+    gpu_test::TempDir dir("rope_jit_background_");
+    DiskCache disk(dir.path(), {});
+    KernelStats stats;
+    BackgroundBuilds::Limits limits;
+    limits.threads = 2;
+    BackgroundBuilds background(&disk, stats, limits);
+    // The forward's compile cannot finish until the gate opens (its source() waits there);
+    // its follow-ups: two kernels, and the forward itself (as the attention backward names
+    // the prepare kernel its forward also runs), which must not be queued.
+    Gate forward_gate;
+    KernelRecipe forward = tiny_recipe(50, &forward_gate);
+    forward.follow_ups = [] {
+        return std::vector<KernelRecipe>{tiny_recipe(51), tiny_recipe(52), tiny_recipe(50)};
+    };
+    KernelBinary forward_binary;
+    std::thread caller([&] { forward_binary = background.build_now(forward, "sm_90"); });
+    forward_gate.wait_for_waiters(1);  // the caller is inside the forward's compile
+    // Both follow-ups finish while the forward's compile is still held at the gate.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (stats.background_builds.load() + stats.background_failures.load() < 2 &&
+           std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    CHECK(stats.background_builds.load() == 2);
+    CHECK(stats.background_failures.load() == 0);
+    CHECK(stats.compiles.load() == 0);  // the forward has not compiled yet
+    CHECK(background.pending() == 0);   // the forward itself was never queued
+    CHECK_FALSE(background.submit(tiny_recipe(50), "sm_90"));  // nor can be, uncounted
+    CHECK(stats.background_dropped.load() == 0);
+    forward_gate.open();
+    caller.join();
+    CHECK(forward_binary.compiled);
+    CHECK(stats.compiles.load() == 1);
+    CHECK(stats.disk_writes.load() == 3);
+    for (int n = 50; n <= 52; ++n) {
+        CAPTURE(n);
+        CHECK(entry_of(disk, tiny_recipe(n)));
+    }
+    // The follow-ups' calls take their binaries: compiled, counted now, no disk read.
+    for (int n = 51; n <= 52; ++n) CHECK(background.build_now(tiny_recipe(n), "sm_90").compiled);
+    CHECK(stats.compiles.load() == 3);
+    CHECK(stats.disk_hits.load() == 0);
+}
+
+TEST_CASE("a memory-only runtime queues a forward's follow-ups before compiling it") {
+    if (rope_jit::nvrtc_api() == nullptr) return;
+    KernelStats stats;
+    BackgroundBuilds::Limits limits;
+    limits.threads = 1;
+    BackgroundBuilds background(nullptr, stats, limits);
+    Gate forward_gate, follow_up_gate;
+    KernelRecipe forward = tiny_recipe(60, &forward_gate);
+    forward.follow_ups = [&] { return std::vector<KernelRecipe>{tiny_recipe(61, &follow_up_gate)}; };
+    std::thread caller([&] { background.build_now(forward, "sm_90"); });
+    // Both compiles are under way at once: the follow-up's started before the forward's ended.
+    forward_gate.wait_for_waiters(1);
+    CHECK(follow_up_gate.waiters_within(1, std::chrono::seconds(30)));
+    CHECK(background.pending() == 1);
+    forward_gate.open();
+    follow_up_gate.open();
+    caller.join();
+    background.wait_idle();
+    CHECK(stats.compiles.load() == 1);
+    CHECK(stats.background_builds.load() == 1);
+    CHECK(background.take(tiny_recipe(61).spec_json, "sm_90"));
+}
+
+TEST_CASE("background builds take every core but the caller's, at least one, at most four") {
+    CHECK(rope_jit::background_build_threads(0) == 1);  // hardware_concurrency() unknown
+    CHECK(rope_jit::background_build_threads(1) == 1);
+    CHECK(rope_jit::background_build_threads(2) == 1);
+    CHECK(rope_jit::background_build_threads(3) == 2);
+    CHECK(rope_jit::background_build_threads(4) == 3);
+    CHECK(rope_jit::background_build_threads(16) == 4);
+    CHECK(rope_jit::background_build_threads(192) == rope_jit::kMaxBackgroundBuildThreads);
 }
 
 TEST_CASE("a memory-only runtime's background binary is handed to the loader once") {

@@ -45,9 +45,10 @@ Runtime::Runtime(const rope_jit_config& config)
         rope_cuda_ = std::make_unique<RopeCuda>(*devices_, *kernels_, stats_, debug_checks_);
         attention_cuda_ = std::make_unique<CudaAttention>(*devices_, *kernels_, stats_);
         if (config.background_builds != 0 && !background_builds_disabled_by_env()) {
-            // Two threads where the cores allow: attention's dq and dk/dv compile side by side.
+            // Every core but the caller's (up to 4): the sm_90 attention backward's kernels
+            // compile side by side, and beside the forward's compile (build_now).
             BackgroundBuilds::Limits limits;
-            limits.threads = std::thread::hardware_concurrency() >= 4 ? 2 : 1;
+            limits.threads = background_build_threads(std::thread::hardware_concurrency());
             background_ = std::make_unique<BackgroundBuilds>(disk_.get(), stats_, limits);
             kernels_->set_background_builds(background_.get());
         }
