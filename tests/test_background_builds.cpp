@@ -13,6 +13,9 @@
 #include <thread>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "api/prewarm_specs.h"
 #include "attention_test_support.h"
 #include "cache/disk_cache.h"
 #include "common/error.h"
@@ -448,6 +451,63 @@ TEST_CASE("parallel prewarming reports the lowest-indexed failure, named") {
         CHECK(std::string(e.what()).rfind("specs[1]: ", 0) == 0);
     }
     CHECK_NOTHROW(rope_jit::build_binaries_parallel({}, "sm_90", nullptr, stats, 4));
+}
+
+TEST_CASE("parallel prewarming starts the builds in the order asked, and checks that order") {
+    if (rope_jit::nvrtc_api() == nullptr) return;
+    std::mutex mutex;
+    std::vector<int> started;
+    std::vector<KernelRecipe> recipes;
+    for (int n = 0; n < 4; ++n) {
+        KernelRecipe recipe = tiny_recipe(70 + n);
+        recipe.source = [n, &mutex, &started, source = recipe.source] {
+            std::lock_guard<std::mutex> lock(mutex);
+            started.push_back(n);
+            return source();
+        };
+        recipes.push_back(recipe);
+    }
+    KernelStats stats;
+    // One thread: the builds run exactly in the order given.
+    rope_jit::build_binaries_parallel(recipes, "sm_90", nullptr, stats, 1, {}, {2, 0, 3, 1});
+    CHECK(started == std::vector<int>{2, 0, 3, 1});
+    CHECK(stats.compiles.load() == 4);
+    for (const std::vector<size_t>& bad :
+         {std::vector<size_t>{0, 1, 2}, {0, 1, 2, 2}, {0, 1, 2, 4}}) {
+        CAPTURE(bad.size());
+        try {
+            rope_jit::build_binaries_parallel(recipes, "sm_90", nullptr, stats, 1, {}, bad);
+            FAIL("no error");
+        } catch (const rope_jit::Error& e) {
+            CHECK(e.status() == ROPE_JIT_ERROR_INTERNAL);
+        }
+    }
+    CHECK(stats.compiles.load() == 4);  // nothing built for a bad order
+}
+
+TEST_CASE("a prewarm starts the slowest kernels first: attention backward, forward, the rest") {
+    if (rope_jit::nvrtc_api() == nullptr) return;  // the sm_90 choice asks NVRTC's version
+    // A model's training set as rope-jit-cache's llama3-8b preset plans it: RoPE first.
+    const std::string json = R"([
+        {"op": "rope", "head_dim": 128, "gqa_group": 4, "dtype": "bfloat16"},
+        {"op": "attention", "head_dim": 128, "gqa_group": 4, "dtype": "bfloat16",
+         "causal": true, "write_lse": true, "direction": "forward"},
+        {"op": "rope", "head_dim": 128, "gqa_group": 4, "dtype": "bfloat16",
+         "direction": "backward"},
+        {"op": "attention", "head_dim": 128, "gqa_group": 4, "dtype": "bfloat16",
+         "causal": true, "direction": "backward"}])";
+    const std::vector<rope_jit::PrewarmKernel> kernels =
+        rope_jit::expand_prewarm_json(json, "sm_90");
+    std::vector<std::string> kinds;
+    for (const rope_jit::PrewarmKernel& kernel : kernels)
+        kinds.push_back(kernel.attention ? nlohmann::json::parse(kernel.spec_json)["kind"]
+                                               .get<std::string>()
+                                         : std::string("rope"));
+    // The forward call runs the prepare kernel and the forward; the backward adds two more.
+    REQUIRE(kinds == std::vector<std::string>{"rope", "backward-prepare", "forward", "rope",
+                                              "backward-wgmma", "backward-dq-finish"});
+    CHECK(rope_jit::prewarm_start_order(kernels) == std::vector<size_t>{4, 2, 0, 1, 3, 5});
+    CHECK(rope_jit::prewarm_start_order({}).empty());
 }
 
 TEST_CASE("background builds are on by default and off through the config or the environment") {

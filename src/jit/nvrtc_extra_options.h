@@ -8,7 +8,7 @@
 // `rope-jit-cache list --json` prints): a string field equals VALUE, any other field's JSON
 // text equals VALUE ("true", "128"). A rule without conditions applies to every kernel. Every
 // matching rule's options are added, in order, after the library's own. For example
-//   "op=attention kind=backward: --Ofast-compile=min; op=rope: --Ofast-compile=mid"
+//   "op=attention kind=backward-wgmma: --Ofast-compile=min; op=rope: --Ofast-compile=mid"
 // The options are part of the cache key (kernel_builder.h), so entries built with and without
 // them never mix; cache maintenance run without the variable reports the others as stale.
 #pragma once
