@@ -7,8 +7,9 @@
 //   nvrtc_phases --extra OPTION   every compile also gets OPTION ("-Ofast-compile=min"): times
 //                                 and a hash of each binary, to compare with no option
 //   nvrtc_phases --set THREADS    the Llama-3-8B training set (4 RoPE kernels of the preset,
-//                                 attention forward, dq, dk/dv) built at once with
-//                                 build_binaries_parallel (what prewarming a preset does)
+//                                 the attention kernels of a forward and its backward) built
+//                                 at once with build_binaries_parallel, the attention kernels
+//                                 first (what prewarming a preset does)
 #include <chrono>
 #include <cstdio>
 #include <functional>
@@ -21,6 +22,7 @@
 #include "jit/nvrtc_compiler.h"
 #include "jit/nvrtc_loader.h"
 #include "jit/parallel_builds.h"
+#include "ops/attention/attention_kernel_choice.h"
 #include "ops/attention/attention_recipe.h"
 #include "ops/attention/attention_spec.h"
 #include "ops/rope/kernel_spec.h"
@@ -74,12 +76,21 @@ int main(int argc, char** argv) {
     attention_test::Problem p(c, rng);
     const rope_jit_attention_args args = p.args();
     const AttentionDevice h200{90, 232448, true, true};
-    const char* names[] = {"attn_fwd", "attn_dq", "attn_dkdv", "attn_extra"};
-    int index = 0;
+    // Named by kind ("attn_forward", "attn_backward-wgmma"...); the sm_90 prepare kernel,
+    // which forward and backward share, once.
     for (bool backward : {false, true})
         for (const AttentionSpec& s :
-             choose_attention_specs(make_attention_problem(args, backward), h200))
-            recipes.push_back({names[std::min(index++, 3)], attention_recipe(s)});
+             choose_attention_specs(make_attention_problem(args, backward), h200)) {
+            const std::string json = s.to_json();
+            const size_t kind_at = json.find("\"kind\": \"") != std::string::npos
+                                       ? json.find("\"kind\": \"") + 9
+                                       : json.find("\"kind\":\"") + 8;
+            const std::string name =
+                "attn_" + json.substr(kind_at, json.find('"', kind_at) - kind_at);
+            bool seen = false;
+            for (const auto& recipe : recipes) seen = seen || recipe.first == name;
+            if (!seen) recipes.push_back({name, attention_recipe(s)});
+        }
 
     if (argc > 2 && std::string(argv[1]) == "--set") {
         // The preset's RoPE kernels: bf16 full tables, forward and backward, implicit
