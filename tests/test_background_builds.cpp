@@ -4,8 +4,13 @@
 // "running" and "queued" states deterministic.
 #include <doctest/doctest.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <condition_variable>
 #include <mutex>
 #include <random>
@@ -26,6 +31,7 @@
 #include "jit/kernel_builder.h"
 #include "jit/nvrtc_loader.h"
 #include "jit/parallel_builds.h"
+#include "ops/attention/attention_recipe.h"
 #include "ops/attention/cuda_attention.h"
 #include "ops/rope/rope_cuda.h"
 #include "ops/rope/rope_recipe.h"
@@ -273,6 +279,79 @@ TEST_CASE("a memory-only runtime queues a forward's follow-ups before compiling 
     CHECK(stats.compiles.load() == 1);
     CHECK(stats.background_builds.load() == 1);
     CHECK(background.take(tiny_recipe(61).spec_json, "sm_90"));
+}
+
+namespace {
+
+// Set by the child below; a global keeps it reachable, so LeakSanitizer reports no leak.
+BackgroundBuilds* exiting_background = nullptr;
+KernelStats exiting_stats;
+
+}  // namespace
+
+// Run only as the child of the next test (doctest skips it otherwise): a fresh process whose
+// first NVRTC compiles are a tiny forward on this thread and, queued before it, a slow
+// attention kernel in the background; it exits while that one still compiles, without
+// freeing the service, as Python's default runtime does.
+TEST_CASE("background exit child: exits while a background compile runs" * doctest::skip()) {
+    BackgroundBuilds::Limits limits;
+    limits.threads = 1;
+    exiting_background = new BackgroundBuilds(nullptr, exiting_stats, limits);
+    attention_test::Config c;
+    c.dt = rope_test::Dt::BF16;
+    c.B = 1;
+    c.Hq = 8;
+    c.Hk = 2;
+    c.Sq = c.Sk = 16;
+    c.D = c.R = 128;
+    c.causal = true;
+    std::mt19937 rng(1);
+    attention_test::Problem p(c, rng);
+    const rope_jit::AttentionDevice h200{90, 232448, true, true};
+    const std::vector<rope_jit::AttentionSpec> backward =
+        choose_attention_specs(rope_jit::make_attention_problem(p.args(), true), h200);
+    KernelRecipe forward = tiny_recipe(80);
+    forward.follow_ups = [backward] {
+        std::vector<KernelRecipe> recipes;
+        for (const rope_jit::AttentionSpec& spec : backward)
+            recipes.push_back(rope_jit::attention_recipe(spec));
+        return recipes;
+    };
+    exiting_background->build_now(forward, "sm_90");
+    std::exit(exiting_background->pending() > 0 ? 0 : 3);  // 3: nothing left running
+}
+
+TEST_CASE("a process that exits while a background compile runs exits cleanly") {
+    if (rope_jit::nvrtc_api() == nullptr) return;
+    // The child's first submit comes before its first compile, so before NVRTC registers its
+    // exit-time destructors: the exit hook must also be registered after a compile to run
+    // before them (a compile running inside a half-destroyed NVRTC crashed such exits).
+    for (int attempt = 0; attempt < 2; ++attempt) {
+        CAPTURE(attempt);
+        const pid_t child = fork();
+        REQUIRE(child >= 0);
+        if (child == 0) {
+            execl("/proc/self/exe", "rope_jit_tests", "--no-skip", "--no-version",
+                  "-tc=background exit child*", static_cast<char*>(nullptr));
+            _exit(127);
+        }
+        // A hang at exit (a deadlock between the hook and a finishing worker) fails too.
+        int status = 0;
+        pid_t done = 0;
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+        while ((done = waitpid(child, &status, WNOHANG)) == 0 &&
+               std::chrono::steady_clock::now() < deadline)
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        if (done == 0) {
+            kill(child, SIGKILL);
+            waitpid(child, &status, 0);
+            FAIL("the child hung at exit");
+        }
+        REQUIRE(done == child);
+        CHECK(WIFEXITED(status));
+        if (WIFSIGNALED(status)) MESSAGE("child killed by signal ", WTERMSIG(status));
+        if (WIFEXITED(status)) CHECK(WEXITSTATUS(status) == 0);
+    }
 }
 
 TEST_CASE("background builds take every core but the caller's, at least one, at most four") {

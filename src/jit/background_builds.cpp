@@ -13,8 +13,11 @@ namespace {
 // default runtime, a leaked handle) first stops them: a compile still running while the
 // statics of this library and of NVRTC are destroyed would crash the exit. Never destroyed.
 struct Registry {
-    std::mutex mutex;
+    std::mutex mutex;  // live
     std::set<BackgroundBuilds*> live;
+    // The hook's flags have their own mutex: a worker registers after its compile while
+    // stop_all_at_exit may hold `mutex`, waiting to join that very worker.
+    std::mutex hook_mutex;
     bool hooked = false;
     bool hooked_after_compile = false;
 };
@@ -36,7 +39,7 @@ void stop_all_at_exit() {
 // runs before those destructors. Stopping twice is harmless (stop() is idempotent).
 void hook_exit(bool after_compile) {
     Registry& r = registry();
-    std::lock_guard<std::mutex> lock(r.mutex);
+    std::lock_guard<std::mutex> lock(r.hook_mutex);
     bool& hooked = after_compile ? r.hooked_after_compile : r.hooked;
     if (!hooked) hooked = std::atexit(stop_all_at_exit) == 0;
 }
@@ -72,7 +75,7 @@ BackgroundBuilds::~BackgroundBuilds() {
 
 bool BackgroundBuilds::submit(KernelRecipe recipe, const std::string& target) noexcept {
     try {
-        hook_exit(false);  // before taking mutex_: stop_all_at_exit takes the two the other way
+        hook_exit(false);
         std::string key = job_key(recipe.spec_json, target);
         std::lock_guard<std::mutex> lock(mutex_);
         const bool known = kept_.count(key) != 0 || caller_built_.count(key) != 0 ||
