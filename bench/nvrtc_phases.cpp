@@ -104,7 +104,7 @@ int main(int argc, char** argv) {
         // runtime's loader builds them (BackgroundBuilds::build_now, memory-only), NVRTC
         // already warmed up. "early": today's build_now, which queues the backward's kernels
         // at the forward's first disk miss; "after": the follow-ups submitted only once the
-        // forward's kernels compiled (the scheduling before). Prints how long the forward's
+        // forward kernel compiled (the scheduling before). Prints how long the forward's
         // builds took and how long the backward's then waited.
         const bool early = std::string(argv[2]) == "early";
         compile_cuda("extern \"C\" __global__ void k(float* x) { x[0] = 1.0f; }", "tiny.cu",
@@ -125,7 +125,8 @@ int main(int argc, char** argv) {
                 auto follow_ups = recipe.follow_ups;
                 recipe.follow_ups = nullptr;
                 background.build_now(recipe, "sm_90");
-                if (follow_ups)
+                // Before, only the forward kernel named them (not the prepare kernel).
+                if (follow_ups && s.kind == int32_t(AttentionKernelKind::Forward))
                     for (KernelRecipe& next : follow_ups())
                         if (next.spec_json != recipe.spec_json) background.submit(next, "sm_90");
             }
