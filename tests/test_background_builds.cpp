@@ -266,7 +266,9 @@ TEST_CASE("a memory-only runtime queues a forward's follow-ups before compiling 
     BackgroundBuilds background(nullptr, stats, limits);
     Gate forward_gate, follow_up_gate;
     KernelRecipe forward = tiny_recipe(60, &forward_gate);
-    forward.follow_ups = [&] { return std::vector<KernelRecipe>{tiny_recipe(61, &follow_up_gate)}; };
+    forward.follow_ups = [&] {
+        return std::vector<KernelRecipe>{tiny_recipe(61, &follow_up_gate)};
+    };
     std::thread caller([&] { background.build_now(forward, "sm_90"); });
     // Both compiles are under way at once: the follow-up's started before the forward's ended.
     forward_gate.wait_for_waiters(1);

@@ -31,7 +31,8 @@ rope_jit::KernelRecipe tiny_recipe() {
     recipe.template_name = "tiny.cu";
     recipe.entry = "tiny_kernel";
     recipe.source = [] {
-        return std::string("extern \"C\" __global__ void tiny_kernel(float* x) { x[0] += 1.0f; }\n");
+        return std::string(
+            "extern \"C\" __global__ void tiny_kernel(float* x) { x[0] += 1.0f; }\n");
     };
     return recipe;
 }

@@ -12,8 +12,9 @@
 // side with the forward on the other cores rather than after it.
 //
 // Bounded (background_build_threads: at most one thread per core but the caller's, a fixed
-// queue; a full queue refuses), never blocking the caller that submits, cancellable: stop() (and the destructor) drops queued jobs and waits for the
-// ones running, since an NVRTC compile cannot be interrupted. A failed job is counted and
+// queue; a full queue refuses), never blocking the caller that submits, cancellable: stop()
+// (and the destructor) drops queued jobs and waits for the ones running, since an NVRTC
+// compile cannot be interrupted. A failed job is counted and
 // forgotten: the real call builds again and reports the error to its caller.
 #pragma once
 
