@@ -9,6 +9,9 @@
 //   nvrtc_phases --background early|after   a first attention forward and its backward
 //                                 right after, with background builds queued at the
 //                                 forward's first miss (early) or after its compile (after)
+//   nvrtc_phases --rope-first early|off[-warm]   a fresh process's first RoPE compile with
+//                                 its backward compiling beside it, or alone (-warm: NVRTC's
+//                                 first use paid before)
 //   nvrtc_phases --set THREADS    the Llama-3-8B training set (4 RoPE kernels of the preset,
 //                                 the attention kernels of a forward and its backward) built
 //                                 at once with build_binaries_parallel, the attention kernels
@@ -33,6 +36,7 @@
 #include "ops/attention/attention_spec.h"
 #include "ops/attention/cuda_attention.h"
 #include "ops/rope/kernel_spec.h"
+#include "ops/rope/rope_cuda.h"
 #include "ops/rope/rope_recipe.h"
 
 using namespace rope_jit;
@@ -99,6 +103,25 @@ int main(int argc, char** argv) {
             if (!seen) recipes.push_back({name, attention_recipe(s)});
         }
 
+    if (argc > 2 && std::string(argv[1]) == "--rope-first") {
+        // A fresh process's first RoPE compile (NVRTC's first use included) as the loader
+        // builds it: "early" with its backward queued at the miss and compiling beside it
+        // (today), "off" alone. Prints the forward's time.
+        KernelStats stats;
+        BackgroundBuilds::Limits limits;
+        limits.threads = background_build_threads(std::thread::hardware_concurrency());
+        BackgroundBuilds background(nullptr, stats, limits);
+        // "early-warm" / "off-warm": NVRTC's first use paid before, by a one-line kernel.
+        const std::string mode = argv[2];
+        const bool early = mode.rfind("early", 0) == 0;
+        if (mode.size() > 5 && mode.substr(mode.size() - 5) == "-warm")
+            compile_cuda("extern \"C\" __global__ void k(float* x) { x[0] = 1.0f; }", "tiny.cu",
+                         "sm_90", {"-lineinfo"});
+        start = Clock::now();
+        background.build_now(early ? rope_recipe_with_backward(rope) : rope_recipe(rope), "sm_90");
+        std::printf("{\"scheduling\":\"%s\",\"first_ms\":%f}\n", argv[2], ms_since(start));
+        return 0;
+    }
     if (argc > 2 && std::string(argv[1]) == "--background") {
         // A first attention forward (with lse) and the first backward right after it, as a
         // runtime's loader builds them (BackgroundBuilds::build_now, memory-only), NVRTC
