@@ -6,24 +6,37 @@
 //   nvrtc_phases [--time DIR]     prints one JSON line
 //   nvrtc_phases --extra OPTION   every compile also gets OPTION ("-Ofast-compile=min"): times
 //                                 and a hash of each binary, to compare with no option
+//   nvrtc_phases --background early|after   a first attention forward and its backward
+//                                 right after, with background builds queued at the
+//                                 forward's first miss (early) or after its compile (after)
+//   nvrtc_phases --rope-first early|off[-warm]   a fresh process's first RoPE compile with
+//                                 its backward compiling beside it, or alone (-warm: NVRTC's
+//                                 first use paid before)
 //   nvrtc_phases --set THREADS    the Llama-3-8B training set (4 RoPE kernels of the preset,
-//                                 attention forward, dq, dk/dv) built at once with
-//                                 build_binaries_parallel (what prewarming a preset does)
+//                                 the attention kernels of a forward and its backward) built
+//                                 at once with build_binaries_parallel, the attention kernels
+//                                 first (what prewarming a preset does)
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <functional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "../tests/attention_test_support.h"
+#include "jit/background_builds.h"
 #include "jit/kernel_source.h"
 #include "jit/nvrtc_compiler.h"
 #include "jit/nvrtc_loader.h"
 #include "jit/parallel_builds.h"
+#include "ops/attention/attention_kernel_choice.h"
 #include "ops/attention/attention_recipe.h"
 #include "ops/attention/attention_spec.h"
+#include "ops/attention/cuda_attention.h"
 #include "ops/rope/kernel_spec.h"
+#include "ops/rope/rope_cuda.h"
 #include "ops/rope/rope_recipe.h"
 
 using namespace rope_jit;
@@ -74,13 +87,84 @@ int main(int argc, char** argv) {
     attention_test::Problem p(c, rng);
     const rope_jit_attention_args args = p.args();
     const AttentionDevice h200{90, 232448, true, true};
-    const char* names[] = {"attn_fwd", "attn_dq", "attn_dkdv", "attn_extra"};
-    int index = 0;
+    // Named by kind ("attn_forward", "attn_backward-wgmma"...); the sm_90 prepare kernel,
+    // which forward and backward share, once.
     for (bool backward : {false, true})
         for (const AttentionSpec& s :
-             choose_attention_specs(make_attention_problem(args, backward), h200))
-            recipes.push_back({names[std::min(index++, 3)], attention_recipe(s)});
+             choose_attention_specs(make_attention_problem(args, backward), h200)) {
+            const std::string json = s.to_json();
+            const size_t kind_at = json.find("\"kind\": \"") != std::string::npos
+                                       ? json.find("\"kind\": \"") + 9
+                                       : json.find("\"kind\":\"") + 8;
+            const std::string name =
+                "attn_" + json.substr(kind_at, json.find('"', kind_at) - kind_at);
+            bool seen = false;
+            for (const auto& recipe : recipes) seen = seen || recipe.first == name;
+            if (!seen) recipes.push_back({name, attention_recipe(s)});
+        }
 
+    if (argc > 2 && std::string(argv[1]) == "--rope-first") {
+        // A fresh process's first RoPE compile (NVRTC's first use included) as the loader
+        // builds it: "early" with its backward queued at the miss and compiling beside it
+        // (today), "off" alone. Prints the forward's time.
+        KernelStats stats;
+        BackgroundBuilds::Limits limits;
+        limits.threads = background_build_threads(std::thread::hardware_concurrency());
+        BackgroundBuilds background(nullptr, stats, limits);
+        // "early-warm" / "off-warm": NVRTC's first use paid before, by a one-line kernel.
+        const std::string mode = argv[2];
+        const bool early = mode.rfind("early", 0) == 0;
+        if (mode.size() > 5 && mode.substr(mode.size() - 5) == "-warm")
+            compile_cuda("extern \"C\" __global__ void k(float* x) { x[0] = 1.0f; }", "tiny.cu",
+                         "sm_90", {"-lineinfo"});
+        start = Clock::now();
+        background.build_now(early ? rope_recipe_with_backward(rope) : rope_recipe(rope), "sm_90");
+        std::printf("{\"scheduling\":\"%s\",\"first_ms\":%f}\n", argv[2], ms_since(start));
+        return 0;
+    }
+    if (argc > 2 && std::string(argv[1]) == "--background") {
+        // A first attention forward (with lse) and the first backward right after it, as a
+        // runtime's loader builds them (BackgroundBuilds::build_now, memory-only), NVRTC
+        // already warmed up. "early": today's build_now, which queues the backward's kernels
+        // at the forward's first disk miss; "after": the follow-ups submitted only once the
+        // forward kernel compiled (the scheduling before). Prints how long the forward's
+        // builds took and how long the backward's then waited.
+        const bool early = std::string(argv[2]) == "early";
+        compile_cuda("extern \"C\" __global__ void k(float* x) { x[0] = 1.0f; }", "tiny.cu",
+                     "sm_90", {"-lineinfo"});
+        KernelStats stats;
+        BackgroundBuilds::Limits limits;
+        limits.threads = background_build_threads(std::thread::hardware_concurrency());
+        BackgroundBuilds background(nullptr, stats, limits);
+        const AttentionProblem forward = make_attention_problem(args, false);
+        const AttentionProblem backward = make_attention_problem(args, true);
+        std::vector<std::string> built;  // what the caller's "memory cache" holds
+        start = Clock::now();
+        for (const AttentionSpec& s : choose_attention_specs(forward, h200)) {
+            KernelRecipe recipe = attention_recipe_with_backward(s, forward, h200);
+            if (early) {
+                background.build_now(recipe, "sm_90");
+            } else {
+                auto follow_ups = recipe.follow_ups;
+                recipe.follow_ups = nullptr;
+                background.build_now(recipe, "sm_90");
+                // Before, only the forward kernel named them (not the prepare kernel).
+                if (follow_ups && s.kind == int32_t(AttentionKernelKind::Forward))
+                    for (KernelRecipe& next : follow_ups())
+                        if (next.spec_json != recipe.spec_json) background.submit(next, "sm_90");
+            }
+            built.push_back(s.to_json());
+        }
+        const double forward_ms = ms_since(start);
+        start = Clock::now();
+        for (const AttentionSpec& s : choose_attention_specs(backward, h200))
+            if (std::find(built.begin(), built.end(), s.to_json()) == built.end())
+                background.build_now(attention_recipe_with_backward(s, backward, h200), "sm_90");
+        std::printf("{\"scheduling\":\"%s\",\"threads\":%d,\"forward_ms\":%f,"
+                    "\"backward_wait_ms\":%f}\n",
+                    argv[2], limits.threads, forward_ms, ms_since(start));
+        return 0;
+    }
     if (argc > 2 && std::string(argv[1]) == "--set") {
         // The preset's RoPE kernels: bf16 full tables, forward and backward, implicit
         // positions and int64 indices; the attention kernels first (the longest).

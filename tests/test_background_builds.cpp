@@ -4,8 +4,13 @@
 // "running" and "queued" states deterministic.
 #include <doctest/doctest.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <condition_variable>
 #include <mutex>
 #include <random>
@@ -13,6 +18,9 @@
 #include <thread>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "api/prewarm_specs.h"
 #include "attention_test_support.h"
 #include "cache/disk_cache.h"
 #include "common/error.h"
@@ -23,6 +31,7 @@
 #include "jit/kernel_builder.h"
 #include "jit/nvrtc_loader.h"
 #include "jit/parallel_builds.h"
+#include "ops/attention/attention_recipe.h"
 #include "ops/attention/cuda_attention.h"
 #include "ops/rope/rope_cuda.h"
 #include "ops/rope/rope_recipe.h"
@@ -56,6 +65,12 @@ public:
     void wait_for_waiters(int n) {
         std::unique_lock<std::mutex> lock(mutex_);
         changed_.wait(lock, [&] { return waiting_ >= n; });
+    }
+    // The same, giving up after `timeout`: whether they came (a test that would otherwise hang
+    // fails instead).
+    bool waiters_within(int n, std::chrono::seconds timeout) {
+        std::unique_lock<std::mutex> lock(mutex_);
+        return changed_.wait_for(lock, timeout, [&] { return waiting_ >= n; });
     }
 
 private:
@@ -171,26 +186,184 @@ TEST_CASE("an attention forward that writes lse names its problem's dq and dk/dv
         choose_attention_specs(forward, h200);
     const std::vector<rope_jit::AttentionSpec> backward_specs =
         choose_attention_specs(rope_jit::make_attention_problem(args, true), h200);
-    // The prepare kernel (rotated keys), then the forward, which names the follow-ups.
+    // The prepare kernel (rotated keys), then the forward: both name the follow-ups, so that
+    // they are queued as soon as the first of them compiles (the prepare, which the backward
+    // shares: BackgroundBuilds does not queue what a caller builds itself).
     REQUIRE(forward_specs.size() == 2);
-    CHECK_FALSE(
-        rope_jit::attention_recipe_with_backward(forward_specs[0], forward, h200).follow_ups);
-    const KernelRecipe recipe =
-        rope_jit::attention_recipe_with_backward(forward_specs[1], forward, h200);
-    REQUIRE(recipe.follow_ups);
-    const std::vector<KernelRecipe> follow_ups = recipe.follow_ups();
-    REQUIRE(follow_ups.size() == backward_specs.size());
-    for (size_t i = 0; i < follow_ups.size(); ++i) {
-        CAPTURE(i);
-        CHECK(follow_ups[i].spec_json == backward_specs[i].to_json());
+    CHECK(backward_specs.size() == 3);
+    CHECK(backward_specs[0].to_json() == forward_specs[0].to_json());
+    for (const rope_jit::AttentionSpec& spec : forward_specs) {
+        CAPTURE(spec.describe());
+        const KernelRecipe recipe = rope_jit::attention_recipe_with_backward(spec, forward, h200);
+        REQUIRE(recipe.follow_ups);
+        const std::vector<KernelRecipe> follow_ups = recipe.follow_ups();
+        REQUIRE(follow_ups.size() == backward_specs.size());
+        for (size_t i = 0; i < follow_ups.size(); ++i) {
+            CAPTURE(i);
+            CHECK(follow_ups[i].spec_json == backward_specs[i].to_json());
+        }
     }
     // Without lse there is no backward to expect (inference), and backward kernels name none.
     rope_jit::AttentionProblem inference = forward;
     inference.has_lse = false;
     CHECK_FALSE(
         rope_jit::attention_recipe_with_backward(forward_specs[1], inference, h200).follow_ups);
-    CHECK_FALSE(
-        rope_jit::attention_recipe_with_backward(backward_specs[0], forward, h200).follow_ups);
+    const rope_jit::AttentionProblem backward = rope_jit::make_attention_problem(args, true);
+    for (const rope_jit::AttentionSpec& spec : backward_specs)
+        CHECK_FALSE(rope_jit::attention_recipe_with_backward(spec, backward, h200).follow_ups);
+}
+
+TEST_CASE("a forward's follow-ups are queued before its own compile and build beside it") {
+    if (rope_jit::nvrtc_api() == nullptr) return;
+    gpu_test::TempDir dir("rope_jit_background_");
+    DiskCache disk(dir.path(), {});
+    KernelStats stats;
+    BackgroundBuilds::Limits limits;
+    limits.threads = 2;
+    BackgroundBuilds background(&disk, stats, limits);
+    // The forward's compile cannot finish until the gate opens (its source() waits there);
+    // its follow-ups: two kernels, and the forward itself (as the attention backward names
+    // the prepare kernel its forward also runs), which must not be queued.
+    Gate forward_gate;
+    KernelRecipe forward = tiny_recipe(50, &forward_gate);
+    forward.follow_ups = [] {
+        return std::vector<KernelRecipe>{tiny_recipe(51), tiny_recipe(52), tiny_recipe(50)};
+    };
+    KernelBinary forward_binary;
+    std::thread caller([&] { forward_binary = background.build_now(forward, "sm_90"); });
+    forward_gate.wait_for_waiters(1);  // the caller is inside the forward's compile
+    // Both follow-ups finish while the forward's compile is still held at the gate.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (stats.background_builds.load() + stats.background_failures.load() < 2 &&
+           std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    CHECK(stats.background_builds.load() == 2);
+    CHECK(stats.background_failures.load() == 0);
+    CHECK(stats.compiles.load() == 0);  // the forward has not compiled yet
+    CHECK(background.pending() == 0);   // the forward itself was never queued
+    CHECK_FALSE(background.submit(tiny_recipe(50), "sm_90"));  // nor can be, uncounted
+    CHECK(stats.background_dropped.load() == 0);
+    forward_gate.open();
+    caller.join();
+    CHECK(forward_binary.compiled);
+    CHECK(stats.compiles.load() == 1);
+    CHECK(stats.disk_writes.load() == 3);
+    for (int n = 50; n <= 52; ++n) {
+        CAPTURE(n);
+        CHECK(entry_of(disk, tiny_recipe(n)));
+    }
+    // The follow-ups' calls take their binaries: compiled, counted now, no disk read.
+    for (int n = 51; n <= 52; ++n) CHECK(background.build_now(tiny_recipe(n), "sm_90").compiled);
+    CHECK(stats.compiles.load() == 3);
+    CHECK(stats.disk_hits.load() == 0);
+}
+
+TEST_CASE("a memory-only runtime queues a forward's follow-ups before compiling it") {
+    if (rope_jit::nvrtc_api() == nullptr) return;
+    KernelStats stats;
+    BackgroundBuilds::Limits limits;
+    limits.threads = 1;
+    BackgroundBuilds background(nullptr, stats, limits);
+    Gate forward_gate, follow_up_gate;
+    KernelRecipe forward = tiny_recipe(60, &forward_gate);
+    forward.follow_ups = [&] {
+        return std::vector<KernelRecipe>{tiny_recipe(61, &follow_up_gate)};
+    };
+    std::thread caller([&] { background.build_now(forward, "sm_90"); });
+    // Both compiles are under way at once: the follow-up's started before the forward's ended.
+    forward_gate.wait_for_waiters(1);
+    CHECK(follow_up_gate.waiters_within(1, std::chrono::seconds(30)));
+    CHECK(background.pending() == 1);
+    forward_gate.open();
+    follow_up_gate.open();
+    caller.join();
+    background.wait_idle();
+    CHECK(stats.compiles.load() == 1);
+    CHECK(stats.background_builds.load() == 1);
+    CHECK(background.take(tiny_recipe(61).spec_json, "sm_90"));
+}
+
+namespace {
+
+// Set by the child below; a global keeps it reachable, so LeakSanitizer reports no leak.
+BackgroundBuilds* exiting_background = nullptr;
+KernelStats exiting_stats;
+
+}  // namespace
+
+// Run only as the child of the next test (doctest skips it otherwise): a fresh process whose
+// first NVRTC compiles are a tiny forward on this thread and, queued before it, a slow
+// attention kernel in the background; it exits while that one still compiles, without
+// freeing the service, as Python's default runtime does.
+TEST_CASE("background exit child: exits while a background compile runs" * doctest::skip()) {
+    BackgroundBuilds::Limits limits;
+    limits.threads = 1;
+    exiting_background = new BackgroundBuilds(nullptr, exiting_stats, limits);
+    attention_test::Config c;
+    c.dt = rope_test::Dt::BF16;
+    c.B = 1;
+    c.Hq = 8;
+    c.Hk = 2;
+    c.Sq = c.Sk = 16;
+    c.D = c.R = 128;
+    c.causal = true;
+    std::mt19937 rng(1);
+    attention_test::Problem p(c, rng);
+    const rope_jit::AttentionDevice h200{90, 232448, true, true};
+    const std::vector<rope_jit::AttentionSpec> backward =
+        choose_attention_specs(rope_jit::make_attention_problem(p.args(), true), h200);
+    KernelRecipe forward = tiny_recipe(80);
+    forward.follow_ups = [backward] {
+        std::vector<KernelRecipe> recipes;
+        for (const rope_jit::AttentionSpec& spec : backward)
+            recipes.push_back(rope_jit::attention_recipe(spec));
+        return recipes;
+    };
+    exiting_background->build_now(forward, "sm_90");
+    std::exit(exiting_background->pending() > 0 ? 0 : 3);  // 3: nothing left running
+}
+
+TEST_CASE("a process that exits while a background compile runs exits cleanly") {
+    if (rope_jit::nvrtc_api() == nullptr) return;
+    // The child's first submit comes before its first compile, so before NVRTC registers its
+    // exit-time destructors: the exit hook must also be registered after a compile to run
+    // before them (a compile running inside a half-destroyed NVRTC crashed such exits).
+    for (int attempt = 0; attempt < 2; ++attempt) {
+        CAPTURE(attempt);
+        const pid_t child = fork();
+        REQUIRE(child >= 0);
+        if (child == 0) {
+            execl("/proc/self/exe", "rope_jit_tests", "--no-skip", "--no-version",
+                  "-tc=background exit child*", static_cast<char*>(nullptr));
+            _exit(127);
+        }
+        // A hang at exit (a deadlock between the hook and a finishing worker) fails too.
+        int status = 0;
+        pid_t done = 0;
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+        while ((done = waitpid(child, &status, WNOHANG)) == 0 &&
+               std::chrono::steady_clock::now() < deadline)
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        if (done == 0) {
+            kill(child, SIGKILL);
+            waitpid(child, &status, 0);
+            FAIL("the child hung at exit");
+        }
+        REQUIRE(done == child);
+        CHECK(WIFEXITED(status));
+        if (WIFSIGNALED(status)) MESSAGE("child killed by signal ", WTERMSIG(status));
+        if (WIFEXITED(status)) CHECK(WEXITSTATUS(status) == 0);
+    }
+}
+
+TEST_CASE("background builds take every core but the caller's, at least one, at most four") {
+    CHECK(rope_jit::background_build_threads(0) == 1);  // hardware_concurrency() unknown
+    CHECK(rope_jit::background_build_threads(1) == 1);
+    CHECK(rope_jit::background_build_threads(2) == 1);
+    CHECK(rope_jit::background_build_threads(3) == 2);
+    CHECK(rope_jit::background_build_threads(4) == 3);
+    CHECK(rope_jit::background_build_threads(16) == 4);
+    CHECK(rope_jit::background_build_threads(192) == rope_jit::kMaxBackgroundBuildThreads);
 }
 
 TEST_CASE("a memory-only runtime's background binary is handed to the loader once") {
@@ -359,6 +532,63 @@ TEST_CASE("parallel prewarming reports the lowest-indexed failure, named") {
         CHECK(std::string(e.what()).rfind("specs[1]: ", 0) == 0);
     }
     CHECK_NOTHROW(rope_jit::build_binaries_parallel({}, "sm_90", nullptr, stats, 4));
+}
+
+TEST_CASE("parallel prewarming starts the builds in the order asked, and checks that order") {
+    if (rope_jit::nvrtc_api() == nullptr) return;
+    std::mutex mutex;
+    std::vector<int> started;
+    std::vector<KernelRecipe> recipes;
+    for (int n = 0; n < 4; ++n) {
+        KernelRecipe recipe = tiny_recipe(70 + n);
+        recipe.source = [n, &mutex, &started, source = recipe.source] {
+            std::lock_guard<std::mutex> lock(mutex);
+            started.push_back(n);
+            return source();
+        };
+        recipes.push_back(recipe);
+    }
+    KernelStats stats;
+    // One thread: the builds run exactly in the order given.
+    rope_jit::build_binaries_parallel(recipes, "sm_90", nullptr, stats, 1, {}, {2, 0, 3, 1});
+    CHECK(started == std::vector<int>{2, 0, 3, 1});
+    CHECK(stats.compiles.load() == 4);
+    for (const std::vector<size_t>& bad :
+         {std::vector<size_t>{0, 1, 2}, {0, 1, 2, 2}, {0, 1, 2, 4}}) {
+        CAPTURE(bad.size());
+        try {
+            rope_jit::build_binaries_parallel(recipes, "sm_90", nullptr, stats, 1, {}, bad);
+            FAIL("no error");
+        } catch (const rope_jit::Error& e) {
+            CHECK(e.status() == ROPE_JIT_ERROR_INTERNAL);
+        }
+    }
+    CHECK(stats.compiles.load() == 4);  // nothing built for a bad order
+}
+
+TEST_CASE("a prewarm starts the slowest kernels first: attention backward, forward, the rest") {
+    if (rope_jit::nvrtc_api() == nullptr) return;  // the sm_90 choice asks NVRTC's version
+    // A model's training set as rope-jit-cache's llama3-8b preset plans it: RoPE first.
+    const std::string json = R"([
+        {"op": "rope", "head_dim": 128, "gqa_group": 4, "dtype": "bfloat16"},
+        {"op": "attention", "head_dim": 128, "gqa_group": 4, "dtype": "bfloat16",
+         "causal": true, "write_lse": true, "direction": "forward"},
+        {"op": "rope", "head_dim": 128, "gqa_group": 4, "dtype": "bfloat16",
+         "direction": "backward"},
+        {"op": "attention", "head_dim": 128, "gqa_group": 4, "dtype": "bfloat16",
+         "causal": true, "direction": "backward"}])";
+    const std::vector<rope_jit::PrewarmKernel> kernels =
+        rope_jit::expand_prewarm_json(json, "sm_90");
+    std::vector<std::string> kinds;
+    for (const rope_jit::PrewarmKernel& kernel : kernels)
+        kinds.push_back(kernel.attention ? nlohmann::json::parse(kernel.spec_json)["kind"]
+                                               .get<std::string>()
+                                         : std::string("rope"));
+    // The forward call runs the prepare kernel and the forward; the backward adds two more.
+    REQUIRE(kinds == std::vector<std::string>{"rope", "backward-prepare", "forward", "rope",
+                                              "backward-wgmma", "backward-dq-finish"});
+    CHECK(rope_jit::prewarm_start_order(kernels) == std::vector<size_t>{4, 2, 0, 1, 3, 5});
+    CHECK(rope_jit::prewarm_start_order({}).empty());
 }
 
 TEST_CASE("background builds are on by default and off through the config or the environment") {

@@ -198,10 +198,12 @@ typedef struct rope_jit_config {
      * rope_jit_runtime_create fail with ERROR_INVALID_ARGUMENT naming it. */
     int64_t cache_max_bytes;
     /* 1 (default): when the CUDA backend compiles a forward kernel (a real cache miss, not a
-     * disk hit), it compiles that kernel's backward kernels on one or two background threads
-     * (RoPE: the same spec backward; attention, for a forward that writes lse: the dq and
-     * dk/dv kernels of the same problem), into the disk cache and kept in memory, so the
-     * first backward call finds them. The forward never waits for them;
+     * disk hit), it compiles that kernel's backward kernels on background threads (one per
+     * hardware thread but the caller's, 1 to 4), starting when the forward's own compile
+     * starts, so they compile side by side with it (RoPE: the same spec backward; attention,
+     * for a forward that writes lse: the backward kernels of the same problem), into the
+     * disk cache and kept in memory, so the first backward call finds them (or waits only
+     * for what is left of them). The forward never waits for them;
      * their errors are dropped (the backward call reports its own); rope_jit_runtime_free
      * drops queued ones and waits for a running compile. 0: off. The environment variable
      * ROPE_JIT_BACKGROUND_BUILDS=0 turns it off as well. */
@@ -678,7 +680,9 @@ ROPE_JIT_API rope_jit_status rope_jit_prewarm(rope_jit_runtime* runtime,
  * Unknown fields, wrong types and values out of range fail with ERROR_INVALID_ARGUMENT naming
  * the entry ("json[2]") and the field, before anything is compiled. `target` as for
  * rope_jit_prewarm (NULL = device 0's); a malformed target ("sm_9", "sm_90x") is
- * ERROR_INVALID_ARGUMENT. Other failures as rope_jit_prewarm's. */
+ * ERROR_INVALID_ARGUMENT. Compiles on one thread per hardware thread, the slowest kernels
+ * (attention backward, then forward) first. Other failures as rope_jit_prewarm's (an error
+ * names no index). */
 ROPE_JIT_API rope_jit_status rope_jit_prewarm_json(rope_jit_runtime* runtime,
                                                    const char* specs_json, const char* target);
 

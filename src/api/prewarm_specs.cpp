@@ -1,5 +1,6 @@
 #include "api/prewarm_specs.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cstdint>
 #include <unordered_set>
@@ -109,6 +110,26 @@ AttentionProblem attention_problem(const AttentionCall& call) {
 }
 
 }  // namespace
+
+std::vector<size_t> prewarm_start_order(const std::vector<PrewarmKernel>& kernels) {
+    // Measured (NVRTC 13, sm_90, bench/results/cold_start_notes.md): the wgmma backward 430 ms,
+    // a forward 280 ms, prepare / dq finish 70-110 ms, RoPE 85-95 ms on the 2-core machine.
+    const auto rank = [](const PrewarmKernel& kernel) {
+        if (!kernel.attention) return 2;
+        switch (AttentionKernelKind(kernel.attention_spec.kind)) {
+            case AttentionKernelKind::Backward:
+            case AttentionKernelKind::BackwardDkDv:
+            case AttentionKernelKind::BackwardDq: return 0;
+            case AttentionKernelKind::Forward: return 1;
+            default: return 2;
+        }
+    };
+    std::vector<size_t> order(kernels.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return rank(kernels[a]) < rank(kernels[b]); });
+    return order;
+}
 
 int target_compute_capability(const std::string& target) {
     const auto bad = [&] {

@@ -34,6 +34,12 @@ struct PrewarmKernel {
 std::vector<PrewarmKernel> expand_prewarm_json(const std::string& json_text,
                                                const std::string& target);
 
+// The order in which to start compiling `kernels` side by side: the slowest kinds first (the
+// attention backward's main kernels, then the attention forwards, then the rest: RoPE and the
+// attention backward's row kernels, which compile 3-5x faster), each group in list order, so
+// that a parallel prewarm's wall time approaches its slowest kernel's.
+std::vector<size_t> prewarm_start_order(const std::vector<PrewarmKernel>& kernels);
+
 // What the kernel choice of attention knows of a GPU of `target` ("sm_90", "sm_80",
 // "sm_90a"...) when there is none to ask: its compute capability, the dynamic shared memory a
 // block may opt in to on that architecture (a table; an unknown one takes the nearest older

@@ -8,6 +8,7 @@
 #include "api/prewarm_specs.h"
 #include "ops/attention/attention_cpu.h"
 #include "ops/attention/attention_problem.h"
+#include "ops/attention/attention_recipe.h"
 #include "ops/rope/cpu_reference.h"
 #include "common/error.h"
 #include "jit/parallel_builds.h"
@@ -45,9 +46,10 @@ Runtime::Runtime(const rope_jit_config& config)
         rope_cuda_ = std::make_unique<RopeCuda>(*devices_, *kernels_, stats_, debug_checks_);
         attention_cuda_ = std::make_unique<CudaAttention>(*devices_, *kernels_, stats_);
         if (config.background_builds != 0 && !background_builds_disabled_by_env()) {
-            // Two threads where the cores allow: attention's dq and dk/dv compile side by side.
+            // Every core but the caller's (up to 4): the sm_90 attention backward's kernels
+            // compile side by side, and beside the forward's compile (build_now).
             BackgroundBuilds::Limits limits;
-            limits.threads = std::thread::hardware_concurrency() >= 4 ? 2 : 1;
+            limits.threads = background_build_threads(std::thread::hardware_concurrency());
             background_ = std::make_unique<BackgroundBuilds>(disk_.get(), stats_, limits);
             kernels_->set_background_builds(background_.get());
         }
@@ -141,12 +143,14 @@ std::string Runtime::prewarm_target(const char* target) const {
 void Runtime::prewarm_json(const char* specs_json, const char* target) {
     if (specs_json == nullptr) fail_argument("specs_json: NULL");
     const std::string chosen = prewarm_target(target);
-    for (const PrewarmKernel& kernel : expand_prewarm_json(specs_json, chosen)) {
-        if (kernel.attention)
-            build_attention_binary(kernel.attention_spec, chosen, disk_.get(), stats_);
-        else
-            build_kernel_binary(kernel.rope, chosen, disk_.get(), stats_);
-    }
+    const std::vector<PrewarmKernel> kernels = expand_prewarm_json(specs_json, chosen);
+    std::vector<KernelRecipe> recipes;
+    for (const PrewarmKernel& kernel : kernels)
+        recipes.push_back(kernel.attention ? attention_recipe(kernel.attention_spec)
+                                           : rope_recipe(kernel.rope));
+    // Every entry checked, then all compiled at once on every core, the slowest first.
+    build_binaries_parallel(recipes, chosen, disk_.get(), stats_, 0, {},
+                            prewarm_start_order(kernels));
 }
 
 void Runtime::prewarm(const rope_jit_kernel_spec* specs, size_t n, const char* target) {

@@ -13,9 +13,13 @@ namespace {
 // default runtime, a leaked handle) first stops them: a compile still running while the
 // statics of this library and of NVRTC are destroyed would crash the exit. Never destroyed.
 struct Registry {
-    std::mutex mutex;
+    std::mutex mutex;  // live
     std::set<BackgroundBuilds*> live;
+    // The hook's flags have their own mutex: a worker registers after its compile while
+    // stop_all_at_exit may hold `mutex`, waiting to join that very worker.
+    std::mutex hook_mutex;
     bool hooked = false;
+    bool hooked_after_compile = false;
 };
 Registry& registry() {
     static Registry* instance = new Registry;
@@ -29,12 +33,15 @@ void stop_all_at_exit() {
 }
 
 // Exit handlers run in the reverse order of registration, and NVRTC registers the destructors
-// of its own statics during its first compile: registered at the first submit, which in a
-// runtime follows a compile (a forward's), this one runs before those destructors.
-void hook_exit() {
+// of its own statics during its first compile. The first submit now comes before the forward's
+// compile, so possibly before NVRTC's first: the hook is registered there, and again once a
+// compile has finished (after_compile), which puts a registration after NVRTC's, so that one
+// runs before those destructors. Stopping twice is harmless (stop() is idempotent).
+void hook_exit(bool after_compile) {
     Registry& r = registry();
-    std::lock_guard<std::mutex> lock(r.mutex);
-    if (!r.hooked) r.hooked = std::atexit(stop_all_at_exit) == 0;
+    std::lock_guard<std::mutex> lock(r.hook_mutex);
+    bool& hooked = after_compile ? r.hooked_after_compile : r.hooked;
+    if (!hooked) hooked = std::atexit(stop_all_at_exit) == 0;
 }
 
 std::string job_key(const std::string& spec_json, const std::string& target) {
@@ -42,6 +49,10 @@ std::string job_key(const std::string& spec_json, const std::string& target) {
 }
 
 }  // namespace
+
+int background_build_threads(unsigned cores) {
+    return std::clamp(int(cores) - 1, 1, kMaxBackgroundBuildThreads);
+}
 
 bool background_builds_disabled_by_env() {
     const char* value = std::getenv("ROPE_JIT_BACKGROUND_BUILDS");
@@ -64,10 +75,10 @@ BackgroundBuilds::~BackgroundBuilds() {
 
 bool BackgroundBuilds::submit(KernelRecipe recipe, const std::string& target) noexcept {
     try {
-        hook_exit();  // before taking mutex_: stop_all_at_exit takes the two the other way
+        hook_exit(false);
         std::string key = job_key(recipe.spec_json, target);
         std::lock_guard<std::mutex> lock(mutex_);
-        const bool known = kept_.count(key) != 0 ||
+        const bool known = kept_.count(key) != 0 || caller_built_.count(key) != 0 ||
                            std::find(running_.begin(), running_.end(), key) != running_.end() ||
                            std::any_of(queue_.begin(), queue_.end(),
                                        [&](const Job& job) { return job.key == key; });
@@ -108,6 +119,7 @@ void BackgroundBuilds::worker_loop() {
             KernelStats job_stats;
             kept = Kept{build_kernel_binary(job.recipe, job.target, disk_, job_stats),
                         job_stats.compile_microseconds.load()};
+            if (kept->binary.compiled) hook_exit(true);
             stats_.disk_writes.fetch_add(job_stats.disk_writes.load(), std::memory_order_relaxed);
             stats_.background_builds.fetch_add(1, std::memory_order_relaxed);
         } catch (...) {
@@ -133,8 +145,16 @@ void BackgroundBuilds::worker_loop() {
 KernelBinary BackgroundBuilds::build_now(const KernelRecipe& recipe, const std::string& target) {
     if (std::optional<KernelBinary> ready = take(recipe.spec_json, target))
         return std::move(*ready);
-    KernelBinary binary = build_kernel_binary(recipe, target, disk_, stats_);
-    if (binary.compiled && recipe.follow_ups) submit_follow_ups(recipe, target);
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        caller_built_.insert(job_key(recipe.spec_json, target));
+    }
+    // The follow-ups are queued on the disk miss, before this compile starts: they compile on
+    // the background threads while this one compiles here.
+    KernelBinary binary = build_kernel_binary(recipe, target, disk_, stats_, [&] {
+        if (recipe.follow_ups) submit_follow_ups(recipe, target);
+    });
+    if (binary.compiled) hook_exit(true);
     return binary;
 }
 

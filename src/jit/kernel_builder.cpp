@@ -8,6 +8,7 @@
 #include "common/error.h"
 #include "jit/kernel_source.h"
 #include "jit/nvrtc_compiler.h"
+#include "jit/nvrtc_extra_options.h"
 #include "jit/nvrtc_loader.h"
 #include "common/sha256.h"
 
@@ -40,7 +41,10 @@ CompilePlan plan_compile(const std::string& spec_json, const std::string& target
     require_nvrtc();
     CompilePlan plan;
     plan.target_used = choose_target(target, nvrtc_supported_archs());
-    plan.options = compile_options(plan.target_used, kExtraOptions);
+    plan.extra_options = kExtraOptions;
+    for (std::string& option : nvrtc_extra_options_for(spec_json))
+        plan.extra_options.push_back(std::move(option));
+    plan.options = compile_options(plan.target_used, plan.extra_options);
     const bool is_ptx = plan.target_used.rfind("compute_", 0) == 0;
     plan.entry = CacheEntryId{kernel_cache_key(spec_json, plan.target_used, plan.options),
                               nvrtc_version_string(), target, is_ptx ? "ptx" : "cubin"};
@@ -48,7 +52,8 @@ CompilePlan plan_compile(const std::string& spec_json, const std::string& target
 }
 
 KernelBinary build_kernel_binary(const KernelRecipe& recipe, const std::string& target,
-                                 const DiskCache* disk, KernelStats& stats) {
+                                 const DiskCache* disk, KernelStats& stats,
+                                 const std::function<void()>& on_miss) {
     const CompilePlan plan = plan_compile(recipe.spec_json, recipe.compile_target(target));
     const CacheEntryId& id = plan.entry;
 
@@ -59,6 +64,7 @@ KernelBinary build_kernel_binary(const KernelRecipe& recipe, const std::string& 
     if (disk != nullptr) {
         entry = disk->load(id, &recipe.spec_json);
         if (!entry) {
+            if (on_miss) on_miss();
             // Another process, or another runtime of this one, may be compiling this very
             // kernel into the same cache: wait for it, then look again, so that each key is
             // compiled once per cache directory (compile_lock.h).
@@ -66,6 +72,7 @@ KernelBinary build_kernel_binary(const KernelRecipe& recipe, const std::string& 
             entry = disk->load(id, &recipe.spec_json);
         }
     }
+    if (disk == nullptr && on_miss) on_miss();
     if (entry) {
         stats.disk_hits.fetch_add(1, std::memory_order_relaxed);
         binary.image = std::move(entry->payload);
@@ -75,7 +82,7 @@ KernelBinary build_kernel_binary(const KernelRecipe& recipe, const std::string& 
     // target_used is choose_target's fixed point, so NVRTC gets exactly plan.options, the
     // options the key hashed (compile_options builds both).
     CompileResult compiled = compile_cuda(recipe.source(), recipe.template_name, plan.target_used,
-                                          kExtraOptions, kernel_headers());
+                                          plan.extra_options, kernel_headers());
     stats.compiles.fetch_add(1, std::memory_order_relaxed);
     stats.compile_microseconds.fetch_add(uint64_t(compiled.milliseconds * 1000.0),
                                          std::memory_order_relaxed);

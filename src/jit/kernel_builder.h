@@ -5,6 +5,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -50,7 +51,10 @@ std::string kernel_cache_key(const std::string& spec_json, const std::string& ta
 struct CompilePlan {
     std::string target_used;           // "sm_90", or "compute_90" when only PTX is possible
     std::vector<std::string> options;  // every NVRTC option, in order (hashed into the key)
-    CacheEntryId entry;                // key, NVRTC version, requested target, "cubin"/"ptx"
+    // The options after the defaults and the architecture: the builder's own ("-lineinfo"),
+    // then those ROPE_JIT_NVRTC_EXTRA_OPTIONS gives this spec (jit/nvrtc_extra_options.h).
+    std::vector<std::string> extra_options;
+    CacheEntryId entry;  // key, NVRTC version, requested target, "cubin"/"ptx"
 };
 CompilePlan plan_compile(const std::string& spec_json, const std::string& target);
 
@@ -59,9 +63,14 @@ CompilePlan plan_compile(const std::string& spec_json, const std::string& target
 // (memory-only runtime). On a disk miss it takes the key's CompileLock (compile_lock.h) and
 // looks again before compiling, so processes and runtimes sharing a cache directory compile
 // each key once; an entry a peer stored meanwhile counts as a disk hit.
+// `on_miss`, when set, is called once on the caller's thread as soon as the disk cache has
+// missed (before the compile lock and the compile): background builds queue the kernels the
+// caller will want next there, so that they compile side by side with this one. Its
+// exceptions propagate (it should throw none).
 // Throws Error(COMPILE) with the NVRTC log, Error(BACKEND_UNAVAILABLE) without NVRTC, and the
 // recipe's target errors.
 KernelBinary build_kernel_binary(const KernelRecipe& recipe, const std::string& target,
-                                 const DiskCache* disk, KernelStats& stats);
+                                 const DiskCache* disk, KernelStats& stats,
+                                 const std::function<void()>& on_miss = {});
 
 }  // namespace rope_jit

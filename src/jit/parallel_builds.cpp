@@ -12,8 +12,20 @@ namespace rope_jit {
 
 void build_binaries_parallel(const std::vector<KernelRecipe>& recipes, const std::string& target,
                              const DiskCache* disk, KernelStats& stats, int threads,
-                             const std::vector<std::string>& names) {
+                             const std::vector<std::string>& names,
+                             const std::vector<size_t>& start_order) {
     if (recipes.empty()) return;
+    if (!start_order.empty()) {
+        std::vector<bool> seen(recipes.size(), false);
+        bool permutation = start_order.size() == recipes.size();
+        for (size_t i = 0; permutation && i < start_order.size(); ++i) {
+            permutation = start_order[i] < recipes.size() && !seen[start_order[i]];
+            if (permutation) seen[start_order[i]] = true;
+        }
+        if (!permutation)
+            throw Error(ROPE_JIT_ERROR_INTERNAL,
+                        "build_binaries_parallel: start_order is not a permutation of the recipes");
+    }
     if (threads <= 0) threads = int(std::max(1u, std::thread::hardware_concurrency()));
     const size_t workers = std::min(size_t(threads), recipes.size());
 
@@ -24,8 +36,9 @@ void build_binaries_parallel(const std::vector<KernelRecipe>& recipes, const std
     std::exception_ptr error;
     auto run = [&] {
         for (;;) {
-            const size_t i = next.fetch_add(1);
-            if (i >= recipes.size() || failed.load()) return;
+            const size_t n = next.fetch_add(1);
+            if (n >= recipes.size() || failed.load()) return;
+            const size_t i = start_order.empty() ? n : start_order[n];
             try {
                 build_kernel_binary(recipes[i], target, disk, stats);
             } catch (...) {

@@ -21,8 +21,12 @@ namespace rope_jit {
 // the ones running finish, then the error of the lowest-indexed failed recipe is rethrown,
 // prefixed by `names[i]` when names has an entry for it ("specs[3]: ..."). Same entries, and
 // the same stats, as building them one after the other.
+// `start_order`, when not empty, is a permutation of the indices giving the order in which
+// builds start (the slowest first, so that the wall time approaches the slowest kernel's
+// rather than ending on one started last); errors are still reported by lowest index.
 void build_binaries_parallel(const std::vector<KernelRecipe>& recipes, const std::string& target,
                              const DiskCache* disk, KernelStats& stats, int threads,
-                             const std::vector<std::string>& names = {});
+                             const std::vector<std::string>& names = {},
+                             const std::vector<size_t>& start_order = {});
 
 }  // namespace rope_jit

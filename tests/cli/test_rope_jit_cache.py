@@ -703,6 +703,28 @@ class CommandLineTest(CacheTestCase):
         self.assertEqual(sum(line.startswith("cached ") for line in second.stdout.splitlines()), 12, second.stdout)
         self.assertIn("12 already cached", second.stdout)
 
+    @needs_nvrtc
+    def test_prewarm_starts_the_slowest_kernels_first(self):
+        # Planned RoPE first, then the attention forward and backward kernels; with one job the
+        # output's order is the start order: the attention backward's main kernels (dq and
+        # dk/dv at this head_dim), then the forward, then the rest as planned.
+        manifest = os.path.join(self.scratch, "manifest.json")
+        write_bytes(manifest, json.dumps({"specs": [
+            {"head_dim": 64, "dtype": "bfloat16"},
+            {"op": "attention", "head_dim": 32, "rotary_dim": 16, "dtype": "bfloat16", "causal": True,
+             "write_lse": True, "direction": ["forward", "backward"]},
+        ]}).encode())
+        plan = json.loads(self.tool("--cache-dir", self.root, "prewarm", "--dry-run", "--json", "--manifest",
+                                    manifest, "--target", "sm_90").stdout)
+        kinds = [k["spec"]["kind"] if k["spec"]["op"] == "attention" else "rope" for k in plan["kernels"]]
+        self.assertEqual(kinds, ["rope", "forward", "backward-dq", "backward-dkdv"])
+        planned = [k["description"] for k in plan["kernels"]]
+        result = self.tool("--cache-dir", self.root, "prewarm", "-j", "1", "--manifest", manifest,
+                           "--target", "sm_90")
+        done = [line.split("sm_90", 1)[1].strip().rsplit("  ", 2)[0] for line in result.stdout.splitlines()
+                if line.startswith("compiled ")]
+        self.assertEqual(done, [planned[2], planned[3], planned[1], planned[0]], result.stdout)
+
     def test_without_a_gpu_or_target_prewarm_compiles_for_sm_90_and_says_so(self):
         plan = self.tool("--cache-dir", self.root, "prewarm", "--dry-run", "--head-dim", "64")
         info = json.loads(self.tool("--cache-dir", self.root, "info", "--json").stdout)

@@ -151,7 +151,9 @@ bool nvrtc_runs_wgmma_forward(const std::string& nvrtc_version) {
 KernelRecipe attention_recipe_with_backward(const AttentionSpec& spec, const AttentionProblem& p,
                                             const AttentionDevice& device) {
     KernelRecipe recipe = attention_recipe(spec);
-    if (spec.kind == int32_t(AttentionKernelKind::Forward) && p.has_lse) {
+    if (!p.backward && p.has_lse) {
+        // Every kernel of the forward call names them (on sm_90 the prepare kernel builds
+        // before the forward), so that they are queued at the first of them to compile.
         // Called on the caller's thread during the forward call, so the problem's views of
         // the caller's tensors are still valid.
         recipe.follow_ups = [backward = expected_backward(p), device] {

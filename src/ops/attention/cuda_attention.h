@@ -31,10 +31,11 @@ bool nvrtc_runs_wgmma_forward(const std::string& nvrtc_version);
 // may opt in to, and whether the wgmma forward runs (sm_90 with nvrtc_runs_wgmma_forward).
 AttentionDevice attention_device(int compute_capability, int max_shared_bytes);
 
-// The recipe of `spec`, a kernel of `problem`; a forward that writes lse (which only a
-// backward reads: training) names the backward kernels of that problem on `device` (dq,
-// dk/dv, with gradients laid out like their tensors) as follow-ups, which the runtime builds
-// in the background once the forward compiled (jit/background_builds.h).
+// The recipe of `spec`, a kernel of `problem`; each kernel of a forward that writes lse (which
+// only a backward reads: training) names the backward kernels of that problem on `device`
+// (with gradients laid out like their tensors) as follow-ups, which the runtime queues for
+// background builds as soon as the first of them misses the disk cache
+// (jit/background_builds.h).
 KernelRecipe attention_recipe_with_backward(const AttentionSpec& spec,
                                             const AttentionProblem& problem,
                                             const AttentionDevice& device);
