@@ -151,6 +151,47 @@ TEST_CASE("KV cache arguments: every bad input names its argument and writes not
     }
 }
 
+TEST_CASE("KV cache arguments with block tables: bad entries and mismatched tensors are refused") {
+    CpuRuntime cpu;
+    rope_jit_runtime* const runtime = cpu.handle;
+    std::mt19937 rng(kKvSeed + 4);
+    KvCase base;
+    base.layout = ROPE_JIT_KV_CACHE_PAGED_HND;
+    base.index = KvIndex::BlockTables;
+    base.fp8 = true;
+    base.scales = true;
+    struct Bad {
+        const char* what;  // the argument the message must name
+        void (*change)(KvProblem&, rope_jit_rope_args&);
+    };
+    const Bad bads[] = {
+        {"block_tables", [](KvProblem& p, rope_jit_rope_args&) {  // a block past the cache
+             for (int64_t e = 0; e < p.block_tables.shape()[1]; ++e)
+                 p.block_tables.set({0, e}, double(p.k_cache.shape()[0]));
+         }},
+        {"block_tables", [](KvProblem& p, rope_jit_rope_args&) {  // an unassigned (-1) block
+             for (int64_t e = 0; e < p.block_tables.shape()[1]; ++e)
+                 p.block_tables.set({0, e}, -1.0);
+         }},
+        {"v", [](KvProblem& p, rope_jit_rope_args& a) { a.v = p.q.dl(); }},  // Hq heads, not Hk
+        {"v_cache", [](KvProblem& p, rope_jit_rope_args& a) { a.v_cache = p.q.dl(); }},
+    };
+    for (const Bad& bad : bads) {
+        const std::string what = bad.what;
+        CAPTURE(what);
+        KvProblem p = make_kv_problem(base, rng);
+        rope_jit_rope_args args = kv_args(p, host_views(p));
+        bad.change(p, args);
+        KvProblem before = p;
+        const rope_jit_status status = rope_jit_rope(runtime, &args);
+        const std::string message = rope_jit_last_error();
+        CAPTURE(message);
+        CHECK(status == ROPE_JIT_ERROR_INVALID_ARGUMENT);
+        CHECK(message.find(bad.what) != std::string::npos);
+        CHECK(unchanged(p, before));
+    }
+}
+
 TEST_CASE("KV cache and FP8 kernels compile with NVRTC for sm_90 and sm_80") {
     if (rope_jit::nvrtc_api() == nullptr) {
         MESSAGE("skipped: NVRTC not available: " << rope_jit::nvrtc_load_error());
