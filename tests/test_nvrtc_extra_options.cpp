@@ -3,9 +3,11 @@
 // the options reach NVRTC and the cache key.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
+#include "cache/cache_maintenance.h"
 #include "cache/disk_cache.h"
 #include "common/error.h"
 #include "env_guard.h"
@@ -113,4 +115,36 @@ TEST_CASE("extra NVRTC options reach the compile and the cache key") {
     CHECK(rope_jit::build_kernel_binary(recipe, "sm_90", &disk, stats).compiled);
     CHECK(disk.load(plain.entry));
     CHECK(stats.compiles.load() == 2);
+}
+
+TEST_CASE("cache maintenance judges entries by the build's options and the variable's, never "
+          "by a malformed variable") {
+    if (rope_jit::nvrtc_api() == nullptr) return;
+    const rope_jit::KernelRecipe recipe = tiny_recipe();
+    EnvGuard env;
+    gpu_test::TempDir dir("rope_jit_extra_options_scan_");
+    rope_jit::DiskCache disk(dir.path(), {});
+    rope_jit::KernelStats stats;
+    env.set("ROPE_JIT_NVRTC_EXTRA_OPTIONS", nullptr);
+    REQUIRE(rope_jit::build_kernel_binary(recipe, "sm_90", &disk, stats).compiled);
+    env.set("ROPE_JIT_NVRTC_EXTRA_OPTIONS", "--Ofast-compile=min");
+    REQUIRE(rope_jit::build_kernel_binary(recipe, "sm_90", &disk, stats).compiled);
+    auto states = [&] {
+        std::vector<rope_jit::CacheItemState> found;
+        for (const rope_jit::CacheItem& item : rope_jit::scan_cache(disk))
+            found.push_back(item.state);
+        return found;
+    };
+    using State = rope_jit::CacheItemState;
+    // With the rule set: both current (a prune in an A/B shell loses nothing).
+    CHECK(states() == std::vector<State>{State::Ok, State::Ok});
+    // A malformed variable: the defaults' entry stays current, the A/B one is judged stale.
+    env.set("ROPE_JIT_NVRTC_EXTRA_OPTIONS", "op=rope");
+    std::vector<State> malformed = states();
+    std::sort(malformed.begin(), malformed.end());
+    CHECK(std::count(malformed.begin(), malformed.end(), State::Ok) == 1);
+    // Unset: the same.
+    env.set("ROPE_JIT_NVRTC_EXTRA_OPTIONS", nullptr);
+    std::vector<State> unset = states();
+    CHECK(std::count(unset.begin(), unset.end(), State::Ok) == 1);
 }

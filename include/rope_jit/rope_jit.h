@@ -592,7 +592,8 @@ typedef struct rope_jit_stats {
                                    * runtime was freed first */
     uint64_t attention_workspace_fallbacks; /* attention calls that ran the kernels without a
                                              * workspace because the stream-ordered allocation
-                                             * failed (out of memory, or no memory pool) */
+                                             * failed (out of memory, or no memory pool; or
+                                             * "workspace=0" in ROPE_JIT_ATTENTION_KERNELS) */
 } rope_jit_stats;
 
 /* Zeroes *stats and sets struct_size. NULL is ignored. */

@@ -77,6 +77,22 @@ def test_hf_apply_rotary_pos_emb_matches_transformers_formula(device, unsqueeze_
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_hf_apply_rotary_pos_emb_refuses_tables_of_another_batch_or_shape(device):
+    """Per-sequence tables for another batch size would read rows past the tables on the GPU
+    (the sequence starts are device data): refused before any launch, as transformers' own
+    broadcast would fail; so is a sin unlike cos."""
+    batch, seq_len, heads, head_dim = 4, 5, 2, 16
+    q = random((batch, heads, seq_len, head_dim), device, 1)
+    k = random((batch, heads, seq_len, head_dim), device, 2)
+    position_ids = torch.stack([torch.arange(seq_len) + b for b in range(2)]).to(device)
+    cos, sin = hf_tables(position_ids, head_dim)  # [2, S, D] for a batch of 4
+    with pytest.raises(ValueError, match="cos: 2 sequences"):
+        hf.apply_rotary_pos_emb(q, k, cos, sin)
+    with pytest.raises(ValueError, match="sin: shape"):
+        hf.apply_rotary_pos_emb(q, k, cos[:1], sin)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_hf_apply_rotary_pos_emb_takes_the_old_table_and_position_ids_signature_and_partial_rotary(device):
     table_cos, table_sin = hf_tables(torch.arange(50, device=device), 16)  # [P, R], R < D
     position_ids = torch.tensor([[3, 9, 20, 4], [0, 1, 2, 49]], device=device)

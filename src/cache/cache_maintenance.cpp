@@ -83,23 +83,32 @@ std::string remove_tree(const std::string& path, int depth = 0) {
 
 // Judges a valid entry against this build: ok when a call would load it, else why it is
 // stale. The key hashes the stored spec JSON (of any op) with this build's templates and
-// options, so recomputing it tells entries of another rope-jit build from current ones.
+// options, so recomputing it tells entries of another rope-jit build from current ones. The
+// build's default options are judged first; an entry built with the options
+// ROPE_JIT_NVRTC_EXTRA_OPTIONS gives now (an A/B run's) is current too. A malformed variable
+// never makes an entry stale: the defaults decide then.
 std::string stale_problem(const CacheItem& entry) {
     if (nvrtc_api() == nullptr) return {};  // nothing to judge against
     const std::string& current = nvrtc_version_string();
     if (entry.nvrtc_version != current)
         return fmt::format("built with NVRTC {}; this library compiles with NVRTC {}",
                            entry.nvrtc_version, current);
+    auto matches = [&](const CompilePlan& plan) {
+        return plan.entry.key_hex == entry.key_hex && plan.entry.kind == entry.kind;
+    };
     try {
-        const CompilePlan plan = plan_compile(entry.spec_json, entry.target);
-        if (plan.entry.key_hex != entry.key_hex || plan.entry.kind != entry.kind)
-            return "written by another rope-jit build (kernel templates, options or spec layout "
-                   "differ), or holding another kernel than its key names";
+        if (matches(plan_compile(entry.spec_json, entry.target, false))) return {};
     } catch (const Error& e) {
         return fmt::format("target {} cannot be compiled by this library: {}", entry.target,
                            e.what());
     }
-    return {};
+    try {
+        if (matches(plan_compile(entry.spec_json, entry.target, true))) return {};
+    } catch (const Error&) {
+        // A malformed ROPE_JIT_NVRTC_EXTRA_OPTIONS: only the defaults judge.
+    }
+    return "written by another rope-jit build (kernel templates, options or spec layout "
+           "differ), or holding another kernel than its key names";
 }
 
 // A few words on the kernel: the describe() of the op the spec names (ops/op_registry.h), else

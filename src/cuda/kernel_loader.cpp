@@ -43,8 +43,8 @@ LoadedKernel KernelLoader::build(const SpecKey& spec, CUcontext context, const s
     // The caller made `context` current: the module loads there.
     return kernels_.get_or_build(spec, context, [&] {
         const KernelRecipe recipe = make_recipe();
-        // With background builds, a binary built there is taken, and a compiled recipe's
-        // follow-ups start compiling while this module loads.
+        // With background builds, a binary built there is taken, and on a disk miss the
+        // recipe's follow-ups are queued before it compiles (they compile beside it).
         const KernelBinary binary = background_ != nullptr
                                         ? background_->build_now(recipe, target)
                                         : build_kernel_binary(recipe, target, disk_, stats_);

@@ -5,6 +5,8 @@
 #include <cstring>
 #include <set>
 
+#include "common/error.h"
+
 namespace rope_jit {
 
 namespace {
@@ -122,8 +124,12 @@ void BackgroundBuilds::worker_loop() {
             if (kept->binary.compiled) hook_exit(true);
             stats_.disk_writes.fetch_add(job_stats.disk_writes.load(), std::memory_order_relaxed);
             stats_.background_builds.fetch_add(1, std::memory_order_relaxed);
+        } catch (const Error& e) {
+            // Swallowed: the call that needs this kernel builds it again and reports why. A
+            // failed compile ran NVRTC too (its statics exist now).
+            if (e.status() == ROPE_JIT_ERROR_COMPILE) hook_exit(true);
+            stats_.background_failures.fetch_add(1, std::memory_order_relaxed);
         } catch (...) {
-            // Swallowed: the call that needs this kernel builds it again and reports why.
             stats_.background_failures.fetch_add(1, std::memory_order_relaxed);
         }
 
@@ -151,11 +157,18 @@ KernelBinary BackgroundBuilds::build_now(const KernelRecipe& recipe, const std::
     }
     // The follow-ups are queued on the disk miss, before this compile starts: they compile on
     // the background threads while this one compiles here.
-    KernelBinary binary = build_kernel_binary(recipe, target, disk_, stats_, [&] {
-        if (recipe.follow_ups) submit_follow_ups(recipe, target);
-    });
-    if (binary.compiled) hook_exit(true);
-    return binary;
+    try {
+        KernelBinary binary = build_kernel_binary(recipe, target, disk_, stats_, [&] {
+            if (recipe.follow_ups) submit_follow_ups(recipe, target);
+        });
+        if (binary.compiled) hook_exit(true);
+        return binary;
+    } catch (const Error& e) {
+        // A failed compile ran NVRTC too: the follow-ups it queued may still be compiling
+        // when the process exits.
+        if (e.status() == ROPE_JIT_ERROR_COMPILE) hook_exit(true);
+        throw;
+    }
 }
 
 void BackgroundBuilds::submit_follow_ups(const KernelRecipe& recipe,
@@ -177,6 +190,9 @@ std::optional<KernelBinary> BackgroundBuilds::take(const std::string& spec_json,
         std::find_if(queue_.begin(), queue_.end(), [&](const Job& job) { return job.key == key; });
     if (queued != queue_.end()) {
         queue_.erase(queued);
+        // Under the same lock: no other thread's miss may queue it again before the caller
+        // builds it.
+        caller_built_.insert(key);
         return std::nullopt;
     }
     done_.wait(lock,

@@ -37,13 +37,15 @@ std::string kernel_cache_key(const std::string& spec_json, const std::string& ta
     return hash.finish_hex();
 }
 
-CompilePlan plan_compile(const std::string& spec_json, const std::string& target) {
+CompilePlan plan_compile(const std::string& spec_json, const std::string& target,
+                         bool environment_options) {
     require_nvrtc();
     CompilePlan plan;
     plan.target_used = choose_target(target, nvrtc_supported_archs());
     plan.extra_options = kExtraOptions;
-    for (std::string& option : nvrtc_extra_options_for(spec_json))
-        plan.extra_options.push_back(std::move(option));
+    if (environment_options)
+        for (std::string& option : nvrtc_extra_options_for(spec_json))
+            plan.extra_options.push_back(std::move(option));
     plan.options = compile_options(plan.target_used, plan.extra_options);
     const bool is_ptx = plan.target_used.rfind("compute_", 0) == 0;
     plan.entry = CacheEntryId{kernel_cache_key(spec_json, plan.target_used, plan.options),

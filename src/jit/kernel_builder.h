@@ -56,7 +56,10 @@ struct CompilePlan {
     std::vector<std::string> extra_options;
     CacheEntryId entry;  // key, NVRTC version, requested target, "cubin"/"ptx"
 };
-CompilePlan plan_compile(const std::string& spec_json, const std::string& target);
+// `environment_options`: with the options ROPE_JIT_NVRTC_EXTRA_OPTIONS gives the kernel (what
+// a compile now uses), or without (a build's defaults; cache maintenance judges both).
+CompilePlan plan_compile(const std::string& spec_json, const std::string& target,
+                         bool environment_options = true);
 
 // The binary of `recipe` for a device of `target` ("sm_90"; recipe.compile_target picks what
 // NVRTC is asked for). The recipe's spec is already validated. `disk` may be NULL

@@ -10,7 +10,8 @@
 // matching rule's options are added, in order, after the library's own. For example
 //   "op=attention kind=backward-wgmma: --Ofast-compile=min; op=rope: --Ofast-compile=mid"
 // The options are part of the cache key (kernel_builder.h), so entries built with and without
-// them never mix; cache maintenance run without the variable reports the others as stale.
+// them never mix; cache maintenance keeps entries built with the library's defaults and with
+// the options the variable gives now (run without it, it reports A/B entries as stale).
 #pragma once
 
 #include <string>

@@ -49,6 +49,13 @@ def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
             raise ValueError(
                 f"cos: {cos.shape[1]} positions for {seq_len} tokens (shape {list(cos.shape)})"
             )
+        if sin.shape != cos.shape:
+            raise ValueError(f"sin: shape {list(sin.shape)}, but cos has {list(cos.shape)}")
+        if cos.shape[0] not in (1, batch):
+            raise ValueError(
+                f"cos: {cos.shape[0]} sequences of positions for a batch of {batch} "
+                f"(shape {list(cos.shape)})"
+            )
         if cos.shape[0] == 1 or cos.stride(0) == 0:
             # One row per token, shared by the batch.
             table_cos, table_sin = cos[0], sin[0]
@@ -118,6 +125,12 @@ def _eager(q, k, cos, sin, unsqueeze_dim):
     q_shape, k_shape, cos_shape = q.shape, k.shape, cos.shape
     if len(q_shape) != 4 or len(k_shape) != 4 or len(cos_shape) != 3:
         return None
+    # cos and sin alike, one block of rows or one per sequence; else the general code, which
+    # checks them (per-sequence starts past the tables could not be checked on the device).
+    if sin.shape != cos_shape or sin.stride() != cos.stride():
+        return None
+    if cos_shape[0] != 1 and cos_shape[0] != q_shape[0]:
+        return None
     heads_k = k_shape[head_dim]
     if cos_shape[1] != q_shape[seq_dim] or not heads_k or q_shape[head_dim] % heads_k:
         return None
@@ -168,17 +181,16 @@ def _sequence_starts(batch, seq_len, device):
     key = (batch, seq_len, device)
     starts = _starts.get(key)
     if starts is None:
-        if len(_starts) >= 64:
-            _starts.clear()
-        if (
+        starts = torch.arange(batch, device=device, dtype=torch.int64) * seq_len
+        capturing = (
             torch.cuda.is_available()
             and device.type == "cuda"
             and torch.cuda.is_current_stream_capturing()
-        ):
-            return (
-                torch.arange(batch, device=device, dtype=torch.int64) * seq_len
-            )  # not kept: graph memory
-        starts = _starts[key] = torch.arange(batch, device=device, dtype=torch.int64) * seq_len
+        )
+        # Kept only outside a capture (graph memory), and never evicted: a graph captured
+        # earlier may read a kept tensor. Past the bound, a fresh one per call.
+        if not capturing and len(_starts) < 64:
+            _starts[key] = starts
     return starts
 
 

@@ -160,6 +160,12 @@ std::optional<AttentionTileShape> parse_shape(std::string text, int kind) {
     return shape;
 }
 
+// The head_dim 256 wgmma forward's only shape: two warpgroups (or one) that load their own
+// 64-key tiles, no producer warps.
+bool wide_forward(int head_dim_padded, int producer_warps, int warps, int block_n) {
+    return head_dim_padded == 256 && producer_warps == 0 && warps <= 8 && block_n == 64;
+}
+
 }  // namespace
 
 AttentionKernelOverride parse_attention_kernel_override(const char* text) {
@@ -227,7 +233,7 @@ WgmmaRule wgmma_broken_rule(const AttentionSpec& s) {
     // head_dim 256: warps that load their own 64-key tiles, at most two warpgroups (a thread
     // holds 128 output accumulators: a third warpgroup or producer warps cap its registers
     // at 168 and spill them).
-    const bool wide = dp == 256 && s.producer_warps == 0 && s.warps <= 8 && s.block_n == 64;
+    const bool wide = wide_forward(dp, s.producer_warps, s.warps, s.block_n);
     if (dp != 64 && dp != 128 && !wide) return WgmmaRule::HeadDim;
     if (s.block_n != 64 && s.block_n != 128) return WgmmaRule::KeyTile;
     if ((s.warps != 4 && s.warps != 8 && s.warps != 12) || s.m_tiles != 1) return WgmmaRule::Warps;
@@ -240,7 +246,7 @@ WgmmaRule wgmma_broken_rule(const AttentionSpec& s) {
     // Keys by TMA need no table pieces (the prepare kernel rotates them), but producer warps
     // (or, at head_dim 256, warps that copy them as they copy values).
     if ((s.producer_warps != 0 && s.producer_warps != 4) ||
-        (s.keys_by_tma && s.producer_warps == 0 && !wide) ||
+        (s.keys_by_tma && s.producer_warps == 0 && !(wide && s.rotary_dim > 0)) ||
         (s.producer_warps > 0 && ((s.rotary_dim > 0 && !s.table_async && !s.keys_by_tma) ||
                                   s.warps + s.producer_warps > 12)))
         return WgmmaRule::Producer;
@@ -322,7 +328,8 @@ std::vector<AttentionSpec> choose_attention_specs(const AttentionProblem& p,
         // Rotated keys by TMA come from a workspace, which a call may have to do without. The
         // head_dim 256 forward without producers (every warp loads) takes them too, by cp.async
         // (nothing to gain there without a rotation).
-        const bool wide = shape.wgmma && shape.producer_warps == 0 && dp == 256;
+        const bool wide =
+            shape.wgmma && wide_forward(dp, shape.producer_warps, shape.warps, shape.block_n);
         spec.keys_by_tma = shape.keys_by_tma && (shape.producer_warps > 0 || wide) &&
                            (base.rotary_dim == 0 ? !wide : workspace);
         spec.compute_dk = dk;
