@@ -52,6 +52,8 @@ def test_rope_on_torch_tensors_through_a_plan_matches_the_numpy_path_and_refuses
     cos, sin = hf_tables(torch.arange(40), 16)
     q, k = random(1, 6, 2, 16, seed=1), random(1, 6, 1, 16, seed=2)
     q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+    plans = _plans._plans_of(rope_jit.default_runtime())
+    count = len(plans)
     for offset in (0, 3, 20):
         rope_jit.rope(
             q, k, cos=cos, sin=sin, q_out=q_out, k_out=k_out, layout="bshd", position_offset=offset
@@ -62,6 +64,9 @@ def test_rope_on_torch_tensors_through_a_plan_matches_the_numpy_path_and_refuses
         )
         numpy.testing.assert_array_equal(q_out.numpy(), q_np)
         numpy.testing.assert_array_equal(k_out.numpy(), k_np)
+    # One plan served the three calls (the planned path ran, and only once built).
+    assert len(plans) == count + 1
+    assert any(plan is not _plans._NO_PLAN for plan in plans.values())
     before = q_out.clone()
     with pytest.raises(OverflowError, match="position_offset"):
         rope_jit.rope(
@@ -128,10 +133,12 @@ def test_a_key_output_outside_the_loss_and_threads_use_their_own_plans():
     )
 
     results = {}
+    thread_plans = {}
 
     def worker(index):
         x = random(1, 2, 16, 16, seed=10 + index)
         results[index] = (x, rope_jit.apply_rope(x, None, cos, sin, position_offset=index))
+        thread_plans[index] = dict(_plans._plans_of(rope_jit.default_runtime()))
 
     threads = [threading.Thread(target=worker, args=(index,)) for index in range(4)]
     for thread in threads:
@@ -139,6 +146,12 @@ def test_a_key_output_outside_the_loss_and_threads_use_their_own_plans():
     for thread in threads:
         thread.join()
     assert sorted(results) == [0, 1, 2, 3]
+    # Each thread built its own plan objects for the same signature.
+    built = [
+        plan for plans in thread_plans.values() for plan in plans.values()
+        if plan is not _plans._NO_PLAN
+    ]
+    assert len(built) >= 4 and len({id(plan) for plan in built}) == len(built)
     for index, (x, out) in results.items():
         torch.testing.assert_close(
             out, expected(x, cos, sin, torch.arange(16) + index), rtol=2e-5, atol=2e-5
@@ -288,3 +301,23 @@ def test_mrope_sections_of_floats_never_find_the_plan_of_equal_integers():
         rope_jit.rope(q, cos=cos, sin=sin, positions=positions, mrope_sections=[4, 4.0],
                       q_out=out, runtime=runtime)
     runtime.close()
+
+
+def test_kv_cache_calls_take_the_general_path_and_build_no_plan():
+    """A plan's key holds neither kv_layout nor the cache arguments: such calls never plan."""
+    if not hasattr(torch, "float8_e4m3fn"):
+        pytest.skip("needs torch.float8_e4m3fn")
+    runtime = rope_jit.default_runtime()
+    plans = _plans._plans_of(runtime)
+    D, block_size = 16, 4
+    q, k, v = random(1, 3, 2, D, seed=11), random(1, 3, 1, D, seed=12), random(1, 3, 1, D, seed=13)
+    inv_freq = torch.ones(D // 2)
+    count = len(plans)
+    for _ in range(2):
+        k_cache = torch.zeros(2, block_size, 1, D)
+        v_cache = torch.zeros_like(k_cache)
+        rope_jit.rope(q.clone(), k, v=v, inv_freq=inv_freq, layout="bshd", kv_layout="nhd",
+                      k_cache=k_cache, v_cache=v_cache,
+                      slot_mapping=torch.tensor([1, 4, 6], dtype=torch.int64))
+        torch.testing.assert_close(v_cache[1, 0, 0], v[0, 1, 0], rtol=0, atol=0)
+    assert len(plans) == count
