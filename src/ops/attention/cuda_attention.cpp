@@ -280,11 +280,13 @@ void CudaAttention::run(const AttentionProblem& p, void* stream_handle) {
             params.prepare_query_blocks = p.batch * p.heads_q * workspace_layout.seqlen_q_padded /
                                           kAttentionBackwardQueryTile;
             // The forward's producers copy block_n / cluster keys a block (a share of each
-            // tile with clusters); the backward copies its whole 128-key block.
-            encode_box_map(api, params.k_map,
-                           workspace_rows("k", base + workspace_layout.k_rot, p.batch, p.heads_k,
-                                          workspace_layout.seqlen_k_padded, dp),
-                           main.block_n / main.cluster, "rotated k");
+            // tile with clusters); the backward copies its whole 128-key block. (The head_dim
+            // 256 forward, without producers, copies its keys by cp.async: no TMA there.)
+            if (backward || main.producer_warps > 0)
+                encode_box_map(api, params.k_map,
+                               workspace_rows("k", base + workspace_layout.k_rot, p.batch,
+                                              p.heads_k, workspace_layout.seqlen_k_padded, dp),
+                               main.block_n / main.cluster, "rotated k");
             if (backward) {
                 encode_box_map(api, params.q_map,
                                workspace_rows("q", base + workspace_layout.q_rot, p.batch,
