@@ -75,108 +75,20 @@ TEST_CASE("RoPE with a KV cache write and FP8 outputs matches the definition on 
     CHECK(checked == kKvFamilies);
 }
 
-TEST_CASE("KV cache arguments: every bad input names its argument and writes nothing") {
-    CpuRuntime cpu;
-    rope_jit_runtime* const runtime = cpu.handle;
-    std::mt19937 rng(kKvSeed + 1);
-    KvCase base;
-    base.layout = ROPE_JIT_KV_CACHE_PAGED_NHD;
-    base.index = KvIndex::SlotMapping;
-    base.fp8 = true;
-    base.scales = true;
-    base.q_fp8 = true;
-    base.norm = true;
-    struct Bad {
-        const char* what;  // the argument the message must name
-        rope_jit_status status;
-        void (*change)(KvProblem&, rope_jit_rope_args&);
-    };
-    const Bad bads[] = {
-        {"kv_layout", ROPE_JIT_ERROR_INVALID_ARGUMENT,
-         [](KvProblem&, rope_jit_rope_args& a) { a.kv_layout = rope_jit_kv_cache_layout(7); }},
-        {"kv_layout", ROPE_JIT_ERROR_INVALID_ARGUMENT,
-         [](KvProblem&, rope_jit_rope_args& a) { a.kv_layout = ROPE_JIT_KV_CACHE_NONE; }},
-        {"k_cache", ROPE_JIT_ERROR_INVALID_ARGUMENT,
-         [](KvProblem&, rope_jit_rope_args& a) { a.k_cache = nullptr; }},
-        {"k_out", ROPE_JIT_ERROR_INVALID_ARGUMENT,
-         [](KvProblem& p, rope_jit_rope_args& a) { a.k_out = p.k.dl(); }},
-        {"backward", ROPE_JIT_ERROR_INVALID_ARGUMENT,
-         [](KvProblem&, rope_jit_rope_args& a) { a.backward = 1; }},
-        {"k_norm_weight", ROPE_JIT_ERROR_INVALID_ARGUMENT,
-         [](KvProblem&, rope_jit_rope_args& a) {
-             a.k_norm_weight = nullptr;  // QK-norm without k's weights
-         }},
-        {"v_cache", ROPE_JIT_ERROR_INVALID_ARGUMENT,
-         [](KvProblem&, rope_jit_rope_args& a) { a.v_cache = nullptr; }},
-        {"v", ROPE_JIT_ERROR_INVALID_ARGUMENT,
-         [](KvProblem&, rope_jit_rope_args& a) { a.v = nullptr; }},
-        {"slot_mapping", ROPE_JIT_ERROR_INVALID_ARGUMENT,
-         [](KvProblem&, rope_jit_rope_args& a) { a.slot_mapping = nullptr; }},
-        {"block_tables", ROPE_JIT_ERROR_INVALID_ARGUMENT,
-         [](KvProblem& p, rope_jit_rope_args& a) { a.block_tables = p.block_tables.dl(); }},
-        {"slot_mapping", ROPE_JIT_ERROR_INVALID_ARGUMENT,
-         [](KvProblem& p, rope_jit_rope_args&) {  // one slot past the cache
-             p.slot_mapping.set({1}, double(p.k_cache.shape()[0] * p.k_cache.shape()[1]));
-         }},
-        {"slot_mapping", ROPE_JIT_ERROR_INVALID_ARGUMENT,
-         [](KvProblem& p, rope_jit_rope_args& a) { a.slot_mapping = p.inv_freq.dl(); }},
-        {"k_cache", ROPE_JIT_ERROR_INVALID_ARGUMENT,
-         [](KvProblem& p, rope_jit_rope_args& a) { a.k_cache = p.q.dl(); }},
-        {"v_cache", ROPE_JIT_ERROR_INVALID_ARGUMENT,
-         [](KvProblem& p, rope_jit_rope_args& a) { a.v_cache = p.k_cache.dl(); }},
-        {"k_scale", ROPE_JIT_ERROR_INVALID_ARGUMENT,
-         [](KvProblem& p, rope_jit_rope_args& a) { a.k_scale = p.slot_mapping.dl(); }},
-        {"q_scale", ROPE_JIT_ERROR_INVALID_ARGUMENT,
-         [](KvProblem& p, rope_jit_rope_args& a) {
-             a.q_out = p.q_ref_out.dl();  // a float q_out takes no scale
-         }},
-        {"slot_mapping", ROPE_JIT_ERROR_INVALID_ARGUMENT,
-         [](KvProblem&, rope_jit_rope_args& a) { a.kv_layout = ROPE_JIT_KV_CACHE_CONTIGUOUS; }},
-        {"k_cache", ROPE_JIT_ERROR_INVALID_ARGUMENT,
-         [](KvProblem&, rope_jit_rope_args& a) { a.kv_layout = ROPE_JIT_KV_CACHE_PAGED_HND; }},
-    };
-    for (const Bad& bad : bads) {
-        const std::string what = bad.what;
-        CAPTURE(what);
-        KvProblem p = make_kv_problem(base, rng);
-        rope_jit_rope_args args = kv_args(p, host_views(p));
-        bad.change(p, args);
-        KvProblem before = p;
-        const rope_jit_status status = rope_jit_rope(runtime, &args);
-        const std::string message = rope_jit_last_error();
-        CAPTURE(message);
-        CHECK(status == bad.status);
-        CHECK(message.find(bad.what) != std::string::npos);
-        CHECK(unchanged(p, before));
-    }
-}
+namespace {
 
-TEST_CASE("KV cache arguments with block tables: bad entries and mismatched tensors are refused") {
-    CpuRuntime cpu;
-    rope_jit_runtime* const runtime = cpu.handle;
-    std::mt19937 rng(kKvSeed + 4);
-    KvCase base;
-    base.layout = ROPE_JIT_KV_CACHE_PAGED_HND;
-    base.index = KvIndex::BlockTables;
-    base.fp8 = true;
-    base.scales = true;
-    struct Bad {
-        const char* what;  // the argument the message must name
-        void (*change)(KvProblem&, rope_jit_rope_args&);
-    };
-    const Bad bads[] = {
-        {"block_tables", [](KvProblem& p, rope_jit_rope_args&) {  // a block past the cache
-             for (int64_t e = 0; e < p.block_tables.shape()[1]; ++e)
-                 p.block_tables.set({0, e}, double(p.k_cache.shape()[0]));
-         }},
-        {"block_tables", [](KvProblem& p, rope_jit_rope_args&) {  // an unassigned (-1) block
-             for (int64_t e = 0; e < p.block_tables.shape()[1]; ++e)
-                 p.block_tables.set({0, e}, -1.0);
-         }},
-        {"v", [](KvProblem& p, rope_jit_rope_args& a) { a.v = p.q.dl(); }},  // Hq heads, not Hk
-        {"v_cache", [](KvProblem& p, rope_jit_rope_args& a) { a.v_cache = p.q.dl(); }},
-    };
-    for (const Bad& bad : bads) {
+// One bad input: the argument its error must name, and how it spoils a good call.
+struct BadKvInput {
+    const char* what;
+    void (*change)(KvProblem&, rope_jit_rope_args&);
+};
+
+// Each bad input, applied to a fresh problem of `base`, fails with ERROR_INVALID_ARGUMENT
+// naming its argument and writes nothing.
+template <size_t N>
+void check_refused(rope_jit_runtime* runtime, const KvCase& base, const BadKvInput (&bads)[N],
+                   std::mt19937& rng) {
+    for (const BadKvInput& bad : bads) {
         const std::string what = bad.what;
         CAPTURE(what);
         KvProblem p = make_kv_problem(base, rng);
@@ -190,6 +102,90 @@ TEST_CASE("KV cache arguments with block tables: bad entries and mismatched tens
         CHECK(message.find(bad.what) != std::string::npos);
         CHECK(unchanged(p, before));
     }
+}
+
+}  // namespace
+
+TEST_CASE("KV cache arguments: every bad input names its argument and writes nothing") {
+    CpuRuntime cpu;
+    rope_jit_runtime* const runtime = cpu.handle;
+    std::mt19937 rng(kKvSeed + 1);
+    KvCase base;
+    base.layout = ROPE_JIT_KV_CACHE_PAGED_NHD;
+    base.index = KvIndex::SlotMapping;
+    base.fp8 = true;
+    base.scales = true;
+    base.q_fp8 = true;
+    base.norm = true;
+    const BadKvInput bads[] = {
+        {"kv_layout",
+         [](KvProblem&, rope_jit_rope_args& a) { a.kv_layout = rope_jit_kv_cache_layout(7); }},
+        {"kv_layout",
+         [](KvProblem&, rope_jit_rope_args& a) { a.kv_layout = ROPE_JIT_KV_CACHE_NONE; }},
+        {"k_cache",
+         [](KvProblem&, rope_jit_rope_args& a) { a.k_cache = nullptr; }},
+        {"k_out",
+         [](KvProblem& p, rope_jit_rope_args& a) { a.k_out = p.k.dl(); }},
+        {"backward",
+         [](KvProblem&, rope_jit_rope_args& a) { a.backward = 1; }},
+        {"k_norm_weight",
+         [](KvProblem&, rope_jit_rope_args& a) {
+             a.k_norm_weight = nullptr;  // QK-norm without k's weights
+         }},
+        {"v_cache",
+         [](KvProblem&, rope_jit_rope_args& a) { a.v_cache = nullptr; }},
+        {"v",
+         [](KvProblem&, rope_jit_rope_args& a) { a.v = nullptr; }},
+        {"slot_mapping",
+         [](KvProblem&, rope_jit_rope_args& a) { a.slot_mapping = nullptr; }},
+        {"block_tables",
+         [](KvProblem& p, rope_jit_rope_args& a) { a.block_tables = p.block_tables.dl(); }},
+        {"slot_mapping",
+         [](KvProblem& p, rope_jit_rope_args&) {  // one slot past the cache
+             p.slot_mapping.set({1}, double(p.k_cache.shape()[0] * p.k_cache.shape()[1]));
+         }},
+        {"slot_mapping",
+         [](KvProblem& p, rope_jit_rope_args& a) { a.slot_mapping = p.inv_freq.dl(); }},
+        {"k_cache",
+         [](KvProblem& p, rope_jit_rope_args& a) { a.k_cache = p.q.dl(); }},
+        {"v_cache",
+         [](KvProblem& p, rope_jit_rope_args& a) { a.v_cache = p.k_cache.dl(); }},
+        {"k_scale",
+         [](KvProblem& p, rope_jit_rope_args& a) { a.k_scale = p.slot_mapping.dl(); }},
+        {"q_scale",
+         [](KvProblem& p, rope_jit_rope_args& a) {
+             a.q_out = p.q_ref_out.dl();  // a float q_out takes no scale
+         }},
+        {"slot_mapping",
+         [](KvProblem&, rope_jit_rope_args& a) { a.kv_layout = ROPE_JIT_KV_CACHE_CONTIGUOUS; }},
+        {"k_cache",
+         [](KvProblem&, rope_jit_rope_args& a) { a.kv_layout = ROPE_JIT_KV_CACHE_PAGED_HND; }},
+    };
+    check_refused(runtime, base, bads, rng);
+}
+
+TEST_CASE("KV cache arguments with block tables: bad entries and mismatched tensors are refused") {
+    CpuRuntime cpu;
+    rope_jit_runtime* const runtime = cpu.handle;
+    std::mt19937 rng(kKvSeed + 4);
+    KvCase base;
+    base.layout = ROPE_JIT_KV_CACHE_PAGED_HND;
+    base.index = KvIndex::BlockTables;
+    base.fp8 = true;
+    base.scales = true;
+    const BadKvInput bads[] = {
+        {"block_tables", [](KvProblem& p, rope_jit_rope_args&) {  // a block past the cache
+             for (int64_t e = 0; e < p.block_tables.shape()[1]; ++e)
+                 p.block_tables.set({0, e}, double(p.k_cache.shape()[0]));
+         }},
+        {"block_tables", [](KvProblem& p, rope_jit_rope_args&) {  // an unassigned (-1) block
+             for (int64_t e = 0; e < p.block_tables.shape()[1]; ++e)
+                 p.block_tables.set({0, e}, -1.0);
+         }},
+        {"v", [](KvProblem& p, rope_jit_rope_args& a) { a.v = p.q.dl(); }},  // Hq heads, not Hk
+        {"v_cache", [](KvProblem& p, rope_jit_rope_args& a) { a.v_cache = p.q.dl(); }},
+    };
+    check_refused(runtime, base, bads, rng);
 }
 
 TEST_CASE("KV cache and FP8 kernels compile with NVRTC for sm_90 and sm_80") {
