@@ -82,25 +82,42 @@ def time_us(function, repeat, trials):
     return statistics.median(times)
 
 
+def error_chain(error):
+    """`error` and the exceptions it replaced: a failed capture raises at capture_end
+    ("operation failed due to a previous error during capture"), which hides the error that
+    invalidated it."""
+    texts = []
+    while error is not None and len(texts) < 4:
+        texts.append(f"{type(error).__name__}: {error}"[:300])
+        error = error.__cause__ or error.__context__
+    return " <- ".join(texts)
+
+
 def graph_us(function, calls, trials):
     """GPU time of one call: replays of a CUDA graph of `calls` calls; (None, reason) when the
-    function cannot be captured."""
+    function cannot be captured.
+
+    Warm-up and capture run on the bench's stream (a side stream, current since main() began):
+    autograd runs each backward node on the stream its forward ran on, so tensors and graphs
+    recorded outside the capture must come from the capture stream. Recorded on the legacy
+    default stream, the first backward captured here touched that stream and invalidated the
+    capture (cudaErrorStreamCaptureImplicit, reported as cudaErrorStreamCaptureInvalidated),
+    and the failed capture_end left its own stream current for the rest of the run."""
     if DEVICE == "cpu":
         return None, "no CUDA graphs on the CPU"
+    stream = torch.cuda.current_stream()
     try:
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(3):
-                function()
-        torch.cuda.current_stream().wait_stream(stream)
+        for _ in range(3):
+            function()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, stream=stream):
             for _ in range(calls):
                 function()
     except Exception as error:  # noqa: BLE001 (reported in the JSON; the other numbers stand)
         torch.cuda.synchronize()
-        return None, f"{type(error).__name__}: {error}"[:300]
+        # A failed capture_end skips torch.cuda.graph's stream restore: make ours current again.
+        torch.cuda.set_stream(stream)
+        return None, error_chain(error)
     return time_us(graph.replay, 5, trials) / calls, None
 
 
@@ -174,6 +191,9 @@ def main():
 
     torch.manual_seed(0)
     device, dtype = DEVICE, torch.bfloat16
+    if device == "cuda":
+        # Everything runs on one side stream, the one graphs are captured on (see graph_us).
+        torch.cuda.set_stream(torch.cuda.Stream())
     device_name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     rows = []
     print(f"{device_name}, torch {torch.__version__}; us per call: back to back / graph")
@@ -247,7 +267,7 @@ def main():
                 # (the floor is no rotation: its error is not a result)
                 entry["max_error_vs_fp32"] = float("nan") if name == "mul_floor" else max(errors)
             except Exception as error:  # noqa: BLE001
-                entry["error"] = f"{type(error).__name__}: {error}"[:300]
+                entry["error"] = error_chain(error)
                 print(f"  {name:<12} failed: {entry['error']}")
                 continue
 
