@@ -75,14 +75,19 @@ class Recipe:
     `names` is rope._TENSOR_NAMES (the struct's tensor fields); `signed` and `derived` name
     the fields the caller's `signed` and `derived` tuples fill, in their order; `views` maps
     a signed field's name to a function giving the tensor the library sees for it, which must
-    start at the given tensor's address (else the signature gets no plan). Made once, at
+    start at the given tensor's address (else the signature gets no plan); `check`, when
+    given, is called as check(signed, head) when a signature's plan is built and returns
+    whether the caller's own rules accept it (else the signature gets no plan and the call
+    returns False): a caller whose rules depend only on what the key holds (shapes, strides,
+    dtypes, devices, head) checks them once per signature instead of per call. Made once, at
     import: a plan's key holds the recipe itself."""
 
-    __slots__ = ("name", "signed", "derived", "views", "size")
+    __slots__ = ("name", "signed", "derived", "views", "size", "check")
 
-    def __init__(self, name, names, signed, derived=(), views=None):
+    def __init__(self, name, names, signed, derived=(), views=None, check=None):
         slot = {field: index for index, field in enumerate(names)}
         self.name = name
+        self.check = check
         self.signed = tuple(slot[field] for field in signed)
         self.derived = tuple(slot[field] for field in derived)
         self.views = tuple((slot[field], view) for field, view in (views or {}).items())
@@ -122,7 +127,8 @@ class Plan:
         self.held = held  # what the struct points to outside the buffer (M-RoPE sections)
 
 
-# A signature whose views do not start at their tensor's address: the general path serves it.
+# A signature whose views do not start at their tensor's address, or that its recipe's check
+# refuses: the general path serves it.
 _NO_PLAN = object()
 
 
@@ -157,6 +163,8 @@ def call(runtime, recipe, signed, derived, head, position_offset, q_position_off
         # the general path refuses it.
         return False
     types = TORCH_TENSOR_TYPES
+    # The key: the recipe, head, and per signed tensor its (shape, strides, dtype, device)
+    # (None where absent); one tuple per tensor compares and hashes faster than four entries.
     key = [recipe, head]
     append = key.append
     pointers = []
@@ -166,20 +174,20 @@ def call(runtime, recipe, signed, derived, head, position_offset, q_position_off
             if value is None:
                 append(None)
             elif type(value) in types:
-                append(value.shape)
-                append(value.stride())
-                append(value.dtype)
-                append(value.device)
+                append((value.shape, value.stride(), value.dtype, value.device))
                 add_pointer(value.data_ptr())
             else:
                 return False
         for value in derived:
             if value is not None:
                 add_pointer(value.data_ptr())
-        state = runtime.__dict__.get("_plans")
-        if state is None or not hasattr(state, "plans"):
+        try:
+            state = runtime.__dict__["_plans"]
+            last_key = state.last_key
+        except (KeyError, AttributeError):
             state = _thread_state(runtime)
-        if key == state.last_key:
+            last_key = None
+        if key == last_key:
             plan, frozen = state.last_plan, None
         else:
             frozen = tuple(key)
@@ -219,6 +227,8 @@ def _build(runtime, recipe, signed, derived, head):
     _NO_PLAN when a view does not start at its tensor's address."""
     from .rope import _POINTER_OFFSETS, _TENSOR_NAMES, build_args  # rope imports this module
 
+    if recipe.check is not None and not recipe.check(signed, head):
+        return _NO_PLAN
     values = recipe.values(signed, derived)
     for slot, _ in recipe.views:
         original = signed[recipe.signed.index(slot)]

@@ -305,6 +305,45 @@ def rope(
     if layout not in LAYOUTS:
         raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
     runtime = runtime if runtime is not None else default_runtime()
+    if (
+        stream is None
+        and mrope_sections is None
+        and inv_freq_grad is None
+        and q_saved is None
+        and k_saved is None
+        and q_norm_weight is None
+        and k_norm_weight is None
+        and q_norm_input is None
+        and k_norm_input is None
+        and q_norm_weight_grad is None
+        and k_norm_weight_grad is None
+        and kv_layout is None
+        and v is None
+        and k_cache is None
+        and v_cache is None
+        and slot_mapping is None
+        and block_tables is None
+        and k_scale is None
+        and v_scale is None
+        and q_scale is None
+        and type(q) in (_plans.TORCH_TENSOR_TYPES or _plans.torch_types())
+        and _plans.call(
+            runtime,
+            _ROPE_COMMON_RECIPE,
+            (q, k, q_out, k_out, cos, sin, inv_freq, positions, seqlen_offsets, cu_seqlens,
+             xpos_scale),
+            (),
+            (layout, rotary_dim, rotary_offset, style, bool(backward), None, False),
+            position_offset,
+            q_position_offset,
+        )
+    ):
+        # The common PyTorch call (plain rotary, no M-RoPE, learned frequencies, QK-norm or KV
+        # cache) through its plan, tested with plain comparisons before anything is built.
+        return (
+            q_out if q_out is not None else q,
+            None if k is None else (k_out if k_out is not None else k),
+        )
     values = (
         q,
         k,

@@ -614,6 +614,10 @@ class _RopeFunction(torch.autograd.Function):
 
 
 _dispatch_stack_depth = torch._C._len_torch_dispatch_stack
+# The exact tensor classes of the eager hot path (subclasses such as FakeTensor take the ops).
+_EAGER_TYPES = (torch.Tensor, torch.nn.Parameter)
+_NOT_PLAIN = object()
+_runtime = default_runtime
 _is_compiling = torch.compiler.is_compiling
 _is_grad_enabled = torch.is_grad_enabled
 _empty_like = torch.empty_like
@@ -721,6 +725,35 @@ def apply_rope(
             {"cos": cos, "sin": sin, "inv_freq": inv_freq, "xpos_scale": xpos_scale}
         )
     records_grad = grad_mode and (q.requires_grad or (k is not None and k.requires_grad))
+    if (
+        not inplace
+        and not records_grad
+        and not _is_compiling()
+        and not _dispatch_stack_depth()
+        and type(q) in _EAGER_TYPES
+    ):
+        # The eager forward without autograd (inference, decode): one plan call into new
+        # tensors, no _Call. Tables are checked by the plan's key (plain torch tensors only);
+        # anything else takes the code below, which decides as before.
+        if k is None:  # without k, q's own offset simply adds to the common one
+            offsets = (position_offset + q_position_offset, 0)
+            k_out = None
+        elif type(k) in _EAGER_TYPES:
+            offsets = (position_offset, q_position_offset)
+            k_out = _empty_like(k)
+        else:
+            k_out = _NOT_PLAIN
+        if k_out is not _NOT_PLAIN:
+            q_out = _empty_like(q)
+            if _plans.call(
+                _runtime(),
+                APPLY_RECIPE,
+                (q, k) + tables,
+                (q_out, k_out),
+                (layout, rotary_dim, rotary_offset, style, bool(backward), None, False, False),
+                *offsets,
+            ):
+                return q_out if k is None else (q_out, k_out)
 
     if eager_path_applies(q, k, tables):
         if k is None:  # without k, q's own offset simply adds to the common one

@@ -93,12 +93,31 @@ def _rows(table):
     return table.reshape(-1, table.shape[-1])
 
 
+def _accepts(signed, head):
+    """Whether the eager path's recipes serve q, k, cos, sin (the key's shapes and strides;
+    checked once per signature, when its plan is built): 4-D q and k, Hq a multiple of Hk,
+    cos and sin alike, [1|B, S, R]; else the general code, which checks them (per-sequence
+    starts past the tables could not be checked on the device)."""
+    q, k, cos, sin = signed
+    seq_dim, head_dim = (2, 1) if head[0] == "bhsd" else (1, 2)
+    q_shape, k_shape, cos_shape = q.shape, k.shape, cos.shape
+    if len(q_shape) != 4 or len(k_shape) != 4 or len(cos_shape) != 3:
+        return False
+    if sin.shape != cos_shape or sin.stride() != cos.stride():
+        return False
+    if cos_shape[0] != 1 and cos_shape[0] != q_shape[0]:
+        return False
+    heads_k = k_shape[head_dim]
+    return cos_shape[1] == q_shape[seq_dim] and heads_k and not q_shape[head_dim] % heads_k
+
+
 _SHARED = _plans.Recipe(
     "hf shared cos/sin",
     _TENSOR_NAMES,
     signed=("q", "k", "cos", "sin"),
     derived=("q_out", "k_out"),
     views={"cos": _first, "sin": _first},
+    check=_accepts,
 )
 _PER_SEQUENCE = _plans.Recipe(
     "hf cos/sin per sequence",
@@ -106,33 +125,36 @@ _PER_SEQUENCE = _plans.Recipe(
     signed=("q", "k", "cos", "sin"),
     derived=("q_out", "k_out", "seqlen_offsets"),
     views={"cos": _rows, "sin": _rows},
+    check=_accepts,
 )
 _NO_TABLES = ()
+# unsqueeze_dim -> (layout, the sequence dimension of q).
+_GEOMETRY = {1: ("bhsd", 2), -3: ("bhsd", 2), 2: ("bshd", 1), -2: ("bshd", 1)}
+_EAGER_TYPES = torch_ops._EAGER_TYPES
+_empty_like = torch.empty_like
 
 
 def _eager(q, k, cos, sin, unsqueeze_dim):
     """apply_rotary_pos_emb's result straight through a plan, or None when the general code
     must run (tracing, a dispatch mode, other shapes, tables that require grad, bad input:
-    there, errors are raised as before)."""
-    if unsqueeze_dim == 1 or unsqueeze_dim == -3:
-        layout, seq_dim, head_dim = "bhsd", 2, 1
-    elif unsqueeze_dim == 2 or unsqueeze_dim == -2:
-        layout, seq_dim, head_dim = "bshd", 1, 2
-    else:
+    there, errors are raised as before). The shape rules are the recipes' check, run once per
+    signature; per call only what the plan's key cannot hold is tested."""
+    try:
+        layout, seq_dim = _GEOMETRY[unsqueeze_dim]
+    except (KeyError, TypeError):
         return None
-    if k is None or not torch_ops.eager_path_applies(q, k, (cos, sin)):
+    if (
+        k is None
+        or type(q) not in _EAGER_TYPES
+        or type(k) not in _EAGER_TYPES
+        or type(cos) not in _EAGER_TYPES
+        or type(sin) not in _EAGER_TYPES
+        or torch_ops._is_compiling()
+        or torch_ops._dispatch_stack_depth()
+    ):
         return None
-    q_shape, k_shape, cos_shape = q.shape, k.shape, cos.shape
-    if len(q_shape) != 4 or len(k_shape) != 4 or len(cos_shape) != 3:
-        return None
-    # cos and sin alike, one block of rows or one per sequence; else the general code, which
-    # checks them (per-sequence starts past the tables could not be checked on the device).
-    if sin.shape != cos_shape or sin.stride() != cos.stride():
-        return None
-    if cos_shape[0] != 1 and cos_shape[0] != q_shape[0]:
-        return None
-    heads_k = k_shape[head_dim]
-    if cos_shape[1] != q_shape[seq_dim] or not heads_k or q_shape[head_dim] % heads_k:
+    cos_shape = cos.shape
+    if len(cos_shape) != 3:
         return None
     grad_mode = torch_ops._is_grad_enabled()
     if grad_mode and (cos.requires_grad or sin.requires_grad):
@@ -141,22 +163,42 @@ def _eager(q, k, cos, sin, unsqueeze_dim):
         recipe, derived = _SHARED, _NO_TABLES
     else:
         recipe = _PER_SEQUENCE
+        q_shape = q.shape
+        if len(q_shape) != 4:
+            return None
         key = (q_shape[0], q_shape[seq_dim], q.device)
         starts = _starts.get(key)  # (not compiling here: the cache serves)
         derived = (starts if starts is not None else _sequence_starts(*key),)
-    call = torch_ops._Call(
-        recipe,
-        (cos, sin),
-        derived,
-        (layout, cos_shape[-1], 0, "half"),
-        0,
-        0,
-        False,
+    if grad_mode and (q.requires_grad or k.requires_grad):
+        # Autograd: one _RopeFunction node. Checked here, before the node exists (its
+        # launch would otherwise fall back to the general rope() with the views).
+        if not _accepts((q, k, cos, sin), (layout,)):
+            return None
+        call = torch_ops._Call(
+            recipe,
+            (cos, sin),
+            derived,
+            (layout, cos_shape[-1], 0, "half"),
+            0,
+            0,
+            False,
+            default_runtime(),
+        )
+        return torch_ops.run_eager(call, q, k, False, True)
+    # Inference: one plan call into new tensors (the head is _Call.launch's forward one, so
+    # both share plans).
+    q_out, k_out = _empty_like(q), _empty_like(k)
+    if _plans.call(
         default_runtime(),
-    )
-    return torch_ops.run_eager(
-        call, q, k, False, grad_mode and (q.requires_grad or k.requires_grad)
-    )
+        recipe,
+        (q, k, cos, sin),
+        (q_out, k_out) + derived,
+        (layout, cos_shape[-1], 0, "half", False, None, False, False),
+        0,
+        0,
+    ):
+        return q_out, k_out
+    return None
 
 
 def apply_rotary_transformers(q, k, cos, sin, unsqueeze_dim=1):
