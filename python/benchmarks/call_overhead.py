@@ -21,6 +21,11 @@ median, in microseconds per call. From the repository root, without installing t
     PYTHONPATH=python ROPE_JIT_LIBRARY=build/librope_jit.so python3 python/benchmarks/call_overhead.py
 
 (PYTHONPATH pointing at another checkout's python/ times that version: before and after.)
+
+--python-only replaces the library call of every plan (the torch hot path) by a no-op: the
+torch rows then time the Python path alone (nothing is computed; the NumPy rows and the bare
+rope_jit_rope row are unchanged). With --clock thread it isolates what the binding costs from
+what the library and the launch cost.
 """
 
 import argparse
@@ -223,6 +228,21 @@ def time_torch_paths(title, torch, device, dtype, runtime_note, calls, repeats, 
         report(label, best_us_per_call(function, calls, repeats, finish))
 
 
+def stub_plan_calls():
+    """Every plan built from now on calls a no-op instead of rope_jit_rope (--python-only)."""
+    from rope_jit import _plans
+
+    build = _plans._build
+
+    def build_stubbed(*args, **kwargs):
+        plan = build(*args, **kwargs)
+        if plan is not _plans._NO_PLAN:
+            plan.function = lambda handle, args: 0
+        return plan
+
+    _plans._build = build_stubbed
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=500, help="calls per timed run")
@@ -237,7 +257,14 @@ def main():
         "disturbs far less than wall time; it leaves out the CPU reference's worker threads "
         "and any wait for the GPU, so use it to compare host costs (before/after), not GPU runs",
     )
+    parser.add_argument(
+        "--python-only",
+        action="store_true",
+        help="plans call a no-op instead of the library: the torch rows time the Python path",
+    )
     options = parser.parse_args()
+    if options.python_only:
+        stub_plan_calls()
     global CLOCK
     CLOCK = time.thread_time if options.clock == "thread" else time.perf_counter
 
