@@ -165,6 +165,9 @@ def call(runtime, recipe, signed, derived, head, position_offset, q_position_off
     types = TORCH_TENSOR_TYPES
     # The key: the recipe, head, and per signed tensor its (shape, strides, dtype, device)
     # (None where absent); one tuple per tensor compares and hashes faster than four entries.
+    # A contiguous tensor's strides are True: is_contiguous() is cheaper than stride(), and
+    # contiguous tensors of one shape differ at most in the strides of size-1 dimensions,
+    # which address nothing (index 0 only), so the plan's strides serve them all.
     key = [recipe, head]
     append = key.append
     pointers = []
@@ -174,7 +177,8 @@ def call(runtime, recipe, signed, derived, head, position_offset, q_position_off
             if value is None:
                 append(None)
             elif type(value) in types:
-                append((value.shape, value.stride(), value.dtype, value.device))
+                append((value.shape, value.is_contiguous() or value.stride(), value.dtype,
+                        value.device))
                 add_pointer(value.data_ptr())
             else:
                 return False

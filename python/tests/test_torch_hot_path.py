@@ -321,3 +321,44 @@ def test_kv_cache_calls_take_the_general_path_and_build_no_plan():
                       slot_mapping=torch.tensor([1, 4, 6], dtype=torch.int64))
         torch.testing.assert_close(v_cache[1, 0, 0], v[0, 1, 0], rtol=0, atol=0)
     assert len(plans) == count
+
+
+def test_contiguous_tensors_differing_only_in_size_one_strides_share_a_plan_and_both_are_right():
+    # [2, 1, 4, 16] made directly (strides 64, 64, 16, 1) and as a transposed view (64, 16, 64,
+    # 1): both contiguous, so one key (strides of a size-1 dimension address nothing).
+    cos, sin = hf_tables(torch.arange(8), 16)
+    plans = _plans._plans_of(rope_jit.default_runtime())
+    direct = random(2, 1, 4, 16, seed=70)
+    viewed = random(2, 4, 1, 16, seed=71).transpose(1, 2)
+    assert direct.stride() != viewed.stride() and viewed.is_contiguous()
+    count = None
+    for q in (direct, viewed, direct):
+        out = rope_jit.apply_rope(q, None, cos, sin)
+        torch.testing.assert_close(out, expected(q, cos, sin, torch.arange(4)), rtol=2e-5, atol=2e-5)
+        count = len(plans) if count is None else count
+        assert len(plans) == count
+
+
+def test_the_hf_recipes_check_refuses_a_signature_once_and_its_calls_still_raise():
+    from rope_jit.dropin import hf
+
+    batch, seq_len, head_dim = 2, 3, 16
+    cos, sin = hf_tables(torch.arange(seq_len + 1), head_dim)
+    cos, sin = cos[None], sin[None]  # [1, S+1, D]: one row too many for S tokens
+    q = random(batch, 4, seq_len, head_dim, seed=80)
+    k = random(batch, 2, seq_len, head_dim, seed=81)
+    runtime = rope_jit.default_runtime()
+    for _ in range(2):  # the first call builds the refusal, the second finds it
+        with pytest.raises(ValueError, match="cos: 4 positions for 3 tokens"):
+            hf.apply_rotary_pos_emb(q, k, cos, sin)
+    refused = [
+        plan
+        for key, plan in _plans._plans_of(runtime).items()
+        if key[0].name == "hf shared cos/sin" and key[4][0] == cos.shape
+    ]
+    assert refused and all(plan is _plans._NO_PLAN for plan in refused)
+    # The right rows of the same table go through a plan and give the formula's values.
+    got_q, _ = hf.apply_rotary_pos_emb(q, k, cos[:, :seq_len], sin[:, :seq_len])
+    c, s = cos[:, None, :seq_len], sin[:, None, :seq_len]
+    want = q * c + torch.cat((-q[..., 8:], q[..., :8]), -1) * s
+    torch.testing.assert_close(got_q, want, rtol=2e-5, atol=2e-5)
