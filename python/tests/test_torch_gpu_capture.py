@@ -43,13 +43,15 @@ SCRIPT = textwrap.dedent("""
             return rope_jit.apply_rope(q, k, cos, sin, layout="bshd")
     else:
         def impl(q, k):
-            return apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos[None], sin[None])
+            q, k = q.transpose(1, 2), k.transpose(1, 2)
+            return apply_rotary_pos_emb(q, k, cos[None], sin[None])
     q_leaf = randn(B, S, HQ, D).requires_grad_(True)
     k_leaf = randn(B, S, HK, D).requires_grad_(True)
     q, k = q_leaf * 1, k_leaf * 1
     recorded = impl(q, k)
     grads_out = tuple(torch.randn_like(t) for t in recorded)
-    want = [t.clone() for t in torch.autograd.grad(recorded, (q, k), grads_out, retain_graph=True)]
+    want = torch.autograd.grad(recorded, (q, k), grads_out, retain_graph=True)
+    want = [t.clone() for t in want]
 
     def backward():
         return torch.autograd.grad(recorded, (q, k), grads_out, retain_graph=True)

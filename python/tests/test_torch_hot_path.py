@@ -334,7 +334,8 @@ def test_contiguous_tensors_differing_only_in_size_one_strides_share_a_plan_and_
     count = None
     for q in (direct, viewed, direct):
         out = rope_jit.apply_rope(q, None, cos, sin)
-        torch.testing.assert_close(out, expected(q, cos, sin, torch.arange(4)), rtol=2e-5, atol=2e-5)
+        want = expected(q, cos, sin, torch.arange(4))
+        torch.testing.assert_close(out, want, rtol=2e-5, atol=2e-5)
         count = len(plans) if count is None else count
         assert len(plans) == count
 
