@@ -180,7 +180,16 @@ def main():
     parser.add_argument(
         "--device", default="cuda", help="cpu: a smoke run of this script (no graphs, no Liger)"
     )
+    parser.add_argument(
+        "--sync-debug",
+        action="store_true",
+        help="torch.cuda.set_sync_debug_mode('warn'): a warning, with its stack, for every call "
+        "through PyTorch that synchronizes with the GPU (to find one that serializes back to "
+        "back timings)",
+    )
     options = parser.parse_args()
+    if options.sync_debug and options.device == "cuda":
+        torch.cuda.set_sync_debug_mode("warn")
     global DEVICE
     DEVICE = options.device
     shapes = (
