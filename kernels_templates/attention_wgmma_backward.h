@@ -238,11 +238,13 @@ __device__ void finish_dq(const AttentionKernelParams& p) {
 // every warp 16 of them. It iterates over the query tiles (64 rows) of each query head of the
 // group that can see its keys; per tile, warpgroup g (keys K_g, values V_g):
 //   S^T = K_g Q^T, dP^T = V_g dO^T             (both operands in shared memory)
-//   P^T = exp2(S^T * scale - lse), dS^T = P^T (dP^T - delta)
-//   dV_g += P^T dO, dK_g += dS^T Q             (P^T, dS^T from registers)
+//   P^T = exp2(S^T * scale - lse)              (while dP^T's product runs)
+//   dS^T = P^T (dP^T - delta)
+//   dV_g += P^T dO                             (P^T from registers)
 //   dS^T into shared memory; barrier of both warpgroups
 //   dQ[:, g half of the features] = dS K      (dS^T and K read transposed from shared memory)
-//   atomic adds of dQ into the workspace
+//   dK_g += dS^T Q                             (dS^T from registers)
+//   dQ into the workspace (bulk reduce or atomic adds) while dK's product runs
 // Thread 0 brings every tile in by TMA (rotated q and lse/delta rows from the workspace, dout
 // from the caller's tensor), STAGES - 1 tiles ahead: the barrier of tile i proves tile i - 1's
 // buffers free (both warpgroups waited for all their products of it), so tile i + STAGES - 1
@@ -275,6 +277,12 @@ __device__ __forceinline__ void copy_bulk(unsigned dst, const void* src, unsigne
         "[%3];\n" ::"r"(dst),
         "l"(src), "r"(bytes), "r"(landed)
         : "memory");
+}
+
+// Waits until at most N of this warp's committed wgmma groups are pending.
+template <int N>
+__device__ __forceinline__ void wait_pending() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
 
 // Four float32 atomic adds at `at` (16-byte aligned; sm_90).
@@ -738,17 +746,18 @@ __device__ void backward_narrow(const AttentionKernelParams& p, char* smem) {
             for (int kk = 0; kk < KSTEPS; ++kk)
                 wgmma_ss<TILE_M>(s, kmajor_descriptor(k_rows, K_REGION, kk),
                                  kmajor_descriptor(q_address, Q_REGION, kk));
+            commit();
 #pragma unroll
             for (int kk = 0; kk < KSTEPS; ++kk)
                 wgmma_ss<TILE_M>(dp, kmajor_descriptor(v_rows, K_REGION, kk),
                                  kmajor_descriptor(dout_address, Q_REGION, kk));
             commit();
-            wait_all();
+            // P^T while dP^T's product runs, then dS^T = P^T (dP^T - delta).
+            wait_pending<1>();
             fence_registers(s);
-            fence_registers(dp);
-
-            // P^T, then dS^T = P^T (dP^T - delta).
             key_probabilities(s, p, kb, key_first, m0, stream.lse_rows(i), lane);
+            wait_all();
+            fence_registers(dp);
             const float* delta = stream.delta_rows(i);
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
@@ -770,9 +779,6 @@ __device__ void backward_narrow(const AttentionKernelParams& p, char* smem) {
 #pragma unroll
             for (int kk = 0; kk < Q_STEPS; ++kk)
                 wgmma<DP, 1>(dv, pa[kk], mnmajor_descriptor(dout_address, Q_REGION, kk));
-#pragma unroll
-            for (int kk = 0; kk < Q_STEPS; ++kk)
-                wgmma<DP, 1>(dk, dsa[kk], mnmajor_descriptor(q_address, Q_REGION, kk));
             commit();
         }
 
@@ -795,17 +801,26 @@ __device__ void backward_narrow(const AttentionKernelParams& p, char* smem) {
             wgmma_ss<DQ_N, 1, 1>(dq, mnmajor_descriptor(ds_address, TILE_M * 128, kk),
                                  mnmajor_descriptor(k_features, K_REGION, kk));
         commit();
-        wait_all();
+        // dK's product after dQ's (FlashAttention-3's order), so that dQ leaves while dK's
+        // product runs; a warpgroup with nothing to add commits an empty group.
+        if (!masked_out) {
+#pragma unroll
+            for (int kk = 0; kk < Q_STEPS; ++kk)
+                wgmma<DP, 1>(dk, dsa[kk], mnmajor_descriptor(q_address, Q_REGION, kk));
+        }
+        commit();
+        wait_pending<1>();  // dV's and dQ's products
         fence_registers(dq);
         fence_registers(dv);
-        fence_registers(dk);
         fence_registers(pa);
-        fence_registers(dsa);
         // dQ: the warpgroup's 64 queries of the tile by its DQ_N features.
         if constexpr (DQ_BULK)
             reduce_dq_fragments(dq, smem, p, kb, h, m0, group);
         else
             add_dq_fragments(dq, p, kb, h, m0, group);
+        wait_all();  // dK's: dS^T's registers are rewritten next tile
+        fence_registers(dk);
+        fence_registers(dsa);
     }
     // The last bulk reduce reads shared memory, which must outlive it.
     if constexpr (DQ_BULK)
