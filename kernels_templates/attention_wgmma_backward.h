@@ -4,10 +4,22 @@
 //                       query row writes lse in base 2 and delta = dout . out
 //   backward  (KIND 4)  one block per key block of one kv head: dK and dV accumulate in
 //                       registers over every query tile of every query head of the GQA group;
-//                       dQ is accumulated in float32 in the workspace (atomic adds)
+//                       dQ is accumulated in float32 in the workspace: with DQ_BULK each
+//                       warpgroup's dQ tile goes through shared memory and one thread adds it
+//                       by a bulk reduce (cp.reduce.async.bulk), else every thread adds its
+//                       fragments by atomic adds
 //   dq finish (KIND 5)  dq = the transposed rotation of scale * the accumulated dQ
 // dK's transposed rotation happens in the backward's epilogue. The host zeroes the dQ
 // accumulator before the backward runs.
+//
+// The accumulator's layout: per (batch, query head) and 64-row query tile, TILE_M * DP
+// contiguous floats (the workspace's [B, Hq, Sq_padded, DP] bytes, permuted within the tile),
+// in the order the backward's warpgroups hold them: the tile's two feature halves (DQ_N
+// features each, one per warpgroup) one after the other, each as wgmma accumulator fragments,
+// n-tile by n-tile, thread by thread (128 of a warpgroup), four floats a thread. So a warp's
+// fragments of one n-tile are 512 contiguous bytes, a warpgroup's whole half one run of bytes
+// (one bulk reduce, or fully coalesced 16-byte atomic adds), and only the dq finish kernel
+// translates back to rows.
 #ifndef ROPE_JIT_ATTENTION_WGMMA_BACKWARD_H
 #define ROPE_JIT_ATTENTION_WGMMA_BACKWARD_H
 
@@ -21,6 +33,7 @@ namespace wg {
 // at a time --------------------------------------------------------------------------------
 
 constexpr int BWD_ROWS = kAttentionBackwardQueryTile;
+constexpr int DQ_N = DP / 2;  // dq features per warpgroup (a half of the accumulator tile)
 
 struct alignas(8) Float2 {
     float x, y;
@@ -115,21 +128,50 @@ __device__ void prepare(const AttentionKernelParams& p) {
 // Rotation items of an output row (rotate_rows' items without the chunks past head_dim).
 constexpr int OUT_ITEMS = ROT_ITEMS + DCHUNKS - FIRST_PLAIN;
 
-// Writes item k of a gradient row: the float32 accumulated row `a_row` (DP features, rotated
-// space) times the softmax scale, rotated back by token `token`'s angles, into `out_row`.
-template <int D = DTYPE>
-__device__ __forceinline__ void store_rotated_back(const float* a_row, T* out_row,
+// Reads the eight float32 features of chunk ch of a row into x: a plain row of DP features.
+struct PlainRow {
+    const float* row;
+    __device__ __forceinline__ void operator()(int ch, float (&x)[8]) const {
+        const Float4 lo = *reinterpret_cast<const Float4*>(row + ch * 8);
+        const Float4 hi = *reinterpret_cast<const Float4*>(row + ch * 8 + 4);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            x[e] = lo.v[e];
+            x[4 + e] = hi.v[e];
+        }
+    }
+};
+
+// The same from row r of a dQ accumulator tile (the layout in the header comment): a chunk's
+// eight features are two of four threads' fragments (rows r and r + 8 of a warp share them).
+struct AccumulatorRow {
+    const float* tile;
+    int r;
+    __device__ __forceinline__ void operator()(int ch, float (&x)[8]) const {
+        const int half = ch * 8 / DQ_N, nt = (ch * 8 - half * DQ_N) / 8;
+        const int thread = (r >> 4) * 32 + (r & 7) * 4;  // of the quad holding row r
+        const float* at = tile + half * BWD_ROWS * DQ_N + (nt * 128 + thread) * 4 + (r & 8) / 4;
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+            const Float2 v = *reinterpret_cast<const Float2*>(at + c * 4);
+            x[2 * c] = v.x;
+            x[2 * c + 1] = v.y;
+        }
+    }
+};
+
+// Writes item k of a gradient row: the float32 accumulated row that `row` reads (DP features,
+// rotated space; PlainRow or AccumulatorRow) times the softmax scale, rotated back by token
+// `token`'s angles, into `out_row`.
+template <class Row, int D = DTYPE>
+__device__ __forceinline__ void store_rotated_back(const Row& row, T* out_row,
                                                    const AttentionKernelParams& p, long long token,
                                                    int k) {
     // Eight accumulated features of chunk ch, scaled.
     auto chunk = [&](int ch, float(&x)[8]) {
-        const Float4 lo = *reinterpret_cast<const Float4*>(a_row + ch * 8);
-        const Float4 hi = *reinterpret_cast<const Float4*>(a_row + ch * 8 + 4);
+        row(ch, x);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            x[e] = lo.v[e] * p.scale;
-            x[4 + e] = hi.v[e] * p.scale;
-        }
+        for (int e = 0; e < 8; ++e) x[e] *= p.scale;
     };
     auto store = [&](int ch, const float(&x)[8]) {
         U4 u;
@@ -180,13 +222,13 @@ __device__ void finish_dq(const AttentionKernelParams& p) {
     const long long bh = blockIdx.x / row_blocks;
     const long long b = bh / p.heads_q, h = bh % p.heads_q;
     const long long row0 = (blockIdx.x % row_blocks) * BWD_ROWS;
-    const float* acc_rows = p.dq_accum + (bh * p.seqlen_q_padded + row0) * DP;
+    const float* tile = p.dq_accum + (bh * p.seqlen_q_padded + row0) * DP;
     T* dq_head = head_row_out(p.dq, p.dq_stride, b, h, 0);
     for (int it = threadIdx.x; it < BWD_ROWS * OUT_ITEMS; it += THREADS) {
         const int r = it / OUT_ITEMS, k = it - r * OUT_ITEMS;
         const long long token = row0 + r;
         if (token >= p.seqlen_q) continue;
-        store_rotated_back(acc_rows + r * DP, dq_head + token * p.dq_stride[2], p, token, k);
+        store_rotated_back(AccumulatorRow{tile, r}, dq_head + token * p.dq_stride[2], p, token, k);
     }
 }
 
@@ -196,11 +238,13 @@ __device__ void finish_dq(const AttentionKernelParams& p) {
 // every warp 16 of them. It iterates over the query tiles (64 rows) of each query head of the
 // group that can see its keys; per tile, warpgroup g (keys K_g, values V_g):
 //   S^T = K_g Q^T, dP^T = V_g dO^T             (both operands in shared memory)
-//   P^T = exp2(S^T * scale - lse), dS^T = P^T (dP^T - delta)
-//   dV_g += P^T dO, dK_g += dS^T Q             (P^T, dS^T from registers)
+//   P^T = exp2(S^T * scale - lse)              (while dP^T's product runs)
+//   dS^T = P^T (dP^T - delta)
+//   dV_g += P^T dO                             (P^T from registers)
 //   dS^T into shared memory; barrier of both warpgroups
 //   dQ[:, g half of the features] = dS K      (dS^T and K read transposed from shared memory)
-//   atomic adds of dQ into the workspace
+//   dK_g += dS^T Q                             (dS^T from registers)
+//   dQ into the workspace (bulk reduce or atomic adds) while dK's product runs
 // Thread 0 brings every tile in by TMA (rotated q and lse/delta rows from the workspace, dout
 // from the caller's tensor), STAGES - 1 tiles ahead: the barrier of tile i proves tile i - 1's
 // buffers free (both warpgroups waited for all their products of it), so tile i + STAGES - 1
@@ -212,7 +256,6 @@ constexpr int K_REGION = BLOCK_N * 128;  // of a key/value tile
 constexpr int Q_TILE_BYTES = TILE_M * DP * 2;
 constexpr int K_TILE_BYTES = BLOCK_N * DP * 2;
 constexpr int DS_TILE_BYTES = BLOCK_N * TILE_M * 2;
-constexpr int DQ_N = DP / 2;          // dq features per warpgroup
 constexpr int Q_STEPS = TILE_M / 16;  // k-steps over a query tile's rows
 
 // Descriptors of k-step kk of a 128-byte-swizzled tile whose 64-feature regions are
@@ -236,9 +279,37 @@ __device__ __forceinline__ void copy_bulk(unsigned dst, const void* src, unsigne
         : "memory");
 }
 
-// Two float32 atomic adds at `at` (8-byte aligned).
-__device__ __forceinline__ void atomic_add2(float* at, float x, float y) {
-    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(at), "f"(x), "f"(y) : "memory");
+// Waits until at most N of this warp's committed wgmma groups are pending.
+template <int N>
+__device__ __forceinline__ void wait_pending() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+
+// Four float32 atomic adds at `at` (16-byte aligned; sm_90).
+__device__ __forceinline__ void atomic_add4(float* at, const float (&x)[4]) {
+    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(at), "f"(x[0]), "f"(x[1]),
+                 "f"(x[2]), "f"(x[3])
+                 : "memory");
+}
+
+// Adds `bytes` (a multiple of 16) of float32 from shared `src` into global `dst` by the copy
+// engine, in this thread's current bulk group.
+__device__ __forceinline__ void reduce_add_bulk(float* dst, unsigned src, unsigned bytes) {
+    asm volatile(
+        "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
+        "r"(src), "r"(bytes)
+        : "memory");
+}
+__device__ __forceinline__ void bulk_commit() {
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+// Waits until this thread's bulk groups have read their shared memory.
+__device__ __forceinline__ void bulk_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+// Waits until this thread's bulk groups are complete (their writes done).
+__device__ __forceinline__ void bulk_wait() {
+    asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
 }
 
 struct KeyBlock {
@@ -340,21 +411,47 @@ __device__ __forceinline__ void key_probabilities(float (&s)[NT][4], const Atten
     }
 }
 
-// Adds a warp's dQ part (its 16 queries of the tile at m0 of head h, N features from
-// `feature`) into the float32 accumulator.
-template <int N>
-__device__ __forceinline__ void add_dq_rows(const float (&dq)[N / 8][4],
-                                            const AttentionKernelParams& p, const KeyBlock& kb,
-                                            long long h, long long m0, int feature, int warp,
-                                            int lane) {
-    float* const rows =
-        p.dq_accum +
-        ((kb.b * p.heads_q + h) * p.seqlen_q_padded + m0 + (warp & 3) * 16 + (lane >> 2)) * DP +
-        feature + 2 * (lane & 3);
+// The accumulator tile of query rows [m0, m0 + 64) of head h, at warpgroup `group`'s half of
+// the features (the layout in the header comment).
+__device__ __forceinline__ float* dq_tile_half(const AttentionKernelParams& p, const KeyBlock& kb,
+                                               long long h, long long m0, int group) {
+    return p.dq_accum + ((kb.b * p.heads_q + h) * p.seqlen_q_padded + m0) * DP +
+           group * TILE_M * DQ_N;
+}
+
+// Adds a warpgroup's dQ fragments (64 queries of the tile at m0 of head h, its DQ_N features)
+// into the float32 accumulator: atomic adds of 16 bytes, a warp's 512 contiguous.
+__device__ __forceinline__ void add_dq_fragments(const float (&dq)[DQ_N / 8][4],
+                                                 const AttentionKernelParams& p,
+                                                 const KeyBlock& kb, long long h, long long m0,
+                                                 int group) {
+    float* const at = dq_tile_half(p, kb, h, m0, group) + (threadIdx.x & 127) * 4;
 #pragma unroll
-    for (int nt = 0; nt < N / 8; ++nt) {
-        atomic_add2(rows + nt * 8, dq[nt][0], dq[nt][1]);
-        atomic_add2(rows + 8 * DP + nt * 8, dq[nt][2], dq[nt][3]);
+    for (int nt = 0; nt < DQ_N / 8; ++nt) atomic_add4(at + nt * 128 * 4, dq[nt]);
+}
+
+// The same through shared memory: the warpgroup's fragments into its half of the dq buffer
+// (the same order), then its first thread adds them by one bulk reduce. Before the buffer is
+// written again that thread must bulk_wait_read() and a barrier of the warpgroup follow.
+__device__ __forceinline__ void reduce_dq_fragments(const float (&dq)[DQ_N / 8][4], char* smem,
+                                                    const AttentionKernelParams& p,
+                                                    const KeyBlock& kb, long long h, long long m0,
+                                                    int group) {
+    const int t = threadIdx.x & 127;
+    float* const buffer = reinterpret_cast<float*>(smem + SMEM.dq) + group * TILE_M * DQ_N;
+#pragma unroll
+    for (int nt = 0; nt < DQ_N / 8; ++nt)
+        *reinterpret_cast<Float4*>(buffer + (nt * 128 + t) * 4) =
+            Float4{{dq[nt][0], dq[nt][1], dq[nt][2], dq[nt][3]}};
+    fence_async_proxy();  // the stores, for the copy engine
+    if (group == 0)  // a barrier of the warpgroup (ids as constants: ptxas counts them)
+        asm volatile("bar.sync 2, 128;\n" ::: "memory");
+    else
+        asm volatile("bar.sync 3, 128;\n" ::: "memory");
+    if (t == 0) {
+        reduce_add_bulk(dq_tile_half(p, kb, h, m0, group), shared_address(buffer),
+                        TILE_M * DQ_N * 4);
+        bulk_commit();
     }
 }
 
@@ -558,7 +655,7 @@ __device__ void backward_wide(const AttentionKernelParams& p, char* smem) {
         fence_registers(dv);
         fence_registers(dk);
 
-        add_dq_rows<HALF>(dq, p, kb, h, m0, group * HALF, warp, lane);
+        add_dq_fragments(dq, p, kb, h, m0, group);
     }
 
     // dV: this warpgroup's half of the features, straight from the accumulators.
@@ -579,7 +676,8 @@ __device__ void backward_wide(const AttentionKernelParams& p, char* smem) {
         const int r = it / OUT_ITEMS, k = it - r * OUT_ITEMS;
         const long long key = kb.n0 + r;
         if (key < p.seqlen_k)
-            store_rotated_back(dk_rows + r * DP, dk_head + key * p.dk_stride[2], p, key, k);
+            store_rotated_back(PlainRow{dk_rows + r * DP}, dk_head + key * p.dk_stride[2], p, key,
+                               k);
     }
 }
 
@@ -648,17 +746,18 @@ __device__ void backward_narrow(const AttentionKernelParams& p, char* smem) {
             for (int kk = 0; kk < KSTEPS; ++kk)
                 wgmma_ss<TILE_M>(s, kmajor_descriptor(k_rows, K_REGION, kk),
                                  kmajor_descriptor(q_address, Q_REGION, kk));
+            commit();
 #pragma unroll
             for (int kk = 0; kk < KSTEPS; ++kk)
                 wgmma_ss<TILE_M>(dp, kmajor_descriptor(v_rows, K_REGION, kk),
                                  kmajor_descriptor(dout_address, Q_REGION, kk));
             commit();
-            wait_all();
+            // P^T while dP^T's product runs, then dS^T = P^T (dP^T - delta).
+            wait_pending<1>();
             fence_registers(s);
-            fence_registers(dp);
-
-            // P^T, then dS^T = P^T (dP^T - delta).
             key_probabilities(s, p, kb, key_first, m0, stream.lse_rows(i), lane);
+            wait_all();
+            fence_registers(dp);
             const float* delta = stream.delta_rows(i);
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
@@ -680,13 +779,13 @@ __device__ void backward_narrow(const AttentionKernelParams& p, char* smem) {
 #pragma unroll
             for (int kk = 0; kk < Q_STEPS; ++kk)
                 wgmma<DP, 1>(dv, pa[kk], mnmajor_descriptor(dout_address, Q_REGION, kk));
-#pragma unroll
-            for (int kk = 0; kk < Q_STEPS; ++kk)
-                wgmma<DP, 1>(dk, dsa[kk], mnmajor_descriptor(q_address, Q_REGION, kk));
             commit();
         }
 
-        // Both warpgroups' dS^T rows, for the tensor cores; tile i - 1 is done with.
+        // Both warpgroups' dS^T rows, for the tensor cores; tile i - 1 is done with, and so
+        // (once its issuing threads waited here) is the bulk reduce of tile i - 1's dQ.
+        if constexpr (DQ_BULK)
+            if ((threadIdx.x & 127) == 0) bulk_wait_read();
         fence_async_proxy();
         consumer_sync();  // both warpgroups
         if (threadIdx.x == 0 && i + STAGES - 1 < kb.iterations) stream.issue(i + STAGES - 1);
@@ -702,15 +801,30 @@ __device__ void backward_narrow(const AttentionKernelParams& p, char* smem) {
             wgmma_ss<DQ_N, 1, 1>(dq, mnmajor_descriptor(ds_address, TILE_M * 128, kk),
                                  mnmajor_descriptor(k_features, K_REGION, kk));
         commit();
-        wait_all();
+        // dK's product after dQ's (FlashAttention-3's order), so that dQ leaves while dK's
+        // product runs; a warpgroup with nothing to add commits an empty group.
+        if (!masked_out) {
+#pragma unroll
+            for (int kk = 0; kk < Q_STEPS; ++kk)
+                wgmma<DP, 1>(dk, dsa[kk], mnmajor_descriptor(q_address, Q_REGION, kk));
+        }
+        commit();
+        wait_pending<1>();  // dV's and dQ's products
         fence_registers(dq);
         fence_registers(dv);
-        fence_registers(dk);
         fence_registers(pa);
+        // dQ: the warpgroup's 64 queries of the tile by its DQ_N features.
+        if constexpr (DQ_BULK)
+            reduce_dq_fragments(dq, smem, p, kb, h, m0, group);
+        else
+            add_dq_fragments(dq, p, kb, h, m0, group);
+        wait_all();  // dK's: dS^T's registers are rewritten next tile
+        fence_registers(dk);
         fence_registers(dsa);
-        // dQ rows: this warp's 16 queries of the tile, the warpgroup's features.
-        add_dq_rows<DQ_N>(dq, p, kb, h, m0, group * DQ_N, warp, lane);
     }
+    // The last bulk reduce reads shared memory, which must outlive it.
+    if constexpr (DQ_BULK)
+        if ((threadIdx.x & 127) == 0) bulk_wait();
 
     store_key_rows<false, DP>(dv, p.dv, p.dv_stride, kb, p, key_first, 0, lane);
     store_key_rows<true, DP>(dk, p.dk, p.dk_stride, kb, p, key_first, 0, lane);

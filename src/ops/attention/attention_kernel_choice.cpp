@@ -184,11 +184,12 @@ AttentionKernelOverride parse_attention_kernel_override(const char* text) {
         const size_t eq = item.find('=');
         if (eq != std::string::npos) {
             const std::string name = item.substr(0, eq);
-            if (name == "workspace") o.no_workspace = item.substr(eq + 1) == "0";
+            const std::string what = item.substr(eq + 1);
+            if (name == "workspace") o.no_workspace = what == "0";
+            if (name == "dq" && (what == "bulk" || what == "atomic")) o.dq_bulk = what == "bulk";
             const int kind = name == "fwd" ? 0 : name == "dq" ? 1 : name == "dkdv" ? 2 : -1;
             if (kind >= 0)
-                if (std::optional<AttentionTileShape> shape =
-                        parse_shape(item.substr(eq + 1), kind))
+                if (std::optional<AttentionTileShape> shape = parse_shape(what, kind))
                     o.shape[kind] = shape;
         }
         start = end + 1;
@@ -370,6 +371,9 @@ std::vector<AttentionSpec> choose_attention_specs(const AttentionProblem& p,
         spec.warps = 8;
         spec.block_n = dp == 256 ? 64 : 128;
         spec.stages = dp == 256 ? 2 : 3;
+        // dQ by bulk reduces from shared memory, where a query tile's dQ fits beside the
+        // rest (below head_dim 256), unless the override asks for atomic adds.
+        spec.dq_bulk = kind == Kind::Backward && dp <= 128 && override.dq_bulk.value_or(true);
         return spec;
     };
     std::vector<AttentionSpec> specs;

@@ -42,7 +42,9 @@ struct AttentionTileShape {
 // wgmma forward (sm_90; W of 4, 8 or 12) with S tiles in shared memory (2 or 3; 2 by default),
 // "fwd=pWxN[xS]" for it with W consumer warps and 4 producer warps (keys by TMA),
 // "fwd=rWxN[xS]" the same with the keys rotated in the producers' registers, "fwd=cCxWxN[xS]"
-// for 'p' in clusters of C blocks (2 or 4; a divisor of the GQA group); "workspace=0" makes the
+// for 'p' in clusters of C blocks (2 or 4; a divisor of the GQA group); "dq=bulk" or
+// "dq=atomic" has the sm_90 backward add dQ by bulk reduces (its default below head_dim 256)
+// or by atomic adds from the math warps (as at head_dim 256); "workspace=0" makes the
 // CUDA attention act as if its workspace could not be allocated. It is a tool for experiments:
 // an item that is not of these forms (an unknown kind, a malformed shape, a wgmma shape for a
 // backward kernel) is ignored, so a typo runs the default choice rather than failing calls.
@@ -50,6 +52,7 @@ struct AttentionKernelOverride {
     bool force_simt = false;
     bool no_workspace = false;  // "workspace=0": as if the workspace could not be allocated
     std::optional<AttentionTileShape> shape[3];  // by AttentionKernelKind
+    std::optional<bool> dq_bulk;                 // "dq=bulk" (true) or "dq=atomic" (false)
 };
 
 // The override `text` spells (NULL or "": none).

@@ -64,7 +64,9 @@ enum class AttentionKernelKind : int32_t {
     X(m_tiles, 1, "m_tiles", Integer, 1, 2, "M_TILES", PLAIN)    /* 16-row tiles per warp */       \
     X(block_n, 0, "block_n", Integer, 0, 1024, "BLOCK_N", PLAIN) /* rows of a streamed tile */     \
     X(compute_dk, 1, "compute_dk", Boolean, 0, 1, "COMPUTE_DK", PLAIN)                             \
-    X(compute_dv, 1, "compute_dv", Boolean, 0, 1, "COMPUTE_DV", PLAIN)
+    X(compute_dv, 1, "compute_dv", Boolean, 0, 1, "COMPUTE_DV", PLAIN)                             \
+    /* the sm_90 backward (kind 4, head_dim padded to 64 or 128): dQ by bulk reduce */           \
+    X(dq_bulk, 0, "dq_bulk", Boolean, 0, 1, "DQ_BULK", PLAIN)
 
 // The largest head_dim any attention kernel takes (the CUDA-core kernels: 16 features a lane).
 constexpr int64_t kAttentionMaxHeadDim = 512;
@@ -106,7 +108,7 @@ struct AttentionSpec {
 
 // An attention call as a prewarm entry describes it: an AttentionSpec JSON object without
 // "kind" and the tile fields (tensor_cores, wgmma, stages, producer_warps, cluster,
-// table_async, warps, m_tiles, block_n, compute_dk, compute_dv), which the kernel choice
+// table_async, warps, m_tiles, block_n, compute_dk, compute_dv, dq_bulk), which the kernel choice
 // decides, plus "direction" ("forward", the default, or "backward") and "seqlen_k" (keys per
 // sequence, default 1024: the choice depends on it only through classes, today 4096 keys and
 // more at head_dim 64). "rotary_dim" left out means head_dim; 0 means no rotation.
