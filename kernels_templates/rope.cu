@@ -595,9 +595,14 @@ __device__ __forceinline__ void rope_one_token(const RopeKernelParams& p,
                                                const RopeCacheParams* cache) {
     // Few values live across the items (the budget is 40 registers): the token's (b, s), in
     // 32 bits (a grid of one token a block has under 2^31 of them); rows are recomputed.
+    // Decode has one token a row: no division then (it heads every load's address chain).
     const unsigned per_row = static_cast<unsigned>(p.seqlen_max);  // <= the grid's tokens
-    const int b = static_cast<int>(blockIdx.x / per_row);
-    const int s = static_cast<int>(blockIdx.x - b * per_row);
+    unsigned row = blockIdx.x, index = 0;
+    if (per_row != 1) {
+        row = blockIdx.x / per_row;
+        index = blockIdx.x - row * per_row;
+    }
+    const int b = static_cast<int>(row), s = static_cast<int>(index);
     const bool has_q = s < p.seqlen_q, has_k = HAS_K && s < p.seqlen_k;
     const int heads_k = HAS_K ? static_cast<int>(p.heads_k) : 0;
     const int heads_q = HAS_K ? heads_k * GQA_GROUP : static_cast<int>(p.heads_q);
