@@ -2,8 +2,9 @@
 // against the definitions in test_rope_kv_cache.cpp): the randomized families of
 // gpu_rope_kv_problem.h, a decode-sized and a prefill-sized bfloat16 call, FP8 edge values
 // (NaN, infinities, saturation, subnormals) and extreme scales. Copies (v, unrotated features,
-// everything not written) must match bit for bit; rotated values within fp32 rounding, and for FP8 within one
-// e4m3 step (the GPU's fused multiply-adds may move a value across a rounding midpoint).
+// everything not written) must match bit for bit; rotated values within fp32 rounding, and for
+// FP8 within one e4m3 step (the GPU's fused multiply-adds may move a value across a rounding
+// midpoint).
 // Every test is in TEST_SUITE("gpu").
 #include <doctest/doctest.h>
 
