@@ -216,8 +216,7 @@ __device__ __forceinline__ void store_fp8(unsigned char* y, long long stride, co
     unsigned short pairs[(N + 1) / 2];
 #pragma unroll
     for (int j = 0; j < N / 2; ++j)
-        pairs[j] =
-            e4m3x2_bits(fp8_quotient(v[2 * j], scale), fp8_quotient(v[2 * j + 1], scale));
+        pairs[j] = e4m3x2_bits(fp8_quotient(v[2 * j], scale), fp8_quotient(v[2 * j + 1], scale));
     if (N % 2 != 0)
         pairs[N / 2] = static_cast<unsigned short>(e4m3_bits(fp8_quotient(v[N - 1], scale)));
     if constexpr (VECTOR && N == 8) {
