@@ -37,6 +37,8 @@
 // its few cos/sin values itself: all heads of a token read the same ones, so after the first
 // they come from L1, and the kernel streams q and k with no further barrier. Angles computed
 // from inv_freq (or scaled by xPos) are computed once per token into shared memory instead.
+// Blocks of one token of decode and KV cache calls skip that staging (rope_one_token): each
+// thread resolves its own rows while its loads fly.
 
 #include "device_numeric.h"
 #include "rope_params.h"
@@ -201,17 +203,22 @@ struct OutOf<true> {
     using type = unsigned char;
 };
 
+// An FP8 output's scale: one float32 in device memory, or NULL for 1.
+__device__ __forceinline__ float fp8_scale_value(const float* scale) {
+    return scale != nullptr ? *scale : 1.0f;
+}
+
 // N values quantized to float8 e4m3fn (value / scale), stored at y: one N-byte access when the
 // host proved alignment and unit stride (VECTOR), else N byte stores at `stride`.
 template <int N, bool VECTOR>
 __device__ __forceinline__ void store_fp8(unsigned char* y, long long stride, const float* v,
-                                          float scale) {
+                                          const Fp8Scale& scale) {
     unsigned short pairs[(N + 1) / 2];
 #pragma unroll
     for (int j = 0; j < N / 2; ++j)
-        pairs[j] = e4m3x2_bits(__fdiv_rn(v[2 * j], scale), __fdiv_rn(v[2 * j + 1], scale));
+        pairs[j] = e4m3x2_bits(fp8_quotient(v[2 * j], scale), fp8_quotient(v[2 * j + 1], scale));
     if (N % 2 != 0)
-        pairs[N / 2] = static_cast<unsigned short>(e4m3_bits(__fdiv_rn(v[N - 1], scale)));
+        pairs[N / 2] = static_cast<unsigned short>(e4m3_bits(fp8_quotient(v[N - 1], scale)));
     if constexpr (VECTOR && N == 8) {
         struct alignas(8) Words {
             unsigned lo, hi;
@@ -237,7 +244,7 @@ __device__ __forceinline__ void store_out(typename OutOf<FP8>::type* y, long lon
         float v[N];
 #pragma unroll
         for (int j = 0; j < N; ++j) v[j] = storage_to_float<DTYPE>(pack.v[j]);
-        store_fp8<N, VECTOR>(y, stride, v, scale);
+        store_fp8<N, VECTOR>(y, stride, v, fp8_scale(scale));
     } else {
         store_pack<N, VECTOR>(y, stride, pack);
     }
@@ -352,7 +359,8 @@ __device__ __forceinline__ void rotate_store_item(ItemData data, T* y, long long
 // The same for an FP8 output (float8 e4m3fn): the fp32 results quantized by `scale`.
 __device__ __forceinline__ void rotate_store_item_fp8(ItemData data, unsigned char* y, long long ys,
                                                       const ItemSpan& span,
-                                                      const ItemAngles& angles, float scale) {
+                                                      const ItemAngles& angles, float raw_scale) {
+    const Fp8Scale scale = fp8_scale(raw_scale);
     float own[VEC], partner[VEC];
     if (INTERLEAVED) {
 #pragma unroll
@@ -516,6 +524,149 @@ __device__ __forceinline__ ItemPlace place_item(const RopeKernelParams& p,
     return place;
 }
 
+// ---- one token a block, resolved by each thread (RopeKernelParams::direct) ------------------
+
+// Loads the direct path issues in program order: ptxas keeps volatile accesses in order, and
+// otherwise sinks q/k loads below the position load at this register budget, behind its
+// latency (the chain would be position, then table and q/k, then store). Plain ld.global
+// semantics otherwise (a relaxed load; the data is in L2 or DRAM either way).
+template <int N, bool VECTOR = VEC_LOADS>
+__device__ __forceinline__ Pack<N> load_pack_first(const T* x, long long stride) {
+    if constexpr (VECTOR && sizeof(Pack<N>) == 16) {
+        Pack<N> pack;
+        unsigned* w = reinterpret_cast<unsigned*>(&pack);
+        asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
+                     : "l"(x));
+        return pack;
+    } else {
+        return load_pack<N, VECTOR>(x, stride);
+    }
+}
+
+__device__ __forceinline__ ItemData load_item_first(const T* x, long long xs,
+                                                    const ItemSpan& span) {
+    ItemData data;
+    data.own = load_pack_first<VEC>(x + span.own * xs, xs);
+    if (!INTERLEAVED) data.partner = load_pack_first<VEC>(x + span.partner * xs, xs);
+    return data;
+}
+
+// An FP8 scale read with the item's loads (NULL: 1); read later, its latency would follow the
+// table's before the store.
+__device__ __forceinline__ float fp8_scale_first(const float* scale) {
+    float value = 1.0f;
+    if (scale != nullptr)
+        asm volatile("ld.volatile.global.f32 %0, [%1];" : "=f"(value) : "l"(scale));
+    return value;
+}
+
+// The table row of the direct path: per-token positions read after the item's loads (see
+// load_pack_first), else table_row.
+__device__ __forceinline__ long long row_after_loads(const RopeKernelParams& p, int b, int s,
+                                                     bool is_k) {
+    if constexpr (HAS_ROPE_INDICES) {
+        const long long at = b * p.positions_stride[0] + s * p.positions_stride[1];
+        if (POSITIONS_INT64) {
+            long long row;
+            asm volatile("ld.volatile.global.s64 %0, [%1];"
+                         : "=l"(row)
+                         : "l"(static_cast<const long long*>(p.positions) + at));
+            return row;
+        }
+        int row;
+        asm volatile("ld.volatile.global.s32 %0, [%1];"
+                     : "=r"(row)
+                     : "l"(static_cast<const int*>(p.positions) + at));
+        return row;
+    } else {
+        return table_row(p, b, s, is_k);
+    }
+}
+
+// Decode (a token per sequence, fewer tokens than multiprocessors) and KV cache calls of one
+// token a block: a thread resolves its own item's rows instead of reading them from shared
+// memory behind a barrier, so that its chain is as short as the data allows. Its q, k or v
+// loads depend on nothing loaded: they are issued first, and the position (then the table
+// row), the cache slot and the FP8 scale are read while they fly; then one store. Items:
+// the token's rotation items, then (KV cache) its v copies, one or more a thread.
+__device__ __forceinline__ void rope_one_token(const RopeKernelParams& p,
+                                               const RopeCacheParams* cache) {
+    // Few values live across the items (the budget is 40 registers): the token's (b, s), in
+    // 32 bits (a grid of one token a block has under 2^31 of them); rows are recomputed.
+    // Decode has one token a row: no division then (it heads every load's address chain).
+    const unsigned per_row = static_cast<unsigned>(p.seqlen_max);  // <= the grid's tokens
+    unsigned row = blockIdx.x, index = 0;
+    if (per_row != 1) {
+        row = blockIdx.x / per_row;
+        index = blockIdx.x - row * per_row;
+    }
+    const int b = static_cast<int>(row), s = static_cast<int>(index);
+    const bool has_q = s < p.seqlen_q, has_k = HAS_K && s < p.seqlen_k;
+    const int heads_k = HAS_K ? static_cast<int>(p.heads_k) : 0;
+    const int heads_q = HAS_K ? heads_k * GQA_GROUP : static_cast<int>(p.heads_q);
+    const int rot_items = (heads_q + heads_k) * ROT_ITEMS;
+    constexpr int V_UNITS = V_DIM > 0 ? V_DIM / V_VEC : 1;
+    const int items = rot_items + (KV_CACHE != 0 && V_DIM > 0 ? heads_k * V_UNITS : 0);
+    for (int item = threadIdx.x; item < items; item += blockDim.x) {
+        if (KV_CACHE != 0 && V_DIM > 0 && item >= rot_items) {
+            // v's copy: V_VEC features of one head into v's cache.
+            if constexpr (KV_CACHE != 0 && V_DIM > 0) {
+                if (!has_k) continue;  // no k at this token: no v either
+                const int h = (item - rot_items) / V_UNITS;
+                const int f = (item - rot_items - h * V_UNITS) * V_VEC;
+                constexpr bool V_VECTORS = V_VEC > 1;
+                const long long* vs = cache->v_stride;
+                const long long xs = V_VECTORS ? 1 : vs[3];
+                const Pack<V_VEC> value = load_pack_first<V_VEC, V_VECTORS>(
+                    static_cast<const T*>(cache->v) + b * vs[0] + s * vs[2] + h * vs[1] + f * xs,
+                    xs);
+                const float scale = KV_FP8 ? fp8_scale_first(cache->v_scale) : 1.0f;
+                long long block, slot;
+                if (!cache_slot(p, *cache, b, s, &block, &slot)) continue;
+                const long long* cs = cache->v_cache_stride;
+                const long long ys = V_VECTORS ? 1 : cs[3];
+                store_out<KV_FP8, V_VEC, V_VECTORS>(
+                    static_cast<typename OutOf<KV_FP8>::type*>(cache->v_cache) + block * cs[0] +
+                        slot * cs[2] + h * cs[1] + f * ys,
+                    ys, value, scale);
+            }
+            continue;
+        }
+        int h = item / ROT_ITEMS;
+        const ItemSpan span = item_span(item - h * ROT_ITEMS);
+        const bool is_k = HAS_K && h >= heads_q;
+        if (!(is_k ? has_k : has_q)) continue;
+        if (is_k) h -= heads_q;
+        const long long* in_stride = is_k ? p.k_stride : p.q_stride;
+        const long long xs = VEC_LOADS ? 1 : in_stride[3];
+        const ItemData data =
+            load_item_first(static_cast<const T*>(is_k ? p.k : p.q) + b * in_stride[0] +
+                                s * in_stride[2] + h * in_stride[1],
+                            xs, span);
+        float scale = 1.0f;
+        if constexpr (Q_FP8 || KV_FP8)
+            if (is_k ? KV_FP8 : Q_FP8)
+                scale = fp8_scale_first(is_k ? cache->k_scale : cache->q_scale);
+        const long long row = row_after_loads(p, b, s, ROLES == 2 && is_k);
+        ItemAngles angles;
+        angles.cos = load_table_span(p.cos, p.cos_stride, row, span.pair0);
+        angles.sin = load_table_span(p.sin, p.sin_stride, row, span.pair0);
+        // Where the head's row goes: k_out (or k's cache at the token's slot), or q_out.
+        const long long* out_stride = is_k ? p.k_out_stride : p.q_out_stride;
+        long long block = b, slot = s;
+        if (KV_CACHE != 0 && is_k && !cache_slot(p, *cache, b, s, &block, &slot)) continue;
+        const long long out = block * out_stride[0] + slot * out_stride[2] + h * out_stride[1];
+        const long long ys = VEC_LOADS ? 1 : out_stride[3];
+        if ((Q_FP8 || KV_FP8) && (is_k ? KV_FP8 : Q_FP8))
+            rotate_store_item_fp8(data, static_cast<unsigned char*>(is_k ? p.k_out : p.q_out) + out,
+                                  ys, span, angles, scale);
+        else
+            rotate_store_item(data, static_cast<T*>(is_k ? p.k_out : p.q_out) + out, ys, span,
+                              angles);
+    }
+}
+
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM)
@@ -535,12 +686,18 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM)
     RopeTokenBases* s_bases = reinterpret_cast<RopeTokenBases*>(shared + layout.bases);
     float* s_grad = reinterpret_cast<float*>(shared + layout.grad);
     RopeValueBases* s_value = reinterpret_cast<RopeValueBases*>(shared + layout.value_bases);
+    if constexpr (plan().one_token_direct) {
+        if (p.direct) {
+            rope_one_token(p, cache);
+            return;
+        }
+    }
     // The FP8 scales, read once (NULL: 1).
     float q_scale = 1.0f, k_scale = 1.0f, v_scale = 1.0f;
     if constexpr (CACHE_PARAMS) {
-        if (Q_FP8 && cache->q_scale != nullptr) q_scale = *cache->q_scale;
-        if (KV_FP8 && cache->k_scale != nullptr) k_scale = *cache->k_scale;
-        if (KV_FP8 && V_DIM > 0 && cache->v_scale != nullptr) v_scale = *cache->v_scale;
+        if (Q_FP8) q_scale = fp8_scale_value(cache->q_scale);
+        if (KV_FP8) k_scale = fp8_scale_value(cache->k_scale);
+        if (KV_FP8 && V_DIM > 0) v_scale = fp8_scale_value(cache->v_scale);
     }
     const long long first = static_cast<long long>(blockIdx.x) * tpb;
     const int heads_k = HAS_K ? static_cast<int>(p.heads_k) : 0;

@@ -50,7 +50,9 @@ struct RopeKernelParams {
     long long q_position_offset;
     long long units;  // batch * seqlen_max
     int tokens_per_block;
-    int unused_;
+    // 1: one token a block, each thread resolving its own item's rows without shared memory
+    // or barriers (the launcher sets it only where the plan's one_token_direct allows it).
+    int direct;
 
     // Multi-section positions (M-RoPE): positions carry a leading axis of this stride, and
     // pair i reads axis pair_axis[i].
@@ -147,6 +149,9 @@ struct RopePlan {
     int grad_pairs;    // frequency-gradient sums per block (0 without)
     int problem;       // RopePlanProblem
     int v_items;       // v copies per head of k and token (0 without v)
+    // One-token blocks may take the direct path (RopeKernelParams::direct): no angles shared
+    // per token (inv_freq, xPos, M-RoPE), no gradient sums, no copy of unrotated features.
+    bool one_token_direct;
 };
 // Why a shape has no kernel. (Enumerators, not constexpr variables: NVRTC would emit those as
 // globals of every module.)
@@ -179,6 +184,7 @@ ROPE_JIT_HOST_DEVICE constexpr RopePlan rope_plan(const RopeShape& s) {
     plan.shared_pairs = plan.shared_angles ? plan.pairs : 0;
     plan.grad_pairs = s.freq_grad ? plan.pairs : 0;
     plan.v_items = s.v_dim > 0 && s.v_vec > 0 ? s.v_dim / s.v_vec : 0;
+    plan.one_token_direct = !plan.shared_angles && !s.freq_grad && !plan.copies_unrotated;
     return plan;
 }
 

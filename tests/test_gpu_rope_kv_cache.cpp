@@ -1,9 +1,10 @@
 // KV cache write and FP8 outputs on the CUDA backend against the CPU backend (itself checked
 // against the definitions in test_rope_kv_cache.cpp): the randomized families of
-// gpu_rope_kv_problem.h, a decode-sized and a prefill-sized bfloat16 call, and FP8 edge values
-// (NaN, infinities, saturation, subnormals). Copies (v, unrotated features, everything not
-// written) must match bit for bit; rotated values within fp32 rounding, and for FP8 within one
-// e4m3 step (the GPU's fused multiply-adds may move a value across a rounding midpoint).
+// gpu_rope_kv_problem.h, a decode-sized and a prefill-sized bfloat16 call, FP8 edge values
+// (NaN, infinities, saturation, subnormals) and extreme scales. Copies (v, unrotated features,
+// everything not written) must match bit for bit; rotated values within fp32 rounding, and for
+// FP8 within one e4m3 step (the GPU's fused multiply-adds may move a value across a rounding
+// midpoint).
 // Every test is in TEST_SUITE("gpu").
 #include <doctest/doctest.h>
 
@@ -162,5 +163,38 @@ TEST_SUITE("gpu") {
             CAPTURE(dt_name(dt));
             run_and_compare(*this, p);
         }
+    }
+
+    TEST_CASE_FIXTURE(GpuFixture,
+                      "FP8 quotients at extreme and uneven scales match the CPU's fp32 division "
+                      "bit for bit (the kernel multiplies by a reciprocal and corrects)") {
+        // v / scale over quotients from 5e-4 to 500 in magnitude, at scales from 2^-100 (the
+        // kernel then rescales both by 2^64) to 7.3e25; with full rotary (the one-token path)
+        // and with partial rotary out of place (the staged path, which copies features).
+        std::mt19937 rng(kKvSeed + 400);
+        std::uniform_real_distribution<double> unit(-1.0, 1.0), decades(-6.0, 0.0);
+        int index = 0;
+        for (Dt dt : {Dt::F32, Dt::BF16})
+            for (double scale : {std::ldexp(1.0, -100), 3.1e-30, 0.37, 7.3e25}) {
+                KvCase c;
+                c.dt = dt;
+                c.fp8 = c.scales = true;
+                c.S = 8;
+                c.D = c.Dv = 64;
+                c.R = index++ % 2 ? 32 : 64;
+                KvProblem p = make_kv_problem(c, rng);
+                p.v.for_each([&](const std::vector<int64_t>& at) {
+                    p.v.set(at, 500.0 * unit(rng) * std::pow(10.0, decades(rng)) * scale);
+                });
+                p.k.for_each([&](const std::vector<int64_t>& at) {
+                    p.k.set(at, 100.0 * unit(rng) * scale);
+                });
+                p.k_scale.set({0}, scale);
+                p.v_scale.set({0}, scale);
+                CAPTURE(dt_name(dt));
+                CAPTURE(scale);
+                CAPTURE(c.R);
+                run_and_compare(*this, p);
+            }
     }
 }  // TEST_SUITE("gpu")

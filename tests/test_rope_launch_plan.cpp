@@ -177,3 +177,39 @@ TEST_CASE("launch geometry: blocks fit their tokens' items, the grid and shared 
     CHECK_THROWS_WITH_AS(rope_jit::plan_rope_launch(wide, 8, 8, 100, 132),
                          doctest::Contains("65600 bytes of shared memory"), rope_jit::Error);
 }
+
+TEST_CASE("launch geometry: which one-token launches skip the shared-memory staging (direct)") {
+    const KernelSpec spec = llama_spec();
+    // Decode under one block per multiprocessor: direct; more tokens, or prefill: staged.
+    CHECK(rope_jit::plan_rope_launch(spec, 32, 8, 64, 132).direct);
+    CHECK(rope_jit::plan_rope_launch(spec, 32, 8, 132, 132).direct);
+    CHECK_FALSE(rope_jit::plan_rope_launch(spec, 32, 8, 133, 132).direct);
+    CHECK_FALSE(rope_jit::plan_rope_launch(spec, 32, 8, 4 * 4096, 132).direct);
+    // Few heads: several tokens a block even at decode, so staged.
+    CHECK_FALSE(rope_jit::plan_rope_launch(spec, 1, 1, 1000, 132).direct);
+    // Angles computed once per token into shared memory (inv_freq) keep the staged path.
+    KernelSpec inv_freq = spec;
+    inv_freq.angles_from_inv_freq = 1, inv_freq.table_vec_loads = 0, inv_freq.table_full = 0;
+    CHECK_FALSE(rope_jit::plan_rope_launch(inv_freq, 32, 8, 64, 132).direct);
+
+    // Paged KV cache with v, FP8 (the llama3-8b prefill of rope-jit-bench): 40 heads of 8
+    // rotation items and 8 heads of 16 v copies = 448 items, one token and 224 threads a block,
+    // direct at every size.
+    KernelSpec kv = spec;
+    kv.in_place_k = 0, kv.kv_cache = 2, kv.kv_index_int64 = 1, kv.kv_fp8 = 1;
+    kv.v_dim = 128, kv.v_vec = 8;
+    kv.validate();
+    rope_jit::RopeLaunch launch = rope_jit::plan_rope_launch(kv, 32, 8, 4 * 4096, 132);
+    CHECK(launch.tokens_per_block == 1);
+    CHECK(launch.threads == 224);
+    CHECK(launch.direct);
+    launch = rope_jit::plan_rope_launch(kv, 32, 8, 64, 132);  // decode: an item a thread
+    CHECK(launch.threads == 448);
+    CHECK(launch.direct);
+    // Partial rotary: k's unrotated features are copied into the cache, which the direct path
+    // does not do.
+    KernelSpec partial = kv;
+    partial.rotary_dim = 64;
+    partial.validate();
+    CHECK_FALSE(rope_jit::plan_rope_launch(partial, 32, 8, 64, 132).direct);
+}

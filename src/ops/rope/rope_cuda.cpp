@@ -54,10 +54,16 @@ RopeLaunch plan_rope_launch(const KernelSpec& spec, int64_t heads_q, int64_t hea
     // blocks of 320 threads instead of 160 threads of two items). Larger problems keep the
     // measured shape of rope_block_fit.
     const int64_t token_items = (heads_q + heads_k) * plan.rot_items + heads_k * plan.v_items;
-    if (fit.problem == kRopeFitOk && fit.tokens == 1 && units <= sms && token_items > 0) {
+    const bool tiny = fit.problem == kRopeFitOk && fit.tokens == 1 && units <= sms;
+    if (tiny && token_items > 0) {
         const int64_t threads = (token_items + 31) / 32 * 32;
         if (threads > fit.threads && threads <= spec.block_threads) fit.threads = int(threads);
     }
+    // Such blocks, and the KV cache's blocks of one token, skip the shared-memory staging and
+    // its barrier: each thread issues its q/k/v loads first and resolves its own position,
+    // table row and cache slot meanwhile (rope.cu, rope_one_token). The staged path stays
+    // where it was measured (plain RoPE of many tokens).
+    const bool direct = plan.one_token_direct && fit.tokens == 1 && (tiny || spec.kv_cache != 0);
     if (fit.problem == kRopeFitSharedMemory)
         throw Error(ROPE_JIT_ERROR_UNSUPPORTED,
                     fmt::format("rope: one token's angles need {} bytes of shared memory, over the "
@@ -66,7 +72,7 @@ RopeLaunch plan_rope_launch(const KernelSpec& spec, int64_t heads_q, int64_t hea
     if (fit.problem == kRopeFitGrid)
         throw Error(ROPE_JIT_ERROR_UNSUPPORTED,
                     fmt::format("q: {} tokens exceed one launch's grid", units));
-    return RopeLaunch{fit.blocks, fit.threads, unsigned(fit.shared_bytes), fit.tokens};
+    return RopeLaunch{fit.blocks, fit.threads, unsigned(fit.shared_bytes), fit.tokens, direct};
 }
 
 RopeNormLaunch plan_rope_norm_launch(const KernelSpec& spec, int64_t rows, int64_t sms) {
@@ -299,6 +305,7 @@ void RopeCuda::run(const RopeProblem& p, void* stream_handle) {
         plan_rope_launch(spec, p.heads_q, p.has_k ? p.heads_k : 0, params.units,
                          devices_.device(ordinal).multiprocessors);
     params.tokens_per_block = shape.tokens_per_block;
+    params.direct = shape.direct ? 1 : 0;
     if (p.has_freq_grad) {
         // The kernel adds into the gradient: zero it first, ordered on the same stream.
         check_cu(api.cuMemsetD2D32Async(CUdeviceptr(params.inv_freq_grad),

@@ -29,6 +29,8 @@ struct RopeLaunch {
     int64_t blocks = 0, threads = 0;
     unsigned shared_bytes = 0;
     int tokens_per_block = 0;
+    // One token a block, each thread resolving its own rows (RopeKernelParams::direct).
+    bool direct = false;
 };
 RopeLaunch plan_rope_launch(const KernelSpec& spec, int64_t heads_q, int64_t heads_k, int64_t units,
                             int64_t sms);
