@@ -175,10 +175,6 @@ __device__ __forceinline__ int copy_feature(int j) {
     return f < ROTARY_OFFSET ? f : f + ROTARY_DIM;
 }
 
-__device__ __forceinline__ float weight_at(const void* w, long long stride, int d) {
-    return load_float<NORM_WEIGHT_DTYPE>(w, d * stride) + (NORM_UNIT_OFFSET ? 1.0f : 0.0f);
-}
-
 // A row's features as the lane holds them: rotated items (first features, partners) and
 // unrotated ones, raw as loaded, so that they occupy few registers while loads are in flight.
 struct RawRow {
@@ -251,47 +247,150 @@ __device__ __forceinline__ float unpack_row(const RawRow& raw, bool active, int 
     return sum;
 }
 
-// The weights w' (w, or 1 + w) at the lane's features.
-__device__ __forceinline__ void load_weights(const void* w, long long ws, bool active, int sub,
-                                             Row* wr) {
+// The weights at the lane's features, raw as stored (w' = w, or 1 + w, when used): loaded with
+// the row, so that their latency overlaps its. Unit-stride, 16-byte-aligned weights (the
+// usual [D] parameter) are read as vectors of up to 16 bytes, else one element at a time;
+// unused slots hold zeros (the backward's sums multiply them).
+using W = typename StorageOf<NORM_WEIGHT_DTYPE>::type;
+
+enum : int { W_CHUNK = 16 / static_cast<int>(sizeof(W)) };  // weights per 16-byte vector
+
+template <int N>
+struct alignas(N * sizeof(W)) WeightPack {
+    W v[N];
+};
+
+struct WeightRow {
+    W own[ROT_SLOTS][VEC];
+    W partner[ROT_SLOTS][PARTNER_VEC];
+    W tail[COPY_SLOTS][COPY_VEC];
+};
+
+template <int N>
+__device__ __forceinline__ void load_weight_run(const W* w, long long ws, bool vector,
+                                                bool valid, int d, W* out) {
+    constexpr int M = N < W_CHUNK ? N : W_CHUNK;
+    if (!valid) {
+#pragma unroll
+        for (int j = 0; j < N; ++j) out[j] = W{};
+    } else if (vector) {
+#pragma unroll
+        for (int c = 0; c < N / M; ++c) {
+            const WeightPack<M> pack = *reinterpret_cast<const WeightPack<M>*>(w + d + c * M);
+#pragma unroll
+            for (int j = 0; j < M; ++j) out[c * M + j] = pack.v[j];
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < N; ++j) out[j] = w[(d + j) * ws];
+    }
+}
+
+__device__ __forceinline__ void load_weights(const void* weights, long long ws, bool active,
+                                             int sub, WeightRow* wr) {
+    const W* w = static_cast<const W*>(weights);
+    // Every run starts at a multiple of its length, so an aligned base aligns every vector.
+    const bool vector = ws == 1 && reinterpret_cast<unsigned long long>(w) % 16 == 0;
 #pragma unroll
     for (int k = 0; k < ROT_SLOTS; ++k) {
         const bool valid = active && rot_valid(sub, k);
         const int d = rot_feature(sub + k * LANES);
-#pragma unroll
-        for (int t = 0; t < VEC; ++t) {
-            wr->own[k][t] = valid ? weight_at(w, ws, d + t) : 0.0f;
-            if (!INTERLEAVED)
-                wr->partner[k][t] = valid ? weight_at(w, ws, d + PARTNER_SHIFT + t) : 0.0f;
-        }
+        load_weight_run<VEC>(w, ws, vector, valid, d, wr->own[k]);
+        if (!INTERLEAVED)
+            load_weight_run<PARTNER_VEC>(w, ws, vector, valid, d + PARTNER_SHIFT, wr->partner[k]);
     }
 #pragma unroll
     for (int k = 0; k < COPY_SLOTS; ++k) {
         const bool valid = active && copy_valid(sub, k);
-        const int d = copy_feature(sub + k * LANES);
-#pragma unroll
-        for (int t = 0; t < COPY_VEC; ++t)
-            wr->tail[k][t] = valid ? weight_at(w, ws, d + t) : 0.0f;
+        load_weight_run<COPY_VEC>(w, ws, vector, valid, copy_feature(sub + k * LANES),
+                                  wr->tail[k]);
     }
 }
 
-// cos and sin of the lane's pairs (pair_angle: backward sign and xPos folded in).
+// w' of a raw weight.
+__device__ __forceinline__ float weight_value(W raw) {
+    return storage_to_float<NORM_WEIGHT_DTYPE>(raw) + (NORM_UNIT_OFFSET ? 1.0f : 0.0f);
+}
+
+// cos and sin of the lane's pairs. Plain tables: each item's span of columns, raw as stored
+// (converted when used: few registers while the loads are in flight), one vector each when the
+// host proved it aligned (TABLE_VEC_LOADS), as rope.cu reads them. inv_freq, xPos or M-RoPE:
+// pair_angle per pair (backward sign and xPos folded in). Unused slots rotate zeros.
+using TableT = typename StorageOf<TABLE_DTYPE>::type;
+
+enum : int {
+    TABLE_STEP = table_column(TABLE_FULL, INTERLEAVED, 1),  // columns from a pair to the next
+    TABLE_SPAN = table_columns(TABLE_FULL, INTERLEAVED, PAIRS_PER_ITEM),  // an item's columns
+};
+enum : bool { TABLE_SPANS = !ANGLES_FROM_INV_FREQ && !HAS_XPOS && MROPE_AXES == 0 };
+enum : int { SPAN = TABLE_SPANS ? TABLE_SPAN : 1 };  // columns the Angles hold per item
+
+template <int N>
+struct alignas(N * sizeof(TableT)) TablePack {
+    TableT v[N];
+};
+
+__device__ __forceinline__ TablePack<SPAN> load_table_span(const void* table,
+                                                           const long long* stride,
+                                                           long long row, int pair0) {
+    const TableT* base = static_cast<const TableT*>(table) + row * stride[0];
+    const long long col0 = static_cast<long long>(pair0) * TABLE_STEP;
+    if constexpr (TABLE_VEC_LOADS) {
+        return *reinterpret_cast<const TablePack<SPAN>*>(base + col0);
+    } else {
+        TablePack<SPAN> pack;
+#pragma unroll
+        for (int j = 0; j < SPAN; ++j) pack.v[j] = base[(col0 + j) * stride[1]];
+        return pack;
+    }
+}
+
 struct Angles {
-    float c[ROT_SLOTS][PAIRS_PER_ITEM], s[ROT_SLOTS][PAIRS_PER_ITEM];
+    TablePack<SPAN> cos[TABLE_SPANS ? ROT_SLOTS : 1];
+    TablePack<SPAN> sin[TABLE_SPANS ? ROT_SLOTS : 1];
+    float c[TABLE_SPANS ? 1 : ROT_SLOTS][PAIRS_PER_ITEM];
+    float s[TABLE_SPANS ? 1 : ROT_SLOTS][PAIRS_PER_ITEM];
+
+    __device__ __forceinline__ float cos_of(int k, int t) const {
+        if constexpr (TABLE_SPANS)
+            return storage_to_float<TABLE_DTYPE>(cos[k].v[t * TABLE_STEP]);
+        else
+            return c[k][t];
+    }
+    __device__ __forceinline__ float sin_of(int k, int t) const {
+        if constexpr (TABLE_SPANS) {
+            const float value = storage_to_float<TABLE_DTYPE>(sin[k].v[t * TABLE_STEP]);
+            return BACKWARD_PASS ? -value : value;
+        } else {
+            return s[k][t];
+        }
+    }
 };
 
 __device__ __forceinline__ void load_angles(const RopeKernelParams& p, const long long* rows,
                                             bool is_k, bool active, int sub, Angles* a) {
 #pragma unroll
     for (int k = 0; k < ROT_SLOTS; ++k) {
+        const bool valid = active && rot_valid(sub, k);
+        const int pair0 = (sub + k * LANES) * PAIRS_PER_ITEM;
+        if constexpr (TABLE_SPANS) {
+            if (valid) {
+                a->cos[k] = load_table_span(p.cos, p.cos_stride, rows[0], pair0);
+                a->sin[k] = load_table_span(p.sin, p.sin_stride, rows[0], pair0);
+            } else {
 #pragma unroll
-        for (int t = 0; t < PAIRS_PER_ITEM; ++t) {
-            a->c[k][t] = 1.0f;
-            a->s[k][t] = 0.0f;
-            if (!active || !rot_valid(sub, k)) continue;
-            const int pair = (sub + k * LANES) * PAIRS_PER_ITEM + t;
-            const long long row = rows[MROPE_AXES > 0 ? p.pair_axis[pair] : 0];
-            pair_angle(p, row, pair, is_k, &a->c[k][t], &a->s[k][t]);
+                for (int j = 0; j < SPAN; ++j) a->cos[k].v[j] = a->sin[k].v[j] = TableT{};
+            }
+        } else {
+#pragma unroll
+            for (int t = 0; t < PAIRS_PER_ITEM; ++t) {
+                a->c[k][t] = 0.0f;
+                a->s[k][t] = 0.0f;
+                if (!valid) continue;
+                const int pair = pair0 + t;
+                const long long row = rows[MROPE_AXES > 0 ? p.pair_axis[pair] : 0];
+                pair_angle(p, row, pair, is_k, &a->c[k][t], &a->s[k][t]);
+            }
         }
     }
 }
@@ -304,7 +403,7 @@ __device__ __forceinline__ void rotate_row(const Angles& a, Row* row) {
         for (int t = 0; t < PAIRS_PER_ITEM; ++t) {
             float& x1 = INTERLEAVED ? row->own[k][2 * t] : row->own[k][t];
             float& x2 = INTERLEAVED ? row->own[k][2 * t + 1] : row->partner[k][t];
-            const float c = a.c[k][t], s = a.s[k][t];
+            const float c = a.cos_of(k, t), s = a.sin_of(k, t);
             const float y1 = x1 * c - x2 * s, y2 = x2 * c + x1 * s;
             x1 = y1;
             x2 = y2;
@@ -360,6 +459,10 @@ __device__ __forceinline__ void for_each_feature(int sub, F f) {
 __device__ __forceinline__ float& at(Row& row, int part, int k, int t) {
     return part == 0 ? row.own[k][t] : part == 1 ? row.partner[k][INTERLEAVED ? 0 : t]
                                                  : row.tail[k][t];
+}
+
+__device__ __forceinline__ W weight(const WeightRow& w, int part, int k, int t) {
+    return part == 0 ? w.own[k][t] : part == 1 ? w.partner[k][INTERLEAVED ? 0 : t] : w.tail[k][t];
 }
 
 // The launch's argument block: RopeNormParams, followed by RopeCacheParams for a KV cache or
@@ -515,7 +618,7 @@ extern "C" __global__ void __launch_bounds__(WARP* kRopeNormMaxWarps)
         RawRow raw, raw0;
         load_row(x, xs, active, sub, &raw);
         if (BACKWARD_PASS) load_row(x0, x0s, active, sub, &raw0);
-        Row wr;
+        WeightRow wr;
         load_weights(w, ws, active, sub, &wr);
         // Then the dependent ones: k's cache slot, the token's table rows and the angles.
         long long out_base;
@@ -551,7 +654,7 @@ extern "C" __global__ void __launch_bounds__(WARP* kRopeNormMaxWarps)
         if (!BACKWARD_PASS) {
             const float rms = rsqrtf(group_sum(sum) * inv_d + np.eps);
             for_each_feature(sub, [&](int part, int k, int t, int) {
-                at(row, part, k, t) *= rms * at(wr, part, k, t);
+                at(row, part, k, t) *= rms * weight_value(weight(wr, part, k, t));
             });
             rotate_row(angles, &row);
             const bool fp8 = is_k ? KV_FP8 : Q_FP8;
@@ -566,7 +669,7 @@ extern "C" __global__ void __launch_bounds__(WARP* kRopeNormMaxWarps)
             for_each_feature(sub, [&](int part, int k, int t, int d) {
                 const float xh = at(x0r, part, k, t) * rms;
                 const float g = at(row, part, k, t);
-                dot += at(wr, part, k, t) * g * xh;
+                dot += weight_value(weight(wr, part, k, t)) * g * xh;
                 const bool valid = part == 2 ? copy_valid(sub, k) : rot_valid(sub, k);
                 if (NORM_WEIGHT_GRAD && active && valid)
                     atomicAdd(&dw[(is_k ? HEAD_DIM : 0) + d], g * xh);
@@ -575,7 +678,7 @@ extern "C" __global__ void __launch_bounds__(WARP* kRopeNormMaxWarps)
             for_each_feature(sub, [&](int part, int k, int t, int) {
                 const float xh = at(x0r, part, k, t) * rms;
                 float& g = at(row, part, k, t);
-                g = rms * (at(wr, part, k, t) * g - xh * mean);
+                g = rms * (weight_value(weight(wr, part, k, t)) * g - xh * mean);
             });
             store_row(y, y8, false, ys, active, sub, row, fp8_scale(1.0f));
         }

@@ -382,25 +382,22 @@ TEST_CASE("a QK-norm spec has its own JSON fields, template and canonical access
     INFO(error);
     REQUIRE(spec.has_value());
     CHECK(spec->qk_norm == 1);
-    // The rotation's vector width is rope.cu's (16 bytes); the norm kernel's blocks are its own.
+    // The access widths are rope.cu's (16 bytes); the norm kernel's blocks are its own.
     CHECK(spec->vec == 8);
     CHECK(spec->vec_loads == 1);
-    CHECK(spec->table_vec_loads == 0);
+    CHECK(spec->table_vec_loads == 1);
     CHECK(spec->block_threads == 256);
     CHECK(KernelSpec::from_json(spec->to_json(), nullptr) == spec);
     CHECK(spec->preamble().find("enum : bool { QK_NORM = true };") != std::string::npos);
     CHECK(spec->preamble().find("enum : int { NORM_WEIGHT_DTYPE = 2 };") != std::string::npos);
     CHECK(rope_jit::specialize_kernel(*spec).find("rope_norm_kernel") != std::string::npos);
     CHECK(rope_jit::rope_recipe(*spec).entry == "rope_norm_kernel");
-    // Fields the norm kernel alone reads need it; its table and block fields take one value.
+    // Fields the norm kernel alone reads need it; its block size takes one value.
     CHECK(!KernelSpec::from_json(R"({"head_dim": 64, "norm_unit_offset": true})", &error));
     CHECK(error.find("qk_norm") != std::string::npos);
     CHECK(!KernelSpec::from_json(R"({"head_dim": 64, "qk_norm": true, "norm_weight_grad": true})",
                                  &error));
     CHECK(error.find("backward") != std::string::npos);
-    CHECK(!KernelSpec::from_json(R"({"head_dim": 64, "qk_norm": true, "table_vec_loads": true})",
-                                 &error));
-    CHECK(error.find("qk_norm") != std::string::npos);
     CHECK(!KernelSpec::from_json(R"({"head_dim": 64, "qk_norm": true, "block_threads": 128})",
                                  &error));
     CHECK(error.find("qk_norm") != std::string::npos);

@@ -103,10 +103,10 @@ int32_t choose_v_width(const KernelSpec& spec, size_t element_size, TensorsAllow
     return 1;
 }
 
-// The QK-norm kernel (rope_norm.cu) takes the vector width of rope.cu's rotation (vec,
-// vec_loads) and v's (v_vec) as they are. It rewrites every feature, the unrotated ones too
-// (the norm scales them), so its copy width tiles them even in place; it reads the table one
-// pair at a time, and its blocks are at most kRopeNormMaxWarps warps.
+// The QK-norm kernel (rope_norm.cu) takes rope.cu's access widths of the rotation (vec,
+// vec_loads), the tables (table_vec_loads) and v (v_vec) as they are. It rewrites every
+// feature, the unrotated ones too (the norm scales them), so its copy width tiles them even in
+// place; its blocks are at most kRopeNormMaxWarps warps.
 template <typename TensorsAllow>
 void set_norm_access(KernelSpec& spec, size_t element_size, TensorsAllow tensors_allow) {
     if (!spec.qk_norm) return;
@@ -119,7 +119,6 @@ void set_norm_access(KernelSpec& spec, size_t element_size, TensorsAllow tensors
             }
         }
     }
-    spec.table_vec_loads = 0;
     spec.block_threads = 32 * kRopeNormMaxWarps;
 }
 
@@ -416,9 +415,8 @@ void KernelSpec::validate() const {
             "forward");
     require(!qk_norm || !interleaved || vec % 2 == 0,
             fmt::format("qk_norm: interleaved pairs need an even vec, got {}", vec));
-    require(!qk_norm || (!table_vec_loads && block_threads == 32 * kRopeNormMaxWarps),
-            fmt::format("qk_norm: the norm kernel takes no table_vec_loads and block_threads {}",
-                        32 * kRopeNormMaxWarps));
+    require(!qk_norm || block_threads == 32 * kRopeNormMaxWarps,
+            fmt::format("qk_norm: the norm kernel takes block_threads {}", 32 * kRopeNormMaxWarps));
 }
 
 std::string KernelSpec::preamble() const {
@@ -497,7 +495,6 @@ std::optional<KernelSpec> KernelSpec::from_json(const std::string& text, std::st
             set_norm_access(spec, element_size, [](int64_t) { return true; });
             // Values the JSON names stay as given (validate() then says what is wrong).
             if (!absent("copy_vec")) spec.copy_vec = given.copy_vec;
-            if (!absent("table_vec_loads")) spec.table_vec_loads = given.table_vec_loads;
             if (!absent("block_threads")) spec.block_threads = given.block_threads;
         }
         spec.validate();
