@@ -528,6 +528,68 @@ __device__ __forceinline__ void copy_v_row(const RopeKernelParams& p, const Rope
     }
 }
 
+// Row r of the grid (rows are token-major: q's heads, k's, then v's): its token (b, s), kind
+// (0 q, 1 k, 2 v) and head within the kind; inactive past the last row or past its sequence.
+struct RowPlace {
+    long long b, s;
+    int h, kind;
+    bool active;
+};
+
+__device__ __forceinline__ RowPlace place_row(const RopeKernelParams& p, long long r,
+                                              long long rows_total, int heads_q, int heads_k,
+                                              int heads_all) {
+    RowPlace place{0, 0, 0, 0, r < rows_total};
+    long long u = 0;
+    if (place.active)  // 32-bit division where the rows allow it (the common case)
+        u = rows_total <= 0x7fffffffLL ? static_cast<unsigned>(r) / unsigned(heads_all)
+                                       : r / heads_all;
+    place.h = static_cast<int>(r - u * heads_all);
+    split_token(p, u, &place.b, &place.s);
+    place.kind = place.h < heads_q ? 0 : place.h < heads_q + heads_k ? 1 : 2;
+    place.h -= place.kind == 0 ? 0 : place.kind == 1 ? heads_q : heads_q + heads_k;
+    if (place.s >= (place.kind == 0 ? p.seqlen_q : p.seqlen_k)) place.active = false;
+    return place;
+}
+
+// The first element of a q or k row's input: x (forward; backward dL/dy), or (forward_input)
+// the backward's x before the norm.
+__device__ __forceinline__ const T* row_input(const RopeNormParams& np, const RowPlace& at,
+                                              bool forward_input) {
+    const RopeKernelParams& p = np.rope;
+    const bool is_k = at.kind == 1;
+    const void* base = forward_input ? (is_k ? np.k_input : np.q_input) : (is_k ? p.k : p.q);
+    const long long* stride = forward_input ? (is_k ? np.k_input_stride : np.q_input_stride)
+                                            : (is_k ? p.k_stride : p.q_stride);
+    return static_cast<const T*>(base) + at.b * stride[0] + at.h * stride[1] + at.s * stride[2];
+}
+
+__device__ __forceinline__ void prefetch_l2(const void* x) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(x));
+}
+
+// Asks L2 for what the lane will load of a later row (its vectors of x, and backward of the
+// forward's input): the loads of the rows a thread takes one after another then overlap,
+// without holding registers. Unit-stride rows only (VEC_LOADS); v's rows are not prefetched.
+__device__ __forceinline__ void prefetch_row(const RopeNormParams& np, const RowPlace& at,
+                                             int sub) {
+    if (!VEC_LOADS || !at.active || at.kind == 2) return;
+#pragma unroll
+    for (int pass = 0; pass < (BACKWARD_PASS ? 2 : 1); ++pass) {
+        const T* x = row_input(np, at, pass == 1);
+#pragma unroll
+        for (int k = 0; k < ROT_SLOTS; ++k) {
+            if (!rot_valid(sub, k)) continue;
+            const T* own = x + rot_feature(sub + k * LANES);
+            prefetch_l2(own);
+            if (!INTERLEAVED) prefetch_l2(own + PARTNER_SHIFT);
+        }
+#pragma unroll
+        for (int k = 0; k < COPY_SLOTS; ++k)
+            if (copy_valid(sub, k)) prefetch_l2(x + copy_feature(sub + k * LANES));
+    }
+}
+
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(WARP* kRopeNormMaxWarps)
@@ -564,62 +626,37 @@ extern "C" __global__ void __launch_bounds__(WARP* kRopeNormMaxWarps)
     for (long long first = (static_cast<long long>(blockIdx.x) * np.warps + warp) * ROWS_PER_WARP;
          first < rows_total; first += step) {
         const long long r = first + lane / LANES;
-        bool active = r < rows_total;
-        // 32-bit division where the rows allow it (the common case).
-        long long u = 0;
-        if (active)
-            u = rows_total <= 0x7fffffffLL ? static_cast<unsigned>(r) / unsigned(heads_all)
-                                           : r / heads_all;
-        int h = static_cast<int>(r - u * heads_all);
-        long long b, s;
-        split_token(p, u, &b, &s);
+        const RowPlace place = place_row(p, r, rows_total, heads_q, heads_k, heads_all);
+        bool active = place.active;
+        const long long b = place.b, s = place.s;
+        const int h = place.h;
         if constexpr (KV_CACHE != 0 && V_DIM > 0) {
-            if (h >= heads_q + heads_k) {  // a row of v
-                copy_v_row(p, *cache, b, s, h - heads_q - heads_k, active, sub,
-                           fp8_scale(v_scale));
+            if (place.kind == 2) {  // a row of v
+                copy_v_row(p, *cache, b, s, h, active, sub, fp8_scale(v_scale));
                 active = false;  // it joins the group sums below with zeros
             }
         }
-        const bool is_k = HAS_K && h >= heads_q;
-        if (is_k) h -= heads_q;
-        if (s >= (is_k ? p.seqlen_k : p.seqlen_q)) active = false;
+        const bool is_k = place.kind != 0;  // (a v row's group is inactive from here on)
 
         // The row's input and output. With a KV cache k_out is the cache's view, placed below.
-        const T* x;
-        long long xs, ys;
+        const T* x = row_input(np, place, false);
+        const long long xs = is_k ? p.k_stride[3] : p.q_stride[3];
+        const long long ys = is_k ? p.k_out_stride[3] : p.q_out_stride[3];
         T* y;
         unsigned char* y8;
-        const void* w;
-        long long ws;
-        const T* x0 = nullptr;  // backward: the forward's input
-        long long x0s = 0;
-        if (is_k) {
-            x = static_cast<const T*>(p.k) + b * p.k_stride[0] + h * p.k_stride[1] +
-                s * p.k_stride[2];
-            xs = p.k_stride[3], ys = p.k_out_stride[3];
-            w = np.k_weight, ws = np.k_weight_stride;
-            if (BACKWARD_PASS) {
-                x0 = static_cast<const T*>(np.k_input) + b * np.k_input_stride[0] +
-                     h * np.k_input_stride[1] + s * np.k_input_stride[2];
-                x0s = np.k_input_stride[3];
-            }
-        } else {
-            x = static_cast<const T*>(p.q) + b * p.q_stride[0] + h * p.q_stride[1] +
-                s * p.q_stride[2];
-            xs = p.q_stride[3], ys = p.q_out_stride[3];
-            w = np.q_weight, ws = np.q_weight_stride;
-            if (BACKWARD_PASS) {
-                x0 = static_cast<const T*>(np.q_input) + b * np.q_input_stride[0] +
-                     h * np.q_input_stride[1] + s * np.q_input_stride[2];
-                x0s = np.q_input_stride[3];
-            }
-        }
+        const void* w = is_k ? np.k_weight : np.q_weight;
+        const long long ws = is_k ? np.k_weight_stride : np.q_weight_stride;
+        const T* x0 = BACKWARD_PASS ? row_input(np, place, true) : nullptr;  // forward's input
+        const long long x0s = is_k ? np.k_input_stride[3] : np.q_input_stride[3];
         // First every independent load: the row (and the forward's input), then the weights.
         RawRow raw, raw0;
         load_row(x, xs, active, sub, &raw);
         if (BACKWARD_PASS) load_row(x0, x0s, active, sub, &raw0);
         WeightRow wr;
         load_weights(w, ws, active, sub, &wr);
+        // The group's next row: its loads start while this one computes (recomputed there:
+        // carrying its place costs more registers than the divisions).
+        prefetch_row(np, place_row(p, r + step, rows_total, heads_q, heads_k, heads_all), sub);
         // Then the dependent ones: k's cache slot, the token's table rows and the angles.
         long long out_base;
         if (is_k) {
