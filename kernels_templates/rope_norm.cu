@@ -289,8 +289,13 @@ __device__ __forceinline__ void load_weight_run(const W* w, long long ws, bool v
 __device__ __forceinline__ void load_weights(const void* weights, long long ws, bool active,
                                              int sub, WeightRow* wr) {
     const W* w = static_cast<const W*>(weights);
-    // Every run starts at a multiple of its length, so an aligned base aligns every vector.
-    const bool vector = ws == 1 && reinterpret_cast<unsigned long long>(w) % 16 == 0;
+    // Vectors where every run starts at a multiple of its length (unrotated runs always do;
+    // rotated ones when the offset and the partner distance are multiples of VEC, which
+    // VEC_LOADS guarantees), so that a 16-byte-aligned base aligns every vector.
+    constexpr bool runs_tile =
+        ROTARY_OFFSET % VEC == 0 && (INTERLEAVED || PARTNER_SHIFT % VEC == 0);
+    const bool vector =
+        runs_tile && ws == 1 && reinterpret_cast<unsigned long long>(w) % 16 == 0;
 #pragma unroll
     for (int k = 0; k < ROT_SLOTS; ++k) {
         const bool valid = active && rot_valid(sub, k);
@@ -434,8 +439,9 @@ __device__ __forceinline__ void store_row(T* y, unsigned char* y8, bool fp8, lon
     }
 }
 
-// Calls `f(value, weight, feature)` for every value the lane holds of the row, over the rows
-// values and w (the same layout); inactive slots included (they hold zeros).
+// Calls f(part, k, t, feature) for every value the lane holds of a row (Row and WeightRow
+// share the layout: at() and weight() read element (part, k, t)); unused slots included
+// (they hold zeros).
 template <typename F>
 __device__ __forceinline__ void for_each_feature(int sub, F f) {
 #pragma unroll
@@ -654,10 +660,18 @@ extern "C" __global__ void __launch_bounds__(WARP* kRopeNormMaxWarps)
         if (BACKWARD_PASS) load_row(x0, x0s, active, sub, &raw0);
         WeightRow wr;
         load_weights(w, ws, active, sub, &wr);
-        // The group's next row: its loads start while this one computes (recomputed there:
-        // carrying its place costs more registers than the divisions).
-        prefetch_row(np, place_row(p, r + step, rows_total, heads_q, heads_k, heads_all), sub);
-        // Then the dependent ones: k's cache slot, the token's table rows and the angles.
+        // Then the dependent ones: the token's table rows (positions) first, then k's cache slot,
+        // whose index math waits for its load while the positions' load is in flight, then the
+        // angles.
+        long long rows[MROPE_AXES > 0 ? MROPE_AXES : 1] = {};
+        if (active) {
+            if (MROPE_AXES > 0) {
+                for (int axis = 0; axis < MROPE_AXES; ++axis)
+                    rows[axis] = table_row(p, b, s, false, axis);
+            } else {
+                rows[0] = table_row(p, b, s, is_k);
+            }
+        }
         long long out_base;
         if (is_k) {
             out_base = b * p.k_out_stride[0] + h * p.k_out_stride[1] + s * p.k_out_stride[2];
@@ -674,15 +688,10 @@ extern "C" __global__ void __launch_bounds__(WARP* kRopeNormMaxWarps)
             y = static_cast<T*>(p.q_out) + out_base;
             y8 = static_cast<unsigned char*>(p.q_out) + out_base;
         }
-        long long rows[MROPE_AXES > 0 ? MROPE_AXES : 1] = {};
-        if (active) {
-            if (MROPE_AXES > 0) {
-                for (int axis = 0; axis < MROPE_AXES; ++axis)
-                    rows[axis] = table_row(p, b, s, false, axis);
-            } else {
-                rows[0] = table_row(p, b, s, is_k);
-            }
-        }
+        // The group's next row, if the grid has one: its loads start while this one computes
+        // (its place recomputed there: carrying it costs more registers than the divisions).
+        if (first + step < rows_total)
+            prefetch_row(np, place_row(p, r + step, rows_total, heads_q, heads_k, heads_all), sub);
         Angles angles;
         load_angles(p, rows, is_k, active, sub, &angles);
 
