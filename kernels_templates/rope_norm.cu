@@ -79,29 +79,6 @@ __device__ __forceinline__ void unpack(const Pack<N>& pack, float* v) {
     for (int j = 0; j < N; ++j) v[j] = storage_to_float<DTYPE>(pack.v[j]);
 }
 
-// value / scale, bit for bit as the CPU reference divides (round to nearest), from the
-// reciprocal computed once per thread: q = v * (1/scale) is within an ulp of the quotient, and
-// one correction with the exact remainder rounds it correctly (Markstein's theorem, which the
-// hardware division's fast path also uses) while nothing underflows or overflows; the rare
-// values outside that range divide.
-struct Fp8Scale {
-    float scale, inv;
-    bool fast;  // scale is normal, so that the correction step is exact
-};
-
-__device__ __forceinline__ Fp8Scale fp8_scale(float scale) {
-    const float a = fabsf(scale);
-    return Fp8Scale{scale, __frcp_rn(scale), a >= 0x1p-100f && a <= 0x1p100f};
-}
-
-__device__ __forceinline__ float divide(float v, const Fp8Scale& s) {
-    const float q = v * s.inv;
-    const float av = fabsf(v), aq = fabsf(q);
-    if (!(s.fast && av >= 0x1p-60f && av <= 0x1p60f && aq >= 0x1p-60f && aq <= 0x1p60f))
-        return __fdiv_rn(v, s.scale);
-    return fmaf(fmaf(-q, s.scale, v), s.inv, q);
-}
-
 // 16-byte stores of results are marked evict-first (st.global.cs), as in rope.cu: they are never
 // read again here and should not push the table rows, which every head reads, out of L2.
 __device__ __forceinline__ void store_streaming16(void* y, const unsigned* w) {
@@ -110,8 +87,9 @@ __device__ __forceinline__ void store_streaming16(void* y, const unsigned* w) {
                  : "memory");
 }
 
-// N results at y (q's dtype) or, FP8, N float8 e4m3fn bytes of value / scale at y8: one
-// aligned vector store when VECTOR, else N scalar stores at `stride`.
+// N results at y (q's dtype) or, FP8, N float8 e4m3fn bytes of value / scale at y8 (the IEEE
+// quotient's byte, as the CPU reference divides, from a reciprocal prepared once: fp8_quotient
+// in rope_device.h): one aligned vector store when VECTOR, else N scalar stores at `stride`.
 template <int N, bool VECTOR>
 __device__ __forceinline__ void store_values(T* y, unsigned char* y8, bool fp8, long long stride,
                                              const float* v, const Fp8Scale& scale) {
@@ -119,9 +97,10 @@ __device__ __forceinline__ void store_values(T* y, unsigned char* y8, bool fp8, 
         unsigned short pairs[(N + 1) / 2];
 #pragma unroll
         for (int j = 0; j < N / 2; ++j)
-            pairs[j] = e4m3x2_bits(divide(v[2 * j], scale), divide(v[2 * j + 1], scale));
+            pairs[j] = e4m3x2_bits(fp8_quotient(v[2 * j], scale),
+                                   fp8_quotient(v[2 * j + 1], scale));
         if (N % 2 != 0)
-            pairs[N / 2] = static_cast<unsigned short>(e4m3_bits(divide(v[N - 1], scale)));
+            pairs[N / 2] = static_cast<unsigned short>(e4m3_bits(fp8_quotient(v[N - 1], scale)));
         if constexpr (VECTOR && N == 8) {
             struct alignas(8) Words {
                 unsigned lo, hi;
