@@ -4,15 +4,22 @@
 // same constants as for rope.cu (kernel_spec.cpp) plus QK_NORM, NORM_UNIT_OFFSET,
 // NORM_WEIGHT_DTYPE and NORM_WEIGHT_GRAD.
 //
-// The norm needs a whole head row before any output: one warp owns one (token, head) row at a
-// time, stages it in shared memory as float, reduces with shuffles, and writes it out; rows are
-// taken grid-stride. Forward: y = rope(x * r * w'), r = 1/sqrt(mean(x^2) + eps). Backward (q and
-// k hold dL/dy): g = the inverse rotation of dL/dy, xh = x * r, dL/dx = r (w' g - xh mean(w' g
-// xh)), and dL/dw sums g xh, per block in shared memory, then once per block with atomics.
+// The norm needs a whole head row before any output, so a row lives in the registers of a group
+// of LANES lanes (rope_norm_params.h): a lane owns whole pairs, VEC of them as one aligned vector
+// of first features and one of partners (interleaved: VEC consecutive features), and COPY_VEC
+// unrotated features at a time; each pair's angle is computed once. The sum of squares is a
+// shuffle reduction inside the group. A warp holds 32 / LANES rows and takes rows grid-stride.
+// Forward: y = rope(x * r * w'), r = 1/sqrt(mean(x^2) + eps). Backward (q and k hold dL/dy):
+// g = the inverse rotation of dL/dy, xh = x * r, dL/dx = r (w' g - xh mean(w' g xh)), and dL/dw
+// sums g xh, per block in shared memory, then once per block with atomics.
+//
+// Every load of a row (x, v, the weights) is issued before the loads that depend on another
+// load (slot_mapping, positions -> table), so that their latencies overlap: at decode the time
+// is that chain, not bandwidth.
 //
 // Forward with a KV cache (KV_CACHE): k's rows go to their cache slots instead of k_out, and
-// v's rows (V_DIM > 0) are copied into v's cache by warps of their own, one row each; FP8
-// outputs (KV_FP8, Q_FP8) store float8 e4m3fn of value / scale.
+// v's rows (V_DIM > 0) are copied into v's cache by groups of their own; FP8 outputs (KV_FP8,
+// Q_FP8) store float8 e4m3fn of value / scale.
 
 #include "device_numeric.h"
 #include "rope_norm_params.h"
@@ -27,64 +34,420 @@ using T = typename StorageOf<DTYPE>::type;
 enum : int {
     PAIRS = ROTARY_DIM / 2,
     WARP = 32,
+    LANES = rope_norm_lanes(HEAD_DIM, ROTARY_DIM, INTERLEAVED, VEC, COPY_VEC),
+    ROWS_PER_WARP = WARP / LANES,
+    // Rotated items (VEC pairs, or interleaved VEC features) and unrotated ones (COPY_VEC
+    // features) of a row, and how many of each a lane holds (at least one slot, maybe unused).
+    ROT_ITEMS = rope_norm_rot_items(ROTARY_DIM, INTERLEAVED, VEC),
+    COPY_ITEMS = rope_norm_copy_items(HEAD_DIM, ROTARY_DIM, COPY_VEC),
+    ROT_SLOTS = ROT_ITEMS > LANES ? (ROT_ITEMS + LANES - 1) / LANES : 1,
+    COPY_SLOTS = COPY_ITEMS > LANES ? (COPY_ITEMS + LANES - 1) / LANES : 1,
+    PAIRS_PER_ITEM = INTERLEAVED ? VEC / 2 : VEC,
+    PARTNER_VEC = INTERLEAVED ? 1 : VEC,  // partner registers (none used when interleaved)
+    // A pair's second feature in the half and proportional styles: R/2, or D/2, further on.
+    PARTNER_SHIFT = PROPORTIONAL ? HEAD_DIM / 2 : PAIRS,
+    V_ITEMS = V_DIM / V_VEC,
+    V_SLOTS = V_ITEMS > LANES ? (V_ITEMS + LANES - 1) / LANES : 1,
+};
+static_assert(INTERLEAVED ? ROTARY_DIM % VEC == 0 && VEC % 2 == 0 : PAIRS % VEC == 0,
+              "VEC tiles the pairs");
+static_assert((HEAD_DIM - ROTARY_DIM) % COPY_VEC == 0 && V_DIM % V_VEC == 0,
+              "COPY_VEC and V_VEC tile their features");
+
+template <int N>
+struct alignas(N * sizeof(T)) Pack {
+    T v[N];
 };
 
-__device__ __forceinline__ float warp_sum(float v) {
+// N consecutive features at x: one aligned vector access when the host proved alignment and
+// unit stride (VECTOR), else N scalar accesses at `stride`.
+template <int N, bool VECTOR>
+__device__ __forceinline__ Pack<N> load_pack(const T* x, long long stride) {
+    Pack<N> pack;
+    if constexpr (VECTOR) {
+        pack = *reinterpret_cast<const Pack<N>*>(x);
+    } else {
 #pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+        for (int j = 0; j < N; ++j) pack.v[j] = x[j * stride];
+    }
+    return pack;
+}
+
+template <int N>
+__device__ __forceinline__ void unpack(const Pack<N>& pack, float* v) {
+#pragma unroll
+    for (int j = 0; j < N; ++j) v[j] = storage_to_float<DTYPE>(pack.v[j]);
+}
+
+// 16-byte stores of results are marked evict-first (st.global.cs), as in rope.cu: they are never
+// read again here and should not push the table rows, which every head reads, out of L2.
+__device__ __forceinline__ void store_streaming16(void* y, const unsigned* w) {
+    asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(y), "r"(w[0]), "r"(w[1]),
+                 "r"(w[2]), "r"(w[3])
+                 : "memory");
+}
+
+// N results at y (q's dtype) or, FP8, N float8 e4m3fn bytes of value / scale at y8 (the IEEE
+// quotient's byte, as the CPU reference divides, from a reciprocal prepared once: fp8_quotient
+// in rope_device.h): one aligned vector store when VECTOR, else N scalar stores at `stride`.
+template <int N, bool VECTOR>
+__device__ __forceinline__ void store_values(T* y, unsigned char* y8, bool fp8, long long stride,
+                                             const float* v, const Fp8Scale& scale) {
+    if ((KV_FP8 || Q_FP8) && fp8) {
+        unsigned short pairs[(N + 1) / 2];
+#pragma unroll
+        for (int j = 0; j < N / 2; ++j)
+            pairs[j] = e4m3x2_bits(fp8_quotient(v[2 * j], scale),
+                                   fp8_quotient(v[2 * j + 1], scale));
+        if (N % 2 != 0)
+            pairs[N / 2] = static_cast<unsigned short>(e4m3_bits(fp8_quotient(v[N - 1], scale)));
+        if constexpr (VECTOR && N == 8) {
+            struct alignas(8) Words {
+                unsigned lo, hi;
+            };
+            *reinterpret_cast<Words*>(y8) = Words{pairs[0] | (unsigned(pairs[1]) << 16),
+                                                  pairs[2] | (unsigned(pairs[3]) << 16)};
+        } else if constexpr (VECTOR && N == 4) {
+            *reinterpret_cast<unsigned*>(y8) = pairs[0] | (unsigned(pairs[1]) << 16);
+        } else if constexpr (VECTOR && N == 2) {
+            *reinterpret_cast<unsigned short*>(y8) = pairs[0];
+        } else {
+#pragma unroll
+            for (int j = 0; j < N; ++j)
+                y8[j * stride] = static_cast<unsigned char>(pairs[j / 2] >> (8 * (j % 2)));
+        }
+        return;
+    }
+    Pack<N> pack;
+#pragma unroll
+    for (int j = 0; j < N; ++j) pack.v[j] = from_float<DTYPE>(v[j]);
+    if constexpr (VECTOR && sizeof(Pack<N>) == 16) {
+        store_streaming16(y, reinterpret_cast<const unsigned*>(&pack));
+    } else if constexpr (VECTOR) {
+        *reinterpret_cast<Pack<N>*>(y) = pack;
+    } else {
+#pragma unroll
+        for (int j = 0; j < N; ++j) y[j * stride] = pack.v[j];
+    }
+}
+
+// Sum over the LANES lanes of a group (xor offsets below LANES stay inside it); every lane of
+// the warp calls it.
+__device__ __forceinline__ float group_sum(float v) {
+#pragma unroll
+    for (int offset = LANES / 2; offset > 0; offset /= 2)
+        v += __shfl_xor_sync(0xffffffffu, v, offset);
     return v;
 }
 
-// Whether feature d of a head is rotated, and then its pair, whether it is the pair's first
-// feature, and its partner feature.
-struct FeaturePair {
-    bool rotated, first;
-    int pair, partner;
+// The first feature of rotated item j, and of unrotated item j: [0, o) then [o + R, D), or,
+// proportional, [R/2, D/2) then [D/2 + R/2, D).
+__device__ __forceinline__ int rot_feature(int j) {
+    return ROTARY_OFFSET + j * VEC;
+}
+__device__ __forceinline__ int copy_feature(int j) {
+    const int f = j * COPY_VEC;
+    if (PROPORTIONAL) {
+        const int first = HEAD_DIM / 2 - PAIRS;
+        return f < first ? PAIRS + f : HEAD_DIM / 2 + PAIRS + (f - first);
+    }
+    return f < ROTARY_OFFSET ? f : f + ROTARY_DIM;
+}
+
+// A row's features as the lane holds them: rotated items (first features, partners) and
+// unrotated ones, raw as loaded, so that they occupy few registers while loads are in flight.
+struct RawRow {
+    Pack<VEC> own[ROT_SLOTS];
+    Pack<PARTNER_VEC> partner[ROT_SLOTS];
+    Pack<COPY_VEC> tail[COPY_SLOTS];
 };
 
-__device__ __forceinline__ FeaturePair feature_pair(int d) {
-    FeaturePair f{false, false, 0, 0};
-    if (PROPORTIONAL) {
-        const int half = HEAD_DIM / 2, i = d < half ? d : d - half;
-        if (i >= PAIRS) return f;
-        f.rotated = true;
-        f.first = d < half;
-        f.pair = i;
-        f.partner = f.first ? d + half : d - half;
-        return f;
+// The same as float (values, weights, or results).
+struct Row {
+    float own[ROT_SLOTS][VEC];
+    float partner[ROT_SLOTS][PARTNER_VEC];
+    float tail[COPY_SLOTS][COPY_VEC];
+};
+
+__device__ __forceinline__ bool rot_valid(int sub, int k) {
+    return sub + k * LANES < ROT_ITEMS;
+}
+__device__ __forceinline__ bool copy_valid(int sub, int k) {
+    return sub + k * LANES < COPY_ITEMS;
+}
+
+// Loads the lane's items of the row at x (feature stride xs); nothing for an inactive row.
+__device__ __forceinline__ void load_row(const T* x, long long xs, bool active, int sub,
+                                         RawRow* raw) {
+#pragma unroll
+    for (int k = 0; k < ROT_SLOTS; ++k) {
+        if (!active || !rot_valid(sub, k)) continue;
+        const T* at = x + rot_feature(sub + k * LANES) * xs;
+        raw->own[k] = load_pack<VEC, VEC_LOADS>(at, xs);
+        if (!INTERLEAVED)
+            raw->partner[k] = load_pack<PARTNER_VEC, VEC_LOADS>(at + PARTNER_SHIFT * xs, xs);
     }
-    const int e = d - ROTARY_OFFSET;
-    if (e < 0 || e >= ROTARY_DIM) return f;
-    f.rotated = true;
-    if (INTERLEAVED) {
-        f.pair = e / 2;
-        f.first = e % 2 == 0;
-        f.partner = f.first ? d + 1 : d - 1;
+#pragma unroll
+    for (int k = 0; k < COPY_SLOTS; ++k) {
+        if (!active || !copy_valid(sub, k)) continue;
+        const T* at = x + copy_feature(sub + k * LANES) * xs;
+        raw->tail[k] = load_pack<COPY_VEC, (COPY_VEC > 1)>(at, xs);
+    }
+}
+
+// The row as float, and the lane's part of its sum of squares (0 for unused slots).
+__device__ __forceinline__ float unpack_row(const RawRow& raw, bool active, int sub, Row* row) {
+    float sum = 0.0f;
+#pragma unroll
+    for (int k = 0; k < ROT_SLOTS; ++k) {
+        const bool valid = active && rot_valid(sub, k);
+        unpack<VEC>(raw.own[k], row->own[k]);
+        if (!INTERLEAVED) unpack<PARTNER_VEC>(raw.partner[k], row->partner[k]);
+#pragma unroll
+        for (int t = 0; t < VEC; ++t) {
+            if (!valid) row->own[k][t] = 0.0f;
+            sum += row->own[k][t] * row->own[k][t];
+            if (!INTERLEAVED) {
+                if (!valid) row->partner[k][t] = 0.0f;
+                sum += row->partner[k][t] * row->partner[k][t];
+            }
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < COPY_SLOTS; ++k) {
+        const bool valid = active && copy_valid(sub, k);
+        unpack<COPY_VEC>(raw.tail[k], row->tail[k]);
+#pragma unroll
+        for (int t = 0; t < COPY_VEC; ++t) {
+            if (!valid) row->tail[k][t] = 0.0f;
+            sum += row->tail[k][t] * row->tail[k][t];
+        }
+    }
+    return sum;
+}
+
+// The weights at the lane's features, raw as stored (w' = w, or 1 + w, when used): loaded with
+// the row, so that their latency overlaps its. Unit-stride, 16-byte-aligned weights (the
+// usual [D] parameter) are read as vectors of up to 16 bytes, else one element at a time;
+// unused slots hold zeros (the backward's sums multiply them).
+using W = typename StorageOf<NORM_WEIGHT_DTYPE>::type;
+
+enum : int { W_CHUNK = 16 / static_cast<int>(sizeof(W)) };  // weights per 16-byte vector
+
+template <int N>
+struct alignas(N * sizeof(W)) WeightPack {
+    W v[N];
+};
+
+struct WeightRow {
+    W own[ROT_SLOTS][VEC];
+    W partner[ROT_SLOTS][PARTNER_VEC];
+    W tail[COPY_SLOTS][COPY_VEC];
+};
+
+template <int N>
+__device__ __forceinline__ void load_weight_run(const W* w, long long ws, bool vector,
+                                                bool valid, int d, W* out) {
+    constexpr int M = N < W_CHUNK ? N : W_CHUNK;
+    if (!valid) {
+#pragma unroll
+        for (int j = 0; j < N; ++j) out[j] = W{};
+    } else if (vector) {
+#pragma unroll
+        for (int c = 0; c < N / M; ++c) {
+            const WeightPack<M> pack = *reinterpret_cast<const WeightPack<M>*>(w + d + c * M);
+#pragma unroll
+            for (int j = 0; j < M; ++j) out[c * M + j] = pack.v[j];
+        }
     } else {
-        f.first = e < PAIRS;
-        f.pair = f.first ? e : e - PAIRS;
-        f.partner = f.first ? d + PAIRS : d - PAIRS;
+#pragma unroll
+        for (int j = 0; j < N; ++j) out[j] = w[(d + j) * ws];
     }
-    return f;
 }
 
-// Feature d of the rotated row v (a warp's staged row): (x1 c - x2 s) for a pair's first
-// feature, (x2 c + x1 s) for its second, v[d] outside the pairs. The angles come with the
-// backward sign and xPos applied (pair_angle).
-__device__ __forceinline__ float rotated_feature(const RopeKernelParams& p, const float* v, int d,
-                                                 const long long* rows, bool is_k) {
-    const FeaturePair f = feature_pair(d);
-    if (!f.rotated) return v[d];
-    const long long row = rows[MROPE_AXES > 0 ? p.pair_axis[f.pair] : 0];
-    float c, s;
-    pair_angle(p, row, f.pair, is_k, &c, &s);
-    const float x1 = f.first ? v[d] : v[f.partner];
-    const float x2 = f.first ? v[f.partner] : v[d];
-    return f.first ? x1 * c - x2 * s : x2 * c + x1 * s;
+__device__ __forceinline__ void load_weights(const void* weights, long long ws, bool active,
+                                             int sub, WeightRow* wr) {
+    const W* w = static_cast<const W*>(weights);
+    // Vectors where every run starts at a multiple of its length (unrotated runs always do;
+    // rotated ones when the offset and the partner distance are multiples of VEC, which
+    // VEC_LOADS guarantees), so that a 16-byte-aligned base aligns every vector.
+    constexpr bool runs_tile =
+        ROTARY_OFFSET % VEC == 0 && (INTERLEAVED || PARTNER_SHIFT % VEC == 0);
+    const bool vector =
+        runs_tile && ws == 1 && reinterpret_cast<unsigned long long>(w) % 16 == 0;
+#pragma unroll
+    for (int k = 0; k < ROT_SLOTS; ++k) {
+        const bool valid = active && rot_valid(sub, k);
+        const int d = rot_feature(sub + k * LANES);
+        load_weight_run<VEC>(w, ws, vector, valid, d, wr->own[k]);
+        if (!INTERLEAVED)
+            load_weight_run<PARTNER_VEC>(w, ws, vector, valid, d + PARTNER_SHIFT, wr->partner[k]);
+    }
+#pragma unroll
+    for (int k = 0; k < COPY_SLOTS; ++k) {
+        const bool valid = active && copy_valid(sub, k);
+        load_weight_run<COPY_VEC>(w, ws, vector, valid, copy_feature(sub + k * LANES),
+                                  wr->tail[k]);
+    }
 }
 
-__device__ __forceinline__ float weight_at(const void* w, long long stride, int d) {
-    return load_float<NORM_WEIGHT_DTYPE>(w, d * stride) + (NORM_UNIT_OFFSET ? 1.0f : 0.0f);
+// w' of a raw weight.
+__device__ __forceinline__ float weight_value(W raw) {
+    return storage_to_float<NORM_WEIGHT_DTYPE>(raw) + (NORM_UNIT_OFFSET ? 1.0f : 0.0f);
+}
+
+// cos and sin of the lane's pairs. Plain tables: each item's span of columns, raw as stored
+// (converted when used: few registers while the loads are in flight), one vector each when the
+// host proved it aligned (TABLE_VEC_LOADS), as rope.cu reads them. inv_freq, xPos or M-RoPE:
+// pair_angle per pair (backward sign and xPos folded in). Unused slots rotate zeros.
+using TableT = typename StorageOf<TABLE_DTYPE>::type;
+
+enum : int {
+    TABLE_STEP = table_column(TABLE_FULL, INTERLEAVED, 1),  // columns from a pair to the next
+    TABLE_SPAN = table_columns(TABLE_FULL, INTERLEAVED, PAIRS_PER_ITEM),  // an item's columns
+};
+enum : bool { TABLE_SPANS = !ANGLES_FROM_INV_FREQ && !HAS_XPOS && MROPE_AXES == 0 };
+enum : int { SPAN = TABLE_SPANS ? TABLE_SPAN : 1 };  // columns the Angles hold per item
+
+template <int N>
+struct alignas(N * sizeof(TableT)) TablePack {
+    TableT v[N];
+};
+
+__device__ __forceinline__ TablePack<SPAN> load_table_span(const void* table,
+                                                           const long long* stride,
+                                                           long long row, int pair0) {
+    const TableT* base = static_cast<const TableT*>(table) + row * stride[0];
+    const long long col0 = static_cast<long long>(pair0) * TABLE_STEP;
+    if constexpr (TABLE_VEC_LOADS) {
+        return *reinterpret_cast<const TablePack<SPAN>*>(base + col0);
+    } else {
+        TablePack<SPAN> pack;
+#pragma unroll
+        for (int j = 0; j < SPAN; ++j) pack.v[j] = base[(col0 + j) * stride[1]];
+        return pack;
+    }
+}
+
+struct Angles {
+    TablePack<SPAN> cos[TABLE_SPANS ? ROT_SLOTS : 1];
+    TablePack<SPAN> sin[TABLE_SPANS ? ROT_SLOTS : 1];
+    float c[TABLE_SPANS ? 1 : ROT_SLOTS][PAIRS_PER_ITEM];
+    float s[TABLE_SPANS ? 1 : ROT_SLOTS][PAIRS_PER_ITEM];
+
+    __device__ __forceinline__ float cos_of(int k, int t) const {
+        if constexpr (TABLE_SPANS)
+            return storage_to_float<TABLE_DTYPE>(cos[k].v[t * TABLE_STEP]);
+        else
+            return c[k][t];
+    }
+    __device__ __forceinline__ float sin_of(int k, int t) const {
+        if constexpr (TABLE_SPANS) {
+            const float value = storage_to_float<TABLE_DTYPE>(sin[k].v[t * TABLE_STEP]);
+            return BACKWARD_PASS ? -value : value;
+        } else {
+            return s[k][t];
+        }
+    }
+};
+
+__device__ __forceinline__ void load_angles(const RopeKernelParams& p, const long long* rows,
+                                            bool is_k, bool active, int sub, Angles* a) {
+#pragma unroll
+    for (int k = 0; k < ROT_SLOTS; ++k) {
+        const bool valid = active && rot_valid(sub, k);
+        const int pair0 = (sub + k * LANES) * PAIRS_PER_ITEM;
+        if constexpr (TABLE_SPANS) {
+            if (valid) {
+                a->cos[k] = load_table_span(p.cos, p.cos_stride, rows[0], pair0);
+                a->sin[k] = load_table_span(p.sin, p.sin_stride, rows[0], pair0);
+            } else {
+#pragma unroll
+                for (int j = 0; j < SPAN; ++j) a->cos[k].v[j] = a->sin[k].v[j] = TableT{};
+            }
+        } else {
+#pragma unroll
+            for (int t = 0; t < PAIRS_PER_ITEM; ++t) {
+                a->c[k][t] = 0.0f;
+                a->s[k][t] = 0.0f;
+                if (!valid) continue;
+                const int pair = pair0 + t;
+                const long long row = rows[MROPE_AXES > 0 ? p.pair_axis[pair] : 0];
+                pair_angle(p, row, pair, is_k, &a->c[k][t], &a->s[k][t]);
+            }
+        }
+    }
+}
+
+// Rotates the row's pairs in place: (x1 c - x2 s, x2 c + x1 s).
+__device__ __forceinline__ void rotate_row(const Angles& a, Row* row) {
+#pragma unroll
+    for (int k = 0; k < ROT_SLOTS; ++k) {
+#pragma unroll
+        for (int t = 0; t < PAIRS_PER_ITEM; ++t) {
+            float& x1 = INTERLEAVED ? row->own[k][2 * t] : row->own[k][t];
+            float& x2 = INTERLEAVED ? row->own[k][2 * t + 1] : row->partner[k][t];
+            const float c = a.cos_of(k, t), s = a.sin_of(k, t);
+            const float y1 = x1 * c - x2 * s, y2 = x2 * c + x1 * s;
+            x1 = y1;
+            x2 = y2;
+        }
+    }
+}
+
+// Stores the lane's items of the row (results) at y / y8 (feature stride ys).
+__device__ __forceinline__ void store_row(T* y, unsigned char* y8, bool fp8, long long ys,
+                                          bool active, int sub, const Row& row,
+                                          const Fp8Scale& scale) {
+#pragma unroll
+    for (int k = 0; k < ROT_SLOTS; ++k) {
+        if (!active || !rot_valid(sub, k)) continue;
+        const int d = rot_feature(sub + k * LANES);
+        store_values<VEC, VEC_LOADS>(y + d * ys, y8 + d * ys, fp8, ys, row.own[k], scale);
+        if (!INTERLEAVED)
+            store_values<PARTNER_VEC, VEC_LOADS>(y + (d + PARTNER_SHIFT) * ys,
+                                                 y8 + (d + PARTNER_SHIFT) * ys, fp8, ys,
+                                                 row.partner[k], scale);
+    }
+#pragma unroll
+    for (int k = 0; k < COPY_SLOTS; ++k) {
+        if (!active || !copy_valid(sub, k)) continue;
+        const int d = copy_feature(sub + k * LANES);
+        store_values<COPY_VEC, (COPY_VEC > 1)>(y + d * ys, y8 + d * ys, fp8, ys, row.tail[k],
+                                               scale);
+    }
+}
+
+// Calls f(part, k, t, feature) for every value the lane holds of a row (Row and WeightRow
+// share the layout: at() and weight() read element (part, k, t)); unused slots included
+// (they hold zeros).
+template <typename F>
+__device__ __forceinline__ void for_each_feature(int sub, F f) {
+#pragma unroll
+    for (int k = 0; k < ROT_SLOTS; ++k) {
+        const int d = rot_feature(sub + k * LANES);
+#pragma unroll
+        for (int t = 0; t < VEC; ++t) {
+            f(0, k, t, d + t);
+            if (!INTERLEAVED) f(1, k, t, d + PARTNER_SHIFT + t);
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < COPY_SLOTS; ++k) {
+        const int d = copy_feature(sub + k * LANES);
+#pragma unroll
+        for (int t = 0; t < COPY_VEC; ++t) f(2, k, t, d + t);
+    }
+}
+
+// Element (part, k, t) of a Row: part 0 own, 1 partner, 2 tail.
+__device__ __forceinline__ float& at(Row& row, int part, int k, int t) {
+    return part == 0 ? row.own[k][t] : part == 1 ? row.partner[k][INTERLEAVED ? 0 : t]
+                                                 : row.tail[k][t];
+}
+
+__device__ __forceinline__ W weight(const WeightRow& w, int part, int k, int t) {
+    return part == 0 ? w.own[k][t] : part == 1 ? w.partner[k][INTERLEAVED ? 0 : t] : w.tail[k][t];
 }
 
 // The launch's argument block: RopeNormParams, followed by RopeCacheParams for a KV cache or
@@ -111,23 +474,116 @@ __device__ __forceinline__ const RopeCacheParams* cache_args(const RopeNormCache
     return &a.cache;
 }
 
-// Stores one result: of q's dtype at y, or (fp8) float8 e4m3fn of value / scale at y8.
-__device__ __forceinline__ void store_result(T* y, unsigned char* y8, bool fp8, long long index,
-                                             float value, float scale) {
-    if ((KV_FP8 || Q_FP8) && fp8)
-        y8[index] = static_cast<unsigned char>(e4m3_bits(__fdiv_rn(value, scale)));
-    else
-        y[index] = from_float<DTYPE>(value);
+// A v row (KV cache with v): its V_DIM features copied, or quantized, into v's cache. The loads
+// go out before the slot lookup; `active` turns false for a token that writes nothing.
+__device__ __forceinline__ void copy_v_row(const RopeKernelParams& p, const RopeCacheParams& c,
+                                           long long b, long long s, int h, bool active, int sub,
+                                           const Fp8Scale& v_scale) {
+    if (s >= p.seqlen_k) active = false;
+    const T* v = static_cast<const T*>(c.v) + b * c.v_stride[0] + h * c.v_stride[1] +
+                 s * c.v_stride[2];
+    const long long vs = c.v_stride[3];
+    Pack<V_VEC> raw[V_SLOTS];
+#pragma unroll
+    for (int k = 0; k < V_SLOTS; ++k)
+        if (active && sub + k * LANES < V_ITEMS)
+            raw[k] = load_pack<V_VEC, (V_VEC > 1)>(v + (sub + k * LANES) * V_VEC * vs, vs);
+    long long block = 0, slot = 0;
+    if (active && !cache_slot(p, c, b, s, &block, &slot)) active = false;
+    if (!active) return;
+    const long long cs = c.v_cache_stride[3];
+    const long long out =
+        block * c.v_cache_stride[0] + h * c.v_cache_stride[1] + slot * c.v_cache_stride[2];
+#pragma unroll
+    for (int k = 0; k < V_SLOTS; ++k) {
+        if (sub + k * LANES >= V_ITEMS) continue;
+        const long long d = out + (sub + k * LANES) * V_VEC * cs;
+        if constexpr (KV_FP8) {
+            float values[V_VEC];
+            unpack<V_VEC>(raw[k], values);
+            store_values<V_VEC, (V_VEC > 1)>(nullptr, static_cast<unsigned char*>(c.v_cache) + d,
+                                             true, cs, values, v_scale);
+        } else {
+            T* y = static_cast<T*>(c.v_cache) + d;
+            if constexpr (V_VEC > 1)
+                *reinterpret_cast<Pack<V_VEC>*>(y) = raw[k];
+            else
+                *y = raw[k].v[0];
+        }
+    }
+}
+
+// Row r of the grid (rows are token-major: q's heads, k's, then v's): its token (b, s), kind
+// (0 q, 1 k, 2 v) and head within the kind; inactive past the last row or past its sequence.
+struct RowPlace {
+    long long b, s;
+    int h, kind;
+    bool active;
+};
+
+__device__ __forceinline__ RowPlace place_row(const RopeKernelParams& p, long long r,
+                                              long long rows_total, int heads_q, int heads_k,
+                                              int heads_all) {
+    RowPlace place{0, 0, 0, 0, r < rows_total};
+    long long u = 0;
+    if (place.active)  // 32-bit division where the rows allow it (the common case)
+        u = rows_total <= 0x7fffffffLL ? static_cast<unsigned>(r) / unsigned(heads_all)
+                                       : r / heads_all;
+    place.h = static_cast<int>(r - u * heads_all);
+    split_token(p, u, &place.b, &place.s);
+    place.kind = place.h < heads_q ? 0 : place.h < heads_q + heads_k ? 1 : 2;
+    place.h -= place.kind == 0 ? 0 : place.kind == 1 ? heads_q : heads_q + heads_k;
+    if (place.s >= (place.kind == 0 ? p.seqlen_q : p.seqlen_k)) place.active = false;
+    return place;
+}
+
+// The first element of a q or k row's input: x (forward; backward dL/dy), or (forward_input)
+// the backward's x before the norm.
+__device__ __forceinline__ const T* row_input(const RopeNormParams& np, const RowPlace& at,
+                                              bool forward_input) {
+    const RopeKernelParams& p = np.rope;
+    const bool is_k = at.kind == 1;
+    const void* base = forward_input ? (is_k ? np.k_input : np.q_input) : (is_k ? p.k : p.q);
+    const long long* stride = forward_input ? (is_k ? np.k_input_stride : np.q_input_stride)
+                                            : (is_k ? p.k_stride : p.q_stride);
+    return static_cast<const T*>(base) + at.b * stride[0] + at.h * stride[1] + at.s * stride[2];
+}
+
+__device__ __forceinline__ void prefetch_l2(const void* x) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(x));
+}
+
+// Asks L2 for what the lane will load of a later row (its vectors of x, and backward of the
+// forward's input): the loads of the rows a thread takes one after another then overlap,
+// without holding registers. Unit-stride rows only (VEC_LOADS); v's rows are not prefetched.
+__device__ __forceinline__ void prefetch_row(const RopeNormParams& np, const RowPlace& at,
+                                             int sub) {
+    if (!VEC_LOADS || !at.active || at.kind == 2) return;
+#pragma unroll
+    for (int pass = 0; pass < (BACKWARD_PASS ? 2 : 1); ++pass) {
+        const T* x = row_input(np, at, pass == 1);
+#pragma unroll
+        for (int k = 0; k < ROT_SLOTS; ++k) {
+            if (!rot_valid(sub, k)) continue;
+            const T* own = x + rot_feature(sub + k * LANES);
+            prefetch_l2(own);
+            if (!INTERLEAVED) prefetch_l2(own + PARTNER_SHIFT);
+        }
+#pragma unroll
+        for (int k = 0; k < COPY_SLOTS; ++k)
+            if (copy_valid(sub, k)) prefetch_l2(x + copy_feature(sub + k * LANES));
+    }
 }
 
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(WARP* kRopeNormMaxWarps)
     rope_norm_kernel(const typename NormLaunchParams<CACHE_PARAMS>::type args) {
-    extern __shared__ __align__(16) char shared[];
+    extern __shared__ __align__(16) float dw[];  // weight gradients: [2][HEAD_DIM], q's then k's
     const RopeNormParams& np = norm_args(args);
     const RopeCacheParams* cache = cache_args(args);  // KV cache and FP8 scales, or NULL
     const RopeKernelParams& p = np.rope;
+    // The scales are loaded once; their latency overlaps the first row's loads.
     float q_scale = 1.0f, k_scale = 1.0f, v_scale = 1.0f;
     if constexpr (CACHE_PARAMS) {
         if (Q_FP8 && cache->q_scale != nullptr) q_scale = *cache->q_scale;
@@ -136,9 +592,7 @@ extern "C" __global__ void __launch_bounds__(WARP* kRopeNormMaxWarps)
     }
     const int warp = static_cast<int>(threadIdx.x) / WARP;
     const int lane = static_cast<int>(threadIdx.x) % WARP;
-    float* row = reinterpret_cast<float*>(shared) + warp * 2 * HEAD_DIM;     // the staged row
-    float* grad = row + HEAD_DIM;                                            // backward: g
-    float* dw = reinterpret_cast<float*>(shared) + np.warps * 2 * HEAD_DIM;  // [2][HEAD_DIM]
+    const int sub = lane % LANES;  // the lane's place in its row's group
     if (NORM_WEIGHT_GRAD) {
         for (int d = threadIdx.x; d < 2 * HEAD_DIM; d += blockDim.x) dw[d] = 0.0f;
         __syncthreads();
@@ -146,133 +600,113 @@ extern "C" __global__ void __launch_bounds__(WARP* kRopeNormMaxWarps)
 
     const int heads_k = HAS_K ? static_cast<int>(p.heads_k) : 0;
     const int heads_q = HAS_K ? heads_k * GQA_GROUP : static_cast<int>(p.heads_q);
-    // Rows of a token: q's heads, k's, and (KV cache with v) v's, copied by warps of their own.
+    // Rows of a token: q's heads, k's, and (KV cache with v) v's, copied by groups of their own.
     const int heads_v = KV_CACHE != 0 && V_DIM > 0 ? heads_k : 0;
     const int heads_all = heads_q + heads_k + heads_v;
     const long long rows_total = p.units * heads_all;
     const float inv_d = 1.0f / HEAD_DIM;
-    for (long long r = static_cast<long long>(blockIdx.x) * np.warps + warp; r < rows_total;
-         r += static_cast<long long>(gridDim.x) * np.warps) {
-        const long long u = r / heads_all;
-        int h = static_cast<int>(r - u * heads_all);
-        long long b, s;
-        split_token(p, u, &b, &s);
+    const long long step = static_cast<long long>(gridDim.x) * np.warps * ROWS_PER_WARP;
+    // The whole warp runs every iteration (the group sums shuffle across it); a group past the
+    // last row, or whose row writes nothing, is inactive: it loads and stores nothing.
+    for (long long first = (static_cast<long long>(blockIdx.x) * np.warps + warp) * ROWS_PER_WARP;
+         first < rows_total; first += step) {
+        const long long r = first + lane / LANES;
+        const RowPlace place = place_row(p, r, rows_total, heads_q, heads_k, heads_all);
+        bool active = place.active;
+        const long long b = place.b, s = place.s;
+        const int h = place.h;
         if constexpr (KV_CACHE != 0 && V_DIM > 0) {
-            if (h >= heads_q + heads_k) {  // a row of v: copied (or quantized) into v's cache
-                h -= heads_q + heads_k;
-                long long block, slot;
-                if (s >= p.seqlen_k || !cache_slot(p, *cache, b, s, &block, &slot)) continue;
-                const T* v = static_cast<const T*>(cache->v) + b * cache->v_stride[0] +
-                             h * cache->v_stride[1] + s * cache->v_stride[2];
-                const long long out = block * cache->v_cache_stride[0] +
-                                      h * cache->v_cache_stride[1] +
-                                      slot * cache->v_cache_stride[2];
-                for (int d = lane; d < V_DIM; d += WARP) {
-                    const T value = v[d * cache->v_stride[3]];
-                    const long long at = out + d * cache->v_cache_stride[3];
-                    if (KV_FP8)
-                        static_cast<unsigned char*>(cache->v_cache)[at] =
-                            static_cast<unsigned char>(
-                                e4m3_bits(__fdiv_rn(storage_to_float<DTYPE>(value), v_scale)));
-                    else
-                        static_cast<T*>(cache->v_cache)[at] = value;
-                }
-                continue;
+            if (place.kind == 2) {  // a row of v
+                copy_v_row(p, *cache, b, s, h, active, sub, fp8_scale(v_scale));
+                active = false;  // it joins the group sums below with zeros
             }
         }
-        const bool is_k = HAS_K && h >= heads_q;
-        if (is_k) h -= heads_q;
-        if (s >= (is_k ? p.seqlen_k : p.seqlen_q)) continue;  // the whole warp skips the row
-        // Where k's row goes with a KV cache (k_out is the cache's view): its slot, if any.
-        long long k_base = b * p.k_out_stride[0] + s * p.k_out_stride[2];
-        if constexpr (KV_CACHE != 0) {
-            if (is_k) {
-                long long block, slot;
-                if (!cache_slot(p, *cache, b, s, &block, &slot)) continue;
-                k_base = block * p.k_out_stride[0] + slot * p.k_out_stride[2];
-            }
-        }
-        const bool fp8 = is_k ? KV_FP8 : Q_FP8;
-        const float scale = is_k ? k_scale : q_scale;
-        unsigned char* y8 = nullptr;
-        const T* x;
-        T* y;
-        const T* x0 = nullptr;  // backward: the forward's input
-        long long xs, ys, x0s = 0;
-        const void* w;
-        long long ws;
-        if (is_k) {
-            x = static_cast<const T*>(p.k) + b * p.k_stride[0] + h * p.k_stride[1] +
-                s * p.k_stride[2];
-            y = static_cast<T*>(p.k_out) + k_base + h * p.k_out_stride[1];
-            if (KV_FP8) y8 = static_cast<unsigned char*>(p.k_out) + k_base + h * p.k_out_stride[1];
-            xs = p.k_stride[3], ys = p.k_out_stride[3];
-            w = np.k_weight, ws = np.k_weight_stride;
-            if (BACKWARD_PASS) {
-                x0 = static_cast<const T*>(np.k_input) + b * np.k_input_stride[0] +
-                     h * np.k_input_stride[1] + s * np.k_input_stride[2];
-                x0s = np.k_input_stride[3];
-            }
-        } else {
-            x = static_cast<const T*>(p.q) + b * p.q_stride[0] + h * p.q_stride[1] +
-                s * p.q_stride[2];
-            y = static_cast<T*>(p.q_out) + b * p.q_out_stride[0] + h * p.q_out_stride[1] +
-                s * p.q_out_stride[2];
-            if (Q_FP8)
-                y8 = static_cast<unsigned char*>(p.q_out) + b * p.q_out_stride[0] +
-                     h * p.q_out_stride[1] + s * p.q_out_stride[2];
-            xs = p.q_stride[3], ys = p.q_out_stride[3];
-            w = np.q_weight, ws = np.q_weight_stride;
-            if (BACKWARD_PASS) {
-                x0 = static_cast<const T*>(np.q_input) + b * np.q_input_stride[0] +
-                     h * np.q_input_stride[1] + s * np.q_input_stride[2];
-                x0s = np.q_input_stride[3];
-            }
-        }
-        // The token's table rows: one per position axis with M-RoPE.
-        long long rows[MROPE_AXES > 0 ? MROPE_AXES : 1];
-        if (MROPE_AXES > 0) {
-            for (int axis = 0; axis < MROPE_AXES; ++axis)
-                rows[axis] = table_row(p, b, s, false, axis);
-        } else {
-            rows[0] = table_row(p, b, s, is_k);
-        }
+        const bool is_k = place.kind != 0;  // (a v row's group is inactive from here on)
 
-        if (!BACKWARD_PASS) {
-            float sum = 0.0f;
-            for (int d = lane; d < HEAD_DIM; d += WARP) {
-                const float v = storage_to_float<DTYPE>(x[d * xs]);
-                row[d] = v;
-                sum += v * v;
-            }
-            const float rms = rsqrtf(warp_sum(sum) * inv_d + np.eps);  // every lane's loads done
-            for (int d = lane; d < HEAD_DIM; d += WARP) row[d] *= rms * weight_at(w, ws, d);
-            __syncwarp();
-            for (int d = lane; d < HEAD_DIM; d += WARP)
-                store_result(y, y8, fp8, d * ys, rotated_feature(p, row, d, rows, is_k), scale);
-        } else {
-            for (int d = lane; d < HEAD_DIM; d += WARP) row[d] = storage_to_float<DTYPE>(x[d * xs]);
-            __syncwarp();
-            float sum = 0.0f;
-            for (int d = lane; d < HEAD_DIM; d += WARP) {
-                grad[d] = rotated_feature(p, row, d, rows, is_k);  // g, by the inverse rotation
-                const float v = storage_to_float<DTYPE>(x0[d * x0s]);
-                sum += v * v;
-            }
-            const float rms = rsqrtf(warp_sum(sum) * inv_d + np.eps);
-            float dot = 0.0f;
-            for (int d = lane; d < HEAD_DIM; d += WARP) {
-                const float xh = storage_to_float<DTYPE>(x0[d * x0s]) * rms;
-                dot += weight_at(w, ws, d) * grad[d] * xh;
-                if (NORM_WEIGHT_GRAD) atomicAdd(&dw[(is_k ? HEAD_DIM : 0) + d], grad[d] * xh);
-            }
-            const float mean = warp_sum(dot) * inv_d;  // every lane's reads of x are done too
-            for (int d = lane; d < HEAD_DIM; d += WARP) {
-                const float xh = storage_to_float<DTYPE>(x0[d * x0s]) * rms;
-                y[d * ys] = from_float<DTYPE>(rms * (weight_at(w, ws, d) * grad[d] - xh * mean));
+        // The row's input and output. With a KV cache k_out is the cache's view, placed below.
+        const T* x = row_input(np, place, false);
+        const long long xs = is_k ? p.k_stride[3] : p.q_stride[3];
+        const long long ys = is_k ? p.k_out_stride[3] : p.q_out_stride[3];
+        T* y;
+        unsigned char* y8;
+        const void* w = is_k ? np.k_weight : np.q_weight;
+        const long long ws = is_k ? np.k_weight_stride : np.q_weight_stride;
+        const T* x0 = BACKWARD_PASS ? row_input(np, place, true) : nullptr;  // forward's input
+        const long long x0s = is_k ? np.k_input_stride[3] : np.q_input_stride[3];
+        // First every independent load: the row (and the forward's input), then the weights.
+        RawRow raw, raw0;
+        load_row(x, xs, active, sub, &raw);
+        if (BACKWARD_PASS) load_row(x0, x0s, active, sub, &raw0);
+        WeightRow wr;
+        load_weights(w, ws, active, sub, &wr);
+        // Then the dependent ones: the token's table rows (positions) first, then k's cache slot,
+        // whose index math waits for its load while the positions' load is in flight, then the
+        // angles.
+        long long rows[MROPE_AXES > 0 ? MROPE_AXES : 1] = {};
+        if (active) {
+            if (MROPE_AXES > 0) {
+                for (int axis = 0; axis < MROPE_AXES; ++axis)
+                    rows[axis] = table_row(p, b, s, false, axis);
+            } else {
+                rows[0] = table_row(p, b, s, is_k);
             }
         }
-        __syncwarp();  // the row's buffers are free for the warp's next row
+        long long out_base;
+        if (is_k) {
+            out_base = b * p.k_out_stride[0] + h * p.k_out_stride[1] + s * p.k_out_stride[2];
+            if constexpr (KV_CACHE != 0) {
+                long long block = 0, slot = 0;
+                if (active && !cache_slot(p, *cache, b, s, &block, &slot)) active = false;
+                out_base = block * p.k_out_stride[0] + h * p.k_out_stride[1] +
+                           slot * p.k_out_stride[2];
+            }
+            y = static_cast<T*>(p.k_out) + out_base;
+            y8 = static_cast<unsigned char*>(p.k_out) + out_base;
+        } else {
+            out_base = b * p.q_out_stride[0] + h * p.q_out_stride[1] + s * p.q_out_stride[2];
+            y = static_cast<T*>(p.q_out) + out_base;
+            y8 = static_cast<unsigned char*>(p.q_out) + out_base;
+        }
+        // The group's next row, if the grid has one: its loads start while this one computes
+        // (its place recomputed there: carrying it costs more registers than the divisions).
+        if (first + step < rows_total)
+            prefetch_row(np, place_row(p, r + step, rows_total, heads_q, heads_k, heads_all), sub);
+        Angles angles;
+        load_angles(p, rows, is_k, active, sub, &angles);
+
+        Row row;
+        const float sum = unpack_row(raw, active, sub, &row);
+        if (!BACKWARD_PASS) {
+            const float rms = rsqrtf(group_sum(sum) * inv_d + np.eps);
+            for_each_feature(sub, [&](int part, int k, int t, int) {
+                at(row, part, k, t) *= rms * weight_value(weight(wr, part, k, t));
+            });
+            rotate_row(angles, &row);
+            const bool fp8 = is_k ? KV_FP8 : Q_FP8;
+            store_row(y, y8, fp8, ys, active, sub, row, fp8_scale(is_k ? k_scale : q_scale));
+        } else {
+            // row holds dL/dy; g, its inverse rotation (pair_angle negated the sines).
+            rotate_row(angles, &row);
+            Row x0r;
+            const float rms = rsqrtf(group_sum(unpack_row(raw0, active, sub, &x0r)) * inv_d +
+                                     np.eps);
+            float dot = 0.0f;
+            for_each_feature(sub, [&](int part, int k, int t, int d) {
+                const float xh = at(x0r, part, k, t) * rms;
+                const float g = at(row, part, k, t);
+                dot += weight_value(weight(wr, part, k, t)) * g * xh;
+                const bool valid = part == 2 ? copy_valid(sub, k) : rot_valid(sub, k);
+                if (NORM_WEIGHT_GRAD && active && valid)
+                    atomicAdd(&dw[(is_k ? HEAD_DIM : 0) + d], g * xh);
+            });
+            const float mean = group_sum(dot) * inv_d;
+            for_each_feature(sub, [&](int part, int k, int t, int) {
+                const float xh = at(x0r, part, k, t) * rms;
+                float& g = at(row, part, k, t);
+                g = rms * (weight_value(weight(wr, part, k, t)) * g - xh * mean);
+            });
+            store_row(y, y8, false, ys, active, sub, row, fp8_scale(1.0f));
+        }
     }
 
     if (NORM_WEIGHT_GRAD) {

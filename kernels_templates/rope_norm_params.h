@@ -26,7 +26,7 @@ struct RopeNormParams {
     float* k_weight_grad;
     long long q_weight_grad_stride, k_weight_grad_stride;
     float eps;
-    int warps;  // warps per block, each normalizing one (token, head) row at a time
+    int warps;  // warps per block, each normalizing 32 / rope_norm_lanes rows at a time
 };
 
 // QK-norm kernels with a KV cache write or FP8 outputs take the cache arguments after these
@@ -39,10 +39,32 @@ struct RopeNormCacheParams {
 // Warps a block has at most (the kernel's launch bound is 32 times this).
 enum { kRopeNormMaxWarps = 8 };
 
-// Dynamic shared memory of a block: per warp, its row and (backward) the row's gradient after
-// the inverse rotation, as float; per block, with weight gradients, the sums of q's and k's.
-ROPE_JIT_HOST_DEVICE constexpr int rope_norm_smem_bytes(int head_dim, int warps, bool weight_grad) {
-    return (warps * 2 * head_dim + (weight_grad ? 2 * head_dim : 0)) * 4;
+// How a row (one head of one token) lies in the lanes of a warp, from the specialization
+// alone. Rotated items: VEC features and, in the half and proportional styles, their VEC
+// partners (VEC pairs), or, interleaved, VEC features (VEC/2 pairs); unrotated items: COPY_VEC
+// features. A group of `lanes` lanes (a power of 2) owns one row, so that each lane issues
+// about two accesses of the row and a warp holds 32/lanes rows: enough bytes in flight per
+// thread, and no lane idle at small head_dim.
+ROPE_JIT_HOST_DEVICE constexpr int rope_norm_rot_items(int rotary_dim, bool interleaved, int vec) {
+    return interleaved ? rotary_dim / vec : rotary_dim / 2 / vec;
+}
+ROPE_JIT_HOST_DEVICE constexpr int rope_norm_copy_items(int head_dim, int rotary_dim,
+                                                        int copy_vec) {
+    return (head_dim - rotary_dim) / copy_vec;
+}
+ROPE_JIT_HOST_DEVICE constexpr int rope_norm_lanes(int head_dim, int rotary_dim,
+                                                   bool interleaved, int vec, int copy_vec) {
+    const int accesses = rope_norm_rot_items(rotary_dim, interleaved, vec) * (interleaved ? 1 : 2) +
+                         rope_norm_copy_items(head_dim, rotary_dim, copy_vec);
+    int lanes = 1;
+    while (lanes < 32 && 2 * lanes < accesses) lanes *= 2;
+    return lanes;
+}
+
+// Dynamic shared memory of a block: the rows live in registers; with weight gradients, the
+// block's sums for q's and k's weights as float.
+ROPE_JIT_HOST_DEVICE constexpr int rope_norm_smem_bytes(int head_dim, bool weight_grad) {
+    return weight_grad ? 2 * head_dim * 4 : 0;
 }
 
 #endif

@@ -15,9 +15,11 @@
 #include "jit/kernel_builder.h"
 #include "jit/nvrtc_loader.h"
 #include "ops/rope/kernel_spec.h"
+#include "ops/rope/rope_cuda.h"
 #include "ops/rope/rope_problem.h"
 #include "ops/rope/rope_recipe.h"
 #include "rope_jit/rope_jit.h"
+#include "rope_norm_params.h"
 #include "rope_test_support.h"
 
 using namespace rope_test;
@@ -382,22 +384,26 @@ TEST_CASE("a QK-norm spec has its own JSON fields, template and canonical access
     INFO(error);
     REQUIRE(spec.has_value());
     CHECK(spec->qk_norm == 1);
-    CHECK(spec->vec == 1);
-    CHECK(spec->vec_loads == 0);
+    // The access widths are rope.cu's (16 bytes); the norm kernel's blocks are its own.
+    CHECK(spec->vec == 8);
+    CHECK(spec->vec_loads == 1);
+    CHECK(spec->table_vec_loads == 1);
     CHECK(spec->block_threads == 256);
     CHECK(KernelSpec::from_json(spec->to_json(), nullptr) == spec);
     CHECK(spec->preamble().find("enum : bool { QK_NORM = true };") != std::string::npos);
     CHECK(spec->preamble().find("enum : int { NORM_WEIGHT_DTYPE = 2 };") != std::string::npos);
     CHECK(rope_jit::specialize_kernel(*spec).find("rope_norm_kernel") != std::string::npos);
     CHECK(rope_jit::rope_recipe(*spec).entry == "rope_norm_kernel");
-    // Fields the norm kernel alone reads need it; its access fields take one value.
+    // Fields the norm kernel alone reads need it; its block size takes one value.
     CHECK(!KernelSpec::from_json(R"({"head_dim": 64, "norm_unit_offset": true})", &error));
     CHECK(error.find("qk_norm") != std::string::npos);
     CHECK(!KernelSpec::from_json(R"({"head_dim": 64, "qk_norm": true, "norm_weight_grad": true})",
                                  &error));
     CHECK(error.find("backward") != std::string::npos);
-    CHECK(!KernelSpec::from_json(R"({"head_dim": 64, "qk_norm": true, "vec": 4})", &error));
+    CHECK(!KernelSpec::from_json(R"({"head_dim": 64, "qk_norm": true, "block_threads": 128})",
+                                 &error));
     CHECK(error.find("qk_norm") != std::string::npos);
+    CHECK(KernelSpec::from_json(R"({"head_dim": 64, "qk_norm": true, "vec": 4})", &error));
     // A plain spec names the new fields false and specializes them as enumerators.
     const auto plain = KernelSpec::from_json(R"({"head_dim": 64})", nullptr);
     REQUIRE(plain.has_value());
@@ -497,4 +503,43 @@ TEST_CASE("the QK-norm GPU sweep's calls run on the CPU backend and their kernel
         CHECK(rope_jit::build_kernel_binary(spec, "sm_90", nullptr, stats).image.size() > 4);
     }
     MESSAGE(compiled.size() << " QK-norm kernels compiled");
+}
+
+TEST_CASE("the QK-norm launch puts a row in a group of lanes and spreads decode over every SM") {
+    // The lanes a row takes (rope_norm_params.h): about two accesses a lane.
+    CHECK(rope_norm_lanes(128, 128, false, 8, 1) == 8);   // bf16 half: 8 x (16 B + partner)
+    CHECK(rope_norm_lanes(128, 128, true, 8, 1) == 8);    // bf16 interleaved: 16 vectors
+    CHECK(rope_norm_lanes(128, 128, false, 1, 1) == 32);  // scalar: 128 accesses
+    CHECK(rope_norm_lanes(64, 64, false, 8, 1) == 4);
+    CHECK(rope_norm_lanes(512, 128, false, 8, 8) == 32);  // proportional 128/512: 16 + 48
+    CHECK(rope_norm_lanes(2, 2, false, 1, 1) == 1);
+    CHECK(rope_norm_rot_items(128, false, 8) == 8);
+    CHECK(rope_norm_copy_items(80, 32, 8) == 6);
+
+    const auto spec = KernelSpec::from_json(
+        R"({"head_dim": 128, "dtype": "bfloat16", "qk_norm": true, "gqa_group": 4})", nullptr);
+    REQUIRE(spec.has_value());
+    REQUIRE(spec->vec == 8);
+    // Decode B=64, 32/8 heads and v: 3072 rows, 4 a warp, 768 warps over 132 SMs.
+    const rope_jit::RopeNormLaunch decode = rope_jit::plan_rope_norm_launch(*spec, 3072, 132);
+    CHECK(decode.warps == 6);
+    CHECK(decode.threads == 192);
+    CHECK(decode.blocks == 128);
+    CHECK(decode.shared_bytes == 0);
+    // Prefill 4 x 4096 tokens, 40 heads: full blocks, at most 64 a multiprocessor.
+    const rope_jit::RopeNormLaunch prefill =
+        rope_jit::plan_rope_norm_launch(*spec, 4 * 4096 * 40, 132);
+    CHECK(prefill.warps == 8);
+    CHECK(prefill.blocks == 64 * 132);
+    // One row: one warp. No row: no block.
+    CHECK(rope_jit::plan_rope_norm_launch(*spec, 1, 132).blocks == 1);
+    CHECK(rope_jit::plan_rope_norm_launch(*spec, 0, 132).blocks == 0);
+    // With weight gradients: the block's sums in shared memory, fewer blocks.
+    auto backward = *spec;
+    backward.backward = 1;
+    backward.norm_weight_grad = 1;
+    const rope_jit::RopeNormLaunch grads =
+        rope_jit::plan_rope_norm_launch(backward, 4 * 4096 * 40, 132);
+    CHECK(grads.shared_bytes == 2 * 128 * 4);
+    CHECK(grads.blocks == 16 * 132);
 }

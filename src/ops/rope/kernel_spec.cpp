@@ -103,16 +103,23 @@ int32_t choose_v_width(const KernelSpec& spec, size_t element_size, TensorsAllow
     return 1;
 }
 
-// The QK-norm kernel (rope_norm.cu) reads rows one element at a time through a warp: the
-// plain kernel's vector and block fields take one value there, so that one kernel has one spec.
-void set_norm_access(KernelSpec& spec) {
+// The QK-norm kernel (rope_norm.cu) takes rope.cu's access widths of the rotation (vec,
+// vec_loads), the tables (table_vec_loads) and v (v_vec) as they are. It rewrites every
+// feature, the unrotated ones too (the norm scales them), so its copy width tiles them even in
+// place; its blocks are at most kRopeNormMaxWarps warps.
+template <typename TensorsAllow>
+void set_norm_access(KernelSpec& spec, size_t element_size, TensorsAllow tensors_allow) {
     if (!spec.qk_norm) return;
-    spec.vec = spec.interleaved ? 2 : 1;
-    spec.vec_loads = 0;
     spec.copy_vec = 1;
-    spec.table_vec_loads = 0;
+    if (spec.rotary_dim < spec.head_dim) {
+        for (int64_t n = 16 / int64_t(element_size); n >= 2; n /= 2) {
+            if (copy_tiles(spec, n) && tensors_allow(n)) {
+                spec.copy_vec = int32_t(n);
+                break;
+            }
+        }
+    }
     spec.block_threads = 32 * kRopeNormMaxWarps;
-    spec.v_vec = 1;
 }
 
 // Table columns one work item reads (see TABLE_SPAN in rope.cu).
@@ -182,6 +189,10 @@ KernelSpec make_kernel_spec(const RopeProblem& p) {
             ok = ok && vector_friendly(p.q_saved, n);
             if (p.has_k) ok = ok && vector_friendly(p.k_saved, n);
         }
+        if (p.has_norm && p.backward) {  // the QK-norm backward reads the forward's inputs
+            ok = ok && vector_friendly(p.q_norm_input, n);
+            if (p.has_k) ok = ok && vector_friendly(p.k_norm_input, n);
+        }
         return ok;
     };
     choose_vector_width(spec, dtype_size(p.dtype), tensors_allow);
@@ -197,7 +208,7 @@ KernelSpec make_kernel_spec(const RopeProblem& p) {
         spec.norm_weight_dtype = dtype_code(p.q_norm_weight.dtype);
         spec.norm_weight_grad = p.has_norm_weight_grad;
     }
-    set_norm_access(spec);
+    set_norm_access(spec, dtype_size(p.dtype), tensors_allow);
     return spec;
 }
 
@@ -280,7 +291,8 @@ KernelSpec kernel_spec_from_public(const rope_jit_kernel_spec& in) {
         spec.v_vec = choose_v_width(spec, spec.dtype == 0 ? 4 : 2, [](int64_t) { return true; });
     }
     spec.q_fp8 = in.q_fp8 != 0;
-    set_norm_access(spec);  // last: the norm kernel's access fields override the others
+    // Last: the norm kernel's access fields override the others.
+    set_norm_access(spec, spec.dtype == 0 ? 4 : 2, [](int64_t) { return true; });
     spec.validate();
     return spec;
 }
@@ -401,11 +413,10 @@ void KernelSpec::validate() const {
     require(!q_fp8 || (!in_place_q && !backward),
             "q_fp8: needs in_place_q false and direction "
             "forward");
-    require(!qk_norm || (vec == (interleaved ? 2 : 1) && !vec_loads && copy_vec == 1 &&
-                         v_vec == 1 && !table_vec_loads && block_threads == 32 * kRopeNormMaxWarps),
-            fmt::format("qk_norm: the norm kernel takes vec {}, vec_loads, copy_vec 1, no "
-                        "table_vec_loads and block_threads {}",
-                        interleaved ? 2 : 1, 32 * kRopeNormMaxWarps));
+    require(!qk_norm || !interleaved || vec % 2 == 0,
+            fmt::format("qk_norm: interleaved pairs need an even vec, got {}", vec));
+    require(!qk_norm || block_threads == 32 * kRopeNormMaxWarps,
+            fmt::format("qk_norm: the norm kernel takes block_threads {}", 32 * kRopeNormMaxWarps));
 }
 
 std::string KernelSpec::preamble() const {
@@ -481,14 +492,10 @@ std::optional<KernelSpec> KernelSpec::from_json(const std::string& text, std::st
         }
         if (spec.qk_norm) {
             const KernelSpec given = spec;
-            set_norm_access(spec);
+            set_norm_access(spec, element_size, [](int64_t) { return true; });
             // Values the JSON names stay as given (validate() then says what is wrong).
-            if (!absent("vec")) spec.vec = given.vec;
-            if (!absent("vec_loads")) spec.vec_loads = given.vec_loads;
             if (!absent("copy_vec")) spec.copy_vec = given.copy_vec;
-            if (!absent("table_vec_loads")) spec.table_vec_loads = given.table_vec_loads;
             if (!absent("block_threads")) spec.block_threads = given.block_threads;
-            if (!absent("v_vec")) spec.v_vec = given.v_vec;
         }
         spec.validate();
     } catch (const std::exception& e) {

@@ -77,22 +77,31 @@ RopeLaunch plan_rope_launch(const KernelSpec& spec, int64_t heads_q, int64_t hea
 
 RopeNormLaunch plan_rope_norm_launch(const KernelSpec& spec, int64_t rows, int64_t sms) {
     RopeNormLaunch launch;
-    for (int warps = kRopeNormMaxWarps; warps >= 1; --warps) {
-        const int bytes = rope_norm_smem_bytes(spec.head_dim, warps, spec.norm_weight_grad);
-        if (bytes > kRopeSharedLimit) continue;
-        launch.warps = warps;
-        launch.threads = 32 * warps;
-        launch.shared_bytes = unsigned(bytes);
-        launch.blocks =
-            std::min<int64_t>((rows + warps - 1) / warps, 16 * std::max<int64_t>(sms, 1));
-        return launch;
-    }
-    throw Error(
-        ROPE_JIT_ERROR_UNSUPPORTED,
-        fmt::format("head_dim: QK-norm on the GPU stages a row of {} features in {} bytes "
-                    "of shared memory, over the {} a block may use",
-                    spec.head_dim, rope_norm_smem_bytes(spec.head_dim, 1, spec.norm_weight_grad),
-                    kRopeSharedLimit));
+    const int bytes = rope_norm_smem_bytes(spec.head_dim, spec.norm_weight_grad);
+    if (bytes > kRopeSharedLimit)
+        throw Error(ROPE_JIT_ERROR_UNSUPPORTED,
+                    fmt::format("head_dim: QK-norm's weight gradients of {} features need {} "
+                                "bytes of shared memory, over the {} a block may use",
+                                spec.head_dim, bytes, kRopeSharedLimit));
+    // A warp normalizes 32 / lanes rows at a time (rope_norm_params.h). Few rows (decode): the
+    // time is one row's chain of dependent loads, so the warps spread over every
+    // multiprocessor in small blocks; many rows: full blocks, which take rows grid-stride. At
+    // about 80 registers (bf16 D128) three blocks fit a multiprocessor: 64 blocks a
+    // multiprocessor keep the last, partial wave of blocks short; with weight gradients every
+    // block adds its sums into the same D floats, so fewer (16) blocks a multiprocessor.
+    const int lanes = rope_norm_lanes(spec.head_dim, spec.rotary_dim, spec.interleaved != 0,
+                                      spec.vec, spec.copy_vec);
+    const int64_t warps_needed = (rows + 32 / lanes - 1) / (32 / lanes);
+    const int64_t multiprocessors = std::max<int64_t>(sms, 1);
+    const int64_t warps = std::clamp<int64_t>(
+        (warps_needed + multiprocessors - 1) / multiprocessors, 1, kRopeNormMaxWarps);
+    launch.warps = int(warps);
+    launch.threads = 32 * warps;
+    launch.shared_bytes = unsigned(bytes);
+    const int64_t blocks_per_sm = spec.norm_weight_grad ? 16 : 64;
+    launch.blocks =
+        std::min<int64_t>((warps_needed + warps - 1) / warps, blocks_per_sm * multiprocessors);
+    return launch;
 }
 
 namespace {
