@@ -260,6 +260,17 @@ std::vector<AttentionSpec> wgmma_specs() {
     for (const AttentionSpec& s : {fwd256, fwd256_staged, fwd256_partial, fwd256_prerotated,
                                    fwd256_partial_prerotated})
         specs.push_back(s);
+    // Experiments of the consumer schedule (off by default) on the head_dim 128 default and a
+    // head_dim 64 one: warpgroups taking turns for S, for both products, registers moved to
+    // the consumers, and turns with the registers.
+    for (const AttentionSpec& base : {keys_by_tma_wide, keys_by_tma_plain}) {
+        for (int variant = 0; variant < 4; ++variant) {
+            AttentionSpec s = base;
+            s.pingpong = variant == 0 ? 1 : variant == 1 ? 2 : variant == 2 ? 0 : 1;
+            s.setmaxnreg = variant >= 2;
+            specs.push_back(s);
+        }
+    }
     return specs;
 }
 

@@ -409,7 +409,11 @@ TEST_SUITE("gpu") {
                                          "fwd=p8x128",
                                          "fwd=c2x8x64x3",
                                          "fwd=c2x4x128",
-                                         "fwd=c2x8x128x2"}) {
+                                         "fwd=c2x8x128x2",
+                                         "fwd=p8x128x2:pingpong",
+                                         "fwd=p8x128x2:pingpong2",
+                                         "fwd=p8x128x2:setmaxnreg",
+                                         "fwd=p8x64x3:pingpong:setmaxnreg"}) {
             CAPTURE(shapes);
             f.override_kernels(shapes.c_str());
             // A wgmma shape must be what the configs without pos_mask run, where wgmma runs at all
@@ -438,6 +442,11 @@ TEST_SUITE("gpu") {
                     wanted.keys_by_tma = family != 'w' && family != 'r';
                     wanted.cluster = cluster;
                     wanted.m_tiles = 1;
+                    // The consumer-schedule options after the shape (":pingpong", ...).
+                    wanted.pingpong = shapes.find(":pingpong2") != std::string::npos  ? 2
+                                      : shapes.find(":pingpong") != std::string::npos ? 1
+                                                                                      : 0;
+                    wanted.setmaxnreg = shapes.find(":setmaxnreg") != std::string::npos;
                     CAPTURE(spec.describe());
                     if (wanted.shared_bytes() <= device.max_shared_bytes) CHECK(spec == wanted);
                 }
@@ -523,7 +532,9 @@ TEST_SUITE("gpu") {
         // The default choice, then each family forced (every warp loading; producer warps; blocks
         // of a cluster sharing tiles, where the GQA group allows).
         for (const char* shapes : {"", "fwd=w12x64x3", "fwd=p8x64x3", "fwd=r8x64x3",
-                                   "fwd=c4x8x64x3", "fwd=c2x8x128x2"}) {
+                                   "fwd=c4x8x64x3", "fwd=c2x8x128x2", "fwd=p8x128x2:pingpong",
+                                   "fwd=p8x128x2:pingpong2", "fwd=p8x128x2:setmaxnreg",
+                                   "fwd=p8x64x3:pingpong2:setmaxnreg"}) {
             CAPTURE(shapes);
             f.override_kernels(shapes);
             sweep(f, configs, 11);

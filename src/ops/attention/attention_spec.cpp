@@ -28,6 +28,10 @@ const char* const kStyleNames[] = {"half", "interleaved"};
 
 const SpecValues Integer{SpecValues::integer, nullptr, 0, false};
 const SpecValues Boolean{SpecValues::boolean, nullptr, 0, true};
+// Fields added after the PTX fingerprints were recorded: enumerators, which leave the PTX of
+// the specs that keep their default unchanged (spec_fields.h).
+const SpecValues BooleanEnumerator{SpecValues::boolean, nullptr, 0, true, true};
+const SpecValues IntegerEnumerator{SpecValues::integer, nullptr, 0, false, true};
 const SpecValues FloatTypes{SpecValues::named, kFloatTypeNames, 3, false};
 const SpecValues KernelKinds{SpecValues::named, kKindNames, 6, false};
 const SpecValues MaskKinds{SpecValues::named, kMaskNames, 3, false};
@@ -131,6 +135,12 @@ void AttentionSpec::validate() const {
                     "attention kernel spec: clusters of {} blocks need producer warps, 2 or 4 "
                     "blocks dividing the GQA group ({}) and 8-row shares of the {}-key tile",
                     cluster, gqa_group, block_n));
+            case WgmmaRule::Schedule:
+                fail_argument(fmt::format(
+                    "attention kernel spec: pingpong ({}) and setmaxnreg ({}) are settings of "
+                    "the forward with 4 producer warps and 8 consumer warps (setmaxnreg with "
+                    "keys by TMA)",
+                    pingpong, setmaxnreg));
         }
     } else {
         require(stages == 2,
@@ -141,6 +151,7 @@ void AttentionSpec::validate() const {
         require(cluster == 1,
                 fmt::format("clusters are a wgmma setting (1 otherwise), got {}", cluster));
         require(keys_by_tma == 0, "keys by TMA are a wgmma setting");
+        require(pingpong == 0 && setmaxnreg == 0, "pingpong and setmaxnreg are wgmma settings");
     }
 }
 
@@ -190,7 +201,7 @@ std::optional<AttentionCall> attention_call_from_json(const std::string& text, s
     static const char* const kTileKeys[] = {
         "kind",    "tensor_cores", "wgmma",       "stages", "producer_warps",
         "cluster", "keys_by_tma",  "table_async", "warps",  "m_tiles",
-        "block_n", "compute_dk",   "compute_dv"};
+        "block_n", "compute_dk",   "compute_dv",  "pingpong", "setmaxnreg"};
     AttentionCall call;
     try {
         for (const char* key : kTileKeys)
@@ -242,6 +253,8 @@ std::string AttentionSpec::describe() const {
                             table_async ? " staged-tables" : "");
     else
         text += fmt::format(" simt {}w", warps);
+    if (pingpong > 0) text += fmt::format(" pingpong{}", pingpong);
+    if (setmaxnreg) text += " setmaxnreg";
     return text;
 }
 

@@ -64,7 +64,12 @@ enum class AttentionKernelKind : int32_t {
     X(m_tiles, 1, "m_tiles", Integer, 1, 2, "M_TILES", PLAIN)    /* 16-row tiles per warp */       \
     X(block_n, 0, "block_n", Integer, 0, 1024, "BLOCK_N", PLAIN) /* rows of a streamed tile */     \
     X(compute_dk, 1, "compute_dk", Boolean, 0, 1, "COMPUTE_DK", PLAIN)                             \
-    X(compute_dv, 1, "compute_dv", Boolean, 0, 1, "COMPUTE_DV", PLAIN)
+    X(compute_dv, 1, "compute_dv", Boolean, 0, 1, "COMPUTE_DV", PLAIN)                             \
+    /* producer forward: the consumer warpgroups take turns issuing their products (named  */     \
+    /* barriers): 0 no, 1 turns for S = Q K^T, 2 for S and for O += P V                     */     \
+    X(pingpong, 0, "pingpong", IntegerEnumerator, 0, 2, "PINGPONG", PLAIN)                         \
+    /* producer forward, keys by TMA: producers give registers to the consumers (setmaxnreg) */    \
+    X(setmaxnreg, 0, "setmaxnreg", BooleanEnumerator, 0, 1, "SETMAXNREG", PLAIN)
 
 // The largest head_dim any attention kernel takes (the CUDA-core kernels: 16 features a lane).
 constexpr int64_t kAttentionMaxHeadDim = 512;
