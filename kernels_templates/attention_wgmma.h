@@ -449,11 +449,21 @@ __device__ __forceinline__ void attend_tile(float (&o)[DTILES][4], unsigned (&pa
     const bool check_bounds = n0 + BLOCK_N > p.seqlen_k;
     const bool check_causal = CAUSAL && n0 + BLOCK_N - 1 > group_first;
     float scale = p.scale_log2;
-    if (check_bounds || check_causal || MASK_KIND != 0 || !(scale > 0.f)) {
-        scale_and_mask<NT, false>(s, p, b, row_first, n0, check_bounds, check_causal, lane);
-        scale = 1.f;
+    if constexpr (EXP2_FMA > 0) {
+        // Part of the exponentials on the FMA pipe: only in tiles without masks (no -inf).
+        if (check_bounds || check_causal || MASK_KIND != 0 || !(scale > 0.f)) {
+            scale_and_mask<NT, false>(s, p, b, row_first, n0, check_bounds, check_causal, lane);
+            online_softmax<NT>(s, row_max, row_sum, o, 1.f);
+        } else {
+            online_softmax<NT, EXP2_FMA>(s, row_max, row_sum, o, scale);
+        }
+    } else {
+        if (check_bounds || check_causal || MASK_KIND != 0 || !(scale > 0.f)) {
+            scale_and_mask<NT, false>(s, p, b, row_first, n0, check_bounds, check_causal, lane);
+            scale = 1.f;
+        }
+        online_softmax<NT>(s, row_max, row_sum, o, scale);
     }
-    online_softmax<NT>(s, row_max, row_sum, o, scale);
     to_a_fragments<NT>(pa, s);
 
     turns.before_values();

@@ -134,6 +134,7 @@ std::vector<AttentionSpec> wgmma_specs() {
     AttentionSpec pingpong_registers = by_tma;
     pingpong_registers.pingpong = 2;
     pingpong_registers.setmaxnreg = 1;
+    pingpong_registers.exp2_fma = 1;
     return {headline,  narrow,   specialized,       specialized_narrow, clustered, clustered_narrow,
             pingpong, pingpong_registers};
 }
@@ -857,7 +858,14 @@ TEST_CASE("the ROPE_JIT_ATTENTION_KERNELS text parses into tile shapes; anything
     CHECK((both.pingpong == 2 && both.setmaxnreg && both.block_n == 128));
     const AttentionTileShape registers =
         *parse_attention_kernel_override("fwd=p8x64x3:setmaxnreg").shape[0];
-    CHECK((registers.pingpong == 0 && registers.setmaxnreg && registers.stages == 3));
+    CHECK((registers.pingpong == 0 && registers.setmaxnreg && registers.stages == 3 &&
+           registers.exp2_fma == 0));
+    for (int quarters = 1; quarters <= 3; ++quarters) {
+        const std::string text = "fwd=p8x128x2:fma" + std::to_string(quarters);
+        CAPTURE(text);
+        const AttentionTileShape fma = *parse_attention_kernel_override(text.c_str()).shape[0];
+        CHECK((fma.exp2_fma == quarters && fma.pingpong == 0 && !fma.setmaxnreg));
+    }
 
     // Malformed items, unknown kinds and wgmma shapes for a backward kernel are left out; the
     // well-formed items beside them stay.
@@ -866,7 +874,8 @@ TEST_CASE("the ROPE_JIT_ATTENTION_KERNELS text parses into tile shapes; anything
           "dkdv=w4x32", "fwd=8", "fwd=", "fwd=0x64", "fwd=8x64x2x2", "fwd=12345x64", "bwd=8x64",
           "fwd", "SIMT", "fwd=-8x64", "fwd=8x64 ", "fwd=p8x128:", "fwd=p8x128:pingpong3",
           "fwd=p8x128:Pingpong", "fwd=w8x128:pingpong", "fwd=8x64:setmaxnreg",
-          "fwd=c2x8x128:pingpong", "dq=8x64:pingpong", "fwd=:pingpong", "fwd=pingpong"}) {
+          "fwd=c2x8x128:pingpong", "dq=8x64:pingpong", "fwd=:pingpong", "fwd=pingpong",
+          "fwd=p8x128:fma0", "fwd=p8x128:fma4", "fwd=w8x128:fma1"}) {
         CAPTURE(junk);
         const AttentionKernelOverride bad = parse_attention_kernel_override(junk);
         CHECK_FALSE(bad.force_simt);
@@ -880,7 +889,7 @@ TEST_CASE("the ROPE_JIT_ATTENTION_KERNELS text parses into tile shapes; anything
 }
 
 TEST_CASE(
-    "the consumer-schedule experiments are chosen only when the override asks, where they apply") {
+    "the consumer-schedule experiments of the attention forward run only where the override asks") {
     const attention_test::Config c = headline_config();
     std::mt19937 rng(1);
     attention_test::Problem p(c, rng);
@@ -898,12 +907,13 @@ TEST_CASE(
     const AttentionSpec turns = forward_of(problem, "fwd=p8x128x2:pingpong");
     CHECK((turns.pingpong == 1 && turns.setmaxnreg == 0 && turns.block_n == 128 &&
            turns.producer_warps == 4 && turns.keys_by_tma == 1));
-    const AttentionSpec both = forward_of(problem, "fwd=p8x128x2:pingpong2:setmaxnreg");
-    CHECK((both.pingpong == 2 && both.setmaxnreg == 1));
-    CHECK(both.describe().find("pingpong2 setmaxnreg") != std::string::npos);
+    const AttentionSpec both = forward_of(problem, "fwd=p8x128x2:pingpong2:setmaxnreg:fma2");
+    CHECK((both.pingpong == 2 && both.setmaxnreg == 1 && both.exp2_fma == 2));
+    CHECK(both.describe().find("pingpong2 setmaxnreg exp2-fma2/4") != std::string::npos);
     // Where they do not apply (one consumer warpgroup; setmaxnreg with producers that rotate
     // keys, as without a workspace) the shape falls back to the tables' default.
     CHECK(forward_of(problem, "fwd=p4x64x3:pingpong") == standard);
+    CHECK(forward_of(problem, "fwd=p4x64x3:fma1") == standard);
     AttentionProblem without = problem;
     without.no_workspace = true;
     const AttentionSpec fallback = forward_of(without, "fwd=p8x128x2:setmaxnreg");
@@ -933,6 +943,9 @@ TEST_CASE(
     REQUIRE(backward.kind == int32_t(AttentionKernelKind::Backward));
     CHECK(wgmma_broken_rule(backward) == WgmmaRule::None);
     backward.setmaxnreg = 1;
+    CHECK(wgmma_broken_rule(backward) == WgmmaRule::Schedule);
+    backward.setmaxnreg = 0;
+    backward.exp2_fma = 1;
     CHECK(wgmma_broken_rule(backward) == WgmmaRule::Schedule);
     AttentionSpec mma = standard;
     mma.wgmma = 0;

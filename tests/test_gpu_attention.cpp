@@ -413,7 +413,9 @@ TEST_SUITE("gpu") {
                                          "fwd=p8x128x2:pingpong",
                                          "fwd=p8x128x2:pingpong2",
                                          "fwd=p8x128x2:setmaxnreg",
-                                         "fwd=p8x64x3:pingpong:setmaxnreg"}) {
+                                         "fwd=p8x64x3:pingpong:setmaxnreg",
+                                         "fwd=p8x128x2:fma1",
+                                         "fwd=p8x128x2:pingpong2:setmaxnreg:fma2"}) {
             CAPTURE(shapes);
             f.override_kernels(shapes.c_str());
             // A wgmma shape must be what the configs without pos_mask run, where wgmma runs at all
@@ -447,6 +449,8 @@ TEST_SUITE("gpu") {
                                       : shapes.find(":pingpong") != std::string::npos ? 1
                                                                                       : 0;
                     wanted.setmaxnreg = shapes.find(":setmaxnreg") != std::string::npos;
+                    const size_t fma = shapes.find(":fma");
+                    wanted.exp2_fma = fma == std::string::npos ? 0 : shapes[fma + 4] - '0';
                     CAPTURE(spec.describe());
                     if (wanted.shared_bytes() <= device.max_shared_bytes) CHECK(spec == wanted);
                 }
@@ -534,7 +538,8 @@ TEST_SUITE("gpu") {
         for (const char* shapes : {"", "fwd=w12x64x3", "fwd=p8x64x3", "fwd=r8x64x3",
                                    "fwd=c4x8x64x3", "fwd=c2x8x128x2", "fwd=p8x128x2:pingpong",
                                    "fwd=p8x128x2:pingpong2", "fwd=p8x128x2:setmaxnreg",
-                                   "fwd=p8x64x3:pingpong2:setmaxnreg"}) {
+                                   "fwd=p8x64x3:pingpong2:setmaxnreg", "fwd=p8x128x2:fma1",
+                                   "fwd=p8x128x2:pingpong:setmaxnreg:fma2"}) {
             CAPTURE(shapes);
             f.override_kernels(shapes);
             sweep(f, configs, 11);

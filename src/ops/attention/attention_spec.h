@@ -69,7 +69,10 @@ enum class AttentionKernelKind : int32_t {
     /* barriers): 0 no, 1 turns for S = Q K^T, 2 for S and for O += P V                     */     \
     X(pingpong, 0, "pingpong", IntegerEnumerator, 0, 2, "PINGPONG", PLAIN)                         \
     /* producer forward, keys by TMA: producers give registers to the consumers (setmaxnreg) */    \
-    X(setmaxnreg, 0, "setmaxnreg", BooleanEnumerator, 0, 1, "SETMAXNREG", PLAIN)
+    X(setmaxnreg, 0, "setmaxnreg", BooleanEnumerator, 0, 1, "SETMAXNREG", PLAIN)                   \
+    /* producer forward: quarters of a mask-free tile's exponentials computed by a polynomial */  \
+    /* on the FMA pipe rather than by ex2 (the multifunction unit)                            */  \
+    X(exp2_fma, 0, "exp2_fma", IntegerEnumerator, 0, 3, "EXP2_FMA", PLAIN)
 
 // The largest head_dim any attention kernel takes (the CUDA-core kernels: 16 features a lane).
 constexpr int64_t kAttentionMaxHeadDim = 512;
