@@ -89,11 +89,28 @@ __device__ __forceinline__ void split_plain(float (&rot)[NT][4], float (&plain)[
         }
 }
 
+// 2^x for finite x <= 0 on the FMA pipe, not the multifunction unit that ex2 occupies (4
+// results a clock per scheduler: a tile's exponentials take about half the time of its two
+// products): x = j + f with j the nearest integer (rounded by adding 1.5 * 2^23, which leaves
+// j in the low bits of the sum) and f in [-1/2, 1/2]; 2^f by a cubic (relative error 1e-4,
+// below the 2^-8 of the bfloat16 probabilities); j added to its exponent. x is clamped at
+// -125 (2^-125 rather than 0: only for scores without -inf, FlashAttention-4's trick); NaN
+// stays NaN (max.NaN), as through ex2.
+__device__ __forceinline__ float exp2_fma(float x) {
+    asm("max.NaN.f32 %0, %0, 0fC2FA0000;" : "+f"(x));  // -125
+    const float shifted = x + 12582912.f;
+    const float f = x - (shifted - 12582912.f);
+    const float p =
+        fmaf(fmaf(fmaf(0.05583828f, f, 0.24263948f), f, 0.69313675f), f, 0.99992454f);
+    return __int_as_float(__float_as_int(p) + (__float_as_int(shifted) << 23));
+}
+
 // One step of the online softmax over a 16 x 8*NT score tile, one row pair per thread (rows g
 // and g + 8): scores (base 2, masks applied, times `scale` > 0 still to apply) become
 // probabilities relative to the running row maximum, and the row sums and the output
-// accumulators are rescaled to the new maximum.
-template <int NT>
+// accumulators are rescaled to the new maximum. FMA_QUARTERS > 0 (scores without -inf only):
+// of every four 8-column groups that many take exp2_fma, the rest ex2.
+template <int NT, int FMA_QUARTERS = 0>
 __device__ __forceinline__ void online_softmax(float (&s)[NT][4], float (&row_max)[2],
                                                float (&row_sum)[2], float (&o)[DTILES][4],
                                                float scale = 1.f) {
@@ -111,8 +128,13 @@ __device__ __forceinline__ void online_softmax(float (&s)[NT][4], float (&row_ma
         float sum = 0.f;
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
-            s[nt][2 * r] = exp2_approx(fmaf(s[nt][2 * r], scale, -m_use));
-            s[nt][2 * r + 1] = exp2_approx(fmaf(s[nt][2 * r + 1], scale, -m_use));
+            if (FMA_QUARTERS > 0 && nt % 4 < FMA_QUARTERS) {
+                s[nt][2 * r] = exp2_fma(fmaf(s[nt][2 * r], scale, -m_use));
+                s[nt][2 * r + 1] = exp2_fma(fmaf(s[nt][2 * r + 1], scale, -m_use));
+            } else {
+                s[nt][2 * r] = exp2_approx(fmaf(s[nt][2 * r], scale, -m_use));
+                s[nt][2 * r + 1] = exp2_approx(fmaf(s[nt][2 * r + 1], scale, -m_use));
+            }
             sum += s[nt][2 * r] + s[nt][2 * r + 1];
         }
         row_sum[r] = row_sum[r] * alpha + sum;

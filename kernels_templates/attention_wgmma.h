@@ -387,26 +387,36 @@ __device__ __forceinline__ void fence_registers(unsigned (&r)[N][4]) {
         asm volatile("" : "+r"(r[i][0]), "+r"(r[i][1]), "+r"(r[i][2]), "+r"(r[i][3])::"memory");
 }
 
+// Hooks around the issue of a tile's two products (S = Q K^T, O += P V), for consumer
+// warpgroups that take turns (the producer forward's PINGPONG): none here.
+struct NoTurns {
+    __device__ __forceinline__ void before_scores() const {}
+    __device__ __forceinline__ void after_scores() const {}
+    __device__ __forceinline__ void before_values() const {}
+    __device__ __forceinline__ void after_values() const {}
+};
+
 // One key tile for a warp's 16 query rows (first row row_first) of a warpgroup whose first row
 // is group_first: S = Q K^T on the tensor cores (`q_operand`: this lane's A fragments to reload
 // from shared memory, or with SWIZZLED the warpgroup's swizzled query rows, which the tensor
 // cores read themselves; the rotated keys in key_tile), the masks and the online softmax, then O += P V (values in
 // value_tile) issued with P in `pa`. The caller waits for that product (wgmma wait) before it
 // reads `o` or lets go of `pa`, so it may overlap other work with it. Both wgmma forwards run
-// their tiles through here.
-template <int PSTEPS, int D = DTYPE>
+// their tiles through here; `turns` brackets the issue of each product (see NoTurns).
+template <int PSTEPS, typename Turns = NoTurns, int D = DTYPE>
 __device__ __forceinline__ void attend_tile(float (&o)[DTILES][4], unsigned (&pa)[PSTEPS][4],
                                             float (&row_max)[2], float (&row_sum)[2],
                                             unsigned q_operand, const char* key_tile,
                                             const char* value_tile, const AttentionKernelParams& p,
                                             long long b, long long row_first, long long group_first,
-                                            long long n0, int lane) {
+                                            long long n0, int lane, const Turns& turns = Turns{}) {
     constexpr int NT = BLOCK_N / 8;
     static_assert(PSTEPS == NT / 2, "P fragments: one per 16 keys of the tile");
     float s[NT][4];
     zero(s);
     const unsigned k_address = shared_address(key_tile);
     if constexpr (SWIZZLED) {
+        turns.before_scores();
         fence_registers(s);
         __syncwarp();  // wgmma instructions are warp-aligned: every lane at the same one
         fence_operands();
@@ -414,6 +424,7 @@ __device__ __forceinline__ void attend_tile(float (&o)[DTILES][4], unsigned (&pa
         for (int kk = 0; kk < KSTEPS; ++kk)
             wgmma_ss<BLOCK_N>(s, query_descriptor(q_operand, kk), key_descriptor(k_address, kk));
         commit();
+        turns.after_scores();
         wait_all();
         fence_registers(s);
     } else {
@@ -438,13 +449,24 @@ __device__ __forceinline__ void attend_tile(float (&o)[DTILES][4], unsigned (&pa
     const bool check_bounds = n0 + BLOCK_N > p.seqlen_k;
     const bool check_causal = CAUSAL && n0 + BLOCK_N - 1 > group_first;
     float scale = p.scale_log2;
-    if (check_bounds || check_causal || MASK_KIND != 0 || !(scale > 0.f)) {
-        scale_and_mask<NT, false>(s, p, b, row_first, n0, check_bounds, check_causal, lane);
-        scale = 1.f;
+    if constexpr (EXP2_FMA > 0) {
+        // Part of the exponentials on the FMA pipe: only in tiles without masks (no -inf).
+        if (check_bounds || check_causal || MASK_KIND != 0 || !(scale > 0.f)) {
+            scale_and_mask<NT, false>(s, p, b, row_first, n0, check_bounds, check_causal, lane);
+            online_softmax<NT>(s, row_max, row_sum, o, 1.f);
+        } else {
+            online_softmax<NT, EXP2_FMA>(s, row_max, row_sum, o, scale);
+        }
+    } else {
+        if (check_bounds || check_causal || MASK_KIND != 0 || !(scale > 0.f)) {
+            scale_and_mask<NT, false>(s, p, b, row_first, n0, check_bounds, check_causal, lane);
+            scale = 1.f;
+        }
+        online_softmax<NT>(s, row_max, row_sum, o, scale);
     }
-    online_softmax<NT>(s, row_max, row_sum, o, scale);
     to_a_fragments<NT>(pa, s);
 
+    turns.before_values();
     fence_registers(o);
     fence_registers(pa);
     __syncwarp();
@@ -453,6 +475,7 @@ __device__ __forceinline__ void attend_tile(float (&o)[DTILES][4], unsigned (&pa
 #pragma unroll
     for (int kk = 0; kk < NT / 2; ++kk) wgmma<DP, 1>(o, pa[kk], value_descriptor(v_address, kk));
     commit();
+    turns.after_values();
 }
 
 template <int D = DTYPE>

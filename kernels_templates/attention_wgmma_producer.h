@@ -92,6 +92,56 @@ __device__ __forceinline__ void consumer_sync() {
     asm volatile("bar.sync 1, %0;\n" ::"n"(THREADS) : "memory");
 }
 
+// ---- experiments of the consumer schedule (PINGPONG, SETMAXNREG; off by default) ----
+//
+// PINGPONG: the two consumer warpgroups take turns issuing their products, so that one's
+// softmax (its exponentials take about half the time of a tile's two products) runs while the
+// other's products keep the tensor cores busy, rather than both in phase (FlashAttention-3's
+// warp scheduler barriers). A turn is one product issued: S = Q K^T (PINGPONG 1), or S and,
+// separately, O += P V (PINGPONG 2). Warpgroup g takes its turn by bar.sync on named barrier
+// TURN_BARRIER + g (both warpgroups' 256 threads count) and passes it by bar.arrive on the
+// other's. Warpgroup 1 arrives once on warpgroup 0's barrier at the start (0 goes first) and
+// warpgroup 0 syncs once more at the end, so every barrier phase gets its 128 syncs and 128
+// arrivals; a warpgroup takes its turns for every tile of the block, also for the tiles it
+// skips (causal: its rows end before them), so both take the same number.
+constexpr int TURN_BARRIER = 2;  // and 3 (0: __syncthreads, 1: consumer_sync)
+constexpr int TURN_THREADS = 256;
+static_assert(PINGPONG == 0 || (WARPS == 8 && PRODUCER_WARPS == 4), "turns of two warpgroups");
+__device__ __forceinline__ void turn_sync(int barrier) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(barrier), "n"(TURN_THREADS) : "memory");
+}
+__device__ __forceinline__ void turn_arrive(int barrier) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(barrier), "n"(TURN_THREADS) : "memory");
+}
+struct ConsumerTurns {
+    int mine, other;  // named barriers: this warpgroup's turn, the other's
+    __device__ __forceinline__ void before_scores() const { turn_sync(mine); }
+    __device__ __forceinline__ void after_scores() const { turn_arrive(other); }
+    __device__ __forceinline__ void before_values() const {
+        if constexpr (PINGPONG == 2) turn_sync(mine);
+    }
+    __device__ __forceinline__ void after_values() const {
+        if constexpr (PINGPONG == 2) turn_arrive(other);
+    }
+    // The turns of a tile this warpgroup skips.
+    __device__ __forceinline__ void skip() const {
+        before_scores();
+        after_scores();
+        before_values();
+        after_values();
+    }
+};
+
+// SETMAXNREG (keys by TMA: producers that only issue copies): the producer warpgroup gives
+// registers back and the consumers take them (registers per thread, multiples of 8; the
+// launch bound gives every thread 65536 / 384 = 168 at entry).
+constexpr int PRODUCER_REGISTERS = 40;
+constexpr int CONSUMER_REGISTERS =
+    (65536 - PRODUCER_THREADS * PRODUCER_REGISTERS) / (THREADS > 0 ? THREADS : 1) / 8 * 8 > 256
+        ? 256
+        : (65536 - PRODUCER_THREADS * PRODUCER_REGISTERS) / (THREADS > 0 ? THREADS : 1) / 8 * 8;
+static_assert(!SETMAXNREG || (KEYS_BY_TMA && PRODUCER_WARPS == 4), "producers that only copy");
+
 // Thread-block cluster helpers: this block's rank, the shared::cluster address of a shared
 // address in block `rank`, and a barrier of every thread of the cluster.
 __device__ __forceinline__ unsigned cluster_rank() {
@@ -424,12 +474,16 @@ __device__ void forward_specialized(const AttentionKernelParams& p, char* smem) 
         __syncthreads();
 
     if (threadIdx.x >= THREADS) {
+        if constexpr (SETMAXNREG)
+            asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PRODUCER_REGISTERS));
         produce(pipe, p, k_head, b, h / GQA_GROUP, tiles, static_cast<int>(rank));
         if constexpr (CLUSTER > 1) cluster_sync();  // no block exits while another may still use it
         return;
     }
 
     // Consumers: the block's query rows, rotated, then the key tiles as they come.
+    if constexpr (SETMAXNREG)
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CONSUMER_REGISTERS));
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     issue_rows<RESIDENT>(m.q, q_head, p.q_stride[2], m0, p.seqlen_q);
     cp_async_commit();
@@ -457,6 +511,9 @@ __device__ void forward_specialized(const AttentionKernelParams& p, char* smem) 
     float o[DTILES][4];
     float row_max[2] = {neg_inf(), neg_inf()}, row_sum[2] = {0.f, 0.f};
     zero(o);
+    const int group = warp >> 2;
+    const ConsumerTurns turns{TURN_BARRIER + group, TURN_BARRIER + (group ^ 1)};
+    if (PINGPONG > 0 && group == 1) turn_arrive(TURN_BARRIER);  // warpgroup 0 goes first
     for (int t = 0; t < tiles; ++t) {
         const long long n0 = static_cast<long long>(t) * BLOCK_N;
         if constexpr (!KEYS_BY_TMA)
@@ -466,11 +523,17 @@ __device__ void forward_specialized(const AttentionKernelParams& p, char* smem) 
         // the buffer: every consumer arrives once per tile).
         if (!CAUSAL || n0 <= group_first + 63) {
             unsigned pa[BLOCK_N / 16][4];
-            attend_tile(o, pa, row_max, row_sum, q_group_tile, pipe.key_tile(t), pipe.value_tile(t),
-                        p, b, row_first, group_first, n0, lane);
+            if constexpr (PINGPONG > 0)
+                attend_tile(o, pa, row_max, row_sum, q_group_tile, pipe.key_tile(t),
+                            pipe.value_tile(t), p, b, row_first, group_first, n0, lane, turns);
+            else
+                attend_tile(o, pa, row_max, row_sum, q_group_tile, pipe.key_tile(t),
+                            pipe.value_tile(t), p, b, row_first, group_first, n0, lane);
             wait_all();
             fence_registers(o);
             fence_registers(pa);
+        } else if constexpr (PINGPONG > 0) {
+            turns.skip();
         }
         if constexpr (CLUSTER > 1) {
 #pragma unroll
@@ -480,6 +543,7 @@ __device__ void forward_specialized(const AttentionKernelParams& p, char* smem) 
             barrier_arrive(pipe.empty_of(t));
         }
     }
+    if (PINGPONG > 0 && group == 0) turn_sync(TURN_BARRIER);  // warpgroup 1's last turn
     finish_rows(o, row_max, row_sum, m.q + warp * 16 * ROWE, p, b, h, row_first, lane);
     if constexpr (CLUSTER > 1) cluster_sync();
 }

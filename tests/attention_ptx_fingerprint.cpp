@@ -267,6 +267,19 @@ std::vector<AttentionSpec> wgmma_specs() {
     for (const AttentionSpec& s : {fwd256, fwd256_staged, fwd256_partial, fwd256_prerotated,
                                    fwd256_partial_prerotated})
         specs.push_back(s);
+    // Experiments of the consumer schedule (off by default) on the head_dim 128 default and a
+    // head_dim 64 one: warpgroups taking turns for S, for both products, registers moved to
+    // the consumers, turns with the registers; a quarter of the exponentials on the FMA pipe,
+    // alone and with turns for both products and the registers.
+    for (const AttentionSpec& base : {keys_by_tma_wide, keys_by_tma_plain}) {
+        for (int variant = 0; variant < 6; ++variant) {
+            AttentionSpec s = base;
+            s.pingpong = variant == 0 || variant == 3 ? 1 : variant == 1 || variant == 5 ? 2 : 0;
+            s.setmaxnreg = variant == 2 || variant == 3 || variant == 5;
+            s.exp2_fma = variant >= 4;
+            specs.push_back(s);
+        }
+    }
     return specs;
 }
 

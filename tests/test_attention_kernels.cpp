@@ -131,8 +131,21 @@ std::vector<AttentionSpec> wgmma_specs() {
     backward.write_lse = 0;
     backward.table_async = 0;
     backward.dq_bulk = 1;
-    return {headline,   narrow,           specialized, specialized_narrow,
-            clustered,  clustered_narrow, backward};
+    // The consumer-schedule experiments on the head_dim 128 default (keys by TMA, two 128-key
+    // tiles): turns for S, turns for both products with registers moved to the consumers.
+    AttentionSpec by_tma = specialized;
+    by_tma.keys_by_tma = 1;
+    by_tma.table_async = 0;
+    by_tma.block_n = 128;
+    by_tma.stages = 2;
+    AttentionSpec pingpong = by_tma;
+    pingpong.pingpong = 1;
+    AttentionSpec pingpong_registers = by_tma;
+    pingpong_registers.pingpong = 2;
+    pingpong_registers.setmaxnreg = 1;
+    pingpong_registers.exp2_fma = 1;
+    return {headline,  narrow,   specialized, specialized_narrow, clustered, clustered_narrow,
+            backward,  pingpong, pingpong_registers};
 }
 
 }  // namespace
@@ -855,12 +868,36 @@ TEST_CASE("the ROPE_JIT_ATTENTION_KERNELS text parses into tile shapes; anything
     CHECK((c.wgmma && c.warps == 8 && c.block_n == 64 && c.stages == 3 && c.producer_warps == 4 &&
            c.cluster == 4));
 
+    // The consumer-schedule options of producer shapes, in any order.
+    const AttentionTileShape plain = *parse_attention_kernel_override("fwd=p8x128x2").shape[0];
+    CHECK((plain.pingpong == 0 && !plain.setmaxnreg));
+    const AttentionTileShape turns =
+        *parse_attention_kernel_override("fwd=p8x128x2:pingpong").shape[0];
+    CHECK((turns.pingpong == 1 && !turns.setmaxnreg && turns.warps == 8 && turns.block_n == 128 &&
+           turns.stages == 2 && turns.producer_warps == 4));
+    const AttentionTileShape both =
+        *parse_attention_kernel_override("fwd=p8x128x2:setmaxnreg:pingpong2").shape[0];
+    CHECK((both.pingpong == 2 && both.setmaxnreg && both.block_n == 128));
+    const AttentionTileShape registers =
+        *parse_attention_kernel_override("fwd=p8x64x3:setmaxnreg").shape[0];
+    CHECK((registers.pingpong == 0 && registers.setmaxnreg && registers.stages == 3 &&
+           registers.exp2_fma == 0));
+    for (int quarters = 1; quarters <= 3; ++quarters) {
+        const std::string text = "fwd=p8x128x2:fma" + std::to_string(quarters);
+        CAPTURE(text);
+        const AttentionTileShape fma = *parse_attention_kernel_override(text.c_str()).shape[0];
+        CHECK((fma.exp2_fma == quarters && fma.pingpong == 0 && !fma.setmaxnreg));
+    }
+
     // Malformed items, unknown kinds and wgmma shapes for a backward kernel are left out; the
     // well-formed items beside them stay.
     for (const char* junk :
          {"fwd=c2x8", "fwd=cx8x64", "fwd=p8x64x3x1", "fwd=w8xx64", "fwd=c0x8x64", "dq=c2x8x64",
           "dkdv=w4x32", "fwd=8", "fwd=", "fwd=0x64", "fwd=8x64x2x2", "fwd=12345x64", "bwd=8x64",
-          "fwd", "SIMT", "fwd=-8x64", "fwd=8x64 "}) {
+          "fwd", "SIMT", "fwd=-8x64", "fwd=8x64 ", "fwd=p8x128:", "fwd=p8x128:pingpong3",
+          "fwd=p8x128:Pingpong", "fwd=w8x128:pingpong", "fwd=8x64:setmaxnreg",
+          "fwd=c2x8x128:pingpong", "dq=8x64:pingpong", "fwd=:pingpong", "fwd=pingpong",
+          "fwd=p8x128:fma0", "fwd=p8x128:fma4", "fwd=w8x128:fma1"}) {
         CAPTURE(junk);
         const AttentionKernelOverride bad = parse_attention_kernel_override(junk);
         CHECK_FALSE(bad.force_simt);
@@ -884,6 +921,81 @@ TEST_CASE("the ROPE_JIT_ATTENTION_KERNELS text parses into tile shapes; anything
     CHECK_FALSE(mixed.shape[0].has_value());
     REQUIRE(mixed.shape[1].has_value());
     CHECK(mixed.shape[1]->block_n == 32);
+}
+
+TEST_CASE(
+    "the consumer-schedule experiments of the attention forward run only where the override asks") {
+    const attention_test::Config c = headline_config();
+    std::mt19937 rng(1);
+    attention_test::Problem p(c, rng);
+    const rope_jit_attention_args args = p.args();
+    const AttentionProblem problem = make_attention_problem(args, false);
+    const AttentionDevice h200{90, 232448, true, true};
+    auto forward_of = [&](const AttentionProblem& problem_, const char* text) {
+        return choose_attention_specs(problem_, h200, parse_attention_kernel_override(text))
+            .back();
+    };
+    // Off by default.
+    const AttentionSpec standard = choose_attention_specs(problem, h200).back();
+    CHECK((standard.pingpong == 0 && standard.setmaxnreg == 0));
+    // Asked for: the shape with the options.
+    const AttentionSpec turns = forward_of(problem, "fwd=p8x128x2:pingpong");
+    CHECK((turns.pingpong == 1 && turns.setmaxnreg == 0 && turns.block_n == 128 &&
+           turns.producer_warps == 4 && turns.keys_by_tma == 1));
+    const AttentionSpec both = forward_of(problem, "fwd=p8x128x2:pingpong2:setmaxnreg:fma2");
+    CHECK((both.pingpong == 2 && both.setmaxnreg == 1 && both.exp2_fma == 2));
+    CHECK(both.describe().find("pingpong2 setmaxnreg exp2-fma2/4") != std::string::npos);
+    // Where they do not apply (one consumer warpgroup; setmaxnreg with producers that rotate
+    // keys, as without a workspace) the shape falls back to the tables' default.
+    CHECK(forward_of(problem, "fwd=p4x64x3:pingpong") == standard);
+    CHECK(forward_of(problem, "fwd=p4x64x3:fma1") == standard);
+    AttentionProblem without = problem;
+    without.no_workspace = true;
+    const AttentionSpec fallback = forward_of(without, "fwd=p8x128x2:setmaxnreg");
+    CHECK(fallback == choose_attention_specs(without, h200).back());
+    CHECK(fallback.setmaxnreg == 0);
+    CHECK(forward_of(without, "fwd=p8x128x2:pingpong").pingpong == 1);  // turns need no TMA
+
+    // The rules, and validate's words.
+    AttentionSpec rotating = turns;
+    rotating.keys_by_tma = 0;
+    rotating.table_async = 1;
+    CHECK(wgmma_broken_rule(rotating) == WgmmaRule::None);
+    rotating.setmaxnreg = 1;
+    CHECK(wgmma_broken_rule(rotating) == WgmmaRule::Schedule);
+    AttentionSpec loading = turns;  // warps that load their own tiles
+    loading.producer_warps = 0;
+    loading.keys_by_tma = 0;
+    loading.table_async = 1;
+    CHECK(wgmma_broken_rule(loading) == WgmmaRule::Schedule);
+    try {
+        loading.validate();
+        FAIL("no error");
+    } catch (const Error& e) {
+        CHECK(std::string(e.what()).find("pingpong (1)") != std::string::npos);
+    }
+    AttentionSpec backward = choose_attention_specs(make_attention_problem(args, true), h200)[1];
+    REQUIRE(backward.kind == int32_t(AttentionKernelKind::Backward));
+    CHECK(wgmma_broken_rule(backward) == WgmmaRule::None);
+    backward.setmaxnreg = 1;
+    CHECK(wgmma_broken_rule(backward) == WgmmaRule::Schedule);
+    backward.setmaxnreg = 0;
+    backward.exp2_fma = 1;
+    CHECK(wgmma_broken_rule(backward) == WgmmaRule::Schedule);
+    AttentionSpec mma = standard;
+    mma.wgmma = 0;
+    mma.producer_warps = 0;
+    mma.keys_by_tma = 0;
+    mma.stages = 2;
+    mma.pingpong = 2;
+    CHECK_THROWS_AS(mma.validate(), Error);
+    // JSON: the fields round-trip; a prewarm call may not set them.
+    CHECK(AttentionSpec::from_json(both.to_json(), nullptr) == both);
+    CHECK(both.to_json().find("\"pingpong\":2") != std::string::npos);
+    std::string error;
+    CHECK_FALSE(attention_call_from_json(
+        R"({"op":"attention","head_dim":128,"pingpong":1})", &error));
+    CHECK(error.find("pingpong") != std::string::npos);
 }
 
 TEST_CASE(

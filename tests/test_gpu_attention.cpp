@@ -409,7 +409,13 @@ TEST_SUITE("gpu") {
                                          "fwd=p8x128",
                                          "fwd=c2x8x64x3",
                                          "fwd=c2x4x128",
-                                         "fwd=c2x8x128x2"}) {
+                                         "fwd=c2x8x128x2",
+                                         "fwd=p8x128x2:pingpong",
+                                         "fwd=p8x128x2:pingpong2",
+                                         "fwd=p8x128x2:setmaxnreg",
+                                         "fwd=p8x64x3:pingpong:setmaxnreg",
+                                         "fwd=p8x128x2:fma1",
+                                         "fwd=p8x128x2:pingpong2:setmaxnreg:fma2"}) {
             CAPTURE(shapes);
             f.override_kernels(shapes.c_str());
             // A wgmma shape must be what the configs without pos_mask run, where wgmma runs at all
@@ -438,6 +444,13 @@ TEST_SUITE("gpu") {
                     wanted.keys_by_tma = family != 'w' && family != 'r';
                     wanted.cluster = cluster;
                     wanted.m_tiles = 1;
+                    // The consumer-schedule options after the shape (":pingpong", ...).
+                    wanted.pingpong = shapes.find(":pingpong2") != std::string::npos  ? 2
+                                      : shapes.find(":pingpong") != std::string::npos ? 1
+                                                                                      : 0;
+                    wanted.setmaxnreg = shapes.find(":setmaxnreg") != std::string::npos;
+                    const size_t fma = shapes.find(":fma");
+                    wanted.exp2_fma = fma == std::string::npos ? 0 : shapes[fma + 4] - '0';
                     CAPTURE(spec.describe());
                     if (wanted.shared_bytes() <= device.max_shared_bytes) CHECK(spec == wanted);
                 }
@@ -521,9 +534,13 @@ TEST_SUITE("gpu") {
             CHECK(forward_kernel(specs).wgmma == 1);
         }
         // The default choice, then each family forced (every warp loading; producer warps; blocks
-        // of a cluster sharing tiles, where the GQA group allows).
+        // of a cluster sharing tiles, where the GQA group allows), then the consumer-schedule
+        // experiments: all of them over 128-key tiles, and turns for both products over 64-key
+        // tiles (where the first warpgroup skips the diagonal's last tile but takes its turns).
         for (const char* shapes : {"", "fwd=w12x64x3", "fwd=p8x64x3", "fwd=r8x64x3",
-                                   "fwd=c4x8x64x3", "fwd=c2x8x128x2"}) {
+                                   "fwd=c4x8x64x3", "fwd=c2x8x128x2",
+                                   "fwd=p8x128x2:pingpong:setmaxnreg:fma2",
+                                   "fwd=p8x64x3:pingpong2"}) {
             CAPTURE(shapes);
             f.override_kernels(shapes);
             sweep(f, configs, 11);

@@ -124,6 +124,23 @@ bool table_stageable(const TensorRef& t, int columns) {
 // One "kind=shape" item: WxN[xM] (mma.sync), wWxN[xS], pWxN[xS], rWxN[xS] or cCxWxN[xS]
 // (wgmma); nullopt for anything else.
 std::optional<AttentionTileShape> parse_shape(std::string text, int kind) {
+    // Scheduling options after the shape: ":pingpong", ":pingpong2", ":setmaxnreg", ":fmaN".
+    int32_t pingpong = 0, exp2_fma = 0;
+    bool setmaxnreg = false;
+    for (size_t colon = text.rfind(':'); colon != std::string::npos; colon = text.rfind(':')) {
+        const std::string option = text.substr(colon + 1);
+        if (option == "pingpong" || option == "pingpong2")
+            pingpong = option == "pingpong" ? 1 : 2;
+        else if (option == "setmaxnreg")
+            setmaxnreg = true;
+        else if (option == "fma1" || option == "fma2" || option == "fma3")
+            exp2_fma = option[3] - '0';
+        else
+            return std::nullopt;
+        text.resize(colon);
+    }
+    if ((pingpong > 0 || setmaxnreg || exp2_fma > 0) && (text.empty() || text[0] != 'p'))
+        return std::nullopt;
     char family = 0;
     if (!text.empty() && (text[0] == 'w' || text[0] == 'p' || text[0] == 'r' || text[0] == 'c')) {
         family = text[0];
@@ -157,6 +174,9 @@ std::optional<AttentionTileShape> parse_shape(std::string text, int kind) {
     shape.producer_warps = family == 'w' ? 0 : 4;
     shape.cluster = family == 'c' ? numbers[0] : 1;
     shape.keys_by_tma = family != 'r';
+    shape.pingpong = pingpong;
+    shape.setmaxnreg = setmaxnreg;
+    shape.exp2_fma = exp2_fma;
     return shape;
 }
 
@@ -228,6 +248,7 @@ WgmmaRule wgmma_broken_rule(const AttentionSpec& s) {
         if (dp == 256 ? s.stages != 2 : (s.stages != 2 && s.stages != 3)) return WgmmaRule::Stages;
         if (s.producer_warps != 0 || s.keys_by_tma) return WgmmaRule::Producer;
         if (s.cluster != 1) return WgmmaRule::Cluster;
+        if (s.pingpong != 0 || s.setmaxnreg != 0 || s.exp2_fma != 0) return WgmmaRule::Schedule;
         return WgmmaRule::None;
     }
     if (s.kind != 0) return WgmmaRule::Forward;
@@ -254,6 +275,9 @@ WgmmaRule wgmma_broken_rule(const AttentionSpec& s) {
     if (s.cluster != 1 && (s.producer_warps == 0 || (s.cluster != 2 && s.cluster != 4) ||
                            s.gqa_group % s.cluster != 0 || (s.block_n / s.cluster) % 8 != 0))
         return WgmmaRule::Cluster;
+    if ((s.pingpong != 0 || s.setmaxnreg != 0 || s.exp2_fma != 0) &&
+        (s.producer_warps != 4 || s.warps != 8 || (s.setmaxnreg && !s.keys_by_tma)))
+        return WgmmaRule::Schedule;
     return WgmmaRule::None;
 }
 
@@ -326,6 +350,9 @@ std::vector<AttentionSpec> choose_attention_specs(const AttentionProblem& p,
         spec.stages = shape.stages;
         spec.producer_warps = shape.producer_warps;
         spec.cluster = shape.cluster;
+        spec.pingpong = shape.pingpong;
+        spec.setmaxnreg = shape.setmaxnreg;
+        spec.exp2_fma = shape.exp2_fma;
         // Rotated keys by TMA come from a workspace, which a call may have to do without. The
         // head_dim 256 forward without producers (every warp loads) takes them too, by cp.async
         // (nothing to gain there without a rotation).

@@ -34,6 +34,10 @@ struct AttentionTileShape {
     int32_t producer_warps = 0;
     int32_t cluster = 1;
     bool keys_by_tma = true;
+    // Producer forwards, experiments (AttentionSpec's fields of these names).
+    int32_t pingpong = 0;
+    bool setmaxnreg = false;
+    int32_t exp2_fma = 0;
 };
 
 // ROPE_JIT_ATTENTION_KERNELS, parsed: "simt" forces the CUDA-core kernels;
@@ -42,7 +46,10 @@ struct AttentionTileShape {
 // wgmma forward (sm_90; W of 4, 8 or 12) with S tiles in shared memory (2 or 3; 2 by default),
 // "fwd=pWxN[xS]" for it with W consumer warps and 4 producer warps (keys by TMA),
 // "fwd=rWxN[xS]" the same with the keys rotated in the producers' registers, "fwd=cCxWxN[xS]"
-// for 'p' in clusters of C blocks (2 or 4; a divisor of the GQA group); "dq=bulk" or
+// for 'p' in clusters of C blocks (2 or 4; a divisor of the GQA group); a 'p' shape of 8 warps
+// may end in ":pingpong" (the two consumer warpgroups take turns issuing S = Q K^T),
+// ":pingpong2" (turns for both products), ":setmaxnreg" and ":fma1" to ":fma3" (that many
+// quarters of the exponentials on the FMA pipe), in any combination; "dq=bulk" or
 // "dq=atomic" has the sm_90 backward add dQ by bulk reduces (its default below head_dim 256)
 // or by atomic adds from the math warps (as at head_dim 256); "workspace=0" makes the
 // CUDA attention act as if its workspace could not be allocated. It is a tool for experiments:
@@ -92,7 +99,20 @@ AttentionLaunchPlan attention_launch_plan(const AttentionSpec& spec);
 // of 2 or 4 blocks only with producer warps, within a GQA group, over shares of whole 8-row
 // units. The first one `spec` breaks, or none. No text here: the kernel choice asks on every
 // launch; AttentionSpec::validate words the error.
-enum class WgmmaRule { None, Forward, HeadDim, KeyTile, Warps, PosMask, Stages, Producer, Cluster };
+// pingpong, setmaxnreg and exp2_fma only in a forward with 4 producer warps and 8 consumer warps
+// (setmaxnreg with keys by TMA: producers that rotate keys need their registers).
+enum class WgmmaRule {
+    None,
+    Forward,
+    HeadDim,
+    KeyTile,
+    Warps,
+    PosMask,
+    Stages,
+    Producer,
+    Cluster,
+    Schedule
+};
 WgmmaRule wgmma_broken_rule(const AttentionSpec& spec);
 
 }  // namespace rope_jit

@@ -28,6 +28,10 @@ const char* const kStyleNames[] = {"half", "interleaved"};
 
 const SpecValues Integer{SpecValues::integer, nullptr, 0, false};
 const SpecValues Boolean{SpecValues::boolean, nullptr, 0, true};
+// Fields added after the PTX fingerprints were recorded: enumerators, which leave the PTX of
+// the specs that keep their default unchanged (spec_fields.h).
+const SpecValues BooleanEnumerator{SpecValues::boolean, nullptr, 0, true, true};
+const SpecValues IntegerEnumerator{SpecValues::integer, nullptr, 0, false, true};
 const SpecValues FloatTypes{SpecValues::named, kFloatTypeNames, 3, false};
 const SpecValues KernelKinds{SpecValues::named, kKindNames, 6, false};
 const SpecValues MaskKinds{SpecValues::named, kMaskNames, 3, false};
@@ -134,6 +138,12 @@ void AttentionSpec::validate() const {
                     "attention kernel spec: clusters of {} blocks need producer warps, 2 or 4 "
                     "blocks dividing the GQA group ({}) and 8-row shares of the {}-key tile",
                     cluster, gqa_group, block_n));
+            case WgmmaRule::Schedule:
+                fail_argument(fmt::format(
+                    "attention kernel spec: pingpong ({}), setmaxnreg ({}) and exp2_fma ({}) "
+                    "are settings of the forward with 4 producer warps and 8 consumer warps "
+                    "(setmaxnreg with keys by TMA)",
+                    pingpong, setmaxnreg, exp2_fma));
         }
     } else {
         require(stages == 2,
@@ -144,6 +154,8 @@ void AttentionSpec::validate() const {
         require(cluster == 1,
                 fmt::format("clusters are a wgmma setting (1 otherwise), got {}", cluster));
         require(keys_by_tma == 0, "keys by TMA are a wgmma setting");
+        require(pingpong == 0 && setmaxnreg == 0 && exp2_fma == 0,
+                "pingpong, setmaxnreg and exp2_fma are wgmma settings");
     }
 }
 
@@ -193,7 +205,8 @@ std::optional<AttentionCall> attention_call_from_json(const std::string& text, s
     static const char* const kTileKeys[] = {
         "kind",    "tensor_cores", "wgmma",       "stages", "producer_warps",
         "cluster", "keys_by_tma",  "table_async", "warps",  "m_tiles",
-        "block_n", "compute_dk",   "compute_dv",  "dq_bulk"};
+        "block_n", "compute_dk",   "compute_dv",  "dq_bulk", "pingpong", "setmaxnreg",
+        "exp2_fma"};
     AttentionCall call;
     try {
         for (const char* key : kTileKeys)
@@ -245,6 +258,9 @@ std::string AttentionSpec::describe() const {
                             table_async ? " staged-tables" : "", dq_bulk ? " dq-bulk" : "");
     else
         text += fmt::format(" simt {}w", warps);
+    if (pingpong > 0) text += fmt::format(" pingpong{}", pingpong);
+    if (setmaxnreg) text += " setmaxnreg";
+    if (exp2_fma > 0) text += fmt::format(" exp2-fma{}/4", exp2_fma);
     return text;
 }
 

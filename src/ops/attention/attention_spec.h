@@ -65,8 +65,16 @@ enum class AttentionKernelKind : int32_t {
     X(block_n, 0, "block_n", Integer, 0, 1024, "BLOCK_N", PLAIN) /* rows of a streamed tile */     \
     X(compute_dk, 1, "compute_dk", Boolean, 0, 1, "COMPUTE_DK", PLAIN)                             \
     X(compute_dv, 1, "compute_dv", Boolean, 0, 1, "COMPUTE_DV", PLAIN)                             \
-    /* the sm_90 backward (kind 4, head_dim padded to 64 or 128): dQ by bulk reduce */           \
-    X(dq_bulk, 0, "dq_bulk", Boolean, 0, 1, "DQ_BULK", PLAIN)
+    /* the sm_90 backward (kind 4, head_dim padded to 64 or 128): dQ by bulk reduce */             \
+    X(dq_bulk, 0, "dq_bulk", Boolean, 0, 1, "DQ_BULK", PLAIN)                                      \
+    /* producer forward: the consumer warpgroups take turns issuing their products (named  */     \
+    /* barriers): 0 no, 1 turns for S = Q K^T, 2 for S and for O += P V                     */     \
+    X(pingpong, 0, "pingpong", IntegerEnumerator, 0, 2, "PINGPONG", PLAIN)                         \
+    /* producer forward, keys by TMA: producers give registers to the consumers (setmaxnreg) */    \
+    X(setmaxnreg, 0, "setmaxnreg", BooleanEnumerator, 0, 1, "SETMAXNREG", PLAIN)                   \
+    /* producer forward: quarters of a mask-free tile's exponentials computed by a polynomial */  \
+    /* on the FMA pipe rather than by ex2 (the multifunction unit)                            */  \
+    X(exp2_fma, 0, "exp2_fma", IntegerEnumerator, 0, 3, "EXP2_FMA", PLAIN)
 
 // The largest head_dim any attention kernel takes (the CUDA-core kernels: 16 features a lane).
 constexpr int64_t kAttentionMaxHeadDim = 512;
