@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine (the device tool, carry [".deb", ".whl"]): builds the library, tests and
+# tools there, then the named steps, each under its own time limit (a hung kernel costs one step,
+# not the call), with logs and JSON under $OUT.
+# Usage: bash scripts/device_check.sh STEP...
+#   rope-tests       the GPU tests of the RoPE op (QK-norm, KV cache + FP8, decode, sweeps)
+#   rope-bench       rope-jit-bench (ROPE_BENCH_FILTER narrows the cases)
+#   golden           every golden case on CUDA
+#   attention-tests  the attention GPU tests (ATTENTION_TESTS narrows them)
+#   attention-fwd    forward-only times of ATTENTION_FWD_VARIANTS at ATTENTION_SHAPES
+#   attention-bwd    forward+backward times of ATTENTION_BWD_VARIANTS at ATTENTION_SHAPES
+#   attention-issue  issue 19's comparison (fused vs RoPE + SDPA flash / cuDNN)
+#   sanitize         compute-sanitizer memcheck and racecheck (SANITIZE_TESTS)
+#   python           installs the package, pytest (PYTEST_ARGS), call overhead
+#   autograd         bench/compare_torch_autograd.py (AUTOGRAD_ARGS)
+set -uo pipefail
+OUT=${OUT:-/tmp/rope_jit_out}
+mkdir -p "$OUT" /tmp/dlpack
+for f in .deb/libdlpack-dev_*.deb; do dpkg -x "$f" /tmp/dlpack; done
+export ROPE_JIT_CACHE_DIR=/tmp/rope_jit_cache
+lib=$PWD/build-gpu/librope_jit.so
+tests=build-gpu/tests/rope_jit_tests
+start=$SECONDS
+{
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_PREFIX_PATH=/tmp/dlpack/usr >/dev/null &&
+    cmake --build build-gpu -j16 --target rope_jit rope_jit_tests rope-jit-golden rope-jit-bench 2>&1 |
+    grep -E "warning|error"
+  echo "build rc=${PIPESTATUS[0]} ($((SECONDS - start)) s)"
+} 2>&1 | tee "$OUT/build.log"
+
+step_done() { echo "[$1] rc=$2 at $((SECONDS - start)) s"; }
+attention_times() {  # $1 tag, $2 variants, $3 backward (none|...)
+  PYTHONUNBUFFERED=1 timeout "${STEP_TIMEOUT:-240}" python3 bench/attention_bench.py --library "$lib" \
+    --out "$OUT" --tag "$1" --skip-shapes --backward "$3" \
+    --variant-shapes "${ATTENTION_SHAPES:-4,4096,32,8,128}" --variants "$2" > "$OUT/$1.log" 2>&1
+  step_done "$1" $?
+  python3 - "$OUT/$1.log" <<'EOF'
+import json, sys
+for line in open(sys.argv[1]):
+    if line.startswith("{"):
+        r = json.loads(line)
+        times = {k: round(v, 3) for k, v in r.items() if k.endswith("_ms")}
+        print(r["variant"], f"{r['B']},{r['S']},{r['Hq']},{r['Hk']},{r['D']}", r.get("error", times))
+EOF
+}
+
+for step in "$@"; do
+  case $step in
+    rope-tests)
+      timeout "${STEP_TIMEOUT:-300}" $tests --test-suite=gpu --duration=true \
+        --test-case-exclude="*attention*,*tile shape*,*wgmma*,*headline shape*,*defaults tuned*,*NaN in a query*,*deterministic*,*empty query*,*CUDA-core kernels*,*without a workspace*" \
+        > "$OUT/gpu_rope.log" 2>&1
+      step_done rope-tests $?; grep -E "ERROR|FAILED|test cases|assertions" "$OUT/gpu_rope.log" | head -20 ;;
+    rope-bench)
+      timeout "${STEP_TIMEOUT:-240}" build-gpu/tools/rope-jit-bench --json "$OUT/h200_bench.json" \
+        ${ROPE_BENCH_FILTER:+--filter "$ROPE_BENCH_FILTER"} > "$OUT/h200_bench.log" 2>&1
+      step_done rope-bench $?; grep -vE "^\s*$" "$OUT/h200_bench.log" | cut -c1-160 | tail -40 ;;
+    golden)
+      timeout "${STEP_TIMEOUT:-240}" build-gpu/tools/rope-jit-golden tests/golden --backend cuda > "$OUT/golden_cuda.log" 2>&1
+      step_done golden $?; tail -1 "$OUT/golden_cuda.log" ;;
+    attention-tests)
+      timeout "${STEP_TIMEOUT:-300}" $tests --test-suite=gpu --duration=true \
+        --test-case="${ATTENTION_TESTS:-*CUDA attention*,*CUDA-core kernels match*,*tile shape*,*sm_90 wgmma forward*,*sm_90 wgmma backward*,*headline shape*,*defaults tuned for length*,*NaN in a query row*,*asked to be deterministic*,*without a workspace*}" \
+        > "$OUT/attention_gpu.log" 2>&1
+      step_done attention-tests $?
+      grep -E "ERROR|FAILED|of .* configurations|test cases|assertions|^[0-9.]+ s:" "$OUT/attention_gpu.log" | head -30 ;;
+    attention-fwd) attention_times attention_fwd_variants "${ATTENTION_FWD_VARIANTS:-fwd=p8x128x2}" none ;;
+    attention-bwd) attention_times attention_bwd_variants "${ATTENTION_BWD_VARIANTS:-dq=bulk;dq=atomic}" all ;;
+    attention-issue)
+      PYTHONUNBUFFERED=1 timeout "${STEP_TIMEOUT:-400}" python3 bench/attention_bench.py --library "$lib" \
+        --out "$OUT" --issue-shapes --tag h200_issue19 > "$OUT/attention_issue19.log" 2>&1
+      step_done attention-issue $?; tail -12 "$OUT/attention_issue19.log" | cut -c1-300 ;;
+    sanitize)
+      for tool in ${SANITIZE_TOOLS:-memcheck racecheck}; do
+        timeout "${SANITIZE_TIMEOUT:-150}" compute-sanitizer --tool "$tool" --error-exitcode 9 \
+          $tests --test-suite=gpu --test-case="${SANITIZE_TESTS:-*NaN in a query row*}" > "$OUT/sanitize_$tool.log" 2>&1
+        step_done "sanitize $tool" $?; tail -3 "$OUT/sanitize_$tool.log"
+      done ;;
+    python)
+      PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --quiet --no-index --find-links .whl numpy pytest ./python 2>&1 | tail -2
+      PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --quiet --no-index --no-deps .whl/liger_kernel-*.whl 2>&1 | tail -1
+      ROPE_JIT_LIBRARY=$lib timeout "${STEP_TIMEOUT:-300}" python3 -m pytest ${PYTEST_ARGS:-python/tests} -q -rs \
+        > "$OUT/python_tests.log" 2>&1
+      step_done pytest $?; tail -3 "$OUT/python_tests.log"
+      ROPE_JIT_LIBRARY=$lib timeout 120 python3 python/benchmarks/call_overhead.py > "$OUT/python_call_overhead.log" 2>&1
+      step_done call-overhead $?; tail -14 "$OUT/python_call_overhead.log" ;;
+    autograd)
+      ROPE_JIT_LIBRARY=$lib PYTHONUNBUFFERED=1 timeout "${STEP_TIMEOUT:-300}" python3 bench/compare_torch_autograd.py \
+        --json "$OUT/h200_autograd.json" ${AUTOGRAD_ARGS:-} > "$OUT/h200_autograd.log" 2>&1
+      step_done autograd $?; tail -30 "$OUT/h200_autograd.log" | cut -c1-200 ;;
+    *) echo "unknown step $step" ;;
+  esac
+done
+echo "total $((SECONDS - start)) s"
