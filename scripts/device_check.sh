@@ -11,6 +11,7 @@
 #   attention-bwd    forward+backward times of ATTENTION_BWD_VARIANTS at ATTENTION_SHAPES
 #   attention-issue  issue 19's comparison (fused vs RoPE + SDPA flash / cuDNN)
 #   sanitize         compute-sanitizer memcheck and racecheck (SANITIZE_TESTS)
+#   profile          ncu counters of one fused forward and backward at the headline shape
 #   python           installs the package, pytest (PYTEST_ARGS), call overhead
 #   autograd         bench/compare_torch_autograd.py (AUTOGRAD_ARGS)
 set -uo pipefail
@@ -77,6 +78,14 @@ for step in "$@"; do
           $tests --test-suite=gpu --test-case="${SANITIZE_TESTS:-*NaN in a query row*}" > "$OUT/sanitize_$tool.log" 2>&1
         step_done "sanitize $tool" $?; tail -3 "$OUT/sanitize_$tool.log"
       done ;;
+    profile)
+      timeout 120 ncu --clock-control none --kernel-name attention_kernel --launch-count 4 \
+        --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats \
+        --section SchedulerStats --section Occupancy --section LaunchStats --section InstructionStats \
+        python3 bench/attention_bench.py --library "$lib" --out /tmp/profile --profile-once \
+        > "$OUT/attention_ncu.txt" 2>&1
+      step_done profile $?
+      grep -E "attention_kernel|Duration|Compute \(SM\) Throughput|Memory Throughput|Registers Per|Issue Slots Busy|Executed Ipc A|No Eligible|Warp Cycles Per Issued" "$OUT/attention_ncu.txt" | head -40 ;;
     python)
       PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --quiet --no-index --find-links .whl numpy pytest ./python 2>&1 | tail -2
       PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --quiet --no-index --no-deps .whl/liger_kernel-*.whl 2>&1 | tail -1
