@@ -64,6 +64,35 @@ def report(label, microseconds):
     print(f"  {label:<50} {best:8.2f} us  (median {median:8.2f} us)")
 
 
+def report_split(function, runtime, calls, repeats, finish=None):
+    """Splits a torch hot-path row: the library call of the plan `function` uses, replayed alone
+    (that signature's C cost and launch), and `function` with that plan's library call stubbed
+    (the Python path, with its torch calls on these tensors: output allocations, the stream).
+    Their sum against the row shows how much of each hides behind the other."""
+    from rope_jit import _plans
+
+    runtime = runtime if runtime is not None else default_runtime()
+    kept = function()  # the plan's buffer points at these outputs: they stay alive while replayed
+    plan = _plans._thread_state(runtime).last_plan
+    if plan is None or plan is _plans._NO_PLAN:
+        print("    (no plan: the general path served this call)")
+        return
+    library_call, handle, args_ref = plan.function, runtime.handle, plan.args_ref
+    report(
+        "  of which the library call alone (plan replayed)",
+        best_us_per_call(lambda: library_call(handle, args_ref), calls, repeats, finish),
+    )
+    plan.function = lambda handle, args: 0
+    try:
+        report(
+            "  of which Python alone (library call stubbed)",
+            best_us_per_call(function, calls, repeats, finish),
+        )
+    finally:
+        plan.function = library_call
+    del kept
+
+
 def numpy_decode_tensors():
     rng = np.random.default_rng(0)
     q = rng.standard_normal((BATCH, SEQUENCE, Q_HEADS, HEAD_DIM)).astype(np.float32)
@@ -122,7 +151,7 @@ def time_tensors(title, tensors, runtime, calls, repeats, finish=None, extra=())
     q, k, cos, sin, q_out, k_out = tensors
 
     def call():
-        rope_jit.rope(
+        return rope_jit.rope(
             q, k, cos=cos, sin=sin, q_out=q_out, k_out=k_out, layout="bshd", runtime=runtime
         )
 
@@ -132,6 +161,8 @@ def time_tensors(title, tensors, runtime, calls, repeats, finish=None, extra=())
         finish()
     print(title)
     report("rope() decode, 6 tensors, bshd", best_us_per_call(call, calls, repeats, finish))
+    if type(q).__module__.startswith("torch"):
+        report_split(call, runtime, calls, repeats, finish)
     report(
         "rope_jit_rope alone, arguments filled once",
         best_us_per_call(bare_c_call(tensors, runtime), calls, repeats, finish),
@@ -182,7 +213,7 @@ def time_torch_paths(title, torch, device, dtype, runtime_note, calls, repeats, 
     grad_out = (torch.ones_like(q_grad), torch.ones_like(k_grad))
 
     def forward():
-        rope_jit.apply_rope(q, k, cos, sin, seqlen_offsets=offsets, layout="bshd")
+        return rope_jit.apply_rope(q, k, cos, sin, seqlen_offsets=offsets, layout="bshd")
 
     def forward_backward():
         q_out, k_out = rope_jit.apply_rope(
@@ -203,10 +234,17 @@ def time_torch_paths(title, torch, device, dtype, runtime_note, calls, repeats, 
         torch.autograd.grad(outs, (q_grad, k_grad), grad_out)
 
     def hf_dropin():
-        apply_rotary_pos_emb(hf_q, hf_k, hf_cos, hf_sin)
+        return apply_rotary_pos_emb(hf_q, hf_k, hf_cos, hf_sin)
 
     def hf_dropin_per_sequence():
-        apply_rotary_pos_emb(seq_q, seq_k, seq_cos, seq_sin)
+        return apply_rotary_pos_emb(seq_q, seq_k, seq_cos, seq_sin)
+
+    def hf_dropin_no_grad():  # as generate() calls it (no autograd checks on q and k)
+        with torch.no_grad():
+            return apply_rotary_pos_emb(hf_q, hf_k, hf_cos, hf_sin)
+
+    def empty_like_q_k():  # the two outputs apply_rope and the drop-in allocate per call
+        return torch.empty_like(hf_q), torch.empty_like(hf_k)
 
     rows = [
         (f"apply_rope fwd, decode B={batch} bshd seqlen_offsets", forward),
@@ -218,6 +256,10 @@ def time_torch_paths(title, torch, device, dtype, runtime_note, calls, repeats, 
     ]
     if batch != 2:
         rows.append(("dropin.hf.apply_rotary_pos_emb, cos [B,1,D] B=2", hf_dropin_per_sequence))
+    rows.append((f"dropin.hf B={batch}, under torch.no_grad()", hf_dropin_no_grad))
+    rows.append(("torch.empty_like of q and k (the outputs)", empty_like_q_k))
+    # Rows whose one plan call is split into its library call and its Python (report_split).
+    split = (forward, hf_dropin, hf_dropin_per_sequence)
     for _, function in rows:
         for _ in range(20):
             function()
@@ -226,6 +268,8 @@ def time_torch_paths(title, torch, device, dtype, runtime_note, calls, repeats, 
     print(f"{title} ({runtime_note}):")
     for label, function in rows:
         report(label, best_us_per_call(function, calls, repeats, finish))
+        if function in split:
+            report_split(function, None, calls, repeats, finish)
 
 
 def stub_plan_calls():
@@ -323,7 +367,11 @@ def main():
             (
                 "torch.cuda.current_stream(device).cuda_stream",
                 lambda: torch.cuda.current_stream(q.device).cuda_stream,
-            )
+            ),
+            (  # what the torch hot path calls per call (_plans.call)
+                "torch._C._cuda_getCurrentRawStream(index)",
+                lambda: torch._C._cuda_getCurrentRawStream(q.device.index),
+            ),
         ],
     )
     time_torch_paths(

@@ -132,6 +132,10 @@ _NO_TABLES = ()
 _GEOMETRY = {1: ("bhsd", 2), -3: ("bhsd", 2), 2: ("bshd", 1), -2: ("bshd", 1)}
 _EAGER_TYPES = torch_ops._EAGER_TYPES
 _empty_like = torch.empty_like
+# torch_ops' per-call tests, bound here once (a module attribute lookup each saved per call).
+_is_compiling = torch_ops._is_compiling
+_dispatch_stack_depth = torch_ops._dispatch_stack_depth
+_is_grad_enabled = torch_ops._is_grad_enabled
 
 
 def _eager(q, k, cos, sin, unsqueeze_dim):
@@ -149,17 +153,19 @@ def _eager(q, k, cos, sin, unsqueeze_dim):
         or type(k) not in _EAGER_TYPES
         or type(cos) not in _EAGER_TYPES
         or type(sin) not in _EAGER_TYPES
-        or torch_ops._is_compiling()
-        or torch_ops._dispatch_stack_depth()
+        or _is_compiling()
+        or _dispatch_stack_depth()
     ):
         return None
     cos_shape = cos.shape
     if len(cos_shape) != 3:
         return None
-    grad_mode = torch_ops._is_grad_enabled()
+    grad_mode = _is_grad_enabled()
     if grad_mode and (cos.requires_grad or sin.requires_grad):
         return None
-    if cos_shape[0] == 1 or cos.stride(0) == 0:
+    # (A contiguous cos with more than one row has stride(0) > 0: is_contiguous() costs a third
+    # of stride(0), which parses its argument.)
+    if cos_shape[0] == 1 or (not cos.is_contiguous() and cos.stride(0) == 0):
         recipe, derived = _SHARED, _NO_TABLES
     else:
         recipe = _PER_SEQUENCE
