@@ -228,6 +228,35 @@ def test_the_hf_drop_in_runs_through_a_plan_of_its_own_and_matches_the_formula(p
     assert recipe in _plan_recipes(runtime)
 
 
+@pytest.mark.parametrize("tables", ["expanded", "per sequence"])
+def test_the_hf_drop_in_picks_its_recipe_by_the_tables_strides_in_inference(tables):
+    # cos [B, S, D] expanded from one row per token (batch stride 0, not contiguous) is shared
+    # by the batch; a contiguous [B, S, D] one holds a table per sequence. The drop-in tells
+    # them apart per call without stride(0) when cos is contiguous.
+    from rope_jit.dropin import hf
+
+    batch, seq_len, head_dim = 3, 2, 16
+    starts = torch.arange(batch)[:, None] * (5 if tables == "per sequence" else 0)
+    positions = torch.arange(seq_len)[None] + starts
+    cos, sin = hf_tables(positions.reshape(-1), head_dim)
+    cos, sin = cos.reshape(batch, seq_len, head_dim), sin.reshape(batch, seq_len, head_dim)
+    if tables == "expanded":
+        cos, sin = cos[:1].expand(batch, -1, -1), sin[:1].expand(batch, -1, -1)
+        assert cos.stride(0) == 0 and not cos.is_contiguous()
+    runtime = rope_jit.default_runtime()
+    _plans._plans_of(runtime).clear()
+    q = random(batch, seq_len, 4, head_dim, seed=60).transpose(1, 2)
+    k = random(batch, seq_len, 2, head_dim, seed=61).transpose(1, 2)
+    with torch.no_grad():
+        for _ in range(2):  # the plan's build, then its reuse
+            got_q, got_k = hf.apply_rotary_pos_emb(q, k, cos, sin)
+            for got, x in ((got_q, q), (got_k, k)):
+                want = x * cos[:, None] + torch.cat((-x[..., 8:], x[..., :8]), -1) * sin[:, None]
+                torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
+    recipe = "hf cos/sin per sequence" if tables == "per sequence" else "hf shared cos/sin"
+    assert _plan_recipes(runtime) == [recipe]
+
+
 def test_a_view_that_would_copy_gets_no_plan_and_the_general_path_still_answers():
     from rope_jit.dropin import hf
 
