@@ -116,7 +116,7 @@ class Plan:
 
     def __init__(self, buffer, args, pack, values, cuda_device, held, function):
         self.buffer = buffer
-        self.function = function  # the library's rope_jit_rope
+        self.function = function  # the library's rope_jit_rope (_unconverted_rope)
         self.args = args  # a RopeArgs over buffer's first bytes
         self.args_ref = ctypes.byref(args)
         # pack(buffer, _POSITION_OFFSET, *values) writes a call's values: [position_offset,
@@ -130,6 +130,21 @@ class Plan:
 # A signature whose views do not start at their tensor's address, or that its recipe's check
 # refuses: the general path serves it.
 _NO_PLAN = object()
+
+
+def _unconverted_rope(library):
+    """library's rope_jit_rope as a second function object without argtypes (made once per
+    library): a plan passes it the runtime's handle (a ctypes.c_void_p) and a byref() of its
+    struct, objects ctypes forwards as they are, which halves the cost of the foreign call
+    (about 270 -> 140 ns: no per-argument from_param conversion). Never given a Python int,
+    which ctypes would pass as a 32-bit C int."""
+    function = library.__dict__.get("_plans_rope")
+    if function is None:
+        function = library.cdll["rope_jit_rope"]  # a new object: the checked one keeps its types
+        function.restype = ctypes.c_int
+        function.argtypes = None
+        library._plans_rope = function
+    return function
 
 
 def _thread_state(runtime):
@@ -319,5 +334,6 @@ def _build(runtime, recipe, signed, derived, head):
     outside = [item for item in held if not hasattr(item, "keepalive")]
     args_view = s.RopeArgs.from_buffer(buffer)
     return Plan(
-        buffer, args_view, packer.pack_into, template, cuda_device, outside, library.rope_jit_rope
+        buffer, args_view, packer.pack_into, template, cuda_device, outside,
+        _unconverted_rope(library),
     )
