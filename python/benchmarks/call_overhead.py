@@ -73,10 +73,14 @@ def report_split(function, runtime, calls, repeats, finish=None):
 
     runtime = runtime if runtime is not None else default_runtime()
     kept = function()  # the plan's buffer points at these outputs: they stay alive while replayed
-    plan = _plans._thread_state(runtime).last_plan
+    state = _plans._thread_state(runtime)
+    plan = state.last_plan
     if plan is None or plan is _plans._NO_PLAN:
         print("    (no plan: the general path served this call)")
         return
+    # The recipe that served the call: e.g. the drop-in's own, or apply_rope's when the
+    # drop-in's eager path stepped aside and its general code ran (slower).
+    print(f"    (served by the plan of {state.last_key[0].name!r})")
     library_call, handle, args_ref = plan.function, runtime.handle, plan.args_ref
     report(
         "  of which the library call alone (plan replayed)",

@@ -616,6 +616,10 @@ class _RopeFunction(torch.autograd.Function):
 _dispatch_stack_depth = torch._C._len_torch_dispatch_stack
 # The exact tensor classes of the eager hot path (subclasses such as FakeTensor take the ops).
 _EAGER_TYPES = (torch.Tensor, torch.nn.Parameter)
+# The plans' tensor types and stream function, set now: else the first call of a fast path
+# that skips eager_path_applies (apply_rope's inference one, the HF drop-in's) finds no torch
+# types yet and takes the general path once.
+_plans.torch_types()
 _NOT_PLAIN = object()
 _runtime = default_runtime
 _is_compiling = torch.compiler.is_compiling

@@ -4,6 +4,9 @@ never keep a tensor alive, never serve another signature, and step aside for tra
 dispatch modes. CPU tensors (the library's CPU reference); skipped without torch."""
 
 import gc
+import os
+import subprocess
+import sys
 import threading
 import weakref
 
@@ -255,6 +258,31 @@ def test_the_hf_drop_in_picks_its_recipe_by_the_tables_strides_in_inference(tabl
                 torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
     recipe = "hf cos/sin per sequence" if tables == "per sequence" else "hf shared cos/sin"
     assert _plan_recipes(runtime) == [recipe]
+
+
+def test_the_first_drop_in_call_of_a_fresh_process_is_served_by_a_plan():
+    # Nothing else has run: the plans' torch types are set when torch_ops is imported, so the
+    # drop-in's first call already takes its own plan (not the general code through apply_rope).
+    code = """
+import torch, rope_jit
+from rope_jit import _plans
+from rope_jit.dropin.hf import apply_rotary_pos_emb
+q, k = torch.randn(2, 4, 3, 16), torch.randn(2, 2, 3, 16)
+cos, sin = torch.randn(1, 3, 16), torch.randn(1, 3, 16)
+with torch.no_grad():
+    apply_rotary_pos_emb(q, k, cos, sin)
+print(_plans._thread_state(rope_jit.default_runtime()).last_key[0].name)
+"""
+    python_path = os.pathsep.join(p for p in sys.path if p)
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "PYTHONPATH": python_path},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "hf shared cos/sin"
 
 
 def test_a_view_that_would_copy_gets_no_plan_and_the_general_path_still_answers():
