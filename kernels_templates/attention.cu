@@ -25,8 +25,6 @@
 //   TABLE_ASYNC               tables are staged with cp.async (aligned, unit column stride)
 //   WARPS, M_TILES, BLOCK_N   warps per block, 16-row tiles each warp owns; streamed tile rows
 //   COMPUTE_DK, COMPUTE_DV    which gradients a dk/dv kernel accumulates
-//   DQ_BULK                   the sm_90 backward adds dQ by bulk reduces from shared memory
-//                             rather than atomic adds (attention_wgmma_backward.h)
 //
 // Scores are computed in base 2: s = (q . k) * scale * log2(e) + bias * log2(e), so the
 // softmax uses exp2. A query that sees no key gets out = 0 and lse = -inf; the backward reads

@@ -113,10 +113,8 @@ struct AttentionSmemLayout {
     // empty.
     int q_tile, barriers;
     // The sm_90 backward (kind 4): two tiles of dS^T (block_n keys by 64 queries, swizzled);
-    // at head_dim 256 one, with P^T beside it (16-bit, swizzled) and dP^T (float32, plain);
-    // below head_dim 256 the dQ of a query tile (64 x head_dim float32) on its way to the
-    // bulk reduce (DQ_BULK).
-    int ds, pt, dpt, dq;
+    // at head_dim 256 one, with P^T beside it (16-bit, swizzled) and dP^T (float32, plain).
+    int ds, pt, dpt;
     int bytes;
 };
 
@@ -148,9 +146,8 @@ ROPE_JIT_HOST_DEVICE constexpr void attention_align(int* at, int alignment) {
 // The sm_90 backward (kind 4): its key block's rotated keys and values (block_n rows each),
 // `stages` tiles each of rotated queries and dout (64 rows) with their lse and delta rows, two
 // dS^T tiles (at head_dim 256: one, beside a P^T tile and a float32 dP^T tile), all but dP^T
-// 128-byte swizzled (1024-byte aligned), below head_dim 256 a float32 dQ tile for the bulk
-// reduce (kept also when dQ goes by atomic adds: one block per multiprocessor either way),
-// and the barriers: one per stage, one for the keys and values.
+// 128-byte swizzled (1024-byte aligned), and the barriers: one per stage, one for the keys and
+// values.
 ROPE_JIT_HOST_DEVICE constexpr AttentionSmemLayout attention_backward_smem_layout(
     int head_dim_padded, int block_n, int stages) {
     AttentionSmemLayout l{};
@@ -165,7 +162,6 @@ ROPE_JIT_HOST_DEVICE constexpr AttentionSmemLayout attention_backward_smem_layou
     l.ds = attention_take(cursor, (wide ? 1 : 2) * block_n * tile_m * 2);
     l.pt = attention_take(cursor, wide ? block_n * tile_m * 2 : 0);
     l.dpt = attention_take(cursor, wide ? block_n * tile_m * 4 : 0);
-    l.dq = attention_take(cursor, wide ? 0 : tile_m * head_dim_padded * 4);
     l.row_a = attention_take(cursor, stages * tile_m * 4);
     l.row_b = attention_take(cursor, stages * tile_m * 4);
     l.barriers = attention_take(cursor, (stages + 1) * 8);

@@ -4,10 +4,8 @@
 //                       query row writes lse in base 2 and delta = dout . out
 //   backward  (KIND 4)  one block per key block of one kv head: dK and dV accumulate in
 //                       registers over every query tile of every query head of the GQA group;
-//                       dQ is accumulated in float32 in the workspace: with DQ_BULK each
-//                       warpgroup's dQ tile goes through shared memory and one thread adds it
-//                       by a bulk reduce (cp.reduce.async.bulk), else every thread adds its
-//                       fragments by atomic adds
+//                       dQ is accumulated in float32 in the workspace (every thread adds its
+//                       fragments by 16-byte atomic adds)
 //   dq finish (KIND 5)  dq = the transposed rotation of scale * the accumulated dQ
 // dK's transposed rotation happens in the backward's epilogue. The host zeroes the dQ
 // accumulator before the backward runs.
@@ -17,9 +15,8 @@
 // in the order the backward's warpgroups hold them: the tile's two feature halves (DQ_N
 // features each, one per warpgroup) one after the other, each as wgmma accumulator fragments,
 // n-tile by n-tile, thread by thread (128 of a warpgroup), four floats a thread. So a warp's
-// fragments of one n-tile are 512 contiguous bytes, a warpgroup's whole half one run of bytes
-// (one bulk reduce, or fully coalesced 16-byte atomic adds), and only the dq finish kernel
-// translates back to rows.
+// fragments of one n-tile are 512 contiguous bytes (fully coalesced 16-byte atomic adds), and
+// only the dq finish kernel translates back to rows.
 #ifndef ROPE_JIT_ATTENTION_WGMMA_BACKWARD_H
 #define ROPE_JIT_ATTENTION_WGMMA_BACKWARD_H
 
@@ -244,7 +241,7 @@ __device__ void finish_dq(const AttentionKernelParams& p) {
 //   dS^T into shared memory; barrier of both warpgroups
 //   dQ[:, g half of the features] = dS K      (dS^T and K read transposed from shared memory)
 //   dK_g += dS^T Q                             (dS^T from registers)
-//   dQ into the workspace (bulk reduce or atomic adds) while dK's product runs
+//   dQ into the workspace (atomic adds) while dK's product runs
 // Thread 0 brings every tile in by TMA (rotated q and lse/delta rows from the workspace, dout
 // from the caller's tensor), STAGES - 1 tiles ahead: the barrier of tile i proves tile i - 1's
 // buffers free (both warpgroups waited for all their products of it), so tile i + STAGES - 1
@@ -290,26 +287,6 @@ __device__ __forceinline__ void atomic_add4(float* at, const float (&x)[4]) {
     asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(at), "f"(x[0]), "f"(x[1]),
                  "f"(x[2]), "f"(x[3])
                  : "memory");
-}
-
-// Adds `bytes` (a multiple of 16) of float32 from shared `src` into global `dst` by the copy
-// engine, in this thread's current bulk group.
-__device__ __forceinline__ void reduce_add_bulk(float* dst, unsigned src, unsigned bytes) {
-    asm volatile(
-        "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
-        "r"(src), "r"(bytes)
-        : "memory");
-}
-__device__ __forceinline__ void bulk_commit() {
-    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-}
-// Waits until this thread's bulk groups have read their shared memory.
-__device__ __forceinline__ void bulk_wait_read() {
-    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-}
-// Waits until this thread's bulk groups are complete (their writes done).
-__device__ __forceinline__ void bulk_wait() {
-    asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
 }
 
 struct KeyBlock {
@@ -428,31 +405,6 @@ __device__ __forceinline__ void add_dq_fragments(const float (&dq)[DQ_N / 8][4],
     float* const at = dq_tile_half(p, kb, h, m0, group) + (threadIdx.x & 127) * 4;
 #pragma unroll
     for (int nt = 0; nt < DQ_N / 8; ++nt) atomic_add4(at + nt * 128 * 4, dq[nt]);
-}
-
-// The same through shared memory: the warpgroup's fragments into its half of the dq buffer
-// (the same order), then its first thread adds them by one bulk reduce. Before the buffer is
-// written again that thread must bulk_wait_read() and a barrier of the warpgroup follow.
-__device__ __forceinline__ void reduce_dq_fragments(const float (&dq)[DQ_N / 8][4], char* smem,
-                                                    const AttentionKernelParams& p,
-                                                    const KeyBlock& kb, long long h, long long m0,
-                                                    int group) {
-    const int t = threadIdx.x & 127;
-    float* const buffer = reinterpret_cast<float*>(smem + SMEM.dq) + group * TILE_M * DQ_N;
-#pragma unroll
-    for (int nt = 0; nt < DQ_N / 8; ++nt)
-        *reinterpret_cast<Float4*>(buffer + (nt * 128 + t) * 4) =
-            Float4{{dq[nt][0], dq[nt][1], dq[nt][2], dq[nt][3]}};
-    fence_async_proxy();  // the stores, for the copy engine
-    if (group == 0)  // a barrier of the warpgroup (ids as constants: ptxas counts them)
-        asm volatile("bar.sync 2, 128;\n" ::: "memory");
-    else
-        asm volatile("bar.sync 3, 128;\n" ::: "memory");
-    if (t == 0) {
-        reduce_add_bulk(dq_tile_half(p, kb, h, m0, group), shared_address(buffer),
-                        TILE_M * DQ_N * 4);
-        bulk_commit();
-    }
 }
 
 // A key block's resident keys and values and its stream of query tiles in shared memory,
@@ -782,10 +734,7 @@ __device__ void backward_narrow(const AttentionKernelParams& p, char* smem) {
             commit();
         }
 
-        // Both warpgroups' dS^T rows, for the tensor cores; tile i - 1 is done with, and so
-        // (once its issuing threads waited here) is the bulk reduce of tile i - 1's dQ.
-        if constexpr (DQ_BULK)
-            if ((threadIdx.x & 127) == 0) bulk_wait_read();
+        // Both warpgroups' dS^T rows, for the tensor cores; tile i - 1 is done with.
         fence_async_proxy();
         consumer_sync();  // both warpgroups
         if (threadIdx.x == 0 && i + STAGES - 1 < kb.iterations) stream.issue(i + STAGES - 1);
@@ -814,17 +763,11 @@ __device__ void backward_narrow(const AttentionKernelParams& p, char* smem) {
         fence_registers(dv);
         fence_registers(pa);
         // dQ: the warpgroup's 64 queries of the tile by its DQ_N features.
-        if constexpr (DQ_BULK)
-            reduce_dq_fragments(dq, smem, p, kb, h, m0, group);
-        else
-            add_dq_fragments(dq, p, kb, h, m0, group);
+        add_dq_fragments(dq, p, kb, h, m0, group);
         wait_all();  // dK's: dS^T's registers are rewritten next tile
         fence_registers(dk);
         fence_registers(dsa);
     }
-    // The last bulk reduce reads shared memory, which must outlive it.
-    if constexpr (DQ_BULK)
-        if ((threadIdx.x & 127) == 0) bulk_wait();
 
     store_key_rows<false, DP>(dv, p.dv, p.dv_stride, kb, p, key_first, 0, lane);
     store_key_rows<true, DP>(dk, p.dk, p.dk_stride, kb, p, key_first, 0, lane);

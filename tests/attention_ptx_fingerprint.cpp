@@ -212,8 +212,7 @@ std::vector<AttentionSpec> wgmma_specs() {
         unrotated,    in_place,          specialized,         specialized_narrow, long_keys, padded,
         padded_plain, clustered,         clustered_narrow};
     // The sm_90 backward's three kernels: the headline (GQA 4, causal, half tables), head_dim
-    // 64 interleaved with an additive mask, and an unrotated head_dim 120 (the backward with dQ
-    // by atomic adds and by bulk reduces).
+    // 64 interleaved with an additive mask, and an unrotated head_dim 120.
     AttentionSpec wide = headline;  // head_dim 256: 64-key blocks, two stages
     wide.head_dim = wide.rotary_dim = 256;
     wide.interleaved = 1;
@@ -232,12 +231,6 @@ std::vector<AttentionSpec> wgmma_specs() {
                 s.mask_dtype = 0;
             }
             specs.push_back(s);
-            // Below head_dim 256 the backward adds dQ by bulk reduces by default (atomic adds
-            // above, and by the override).
-            if (kind == K::Backward && s.head_dim <= 128) {
-                s.dq_bulk = 1;
-                specs.push_back(s);
-            }
         }
     }
     // head_dim 256 (two warpgroups loading 64-key tiles, two stages): the issue-19 shape (GQA 2,

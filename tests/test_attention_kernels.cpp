@@ -123,14 +123,13 @@ std::vector<AttentionSpec> wgmma_specs() {
     AttentionSpec clustered_narrow = specialized_narrow;
     clustered_narrow.gqa_group = 2;
     clustered_narrow.cluster = 2;
-    // The sm_90 backward at the headline, dQ by bulk reduces (its default).
+    // The sm_90 backward at the headline (dQ by 16-byte atomic adds).
     AttentionSpec backward = headline;
     backward.kind = int32_t(AttentionKernelKind::Backward);
     backward.warps = 8;
     backward.block_n = 128;
     backward.write_lse = 0;
     backward.table_async = 0;
-    backward.dq_bulk = 1;
     // The consumer-schedule experiments on the head_dim 128 default (keys by TMA, two 128-key
     // tiles): turns for S, turns for both products with registers moved to the consumers.
     AttentionSpec by_tma = specialized;
@@ -352,18 +351,6 @@ TEST_CASE(
     }
     CHECK(sm90[0].shared_bytes() == 0);
     CHECK(sm90[1].shared_bytes() > 0);
-    // dQ by bulk reduces (the backward proper only), or by atomic adds under "dq=atomic".
-    CHECK((sm90[0].dq_bulk == 0 && sm90[1].dq_bulk == 1 && sm90[2].dq_bulk == 0));
-    {
-        EnvGuard env;
-        env.set("ROPE_JIT_ATTENTION_KERNELS", "dq=atomic");
-        const std::vector<AttentionSpec> atomic = chosen(c, true);
-        REQUIRE(atomic.size() == 3);
-        CHECK(atomic[1].dq_bulk == 0);
-        CHECK(atomic[1].shared_bytes() == sm90[1].shared_bytes());
-        env.set("ROPE_JIT_ATTENTION_KERNELS", "dq=bulk");
-        CHECK(chosen(c, true)[1] == sm90[1]);
-    }
     // Deterministic, without TMA, on sm_80, with pos_mask or at head_dim 256: dq, then dk/dv.
     attention_test::Config deterministic = c;
     deterministic.deterministic = true;
@@ -386,7 +373,6 @@ TEST_CASE(
     CHECK(wide_main.kind == int32_t(AttentionKernelKind::Backward));
     CHECK((wide_main.block_n == 64 && wide_main.stages == 2 && wide_main.warps == 8));
     CHECK(wide_main.shared_bytes() <= 232448);
-    CHECK(wide_main.dq_bulk == 0);  // no room for a 64 x 256 float32 dQ tile: atomic adds
     CHECK(dq_first(chosen(wide_backward, true, AttentionDevice{80, 166912})));
     const std::vector<AttentionSpec> backward = chosen(c, true, AttentionDevice{80, 166912});
     REQUIRE(backward.size() == 2);
@@ -897,23 +883,10 @@ TEST_CASE("the ROPE_JIT_ATTENTION_KERNELS text parses into tile shapes; anything
           "fwd", "SIMT", "fwd=-8x64", "fwd=8x64 ", "fwd=p8x128:", "fwd=p8x128:pingpong3",
           "fwd=p8x128:Pingpong", "fwd=w8x128:pingpong", "fwd=8x64:setmaxnreg",
           "fwd=c2x8x128:pingpong", "dq=8x64:pingpong", "fwd=:pingpong", "fwd=pingpong",
-          "fwd=p8x128:fma0", "fwd=p8x128:fma4", "fwd=w8x128:fma1"}) {
+          "fwd=p8x128:fma0", "fwd=p8x128:fma4", "fwd=w8x128:fma1", "dq=bulk", "dq=atomic"}) {
         CAPTURE(junk);
         const AttentionKernelOverride bad = parse_attention_kernel_override(junk);
         CHECK_FALSE(bad.force_simt);
-        for (const auto& shape : bad.shape) CHECK_FALSE(shape.has_value());
-    }
-    // "dq=bulk" / "dq=atomic": how the sm_90 backward adds dQ, beside the dq kernel's shapes.
-    CHECK_FALSE(none.dq_bulk.has_value());
-    const AttentionKernelOverride bulk = parse_attention_kernel_override("dq=bulk");
-    CHECK((bulk.dq_bulk.has_value() && *bulk.dq_bulk && !bulk.shape[1].has_value()));
-    const AttentionKernelOverride atomic =
-        parse_attention_kernel_override("fwd=p8x128,dq=atomic");
-    CHECK((atomic.dq_bulk.has_value() && !*atomic.dq_bulk && atomic.shape[0].has_value()));
-    for (const char* junk : {"dq=Bulk", "dq=", "dkdv=bulk", "fwd=atomic", "dq=bulk2"}) {
-        CAPTURE(junk);
-        const AttentionKernelOverride bad = parse_attention_kernel_override(junk);
-        CHECK_FALSE(bad.dq_bulk.has_value());
         for (const auto& shape : bad.shape) CHECK_FALSE(shape.has_value());
     }
     const AttentionKernelOverride mixed =
@@ -1075,34 +1048,18 @@ TEST_CASE("launch plans: block threads, rows per block and shared memory of each
     CHECK(plan.shared_bytes ==
           5 * 32 * 272 + 2 * 128 * 272 + 2 * 32 * 256 + 2 * 32 * 4 + 32 * 4 + 32 + 128);
     // The sm_90 backward at head_dim 128: 128 keys and values, three stages of 64 queries and
-    // dout rows, two dS^T tiles, a 64 x 128 float32 dQ tile (the bulk reduce's), three lse and
-    // delta rows of 64 and four barriers: just under the 227 KiB a block may take.
+    // dout rows, two dS^T tiles, three lse and delta rows of 64 and four barriers (dQ goes to
+    // the workspace by atomic adds from registers: no shared memory of its own).
     AttentionSpec main = spec_of(K::Backward, 2, 128, 128, true);
     main.wgmma = 1;
     main.block_n = 128;
     main.stages = 3;
     main.write_lse = 0;
-    main.dq_bulk = 1;
     CHECK_NOTHROW(main.validate());
     plan = attention_launch_plan(main);
     CHECK(plan.rows_per_block == 128);
-    CHECK(plan.smem.dq == 2 * 32768 + 2 * 49152 + 32768);
-    CHECK(plan.shared_bytes == 2 * 32768 + 2 * 49152 + 32768 + 32768 + 2 * 768 + 32);
-    CHECK(plan.shared_bytes <= 232448);
-    // dq by bulk reduce is the backward's alone, and not at head_dim 256 (no room).
-    AttentionSpec forward_bulk = forward;
-    forward_bulk.dq_bulk = 1;
-    CHECK_THROWS_AS(forward_bulk.validate(), Error);
-    AttentionSpec wide_bulk = main;
-    wide_bulk.head_dim = wide_bulk.rotary_dim = 256;
-    wide_bulk.block_n = 64;
-    wide_bulk.stages = 2;
-    wide_bulk.dq_bulk = 0;
-    CHECK_NOTHROW(wide_bulk.validate());
-    CHECK(attention_launch_plan(wide_bulk).smem.dq == attention_launch_plan(wide_bulk).smem.dpt +
-                                                          64 * 64 * 4);  // empty
-    wide_bulk.dq_bulk = 1;
-    CHECK_THROWS_AS(wide_bulk.validate(), Error);
+    CHECK(plan.smem.row_a == 2 * 32768 + 2 * 49152 + 32768);
+    CHECK(plan.shared_bytes == 2 * 32768 + 2 * 49152 + 32768 + 2 * 768 + 32);
 }
 
 // On sm_86 (99 KiB of shared memory a block) the smallest dq or dk/dv tiles of head_dim 200

@@ -603,24 +603,8 @@ TEST_SUITE("gpu") {
             CHECK(specs[n - 3].kind == int32_t(rope_jit::AttentionKernelKind::BackwardPrepare));
             CHECK(specs[n - 2].kind == int32_t(rope_jit::AttentionKernelKind::Backward));
             CHECK(specs[n - 1].kind == int32_t(rope_jit::AttentionKernelKind::BackwardDqFinish));
-            // dQ by bulk reduces below head_dim 256, by atomic adds there.
-            CHECK(specs[n - 2].dq_bulk == (c.D <= 128 ? 1 : 0));
         }
         sweep(f, configs, 17);
-        // dQ by atomic adds below head_dim 256 too (the override), on a share of them.
-        {
-            std::vector<Config> atomic(configs.begin(), configs.begin() + 16);
-            f.override_kernels("dq=atomic");
-            for (const Config& c : atomic) {
-                std::mt19937 probe(1);
-                Problem p(c, probe);
-                const std::vector<rope_jit::AttentionSpec> specs = kernels_of(p, device);
-                CHECK(specs[specs.size() - 2].dq_bulk == 0);
-            }
-            sweep(f, atomic, 17);
-            unsetenv("ROPE_JIT_ATTENTION_KERNELS");
-            f.overridden.reset();
-        }
         // The same problems through the deterministic kernels.
         for (Config& c : configs) c.deterministic = true;
         configs.resize(8);

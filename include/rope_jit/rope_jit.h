@@ -756,8 +756,8 @@ ROPE_JIT_API rope_jit_status rope_jit_get_stats(const rope_jit_runtime* runtime,
  * case run on the CUDA cores in float32 (head_dim up to 512; sequences below 2^31 tokens). On
  * sm_90 with TMA the backward at head_dim 56-64, 120-128 or 248-256 without pos_mask runs on
  * warpgroup matrix products too: q and k are rotated once into the workspace and dq is
- * accumulated there in float32 by atomic adds or bulk reduces, in no fixed order (set
- * `deterministic` for reproducible bits: the mma.sync kernels then run).
+ * accumulated there in float32 with atomic adds (set `deterministic` for reproducible bits: the
+ * mma.sync kernels then run).
  *
  * The workspace: allocated per call on the call's stream (cuMemAllocAsync from the device's
  * default memory pool, freed on the stream after the kernels; for the backward about

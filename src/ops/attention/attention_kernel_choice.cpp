@@ -206,7 +206,6 @@ AttentionKernelOverride parse_attention_kernel_override(const char* text) {
             const std::string name = item.substr(0, eq);
             const std::string what = item.substr(eq + 1);
             if (name == "workspace") o.no_workspace = what == "0";
-            if (name == "dq" && (what == "bulk" || what == "atomic")) o.dq_bulk = what == "bulk";
             const int kind = name == "fwd" ? 0 : name == "dq" ? 1 : name == "dkdv" ? 2 : -1;
             if (kind >= 0)
                 if (std::optional<AttentionTileShape> shape = parse_shape(what, kind))
@@ -398,9 +397,6 @@ std::vector<AttentionSpec> choose_attention_specs(const AttentionProblem& p,
         spec.warps = 8;
         spec.block_n = dp == 256 ? 64 : 128;
         spec.stages = dp == 256 ? 2 : 3;
-        // dQ by bulk reduces from shared memory, where a query tile's dQ fits beside the
-        // rest (below head_dim 256), unless the override asks for atomic adds.
-        spec.dq_bulk = kind == Kind::Backward && dp <= 128 && override.dq_bulk.value_or(true);
         return spec;
     };
     std::vector<AttentionSpec> specs;

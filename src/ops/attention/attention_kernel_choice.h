@@ -49,9 +49,7 @@ struct AttentionTileShape {
 // for 'p' in clusters of C blocks (2 or 4; a divisor of the GQA group); a 'p' shape of 8 warps
 // may end in ":pingpong" (the two consumer warpgroups take turns issuing S = Q K^T),
 // ":pingpong2" (turns for both products), ":setmaxnreg" and ":fma1" to ":fma3" (that many
-// quarters of the exponentials on the FMA pipe), in any combination; "dq=bulk" or
-// "dq=atomic" has the sm_90 backward add dQ by bulk reduces (its default below head_dim 256)
-// or by atomic adds from the math warps (as at head_dim 256); "workspace=0" makes the
+// quarters of the exponentials on the FMA pipe), in any combination; "workspace=0" makes the
 // CUDA attention act as if its workspace could not be allocated. It is a tool for experiments:
 // an item that is not of these forms (an unknown kind, a malformed shape, a wgmma shape for a
 // backward kernel) is ignored, so a typo runs the default choice rather than failing calls.
@@ -59,7 +57,6 @@ struct AttentionKernelOverride {
     bool force_simt = false;
     bool no_workspace = false;  // "workspace=0": as if the workspace could not be allocated
     std::optional<AttentionTileShape> shape[3];  // by AttentionKernelKind
-    std::optional<bool> dq_bulk;                 // "dq=bulk" (true) or "dq=atomic" (false)
 };
 
 // The override `text` spells (NULL or "": none).

@@ -96,9 +96,6 @@ void AttentionSpec::validate() const {
     }
     require(kind < int32_t(AttentionKernelKind::BackwardPrepare) || wgmma,
             "the sm_90 backward's kernels (kinds 3-5) are wgmma kernels");
-    require(!dq_bulk || (kind == int32_t(AttentionKernelKind::Backward) &&
-                         padded_head_dim(head_dim) <= 128),
-            "dq by bulk reduce is a setting of the sm_90 backward (kind 4) below head_dim 256");
     if (wgmma) {
         require(tensor_cores, "wgmma kernels are tensor-core kernels");
         switch (wgmma_broken_rule(*this)) {
@@ -205,7 +202,7 @@ std::optional<AttentionCall> attention_call_from_json(const std::string& text, s
     static const char* const kTileKeys[] = {
         "kind",    "tensor_cores", "wgmma",       "stages", "producer_warps",
         "cluster", "keys_by_tma",  "table_async", "warps",  "m_tiles",
-        "block_n", "compute_dk",   "compute_dv",  "dq_bulk", "pingpong", "setmaxnreg",
+        "block_n", "compute_dk",   "compute_dv",  "pingpong", "setmaxnreg",
         "exp2_fma"};
     AttentionCall call;
     try {
@@ -246,7 +243,7 @@ std::string AttentionSpec::describe() const {
     if (write_lse) text += " lse";
     if (kind == 2 && !(compute_dk && compute_dv)) text += compute_dk ? " dk-only" : " dv-only";
     if (tensor_cores)
-        text += fmt::format(" {} {}x{}{}{}{}{}", wgmma ? "wgmma" : "tc", warps, block_n,
+        text += fmt::format(" {} {}x{}{}{}{}", wgmma ? "wgmma" : "tc", warps, block_n,
                             m_tiles > 1            ? fmt::format("x{}", m_tiles)
                             : wgmma && stages != 2 ? fmt::format("x{}", stages)
                                                    : "",
@@ -255,7 +252,7 @@ std::string AttentionSpec::describe() const {
                                               cluster > 1 ? fmt::format(" cluster{}", cluster) : "",
                                               keys_by_tma ? " keys-by-tma" : "")
                                 : "",
-                            table_async ? " staged-tables" : "", dq_bulk ? " dq-bulk" : "");
+                            table_async ? " staged-tables" : "");
     else
         text += fmt::format(" simt {}w", warps);
     if (pingpong > 0) text += fmt::format(" pingpong{}", pingpong);

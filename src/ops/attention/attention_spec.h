@@ -65,8 +65,6 @@ enum class AttentionKernelKind : int32_t {
     X(block_n, 0, "block_n", Integer, 0, 1024, "BLOCK_N", PLAIN) /* rows of a streamed tile */     \
     X(compute_dk, 1, "compute_dk", Boolean, 0, 1, "COMPUTE_DK", PLAIN)                             \
     X(compute_dv, 1, "compute_dv", Boolean, 0, 1, "COMPUTE_DV", PLAIN)                             \
-    /* the sm_90 backward (kind 4, head_dim padded to 64 or 128): dQ by bulk reduce */             \
-    X(dq_bulk, 0, "dq_bulk", Boolean, 0, 1, "DQ_BULK", PLAIN)                                      \
     /* producer forward: the consumer warpgroups take turns issuing their products (named  */     \
     /* barriers): 0 no, 1 turns for S = Q K^T, 2 for S and for O += P V                     */     \
     X(pingpong, 0, "pingpong", IntegerEnumerator, 0, 2, "PINGPONG", PLAIN)                         \
@@ -116,10 +114,11 @@ struct AttentionSpec {
 
 // An attention call as a prewarm entry describes it: an AttentionSpec JSON object without
 // "kind" and the tile fields (tensor_cores, wgmma, stages, producer_warps, cluster,
-// table_async, warps, m_tiles, block_n, compute_dk, compute_dv, dq_bulk), which the kernel choice
-// decides, plus "direction" ("forward", the default, or "backward") and "seqlen_k" (keys per
-// sequence, default 1024: the choice depends on it only through classes, today 4096 keys and
-// more at head_dim 64). "rotary_dim" left out means head_dim; 0 means no rotation.
+// table_async, warps, m_tiles, block_n, compute_dk, compute_dv, pingpong, setmaxnreg,
+// exp2_fma), which the kernel choice decides, plus "direction" ("forward", the default, or
+// "backward") and "seqlen_k" (keys per sequence, default 1024: the choice depends on it only
+// through classes, today 4096 keys and more at head_dim 64). "rotary_dim" left out means
+// head_dim; 0 means no rotation.
 struct AttentionCall {
     AttentionSpec fields;  // kind and tile fields at their defaults
     bool backward = false;
