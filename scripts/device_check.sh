@@ -67,7 +67,7 @@ for step in "$@"; do
       step_done attention-tests $?
       grep -E "ERROR|FAILED|of .* configurations|test cases|assertions|^[0-9.]+ s:" "$OUT/attention_gpu.log" | head -30 ;;
     attention-fwd) attention_times attention_fwd_variants "${ATTENTION_FWD_VARIANTS:-fwd=p8x128x2}" none ;;
-    attention-bwd) attention_times attention_bwd_variants "${ATTENTION_BWD_VARIANTS:-dq=bulk;dq=atomic}" all ;;
+    attention-bwd) attention_times attention_bwd_variants "${ATTENTION_BWD_VARIANTS:-fwd=p8x128x2}" all ;;
     attention-issue)
       PYTHONUNBUFFERED=1 timeout "${STEP_TIMEOUT:-400}" python3 bench/attention_bench.py --library "$lib" \
         --out "$OUT" --issue-shapes --tag h200_issue19 > "$OUT/attention_issue19.log" 2>&1
