@@ -512,9 +512,9 @@ __device__ __forceinline__ void attend_tile(float (&o)[DTILES][4], unsigned (&pa
                         static_cast<int>(p.seqlen_k), check_bounds, check_causal, lane);
     }
     if (EXP2_FMA > 0 && MASK_KIND == 0 && scale > 0.f && !masked)  // no -inf: see exp2_fma
-        online_softmax<NT, EXP2_FMA>(s, row_max, row_sum, o, scale);
+        online_softmax<NT, EXP2_FMA, true>(s, row_max, row_sum, o, scale);
     else
-        online_softmax<NT>(s, row_max, row_sum, o, scale);
+        online_softmax<NT, 0, true>(s, row_max, row_sum, o, scale);
     to_a_fragments<NT>(pa, s);
 
     turns.before_values();
