@@ -109,11 +109,14 @@ __device__ __forceinline__ float exp2_fma(float x) {
 // and g + 8): scores (base 2, masks applied, times `scale` > 0 still to apply) become
 // probabilities relative to the running row maximum, and the row sums and the output
 // accumulators are rescaled to the new maximum. FMA_QUARTERS > 0 (scores without -inf only):
-// of every four 8-column groups that many take exp2_fma, the rest ex2.
-template <int NT, int FMA_QUARTERS = 0>
+// of every four 8-column groups that many take exp2_fma, the rest ex2. SKIP_UNIT_RESCALE: the
+// warp leaves its output accumulators as they are when no row's maximum moved (every factor
+// exactly 1, as exp2 of 0 is: the same values), which most tiles past the first few are.
+template <int NT, int FMA_QUARTERS = 0, bool SKIP_UNIT_RESCALE = false>
 __device__ __forceinline__ void online_softmax(float (&s)[NT][4], float (&row_max)[2],
                                                float (&row_sum)[2], float (&o)[DTILES][4],
                                                float scale = 1.f) {
+    float alphas[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         float mx = neg_inf();
@@ -138,10 +141,21 @@ __device__ __forceinline__ void online_softmax(float (&s)[NT][4], float (&row_ma
             sum += s[nt][2 * r] + s[nt][2 * r + 1];
         }
         row_sum[r] = row_sum[r] * alpha + sum;
+        alphas[r] = alpha;
+        if constexpr (!SKIP_UNIT_RESCALE) {
 #pragma unroll
-        for (int dt = 0; dt < DTILES; ++dt) {
-            o[dt][2 * r] *= alpha;
-            o[dt][2 * r + 1] *= alpha;
+            for (int dt = 0; dt < DTILES; ++dt) {
+                o[dt][2 * r] *= alpha;
+                o[dt][2 * r + 1] *= alpha;
+            }
+        }
+    }
+    if constexpr (SKIP_UNIT_RESCALE) {
+        if (__any_sync(FULL_MASK, alphas[0] != 1.f || alphas[1] != 1.f)) {
+#pragma unroll
+            for (int dt = 0; dt < DTILES; ++dt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) o[dt][e] *= alphas[e >> 1];
         }
     }
 }

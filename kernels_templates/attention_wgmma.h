@@ -218,27 +218,47 @@ static_assert(!SWIZZLED || DP % 64 == 0, "swizzled tiles are whole 64-feature re
 __device__ __forceinline__ int swizzled_offset(int row, int chunk) {
     return (chunk >> 3) * REGION_BYTES + row * 128 + (((chunk ^ row) & 7) << 4);
 }
-// The descriptors of k-step kk of a key tile (16 features: 32 bytes on within a region) and
-// of a value tile (16 keys: 16 rows on).
-__device__ __forceinline__ unsigned long long key_descriptor(unsigned tile, int kk) {
-    if constexpr (SWIZZLED)
-        return swizzled_descriptor(tile + (kk >> 2) * REGION_BYTES + (kk & 3) * 32, 16, 1024);
-    else
-        return descriptor(tile + kk * K_STEP, K_LEADING, K_STRIDE);
+// The forward's descriptors as a base per tile and a byte offset per k-step: the offset adds
+// to the 14-bit start-address field alone (one integer add, no shift and mask per k-step).
+// The sum never carries out of the field: it stays a shared-memory address below 228 KB, and
+// the field holds addresses below 256 KB. (Each descriptor built whole per k-step cost ten
+// instructions; hoisted out of the loop, the query ones took eight registers and spilled.)
+struct Descriptor {
+    unsigned lo, hi;  // start address and leading offset; stride and layout
+    __device__ __forceinline__ unsigned long long at(unsigned offset) const {
+        return static_cast<unsigned long long>(hi) << 32 | (lo + (offset >> 4));
+    }
+};
+__device__ __forceinline__ Descriptor descriptor_base(unsigned address, unsigned leading,
+                                                      unsigned stride, bool swizzled) {
+    return {((address >> 4) & 0x3fffu) | ((leading >> 4) & 0x3fffu) << 16,
+            ((stride >> 4) & 0x3fffu) | (swizzled ? 1u << 30 : 0u)};
+}
+// Keys: k-step kk (16 features) is 32 bytes on within a region (SWIZZLED) or two chunks on.
+__device__ __forceinline__ Descriptor key_descriptor(unsigned tile) {
+    return SWIZZLED ? descriptor_base(tile, 16, 1024, true)
+                    : descriptor_base(tile, K_LEADING, K_STRIDE, false);
+}
+__device__ __forceinline__ constexpr unsigned key_offset(int kk) {
+    return SWIZZLED ? (kk >> 2) * REGION_BYTES + (kk & 3) * 32 : kk * K_STEP;
 }
 // The query rows of a warpgroup (A of S = Q K^T, K-major) in the same layout as a 64-row key
-// tile: the descriptor of k-step kk.
+// tile.
 constexpr int QUERY_REGION_BYTES = 64 * 128;
 constexpr int QUERY_GROUP_BYTES = 64 * DP * 2;  // one warpgroup's query rows
-__device__ __forceinline__ unsigned long long query_descriptor(unsigned group_tile, int kk) {
-    return swizzled_descriptor(group_tile + (kk >> 2) * QUERY_REGION_BYTES + (kk & 3) * 32, 16,
-                               1024);
+__device__ __forceinline__ Descriptor query_descriptor(unsigned group_tile) {
+    return descriptor_base(group_tile, 16, 1024, true);
 }
-__device__ __forceinline__ unsigned long long value_descriptor(unsigned tile, int kk) {
-    if constexpr (SWIZZLED)
-        return swizzled_descriptor(tile + kk * 16 * 128, REGION_BYTES, 1024);
-    else
-        return descriptor(tile + kk * V_STEP, V_LEADING, V_STRIDE);
+__device__ __forceinline__ constexpr unsigned query_offset(int kk) {
+    return (kk >> 2) * QUERY_REGION_BYTES + (kk & 3) * 32;
+}
+// Values: k-step kk (16 keys) is 16 rows on.
+__device__ __forceinline__ Descriptor value_descriptor(unsigned tile) {
+    return SWIZZLED ? descriptor_base(tile, REGION_BYTES, 1024, true)
+                    : descriptor_base(tile, V_LEADING, V_STRIDE, false);
+}
+__device__ __forceinline__ constexpr unsigned value_offset(int kk) {
+    return SWIZZLED ? kk * 16 * 128 : kk * V_STEP;
 }
 
 // Who loads what of a streamed tile: the tile is cut into units of 8 rows x 4 items (rotation
@@ -396,6 +416,31 @@ struct NoTurns {
     __device__ __forceinline__ void after_values() const {}
 };
 
+// The masks without attn_mask, applied to unscaled scores of a warp's 16 x 8*NT tile (rows
+// from row_first + g (+8), columns from first_key + 2*(lane&3) (+1), as in scale_and_mask):
+// -inf where the key is past the sequence, the query is past it, or (causal) the key comes
+// after the query. Each row gets the last column offset it keeps (-1: none), so that every
+// score costs one compare with its constant column offset and one select.
+template <int NT>
+__device__ __forceinline__ void mask_scores(float (&s)[NT][4], int row_first, int first_key,
+                                            int seqlen_q, int seqlen_k, bool check_bounds,
+                                            bool check_causal, int lane) {
+    const int col0 = first_key + 2 * (lane & 3);
+    int last[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int i = row_first + (lane >> 2) + 8 * r;
+        int keep = check_bounds ? seqlen_k - 1 - col0 : BLOCK_N;
+        if (CAUSAL && check_causal) keep = min(keep, i - col0);
+        last[r] = check_bounds && i >= seqlen_q ? -1 : keep;
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            if (nt * 8 + (e & 1) > last[e >> 1]) s[nt][e] = neg_inf();
+}
+
 // One key tile for a warp's 16 query rows (first row row_first) of a warpgroup whose first row
 // is group_first: S = Q K^T on the tensor cores (`q_operand`: this lane's A fragments to reload
 // from shared memory, or with SWIZZLED the warpgroup's swizzled query rows, which the tensor
@@ -414,15 +459,19 @@ __device__ __forceinline__ void attend_tile(float (&o)[DTILES][4], unsigned (&pa
     static_assert(PSTEPS == NT / 2, "P fragments: one per 16 keys of the tile");
     float s[NT][4];
     zero(s);
-    const unsigned k_address = shared_address(key_tile);
+    const Descriptor k_desc = key_descriptor(shared_address(key_tile));
     if constexpr (SWIZZLED) {
+        // The query descriptor from the loop-invariant address, per tile: `q_operand` laundered
+        // so that the compiler keeps one register across the loop, not eight descriptors.
+        asm volatile("" : "+r"(q_operand));
+        const Descriptor q_desc = query_descriptor(q_operand);
         turns.before_scores();
         fence_registers(s);
         __syncwarp();  // wgmma instructions are warp-aligned: every lane at the same one
         fence_operands();
 #pragma unroll
         for (int kk = 0; kk < KSTEPS; ++kk)
-            wgmma_ss<BLOCK_N>(s, query_descriptor(q_operand, kk), key_descriptor(k_address, kk));
+            wgmma_ss<BLOCK_N>(s, q_desc.at(query_offset(kk)), k_desc.at(key_offset(kk)));
         commit();
         turns.after_scores();
         wait_all();
@@ -436,34 +485,36 @@ __device__ __forceinline__ void attend_tile(float (&o)[DTILES][4], unsigned (&pa
         fence_operands();
 #pragma unroll
         for (int kk = 0; kk < KSTEPS; ++kk)
-            wgmma<BLOCK_N, 0>(s, qa[kk], key_descriptor(k_address, kk));
+            wgmma<BLOCK_N, 0>(s, qa[kk], k_desc.at(key_offset(kk)));
         commit();
         wait_all();
         fence_registers(s);
         fence_registers(qa);
     }
 
-    // Tiles inside the sequence and below the diagonal need no mask: the softmax then applies
-    // the scale itself, in the exponent's multiply-add. The choice is the same for the whole
-    // warpgroup (its first row decides), whose warps must meet at the same wgmma.
-    const bool check_bounds = n0 + BLOCK_N > p.seqlen_k;
-    const bool check_causal = CAUSAL && n0 + BLOCK_N - 1 > group_first;
+    // Tiles inside the sequence and below the diagonal need no mask. The choice is the same
+    // for the whole warpgroup (its first row decides), whose warps must meet at the same wgmma.
+    // Token indices fit 32 bits (the launcher refuses sequences of 2^31 tokens or more).
+    const int first_key = static_cast<int>(n0);
+    const bool check_bounds = first_key > static_cast<int>(p.seqlen_k) - BLOCK_N;
+    const bool check_causal =
+        CAUSAL && first_key > static_cast<int>(group_first) - (BLOCK_N - 1);
+    const bool masked = check_bounds || check_causal;
     float scale = p.scale_log2;
-    if constexpr (EXP2_FMA > 0) {
-        // Part of the exponentials on the FMA pipe: only in tiles without masks (no -inf).
-        if (check_bounds || check_causal || MASK_KIND != 0 || !(scale > 0.f)) {
-            scale_and_mask<NT, false>(s, p, b, row_first, n0, check_bounds, check_causal, lane);
-            online_softmax<NT>(s, row_max, row_sum, o, 1.f);
-        } else {
-            online_softmax<NT, EXP2_FMA>(s, row_max, row_sum, o, scale);
-        }
-    } else {
-        if (check_bounds || check_causal || MASK_KIND != 0 || !(scale > 0.f)) {
-            scale_and_mask<NT, false>(s, p, b, row_first, n0, check_bounds, check_causal, lane);
-            scale = 1.f;
-        }
-        online_softmax<NT>(s, row_max, row_sum, o, scale);
+    // Without attn_mask (and with a positive scale) the softmax applies the scale itself, in
+    // the exponent's multiply-add, and a masked tile only gets its -inf; otherwise the scores
+    // are scaled and masked first.
+    if (MASK_KIND != 0 || !(scale > 0.f)) {
+        scale_and_mask<NT, false>(s, p, b, row_first, n0, check_bounds, check_causal, lane);
+        scale = 1.f;
+    } else if (masked) {
+        mask_scores<NT>(s, static_cast<int>(row_first), first_key, static_cast<int>(p.seqlen_q),
+                        static_cast<int>(p.seqlen_k), check_bounds, check_causal, lane);
     }
+    if (EXP2_FMA > 0 && MASK_KIND == 0 && scale > 0.f && !masked)  // no -inf: see exp2_fma
+        online_softmax<NT, EXP2_FMA, true>(s, row_max, row_sum, o, scale);
+    else
+        online_softmax<NT, 0, true>(s, row_max, row_sum, o, scale);
     to_a_fragments<NT>(pa, s);
 
     turns.before_values();
@@ -471,9 +522,9 @@ __device__ __forceinline__ void attend_tile(float (&o)[DTILES][4], unsigned (&pa
     fence_registers(pa);
     __syncwarp();
     fence_operands();
-    const unsigned v_address = shared_address(value_tile);
+    const Descriptor v_desc = value_descriptor(shared_address(value_tile));
 #pragma unroll
-    for (int kk = 0; kk < NT / 2; ++kk) wgmma<DP, 1>(o, pa[kk], value_descriptor(v_address, kk));
+    for (int kk = 0; kk < NT / 2; ++kk) wgmma<DP, 1>(o, pa[kk], v_desc.at(value_offset(kk)));
     commit();
     turns.after_values();
 }
@@ -545,6 +596,9 @@ __device__ void forward(const AttentionKernelParams& p, char* smem) {
     // multiplied P by K.)
     const unsigned q_fragments = shared_address(m.q + warp * 16 * ROWE) + a_lane_offset(lane);
     const long long row_first = m0 + warp * 16;
+    // The warpgroup's first row, broadcast from lane 0 (known the same in every lane: see
+    // forward_specialized).
+    const long long group_first = m0 + __shfl_sync(FULL_MASK, warp >> 2, 0) * 64;
     float o[DTILES][4];
     float row_max[2] = {neg_inf(), neg_inf()}, row_sum[2] = {0.f, 0.f};
     zero(o);
@@ -555,7 +609,7 @@ __device__ void forward(const AttentionKernelParams& p, char* smem) {
 
         unsigned pa[BLOCK_N / 16][4];
         attend_tile(o, pa, row_max, row_sum, q_fragments, key_tile(t), value_tile(t), p, b,
-                    row_first, m0 + (warp >> 2) * 64, n0, lane);
+                    row_first, group_first, n0, lane);
 
         cp_async_wait<STAGES - 2>();  // tile t + 1
         if (t + 1 < tiles) rotate_tile(t + 1);

@@ -505,13 +505,17 @@ __device__ void forward_specialized(const AttentionKernelParams& p, char* smem) 
     fence_async_proxy();
     consumer_sync();
 
-    const unsigned q_group_tile = shared_address(q_tile + (warp >> 2) * QUERY_GROUP_BYTES);
+    // The warpgroup, broadcast from lane 0: ptxas then knows it is the same in every lane and
+    // keeps what derives from it (the tile skip, the descriptors) in uniform registers, without
+    // a divergent branch or register-to-uniform moves per tile.
+    const int group = __shfl_sync(FULL_MASK, warp >> 2, 0);
+    const unsigned q_group_tile = shared_address(q_tile + group * QUERY_GROUP_BYTES);
     const long long row_first = m0 + warp * 16;
-    const long long group_first = m0 + (warp >> 2) * 64;  // this warpgroup's first query row
+    const long long group_first = m0 + group * 64;  // this warpgroup's first query row
+    const int group_first32 = static_cast<int>(group_first);  // (tokens fit 32 bits)
     float o[DTILES][4];
     float row_max[2] = {neg_inf(), neg_inf()}, row_sum[2] = {0.f, 0.f};
     zero(o);
-    const int group = warp >> 2;
     const ConsumerTurns turns{TURN_BARRIER + group, TURN_BARRIER + (group ^ 1)};
     if (PINGPONG > 0 && group == 1) turn_arrive(TURN_BARRIER);  // warpgroup 0 goes first
     for (int t = 0; t < tiles; ++t) {
@@ -521,7 +525,7 @@ __device__ void forward_specialized(const AttentionKernelParams& p, char* smem) 
         barrier_wait(pipe.landed_of(t), Pipeline::phase_of(t));    // values (and keys) landed
         // A causal warpgroup whose rows all end before the tile skips it (it still releases
         // the buffer: every consumer arrives once per tile).
-        if (!CAUSAL || n0 <= group_first + 63) {
+        if (!CAUSAL || t * BLOCK_N - 63 <= group_first32) {
             unsigned pa[BLOCK_N / 16][4];
             if constexpr (PINGPONG > 0)
                 attend_tile(o, pa, row_max, row_sum, q_group_tile, pipe.key_tile(t),
