@@ -61,6 +61,15 @@ ROPE_JIT_HOST_DEVICE constexpr int rope_norm_lanes(int head_dim, int rotary_dim,
     return lanes;
 }
 
+// Rows a group of lanes takes at once (the forward: 2, their loads issued before either is
+// reduced, so that two rows' latencies overlap and a multiprocessor has twice the bytes in
+// flight; the backward, which holds x and dL/dy: 1). The kernel takes pairs of rows while a
+// pair exists (its row step apart), then single rows; the launcher sizes the grid for one or
+// the other (rope_cuda.cpp).
+ROPE_JIT_HOST_DEVICE constexpr int rope_norm_rows_per_group(bool backward) {
+    return backward ? 1 : 2;
+}
+
 // Dynamic shared memory of a block: the rows live in registers; with weight gradients, the
 // block's sums for q's and k's weights as float.
 ROPE_JIT_HOST_DEVICE constexpr int rope_norm_smem_bytes(int head_dim, bool weight_grad) {

@@ -526,11 +526,19 @@ TEST_CASE("the QK-norm launch puts a row in a group of lanes and spreads decode 
     CHECK(decode.threads == 192);
     CHECK(decode.blocks == 128);
     CHECK(decode.shared_bytes == 0);
-    // Prefill 4 x 4096 tokens, 40 heads: full blocks, at most 64 a multiprocessor.
+    // Prefill 4 x 4096 tokens, 40 heads: full blocks, each group two rows, one pass (655360
+    // rows, 64 a block).
     const rope_jit::RopeNormLaunch prefill =
         rope_jit::plan_rope_norm_launch(*spec, 4 * 4096 * 40, 132);
     CHECK(prefill.warps == 8);
-    CHECK(prefill.blocks == 64 * 132);
+    CHECK(prefill.blocks == 4 * 4096 * 40 / 64);
+    // Up to two full blocks a multiprocessor: still a row a group.
+    CHECK(rope_jit::plan_rope_norm_launch(*spec, 132 * 16 * 4, 132).blocks == 2 * 132);
+    CHECK(rope_jit::plan_rope_norm_launch(*spec, 132 * 16 * 4 + 1, 132).blocks == 132 + 1);
+    // The backward takes a row a group, grid-stride, at most 64 blocks a multiprocessor.
+    auto backward_plain = *spec;
+    backward_plain.backward = 1;
+    CHECK(rope_jit::plan_rope_norm_launch(backward_plain, 4 * 4096 * 40, 132).blocks == 64 * 132);
     // One row: one warp. No row: no block.
     CHECK(rope_jit::plan_rope_norm_launch(*spec, 1, 132).blocks == 1);
     CHECK(rope_jit::plan_rope_norm_launch(*spec, 0, 132).blocks == 0);
