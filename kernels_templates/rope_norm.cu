@@ -478,7 +478,7 @@ __device__ __forceinline__ const RopeCacheParams* cache_args(const RopeNormCache
 // go out before the slot lookup; `active` turns false for a token that writes nothing.
 __device__ __forceinline__ void copy_v_row(const RopeKernelParams& p, const RopeCacheParams& c,
                                            long long b, long long s, int h, bool active, int sub,
-                                           const Fp8Scale& v_scale) {
+                                           float v_scale) {
     if (s >= p.seqlen_k) active = false;
     const T* v = static_cast<const T*>(c.v) + b * c.v_stride[0] + h * c.v_stride[1] +
                  s * c.v_stride[2];
@@ -491,6 +491,9 @@ __device__ __forceinline__ void copy_v_row(const RopeKernelParams& p, const Rope
     long long block = 0, slot = 0;
     if (active && !cache_slot(p, c, b, s, &block, &slot)) active = false;
     if (!active) return;
+    // The scale's reciprocal only now: it waits for the scale's load, which must not hold back
+    // the row's loads above.
+    const Fp8Scale scale = fp8_scale(v_scale);
     const long long cs = c.v_cache_stride[3];
     const long long out =
         block * c.v_cache_stride[0] + h * c.v_cache_stride[1] + slot * c.v_cache_stride[2];
@@ -502,7 +505,7 @@ __device__ __forceinline__ void copy_v_row(const RopeKernelParams& p, const Rope
             float values[V_VEC];
             unpack<V_VEC>(raw[k], values);
             store_values<V_VEC, (V_VEC > 1)>(nullptr, static_cast<unsigned char*>(c.v_cache) + d,
-                                             true, cs, values, v_scale);
+                                             true, cs, values, scale);
         } else {
             T* y = static_cast<T*>(c.v_cache) + d;
             if constexpr (V_VEC > 1)
@@ -521,16 +524,28 @@ struct RowPlace {
     bool active;
 };
 
-__device__ __forceinline__ RowPlace place_row(const RopeKernelParams& p, long long r,
+__device__ __forceinline__ RowPlace place_row(const RopeNormParams& np, long long r,
                                               long long rows_total, int heads_q, int heads_k,
                                               int heads_all) {
+    const RopeKernelParams& p = np.rope;
     RowPlace place{0, 0, 0, 0, r < rows_total};
     long long u = 0;
-    if (place.active)  // 32-bit division where the rows allow it (the common case)
-        u = rows_total <= 0x7fffffffLL ? static_cast<unsigned>(r) / unsigned(heads_all)
-                                       : r / heads_all;
+    // A multiply and a shift where the host prepared the divisors and the sizes fit 31 bits
+    // (the common case: rope_norm_divide), else plain divisions.
+    const bool fast = rows_total <= 0x7fffffffLL && np.heads_div.divisor == heads_all &&
+                      np.seqlen_div.divisor == p.seqlen_max;
+    if (place.active) {
+        if (fast) {
+            u = rope_norm_divide(static_cast<unsigned>(r), np.heads_div);
+            const unsigned row = rope_norm_divide(static_cast<unsigned>(u), np.seqlen_div);
+            place.b = row;
+            place.s = u - static_cast<long long>(row) * p.seqlen_max;
+        } else {
+            u = r / heads_all;
+            split_token(p, u, &place.b, &place.s);
+        }
+    }
     place.h = static_cast<int>(r - u * heads_all);
-    split_token(p, u, &place.b, &place.s);
     place.kind = place.h < heads_q ? 0 : place.h < heads_q + heads_k ? 1 : 2;
     place.h -= place.kind == 0 ? 0 : place.kind == 1 ? heads_q : heads_q + heads_k;
     if (place.s >= (place.kind == 0 ? p.seqlen_q : p.seqlen_k)) place.active = false;
@@ -606,12 +621,12 @@ struct RowJob {
 
 __device__ __forceinline__ void start_row(const Launch& l, long long r, RowJob* job) {
     const RopeKernelParams& p = l.np.rope;
-    job->place = place_row(p, r, l.rows_total, l.heads_q, l.heads_k, l.heads_all);
+    job->place = place_row(l.np, r, l.rows_total, l.heads_q, l.heads_k, l.heads_all);
     const RowPlace& at = job->place;
     job->active = at.active;
     if constexpr (KV_CACHE != 0 && V_DIM > 0) {
         if (at.kind == 2) {  // a row of v, copied here; its group is inactive from here on
-            copy_v_row(p, *l.cache, at.b, at.s, at.h, job->active, l.sub, fp8_scale(l.v_scale));
+            copy_v_row(p, *l.cache, at.b, at.s, at.h, job->active, l.sub, l.v_scale);
             job->active = false;  // it joins the group sums with zeros
         }
     }
@@ -764,7 +779,7 @@ extern "C" __global__ void __launch_bounds__(WARP* kRopeNormMaxWarps)
         // more registers than the divisions).
         if (BACKWARD_PASS && first + step < l.rows_total)
             prefetch_row(np,
-                         place_row(p, r + step, l.rows_total, heads_q, heads_k, heads_all),
+                         place_row(np, r + step, l.rows_total, heads_q, heads_k, heads_all),
                          l.sub);
         finish_row(l, job, dw);
     }

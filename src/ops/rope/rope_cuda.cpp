@@ -273,6 +273,9 @@ RopeNormParams rope_norm_params(const RopeProblem& p, int warps) {
         params.k_weight_grad = reinterpret_cast<float*>(p.k_norm_weight_grad.data);
         params.k_weight_grad_stride = p.k_norm_weight_grad.strides[0];
     }
+    params.heads_div = rope_norm_divisor(p.heads_q + (p.has_k ? p.heads_k : 0) +
+                                         (p.has_v ? p.heads_k : 0));
+    params.seqlen_div = rope_norm_divisor(params.rope.seqlen_max);
     params.eps = float(p.norm_eps);
     params.warps = warps;
     return params;
