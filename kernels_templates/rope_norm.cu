@@ -291,9 +291,13 @@ __device__ __forceinline__ void load_weights(const void* weights, long long ws, 
     }
 }
 
-// w' of a raw weight.
+// w' of a raw weight (w + 0 would cost an add per feature: IEEE keeps it, for -0).
 __device__ __forceinline__ float weight_value(W raw) {
-    return storage_to_float<NORM_WEIGHT_DTYPE>(raw) + (NORM_UNIT_OFFSET ? 1.0f : 0.0f);
+    const float w = storage_to_float<NORM_WEIGHT_DTYPE>(raw);
+    if constexpr (NORM_UNIT_OFFSET)
+        return 1.0f + w;
+    else
+        return w;
 }
 
 // cos and sin of the lane's pairs. Plain tables: each item's span of columns, raw as stored
