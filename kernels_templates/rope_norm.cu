@@ -291,9 +291,13 @@ __device__ __forceinline__ void load_weights(const void* weights, long long ws, 
     }
 }
 
-// w' of a raw weight.
+// w' of a raw weight (w + 0 would cost an add per feature: IEEE keeps it, for -0).
 __device__ __forceinline__ float weight_value(W raw) {
-    return storage_to_float<NORM_WEIGHT_DTYPE>(raw) + (NORM_UNIT_OFFSET ? 1.0f : 0.0f);
+    const float w = storage_to_float<NORM_WEIGHT_DTYPE>(raw);
+    if constexpr (NORM_UNIT_OFFSET)
+        return 1.0f + w;
+    else
+        return w;
 }
 
 // cos and sin of the lane's pairs. Plain tables: each item's span of columns, raw as stored
@@ -478,7 +482,7 @@ __device__ __forceinline__ const RopeCacheParams* cache_args(const RopeNormCache
 // go out before the slot lookup; `active` turns false for a token that writes nothing.
 __device__ __forceinline__ void copy_v_row(const RopeKernelParams& p, const RopeCacheParams& c,
                                            long long b, long long s, int h, bool active, int sub,
-                                           const Fp8Scale& v_scale) {
+                                           float v_scale) {
     if (s >= p.seqlen_k) active = false;
     const T* v = static_cast<const T*>(c.v) + b * c.v_stride[0] + h * c.v_stride[1] +
                  s * c.v_stride[2];
@@ -491,6 +495,9 @@ __device__ __forceinline__ void copy_v_row(const RopeKernelParams& p, const Rope
     long long block = 0, slot = 0;
     if (active && !cache_slot(p, c, b, s, &block, &slot)) active = false;
     if (!active) return;
+    // The scale's reciprocal only now: it waits for the scale's load, which must not hold back
+    // the row's loads above.
+    const Fp8Scale scale = fp8_scale(v_scale);
     const long long cs = c.v_cache_stride[3];
     const long long out =
         block * c.v_cache_stride[0] + h * c.v_cache_stride[1] + slot * c.v_cache_stride[2];
@@ -502,7 +509,7 @@ __device__ __forceinline__ void copy_v_row(const RopeKernelParams& p, const Rope
             float values[V_VEC];
             unpack<V_VEC>(raw[k], values);
             store_values<V_VEC, (V_VEC > 1)>(nullptr, static_cast<unsigned char*>(c.v_cache) + d,
-                                             true, cs, values, v_scale);
+                                             true, cs, values, scale);
         } else {
             T* y = static_cast<T*>(c.v_cache) + d;
             if constexpr (V_VEC > 1)
@@ -521,16 +528,28 @@ struct RowPlace {
     bool active;
 };
 
-__device__ __forceinline__ RowPlace place_row(const RopeKernelParams& p, long long r,
+__device__ __forceinline__ RowPlace place_row(const RopeNormParams& np, long long r,
                                               long long rows_total, int heads_q, int heads_k,
                                               int heads_all) {
+    const RopeKernelParams& p = np.rope;
     RowPlace place{0, 0, 0, 0, r < rows_total};
     long long u = 0;
-    if (place.active)  // 32-bit division where the rows allow it (the common case)
-        u = rows_total <= 0x7fffffffLL ? static_cast<unsigned>(r) / unsigned(heads_all)
-                                       : r / heads_all;
+    // A multiply and a shift where the host prepared the divisors and the sizes fit 31 bits
+    // (the common case: rope_norm_divide), else plain divisions.
+    const bool fast = rows_total <= 0x7fffffffLL && np.heads_div.divisor == heads_all &&
+                      np.seqlen_div.divisor == p.seqlen_max;
+    if (place.active) {
+        if (fast) {
+            u = rope_norm_divide(static_cast<unsigned>(r), np.heads_div);
+            const unsigned row = rope_norm_divide(static_cast<unsigned>(u), np.seqlen_div);
+            place.b = row;
+            place.s = u - static_cast<long long>(row) * p.seqlen_max;
+        } else {
+            u = r / heads_all;
+            split_token(p, u, &place.b, &place.s);
+        }
+    }
     place.h = static_cast<int>(r - u * heads_all);
-    split_token(p, u, &place.b, &place.s);
     place.kind = place.h < heads_q ? 0 : place.h < heads_q + heads_k ? 1 : 2;
     place.h -= place.kind == 0 ? 0 : place.kind == 1 ? heads_q : heads_q + heads_k;
     if (place.s >= (place.kind == 0 ? p.seqlen_q : p.seqlen_k)) place.active = false;
@@ -575,13 +594,147 @@ __device__ __forceinline__ void prefetch_row(const RopeNormParams& np, const Row
     }
 }
 
+
+__device__ __forceinline__ void prefetch_l1(const void* x) {
+    asm volatile("prefetch.global.L1 [%0];" ::"l"(x));
+}
+
+// What the kernel's scalars and sizes are, shared by every row a thread takes.
+struct Launch {
+    const RopeNormParams& np;
+    const RopeCacheParams* cache;  // KV cache and FP8 scales, or NULL
+    long long rows_total;
+    int heads_q, heads_k, heads_all, sub;
+    float q_scale, k_scale, v_scale;
+};
+
+// One q or k row between its loads and its stores: where it is and goes, and what the lane
+// holds of it (raw, as loaded). A row is taken in three steps, so that the loads of two rows
+// can all be issued before either waits: start_row (every load that depends on no other: the
+// row, the weights, positions), aim_row (those that wait for positions: the table rows; and
+// k's cache slot), finish_row (the norm, the rotation, the stores).
+struct RowJob {
+    RowPlace place;
+    bool active, is_k;
+    long long rows[MROPE_AXES > 0 ? MROPE_AXES : 1];
+    RawRow raw, raw0;
+    WeightRow wr;
+    Angles angles;
+    long long out;  // the first output element's offset in q_out, k_out or k's cache
+};
+
+__device__ __forceinline__ void start_row(const Launch& l, long long r, RowJob* job) {
+    const RopeKernelParams& p = l.np.rope;
+    job->place = place_row(l.np, r, l.rows_total, l.heads_q, l.heads_k, l.heads_all);
+    const RowPlace& at = job->place;
+    job->active = at.active;
+    if constexpr (KV_CACHE != 0 && V_DIM > 0) {
+        if (at.kind == 2) {  // a row of v, copied here; its group is inactive from here on
+            copy_v_row(p, *l.cache, at.b, at.s, at.h, job->active, l.sub, l.v_scale);
+            job->active = false;  // it joins the group sums with zeros
+        }
+    }
+    job->is_k = at.kind != 0;
+    const bool is_k = job->is_k, active = job->active;
+    load_row(row_input(l.np, at, false), is_k ? p.k_stride[3] : p.q_stride[3], active, l.sub,
+             &job->raw);
+    if (BACKWARD_PASS)
+        load_row(row_input(l.np, at, true), is_k ? l.np.k_input_stride[3] : l.np.q_input_stride[3],
+                 active, l.sub, &job->raw0);
+    load_weights(is_k ? l.np.k_weight : l.np.q_weight,
+                 is_k ? l.np.k_weight_stride : l.np.q_weight_stride, active, l.sub, &job->wr);
+    // Then positions (a load with per-token positions), and with slot_mapping k's slot entry
+    // asked for now, so that cache_slot finds it in L1 when the table rows have been issued.
+#pragma unroll
+    for (int axis = 0; axis < (MROPE_AXES > 0 ? MROPE_AXES : 1); ++axis)
+        job->rows[axis] = 0;
+    if (active) {
+        if (MROPE_AXES > 0) {
+            for (int axis = 0; axis < MROPE_AXES; ++axis)
+                job->rows[axis] = table_row(p, at.b, at.s, false, axis);
+        } else {
+            job->rows[0] = table_row(p, at.b, at.s, is_k);
+        }
+    }
+    if constexpr (KV_CACHE == 2) {
+        if (active && is_k) {
+            const int bytes = KV_INDEX_INT64 ? 8 : 4;
+            prefetch_l1(static_cast<const char*>(l.cache->slot_mapping) +
+                        (at.b * p.seqlen_k + at.s) * l.cache->slot_mapping_stride * bytes);
+        }
+    }
+}
+
+__device__ __forceinline__ void aim_row(const Launch& l, RowJob* job) {
+    const RopeKernelParams& p = l.np.rope;
+    const RowPlace& at = job->place;
+    // The table rows first: with positions they waited for a load, and the slot's index math
+    // below then overlaps their latency.
+    load_angles(p, job->rows, job->is_k, job->active, l.sub, &job->angles);
+    if (job->is_k) {
+        job->out = at.b * p.k_out_stride[0] + at.h * p.k_out_stride[1] + at.s * p.k_out_stride[2];
+        if constexpr (KV_CACHE != 0) {
+            long long block = 0, slot = 0;
+            if (job->active && !cache_slot(p, *l.cache, at.b, at.s, &block, &slot))
+                job->active = false;
+            job->out =
+                block * p.k_out_stride[0] + at.h * p.k_out_stride[1] + slot * p.k_out_stride[2];
+        }
+    } else {
+        job->out = at.b * p.q_out_stride[0] + at.h * p.q_out_stride[1] + at.s * p.q_out_stride[2];
+    }
+}
+
+__device__ __forceinline__ void finish_row(const Launch& l, RowJob& job, float* dw) {
+    const RopeKernelParams& p = l.np.rope;
+    const bool is_k = job.is_k, active = job.active;
+    const int sub = l.sub;
+    T* y = static_cast<T*>(is_k ? p.k_out : p.q_out) + job.out;
+    unsigned char* y8 = static_cast<unsigned char*>(is_k ? p.k_out : p.q_out) + job.out;
+    const long long ys = is_k ? p.k_out_stride[3] : p.q_out_stride[3];
+    const float inv_d = 1.0f / HEAD_DIM;
+    Row row;
+    const float sum = unpack_row(job.raw, active, sub, &row);
+    if (!BACKWARD_PASS) {
+        const float rms = rsqrtf(group_sum(sum) * inv_d + l.np.eps);
+        for_each_feature(sub, [&](int part, int k, int t, int) {
+            at(row, part, k, t) *= rms * weight_value(weight(job.wr, part, k, t));
+        });
+        rotate_row(job.angles, &row);
+        const bool fp8 = is_k ? KV_FP8 : Q_FP8;
+        store_row(y, y8, fp8, ys, active, sub, row, fp8_scale(is_k ? l.k_scale : l.q_scale));
+    } else {
+        // row holds dL/dy; g, its inverse rotation (pair_angle negated the sines).
+        rotate_row(job.angles, &row);
+        Row x0r;
+        const float rms =
+            rsqrtf(group_sum(unpack_row(job.raw0, active, sub, &x0r)) * inv_d + l.np.eps);
+        float dot = 0.0f;
+        for_each_feature(sub, [&](int part, int k, int t, int d) {
+            const float xh = at(x0r, part, k, t) * rms;
+            const float g = at(row, part, k, t);
+            dot += weight_value(weight(job.wr, part, k, t)) * g * xh;
+            const bool valid = part == 2 ? copy_valid(sub, k) : rot_valid(sub, k);
+            if (NORM_WEIGHT_GRAD && active && valid)
+                atomicAdd(&dw[(is_k ? HEAD_DIM : 0) + d], g * xh);
+        });
+        const float mean = group_sum(dot) * inv_d;
+        for_each_feature(sub, [&](int part, int k, int t, int) {
+            const float xh = at(x0r, part, k, t) * rms;
+            float& g = at(row, part, k, t);
+            g = rms * (weight_value(weight(job.wr, part, k, t)) * g - xh * mean);
+        });
+        store_row(y, y8, false, ys, active, sub, row, fp8_scale(1.0f));
+    }
+}
+
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(WARP* kRopeNormMaxWarps)
     rope_norm_kernel(const typename NormLaunchParams<CACHE_PARAMS>::type args) {
     extern __shared__ __align__(16) float dw[];  // weight gradients: [2][HEAD_DIM], q's then k's
     const RopeNormParams& np = norm_args(args);
-    const RopeCacheParams* cache = cache_args(args);  // KV cache and FP8 scales, or NULL
+    const RopeCacheParams* cache = cache_args(args);
     const RopeKernelParams& p = np.rope;
     // The scales are loaded once; their latency overlaps the first row's loads.
     float q_scale = 1.0f, k_scale = 1.0f, v_scale = 1.0f;
@@ -592,7 +745,6 @@ extern "C" __global__ void __launch_bounds__(WARP* kRopeNormMaxWarps)
     }
     const int warp = static_cast<int>(threadIdx.x) / WARP;
     const int lane = static_cast<int>(threadIdx.x) % WARP;
-    const int sub = lane % LANES;  // the lane's place in its row's group
     if (NORM_WEIGHT_GRAD) {
         for (int d = threadIdx.x; d < 2 * HEAD_DIM; d += blockDim.x) dw[d] = 0.0f;
         __syncthreads();
@@ -603,110 +755,37 @@ extern "C" __global__ void __launch_bounds__(WARP* kRopeNormMaxWarps)
     // Rows of a token: q's heads, k's, and (KV cache with v) v's, copied by groups of their own.
     const int heads_v = KV_CACHE != 0 && V_DIM > 0 ? heads_k : 0;
     const int heads_all = heads_q + heads_k + heads_v;
-    const long long rows_total = p.units * heads_all;
-    const float inv_d = 1.0f / HEAD_DIM;
+    const Launch l{np,      cache,   p.units * heads_all, heads_q, heads_k, heads_all,
+                   lane % LANES, q_scale, k_scale, v_scale};
     const long long step = static_cast<long long>(gridDim.x) * np.warps * ROWS_PER_WARP;
     // The whole warp runs every iteration (the group sums shuffle across it); a group past the
-    // last row, or whose row writes nothing, is inactive: it loads and stores nothing.
-    for (long long first = (static_cast<long long>(blockIdx.x) * np.warps + warp) * ROWS_PER_WARP;
-         first < rows_total; first += step) {
+    // last row, or whose row writes nothing, is inactive: it loads and stores nothing. The
+    // forward takes two rows, a step apart, while the warp has both (rope_norm_rows_per_group).
+    long long first = (static_cast<long long>(blockIdx.x) * np.warps + warp) * ROWS_PER_WARP;
+    if constexpr (rope_norm_rows_per_group(BACKWARD_PASS) == 2) {
+        for (; first + step < l.rows_total; first += 2 * step) {
+            RowJob a, b;
+            start_row(l, first + lane / LANES, &a);
+            start_row(l, first + step + lane / LANES, &b);
+            aim_row(l, &a);
+            aim_row(l, &b);
+            finish_row(l, a, dw);
+            finish_row(l, b, dw);
+        }
+    }
+    for (; first < l.rows_total; first += step) {
         const long long r = first + lane / LANES;
-        const RowPlace place = place_row(p, r, rows_total, heads_q, heads_k, heads_all);
-        bool active = place.active;
-        const long long b = place.b, s = place.s;
-        const int h = place.h;
-        if constexpr (KV_CACHE != 0 && V_DIM > 0) {
-            if (place.kind == 2) {  // a row of v
-                copy_v_row(p, *cache, b, s, h, active, sub, fp8_scale(v_scale));
-                active = false;  // it joins the group sums below with zeros
-            }
-        }
-        const bool is_k = place.kind != 0;  // (a v row's group is inactive from here on)
-
-        // The row's input and output. With a KV cache k_out is the cache's view, placed below.
-        const T* x = row_input(np, place, false);
-        const long long xs = is_k ? p.k_stride[3] : p.q_stride[3];
-        const long long ys = is_k ? p.k_out_stride[3] : p.q_out_stride[3];
-        T* y;
-        unsigned char* y8;
-        const void* w = is_k ? np.k_weight : np.q_weight;
-        const long long ws = is_k ? np.k_weight_stride : np.q_weight_stride;
-        const T* x0 = BACKWARD_PASS ? row_input(np, place, true) : nullptr;  // forward's input
-        const long long x0s = is_k ? np.k_input_stride[3] : np.q_input_stride[3];
-        // First every independent load: the row (and the forward's input), then the weights.
-        RawRow raw, raw0;
-        load_row(x, xs, active, sub, &raw);
-        if (BACKWARD_PASS) load_row(x0, x0s, active, sub, &raw0);
-        WeightRow wr;
-        load_weights(w, ws, active, sub, &wr);
-        // Then the dependent ones: the token's table rows (positions) first, then k's cache slot,
-        // whose index math waits for its load while the positions' load is in flight, then the
-        // angles.
-        long long rows[MROPE_AXES > 0 ? MROPE_AXES : 1] = {};
-        if (active) {
-            if (MROPE_AXES > 0) {
-                for (int axis = 0; axis < MROPE_AXES; ++axis)
-                    rows[axis] = table_row(p, b, s, false, axis);
-            } else {
-                rows[0] = table_row(p, b, s, is_k);
-            }
-        }
-        long long out_base;
-        if (is_k) {
-            out_base = b * p.k_out_stride[0] + h * p.k_out_stride[1] + s * p.k_out_stride[2];
-            if constexpr (KV_CACHE != 0) {
-                long long block = 0, slot = 0;
-                if (active && !cache_slot(p, *cache, b, s, &block, &slot)) active = false;
-                out_base = block * p.k_out_stride[0] + h * p.k_out_stride[1] +
-                           slot * p.k_out_stride[2];
-            }
-            y = static_cast<T*>(p.k_out) + out_base;
-            y8 = static_cast<unsigned char*>(p.k_out) + out_base;
-        } else {
-            out_base = b * p.q_out_stride[0] + h * p.q_out_stride[1] + s * p.q_out_stride[2];
-            y = static_cast<T*>(p.q_out) + out_base;
-            y8 = static_cast<unsigned char*>(p.q_out) + out_base;
-        }
-        // The group's next row, if the grid has one: its loads start while this one computes
-        // (its place recomputed there: carrying it costs more registers than the divisions).
-        if (first + step < rows_total)
-            prefetch_row(np, place_row(p, r + step, rows_total, heads_q, heads_k, heads_all), sub);
-        Angles angles;
-        load_angles(p, rows, is_k, active, sub, &angles);
-
-        Row row;
-        const float sum = unpack_row(raw, active, sub, &row);
-        if (!BACKWARD_PASS) {
-            const float rms = rsqrtf(group_sum(sum) * inv_d + np.eps);
-            for_each_feature(sub, [&](int part, int k, int t, int) {
-                at(row, part, k, t) *= rms * weight_value(weight(wr, part, k, t));
-            });
-            rotate_row(angles, &row);
-            const bool fp8 = is_k ? KV_FP8 : Q_FP8;
-            store_row(y, y8, fp8, ys, active, sub, row, fp8_scale(is_k ? k_scale : q_scale));
-        } else {
-            // row holds dL/dy; g, its inverse rotation (pair_angle negated the sines).
-            rotate_row(angles, &row);
-            Row x0r;
-            const float rms = rsqrtf(group_sum(unpack_row(raw0, active, sub, &x0r)) * inv_d +
-                                     np.eps);
-            float dot = 0.0f;
-            for_each_feature(sub, [&](int part, int k, int t, int d) {
-                const float xh = at(x0r, part, k, t) * rms;
-                const float g = at(row, part, k, t);
-                dot += weight_value(weight(wr, part, k, t)) * g * xh;
-                const bool valid = part == 2 ? copy_valid(sub, k) : rot_valid(sub, k);
-                if (NORM_WEIGHT_GRAD && active && valid)
-                    atomicAdd(&dw[(is_k ? HEAD_DIM : 0) + d], g * xh);
-            });
-            const float mean = group_sum(dot) * inv_d;
-            for_each_feature(sub, [&](int part, int k, int t, int) {
-                const float xh = at(x0r, part, k, t) * rms;
-                float& g = at(row, part, k, t);
-                g = rms * (weight_value(weight(wr, part, k, t)) * g - xh * mean);
-            });
-            store_row(y, y8, false, ys, active, sub, row, fp8_scale(1.0f));
-        }
+        RowJob job;
+        start_row(l, r, &job);
+        aim_row(l, &job);
+        // The group's next row, if the grid has one (the backward: one row at a time): its
+        // loads start while this one computes (its place recomputed there: carrying it costs
+        // more registers than the divisions).
+        if (BACKWARD_PASS && first + step < l.rows_total)
+            prefetch_row(np,
+                         place_row(np, r + step, l.rows_total, heads_q, heads_k, heads_all),
+                         l.sub);
+        finish_row(l, job, dw);
     }
 
     if (NORM_WEIGHT_GRAD) {

@@ -7,6 +7,27 @@
 #include "host_device.h"
 #include "rope_params.h"
 
+// Division by d (1 <= d < 2^31) of any n < 2^31 as (n * mul) >> shift: shift = 31 + l with
+// 2^l >= d, mul = ceil(2^shift / d) < 2^32, whose error mul * d - 2^shift < d <= 2^(shift - 31)
+// keeps every quotient of a 31-bit n exact (Granlund and Montgomery). A multiply and a shift
+// instead of the ~20 dependent instructions of a division by a run-time value, which sit on
+// every row's path before its first load. divisor 0: none (the kernel divides plainly).
+struct RopeNormDivisor {
+    long long divisor;
+    unsigned mul;
+    int shift;
+};
+ROPE_JIT_HOST_DEVICE constexpr RopeNormDivisor rope_norm_divisor(long long d) {
+    if (d <= 0 || d > 0x7fffffffLL) return RopeNormDivisor{0, 0, 0};
+    int l = 0;
+    while ((1LL << l) < d) ++l;
+    const unsigned long long power = 1ULL << (31 + l);
+    return RopeNormDivisor{d, static_cast<unsigned>((power + d - 1) / d), 31 + l};
+}
+ROPE_JIT_HOST_DEVICE constexpr unsigned rope_norm_divide(unsigned n, RopeNormDivisor d) {
+    return static_cast<unsigned>((static_cast<unsigned long long>(n) * d.mul) >> d.shift);
+}
+
 struct RopeNormParams {
     // q and k (forward: the inputs x; backward: the incoming gradients dL/dy), their outputs,
     // angles, positions and sizes, as the plain rope kernel takes them (tokens_per_block unused).
@@ -25,6 +46,9 @@ struct RopeNormParams {
     float* q_weight_grad;
     float* k_weight_grad;
     long long q_weight_grad_stride, k_weight_grad_stride;
+    // Rows a token has (q's heads, k's, v's) and tokens a batch row has (seqlen_max), prepared
+    // for rope_norm_divide; the kernel checks the divisors before it uses them.
+    RopeNormDivisor heads_div, seqlen_div;
     float eps;
     int warps;  // warps per block, each normalizing 32 / rope_norm_lanes rows at a time
 };
@@ -59,6 +83,15 @@ ROPE_JIT_HOST_DEVICE constexpr int rope_norm_lanes(int head_dim, int rotary_dim,
     int lanes = 1;
     while (lanes < 32 && 2 * lanes < accesses) lanes *= 2;
     return lanes;
+}
+
+// Rows a group of lanes takes at once (the forward: 2, their loads issued before either is
+// reduced, so that two rows' latencies overlap and a multiprocessor has twice the bytes in
+// flight; the backward, which holds x and dL/dy: 1). The kernel takes pairs of rows while a
+// pair exists (its row step apart), then single rows; the launcher sizes the grid for one or
+// the other (rope_cuda.cpp).
+ROPE_JIT_HOST_DEVICE constexpr int rope_norm_rows_per_group(bool backward) {
+    return backward ? 1 : 2;
 }
 
 // Dynamic shared memory of a block: the rows live in registers; with weight gradients, the

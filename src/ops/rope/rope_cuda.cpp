@@ -85,10 +85,11 @@ RopeNormLaunch plan_rope_norm_launch(const KernelSpec& spec, int64_t rows, int64
                                 spec.head_dim, bytes, kRopeSharedLimit));
     // A warp normalizes 32 / lanes rows at a time (rope_norm_params.h). Few rows (decode): the
     // time is one row's chain of dependent loads, so the warps spread over every
-    // multiprocessor in small blocks; many rows: full blocks, which take rows grid-stride. At
-    // about 80 registers (bf16 D128) three blocks fit a multiprocessor: 64 blocks a
-    // multiprocessor keep the last, partial wave of blocks short; with weight gradients every
-    // block adds its sums into the same D floats, so fewer (16) blocks a multiprocessor.
+    // multiprocessor in small blocks, each group one row. Many rows, forward: full blocks, each
+    // group two rows at once (rope_norm_rows_per_group: their loads overlap), the grid one pass
+    // over the rows. Backward: one row at a time grid-stride, at most 64 blocks a
+    // multiprocessor (keeping the last, partial wave of blocks short); with weight gradients
+    // every block adds its sums into the same D floats, so fewer (16).
     const int lanes = rope_norm_lanes(spec.head_dim, spec.rotary_dim, spec.interleaved != 0,
                                       spec.vec, spec.copy_vec);
     const int64_t warps_needed = (rows + 32 / lanes - 1) / (32 / lanes);
@@ -98,6 +99,13 @@ RopeNormLaunch plan_rope_norm_launch(const KernelSpec& spec, int64_t rows, int64
     launch.warps = int(warps);
     launch.threads = 32 * warps;
     launch.shared_bytes = unsigned(bytes);
+    const int64_t per_group = rope_norm_rows_per_group(spec.backward != 0);
+    // Two rows a group once every multiprocessor would get more than two full blocks.
+    if (per_group > 1 && warps_needed > 2 * kRopeNormMaxWarps * multiprocessors) {
+        const int64_t warp_steps = (warps_needed + per_group - 1) / per_group;
+        launch.blocks = std::min<int64_t>((warp_steps + warps - 1) / warps, 0x7fffffff);
+        return launch;
+    }
     const int64_t blocks_per_sm = spec.norm_weight_grad ? 16 : 64;
     launch.blocks =
         std::min<int64_t>((warps_needed + warps - 1) / warps, blocks_per_sm * multiprocessors);
@@ -265,6 +273,9 @@ RopeNormParams rope_norm_params(const RopeProblem& p, int warps) {
         params.k_weight_grad = reinterpret_cast<float*>(p.k_norm_weight_grad.data);
         params.k_weight_grad_stride = p.k_norm_weight_grad.strides[0];
     }
+    params.heads_div = rope_norm_divisor(p.heads_q + (p.has_k ? p.heads_k : 0) +
+                                         (p.has_v ? p.heads_k : 0));
+    params.seqlen_div = rope_norm_divisor(params.rope.seqlen_max);
     params.eps = float(p.norm_eps);
     params.warps = warps;
     return params;

@@ -36,9 +36,9 @@ RopeLaunch plan_rope_launch(const KernelSpec& spec, int64_t heads_q, int64_t hea
                             int64_t sms);
 
 // The launch geometry of a QK-norm kernel (rope_norm.cu, rope_norm_params.h): `warps` warps a
-// block, each normalizing one of the `rows` (token, head) rows at a time, the grid at most 16
-// blocks per multiprocessor (rows are taken grid-stride). Throws Error(UNSUPPORTED) when one
-// warp's row does not fit the shared memory of a block.
+// block, each normalizing 32 / lanes of the `rows` (token, head) rows at a time (the forward
+// with many rows: two such sets at once, the grid one pass; else grid-stride). Throws
+// Error(UNSUPPORTED) when the weight gradients do not fit the shared memory of a block.
 struct RopeNormLaunch {
     int64_t blocks = 0, threads = 0;
     unsigned shared_bytes = 0;
