@@ -606,30 +606,38 @@ __device__ __forceinline__ void rope_one_token(const RopeKernelParams& p,
     const int heads_k = HAS_K ? static_cast<int>(p.heads_k) : 0;
     const int heads_q = HAS_K ? heads_k * GQA_GROUP : static_cast<int>(p.heads_q);
     const int rot_items = (heads_q + heads_k) * ROT_ITEMS;
-    constexpr int V_UNITS = V_DIM > 0 ? V_DIM / V_VEC : 1;
-    const int items = rot_items + (KV_CACHE != 0 && V_DIM > 0 ? heads_k * V_UNITS : 0);
+    // v items per head: V_PAIR vectors each (two where they pair up, plan().v_direct_items).
+    constexpr int V_ITEMS = V_DIM > 0 ? plan().v_direct_items : 1;
+    constexpr int V_PAIR = V_DIM > 0 ? V_DIM / V_VEC / V_ITEMS : 1;
+    static_assert(V_DIM == 0 || V_ITEMS * V_PAIR * V_VEC == V_DIM, "v items tile v's row");
+    const int items = rot_items + (KV_CACHE != 0 && V_DIM > 0 ? heads_k * V_ITEMS : 0);
     for (int item = threadIdx.x; item < items; item += blockDim.x) {
         if (KV_CACHE != 0 && V_DIM > 0 && item >= rot_items) {
             // v's copy: V_VEC features of one head into v's cache.
             if constexpr (KV_CACHE != 0 && V_DIM > 0) {
                 if (!has_k) continue;  // no k at this token: no v either
-                const int h = (item - rot_items) / V_UNITS;
-                const int f = (item - rot_items - h * V_UNITS) * V_VEC;
+                const int h = (item - rot_items) / V_ITEMS;
+                const int f = (item - rot_items - h * V_ITEMS) * (V_PAIR * V_VEC);
                 constexpr bool V_VECTORS = V_VEC > 1;
                 const long long* vs = cache->v_stride;
                 const long long xs = V_VECTORS ? 1 : vs[3];
-                const Pack<V_VEC> value = load_pack_first<V_VEC, V_VECTORS>(
-                    static_cast<const T*>(cache->v) + b * vs[0] + s * vs[2] + h * vs[1] + f * xs,
-                    xs);
+                const T* const x =
+                    static_cast<const T*>(cache->v) + b * vs[0] + s * vs[2] + h * vs[1] + f * xs;
+                Pack<V_VEC> value[V_PAIR];
+#pragma unroll
+                for (int u = 0; u < V_PAIR; ++u)
+                    value[u] = load_pack_first<V_VEC, V_VECTORS>(x + u * V_VEC * xs, xs);
                 const float scale = KV_FP8 ? fp8_scale_first(cache->v_scale) : 1.0f;
                 long long block, slot;
                 if (!cache_slot(p, *cache, b, s, &block, &slot)) continue;
                 const long long* cs = cache->v_cache_stride;
                 const long long ys = V_VECTORS ? 1 : cs[3];
-                store_out<KV_FP8, V_VEC, V_VECTORS>(
+                typename OutOf<KV_FP8>::type* const y =
                     static_cast<typename OutOf<KV_FP8>::type*>(cache->v_cache) + block * cs[0] +
-                        slot * cs[2] + h * cs[1] + f * ys,
-                    ys, value, scale);
+                    slot * cs[2] + h * cs[1] + f * ys;
+#pragma unroll
+                for (int u = 0; u < V_PAIR; ++u)
+                    store_out<KV_FP8, V_VEC, V_VECTORS>(y + u * V_VEC * ys, ys, value[u], scale);
             }
             continue;
         }
