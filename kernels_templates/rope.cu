@@ -219,14 +219,17 @@ __device__ __forceinline__ void store_fp8(unsigned char* y, long long stride, co
         pairs[j] = e4m3x2_bits(fp8_quotient(v[2 * j], scale), fp8_quotient(v[2 * j + 1], scale));
     if (N % 2 != 0)
         pairs[N / 2] = static_cast<unsigned short>(e4m3_bits(fp8_quotient(v[N - 1], scale)));
+    // Evict-first like q's 16-byte stores (store_streaming16): the cache rows and FP8 outputs
+    // are written once and not read again by this kernel.
     if constexpr (VECTOR && N == 8) {
-        struct alignas(8) Words {
-            unsigned lo, hi;
-        };
-        *reinterpret_cast<Words*>(y) =
-            Words{pairs[0] | (unsigned(pairs[1]) << 16), pairs[2] | (unsigned(pairs[3]) << 16)};
+        asm volatile("st.global.cs.v2.u32 [%0], {%1, %2};" ::"l"(y),
+                     "r"(pairs[0] | (unsigned(pairs[1]) << 16)),
+                     "r"(pairs[2] | (unsigned(pairs[3]) << 16))
+                     : "memory");
     } else if constexpr (VECTOR && N == 4) {
-        *reinterpret_cast<unsigned*>(y) = pairs[0] | (unsigned(pairs[1]) << 16);
+        asm volatile("st.global.cs.u32 [%0], %1;" ::"l"(y),
+                     "r"(pairs[0] | (unsigned(pairs[1]) << 16))
+                     : "memory");
     } else if constexpr (VECTOR && N == 2) {
         *reinterpret_cast<unsigned short*>(y) = pairs[0];
     } else {
