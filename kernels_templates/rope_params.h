@@ -189,8 +189,7 @@ ROPE_JIT_HOST_DEVICE constexpr RopePlan rope_plan(const RopeShape& s) {
     plan.grad_pairs = s.freq_grad ? plan.pairs : 0;
     plan.v_items = s.v_dim > 0 && s.v_vec > 0 ? s.v_dim / s.v_vec : 0;
     plan.one_token_direct = !plan.shared_angles && !s.freq_grad && !plan.copies_unrotated;
-    plan.v_direct_items =
-        s.v_vec > 1 && plan.v_items % 2 == 0 ? plan.v_items / 2 : plan.v_items;
+    plan.v_direct_items = s.v_vec > 1 && plan.v_items % 2 == 0 ? plan.v_items / 2 : plan.v_items;
     return plan;
 }
 
