@@ -219,14 +219,17 @@ __device__ __forceinline__ void store_fp8(unsigned char* y, long long stride, co
         pairs[j] = e4m3x2_bits(fp8_quotient(v[2 * j], scale), fp8_quotient(v[2 * j + 1], scale));
     if (N % 2 != 0)
         pairs[N / 2] = static_cast<unsigned short>(e4m3_bits(fp8_quotient(v[N - 1], scale)));
+    // Evict-first like q's 16-byte stores (store_streaming16): the cache rows and FP8 outputs
+    // are written once and not read again by this kernel.
     if constexpr (VECTOR && N == 8) {
-        struct alignas(8) Words {
-            unsigned lo, hi;
-        };
-        *reinterpret_cast<Words*>(y) =
-            Words{pairs[0] | (unsigned(pairs[1]) << 16), pairs[2] | (unsigned(pairs[3]) << 16)};
+        asm volatile("st.global.cs.v2.u32 [%0], {%1, %2};" ::"l"(y),
+                     "r"(pairs[0] | (unsigned(pairs[1]) << 16)),
+                     "r"(pairs[2] | (unsigned(pairs[3]) << 16))
+                     : "memory");
     } else if constexpr (VECTOR && N == 4) {
-        *reinterpret_cast<unsigned*>(y) = pairs[0] | (unsigned(pairs[1]) << 16);
+        asm volatile("st.global.cs.u32 [%0], %1;" ::"l"(y),
+                     "r"(pairs[0] | (unsigned(pairs[1]) << 16))
+                     : "memory");
     } else if constexpr (VECTOR && N == 2) {
         *reinterpret_cast<unsigned short*>(y) = pairs[0];
     } else {
@@ -662,30 +665,38 @@ __device__ __forceinline__ void rope_one_token(const RopeKernelParams& p,
     const int heads_k = HAS_K ? static_cast<int>(p.heads_k) : 0;
     const int heads_q = HAS_K ? heads_k * GQA_GROUP : static_cast<int>(p.heads_q);
     const int rot_items = (heads_q + heads_k) * ROT_ITEMS;
-    constexpr int V_UNITS = V_DIM > 0 ? V_DIM / V_VEC : 1;
-    const int items = rot_items + (KV_CACHE != 0 && V_DIM > 0 ? heads_k * V_UNITS : 0);
+    // v items per head: V_PAIR vectors each (two where they pair up, plan().v_direct_items).
+    constexpr int V_ITEMS = V_DIM > 0 ? plan().v_direct_items : 1;
+    constexpr int V_PAIR = V_DIM > 0 ? V_DIM / V_VEC / V_ITEMS : 1;
+    static_assert(V_DIM == 0 || V_ITEMS * V_PAIR * V_VEC == V_DIM, "v items tile v's row");
+    const int items = rot_items + (KV_CACHE != 0 && V_DIM > 0 ? heads_k * V_ITEMS : 0);
     for (int item = threadIdx.x; item < items; item += blockDim.x) {
         if (KV_CACHE != 0 && V_DIM > 0 && item >= rot_items) {
             // v's copy: V_VEC features of one head into v's cache.
             if constexpr (KV_CACHE != 0 && V_DIM > 0) {
                 if (!has_k) continue;  // no k at this token: no v either
-                const int h = (item - rot_items) / V_UNITS;
-                const int f = (item - rot_items - h * V_UNITS) * V_VEC;
+                const int h = (item - rot_items) / V_ITEMS;
+                const int f = (item - rot_items - h * V_ITEMS) * (V_PAIR * V_VEC);
                 constexpr bool V_VECTORS = V_VEC > 1;
                 const long long* vs = cache->v_stride;
                 const long long xs = V_VECTORS ? 1 : vs[3];
-                const Pack<V_VEC> value = load_pack_first<V_VEC, V_VECTORS>(
-                    static_cast<const T*>(cache->v) + b * vs[0] + s * vs[2] + h * vs[1] + f * xs,
-                    xs);
+                const T* const x =
+                    static_cast<const T*>(cache->v) + b * vs[0] + s * vs[2] + h * vs[1] + f * xs;
+                Pack<V_VEC> value[V_PAIR];
+#pragma unroll
+                for (int u = 0; u < V_PAIR; ++u)
+                    value[u] = load_pack_first<V_VEC, V_VECTORS>(x + u * V_VEC * xs, xs);
                 const float scale = KV_FP8 ? fp8_scale_first(cache->v_scale) : 1.0f;
                 long long block, slot;
                 if (!cache_slot(p, *cache, b, s, &block, &slot)) continue;
                 const long long* cs = cache->v_cache_stride;
                 const long long ys = V_VECTORS ? 1 : cs[3];
-                store_out<KV_FP8, V_VEC, V_VECTORS>(
+                typename OutOf<KV_FP8>::type* const y =
                     static_cast<typename OutOf<KV_FP8>::type*>(cache->v_cache) + block * cs[0] +
-                        slot * cs[2] + h * cs[1] + f * ys,
-                    ys, value, scale);
+                    slot * cs[2] + h * cs[1] + f * ys;
+#pragma unroll
+                for (int u = 0; u < V_PAIR; ++u)
+                    store_out<KV_FP8, V_VEC, V_VECTORS>(y + u * V_VEC * ys, ys, value[u], scale);
             }
             continue;
         }

@@ -152,6 +152,10 @@ struct RopePlan {
     // One-token blocks may take the direct path (RopeKernelParams::direct): no angles shared
     // per token (inv_freq, xPos, M-RoPE), no gradient sums, no copy of unrotated features.
     bool one_token_direct;
+    // v items per head of k on the direct path: two vectors each where v's vectors pair up,
+    // so that a v item has as many bytes in flight as a rotation item (two 16-byte loads) and
+    // its cache slot is resolved once for both.
+    int v_direct_items;
 };
 // Why a shape has no kernel. (Enumerators, not constexpr variables: NVRTC would emit those as
 // globals of every module.)
@@ -185,6 +189,7 @@ ROPE_JIT_HOST_DEVICE constexpr RopePlan rope_plan(const RopeShape& s) {
     plan.grad_pairs = s.freq_grad ? plan.pairs : 0;
     plan.v_items = s.v_dim > 0 && s.v_vec > 0 ? s.v_dim / s.v_vec : 0;
     plan.one_token_direct = !plan.shared_angles && !s.freq_grad && !plan.copies_unrotated;
+    plan.v_direct_items = s.v_vec > 1 && plan.v_items % 2 == 0 ? plan.v_items / 2 : plan.v_items;
     return plan;
 }
 

@@ -193,19 +193,33 @@ TEST_CASE("launch geometry: which one-token launches skip the shared-memory stag
     CHECK_FALSE(rope_jit::plan_rope_launch(inv_freq, 32, 8, 64, 132).direct);
 
     // Paged KV cache with v, FP8 (the llama3-8b prefill of rope-jit-bench): 40 heads of 8
-    // rotation items and 8 heads of 16 v copies = 448 items, one token and 224 threads a block,
-    // direct at every size.
+    // rotation items and 8 heads of 8 v items (two 16-byte vectors each on the direct path) =
+    // 384 items, one token and 192 threads a block, direct at every size.
     KernelSpec kv = spec;
     kv.in_place_k = 0, kv.kv_cache = 2, kv.kv_index_int64 = 1, kv.kv_fp8 = 1;
     kv.v_dim = 128, kv.v_vec = 8;
     kv.validate();
     rope_jit::RopeLaunch launch = rope_jit::plan_rope_launch(kv, 32, 8, 4 * 4096, 132);
     CHECK(launch.tokens_per_block == 1);
-    CHECK(launch.threads == 224);
+    CHECK(launch.threads == 192);
     CHECK(launch.direct);
     launch = rope_jit::plan_rope_launch(kv, 32, 8, 64, 132);  // decode: an item a thread
-    CHECK(launch.threads == 448);
+    CHECK(launch.threads == 384);
     CHECK(launch.direct);
+    CHECK(rope_jit::rope_plan(kv).v_items == 16);
+    CHECK(rope_jit::rope_plan(kv).v_direct_items == 8);
+    // v's vectors pair up only when they are vectors and even in number: 8 heads of 5 items
+    // with 40 features of v (v_vec 8), or of 128 items with scalar copies (v_vec 1), stay so.
+    KernelSpec odd = kv;
+    odd.v_dim = 40;
+    odd.validate();
+    CHECK(rope_jit::rope_plan(odd).v_direct_items == 5);
+    launch = rope_jit::plan_rope_launch(odd, 32, 8, 4 * 4096, 132);
+    CHECK(launch.threads == 192);  // (320 + 40) / 2 = 180 items, rounded up to warps
+    KernelSpec scalar = kv;
+    scalar.v_vec = 1;
+    scalar.validate();
+    CHECK(rope_jit::rope_plan(scalar).v_direct_items == 128);
     // Partial rotary: k's unrotated features are copied into the cache, which the direct path
     // does not do.
     KernelSpec partial = kv;

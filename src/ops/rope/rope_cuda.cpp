@@ -53,17 +53,24 @@ RopeLaunch plan_rope_launch(const KernelSpec& spec, int64_t heads_q, int64_t hea
     // takes a whole load-rotate-store round off that chain (B=64, 32+8 heads, D128: 64
     // blocks of 320 threads instead of 160 threads of two items). Larger problems keep the
     // measured shape of rope_block_fit.
-    const int64_t token_items = (heads_q + heads_k) * plan.rot_items + heads_k * plan.v_items;
     const bool tiny = fit.problem == kRopeFitOk && fit.tokens == 1 && units <= sms;
-    if (tiny && token_items > 0) {
-        const int64_t threads = (token_items + 31) / 32 * 32;
-        if (threads > fit.threads && threads <= spec.block_threads) fit.threads = int(threads);
-    }
     // Such blocks, and the KV cache's blocks of one token, skip the shared-memory staging and
     // its barrier: each thread issues its q/k/v loads first and resolves its own position,
     // table row and cache slot meanwhile (rope.cu, rope_one_token). The staged path stays
     // where it was measured (plain RoPE of many tokens).
     const bool direct = plan.one_token_direct && fit.tokens == 1 && (tiny || spec.kv_cache != 0);
+    // The direct path copies v two vectors an item (plan.v_direct_items): its blocks are sized
+    // to those items as rope_block_fit sizes blocks to the staged path's.
+    const int64_t token_items = (heads_q + heads_k) * plan.rot_items +
+                                heads_k * (direct ? plan.v_direct_items : plan.v_items);
+    if (direct && fit.problem == kRopeFitOk && token_items > 0) {
+        const int64_t work = (token_items + plan.items_per_thread - 1) / plan.items_per_thread;
+        fit.threads = int(std::min<int64_t>((work + 31) / 32 * 32, spec.block_threads));
+    }
+    if (tiny && token_items > 0) {
+        const int64_t threads = (token_items + 31) / 32 * 32;
+        if (threads > fit.threads && threads <= spec.block_threads) fit.threads = int(threads);
+    }
     if (fit.problem == kRopeFitSharedMemory)
         throw Error(ROPE_JIT_ERROR_UNSUPPORTED,
                     fmt::format("rope: one token's angles need {} bytes of shared memory, over the "
