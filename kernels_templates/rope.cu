@@ -455,62 +455,6 @@ constexpr bool COPY_VECTORS = COPY_VEC > 1;
 // the copy latency-bound. Four spilled registers at the 40-register budget (ncu, GPT-NeoX).
 constexpr int COPY_BATCH = 2;
 
-// ---- experiments of the staged path (issue 24), off unless NVRTC defines their macro -------
-// (ROPE_JIT_NVRTC_EXTRA_OPTIONS=-DROPE_JIT_EXPERIMENT_...); an adopted one becomes plain code.
-
-// L2_PREFETCH: after the block's barrier, one bulk L2 prefetch per (token, head) row of its
-// rotary features (a row per warp at a time), so that the rows of a thread's later items are
-// on their way from DRAM while its first item waits: more bytes in flight per multiprocessor
-// without holding them in registers (two items in registers spilled at the 40-register
-// budget). sm_90+ (cp.async.bulk.prefetch), 16-byte vectors only (rows then start 16-byte
-// aligned and span a multiple of 16 bytes). ptxas -v: no spills but with GQA group 1 (36
-// bytes, D64/D80/D96/D128 MHA).
-#if defined(ROPE_JIT_EXPERIMENT_L2_PREFETCH) && __CUDA_ARCH__ >= 900
-enum : bool { L2_PREFETCH = VEC_LOADS && sizeof(Pack<VEC>) == 16 };
-#else
-enum : bool { L2_PREFETCH = false };
-#endif
-
-__device__ __forceinline__ void prefetch_l2(const void* x, unsigned bytes) {
-#if __CUDA_ARCH__ >= 900
-    asm volatile(
-        "{\n\t.reg .u64 g;\n\tcvta.to.global.u64 g, %0;\n\t"
-        "cp.async.bulk.prefetch.L2.global [g], %1;\n\t}" ::"l"(x),
-        "r"(bytes));
-#endif
-}
-
-// WIDE_ITEMS: an interleaved item takes two chunks half the rotary range apart (two 16-byte
-// loads in flight a lane, as a half-style item has) instead of one: an interleaved thread
-// otherwise waits on one 16-byte load at a time, half of what half style keeps in flight.
-// Table angles only (no FP8, gradient sums, M-RoPE or shared angles). ptxas -v: no spills but
-// bf16 D128 with a half fp32 table (4 bytes).
-#ifdef ROPE_JIT_EXPERIMENT_WIDE_ITEMS
-enum : bool {
-    WIDE_ITEMS = INTERLEAVED && ROT_ITEMS % 2 == 0 && !SHARED_ANGLES && !FREQ_GRAD &&
-                 MROPE_AXES == 0 && !Q_FP8 && !KV_FP8
-};
-#else
-enum : bool { WIDE_ITEMS = false };
-#endif
-// Items per head of the staged path. (Enumerators, not constexpr variables: those would be
-// globals of every module, and the default PTX would change.)
-enum : int { STAGED_ROT_ITEMS = WIDE_ITEMS ? ROT_ITEMS / 2 : ROT_ITEMS };
-
-// The far chunk of a wide item: pairs of `x` rotated by `angles` and stored at y.
-__device__ __forceinline__ void rotate_store_far(Pack<VEC> x, T* y, long long ys,
-                                                 const ItemAngles& angles) {
-#pragma unroll
-    for (int j = 0; j < VEC / 2; ++j) {
-        const float x1 = storage_to_float<DTYPE>(x.v[2 * j]);
-        const float x2 = storage_to_float<DTYPE>(x.v[2 * j + 1]);
-        const float c = angles.c(j), s = angles.s(j);
-        x.v[2 * j] = from_float<DTYPE>(x1 * c - x2 * s);
-        x.v[2 * j + 1] = from_float<DTYPE>(x2 * c + x1 * s);
-    }
-    store_pack<VEC>(y, ys, x);
-}
-
 // Everything one item needs, located from its index in the block: token, head, span.
 struct ItemPlace {
     const T* x;
@@ -536,8 +480,8 @@ __device__ __forceinline__ ItemPlace place_item(const RopeKernelParams& p,
     if (item >= block_items) return place;
     const int token = item / items_per_token;
     const int rest = item - token * items_per_token;
-    int h = rest / STAGED_ROT_ITEMS;
-    place.span = item_span(rest - h * STAGED_ROT_ITEMS);
+    int h = rest / ROT_ITEMS;
+    place.span = item_span(rest - h * ROT_ITEMS);
     const bool is_k = HAS_K && h >= heads_q;
     const RopeTokenBases base = bases[token];
     if (is_k) {
@@ -769,7 +713,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM)
     const long long first = static_cast<long long>(blockIdx.x) * tpb;
     const int heads_k = HAS_K ? static_cast<int>(p.heads_k) : 0;
     const int heads_q = HAS_K ? heads_k * GQA_GROUP : static_cast<int>(p.heads_q);
-    const int items_per_token = (heads_q + heads_k) * STAGED_ROT_ITEMS;
+    const int items_per_token = (heads_q + heads_k) * ROT_ITEMS;
     const int tokens_here = static_cast<int>(min(static_cast<long long>(tpb), p.units - first));
     const int block_items = tokens_here * items_per_token;
 
@@ -823,27 +767,6 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM)
         __syncthreads();
     }
 
-    if constexpr (L2_PREFETCH) {
-        // A row a warp at a time, from its first lane: the bulk prefetch takes its address and
-        // size from uniform registers, so rows of distinct lanes would be issued one by one in
-        // a loop over the warp anyway; this way every warp takes its share.
-        const int heads = heads_q + heads_k;
-        const int rows = tokens_here * heads;
-        const int warps = (threads + 31) / 32;
-#pragma unroll 1
-        for (int r = threadIdx.x / 32; r < rows && threadIdx.x % 32 == 0; r += warps) {
-            const int token = r / heads;
-            int h = r - token * heads;
-            const bool is_k = HAS_K && h >= heads_q;
-            if (is_k) h -= heads_q;
-            const long long in = is_k ? s_bases[token].k_in : s_bases[token].q_in;
-            if (in < 0) continue;
-            const long long head_stride = is_k ? p.k_stride[1] : p.q_stride[1];
-            const T* x = static_cast<const T*>(is_k ? p.k : p.q);
-            prefetch_l2(x + in + h * head_stride + ROTARY_OFFSET, ROTARY_DIM * sizeof(T));
-        }
-    }
-
     // 3. Rotate, one item per thread at a time. Consecutive threads hold consecutive items of
     //    one head, so every access coalesces.
     for (int item = threadIdx.x; item < block_items; item += threads) {
@@ -851,10 +774,6 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM)
             place_item(p, s_bases, item, items_per_token, heads_q, block_items, q_scale, k_scale);
         if (!place.valid) continue;
         const ItemData data = load_item(place.x, place.xs, place.span);
-        Pack<VEC> far_data;
-        ItemAngles far;
-        if constexpr (WIDE_ITEMS)
-            far_data = load_pack<VEC>(place.x + place.span.partner * place.xs, place.xs);
         ItemAngles angles;
         const int pair0 = place.span.pair0;
         if (SHARED_ANGLES) {
@@ -864,10 +783,6 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM)
             const long long row = pair_row(s_row, p, place.token, place.role, pair0);
             angles.cos = load_table_span(p.cos, p.cos_stride, row, pair0);
             angles.sin = load_table_span(p.sin, p.sin_stride, row, pair0);
-            if constexpr (WIDE_ITEMS) {
-                far.cos = load_table_span(p.cos, p.cos_stride, row, pair0 + PAIRS / 2);
-                far.sin = load_table_span(p.sin, p.sin_stride, row, pair0 + PAIRS / 2);
-            }
         }
         if (FREQ_GRAD)
             accumulate_freq_grad(data, load_item(place.saved, place.saved_stride, place.span),
@@ -876,8 +791,6 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM)
             rotate_store_item_fp8(data, place.y8, place.ys, place.span, angles, place.scale);
         else
             rotate_store_item(data, place.y, place.ys, place.span, angles);
-        if constexpr (WIDE_ITEMS)
-            rotate_store_far(far_data, place.y + place.span.partner * place.ys, place.ys, far);
     }
     if (FREQ_GRAD) {
         // One global add per pair and block: the block's sums were gathered in shared memory.
