@@ -119,9 +119,14 @@ __device__ __forceinline__ void online_softmax(float (&s)[NT][4], float (&row_ma
     float alphas[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-        float mx = neg_inf();
+        // SKIP_UNIT_RESCALE (the wgmma forwards) also starts the maximum and the sum from the
+        // first pair rather than from -inf and 0: one instruction fewer each per row, the same
+        // values (a row of NaN scores leaves the running maximum as -inf would; 0 + x is x for
+        // the probabilities, all >= 0 or NaN).
+        float mx = SKIP_UNIT_RESCALE ? fmaxf(s[0][2 * r], s[0][2 * r + 1]) : neg_inf();
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
+        for (int nt = SKIP_UNIT_RESCALE ? 1 : 0; nt < NT; ++nt)
+            mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
         mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
         const float m_new = fmaxf(row_max[r], mx * scale);
@@ -138,7 +143,8 @@ __device__ __forceinline__ void online_softmax(float (&s)[NT][4], float (&row_ma
                 s[nt][2 * r] = exp2_approx(fmaf(s[nt][2 * r], scale, -m_use));
                 s[nt][2 * r + 1] = exp2_approx(fmaf(s[nt][2 * r + 1], scale, -m_use));
             }
-            sum += s[nt][2 * r] + s[nt][2 * r + 1];
+            sum = SKIP_UNIT_RESCALE && nt == 0 ? s[0][2 * r] + s[0][2 * r + 1]
+                                                : sum + (s[nt][2 * r] + s[nt][2 * r + 1]);
         }
         row_sum[r] = row_sum[r] * alpha + sum;
         alphas[r] = alpha;

@@ -396,9 +396,13 @@ template <int D = DTYPE>
 __device__ void produce(const Pipeline& pipe, const AttentionKernelParams& p, const T* k_head,
                         long long b, long long hk, int tiles, int rank) {
     const int thread = static_cast<int>(threadIdx.x) - THREADS;
-    // The TILE_BOXES value (and key) boxes of a tile go to lane 0 of each producer warp in
-    // turn, then lane 1, ...
-    const int box = (thread & 31) * PRODUCER_WARPS + (thread >> 5);
+    // With KEYS_BY_TMA the producers only issue copies: one warp does (box b: its lane b), and
+    // the other three leave at once rather than spin on the `empty` barriers, which would take
+    // issue slots from the consumer warps on their schedulers. (No later barrier counts them:
+    // the consumers' named barriers count consumers only.) Otherwise the TILE_BOXES value boxes
+    // of a tile go to lane 0 of each producer warp in turn, then lane 1, ...
+    if (KEYS_BY_TMA && thread >= 32) return;
+    const int box = KEYS_BY_TMA ? thread : (thread & 31) * PRODUCER_WARPS + (thread >> 5);
     auto issue_values = [&](int t) {
         if (thread == 0)
             barrier_arrive_expect(pipe.landed_of(t), (KEYS_BY_TMA ? 2 : 1) * Pipeline::TILE_BYTES);
