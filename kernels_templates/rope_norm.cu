@@ -169,10 +169,15 @@ struct Row {
     float tail[COPY_SLOTS][COPY_VEC];
 };
 
+// Whether slot k of lane `sub` (0 <= sub < LANES) holds an item. Decided at compile time where
+// the items tile the lanes (every slot used) or there are none (no tail: no code for it).
 __device__ __forceinline__ bool rot_valid(int sub, int k) {
+    if constexpr (ROT_ITEMS > 0 && ROT_ITEMS % LANES == 0) return true;
     return sub + k * LANES < ROT_ITEMS;
 }
 __device__ __forceinline__ bool copy_valid(int sub, int k) {
+    if constexpr (COPY_ITEMS == 0) return false;
+    if constexpr (COPY_ITEMS % LANES == 0) return true;
     return sub + k * LANES < COPY_ITEMS;
 }
 
@@ -558,15 +563,26 @@ __device__ __forceinline__ RowPlace place_row(const RopeNormParams& np, long lon
 
 // The first element of a q or k row's input: x (forward; backward dL/dy), or (forward_input)
 // the backward's x before the norm.
+__device__ __forceinline__ long long row_offset(const RopeNormParams& np, const RowPlace& at,
+                                                bool forward_input) {
+    const RopeKernelParams& p = np.rope;
+    const bool is_k = at.kind == 1;
+    const long long* stride = forward_input ? (is_k ? np.k_input_stride : np.q_input_stride)
+                                            : (is_k ? p.k_stride : p.q_stride);
+    return at.b * stride[0] + at.h * stride[1] + at.s * stride[2];
+}
 __device__ __forceinline__ const T* row_input(const RopeNormParams& np, const RowPlace& at,
                                               bool forward_input) {
     const RopeKernelParams& p = np.rope;
     const bool is_k = at.kind == 1;
     const void* base = forward_input ? (is_k ? np.k_input : np.q_input) : (is_k ? p.k : p.q);
-    const long long* stride = forward_input ? (is_k ? np.k_input_stride : np.q_input_stride)
-                                            : (is_k ? p.k_stride : p.q_stride);
-    return static_cast<const T*>(base) + at.b * stride[0] + at.h * stride[1] + at.s * stride[2];
+    return static_cast<const T*>(base) + row_offset(np, at, forward_input);
 }
+
+// In place (IN_PLACE_Q, IN_PLACE_K without a cache), an output row lies where its input row
+// does: the launcher passes q_out as the same view as q (same_view: equal strides wherever a
+// size exceeds 1), so the input's offset is reused instead of a second 64-bit index product.
+enum : bool { Q_OUT_IS_INPUT = IN_PLACE_Q, K_OUT_IS_INPUT = IN_PLACE_K && KV_CACHE == 0 };
 
 __device__ __forceinline__ void prefetch_l2(const void* x) {
     asm volatile("prefetch.global.L2 [%0];" ::"l"(x));
@@ -606,6 +622,9 @@ struct Launch {
     long long rows_total;
     int heads_q, heads_k, heads_all, sub;
     float q_scale, k_scale, v_scale;
+    // q's and k's weights at the lane's features, loaded once: every row of a kind has the same
+    // (the lane's features do not change from row to row).
+    WeightRow q_weights, k_weights;
 };
 
 // One q or k row between its loads and its stores: where it is and goes, and what the lane
@@ -636,13 +655,14 @@ __device__ __forceinline__ void start_row(const Launch& l, long long r, RowJob* 
     }
     job->is_k = at.kind != 0;
     const bool is_k = job->is_k, active = job->active;
-    load_row(row_input(l.np, at, false), is_k ? p.k_stride[3] : p.q_stride[3], active, l.sub,
-             &job->raw);
+    const long long offset = row_offset(l.np, at, false);
+    if (is_k ? K_OUT_IS_INPUT : Q_OUT_IS_INPUT) job->out = offset;
+    load_row(static_cast<const T*>(at.kind == 1 ? p.k : p.q) + offset,
+             is_k ? p.k_stride[3] : p.q_stride[3], active, l.sub, &job->raw);
     if (BACKWARD_PASS)
         load_row(row_input(l.np, at, true), is_k ? l.np.k_input_stride[3] : l.np.q_input_stride[3],
                  active, l.sub, &job->raw0);
-    load_weights(is_k ? l.np.k_weight : l.np.q_weight,
-                 is_k ? l.np.k_weight_stride : l.np.q_weight_stride, active, l.sub, &job->wr);
+    job->wr = is_k ? l.k_weights : l.q_weights;
     // Then positions (a load with per-token positions), and with slot_mapping k's slot entry
     // asked for now, so that cache_slot finds it in L1 when the table rows have been issued.
 #pragma unroll
@@ -672,7 +692,9 @@ __device__ __forceinline__ void aim_row(const Launch& l, RowJob* job) {
     // below then overlaps their latency.
     load_angles(p, job->rows, job->is_k, job->active, l.sub, &job->angles);
     if (job->is_k) {
-        job->out = at.b * p.k_out_stride[0] + at.h * p.k_out_stride[1] + at.s * p.k_out_stride[2];
+        if (!K_OUT_IS_INPUT)
+            job->out =
+                at.b * p.k_out_stride[0] + at.h * p.k_out_stride[1] + at.s * p.k_out_stride[2];
         if constexpr (KV_CACHE != 0) {
             long long block = 0, slot = 0;
             if (job->active && !cache_slot(p, *l.cache, at.b, at.s, &block, &slot))
@@ -680,7 +702,7 @@ __device__ __forceinline__ void aim_row(const Launch& l, RowJob* job) {
             job->out =
                 block * p.k_out_stride[0] + at.h * p.k_out_stride[1] + slot * p.k_out_stride[2];
         }
-    } else {
+    } else if (!Q_OUT_IS_INPUT) {
         job->out = at.b * p.q_out_stride[0] + at.h * p.q_out_stride[1] + at.s * p.q_out_stride[2];
     }
 }
@@ -743,8 +765,9 @@ extern "C" __global__ void __launch_bounds__(WARP* kRopeNormMaxWarps)
         if (KV_FP8 && cache->k_scale != nullptr) k_scale = *cache->k_scale;
         if (KV_FP8 && V_DIM > 0 && cache->v_scale != nullptr) v_scale = *cache->v_scale;
     }
-    const int warp = static_cast<int>(threadIdx.x) / WARP;
-    const int lane = static_cast<int>(threadIdx.x) % WARP;
+    // Unsigned divisions, so that the compiler knows 0 <= lane < WARP (and sub < LANES).
+    const int warp = static_cast<int>(threadIdx.x / WARP);
+    const int lane = static_cast<int>(threadIdx.x % WARP);
     if (NORM_WEIGHT_GRAD) {
         for (int d = threadIdx.x; d < 2 * HEAD_DIM; d += blockDim.x) dw[d] = 0.0f;
         __syncthreads();
@@ -755,8 +778,13 @@ extern "C" __global__ void __launch_bounds__(WARP* kRopeNormMaxWarps)
     // Rows of a token: q's heads, k's, and (KV cache with v) v's, copied by groups of their own.
     const int heads_v = KV_CACHE != 0 && V_DIM > 0 ? heads_k : 0;
     const int heads_all = heads_q + heads_k + heads_v;
-    const Launch l{np,      cache,   p.units * heads_all, heads_q, heads_k, heads_all,
-                   lane % LANES, q_scale, k_scale, v_scale};
+    const int sub = lane % LANES;
+    WeightRow q_weights, k_weights;
+    load_weights(np.q_weight, np.q_weight_stride, true, sub, &q_weights);
+    // k's (required with k) only where k has rows; else zeros, never read.
+    load_weights(np.k_weight, np.k_weight_stride, HAS_K, sub, &k_weights);
+    const Launch l{np,      cache,   p.units * heads_all, heads_q,   heads_k,  heads_all,
+                   sub,     q_scale, k_scale,             v_scale,   q_weights, k_weights};
     const long long step = static_cast<long long>(gridDim.x) * np.warps * ROWS_PER_WARP;
     // The whole warp runs every iteration (the group sums shuffle across it); a group past the
     // last row, or whose row writes nothing, is inactive: it loads and stores nothing. The
