@@ -459,6 +459,19 @@ __device__ __forceinline__ W weight(const WeightRow& w, int part, int k, int t) 
     return part == 0 ? w.own[k][t] : part == 1 ? w.partner[k][INTERLEAVED ? 0 : t] : w.tail[k][t];
 }
 
+// w' at the lane's features as float, converted once per thread (each raw weight takes a
+// register of its own anyway, so the floats cost none more).
+__device__ __forceinline__ Row weights_of(const void* weights, long long ws, bool active,
+                                          int sub) {
+    WeightRow raw;
+    load_weights(weights, ws, active, sub, &raw);
+    Row w;
+    for_each_feature(sub, [&](int part, int k, int t, int) {
+        at(w, part, k, t) = weight_value(weight(raw, part, k, t));
+    });
+    return w;
+}
+
 // The launch's argument block: RopeNormParams, followed by RopeCacheParams for a KV cache or
 // FP8 outputs. Enumerators and types, not constexpr variables (globals of every module).
 enum : bool { CACHE_PARAMS = KV_CACHE != 0 || Q_FP8 };
@@ -624,7 +637,7 @@ struct Launch {
     float q_scale, k_scale, v_scale;
     // q's and k's weights at the lane's features, loaded once: every row of a kind has the same
     // (the lane's features do not change from row to row).
-    WeightRow q_weights, k_weights;
+    Row q_weights, k_weights;  // w' as float (weights_of)
 };
 
 // One q or k row between its loads and its stores: where it is and goes, and what the lane
@@ -637,7 +650,7 @@ struct RowJob {
     bool active, is_k;
     long long rows[MROPE_AXES > 0 ? MROPE_AXES : 1];
     RawRow raw, raw0;
-    WeightRow wr;
+    Row w;  // w' at the lane's features
     Angles angles;
     long long out;  // the first output element's offset in q_out, k_out or k's cache
 };
@@ -662,7 +675,7 @@ __device__ __forceinline__ void start_row(const Launch& l, long long r, RowJob* 
     if (BACKWARD_PASS)
         load_row(row_input(l.np, at, true), is_k ? l.np.k_input_stride[3] : l.np.q_input_stride[3],
                  active, l.sub, &job->raw0);
-    job->wr = is_k ? l.k_weights : l.q_weights;
+    job->w = is_k ? l.k_weights : l.q_weights;
     // Then positions (a load with per-token positions), and with slot_mapping k's slot entry
     // asked for now, so that cache_slot finds it in L1 when the table rows have been issued.
 #pragma unroll
@@ -720,7 +733,7 @@ __device__ __forceinline__ void finish_row(const Launch& l, RowJob& job, float* 
     if (!BACKWARD_PASS) {
         const float rms = rsqrtf(group_sum(sum) * inv_d + l.np.eps);
         for_each_feature(sub, [&](int part, int k, int t, int) {
-            at(row, part, k, t) *= rms * weight_value(weight(job.wr, part, k, t));
+            at(row, part, k, t) *= rms * at(job.w, part, k, t);
         });
         rotate_row(job.angles, &row);
         const bool fp8 = is_k ? KV_FP8 : Q_FP8;
@@ -735,7 +748,7 @@ __device__ __forceinline__ void finish_row(const Launch& l, RowJob& job, float* 
         for_each_feature(sub, [&](int part, int k, int t, int d) {
             const float xh = at(x0r, part, k, t) * rms;
             const float g = at(row, part, k, t);
-            dot += weight_value(weight(job.wr, part, k, t)) * g * xh;
+            dot += at(job.w, part, k, t) * g * xh;
             const bool valid = part == 2 ? copy_valid(sub, k) : rot_valid(sub, k);
             if (NORM_WEIGHT_GRAD && active && valid)
                 atomicAdd(&dw[(is_k ? HEAD_DIM : 0) + d], g * xh);
@@ -744,7 +757,7 @@ __device__ __forceinline__ void finish_row(const Launch& l, RowJob& job, float* 
         for_each_feature(sub, [&](int part, int k, int t, int) {
             const float xh = at(x0r, part, k, t) * rms;
             float& g = at(row, part, k, t);
-            g = rms * (weight_value(weight(job.wr, part, k, t)) * g - xh * mean);
+            g = rms * (at(job.w, part, k, t) * g - xh * mean);
         });
         store_row(y, y8, false, ys, active, sub, row, fp8_scale(1.0f));
     }
@@ -779,10 +792,9 @@ extern "C" __global__ void __launch_bounds__(WARP* kRopeNormMaxWarps)
     const int heads_v = KV_CACHE != 0 && V_DIM > 0 ? heads_k : 0;
     const int heads_all = heads_q + heads_k + heads_v;
     const int sub = lane % LANES;
-    WeightRow q_weights, k_weights;
-    load_weights(np.q_weight, np.q_weight_stride, true, sub, &q_weights);
-    // k's (required with k) only where k has rows; else zeros, never read.
-    load_weights(np.k_weight, np.k_weight_stride, HAS_K, sub, &k_weights);
+    // k's weights (required with k) only where k has rows; else zeros, never read.
+    const Row q_weights = weights_of(np.q_weight, np.q_weight_stride, true, sub);
+    const Row k_weights = weights_of(np.k_weight, np.k_weight_stride, HAS_K, sub);
     const Launch l{np,      cache,   p.units * heads_all, heads_q,   heads_k,  heads_all,
                    sub,     q_scale, k_scale,             v_scale,   q_weights, k_weights};
     const long long step = static_cast<long long>(gridDim.x) * np.warps * ROWS_PER_WARP;
