@@ -75,8 +75,19 @@ __device__ __forceinline__ Pack<N> load_pack(const T* x, long long stride) {
 
 template <int N>
 __device__ __forceinline__ void unpack(const Pack<N>& pack, float* v) {
+    if constexpr (DTYPE == 2 && N % 2 == 0) {
+        // bf16 two at a time from their 32-bit word: a shift and a mask, one instruction each
+        // (element by element, the upper one costs a 16-bit extract and a shift).
 #pragma unroll
-    for (int j = 0; j < N; ++j) v[j] = storage_to_float<DTYPE>(pack.v[j]);
+        for (int j = 0; j < N; j += 2) {
+            const unsigned word = reinterpret_cast<const unsigned*>(pack.v)[j / 2];
+            v[j] = __uint_as_float(word << 16);
+            v[j + 1] = __uint_as_float(word & 0xffff0000u);
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < N; ++j) v[j] = storage_to_float<DTYPE>(pack.v[j]);
+    }
 }
 
 // 16-byte stores of results are marked evict-first (st.global.cs), as in rope.cu: they are never
@@ -318,10 +329,38 @@ enum : int {
 enum : bool { TABLE_SPANS = !ANGLES_FROM_INV_FREQ && !HAS_XPOS && MROPE_AXES == 0 };
 enum : int { SPAN = TABLE_SPANS ? TABLE_SPAN : 1 };  // columns the Angles hold per item
 
+// 16-bit columns read as vectors are held as 32-bit words of two: a column is then one
+// instruction from its word (bf16: a shift or a mask), not a 16-bit split and a convert, and an
+// unused span is zeroed a word at a time.
+enum : bool { TABLE_WORDS = TABLE_VEC_LOADS && TABLE_DTYPE != 0 && SPAN % 2 == 0 };
+template <bool WORDS>
+struct TableUnit {
+    using type = TableT;
+};
+template <>
+struct TableUnit<true> {
+    using type = unsigned;
+};
+
 template <int N>
 struct alignas(N * sizeof(TableT)) TablePack {
-    TableT v[N];
+    typename TableUnit<TABLE_WORDS>::type v[TABLE_WORDS ? N / 2 : N];
 };
+
+// Column j of a span as float.
+template <int N>
+__device__ __forceinline__ float table_column(const TablePack<N>& pack, int j) {
+    if constexpr (TABLE_WORDS) {
+        const unsigned word = pack.v[j / 2];
+        if constexpr (TABLE_DTYPE == 2)
+            return __uint_as_float(j % 2 == 0 ? word << 16 : word & 0xffff0000u);
+        else
+            return float_of_bits16<TABLE_DTYPE>(
+                static_cast<unsigned short>(j % 2 == 0 ? word : word >> 16));
+    } else {
+        return storage_to_float<TABLE_DTYPE>(pack.v[j]);
+    }
+}
 
 __device__ __forceinline__ TablePack<SPAN> load_table_span(const void* table,
                                                            const long long* stride,
@@ -346,13 +385,13 @@ struct Angles {
 
     __device__ __forceinline__ float cos_of(int k, int t) const {
         if constexpr (TABLE_SPANS)
-            return storage_to_float<TABLE_DTYPE>(cos[k].v[t * TABLE_STEP]);
+            return table_column(cos[k], t * TABLE_STEP);
         else
             return c[k][t];
     }
     __device__ __forceinline__ float sin_of(int k, int t) const {
         if constexpr (TABLE_SPANS) {
-            const float value = storage_to_float<TABLE_DTYPE>(sin[k].v[t * TABLE_STEP]);
+            const float value = table_column(sin[k], t * TABLE_STEP);
             return BACKWARD_PASS ? -value : value;
         } else {
             return s[k][t];
@@ -371,8 +410,7 @@ __device__ __forceinline__ void load_angles(const RopeKernelParams& p, const lon
                 a->cos[k] = load_table_span(p.cos, p.cos_stride, rows[0], pair0);
                 a->sin[k] = load_table_span(p.sin, p.sin_stride, rows[0], pair0);
             } else {
-#pragma unroll
-                for (int j = 0; j < SPAN; ++j) a->cos[k].v[j] = a->sin[k].v[j] = TableT{};
+                a->cos[k] = a->sin[k] = TablePack<SPAN>{};
             }
         } else {
 #pragma unroll
