@@ -167,32 +167,6 @@ __device__ __forceinline__ void store_pack(T* y, long long stride, const Pack<N>
 
 // ---- FP8 outputs --------------------------------------------------------------------------
 
-// The calls with FP8 outputs or a KV cache take a second group of arguments
-// (RopeCacheKernelParams); the others keep RopeKernelParams alone. Enumerators, not constexpr
-// variables (see PARTNER_DISTANCE below).
-enum : bool { CACHE_PARAMS = KV_CACHE != 0 || Q_FP8 };
-
-template <bool CACHE>
-struct LaunchParams {
-    using type = RopeKernelParams;
-};
-template <>
-struct LaunchParams<true> {
-    using type = RopeCacheKernelParams;
-};
-__device__ __forceinline__ const RopeKernelParams& rope_args(const RopeKernelParams& a) {
-    return a;
-}
-__device__ __forceinline__ const RopeKernelParams& rope_args(const RopeCacheKernelParams& a) {
-    return a.rope;
-}
-__device__ __forceinline__ const RopeCacheParams* cache_args(const RopeKernelParams&) {
-    return nullptr;
-}
-__device__ __forceinline__ const RopeCacheParams* cache_args(const RopeCacheKernelParams& a) {
-    return &a.cache;
-}
-
 // Where a result goes: an element of q's dtype, or (FP8) a float8 e4m3fn byte.
 template <bool FP8>
 struct OutOf {
@@ -681,8 +655,8 @@ __device__ __forceinline__ void rope_one_token(const RopeKernelParams& p,
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM)
-    rope_kernel(const typename LaunchParams<CACHE_PARAMS>::type args) {
-    const RopeKernelParams& p = rope_args(args);
+    rope_kernel(const typename LaunchArgs<RopeKernelParams>::type args) {
+    const RopeKernelParams& p = own_args(args);
     const RopeCacheParams* cache = cache_args(args);  // KV cache and FP8 scales, or NULL
     extern __shared__ __align__(16) char shared[];
     const int tpb = p.tokens_per_block;

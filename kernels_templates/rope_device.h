@@ -248,6 +248,37 @@ __device__ __forceinline__ unsigned short e4m3x2_bits(float lo, float hi) {
 #endif
 }
 
+// ---- The launch's argument block -----------------------------------------------------------
+
+// A kernel's own arguments (RopeKernelParams, RopeNormParams), followed by RopeCacheParams when
+// its spec has a KV cache or FP8 outputs. Enumerators and types, not constexpr variables
+// (NVRTC makes those globals of every module).
+enum : bool { CACHE_PARAMS = KV_CACHE != 0 || Q_FP8 };
+template <class Own, bool CACHE = CACHE_PARAMS>
+struct LaunchArgs {
+    using type = Own;
+};
+template <class Own>
+struct LaunchArgs<Own, true> {
+    using type = WithCache<Own>;
+};
+template <class Own>
+__device__ __forceinline__ const Own& own_args(const Own& a) {
+    return a;
+}
+template <class Own>
+__device__ __forceinline__ const Own& own_args(const WithCache<Own>& a) {
+    return a.own;
+}
+template <class Own>
+__device__ __forceinline__ const RopeCacheParams* cache_args(const Own&) {
+    return nullptr;
+}
+template <class Own>
+__device__ __forceinline__ const RopeCacheParams* cache_args(const WithCache<Own>& a) {
+    return &a.cache;
+}
+
 }  // namespace
 
 #endif

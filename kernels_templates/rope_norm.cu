@@ -454,30 +454,6 @@ __device__ __forceinline__ W weight(const WeightRow& w, int part, int k, int t) 
     return part == 0 ? w.own[k][t] : part == 1 ? w.partner[k][INTERLEAVED ? 0 : t] : w.tail[k][t];
 }
 
-// The launch's argument block: RopeNormParams, followed by RopeCacheParams for a KV cache or
-// FP8 outputs. Enumerators and types, not constexpr variables (globals of every module).
-enum : bool { CACHE_PARAMS = KV_CACHE != 0 || Q_FP8 };
-template <bool CACHE>
-struct NormLaunchParams {
-    using type = RopeNormParams;
-};
-template <>
-struct NormLaunchParams<true> {
-    using type = RopeNormCacheParams;
-};
-__device__ __forceinline__ const RopeNormParams& norm_args(const RopeNormParams& a) {
-    return a;
-}
-__device__ __forceinline__ const RopeNormParams& norm_args(const RopeNormCacheParams& a) {
-    return a.norm;
-}
-__device__ __forceinline__ const RopeCacheParams* cache_args(const RopeNormParams&) {
-    return nullptr;
-}
-__device__ __forceinline__ const RopeCacheParams* cache_args(const RopeNormCacheParams& a) {
-    return &a.cache;
-}
-
 // A v row (KV cache with v): its V_DIM features copied, or quantized, into v's cache. The loads
 // go out before the slot lookup; `active` turns false for a token that writes nothing.
 __device__ __forceinline__ void copy_v_row(const RopeKernelParams& p, const RopeCacheParams& c,
@@ -731,9 +707,9 @@ __device__ __forceinline__ void finish_row(const Launch& l, RowJob& job, float* 
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(WARP* kRopeNormMaxWarps)
-    rope_norm_kernel(const typename NormLaunchParams<CACHE_PARAMS>::type args) {
+    rope_norm_kernel(const typename LaunchArgs<RopeNormParams>::type args) {
     extern __shared__ __align__(16) float dw[];  // weight gradients: [2][HEAD_DIM], q's then k's
-    const RopeNormParams& np = norm_args(args);
+    const RopeNormParams& np = own_args(args);
     const RopeCacheParams* cache = cache_args(args);
     const RopeKernelParams& p = np.rope;
     // The scales are loaded once; their latency overlaps the first row's loads.

@@ -55,10 +55,7 @@ struct RopeNormParams {
 
 // QK-norm kernels with a KV cache write or FP8 outputs take the cache arguments after these
 // (as rope.cu's do, so that the other norm kernels keep their parameter block).
-struct RopeNormCacheParams {
-    RopeNormParams norm;
-    RopeCacheParams cache;
-};
+using RopeNormCacheParams = WithCache<RopeNormParams>;
 
 // Warps a block has at most (the kernel's launch bound is 32 times this).
 enum { kRopeNormMaxWarps = 8 };

@@ -70,8 +70,8 @@ struct RopeKernelParams {
 };
 
 // The KV cache write and the FP8 outputs (specs with KV_CACHE or Q_FP8): a second group of
-// arguments, launched together with RopeKernelParams as RopeCacheKernelParams, so that the
-// other kernels keep their parameter block. The k cache arrives as RopeKernelParams' k_out: a
+// arguments, launched after a kernel's own (WithCache below), so that the other kernels keep
+// their parameter block. The k cache arrives as RopeKernelParams' k_out: a
 // [blocks, Hk, slots, D] view (contiguous caches: a sequence's rows are its block).
 struct RopeCacheParams {
     const void* v;  // [B, Hk, S, Dv] like k
@@ -90,10 +90,14 @@ struct RopeCacheParams {
     const float* q_scale;
 };
 
-struct RopeCacheKernelParams {
-    RopeKernelParams rope;
+// A kernel's own arguments followed by the cache's: the parameter block of rope.cu's and
+// rope_norm.cu's kernels whose spec has a KV cache or FP8 outputs.
+template <class Own>
+struct WithCache {
+    Own own;
     RopeCacheParams cache;
 };
+using RopeCacheKernelParams = WithCache<RopeKernelParams>;
 
 // Where one token's v row starts in v and v_cache; -1 when the token writes nothing.
 struct RopeValueBases {
