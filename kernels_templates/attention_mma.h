@@ -296,18 +296,29 @@ __device__ __forceinline__ void issue_table_rows(char* cos_dst, char* sin_dst,
     }
 }
 
+// A warp's 16 shared staging rows of ROWE elements (the padded row layout).
+struct PaddedRows {
+    T* rows;
+    // Element `element` of staging row `row`.
+    __device__ __forceinline__ T* at(int row, int element) const {
+        return rows + row * ROWE + element;
+    }
+};
+
 // Stores a warp's 16 x HEAD_DIM result rows (accumulators times `scale`) through its own
-// shared rows `stage` to global rows first_row.. (those below `valid`), 16 bytes at a time.
-template <int D = DTYPE>
-__device__ __forceinline__ void store_rows(const float (&acc)[DTILES][4], float scale0,
-                                           float scale1, T* stage, T* base, long long stride,
-                                           long long first_row, long long valid, int lane) {
+// shared rows `stage` (PaddedRows, or any type with the same at()) to global rows
+// first_row.. (those below `valid`), 16 bytes at a time; store_rows: through padded rows.
+template <class Stage, int D = DTYPE>
+__device__ __forceinline__ void store_staged_rows(const float (&acc)[DTILES][4], float scale0,
+                                                  float scale1, const Stage& stage, T* base,
+                                                  long long stride, long long first_row,
+                                                  long long valid, int lane) {
     const int g = lane >> 2, t2 = 2 * (lane & 3);
 #pragma unroll
     for (int dt = 0; dt < DTILES; ++dt) {
-        *reinterpret_cast<unsigned*>(stage + g * ROWE + dt * 8 + t2) =
+        *reinterpret_cast<unsigned*>(stage.at(g, dt * 8 + t2)) =
             pack2(acc[dt][0] * scale0, acc[dt][1] * scale0);
-        *reinterpret_cast<unsigned*>(stage + (g + 8) * ROWE + dt * 8 + t2) =
+        *reinterpret_cast<unsigned*>(stage.at(g + 8, dt * 8 + t2)) =
             pack2(acc[dt][2] * scale1, acc[dt][3] * scale1);
     }
     __syncwarp();
@@ -315,9 +326,16 @@ __device__ __forceinline__ void store_rows(const float (&acc)[DTILES][4], float 
         const int row = c / DCHUNKS, ch = c - row * DCHUNKS;
         if (first_row + row < valid)
             *reinterpret_cast<U4*>(base + (first_row + row) * stride + ch * 8) =
-                *reinterpret_cast<const U4*>(stage + row * ROWE + ch * 8);
+                *reinterpret_cast<const U4*>(stage.at(row, ch * 8));
     }
     __syncwarp();
+}
+template <int D = DTYPE>
+__device__ __forceinline__ void store_rows(const float (&acc)[DTILES][4], float scale0,
+                                           float scale1, T* stage, T* base, long long stride,
+                                           long long first_row, long long valid, int lane) {
+    store_staged_rows(acc, scale0, scale1, PaddedRows{stage}, base, stride, first_row, valid,
+                      lane);
 }
 
 // Pointers into one block's shared memory. The second of a double buffer is found by its

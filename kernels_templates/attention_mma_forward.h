@@ -142,8 +142,9 @@ __device__ void forward(const AttentionKernelParams& p, char* smem) {
     // Only this warp reads its query rows: it may stage its output there.
 #pragma unroll
     for (int mt = 0; mt < M_TILES; ++mt)
-        finish_rows(o[mt], row_max[mt], row_sum[mt], m.q + (warp * WARP_ROWS + mt * 16) * ROWE, p,
-                    b, h, row_first + mt * 16, lane);
+        finish_rows(o[mt], row_max[mt], row_sum[mt],
+                    PaddedRows{m.q + (warp * WARP_ROWS + mt * 16) * ROWE}, p, b, h,
+                    row_first + mt * 16, lane);
 }
 
 }  // namespace tc

@@ -108,9 +108,9 @@ struct AttentionSmemLayout {
     // dk/dv has a second row_a half where the next tile's lse lands), then unsigned char
     // positioned flags of the query and key rows.
     int row_a, row_b, q_flags, k_flags;
-    // The wgmma forward with producer warps: the rotated query rows again, 128-byte swizzled
-    // for the tensor cores (q_tile), and 8-byte mbarriers, `stages` each of landed, full and
-    // empty.
+    // The wgmma forward with producer warps: the rotated query rows, 128-byte swizzled for
+    // the tensor cores (q_tile; q is empty there), and 8-byte mbarriers, `stages` each of
+    // landed, full and empty.
     int q_tile, barriers;
     // The sm_90 backward (kind 4): two tiles of dS^T (block_n keys by 64 queries, swizzled);
     // at head_dim 256 one, with P^T beside it (16-bit, swizzled) and dP^T (float32, plain).
@@ -141,8 +141,8 @@ ROPE_JIT_HOST_DEVICE constexpr void attention_align(int* at, int alignment) {
 // value tiles (from v0), each in the tensor cores' core-matrix layout (unpadded rows of
 // head_dim_padded elements), and the table rows of the stages - 1 key tiles in flight; with
 // `producer` warps, no staged table rows, tiles in the 128-byte-swizzle layout (which repeats
-// every 1024 bytes, so they start at multiples of 1024), the query rows once more in that
-// layout and the barriers of the tile buffers.
+// every 1024 bytes, so they start at multiples of 1024), the query rows in that layout only
+// (q_tile, no padded rows) and the barriers of the tile buffers.
 // The sm_90 backward (kind 4): its key block's rotated keys and values (block_n rows each),
 // `stages` tiles each of rotated queries and dout (64 rows) with their lse and delta rows, two
 // dS^T tiles (at head_dim 256: one, beside a P^T tile and a float32 dP^T tile), all but dP^T
@@ -183,7 +183,8 @@ ROPE_JIT_HOST_DEVICE constexpr AttentionSmemLayout attention_smem_layout(
     const int keys = kind == 2 ? resident : block_n;     // key rows held at once
     int at = 0;
     int* const cursor = &at;
-    l.q = attention_take(cursor, queries * row_bytes);
+    // (The wgmma forward with producers keeps its query rows in q_tile alone.)
+    l.q = attention_take(cursor, producer ? 0 : queries * row_bytes);
     l.q_plain = attention_take(cursor, pos_mask ? queries * row_bytes : 0);
     l.q_stage = attention_take(cursor, kind == 2 ? queries * row_bytes : 0);
     l.o_stage = attention_take(cursor, kind == 2 ? queries * row_bytes : 0);

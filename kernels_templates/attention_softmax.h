@@ -167,10 +167,11 @@ __device__ __forceinline__ void online_softmax(float (&s)[NT][4], float (&row_ma
 }
 
 // Normalizes a warp's 16 output rows (first query first_row) by their softmax sums and writes
-// them through `stage` (16 of the warp's own shared rows), with the log-sum-exp if asked.
-template <int D = DTYPE>
+// them through `stage` (16 of the warp's own shared rows: PaddedRows or another type with its
+// at()), with the log-sum-exp if asked.
+template <class Stage, int D = DTYPE>
 __device__ __forceinline__ void finish_rows(const float (&o)[DTILES][4], const float (&row_max)[2],
-                                            float (&row_sum)[2], T* stage,
+                                            float (&row_sum)[2], const Stage& stage,
                                             const AttentionKernelParams& p, long long b,
                                             long long h, long long first_row, int lane) {
 #pragma unroll
@@ -178,10 +179,10 @@ __device__ __forceinline__ void finish_rows(const float (&o)[DTILES][4], const f
         row_sum[r] += __shfl_xor_sync(FULL_MASK, row_sum[r], 1);
         row_sum[r] += __shfl_xor_sync(FULL_MASK, row_sum[r], 2);
     }
-    store_rows(o, row_sum[0] > 0.f ? 1.f / row_sum[0] : 0.f,
-               row_sum[1] > 0.f ? 1.f / row_sum[1] : 0.f, stage,
-               head_row_out(p.out, p.out_stride, b, h, 0), p.out_stride[2], first_row, p.seqlen_q,
-               lane);
+    store_staged_rows(o, row_sum[0] > 0.f ? 1.f / row_sum[0] : 0.f,
+                      row_sum[1] > 0.f ? 1.f / row_sum[1] : 0.f, stage,
+                      head_row_out(p.out, p.out_stride, b, h, 0), p.out_stride[2], first_row,
+                      p.seqlen_q, lane);
     if (WRITE_LSE && (lane & 3) == 0) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {

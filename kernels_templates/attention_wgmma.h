@@ -620,7 +620,8 @@ __device__ void forward(const AttentionKernelParams& p, char* smem) {
         fence_async_proxy();
         __syncthreads();
     }
-    finish_rows(o, row_max, row_sum, m.q + warp * 16 * ROWE, p, b, h, row_first, lane);
+    finish_rows(o, row_max, row_sum, PaddedRows{m.q + warp * 16 * ROWE}, p, b, h, row_first,
+                lane);
 }
 
 }  // namespace wg

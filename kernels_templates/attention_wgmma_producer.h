@@ -104,7 +104,8 @@ __device__ __forceinline__ void consumer_sync() {
 // warpgroup 0 syncs once more at the end, so every barrier phase gets its 128 syncs and 128
 // arrivals; a warpgroup takes its turns for every tile of the block, also for the tiles it
 // skips (causal: its rows end before them), so both take the same number.
-constexpr int TURN_BARRIER = 2;  // and 3 (0: __syncthreads, 1: consumer_sync)
+// Named barriers: 0 __syncthreads, 1 consumer_sync, 2-3 the turns, 4-5 warpgroup_sync.
+constexpr int TURN_BARRIER = 2;  // and 3
 constexpr int TURN_THREADS = 256;
 static_assert(PINGPONG == 0 || (WARPS == 8 && PRODUCER_WARPS == 4), "turns of two warpgroups");
 __device__ __forceinline__ void turn_sync(int barrier) {
@@ -441,6 +442,71 @@ __device__ void produce(const Pipeline& pipe, const AttentionKernelParams& p, co
     }
 }
 
+// ---- the consumers' query rows: straight into the swizzled tile, rotated in place ----
+//
+// The block's RESIDENT query rows live only in q_tile, where the tensor cores read them:
+// warpgroup g's 64 rows as a 64-row key tile would be (128-byte swizzled regions of 64
+// features). They arrive raw by cp.async (zero past the sequence and past head_dim) and each
+// thread rotates whole chunk pairs in place, reading its angles from the tables; at the end
+// each warp stages its output rows in its own 16 query rows.
+__device__ __forceinline__ int query_tile_offset(int row, int chunk) {
+    return (row >> 6) * QUERY_GROUP_BYTES + (chunk >> 3) * QUERY_REGION_BYTES + (row & 63) * 128 +
+           (((chunk ^ row) & 7) << 4);
+}
+
+template <int D = DTYPE>
+__device__ __forceinline__ void load_query_tile(char* q_tile, const T* q_head, long long stride,
+                                                long long m0, long long seqlen_q) {
+    for (int c = threadIdx.x; c < RESIDENT * CHUNKS; c += THREADS) {
+        const int r = c / CHUNKS, ch = c - r * CHUNKS;
+        const bool ok = m0 + r < seqlen_q && ch < DCHUNKS;
+        cp_async16(q_tile + query_tile_offset(r, ch),
+                   ok ? q_head + (m0 + r) * stride + ch * 8 : q_head, ok);
+    }
+}
+
+// Rotates the query rows of q_tile in place (items as in rotate_rows: chunks of interleaved
+// pairs, or first-half chunks with their partners R/2 later); rows past the sequence stay zero.
+template <int D = DTYPE>
+__device__ __forceinline__ void rotate_query_tile(char* q_tile, const AttentionKernelParams& p,
+                                                  long long m0) {
+    if constexpr (ROTATE) {
+        for (int it = threadIdx.x; it < RESIDENT * ROT_ITEMS; it += THREADS) {
+            const int r = it / ROT_ITEMS, k = it - r * ROT_ITEMS;
+            const long long token = m0 + r;
+            if (token >= p.seqlen_q) continue;
+            U4* const xa = reinterpret_cast<U4*>(q_tile + query_tile_offset(r, k));
+            U4 a = *xa;
+            if constexpr (INTERLEAVED) {
+                rotate_pairs_chunk<false>(a, p, nullptr, nullptr, r, token, k * 4);
+            } else {
+                U4* const xb =
+                    reinterpret_cast<U4*>(q_tile + query_tile_offset(r, k + ROTARY_DIM / 16));
+                U4 bb = *xb;
+                rotate_halves_chunks<false>(a, bb, p, nullptr, nullptr, r, token, k * 8);
+                *xb = bb;
+            }
+            *xa = a;
+        }
+    }
+}
+
+// A warp's 16 staging rows in q_tile: rows first.. of the block (a warp's own, in its
+// warpgroup's swizzled layout).
+struct SwizzledQueryRows {
+    char* q_tile;
+    int first;
+    __device__ __forceinline__ T* at(int row, int element) const {
+        return reinterpret_cast<T*>(q_tile + query_tile_offset(first + row, element >> 3)) +
+               (element & 7);
+    }
+};
+
+// A barrier among the four warps of consumer warpgroup `group` (named barriers 4 and 5).
+__device__ __forceinline__ void warpgroup_sync(int group) {
+    asm volatile("bar.sync %0, 128;\n" ::"r"(4 + group) : "memory");
+}
+
 template <int D = DTYPE>
 __device__ void forward_specialized(const AttentionKernelParams& p, char* smem) {
     static_assert(WARPS % 4 == 0 && PRODUCER_WARPS == 4 && M_TILES == 1 && !HAS_POS_MASK,
@@ -448,7 +514,6 @@ __device__ void forward_specialized(const AttentionKernelParams& p, char* smem) 
     static_assert(STAGES == 2 || STAGES == 3, "two or three tiles in shared memory");
     static_assert(TABLE_ASYNC || !ROTATE || KEYS_BY_TMA,
                   "the producers load table columns in 8- or 16-byte pieces");
-    const Buffers m = carve(smem);
     Pipeline pipe;
     pipe.smem = smem;
     pipe.landed = shared_address(smem + SMEM.barriers);
@@ -489,23 +554,12 @@ __device__ void forward_specialized(const AttentionKernelParams& p, char* smem) 
     if constexpr (SETMAXNREG)
         asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CONSUMER_REGISTERS));
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    issue_rows<RESIDENT>(m.q, q_head, p.q_stride[2], m0, p.seqlen_q);
+    char* const q_tile = smem + SMEM.q_tile;
+    load_query_tile(q_tile, q_head, p.q_stride[2], m0, p.seqlen_q);
     cp_async_commit();
     cp_async_wait_all();
     consumer_sync();
-    rotate_rows<RESIDENT, false>(m.q, m.q_plain, m.q, nullptr, nullptr, m.q_flags, p, b, m0,
-                                 p.seqlen_q);
-    consumer_sync();
-    // The rotated rows once more, swizzled, where the tensor cores read them: warpgroup g's
-    // 64 rows as a 64-row key tile would be.
-    char* const q_tile = smem + SMEM.q_tile;
-    for (int it = threadIdx.x; it < RESIDENT * CHUNKS; it += THREADS) {
-        const int row = it / CHUNKS, chunk = it % CHUNKS;
-        *reinterpret_cast<U4*>(q_tile + (row >> 6) * QUERY_GROUP_BYTES +
-                               (chunk >> 3) * QUERY_REGION_BYTES + (row & 63) * 128 +
-                               (((chunk ^ row) & 7) << 4)) =
-            *reinterpret_cast<const U4*>(m.q + row * ROWE + chunk * 8);
-    }
+    rotate_query_tile(q_tile, p, m0);
     fence_async_proxy();
     consumer_sync();
 
@@ -552,7 +606,11 @@ __device__ void forward_specialized(const AttentionKernelParams& p, char* smem) 
         }
     }
     if (PINGPONG > 0 && group == 0) turn_sync(TURN_BARRIER);  // warpgroup 1's last turn
-    finish_rows(o, row_max, row_sum, m.q + warp * 16 * ROWE, p, b, h, row_first, lane);
+    // The output goes out through the warp's own query rows, which the warpgroup's products
+    // no longer read once all four warps are here.
+    warpgroup_sync(group);
+    finish_rows(o, row_max, row_sum, SwizzledQueryRows{q_tile, (warp & 3) * 16 + group * 64}, p,
+                b, h, row_first, lane);
     if constexpr (CLUSTER > 1) cluster_sync();
 }
 

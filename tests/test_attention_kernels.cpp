@@ -388,14 +388,18 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "head_dim 256 forwards on sm_90 run on warpgroup matrix products: two warpgroups loading two "
-    "64-key tiles of keys rotated beforehand (table rows staged where they fit without)") {
+    "head_dim 256 forwards on sm_90 run on warpgroup matrix products: two consumer warpgroups "
+    "beside producers (TMA) or two warpgroups loading (no TMA), over two 64-key tiles of keys "
+    "rotated beforehand") {
     attention_test::Config c = headline_config();
     c.D = c.R = 256;
-    // Query rows of 528 bytes (256 features + 8 pad), two key and two value tiles of 64 rows of
-    // 512 bytes, 128 + 64 flags; float32 half tables (512-byte rows) would add 64 KiB and do
-    // not fit: the rotation reads them in place.
+    // Loading warps: query rows of 528 bytes (256 features + 8 pad), two key and two value
+    // tiles of 64 rows of 512 bytes, 128 + 64 flags; float32 half tables (512-byte rows)
+    // would add 64 KiB and do not fit: the rotation reads them in place.
     constexpr int kBase = 128 * 528 + 2 * 2 * 64 * 512 + 128 + 64;
+    // Producers: the key and value tiles, the flags (to 1024 bytes), the swizzled query rows
+    // (128 of 512 bytes) and 3 x 2 barriers; no padded query rows.
+    constexpr int kProducer = 2 * 2 * 64 * 512 + 1024 + 128 * 512 + 48;
     for (const AttentionDevice& device :
          {AttentionDevice{90, 232448, true, true}, AttentionDevice{90, 232448, true, false}}) {
         CAPTURE(device.tma);
@@ -405,12 +409,20 @@ TEST_CASE(
         CAPTURE(s.describe());
         CHECK((s.kind == int32_t(AttentionKernelKind::Forward) && s.tensor_cores == 1));
         CHECK((s.wgmma == 1 && s.warps == 8 && s.block_n == 64 && s.stages == 2));
-        // Keys rotated beforehand by the prepare kernel (with or without TMA: these warps copy
-        // them as they copy values).
-        CHECK((s.producer_warps == 0 && s.keys_by_tma == 1 && s.cluster == 1));
-        CHECK(s.table_async == 0);
-        CHECK(s.shared_bytes() == kBase);
-        CHECK(s.threads() == 256);
+        // Keys rotated beforehand by the prepare kernel: by TMA to the consumers of producer
+        // warps that give them their registers, or copied by the loading warps as they copy
+        // values.
+        CHECK((s.keys_by_tma == 1 && s.cluster == 1));
+        if (device.tma) {
+            CHECK((s.producer_warps == 4 && s.setmaxnreg == 1));
+            CHECK(s.shared_bytes() == kProducer);
+            CHECK(s.threads() == 384);
+        } else {
+            CHECK((s.producer_warps == 0 && s.setmaxnreg == 0));
+            CHECK(s.table_async == 0);
+            CHECK(s.shared_bytes() == kBase);
+            CHECK(s.threads() == 256);
+        }
         CHECK_NOTHROW(s.validate());
         std::mt19937 rng(1);
         attention_test::Problem p(c, rng);
@@ -421,26 +433,40 @@ TEST_CASE(
         REQUIRE(with_prepare.size() == 2);
         CHECK(with_prepare[0].kind == int32_t(AttentionKernelKind::BackwardPrepare));
         CHECK(with_prepare[0].block_n == 64);
-        // Without a workspace (none could be allocated), the forward rotates each tile itself.
+        // Without a workspace (none could be allocated), loading warps rotate each tile.
         problem.no_workspace = true;
         const std::vector<AttentionSpec> own =
             choose_attention_specs(problem, device, AttentionKernelOverride{});
         REQUIRE(own.size() == 1);
-        CHECK((own[0].wgmma == 1 && own[0].keys_by_tma == 0 && own[0].block_n == 64));
+        CHECK((own[0].wgmma == 1 && own[0].keys_by_tma == 0 && own[0].block_n == 64 &&
+               own[0].producer_warps == 0));
     }
     {
-        // Without rotation there is nothing to do beforehand.
+        // Without rotation there is nothing to do beforehand: producers copy k itself.
         attention_test::Config plain = c;
         plain.R = 0;
         const std::vector<AttentionSpec> specs = chosen(plain, false);
         REQUIRE(specs.size() == 1);
-        CHECK((specs[0].wgmma == 1 && specs[0].keys_by_tma == 0));
+        CHECK((specs[0].wgmma == 1 && specs[0].keys_by_tma == 1 && specs[0].producer_warps == 4));
+        const AttentionSpec loading =
+            chosen(plain, false, AttentionDevice{90, 232448, true, false})[0];
+        CHECK((loading.wgmma == 1 && loading.keys_by_tma == 0 && loading.producer_warps == 0));
     }
-    // bf16 tables: their rows (256 bytes of cos and of sin per key) fit, just.
+    // bf16 tables: loading warps stage their rows (256 bytes of cos and of sin per key): they
+    // fit, just.
+    const AttentionDevice no_tma{90, 232448, true, false};
     c.table_dt = attention_test::Dt::BF16;
-    const AttentionSpec staged = chosen(c, false)[0];
+    AttentionProblem no_workspace = [&] {
+        std::mt19937 rng(1);
+        attention_test::Problem p(c, rng);
+        const rope_jit_attention_args args = p.args();
+        return make_attention_problem(args, false);
+    }();
+    no_workspace.no_workspace = true;
+    const AttentionSpec staged =
+        choose_attention_specs(no_workspace, no_tma, AttentionKernelOverride{})[0];
     CAPTURE(staged.describe());
-    CHECK((staged.wgmma == 1 && staged.table_async == 1));
+    CHECK((staged.wgmma == 1 && staged.table_async == 1 && staged.keys_by_tma == 0));
     CHECK(staged.shared_bytes() == kBase + 2 * 64 * 256);
     CHECK(staged.shared_bytes() <= 232448);
     // Partial interleaved rotary with an additive mask, fp16, no GQA: the same kernel family.
@@ -452,7 +478,7 @@ TEST_CASE(
     partial.Hk = partial.Hq;
     const AttentionSpec p = chosen(partial, false)[0];
     CAPTURE(p.describe());
-    CHECK((p.wgmma == 1 && p.warps == 8 && p.table_async == 1 && p.mask_kind == 2));
+    CHECK((p.wgmma == 1 && p.warps == 8 && p.producer_warps == 4 && p.mask_kind == 2));
     // sm_80, pos_mask and sm_90 without wgmma keep the mma.sync forward.
     CHECK(chosen(c, false, AttentionDevice{80, 166912})[0].wgmma == 0);
     CHECK(chosen(c, false, AttentionDevice{90, 232448, false})[0].wgmma == 0);
@@ -460,7 +486,9 @@ TEST_CASE(
     CHECK(chosen(c, false)[0].wgmma == 0);
 }
 
-TEST_CASE("wgmma forwards at head_dim 256: only 4 or 8 loading warps over 64-key tiles") {
+TEST_CASE(
+    "wgmma forwards at head_dim 256: 4 or 8 loading warps, or 8 consumer warps with producers "
+    "that give them their registers, over two 64-key tiles") {
     AttentionSpec s;
     s.kind = int32_t(AttentionKernelKind::Forward);
     s.dtype = 2;
@@ -473,16 +501,28 @@ TEST_CASE("wgmma forwards at head_dim 256: only 4 or 8 loading warps over 64-key
     CHECK_NOTHROW(s.validate());
     s.warps = 4;
     CHECK(wgmma_broken_rule(s) == WgmmaRule::None);
+    s.warps = 8;
+    AttentionSpec producers = s;
+    producers.producer_warps = 4;
+    producers.keys_by_tma = 1;
+    producers.setmaxnreg = 1;
+    CHECK(wgmma_broken_rule(producers) == WgmmaRule::None);
+    CHECK_NOTHROW(producers.validate());
     s.head_dim = s.rotary_dim = 240;  // pads to 240
     CHECK(wgmma_broken_rule(s) == WgmmaRule::HeadDim);
     s.head_dim = s.rotary_dim = 256;
-    AttentionSpec producers = s;
-    producers.producer_warps = 4;
+    AttentionSpec without_registers = producers;  // 168 registers: the accumulators spill
+    without_registers.setmaxnreg = 0;
+    AttentionSpec rotating_producers = producers;  // producers that rotate need registers
+    rotating_producers.keys_by_tma = 0;
+    AttentionSpec three_stages = producers;
+    three_stages.stages = 3;
     AttentionSpec three_groups = s;
     three_groups.warps = 12;
     AttentionSpec long_tiles = s;
     long_tiles.block_n = 128;
-    for (const AttentionSpec& broken : {producers, three_groups, long_tiles}) {
+    for (const AttentionSpec& broken :
+         {without_registers, rotating_producers, three_stages, three_groups, long_tiles}) {
         CAPTURE(broken.describe());
         CHECK(wgmma_broken_rule(broken) == WgmmaRule::HeadDim);
         try {
@@ -492,8 +532,8 @@ TEST_CASE("wgmma forwards at head_dim 256: only 4 or 8 loading warps over 64-key
             CHECK(std::string(e.what()).find("padded 256") != std::string::npos);
         }
     }
-    // An override that asks for producer warps or three warpgroups at head_dim 256 falls back
-    // to the table's shape.
+    // An override that asks for producers without setmaxnreg or three warpgroups at head_dim
+    // 256 falls back to the table's first shape; one that asks for loading warps gets them.
     attention_test::Config c = headline_config();
     c.D = c.R = 256;
     for (const char* text : {"fwd=p8x64x2", "fwd=w12x64x2", "fwd=w8x128"}) {
@@ -502,7 +542,13 @@ TEST_CASE("wgmma forwards at head_dim 256: only 4 or 8 loading warps over 64-key
         env.set("ROPE_JIT_ATTENTION_KERNELS", text);
         const AttentionSpec chosen_spec = chosen(c, false)[0];
         CHECK((chosen_spec.wgmma == 1 && chosen_spec.warps == 8 && chosen_spec.block_n == 64 &&
-               chosen_spec.producer_warps == 0));
+               chosen_spec.producer_warps == 4 && chosen_spec.setmaxnreg == 1));
+    }
+    {
+        EnvGuard env;
+        env.set("ROPE_JIT_ATTENTION_KERNELS", "fwd=w8x64x2");
+        const AttentionSpec loading = chosen(c, false)[0];
+        CHECK((loading.wgmma == 1 && loading.producer_warps == 0 && loading.keys_by_tma == 1));
     }
 }
 

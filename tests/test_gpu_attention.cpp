@@ -486,8 +486,8 @@ TEST_SUITE("gpu") {
             c.Sk = rng() % 3 == 0 ? 1 + rng() % 700 : c.Sq;
             configs.push_back(c);
         }
-        // head_dim 256 and 248 (two warpgroups loading their own 64-key tiles): lengths short for
-        // the CPU reference, ragged around the 64-key tiles; GQA groups 1-8.
+        // head_dim 256 and 248 (two warpgroups over 64-key tiles): lengths short for the CPU
+        // reference, ragged around the 64-key tiles; GQA groups 1-8.
         std::vector<Config> wide;
         for (int i = 0; i < 8; ++i) {
             Config c = random_gpu_config(rng);
@@ -545,9 +545,10 @@ TEST_SUITE("gpu") {
             f.override_kernels(shapes);
             sweep(f, configs, 11);
         }
-        // head_dim 256 takes only warps that load (the other families fall back to it): the
-        // default (two warpgroups) and one warpgroup.
-        for (const char* shapes : {"", "fwd=w4x64x2"}) {
+        // head_dim 256: the default (two consumer warpgroups beside producers that give them
+        // their registers, keys by TMA), two or one warpgroup(s) loading their own tiles, and
+        // the fallback without a workspace (warps that load and rotate each key tile).
+        for (const char* shapes : {"", "fwd=w8x64x2", "fwd=w4x64x2", "workspace=0"}) {
             CAPTURE(shapes);
             f.override_kernels(shapes);
             sweep(f, wide, 12);
@@ -683,8 +684,10 @@ TEST_SUITE("gpu") {
             if (config.D == 64 && device.wgmma && device.tma)
                 CHECK((forward.producer_warps == 4 && forward.block_n == 128));
             if (config.D == 256) CHECK((forward.tensor_cores == 1 && forward.block_n == 64));
-            if (config.D == 256 && device.wgmma)  // two warpgroups loading their own tiles
-                CHECK((forward.wgmma == 1 && forward.warps == 8 && forward.producer_warps == 0));
+            if (config.D == 256 && device.wgmma)  // two warpgroups; with TMA beside producers
+                CHECK((forward.wgmma == 1 && forward.warps == 8 &&
+                       forward.producer_warps == (device.tma ? 4 : 0) &&
+                       forward.setmaxnreg == (device.tma ? 1 : 0)));
             const Comparison result = run_and_compare(f, p, true);
             MESSAGE(describe(config) << " ->" << result.report);
             CHECK(result.passed);

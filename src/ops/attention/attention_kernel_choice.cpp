@@ -28,8 +28,11 @@ struct TileRow {
 
 // clang-format off
 const TileRow kTileTable[] = {
-    // Forward. head_dim 256 on sm_90: two warpgroups that load their own 64-key tiles, two in
-    // shared memory (the only wgmma shape it takes; see wgmma_broken_rule).
+    // Forward. head_dim 256 on sm_90: two consumer warpgroups with the producer warps' registers
+    // (setmaxnreg; each thread holds 128 output accumulators), 64-key tiles by TMA (keys rotated
+    // beforehand: a workspace), two in shared memory; without a workspace, two warpgroups that
+    // load their own tiles (see wgmma_broken_rule).
+    {Kind::Forward, 256, 256, false, 0, {8, 64, 1, true, 2, 4, 1, true, 0, true}},
     {Kind::Forward, 256, 256, false, 0, {8, 64, 1, true, 2}},
     // head_dim 64 over long key sequences: 128-key producer tiles halve the pipeline's
     // round trips per key (H200, S 4096: 10% faster; at S 1024 5% slower, so only from 4096
@@ -180,10 +183,18 @@ std::optional<AttentionTileShape> parse_shape(std::string text, int kind) {
     return shape;
 }
 
-// The head_dim 256 wgmma forward's only shape: two warpgroups (or one) that load their own
-// 64-key tiles, no producer warps.
+// The head_dim 256 wgmma forward without producers: two warpgroups (or one) that load their
+// own 64-key tiles.
 bool wide_forward(int head_dim_padded, int producer_warps, int warps, int block_n) {
     return head_dim_padded == 256 && producer_warps == 0 && warps <= 8 && block_n == 64;
+}
+
+// The head_dim 256 wgmma forward with producers: two consumer warpgroups that take the
+// producers' registers (setmaxnreg: 128 output accumulators a thread; at the 168 registers of
+// 384 threads they spill), 64-key tiles by TMA, two in shared memory, no cluster.
+bool wide_producer_forward(int head_dim_padded, const AttentionSpec& s) {
+    return head_dim_padded == 256 && s.producer_warps == 4 && s.warps == 8 && s.block_n == 64 &&
+           s.stages == 2 && s.keys_by_tma && s.setmaxnreg && s.cluster == 1;
 }
 
 }  // namespace
@@ -252,10 +263,11 @@ WgmmaRule wgmma_broken_rule(const AttentionSpec& s) {
     }
     if (s.kind != 0) return WgmmaRule::Forward;
     // head_dim 256: warps that load their own 64-key tiles, at most two warpgroups (a thread
-    // holds 128 output accumulators: a third warpgroup or producer warps cap its registers
-    // at 168 and spill them).
+    // holds 128 output accumulators: a third warpgroup caps its registers at 168 and spills
+    // them), or two warpgroups beside producers that give them their registers.
     const bool wide = wide_forward(dp, s.producer_warps, s.warps, s.block_n);
-    if (dp != 64 && dp != 128 && !wide) return WgmmaRule::HeadDim;
+    if (dp != 64 && dp != 128 && !wide && !wide_producer_forward(dp, s))
+        return WgmmaRule::HeadDim;
     if (s.block_n != 64 && s.block_n != 128) return WgmmaRule::KeyTile;
     if ((s.warps != 4 && s.warps != 8 && s.warps != 12) || s.m_tiles != 1) return WgmmaRule::Warps;
     if (s.pos_mask) return WgmmaRule::PosMask;

@@ -34,7 +34,8 @@ struct AttentionTileShape {
     int32_t producer_warps = 0;
     int32_t cluster = 1;
     bool keys_by_tma = true;
-    // Producer forwards, experiments (AttentionSpec's fields of these names).
+    // Producer forwards' schedule (AttentionSpec's fields of these names): experiments, but
+    // setmaxnreg, which the head_dim 256 producer forward needs.
     int32_t pingpong = 0;
     bool setmaxnreg = false;
     int32_t exp2_fma = 0;
@@ -90,7 +91,8 @@ AttentionLaunchPlan attention_launch_plan(const AttentionSpec& spec);
 // 128-key blocks and 2 or 3 query tiles in flight, or to 256 with 64-key blocks and 2; 8 warps,
 // no pos_mask, no producer warps or clusters.
 // The rules of the wgmma forward: a forward with head_dim padded to 64 or 128 (56-64,
-// 120-128), 64- or 128-key tiles, one to three warpgroups of 16-row warps (four or more
+// 120-128), or to 256 with two warpgroups over 64-key tiles (without producer warps, or with
+// them, setmaxnreg, two stages and keys by TMA), 64- or 128-key tiles, one to three warpgroups of 16-row warps (four or more
 // spill), no pos_mask, 2 or 3 tiles in shared memory, no producer warps or one warpgroup of
 // them (with tables read in 8- or 16-byte pieces, three warpgroups in all at most); clusters
 // of 2 or 4 blocks only with producer warps, within a GQA group, over shares of whole 8-row

@@ -107,8 +107,9 @@ void AttentionSpec::validate() const {
             case WgmmaRule::HeadDim:
                 fail_argument(fmt::format(
                     "attention kernel spec: wgmma kernels take head_dim padded to 64, 128 or "
-                    "256 (forwards at 256: 4 or 8 warps over 64-key tiles without producer "
-                    "warps), got {} (padded {})",
+                    "256 (forwards at 256: 4 or 8 loading warps, or 8 consumer warps beside 4 "
+                    "producer warps with setmaxnreg, two stages and keys by TMA, over 64-key "
+                    "tiles), got {} (padded {})",
                     head_dim, padded_head_dim(head_dim)));
             case WgmmaRule::KeyTile:
                 fail_argument(fmt::format(
