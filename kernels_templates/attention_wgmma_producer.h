@@ -227,7 +227,7 @@ constexpr int ITEM_SLOTS = ITEMS <= 4 ? 4 : ITEMS <= 8 ? 8 : ITEMS <= 16 ? 16 : 
 constexpr int ROWS_PER_PASS = PRODUCER_THREADS > 0 ? PRODUCER_THREADS / ITEM_SLOTS : 1;
 constexpr int KEY_LOADS =
     PRODUCER_WARPS > 0 ? BLOCK_N / ROWS_PER_PASS : 1;  // rows per thread and tile
-static_assert(PRODUCER_WARPS == 0 ||
+static_assert(PRODUCER_WARPS == 0 || KEYS_BY_TMA ||
                   (ITEMS <= 32 && ROWS_PER_PASS % 8 == 0 && BLOCK_N % ROWS_PER_PASS == 0),
               "producer passes of whole 8-row swizzle patterns");
 // Raw table bits of one rotation item's ITEM_PAIRS pairs: the columns' bytes as they are
