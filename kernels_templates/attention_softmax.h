@@ -107,25 +107,22 @@ __device__ __forceinline__ float exp2_fma(float x) {
 
 // One step of the online softmax over a 16 x 8*NT score tile, one row pair per thread (rows g
 // and g + 8): scores (base 2, masks applied, times `scale` > 0 still to apply) become
-// probabilities relative to the running row maximum, and the row sums and the output
-// accumulators are rescaled to the new maximum. FMA_QUARTERS > 0 (scores without -inf only):
-// of every four 8-column groups that many take exp2_fma, the rest ex2. SKIP_UNIT_RESCALE: the
-// warp leaves its output accumulators as they are when no row's maximum moved (every factor
-// exactly 1, as exp2 of 0 is: the same values), which most tiles past the first few are.
-template <int NT, int FMA_QUARTERS = 0, bool SKIP_UNIT_RESCALE = false>
-__device__ __forceinline__ void online_softmax(float (&s)[NT][4], float (&row_max)[2],
-                                               float (&row_sum)[2], float (&o)[DTILES][4],
-                                               float scale = 1.f) {
-    float alphas[2];
+// probabilities relative to the running row maximum, the row sums move to the new maximum,
+// and alphas[r] is the factor that moves row r's output accumulators there (rescale_output).
+// FMA_QUARTERS > 0 (scores without -inf only): of every four 8-column groups that many take
+// exp2_fma, the rest ex2. FIRST_PAIR: the maximum and the sum start from the first pair
+// rather than from -inf and 0 (one instruction fewer each per row, the same values: a row of
+// NaN scores leaves the running maximum as -inf would; 0 + x is x for the probabilities, all
+// >= 0 or NaN).
+template <int NT, int FMA_QUARTERS = 0, bool FIRST_PAIR = false>
+__device__ __forceinline__ void softmax_probabilities(float (&s)[NT][4], float (&row_max)[2],
+                                                      float (&row_sum)[2], float (&alphas)[2],
+                                                      float scale = 1.f) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-        // SKIP_UNIT_RESCALE (the wgmma forwards) also starts the maximum and the sum from the
-        // first pair rather than from -inf and 0: one instruction fewer each per row, the same
-        // values (a row of NaN scores leaves the running maximum as -inf would; 0 + x is x for
-        // the probabilities, all >= 0 or NaN).
-        float mx = SKIP_UNIT_RESCALE ? fmaxf(s[0][2 * r], s[0][2 * r + 1]) : neg_inf();
+        float mx = FIRST_PAIR ? fmaxf(s[0][2 * r], s[0][2 * r + 1]) : neg_inf();
 #pragma unroll
-        for (int nt = SKIP_UNIT_RESCALE ? 1 : 0; nt < NT; ++nt)
+        for (int nt = FIRST_PAIR ? 1 : 0; nt < NT; ++nt)
             mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
         mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
@@ -143,27 +140,37 @@ __device__ __forceinline__ void online_softmax(float (&s)[NT][4], float (&row_ma
                 s[nt][2 * r] = exp2_approx(fmaf(s[nt][2 * r], scale, -m_use));
                 s[nt][2 * r + 1] = exp2_approx(fmaf(s[nt][2 * r + 1], scale, -m_use));
             }
-            sum = SKIP_UNIT_RESCALE && nt == 0 ? s[0][2 * r] + s[0][2 * r + 1]
-                                                : sum + (s[nt][2 * r] + s[nt][2 * r + 1]);
+            sum = FIRST_PAIR && nt == 0 ? s[0][2 * r] + s[0][2 * r + 1]
+                                        : sum + (s[nt][2 * r] + s[nt][2 * r + 1]);
         }
         row_sum[r] = row_sum[r] * alpha + sum;
         alphas[r] = alpha;
-        if constexpr (!SKIP_UNIT_RESCALE) {
-#pragma unroll
-            for (int dt = 0; dt < DTILES; ++dt) {
-                o[dt][2 * r] *= alpha;
-                o[dt][2 * r + 1] *= alpha;
-            }
-        }
     }
-    if constexpr (SKIP_UNIT_RESCALE) {
-        if (__any_sync(FULL_MASK, alphas[0] != 1.f || alphas[1] != 1.f)) {
+}
+
+// Moves a warp's output accumulators to the new row maxima (alphas from
+// softmax_probabilities). SKIP_UNIT_RESCALE: the warp leaves them as they are when no row's
+// maximum moved (every factor exactly 1, as exp2 of 0 is: the same values), which most tiles
+// past the first few are.
+template <bool SKIP_UNIT_RESCALE = false>
+__device__ __forceinline__ void rescale_output(float (&o)[DTILES][4], const float (&alphas)[2]) {
+    if (SKIP_UNIT_RESCALE && !__any_sync(FULL_MASK, alphas[0] != 1.f || alphas[1] != 1.f)) return;
 #pragma unroll
-            for (int dt = 0; dt < DTILES; ++dt)
+    for (int dt = 0; dt < DTILES; ++dt)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) o[dt][e] *= alphas[e >> 1];
-        }
-    }
+        for (int e = 0; e < 4; ++e) o[dt][e] *= alphas[e >> 1];
+}
+
+// Both: one step of the online softmax, the output accumulators rescaled (SKIP_UNIT_RESCALE
+// also starts from the first pair: the wgmma forwards).
+template <int NT, int FMA_QUARTERS = 0, bool SKIP_UNIT_RESCALE = false>
+__device__ __forceinline__ void online_softmax(float (&s)[NT][4], float (&row_max)[2],
+                                               float (&row_sum)[2], float (&o)[DTILES][4],
+                                               float scale = 1.f) {
+    float alphas[2];
+    softmax_probabilities<NT, FMA_QUARTERS, SKIP_UNIT_RESCALE>(s, row_max, row_sum, alphas,
+                                                                scale);
+    rescale_output<SKIP_UNIT_RESCALE>(o, alphas);
 }
 
 // Normalizes a warp's 16 output rows (first query first_row) by their softmax sums and writes

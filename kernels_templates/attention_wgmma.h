@@ -177,6 +177,12 @@ __device__ __forceinline__ void commit() {
 __device__ __forceinline__ void wait_all() {
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 }
+// Waits until at most N of this warp's committed wgmma groups are pending (the older ones are
+// done).
+template <int N>
+__device__ __forceinline__ void wait_pending() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
 // Makes this thread's shared-memory writes (stores and completed cp.async) visible to the
 // tensor cores, which read through the async proxy; a barrier must follow.
 __device__ __forceinline__ void fence_async_proxy() {
@@ -441,57 +447,38 @@ __device__ __forceinline__ void mask_scores(float (&s)[NT][4], int row_first, in
             if (nt * 8 + (e & 1) > last[e >> 1]) s[nt][e] = neg_inf();
 }
 
-// One key tile for a warp's 16 query rows (first row row_first) of a warpgroup whose first row
-// is group_first: S = Q K^T on the tensor cores (`q_operand`: this lane's A fragments to reload
-// from shared memory, or with SWIZZLED the warpgroup's swizzled query rows, which the tensor
-// cores read themselves; the rotated keys in key_tile), the masks and the online softmax, then O += P V (values in
-// value_tile) issued with P in `pa`. The caller waits for that product (wgmma wait) before it
-// reads `o` or lets go of `pa`, so it may overlap other work with it. Both wgmma forwards run
-// their tiles through here; `turns` brackets the issue of each product (see NoTurns).
-template <int PSTEPS, typename Turns = NoTurns, int D = DTYPE>
-__device__ __forceinline__ void attend_tile(float (&o)[DTILES][4], unsigned (&pa)[PSTEPS][4],
-                                            float (&row_max)[2], float (&row_sum)[2],
-                                            unsigned q_operand, const char* key_tile,
-                                            const char* value_tile, const AttentionKernelParams& p,
-                                            long long b, long long row_first, long long group_first,
-                                            long long n0, int lane, const Turns& turns = Turns{}) {
-    constexpr int NT = BLOCK_N / 8;
-    static_assert(PSTEPS == NT / 2, "P fragments: one per 16 keys of the tile");
-    float s[NT][4];
+// S = Q K^T issued for a warpgroup whose swizzled query rows start at `q_group_tile` (the
+// tensor cores read them and the key tile themselves): s zeroed, the products committed as
+// one group. The caller waits for it before it reads s.
+template <int NT, int D = DTYPE>
+__device__ __forceinline__ void issue_scores(float (&s)[NT][4], unsigned q_group_tile,
+                                             const char* key_tile) {
     zero(s);
     const Descriptor k_desc = key_descriptor(shared_address(key_tile));
-    if constexpr (SWIZZLED) {
-        // The query descriptor from the loop-invariant address, per tile: `q_operand` laundered
-        // so that the compiler keeps one register across the loop, not eight descriptors.
-        asm volatile("" : "+r"(q_operand));
-        const Descriptor q_desc = query_descriptor(q_operand);
-        turns.before_scores();
-        fence_registers(s);
-        __syncwarp();  // wgmma instructions are warp-aligned: every lane at the same one
-        fence_operands();
+    // The query descriptor from the loop-invariant address, per tile: `q_group_tile`
+    // laundered so that the compiler keeps one register across the loop, not eight
+    // descriptors.
+    asm volatile("" : "+r"(q_group_tile));
+    const Descriptor q_desc = query_descriptor(q_group_tile);
+    fence_registers(s);
+    __syncwarp();  // wgmma instructions are warp-aligned: every lane at the same one
+    fence_operands();
 #pragma unroll
-        for (int kk = 0; kk < KSTEPS; ++kk)
-            wgmma_ss<BLOCK_N>(s, q_desc.at(query_offset(kk)), k_desc.at(key_offset(kk)));
-        commit();
-        turns.after_scores();
-        wait_all();
-        fence_registers(s);
-    } else {
-        unsigned qa[KSTEPS][4];
-#pragma unroll
-        for (int kk = 0; kk < KSTEPS; ++kk) ldmatrix_x4(qa[kk], q_operand + kk * 32);
-        fence_registers(s);
-        __syncwarp();
-        fence_operands();
-#pragma unroll
-        for (int kk = 0; kk < KSTEPS; ++kk)
-            wgmma<BLOCK_N, 0>(s, qa[kk], k_desc.at(key_offset(kk)));
-        commit();
-        wait_all();
-        fence_registers(s);
-        fence_registers(qa);
-    }
+    for (int kk = 0; kk < KSTEPS; ++kk)
+        wgmma_ss<BLOCK_N>(s, q_desc.at(query_offset(kk)), k_desc.at(key_offset(kk)));
+    commit();
+}
 
+// The masks and the softmax of a warp's 16 x BLOCK_N scores of the tile from key n0 (rows
+// from row_first; the warpgroup's first row group_first): s becomes probabilities, the row
+// maxima and sums move on, and alphas are the factors for the output accumulators
+// (rescale_output), which are not touched here.
+template <int NT, int D = DTYPE>
+__device__ __forceinline__ void soften_tile(float (&s)[NT][4], float (&row_max)[2],
+                                            float (&row_sum)[2], float (&alphas)[2],
+                                            const AttentionKernelParams& p, long long b,
+                                            long long row_first, long long group_first,
+                                            long long n0, int lane) {
     // Tiles inside the sequence and below the diagonal need no mask. The choice is the same
     // for the whole warpgroup (its first row decides), whose warps must meet at the same wgmma.
     // Token indices fit 32 bits (the launcher refuses sequences of 2^31 tokens or more).
@@ -512,20 +499,74 @@ __device__ __forceinline__ void attend_tile(float (&o)[DTILES][4], unsigned (&pa
                         static_cast<int>(p.seqlen_k), check_bounds, check_causal, lane);
     }
     if (EXP2_FMA > 0 && MASK_KIND == 0 && scale > 0.f && !masked)  // no -inf: see exp2_fma
-        online_softmax<NT, EXP2_FMA, true>(s, row_max, row_sum, o, scale);
+        softmax_probabilities<NT, EXP2_FMA, true>(s, row_max, row_sum, alphas, scale);
     else
-        online_softmax<NT, 0, true>(s, row_max, row_sum, o, scale);
-    to_a_fragments<NT>(pa, s);
+        softmax_probabilities<NT, 0, true>(s, row_max, row_sum, alphas, scale);
+}
 
-    turns.before_values();
+// O += P V issued (P in `pa`, the values in value_tile), committed as one group. The caller
+// waits for it before it reads `o` or lets go of `pa`.
+template <int PSTEPS, int D = DTYPE>
+__device__ __forceinline__ void issue_values(float (&o)[DTILES][4], unsigned (&pa)[PSTEPS][4],
+                                             const char* value_tile) {
     fence_registers(o);
     fence_registers(pa);
     __syncwarp();
     fence_operands();
     const Descriptor v_desc = value_descriptor(shared_address(value_tile));
 #pragma unroll
-    for (int kk = 0; kk < NT / 2; ++kk) wgmma<DP, 1>(o, pa[kk], v_desc.at(value_offset(kk)));
+    for (int kk = 0; kk < PSTEPS; ++kk) wgmma<DP, 1>(o, pa[kk], v_desc.at(value_offset(kk)));
     commit();
+}
+
+// One key tile for a warp's 16 query rows (first row row_first) of a warpgroup whose first row
+// is group_first: S = Q K^T on the tensor cores (`q_operand`: this lane's A fragments to reload
+// from shared memory, or with SWIZZLED the warpgroup's swizzled query rows, which the tensor
+// cores read themselves; the rotated keys in key_tile), the masks and the online softmax, then
+// O += P V (values in value_tile) issued with P in `pa`. The caller waits for that product
+// (wgmma wait) before it reads `o` or lets go of `pa`, so it may overlap other work with it.
+// Both wgmma forwards run their tiles through here (but the producer forward's OVERLAP
+// schedule); `turns` brackets the issue of each product (see NoTurns).
+template <int PSTEPS, typename Turns = NoTurns, int D = DTYPE>
+__device__ __forceinline__ void attend_tile(float (&o)[DTILES][4], unsigned (&pa)[PSTEPS][4],
+                                            float (&row_max)[2], float (&row_sum)[2],
+                                            unsigned q_operand, const char* key_tile,
+                                            const char* value_tile, const AttentionKernelParams& p,
+                                            long long b, long long row_first, long long group_first,
+                                            long long n0, int lane, const Turns& turns = Turns{}) {
+    constexpr int NT = BLOCK_N / 8;
+    static_assert(PSTEPS == NT / 2, "P fragments: one per 16 keys of the tile");
+    float s[NT][4];
+    if constexpr (SWIZZLED) {
+        turns.before_scores();
+        issue_scores(s, q_operand, key_tile);
+        turns.after_scores();
+        wait_all();
+        fence_registers(s);
+    } else {
+        zero(s);
+        const Descriptor k_desc = key_descriptor(shared_address(key_tile));
+        unsigned qa[KSTEPS][4];
+#pragma unroll
+        for (int kk = 0; kk < KSTEPS; ++kk) ldmatrix_x4(qa[kk], q_operand + kk * 32);
+        fence_registers(s);
+        __syncwarp();
+        fence_operands();
+#pragma unroll
+        for (int kk = 0; kk < KSTEPS; ++kk)
+            wgmma<BLOCK_N, 0>(s, qa[kk], k_desc.at(key_offset(kk)));
+        commit();
+        wait_all();
+        fence_registers(s);
+        fence_registers(qa);
+    }
+    float alphas[2];
+    soften_tile(s, row_max, row_sum, alphas, p, b, row_first, group_first, n0, lane);
+    rescale_output<true>(o, alphas);
+    to_a_fragments<NT>(pa, s);
+
+    turns.before_values();
+    issue_values(o, pa, value_tile);
     turns.after_values();
 }
 

@@ -276,12 +276,6 @@ __device__ __forceinline__ void copy_bulk(unsigned dst, const void* src, unsigne
         : "memory");
 }
 
-// Waits until at most N of this warp's committed wgmma groups are pending.
-template <int N>
-__device__ __forceinline__ void wait_pending() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-
 // Four float32 atomic adds at `at` (16-byte aligned; sm_90).
 __device__ __forceinline__ void atomic_add4(float* at, const float (&x)[4]) {
     asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(at), "f"(x[0]), "f"(x[1]),

@@ -442,6 +442,110 @@ __device__ void produce(const Pipeline& pipe, const AttentionKernelParams& p, co
     }
 }
 
+// The default schedule: per tile S = Q K^T, the softmax and O += P V one after the other (the
+// other consumer warpgroup's work fills the gaps), with turns (PINGPONG) if asked.
+template <int D = DTYPE>
+__device__ __forceinline__ void attend_serial(const Pipeline& pipe, float (&o)[DTILES][4],
+                                              float (&row_max)[2], float (&row_sum)[2],
+                                              unsigned q_group_tile,
+                                              const AttentionKernelParams& p, long long b,
+                                              long long row_first, long long group_first,
+                                              int tiles, int lane, const ConsumerTurns& turns) {
+    const int group_first32 = static_cast<int>(group_first);  // (tokens fit 32 bits)
+    for (int t = 0; t < tiles; ++t) {
+        const long long n0 = static_cast<long long>(t) * BLOCK_N;
+        if constexpr (!KEYS_BY_TMA)
+            barrier_wait(pipe.full_of(t), Pipeline::phase_of(t));  // keys stored
+        barrier_wait(pipe.landed_of(t), Pipeline::phase_of(t));    // values (and keys) landed
+        // A causal warpgroup whose rows all end before the tile skips it (it still releases
+        // the buffer: every consumer arrives once per tile).
+        if (!CAUSAL || t * BLOCK_N - 63 <= group_first32) {
+            unsigned pa[BLOCK_N / 16][4];
+            if constexpr (PINGPONG > 0)
+                attend_tile(o, pa, row_max, row_sum, q_group_tile, pipe.key_tile(t),
+                            pipe.value_tile(t), p, b, row_first, group_first, n0, lane, turns);
+            else
+                attend_tile(o, pa, row_max, row_sum, q_group_tile, pipe.key_tile(t),
+                            pipe.value_tile(t), p, b, row_first, group_first, n0, lane);
+            wait_all();
+            fence_registers(o);
+            fence_registers(pa);
+        } else if constexpr (PINGPONG > 0) {
+            turns.skip();
+        }
+        if constexpr (CLUSTER > 1) {
+#pragma unroll
+            for (int r = 0; r < CLUSTER; ++r)
+                barrier_arrive_cluster(pipe.in_block(pipe.empty_of(t), r));
+        } else {
+            barrier_arrive(pipe.empty_of(t));
+        }
+    }
+}
+
+// ---- OVERLAP: a warpgroup's softmax beside its own previous product ----
+//
+// Tile t's S = Q K^T and tile t - 1's O += P V are in flight together; once S is done the
+// softmax of tile t runs while O += P V still does (FlashAttention-3's intra-warpgroup
+// overlap). The output accumulators move to tile t's row maxima after that product, which
+// also releases tile t - 1's buffers. Holding tile t's scores beside P of tile t - 1 and the
+// accumulators takes setmaxnreg's registers. A causal warpgroup attends tiles [0, own) and
+// only releases the later ones (their keys all come after its rows). Tile 0 is peeled off the
+// loop: with the first tile's products behind a branch inside it, ptxas 13.0 judged the
+// pipeline ill-formed and serialized every wgmma of the kernel (a wait after each one).
+static_assert(!OVERLAP || (SETMAXNREG && PINGPONG == 0 && CLUSTER == 1),
+              "overlap with setmaxnreg, without turns or clusters");
+template <int D = DTYPE>
+__device__ __forceinline__ void attend_overlapped(const Pipeline& pipe, float (&o)[DTILES][4],
+                                                  float (&row_max)[2], float (&row_sum)[2],
+                                                  unsigned q_group_tile,
+                                                  const AttentionKernelParams& p, long long b,
+                                                  long long row_first, long long group_first,
+                                                  int tiles, int lane) {
+    constexpr int NT = BLOCK_N / 8;
+    const int last_row = static_cast<int>(group_first) + 63;  // (tokens fit 32 bits)
+    const int own = CAUSAL ? min(tiles, last_row / BLOCK_N + 1) : tiles;
+    unsigned pa[NT / 2][4];
+    if (own > 0) {  // tile 0: its scores alone
+        barrier_wait(pipe.landed_of(0), Pipeline::phase_of(0));
+        float s[NT][4];
+        issue_scores(s, q_group_tile, pipe.key_tile(0));
+        wait_all();
+        fence_registers(s);
+        float alphas[2];
+        soften_tile(s, row_max, row_sum, alphas, p, b, row_first, group_first, 0, lane);
+        to_a_fragments<NT>(pa, s);  // (o is still zero: nothing to rescale)
+    }
+    for (int t = 1; t < own; ++t) {
+        barrier_wait(pipe.landed_of(t), Pipeline::phase_of(t));
+        float s[NT][4];
+        issue_scores(s, q_group_tile, pipe.key_tile(t));
+        issue_values(o, pa, pipe.value_tile(t - 1));
+        wait_pending<1>();  // the scores; tile t - 1's product runs on
+        fence_registers(s);
+        float alphas[2];
+        soften_tile(s, row_max, row_sum, alphas, p, b, row_first, group_first,
+                    static_cast<long long>(t) * BLOCK_N, lane);
+        wait_all();
+        fence_registers(o);
+        fence_registers(pa);
+        barrier_arrive(pipe.empty_of(t - 1));
+        rescale_output<true>(o, alphas);
+        to_a_fragments<NT>(pa, s);
+    }
+    if (own > 0) {
+        issue_values(o, pa, pipe.value_tile(own - 1));
+        wait_all();
+        fence_registers(o);
+        fence_registers(pa);
+        barrier_arrive(pipe.empty_of(own - 1));
+    }
+    for (int t = own; t < tiles; ++t) {
+        barrier_wait(pipe.landed_of(t), Pipeline::phase_of(t));
+        barrier_arrive(pipe.empty_of(t));
+    }
+}
+
 // ---- the consumers' query rows: straight into the swizzled tile, rotated in place ----
 //
 // The block's RESIDENT query rows live only in q_tile, where the tensor cores read them:
@@ -570,41 +674,17 @@ __device__ void forward_specialized(const AttentionKernelParams& p, char* smem) 
     const unsigned q_group_tile = shared_address(q_tile + group * QUERY_GROUP_BYTES);
     const long long row_first = m0 + warp * 16;
     const long long group_first = m0 + group * 64;  // this warpgroup's first query row
-    const int group_first32 = static_cast<int>(group_first);  // (tokens fit 32 bits)
     float o[DTILES][4];
     float row_max[2] = {neg_inf(), neg_inf()}, row_sum[2] = {0.f, 0.f};
     zero(o);
     const ConsumerTurns turns{TURN_BARRIER + group, TURN_BARRIER + (group ^ 1)};
     if (PINGPONG > 0 && group == 1) turn_arrive(TURN_BARRIER);  // warpgroup 0 goes first
-    for (int t = 0; t < tiles; ++t) {
-        const long long n0 = static_cast<long long>(t) * BLOCK_N;
-        if constexpr (!KEYS_BY_TMA)
-            barrier_wait(pipe.full_of(t), Pipeline::phase_of(t));  // keys stored
-        barrier_wait(pipe.landed_of(t), Pipeline::phase_of(t));    // values (and keys) landed
-        // A causal warpgroup whose rows all end before the tile skips it (it still releases
-        // the buffer: every consumer arrives once per tile).
-        if (!CAUSAL || t * BLOCK_N - 63 <= group_first32) {
-            unsigned pa[BLOCK_N / 16][4];
-            if constexpr (PINGPONG > 0)
-                attend_tile(o, pa, row_max, row_sum, q_group_tile, pipe.key_tile(t),
-                            pipe.value_tile(t), p, b, row_first, group_first, n0, lane, turns);
-            else
-                attend_tile(o, pa, row_max, row_sum, q_group_tile, pipe.key_tile(t),
-                            pipe.value_tile(t), p, b, row_first, group_first, n0, lane);
-            wait_all();
-            fence_registers(o);
-            fence_registers(pa);
-        } else if constexpr (PINGPONG > 0) {
-            turns.skip();
-        }
-        if constexpr (CLUSTER > 1) {
-#pragma unroll
-            for (int r = 0; r < CLUSTER; ++r)
-                barrier_arrive_cluster(pipe.in_block(pipe.empty_of(t), r));
-        } else {
-            barrier_arrive(pipe.empty_of(t));
-        }
-    }
+    if constexpr (OVERLAP)
+        attend_overlapped(pipe, o, row_max, row_sum, q_group_tile, p, b, row_first, group_first,
+                          tiles, lane);
+    else
+        attend_serial(pipe, o, row_max, row_sum, q_group_tile, p, b, row_first, group_first,
+                      tiles, lane, turns);
     if (PINGPONG > 0 && group == 0) turn_sync(TURN_BARRIER);  // warpgroup 1's last turn
     // The output goes out through the warp's own query rows, which the warpgroup's products
     // no longer read once all four warps are here.

@@ -272,6 +272,11 @@ std::vector<AttentionSpec> wgmma_specs() {
             s.exp2_fma = variant >= 4;
             specs.push_back(s);
         }
+        AttentionSpec overlap = base;  // each warpgroup's softmax beside its O += P V
+        overlap.setmaxnreg = 1;
+        overlap.overlap = 1;
+        overlap.stages = 3;
+        specs.push_back(overlap);
     }
     return specs;
 }

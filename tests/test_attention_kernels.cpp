@@ -143,8 +143,13 @@ std::vector<AttentionSpec> wgmma_specs() {
     pingpong_registers.pingpong = 2;
     pingpong_registers.setmaxnreg = 1;
     pingpong_registers.exp2_fma = 1;
-    return {headline,  narrow,   specialized, specialized_narrow, clustered, clustered_narrow,
-            backward,  pingpong, pingpong_registers};
+    // Each warpgroup's softmax beside its previous O += P V (setmaxnreg's registers).
+    AttentionSpec overlap = by_tma;
+    overlap.setmaxnreg = 1;
+    overlap.overlap = 1;
+    overlap.stages = 3;
+    return {headline, narrow,   specialized,        specialized_narrow, clustered,
+            clustered_narrow, backward, pingpong, pingpong_registers, overlap};
 }
 
 }  // namespace
@@ -920,6 +925,11 @@ TEST_CASE("the ROPE_JIT_ATTENTION_KERNELS text parses into tile shapes; anything
         const AttentionTileShape fma = *parse_attention_kernel_override(text.c_str()).shape[0];
         CHECK((fma.exp2_fma == quarters && fma.pingpong == 0 && !fma.setmaxnreg));
     }
+    const AttentionTileShape overlap =
+        *parse_attention_kernel_override("fwd=p8x128x3:overlap:setmaxnreg").shape[0];
+    CHECK((overlap.overlap && overlap.setmaxnreg && overlap.pingpong == 0 &&
+           overlap.stages == 3 && overlap.block_n == 128));
+    CHECK_FALSE(plain.overlap);
 
     // Malformed items, unknown kinds and wgmma shapes for a backward kernel are left out; the
     // well-formed items beside them stay.
@@ -929,7 +939,8 @@ TEST_CASE("the ROPE_JIT_ATTENTION_KERNELS text parses into tile shapes; anything
           "fwd", "SIMT", "fwd=-8x64", "fwd=8x64 ", "fwd=p8x128:", "fwd=p8x128:pingpong3",
           "fwd=p8x128:Pingpong", "fwd=w8x128:pingpong", "fwd=8x64:setmaxnreg",
           "fwd=c2x8x128:pingpong", "dq=8x64:pingpong", "fwd=:pingpong", "fwd=pingpong",
-          "fwd=p8x128:fma0", "fwd=p8x128:fma4", "fwd=w8x128:fma1", "dq=bulk", "dq=atomic"}) {
+          "fwd=p8x128:fma0", "fwd=p8x128:fma4", "fwd=w8x128:fma1", "dq=bulk", "dq=atomic",
+          "fwd=w8x128:overlap", "fwd=p8x128:overlapped", "dkdv=8x64:overlap"}) {
         CAPTURE(junk);
         const AttentionKernelOverride bad = parse_attention_kernel_override(junk);
         CHECK_FALSE(bad.force_simt);
@@ -974,6 +985,13 @@ TEST_CASE(
     CHECK(fallback == choose_attention_specs(without, h200).back());
     CHECK(fallback.setmaxnreg == 0);
     CHECK(forward_of(without, "fwd=p8x128x2:pingpong").pingpong == 1);  // turns need no TMA
+    // The overlap: with setmaxnreg, without turns; otherwise the default.
+    const AttentionSpec overlapped = forward_of(problem, "fwd=p8x128x3:setmaxnreg:overlap");
+    CHECK((overlapped.overlap == 1 && overlapped.setmaxnreg == 1 && overlapped.stages == 3 &&
+           overlapped.pingpong == 0));
+    CHECK(overlapped.describe().find("setmaxnreg overlap") != std::string::npos);
+    CHECK(forward_of(problem, "fwd=p8x128x3:overlap") == standard);
+    CHECK(forward_of(problem, "fwd=p8x128x2:setmaxnreg:overlap:pingpong") == standard);
 
     // The rules, and validate's words.
     AttentionSpec rotating = turns;
@@ -1001,6 +1019,21 @@ TEST_CASE(
     backward.setmaxnreg = 0;
     backward.exp2_fma = 1;
     CHECK(wgmma_broken_rule(backward) == WgmmaRule::Schedule);
+    backward.exp2_fma = 0;
+    backward.overlap = 1;
+    CHECK(wgmma_broken_rule(backward) == WgmmaRule::Schedule);
+    AttentionSpec unregistered = overlapped;  // a second score tile needs the registers
+    unregistered.setmaxnreg = 0;
+    CHECK(wgmma_broken_rule(unregistered) == WgmmaRule::Schedule);
+    try {
+        unregistered.validate();
+        FAIL("no error");
+    } catch (const Error& e) {
+        CHECK(std::string(e.what()).find("overlap (1)") != std::string::npos);
+    }
+    AttentionSpec clustered_overlap = overlapped;
+    clustered_overlap.cluster = 2;
+    CHECK(wgmma_broken_rule(clustered_overlap) != WgmmaRule::None);
     AttentionSpec mma = standard;
     mma.wgmma = 0;
     mma.producer_warps = 0;
@@ -1070,9 +1103,9 @@ TEST_CASE("launch plans: block threads, rows per block and shared memory of each
     CHECK(attention_launch_plan(simt).rows_per_block == 4);
     CHECK(attention_launch_plan(simt).threads == 128);
     CHECK(simt.shared_bytes() == 0);
-    // The producer-warp wgmma forward: 8 + 4 warps; 128 padded query rows, then (1024-aligned)
-    // three 64-key tiles of keys and of values, unpadded (256-byte rows), the flags, then
-    // (1024-aligned) the swizzled query rows and 3 x 3 barriers of 8 bytes.
+    // The producer-warp wgmma forward: 8 + 4 warps; no padded query rows, three 64-key tiles
+    // of keys and of values, unpadded (256-byte rows: 6 x 16 KiB), the flags (128 + 64 bytes),
+    // then (1024-aligned) the swizzled query rows and 3 x 3 barriers of 8 bytes.
     AttentionSpec producer = spec_of(K::Forward, 2, 128, 128, true);
     producer.wgmma = 1;
     producer.stages = 3;
@@ -1081,9 +1114,10 @@ TEST_CASE("launch plans: block threads, rows per block and shared memory of each
     plan = attention_launch_plan(producer);
     CHECK(plan.threads == 384);
     CHECK(plan.rows_per_block == 128);
-    CHECK(plan.smem.k == 34816);
-    CHECK(plan.smem.q_tile == 134144);
-    CHECK(plan.shared_bytes == 134144 + 128 * 256 + 80);
+    CHECK(plan.smem.q == 0);
+    CHECK(plan.smem.k == 0);
+    CHECK(plan.smem.q_tile == 6 * 16384 + 1024);
+    CHECK(plan.shared_bytes == 6 * 16384 + 1024 + 128 * 256 + 80);
     // dk/dv: 128 resident key and value rows, 32-query tiles (raw, rotated, out, two dout), the
     // staged tables of 32 rows, two lse halves and delta, and the flags.
     AttentionSpec dkdv = spec_of(K::BackwardDkDv, 2, 128, 128, true);

@@ -415,7 +415,9 @@ TEST_SUITE("gpu") {
                                          "fwd=p8x128x2:setmaxnreg",
                                          "fwd=p8x64x3:pingpong:setmaxnreg",
                                          "fwd=p8x128x2:fma1",
-                                         "fwd=p8x128x2:pingpong2:setmaxnreg:fma2"}) {
+                                         "fwd=p8x128x2:pingpong2:setmaxnreg:fma2",
+                                         "fwd=p8x128x3:setmaxnreg:overlap",
+                                         "fwd=p8x64x3:setmaxnreg:overlap"}) {
             CAPTURE(shapes);
             f.override_kernels(shapes.c_str());
             // A wgmma shape must be what the configs without pos_mask run, where wgmma runs at all
@@ -451,6 +453,7 @@ TEST_SUITE("gpu") {
                     wanted.setmaxnreg = shapes.find(":setmaxnreg") != std::string::npos;
                     const size_t fma = shapes.find(":fma");
                     wanted.exp2_fma = fma == std::string::npos ? 0 : shapes[fma + 4] - '0';
+                    wanted.overlap = shapes.find(":overlap") != std::string::npos;
                     CAPTURE(spec.describe());
                     if (wanted.shared_bytes() <= device.max_shared_bytes) CHECK(spec == wanted);
                 }
@@ -536,11 +539,13 @@ TEST_SUITE("gpu") {
         // The default choice, then each family forced (every warp loading; producer warps; blocks
         // of a cluster sharing tiles, where the GQA group allows), then the consumer-schedule
         // experiments: all of them over 128-key tiles, and turns for both products over 64-key
-        // tiles (where the first warpgroup skips the diagonal's last tile but takes its turns).
+        // tiles (where the first warpgroup skips the diagonal's last tile but takes its turns);
+        // each warpgroup's softmax beside its previous product, over 128- and 64-key tiles.
         for (const char* shapes : {"", "fwd=w12x64x3", "fwd=p8x64x3", "fwd=r8x64x3",
                                    "fwd=c4x8x64x3", "fwd=c2x8x128x2",
                                    "fwd=p8x128x2:pingpong:setmaxnreg:fma2",
-                                   "fwd=p8x64x3:pingpong2"}) {
+                                   "fwd=p8x64x3:pingpong2", "fwd=p8x128x3:setmaxnreg:overlap",
+                                   "fwd=p8x64x3:setmaxnreg:overlap"}) {
             CAPTURE(shapes);
             f.override_kernels(shapes);
             sweep(f, configs, 11);
@@ -548,7 +553,8 @@ TEST_SUITE("gpu") {
         // head_dim 256: the default (two consumer warpgroups beside producers that give them
         // their registers, keys by TMA), two or one warpgroup(s) loading their own tiles, and
         // the fallback without a workspace (warps that load and rotate each key tile).
-        for (const char* shapes : {"", "fwd=w8x64x2", "fwd=w4x64x2", "workspace=0"}) {
+        for (const char* shapes :
+             {"", "fwd=w8x64x2", "fwd=w4x64x2", "workspace=0", "fwd=p8x64x2:setmaxnreg:overlap"}) {
             CAPTURE(shapes);
             f.override_kernels(shapes);
             sweep(f, wide, 12);

@@ -127,9 +127,10 @@ bool table_stageable(const TensorRef& t, int columns) {
 // One "kind=shape" item: WxN[xM] (mma.sync), wWxN[xS], pWxN[xS], rWxN[xS] or cCxWxN[xS]
 // (wgmma); nullopt for anything else.
 std::optional<AttentionTileShape> parse_shape(std::string text, int kind) {
-    // Scheduling options after the shape: ":pingpong", ":pingpong2", ":setmaxnreg", ":fmaN".
+    // Scheduling options after the shape: ":pingpong", ":pingpong2", ":setmaxnreg", ":fmaN",
+    // ":overlap".
     int32_t pingpong = 0, exp2_fma = 0;
-    bool setmaxnreg = false;
+    bool setmaxnreg = false, overlap = false;
     for (size_t colon = text.rfind(':'); colon != std::string::npos; colon = text.rfind(':')) {
         const std::string option = text.substr(colon + 1);
         if (option == "pingpong" || option == "pingpong2")
@@ -138,11 +139,14 @@ std::optional<AttentionTileShape> parse_shape(std::string text, int kind) {
             setmaxnreg = true;
         else if (option == "fma1" || option == "fma2" || option == "fma3")
             exp2_fma = option[3] - '0';
+        else if (option == "overlap")
+            overlap = true;
         else
             return std::nullopt;
         text.resize(colon);
     }
-    if ((pingpong > 0 || setmaxnreg || exp2_fma > 0) && (text.empty() || text[0] != 'p'))
+    if ((pingpong > 0 || setmaxnreg || exp2_fma > 0 || overlap) &&
+        (text.empty() || text[0] != 'p'))
         return std::nullopt;
     char family = 0;
     if (!text.empty() && (text[0] == 'w' || text[0] == 'p' || text[0] == 'r' || text[0] == 'c')) {
@@ -180,6 +184,7 @@ std::optional<AttentionTileShape> parse_shape(std::string text, int kind) {
     shape.pingpong = pingpong;
     shape.setmaxnreg = setmaxnreg;
     shape.exp2_fma = exp2_fma;
+    shape.overlap = overlap;
     return shape;
 }
 
@@ -258,7 +263,8 @@ WgmmaRule wgmma_broken_rule(const AttentionSpec& s) {
         if (dp == 256 ? s.stages != 2 : (s.stages != 2 && s.stages != 3)) return WgmmaRule::Stages;
         if (s.producer_warps != 0 || s.keys_by_tma) return WgmmaRule::Producer;
         if (s.cluster != 1) return WgmmaRule::Cluster;
-        if (s.pingpong != 0 || s.setmaxnreg != 0 || s.exp2_fma != 0) return WgmmaRule::Schedule;
+        if (s.pingpong != 0 || s.setmaxnreg != 0 || s.exp2_fma != 0 || s.overlap != 0)
+            return WgmmaRule::Schedule;
         return WgmmaRule::None;
     }
     if (s.kind != 0) return WgmmaRule::Forward;
@@ -286,8 +292,9 @@ WgmmaRule wgmma_broken_rule(const AttentionSpec& s) {
     if (s.cluster != 1 && (s.producer_warps == 0 || (s.cluster != 2 && s.cluster != 4) ||
                            s.gqa_group % s.cluster != 0 || (s.block_n / s.cluster) % 8 != 0))
         return WgmmaRule::Cluster;
-    if ((s.pingpong != 0 || s.setmaxnreg != 0 || s.exp2_fma != 0) &&
-        (s.producer_warps != 4 || s.warps != 8 || (s.setmaxnreg && !s.keys_by_tma)))
+    if ((s.pingpong != 0 || s.setmaxnreg != 0 || s.exp2_fma != 0 || s.overlap != 0) &&
+        (s.producer_warps != 4 || s.warps != 8 || (s.setmaxnreg && !s.keys_by_tma) ||
+         (s.overlap && (!s.setmaxnreg || s.pingpong != 0 || s.cluster != 1))))
         return WgmmaRule::Schedule;
     return WgmmaRule::None;
 }
@@ -364,6 +371,7 @@ std::vector<AttentionSpec> choose_attention_specs(const AttentionProblem& p,
         spec.pingpong = shape.pingpong;
         spec.setmaxnreg = shape.setmaxnreg;
         spec.exp2_fma = shape.exp2_fma;
+        spec.overlap = shape.overlap;
         // Rotated keys by TMA come from a workspace, which a call may have to do without. The
         // head_dim 256 forward without producers (every warp loads) takes them too, by cp.async
         // (nothing to gain there without a rotation).

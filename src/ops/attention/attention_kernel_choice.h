@@ -39,6 +39,7 @@ struct AttentionTileShape {
     int32_t pingpong = 0;
     bool setmaxnreg = false;
     int32_t exp2_fma = 0;
+    bool overlap = false;
 };
 
 // ROPE_JIT_ATTENTION_KERNELS, parsed: "simt" forces the CUDA-core kernels;
@@ -49,8 +50,10 @@ struct AttentionTileShape {
 // "fwd=rWxN[xS]" the same with the keys rotated in the producers' registers, "fwd=cCxWxN[xS]"
 // for 'p' in clusters of C blocks (2 or 4; a divisor of the GQA group); a 'p' shape of 8 warps
 // may end in ":pingpong" (the two consumer warpgroups take turns issuing S = Q K^T),
-// ":pingpong2" (turns for both products), ":setmaxnreg" and ":fma1" to ":fma3" (that many
-// quarters of the exponentials on the FMA pipe), in any combination; "workspace=0" makes the
+// ":pingpong2" (turns for both products), ":setmaxnreg", ":fma1" to ":fma3" (that many
+// quarters of the exponentials on the FMA pipe) and ":overlap" (with setmaxnreg, without
+// turns: each warpgroup's softmax runs beside its previous tile's O += P V), in any
+// combination the rules allow; "workspace=0" makes the
 // CUDA attention act as if its workspace could not be allocated. It is a tool for experiments:
 // an item that is not of these forms (an unknown kind, a malformed shape, a wgmma shape for a
 // backward kernel) is ignored, so a typo runs the default choice rather than failing calls.
@@ -98,8 +101,10 @@ AttentionLaunchPlan attention_launch_plan(const AttentionSpec& spec);
 // of 2 or 4 blocks only with producer warps, within a GQA group, over shares of whole 8-row
 // units. The first one `spec` breaks, or none. No text here: the kernel choice asks on every
 // launch; AttentionSpec::validate words the error.
-// pingpong, setmaxnreg and exp2_fma only in a forward with 4 producer warps and 8 consumer warps
-// (setmaxnreg with keys by TMA: producers that rotate keys need their registers).
+// pingpong, setmaxnreg, exp2_fma and overlap only in a forward with 4 producer warps and 8
+// consumer warps (setmaxnreg with keys by TMA: producers that rotate keys need their
+// registers; overlap with setmaxnreg, whose registers hold a second score tile, without
+// pingpong or clusters).
 enum class WgmmaRule {
     None,
     Forward,

@@ -138,10 +138,11 @@ void AttentionSpec::validate() const {
                     cluster, gqa_group, block_n));
             case WgmmaRule::Schedule:
                 fail_argument(fmt::format(
-                    "attention kernel spec: pingpong ({}), setmaxnreg ({}) and exp2_fma ({}) "
-                    "are settings of the forward with 4 producer warps and 8 consumer warps "
-                    "(setmaxnreg with keys by TMA)",
-                    pingpong, setmaxnreg, exp2_fma));
+                    "attention kernel spec: pingpong ({}), setmaxnreg ({}), exp2_fma ({}) and "
+                    "overlap ({}) are settings of the forward with 4 producer warps and 8 "
+                    "consumer warps (setmaxnreg with keys by TMA; overlap with setmaxnreg, "
+                    "without pingpong or clusters)",
+                    pingpong, setmaxnreg, exp2_fma, overlap));
         }
     } else {
         require(stages == 2,
@@ -152,8 +153,8 @@ void AttentionSpec::validate() const {
         require(cluster == 1,
                 fmt::format("clusters are a wgmma setting (1 otherwise), got {}", cluster));
         require(keys_by_tma == 0, "keys by TMA are a wgmma setting");
-        require(pingpong == 0 && setmaxnreg == 0 && exp2_fma == 0,
-                "pingpong, setmaxnreg and exp2_fma are wgmma settings");
+        require(pingpong == 0 && setmaxnreg == 0 && exp2_fma == 0 && overlap == 0,
+                "pingpong, setmaxnreg, exp2_fma and overlap are wgmma settings");
     }
 }
 
@@ -204,7 +205,7 @@ std::optional<AttentionCall> attention_call_from_json(const std::string& text, s
         "kind",    "tensor_cores", "wgmma",       "stages", "producer_warps",
         "cluster", "keys_by_tma",  "table_async", "warps",  "m_tiles",
         "block_n", "compute_dk",   "compute_dv",  "pingpong", "setmaxnreg",
-        "exp2_fma"};
+        "exp2_fma", "overlap"};
     AttentionCall call;
     try {
         for (const char* key : kTileKeys)
@@ -259,6 +260,7 @@ std::string AttentionSpec::describe() const {
     if (pingpong > 0) text += fmt::format(" pingpong{}", pingpong);
     if (setmaxnreg) text += " setmaxnreg";
     if (exp2_fma > 0) text += fmt::format(" exp2-fma{}/4", exp2_fma);
+    if (overlap) text += " overlap";
     return text;
 }
 

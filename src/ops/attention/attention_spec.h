@@ -72,7 +72,10 @@ enum class AttentionKernelKind : int32_t {
     X(setmaxnreg, 0, "setmaxnreg", BooleanEnumerator, 0, 1, "SETMAXNREG", PLAIN)                   \
     /* producer forward: quarters of a mask-free tile's exponentials computed by a polynomial */  \
     /* on the FMA pipe rather than by ex2 (the multifunction unit)                            */  \
-    X(exp2_fma, 0, "exp2_fma", IntegerEnumerator, 0, 3, "EXP2_FMA", PLAIN)
+    X(exp2_fma, 0, "exp2_fma", IntegerEnumerator, 0, 3, "EXP2_FMA", PLAIN)                         \
+    /* producer forward, setmaxnreg: each consumer warpgroup overlaps a tile's softmax with    */  \
+    /* its own O += P V of the tile before (FlashAttention-3's intra-warpgroup overlap)       */  \
+    X(overlap, 0, "overlap", BooleanEnumerator, 0, 1, "OVERLAP", PLAIN)
 
 // The largest head_dim any attention kernel takes (the CUDA-core kernels: 16 features a lane).
 constexpr int64_t kAttentionMaxHeadDim = 512;
@@ -115,7 +118,7 @@ struct AttentionSpec {
 // An attention call as a prewarm entry describes it: an AttentionSpec JSON object without
 // "kind" and the tile fields (tensor_cores, wgmma, stages, producer_warps, cluster,
 // table_async, warps, m_tiles, block_n, compute_dk, compute_dv, pingpong, setmaxnreg,
-// exp2_fma), which the kernel choice decides, plus "direction" ("forward", the default, or
+// exp2_fma, overlap), which the kernel choice decides, plus "direction" ("forward", the default, or
 // "backward") and "seqlen_k" (keys per sequence, default 1024: the choice depends on it only
 // through classes, today 4096 keys and more at head_dim 64). "rotary_dim" left out means
 // head_dim; 0 means no rotation.
