@@ -322,16 +322,24 @@ TEST_CASE(
     const AttentionSpec ampere = chosen(c, false, AttentionDevice{80, 166912})[0];
     CHECK(ampere.wgmma == 0);
     CHECK(ampere.m_tiles == 2);
-    // head_dim 64: 128-key producer tiles from 4096 keys on (not at the threshold's edge below).
+    // head_dim 64: 128-key producer tiles from 4096 keys on (not at the threshold's edge below),
+    // three of them, the softmax beside the previous product (overlap, setmaxnreg).
     attention_test::Config d64 = c;
     d64.D = d64.R = 64;
     d64.Sq = 8;
     d64.Sk = 4095;
-    CHECK(chosen(d64, false)[0].block_n == 64);
+    const AttentionSpec short_keys = chosen(d64, false)[0];
+    CHECK((short_keys.block_n == 64 && short_keys.overlap == 0));
     d64.Sk = 4096;
     const AttentionSpec long_keys = chosen(d64, false)[0];
     CHECK((long_keys.wgmma == 1 && long_keys.producer_warps == 4 && long_keys.block_n == 128 &&
-           long_keys.stages == 2));
+           long_keys.stages == 3 && long_keys.setmaxnreg == 1 && long_keys.overlap == 1));
+    // head_dim 128 likewise.
+    attention_test::Config d128 = d64;
+    d128.D = d128.R = 128;
+    const AttentionSpec long_128 = chosen(d128, false)[0];
+    CHECK((long_128.block_n == 128 && long_128.stages == 3 && long_128.overlap == 1 &&
+           long_128.keys_by_tma == 1));
     CHECK(chosen(d64, false, AttentionDevice{80, 166912})[0].wgmma == 0);
     // head_dim 256: wgmma on sm_90 (see the test of its own below); without it 8 warps over
     // 64-key tiles; with pos_mask 32-key tiles.

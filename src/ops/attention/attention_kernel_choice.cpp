@@ -36,11 +36,15 @@ const TileRow kTileTable[] = {
     {Kind::Forward, 256, 256, false, 0, {8, 64, 1, true, 2}},
     // head_dim 64 over long key sequences: 128-key producer tiles halve the pipeline's
     // round trips per key (H200, S 4096: 10% faster; at S 1024 5% slower, so only from 4096
-    // keys).
-    {Kind::Forward,  64,  64, false, 4096, {8, 128, 1, true, 2, 4}},
-    // head_dim 128 likewise, with keys by TMA (H200, 4x4096 32/8 heads causal: 1.37 ms against
-    // 1.51 ms with three 64-key tiles; bench/results/attention_h200_issue19.json, variants).
-    {Kind::Forward, 128, 128, false, 4096, {8, 128, 1, true, 2, 4}},
+    // keys), three of them, each consumer warpgroup's softmax beside its previous O += P V
+    // (overlap, with setmaxnreg's registers; H200, 4x4096 16/16 heads causal: 0.443 ms against
+    // 0.465 ms for two tiles without it).
+    {Kind::Forward,  64,  64, false, 4096, {8, 128, 1, true, 3, 4, 1, true, 0, true, 0, true}},
+    // head_dim 128 likewise, with keys by TMA (H200, 4x4096 32/8 heads causal: 1.166 ms against
+    // 1.218 ms for two 128-key tiles without the overlap, 1.37 ms and 1.51 ms with three 64-key
+    // tiles before that; bench/results/attention_wgmma_tuning.json). Over 64-key tiles the
+    // overlap loses (two stages: the next tile's copy waits for the product it overlaps).
+    {Kind::Forward, 128, 128, false, 4096, {8, 128, 1, true, 3, 4, 1, true, 0, true, 0, true}},
     // On sm_90 the forward runs on warpgroup matrix products. First two warpgroups of 64 query
     // rows fed by a producer warpgroup (keys and values by TMA, the keys rotated beforehand by
     // the prepare kernel; without a workspace, keys through the producers' registers, rotated
