@@ -75,19 +75,8 @@ __device__ __forceinline__ Pack<N> load_pack(const T* x, long long stride) {
 
 template <int N>
 __device__ __forceinline__ void unpack(const Pack<N>& pack, float* v) {
-    if constexpr (DTYPE == 2 && N % 2 == 0) {
-        // bf16 two at a time from their 32-bit word: a shift and a mask, one instruction each
-        // (element by element, the upper one costs a 16-bit extract and a shift).
 #pragma unroll
-        for (int j = 0; j < N; j += 2) {
-            const unsigned word = reinterpret_cast<const unsigned*>(pack.v)[j / 2];
-            v[j] = __uint_as_float(word << 16);
-            v[j + 1] = __uint_as_float(word & 0xffff0000u);
-        }
-    } else {
-#pragma unroll
-        for (int j = 0; j < N; ++j) v[j] = storage_to_float<DTYPE>(pack.v[j]);
-    }
+    for (int j = 0; j < N; ++j) v[j] = storage_to_float<DTYPE>(pack.v[j]);
 }
 
 // 16-byte stores of results are marked evict-first (st.global.cs), as in rope.cu: they are never
@@ -180,15 +169,10 @@ struct Row {
     float tail[COPY_SLOTS][COPY_VEC];
 };
 
-// Whether slot k of lane `sub` (0 <= sub < LANES) holds an item. Decided at compile time where
-// the items tile the lanes (every slot used) or there are none (no tail: no code for it).
 __device__ __forceinline__ bool rot_valid(int sub, int k) {
-    if constexpr (ROT_ITEMS > 0 && ROT_ITEMS % LANES == 0) return true;
     return sub + k * LANES < ROT_ITEMS;
 }
 __device__ __forceinline__ bool copy_valid(int sub, int k) {
-    if constexpr (COPY_ITEMS == 0) return false;
-    if constexpr (COPY_ITEMS % LANES == 0) return true;
     return sub + k * LANES < COPY_ITEMS;
 }
 
@@ -329,38 +313,10 @@ enum : int {
 enum : bool { TABLE_SPANS = !ANGLES_FROM_INV_FREQ && !HAS_XPOS && MROPE_AXES == 0 };
 enum : int { SPAN = TABLE_SPANS ? TABLE_SPAN : 1 };  // columns the Angles hold per item
 
-// 16-bit columns read as vectors are held as 32-bit words of two: a column is then one
-// instruction from its word (bf16: a shift or a mask), not a 16-bit split and a convert, and an
-// unused span is zeroed a word at a time.
-enum : bool { TABLE_WORDS = TABLE_VEC_LOADS && TABLE_DTYPE != 0 && SPAN % 2 == 0 };
-template <bool WORDS>
-struct TableUnit {
-    using type = TableT;
-};
-template <>
-struct TableUnit<true> {
-    using type = unsigned;
-};
-
 template <int N>
 struct alignas(N * sizeof(TableT)) TablePack {
-    typename TableUnit<TABLE_WORDS>::type v[TABLE_WORDS ? N / 2 : N];
+    TableT v[N];
 };
-
-// Column j of a span as float.
-template <int N>
-__device__ __forceinline__ float table_column(const TablePack<N>& pack, int j) {
-    if constexpr (TABLE_WORDS) {
-        const unsigned word = pack.v[j / 2];
-        if constexpr (TABLE_DTYPE == 2)
-            return __uint_as_float(j % 2 == 0 ? word << 16 : word & 0xffff0000u);
-        else
-            return float_of_bits16<TABLE_DTYPE>(
-                static_cast<unsigned short>(j % 2 == 0 ? word : word >> 16));
-    } else {
-        return storage_to_float<TABLE_DTYPE>(pack.v[j]);
-    }
-}
 
 __device__ __forceinline__ TablePack<SPAN> load_table_span(const void* table,
                                                            const long long* stride,
@@ -385,13 +341,13 @@ struct Angles {
 
     __device__ __forceinline__ float cos_of(int k, int t) const {
         if constexpr (TABLE_SPANS)
-            return table_column(cos[k], t * TABLE_STEP);
+            return storage_to_float<TABLE_DTYPE>(cos[k].v[t * TABLE_STEP]);
         else
             return c[k][t];
     }
     __device__ __forceinline__ float sin_of(int k, int t) const {
         if constexpr (TABLE_SPANS) {
-            const float value = table_column(sin[k], t * TABLE_STEP);
+            const float value = storage_to_float<TABLE_DTYPE>(sin[k].v[t * TABLE_STEP]);
             return BACKWARD_PASS ? -value : value;
         } else {
             return s[k][t];
@@ -410,7 +366,8 @@ __device__ __forceinline__ void load_angles(const RopeKernelParams& p, const lon
                 a->cos[k] = load_table_span(p.cos, p.cos_stride, rows[0], pair0);
                 a->sin[k] = load_table_span(p.sin, p.sin_stride, rows[0], pair0);
             } else {
-                a->cos[k] = a->sin[k] = TablePack<SPAN>{};
+#pragma unroll
+                for (int j = 0; j < SPAN; ++j) a->cos[k].v[j] = a->sin[k].v[j] = TableT{};
             }
         } else {
 #pragma unroll
@@ -497,19 +454,6 @@ __device__ __forceinline__ W weight(const WeightRow& w, int part, int k, int t) 
     return part == 0 ? w.own[k][t] : part == 1 ? w.partner[k][INTERLEAVED ? 0 : t] : w.tail[k][t];
 }
 
-// w' at the lane's features as float, converted once per thread (each raw weight takes a
-// register of its own anyway, so the floats cost none more).
-__device__ __forceinline__ Row weights_of(const void* weights, long long ws, bool active,
-                                          int sub) {
-    WeightRow raw;
-    load_weights(weights, ws, active, sub, &raw);
-    Row w;
-    for_each_feature(sub, [&](int part, int k, int t, int) {
-        at(w, part, k, t) = weight_value(weight(raw, part, k, t));
-    });
-    return w;
-}
-
 // A v row (KV cache with v): its V_DIM features copied, or quantized, into v's cache. The loads
 // go out before the slot lookup; `active` turns false for a token that writes nothing.
 __device__ __forceinline__ void copy_v_row(const RopeKernelParams& p, const RopeCacheParams& c,
@@ -590,26 +534,15 @@ __device__ __forceinline__ RowPlace place_row(const RopeNormParams& np, long lon
 
 // The first element of a q or k row's input: x (forward; backward dL/dy), or (forward_input)
 // the backward's x before the norm.
-__device__ __forceinline__ long long row_offset(const RopeNormParams& np, const RowPlace& at,
-                                                bool forward_input) {
-    const RopeKernelParams& p = np.rope;
-    const bool is_k = at.kind == 1;
-    const long long* stride = forward_input ? (is_k ? np.k_input_stride : np.q_input_stride)
-                                            : (is_k ? p.k_stride : p.q_stride);
-    return at.b * stride[0] + at.h * stride[1] + at.s * stride[2];
-}
 __device__ __forceinline__ const T* row_input(const RopeNormParams& np, const RowPlace& at,
                                               bool forward_input) {
     const RopeKernelParams& p = np.rope;
     const bool is_k = at.kind == 1;
     const void* base = forward_input ? (is_k ? np.k_input : np.q_input) : (is_k ? p.k : p.q);
-    return static_cast<const T*>(base) + row_offset(np, at, forward_input);
+    const long long* stride = forward_input ? (is_k ? np.k_input_stride : np.q_input_stride)
+                                            : (is_k ? p.k_stride : p.q_stride);
+    return static_cast<const T*>(base) + at.b * stride[0] + at.h * stride[1] + at.s * stride[2];
 }
-
-// In place (IN_PLACE_Q, IN_PLACE_K without a cache), an output row lies where its input row
-// does: the launcher passes q_out as the same view as q (same_view: equal strides wherever a
-// size exceeds 1), so the input's offset is reused instead of a second 64-bit index product.
-enum : bool { Q_OUT_IS_INPUT = IN_PLACE_Q, K_OUT_IS_INPUT = IN_PLACE_K && KV_CACHE == 0 };
 
 __device__ __forceinline__ void prefetch_l2(const void* x) {
     asm volatile("prefetch.global.L2 [%0];" ::"l"(x));
@@ -649,9 +582,6 @@ struct Launch {
     long long rows_total;
     int heads_q, heads_k, heads_all, sub;
     float q_scale, k_scale, v_scale;
-    // q's and k's weights at the lane's features, loaded once: every row of a kind has the same
-    // (the lane's features do not change from row to row).
-    Row q_weights, k_weights;  // w' as float (weights_of)
 };
 
 // One q or k row between its loads and its stores: where it is and goes, and what the lane
@@ -664,7 +594,7 @@ struct RowJob {
     bool active, is_k;
     long long rows[MROPE_AXES > 0 ? MROPE_AXES : 1];
     RawRow raw, raw0;
-    Row w;  // w' at the lane's features
+    WeightRow wr;
     Angles angles;
     long long out;  // the first output element's offset in q_out, k_out or k's cache
 };
@@ -682,14 +612,13 @@ __device__ __forceinline__ void start_row(const Launch& l, long long r, RowJob* 
     }
     job->is_k = at.kind != 0;
     const bool is_k = job->is_k, active = job->active;
-    const long long offset = row_offset(l.np, at, false);
-    if (is_k ? K_OUT_IS_INPUT : Q_OUT_IS_INPUT) job->out = offset;
-    load_row(static_cast<const T*>(at.kind == 1 ? p.k : p.q) + offset,
-             is_k ? p.k_stride[3] : p.q_stride[3], active, l.sub, &job->raw);
+    load_row(row_input(l.np, at, false), is_k ? p.k_stride[3] : p.q_stride[3], active, l.sub,
+             &job->raw);
     if (BACKWARD_PASS)
         load_row(row_input(l.np, at, true), is_k ? l.np.k_input_stride[3] : l.np.q_input_stride[3],
                  active, l.sub, &job->raw0);
-    job->w = is_k ? l.k_weights : l.q_weights;
+    load_weights(is_k ? l.np.k_weight : l.np.q_weight,
+                 is_k ? l.np.k_weight_stride : l.np.q_weight_stride, active, l.sub, &job->wr);
     // Then positions (a load with per-token positions), and with slot_mapping k's slot entry
     // asked for now, so that cache_slot finds it in L1 when the table rows have been issued.
 #pragma unroll
@@ -719,9 +648,7 @@ __device__ __forceinline__ void aim_row(const Launch& l, RowJob* job) {
     // below then overlaps their latency.
     load_angles(p, job->rows, job->is_k, job->active, l.sub, &job->angles);
     if (job->is_k) {
-        if (!K_OUT_IS_INPUT)
-            job->out =
-                at.b * p.k_out_stride[0] + at.h * p.k_out_stride[1] + at.s * p.k_out_stride[2];
+        job->out = at.b * p.k_out_stride[0] + at.h * p.k_out_stride[1] + at.s * p.k_out_stride[2];
         if constexpr (KV_CACHE != 0) {
             long long block = 0, slot = 0;
             if (job->active && !cache_slot(p, *l.cache, at.b, at.s, &block, &slot))
@@ -729,7 +656,7 @@ __device__ __forceinline__ void aim_row(const Launch& l, RowJob* job) {
             job->out =
                 block * p.k_out_stride[0] + at.h * p.k_out_stride[1] + slot * p.k_out_stride[2];
         }
-    } else if (!Q_OUT_IS_INPUT) {
+    } else {
         job->out = at.b * p.q_out_stride[0] + at.h * p.q_out_stride[1] + at.s * p.q_out_stride[2];
     }
 }
@@ -747,7 +674,7 @@ __device__ __forceinline__ void finish_row(const Launch& l, RowJob& job, float* 
     if (!BACKWARD_PASS) {
         const float rms = rsqrtf(group_sum(sum) * inv_d + l.np.eps);
         for_each_feature(sub, [&](int part, int k, int t, int) {
-            at(row, part, k, t) *= rms * at(job.w, part, k, t);
+            at(row, part, k, t) *= rms * weight_value(weight(job.wr, part, k, t));
         });
         rotate_row(job.angles, &row);
         const bool fp8 = is_k ? KV_FP8 : Q_FP8;
@@ -762,7 +689,7 @@ __device__ __forceinline__ void finish_row(const Launch& l, RowJob& job, float* 
         for_each_feature(sub, [&](int part, int k, int t, int d) {
             const float xh = at(x0r, part, k, t) * rms;
             const float g = at(row, part, k, t);
-            dot += at(job.w, part, k, t) * g * xh;
+            dot += weight_value(weight(job.wr, part, k, t)) * g * xh;
             const bool valid = part == 2 ? copy_valid(sub, k) : rot_valid(sub, k);
             if (NORM_WEIGHT_GRAD && active && valid)
                 atomicAdd(&dw[(is_k ? HEAD_DIM : 0) + d], g * xh);
@@ -771,7 +698,7 @@ __device__ __forceinline__ void finish_row(const Launch& l, RowJob& job, float* 
         for_each_feature(sub, [&](int part, int k, int t, int) {
             const float xh = at(x0r, part, k, t) * rms;
             float& g = at(row, part, k, t);
-            g = rms * (at(job.w, part, k, t) * g - xh * mean);
+            g = rms * (weight_value(weight(job.wr, part, k, t)) * g - xh * mean);
         });
         store_row(y, y8, false, ys, active, sub, row, fp8_scale(1.0f));
     }
@@ -792,9 +719,8 @@ extern "C" __global__ void __launch_bounds__(WARP* kRopeNormMaxWarps)
         if (KV_FP8 && cache->k_scale != nullptr) k_scale = *cache->k_scale;
         if (KV_FP8 && V_DIM > 0 && cache->v_scale != nullptr) v_scale = *cache->v_scale;
     }
-    // Unsigned divisions, so that the compiler knows 0 <= lane < WARP (and sub < LANES).
-    const int warp = static_cast<int>(threadIdx.x / WARP);
-    const int lane = static_cast<int>(threadIdx.x % WARP);
+    const int warp = static_cast<int>(threadIdx.x) / WARP;
+    const int lane = static_cast<int>(threadIdx.x) % WARP;
     if (NORM_WEIGHT_GRAD) {
         for (int d = threadIdx.x; d < 2 * HEAD_DIM; d += blockDim.x) dw[d] = 0.0f;
         __syncthreads();
@@ -805,12 +731,8 @@ extern "C" __global__ void __launch_bounds__(WARP* kRopeNormMaxWarps)
     // Rows of a token: q's heads, k's, and (KV cache with v) v's, copied by groups of their own.
     const int heads_v = KV_CACHE != 0 && V_DIM > 0 ? heads_k : 0;
     const int heads_all = heads_q + heads_k + heads_v;
-    const int sub = lane % LANES;
-    // k's weights (required with k) only where k has rows; else zeros, never read.
-    const Row q_weights = weights_of(np.q_weight, np.q_weight_stride, true, sub);
-    const Row k_weights = weights_of(np.k_weight, np.k_weight_stride, HAS_K, sub);
-    const Launch l{np,      cache,   p.units * heads_all, heads_q,   heads_k,  heads_all,
-                   sub,     q_scale, k_scale,             v_scale,   q_weights, k_weights};
+    const Launch l{np,      cache,   p.units * heads_all, heads_q, heads_k, heads_all,
+                   lane % LANES, q_scale, k_scale, v_scale};
     const long long step = static_cast<long long>(gridDim.x) * np.warps * ROWS_PER_WARP;
     // The whole warp runs every iteration (the group sums shuffle across it); a group past the
     // last row, or whose row writes nothing, is inactive: it loads and stores nothing. The
