@@ -684,7 +684,8 @@ def main():
                           "backward: rotate dq and dk back, through autograd). speedup = "
                           "baseline ms / fused ms.",
                   "tolerance": f"max_abs_diff <= {TOLERANCE} * max(1, max_abs of the reference)",
-                  "kernels": adopted or "library defaults", "rows": rows, "variants": variants}
+                  "kernels": adopted or os.environ.get("ROPE_JIT_ATTENTION_KERNELS")
+                  or "library defaults", "rows": rows, "variants": variants}
         with open(os.path.join(options.out, f"attention_{options.tag}.json"), "w") as f:
             json.dump(report, f, indent=1)
 

@@ -95,9 +95,9 @@ AttentionLaunchPlan attention_launch_plan(const AttentionSpec& spec);
 // no pos_mask, no producer warps or clusters.
 // The rules of the wgmma forward: a forward with head_dim padded to 64 or 128 (56-64,
 // 120-128), or to 256 with two warpgroups over 64-key tiles (without producer warps, or with
-// them, setmaxnreg, two stages and keys by TMA), 64- or 128-key tiles, one to three warpgroups of 16-row warps (four or more
-// spill), no pos_mask, 2 or 3 tiles in shared memory, no producer warps or one warpgroup of
-// them (with tables read in 8- or 16-byte pieces, three warpgroups in all at most); clusters
+// them, setmaxnreg, two stages and keys by TMA), 64- or 128-key tiles, one to three
+// warpgroups of 16-row warps (four or more spill), no pos_mask, 2 or 3 tiles in shared
+// memory, no producer warps or one warpgroup of them (with tables read in 8- or 16-byte pieces, three warpgroups in all at most); clusters
 // of 2 or 4 blocks only with producer warps, within a GQA group, over shares of whole 8-row
 // units. The first one `spec` breaks, or none. No text here: the kernel choice asks on every
 // launch; AttentionSpec::validate words the error.

@@ -118,10 +118,10 @@ struct AttentionSpec {
 // An attention call as a prewarm entry describes it: an AttentionSpec JSON object without
 // "kind" and the tile fields (tensor_cores, wgmma, stages, producer_warps, cluster,
 // table_async, warps, m_tiles, block_n, compute_dk, compute_dv, pingpong, setmaxnreg,
-// exp2_fma, overlap), which the kernel choice decides, plus "direction" ("forward", the default, or
-// "backward") and "seqlen_k" (keys per sequence, default 1024: the choice depends on it only
-// through classes, today 4096 keys and more at head_dim 64). "rotary_dim" left out means
-// head_dim; 0 means no rotation.
+// exp2_fma, overlap), which the kernel choice decides, plus "direction" ("forward", the
+// default, or "backward") and "seqlen_k" (keys per sequence, default 1024: the choice depends
+// on it only through classes, today 4096 keys and more at head_dim 64 and 128). "rotary_dim"
+// left out means head_dim; 0 means no rotation.
 struct AttentionCall {
     AttentionSpec fields;  // kind and tile fields at their defaults
     bool backward = false;
