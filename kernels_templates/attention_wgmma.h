@@ -221,8 +221,10 @@ constexpr unsigned V_LEADING = 128, V_STRIDE = CHUNK_STRIDE, V_STEP = 256;
 constexpr bool SWIZZLED = PRODUCER_WARPS > 0;
 constexpr int REGION_BYTES = BLOCK_N * 128;
 static_assert(!SWIZZLED || DP % 64 == 0, "swizzled tiles are whole 64-feature regions");
+// The byte offset of chunk `chunk` of row `row` in such a tile of ROWS-row regions.
+template <int ROWS = BLOCK_N>
 __device__ __forceinline__ int swizzled_offset(int row, int chunk) {
-    return (chunk >> 3) * REGION_BYTES + row * 128 + (((chunk ^ row) & 7) << 4);
+    return (chunk >> 3) * (ROWS * 128) + row * 128 + (((chunk ^ row) & 7) << 4);
 }
 // The forward's descriptors as a base per tile and a byte offset per k-step: the offset adds
 // to the 14-bit start-address field alone (one integer add, no shift and mask per k-step).

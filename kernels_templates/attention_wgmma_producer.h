@@ -554,8 +554,7 @@ __device__ __forceinline__ void attend_overlapped(const Pipeline& pipe, float (&
 // thread rotates whole chunk pairs in place, reading its angles from the tables; at the end
 // each warp stages its output rows in its own 16 query rows.
 __device__ __forceinline__ int query_tile_offset(int row, int chunk) {
-    return (row >> 6) * QUERY_GROUP_BYTES + (chunk >> 3) * QUERY_REGION_BYTES + (row & 63) * 128 +
-           (((chunk ^ row) & 7) << 4);
+    return (row >> 6) * QUERY_GROUP_BYTES + swizzled_offset<64>(row & 63, chunk);
 }
 
 template <int D = DTYPE>
