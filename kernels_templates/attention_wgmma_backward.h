@@ -651,7 +651,11 @@ __device__ void backward_narrow(const AttentionKernelParams& p, char* smem) {
     constexpr int NT = TILE_M / 8;  // n-tiles of a score tile (queries)
     const QueryStream stream = start_query_stream(p, smem);
     const KeyBlock& kb = stream.kb;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, group = warp >> 2;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    // The warpgroup, broadcast from lane 0: ptxas then knows it is the same in every lane, and
+    // the branches on it (masked_out) are not divergent paths, which made it wait after every
+    // product (wgmma serialized: C7520).
+    const int group = __shfl_sync(FULL_MASK, warp >> 2, 0);
     char* const k_tile = smem + SMEM.k;
     char* const v_tile = smem + SMEM.v0;
 
