@@ -339,9 +339,6 @@ __device__ __forceinline__ void store_key_rows(float (&acc)[COLS / 8][4], void* 
 }
 
 // Named barriers of the head_dim 256 backward beside consumer_sync's (1).
-__device__ __forceinline__ void named_arrive(int id) {
-    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(THREADS) : "memory");
-}
 __device__ __forceinline__ void named_sync(int id) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(THREADS) : "memory");
 }
@@ -547,7 +544,10 @@ __device__ void backward_wide(const AttentionKernelParams& p, char* smem) {
                 *reinterpret_cast<Float2*>(dpt + (r0 + 8) * TILE_M + col) =
                     Float2{s[nt][2], s[nt][3]};
             }
-            named_arrive(2);
+            // A full wait rather than bar.arrive: warpgroup 1 has nothing to do before barrier
+            // 3 anyway, and racecheck (compute-sanitizer 13) reported hazards in this
+            // kernel's dK epilogue, past two block-wide barriers, while it had a bar.arrive.
+            named_sync(2);
         } else {
             key_probabilities(s, p, kb, key_first, m0, stream.lse_rows(i), lane);
             named_sync(2);  // dP^T there; the previous tile done with by both warpgroups
@@ -651,7 +651,11 @@ __device__ void backward_narrow(const AttentionKernelParams& p, char* smem) {
     constexpr int NT = TILE_M / 8;  // n-tiles of a score tile (queries)
     const QueryStream stream = start_query_stream(p, smem);
     const KeyBlock& kb = stream.kb;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, group = warp >> 2;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    // The warpgroup, broadcast from lane 0: ptxas then knows it is the same in every lane, and
+    // the branches on it (masked_out) are not divergent paths, which made it wait after every
+    // product (wgmma serialized: C7520).
+    const int group = __shfl_sync(FULL_MASK, warp >> 2, 0);
     char* const k_tile = smem + SMEM.k;
     char* const v_tile = smem + SMEM.v0;
 

@@ -207,20 +207,17 @@ TEST_CASE(
     }
 }
 
-TEST_CASE("ptxas keeps the wgmma products of every sm_90 forward family in flight together") {
+TEST_CASE("ptxas keeps the wgmma products of every sm_90 kernel family in flight together") {
     // ptxas waits after each product of a kernel whose wgmma pipeline it judges ill-formed (a
     // "Potential Performance Loss: wgmma.mma_async instructions are serialized" note in its
     // verbose log): correct results at a fraction of the speed. The tile-0 peel of the
-    // overlap schedule exists for this reason. (The head_dim 64/128 backward is serialized
-    // today, C7520: branches on its warpgroup index count as divergent; the fix, the index
-    // broadcast from lane 0 as in the forward, waits on branch bwd-pipelined-gpu-unverified
-    // for its GPU tests, and then this check covers the backward too.)
+    // overlap schedule and the backward's warpgroup index broadcast from lane 0 exist for this
+    // reason.
     if (nvrtc_api() == nullptr) {
         MESSAGE("NVRTC not available (" << nvrtc_load_error() << "): check skipped");
         return;
     }
     for (const AttentionSpec& spec : wgmma_specs()) {
-        if (spec.kind != int32_t(AttentionKernelKind::Forward)) continue;
         CAPTURE(spec.describe());
         const std::string source = specialize_template(spec.preamble(), "attention.cu");
         const CompileResult r = compile_cuda(source, "attention.cu", "sm_90a",
