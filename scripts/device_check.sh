@@ -12,6 +12,8 @@
 #   attention-issue  issue 19's comparison (fused vs RoPE + SDPA flash / cuDNN)
 #   sanitize         compute-sanitizer memcheck and racecheck (SANITIZE_TESTS)
 #   profile          ncu counters of one fused forward and backward at the headline shape
+#   cold-start       bench/cold_start.py: first fused forward+backward of fresh processes with an
+#                    empty and a warm cache at COLD_START_SHAPES (issue 19's by default)
 #   python           installs the package, pytest (PYTEST_ARGS), call overhead
 #   autograd         bench/compare_torch_autograd.py (AUTOGRAD_ARGS)
 set -uo pipefail
@@ -25,7 +27,7 @@ start=$SECONDS
 {
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_PREFIX_PATH=/tmp/dlpack/usr >/dev/null &&
-    cmake --build build-gpu -j16 --target rope_jit rope_jit_tests rope-jit-golden rope-jit-bench 2>&1 |
+    cmake --build build-gpu -j16 --target rope_jit rope_jit_tests rope-jit-golden rope-jit-bench rope-jit-cache 2>&1 |
     grep -E "warning|error"
   echo "build rc=${PIPESTATUS[0]} ($((SECONDS - start)) s)"
 } 2>&1 | tee "$OUT/build.log"
@@ -86,6 +88,13 @@ for step in "$@"; do
         > "$OUT/attention_ncu.txt" 2>&1
       step_done profile $?
       grep -E "attention_kernel|Duration|Compute \(SM\) Throughput|Memory Throughput|Registers Per|Issue Slots Busy|Executed Ipc A|No Eligible|Warp Cycles Per Issued" "$OUT/attention_ncu.txt" | head -40 ;;
+    cold-start)
+      PYTHONUNBUFFERED=1 timeout "${STEP_TIMEOUT:-300}" python3 bench/cold_start.py --library "$lib" \
+        --cache-tool build-gpu/tools/rope-jit-cache --repeats "${COLD_START_REPEATS:-3}" \
+        --cases "${COLD_START_CASES:-none}" --json "$OUT/cold_start_h200.json" \
+        --attention-shapes "${COLD_START_SHAPES:-4,4096,32,8,128;1,16384,32,8,128;4,4096,16,16,64;2,4096,16,8,256}" \
+        > "$OUT/cold_start_h200.log" 2>&1
+      step_done cold-start $?; tail -16 "$OUT/cold_start_h200.log" | cut -c1-160 ;;
     python)
       PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --quiet --no-index --find-links .whl numpy pytest ./python 2>&1 | tail -2
       PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --quiet --no-index --no-deps .whl/liger_kernel-*.whl 2>&1 | tail -1
