@@ -338,8 +338,10 @@ __device__ __forceinline__ void store_key_rows(float (&acc)[COLS / 8][4], void* 
     }
 }
 
-// Named barriers of the head_dim 256 backward beside consumer_sync's (1).
+// Named barriers of the head_dim 256 backward beside consumer_sync's (1), the warp reconverged
+// first (consumer_sync says why).
 __device__ __forceinline__ void named_sync(int id) {
+    __syncwarp();
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(THREADS) : "memory");
 }
 
@@ -545,8 +547,8 @@ __device__ void backward_wide(const AttentionKernelParams& p, char* smem) {
                     Float2{s[nt][2], s[nt][3]};
             }
             // A full wait rather than bar.arrive: warpgroup 1 has nothing to do before barrier
-            // 3 anyway, and racecheck (compute-sanitizer 13) reported hazards in this
-            // kernel's dK epilogue, past two block-wide barriers, while it had a bar.arrive.
+            // 3 anyway (with bar.arrive here, and warp 3 reaching the other side's bar.sync
+            // split by its masked keys, racecheck saw hazards in the dK epilogue).
             named_sync(2);
         } else {
             key_probabilities(s, p, kb, key_first, m0, stream.lse_rows(i), lane);

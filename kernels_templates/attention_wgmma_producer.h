@@ -87,8 +87,12 @@ __device__ __forceinline__ void barrier_wait(unsigned address, unsigned parity) 
             "r"(parity)
             : "memory");
 }
-// A barrier among the consumer warps.
+// A barrier among the consumer warps. Each named barrier below first reconverges the warp:
+// bar.sync counts a whole warp per execution, so a warp still split by a lane-dependent branch
+// (a masked key, say) would count twice and could release the barrier early (synccheck:
+// "divergent thread(s) in block").
 __device__ __forceinline__ void consumer_sync() {
+    __syncwarp();
     asm volatile("bar.sync 1, %0;\n" ::"n"(THREADS) : "memory");
 }
 
@@ -607,6 +611,7 @@ struct SwizzledQueryRows {
 
 // A barrier among the four warps of consumer warpgroup `group` (named barriers 4 and 5).
 __device__ __forceinline__ void warpgroup_sync(int group) {
+    __syncwarp();  // reconverged first, as consumer_sync says
     asm volatile("bar.sync %0, 128;\n" ::"r"(4 + group) : "memory");
 }
 
