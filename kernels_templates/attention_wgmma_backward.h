@@ -546,13 +546,15 @@ __device__ void backward_wide(const AttentionKernelParams& p, char* smem) {
                 *reinterpret_cast<Float2*>(dpt + (r0 + 8) * TILE_M + col) =
                     Float2{s[nt][2], s[nt][3]};
             }
-            // A full wait rather than bar.arrive: warpgroup 1 has nothing to do before barrier
-            // 3 anyway (with bar.arrive here, and warp 3 reaching the other side's bar.sync
-            // split by its masked keys, racecheck saw hazards in the dK epilogue).
-            named_sync(2);
         } else {
             key_probabilities(s, p, kb, key_first, m0, stream.lse_rows(i), lane);
-            named_sync(2);  // dP^T there; the previous tile done with by both warpgroups
+        }
+        // dP^T there; the previous tile done with by both warpgroups. One bar.sync that both
+        // reach (warpgroup 1 has nothing to do before barrier 3 anyway): with a bar.arrive in
+        // warpgroup 1, racecheck reported hazards in the dK epilogue; with a bar.sync in each
+        // branch, synccheck reported the barrier divergent.
+        named_sync(2);
+        if (group == 0) {
             if (threadIdx.x == 0 && i + 1 < kb.iterations) stream.issue(i + 1);
             store_swizzled_rows(pt_tile, s, r0, lane);
             const float* delta = stream.delta_rows(i);

@@ -89,8 +89,7 @@ __device__ __forceinline__ void barrier_wait(unsigned address, unsigned parity) 
 }
 // A barrier among the consumer warps. Each named barrier below first reconverges the warp:
 // bar.sync counts a whole warp per execution, so a warp still split by a lane-dependent branch
-// (a masked key, say) would count twice and could release the barrier early (synccheck:
-// "divergent thread(s) in block").
+// (a masked key, say) would count twice and could release the barrier early.
 __device__ __forceinline__ void consumer_sync() {
     __syncwarp();
     asm volatile("bar.sync 1, %0;\n" ::"n"(THREADS) : "memory");
