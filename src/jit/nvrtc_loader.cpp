@@ -247,10 +247,6 @@ void require_nvrtc_identity() {
     if (identity().version.empty()) require_nvrtc();
 }
 
-std::vector<std::string> nvrtc_search_order() {
-    return candidate_libraries();
-}
-
 std::optional<NvrtcIdentity> nvrtc_identity_from_memo(const std::string& root) {
     return memo_under(root);
 }

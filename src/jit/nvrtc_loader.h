@@ -81,18 +81,15 @@ const std::vector<int>& nvrtc_supported_archs();
 // serve. For code that needs the identity but compiles nothing (cache keys, target choice).
 void require_nvrtc_identity();
 
-// The loader's candidate names in search order, from the current environment (see
-// nvrtc_api): part of the memo's selection fingerprint.
-std::vector<std::string> nvrtc_search_order();
-
 // The identity the memo under `root` records, when it is valid for the library the loader
 // would pick now (the current environment's fingerprint; file unchanged); nullopt otherwise.
 // Reads the memo whether or not NVRTC is loaded. Never throws except std::bad_alloc.
 std::optional<NvrtcIdentity> nvrtc_identity_from_memo(const std::string& root);
 
-// Writes the memo of the loaded NVRTC under `root` unless a valid memo with the same values is
-// already there. false when NVRTC is not loaded or nothing could be written (no error: a
-// memo is only a shortcut). Called with the default cache root right after the first load.
+// Writes the memo of the loaded NVRTC (loading it first if need be) under `root`, unless a
+// valid memo with the same values is already there. false when no NVRTC is usable or nothing
+// could be written (no error: a memo is only a shortcut). The first load calls it with the
+// default cache root.
 bool nvrtc_remember_identity(const std::string& root);
 
 // "NVRTC_ERROR_COMPILATION" for a result, or "nvrtcResult N" when NVRTC is not loaded.
