@@ -216,9 +216,9 @@ TEST_CASE("a damaged, truncated or malformed memo is refused without an error") 
         {"a library without identity", with("library", {{"path", memo.library_path}})},
         {"a selection of numbers", with("selection", {1, 2})},
     };
-    for (const auto& [name, bad] : malformed) {
-        CAPTURE(name);
-        CHECK_FALSE(refusal(bad, memo.selection, identify).empty());
+    for (const auto& item : malformed) {
+        CAPTURE(item.first);
+        CHECK_FALSE(refusal(item.second, memo.selection, identify).empty());
     }
 }
 
