@@ -1057,9 +1057,10 @@ ROPE_JIT_API rope_jit_status rope_jit_rope_tables(const rope_jit_table_config* c
  * ======================================================================================== */
 
 /* Sets *version to "MAJOR.MINOR" of the NVRTC library kernels are compiled with ("13.0";
- * static storage), loading NVRTC on the first call. Fails with ERROR_BACKEND_UNAVAILABLE
- * when no usable NVRTC is found (rope_jit_last_error() lists every library tried); *version
- * is then "". ERROR_INVALID_ARGUMENT for a NULL version. */
+ * static storage), loading NVRTC on the first call unless the NVRTC identity memo of the
+ * default cache root still describes that library (README, Cold start). Fails with
+ * ERROR_BACKEND_UNAVAILABLE when no usable NVRTC is found (rope_jit_last_error() lists every
+ * library tried); *version is then "". ERROR_INVALID_ARGUMENT for a NULL version. */
 ROPE_JIT_API rope_jit_status rope_jit_nvrtc_version(const char** version);
 
 /* One CUDA device as the runtime sees it. */

@@ -251,7 +251,7 @@ rope_jit_status rope_jit_nvrtc_version(const char** version) {
     return guarded([&] {
         if (version == nullptr) rope_jit::fail_argument("version: NULL");
         *version = "";
-        rope_jit::require_nvrtc();
+        rope_jit::require_nvrtc_identity();  // the memo serves without loading NVRTC
         *version = rope_jit::nvrtc_version_string().c_str();
     });
 }

@@ -39,7 +39,9 @@ std::string kernel_cache_key(const std::string& spec_json, const std::string& ta
 
 CompilePlan plan_compile(const std::string& spec_json, const std::string& target,
                          bool environment_options) {
-    require_nvrtc();
+    // The identity (version and architectures) is all a plan needs: a disk hit must not pay
+    // for loading NVRTC (jit/nvrtc_identity.h).
+    require_nvrtc_identity();
     CompilePlan plan;
     plan.target_used = choose_target(target, nvrtc_supported_archs());
     plan.extra_options = kExtraOptions;
@@ -81,6 +83,15 @@ KernelBinary build_kernel_binary(const KernelRecipe& recipe, const std::string& 
         return binary;
     }
 
+    // The plan may rest on the identity memo while the compile loads the real library: should
+    // the library report another version or other architectures (nvrtc_loader.cpp), plan again
+    // with its values rather than store a kernel under a key that names another NVRTC. Once
+    // loaded, the library's values are final, so this recurses at most once.
+    require_nvrtc();
+    if (plan_compile(recipe.spec_json, recipe.compile_target(target)).entry.key_hex != id.key_hex) {
+        lock.reset();
+        return build_kernel_binary(recipe, target, disk, stats);
+    }
     // target_used is choose_target's fixed point, so NVRTC gets exactly plan.options, the
     // options the key hashed (compile_options builds both).
     CompileResult compiled = compile_cuda(recipe.source(), recipe.template_name, plan.target_used,

@@ -43,7 +43,8 @@ struct KernelBinary {
 std::string kernel_cache_key(const std::string& spec_json, const std::string& target_used,
                              const std::vector<std::string>& options);
 
-// How the spec of `spec_json` compiles for `target` ("sm_90") with the loaded NVRTC: what
+// How the spec of `spec_json` compiles for `target` ("sm_90") with the NVRTC whose version and
+// architectures nvrtc_loader.h gives (from its identity memo without loading it, when valid): what
 // NVRTC is asked for, with which options, and the disk-cache entry that holds the result. Shared by
 // building and by cache maintenance, which recomputes it to tell current entries from those
 // of another rope-jit build. Throws Error(BACKEND_UNAVAILABLE) without NVRTC and

@@ -4,11 +4,16 @@
 #include <link.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
+#include "cache/disk_cache.h"
 #include "common/error.h"
+#include "common/log.h"
 
 namespace rope_jit {
 
@@ -19,8 +24,7 @@ struct NvrtcState {
     bool loaded = false;
     std::string error;
     std::string path;
-    std::string version;
-    std::vector<int> archs;
+    NvrtcIdentity identity;
 };
 
 std::string env_or_empty(const char* name) {
@@ -94,8 +98,8 @@ std::string try_library(void* handle, NvrtcState& state) {
     std::sort(archs.begin(), archs.end());
 
     state.api = api;
-    state.version = std::to_string(major) + "." + std::to_string(minor);
-    state.archs = std::move(archs);
+    state.identity.version = std::to_string(major) + "." + std::to_string(minor);
+    state.identity.archs = std::move(archs);
     return "";
 }
 
@@ -127,9 +131,85 @@ NvrtcState load() {
     return state;
 }
 
+// Set once state() has run load(), successful or not: from then on the library's own values
+// are the identity, whatever the memo said.
+std::atomic<bool> g_library_tried{false};
+// Set when nvrtc_version_string or nvrtc_supported_archs answered from the memo, so that a
+// later load can tell whether values already handed out disagree with the library's.
+std::atomic<bool> g_memo_served{false};
+
+std::optional<NvrtcIdentity> memo_under(const std::string& root) {
+    const std::optional<std::string> text = read_nvrtc_memo(root);
+    if (!text) return std::nullopt;
+    const std::vector<std::string> selection =
+        nvrtc_selection_fingerprint(candidate_libraries(), env_or_empty, file_identity);
+    return accept_nvrtc_memo(*text, selection, file_identity);
+}
+
+// The memo of the default cache root, read once per process (before any load).
+const std::optional<NvrtcIdentity>& memo_identity() {
+    static const std::optional<NvrtcIdentity> memo = memo_under(DiskCache::default_root());
+    return memo;
+}
+
+bool remember(const NvrtcState& loaded, const std::string& root) {
+    if (!loaded.loaded) return false;
+    // Rewriting an equal memo would only cost every process that compiles a write.
+    if (memo_under(root) == std::optional<NvrtcIdentity>(loaded.identity)) return true;
+    const std::optional<FileIdentity> file = file_identity(loaded.path);
+    if (!file) return false;  // a path the loader reported but stat cannot see: no memo
+    NvrtcMemo memo;
+    memo.library_path = loaded.path;
+    memo.library_file = *file;
+    memo.selection =
+        nvrtc_selection_fingerprint(candidate_libraries(), env_or_empty, file_identity);
+    memo.identity = loaded.identity;
+    return write_nvrtc_memo(root, memo);
+}
+
+NvrtcState load_and_remember() {
+    NvrtcState state = load();
+    if (!state.loaded) return state;
+    remember(state, DiskCache::default_root());
+    // The memo's checks make a disagreement all but impossible (the same file, the same
+    // environment), but a hand-edited memo or a file rewritten within one mtime tick could
+    // cause one. From here on the library's values are returned: they are what NVRTC really
+    // compiles with, so keys computed from them name what is stored. Keys computed earlier
+    // from the memo can only address entries (a lookup that misses or hits an entry of that
+    // other version, valid in itself); build_kernel_binary plans again after loading NVRTC
+    // and before compiling, so no kernel is ever stored under a key that names another NVRTC.
+    // A warning, because choices already made from the memo's version (the attention wgmma
+    // check) keep it for the runtime that made them.
+    if (g_memo_served.load() && memo_identity() && *memo_identity() != state.identity) {
+        auto describe = [](const NvrtcIdentity& id) {
+            return fmt::format("NVRTC {} for sm_{} to sm_{} ({} architectures)", id.version,
+                               id.archs.front(), id.archs.back(), id.archs.size());
+        };
+        log_warning(fmt::format(
+            "the NVRTC identity memo in '{}' said {}, but {} is {}; using the library's "
+            "values from now on (the memo is rewritten)",
+            DiskCache::default_root(), describe(*memo_identity()), state.path,
+            describe(state.identity)));
+    }
+    return state;
+}
+
 const NvrtcState& state() {
-    static const NvrtcState instance = load();
+    static const NvrtcState instance = load_and_remember();
+    g_library_tried.store(true);
     return instance;
+}
+
+// The identity every key uses: the library's once it was tried, else the memo's when valid,
+// else the library's (which loads it). Each object returned lives as long as the process.
+const NvrtcIdentity& identity() {
+    if (!g_library_tried.load()) {
+        if (const std::optional<NvrtcIdentity>& memo = memo_identity()) {
+            g_memo_served.store(true);
+            return *memo;
+        }
+    }
+    return state().identity;
 }
 
 }  // namespace
@@ -156,11 +236,23 @@ const std::string& nvrtc_library_path() {
 }
 
 const std::string& nvrtc_version_string() {
-    return state().version;
+    return identity().version;
 }
 
 const std::vector<int>& nvrtc_supported_archs() {
-    return state().archs;
+    return identity().archs;
+}
+
+void require_nvrtc_identity() {
+    if (identity().version.empty()) require_nvrtc();
+}
+
+std::optional<NvrtcIdentity> nvrtc_identity_from_memo(const std::string& root) {
+    return memo_under(root);
+}
+
+bool nvrtc_remember_identity(const std::string& root) {
+    return remember(state(), root);
 }
 
 std::string nvrtc_error_name(nvrtcResult result) {

@@ -4,8 +4,11 @@
 #pragma once
 
 #include <cstddef>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "jit/nvrtc_identity.h"
 
 // The same tag as nvrtc.h, so a handle passes between this code and code that includes it.
 struct _nvrtcProgram;
@@ -62,12 +65,32 @@ const std::string& nvrtc_load_error();
 // The file the library was loaded from, as the dynamic loader reports it; "" when not loaded.
 const std::string& nvrtc_library_path();
 
-// "MAJOR.MINOR" of the loaded NVRTC ("13.0"); "" when not loaded. Part of every cache key.
+// "MAJOR.MINOR" of the NVRTC kernels compile with ("13.0"); "" when there is none. Part of
+// every cache key. Before NVRTC is loaded it comes from the identity memo when that is valid
+// (jit/nvrtc_identity.h), without loading the library; otherwise this loads it. Once the
+// library is loaded, its own values are returned (see nvrtc_loader.cpp on a memo that
+// disagrees). The reference stays valid for the life of the process.
 const std::string& nvrtc_version_string();
 
-// The real architectures this NVRTC can emit code for, as numbers (75, 80, 90, 100...),
-// ascending; empty when not loaded.
+// The real architectures that NVRTC can emit code for, as numbers (75, 80, 90, 100...),
+// ascending; empty when there is none. From the memo or the library, as nvrtc_version_string.
 const std::vector<int>& nvrtc_supported_archs();
+
+// Throws what require_nvrtc throws when neither the memo nor a library gives
+// nvrtc_version_string and nvrtc_supported_archs; loads NVRTC only when the memo does not
+// serve. For code that needs the identity but compiles nothing (cache keys, target choice).
+void require_nvrtc_identity();
+
+// The identity the memo under `root` records, when it is valid for the library the loader
+// would pick now (the current environment's fingerprint; file unchanged); nullopt otherwise.
+// Reads the memo whether or not NVRTC is loaded. Never throws except std::bad_alloc.
+std::optional<NvrtcIdentity> nvrtc_identity_from_memo(const std::string& root);
+
+// Writes the memo of the loaded NVRTC (loading it first if need be) under `root`, unless a
+// valid memo with the same values is already there. false when no NVRTC is usable or nothing
+// could be written (no error: a memo is only a shortcut). The first load calls it with the
+// default cache root.
+bool nvrtc_remember_identity(const std::string& root);
 
 // "NVRTC_ERROR_COMPILATION" for a result, or "nvrtcResult N" when NVRTC is not loaded.
 std::string nvrtc_error_name(nvrtcResult result);

@@ -404,6 +404,25 @@ class MaintenanceTest(CacheTestCase):
         self.assertEqual(sorted(os.listdir(self.root)), ["locks", "v1"])
 
 
+@needs_nvrtc
+class NvrtcMemoTest(CacheTestCase):
+    def test_the_nvrtc_identity_memo_in_the_default_root_is_no_cache_item_and_clear_keeps_it(self):
+        # The memo lives in the default root (ROPE_JIT_CACHE_DIR here), written when NVRTC loads.
+        env = dict(tool_env(), ROPE_JIT_CACHE_DIR=self.root)
+        result = subprocess.run([TOOL, "prewarm", "--target", "sm_90", "--head-dim", "64"],
+                                capture_output=True, text=True, env=env)
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        memo = os.path.join(self.root, "nvrtc-identity.json")
+        with open(memo) as file:
+            self.assertEqual(json.load(file)["version"], json.loads(self.tool("info", "--json").stdout)["nvrtc_version"])
+        items = self.verify(expect=0)["items"]
+        self.assertTrue(items)
+        self.assertNotIn(memo, [item["path"] for item in items])
+        self.tool("--cache-dir", self.root, "clear")
+        self.assertEqual(self.verify(expect=0)["items"], [])
+        self.assertEqual(sorted(os.listdir(self.root)), ["locks", "nvrtc-identity.json", "v1"])
+
+
 class CommandLineTest(CacheTestCase):
     def test_help_exits_0_and_usage_errors_exit_2_for_every_subcommand(self):
         for subcommand in ("prewarm", "list", "verify", "prune", "clear", "info"):
