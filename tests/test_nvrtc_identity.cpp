@@ -275,7 +275,12 @@ TEST_CASE("memo files: written atomically, read only when trusted, never an erro
     ScratchDir tmp;
     const std::string root = tmp.path + "/cache";
     const NvrtcMemo memo = sample_memo();
-    REQUIRE(rope_jit::write_nvrtc_memo(root, memo));  // creates the root like the cache does
+    // A root that does not exist is not made (a process whose runtimes use their own
+    // cache_dir keeps the default place untouched); one that a runtime made is written.
+    CHECK_FALSE(rope_jit::write_nvrtc_memo(root, memo));
+    CHECK_FALSE(exists(root));
+    REQUIRE(mkdir(root.c_str(), 0700) == 0);
+    REQUIRE(rope_jit::write_nvrtc_memo(root, memo));
     const std::optional<std::string> text = rope_jit::read_nvrtc_memo(root);
     REQUIRE(text.has_value());
     CHECK(*text == rope_jit::serialize_nvrtc_memo(memo));
@@ -411,6 +416,7 @@ TEST_CASE("a fresh process with a valid memo computes keys without loading NVRTC
     }
     ScratchDir tmp;
     const std::string root = tmp.path + "/cache";
+    REQUIRE(mkdir(root.c_str(), 0700) == 0);  // the default root, as a runtime makes it
     std::map<std::string, std::string> env = {
         {"ROPE_JIT_CACHE_DIR", root},
         {"ROPE_JIT_TEST_MEMO_VERSION", rope_jit::nvrtc_version_string()},
@@ -442,6 +448,7 @@ TEST_CASE("a memo that disagrees with the library it names yields to it, and no 
     }
     ScratchDir tmp;
     const std::string root = tmp.path + "/cache";
+    REQUIRE(mkdir(root.c_str(), 0700) == 0);  // the default root, as a runtime makes it
     {
         EnvGuard guard;
         guard.set("ROPE_JIT_CACHE_DIR", root.c_str());

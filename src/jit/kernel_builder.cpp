@@ -101,8 +101,12 @@ KernelBinary build_kernel_binary(const KernelRecipe& recipe, const std::string& 
                                          std::memory_order_relaxed);
     binary.image = std::move(compiled.binary);
     binary.compiled = true;
-    if (disk != nullptr && disk->store(id, CacheEntry{recipe.spec_json, binary.image}))
+    if (disk != nullptr && disk->store(id, CacheEntry{recipe.spec_json, binary.image})) {
         stats.disk_writes.fetch_add(1, std::memory_order_relaxed);
+        // NVRTC loaded before this store may have found no default root to leave its memo
+        // in (a first prewarm makes the root only now): leave it once the root is there.
+        if (disk->root() == DiskCache::default_root()) nvrtc_remember_identity(disk->root());
+    }
     return binary;
 }
 

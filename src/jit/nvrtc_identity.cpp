@@ -174,8 +174,13 @@ std::optional<std::string> read_nvrtc_memo(const std::string& root) {
 
 bool write_nvrtc_memo(const std::string& root, const NvrtcMemo& memo) {
     try {
-        // The cache's own checks: a root others could write is not written (nor read) here.
-        if (root.empty() || !DiskCache(root, {}).writable()) return false;
+        // Only into a root that exists: a process whose runtimes use their own cache_dir must
+        // not find a cache made in the default place. Then the cache's own checks: a root
+        // others could write is not written (nor read) here.
+        struct stat root_stat {};
+        if (root.empty() || stat(root.c_str(), &root_stat) != 0 || !S_ISDIR(root_stat.st_mode))
+            return false;
+        if (!DiskCache(root, {}).writable()) return false;
         static std::atomic<unsigned> counter{0};
         const std::string path = root + "/" + kNvrtcMemoFileName;
         const std::string temp = fmt::format("{}/.{}.tmp-{}-{}", root, kNvrtcMemoFileName,
