@@ -22,6 +22,7 @@
 #include "ops/rope/kernel_spec.h"
 #include "jit/nvrtc_loader.h"
 #include "rope_jit/rope_jit.h"
+#include "scratch_files.h"
 #include "common/sha256.h"
 
 using rope_jit::CacheEntry;
@@ -31,31 +32,6 @@ using rope_jit::CacheItemState;
 using rope_jit::DiskCache;
 
 namespace {
-
-struct ScratchDir {
-    ScratchDir() {
-        char pattern[] = "/tmp/rope_jit_maintenance_XXXXXX";
-        const char* made = mkdtemp(pattern);
-        REQUIRE(made != nullptr);
-        path = made;
-    }
-    ~ScratchDir() {
-        if (std::system(("rm -rf '" + path + "'").c_str()) != 0)
-            MESSAGE("could not remove " << path);
-    }
-    std::string path;
-};
-
-void write_file(const std::string& path, const std::string& bytes) {
-    std::ofstream out(path, std::ios::binary | std::ios::trunc);
-    out.write(bytes.data(), std::streamsize(bytes.size()));
-    REQUIRE(out.good());
-}
-
-bool exists(const std::string& path) {
-    struct stat st;
-    return lstat(path.c_str(), &st) == 0;
-}
 
 void make_dirs(const std::string& path) {
     REQUIRE(std::system(("mkdir -p -m 700 '" + path + "'").c_str()) == 0);
@@ -91,7 +67,7 @@ TEST_CASE(
         MESSAGE("skipped: NVRTC not available, so keys cannot be recomputed");
         return;
     }
-    ScratchDir tmp;
+    ScratchDir tmp("rope_jit_maintenance");
     DiskCache disk(tmp.path, {});
     const rope_jit::KernelSpec spec = small_spec();
     const CacheEntryId current = rope_jit::plan_compile(spec.to_json(), "sm_90").entry;
@@ -134,7 +110,7 @@ TEST_CASE("a wgmma attention kernel is cached under sm_90a, read back, and judge
         MESSAGE("skipped: NVRTC not available");
         return;
     }
-    ScratchDir tmp;
+    ScratchDir tmp("rope_jit_maintenance");
     DiskCache disk(tmp.path, {});
     rope_jit::AttentionSpec spec;
     spec.dtype = 2;
@@ -165,7 +141,7 @@ TEST_CASE("a wgmma attention kernel is cached under sm_90a, read back, and judge
 }
 
 TEST_CASE("scan reports damage, temp files, set-aside entries and strays, and changes nothing") {
-    ScratchDir tmp;
+    ScratchDir tmp("rope_jit_maintenance");
     DiskCache disk(tmp.path, {});
     CacheEntryId id{rope_jit::sha256_hex("damaged"), "13.0", "sm_90", "cubin"};
     REQUIRE(disk.store(id, CacheEntry{"{}", std::vector<char>(100, 'z')}));
@@ -189,7 +165,7 @@ TEST_CASE("scan reports damage, temp files, set-aside entries and strays, and ch
 
 TEST_CASE(
     "remove deletes one item, also a whole directory, and never follows links out of the cache") {
-    ScratchDir tmp;
+    ScratchDir tmp("rope_jit_maintenance");
     const std::string root = tmp.path + "/cache";
     DiskCache disk(root, {});
     REQUIRE(disk.writable());
@@ -230,7 +206,7 @@ TEST_CASE(
 }
 
 TEST_CASE("a root given with a trailing slash scans and removes like one without") {
-    ScratchDir tmp;
+    ScratchDir tmp("rope_jit_maintenance");
     DiskCache disk(tmp.path + "/cache/", {});
     REQUIRE(disk.writable());
     write_file(tmp.path + "/cache/v1/nvrtc9.9", "stray");
@@ -250,7 +226,7 @@ TEST_CASE("remove refuses a root that belongs to another user") {
         MESSAGE("skipped: changing a directory's owner needs root");
         return;
     }
-    ScratchDir tmp;
+    ScratchDir tmp("rope_jit_maintenance");
     const std::string root = tmp.path + "/cache";
     DiskCache disk(root, {});
     REQUIRE(disk.writable());
@@ -268,7 +244,7 @@ TEST_CASE("remove refuses a root that belongs to another user") {
 }
 
 TEST_CASE("the cache C API reports the root, walks, removes and rejects bad arguments") {
-    ScratchDir tmp;
+    ScratchDir tmp("rope_jit_maintenance");
     const std::string root = tmp.path + "/cache";
     rope_jit_config config;
     rope_jit_config_init(&config);
@@ -358,7 +334,7 @@ TEST_CASE("a CPU runtime has no devices, and the NVRTC version is the loaded lib
 
 TEST_CASE("a project given as the cache root by mistake loses nothing to scan and remove") {
     // Issue 20, S1: files in <root>/v1 that are not the cache's were removed as strays.
-    ScratchDir tmp;
+    ScratchDir tmp("rope_jit_maintenance");
     const std::string root = tmp.path + "/project";
     DiskCache disk(root, {});
     REQUIRE(disk.writable());

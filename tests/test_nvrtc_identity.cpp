@@ -31,6 +31,7 @@
 #include "jit/nvrtc_loader.h"
 #include "ops/rope/kernel_spec.h"
 #include "rope_jit/rope_jit.h"
+#include "scratch_files.h"
 
 extern char** environ;
 
@@ -39,37 +40,6 @@ using rope_jit::NvrtcIdentity;
 using rope_jit::NvrtcMemo;
 
 namespace {
-
-struct ScratchDir {
-    ScratchDir() {
-        char pattern[] = "/tmp/rope_jit_nvrtc_memo_XXXXXX";
-        const char* made = mkdtemp(pattern);
-        REQUIRE(made != nullptr);
-        path = made;
-    }
-    ~ScratchDir() {
-        if (std::system(("chmod -R u+rwx '" + path + "' 2>/dev/null; rm -rf '" + path + "'")
-                            .c_str()) != 0)
-            MESSAGE("could not remove " << path);
-    }
-    std::string path;
-};
-
-std::string read_file(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
-void write_file(const std::string& path, const std::string& bytes) {
-    std::ofstream out(path, std::ios::binary | std::ios::trunc);
-    out.write(bytes.data(), std::streamsize(bytes.size()));
-    REQUIRE(out.good());
-}
-
-bool exists(const std::string& path) {
-    struct stat st;
-    return lstat(path.c_str(), &st) == 0;
-}
 
 std::string memo_path(const std::string& root) {
     return root + "/" + rope_jit::kNvrtcMemoFileName;
@@ -272,7 +242,7 @@ TEST_CASE("the selection fingerprint follows the environment, ld.so.cache and se
 }
 
 TEST_CASE("memo files: written atomically, read only when trusted, never an error") {
-    ScratchDir tmp;
+    ScratchDir tmp("rope_jit_nvrtc_memo");
     const std::string root = tmp.path + "/cache";
     const NvrtcMemo memo = sample_memo();
     // A root that does not exist is not made (a process whose runtimes use their own
@@ -341,7 +311,7 @@ TEST_CASE("after a real load the memo holds what NVRTC reports, for this environ
         MESSAGE("skipped: NVRTC not available: " << rope_jit::nvrtc_load_error());
         return;
     }
-    ScratchDir tmp;
+    ScratchDir tmp("rope_jit_nvrtc_memo");
     EnvGuard env;
     env.set("ROPE_JIT_CACHE_DIR", tmp.path.c_str());
     const std::string root = rope_jit::DiskCache::default_root();
@@ -390,7 +360,7 @@ TEST_CASE("after a real load the memo holds what NVRTC reports, for this environ
 }
 
 TEST_CASE("cache maintenance leaves the memo alone: not listed, not verified, not removed") {
-    ScratchDir tmp;
+    ScratchDir tmp("rope_jit_nvrtc_memo");
     const rope_jit::DiskCache disk(tmp.path, {});
     const rope_jit::CacheEntryId id{std::string(64, 'a'), "13.0", "sm_90", "cubin"};
     REQUIRE(disk.store(id, rope_jit::CacheEntry{"{}", std::vector<char>(100, 'x')}));
@@ -414,7 +384,7 @@ TEST_CASE("a fresh process with a valid memo computes keys without loading NVRTC
         MESSAGE("skipped: NVRTC not available: " << rope_jit::nvrtc_load_error());
         return;
     }
-    ScratchDir tmp;
+    ScratchDir tmp("rope_jit_nvrtc_memo");
     const std::string root = tmp.path + "/cache";
     REQUIRE(mkdir(root.c_str(), 0700) == 0);  // the default root, as a runtime makes it
     std::map<std::string, std::string> env = {
@@ -446,7 +416,7 @@ TEST_CASE("a memo that disagrees with the library it names yields to it, and no 
         MESSAGE("skipped: NVRTC not available: " << rope_jit::nvrtc_load_error());
         return;
     }
-    ScratchDir tmp;
+    ScratchDir tmp("rope_jit_nvrtc_memo");
     const std::string root = tmp.path + "/cache";
     REQUIRE(mkdir(root.c_str(), 0700) == 0);  // the default root, as a runtime makes it
     {

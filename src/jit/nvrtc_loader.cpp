@@ -138,31 +138,37 @@ std::atomic<bool> g_library_tried{false};
 // later load can tell whether values already handed out disagree with the library's.
 std::atomic<bool> g_memo_served{false};
 
-std::optional<NvrtcIdentity> memo_under(const std::string& root) {
+// What decides, in this process's environment, which library load() would pick.
+std::vector<std::string> current_selection() {
+    return nvrtc_selection_fingerprint(candidate_libraries(), env_or_empty, file_identity);
+}
+
+std::optional<NvrtcIdentity> memo_under(const std::string& root,
+                                        const std::vector<std::string>& selection) {
     const std::optional<std::string> text = read_nvrtc_memo(root);
     if (!text) return std::nullopt;
-    const std::vector<std::string> selection =
-        nvrtc_selection_fingerprint(candidate_libraries(), env_or_empty, file_identity);
     return accept_nvrtc_memo(*text, selection, file_identity);
 }
 
 // The memo of the default cache root, read once per process (before any load).
 const std::optional<NvrtcIdentity>& memo_identity() {
-    static const std::optional<NvrtcIdentity> memo = memo_under(DiskCache::default_root());
+    static const std::optional<NvrtcIdentity> memo =
+        memo_under(DiskCache::default_root(), current_selection());
     return memo;
 }
 
 bool remember(const NvrtcState& loaded, const std::string& root) {
     if (!loaded.loaded) return false;
+    std::vector<std::string> selection = current_selection();
     // Rewriting an equal memo would only cost every process that compiles a write.
-    if (memo_under(root) == std::optional<NvrtcIdentity>(loaded.identity)) return true;
+    if (memo_under(root, selection) == std::optional<NvrtcIdentity>(loaded.identity))
+        return true;
     const std::optional<FileIdentity> file = file_identity(loaded.path);
     if (!file) return false;  // a path the loader reported but stat cannot see: no memo
     NvrtcMemo memo;
     memo.library_path = loaded.path;
     memo.library_file = *file;
-    memo.selection =
-        nvrtc_selection_fingerprint(candidate_libraries(), env_or_empty, file_identity);
+    memo.selection = std::move(selection);
     memo.identity = loaded.identity;
     return write_nvrtc_memo(root, memo);
 }
@@ -248,7 +254,7 @@ void require_nvrtc_identity() {
 }
 
 std::optional<NvrtcIdentity> nvrtc_identity_from_memo(const std::string& root) {
-    return memo_under(root);
+    return memo_under(root, current_selection());
 }
 
 bool nvrtc_remember_identity(const std::string& root) {
