@@ -410,13 +410,16 @@ __device__ __forceinline__ float* dq_tile_half(const AttentionKernelParams& p, c
            group * TILE_M * DQ_N;
 }
 
-// Adds a warpgroup's dQ fragments (64 queries of the tile at m0 of head h, its DQ_N features)
-// into the float32 accumulator: atomic adds of 16 bytes, a warp's 512 contiguous.
-__device__ __forceinline__ void add_dq_fragments(const float (&dq)[DQ_N / 8][4],
-                                                 const AttentionKernelParams& p,
-                                                 const KeyBlock& kb, long long h, long long m0,
-                                                 int group) {
-    float* const at = dq_tile_half(p, kb, h, m0, group) + (threadIdx.x & 127) * 4;
+// Where this thread's dQ fragments of the tile at m0 of head h go (its first n-tile's).
+__device__ __forceinline__ float* dq_fragments_at(const AttentionKernelParams& p,
+                                                  const KeyBlock& kb, long long h, long long m0,
+                                                  int group) {
+    return dq_tile_half(p, kb, h, m0, group) + (threadIdx.x & 127) * 4;
+}
+
+// Adds a warpgroup's dQ fragments (64 queries of a tile, its DQ_N features) into the float32
+// accumulator at `at` (dq_fragments_at): atomic adds of 16 bytes, a warp's 512 contiguous.
+__device__ __forceinline__ void add_dq_fragments(const float (&dq)[DQ_N / 8][4], float* at) {
 #pragma unroll
     for (int nt = 0; nt < DQ_N / 8; ++nt) atomic_add4(at + nt * 128 * 4, dq[nt]);
 }
@@ -626,7 +629,7 @@ __device__ void backward_wide(const AttentionKernelParams& p, char* smem) {
         fence_registers(dv);
         fence_registers(dk);
 
-        add_dq_fragments(dq, p, kb, h, m0, group);
+        add_dq_fragments(dq, dq_fragments_at(p, kb, h, m0, group));
     }
 
     // dV: this warpgroup's half of the features, straight from the accumulators.
@@ -774,6 +777,9 @@ __device__ void backward_narrow(const AttentionKernelParams& p, char* smem) {
         fence_registers(dq);
         __syncwarp();
         fence_operands();
+        // The address of the atomic adds now: computed after the wait below, its 64-bit
+        // arithmetic delayed them (ptxas does not move it above the branch on masked_out).
+        float* const dq_at = dq_fragments_at(p, kb, h, m0, group);
         const Descriptor ds = mnmajor_base(shared_address(ds_tile), TILE_M * 128);
         const Descriptor features = this_iteration(k_features);
 #pragma unroll
@@ -781,19 +787,21 @@ __device__ void backward_narrow(const AttentionKernelParams& p, char* smem) {
             wgmma_ss<DQ_N, 1, 1>(dq, ds.at(mnmajor_offset(kk)), features.at(mnmajor_offset(kk)));
         commit();
         // dK's product after dQ's (FlashAttention-3's order), so that dQ leaves while dK's
-        // product runs; a warpgroup with nothing to add commits an empty group.
+        // product runs.
         if (!masked_out) {
 #pragma unroll
             for (int kk = 0; kk < Q_STEPS; ++kk)
                 wgmma<DP, 1>(dk, dsa[kk], q_mnmajor.at(mnmajor_offset(kk)));
+            commit();
+            wait_pending<1>();  // dV's and dQ's products
+        } else {
+            wait_all();  // dQ's
         }
-        commit();
-        wait_pending<1>();  // dV's and dQ's products
         fence_registers(dq);
         fence_registers(dv);
         fence_registers(pa);
         // dQ: the warpgroup's 64 queries of the tile by its DQ_N features.
-        add_dq_fragments(dq, p, kb, h, m0, group);
+        add_dq_fragments(dq, dq_at);
         wait_all();  // dK's: dS^T's registers are rewritten next tile
         fence_registers(dk);
         fence_registers(dsa);
