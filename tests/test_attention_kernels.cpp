@@ -96,7 +96,7 @@ std::vector<AttentionSpec> representative_specs() {
 // The wgmma forwards (sm_90a only): the headline (three warpgroups, three 64-key tiles), and
 // fp16 D64 with interleaved partial rotation from a half bf16 table (8-byte table pieces), a
 // bool mask and two 64-key tiles; each also with a producer warpgroup, and in a cluster. Then
-// the sm_90 backward proper at the headline.
+// the sm_90 backward proper at the headline and at head_dim 64.
 std::vector<AttentionSpec> wgmma_specs() {
     AttentionSpec headline = spec_of(AttentionKernelKind::Forward, 2, 128, 128, true);
     headline.wgmma = 1;
@@ -130,6 +130,10 @@ std::vector<AttentionSpec> wgmma_specs() {
     backward.block_n = 128;
     backward.write_lse = 0;
     backward.table_async = 0;
+    // ... and at head_dim 64 without GQA (issue 19's third shape): backward_narrow's other size.
+    AttentionSpec backward_d64 = backward;
+    backward_d64.head_dim = backward_d64.rotary_dim = 64;
+    backward_d64.gqa_group = 1;
     // The consumer-schedule experiments on the head_dim 128 default (keys by TMA, two 128-key
     // tiles): turns for S, turns for both products with registers moved to the consumers.
     AttentionSpec by_tma = specialized;
@@ -149,7 +153,7 @@ std::vector<AttentionSpec> wgmma_specs() {
     overlap.overlap = 1;
     overlap.stages = 3;
     return {headline, narrow,   specialized,        specialized_narrow, clustered,
-            clustered_narrow, backward, pingpong, pingpong_registers, overlap};
+            clustered_narrow, backward, backward_d64, pingpong, pingpong_registers, overlap};
 }
 
 }  // namespace
@@ -207,7 +211,26 @@ TEST_CASE(
     }
 }
 
-TEST_CASE("ptxas keeps the wgmma products of every sm_90 kernel family in flight together") {
+namespace {
+
+// The bytes of spill stores and loads that a ptxas -v log reports, over every function.
+int spill_bytes(const std::string& log) {
+    int bytes = 0;
+    for (const char* what : {" bytes spill stores", " bytes spill loads"}) {
+        for (size_t at = log.find(what); at != std::string::npos; at = log.find(what, at + 1)) {
+            size_t digits = at;
+            while (digits > 0 && log[digits - 1] >= '0' && log[digits - 1] <= '9') --digits;
+            bytes += std::atoi(log.substr(digits, at - digits).c_str());
+        }
+    }
+    return bytes;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "ptxas keeps the wgmma products of every sm_90 kernel family in flight together, without "
+    "spills") {
     // ptxas waits after each product of a kernel whose wgmma pipeline it judges ill-formed (a
     // "Potential Performance Loss: wgmma.mma_async instructions are serialized" note in its
     // verbose log): correct results at a fraction of the speed. The tile-0 peel of the
@@ -224,6 +247,9 @@ TEST_CASE("ptxas keeps the wgmma products of every sm_90 kernel family in flight
                                              {"--ptxas-options=-v"}, kernel_headers());
         CHECK(r.log.find("ptxas info") != std::string::npos);  // the verbose log is there
         CHECK(r.log.find("serialized") == std::string::npos);
+        // Nor spill: backward_narrow's descriptors hoisted out of its loop spilled 40 bytes at
+        // head_dim 128, reloaded on every query tile.
+        CHECK(spill_bytes(r.log) == 0);
     }
 }
 
