@@ -255,15 +255,36 @@ constexpr int K_TILE_BYTES = BLOCK_N * DP * 2;
 constexpr int DS_TILE_BYTES = BLOCK_N * TILE_M * 2;
 constexpr int Q_STEPS = TILE_M / 16;  // k-steps over a query tile's rows
 
-// Descriptors of k-step kk of a 128-byte-swizzled tile whose 64-feature regions are
-// `region` bytes apart: K-major (the k-step runs along the features: 32 bytes on within a
-// region) and MN-major (the k-step runs along the rows: 16 rows on).
+// Descriptors of a 128-byte-swizzled tile whose 64-feature regions are `region` bytes apart,
+// as a base and the byte offset of k-step kk (the forward's Descriptor: one add per k-step):
+// K-major (the k-step runs along the features: 32 bytes on within a region) and MN-major (the
+// k-step runs along the rows: 16 rows on).
+__device__ __forceinline__ Descriptor kmajor_base(unsigned tile) {
+    return descriptor_base(tile, 16, 1024, true);
+}
+__device__ __forceinline__ constexpr unsigned kmajor_offset(int region, int kk) {
+    return (kk >> 2) * region + (kk & 3) * 32;
+}
+__device__ __forceinline__ Descriptor mnmajor_base(unsigned tile, int region) {
+    return descriptor_base(tile, region, 1024, true);
+}
+__device__ __forceinline__ constexpr unsigned mnmajor_offset(int kk) { return kk * 16 * 128; }
+// The same descriptors built whole (backward_wide, whose descriptors do not spill).
 __device__ __forceinline__ unsigned long long kmajor_descriptor(unsigned tile, int region, int kk) {
-    return swizzled_descriptor(tile + (kk >> 2) * region + (kk & 3) * 32, 16, 1024);
+    return swizzled_descriptor(tile + kmajor_offset(region, kk), 16, 1024);
 }
 __device__ __forceinline__ unsigned long long mnmajor_descriptor(unsigned tile, int region,
                                                                  int kk) {
-    return swizzled_descriptor(tile + kk * 16 * 128, region, 1024);
+    return swizzled_descriptor(tile + mnmajor_offset(kk), region, 1024);
+}
+
+// The base of a descriptor of a tile resident across the loop over query tiles, made a value
+// of this iteration: the compiler then adds each k-step's offset inside the loop rather than
+// hoisting every k-step's descriptor out of it (24 registers in backward_narrow at head_dim
+// 128, which spilled 40 bytes inside the loop: ptxas -v, CUDA 13.0).
+__device__ __forceinline__ Descriptor this_iteration(Descriptor d) {
+    asm volatile("" : "+r"(d.lo));
+    return d;
 }
 
 // Copies `bytes` (a multiple of 16) from global `src` to shared `dst`, counted on `landed`.
@@ -389,13 +410,16 @@ __device__ __forceinline__ float* dq_tile_half(const AttentionKernelParams& p, c
            group * TILE_M * DQ_N;
 }
 
-// Adds a warpgroup's dQ fragments (64 queries of the tile at m0 of head h, its DQ_N features)
-// into the float32 accumulator: atomic adds of 16 bytes, a warp's 512 contiguous.
-__device__ __forceinline__ void add_dq_fragments(const float (&dq)[DQ_N / 8][4],
-                                                 const AttentionKernelParams& p,
-                                                 const KeyBlock& kb, long long h, long long m0,
-                                                 int group) {
-    float* const at = dq_tile_half(p, kb, h, m0, group) + (threadIdx.x & 127) * 4;
+// Where this thread's dQ fragments of the tile at m0 of head h go (its first n-tile's).
+__device__ __forceinline__ float* dq_fragments_at(const AttentionKernelParams& p,
+                                                  const KeyBlock& kb, long long h, long long m0,
+                                                  int group) {
+    return dq_tile_half(p, kb, h, m0, group) + (threadIdx.x & 127) * 4;
+}
+
+// Adds a warpgroup's dQ fragments (64 queries of a tile, its DQ_N features) into the float32
+// accumulator at `at` (dq_fragments_at): atomic adds of 16 bytes, a warp's 512 contiguous.
+__device__ __forceinline__ void add_dq_fragments(const float (&dq)[DQ_N / 8][4], float* at) {
 #pragma unroll
     for (int nt = 0; nt < DQ_N / 8; ++nt) atomic_add4(at + nt * 128 * 4, dq[nt]);
 }
@@ -605,7 +629,7 @@ __device__ void backward_wide(const AttentionKernelParams& p, char* smem) {
         fence_registers(dv);
         fence_registers(dk);
 
-        add_dq_fragments(dq, p, kb, h, m0, group);
+        add_dq_fragments(dq, dq_fragments_at(p, kb, h, m0, group));
     }
 
     // dV: this warpgroup's half of the features, straight from the accumulators.
@@ -665,11 +689,12 @@ __device__ void backward_narrow(const AttentionKernelParams& p, char* smem) {
 
     // This warp's 16 keys: rows 16 * (warp % 4) of its warpgroup's 64.
     const long long key_first = kb.n0 + group * 64 + (warp & 3) * 16;
-    const unsigned k_rows = shared_address(k_tile) + group * 64 * 128;  // A of S^T, K-major
-    const unsigned v_rows = shared_address(v_tile) + group * 64 * 128;
+    // A of S^T and dP^T: the warpgroup's keys and values, K-major.
+    const Descriptor k_rows = kmajor_base(shared_address(k_tile) + group * 64 * 128);
+    const Descriptor v_rows = kmajor_base(shared_address(v_tile) + group * 64 * 128);
     // B of dQ: this warpgroup's DQ_N features of the keys (a region, or half of one).
-    const unsigned k_features =
-        shared_address(k_tile) + (DP == 128 ? group * K_REGION : group * DQ_N * 2);
+    const Descriptor k_features = mnmajor_base(
+        shared_address(k_tile) + (DP == 128 ? group * K_REGION : group * DQ_N * 2), K_REGION);
     float dv[DTILES][4], dk[DTILES][4];
     zero(dv);
     zero(dk);
@@ -678,6 +703,11 @@ __device__ void backward_narrow(const AttentionKernelParams& p, char* smem) {
         stream.wait(i);
         const unsigned q_address = shared_address(stream.q_tile(i));
         const unsigned dout_address = shared_address(stream.dout_tile(i));
+        // B of S^T (K-major) and of dK (MN-major): q; of dP^T and dV: dout.
+        const Descriptor q_kmajor = kmajor_base(q_address);
+        const Descriptor q_mnmajor = mnmajor_base(q_address, Q_REGION);
+        const Descriptor dout_kmajor = kmajor_base(dout_address);
+        const Descriptor dout_mnmajor = mnmajor_base(dout_address, Q_REGION);
 
         // Under a causal mask a warpgroup whose keys all come after the tile's queries (on the
         // diagonal) has P = dS = 0: it only writes its zero dS^T rows for the dQ product.
@@ -696,15 +726,16 @@ __device__ void backward_narrow(const AttentionKernelParams& p, char* smem) {
             fence_registers(dp);
             __syncwarp();
             fence_operands();
+            const Descriptor keys = this_iteration(k_rows), values = this_iteration(v_rows);
 #pragma unroll
             for (int kk = 0; kk < KSTEPS; ++kk)
-                wgmma_ss<TILE_M>(s, kmajor_descriptor(k_rows, K_REGION, kk),
-                                 kmajor_descriptor(q_address, Q_REGION, kk));
+                wgmma_ss<TILE_M>(s, keys.at(kmajor_offset(K_REGION, kk)),
+                                 q_kmajor.at(kmajor_offset(Q_REGION, kk)));
             commit();
 #pragma unroll
             for (int kk = 0; kk < KSTEPS; ++kk)
-                wgmma_ss<TILE_M>(dp, kmajor_descriptor(v_rows, K_REGION, kk),
-                                 kmajor_descriptor(dout_address, Q_REGION, kk));
+                wgmma_ss<TILE_M>(dp, values.at(kmajor_offset(K_REGION, kk)),
+                                 dout_kmajor.at(kmajor_offset(Q_REGION, kk)));
             commit();
             // P^T while dP^T's product runs, then dS^T = P^T (dP^T - delta).
             wait_pending<1>();
@@ -732,7 +763,7 @@ __device__ void backward_narrow(const AttentionKernelParams& p, char* smem) {
             fence_operands();
 #pragma unroll
             for (int kk = 0; kk < Q_STEPS; ++kk)
-                wgmma<DP, 1>(dv, pa[kk], mnmajor_descriptor(dout_address, Q_REGION, kk));
+                wgmma<DP, 1>(dv, pa[kk], dout_mnmajor.at(mnmajor_offset(kk)));
             commit();
         }
 
@@ -746,26 +777,31 @@ __device__ void backward_narrow(const AttentionKernelParams& p, char* smem) {
         fence_registers(dq);
         __syncwarp();
         fence_operands();
-        const unsigned ds_address = shared_address(ds_tile);
+        // The address of the atomic adds now: computed after the wait below, its 64-bit
+        // arithmetic delayed them (ptxas does not move it above the branch on masked_out).
+        float* const dq_at = dq_fragments_at(p, kb, h, m0, group);
+        const Descriptor ds = mnmajor_base(shared_address(ds_tile), TILE_M * 128);
+        const Descriptor features = this_iteration(k_features);
 #pragma unroll
         for (int kk = 0; kk < BLOCK_N / 16; ++kk)
-            wgmma_ss<DQ_N, 1, 1>(dq, mnmajor_descriptor(ds_address, TILE_M * 128, kk),
-                                 mnmajor_descriptor(k_features, K_REGION, kk));
+            wgmma_ss<DQ_N, 1, 1>(dq, ds.at(mnmajor_offset(kk)), features.at(mnmajor_offset(kk)));
         commit();
         // dK's product after dQ's (FlashAttention-3's order), so that dQ leaves while dK's
-        // product runs; a warpgroup with nothing to add commits an empty group.
+        // product runs.
         if (!masked_out) {
 #pragma unroll
             for (int kk = 0; kk < Q_STEPS; ++kk)
-                wgmma<DP, 1>(dk, dsa[kk], mnmajor_descriptor(q_address, Q_REGION, kk));
+                wgmma<DP, 1>(dk, dsa[kk], q_mnmajor.at(mnmajor_offset(kk)));
+            commit();
+            wait_pending<1>();  // dV's and dQ's products
+        } else {
+            wait_all();  // dQ's
         }
-        commit();
-        wait_pending<1>();  // dV's and dQ's products
         fence_registers(dq);
         fence_registers(dv);
         fence_registers(pa);
         // dQ: the warpgroup's 64 queries of the tile by its DQ_N features.
-        add_dq_fragments(dq, p, kb, h, m0, group);
+        add_dq_fragments(dq, dq_at);
         wait_all();  // dK's: dS^T's registers are rewritten next tile
         fence_registers(dk);
         fence_registers(dsa);

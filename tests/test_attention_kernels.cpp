@@ -96,7 +96,7 @@ std::vector<AttentionSpec> representative_specs() {
 // The wgmma forwards (sm_90a only): the headline (three warpgroups, three 64-key tiles), and
 // fp16 D64 with interleaved partial rotation from a half bf16 table (8-byte table pieces), a
 // bool mask and two 64-key tiles; each also with a producer warpgroup, and in a cluster. Then
-// the sm_90 backward proper at the headline.
+// the sm_90 backward proper at the headline, at head_dim 64, and with masks.
 std::vector<AttentionSpec> wgmma_specs() {
     AttentionSpec headline = spec_of(AttentionKernelKind::Forward, 2, 128, 128, true);
     headline.wgmma = 1;
@@ -130,6 +130,25 @@ std::vector<AttentionSpec> wgmma_specs() {
     backward.block_n = 128;
     backward.write_lse = 0;
     backward.table_async = 0;
+    // ... and at head_dim 64 without GQA (issue 19's third shape): backward_narrow's other size.
+    AttentionSpec backward_d64 = backward;
+    backward_d64.head_dim = backward_d64.rotary_dim = 64;
+    backward_d64.gqa_group = 1;
+    // With a mask (more registers: one or none to spare of 255 at head_dim 128): head_dim
+    // 120 (padded to 128) with partial rotary and a bf16 additive mask, and fp16 interleaved
+    // at head_dim 128, causal, with a float32 additive mask.
+    AttentionSpec backward_d120_mask = backward;
+    backward_d120_mask.head_dim = 120;
+    backward_d120_mask.rotary_dim = 64;
+    backward_d120_mask.causal = 0;
+    backward_d120_mask.gqa_group = 1;
+    backward_d120_mask.mask_kind = 2;
+    backward_d120_mask.mask_dtype = 2;
+    AttentionSpec backward_fp16_mask = backward;
+    backward_fp16_mask.dtype = 1;
+    backward_fp16_mask.interleaved = 1;
+    backward_fp16_mask.mask_kind = 2;
+    backward_fp16_mask.mask_dtype = 0;
     // The consumer-schedule experiments on the head_dim 128 default (keys by TMA, two 128-key
     // tiles): turns for S, turns for both products with registers moved to the consumers.
     AttentionSpec by_tma = specialized;
@@ -148,8 +167,10 @@ std::vector<AttentionSpec> wgmma_specs() {
     overlap.setmaxnreg = 1;
     overlap.overlap = 1;
     overlap.stages = 3;
-    return {headline, narrow,   specialized,        specialized_narrow, clustered,
-            clustered_narrow, backward, pingpong, pingpong_registers, overlap};
+    return {headline,           narrow,       specialized,    specialized_narrow,
+            clustered,          clustered_narrow, backward,   backward_d64,
+            backward_d120_mask, backward_fp16_mask, pingpong, pingpong_registers,
+            overlap};
 }
 
 }  // namespace
@@ -207,7 +228,38 @@ TEST_CASE(
     }
 }
 
-TEST_CASE("ptxas keeps the wgmma products of every sm_90 kernel family in flight together") {
+namespace {
+
+// A ptxas -v log says, per function, "Function properties for <name>" and then "<n> bytes
+// stack frame, <n> bytes spill stores, <n> bytes spill loads".
+int occurrences(const std::string& log, const std::string& what) {
+    int n = 0;
+    for (size_t at = log.find(what); at != std::string::npos; at = log.find(what, at + 1)) ++n;
+    return n;
+}
+
+// The numbers written right before `what` in `log`: how many, and their sum.
+struct Counts {
+    int found = 0;
+    int sum = 0;
+};
+Counts counts_before(const std::string& log, const std::string& what) {
+    Counts c;
+    for (size_t at = log.find(what); at != std::string::npos; at = log.find(what, at + 1)) {
+        size_t digits = at;
+        while (digits > 0 && log[digits - 1] >= '0' && log[digits - 1] <= '9') --digits;
+        if (digits == at) continue;  // no number: not a count
+        c.found += 1;
+        c.sum += std::atoi(log.substr(digits, at - digits).c_str());
+    }
+    return c;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "ptxas keeps the wgmma products of every sm_90 kernel family in flight together, without "
+    "spills") {
     // ptxas waits after each product of a kernel whose wgmma pipeline it judges ill-formed (a
     // "Potential Performance Loss: wgmma.mma_async instructions are serialized" note in its
     // verbose log): correct results at a fraction of the speed. The tile-0 peel of the
@@ -224,6 +276,18 @@ TEST_CASE("ptxas keeps the wgmma products of every sm_90 kernel family in flight
                                              {"--ptxas-options=-v"}, kernel_headers());
         CHECK(r.log.find("ptxas info") != std::string::npos);  // the verbose log is there
         CHECK(r.log.find("serialized") == std::string::npos);
+        // Nor spill: backward_narrow's descriptors hoisted out of its loop spilled 40 bytes at
+        // head_dim 128, reloaded on every query tile. Every function's counts must be read, so
+        // that a change of ptxas's wording fails here rather than passing as no spills.
+        CAPTURE(r.log);
+        const int functions = occurrences(r.log, "Function properties for ");
+        const Counts stores = counts_before(r.log, " bytes spill stores");
+        const Counts loads = counts_before(r.log, " bytes spill loads");
+        CHECK(functions >= 1);
+        CHECK(stores.found == functions);
+        CHECK(loads.found == functions);
+        CHECK(stores.sum == 0);
+        CHECK(loads.sum == 0);
     }
 }
 
