@@ -420,3 +420,106 @@ def test_the_hf_recipes_check_refuses_a_signature_once_and_its_calls_still_raise
     c, s = cos[:, None, :seq_len], sin[:, None, :seq_len]
     want = q * c + torch.cat((-q[..., 8:], q[..., :8]), -1) * s
     torch.testing.assert_close(got_q, want, rtol=2e-5, atol=2e-5)
+
+
+def _empty_like_strides(x):
+    return torch.empty_like(x).stride()
+
+
+def test_outputs_made_by_a_plan_have_empty_likes_strides_dtype_and_values_on_every_call():
+    # Contiguous q whose size-1 strides differ (one plan: the strides are read per call), and
+    # a q sliced out of a fused projection (not dense: empty_like's own strides, from the key).
+    cos, sin = hf_tables(torch.arange(8), 16)
+    fused = random(2, 4, 3 * 4, 16, seed=90)  # [B, S, 3 * H, D]
+    cases = [
+        random(2, 1, 4, 16, seed=91),
+        random(2, 4, 1, 16, seed=92).transpose(1, 2),
+        fused[:, :, :4],
+        random(2, 1, 4, 16, seed=93),
+    ]
+    assert not cases[2].is_contiguous() and _empty_like_strides(cases[2]) != cases[2].stride()
+    for q in cases + cases:
+        k = q[:, :, :2]
+        for inference in (True, False):
+            with torch.set_grad_enabled(not inference):
+                x = q if inference else q.detach().requires_grad_(True)
+                got_q, got_k = rope_jit.apply_rope(x, k, cos, sin, layout="bshd")
+            for got, source in ((got_q, q), (got_k, k)):
+                assert got.stride() == _empty_like_strides(source)
+                assert got.dtype == source.dtype and got.shape == source.shape
+                want = expected(source.transpose(1, 2), cos, sin, torch.arange(q.shape[1]))
+                torch.testing.assert_close(got.transpose(1, 2), want, rtol=2e-5, atol=2e-5)
+
+
+def test_the_last_plan_check_follows_changed_tensors_and_never_serves_another_signature():
+    # One signature called with a Tensor, a Parameter, a tensor that requires grad, then
+    # another shape and dtype: each call's result is right, and the refused checks re-arm the
+    # same plan instead of building others.
+    cos, sin = hf_tables(torch.arange(16), 16)
+    runtime = rope_jit.default_runtime()
+    plans = _plans._plans_of(runtime)
+    plans.clear()
+    base = random(1, 3, 8, 16, seed=95)
+    calls = [
+        base,
+        torch.nn.Parameter(base.clone(), requires_grad=False),
+        base + 1,
+        random(1, 3, 5, 16, seed=96),  # another shape: another plan
+        random(1, 3, 8, 16, seed=97).half(),  # another dtype: another plan
+        base * 2,
+    ]
+    for q in calls:
+        with torch.no_grad():
+            out = rope_jit.apply_rope(q, None, cos, sin)
+        want = expected(q.detach().float(), cos, sin, torch.arange(q.shape[2]))
+        tolerance = 2e-5 if q.dtype == torch.float32 else 2e-3
+        torch.testing.assert_close(out, want.to(q.dtype), rtol=tolerance, atol=tolerance)
+        assert type(out) is torch.Tensor and not out.requires_grad
+    assert len(plans) == 3
+    if _plans._new_guard is not None:
+        state = _plans._thread_state(runtime)
+        # The guard of the last plan (q, cos, sin present) has followed the last call's q.
+        guard = state.last_plan.guard
+        assert guard(base * 2, cos, sin) and not guard(base.half(), cos, sin)
+        assert not guard(base.requires_grad_(True), cos, sin)
+
+
+def test_without_torchs_private_guard_and_allocator_the_key_and_empty_like_serve(monkeypatch):
+    monkeypatch.setattr(_plans, "_new_guard", None)
+    monkeypatch.setattr(_plans, "_ALLOCATORS", {})
+    runtime = rope_jit.default_runtime()
+    _plans._plans_of(runtime).clear()
+    cos, sin = hf_tables(torch.arange(8), 16)
+    for seed in range(3):
+        q = random(1, 8, 2, 16, seed=100 + seed)
+        k = random(1, 8, 1, 16, seed=110 + seed)
+        got_q, got_k = rope_jit.apply_rope(q, k, cos, sin, layout="bshd")
+        for got, x in ((got_q, q), (got_k, k)):
+            want = expected(x.transpose(1, 2), cos, sin, torch.arange(8)).transpose(1, 2)
+            torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
+            assert got.stride() == x.stride()
+    (plan,) = _plans._plans_of(runtime).values()
+    assert plan.guard is None and plan.allocate is None
+
+
+def test_deterministic_algorithms_make_outputs_with_empty_like(monkeypatch):
+    # Under torch.use_deterministic_algorithms, empty_like fills new memory: the plan's outputs
+    # come from it then, and the values are the same.
+    made = []
+    real = _plans._empty_like
+    monkeypatch.setattr(_plans, "_empty_like", lambda x: made.append(x) or real(x))
+    cos, sin = hf_tables(torch.arange(8), 16)
+    q = random(1, 2, 8, 16, seed=120)
+    rope_jit.apply_rope(q, None, cos, sin)  # builds the plan
+    made.clear()
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        out = rope_jit.apply_rope(q, None, cos, sin)
+    finally:
+        torch.use_deterministic_algorithms(previous)
+    assert [x is q for x in made] == [True]
+    torch.testing.assert_close(out, expected(q, cos, sin, torch.arange(8)), rtol=2e-5, atol=2e-5)
+    made.clear()
+    rope_jit.apply_rope(q, None, cos, sin)
+    assert made == [] or _plans._ALLOCATORS.get("cpu") is None
