@@ -32,7 +32,7 @@ CUDA context is made current (_cuda_context) when it builds its first plan for a
 """
 
 import ctypes
-import itertools
+import operator
 import struct
 import sys
 import threading
@@ -67,7 +67,6 @@ _cuda_device = None  # torch._C._cuda_getDevice: the current CUDA device's index
 # torch has one (torch._C._dynamo.guards._empty_strided_*); without, outputs use empty_like.
 _ALLOCATORS = {}
 _new_guard = None  # tensors -> a TensorGuards(...).check, or None where torch has none
-_compress = itertools.compress
 
 
 def torch_types():
@@ -193,7 +192,7 @@ class Plan:
 
     __slots__ = (
         "buffer", "args", "args_ref", "pack", "values", "cuda_device", "held", "function",
-        "recipe", "head", "outputs", "allocate", "types", "present", "guard",
+        "recipe", "head", "outputs", "allocate", "types", "take", "guard", "armed_outputs",
     )
 
     def __init__(self, buffer, args, pack, values, cuda_device, held, function):
@@ -213,17 +212,32 @@ class Plan:
         # (None: torch.empty_like of the source).
         self.outputs = ()
         self.allocate = None
-        self.types = self.present = self.guard = None  # see arm()
+        self.types = self.take = self.guard = None  # see arm()
+        self.armed_outputs = ()
 
     def arm(self, signed):
         """Points the last-plan check at these signed tensors: their exact types (None where
-        absent), which are present, and a guard of the present ones (None without torch's)."""
+        absent), a function taking the present ones out of `signed`, and a guard of those
+        (None without torch's); and the outputs' exact (shape, strides, dtype) for them (a
+        tensor the guard accepts has the same strides, so a call it serves reads none)."""
+        present = [index for index, value in enumerate(signed) if value is not None]
         self.types = tuple(map(type, signed))
-        self.present = tuple(value is not None for value in signed)
+        self.take = (
+            operator.itemgetter(*present)
+            if len(present) > 1
+            else lambda values, index=present[0]: (values[index],)
+        )
+        armed = []
+        for output in self.outputs:
+            if output is not None and output[2] is None:
+                source, shape, _, dtype = output
+                output = (source, shape, signed[source].stride(), dtype)
+            armed.append(output)
+        self.armed_outputs = tuple(armed)
         self.guard = None
         if _new_guard is not None:
             try:
-                self.guard = _new_guard(tuple(_compress(signed, self.present)))
+                self.guard = _new_guard(self.take(signed))
             except Exception:  # noqa: BLE001 (a tensor TensorGuards does not take: key only)
                 self.guard = None
 
@@ -302,7 +316,7 @@ def call(runtime, recipe, signed, derived, head, position_offset, q_position_off
         and plan.head == head
         and tuple(map(type, signed)) == plan.types
     ):
-        present = (*_compress(signed, plan.present),)
+        present = plan.take(signed)
         if plan.guard(*present):
             pointers = list(map(_data_ptr, present))
             for value in derived:
@@ -316,9 +330,12 @@ def call(runtime, recipe, signed, derived, head, position_offset, q_position_off
         plan, pointers = _find(runtime, state, recipe, signed, derived, head, plan)
         if plan is None:
             return None
+        outputs = plan.outputs
+    else:
+        outputs = plan.armed_outputs  # (the guard accepted the tensors they were read from)
     made = ()
-    if plan.outputs:
-        made = _make_outputs(plan, signed, pointers)
+    if outputs:
+        made = _make_outputs(plan, outputs, signed, pointers)
     device = plan.cuda_device
     values = plan.values
     values[0] = position_offset
@@ -388,9 +405,9 @@ def _find(runtime, state, recipe, signed, derived, head, last_plan):
     return plan, pointers
 
 
-def _make_outputs(plan, signed, pointers):
-    """The recipe's outputs of this call (see Plan.outputs), their pointers added to
-    `pointers`. torch.empty_like's where the allocator cannot stand in for it: another current
+def _make_outputs(plan, outputs, signed, pointers):
+    """The recipe's outputs of this call (`outputs`: plan.outputs or plan.armed_outputs), their
+    pointers added to `pointers`. torch.empty_like's where the allocator cannot stand in for it: another current
     CUDA device than the tensors', or deterministic algorithms (empty_like then fills)."""
     allocate = plan.allocate
     if allocate is None or _deterministic() or (
@@ -398,7 +415,7 @@ def _make_outputs(plan, signed, pointers):
     ):
         allocate = None
     made = []
-    for output in plan.outputs:
+    for output in outputs:
         if output is None:
             made.append(None)
             continue
