@@ -192,7 +192,7 @@ class Plan:
 
     __slots__ = (
         "buffer", "args", "args_ref", "pack", "values", "cuda_device", "held", "function",
-        "recipe", "head", "outputs", "allocate", "types", "take", "guard", "armed_outputs",
+        "recipe", "head", "outputs", "allocate", "take", "absent", "nones", "guard", "armed_outputs",
     )
 
     def __init__(self, buffer, args, pack, values, cuda_device, held, function):
@@ -212,21 +212,27 @@ class Plan:
         # (None: torch.empty_like of the source).
         self.outputs = ()
         self.allocate = None
-        self.types = self.take = self.guard = None  # see arm()
+        self.take = self.absent = self.nones = self.guard = None  # see arm()
         self.armed_outputs = ()
 
     def arm(self, signed):
-        """Points the last-plan check at these signed tensors: their exact types (None where
-        absent), a function taking the present ones out of `signed`, and a guard of those
-        (None without torch's); and the outputs' exact (shape, strides, dtype) for them (a
-        tensor the guard accepts has the same strides, so a call it serves reads none)."""
+        """Points the last-plan check at these signed tensors: `take` (a function taking the
+        present ones out of a call's `signed`), `absent` (one taking the absent ones, which
+        must be None: `nones`), a guard of the present ones (None without torch's); and the
+        outputs' exact (shape, strides, dtype) for them (a tensor the guard accepts has the
+        same strides, so a call it serves reads none)."""
         present = [index for index, value in enumerate(signed) if value is not None]
-        self.types = tuple(map(type, signed))
+        absent = [index for index, value in enumerate(signed) if value is None]
         self.take = (
             operator.itemgetter(*present)
             if len(present) > 1
             else lambda values, index=present[0]: (values[index],)
         )
+        # (itemgetter of one index gives the item itself: twice gives a tuple.)
+        self.absent = None
+        if absent:
+            self.absent = operator.itemgetter(*(absent * 2 if len(absent) == 1 else absent))
+        self.nones = (None,) * max(len(absent), 2)
         armed = []
         for output in self.outputs:
             if output is not None and output[2] is None:
@@ -308,24 +314,23 @@ def call(runtime, recipe, signed, derived, head, position_offset, q_position_off
         state = _thread_state(runtime)
         plan = None
     # The last plan, checked in C (see the module docstring): the same recipe and head, the
-    # same types (so the same tensors absent), and its guard accepting the present tensors.
-    if (
-        plan is not None
-        and plan.recipe is recipe
-        and plan.guard is not None
-        and plan.head == head
-        and tuple(map(type, signed)) == plan.types
-    ):
-        present = plan.take(signed)
-        if plan.guard(*present):
-            pointers = list(map(_data_ptr, present))
-            for value in derived:
-                if value is not None:
-                    pointers.append(value.data_ptr())
-        else:
+    # same tensors absent, and its guard accepting the present ones (their exact types too).
+    pointers = None
+    if plan is not None and plan.recipe is recipe and plan.guard is not None and plan.head == head:
+        absent = plan.absent
+        try:
+            # (A tuple comparison tests identity first: Nones compare without a call. Objects
+            # that are not None where None belongs are not tensors: no torch tensor equals
+            # None, and an object whose comparison raises takes the key, which refuses it.)
+            if absent is None or absent(signed) == plan.nones:
+                present = plan.take(signed)
+                if plan.guard(*present):
+                    pointers = list(map(_data_ptr, present))
+                    for value in derived:
+                        if value is not None:
+                            pointers.append(value.data_ptr())
+        except (ValueError, TypeError, RuntimeError):
             pointers = None
-    else:
-        pointers = None
     if pointers is None:
         plan, pointers = _find(runtime, state, recipe, signed, derived, head, plan)
         if plan is None:

@@ -523,3 +523,22 @@ def test_deterministic_algorithms_make_outputs_with_empty_like(monkeypatch):
     made.clear()
     rope_jit.apply_rope(q, None, cos, sin)
     assert made == [] or _plans._ALLOCATORS.get("cpu") is None
+
+
+def test_the_last_plan_never_serves_a_call_that_gives_a_tensor_where_its_own_had_none():
+    # Same q, k and tables; positions and xpos_scale absent, then given, then absent again:
+    # each call follows its own arguments.
+    cos, sin = hf_tables(torch.arange(32), 16)
+    q = random(1, 2, 4, 16, seed=130)
+    positions = torch.tensor([9, 3, 30, 0])
+    cases = (None, positions, None, positions)
+    for given in cases:  # (one function at a time: the last plan is the previous call's)
+        out = torch.empty_like(q)
+        rope_jit.rope(q, cos=cos, sin=sin, positions=given, q_out=out)
+        want = expected(q, cos, sin, torch.arange(4) if given is None else given)
+        torch.testing.assert_close(out, want, rtol=2e-5, atol=2e-5)
+    for given in cases:
+        with torch.no_grad():
+            got = rope_jit.apply_rope(q, None, cos, sin, positions=given)
+        want = expected(q, cos, sin, torch.arange(4) if given is None else given)
+        torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)

@@ -26,7 +26,11 @@ def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
     Returns (q_embed, k_embed), new tensors in q's and k's dtype (transformers returns cos's
     dtype when it is wider; the models pass cos in q's dtype).
     """
-    if isinstance(position_ids, int) and not isinstance(position_ids, bool):
+    if (
+        position_ids is not None  # (first: the models' calls pass none)
+        and isinstance(position_ids, int)
+        and not isinstance(position_ids, bool)
+    ):
         position_ids, unsqueeze_dim = None, position_ids
     if position_ids is None:
         rotated = _eager(q, k, cos, sin, unsqueeze_dim)
