@@ -192,7 +192,8 @@ class Plan:
 
     __slots__ = (
         "buffer", "args", "args_ref", "pack", "values", "cuda_device", "held", "function",
-        "recipe", "head", "outputs", "allocate", "take", "absent", "nones", "guard", "armed_outputs",
+        "recipe", "head", "outputs", "allocate", "take", "absent", "nones", "guard",
+        "armed_outputs",
     )
 
     def __init__(self, buffer, args, pack, values, cuda_device, held, function):
@@ -411,9 +412,10 @@ def _find(runtime, state, recipe, signed, derived, head, last_plan):
 
 
 def _make_outputs(plan, outputs, signed, pointers):
-    """The recipe's outputs of this call (`outputs`: plan.outputs or plan.armed_outputs), their
-    pointers added to `pointers`. torch.empty_like's where the allocator cannot stand in for it: another current
-    CUDA device than the tensors', or deterministic algorithms (empty_like then fills)."""
+    """The recipe's outputs of this call (`outputs`: plan.outputs or plan.armed_outputs),
+    their pointers added to `pointers`. torch.empty_like's where the allocator cannot stand in
+    for it: another current CUDA device than the tensors', or deterministic algorithms
+    (empty_like then fills)."""
     allocate = plan.allocate
     if allocate is None or _deterministic() or (
         plan.cuda_device >= 0 and _cuda_device() != plan.cuda_device

@@ -87,8 +87,8 @@ def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
 # The eager hot path of the models' own calls (cos/sin [B|1, S, R], no position_ids): the
 # plan's key holds cos and sin as the model passes them, and the library reads them through
 # views made once, when the plan is built (cos[0], or the [B*S, R] rows); the sequence starts
-# are derived from q, and the plan makes the outputs like q and k (_plans.Recipe). Same results as apply_rotary_pos_emb's
-# general code, which every other call takes.
+# are derived from q, and the plan makes the outputs like q and k (_plans.Recipe). Same
+# results as apply_rotary_pos_emb's general code, which every other call takes.
 def _first(table):
     return table[0]
 
