@@ -193,7 +193,7 @@ class Plan:
     __slots__ = (
         "buffer", "args", "args_ref", "pack", "values", "cuda_device", "held", "function",
         "recipe", "head", "outputs", "allocate", "take", "absent", "nones", "guard",
-        "armed_outputs",
+        "armed_outputs", "other_devices",
     )
 
     def __init__(self, buffer, args, pack, values, cuda_device, held, function):
@@ -213,6 +213,7 @@ class Plan:
         # (None: torch.empty_like of the source).
         self.outputs = ()
         self.allocate = None
+        self.other_devices = False  # whether the current CUDA device may not be the tensors'
         self.take = self.absent = self.nones = self.guard = None  # see arm()
         self.armed_outputs = ()
 
@@ -418,7 +419,7 @@ def _make_outputs(plan, outputs, signed, pointers):
     (empty_like then fills)."""
     allocate = plan.allocate
     if allocate is None or _deterministic() or (
-        plan.cuda_device >= 0 and _cuda_device() != plan.cuda_device
+        plan.other_devices and _cuda_device() != plan.cuda_device
     ):
         allocate = None
     made = []
@@ -553,4 +554,6 @@ def _build(runtime, recipe, signed, derived, head, key):
     made = [output for output in outputs if output is not None]
     if made:
         plan.allocate = _ALLOCATORS.get(made[0].device.type)
+        # With one visible GPU the current device is the tensors': no need to ask per call.
+        plan.other_devices = cuda_device >= 0 and sys.modules["torch"].cuda.device_count() > 1
     return plan
