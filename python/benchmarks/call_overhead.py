@@ -252,7 +252,8 @@ def time_torch_paths(title, torch, device, dtype, runtime_note, calls, repeats, 
 
     from rope_jit import _plans
 
-    allocate = _plans._ALLOCATORS.get(device)  # what the plans make the outputs with, if any
+    # What the plans make the outputs with, where torch (and this version of the package) has it.
+    allocate = getattr(_plans, "_ALLOCATORS", {}).get(device)
     q_layout = (tuple(hf_q.shape), hf_q.stride(), hf_q.dtype)
     k_layout = (tuple(hf_k.shape), hf_k.stride(), hf_k.dtype)
 
