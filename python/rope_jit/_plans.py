@@ -12,8 +12,8 @@ signature's, so only pointers can differ).
 
 A Recipe says how a caller's tensors fill the struct: `signed` tensors are part of the
 signature; `derived` ones only give their data pointer, because the caller made them from the
-signed ones (torch.empty_like(q) has q's shape, dtype and device, and strides that follow from
-q's), so reading their shape again would only repeat the key; `views` give the library a view
+signed ones (the HF drop-in's sequence starts follow from q's shape and device), so reading
+their shape again would only repeat the key; `views` give the library a view
 of a signed tensor that starts at its address (a [1, S, R] cos table passed as its [S, R]
 row), made once when the plan is built, never per call; `outputs` are tensors the plan itself
 makes per call "like" a signed tensor (torch.empty_like's shape, strides, dtype and device,
@@ -127,6 +127,7 @@ def _find_torch_internals(torch):
             torch.zeros(2, 4)[:, :3],  # strides
             torch.zeros(3, 2),  # shape
             torch.zeros(2, 3, dtype=torch.float64),
+            torch.zeros(2, 3, device="meta"),  # another device type (dispatch keys)
             torch.zeros(2, 3, requires_grad=True),
             torch.nn.Parameter(torch.zeros(2, 3)),
         )
