@@ -194,7 +194,7 @@ class Plan:
     __slots__ = (
         "buffer", "args", "args_ref", "pack", "values", "cuda_device", "held", "function",
         "recipe", "head", "outputs", "allocate", "take", "absent", "nones", "guard",
-        "armed_outputs", "other_devices",
+        "armed_outputs", "other_devices", "key",
     )
 
     def __init__(self, buffer, args, pack, values, cuda_device, held, function):
@@ -209,6 +209,7 @@ class Plan:
         self.cuda_device = cuda_device  # the CUDA device index, or -1 for host tensors
         self.held = held  # what the struct points to outside the buffer (M-RoPE sections)
         self.recipe = self.head = None  # set by _build: what the last-plan check compares
+        self.key = None  # the key (a list) it was built for
         # Per recipe output: (its source's place in `signed`, shape, strides or None to take
         # the source's own, dtype), None where the source is absent; `allocate` makes one
         # (None: torch.empty_like of the source).
@@ -279,15 +280,16 @@ def _unconverted_rope(library):
 
 
 def _thread_state(runtime):
-    """This thread's plans of `runtime`: a threading.local with `plans` (key -> Plan), and the
+    """This thread's plans of `runtime`: a threading.local with `plans` (key -> Plan), the
     last call's key (a list) and plan, which a run of calls of one signature (a model's
-    layers, a decode loop) finds by one comparison, without hashing the key."""
+    layers, a decode loop) finds by its guard, and `other_plan`, the one used before it (q
+    and k rotated by separate calls alternate between two plans)."""
     local = runtime.__dict__.get("_plans")
     if local is None:
         local = runtime.__dict__.setdefault("_plans", threading.local())
     if not hasattr(local, "plans"):
         local.plans = {}
-        local.last_key = local.last_plan = None
+        local.last_key = local.last_plan = local.other_plan = None
     return local
 
 
@@ -312,30 +314,37 @@ def call(runtime, recipe, signed, derived, head, position_offset, q_position_off
         return None
     try:
         state = runtime.__dict__["_plans"]
-        plan = state.last_plan
+        last, other = state.last_plan, state.other_plan
     except (KeyError, AttributeError):
         state = _thread_state(runtime)
-        plan = None
-    # The last plan, checked in C (see the module docstring): the same recipe and head, the
-    # same tensors absent, and its guard accepting the present ones (their exact types too).
+        last = other = None
+    # The last two plans, checked in C (see the module docstring): the same recipe and head,
+    # the same tensors absent, and a guard accepting the present ones (their exact types too).
     pointers = None
-    if plan is not None and plan.recipe is recipe and plan.guard is not None and plan.head == head:
+    for plan in (last, other):
+        if plan is None or plan.recipe is not recipe or plan.guard is None or plan.head != head:
+            continue
         absent = plan.absent
         try:
             # (A tuple comparison tests identity first: Nones compare without a call. Objects
             # that are not None where None belongs are not tensors: no torch tensor equals
             # None, and an object whose comparison raises takes the key, which refuses it.)
-            if absent is None or absent(signed) == plan.nones:
-                present = plan.take(signed)
-                if plan.guard(*present):
-                    pointers = list(map(_data_ptr, present))
-                    for value in derived:
-                        if value is not None:
-                            pointers.append(value.data_ptr())
+            if absent is not None and absent(signed) != plan.nones:
+                continue
+            present = plan.take(signed)
+            if not plan.guard(*present):
+                continue
         except (ValueError, TypeError, RuntimeError):
-            pointers = None
+            break
+        pointers = list(map(_data_ptr, present))
+        for value in derived:
+            if value is not None:
+                pointers.append(value.data_ptr())
+        if plan is other:
+            state.last_plan, state.other_plan, state.last_key = other, last, other.key
+        break
     if pointers is None:
-        plan, pointers = _find(runtime, state, recipe, signed, derived, head, plan)
+        plan, pointers = _find(runtime, state, recipe, signed, derived, head, (last, other))
         if plan is None:
             return None
         outputs = plan.outputs
@@ -363,9 +372,10 @@ def call(runtime, recipe, signed, derived, head, position_offset, q_position_off
     return made
 
 
-def _find(runtime, state, recipe, signed, derived, head, last_plan):
+def _find(runtime, state, recipe, signed, derived, head, checked):
     """(plan, pointers of the signed and derived tensors) by the call's key, the plan built
-    when the key is new; (None, None) when the call is not one for this path (see call)."""
+    when the key is new; (None, None) when the call is not one for this path (see call).
+    `checked` are the plans whose guards refused these tensors."""
     types = TORCH_TENSOR_TYPES
     # The key: the recipe, head, and per signed tensor its (shape, strides, dtype, device)
     # (None where absent); one tuple per tensor compares and hashes faster than four entries.
@@ -396,19 +406,23 @@ def _find(runtime, state, recipe, signed, derived, head, last_plan):
             plan = state.plans.get(frozen)
     except (TypeError, AttributeError, RuntimeError):
         return None, None  # not plain strided torch tensors, or an unhashable argument
+    built = False
     if frozen is not None:
         if plan is None:
             plan = _build(runtime, recipe, signed, derived, head, key)
             if len(state.plans) >= MAX_PLANS:
                 state.plans.clear()
             state.plans[frozen] = plan
-            last_plan = plan  # (armed below)
+            if plan is not _NO_PLAN:
+                plan.key, built = key, True
+        if plan is not state.last_plan:
+            state.other_plan = state.last_plan
         state.last_key, state.last_plan = key, plan
     if plan is _NO_PLAN:
         return None, None
-    if plan is last_plan and _new_guard is not None:
-        # A new plan, or the last one whose check refused these tensors although their key is
-        # its own (requires_grad changed, size-1 strides, a Parameter): check these from now.
+    if _new_guard is not None and (built or plan in checked):
+        # A new plan, or one whose guard refused these tensors although their key is its own
+        # (requires_grad changed, size-1 strides, a Parameter): check these from now on.
         plan.arm(signed)
     return plan, pointers
 

@@ -542,3 +542,23 @@ def test_the_last_plan_never_serves_a_call_that_gives_a_tensor_where_its_own_had
             got = rope_jit.apply_rope(q, None, cos, sin, positions=given)
         want = expected(q, cos, sin, torch.arange(4) if given is None else given)
         torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
+
+
+def test_q_and_k_rotated_by_turns_are_served_by_the_two_last_plans_and_stay_right():
+    # rotary-embedding-torch's way: q, then k (fewer heads), then q... each call with new data.
+    cos, sin = hf_tables(torch.arange(32), 16)
+    runtime = rope_jit.default_runtime()
+    plans = _plans._plans_of(runtime)
+    plans.clear()
+    for seed in range(4):
+        for heads in (4, 2):
+            x = random(1, 16, heads, 16, seed=140 + 2 * seed + heads)
+            with torch.no_grad():
+                got = rope_jit.apply_rope(x, None, cos, sin, position_offset=seed, layout="bshd")
+            want = expected(x.transpose(1, 2), cos, sin, torch.arange(16) + seed)
+            torch.testing.assert_close(got.transpose(1, 2), want, rtol=2e-5, atol=2e-5)
+    assert len(plans) == 2
+    state = _plans._thread_state(runtime)
+    # The last call's plan leads; the key the state holds is that plan's.
+    assert state.last_plan is plans[tuple(state.last_key)] and state.other_plan in plans.values()
+    assert state.last_key[2][0] == (1, 16, 2, 16)
