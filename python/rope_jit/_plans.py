@@ -24,7 +24,10 @@ a tensor's type, dispatch keys, dtype, device, sizes, strides and requires_grad)
 tensors that last came through it, where building and comparing a key costs a few tenths of a
 microsecond per tensor. A call it refuses (another signature, a new layout of size-1 strides,
 requires_grad changed) takes the key; a torch without these private functions takes the key
-always, and makes outputs with torch.empty_like.
+always, and makes outputs with torch.empty_like. A tensor given twice (q_out=q, k=q, cos is sin)
+is guarded once, its repeats by identity (a TensorGuards refuses any call with repeats). The
+allocator, self-tested at import on the CPU only, is dropped where it raises and empty_like
+does not.
 
 Plans live in the Runtime, per thread (an autograd worker thread and the main thread never
 patch one buffer at once), at most MAX_PLANS per thread; a plan holds no tensor. A thread's
@@ -109,7 +112,9 @@ def _find_torch_internals(torch):
             _ALLOCATORS[device] = allocate
     try:
         made = _ALLOCATORS["cpu"]((2, 1, 3), (3, 9, 1), torch.float16)
-        if made.shape != (2, 1, 3) or made.stride() != (3, 9, 1) or made.dtype != torch.float16:
+        if (made.shape, made.stride(), made.dtype, made.device.type) != (
+            (2, 1, 3), (3, 9, 1), torch.float16, "cpu"
+        ):
             raise ValueError("unexpected tensor")
     except Exception:  # noqa: BLE001
         _ALLOCATORS.clear()
@@ -119,19 +124,24 @@ def _find_torch_internals(torch):
             *tensors, dynamic_dims_sizes=None, dynamic_dims_strides=None
         ).check
 
+    def zeros(*shape, dtype=torch.float32, device="cpu", requires_grad=False):
+        # Device and dtype named: this may run under `with torch.device("meta")`, during CUDA
+        # graph capture with a CUDA default device, or after torch.set_default_dtype.
+        return torch.zeros(shape, dtype=dtype, device=device, requires_grad=requires_grad)
+
     try:
-        base = torch.zeros(2, 3)
-        check = new_guard((base, base))
+        base = zeros(2, 3)
+        check = new_guard((base, zeros(2, 3)))
         others = (
-            torch.zeros(3, 2).t(),  # strides
-            torch.zeros(2, 4)[:, :3],  # strides
-            torch.zeros(3, 2),  # shape
-            torch.zeros(2, 3, dtype=torch.float64),
-            torch.zeros(2, 3, device="meta"),  # another device type (dispatch keys)
-            torch.zeros(2, 3, requires_grad=True),
-            torch.nn.Parameter(torch.zeros(2, 3)),
+            zeros(3, 2).t(),  # strides
+            zeros(2, 4)[:, :3],  # strides
+            zeros(3, 2),  # shape
+            zeros(2, 3, dtype=torch.float64),
+            zeros(2, 3, device="meta"),  # another device type (dispatch keys)
+            zeros(2, 3, requires_grad=True),
+            torch.nn.Parameter(zeros(2, 3)),
         )
-        if check(torch.ones(2, 3), base) is not True or any(
+        if check(zeros(2, 3) + 1, zeros(2, 3)) is not True or any(
             check(base, other) is not False for other in others
         ):
             return
@@ -247,9 +257,39 @@ class Plan:
         self.guard = None
         if _new_guard is not None:
             try:
-                self.guard = _new_guard(self.take(signed))
+                tensors = self.take(signed)
+                distinct = len({id(value) for value in tensors}) == len(tensors)
+                self.guard = (_new_guard if distinct else _aliased_guard)(tensors)
             except Exception:  # noqa: BLE001 (a tensor TensorGuards does not take: key only)
                 self.guard = None
+
+
+def _aliased_guard(tensors):
+    """The guard of `tensors` where one object comes twice or more (q_out=q, k=q, cos is sin),
+    whose calls a TensorGuards of them all refuses, every one (it checks that its tensors are
+    distinct objects): a TensorGuards of each object once, and each repeat the same object
+    as its first place's."""
+    first = {}
+    for place, value in enumerate(tensors):
+        first.setdefault(id(value), place)
+    unique = sorted(first.values())
+    repeats = [place for place, value in enumerate(tensors) if first[id(value)] != place]
+    originals = [first[id(tensors[place])] for place in repeats]
+    # (itemgetter of one index gives the item itself: twice gives a tuple.)
+    again = operator.itemgetter(*(repeats * 2 if len(repeats) == 1 else repeats))
+    same = operator.itemgetter(*(originals * 2 if len(originals) == 1 else originals))
+    take = (
+        operator.itemgetter(*unique)
+        if len(unique) > 1
+        else lambda values, index=unique[0]: (values[index],)
+    )
+    check = _new_guard(take(tensors))
+    is_ = operator.is_
+
+    def guard(*values):
+        return all(map(is_, again(values), same(values))) and check(*take(values))
+
+    return guard
 
 
 class _Refused:
@@ -320,19 +360,23 @@ def call(runtime, recipe, signed, derived, head, position_offset, q_position_off
         last = other = None
     # The last two plans, checked in C (see the module docstring): the same recipe and head,
     # the same tensors absent, and a guard accepting the present ones (their exact types too).
+    # Guards switched off (_new_guard None) trust no guard armed before either.
     pointers = None
-    for plan in (last, other):
-        if plan is None or plan.recipe is not recipe or plan.guard is None or plan.head != head:
+    refused = ()  # the plans whose guards refused these tensors
+    for plan in (last, other) if _new_guard is not None else ():
+        if plan is None or plan.recipe is not recipe or plan.guard is None:
             continue
         absent = plan.absent
         try:
             # (A tuple comparison tests identity first: Nones compare without a call. Objects
             # that are not None where None belongs are not tensors: no torch tensor equals
-            # None, and an object whose comparison raises takes the key, which refuses it.)
-            if absent is not None and absent(signed) != plan.nones:
+            # None, and an object whose comparison raises (here or in the head: a tensor among
+            # mrope_sections) takes the key, which gives the call to the general path.)
+            if plan.head != head or (absent is not None and absent(signed) != plan.nones):
                 continue
             present = plan.take(signed)
             if not plan.guard(*present):
+                refused += (plan,)
                 continue
         except (ValueError, TypeError, RuntimeError):
             break
@@ -344,15 +388,14 @@ def call(runtime, recipe, signed, derived, head, position_offset, q_position_off
             state.last_plan, state.other_plan, state.last_key = other, last, other.key
         break
     if pointers is None:
-        plan, pointers = _find(runtime, state, recipe, signed, derived, head, (last, other))
+        plan, pointers, made = _find(runtime, state, recipe, signed, derived, head, refused)
         if plan is None:
             return None
-        outputs = plan.outputs
+        if made is None:
+            made = _make_outputs(plan, plan.outputs, signed, pointers) if plan.outputs else ()
     else:
         outputs = plan.armed_outputs  # (the guard accepted the tensors they were read from)
-    made = ()
-    if outputs:
-        made = _make_outputs(plan, outputs, signed, pointers)
+        made = _make_outputs(plan, outputs, signed, pointers) if outputs else ()
     device = plan.cuda_device
     values = plan.values
     values[0] = position_offset
@@ -372,10 +415,12 @@ def call(runtime, recipe, signed, derived, head, position_offset, q_position_off
     return made
 
 
-def _find(runtime, state, recipe, signed, derived, head, checked):
-    """(plan, pointers of the signed and derived tensors) by the call's key, the plan built
-    when the key is new; (None, None) when the call is not one for this path (see call).
-    `checked` are the plans whose guards refused these tensors."""
+def _find(runtime, state, recipe, signed, derived, head, refused):
+    """(plan, pointers of the signed and derived tensors, built) by the call's key, the plan
+    built when the key is new: then `built` holds the outputs the build made (as call returns
+    them; their pointers follow in `pointers`), else it is None. (None, None, None) when the
+    call is not one for this path (see call). `refused` are the plans whose guards refused
+    these tensors."""
     types = TORCH_TENSOR_TYPES
     # The key: the recipe, head, and per signed tensor its (shape, strides, dtype, device)
     # (None where absent); one tuple per tensor compares and hashes faster than four entries.
@@ -395,7 +440,7 @@ def _find(runtime, state, recipe, signed, derived, head, checked):
                         value.device))
                 add_pointer(value.data_ptr())
             else:
-                return None, None
+                return None, None, None
         for value in derived:
             if value is not None:
                 add_pointer(value.data_ptr())
@@ -405,26 +450,28 @@ def _find(runtime, state, recipe, signed, derived, head, checked):
             frozen = tuple(key)
             plan = state.plans.get(frozen)
     except (TypeError, AttributeError, RuntimeError):
-        return None, None  # not plain strided torch tensors, or an unhashable argument
-    built = False
+        return None, None, None  # not plain strided torch tensors, or an unhashable argument
+    built = None
     if frozen is not None:
         if plan is None:
-            plan = _build(runtime, recipe, signed, derived, head, key)
+            plan, built = _build(runtime, recipe, signed, derived, head, key)
             if len(state.plans) >= MAX_PLANS:
                 state.plans.clear()
             state.plans[frozen] = plan
             if plan is not _NO_PLAN:
-                plan.key, built = key, True
+                plan.key = key
+                pointers += [output.data_ptr() for output in built if output is not None]
         if plan is not state.last_plan:
             state.other_plan = state.last_plan
         state.last_key, state.last_plan = key, plan
     if plan is _NO_PLAN:
-        return None, None
-    if _new_guard is not None and (built or plan in checked):
-        # A new plan, or one whose guard refused these tensors although their key is its own
-        # (requires_grad changed, size-1 strides, a Parameter): check these from now on.
+        return None, None, None
+    if _new_guard is not None and (plan.take is None or plan in refused):
+        # A plan never armed (new, or built while guards were off), or one whose guard refused
+        # these tensors although their key is its own (requires_grad changed, size-1 strides,
+        # a Parameter, one tensor given twice or no longer): check these from now on.
         plan.arm(signed)
-    return plan, pointers
+    return plan, pointers, built
 
 
 def _make_outputs(plan, outputs, signed, pointers):
@@ -433,8 +480,8 @@ def _make_outputs(plan, outputs, signed, pointers):
     for it: another current CUDA device than the tensors', or deterministic algorithms
     (empty_like then fills)."""
     allocate = plan.allocate
-    if allocate is None or _deterministic() or (
-        plan.other_devices and _cuda_device() != plan.cuda_device
+    if allocate is not None and (
+        _deterministic() or (plan.other_devices and _cuda_device() != plan.cuda_device)
     ):
         allocate = None
     made = []
@@ -446,19 +493,40 @@ def _make_outputs(plan, outputs, signed, pointers):
         if allocate is None:
             tensor = _empty_like(signed[source])
         else:
-            tensor = allocate(shape, signed[source].stride() if strides is None else strides, dtype)
+            try:
+                tensor = allocate(
+                    shape, signed[source].stride() if strides is None else strides, dtype
+                )
+            except Exception:  # noqa: BLE001 (see below)
+                # A private function, self-tested at import on the CPU only: a torch that
+                # changed it raises here. empty_like's error (out of memory) is the caller's;
+                # where empty_like succeeds, the allocator was at fault: dropped.
+                tensor = _empty_like(signed[source])
+                _drop_allocator(plan, allocate)
+                allocate = None
         made.append(tensor)
         pointers.append(tensor.data_ptr())
     return tuple(made)
 
 
+def _drop_allocator(plan, allocate):
+    """Outputs through empty_like from now on, where they came from `allocate`: this plan's,
+    and every plan built later (a plan built before drops it at its own first failure)."""
+    plan.allocate = None
+    for device, known in list(_ALLOCATORS.items()):
+        if known is allocate:
+            _ALLOCATORS.pop(device, None)
+
+
 def _build(runtime, recipe, signed, derived, head, key):
-    """The plan of this call's signature (every check of the general path runs here), or
-    _NO_PLAN when a view does not start at its tensor's address. `key` is the call's key."""
+    """(plan, outputs) of this call's signature (every check of the general path runs here):
+    the plan, or _NO_PLAN when a view does not start at its tensor's address or the recipe's
+    check refuses the signature; the recipe's outputs made for this call (None where the
+    source is absent; () for _NO_PLAN). `key` is the call's key."""
     from .rope import _POINTER_OFFSETS, _TENSOR_NAMES, build_args  # rope imports this module
 
     if recipe.check is not None and not recipe.check(signed, head):
-        return _NO_PLAN
+        return _NO_PLAN, ()
     # The recipe's outputs as the reference makes them: the plan's DLTensors describe these,
     # and its later outputs repeat their shapes, strides and dtypes.
     outputs = tuple(
@@ -470,7 +538,7 @@ def _build(runtime, recipe, signed, derived, head, key):
     for slot, _ in recipe.views:
         original = signed[recipe.signed.index(slot)]
         if original is not None and values[slot].data_ptr() != original.data_ptr():
-            return _NO_PLAN  # a copy, not a view: its address changes every call
+            return _NO_PLAN, ()  # a copy, not a view: its address changes every call
     layout, rotary_dim, rotary_offset, style, backward, mrope_sections, mrope_interleaved = head[:7]
     library = runtime.library
     args, held = build_args(
@@ -571,4 +639,4 @@ def _build(runtime, recipe, signed, derived, head, key):
         plan.allocate = _ALLOCATORS.get(made[0].device.type)
         # With one visible GPU the current device is the tensors': no need to ask per call.
         plan.other_devices = cuda_device >= 0 and sys.modules["torch"].cuda.device_count() > 1
-    return plan
+    return plan, outputs
