@@ -449,8 +449,10 @@ def _find(runtime, state, recipe, signed, derived, head, refused):
         else:
             frozen = tuple(key)
             plan = state.plans.get(frozen)
-    except (TypeError, AttributeError, RuntimeError):
-        return None, None, None  # not plain strided torch tensors, or an unhashable argument
+    except (TypeError, AttributeError, RuntimeError, ValueError):
+        # Not plain strided torch tensors, an unhashable argument, or one whose comparison
+        # raises (an array among mrope_sections): the general path names it.
+        return None, None, None
     built = None
     if frozen is not None:
         if plan is None:

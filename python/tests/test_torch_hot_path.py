@@ -750,9 +750,12 @@ def test_a_disabled_guard_is_never_consulted_even_by_a_plan_armed_before(monkeyp
     assert consulted == [] and _plans._thread_state(runtime).last_plan is plan
 
 
-def test_a_head_that_cannot_be_compared_gets_the_general_paths_error_naming_the_argument():
-    # mrope_sections holding a tensor of two values: comparing it with the last plan's head
+@pytest.mark.parametrize("array", ["torch", "numpy"])
+def test_a_head_that_cannot_be_compared_gets_the_general_paths_error_naming_the_argument(array):
+    # mrope_sections holding an array of two values: comparing it with the last plan's head
     # raises; the general path names the argument.
+    numpy = pytest.importorskip("numpy")
+    section = torch.tensor([4, 4]) if array == "torch" else numpy.array([4, 4])
     cos, sin = hf_tables(torch.arange(8), 16)
     q = random(1, 2, 4, 16, seed=220)
     positions = torch.zeros(2, 4, dtype=torch.int64)
@@ -761,4 +764,4 @@ def test_a_head_that_cannot_be_compared_gets_the_general_paths_error_naming_the_
         rope_jit.rope(q, cos=cos, sin=sin, positions=positions, mrope_sections=[4, 4], q_out=out)
     with pytest.raises(TypeError, match=r"mrope_sections\[0\]"):
         rope_jit.rope(q, cos=cos, sin=sin, positions=positions,
-                      mrope_sections=[torch.tensor([4, 4]), 4], q_out=out)
+                      mrope_sections=[section, 4], q_out=out)
