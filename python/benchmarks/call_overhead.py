@@ -247,8 +247,18 @@ def time_torch_paths(title, torch, device, dtype, runtime_note, calls, repeats, 
         with torch.no_grad():
             return apply_rotary_pos_emb(hf_q, hf_k, hf_cos, hf_sin)
 
-    def empty_like_q_k():  # the two outputs apply_rope and the drop-in allocate per call
+    def empty_like_q_k():  # the two outputs apply_rope and the drop-in allocated per call
         return torch.empty_like(hf_q), torch.empty_like(hf_k)
+
+    from rope_jit import _plans
+
+    # What the plans make the outputs with, where torch (and this version of the package) has it.
+    allocate = getattr(_plans, "_ALLOCATORS", {}).get(device)
+    q_layout = (tuple(hf_q.shape), hf_q.stride(), hf_q.dtype)
+    k_layout = (tuple(hf_k.shape), hf_k.stride(), hf_k.dtype)
+
+    def allocate_q_k():
+        return allocate(*q_layout), allocate(*k_layout)
 
     rows = [
         (f"apply_rope fwd, decode B={batch} bshd seqlen_offsets", forward),
@@ -261,7 +271,9 @@ def time_torch_paths(title, torch, device, dtype, runtime_note, calls, repeats, 
     if batch != 2:
         rows.append(("dropin.hf.apply_rotary_pos_emb, cos [B,1,D] B=2", hf_dropin_per_sequence))
     rows.append((f"dropin.hf B={batch}, under torch.no_grad()", hf_dropin_no_grad))
-    rows.append(("torch.empty_like of q and k (the outputs)", empty_like_q_k))
+    rows.append(("torch.empty_like of q and k", empty_like_q_k))
+    if allocate is not None:
+        rows.append(("the plans' allocator, q and k (the outputs)", allocate_q_k))
     # Rows whose one plan call is split into its library call and its Python (report_split).
     split = (forward, hf_dropin, hf_dropin_per_sequence)
     for _, function in rows:
@@ -283,10 +295,12 @@ def stub_plan_calls():
     build = _plans._build
 
     def build_stubbed(*args, **kwargs):
-        plan = build(*args, **kwargs)
+        built = build(*args, **kwargs)
+        # (_build gives (plan, outputs); an older package's gives the plan alone.)
+        plan = built[0] if type(built) is tuple else built
         if plan is not _plans._NO_PLAN:
             plan.function = lambda handle, args: 0
-        return plan
+        return built
 
     _plans._build = build_stubbed
 

@@ -337,6 +337,7 @@ def rope(
             position_offset,
             q_position_offset,
         )
+        is not None
     ):
         # The common PyTorch call (plain rotary, no M-RoPE, learned frequencies, QK-norm or KV
         # cache) through its plan, tested with plain comparisons before anything is built.
@@ -413,7 +414,7 @@ def rope(
             (layout, rotary_dim, rotary_offset, style, bool(backward)) + mrope,
             position_offset,
             q_position_offset,
-        ):
+        ) is not None:
             return (
                 q_out if q_out is not None else q,
                 None if k is None else (k_out if k_out is not None else k),

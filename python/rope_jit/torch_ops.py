@@ -504,14 +504,14 @@ rope_qk_inplace_op = _define(
 # TorchDispatchMode (FakeTensorMode, FlopCounterMode...) on the stack; elsewhere the ops run.
 
 
-# apply_rope's tensors in a plan: q, k and the tables are signed; the outputs are made here by
-# torch.empty_like of q and k, so their shapes, strides, dtypes and devices follow from q's
-# and k's (see _plans.Recipe).
+# apply_rope's tensors in a plan: q, k and the tables are signed; the outputs are made by the
+# plan like q and k (torch.empty_like's shapes, strides, dtypes and devices; see
+# _plans.Recipe). APPLY_RECIPE.in_place writes into q and k.
 APPLY_RECIPE = _plans.Recipe(
     "apply_rope",
     _TENSOR_NAMES,
     signed=("q", "k") + _TABLE_FIELDS,
-    derived=("q_out", "k_out"),
+    outputs={"q_out": "q", "k_out": "k"},
 )
 
 
@@ -556,38 +556,42 @@ class _Call:
     def launch(self, q, k, backward, inplace=False):
         """(q_out, k_out): q and k rotated (inversely with `backward`) into new tensors, or
         into q and k with `inplace` (then q_out and k_out are None)."""
-        if inplace:
-            q_out = k_out = None
-        else:
-            q_out = _empty_like(q)
-            k_out = None if k is None else _empty_like(k)
+        recipe = self.recipe.in_place if inplace else self.recipe
         signed = (q, k) + self.tables
-        derived = (q_out, k_out) + self.derived
-        if not _plans.call(
+        made = _plans.call(
             self.runtime,
-            self.recipe,
+            recipe,
             signed,
-            derived,
+            self.derived,
             self.params + (backward, None, False, inplace),
             self.position_offset,
             self.q_position_offset,
-        ):
-            layout, rotary_dim, rotary_offset, style = self.params
-            values = self.recipe.values(signed, derived)
-            given = zip(_TENSOR_NAMES[2:], values[2:])
-            _rope(
-                q,
-                k,
-                **{name: value for name, value in given if value is not None},
-                position_offset=self.position_offset,
-                q_position_offset=self.q_position_offset,
-                rotary_dim=rotary_dim,
-                rotary_offset=rotary_offset,
-                style=style,
-                backward=backward,
-                layout=layout,
-                runtime=self.runtime,
-            )
+        )
+        if made is not None:
+            return (None, None) if inplace else made
+        if inplace:
+            q_out = k_out = None
+            derived = self.derived
+        else:
+            q_out = _empty_like(q)
+            k_out = None if k is None else _empty_like(k)
+            derived = self.derived + (q_out, k_out)
+        layout, rotary_dim, rotary_offset, style = self.params
+        values = recipe.values(signed, derived)
+        given = zip(_TENSOR_NAMES[2:], values[2:])
+        _rope(
+            q,
+            k,
+            **{name: value for name, value in given if value is not None},
+            position_offset=self.position_offset,
+            q_position_offset=self.q_position_offset,
+            rotary_dim=rotary_dim,
+            rotary_offset=rotary_offset,
+            style=style,
+            backward=backward,
+            layout=layout,
+            runtime=self.runtime,
+        )
         return q_out, k_out
 
 
@@ -620,7 +624,6 @@ _EAGER_TYPES = (torch.Tensor, torch.nn.Parameter)
 # that skips eager_path_applies (apply_rope's inference one, the HF drop-in's) finds no torch
 # types yet and takes the general path once.
 _plans.torch_types()
-_NOT_PLAIN = object()
 _runtime = default_runtime
 _is_compiling = torch.compiler.is_compiling
 _is_grad_enabled = torch.is_grad_enabled
@@ -729,35 +732,22 @@ def apply_rope(
             {"cos": cos, "sin": sin, "inv_freq": inv_freq, "xpos_scale": xpos_scale}
         )
     records_grad = grad_mode and (q.requires_grad or (k is not None and k.requires_grad))
-    if (
-        not inplace
-        and not records_grad
-        and not _is_compiling()
-        and not _dispatch_stack_depth()
-        and type(q) in _EAGER_TYPES
-    ):
-        # The eager forward without autograd (inference, decode): one plan call into new
-        # tensors, no _Call. Tables are checked by the plan's key (plain torch tensors only);
-        # anything else takes the code below, which decides as before.
-        if k is None:  # without k, q's own offset simply adds to the common one
-            offsets = (position_offset + q_position_offset, 0)
-            k_out = None
-        elif type(k) in _EAGER_TYPES:
-            offsets = (position_offset, q_position_offset)
-            k_out = _empty_like(k)
-        else:
-            k_out = _NOT_PLAIN
-        if k_out is not _NOT_PLAIN:
-            q_out = _empty_like(q)
-            if _plans.call(
-                _runtime(),
-                APPLY_RECIPE,
-                (q, k) + tables,
-                (q_out, k_out),
-                (layout, rotary_dim, rotary_offset, style, bool(backward), None, False, False),
-                *offsets,
-            ):
-                return q_out if k is None else (q_out, k_out)
+    if not inplace and not records_grad and not _is_compiling() and not _dispatch_stack_depth():
+        # The eager forward without autograd (inference, decode): one plan call, which makes
+        # the outputs, no _Call. q, k and the tables are checked by the plan's key (plain torch
+        # tensors only); anything else takes the code below, which decides as before.
+        made = _plans.call(
+            _runtime(),
+            APPLY_RECIPE,
+            (q, k) + tables,
+            (),
+            (layout, rotary_dim, rotary_offset, style, bool(backward), None, False, False),
+            # without k, q's own offset simply adds to the common one
+            position_offset + q_position_offset if k is None else position_offset,
+            0 if k is None else q_position_offset,
+        )
+        if made is not None:
+            return made[0] if k is None else made
 
     if eager_path_applies(q, k, tables):
         if k is None:  # without k, q's own offset simply adds to the common one

@@ -292,3 +292,32 @@ def test_torch_compile_reduce_overhead_fullgraph_forward_and_backward():
         torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-2)
         torch.testing.assert_close(q.grad, q_ref.grad, rtol=1.6e-2, atol=1.6e-2)
         torch.testing.assert_close(k.grad, k_ref.grad, rtol=1.6e-2, atol=1.6e-2)
+
+
+def test_outputs_made_by_the_plans_allocator_on_the_gpu_are_empty_likes_and_right():
+    # Decode shapes through apply_rope (bshd) and the HF drop-in (the [B, H, 1, D] views the
+    # models pass, per-sequence tables): the plan makes the outputs after its first call, with
+    # torch.empty_like's strides, dtype and device; values against plain PyTorch every call.
+    from rope_jit.dropin.hf import apply_rotary_pos_emb
+
+    cos, sin = hf_tables(torch.arange(64, device=DEVICE), 128, dtype=torch.bfloat16)
+    for seed in range(3):
+        generator = torch.Generator(device=DEVICE).manual_seed(seed)
+        q = torch.randn(8, 1, 32, 128, device=DEVICE, dtype=torch.bfloat16, generator=generator)
+        k = torch.randn(8, 1, 8, 128, device=DEVICE, dtype=torch.bfloat16, generator=generator)
+        offsets = torch.arange(8, device=DEVICE) * 7
+        got_q, got_k = rope_jit.apply_rope(q, k, cos, sin, seqlen_offsets=offsets, layout="bshd")
+        positions = offsets[:, None]  # [B, 1]
+        hf_cos, hf_sin = cos[positions], sin[positions]  # [B, 1, D]
+        hf_q, hf_k = apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), hf_cos, hf_sin)
+        made = ((got_q, q), (got_k, k), (hf_q, q.transpose(1, 2)), (hf_k, k.transpose(1, 2)))
+        for got, x in made:
+            reference = torch.empty_like(x)
+            assert (got.stride(), got.dtype, got.device) == (
+                reference.stride(), reference.dtype, reference.device
+            )
+        for got, x in ((got_q, q), (got_k, k)):
+            want = rope_torch(x.transpose(1, 2).float(), cos.float(), sin.float(), positions)
+            torch.testing.assert_close(got.transpose(1, 2).float(), want, rtol=2e-2, atol=2e-2)
+            hf_got = (hf_q if x is q else hf_k).float()
+            torch.testing.assert_close(hf_got, got.transpose(1, 2).float(), rtol=2e-2, atol=2e-2)

@@ -32,6 +32,15 @@ def expected(x, cos, sin, positions):
     return rope_torch(x, cos, sin, positions)
 
 
+def fresh_plans(runtime):
+    """Forgets this thread's plans of `runtime`: the dict and the last two plans and key (a
+    plan left as last_plan would still be served through its guard)."""
+    state = _plans._thread_state(runtime)
+    state.plans.clear()
+    state.last_key = state.last_plan = state.other_plan = None
+    return state.plans
+
+
 def test_a_plan_serves_new_tensors_of_its_signature_and_a_new_signature_gets_its_own():
     cos, sin = hf_tables(torch.arange(64), 32)
     runtime = rope_jit.default_runtime()
@@ -247,7 +256,7 @@ def test_the_hf_drop_in_picks_its_recipe_by_the_tables_strides_in_inference(tabl
         cos, sin = cos[:1].expand(batch, -1, -1), sin[:1].expand(batch, -1, -1)
         assert cos.stride(0) == 0 and not cos.is_contiguous()
     runtime = rope_jit.default_runtime()
-    _plans._plans_of(runtime).clear()
+    fresh_plans(runtime)
     q = random(batch, seq_len, 4, head_dim, seed=60).transpose(1, 2)
     k = random(batch, seq_len, 2, head_dim, seed=61).transpose(1, 2)
     with torch.no_grad():
@@ -420,3 +429,339 @@ def test_the_hf_recipes_check_refuses_a_signature_once_and_its_calls_still_raise
     c, s = cos[:, None, :seq_len], sin[:, None, :seq_len]
     want = q * c + torch.cat((-q[..., 8:], q[..., :8]), -1) * s
     torch.testing.assert_close(got_q, want, rtol=2e-5, atol=2e-5)
+
+
+def _empty_like_strides(x):
+    return torch.empty_like(x).stride()
+
+
+def test_outputs_made_by_a_plan_have_empty_likes_strides_dtype_and_values_on_every_call():
+    # Contiguous q whose size-1 strides differ (one plan: the strides are read per call), and
+    # a q sliced out of a fused projection (not dense: empty_like's own strides, from the key).
+    cos, sin = hf_tables(torch.arange(8), 16)
+    fused = random(2, 4, 3 * 4, 16, seed=90)  # [B, S, 3 * H, D]
+    cases = [
+        random(2, 1, 4, 16, seed=91),
+        random(2, 4, 1, 16, seed=92).transpose(1, 2),
+        fused[:, :, :4],
+        random(2, 1, 4, 16, seed=93),
+    ]
+    assert not cases[2].is_contiguous() and _empty_like_strides(cases[2]) != cases[2].stride()
+    for q in cases + cases:
+        k = q[:, :, :2]
+        for inference in (True, False):
+            with torch.set_grad_enabled(not inference):
+                x = q if inference else q.detach().requires_grad_(True)
+                got_q, got_k = rope_jit.apply_rope(x, k, cos, sin, layout="bshd")
+            for got, source in ((got_q, q), (got_k, k)):
+                assert got.stride() == _empty_like_strides(source)
+                assert got.dtype == source.dtype and got.shape == source.shape
+                want = expected(source.transpose(1, 2), cos, sin, torch.arange(q.shape[1]))
+                torch.testing.assert_close(got.transpose(1, 2), want, rtol=2e-5, atol=2e-5)
+
+
+def test_the_last_plan_check_follows_changed_tensors_and_never_serves_another_signature():
+    # One signature called with a Tensor, a Parameter, a tensor that requires grad, then
+    # another shape and dtype: each call's result is right, and the refused checks re-arm the
+    # same plan instead of building others.
+    cos, sin = hf_tables(torch.arange(16), 16)
+    runtime = rope_jit.default_runtime()
+    plans = fresh_plans(runtime)
+    base = random(1, 3, 8, 16, seed=95)
+    calls = [
+        base,
+        torch.nn.Parameter(base.clone(), requires_grad=False),
+        base + 1,
+        random(1, 3, 5, 16, seed=96),  # another shape: another plan
+        random(1, 3, 8, 16, seed=97).half(),  # another dtype: another plan
+        base * 2,
+    ]
+    for q in calls:
+        with torch.no_grad():
+            out = rope_jit.apply_rope(q, None, cos, sin)
+        want = expected(q.detach().float(), cos, sin, torch.arange(q.shape[2]))
+        tolerance = 2e-5 if q.dtype == torch.float32 else 2e-3
+        torch.testing.assert_close(out, want.to(q.dtype), rtol=tolerance, atol=tolerance)
+        assert type(out) is torch.Tensor and not out.requires_grad
+    assert len(plans) == 3
+    if _plans._new_guard is not None:
+        state = _plans._thread_state(runtime)
+        # The guard of the last plan (q, cos, sin present) has followed the last call's q.
+        guard = state.last_plan.guard
+        assert guard(base * 2, cos, sin) and not guard(base.half(), cos, sin)
+        assert not guard(base.requires_grad_(True), cos, sin)
+
+
+def test_without_torchs_private_guard_and_allocator_the_key_and_empty_like_serve(monkeypatch):
+    monkeypatch.setattr(_plans, "_new_guard", None)
+    monkeypatch.setattr(_plans, "_ALLOCATORS", {})
+    runtime = rope_jit.default_runtime()
+    fresh_plans(runtime)
+    cos, sin = hf_tables(torch.arange(8), 16)
+    for seed in range(3):
+        q = random(1, 8, 2, 16, seed=100 + seed)
+        k = random(1, 8, 1, 16, seed=110 + seed)
+        got_q, got_k = rope_jit.apply_rope(q, k, cos, sin, layout="bshd")
+        for got, x in ((got_q, q), (got_k, k)):
+            want = expected(x.transpose(1, 2), cos, sin, torch.arange(8)).transpose(1, 2)
+            torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
+            assert got.stride() == x.stride()
+    (plan,) = _plans._plans_of(runtime).values()
+    assert plan.guard is None and plan.allocate is None
+
+
+def test_deterministic_algorithms_make_outputs_with_empty_like(monkeypatch):
+    # Under torch.use_deterministic_algorithms, empty_like fills new memory: the plan's outputs
+    # come from it then, and the values are the same.
+    made = []
+    real = _plans._empty_like
+    monkeypatch.setattr(_plans, "_empty_like", lambda x: made.append(x) or real(x))
+    cos, sin = hf_tables(torch.arange(8), 16)
+    q = random(1, 2, 8, 16, seed=120)
+    rope_jit.apply_rope(q, None, cos, sin)  # builds the plan
+    made.clear()
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        out = rope_jit.apply_rope(q, None, cos, sin)
+    finally:
+        torch.use_deterministic_algorithms(previous)
+    assert [x is q for x in made] == [True]
+    torch.testing.assert_close(out, expected(q, cos, sin, torch.arange(8)), rtol=2e-5, atol=2e-5)
+    made.clear()
+    rope_jit.apply_rope(q, None, cos, sin)
+    assert made == [] or _plans._ALLOCATORS.get("cpu") is None
+
+
+def test_the_last_plan_never_serves_a_call_that_gives_a_tensor_where_its_own_had_none():
+    # Same q, k and tables; positions and xpos_scale absent, then given, then absent again:
+    # each call follows its own arguments.
+    cos, sin = hf_tables(torch.arange(32), 16)
+    q = random(1, 2, 4, 16, seed=130)
+    positions = torch.tensor([9, 3, 30, 0])
+    cases = (None, positions, None, positions)
+    for given in cases:  # (one function at a time: the last plan is the previous call's)
+        out = torch.empty_like(q)
+        rope_jit.rope(q, cos=cos, sin=sin, positions=given, q_out=out)
+        want = expected(q, cos, sin, torch.arange(4) if given is None else given)
+        torch.testing.assert_close(out, want, rtol=2e-5, atol=2e-5)
+    for given in cases:
+        with torch.no_grad():
+            got = rope_jit.apply_rope(q, None, cos, sin, positions=given)
+        want = expected(q, cos, sin, torch.arange(4) if given is None else given)
+        torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
+
+
+def test_q_and_k_rotated_by_turns_are_served_by_the_two_last_plans_and_stay_right():
+    # rotary-embedding-torch's way: q, then k (fewer heads), then q... each call with new data.
+    cos, sin = hf_tables(torch.arange(32), 16)
+    runtime = rope_jit.default_runtime()
+    plans = fresh_plans(runtime)
+    for seed in range(4):
+        for heads in (4, 2):
+            x = random(1, 16, heads, 16, seed=140 + 2 * seed + heads)
+            with torch.no_grad():
+                got = rope_jit.apply_rope(x, None, cos, sin, position_offset=seed, layout="bshd")
+            want = expected(x.transpose(1, 2), cos, sin, torch.arange(16) + seed)
+            torch.testing.assert_close(got.transpose(1, 2), want, rtol=2e-5, atol=2e-5)
+    assert len(plans) == 2
+    state = _plans._thread_state(runtime)
+    # The last call's plan leads; the key the state holds is that plan's.
+    assert state.last_plan is plans[tuple(state.last_key)] and state.other_plan in plans.values()
+    assert state.last_key[2][0] == (1, 16, 2, 16)
+
+
+def _count_guards_and_arms(monkeypatch):
+    """Counts TensorGuards built, plans armed and calls the guards did not serve (found by
+    their key) from now on; torch's guards still answer."""
+    counts = {"guards": 0, "arms": 0, "keys": 0}
+    new_guard, arm, find = _plans._new_guard, _plans.Plan.arm, _plans._find
+
+    def counting_guard(tensors):
+        counts["guards"] += 1
+        return new_guard(tensors)
+
+    def counting_arm(plan, signed):
+        counts["arms"] += 1
+        return arm(plan, signed)
+
+    def counting_find(*args):
+        counts["keys"] += 1
+        return find(*args)
+
+    monkeypatch.setattr(_plans, "_new_guard", counting_guard)
+    monkeypatch.setattr(_plans.Plan, "arm", counting_arm)
+    monkeypatch.setattr(_plans, "_find", counting_find)
+    return counts
+
+
+@pytest.mark.parametrize("aliasing", ["q_out is q", "k is q", "cos is sin"])
+def test_calls_passing_one_tensor_twice_are_served_by_a_guard_and_distinct_ones_rearm_it_once(
+    aliasing, monkeypatch
+):
+    # A TensorGuards refuses every call in which one object comes twice: such a plan's guard
+    # checks each object once and the repeats by identity, so its calls are served without a
+    # new guard per call; the same signature with distinct tensors re-arms it once.
+    if _plans._new_guard is None:
+        pytest.skip("needs torch's TensorGuards")
+    counts = _count_guards_and_arms(monkeypatch)
+    runtime = rope_jit.default_runtime()
+    fresh_plans(runtime)
+    tables = hf_tables(torch.arange(8), 16)
+
+    def run(seed, aliased):
+        q = random(1, 2, 8, 16, seed=150 + seed)
+        other = random(1, 2, 8, 16, seed=160 + seed)
+        cos, sin = tables
+        if aliasing == "q_out is q":
+            want = expected(q, cos, sin, torch.arange(8))
+            target = q if aliased else other
+            rope_jit.rope(q, cos=cos, sin=sin, q_out=target)
+            got = (target,)
+        elif aliasing == "k is q":
+            want = expected(q, cos, sin, torch.arange(8))
+            with torch.no_grad():
+                got = rope_jit.apply_rope(q, q if aliased else other, cos, sin)
+            got = got if aliased else got[:1]  # (k's result is another rotation)
+        else:
+            cos = sin if aliased else cos
+            want = expected(q, cos, sin, torch.arange(8))
+            with torch.no_grad():
+                got = (rope_jit.apply_rope(q, None, cos, sin),)
+        for tensor in got:
+            torch.testing.assert_close(tensor, want, rtol=2e-5, atol=2e-5)
+
+    for seed in range(4):
+        run(seed, aliased=True)
+    assert counts == {"guards": 1, "arms": 1, "keys": 1}  # (the build)
+    for seed in range(4, 8):
+        run(seed, aliased=False)
+    assert counts == {"guards": 2, "arms": 2, "keys": 2}
+    run(8, aliased=True)
+    assert counts == {"guards": 3, "arms": 3, "keys": 3}
+    assert len(_plans._plans_of(runtime)) == 1
+
+
+def test_an_allocator_that_raises_is_dropped_and_empty_like_makes_the_outputs(monkeypatch):
+    # (A torch whose private allocator's signature changed: TypeError on its first use.)
+    calls = []
+
+    def broken(shape, strides, dtype):
+        calls.append(shape)
+        raise TypeError("_empty_strided_cpu(): incompatible function arguments")
+
+    monkeypatch.setattr(_plans, "_ALLOCATORS", {"cpu": broken})
+    runtime = rope_jit.default_runtime()
+    plans = fresh_plans(runtime)
+    cos, sin = hf_tables(torch.arange(8), 16)
+    for seed in range(3):
+        q, k = random(1, 8, 2, 16, seed=170 + seed), random(1, 8, 1, 16, seed=180 + seed)
+        with torch.no_grad():
+            got_q, got_k = rope_jit.apply_rope(q, k, cos, sin, layout="bshd")
+        for got, x in ((got_q, q), (got_k, k)):
+            want = expected(x.transpose(1, 2), cos, sin, torch.arange(8)).transpose(1, 2)
+            torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
+            assert got.stride() == x.stride()
+    assert len(calls) == 1 and "cpu" not in _plans._ALLOCATORS
+    assert all(plan.allocate is None for plan in plans.values())
+
+
+def test_an_allocator_failing_where_empty_like_fails_too_is_kept_and_the_error_raised(
+    monkeypatch,
+):
+    # (Out of memory: not the allocator's fault; the caller sees empty_like's error.)
+    def out_of_memory(*_):
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(_plans, "_ALLOCATORS", {"cpu": out_of_memory})
+    runtime = rope_jit.default_runtime()
+    fresh_plans(runtime)
+    cos, sin = hf_tables(torch.arange(8), 16)
+    q = random(1, 2, 8, 16, seed=190)
+    with torch.no_grad():
+        rope_jit.apply_rope(q, None, cos, sin)  # the plan's build (empty_like's outputs)
+        monkeypatch.setattr(_plans, "_empty_like", out_of_memory)
+        with pytest.raises(RuntimeError, match="out of memory"):
+            rope_jit.apply_rope(q, None, cos, sin)
+    assert _plans._ALLOCATORS == {"cpu": out_of_memory}
+    assert _plans._thread_state(runtime).last_plan.allocate is out_of_memory
+
+
+def test_a_plans_first_call_allocates_each_output_once(monkeypatch):
+    made = []
+    real_empty_like, real_allocator = _plans._empty_like, _plans._ALLOCATORS.get("cpu")
+    monkeypatch.setattr(_plans, "_empty_like", lambda x: made.append(x) or real_empty_like(x))
+    if real_allocator is not None:
+        monkeypatch.setitem(
+            _plans._ALLOCATORS, "cpu", lambda *a: made.append(a) or real_allocator(*a)
+        )
+    runtime = rope_jit.default_runtime()
+    fresh_plans(runtime)
+    cos, sin = hf_tables(torch.arange(8), 16)
+    q, k = random(1, 2, 8, 16, seed=200), random(1, 1, 8, 16, seed=201)
+    with torch.no_grad():
+        for calls in (1, 2):
+            got_q, got_k = rope_jit.apply_rope(q, k, cos, sin)
+            assert len(made) == 2 * calls  # q's output and k's
+    torch.testing.assert_close(got_q, expected(q, cos, sin, torch.arange(8)), rtol=2e-5, atol=2e-5)
+    torch.testing.assert_close(got_k, expected(k, cos, sin, torch.arange(8)), rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("default", ["meta device", "float64 dtype"])
+def test_the_private_functions_self_test_passes_under_another_default_device_or_dtype(
+    default, monkeypatch
+):
+    # The self-test runs at first use, maybe inside `with torch.device(...)` (or during CUDA
+    # graph capture with a CUDA default device): its tensors name their device and dtype.
+    if _plans._new_guard is None or not _plans._ALLOCATORS:
+        pytest.skip("needs torch's TensorGuards and allocator")
+    monkeypatch.setattr(_plans, "_new_guard", None)
+    monkeypatch.setattr(_plans, "_ALLOCATORS", {})
+    previous = torch.get_default_dtype()
+    try:
+        if default == "meta device":
+            with torch.device("meta"):
+                _plans._find_torch_internals(torch)
+        else:
+            torch.set_default_dtype(torch.float64)
+            _plans._find_torch_internals(torch)
+    finally:
+        torch.set_default_dtype(previous)
+    assert _plans._new_guard is not None and "cpu" in _plans._ALLOCATORS
+
+
+def test_a_disabled_guard_is_never_consulted_even_by_a_plan_armed_before(monkeypatch):
+    if _plans._new_guard is None:
+        pytest.skip("needs torch's TensorGuards")
+    runtime = rope_jit.default_runtime()
+    fresh_plans(runtime)
+    cos, sin = hf_tables(torch.arange(8), 16)
+    with torch.no_grad():
+        rope_jit.apply_rope(random(1, 2, 8, 16, seed=210), None, cos, sin)
+    plan = _plans._thread_state(runtime).last_plan
+    consulted = []
+    guard = plan.guard
+    plan.guard = lambda *tensors: consulted.append(tensors) or guard(*tensors)
+    monkeypatch.setattr(_plans, "_new_guard", None)
+    q = random(1, 2, 8, 16, seed=211)
+    with torch.no_grad():
+        got = rope_jit.apply_rope(q, None, cos, sin)
+    torch.testing.assert_close(got, expected(q, cos, sin, torch.arange(8)), rtol=2e-5, atol=2e-5)
+    assert consulted == [] and _plans._thread_state(runtime).last_plan is plan
+
+
+@pytest.mark.parametrize("array", ["torch", "numpy"])
+def test_a_head_that_cannot_be_compared_gets_the_general_paths_error_naming_the_argument(array):
+    # mrope_sections holding an array of two values: comparing it with the last plan's head
+    # raises; the general path names the argument.
+    numpy = pytest.importorskip("numpy")
+    section = torch.tensor([4, 4]) if array == "torch" else numpy.array([4, 4])
+    cos, sin = hf_tables(torch.arange(8), 16)
+    q = random(1, 2, 4, 16, seed=220)
+    positions = torch.zeros(2, 4, dtype=torch.int64)
+    out = torch.empty_like(q)
+    for _ in range(2):  # built, then armed on a guard
+        rope_jit.rope(q, cos=cos, sin=sin, positions=positions, mrope_sections=[4, 4], q_out=out)
+    with pytest.raises(TypeError, match=r"mrope_sections\[0\]"):
+        rope_jit.rope(q, cos=cos, sin=sin, positions=positions,
+                      mrope_sections=[section, 4], q_out=out)

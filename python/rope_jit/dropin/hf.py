@@ -26,7 +26,11 @@ def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
     Returns (q_embed, k_embed), new tensors in q's and k's dtype (transformers returns cos's
     dtype when it is wider; the models pass cos in q's dtype).
     """
-    if isinstance(position_ids, int) and not isinstance(position_ids, bool):
+    if (
+        position_ids is not None  # (first: the models' calls pass none)
+        and isinstance(position_ids, int)
+        and not isinstance(position_ids, bool)
+    ):
         position_ids, unsqueeze_dim = None, position_ids
     if position_ids is None:
         rotated = _eager(q, k, cos, sin, unsqueeze_dim)
@@ -82,9 +86,9 @@ def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
 
 # The eager hot path of the models' own calls (cos/sin [B|1, S, R], no position_ids): the
 # plan's key holds cos and sin as the model passes them, and the library reads them through
-# views made once, when the plan is built (cos[0], or the [B*S, R] rows); the outputs and the
-# sequence starts are derived from q (_plans.Recipe). Same results as apply_rotary_pos_emb's
-# general code, which every other call takes.
+# views made once, when the plan is built (cos[0], or the [B*S, R] rows); the sequence starts
+# are derived from q, and the plan makes the outputs like q and k (_plans.Recipe). Same
+# results as apply_rotary_pos_emb's general code, which every other call takes.
 def _first(table):
     return table[0]
 
@@ -115,7 +119,7 @@ _SHARED = _plans.Recipe(
     "hf shared cos/sin",
     _TENSOR_NAMES,
     signed=("q", "k", "cos", "sin"),
-    derived=("q_out", "k_out"),
+    outputs={"q_out": "q", "k_out": "k"},
     views={"cos": _first, "sin": _first},
     check=_accepts,
 )
@@ -123,7 +127,8 @@ _PER_SEQUENCE = _plans.Recipe(
     "hf cos/sin per sequence",
     _TENSOR_NAMES,
     signed=("q", "k", "cos", "sin"),
-    derived=("q_out", "k_out", "seqlen_offsets"),
+    derived=("seqlen_offsets",),
+    outputs={"q_out": "q", "k_out": "k"},
     views={"cos": _rows, "sin": _rows},
     check=_accepts,
 )
@@ -131,7 +136,6 @@ _NO_TABLES = ()
 # unsqueeze_dim -> (layout, the sequence dimension of q).
 _GEOMETRY = {1: ("bhsd", 2), -3: ("bhsd", 2), 2: ("bshd", 1), -2: ("bshd", 1)}
 _EAGER_TYPES = torch_ops._EAGER_TYPES
-_empty_like = torch.empty_like
 # torch_ops' per-call tests, bound here once (a module attribute lookup each saved per call).
 _is_compiling = torch_ops._is_compiling
 _dispatch_stack_depth = torch_ops._dispatch_stack_depth
@@ -191,20 +195,17 @@ def _eager(q, k, cos, sin, unsqueeze_dim):
             default_runtime(),
         )
         return torch_ops.run_eager(call, q, k, False, True)
-    # Inference: one plan call into new tensors (the head is _Call.launch's forward one, so
-    # both share plans).
-    q_out, k_out = _empty_like(q), _empty_like(k)
-    if _plans.call(
+    # Inference: one plan call, which makes the outputs (the head is _Call.launch's forward
+    # one, so both share plans).
+    return _plans.call(
         default_runtime(),
         recipe,
         (q, k, cos, sin),
-        (q_out, k_out) + derived,
+        derived,
         (layout, cos_shape[-1], 0, "half", False, None, False, False),
         0,
         0,
-    ):
-        return q_out, k_out
-    return None
+    )
 
 
 def apply_rotary_transformers(q, k, cos, sin, unsqueeze_dim=1):
