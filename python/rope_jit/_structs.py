@@ -206,6 +206,8 @@ class Stats(ctypes.Structure):
         ("background_failures", ctypes.c_uint64),
         ("background_dropped", ctypes.c_uint64),
         ("attention_workspace_fallbacks", ctypes.c_uint64),
+        ("disk_lookup_ms", ctypes.c_double),
+        ("module_load_ms", ctypes.c_double),
     ]
 
 

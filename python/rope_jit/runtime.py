@@ -85,7 +85,7 @@ class Runtime:
     def stats(self):
         """The kernel-cache counters since creation, as a dict: memory_hits, disk_hits,
         compiles, compile_ms, disk_writes, launches, background_builds, background_failures,
-        background_dropped, attention_workspace_fallbacks."""
+        background_dropped, attention_workspace_fallbacks, disk_lookup_ms, module_load_ms."""
         stats = self._library.new_struct(s.Stats, self._library.rope_jit_stats_init)
         self._library.check("rope_jit_get_stats", self._library.rope_jit_get_stats(self.handle, ctypes.byref(stats)))
         return {name: getattr(stats, name) for name, _ in s.Stats._fields_ if name != "struct_size"}

@@ -215,6 +215,10 @@ rope_jit_status rope_jit_get_stats(const rope_jit_runtime* runtime, rope_jit_sta
         full.background_dropped = counters.background_dropped.load(std::memory_order_relaxed);
         full.attention_workspace_fallbacks =
             counters.attention_workspace_fallbacks.load(std::memory_order_relaxed);
+        full.disk_lookup_ms =
+            double(counters.disk_lookup_microseconds.load(std::memory_order_relaxed)) / 1000.0;
+        full.module_load_ms =
+            double(counters.module_load_microseconds.load(std::memory_order_relaxed)) / 1000.0;
         // An older caller's smaller struct gets the fields it knows.
         std::memcpy(static_cast<void*>(stats), &full, std::min(size, sizeof full));
         stats->struct_size = size;

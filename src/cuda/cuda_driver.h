@@ -71,6 +71,7 @@ constexpr unsigned CU_EVENT_DISABLE_TIMING = 2;
 constexpr int CU_STREAM_CAPTURE_MODE_GLOBAL = 0;
 constexpr int CU_STREAM_CAPTURE_MODE_THREAD_LOCAL = 1;
 constexpr int CU_STREAM_CAPTURE_MODE_RELAXED = 2;
+constexpr int CU_STREAM_CAPTURE_STATUS_NONE = 0;  // CUstreamCaptureStatus
 
 // The driver ABI every entry point is requested at through cuGetProcAddress. Pinning it keeps
 // each pointer's signature the one declared below on newer drivers: CUDA 13 changed
@@ -127,6 +128,7 @@ constexpr int ROPE_JIT_CUDA_ABI_VERSION = 12000;
     X(cuStreamCreate, "cuStreamCreate", (CUstream * stream, unsigned flags))                      \
     X(cuStreamDestroy, "cuStreamDestroy", (CUstream stream))                                      \
     X(cuStreamSynchronize, "cuStreamSynchronize", (CUstream stream))                              \
+    X(cuStreamIsCapturing, "cuStreamIsCapturing", (CUstream stream, int* status))                 \
     X(cuStreamBeginCapture, "cuStreamBeginCapture", (CUstream stream, int mode))                  \
     X(cuStreamEndCapture, "cuStreamEndCapture", (CUstream stream, CUgraph * graph))               \
     X(cuGraphInstantiate, "cuGraphInstantiateWithFlags",                                          \

@@ -1,6 +1,7 @@
 #include "cuda/kernel_loader.h"
 
 #include "common/error.h"
+#include "common/stopwatch.h"
 
 namespace rope_jit {
 
@@ -48,7 +49,12 @@ LoadedKernel KernelLoader::build(const SpecKey& spec, CUcontext context, const s
         const KernelBinary binary = background_ != nullptr
                                         ? background_->build_now(recipe, target)
                                         : build_kernel_binary(recipe, target, disk_, stats_);
-        return load_kernel_module(api_, binary.image, recipe.entry, recipe.dynamic_shared_bytes);
+        const Stopwatch stopwatch;
+        LoadedKernel kernel =
+            load_kernel_module(api_, binary.image, recipe.entry, recipe.dynamic_shared_bytes);
+        stats_.module_load_microseconds.fetch_add(stopwatch.microseconds(),
+                                                  std::memory_order_relaxed);
+        return kernel;
     });
 }
 

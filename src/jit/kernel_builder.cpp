@@ -11,6 +11,7 @@
 #include "jit/nvrtc_extra_options.h"
 #include "jit/nvrtc_loader.h"
 #include "common/sha256.h"
+#include "common/stopwatch.h"
 
 namespace rope_jit {
 
@@ -18,6 +19,14 @@ namespace {
 
 // Line info costs nothing at run time and lets compute-sanitizer and profilers name lines.
 const std::vector<std::string> kExtraOptions = {"-lineinfo"};
+
+std::optional<CacheEntry> timed_load(const DiskCache& disk, const CacheEntryId& id,
+                                     const std::string& spec_json, KernelStats& stats) {
+    const Stopwatch stopwatch;
+    std::optional<CacheEntry> entry = disk.load(id, &spec_json);
+    stats.disk_lookup_microseconds.fetch_add(stopwatch.microseconds(), std::memory_order_relaxed);
+    return entry;
+}
 
 }  // namespace
 
@@ -66,14 +75,14 @@ KernelBinary build_kernel_binary(const KernelRecipe& recipe, const std::string& 
     std::optional<CompileLock> lock;  // held from a miss until the entry is stored
     std::optional<CacheEntry> entry;
     if (disk != nullptr) {
-        entry = disk->load(id, &recipe.spec_json);
+        entry = timed_load(*disk, id, recipe.spec_json, stats);
         if (!entry) {
             if (on_miss) on_miss();
             // Another process, or another runtime of this one, may be compiling this very
             // kernel into the same cache: wait for it, then look again, so that each key is
             // compiled once per cache directory (compile_lock.h).
             lock.emplace(*disk, id.key_hex);
-            entry = disk->load(id, &recipe.spec_json);
+            entry = timed_load(*disk, id, recipe.spec_json, stats);
         }
     }
     if (disk == nullptr && on_miss) on_miss();

@@ -1,6 +1,7 @@
 #include "ops/attention/cuda_attention.h"
 
 #include <cmath>
+#include <optional>
 #include <cstdlib>
 #include <cstring>
 
@@ -8,6 +9,7 @@
 
 #include "attention_params.h"
 #include "common/error.h"
+#include "cuda/memory_pool_warmup.h"
 #include "jit/nvrtc_loader.h"
 #include "ops/attention/attention_workspace.h"
 
@@ -180,8 +182,10 @@ CudaAttention::CudaAttention(CudaDevices& devices, KernelLoader& kernels, Kernel
     : devices_(devices),
       kernels_(kernels),
       stats_(stats),
-      override_(attention_kernel_override_from_environment()) {
+      override_(attention_kernel_override_from_environment()),
+      pool_used_(new std::atomic<bool>[size_t(devices_.device_count())]) {
     for (int ordinal = 0; ordinal < devices_.device_count(); ++ordinal) {
+        pool_used_[size_t(ordinal)] = false;
         const CudaDevice& device = devices_.device(ordinal);
         attention_devices_.push_back(
             attention_device(device.compute_capability, device.max_shared_optin));
@@ -251,6 +255,41 @@ void CudaAttention::run(const AttentionProblem& p, void* stream_handle) {
 
     const AttentionDevice& device = attention_devices_[size_t(ordinal)];
     std::vector<AttentionSpec> specs = choose_attention_specs(p, device, override_);
+    // Without room for a workspace (or with "workspace=0" in the override, to test that path),
+    // the kernels without one run.
+    auto run_without_workspace = [&] {
+        stats_.attention_workspace_fallbacks.fetch_add(1, std::memory_order_relaxed);
+        AttentionProblem fallback = p;
+        fallback.no_workspace = true;
+        specs = choose_attention_specs(fallback, device, override_);
+    };
+    if (needs_workspace(specs) && override_.no_workspace) run_without_workspace();
+
+    // Every kernel is loaded (compiled where it must be) before the first launch, so a failure
+    // to compile or load enqueues nothing. (A failed launch after others leaves the outputs
+    // unspecified.)
+    auto recipe_for = [&](const AttentionSpec& spec) {
+        return attention_recipe_with_backward(spec, p, device);
+    };
+    auto load_kernels = [&] {
+        std::vector<LoadedKernel> kernels;
+        for (const AttentionSpec& spec : specs)
+            kernels.push_back(kernels_.kernel_for(SpecKey::of(kAttentionOp, spec), launch.context,
+                                                  devices_.target(ordinal),
+                                                  [&] { return recipe_for(spec); }));
+        return kernels;
+    };
+    std::vector<LoadedKernel> kernels;
+    {
+        // The first workspace on a device sets up its memory pool (about 10 ms): done on a
+        // second thread while this one loads the kernels, unless a graph is being captured.
+        std::optional<MemoryPoolWarmup> warmup;
+        if (needs_workspace(specs) && !pool_used_[size_t(ordinal)].exchange(true) &&
+            stream_not_capturing(api, stream))
+            warmup.emplace(api, launch.context);
+        kernels = load_kernels();
+    }
+
     AttentionWorkspaceLayout workspace_layout;
     StreamAllocation workspace(api, stream);
     if (needs_workspace(specs)) {
@@ -261,13 +300,10 @@ void CudaAttention::run(const AttentionProblem& p, void* stream_handle) {
         const int dp = attention_launch_plan(main).head_dim_padded;
         workspace_layout = attention_workspace_layout(p, dp, backward);
         // Stream-ordered: the allocation comes from the device's pool (no synchronization,
-        // and capturable in a CUDA graph). Without room, kernels without a workspace run
-        // (as when the override says "workspace=0", to test that path).
-        if (override_.no_workspace || !workspace.allocate(workspace_layout.bytes)) {
-            stats_.attention_workspace_fallbacks.fetch_add(1, std::memory_order_relaxed);
-            AttentionProblem fallback = p;
-            fallback.no_workspace = true;
-            specs = choose_attention_specs(fallback, device, override_);
+        // and capturable in a CUDA graph).
+        if (!workspace.allocate(workspace_layout.bytes)) {
+            run_without_workspace();
+            kernels = load_kernels();
         } else {
             char* const base = workspace.data();
             params.q_rot = base + workspace_layout.q_rot;
@@ -297,17 +333,6 @@ void CudaAttention::run(const AttentionProblem& p, void* stream_handle) {
             }
         }
     }
-    // Every kernel is loaded (compiled where it must be) before the first launch, so a failure
-    // to compile or load enqueues nothing. (A failed launch after others leaves the outputs
-    // unspecified.)
-    auto recipe_for = [&](const AttentionSpec& spec) {
-        return attention_recipe_with_backward(spec, p, device);
-    };
-    std::vector<LoadedKernel> kernels;
-    for (const AttentionSpec& spec : specs)
-        kernels.push_back(kernels_.kernel_for(SpecKey::of(kAttentionOp, spec), launch.context,
-                                              devices_.target(ordinal),
-                                              [&] { return recipe_for(spec); }));
     if (workspace.data() != nullptr)
         check_cu(api.cuMemsetD32Async(CUdeviceptr(params.dq_accum), 0u,
                                       workspace_layout.dq_accum_bytes / 4, stream),

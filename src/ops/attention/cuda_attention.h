@@ -5,9 +5,13 @@
 // fills the parameters and launches on the caller's stream. Like the RoPE
 // path it never synchronizes or creates contexts on that path, so calls can be captured in
 // CUDA graphs; the sm_90 backward's workspace is allocated and freed on the stream
-// (cuMemAllocAsync / cuMemFreeAsync), which graphs capture too.
+// (cuMemAllocAsync / cuMemFreeAsync), which graphs capture too. (The first workspace on a
+// device also touches its memory pool from a second thread on a private stream, outside any
+// capture: cuda/memory_pool_warmup.h.)
 #pragma once
 
+#include <atomic>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -58,6 +62,9 @@ private:
     std::vector<AttentionDevice> attention_devices_;  // what the kernel choice needs, per ordinal
     // ROPE_JIT_ATTENTION_KERNELS as it was when this object was created.
     const AttentionKernelOverride override_;
+    // Per ordinal: whether a call has asked for a workspace there yet (the first one overlaps
+    // the memory pool's setup with loading its kernels: cuda/memory_pool_warmup.h).
+    std::unique_ptr<std::atomic<bool>[]> pool_used_;
 };
 
 }  // namespace rope_jit
