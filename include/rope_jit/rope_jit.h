@@ -594,9 +594,9 @@ typedef struct rope_jit_stats {
                                              * workspace because the stream-ordered allocation
                                              * failed (out of memory, or no memory pool; or
                                              * "workspace=0" in ROPE_JIT_ATTENTION_KERNELS) */
-    /* ---- Where loading time goes besides compile_ms (wall time summed over the calling and
-     * background threads, milliseconds): what a first call in a process with a warm cache
-     * spends. */
+    /* ---- Where loading time goes besides compile_ms, in milliseconds of wall time: what a
+     * first call in a process with a warm cache spends. Summed over the threads that did it
+     * for calls and prewarms; background builds' own lookups are not counted. */
     double disk_lookup_ms; /* disk cache lookups, hits and misses (read, checks) */
     double module_load_ms; /* loading kernels into the GPU context (cuModuleLoadData, attributes) */
 } rope_jit_stats;

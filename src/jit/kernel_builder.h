@@ -29,8 +29,9 @@ struct KernelStats {
     std::atomic<uint64_t> background_dropped{0};
     // Attention calls that ran the kernels without a workspace: its allocation failed.
     std::atomic<uint64_t> attention_workspace_fallbacks{0};
-    // Where a first call's time goes besides compiling (summed over threads): disk cache
-    // lookups (hits and misses: read, checks) and module loads (cuModuleLoadData, attributes).
+    // Where a first call's time goes besides compiling (summed over the threads that count
+    // into these stats): disk cache lookups (hits and misses: read, checks) and module loads
+    // (cuModuleLoadData, attributes).
     std::atomic<uint64_t> disk_lookup_microseconds{0};
     std::atomic<uint64_t> module_load_microseconds{0};
 };

@@ -27,8 +27,9 @@ struct KernelRecipe {
     // the function in to it.
     int dynamic_shared_bytes = 0;
     // The kernels a caller almost surely asks for next (a forward's backward kernels), or
-    // empty. Called on the caller's thread right after this recipe was compiled (a real miss,
-    // not a disk hit); the runtime builds what it returns in the background
+    // empty. Called on the caller's thread when this recipe misses the disk cache, before its
+    // compile starts (a disk hit calls nothing); the runtime builds what it returns in the
+    // background
     // (jit/background_builds.h). The recipes it returns must own everything they use.
     std::function<std::vector<KernelRecipe>()> follow_ups;
 
