@@ -4,11 +4,13 @@
 #include <array>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "common/sha256.h"
 
 using rope_jit::Sha256;
 using rope_jit::sha256_hex;
+using rope_jit::sha256_portable;
 
 TEST_CASE("SHA-256 of the FIPS 180-4 example messages matches the published digests") {
     CHECK(sha256_hex("") == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
@@ -84,4 +86,66 @@ TEST_CASE("A Sha256 object hashes a new message after finish") {
     std::array<uint8_t, 32> digest = hasher.finish();
     CHECK(digest[0] == 0xba);
     CHECK(digest[31] == 0xad);
+}
+
+TEST_CASE("SHA-256's default path (hardware where the CPU has it) equals the portable path") {
+    // Where the CPU has the x86 SHA extensions, the tests above already check the hardware
+    // path against published digests; this one compares it with the portable code over many
+    // lengths and split points. Without them both sides are the portable code.
+    if (!rope_jit::sha256_hardware_available()) {
+        MESSAGE("no x86 SHA extensions on this CPU: both sides of this test are portable");
+    }
+    std::mt19937 rng(20261202);
+    auto random_bytes = [&rng](size_t n) {
+        std::string data(n, '\0');
+        for (char& c : data) c = char(rng());
+        return data;
+    };
+    // Every length through 2000 (all block offsets, short and multi-block runs), then sizes of
+    // real cubins in the disk cache, which the fast path exists for.
+    std::vector<size_t> lengths;
+    for (size_t n = 0; n <= 2000; ++n) lengths.push_back(n);
+    for (size_t n : {4096, 65536 + 7, 70001, 263406}) lengths.push_back(n);
+
+    for (size_t length : lengths) {
+        CAPTURE(length);
+        const std::string data = random_bytes(length);
+        const std::array<uint8_t, 32> expected = sha256_portable(data);
+
+        Sha256 whole;
+        whole.update(data);
+        CHECK(whole.finish() == expected);
+
+        // Uneven pieces: single bytes, odd sizes, and long runs of whole blocks.
+        Sha256 pieces;
+        size_t at = 0;
+        while (at < data.size()) {
+            size_t cap = rng() % 4 == 0 ? 1 : rng() % 3 == 0 ? 200 : 5000;
+            size_t n = std::min(data.size() - at, size_t(rng() % cap + 1));
+            pieces.update(data.data() + at, n);
+            at += n;
+        }
+        CHECK(pieces.finish() == expected);
+    }
+}
+
+TEST_CASE("SHA-256's portable path matches the published digests") {
+    // sha256_portable is the reference of the test above, so it is checked on its own too.
+    auto hex = [](const std::array<uint8_t, 32>& digest) {
+        static const char kDigits[] = "0123456789abcdef";
+        std::string out;
+        for (uint8_t byte : digest) {
+            out += kDigits[byte >> 4];
+            out += kDigits[byte & 15];
+        }
+        return out;
+    };
+    CHECK(hex(sha256_portable("")) ==
+          "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+    CHECK(hex(sha256_portable("abc")) ==
+          "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+    CHECK(hex(sha256_portable(std::string(56, 'a'))) ==
+          "b35439a4ac6f0948b6d6f9e3c6af0f5f590ce20f1bde7090ef7970686ec6738a");
+    CHECK(hex(sha256_portable(std::string(1000000, 'a'))) ==
+          "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
 }

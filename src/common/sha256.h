@@ -27,9 +27,15 @@ public:
     std::string finish_hex();
 
 private:
-    void reset();
-    void compress(const uint8_t* block);
+    // Runs the compression function over `count` consecutive 64-byte blocks.
+    using BlockFunction = void (*)(uint32_t* state, const uint8_t* blocks, size_t count);
 
+    friend std::array<uint8_t, 32> sha256_portable(std::string_view data);
+    explicit Sha256(BlockFunction compress_blocks);
+
+    void reset();
+
+    BlockFunction compress_blocks_;  // the hardware one where the CPU has it, else portable
     std::array<uint32_t, 8> state_;
     std::array<uint8_t, 64> buffer_;
     size_t buffered_;       // bytes waiting in buffer_, always < 64 between calls
@@ -38,5 +44,13 @@ private:
 
 // The SHA-256 of `data` as 64 lowercase hex characters.
 std::string sha256_hex(std::string_view data);
+
+// Whether Sha256 uses the x86 SHA extensions on this CPU (decided once, from CPUID). Tests
+// and benchmarks report it; nothing else needs it, since both paths give the same digest.
+bool sha256_hardware_available();
+
+// The digest of `data` computed with the portable C++ compression function even where the
+// hardware one exists: the independent reference that tests compare the default path with.
+std::array<uint8_t, 32> sha256_portable(std::string_view data);
 
 }  // namespace rope_jit
