@@ -14,6 +14,8 @@
 #   profile          ncu counters of one fused forward and backward at the headline shape
 #   cold-start       bench/cold_start.py: first fused forward+backward of fresh processes with an
 #                    empty and a warm cache at COLD_START_SHAPES (issue 19's by default)
+#   warm-profile     bench/warm_start_profile.py at each of COLD_START_SHAPES: a warm-cache first
+#                    call split into library load, runtime, disk lookups, module loads, the rest
 #   python           installs the package, pytest (PYTEST_ARGS), call overhead
 #   autograd         bench/compare_torch_autograd.py (AUTOGRAD_ARGS)
 set -uo pipefail
@@ -95,6 +97,16 @@ for step in "$@"; do
         --attention-shapes "${COLD_START_SHAPES:-4,4096,32,8,128;1,16384,32,8,128;4,4096,16,16,64;2,4096,16,8,256}" \
         > "$OUT/cold_start_h200.log" 2>&1
       step_done cold-start $?; tail -16 "$OUT/cold_start_h200.log" | cut -c1-160 ;;
+    warm-profile)
+      shapes=${COLD_START_SHAPES:-4,4096,32,8,128;1,16384,32,8,128;4,4096,16,16,64;2,4096,16,8,256}
+      n=0
+      for shape in ${shapes//;/ }; do
+        n=$((n + 1))  # files named by index: names with commas do not come back from the device
+        timeout "${STEP_TIMEOUT:-120}" python3 bench/warm_start_profile.py --library "$lib" --shape "$shape" \
+          --repeats "${COLD_START_REPEATS:-5}" --json "$OUT/warm_start_profile_$n.json" \
+          > "$OUT/warm_start_profile_$n.log" 2>&1
+        step_done "warm-profile $shape" $?; head -15 "$OUT/warm_start_profile_$n.log"
+      done ;;
     python)
       PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --quiet --no-index --find-links .whl numpy pytest ./python 2>&1 | tail -2
       PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --quiet --no-index --no-deps .whl/liger_kernel-*.whl 2>&1 | tail -1
