@@ -34,14 +34,16 @@ v = torch.randn(B, Hk, S, D, device=dev, dtype=torch.bfloat16)
 ang = torch.arange(S, device=dev, dtype=torch.float32)[:, None] * torch.rand(D // 2, device=dev)
 cos, sin = ang.cos(), ang.sin()
 o = torch.empty_like(q); lse = torch.empty(B, Hq, S, device=dev, dtype=torch.float32)
-do = torch.randn_like(q); dq = torch.empty_like(q); dk = torch.empty_like(k); dv = torch.empty_like(v)
+do = torch.randn_like(q)
+dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 torch.cuda.synchronize()
 out = {}
 def timed(name, fn):
     torch.cuda.synchronize(); t = time.perf_counter(); fn(); torch.cuda.synchronize()
     out[name] = (time.perf_counter() - t) * 1e3
 forward = lambda: rope_jit.attention(q, k, v, o, cos=cos, sin=sin, causal=True, lse=lse)
-backward = lambda: rope_jit.attention_backward(q, k, v, o, lse, do, dq, dk, dv, cos=cos, sin=sin, causal=True)
+backward = lambda: rope_jit.attention_backward(q, k, v, o, lse, do, dq, dk, dv, cos=cos, sin=sin,
+                                               causal=True)
 profiler = cProfile.Profile() if profile else None
 if profiler: profiler.enable()
 timed("load_library_ms", _library.load)
@@ -68,7 +70,8 @@ print(json.dumps(out))
 def child(mode, shape, cache_dir, library):
     env = dict(os.environ, ROPE_JIT_CACHE_DIR=cache_dir, ROPE_JIT_LIBRARY=library)
     env["PYTHONPATH"] = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python")
-    run = subprocess.run([sys.executable, "-c", CHILD, mode, shape], env=env, capture_output=True, text=True)
+    run = subprocess.run([sys.executable, "-c", CHILD, mode, shape], env=env, capture_output=True,
+                         text=True)
     if run.returncode != 0:
         raise SystemExit(f"child failed:\n{run.stderr[-3000:]}")
     return json.loads(run.stdout.strip().splitlines()[-1])

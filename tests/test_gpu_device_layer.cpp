@@ -6,10 +6,12 @@
 #include <doctest/doctest.h>
 
 #include <string>
+#include <thread>
 
 #include "common/error.h"
 #include "cuda/cuda_devices.h"
 #include "cuda/kernel_loader.h"
+#include "cuda/memory_pool_warmup.h"
 #include "jit/nvrtc_loader.h"
 #include "ops/attention/attention_recipe.h"
 #include "ops/rope/rope_recipe.h"
@@ -61,6 +63,36 @@ TEST_CASE("the device layer enumerates every device with its target and attribut
         CHECK(again.context == launch.context);
         CHECK(again.current == launch.context);
     }
+}
+
+TEST_CASE("the memory pool warm-up leaves another thread's global-mode capture intact") {
+    if (!have_gpu_and_nvrtc()) return;
+    CudaDevices devices;
+    const rope_jit::CudaDriverApi& api = devices.api();
+    const rope_jit::LaunchContext launch = devices.resolve_context(0, nullptr);
+    REQUIRE(launch.context != nullptr);
+    rope_jit::ContextScope scope(api, launch.context, launch.current);
+
+    // A stream under capture in the default (global) mode, as torch.cuda.graph captures.
+    rope_jit::CUstream captured = nullptr;
+    REQUIRE(api.cuStreamCreate(&captured, rope_jit::CU_STREAM_NON_BLOCKING) == 0);
+    REQUIRE(api.cuStreamBeginCapture(captured, rope_jit::CU_STREAM_CAPTURE_MODE_GLOBAL) == 0);
+    CHECK_FALSE(rope_jit::stream_not_capturing(api, captured));
+    {
+        // Its thread creates a stream and allocates while the capture runs: in relaxed mode
+        // that is not an unsafe call that would invalidate the capture.
+        rope_jit::MemoryPoolWarmup warmup(api, launch.context);
+    }
+    rope_jit::CUgraph graph = nullptr;
+    CHECK(api.cuStreamEndCapture(captured, &graph) == 0);
+    if (graph != nullptr) api.cuGraphDestroy(graph);
+    CHECK(rope_jit::stream_not_capturing(api, captured));
+    CHECK(api.cuStreamDestroy(captured) == 0);
+    // The pool works afterwards (the warm-up's allocation was freed).
+    rope_jit::CUdeviceptr pointer = 0;
+    REQUIRE(api.cuMemAllocAsync(&pointer, 1 << 20, nullptr) == 0);
+    CHECK(api.cuMemFreeAsync(pointer, nullptr) == 0);
+    CHECK(api.cuCtxSynchronize() == 0);
 }
 
 TEST_CASE("kernels of two ops share one loader: built once per context, then found in memory") {

@@ -598,7 +598,8 @@ typedef struct rope_jit_stats {
      * first call in a process with a warm cache spends. Summed over the threads that did it
      * for calls and prewarms; background builds' own lookups are not counted. */
     double disk_lookup_ms; /* disk cache lookups, hits and misses (read, checks) */
-    double module_load_ms; /* loading kernels into the GPU context (cuModuleLoadData, attributes) */
+    double module_load_ms; /* loading kernels into the GPU context (cuModuleLoadData, attributes;
+                            * waits for the driver included) */
 } rope_jit_stats;
 
 /* Zeroes *stats and sets struct_size. NULL is ignored. */
@@ -769,8 +770,11 @@ ROPE_JIT_API rope_jit_status rope_jit_get_stats(const rope_jit_runtime* runtime,
  * 8 * B * Hq * Sq * D bytes, for the forward 2 * B * Hk * Sk * D). Where the pool has no room,
  * kernels without a workspace run instead (slower; same results). A CUDA graph that captures
  * such a call holds the allocation's alloc and free nodes, so the driver allows one executable
- * instantiation of it at a time. The CPU backend computes in float64 and rounds the results
- * once; its backward is deterministic.
+ * instantiation of it at a time. The process's first allocation from a device's pool sets the
+ * pool up (about 10 ms on an H200): the first call on a device that needs a workspace, unless
+ * its stream is capturing, touches the pool (1 byte, freed at once) from a short-lived second
+ * thread on a private stream while it loads its kernels. The CPU backend computes in float64
+ * and rounds the results once; its backward is deterministic.
  *
  * Nothing is expanded or copied: masks, tables and pos_mask are read in place.
  * ======================================================================================== */

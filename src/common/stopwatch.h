@@ -1,5 +1,5 @@
-#pragma once
 // A wall-clock stopwatch for the runtime's timing counters (rope_jit_stats).
+#pragma once
 
 #include <chrono>
 #include <cstdint>

@@ -129,6 +129,7 @@ constexpr int ROPE_JIT_CUDA_ABI_VERSION = 12000;
     X(cuStreamDestroy, "cuStreamDestroy", (CUstream stream))                                      \
     X(cuStreamSynchronize, "cuStreamSynchronize", (CUstream stream))                              \
     X(cuStreamIsCapturing, "cuStreamIsCapturing", (CUstream stream, int* status))                 \
+    X(cuThreadExchangeStreamCaptureMode, "cuThreadExchangeStreamCaptureMode", (int* mode))        \
     X(cuStreamBeginCapture, "cuStreamBeginCapture", (CUstream stream, int mode))                  \
     X(cuStreamEndCapture, "cuStreamEndCapture", (CUstream stream, CUgraph * graph))               \
     X(cuGraphInstantiate, "cuGraphInstantiateWithFlags",                                          \

@@ -1,12 +1,15 @@
 #include "cuda/memory_pool_warmup.h"
 
-#include <system_error>
-
 namespace rope_jit {
 
 namespace {
 
 void touch_pool(const CudaDriverApi& api, CUcontext context) {
+    // A new thread's calls count as unsafe during another thread's global-mode capture (the
+    // default of torch.cuda.graph), which they would invalidate. This thread touches only its
+    // own stream, so it may say so; the mode dies with the thread.
+    int mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    if (api.cuThreadExchangeStreamCaptureMode(&mode) != CUDA_SUCCESS) return;
     if (api.cuCtxSetCurrent(context) != CUDA_SUCCESS) return;
     CUstream stream = nullptr;
     if (api.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS) {
@@ -24,8 +27,8 @@ void touch_pool(const CudaDriverApi& api, CUcontext context) {
 MemoryPoolWarmup::MemoryPoolWarmup(const CudaDriverApi& api, CUcontext context) {
     try {
         thread_ = std::thread(touch_pool, std::cref(api), context);
-    } catch (const std::system_error&) {
-        // No thread to spare: the caller's allocation pays the setup itself.
+    } catch (...) {
+        // No thread to spare (or no memory for one): the caller's allocation pays the setup.
     }
 }
 

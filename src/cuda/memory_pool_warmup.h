@@ -27,7 +27,8 @@ private:
 };
 
 // Whether `stream` (NULL: the legacy default stream) is known not to be capturing a graph: a
-// warm-up's extra thread and stream stay out of a capture's way.
+// call being captured takes no warm-up (its allocation becomes a graph node, not the pool's
+// first use).
 bool stream_not_capturing(const CudaDriverApi& api, CUstream stream);
 
 }  // namespace rope_jit

@@ -28,8 +28,8 @@ struct KernelRecipe {
     int dynamic_shared_bytes = 0;
     // The kernels a caller almost surely asks for next (a forward's backward kernels), or
     // empty. Called on the caller's thread when this recipe misses the disk cache, before its
-    // compile starts (a disk hit calls nothing); the runtime builds what it returns in the
-    // background
+    // compile starts (a hit at the first look calls nothing; one found after waiting for
+    // another compile of it does); the runtime builds what it returns in the background
     // (jit/background_builds.h). The recipes it returns must own everything they use.
     std::function<std::vector<KernelRecipe>()> follow_ups;
 

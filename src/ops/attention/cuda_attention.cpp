@@ -1,7 +1,6 @@
 #include "ops/attention/cuda_attention.h"
 
 #include <cmath>
-#include <optional>
 #include <cstdlib>
 #include <cstring>
 
@@ -183,7 +182,7 @@ CudaAttention::CudaAttention(CudaDevices& devices, KernelLoader& kernels, Kernel
       kernels_(kernels),
       stats_(stats),
       override_(attention_kernel_override_from_environment()),
-      pool_used_(new std::atomic<bool>[size_t(devices_.device_count())]) {
+      pool_used_(std::make_unique<std::atomic<bool>[]>(size_t(devices_.device_count()))) {
     for (int ordinal = 0; ordinal < devices_.device_count(); ++ordinal) {
         pool_used_[size_t(ordinal)] = false;
         const CudaDevice& device = devices_.device(ordinal);
@@ -280,13 +279,13 @@ void CudaAttention::run(const AttentionProblem& p, void* stream_handle) {
         return kernels;
     };
     std::vector<LoadedKernel> kernels;
-    {
+    std::atomic<bool>& pool_used = pool_used_[size_t(ordinal)];
+    if (needs_workspace(specs) && !pool_used.load(std::memory_order_relaxed) &&
+        stream_not_capturing(api, stream) && !pool_used.exchange(true)) {
         // The first workspace on a device sets up its memory pool (about 10 ms): done on a
-        // second thread while this one loads the kernels, unless a graph is being captured.
-        std::optional<MemoryPoolWarmup> warmup;
-        if (needs_workspace(specs) && !pool_used_[size_t(ordinal)].exchange(true) &&
-            stream_not_capturing(api, stream))
-            warmup.emplace(api, launch.context);
+        // second thread while this one loads the kernels. (Later calls allocate first, so
+        // that a call without room loads only the kernels it runs.)
+        MemoryPoolWarmup warmup(api, launch.context);
         kernels = load_kernels();
     }
 
@@ -303,7 +302,7 @@ void CudaAttention::run(const AttentionProblem& p, void* stream_handle) {
         // and capturable in a CUDA graph).
         if (!workspace.allocate(workspace_layout.bytes)) {
             run_without_workspace();
-            kernels = load_kernels();
+            kernels.clear();
         } else {
             char* const base = workspace.data();
             params.q_rot = base + workspace_layout.q_rot;
@@ -333,6 +332,7 @@ void CudaAttention::run(const AttentionProblem& p, void* stream_handle) {
             }
         }
     }
+    if (kernels.empty()) kernels = load_kernels();
     if (workspace.data() != nullptr)
         check_cu(api.cuMemsetD32Async(CUdeviceptr(params.dq_accum), 0u,
                                       workspace_layout.dq_accum_bytes / 4, stream),

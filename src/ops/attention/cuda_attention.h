@@ -6,8 +6,8 @@
 // path it never synchronizes or creates contexts on that path, so calls can be captured in
 // CUDA graphs; the sm_90 backward's workspace is allocated and freed on the stream
 // (cuMemAllocAsync / cuMemFreeAsync), which graphs capture too. (The first workspace on a
-// device also touches its memory pool from a second thread on a private stream, outside any
-// capture: cuda/memory_pool_warmup.h.)
+// device, outside a capture of the call's stream, also touches the memory pool from a second
+// thread on a private stream in relaxed capture mode: cuda/memory_pool_warmup.h.)
 #pragma once
 
 #include <atomic>
