@@ -16,6 +16,8 @@
 #                    empty and a warm cache at COLD_START_SHAPES (issue 19's by default)
 #   warm-profile     bench/warm_start_profile.py at each of COLD_START_SHAPES: a warm-cache first
 #                    call split into library load, runtime, disk lookups, module loads, the rest
+#   pool-probe       bench/pool_setup_probe.py: a process's first stream-ordered allocation from
+#                    the default pool, from a pool of its own, and cuMemAlloc
 #   python           installs the package, pytest (PYTEST_ARGS), call overhead
 #   autograd         bench/compare_torch_autograd.py (AUTOGRAD_ARGS)
 set -uo pipefail
@@ -107,6 +109,10 @@ for step in "$@"; do
           > "$OUT/warm_start_profile_$n.log" 2>&1
         step_done "warm-profile $shape" $?; head -15 "$OUT/warm_start_profile_$n.log"
       done ;;
+    pool-probe)
+      timeout "${STEP_TIMEOUT:-120}" python3 bench/pool_setup_probe.py --json "$OUT/pool_setup_probe.json" \
+        > "$OUT/pool_setup_probe.log" 2>&1
+      step_done pool-probe $?; cat "$OUT/pool_setup_probe.log" ;;
     python)
       PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --quiet --no-index --find-links .whl numpy pytest ./python 2>&1 | tail -2
       PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --quiet --no-index --no-deps .whl/liger_kernel-*.whl 2>&1 | tail -1
