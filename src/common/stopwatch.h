@@ -1,4 +1,4 @@
-// A wall-clock stopwatch for the runtime's timing counters (rope_jit_stats).
+// A wall-clock stopwatch for the runtime's timing counters (rope_jit_stats) and compile times.
 #pragma once
 
 #include <chrono>
@@ -8,6 +8,10 @@ namespace rope_jit {
 
 class Stopwatch {
 public:
+    double milliseconds() const {
+        return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start_)
+            .count();
+    }
     uint64_t microseconds() const {
         return uint64_t(std::chrono::duration_cast<std::chrono::microseconds>(
                             std::chrono::steady_clock::now() - start_)

@@ -2,11 +2,11 @@
 
 #include <algorithm>
 #include <cctype>
-#include <chrono>
 #include <string>
 #include <vector>
 
 #include "common/error.h"
+#include "common/stopwatch.h"
 #include "jit/nvrtc_loader.h"
 
 namespace rope_jit {
@@ -127,7 +127,7 @@ CompileResult compile_cuda(const std::string& source, const std::string& program
                            const std::string& target, const std::vector<std::string>& extra_options,
                            const std::vector<NamedSource>& headers) {
     const NvrtcApi& api = require_nvrtc();
-    const auto start = std::chrono::steady_clock::now();
+    const Stopwatch stopwatch;
 
     CompileResult result;
     result.target_used = choose_target(target, nvrtc_supported_archs());
@@ -186,8 +186,7 @@ CompileResult compile_cuda(const std::string& source, const std::string& program
                                                 "\noptions: " + join(result.options));
     }
 
-    result.milliseconds =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    result.milliseconds = stopwatch.milliseconds();
     return result;
 }
 

@@ -183,8 +183,8 @@ CudaAttention::CudaAttention(CudaDevices& devices, KernelLoader& kernels, Kernel
       stats_(stats),
       override_(attention_kernel_override_from_environment()),
       pool_used_(std::make_unique<std::atomic<bool>[]>(size_t(devices_.device_count()))) {
+    // pool_used_ starts false: make_unique value-initializes its atomics.
     for (int ordinal = 0; ordinal < devices_.device_count(); ++ordinal) {
-        pool_used_[size_t(ordinal)] = false;
         const CudaDevice& device = devices_.device(ordinal);
         attention_devices_.push_back(
             attention_device(device.compute_capability, device.max_shared_optin));
