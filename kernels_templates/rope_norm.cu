@@ -706,7 +706,14 @@ __device__ __forceinline__ void finish_row(const Launch& l, RowJob& job, float* 
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(WARP* kRopeNormMaxWarps)
+// Blocks a multiprocessor should hold at once (ptxas caps the registers to fit them). An
+// experiment knob for issue 23's QK-norm prefill (whether more rows in flight beat the
+// spills): ROPE_JIT_NVRTC_EXTRA_OPTIONS="qk_norm=true: -DROPE_NORM_MIN_BLOCKS=3" sets it.
+#ifndef ROPE_NORM_MIN_BLOCKS
+#define ROPE_NORM_MIN_BLOCKS 1
+#endif
+
+extern "C" __global__ void __launch_bounds__(WARP* kRopeNormMaxWarps, ROPE_NORM_MIN_BLOCKS)
     rope_norm_kernel(const typename LaunchArgs<RopeNormParams>::type args) {
     extern __shared__ __align__(16) float dw[];  // weight gradients: [2][HEAD_DIM], q's then k's
     const RopeNormParams& np = own_args(args);
