@@ -712,6 +712,12 @@ __device__ __forceinline__ void finish_row(const Launch& l, RowJob& job, float* 
 #ifndef ROPE_NORM_MIN_BLOCKS
 #define ROPE_NORM_MIN_BLOCKS 1
 #endif
+// Whether a group takes two rows at once while the grid has them (the launcher's grid is sized
+// for the default; the grid-stride loop covers every row either way). An experiment knob too:
+// -DROPE_NORM_PAIRED_ROWS=0 takes one row at a time in the forward.
+#ifndef ROPE_NORM_PAIRED_ROWS
+#define ROPE_NORM_PAIRED_ROWS (rope_norm_rows_per_group(BACKWARD_PASS) == 2)
+#endif
 
 extern "C" __global__ void __launch_bounds__(WARP* kRopeNormMaxWarps, ROPE_NORM_MIN_BLOCKS)
     rope_norm_kernel(const typename LaunchArgs<RopeNormParams>::type args) {
@@ -745,7 +751,7 @@ extern "C" __global__ void __launch_bounds__(WARP* kRopeNormMaxWarps, ROPE_NORM_
     // last row, or whose row writes nothing, is inactive: it loads and stores nothing. The
     // forward takes two rows, a step apart, while the warp has both (rope_norm_rows_per_group).
     long long first = (static_cast<long long>(blockIdx.x) * np.warps + warp) * ROWS_PER_WARP;
-    if constexpr (rope_norm_rows_per_group(BACKWARD_PASS) == 2) {
+    if constexpr (ROPE_NORM_PAIRED_ROWS) {
         for (; first + step < l.rows_total; first += 2 * step) {
             RowJob a, b;
             start_row(l, first + lane / LANES, &a);

@@ -1206,6 +1206,25 @@ nlohmann::json bench_cuda(const std::vector<Case>& cases) {
             check_cu(api->cuStreamSynchronize(stream), "cuStreamSynchronize");
             nlohmann::json j = case_json(c, data, seconds, copy_gbps);
             print_result(c, width, j);
+            if (data.bytes() >= 16e6) {
+                // A device copy of the same bytes (half read, half written) in the same process:
+                // what a kernel of this length can reach (launch, ramp and tail included), the
+                // limit the 2 GiB copy above does not show for kernels of 30-100 us.
+                const size_t half = size_t(data.bytes() / 2);
+                const auto src = reinterpret_cast<rope_jit::CUdeviceptr>(memory.filled(half, 0x3c));
+                const auto dst = reinterpret_cast<rope_jit::CUdeviceptr>(memory.filled(half, 0));
+                memory.ready();
+                const double same_seconds = time_on_stream(stream, repeat, [&] {
+                    check_cu(api->cuMemcpyDtoDAsync(dst, src, half, stream), "cuMemcpyDtoDAsync");
+                });
+                const double same_gbps = 2.0 * double(half) / same_seconds / 1e9;
+                j["same_size_copy_gbps"] = same_gbps;
+                j["same_size_copy_fraction_of_copy"] = same_gbps / copy_gbps;
+                j["fraction_of_same_size_copy"] = j["gbps"].get<double>() / same_gbps;
+                fmt::print("{:>{}} copy of the same bytes: {:.3f} of copy; RoPE at {:.3f} of it\n",
+                           "", width, same_gbps / copy_gbps,
+                           j["fraction_of_same_size_copy"].get<double>());
+            }
             if (c.S == 1 && !c.packed()) {
                 // Decode: GPU time per call inside a CUDA graph (the issue 23 bar: <= 2.5 us for
                 // QK-norm + RoPE + paged KV + FP8 at B = 64).

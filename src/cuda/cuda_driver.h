@@ -118,6 +118,8 @@ constexpr int ROPE_JIT_CUDA_ABI_VERSION = 12000;
     X(cuMemcpyDtoH, "cuMemcpyDtoH", (void* dst, CUdeviceptr src, size_t bytes))                   \
     X(cuMemcpyDtoD, "cuMemcpyDtoD", (CUdeviceptr dst, CUdeviceptr src, size_t bytes))             \
     X(cuMemsetD8, "cuMemsetD8", (CUdeviceptr dst, unsigned char value, size_t count))             \
+    X(cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync",                                                     \
+      (CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream stream))                          \
     X(cuMemsetD32Async, "cuMemsetD32Async",                                                       \
       (CUdeviceptr dst, unsigned value, size_t count, CUstream stream))                           \
     X(cuMemAllocAsync, "cuMemAllocAsync", (CUdeviceptr * pointer, size_t bytes, CUstream stream)) \
