@@ -704,19 +704,239 @@ __device__ __forceinline__ void finish_row(const Launch& l, RowJob& job, float* 
     }
 }
 
+// The staged forward (sm_80 and newer; unit-stride rows, no KV cache): each lane copies its
+// items of the rows it will take STAGES - 1 grid steps later into shared memory by cp.async,
+// and the table spans of their angles with them, then takes the row whose copies have landed.
+// The bytes in flight then no longer cost registers: the register path holds one row a lane in
+// flight and, at the registers a row needs (80-160), few warps a multiprocessor, so it waited
+// on memory latency (ncu, H200: 12% occupancy, 31% of DRAM bandwidth). A lane reads back only
+// the bytes it copied itself, so cp.async.wait_group orders all it needs: no barrier.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+enum : bool { ASYNC_COPIES = true };
+#else
+enum : bool { ASYNC_COPIES = false };
+#endif
+
+// Whether a pack of `bytes` can go by cp.async (pieces of 4, 8 or 16 bytes).
+__host__ __device__ constexpr bool async_copyable(int bytes) {
+    return bytes % 4 == 0 && (bytes <= 16 || bytes % 16 == 0);
+}
+
+enum : bool {
+    STAGE_ANGLES = TABLE_SPANS && TABLE_VEC_LOADS &&
+                   async_copyable(static_cast<int>(sizeof(TablePack<SPAN>))),
+};
+
+// A lane's copies of one row in shared memory: its rotated items, their partners, its
+// unrotated items and the table spans, each part (present only where used) at a multiple of
+// 16 bytes.
+__host__ __device__ constexpr int round16(int bytes) { return (bytes + 15) / 16 * 16; }
+enum : int {
+    OWN_AT = 0,
+    PARTNER_AT = OWN_AT + round16(ROT_SLOTS * static_cast<int>(sizeof(Pack<VEC>))),
+    TAIL_AT = PARTNER_AT +
+              (INTERLEAVED ? 0 : round16(ROT_SLOTS * static_cast<int>(sizeof(Pack<PARTNER_VEC>)))),
+    COS_AT = TAIL_AT +
+             (COPY_ITEMS > 0 ? round16(COPY_SLOTS * static_cast<int>(sizeof(Pack<COPY_VEC>))) : 0),
+    ANGLE_BYTES = STAGE_ANGLES ? round16(ROT_SLOTS * static_cast<int>(sizeof(TablePack<SPAN>))) : 0,
+    SIN_AT = COS_AT + ANGLE_BYTES,
+    STAGED_BYTES = SIN_AT + ANGLE_BYTES,
+};
+
+struct Staged {
+    alignas(16) unsigned char bytes[STAGED_BYTES];
+
+    template <typename P>
+    __device__ __forceinline__ P* at(int offset, int k) {
+        return reinterpret_cast<P*>(bytes + offset) + k;
+    }
+    template <typename P>
+    __device__ __forceinline__ const P& at(int offset, int k) const {
+        return reinterpret_cast<const P*>(bytes + offset)[k];
+    }
+};
+
+enum : int {
+    // Stages that fit a block's 48 KB of static shared memory (a lane's ring of Staged).
+    STAGE_FIT = 48 * 1024 / (WARP * kRopeNormMaxWarps * static_cast<int>(sizeof(Staged))),
+    STAGES = STAGE_FIT > 4 ? 4 : STAGE_FIT,
+};
+enum : bool {
+    STAGED = ASYNC_COPIES && !BACKWARD_PASS && KV_CACHE == 0 && VEC_LOADS && STAGES >= 2 &&
+             async_copyable(static_cast<int>(sizeof(Pack<VEC>))) &&
+             (INTERLEAVED || async_copyable(static_cast<int>(sizeof(Pack<PARTNER_VEC>)))) &&
+             (COPY_ITEMS == 0 ||
+              (COPY_VEC > 1 && async_copyable(static_cast<int>(sizeof(Pack<COPY_VEC>))))),
+};
+
+// Copies `bytes` (a multiple of 4; pieces of up to 16) from global to shared memory,
+// asynchronously; 16-byte pieces bypass L1 (streamed once).
+template <int BYTES>
+__device__ __forceinline__ void copy_async(void* shared, const void* global) {
+    // (Kernels that do not stage compile these calls too, outside a template: nothing then.)
+    static_assert(!STAGED || async_copyable(BYTES), "cp.async moves 4, 8 or 16 bytes at a time");
+    if constexpr (ASYNC_COPIES && async_copyable(BYTES)) {
+        constexpr int PIECE = BYTES < 16 ? BYTES : 16;
+#pragma unroll
+        for (int at = 0; at < BYTES; at += PIECE) {
+            const unsigned to =
+                static_cast<unsigned>(__cvta_generic_to_shared(static_cast<char*>(shared) + at));
+            const char* from = static_cast<const char*>(global) + at;
+            if constexpr (PIECE == 16)
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(to), "l"(from)
+                             : "memory");
+            else if constexpr (PIECE == 8)
+                asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(to), "l"(from)
+                             : "memory");
+            else
+                asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(to), "l"(from)
+                             : "memory");
+        }
+    }
+}
+
+__device__ __forceinline__ void commit_copies() {
+    if constexpr (ASYNC_COPIES) asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+// Waits until at most N of the lane's committed copy groups are still in flight.
+template <int N>
+__device__ __forceinline__ void wait_copies() {
+    if constexpr (ASYNC_COPIES) asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// Issues the copies of the lane's items of row r (and its angles' table spans) into `slot`.
+__device__ __forceinline__ void stage_row(const Launch& l, long long r, Staged* slot) {
+    const RopeKernelParams& p = l.np.rope;
+    const RowPlace at = place_row(l.np, r, l.rows_total, l.heads_q, l.heads_k, l.heads_all);
+    if (!at.active) return;
+    const bool is_k = at.kind != 0;
+    const T* x = row_input(l.np, at, false);
+    const int sub = l.sub;
+#pragma unroll
+    for (int k = 0; k < ROT_SLOTS; ++k) {
+        if (!rot_valid(sub, k)) continue;
+        const T* own = x + rot_feature(sub + k * LANES);
+        copy_async<sizeof(Pack<VEC>)>(slot->at<Pack<VEC>>(OWN_AT, k), own);
+        if constexpr (!INTERLEAVED)
+            copy_async<sizeof(Pack<PARTNER_VEC>)>(slot->at<Pack<PARTNER_VEC>>(PARTNER_AT, k),
+                                                  own + PARTNER_SHIFT);
+    }
+    if constexpr (COPY_ITEMS > 0) {
+#pragma unroll
+        for (int k = 0; k < COPY_SLOTS; ++k)
+            if (copy_valid(sub, k))
+                copy_async<sizeof(Pack<COPY_VEC>)>(slot->at<Pack<COPY_VEC>>(TAIL_AT, k),
+                                                   x + copy_feature(sub + k * LANES));
+    }
+    if constexpr (STAGE_ANGLES) {
+        const long long row = table_row(p, at.b, at.s, is_k);
+        const TableT* cos = static_cast<const TableT*>(p.cos) + row * p.cos_stride[0];
+        const TableT* sin = static_cast<const TableT*>(p.sin) + row * p.sin_stride[0];
+#pragma unroll
+        for (int k = 0; k < ROT_SLOTS; ++k) {
+            if (!rot_valid(sub, k)) continue;
+            const long long col = static_cast<long long>((sub + k * LANES) * PAIRS_PER_ITEM) *
+                                  TABLE_STEP;
+            copy_async<sizeof(TablePack<SPAN>)>(slot->at<TablePack<SPAN>>(COS_AT, k), cos + col);
+            copy_async<sizeof(TablePack<SPAN>)>(slot->at<TablePack<SPAN>>(SIN_AT, k), sin + col);
+        }
+    }
+}
+
+// Takes row r from `slot` (its copies have landed): the weights and, unless staged, the angles
+// are read now (L1 and L2 hits: every row of a token shares them), then finish_row.
+__device__ __forceinline__ void take_staged_row(const Launch& l, long long r, const Staged* slot) {
+    const RopeKernelParams& p = l.np.rope;
+    RowJob job;
+    job.place = place_row(l.np, r, l.rows_total, l.heads_q, l.heads_k, l.heads_all);
+    const RowPlace& at = job.place;
+    job.active = at.active;
+    job.is_k = at.kind != 0;
+    if (job.active) {
+#pragma unroll
+        for (int k = 0; k < ROT_SLOTS; ++k) {
+            job.raw.own[k] = slot->at<Pack<VEC>>(OWN_AT, k);
+            if constexpr (!INTERLEAVED) job.raw.partner[k] = slot->at<Pack<PARTNER_VEC>>(PARTNER_AT, k);
+        }
+        if constexpr (COPY_ITEMS > 0) {
+#pragma unroll
+            for (int k = 0; k < COPY_SLOTS; ++k) job.raw.tail[k] = slot->at<Pack<COPY_VEC>>(TAIL_AT, k);
+        }
+    }
+    load_weights(job.is_k ? l.np.k_weight : l.np.q_weight,
+                 job.is_k ? l.np.k_weight_stride : l.np.q_weight_stride, job.active, l.sub,
+                 &job.wr);
+    if constexpr (STAGE_ANGLES) {
+#pragma unroll
+        for (int k = 0; k < ROT_SLOTS; ++k) {
+            if (job.active && rot_valid(l.sub, k)) {
+                job.angles.cos[k] = slot->at<TablePack<SPAN>>(COS_AT, k);
+                job.angles.sin[k] = slot->at<TablePack<SPAN>>(SIN_AT, k);
+            } else {
+#pragma unroll
+                for (int j = 0; j < SPAN; ++j) job.angles.cos[k].v[j] = job.angles.sin[k].v[j] = TableT{};
+            }
+        }
+        job.out = job.is_k
+                      ? at.b * p.k_out_stride[0] + at.h * p.k_out_stride[1] + at.s * p.k_out_stride[2]
+                      : at.b * p.q_out_stride[0] + at.h * p.q_out_stride[1] + at.s * p.q_out_stride[2];
+    } else {
+#pragma unroll
+        for (int axis = 0; axis < (MROPE_AXES > 0 ? MROPE_AXES : 1); ++axis)
+            job.rows[axis] = 0;
+        if (job.active) {
+            if (MROPE_AXES > 0) {
+                for (int axis = 0; axis < MROPE_AXES; ++axis)
+                    job.rows[axis] = table_row(p, at.b, at.s, false, axis);
+            } else {
+                job.rows[0] = table_row(p, at.b, at.s, job.is_k);
+            }
+        }
+        aim_row(l, &job);
+    }
+    finish_row(l, job, nullptr);
+}
+
+// The warp's rows grid-stride, STAGES - 1 grid steps of copies ahead of the row it takes.
+__device__ __forceinline__ void run_staged(const Launch& l, long long first, long long step,
+                                           int warp, int lane) {
+    __shared__ Staged ring[STAGED ? STAGES : 1][kRopeNormMaxWarps][WARP];
+    const long long row_of_lane = lane / LANES;
+#pragma unroll
+    for (int i = 0; i < STAGES - 1; ++i) {
+        const long long r = first + i * step;
+        if (r < l.rows_total) stage_row(l, r + row_of_lane, &ring[i][warp][lane]);
+        commit_copies();  // an empty group past the end keeps the count of groups uniform
+    }
+    int slot = 0;
+    for (long long r = first; r < l.rows_total; r += step) {
+        const long long ahead = r + (STAGES - 1) * step;
+        const int ahead_slot = slot == 0 ? STAGES - 1 : slot - 1;  // taken last iteration
+        if (ahead < l.rows_total) stage_row(l, ahead + row_of_lane, &ring[ahead_slot][warp][lane]);
+        commit_copies();
+        wait_copies<STAGES - 1>();
+        take_staged_row(l, r + row_of_lane, &ring[slot][warp][lane]);
+        slot = slot == STAGES - 1 ? 0 : slot + 1;
+    }
+}
+
 }  // namespace
 
 // Blocks a multiprocessor should hold at once (ptxas caps the registers to fit them). An
 // experiment knob for issue 23's QK-norm prefill (whether more rows in flight beat the
 // spills): ROPE_JIT_NVRTC_EXTRA_OPTIONS="qk_norm=true: -DROPE_NORM_MIN_BLOCKS=3" sets it.
 #ifndef ROPE_NORM_MIN_BLOCKS
-#define ROPE_NORM_MIN_BLOCKS 1
+#define ROPE_NORM_MIN_BLOCKS                                                                 \
+    (BACKWARD_PASS ? 1                                                                       \
+                   : rope_norm_forward_blocks(TABLE_SPANS, ROTARY_DIM < HEAD_DIM, HEAD_DIM,    \
+                                              Q_FP8 || KV_FP8 || KV_CACHE != 0))
 #endif
 // Whether a group takes two rows at once while the grid has them (the launcher's grid is sized
 // for the default; the grid-stride loop covers every row either way). An experiment knob too:
 // -DROPE_NORM_PAIRED_ROWS=0 takes one row at a time in the forward.
 #ifndef ROPE_NORM_PAIRED_ROWS
-#define ROPE_NORM_PAIRED_ROWS (rope_norm_rows_per_group(BACKWARD_PASS) == 2)
+#define ROPE_NORM_PAIRED_ROWS 0
 #endif
 
 extern "C" __global__ void __launch_bounds__(WARP* kRopeNormMaxWarps, ROPE_NORM_MIN_BLOCKS)
@@ -751,6 +971,13 @@ extern "C" __global__ void __launch_bounds__(WARP* kRopeNormMaxWarps, ROPE_NORM_
     // last row, or whose row writes nothing, is inactive: it loads and stores nothing. The
     // forward takes two rows, a step apart, while the warp has both (rope_norm_rows_per_group).
     long long first = (static_cast<long long>(blockIdx.x) * np.warps + warp) * ROWS_PER_WARP;
+#ifndef ROPE_NORM_STAGED
+#define ROPE_NORM_STAGED 1
+#endif
+    if constexpr (STAGED && ROPE_NORM_STAGED) {
+        run_staged(l, first, step, warp, lane);
+        first = l.rows_total;  // every row taken
+    }
     if constexpr (ROPE_NORM_PAIRED_ROWS) {
         for (; first + step < l.rows_total; first += 2 * step) {
             RowJob a, b;

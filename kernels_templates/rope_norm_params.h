@@ -59,6 +59,16 @@ using RopeNormCacheParams = WithCache<RopeNormParams>;
 
 // Warps a block has at most (the kernel's launch bound is 32 times this).
 enum { kRopeNormMaxWarps = 8 };
+// Blocks a multiprocessor holds at once in the forward: the kernel's launch bound (ptxas fits
+// the registers to it, 85 at 3 blocks) and, with many rows, the grid (that many blocks a
+// multiprocessor, each warp taking rows grid-stride). 3 measured best on the H200 for the
+// common rows (run AG: Qwen3-8B prefill at 8, 16, 24 and 32 warps); rows that need more
+// registers (angles computed per pair, unrotated features, head_dim over 256, FP8 outputs or
+// a KV cache) spilled at 85 (sm_90, NVRTC 13.0), so they take 2.
+ROPE_JIT_HOST_DEVICE constexpr int rope_norm_forward_blocks(bool table_spans, bool partial,
+                                                            int head_dim, bool fp8_or_cache) {
+    return table_spans && !partial && head_dim <= 256 && !fp8_or_cache ? 3 : 2;
+}
 
 // How a row (one head of one token) lies in the lanes of a warp, from the specialization
 // alone. Rotated items: VEC features and, in the half and proportional styles, their VEC

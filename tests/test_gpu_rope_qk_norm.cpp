@@ -106,6 +106,45 @@ TEST_SUITE("gpu") {
             }
     }
 
+    TEST_CASE_FIXTURE(GpuFixture,
+                      "QK-norm + RoPE over many rows (the forward's grid-stride warps and their "
+                      "ring of staged copies) matches the CPU backend") {
+        // 2 x 1031 tokens x 40 heads = 82480 rows: more than the 3 blocks x 8 warps x 4 rows a
+        // multiprocessor of one pass, so each warp takes many rows and reuses its stages.
+        struct Variant {
+            bool interleaved, in_place;
+            Layout layout;
+            Positions positions;
+            Angles angles;
+            Dt table_dt;
+            int64_t R;
+        };
+        const Variant variants[] = {
+            {false, true, Layout::BSHD, Positions::Implicit, Angles::FullTable, Dt::BF16, 128},
+            {false, false, Layout::BSHD, Positions::PerBatchToken, Angles::HalfTable, Dt::F32, 128},
+            {true, true, Layout::BHSD, Positions::SeqlenOffsets, Angles::FullTable, Dt::BF16, 128},
+            {false, false, Layout::Packed, Positions::Implicit, Angles::InvFreq, Dt::F32, 128},
+            {false, true, Layout::BSHD, Positions::PerToken, Angles::FullTable, Dt::BF16, 64},
+        };
+        int index = 0;
+        for (const Variant& v : variants) {
+            Spec c;
+            c.dt = Dt::BF16, c.table_dt = v.table_dt, c.angles = v.angles;
+            c.interleaved = v.interleaved;
+            c.in_place = v.in_place;
+            c.layout = v.layout;
+            c.positions = v.positions;
+            c.B = 2, c.S = 1031, c.Hk = 8, c.group = 4, c.D = 128, c.R = v.R;
+            c.position_offset = 5;
+            const std::string spec = describe(c);
+            CAPTURE(spec);
+            std::mt19937 rng(kNormSeed + 2000 + uint32_t(index++));
+            const Problem p = make_problem(c, rng);
+            run_and_compare(*this, p, make_norm(p, Dt::BF16, index % 2 == 0, false, rng),
+                            norm_tolerance(c));
+        }
+    }
+
     TEST_CASE_FIXTURE(GpuFixture, "QK-norm + RoPE with M-RoPE sections matches the CPU backend") {
         for (int variant = 0; variant < 4; ++variant) {
             const Dt dt = variant % 2 ? Dt::BF16 : Dt::F32;

@@ -566,15 +566,22 @@ TEST_CASE("the QK-norm launch puts a row in a group of lanes and spreads decode 
     CHECK(decode.threads == 192);
     CHECK(decode.blocks == 128);
     CHECK(decode.shared_bytes == 0);
-    // Prefill 4 x 4096 tokens, 40 heads: full blocks, each group two rows, one pass (655360
-    // rows, 64 a block).
+    // Prefill 4 x 4096 tokens, 40 heads: full blocks, three a multiprocessor (the kernel's
+    // launch bound for this spec: rope_norm_forward_blocks), rows grid-stride.
+    CHECK(rope_norm_forward_blocks(true, false, 128, false) == 3);
     const rope_jit::RopeNormLaunch prefill =
         rope_jit::plan_rope_norm_launch(*spec, 4 * 4096 * 40, 132);
     CHECK(prefill.warps == 8);
-    CHECK(prefill.blocks == 4 * 4096 * 40 / 64);
-    // Up to two full blocks a multiprocessor: still a row a group.
+    CHECK(prefill.blocks == 3 * 132);
+    // Up to three full blocks a multiprocessor: a block per 32 rows' warps, one pass.
     CHECK(rope_jit::plan_rope_norm_launch(*spec, 132 * 16 * 4, 132).blocks == 2 * 132);
-    CHECK(rope_jit::plan_rope_norm_launch(*spec, 132 * 16 * 4 + 1, 132).blocks == 132 + 1);
+    CHECK(rope_jit::plan_rope_norm_launch(*spec, 132 * 24 * 4, 132).blocks == 3 * 132);
+    CHECK(rope_jit::plan_rope_norm_launch(*spec, 132 * 24 * 4 + 1, 132).blocks == 3 * 132);
+    // Rows with more registers (here: unrotated features) hold two blocks a multiprocessor.
+    auto partial = *spec;
+    partial.rotary_dim = 64;
+    CHECK(rope_norm_forward_blocks(true, true, 128, false) == 2);
+    CHECK(rope_jit::plan_rope_norm_launch(partial, 4 * 4096 * 40, 132).blocks == 2 * 132);
     // The backward takes a row a group, grid-stride, at most 64 blocks a multiprocessor.
     auto backward_plain = *spec;
     backward_plain.backward = 1;

@@ -106,11 +106,16 @@ RopeNormLaunch plan_rope_norm_launch(const KernelSpec& spec, int64_t rows, int64
     launch.warps = int(warps);
     launch.threads = 32 * warps;
     launch.shared_bytes = unsigned(bytes);
-    const int64_t per_group = rope_norm_rows_per_group(spec.backward != 0);
-    // Two rows a group once every multiprocessor would get more than two full blocks.
-    if (per_group > 1 && warps_needed > 2 * kRopeNormMaxWarps * multiprocessors) {
-        const int64_t warp_steps = (warps_needed + per_group - 1) / per_group;
-        launch.blocks = std::min<int64_t>((warp_steps + warps - 1) / warps, 0x7fffffff);
+    // Forward, many rows: as many full blocks a multiprocessor as the kernel's launch bound
+    // holds resident, each warp taking rows grid-stride (the staged kernel keeps copies of
+    // later rows in flight, so a warp wants many rows).
+    const bool table_spans =
+        !spec.angles_from_inv_freq && !spec.has_xpos && spec.mrope_axes == 0;
+    const int64_t forward_blocks =
+        rope_norm_forward_blocks(table_spans, spec.rotary_dim < spec.head_dim, spec.head_dim,
+                                 spec.q_fp8 || spec.kv_fp8 || spec.kv_cache != 0);
+    if (!spec.backward && warps_needed > forward_blocks * kRopeNormMaxWarps * multiprocessors) {
+        launch.blocks = forward_blocks * multiprocessors;
         return launch;
     }
     const int64_t blocks_per_sm = spec.norm_weight_grad ? 16 : 64;
