@@ -722,8 +722,11 @@ __host__ __device__ constexpr bool async_copyable(int bytes) {
     return bytes % 4 == 0 && (bytes <= 16 || bytes % 16 == 0);
 }
 
+#ifndef ROPE_NORM_STAGE_ANGLES
+#define ROPE_NORM_STAGE_ANGLES 1
+#endif
 enum : bool {
-    STAGE_ANGLES = TABLE_SPANS && TABLE_VEC_LOADS &&
+    STAGE_ANGLES = ROPE_NORM_STAGE_ANGLES && TABLE_SPANS && TABLE_VEC_LOADS &&
                    async_copyable(static_cast<int>(sizeof(TablePack<SPAN>))),
 };
 
@@ -743,22 +746,21 @@ enum : int {
     STAGED_BYTES = SIN_AT + ANGLE_BYTES,
 };
 
-struct Staged {
-    alignas(16) unsigned char bytes[STAGED_BYTES];
+// Where a lane's copies of one row lie: its byte o in 16-byte chunk o / 16 of the (stage,
+// warp) region, chunk c of all 32 lanes side by side ([chunks][WARP][16 bytes]), so that a
+// warp's copies and reads of one chunk touch 512 consecutive bytes (no bank conflicts).
+struct StageSlot {
+    unsigned char* region;
+    int lane;
 
-    template <typename P>
-    __device__ __forceinline__ P* at(int offset, int k) {
-        return reinterpret_cast<P*>(bytes + offset) + k;
-    }
-    template <typename P>
-    __device__ __forceinline__ const P& at(int offset, int k) const {
-        return reinterpret_cast<const P*>(bytes + offset)[k];
+    __device__ __forceinline__ unsigned char* byte(int o) const {
+        return region + (o / 16) * (WARP * 16) + lane * 16 + o % 16;
     }
 };
 
 enum : int {
     // Stages that fit a block's 48 KB of static shared memory (a lane's ring of Staged).
-    STAGE_FIT = 48 * 1024 / (WARP * kRopeNormMaxWarps * static_cast<int>(sizeof(Staged))),
+    STAGE_FIT = 48 * 1024 / (WARP * kRopeNormMaxWarps * (STAGED_BYTES > 0 ? STAGED_BYTES : 16)),
     STAGES = STAGE_FIT > 4 ? 4 : STAGE_FIT,
 };
 enum : bool {
@@ -769,21 +771,27 @@ enum : bool {
               (COPY_VEC > 1 && async_copyable(static_cast<int>(sizeof(Pack<COPY_VEC>))))),
 };
 
-// Copies `bytes` (a multiple of 4; pieces of up to 16) from global to shared memory,
-// asynchronously; 16-byte pieces bypass L1 (streamed once).
-template <int BYTES>
-__device__ __forceinline__ void copy_async(void* shared, const void* global) {
+// Copies BYTES (a multiple of 4, in pieces of up to 16) from global memory to the lane's
+// bytes [o, o + BYTES) of a stage, asynchronously. Rows stream through once and bypass L1
+// (.cg); the table spans, which every head of a token reads, go through it (L1 = true).
+#ifndef ROPE_NORM_TABLE_L1
+#define ROPE_NORM_TABLE_L1 1
+#endif
+template <int BYTES, bool L1>
+__device__ __forceinline__ void copy_async(const StageSlot& slot, int o, const void* global) {
     // (Kernels that do not stage compile these calls too, outside a template: nothing then.)
     static_assert(!STAGED || async_copyable(BYTES), "cp.async moves 4, 8 or 16 bytes at a time");
     if constexpr (ASYNC_COPIES && async_copyable(BYTES)) {
         constexpr int PIECE = BYTES < 16 ? BYTES : 16;
 #pragma unroll
         for (int at = 0; at < BYTES; at += PIECE) {
-            const unsigned to =
-                static_cast<unsigned>(__cvta_generic_to_shared(static_cast<char*>(shared) + at));
+            const unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(slot.byte(o + at)));
             const char* from = static_cast<const char*>(global) + at;
-            if constexpr (PIECE == 16)
+            if constexpr (PIECE == 16 && !L1)
                 asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(to), "l"(from)
+                             : "memory");
+            else if constexpr (PIECE == 16)
+                asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" ::"r"(to), "l"(from)
                              : "memory");
             else if constexpr (PIECE == 8)
                 asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(to), "l"(from)
@@ -793,6 +801,28 @@ __device__ __forceinline__ void copy_async(void* shared, const void* global) {
                              : "memory");
         }
     }
+}
+
+// The lane's copy of a P at bytes [o, o + sizeof(P)) of a stage.
+template <typename P>
+__device__ __forceinline__ P read_staged(const StageSlot& slot, int o) {
+    constexpr int BYTES = static_cast<int>(sizeof(P));
+    constexpr int PIECE = BYTES < 16 ? BYTES : 16;
+    P value;
+#pragma unroll
+    for (int at = 0; at < BYTES; at += PIECE) {
+        char* to = reinterpret_cast<char*>(&value) + at;
+        if constexpr (PIECE == 16)
+            *reinterpret_cast<uint4*>(to) = *reinterpret_cast<const uint4*>(slot.byte(o + at));
+        else if constexpr (PIECE == 8)
+            *reinterpret_cast<uint2*>(to) = *reinterpret_cast<const uint2*>(slot.byte(o + at));
+        else if constexpr (PIECE == 4)
+            *reinterpret_cast<unsigned*>(to) = *reinterpret_cast<const unsigned*>(slot.byte(o + at));
+        else
+            *reinterpret_cast<unsigned short*>(to) =
+                *reinterpret_cast<const unsigned short*>(slot.byte(o + at));
+    }
+    return value;
 }
 
 __device__ __forceinline__ void commit_copies() {
@@ -806,7 +836,7 @@ __device__ __forceinline__ void wait_copies() {
 }
 
 // Issues the copies of the lane's items of row r (and its angles' table spans) into `slot`.
-__device__ __forceinline__ void stage_row(const Launch& l, long long r, Staged* slot) {
+__device__ __forceinline__ void stage_row(const Launch& l, long long r, const StageSlot& slot) {
     const RopeKernelParams& p = l.np.rope;
     const RowPlace at = place_row(l.np, r, l.rows_total, l.heads_q, l.heads_k, l.heads_all);
     if (!at.active) return;
@@ -817,17 +847,17 @@ __device__ __forceinline__ void stage_row(const Launch& l, long long r, Staged* 
     for (int k = 0; k < ROT_SLOTS; ++k) {
         if (!rot_valid(sub, k)) continue;
         const T* own = x + rot_feature(sub + k * LANES);
-        copy_async<sizeof(Pack<VEC>)>(slot->at<Pack<VEC>>(OWN_AT, k), own);
+        copy_async<sizeof(Pack<VEC>), false>(slot, OWN_AT + k * sizeof(Pack<VEC>), own);
         if constexpr (!INTERLEAVED)
-            copy_async<sizeof(Pack<PARTNER_VEC>)>(slot->at<Pack<PARTNER_VEC>>(PARTNER_AT, k),
-                                                  own + PARTNER_SHIFT);
+            copy_async<sizeof(Pack<PARTNER_VEC>), false>(
+                slot, PARTNER_AT + k * sizeof(Pack<PARTNER_VEC>), own + PARTNER_SHIFT);
     }
     if constexpr (COPY_ITEMS > 0) {
 #pragma unroll
         for (int k = 0; k < COPY_SLOTS; ++k)
             if (copy_valid(sub, k))
-                copy_async<sizeof(Pack<COPY_VEC>)>(slot->at<Pack<COPY_VEC>>(TAIL_AT, k),
-                                                   x + copy_feature(sub + k * LANES));
+                copy_async<sizeof(Pack<COPY_VEC>), false>(
+                    slot, TAIL_AT + k * sizeof(Pack<COPY_VEC>), x + copy_feature(sub + k * LANES));
     }
     if constexpr (STAGE_ANGLES) {
         const long long row = table_row(p, at.b, at.s, is_k);
@@ -838,15 +868,18 @@ __device__ __forceinline__ void stage_row(const Launch& l, long long r, Staged* 
             if (!rot_valid(sub, k)) continue;
             const long long col = static_cast<long long>((sub + k * LANES) * PAIRS_PER_ITEM) *
                                   TABLE_STEP;
-            copy_async<sizeof(TablePack<SPAN>)>(slot->at<TablePack<SPAN>>(COS_AT, k), cos + col);
-            copy_async<sizeof(TablePack<SPAN>)>(slot->at<TablePack<SPAN>>(SIN_AT, k), sin + col);
+            copy_async<sizeof(TablePack<SPAN>), ROPE_NORM_TABLE_L1>(
+                slot, COS_AT + k * sizeof(TablePack<SPAN>), cos + col);
+            copy_async<sizeof(TablePack<SPAN>), ROPE_NORM_TABLE_L1>(
+                slot, SIN_AT + k * sizeof(TablePack<SPAN>), sin + col);
         }
     }
 }
 
 // Takes row r from `slot` (its copies have landed): the weights and, unless staged, the angles
 // are read now (L1 and L2 hits: every row of a token shares them), then finish_row.
-__device__ __forceinline__ void take_staged_row(const Launch& l, long long r, const Staged* slot) {
+__device__ __forceinline__ void take_staged_row(const Launch& l, long long r,
+                                                const StageSlot& slot) {
     const RopeKernelParams& p = l.np.rope;
     RowJob job;
     job.place = place_row(l.np, r, l.rows_total, l.heads_q, l.heads_k, l.heads_all);
@@ -856,12 +889,16 @@ __device__ __forceinline__ void take_staged_row(const Launch& l, long long r, co
     if (job.active) {
 #pragma unroll
         for (int k = 0; k < ROT_SLOTS; ++k) {
-            job.raw.own[k] = slot->at<Pack<VEC>>(OWN_AT, k);
-            if constexpr (!INTERLEAVED) job.raw.partner[k] = slot->at<Pack<PARTNER_VEC>>(PARTNER_AT, k);
+            job.raw.own[k] = read_staged<Pack<VEC>>(slot, OWN_AT + k * sizeof(Pack<VEC>));
+            if constexpr (!INTERLEAVED)
+                job.raw.partner[k] = read_staged<Pack<PARTNER_VEC>>(
+                    slot, PARTNER_AT + k * sizeof(Pack<PARTNER_VEC>));
         }
         if constexpr (COPY_ITEMS > 0) {
 #pragma unroll
-            for (int k = 0; k < COPY_SLOTS; ++k) job.raw.tail[k] = slot->at<Pack<COPY_VEC>>(TAIL_AT, k);
+            for (int k = 0; k < COPY_SLOTS; ++k)
+                job.raw.tail[k] =
+                    read_staged<Pack<COPY_VEC>>(slot, TAIL_AT + k * sizeof(Pack<COPY_VEC>));
         }
     }
     load_weights(job.is_k ? l.np.k_weight : l.np.q_weight,
@@ -871,8 +908,10 @@ __device__ __forceinline__ void take_staged_row(const Launch& l, long long r, co
 #pragma unroll
         for (int k = 0; k < ROT_SLOTS; ++k) {
             if (job.active && rot_valid(l.sub, k)) {
-                job.angles.cos[k] = slot->at<TablePack<SPAN>>(COS_AT, k);
-                job.angles.sin[k] = slot->at<TablePack<SPAN>>(SIN_AT, k);
+                job.angles.cos[k] =
+                    read_staged<TablePack<SPAN>>(slot, COS_AT + k * sizeof(TablePack<SPAN>));
+                job.angles.sin[k] =
+                    read_staged<TablePack<SPAN>>(slot, SIN_AT + k * sizeof(TablePack<SPAN>));
             } else {
 #pragma unroll
                 for (int j = 0; j < SPAN; ++j) job.angles.cos[k].v[j] = job.angles.sin[k].v[j] = TableT{};
@@ -901,22 +940,24 @@ __device__ __forceinline__ void take_staged_row(const Launch& l, long long r, co
 // The warp's rows grid-stride, STAGES - 1 grid steps of copies ahead of the row it takes.
 __device__ __forceinline__ void run_staged(const Launch& l, long long first, long long step,
                                            int warp, int lane) {
-    __shared__ Staged ring[STAGED ? STAGES : 1][kRopeNormMaxWarps][WARP];
+    constexpr int CHUNKS = STAGED_BYTES > 0 ? STAGED_BYTES / 16 : 1;
+    __shared__ __align__(16) unsigned char ring[STAGED ? STAGES : 1][kRopeNormMaxWarps][CHUNKS * WARP * 16];
+    const auto slot_of = [&](int stage) { return StageSlot{ring[stage][warp], lane}; };
     const long long row_of_lane = lane / LANES;
 #pragma unroll
     for (int i = 0; i < STAGES - 1; ++i) {
         const long long r = first + i * step;
-        if (r < l.rows_total) stage_row(l, r + row_of_lane, &ring[i][warp][lane]);
+        if (r < l.rows_total) stage_row(l, r + row_of_lane, slot_of(i));
         commit_copies();  // an empty group past the end keeps the count of groups uniform
     }
     int slot = 0;
     for (long long r = first; r < l.rows_total; r += step) {
         const long long ahead = r + (STAGES - 1) * step;
         const int ahead_slot = slot == 0 ? STAGES - 1 : slot - 1;  // taken last iteration
-        if (ahead < l.rows_total) stage_row(l, ahead + row_of_lane, &ring[ahead_slot][warp][lane]);
+        if (ahead < l.rows_total) stage_row(l, ahead + row_of_lane, slot_of(ahead_slot));
         commit_copies();
         wait_copies<STAGES - 1>();
-        take_staged_row(l, r + row_of_lane, &ring[slot][warp][lane]);
+        take_staged_row(l, r + row_of_lane, slot_of(slot));
         slot = slot == STAGES - 1 ? 0 : slot + 1;
     }
 }
@@ -974,9 +1015,16 @@ extern "C" __global__ void __launch_bounds__(WARP* kRopeNormMaxWarps, ROPE_NORM_
 #ifndef ROPE_NORM_STAGED
 #define ROPE_NORM_STAGED 1
 #endif
+#ifndef ROPE_NORM_PREFETCH_STEPS
+#define ROPE_NORM_PREFETCH_STEPS 0
+#endif
     if constexpr (STAGED && ROPE_NORM_STAGED) {
-        run_staged(l, first, step, warp, lane);
-        first = l.rows_total;  // every row taken
+        // Only when warps take several rows (prefill): a single row has nothing to overlap,
+        // and the detour through shared memory lengthens decode's chain of loads.
+        if (l.rows_total > step) {
+            run_staged(l, first, step, warp, lane);
+            first = l.rows_total;  // every row taken
+        }
     }
     if constexpr (ROPE_NORM_PAIRED_ROWS) {
         for (; first + step < l.rows_total; first += 2 * step) {
@@ -997,9 +1045,10 @@ extern "C" __global__ void __launch_bounds__(WARP* kRopeNormMaxWarps, ROPE_NORM_
         // The group's next row, if the grid has one (the backward: one row at a time): its
         // loads start while this one computes (its place recomputed there: carrying it costs
         // more registers than the divisions).
-        if (BACKWARD_PASS && first + step < l.rows_total)
+        constexpr int ahead = BACKWARD_PASS ? 1 : ROPE_NORM_PREFETCH_STEPS;
+        if (ahead > 0 && first + ahead * step < l.rows_total)
             prefetch_row(np,
-                         place_row(np, r + step, l.rows_total, heads_q, heads_k, heads_all),
+                         place_row(np, r + ahead * step, l.rows_total, heads_q, heads_k, heads_all),
                          l.sub);
         finish_row(l, job, dw);
     }
