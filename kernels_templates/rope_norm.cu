@@ -585,8 +585,8 @@ struct Launch {
 };
 
 // One q or k row between its loads and its stores: where it is and goes, and what the lane
-// holds of it (raw, as loaded). A row is taken in three steps, so that the loads of two rows
-// can all be issued before either waits: start_row (every load that depends on no other: the
+// holds of it (raw, as loaded). A row is taken in three steps, so that its independent loads
+// are all issued before any waits: start_row (every load that depends on no other: the
 // row, the weights, positions), aim_row (those that wait for positions: the table rows; and
 // k's cache slot), finish_row (the norm, the rotation, the stores).
 struct RowJob {
@@ -704,283 +704,15 @@ __device__ __forceinline__ void finish_row(const Launch& l, RowJob& job, float* 
     }
 }
 
-// The staged forward (sm_80 and newer; unit-stride rows, no KV cache): each lane copies its
-// items of the rows it will take STAGES - 1 grid steps later into shared memory by cp.async,
-// and the table spans of their angles with them, then takes the row whose copies have landed.
-// The bytes in flight then no longer cost registers: the register path holds one row a lane in
-// flight and, at the registers a row needs (80-160), few warps a multiprocessor, so it waited
-// on memory latency (ncu, H200: 12% occupancy, 31% of DRAM bandwidth). A lane reads back only
-// the bytes it copied itself, so cp.async.wait_group orders all it needs: no barrier.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-enum : bool { ASYNC_COPIES = true };
-#else
-enum : bool { ASYNC_COPIES = false };
-#endif
-
-// Whether a pack of `bytes` can go by cp.async (pieces of 4, 8 or 16 bytes).
-__host__ __device__ constexpr bool async_copyable(int bytes) {
-    return bytes % 4 == 0 && (bytes <= 16 || bytes % 16 == 0);
-}
-
-#ifndef ROPE_NORM_STAGE_ANGLES
-#define ROPE_NORM_STAGE_ANGLES 1
-#endif
-enum : bool {
-    STAGE_ANGLES = ROPE_NORM_STAGE_ANGLES && TABLE_SPANS && TABLE_VEC_LOADS &&
-                   async_copyable(static_cast<int>(sizeof(TablePack<SPAN>))),
-};
-
-// A lane's copies of one row in shared memory: its rotated items, their partners, its
-// unrotated items and the table spans, each part (present only where used) at a multiple of
-// 16 bytes.
-__host__ __device__ constexpr int round16(int bytes) { return (bytes + 15) / 16 * 16; }
-enum : int {
-    OWN_AT = 0,
-    PARTNER_AT = OWN_AT + round16(ROT_SLOTS * static_cast<int>(sizeof(Pack<VEC>))),
-    TAIL_AT = PARTNER_AT +
-              (INTERLEAVED ? 0 : round16(ROT_SLOTS * static_cast<int>(sizeof(Pack<PARTNER_VEC>)))),
-    COS_AT = TAIL_AT +
-             (COPY_ITEMS > 0 ? round16(COPY_SLOTS * static_cast<int>(sizeof(Pack<COPY_VEC>))) : 0),
-    ANGLE_BYTES = STAGE_ANGLES ? round16(ROT_SLOTS * static_cast<int>(sizeof(TablePack<SPAN>))) : 0,
-    SIN_AT = COS_AT + ANGLE_BYTES,
-    STAGED_BYTES = SIN_AT + ANGLE_BYTES,
-};
-
-// Where a lane's copies of one row lie: its byte o in 16-byte chunk o / 16 of the (stage,
-// warp) region, chunk c of all 32 lanes side by side ([chunks][WARP][16 bytes]), so that a
-// warp's copies and reads of one chunk touch 512 consecutive bytes (no bank conflicts).
-struct StageSlot {
-    unsigned char* region;
-    int lane;
-
-    __device__ __forceinline__ unsigned char* byte(int o) const {
-        return region + (o / 16) * (WARP * 16) + lane * 16 + o % 16;
-    }
-};
-
-enum : int {
-    // Stages that fit a block's 48 KB of static shared memory (a lane's ring of Staged).
-    STAGE_FIT = 48 * 1024 / (WARP * kRopeNormMaxWarps * (STAGED_BYTES > 0 ? STAGED_BYTES : 16)),
-    STAGES = STAGE_FIT > 4 ? 4 : STAGE_FIT,
-};
-enum : bool {
-    STAGED = ASYNC_COPIES && !BACKWARD_PASS && KV_CACHE == 0 && VEC_LOADS && STAGES >= 2 &&
-             async_copyable(static_cast<int>(sizeof(Pack<VEC>))) &&
-             (INTERLEAVED || async_copyable(static_cast<int>(sizeof(Pack<PARTNER_VEC>)))) &&
-             (COPY_ITEMS == 0 ||
-              (COPY_VEC > 1 && async_copyable(static_cast<int>(sizeof(Pack<COPY_VEC>))))),
-};
-
-// Copies BYTES (a multiple of 4, in pieces of up to 16) from global memory to the lane's
-// bytes [o, o + BYTES) of a stage, asynchronously. Rows stream through once and bypass L1
-// (.cg); the table spans, which every head of a token reads, go through it (L1 = true).
-#ifndef ROPE_NORM_TABLE_L1
-#define ROPE_NORM_TABLE_L1 1
-#endif
-template <int BYTES, bool L1>
-__device__ __forceinline__ void copy_async(const StageSlot& slot, int o, const void* global) {
-    // (Kernels that do not stage compile these calls too, outside a template: nothing then.)
-    static_assert(!STAGED || async_copyable(BYTES), "cp.async moves 4, 8 or 16 bytes at a time");
-    if constexpr (ASYNC_COPIES && async_copyable(BYTES)) {
-        constexpr int PIECE = BYTES < 16 ? BYTES : 16;
-#pragma unroll
-        for (int at = 0; at < BYTES; at += PIECE) {
-            const unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(slot.byte(o + at)));
-            const char* from = static_cast<const char*>(global) + at;
-            if constexpr (PIECE == 16 && !L1)
-                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(to), "l"(from)
-                             : "memory");
-            else if constexpr (PIECE == 16)
-                asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" ::"r"(to), "l"(from)
-                             : "memory");
-            else if constexpr (PIECE == 8)
-                asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(to), "l"(from)
-                             : "memory");
-            else
-                asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(to), "l"(from)
-                             : "memory");
-        }
-    }
-}
-
-// The lane's copy of a P at bytes [o, o + sizeof(P)) of a stage.
-template <typename P>
-__device__ __forceinline__ P read_staged(const StageSlot& slot, int o) {
-    constexpr int BYTES = static_cast<int>(sizeof(P));
-    constexpr int PIECE = BYTES < 16 ? BYTES : 16;
-    P value;
-#pragma unroll
-    for (int at = 0; at < BYTES; at += PIECE) {
-        char* to = reinterpret_cast<char*>(&value) + at;
-        if constexpr (PIECE == 16)
-            *reinterpret_cast<uint4*>(to) = *reinterpret_cast<const uint4*>(slot.byte(o + at));
-        else if constexpr (PIECE == 8)
-            *reinterpret_cast<uint2*>(to) = *reinterpret_cast<const uint2*>(slot.byte(o + at));
-        else if constexpr (PIECE == 4)
-            *reinterpret_cast<unsigned*>(to) = *reinterpret_cast<const unsigned*>(slot.byte(o + at));
-        else
-            *reinterpret_cast<unsigned short*>(to) =
-                *reinterpret_cast<const unsigned short*>(slot.byte(o + at));
-    }
-    return value;
-}
-
-__device__ __forceinline__ void commit_copies() {
-    if constexpr (ASYNC_COPIES) asm volatile("cp.async.commit_group;" ::: "memory");
-}
-
-// Waits until at most N of the lane's committed copy groups are still in flight.
-template <int N>
-__device__ __forceinline__ void wait_copies() {
-    if constexpr (ASYNC_COPIES) asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-
-// Issues the copies of the lane's items of row r (and its angles' table spans) into `slot`.
-__device__ __forceinline__ void stage_row(const Launch& l, long long r, const StageSlot& slot) {
-    const RopeKernelParams& p = l.np.rope;
-    const RowPlace at = place_row(l.np, r, l.rows_total, l.heads_q, l.heads_k, l.heads_all);
-    if (!at.active) return;
-    const bool is_k = at.kind != 0;
-    const T* x = row_input(l.np, at, false);
-    const int sub = l.sub;
-#pragma unroll
-    for (int k = 0; k < ROT_SLOTS; ++k) {
-        if (!rot_valid(sub, k)) continue;
-        const T* own = x + rot_feature(sub + k * LANES);
-        copy_async<sizeof(Pack<VEC>), false>(slot, OWN_AT + k * sizeof(Pack<VEC>), own);
-        if constexpr (!INTERLEAVED)
-            copy_async<sizeof(Pack<PARTNER_VEC>), false>(
-                slot, PARTNER_AT + k * sizeof(Pack<PARTNER_VEC>), own + PARTNER_SHIFT);
-    }
-    if constexpr (COPY_ITEMS > 0) {
-#pragma unroll
-        for (int k = 0; k < COPY_SLOTS; ++k)
-            if (copy_valid(sub, k))
-                copy_async<sizeof(Pack<COPY_VEC>), false>(
-                    slot, TAIL_AT + k * sizeof(Pack<COPY_VEC>), x + copy_feature(sub + k * LANES));
-    }
-    if constexpr (STAGE_ANGLES) {
-        const long long row = table_row(p, at.b, at.s, is_k);
-        const TableT* cos = static_cast<const TableT*>(p.cos) + row * p.cos_stride[0];
-        const TableT* sin = static_cast<const TableT*>(p.sin) + row * p.sin_stride[0];
-#pragma unroll
-        for (int k = 0; k < ROT_SLOTS; ++k) {
-            if (!rot_valid(sub, k)) continue;
-            const long long col = static_cast<long long>((sub + k * LANES) * PAIRS_PER_ITEM) *
-                                  TABLE_STEP;
-            copy_async<sizeof(TablePack<SPAN>), ROPE_NORM_TABLE_L1>(
-                slot, COS_AT + k * sizeof(TablePack<SPAN>), cos + col);
-            copy_async<sizeof(TablePack<SPAN>), ROPE_NORM_TABLE_L1>(
-                slot, SIN_AT + k * sizeof(TablePack<SPAN>), sin + col);
-        }
-    }
-}
-
-// Takes row r from `slot` (its copies have landed): the weights and, unless staged, the angles
-// are read now (L1 and L2 hits: every row of a token shares them), then finish_row.
-__device__ __forceinline__ void take_staged_row(const Launch& l, long long r,
-                                                const StageSlot& slot) {
-    const RopeKernelParams& p = l.np.rope;
-    RowJob job;
-    job.place = place_row(l.np, r, l.rows_total, l.heads_q, l.heads_k, l.heads_all);
-    const RowPlace& at = job.place;
-    job.active = at.active;
-    job.is_k = at.kind != 0;
-    if (job.active) {
-#pragma unroll
-        for (int k = 0; k < ROT_SLOTS; ++k) {
-            job.raw.own[k] = read_staged<Pack<VEC>>(slot, OWN_AT + k * sizeof(Pack<VEC>));
-            if constexpr (!INTERLEAVED)
-                job.raw.partner[k] = read_staged<Pack<PARTNER_VEC>>(
-                    slot, PARTNER_AT + k * sizeof(Pack<PARTNER_VEC>));
-        }
-        if constexpr (COPY_ITEMS > 0) {
-#pragma unroll
-            for (int k = 0; k < COPY_SLOTS; ++k)
-                job.raw.tail[k] =
-                    read_staged<Pack<COPY_VEC>>(slot, TAIL_AT + k * sizeof(Pack<COPY_VEC>));
-        }
-    }
-    load_weights(job.is_k ? l.np.k_weight : l.np.q_weight,
-                 job.is_k ? l.np.k_weight_stride : l.np.q_weight_stride, job.active, l.sub,
-                 &job.wr);
-    if constexpr (STAGE_ANGLES) {
-#pragma unroll
-        for (int k = 0; k < ROT_SLOTS; ++k) {
-            if (job.active && rot_valid(l.sub, k)) {
-                job.angles.cos[k] =
-                    read_staged<TablePack<SPAN>>(slot, COS_AT + k * sizeof(TablePack<SPAN>));
-                job.angles.sin[k] =
-                    read_staged<TablePack<SPAN>>(slot, SIN_AT + k * sizeof(TablePack<SPAN>));
-            } else {
-#pragma unroll
-                for (int j = 0; j < SPAN; ++j) job.angles.cos[k].v[j] = job.angles.sin[k].v[j] = TableT{};
-            }
-        }
-        job.out = job.is_k
-                      ? at.b * p.k_out_stride[0] + at.h * p.k_out_stride[1] + at.s * p.k_out_stride[2]
-                      : at.b * p.q_out_stride[0] + at.h * p.q_out_stride[1] + at.s * p.q_out_stride[2];
-    } else {
-#pragma unroll
-        for (int axis = 0; axis < (MROPE_AXES > 0 ? MROPE_AXES : 1); ++axis)
-            job.rows[axis] = 0;
-        if (job.active) {
-            if (MROPE_AXES > 0) {
-                for (int axis = 0; axis < MROPE_AXES; ++axis)
-                    job.rows[axis] = table_row(p, at.b, at.s, false, axis);
-            } else {
-                job.rows[0] = table_row(p, at.b, at.s, job.is_k);
-            }
-        }
-        aim_row(l, &job);
-    }
-    finish_row(l, job, nullptr);
-}
-
-// The warp's rows grid-stride, STAGES - 1 grid steps of copies ahead of the row it takes.
-__device__ __forceinline__ void run_staged(const Launch& l, long long first, long long step,
-                                           int warp, int lane) {
-    constexpr int CHUNKS = STAGED_BYTES > 0 ? STAGED_BYTES / 16 : 1;
-    __shared__ __align__(16) unsigned char ring[STAGED ? STAGES : 1][kRopeNormMaxWarps][CHUNKS * WARP * 16];
-    const auto slot_of = [&](int stage) { return StageSlot{ring[stage][warp], lane}; };
-    const long long row_of_lane = lane / LANES;
-#pragma unroll
-    for (int i = 0; i < STAGES - 1; ++i) {
-        const long long r = first + i * step;
-        if (r < l.rows_total) stage_row(l, r + row_of_lane, slot_of(i));
-        commit_copies();  // an empty group past the end keeps the count of groups uniform
-    }
-    int slot = 0;
-    for (long long r = first; r < l.rows_total; r += step) {
-        const long long ahead = r + (STAGES - 1) * step;
-        const int ahead_slot = slot == 0 ? STAGES - 1 : slot - 1;  // taken last iteration
-        if (ahead < l.rows_total) stage_row(l, ahead + row_of_lane, slot_of(ahead_slot));
-        commit_copies();
-        wait_copies<STAGES - 1>();
-        take_staged_row(l, r + row_of_lane, slot_of(slot));
-        slot = slot == STAGES - 1 ? 0 : slot + 1;
-    }
-}
-
 }  // namespace
 
-// Blocks a multiprocessor should hold at once (ptxas caps the registers to fit them). An
-// experiment knob for issue 23's QK-norm prefill (whether more rows in flight beat the
-// spills): ROPE_JIT_NVRTC_EXTRA_OPTIONS="qk_norm=true: -DROPE_NORM_MIN_BLOCKS=3" sets it.
-#ifndef ROPE_NORM_MIN_BLOCKS
-#define ROPE_NORM_MIN_BLOCKS                                                                 \
-    (BACKWARD_PASS ? 1                                                                       \
-                   : rope_norm_forward_blocks(TABLE_SPANS, ROTARY_DIM < HEAD_DIM, HEAD_DIM,    \
-                                              Q_FP8 || KV_FP8 || KV_CACHE != 0))
-#endif
-// Whether a group takes two rows at once while the grid has them (the launcher's grid is sized
-// for the default; the grid-stride loop covers every row either way). An experiment knob too:
-// -DROPE_NORM_PAIRED_ROWS=0 takes one row at a time in the forward.
-#ifndef ROPE_NORM_PAIRED_ROWS
-#define ROPE_NORM_PAIRED_ROWS 0
-#endif
-
-extern "C" __global__ void __launch_bounds__(WARP* kRopeNormMaxWarps, ROPE_NORM_MIN_BLOCKS)
+// The forward's launch bound holds rope_norm_forward_blocks blocks a multiprocessor (the
+// launcher's grid for many rows); the backward's one.
+extern "C" __global__ void __launch_bounds__(
+    WARP* kRopeNormMaxWarps,
+    BACKWARD_PASS ? 1
+                  : rope_norm_forward_blocks(TABLE_SPANS, ROTARY_DIM < HEAD_DIM, HEAD_DIM,
+                                             Q_FP8 || KV_FP8 || KV_CACHE != 0))
     rope_norm_kernel(const typename LaunchArgs<RopeNormParams>::type args) {
     extern __shared__ __align__(16) float dw[];  // weight gradients: [2][HEAD_DIM], q's then k's
     const RopeNormParams& np = own_args(args);
@@ -1009,34 +741,13 @@ extern "C" __global__ void __launch_bounds__(WARP* kRopeNormMaxWarps, ROPE_NORM_
                    lane % LANES, q_scale, k_scale, v_scale};
     const long long step = static_cast<long long>(gridDim.x) * np.warps * ROWS_PER_WARP;
     // The whole warp runs every iteration (the group sums shuffle across it); a group past the
-    // last row, or whose row writes nothing, is inactive: it loads and stores nothing. The
-    // forward takes two rows, a step apart, while the warp has both (rope_norm_rows_per_group).
+    // last row, or whose row writes nothing, is inactive: it loads and stores nothing. A group
+    // takes one row at a time: taking two at once (their loads overlapped) needed 156
+    // registers, one 8-warp block a multiprocessor, and measured slower than one row with three
+    // blocks resident (H200 run AF: Qwen3-8B prefill 197 -> 109 us). Copying later rows into
+    // shared memory by cp.async, ahead of their use, was slower still (run AH: 130 us; its
+    // extra instructions made the kernel issue-bound).
     long long first = (static_cast<long long>(blockIdx.x) * np.warps + warp) * ROWS_PER_WARP;
-#ifndef ROPE_NORM_STAGED
-#define ROPE_NORM_STAGED 1
-#endif
-#ifndef ROPE_NORM_PREFETCH_STEPS
-#define ROPE_NORM_PREFETCH_STEPS 0
-#endif
-    if constexpr (STAGED && ROPE_NORM_STAGED) {
-        // Only when warps take several rows (prefill): a single row has nothing to overlap,
-        // and the detour through shared memory lengthens decode's chain of loads.
-        if (l.rows_total > step) {
-            run_staged(l, first, step, warp, lane);
-            first = l.rows_total;  // every row taken
-        }
-    }
-    if constexpr (ROPE_NORM_PAIRED_ROWS) {
-        for (; first + step < l.rows_total; first += 2 * step) {
-            RowJob a, b;
-            start_row(l, first + lane / LANES, &a);
-            start_row(l, first + step + lane / LANES, &b);
-            aim_row(l, &a);
-            aim_row(l, &b);
-            finish_row(l, a, dw);
-            finish_row(l, b, dw);
-        }
-    }
     for (; first < l.rows_total; first += step) {
         const long long r = first + lane / LANES;
         RowJob job;
@@ -1045,10 +756,9 @@ extern "C" __global__ void __launch_bounds__(WARP* kRopeNormMaxWarps, ROPE_NORM_
         // The group's next row, if the grid has one (the backward: one row at a time): its
         // loads start while this one computes (its place recomputed there: carrying it costs
         // more registers than the divisions).
-        constexpr int ahead = BACKWARD_PASS ? 1 : ROPE_NORM_PREFETCH_STEPS;
-        if (ahead > 0 && first + ahead * step < l.rows_total)
+        if (BACKWARD_PASS && first + step < l.rows_total)
             prefetch_row(np,
-                         place_row(np, r + ahead * step, l.rows_total, heads_q, heads_k, heads_all),
+                         place_row(np, r + step, l.rows_total, heads_q, heads_k, heads_all),
                          l.sub);
         finish_row(l, job, dw);
     }

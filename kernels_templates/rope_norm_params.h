@@ -62,7 +62,7 @@ enum { kRopeNormMaxWarps = 8 };
 // Blocks a multiprocessor holds at once in the forward: the kernel's launch bound (ptxas fits
 // the registers to it, 85 at 3 blocks) and, with many rows, the grid (that many blocks a
 // multiprocessor, each warp taking rows grid-stride). 3 measured best on the H200 for the
-// common rows (run AG: Qwen3-8B prefill at 8, 16, 24 and 32 warps); rows that need more
+// common rows (run AF: Qwen3-8B prefill at 8, 16, 24 and 32 warps); rows that need more
 // registers (angles computed per pair, unrotated features, head_dim over 256, FP8 outputs or
 // a KV cache) spilled at 85 (sm_90, NVRTC 13.0), so they take 2.
 ROPE_JIT_HOST_DEVICE constexpr int rope_norm_forward_blocks(bool table_spans, bool partial,
@@ -90,15 +90,6 @@ ROPE_JIT_HOST_DEVICE constexpr int rope_norm_lanes(int head_dim, int rotary_dim,
     int lanes = 1;
     while (lanes < 32 && 2 * lanes < accesses) lanes *= 2;
     return lanes;
-}
-
-// Rows a group of lanes takes at once (the forward: 2, their loads issued before either is
-// reduced, so that two rows' latencies overlap and a multiprocessor has twice the bytes in
-// flight; the backward, which holds x and dL/dy: 1). The kernel takes pairs of rows while a
-// pair exists (its row step apart), then single rows; the launcher sizes the grid for one or
-// the other (rope_cuda.cpp).
-ROPE_JIT_HOST_DEVICE constexpr int rope_norm_rows_per_group(bool backward) {
-    return backward ? 1 : 2;
 }
 
 // Dynamic shared memory of a block: the rows live in registers; with weight gradients, the

@@ -18,8 +18,6 @@
 #                    call split into library load, runtime, disk lookups, module loads, the rest
 #   pool-probe       bench/pool_setup_probe.py: a process's first stream-ordered allocation from
 #                    the default pool, from a pool of its own, and cuMemAlloc
-#   norm-sweep       rope-jit-bench's QK-norm cases with the norm kernel's experiment knobs:
-#                    ROPE_NORM_MIN_BLOCKS in NORM_MIN_BLOCKS (1 2 3 4), ROPE_NORM_PAIRED_ROWS 1, 0
 #   rope-ncu         ncu counters of one launch of NCU_KERNEL (regex, default rope) in the
 #                    rope-jit-bench cases NCU_FILTER (NCU_OPTIONS: extra NVRTC options rule)
 #   python           installs the package, pytest (PYTEST_ARGS), call overhead
@@ -117,16 +115,6 @@ for step in "$@"; do
       timeout "${STEP_TIMEOUT:-120}" python3 bench/pool_setup_probe.py --json "$OUT/pool_setup_probe.json" \
         > "$OUT/pool_setup_probe.log" 2>&1
       step_done pool-probe $?; cat "$OUT/pool_setup_probe.log" ;;
-    norm-sweep)
-      for mb in ${NORM_MIN_BLOCKS:-1 2 3 4}; do
-        for paired in 1 0; do
-          ROPE_JIT_NVRTC_EXTRA_OPTIONS="qk_norm=true: -DROPE_NORM_MIN_BLOCKS=$mb -DROPE_NORM_PAIRED_ROWS=$paired" \
-            timeout 120 build-gpu/tools/rope-jit-bench --filter "${NORM_FILTER:-qk-norm}" \
-            --json "$OUT/norm_sweep_${mb}_$paired.json" > "$OUT/norm_sweep_${mb}_$paired.log" 2>&1
-          echo "min_blocks $mb paired $paired rc=$?"
-          grep -E "qk-norm|in a CUDA graph" "$OUT/norm_sweep_${mb}_$paired.log" | cut -c1-40,100-170
-        done
-      done ;;
     rope-ncu)
       ROPE_JIT_NVRTC_EXTRA_OPTIONS="${NCU_OPTIONS:-}" timeout "${STEP_TIMEOUT:-180}" ncu --clock-control none \
         --kernel-name regex:"${NCU_KERNEL:-rope}" --launch-skip "${NCU_SKIP:-1}" --launch-count 1 \

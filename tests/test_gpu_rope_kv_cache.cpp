@@ -113,8 +113,8 @@ TEST_SUITE("gpu") {
                       "with block tables and prefill with slot_mapping, each with and without "
                       "QK-norm, match the CPU backend") {
         int index = 0;
-        // Prefill with QK-norm (variants 6, 7: 28800 rows) takes the norm kernel's two rows a
-        // lane group, v's rows among them.
+        // Prefill with QK-norm (variants 6, 7: 28800 rows) takes the norm kernel's grid-stride
+        // rows, v's rows among them.
         for (int variant = 0; variant < 8; ++variant) {
             const bool decode = variant < 4, norm = variant % 4 >= 2;
             const rope_jit_kv_cache_layout layout =

@@ -107,10 +107,10 @@ TEST_SUITE("gpu") {
     }
 
     TEST_CASE_FIXTURE(GpuFixture,
-                      "QK-norm + RoPE over many rows (the forward's grid-stride warps and their "
-                      "ring of staged copies) matches the CPU backend") {
+                      "QK-norm + RoPE over many rows (the forward's resident blocks taking rows "
+                      "grid-stride) matches the CPU backend") {
         // 2 x 1031 tokens x 40 heads = 82480 rows: more than the 3 blocks x 8 warps x 4 rows a
-        // multiprocessor of one pass, so each warp takes many rows and reuses its stages.
+        // multiprocessor of one pass, so each warp takes many rows.
         struct Variant {
             bool interleaved, in_place;
             Layout layout;

@@ -92,9 +92,9 @@ RopeNormLaunch plan_rope_norm_launch(const KernelSpec& spec, int64_t rows, int64
                                 spec.head_dim, bytes, kRopeSharedLimit));
     // A warp normalizes 32 / lanes rows at a time (rope_norm_params.h). Few rows (decode): the
     // time is one row's chain of dependent loads, so the warps spread over every
-    // multiprocessor in small blocks, each group one row. Many rows, forward: full blocks, each
-    // group two rows at once (rope_norm_rows_per_group: their loads overlap), the grid one pass
-    // over the rows. Backward: one row at a time grid-stride, at most 64 blocks a
+    // multiprocessor in small blocks, each group one row. Many rows, forward: full blocks, as
+    // many a multiprocessor as the kernel's launch bound keeps resident (rope_norm_forward_
+    // blocks), rows grid-stride. Backward: rows grid-stride, at most 64 blocks a
     // multiprocessor (keeping the last, partial wave of blocks short); with weight gradients
     // every block adds its sums into the same D floats, so fewer (16).
     const int lanes = rope_norm_lanes(spec.head_dim, spec.rotary_dim, spec.interleaved != 0,
@@ -106,9 +106,6 @@ RopeNormLaunch plan_rope_norm_launch(const KernelSpec& spec, int64_t rows, int64
     launch.warps = int(warps);
     launch.threads = 32 * warps;
     launch.shared_bytes = unsigned(bytes);
-    // Forward, many rows: as many full blocks a multiprocessor as the kernel's launch bound
-    // holds resident, each warp taking rows grid-stride (the staged kernel keeps copies of
-    // later rows in flight, so a warp wants many rows).
     const bool table_spans =
         !spec.angles_from_inv_freq && !spec.has_xpos && spec.mrope_axes == 0;
     const int64_t forward_blocks =
