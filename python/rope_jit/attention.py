@@ -125,8 +125,9 @@ def attention(q, k, v, out, *, cos=None, sin=None, pos_mask=None, attn_mask=None
     attn_mask [B, Sk] or [B, Sq, Sk], bool (False = masked) or float (added to the scores);
     lse [B, Hq, Sq] float32 (optional output). causal is top-left aligned; scale 0 means
     1/sqrt(D); style "half" or "interleaved" (rotary-embedding-torch). On the GPU the work is
-    enqueued on `stream` (default as in rope_jit.rope). Raises NotImplementedError when the
-    library has no attention op.
+    enqueued on `stream` (default as in rope_jit.rope); with PyTorch CUDA tensors and no
+    stream given, a workspace the kernels need (sm_90) comes from PyTorch's caching allocator.
+    Raises NotImplementedError when the library has no attention op.
     """
     _call("forward", {"q": q, "k": k, "v": v, "out": out, "cos": cos, "sin": sin, "pos_mask": pos_mask,
                       "attn_mask": attn_mask, "lse": lse},
