@@ -2,9 +2,12 @@
 // ERROR_INVALID_ARGUMENT with a message that names the argument, and writes nothing.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <string>
 
@@ -325,4 +328,136 @@ TEST_CASE(
         call.expect_invalid("v: device type " + std::to_string(type) + " is not", true);
         call.args.v = call.problem.v.dl();
     }
+}
+
+namespace {
+
+// Host memory at a 256-byte boundary, for the workspace fields.
+struct AlignedBytes {
+    alignas(256) unsigned char bytes[1024];
+};
+
+}  // namespace
+
+TEST_CASE(
+    "attention: a misaligned workspace, or workspace_bytes without a workspace, is rejected on "
+    "every backend") {
+    ValidCall call;
+    AlignedBytes memory;
+    SUBCASE("not 256-byte aligned") {
+        for (const size_t offset : {size_t(1), size_t(16), size_t(128)}) {
+            CAPTURE(offset);
+            call.args.workspace = memory.bytes + offset;
+            call.args.workspace_bytes = 512;
+            call.expect_invalid("workspace: address 0x");
+            call.expect_invalid("is not 256-byte aligned", true);
+        }
+    }
+    SUBCASE("a size without memory") {
+        call.args.workspace_bytes = 4096;
+        call.expect_invalid("workspace_bytes: 4096 with a NULL workspace");
+        call.expect_invalid("workspace_bytes: 4096 with a NULL workspace", true);
+    }
+}
+
+TEST_CASE(
+    "attention: a workspace given to a call that needs none (the CPU backend) is left untouched "
+    "and changes no result") {
+    ValidCall call;
+    AlignedBytes memory;
+    std::fill(std::begin(memory.bytes), std::end(memory.bytes), 0xab);
+    // Even one too small for any GPU kernel: this call needs none.
+    call.args.workspace = memory.bytes;
+    call.args.workspace_bytes = 1;
+    REQUIRE(rope_jit_attention(call.runtime, &call.args) == ROPE_JIT_OK);
+    REQUIRE(rope_jit_attention_backward(call.runtime, &call.args) == ROPE_JIT_OK);
+    CHECK(call.problem.out.bytes() == call.before_out);
+    CHECK(call.problem.lse.bytes() == call.before_lse);
+    CHECK(call.problem.dq.bytes() == call.before_dq);
+    CHECK(call.problem.dk.bytes() == call.before_dk);
+    CHECK(call.problem.dv.bytes() == call.before_dv);
+    for (const unsigned char b : memory.bytes) REQUIRE(b == 0xab);
+}
+
+TEST_CASE(
+    "attention_workspace_size: 0 on the CPU backend, the call's own argument checks, and the "
+    "workspace fields ignored") {
+    ValidCall call;
+    size_t bytes = 12345;
+    REQUIRE(rope_jit_attention_workspace_size(call.runtime, &call.args, 0, &bytes) == ROPE_JIT_OK);
+    CHECK(bytes == 0);
+    bytes = 12345;
+    REQUIRE(rope_jit_attention_workspace_size(call.runtime, &call.args, 1, &bytes) == ROPE_JIT_OK);
+    CHECK(bytes == 0);
+    // The query is what a caller runs before it has a workspace: the fields are not checked.
+    AlignedBytes memory;
+    call.args.workspace = memory.bytes + 8;
+    call.args.workspace_bytes = 3;
+    CHECK(rope_jit_attention_workspace_size(call.runtime, &call.args, 1, &bytes) == ROPE_JIT_OK);
+    call.args.workspace = nullptr;
+    call.args.workspace_bytes = 0;
+
+    auto expect_invalid = [&](rope_jit_runtime* runtime, const rope_jit_attention_args* args,
+                              int backward, size_t* out, const std::string& needle) {
+        const rope_jit_status status =
+            rope_jit_attention_workspace_size(runtime, args, backward, out);
+        const std::string message = rope_jit_last_error();
+        CAPTURE(message);
+        CHECK(status == ROPE_JIT_ERROR_INVALID_ARGUMENT);
+        CHECK(message.find(needle) != std::string::npos);
+    };
+    expect_invalid(call.runtime, &call.args, 0, nullptr, "bytes: NULL");
+    expect_invalid(nullptr, &call.args, 0, &bytes, "runtime: NULL");
+    expect_invalid(call.runtime, nullptr, 0, &bytes, "args: NULL");
+    // What the call refuses, the query refuses with the same message, and *bytes is 0.
+    call.args.dq = nullptr;
+    bytes = 12345;
+    expect_invalid(call.runtime, &call.args, 1, &bytes, "dq: required by the backward");
+    CHECK(bytes == 0);
+    // ... but only the direction asked about: the forward takes no dq.
+    CHECK(rope_jit_attention_workspace_size(call.runtime, &call.args, 0, &bytes) == ROPE_JIT_OK);
+    call.args.dq = call.problem.dq.dl();
+    DLTensor k = *call.args.k;
+    int64_t k_shape[4];
+    std::copy(k.shape, k.shape + 4, k_shape);
+    k_shape[3] = 32;
+    k.shape = k_shape;
+    call.args.k = &k;
+    expect_invalid(call.runtime, &call.args, 0, &bytes, "k: shape");
+    call.args.k = call.problem.k.dl();
+    for (HostTensor* t : {&call.problem.q, &call.problem.k, &call.problem.v, &call.problem.out,
+                          &call.problem.lse, &call.problem.cos, &call.problem.sin})
+        t->dl()->device = {kDLCUDA, 0};
+    call.problem.pos_mask.dl()->device = {kDLCUDA, 0};
+    call.problem.mask_bool.dl()->device = {kDLCUDA, 0};
+    expect_invalid(call.runtime, &call.args, 0, &bytes, "CPU backend");
+}
+
+TEST_CASE(
+    "attention: a caller built before the workspace fields gets none, whatever lies past its "
+    "struct") {
+    ValidCall call;
+    const size_t old_size = offsetof(rope_jit_attention_args, deterministic) + sizeof(int);
+    // The previous header's struct ended with `deterministic` (plus padding to a multiple of
+    // its alignment, which a compiler adds to sizeof).
+    const size_t old_struct_size =
+        (old_size + alignof(rope_jit_attention_args) - 1) / alignof(rope_jit_attention_args) *
+        alignof(rope_jit_attention_args);
+    REQUIRE(old_struct_size == offsetof(rope_jit_attention_args, workspace));
+    call.args.struct_size = old_struct_size;
+    call.args.deterministic = 1;
+    // Garbage where the old caller's struct ends: never read.
+    call.args.workspace = reinterpret_cast<void*>(uintptr_t(3));
+    call.args.workspace_bytes = 7;
+    const rope_jit_attention_args read = rope_jit::read_attention_args(&call.args);
+    CHECK(read.workspace == nullptr);
+    CHECK(read.workspace_bytes == 0);
+    CHECK(read.deterministic == 1);
+    CHECK(rope_jit_attention(call.runtime, &call.args) == ROPE_JIT_OK);
+    CHECK(rope_jit_attention_backward(call.runtime, &call.args) == ROPE_JIT_OK);
+    size_t bytes = 1;
+    CHECK(rope_jit_attention_workspace_size(call.runtime, &call.args, 1, &bytes) == ROPE_JIT_OK);
+    CHECK(bytes == 0);
+    CHECK(call.problem.out.bytes() == call.before_out);
+    CHECK(call.problem.dq.bytes() == call.before_dq);
 }

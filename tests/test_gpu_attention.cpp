@@ -23,6 +23,7 @@
 #include "ops/attention/attention_kernel_choice.h"
 #include "ops/attention/attention_problem.h"
 #include "ops/attention/attention_spec.h"
+#include "ops/attention/attention_workspace.h"
 #include "attention_test_support.h"
 #include "ops/attention/cuda_attention.h"
 #include "cuda/cuda_driver.h"
@@ -777,6 +778,150 @@ TEST_SUITE("gpu") {
         REQUIRE(rope_jit_get_stats(f.cuda().get(), &stats) == ROPE_JIT_OK);
         // Each configuration's forward and backward would have taken a workspace on sm_90.
         if (device_zero().wgmma) CHECK(stats.attention_workspace_fallbacks >= configs.size() * 2);
+        unsetenv("ROPE_JIT_ATTENTION_KERNELS");
+    }
+
+    TEST_CASE(
+        "a caller's workspace serves the sm_90 forward and backward: the library-allocated run's "
+        "bits (dq within rounding), the CPU's values, no fallback, and one too small or "
+        "misaligned is refused before anything runs") {
+        GpuFixture f;
+        f.override_kernels("");  // the defaults, whatever an earlier test left in the environment
+        rope_jit_runtime* runtime = f.cuda().get();
+        // The headline family: bf16, D128, causal, GQA 4, lengths off the tiles.
+        Config c;
+        c.dt = Dt::BF16;
+        c.B = 2;
+        c.Hq = 8;
+        c.Hk = 2;
+        c.Sq = 300;
+        c.Sk = 300;
+        c.D = c.R = 128;
+        c.causal = true;
+        std::mt19937 rng(21);
+        Problem p(c, rng);
+        poison_outputs(p);
+        DeviceProblem library_allocated(p), caller_given(p);
+        const rope_jit_attention_args host_args = p.args();
+        rope_jit_attention_args own = library_allocated.args(host_args);
+        rope_jit_attention_args given = caller_given.args(host_args);
+
+        size_t forward_bytes = 1, backward_bytes = 1;
+        REQUIRE(rope_jit_attention_workspace_size(runtime, &given, 0, &forward_bytes) ==
+                ROPE_JIT_OK);
+        REQUIRE(rope_jit_attention_workspace_size(runtime, &given, 1, &backward_bytes) ==
+                ROPE_JIT_OK);
+        const rope_jit::AttentionDevice device = device_zero();
+        if (!device.wgmma || !device.tma) {
+            MESSAGE("device sm_" << device.compute_capability << ": no workspace kernels here");
+            CHECK(forward_bytes == 0);
+            CHECK(backward_bytes == 0);
+            unsetenv("ROPE_JIT_ATTENTION_KERNELS");
+            return;
+        }
+        // The sizes are those of the kernels the calls run (a prepare kernel first in each).
+        for (const bool backward : {false, true}) {
+            const rope_jit::AttentionProblem problem =
+                rope_jit::make_attention_problem(given, backward);
+            const std::vector<rope_jit::AttentionSpec> specs =
+                choose_attention_specs(problem, device, rope_jit::AttentionKernelOverride{});
+            REQUIRE(!specs.empty());
+            CHECK(specs[0].kind == int32_t(rope_jit::AttentionKernelKind::BackwardPrepare));
+            CHECK(rope_jit::attention_workspace_for(problem, specs).bytes ==
+                  (backward ? backward_bytes : forward_bytes));
+        }
+        CHECK(forward_bytes > 0);
+        CHECK(backward_bytes > forward_bytes);
+
+        // One block for both calls (they run in order on one stream), its contents garbage.
+        rope_jit::CUdeviceptr block = 0;
+        check_cu(driver().cuMemAlloc(&block, backward_bytes + 256), "cuMemAlloc");
+        check_cu(driver().cuMemsetD8(block, 0xff, backward_bytes + 256), "cuMemsetD8");
+        char* const workspace = reinterpret_cast<char*>(static_cast<uintptr_t>(block));
+        REQUIRE(reinterpret_cast<uintptr_t>(workspace) % 256 == 0);
+        auto stats = [&] {
+            rope_jit_stats s;
+            rope_jit_stats_init(&s);
+            REQUIRE(rope_jit_get_stats(runtime, &s) == ROPE_JIT_OK);
+            return s;
+        };
+
+        // Refused before anything runs: too small (each call) or misaligned.
+        {
+            const uint64_t launches = stats().launches;
+            auto expect_invalid = [&](bool backward, const std::string& needle) {
+                const rope_jit_status status = backward
+                                                   ? rope_jit_attention_backward(runtime, &given)
+                                                   : rope_jit_attention(runtime, &given);
+                const std::string message = rope_jit_last_error();
+                CAPTURE(message);
+                CHECK(status == ROPE_JIT_ERROR_INVALID_ARGUMENT);
+                CHECK(message.find(needle) != std::string::npos);
+            };
+            given.workspace = workspace;
+            given.workspace_bytes = forward_bytes - 1;
+            expect_invalid(false, "workspace_bytes: " + std::to_string(forward_bytes - 1) +
+                                      " bytes, but this forward needs a workspace of " +
+                                      std::to_string(forward_bytes) + " bytes");
+            given.workspace_bytes = backward_bytes - 256;
+            expect_invalid(true, "workspace_bytes: " + std::to_string(backward_bytes - 256) +
+                                     " bytes, but this backward needs a workspace of " +
+                                     std::to_string(backward_bytes) + " bytes");
+            given.workspace = workspace + 128;
+            given.workspace_bytes = backward_bytes;
+            expect_invalid(true, "is not 256-byte aligned");
+            check_cu(driver().cuCtxSynchronize(), "cuCtxSynchronize");
+            CHECK(stats().launches == launches);
+            // Nothing written: the outputs still hold their poison.
+            for (HostTensor* t : {&p.out, &p.lse, &p.dq, &p.dk, &p.dv})
+                CHECK(caller_given.download(*t).bytes() == t->bytes());
+        }
+
+        // The library's own workspace, then the caller's.
+        const uint64_t fallbacks = stats().attention_workspace_fallbacks;
+        REQUIRE(rope_jit_attention(runtime, &own) == ROPE_JIT_OK);
+        REQUIRE(rope_jit_attention_backward(runtime, &own) == ROPE_JIT_OK);
+        given.workspace = workspace;
+        given.workspace_bytes = backward_bytes;  // more than the forward needs: fine
+        REQUIRE(rope_jit_attention(runtime, &given) == ROPE_JIT_OK);
+        REQUIRE(rope_jit_attention_backward(runtime, &given) == ROPE_JIT_OK);
+        check_cu(driver().cuCtxSynchronize(), "cuCtxSynchronize");
+        CHECK(stats().attention_workspace_fallbacks == fallbacks);
+        // The bytes past the workspace's size are never touched.
+        std::vector<unsigned char> tail(256);
+        check_cu(driver().cuMemcpyDtoH(tail.data(), block + backward_bytes, tail.size()),
+                 "cuMemcpyDtoH");
+        CHECK(std::count(tail.begin(), tail.end(), 0xff) == 256);
+        check_cu(driver().cuMemFree(block), "cuMemFree");
+
+        // out, lse, dk and dv: the same bits (no atomics); dq's float32 atomic adds may round
+        // differently.
+        for (HostTensor* t : {&p.out, &p.lse, &p.dk, &p.dv}) {
+            HostTensor mine = caller_given.download(*t), library = library_allocated.download(*t);
+            CHECK(mine.bytes() == library.bytes());
+        }
+        HostTensor dq_mine = caller_given.download(p.dq);
+        HostTensor dq_library = library_allocated.download(p.dq);
+        CHECK(normalized_error(dq_mine.values(), dq_library.values(), 1e-3) <= 1e-2);
+
+        // And the CPU backend's values.
+        REQUIRE(rope_jit_attention(f.cpu.get(), &host_args) == ROPE_JIT_OK);
+        REQUIRE(rope_jit_attention_backward(f.cpu.get(), &host_args) == ROPE_JIT_OK);
+        const Tolerance tol = gpu_tolerance(c.dt);
+        const std::pair<HostTensor*, double> limits[] = {
+            {&p.out, tol.out}, {&p.dq, tol.grad}, {&p.dk, tol.grad}, {&p.dv, tol.grad}};
+        for (const auto& [t, limit] : limits) {
+            const double err = normalized_error(caller_given.download(*t).values(), t->values(),
+                                                t == &p.out ? 0.05 : 1e-3);
+            CAPTURE(err);
+            CHECK(err <= limit);
+        }
+        const std::vector<double> lse = caller_given.download(p.lse).values(),
+                                  expected_lse = p.lse.values();
+        double worst = 0;
+        for (size_t i = 0; i < lse.size(); ++i)
+            worst = std::max(worst, std::fabs(lse[i] - expected_lse[i]));
+        CHECK(worst <= tol.lse * 10);
         unsetenv("ROPE_JIT_ATTENTION_KERNELS");
     }
 

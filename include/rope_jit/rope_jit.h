@@ -765,14 +765,20 @@ ROPE_JIT_API rope_jit_status rope_jit_get_stats(const rope_jit_runtime* runtime,
  * accumulated there in float32 with atomic adds (set `deterministic` for reproducible bits: the
  * mma.sync kernels then run).
  *
- * The workspace: allocated per call on the call's stream (cuMemAllocAsync from the device's
- * default memory pool, freed on the stream after the kernels; for the backward about
- * 8 * B * Hq * Sq * D bytes, for the forward 2 * B * Hk * Sk * D). Where the pool has no room,
- * kernels without a workspace run instead (slower; same results). A CUDA graph that captures
- * such a call holds the allocation's alloc and free nodes, so the driver allows one executable
- * instantiation of it at a time. The process's first allocation from a device's pool sets the
- * pool up (about 10 ms on an H200): the first call on a device that needs a workspace, unless
- * its stream is capturing, touches the pool (1 byte, freed at once) from a short-lived second
+ * The workspace: the sm_90 kernels above need device memory of their own for the call
+ * (rotated q and k, and for the backward dq's float32 accumulator and per-row values: about
+ * 8 * B * Hq * Sq * D bytes for the backward, 2 * B * Hk * Sk * D for the forward;
+ * rope_jit_attention_workspace_size gives the exact number, 0 where the kernels need none).
+ * The caller may pass it (args->workspace, from its own allocator: the Python package passes
+ * memory from PyTorch's caching allocator); without one it is allocated per call on the call's
+ * stream (cuMemAllocAsync from the device's default memory pool, freed on the stream after the
+ * kernels). Where the pool has no room, kernels without a workspace run instead (slower; same
+ * results). A CUDA graph that captures such a call holds the allocation's alloc and free
+ * nodes, so the driver allows one executable instantiation of it at a time (a caller's
+ * workspace adds no node: the graph then uses that memory on every replay). The process's
+ * first allocation from a device's pool sets the pool up (about 10 ms on an H200), which a
+ * caller's workspace avoids: the first call on a device that allocates a workspace, unless its
+ * stream is capturing, touches the pool (1 byte, freed at once) from a short-lived second
  * thread on a private stream while it loads its kernels. The CPU backend computes in float64
  * and rounds the results once; its backward is deterministic.
  *
@@ -833,6 +839,25 @@ typedef struct rope_jit_attention_args {
      * (a smaller struct_size) gets 1, as that header promised. The CPU backend is always
      * reproducible. */
     int deterministic;
+
+    /* ---- Later fields: a caller built before them (a smaller struct_size) gets the
+     * defaults, as for every field. */
+    /* Device memory the call uses as its workspace (see "The workspace" above), or NULL
+     * (default): the library allocates one on the stream when the call's kernels need it.
+     * Forward and backward alike. Requirements, each checked before anything is enqueued:
+     * - at least rope_jit_attention_workspace_size bytes for this call (forward or backward),
+     *   else ERROR_INVALID_ARGUMENT naming `workspace_bytes` with both numbers;
+     * - 256-byte aligned, else ERROR_INVALID_ARGUMENT naming `workspace` (checked on every
+     *   backend, even where it goes unused).
+     * It must be memory of the tensors' device (not checked). The library never frees it and
+     * keeps no reference to it: it must stay valid, and be used by nothing else (another call
+     * in flight included), until the call's work on its stream has finished; a CUDA graph
+     * that captures the call uses it on every replay. Its contents on entry do not matter and
+     * are unspecified afterwards. A call whose kernels need no workspace (size 0: the CPU
+     * backend, a GPU other than sm_90, the deterministic backward...) leaves it untouched. */
+    void* workspace;
+    /* The bytes available at `workspace`. Default 0; must be 0 when workspace is NULL. */
+    size_t workspace_bytes;
 } rope_jit_attention_args;
 
 /* Fills *args with the defaults above (every tensor NULL) and sets struct_size. NULL is
@@ -853,6 +878,20 @@ ROPE_JIT_API rope_jit_status rope_jit_attention(rope_jit_runtime* runtime,
  * rope_jit_attention. */
 ROPE_JIT_API rope_jit_status rope_jit_attention_backward(rope_jit_runtime* runtime,
                                                          const rope_jit_attention_args* args);
+
+/* The bytes of workspace (args->workspace) that rope_jit_attention (backward = 0) or
+ * rope_jit_attention_backward (backward = 1) needs for `args`, written to *bytes: the size
+ * that call would otherwise allocate, computed by the same kernel choice. 0 when its kernels
+ * need none: the CPU backend, a GPU other than sm_90, the deterministic backward, an empty
+ * problem, and every other case that runs the kernels without a workspace. Pass the args of
+ * the call itself (every tensor the call takes; they are checked as the call checks them,
+ * with the same failures, but their data is not read); args->workspace and workspace_bytes
+ * are ignored. Enqueues nothing, never synchronizes and allocates no device memory, so it may
+ * be called during a CUDA graph capture. The size depends on the shapes, dtypes, strides and
+ * alignment of the tensors and the options, never on their contents. ERROR_INVALID_ARGUMENT
+ * for a NULL `bytes` (or anything the call would refuse). Thread-safe. */
+ROPE_JIT_API rope_jit_status rope_jit_attention_workspace_size(
+    rope_jit_runtime* runtime, const rope_jit_attention_args* args, int backward, size_t* bytes);
 
 /* ========================================================================================
  * Frequency builders and angle tables

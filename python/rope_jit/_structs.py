@@ -235,6 +235,8 @@ class AttentionArgs(ctypes.Structure):
         ("dk", DLTensorPointer),
         ("dv", DLTensorPointer),
         ("deterministic", ctypes.c_int),
+        ("workspace", ctypes.c_void_p),
+        ("workspace_bytes", ctypes.c_size_t),
     ]
 
 

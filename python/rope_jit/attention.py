@@ -5,13 +5,14 @@ it, has_attention() is False and every call raises NotImplementedError saying so
 """
 
 import ctypes
+import sys
 
 from . import _cuda_context
 from . import _structs as s
 from .rope import resolve_stream
 from .runtime import _STYLES, _choice, default_runtime
 from ._checks import c_double, c_int
-from .tensors import as_tensor
+from .tensors import as_tensor, torch_stream_of
 
 _P = ctypes.POINTER
 
@@ -29,13 +30,50 @@ def _functions(library):
     return functions
 
 
+def _workspace_size_function(library):
+    """rope_jit_attention_workspace_size, or None for a library older than it (whose calls
+    then allocate their own workspace)."""
+    cached = getattr(library, "_attention_workspace_size", False)
+    if cached is False:
+        cached = library.optional(
+            "rope_jit_attention_workspace_size",
+            ctypes.c_int,
+            [ctypes.c_void_p, _P(s.AttentionArgs), ctypes.c_int, _P(ctypes.c_size_t)],
+        )
+        library._attention_workspace_size = cached
+    return cached
+
+
+def _torch_workspace(runtime, args, which, q, held):
+    """Points args at a workspace from PyTorch's caching allocator on q's device, when the
+    call's kernels need one (one query of the library; no host synchronization, and
+    capturable in a CUDA graph, as any torch.empty). The tensor is allocated on PyTorch's
+    current stream, the one the call launches on, so the allocator reuses it only after the
+    call's kernels in stream order; `held` keeps it alive until the call returns. PyTorch's
+    blocks are 512-byte aligned (the library asks for 256)."""
+    size_function = _workspace_size_function(runtime.library)
+    if size_function is None:
+        return
+    size = ctypes.c_size_t(0)
+    status = size_function(runtime.handle, ctypes.byref(args), int(which == "backward"),
+                           ctypes.byref(size))
+    # Arguments the query refuses, the call refuses too, with its own name in the error.
+    if status != 0 or size.value == 0:
+        return
+    workspace = q.new_empty((size.value,), dtype=sys.modules["torch"].uint8)
+    held.append(workspace)
+    args.workspace = workspace.data_ptr()
+    args.workspace_bytes = size.value
+
+
 def has_attention(runtime=None):
     """Whether the loaded library has the fused attention op."""
     runtime = runtime if runtime is not None else default_runtime()
     return _functions(runtime.library) is not None
 
 
-def _call(which, tensors, causal, scale, rotary_dim, style, stream, runtime, deterministic=False):
+def _call(which, tensors, causal, scale, rotary_dim, style, stream, runtime, deterministic=False,
+          workspace=True):
     runtime = runtime if runtime is not None else default_runtime()
     library = runtime.library
     functions = _functions(library)
@@ -44,7 +82,10 @@ def _call(which, tensors, causal, scale, rotary_dim, style, stream, runtime, det
             f"the loaded librope_jit ({library.path}) has no rope_jit_attention: build a newer rope-jit")
     forward, backward, init = functions
     present = [value for value in tensors.values() if value is not None]
-    stream_handle = resolve_stream(stream, present)
+    # With torch CUDA tensors and no stream given: PyTorch's current stream, and a workspace
+    # from PyTorch's allocator (already warm in such a process, unlike the driver's pool).
+    torch_stream = torch_stream_of(present) if stream is None else None
+    stream_handle = torch_stream if torch_stream is not None else resolve_stream(stream, present)
     args = library.new_struct(s.AttentionArgs, init)
     held = []
     for name, value in tensors.items():
@@ -65,6 +106,9 @@ def _call(which, tensors, causal, scale, rotary_dim, style, stream, runtime, det
         checked = _cuda_context.checked_devices()
         if checked is None or device.device_id not in checked:
             _cuda_context.ensure_current(device.device_id)  # see _cuda_context.py
+    q = tensors["q"]
+    if torch_stream is not None and workspace and getattr(q, "is_cuda", False) is True:
+        _torch_workspace(runtime, args, which, q, held)
     function = forward if which == "forward" else backward
     library.check("rope_jit_attention" + ("" if which == "forward" else "_backward"),
                   function(runtime.handle, ctypes.byref(args)))
@@ -81,8 +125,9 @@ def attention(q, k, v, out, *, cos=None, sin=None, pos_mask=None, attn_mask=None
     attn_mask [B, Sk] or [B, Sq, Sk], bool (False = masked) or float (added to the scores);
     lse [B, Hq, Sq] float32 (optional output). causal is top-left aligned; scale 0 means
     1/sqrt(D); style "half" or "interleaved" (rotary-embedding-torch). On the GPU the work is
-    enqueued on `stream` (default as in rope_jit.rope). Raises NotImplementedError when the
-    library has no attention op.
+    enqueued on `stream` (default as in rope_jit.rope); with PyTorch CUDA tensors and no
+    stream given, a workspace the kernels need (sm_90) comes from PyTorch's caching allocator.
+    Raises NotImplementedError when the library has no attention op.
     """
     _call("forward", {"q": q, "k": k, "v": v, "out": out, "cos": cos, "sin": sin, "pos_mask": pos_mask,
                       "attn_mask": attn_mask, "lse": lse},

@@ -865,7 +865,9 @@ def apply_rope(
 def _attention_kernel(
     q, k, v, cos, sin, pos_mask, attn_mask, causal, scale, rotary_dim, interleaved
 ):
-    """(out, lse): rope_jit.attention into new tensors; lse [B, Hq, Sq] float32."""
+    """(out, lse): rope_jit.attention into new tensors; lse [B, Hq, Sq] float32. (On CUDA the
+    kernels' workspace, where they need one, is a torch.empty too: rope_jit.attention's
+    _torch_workspace.)"""
     out = torch.empty_like(q)
     lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
     _call_attention(

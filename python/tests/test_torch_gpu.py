@@ -321,3 +321,56 @@ def test_outputs_made_by_the_plans_allocator_on_the_gpu_are_empty_likes_and_righ
             torch.testing.assert_close(got.transpose(1, 2).float(), want, rtol=2e-2, atol=2e-2)
             hf_got = (hf_q if x is q else hf_k).float()
             torch.testing.assert_close(hf_got, got.transpose(1, 2).float(), rtol=2e-2, atol=2e-2)
+
+
+def test_the_attention_op_takes_its_workspace_from_torch_and_matches_the_library_allocating_one(
+        monkeypatch):
+    # bf16, D128, causal, GQA 4: on sm_90 the wgmma kernels, whose workspace PyTorch's allocator
+    # now gives (rope_jit_attention_args.workspace). The same op with the size query hidden (a
+    # library older than it) makes the library allocate its own: the same bits for out, lse,
+    # dk and dv, dq within rounding (float32 atomic adds).
+    if not rope_jit.has_attention():
+        pytest.skip("the loaded librope_jit has no rope_jit_attention")
+    import importlib
+
+    attention_module = importlib.import_module("rope_jit.attention")
+    if attention_module._workspace_size_function(rope_jit.default_runtime().library) is None:
+        pytest.skip("the loaded librope_jit has no rope_jit_attention_workspace_size")
+    generator = torch.Generator(device=DEVICE).manual_seed(19)
+    shape_q, shape_k = (2, 8, 300, 128), (2, 2, 300, 128)
+    q = torch.randn(shape_q, device=DEVICE, dtype=torch.bfloat16, generator=generator)
+    k = torch.randn(shape_k, device=DEVICE, dtype=torch.bfloat16, generator=generator)
+    v = torch.randn(shape_k, device=DEVICE, dtype=torch.bfloat16, generator=generator)
+    dout = torch.randn(shape_q, device=DEVICE, dtype=torch.bfloat16, generator=generator)
+    cos, sin = hf_tables(torch.arange(300, device=DEVICE), 128)
+
+    def forward_backward():
+        leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+        out, lse = rope_jit.torch_ops.attention(*leaves, cos, sin, causal=True, return_lse=True)
+        out.backward(dout)
+        return out.detach(), lse, *(t.grad for t in leaves)
+
+    given = []
+    real_workspace = attention_module._torch_workspace
+
+    def recording_workspace(runtime, args, which, q_tensor, held):
+        real_workspace(runtime, args, which, q_tensor, held)
+        given.append((which, args.workspace_bytes, (args.workspace or 0) % 256))
+
+    monkeypatch.setattr(attention_module, "_torch_workspace", recording_workspace)
+    torch.cuda.synchronize()
+    with_torch = forward_backward()
+    torch.cuda.synchronize()
+    assert [which for which, _, _ in given] == ["forward", "backward"]
+    assert all(misalignment == 0 for _, _, misalignment in given)
+    if torch.cuda.get_device_capability() == (9, 0):  # the wgmma kernels take a workspace
+        assert all(size > 0 for _, size, _ in given), given
+
+    monkeypatch.setattr(attention_module, "_workspace_size_function", lambda library: None)
+    library_allocated = forward_backward()
+    torch.cuda.synchronize()
+    for name, got, want in zip(("out", "lse", "dq", "dk", "dv"), with_torch, library_allocated):
+        if name == "dq":
+            torch.testing.assert_close(got, want, rtol=1.6e-2, atol=1.6e-2)
+        else:
+            assert torch.equal(got, want), name

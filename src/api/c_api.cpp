@@ -249,6 +249,18 @@ rope_jit_status rope_jit_attention_backward(rope_jit_runtime* runtime,
     });
 }
 
+rope_jit_status rope_jit_attention_workspace_size(rope_jit_runtime* runtime,
+                                                  const rope_jit_attention_args* args,
+                                                  int backward, size_t* bytes) {
+    return guarded([&] {
+        if (runtime == nullptr) rope_jit::fail_argument("runtime: NULL");
+        if (bytes == nullptr) rope_jit::fail_argument("bytes: NULL");
+        *bytes = 0;
+        *bytes = runtime->runtime.attention_workspace_size(rope_jit::read_attention_args(args),
+                                                           backward != 0);
+    });
+}
+
 // ---- diagnostics and cache maintenance ------------------------------------------------------
 
 rope_jit_status rope_jit_nvrtc_version(const char** version) {

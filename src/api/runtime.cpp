@@ -128,6 +128,17 @@ void Runtime::attention(const rope_jit_attention_args& args, bool backward) {
     require_gpu(problem.device, false);
 }
 
+size_t Runtime::attention_workspace_size(const rope_jit_attention_args& args, bool backward) {
+    // The call's own checks (the workspace fields aside: the size is what they are for).
+    rope_jit_attention_args call = args;
+    call.workspace = nullptr;
+    call.workspace_bytes = 0;
+    const AttentionProblem problem = make_attention_problem(call, backward);
+    if (host_accessible(problem.device)) return 0;
+    require_gpu(problem.device, attention_cuda_ != nullptr);  // or the error the call gives
+    return attention_cuda_->workspace_bytes(problem);
+}
+
 std::string Runtime::prewarm_target(const char* target) const {
     if (target != nullptr) {
         target_compute_capability(target);  // Error(INVALID_ARGUMENT) for "sm_9", "sm_90x"...

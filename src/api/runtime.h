@@ -32,6 +32,8 @@ public:
     void rope(const rope_jit_rope_args& args);
     // Attention with rotary fused in: the forward, or (backward) the gradients.
     void attention(const rope_jit_attention_args& args, bool backward);
+    // The workspace bytes that call needs (rope_jit_attention_workspace_size): 0 on the CPU.
+    size_t attention_workspace_size(const rope_jit_attention_args& args, bool backward);
     void prewarm(const rope_jit_kernel_spec* specs, size_t n, const char* target);
     // Specs as JSON text (api/prewarm_specs.h), for every op.
     void prewarm_json(const char* specs_json, const char* target);

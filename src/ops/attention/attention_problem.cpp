@@ -2,12 +2,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <initializer_list>
 
 #include <fmt/format.h>
 
 #include "common/error.h"
 #include "common/raw_enum.h"
+#include "ops/attention/attention_workspace.h"
 
 namespace rope_jit {
 
@@ -64,6 +66,23 @@ TensorRef view3(const TensorRef& t, const int64_t shape[3], const int64_t stride
     }
     v.shape[3] = v.strides[3] = 0;
     return v;
+}
+
+// The caller's workspace as far as it can be checked without the kernel choice (its size is
+// checked against the kernels' need by the CUDA backend): every backend refuses the same
+// arguments, whether or not it uses the memory.
+void check_workspace_argument(const rope_jit_attention_args& args) {
+    if (args.workspace == nullptr) {
+        if (args.workspace_bytes != 0)
+            fail_argument(fmt::format("workspace_bytes: {} with a NULL workspace (0 when the "
+                                      "library is to allocate the workspace itself)",
+                                      args.workspace_bytes));
+        return;
+    }
+    const uintptr_t address = reinterpret_cast<uintptr_t>(args.workspace);
+    if (address % kAttentionWorkspaceAlignment != 0)
+        fail_argument(fmt::format("workspace: address {:#x} is not {}-byte aligned", address,
+                                  kAttentionWorkspaceAlignment));
 }
 
 }  // namespace
@@ -202,6 +221,9 @@ AttentionProblem make_attention_problem(const rope_jit_attention_args& args, boo
 
     p.causal = args.causal != 0;
     p.deterministic = args.deterministic != 0;
+    check_workspace_argument(args);
+    p.workspace = static_cast<char*>(args.workspace);
+    p.workspace_bytes = args.workspace_bytes;
     if (!std::isfinite(args.scale))
         fail_argument(
             fmt::format("scale: must be finite (0 = 1/sqrt(head_dim)), got {}", args.scale));

@@ -3,6 +3,7 @@
 // checks live in one place (make_attention_problem) and the backends trust it.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "rope_jit/rope_jit.h"
@@ -46,6 +47,10 @@ struct AttentionProblem {
     // Kernels that need a workspace (the sm_90 backward, rotated keys by TMA) are not to be
     // chosen: set by the CUDA backend when the workspace could not be allocated.
     bool no_workspace = false;
+    // The caller's workspace (rope_jit_attention_args.workspace, 256-byte aligned), or NULL:
+    // the CUDA backend allocates one where its kernels need it.
+    char* workspace = nullptr;
+    size_t workspace_bytes = 0;
 
     // Backward tensors ([B, H, S, D] views).
     TensorRef dout, dq, dk, dv;

@@ -1,6 +1,10 @@
 #include "ops/attention/attention_workspace.h"
 
+#include <fmt/format.h>
+
 #include "attention_params.h"
+#include "common/error.h"
+#include "ops/attention/attention_kernel_choice.h"
 
 namespace rope_jit {
 
@@ -22,7 +26,7 @@ AttentionWorkspaceLayout attention_workspace_layout(const AttentionProblem& p, i
     size_t at = 0;
     auto take = [&](int64_t bytes) {
         const size_t offset = at;
-        at += size_t(round_up(bytes, 256));
+        at += size_t(round_up(bytes, int64_t(kAttentionWorkspaceAlignment)));
         return offset;
     };
     w.q_rot = take(query_rows * head_dim_padded * 2);
@@ -33,6 +37,25 @@ AttentionWorkspaceLayout attention_workspace_layout(const AttentionProblem& p, i
     w.row_delta = take(query_rows * 4);
     w.bytes = at;
     return w;
+}
+
+AttentionWorkspaceLayout attention_workspace_for(const AttentionProblem& p,
+                                                 const std::vector<AttentionSpec>& kernels) {
+    // The prepare kernel comes first, then the kernel it prepares for: the sm_90 backward
+    // (then dq's finish) or a forward whose producers take rotated keys by TMA.
+    if (kernels.size() < 2 || kernels[0].kind != int32_t(AttentionKernelKind::BackwardPrepare))
+        return {};
+    const AttentionSpec& main = kernels[1];
+    return attention_workspace_layout(p, attention_launch_plan(main).head_dim_padded,
+                                      main.kind == int32_t(AttentionKernelKind::Backward));
+}
+
+void check_caller_workspace(const AttentionProblem& p, const AttentionWorkspaceLayout& layout) {
+    if (p.workspace != nullptr && p.workspace_bytes < layout.bytes)
+        fail_argument(fmt::format(
+            "workspace_bytes: {} bytes, but this {} needs a workspace of {} bytes "
+            "(rope_jit_attention_workspace_size)",
+            p.workspace_bytes, p.backward ? "backward" : "forward", layout.bytes));
 }
 
 }  // namespace rope_jit

@@ -113,11 +113,6 @@ private:
     CUdeviceptr pointer_ = 0;
 };
 
-// Whether the kernels begin with the prepare kernel, which writes the workspace.
-bool needs_workspace(const std::vector<AttentionSpec>& specs) {
-    return !specs.empty() && specs[0].kind == int32_t(AttentionKernelKind::BackwardPrepare);
-}
-
 // Blocks of the grid of `spec` for problem `p` (rows_per_block from the launch plan); for the
 // sm_90 backward's kernels, from the workspace layout `w`.
 int64_t grid_blocks(const AttentionSpec& spec, const AttentionProblem& p,
@@ -141,6 +136,16 @@ int64_t grid_blocks(const AttentionSpec& spec, const AttentionProblem& p,
     const int64_t heads = key_side ? p.heads_k : p.heads_q;
     *sequence_blocks = (rows + rows_per_block - 1) / rows_per_block;
     return *sequence_blocks * p.batch * heads;
+}
+
+// The kernels index tokens with 32-bit integers.
+void check_token_counts(const AttentionProblem& p) {
+    if (p.seqlen_q >= (int64_t(1) << 31) || p.seqlen_k >= (int64_t(1) << 31))
+        throw Error(
+            ROPE_JIT_ERROR_UNSUPPORTED,
+            fmt::format(
+                "q: sequences of {} and {} tokens exceed the 2^31 the CUDA attention kernels index",
+                p.seqlen_q, p.seqlen_k));
 }
 
 }  // namespace
@@ -191,17 +196,43 @@ CudaAttention::CudaAttention(CudaDevices& devices, KernelLoader& kernels, Kernel
     }
 }
 
+CudaAttention::Plan CudaAttention::plan(const AttentionProblem& p) const {
+    Plan plan;
+    plan.kernels = choose_attention_specs(p, device_of(p), override_);
+    plan.workspace = attention_workspace_for(p, plan.kernels);
+    // "workspace=0" in the override: as if the workspace could not be allocated.
+    if (override_.no_workspace && plan.workspace.bytes != 0) without_workspace(p, plan);
+    return plan;
+}
+
+void CudaAttention::without_workspace(const AttentionProblem& p, Plan& plan) const {
+    AttentionProblem without = p;
+    without.no_workspace = true;
+    plan.kernels = choose_attention_specs(without, device_of(p), override_);
+    plan.workspace = AttentionWorkspaceLayout{};
+    plan.workspace_fallback = true;
+}
+
+size_t CudaAttention::workspace_bytes(const AttentionProblem& p) const {
+    devices_.check_ordinal(p.device.device_id, "q");
+    if (p.batch == 0 || p.heads_q == 0) return 0;
+    check_token_counts(p);
+    return plan(p).workspace.bytes;
+}
+
 void CudaAttention::run(const AttentionProblem& p, void* stream_handle) {
     const int ordinal = p.device.device_id;
     devices_.check_ordinal(ordinal, "q");
     if (p.batch == 0 || p.heads_q == 0) return;
-    // The kernels index tokens with 32-bit integers.
-    if (p.seqlen_q >= (int64_t(1) << 31) || p.seqlen_k >= (int64_t(1) << 31))
-        throw Error(
-            ROPE_JIT_ERROR_UNSUPPORTED,
-            fmt::format(
-                "q: sequences of {} and {} tokens exceed the 2^31 the CUDA attention kernels index",
-                p.seqlen_q, p.seqlen_k));
+    check_token_counts(p);
+    // The kernels and the workspace they need (what workspace_bytes tells callers); a
+    // caller's workspace too small is refused before anything is loaded or enqueued.
+    Plan plan = this->plan(p);
+    check_caller_workspace(p, plan.workspace);
+    const std::vector<AttentionSpec>& specs = plan.kernels;
+    const AttentionWorkspaceLayout& workspace_layout = plan.workspace;
+    const bool allocates = workspace_layout.bytes != 0 && p.workspace == nullptr;
+
     CUstream stream = static_cast<CUstream>(stream_handle);
     const CudaDriverApi& api = devices_.api();
     const LaunchContext launch = devices_.resolve_context(ordinal, stream);
@@ -252,18 +283,7 @@ void CudaAttention::run(const AttentionProblem& p, void* stream_handle) {
     params.scale = float(p.scale);
     params.scale_log2 = float(p.scale * 1.4426950408889634);
 
-    const AttentionDevice& device = attention_devices_[size_t(ordinal)];
-    std::vector<AttentionSpec> specs = choose_attention_specs(p, device, override_);
-    // Without room for a workspace (or with "workspace=0" in the override, to test that path),
-    // the kernels without one run.
-    auto run_without_workspace = [&] {
-        stats_.attention_workspace_fallbacks.fetch_add(1, std::memory_order_relaxed);
-        AttentionProblem fallback = p;
-        fallback.no_workspace = true;
-        specs = choose_attention_specs(fallback, device, override_);
-    };
-    if (needs_workspace(specs) && override_.no_workspace) run_without_workspace();
-
+    const AttentionDevice& device = device_of(p);
     // Every kernel is loaded (compiled where it must be) before the first launch, so a failure
     // to compile or load enqueues nothing. (A failed launch after others leaves the outputs
     // unspecified.)
@@ -280,60 +300,63 @@ void CudaAttention::run(const AttentionProblem& p, void* stream_handle) {
     };
     std::vector<LoadedKernel> kernels;
     std::atomic<bool>& pool_used = pool_used_[size_t(ordinal)];
-    if (needs_workspace(specs) && !pool_used.load(std::memory_order_relaxed) &&
+    if (allocates && !pool_used.load(std::memory_order_relaxed) &&
         stream_not_capturing(api, stream) && !pool_used.exchange(true)) {
-        // The first workspace on a device sets up its memory pool (about 10 ms): done on a
-        // second thread while this one loads the kernels. (Later calls allocate first, so
-        // that a call without room loads only the kernels it runs.)
+        // The first workspace allocated on a device sets up its memory pool (about 10 ms):
+        // done on a second thread while this one loads the kernels. (Later calls allocate
+        // first, so that a call without room loads only the kernels it runs.)
         MemoryPoolWarmup warmup(api, launch.context);
         kernels = load_kernels();
     }
 
-    AttentionWorkspaceLayout workspace_layout;
-    StreamAllocation workspace(api, stream);
-    if (needs_workspace(specs)) {
+    // The workspace: the caller's, else stream-ordered from the device's pool (no
+    // synchronization, and capturable in a CUDA graph), else none (the fallback).
+    StreamAllocation allocation(api, stream);
+    char* workspace = nullptr;
+    if (workspace_layout.bytes != 0) {
+        if (p.workspace != nullptr)
+            workspace = p.workspace;
+        else if (allocation.allocate(workspace_layout.bytes))
+            workspace = allocation.data();
+        else {
+            without_workspace(p, plan);  // no room: the kernels without one run
+            kernels.clear();
+        }
+    }
+    if (workspace != nullptr) {
         // The sm_90 backward (prepare, backward, dq finish) or a forward whose producers take
         // rotated keys by TMA (prepare, forward).
         const AttentionSpec& main = specs[1];
         const bool backward = main.kind == int32_t(AttentionKernelKind::Backward);
         const int dp = attention_launch_plan(main).head_dim_padded;
-        workspace_layout = attention_workspace_layout(p, dp, backward);
-        // Stream-ordered: the allocation comes from the device's pool (no synchronization,
-        // and capturable in a CUDA graph).
-        if (!workspace.allocate(workspace_layout.bytes)) {
-            run_without_workspace();
-            kernels.clear();
-        } else {
-            char* const base = workspace.data();
-            params.q_rot = base + workspace_layout.q_rot;
-            params.k_rot = base + workspace_layout.k_rot;
-            params.dq_accum = reinterpret_cast<float*>(base + workspace_layout.dq_accum);
-            params.row_lse2 = reinterpret_cast<float*>(base + workspace_layout.row_lse2);
-            params.row_delta = reinterpret_cast<float*>(base + workspace_layout.row_delta);
-            params.seqlen_q_padded = workspace_layout.seqlen_q_padded;
-            params.seqlen_k_padded = workspace_layout.seqlen_k_padded;
-            params.prepare_query_blocks = p.batch * p.heads_q * workspace_layout.seqlen_q_padded /
-                                          kAttentionBackwardQueryTile;
-            // The forward's producers copy block_n / cluster keys a block (a share of each
-            // tile with clusters); the backward copies its whole 128-key block. (The head_dim
-            // 256 forward, without producers, copies its keys by cp.async: no TMA there.)
-            if (backward || main.producer_warps > 0)
-                encode_box_map(api, params.k_map,
-                               workspace_rows("k", base + workspace_layout.k_rot, p.batch,
-                                              p.heads_k, workspace_layout.seqlen_k_padded, dp),
-                               main.block_n / main.cluster, "rotated k");
-            if (backward) {
-                encode_box_map(api, params.q_map,
-                               workspace_rows("q", base + workspace_layout.q_rot, p.batch,
-                                              p.heads_q, workspace_layout.seqlen_q_padded, dp),
-                               kAttentionBackwardQueryTile, "rotated q");
-                encode_box_map(api, params.v_map, p.v, main.block_n, "v");
-                encode_box_map(api, params.dout_map, p.dout, kAttentionBackwardQueryTile, "dout");
-            }
+        params.q_rot = workspace + workspace_layout.q_rot;
+        params.k_rot = workspace + workspace_layout.k_rot;
+        params.dq_accum = reinterpret_cast<float*>(workspace + workspace_layout.dq_accum);
+        params.row_lse2 = reinterpret_cast<float*>(workspace + workspace_layout.row_lse2);
+        params.row_delta = reinterpret_cast<float*>(workspace + workspace_layout.row_delta);
+        params.seqlen_q_padded = workspace_layout.seqlen_q_padded;
+        params.seqlen_k_padded = workspace_layout.seqlen_k_padded;
+        params.prepare_query_blocks =
+            p.batch * p.heads_q * workspace_layout.seqlen_q_padded / kAttentionBackwardQueryTile;
+        // The forward's producers copy block_n / cluster keys a block (a share of each tile
+        // with clusters); the backward copies its whole 128-key block. (The head_dim 256
+        // forward, without producers, copies its keys by cp.async: no TMA there.)
+        if (backward || main.producer_warps > 0)
+            encode_box_map(api, params.k_map,
+                           workspace_rows("k", workspace + workspace_layout.k_rot, p.batch,
+                                          p.heads_k, workspace_layout.seqlen_k_padded, dp),
+                           main.block_n / main.cluster, "rotated k");
+        if (backward) {
+            encode_box_map(api, params.q_map,
+                           workspace_rows("q", workspace + workspace_layout.q_rot, p.batch,
+                                          p.heads_q, workspace_layout.seqlen_q_padded, dp),
+                           kAttentionBackwardQueryTile, "rotated q");
+            encode_box_map(api, params.v_map, p.v, main.block_n, "v");
+            encode_box_map(api, params.dout_map, p.dout, kAttentionBackwardQueryTile, "dout");
         }
     }
     if (kernels.empty()) kernels = load_kernels();
-    if (workspace.data() != nullptr)
+    if (workspace != nullptr)
         check_cu(api.cuMemsetD32Async(CUdeviceptr(params.dq_accum), 0u,
                                       workspace_layout.dq_accum_bytes / 4, stream),
                  "cuMemsetD32Async(dq accumulator)");
@@ -356,7 +379,9 @@ void CudaAttention::run(const AttentionProblem& p, void* stream_handle) {
                  "cuLaunchKernel(attention_kernel)");
         stats_.launches.fetch_add(1, std::memory_order_relaxed);
     }
-    workspace.free();
+    if (plan.workspace_fallback)
+        stats_.attention_workspace_fallbacks.fetch_add(1, std::memory_order_relaxed);
+    allocation.free();
 }
 
 }  // namespace rope_jit

@@ -4,10 +4,11 @@
 // creation), takes each from the kernel loader (cuda/kernel_loader.h),
 // fills the parameters and launches on the caller's stream. Like the RoPE
 // path it never synchronizes or creates contexts on that path, so calls can be captured in
-// CUDA graphs; the sm_90 backward's workspace is allocated and freed on the stream
-// (cuMemAllocAsync / cuMemFreeAsync), which graphs capture too. (The first workspace on a
-// device, outside a capture of the call's stream, also touches the memory pool from a second
-// thread on a private stream in relaxed capture mode: cuda/memory_pool_warmup.h.)
+// CUDA graphs; the sm_90 kernels' workspace is the caller's (rope_jit_attention_args.workspace)
+// or else allocated and freed on the stream (cuMemAllocAsync / cuMemFreeAsync), which graphs
+// capture too. (The first workspace allocated on a device, outside a capture of the call's
+// stream, also touches the memory pool from a second thread on a private stream in relaxed
+// capture mode: cuda/memory_pool_warmup.h.)
 #pragma once
 
 #include <atomic>
@@ -21,6 +22,7 @@
 #include "ops/attention/attention_problem.h"
 #include "ops/attention/attention_recipe.h"
 #include "ops/attention/attention_spec.h"
+#include "ops/attention/attention_workspace.h"
 
 namespace rope_jit {
 
@@ -52,10 +54,27 @@ public:
     CudaAttention& operator=(const CudaAttention&) = delete;
 
     // Enqueues the forward or backward (problem.backward) on `stream` (a CUstream; NULL = the
-    // legacy default stream).
+    // legacy default stream), in problem.workspace when the caller gave one.
     void run(const AttentionProblem& problem, void* stream);
+    // The workspace bytes run() needs for `problem` (0: none); calls no driver function.
+    size_t workspace_bytes(const AttentionProblem& problem) const;
 
 private:
+    // What a call runs: its kernels in launch order and the workspace they need.
+    struct Plan {
+        std::vector<AttentionSpec> kernels;
+        AttentionWorkspaceLayout workspace;  // bytes 0: none
+        bool workspace_fallback = false;     // kernels without a workspace in place of some
+    };
+    // The kernels `problem` runs under the override, and their workspace.
+    Plan plan(const AttentionProblem& problem) const;
+    // Turns `plan` into the kernels without a workspace (its allocation failed, or
+    // "workspace=0" in the override).
+    void without_workspace(const AttentionProblem& problem, Plan& plan) const;
+    const AttentionDevice& device_of(const AttentionProblem& problem) const {
+        return attention_devices_[size_t(problem.device.device_id)];
+    }
+
     CudaDevices& devices_;
     KernelLoader& kernels_;
     KernelStats& stats_;
