@@ -72,7 +72,8 @@ class AttentionArgs(ctypes.Structure):
                 ("causal", ctypes.c_int), ("scale", ctypes.c_double),
                 ("rotary_dim", ctypes.c_int32), ("style", ctypes.c_int), ("lse", P),
                 ("stream", ctypes.c_void_p), ("dout", P), ("dq", P), ("dk", P), ("dv", P),
-                ("deterministic", ctypes.c_int)]
+                ("deterministic", ctypes.c_int), ("workspace", ctypes.c_void_p),
+                ("workspace_bytes", ctypes.c_size_t)]
 
 
 class Config(ctypes.Structure):
