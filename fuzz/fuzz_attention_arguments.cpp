@@ -127,8 +127,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             }
         }
     }
+    // A caller's workspace: aligned or not, of any size, or a size without memory.
+    alignas(256) static unsigned char workspace[1024];
+    if (in.chance(4)) {
+        args.workspace = in.chance(8) ? nullptr : workspace + (in.chance(2) ? 0 : in.below(255));
+        args.workspace_bytes = in.chance(2) ? size_t(in.below(768)) : 0;
+    }
     if (in.chance(64)) args.struct_size = size_t(in.byte());
 
+    size_t workspace_bytes = 0;
+    fuzz::check_status(rope_jit_attention_workspace_size(fuzz::cpu_runtime(), &args, backward,
+                                                         &workspace_bytes));
     fuzz::check_status(rope_jit_attention(fuzz::cpu_runtime(), &args));
     if (backward) fuzz::check_status(rope_jit_attention_backward(fuzz::cpu_runtime(), &args));
     return 0;
