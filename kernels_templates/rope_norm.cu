@@ -310,7 +310,7 @@ enum : int {
     TABLE_STEP = table_column(TABLE_FULL, INTERLEAVED, 1),  // columns from a pair to the next
     TABLE_SPAN = table_columns(TABLE_FULL, INTERLEAVED, PAIRS_PER_ITEM),  // an item's columns
 };
-enum : bool { TABLE_SPANS = !ANGLES_FROM_INV_FREQ && !HAS_XPOS && MROPE_AXES == 0 };
+enum : bool { TABLE_SPANS = rope_norm_table_spans(ANGLES_FROM_INV_FREQ, HAS_XPOS, MROPE_AXES) };
 enum : int { SPAN = TABLE_SPANS ? TABLE_SPAN : 1 };  // columns the Angles hold per item
 
 template <int N>

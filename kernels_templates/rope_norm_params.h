@@ -65,6 +65,13 @@ enum { kRopeNormMaxWarps = 8 };
 // common rows (run AF: Qwen3-8B prefill at 8, 16, 24 and 32 warps); rows that need more
 // registers (angles computed per pair, unrotated features, head_dim over 256, FP8 outputs or
 // a KV cache) spilled at 85 (sm_90, NVRTC 13.0), so they take 2.
+// Whether a lane reads its pairs' cos/sin as spans of a plain table (no inv_freq, xPos or
+// M-RoPE, whose angles are computed per pair).
+ROPE_JIT_HOST_DEVICE constexpr bool rope_norm_table_spans(bool inv_freq, bool xpos,
+                                                         int mrope_axes) {
+    return !inv_freq && !xpos && mrope_axes == 0;
+}
+
 ROPE_JIT_HOST_DEVICE constexpr int rope_norm_forward_blocks(bool table_spans, bool partial,
                                                             int head_dim, bool fp8_or_cache) {
     return table_spans && !partial && head_dim <= 256 && !fp8_or_cache ? 3 : 2;

@@ -358,6 +358,19 @@ TEST_CASE(
         call.expect_invalid("workspace_bytes: 4096 with a NULL workspace");
         call.expect_invalid("workspace_bytes: 4096 with a NULL workspace", true);
     }
+    SUBCASE("sharing bytes with a tensor of the call") {
+        // From the 256-byte boundary at or below a tensor's first byte up to that byte: the
+        // range meets the tensor (the check reads no memory: nothing there is touched).
+        for (const DLTensor* t : {call.args.q, call.args.v, call.args.lse, call.args.dk}) {
+            const uintptr_t first = reinterpret_cast<uintptr_t>(t->data) + t->byte_offset;
+            const uintptr_t base = first / 256 * 256;
+            call.args.workspace = reinterpret_cast<void*>(base);
+            call.args.workspace_bytes = size_t(first - base) + 1;
+            CAPTURE(first);
+            call.expect_invalid("workspace: overlaps ", t == call.args.dk);
+            if (t != call.args.dk) call.expect_invalid("workspace: overlaps ", true);
+        }
+    }
 }
 
 TEST_CASE(

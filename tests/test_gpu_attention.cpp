@@ -783,8 +783,8 @@ TEST_SUITE("gpu") {
 
     TEST_CASE(
         "a caller's workspace serves the sm_90 forward and backward: the library-allocated run's "
-        "bits (dq within rounding), the CPU's values, no fallback, and one too small or "
-        "misaligned is refused before anything runs") {
+        "bits (dq within rounding), the CPU's values, no fallback, and one too small, "
+        "misaligned or in host memory is refused before anything runs") {
         GpuFixture f;
         f.override_kernels("");  // the defaults, whatever an earlier test left in the environment
         rope_jit_runtime* runtime = f.cuda().get();
@@ -870,6 +870,13 @@ TEST_SUITE("gpu") {
             given.workspace = workspace + 128;
             given.workspace_bytes = backward_bytes;
             expect_invalid(true, "is not 256-byte aligned");
+            // Host memory (aligned, large enough): the driver says it is not device memory.
+            std::vector<unsigned char> host(backward_bytes + 256);
+            const uintptr_t host_at = (reinterpret_cast<uintptr_t>(host.data()) + 255) / 256 * 256;
+            given.workspace = reinterpret_cast<void*>(host_at);
+            given.workspace_bytes = backward_bytes;
+            expect_invalid(false, "is not device memory the CUDA driver knows");
+            expect_invalid(true, "is not device memory the CUDA driver knows");
             check_cu(driver().cuCtxSynchronize(), "cuCtxSynchronize");
             CHECK(stats().launches == launches);
             // Nothing written: the outputs still hold their poison.

@@ -848,8 +848,11 @@ typedef struct rope_jit_attention_args {
      * - at least rope_jit_attention_workspace_size bytes for this call (forward or backward),
      *   else ERROR_INVALID_ARGUMENT naming `workspace_bytes` with both numbers;
      * - 256-byte aligned, else ERROR_INVALID_ARGUMENT naming `workspace` (checked on every
-     *   backend, even where it goes unused).
-     * It must be memory of the tensors' device (not checked). The library never frees it and
+     *   backend, even where it goes unused);
+     * - sharing no byte with a tensor of the call, else ERROR_INVALID_ARGUMENT naming it;
+     * - when the call's kernels use it: device memory of the tensors' device, else
+     *   ERROR_INVALID_ARGUMENT naming `workspace` (asked of the driver).
+     * The library never frees it and
      * keeps no reference to it: it must stay valid, and be used by nothing else (another call
      * in flight included), until the call's work on its stream has finished; a CUDA graph
      * that captures the call uses it on every replay. Its contents on entry do not matter and
@@ -880,7 +883,7 @@ ROPE_JIT_API rope_jit_status rope_jit_attention_backward(rope_jit_runtime* runti
                                                          const rope_jit_attention_args* args);
 
 /* The bytes of workspace (args->workspace) that rope_jit_attention (backward = 0) or
- * rope_jit_attention_backward (backward = 1) needs for `args`, written to *bytes: the size
+ * rope_jit_attention_backward (backward nonzero) needs for `args`, written to *bytes: the size
  * that call would otherwise allocate, computed by the same kernel choice. 0 when its kernels
  * need none: the CPU backend, a GPU other than sm_90, the deterministic backward, an empty
  * problem, and every other case that runs the kernels without a workspace. Pass the args of
@@ -888,8 +891,11 @@ ROPE_JIT_API rope_jit_status rope_jit_attention_backward(rope_jit_runtime* runti
  * with the same failures, but their data is not read); args->workspace and workspace_bytes
  * are ignored. Enqueues nothing, never synchronizes and allocates no device memory, so it may
  * be called during a CUDA graph capture. The size depends on the shapes, dtypes, strides and
- * alignment of the tensors and the options, never on their contents. ERROR_INVALID_ARGUMENT
- * for a NULL `bytes` (or anything the call would refuse). Thread-safe. */
+ * alignment of the tensors and the options, never on their contents, and on the runtime: its
+ * device's kernels, its NVRTC, and ROPE_JIT_ATTENTION_KERNELS as it was when the runtime was
+ * created; a size holds for calls on the runtime that gave it. ERROR_INVALID_ARGUMENT for a
+ * NULL `bytes` (or anything the call would refuse); ERROR_UNSUPPORTED where the workspace
+ * would pass 2^59 bytes. Thread-safe. */
 ROPE_JIT_API rope_jit_status rope_jit_attention_workspace_size(
     rope_jit_runtime* runtime, const rope_jit_attention_args* args, int backward, size_t* bytes);
 

@@ -44,6 +44,9 @@ def _workspace_size_function(library):
     return cached
 
 
+_WORKSPACE_ALIGNMENT = 256  # rope_jit_attention_args.workspace
+
+
 def _torch_workspace(runtime, args, which, q, held):
     """Points args at a workspace from PyTorch's caching allocator on q's device, when the
     call's kernels need one (one query of the library; no host synchronization, and
@@ -60,7 +63,15 @@ def _torch_workspace(runtime, args, which, q, held):
     # Arguments the query refuses, the call refuses too, with its own name in the error.
     if status != 0 or size.value == 0:
         return
-    workspace = q.new_empty((size.value,), dtype=sys.modules["torch"].uint8)
+    torch = sys.modules["torch"]
+    try:
+        workspace = q.new_empty((size.value,), dtype=torch.uint8)
+    except torch.cuda.OutOfMemoryError:
+        # No room in PyTorch's pool: the library allocates its own, or, without room there
+        # either, runs the kernels that need none (slower, same results).
+        return
+    if workspace.data_ptr() % _WORKSPACE_ALIGNMENT != 0:  # an allocator of other alignment
+        return
     held.append(workspace)
     args.workspace = workspace.data_ptr()
     args.workspace_bytes = size.value

@@ -85,6 +85,20 @@ void check_workspace_argument(const rope_jit_attention_args& args) {
                                   kAttentionWorkspaceAlignment));
 }
 
+// The caller's workspace as a 1-D byte tensor (absent without one), for the overlap checks.
+TensorRef workspace_ref(const AttentionProblem& p, DLDevice device) {
+    TensorRef w;
+    if (p.workspace == nullptr || p.workspace_bytes == 0) return w;
+    w.name = "workspace";
+    w.dtype = DType::U8;
+    w.data = p.workspace;
+    w.device = device;
+    w.ndim = 1;
+    w.shape[0] = int64_t(std::min<size_t>(p.workspace_bytes, size_t(INT64_MAX)));
+    w.strides[0] = 1;
+    return w;
+}
+
 }  // namespace
 
 AttentionProblem make_attention_problem(const rope_jit_attention_args& args, bool backward) {
@@ -249,10 +263,15 @@ AttentionProblem make_attention_problem(const rope_jit_attention_args& args, boo
     p.out = out;
     for (const TensorRef* t : {&k, &v, &out, &cos, &sin, &pos_mask, &mask, &lse})
         require_same_device(*t, q);
+    // The caller's workspace as bytes on q's device: the kernels write it, so it may share
+    // memory with no tensor of the call.
+    const TensorRef workspace = workspace_ref(p, q.device);
 
     if (!backward) {
         check_written(out, {&q, &k, &v, &cos, &sin, &pos_mask, &mask, &lse}, kRule);
         if (p.has_lse) check_written(lse, {&q, &k, &v, &out, &cos, &sin, &pos_mask, &mask}, kRule);
+        if (workspace.present())
+            check_written(workspace, {&q, &k, &v, &out, &cos, &sin, &pos_mask, &mask, &lse}, kRule);
         return p;
     }
 
@@ -273,6 +292,7 @@ AttentionProblem make_attention_problem(const rope_jit_attention_args& args, boo
     const std::initializer_list<const TensorRef*> everything = {
         &q, &k, &v, &out, &cos, &sin, &pos_mask, &mask, &lse, &dout, &dq, &dk, &dv};
     for (const TensorRef* t : {&dq, &dk, &dv}) check_written(*t, everything, kRule);
+    if (workspace.present()) check_written(workspace, everything, kRule);
     p.dout = dout;
     p.dq = dq;
     p.dk = dk;

@@ -14,6 +14,17 @@ int64_t round_up(int64_t n, int64_t multiple) {
     return (n + multiple - 1) / multiple * multiple;
 }
 
+// a * b, refused above 2^59 (broadcast views can describe more elements than any memory
+// holds; the workspace's size must never wrap to a small number).
+int64_t checked_product(int64_t a, int64_t b) {
+    int64_t product = 0;
+    if (__builtin_mul_overflow(a, b, &product) || product > (int64_t(1) << 59))
+        throw Error(ROPE_JIT_ERROR_UNSUPPORTED,
+                    fmt::format("attention: these sizes need a workspace past 2^59 bytes ({} x {})",
+                                a, b));
+    return product;
+}
+
 }  // namespace
 
 AttentionWorkspaceLayout attention_workspace_layout(const AttentionProblem& p, int head_dim_padded,
@@ -21,20 +32,25 @@ AttentionWorkspaceLayout attention_workspace_layout(const AttentionProblem& p, i
     AttentionWorkspaceLayout w;
     w.seqlen_q_padded = backward ? round_up(p.seqlen_q, kAttentionBackwardQueryTile) : 0;
     w.seqlen_k_padded = round_up(p.seqlen_k, kAttentionBackwardKeyBlock);
-    const int64_t query_rows = p.batch * p.heads_q * w.seqlen_q_padded;
-    const int64_t key_rows = p.batch * p.heads_k * w.seqlen_k_padded;
+    const int64_t query_rows = checked_product(checked_product(p.batch, p.heads_q),
+                                               w.seqlen_q_padded);
+    const int64_t key_rows = checked_product(checked_product(p.batch, p.heads_k),
+                                             w.seqlen_k_padded);
+    // Five parts of at most 2^59 bytes each (rounded up by 256): the sum stays below 2^63.
     size_t at = 0;
     auto take = [&](int64_t bytes) {
         const size_t offset = at;
         at += size_t(round_up(bytes, int64_t(kAttentionWorkspaceAlignment)));
         return offset;
     };
-    w.q_rot = take(query_rows * head_dim_padded * 2);
-    w.k_rot = take(key_rows * head_dim_padded * 2);
-    w.dq_accum_bytes = size_t(query_rows * head_dim_padded * 4);
-    w.dq_accum = take(query_rows * head_dim_padded * 4);
-    w.row_lse2 = take(query_rows * 4);
-    w.row_delta = take(query_rows * 4);
+    const int64_t query_elements = checked_product(query_rows, head_dim_padded);
+    const int64_t key_elements = checked_product(key_rows, head_dim_padded);
+    w.q_rot = take(checked_product(query_elements, 2));
+    w.k_rot = take(checked_product(key_elements, 2));
+    w.dq_accum_bytes = size_t(checked_product(query_elements, 4));
+    w.dq_accum = take(int64_t(w.dq_accum_bytes));
+    w.row_lse2 = take(checked_product(query_rows, 4));
+    w.row_delta = take(checked_product(query_rows, 4));
     w.bytes = at;
     return w;
 }

@@ -16,6 +16,26 @@ namespace rope_jit {
 
 namespace {
 
+// A caller's workspace must be device memory of q's device: host memory, another GPU's or a
+// pointer the driver does not know would fault inside a kernel (an error that poisons the
+// context) instead of being refused. Asked of the driver with the call's context current;
+// no synchronization, legal while a stream captures.
+void check_workspace_memory(const CudaDriverApi& api, const AttentionProblem& p) {
+    unsigned type = 0;
+    const CUdeviceptr address = reinterpret_cast<CUdeviceptr>(p.workspace);
+    if (api.cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, address) !=
+            CUDA_SUCCESS ||
+        (type != CU_MEMORYTYPE_DEVICE && type != CU_MEMORYTYPE_UNIFIED))
+        fail_argument(fmt::format("workspace: {} is not device memory the CUDA driver knows",
+                                  static_cast<const void*>(p.workspace)));
+    int ordinal = -1;
+    if (api.cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, address) ==
+            CUDA_SUCCESS &&
+        ordinal != p.device.device_id)
+        fail_argument(fmt::format("workspace: memory of device {}, but q is on device {}",
+                                  ordinal, p.device.device_id));
+}
+
 // Encodes into `map` the TMA descriptor of a [B, H, S, D] tensor of 16-bit elements whose
 // boxes are 64 features by `rows` tokens, landing 128-byte swizzled (the producer-warp
 // forward's and the sm_90 backward's copies). The choice of
@@ -237,6 +257,7 @@ void CudaAttention::run(const AttentionProblem& p, void* stream_handle) {
     const CudaDriverApi& api = devices_.api();
     const LaunchContext launch = devices_.resolve_context(ordinal, stream);
     ContextScope scope(api, launch.context, launch.current);
+    if (p.workspace != nullptr && workspace_layout.bytes != 0) check_workspace_memory(api, p);
 
     AttentionKernelParams params{};
     params.q = p.q.data;

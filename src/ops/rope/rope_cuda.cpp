@@ -107,7 +107,7 @@ RopeNormLaunch plan_rope_norm_launch(const KernelSpec& spec, int64_t rows, int64
     launch.threads = 32 * warps;
     launch.shared_bytes = unsigned(bytes);
     const bool table_spans =
-        !spec.angles_from_inv_freq && !spec.has_xpos && spec.mrope_axes == 0;
+        rope_norm_table_spans(spec.angles_from_inv_freq, spec.has_xpos, spec.mrope_axes);
     const int64_t forward_blocks =
         rope_norm_forward_blocks(table_spans, spec.rotary_dim < spec.head_dim, spec.head_dim,
                                  spec.q_fp8 || spec.kv_fp8 || spec.kv_cache != 0);
