@@ -59,12 +59,7 @@ using RopeNormCacheParams = WithCache<RopeNormParams>;
 
 // Warps a block has at most (the kernel's launch bound is 32 times this).
 enum { kRopeNormMaxWarps = 8 };
-// Blocks a multiprocessor holds at once in the forward: the kernel's launch bound (ptxas fits
-// the registers to it, 85 at 3 blocks) and, with many rows, the grid (that many blocks a
-// multiprocessor, each warp taking rows grid-stride). 3 measured best on the H200 for the
-// common rows (run AF: Qwen3-8B prefill at 8, 16, 24 and 32 warps); rows that need more
-// registers (angles computed per pair, unrotated features, head_dim over 256, FP8 outputs or
-// a KV cache) spilled at 85 (sm_90, NVRTC 13.0), so they take 2.
+
 // Whether a lane reads its pairs' cos/sin as spans of a plain table (no inv_freq, xPos or
 // M-RoPE, whose angles are computed per pair).
 ROPE_JIT_HOST_DEVICE constexpr bool rope_norm_table_spans(bool inv_freq, bool xpos,
@@ -72,6 +67,12 @@ ROPE_JIT_HOST_DEVICE constexpr bool rope_norm_table_spans(bool inv_freq, bool xp
     return !inv_freq && !xpos && mrope_axes == 0;
 }
 
+// Blocks a multiprocessor holds at once in the forward: the kernel's launch bound (ptxas fits
+// the registers to it, 85 at 3 blocks) and, with many rows, the grid (that many blocks a
+// multiprocessor, each warp taking rows grid-stride). 3 measured best on the H200 for the
+// common rows (run AF: Qwen3-8B prefill at 8, 16, 24 and 32 warps); rows that need more
+// registers (angles computed per pair, unrotated features, head_dim over 256, FP8 outputs or
+// a KV cache) spilled at 85 (sm_90, NVRTC 13.0), so they take 2.
 ROPE_JIT_HOST_DEVICE constexpr int rope_norm_forward_blocks(bool table_spans, bool partial,
                                                             int head_dim, bool fp8_or_cache) {
     return table_spans && !partial && head_dim <= 256 && !fp8_or_cache ? 3 : 2;

@@ -83,8 +83,7 @@ def has_attention(runtime=None):
     return _functions(runtime.library) is not None
 
 
-def _call(which, tensors, causal, scale, rotary_dim, style, stream, runtime, deterministic=False,
-          workspace=True):
+def _call(which, tensors, causal, scale, rotary_dim, style, stream, runtime, deterministic=False):
     runtime = runtime if runtime is not None else default_runtime()
     library = runtime.library
     functions = _functions(library)
@@ -118,7 +117,7 @@ def _call(which, tensors, causal, scale, rotary_dim, style, stream, runtime, det
         if checked is None or device.device_id not in checked:
             _cuda_context.ensure_current(device.device_id)  # see _cuda_context.py
     q = tensors["q"]
-    if torch_stream is not None and workspace and getattr(q, "is_cuda", False) is True:
+    if torch_stream is not None and getattr(q, "is_cuda", False) is True:
         _torch_workspace(runtime, args, which, q, held)
     function = forward if which == "forward" else backward
     library.check("rope_jit_attention" + ("" if which == "forward" else "_backward"),
