@@ -20,6 +20,9 @@
 #                    the default pool, from a pool of its own, and cuMemAlloc
 #   rope-ncu         ncu counters of one launch of NCU_KERNEL (regex, default rope) in the
 #                    rope-jit-bench cases NCU_FILTER (NCU_OPTIONS: extra NVRTC options rule)
+#   rope-ncu-source  ncu's warp-state sampling per SASS instruction of one launch of NCU_KERNEL in
+#                    NCU_FILTER's first case, caches not flushed (as in a graph's replays): the
+#                    report, its source page as CSV, and the instructions with the most samples
 #   python           installs the package, pytest (PYTEST_ARGS), call overhead
 #   autograd         bench/compare_torch_autograd.py (AUTOGRAD_ARGS)
 set -uo pipefail
@@ -124,6 +127,18 @@ for step in "$@"; do
       step_done rope-ncu $?
       grep -E "Duration|Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Block Limit|Warp Cycles Per Issued|No Eligible|L1/TEX Hit|L2 Hit|Mem Busy|Max Bandwidth|Grid Size|Block Size|Waves Per SM" \
         "$OUT/rope_ncu_${NCU_TAG:-1}.txt" | head -40 ;;
+    rope-ncu-source)
+      report="$OUT/ncu_source_${NCU_TAG:-1}"
+      ROPE_JIT_NVRTC_EXTRA_OPTIONS="${NCU_OPTIONS:-}" timeout "${STEP_TIMEOUT:-180}" ncu --clock-control none \
+        --cache-control none --kernel-name regex:"${NCU_KERNEL:-rope}" --launch-skip "${NCU_SKIP:-1}" \
+        --launch-count 1 --section WarpStateStats --section SourceCounters --section LaunchStats \
+        --warp-sampling-interval 0 -f -o "$report" \
+        build-gpu/tools/rope-jit-bench --quick --filter "$NCU_FILTER" > "$report.log" 2>&1
+      step_done rope-ncu-source $?
+      ncu --import "$report.ncu-rep" --page source --csv --print-source sass > "$report.csv" 2>&1
+      ncu --import "$report.ncu-rep" --section WarpStateStats --section LaunchStats > "$report.txt" 2>&1
+      grep -E "Duration|Warp Cycles Per|Registers|Block Size|Grid Size|Stall" "$report.txt" | head -20
+      python3 scripts/ncu_source_top.py "$report.csv" 30 | tee "$report.top.txt" ;;
     python)
       PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --quiet --no-index --find-links .whl numpy pytest ./python 2>&1 | tail -2
       PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --quiet --no-index --no-deps .whl/liger_kernel-*.whl 2>&1 | tail -1
