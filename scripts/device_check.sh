@@ -25,6 +25,9 @@
 #                    report, its source page as CSV, and the instructions with the most samples
 #   python           installs the package, pytest (PYTEST_ARGS), call overhead
 #   autograd         bench/compare_torch_autograd.py (AUTOGRAD_ARGS)
+#   peers            bench/compare_torch.py --in-place: issue 24's comparison against torch.compile
+#                    and Liger (installs ./python and Liger's wheel from .whl; PEERS_ARGS, e.g.
+#                    --quick or --shapes); h200_vs_torch.{json,log}, and .png with matplotlib
 set -uo pipefail
 OUT=${OUT:-/tmp/rope_jit_out}
 mkdir -p "$OUT" /tmp/dlpack
@@ -151,6 +154,18 @@ for step in "$@"; do
       ROPE_JIT_LIBRARY=$lib PYTHONUNBUFFERED=1 timeout "${STEP_TIMEOUT:-300}" python3 bench/compare_torch_autograd.py \
         --json "$OUT/h200_autograd.json" ${AUTOGRAD_ARGS:-} > "$OUT/h200_autograd.log" 2>&1
       step_done autograd $?; tail -30 "$OUT/h200_autograd.log" | cut -c1-200 ;;
+    peers)
+      PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --quiet --no-index --find-links .whl \
+        ./python 2>&1 | tail -2
+      PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --quiet --no-index --no-deps \
+        .whl/liger_kernel-*.whl 2>&1 | tail -1
+      ROPE_JIT_LIBRARY=$lib PYTHONUNBUFFERED=1 timeout "${STEP_TIMEOUT:-300}" \
+        python3 bench/compare_torch.py --in-place --json "$OUT/h200_vs_torch.json" ${PEERS_ARGS:-} \
+        > "$OUT/h200_vs_torch.log" 2>&1
+      step_done peers $?; grep -vE "^\s*$" "$OUT/h200_vs_torch.log" | cut -c1-200 | tail -45
+      if python3 -c "import matplotlib" 2>/dev/null; then  # else: plot where matplotlib is
+        python3 bench/plot_results.py "$OUT/h200_vs_torch.json" "$OUT/h200_vs_torch.png"
+      fi ;;
     *) echo "unknown step $step" ;;
   esac
 done
