@@ -415,10 +415,14 @@ __device__ __forceinline__ RopeTokenBases token_bases(const RopeKernelParams& p,
     return base;
 }
 
-// The blocks per multiprocessor the register budget must allow: 1536 threads (75% of an SM),
-// at most 40 registers a thread. Measured on the H200 (bench/results/h200_kernel_tuning.json):
-// one item in flight per thread at that occupancy beat two or four at lower occupancy.
-constexpr int MIN_BLOCKS_PER_SM = BLOCK_THREADS < 1536 ? 1536 / BLOCK_THREADS : 1;
+// The blocks per multiprocessor the register budget must allow: plan().threads_per_sm threads
+// (1536, 75% of an SM, at most 40 registers a thread; 1024 with batches of two items).
+// Measured on the H200 (bench/results/h200_kernel_tuning.json): one item in flight per thread
+// at that occupancy beat two or four at lower occupancy, except where a head's items are not a
+// power of two (RopePlan::item_batch).
+constexpr int MIN_BLOCKS_PER_SM =
+    BLOCK_THREADS < plan().threads_per_sm ? plan().threads_per_sm / BLOCK_THREADS : 1;
+constexpr int ITEM_BATCH = plan().item_batch;
 
 // The unrotated features an out-of-place call copies, COPY_VEC per access (the host proved
 // vectors of COPY_VEC aligned with unit stride when it is above 1).
@@ -499,6 +503,38 @@ __device__ __forceinline__ ItemPlace place_item(const RopeKernelParams& p,
     place.set = token * ROLES + (ROLES == 2 && is_k ? 1 : 0);
     place.valid = true;
     return place;
+}
+
+// An item's cos/sin: the token's, computed once into shared memory (inv_freq, xPos, M-RoPE),
+// or spans of its table row.
+__device__ __forceinline__ ItemAngles item_angles(const RopeKernelParams& p,
+                                                  const ItemPlace& place, const float* s_cos,
+                                                  const float* s_sin, const long long* s_row) {
+    ItemAngles angles;
+    const int pair0 = place.span.pair0;
+    if (SHARED_ANGLES) {
+        angles.shared_cos = s_cos + place.set * PAIRS + pair0;
+        angles.shared_sin = s_sin + place.set * PAIRS + pair0;
+    } else {
+        const long long row = pair_row(s_row, p, place.token, place.role, pair0);
+        angles.cos = load_table_span(p.cos, p.cos_stride, row, pair0);
+        angles.sin = load_table_span(p.sin, p.sin_stride, row, pair0);
+    }
+    return angles;
+}
+
+// An item once loaded: its share of the frequency gradient (FREQ_GRAD), its rotation and its
+// stores.
+__device__ __forceinline__ void finish_item(const RopeKernelParams& p, const ItemPlace& place,
+                                            const ItemData& data, const ItemAngles& angles,
+                                            const long long* s_row, float* s_grad) {
+    if (FREQ_GRAD)
+        accumulate_freq_grad(data, load_item(place.saved, place.saved_stride, place.span), s_row,
+                             p, place.token, place.role, place.span, s_grad);
+    if ((Q_FP8 || KV_FP8) && place.fp8)
+        rotate_store_item_fp8(data, place.y8, place.ys, place.span, angles, place.scale);
+    else
+        rotate_store_item(data, place.y, place.ys, place.span, angles);
 }
 
 // ---- one token a block, resolved by each thread (RopeKernelParams::direct) ------------------
@@ -741,30 +777,38 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM)
         __syncthreads();
     }
 
-    // 3. Rotate, one item per thread at a time. Consecutive threads hold consecutive items of
-    //    one head, so every access coalesces.
-    for (int item = threadIdx.x; item < block_items; item += threads) {
-        const ItemPlace place =
-            place_item(p, s_bases, item, items_per_token, heads_q, block_items, q_scale, k_scale);
-        if (!place.valid) continue;
-        const ItemData data = load_item(place.x, place.xs, place.span);
-        ItemAngles angles;
-        const int pair0 = place.span.pair0;
-        if (SHARED_ANGLES) {
-            angles.shared_cos = s_cos + place.set * PAIRS + pair0;
-            angles.shared_sin = s_sin + place.set * PAIRS + pair0;
-        } else {
-            const long long row = pair_row(s_row, p, place.token, place.role, pair0);
-            angles.cos = load_table_span(p.cos, p.cos_stride, row, pair0);
-            angles.sin = load_table_span(p.sin, p.sin_stride, row, pair0);
+    // 3. Rotate. Consecutive threads hold consecutive items of one head, so every access
+    //    coalesces. One item a thread at a time, or (ITEM_BATCH) a batch: its loads and table
+    //    spans first, in program order before any store, so that none waits on a store it
+    //    might alias.
+    if constexpr (ITEM_BATCH == 1) {
+        for (int item = threadIdx.x; item < block_items; item += threads) {
+            const ItemPlace place = place_item(p, s_bases, item, items_per_token, heads_q,
+                                               block_items, q_scale, k_scale);
+            if (!place.valid) continue;
+            const ItemData data = load_item(place.x, place.xs, place.span);
+            const ItemAngles angles = item_angles(p, place, s_cos, s_sin, s_row);
+            finish_item(p, place, data, angles, s_row, s_grad);
         }
-        if (FREQ_GRAD)
-            accumulate_freq_grad(data, load_item(place.saved, place.saved_stride, place.span),
-                                 s_row, p, place.token, place.role, place.span, s_grad);
-        if ((Q_FP8 || KV_FP8) && place.fp8)
-            rotate_store_item_fp8(data, place.y8, place.ys, place.span, angles, place.scale);
-        else
-            rotate_store_item(data, place.y, place.ys, place.span, angles);
+    } else {
+        for (int first_item = threadIdx.x; first_item < block_items;
+             first_item += ITEM_BATCH * threads) {
+            ItemPlace place[ITEM_BATCH];
+            ItemData data[ITEM_BATCH];
+            ItemAngles angles[ITEM_BATCH];
+#pragma unroll
+            for (int j = 0; j < ITEM_BATCH; ++j) {
+                place[j] = place_item(p, s_bases, first_item + j * threads, items_per_token,
+                                      heads_q, block_items, q_scale, k_scale);
+                if (place[j].valid) data[j] = load_item(place[j].x, place[j].xs, place[j].span);
+            }
+#pragma unroll
+            for (int j = 0; j < ITEM_BATCH; ++j)
+                if (place[j].valid) angles[j] = item_angles(p, place[j], s_cos, s_sin, s_row);
+#pragma unroll
+            for (int j = 0; j < ITEM_BATCH; ++j)
+                if (place[j].valid) finish_item(p, place[j], data[j], angles[j], s_row, s_grad);
+        }
     }
     if (FREQ_GRAD) {
         // One global add per pair and block: the block's sums were gathered in shared memory.

@@ -149,6 +149,14 @@ struct RopePlan {
     // each) at about 256 threads a block; one when the block also copies the unrotated features
     // of out-of-place partial rotary.
     int items_per_thread;
+    // Items a thread loads before it rotates any, and the threads a multiprocessor the kernel's
+    // launch bound keeps resident. One item in flight a thread at 1536 threads (40 registers)
+    // measured best where a head's items are a power of two; where they are not (half style,
+    // D80: 5, D96: 6, two items a thread) two loaded together at 1024 threads (64 registers)
+    // took D80 from 0.851 to 0.913 of copy and D96 from 0.878 to 0.926, while D128 lost 0.01
+    // and three or four items lost everywhere (H200, run AO; h200_kernel_tuning.json).
+    int item_batch;
+    int threads_per_sm;
     int shared_pairs;  // pairs of shared cos/sin per angle set (0 without shared angles)
     int grad_pairs;    // frequency-gradient sums per block (0 without)
     int problem;       // RopePlanProblem
@@ -189,6 +197,13 @@ ROPE_JIT_HOST_DEVICE constexpr RopePlan rope_plan(const RopeShape& s) {
     plan.copies_unrotated =
         s.head_dim > s.rotary_dim && (!s.in_place_q || (s.has_k && !s.in_place_k));
     plan.items_per_thread = plan.out_of_place_partial ? 1 : s.interleaved ? 8 : 2;
+    const bool items_power_of_two =
+        plan.rot_items > 0 && (plan.rot_items & (plan.rot_items - 1)) == 0;
+    plan.item_batch = plan.items_per_thread == 2 && !s.interleaved && !s.freq_grad &&
+                              s.v_dim == 0 && !items_power_of_two
+                          ? 2
+                          : 1;
+    plan.threads_per_sm = plan.item_batch > 1 ? 1024 : 1536;
     plan.shared_pairs = plan.shared_angles ? plan.pairs : 0;
     plan.grad_pairs = s.freq_grad ? plan.pairs : 0;
     plan.v_items = s.v_dim > 0 && s.v_vec > 0 ? s.v_dim / s.v_vec : 0;

@@ -74,6 +74,37 @@ TEST_CASE("the launch plan of half and interleaved, half and full tables") {
     CHECK(rope_plan(shape(128, 128, 8, false, true)).table_step == 1);
 }
 
+TEST_CASE("items are batched two a thread where a head's items are not a power of two") {
+    // Half style, vectors of 8: D64 has 4 items a head, D128 8, D80 5 and D96 6.
+    for (int head_dim : {64, 128, 256}) {
+        CAPTURE(head_dim);
+        const RopePlan plan = rope_plan(shape(head_dim, head_dim, 8, false, false));
+        CHECK(plan.item_batch == 1);
+        CHECK(plan.threads_per_sm == 1536);
+    }
+    for (int head_dim : {80, 96}) {
+        CAPTURE(head_dim);
+        RopeShape s = shape(head_dim, head_dim, 8, false, false);
+        CHECK(rope_plan(s).item_batch == 2);
+        CHECK(rope_plan(s).threads_per_sm == 1024);
+        // Not with the frequency gradient's sums, v copied into a cache, or interleaved pairs
+        // (eight items a thread, unmeasured batched).
+        s.freq_grad = true;
+        CHECK(rope_plan(s).item_batch == 1);
+        s = shape(head_dim, head_dim, 8, false, false);
+        s.v_dim = head_dim, s.v_vec = 8;
+        CHECK(rope_plan(s).item_batch == 1);
+        CHECK(rope_plan(shape(head_dim, head_dim, 8, true, false)).item_batch == 1);
+        CHECK(rope_plan(shape(head_dim, head_dim, 8, true, false)).threads_per_sm == 1536);
+    }
+    // Out-of-place partial rotary takes one item a thread: nothing to batch.
+    RopeShape partial = shape(96, 24, 4, false, false);
+    CHECK(rope_plan(partial).item_batch == 2);  // in place: 3 items a head
+    partial.in_place_q = partial.in_place_k = false;
+    CHECK(rope_plan(partial).items_per_thread == 1);
+    CHECK(rope_plan(partial).item_batch == 1);
+}
+
 TEST_CASE("the launch plan of partial rotary in and out of place, xPos, inv_freq and M-RoPE") {
     RopeShape s = shape(128, 64, 8, false, false);
     CHECK_FALSE(rope_plan(s).chunk_items);  // in place: chunk items would race
