@@ -153,8 +153,9 @@ struct RopePlan {
     // launch bound keeps resident. One item in flight a thread at 1536 threads (40 registers)
     // measured best where a head's items are a power of two; where they are not (half style,
     // D80: 5, D96: 6, two items a thread) two loaded together at 1024 threads (64 registers)
-    // took D80 from 0.851 to 0.913 of copy and D96 from 0.878 to 0.926, while D128 lost 0.01
-    // and three or four items lost everywhere (H200, run AO; h200_kernel_tuning.json).
+    // took D80 from 0.851 to 0.913 of copy and D96 from 0.878 to 0.926, while D128 lost 0.01,
+    // three or four items lost everywhere (H200, run AO; h200_kernel_tuning.json) and GPT-NeoX's
+    // in-place partial rotary (3 items a head) lost 3% (run AP): full rotary only.
     int item_batch;
     int threads_per_sm;
     int shared_pairs;  // pairs of shared cos/sin per angle set (0 without shared angles)
@@ -200,7 +201,7 @@ ROPE_JIT_HOST_DEVICE constexpr RopePlan rope_plan(const RopeShape& s) {
     const bool items_power_of_two =
         plan.rot_items > 0 && (plan.rot_items & (plan.rot_items - 1)) == 0;
     plan.item_batch = plan.items_per_thread == 2 && !s.interleaved && !s.freq_grad &&
-                              s.v_dim == 0 && !items_power_of_two
+                              s.v_dim == 0 && s.rotary_dim == s.head_dim && !items_power_of_two
                           ? 2
                           : 1;
     plan.threads_per_sm = plan.item_batch > 1 ? 1024 : 1536;
