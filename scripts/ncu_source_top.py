@@ -31,7 +31,8 @@ def main():
     if total_column is None:
         print("no warp-sampling column; columns:", columns)
         return
-    stall_columns = [c for c in columns if c.startswith("stall_") or "Stall" in c]
+    # Per-reason samples (ncu also prints each reason's not-issued share: left out).
+    stall_columns = [c for c in columns if c.startswith("stall_") and "Not Issued" not in c]
     total = sum(number(r[total_column]) for r in rows) or 1.0
     print(f"{len(rows)} instructions, {total:.0f} samples ({total_column})")
     order = sorted(range(len(rows)), key=lambda i: -number(rows[i][total_column]))
@@ -39,10 +40,10 @@ def main():
         row = rows[i]
         samples = number(row[total_column])
         reasons = sorted(
-            ((number(row[c]), c) for c in stall_columns if c != total_column and number(row[c]) > 0),
+            ((number(row[c]), c) for c in stall_columns if number(row[c]) > 0),
             reverse=True,
         )[:3]
-        why = ", ".join(f"{c.split('(')[0].strip()} {v:.0f}" for v, c in reasons)
+        why = ", ".join(f"{c} {v:.0f}" for v, c in reasons)
         source = (row.get("Source") or "").strip()
         print(f"{i:5d} {100 * samples / total:5.1f}% {source[:70]:<70} {why}")
 
