@@ -780,7 +780,8 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM)
     // 3. Rotate. Consecutive threads hold consecutive items of one head, so every access
     //    coalesces. One item a thread at a time, or (ITEM_BATCH) a batch: its loads and table
     //    spans first, in program order before any store, so that none waits on a store it
-    //    might alias.
+    //    might alias. (One item keeps its own loop: the batched form with one item spilled 8
+    //    bytes at D64.)
     if constexpr (ITEM_BATCH == 1) {
         for (int item = threadIdx.x; item < block_items; item += threads) {
             const ItemPlace place = place_item(p, s_bases, item, items_per_token, heads_q,

@@ -200,8 +200,9 @@ ROPE_JIT_HOST_DEVICE constexpr RopePlan rope_plan(const RopeShape& s) {
     plan.items_per_thread = plan.out_of_place_partial ? 1 : s.interleaved ? 8 : 2;
     const bool items_power_of_two =
         plan.rot_items > 0 && (plan.rot_items & (plan.rot_items - 1)) == 0;
-    plan.item_batch = plan.items_per_thread == 2 && !s.interleaved && !s.freq_grad &&
-                              s.v_dim == 0 && s.rotary_dim == s.head_dim && !items_power_of_two
+    // (Half style over the whole head: two items a thread, items_per_thread above.)
+    plan.item_batch = !s.interleaved && s.rotary_dim == s.head_dim && !s.freq_grad &&
+                              s.v_dim == 0 && !items_power_of_two
                           ? 2
                           : 1;
     plan.threads_per_sm = plan.item_batch > 1 ? 1024 : 1536;
