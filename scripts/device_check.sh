@@ -5,6 +5,10 @@
 # Usage: bash scripts/device_check.sh STEP...
 #   rope-tests       the GPU tests of the RoPE op (QK-norm, KV cache + FP8, decode, sweeps)
 #   rope-bench       rope-jit-bench (ROPE_BENCH_FILTER narrows the cases)
+#   rope-variants    rope-jit-bench's ROPE_BENCH_FILTER cases once per variant of ROPE_VARIANTS:
+#                    'name|NVRTC options rule|VAR=value ...' separated by ';' (the rule goes to
+#                    ROPE_JIT_NVRTC_EXTRA_OPTIONS, the assignments to the environment), then a
+#                    table of fractions of copy (scripts/bench_variants_table.py)
 #   golden           every golden case on CUDA
 #   attention-tests  the attention GPU tests (ATTENTION_TESTS narrows them)
 #   attention-fwd    forward-only times of ATTENTION_FWD_VARIANTS at ATTENTION_SHAPES
@@ -121,6 +125,19 @@ for step in "$@"; do
       timeout "${STEP_TIMEOUT:-120}" python3 bench/pool_setup_probe.py --json "$OUT/pool_setup_probe.json" \
         > "$OUT/pool_setup_probe.log" 2>&1
       step_done pool-probe $?; cat "$OUT/pool_setup_probe.log" ;;
+    rope-variants)
+      IFS=';' read -ra variants <<< "${ROPE_VARIANTS:-base||}"
+      names=()
+      for variant in "${variants[@]}"; do
+        IFS='|' read -r name options assignments <<< "$variant"
+        names+=("$name")
+        # shellcheck disable=SC2086  # the assignments are words of VAR=value
+        env ROPE_JIT_NVRTC_EXTRA_OPTIONS="$options" $assignments timeout "${STEP_TIMEOUT:-240}" \
+          build-gpu/tools/rope-jit-bench --json "$OUT/variant_$name.json" \
+          ${ROPE_BENCH_FILTER:+--filter "$ROPE_BENCH_FILTER"} > "$OUT/variant_$name.log" 2>&1
+        step_done "rope-variants $name" $?
+      done
+      python3 scripts/bench_variants_table.py "$OUT" "${names[@]}" | tee "$OUT/variants_table.txt" ;;
     rope-ncu)
       ROPE_JIT_NVRTC_EXTRA_OPTIONS="${NCU_OPTIONS:-}" timeout "${STEP_TIMEOUT:-180}" ncu --clock-control none \
         --kernel-name regex:"${NCU_KERNEL:-rope}" --launch-skip "${NCU_SKIP:-1}" --launch-count 1 \
