@@ -28,6 +28,20 @@ __device__ __forceinline__ float float_of_bits16(unsigned short bits) {
     }
 }
 
+// The float values of a 32-bit word of two 16-bit elements, the lower-addressed one first: for
+// bf16 a shift and a mask, where converting each half on its own also extracts it (2-3
+// instructions an element in sm_90 SASS).
+template <int DT>
+__device__ __forceinline__ void floats_of_bits32(unsigned word, float* first, float* second) {
+    if constexpr (DT == 1) {
+        *first = float_of_bits16<1>(static_cast<unsigned short>(word & 0xffffu));
+        *second = float_of_bits16<1>(static_cast<unsigned short>(word >> 16));
+    } else {
+        *first = __uint_as_float(word << 16);
+        *second = __uint_as_float(word & 0xffff0000u);
+    }
+}
+
 template <int DT>
 __device__ __forceinline__ float load_float(const void* base, long long index) {
     if constexpr (DT == 0)

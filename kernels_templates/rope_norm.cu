@@ -75,8 +75,15 @@ __device__ __forceinline__ Pack<N> load_pack(const T* x, long long stride) {
 
 template <int N>
 __device__ __forceinline__ void unpack(const Pack<N>& pack, float* v) {
+    if constexpr (DTYPE != 0 && N % 2 == 0) {
+        // 16-bit elements two a 32-bit word (a Pack is aligned to its size).
+        const unsigned* words = reinterpret_cast<const unsigned*>(&pack);
 #pragma unroll
-    for (int j = 0; j < N; ++j) v[j] = storage_to_float<DTYPE>(pack.v[j]);
+        for (int j = 0; j < N / 2; ++j) floats_of_bits32<DTYPE>(words[j], &v[2 * j], &v[2 * j + 1]);
+    } else {
+#pragma unroll
+        for (int j = 0; j < N; ++j) v[j] = storage_to_float<DTYPE>(pack.v[j]);
+    }
 }
 
 // 16-byte stores of results are marked evict-first (st.global.cs), as in rope.cu: they are never
@@ -169,16 +176,22 @@ struct Row {
     float tail[COPY_SLOTS][COPY_VEC];
 };
 
+// Whether slot k of lane `sub` holds an item; known at compile time where the items fill every
+// lane's slots, or there are none.
 __device__ __forceinline__ bool rot_valid(int sub, int k) {
+    if constexpr (ROT_ITEMS % LANES == 0) return true;
     return sub + k * LANES < ROT_ITEMS;
 }
 __device__ __forceinline__ bool copy_valid(int sub, int k) {
+    if constexpr (COPY_ITEMS == 0) return false;
+    if constexpr (COPY_ITEMS % LANES == 0) return true;
     return sub + k * LANES < COPY_ITEMS;
 }
 
 // Loads the lane's items of the row at x (feature stride xs); nothing for an inactive row.
 __device__ __forceinline__ void load_row(const T* x, long long xs, bool active, int sub,
                                          RawRow* raw) {
+    if (VEC_LOADS) xs = 1;  // the host proved unit feature strides (as rope.cu assumes)
 #pragma unroll
     for (int k = 0; k < ROT_SLOTS; ++k) {
         if (!active || !rot_valid(sub, k)) continue;
@@ -195,12 +208,15 @@ __device__ __forceinline__ void load_row(const T* x, long long xs, bool active, 
     }
 }
 
-// The row as float, and the lane's part of its sum of squares (0 for unused slots).
-__device__ __forceinline__ float unpack_row(const RawRow& raw, bool active, int sub, Row* row) {
+// The row as float, and the lane's part of its sum of squares (0 for unused slots). An inactive
+// row's registers hold whatever they held (load_row loaded nothing): its group computes on them
+// and stores nothing, and its sums stay inside the group, so masking them would only cost
+// instructions.
+__device__ __forceinline__ float unpack_row(const RawRow& raw, int sub, Row* row) {
     float sum = 0.0f;
 #pragma unroll
     for (int k = 0; k < ROT_SLOTS; ++k) {
-        const bool valid = active && rot_valid(sub, k);
+        const bool valid = rot_valid(sub, k);
         unpack<VEC>(raw.own[k], row->own[k]);
         if (!INTERLEAVED) unpack<PARTNER_VEC>(raw.partner[k], row->partner[k]);
 #pragma unroll
@@ -215,7 +231,7 @@ __device__ __forceinline__ float unpack_row(const RawRow& raw, bool active, int 
     }
 #pragma unroll
     for (int k = 0; k < COPY_SLOTS; ++k) {
-        const bool valid = active && copy_valid(sub, k);
+        const bool valid = copy_valid(sub, k);
         unpack<COPY_VEC>(raw.tail[k], row->tail[k]);
 #pragma unroll
         for (int t = 0; t < COPY_VEC; ++t) {
@@ -399,10 +415,56 @@ __device__ __forceinline__ void rotate_row(const Angles& a, Row* row) {
     }
 }
 
+// The forward's factors of the lane's pairs with the norm weights folded into the angles, once
+// a run: y1 = r (x1 w1' c - x2 w2' s), y2 = r (x2 w2' c + x1 w1' s), 6 instructions a pair and
+// row instead of 8 (x1 w1', x2 w2' scaled first).
+struct PairFactors {
+    float w1c[ROT_SLOTS][PAIRS_PER_ITEM], w2s[ROT_SLOTS][PAIRS_PER_ITEM];
+    float w2c[ROT_SLOTS][PAIRS_PER_ITEM], w1s[ROT_SLOTS][PAIRS_PER_ITEM];
+};
+
+__device__ __forceinline__ void fold_weights(const Angles& a, const WeightRow& w, PairFactors* f) {
+#pragma unroll
+    for (int k = 0; k < ROT_SLOTS; ++k) {
+#pragma unroll
+        for (int t = 0; t < PAIRS_PER_ITEM; ++t) {
+            const float w1 = weight_value(INTERLEAVED ? w.own[k][2 * t] : w.own[k][t]);
+            const float w2 = weight_value(INTERLEAVED ? w.own[k][2 * t + 1] : w.partner[k][t]);
+            const float c = a.cos_of(k, t), s = a.sin_of(k, t);
+            f->w1c[k][t] = w1 * c;
+            f->w2s[k][t] = w2 * s;
+            f->w2c[k][t] = w2 * c;
+            f->w1s[k][t] = w1 * s;
+        }
+    }
+}
+
+// The forward of a row in place: normalized (r = 1/rms), weighted and rotated.
+__device__ __forceinline__ void norm_rotate_row(const PairFactors& f, const WeightRow& w, float r,
+                                                Row* row) {
+#pragma unroll
+    for (int k = 0; k < ROT_SLOTS; ++k) {
+#pragma unroll
+        for (int t = 0; t < PAIRS_PER_ITEM; ++t) {
+            float& x1 = INTERLEAVED ? row->own[k][2 * t] : row->own[k][t];
+            float& x2 = INTERLEAVED ? row->own[k][2 * t + 1] : row->partner[k][t];
+            const float y1 = r * (x1 * f.w1c[k][t] - x2 * f.w2s[k][t]);
+            const float y2 = r * (x2 * f.w2c[k][t] + x1 * f.w1s[k][t]);
+            x1 = y1;
+            x2 = y2;
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < COPY_SLOTS; ++k)
+#pragma unroll
+        for (int t = 0; t < COPY_VEC; ++t) row->tail[k][t] *= r * weight_value(w.tail[k][t]);
+}
+
 // Stores the lane's items of the row (results) at y / y8 (feature stride ys).
 __device__ __forceinline__ void store_row(T* y, unsigned char* y8, bool fp8, long long ys,
                                           bool active, int sub, const Row& row,
                                           const Fp8Scale& scale) {
+    if (VEC_LOADS) ys = 1;  // the host proved unit feature strides (q_out, k_out, k's cache)
 #pragma unroll
     for (int k = 0; k < ROT_SLOTS; ++k) {
         if (!active || !rot_valid(sub, k)) continue;
@@ -496,23 +558,30 @@ __device__ __forceinline__ void copy_v_row(const RopeKernelParams& p, const Rope
     }
 }
 
-// Row r of the grid (rows are token-major: q's heads, k's, then v's): its token (b, s), kind
-// (0 q, 1 k, 2 v) and head within the kind; inactive past the last row or past its sequence.
+// How the grid's work is cut: runs of RopeNormParams::run consecutive heads of one token and
+// kind (q's runs, then k's, then v's rows, one a run), token-major.
+struct Runs {
+    long long total;  // runs in the grid
+    int q, k, all;    // runs a token has: of q, of k, in all (v's rows included)
+    int run;          // rows a run has
+};
+
+// Run r of the grid: its token (b, s), kind (0 q, 1 k, 2 v) and first head within the kind;
+// inactive past the last run or past its sequence.
 struct RowPlace {
     long long b, s;
     int h, kind;
     bool active;
 };
 
-__device__ __forceinline__ RowPlace place_row(const RopeNormParams& np, long long r,
-                                              long long rows_total, int heads_q, int heads_k,
-                                              int heads_all) {
+__device__ __forceinline__ RowPlace place_run(const RopeNormParams& np, const Runs& runs,
+                                              long long r) {
     const RopeKernelParams& p = np.rope;
-    RowPlace place{0, 0, 0, 0, r < rows_total};
+    RowPlace place{0, 0, 0, 0, r < runs.total};
     long long u = 0;
     // A multiply and a shift where the host prepared the divisors and the sizes fit 31 bits
     // (the common case: rope_norm_divide), else plain divisions.
-    const bool fast = rows_total <= 0x7fffffffLL && np.heads_div.divisor == heads_all &&
+    const bool fast = runs.total <= 0x7fffffffLL && np.heads_div.divisor == runs.all &&
                       np.seqlen_div.divisor == p.seqlen_max;
     if (place.active) {
         if (fast) {
@@ -521,13 +590,14 @@ __device__ __forceinline__ RowPlace place_row(const RopeNormParams& np, long lon
             place.b = row;
             place.s = u - static_cast<long long>(row) * p.seqlen_max;
         } else {
-            u = r / heads_all;
+            u = r / runs.all;
             split_token(p, u, &place.b, &place.s);
         }
     }
-    place.h = static_cast<int>(r - u * heads_all);
-    place.kind = place.h < heads_q ? 0 : place.h < heads_q + heads_k ? 1 : 2;
-    place.h -= place.kind == 0 ? 0 : place.kind == 1 ? heads_q : heads_q + heads_k;
+    int unit = static_cast<int>(r - u * runs.all);
+    place.kind = unit < runs.q ? 0 : unit < runs.q + runs.k ? 1 : 2;
+    unit -= place.kind == 0 ? 0 : place.kind == 1 ? runs.q : runs.q + runs.k;
+    place.h = place.kind == 2 ? unit : unit * runs.run;
     if (place.s >= (place.kind == 0 ? p.seqlen_q : p.seqlen_k)) place.active = false;
     return place;
 }
@@ -575,33 +645,37 @@ __device__ __forceinline__ void prefetch_l1(const void* x) {
     asm volatile("prefetch.global.L1 [%0];" ::"l"(x));
 }
 
-// What the kernel's scalars and sizes are, shared by every row a thread takes.
+// Rows a run has at most (RopeNormParams::run is at most this).
+enum : int { MAX_RUN = rope_norm_max_run(BACKWARD_PASS, Q_FP8 || KV_FP8 || KV_CACHE != 0) };
+static_assert(MAX_RUN == 1 || (!BACKWARD_PASS && KV_CACHE == 0), "runs: plain forwards only");
+
+// What the kernel's scalars and sizes are, shared by every run a thread takes.
 struct Launch {
     const RopeNormParams& np;
     const RopeCacheParams* cache;  // KV cache and FP8 scales, or NULL
-    long long rows_total;
-    int heads_q, heads_k, heads_all, sub;
+    Runs runs;
+    int sub;
     float q_scale, k_scale, v_scale;
 };
 
-// One q or k row between its loads and its stores: where it is and goes, and what the lane
-// holds of it (raw, as loaded). A row is taken in three steps, so that its independent loads
-// are all issued before any waits: start_row (every load that depends on no other: the
-// row, the weights, positions), aim_row (those that wait for positions: the table rows; and
-// k's cache slot), finish_row (the norm, the rotation, the stores).
+// One run of q or k rows between its loads and its stores: where it is and goes, and what the
+// lane holds of its rows (raw, as loaded). A run is taken in three steps, so that its
+// independent loads are all issued before any waits: start_row (every load that depends on no
+// other: the rows, the weights, positions), aim_row (those that wait for positions: the table
+// rows; and k's cache slot), finish_row (for each row the norm, the rotation, the stores).
 struct RowJob {
     RowPlace place;
     bool active, is_k;
     long long rows[MROPE_AXES > 0 ? MROPE_AXES : 1];
-    RawRow raw, raw0;
+    RawRow raw[MAX_RUN], raw0;
     WeightRow wr;
     Angles angles;
-    long long out;  // the first output element's offset in q_out, k_out or k's cache
+    long long out;  // the first row's first output element in q_out, k_out or k's cache
 };
 
 __device__ __forceinline__ void start_row(const Launch& l, long long r, RowJob* job) {
     const RopeKernelParams& p = l.np.rope;
-    job->place = place_row(l.np, r, l.rows_total, l.heads_q, l.heads_k, l.heads_all);
+    job->place = place_run(l.np, l.runs, r);
     const RowPlace& at = job->place;
     job->active = at.active;
     if constexpr (KV_CACHE != 0 && V_DIM > 0) {
@@ -612,8 +686,13 @@ __device__ __forceinline__ void start_row(const Launch& l, long long r, RowJob* 
     }
     job->is_k = at.kind != 0;
     const bool is_k = job->is_k, active = job->active;
-    load_row(row_input(l.np, at, false), is_k ? p.k_stride[3] : p.q_stride[3], active, l.sub,
-             &job->raw);
+    const T* x = row_input(l.np, at, false);
+    const long long head_stride = is_k ? p.k_stride[1] : p.q_stride[1];
+#pragma unroll
+    for (int j = 0; j < MAX_RUN; ++j)
+        if (j == 0 || j < l.runs.run)  // the same for the whole warp
+            load_row(x + j * head_stride, is_k ? p.k_stride[3] : p.q_stride[3], active, l.sub,
+                     &job->raw[j]);
     if (BACKWARD_PASS)
         load_row(row_input(l.np, at, true), is_k ? l.np.k_input_stride[3] : l.np.q_input_stride[3],
                  active, l.sub, &job->raw0);
@@ -670,21 +749,26 @@ __device__ __forceinline__ void finish_row(const Launch& l, RowJob& job, float* 
     const long long ys = is_k ? p.k_out_stride[3] : p.q_out_stride[3];
     const float inv_d = 1.0f / HEAD_DIM;
     Row row;
-    const float sum = unpack_row(job.raw, active, sub, &row);
     if (!BACKWARD_PASS) {
-        const float rms = rsqrtf(group_sum(sum) * inv_d + l.np.eps);
-        for_each_feature(sub, [&](int part, int k, int t, int) {
-            at(row, part, k, t) *= rms * weight_value(weight(job.wr, part, k, t));
-        });
-        rotate_row(job.angles, &row);
-        const bool fp8 = is_k ? KV_FP8 : Q_FP8;
-        store_row(y, y8, fp8, ys, active, sub, row, fp8_scale(is_k ? l.k_scale : l.q_scale));
+        const long long head_stride = is_k ? p.k_out_stride[1] : p.q_out_stride[1];
+        PairFactors factors;
+        fold_weights(job.angles, job.wr, &factors);
+#pragma unroll
+        for (int j = 0; j < MAX_RUN; ++j) {
+            if (j > 0 && j >= l.runs.run) break;  // the same for the whole warp
+            const float sum = unpack_row(job.raw[j], sub, &row);
+            norm_rotate_row(factors, job.wr, rsqrtf(group_sum(sum) * inv_d + l.np.eps), &row);
+            const bool fp8 = is_k ? KV_FP8 : Q_FP8;
+            store_row(y + j * head_stride, y8 + j * head_stride, fp8, ys, active, sub, row,
+                      fp8_scale(is_k ? l.k_scale : l.q_scale));
+        }
     } else {
+        const float sum = unpack_row(job.raw[0], sub, &row);
         // row holds dL/dy; g, its inverse rotation (pair_angle negated the sines).
         rotate_row(job.angles, &row);
         Row x0r;
         const float rms =
-            rsqrtf(group_sum(unpack_row(job.raw0, active, sub, &x0r)) * inv_d + l.np.eps);
+            rsqrtf(group_sum(unpack_row(job.raw0, sub, &x0r)) * inv_d + l.np.eps);
         float dot = 0.0f;
         for_each_feature(sub, [&](int part, int k, int t, int d) {
             const float xh = at(x0r, part, k, t) * rms;
@@ -736,9 +820,14 @@ extern "C" __global__ void __launch_bounds__(
     const int heads_q = HAS_K ? heads_k * GQA_GROUP : static_cast<int>(p.heads_q);
     // Rows of a token: q's heads, k's, and (KV cache with v) v's, copied by groups of their own.
     const int heads_v = KV_CACHE != 0 && V_DIM > 0 ? heads_k : 0;
-    const int heads_all = heads_q + heads_k + heads_v;
-    const Launch l{np,      cache,   p.units * heads_all, heads_q, heads_k, heads_all,
-                   lane % LANES, q_scale, k_scale, v_scale};
+    // Runs of np.run heads (the host chose a run dividing heads_q and heads_k, and 1 with v).
+    const int run = MAX_RUN > 1 ? np.run : 1;
+    const int runs_q = MAX_RUN > 1 ? heads_q / run : heads_q;
+    const int runs_k = MAX_RUN > 1 ? heads_k / run : heads_k;
+    const int runs_all = runs_q + runs_k + heads_v;
+    const Launch l{np,           cache,   Runs{p.units * runs_all, runs_q, runs_k, runs_all, run},
+                   lane % LANES, q_scale, k_scale,
+                   v_scale};
     const long long step = static_cast<long long>(gridDim.x) * np.warps * ROWS_PER_WARP;
     // The whole warp runs every iteration (the group sums shuffle across it); a group past the
     // last row, or whose row writes nothing, is inactive: it loads and stores nothing. A group
@@ -748,7 +837,7 @@ extern "C" __global__ void __launch_bounds__(
     // shared memory by cp.async, ahead of their use, was slower still (run AH: 130 us; its
     // extra instructions made the kernel issue-bound).
     long long first = (static_cast<long long>(blockIdx.x) * np.warps + warp) * ROWS_PER_WARP;
-    for (; first < l.rows_total; first += step) {
+    for (; first < l.runs.total; first += step) {
         const long long r = first + lane / LANES;
         RowJob job;
         start_row(l, r, &job);
@@ -756,10 +845,8 @@ extern "C" __global__ void __launch_bounds__(
         // The group's next row, if the grid has one (the backward: one row at a time): its
         // loads start while this one computes (its place recomputed there: carrying it costs
         // more registers than the divisions).
-        if (BACKWARD_PASS && first + step < l.rows_total)
-            prefetch_row(np,
-                         place_row(np, r + step, l.rows_total, heads_q, heads_k, heads_all),
-                         l.sub);
+        if (BACKWARD_PASS && first + step < l.runs.total)
+            prefetch_row(np, place_run(np, l.runs, r + step), l.sub);
         finish_row(l, job, dw);
     }
 

@@ -46,11 +46,15 @@ struct RopeNormParams {
     float* q_weight_grad;
     float* k_weight_grad;
     long long q_weight_grad_stride, k_weight_grad_stride;
-    // Rows a token has (q's heads, k's, v's) and tokens a batch row has (seqlen_max), prepared
-    // for rope_norm_divide; the kernel checks the divisors before it uses them.
+    // Runs a token has (q's heads / run, k's heads / run, v's heads) and tokens a batch row
+    // has (seqlen_max), prepared for rope_norm_divide; the kernel checks the divisors before it
+    // uses them.
     RopeNormDivisor heads_div, seqlen_div;
     float eps;
-    int warps;  // warps per block, each normalizing 32 / rope_norm_lanes rows at a time
+    int warps;  // warps per block, each normalizing 32 / rope_norm_lanes runs at a time
+    // Rows a lane group takes at once: consecutive heads of one token and kind (1 up to the
+    // kernel's rope_norm_max_run, dividing heads_q and heads_k; 1 with v's rows).
+    int run;
 };
 
 // QK-norm kernels with a KV cache write or FP8 outputs take the cache arguments after these
@@ -59,6 +63,19 @@ using RopeNormCacheParams = WithCache<RopeNormParams>;
 
 // Warps a block has at most (the kernel's launch bound is 32 times this).
 enum { kRopeNormMaxWarps = 8 };
+
+// Rows a lane group may take at once (RopeNormParams::run): consecutive heads of one token and
+// kind share the group's place, table spans and weights, so that the instructions that resolve
+// them (about half a row's, sm_90 SASS of the Qwen3-8B forward) are paid once a run, and the
+// run's loads are in flight together. Forwards without a KV cache or FP8 outputs only (those
+// rows need their registers for slots and scales; the backward for the forward's input).
+ROPE_JIT_HOST_DEVICE constexpr int rope_norm_max_run(bool backward, bool fp8_or_cache) {
+#ifdef ROPE_NORM_MAX_RUN  // experiment knob (ROPE_JIT_NVRTC_EXTRA_OPTIONS), kernel side only
+    return backward || fp8_or_cache ? 1 : ROPE_NORM_MAX_RUN;
+#else
+    return backward || fp8_or_cache ? 1 : 4;
+#endif
+}
 
 // Whether a lane reads its pairs' cos/sin as spans of a plain table (no inv_freq, xPos or
 // M-RoPE, whose angles are computed per pair).
@@ -75,6 +92,9 @@ ROPE_JIT_HOST_DEVICE constexpr bool rope_norm_table_spans(bool inv_freq, bool xp
 // a KV cache) spilled at 85 (sm_90, NVRTC 13.0), so they take 2.
 ROPE_JIT_HOST_DEVICE constexpr int rope_norm_forward_blocks(bool table_spans, bool partial,
                                                             int head_dim, bool fp8_or_cache) {
+#ifdef ROPE_NORM_FORWARD_BLOCKS  // experiment knob (ROPE_JIT_NVRTC_EXTRA_OPTIONS), kernel side
+    return ROPE_NORM_FORWARD_BLOCKS;
+#endif
     return table_spans && !partial && head_dim <= 256 && !fp8_or_cache ? 3 : 2;
 }
 

@@ -110,14 +110,15 @@ TEST_SUITE("gpu") {
                       "QK-norm + RoPE over many rows (the forward's resident blocks taking rows "
                       "grid-stride) matches the CPU backend") {
         // 2 x 1031 tokens x 40 heads = 82480 rows: more than the 3 blocks x 8 warps x 4 rows a
-        // multiprocessor of one pass, so each warp takes many rows.
+        // multiprocessor of one pass, so each warp takes many runs of rows (runs of 4 heads at
+        // 32/8 heads; of 2 at 6/2, 2 x 1031 x 8 = 16496 rows; of 1 at 5/1).
         struct Variant {
             bool interleaved, in_place;
             Layout layout;
             Positions positions;
             Angles angles;
             Dt table_dt;
-            int64_t R;
+            int64_t R, Hk = 8, group = 4;
         };
         const Variant variants[] = {
             {false, true, Layout::BSHD, Positions::Implicit, Angles::FullTable, Dt::BF16, 128},
@@ -125,6 +126,8 @@ TEST_SUITE("gpu") {
             {true, true, Layout::BHSD, Positions::SeqlenOffsets, Angles::FullTable, Dt::BF16, 128},
             {false, false, Layout::Packed, Positions::Implicit, Angles::InvFreq, Dt::F32, 128},
             {false, true, Layout::BSHD, Positions::PerToken, Angles::FullTable, Dt::BF16, 64},
+            {false, true, Layout::BSHD, Positions::Implicit, Angles::FullTable, Dt::BF16, 128, 2, 3},
+            {false, false, Layout::BHSD, Positions::PerToken, Angles::FullTable, Dt::F32, 128, 1, 5},
         };
         int index = 0;
         for (const Variant& v : variants) {
@@ -134,7 +137,7 @@ TEST_SUITE("gpu") {
             c.in_place = v.in_place;
             c.layout = v.layout;
             c.positions = v.positions;
-            c.B = 2, c.S = 1031, c.Hk = 8, c.group = 4, c.D = 128, c.R = v.R;
+            c.B = 2, c.S = 1031, c.Hk = v.Hk, c.group = v.group, c.D = 128, c.R = v.R;
             c.position_offset = 5;
             const std::string spec = describe(c);
             CAPTURE(spec);

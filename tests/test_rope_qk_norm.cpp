@@ -560,41 +560,61 @@ TEST_CASE("the QK-norm launch puts a row in a group of lanes and spreads decode 
         R"({"head_dim": 128, "dtype": "bfloat16", "qk_norm": true, "gqa_group": 4})", nullptr);
     REQUIRE(spec.has_value());
     REQUIRE(spec->vec == 8);
-    // Decode B=64, 32/8 heads and v: 3072 rows, 4 a warp, 768 warps over 132 SMs.
-    const rope_jit::RopeNormLaunch decode = rope_jit::plan_rope_norm_launch(*spec, 3072, 132);
+    using rope_jit::RopeNormRows;
+    const auto plan = [](const rope_jit::KernelSpec& s, int64_t units, int64_t heads_q = 32,
+                         int64_t heads_k = 8, int64_t heads_v = 0) {
+        return rope_jit::plan_rope_norm_launch(s, RopeNormRows{units, heads_q, heads_k, heads_v},
+                                               132);
+    };
+    // Decode B=64, 32/8 heads and v: 3072 rows, 4 a warp, 768 warps over 132 SMs, a row a
+    // group.
+    const rope_jit::RopeNormLaunch decode = plan(*spec, 64, 32, 8, 8);
     CHECK(decode.warps == 6);
     CHECK(decode.threads == 192);
     CHECK(decode.blocks == 128);
     CHECK(decode.shared_bytes == 0);
+    CHECK(decode.run == 1);
     // Prefill 4 x 4096 tokens, 40 heads: full blocks, three a multiprocessor (the kernel's
     // launch bound for this spec: rope_norm_forward_blocks), rows grid-stride.
     CHECK(rope_norm_forward_blocks(true, false, 128, false) == 3);
-    const rope_jit::RopeNormLaunch prefill =
-        rope_jit::plan_rope_norm_launch(*spec, 4 * 4096 * 40, 132);
+    // Each group takes runs of 4 heads of one token (rope_norm_max_run): the longest that
+    // divides both head counts.
+    const rope_jit::RopeNormLaunch prefill = plan(*spec, 4 * 4096);
     CHECK(prefill.warps == 8);
     CHECK(prefill.blocks == 3 * 132);
-    // Up to three full blocks a multiprocessor: a block per 32 rows' warps, one pass.
-    CHECK(rope_jit::plan_rope_norm_launch(*spec, 132 * 16 * 4, 132).blocks == 2 * 132);
-    CHECK(rope_jit::plan_rope_norm_launch(*spec, 132 * 24 * 4, 132).blocks == 3 * 132);
-    CHECK(rope_jit::plan_rope_norm_launch(*spec, 132 * 24 * 4 + 1, 132).blocks == 3 * 132);
+    CHECK(rope_norm_max_run(false, false) == 4);
+    CHECK(prefill.run == 4);
+    CHECK(plan(*spec, 4 * 4096, 28, 4).run == 4);
+    CHECK(plan(*spec, 4 * 4096, 32, 2).run == 2);
+    CHECK(plan(*spec, 4 * 4096, 20, 5).run == 1);
+    CHECK(plan(*spec, 4 * 4096, 40, 0).run == 4);  // q alone
+    // Up to three full blocks a multiprocessor: a block per 32 rows' warps, one pass, a row a
+    // group.
+    CHECK(plan(*spec, 132 * 16 * 4, 1, 0).blocks == 2 * 132);
+    CHECK(plan(*spec, 132 * 24 * 4, 1, 0).blocks == 3 * 132);
+    CHECK(plan(*spec, 132 * 24 * 4, 1, 0).run == 1);
+    CHECK(plan(*spec, 132 * 24 * 4 + 1, 1, 0).blocks == 3 * 132);
+    // FP8 outputs and KV cache writes take a row at a time.
+    CHECK(rope_norm_max_run(false, true) == 1);
+    CHECK(rope_norm_max_run(true, false) == 1);
     // Rows with more registers (here: unrotated features) hold two blocks a multiprocessor.
     auto partial = *spec;
     partial.rotary_dim = 64;
     CHECK(rope_norm_forward_blocks(true, true, 128, false) == 2);
-    CHECK(rope_jit::plan_rope_norm_launch(partial, 4 * 4096 * 40, 132).blocks == 2 * 132);
+    CHECK(plan(partial, 4 * 4096).blocks == 2 * 132);
     // The backward takes a row a group, grid-stride, at most 64 blocks a multiprocessor.
     auto backward_plain = *spec;
     backward_plain.backward = 1;
-    CHECK(rope_jit::plan_rope_norm_launch(backward_plain, 4 * 4096 * 40, 132).blocks == 64 * 132);
+    CHECK(plan(backward_plain, 4 * 4096).blocks == 64 * 132);
+    CHECK(plan(backward_plain, 4 * 4096).run == 1);
     // One row: one warp. No row: no block.
-    CHECK(rope_jit::plan_rope_norm_launch(*spec, 1, 132).blocks == 1);
-    CHECK(rope_jit::plan_rope_norm_launch(*spec, 0, 132).blocks == 0);
+    CHECK(plan(*spec, 1, 1, 0).blocks == 1);
+    CHECK(plan(*spec, 0).blocks == 0);
     // With weight gradients: the block's sums in shared memory, fewer blocks.
     auto backward = *spec;
     backward.backward = 1;
     backward.norm_weight_grad = 1;
-    const rope_jit::RopeNormLaunch grads =
-        rope_jit::plan_rope_norm_launch(backward, 4 * 4096 * 40, 132);
+    const rope_jit::RopeNormLaunch grads = plan(backward, 4 * 4096);
     CHECK(grads.shared_bytes == 2 * 128 * 4);
     CHECK(grads.blocks == 16 * 132);
 }

@@ -82,7 +82,8 @@ RopeLaunch plan_rope_launch(const KernelSpec& spec, int64_t heads_q, int64_t hea
     return RopeLaunch{fit.blocks, fit.threads, unsigned(fit.shared_bytes), fit.tokens, direct};
 }
 
-RopeNormLaunch plan_rope_norm_launch(const KernelSpec& spec, int64_t rows, int64_t sms) {
+RopeNormLaunch plan_rope_norm_launch(const KernelSpec& spec, const RopeNormRows& work,
+                                     int64_t sms) {
     RopeNormLaunch launch;
     const int bytes = rope_norm_smem_bytes(spec.head_dim, spec.norm_weight_grad);
     if (bytes > kRopeSharedLimit)
@@ -94,11 +95,13 @@ RopeNormLaunch plan_rope_norm_launch(const KernelSpec& spec, int64_t rows, int64
     // time is one row's chain of dependent loads, so the warps spread over every
     // multiprocessor in small blocks, each group one row. Many rows, forward: full blocks, as
     // many a multiprocessor as the kernel's launch bound keeps resident (rope_norm_forward_
-    // blocks), rows grid-stride. Backward: rows grid-stride, at most 64 blocks a
-    // multiprocessor (keeping the last, partial wave of blocks short); with weight gradients
-    // every block adds its sums into the same D floats, so fewer (16).
+    // blocks), each group a run of heads of one token at a time (rope_norm_max_run), runs
+    // grid-stride. Backward: rows grid-stride, at most 64 blocks a multiprocessor (keeping the
+    // last, partial wave of blocks short); with weight gradients every block adds its sums into
+    // the same D floats, so fewer (16).
     const int lanes = rope_norm_lanes(spec.head_dim, spec.rotary_dim, spec.interleaved != 0,
                                       spec.vec, spec.copy_vec);
+    const int64_t rows = work.units * (work.heads_q + work.heads_k + work.heads_v);
     const int64_t warps_needed = (rows + 32 / lanes - 1) / (32 / lanes);
     const int64_t multiprocessors = std::max<int64_t>(sms, 1);
     const int64_t warps = std::clamp<int64_t>(
@@ -108,10 +111,15 @@ RopeNormLaunch plan_rope_norm_launch(const KernelSpec& spec, int64_t rows, int64
     launch.shared_bytes = unsigned(bytes);
     const bool table_spans =
         rope_norm_table_spans(spec.angles_from_inv_freq, spec.has_xpos, spec.mrope_axes);
-    const int64_t forward_blocks =
-        rope_norm_forward_blocks(table_spans, spec.rotary_dim < spec.head_dim, spec.head_dim,
-                                 spec.q_fp8 || spec.kv_fp8 || spec.kv_cache != 0);
+    const bool fp8_or_cache = spec.q_fp8 || spec.kv_fp8 || spec.kv_cache != 0;
+    const int64_t forward_blocks = rope_norm_forward_blocks(
+        table_spans, spec.rotary_dim < spec.head_dim, spec.head_dim, fp8_or_cache);
     if (!spec.backward && warps_needed > forward_blocks * kRopeNormMaxWarps * multiprocessors) {
+        // The longest run the kernel takes that divides both head counts.
+        int run = rope_norm_max_run(false, fp8_or_cache);
+        if (work.heads_v > 0) run = 1;
+        while (run > 1 && (work.heads_q % run != 0 || work.heads_k % run != 0)) run /= 2;
+        launch.run = run;
         launch.blocks = forward_blocks * multiprocessors;
         return launch;
     }
@@ -257,7 +265,7 @@ RopeCacheParams rope_cache_params(const RopeProblem& p) {
 
 // The QK-norm kernel's arguments (rope_norm_params.h): the rope ones, the weights, and in the
 // backward the pre-norm inputs and the weight gradients.
-RopeNormParams rope_norm_params(const RopeProblem& p, int warps) {
+RopeNormParams rope_norm_params(const RopeProblem& p, const RopeNormLaunch& launch) {
     RopeNormParams params{};
     params.rope = rope_kernel_params(p);
     params.q_weight = p.q_norm_weight.data;
@@ -282,11 +290,13 @@ RopeNormParams rope_norm_params(const RopeProblem& p, int warps) {
         params.k_weight_grad = reinterpret_cast<float*>(p.k_norm_weight_grad.data);
         params.k_weight_grad_stride = p.k_norm_weight_grad.strides[0];
     }
-    params.heads_div = rope_norm_divisor(p.heads_q + (p.has_k ? p.heads_k : 0) +
+    // Runs a token has: q's and k's heads in runs of launch.run, v's rows one by one.
+    params.heads_div = rope_norm_divisor((p.heads_q + (p.has_k ? p.heads_k : 0)) / launch.run +
                                          (p.has_v ? p.heads_k : 0));
     params.seqlen_div = rope_norm_divisor(params.rope.seqlen_max);
     params.eps = float(p.norm_eps);
-    params.warps = warps;
+    params.warps = launch.warps;
+    params.run = launch.run;
     return params;
 }
 
@@ -364,13 +374,12 @@ void RopeCuda::run(const RopeProblem& p, void* stream_handle) {
 void RopeCuda::run_norm(const RopeProblem& p, const KernelSpec& spec, const LoadedKernel& kernel,
                         CUstream stream) {
     const CudaDriverApi& api = devices_.api();
-    const int64_t units = p.batch * std::max(p.seqlen_q, p.has_k ? p.seqlen_k : 0);
     // Rows: q's and k's heads, and v's, which the kernel copies into its cache (KV cache).
-    const int64_t rows =
-        units * (p.heads_q + (p.has_k ? p.heads_k : 0) + (p.has_v ? p.heads_k : 0));
+    const RopeNormRows rows{p.batch * std::max(p.seqlen_q, p.has_k ? p.seqlen_k : 0), p.heads_q,
+                            p.has_k ? p.heads_k : 0, p.has_v ? p.heads_k : 0};
     const RopeNormLaunch shape =
         plan_rope_norm_launch(spec, rows, devices_.device(p.device.device_id).multiprocessors);
-    RopeNormParams params = rope_norm_params(p, shape.warps);
+    RopeNormParams params = rope_norm_params(p, shape);
     // The kernel adds into the weight gradients: zero them first, ordered on the same stream.
     for (const TensorRef* grad : {&p.q_norm_weight_grad, &p.k_norm_weight_grad})
         if (grad->present())

@@ -43,8 +43,15 @@ struct RopeNormLaunch {
     int64_t blocks = 0, threads = 0;
     unsigned shared_bytes = 0;
     int warps = 0;
+    int run = 1;  // rows a lane group takes at once (RopeNormParams::run)
 };
-RopeNormLaunch plan_rope_norm_launch(const KernelSpec& spec, int64_t rows, int64_t sms);
+// What a QK-norm call normalizes: `units` tokens (batch x the longer sequence) of heads_q rows
+// of q, heads_k of k and heads_v of v (copied into the KV cache).
+struct RopeNormRows {
+    int64_t units = 0, heads_q = 0, heads_k = 0, heads_v = 0;
+};
+RopeNormLaunch plan_rope_norm_launch(const KernelSpec& spec, const RopeNormRows& rows,
+                                     int64_t sms);
 
 class RopeCuda {
 public:
