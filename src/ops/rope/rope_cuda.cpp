@@ -1,5 +1,7 @@
 #include "ops/rope/rope_cuda.h"
 
+#include <cstdlib>
+
 #include <algorithm>
 
 #include <fmt/format.h>
@@ -112,11 +114,13 @@ RopeNormLaunch plan_rope_norm_launch(const KernelSpec& spec, const RopeNormRows&
     const bool table_spans =
         rope_norm_table_spans(spec.angles_from_inv_freq, spec.has_xpos, spec.mrope_axes);
     const bool fp8_or_cache = spec.q_fp8 || spec.kv_fp8 || spec.kv_cache != 0;
-    const int64_t forward_blocks = rope_norm_forward_blocks(
+    int64_t forward_blocks = rope_norm_forward_blocks(
         table_spans, spec.rotary_dim < spec.head_dim, spec.head_dim, fp8_or_cache);
+    if (const char* knob = std::getenv("ROPE_JIT_EXPERIMENT_NORM_BLOCKS")) forward_blocks = std::atoi(knob);
     if (!spec.backward && warps_needed > forward_blocks * kRopeNormMaxWarps * multiprocessors) {
         // The longest run the kernel takes that divides both head counts.
         int run = rope_norm_max_run(false, fp8_or_cache);
+        if (const char* knob = std::getenv("ROPE_JIT_EXPERIMENT_NORM_RUN")) run = std::atoi(knob);
         if (work.heads_v > 0) run = 1;
         while (run > 1 && (work.heads_q % run != 0 || work.heads_k % run != 0)) run /= 2;
         launch.run = run;
