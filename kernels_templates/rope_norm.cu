@@ -646,7 +646,10 @@ __device__ __forceinline__ void prefetch_l1(const void* x) {
 }
 
 // Rows a run has at most (RopeNormParams::run is at most this).
-enum : int { MAX_RUN = rope_norm_max_run(BACKWARD_PASS, Q_FP8 || KV_FP8 || KV_CACHE != 0) };
+enum : int {
+    MAX_RUN = rope_norm_max_run(BACKWARD_PASS, Q_FP8 || KV_FP8 || KV_CACHE != 0,
+                                ROTARY_DIM < HEAD_DIM, HEAD_DIM)
+};
 static_assert(MAX_RUN == 1 || (!BACKWARD_PASS && KV_CACHE == 0), "runs: plain forwards only");
 
 // What the kernel's scalars and sizes are, shared by every run a thread takes.
@@ -790,13 +793,10 @@ __device__ __forceinline__ void finish_row(const Launch& l, RowJob& job, float* 
 
 }  // namespace
 
-// The forward's launch bound holds rope_norm_forward_blocks blocks a multiprocessor (the
+// The forward's launch bound holds kRopeNormForwardBlocks blocks a multiprocessor (the
 // launcher's grid for many rows); the backward's one.
-extern "C" __global__ void __launch_bounds__(
-    WARP* kRopeNormMaxWarps,
-    BACKWARD_PASS ? 1
-                  : rope_norm_forward_blocks(TABLE_SPANS, ROTARY_DIM < HEAD_DIM, HEAD_DIM,
-                                             Q_FP8 || KV_FP8 || KV_CACHE != 0))
+extern "C" __global__ void __launch_bounds__(WARP* kRopeNormMaxWarps,
+                                             BACKWARD_PASS ? 1 : kRopeNormForwardBlocks)
     rope_norm_kernel(const typename LaunchArgs<RopeNormParams>::type args) {
     extern __shared__ __align__(16) float dw[];  // weight gradients: [2][HEAD_DIM], q's then k's
     const RopeNormParams& np = own_args(args);

@@ -66,15 +66,16 @@ enum { kRopeNormMaxWarps = 8 };
 
 // Rows a lane group may take at once (RopeNormParams::run): consecutive heads of one token and
 // kind share the group's place, table spans and weights, so that the instructions that resolve
-// them (about half a row's, sm_90 SASS of the Qwen3-8B forward) are paid once a run, and the
-// run's loads are in flight together. Forwards without a KV cache or FP8 outputs only (those
-// rows need their registers for slots and scales; the backward for the forward's input).
-ROPE_JIT_HOST_DEVICE constexpr int rope_norm_max_run(bool backward, bool fp8_or_cache) {
-#ifdef ROPE_NORM_MAX_RUN  // experiment knob (ROPE_JIT_NVRTC_EXTRA_OPTIONS), kernel side only
-    return backward || fp8_or_cache ? 1 : ROPE_NORM_MAX_RUN;
-#else
-    return backward || fp8_or_cache ? 1 : 4;
-#endif
+// them (about half of a lone row's, sm_90 SASS of the Qwen3-8B forward) are paid once a run,
+// and the run's loads are in flight together. 4 rows of fully rotated heads up to 256
+// features, 2 of partially rotated ones (at 4 their registers spilled at the forward's launch
+// bound, sm_90, NVRTC 13.0), 1 for longer rows, KV cache writes and FP8 outputs (their slots
+// and scales take the registers), and in the backward (the forward's input doubles the row).
+// H200 run AR, Qwen3-8B prefill: 1 row 101.8 us, runs of 2 91.7 us, runs of 4 90.7 us.
+ROPE_JIT_HOST_DEVICE constexpr int rope_norm_max_run(bool backward, bool fp8_or_cache,
+                                                    bool partial, int head_dim) {
+    if (backward || fp8_or_cache || head_dim > 256) return 1;
+    return partial ? 2 : 4;
 }
 
 // Whether a lane reads its pairs' cos/sin as spans of a plain table (no inv_freq, xPos or
@@ -85,18 +86,11 @@ ROPE_JIT_HOST_DEVICE constexpr bool rope_norm_table_spans(bool inv_freq, bool xp
 }
 
 // Blocks a multiprocessor holds at once in the forward: the kernel's launch bound (ptxas fits
-// the registers to it, 85 at 3 blocks) and, with many rows, the grid (that many blocks a
-// multiprocessor, each warp taking rows grid-stride). 3 measured best on the H200 for the
-// common rows (run AF: Qwen3-8B prefill at 8, 16, 24 and 32 warps); rows that need more
-// registers (angles computed per pair, unrotated features, head_dim over 256, FP8 outputs or
-// a KV cache) spilled at 85 (sm_90, NVRTC 13.0), so they take 2.
-ROPE_JIT_HOST_DEVICE constexpr int rope_norm_forward_blocks(bool table_spans, bool partial,
-                                                            int head_dim, bool fp8_or_cache) {
-#ifdef ROPE_NORM_FORWARD_BLOCKS  // experiment knob (ROPE_JIT_NVRTC_EXTRA_OPTIONS), kernel side
-    return ROPE_NORM_FORWARD_BLOCKS;
-#endif
-    return table_spans && !partial && head_dim <= 256 && !fp8_or_cache ? 3 : 2;
-}
+// the registers to it, 128 at 2 blocks) and, with many rows, the grid (that many blocks a
+// multiprocessor, each warp taking runs grid-stride). Runs of 4 rows need 114-121 registers
+// (sm_90, NVRTC 13.0): at 3 blocks (80) they spilled and took 143 us for the Qwen3-8B prefill,
+// at 2 blocks 91 us (H200 run AR).
+enum { kRopeNormForwardBlocks = 2 };
 
 // How a row (one head of one token) lies in the lanes of a warp, from the specialization
 // alone. Rotated items: VEC features and, in the half and proportional styles, their VEC

@@ -574,34 +574,37 @@ TEST_CASE("the QK-norm launch puts a row in a group of lanes and spreads decode 
     CHECK(decode.blocks == 128);
     CHECK(decode.shared_bytes == 0);
     CHECK(decode.run == 1);
-    // Prefill 4 x 4096 tokens, 40 heads: full blocks, three a multiprocessor (the kernel's
-    // launch bound for this spec: rope_norm_forward_blocks), rows grid-stride.
-    CHECK(rope_norm_forward_blocks(true, false, 128, false) == 3);
-    // Each group takes runs of 4 heads of one token (rope_norm_max_run): the longest that
-    // divides both head counts.
+    // Prefill 4 x 4096 tokens, 40 heads: full blocks, two a multiprocessor (the kernel's
+    // launch bound, kRopeNormForwardBlocks), each group taking runs of 4 heads of one token
+    // (rope_norm_max_run: the longest that divides both head counts) grid-stride.
+    CHECK(kRopeNormForwardBlocks == 2);
     const rope_jit::RopeNormLaunch prefill = plan(*spec, 4 * 4096);
     CHECK(prefill.warps == 8);
-    CHECK(prefill.blocks == 3 * 132);
-    CHECK(rope_norm_max_run(false, false) == 4);
+    CHECK(prefill.blocks == 2 * 132);
+    CHECK(rope_norm_max_run(false, false, false, 128) == 4);
     CHECK(prefill.run == 4);
     CHECK(plan(*spec, 4 * 4096, 28, 4).run == 4);
     CHECK(plan(*spec, 4 * 4096, 32, 2).run == 2);
     CHECK(plan(*spec, 4 * 4096, 20, 5).run == 1);
     CHECK(plan(*spec, 4 * 4096, 40, 0).run == 4);  // q alone
-    // Up to three full blocks a multiprocessor: a block per 32 rows' warps, one pass, a row a
+    CHECK(plan(*spec, 4 * 4096, 32, 8, 8).run == 1);  // v's rows go alone
+    // Up to two full blocks a multiprocessor: a block per 32 rows' warps, one pass, a row a
     // group.
+    CHECK(plan(*spec, 132 * 8 * 4, 1, 0).blocks == 132);
     CHECK(plan(*spec, 132 * 16 * 4, 1, 0).blocks == 2 * 132);
-    CHECK(plan(*spec, 132 * 24 * 4, 1, 0).blocks == 3 * 132);
-    CHECK(plan(*spec, 132 * 24 * 4, 1, 0).run == 1);
-    CHECK(plan(*spec, 132 * 24 * 4 + 1, 1, 0).blocks == 3 * 132);
-    // FP8 outputs and KV cache writes take a row at a time.
-    CHECK(rope_norm_max_run(false, true) == 1);
-    CHECK(rope_norm_max_run(true, false) == 1);
-    // Rows with more registers (here: unrotated features) hold two blocks a multiprocessor.
+    CHECK(plan(*spec, 132 * 16 * 4, 1, 0).run == 1);
+    CHECK(plan(*spec, 132 * 16 * 4 + 4, 1, 0).blocks == 2 * 132);
+    CHECK(plan(*spec, 132 * 16 * 4 + 4, 1, 0).run == 1);  // 1 head a token: runs of 1
+    // Partially rotated rows take runs of 2, rows over 256 features, FP8 outputs, KV cache
+    // writes and the backward a row at a time.
     auto partial = *spec;
     partial.rotary_dim = 64;
-    CHECK(rope_norm_forward_blocks(true, true, 128, false) == 2);
+    CHECK(rope_norm_max_run(false, false, true, 128) == 2);
     CHECK(plan(partial, 4 * 4096).blocks == 2 * 132);
+    CHECK(plan(partial, 4 * 4096).run == 2);
+    CHECK(rope_norm_max_run(false, false, true, 512) == 1);
+    CHECK(rope_norm_max_run(false, true, false, 128) == 1);
+    CHECK(rope_norm_max_run(true, false, false, 128) == 1);
     // The backward takes a row a group, grid-stride, at most 64 blocks a multiprocessor.
     auto backward_plain = *spec;
     backward_plain.backward = 1;

@@ -96,8 +96,8 @@ RopeNormLaunch plan_rope_norm_launch(const KernelSpec& spec, const RopeNormRows&
     // A warp normalizes 32 / lanes rows at a time (rope_norm_params.h). Few rows (decode): the
     // time is one row's chain of dependent loads, so the warps spread over every
     // multiprocessor in small blocks, each group one row. Many rows, forward: full blocks, as
-    // many a multiprocessor as the kernel's launch bound keeps resident (rope_norm_forward_
-    // blocks), each group a run of heads of one token at a time (rope_norm_max_run), runs
+    // many a multiprocessor as the kernel's launch bound keeps resident
+    // (kRopeNormForwardBlocks), each group a run of heads of one token at a time (rope_norm_max_run), runs
     // grid-stride. Backward: rows grid-stride, at most 64 blocks a multiprocessor (keeping the
     // last, partial wave of blocks short); with weight gradients every block adds its sums into
     // the same D floats, so fewer (16).
@@ -111,20 +111,16 @@ RopeNormLaunch plan_rope_norm_launch(const KernelSpec& spec, const RopeNormRows&
     launch.warps = int(warps);
     launch.threads = 32 * warps;
     launch.shared_bytes = unsigned(bytes);
-    const bool table_spans =
-        rope_norm_table_spans(spec.angles_from_inv_freq, spec.has_xpos, spec.mrope_axes);
     const bool fp8_or_cache = spec.q_fp8 || spec.kv_fp8 || spec.kv_cache != 0;
-    int64_t forward_blocks = rope_norm_forward_blocks(
-        table_spans, spec.rotary_dim < spec.head_dim, spec.head_dim, fp8_or_cache);
-    if (const char* knob = std::getenv("ROPE_JIT_EXPERIMENT_NORM_BLOCKS")) forward_blocks = std::atoi(knob);
-    if (!spec.backward && warps_needed > forward_blocks * kRopeNormMaxWarps * multiprocessors) {
-        // The longest run the kernel takes that divides both head counts.
-        int run = rope_norm_max_run(false, fp8_or_cache);
-        if (const char* knob = std::getenv("ROPE_JIT_EXPERIMENT_NORM_RUN")) run = std::atoi(knob);
+    if (!spec.backward &&
+        warps_needed > int64_t(kRopeNormForwardBlocks) * kRopeNormMaxWarps * multiprocessors) {
+        // The longest run the kernel takes that divides both head counts (v's rows go alone).
+        int run = rope_norm_max_run(false, fp8_or_cache, spec.rotary_dim < spec.head_dim,
+                                    spec.head_dim);
         if (work.heads_v > 0) run = 1;
         while (run > 1 && (work.heads_q % run != 0 || work.heads_k % run != 0)) run /= 2;
         launch.run = run;
-        launch.blocks = forward_blocks * multiprocessors;
+        launch.blocks = int64_t(kRopeNormForwardBlocks) * multiprocessors;
         return launch;
     }
     const int64_t blocks_per_sm = spec.norm_weight_grad ? 16 : 64;
