@@ -175,7 +175,7 @@ std::string launch_fingerprint(const KernelSpec& spec, int64_t heads_q, int64_t 
                                int64_t units, int64_t sms) {
     try {
         const rope_jit::RopeLaunch launch =
-            rope_jit::plan_rope_launch(spec, heads_q, heads_k, units, sms);
+            rope_jit::plan_rope_launch(spec, heads_q, heads_k, units, sms, true);
         return "grid=" + std::to_string(launch.blocks) +
                " block=" + std::to_string(launch.threads) +
                " shared=" + std::to_string(launch.shared_bytes) +

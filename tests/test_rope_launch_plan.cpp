@@ -163,67 +163,90 @@ TEST_CASE("a vector width that splits pairs has no plan, and the spec does not v
 
 TEST_CASE("launch geometry: blocks fit their tokens' items, the grid and shared memory") {
     const KernelSpec spec = llama_spec();
-    // Llama 3 8B, 4 x 4096 tokens: 40 heads of 8 items = 320 items a token, two a thread, so
-    // one token and 160 threads a block; shared memory holds one table row and the row bases.
-    rope_jit::RopeLaunch launch = rope_jit::plan_rope_launch(spec, 32, 8, 4 * 4096, 132);
+    // Llama 3 8B, 4 x 4096 tokens: 40 heads of 8 items = 320 items a token: one token a block
+    // (rope_block_fit: two items a thread), taken on the direct path, one item a thread, so 320
+    // threads; shared memory as sized for one token (one table row and the row bases).
+    rope_jit::RopeLaunch launch = rope_jit::plan_rope_launch(spec, 32, 8, 4 * 4096, 132, true);
     CHECK(launch.tokens_per_block == 1);
-    CHECK(launch.threads == 160);
+    CHECK(launch.threads == 320);
     CHECK(launch.blocks == 4 * 4096);
     CHECK(launch.shared_bytes == 16 + sizeof(RopeTokenBases));
+    CHECK(launch.direct);
     // One head: 16 items a token, 512 / 16 = 32 tokens a block, 256 threads.
-    launch = rope_jit::plan_rope_launch(spec, 1, 1, 1 << 20, 132);
+    launch = rope_jit::plan_rope_launch(spec, 1, 1, 1 << 20, 132, true);
     CHECK(launch.tokens_per_block == 32);
     CHECK(launch.threads == 256);
     CHECK(launch.blocks == (1 << 20) / 32);
     // Few tokens: blocks halve until every multiprocessor has two, down to one token.
-    launch = rope_jit::plan_rope_launch(spec, 1, 1, 1000, 132);
+    launch = rope_jit::plan_rope_launch(spec, 1, 1, 1000, 132, true);
     CHECK(launch.tokens_per_block == 2);  // 32 -> 16 -> 8 -> 4 -> 2 (500 blocks >= 264)
     CHECK(launch.blocks == 500);
     CHECK(launch.threads == 32);
 
     // Decode (B = 64, a token each, under one block per multiprocessor): one item a thread,
-    // 320 threads; from B = 133 on (more tokens than multiprocessors) the measured shape.
-    launch = rope_jit::plan_rope_launch(spec, 32, 8, 64, 132);
+    // 320 threads, as for many tokens.
+    launch = rope_jit::plan_rope_launch(spec, 32, 8, 64, 132, true);
     CHECK(launch.tokens_per_block == 1);
     CHECK(launch.blocks == 64);
     CHECK(launch.threads == 320);
     CHECK(launch.shared_bytes == 16 + sizeof(RopeTokenBases));
-    launch = rope_jit::plan_rope_launch(spec, 32, 8, 132, 132);
+    launch = rope_jit::plan_rope_launch(spec, 32, 8, 132, 132, true);
     CHECK(launch.threads == 320);
-    launch = rope_jit::plan_rope_launch(spec, 32, 8, 133, 132);
-    CHECK(launch.threads == 160);
+    launch = rope_jit::plan_rope_launch(spec, 32, 8, 133, 132, true);
+    CHECK(launch.threads == 320);
     // A token's items past the block bound (64 heads of 16 items): unchanged.
     KernelSpec d256 = spec;
     d256.head_dim = d256.rotary_dim = 256;
-    launch = rope_jit::plan_rope_launch(d256, 32, 32, 8, 132);
-    CHECK(launch.threads == rope_jit::plan_rope_launch(d256, 32, 32, 1 << 16, 132).threads);
+    launch = rope_jit::plan_rope_launch(d256, 32, 32, 8, 132, true);
+    CHECK(launch.threads == rope_jit::plan_rope_launch(d256, 32, 32, 1 << 16, 132, true).threads);
     // One head of one token: a warp.
-    launch = rope_jit::plan_rope_launch(spec, 1, 0, 1, 132);
+    launch = rope_jit::plan_rope_launch(spec, 1, 0, 1, 132, true);
     CHECK(launch.threads == 32);
     CHECK(launch.blocks == 1);
 
-    CHECK_THROWS_WITH_AS(rope_jit::plan_rope_launch(spec, 32, 8, int64_t(3) << 40, 132),
+    CHECK_THROWS_WITH_AS(rope_jit::plan_rope_launch(spec, 32, 8, int64_t(3) << 40, 132, true),
                          doctest::Contains("exceed one launch's grid"), rope_jit::Error);
     KernelSpec wide = spec;
     wide.head_dim = wide.rotary_dim = 8192;
     wide.angles_from_inv_freq = 1, wide.k_own_angles = 1, wide.table_vec_loads = 0;
-    CHECK_THROWS_WITH_AS(rope_jit::plan_rope_launch(wide, 8, 8, 100, 132),
+    CHECK_THROWS_WITH_AS(rope_jit::plan_rope_launch(wide, 8, 8, 100, 132, true),
                          doctest::Contains("65600 bytes of shared memory"), rope_jit::Error);
 }
 
 TEST_CASE("launch geometry: which one-token launches skip the shared-memory staging (direct)") {
     const KernelSpec spec = llama_spec();
-    // Decode under one block per multiprocessor: direct; more tokens, or prefill: staged.
-    CHECK(rope_jit::plan_rope_launch(spec, 32, 8, 64, 132).direct);
-    CHECK(rope_jit::plan_rope_launch(spec, 32, 8, 132, 132).direct);
-    CHECK_FALSE(rope_jit::plan_rope_launch(spec, 32, 8, 133, 132).direct);
-    CHECK_FALSE(rope_jit::plan_rope_launch(spec, 32, 8, 4 * 4096, 132).direct);
+    // Decode and prefill of one token a block: direct, whatever the layout.
+    CHECK(rope_jit::plan_rope_launch(spec, 32, 8, 64, 132, true).direct);
+    CHECK(rope_jit::plan_rope_launch(spec, 32, 8, 132, 132, true).direct);
+    CHECK(rope_jit::plan_rope_launch(spec, 32, 8, 133, 132, true).direct);
+    CHECK(rope_jit::plan_rope_launch(spec, 32, 8, 4 * 4096, 132, true).direct);
+    CHECK(rope_jit::plan_rope_launch(spec, 32, 8, 4 * 4096, 132, false).direct);
     // Few heads: several tokens a block even at decode, so staged.
-    CHECK_FALSE(rope_jit::plan_rope_launch(spec, 1, 1, 1000, 132).direct);
+    CHECK_FALSE(rope_jit::plan_rope_launch(spec, 1, 1, 1000, 132, true).direct);
+    // D64, 16 + 16 heads (128 items a token): rope_block_fit puts 4 tokens in a block; where a
+    // token's rows lie together ([B, S, H, D]) one token a block on the direct path instead,
+    // 128 threads; [B, H, S, D] keeps the staged blocks, whose tokens lie together.
+    KernelSpec d64 = spec;
+    d64.head_dim = d64.rotary_dim = 64;
+    d64.gqa_group = 1;
+    rope_jit::RopeLaunch launch = rope_jit::plan_rope_launch(d64, 16, 16, 8 * 2048, 132, true);
+    CHECK(launch.direct);
+    CHECK(launch.tokens_per_block == 1);
+    CHECK(launch.threads == 128);
+    CHECK(launch.blocks == 8 * 2048);
+    launch = rope_jit::plan_rope_launch(d64, 16, 16, 8 * 2048, 132, false);
+    CHECK_FALSE(launch.direct);
+    CHECK(launch.tokens_per_block == 4);
+    // Item batches (D80: 5 items a head) stay staged.
+    KernelSpec d80 = spec;
+    d80.head_dim = d80.rotary_dim = 80;
+    d80.gqa_group = 1;
+    CHECK(rope_jit::rope_plan(d80).item_batch == 2);
+    CHECK_FALSE(rope_jit::plan_rope_launch(d80, 32, 32, 4 * 4096, 132, true).direct);
     // Angles computed once per token into shared memory (inv_freq) keep the staged path.
     KernelSpec inv_freq = spec;
     inv_freq.angles_from_inv_freq = 1, inv_freq.table_vec_loads = 0, inv_freq.table_full = 0;
-    CHECK_FALSE(rope_jit::plan_rope_launch(inv_freq, 32, 8, 64, 132).direct);
+    CHECK_FALSE(rope_jit::plan_rope_launch(inv_freq, 32, 8, 64, 132, true).direct);
 
     // Paged KV cache with v, FP8 (the llama3-8b prefill of rope-jit-bench): 40 heads of 8
     // rotation items and 8 heads of 8 v items (two 16-byte vectors each on the direct path) =
@@ -232,11 +255,11 @@ TEST_CASE("launch geometry: which one-token launches skip the shared-memory stag
     kv.in_place_k = 0, kv.kv_cache = 2, kv.kv_index_int64 = 1, kv.kv_fp8 = 1;
     kv.v_dim = 128, kv.v_vec = 8;
     kv.validate();
-    rope_jit::RopeLaunch launch = rope_jit::plan_rope_launch(kv, 32, 8, 4 * 4096, 132);
+    launch = rope_jit::plan_rope_launch(kv, 32, 8, 4 * 4096, 132, true);
     CHECK(launch.tokens_per_block == 1);
     CHECK(launch.threads == 192);
     CHECK(launch.direct);
-    launch = rope_jit::plan_rope_launch(kv, 32, 8, 64, 132);  // decode: an item a thread
+    launch = rope_jit::plan_rope_launch(kv, 32, 8, 64, 132, true);  // decode: an item a thread
     CHECK(launch.threads == 384);
     CHECK(launch.direct);
     CHECK(rope_jit::rope_plan(kv).v_items == 16);
@@ -247,7 +270,7 @@ TEST_CASE("launch geometry: which one-token launches skip the shared-memory stag
     odd.v_dim = 40;
     odd.validate();
     CHECK(rope_jit::rope_plan(odd).v_direct_items == 5);
-    launch = rope_jit::plan_rope_launch(odd, 32, 8, 4 * 4096, 132);
+    launch = rope_jit::plan_rope_launch(odd, 32, 8, 4 * 4096, 132, true);
     CHECK(launch.threads == 192);  // (320 + 40) / 2 = 180 items, rounded up to warps
     KernelSpec scalar = kv;
     scalar.v_vec = 1;
@@ -258,5 +281,26 @@ TEST_CASE("launch geometry: which one-token launches skip the shared-memory stag
     KernelSpec partial = kv;
     partial.rotary_dim = 64;
     partial.validate();
-    CHECK_FALSE(rope_jit::plan_rope_launch(partial, 32, 8, 64, 132).direct);
+    CHECK_FALSE(rope_jit::plan_rope_launch(partial, 32, 8, 64, 132, true).direct);
+}
+
+TEST_CASE("token rows are adjacent in [B, S, H, D] and packed buffers, not in [B, H, S, D]") {
+    // [B, H, S, D] views (as RopeProblem holds q and k) of 2 x 8 heads x 16 tokens x 64.
+    auto view = [](int64_t heads, int64_t tokens, int64_t head_stride, int64_t token_stride) {
+        rope_jit::TensorRef t;
+        t.ndim = 4;
+        const int64_t shape[4] = {2, heads, tokens, 64};
+        const int64_t strides[4] = {heads * tokens * 64, head_stride, token_stride, 1};
+        for (int d = 0; d < 4; ++d) t.shape[d] = shape[d], t.strides[d] = strides[d];
+        return t;
+    };
+    const rope_jit::TensorRef bshd = view(8, 16, 64, 8 * 64), bhsd = view(8, 16, 16 * 64, 64);
+    CHECK(rope_jit::token_rows_adjacent(bshd, nullptr));
+    CHECK(rope_jit::token_rows_adjacent(bshd, &bshd));
+    CHECK_FALSE(rope_jit::token_rows_adjacent(bhsd, nullptr));
+    CHECK_FALSE(rope_jit::token_rows_adjacent(bshd, &bhsd));
+    CHECK(rope_jit::token_rows_adjacent(view(1, 16, 16 * 64, 64), nullptr));  // one head
+    // One token a sequence: from token to token is the batch stride.
+    CHECK(rope_jit::token_rows_adjacent(view(8, 1, 64, 64), nullptr));
+    CHECK_FALSE(rope_jit::token_rows_adjacent(view(8, 1, 1 << 20, 64), nullptr));
 }

@@ -1,8 +1,7 @@
 #include "ops/rope/rope_cuda.h"
 
-#include <cstdlib>
-
 #include <algorithm>
+#include <cstdlib>
 
 #include <fmt/format.h>
 
@@ -45,33 +44,46 @@ KernelRecipe rope_recipe_with_backward(const KernelSpec& spec) {
 }
 
 RopeLaunch plan_rope_launch(const KernelSpec& spec, int64_t heads_q, int64_t heads_k, int64_t units,
-                            int64_t sms) {
+                            int64_t sms, bool token_rows_adjacent) {
     const RopePlan plan = rope_plan(spec);
     RopeBlockFit fit =
         rope_block_fit(plan, heads_q + heads_k, units, sms, spec.block_threads, heads_k);
+    const bool fits = fit.problem == kRopeFitOk;
     // Tiny problems (decode: a token per sequence, fewer tokens than multiprocessors): the
     // grid is a single partial wave, so the time is one thread's chain of dependent loads
     // and stores, not bandwidth. One item a thread (a block as wide as its token's items)
     // takes a whole load-rotate-store round off that chain (B=64, 32+8 heads, D128: 64
-    // blocks of 320 threads instead of 160 threads of two items). Larger problems keep the
-    // measured shape of rope_block_fit.
-    const bool tiny = fit.problem == kRopeFitOk && fit.tokens == 1 && units <= sms;
+    // blocks of 320 threads instead of 160 threads of two items).
+    const bool tiny = fits && fit.tokens == 1 && units <= sms;
+    // Plain RoPE of many tokens takes the same shape, one token a block and one item a
+    // thread, where that costs no locality (a token's rows lie together in memory, or
+    // rope_block_fit gave one token a block anyway) and the staged path would take one item
+    // at a time (item_batch 1). H200 run AR against the staged path: Llama-3-8B prefill 0.932
+    // -> 0.939 of copy, [B,H,S,D] 0.891 -> 0.903, D64 0.857 -> 0.867, D256 0.912 -> 0.927,
+    // interleaved 0.890 -> 0.907; one token a block of [B,H,S,D] D64 lost 4%, and D80/D96
+    // without their item batches 10-15%.
+    const int64_t rot_items = (heads_q + heads_k) * plan.rot_items;
+    const bool spread = fits && !tiny && spec.kv_cache == 0 && plan.one_token_direct &&
+                        plan.item_batch == 1 &&
+                        (fit.tokens == 1 || (token_rows_adjacent && rot_items >= 128));
+    if (spread && fit.tokens > 1) {
+        fit.tokens = 1;
+        fit.blocks = units;
+        fit.shared_bytes = rope_block_smem(plan, 1).bytes;
+    }
     // Such blocks, and the KV cache's blocks of one token, skip the shared-memory staging and
     // its barrier: each thread issues its q/k/v loads first and resolves its own position,
-    // table row and cache slot meanwhile (rope.cu, rope_one_token). The staged path stays
-    // where it was measured (plain RoPE of many tokens).
-    const bool direct = plan.one_token_direct && fit.tokens == 1 && (tiny || spec.kv_cache != 0);
+    // table row and cache slot meanwhile (rope.cu, rope_one_token).
+    const bool direct =
+        plan.one_token_direct && fit.tokens == 1 && (tiny || spread || spec.kv_cache != 0);
     // The direct path copies v two vectors an item (plan.v_direct_items): its blocks are sized
     // to those items as rope_block_fit sizes blocks to the staged path's.
-    const int64_t token_items = (heads_q + heads_k) * plan.rot_items +
-                                heads_k * (direct ? plan.v_direct_items : plan.v_items);
-    if (direct && fit.problem == kRopeFitOk && token_items > 0) {
-        const int64_t work = (token_items + plan.items_per_thread - 1) / plan.items_per_thread;
+    const int64_t token_items =
+        rot_items + heads_k * (direct ? plan.v_direct_items : plan.v_items);
+    if (direct && fits && token_items > 0) {
+        const int64_t per_thread = tiny || spread ? 1 : plan.items_per_thread;
+        const int64_t work = (token_items + per_thread - 1) / per_thread;
         fit.threads = int(std::min<int64_t>((work + 31) / 32 * 32, spec.block_threads));
-    }
-    if (tiny && token_items > 0) {
-        const int64_t threads = (token_items + 31) / 32 * 32;
-        if (threads > fit.threads && threads <= spec.block_threads) fit.threads = int(threads);
     }
     if (fit.problem == kRopeFitSharedMemory)
         throw Error(ROPE_JIT_ERROR_UNSUPPORTED,
@@ -82,6 +94,15 @@ RopeLaunch plan_rope_launch(const KernelSpec& spec, int64_t heads_q, int64_t hea
         throw Error(ROPE_JIT_ERROR_UNSUPPORTED,
                     fmt::format("q: {} tokens exceed one launch's grid", units));
     return RopeLaunch{fit.blocks, fit.threads, unsigned(fit.shared_bytes), fit.tokens, direct};
+}
+
+bool token_rows_adjacent(const TensorRef& q, const TensorRef* k) {
+    auto adjacent = [](const TensorRef& t) {
+        // [B, H, S, D] view: from one token to the next is S's stride, or B's when S is 1.
+        const int64_t token_stride = t.shape[2] > 1 ? t.strides[2] : t.strides[0];
+        return t.shape[1] <= 1 || std::abs(t.strides[1]) < std::abs(token_stride);
+    };
+    return adjacent(q) && (k == nullptr || adjacent(*k));
 }
 
 RopeNormLaunch plan_rope_norm_launch(const KernelSpec& spec, const RopeNormRows& work,
@@ -342,7 +363,8 @@ void RopeCuda::run(const RopeProblem& p, void* stream_handle) {
     RopeKernelParams params = rope_kernel_params(p);
     const RopeLaunch shape =
         plan_rope_launch(spec, p.heads_q, p.has_k ? p.heads_k : 0, params.units,
-                         devices_.device(ordinal).multiprocessors);
+                         devices_.device(ordinal).multiprocessors,
+                         token_rows_adjacent(p.q, p.has_k ? &p.k : nullptr));
     params.tokens_per_block = shape.tokens_per_block;
     params.direct = shape.direct ? 1 : 0;
     if (p.has_freq_grad) {

@@ -23,8 +23,9 @@ KernelRecipe rope_recipe_with_backward(const KernelSpec& spec);
 // The launch geometry of a rope kernel (rope_block_fit in rope_params.h): blocks of
 // tokens_per_block tokens, `threads` threads and `shared_bytes` of dynamic shared memory.
 // heads_k is 0 without k; units = batch * the longer of q's and k's sequences; sms = the
-// device's multiprocessors. Throws Error(UNSUPPORTED) when one token's shared memory or the
-// grid exceeds a launch.
+// device's multiprocessors; token_rows_adjacent: a token's heads lie closer together than its
+// tokens (token_rows_adjacent below). Throws Error(UNSUPPORTED) when one token's shared memory
+// or the grid exceeds a launch.
 struct RopeLaunch {
     int64_t blocks = 0, threads = 0;
     unsigned shared_bytes = 0;
@@ -33,7 +34,12 @@ struct RopeLaunch {
     bool direct = false;
 };
 RopeLaunch plan_rope_launch(const KernelSpec& spec, int64_t heads_q, int64_t heads_k, int64_t units,
-                            int64_t sms);
+                            int64_t sms, bool token_rows_adjacent);
+
+// Whether q's (and k's, when given) heads of a token lie closer together in memory than its
+// tokens: [B, S, H, D] and packed [T, H, D] buffers, not [B, H, S, D] ones (as [B, H, S, D]
+// views, head stride below token stride, or a single head).
+bool token_rows_adjacent(const TensorRef& q, const TensorRef* k);
 
 // The launch geometry of a QK-norm kernel (rope_norm.cu, rope_norm_params.h): `warps` warps a
 // block, each normalizing 32 / lanes of the `rows` (token, head) rows at a time (the forward
