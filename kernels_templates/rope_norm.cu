@@ -8,7 +8,9 @@
 // of LANES lanes (rope_norm_params.h): a lane owns whole pairs, VEC of them as one aligned vector
 // of first features and one of partners (interleaved: VEC consecutive features), and COPY_VEC
 // unrotated features at a time; each pair's angle is computed once. The sum of squares is a
-// shuffle reduction inside the group. A warp holds 32 / LANES rows and takes rows grid-stride.
+// shuffle reduction inside the group. A warp holds 32 / LANES groups; each takes a run of up to
+// rope_norm_max_run rows at a time (consecutive heads of one token and kind, sharing the place,
+// table spans and weights resolved once), runs grid-stride.
 // Forward: y = rope(x * r * w'), r = 1/sqrt(mean(x^2) + eps). Backward (q and k hold dL/dy):
 // g = the inverse rotation of dL/dy, xh = x * r, dL/dx = r (w' g - xh mean(w' g xh)), and dL/dw
 // sums g xh, per block in shared memory, then once per block with atomics.
@@ -830,12 +832,12 @@ extern "C" __global__ void __launch_bounds__(WARP* kRopeNormMaxWarps,
                    v_scale};
     const long long step = static_cast<long long>(gridDim.x) * np.warps * ROWS_PER_WARP;
     // The whole warp runs every iteration (the group sums shuffle across it); a group past the
-    // last row, or whose row writes nothing, is inactive: it loads and stores nothing. A group
-    // takes one row at a time: taking two at once (their loads overlapped) needed 156
-    // registers, one 8-warp block a multiprocessor, and measured slower than one row with three
-    // blocks resident (H200 run AF: Qwen3-8B prefill 197 -> 109 us). Copying later rows into
-    // shared memory by cp.async, ahead of their use, was slower still (run AH: 130 us; its
-    // extra instructions made the kernel issue-bound).
+    // last run, or whose run writes nothing, is inactive: it loads and stores nothing. A group
+    // takes one run at a time. Two unrelated rows at once needed 156 registers and measured
+    // slower than one (H200 run AF); copying later rows into shared memory by cp.async was
+    // slower still (run AH: its instructions made the kernel issue-bound). A run's rows share
+    // everything but their data, which cut the instructions a row by about 3x (run AR: Qwen3-8B
+    // prefill 107 -> 91 us).
     long long first = (static_cast<long long>(blockIdx.x) * np.warps + warp) * ROWS_PER_WARP;
     for (; first < l.runs.total; first += step) {
         const long long r = first + lane / LANES;
