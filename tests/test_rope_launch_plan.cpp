@@ -237,6 +237,25 @@ TEST_CASE("launch geometry: which one-token launches skip the shared-memory stag
     launch = rope_jit::plan_rope_launch(d64, 16, 16, 8 * 2048, 132, false);
     CHECK_FALSE(launch.direct);
     CHECK(launch.tokens_per_block == 4);
+    // Interleaved pairs: one token a block too, at the plan's 8 items a thread (640 items,
+    // 80 threads).
+    KernelSpec interleaved = spec;
+    interleaved.interleaved = 1;
+    interleaved.validate();
+    launch = rope_jit::plan_rope_launch(interleaved, 32, 8, 4 * 4096, 132, true);
+    CHECK(launch.direct);
+    CHECK(launch.threads == 96);  // 80 rounded up to whole warps
+    // Positions, seqlen_offsets and packed batches (a lookup per thread) stay staged.
+    KernelSpec positions = spec;
+    positions.position_mode = 1;
+    CHECK_FALSE(rope_jit::plan_rope_launch(positions, 32, 8, 4 * 4096, 132, true).direct);
+    positions.position_mode = 2;
+    CHECK_FALSE(rope_jit::plan_rope_launch(positions, 32, 8, 4 * 4096, 132, true).direct);
+    KernelSpec packed = spec;
+    packed.packed = 1;
+    CHECK_FALSE(rope_jit::plan_rope_launch(packed, 32, 8, 4 * 4096, 132, true).direct);
+    // ... except at decode (tiny), where each thread resolves its rows anyway.
+    CHECK(rope_jit::plan_rope_launch(positions, 32, 8, 64, 132, true).direct);
     // Item batches (D80: 5 items a head) stay staged.
     KernelSpec d80 = spec;
     d80.head_dim = d80.rotary_dim = 80;
