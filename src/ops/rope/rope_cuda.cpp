@@ -59,12 +59,14 @@ RopeLaunch plan_rope_launch(const KernelSpec& spec, int64_t heads_q, int64_t hea
     // no locality (a token's rows lie together in memory, or rope_block_fit gave one token a
     // block anyway), the staged path would take one item at a time (item_batch 1), and a
     // token's table row is arithmetic (no positions, seqlen_offsets or cu_seqlens, which each
-    // thread would look up on its own). One item a thread in the half style, the plan's
-    // (eight) interleaved. H200 runs AR, AS against the staged path: Llama-3-8B prefill 0.926
-    // -> 0.943 of copy, [B,H,S,D] 0.899 -> 0.905, D64 0.859 -> 0.865, D256 0.906 -> 0.921,
-    // interleaved 0.890 -> 0.907 (0.876 at one item a thread); per-token positions lost 9% and
-    // packed batches 8%, one token a block of [B,H,S,D] D64 4%, D80/D96 without their item
-    // batches 10-15%.
+    // thread would look up on its own). One item a thread, except interleaved tokens of 512
+    // items or more, which take the plan's eight (blocks of 64 threads or more). H200 runs
+    // AR-AT against the staged path: Llama-3-8B prefill 0.926 -> 0.935-0.943 of copy, D256
+    // 0.906 -> 0.918-0.927, interleaved (640 items) 0.889 -> 0.911 at eight items a thread
+    // (0.877 at one), GPT-J's in-place partial rotary (256 items) 0.702 -> 0.764 at one item a
+    // thread (0.639 at eight, 32 threads a block), D64 0.859 -> 0.859-0.867; per-token
+    // positions lost 9% and packed batches 8%, one token a block of [B,H,S,D] D64 4%, D80/D96
+    // without their item batches 10-15%.
     const int64_t rot_items = (heads_q + heads_k) * plan.rot_items;
     const bool spread = fits && !tiny && spec.kv_cache == 0 && plan.one_token_direct &&
                         plan.item_batch == 1 && spec.position_mode == 0 && !spec.packed &&
@@ -84,8 +86,8 @@ RopeLaunch plan_rope_launch(const KernelSpec& spec, int64_t heads_q, int64_t hea
     const int64_t token_items =
         rot_items + heads_k * (direct ? plan.v_direct_items : plan.v_items);
     if (direct && fits && token_items > 0) {
-        const int64_t per_thread =
-            tiny || (spread && !spec.interleaved) ? 1 : plan.items_per_thread;
+        const bool one_each = tiny || (spread && !(spec.interleaved && rot_items >= 512));
+        const int64_t per_thread = one_each ? 1 : plan.items_per_thread;
         const int64_t work = (token_items + per_thread - 1) / per_thread;
         fit.threads = int(std::min<int64_t>((work + 31) / 32 * 32, spec.block_threads));
     }
