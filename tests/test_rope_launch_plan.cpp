@@ -261,8 +261,11 @@ TEST_CASE("launch geometry: which one-token launches skip the shared-memory stag
     KernelSpec packed = spec;
     packed.packed = 1;
     CHECK_FALSE(rope_jit::plan_rope_launch(packed, 32, 8, 4 * 4096, 132, true).direct);
-    // ... except at decode (tiny), where each thread resolves its rows anyway.
+    // ... except at decode, up to two tokens a multiprocessor, where each thread resolving
+    // its own rows is shorter than the staged path's barrier.
     CHECK(rope_jit::plan_rope_launch(positions, 32, 8, 64, 132, true).direct);
+    CHECK(rope_jit::plan_rope_launch(positions, 32, 8, 264, 132, true).direct);
+    CHECK_FALSE(rope_jit::plan_rope_launch(positions, 32, 8, 265, 132, true).direct);
     // Item batches (D80: 5 items a head) stay staged.
     KernelSpec d80 = spec;
     d80.head_dim = d80.rotary_dim = 80;
