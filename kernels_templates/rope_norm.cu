@@ -596,7 +596,8 @@ __device__ __forceinline__ RowPlace place_run(const RopeNormParams& np, const Ru
             split_token(p, u, &place.b, &place.s);
         }
     }
-    int unit = static_cast<int>(r - u * runs.all);
+    // (Past the last run r - u * runs.all need not fit an int: such a group places nothing.)
+    int unit = place.active ? static_cast<int>(r - u * runs.all) : 0;
     place.kind = unit < runs.q ? 0 : unit < runs.q + runs.k ? 1 : 2;
     unit -= place.kind == 0 ? 0 : place.kind == 1 ? runs.q : runs.q + runs.k;
     place.h = place.kind == 2 ? unit : unit * runs.run;
@@ -649,7 +650,7 @@ __device__ __forceinline__ void prefetch_l1(const void* x) {
 
 // Rows a run has at most (RopeNormParams::run is at most this).
 enum : int {
-    MAX_RUN = rope_norm_max_run(BACKWARD_PASS, Q_FP8 || KV_FP8 || KV_CACHE != 0,
+    MAX_RUN = rope_norm_max_run(BACKWARD_PASS, Q_FP8 || KV_FP8 || KV_CACHE != 0, TABLE_SPANS,
                                 ROTARY_DIM < HEAD_DIM, HEAD_DIM)
 };
 static_assert(MAX_RUN == 1 || (!BACKWARD_PASS && KV_CACHE == 0), "runs: plain forwards only");
@@ -686,7 +687,7 @@ __device__ __forceinline__ void start_row(const Launch& l, long long r, RowJob* 
     if constexpr (KV_CACHE != 0 && V_DIM > 0) {
         if (at.kind == 2) {  // a row of v, copied here; its group is inactive from here on
             copy_v_row(p, *l.cache, at.b, at.s, at.h, job->active, l.sub, l.v_scale);
-            job->active = false;  // it joins the group sums with zeros
+            job->active = false;  // its group computes on stale registers and stores nothing
         }
     }
     job->is_k = at.kind != 0;

@@ -68,13 +68,16 @@ enum { kRopeNormMaxWarps = 8 };
 // kind share the group's place, table spans and weights, so that the instructions that resolve
 // them (about half of a lone row's, sm_90 SASS of the Qwen3-8B forward) are paid once a run,
 // and the run's loads are in flight together. 4 rows of fully rotated heads up to 256
-// features, 2 of partially rotated ones (at 4 their registers spilled at the forward's launch
-// bound, sm_90, NVRTC 13.0), 1 for longer rows, KV cache writes and FP8 outputs (their slots
-// and scales take the registers), and in the backward (the forward's input doubles the row).
-// H200 run AR, Qwen3-8B prefill: 1 row 101.8 us, runs of 2 91.7 us, runs of 4 90.7 us.
+// features read from plain tables, 2 of partially rotated ones (at 4 their registers spilled
+// at the forward's launch bound, sm_90, NVRTC 13.0); 1 for longer rows, angles computed per
+// pair (inv_freq, xPos, M-RoPE: at 4 these reached 122-128 registers and larger stack frames,
+// not measured), KV cache writes and FP8 outputs (their slots and scales take the registers),
+// and in the backward (the forward's input doubles the row). H200 run AR, Qwen3-8B prefill:
+// 1 row 101.8 us, runs of 2 91.7 us, runs of 4 90.7 us.
 ROPE_JIT_HOST_DEVICE constexpr int rope_norm_max_run(bool backward, bool fp8_or_cache,
-                                                    bool partial, int head_dim) {
-    if (backward || fp8_or_cache || head_dim > 256) return 1;
+                                                    bool table_spans, bool partial,
+                                                    int head_dim) {
+    if (backward || fp8_or_cache || !table_spans || head_dim > 256) return 1;
     return partial ? 2 : 4;
 }
 

@@ -276,6 +276,8 @@ TEST_CASE("launch geometry: which one-token launches skip the shared-memory stag
     KernelSpec inv_freq = spec;
     inv_freq.angles_from_inv_freq = 1, inv_freq.table_vec_loads = 0, inv_freq.table_full = 0;
     CHECK_FALSE(rope_jit::plan_rope_launch(inv_freq, 32, 8, 64, 132, true).direct);
+    // ... and take one item a thread at decode all the same: 320 threads.
+    CHECK(rope_jit::plan_rope_launch(inv_freq, 32, 8, 64, 132, true).threads == 320);
 
     // Paged KV cache with v, FP8 (the llama3-8b prefill of rope-jit-bench): 40 heads of 8
     // rotation items and 8 heads of 8 v items (two 16-byte vectors each on the direct path) =

@@ -581,7 +581,7 @@ TEST_CASE("the QK-norm launch puts a row in a group of lanes and spreads decode 
     const rope_jit::RopeNormLaunch prefill = plan(*spec, 4 * 4096);
     CHECK(prefill.warps == 8);
     CHECK(prefill.blocks == 2 * 132);
-    CHECK(rope_norm_max_run(false, false, false, 128) == 4);
+    CHECK(rope_norm_max_run(false, false, true, false, 128) == 4);
     CHECK(prefill.run == 4);
     CHECK(plan(*spec, 4 * 4096, 28, 4).run == 4);
     CHECK(plan(*spec, 4 * 4096, 32, 2).run == 2);
@@ -599,12 +599,13 @@ TEST_CASE("the QK-norm launch puts a row in a group of lanes and spreads decode 
     // writes and the backward a row at a time.
     auto partial = *spec;
     partial.rotary_dim = 64;
-    CHECK(rope_norm_max_run(false, false, true, 128) == 2);
+    CHECK(rope_norm_max_run(false, false, true, true, 128) == 2);
     CHECK(plan(partial, 4 * 4096).blocks == 2 * 132);
     CHECK(plan(partial, 4 * 4096).run == 2);
-    CHECK(rope_norm_max_run(false, false, true, 512) == 1);
-    CHECK(rope_norm_max_run(false, true, false, 128) == 1);
-    CHECK(rope_norm_max_run(true, false, false, 128) == 1);
+    CHECK(rope_norm_max_run(false, false, true, true, 512) == 1);
+    CHECK(rope_norm_max_run(false, true, true, false, 128) == 1);
+    CHECK(rope_norm_max_run(true, false, true, false, 128) == 1);
+    CHECK(rope_norm_max_run(false, false, false, false, 128) == 1);  // inv_freq, xPos, M-RoPE
     // The backward takes a row a group, grid-stride, at most 64 blocks a multiprocessor.
     auto backward_plain = *spec;
     backward_plain.backward = 1;

@@ -61,19 +61,24 @@ RopeLaunch plan_rope_launch(const KernelSpec& spec, int64_t heads_q, int64_t hea
     // token's table row is arithmetic (no positions, seqlen_offsets or cu_seqlens, which each
     // thread would look up on its own) or the tokens are few (decode batches up to two tokens a
     // multiprocessor: B=256 with positions took 2.71 us in a graph against 3.26 us staged).
-    // One item a thread, except interleaved tokens of 512
-    // items or more, which take the plan's eight (blocks of 64 threads or more). H200 runs
+    // One item a thread, except interleaved tokens of 512 items or more, which take the plan's
+    // eight (blocks of 64 threads or more). H200 runs
     // AR-AT against the staged path: Llama-3-8B prefill 0.926 -> 0.935-0.943 of copy, D256
     // 0.906 -> 0.918-0.927, interleaved (640 items) 0.889 -> 0.911 at eight items a thread
     // (0.877 at one), GPT-J's in-place partial rotary (256 items) 0.702 -> 0.764 at one item a
     // thread (0.639 at eight, 32 threads a block), D64 0.859 -> 0.859-0.867; per-token
     // positions lost 9% and packed batches 8%, one token a block of [B,H,S,D] D64 4%, D80/D96
     // without their item batches 10-15%.
+    // The measured bounds of that rule: a token's items for one token a block (D64 16+16 heads:
+    // 128), interleaved items for eight a thread, tokens a multiprocessor with lookups.
+    constexpr int64_t kSpreadMinItems = 128, kSpreadInterleavedBatchItems = 512;
+    constexpr int64_t kSpreadLookupTokensPerSm = 2;
     const int64_t rot_items = (heads_q + heads_k) * plan.rot_items;
-    const bool spread = fits && !tiny && spec.kv_cache == 0 && plan.one_token_direct &&
-                        plan.item_batch == 1 && !spec.packed &&
-                        (spec.position_mode == 0 || units <= 2 * sms) &&
-                        (fit.tokens == 1 || (token_rows_adjacent && rot_items >= 128));
+    const bool spread =
+        fits && !tiny && spec.kv_cache == 0 && plan.one_token_direct && plan.item_batch == 1 &&
+        !spec.packed && units <= 0x7fffffffLL &&  // one block a token
+        (spec.position_mode == 0 || units <= kSpreadLookupTokensPerSm * sms) &&
+        (fit.tokens == 1 || (token_rows_adjacent && rot_items >= kSpreadMinItems));
     if (spread && fit.tokens > 1) {
         fit.tokens = 1;
         fit.blocks = units;
@@ -89,10 +94,15 @@ RopeLaunch plan_rope_launch(const KernelSpec& spec, int64_t heads_q, int64_t hea
     const int64_t token_items =
         rot_items + heads_k * (direct ? plan.v_direct_items : plan.v_items);
     if (direct && fits && token_items > 0) {
-        const bool one_each = tiny || (spread && !(spec.interleaved && rot_items >= 512));
+        const bool one_each =
+            tiny || (spread && !(spec.interleaved && rot_items >= kSpreadInterleavedBatchItems));
         const int64_t per_thread = one_each ? 1 : plan.items_per_thread;
         const int64_t work = (token_items + per_thread - 1) / per_thread;
         fit.threads = int(std::min<int64_t>((work + 31) / 32 * 32, spec.block_threads));
+    }
+    if (tiny && !direct && token_items > 0) {  // the staged path at decode: one item a thread
+        const int64_t threads = (token_items + 31) / 32 * 32;
+        if (threads > fit.threads && threads <= spec.block_threads) fit.threads = int(threads);
     }
     if (fit.problem == kRopeFitSharedMemory)
         throw Error(ROPE_JIT_ERROR_UNSUPPORTED,
@@ -127,10 +137,10 @@ RopeNormLaunch plan_rope_norm_launch(const KernelSpec& spec, const RopeNormRows&
     // time is one row's chain of dependent loads, so the warps spread over every
     // multiprocessor in small blocks, each group one row. Many rows, forward: full blocks, as
     // many a multiprocessor as the kernel's launch bound keeps resident
-    // (kRopeNormForwardBlocks), each group a run of heads of one token at a time (rope_norm_max_run), runs
-    // grid-stride. Backward: rows grid-stride, at most 64 blocks a multiprocessor (keeping the
-    // last, partial wave of blocks short); with weight gradients every block adds its sums into
-    // the same D floats, so fewer (16).
+    // (kRopeNormForwardBlocks), each group a run of heads of one token at a time
+    // (rope_norm_max_run), runs grid-stride. Backward: rows grid-stride, at most 64 blocks a
+    // multiprocessor (keeping the last, partial wave of blocks short); with weight gradients
+    // every block adds its sums into the same D floats, so fewer (16).
     const int lanes = rope_norm_lanes(spec.head_dim, spec.rotary_dim, spec.interleaved != 0,
                                       spec.vec, spec.copy_vec);
     const int64_t rows = work.units * (work.heads_q + work.heads_k + work.heads_v);
@@ -145,8 +155,10 @@ RopeNormLaunch plan_rope_norm_launch(const KernelSpec& spec, const RopeNormRows&
     if (!spec.backward &&
         warps_needed > int64_t(kRopeNormForwardBlocks) * kRopeNormMaxWarps * multiprocessors) {
         // The longest run the kernel takes that divides both head counts (v's rows go alone).
-        int run = rope_norm_max_run(false, fp8_or_cache, spec.rotary_dim < spec.head_dim,
-                                    spec.head_dim);
+        int run = rope_norm_max_run(
+            false, fp8_or_cache,
+            rope_norm_table_spans(spec.angles_from_inv_freq, spec.has_xpos, spec.mrope_axes),
+            spec.rotary_dim < spec.head_dim, spec.head_dim);
         if (work.heads_v > 0) run = 1;
         while (run > 1 && (work.heads_q % run != 0 || work.heads_k % run != 0)) run /= 2;
         launch.run = run;
