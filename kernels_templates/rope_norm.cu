@@ -401,20 +401,37 @@ __device__ __forceinline__ void load_angles(const RopeKernelParams& p, const lon
     }
 }
 
+// The first and the second feature of the lane's pair t in rotated slot k of a Row or a
+// WeightRow: own[t] and partner[t] in the half and proportional styles, own[2t] and own[2t+1]
+// interleaved.
+template <typename R>
+__device__ __forceinline__ auto& pair_first(R& r, int k, int t) {
+    return INTERLEAVED ? r.own[k][2 * t] : r.own[k][t];
+}
+template <typename R>
+__device__ __forceinline__ auto& pair_second(R& r, int k, int t) {
+    return INTERLEAVED ? r.own[k][2 * t + 1] : r.partner[k][INTERLEAVED ? 0 : t];
+}
+
+// Calls f(k, t) for every pair the lane holds of a row (unused slots included).
+template <typename F>
+__device__ __forceinline__ void for_each_pair(F f) {
+#pragma unroll
+    for (int k = 0; k < ROT_SLOTS; ++k)
+#pragma unroll
+        for (int t = 0; t < PAIRS_PER_ITEM; ++t) f(k, t);
+}
+
 // Rotates the row's pairs in place: (x1 c - x2 s, x2 c + x1 s).
 __device__ __forceinline__ void rotate_row(const Angles& a, Row* row) {
-#pragma unroll
-    for (int k = 0; k < ROT_SLOTS; ++k) {
-#pragma unroll
-        for (int t = 0; t < PAIRS_PER_ITEM; ++t) {
-            float& x1 = INTERLEAVED ? row->own[k][2 * t] : row->own[k][t];
-            float& x2 = INTERLEAVED ? row->own[k][2 * t + 1] : row->partner[k][t];
-            const float c = a.cos_of(k, t), s = a.sin_of(k, t);
-            const float y1 = x1 * c - x2 * s, y2 = x2 * c + x1 * s;
-            x1 = y1;
-            x2 = y2;
-        }
-    }
+    for_each_pair([&](int k, int t) {
+        float& x1 = pair_first(*row, k, t);
+        float& x2 = pair_second(*row, k, t);
+        const float c = a.cos_of(k, t), s = a.sin_of(k, t);
+        const float y1 = x1 * c - x2 * s, y2 = x2 * c + x1 * s;
+        x1 = y1;
+        x2 = y2;
+    });
 }
 
 // The forward's factors of the lane's pairs with the norm weights folded into the angles, once
@@ -426,36 +443,28 @@ struct PairFactors {
 };
 
 __device__ __forceinline__ void fold_weights(const Angles& a, const WeightRow& w, PairFactors* f) {
-#pragma unroll
-    for (int k = 0; k < ROT_SLOTS; ++k) {
-#pragma unroll
-        for (int t = 0; t < PAIRS_PER_ITEM; ++t) {
-            const float w1 = weight_value(INTERLEAVED ? w.own[k][2 * t] : w.own[k][t]);
-            const float w2 = weight_value(INTERLEAVED ? w.own[k][2 * t + 1] : w.partner[k][t]);
-            const float c = a.cos_of(k, t), s = a.sin_of(k, t);
-            f->w1c[k][t] = w1 * c;
-            f->w2s[k][t] = w2 * s;
-            f->w2c[k][t] = w2 * c;
-            f->w1s[k][t] = w1 * s;
-        }
-    }
+    for_each_pair([&](int k, int t) {
+        const float w1 = weight_value(pair_first(w, k, t));
+        const float w2 = weight_value(pair_second(w, k, t));
+        const float c = a.cos_of(k, t), s = a.sin_of(k, t);
+        f->w1c[k][t] = w1 * c;
+        f->w2s[k][t] = w2 * s;
+        f->w2c[k][t] = w2 * c;
+        f->w1s[k][t] = w1 * s;
+    });
 }
 
 // The forward of a row in place: normalized (r = 1/rms), weighted and rotated.
 __device__ __forceinline__ void norm_rotate_row(const PairFactors& f, const WeightRow& w, float r,
                                                 Row* row) {
-#pragma unroll
-    for (int k = 0; k < ROT_SLOTS; ++k) {
-#pragma unroll
-        for (int t = 0; t < PAIRS_PER_ITEM; ++t) {
-            float& x1 = INTERLEAVED ? row->own[k][2 * t] : row->own[k][t];
-            float& x2 = INTERLEAVED ? row->own[k][2 * t + 1] : row->partner[k][t];
-            const float y1 = r * (x1 * f.w1c[k][t] - x2 * f.w2s[k][t]);
-            const float y2 = r * (x2 * f.w2c[k][t] + x1 * f.w1s[k][t]);
-            x1 = y1;
-            x2 = y2;
-        }
-    }
+    for_each_pair([&](int k, int t) {
+        float& x1 = pair_first(*row, k, t);
+        float& x2 = pair_second(*row, k, t);
+        const float y1 = r * (x1 * f.w1c[k][t] - x2 * f.w2s[k][t]);
+        const float y2 = r * (x2 * f.w2c[k][t] + x1 * f.w1s[k][t]);
+        x1 = y1;
+        x2 = y2;
+    });
 #pragma unroll
     for (int k = 0; k < COPY_SLOTS; ++k)
 #pragma unroll
