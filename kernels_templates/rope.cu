@@ -132,10 +132,18 @@ struct alignas(N * sizeof(T)) Pack {
 // of a token reads, out of L2. Measured on the H200 (bench/results/h200_kernel_tuning.json,
 // "hints_*"): 0.84 -> 0.89 of copy bandwidth on bf16 Llama shapes; load hints (evict-first,
 // or no L1 allocation) changed nothing measurable and are not used.
+// Kernels that write a KV cache store q (and non-FP8 caches) without the hint: there it cost
+// 1.5% (Llama-3-8B prefill with a paged FP8 cache, 0.879-0.889 of copy with it, 0.898-0.905
+// without, four runs; session 12), where plain RoPE loses 3.5% without it.
 __device__ __forceinline__ void store_streaming16(void* y, const unsigned* w) {
-    asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(y), "r"(w[0]), "r"(w[1]),
-                 "r"(w[2]), "r"(w[3])
-                 : "memory");
+    if constexpr (KV_CACHE != 0)
+        asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(y), "r"(w[0]), "r"(w[1]),
+                     "r"(w[2]), "r"(w[3])
+                     : "memory");
+    else
+        asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(y), "r"(w[0]),
+                     "r"(w[1]), "r"(w[2]), "r"(w[3])
+                     : "memory");
 }
 
 // N consecutive features of one head starting at `x`; one vector access when the host

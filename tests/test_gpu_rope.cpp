@@ -99,6 +99,48 @@ TEST_SUITE("gpu") {
     }
 
     TEST_CASE_FIXTURE(GpuFixture,
+                      "out-of-place partial rotary matches the CPU backend with wide tokens, "
+                      "every pair style, and q and k of different lengths") {
+        // 80 heads of 1 KB (bf16 D=512) or 2 KB (fp32) a token, more than a block's items;
+        // GPT-NeoX's 24 of 96 (copy vectors straddling the halves); k longer than q.
+        struct Shape {
+            Dt dt;
+            int64_t D, R, offset;
+            bool interleaved, proportional;
+            Layout layout;
+            Positions positions;
+        };
+        const Shape shapes[] = {
+            {Dt::BF16, 512, 128, 0, false, false, Layout::BSHD, Positions::Implicit},
+            {Dt::BF16, 512, 128, 0, false, true, Layout::BHSD, Positions::Implicit},
+            {Dt::F32, 512, 64, 64, true, false, Layout::BSHD, Positions::PerToken},
+            {Dt::BF16, 96, 24, 0, false, false, Layout::BSHD, Positions::Implicit},
+            {Dt::F16, 80, 32, 16, false, false, Layout::Packed, Positions::Implicit},
+        };
+        for (const Shape& shape : shapes)
+            for (bool backward : {false, true}) {
+                Spec c;
+                c.dt = c.table_dt = shape.dt;
+                c.interleaved = shape.interleaved;
+                c.proportional = shape.proportional;
+                c.layout = shape.layout;
+                c.positions = shape.positions;
+                c.backward = backward;
+                c.in_place = false;
+                c.B = 2, c.S = 9, c.Hk = 16, c.group = 4;
+                c.D = shape.D, c.R = shape.R, c.offset = shape.offset;
+                c.q_extra = is_packed(c.layout) || c.positions != Positions::Implicit ? 0 : 3;
+                const std::string spec = describe(c);
+                CAPTURE(spec);
+                std::mt19937 rng(uint32_t(shape.D * 7 + shape.R + int(backward)));
+                const Problem p = make_problem(c, rng);
+                const Problem from_cpu = run_with_host_tensors(cpu_runtime.get(), p);
+                const Problem from_gpu = run_with_device_tensors(cuda_runtime.get(), p);
+                check_gpu_matches_cpu(p, from_gpu, from_cpu, gpu_tolerance(c));
+            }
+    }
+
+    TEST_CASE_FIXTURE(GpuFixture,
                       "decode shapes match the CPU backend on both sides of the tiny-launch "
                       "bound (one item a thread while tokens <= multiprocessors)") {
         // B = 1 and 64: 320 threads of one item; 300: the measured shape (160 threads of two).
