@@ -547,31 +547,10 @@ __device__ __forceinline__ void finish_item(const RopeKernelParams& p, const Ite
 
 // ---- one token a block, resolved by each thread (RopeKernelParams::direct) ------------------
 
-// Loads the direct path issues in program order: ptxas keeps volatile accesses in order, and
-// otherwise sinks q/k loads below the position load at this register budget, behind its
-// latency (the chain would be position, then table and q/k, then store). Plain ld.global
-// semantics otherwise (a relaxed load; the data is in L2 or DRAM either way).
-template <int N, bool VECTOR = VEC_LOADS>
-__device__ __forceinline__ Pack<N> load_pack_first(const T* x, long long stride) {
-    if constexpr (VECTOR && sizeof(Pack<N>) == 16) {
-        Pack<N> pack;
-        unsigned* w = reinterpret_cast<unsigned*>(&pack);
-        asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-                     : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
-                     : "l"(x));
-        return pack;
-    } else {
-        return load_pack<N, VECTOR>(x, stride);
-    }
-}
-
-__device__ __forceinline__ ItemData load_item_first(const T* x, long long xs,
-                                                    const ItemSpan& span) {
-    ItemData data;
-    data.own = load_pack_first<VEC>(x + span.own * xs, xs);
-    if (!INTERLEAVED) data.partner = load_pack_first<VEC>(x + span.partner * xs, xs);
-    return data;
-}
+// The direct path loads q, k and v with plain ld.global (load_item, load_pack). Volatile loads,
+// which ptxas keeps in program order ahead of the position load, were slower in every case
+// measured (H200, session 12, run AY): decode B=64 in a graph 2.01 -> 1.91 us, B=1 1.81 ->
+// 1.72 us, D64 prefill 0.866 -> 0.881 of copy, the rest unchanged.
 
 // An FP8 scale read with the item's loads (NULL: 1); read later, its latency would follow the
 // table's before the store.
@@ -582,8 +561,8 @@ __device__ __forceinline__ float fp8_scale_first(const float* scale) {
     return value;
 }
 
-// The table row of the direct path: per-token positions read after the item's loads (see
-// load_pack_first), else table_row.
+// The table row of the direct path: per-token positions read by a volatile load (in program
+// order after the item's loads), else table_row.
 __device__ __forceinline__ long long row_after_loads(const RopeKernelParams& p, int b, int s,
                                                      bool is_k) {
     if constexpr (HAS_ROPE_INDICES) {
@@ -647,7 +626,7 @@ __device__ __forceinline__ void rope_one_token(const RopeKernelParams& p,
                 Pack<V_VEC> value[V_PAIR];
 #pragma unroll
                 for (int u = 0; u < V_PAIR; ++u)
-                    value[u] = load_pack_first<V_VEC, V_VECTORS>(x + u * V_VEC * xs, xs);
+                    value[u] = load_pack<V_VEC, V_VECTORS>(x + u * V_VEC * xs, xs);
                 const float scale = KV_FP8 ? fp8_scale_first(cache->v_scale) : 1.0f;
                 long long block, slot;
                 if (!cache_slot(p, *cache, b, s, &block, &slot)) continue;
@@ -670,7 +649,7 @@ __device__ __forceinline__ void rope_one_token(const RopeKernelParams& p,
         const long long* in_stride = is_k ? p.k_stride : p.q_stride;
         const long long xs = VEC_LOADS ? 1 : in_stride[3];
         const ItemData data =
-            load_item_first(static_cast<const T*>(is_k ? p.k : p.q) + b * in_stride[0] +
+            load_item(static_cast<const T*>(is_k ? p.k : p.q) + b * in_stride[0] +
                                 s * in_stride[2] + h * in_stride[1],
                             xs, span);
         float scale = 1.0f;
