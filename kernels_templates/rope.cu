@@ -141,8 +141,8 @@ __device__ __forceinline__ void store_streaming16(void* y, const unsigned* w) {
                      "r"(w[2]), "r"(w[3])
                      : "memory");
     else
-        asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(y), "r"(w[0]),
-                     "r"(w[1]), "r"(w[2]), "r"(w[3])
+        asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(y), "r"(w[0]), "r"(w[1]),
+                     "r"(w[2]), "r"(w[3])
                      : "memory");
 }
 
@@ -552,18 +552,12 @@ __device__ __forceinline__ void finish_item(const RopeKernelParams& p, const Ite
 // measured (H200, session 12, run AY): decode B=64 in a graph 2.01 -> 1.91 us, B=1 1.81 ->
 // 1.72 us, D64 prefill 0.866 -> 0.881 of copy, the rest unchanged.
 
-// An FP8 scale (NULL: 1), read with the item's loads: read later, its latency would follow the
-// table's before the store.
-__device__ __forceinline__ float fp8_scale_first(const float* scale) {
-    return scale != nullptr ? *scale : 1.0f;
-}
-
 // The table row of the direct path: the token's position, or table_row. Plain loads here too:
 // volatile ones (kept in program order after the item's loads) cost decode 0.03 us with
 // positions and 0.11 us with a paged FP8 cache (H200, session 12, run BA: B=64 1.90 -> 1.87
 // us, paged KV FP8 2.32 -> 2.21 us in a graph).
-__device__ __forceinline__ long long row_after_loads(const RopeKernelParams& p, int b, int s,
-                                                     bool is_k) {
+__device__ __forceinline__ long long direct_table_row(const RopeKernelParams& p, int b, int s,
+                                                      bool is_k) {
     if constexpr (HAS_ROPE_INDICES) {
         const long long at = b * p.positions_stride[0] + s * p.positions_stride[1];
         if (POSITIONS_INT64) return static_cast<const long long*>(p.positions)[at];
@@ -616,7 +610,7 @@ __device__ __forceinline__ void rope_one_token(const RopeKernelParams& p,
 #pragma unroll
                 for (int u = 0; u < V_PAIR; ++u)
                     value[u] = load_pack<V_VEC, V_VECTORS>(x + u * V_VEC * xs, xs);
-                const float scale = KV_FP8 ? fp8_scale_first(cache->v_scale) : 1.0f;
+                const float scale = KV_FP8 ? fp8_scale_value(cache->v_scale) : 1.0f;
                 long long block, slot;
                 if (!cache_slot(p, *cache, b, s, &block, &slot)) continue;
                 const long long* cs = cache->v_cache_stride;
@@ -637,15 +631,16 @@ __device__ __forceinline__ void rope_one_token(const RopeKernelParams& p,
         if (is_k) h -= heads_q;
         const long long* in_stride = is_k ? p.k_stride : p.q_stride;
         const long long xs = VEC_LOADS ? 1 : in_stride[3];
-        const ItemData data =
-            load_item(static_cast<const T*>(is_k ? p.k : p.q) + b * in_stride[0] +
-                                s * in_stride[2] + h * in_stride[1],
-                            xs, span);
+        const ItemData data = load_item(static_cast<const T*>(is_k ? p.k : p.q) + b * in_stride[0] +
+                                            s * in_stride[2] + h * in_stride[1],
+                                        xs, span);
+        // The FP8 scale is read with the item's loads: read after the table, its latency would
+        // come before the store.
         float scale = 1.0f;
         if constexpr (Q_FP8 || KV_FP8)
             if (is_k ? KV_FP8 : Q_FP8)
-                scale = fp8_scale_first(is_k ? cache->k_scale : cache->q_scale);
-        const long long row = row_after_loads(p, b, s, ROLES == 2 && is_k);
+                scale = fp8_scale_value(is_k ? cache->k_scale : cache->q_scale);
+        const long long row = direct_table_row(p, b, s, ROLES == 2 && is_k);
         ItemAngles angles;
         angles.cos = load_table_span(p.cos, p.cos_stride, row, span.pair0);
         angles.sin = load_table_span(p.sin, p.sin_stride, row, span.pair0);
