@@ -133,8 +133,9 @@ struct alignas(N * sizeof(T)) Pack {
 // "hints_*"): 0.84 -> 0.89 of copy bandwidth on bf16 Llama shapes; load hints (evict-first,
 // or no L1 allocation) changed nothing measurable and are not used.
 // Kernels that write a KV cache store q (and non-FP8 caches) without the hint: there it cost
-// 1.5% (Llama-3-8B prefill with a paged FP8 cache, 0.879-0.889 of copy with it, 0.898-0.905
-// without, four runs; session 12), where plain RoPE loses 3.5% without it.
+// 1.5% (Llama-3-8B prefill with a paged FP8 cache, 0.879-0.889 of copy with it, 0.898-0.907
+// without, seven processes; session 12), where plain RoPE loses 3.5% without it. (A plain C++
+// store instead of this asm reschedules the KV-cache decode kernels: not measured, not used.)
 __device__ __forceinline__ void store_streaming16(void* y, const unsigned* w) {
     if constexpr (KV_CACHE != 0)
         asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(y), "r"(w[0]), "r"(w[1]),
