@@ -15,9 +15,10 @@
 // g = the inverse rotation of dL/dy, xh = x * r, dL/dx = r (w' g - xh mean(w' g xh)), and dL/dw
 // sums g xh, per block in shared memory, then once per block with atomics.
 //
-// Every load of a row (x, v, the weights) is issued before the loads that depend on another
-// load (slot_mapping, positions -> table), so that their latencies overlap: at decode the time
-// is that chain, not bandwidth.
+// At decode the time is a row's chain of dependent steps, not bandwidth, so each step starts as
+// early as it can: a row's position (the head of the longest chain: position -> table row) is
+// asked for first, then its data and weights; the norm (sums, shuffles, rsqrt) is computed
+// while the table row is still on its way, and the table values are used only after it.
 //
 // Forward with a KV cache (KV_CACHE): k's rows go to their cache slots instead of k_out, and
 // v's rows (V_DIM > 0) are copied into v's cache by groups of their own; FP8 outputs (KV_FP8,
@@ -55,6 +56,16 @@ static_assert(INTERLEAVED ? ROTARY_DIM % VEC == 0 && VEC % 2 == 0 : PAIRS % VEC 
               "VEC tiles the pairs");
 static_assert((HEAD_DIM - ROTARY_DIM) % COPY_VEC == 0 && V_DIM % V_VEC == 0,
               "COPY_VEC and V_VEC tile their features");
+
+// Whether a lane reads its pairs' cos/sin as spans of a plain table.
+enum : bool { TABLE_SPANS = rope_norm_table_spans(ANGLES_FROM_INV_FREQ, HAS_XPOS, MROPE_AXES) };
+
+// Rows a run has at most (RopeNormParams::run is at most this).
+enum : int {
+    MAX_RUN = rope_norm_max_run(BACKWARD_PASS, Q_FP8 || KV_FP8 || KV_CACHE != 0, TABLE_SPANS,
+                                ROTARY_DIM < HEAD_DIM, HEAD_DIM)
+};
+static_assert(MAX_RUN == 1 || (!BACKWARD_PASS && KV_CACHE == 0), "runs: plain forwards only");
 
 template <int N>
 struct alignas(N * sizeof(T)) Pack {
@@ -252,34 +263,48 @@ using W = typename StorageOf<NORM_WEIGHT_DTYPE>::type;
 
 enum : int { W_CHUNK = 16 / static_cast<int>(sizeof(W)) };  // weights per 16-byte vector
 
+// N weights held as one vector: a vector load fills whole registers.
 template <int N>
 struct alignas(N * sizeof(W)) WeightPack {
     W v[N];
+    __device__ __forceinline__ const W& operator[](int i) const { return v[i]; }
+    __device__ __forceinline__ W& operator[](int i) { return v[i]; }
 };
 
 struct WeightRow {
-    W own[ROT_SLOTS][VEC];
-    W partner[ROT_SLOTS][PARTNER_VEC];
-    W tail[COPY_SLOTS][COPY_VEC];
+    WeightPack<VEC> own[ROT_SLOTS];
+    WeightPack<PARTNER_VEC> partner[ROT_SLOTS];
+    WeightPack<COPY_VEC> tail[COPY_SLOTS];
 };
+
+// Whether an inactive row's registers are left as they are rather than zeroed: in forwards
+// without runs (decode, KV cache, FP8), where the zeros merged into the loaded halves made the
+// warp wait for the loads right there (H200 run BE, exp-s13); an inactive row stores nothing.
+// Elsewhere zeros: the backward's sums multiply the weights, and the forwards with runs took 10
+// more registers without them.
+enum : bool { KEEP_INACTIVE = !BACKWARD_PASS && MAX_RUN == 1 };
 
 template <int N>
 __device__ __forceinline__ void load_weight_run(const W* w, long long ws, bool vector,
-                                                bool valid, int d, W* out) {
+                                                bool valid, int d, WeightPack<N>* out) {
     constexpr int M = N < W_CHUNK ? N : W_CHUNK;
     if (!valid) {
+        if (!KEEP_INACTIVE) {
 #pragma unroll
-        for (int j = 0; j < N; ++j) out[j] = W{};
+            for (int j = 0; j < N; ++j) out->v[j] = W{};
+        }
     } else if (vector) {
+        if constexpr (N == M) {
+            *out = *reinterpret_cast<const WeightPack<N>*>(w + d);
+        } else {
 #pragma unroll
-        for (int c = 0; c < N / M; ++c) {
-            const WeightPack<M> pack = *reinterpret_cast<const WeightPack<M>*>(w + d + c * M);
-#pragma unroll
-            for (int j = 0; j < M; ++j) out[c * M + j] = pack.v[j];
+            for (int c = 0; c < N / M; ++c)
+                reinterpret_cast<WeightPack<M>*>(out->v)[c] =
+                    *reinterpret_cast<const WeightPack<M>*>(w + d + c * M);
         }
     } else {
 #pragma unroll
-        for (int j = 0; j < N; ++j) out[j] = w[(d + j) * ws];
+        for (int j = 0; j < N; ++j) out->v[j] = w[(d + j) * ws];
     }
 }
 
@@ -297,15 +322,15 @@ __device__ __forceinline__ void load_weights(const void* weights, long long ws, 
     for (int k = 0; k < ROT_SLOTS; ++k) {
         const bool valid = active && rot_valid(sub, k);
         const int d = rot_feature(sub + k * LANES);
-        load_weight_run<VEC>(w, ws, vector, valid, d, wr->own[k]);
+        load_weight_run<VEC>(w, ws, vector, valid, d, &wr->own[k]);
         if (!INTERLEAVED)
-            load_weight_run<PARTNER_VEC>(w, ws, vector, valid, d + PARTNER_SHIFT, wr->partner[k]);
+            load_weight_run<PARTNER_VEC>(w, ws, vector, valid, d + PARTNER_SHIFT, &wr->partner[k]);
     }
 #pragma unroll
     for (int k = 0; k < COPY_SLOTS; ++k) {
         const bool valid = active && copy_valid(sub, k);
         load_weight_run<COPY_VEC>(w, ws, vector, valid, copy_feature(sub + k * LANES),
-                                  wr->tail[k]);
+                                  &wr->tail[k]);
     }
 }
 
@@ -328,7 +353,6 @@ enum : int {
     TABLE_STEP = table_column(TABLE_FULL, INTERLEAVED, 1),  // columns from a pair to the next
     TABLE_SPAN = table_columns(TABLE_FULL, INTERLEAVED, PAIRS_PER_ITEM),  // an item's columns
 };
-enum : bool { TABLE_SPANS = rope_norm_table_spans(ANGLES_FROM_INV_FREQ, HAS_XPOS, MROPE_AXES) };
 enum : int { SPAN = TABLE_SPANS ? TABLE_SPAN : 1 };  // columns the Angles hold per item
 
 template <int N>
@@ -383,7 +407,7 @@ __device__ __forceinline__ void load_angles(const RopeKernelParams& p, const lon
             if (valid) {
                 a->cos[k] = load_table_span(p.cos, p.cos_stride, rows[0], pair0);
                 a->sin[k] = load_table_span(p.sin, p.sin_stride, rows[0], pair0);
-            } else {
+            } else if (!KEEP_INACTIVE) {
 #pragma unroll
                 for (int j = 0; j < SPAN; ++j) a->cos[k].v[j] = a->sin[k].v[j] = TableT{};
             }
@@ -657,12 +681,6 @@ __device__ __forceinline__ void prefetch_l1(const void* x) {
     asm volatile("prefetch.global.L1 [%0];" ::"l"(x));
 }
 
-// Rows a run has at most (RopeNormParams::run is at most this).
-enum : int {
-    MAX_RUN = rope_norm_max_run(BACKWARD_PASS, Q_FP8 || KV_FP8 || KV_CACHE != 0, TABLE_SPANS,
-                                ROTARY_DIM < HEAD_DIM, HEAD_DIM)
-};
-static_assert(MAX_RUN == 1 || (!BACKWARD_PASS && KV_CACHE == 0), "runs: plain forwards only");
 
 // What the kernel's scalars and sizes are, shared by every run a thread takes.
 struct Launch {
@@ -688,33 +706,13 @@ struct RowJob {
     long long out;  // the first row's first output element in q_out, k_out or k's cache
 };
 
-__device__ __forceinline__ void start_row(const Launch& l, long long r, RowJob* job) {
+// The first loads of a row: its position (a load with per-token positions), whose wait heads
+// the row's longest chain (position -> table row), and with slot_mapping k's slot entry, asked
+// into L1 now so that cache_slot finds it there once the table rows have been issued.
+__device__ __forceinline__ void start_positions(const Launch& l, RowJob* job) {
     const RopeKernelParams& p = l.np.rope;
-    job->place = place_run(l.np, l.runs, r);
     const RowPlace& at = job->place;
-    job->active = at.active;
-    if constexpr (KV_CACHE != 0 && V_DIM > 0) {
-        if (at.kind == 2) {  // a row of v, copied here; its group is inactive from here on
-            copy_v_row(p, *l.cache, at.b, at.s, at.h, job->active, l.sub, l.v_scale);
-            job->active = false;  // its group computes on stale registers and stores nothing
-        }
-    }
-    job->is_k = at.kind != 0;
     const bool is_k = job->is_k, active = job->active;
-    const T* x = row_input(l.np, at, false);
-    const long long head_stride = is_k ? p.k_stride[1] : p.q_stride[1];
-#pragma unroll
-    for (int j = 0; j < MAX_RUN; ++j)
-        if (j == 0 || j < l.runs.run)  // the same for the whole warp
-            load_row(x + j * head_stride, is_k ? p.k_stride[3] : p.q_stride[3], active, l.sub,
-                     &job->raw[j]);
-    if (BACKWARD_PASS)
-        load_row(row_input(l.np, at, true), is_k ? l.np.k_input_stride[3] : l.np.q_input_stride[3],
-                 active, l.sub, &job->raw0);
-    load_weights(is_k ? l.np.k_weight : l.np.q_weight,
-                 is_k ? l.np.k_weight_stride : l.np.q_weight_stride, active, l.sub, &job->wr);
-    // Then positions (a load with per-token positions), and with slot_mapping k's slot entry
-    // asked for now, so that cache_slot finds it in L1 when the table rows have been issued.
 #pragma unroll
     for (int axis = 0; axis < (MROPE_AXES > 0 ? MROPE_AXES : 1); ++axis)
         job->rows[axis] = 0;
@@ -733,6 +731,34 @@ __device__ __forceinline__ void start_row(const Launch& l, long long r, RowJob* 
                         (at.b * p.seqlen_k + at.s) * l.cache->slot_mapping_stride * bytes);
         }
     }
+}
+
+__device__ __forceinline__ void start_row(const Launch& l, long long r, RowJob* job) {
+    const RopeKernelParams& p = l.np.rope;
+    job->place = place_run(l.np, l.runs, r);
+    const RowPlace& at = job->place;
+    job->active = at.active;
+    if constexpr (KV_CACHE != 0 && V_DIM > 0) {
+        if (at.kind == 2) {  // a row of v, copied here; its group is inactive from here on
+            copy_v_row(p, *l.cache, at.b, at.s, at.h, job->active, l.sub, l.v_scale);
+            job->active = false;  // its group computes on stale registers and stores nothing
+        }
+    }
+    job->is_k = at.kind != 0;
+    const bool is_k = job->is_k, active = job->active;
+    start_positions(l, job);
+    const T* x = row_input(l.np, at, false);
+    const long long head_stride = is_k ? p.k_stride[1] : p.q_stride[1];
+#pragma unroll
+    for (int j = 0; j < MAX_RUN; ++j)
+        if (j == 0 || j < l.runs.run)  // the same for the whole warp
+            load_row(x + j * head_stride, is_k ? p.k_stride[3] : p.q_stride[3], active, l.sub,
+                     &job->raw[j]);
+    if (BACKWARD_PASS)
+        load_row(row_input(l.np, at, true), is_k ? l.np.k_input_stride[3] : l.np.q_input_stride[3],
+                 active, l.sub, &job->raw0);
+    load_weights(is_k ? l.np.k_weight : l.np.q_weight,
+                 is_k ? l.np.k_weight_stride : l.np.q_weight_stride, active, l.sub, &job->wr);
 }
 
 __device__ __forceinline__ void aim_row(const Launch& l, RowJob* job) {
@@ -766,13 +792,22 @@ __device__ __forceinline__ void finish_row(const Launch& l, RowJob& job, float* 
     Row row;
     if (!BACKWARD_PASS) {
         const long long head_stride = is_k ? p.k_out_stride[1] : p.q_out_stride[1];
+        // The norms first: they need only the rows, so that their sums and shuffles run while
+        // the table rows (which waited for positions) are still on their way (decode B=64,
+        // QK-norm: 3.0 -> 2.88 us with the positions asked first, H200 run BE).
+        float norms[MAX_RUN];
+#pragma unroll
+        for (int j = 0; j < MAX_RUN; ++j) {
+            if (j > 0 && j >= l.runs.run) break;  // the same for the whole warp
+            norms[j] = rsqrtf(group_sum(unpack_row(job.raw[j], sub, &row)) * inv_d + l.np.eps);
+        }
         PairFactors factors;
         fold_weights(job.angles, job.wr, &factors);
 #pragma unroll
         for (int j = 0; j < MAX_RUN; ++j) {
             if (j > 0 && j >= l.runs.run) break;  // the same for the whole warp
-            const float sum = unpack_row(job.raw[j], sub, &row);
-            norm_rotate_row(factors, job.wr, rsqrtf(group_sum(sum) * inv_d + l.np.eps), &row);
+            unpack_row(job.raw[j], sub, &row);
+            norm_rotate_row(factors, job.wr, norms[j], &row);
             const bool fp8 = is_k ? KV_FP8 : Q_FP8;
             store_row(y + j * head_stride, y8 + j * head_stride, fp8, ys, active, sub, row,
                       fp8_scale(is_k ? l.k_scale : l.q_scale));
