@@ -570,6 +570,7 @@ __device__ __forceinline__ void copy_v_row(const RopeKernelParams& p, const Rope
     if (!active) return;
     // The scale's reciprocal only now: it waits for the scale's load, which must not hold back
     // the row's loads above.
+    asm volatile("" : "+f"(v_scale));  // computed here, not hoisted to the kernel's entry
     const Fp8Scale scale = fp8_scale(v_scale);
     const long long cs = c.v_cache_stride[3];
     const long long out =
@@ -781,6 +782,14 @@ __device__ __forceinline__ void aim_row(const Launch& l, RowJob* job) {
     }
 }
 
+// The FP8 scales are loaded once, at the kernel's entry, but their reciprocals are computed where
+// a row is stored: hoisted to the entry (as the compiler did), the first row waited there for the
+// scale's load before issuing any of its own (QK-norm + paged KV + FP8 decode, sm_90 SASS).
+__device__ __forceinline__ float opaque(float value) {
+    asm volatile("" : "+f"(value));
+    return value;
+}
+
 __device__ __forceinline__ void finish_row(const Launch& l, RowJob& job, float* dw) {
     const RopeKernelParams& p = l.np.rope;
     const bool is_k = job.is_k, active = job.active;
@@ -810,7 +819,7 @@ __device__ __forceinline__ void finish_row(const Launch& l, RowJob& job, float* 
             norm_rotate_row(factors, job.wr, norms[j], &row);
             const bool fp8 = is_k ? KV_FP8 : Q_FP8;
             store_row(y + j * head_stride, y8 + j * head_stride, fp8, ys, active, sub, row,
-                      fp8_scale(is_k ? l.k_scale : l.q_scale));
+                      fp8_scale(opaque(is_k ? l.k_scale : l.q_scale)));
         }
     } else {
         const float sum = unpack_row(job.raw[0], sub, &row);
