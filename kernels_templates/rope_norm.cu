@@ -551,6 +551,14 @@ __device__ __forceinline__ W weight(const WeightRow& w, int part, int k, int t) 
     return part == 0 ? w.own[k][t] : part == 1 ? w.partner[k][INTERLEAVED ? 0 : t] : w.tail[k][t];
 }
 
+// The FP8 scales are loaded once, at the kernel's entry, but their reciprocals are computed where
+// a row is stored: hoisted to the entry (as the compiler did), the first row waited there for the
+// scale's load before issuing any of its own (QK-norm + paged KV + FP8 decode, sm_90 SASS).
+__device__ __forceinline__ float opaque(float value) {
+    asm volatile("" : "+f"(value));
+    return value;
+}
+
 // A v row (KV cache with v): its V_DIM features copied, or quantized, into v's cache. The loads
 // go out before the slot lookup; `active` turns false for a token that writes nothing.
 __device__ __forceinline__ void copy_v_row(const RopeKernelParams& p, const RopeCacheParams& c,
@@ -570,8 +578,7 @@ __device__ __forceinline__ void copy_v_row(const RopeKernelParams& p, const Rope
     if (!active) return;
     // The scale's reciprocal only now: it waits for the scale's load, which must not hold back
     // the row's loads above.
-    asm volatile("" : "+f"(v_scale));  // computed here, not hoisted to the kernel's entry
-    const Fp8Scale scale = fp8_scale(v_scale);
+    const Fp8Scale scale = fp8_scale(opaque(v_scale));
     const long long cs = c.v_cache_stride[3];
     const long long out =
         block * c.v_cache_stride[0] + h * c.v_cache_stride[1] + slot * c.v_cache_stride[2];
@@ -682,7 +689,6 @@ __device__ __forceinline__ void prefetch_l1(const void* x) {
     asm volatile("prefetch.global.L1 [%0];" ::"l"(x));
 }
 
-
 // What the kernel's scalars and sizes are, shared by every run a thread takes.
 struct Launch {
     const RopeNormParams& np;
@@ -780,14 +786,6 @@ __device__ __forceinline__ void aim_row(const Launch& l, RowJob* job) {
     } else {
         job->out = at.b * p.q_out_stride[0] + at.h * p.q_out_stride[1] + at.s * p.q_out_stride[2];
     }
-}
-
-// The FP8 scales are loaded once, at the kernel's entry, but their reciprocals are computed where
-// a row is stored: hoisted to the entry (as the compiler did), the first row waited there for the
-// scale's load before issuing any of its own (QK-norm + paged KV + FP8 decode, sm_90 SASS).
-__device__ __forceinline__ float opaque(float value) {
-    asm volatile("" : "+f"(value));
-    return value;
 }
 
 __device__ __forceinline__ void finish_row(const Launch& l, RowJob& job, float* dw) {
