@@ -268,7 +268,6 @@ template <int N>
 struct alignas(N * sizeof(W)) WeightPack {
     W v[N];
     __device__ __forceinline__ const W& operator[](int i) const { return v[i]; }
-    __device__ __forceinline__ W& operator[](int i) { return v[i]; }
 };
 
 struct WeightRow {
