@@ -25,17 +25,23 @@ inline std::vector<HostTensor*> norm_slots(NormTensors& n) {
     return {&n.q_weight, &n.k_weight, &n.q_input, &n.k_input, &n.q_grad, &n.k_grad};
 }
 
+// weight_step > 1: the weights are views of every weight_step-th element (no vector reads:
+// the kernel's scalar path, KernelSpec::norm_weight_vec_loads 0).
 inline NormTensors make_norm(const Problem& p, Dt weight_dt, bool unit_offset, bool weight_grad,
-                             std::mt19937& rng) {
+                             std::mt19937& rng, int64_t weight_step = 1) {
     const Spec& c = p.spec;
     NormTensors n;
     n.unit_offset = unit_offset;
     n.weight_grad = c.backward && weight_grad;
     n.eps = 1e-5;
-    n.q_weight = HostTensor(weight_dt, {c.D});
+    auto weights = [&] {
+        return weight_step > 1 ? HostTensor::spaced(weight_dt, c.D, weight_step)
+                               : HostTensor(weight_dt, {c.D});
+    };
+    n.q_weight = weights();
     n.q_weight.fill_uniform(rng, unit_offset ? -0.5 : 0.5, unit_offset ? 0.5 : 1.5);
     if (c.has_k) {
-        n.k_weight = HostTensor(weight_dt, {c.D});
+        n.k_weight = weights();
         n.k_weight.fill_uniform(rng, unit_offset ? -0.5 : 0.5, unit_offset ? 0.5 : 1.5);
     }
     if (c.backward) {
@@ -73,8 +79,9 @@ constexpr uint32_t kNormSeed = 20261203;
 constexpr uint32_t kNormFamilies = 48;
 
 // One call of the sweep: a random rope problem (no xPos; a third proportional, some D576)
-// with random norm weights (float32, bfloat16 or float16, plain or unit offset) and, in the
-// backward, usually the weight gradients.
+// with random norm weights (float32, bfloat16 or float16, plain or unit offset; in a quarter of
+// the families strided views, which the kernel reads element by element) and, in the backward,
+// usually the weight gradients.
 struct NormFamily {
     Problem problem;
     NormTensors norm;
@@ -99,7 +106,7 @@ inline NormFamily norm_family(uint32_t family) {
     const bool unit_offset = rng() & 1, weight_grad = rng() % 4 != 0;
     NormFamily f;
     f.problem = make_problem(c, rng);
-    f.norm = make_norm(f.problem, weight_dt, unit_offset, weight_grad, rng);
+    f.norm = make_norm(f.problem, weight_dt, unit_offset, weight_grad, rng, family % 4 == 3 ? 3 : 1);
     return f;
 }
 

@@ -109,6 +109,16 @@ public:
         tensor_.byte_offset = 0;
     }
 
+    // A 1-D view of n elements `step` apart (the elements between are poison).
+    static HostTensor spaced(Dt dt, int64_t n, int64_t step) {
+        HostTensor t(dt, {n, step});
+        t.shape_ = {n};
+        t.strides_ = {step};
+        t.tensor_.ndim = 1;
+        t.repoint();
+        return t;
+    }
+
     // Copies own their bytes and shape: the DLTensor is re-pointed at the copy's storage.
     HostTensor(const HostTensor& other)
         : dt_(other.dt_),

@@ -496,6 +496,9 @@ TEST_CASE("the QK-norm GPU sweep's calls run on the CPU backend and their kernel
         INFO(rope_jit_last_error());
         REQUIRE(status == ROPE_JIT_OK);
         CHECK(spec.qk_norm == 1);
+        // Strided weights (a quarter of the families) are read element by element; contiguous
+        // ones from 16-byte-aligned host buffers as vectors.
+        CHECK(spec.norm_weight_vec_loads == (family % 4 == 3 ? 0 : 1));
         if (std::find(compiled.begin(), compiled.end(), spec) != compiled.end()) continue;
         compiled.push_back(spec);
         const std::string name = spec.describe();

@@ -95,7 +95,10 @@ constexpr int32_t kRopeMaxBlockThreads = 512;
     /* elements per access of v's copy: a vector (unit stride, aligned) when > 1 */                \
     X(v_vec, 1, "v_vec", IntegerEnumerator, 1, 8, "V_VEC", DERIVED)                                \
     /* q_out holds float8 e4m3fn */                                                                \
-    X(q_fp8, 0, "q_fp8", BooleanEnumerator, 0, 1, "Q_FP8", PLAIN)
+    X(q_fp8, 0, "q_fp8", BooleanEnumerator, 0, 1, "Q_FP8", PLAIN)                                  \
+    /* QK-norm weights read as aligned vectors (both contiguous and 16-byte aligned) */            \
+    X(norm_weight_vec_loads, 0, "norm_weight_vec_loads", BooleanEnumerator, 0, 1,                  \
+      "NORM_WEIGHT_VEC_LOADS", DERIVED)
 
 struct KernelSpec {
 #define ROPE_JIT_SPEC_MEMBER(member, init, ...) int32_t member = init;
