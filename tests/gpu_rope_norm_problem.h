@@ -106,7 +106,8 @@ inline NormFamily norm_family(uint32_t family) {
     const bool unit_offset = rng() & 1, weight_grad = rng() % 4 != 0;
     NormFamily f;
     f.problem = make_problem(c, rng);
-    f.norm = make_norm(f.problem, weight_dt, unit_offset, weight_grad, rng, family % 4 == 3 ? 3 : 1);
+    const int64_t weight_step = family % 4 == 3 ? 3 : 1;  // strided weights: the scalar path
+    f.norm = make_norm(f.problem, weight_dt, unit_offset, weight_grad, rng, weight_step);
     return f;
 }
 

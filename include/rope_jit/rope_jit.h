@@ -670,8 +670,9 @@ ROPE_JIT_API rope_jit_status rope_jit_prewarm(rope_jit_runtime* runtime,
  *     Left out, the derived fields (index dtypes: int64 where read; in_place_k = in_place_q;
  *     "vec", "vec_loads", "copy_vec", "table_vec_loads", "norm_weight_vec_loads",
  *     "block_threads") take what a call with C-contiguous, 16-byte-aligned tensors gets; the
- *     others take rope_jit_kernel_spec_init's defaults. Example: {"head_dim": 128, "dtype": "bfloat16", "table_dtype":
- *     "bfloat16", "direction": "backward", "gqa_group": 4, "in_place_q": false}.
+ *     others take rope_jit_kernel_spec_init's defaults. Example: {"head_dim": 128, "dtype":
+ *     "bfloat16", "table_dtype": "bfloat16", "direction": "backward", "gqa_group": 4,
+ *     "in_place_q": false}.
  *   Attention ("op": "attention") describing a call: "head_dim" (required), "dtype",
  *     "table_dtype", "mask_dtype", "rotary_dim" (default head_dim; 0 = no rotation),
  *     "style", "table_full" ([P, R] tables; default false: [P, R/2]), "pos_mask", "mask"

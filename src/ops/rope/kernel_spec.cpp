@@ -39,14 +39,19 @@ const char* dtype_short(int32_t code) {
     return code >= 0 && code < 3 ? names[code] : "?";
 }
 
-// Whether a [B, H, S, D] view allows vector accesses of n elements: unit feature stride,
-// every other stride a multiple of n, and the base address aligned to n elements.
-bool vector_friendly(const TensorRef& t, int64_t n) {
-    if (t.shape[3] > 1 && t.strides[3] != 1) return false;
-    for (int d = 0; d < 3; ++d)
+// Whether a view of `rank` dims allows vector accesses of n elements along its last dim: unit
+// stride there, every other stride a multiple of n, and the base aligned to n elements.
+bool vectors_fit(const TensorRef& t, int rank, int64_t n) {
+    if (t.shape[rank - 1] > 1 && t.strides[rank - 1] != 1) return false;
+    for (int d = 0; d < rank - 1; ++d)
         if (t.shape[d] > 1 && t.strides[d] % n != 0) return false;
     const uintptr_t alignment = uintptr_t(n) * dtype_size(t.dtype);
     return reinterpret_cast<uintptr_t>(t.data) % alignment == 0;
+}
+
+// A [B, H, S, D] view read n features at a time.
+bool vector_friendly(const TensorRef& t, int64_t n) {
+    return vectors_fit(t, 4, n);
 }
 
 // Whether aligned vectors of n features tile the rotated chunks: the first features of the
@@ -129,19 +134,14 @@ int64_t table_span(const KernelSpec& spec) {
 
 // Whether a [P, C] table allows reading spans of n columns as one aligned vector.
 bool table_friendly(const TensorRef& t, int64_t n) {
-    if (t.shape[1] > 1 && t.strides[1] != 1) return false;
-    if (t.shape[0] > 1 && t.strides[0] % n != 0) return false;
-    const uintptr_t alignment = uintptr_t(n) * dtype_size(t.dtype);
-    return reinterpret_cast<uintptr_t>(t.data) % alignment == 0;
+    return vectors_fit(t, 2, n);
 }
 
-// Whether QK-norm weights [D] allow reading runs of features as aligned 16-byte vectors: unit
-// stride and a 16-byte-aligned base (the kernel reads vectors only where runs tile the row).
-// A decode row's chain then has no run-time choice between the vector and the scalar path to
-// wait on (H200, B=64 32/8 heads D128: QK-norm decode 2.87 -> 2.62 us in a graph).
+// Whether QK-norm weights [D] allow 16-byte vectors (the kernel reads vectors only where runs
+// tile the row). A decode row's chain then has no run-time choice between the vector and the
+// scalar path to wait on (H200, B=64 32/8 heads D128: QK-norm decode 2.87 -> 2.62 us in a graph).
 bool weights_friendly(const TensorRef& w) {
-    if (w.shape[0] > 1 && w.strides[0] != 1) return false;
-    return reinterpret_cast<uintptr_t>(w.data) % 16 == 0;
+    return vectors_fit(w, 1, 16 / int64_t(dtype_size(w.dtype)));
 }
 
 }  // namespace
