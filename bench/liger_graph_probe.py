@@ -1,94 +1,109 @@
-"""In-place RoPE, rope-jit against Liger's Triton kernel, in CUDA graphs of 20 calls on the same
-tensors (one process), with three controls: the same graph replayed again, graphs alternating
-two tensor sets (no L2 contents carried from one call to the next), and a 96 MB fill between
-calls (its own time subtracted). Prints microseconds per call and GB/s of q and k read and
-written. Session 14's probe of why run AX put Liger ahead
-(bench/results/h200_liger_graph_probe.log).
+"""In-place RoPE, rope-jit against Liger's Triton kernel in CUDA graphs: where bench/compare_torch.py
+(Liger ahead by 3-8%) and timing each graph on its own (rope-jit ahead, session 14's run BO)
+disagree, this times the same graphs of bench/compare_torch.py (its inputs, implementations,
+capture and timing functions, imported) several ways in one process, and lists each kernel's
+duration and the gaps between kernels from the profiler:
 
-    pip install --no-deps --target /tmp/lgpkg liger_kernel-0.8.5-py3-none-any.whl
-    ROPE_JIT_LIBRARY=build-gpu/librope_jit.so PYTHONPATH=python \
-        python3 bench/liger_graph_probe.py [--liger-path /tmp/lgpkg]
+  round robin   compare_torch's timing: trials taking turns between every implementation and
+                the copy of the same bytes
+  alone         one graph's trials back to back
+  pair          rope-jit's and Liger's graphs taking turns, both orders
+  graph N       graphs of N calls (10 is compare_torch's default)
+  kernels       torch.profiler over three replays of each graph on its own: the median kernel
+                duration and the median gap from one kernel's end to the next one's start
+
+    ROPE_JIT_LIBRARY=build-gpu/librope_jit.so PYTHONPATH=python python3 bench/liger_graph_probe.py
 """
-import argparse
+import os
+import statistics
 import sys
 
 import torch
 
-SHAPES = [(8, 2048, 16, 16, 64), (4, 4096, 32, 8, 128)]  # B, S, Hq, Hk, D (issue 24's D64, Llama)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import compare_torch as ct  # noqa: E402  (the harness whose numbers this probes)
+
+SHAPES = [(8, 2048, 16, 16, 64, 64, "half"), (4, 4096, 32, 8, 128, 128, "half")]
+TRIALS = 11
 
 
-def inputs(B, S, Hq, Hk, D):
-    """q, k [B, S, H, D] bf16 and HF's full cos/sin tables [S, D]."""
-    q = torch.randn(B, S, Hq, D, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(B, S, Hk, D, device="cuda", dtype=torch.bfloat16)
-    inv_freq = 1.0 / (10000 ** (torch.arange(0, D, 2, device="cuda", dtype=torch.float32) / D))
-    angles = torch.outer(torch.arange(S, device="cuda", dtype=torch.float32), inv_freq)
-    emb = torch.cat((angles, angles), -1)
-    return q, k, emb.cos().to(torch.bfloat16), emb.sin().to(torch.bfloat16)
+def per_call_us(graphs, calls):
+    """compare_torch's time_ms over graph replays (5 a trial, trials taking turns): us a call."""
+    replays = {name: graph.replay for name, graph in graphs.items()}
+    return {name: ms * 1e3 / calls for name, ms in ct.time_ms(replays, 5, TRIALS).items()}
 
 
-def graph_us(fns, calls=20, trials=5, replays=10):
-    """Median microseconds per call of a CUDA graph of `calls` calls cycling through fns."""
-    for fn in fns:
-        fn()
+def kernel_timeline(graph):
+    """(median kernel us, median gap us between consecutive kernels) over three replays."""
+    from torch.profiler import ProfilerActivity, profile
+
+    graph.replay()
     torch.cuda.synchronize()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for fn in fns:
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(calls):
-            fns[i % len(fns)]()
-    times = []
-    for _ in range(trials):
-        start = torch.cuda.Event(enable_timing=True)
-        stop = torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(replays):
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
             graph.replay()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop) * 1e3 / (replays * calls))
-    return sorted(times)[len(times) // 2]
+        torch.cuda.synchronize()
+    spans = sorted((event.time_range.start, event.time_range.end) for event in prof.events()
+                   if event.device_type == torch.autograd.DeviceType.CUDA)
+    if not spans:
+        return None, None
+    durations = [end - start for start, end in spans]
+    gaps = [b[0] - a[1] for a, b in zip(spans, spans[1:])]
+    return statistics.median(durations), statistics.median(gaps) if gaps else None
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--liger-path", default="/tmp/lgpkg",
-                        help="where liger_kernel is installed, if not on the path")
-    options = parser.parse_args()
-    sys.path.insert(0, options.liger_path)
-    import rope_jit
-    from liger_kernel.ops.rope import rope_forward
-
+    ct.DEVICE = "cuda"
+    torch.manual_seed(0)
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, liger_kernel "
+          f"{ct.liger_version()}")
+    profiled, tables = [], []
     for shape in SHAPES:
-        D = shape[-1]
-        q1, k1, cos, sin = inputs(*shape)
-        q2, k2, _, _ = inputs(*shape)
-        scratch = torch.empty(96 << 20, dtype=torch.uint8, device="cuda")
-
-        def ours(q, k):
-            return lambda: rope_jit.rope(q, k, cos=cos, sin=sin, layout="bshd", rotary_dim=D)
-
-        def liger(q, k):
-            return lambda: rope_forward(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
-
-        def fill():
-            scratch.fill_(1)
-
-        nbytes = 2 * (q1.numel() + k1.numel()) * q1.element_size()
-        results = {"fill alone": graph_us([fill])}
-        for name, make in (("rope_jit", ours), ("liger", liger)):
-            results[name + " same"] = graph_us([make(q1, k1)])
-            results[name + " alternate"] = graph_us([make(q1, k1), make(q2, k2)])
-            results[name + " + fill"] = 2 * graph_us([make(q1, k1), fill]) - results["fill alone"]
-            results[name + " same again"] = graph_us([make(q1, k1)])
-        print(f"{shape}: {nbytes / 1e6:.1f} MB")
-        for name, us in results.items():
-            print(f"  {name:24s} {us:8.2f} us  {nbytes / us / 1e3:7.0f} GB/s")
+        B, S, Hq, Hk, D, R, style = shape
+        q, k, cos, sin = ct.make_inputs(*shape)
+        runs, skipped = ct.implementations(True, q, k, cos, sin, R, style)
+        if "liger" not in runs:
+            print(f"{ct.shape_label(*shape)}: Liger skipped: {skipped}")
+            continue
+        nbytes = ct.bytes_moved(B, S, Hq, Hk, D, R)
+        runs["same_size_copy"] = ct.same_size_copy(nbytes)
+        results = {}
+        for calls in (10, 20):
+            graphs = {}
+            for name, fn in runs.items():
+                graph, why = ct.capture(fn, calls)
+                if graph is None:
+                    print(f"  {name}: no graph: {why}")
+                else:
+                    graphs[name] = graph
+            ours_liger = {name: graphs[name] for name in ("rope_jit", "liger")}
+            for name, us in per_call_us(graphs, calls).items():
+                results.setdefault(name, {})[f"round robin, graph {calls}"] = us
+            for name in ("rope_jit", "liger", "same_size_copy"):
+                us = per_call_us({name: graphs[name]}, calls)[name]
+                results[name][f"alone, graph {calls}"] = us
+            for order in (("rope_jit", "liger"), ("liger", "rope_jit")):
+                pair = {name: ours_liger[name] for name in order}
+                for name, us in per_call_us(pair, calls).items():
+                    results[name][f"pair {order[0]} first, graph {calls}"] = us
+            if calls == 10:
+                profiled.append((results, graphs))
+        tables.append((shape, nbytes, results))
+    # Last, since the profiler stays attached to the process once used.
+    for results, graphs in profiled:
+        for name in ("rope_jit", "liger", "same_size_copy"):
+            kernel, gap = kernel_timeline(graphs[name])
+            results[name]["kernels: median kernel"] = kernel
+            results[name]["kernels: median gap"] = gap
+    for shape, nbytes, results in tables:
+        print(f"{ct.shape_label(*shape)}: {nbytes / 1e6:.1f} MB (us a call)")
+        modes = list(results["rope_jit"])
+        names = ("rope_jit", "liger", "same_size_copy", "torch_compile")
+        print(f"  {'':34s}" + "".join(f"{name:>16s}" for name in names))
+        for mode in modes:
+            cells = [results.get(name, {}).get(mode) for name in names]
+            print(f"  {mode:34s}" + "".join(
+                f"{'-' if value is None else f'{value:.2f}':>16s}" for value in cells))
 
 
 if __name__ == "__main__":

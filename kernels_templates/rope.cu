@@ -465,10 +465,19 @@ __device__ __forceinline__ ItemPlace place_item(const RopeKernelParams& p,
     place.valid = false;
     place.fp8 = false;
     if (item >= block_items) return place;
-    const int token = item / items_per_token;
-    const int rest = item - token * items_per_token;
-    int h = rest / ROT_ITEMS;
-    place.span = item_span(rest - h * ROT_ITEMS);
+    int token, h;
+    if (p.items_by_head) {  // (head, token, chunk): one head's rows of the block's tokens
+        const int head_items = block_items / items_per_token * ROT_ITEMS;
+        h = item / head_items;
+        const int rest = item - h * head_items;
+        token = rest / ROT_ITEMS;
+        place.span = item_span(rest - token * ROT_ITEMS);
+    } else {  // (token, head, chunk)
+        token = item / items_per_token;
+        const int rest = item - token * items_per_token;
+        h = rest / ROT_ITEMS;
+        place.span = item_span(rest - h * ROT_ITEMS);
+    }
     const bool is_k = HAS_K && h >= heads_q;
     const RopeTokenBases base = bases[token];
     if (is_k) {

@@ -52,7 +52,12 @@ struct RopeKernelParams {
     int tokens_per_block;
     // 1: one token a block, each thread resolving its own item's rows without shared memory
     // or barriers (the launcher sets it only where the plan's one_token_direct allows it).
-    int direct;
+    unsigned char direct;
+    // 1: the staged path orders a block's items (head, token, chunk) instead of (token, head,
+    // chunk), so that a warp reads one head's consecutive tokens: [B, H, S, D] buffers, whose
+    // rows of one token lie a head plane apart (the launcher's items_by_head). Bytes, so that
+    // the two flags keep the 4 bytes `direct` had and no later field moves.
+    unsigned char items_by_head;
 
     // Multi-section positions (M-RoPE): positions carry a leading axis of this stride, and
     // pair i reads axis pair_axis[i].

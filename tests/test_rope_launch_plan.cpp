@@ -172,11 +172,19 @@ TEST_CASE("launch geometry: blocks fit their tokens' items, the grid and shared 
     CHECK(launch.blocks == 4 * 4096);
     CHECK(launch.shared_bytes == 16 + sizeof(RopeTokenBases));
     CHECK(launch.direct);
+    CHECK_FALSE(launch.items_by_head);  // one token a block: no order to choose
     // One head: 16 items a token, 512 / 16 = 32 tokens a block, 256 threads.
     launch = rope_jit::plan_rope_launch(spec, 1, 1, 1 << 20, 132, true);
     CHECK(launch.tokens_per_block == 32);
     CHECK(launch.threads == 256);
     CHECK(launch.blocks == (1 << 20) / 32);
+    CHECK_FALSE(launch.items_by_head);  // [B, S, H, D]: a token's heads lie together
+    // The same tokens of a [B, H, S, D] buffer: items ordered by head, so that a warp reads
+    // one head's consecutive rows; the geometry is the same.
+    const rope_jit::RopeLaunch by_head = rope_jit::plan_rope_launch(spec, 1, 1, 1 << 20, 132, false);
+    CHECK(by_head.items_by_head);
+    CHECK(by_head.tokens_per_block == 32);
+    CHECK(by_head.threads == 256);
     // Few tokens: blocks halve until every multiprocessor has two, down to one token.
     launch = rope_jit::plan_rope_launch(spec, 1, 1, 1000, 132, true);
     CHECK(launch.tokens_per_block == 2);  // 32 -> 16 -> 8 -> 4 -> 2 (500 blocks >= 264)

@@ -32,6 +32,9 @@ struct RopeLaunch {
     int tokens_per_block = 0;
     // One token a block, each thread resolving its own rows (RopeKernelParams::direct).
     bool direct = false;
+    // The staged path's items ordered (head, token, chunk): a [B, H, S, D] buffer's tokens
+    // (!token_rows_adjacent) read one head's consecutive rows (RopeKernelParams::items_by_head).
+    bool items_by_head = false;
 };
 RopeLaunch plan_rope_launch(const KernelSpec& spec, int64_t heads_q, int64_t heads_k, int64_t units,
                             int64_t sms, bool token_rows_adjacent);
