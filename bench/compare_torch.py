@@ -164,10 +164,15 @@ def synchronize():
         torch.cuda.synchronize()
 
 
-def time_ms(fns, repeat, trials):
+def time_ms(fns, repeat, trials, own_predecessor=True, before_trial=None):
     """{name: median over `trials` of (CUDA-event time of `repeat` back-to-back calls of
     fns[name]) / repeat} (wall time on the CPU). Trials take turns between the functions, so
-    that a drift of clocks or temperature during the run does not favour whichever ran first."""
+    that a drift of clocks or temperature during the run does not favour whichever ran first.
+    With own_predecessor, each trial starts after one untimed call of the same function: run BR
+    (bench/liger_graph_probe.py) found that a trial's first milliseconds depend on what ran
+    just before it (Liger's graphs 8% faster after torch.compile's slower kernel than after
+    their own), so without it the dictionary's order would pick who gains. before_trial, when
+    given, runs untimed before each trial (before the predecessor call)."""
     for fn in fns.values():
         for _ in range(3):
             fn()
@@ -183,6 +188,10 @@ def time_ms(fns, repeat, trials):
                 continue
             start = torch.cuda.Event(enable_timing=True)
             stop = torch.cuda.Event(enable_timing=True)
+            if before_trial is not None:
+                before_trial()
+            if own_predecessor:
+                fn()
             start.record()
             for _ in range(repeat):
                 fn()
@@ -217,16 +226,17 @@ def capture(fn, calls):
     return graph, None
 
 
-def time_graphs_ms(fns, calls, trials):
+def time_graphs_ms(fns, calls, trials, before_trial=None):
     """({name: GPU time of one call, from replays of a CUDA graph of `calls` calls; None when it
-    cannot be captured}, {name: why not})."""
+    cannot be captured}, {name: why not}); before_trial as in time_ms."""
     graphs, errors = {}, {}
     for name, fn in fns.items():
         graphs[name], why = capture(fn, calls)
         if why:
             errors[name] = why
     replays = {name: graph.replay for name, graph in graphs.items() if graph is not None}
-    times = {name: ms / calls for name, ms in time_ms(replays, 5, trials).items()}
+    times = {name: ms / calls
+             for name, ms in time_ms(replays, 5, trials, before_trial=before_trial).items()}
     return {name: times.get(name) for name in fns}, errors
 
 

@@ -8,6 +8,9 @@ duration and the gaps between kernels from the profiler:
                 the copy of the same bytes
   alone         one graph's trials back to back
   pair          rope-jit's and Liger's graphs taking turns, both orders
+  own pred.     round robin, each trial after one untimed replay of its own graph
+                (compare_torch since run BR)
+  after P       trials of each graph right after a trial of P's: what the predecessor does
   graph N       graphs of N calls (10 is compare_torch's default)
   kernels       torch.profiler over three replays of each graph on its own: the median kernel
                 duration and the median gap from one kernel's end to the next one's start
@@ -27,10 +30,13 @@ SHAPES = [(8, 2048, 16, 16, 64, 64, "half"), (4, 4096, 32, 8, 128, 128, "half")]
 TRIALS = 11
 
 
-def per_call_us(graphs, calls):
-    """compare_torch's time_ms over graph replays (5 a trial, trials taking turns): us a call."""
+def per_call_us(graphs, calls, own_predecessor=False):
+    """compare_torch's time_ms over graph replays (5 a trial, trials taking turns): us a call.
+    Without own_predecessor each trial follows the previous function's trial (the order of
+    compare_torch before run BR)."""
     replays = {name: graph.replay for name, graph in graphs.items()}
-    return {name: ms * 1e3 / calls for name, ms in ct.time_ms(replays, 5, TRIALS).items()}
+    return {name: ms * 1e3 / calls
+            for name, ms in ct.time_ms(replays, 5, TRIALS, own_predecessor).items()}
 
 
 def kernel_timeline(graph):
@@ -61,14 +67,66 @@ def print_table(shape, nbytes, results):
         if "round robin, graph 10" in times and "round robin, graph 20" in times:
             times["round robin, slope 10 -> 20"] = (20 * times["round robin, graph 20"] -
                                                     10 * times["round robin, graph 10"]) / 10
-    for mode in results["rope_jit"]:
+    modes = list(dict.fromkeys(mode for name in names for mode in results.get(name, {})))
+    for mode in modes:
         cells = [results.get(name, {}).get(mode) for name in names]
         print(f"  {mode:34s}" + "".join(
             f"{'-' if value is None else f'{value:.2f}':>16s}" for value in cells))
     sys.stdout.flush()
 
 
+def data_effects(shape):
+    """Whether the graphs' speed depends on the values in q and k: each graph timed alone on the
+    random inputs restored before every trial, on zeros, and on what 3000 of its own calls left
+    (in-place rotations by bf16 tables need not keep magnitudes); the copy of constant bytes
+    (compare_torch's) against a copy of random bytes."""
+    B, S, Hq, Hk, D, R, style = shape
+    q, k, cos, sin = ct.make_inputs(*shape)
+    q0, k0 = q.clone(), k.clone()
+    runs, _ = ct.implementations(True, q, k, cos, sin, R, style)
+    nbytes = ct.bytes_moved(B, S, Hq, Hk, D, R)
+    runs["copy_constant"] = ct.same_size_copy(nbytes)
+    src = torch.randint(0, 256, (nbytes // 2,), dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    runs["copy_random"] = lambda: dst.copy_(src)
+    graphs = {name: ct.capture(runs[name], 10)[0]
+              for name in ("rope_jit", "liger", "torch_compile", "copy_constant", "copy_random")}
+
+    def restore():
+        q.copy_(q0)
+        k.copy_(k0)
+
+    def stats():
+        x = q.float()
+        finite = torch.isfinite(x)
+        return (f"mean |q| {x[finite].abs().mean().item():.3g}, zeros "
+                f"{(x == 0).float().mean().item():.3f}, non-finite {(~finite).sum().item()}")
+
+    print(f"{ct.shape_label(*shape)}: data effects (us a call, graph of 10, each alone)")
+    for name, graph in graphs.items():
+        timed = {name: graph}
+        fresh = ct.time_ms({name: graph.replay}, 5, TRIALS, True, restore)[name] * 100
+        q.zero_()
+        k.zero_()
+        zeros = per_call_us(timed, 10, own_predecessor=True)[name]
+        restore()
+        for _ in range(300):
+            graph.replay()
+        evolved = per_call_us(timed, 10, own_predecessor=True)[name]
+        print(f"  {name:14s} fresh random {fresh:7.2f}  zeros {zeros:7.2f}  after 3000 own calls "
+              f"{evolved:7.2f} ({stats()})")
+        sys.stdout.flush()
+        restore()
+
+
 def main():
+    if "--data" in sys.argv:
+        ct.DEVICE = "cuda"
+        torch.manual_seed(0)
+        for shape in SHAPES:
+            data_effects(shape)
+        return
+
     ct.DEVICE = "cuda"
     torch.manual_seed(0)
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, liger_kernel "
@@ -102,6 +160,16 @@ def main():
                 pair = {name: ours_liger[name] for name in order}
                 for name, us in per_call_us(pair, calls).items():
                     results[name][f"pair {order[0]} first, graph {calls}"] = us
+            for name, us in per_call_us(graphs, calls, own_predecessor=True).items():
+                results[name][f"round robin, own predecessor, {calls}"] = us
+            if calls == 10:
+                # Each trial of X right after a trial of P, P's graph first in every turn.
+                for before in ("torch_compile", "same_size_copy", "rope_jit", "liger"):
+                    for name in ("rope_jit", "liger", "same_size_copy"):
+                        if name != before:
+                            pair = {before: graphs[before], name: graphs[name]}
+                            results[name][f"after {before}, graph 10"] = per_call_us(
+                                pair, calls)[name]
             if calls == 10:
                 # The graphs replay the tensors they captured: keep them (and the runs' own
                 # buffers) alive until the profiler has replayed the graphs.
