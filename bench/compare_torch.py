@@ -168,11 +168,11 @@ def time_ms(fns, repeat, trials, own_predecessor=True, before_trial=None):
     """{name: median over `trials` of (CUDA-event time of `repeat` back-to-back calls of
     fns[name]) / repeat} (wall time on the CPU). Trials take turns between the functions, so
     that a drift of clocks or temperature during the run does not favour whichever ran first.
-    With own_predecessor, each trial starts after one untimed call of the same function: run BR
-    (bench/liger_graph_probe.py) found that a trial's first milliseconds depend on what ran
-    just before it (Liger's graphs 8% faster after torch.compile's slower kernel than after
-    their own), so without it the dictionary's order would pick who gains. before_trial, when
-    given, runs untimed before each trial (before the predecessor call)."""
+    With own_predecessor, each trial starts after one untimed call of the same function. That
+    does not make the order fair: run BS (bench/liger_graph_probe.py) found any RoPE graph 6-7%
+    faster for milliseconds after torch.compile's slower kernel, one untimed call included, so
+    whichever function follows torch.compile in `fns` gains. before_trial, when given, runs
+    untimed before each trial (before the own call)."""
     for fn in fns.values():
         for _ in range(3):
             fn()
@@ -226,17 +226,16 @@ def capture(fn, calls):
     return graph, None
 
 
-def time_graphs_ms(fns, calls, trials, before_trial=None):
+def time_graphs_ms(fns, calls, trials):
     """({name: GPU time of one call, from replays of a CUDA graph of `calls` calls; None when it
-    cannot be captured}, {name: why not}); before_trial as in time_ms."""
+    cannot be captured}, {name: why not})."""
     graphs, errors = {}, {}
     for name, fn in fns.items():
         graphs[name], why = capture(fn, calls)
         if why:
             errors[name] = why
     replays = {name: graph.replay for name, graph in graphs.items() if graph is not None}
-    times = {name: ms / calls
-             for name, ms in time_ms(replays, 5, trials, before_trial=before_trial).items()}
+    times = {name: ms / calls for name, ms in time_ms(replays, 5, trials).items()}
     return {name: times.get(name) for name in fns}, errors
 
 

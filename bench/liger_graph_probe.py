@@ -9,7 +9,7 @@ duration and the gaps between kernels from the profiler:
   alone         one graph's trials back to back
   pair          rope-jit's and Liger's graphs taking turns, both orders
   own pred.     round robin, each trial after one untimed replay of its own graph
-                (compare_torch since run BR)
+                (compare_torch since run BS)
   after P       trials of each graph right after a trial of P's: what the predecessor does
   graph N       graphs of N calls (10 is compare_torch's default)
   kernels       torch.profiler over three replays of each graph on its own: the median kernel
@@ -30,13 +30,13 @@ SHAPES = [(8, 2048, 16, 16, 64, 64, "half"), (4, 4096, 32, 8, 128, 128, "half")]
 TRIALS = 11
 
 
-def per_call_us(graphs, calls, own_predecessor=False):
+def per_call_us(graphs, calls, own_predecessor=False, before_trial=None):
     """compare_torch's time_ms over graph replays (5 a trial, trials taking turns): us a call.
     Without own_predecessor each trial follows the previous function's trial (the order of
-    compare_torch before run BR)."""
+    compare_torch before run BS)."""
     replays = {name: graph.replay for name, graph in graphs.items()}
-    return {name: ms * 1e3 / calls
-            for name, ms in ct.time_ms(replays, 5, TRIALS, own_predecessor).items()}
+    return {name: ms * 1e3 / calls for name, ms in
+            ct.time_ms(replays, 5, TRIALS, own_predecessor, before_trial).items()}
 
 
 def kernel_timeline(graph):
@@ -105,7 +105,7 @@ def data_effects(shape):
     print(f"{ct.shape_label(*shape)}: data effects (us a call, graph of 10, each alone)")
     for name, graph in graphs.items():
         timed = {name: graph}
-        fresh = ct.time_ms({name: graph.replay}, 5, TRIALS, True, restore)[name] * 100
+        fresh = per_call_us(timed, 10, own_predecessor=True, before_trial=restore)[name]
         q.zero_()
         k.zero_()
         zeros = per_call_us(timed, 10, own_predecessor=True)[name]
@@ -120,15 +120,12 @@ def data_effects(shape):
 
 
 def main():
+    ct.DEVICE = "cuda"
+    torch.manual_seed(0)
     if "--data" in sys.argv:
-        ct.DEVICE = "cuda"
-        torch.manual_seed(0)
         for shape in SHAPES:
             data_effects(shape)
         return
-
-    ct.DEVICE = "cuda"
-    torch.manual_seed(0)
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, liger_kernel "
           f"{ct.liger_version()}")
     profiled = []
@@ -170,7 +167,6 @@ def main():
                             pair = {before: graphs[before], name: graphs[name]}
                             results[name][f"after {before}, graph 10"] = per_call_us(
                                 pair, calls)[name]
-            if calls == 10:
                 # The graphs replay the tensors they captured: keep them (and the runs' own
                 # buffers) alive until the profiler has replayed the graphs.
                 profiled.append((shape, inputs, runs, graphs))
@@ -181,7 +177,8 @@ def main():
         for name in ("rope_jit", "liger", "same_size_copy"):
             try:
                 kernel, gap = kernel_timeline(graphs[name])
-                print(f"  {name:16s} {kernel}  {gap}")
+                print(f"  {name:16s} " + ("no kernel events" if kernel is None else
+                                          f"{kernel:8.2f}  {gap or 0:6.3f}"))
             except RuntimeError as error:  # a profiler fault must not hide the tables above
                 print(f"  {name:16s} profiler failed: {error}")
                 return
