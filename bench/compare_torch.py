@@ -28,10 +28,13 @@ Checks, before any timing: each implementation's result against fp32 math on the
 inputs and tables (in place: q's and k's own buffers, so a result written elsewhere fails; out
 of place: q and k must come back untouched). A mismatch stops the run.
 Times, medians over --trials of CUDA-event timings, the trials taking turns between the
-implementations and the copy of the same bytes (below), so that a drift of clocks favours none:
+implementations and the copy of the same bytes (below), so that a drift of clocks favours none
+(torch.compile and eager take turns only with each other: TIMED_APART says why); each trial
+starts from the same random q and k and after 10 ms of its own untimed calls (time_ms):
   calls  back-to-back Python calls, as a training loop makes them (host overhead included: a
          call whose host side is slower than its kernel leaves the GPU waiting);
-  graph  the GPU time of one call, from replays of a CUDA graph of --graph-calls calls.
+  graph  the GPU time of one call, from replays of a CUDA graph of --graph-calls calls, 20 ms
+         of replays a trial.
 Bytes are q and k read and written once plus the cos and sin rows read: the fewest a call must
 touch (but for partial rotary in place, which need not touch the features it leaves alone).
 Fractions: "of copy" is the bandwidth over that of a 2 GiB device-to-device copy timed in the
@@ -45,6 +48,7 @@ bench/plot_results.py draws the PNG from the JSON.
 import argparse
 import importlib.metadata
 import json
+import math
 import statistics
 import time
 
@@ -79,6 +83,17 @@ LABELS = {"rope_jit": "rope-jit", "torch_compile": "torch.compile", "liger": "Li
 # pass; a wrong pair, sign or row is off by O(1).
 TOLERANCE = {"atol": 3e-2, "rtol": 2e-2}
 BIG_COPY_BYTES = {"cuda": 2 << 30, "cpu": 64 << 20}  # the yardstick; the CPU one only smokes
+# Each GPU trial: its function's own untimed calls for SOAK_MS first (time_ms says why), then
+# graph replays for GRAPH_TRIAL_MS at least, so that what is left of the state the previous
+# trial left is small against the trial.
+SOAK_MS = 10.0
+GRAPH_TRIAL_MS = 20.0
+# Peers much slower than a copy: any RoPE trial right after one of torch.compile's runs 6-7%
+# faster (rope-jit's and Liger's alike, a copy not), and still does after a 10 ms soak of its
+# own calls (runs BS, BV: bench/liger_graph_probe.py; not the data q and k hold, run BT). Their
+# trials therefore take turns only with each other, after those of rope-jit, Liger and the copy,
+# which take turns among themselves and follow none of them.
+TIMED_APART = ("torch_compile", "torch_eager")
 DEVICE = "cuda"
 
 
@@ -164,19 +179,25 @@ def synchronize():
         torch.cuda.synchronize()
 
 
-def time_ms(fns, repeat, trials, own_predecessor=True, before_trial=None):
-    """{name: median over `trials` of (CUDA-event time of `repeat` back-to-back calls of
-    fns[name]) / repeat} (wall time on the CPU). Trials take turns between the functions, so
-    that a drift of clocks or temperature during the run does not favour whichever ran first.
-    With own_predecessor, each trial starts after one untimed call of the same function. That
-    does not make the order fair: run BS (bench/liger_graph_probe.py) found any RoPE graph 6-7%
-    faster for milliseconds after torch.compile's slower kernel, one untimed call included, so
-    whichever function follows torch.compile in `fns` gains. before_trial, when given, runs
-    untimed before each trial (before the own call)."""
+def time_ms(fns, repeat, trials, soak_ms=SOAK_MS, min_trial_ms=0.0, before_trial=None):
+    """{name: median over `trials` of (CUDA-event time of back-to-back calls of fns[name]) /
+    calls} (wall time on the CPU). Trials take turns between the functions, so that a drift of
+    clocks or temperature during the run does not favour whichever ran first. A trial times
+    `repeat` calls, or as many as last min_trial_ms. Each trial on the GPU starts with
+    before_trial (untimed, when given), then untimed calls of its own function for soak_ms (one
+    at least, when above 0), so that a trial starts from its function's own state, not from
+    the previous trial's (which a soak does not always reset: TIMED_APART)."""
     for fn in fns.values():
         for _ in range(3):
             fn()
     synchronize()
+    timed_calls, soak_calls = {}, {}
+    for name, fn in fns.items():
+        ms = 0.0
+        if DEVICE == "cuda" and (soak_ms > 0 or min_trial_ms > 0):
+            ms = one_trial_ms(fn, 3) / 3  # the size of a call, to size the trials
+        timed_calls[name] = max(repeat, math.ceil(min_trial_ms / ms) if ms > 0 else 0)
+        soak_calls[name] = max(1, math.ceil(soak_ms / ms)) if ms > 0 else int(soak_ms > 0)
     times = {name: [] for name in fns}
     for _ in range(trials):
         for name, fn in fns.items():
@@ -186,19 +207,24 @@ def time_ms(fns, repeat, trials, own_predecessor=True, before_trial=None):
                     fn()
                 times[name].append((time.perf_counter() - start) * 1e3 / repeat)
                 continue
-            start = torch.cuda.Event(enable_timing=True)
-            stop = torch.cuda.Event(enable_timing=True)
             if before_trial is not None:
                 before_trial()
-            if own_predecessor:
+            for _ in range(soak_calls[name]):
                 fn()
-            start.record()
-            for _ in range(repeat):
-                fn()
-            stop.record()
-            stop.synchronize()
-            times[name].append(start.elapsed_time(stop) / repeat)
+            times[name].append(one_trial_ms(fn, timed_calls[name]) / timed_calls[name])
     return {name: statistics.median(values) for name, values in times.items()}
+
+
+def one_trial_ms(fn, calls):
+    """CUDA-event time of `calls` back-to-back calls of fn."""
+    start = torch.cuda.Event(enable_timing=True)
+    stop = torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(calls):
+        fn()
+    stop.record()
+    stop.synchronize()
+    return start.elapsed_time(stop)
 
 
 def capture(fn, calls):
@@ -226,16 +252,17 @@ def capture(fn, calls):
     return graph, None
 
 
-def time_graphs_ms(fns, calls, trials):
+def time_graphs_ms(fns, calls, trials, before_trial=None):
     """({name: GPU time of one call, from replays of a CUDA graph of `calls` calls; None when it
-    cannot be captured}, {name: why not})."""
+    cannot be captured}, {name: why not}); before_trial as in time_ms."""
     graphs, errors = {}, {}
     for name, fn in fns.items():
         graphs[name], why = capture(fn, calls)
         if why:
             errors[name] = why
     replays = {name: graph.replay for name, graph in graphs.items() if graph is not None}
-    times = {name: ms / calls for name, ms in time_ms(replays, 5, trials).items()}
+    times = {name: ms / calls for name, ms in time_ms(
+        replays, 5, trials, min_trial_ms=GRAPH_TRIAL_MS, before_trial=before_trial).items()}
     return {name: times.get(name) for name in fns}, errors
 
 
@@ -248,8 +275,9 @@ def copy_gbps(trials):
 
 
 def same_size_copy(nbytes):
-    """A device copy of `nbytes / 2` bytes: nbytes read plus written."""
-    src = torch.full((nbytes // 2,), 0x3C, dtype=torch.uint8, device=DEVICE)
+    """A device copy of `nbytes / 2` random bytes: nbytes read plus written. Random, as q and k
+    are: HBM's power, and so perhaps its speed, depends on the bits it moves."""
+    src = torch.randint(0, 256, (nbytes // 2,), dtype=torch.uint8, device=DEVICE)
     dst = torch.empty_like(src)
 
     def copy():
@@ -394,8 +422,23 @@ def measure_shape(shape, in_place, copy, options):
     nbytes = bytes_moved(B, S, Hq, Hk, D, R)
     # The copy of the same bytes is timed with the implementations, taking turns with them.
     timed = dict(runs, same_size_copy=same_size_copy(nbytes))
-    times = time_ms(timed, options.repeat, options.trials)
-    graph_times, graph_errors = time_graphs_ms(timed, options.graph_calls, options.trials)
+
+    def restore():  # every trial from the same random q and k (time_ms says why)
+        q.copy_(pristine[0])
+        k.copy_(pristine[1])
+
+    times, graph_times, graph_errors = {}, {}, {}
+    for apart in (False, True):  # TIMED_APART says why
+        group = {name: fn for name, fn in timed.items() if (name in TIMED_APART) == apart}
+        if not group:
+            continue
+        times.update(time_ms(group, options.repeat, options.trials, before_trial=restore))
+        group_graphs, group_errors = time_graphs_ms(group, options.graph_calls, options.trials,
+                                                    before_trial=restore)
+        graph_times.update(group_graphs)
+        graph_errors.update(group_errors)
+    times = {name: times[name] for name in timed}  # the order of the tables
+    graph_times = {name: graph_times[name] for name in timed}
     if DEVICE == "cuda":
         for name, why in graph_errors.items():
             print(f"  ({name}: no CUDA graph: {why})")

@@ -9,13 +9,19 @@ duration and the gaps between kernels from the profiler:
   alone         one graph's trials back to back
   pair          rope-jit's and Liger's graphs taking turns, both orders
   own pred.     round robin, each trial after one untimed replay of its own graph
-                (compare_torch since run BS)
+                (compare_torch in run BS)
+  soaked        each trial after 10 ms of its own untimed replays, 20 ms of replays timed
+                (compare_torch since run BT)
   after P       trials of each graph right after a trial of P's: what the predecessor does
   graph N       graphs of N calls (10 is compare_torch's default)
   kernels       torch.profiler over three replays of each graph on its own: the median kernel
                 duration and the median gap from one kernel's end to the next one's start
 
     ROPE_JIT_LIBRARY=build-gpu/librope_jit.so PYTHONPATH=python python3 bench/liger_graph_probe.py
+
+With --data it asks instead whether the data moved sets the speed: the 2 GiB yardstick copy of
+constant, random and zero bytes, and each graph on fresh random inputs, zeros, and what 3000 of
+its own calls left.
 """
 import os
 import statistics
@@ -28,15 +34,17 @@ import compare_torch as ct  # noqa: E402  (the harness whose numbers this probes
 
 SHAPES = [(8, 2048, 16, 16, 64, 64, "half"), (4, 4096, 32, 8, 128, 128, "half")]
 TRIALS = 11
+ONE_CALL = 1e-6  # a soak of one call (time_ms runs one at least)
 
 
-def per_call_us(graphs, calls, own_predecessor=False, before_trial=None):
-    """compare_torch's time_ms over graph replays (5 a trial, trials taking turns): us a call.
-    Without own_predecessor each trial follows the previous function's trial (the order of
-    compare_torch before run BS)."""
+def per_call_us(graphs, calls, soak_ms=0.0, before_trial=None, min_trial_ms=0.0):
+    """compare_torch's time_ms over graph replays (5 a trial or min_trial_ms, trials taking
+    turns): us a call. soak_ms 0: each trial follows the previous function's trial (the order
+    of compare_torch before run BS); ONE_CALL: after one untimed replay of its own (run BS);
+    compare_torch's SOAK_MS since run BT."""
     replays = {name: graph.replay for name, graph in graphs.items()}
-    return {name: ms * 1e3 / calls for name, ms in
-            ct.time_ms(replays, 5, TRIALS, own_predecessor, before_trial).items()}
+    return {name: ms * 1e3 / calls for name, ms in ct.time_ms(
+        replays, 5, TRIALS, soak_ms, min_trial_ms, before_trial).items()}
 
 
 def kernel_timeline(graph):
@@ -78,17 +86,17 @@ def print_table(shape, nbytes, results):
 def data_effects(shape):
     """Whether the graphs' speed depends on the values in q and k: each graph timed alone on the
     random inputs restored before every trial, on zeros, and on what 3000 of its own calls left
-    (in-place rotations by bf16 tables need not keep magnitudes); the copy of constant bytes
-    (compare_torch's) against a copy of random bytes."""
+    (in-place rotations by bf16 tables need not keep magnitudes); a copy of random bytes
+    (compare_torch's since run BT) against one of constant bytes (its copy before)."""
     B, S, Hq, Hk, D, R, style = shape
     q, k, cos, sin = ct.make_inputs(*shape)
     q0, k0 = q.clone(), k.clone()
     runs, _ = ct.implementations(True, q, k, cos, sin, R, style)
     nbytes = ct.bytes_moved(B, S, Hq, Hk, D, R)
-    runs["copy_constant"] = ct.same_size_copy(nbytes)
-    src = torch.randint(0, 256, (nbytes // 2,), dtype=torch.uint8, device="cuda")
+    runs["copy_random"] = ct.same_size_copy(nbytes)  # compare_torch's limit since run BT
+    src = torch.full((nbytes // 2,), 0x3C, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
-    runs["copy_random"] = lambda: dst.copy_(src)
+    runs["copy_constant"] = lambda: dst.copy_(src)  # its limit before
     graphs = {name: ct.capture(runs[name], 10)[0]
               for name in ("rope_jit", "liger", "torch_compile", "copy_constant", "copy_random")}
 
@@ -105,24 +113,40 @@ def data_effects(shape):
     print(f"{ct.shape_label(*shape)}: data effects (us a call, graph of 10, each alone)")
     for name, graph in graphs.items():
         timed = {name: graph}
-        fresh = per_call_us(timed, 10, own_predecessor=True, before_trial=restore)[name]
+        fresh = per_call_us(timed, 10, ONE_CALL, before_trial=restore)[name]
         q.zero_()
         k.zero_()
-        zeros = per_call_us(timed, 10, own_predecessor=True)[name]
+        zeros = per_call_us(timed, 10, ONE_CALL)[name]
         restore()
         for _ in range(300):
             graph.replay()
-        evolved = per_call_us(timed, 10, own_predecessor=True)[name]
+        evolved = per_call_us(timed, 10, ONE_CALL)[name]
         print(f"  {name:14s} fresh random {fresh:7.2f}  zeros {zeros:7.2f}  after 3000 own calls "
               f"{evolved:7.2f} ({stats()})")
         sys.stdout.flush()
         restore()
 
 
+def yardstick_data():
+    """The yardstick (compare_torch's and rope-jit-bench's 2 GiB copy of constant bytes) against
+    the same copy of random bytes and of zeros: GB/s, read plus written, each timed alone."""
+    nbytes = ct.BIG_COPY_BYTES["cuda"]
+    sources = {"constant 0x3c": torch.full((nbytes,), 0x3C, dtype=torch.uint8, device="cuda"),
+               "random": torch.randint(0, 256, (nbytes,), dtype=torch.uint8, device="cuda"),
+               "zeros": torch.zeros(nbytes, dtype=torch.uint8, device="cuda")}
+    dst = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    print("2 GiB device copy, GB/s (read + written), each alone:")
+    for name, src in sources.items():
+        ms = ct.time_ms({name: lambda src=src: dst.copy_(src)}, 5, TRIALS)[name]
+        print(f"  {name:14s} {2 * nbytes / (ms * 1e-3) / 1e9:8.1f}")
+    sys.stdout.flush()
+
+
 def main():
     ct.DEVICE = "cuda"
     torch.manual_seed(0)
     if "--data" in sys.argv:
+        yardstick_data()
         for shape in SHAPES:
             data_effects(shape)
         return
@@ -157,8 +181,11 @@ def main():
                 pair = {name: ours_liger[name] for name in order}
                 for name, us in per_call_us(pair, calls).items():
                     results[name][f"pair {order[0]} first, graph {calls}"] = us
-            for name, us in per_call_us(graphs, calls, own_predecessor=True).items():
+            for name, us in per_call_us(graphs, calls, ONE_CALL).items():
                 results[name][f"round robin, own predecessor, {calls}"] = us
+            for name, us in per_call_us(graphs, calls, ct.SOAK_MS,
+                                        min_trial_ms=ct.GRAPH_TRIAL_MS).items():
+                results[name][f"round robin, soaked (compare_torch), {calls}"] = us
             if calls == 10:
                 # Each trial of X right after a trial of P, P's graph first in every turn.
                 for before in ("torch_compile", "same_size_copy", "rope_jit", "liger"):
@@ -167,6 +194,8 @@ def main():
                             pair = {before: graphs[before], name: graphs[name]}
                             results[name][f"after {before}, graph 10"] = per_call_us(
                                 pair, calls)[name]
+                            results[name][f"after {before}, soaked"] = per_call_us(
+                                pair, calls, ct.SOAK_MS, min_trial_ms=ct.GRAPH_TRIAL_MS)[name]
                 # The graphs replay the tensors they captured: keep them (and the runs' own
                 # buffers) alive until the profiler has replayed the graphs.
                 profiled.append((shape, inputs, runs, graphs))

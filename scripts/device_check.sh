@@ -143,9 +143,10 @@ for step in "$@"; do
         --kernel-name regex:"${NCU_KERNEL:-rope}" --launch-skip "${NCU_SKIP:-1}" --launch-count 1 \
         --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
         --section WarpStateStats --section SchedulerStats \
+        --metrics dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sectors_srcunit_tex_op_write.sum \
         build-gpu/tools/rope-jit-bench --quick --filter "$NCU_FILTER" > "$OUT/rope_ncu_${NCU_TAG:-1}.txt" 2>&1
       step_done rope-ncu $?
-      grep -E "Duration|Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Block Limit|Warp Cycles Per Issued|No Eligible|L1/TEX Hit|L2 Hit|Mem Busy|Max Bandwidth|Grid Size|Block Size|Waves Per SM" \
+      grep -E "dram__bytes|lts__t_sectors|Duration|Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Block Limit|Warp Cycles Per Issued|No Eligible|L1/TEX Hit|L2 Hit|Mem Busy|Max Bandwidth|Grid Size|Block Size|Waves Per SM" \
         "$OUT/rope_ncu_${NCU_TAG:-1}.txt" | head -40 ;;
     rope-ncu-source)
       report="$OUT/ncu_source_${NCU_TAG:-1}"
