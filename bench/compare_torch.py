@@ -276,7 +276,7 @@ def copy_gbps(trials):
 
 def same_size_copy(nbytes):
     """A device copy of `nbytes / 2` random bytes: nbytes read plus written. Random, as q and k
-    are: HBM's power, and so perhaps its speed, depends on the bits it moves."""
+    are (run BT: as fast as a copy of constant bytes, which the 2 GiB yardstick copies)."""
     src = torch.randint(0, 256, (nbytes // 2,), dtype=torch.uint8, device=DEVICE)
     dst = torch.empty_like(src)
 
