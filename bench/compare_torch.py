@@ -266,18 +266,23 @@ def time_graphs_ms(fns, calls, trials, before_trial=None):
     return {name: times.get(name) for name in fns}, errors
 
 
-def copy_gbps(trials):
-    """Device-to-device copy bandwidth, bytes read plus written (the yardstick)."""
-    src = torch.full((BIG_COPY_BYTES[DEVICE],), 0x3C, dtype=torch.uint8, device=DEVICE)
+def copy_gbps(trials, src=None):
+    """Device-to-device copy bandwidth, bytes read plus written (the yardstick): a copy of `src`,
+    by default BIG_COPY_BYTES of constant bytes."""
+    if src is None:
+        src = torch.full((BIG_COPY_BYTES[DEVICE],), 0x3C, dtype=torch.uint8, device=DEVICE)
     dst = torch.empty_like(src)
     ms = time_ms({"copy": lambda: dst.copy_(src)}, repeat=5, trials=trials)["copy"]
     return 2 * src.numel() / (ms * 1e-3) / 1e9
 
 
-def same_size_copy(nbytes):
-    """A device copy of `nbytes / 2` random bytes: nbytes read plus written. Random, as q and k
-    are (run BT: as fast as a copy of constant bytes, which the 2 GiB yardstick copies)."""
-    src = torch.randint(0, 256, (nbytes // 2,), dtype=torch.uint8, device=DEVICE)
+def same_size_copy(nbytes, random=True):
+    """A device copy of `nbytes / 2` random (else constant) bytes: nbytes read plus written.
+    Random, as q and k are (run BT: as fast as a copy of constant bytes, which the 2 GiB
+    yardstick copies)."""
+    size = (nbytes // 2,)
+    src = (torch.randint(0, 256, size, dtype=torch.uint8, device=DEVICE) if random else
+           torch.full(size, 0x3C, dtype=torch.uint8, device=DEVICE))
     dst = torch.empty_like(src)
 
     def copy():
