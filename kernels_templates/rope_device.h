@@ -9,6 +9,18 @@
 
 namespace {
 
+// Programmatic dependent launch (rope_jit_config.programmatic_launch): waits until the grid
+// before this one on the stream has completed and its memory is visible, then lets the next
+// programmatic grid launch (its blocks then wait here in turn). A plain launch returns at
+// once. Called before a kernel reads or writes any tensor; the trigger comes after the wait
+// so that no more than two grids overlap.
+__device__ __forceinline__ void wait_for_preceding_grid() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 template <int DT>
 __device__ __forceinline__ typename StorageOf<DT>::type from_float(float v) {
     if constexpr (DT == 0) {

@@ -208,6 +208,19 @@ typedef struct rope_jit_config {
      * drops queued ones and waits for a running compile. 0: off. The environment variable
      * ROPE_JIT_BACKGROUND_BUILDS=0 turns it off as well. */
     int background_builds;
+    /* 1: the CUDA backend launches its RoPE kernels (rope_jit_rope, with or without QK-norm,
+     * KV cache and FP8 outputs; not the fused attention) as programmatic dependent launches
+     * on GPUs of compute capability 9.0 and later: a kernel may start while the kernel before
+     * it on the stream finishes, and waits for that kernel's completion and memory
+     * (griddepcontrol.wait) before it reads or writes any tensor, so the results are the same;
+     * what overlaps is the launch and the kernel's set-up. It lets the next kernel start the
+     * same way once every block of this one has begun (griddepcontrol.launch_dependents),
+     * which matters only to a next kernel launched programmatically too. Inside a CUDA graph
+     * captured from the stream the dependency becomes a programmatic edge. Decode steps of a
+     * few microseconds gain most (FlashInfer's enable_pdl, TensorRT-LLM). Ignored on older
+     * GPUs and drivers without cuLaunchKernelEx (CUDA < 12.0): plain launches there.
+     * 0 (default): plain launches. */
+    int programmatic_launch;
 } rope_jit_config;
 
 /* Fills *config with the defaults above and sets struct_size. NULL is ignored. */

@@ -100,6 +100,7 @@ class Config(ctypes.Structure):
         ("debug_checks", ctypes.c_int),
         ("cache_max_bytes", ctypes.c_int64),
         ("background_builds", ctypes.c_int),
+        ("programmatic_launch", ctypes.c_int),
     ]
 
 

@@ -164,3 +164,18 @@ def test_prewarm_json_takes_the_cache_vocabulary_and_names_a_bad_field(library, 
             runtime.prewarm_json({"head_dim": 64}, target="sm_9")
         assert "target" in caught.value.detail
         assert runtime.stats()["compiles"] == 0
+
+
+def test_programmatic_launch_is_accepted_and_changes_no_cpu_result(library):
+    rng = np.random.default_rng(3)
+    q = rng.standard_normal((1, 2, 5, 8)).astype(np.float32)
+    cos = rng.standard_normal((5, 4)).astype(np.float32)
+    sin = rng.standard_normal((5, 4)).astype(np.float32)
+    outputs = []
+    for programmatic in (False, True):
+        with rope_jit.Runtime(backend="cpu", disk_cache=False, programmatic_launch=programmatic) as runtime:
+            x = q.copy()
+            rope_jit.rope(x, cos=cos, sin=sin, runtime=runtime)
+            outputs.append(x)
+    assert not np.array_equal(outputs[0], q)
+    assert np.array_equal(outputs[0], outputs[1])

@@ -43,7 +43,8 @@ Runtime::Runtime(const rope_jit_config& config)
     try {
         devices_ = std::make_unique<CudaDevices>();
         kernels_ = std::make_unique<KernelLoader>(devices_->api(), disk_.get(), stats_);
-        rope_cuda_ = std::make_unique<RopeCuda>(*devices_, *kernels_, stats_, debug_checks_);
+        rope_cuda_ = std::make_unique<RopeCuda>(*devices_, *kernels_, stats_, debug_checks_,
+                                                config.programmatic_launch != 0);
         attention_cuda_ = std::make_unique<CudaAttention>(*devices_, *kernels_, stats_);
         if (config.background_builds != 0 && !background_builds_disabled_by_env()) {
             // Every core but the caller's (up to 4): the sm_90 attention backward's kernels

@@ -99,6 +99,9 @@ bool load_driver(const std::string& library, CudaDriverApi& api, std::string& er
         void* function = nullptr;
         if (get("cuTensorMapEncodeTiled", &function).empty())
             resolved.cuTensorMapEncodeTiled = reinterpret_cast<CuTensorMapEncodeTiled>(function);
+        function = nullptr;
+        if (get("cuLaunchKernelEx", &function).empty())
+            resolved.cuLaunchKernelEx = reinterpret_cast<CuLaunchKernelEx>(function);
     }
 
     const CUresult init = resolved.cuInit(0);

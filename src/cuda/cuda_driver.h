@@ -162,12 +162,39 @@ using CuTensorMapEncodeTiled = CUresult (*)(CUtensorMap* map, int data_type, uns
                                             const unsigned* element_strides, int interleave,
                                             int swizzle, int l2_promotion, int oob_fill);
 
+// A launch with attributes (cuda.h: CUlaunchConfig, CUlaunchAttribute and its 64-byte value
+// union), for the one attribute used: programmatic stream serialization (programmatic
+// dependent launch, sm_90 and later).
+constexpr int CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6;
+struct alignas(8) CUlaunchAttribute {
+    int id;
+    char pad[4];
+    union {
+        char bytes[64];
+        unsigned programmatic_stream_serialization_allowed;
+    } value;
+};
+struct CUlaunchConfig {
+    unsigned grid_x, grid_y, grid_z;
+    unsigned block_x, block_y, block_z;
+    unsigned shared_bytes;
+    CUstream stream;
+    CUlaunchAttribute* attrs;
+    unsigned num_attrs;
+};
+static_assert(sizeof(CUlaunchAttribute) == 72 && sizeof(CUlaunchConfig) == 56,
+              "the layouts of cuda.h's CUlaunchAttribute and CUlaunchConfig");
+using CuLaunchKernelEx = CUresult (*)(const CUlaunchConfig* config, CUfunction function,
+                                      void** params, void** extra);
+
 struct CudaDriverApi {
 #define ROPE_JIT_CUDA_FIELD_(field, query, params) CUresult(*field) params = nullptr;
     ROPE_JIT_CUDA_SYMBOLS(ROPE_JIT_CUDA_FIELD_)
 #undef ROPE_JIT_CUDA_FIELD_
     // CUDA 12.0 and later; nullptr on an older driver (no TMA kernels then).
     CuTensorMapEncodeTiled cuTensorMapEncodeTiled = nullptr;
+    // CUDA 12.0 and later; nullptr on an older driver (no programmatic launches then).
+    CuLaunchKernelEx cuLaunchKernelEx = nullptr;
 };
 
 // The loaded and initialized driver, or nullptr when there is none, it lacks an entry point

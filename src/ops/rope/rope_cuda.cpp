@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "common/error.h"
+#include "cuda/kernel_launch.h"
 #include "ops/rope/rope_recipe.h"
 #include "ops/rope/rope_plan.h"
 #include "rope_norm_params.h"
@@ -351,8 +352,12 @@ RopeNormParams rope_norm_params(const RopeProblem& p, const RopeNormLaunch& laun
 }  // namespace
 
 RopeCuda::RopeCuda(CudaDevices& devices, KernelLoader& kernels, KernelStats& stats,
-                   bool debug_checks)
-    : devices_(devices), kernels_(kernels), stats_(stats), debug_checks_(debug_checks) {}
+                   bool debug_checks, bool programmatic_launch)
+    : devices_(devices),
+      kernels_(kernels),
+      stats_(stats),
+      debug_checks_(debug_checks),
+      programmatic_launch_(programmatic_launch) {}
 
 void RopeCuda::check_positions_on_device(const RopeProblem& problem, CUstream stream) {
     // Debug mode only: waits for the stream so the indices it produces are final, then
@@ -405,11 +410,11 @@ void RopeCuda::run(const RopeProblem& p, void* stream_handle) {
     if (shape.blocks == 0) return;  // no token: nothing to rotate (a gradient was still zeroed)
 
     auto launch_with = [&](void* arguments) {
-        void* kernel_args[] = {arguments};
-        check_cu(api.cuLaunchKernel(kernel.function, unsigned(shape.blocks), 1, 1,
-                                    unsigned(shape.threads), 1, 1, shape.shared_bytes, stream,
-                                    kernel_args, nullptr),
-                 "cuLaunchKernel(rope_kernel)");
+        launch_kernel(api,
+                      {kernel.function, unsigned(shape.blocks), unsigned(shape.threads),
+                       shape.shared_bytes, arguments},
+                      stream, programmatic_launch_,
+                      devices_.device(ordinal).compute_capability, "cuLaunchKernel(rope_kernel)");
     };
     if (spec.kv_cache != 0 || spec.q_fp8 != 0) {
         // KV cache and FP8 kernels take the cache arguments after the rope ones (rope_params.h).
@@ -439,11 +444,12 @@ void RopeCuda::run_norm(const RopeProblem& p, const KernelSpec& spec, const Load
                      "cuMemsetD2D32Async(norm weight gradient)");
     if (shape.blocks == 0) return;  // no row: nothing to normalize (gradients were zeroed)
     auto launch_with = [&](void* arguments) {
-        void* kernel_args[] = {arguments};
-        check_cu(api.cuLaunchKernel(kernel.function, unsigned(shape.blocks), 1, 1,
-                                    unsigned(shape.threads), 1, 1, shape.shared_bytes, stream,
-                                    kernel_args, nullptr),
-                 "cuLaunchKernel(rope_norm_kernel)");
+        launch_kernel(api,
+                      {kernel.function, unsigned(shape.blocks), unsigned(shape.threads),
+                       shape.shared_bytes, arguments},
+                      stream, programmatic_launch_,
+                      devices_.device(p.device.device_id).compute_capability,
+                      "cuLaunchKernel(rope_norm_kernel)");
     };
     if (spec.kv_cache != 0 || spec.q_fp8 != 0) {
         // With a KV cache or FP8 outputs the cache arguments follow (rope_norm_params.h).

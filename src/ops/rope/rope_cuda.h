@@ -64,8 +64,10 @@ RopeNormLaunch plan_rope_norm_launch(const KernelSpec& spec, const RopeNormRows&
 
 class RopeCuda {
 public:
-    // `devices`, `kernels` and `stats` must outlive the launcher.
-    RopeCuda(CudaDevices& devices, KernelLoader& kernels, KernelStats& stats, bool debug_checks);
+    // `devices`, `kernels` and `stats` must outlive the launcher. `programmatic_launch`:
+    // rope_jit_config.programmatic_launch.
+    RopeCuda(CudaDevices& devices, KernelLoader& kernels, KernelStats& stats, bool debug_checks,
+             bool programmatic_launch);
     RopeCuda(const RopeCuda&) = delete;
     RopeCuda& operator=(const RopeCuda&) = delete;
 
@@ -82,6 +84,7 @@ private:
     KernelLoader& kernels_;
     KernelStats& stats_;
     bool debug_checks_;
+    bool programmatic_launch_;
 };
 
 }  // namespace rope_jit

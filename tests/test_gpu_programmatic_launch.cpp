@@ -1,0 +1,133 @@
+// rope_jit_config.programmatic_launch: RoPE kernels launched as programmatic dependent launches
+// must give exactly what plain launches give. Each case chains in-place calls, so that every
+// call reads what the one before it wrote: a kernel that touched q or k before the previous
+// grid had finished (griddepcontrol.wait missing or misplaced) would read stale rows and
+// diverge. Plain launches' results are checked against the CPU backend by the other suites;
+// here they are the reference, bit for bit, for programmatic chains on a stream and in a CUDA
+// graph. In TEST_SUITE("gpu").
+#include <doctest/doctest.h>
+
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cuda/cuda_driver.h"
+#include "gpu_rope_norm_problem.h"
+#include "gpu_rope_problem.h"
+
+using namespace rope_test;
+using namespace gpu_test;
+using namespace gpu_rope_test;
+using rope_jit::check_cu;
+
+namespace {
+
+constexpr int kChainCalls = 24;
+
+struct ChainCase {
+    const char* name;
+    Spec spec;
+    bool qk_norm;
+};
+
+std::vector<ChainCase> chain_cases() {
+    Spec prefill;  // several waves of blocks: the trigger fires as the last wave starts
+    prefill.dt = Dt::BF16, prefill.table_dt = Dt::BF16, prefill.angles = Angles::FullTable;
+    prefill.layout = Layout::BSHD;
+    prefill.positions = Positions::PerBatchToken;
+    prefill.B = 4, prefill.S = 515, prefill.Hk = 8, prefill.group = 4, prefill.D = 128;
+    prefill.R = 128;
+    Spec decode = prefill;  // one token a sequence: one-token blocks on the direct path
+    decode.B = 64, decode.S = 1;
+    Spec partial = prefill;  // the staged path with shared memory and a barrier
+    partial.D = 96, partial.R = 32, partial.S = 67;
+    return {{"prefill", prefill, false},
+            {"decode", decode, false},
+            {"partial rotary", partial, false},
+            {"QK-norm prefill", prefill, true},
+            {"QK-norm decode", decode, true}};
+}
+
+// The call's device tensors: the problem's and, with QK-norm, its weights.
+struct ChainTensors {
+    explicit ChainTensors(const Problem& p, const NormTensors* norm) : problem(p) {
+        if (norm != nullptr) {
+            q_weight = std::make_unique<DeviceTensor>(norm->q_weight);
+            k_weight = std::make_unique<DeviceTensor>(norm->k_weight);
+        }
+    }
+    rope_jit_rope_args args(const Spec& c, const NormTensors* norm,
+                            rope_jit::CUstream stream) const {
+        rope_jit_rope_args a = make_args(c, problem.views(), stream);
+        if (norm != nullptr)
+            add_norm_args(a, *norm,
+                          {q_weight->dl(), k_weight->dl(), nullptr, nullptr, nullptr, nullptr});
+        return a;
+    }
+    DeviceProblem problem;
+    std::unique_ptr<DeviceTensor> q_weight, k_weight;
+};
+
+// q and k after kChainCalls calls of `runtime` on stream, or (graph) replaying them captured.
+Problem run_chain(rope_jit_runtime* runtime, const Problem& p, const NormTensors* norm,
+                  bool graph) {
+    Stream stream;
+    ChainTensors tensors(p, norm);
+    const rope_jit_rope_args args = tensors.args(p.spec, norm, stream.get());
+    if (!graph) {
+        for (int call = 0; call < kChainCalls; ++call)
+            require_ok(call_rope(runtime, args), "call " + std::to_string(call));
+        synchronize(stream.get());
+        return tensors.problem.download(p);
+    }
+    // Compile and load outside the capture (one call), then restore the inputs.
+    require_ok(call_rope(runtime, args), "warm-up");
+    synchronize(stream.get());
+    for (size_t s : {kQ, kK}) tensors.problem[s].upload(p.t[s]);
+    Graph chain;
+    check_cu(driver().cuStreamBeginCapture(stream.get(), rope_jit::CU_STREAM_CAPTURE_MODE_GLOBAL),
+             "cuStreamBeginCapture");
+    CallResult captured{ROPE_JIT_OK, ""};
+    for (int call = 0; call < kChainCalls && captured.status == ROPE_JIT_OK; ++call)
+        captured = call_rope(runtime, args);
+    const rope_jit::CUresult ended = driver().cuStreamEndCapture(stream.get(), &chain.graph);
+    require_ok(captured, "during capture");
+    check_cu(ended, "cuStreamEndCapture");
+    check_cu(driver().cuGraphInstantiate(&chain.exec, chain.graph, 0), "cuGraphInstantiate");
+    check_cu(driver().cuGraphLaunch(chain.exec, stream.get()), "cuGraphLaunch");
+    synchronize(stream.get());
+    return tensors.problem.download(p);
+}
+
+}  // namespace
+
+TEST_SUITE("gpu") {
+    TEST_CASE_FIXTURE(GpuFixture,
+                      "programmatic launches: chains of in-place calls, on a stream and in a CUDA "
+                      "graph, give the plain launches' results bit for bit") {
+        RuntimeHandle programmatic(ROPE_JIT_BACKEND_CUDA, false, true);
+        uint32_t seed = 20261203;
+        for (const ChainCase& chain : chain_cases()) {
+            CAPTURE(chain.name);
+            const std::string spec = describe(chain.spec);
+            CAPTURE(spec);
+            std::mt19937 rng(seed++);
+            const Problem p = make_problem(chain.spec, rng);
+            NormTensors norm;
+            if (chain.qk_norm) norm = make_norm(p, Dt::BF16, false, false, rng);
+            const NormTensors* n = chain.qk_norm ? &norm : nullptr;
+
+            const Problem plain = run_chain(cuda_runtime.get(), p, n, false);
+            // The chain changed q and k (a chain that wrote nothing would match trivially).
+            CHECK(bytes_of(plain.t[kQ]) != bytes_of(p.t[kQ]));
+            CHECK(bytes_of(plain.t[kK]) != bytes_of(p.t[kK]));
+            for (bool graph : {false, true}) {
+                CAPTURE(graph);
+                const Problem got = run_chain(programmatic.get(), p, n, graph);
+                CHECK(bytes_of(got.t[kQ]) == bytes_of(plain.t[kQ]));
+                CHECK(bytes_of(got.t[kK]) == bytes_of(plain.t[kK]));
+            }
+        }
+    }
+}
