@@ -26,6 +26,7 @@
 #include "common/error.h"
 #include "env_guard.h"
 #include "gpu_rope_problem.h"
+#include "kernel_spec_variants.h"
 #include "gpu_test_support.h"
 #include "jit/background_builds.h"
 #include "jit/kernel_builder.h"
@@ -103,13 +104,7 @@ std::optional<rope_jit::CacheEntry> entry_of(const DiskCache& disk, const Kernel
 }
 
 KernelSpec llama_rope_spec() {
-    KernelSpec spec;
-    spec.dtype = 2;
-    spec.head_dim = spec.rotary_dim = 128;
-    spec.has_k = 1;
-    spec.gqa_group = 4;
-    spec.vec = 8;
-    spec.vec_loads = 1;
+    KernelSpec spec = rope_test::llama_like_kernel_spec();
     spec.validate();
     return spec;
 }

@@ -5,7 +5,6 @@
 // the results of programmatic launches against plain ones.
 #include <doctest/doctest.h>
 
-#include <functional>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -17,6 +16,7 @@
 #include "jit/nvrtc_loader.h"
 #include "ops/rope/kernel_spec.h"
 #include "ops/rope/rope_recipe.h"
+#include "kernel_spec_variants.h"
 
 using rope_jit::KernelSpec;
 
@@ -25,24 +25,12 @@ namespace {
 // The kinds of RoPE kernel: rope.cu's staged and direct paths, out-of-place copies, the
 // frequency gradient, the KV cache with FP8, and rope_norm.cu's forward and backward.
 std::vector<KernelSpec> kernel_kinds() {
-    KernelSpec base;
-    base.dtype = 2;
+    KernelSpec base = rope_test::llama_like_kernel_spec();
     base.table_dtype = 2;
-    base.head_dim = base.rotary_dim = 128;
-    base.has_k = 1;
-    base.gqa_group = 4;
-    base.vec = 8;
-    base.vec_loads = 1;
-    base.table_vec_loads = 1;
     base.position_mode = 1;
     base.positions_int64 = 1;
-    std::vector<KernelSpec> specs;
-    auto add = [&](const std::function<void(KernelSpec&)>& change) {
-        KernelSpec spec = base;
-        change(spec);
-        spec.validate();
-        specs.push_back(spec);
-    };
+    rope_test::SpecVariants variants(base, [](KernelSpec& spec) { spec.validate(); });
+    auto add = [&](const rope_test::SpecVariants::Change& change) { variants.add(change); };
     add([](KernelSpec&) {});
     add([](KernelSpec& s) { s.rotary_dim = 32, s.in_place_q = s.in_place_k = 0, s.copy_vec = 8; });
     add([](KernelSpec& s) {
@@ -63,7 +51,7 @@ std::vector<KernelSpec> kernel_kinds() {
         s.qk_norm = 1, s.block_threads = 256, s.norm_weight_dtype = 2, s.backward = 1, s.norm_weight_grad = 1;
         s.in_place_q = s.in_place_k = 0;
     });
-    return specs;
+    return variants.specs();
 }
 
 std::string ptx_of(const KernelSpec& spec, const char* arch) {

@@ -28,6 +28,7 @@
 #include "ops/rope/rope_cuda.h"
 #include "ops/rope/rope_recipe.h"
 #include "ops/rope/kernel_spec.h"
+#include "kernel_spec_variants.h"
 
 using rope_jit::KernelSpec;
 
@@ -35,21 +36,10 @@ namespace {
 
 // The specs: every preamble constant takes each of its values at least once.
 std::vector<KernelSpec> fingerprint_specs() {
-    KernelSpec base;
-    base.dtype = 2;
-    base.head_dim = base.rotary_dim = 128;
-    base.has_k = 1;
-    base.gqa_group = 4;
-    base.vec = 8;
-    base.vec_loads = 1;
-    base.table_vec_loads = 1;
-    std::vector<KernelSpec> specs;
-    auto add = [&](const std::function<void(KernelSpec&)>& change) {
-        KernelSpec spec = base;
-        change(spec);
+    rope_test::SpecVariants variants(rope_test::llama_like_kernel_spec(), [](KernelSpec& spec) {
         if (spec.angles_from_inv_freq) spec.table_full = 0;  // no table to be full
-        specs.push_back(spec);
-    };
+    });
+    auto add = [&](const rope_test::SpecVariants::Change& change) { variants.add(change); };
     add([](KernelSpec&) {});
     add([](KernelSpec& s) { s.backward = 1; });
     add([](KernelSpec& s) { s.interleaved = 1; });
@@ -104,7 +94,7 @@ std::vector<KernelSpec> fingerprint_specs() {
         s.in_place_q = s.in_place_k = 0;
     });
     add([](KernelSpec& s) { s.block_threads = 256; });
-    return specs;
+    return variants.specs();
 }
 
 // PTX without what depends on naming alone: comments, line info, register numbers, labels.

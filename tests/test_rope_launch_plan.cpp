@@ -9,6 +9,7 @@
 #include "ops/rope/kernel_spec.h"
 #include "ops/rope/rope_cuda.h"
 #include "ops/rope/rope_plan.h"
+#include "kernel_spec_variants.h"
 
 using rope_jit::KernelSpec;
 
@@ -16,14 +17,7 @@ namespace {
 
 // bf16, head_dim = rotary_dim = 128, q and k (GQA 4), in place, half style, vectors of 8.
 KernelSpec llama_spec() {
-    KernelSpec spec;
-    spec.dtype = 2;
-    spec.head_dim = spec.rotary_dim = 128;
-    spec.has_k = 1;
-    spec.gqa_group = 4;
-    spec.vec = 8;
-    spec.vec_loads = 1;
-    spec.table_vec_loads = 1;
+    KernelSpec spec = rope_test::llama_like_kernel_spec();
     spec.validate();
     return spec;
 }
