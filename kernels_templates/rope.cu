@@ -675,6 +675,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM)
     rope_kernel(const typename LaunchArgs<RopeKernelParams>::type args) {
     const RopeKernelParams& p = own_args(args);
     const RopeCacheParams* cache = cache_args(args);  // KV cache and FP8 scales, or NULL
+    if (p.programmatic) fetch_argument_lines(args);
     wait_for_preceding_grid();
     extern __shared__ __align__(16) char shared[];
     const int tpb = p.tokens_per_block;

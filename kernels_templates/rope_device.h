@@ -291,6 +291,28 @@ __device__ __forceinline__ const RopeCacheParams* cache_args(const WithCache<Own
     return &a.cache;
 }
 
+// A programmatic launch's prologue (RopeKernelParams::programmatic): every 64-byte line of the
+// argument block read once into the constant cache while the grid before this one still runs,
+// so that the kernel's own reads after the wait hit. Every warp reads every line: split among
+// the warps by warp index, the compiler issued them all anyway (speculated loads, then a
+// select). A plain launch skips this: its misses, met one at a time, would only come earlier
+// (session 10 measured that slower). The words read go to shared memory through an asm store:
+// the compilers drop loads whose values go nowhere (NVVM also drops plain stores to a shared
+// array nothing reads), and the store keeps the loads ahead of the wait that follows.
+template <class Args>
+__device__ __forceinline__ void fetch_argument_lines(const Args& args) {
+    constexpr int kLineWords = 16;
+    constexpr int kLines = (sizeof(Args) / 4 + kLineWords - 1) / kLineWords;
+    __shared__ unsigned sink[32];
+    const unsigned* words = reinterpret_cast<const unsigned*>(&args);
+    unsigned fetched = 0;
+#pragma unroll
+    for (int line = 0; line < kLines; ++line) fetched ^= words[line * kLineWords];
+    const unsigned at =
+        static_cast<unsigned>(__cvta_generic_to_shared(&sink[threadIdx.x / 32 % 32]));
+    asm volatile("st.shared.u32 [%0], %1;" ::"r"(at), "r"(fetched) : "memory");
+}
+
 }  // namespace
 
 #endif

@@ -858,6 +858,7 @@ extern "C" __global__ void __launch_bounds__(WARP* kRopeNormMaxWarps,
     const RopeNormParams& np = own_args(args);
     const RopeCacheParams* cache = cache_args(args);
     const RopeKernelParams& p = np.rope;
+    if (p.programmatic) fetch_argument_lines(args);
     wait_for_preceding_grid();
     // The scales are loaded once; their latency overlaps the first row's loads.
     float q_scale = 1.0f, k_scale = 1.0f, v_scale = 1.0f;

@@ -56,8 +56,14 @@ struct RopeKernelParams {
     // 1: the staged path orders a block's items (head, token, chunk) instead of (token, head,
     // chunk), so that a warp reads one head's consecutive tokens: [B, H, S, D] buffers, whose
     // rows of one token lie a head plane apart (the launcher's items_by_head). Bytes, so that
-    // the two flags keep the 4 bytes `direct` had and no later field moves.
+    // the flags keep the 4 bytes `direct` had and no later field moves.
     unsigned char items_by_head;
+    // 1: the launch is a programmatic dependent launch (rope_jit_config.programmatic_launch):
+    // the kernel's blocks may start while the grid before it finishes, so they fetch their
+    // argument block's lines into the constant cache before they wait for it
+    // (fetch_argument_lines), where a plain launch would meet the misses one after another on
+    // its critical path. A byte beside the flags above: no later field moves.
+    unsigned char programmatic;
 
     // Multi-section positions (M-RoPE): positions carry a leading axis of this stride, and
     // pair i reads axis pair_axis[i].

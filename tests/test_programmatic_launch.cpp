@@ -42,13 +42,17 @@ std::vector<KernelSpec> kernel_kinds() {
         s.in_place_k = 0, s.kv_cache = 2, s.kv_index_int64 = 1, s.kv_fp8 = 1, s.v_dim = 128;
         s.v_vec = 8;
     });
-    add([](KernelSpec& s) { s.qk_norm = 1, s.block_threads = 256, s.norm_weight_dtype = 2, s.norm_weight_vec_loads = 1; });
     add([](KernelSpec& s) {
-        s.qk_norm = 1, s.block_threads = 256, s.norm_weight_dtype = 2, s.norm_weight_vec_loads = 1, s.in_place_k = 0;
+        s.qk_norm = 1, s.block_threads = 256, s.norm_weight_dtype = 2, s.norm_weight_vec_loads = 1;
+    });
+    add([](KernelSpec& s) {
+        s.qk_norm = 1, s.block_threads = 256, s.norm_weight_dtype = 2, s.norm_weight_vec_loads = 1,
+        s.in_place_k = 0;
         s.kv_cache = 2, s.kv_index_int64 = 1, s.kv_fp8 = 1, s.v_dim = 128, s.v_vec = 8;
     });
     add([](KernelSpec& s) {
-        s.qk_norm = 1, s.block_threads = 256, s.norm_weight_dtype = 2, s.backward = 1, s.norm_weight_grad = 1;
+        s.qk_norm = 1, s.block_threads = 256, s.norm_weight_dtype = 2, s.backward = 1,
+        s.norm_weight_grad = 1;
         s.in_place_q = s.in_place_k = 0;
     });
     return variants.specs();
@@ -120,7 +124,8 @@ TEST_CASE("RoPE kernels for targets before sm_90 have no grid dependency instruc
     }
 }
 
-TEST_CASE("programmatic_launch is off by default, and a CPU runtime accepts it (nothing to launch)") {
+TEST_CASE(
+    "programmatic_launch is off by default, and a CPU runtime accepts it (nothing to launch)") {
     rope_jit_config config;
     rope_jit_config_init(&config);
     CHECK(config.programmatic_launch == 0);

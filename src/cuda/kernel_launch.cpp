@@ -2,10 +2,14 @@
 
 namespace rope_jit {
 
+bool launches_programmatically(const CudaDriverApi& api, bool requested, int compute_capability) {
+    return requested && compute_capability >= 90 && api.cuLaunchKernelEx != nullptr;
+}
+
 void launch_kernel(const CudaDriverApi& api, const KernelLaunch& launch, CUstream stream,
-                   bool programmatic, int compute_capability, const char* what) {
+                   bool programmatic, const char* what) {
     void* kernel_args[] = {launch.arguments};
-    if (programmatic && compute_capability >= 90 && api.cuLaunchKernelEx != nullptr) {
+    if (programmatic) {
         CUlaunchAttribute attribute{};
         attribute.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
         attribute.value.programmatic_stream_serialization_allowed = 1;

@@ -14,13 +14,17 @@ struct KernelLaunch {
     void* arguments = nullptr;
 };
 
-// Enqueues `launch` on `stream`. `programmatic`: with programmatic stream serialization
-// (rope_jit_config.programmatic_launch), so that the grid may start while the kernel before it
-// on the stream finishes; the kernel must wait for that grid (griddepcontrol.wait) before it
-// touches memory. Only where the device takes it (`compute_capability` >= 90) and the driver
-// has cuLaunchKernelEx; elsewhere a plain launch. Throws Error(ROPE_JIT_ERROR_CUDA) naming
-// `what` when the driver refuses the launch.
+// Whether a launch asked to be programmatic (rope_jit_config.programmatic_launch) is one: the
+// device takes it (`compute_capability` >= 90) and the driver has cuLaunchKernelEx. The
+// launcher tells the kernel (RopeKernelParams::programmatic) and launch_kernel alike.
+bool launches_programmatically(const CudaDriverApi& api, bool requested, int compute_capability);
+
+// Enqueues `launch` on `stream`. `programmatic` (launches_programmatically's answer): with
+// programmatic stream serialization, so that the grid may start while the kernel before it on
+// the stream finishes; the kernel must wait for that grid (griddepcontrol.wait) before it
+// touches memory. Throws Error(ROPE_JIT_ERROR_CUDA) naming `what` when the driver refuses the
+// launch.
 void launch_kernel(const CudaDriverApi& api, const KernelLaunch& launch, CUstream stream,
-                   bool programmatic, int compute_capability, const char* what);
+                   bool programmatic, const char* what);
 
 }  // namespace rope_jit

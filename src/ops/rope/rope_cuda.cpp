@@ -400,6 +400,9 @@ void RopeCuda::run(const RopeProblem& p, void* stream_handle) {
     params.tokens_per_block = shape.tokens_per_block;
     params.direct = shape.direct ? 1 : 0;
     params.items_by_head = shape.items_by_head ? 1 : 0;
+    const bool programmatic = launches_programmatically(
+        api, programmatic_launch_, devices_.device(ordinal).compute_capability);
+    params.programmatic = programmatic ? 1 : 0;
     if (p.has_freq_grad) {
         // The kernel adds into the gradient: zero it first, ordered on the same stream.
         check_cu(api.cuMemsetD2D32Async(CUdeviceptr(params.inv_freq_grad),
@@ -413,8 +416,7 @@ void RopeCuda::run(const RopeProblem& p, void* stream_handle) {
         launch_kernel(api,
                       {kernel.function, unsigned(shape.blocks), unsigned(shape.threads),
                        shape.shared_bytes, arguments},
-                      stream, programmatic_launch_,
-                      devices_.device(ordinal).compute_capability, "cuLaunchKernel(rope_kernel)");
+                      stream, programmatic, "cuLaunchKernel(rope_kernel)");
     };
     if (spec.kv_cache != 0 || spec.q_fp8 != 0) {
         // KV cache and FP8 kernels take the cache arguments after the rope ones (rope_params.h).
@@ -435,6 +437,9 @@ void RopeCuda::run_norm(const RopeProblem& p, const KernelSpec& spec, const Load
     const RopeNormLaunch shape =
         plan_rope_norm_launch(spec, rows, devices_.device(p.device.device_id).multiprocessors);
     RopeNormParams params = rope_norm_params(p, shape);
+    const bool programmatic = launches_programmatically(
+        api, programmatic_launch_, devices_.device(p.device.device_id).compute_capability);
+    params.rope.programmatic = programmatic ? 1 : 0;
     // The kernel adds into the weight gradients: zero them first, ordered on the same stream.
     for (const TensorRef* grad : {&p.q_norm_weight_grad, &p.k_norm_weight_grad})
         if (grad->present())
@@ -447,9 +452,7 @@ void RopeCuda::run_norm(const RopeProblem& p, const KernelSpec& spec, const Load
         launch_kernel(api,
                       {kernel.function, unsigned(shape.blocks), unsigned(shape.threads),
                        shape.shared_bytes, arguments},
-                      stream, programmatic_launch_,
-                      devices_.device(p.device.device_id).compute_capability,
-                      "cuLaunchKernel(rope_norm_kernel)");
+                      stream, programmatic, "cuLaunchKernel(rope_norm_kernel)");
     };
     if (spec.kv_cache != 0 || spec.q_fp8 != 0) {
         // With a KV cache or FP8 outputs the cache arguments follow (rope_norm_params.h).
