@@ -675,7 +675,13 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM)
     rope_kernel(const typename LaunchArgs<RopeKernelParams>::type args) {
     const RopeKernelParams& p = own_args(args);
     const RopeCacheParams* cache = cache_args(args);  // KV cache and FP8 scales, or NULL
-    if (p.programmatic) fetch_argument_lines(args);
+    // Only kernels that may take the direct path (decode, one token a block) fetch their
+    // argument lines early: where the wait's window is most of a call. The others compile
+    // without it (GPT-NeoX's out-of-place partial rotary ran 0.718 -> 0.679 of copy with it,
+    // run CB, one process).
+    if constexpr (plan().one_token_direct) {
+        if (p.programmatic) fetch_argument_lines(args);
+    }
     wait_for_preceding_grid();
     extern __shared__ __align__(16) char shared[];
     const int tpb = p.tokens_per_block;
