@@ -218,7 +218,8 @@ typedef struct rope_jit_config {
      * which matters only to a next kernel launched programmatically too. Inside a CUDA graph
      * captured from the stream the dependency becomes a programmatic edge. Decode steps of a
      * few microseconds gain most (FlashInfer's enable_pdl, TensorRT-LLM). Ignored on older
-     * GPUs and drivers without cuLaunchKernelEx (CUDA < 12.0): plain launches there.
+     * GPUs and drivers without cuLaunchKernelEx (CUDA < 12.0): plain launches there, and for
+     * calls that zero a gradient output first (inv_freq_grad, the norm weight gradients).
      * 0 (default): plain launches. */
     int programmatic_launch;
 } rope_jit_config;
