@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "env_guard.h"
 #include "jit/kernel_source.h"
 #include "rope_jit/rope_jit.h"
 #include "jit/nvrtc_compiler.h"
@@ -136,4 +137,29 @@ TEST_CASE(
     REQUIRE(rope_jit_runtime_create(&config, &runtime) == ROPE_JIT_OK);
     CHECK(rope_jit_backend(runtime) == ROPE_JIT_BACKEND_CPU);
     rope_jit_runtime_free(runtime);
+}
+
+TEST_CASE(
+    "ROPE_JIT_PROGRAMMATIC_LAUNCH: 0, 1 and empty are accepted, anything else is refused by name") {
+    EnvGuard env;
+    rope_jit_config config;
+    rope_jit_config_init(&config);
+    config.backend = ROPE_JIT_BACKEND_CPU;
+    config.disk_cache = 0;
+    for (const char* value : {"0", "1", ""}) {
+        CAPTURE(value);
+        env.set("ROPE_JIT_PROGRAMMATIC_LAUNCH", value);
+        rope_jit_runtime* runtime = nullptr;
+        CHECK(rope_jit_runtime_create(&config, &runtime) == ROPE_JIT_OK);
+        rope_jit_runtime_free(runtime);
+    }
+    for (const char* value : {"yes", "2", " 1"}) {
+        CAPTURE(value);
+        env.set("ROPE_JIT_PROGRAMMATIC_LAUNCH", value);
+        rope_jit_runtime* runtime = nullptr;
+        CHECK(rope_jit_runtime_create(&config, &runtime) == ROPE_JIT_ERROR_INVALID_ARGUMENT);
+        CHECK(runtime == nullptr);
+        CHECK(std::string(rope_jit_last_error()).find("ROPE_JIT_PROGRAMMATIC_LAUNCH") !=
+              std::string::npos);
+    }
 }

@@ -220,7 +220,9 @@ typedef struct rope_jit_config {
      * few microseconds gain most (FlashInfer's enable_pdl, TensorRT-LLM). Ignored on older
      * GPUs and drivers without cuLaunchKernelEx (CUDA < 12.0): plain launches there, and for
      * calls that zero a gradient output first (inv_freq_grad, the norm weight gradients).
-     * 0 (default): plain launches. */
+     * 0 (default): plain launches, unless the environment variable
+     * ROPE_JIT_PROGRAMMATIC_LAUNCH is 1 (any value but 0, 1 or empty makes
+     * rope_jit_runtime_create fail with ERROR_INVALID_ARGUMENT naming it). */
     int programmatic_launch;
 } rope_jit_config;
 

@@ -48,7 +48,9 @@ class Runtime:
         programmatic_launch: True launches the RoPE kernels as programmatic dependent launches
             on sm_90 and later GPUs (rope_jit_config.programmatic_launch): a call's launch and
             set-up overlap the end of the kernel before it on the stream; same results.
-            Decode steps in CUDA graphs gain most. Default False.
+            Decode steps in CUDA graphs gain most. Default False (the environment variable
+            ROPE_JIT_PROGRAMMATIC_LAUNCH=1 turns it on for every runtime, the default one
+            included).
 
     Usable from any number of threads. Free it with close() (or a with block); it is also
     freed when garbage-collected.

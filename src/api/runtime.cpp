@@ -1,5 +1,6 @@
 #include "api/runtime.h"
 
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 
@@ -20,6 +21,21 @@
 
 namespace rope_jit {
 
+namespace {
+
+// rope_jit_config.programmatic_launch, or $ROPE_JIT_PROGRAMMATIC_LAUNCH=1 (0 or unset: the
+// config's choice), so that callers that build no config of their own (the Python package's
+// default runtime, the HF drop-in) can turn it on.
+bool programmatic_launch_wanted(const rope_jit_config& config) {
+    const char* value = std::getenv("ROPE_JIT_PROGRAMMATIC_LAUNCH");
+    if (value == nullptr || std::strcmp(value, "") == 0 || std::strcmp(value, "0") == 0)
+        return config.programmatic_launch != 0;
+    if (std::strcmp(value, "1") == 0) return true;
+    fail_argument(fmt::format("ROPE_JIT_PROGRAMMATIC_LAUNCH: expected 0 or 1, got '{}'", value));
+}
+
+}  // namespace
+
 Runtime::Runtime(const rope_jit_config& config)
     : cpu_threads_(config.cpu_threads), debug_checks_(config.debug_checks != 0) {
     if (config.cpu_threads < 0)
@@ -32,6 +48,7 @@ Runtime::Runtime(const rope_jit_config& config)
     if (config.cache_max_bytes < -1)
         fail_argument(fmt::format("cache_max_bytes: must be >= 0, or -1 for the default, got {}",
                                   config.cache_max_bytes));
+    const bool programmatic_launch = programmatic_launch_wanted(config);
     if (config.disk_cache != 0) {
         const std::string root =
             config.cache_dir ? std::string(config.cache_dir) : DiskCache::default_root();
@@ -44,7 +61,7 @@ Runtime::Runtime(const rope_jit_config& config)
         devices_ = std::make_unique<CudaDevices>();
         kernels_ = std::make_unique<KernelLoader>(devices_->api(), disk_.get(), stats_);
         rope_cuda_ = std::make_unique<RopeCuda>(*devices_, *kernels_, stats_, debug_checks_,
-                                                config.programmatic_launch != 0);
+                                                programmatic_launch);
         attention_cuda_ = std::make_unique<CudaAttention>(*devices_, *kernels_, stats_);
         if (config.background_builds != 0 && !background_builds_disabled_by_env()) {
             // Every core but the caller's (up to 4): the sm_90 attention backward's kernels
