@@ -59,10 +59,11 @@ struct RopeKernelParams {
     // the flags keep the 4 bytes `direct` had and no later field moves.
     unsigned char items_by_head;
     // 1: the launch is a programmatic dependent launch (rope_jit_config.programmatic_launch):
-    // the kernel's blocks may start while the grid before it finishes, so they fetch their
-    // argument block's lines into the constant cache before they wait for it
-    // (fetch_argument_lines), where a plain launch would meet the misses one after another on
-    // its critical path. A byte beside the flags above: no later field moves.
+    // the kernel's blocks may start while the grid before it finishes, so the kernels that may
+    // take the direct path (rope.cu) and the QK-norm kernel fetch their argument block's lines
+    // into the constant cache before they wait for it (fetch_argument_lines), where a plain
+    // launch would meet the misses one after another on its critical path. A byte beside the
+    // flags above: no later field moves.
     unsigned char programmatic;
 
     // Multi-section positions (M-RoPE): positions carry a leading axis of this stride, and
