@@ -114,6 +114,11 @@ class Library:
             self._fields[cls] = fields
         return fields
 
+    def too_old(self, field):
+        """The error for an argument past this library's version of its struct: an older
+        library would ignore the field and compute something else, so calls refuse it."""
+        return NotImplementedError(f"{field}: the loaded librope_jit ({self.path}) is too old for it")
+
     def check(self, function_name, status):
         """Raises the exception of `status` (with the thread's rope_jit_last_error) unless it
         is ROPE_JIT_OK. Must run on the thread that made the call: messages are per thread."""

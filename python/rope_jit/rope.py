@@ -44,12 +44,6 @@ def _supported_fields(library):
     return library.fields(s.RopeArgs, library.rope_jit_rope_args_init)
 
 
-def _too_old(library, field):
-    return NotImplementedError(
-        f"{field}: the loaded librope_jit ({library.path}) is too old for it"
-    )
-
-
 # The tensors laid out like q and k (the ones `layout` describes).
 _HEAD_TENSORS = frozenset(
     ("q", "k", "q_out", "k_out", "q_saved", "k_saved", "q_norm_input", "k_norm_input", "v")
@@ -145,7 +139,7 @@ def build_args(
         if value is None:
             continue
         if name not in supported:
-            raise _too_old(library, name)
+            raise library.too_old(name)
         written = (
             name in _OUTPUT_TENSORS
             or (name == "q" and q_out is None)
@@ -169,7 +163,7 @@ def build_args(
     args.stream = stream_handle or None
     if mrope_sections is not None:
         if "mrope_sections" not in supported:
-            raise _too_old(library, "mrope_sections")
+            raise library.too_old("mrope_sections")
         sections = c_ints(mrope_sections, "mrope_sections")
         if len(sections) > s.MAX_MROPE_SECTIONS:
             raise ValueError(
@@ -187,7 +181,7 @@ def build_args(
         args.norm_unit_offset = 1 if norm_unit_offset else 0
     if kv_layout is not None:
         if "kv_layout" not in supported:
-            raise _too_old(library, "kv_layout")
+            raise library.too_old("kv_layout")
         if kv_layout not in KV_LAYOUTS:
             raise ValueError(
                 f"kv_layout: expected one of {[n for n in KV_LAYOUTS if n]}, got {kv_layout!r}"

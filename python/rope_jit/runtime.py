@@ -69,10 +69,7 @@ class Runtime:
         if programmatic_launch:
             supported = self._library.fields(s.Config, self._library.rope_jit_config_init)
             if "programmatic_launch" not in supported:
-                raise NotImplementedError(
-                    f"programmatic_launch: the loaded librope_jit ({self._library.path}) is too "
-                    "old for it"
-                )
+                raise self._library.too_old("programmatic_launch")
             config.programmatic_launch = 1
         handle = ctypes.c_void_p()
         self._handle = None

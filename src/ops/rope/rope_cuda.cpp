@@ -359,6 +359,16 @@ RopeCuda::RopeCuda(CudaDevices& devices, KernelLoader& kernels, KernelStats& sta
       debug_checks_(debug_checks),
       programmatic_launch_(programmatic_launch) {}
 
+bool RopeCuda::launches_programmatically(const RopeProblem& p) const {
+    // A call that zeroes a gradient output first launches plainly: its kernel follows a
+    // memset, not a kernel, and backward calls are not what the overlap is for.
+    const bool zeroes_first =
+        p.has_freq_grad || p.q_norm_weight_grad.present() || p.k_norm_weight_grad.present();
+    return rope_jit::launches_programmatically(
+        devices_.api(), programmatic_launch_ && !zeroes_first,
+        devices_.device(p.device.device_id).compute_capability);
+}
+
 void RopeCuda::check_positions_on_device(const RopeProblem& problem, CUstream stream) {
     // Debug mode only: waits for the stream so the indices it produces are final, then
     // checks host copies with the CPU backend's rules.
@@ -400,10 +410,7 @@ void RopeCuda::run(const RopeProblem& p, void* stream_handle) {
     params.tokens_per_block = shape.tokens_per_block;
     params.direct = shape.direct ? 1 : 0;
     params.items_by_head = shape.items_by_head ? 1 : 0;
-    // A call that zeroes its gradient first launches plainly: the kernel then follows a memset,
-    // not a kernel, and backward calls are not what the overlap is for.
-    const bool programmatic = launches_programmatically(
-        api, programmatic_launch_ && !p.has_freq_grad, devices_.device(ordinal).compute_capability);
+    const bool programmatic = launches_programmatically(p);
     params.programmatic = programmatic ? 1 : 0;
     if (p.has_freq_grad) {
         // The kernel adds into the gradient: zero it first, ordered on the same stream.
@@ -439,11 +446,7 @@ void RopeCuda::run_norm(const RopeProblem& p, const KernelSpec& spec, const Load
     const RopeNormLaunch shape =
         plan_rope_norm_launch(spec, rows, devices_.device(p.device.device_id).multiprocessors);
     RopeNormParams params = rope_norm_params(p, shape);
-    // With weight gradients to zero first, a plain launch (as for inv_freq_grad in run()).
-    const bool zeroes_first = p.q_norm_weight_grad.present() || p.k_norm_weight_grad.present();
-    const bool programmatic =
-        launches_programmatically(api, programmatic_launch_ && !zeroes_first,
-                                  devices_.device(p.device.device_id).compute_capability);
+    const bool programmatic = launches_programmatically(p);
     params.rope.programmatic = programmatic ? 1 : 0;
     // The kernel adds into the weight gradients: zero them first, ordered on the same stream.
     for (const TensorRef* grad : {&p.q_norm_weight_grad, &p.k_norm_weight_grad})

@@ -76,6 +76,10 @@ public:
 
 private:
     void check_positions_on_device(const RopeProblem& problem, CUstream stream);
+    // Whether this call's kernel is a programmatic launch (rope_jit_config.programmatic_launch,
+    // where the device and driver take it); the kernel's `programmatic` flag and the launch
+    // follow the one answer.
+    bool launches_programmatically(const RopeProblem& problem) const;
     // The QK-norm kernel's launch (spec.qk_norm), from run().
     void run_norm(const RopeProblem& problem, const KernelSpec& spec, const LoadedKernel& kernel,
                   CUstream stream);
