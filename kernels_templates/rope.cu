@@ -31,6 +31,10 @@
 //   KV_FP8, Q_FP8                                    the caches, q_out hold float8 e4m3fn
 //   V_DIM, V_VEC                                     v's head_dim (0: no v), copied into its
 //                                                    cache V_VEC elements per access
+//   QK_NORM, NORM_WEIGHT_DTYPE, NORM_UNIT_OFFSET,     RMSNorm of each head first, weights w
+//   NORM_WEIGHT_VEC_LOADS                            (or 1 + w): the forwards with a KV cache
+//                                                    of RopePlan::norm_items, direct path only
+//                                                    (the other QK-norm specs: rope_norm.cu)
 //
 // A block owns `tokens_per_block` consecutive tokens and first resolves, once per token,
 // where its rows live and which table row it uses. With tables, every work item then reads
@@ -42,6 +46,7 @@
 
 #include "device_numeric.h"
 #include "rope_params.h"
+#include "rope_norm_params.h"
 #include "rope_device.h"
 
 namespace {
@@ -65,6 +70,9 @@ ROPE_JIT_HOST_DEVICE constexpr RopeShape spec_shape() {
     s.freq_grad = FREQ_GRAD;
     s.v_dim = V_DIM;
     s.v_vec = V_VEC;
+    s.qk_norm = QK_NORM;
+    s.backward = BACKWARD_PASS;
+    s.kv_cache = KV_CACHE != 0;
     return s;
 }
 // A function, not a constexpr variable: NVRTC emits each namespace-scope constant as a global
@@ -342,34 +350,74 @@ __device__ __forceinline__ void rotate_store_item(ItemData data, T* y, long long
     store_pack<VEC>(y + span.own * ys, ys, data.own);
 }
 
-// The same for an FP8 output (float8 e4m3fn): the fp32 results quantized by `scale`.
-__device__ __forceinline__ void rotate_store_item_fp8(ItemData data, unsigned char* y, long long ys,
-                                                      const ItemSpan& span,
-                                                      const ItemAngles& angles, float raw_scale) {
-    const Fp8Scale scale = fp8_scale(raw_scale);
+// An item's features as float: its chunk and (half style) its partner chunk.
+struct ItemFloats {
     float own[VEC], partner[VEC];
+};
+
+__device__ __forceinline__ ItemFloats item_floats(const ItemData& data) {
+    ItemFloats x;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+        x.own[j] = storage_to_float<DTYPE>(data.own.v[j]);
+        if (!INTERLEAVED) x.partner[j] = storage_to_float<DTYPE>(data.partner.v[j]);
+    }
+    return x;
+}
+
+// rotate_store_item's rotation in float, for the outputs that are not stored as computed
+// (FP8) or that were scaled first (QK-norm).
+__device__ __forceinline__ ItemFloats rotate_floats(const ItemFloats& x, const ItemSpan& span,
+                                                    const ItemAngles& angles) {
+    ItemFloats y;
     if (INTERLEAVED) {
 #pragma unroll
         for (int j = 0; j < VEC / 2; ++j) {
-            const float x1 = storage_to_float<DTYPE>(data.own.v[2 * j]);
-            const float x2 = storage_to_float<DTYPE>(data.own.v[2 * j + 1]);
+            const float x1 = x.own[2 * j], x2 = x.own[2 * j + 1];
             const float c = angles.c(j), s = angles.s(j);
-            own[2 * j] = x1 * c - x2 * s;
-            own[2 * j + 1] = x2 * c + x1 * s;
+            y.own[2 * j] = x1 * c - x2 * s;
+            y.own[2 * j + 1] = x2 * c + x1 * s;
         }
     } else {
         const float sign = span.second ? 1.0f : -1.0f;
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
-            const float x = storage_to_float<DTYPE>(data.own.v[j]);
-            const float other = storage_to_float<DTYPE>(data.partner.v[j]);
             const float c = angles.c(j), s = angles.s(j);
-            own[j] = x * c + sign * other * s;
-            partner[j] = other * c - sign * x * s;
+            y.own[j] = x.own[j] * c + sign * x.partner[j] * s;
+            y.partner[j] = x.partner[j] * c - sign * x.own[j] * s;
         }
-        if (!CHUNK_ITEMS) store_fp8<VEC, VEC_LOADS>(y + span.partner * ys, ys, partner, scale);
     }
-    store_fp8<VEC, VEC_LOADS>(y + span.own * ys, ys, own, scale);
+    return y;
+}
+
+// Stores a rotated item: in q's dtype at y, or (fp8) as float8 e4m3fn of value / raw_scale at
+// y8 (a chunk item stores only its own chunk).
+__device__ __forceinline__ void store_item_floats(const ItemFloats& r, T* y, unsigned char* y8,
+                                                  bool fp8, long long ys, const ItemSpan& span,
+                                                  float raw_scale) {
+    if ((Q_FP8 || KV_FP8) && fp8) {
+        const Fp8Scale scale = fp8_scale(raw_scale);
+        if (!INTERLEAVED && !CHUNK_ITEMS)
+            store_fp8<VEC, VEC_LOADS>(y8 + span.partner * ys, ys, r.partner, scale);
+        store_fp8<VEC, VEC_LOADS>(y8 + span.own * ys, ys, r.own, scale);
+    } else {
+        Pack<VEC> own, partner;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+            own.v[j] = from_float<DTYPE>(r.own[j]);
+            if (!INTERLEAVED) partner.v[j] = from_float<DTYPE>(r.partner[j]);
+        }
+        if (!INTERLEAVED && !CHUNK_ITEMS) store_pack<VEC>(y + span.partner * ys, ys, partner);
+        store_pack<VEC>(y + span.own * ys, ys, own);
+    }
+}
+
+// The same for an FP8 output (float8 e4m3fn): the fp32 results quantized by `scale`.
+__device__ __forceinline__ void rotate_store_item_fp8(const ItemData& data, unsigned char* y,
+                                                      long long ys, const ItemSpan& span,
+                                                      const ItemAngles& angles, float raw_scale) {
+    store_item_floats(rotate_floats(item_floats(data), span, angles), nullptr, y, true, ys, span,
+                      raw_scale);
 }
 
 // The table row of one pair of a token (role 1 = k): per axis with M-RoPE, else k's own row
@@ -555,6 +603,120 @@ __device__ __forceinline__ void finish_item(const RopeKernelParams& p, const Ite
         rotate_store_item(data, place.y, place.ys, place.span, angles);
 }
 
+// ---- QK-norm on the direct path (QK_NORM, RopePlan::norm_items) ---------------------------
+
+// A QK-norm kernel takes rope_norm.cu's arguments (RopeNormParams: the rope ones, the norm
+// weights, eps), the plain kernel RopeKernelParams.
+template <bool NORM>
+struct OwnParamsOf {
+    using type = RopeKernelParams;
+};
+template <>
+struct OwnParamsOf<true> {
+    using type = RopeNormParams;
+};
+using OwnParams = typename OwnParamsOf<QK_NORM>::type;
+__device__ __forceinline__ const RopeKernelParams& rope_part(const RopeKernelParams& a) {
+    return a;
+}
+__device__ __forceinline__ const RopeKernelParams& rope_part(const RopeNormParams& a) {
+    return a.rope;
+}
+__device__ __forceinline__ const RopeNormParams* norm_part(const RopeKernelParams&) {
+    return nullptr;
+}
+__device__ __forceinline__ const RopeNormParams* norm_part(const RopeNormParams& a) {
+    return &a;
+}
+static_assert(!QK_NORM || plan().norm_items,
+              "rope.cu takes the QK-norm forwards of RopePlan::norm_items only");
+
+using W = typename StorageOf<NORM_WEIGHT_DTYPE>::type;
+
+template <int N>
+struct alignas(N * sizeof(W)) WeightPack {
+    W v[N];
+};
+
+// An item's norm weights, raw as stored, at its own features and its partner's.
+struct ItemWeights {
+    WeightPack<VEC> own, partner;
+};
+
+// N weights from feature d: 16-byte vectors where the host proved the weights contiguous and
+// 16-byte aligned (NORM_WEIGHT_VEC_LOADS; d is a multiple of VEC), else one at a time.
+template <int N>
+__device__ __forceinline__ WeightPack<N> load_weight_pack(const W* w, long long ws, int d) {
+    WeightPack<N> pack;
+    if constexpr (NORM_WEIGHT_VEC_LOADS) {
+        constexpr int M = N * sizeof(W) > 16 ? 16 / static_cast<int>(sizeof(W)) : N;
+#pragma unroll
+        for (int c = 0; c < N / M; ++c)
+            reinterpret_cast<WeightPack<M>*>(pack.v)[c] =
+                *reinterpret_cast<const WeightPack<M>*>(w + d + c * M);
+    } else {
+#pragma unroll
+        for (int j = 0; j < N; ++j) pack.v[j] = w[(d + j) * ws];
+    }
+    return pack;
+}
+
+__device__ __forceinline__ ItemWeights load_item_weights(const RopeNormParams& np, bool is_k,
+                                                         const ItemSpan& span) {
+    const W* w = static_cast<const W*>(is_k ? np.k_weight : np.q_weight);
+    const long long ws = is_k ? np.k_weight_stride : np.q_weight_stride;
+    ItemWeights weights;
+    weights.own = load_weight_pack<VEC>(w, ws, span.own);
+    if (!INTERLEAVED) weights.partner = load_weight_pack<VEC>(w, ws, span.partner);
+    return weights;
+}
+
+// w' of a raw weight: w, or 1 + w (Gemma).
+__device__ __forceinline__ float weight_value(W raw) {
+    const float w = storage_to_float<NORM_WEIGHT_DTYPE>(raw);
+    if constexpr (NORM_UNIT_OFFSET)
+        return 1.0f + w;
+    else
+        return w;
+}
+
+// 1 / sqrt(mean(x^2) + eps) over the item's head: each item's sum of squares, added across the
+// head's ROT_ITEMS lanes (consecutive lanes of one warp: the launcher's blocks are whole warps
+// of one item a thread, and RopePlan::norm_items makes ROT_ITEMS a power of two up to 32). A
+// butterfly: every lane ends with the same sum.
+__device__ __forceinline__ float head_norm_scale(const ItemData& data, float eps) {
+    const ItemFloats x = item_floats(data);
+    float sum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+        sum += x.own[j] * x.own[j];
+        if (!INTERLEAVED) sum += x.partner[j] * x.partner[j];
+    }
+    const unsigned lane = threadIdx.x % 32;
+    const unsigned group = ROT_ITEMS >= 32 ? 0xffffffffu
+                                           : ((1u << (ROT_ITEMS % 32)) - 1u)
+                                                 << (lane & ~(static_cast<unsigned>(ROT_ITEMS) - 1u));
+#pragma unroll
+    for (int offset = ROT_ITEMS / 2; offset > 0; offset /= 2)
+        sum += __shfl_xor_sync(group, sum, offset);
+    return rsqrtf(sum * (1.0f / HEAD_DIM) + eps);
+}
+
+// The item normalized and rotated, rope(x r w'), then stored as store_item_floats stores.
+__device__ __forceinline__ void norm_rotate_store_item(const ItemData& data,
+                                                       const ItemWeights& weights, float r, T* y,
+                                                       unsigned char* y8, bool fp8, long long ys,
+                                                       const ItemSpan& span,
+                                                       const ItemAngles& angles, float raw_scale) {
+    ItemFloats x = item_floats(data);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+        x.own[j] = x.own[j] * r * weight_value(weights.own.v[j]);
+        if (!INTERLEAVED) x.partner[j] = x.partner[j] * r * weight_value(weights.partner.v[j]);
+    }
+    store_item_floats(rotate_floats(x, span, angles), y, y8, fp8, ys, span, raw_scale);
+}
+
 // ---- one token a block, resolved by each thread (RopeKernelParams::direct) ------------------
 
 // The direct path loads q, k and v with plain ld.global (load_item, load_pack). Volatile loads,
@@ -584,7 +746,8 @@ __device__ __forceinline__ long long direct_table_row(const RopeKernelParams& p,
 // row), the cache slot and the FP8 scale are read while they fly; then one store. Items:
 // the token's rotation items, then (KV cache) its v copies, one or more a thread.
 __device__ __forceinline__ void rope_one_token(const RopeKernelParams& p,
-                                               const RopeCacheParams* cache) {
+                                               const RopeCacheParams* cache,
+                                               const RopeNormParams* norm) {
     // Few values live across the items (the budget is 40 registers): the token's (b, s), in
     // 32 bits (a grid of one token a block has under 2^31 of them); rows are recomputed.
     // Decode has one token a row: no division then (it heads every load's address chain).
@@ -644,6 +807,10 @@ __device__ __forceinline__ void rope_one_token(const RopeKernelParams& p,
         const ItemData data = load_item(static_cast<const T*>(is_k ? p.k : p.q) + b * in_stride[0] +
                                             s * in_stride[2] + h * in_stride[1],
                                         xs, span);
+        // QK-norm: the weights are read with the item's loads (every head of the token reads
+        // the same ones: after the first, from L1).
+        ItemWeights weights;
+        if constexpr (QK_NORM) weights = load_item_weights(*norm, is_k, span);
         // The FP8 scale is read with the item's loads: read after the table, its latency would
         // come before the store.
         float scale = 1.0f;
@@ -654,13 +821,22 @@ __device__ __forceinline__ void rope_one_token(const RopeKernelParams& p,
         ItemAngles angles;
         angles.cos = load_table_span(p.cos, p.cos_stride, row, span.pair0);
         angles.sin = load_table_span(p.sin, p.sin_stride, row, span.pair0);
+        // QK-norm: the head's norm, from its lanes' sums, while the table spans are on their
+        // way (every lane of the head's group comes here: its items share the head).
+        float r = 1.0f;
+        if constexpr (QK_NORM) r = head_norm_scale(data, norm->eps);
         // Where the head's row goes: k_out (or k's cache at the token's slot), or q_out.
         const long long* out_stride = is_k ? p.k_out_stride : p.q_out_stride;
         long long block = b, slot = s;
         if (KV_CACHE != 0 && is_k && !cache_slot(p, *cache, b, s, &block, &slot)) continue;
         const long long out = block * out_stride[0] + slot * out_stride[2] + h * out_stride[1];
         const long long ys = VEC_LOADS ? 1 : out_stride[3];
-        if ((Q_FP8 || KV_FP8) && (is_k ? KV_FP8 : Q_FP8))
+        if constexpr (QK_NORM)
+            norm_rotate_store_item(data, weights, r, static_cast<T*>(is_k ? p.k_out : p.q_out) + out,
+                                   static_cast<unsigned char*>(is_k ? p.k_out : p.q_out) + out,
+                                   (Q_FP8 || KV_FP8) && (is_k ? KV_FP8 : Q_FP8), ys, span,
+                                   angles, scale);
+        else if ((Q_FP8 || KV_FP8) && (is_k ? KV_FP8 : Q_FP8))
             rotate_store_item_fp8(data, static_cast<unsigned char*>(is_k ? p.k_out : p.q_out) + out,
                                   ys, span, angles, scale);
         else
@@ -672,8 +848,9 @@ __device__ __forceinline__ void rope_one_token(const RopeKernelParams& p,
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM)
-    rope_kernel(const typename LaunchArgs<RopeKernelParams>::type args) {
-    const RopeKernelParams& p = own_args(args);
+    rope_kernel(const typename LaunchArgs<OwnParams>::type args) {
+    const OwnParams& own = own_args(args);
+    const RopeKernelParams& p = rope_part(own);
     const RopeCacheParams* cache = cache_args(args);  // KV cache and FP8 scales, or NULL
     // Only kernels that may take the direct path (decode, one token a block) fetch their
     // argument lines early: where the wait's window is most of a call. The others compile
@@ -697,8 +874,8 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM)
     float* s_grad = reinterpret_cast<float*>(shared + layout.grad);
     RopeValueBases* s_value = reinterpret_cast<RopeValueBases*>(shared + layout.value_bases);
     if constexpr (plan().one_token_direct) {
-        if (p.direct) {
-            rope_one_token(p, cache);
+        if (QK_NORM || p.direct) {  // QK-norm: the direct path only
+            rope_one_token(p, cache, norm_part(own));
             return;
         }
     }

@@ -130,6 +130,8 @@ struct RopeShape {
     bool interleaved, has_k, in_place_q, in_place_k;
     bool k_own_angles, angles_from_inv_freq, has_xpos, table_full, freq_grad;
     int v_dim, v_vec;  // v copied into a cache (0: no v), and its access width
+    bool qk_norm, backward;  // RMSNorm of each head first (QK-norm); the gradient pass
+    bool kv_cache;           // k (and v) written into a KV cache
 };
 
 // Work items per head of the rope kernel (ROT_ITEMS in rope.cu): interleaved, one per vector of
@@ -181,6 +183,17 @@ struct RopePlan {
     // so that a v item has as many bytes in flight as a rotation item (two 16-byte loads) and
     // its cache slot is resolved once for both.
     int v_direct_items;
+    // QK-norm forwards that write a KV cache, which rope.cu takes on its direct path only (one
+    // token a block, an item a thread, a head's sum of squares a shuffle across its items'
+    // lanes), at 1024 threads a multiprocessor (64 registers: at 40 the weights, loaded with
+    // the item, spilled 64-112 bytes); rope_norm.cu takes the other QK-norm specs. They need
+    // every feature rotated (the norm rescales every feature and the direct path copies none),
+    // cos/sin spans of plain tables (one_token_direct), and a head's items a power of two up
+    // to a warp, so that each head fills one aligned lane group. H200 runs CD-CE (session 19),
+    // Qwen3-8B with a paged FP8 cache: decode B=64 2.90 -> 2.47 us in a graph (rope_norm.cu's
+    // rows take a row at a time with a cache), prefill 0.49 -> 0.63 of copy. Without a cache
+    // rope_norm.cu's runs of 4 rows stay ahead in prefill (0.876 against 0.845 on rope.cu).
+    bool norm_items;
 };
 // Why a shape has no kernel. (Enumerators, not constexpr variables: NVRTC would emit those as
 // globals of every module.)
@@ -223,6 +236,10 @@ ROPE_JIT_HOST_DEVICE constexpr RopePlan rope_plan(const RopeShape& s) {
     plan.v_items = s.v_dim > 0 && s.v_vec > 0 ? s.v_dim / s.v_vec : 0;
     plan.one_token_direct = !plan.shared_angles && !s.freq_grad && !plan.copies_unrotated;
     plan.v_direct_items = s.v_vec > 1 && plan.v_items % 2 == 0 ? plan.v_items / 2 : plan.v_items;
+    plan.norm_items = s.qk_norm && !s.backward && s.kv_cache && s.rotary_dim == s.head_dim &&
+                      plan.one_token_direct && plan.item_batch == 1 && items_power_of_two &&
+                      plan.rot_items <= 32;
+    if (plan.norm_items) plan.threads_per_sm = 1024;
     return plan;
 }
 

@@ -24,7 +24,8 @@ using rope_jit::KernelSpec;
 namespace {
 
 // The kinds of RoPE kernel: rope.cu's staged and direct paths, out-of-place copies, the
-// frequency gradient, the KV cache with FP8, and rope_norm.cu's forward and backward.
+// frequency gradient, the KV cache with FP8, QK-norm forwards on rope.cu and on rope_norm.cu,
+// and rope_norm.cu's backward.
 std::vector<KernelSpec> kernel_kinds() {
     KernelSpec base = rope_test::llama_like_kernel_spec();
     base.table_dtype = 2;
@@ -43,12 +44,18 @@ std::vector<KernelSpec> kernel_kinds() {
         s.in_place_k = 0, s.kv_cache = 2, s.kv_index_int64 = 1, s.kv_fp8 = 1, s.v_dim = 128;
         s.v_vec = 8;
     });
+    // QK-norm forwards: on rope_norm.cu (its blocks of 256 threads), and with a KV cache on
+    // rope.cu's direct path (every feature rotated; its blocks) or on rope_norm.cu (partial).
     add([](KernelSpec& s) {
         s.qk_norm = 1, s.block_threads = 256, s.norm_weight_dtype = 2, s.norm_weight_vec_loads = 1;
     });
     add([](KernelSpec& s) {
+        s.qk_norm = 1, s.norm_weight_dtype = 2, s.norm_weight_vec_loads = 1, s.in_place_k = 0;
+        s.kv_cache = 2, s.kv_index_int64 = 1, s.kv_fp8 = 1, s.v_dim = 128, s.v_vec = 8;
+    });
+    add([](KernelSpec& s) {
         s.qk_norm = 1, s.block_threads = 256, s.norm_weight_dtype = 2, s.norm_weight_vec_loads = 1,
-        s.in_place_k = 0;
+        s.in_place_k = 0, s.rotary_dim = 64, s.copy_vec = 8;
         s.kv_cache = 2, s.kv_index_int64 = 1, s.kv_fp8 = 1, s.v_dim = 128, s.v_vec = 8;
     });
     add([](KernelSpec& s) {

@@ -251,6 +251,7 @@ TEST_CASE("the KV cache GPU sweep's calls run on the CPU backend and their kerne
     std::mt19937 rng(kKvSeed + 2);
     std::vector<KernelSpec> compiled;
     rope_jit::KernelStats stats;
+    int on_items = 0, on_rows = 0;
     for (int family = 0; family < kKvFamilies; ++family) {
         const KvCase c = kv_case(family);
         KvProblem p = make_kv_problem(c, rng);
@@ -263,8 +264,14 @@ TEST_CASE("the KV cache GPU sweep's calls run on the CPU backend and their kerne
         const std::string name = spec.describe();
         CAPTURE(name);
         CHECK(rope_jit::build_kernel_binary(spec, "sm_90", nullptr, stats).image.size() > 4);
+        if (spec.qk_norm) ++(rope_jit::rope_recipe(spec).template_name == "rope.cu" ? on_items : on_rows);
     }
     MESSAGE(compiled.size() << " KV cache kernels compiled");
+    // The GPU sweep reaches both QK-norm kernels: rope.cu's direct path (fully rotated heads)
+    // and rope_norm.cu (the others).
+    MESSAGE(on_items << " QK-norm kernels on rope.cu, " << on_rows << " on rope_norm.cu");
+    CHECK(on_items > 0);
+    CHECK(on_rows > 0);
 }
 
 TEST_CASE("a prewarmed KV cache spec is the one a call with contiguous tensors uses") {

@@ -10,12 +10,15 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "common/error.h"
 #include "gpu_rope_norm_problem.h"
 #include "jit/kernel_builder.h"
 #include "jit/nvrtc_loader.h"
 #include "ops/rope/kernel_spec.h"
 #include "ops/rope/rope_cuda.h"
+#include "ops/rope/rope_plan.h"
 #include "ops/rope/rope_problem.h"
 #include "ops/rope/rope_recipe.h"
 #include "rope_jit/rope_jit.h"
@@ -546,6 +549,69 @@ TEST_CASE("the QK-norm kernel's multiply-shift division matches integer division
     CHECK(rope_norm_divisor(0).divisor == 0);
     CHECK(rope_norm_divisor(-3).divisor == 0);
     CHECK(rope_norm_divisor(1LL << 31).divisor == 0);
+}
+
+TEST_CASE("QK-norm forwards that write a KV cache take rope.cu's direct path, the others the "
+          "norm kernel") {
+    using nlohmann::json;
+    // Qwen3-8B's QK-norm forward, with `fields` over it.
+    auto spec_of = [](const json& fields) {
+        json text = {{"head_dim", 128},      {"dtype", "bfloat16"}, {"table_dtype", "bfloat16"},
+                     {"gqa_group", 4},       {"qk_norm", true},     {"norm_weight_dtype", "bfloat16"}};
+        text.update(fields);
+        std::string error;
+        const auto spec = KernelSpec::from_json(text.dump(), &error);
+        INFO(text.dump(), error);
+        REQUIRE(spec.has_value());
+        return *spec;
+    };
+    auto kernel_of = [](const KernelSpec& spec) { return rope_jit::rope_recipe(spec).entry; };
+    // ... and with a paged FP8 KV cache write.
+    auto paged = [](json more) {
+        more.update({{"positions", "indices"}, {"kv_cache", "slot-mapping"}, {"kv_fp8", true},
+                     {"v_head_dim", 128}});
+        return more;
+    };
+    // Qwen3-8B's QK-norm + RoPE + paged KV + FP8: rope.cu's blocks, an item a thread.
+    const KernelSpec fused = spec_of(paged(json::object()));
+    CHECK(rope_jit::rope_plan(fused).norm_items);
+    CHECK(fused.block_threads == 512);
+    CHECK(kernel_of(fused) == "rope_kernel");
+    CHECK(rope_jit::rope_recipe(fused).template_name == "rope.cu");
+    CHECK(rope_jit::rope_plan(fused).threads_per_sm == 1024);  // 64 registers: none spilled
+    // One token a block, decode and prefill alike: 40 heads x 8 items and 8 heads of v x 8
+    // items (two 16-byte vectors each).
+    for (int64_t units : {int64_t(64), int64_t(4 * 4096)}) {
+        CAPTURE(units);
+        const rope_jit::RopeLaunch launch =
+            rope_jit::plan_rope_launch(fused, 32, 8, units, 132, true);
+        CHECK(launch.direct);
+        CHECK(launch.tokens_per_block == 1);
+        CHECK(launch.blocks == units);
+        CHECK(launch.threads == 384);
+    }
+    // Interleaved pairs (16 items a head) and head_dim 512 (32) too.
+    CHECK(kernel_of(spec_of(paged({{"style", "interleaved"}}))) == "rope_kernel");
+    CHECK(kernel_of(spec_of(paged({{"head_dim", 512}}))) == "rope_kernel");
+    // The norm kernel: no KV cache, partial rotary (the direct path copies no unrotated
+    // feature), a head's items not a power of two (D80: 5) or over a warp (D1024: 64), angles
+    // computed from inv_freq, the backward.
+    for (const json& fields :
+         {json::object(), json{{"q_fp8", true}, {"in_place_q", false}},
+          paged({{"rotary_dim", 64}}), paged({{"head_dim", 80}}), paged({{"head_dim", 1024}}),
+          paged({{"angles", "inv-freq"}, {"table_dtype", "float32"}}),
+          json{{"direction", "backward"}}}) {
+        const KernelSpec spec = spec_of(fields);
+        CAPTURE(fields.dump());
+        CHECK_FALSE(rope_jit::rope_plan(spec).norm_items);
+        CHECK(spec.block_threads == 256);
+        CHECK(kernel_of(spec) == "rope_norm_kernel");
+    }
+    // Each kernel takes its own block size.
+    json wrong = paged({{"head_dim", 128}, {"qk_norm", true}, {"block_threads", 256}});
+    std::string error;
+    CHECK_FALSE(KernelSpec::from_json(wrong.dump(), &error));
+    CHECK(error.find("block_threads 512") != std::string::npos);
 }
 
 TEST_CASE("the QK-norm launch puts a row in a group of lanes and spreads decode over every SM") {

@@ -255,6 +255,7 @@ std::vector<Case> suite() {
         llama("llama3-8b prefill paged kv fp8").paged_kv(true),
         decode("decode B=64 paged kv fp8", 64).paged_kv(true),
         decode("decode B=64 qk-norm paged kv fp8", 64).normed().paged_kv(true),
+        llama("qwen3-8b prefill qk-norm paged kv fp8").normed().paged_kv(true),
         Case("gemma-4 proportional 128/512", 2, 4096, 16, 8, 512).proportional(128),
         Case("gemma-4 proportional 128/512 out of place", 2, 4096, 16, 8, 512)
             .proportional(128)

@@ -108,10 +108,17 @@ int32_t choose_v_width(const KernelSpec& spec, size_t element_size, TensorsAllow
     return 1;
 }
 
-// The QK-norm kernel (rope_norm.cu) takes rope.cu's access widths of the rotation (vec,
-// vec_loads), the tables (table_vec_loads) and v (v_vec) as they are. It rewrites every
-// feature, the unrotated ones too (the norm scales them), so its copy width tiles them even in
-// place; its blocks are at most kRopeNormMaxWarps warps.
+// A QK-norm spec's block size: rope.cu's for the forwards it takes (RopePlan::norm_items), else
+// rope_norm.cu's kRopeNormMaxWarps warps.
+int32_t norm_block_threads(const KernelSpec& spec) {
+    return rope_plan(spec).norm_items ? kRopeMaxBlockThreads : 32 * kRopeNormMaxWarps;
+}
+
+// The QK-norm kernels take rope.cu's access widths of the rotation (vec, vec_loads), the tables
+// (table_vec_loads) and v (v_vec) as they are. rope_norm.cu rewrites every feature, the
+// unrotated ones too (the norm scales them), so its copy width tiles them even in place; its
+// blocks are at most kRopeNormMaxWarps warps. The forwards rope.cu takes (RopePlan::norm_items)
+// have its blocks.
 template <typename TensorsAllow>
 void set_norm_access(KernelSpec& spec, size_t element_size, TensorsAllow tensors_allow) {
     if (!spec.qk_norm) return;
@@ -124,7 +131,7 @@ void set_norm_access(KernelSpec& spec, size_t element_size, TensorsAllow tensors
             }
         }
     }
-    spec.block_threads = 32 * kRopeNormMaxWarps;
+    spec.block_threads = norm_block_threads(spec);
 }
 
 // Table columns one work item reads (see TABLE_SPAN in rope.cu).
@@ -428,8 +435,9 @@ void KernelSpec::validate() const {
             "forward");
     require(!qk_norm || !interleaved || vec % 2 == 0,
             fmt::format("qk_norm: interleaved pairs need an even vec, got {}", vec));
-    require(!qk_norm || block_threads == 32 * kRopeNormMaxWarps,
-            fmt::format("qk_norm: the norm kernel takes block_threads {}", 32 * kRopeNormMaxWarps));
+    require(!qk_norm || block_threads == norm_block_threads(*this),
+            fmt::format("qk_norm: this spec's kernel takes block_threads {}",
+                        norm_block_threads(*this)));
 }
 
 std::string KernelSpec::preamble() const {

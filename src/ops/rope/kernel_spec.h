@@ -73,8 +73,9 @@ constexpr int32_t kRopeMaxBlockThreads = 512;
     /* Half-style pairs (i, i + HEAD_DIM/2) (Gemma-4 proportional partial rotary). Fields */       \
     /* added from here on are enumerators in the preamble (older specs keep their PTX). */         \
     X(proportional, 0, nullptr, BooleanEnumerator, 0, 1, "PROPORTIONAL", PLAIN)                    \
-    /* QK-norm: RMSNorm of every head before the rotation (kernels_templates/rope_norm.cu), */     \
-    /* with weights w or 1 + w (unit offset) of norm_weight_dtype; backward: also dL/dw */         \
+    /* QK-norm: RMSNorm of every head before the rotation (kernels_templates/rope_norm.cu; */      \
+    /* rope.cu for RopePlan::norm_items), with weights w or 1 + w (unit offset) of */              \
+    /* norm_weight_dtype; backward: also dL/dw */                                                  \
     X(qk_norm, 0, "qk_norm", BooleanEnumerator, 0, 1, "QK_NORM", PLAIN)                            \
     X(norm_unit_offset, 0, "norm_unit_offset", BooleanEnumerator, 0, 1, "NORM_UNIT_OFFSET", PLAIN) \
     X(norm_weight_dtype, 0, "norm_weight_dtype", FloatTypesEnumerator, 0, 2, "NORM_WEIGHT_DTYPE",  \

@@ -75,11 +75,20 @@ RopeLaunch plan_rope_launch(const KernelSpec& spec, int64_t heads_q, int64_t hea
     constexpr int64_t kSpreadMinItems = 128, kSpreadInterleavedBatchItems = 512;
     constexpr int64_t kSpreadLookupTokensPerSm = 2;
     const int64_t rot_items = (heads_q + heads_k) * plan.rot_items;
+    // QK-norm on rope.cu (plan.norm_items: forwards with a KV cache) has the direct path only:
+    // one token a block, an item a thread, always.
+    if (plan.norm_items && units > 0x7fffffffLL)
+        throw Error(ROPE_JIT_ERROR_UNSUPPORTED,
+                    fmt::format("q: QK-norm of {} tokens exceeds one launch's grid (a block a "
+                                "token)",
+                                units));
     const bool spread =
-        fits && !tiny && spec.kv_cache == 0 && plan.one_token_direct && plan.item_batch == 1 &&
-        !spec.packed && units <= 0x7fffffffLL &&  // one block a token
-        (spec.position_mode == 0 || units <= kSpreadLookupTokensPerSm * sms) &&
-        (fit.tokens == 1 || (token_rows_adjacent && rot_items >= kSpreadMinItems));
+        fits && !tiny &&
+        (plan.norm_items ||
+         (spec.kv_cache == 0 && plan.one_token_direct && plan.item_batch == 1 && !spec.packed &&
+          units <= 0x7fffffffLL &&  // one block a token
+          (spec.position_mode == 0 || units <= kSpreadLookupTokensPerSm * sms) &&
+          (fit.tokens == 1 || (token_rows_adjacent && rot_items >= kSpreadMinItems))));
     if (spread && fit.tokens > 1) {
         fit.tokens = 1;
         fit.blocks = units;
@@ -96,7 +105,8 @@ RopeLaunch plan_rope_launch(const KernelSpec& spec, int64_t heads_q, int64_t hea
         rot_items + heads_k * (direct ? plan.v_direct_items : plan.v_items);
     if (direct && fits && token_items > 0) {
         const bool one_each =
-            tiny || (spread && !(spec.interleaved && rot_items >= kSpreadInterleavedBatchItems));
+            tiny || plan.norm_items ||
+            (spread && !(spec.interleaved && rot_items >= kSpreadInterleavedBatchItems));
         const int64_t per_thread = one_each ? 1 : plan.items_per_thread;
         const int64_t work = (token_items + per_thread - 1) / per_thread;
         fit.threads = int(std::min<int64_t>((work + 31) / 32 * 32, spec.block_threads));
@@ -398,7 +408,8 @@ void RopeCuda::run(const RopeProblem& p, void* stream_handle) {
     const LoadedKernel kernel =
         kernels_.kernel_for(SpecKey::of(kRopeOp, spec), launch.context, devices_.target(ordinal),
                             [&spec] { return rope_recipe_with_backward(spec); });
-    if (spec.qk_norm) {
+    const bool norm_items = rope_plan(spec).norm_items;
+    if (spec.qk_norm && !norm_items) {
         run_norm(p, spec, kernel, stream);
         return;
     }
@@ -427,8 +438,19 @@ void RopeCuda::run(const RopeProblem& p, void* stream_handle) {
                        shape.shared_bytes, arguments},
                       stream, programmatic, "cuLaunchKernel(rope_kernel)");
     };
-    if (spec.kv_cache != 0 || spec.q_fp8 != 0) {
-        // KV cache and FP8 kernels take the cache arguments after the rope ones (rope_params.h).
+    // QK-norm forwards on rope.cu take the norm kernel's arguments (the rope ones, the weights,
+    // eps); KV cache and FP8 kernels the cache arguments after their own (rope_params.h).
+    const bool cache_args = spec.kv_cache != 0 || spec.q_fp8 != 0;
+    if (norm_items) {
+        RopeNormParams norm_params = rope_norm_params(p, RopeNormLaunch{});
+        norm_params.rope = params;
+        if (cache_args) {
+            RopeNormCacheParams cache_params{norm_params, rope_cache_params(p)};
+            launch_with(&cache_params);
+        } else {
+            launch_with(&norm_params);
+        }
+    } else if (cache_args) {
         RopeCacheKernelParams cache_params{params, rope_cache_params(p)};
         launch_with(&cache_params);
     } else {

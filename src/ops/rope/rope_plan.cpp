@@ -19,6 +19,9 @@ RopeShape rope_shape(const KernelSpec& spec) {
     shape.freq_grad = spec.freq_grad != 0;
     shape.v_dim = spec.v_dim;
     shape.v_vec = spec.v_vec;
+    shape.qk_norm = spec.qk_norm != 0;
+    shape.backward = spec.backward != 0;
+    shape.kv_cache = spec.kv_cache != 0;
     return shape;
 }
 

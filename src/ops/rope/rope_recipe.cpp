@@ -1,17 +1,22 @@
 #include "ops/rope/rope_recipe.h"
 
 #include "jit/kernel_source.h"
+#include "ops/rope/rope_plan.h"
 
 namespace rope_jit {
 
 namespace {
 
-// The plain kernel, and the one that normalizes each head first (QK-norm).
+// The plain kernel, which also takes the QK-norm forwards of its plan (RopePlan::norm_items),
+// and the one that normalizes each head first (the other QK-norm specs).
+bool takes_norm_kernel(const KernelSpec& spec) {
+    return spec.qk_norm && !rope_plan(spec).norm_items;
+}
 const char* template_of(const KernelSpec& spec) {
-    return spec.qk_norm ? "rope_norm.cu" : "rope.cu";
+    return takes_norm_kernel(spec) ? "rope_norm.cu" : "rope.cu";
 }
 const char* entry_of(const KernelSpec& spec) {
-    return spec.qk_norm ? "rope_norm_kernel" : "rope_kernel";
+    return takes_norm_kernel(spec) ? "rope_norm_kernel" : "rope_kernel";
 }
 
 }  // namespace
