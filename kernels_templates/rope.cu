@@ -631,7 +631,7 @@ __device__ __forceinline__ const RopeNormParams* norm_part(const RopeNormParams&
 static_assert(!QK_NORM || plan().norm_items,
               "rope.cu takes the QK-norm forwards of RopePlan::norm_items only");
 
-using W = typename StorageOf<NORM_WEIGHT_DTYPE>::type;
+using W = NormWeight;  // rope_device.h
 
 template <int N>
 struct alignas(N * sizeof(W)) WeightPack {
@@ -669,15 +669,6 @@ __device__ __forceinline__ ItemWeights load_item_weights(const RopeNormParams& n
     weights.own = load_weight_pack<VEC>(w, ws, span.own);
     if (!INTERLEAVED) weights.partner = load_weight_pack<VEC>(w, ws, span.partner);
     return weights;
-}
-
-// w' of a raw weight: w, or 1 + w (Gemma).
-__device__ __forceinline__ float weight_value(W raw) {
-    const float w = storage_to_float<NORM_WEIGHT_DTYPE>(raw);
-    if constexpr (NORM_UNIT_OFFSET)
-        return 1.0f + w;
-    else
-        return w;
 }
 
 // 1 / sqrt(mean(x^2) + eps) over the item's head: each item's sum of squares, added across the
@@ -943,6 +934,58 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM)
         __syncthreads();
     }
 
+    // Out of place, the features outside the rotary range are copied unchanged (4. below),
+    // COPY_VEC at a time: copy `item` (consecutive items take consecutive vectors of a head
+    // row) loaded into *value, its destination in *dst (and *dst8 for an FP8 output), *dst
+    // NULL where there is nothing to copy.
+    auto load_copy = [&](int item, int copies, Pack<COPY_VEC>* value, T** dst, unsigned char** dst8,
+                         bool* is_k) {
+        *dst = nullptr;
+        if (item >= copies) return;
+        const int rest = item / COPY_UNITS;
+        const int f = (item - rest * COPY_UNITS) * COPY_VEC;
+        const int token = rest / (heads_q + heads_k);
+        int h = rest - token * (heads_q + heads_k);
+        const long long d = f < COPY_SPLIT ? f + COPY_SHIFT : f + ROTARY_DIM;
+        const RopeTokenBases base = s_bases[token];
+        *is_k = HAS_K && h >= heads_q;
+        if (*is_k ? (IN_PLACE_K || base.k_in < 0) : (IN_PLACE_Q || base.q_in < 0)) return;
+        if (*is_k) {
+            h -= heads_q;
+            const long long xs = COPY_VECTORS ? 1 : p.k_stride[3],
+                            ys = COPY_VECTORS ? 1 : p.k_out_stride[3];
+            *value = load_pack<COPY_VEC, COPY_VECTORS>(
+                static_cast<const T*>(p.k) + base.k_in + h * p.k_stride[1] + d * xs, xs);
+            *dst = static_cast<T*>(p.k_out) + base.k_out + h * p.k_out_stride[1] + d * ys;
+            if (KV_FP8)
+                *dst8 = static_cast<unsigned char*>(p.k_out) + base.k_out + h * p.k_out_stride[1] +
+                        d * ys;
+        } else {
+            const long long xs = COPY_VECTORS ? 1 : p.q_stride[3],
+                            ys = COPY_VECTORS ? 1 : p.q_out_stride[3];
+            *value = load_pack<COPY_VEC, COPY_VECTORS>(
+                static_cast<const T*>(p.q) + base.q_in + h * p.q_stride[1] + d * xs, xs);
+            *dst = static_cast<T*>(p.q_out) + base.q_out + h * p.q_out_stride[1] + d * ys;
+            if (Q_FP8)
+                *dst8 = static_cast<unsigned char*>(p.q_out) + base.q_out + h * p.q_out_stride[1] +
+                        d * ys;
+        }
+    };
+    // A thread's first copy is loaded before its rotation items, so that the copy's latency
+    // overlaps theirs instead of following it (it is stored after them, in 4.): H200 run CF
+    // (session 19), fractions of copy: GPT-NeoX 24/96 out of place 0.705 -> 0.768, Phi-2 32/80
+    // 0.81 -> 0.85, GPT-J 64/256 0.89 -> 0.925, Gemma-4 proportional 128/512 0.863 -> 0.91.
+    // The rotation writes only rotated features of the outputs and the copy reads only
+    // unrotated ones of the inputs (outputs out of place do not overlap their inputs), so the
+    // load may pass the rotation's stores.
+    const int copies = plan().copies_unrotated ? tokens_here * (heads_q + heads_k) * COPY_UNITS : 0;
+    Pack<COPY_VEC> first_value;
+    T* first_dst = nullptr;
+    unsigned char* first_dst8 = nullptr;
+    bool first_is_k = false;
+    if constexpr (plan().copies_unrotated)
+        load_copy(threadIdx.x, copies, &first_value, &first_dst, &first_dst8, &first_is_k);
+
     // 3. Rotate. Consecutive threads hold consecutive items of one head, so every access
     //    coalesces. One item a thread at a time, or (ITEM_BATCH) a batch: its loads and table
     //    spans first, in program order before any store, so that none waits on a store it
@@ -984,64 +1027,30 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM)
             atomicAdd(p.inv_freq_grad + i * p.inv_freq_grad_stride, s_grad[i]);
     }
 
-    // 4. Out of place, the features outside the rotary range are copied unchanged, COPY_VEC
-    //    at a time (consecutive threads take consecutive vectors of a head row), COPY_BATCH
-    //    loads in flight before their stores.
+    // 4. The copies: the thread's first (loaded before 3.), then the rest, COPY_BATCH loads in
+    //    flight before their stores.
     if constexpr (plan().copies_unrotated) {
-        const int copies = tokens_here * (heads_q + heads_k) * COPY_UNITS;
-        for (int first_copy = threadIdx.x; first_copy < copies;
+        auto store_copy = [&](const Pack<COPY_VEC>& value, T* dst, unsigned char* dst8,
+                              bool is_k) {
+            const long long ys = COPY_VECTORS ? 1 : is_k ? p.k_out_stride[3] : p.q_out_stride[3];
+            if ((Q_FP8 || KV_FP8) && (is_k ? KV_FP8 : Q_FP8))
+                store_out<true, COPY_VEC, COPY_VECTORS>(dst8, ys, value, is_k ? k_scale : q_scale);
+            else
+                store_pack<COPY_VEC, COPY_VECTORS>(dst, ys, value);
+        };
+        if (first_dst != nullptr) store_copy(first_value, first_dst, first_dst8, first_is_k);
+        for (int first_copy = threadIdx.x + threads; first_copy < copies;
              first_copy += COPY_BATCH * threads) {
             T* dst[COPY_BATCH];
             unsigned char* dst8[COPY_BATCH];  // FP8 outputs (KV_FP8 for k, Q_FP8 for q)
             bool dst_is_k[COPY_BATCH];
             Pack<COPY_VEC> value[COPY_BATCH];
 #pragma unroll
-            for (int j = 0; j < COPY_BATCH; ++j) {
-                dst[j] = nullptr;
-                const int item = first_copy + j * threads;
-                if (item >= copies) continue;
-                const int rest = item / COPY_UNITS;
-                const int f = (item - rest * COPY_UNITS) * COPY_VEC;
-                const int token = rest / (heads_q + heads_k);
-                int h = rest - token * (heads_q + heads_k);
-                const long long d = f < COPY_SPLIT ? f + COPY_SHIFT : f + ROTARY_DIM;
-                const RopeTokenBases base = s_bases[token];
-                dst_is_k[j] = HAS_K && h >= heads_q;
-                if (dst_is_k[j] ? (IN_PLACE_K || base.k_in < 0) : (IN_PLACE_Q || base.q_in < 0))
-                    continue;
-                if (dst_is_k[j]) {
-                    h -= heads_q;
-                    const long long xs = COPY_VECTORS ? 1 : p.k_stride[3],
-                                    ys = COPY_VECTORS ? 1 : p.k_out_stride[3];
-                    value[j] = load_pack<COPY_VEC, COPY_VECTORS>(
-                        static_cast<const T*>(p.k) + base.k_in + h * p.k_stride[1] + d * xs, xs);
-                    dst[j] = static_cast<T*>(p.k_out) + base.k_out + h * p.k_out_stride[1] + d * ys;
-                    if (KV_FP8)
-                        dst8[j] = static_cast<unsigned char*>(p.k_out) + base.k_out +
-                                  h * p.k_out_stride[1] + d * ys;
-                } else {
-                    const long long xs = COPY_VECTORS ? 1 : p.q_stride[3],
-                                    ys = COPY_VECTORS ? 1 : p.q_out_stride[3];
-                    value[j] = load_pack<COPY_VEC, COPY_VECTORS>(
-                        static_cast<const T*>(p.q) + base.q_in + h * p.q_stride[1] + d * xs, xs);
-                    dst[j] = static_cast<T*>(p.q_out) + base.q_out + h * p.q_out_stride[1] + d * ys;
-                    if (Q_FP8)
-                        dst8[j] = static_cast<unsigned char*>(p.q_out) + base.q_out +
-                                  h * p.q_out_stride[1] + d * ys;
-                }
-            }
+            for (int j = 0; j < COPY_BATCH; ++j)
+                load_copy(first_copy + j * threads, copies, &value[j], &dst[j], &dst8[j], &dst_is_k[j]);
 #pragma unroll
-            for (int j = 0; j < COPY_BATCH; ++j) {
-                if (dst[j] == nullptr) continue;
-                const long long ys = COPY_VECTORS  ? 1
-                                     : dst_is_k[j] ? p.k_out_stride[3]
-                                                   : p.q_out_stride[3];
-                if ((Q_FP8 || KV_FP8) && (dst_is_k[j] ? KV_FP8 : Q_FP8))
-                    store_out<true, COPY_VEC, COPY_VECTORS>(dst8[j], ys, value[j],
-                                                            dst_is_k[j] ? k_scale : q_scale);
-                else
-                    store_pack<COPY_VEC, COPY_VECTORS>(dst[j], ys, value[j]);
-            }
+            for (int j = 0; j < COPY_BATCH; ++j)
+                if (dst[j] != nullptr) store_copy(value[j], dst[j], dst8[j], dst_is_k[j]);
         }
     }
 

@@ -48,6 +48,17 @@ __device__ __forceinline__ float storage_to_float(typename StorageOf<DT>::type v
         return float_of_bits16<DT>(v);
 }
 
+// QK-norm weights as stored (NORM_WEIGHT_DTYPE), and w' of a raw weight: w, or 1 + w (Gemma's
+// unit offset; w + 0 would cost an add per feature: IEEE keeps it, for -0).
+using NormWeight = typename StorageOf<NORM_WEIGHT_DTYPE>::type;
+__device__ __forceinline__ float weight_value(NormWeight raw) {
+    const float w = storage_to_float<NORM_WEIGHT_DTYPE>(raw);
+    if constexpr (NORM_UNIT_OFFSET)
+        return 1.0f + w;
+    else
+        return w;
+}
+
 template <bool IS64>
 __device__ __forceinline__ long long load_index(const void* base, long long index) {
     if (IS64) return static_cast<const long long*>(base)[index];

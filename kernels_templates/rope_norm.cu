@@ -260,7 +260,7 @@ __device__ __forceinline__ float unpack_row(const RawRow& raw, int sub, Row* row
 // the row, so that their latency overlaps its. Unit-stride, 16-byte-aligned weights (the
 // usual [D] parameter) are read as vectors of up to 16 bytes, else one element at a time;
 // unused slots hold zeros (the backward's sums multiply them).
-using W = typename StorageOf<NORM_WEIGHT_DTYPE>::type;
+using W = NormWeight;  // rope_device.h
 
 enum : int { W_CHUNK = 16 / static_cast<int>(sizeof(W)) };  // weights per 16-byte vector
 
@@ -335,15 +335,6 @@ __device__ __forceinline__ void load_weights(const void* weights, long long ws, 
         load_weight_run<COPY_VEC>(w, ws, vector, valid, copy_feature(sub + k * LANES),
                                   &wr->tail[k]);
     }
-}
-
-// w' of a raw weight (w + 0 would cost an add per feature: IEEE keeps it, for -0).
-__device__ __forceinline__ float weight_value(W raw) {
-    const float w = storage_to_float<NORM_WEIGHT_DTYPE>(raw);
-    if constexpr (NORM_UNIT_OFFSET)
-        return 1.0f + w;
-    else
-        return w;
 }
 
 // cos and sin of the lane's pairs. Plain tables: each item's span of columns, raw as stored
