@@ -45,7 +45,9 @@ struct KvCase {
     bool fp8 = false, scales = false, q_fp8 = false, packed = false, positions = false;
     bool offsets = false, inv_freq = false, bshd = true, in_place_q = true, skip_slots = false;
     bool tiny_scale = false;                 // scales small enough that some values saturate at 448
-    bool norm = false, unit_offset = false;  // QK-norm before the rotation (weights [D] f32)
+    bool norm = false, unit_offset = false;  // QK-norm before the rotation (weights [D])
+    Dt norm_dt = Dt::F32;                    // the weights' dtype
+    int64_t norm_step = 1;                   // their elements' distance (> 1: read one by one)
 };
 
 inline std::string describe(const KvCase& c) {
@@ -63,7 +65,10 @@ inline std::string describe(const KvCase& c) {
            (c.offsets ? " offsets" : "") + (c.inv_freq ? " inv_freq" : "") +
            (c.bshd ? " bshd" : " bhsd") + (c.in_place_q ? "" : " q_out") +
            (c.skip_slots ? " skips" : "") +
-           (c.norm ? (c.unit_offset ? " qk-norm(1+w)" : " qk-norm") : "");
+           (c.norm ? (c.unit_offset ? " qk-norm(1+w)" : " qk-norm") : "") +
+           (c.norm ? std::string(" w:") + rope_test::dt_name(c.norm_dt) +
+                         (c.norm_step > 1 ? "/" + std::to_string(c.norm_step) : "")
+                   : "");
 }
 
 // Family f: a deterministic mix of every option (the first few are the plain cases).
@@ -104,6 +109,8 @@ inline KvCase kv_case(int f) {
     c.skip_slots = c.index == KvIndex::SlotMapping && pick(2);
     c.norm = pick(4) == 0;
     c.unit_offset = c.norm && pick(2);
+    c.norm_dt = std::vector<Dt>{Dt::F32, Dt::BF16, Dt::F16}[size_t(pick(3))];
+    c.norm_step = pick(4) == 0 ? 3 : 1;
     if (f < 6) {  // plain cases first: each layout and slot source, bf16 and fp8
         c = KvCase{};
         c.layout = rope_jit_kv_cache_layout(1 + f % 3);
@@ -327,12 +334,47 @@ inline KvProblem make_kv_problem(const KvCase& c, std::mt19937& rng) {
     }
     if (c.q_fp8 && c.scales) scale(p.q_scale);
     if (c.norm) {
-        p.q_norm_weight = HostTensor(Dt::F32, {c.D});
-        p.k_norm_weight = HostTensor(Dt::F32, {c.D});
+        auto weights = [&] {
+            return c.norm_step > 1 ? HostTensor::spaced(c.norm_dt, c.D, c.norm_step)
+                                   : HostTensor(c.norm_dt, {c.D});
+        };
+        p.q_norm_weight = weights();
+        p.k_norm_weight = weights();
         p.q_norm_weight.fill_uniform(rng, -0.5, 1.5);
         p.k_norm_weight.fill_uniform(rng, -0.5, 1.5);
     }
     return p;
+}
+
+// QK-norm forwards with a KV cache that rope.cu's direct path takes (RopePlan::norm_items),
+// beyond the families' mix: head_dim 512 (a head on all 32 lanes, a token over several rounds
+// of a block), interleaved pairs (16 lanes a head), fp32 q (4 features a vector), odd head
+// counts, weights of every dtype and strided, many tokens a call, FP8 q.
+inline std::vector<KvCase> norm_direct_cases() {
+    std::vector<KvCase> cases;
+    auto add = [&](Dt dt, rope_jit_style style, int64_t D, int64_t Hk, int64_t group, Dt norm_dt,
+                   int64_t norm_step) {
+        KvCase c;
+        c.dt = dt, c.style = style, c.D = c.R = c.Dv = D, c.Hk = Hk, c.group = group;
+        c.norm = true, c.norm_dt = norm_dt, c.norm_step = norm_step;
+        cases.push_back(c);
+        return &cases.back();
+    };
+    KvCase* c = add(Dt::BF16, ROPE_JIT_STYLE_HALF, 512, 2, 4, Dt::BF16, 1);
+    c->B = 3, c->S = 7, c->fp8 = c->scales = true;
+    c = add(Dt::BF16, ROPE_JIT_STYLE_INTERLEAVED, 128, 2, 2, Dt::BF16, 3);
+    c->layout = ROPE_JIT_KV_CACHE_PAGED_HND, c->index = KvIndex::BlockTables, c->offsets = true;
+    c->in_place_q = false, c->unit_offset = true;
+    c = add(Dt::F16, ROPE_JIT_STYLE_HALF, 128, 3, 1, Dt::F16, 1);
+    c->B = 4, c->S = 200, c->positions = true, c->layout = ROPE_JIT_KV_CACHE_CONTIGUOUS;
+    c->index = KvIndex::Rows, c->offsets = true, c->unit_offset = true, c->Dv = 40;
+    c = add(Dt::F32, ROPE_JIT_STYLE_HALF, 64, 1, 4, Dt::F32, 2);
+    c->q_fp8 = true, c->in_place_q = false, c->fp8 = true, c->scales = true, c->Dv = 0;
+    c = add(Dt::BF16, ROPE_JIT_STYLE_HALF, 256, 3, 2, Dt::F32, 1);
+    c->packed = true, c->B = 9, c->skip_slots = true;
+    c = add(Dt::BF16, ROPE_JIT_STYLE_PROPORTIONAL, 128, 8, 4, Dt::BF16, 1);
+    c->B = 64, c->S = 1, c->positions = true, c->fp8 = c->scales = true;
+    return cases;
 }
 
 // The call's arguments over views (host_views or device mirrors, in slots_of's order).

@@ -113,8 +113,8 @@ TEST_SUITE("gpu") {
                       "with block tables and prefill with slot_mapping, each with and without "
                       "QK-norm, match the CPU backend") {
         int index = 0;
-        // Prefill with QK-norm (variants 6, 7: 28800 rows) takes the norm kernel's grid-stride
-        // rows, v's rows among them.
+        // With QK-norm (variants 2, 3, 6, 7) both decode and prefill take rope.cu's direct path
+        // (RopePlan::norm_items): one token a block, its heads' items and v's.
         for (int variant = 0; variant < 8; ++variant) {
             const bool decode = variant < 4, norm = variant % 4 >= 2;
             const rope_jit_kv_cache_layout layout =
@@ -140,6 +140,19 @@ TEST_SUITE("gpu") {
                 KvProblem p = make_kv_problem(c, rng);
                 run_and_compare(*this, p);
             }
+        }
+    }
+
+    TEST_CASE_FIXTURE(GpuFixture,
+                      "QK-norm + KV cache on rope.cu's direct path (head_dim 512, interleaved, "
+                      "fp32, odd heads, every weight dtype, strided weights, many tokens, packed, "
+                      "FP8 q) matches the CPU backend") {
+        std::mt19937 rng(kKvSeed + 300);
+        for (const KvCase& c : norm_direct_cases()) {
+            const std::string name = describe(c);
+            CAPTURE(name);
+            KvProblem p = make_kv_problem(c, rng);
+            run_and_compare(*this, p);
         }
     }
 

@@ -18,6 +18,7 @@
 #include "jit/kernel_builder.h"
 #include "jit/nvrtc_loader.h"
 #include "ops/rope/kernel_spec.h"
+#include "ops/rope/rope_plan.h"
 #include "ops/rope/rope_recipe.h"
 #include "rope_jit/rope_jit.h"
 
@@ -272,6 +273,28 @@ TEST_CASE("the KV cache GPU sweep's calls run on the CPU backend and their kerne
     MESSAGE(on_items << " QK-norm kernels on rope.cu, " << on_rows << " on rope_norm.cu");
     CHECK(on_items > 0);
     CHECK(on_rows > 0);
+}
+
+TEST_CASE("the direct-path QK-norm cases of the KV cache GPU tests run on the CPU backend and "
+          "take rope.cu's norm items") {
+    // norm_direct_cases() (test_gpu_rope_kv_cache.cpp compares them on a GPU): each is valid,
+    // selects rope.cu's QK-norm path, and its kernel compiles for sm_90.
+    CpuRuntime cpu;
+    std::mt19937 rng(kKvSeed + 300);
+    rope_jit::KernelStats stats;
+    for (const KvCase& c : norm_direct_cases()) {
+        KvProblem p = make_kv_problem(c, rng);
+        const rope_jit_rope_args args = kv_args(p, host_views(p));
+        const rope_jit::KernelSpec spec = spec_of(args);
+        const std::string name = describe(c), kernel = spec.describe();
+        CAPTURE(name);
+        CAPTURE(kernel);
+        REQUIRE(rope_jit_rope(cpu.handle, &args) == ROPE_JIT_OK);
+        CHECK(rope_jit::rope_plan(spec).norm_items);
+        CHECK(spec.norm_weight_vec_loads == (c.norm_step == 1 ? 1 : 0));
+        if (rope_jit::nvrtc_api() != nullptr)
+            CHECK(rope_jit::build_kernel_binary(spec, "sm_90", nullptr, stats).image.size() > 4);
+    }
 }
 
 TEST_CASE("a prewarmed KV cache spec is the one a call with contiguous tensors uses") {
