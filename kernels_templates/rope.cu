@@ -633,41 +633,18 @@ static_assert(!QK_NORM || plan().norm_items,
 
 using W = NormWeight;  // rope_device.h
 
-template <int N>
-struct alignas(N * sizeof(W)) WeightPack {
-    W v[N];
-};
-
 // An item's norm weights, raw as stored, at its own features and its partner's.
 struct ItemWeights {
     WeightPack<VEC> own, partner;
 };
-
-// N weights from feature d: 16-byte vectors where the host proved the weights contiguous and
-// 16-byte aligned (NORM_WEIGHT_VEC_LOADS; d is a multiple of VEC), else one at a time.
-template <int N>
-__device__ __forceinline__ WeightPack<N> load_weight_pack(const W* w, long long ws, int d) {
-    WeightPack<N> pack;
-    if constexpr (NORM_WEIGHT_VEC_LOADS) {
-        constexpr int M = N * sizeof(W) > 16 ? 16 / static_cast<int>(sizeof(W)) : N;
-#pragma unroll
-        for (int c = 0; c < N / M; ++c)
-            reinterpret_cast<WeightPack<M>*>(pack.v)[c] =
-                *reinterpret_cast<const WeightPack<M>*>(w + d + c * M);
-    } else {
-#pragma unroll
-        for (int j = 0; j < N; ++j) pack.v[j] = w[(d + j) * ws];
-    }
-    return pack;
-}
 
 __device__ __forceinline__ ItemWeights load_item_weights(const RopeNormParams& np, bool is_k,
                                                          const ItemSpan& span) {
     const W* w = static_cast<const W*>(is_k ? np.k_weight : np.q_weight);
     const long long ws = is_k ? np.k_weight_stride : np.q_weight_stride;
     ItemWeights weights;
-    weights.own = load_weight_pack<VEC>(w, ws, span.own);
-    if (!INTERLEAVED) weights.partner = load_weight_pack<VEC>(w, ws, span.partner);
+    load_weight_pack<VEC, NORM_WEIGHT_VEC_LOADS>(w, ws, span.own, &weights.own);
+    if (!INTERLEAVED) load_weight_pack<VEC, NORM_WEIGHT_VEC_LOADS>(w, ws, span.partner, &weights.partner);
     return weights;
 }
 

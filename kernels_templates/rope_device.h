@@ -59,6 +59,35 @@ __device__ __forceinline__ float weight_value(NormWeight raw) {
         return w;
 }
 
+// N QK-norm weights held as one vector: a vector load fills whole registers.
+template <int N>
+struct alignas(N * sizeof(NormWeight)) WeightPack {
+    NormWeight v[N];
+    __device__ __forceinline__ const NormWeight& operator[](int i) const { return v[i]; }
+};
+
+// N weights from feature d into *out: vectors of up to 16 bytes where VECTOR (the host proved
+// the weights unit-stride and 16-byte aligned, NORM_WEIGHT_VEC_LOADS, and d is a multiple of
+// N or of 16 bytes' worth), else one at a time, `ws` apart.
+template <int N, bool VECTOR>
+__device__ __forceinline__ void load_weight_pack(const NormWeight* w, long long ws, int d,
+                                                 WeightPack<N>* out) {
+    constexpr int M = N * sizeof(NormWeight) > 16 ? 16 / static_cast<int>(sizeof(NormWeight)) : N;
+    if constexpr (VECTOR) {
+        if constexpr (N == M) {
+            *out = *reinterpret_cast<const WeightPack<N>*>(w + d);
+        } else {
+#pragma unroll
+            for (int c = 0; c < N / M; ++c)
+                reinterpret_cast<WeightPack<M>*>(out->v)[c] =
+                    *reinterpret_cast<const WeightPack<M>*>(w + d + c * M);
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < N; ++j) out->v[j] = w[(d + j) * ws];
+    }
+}
+
 template <bool IS64>
 __device__ __forceinline__ long long load_index(const void* base, long long index) {
     if (IS64) return static_cast<const long long*>(base)[index];

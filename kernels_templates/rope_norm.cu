@@ -262,15 +262,6 @@ __device__ __forceinline__ float unpack_row(const RawRow& raw, int sub, Row* row
 // unused slots hold zeros (the backward's sums multiply them).
 using W = NormWeight;  // rope_device.h
 
-enum : int { W_CHUNK = 16 / static_cast<int>(sizeof(W)) };  // weights per 16-byte vector
-
-// N weights held as one vector: a vector load fills whole registers.
-template <int N>
-struct alignas(N * sizeof(W)) WeightPack {
-    W v[N];
-    __device__ __forceinline__ const W& operator[](int i) const { return v[i]; }
-};
-
 struct WeightRow {
     WeightPack<VEC> own[ROT_SLOTS];
     WeightPack<PARTNER_VEC> partner[ROT_SLOTS];
@@ -284,27 +275,14 @@ struct WeightRow {
 // more registers without them.
 enum : bool { KEEP_INACTIVE = !BACKWARD_PASS && MAX_RUN == 1 };
 
-template <int N>
-__device__ __forceinline__ void load_weight_run(const W* w, long long ws, bool vector,
-                                                bool valid, int d, WeightPack<N>* out) {
-    constexpr int M = N < W_CHUNK ? N : W_CHUNK;
-    if (!valid) {
-        if (!KEEP_INACTIVE) {
+template <int N, bool VECTOR>
+__device__ __forceinline__ void load_weight_run(const W* w, long long ws, bool valid, int d,
+                                                WeightPack<N>* out) {
+    if (valid) {
+        load_weight_pack<N, VECTOR>(w, ws, d, out);
+    } else if (!KEEP_INACTIVE) {
 #pragma unroll
-            for (int j = 0; j < N; ++j) out->v[j] = W{};
-        }
-    } else if (vector) {
-        if constexpr (N == M) {
-            *out = *reinterpret_cast<const WeightPack<N>*>(w + d);
-        } else {
-#pragma unroll
-            for (int c = 0; c < N / M; ++c)
-                reinterpret_cast<WeightPack<M>*>(out->v)[c] =
-                    *reinterpret_cast<const WeightPack<M>*>(w + d + c * M);
-        }
-    } else {
-#pragma unroll
-        for (int j = 0; j < N; ++j) out->v[j] = w[(d + j) * ws];
+        for (int j = 0; j < N; ++j) out->v[j] = W{};
     }
 }
 
@@ -325,15 +303,15 @@ __device__ __forceinline__ void load_weights(const void* weights, long long ws, 
     for (int k = 0; k < ROT_SLOTS; ++k) {
         const bool valid = active && rot_valid(sub, k);
         const int d = rot_feature(sub + k * LANES);
-        load_weight_run<VEC>(w, ws, vector, valid, d, &wr->own[k]);
+        load_weight_run<VEC, vector>(w, ws, valid, d, &wr->own[k]);
         if (!INTERLEAVED)
-            load_weight_run<PARTNER_VEC>(w, ws, vector, valid, d + PARTNER_SHIFT, &wr->partner[k]);
+            load_weight_run<PARTNER_VEC, vector>(w, ws, valid, d + PARTNER_SHIFT, &wr->partner[k]);
     }
 #pragma unroll
     for (int k = 0; k < COPY_SLOTS; ++k) {
         const bool valid = active && copy_valid(sub, k);
-        load_weight_run<COPY_VEC>(w, ws, vector, valid, copy_feature(sub + k * LANES),
-                                  &wr->tail[k]);
+        load_weight_run<COPY_VEC, vector>(w, ws, valid, copy_feature(sub + k * LANES),
+                                          &wr->tail[k]);
     }
 }
 

@@ -322,11 +322,12 @@ RopeCacheParams rope_cache_params(const RopeProblem& p) {
     return params;
 }
 
-// The QK-norm kernel's arguments (rope_norm_params.h): the rope ones, the weights, and in the
-// backward the pre-norm inputs and the weight gradients.
-RopeNormParams rope_norm_params(const RopeProblem& p, const RopeNormLaunch& launch) {
+// The QK-norm kernels' arguments (rope_norm_params.h): `rope` (rope_kernel_params), the
+// weights, and in the backward the pre-norm inputs and the weight gradients.
+RopeNormParams rope_norm_params(const RopeProblem& p, const RopeKernelParams& rope,
+                                const RopeNormLaunch& launch) {
     RopeNormParams params{};
-    params.rope = rope_kernel_params(p);
+    params.rope = rope;
     params.q_weight = p.q_norm_weight.data;
     params.q_weight_stride = p.q_norm_weight.strides[0];
     if (p.has_k) {
@@ -442,8 +443,7 @@ void RopeCuda::run(const RopeProblem& p, void* stream_handle) {
     // eps); KV cache and FP8 kernels the cache arguments after their own (rope_params.h).
     const bool cache_args = spec.kv_cache != 0 || spec.q_fp8 != 0;
     if (norm_items) {
-        RopeNormParams norm_params = rope_norm_params(p, RopeNormLaunch{});
-        norm_params.rope = params;
+        RopeNormParams norm_params = rope_norm_params(p, params, RopeNormLaunch{});
         if (cache_args) {
             RopeNormCacheParams cache_params{norm_params, rope_cache_params(p)};
             launch_with(&cache_params);
@@ -467,7 +467,7 @@ void RopeCuda::run_norm(const RopeProblem& p, const KernelSpec& spec, const Load
                             p.has_k ? p.heads_k : 0, p.has_v ? p.heads_k : 0};
     const RopeNormLaunch shape =
         plan_rope_norm_launch(spec, rows, devices_.device(p.device.device_id).multiprocessors);
-    RopeNormParams params = rope_norm_params(p, shape);
+    RopeNormParams params = rope_norm_params(p, rope_kernel_params(p), shape);
     const bool programmatic = launches_programmatically(p);
     params.rope.programmatic = programmatic ? 1 : 0;
     // The kernel adds into the weight gradients: zero them first, ordered on the same stream.
