@@ -489,6 +489,15 @@ constexpr bool COPY_VECTORS = COPY_VEC > 1;
 // unrotated features outnumber its rotation items), and one load at a time in flight leaves
 // the copy latency-bound. Four spilled registers at the 40-register budget (ncu, GPT-NeoX).
 constexpr int COPY_BATCH = 2;
+// Copies a thread loads before its rotation items (and stores after them, 4. in the kernel).
+// Two where a head has at most two copies per rotation item, which puts most of a thread's
+// copies in the rotation's window; one where copies outnumber rotation items more (the copy
+// loop's batches then carry them). H200 run CG (session 20), fractions of copy, one ahead ->
+// two: GPT-NeoX 24/96 out of place (9 copies, 6 items a head) 0.767 -> 0.816, Phi-2 32/80 (6,
+// 4) 0.852 -> 0.861, GPT-J 64/256 (24, 8) 0.925 -> 0.931, Gemma-4 proportional 128/512 (48,
+// 16) 0.909 -> 0.891; carrying a copy into each later rotation round as well lost 2-6% on
+// Phi-2 and Gemma-4, a third copy a batch moved nothing.
+constexpr int COPIES_AHEAD = plan().copies_unrotated && COPY_UNITS <= 2 * ROT_ITEMS ? 2 : 1;
 
 // Everything one item needs, located from its index in the block: token, head, span.
 struct ItemPlace {
@@ -948,20 +957,28 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM)
                         d * ys;
         }
     };
-    // A thread's first copy is loaded before its rotation items, so that the copy's latency
-    // overlaps theirs instead of following it (it is stored after them, in 4.): H200 run CF
+    // A thread's first copies (COPIES_AHEAD) are loaded before its rotation items, so that the
+    // copies' latency overlaps theirs instead of following it (they are stored after them, in
+    // 4.). One ahead against none, H200 run CF
     // (session 19), fractions of copy: GPT-NeoX 24/96 out of place 0.705 -> 0.768, Phi-2 32/80
     // 0.81 -> 0.85, GPT-J 64/256 0.89 -> 0.925, Gemma-4 proportional 128/512 0.863 -> 0.91.
     // The rotation writes only rotated features of the outputs and the copy reads only
     // unrotated ones of the inputs (outputs out of place do not overlap their inputs), so the
     // load may pass the rotation's stores.
     const int copies = plan().copies_unrotated ? tokens_here * (heads_q + heads_k) * COPY_UNITS : 0;
-    Pack<COPY_VEC> first_value;
-    T* first_dst = nullptr;
-    unsigned char* first_dst8 = nullptr;
-    bool first_is_k = false;
-    if constexpr (plan().copies_unrotated)
-        load_copy(threadIdx.x, copies, &first_value, &first_dst, &first_dst8, &first_is_k);
+    Pack<COPY_VEC> ahead_value[COPIES_AHEAD];
+    T* ahead_dst[COPIES_AHEAD];
+    unsigned char* ahead_dst8[COPIES_AHEAD];
+    bool ahead_is_k[COPIES_AHEAD];
+#pragma unroll
+    for (int j = 0; j < COPIES_AHEAD; ++j) {
+        ahead_dst[j] = nullptr;
+        ahead_dst8[j] = nullptr;
+        ahead_is_k[j] = false;
+        if constexpr (plan().copies_unrotated)
+            load_copy(threadIdx.x + j * threads, copies, &ahead_value[j], &ahead_dst[j],
+                      &ahead_dst8[j], &ahead_is_k[j]);
+    }
 
     // 3. Rotate. Consecutive threads hold consecutive items of one head, so every access
     //    coalesces. One item a thread at a time, or (ITEM_BATCH) a batch: its loads and table
@@ -1004,8 +1021,8 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM)
             atomicAdd(p.inv_freq_grad + i * p.inv_freq_grad_stride, s_grad[i]);
     }
 
-    // 4. The copies: the thread's first (loaded before 3.), then the rest, COPY_BATCH loads in
-    //    flight before their stores.
+    // 4. The copies: the thread's first COPIES_AHEAD (loaded before 3.), then the rest,
+    //    COPY_BATCH loads in flight before their stores.
     if constexpr (plan().copies_unrotated) {
         auto store_copy = [&](const Pack<COPY_VEC>& value, T* dst, unsigned char* dst8,
                               bool is_k) {
@@ -1015,8 +1032,11 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM)
             else
                 store_pack<COPY_VEC, COPY_VECTORS>(dst, ys, value);
         };
-        if (first_dst != nullptr) store_copy(first_value, first_dst, first_dst8, first_is_k);
-        for (int first_copy = threadIdx.x + threads; first_copy < copies;
+#pragma unroll
+        for (int j = 0; j < COPIES_AHEAD; ++j)
+            if (ahead_dst[j] != nullptr)
+                store_copy(ahead_value[j], ahead_dst[j], ahead_dst8[j], ahead_is_k[j]);
+        for (int first_copy = threadIdx.x + COPIES_AHEAD * threads; first_copy < copies;
              first_copy += COPY_BATCH * threads) {
             T* dst[COPY_BATCH];
             unsigned char* dst8[COPY_BATCH];  // FP8 outputs (KV_FP8 for k, Q_FP8 for q)
