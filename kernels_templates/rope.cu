@@ -653,7 +653,8 @@ __device__ __forceinline__ ItemWeights load_item_weights(const RopeNormParams& n
     const long long ws = is_k ? np.k_weight_stride : np.q_weight_stride;
     ItemWeights weights;
     load_weight_pack<VEC, NORM_WEIGHT_VEC_LOADS>(w, ws, span.own, &weights.own);
-    if (!INTERLEAVED) load_weight_pack<VEC, NORM_WEIGHT_VEC_LOADS>(w, ws, span.partner, &weights.partner);
+    if (!INTERLEAVED)
+        load_weight_pack<VEC, NORM_WEIGHT_VEC_LOADS>(w, ws, span.partner, &weights.partner);
     return weights;
 }
 
@@ -959,9 +960,9 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM)
     };
     // A thread's first copies (COPIES_AHEAD) are loaded before its rotation items, so that the
     // copies' latency overlaps theirs instead of following it (they are stored after them, in
-    // 4.). One ahead against none, H200 run CF
-    // (session 19), fractions of copy: GPT-NeoX 24/96 out of place 0.705 -> 0.768, Phi-2 32/80
-    // 0.81 -> 0.85, GPT-J 64/256 0.89 -> 0.925, Gemma-4 proportional 128/512 0.863 -> 0.91.
+    // 4.). One ahead against none, H200 run CF (session 19), fractions of copy: GPT-NeoX 24/96
+    // out of place 0.705 -> 0.768, Phi-2 32/80 0.81 -> 0.85, GPT-J 64/256 0.89 -> 0.925, Gemma-4
+    // proportional 128/512 0.863 -> 0.91.
     // The rotation writes only rotated features of the outputs and the copy reads only
     // unrotated ones of the inputs (outputs out of place do not overlap their inputs), so the
     // load may pass the rotation's stores.

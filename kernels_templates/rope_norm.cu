@@ -1,9 +1,9 @@
 // QK-norm + RoPE kernel template: RMSNorm over each head's HEAD_DIM features, then the rotation
 // of rope.cu (any pair style, tables or inv_freq, positions, varlen, GQA, xPos, M-RoPE), and in
 // the backward the gradients of both (rope_jit_rope_args, "QK-norm"). The forwards with a KV
-// cache whose heads rope.cu's direct path can take (RopePlan::norm_items) are rope.cu's. The runtime prepends the
-// same constants as for rope.cu (kernel_spec.cpp) plus QK_NORM, NORM_UNIT_OFFSET,
-// NORM_WEIGHT_DTYPE, NORM_WEIGHT_GRAD and NORM_WEIGHT_VEC_LOADS.
+// cache whose heads rope.cu's direct path can take (RopePlan::norm_items) are rope.cu's. The
+// runtime prepends the same constants as for rope.cu (kernel_spec.cpp) plus QK_NORM,
+// NORM_UNIT_OFFSET, NORM_WEIGHT_DTYPE, NORM_WEIGHT_GRAD and NORM_WEIGHT_VEC_LOADS.
 //
 // The norm needs a whole head row before any output, so a row lives in the registers of a group
 // of LANES lanes (rope_norm_params.h): a lane owns whole pairs, VEC of them as one aligned vector

@@ -409,8 +409,7 @@ void RopeCuda::run(const RopeProblem& p, void* stream_handle) {
     const LoadedKernel kernel =
         kernels_.kernel_for(SpecKey::of(kRopeOp, spec), launch.context, devices_.target(ordinal),
                             [&spec] { return rope_recipe_with_backward(spec); });
-    const bool norm_items = rope_plan(spec).norm_items;
-    if (spec.qk_norm && !norm_items) {
+    if (takes_norm_kernel(spec)) {
         run_norm(p, spec, kernel, stream);
         return;
     }
@@ -439,10 +438,11 @@ void RopeCuda::run(const RopeProblem& p, void* stream_handle) {
                        shape.shared_bytes, arguments},
                       stream, programmatic, "cuLaunchKernel(rope_kernel)");
     };
-    // QK-norm forwards on rope.cu take the norm kernel's arguments (the rope ones, the weights,
-    // eps); KV cache and FP8 kernels the cache arguments after their own (rope_params.h).
+    // QK-norm forwards on rope.cu (RopePlan::norm_items) take the norm kernel's arguments (the
+    // rope ones, the weights, eps); KV cache and FP8 kernels the cache arguments after their own
+    // (rope_params.h).
     const bool cache_args = spec.kv_cache != 0 || spec.q_fp8 != 0;
-    if (norm_items) {
+    if (spec.qk_norm) {
         RopeNormParams norm_params = rope_norm_params(p, params, RopeNormLaunch{});
         if (cache_args) {
             RopeNormCacheParams cache_params{norm_params, rope_cache_params(p)};

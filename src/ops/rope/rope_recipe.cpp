@@ -9,9 +9,6 @@ namespace {
 
 // The plain kernel, which also takes the QK-norm forwards of its plan (RopePlan::norm_items),
 // and the one that normalizes each head first (the other QK-norm specs).
-bool takes_norm_kernel(const KernelSpec& spec) {
-    return spec.qk_norm && !rope_plan(spec).norm_items;
-}
 const char* template_of(const KernelSpec& spec) {
     return takes_norm_kernel(spec) ? "rope_norm.cu" : "rope.cu";
 }
@@ -20,6 +17,10 @@ const char* entry_of(const KernelSpec& spec) {
 }
 
 }  // namespace
+
+bool takes_norm_kernel(const KernelSpec& spec) {
+    return spec.qk_norm && !rope_plan(spec).norm_items;
+}
 
 std::string specialize_kernel(const KernelSpec& spec) {
     return specialize_template(spec.preamble(), template_of(spec));

@@ -14,8 +14,12 @@ namespace rope_jit {
 // The op's name: the "op" of its spec JSON and its memory-cache keys.
 inline constexpr char kRopeOp[] = "rope";
 
+// Whether `spec` runs on the QK-norm kernel, kernels_templates/rope_norm.cu: its QK-norm specs
+// but the forwards rope.cu takes on its direct path (RopePlan::norm_items).
+bool takes_norm_kernel(const KernelSpec& spec);
+
 // The full source NVRTC compiles for `spec`: its preamble and kernels_templates/rope.cu (or,
-// with qk_norm, rope_norm.cu).
+// where takes_norm_kernel, rope_norm.cu).
 std::string specialize_kernel(const KernelSpec& spec);
 
 // The recipe of `spec`. Throws Error(INVALID_ARGUMENT) when the spec does not validate.
