@@ -11,7 +11,8 @@
 // unrotated features at a time; each pair's angle is computed once. The sum of squares is a
 // shuffle reduction inside the group. A warp holds 32 / LANES groups; each takes a run of up to
 // rope_norm_max_run rows at a time (consecutive heads of one token and kind, sharing the place,
-// table spans and weights resolved once), runs grid-stride.
+// table spans and weights resolved once), runs grid-stride (with many rows the launcher gives
+// each group one run: a block per set of runs).
 // Forward: y = rope(x * r * w'), r = 1/sqrt(mean(x^2) + eps). Backward (q and k hold dL/dy):
 // g = the inverse rotation of dL/dy, xh = x * r, dL/dx = r (w' g - xh mean(w' g xh)), and dL/dw
 // sums g xh, per block in shared memory, then once per block with atomics.

@@ -89,11 +89,15 @@ ROPE_JIT_HOST_DEVICE constexpr bool rope_norm_table_spans(bool inv_freq, bool xp
 }
 
 // Blocks a multiprocessor holds at once in the forward: the kernel's launch bound (ptxas fits
-// the registers to it, 128 at 2 blocks) and, with many rows, the grid (that many blocks a
-// multiprocessor, each warp taking runs grid-stride). Runs of 4 rows need 114-121 registers
+// the registers to it, 128 at 2 blocks). Runs of 4 rows need 114-121 registers
 // (sm_90, NVRTC 13.0): at 3 blocks (80) they spilled and took 143 us for the Qwen3-8B prefill,
 // at 2 blocks 91 us (H200 run AR).
 enum { kRopeNormForwardBlocks = 2 };
+
+// Warps a block has in the forward with many rows (runs): at the launch bound's registers four
+// such blocks are resident a multiprocessor (16 warps, as two of kRopeNormMaxWarps), and
+// smaller blocks end and restart in finer steps (plan_rope_norm_launch, H200 run CM).
+enum { kRopeNormRunWarps = 4 };
 
 // How a row (one head of one token) lies in the lanes of a warp, from the specialization
 // alone. Rotated items: VEC features and, in the half and proportional styles, their VEC

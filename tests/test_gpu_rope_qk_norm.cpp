@@ -107,11 +107,12 @@ TEST_SUITE("gpu") {
     }
 
     TEST_CASE_FIXTURE(GpuFixture,
-                      "QK-norm + RoPE over many rows (the forward's resident blocks taking rows "
-                      "grid-stride) matches the CPU backend") {
-        // 2 x 1031 tokens x 40 heads = 82480 rows: more than the 3 blocks x 8 warps x 4 rows a
-        // multiprocessor of one pass, so each warp takes many runs of rows (runs of 4 heads at
-        // 32/8 heads; of 2 at 6/2, 2 x 1031 x 8 = 16496 rows; of 1 at 5/1).
+                      "QK-norm + RoPE over many rows (the forward's blocks of runs) matches the "
+                      "CPU backend") {
+        // 2 x 1031 tokens x 40 heads = 82480 rows: more than the 2 blocks x 8 warps x 4 rows a
+        // multiprocessor of one pass, so the forward's lane groups take runs of rows, a block
+        // per set of runs (runs of 4 heads at 32/8 heads; of 2 at 6/2, 2 x 1031 x 8 = 16496
+        // rows; of 1 at 5/1).
         struct Variant {
             bool interleaved, in_place;
             Layout layout;

@@ -643,13 +643,14 @@ TEST_CASE("the QK-norm launch puts a row in a group of lanes and spreads decode 
     CHECK(decode.blocks == 128);
     CHECK(decode.shared_bytes == 0);
     CHECK(decode.run == 1);
-    // Prefill 4 x 4096 tokens, 40 heads: full blocks, two a multiprocessor (the kernel's
-    // launch bound, kRopeNormForwardBlocks), each group taking runs of 4 heads of one token
-    // (rope_norm_max_run: the longest that divides both head counts) grid-stride.
-    CHECK(kRopeNormForwardBlocks == 2);
+    // Prefill 4 x 4096 tokens, 40 heads: blocks of kRopeNormRunWarps warps, each group taking
+    // one run of 4 heads of one token (rope_norm_max_run: the longest that divides both head
+    // counts), a block per 4 warps x 4 groups = 16 runs: 16384 tokens x 10 runs / 16.
+    CHECK(kRopeNormRunWarps == 4);
     const rope_jit::RopeNormLaunch prefill = plan(*spec, 4 * 4096);
-    CHECK(prefill.warps == 8);
-    CHECK(prefill.blocks == 2 * 132);
+    CHECK(prefill.warps == 4);
+    CHECK(prefill.threads == 128);
+    CHECK(prefill.blocks == 4 * 4096 * 10 / 16);
     CHECK(rope_norm_max_run(false, false, true, false, 128) == 4);
     CHECK(prefill.run == 4);
     CHECK(plan(*spec, 4 * 4096, 28, 4).run == 4);
@@ -662,14 +663,15 @@ TEST_CASE("the QK-norm launch puts a row in a group of lanes and spreads decode 
     CHECK(plan(*spec, 132 * 8 * 4, 1, 0).blocks == 132);
     CHECK(plan(*spec, 132 * 16 * 4, 1, 0).blocks == 2 * 132);
     CHECK(plan(*spec, 132 * 16 * 4, 1, 0).run == 1);
-    CHECK(plan(*spec, 132 * 16 * 4 + 4, 1, 0).blocks == 2 * 132);
+    CHECK(plan(*spec, 132 * 16 * 4 + 4, 1, 0).blocks == 4 * 132 + 1);  // past them: a run a group
     CHECK(plan(*spec, 132 * 16 * 4 + 4, 1, 0).run == 1);  // 1 head a token: runs of 1
     // Partially rotated rows take runs of 2, rows over 256 features, FP8 outputs, KV cache
     // writes and the backward a row at a time.
     auto partial = *spec;
     partial.rotary_dim = 64;
     CHECK(rope_norm_max_run(false, false, true, true, 128) == 2);
-    CHECK(plan(partial, 4 * 4096).blocks == 2 * 132);
+    // 16 + 4 runs a token, a row of 32 lanes (unrotated features a lane each), 4 a block.
+    CHECK(plan(partial, 4 * 4096).blocks == 4 * 4096 * 20 / 4);
     CHECK(plan(partial, 4 * 4096).run == 2);
     CHECK(rope_norm_max_run(false, false, true, true, 512) == 1);
     CHECK(rope_norm_max_run(false, true, true, false, 128) == 1);

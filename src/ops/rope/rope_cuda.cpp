@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <limits>
 
 #include <fmt/format.h>
 
@@ -152,10 +153,10 @@ RopeNormLaunch plan_rope_norm_launch(const KernelSpec& spec, const RopeNormRows&
                                 spec.head_dim, bytes, kRopeSharedLimit));
     // A warp normalizes 32 / lanes rows at a time (rope_norm_params.h). Few rows (decode): the
     // time is one row's chain of dependent loads, so the warps spread over every
-    // multiprocessor in small blocks, each group one row. Many rows, forward: full blocks, as
-    // many a multiprocessor as the kernel's launch bound keeps resident
-    // (kRopeNormForwardBlocks), each group a run of heads of one token at a time
-    // (rope_norm_max_run), runs grid-stride. Backward: rows grid-stride, at most 64 blocks a
+    // multiprocessor in small blocks, each group one row. Many rows, forward: full blocks (as
+    // many resident a multiprocessor as the kernel's launch bound, kRopeNormForwardBlocks),
+    // each group one run of heads of one token (rope_norm_max_run), a block per set of runs.
+    // Backward: rows grid-stride, at most 64 blocks a
     // multiprocessor (keeping the last, partial wave of blocks short); with weight gradients
     // every block adds its sums into the same D floats, so fewer (16).
     const int lanes = rope_norm_lanes(spec.head_dim, spec.rotary_dim, spec.interleaved != 0,
@@ -179,7 +180,18 @@ RopeNormLaunch plan_rope_norm_launch(const KernelSpec& spec, const RopeNormRows&
         if (work.heads_v > 0) run = 1;
         while (run > 1 && (work.heads_q % run != 0 || work.heads_k % run != 0)) run /= 2;
         launch.run = run;
-        launch.blocks = int64_t(kRopeNormForwardBlocks) * multiprocessors;
+        // Blocks of kRopeNormRunWarps warps, a block per set of its groups' runs: each group
+        // takes one run, and the hardware starts the next block wherever one ends. Qwen3-8B
+        // prefill, fractions of copy (H200): two resident 8-warp blocks a multiprocessor taking
+        // runs grid-stride, whose last of 19.4 passes left most groups idle, 0.879-0.883 (run
+        // CL); a block per set of runs, 8 warps 0.890-0.900 (runs CL, CM), 4 warps 0.912-0.916,
+        // 2 warps 0.914, 6 warps 0.830 (two blocks resident: 12 warps) (run CM).
+        launch.warps = kRopeNormRunWarps;
+        launch.threads = 32 * launch.warps;
+        const int64_t runs = work.units * (work.heads_q / run + work.heads_k / run + work.heads_v);
+        const int64_t runs_per_block = int64_t(launch.warps) * (32 / lanes);
+        launch.blocks = std::min<int64_t>((runs + runs_per_block - 1) / runs_per_block,
+                                          std::numeric_limits<int32_t>::max());
         return launch;
     }
     const int64_t blocks_per_sm = spec.norm_weight_grad ? 16 : 64;

@@ -46,7 +46,7 @@ bool token_rows_adjacent(const TensorRef& q, const TensorRef* k);
 
 // The launch geometry of a QK-norm kernel (rope_norm.cu, rope_norm_params.h): `warps` warps a
 // block, each normalizing 32 / lanes of the `rows` (token, head) rows at a time (the forward
-// with many rows: two such sets at once, the grid one pass; else grid-stride). Throws
+// with many rows: runs of `run` rows a group, a block per set of runs; else grid-stride). Throws
 // Error(UNSUPPORTED) when the weight gradients do not fit the shared memory of a block.
 struct RopeNormLaunch {
     int64_t blocks = 0, threads = 0;
