@@ -670,7 +670,8 @@ TEST_CASE("the QK-norm launch puts a row in a group of lanes and spreads decode 
     auto partial = *spec;
     partial.rotary_dim = 64;
     CHECK(rope_norm_max_run(false, false, true, true, 128) == 2);
-    // 16 + 4 runs a token, a row of 32 lanes (unrotated features a lane each), 4 a block.
+    // 16 + 4 runs a token; this spec keeps the full rotary spec's copy_vec of 1, so a row takes 32
+    // lanes (an unrotated feature a lane) and a block of 4 warps takes 4 runs.
     CHECK(plan(partial, 4 * 4096).blocks == 4 * 4096 * 20 / 4);
     CHECK(plan(partial, 4 * 4096).run == 2);
     CHECK(rope_norm_max_run(false, false, true, true, 512) == 1);
