@@ -153,12 +153,12 @@ RopeNormLaunch plan_rope_norm_launch(const KernelSpec& spec, const RopeNormRows&
                                 spec.head_dim, bytes, kRopeSharedLimit));
     // A warp normalizes 32 / lanes rows at a time (rope_norm_params.h). Few rows (decode): the
     // time is one row's chain of dependent loads, so the warps spread over every
-    // multiprocessor in small blocks, each group one row. Many rows, forward: full blocks (as
-    // many resident a multiprocessor as the kernel's launch bound, kRopeNormForwardBlocks),
-    // each group one run of heads of one token (rope_norm_max_run), a block per set of runs.
-    // Backward: rows grid-stride, at most 64 blocks a
-    // multiprocessor (keeping the last, partial wave of blocks short); with weight gradients
-    // every block adds its sums into the same D floats, so fewer (16).
+    // multiprocessor in small blocks, each group one row. Many rows (more than the launch
+    // bound keeps resident, kRopeNormForwardBlocks full blocks a multiprocessor), forward:
+    // blocks of kRopeNormRunWarps warps, each group one run of heads of one token
+    // (rope_norm_max_run), a block per set of runs. Backward: rows grid-stride, at most 64
+    // blocks a multiprocessor (keeping the last, partial wave of blocks short); with weight
+    // gradients every block adds its sums into the same D floats, so fewer (16).
     const int lanes = rope_norm_lanes(spec.head_dim, spec.rotary_dim, spec.interleaved != 0,
                                       spec.vec, spec.copy_vec);
     const int64_t rows = work.units * (work.heads_q + work.heads_k + work.heads_v);
