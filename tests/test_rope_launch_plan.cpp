@@ -239,15 +239,15 @@ TEST_CASE("launch geometry: which one-token launches skip the shared-memory stag
     launch = rope_jit::plan_rope_launch(d64, 16, 16, 8 * 2048, 132, false);
     CHECK_FALSE(launch.direct);
     CHECK(launch.tokens_per_block == 4);
-    // Interleaved pairs: one token a block too, at the plan's 8 items a thread where a token
-    // has 512 items or more (Llama: 640 items, 80 threads), else one (GPT-J's partial rotary
-    // in place, 16 + 16 heads of 8 items: 256 threads).
+    // Interleaved pairs: one token a block too, at four items a thread where a token has 512
+    // items or more (Llama: 640 items, 160 threads), else one (GPT-J's partial rotary in place,
+    // 16 + 16 heads of 8 items: 256 threads).
     KernelSpec interleaved = spec;
     interleaved.interleaved = 1;
     interleaved.validate();
     launch = rope_jit::plan_rope_launch(interleaved, 32, 8, 4 * 4096, 132, true);
     CHECK(launch.direct);
-    CHECK(launch.threads == 96);  // 80 rounded up to whole warps
+    CHECK(launch.threads == 160);
     KernelSpec gptj = interleaved;
     gptj.head_dim = 256, gptj.rotary_dim = 64, gptj.gqa_group = 1;
     gptj.validate();

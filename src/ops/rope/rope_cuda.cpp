@@ -63,8 +63,10 @@ RopeLaunch plan_rope_launch(const KernelSpec& spec, int64_t heads_q, int64_t hea
     // token's table row is arithmetic (no positions, seqlen_offsets or cu_seqlens, which each
     // thread would look up on its own) or the tokens are few (decode batches up to two tokens a
     // multiprocessor: B=256 with positions took 2.71 us in a graph against 3.26 us staged).
-    // One item a thread, except interleaved tokens of 512 items or more, which take the plan's
-    // eight (blocks of 64 threads or more). H200 runs
+    // One item a thread, except interleaved tokens of 512 items or more, which take four
+    // (blocks of 128 threads or more; H200 runs CO and CP, session 22, Llama-3-8B interleaved,
+    // 640 items: 0.902-0.908 of copy at eight, 0.933-0.940 at four, 0.931 at two, 0.890 at
+    // sixteen). H200 runs
     // AR-AT against the staged path: Llama-3-8B prefill 0.926 -> 0.935-0.943 of copy, D256
     // 0.906 -> 0.918-0.927, interleaved (640 items) 0.889 -> 0.911 at eight items a thread
     // (0.877 at one), GPT-J's in-place partial rotary (256 items) 0.702 -> 0.764 at one item a
@@ -74,6 +76,7 @@ RopeLaunch plan_rope_launch(const KernelSpec& spec, int64_t heads_q, int64_t hea
     // The measured bounds of that rule: a token's items for one token a block (D64 16+16 heads:
     // 128), interleaved items for eight a thread, tokens a multiprocessor with lookups.
     constexpr int64_t kSpreadMinItems = 128, kSpreadInterleavedBatchItems = 512;
+    constexpr int64_t kSpreadInterleavedItemsPerThread = 4;
     constexpr int64_t kSpreadLookupTokensPerSm = 2;
     const int64_t rot_items = (heads_q + heads_k) * plan.rot_items;
     // QK-norm on rope.cu (plan.norm_items: forwards with a KV cache) has the direct path only:
@@ -108,7 +111,9 @@ RopeLaunch plan_rope_launch(const KernelSpec& spec, int64_t heads_q, int64_t hea
         const bool one_each =
             tiny || plan.norm_items ||
             (spread && !(spec.interleaved && rot_items >= kSpreadInterleavedBatchItems));
-        const int64_t per_thread = one_each ? 1 : plan.items_per_thread;
+        const int64_t per_thread = one_each ? 1
+                                   : spread ? kSpreadInterleavedItemsPerThread
+                                            : plan.items_per_thread;
         const int64_t work = (token_items + per_thread - 1) / per_thread;
         fit.threads = int(std::min<int64_t>((work + 31) / 32 * 32, spec.block_threads));
     }
