@@ -74,7 +74,8 @@ RopeLaunch plan_rope_launch(const KernelSpec& spec, int64_t heads_q, int64_t hea
     // positions lost 9% and packed batches 8%, one token a block of [B,H,S,D] D64 4%, D80/D96
     // without their item batches 10-15%.
     // The measured bounds of that rule: a token's items for one token a block (D64 16+16 heads:
-    // 128), interleaved items for eight a thread, tokens a multiprocessor with lookups.
+    // 128), interleaved items for several a thread (four each), tokens a multiprocessor with
+    // lookups.
     constexpr int64_t kSpreadMinItems = 128, kSpreadInterleavedBatchItems = 512;
     constexpr int64_t kSpreadInterleavedItemsPerThread = 4;
     constexpr int64_t kSpreadLookupTokensPerSm = 2;
