@@ -659,9 +659,10 @@ __device__ __forceinline__ ItemWeights load_item_weights(const RopeNormParams& n
 }
 
 // 1 / sqrt(mean(x^2) + eps) over the item's head: each item's sum of squares, added across the
-// head's ROT_ITEMS lanes (consecutive lanes of one warp: the launcher's blocks are whole warps
-// of one item a thread, and RopePlan::norm_items makes ROT_ITEMS a power of two up to 32). A
-// butterfly: every lane ends with the same sum.
+// head's ROT_ITEMS lanes (consecutive lanes of one warp: the launcher's blocks are whole warps,
+// a thread's items a block's width apart, and RopePlan::norm_items makes ROT_ITEMS a power of
+// two up to 32, so a head's items meet in one round). A butterfly: every lane ends with the
+// same sum.
 __device__ __forceinline__ float head_norm_scale(const ItemData& data, float eps) {
     const ItemFloats x = item_floats(data);
     float sum = 0.0f;

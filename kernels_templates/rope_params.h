@@ -184,14 +184,16 @@ struct RopePlan {
     // its cache slot is resolved once for both.
     int v_direct_items;
     // QK-norm forwards that write a KV cache, which rope.cu takes on its direct path only (one
-    // token a block, an item a thread, a head's sum of squares a shuffle across its items'
-    // lanes), at 1024 threads a multiprocessor (64 registers: at 40 the weights, loaded with
+    // token a block, an item a thread or, with many tokens, items in rounds of a 64-thread
+    // block (plan_rope_launch), a head's sum of squares a shuffle across its items' lanes), at
+    // 1024 threads a multiprocessor (64 registers: at 40 the weights, loaded with
     // the item, spilled 64-112 bytes); rope_norm.cu takes the other QK-norm specs. They need
     // every feature rotated (the norm rescales every feature and the direct path copies none),
     // cos/sin spans of plain tables (one_token_direct), and a head's items a power of two up
     // to a warp, so that each head fills one aligned lane group. H200 runs CD-CE (session 19),
     // Qwen3-8B with a paged FP8 cache: decode B=64 2.90 -> 2.47 us in a graph (rope_norm.cu's
-    // rows take a row at a time with a cache), prefill 0.49 -> 0.63 of copy. Without a cache
+    // rows take a row at a time with a cache), prefill 0.49 -> 0.63 of copy (0.82-0.83 in
+    // rounds of 64-thread blocks, session 23). Without a cache
     // rope_norm.cu's runs of 4 rows stay ahead in prefill (0.876 against 0.845 on rope.cu).
     bool norm_items;
 };

@@ -18,6 +18,7 @@
 #include "jit/kernel_builder.h"
 #include "jit/nvrtc_loader.h"
 #include "ops/rope/kernel_spec.h"
+#include "ops/rope/rope_cuda.h"
 #include "ops/rope/rope_plan.h"
 #include "ops/rope/rope_recipe.h"
 #include "rope_jit/rope_jit.h"
@@ -292,6 +293,10 @@ TEST_CASE("the direct-path QK-norm cases of the KV cache GPU tests run on the CP
         REQUIRE(rope_jit_rope(cpu.handle, &args) == ROPE_JIT_OK);
         CHECK(rope_jit::rope_plan(spec).norm_items);
         CHECK(spec.norm_weight_vec_loads == (c.norm_step == 1 ? 1 : 0));
+        // The many-token cases take their items in rounds of a 64-thread block (132 SMs).
+        if (c.B * c.S >= 4096)
+            CHECK(rope_jit::plan_rope_launch(spec, c.Hk * c.group, c.Hk, c.B * c.S, 132, true)
+                      .threads == 64);
         if (rope_jit::nvrtc_api() != nullptr)
             CHECK(rope_jit::build_kernel_binary(spec, "sm_90", nullptr, stats).image.size() > 4);
     }

@@ -81,7 +81,7 @@ RopeLaunch plan_rope_launch(const KernelSpec& spec, int64_t heads_q, int64_t hea
     constexpr int64_t kSpreadLookupTokensPerSm = 2;
     const int64_t rot_items = (heads_q + heads_k) * plan.rot_items;
     // QK-norm on rope.cu (plan.norm_items: forwards with a KV cache) has the direct path only:
-    // one token a block, an item a thread, always.
+    // one token a block, always.
     if (plan.norm_items && units > 0x7fffffffLL)
         throw Error(ROPE_JIT_ERROR_UNSUPPORTED,
                     fmt::format("q: QK-norm of {} tokens exceeds one launch's grid (a block a "
@@ -108,6 +108,18 @@ RopeLaunch plan_rope_launch(const KernelSpec& spec, int64_t heads_q, int64_t hea
     // to those items as rope_block_fit sizes blocks to the staged path's.
     const int64_t token_items =
         rot_items + heads_k * (direct ? plan.v_direct_items : plan.v_items);
+    // QK-norm on rope.cu (plan.norm_items) takes an item a thread while the grid is at most a
+    // few waves of such blocks; with many tokens a block is two warps that take the token's
+    // items in rounds. At 64 registers a multiprocessor holds 1024 threads either way, but
+    // Qwen3-8B's 384 items a token (32/8 heads + v, D128) fit two 384-thread blocks (768
+    // threads) or 16 of 64. H200 runs 1-3 (session 23), Qwen3-8B prefill 4x4096 with a paged
+    // FP8 cache, fractions of copy: 384 threads 0.628-0.629, 256 0.755 (the second round half
+    // idle), 192 0.785, 128 0.818, 96 0.809, 64 0.823-0.830, 32 0.818. Below
+    // kNormItemsNarrowMinTokensPerSm tokens a multiprocessor an item a thread keeps its one
+    // round (decode and small batches: latency, not bandwidth).
+    constexpr int64_t kNormItemsNarrowThreads = 64, kNormItemsNarrowMinTokensPerSm = 12;
+    const bool norm_narrow =
+        plan.norm_items && !tiny && units >= kNormItemsNarrowMinTokensPerSm * sms;
     if (direct && fits && token_items > 0) {
         const bool one_each =
             tiny || plan.norm_items ||
@@ -117,6 +129,8 @@ RopeLaunch plan_rope_launch(const KernelSpec& spec, int64_t heads_q, int64_t hea
                                             : plan.items_per_thread;
         const int64_t work = (token_items + per_thread - 1) / per_thread;
         fit.threads = int(std::min<int64_t>((work + 31) / 32 * 32, spec.block_threads));
+        if (norm_narrow)
+            fit.threads = int(std::min<int64_t>(fit.threads, kNormItemsNarrowThreads));
     }
     if (tiny && !direct && token_items > 0) {  // the staged path at decode: one item a thread
         const int64_t threads = (token_items + 31) / 32 * 32;
