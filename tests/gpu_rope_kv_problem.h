@@ -374,7 +374,7 @@ inline std::vector<KvCase> norm_direct_cases() {
     c->packed = true, c->B = 9, c->skip_slots = true;
     c = add(Dt::BF16, ROPE_JIT_STYLE_PROPORTIONAL, 128, 8, 4, Dt::BF16, 1);
     c->B = 64, c->S = 1, c->positions = true, c->fp8 = c->scales = true;
-    // 4096 tokens (12 or more a multiprocessor on GPUs of up to 341), which the launcher gives
+    // 4096 tokens (10 or more a multiprocessor on GPUs of up to 409), which the launcher gives
     // 64-thread blocks taking a token's items in rounds: Qwen3-8B's heads with a paged FP8
     // cache (384 items, six rounds), and 8/4 heads with v of 40 features (96 + 20 items: a
     // full round and a partial one).

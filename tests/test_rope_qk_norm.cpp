@@ -580,17 +580,17 @@ TEST_CASE("QK-norm forwards that write a KV cache take rope.cu's direct path, th
     CHECK(rope_jit::rope_recipe(fused).template_name == "rope.cu");
     CHECK(rope_jit::rope_plan(fused).threads_per_sm == 1024);  // 64 registers: none spilled
     // One token a block, decode and prefill alike: 40 heads x 8 items and 8 heads of v x 8
-    // items (two 16-byte vectors each), an item a thread up to 12 tokens a multiprocessor
+    // items (two 16-byte vectors each), an item a thread below 10 tokens a multiprocessor
     // (132 here), then two warps taking them in rounds.
-    for (int64_t units : {int64_t(64), int64_t(132), int64_t(133), int64_t(12 * 132 - 1),
-                          int64_t(12 * 132), int64_t(4 * 4096)}) {
+    for (int64_t units : {int64_t(64), int64_t(132), int64_t(133), int64_t(10 * 132 - 1),
+                          int64_t(10 * 132), int64_t(4 * 4096)}) {
         CAPTURE(units);
         const rope_jit::RopeLaunch launch =
             rope_jit::plan_rope_launch(fused, 32, 8, units, 132, true);
         CHECK(launch.direct);
         CHECK(launch.tokens_per_block == 1);
         CHECK(launch.blocks == units);
-        CHECK(launch.threads == (units >= 12 * 132 ? 64 : 384));
+        CHECK(launch.threads == (units >= 10 * 132 ? 64 : 384));
     }
     // A token of two warps' items or fewer keeps its block (4 + 4 heads of D64 bf16, 4 items
     // each, and v's 4 heads of 8 vectors in pairs: 48 items, 64 threads).

@@ -112,12 +112,14 @@ RopeLaunch plan_rope_launch(const KernelSpec& spec, int64_t heads_q, int64_t hea
     // few waves of such blocks; with many tokens a block is two warps that take the token's
     // items in rounds. At 64 registers a multiprocessor holds 1024 threads either way, but
     // Qwen3-8B's 384 items a token (32/8 heads + v, D128) fit two 384-thread blocks (768
-    // threads) or 16 of 64. H200 runs 1-3 (session 23), Qwen3-8B prefill 4x4096 with a paged
-    // FP8 cache, fractions of copy: 384 threads 0.628-0.629, 256 0.755 (the second round half
-    // idle), 192 0.785, 128 0.818, 96 0.809, 64 0.823-0.830, 32 0.818. Below
+    // threads) or 16 of 64. H200 runs CU-CX (session 23), Qwen3-8B prefill 4x4096 with a paged
+    // FP8 cache, fractions of copy: 384 threads 0.628-0.630, 256 0.755 (the second round half
+    // idle), 192 0.785, 128 0.818, 96 0.809, 64 0.823-0.832, 32 0.818. Below
     // kNormItemsNarrowMinTokensPerSm tokens a multiprocessor an item a thread keeps its one
-    // round (decode and small batches: latency, not bandwidth).
-    constexpr int64_t kNormItemsNarrowThreads = 64, kNormItemsNarrowMinTokensPerSm = 12;
+    // round: decode of 256 and 512 tokens (2 and 4 a multiprocessor) takes 3.23 and 4.95 us in
+    // a graph so, 5.33 and 6.21 us in rounds; 1024 tokens (7.8) tie (0.53-0.59 of copy either
+    // way); from 1536 (11.6) rounds win (0.70 against 0.62).
+    constexpr int64_t kNormItemsNarrowThreads = 64, kNormItemsNarrowMinTokensPerSm = 10;
     const bool norm_narrow =
         plan.norm_items && !tiny && units >= kNormItemsNarrowMinTokensPerSm * sms;
     if (direct && fits && token_items > 0) {
