@@ -118,10 +118,10 @@ RopeLaunch plan_rope_launch(const KernelSpec& spec, int64_t heads_q, int64_t hea
     // kNormItemsNarrowMinTokensPerSm tokens a multiprocessor an item a thread keeps its one
     // round: decode of 256 and 512 tokens (2 and 4 a multiprocessor) takes 3.23 and 4.95 us in
     // a graph that way against 5.33 and 6.21 us in rounds; 1024 tokens (7.8) tie (0.53-0.59 of
-    // copy either way); from 1536 (11.6) rounds win (0.70 against 0.62).
+    // copy either way); from 1536 (11.6) rounds win (0.70 against 0.62). (Such a call is
+    // never tiny: tiny calls have at most one token a multiprocessor.)
     constexpr int64_t kNormItemsNarrowThreads = 64, kNormItemsNarrowMinTokensPerSm = 10;
-    const bool norm_narrow =
-        plan.norm_items && !tiny && units >= kNormItemsNarrowMinTokensPerSm * sms;
+    const bool norm_narrow = plan.norm_items && units >= kNormItemsNarrowMinTokensPerSm * sms;
     if (direct && fits && token_items > 0) {
         const bool one_each =
             tiny || plan.norm_items ||
