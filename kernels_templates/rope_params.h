@@ -49,21 +49,19 @@ struct RopeKernelParams {
     long long position_offset;
     long long q_position_offset;
     long long units;  // batch * seqlen_max
+    // The staged path's tokens a block (the direct path, rope.cu's rope_direct_kernel, takes
+    // one token a block, each thread resolving its own item's rows without shared memory or
+    // barriers; the launcher takes that entry where the plan's one_token_direct allows it).
     int tokens_per_block;
-    // 1: one token a block, each thread resolving its own item's rows without shared memory
-    // or barriers (the launcher sets it only where the plan's one_token_direct allows it).
-    unsigned char direct;
     // 1: the staged path orders a block's items (head, token, chunk) instead of (token, head,
     // chunk), so that a warp reads one head's consecutive tokens: [B, H, S, D] buffers, whose
-    // rows of one token lie a head plane apart (the launcher's items_by_head). Bytes, so that
-    // the flags keep the 4 bytes `direct` had and no later field moves.
+    // rows of one token lie a head plane apart (the launcher's items_by_head).
     unsigned char items_by_head;
     // 1: the launch is a programmatic dependent launch (rope_jit_config.programmatic_launch):
-    // the kernel's blocks may start while the grid before it finishes, so the kernels that may
-    // take the direct path (rope.cu) and the QK-norm kernel fetch their argument block's lines
-    // into the constant cache before they wait for it (fetch_argument_lines), where a plain
-    // launch would meet the misses one after another on its critical path. A byte beside the
-    // flags above: no later field moves.
+    // the kernel's blocks may start while the grid before it finishes, so the direct path
+    // (rope.cu) and the QK-norm kernel fetch their argument block's lines into the constant
+    // cache before they wait for it (fetch_argument_lines), where a plain launch would meet the
+    // misses one after another on its critical path.
     unsigned char programmatic;
 
     // Multi-section positions (M-RoPE): positions carry a leading axis of this stride, and
@@ -176,7 +174,7 @@ struct RopePlan {
     int grad_pairs;    // frequency-gradient sums per block (0 without)
     int problem;       // RopePlanProblem
     int v_items;       // v copies per head of k and token (0 without v)
-    // One-token blocks may take the direct path (RopeKernelParams::direct): no angles shared
+    // One-token blocks may take the direct path (rope.cu's rope_direct_kernel): no angles shared
     // per token (inv_freq, xPos, M-RoPE), no gradient sums, no copy of unrotated features.
     bool one_token_direct;
     // v items per head of k on the direct path: two vectors each where v's vectors pair up,

@@ -26,6 +26,7 @@
 #include "jit/nvrtc_loader.h"
 #include "ops/attention/attention_recipe.h"
 #include "ops/op_registry.h"
+#include "ops/rope/rope_plan.h"
 #include "ops/rope/rope_recipe.h"
 
 using rope_jit::AttentionSpec;
@@ -59,6 +60,41 @@ AttentionSpec wgmma_spec() {
     spec.block_n = 64;
     spec.validate();
     return spec;
+}
+
+// The global function symbols of a cubin (ELF64): the entries cuModuleGetFunction can find.
+std::vector<std::string> cubin_functions(const std::vector<char>& image) {
+    REQUIRE(image.size() > 64);
+    REQUIRE(std::string(image.data(), 4) == "\x7f" "ELF");
+    auto read = [&](uint64_t at, int bytes) {
+        REQUIRE(at + uint64_t(bytes) <= image.size());
+        uint64_t value = 0;
+        for (int i = 0; i < bytes; ++i)
+            value |= uint64_t(static_cast<unsigned char>(image[size_t(at) + size_t(i)])) << (8 * i);
+        return value;
+    };
+    const uint64_t sections = read(0x28, 8), header_bytes = read(0x3a, 2), count = read(0x3c, 2);
+    std::vector<std::string> names;
+    for (uint64_t i = 0; i < count; ++i) {
+        const uint64_t header = sections + i * header_bytes;
+        if (read(header + 4, 4) != 2) continue;  // SHT_SYMTAB
+        const uint64_t strings = read(sections + read(header + 40, 4) * header_bytes + 24, 8);
+        const uint64_t first = read(header + 24, 8), bytes = read(header + 32, 8);
+        for (uint64_t at = first; at + 24 <= first + bytes; at += 24) {
+            const uint64_t info = read(at + 4, 1);
+            if ((info & 0xf) != 2 || (info >> 4) != 1) continue;  // STT_FUNC, STB_GLOBAL
+            const uint64_t name = strings + read(at, 4);
+            REQUIRE(name < image.size());
+            names.emplace_back(image.data() + name);
+        }
+    }
+    return names;
+}
+
+bool contains(const std::vector<std::string>& names, const std::string& name) {
+    for (const std::string& n : names)
+        if (n == name) return true;
+    return false;
 }
 
 // Stand-ins for driver handles: the memory cache only stores and compares them.
@@ -147,6 +183,7 @@ TEST_CASE("the op registry finds each op from its spec JSON and rebuilds the sam
     const rope_jit::KernelRecipe direct = rope_jit::rope_recipe(rope);
     CHECK(recipe->spec_json == direct.spec_json);
     CHECK(recipe->entry == "rope_kernel");
+    CHECK(recipe->second_entry == direct.second_entry);
     CHECK(recipe->template_name == "rope.cu");
     CHECK(recipe->source() == direct.source());
     CHECK(recipe->compile_target("sm_80") == "sm_80");
@@ -212,6 +249,46 @@ TEST_CASE("a kernel built from its stored spec JSON is the entry the launcher's 
         CHECK(stats.disk_lookup_microseconds.load() > lookups_after_miss);
     }
     CHECK(std::system(("rm -rf '" + root + "'").c_str()) == 0);
+}
+
+TEST_CASE("a RoPE module holds the entries its recipe names: the direct path's own where it has one") {
+    if (rope_jit::nvrtc_api() == nullptr) {
+        MESSAGE("skipped: NVRTC not available");
+        return;
+    }
+    KernelSpec kv = rope_spec();  // k and v into a paged FP8 cache: the direct path
+    kv.gqa_group = 4;
+    kv.kv_cache = 2;
+    kv.kv_fp8 = 1;
+    kv.v_dim = 64;
+    kv.v_vec = 8;
+    kv.position_mode = 1;
+    kv.in_place_k = 0;
+    KernelSpec partial = rope_spec();  // copies unrotated features: the staged path only
+    partial.rotary_dim = 32;
+    partial.in_place_q = partial.in_place_k = 0;
+    struct Case {
+        const char* what;
+        KernelSpec spec;
+        std::string second_entry;
+    };
+    std::vector<Case> cases = {{"plain", rope_spec(), "rope_direct_kernel"},
+                               {"paged KV + FP8", kv, "rope_direct_kernel"},
+                               {"partial rotary out of place", partial, ""}};
+    for (Case& c : cases) {
+        CAPTURE(c.what);
+        c.spec.validate();
+        CHECK(rope_jit::rope_plan(c.spec).one_token_direct == !c.second_entry.empty());
+        const rope_jit::KernelRecipe recipe = rope_jit::rope_recipe(c.spec);
+        CHECK(recipe.entry == "rope_kernel");
+        CHECK(recipe.second_entry == c.second_entry);
+        rope_jit::KernelStats stats;
+        const std::vector<std::string> functions =
+            cubin_functions(rope_jit::build_kernel_binary(recipe, "sm_90", nullptr, stats).image);
+        CHECK(contains(functions, "rope_kernel"));
+        if (!c.second_entry.empty()) CHECK(contains(functions, c.second_entry));
+        CHECK_FALSE(contains(functions, "rope_norm_kernel"));
+    }
 }
 
 TEST_CASE("the JIT core, the disk cache and the device layer include no op header") {

@@ -397,6 +397,7 @@ TEST_CASE("a QK-norm spec has its own JSON fields, template and canonical access
     CHECK(spec->preamble().find("enum : int { NORM_WEIGHT_DTYPE = 2 };") != std::string::npos);
     CHECK(rope_jit::specialize_kernel(*spec).find("rope_norm_kernel") != std::string::npos);
     CHECK(rope_jit::rope_recipe(*spec).entry == "rope_norm_kernel");
+    CHECK(rope_jit::rope_recipe(*spec).second_entry.empty());
     // Fields the norm kernel alone reads need it; its block size takes one value.
     CHECK(!KernelSpec::from_json(R"({"head_dim": 64, "norm_unit_offset": true})", &error));
     CHECK(error.find("qk_norm") != std::string::npos);
@@ -578,6 +579,8 @@ TEST_CASE("QK-norm forwards that write a KV cache take rope.cu's direct path, th
     CHECK(fused.block_threads == 512);
     CHECK(kernel_of(fused) == "rope_kernel");
     CHECK(rope_jit::rope_recipe(fused).template_name == "rope.cu");
+    // It launches the direct path's entry only (every launch below is direct).
+    CHECK(rope_jit::rope_recipe(fused).second_entry == "rope_direct_kernel");
     CHECK(rope_jit::rope_plan(fused).threads_per_sm == 1024);  // 64 registers: none spilled
     // One token a block, decode and prefill alike: 40 heads x 8 items and 8 heads of v x 8
     // items (two 16-byte vectors each), an item a thread below 10 tokens a multiprocessor

@@ -13,22 +13,28 @@ constexpr int kDefaultSharedLimit = 48 * 1024;
 }  // namespace
 
 LoadedKernel load_kernel_module(const CudaDriverApi& api, const std::vector<char>& image,
-                                const std::string& entry, int dynamic_shared_bytes) {
+                                const std::string& entry, int dynamic_shared_bytes,
+                                const std::string& second_entry) {
     LoadedKernel kernel;
     check_cu(api.cuModuleLoadData(&kernel.module, image.data()), "cuModuleLoadData");
-    const CUresult found = api.cuModuleGetFunction(&kernel.function, kernel.module, entry.c_str());
-    if (found != CUDA_SUCCESS) {
-        api.cuModuleUnload(kernel.module);
-        throw_cuda_error(found, ("cuModuleGetFunction(" + entry + ")").c_str());
-    }
-    if (dynamic_shared_bytes > kDefaultSharedLimit) {
-        const CUresult result = api.cuFuncSetAttribute(
-            kernel.function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, dynamic_shared_bytes);
+    // Finds `name` (opted in to the shared memory), or unloads the module and throws.
+    auto function_of = [&](const std::string& name) {
+        CUfunction function = nullptr;
+        CUresult result = api.cuModuleGetFunction(&function, kernel.module, name.c_str());
+        std::string what = "cuModuleGetFunction(" + name + ")";
+        if (result == CUDA_SUCCESS && dynamic_shared_bytes > kDefaultSharedLimit) {
+            result = api.cuFuncSetAttribute(
+                function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, dynamic_shared_bytes);
+            what = "loading " + name;
+        }
         if (result != CUDA_SUCCESS) {
             api.cuModuleUnload(kernel.module);
-            throw_cuda_error(result, ("loading " + entry).c_str());
+            throw_cuda_error(result, what.c_str());
         }
-    }
+        return function;
+    };
+    kernel.function = function_of(entry);
+    if (!second_entry.empty()) kernel.second_function = function_of(second_entry);
     return kernel;
 }
 
@@ -51,7 +57,8 @@ LoadedKernel KernelLoader::build(const SpecKey& spec, CUcontext context, const s
                                         : build_kernel_binary(recipe, target, disk_, stats_);
         const Stopwatch stopwatch;
         LoadedKernel kernel =
-            load_kernel_module(api_, binary.image, recipe.entry, recipe.dynamic_shared_bytes);
+            load_kernel_module(api_, binary.image, recipe.entry, recipe.dynamic_shared_bytes,
+                               recipe.second_entry);
         stats_.module_load_microseconds.fetch_add(stopwatch.microseconds(),
                                                   std::memory_order_relaxed);
         return kernel;

@@ -18,11 +18,12 @@
 
 namespace rope_jit {
 
-// Loads a cubin or PTX image as a module of the current context and finds its entry point,
-// opting it in to `dynamic_shared_bytes` above the default 48 KiB; on failure unloads the
-// module and throws Error(ROPE_JIT_ERROR_CUDA) naming `entry`.
+// Loads a cubin or PTX image as a module of the current context and finds its entry point
+// (and `second_entry`, unless empty), opting them in to `dynamic_shared_bytes` above the default
+// 48 KiB; on failure unloads the module and throws Error(ROPE_JIT_ERROR_CUDA) naming the entry.
 LoadedKernel load_kernel_module(const CudaDriverApi& api, const std::vector<char>& image,
-                                const std::string& entry, int dynamic_shared_bytes = 0);
+                                const std::string& entry, int dynamic_shared_bytes = 0,
+                                const std::string& second_entry = "");
 
 class KernelLoader {
 public:

@@ -22,7 +22,8 @@ namespace rope_jit {
 
 struct LoadedKernel {
     CUmodule module = nullptr;
-    CUfunction function = nullptr;
+    CUfunction function = nullptr;         // KernelRecipe::entry
+    CUfunction second_function = nullptr;  // KernelRecipe::second_entry, or NULL
 };
 
 // A spec of any op as the memory cache's key: the op's name and the spec's bytes. Specs are

@@ -15,8 +15,11 @@ struct KernelRecipe {
     std::string spec_json;
     // The embedded template the source specializes ("rope.cu"), and its name in diagnostics.
     std::string template_name;
-    // The module's one extern "C" entry ("rope_kernel").
+    // The module's extern "C" entry ("rope_kernel"), and a second one or empty: another path
+    // of the op compiled as a function of its own, so that its registers are allocated for it
+    // alone ("rope_direct_kernel"); the launcher picks one per call (LoadedKernel).
     std::string entry;
+    std::string second_entry;
     // The specialized source (specialize_template), made only on a cache miss.
     std::function<std::string()> source;
     // The target to compile for on a device of target `device_target` ("sm_90"); empty: that

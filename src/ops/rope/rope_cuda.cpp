@@ -453,7 +453,6 @@ void RopeCuda::run(const RopeProblem& p, void* stream_handle) {
                          devices_.device(ordinal).multiprocessors,
                          token_rows_adjacent(p.q, p.has_k ? &p.k : nullptr));
     params.tokens_per_block = shape.tokens_per_block;
-    params.direct = shape.direct ? 1 : 0;
     params.items_by_head = shape.items_by_head ? 1 : 0;
     const bool programmatic = launches_programmatically(p);
     params.programmatic = programmatic ? 1 : 0;
@@ -466,11 +465,17 @@ void RopeCuda::run(const RopeProblem& p, void* stream_handle) {
     }
     if (shape.blocks == 0) return;  // no token: nothing to rotate (a gradient was still zeroed)
 
+    // The direct path has an entry of its own (rope_recipe.cpp names it; rope.cu says why).
+    const CUfunction function = shape.direct ? kernel.second_function : kernel.function;
+    if (function == nullptr)
+        throw Error(ROPE_JIT_ERROR_INTERNAL, "rope: the direct path's kernel was not loaded");
     auto launch_with = [&](void* arguments) {
         launch_kernel(api,
-                      {kernel.function, unsigned(shape.blocks), unsigned(shape.threads),
+                      {function, unsigned(shape.blocks), unsigned(shape.threads),
                        shape.shared_bytes, arguments},
-                      stream, programmatic, "cuLaunchKernel(rope_kernel)");
+                      stream, programmatic,
+                      shape.direct ? "cuLaunchKernel(rope_direct_kernel)"
+                                   : "cuLaunchKernel(rope_kernel)");
     };
     // QK-norm forwards on rope.cu (RopePlan::norm_items) take the norm kernel's arguments (the
     // rope ones, the weights, eps); KV cache and FP8 kernels the cache arguments after their own

@@ -15,6 +15,11 @@ const char* template_of(const KernelSpec& spec) {
 const char* entry_of(const KernelSpec& spec) {
     return takes_norm_kernel(spec) ? "rope_norm_kernel" : "rope_kernel";
 }
+// rope.cu's direct path has an entry of its own where the plan has that path (rope.cu says why);
+// the launcher takes it where plan_rope_launch chooses the direct path.
+const char* second_entry_of(const KernelSpec& spec) {
+    return !takes_norm_kernel(spec) && rope_plan(spec).one_token_direct ? "rope_direct_kernel" : "";
+}
 
 }  // namespace
 
@@ -32,6 +37,7 @@ KernelRecipe rope_recipe(const KernelSpec& spec) {
     recipe.spec_json = spec.to_json();
     recipe.template_name = template_of(spec);
     recipe.entry = entry_of(spec);
+    recipe.second_entry = second_entry_of(spec);
     recipe.source = [spec] { return specialize_kernel(spec); };
     // The launcher sizes shared memory under the 48 KiB a block takes without opting in.
     return recipe;
