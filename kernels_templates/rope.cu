@@ -696,7 +696,7 @@ __device__ __forceinline__ void norm_rotate_store_item(const ItemData& data,
     store_item_floats(rotate_floats(x, span, angles), y, y8, fp8, ys, span, raw_scale);
 }
 
-// ---- one token a block, resolved by each thread (rope_direct_kernel) ------------------
+// ---- one token a block, resolved by each thread (RopeKernelParams::direct) ------------------
 
 // The direct path loads q, k and v with plain ld.global (load_item, load_pack). Volatile loads,
 // which ptxas keeps in program order ahead of the position load, were slower in every case
@@ -826,26 +826,14 @@ __device__ __forceinline__ void rope_one_token(const RopeKernelParams& p,
 
 }  // namespace
 
-// The module's two entries: the direct path's (rope_direct_kernel) and the staged path's
-// (rope_kernel); the launcher takes the first where plan_rope_launch chooses the direct path.
-// The direct path has an entry of its own so that its registers are allocated for it alone:
-// inside one function with the staged path, the KV cache kernels' direct item loop spilled
-// (Llama-3-8B with a paged FP8 cache: 28 bytes at 40 registers). H200 runs DA-DB (session 24),
-// that prefill 0.903-0.905 -> 0.914-0.917 of copy; rope-jit-bench's other direct-path cases
-// within 0.005. An entry is empty where the spec has no such path: the recipe names
-// rope_direct_kernel only where the plan has a direct path, and QK-norm specs
-// (plan().norm_items) launch only that one.
-
+// The direct path's own entry, where the plan has direct_entry (rope_params.h says why); empty
+// for the other specs, whose recipe does not name it: rope_kernel takes both paths there.
 extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM)
     rope_direct_kernel(const typename LaunchArgs<OwnParams>::type args) {
-    if constexpr (plan().one_token_direct) {
+    if constexpr (plan().direct_entry) {
         const OwnParams& own = own_args(args);
         const RopeKernelParams& p = rope_part(own);
-        // Only the direct path (decode, one token a block) fetches its argument lines early:
-        // where the wait's window is most of a call. The staged path compiles without it
-        // (GPT-NeoX's out-of-place partial rotary ran 0.718 -> 0.679 of copy with it, run CB,
-        // one process).
-        if (p.programmatic) fetch_argument_lines(args);
+        if (p.programmatic) fetch_argument_lines(args);  // as rope_kernel's direct path does
         wait_for_preceding_grid();
         rope_one_token(p, cache_args(args), norm_part(own));
     }
@@ -853,11 +841,20 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM)
 
 extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM)
     rope_kernel(const typename LaunchArgs<OwnParams>::type args) {
-    // QK-norm forwards of this template (plan().norm_items) take the direct path only.
+    // The direct path here, or (direct_entry) in rope_direct_kernel, which also takes every
+    // QK-norm forward of this template (they have that path only).
+    constexpr bool DIRECT_HERE = plan().one_token_direct && !plan().direct_entry;
     if constexpr (QK_NORM) return;
     const OwnParams& own = own_args(args);
     const RopeKernelParams& p = rope_part(own);
     const RopeCacheParams* cache = cache_args(args);  // KV cache and FP8 scales, or NULL
+    // Only kernels that may take the direct path (decode, one token a block) fetch their
+    // argument lines early: where the wait's window is most of a call. The others compile
+    // without it (GPT-NeoX's out-of-place partial rotary ran 0.718 -> 0.679 of copy with it,
+    // run CB, one process).
+    if constexpr (DIRECT_HERE) {
+        if (p.programmatic) fetch_argument_lines(args);
+    }
     wait_for_preceding_grid();
     extern __shared__ __align__(16) char shared[];
     const int tpb = p.tokens_per_block;
@@ -872,6 +869,12 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM)
     RopeTokenBases* s_bases = reinterpret_cast<RopeTokenBases*>(shared + layout.bases);
     float* s_grad = reinterpret_cast<float*>(shared + layout.grad);
     RopeValueBases* s_value = reinterpret_cast<RopeValueBases*>(shared + layout.value_bases);
+    if constexpr (DIRECT_HERE) {
+        if (p.direct) {
+            rope_one_token(p, cache, norm_part(own));
+            return;
+        }
+    }
     // The FP8 scales, read once (NULL: 1).
     float q_scale = 1.0f, k_scale = 1.0f, v_scale = 1.0f;
     if constexpr (CACHE_PARAMS) {

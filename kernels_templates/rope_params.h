@@ -49,19 +49,22 @@ struct RopeKernelParams {
     long long position_offset;
     long long q_position_offset;
     long long units;  // batch * seqlen_max
-    // The staged path's tokens a block (the direct path, rope.cu's rope_direct_kernel, takes
-    // one token a block, each thread resolving its own item's rows without shared memory or
-    // barriers; the launcher takes that entry where the plan's one_token_direct allows it).
     int tokens_per_block;
+    // 1: one token a block, each thread resolving its own item's rows without shared memory
+    // or barriers (the launcher sets it only where the plan's one_token_direct allows it; with
+    // the plan's direct_entry it launches rope_direct_kernel, which takes no other path).
+    unsigned char direct;
     // 1: the staged path orders a block's items (head, token, chunk) instead of (token, head,
     // chunk), so that a warp reads one head's consecutive tokens: [B, H, S, D] buffers, whose
-    // rows of one token lie a head plane apart (the launcher's items_by_head).
+    // rows of one token lie a head plane apart (the launcher's items_by_head). Bytes, so that
+    // the flags keep the 4 bytes `direct` had and no later field moves.
     unsigned char items_by_head;
     // 1: the launch is a programmatic dependent launch (rope_jit_config.programmatic_launch):
-    // the kernel's blocks may start while the grid before it finishes, so the direct path
-    // (rope.cu) and the QK-norm kernel fetch their argument block's lines into the constant
-    // cache before they wait for it (fetch_argument_lines), where a plain launch would meet the
-    // misses one after another on its critical path.
+    // the kernel's blocks may start while the grid before it finishes, so the kernels that may
+    // take the direct path (rope.cu) and the QK-norm kernel fetch their argument block's lines
+    // into the constant cache before they wait for it (fetch_argument_lines), where a plain
+    // launch would meet the misses one after another on its critical path. A byte beside the
+    // flags above: no later field moves.
     unsigned char programmatic;
 
     // Multi-section positions (M-RoPE): positions carry a leading axis of this stride, and
@@ -174,7 +177,7 @@ struct RopePlan {
     int grad_pairs;    // frequency-gradient sums per block (0 without)
     int problem;       // RopePlanProblem
     int v_items;       // v copies per head of k and token (0 without v)
-    // One-token blocks may take the direct path (rope.cu's rope_direct_kernel): no angles shared
+    // One-token blocks may take the direct path (RopeKernelParams::direct): no angles shared
     // per token (inv_freq, xPos, M-RoPE), no gradient sums, no copy of unrotated features.
     bool one_token_direct;
     // v items per head of k on the direct path: two vectors each where v's vectors pair up,
@@ -194,6 +197,15 @@ struct RopePlan {
     // rounds of 64-thread blocks, session 23). Without a cache
     // rope_norm.cu's runs of 4 rows stay ahead in prefill (0.876 against 0.845 on rope.cu).
     bool norm_items;
+    // The direct path has a module entry of its own (rope.cu's rope_direct_kernel), compiled
+    // apart from the staged path so that its registers are allocated for it alone: specs with
+    // a KV cache (their direct item loop spilled beside the staged path, Llama-3-8B with a paged
+    // FP8 cache 28 bytes at 40 registers; H200 runs DA-DC, session 24, that prefill 0.898-0.905
+    // -> 0.907-0.917 of copy). The others keep one entry for both paths: their direct cases
+    // did not move (within 0.005, run DB), and the staged path compiled alone took more
+    // registers where pairs interleave (36 against 31-32 with the direct path beside it: D64
+    // [B, H, S, D] interleaved 0.827 -> 0.786, run DC).
+    bool direct_entry;
 };
 // Why a shape has no kernel. (Enumerators, not constexpr variables: NVRTC would emit those as
 // globals of every module.)
@@ -240,6 +252,7 @@ ROPE_JIT_HOST_DEVICE constexpr RopePlan rope_plan(const RopeShape& s) {
                       plan.one_token_direct && plan.item_batch == 1 && items_power_of_two &&
                       plan.rot_items <= 32;
     if (plan.norm_items) plan.threads_per_sm = 1024;
+    plan.direct_entry = plan.one_token_direct && s.kv_cache != 0;
     return plan;
 }
 

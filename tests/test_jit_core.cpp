@@ -251,12 +251,12 @@ TEST_CASE("a kernel built from its stored spec JSON is the entry the launcher's 
     CHECK(std::system(("rm -rf '" + root + "'").c_str()) == 0);
 }
 
-TEST_CASE("a RoPE module holds the entries its recipe names: the direct path's own where it has one") {
+TEST_CASE("a RoPE module holds the entries its recipe names: the direct path's own with a KV cache") {
     if (rope_jit::nvrtc_api() == nullptr) {
         MESSAGE("skipped: NVRTC not available");
         return;
     }
-    KernelSpec kv = rope_spec();  // k and v into a paged FP8 cache: the direct path
+    KernelSpec kv = rope_spec();  // k and v into a paged FP8 cache
     kv.gqa_group = 4;
     kv.kv_cache = 2;
     kv.kv_fp8 = 1;
@@ -264,7 +264,7 @@ TEST_CASE("a RoPE module holds the entries its recipe names: the direct path's o
     kv.v_vec = 8;
     kv.position_mode = 1;
     kv.in_place_k = 0;
-    KernelSpec partial = rope_spec();  // copies unrotated features: the staged path only
+    KernelSpec partial = rope_spec();  // copies unrotated features: no direct path
     partial.rotary_dim = 32;
     partial.in_place_q = partial.in_place_k = 0;
     struct Case {
@@ -272,13 +272,14 @@ TEST_CASE("a RoPE module holds the entries its recipe names: the direct path's o
         KernelSpec spec;
         std::string second_entry;
     };
-    std::vector<Case> cases = {{"plain", rope_spec(), "rope_direct_kernel"},
+    // Without a cache rope_kernel takes the direct path too (RopePlan::direct_entry).
+    std::vector<Case> cases = {{"plain", rope_spec(), ""},
                                {"paged KV + FP8", kv, "rope_direct_kernel"},
                                {"partial rotary out of place", partial, ""}};
     for (Case& c : cases) {
         CAPTURE(c.what);
         c.spec.validate();
-        CHECK(rope_jit::rope_plan(c.spec).one_token_direct == !c.second_entry.empty());
+        CHECK(rope_jit::rope_plan(c.spec).direct_entry == !c.second_entry.empty());
         const rope_jit::KernelRecipe recipe = rope_jit::rope_recipe(c.spec);
         CHECK(recipe.entry == "rope_kernel");
         CHECK(recipe.second_entry == c.second_entry);

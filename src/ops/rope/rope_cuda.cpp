@@ -453,6 +453,7 @@ void RopeCuda::run(const RopeProblem& p, void* stream_handle) {
                          devices_.device(ordinal).multiprocessors,
                          token_rows_adjacent(p.q, p.has_k ? &p.k : nullptr));
     params.tokens_per_block = shape.tokens_per_block;
+    params.direct = shape.direct ? 1 : 0;
     params.items_by_head = shape.items_by_head ? 1 : 0;
     const bool programmatic = launches_programmatically(p);
     params.programmatic = programmatic ? 1 : 0;
@@ -465,8 +466,9 @@ void RopeCuda::run(const RopeProblem& p, void* stream_handle) {
     }
     if (shape.blocks == 0) return;  // no token: nothing to rotate (a gradient was still zeroed)
 
-    // The direct path has an entry of its own (rope_recipe.cpp names it; rope.cu says why).
-    const CUfunction function = shape.direct ? kernel.second_function : kernel.function;
+    // The direct path of a plan with direct_entry has an entry of its own (rope_recipe.cpp).
+    const bool direct_entry = shape.direct && rope_plan(spec).direct_entry;
+    const CUfunction function = direct_entry ? kernel.second_function : kernel.function;
     if (function == nullptr)
         throw Error(ROPE_JIT_ERROR_INTERNAL, "rope: the direct path's kernel was not loaded");
     auto launch_with = [&](void* arguments) {
@@ -474,7 +476,7 @@ void RopeCuda::run(const RopeProblem& p, void* stream_handle) {
                       {function, unsigned(shape.blocks), unsigned(shape.threads),
                        shape.shared_bytes, arguments},
                       stream, programmatic,
-                      shape.direct ? "cuLaunchKernel(rope_direct_kernel)"
+                      direct_entry ? "cuLaunchKernel(rope_direct_kernel)"
                                    : "cuLaunchKernel(rope_kernel)");
     };
     // QK-norm forwards on rope.cu (RopePlan::norm_items) take the norm kernel's arguments (the

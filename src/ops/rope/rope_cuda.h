@@ -30,7 +30,7 @@ struct RopeLaunch {
     int64_t blocks = 0, threads = 0;
     unsigned shared_bytes = 0;
     int tokens_per_block = 0;
-    // One token a block, each thread resolving its own rows: rope.cu's rope_direct_kernel.
+    // One token a block, each thread resolving its own rows (RopeKernelParams::direct).
     bool direct = false;
     // The staged path's items ordered (head, token, chunk): a [B, H, S, D] buffer's tokens
     // (!token_rows_adjacent) read one head's consecutive rows (RopeKernelParams::items_by_head).

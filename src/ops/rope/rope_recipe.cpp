@@ -15,10 +15,10 @@ const char* template_of(const KernelSpec& spec) {
 const char* entry_of(const KernelSpec& spec) {
     return takes_norm_kernel(spec) ? "rope_norm_kernel" : "rope_kernel";
 }
-// rope.cu's direct path has an entry of its own where the plan has that path (rope.cu says why);
+// rope.cu's direct path has an entry of its own where the plan says so (RopePlan::direct_entry);
 // the launcher takes it where plan_rope_launch chooses the direct path.
 const char* second_entry_of(const KernelSpec& spec) {
-    return !takes_norm_kernel(spec) && rope_plan(spec).one_token_direct ? "rope_direct_kernel" : "";
+    return !takes_norm_kernel(spec) && rope_plan(spec).direct_entry ? "rope_direct_kernel" : "";
 }
 
 }  // namespace
