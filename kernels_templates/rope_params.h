@@ -200,7 +200,7 @@ struct RopePlan {
     // The direct path has a module entry of its own (rope.cu's rope_direct_kernel), compiled
     // apart from the staged path so that its registers are allocated for it alone: specs with
     // a KV cache (their direct item loop spilled beside the staged path, Llama-3-8B with a paged
-    // FP8 cache 28 bytes at 40 registers; H200 runs DA-DC, session 24, that prefill 0.898-0.905
+    // FP8 cache 28 bytes at 40 registers; H200 runs DA-DD, session 24, that prefill 0.898-0.905
     // -> 0.907-0.917 of copy). The others keep one entry for both paths: their direct cases
     // did not move (within 0.005, run DB), and the staged path compiled alone took more
     // registers where pairs interleave (36 against 31-32 with the direct path beside it: D64

@@ -466,8 +466,13 @@ void RopeCuda::run(const RopeProblem& p, void* stream_handle) {
     }
     if (shape.blocks == 0) return;  // no token: nothing to rotate (a gradient was still zeroed)
 
-    // The direct path of a plan with direct_entry has an entry of its own (rope_recipe.cpp).
-    const bool direct_entry = shape.direct && rope_plan(spec).direct_entry;
+    // The direct path of a plan with direct_entry has an entry of its own (rope_recipe.cpp);
+    // QK-norm forwards on rope.cu have no other path (their rope_kernel is empty).
+    const RopePlan plan = rope_plan(spec);
+    if (plan.norm_items && !shape.direct)
+        throw Error(ROPE_JIT_ERROR_INTERNAL, "rope: a QK-norm forward on rope.cu must take the "
+                                             "direct path");
+    const bool direct_entry = shape.direct && plan.direct_entry;
     const CUfunction function = direct_entry ? kernel.second_function : kernel.function;
     if (function == nullptr)
         throw Error(ROPE_JIT_ERROR_INTERNAL, "rope: the direct path's kernel was not loaded");
