@@ -151,8 +151,14 @@ RopeLaunch plan_rope_launch(const KernelSpec& spec, int64_t heads_q, int64_t hea
     // run BP (session 15): D64 [B, H, S, D] interleaved 0.754 -> 0.832 of copy, Llama-3-8B
     // [B, H, S, D] 0.905 -> 0.906; more tokens a block (16, 32) lost 1-10%.
     const bool items_by_head = !direct && fit.tokens > 1 && !token_rows_adjacent;
-    return RopeLaunch{fit.blocks,  fit.threads, unsigned(fit.shared_bytes),
-                      fit.tokens,  direct,      items_by_head};
+    // QK-norm forwards on rope.cu have no other path (their rope_kernel is empty).
+    if (plan.norm_items && !direct && fit.blocks > 0)
+        throw Error(ROPE_JIT_ERROR_INTERNAL,
+                    "rope: a QK-norm forward on rope.cu must take the direct path");
+    RopeLaunch launch{fit.blocks, fit.threads, unsigned(fit.shared_bytes), fit.tokens, direct};
+    launch.direct_entry = direct && plan.direct_entry;
+    launch.items_by_head = items_by_head;
+    return launch;
 }
 
 bool token_rows_adjacent(const TensorRef& q, const TensorRef* k) {
@@ -466,14 +472,8 @@ void RopeCuda::run(const RopeProblem& p, void* stream_handle) {
     }
     if (shape.blocks == 0) return;  // no token: nothing to rotate (a gradient was still zeroed)
 
-    // The direct path of a plan with direct_entry has an entry of its own (rope_recipe.cpp);
-    // QK-norm forwards on rope.cu have no other path (their rope_kernel is empty).
-    const RopePlan plan = rope_plan(spec);
-    if (plan.norm_items && !shape.direct)
-        throw Error(ROPE_JIT_ERROR_INTERNAL, "rope: a QK-norm forward on rope.cu must take the "
-                                             "direct path");
-    const bool direct_entry = shape.direct && plan.direct_entry;
-    const CUfunction function = direct_entry ? kernel.second_function : kernel.function;
+    // The direct path of a plan with direct_entry has an entry of its own (rope_recipe.cpp).
+    const CUfunction function = shape.direct_entry ? kernel.second_function : kernel.function;
     if (function == nullptr)
         throw Error(ROPE_JIT_ERROR_INTERNAL, "rope: the direct path's kernel was not loaded");
     auto launch_with = [&](void* arguments) {
@@ -481,7 +481,7 @@ void RopeCuda::run(const RopeProblem& p, void* stream_handle) {
                       {function, unsigned(shape.blocks), unsigned(shape.threads),
                        shape.shared_bytes, arguments},
                       stream, programmatic,
-                      direct_entry ? "cuLaunchKernel(rope_direct_kernel)"
+                      shape.direct_entry ? "cuLaunchKernel(rope_direct_kernel)"
                                    : "cuLaunchKernel(rope_kernel)");
     };
     // QK-norm forwards on rope.cu (RopePlan::norm_items) take the norm kernel's arguments (the

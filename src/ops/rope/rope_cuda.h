@@ -32,6 +32,9 @@ struct RopeLaunch {
     int tokens_per_block = 0;
     // One token a block, each thread resolving its own rows (RopeKernelParams::direct).
     bool direct = false;
+    // The direct path launched as the module's second entry, rope_direct_kernel
+    // (RopePlan::direct_entry); else rope_kernel.
+    bool direct_entry = false;
     // The staged path's items ordered (head, token, chunk): a [B, H, S, D] buffer's tokens
     // (!token_rows_adjacent) read one head's consecutive rows (RopeKernelParams::items_by_head).
     bool items_by_head = false;
