@@ -48,6 +48,7 @@
 #include "rope_params.h"
 #include "rope_norm_params.h"
 #include "rope_device.h"
+#include "bulk_copy.h"
 
 namespace {
 
@@ -73,6 +74,7 @@ ROPE_JIT_HOST_DEVICE constexpr RopeShape spec_shape() {
     s.qk_norm = QK_NORM;
     s.backward = BACKWARD_PASS;
     s.kv_cache = KV_CACHE != 0;
+    s.q_fp8 = Q_FP8;
     return s;
 }
 // A function, not a constexpr variable: NVRTC emits each namespace-scope constant as a global
@@ -490,14 +492,18 @@ constexpr bool COPY_VECTORS = COPY_VEC > 1;
 // the copy latency-bound. Four spilled registers at the 40-register budget (ncu, GPT-NeoX).
 constexpr int COPY_BATCH = 2;
 // Copies a thread loads before its rotation items (and stores after them, 4. in the kernel).
-// Two where a head has at most two copies per rotation item, which puts most of a thread's
-// copies in the rotation's window; one where copies outnumber rotation items more (the copy
-// loop's batches then carry them). H200 run CG (session 20), fractions of copy, one ahead ->
-// two: GPT-NeoX 24/96 out of place (9 copies, 6 items a head) 0.767 -> 0.816, Phi-2 32/80 (6,
-// 4) 0.852 -> 0.861, GPT-J 64/256 (24, 8) 0.925 -> 0.931, Gemma-4 proportional 128/512 (48,
-// 16) 0.909 -> 0.891; carrying a copy into each later rotation round as well lost 2-6% on
-// Phi-2 and Gemma-4, a third copy a batch moved nothing.
-constexpr int COPIES_AHEAD = plan().copies_unrotated && COPY_UNITS <= 2 * ROT_ITEMS ? 2 : 1;
+// Two where a head of fewer than 128 features has at most two copies per rotation item, which
+// puts most of a thread's copies in the rotation's window; one where copies outnumber rotation
+// items more (the copy loop's batches then carry them), and at 128 features and more. H200 run
+// CG (session 20), fractions of copy, one ahead -> two: GPT-NeoX 24/96 out of place (9 copies,
+// 6 items a head) 0.767 -> 0.816, Phi-2 32/80 (6, 4) 0.852 -> 0.861, GPT-J 64/256 (24, 8)
+// 0.925 -> 0.931, Gemma-4 proportional 128/512 (48, 16) 0.909 -> 0.891; carrying a copy into
+// each later rotation round as well lost 2-6% on Phi-2 and Gemma-4, a third copy a batch moved
+// nothing. At 128 features two ahead lost (runs DI-DK, session 26, two -> one): ChatGLM2-6B's
+// interleaved 64/128 (8 copies, 8 items) 0.825 -> 0.840, the same with 32 kv heads 0.849 ->
+// 0.873, half style 64/128 (8, 8) 0.660 -> 0.815.
+constexpr int COPIES_AHEAD =
+    plan().copies_unrotated && COPY_UNITS <= 2 * ROT_ITEMS && HEAD_DIM < 128 ? 2 : 1;
 
 // Everything one item needs, located from its index in the block: token, head, span.
 struct ItemPlace {
@@ -824,6 +830,50 @@ __device__ __forceinline__ void rope_one_token(const RopeKernelParams& p,
     }
 }
 
+// ---- rows through shared memory (rope_bulk_kernel, RopePlan::bulk_rows) -------------------
+
+// A tile's work items: every pair of a row once, each item rotating a chunk of pairs in place
+// in the tile. Half style: a chunk of first halves and its partner chunk, both stored (the
+// staged path's chunk items, which store only their own chunk, would race in place);
+// interleaved: a chunk of whole pairs.
+constexpr int PAIR_ITEMS = plan().bulk_items;
+
+__device__ __forceinline__ ItemSpan pair_item_span(int item) {
+    ItemSpan span;
+    span.second = false;
+    span.own = ROTARY_OFFSET + item * VEC;
+    span.partner = span.own + PARTNER_DISTANCE;
+    span.pair0 = item * PAIRS_PER_ITEM;
+    return span;
+}
+
+// A tile row's item rotated where it lies: its chunks read from and written back to shared
+// memory (vector accesses where the host proved global vectors aligned: a tile row starts
+// 16-byte aligned like the row it holds).
+__device__ __forceinline__ void rotate_in_tile(T* row, const ItemSpan& span,
+                                               const ItemAngles& angles) {
+    ItemData data;
+    data.own = load_pack<VEC>(row + span.own, 1);
+    if (!INTERLEAVED) data.partner = load_pack<VEC>(row + span.partner, 1);
+    const ItemFloats r = rotate_floats(item_floats(data), span, angles);
+    Pack<VEC> own, partner;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+        own.v[j] = from_float<DTYPE>(r.own[j]);
+        if (!INTERLEAVED) partner.v[j] = from_float<DTYPE>(r.partner[j]);
+    }
+    auto store = [](T* y, const Pack<VEC>& pack) {
+        if (VEC_LOADS) {
+            *reinterpret_cast<Pack<VEC>*>(y) = pack;
+        } else {
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) y[j] = pack.v[j];
+        }
+    };
+    store(row + span.own, own);
+    if (!INTERLEAVED) store(row + span.partner, partner);
+}
+
 }  // namespace
 
 // The direct path's own entry, where the plan has direct_entry (rope_params.h says why); empty
@@ -1107,4 +1157,101 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM)
             }
         }
     }
+}
+
+// The bulk path (RopePlan::bulk_rows; the launcher's choice, rope_bulk_rows.h): a persistent
+// grid whose blocks take tiles of consecutive rows grid-stride. Thread 0 loads each tile into
+// one of the block's kRopeBulkStages stages with the bulk copy engine; the block rotates its
+// pairs in place there, then thread 0 stores the whole tile, rotated and unrotated features
+// alike, to the output with one bulk store, and reloads the stage the previous tile used once
+// that tile's store has read it. Empty for the other specs and before sm_90, where the recipe
+// does not name it.
+extern "C" __global__ void __launch_bounds__(kRopeBulkThreads, kRopeBulkBlocksPerSm)
+    rope_bulk_kernel(const RopeBulkKernelParams args) {
+#if __CUDA_ARCH__ >= 900
+    if constexpr (plan().bulk_rows) {
+        const RopeKernelParams& p = args.own;
+        const RopeBulkParams& bulk = args.bulk;
+        // [kRopeBulkStages] mbarriers, then the stages' tiles from byte 128.
+        extern __shared__ __align__(128) char shared[];
+        const unsigned barriers = shared_address(shared);
+        char* const tiles = shared + 128;
+        const long long grid = gridDim.x;
+        auto tile_rows = [&](long long tile, bool* is_k, long long* row0) {
+            *is_k = tile >= bulk.q_tiles;
+            *row0 = (*is_k ? tile - bulk.q_tiles : tile) * bulk.tile_rows;
+            const long long left = (*is_k ? bulk.k_rows : bulk.q_rows) - *row0;
+            return static_cast<int>(left < bulk.tile_rows ? left : bulk.tile_rows);
+        };
+        auto load_tile = [&](long long tile, int stage) {
+            bool is_k;
+            long long row0;
+            const int rows = tile_rows(tile, &is_k, &row0);
+            const T* x = static_cast<const T*>(is_k ? p.k : p.q) + row0 * HEAD_DIM;
+            bulk_load(shared_address(tiles + stage * kRopeBulkStageBytes), x,
+                      static_cast<unsigned>(rows * HEAD_DIM * sizeof(T)), barriers + 8 * stage);
+        };
+        if (threadIdx.x == 0) {
+            for (int stage = 0; stage < kRopeBulkStages; ++stage)
+                bulk_barrier_init(barriers + 8 * stage);
+            bulk_barriers_ready();
+        }
+        __syncthreads();
+        wait_for_preceding_grid();
+        if (threadIdx.x == 0)
+            for (int stage = 0; stage < kRopeBulkStages; ++stage)
+                if (blockIdx.x + stage * grid < bulk.tiles)
+                    load_tile(blockIdx.x + stage * grid, stage);
+
+        long long it = 0;
+        for (long long tile = blockIdx.x; tile < bulk.tiles; tile += grid, ++it) {
+            const int stage = static_cast<int>(it % kRopeBulkStages);
+            bool is_k;
+            long long row0;
+            const int rows = tile_rows(tile, &is_k, &row0);
+            T* const rows_here = reinterpret_cast<T*>(tiles + stage * kRopeBulkStageBytes);
+            // (b, s) of a row: the launcher keeps rows under 2^31, so 32-bit divisions.
+            const unsigned heads = static_cast<unsigned>(is_k ? p.heads_k : p.heads_q);
+            const unsigned seqlen = static_cast<unsigned>(is_k ? p.seqlen_k : p.seqlen_q);
+            bulk_wait(barriers + 8 * stage, static_cast<unsigned>(it / kRopeBulkStages) & 1u);
+            for (int i = threadIdx.x; i < rows * PAIR_ITEMS; i += kRopeBulkThreads) {
+                const int r = i / PAIR_ITEMS;
+                const ItemSpan span = pair_item_span(i - r * PAIR_ITEMS);
+                const unsigned row = static_cast<unsigned>(row0) + static_cast<unsigned>(r);
+                unsigned b, s;
+                if (bulk.heads_fastest) {
+                    const unsigned token = row / heads;
+                    b = token / seqlen;
+                    s = token - b * seqlen;
+                } else {
+                    const unsigned plane = row / seqlen;  // (b, h)
+                    s = row - plane * seqlen;
+                    b = plane / heads;
+                }
+                const long long table = direct_table_row(p, static_cast<int>(b),
+                                                         static_cast<int>(s), false);
+                ItemAngles angles;
+                angles.cos = load_table_span(p.cos, p.cos_stride, table, span.pair0);
+                angles.sin = load_table_span(p.sin, p.sin_stride, table, span.pair0);
+                rotate_in_tile(rows_here + r * HEAD_DIM, span, angles);
+            }
+            bulk_fence_shared_writes();
+            __syncthreads();
+            if (threadIdx.x == 0) {
+                T* const y = static_cast<T*>(is_k ? p.k_out : p.q_out) + row0 * HEAD_DIM;
+                bulk_store(y, shared_address(rows_here),
+                           static_cast<unsigned>(rows * HEAD_DIM * sizeof(T)));
+                // The previous tile's stage takes the tile kRopeBulkStages - 1 rounds on, once
+                // that tile's store has read it (this tile's store may still be reading).
+                const long long next = tile + (kRopeBulkStages - 1) * grid;
+                if (it > 0 && next < bulk.tiles) {
+                    bulk_wait_stores_read_but_newest();
+                    load_tile(next, static_cast<int>((it - 1) % kRopeBulkStages));
+                }
+            }
+        }
+        // The stores read the block's shared memory until they complete.
+        if (threadIdx.x == 0) bulk_wait_stores();
+    }
+#endif
 }

@@ -112,6 +112,25 @@ struct WithCache {
 };
 using RopeCacheKernelParams = WithCache<RopeKernelParams>;
 
+// The bulk path's own arguments (rope.cu's rope_bulk_kernel, RopePlan::bulk_rows), launched
+// after the kernel's RopeKernelParams (WithBulk), so that the other entries keep their parameter
+// block. q's rows, then k's, each one run of dense rows in memory order, their outputs laid out
+// like them; a tile is up to tile_rows consecutive rows of one tensor.
+struct RopeBulkParams {
+    long long q_rows, k_rows;  // (token, head) rows of q and of k (0 without k)
+    long long q_tiles, tiles;  // tiles of q, and of q and k together (k's follow q's)
+    int tile_rows;             // rows a tile (the last tile of each tensor may hold fewer)
+    // Row order in memory: 1, a token's heads follow each other ([B, S, H, D], packed
+    // [T, H, D]); 0, a head's tokens do ([B, H, S, D]).
+    int heads_fastest;
+};
+template <class Own>
+struct WithBulk {
+    Own own;
+    RopeBulkParams bulk;
+};
+using RopeBulkKernelParams = WithBulk<RopeKernelParams>;
+
 // Where one token's v row starts in v and v_cache; -1 when the token writes nothing.
 struct RopeValueBases {
     long long v_in, v_out;
@@ -133,6 +152,7 @@ struct RopeShape {
     int v_dim, v_vec;  // v copied into a cache (0: no v), and its access width
     bool qk_norm, backward;  // RMSNorm of each head first (QK-norm); the gradient pass
     bool kv_cache;           // k (and v) written into a KV cache
+    bool q_fp8;              // q_out holds float8 e4m3fn
 };
 
 // Work items per head of the rope kernel (ROT_ITEMS in rope.cu): interleaved, one per vector of
@@ -206,6 +226,41 @@ struct RopePlan {
     // registers where pairs interleave (36 against 31-32 with the direct path beside it: D64
     // [B, H, S, D] interleaved 0.827 -> 0.786, run DC).
     bool direct_entry;
+    // Out-of-place partial rotary may move whole rows through shared memory with the bulk copy
+    // engine (rope.cu's rope_bulk_kernel, the module's second entry; sm_90 and later): tiles of
+    // consecutive dense rows are loaded by cp.async.bulk, rotated in place in shared memory and
+    // stored back by one bulk store, so that the unrotated features cost no thread any
+    // instruction. Specs whose items read table spans (no angles computed per token, no
+    // frequency gradient, one angle set), outputs in the inputs' dtype, no KV cache; the
+    // launcher takes it where the tensors' rows are dense and aligned (rope_bulk_rows.h).
+    // Heads of up to 128 features, at most 4 pair items a row at 128 (rotate_in_tile's items:
+    // each pays its row's (b, s) and table lookups, so at 8 a row the threads, not the copy
+    // engine, bound a tile); the staged path keeps the others. H200, fractions of copy, staged
+    // (copies one ahead at 128 features, COPIES_AHEAD in rope.cu) -> bulk, bf16 unless named:
+    // StableLM-3B 20/80 0.465 -> 0.843, Persimmon-8B 32/64 0.648 -> 0.878, Phi-2 32/80 0.851
+    // -> 0.883, GPT-NeoX 24/96 0.818 -> 0.928 (f32 0.914 -> 0.934) (run DH, session 26);
+    // 128 features: half style 64 rotated 0.815 -> 0.885, 32 rotated 0.859 -> 0.886,
+    // interleaved 32 rotated 0.867 -> 0.886, ChatGLM2-6B's interleaved 64 (8 items a row)
+    // 0.837-0.840 -> 0.814-0.820 (runs DJ-DK); GPT-J 64/256 0.923 -> 0.889, Gemma-4
+    // proportional 128/512 0.906 -> 0.887 (run DH). Full rotary lost in the prototype (session
+    // 25, run DF: Llama in place 0.94 -> 0.86: every feature's round trip through shared memory
+    // costs the threads more than the copies they no longer issue).
+    bool bulk_rows;
+    // The bulk path's work items a row (PAIR_ITEMS in rope.cu): each rotates pairs_per_item
+    // pairs in place (half style: a chunk of first halves and its partner chunk).
+    int bulk_items;
+};
+// The bulk path's geometry (RopePlan::bulk_rows): blocks of kRopeBulkThreads threads, each
+// with kRopeBulkStages tiles of at most kRopeBulkStageBytes in shared memory (32 KiB: under the
+// 48 KiB a block takes without opting in), kRopeBulkBlocksPerSm blocks a multiprocessor, a
+// persistent grid of that many blocks a multiprocessor taking tiles grid-stride. The best of
+// the prototype's sweep (run DF; stage 8-32 KiB, 2-6 stages, 1-4 blocks, 128 or 256 threads) on
+// GPT-NeoX; Phi-2's best (8 KiB x 3, 128 threads) was 0.007 ahead of it.
+enum {
+    kRopeBulkThreads = 256,
+    kRopeBulkStages = 2,
+    kRopeBulkStageBytes = 16 * 1024,
+    kRopeBulkBlocksPerSm = 4,
 };
 // Why a shape has no kernel. (Enumerators, not constexpr variables: NVRTC would emit those as
 // globals of every module.)
@@ -253,6 +308,11 @@ ROPE_JIT_HOST_DEVICE constexpr RopePlan rope_plan(const RopeShape& s) {
                       plan.rot_items <= 32;
     if (plan.norm_items) plan.threads_per_sm = 1024;
     plan.direct_entry = plan.one_token_direct && s.kv_cache != 0;
+    plan.bulk_items = plan.pairs_per_item > 0 ? plan.pairs / plan.pairs_per_item : 0;
+    plan.bulk_rows = plan.out_of_place_partial &&
+                     (s.head_dim < 128 || (s.head_dim == 128 && plan.bulk_items <= 4)) &&
+                     !plan.shared_angles && !s.freq_grad && plan.roles == 1 && !s.kv_cache &&
+                     !s.qk_norm && !s.q_fp8 && s.v_dim == 0;
     return plan;
 }
 

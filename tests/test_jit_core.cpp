@@ -251,7 +251,9 @@ TEST_CASE("a kernel built from its stored spec JSON is the entry the launcher's 
     CHECK(std::system(("rm -rf '" + root + "'").c_str()) == 0);
 }
 
-TEST_CASE("a RoPE module holds the entries its recipe names: the direct path's own with a KV cache") {
+TEST_CASE(
+    "a RoPE module holds the entries its recipe names: the direct path's own with a KV cache, "
+    "the bulk path's out of place with partial rotary") {
     if (rope_jit::nvrtc_api() == nullptr) {
         MESSAGE("skipped: NVRTC not available");
         return;
@@ -264,9 +266,12 @@ TEST_CASE("a RoPE module holds the entries its recipe names: the direct path's o
     kv.v_vec = 8;
     kv.position_mode = 1;
     kv.in_place_k = 0;
-    KernelSpec partial = rope_spec();  // copies unrotated features: no direct path
+    KernelSpec partial = rope_spec();  // copies unrotated features: no direct path, bulk rows
     partial.rotary_dim = 32;
     partial.in_place_q = partial.in_place_k = 0;
+    KernelSpec partial_inv_freq = partial;  // angles computed per token: no bulk path either
+    partial_inv_freq.angles_from_inv_freq = 1;
+    partial_inv_freq.table_full = 0;
     struct Case {
         const char* what;
         KernelSpec spec;
@@ -275,11 +280,14 @@ TEST_CASE("a RoPE module holds the entries its recipe names: the direct path's o
     // Without a cache rope_kernel takes the direct path too (RopePlan::direct_entry).
     std::vector<Case> cases = {{"plain", rope_spec(), ""},
                                {"paged KV + FP8", kv, "rope_direct_kernel"},
-                               {"partial rotary out of place", partial, ""}};
+                               {"partial rotary out of place", partial, "rope_bulk_kernel"},
+                               {"partial rotary out of place, inv_freq", partial_inv_freq, ""}};
     for (Case& c : cases) {
         CAPTURE(c.what);
         c.spec.validate();
-        CHECK(rope_jit::rope_plan(c.spec).direct_entry == !c.second_entry.empty());
+        const RopePlan plan = rope_jit::rope_plan(c.spec);
+        CHECK(plan.direct_entry == (c.second_entry == "rope_direct_kernel"));
+        CHECK(plan.bulk_rows == (c.second_entry == "rope_bulk_kernel"));
         const rope_jit::KernelRecipe recipe = rope_jit::rope_recipe(c.spec);
         CHECK(recipe.entry == "rope_kernel");
         CHECK(recipe.second_entry == c.second_entry);

@@ -7,6 +7,7 @@
 
 #include "common/error.h"
 #include "ops/rope/kernel_spec.h"
+#include "ops/rope/rope_bulk_rows.h"
 #include "ops/rope/rope_cuda.h"
 #include "ops/rope/rope_plan.h"
 #include "kernel_spec_variants.h"
@@ -140,6 +141,140 @@ TEST_CASE("the launch plan of partial rotary in and out of place, xPos, inv_freq
     CHECK(layout.bases == 1024 + 48);
     CHECK(layout.grad == 1024 + 48 + 2 * int(sizeof(RopeTokenBases)));
     CHECK(layout.bytes == layout.grad + 256);
+}
+
+TEST_CASE("the bulk path's plan: out-of-place partial rotary whose items read table spans") {
+    RopeShape s = shape(96, 24, 4, false, true);  // GPT-NeoX
+    CHECK_FALSE(rope_plan(s).bulk_rows);          // in place: the rows stay where they are
+    s.in_place_q = s.in_place_k = false;
+    CHECK(rope_plan(s).bulk_rows);
+    CHECK_FALSE(rope_plan(s).direct_entry);  // one second entry at most
+    RopeShape full = shape(128, 128, 8, false, true);
+    full.in_place_q = full.in_place_k = false;
+    CHECK_FALSE(rope_plan(full).bulk_rows);  // every feature rotated: the staged path
+    // Heads of 128 features with at most 4 pair items a row, and any narrower head; not wider.
+    struct Head {
+        int head_dim, rotary_dim, vec;
+        bool interleaved;
+        int items;
+        bool bulk;
+    };
+    for (const Head& h : {Head{112, 64, 8, true, 8, true}, Head{128, 32, 8, false, 2, true},
+                          Head{128, 64, 8, false, 4, true}, Head{128, 32, 8, true, 4, true},
+                          Head{128, 64, 8, true, 8, false},  // ChatGLM2-6B
+                          Head{128, 64, 4, false, 8, false}, Head{256, 64, 8, true, 8, false},
+                          Head{256, 32, 8, false, 2, false}, Head{512, 128, 8, false, 8, false}}) {
+        RopeShape wide = shape(h.head_dim, h.rotary_dim, h.vec, h.interleaved, true);
+        wide.in_place_q = wide.in_place_k = false;
+        CAPTURE(h.head_dim);
+        CAPTURE(h.rotary_dim);
+        CAPTURE(h.interleaved);
+        CHECK(rope_plan(wide).bulk_items == h.items);
+        CHECK(rope_plan(wide).bulk_rows == h.bulk);
+    }
+    for (int variant = 0; variant < 6; ++variant) {
+        RopeShape other = s;
+        other.angles_from_inv_freq = variant == 0 || variant == 2;
+        other.has_xpos = other.k_own_angles = variant == 1;
+        other.freq_grad = variant == 2;
+        other.kv_cache = variant == 3;
+        other.q_fp8 = variant == 4;
+        other.mrope_axes = variant == 5 ? 3 : 0;
+        CAPTURE(variant);
+        CHECK_FALSE(rope_plan(other).bulk_rows);
+    }
+}
+
+TEST_CASE("the bulk path takes dense, aligned rows of q and k in one order, else the staged path") {
+    // GPT-NeoX-like: bf16, head_dim 96, 24 rotated, q and k out of place.
+    KernelSpec spec = rope_test::llama_like_kernel_spec();
+    spec.head_dim = 96;
+    spec.rotary_dim = 24;
+    spec.vec = 4;
+    spec.gqa_group = 1;
+    spec.in_place_q = spec.in_place_k = 0;
+    spec.validate();
+    REQUIRE(rope_jit::rope_plan(spec).bulk_rows);
+    const int64_t B = 2, H = 4, S = 300, D = 96;
+    // [B, H, S, D] views: heads_fastest ([B, S, H, D] memory) or a head's tokens together.
+    auto view = [&](bool heads_fastest, uintptr_t address) {
+        rope_jit::TensorRef t;
+        t.ndim = 4;
+        t.dtype = rope_jit::DType::BF16;
+        t.data = reinterpret_cast<char*>(address);
+        const int64_t shape[4] = {B, H, S, D};
+        const int64_t strides[4] = {H * S * D, heads_fastest ? D : S * D,
+                                    heads_fastest ? H * D : D, 1};
+        for (int d = 0; d < 4; ++d) t.shape[d] = shape[d], t.strides[d] = strides[d];
+        return t;
+    };
+    auto problem = [&](bool q_order, bool k_order) {
+        rope_jit::RopeProblem p;
+        p.batch = B, p.seqlen_q = p.seqlen_k = S, p.heads_q = p.heads_k = H, p.head_dim = D;
+        p.dtype = rope_jit::DType::BF16;
+        p.has_k = true;
+        p.q = view(q_order, 0x100000), p.q_out = view(q_order, 0x200000);
+        p.k = view(k_order, 0x300000), p.k_out = view(k_order, 0x400000);
+        return p;
+    };
+    for (const bool heads_fastest : {true, false}) {
+        CAPTURE(heads_fastest);
+        const rope_jit::RopeProblem p = problem(heads_fastest, heads_fastest);
+        const auto bulk = rope_jit::bulk_rows_of(spec, p, 90);
+        REQUIRE(bulk.has_value());
+        CHECK(bulk->heads_fastest == int(heads_fastest));
+        CHECK(bulk->q_rows == B * H * S);
+        CHECK(bulk->k_rows == B * H * S);
+        CHECK(bulk->tile_rows == kRopeBulkStageBytes / (D * 2));  // 85 rows of 192 bytes
+        CHECK(bulk->q_tiles == (B * H * S + 84) / 85);
+        CHECK(bulk->tiles == 2 * bulk->q_tiles);
+        CHECK_FALSE(rope_jit::bulk_rows_of(spec, p, 89).has_value());  // no bulk copy engine
+        const rope_jit::RopeBulkLaunch launch = rope_jit::plan_rope_bulk_launch(*bulk, 132);
+        CHECK(launch.blocks == std::min<int64_t>(bulk->tiles, 132 * kRopeBulkBlocksPerSm));
+        CHECK(launch.threads == kRopeBulkThreads);
+        CHECK(launch.shared_bytes == 128 + kRopeBulkStages * kRopeBulkStageBytes);
+        CHECK(launch.shared_bytes <= unsigned(kRopeSharedLimit));
+    }
+    CHECK_FALSE(rope_jit::bulk_rows_of(spec, problem(true, false), 90).has_value());
+    rope_jit::RopeProblem p = problem(true, true);
+    p.q_out = view(false, 0x200000);  // q_out laid out unlike q
+    CHECK_FALSE(rope_jit::bulk_rows_of(spec, p, 90).has_value());
+    p = problem(true, true);
+    p.k.data += 2;  // k not 16-byte aligned
+    CHECK_FALSE(rope_jit::bulk_rows_of(spec, p, 90).has_value());
+    p = problem(true, true);
+    p.q.strides[2] = 2 * H * D;  // q's tokens a row apart: not one dense run
+    CHECK_FALSE(rope_jit::bulk_rows_of(spec, p, 90).has_value());
+    p = problem(true, true);
+    p.has_k = false;  // q alone; k's views are not looked at
+    p.k = view(false, 0x300001);
+    const auto q_only = rope_jit::bulk_rows_of(spec, p, 90);
+    REQUIRE(q_only.has_value());
+    CHECK(q_only->k_rows == 0);
+    CHECK(q_only->tiles == q_only->q_tiles);
+    // One token a sequence: the token stride is never stepped, any value passes.
+    p = problem(true, true);
+    p.seqlen_q = p.seqlen_k = 1;
+    for (rope_jit::TensorRef* t : {&p.q, &p.q_out, &p.k, &p.k_out})
+        t->shape[2] = 1, t->strides[2] = 7, t->strides[0] = H * D;
+    CHECK(rope_jit::bulk_rows_of(spec, p, 90).has_value());
+    // A row that is not a multiple of 16 bytes (head_dim 36 in bf16: 72 bytes).
+    KernelSpec narrow = spec;
+    narrow.head_dim = 36;
+    narrow.rotary_dim = 16;
+    narrow.vec = 4;
+    narrow.validate();
+    p = problem(true, true);
+    p.head_dim = 36;
+    for (rope_jit::TensorRef* t : {&p.q, &p.q_out, &p.k, &p.k_out}) {
+        t->shape[3] = 36;
+        t->strides[0] = H * S * 36, t->strides[1] = 36, t->strides[2] = H * 36;
+    }
+    CHECK_FALSE(rope_jit::bulk_rows_of(narrow, p, 90).has_value());
+    // In place: no bulk path at all (its plan has none).
+    KernelSpec in_place = spec;
+    in_place.in_place_q = in_place.in_place_k = 1;
+    CHECK_FALSE(rope_jit::bulk_rows_of(in_place, problem(true, true), 90).has_value());
 }
 
 TEST_CASE("a vector width that splits pairs has no plan, and the spec does not validate") {

@@ -241,6 +241,29 @@ std::vector<Case> suite() {
             .partial(64)
             .interleaved()
             .out_of_place(),
+        // More partial rotary out of place, for the bulk path's rule (RopePlan::bulk_rows):
+        // StableLM-3B's 20 of 80, Persimmon-8B's 32 of 64, ChatGLM2-6B's interleaved 64 of 128
+        // (2 kv heads), half and interleaved pairs at 128 features, GPT-NeoX in f32 (384-byte
+        // rows).
+        Case("stablelm-3b partial 20/80 out of place", 4, 4096, 32, 32, 80)
+            .partial(20)
+            .out_of_place(),
+        Case("persimmon-8b partial 32/64 out of place", 8, 2048, 64, 64, 64)
+            .partial(32)
+            .out_of_place(),
+        Case("chatglm2-6b partial 64/128 out of place", 4, 4096, 32, 2, 128)
+            .partial(64)
+            .interleaved()
+            .out_of_place(),
+        Case("D128 partial 64/128 out of place", 4, 4096, 32, 8, 128).partial(64).out_of_place(),
+        Case("D128 interleaved partial 32/128 out of place", 4, 4096, 32, 8, 128)
+            .partial(32)
+            .interleaved()
+            .out_of_place(),
+        Case("gpt-neox-20b fp32 partial 24/96 out of place", 8, 2048, 64, 64, 96)
+            .typed(DType::F32)
+            .partial(24)
+            .out_of_place(),
         Case("D256 bwd", 2, 4096, 16, 8, 256).bwd(),
         // Decode: one new token per sequence at its own position ([B, 1] int64 indices).
         decode("decode B=1 positions", 1),

@@ -8,6 +8,7 @@
 
 #include "common/error.h"
 #include "cuda/kernel_launch.h"
+#include "ops/rope/rope_bulk_rows.h"
 #include "ops/rope/rope_recipe.h"
 #include "ops/rope/rope_plan.h"
 #include "rope_norm_params.h"
@@ -471,6 +472,14 @@ void RopeCuda::run(const RopeProblem& p, void* stream_handle) {
                  "cuMemsetD2D32Async(inv_freq_grad)");
     }
     if (shape.blocks == 0) return;  // no token: nothing to rotate (a gradient was still zeroed)
+    // Out-of-place partial rotary over dense, aligned rows on sm_90 and later: the bulk path
+    // (RopePlan::bulk_rows, rope_bulk_rows.h).
+    const CudaDevice& device = devices_.device(ordinal);
+    if (const std::optional<RopeBulkParams> bulk =
+            bulk_rows_of(spec, p, device.compute_capability)) {
+        run_bulk(params, *bulk, kernel, programmatic, device.multiprocessors, stream);
+        return;
+    }
 
     // The direct path of a plan with direct_entry has an entry of its own (rope_recipe.cpp).
     const CUfunction function = shape.direct_entry ? kernel.second_function : kernel.function;
@@ -502,6 +511,21 @@ void RopeCuda::run(const RopeProblem& p, void* stream_handle) {
     } else {
         launch_with(&params);
     }
+    stats_.launches.fetch_add(1, std::memory_order_relaxed);
+}
+
+void RopeCuda::run_bulk(const RopeKernelParams& params, const RopeBulkParams& bulk,
+                        const LoadedKernel& kernel, bool programmatic, int64_t sms,
+                        CUstream stream) {
+    if (kernel.second_function == nullptr)
+        throw Error(ROPE_JIT_ERROR_INTERNAL, "rope: the bulk path's kernel was not loaded");
+    const RopeBulkLaunch shape = plan_rope_bulk_launch(bulk, sms);
+    if (shape.blocks == 0) return;
+    RopeBulkKernelParams arguments{params, bulk};
+    launch_kernel(devices_.api(),
+                  {kernel.second_function, unsigned(shape.blocks), unsigned(shape.threads),
+                   shape.shared_bytes, &arguments},
+                  stream, programmatic, "cuLaunchKernel(rope_bulk_kernel)");
     stats_.launches.fetch_add(1, std::memory_order_relaxed);
 }
 

@@ -12,6 +12,7 @@
 #include "cuda/kernel_loader.h"
 #include "ops/rope/kernel_spec.h"
 #include "ops/rope/rope_problem.h"
+#include "rope_params.h"
 
 namespace rope_jit {
 
@@ -83,6 +84,10 @@ private:
     // where the device and driver take it); the kernel's `programmatic` flag and the launch
     // follow the one answer.
     bool launches_programmatically(const RopeProblem& problem) const;
+    // The bulk path's launch (rope.cu's rope_bulk_kernel, where bulk_rows_of allows it), from
+    // run(): `params` the call's arguments, `sms` the device's multiprocessors.
+    void run_bulk(const RopeKernelParams& params, const RopeBulkParams& bulk,
+                  const LoadedKernel& kernel, bool programmatic, int64_t sms, CUstream stream);
     // The QK-norm kernel's launch (spec.qk_norm), from run().
     void run_norm(const RopeProblem& problem, const KernelSpec& spec, const LoadedKernel& kernel,
                   CUstream stream);

@@ -22,6 +22,7 @@ RopeShape rope_shape(const KernelSpec& spec) {
     shape.qk_norm = spec.qk_norm != 0;
     shape.backward = spec.backward != 0;
     shape.kv_cache = spec.kv_cache != 0;
+    shape.q_fp8 = spec.q_fp8 != 0;
     return shape;
 }
 

@@ -15,10 +15,15 @@ const char* template_of(const KernelSpec& spec) {
 const char* entry_of(const KernelSpec& spec) {
     return takes_norm_kernel(spec) ? "rope_norm_kernel" : "rope_kernel";
 }
-// rope.cu's direct path has an entry of its own where the plan says so (RopePlan::direct_entry);
-// the launcher takes it where plan_rope_launch chooses the direct path.
+// rope.cu's second entry, where its plan has one: the direct path's own (RopePlan::direct_entry;
+// the launcher takes it where plan_rope_launch chooses the direct path), or the bulk path
+// (RopePlan::bulk_rows; taken where bulk_rows_of allows it). No plan has both: the direct path
+// copies no unrotated features, the bulk path is for calls that do.
 const char* second_entry_of(const KernelSpec& spec) {
-    return !takes_norm_kernel(spec) && rope_plan(spec).direct_entry ? "rope_direct_kernel" : "";
+    if (takes_norm_kernel(spec)) return "";
+    const RopePlan plan = rope_plan(spec);
+    if (plan.direct_entry) return "rope_direct_kernel";
+    return plan.bulk_rows ? "rope_bulk_kernel" : "";
 }
 
 }  // namespace

@@ -1,0 +1,77 @@
+#include "ops/rope/rope_bulk_rows.h"
+
+#include <algorithm>
+
+#include "ops/rope/rope_plan.h"
+
+namespace rope_jit {
+
+namespace {
+
+// Whether the [B, H, S, D] view `t` is one dense run of rows in the order that puts heads
+// (heads_fastest) or tokens next to each other. A dimension of one element may have any stride.
+bool dense_rows(const TensorRef& t, bool heads_fastest) {
+    const int64_t B = t.shape[0], H = t.shape[1], S = t.shape[2], D = t.shape[3];
+    int64_t expected[4];  // by [B, H, S, D] dimension
+    expected[3] = 1;
+    if (heads_fastest) {
+        expected[1] = D;
+        expected[2] = H * D;
+    } else {
+        expected[2] = D;
+        expected[1] = S * D;
+    }
+    expected[0] = H * S * D;
+    const int64_t sizes[4] = {B, H, S, D};
+    for (int d = 0; d < 4; ++d)
+        if (sizes[d] > 1 && t.strides[d] != expected[d]) return false;
+    return true;
+}
+
+// Whether an input and its output are dense in that order, with 16-byte aligned addresses.
+bool bulk_pair(const TensorRef& in, const TensorRef& out, bool heads_fastest) {
+    const auto aligned = [](const TensorRef& t) {
+        return reinterpret_cast<uintptr_t>(t.data) % 16 == 0;
+    };
+    return dense_rows(in, heads_fastest) && dense_rows(out, heads_fastest) && aligned(in) &&
+           aligned(out);
+}
+
+}  // namespace
+
+std::optional<RopeBulkParams> bulk_rows_of(const KernelSpec& spec, const RopeProblem& p,
+                                           int compute_capability) {
+    if (!rope_plan(spec).bulk_rows || compute_capability < 90) return std::nullopt;
+    const int64_t row_bytes = p.head_dim * int64_t(dtype_size(p.dtype));
+    if (row_bytes % 16 != 0 || row_bytes > kRopeBulkStageBytes) return std::nullopt;
+    // The order both tensors share: a single head, or a single token, fits either.
+    bool order_found = false, heads_fastest = true;
+    for (const bool order : {true, false}) {
+        if (bulk_pair(p.q, p.q_out, order) && (!p.has_k || bulk_pair(p.k, p.k_out, order))) {
+            order_found = true;
+            heads_fastest = order;
+            break;
+        }
+    }
+    if (!order_found) return std::nullopt;
+    RopeBulkParams bulk{};
+    bulk.q_rows = p.batch * p.heads_q * p.seqlen_q;
+    bulk.k_rows = p.has_k ? p.batch * p.heads_k * p.seqlen_k : 0;
+    constexpr int64_t kMaxRows = 0x7fffffff;
+    if (bulk.q_rows > kMaxRows || bulk.k_rows > kMaxRows) return std::nullopt;
+    bulk.tile_rows = int(kRopeBulkStageBytes / row_bytes);
+    bulk.q_tiles = (bulk.q_rows + bulk.tile_rows - 1) / bulk.tile_rows;
+    bulk.tiles = bulk.q_tiles + (bulk.k_rows + bulk.tile_rows - 1) / bulk.tile_rows;
+    bulk.heads_fastest = heads_fastest ? 1 : 0;
+    return bulk;
+}
+
+RopeBulkLaunch plan_rope_bulk_launch(const RopeBulkParams& bulk, int64_t sms) {
+    RopeBulkLaunch launch;
+    launch.blocks = std::min<int64_t>(bulk.tiles, std::max<int64_t>(sms, 1) * kRopeBulkBlocksPerSm);
+    launch.threads = kRopeBulkThreads;
+    launch.shared_bytes = 128 + unsigned(kRopeBulkStages) * kRopeBulkStageBytes;
+    return launch;
+}
+
+}  // namespace rope_jit
