@@ -233,7 +233,7 @@ struct RopePlan {
     // instruction. Specs whose items read table spans (no angles computed per token, no
     // frequency gradient, one angle set), outputs in the inputs' dtype, no KV cache; the
     // launcher takes it where the tensors' rows are dense and aligned (rope_bulk_rows.h).
-    // Heads of up to 128 features, at most 4 pair items a row at 128 (rotate_in_tile's items:
+    // Heads of up to 128 features, at most 4 pair items a row at 128 (rope_bulk_kernel's items:
     // each pays its row's (b, s) and table lookups, so at 8 a row the threads, not the copy
     // engine, bound a tile); the staged path keeps the others. H200, fractions of copy, staged
     // (copies one ahead at 128 features, COPIES_AHEAD in rope.cu) -> bulk, bf16 unless named:
@@ -241,8 +241,8 @@ struct RopePlan {
     // -> 0.883, GPT-NeoX 24/96 0.818 -> 0.928 (f32 0.914 -> 0.934) (run DH, session 26);
     // 128 features: half style 64 rotated 0.815 -> 0.885, 32 rotated 0.859 -> 0.886,
     // interleaved 32 rotated 0.867 -> 0.886, ChatGLM2-6B's interleaved 64 (8 items a row)
-    // 0.837-0.840 -> 0.814-0.820 (runs DJ-DK); GPT-J 64/256 0.923 -> 0.889, Gemma-4
-    // proportional 128/512 0.906 -> 0.887 (run DH). Full rotary lost in the prototype (session
+    // 0.837-0.840 -> 0.814-0.820 (runs DJ-DK, one item a thread in flight); GPT-J 64/256 0.923
+    // -> 0.889, Gemma-4 proportional 128/512 0.906 -> 0.887 (run DH). Full rotary lost in the prototype (session
     // 25, run DF: Llama in place 0.94 -> 0.86: every feature's round trip through shared memory
     // costs the threads more than the copies they no longer issue).
     bool bulk_rows;

@@ -152,7 +152,7 @@ std::vector<BulkCase> bulk_cases() {
     proportional.B = 2, proportional.S = 1500, proportional.Hk = 4, proportional.group = 2;
     cases.push_back({proportional, true, 7003, Group::ManyTiles});
     // Calls the bulk path cannot take: rows with padding between them, angles from inv_freq,
-    // in place.
+    // in place, k's own angles.
     Spec padded = partial_out_of_place(Dt::BF16, 96, 24);
     padded.layout = Layout::Padded;
     padded.B = 2, padded.S = 50, padded.Hk = 2, padded.group = 2;
@@ -165,6 +165,12 @@ std::vector<BulkCase> bulk_cases() {
     in_place.angles = Angles::FullTable;
     in_place.in_place = true;
     cases.push_back({in_place, false, 8003, Group::Staged});
+    // k longer than q (cached tokens before q's): q's implicit rows move, so k reads angles of
+    // its own (RopePlan::roles 2).
+    Spec longer_k = padded;
+    longer_k.layout = Layout::BSHD;
+    longer_k.q_extra = 3;
+    cases.push_back({longer_k, false, 8004, Group::Staged});
     return cases;
 }
 
