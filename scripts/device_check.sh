@@ -27,9 +27,10 @@
 #   rope-ncu-source  ncu's warp-state sampling per SASS instruction of one launch of NCU_KERNEL in
 #                    NCU_FILTER's first case, caches not flushed (as in a graph's replays): the
 #                    report, its source page as CSV, and the instructions with the most samples
-#                    (both: NCU_SKIP launches skipped first, default 0: the case's own launch;
-#                    its timed calls are graph replays, and in run CZ, session 23, launch 1 was
-#                    the host-overhead probe's one-token call)
+#                    (both: NCU_SKIP matching launches skipped first, default 2: rope-jit-bench's
+#                    first two launches are its one-token decode probe, cold and warm runtime
+#                    (runs CZ and DI profiled them), the third the case's first call, rope_kernel
+#                    or, with NCU_KERNEL=rope_bulk, the bulk entry: there NCU_SKIP=0)
 #   python           installs the package, pytest (PYTEST_ARGS), call overhead
 #   autograd         bench/compare_torch_autograd.py (AUTOGRAD_ARGS)
 #   peers            bench/compare_torch.py --in-place: issue 24's comparison against torch.compile
@@ -143,7 +144,7 @@ for step in "$@"; do
       python3 scripts/bench_variants_table.py "$OUT" "${names[@]}" | tee "$OUT/variants_table.txt" ;;
     rope-ncu)
       ROPE_JIT_NVRTC_EXTRA_OPTIONS="${NCU_OPTIONS:-}" timeout "${STEP_TIMEOUT:-180}" ncu --clock-control none \
-        --kernel-name regex:"${NCU_KERNEL:-rope}" --launch-skip "${NCU_SKIP:-0}" --launch-count 1 \
+        --kernel-name regex:"${NCU_KERNEL:-rope}" --launch-skip "${NCU_SKIP:-2}" --launch-count 1 \
         --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
         --section WarpStateStats --section SchedulerStats \
         --metrics dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sectors_srcunit_tex_op_write.sum \
@@ -154,7 +155,7 @@ for step in "$@"; do
     rope-ncu-source)
       report="$OUT/ncu_source_${NCU_TAG:-1}"
       ROPE_JIT_NVRTC_EXTRA_OPTIONS="${NCU_OPTIONS:-}" timeout "${STEP_TIMEOUT:-180}" ncu --clock-control none \
-        --cache-control none --kernel-name regex:"${NCU_KERNEL:-rope}" --launch-skip "${NCU_SKIP:-0}" \
+        --cache-control none --kernel-name regex:"${NCU_KERNEL:-rope}" --launch-skip "${NCU_SKIP:-2}" \
         --launch-count 1 --section WarpStateStats --section SourceCounters --section LaunchStats \
         --warp-sampling-interval 0 -f -o "$report" \
         build-gpu/tools/rope-jit-bench --quick --filter "$NCU_FILTER" > "$report.log" 2>&1
