@@ -131,6 +131,14 @@ TEST_CASE("the target decision follows the supported list, not a table") {
     SUBCASE("an unlisted architecture between two listed ones gets PTX of the lower one") {
         CHECK(choose_target("sm_87", supported) == "compute_86");
     }
+    SUBCASE("the architecture a chosen target compiles for (what __CUDA_ARCH__ / 10 is)") {
+        CHECK(target_arch(choose_target("sm_90", supported)) == 90);
+        CHECK(target_arch(choose_target("sm_90a", supported)) == 90);
+        CHECK(target_arch(choose_target("sm_87", supported)) == 86);
+        CHECK(target_arch(choose_target("sm_120", supported)) == 90);
+        CHECK(target_arch(choose_target("sm_90", {75, 80, 86})) == 86);  // an NVRTC before sm_90
+        CHECK_THROWS_AS(target_arch("gfx90a"), Error);
+    }
     SUBCASE("a GPU older than every supported architecture is unsupported") {
         try {
             choose_target("sm_70", supported);

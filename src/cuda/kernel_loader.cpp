@@ -59,6 +59,7 @@ LoadedKernel KernelLoader::build(const SpecKey& spec, CUcontext context, const s
         LoadedKernel kernel =
             load_kernel_module(api_, binary.image, recipe.entry, recipe.dynamic_shared_bytes,
                                recipe.second_entry);
+        kernel.arch = binary.arch;
         stats_.module_load_microseconds.fetch_add(stopwatch.microseconds(),
                                                   std::memory_order_relaxed);
         return kernel;

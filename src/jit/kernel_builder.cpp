@@ -72,6 +72,7 @@ KernelBinary build_kernel_binary(const KernelRecipe& recipe, const std::string& 
 
     KernelBinary binary;
     binary.is_ptx = id.kind == "ptx";
+    binary.arch = target_arch(plan.target_used);
     std::optional<CompileLock> lock;  // held from a miss until the entry is stored
     std::optional<CacheEntry> entry;
     if (disk != nullptr) {

@@ -40,6 +40,10 @@ struct KernelBinary {
     std::vector<char> image;  // cubin, or NUL-terminated PTX
     bool is_ptx = false;
     bool compiled = false;  // NVRTC made it just now (not read from the disk cache)
+    // The architecture it was compiled for (target_arch of choose_target's answer): older than
+    // the device's where this NVRTC cannot target the device, so that code for newer
+    // architectures only (__CUDA_ARCH__ guards) is absent from it.
+    int arch = 0;
 };
 
 // The cache key: SHA-256 over the cache format version, the templates' digest, the spec's

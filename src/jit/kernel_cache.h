@@ -24,6 +24,7 @@ struct LoadedKernel {
     CUmodule module = nullptr;
     CUfunction function = nullptr;         // KernelRecipe::entry
     CUfunction second_function = nullptr;  // KernelRecipe::second_entry, or NULL
+    int arch = 0;  // the architecture the module was compiled for (KernelBinary::arch)
 };
 
 // A spec of any op as the memory cache's key: the op's name and the spec's bytes. Specs are

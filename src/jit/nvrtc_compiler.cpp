@@ -79,6 +79,10 @@ std::string program_log(const NvrtcApi& api, nvrtcProgram program) {
 
 }  // namespace
 
+int target_arch(const std::string& target) {
+    return parse_target(target).arch;
+}
+
 std::string choose_target(const std::string& requested, const std::vector<int>& supported) {
     const ParsedTarget target = parse_target(requested);
     if (supported.empty()) {

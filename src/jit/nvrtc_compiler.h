@@ -33,6 +33,11 @@ struct CompileResult {
 // arch-specific target NVRTC does not know (its features cannot come from PTX of another arch).
 std::string choose_target(const std::string& requested, const std::vector<int>& supported);
 
+// The architecture a target compiles for, as a number: 90 for "sm_90", "sm_90a" or
+// "compute_90" (what __CUDA_ARCH__ / 10 is in its code). Throws like choose_target for a
+// malformed target.
+int target_arch(const std::string& target);
+
 // choose_target for a device of compute capability major.minor with the loaded NVRTC:
 // "sm_90" on an H100 with NVRTC 12+, "compute_120" for a GPU newer than NVRTC.
 // Throws Error(ROPE_JIT_ERROR_BACKEND_UNAVAILABLE) when NVRTC cannot be loaded.

@@ -473,10 +473,12 @@ void RopeCuda::run(const RopeProblem& p, void* stream_handle) {
     }
     if (shape.blocks == 0) return;  // no token: nothing to rotate (a gradient was still zeroed)
     // Out-of-place partial rotary over dense, aligned rows on sm_90 and later: the bulk path
-    // (RopePlan::bulk_rows, rope_bulk_rows.h).
+    // (RopePlan::bulk_rows, rope_bulk_rows.h). The module's architecture decides with the
+    // device's: compiled for an older one (an NVRTC that cannot target the device), its bulk
+    // entry is empty and the staged path runs.
     const CudaDevice& device = devices_.device(ordinal);
     if (const std::optional<RopeBulkParams> bulk =
-            bulk_rows_of(spec, p, device.compute_capability)) {
+            bulk_rows_of(spec, p, std::min(device.compute_capability, kernel.arch))) {
         run_bulk(params, *bulk, kernel, programmatic, device.multiprocessors, stream);
         return;
     }
