@@ -1221,20 +1221,21 @@ extern "C" __global__ void __launch_bounds__(kRopeBulkThreads, kRopeBulkBlocksPe
             long long row0;
             const int rows = tile_rows(tile, &is_k, &row0);
             T* const rows_here = reinterpret_cast<T*>(tiles + stage * kRopeBulkStageBytes);
-            // (b, s) of a row: the launcher keeps rows under 2^31, so 32-bit divisions.
-            const unsigned heads = static_cast<unsigned>(is_k ? p.heads_k : p.heads_q);
-            const unsigned seqlen = static_cast<unsigned>(is_k ? p.seqlen_k : p.seqlen_q);
+            // (b, s) of a row: the launcher keeps rows under 2^31, so 32-bit multiply-shift
+            // divisions by the host's divisors.
+            const RowDivisor heads = is_k ? bulk.k_heads : bulk.q_heads;
+            const RowDivisor seqlen = is_k ? bulk.k_seqlen : bulk.q_seqlen;
             auto table_row_of = [&](int r) -> long long {  // r: the row's place in the tile
                 const unsigned row = static_cast<unsigned>(row0) + static_cast<unsigned>(r);
                 unsigned b, s;
                 if (bulk.heads_fastest) {
-                    const unsigned token = row / heads;
-                    b = token / seqlen;
-                    s = token - b * seqlen;
+                    const unsigned token = row_divide(row, heads);
+                    b = row_divide(token, seqlen);
+                    s = token - b * static_cast<unsigned>(seqlen.divisor);
                 } else {
-                    const unsigned plane = row / seqlen;  // (b, h)
-                    s = row - plane * seqlen;
-                    b = plane / heads;
+                    const unsigned plane = row_divide(row, seqlen);  // (b, h)
+                    s = row - plane * static_cast<unsigned>(seqlen.divisor);
+                    b = row_divide(plane, heads);
                 }
                 return direct_table_row(p, static_cast<int>(b), static_cast<int>(s), false);
             };

@@ -596,13 +596,13 @@ __device__ __forceinline__ RowPlace place_run(const RopeNormParams& np, const Ru
     RowPlace place{0, 0, 0, 0, r < runs.total};
     long long u = 0;
     // A multiply and a shift where the host prepared the divisors and the sizes fit 31 bits
-    // (the common case: rope_norm_divide), else plain divisions.
+    // (the common case: row_divide), else plain divisions.
     const bool fast = runs.total <= 0x7fffffffLL && np.heads_div.divisor == runs.all &&
                       np.seqlen_div.divisor == p.seqlen_max;
     if (place.active) {
         if (fast) {
-            u = rope_norm_divide(static_cast<unsigned>(r), np.heads_div);
-            const unsigned row = rope_norm_divide(static_cast<unsigned>(u), np.seqlen_div);
+            u = row_divide(static_cast<unsigned>(r), np.heads_div);
+            const unsigned row = row_divide(static_cast<unsigned>(u), np.seqlen_div);
             place.b = row;
             place.s = u - static_cast<long long>(row) * p.seqlen_max;
         } else {

@@ -6,27 +6,7 @@
 
 #include "host_device.h"
 #include "rope_params.h"
-
-// Division by d (1 <= d < 2^31) of any n < 2^31 as (n * mul) >> shift: shift = 31 + l with
-// 2^l >= d, mul = ceil(2^shift / d) < 2^32, whose error mul * d - 2^shift < d <= 2^(shift - 31)
-// keeps every quotient of a 31-bit n exact (Granlund and Montgomery). A multiply and a shift
-// instead of the ~20 dependent instructions of a division by a run-time value, which sit on
-// every row's path before its first load. divisor 0: none (the kernel divides plainly).
-struct RopeNormDivisor {
-    long long divisor;
-    unsigned mul;
-    int shift;
-};
-ROPE_JIT_HOST_DEVICE constexpr RopeNormDivisor rope_norm_divisor(long long d) {
-    if (d <= 0 || d > 0x7fffffffLL) return RopeNormDivisor{0, 0, 0};
-    int l = 0;
-    while ((1LL << l) < d) ++l;
-    const unsigned long long power = 1ULL << (31 + l);
-    return RopeNormDivisor{d, static_cast<unsigned>((power + d - 1) / d), 31 + l};
-}
-ROPE_JIT_HOST_DEVICE constexpr unsigned rope_norm_divide(unsigned n, RopeNormDivisor d) {
-    return static_cast<unsigned>((static_cast<unsigned long long>(n) * d.mul) >> d.shift);
-}
+#include "row_divisor.h"
 
 struct RopeNormParams {
     // q and k (forward: the inputs x; backward: the incoming gradients dL/dy), their outputs,
@@ -47,9 +27,9 @@ struct RopeNormParams {
     float* k_weight_grad;
     long long q_weight_grad_stride, k_weight_grad_stride;
     // Runs a token has (q's heads / run, k's heads / run, v's heads) and tokens a batch row
-    // has (seqlen_max), prepared for rope_norm_divide; the kernel checks the divisors before it
+    // has (seqlen_max), prepared for row_divide; the kernel checks the divisors before it
     // uses them.
-    RopeNormDivisor heads_div, seqlen_div;
+    RowDivisor heads_div, seqlen_div;
     float eps;
     int warps;  // warps per block, each normalizing 32 / rope_norm_lanes runs at a time
     // Rows a lane group takes at once: consecutive heads of one token and kind (1 up to the

@@ -8,6 +8,7 @@
 #define ROPE_JIT_ROPE_PARAMS_H
 
 #include "host_device.h"
+#include "row_divisor.h"
 
 struct RopeKernelParams {
     // q, k and their outputs as [B, H, S, D] views; strides in elements. Packed [T, H, D]
@@ -123,6 +124,9 @@ struct RopeBulkParams {
     // Row order in memory: 1, a token's heads follow each other ([B, S, H, D], packed
     // [T, H, D]); 0, a head's tokens do ([B, H, S, D]).
     int heads_fastest;
+    // A row's (b, s) by multiply-shift divisions (rows < 2^31): heads a token and tokens a
+    // batch row, of q and of k.
+    RowDivisor q_heads, q_seqlen, k_heads, k_seqlen;
 };
 template <class Own>
 struct WithBulk {
@@ -233,18 +237,18 @@ struct RopePlan {
     // instruction. Specs whose items read table spans (no angles computed per token, no
     // frequency gradient, one angle set), outputs in the inputs' dtype, no KV cache; the
     // launcher takes it where the tensors' rows are dense and aligned (rope_bulk_rows.h).
-    // Heads of up to 128 features, at most 4 pair items a row at 128 (rope_bulk_kernel's items:
-    // each pays its row's (b, s) and table lookups, so at 8 a row the threads, not the copy
-    // engine, bound a tile); the staged path keeps the others. H200, fractions of copy, staged
-    // (copies one ahead at 128 features, COPIES_AHEAD in rope.cu) -> bulk, bf16 unless named:
-    // StableLM-3B 20/80 0.465 -> 0.843, Persimmon-8B 32/64 0.648 -> 0.878, Phi-2 32/80 0.851
-    // -> 0.883, GPT-NeoX 24/96 0.818 -> 0.928 (f32 0.914 -> 0.934) (run DH, session 26);
-    // 128 features: half style 64 rotated 0.815 -> 0.885, 32 rotated 0.859 -> 0.886,
-    // interleaved 32 rotated 0.867 -> 0.886, ChatGLM2-6B's interleaved 64 (8 items a row)
-    // 0.837-0.840 -> 0.814-0.820 (runs DJ-DK, one item a thread in flight); GPT-J 64/256 0.923
-    // -> 0.889, Gemma-4 proportional 128/512 0.906 -> 0.887 (run DH). Full rotary lost in the prototype (session
-    // 25, run DF: Llama in place 0.94 -> 0.86: every feature's round trip through shared memory
-    // costs the threads more than the copies they no longer issue).
+    // Heads of up to 128 features; the staged path keeps wider ones, whose copies keep up
+    // with the bulk engine there. H200, fractions of copy, staged (copies one ahead at 128
+    // features, COPIES_AHEAD in rope.cu) -> bulk, bf16 unless named: StableLM-3B 20/80 0.465
+    // -> 0.843, Persimmon-8B 32/64 0.648 -> 0.878, Phi-2 32/80 0.851 -> 0.883, GPT-NeoX 24/96
+    // 0.818 -> 0.928 (f32 0.914 -> 0.934) (run DH, session 26); 128 features: half style 64
+    // rotated 0.815 -> 0.885, 32 rotated 0.859 -> 0.886, interleaved 32 rotated 0.867 -> 0.886
+    // (runs DJ-DK); ChatGLM2-6B's interleaved 64 (8 pair items a row) 0.834-0.841 -> 0.873-0.874
+    // with two items a thread in flight (run DP, session 27; with one, runs DJ-DK, it lost);
+    // GPT-J 64/256 0.923 -> 0.889, Gemma-4 proportional 128/512 0.906 -> 0.887 (run DH). Full
+    // rotary loses: in place (run DP) Llama-3-8B 0.94 -> 0.84-0.86, D64 0.885 -> 0.78, D64
+    // [B, H, S, D] interleaved 0.825 -> 0.73, D80/D96 0.91-0.92 -> 0.84-0.85: every feature's
+    // round trip through shared memory costs more than the threads' direct loads and stores.
     bool bulk_rows;
     // The bulk path's work items a row (PAIR_ITEMS in rope.cu): each rotates pairs_per_item
     // pairs in place (half style: a chunk of first halves and its partner chunk).
@@ -309,8 +313,7 @@ ROPE_JIT_HOST_DEVICE constexpr RopePlan rope_plan(const RopeShape& s) {
     if (plan.norm_items) plan.threads_per_sm = 1024;
     plan.direct_entry = plan.one_token_direct && s.kv_cache != 0;
     plan.bulk_items = plan.pairs_per_item > 0 ? plan.pairs / plan.pairs_per_item : 0;
-    plan.bulk_rows = plan.out_of_place_partial &&
-                     (s.head_dim < 128 || (s.head_dim == 128 && plan.bulk_items <= 4)) &&
+    plan.bulk_rows = plan.out_of_place_partial && s.head_dim <= 128 &&
                      !plan.shared_angles && !s.freq_grad && plan.roles == 1 && !s.kv_cache &&
                      !s.qk_norm && !s.q_fp8 && s.v_dim == 0;
     return plan;

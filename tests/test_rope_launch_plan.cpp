@@ -152,7 +152,7 @@ TEST_CASE("the bulk path's plan: out-of-place partial rotary whose items read ta
     RopeShape full = shape(128, 128, 8, false, true);
     full.in_place_q = full.in_place_k = false;
     CHECK_FALSE(rope_plan(full).bulk_rows);  // every feature rotated: the staged path
-    // Heads of 128 features with at most 4 pair items a row, and any narrower head; not wider.
+    // Heads of up to 128 features, whatever their pair items a row; not wider.
     struct Head {
         int head_dim, rotary_dim, vec;
         bool interleaved;
@@ -161,8 +161,8 @@ TEST_CASE("the bulk path's plan: out-of-place partial rotary whose items read ta
     };
     for (const Head& h : {Head{112, 64, 8, true, 8, true}, Head{128, 32, 8, false, 2, true},
                           Head{128, 64, 8, false, 4, true}, Head{128, 32, 8, true, 4, true},
-                          Head{128, 64, 8, true, 8, false},  // ChatGLM2-6B
-                          Head{128, 64, 4, false, 8, false}, Head{256, 64, 8, true, 8, false},
+                          Head{128, 64, 8, true, 8, true},  // ChatGLM2-6B
+                          Head{128, 64, 4, false, 8, true}, Head{256, 64, 8, true, 8, false},
                           Head{256, 32, 8, false, 2, false}, Head{512, 128, 8, false, 8, false}}) {
         RopeShape wide = shape(h.head_dim, h.rotary_dim, h.vec, h.interleaved, true);
         wide.in_place_q = wide.in_place_k = false;
@@ -228,6 +228,18 @@ TEST_CASE("the bulk path takes dense, aligned rows of q and k in one order, else
         CHECK(bulk->tile_rows == kRopeBulkStageBytes / (D * 2));  // 85 rows of 192 bytes
         CHECK(bulk->q_tiles == (B * H * S + 84) / 85);
         CHECK(bulk->tiles == 2 * bulk->q_tiles);
+        // The divisors that split a row index into (b, s) in the kernel, in either order.
+        CHECK(bulk->q_heads.divisor == H);
+        CHECK(bulk->q_seqlen.divisor == S);
+        CHECK(bulk->k_heads.divisor == H);
+        CHECK(bulk->k_seqlen.divisor == S);
+        for (const unsigned row : {0u, 1u, 299u, 300u, 1199u, 1200u, 2399u}) {
+            CAPTURE(row);
+            const unsigned outer = row_divide(row, heads_fastest ? bulk->q_heads : bulk->q_seqlen);
+            CHECK(outer == row / unsigned(heads_fastest ? H : S));
+            CHECK(row_divide(outer, heads_fastest ? bulk->q_seqlen : bulk->q_heads) ==
+                  row / unsigned(H * S));  // b
+        }
         CHECK_FALSE(rope_jit::bulk_rows_of(spec, p, 89).has_value());  // no bulk copy engine
         const rope_jit::RopeBulkLaunch launch = rope_jit::plan_rope_bulk_launch(*bulk, 132);
         CHECK(launch.blocks == std::min<int64_t>(bulk->tiles, 132 * kRopeBulkBlocksPerSm));
@@ -251,6 +263,7 @@ TEST_CASE("the bulk path takes dense, aligned rows of q and k in one order, else
     const auto q_only = rope_jit::bulk_rows_of(spec, p, 90);
     REQUIRE(q_only.has_value());
     CHECK(q_only->k_rows == 0);
+    CHECK(q_only->k_heads.divisor == 0);  // no k rows to divide
     CHECK(q_only->tiles == q_only->q_tiles);
     // One token a sequence: the token stride is never stepped, any value passes.
     p = problem(true, true);

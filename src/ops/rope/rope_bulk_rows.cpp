@@ -63,6 +63,12 @@ std::optional<RopeBulkParams> bulk_rows_of(const KernelSpec& spec, const RopePro
     bulk.q_tiles = (bulk.q_rows + bulk.tile_rows - 1) / bulk.tile_rows;
     bulk.tiles = bulk.q_tiles + (bulk.k_rows + bulk.tile_rows - 1) / bulk.tile_rows;
     bulk.heads_fastest = heads_fastest ? 1 : 0;
+    bulk.q_heads = row_divisor(p.heads_q);
+    bulk.q_seqlen = row_divisor(p.seqlen_q);
+    if (p.has_k) {
+        bulk.k_heads = row_divisor(p.heads_k);
+        bulk.k_seqlen = row_divisor(p.seqlen_k);
+    }
     return bulk;
 }
 

@@ -392,9 +392,9 @@ RopeNormParams rope_norm_params(const RopeProblem& p, const RopeKernelParams& ro
         params.k_weight_grad_stride = p.k_norm_weight_grad.strides[0];
     }
     // Runs a token has: q's and k's heads in runs of launch.run, v's rows one by one.
-    params.heads_div = rope_norm_divisor((p.heads_q + (p.has_k ? p.heads_k : 0)) / launch.run +
+    params.heads_div = row_divisor((p.heads_q + (p.has_k ? p.heads_k : 0)) / launch.run +
                                          (p.has_v ? p.heads_k : 0));
-    params.seqlen_div = rope_norm_divisor(params.rope.seqlen_max);
+    params.seqlen_div = row_divisor(params.rope.seqlen_max);
     params.eps = float(p.norm_eps);
     params.warps = launch.warps;
     params.run = launch.run;
