@@ -75,6 +75,7 @@ ROPE_JIT_HOST_DEVICE constexpr RopeShape spec_shape() {
     s.backward = BACKWARD_PASS;
     s.kv_cache = KV_CACHE != 0;
     s.q_fp8 = Q_FP8;
+    s.head_major = HEAD_MAJOR;
     return s;
 }
 // A function, not a constexpr variable: NVRTC emits each namespace-scope constant as a global
@@ -1170,7 +1171,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM)
     }
 }
 
-// The bulk path (RopePlan::bulk_rows; the launcher's choice, rope_bulk_rows.h): a persistent
+// The bulk path (RopePlan::bulk_rows; the launcher's choice, rope_dense_rows.h): a persistent
 // grid whose blocks take tiles of consecutive rows grid-stride. Thread 0 loads each tile into
 // one of the block's kRopeBulkStages stages with the bulk copy engine; the block rotates its
 // pairs in place there, then thread 0 stores the whole tile, rotated and unrotated features
@@ -1285,4 +1286,65 @@ extern "C" __global__ void __launch_bounds__(kRopeBulkThreads, kRopeBulkBlocksPe
         if (threadIdx.x == 0) bulk_wait_stores();
     }
 #endif
+}
+
+// The flat path (RopePlan::flat_rows; the launcher's choice, rope_dense_rows.h): q's dense rows,
+// then k's, walked as one array of rotation items, a block's items consecutive in memory, so
+// that it reads and writes one run of memory as a copy does. Its item is the direct path's
+// (load, table spans, rotation, store), its row's (b, s) a multiply-shift division or two of
+// the row index (under 2^31, as the item index under 2^32: the launcher's bounds). ITEMS a
+// thread, all loaded before any is stored: one; two ran D64 [B,H,S,D] interleaved at 0.84-0.85
+// of copy against 0.895 and spilled Llama-3-8B's half-style items (run DU). Empty for the other
+// specs, whose recipe does not name it.
+extern "C" __global__ void __launch_bounds__(kRopeFlatThreads, kRopeFlatBlocksPerSm)
+    rope_flat_kernel(const RopeBulkKernelParams args) {
+    if constexpr (plan().flat_rows) {
+        constexpr int ITEMS = 1;
+        const RopeKernelParams& p = args.own;
+        const RopeBulkParams& rows = args.bulk;
+        wait_for_preceding_grid();
+        const long long q_items = rows.q_rows * ROT_ITEMS;
+        const long long items = q_items + rows.k_rows * ROT_ITEMS;
+        const long long first =
+            static_cast<long long>(blockIdx.x) * (blockDim.x * ITEMS) + threadIdx.x;
+        ItemData data[ITEMS];
+        ItemAngles angles[ITEMS];
+        ItemSpan spans[ITEMS];
+        long long at[ITEMS];
+        bool in_k[ITEMS];
+#pragma unroll
+        for (int u = 0; u < ITEMS; ++u) {
+            const long long i = first + u * static_cast<long long>(blockDim.x);
+            if (i >= items) break;
+            const bool is_k = HAS_K && i >= q_items;
+            const unsigned local = static_cast<unsigned>(is_k ? i - q_items : i);
+            const unsigned row = local / ROT_ITEMS;
+            spans[u] = item_span(static_cast<int>(local - row * ROT_ITEMS));
+            at[u] = static_cast<long long>(row) * HEAD_DIM;
+            in_k[u] = is_k;
+            data[u] = load_item(static_cast<const T*>(is_k ? p.k : p.q) + at[u], 1, spans[u]);
+            const RowDivisor heads = is_k ? rows.k_heads : rows.q_heads;
+            const RowDivisor seqlen = is_k ? rows.k_seqlen : rows.q_seqlen;
+            unsigned b, s;
+            if (rows.heads_fastest) {
+                const unsigned token = row_divide(row, heads);
+                b = row_divide(token, seqlen);
+                s = token - b * static_cast<unsigned>(seqlen.divisor);
+            } else {
+                const unsigned plane = row_divide(row, seqlen);  // (b, h)
+                s = row - plane * static_cast<unsigned>(seqlen.divisor);
+                b = row_divide(plane, heads);
+            }
+            const long long table =
+                direct_table_row(p, static_cast<int>(b), static_cast<int>(s), ROLES == 2 && is_k);
+            angles[u].cos = load_table_span(p.cos, p.cos_stride, table, spans[u].pair0);
+            angles[u].sin = load_table_span(p.sin, p.sin_stride, table, spans[u].pair0);
+        }
+#pragma unroll
+        for (int u = 0; u < ITEMS; ++u) {
+            if (first + u * static_cast<long long>(blockDim.x) >= items) break;
+            rotate_store_item(data[u], static_cast<T*>(in_k[u] ? p.k_out : p.q_out) + at[u], 1,
+                              spans[u], angles[u]);
+        }
+    }
 }

@@ -115,7 +115,8 @@ using RopeCacheKernelParams = WithCache<RopeKernelParams>;
 
 // The bulk path's own arguments (rope.cu's rope_bulk_kernel, RopePlan::bulk_rows), launched
 // after the kernel's RopeKernelParams (WithBulk), so that the other entries keep their parameter
-// block. q's rows, then k's, each one run of dense rows in memory order, their outputs laid out
+// block; the flat path's too (rope_flat_kernel, RopePlan::flat_rows), which reads the rows and
+// divisors, not the tiles. q's rows, then k's, each one run of dense rows in memory order, their outputs laid out
 // like them; a tile is up to tile_rows consecutive rows of one tensor.
 struct RopeBulkParams {
     long long q_rows, k_rows;  // (token, head) rows of q and of k (0 without k)
@@ -157,6 +158,7 @@ struct RopeShape {
     bool qk_norm, backward;  // RMSNorm of each head first (QK-norm); the gradient pass
     bool kv_cache;           // k (and v) written into a KV cache
     bool q_fp8;              // q_out holds float8 e4m3fn
+    bool head_major;         // [B, H, S, D] memory, dense (KernelSpec::head_major)
 };
 
 // Work items per head of the rope kernel (ROT_ITEMS in rope.cu): interleaved, one per vector of
@@ -236,7 +238,7 @@ struct RopePlan {
     // stored back by one bulk store, so that the unrotated features cost no thread any
     // instruction. Specs whose items read table spans (no angles computed per token, no
     // frequency gradient, one angle set), outputs in the inputs' dtype, no KV cache; the
-    // launcher takes it where the tensors' rows are dense and aligned (rope_bulk_rows.h).
+    // launcher takes it where the tensors' rows are dense and aligned (rope_dense_rows.h).
     // Heads of up to 128 features; the staged path keeps wider ones, whose copies keep up
     // with the bulk engine there. H200, fractions of copy, staged (copies one ahead at 128
     // features, COPIES_AHEAD in rope.cu) -> bulk, bf16 unless named: StableLM-3B 20/80 0.465
@@ -253,6 +255,18 @@ struct RopePlan {
     // The bulk path's work items a row (PAIR_ITEMS in rope.cu): each rotates pairs_per_item
     // pairs in place (half style: a chunk of first halves and its partner chunk).
     int bulk_items;
+    // [B, H, S, D] buffers (a head's tokens next to each other: KernelSpec::head_major) take the
+    // flat path (rope.cu's rope_flat_kernel, the module's second entry; compiled for such specs
+    // alone, as it adds about a sixth to a module's NVRTC time): their dense rows, q's then k's,
+    // walked as one array of the direct path's rotation items, an item a thread, a block's
+    // items consecutive in memory, each thread finding its row's (b, s) by multiply-shift
+    // divisions. One token a block (the direct path) reads such buffers in runs of a row, a
+    // head plane apart. Plans of the direct path's kind (table spans, no gradient sums, no
+    // unrotated copies to make) without a KV cache, QK-norm or FP8 output. H200 run DU
+    // (session 27), fractions of copy, staged or direct -> flat: D64 [B,H,S,D] interleaved
+    // 0.825-0.826 -> 0.895, Llama-3-8B [B,H,S,D] 0.905-0.908 -> 0.934, its backward
+    // 0.905-0.907 -> 0.931.
+    bool flat_rows;
 };
 // The bulk path's geometry (RopePlan::bulk_rows): blocks of kRopeBulkThreads threads, each
 // with kRopeBulkStages tiles of at most kRopeBulkStageBytes in shared memory (32 KiB: under the
@@ -265,6 +279,14 @@ enum {
     kRopeBulkStages = 2,
     kRopeBulkStageBytes = 16 * 1024,
     kRopeBulkBlocksPerSm = 4,
+};
+// The flat path's blocks (RopePlan::flat_rows): kRopeFlatThreads threads, at least
+// kRopeFlatBlocksPerSm of them a multiprocessor (a bound of 64 registers: Llama-3-8B's
+// half-style item takes 48 there, no spills; bounds of 6 and 8 blocks spilled it, 0.86 and 0.45
+// of copy against 0.934; D64 interleaved takes 26 and runs the same at every bound, run DU).
+enum {
+    kRopeFlatThreads = 256,
+    kRopeFlatBlocksPerSm = 4,
 };
 // Why a shape has no kernel. (Enumerators, not constexpr variables: NVRTC would emit those as
 // globals of every module.)
@@ -316,6 +338,8 @@ ROPE_JIT_HOST_DEVICE constexpr RopePlan rope_plan(const RopeShape& s) {
     plan.bulk_rows = plan.out_of_place_partial && s.head_dim <= 128 &&
                      !plan.shared_angles && !s.freq_grad && plan.roles == 1 && !s.kv_cache &&
                      !s.qk_norm && !s.q_fp8 && s.v_dim == 0;
+    plan.flat_rows = s.head_major && plan.one_token_direct && !s.kv_cache && !s.qk_norm &&
+                     !s.q_fp8 && s.v_dim == 0;
     return plan;
 }
 

@@ -16,7 +16,7 @@
 #include "jit/kernel_builder.h"
 #include "jit/nvrtc_loader.h"
 #include "ops/rope/kernel_spec.h"
-#include "ops/rope/rope_bulk_rows.h"
+#include "ops/rope/rope_dense_rows.h"
 #include "ops/rope/rope_plan.h"
 #include "ops/rope/rope_problem.h"
 #include "ops/rope/rope_recipe.h"
@@ -212,8 +212,10 @@ TEST_CASE("the bulk path's GPU calls run on the CPU backend, take that path on s
         if (std::find(compiled.begin(), compiled.end(), spec) != compiled.end()) continue;
         compiled.push_back(spec);
         const rope_jit::KernelRecipe recipe = rope_jit::rope_recipe(spec);
-        CHECK(recipe.second_entry ==
-              (rope_jit::rope_plan(spec).bulk_rows ? "rope_bulk_kernel" : ""));
+        const RopePlan plan = rope_jit::rope_plan(spec);
+        CHECK(recipe.second_entry == (plan.bulk_rows   ? "rope_bulk_kernel"
+                                      : plan.flat_rows ? "rope_flat_kernel"
+                                                       : ""));
         const rope_jit::KernelBinary binary =
             rope_jit::build_kernel_binary(recipe, "sm_90", nullptr, stats);
         CHECK(std::string(binary.image.data(), 4) ==

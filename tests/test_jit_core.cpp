@@ -4,6 +4,8 @@
 // without a GPU.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+
 #include <dirent.h>
 
 #include <atomic>
@@ -63,7 +65,8 @@ AttentionSpec wgmma_spec() {
 }
 
 // The global function symbols of a cubin (ELF64): the entries cuModuleGetFunction can find.
-std::vector<std::string> cubin_functions(const std::vector<char>& image) {
+// The global functions of a cubin, with their code sizes in bytes (the symbols' st_size).
+std::vector<std::pair<std::string, uint64_t>> cubin_function_sizes(const std::vector<char>& image) {
     REQUIRE(image.size() > 64);
     REQUIRE(std::string(image.data(), 4) == "\x7f" "ELF");
     auto read = [&](uint64_t at, int bytes) {
@@ -74,7 +77,7 @@ std::vector<std::string> cubin_functions(const std::vector<char>& image) {
         return value;
     };
     const uint64_t sections = read(0x28, 8), header_bytes = read(0x3a, 2), count = read(0x3c, 2);
-    std::vector<std::string> names;
+    std::vector<std::pair<std::string, uint64_t>> functions;
     for (uint64_t i = 0; i < count; ++i) {
         const uint64_t header = sections + i * header_bytes;
         if (read(header + 4, 4) != 2) continue;  // SHT_SYMTAB
@@ -85,9 +88,15 @@ std::vector<std::string> cubin_functions(const std::vector<char>& image) {
             if ((info & 0xf) != 2 || (info >> 4) != 1) continue;  // STT_FUNC, STB_GLOBAL
             const uint64_t name = strings + read(at, 4);
             REQUIRE(name < image.size());
-            names.emplace_back(image.data() + name);
+            functions.emplace_back(image.data() + name, read(at + 16, 8));
         }
     }
+    return functions;
+}
+
+std::vector<std::string> cubin_functions(const std::vector<char>& image) {
+    std::vector<std::string> names;
+    for (const auto& function : cubin_function_sizes(image)) names.push_back(function.first);
     return names;
 }
 
@@ -253,7 +262,7 @@ TEST_CASE("a kernel built from its stored spec JSON is the entry the launcher's 
 
 TEST_CASE(
     "a RoPE module holds the entries its recipe names: the direct path's own with a KV cache, "
-    "the bulk path's out of place with partial rotary") {
+    "the bulk path's out of place with partial rotary, the flat path's for plain RoPE") {
     if (rope_jit::nvrtc_api() == nullptr) {
         MESSAGE("skipped: NVRTC not available");
         return;
@@ -277,8 +286,20 @@ TEST_CASE(
         KernelSpec spec;
         std::string second_entry;
     };
+    KernelSpec plain_inv_freq = rope_spec();  // angles computed per token: no flat path
+    plain_inv_freq.head_major = 1;
+    plain_inv_freq.angles_from_inv_freq = 1;
+    plain_inv_freq.table_full = 0;
+    KernelSpec head_major = rope_spec();  // [B, H, S, D] buffers
+    head_major.head_major = 1;
+    KernelSpec head_major_out_of_place = head_major;
+    head_major_out_of_place.in_place_q = head_major_out_of_place.in_place_k = 0;
     // Without a cache rope_kernel takes the direct path too (RopePlan::direct_entry).
     std::vector<Case> cases = {{"plain", rope_spec(), ""},
+                               {"plain, [B,H,S,D]", head_major, "rope_flat_kernel"},
+                               {"plain, [B,H,S,D], out of place", head_major_out_of_place,
+                                "rope_flat_kernel"},
+                               {"plain, inv_freq", plain_inv_freq, ""},
                                {"paged KV + FP8", kv, "rope_direct_kernel"},
                                {"partial rotary out of place", partial, "rope_bulk_kernel"},
                                {"partial rotary out of place, inv_freq", partial_inv_freq, ""}};
@@ -288,15 +309,28 @@ TEST_CASE(
         const RopePlan plan = rope_jit::rope_plan(c.spec);
         CHECK(plan.direct_entry == (c.second_entry == "rope_direct_kernel"));
         CHECK(plan.bulk_rows == (c.second_entry == "rope_bulk_kernel"));
+        CHECK(plan.flat_rows == (c.second_entry == "rope_flat_kernel"));
         const rope_jit::KernelRecipe recipe = rope_jit::rope_recipe(c.spec);
         CHECK(recipe.entry == "rope_kernel");
         CHECK(recipe.second_entry == c.second_entry);
         rope_jit::KernelStats stats;
-        const std::vector<std::string> functions =
-            cubin_functions(rope_jit::build_kernel_binary(recipe, "sm_90", nullptr, stats).image);
+        const std::vector<char> image =
+            rope_jit::build_kernel_binary(recipe, "sm_90", nullptr, stats).image;
+        const std::vector<std::string> functions = cubin_functions(image);
         CHECK(contains(functions, "rope_kernel"));
         if (!c.second_entry.empty()) CHECK(contains(functions, c.second_entry));
         CHECK_FALSE(contains(functions, "rope_norm_kernel"));
+        // The kernel's own plan (rope.cu's spec_shape) agrees with the host's: the entry the
+        // recipe names has code, rope.cu's other second entries are empty (one size).
+        uint64_t named = 0;
+        std::vector<uint64_t> others;
+        for (const auto& [name, bytes] : cubin_function_sizes(image)) {
+            if (name == c.second_entry) named = bytes;
+            else if (name != "rope_kernel") others.push_back(bytes);
+        }
+        REQUIRE_FALSE(others.empty());
+        CHECK(std::all_of(others.begin(), others.end(), [&](uint64_t b) { return b == others[0]; }));
+        if (!c.second_entry.empty()) CHECK(named > 4 * others[0]);
     }
 }
 

@@ -447,6 +447,56 @@ TEST_CASE(
     CHECK(rope_jit::kernel_spec_from_public(in) == spec_of(args));
 }
 
+TEST_CASE("a call of dense [B, H, S, D] buffers gets the head_major spec, which a manifest and "
+          "the C struct name") {
+    // head_major (the flat path's kernel) is derived from the call's tensors: [B, H, S, D]
+    // memory, dense, more than one head and token, no positions tensor, not packed.
+    const int64_t B = 2, S = 16, Hq = 8, Hk = 2, D = 64;
+    HostTensor q(Dt::BF16, {B, Hq, S, D}), k(Dt::BF16, {B, Hk, S, D});
+    HostTensor cos_t(Dt::BF16, {S, D}), sin_t(Dt::BF16, {S, D});
+    HostTensor positions(Dt::I64, {B, S}), offsets(Dt::I64, {B});
+    rope_jit_rope_args args;
+    rope_jit_rope_args_init(&args);
+    args.q = q.dl();
+    args.k = k.dl();
+    args.cos = cos_t.dl();
+    args.sin = sin_t.dl();
+    const std::string common =
+        R"("head_dim": 64, "gqa_group": 4, "dtype": "bfloat16", "table_dtype": "bfloat16")";
+    const KernelSpec spec = spec_of(args);
+    CHECK(spec.head_major == 1);
+    CHECK(spec == manifest_spec("{" + common + R"(, "head_major": true})"));
+    rope_jit_kernel_spec in = public_spec(64, {kDLBfloat, 16, 1});
+    in.gqa_group = 4;
+    in.head_major = 1;
+    in.table_dtype = {kDLBfloat, 16, 1};
+    CHECK(rope_jit::kernel_spec_from_public(in) == spec);  // prewarm builds the call's kernel
+    args.seqlen_offsets = offsets.dl();
+    CHECK(spec_of(args).head_major == 1);
+    args.seqlen_offsets = nullptr;
+    args.positions = positions.dl();  // each item would look its position up: not flat
+    CHECK(spec_of(args).head_major == 0);
+    args.positions = nullptr;
+    // [B, S, H, D] memory, and a single head (both orders at once): not head_major.
+    HostTensor q_tokens(Dt::BF16, {B, Hq, S, D}, {0, 2, 1, 3});
+    HostTensor k_tokens(Dt::BF16, {B, Hk, S, D}, {0, 2, 1, 3});
+    args.q = q_tokens.dl();
+    args.k = k_tokens.dl();
+    CHECK(spec_of(args).head_major == 0);
+    HostTensor q_one(Dt::BF16, {B, 1, S, D});
+    args.q = q_one.dl();
+    args.k = nullptr;
+    CHECK(spec_of(args).head_major == 0);
+    // With packed tensors or a positions tensor the field is refused, naming it.
+    std::string error;
+    CHECK_FALSE(KernelSpec::from_json(
+        R"({"head_dim": 64, "head_major": true, "positions": "indices"})", &error));
+    CHECK(error.find("head_major") != std::string::npos);
+    in.positions = ROPE_JIT_POSITIONS_INDICES;
+    CHECK_THROWS_WITH_AS(rope_jit::kernel_spec_from_public(in), doctest::Contains("head_major"),
+                         rope_jit::Error);
+}
+
 TEST_CASE("rope specs: every field round-trips through JSON, and bad JSON names the field") {
     // Specs of many kinds: each field away from its default somewhere.
     std::vector<KernelSpec> specs;

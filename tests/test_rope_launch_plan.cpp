@@ -7,7 +7,7 @@
 
 #include "common/error.h"
 #include "ops/rope/kernel_spec.h"
-#include "ops/rope/rope_bulk_rows.h"
+#include "ops/rope/rope_dense_rows.h"
 #include "ops/rope/rope_cuda.h"
 #include "ops/rope/rope_plan.h"
 #include "kernel_spec_variants.h"
@@ -288,6 +288,150 @@ TEST_CASE("the bulk path takes dense, aligned rows of q and k in one order, else
     KernelSpec in_place = spec;
     in_place.in_place_q = in_place.in_place_k = 1;
     CHECK_FALSE(rope_jit::bulk_rows_of(in_place, problem(true, true), 90).has_value());
+}
+
+TEST_CASE("the flat path's plan: plain RoPE of the direct path's kind, no cache, norm or FP8") {
+    RopeShape s = shape(128, 128, 8, false, true);  // Llama, in place
+    CHECK_FALSE(rope_plan(s).flat_rows);  // not [B, H, S, D] memory: no flat entry to compile
+    s.head_major = true;
+    CHECK(rope_plan(s).flat_rows);
+    s.in_place_q = s.in_place_k = false;  // out of place, full rotary: still one store an item
+    CHECK(rope_plan(s).flat_rows);
+    RopeShape partial = shape(64, 32, 8, false, true);  // in place: only the rotated spans
+    partial.head_major = true;
+    CHECK(rope_plan(partial).flat_rows);
+    partial.in_place_q = partial.in_place_k = false;  // unrotated features to copy: bulk path
+    CHECK_FALSE(rope_plan(partial).flat_rows);
+    CHECK(rope_plan(partial).bulk_rows);
+    for (int variant = 0; variant < 8; ++variant) {
+        RopeShape other = shape(64, 64, 8, true, true);
+        other.head_major = true;
+        other.angles_from_inv_freq = variant == 0;
+        other.has_xpos = variant == 1;
+        other.freq_grad = variant == 2;  // (with inv_freq)
+        other.angles_from_inv_freq |= variant == 2;
+        other.kv_cache = variant == 3;
+        other.qk_norm = variant == 4;
+        other.q_fp8 = variant == 5;
+        other.mrope_axes = variant == 6 ? 3 : 0;
+        other.v_dim = variant == 7 ? 64 : 0;
+        CAPTURE(variant);
+        CHECK_FALSE(rope_plan(other).flat_rows);
+    }
+    // At most one second entry a plan (rope_recipe.cpp names one).
+    for (const bool kv : {false, true})
+        for (const bool in_place : {false, true})
+            for (const int rotary : {32, 64}) {
+                RopeShape x = shape(64, rotary, 8, false, true);
+                x.head_major = true;
+                x.kv_cache = kv;
+                x.in_place_q = x.in_place_k = in_place;
+                const RopePlan plan = rope_plan(x);
+                CHECK(int(plan.flat_rows) + int(plan.bulk_rows) + int(plan.direct_entry) <= 1);
+            }
+}
+
+TEST_CASE("the flat path takes dense [B, H, S, D] rows without a positions tensor, else the "
+          "others") {
+    KernelSpec spec = llama_spec();  // bf16, D128, in place
+    CHECK_FALSE(rope_jit::rope_plan(spec).flat_rows);
+    spec.head_major = 1;  // what make_kernel_spec derives for the [B, H, S, D] calls below
+    spec.validate();
+    REQUIRE(rope_jit::rope_plan(spec).flat_rows);
+    const int64_t B = 2, Hq = 4, Hk = 2, S = 300, D = 128;
+    // [B, H, S, D] views in memory order [B, H, S, D] (head_major) or [B, S, H, D].
+    auto view = [&](int64_t H, bool head_major) {
+        rope_jit::TensorRef t;
+        t.ndim = 4;
+        t.dtype = rope_jit::DType::BF16;
+        t.data = reinterpret_cast<char*>(uintptr_t(1) << 20);
+        const int64_t shape[4] = {B, H, S, D};
+        const int64_t strides[4] = {H * S * D, head_major ? S * D : D, head_major ? D : H * D, 1};
+        for (int d = 0; d < 4; ++d) t.shape[d] = shape[d], t.strides[d] = strides[d];
+        return t;
+    };
+    auto problem = [&](bool head_major) {
+        rope_jit::RopeProblem p;
+        p.batch = B, p.seqlen_q = p.seqlen_k = S, p.heads_q = Hq, p.heads_k = Hk, p.head_dim = D;
+        p.dtype = rope_jit::DType::BF16;
+        p.has_k = true;
+        p.q = p.q_out = view(Hq, head_major);
+        p.k = p.k_out = view(Hk, head_major);
+        return p;
+    };
+    const auto rows = rope_jit::flat_rows_of(spec, problem(true));
+    REQUIRE(rows.has_value());
+    CHECK(rows->q_rows == B * Hq * S);
+    CHECK(rows->k_rows == B * Hk * S);
+    CHECK(rows->heads_fastest == 0);
+    CHECK(rows->q_heads.divisor == Hq);
+    CHECK(rows->q_seqlen.divisor == S);
+    CHECK(rows->k_heads.divisor == Hk);
+    CHECK(rows->k_seqlen.divisor == S);
+    // A row's (b, s) as the kernel finds it: the plane (b, h) = row / S, b = plane / H.
+    for (const unsigned row : {0u, 299u, 300u, 1199u, 1200u, 2399u}) {
+        CAPTURE(row);
+        const unsigned plane = row_divide(row, rows->q_seqlen);
+        CHECK(plane == row / S);
+        CHECK(row_divide(plane, rows->q_heads) == row / (Hq * S));
+    }
+    const rope_jit::RopeBulkLaunch launch = rope_jit::plan_rope_flat_launch(spec, *rows);
+    const int64_t items = (B * Hq * S + B * Hk * S) * rope_jit::rope_plan(spec).rot_items;
+    CHECK(launch.threads == kRopeFlatThreads);
+    CHECK(launch.blocks == (items + kRopeFlatThreads - 1) / kRopeFlatThreads);
+    CHECK(launch.shared_bytes == 0);
+    // [B, S, H, D] memory: a token's rows lie together, the direct path reads them in one run.
+    CHECK_FALSE(rope_jit::flat_rows_of(spec, problem(false)).has_value());
+    // q and k in different orders; an output laid out unlike its input; rows with padding.
+    rope_jit::RopeProblem p = problem(true);
+    p.k = p.k_out = view(Hk, false);
+    CHECK_FALSE(rope_jit::flat_rows_of(spec, p).has_value());
+    p = problem(true);
+    p.q_out = view(Hq, false);
+    CHECK_FALSE(rope_jit::flat_rows_of(spec, p).has_value());
+    p = problem(true);
+    p.q.strides[1] = p.q_out.strides[1] = (S + 1) * D;  // a head plane one row longer
+    CHECK_FALSE(rope_jit::flat_rows_of(spec, p).has_value());
+    // q alone: k's views are not looked at.
+    p = problem(true);
+    p.has_k = false;
+    p.k = view(Hk, false);
+    const auto q_only = rope_jit::flat_rows_of(spec, p);
+    REQUIRE(q_only.has_value());
+    CHECK(q_only->k_rows == 0);
+    CHECK(q_only->k_heads.divisor == 0);
+    // One token a sequence, or one head: the two orders are one; the direct path keeps them.
+    p = problem(true);
+    p.seqlen_q = p.seqlen_k = 1;
+    for (rope_jit::TensorRef* t : {&p.q, &p.q_out, &p.k, &p.k_out}) t->shape[2] = 1;
+    CHECK_FALSE(rope_jit::flat_rows_of(spec, p).has_value());
+    // A positions tensor (each item would look its position up) or a packed batch: no.
+    p = problem(true);
+    p.position_mode = rope_jit::PositionMode::Indices;
+    CHECK_FALSE(rope_jit::head_major_rows(p));
+    CHECK_FALSE(rope_jit::flat_rows_of(spec, p).has_value());
+    p = problem(true);
+    p.packed = true;
+    CHECK_FALSE(rope_jit::flat_rows_of(spec, p).has_value());
+    // Sequence offsets (position_mode 2): the kernel reads them by the row's b.
+    KernelSpec with_offsets = spec;
+    with_offsets.position_mode = 2;
+    p = problem(true);
+    p.position_mode = rope_jit::PositionMode::SeqlenOffsets;
+    CHECK(rope_jit::flat_rows_of(with_offsets, p).has_value());
+    // A spec without head_major (not derived from such a call): no flat entry, no flat path.
+    KernelSpec other_layout = spec;
+    other_layout.head_major = 0;
+    CHECK_FALSE(rope_jit::flat_rows_of(other_layout, problem(true)).has_value());
+    // A plan without flat_rows (a KV cache): no.
+    KernelSpec kv = spec;
+    kv.kv_cache = 1;
+    CHECK_FALSE(rope_jit::flat_rows_of(kv, problem(true)).has_value());
+    // Rows or items past the kernel's 32-bit counts: the other paths.
+    p = problem(true);
+    p.batch = (int64_t(1) << 32) / (Hq * S * rope_jit::rope_plan(spec).rot_items) + 1;
+    for (rope_jit::TensorRef* t : {&p.q, &p.q_out, &p.k, &p.k_out}) t->shape[0] = p.batch;
+    CHECK_FALSE(rope_jit::flat_rows_of(spec, p).has_value());
 }
 
 TEST_CASE("a vector width that splits pairs has no plan, and the spec does not validate") {

@@ -583,6 +583,11 @@ typedef struct rope_jit_kernel_spec {
     int32_t v_head_dim;
     /* 1: q_out is float8 e4m3fn (then in_place must be 0). Default 0. */
     int q_fp8;
+    /* 1: q and k (and outputs) in [B, H, S, D] memory, each one dense run of rows with a head's
+     * tokens next to each other (and more than one head and token): the kernel such calls take
+     * (it walks the rows as one array). Not with packed or positions INDICES. Default 0, the
+     * kernel of every other layout. */
+    int head_major;
 } rope_jit_kernel_spec;
 
 /* Fills *spec with the defaults above and sets struct_size. NULL is ignored. */

@@ -581,6 +581,19 @@ class CommandLineTest(CacheTestCase):
         self.tool("--cache-dir", self.root, "prewarm", "--dry-run", "--head-dim", "64", "--rotary-dim", "16",
                   "--style", "proportional", "--target", "sm_90")
 
+    def test_head_major_specs_from_flags_and_their_limits(self):
+        # --head-major: q and k dense in [B,H,S,D] memory (the flat path's kernel); not with a
+        # positions tensor, which the spec check refuses naming the field.
+        plan = json.loads(self.tool("--cache-dir", self.root, "prewarm", "--dry-run", "--json", "--head-dim", "64",
+                                    "--head-major", "--target", "sm_90").stdout)
+        self.assertEqual([kernel["spec"]["head_major"] for kernel in plan["kernels"]], [True])
+        plain = json.loads(self.tool("--cache-dir", self.root, "prewarm", "--dry-run", "--json", "--head-dim", "64",
+                                     "--target", "sm_90").stdout)
+        self.assertEqual([kernel["spec"]["head_major"] for kernel in plain["kernels"]], [False])
+        refused = self.tool("--cache-dir", self.root, "prewarm", "--dry-run", "--head-dim", "64", "--head-major",
+                            "--positions", "indices", "--target", "sm_90", expect=2)
+        self.assertIn("head_major", refused.stderr)
+
     def test_the_qwen3_8b_preset_prewarms_rope_kernels_with_qk_norm(self):
         # head_dim 128, 32/8 heads, q_norm/k_norm over the head before the rotation: forwards,
         # and backwards with the weight gradients; attention as for the other models.

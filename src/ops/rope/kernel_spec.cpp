@@ -10,6 +10,7 @@
 #include "common/error.h"
 #include "common/raw_enum.h"
 #include "common/spec_fields.h"
+#include "ops/rope/rope_dense_rows.h"
 #include "ops/rope/rope_plan.h"
 #include "rope_norm_params.h"
 
@@ -227,6 +228,7 @@ KernelSpec make_kernel_spec(const RopeProblem& p) {
             weights_friendly(p.q_norm_weight) && (!p.has_k || weights_friendly(p.k_norm_weight));
     }
     set_norm_access(spec, dtype_size(p.dtype), tensors_allow);
+    spec.head_major = head_major_rows(p);
     return spec;
 }
 
@@ -310,6 +312,7 @@ KernelSpec kernel_spec_from_public(const rope_jit_kernel_spec& in) {
         spec.v_vec = choose_v_width(spec, spec.dtype == 0 ? 4 : 2, [](int64_t) { return true; });
     }
     spec.q_fp8 = in.q_fp8 != 0;
+    spec.head_major = in.head_major != 0;
     // Last: the norm kernel's access fields override the others.
     set_norm_access(spec, spec.dtype == 0 ? 4 : 2, [](int64_t) { return true; });
     spec.validate();
@@ -413,6 +416,8 @@ void KernelSpec::validate() const {
     require(!seqlen_offsets_int64 || position_mode == 2 || kv_seqlen_offsets,
             "seqlen_offsets_int64: needs positions \"seqlen-offsets\" or kv_seqlen_offsets");
     require(!cu_seqlens_int64 || packed, "cu_seqlens_int64: needs packed");
+    require(!head_major || (!packed && position_mode != 1),
+            "head_major: not with packed tensors or positions \"indices\"");
     require(has_k || (in_place_k && !k_own_angles), "in_place_k and k_own_angles: need has_k");
     require(qk_norm || (!norm_unit_offset && norm_weight_dtype == 0 && !norm_weight_grad),
             "norm_unit_offset, norm_weight_dtype and norm_weight_grad: need qk_norm");

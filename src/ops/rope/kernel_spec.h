@@ -99,7 +99,11 @@ constexpr int32_t kRopeMaxBlockThreads = 512;
     X(q_fp8, 0, "q_fp8", BooleanEnumerator, 0, 1, "Q_FP8", PLAIN)                                  \
     /* QK-norm weights read as aligned vectors (both contiguous and 16-byte aligned) */            \
     X(norm_weight_vec_loads, 0, "norm_weight_vec_loads", BooleanEnumerator, 0, 1,                  \
-      "NORM_WEIGHT_VEC_LOADS", DERIVED)
+      "NORM_WEIGHT_VEC_LOADS", DERIVED)                                                            \
+    /* q and k (and their outputs) in [B, H, S, D] memory: each one dense run of rows with a */    \
+    /* head's tokens together (not also a token's heads), no positions tensor, not packed; */     \
+    /* the flat path (RopePlan::flat_rows) may walk them */                                        \
+    X(head_major, 0, "head_major", BooleanEnumerator, 0, 1, "HEAD_MAJOR", DERIVED)
 
 struct KernelSpec {
 #define ROPE_JIT_SPEC_MEMBER(member, init, ...) int32_t member = init;

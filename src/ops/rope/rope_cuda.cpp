@@ -8,7 +8,7 @@
 
 #include "common/error.h"
 #include "cuda/kernel_launch.h"
-#include "ops/rope/rope_bulk_rows.h"
+#include "ops/rope/rope_dense_rows.h"
 #include "ops/rope/rope_recipe.h"
 #include "ops/rope/rope_plan.h"
 #include "rope_norm_params.h"
@@ -473,13 +473,19 @@ void RopeCuda::run(const RopeProblem& p, void* stream_handle) {
     }
     if (shape.blocks == 0) return;  // no token: nothing to rotate (a gradient was still zeroed)
     // Out-of-place partial rotary over dense, aligned rows on sm_90 and later: the bulk path
-    // (RopePlan::bulk_rows, rope_bulk_rows.h). The module's architecture decides with the
+    // (RopePlan::bulk_rows, rope_dense_rows.h). The module's architecture decides with the
     // device's: compiled for an older one (an NVRTC that cannot target the device), its bulk
     // entry is empty and the staged path runs.
     const CudaDevice& device = devices_.device(ordinal);
     if (const std::optional<RopeBulkParams> bulk =
             bulk_rows_of(spec, p, std::min(device.compute_capability, kernel.arch))) {
         run_bulk(params, *bulk, kernel, programmatic, device.multiprocessors, stream);
+        return;
+    }
+
+    // Plain RoPE of [B, H, S, D] buffers, dense: the flat path (RopePlan::flat_rows).
+    if (const std::optional<RopeBulkParams> flat = flat_rows_of(spec, p)) {
+        run_flat(spec, params, *flat, kernel, programmatic, stream);
         return;
     }
 
@@ -528,6 +534,21 @@ void RopeCuda::run_bulk(const RopeKernelParams& params, const RopeBulkParams& bu
                   {kernel.second_function, unsigned(shape.blocks), unsigned(shape.threads),
                    shape.shared_bytes, &arguments},
                   stream, programmatic, "cuLaunchKernel(rope_bulk_kernel)");
+    stats_.launches.fetch_add(1, std::memory_order_relaxed);
+}
+
+void RopeCuda::run_flat(const KernelSpec& spec, const RopeKernelParams& params,
+                        const RopeBulkParams& rows, const LoadedKernel& kernel, bool programmatic,
+                        CUstream stream) {
+    if (kernel.second_function == nullptr)
+        throw Error(ROPE_JIT_ERROR_INTERNAL, "rope: the flat path's kernel was not loaded");
+    const RopeBulkLaunch shape = plan_rope_flat_launch(spec, rows);
+    if (shape.blocks == 0) return;
+    RopeBulkKernelParams arguments{params, rows};
+    launch_kernel(devices_.api(),
+                  {kernel.second_function, unsigned(shape.blocks), unsigned(shape.threads),
+                   shape.shared_bytes, &arguments},
+                  stream, programmatic, "cuLaunchKernel(rope_flat_kernel)");
     stats_.launches.fetch_add(1, std::memory_order_relaxed);
 }
 

@@ -88,6 +88,11 @@ private:
     // run(): `params` the call's arguments, `sms` the device's multiprocessors.
     void run_bulk(const RopeKernelParams& params, const RopeBulkParams& bulk,
                   const LoadedKernel& kernel, bool programmatic, int64_t sms, CUstream stream);
+    // The flat path's launch (rope.cu's rope_flat_kernel, where flat_rows_of allows it), from
+    // run(): `rows` the call's dense rows and their divisors.
+    void run_flat(const KernelSpec& spec, const RopeKernelParams& params,
+                  const RopeBulkParams& rows, const LoadedKernel& kernel, bool programmatic,
+                  CUstream stream);
     // The QK-norm kernel's launch (spec.qk_norm), from run().
     void run_norm(const RopeProblem& problem, const KernelSpec& spec, const LoadedKernel& kernel,
                   CUstream stream);

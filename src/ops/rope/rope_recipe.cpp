@@ -16,14 +16,17 @@ const char* entry_of(const KernelSpec& spec) {
     return takes_norm_kernel(spec) ? "rope_norm_kernel" : "rope_kernel";
 }
 // rope.cu's second entry, where its plan has one: the direct path's own (RopePlan::direct_entry;
-// the launcher takes it where plan_rope_launch chooses the direct path), or the bulk path
-// (RopePlan::bulk_rows; taken where bulk_rows_of allows it). No plan has both: the direct path
-// copies no unrotated features, the bulk path is for calls that do.
+// the launcher takes it where plan_rope_launch chooses the direct path), the bulk path
+// (RopePlan::bulk_rows; taken where bulk_rows_of allows it) or the flat path
+// (RopePlan::flat_rows; where flat_rows_of does). No plan has two: the direct path's entry is
+// for KV cache specs, which the flat path leaves alone, and the bulk path is for calls that
+// copy unrotated features, which neither of the others makes.
 const char* second_entry_of(const KernelSpec& spec) {
     if (takes_norm_kernel(spec)) return "";
     const RopePlan plan = rope_plan(spec);
     if (plan.direct_entry) return "rope_direct_kernel";
-    return plan.bulk_rows ? "rope_bulk_kernel" : "";
+    if (plan.bulk_rows) return "rope_bulk_kernel";
+    return plan.flat_rows ? "rope_flat_kernel" : "";
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-#include "ops/rope/rope_bulk_rows.h"
+#include "ops/rope/rope_dense_rows.h"
 
 #include <algorithm>
 
@@ -70,6 +70,42 @@ std::optional<RopeBulkParams> bulk_rows_of(const KernelSpec& spec, const RopePro
         bulk.k_seqlen = row_divisor(p.seqlen_k);
     }
     return bulk;
+}
+
+bool head_major_rows(const RopeProblem& p) {
+    if (p.packed || p.position_mode == PositionMode::Indices) return false;
+    const auto dense = [&](bool heads_fastest) {
+        return dense_rows(p.q, heads_fastest) && dense_rows(p.q_out, heads_fastest) &&
+               (!p.has_k || (dense_rows(p.k, heads_fastest) && dense_rows(p.k_out, heads_fastest)));
+    };
+    return !dense(true) && dense(false);
+}
+
+std::optional<RopeBulkParams> flat_rows_of(const KernelSpec& spec, const RopeProblem& p) {
+    const RopePlan plan = rope_plan(spec);
+    if (!plan.flat_rows || !head_major_rows(p)) return std::nullopt;
+    RopeBulkParams rows{};
+    rows.q_rows = p.batch * p.heads_q * p.seqlen_q;
+    rows.k_rows = p.has_k ? p.batch * p.heads_k * p.seqlen_k : 0;
+    constexpr int64_t kMaxRows = 0x7fffffff, kMaxItems = 0xffffffffLL;
+    for (const int64_t n : {rows.q_rows, rows.k_rows})
+        if (n > kMaxRows || n * plan.rot_items > kMaxItems) return std::nullopt;
+    rows.heads_fastest = 0;
+    rows.q_heads = row_divisor(p.heads_q);
+    rows.q_seqlen = row_divisor(p.seqlen_q);
+    if (p.has_k) {
+        rows.k_heads = row_divisor(p.heads_k);
+        rows.k_seqlen = row_divisor(p.seqlen_k);
+    }
+    return rows;
+}
+
+RopeBulkLaunch plan_rope_flat_launch(const KernelSpec& spec, const RopeBulkParams& rows) {
+    const int64_t items = (rows.q_rows + rows.k_rows) * rope_plan(spec).rot_items;
+    RopeBulkLaunch launch;
+    launch.blocks = (items + kRopeFlatThreads - 1) / kRopeFlatThreads;
+    launch.threads = kRopeFlatThreads;
+    return launch;
 }
 
 RopeBulkLaunch plan_rope_bulk_launch(const RopeBulkParams& bulk, int64_t sms) {

@@ -1,0 +1,201 @@
+// rope.cu's flat path (RopePlan::flat_rows, rope_flat_kernel: plain RoPE of dense [B, H, S, D]
+// buffers, their rows walked as one array of rotation items) against the CPU backend, through
+// the public C API. Each GPU call first checks that the launcher takes that path for it, or
+// not (flat_rows_of on the call's own RopeProblem). The GPU cases are in TEST_SUITE("gpu"); one
+// CPU case checks their calls and compiles their kernels without a GPU.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gpu_rope_problem.h"
+#include "jit/kernel_builder.h"
+#include "jit/nvrtc_loader.h"
+#include "ops/rope/kernel_spec.h"
+#include "ops/rope/rope_dense_rows.h"
+#include "ops/rope/rope_plan.h"
+#include "ops/rope/rope_problem.h"
+#include "ops/rope/rope_recipe.h"
+
+using namespace rope_test;
+using namespace gpu_test;
+using namespace gpu_rope_test;
+
+namespace {
+
+// Whether the launcher takes the flat path for the call `args` describes.
+bool takes_flat_path(const rope_jit_rope_args& args) {
+    const rope_jit::RopeProblem problem = rope_jit::make_rope_problem(args);
+    return rope_jit::flat_rows_of(rope_jit::make_kernel_spec(problem), problem).has_value();
+}
+
+// Runs `c` on both backends and compares; `flat` whether the GPU call must take the flat path.
+void check_against_cpu(GpuFixture& f, const Spec& c, bool flat, uint32_t seed) {
+    const std::string spec = describe(c);
+    CAPTURE(spec);
+    std::mt19937 rng(seed);
+    const Problem p = make_problem(c, rng);
+    const Problem from_cpu = run_with_host_tensors(f.cpu_runtime.get(), p);
+    DeviceProblem device(p);
+    const rope_jit_rope_args args = make_args(p.spec, device.views(), nullptr);
+    CHECK(takes_flat_path(args) == flat);
+    require_ok(call_rope(f.cuda_runtime.get(), args), "device tensors");
+    synchronize(nullptr);
+    check_gpu_matches_cpu(p, device.download(p), from_cpu, gpu_tolerance(c));
+}
+
+Spec head_major(Dt dt, int64_t D) {
+    Spec c;
+    c.dt = c.table_dt = dt;
+    c.layout = Layout::BHSD;
+    c.angles = Angles::FullTable;
+    c.D = c.R = D;
+    return c;
+}
+
+// The calls of the tests below: a spec, whether its call takes the flat path, its seed, and
+// its group (one test case each).
+enum class Group { Sweep, Large, Others };
+struct FlatCase {
+    Spec spec;
+    bool flat;
+    uint32_t seed;
+    Group group;
+};
+
+std::vector<FlatCase> flat_cases() {
+    std::vector<FlatCase> cases;
+    uint32_t seed = 1;
+    // Small problems (the last block partly idle): every dtype, pair style and head size, the
+    // directions, position sources, outputs and q alone spread over them.
+    for (Dt dt : {Dt::F32, Dt::F16, Dt::BF16})
+        for (int style = 0; style < 3; ++style)
+            for (int64_t D : {64, 80, 128}) {
+                Spec c = head_major(dt, D);
+                c.interleaved = style == 1;
+                c.proportional = style == 2;
+                c.angles = style == 0 ? Angles::HalfTable : Angles::FullTable;
+                c.table_dt = style == 0 ? Dt::F32 : dt;
+                c.positions = seed % 3 == 0 ? Positions::SeqlenOffsets : Positions::Implicit;
+                c.position_offset = c.positions == Positions::Implicit ? seed % 4 : 0;
+                c.backward = seed % 2 == 0;
+                c.in_place = seed % 4 != 1;
+                c.has_k = seed % 5 != 0;
+                c.B = 2, c.S = 37, c.Hk = 3, c.group = 2;
+                cases.push_back({c, true, seed++, Group::Sweep});
+            }
+    // In-place partial rotary (only the rotated spans), at an offset; k with more (cached)
+    // tokens than q, so that k reads angles of its own rows (RopePlan::roles 2).
+    Spec partial = head_major(Dt::BF16, 128);
+    partial.R = 64;
+    partial.offset = 32;
+    partial.interleaved = true;
+    cases.push_back({partial, true, seed++, Group::Sweep});
+    Spec longer_k = head_major(Dt::F16, 64);
+    longer_k.q_extra = 3;
+    longer_k.S = 29;
+    cases.push_back({longer_k, true, seed++, Group::Sweep});
+    // Many blocks: Llama-3-8B's heads over 1024 tokens (bf16, half style and interleaved), and
+    // D64 interleaved over 2048.
+    for (const bool interleaved : {false, true}) {
+        Spec large = head_major(Dt::BF16, 128);
+        large.interleaved = interleaved;
+        large.B = 1, large.S = 1024, large.Hk = 8, large.group = 4;
+        cases.push_back({large, true, seed++, Group::Large});
+    }
+    Spec d64 = head_major(Dt::BF16, 64);
+    d64.interleaved = true;
+    d64.B = 2, d64.S = 2048, d64.Hk = 4, d64.group = 1;
+    cases.push_back({d64, true, seed++, Group::Large});
+    // Calls the flat path leaves to the others: [B, S, H, D] memory, rows with padding, a
+    // positions tensor, angles from inv_freq, one token a sequence, out-of-place partial
+    // rotary (the bulk or staged path).
+    Spec tokens_together = head_major(Dt::BF16, 64);
+    tokens_together.layout = Layout::BSHD;
+    cases.push_back({tokens_together, false, seed++, Group::Others});
+    Spec padded = head_major(Dt::BF16, 64);
+    padded.layout = Layout::Padded;
+    cases.push_back({padded, false, seed++, Group::Others});
+    Spec positions = head_major(Dt::BF16, 64);
+    positions.positions = Positions::PerBatchToken;
+    cases.push_back({positions, false, seed++, Group::Others});
+    Spec inv_freq = head_major(Dt::F32, 64);
+    inv_freq.angles = Angles::InvFreq;
+    cases.push_back({inv_freq, false, seed++, Group::Others});
+    Spec one_token = head_major(Dt::BF16, 128);
+    one_token.S = 1;
+    one_token.B = 8;
+    cases.push_back({one_token, false, seed++, Group::Others});
+    Spec partial_out = head_major(Dt::BF16, 96);
+    partial_out.R = 24;
+    partial_out.in_place = false;
+    cases.push_back({partial_out, false, seed++, Group::Others});
+    return cases;
+}
+
+void check_group(GpuFixture& f, Group group) {
+    for (const FlatCase& c : flat_cases())
+        if (c.group == group) check_against_cpu(f, c.spec, c.flat, c.seed);
+}
+
+}  // namespace
+
+TEST_CASE("the flat path's GPU calls run on the CPU backend, take that path where their case "
+          "says, and their kernels compile") {
+    // The calls of the gpu suite's cases below, checked without a GPU: each is valid, takes the
+    // flat path exactly where its case says so, and the kernel it selects compiles for sm_90
+    // and sm_80 with the flat entry where its plan has one.
+    if (rope_jit::nvrtc_api() == nullptr) {
+        MESSAGE("skipped: NVRTC not available: " << rope_jit::nvrtc_load_error());
+        return;
+    }
+    CpuRuntime runtime;
+    rope_jit::KernelStats stats;
+    std::vector<rope_jit::KernelSpec> compiled;
+    for (const FlatCase& c : flat_cases()) {
+        std::mt19937 rng(c.seed);
+        Problem p = make_problem(c.spec, rng);
+        const std::string spec_text = describe(c.spec);
+        CAPTURE(spec_text);
+        run_with_host_tensors(runtime.handle, p);
+        const rope_jit_rope_args args = make_args(c.spec, host_views(p), nullptr);
+        CHECK(takes_flat_path(args) == c.flat);
+        const rope_jit::KernelSpec spec =
+            rope_jit::make_kernel_spec(rope_jit::make_rope_problem(args));
+        if (std::find(compiled.begin(), compiled.end(), spec) != compiled.end()) continue;
+        compiled.push_back(spec);
+        const rope_jit::KernelRecipe recipe = rope_jit::rope_recipe(spec);
+        if (c.flat) CHECK(recipe.second_entry == "rope_flat_kernel");
+        for (const char* target : {"sm_90", "sm_80"}) {
+            CAPTURE(target);
+            const rope_jit::KernelBinary binary =
+                rope_jit::build_kernel_binary(recipe, target, nullptr, stats);
+            CHECK(std::string(binary.image.data(), 4) ==
+                  "\x7f"
+                  "ELF");
+        }
+    }
+    MESSAGE(compiled.size() << " kernels compiled");
+}
+
+TEST_SUITE("gpu") {
+    TEST_CASE_FIXTURE(GpuFixture,
+                      "plain RoPE of [B,H,S,D] buffers through the flat path matches the CPU "
+                      "backend: every dtype, pair style, head size, direction and output") {
+        check_group(*this, Group::Sweep);
+    }
+
+    TEST_CASE_FIXTURE(GpuFixture,
+                      "the flat path over many blocks (Llama-3-8B and D64 shapes) matches the CPU "
+                      "backend") {
+        check_group(*this, Group::Large);
+    }
+
+    TEST_CASE_FIXTURE(GpuFixture,
+                      "calls the flat path leaves to the other paths match the CPU backend") {
+        check_group(*this, Group::Others);
+    }
+}
