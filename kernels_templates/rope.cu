@@ -1323,6 +1323,8 @@ extern "C" __global__ void __launch_bounds__(kRopeFlatThreads, kRopeFlatBlocksPe
             at[u] = static_cast<long long>(row) * HEAD_DIM;
             in_k[u] = is_k;
             data[u] = load_item(static_cast<const T*>(is_k ? p.k : p.q) + at[u], 1, spans[u]);
+            // The row's (b, s) as the bulk kernel splits its rows; written out here too, since
+            // a helper shared by both changed this kernel's code from the one measured (run DU).
             const RowDivisor heads = is_k ? rows.k_heads : rows.q_heads;
             const RowDivisor seqlen = is_k ? rows.k_seqlen : rows.q_seqlen;
             unsigned b, s;

@@ -687,7 +687,8 @@ ROPE_JIT_API rope_jit_status rope_jit_prewarm(rope_jit_runtime* runtime,
  *     "norm_unit_offset", "norm_weight_grad" (QK-norm; "norm_weight_dtype" names a dtype);
  *     KV cache and FP8: "kv_cache": "none" | "contiguous" | "slot-mapping" | "block-tables"
  *     (NHD and HND share a kernel), "kv_fp8", "q_fp8" (booleans), "v_head_dim" (0 = no v),
- *     and the derived "kv_index_int64", "kv_seqlen_offsets", "v_vec".
+ *     and the derived "kv_index_int64", "kv_seqlen_offsets", "v_vec"; "head_major" (derived,
+ *     default false): the kernel of calls on dense [B, H, S, D] buffers, as the struct's field.
  *     Left out, the derived fields (index dtypes: int64 where read; in_place_k = in_place_q;
  *     "vec", "vec_loads", "copy_vec", "table_vec_loads", "norm_weight_vec_loads",
  *     "block_threads") take what a call with C-contiguous, 16-byte-aligned tensors gets; the

@@ -479,13 +479,15 @@ void RopeCuda::run(const RopeProblem& p, void* stream_handle) {
     const CudaDevice& device = devices_.device(ordinal);
     if (const std::optional<RopeBulkParams> bulk =
             bulk_rows_of(spec, p, std::min(device.compute_capability, kernel.arch))) {
-        run_bulk(params, *bulk, kernel, programmatic, device.multiprocessors, stream);
+        run_rows(params, *bulk, plan_rope_bulk_launch(*bulk, device.multiprocessors), kernel,
+                 programmatic, stream, "rope_bulk_kernel");
         return;
     }
 
     // Plain RoPE of [B, H, S, D] buffers, dense: the flat path (RopePlan::flat_rows).
     if (const std::optional<RopeBulkParams> flat = flat_rows_of(spec, p)) {
-        run_flat(spec, params, *flat, kernel, programmatic, stream);
+        run_rows(params, *flat, plan_rope_flat_launch(spec, *flat), kernel, programmatic, stream,
+                 "rope_flat_kernel");
         return;
     }
 
@@ -522,33 +524,17 @@ void RopeCuda::run(const RopeProblem& p, void* stream_handle) {
     stats_.launches.fetch_add(1, std::memory_order_relaxed);
 }
 
-void RopeCuda::run_bulk(const RopeKernelParams& params, const RopeBulkParams& bulk,
-                        const LoadedKernel& kernel, bool programmatic, int64_t sms,
-                        CUstream stream) {
+void RopeCuda::run_rows(const RopeKernelParams& params, const RopeBulkParams& rows,
+                        const RopeBulkLaunch& shape, const LoadedKernel& kernel,
+                        bool programmatic, CUstream stream, const char* what) {
     if (kernel.second_function == nullptr)
-        throw Error(ROPE_JIT_ERROR_INTERNAL, "rope: the bulk path's kernel was not loaded");
-    const RopeBulkLaunch shape = plan_rope_bulk_launch(bulk, sms);
-    if (shape.blocks == 0) return;
-    RopeBulkKernelParams arguments{params, bulk};
-    launch_kernel(devices_.api(),
-                  {kernel.second_function, unsigned(shape.blocks), unsigned(shape.threads),
-                   shape.shared_bytes, &arguments},
-                  stream, programmatic, "cuLaunchKernel(rope_bulk_kernel)");
-    stats_.launches.fetch_add(1, std::memory_order_relaxed);
-}
-
-void RopeCuda::run_flat(const KernelSpec& spec, const RopeKernelParams& params,
-                        const RopeBulkParams& rows, const LoadedKernel& kernel, bool programmatic,
-                        CUstream stream) {
-    if (kernel.second_function == nullptr)
-        throw Error(ROPE_JIT_ERROR_INTERNAL, "rope: the flat path's kernel was not loaded");
-    const RopeBulkLaunch shape = plan_rope_flat_launch(spec, rows);
+        throw Error(ROPE_JIT_ERROR_INTERNAL, fmt::format("rope: {} was not loaded", what));
     if (shape.blocks == 0) return;
     RopeBulkKernelParams arguments{params, rows};
     launch_kernel(devices_.api(),
                   {kernel.second_function, unsigned(shape.blocks), unsigned(shape.threads),
                    shape.shared_bytes, &arguments},
-                  stream, programmatic, "cuLaunchKernel(rope_flat_kernel)");
+                  stream, programmatic, fmt::format("cuLaunchKernel({})", what).c_str());
     stats_.launches.fetch_add(1, std::memory_order_relaxed);
 }
 

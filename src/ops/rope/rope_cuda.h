@@ -11,6 +11,7 @@
 #include "cuda/cuda_devices.h"
 #include "cuda/kernel_loader.h"
 #include "ops/rope/kernel_spec.h"
+#include "ops/rope/rope_dense_rows.h"
 #include "ops/rope/rope_problem.h"
 #include "rope_params.h"
 
@@ -84,15 +85,13 @@ private:
     // where the device and driver take it); the kernel's `programmatic` flag and the launch
     // follow the one answer.
     bool launches_programmatically(const RopeProblem& problem) const;
-    // The bulk path's launch (rope.cu's rope_bulk_kernel, where bulk_rows_of allows it), from
-    // run(): `params` the call's arguments, `sms` the device's multiprocessors.
-    void run_bulk(const RopeKernelParams& params, const RopeBulkParams& bulk,
-                  const LoadedKernel& kernel, bool programmatic, int64_t sms, CUstream stream);
-    // The flat path's launch (rope.cu's rope_flat_kernel, where flat_rows_of allows it), from
-    // run(): `rows` the call's dense rows and their divisors.
-    void run_flat(const KernelSpec& spec, const RopeKernelParams& params,
-                  const RopeBulkParams& rows, const LoadedKernel& kernel, bool programmatic,
-                  CUstream stream);
+    // The launch of rope.cu's paths over dense rows, from run(): the bulk path's
+    // (rope_bulk_kernel, where bulk_rows_of allows it) or the flat path's (rope_flat_kernel,
+    // where flat_rows_of does), the module's second entry, named `what`; `params` the call's
+    // arguments, `rows` its rows, `shape` their grid.
+    void run_rows(const RopeKernelParams& params, const RopeBulkParams& rows,
+                  const RopeBulkLaunch& shape, const LoadedKernel& kernel, bool programmatic,
+                  CUstream stream, const char* what);
     // The QK-norm kernel's launch (spec.qk_norm), from run().
     void run_norm(const RopeProblem& problem, const KernelSpec& spec, const LoadedKernel& kernel,
                   CUstream stream);

@@ -37,6 +37,25 @@ bool bulk_pair(const TensorRef& in, const TensorRef& out, bool heads_fastest) {
            aligned(out);
 }
 
+// The rows of q and of k, and the divisors that split a row index into (b, s), with the rows
+// in [B, S, H, D] order (heads_fastest: a token's heads together) or [B, H, S, D].
+RopeBulkParams dense_row_counts(const RopeProblem& p, bool heads_fastest) {
+    RopeBulkParams rows{};
+    rows.q_rows = p.batch * p.heads_q * p.seqlen_q;
+    rows.k_rows = p.has_k ? p.batch * p.heads_k * p.seqlen_k : 0;
+    rows.heads_fastest = heads_fastest ? 1 : 0;
+    rows.q_heads = row_divisor(p.heads_q);
+    rows.q_seqlen = row_divisor(p.seqlen_q);
+    if (p.has_k) {
+        rows.k_heads = row_divisor(p.heads_k);
+        rows.k_seqlen = row_divisor(p.seqlen_k);
+    }
+    return rows;
+}
+
+// Row indices the kernels split in 32 bits.
+constexpr int64_t kMaxRows = 0x7fffffff;
+
 }  // namespace
 
 std::optional<RopeBulkParams> bulk_rows_of(const KernelSpec& spec, const RopeProblem& p,
@@ -54,21 +73,11 @@ std::optional<RopeBulkParams> bulk_rows_of(const KernelSpec& spec, const RopePro
         }
     }
     if (!order_found) return std::nullopt;
-    RopeBulkParams bulk{};
-    bulk.q_rows = p.batch * p.heads_q * p.seqlen_q;
-    bulk.k_rows = p.has_k ? p.batch * p.heads_k * p.seqlen_k : 0;
-    constexpr int64_t kMaxRows = 0x7fffffff;
+    RopeBulkParams bulk = dense_row_counts(p, heads_fastest);
     if (bulk.q_rows > kMaxRows || bulk.k_rows > kMaxRows) return std::nullopt;
     bulk.tile_rows = int(kRopeBulkStageBytes / row_bytes);
     bulk.q_tiles = (bulk.q_rows + bulk.tile_rows - 1) / bulk.tile_rows;
     bulk.tiles = bulk.q_tiles + (bulk.k_rows + bulk.tile_rows - 1) / bulk.tile_rows;
-    bulk.heads_fastest = heads_fastest ? 1 : 0;
-    bulk.q_heads = row_divisor(p.heads_q);
-    bulk.q_seqlen = row_divisor(p.seqlen_q);
-    if (p.has_k) {
-        bulk.k_heads = row_divisor(p.heads_k);
-        bulk.k_seqlen = row_divisor(p.seqlen_k);
-    }
     return bulk;
 }
 
@@ -84,19 +93,10 @@ bool head_major_rows(const RopeProblem& p) {
 std::optional<RopeBulkParams> flat_rows_of(const KernelSpec& spec, const RopeProblem& p) {
     const RopePlan plan = rope_plan(spec);
     if (!plan.flat_rows || !head_major_rows(p)) return std::nullopt;
-    RopeBulkParams rows{};
-    rows.q_rows = p.batch * p.heads_q * p.seqlen_q;
-    rows.k_rows = p.has_k ? p.batch * p.heads_k * p.seqlen_k : 0;
-    constexpr int64_t kMaxRows = 0x7fffffff, kMaxItems = 0xffffffffLL;
+    const RopeBulkParams rows = dense_row_counts(p, false);
+    constexpr int64_t kMaxItems = 0xffffffffLL;  // the kernel's item index, in 32 bits
     for (const int64_t n : {rows.q_rows, rows.k_rows})
         if (n > kMaxRows || n * plan.rot_items > kMaxItems) return std::nullopt;
-    rows.heads_fastest = 0;
-    rows.q_heads = row_divisor(p.heads_q);
-    rows.q_seqlen = row_divisor(p.seqlen_q);
-    if (p.has_k) {
-        rows.k_heads = row_divisor(p.heads_k);
-        rows.k_seqlen = row_divisor(p.seqlen_k);
-    }
     return rows;
 }
 
