@@ -471,12 +471,29 @@ TEST_CASE("a call of dense [B, H, S, D] buffers gets the head_major spec, which 
     in.head_major = 1;
     in.table_dtype = {kDLBfloat, 16, 1};
     CHECK(rope_jit::kernel_spec_from_public(in) == spec);  // prewarm builds the call's kernel
+    rope_jit_kernel_spec with_norm = in;
+    with_norm.qk_norm = 1;
+    CHECK(rope_jit::kernel_spec_from_public(with_norm).head_major == 0);
     args.seqlen_offsets = offsets.dl();
     CHECK(spec_of(args).head_major == 1);
     args.seqlen_offsets = nullptr;
     args.positions = positions.dl();  // each item would look its position up: not flat
     CHECK(spec_of(args).head_major == 0);
     args.positions = nullptr;
+    // Specs whose plan has no flat path keep head_major 0 (one kernel for every layout, which
+    // a prewarm without the field still matches): angles from inv_freq, here; and so in JSON
+    // and the C struct.
+    HostTensor inv_freq(Dt::F32, {D / 2});
+    args.cos = args.sin = nullptr;
+    args.inv_freq = inv_freq.dl();
+    CHECK(spec_of(args).head_major == 0);
+    CHECK(spec_of(args) == manifest_spec("{" + common + R"(, "angles": "inv-freq", "table_dtype": "float32"})"));
+    CHECK(manifest_spec("{" + common + R"(, "angles": "inv-freq", "table_dtype": "float32", "head_major": true})")
+              .head_major == 0);
+    CHECK(manifest_spec("{" + common + R"(, "qk_norm": true, "head_major": true})").head_major == 0);
+    args.inv_freq = nullptr;
+    args.cos = cos_t.dl();
+    args.sin = sin_t.dl();
     // [B, S, H, D] memory, and a single head (both orders at once): not head_major.
     HostTensor q_tokens(Dt::BF16, {B, Hq, S, D}, {0, 2, 1, 3});
     HostTensor k_tokens(Dt::BF16, {B, Hk, S, D}, {0, 2, 1, 3});

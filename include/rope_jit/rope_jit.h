@@ -584,9 +584,11 @@ typedef struct rope_jit_kernel_spec {
     /* 1: q_out is float8 e4m3fn (then in_place must be 0). Default 0. */
     int q_fp8;
     /* 1: q and k (and outputs) in [B, H, S, D] memory, each one dense run of rows with a head's
-     * tokens next to each other (and more than one head and token): the kernel such calls take
-     * (it walks the rows as one array). Not with packed or positions INDICES. Default 0, the
-     * kernel of every other layout. */
+     * tokens next to each other (more than one head and token): the kernel such calls of plain
+     * RoPE take (table angles; no QK-norm, KV cache, FP8 output, xPos or unrotated features to
+     * copy), which walks the rows as one array; for other specs it is ignored (their kernel
+     * serves every layout). Not with packed or positions INDICES. Default 0: the kernel of
+     * calls on [B, S, H, D] memory, of decode (one token) and of every other layout. */
     int head_major;
 } rope_jit_kernel_spec;
 
@@ -687,8 +689,9 @@ ROPE_JIT_API rope_jit_status rope_jit_prewarm(rope_jit_runtime* runtime,
  *     "norm_unit_offset", "norm_weight_grad" (QK-norm; "norm_weight_dtype" names a dtype);
  *     KV cache and FP8: "kv_cache": "none" | "contiguous" | "slot-mapping" | "block-tables"
  *     (NHD and HND share a kernel), "kv_fp8", "q_fp8" (booleans), "v_head_dim" (0 = no v),
- *     and the derived "kv_index_int64", "kv_seqlen_offsets", "v_vec"; "head_major" (derived,
- *     default false): the kernel of calls on dense [B, H, S, D] buffers, as the struct's field.
+ *     and the derived "kv_index_int64", "kv_seqlen_offsets", "v_vec"; "head_major" (default
+ *     false, unlike the other derived fields: a C-contiguous [B, H, S, D] call gets true where
+ *     the struct's field says) for the kernel of calls on dense [B, H, S, D] buffers.
  *     Left out, the derived fields (index dtypes: int64 where read; in_place_k = in_place_q;
  *     "vec", "vec_loads", "copy_vec", "table_vec_loads", "norm_weight_vec_loads",
  *     "block_threads") take what a call with C-contiguous, 16-byte-aligned tensors gets; the

@@ -110,7 +110,8 @@ class Runtime:
         rotary_offset, style ("half"/"interleaved"/"proportional"), backward, has_k, gqa_group,
         positions ("implicit", "indices", "seqlen_offsets"), index_dtype ("int32"/"int64"), packed,
         angles ("table_half", "table_full", "inv_freq"), table_dtype, xpos, in_place, qk_norm,
-        norm_unit_offset, norm_weight_dtype, norm_weight_grad.
+        norm_unit_offset, norm_weight_dtype, norm_weight_grad, head_major (1 for calls on
+        C-contiguous [B, H, S, D] q and k, as rope() with layout="bhsd" makes them in prefill).
         """
         specs = list(specs)
         if not specs:

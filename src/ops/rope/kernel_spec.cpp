@@ -152,6 +152,12 @@ bool weights_friendly(const TensorRef& w) {
     return vectors_fit(w, 1, 16 / int64_t(dtype_size(w.dtype)));
 }
 
+// head_major only where the kernel uses it (its plan has the flat path): every other spec keeps
+// the one key that calls on any layout share, and prewarms of it keep matching them.
+void drop_unused_head_major(KernelSpec& spec) {
+    if (spec.head_major && !rope_plan(spec).flat_rows) spec.head_major = 0;
+}
+
 }  // namespace
 
 KernelSpec make_kernel_spec(const RopeProblem& p) {
@@ -229,6 +235,7 @@ KernelSpec make_kernel_spec(const RopeProblem& p) {
     }
     set_norm_access(spec, dtype_size(p.dtype), tensors_allow);
     spec.head_major = head_major_rows(p);
+    drop_unused_head_major(spec);
     return spec;
 }
 
@@ -316,6 +323,7 @@ KernelSpec kernel_spec_from_public(const rope_jit_kernel_spec& in) {
     // Last: the norm kernel's access fields override the others.
     set_norm_access(spec, spec.dtype == 0 ? 4 : 2, [](int64_t) { return true; });
     spec.validate();
+    drop_unused_head_major(spec);
     return spec;
 }
 
@@ -525,6 +533,7 @@ std::optional<KernelSpec> KernelSpec::from_json(const std::string& text, std::st
             if (!absent("block_threads")) spec.block_threads = given.block_threads;
         }
         spec.validate();
+        drop_unused_head_major(spec);
     } catch (const std::exception& e) {
         return fail(e.what());
     }
