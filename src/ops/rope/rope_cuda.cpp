@@ -480,14 +480,14 @@ void RopeCuda::run(const RopeProblem& p, void* stream_handle) {
     if (const std::optional<RopeBulkParams> bulk =
             bulk_rows_of(spec, p, std::min(device.compute_capability, kernel.arch))) {
         run_rows(params, *bulk, plan_rope_bulk_launch(*bulk, device.multiprocessors), kernel,
-                 programmatic, stream, "rope_bulk_kernel");
+                 programmatic, stream, "cuLaunchKernel(rope_bulk_kernel)");
         return;
     }
 
     // Plain RoPE of [B, H, S, D] buffers, dense: the flat path (RopePlan::flat_rows).
     if (const std::optional<RopeBulkParams> flat = flat_rows_of(spec, p)) {
         run_rows(params, *flat, plan_rope_flat_launch(spec, *flat), kernel, programmatic, stream,
-                 "rope_flat_kernel");
+                 "cuLaunchKernel(rope_flat_kernel)");
         return;
     }
 
@@ -528,13 +528,14 @@ void RopeCuda::run_rows(const RopeKernelParams& params, const RopeBulkParams& ro
                         const RopeBulkLaunch& shape, const LoadedKernel& kernel,
                         bool programmatic, CUstream stream, const char* what) {
     if (kernel.second_function == nullptr)
-        throw Error(ROPE_JIT_ERROR_INTERNAL, fmt::format("rope: {} was not loaded", what));
+        throw Error(ROPE_JIT_ERROR_INTERNAL,
+                    fmt::format("rope: the module's second entry was not loaded ({})", what));
     if (shape.blocks == 0) return;
     RopeBulkKernelParams arguments{params, rows};
     launch_kernel(devices_.api(),
                   {kernel.second_function, unsigned(shape.blocks), unsigned(shape.threads),
                    shape.shared_bytes, &arguments},
-                  stream, programmatic, fmt::format("cuLaunchKernel({})", what).c_str());
+                  stream, programmatic, what);
     stats_.launches.fetch_add(1, std::memory_order_relaxed);
 }
 

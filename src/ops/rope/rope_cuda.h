@@ -87,8 +87,9 @@ private:
     bool launches_programmatically(const RopeProblem& problem) const;
     // The launch of rope.cu's paths over dense rows, from run(): the bulk path's
     // (rope_bulk_kernel, where bulk_rows_of allows it) or the flat path's (rope_flat_kernel,
-    // where flat_rows_of does), the module's second entry, named `what`; `params` the call's
-    // arguments, `rows` its rows, `shape` their grid.
+    // where flat_rows_of does), the module's second entry; `params` the call's arguments,
+    // `rows` its rows, `shape` their grid, `what` the launch as errors name it (a literal: no
+    // string is built on the launch path).
     void run_rows(const RopeKernelParams& params, const RopeBulkParams& rows,
                   const RopeBulkLaunch& shape, const LoadedKernel& kernel, bool programmatic,
                   CUstream stream, const char* what);
