@@ -75,7 +75,7 @@ ROPE_JIT_HOST_DEVICE constexpr RopeShape spec_shape() {
     s.backward = BACKWARD_PASS;
     s.kv_cache = KV_CACHE != 0;
     s.q_fp8 = Q_FP8;
-    s.head_major = HEAD_MAJOR;
+    s.dense_rows = DENSE_ROWS;
     return s;
 }
 // A function, not a constexpr variable: NVRTC emits each namespace-scope constant as a global

@@ -158,7 +158,7 @@ struct RopeShape {
     bool qk_norm, backward;  // RMSNorm of each head first (QK-norm); the gradient pass
     bool kv_cache;           // k (and v) written into a KV cache
     bool q_fp8;              // q_out holds float8 e4m3fn
-    bool head_major;         // [B, H, S, D] memory, dense (KernelSpec::head_major)
+    bool dense_rows;         // q, k and outputs dense rows (KernelSpec::dense_rows)
 };
 
 // Work items per head of the rope kernel (ROT_ITEMS in rope.cu): interleaved, one per vector of
@@ -255,17 +255,16 @@ struct RopePlan {
     // The bulk path's work items a row (PAIR_ITEMS in rope.cu): each rotates pairs_per_item
     // pairs in place (half style: a chunk of first halves and its partner chunk).
     int bulk_items;
-    // [B, H, S, D] buffers (a head's tokens next to each other: KernelSpec::head_major) take the
-    // flat path (rope.cu's rope_flat_kernel, the module's second entry; compiled for such specs
-    // alone, as it adds about a sixth to a module's NVRTC time): their dense rows, q's then k's,
-    // walked as one array of the direct path's rotation items, an item a thread, a block's
-    // items consecutive in memory, each thread finding its row's (b, s) by multiply-shift
-    // divisions. One token a block (the direct path) reads such buffers in runs of a row, a
-    // head plane apart. Plans of the direct path's kind (table spans, no gradient sums, no
-    // unrotated copies to make) without a KV cache, QK-norm or FP8 output. H200 run DU
-    // (session 27), fractions of copy, staged or direct -> flat: D64 [B,H,S,D] interleaved
-    // 0.825-0.826 -> 0.895, Llama-3-8B [B,H,S,D] 0.905-0.908 -> 0.934, its backward
-    // 0.905-0.907 -> 0.931.
+    // Calls on dense rows (KernelSpec::dense_rows: which calls, and what each kind measured,
+    // in rope_dense_rows.h's flat_rows_call) take the flat path (rope.cu's rope_flat_kernel,
+    // the module's second entry; compiled for such specs alone, as it adds about a sixth to a
+    // module's NVRTC time): their rows, q's then k's, walked as one array of the direct path's
+    // rotation items, an item a thread, a block's items consecutive in memory, each thread
+    // finding its row's (b, s) by multiply-shift divisions. Plans of the direct path's kind
+    // (table spans, no gradient sums, no unrotated copies to make) without a KV cache, QK-norm
+    // or FP8 output. H200, fractions of copy, staged or direct -> flat: Llama-3-8B [B,H,S,D]
+    // 0.905 -> 0.934 (run DU, session 27), [B,S,H,D] 0.932-0.941 -> 0.952-0.953 (runs DW-DX,
+    // session 28).
     bool flat_rows;
 };
 // The bulk path's geometry (RopePlan::bulk_rows): blocks of kRopeBulkThreads threads, each
@@ -338,7 +337,7 @@ ROPE_JIT_HOST_DEVICE constexpr RopePlan rope_plan(const RopeShape& s) {
     plan.bulk_rows = plan.out_of_place_partial && s.head_dim <= 128 &&
                      !plan.shared_angles && !s.freq_grad && plan.roles == 1 && !s.kv_cache &&
                      !s.qk_norm && !s.q_fp8 && s.v_dim == 0;
-    plan.flat_rows = s.head_major && plan.one_token_direct && !s.kv_cache && !s.qk_norm &&
+    plan.flat_rows = s.dense_rows && plan.one_token_direct && !s.kv_cache && !s.qk_norm &&
                      !s.q_fp8 && s.v_dim == 0;
     return plan;
 }

@@ -1,5 +1,6 @@
-// rope.cu's flat path (RopePlan::flat_rows, rope_flat_kernel: plain RoPE of dense [B, H, S, D]
-// buffers, their rows walked as one array of rotation items) against the CPU backend, through
+// rope.cu's flat path (RopePlan::flat_rows, rope_flat_kernel: plain RoPE of dense rows, in
+// [B, H, S, D] memory or 16-bit [B, S, H, D] rotated whole, walked as one array of rotation
+// items) against the CPU backend, through
 // the public C API. Each GPU call first checks that the launcher takes that path for it, or
 // not (flat_rows_of on the call's own RopeProblem). The GPU cases are in TEST_SUITE("gpu"); one
 // CPU case checks their calls and compiles their kernels without a GPU.
@@ -47,10 +48,10 @@ void check_against_cpu(GpuFixture& f, const Spec& c, bool flat, uint32_t seed) {
     check_gpu_matches_cpu(p, device.download(p), from_cpu, gpu_tolerance(c));
 }
 
-Spec head_major(Dt dt, int64_t D) {
+Spec dense_spec(Dt dt, int64_t D, Layout layout = Layout::BHSD) {
     Spec c;
     c.dt = c.table_dt = dt;
-    c.layout = Layout::BHSD;
+    c.layout = layout;
     c.angles = Angles::FullTable;
     c.D = c.R = D;
     return c;
@@ -69,67 +70,75 @@ struct FlatCase {
 std::vector<FlatCase> flat_cases() {
     std::vector<FlatCase> cases;
     uint32_t seed = 1;
-    // Small problems (the last block partly idle): every dtype, pair style and head size, the
-    // directions, position sources, outputs and q alone spread over them.
-    for (Dt dt : {Dt::F32, Dt::F16, Dt::BF16})
-        for (int style = 0; style < 3; ++style)
-            for (int64_t D : {64, 80, 128}) {
-                Spec c = head_major(dt, D);
-                c.interleaved = style == 1;
-                c.proportional = style == 2;
-                c.angles = style == 0 ? Angles::HalfTable : Angles::FullTable;
-                c.table_dt = style == 0 ? Dt::F32 : dt;
-                c.positions = seed % 3 == 0 ? Positions::SeqlenOffsets : Positions::Implicit;
-                c.position_offset = c.positions == Positions::Implicit ? seed % 4 : 0;
-                c.backward = seed % 2 == 0;
-                c.in_place = seed % 4 != 1;
-                c.has_k = seed % 5 != 0;
-                c.B = 2, c.S = 37, c.Hk = 3, c.group = 2;
-                cases.push_back({c, true, seed++, Group::Sweep});
-            }
+    // Small problems (the last block partly idle): both row orders, every dtype, pair style and
+    // head size, the directions, position sources, outputs and q alone spread over them.
+    // [B, S, H, D] float32 stays on the direct path (it is faster there).
+    for (Layout layout : {Layout::BHSD, Layout::BSHD})
+        for (Dt dt : {Dt::F32, Dt::F16, Dt::BF16})
+            for (int style = 0; style < 3; ++style)
+                for (int64_t D : {64, 80, 128}) {
+                    Spec c = dense_spec(dt, D, layout);
+                    c.interleaved = style == 1;
+                    c.proportional = style == 2;
+                    c.angles = style == 0 ? Angles::HalfTable : Angles::FullTable;
+                    c.table_dt = style == 0 ? Dt::F32 : dt;
+                    c.positions = seed % 3 == 0   ? Positions::SeqlenOffsets
+                                  : seed % 3 == 1 ? Positions::PerBatchToken
+                                                  : Positions::Implicit;
+                    c.position_offset = c.positions == Positions::Implicit ? seed % 4 : 0;
+                    c.backward = seed % 2 == 0;
+                    c.in_place = seed % 4 != 1;
+                    c.has_k = seed % 5 != 0;
+                    c.B = 2, c.S = 37, c.Hk = 3, c.group = 2;
+                    const bool flat = layout == Layout::BHSD || dt != Dt::F32;
+                    cases.push_back({c, flat, seed++, Group::Sweep});
+                }
     // In-place partial rotary (only the rotated spans), at an offset; k with more (cached)
     // tokens than q, so that k reads angles of its own rows (RopePlan::roles 2).
-    Spec partial = head_major(Dt::BF16, 128);
+    Spec partial = dense_spec(Dt::BF16, 128);
     partial.R = 64;
     partial.offset = 32;
     partial.interleaved = true;
     cases.push_back({partial, true, seed++, Group::Sweep});
-    Spec longer_k = head_major(Dt::F16, 64);
+    Spec longer_k = dense_spec(Dt::F16, 64);
     longer_k.q_extra = 3;
     longer_k.S = 29;
     cases.push_back({longer_k, true, seed++, Group::Sweep});
-    // Many blocks: Llama-3-8B's heads over 1024 tokens (bf16, half style and interleaved), and
-    // D64 interleaved over 2048.
-    for (const bool interleaved : {false, true}) {
-        Spec large = head_major(Dt::BF16, 128);
-        large.interleaved = interleaved;
-        large.B = 1, large.S = 1024, large.Hk = 8, large.group = 4;
-        cases.push_back({large, true, seed++, Group::Large});
-    }
-    Spec d64 = head_major(Dt::BF16, 64);
+    // Many blocks: Llama-3-8B's heads over 1024 tokens (bf16, half style and interleaved, both
+    // row orders; a positions tensor in [B, S, H, D]), and D64 interleaved over 2048.
+    for (Layout layout : {Layout::BHSD, Layout::BSHD})
+        for (const bool interleaved : {false, true}) {
+            Spec large = dense_spec(Dt::BF16, 128, layout);
+            large.interleaved = interleaved;
+            large.B = 1, large.S = 1024, large.Hk = 8, large.group = 4;
+            if (layout == Layout::BSHD && interleaved) large.positions = Positions::PerToken;
+            cases.push_back({large, true, seed++, Group::Large});
+        }
+    Spec d64 = dense_spec(Dt::BF16, 64);
     d64.interleaved = true;
     d64.B = 2, d64.S = 2048, d64.Hk = 4, d64.group = 1;
     cases.push_back({d64, true, seed++, Group::Large});
-    // Calls the flat path leaves to the others: [B, S, H, D] memory, rows with padding, a
-    // positions tensor, angles from inv_freq, one token a sequence, out-of-place partial
-    // rotary (the bulk or staged path).
-    Spec tokens_together = head_major(Dt::BF16, 64);
-    tokens_together.layout = Layout::BSHD;
-    cases.push_back({tokens_together, false, seed++, Group::Others});
-    Spec padded = head_major(Dt::BF16, 64);
+    // Calls the flat path leaves to the others: [B, S, H, D] memory rotated in part in place,
+    // rows with padding, angles from inv_freq, one token a sequence, out-of-place partial
+    // rotary (the bulk or staged path), a packed batch.
+    Spec tokens_partial = dense_spec(Dt::BF16, 128, Layout::BSHD);
+    tokens_partial.R = 64;
+    cases.push_back({tokens_partial, false, seed++, Group::Others});
+    Spec padded = dense_spec(Dt::BF16, 64);
     padded.layout = Layout::Padded;
     cases.push_back({padded, false, seed++, Group::Others});
-    Spec positions = head_major(Dt::BF16, 64);
-    positions.positions = Positions::PerBatchToken;
-    cases.push_back({positions, false, seed++, Group::Others});
-    Spec inv_freq = head_major(Dt::F32, 64);
+    Spec packed = dense_spec(Dt::BF16, 64, Layout::Packed);
+    cases.push_back({packed, false, seed++, Group::Others});
+    Spec inv_freq = dense_spec(Dt::F32, 64);
     inv_freq.angles = Angles::InvFreq;
     cases.push_back({inv_freq, false, seed++, Group::Others});
-    Spec one_token = head_major(Dt::BF16, 128);
-    one_token.S = 1;
-    one_token.B = 8;
-    cases.push_back({one_token, false, seed++, Group::Others});
-    Spec partial_out = head_major(Dt::BF16, 96);
+    for (Layout layout : {Layout::BHSD, Layout::BSHD}) {
+        Spec one_token = dense_spec(Dt::BF16, 128, layout);
+        one_token.S = 1;
+        one_token.B = 8;
+        cases.push_back({one_token, false, seed++, Group::Others});
+    }
+    Spec partial_out = dense_spec(Dt::BF16, 96);
     partial_out.R = 24;
     partial_out.in_place = false;
     cases.push_back({partial_out, false, seed++, Group::Others});
@@ -183,8 +192,8 @@ TEST_CASE("the flat path's GPU calls run on the CPU backend, take that path wher
 
 TEST_SUITE("gpu") {
     TEST_CASE_FIXTURE(GpuFixture,
-                      "plain RoPE of [B,H,S,D] buffers through the flat path matches the CPU "
-                      "backend: every dtype, pair style, head size, direction and output") {
+                      "plain RoPE of dense rows through the flat path matches the CPU backend: "
+                      "both row orders, every dtype, pair style, head size, direction and output") {
         check_group(*this, Group::Sweep);
     }
 

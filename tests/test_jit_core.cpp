@@ -287,17 +287,17 @@ TEST_CASE(
         std::string second_entry;
     };
     KernelSpec plain_inv_freq = rope_spec();  // angles computed per token: no flat path
-    plain_inv_freq.head_major = 1;
+    plain_inv_freq.dense_rows = 1;
     plain_inv_freq.angles_from_inv_freq = 1;
     plain_inv_freq.table_full = 0;
-    KernelSpec head_major = rope_spec();  // [B, H, S, D] buffers
-    head_major.head_major = 1;
-    KernelSpec head_major_out_of_place = head_major;
-    head_major_out_of_place.in_place_q = head_major_out_of_place.in_place_k = 0;
+    KernelSpec dense_rows = rope_spec();  // [B, H, S, D] buffers
+    dense_rows.dense_rows = 1;
+    KernelSpec dense_rows_out_of_place = dense_rows;
+    dense_rows_out_of_place.in_place_q = dense_rows_out_of_place.in_place_k = 0;
     // Without a cache rope_kernel takes the direct path too (RopePlan::direct_entry).
     std::vector<Case> cases = {{"plain", rope_spec(), ""},
-                               {"plain, [B,H,S,D]", head_major, "rope_flat_kernel"},
-                               {"plain, [B,H,S,D], out of place", head_major_out_of_place,
+                               {"plain, [B,H,S,D]", dense_rows, "rope_flat_kernel"},
+                               {"plain, [B,H,S,D], out of place", dense_rows_out_of_place,
                                 "rope_flat_kernel"},
                                {"plain, inv_freq", plain_inv_freq, ""},
                                {"paged KV + FP8", kv, "rope_direct_kernel"},

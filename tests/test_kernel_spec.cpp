@@ -407,8 +407,9 @@ TEST_CASE(
     args.k = k.dl();
     args.cos = cos_t.dl();
     args.sin = sin_t.dl();
-    const std::string common =
-        R"("head_dim": 128, "gqa_group": 4, "dtype": "bfloat16", "table_dtype": "bfloat16")";
+    // (Dense rows of a token's heads together, 16-bit, rotated whole: the flat path's kernel.)
+    const std::string common = R"("head_dim": 128, "gqa_group": 4, "dtype": "bfloat16", )"
+                               R"("table_dtype": "bfloat16", "dense_rows": true)";
     for (int backward = 0; backward < 2; ++backward) {
         args.backward = backward;
         const std::string direction = backward ? R"(, "direction": "backward")" : "";
@@ -447,10 +448,11 @@ TEST_CASE(
     CHECK(rope_jit::kernel_spec_from_public(in) == spec_of(args));
 }
 
-TEST_CASE("a call of dense [B, H, S, D] buffers gets the head_major spec, which a manifest and "
-          "the C struct name") {
-    // head_major (the flat path's kernel) is derived from the call's tensors: [B, H, S, D]
-    // memory, dense, more than one head and token, no positions tensor, not packed.
+TEST_CASE("a call of dense rows gets the dense_rows spec, which a manifest and the C struct "
+          "name") {
+    // dense_rows (the flat path's kernel) is derived from the call's tensors: dense rows, not
+    // packed, in [B, H, S, D] memory (more than one head and token), or in [B, S, H, D] memory
+    // with 16-bit elements, the whole head rotated and more than one token.
     const int64_t B = 2, S = 16, Hq = 8, Hk = 2, D = 64;
     HostTensor q(Dt::BF16, {B, Hq, S, D}), k(Dt::BF16, {B, Hk, S, D});
     HostTensor cos_t(Dt::BF16, {S, D}), sin_t(Dt::BF16, {S, D});
@@ -464,53 +466,91 @@ TEST_CASE("a call of dense [B, H, S, D] buffers gets the head_major spec, which 
     const std::string common =
         R"("head_dim": 64, "gqa_group": 4, "dtype": "bfloat16", "table_dtype": "bfloat16")";
     const KernelSpec spec = spec_of(args);
-    CHECK(spec.head_major == 1);
-    CHECK(spec == manifest_spec("{" + common + R"(, "head_major": true})"));
+    CHECK(spec.dense_rows == 1);
+    CHECK(spec == manifest_spec("{" + common + R"(, "dense_rows": true})"));
     rope_jit_kernel_spec in = public_spec(64, {kDLBfloat, 16, 1});
     in.gqa_group = 4;
-    in.head_major = 1;
+    in.dense_rows = 1;
     in.table_dtype = {kDLBfloat, 16, 1};
     CHECK(rope_jit::kernel_spec_from_public(in) == spec);  // prewarm builds the call's kernel
     rope_jit_kernel_spec with_norm = in;
     with_norm.qk_norm = 1;
-    CHECK(rope_jit::kernel_spec_from_public(with_norm).head_major == 0);
+    CHECK(rope_jit::kernel_spec_from_public(with_norm).dense_rows == 0);
     args.seqlen_offsets = offsets.dl();
-    CHECK(spec_of(args).head_major == 1);
+    CHECK(spec_of(args).dense_rows == 1);
     args.seqlen_offsets = nullptr;
-    args.positions = positions.dl();  // each item would look its position up: not flat
-    CHECK(spec_of(args).head_major == 0);
+    args.positions = positions.dl();  // each item looks its position up
+    CHECK(spec_of(args).dense_rows == 1);
+    CHECK(spec_of(args) ==
+          manifest_spec("{" + common + R"(, "positions": "indices", "dense_rows": true})"));
     args.positions = nullptr;
-    // Specs whose plan has no flat path keep head_major 0 (one kernel for every layout, which
+    // float32 [B, H, S, D] too.
+    HostTensor q32(Dt::F32, {B, Hq, S, D}), k32(Dt::F32, {B, Hk, S, D});
+    HostTensor cos32(Dt::F32, {S, D}), sin32(Dt::F32, {S, D});
+    args.q = q32.dl();
+    args.k = k32.dl();
+    args.cos = cos32.dl();
+    args.sin = sin32.dl();
+    CHECK(spec_of(args).dense_rows == 1);
+    args.q = q.dl();
+    args.k = k.dl();
+    args.cos = cos_t.dl();
+    args.sin = sin_t.dl();
+    // Specs whose plan has no flat path keep dense_rows 0 (one kernel for every layout, which
     // a prewarm without the field still matches): angles from inv_freq, here; and so in JSON
     // and the C struct.
     HostTensor inv_freq(Dt::F32, {D / 2});
     args.cos = args.sin = nullptr;
     args.inv_freq = inv_freq.dl();
-    CHECK(spec_of(args).head_major == 0);
+    CHECK(spec_of(args).dense_rows == 0);
     CHECK(spec_of(args) == manifest_spec("{" + common + R"(, "angles": "inv-freq", "table_dtype": "float32"})"));
-    CHECK(manifest_spec("{" + common + R"(, "angles": "inv-freq", "table_dtype": "float32", "head_major": true})")
-              .head_major == 0);
-    CHECK(manifest_spec("{" + common + R"(, "qk_norm": true, "head_major": true})").head_major == 0);
+    CHECK(manifest_spec("{" + common + R"(, "angles": "inv-freq", "table_dtype": "float32", "dense_rows": true})")
+              .dense_rows == 0);
+    CHECK(manifest_spec("{" + common + R"(, "qk_norm": true, "dense_rows": true})").dense_rows == 0);
     args.inv_freq = nullptr;
     args.cos = cos_t.dl();
     args.sin = sin_t.dl();
-    // [B, S, H, D] memory, and a single head (both orders at once): not head_major.
+    // [B, S, H, D] memory, and a single head (both orders at once): dense_rows with 16-bit
+    // elements rotated whole over more than one token; not float32, partial rotary or one
+    // token a sequence.
     HostTensor q_tokens(Dt::BF16, {B, Hq, S, D}, {0, 2, 1, 3});
     HostTensor k_tokens(Dt::BF16, {B, Hk, S, D}, {0, 2, 1, 3});
     args.q = q_tokens.dl();
     args.k = k_tokens.dl();
-    CHECK(spec_of(args).head_major == 0);
+    CHECK(spec_of(args).dense_rows == 1);
+    CHECK(spec_of(args) == spec);  // one kernel for either order
+    HostTensor cos_half(Dt::BF16, {S, D / 2}), sin_half(Dt::BF16, {S, D / 2});
+    args.cos = cos_half.dl();
+    args.sin = sin_half.dl();
+    args.rotary_dim = D / 2;
+    CHECK(spec_of(args).dense_rows == 0);  // partial rotary in place
+    args.rotary_dim = 0;
+    args.cos = cos_t.dl();
+    args.sin = sin_t.dl();
+    HostTensor q_tokens32(Dt::F32, {B, Hq, S, D}, {0, 2, 1, 3});
+    HostTensor k_tokens32(Dt::F32, {B, Hk, S, D}, {0, 2, 1, 3});
+    args.q = q_tokens32.dl();
+    args.k = k_tokens32.dl();
+    args.cos = cos32.dl();
+    args.sin = sin32.dl();
+    CHECK(spec_of(args).dense_rows == 0);
+    args.cos = cos_t.dl();
+    args.sin = sin_t.dl();
+    HostTensor q_decode(Dt::BF16, {B, Hq, 1, D}), k_decode(Dt::BF16, {B, Hk, 1, D});
+    args.q = q_decode.dl();
+    args.k = k_decode.dl();
+    CHECK(spec_of(args).dense_rows == 0);
     HostTensor q_one(Dt::BF16, {B, 1, S, D});
     args.q = q_one.dl();
     args.k = nullptr;
-    CHECK(spec_of(args).head_major == 0);
-    // With packed tensors or a positions tensor the field is refused, naming it.
+    CHECK(spec_of(args).dense_rows == 1);
+    // With packed tensors the field is refused, naming it.
     std::string error;
-    CHECK_FALSE(KernelSpec::from_json(
-        R"({"head_dim": 64, "head_major": true, "positions": "indices"})", &error));
-    CHECK(error.find("head_major") != std::string::npos);
-    in.positions = ROPE_JIT_POSITIONS_INDICES;
-    CHECK_THROWS_WITH_AS(rope_jit::kernel_spec_from_public(in), doctest::Contains("head_major"),
+    CHECK_FALSE(
+        KernelSpec::from_json(R"({"head_dim": 64, "dense_rows": true, "packed": true})", &error));
+    CHECK(error.find("dense_rows") != std::string::npos);
+    in.packed = 1;
+    CHECK_THROWS_WITH_AS(rope_jit::kernel_spec_from_public(in), doctest::Contains("dense_rows"),
                          rope_jit::Error);
 }
 

@@ -292,20 +292,20 @@ TEST_CASE("the bulk path takes dense, aligned rows of q and k in one order, else
 
 TEST_CASE("the flat path's plan: plain RoPE of the direct path's kind, no cache, norm or FP8") {
     RopeShape s = shape(128, 128, 8, false, true);  // Llama, in place
-    CHECK_FALSE(rope_plan(s).flat_rows);  // not [B, H, S, D] memory: no flat entry to compile
-    s.head_major = true;
+    CHECK_FALSE(rope_plan(s).flat_rows);  // not a call on dense rows: no flat entry to compile
+    s.dense_rows = true;
     CHECK(rope_plan(s).flat_rows);
     s.in_place_q = s.in_place_k = false;  // out of place, full rotary: still one store an item
     CHECK(rope_plan(s).flat_rows);
     RopeShape partial = shape(64, 32, 8, false, true);  // in place: only the rotated spans
-    partial.head_major = true;
+    partial.dense_rows = true;
     CHECK(rope_plan(partial).flat_rows);
     partial.in_place_q = partial.in_place_k = false;  // unrotated features to copy: bulk path
     CHECK_FALSE(rope_plan(partial).flat_rows);
     CHECK(rope_plan(partial).bulk_rows);
     for (int variant = 0; variant < 8; ++variant) {
         RopeShape other = shape(64, 64, 8, true, true);
-        other.head_major = true;
+        other.dense_rows = true;
         other.angles_from_inv_freq = variant == 0;
         other.has_xpos = variant == 1;
         other.freq_grad = variant == 2;  // (with inv_freq)
@@ -323,7 +323,7 @@ TEST_CASE("the flat path's plan: plain RoPE of the direct path's kind, no cache,
         for (const bool in_place : {false, true})
             for (const int rotary : {32, 64}) {
                 RopeShape x = shape(64, rotary, 8, false, true);
-                x.head_major = true;
+                x.dense_rows = true;
                 x.kv_cache = kv;
                 x.in_place_q = x.in_place_k = in_place;
                 const RopePlan plan = rope_plan(x);
@@ -331,32 +331,33 @@ TEST_CASE("the flat path's plan: plain RoPE of the direct path's kind, no cache,
             }
 }
 
-TEST_CASE("the flat path takes dense [B, H, S, D] rows without a positions tensor, else the "
-          "others") {
+TEST_CASE("the flat path takes dense rows: [B, H, S, D] ones, and [B, S, H, D] ones of 16-bit "
+          "elements rotated whole over more than one token; else the others") {
     KernelSpec spec = llama_spec();  // bf16, D128, in place
     CHECK_FALSE(rope_jit::rope_plan(spec).flat_rows);
-    spec.head_major = 1;  // what make_kernel_spec derives for the [B, H, S, D] calls below
+    spec.dense_rows = 1;  // what make_kernel_spec derives for the calls below
     spec.validate();
     REQUIRE(rope_jit::rope_plan(spec).flat_rows);
     const int64_t B = 2, Hq = 4, Hk = 2, S = 300, D = 128;
-    // [B, H, S, D] views in memory order [B, H, S, D] (head_major) or [B, S, H, D].
-    auto view = [&](int64_t H, bool head_major) {
+    // [B, H, S, D] views in memory order [B, H, S, D] (dense_rows) or [B, S, H, D].
+    auto view = [&](int64_t H, bool dense_rows) {
         rope_jit::TensorRef t;
         t.ndim = 4;
         t.dtype = rope_jit::DType::BF16;
         t.data = reinterpret_cast<char*>(uintptr_t(1) << 20);
         const int64_t shape[4] = {B, H, S, D};
-        const int64_t strides[4] = {H * S * D, head_major ? S * D : D, head_major ? D : H * D, 1};
+        const int64_t strides[4] = {H * S * D, dense_rows ? S * D : D, dense_rows ? D : H * D, 1};
         for (int d = 0; d < 4; ++d) t.shape[d] = shape[d], t.strides[d] = strides[d];
         return t;
     };
-    auto problem = [&](bool head_major) {
+    auto problem = [&](bool dense_rows) {
         rope_jit::RopeProblem p;
         p.batch = B, p.seqlen_q = p.seqlen_k = S, p.heads_q = Hq, p.heads_k = Hk, p.head_dim = D;
+        p.rotary_dim = D;
         p.dtype = rope_jit::DType::BF16;
         p.has_k = true;
-        p.q = p.q_out = view(Hq, head_major);
-        p.k = p.k_out = view(Hk, head_major);
+        p.q = p.q_out = view(Hq, dense_rows);
+        p.k = p.k_out = view(Hk, dense_rows);
         return p;
     };
     const auto rows = rope_jit::flat_rows_of(spec, problem(true));
@@ -380,8 +381,31 @@ TEST_CASE("the flat path takes dense [B, H, S, D] rows without a positions tenso
     CHECK(launch.threads == kRopeFlatThreads);
     CHECK(launch.blocks == (items + kRopeFlatThreads - 1) / kRopeFlatThreads);
     CHECK(launch.shared_bytes == 0);
-    // [B, S, H, D] memory: a token's rows lie together, the direct path reads them in one run.
-    CHECK_FALSE(rope_jit::flat_rows_of(spec, problem(false)).has_value());
+    // [B, S, H, D] memory: a token's heads together, its row's (b, s) = (row / H) split by S.
+    const auto token_rows = rope_jit::flat_rows_of(spec, problem(false));
+    REQUIRE(token_rows.has_value());
+    CHECK(token_rows->q_rows == B * Hq * S);
+    CHECK(token_rows->k_rows == B * Hk * S);
+    CHECK(token_rows->heads_fastest == 1);
+    for (const unsigned row : {0u, 3u, 4u, 1199u, 1200u, 2399u}) {
+        CAPTURE(row);
+        const unsigned token = row_divide(row, token_rows->q_heads);
+        CHECK(token == row / Hq);
+        CHECK(row_divide(token, token_rows->q_seqlen) == row / (Hq * S));
+    }
+    // There: float32 (the direct path is faster), partial rotary in place, no.
+    rope_jit::RopeProblem tokens = problem(false);
+    tokens.dtype = rope_jit::DType::F32;
+    CHECK_FALSE(rope_jit::flat_rows_call(tokens));
+    CHECK_FALSE(rope_jit::flat_rows_of(spec, tokens).has_value());
+    tokens = problem(false);
+    tokens.rotary_dim = D / 2;
+    CHECK_FALSE(rope_jit::flat_rows_call(tokens));
+    // In [B, H, S, D] memory both are flat (measured apart only there: rope_dense_rows.h).
+    rope_jit::RopeProblem heads = problem(true);
+    heads.dtype = rope_jit::DType::F32;
+    heads.rotary_dim = D / 2;
+    CHECK(rope_jit::flat_rows_call(heads));
     // q and k in different orders; an output laid out unlike its input; rows with padding.
     rope_jit::RopeProblem p = problem(true);
     p.k = p.k_out = view(Hk, false);
@@ -400,28 +424,38 @@ TEST_CASE("the flat path takes dense [B, H, S, D] rows without a positions tenso
     REQUIRE(q_only.has_value());
     CHECK(q_only->k_rows == 0);
     CHECK(q_only->k_heads.divisor == 0);
-    // One token a sequence, or one head: the two orders are one; the direct path keeps them.
+    // One token a sequence (the two orders are one): decode keeps the direct path.
     p = problem(true);
     p.seqlen_q = p.seqlen_k = 1;
     for (rope_jit::TensorRef* t : {&p.q, &p.q_out, &p.k, &p.k_out}) t->shape[2] = 1;
     CHECK_FALSE(rope_jit::flat_rows_of(spec, p).has_value());
-    // A positions tensor (each item would look its position up) or a packed batch: no.
+    // One head (the two orders are one) over many tokens: the token order, flat.
     p = problem(true);
-    p.position_mode = rope_jit::PositionMode::Indices;
-    CHECK_FALSE(rope_jit::head_major_rows(p));
-    CHECK_FALSE(rope_jit::flat_rows_of(spec, p).has_value());
-    p = problem(true);
-    p.packed = true;
-    CHECK_FALSE(rope_jit::flat_rows_of(spec, p).has_value());
+    p.heads_q = p.heads_k = 1;
+    p.q = p.q_out = p.k = p.k_out = view(1, true);
+    const auto one_head = rope_jit::flat_rows_of(spec, p);
+    REQUIRE(one_head.has_value());
+    CHECK(one_head->heads_fastest == 1);
+    // A positions tensor: each item looks its position up, flat in either order. A packed
+    // batch: no.
+    for (const bool order : {true, false}) {
+        p = problem(order);
+        p.position_mode = rope_jit::PositionMode::Indices;
+        CHECK(rope_jit::flat_rows_call(p));
+        CHECK(rope_jit::flat_rows_of(spec, p).has_value());
+        p.packed = true;
+        CHECK_FALSE(rope_jit::flat_rows_call(p));
+        CHECK_FALSE(rope_jit::flat_rows_of(spec, p).has_value());
+    }
     // Sequence offsets (position_mode 2): the kernel reads them by the row's b.
     KernelSpec with_offsets = spec;
     with_offsets.position_mode = 2;
     p = problem(true);
     p.position_mode = rope_jit::PositionMode::SeqlenOffsets;
     CHECK(rope_jit::flat_rows_of(with_offsets, p).has_value());
-    // A spec without head_major (not derived from such a call): no flat entry, no flat path.
+    // A spec without dense_rows (not derived from such a call): no flat entry, no flat path.
     KernelSpec other_layout = spec;
-    other_layout.head_major = 0;
+    other_layout.dense_rows = 0;
     CHECK_FALSE(rope_jit::flat_rows_of(other_layout, problem(true)).has_value());
     // A plan without flat_rows (a KV cache): no.
     KernelSpec kv = spec;

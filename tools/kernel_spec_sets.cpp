@@ -171,13 +171,13 @@ std::vector<SpecTemplate> preset_templates(const std::string& name, const Ops& o
             templates.push_back(SpecTemplate{rope, name, ""});
         } else if (ops.rope) {
             templates.push_back(SpecTemplate{rope, name, ""});
-            // Calls on C-contiguous [B, H, S, D] q and k (rope_jit.rope's default layout) in
-            // prefill take the flat path's kernel (head_major; dropped, and the duplicate
-            // merged, where the plan has no flat path); a positions tensor keeps the other.
-            json head_major = rope;
-            head_major["head_major"] = true;
-            head_major["positions"] = {"implicit", "seqlen-offsets"};
-            templates.push_back(SpecTemplate{head_major, name, ""});
+            // Calls on dense rows in prefill (C-contiguous [B, H, S, D] q and k, rope_jit.rope's
+            // default layout, or [B, S, H, D] ones rotated whole) take the flat path's kernel
+            // (dense_rows; dropped, and the duplicate merged, where the plan has no flat path);
+            // decode and other layouts the first template's.
+            json dense_rows = rope;
+            dense_rows["dense_rows"] = true;
+            templates.push_back(SpecTemplate{dense_rows, name, ""});
         }
         // The attention op has no proportional pairs: such a preset prewarms RoPE only.
         if (ops.attention && std::string(preset.style) != "proportional")

@@ -832,7 +832,7 @@ int run(int argc, char** argv) {
     std::vector<int> head_dims, rotary_dims, rotary_offsets, gqa_groups;
     std::vector<std::string> dtypes, table_dtypes, styles, directions, positions, index_dtypes,
         angles;
-    bool q_only = false, packed = false, xpos = false, out_of_place = false, head_major = false;
+    bool q_only = false, packed = false, xpos = false, out_of_place = false, dense_rows = false;
     prewarm
         ->add_option("--head-dim", head_dims,
                      "spec: features per head (required for specs from flags)")
@@ -864,8 +864,9 @@ int run(int argc, char** argv) {
     prewarm->add_flag("--packed", packed, "spec: packed [T,H,D] tensors with cu_seqlens");
     prewarm->add_flag("--xpos", xpos, "spec: xPos scales");
     prewarm->add_flag("--out-of-place", out_of_place, "spec: separate outputs");
-    prewarm->add_flag("--head-major", head_major,
-                      "spec: q and k dense in [B,H,S,D] memory (a head's tokens together)");
+    prewarm->add_flag("--dense-rows", dense_rows,
+                      "spec: the kernel of prefill calls on dense rows ([B,H,S,D] memory, or "
+                      "16-bit [B,S,H,D] rotated whole)");
 
     // list, verify, prune, clear, info
     CLI::App* list = app.add_subcommand(
@@ -960,7 +961,7 @@ int run(int argc, char** argv) {
             if (packed) tmpl["packed"] = true;
             if (xpos) tmpl["xpos"] = true;
             if (out_of_place) tmpl["in_place_q"] = false;
-            if (head_major) tmpl["head_major"] = true;
+            if (dense_rows) tmpl["dense_rows"] = true;
             if (!tmpl.empty() && head_dims.empty())
                 throw UsageError("prewarm: --head-dim is required with the other spec flags");
             return run_prewarm(global, prewarm_options);

@@ -583,13 +583,16 @@ typedef struct rope_jit_kernel_spec {
     int32_t v_head_dim;
     /* 1: q_out is float8 e4m3fn (then in_place must be 0). Default 0. */
     int q_fp8;
-    /* 1: q and k (and outputs) in [B, H, S, D] memory, each one dense run of rows with a head's
-     * tokens next to each other (more than one head and token): the kernel such calls of plain
-     * RoPE take (table angles; no QK-norm, KV cache, FP8 output, xPos or unrotated features to
-     * copy), which walks the rows as one array; for other specs it is ignored (their kernel
-     * serves every layout). Not with packed or positions INDICES. Default 0: the kernel of
-     * calls on [B, S, H, D] memory, of decode (one token) and of every other layout. */
-    int head_major;
+    /* 1: q and k (and outputs) each one dense run of rows, for the kernel that walks them as
+     * one array (plain RoPE: table angles; no QK-norm, KV cache, FP8 output, xPos or
+     * unrotated features to copy; for other specs it is ignored, their kernel serves every
+     * layout). Calls get it with such rows either in [B, H, S, D] memory (a head's tokens next
+     * to each other, more than one head and token), or in [B, S, H, D] memory (a token's heads
+     * together, as C-contiguous [B, S, H, D] tensors) with 16-bit elements, the whole head
+     * rotated and more than one token a sequence. Not with packed. Default 0: the kernel of
+     * decode (one token), of float32 and partial rotary on [B, S, H, D] memory, and of every
+     * other layout. */
+    int dense_rows;
 } rope_jit_kernel_spec;
 
 /* Fills *spec with the defaults above and sets struct_size. NULL is ignored. */
@@ -689,9 +692,9 @@ ROPE_JIT_API rope_jit_status rope_jit_prewarm(rope_jit_runtime* runtime,
  *     "norm_unit_offset", "norm_weight_grad" (QK-norm; "norm_weight_dtype" names a dtype);
  *     KV cache and FP8: "kv_cache": "none" | "contiguous" | "slot-mapping" | "block-tables"
  *     (NHD and HND share a kernel), "kv_fp8", "q_fp8" (booleans), "v_head_dim" (0 = no v),
- *     and the derived "kv_index_int64", "kv_seqlen_offsets", "v_vec"; "head_major" (default
- *     false, unlike the other derived fields: a C-contiguous [B, H, S, D] call gets true where
- *     the struct's field says) for the kernel of calls on dense [B, H, S, D] buffers.
+ *     and the derived "kv_index_int64", "kv_seqlen_offsets", "v_vec"; "dense_rows" (default
+ *     false, unlike the other derived fields: C-contiguous calls get true where the struct's
+ *     field says) for the kernel of calls on dense rows.
  *     Left out, the derived fields (index dtypes: int64 where read; in_place_k = in_place_q;
  *     "vec", "vec_loads", "copy_vec", "table_vec_loads", "norm_weight_vec_loads",
  *     "block_threads") take what a call with C-contiguous, 16-byte-aligned tensors gets; the

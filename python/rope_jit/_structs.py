@@ -189,7 +189,7 @@ class KernelSpec(ctypes.Structure):
         ("kv_fp8", ctypes.c_int),
         ("v_head_dim", ctypes.c_int32),
         ("q_fp8", ctypes.c_int),
-        ("head_major", ctypes.c_int),
+        ("dense_rows", ctypes.c_int),
     ]
 
 

@@ -110,8 +110,9 @@ class Runtime:
         rotary_offset, style ("half"/"interleaved"/"proportional"), backward, has_k, gqa_group,
         positions ("implicit", "indices", "seqlen_offsets"), index_dtype ("int32"/"int64"), packed,
         angles ("table_half", "table_full", "inv_freq"), table_dtype, xpos, in_place, qk_norm,
-        norm_unit_offset, norm_weight_dtype, norm_weight_grad, head_major (1 for calls on
-        C-contiguous [B, H, S, D] q and k, as rope() with layout="bhsd" makes them in prefill).
+        norm_unit_offset, norm_weight_dtype, norm_weight_grad, dense_rows (1 for the
+        kernel of calls on dense rows in prefill: C-contiguous [B, H, S, D] q and k, as rope()
+        with layout="bhsd" makes them, or C-contiguous [B, S, H, D] 16-bit ones rotated whole).
         """
         specs = list(specs)
         if not specs:

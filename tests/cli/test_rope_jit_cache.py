@@ -536,16 +536,17 @@ class CommandLineTest(CacheTestCase):
             # rope_jit.rope in place, apply_rope and the HF drop-in out of place (forward and
             # the backward of autograd), with implicit positions, indices and per-sequence
             # offsets (the HF drop-in with a batch of [B, S, R] tables); HF-style full tables.
-            # And rope_jit.rope's C-contiguous [B, H, S, D] q and k in prefill (head_major: the
-            # flat path's kernel), without a positions tensor, where the plan has that path (not
-            # for out-of-place partial rotary, whose specs merge with the others).
+            # And calls on dense rows in prefill (dense_rows: the flat path's kernel;
+            # rope_jit.rope's C-contiguous [B, H, S, D] q and k, or 16-bit [B, S, H, D] ones
+            # rotated whole), where the plan has that path (not for out-of-place partial rotary,
+            # whose specs merge with the others).
             flat = name not in ("phi-2", "gpt-neox-20b", "phi-4-mini", "gpt-j-6b")
             expected = [(direction, positions, in_place, False) for direction in ("forward", "backward")
                         for positions in ("implicit", "indices", "seqlen-offsets") for in_place in (True, False)]
             expected += [(direction, positions, in_place, True) for direction in ("forward", "backward")
-                         for positions in ("implicit", "seqlen-offsets") for in_place in (True, False)
+                         for positions in ("implicit", "indices", "seqlen-offsets") for in_place in (True, False)
                          if flat or in_place]
-            self.assertEqual(sorted((spec["direction"], spec["positions"], spec["in_place_q"], spec["head_major"])
+            self.assertEqual(sorted((spec["direction"], spec["positions"], spec["in_place_q"], spec["dense_rows"])
                                     for spec in rope), sorted(expected), name)
             self.assertTrue(all(spec["angles"] == "table-full" and spec["has_k"] for spec in rope), name)
             attention = [spec for spec in specs if spec["op"] == "attention"]
@@ -574,32 +575,36 @@ class CommandLineTest(CacheTestCase):
         plan = json.loads(self.tool("--cache-dir", self.root, "prewarm", "--dry-run", "--json", "--preset",
                                     "gemma-4", "--target", "sm_90").stdout)
         specs = [kernel["spec"] for kernel in plan["kernels"]]
-        self.assertEqual(len(specs), 12 + 4)  # and head_major in place (forward, backward) x 2 positions
+        self.assertEqual(len(specs), 12 + 6)  # and dense_rows in place (forward, backward) x 3 positions
         for spec in specs:
             self.assertEqual((spec["op"], spec["style"], spec["head_dim"], spec["rotary_dim"], spec["gqa_group"]),
                              ("rope", "proportional", 512, 128, 2))
             self.assertEqual(spec["rotary_offset"], 0)
         result = self.tool("--cache-dir", self.root, "prewarm", "--json", "--preset", "gemma-4", "--target", "sm_90")
-        self.assertEqual(len(json.loads(result.stdout)["kernels"]), 16)
+        self.assertEqual(len(json.loads(result.stdout)["kernels"]), 18)
         listed = json.loads(self.tool("--cache-dir", self.root, "list", "--json").stdout)["items"]
-        self.assertEqual(sorted(item["spec_json"]["style"] for item in listed), ["proportional"] * 16)
+        self.assertEqual(sorted(item["spec_json"]["style"] for item in listed), ["proportional"] * 18)
         self.tool("prewarm", "--dry-run", "--preset", "gemma-4", "--ops", "attention", "--target", "sm_90",
                   expect=2)
         self.tool("--cache-dir", self.root, "prewarm", "--dry-run", "--head-dim", "64", "--rotary-dim", "16",
                   "--style", "proportional", "--target", "sm_90")
 
-    def test_head_major_specs_from_flags_and_their_limits(self):
-        # --head-major: q and k dense in [B,H,S,D] memory (the flat path's kernel); not with a
-        # positions tensor, which the spec check refuses naming the field.
+    def test_dense_rows_specs_from_flags_and_their_limits(self):
+        # --dense-rows: the kernel of calls on dense rows (the flat path's); with a positions
+        # tensor too; not packed, which the spec check refuses naming the field.
         plan = json.loads(self.tool("--cache-dir", self.root, "prewarm", "--dry-run", "--json", "--head-dim", "64",
-                                    "--head-major", "--target", "sm_90").stdout)
-        self.assertEqual([kernel["spec"]["head_major"] for kernel in plan["kernels"]], [True])
+                                    "--dense-rows", "--target", "sm_90").stdout)
+        self.assertEqual([kernel["spec"]["dense_rows"] for kernel in plan["kernels"]], [True])
         plain = json.loads(self.tool("--cache-dir", self.root, "prewarm", "--dry-run", "--json", "--head-dim", "64",
                                      "--target", "sm_90").stdout)
-        self.assertEqual([kernel["spec"]["head_major"] for kernel in plain["kernels"]], [False])
-        refused = self.tool("--cache-dir", self.root, "prewarm", "--dry-run", "--head-dim", "64", "--head-major",
-                            "--positions", "indices", "--target", "sm_90", expect=2)
-        self.assertIn("head_major", refused.stderr)
+        self.assertEqual([kernel["spec"]["dense_rows"] for kernel in plain["kernels"]], [False])
+        positions = json.loads(self.tool("--cache-dir", self.root, "prewarm", "--dry-run", "--json", "--head-dim",
+                                         "64", "--dense-rows", "--positions", "indices", "--target", "sm_90").stdout)
+        self.assertEqual([(kernel["spec"]["dense_rows"], kernel["spec"]["positions"])
+                          for kernel in positions["kernels"]], [(True, "indices")])
+        refused = self.tool("--cache-dir", self.root, "prewarm", "--dry-run", "--head-dim", "64", "--dense-rows",
+                            "--packed", "--target", "sm_90", expect=2)
+        self.assertIn("dense_rows", refused.stderr)
 
     def test_the_qwen3_8b_preset_prewarms_rope_kernels_with_qk_norm(self):
         # head_dim 128, 32/8 heads, q_norm/k_norm over the head before the rotation: forwards,
@@ -631,10 +636,10 @@ class CommandLineTest(CacheTestCase):
             "specs": [{"head_dim": [64, 128], "style": ["half", "interleaved"], "dtype": "float16"}]}).encode())
         plan = json.loads(self.tool("--cache-dir", self.root, "prewarm", "--dry-run", "--json", "--manifest", manifest,
                                     "--target", "sm_80,sm_90").stdout)
-        # llama3-8b and mistral-7b share their 20 specs (12, and 8 head_major)
-        self.assertEqual(len(plan["kernels"]), 2 * (20 + 4))
+        # llama3-8b and mistral-7b share their 24 specs (12, and 12 dense_rows)
+        self.assertEqual(len(plan["kernels"]), 2 * (24 + 4))
         merged = [kernel for kernel in plan["kernels"] if "mistral-7b" in kernel["sources"]]
-        self.assertEqual(len(merged), 2 * 20)
+        self.assertEqual(len(merged), 2 * 24)
         self.assertTrue(all(kernel["sources"] == ["llama3-8b", "mistral-7b"] for kernel in merged))
         for bad in ({"specs": [{"head_dim": 64, "colour": "blue"}]}, {"specs": [{"head_dim": 64, "style": []}]},
                     {"specs": [{"head_dim": 64}], "extra": 1}, {"presets": ["no-such-model"]}, {"specs": []}):
@@ -734,13 +739,13 @@ class CommandLineTest(CacheTestCase):
                           "--target", "sm_90")
         lines = first.stdout.splitlines()
         self.assertEqual(sum(line.startswith("compiled ") and (line.endswith(" ms") or line.endswith(" s"))
-                             for line in lines[:-1]), 20, first.stdout)
-        self.assertIn("20 compiled", lines[-1])
+                             for line in lines[:-1]), 24, first.stdout)
+        self.assertIn("24 compiled", lines[-1])
         self.assertIn("sm_90", lines[-1])
         second = self.tool("--cache-dir", self.root, "prewarm", "--preset", "llama3-8b", "--ops", "rope",
                            "--target", "sm_90")
-        self.assertEqual(sum(line.startswith("cached ") for line in second.stdout.splitlines()), 20, second.stdout)
-        self.assertIn("20 already cached", second.stdout)
+        self.assertEqual(sum(line.startswith("cached ") for line in second.stdout.splitlines()), 24, second.stdout)
+        self.assertIn("24 already cached", second.stdout)
 
     @needs_nvrtc
     def test_prewarm_starts_the_slowest_kernels_first(self):

@@ -152,10 +152,10 @@ bool weights_friendly(const TensorRef& w) {
     return vectors_fit(w, 1, 16 / int64_t(dtype_size(w.dtype)));
 }
 
-// head_major only where the kernel uses it (its plan has the flat path): every other spec keeps
+// dense_rows only where the kernel uses it (its plan has the flat path): every other spec keeps
 // the one key that calls on any layout share, and prewarms of it keep matching them.
-void drop_unused_head_major(KernelSpec& spec) {
-    if (spec.head_major && !rope_plan(spec).flat_rows) spec.head_major = 0;
+void drop_unused_dense_rows(KernelSpec& spec) {
+    if (spec.dense_rows && !rope_plan(spec).flat_rows) spec.dense_rows = 0;
 }
 
 }  // namespace
@@ -234,8 +234,8 @@ KernelSpec make_kernel_spec(const RopeProblem& p) {
             weights_friendly(p.q_norm_weight) && (!p.has_k || weights_friendly(p.k_norm_weight));
     }
     set_norm_access(spec, dtype_size(p.dtype), tensors_allow);
-    spec.head_major = head_major_rows(p);
-    drop_unused_head_major(spec);
+    spec.dense_rows = flat_rows_call(p);
+    drop_unused_dense_rows(spec);
     return spec;
 }
 
@@ -319,11 +319,11 @@ KernelSpec kernel_spec_from_public(const rope_jit_kernel_spec& in) {
         spec.v_vec = choose_v_width(spec, spec.dtype == 0 ? 4 : 2, [](int64_t) { return true; });
     }
     spec.q_fp8 = in.q_fp8 != 0;
-    spec.head_major = in.head_major != 0;
+    spec.dense_rows = in.dense_rows != 0;
     // Last: the norm kernel's access fields override the others.
     set_norm_access(spec, spec.dtype == 0 ? 4 : 2, [](int64_t) { return true; });
     spec.validate();
-    drop_unused_head_major(spec);
+    drop_unused_dense_rows(spec);
     return spec;
 }
 
@@ -424,8 +424,7 @@ void KernelSpec::validate() const {
     require(!seqlen_offsets_int64 || position_mode == 2 || kv_seqlen_offsets,
             "seqlen_offsets_int64: needs positions \"seqlen-offsets\" or kv_seqlen_offsets");
     require(!cu_seqlens_int64 || packed, "cu_seqlens_int64: needs packed");
-    require(!head_major || (!packed && position_mode != 1),
-            "head_major: not with packed tensors or positions \"indices\"");
+    require(!dense_rows || !packed, "dense_rows: not with packed tensors");
     require(has_k || (in_place_k && !k_own_angles), "in_place_k and k_own_angles: need has_k");
     require(qk_norm || (!norm_unit_offset && norm_weight_dtype == 0 && !norm_weight_grad),
             "norm_unit_offset, norm_weight_dtype and norm_weight_grad: need qk_norm");
@@ -533,7 +532,7 @@ std::optional<KernelSpec> KernelSpec::from_json(const std::string& text, std::st
             if (!absent("block_threads")) spec.block_threads = given.block_threads;
         }
         spec.validate();
-        drop_unused_head_major(spec);
+        drop_unused_dense_rows(spec);
     } catch (const std::exception& e) {
         return fail(e.what());
     }

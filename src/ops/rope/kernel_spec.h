@@ -104,7 +104,7 @@ constexpr int32_t kRopeMaxBlockThreads = 512;
     /* head's tokens together (not also a token's heads), no positions tensor, not packed; */     \
     /* the flat path (RopePlan::flat_rows) walks them. Kept only where the plan has that path */   \
     /* (else 0: one key for every layout); left out of JSON, 0 (a call's [B, S, H, D] memory) */   \
-    X(head_major, 0, "head_major", BooleanEnumerator, 0, 1, "HEAD_MAJOR", DERIVED)
+    X(dense_rows, 0, "dense_rows", BooleanEnumerator, 0, 1, "DENSE_ROWS", DERIVED)
 
 struct KernelSpec {
 #define ROPE_JIT_SPEC_MEMBER(member, init, ...) int32_t member = init;
@@ -127,7 +127,7 @@ struct KernelSpec {
     // The spec of a JSON object in to_json's vocabulary (what cache entries store, what
     // `rope-jit-cache list --json` prints and what manifests and rope_jit_prewarm_json take):
     // "op" may be left out or "rope"; fields marked DERIVED or PLAIN may be left out (DERIVED
-    // ones then take what a call with contiguous, 16-byte-aligned tensors gets; head_major 0);
+    // ones then take what a call with contiguous, 16-byte-aligned tensors gets; dense_rows 0);
     // unknown keys, wrong types and values out of range are errors. from_json(s.to_json()) == s. nullopt on
     // any error, with the reason (naming the field) in *error when error is not NULL.
     static std::optional<KernelSpec> from_json(const std::string& text, std::string* error);

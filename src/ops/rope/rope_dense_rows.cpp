@@ -81,19 +81,33 @@ std::optional<RopeBulkParams> bulk_rows_of(const KernelSpec& spec, const RopePro
     return bulk;
 }
 
-bool head_major_rows(const RopeProblem& p) {
-    if (p.packed || p.position_mode == PositionMode::Indices) return false;
-    const auto dense = [&](bool heads_fastest) {
-        return dense_rows(p.q, heads_fastest) && dense_rows(p.q_out, heads_fastest) &&
-               (!p.has_k || (dense_rows(p.k, heads_fastest) && dense_rows(p.k_out, heads_fastest)));
-    };
-    return !dense(true) && dense(false);
+namespace {
+
+// Whether q and k, and their outputs, are each one dense run of rows in that order.
+bool dense_call(const RopeProblem& p, bool heads_fastest) {
+    return dense_rows(p.q, heads_fastest) && dense_rows(p.q_out, heads_fastest) &&
+           (!p.has_k || (dense_rows(p.k, heads_fastest) && dense_rows(p.k_out, heads_fastest)));
 }
+
+// The order of the rows the flat path walks (true: a token's heads together), or nothing.
+std::optional<bool> flat_row_order(const RopeProblem& p) {
+    if (p.packed) return std::nullopt;
+    const bool heads_fastest = dense_call(p, true);
+    if (!heads_fastest) return dense_call(p, false) ? std::optional<bool>(false) : std::nullopt;
+    const bool flat_wins = p.seqlen_q > 1 && dtype_size(p.dtype) == 2 &&
+                           p.rotary_dim == p.head_dim;
+    return flat_wins ? std::optional<bool>(true) : std::nullopt;
+}
+
+}  // namespace
+
+bool flat_rows_call(const RopeProblem& p) { return flat_row_order(p).has_value(); }
 
 std::optional<RopeBulkParams> flat_rows_of(const KernelSpec& spec, const RopeProblem& p) {
     const RopePlan plan = rope_plan(spec);
-    if (!plan.flat_rows || !head_major_rows(p)) return std::nullopt;
-    const RopeBulkParams rows = dense_row_counts(p, false);
+    const std::optional<bool> heads_fastest = flat_row_order(p);
+    if (!plan.flat_rows || !heads_fastest) return std::nullopt;
+    const RopeBulkParams rows = dense_row_counts(p, *heads_fastest);
     constexpr int64_t kMaxItems = 0xffffffffLL;  // the kernel's item index, in 32 bits
     for (const int64_t n : {rows.q_rows, rows.k_rows})
         if (n > kMaxRows || n * plan.rot_items > kMaxItems) return std::nullopt;

@@ -33,16 +33,28 @@ struct RopeBulkLaunch {
 };
 RopeBulkLaunch plan_rope_bulk_launch(const RopeBulkParams& bulk, int64_t sms);
 
-// Whether `problem`'s q and k, and their outputs, lie in [B, H, S, D] memory the flat path
-// can walk: each one dense run of rows with a head's tokens next to each other, and not also
-// with a token's heads together (one head, or one token: the direct path reads those rows in
-// one run already); no positions tensor (each item would look its position up) and no packed
-// batch. make_kernel_spec derives KernelSpec::head_major from it.
-bool head_major_rows(const RopeProblem& problem);
+// Whether `problem` is a call of the kind the flat path takes: q and k, and their outputs, each
+// one dense run of rows, not packed, and either
+//   - with a head's tokens next to each other ([B, H, S, D] memory) and not also with a token's
+//     heads together: any dtype (the direct path reads such buffers in runs of a row, a head
+//     plane apart; H200 run DU, session 27: Llama-3-8B 0.905 -> 0.934 of copy, D64
+//     interleaved 0.825 -> 0.895), or
+//   - with a token's heads together ([B, S, H, D], or one head), 16-bit elements, the whole
+//     head rotated and more than one token a sequence. H200 runs DW-DX (session 28), the
+//     direct or staged path -> flat: Llama-3-8B 0.932-0.941 -> 0.952-0.953 (fp16 0.944 ->
+//     0.954, out of place 0.915 -> 0.932), 1x32768 0.951 -> 0.958, D64 0.889 -> 0.903, D256
+//     0.929 -> 0.940, interleaved 0.936 -> 0.959, D96 0.915-0.918 -> 0.919-0.924, D80
+//     0.907-0.914 -> 0.903-0.911 (no better). Where it loses: float32 (Llama 0.965 -> 0.94),
+//     in-place partial rotary (GPT-NeoX 24/96 0.55 -> 0.54, Phi-2 -0.005; GPT-J and Gemma-4
+//     gained 0.01). Decode (one token a sequence) keeps the direct path's launch (B=64: equal).
+// A positions tensor is allowed: each item looks its position up while its data loads
+// (Llama-3-8B with positions 0.928 -> 0.941, [B, H, S, D] backward 0.890 -> 0.930, run DW).
+// make_kernel_spec derives KernelSpec::dense_rows from it.
+bool flat_rows_call(const RopeProblem& problem);
 
 // The flat path's arguments for `problem` (a call of `spec`; RopeBulkParams' rows and divisors,
 // its tile fields unused), or nothing where it cannot take that path: a plan without
-// flat_rows (its spec's head_major among its conditions), rows that are not head_major_rows,
+// flat_rows (its spec's dense_rows among its conditions), a call that is not flat_rows_call,
 // 2^31 rows or 2^32 items of q or k or more (the kernel counts them in 32 bits).
 std::optional<RopeBulkParams> flat_rows_of(const KernelSpec& spec, const RopeProblem& problem);
 

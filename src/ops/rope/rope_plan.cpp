@@ -23,7 +23,7 @@ RopeShape rope_shape(const KernelSpec& spec) {
     shape.backward = spec.backward != 0;
     shape.kv_cache = spec.kv_cache != 0;
     shape.q_fp8 = spec.q_fp8 != 0;
-    shape.head_major = spec.head_major != 0;
+    shape.dense_rows = spec.dense_rows != 0;
     return shape;
 }
 
