@@ -322,15 +322,20 @@ TEST_CASE(
         CHECK_FALSE(contains(functions, "rope_norm_kernel"));
         // The kernel's own plan (rope.cu's spec_shape) agrees with the host's: the entry the
         // recipe names has code, rope.cu's other second entries are empty (one size).
-        uint64_t named = 0;
+        uint64_t named = 0, main_entry = 0;
         std::vector<uint64_t> others;
         for (const auto& [name, bytes] : cubin_function_sizes(image)) {
             if (name == c.second_entry) named = bytes;
-            else if (name != "rope_kernel") others.push_back(bytes);
+            else if (name == "rope_kernel") main_entry = bytes;
+            else others.push_back(bytes);
         }
         REQUIRE_FALSE(others.empty());
         CHECK(std::all_of(others.begin(), others.end(), [&](uint64_t b) { return b == others[0]; }));
         if (!c.second_entry.empty()) CHECK(named > 4 * others[0]);
+        // A flat plan's rope_kernel is empty too (its calls all take the flat entry); the
+        // others' has code.
+        if (plan.flat_rows) CHECK(main_entry == others[0]);
+        else CHECK(main_entry > 4 * others[0]);
     }
 }
 

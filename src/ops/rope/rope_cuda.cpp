@@ -490,6 +490,10 @@ void RopeCuda::run(const RopeProblem& p, void* stream_handle) {
                  "cuLaunchKernel(rope_flat_kernel)");
         return;
     }
+    // A flat plan's module has an empty rope_kernel (rope.cu): its calls take the path above.
+    if (rope_plan(spec).flat_rows)
+        throw Error(ROPE_JIT_ERROR_INTERNAL,
+                    "rope: a call of a dense_rows spec that the flat path does not take");
 
     // The direct path of a plan with direct_entry has an entry of its own (rope_recipe.cpp).
     const CUfunction function = shape.direct_entry ? kernel.second_function : kernel.function;

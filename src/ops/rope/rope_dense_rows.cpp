@@ -53,8 +53,9 @@ RopeBulkParams dense_row_counts(const RopeProblem& p, bool heads_fastest) {
     return rows;
 }
 
-// Row indices the kernels split in 32 bits.
+// Row indices the kernels split in 32 bits; the flat kernel's item index, in 32 bits.
 constexpr int64_t kMaxRows = 0x7fffffff;
+constexpr int64_t kMaxItems = 0xffffffffLL;
 
 }  // namespace
 
@@ -92,6 +93,11 @@ bool dense_call(const RopeProblem& p, bool heads_fastest) {
 // The order of the rows the flat path walks (true: a token's heads together), or nothing.
 std::optional<bool> flat_row_order(const RopeProblem& p) {
     if (p.packed) return std::nullopt;
+    // The kernel counts rows under 2^31 and items under 2^32 (an item rotates a pair or more).
+    for (const int64_t rows : {p.batch * p.heads_q * p.seqlen_q,
+                               p.has_k ? p.batch * p.heads_k * p.seqlen_k : 0})
+        if (rows > kMaxRows || rows * std::max<int64_t>(p.pairs(), 1) > kMaxItems)
+            return std::nullopt;
     const bool heads_fastest = dense_call(p, true);
     if (!heads_fastest) return dense_call(p, false) ? std::optional<bool>(false) : std::nullopt;
     const bool flat_wins = p.seqlen_q > 1 && dtype_size(p.dtype) == 2 &&
@@ -108,7 +114,6 @@ std::optional<RopeBulkParams> flat_rows_of(const KernelSpec& spec, const RopePro
     const std::optional<bool> heads_fastest = flat_row_order(p);
     if (!plan.flat_rows || !heads_fastest) return std::nullopt;
     const RopeBulkParams rows = dense_row_counts(p, *heads_fastest);
-    constexpr int64_t kMaxItems = 0xffffffffLL;  // the kernel's item index, in 32 bits
     for (const int64_t n : {rows.q_rows, rows.k_rows})
         if (n > kMaxRows || n * plan.rot_items > kMaxItems) return std::nullopt;
     return rows;
