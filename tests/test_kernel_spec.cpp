@@ -467,6 +467,9 @@ TEST_CASE("a call of dense rows gets the dense_rows spec, which a manifest and t
         R"("head_dim": 64, "gqa_group": 4, "dtype": "bfloat16", "table_dtype": "bfloat16")";
     const KernelSpec spec = spec_of(args);
     CHECK(spec.dense_rows == 1);
+    KernelSpec other_kernel = spec;  // the two kernels' descriptions (prewarm's lines) differ
+    other_kernel.dense_rows = 0;
+    CHECK(spec.describe() == other_kernel.describe() + " +dense_rows");
     CHECK(spec == manifest_spec("{" + common + R"(, "dense_rows": true})"));
     rope_jit_kernel_spec in = public_spec(64, {kDLBfloat, 16, 1});
     in.gqa_group = 4;

@@ -563,7 +563,7 @@ std::string KernelSpec::describe() const {
            (kv_cache ? fmt::format(" +kv:{}{}{}", kKvCacheNames[kv_cache & 3], kv_fp8 ? "/fp8" : "",
                                    v_dim ? fmt::format(" v{}x{}", v_dim, v_vec) : std::string())
                      : std::string()) +
-           (q_fp8 ? " +q_fp8" : "");
+           (q_fp8 ? " +q_fp8" : "") + (dense_rows ? " +dense_rows" : "");
 }
 
 size_t KernelSpecHash::operator()(const KernelSpec& spec) const noexcept {
