@@ -100,10 +100,11 @@ constexpr int32_t kRopeMaxBlockThreads = 512;
     /* QK-norm weights read as aligned vectors (both contiguous and 16-byte aligned) */            \
     X(norm_weight_vec_loads, 0, "norm_weight_vec_loads", BooleanEnumerator, 0, 1,                  \
       "NORM_WEIGHT_VEC_LOADS", DERIVED)                                                            \
-    /* q and k (and their outputs) in [B, H, S, D] memory: each one dense run of rows with a */    \
-    /* head's tokens together (not also a token's heads), no positions tensor, not packed; */     \
-    /* the flat path (RopePlan::flat_rows) walks them. Kept only where the plan has that path */   \
-    /* (else 0: one key for every layout); left out of JSON, 0 (a call's [B, S, H, D] memory) */   \
+    /* q and k (and their outputs) each one dense run of rows of a call the flat path takes */  \
+    /* (flat_rows_call in rope_dense_rows.h): [B, H, S, D] memory, or 16-bit [B, S, H, D] */      \
+    /* rotated whole over more than one token; not packed. The flat path (RopePlan::flat_rows) */ \
+    /* walks them. Kept only where the plan has that path (else 0: one key for every layout); */ \
+    /* left out of JSON, 0 (the kernel of decode and of other layouts) */                         \
     X(dense_rows, 0, "dense_rows", BooleanEnumerator, 0, 1, "DENSE_ROWS", DERIVED)
 
 struct KernelSpec {

@@ -484,7 +484,7 @@ void RopeCuda::run(const RopeProblem& p, void* stream_handle) {
         return;
     }
 
-    // Plain RoPE of [B, H, S, D] buffers, dense: the flat path (RopePlan::flat_rows).
+    // Plain RoPE of dense rows (flat_rows_call): the flat path (RopePlan::flat_rows).
     if (const std::optional<RopeBulkParams> flat = flat_rows_of(spec, p)) {
         run_rows(params, *flat, plan_rope_flat_launch(spec, *flat), kernel, programmatic, stream,
                  "cuLaunchKernel(rope_flat_kernel)");

@@ -1,7 +1,7 @@
 // The launcher's choice of rope.cu's paths over dense rows: the bulk path (RopePlan::bulk_rows,
 // rope_bulk_kernel), where a call's rows allow tiles of whole rows to move between global and
 // shared memory by the bulk copy engine, and the flat path (RopePlan::flat_rows,
-// rope_flat_kernel), where [B, H, S, D] rows are walked as one array; the kernels' arguments
+// rope_flat_kernel), where dense rows are walked as one array; the kernels' arguments
 // for them, and their launches.
 #pragma once
 
