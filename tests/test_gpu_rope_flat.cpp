@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "gpu_rope_problem.h"
+#include "common/error.h"
 #include "jit/kernel_builder.h"
 #include "jit/nvrtc_loader.h"
 #include "ops/rope/kernel_spec.h"
@@ -82,9 +83,11 @@ std::vector<FlatCase> flat_cases() {
                     c.proportional = style == 2;
                     c.angles = style == 0 ? Angles::HalfTable : Angles::FullTable;
                     c.table_dt = style == 0 ? Dt::F32 : dt;
-                    c.positions = seed % 3 == 0   ? Positions::SeqlenOffsets
-                                  : seed % 3 == 1 ? Positions::PerBatchToken
+                    c.positions = seed % 4 == 0   ? Positions::SeqlenOffsets
+                                  : seed % 4 == 1 ? Positions::PerBatchToken
+                                  : seed % 4 == 2 ? Positions::PerToken
                                                   : Positions::Implicit;
+                    c.index_dt = seed % 8 < 4 ? Dt::I64 : Dt::I32;
                     c.position_offset = c.positions == Positions::Implicit ? seed % 4 : 0;
                     c.backward = seed % 2 == 0;
                     c.in_place = seed % 4 != 1;
@@ -100,10 +103,13 @@ std::vector<FlatCase> flat_cases() {
     partial.offset = 32;
     partial.interleaved = true;
     cases.push_back({partial, true, seed++, Group::Sweep});
-    Spec longer_k = dense_spec(Dt::F16, 64);
-    longer_k.q_extra = 3;
-    longer_k.S = 29;
-    cases.push_back({longer_k, true, seed++, Group::Sweep});
+    for (Layout layout : {Layout::BHSD, Layout::BSHD}) {
+        Spec longer_k = dense_spec(Dt::F16, 64, layout);
+        longer_k.q_extra = 3;
+        longer_k.S = 29;
+        longer_k.position_offset = 2;
+        cases.push_back({longer_k, true, seed++, Group::Sweep});
+    }
     // Many blocks: Llama-3-8B's heads over 1024 tokens (bf16, half style and interleaved, both
     // row orders; a positions tensor in [B, S, H, D]), and D64 interleaved over 2048.
     for (Layout layout : {Layout::BHSD, Layout::BSHD})
@@ -188,6 +194,40 @@ TEST_CASE("the flat path's GPU calls run on the CPU backend, take that path wher
         }
     }
     MESSAGE(compiled.size() << " kernels compiled");
+}
+
+TEST_CASE("every random call whose kernel has the flat path takes it, and only those get "
+          "dense_rows") {
+    // A dense_rows module's rope_kernel is empty (rope.cu): a call of such a spec that the
+    // launcher did not send to the flat entry would leave its data unrotated. Random calls of
+    // the GPU sweeps' spec space (every layout, dtype, position source, partial rotary, xPos,
+    // inv_freq), and the same with outputs and layouts varied: dense_rows, the plan's flat
+    // path and flat_rows_of agree on each.
+    std::mt19937 rng(20261204);
+    int valid = 0, dense = 0;
+    for (int n = 0; n < 1500; ++n) {
+        Spec c = random_spec(rng);
+        if (n % 3 == 0) c.layout = pick(rng, {Layout::BHSD, Layout::BSHD});  // more dense calls
+        const std::string spec_text = describe(c);
+        CAPTURE(spec_text);
+        Problem p = make_problem(c, rng);
+        const rope_jit_rope_args args = make_args(c, host_views(p), nullptr);
+        rope_jit::RopeProblem problem;
+        try {
+            problem = rope_jit::make_rope_problem(args);
+        } catch (const rope_jit::Error&) {
+            continue;  // a combination the C API refuses (its own tests cover those)
+        }
+        ++valid;
+        const rope_jit::KernelSpec spec = rope_jit::make_kernel_spec(problem);
+        const bool flat_plan = rope_jit::rope_plan(spec).flat_rows;
+        CHECK(bool(spec.dense_rows) == flat_plan);
+        CHECK(rope_jit::flat_rows_of(spec, problem).has_value() == flat_plan);
+        dense += flat_plan ? 1 : 0;
+    }
+    CHECK(valid > 1000);
+    CHECK(dense > 150);
+    MESSAGE(valid << " valid calls, " << dense << " of them on the flat path");
 }
 
 TEST_SUITE("gpu") {

@@ -389,8 +389,8 @@ KernelSpec manifest_spec(const std::string& text) {
 }  // namespace
 
 TEST_CASE(
-    "a manifest entry without derived fields is the spec of a call with contiguous aligned "
-    "tensors") {
+    "a manifest entry without derived fields but dense_rows is the spec of a call with "
+    "contiguous aligned tensors") {
     // Calls as apply_rope and the HF drop-in make them (python/rope_jit/torch_ops.py,
     // dropin/hf.py): bf16 q [B, S, Hq, D] and k seen as [B, H, S, D] views, out of place into
     // fresh tensors, HF's bf16 cos/sin of [B, S, R] stacked to a [B*S, R] table with int64

@@ -692,15 +692,18 @@ ROPE_JIT_API rope_jit_status rope_jit_prewarm(rope_jit_runtime* runtime,
  *     "norm_unit_offset", "norm_weight_grad" (QK-norm; "norm_weight_dtype" names a dtype);
  *     KV cache and FP8: "kv_cache": "none" | "contiguous" | "slot-mapping" | "block-tables"
  *     (NHD and HND share a kernel), "kv_fp8", "q_fp8" (booleans), "v_head_dim" (0 = no v),
- *     and the derived "kv_index_int64", "kv_seqlen_offsets", "v_vec"; "dense_rows" (default
- *     false, unlike the other derived fields: C-contiguous calls get true where the struct's
- *     field says) for the kernel of calls on dense rows.
+ *     and the derived "kv_index_int64", "kv_seqlen_offsets", "v_vec"; "dense_rows" (see
+ *     rope_jit_kernel_spec.dense_rows; default false, unlike the other derived fields).
  *     Left out, the derived fields (index dtypes: int64 where read; in_place_k = in_place_q;
  *     "vec", "vec_loads", "copy_vec", "table_vec_loads", "norm_weight_vec_loads",
  *     "block_threads") take what a call with C-contiguous, 16-byte-aligned tensors gets; the
  *     others take rope_jit_kernel_spec_init's defaults. Example: {"head_dim": 128, "dtype":
  *     "bfloat16", "table_dtype": "bfloat16", "direction": "backward", "gqa_group": 4,
- *     "in_place_q": false}.
+ *     "in_place_q": false}: the kernel of decode (one token a sequence) and of strided
+ *     layouts. A prefill call on C-contiguous tensors (more than one token) takes the
+ *     dense_rows kernel wherever its plan has the flat path (plain RoPE of 16-bit [B, S, H, D]
+ *     rotated whole, and of [B, H, S, D]), so a manifest that prewarms prefill names both:
+ *     "dense_rows": [false, true] (merged where the plan has no flat path).
  *   Attention ("op": "attention") describing a call: "head_dim" (required), "dtype",
  *     "table_dtype", "mask_dtype", "rotary_dim" (default head_dim; 0 = no rotation),
  *     "style", "table_full" ([P, R] tables; default false: [P, R/2]), "pos_mask", "mask"

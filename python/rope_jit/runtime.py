@@ -112,7 +112,9 @@ class Runtime:
         angles ("table_half", "table_full", "inv_freq"), table_dtype, xpos, in_place, qk_norm,
         norm_unit_offset, norm_weight_dtype, norm_weight_grad, dense_rows (1 for the
         kernel of calls on dense rows in prefill: C-contiguous [B, H, S, D] q and k, as rope()
-        with layout="bhsd" makes them, or C-contiguous [B, S, H, D] 16-bit ones rotated whole).
+        with layout="bhsd" makes them, or C-contiguous [B, S, H, D] 16-bit ones rotated whole;
+        0, the default, for decode and strided layouts: prewarm both for a model's prefill and
+        decode).
         """
         specs = list(specs)
         if not specs:
