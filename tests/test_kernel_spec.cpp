@@ -487,18 +487,19 @@ TEST_CASE("a call of dense rows gets the dense_rows spec, which a manifest and t
     CHECK(spec_of(args) ==
           manifest_spec("{" + common + R"(, "positions": "indices", "dense_rows": true})"));
     args.positions = nullptr;
+    // The field for the same call on other q and k (and tables of their dtype).
+    auto dense_rows_of = [&](HostTensor& q_in, HostTensor& k_in, HostTensor& c, HostTensor& s) {
+        rope_jit_rope_args other = args;
+        other.q = q_in.dl();
+        other.k = k_in.dl();
+        other.cos = c.dl();
+        other.sin = s.dl();
+        return spec_of(other).dense_rows;
+    };
     // float32 [B, H, S, D] too.
     HostTensor q32(Dt::F32, {B, Hq, S, D}), k32(Dt::F32, {B, Hk, S, D});
     HostTensor cos32(Dt::F32, {S, D}), sin32(Dt::F32, {S, D});
-    args.q = q32.dl();
-    args.k = k32.dl();
-    args.cos = cos32.dl();
-    args.sin = sin32.dl();
-    CHECK(spec_of(args).dense_rows == 1);
-    args.q = q.dl();
-    args.k = k.dl();
-    args.cos = cos_t.dl();
-    args.sin = sin_t.dl();
+    CHECK(dense_rows_of(q32, k32, cos32, sin32) == 1);
     // Specs whose plan has no flat path keep dense_rows 0 (one kernel for every layout, which
     // a prewarm without the field still matches): angles from inv_freq, here; and so in JSON
     // and the C struct.
@@ -532,17 +533,9 @@ TEST_CASE("a call of dense rows gets the dense_rows spec, which a manifest and t
     args.sin = sin_t.dl();
     HostTensor q_tokens32(Dt::F32, {B, Hq, S, D}, {0, 2, 1, 3});
     HostTensor k_tokens32(Dt::F32, {B, Hk, S, D}, {0, 2, 1, 3});
-    args.q = q_tokens32.dl();
-    args.k = k_tokens32.dl();
-    args.cos = cos32.dl();
-    args.sin = sin32.dl();
-    CHECK(spec_of(args).dense_rows == 0);
-    args.cos = cos_t.dl();
-    args.sin = sin_t.dl();
+    CHECK(dense_rows_of(q_tokens32, k_tokens32, cos32, sin32) == 0);
     HostTensor q_decode(Dt::BF16, {B, Hq, 1, D}), k_decode(Dt::BF16, {B, Hk, 1, D});
-    args.q = q_decode.dl();
-    args.k = k_decode.dl();
-    CHECK(spec_of(args).dense_rows == 0);
+    CHECK(dense_rows_of(q_decode, k_decode, cos_t, sin_t) == 0);
     HostTensor q_one(Dt::BF16, {B, 1, S, D});
     args.q = q_one.dl();
     args.k = nullptr;
