@@ -257,8 +257,8 @@ struct RopePlan {
     int bulk_items;
     // Calls on dense rows (KernelSpec::dense_rows: which calls, and what each kind measured,
     // in rope_dense_rows.h's flat_rows_call) take the flat path (rope.cu's rope_flat_kernel,
-    // the module's second entry; compiled for such specs alone, as it adds about a sixth to a
-    // module's NVRTC time): their rows, q's then k's, walked as one array of the direct path's
+    // the module's second entry, compiled for such specs alone; their rope_kernel is empty,
+    // which halves their NVRTC time): their rows, q's then k's, walked as one array of the direct path's
     // rotation items, an item a thread, a block's items consecutive in memory, each thread
     // finding its row's (b, s) by multiply-shift divisions. Plans of the direct path's kind
     // (table spans, no gradient sums, no unrotated copies to make) without a KV cache, QK-norm

@@ -57,6 +57,27 @@ RopeBulkParams dense_row_counts(const RopeProblem& p, bool heads_fastest) {
 constexpr int64_t kMaxRows = 0x7fffffff;
 constexpr int64_t kMaxItems = 0xffffffffLL;
 
+// Whether q and k, and their outputs, are each one dense run of rows in that order.
+bool dense_call(const RopeProblem& p, bool heads_fastest) {
+    return dense_rows(p.q, heads_fastest) && dense_rows(p.q_out, heads_fastest) &&
+           (!p.has_k || (dense_rows(p.k, heads_fastest) && dense_rows(p.k_out, heads_fastest)));
+}
+
+// The order of the rows the flat path walks (true: a token's heads together), or nothing.
+std::optional<bool> flat_row_order(const RopeProblem& p) {
+    if (p.packed) return std::nullopt;
+    // The kernel counts rows under 2^31 and items under 2^32 (an item rotates a pair or more).
+    for (const int64_t rows : {p.batch * p.heads_q * p.seqlen_q,
+                               p.has_k ? p.batch * p.heads_k * p.seqlen_k : 0})
+        if (rows > kMaxRows || rows * std::max<int64_t>(p.pairs(), 1) > kMaxItems)
+            return std::nullopt;
+    const bool heads_fastest = dense_call(p, true);
+    if (!heads_fastest) return dense_call(p, false) ? std::optional<bool>(false) : std::nullopt;
+    const bool flat_wins = p.seqlen_q > 1 && dtype_size(p.dtype) == 2 &&
+                           p.rotary_dim == p.head_dim;
+    return flat_wins ? std::optional<bool>(true) : std::nullopt;
+}
+
 }  // namespace
 
 std::optional<RopeBulkParams> bulk_rows_of(const KernelSpec& spec, const RopeProblem& p,
@@ -81,31 +102,6 @@ std::optional<RopeBulkParams> bulk_rows_of(const KernelSpec& spec, const RopePro
     bulk.tiles = bulk.q_tiles + (bulk.k_rows + bulk.tile_rows - 1) / bulk.tile_rows;
     return bulk;
 }
-
-namespace {
-
-// Whether q and k, and their outputs, are each one dense run of rows in that order.
-bool dense_call(const RopeProblem& p, bool heads_fastest) {
-    return dense_rows(p.q, heads_fastest) && dense_rows(p.q_out, heads_fastest) &&
-           (!p.has_k || (dense_rows(p.k, heads_fastest) && dense_rows(p.k_out, heads_fastest)));
-}
-
-// The order of the rows the flat path walks (true: a token's heads together), or nothing.
-std::optional<bool> flat_row_order(const RopeProblem& p) {
-    if (p.packed) return std::nullopt;
-    // The kernel counts rows under 2^31 and items under 2^32 (an item rotates a pair or more).
-    for (const int64_t rows : {p.batch * p.heads_q * p.seqlen_q,
-                               p.has_k ? p.batch * p.heads_k * p.seqlen_k : 0})
-        if (rows > kMaxRows || rows * std::max<int64_t>(p.pairs(), 1) > kMaxItems)
-            return std::nullopt;
-    const bool heads_fastest = dense_call(p, true);
-    if (!heads_fastest) return dense_call(p, false) ? std::optional<bool>(false) : std::nullopt;
-    const bool flat_wins = p.seqlen_q > 1 && dtype_size(p.dtype) == 2 &&
-                           p.rotary_dim == p.head_dim;
-    return flat_wins ? std::optional<bool>(true) : std::nullopt;
-}
-
-}  // namespace
 
 bool flat_rows_call(const RopeProblem& p) { return flat_row_order(p).has_value(); }
 
