@@ -484,16 +484,17 @@ void RopeCuda::run(const RopeProblem& p, void* stream_handle) {
         return;
     }
 
-    // Plain RoPE of dense rows (flat_rows_call): the flat path (RopePlan::flat_rows).
-    if (const std::optional<RopeBulkParams> flat = flat_rows_of(spec, p)) {
+    // Plain RoPE of dense rows: the flat path (RopePlan::flat_rows). make_kernel_spec keeps
+    // dense_rows only for calls flat_rows_of takes, whose module's rope_kernel is empty (rope.cu).
+    if (spec.dense_rows) {
+        const std::optional<RopeBulkParams> flat = flat_rows_of(spec, p);
+        if (!flat)
+            throw Error(ROPE_JIT_ERROR_INTERNAL,
+                        "rope: a call of a dense_rows spec that the flat path does not take");
         run_rows(params, *flat, plan_rope_flat_launch(spec, *flat), kernel, programmatic, stream,
                  "cuLaunchKernel(rope_flat_kernel)");
         return;
     }
-    // A flat plan's module has an empty rope_kernel (rope.cu): its calls take the path above.
-    if (rope_plan(spec).flat_rows)
-        throw Error(ROPE_JIT_ERROR_INTERNAL,
-                    "rope: a call of a dense_rows spec that the flat path does not take");
 
     // The direct path of a plan with direct_entry has an entry of its own (rope_recipe.cpp).
     const CUfunction function = shape.direct_entry ? kernel.second_function : kernel.function;
