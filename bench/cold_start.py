@@ -242,8 +242,25 @@ def others_busy(before, after):
     return out
 
 
+# --fresh-cuda-cache: each child and each tool run gets an empty CUDA_CACHE_PATH. On the H200
+# machine, with libcuda present, NVRTC's optimizer and PTX-to-SASS results of a program it has
+# seen before come back from the driver's compute cache (run EE, session 29: 4 and 0 ms where an
+# unseen program takes 60-90 ms each), so that "an empty cache" of ours alone is a warm start.
+FRESH_CUDA_CACHE = False
+
+
+def nvidia_cache_env(scratch):
+    """CUDA_CACHE_PATH under `scratch` where --fresh-cuda-cache asks for it."""
+    if not FRESH_CUDA_CACHE:
+        return {}
+    path = os.path.join(scratch, "cuda_compute_cache")
+    os.makedirs(path, exist_ok=True)
+    return {"CUDA_CACHE_PATH": path}
+
+
 def child(case, cache_dir, library, gap_ms=0.0, background="on", extra_env=None):
     env = dict(os.environ, ROPE_JIT_CACHE_DIR=cache_dir, ROPE_JIT_LIBRARY=library)
+    env.update(nvidia_cache_env(tempfile.mkdtemp(prefix="cold_start_cuda_")))
     env["PYTHONPATH"] = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python")
     if background == "off":
         env["ROPE_JIT_BACKGROUND_BUILDS"] = "0"
@@ -277,16 +294,17 @@ def prewarm_preset(cache_tool, preset):
     empty root: the wall time, and the tool's JSON report (per-kernel NVRTC time)."""
     host = conditions()
     with tempfile.TemporaryDirectory() as root:
+        env = dict(os.environ, **nvidia_cache_env(root))
         # What comes before the first compile (loading the library and NVRTC, asking the GPU
         # for its target, planning): the same command with --dry-run.
         t = time.perf_counter()
         subprocess.run([cache_tool, "--cache-dir", root, "--json", "prewarm", "--dry-run", "--preset", preset],
-                       capture_output=True, text=True)
+                       capture_output=True, text=True, env=env)
         dry_run = (time.perf_counter() - t) * 1e3
         before = cpu_counters()
         t = time.perf_counter()
         run = subprocess.run([cache_tool, "--cache-dir", root, "--json", "prewarm", "--preset", preset],
-                             capture_output=True, text=True)
+                             capture_output=True, text=True, env=env)
         wall = (time.perf_counter() - t) * 1e3
         host.update(others_busy(before, cpu_counters()))
     out = {"wall_ms": wall, "dry_run_ms": dry_run, "rc": run.returncode, "host": host}
@@ -344,7 +362,12 @@ def main():
     parser.add_argument("--attention-shapes", default="",
                         help="';'-separated B,S,Hq,Hk,D: attention_first and attention_warm again at each "
                              "(each its own kernels, e.g. issue 19's shapes; summary keys end in @shape)")
+    parser.add_argument("--fresh-cuda-cache", action="store_true",
+                        help="an empty CUDA_CACHE_PATH for each child and tool run (the driver's compute "
+                             "cache also keeps NVRTC's optimizer and SASS results of programs seen before)")
     args = parser.parse_args()
+    global FRESH_CUDA_CACHE
+    FRESH_CUDA_CACHE = args.fresh_cuda_cache
     library = os.path.abspath(args.library)
     cases = args.cases.split(",")
     results = {}

@@ -58,9 +58,11 @@ ROPE_JIT_HOST_DEVICE constexpr RopeShape spec_shape() {
     RopeShape s{};
     s.head_dim = HEAD_DIM;
     s.rotary_dim = ROTARY_DIM;
+    s.rotary_offset = ROTARY_OFFSET;
     s.vec = VEC;
     s.mrope_axes = MROPE_AXES;
     s.interleaved = INTERLEAVED;
+    s.proportional = PROPORTIONAL;
     s.has_k = HAS_K;
     s.in_place_q = IN_PLACE_Q;
     s.in_place_k = IN_PLACE_K;
@@ -1294,13 +1296,25 @@ extern "C" __global__ void __launch_bounds__(kRopeBulkThreads, kRopeBulkBlocksPe
 }
 
 // The flat path (RopePlan::flat_rows; the launcher's choice, rope_dense_rows.h): q's dense rows,
-// then k's, walked as one array of rotation items, a block's items consecutive in memory, so
-// that it reads and writes one run of memory as a copy does. Its item is the direct path's
-// (load, table spans, rotation, store), its row's (b, s) a multiply-shift division or two of
-// the row index (under 2^31, as the item index under 2^32: the launcher's bounds). ITEMS a
-// thread, all loaded before any is stored: one; two ran D64 [B,H,S,D] interleaved at 0.84-0.85
-// of copy against 0.895 and spilled Llama-3-8B's half-style items (run DU). Empty for the other
-// specs, whose recipe does not name it.
+// then k's, walked as one array of items, a block's items consecutive in memory, so that it
+// reads and writes one run of memory as a copy does. Its item is the direct path's rotation
+// item (load, table spans, rotation, store) or, with flat_copies (out-of-place partial rotary
+// of interleaved pairs), one vector of the output row, rotated or copied.
+// A row's (b, s): a multiply-shift division or two of the row index (under 2^31, as the item
+// index under 2^32: the launcher's bounds). ITEMS a thread, all loaded before any is stored:
+// one; two ran D64 [B,H,S,D] interleaved at 0.84-0.85 of copy against 0.895 and spilled
+// Llama-3-8B's half-style items (run DU). Empty for the other specs, whose recipe does not
+// name it.
+constexpr int FLAT_ITEMS = plan().flat_items;
+constexpr bool FLAT_COPIES = plan().flat_copies;
+static_assert(!FLAT_COPIES || INTERLEAVED, "a copied row's rotated vectors hold whole pairs");
+
+// With flat_copies: the rotation item of vector `v` of the row, or -1 where it is copied.
+__device__ __forceinline__ int row_vector_item(int v) {
+    const int f = v * VEC;
+    return f >= ROTARY_OFFSET && f < ROTARY_OFFSET + ROTARY_DIM ? (f - ROTARY_OFFSET) / VEC : -1;
+}
+
 extern "C" __global__ void __launch_bounds__(kRopeFlatThreads, kRopeFlatBlocksPerSm)
     rope_flat_kernel(const RopeBulkKernelParams args) {
     if constexpr (plan().flat_rows) {
@@ -1308,26 +1322,40 @@ extern "C" __global__ void __launch_bounds__(kRopeFlatThreads, kRopeFlatBlocksPe
         const RopeKernelParams& p = args.own;
         const RopeBulkParams& rows = args.bulk;
         wait_for_preceding_grid();
-        const long long q_items = rows.q_rows * ROT_ITEMS;
-        const long long items = q_items + rows.k_rows * ROT_ITEMS;
+        const long long q_items = rows.q_rows * FLAT_ITEMS;
+        const long long items = q_items + rows.k_rows * FLAT_ITEMS;
         const long long first =
             static_cast<long long>(blockIdx.x) * (blockDim.x * ITEMS) + threadIdx.x;
         ItemData data[ITEMS];
         ItemAngles angles[ITEMS];
         ItemSpan spans[ITEMS];
         long long at[ITEMS];
-        bool in_k[ITEMS];
+        bool in_k[ITEMS], copies[ITEMS];
 #pragma unroll
         for (int u = 0; u < ITEMS; ++u) {
             const long long i = first + u * static_cast<long long>(blockDim.x);
             if (i >= items) break;
             const bool is_k = HAS_K && i >= q_items;
             const unsigned local = static_cast<unsigned>(is_k ? i - q_items : i);
-            const unsigned row = local / ROT_ITEMS;
-            spans[u] = item_span(static_cast<int>(local - row * ROT_ITEMS));
+            const unsigned row = local / FLAT_ITEMS;
+            const int in_row = static_cast<int>(local - row * FLAT_ITEMS);
+            const T* const x = static_cast<const T*>(is_k ? p.k : p.q);
             at[u] = static_cast<long long>(row) * HEAD_DIM;
             in_k[u] = is_k;
-            data[u] = load_item(static_cast<const T*>(is_k ? p.k : p.q) + at[u], 1, spans[u]);
+            copies[u] = false;
+            if constexpr (FLAT_COPIES) {
+                const int item = row_vector_item(in_row);
+                copies[u] = item < 0;
+                if (copies[u]) {
+                    at[u] += in_row * VEC;
+                    data[u].own = load_pack<VEC>(x + at[u], 1);
+                    continue;
+                }
+                spans[u] = item_span(item);
+            } else {
+                spans[u] = item_span(in_row);
+            }
+            data[u] = load_item(x + at[u], 1, spans[u]);
             // The row's (b, s) as the bulk kernel splits its rows; written out here too, since
             // a helper shared by both changed this kernel's code from the one measured (run DU).
             const RowDivisor heads = is_k ? rows.k_heads : rows.q_heads;
@@ -1350,8 +1378,11 @@ extern "C" __global__ void __launch_bounds__(kRopeFlatThreads, kRopeFlatBlocksPe
 #pragma unroll
         for (int u = 0; u < ITEMS; ++u) {
             if (first + u * static_cast<long long>(blockDim.x) >= items) break;
-            rotate_store_item(data[u], static_cast<T*>(in_k[u] ? p.k_out : p.q_out) + at[u], 1,
-                              spans[u], angles[u]);
+            T* const y = static_cast<T*>(in_k[u] ? p.k_out : p.q_out) + at[u];
+            if (FLAT_COPIES && copies[u])
+                store_pack<VEC>(y, 1, data[u].own);
+            else
+                rotate_store_item(data[u], y, 1, spans[u], angles[u]);
         }
     }
 }

@@ -151,8 +151,8 @@ struct RopeTokenBases {
 // The specialization constants the plan reads (KernelSpec's fields; the preamble's
 // HEAD_DIM, ROTARY_DIM, VEC...).
 struct RopeShape {
-    int head_dim, rotary_dim, vec, mrope_axes;
-    bool interleaved, has_k, in_place_q, in_place_k;
+    int head_dim, rotary_dim, rotary_offset, vec, mrope_axes;
+    bool interleaved, proportional, has_k, in_place_q, in_place_k;
     bool k_own_angles, angles_from_inv_freq, has_xpos, table_full, freq_grad;
     int v_dim, v_vec;  // v copied into a cache (0: no v), and its access width
     bool qk_norm, backward;  // RMSNorm of each head first (QK-norm); the gradient pass
@@ -258,14 +258,25 @@ struct RopePlan {
     // Calls on dense rows (KernelSpec::dense_rows: which calls, and what each kind measured,
     // in rope_dense_rows.h's flat_rows_call) take the flat path (rope.cu's rope_flat_kernel,
     // the module's second entry, compiled for such specs alone; their rope_kernel is empty,
-    // which halves their NVRTC time): their rows, q's then k's, walked as one array of the direct path's
-    // rotation items, an item a thread, a block's items consecutive in memory, each thread
-    // finding its row's (b, s) by multiply-shift divisions. Plans of the direct path's kind
-    // (table spans, no gradient sums, no unrotated copies to make) without a KV cache, QK-norm
-    // or FP8 output. H200, fractions of copy, staged or direct -> flat: Llama-3-8B [B,H,S,D]
+    // which halves their NVRTC time): their rows, q's then k's, walked as one array of items,
+    // an item a thread, a block's items consecutive in memory, each thread finding its row's
+    // (b, s) by multiply-shift divisions. Plans with table spans and no gradient sums, without
+    // a KV cache, QK-norm or FP8 output, and no unrotated features to copy but those of
+    // flat_copies. H200, fractions of copy, staged or direct -> flat: Llama-3-8B [B,H,S,D]
     // 0.905 -> 0.934 (run DU, session 27), [B,S,H,D] 0.932-0.941 -> 0.952-0.953 (runs DW-DX,
-    // session 28).
+    // session 28). Out-of-place partial rotary of interleaved pairs takes it too (flat_copies).
     bool flat_rows;
+    // The flat path's items a row (FLAT_ITEMS in rope.cu): the rotation items, or (flat_copies)
+    // every 16-byte vector of the output row, rotated (whole pairs) or copied: a copy's access
+    // pattern, where the bulk path's threads wait on each tile's bulk load. H200 runs ED-EE
+    // (session 29), bulk or staged -> flat, fractions of copy: ChatGLM2-6B 64/128 0.877-0.881
+    // -> 0.896-0.900, interleaved 32/128 0.888-0.889 -> 0.911-0.917, GPT-J 64/256 (staged)
+    // 0.924-0.926 -> 0.947-0.949. Half style lost as chunk items (each rotated vector also
+    // loads its partner): Phi-2 32/80 0.880-0.886 -> 0.823-0.828, 64/128 0.885 -> 0.83,
+    // Persimmon-8B 32/64 0.875-0.884 -> 0.86, Gemma-4 proportional 128/512 0.91 -> 0.81 (run
+    // ED): those keep the bulk or staged path, as do float32 and vectors under 8 elements.
+    int flat_items;
+    bool flat_copies;
 };
 // The bulk path's geometry (RopePlan::bulk_rows): blocks of kRopeBulkThreads threads, each
 // with kRopeBulkStages tiles of at most kRopeBulkStageBytes in shared memory (32 KiB: under the
@@ -334,11 +345,18 @@ ROPE_JIT_HOST_DEVICE constexpr RopePlan rope_plan(const RopeShape& s) {
     if (plan.norm_items) plan.threads_per_sm = 1024;
     plan.direct_entry = plan.one_token_direct && s.kv_cache != 0;
     plan.bulk_items = plan.pairs_per_item > 0 ? plan.pairs / plan.pairs_per_item : 0;
-    plan.bulk_rows = plan.out_of_place_partial && s.head_dim <= 128 &&
+    // Out-of-place partial rotary on the flat path: interleaved pairs in vectors of 8 elements
+    // (16 bytes: 16-bit elements) that tile the whole row, rotated ones and copied ones alike.
+    plan.flat_copies = s.dense_rows && plan.copies_unrotated && plan.out_of_place_partial &&
+                       s.interleaved && s.vec == 8 && s.head_dim % s.vec == 0 &&
+                       s.rotary_offset % s.vec == 0;
+    plan.flat_rows = s.dense_rows && !plan.shared_angles && !s.freq_grad &&
+                     (!plan.copies_unrotated || plan.flat_copies) && !s.kv_cache && !s.qk_norm &&
+                     !s.q_fp8 && s.v_dim == 0;
+    plan.flat_items = plan.flat_copies && s.vec > 0 ? s.head_dim / s.vec : plan.rot_items;
+    plan.bulk_rows = plan.out_of_place_partial && s.head_dim <= 128 && !plan.flat_rows &&
                      !plan.shared_angles && !s.freq_grad && plan.roles == 1 && !s.kv_cache &&
                      !s.qk_norm && !s.q_fp8 && s.v_dim == 0;
-    plan.flat_rows = s.dense_rows && plan.one_token_direct && !s.kv_cache && !s.qk_norm &&
-                     !s.q_fp8 && s.v_dim == 0;
     return plan;
 }
 

@@ -111,10 +111,13 @@ std::vector<BulkCase> bulk_cases() {
                 c.backward = seed % 2 == 0;
                 c.has_k = seed % 5 != 0;
                 c.B = 3, c.S = 41, c.Hk = 3, c.group = 2;
-                cases.push_back({c, true, seed++, Group::Sweep});
+                // Interleaved 16-bit dense rows take the flat path (RopePlan::flat_copies).
+                const bool flat = c.interleaved && dt != Dt::F32 && !is_packed(layout);
+                cases.push_back({c, !flat, seed++, Group::Sweep});
             }
     // The models' shapes, rotary at an offset, and q alone; wide heads take the staged path
-    // (RopePlan::bulk_rows: up to 128 features).
+    // (RopePlan::bulk_rows: up to 128 features), 16-bit interleaved pairs the flat path
+    // (GPT-J, ChatGLM2: RopePlan::flat_copies).
     struct Shape {
         Dt dt;
         int64_t D, R, offset, Hk, group;
@@ -124,7 +127,7 @@ std::vector<BulkCase> bulk_cases() {
                            Shape{Dt::BF16, 80, 32, 0, 4, 1, false, true, true},    // Phi-2
                            Shape{Dt::BF16, 80, 20, 0, 4, 1, false, true, true},    // StableLM-3B
                            Shape{Dt::F16, 256, 64, 0, 2, 1, true, true, false},    // GPT-J
-                           Shape{Dt::BF16, 128, 64, 0, 2, 8, true, true, true},    // ChatGLM2
+                           Shape{Dt::BF16, 128, 64, 0, 2, 8, true, true, false},   // ChatGLM2
                            Shape{Dt::BF16, 128, 64, 0, 2, 4, false, true, true},   // half, D128
                            Shape{Dt::BF16, 64, 16, 48, 2, 4, false, true, true},   // at an offset
                            Shape{Dt::F32, 64, 32, 16, 2, 2, true, false, true}}) {  // q alone

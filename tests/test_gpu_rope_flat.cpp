@@ -60,7 +60,7 @@ Spec dense_spec(Dt dt, int64_t D, Layout layout = Layout::BHSD) {
 
 // The calls of the tests below: a spec, whether its call takes the flat path, its seed, and
 // its group (one test case each).
-enum class Group { Sweep, Large, Others };
+enum class Group { Sweep, Large, Copies, Others };
 struct FlatCase {
     Spec spec;
     bool flat;
@@ -124,6 +124,45 @@ std::vector<FlatCase> flat_cases() {
     d64.interleaved = true;
     d64.B = 2, d64.S = 2048, d64.Hk = 4, d64.group = 1;
     cases.push_back({d64, true, seed++, Group::Large});
+    // Out-of-place partial rotary of interleaved pairs in 16-bit rows with 8-element vectors
+    // (RopePlan::flat_copies): every vector of an output row rotated or copied. ChatGLM2-6B's
+    // 64/128 with two k heads, backward in [B, H, S, D] at an offset, GPT-J's 64/256 with q
+    // alone and positions, k longer than q, and ChatGLM2 over 1024 tokens.
+    {
+        Spec chatglm = dense_spec(Dt::BF16, 128, Layout::BSHD);
+        chatglm.R = 64;
+        chatglm.interleaved = true;
+        chatglm.in_place = false;
+        chatglm.Hk = 2, chatglm.group = 4;
+        cases.push_back({chatglm, true, seed++, Group::Copies});
+        Spec offset = chatglm;
+        offset.dt = offset.table_dt = Dt::F16;
+        offset.layout = Layout::BHSD;
+        offset.offset = 32;
+        offset.backward = true;
+        offset.angles = Angles::HalfTable;
+        offset.table_dt = Dt::F32;
+        cases.push_back({offset, true, seed++, Group::Copies});
+        Spec q_alone = dense_spec(Dt::F16, 256, Layout::BSHD);
+        q_alone.R = 64;
+        q_alone.interleaved = true;
+        q_alone.in_place = false;
+        q_alone.has_k = false;
+        q_alone.positions = Positions::PerToken;
+        q_alone.index_dt = Dt::I32;
+        cases.push_back({q_alone, true, seed++, Group::Copies});
+        Spec longer_k = dense_spec(Dt::BF16, 64, Layout::BSHD);
+        longer_k.R = 32;
+        longer_k.interleaved = true;
+        longer_k.in_place = false;
+        longer_k.q_extra = 3;
+        longer_k.S = 29;
+        longer_k.position_offset = 2;
+        cases.push_back({longer_k, true, seed++, Group::Copies});
+        Spec large = chatglm;
+        large.B = 1, large.S = 1024, large.Hk = 2, large.group = 16;
+        cases.push_back({large, true, seed++, Group::Copies});
+    }
     // Calls the flat path leaves to the others: [B, S, H, D] memory rotated in part in place,
     // rows with padding, angles from inv_freq, one token a sequence, out-of-place partial
     // rotary (the bulk or staged path), a packed batch.
@@ -144,10 +183,21 @@ std::vector<FlatCase> flat_cases() {
         one_token.B = 8;
         cases.push_back({one_token, false, seed++, Group::Others});
     }
+    // Out-of-place partial rotary the bulk or staged path keeps: half style (GPT-NeoX's 24/96,
+    // Phi-2's 32/80 in fp16) and interleaved float32.
     Spec partial_out = dense_spec(Dt::BF16, 96);
     partial_out.R = 24;
     partial_out.in_place = false;
     cases.push_back({partial_out, false, seed++, Group::Others});
+    Spec phi2 = dense_spec(Dt::F16, 80, Layout::BSHD);
+    phi2.R = 32;
+    phi2.in_place = false;
+    cases.push_back({phi2, false, seed++, Group::Others});
+    Spec partial_f32 = dense_spec(Dt::F32, 128, Layout::BSHD);
+    partial_f32.R = 64;
+    partial_f32.interleaved = true;
+    partial_f32.in_place = false;
+    cases.push_back({partial_f32, false, seed++, Group::Others});
     return cases;
 }
 
@@ -241,6 +291,12 @@ TEST_SUITE("gpu") {
                       "the flat path over many blocks (Llama-3-8B and D64 shapes) matches the CPU "
                       "backend") {
         check_group(*this, Group::Large);
+    }
+
+    TEST_CASE_FIXTURE(GpuFixture,
+                      "out-of-place partial rotary through the flat path (rotated and copied "
+                      "vectors) matches the CPU backend") {
+        check_group(*this, Group::Copies);
     }
 
     TEST_CASE_FIXTURE(GpuFixture,

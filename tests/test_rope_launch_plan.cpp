@@ -300,9 +300,29 @@ TEST_CASE("the flat path's plan: plain RoPE of the direct path's kind, no cache,
     RopeShape partial = shape(64, 32, 8, false, true);  // in place: only the rotated spans
     partial.dense_rows = true;
     CHECK(rope_plan(partial).flat_rows);
-    partial.in_place_q = partial.in_place_k = false;  // unrotated features to copy: bulk path
+    // Out of place, half style: unrotated features to copy, the bulk path (the flat path's
+    // chunk items lost there, H200 run ED).
+    partial.in_place_q = partial.in_place_k = false;
     CHECK_FALSE(rope_plan(partial).flat_rows);
     CHECK(rope_plan(partial).bulk_rows);
+    // Interleaved pairs in 8-element vectors: every vector of the row rotated or copied
+    // (flat_copies), no bulk entry.
+    RopeShape pairs = partial;
+    pairs.interleaved = true;
+    CHECK(rope_plan(pairs).flat_rows);
+    CHECK(rope_plan(pairs).flat_copies);
+    CHECK(rope_plan(pairs).flat_items == 8);  // 64 features, 8 a vector
+    CHECK_FALSE(rope_plan(pairs).bulk_rows);
+    // Vectors under 8 elements (float32), or that do not tile the row (a span at feature 4):
+    // the bulk path.
+    RopeShape narrow = pairs;
+    narrow.vec = 4;
+    CHECK_FALSE(rope_plan(narrow).flat_rows);
+    CHECK(rope_plan(narrow).bulk_rows);
+    RopeShape shifted = pairs;
+    shifted.rotary_offset = 4;
+    CHECK_FALSE(rope_plan(shifted).flat_rows);
+    CHECK(rope_plan(shifted).bulk_rows);
     for (int variant = 0; variant < 8; ++variant) {
         RopeShape other = shape(64, 64, 8, true, true);
         other.dense_rows = true;
@@ -467,10 +487,10 @@ TEST_CASE("the flat path takes dense rows: [B, H, S, D] ones, and [B, S, H, D] o
     for (rope_jit::TensorRef* t : {&p.q, &p.q_out, &p.k, &p.k_out}) t->shape[0] = p.batch;
     CHECK_FALSE(rope_jit::flat_rows_of(spec, p).has_value());
     // Not a flat call then (so its spec has no dense_rows: a dense_rows module's rope_kernel is
-    // empty); flat_rows_call bounds items by pairs, at or above the items a row.
+    // empty); flat_rows_call bounds items by features, at or above the items a row.
     CHECK_FALSE(rope_jit::flat_rows_call(p));
     p = problem(true);
-    p.batch = (int64_t(1) << 32) / (Hq * S * (D / 2));
+    p.batch = (int64_t(1) << 32) / (Hq * S * D);
     for (rope_jit::TensorRef* t : {&p.q, &p.q_out, &p.k, &p.k_out}) t->shape[0] = p.batch;
     CHECK(rope_jit::flat_rows_call(p));
     CHECK(rope_jit::flat_rows_of(spec, p).has_value());

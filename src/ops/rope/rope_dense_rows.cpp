@@ -66,15 +66,17 @@ bool dense_call(const RopeProblem& p, bool heads_fastest) {
 // The order of the rows the flat path walks (true: a token's heads together), or nothing.
 std::optional<bool> flat_row_order(const RopeProblem& p) {
     if (p.packed) return std::nullopt;
-    // The kernel counts rows under 2^31 and items under 2^32 (an item rotates a pair or more).
+    // The kernel counts rows under 2^31 and items under 2^32 (an item takes a pair, or a
+    // vector of the row, or more).
     for (const int64_t rows : {p.batch * p.heads_q * p.seqlen_q,
                                p.has_k ? p.batch * p.heads_k * p.seqlen_k : 0})
-        if (rows > kMaxRows || rows * std::max<int64_t>(p.pairs(), 1) > kMaxItems)
+        if (rows > kMaxRows || rows * std::max<int64_t>(p.head_dim, 1) > kMaxItems)
             return std::nullopt;
     const bool heads_fastest = dense_call(p, true);
     if (!heads_fastest) return dense_call(p, false) ? std::optional<bool>(false) : std::nullopt;
-    const bool flat_wins = p.seqlen_q > 1 && dtype_size(p.dtype) == 2 &&
-                           p.rotary_dim == p.head_dim;
+    const bool out_of_place = !p.q_in_place && (!p.has_k || !p.k_in_place);
+    const bool flat_wins =
+        p.seqlen_q > 1 && dtype_size(p.dtype) == 2 && (p.rotary_dim == p.head_dim || out_of_place);
     return flat_wins ? std::optional<bool>(true) : std::nullopt;
 }
 
@@ -111,12 +113,12 @@ std::optional<RopeBulkParams> flat_rows_of(const KernelSpec& spec, const RopePro
     if (!plan.flat_rows || !heads_fastest) return std::nullopt;
     const RopeBulkParams rows = dense_row_counts(p, *heads_fastest);
     for (const int64_t n : {rows.q_rows, rows.k_rows})
-        if (n > kMaxRows || n * plan.rot_items > kMaxItems) return std::nullopt;
+        if (n > kMaxRows || n * plan.flat_items > kMaxItems) return std::nullopt;
     return rows;
 }
 
 RopeBulkLaunch plan_rope_flat_launch(const KernelSpec& spec, const RopeBulkParams& rows) {
-    const int64_t items = (rows.q_rows + rows.k_rows) * rope_plan(spec).rot_items;
+    const int64_t items = (rows.q_rows + rows.k_rows) * rope_plan(spec).flat_items;
     RopeBulkLaunch launch;
     launch.blocks = (items + kRopeFlatThreads - 1) / kRopeFlatThreads;
     launch.threads = kRopeFlatThreads;
