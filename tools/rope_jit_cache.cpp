@@ -35,6 +35,7 @@
 
 #include "cli_output.h"
 #include "kernel_spec_sets.h"
+#include "prewarm_processes.h"
 #include "rope_jit/rope_jit.h"
 
 namespace {
@@ -214,6 +215,7 @@ struct PrewarmOptions {
     std::vector<std::string> targets;
     std::vector<std::string> ops;  // --ops; empty = both
     int jobs = 0;
+    int processes = 0;  // --processes; 0 = split_jobs's choice
     bool dry_run = false;
     json flag_template = json::object();
 };
@@ -366,6 +368,45 @@ int print_prewarm_plan(const GlobalOptions& global, const std::vector<PlannedKer
     return kExitOk;
 }
 
+// prewarm-worker: a worker process of prewarm (prewarm_processes.h). Reads its share
+// (WorkerKernel lines) from stdin to the end, compiles it with `jobs` threads and writes a
+// WorkerResult line for each kernel as it finishes.
+int run_prewarm_worker(const GlobalOptions& global, int jobs) {
+    std::vector<WorkerKernel> share;
+    for (std::string line; std::getline(std::cin, line);)
+        if (!line.empty()) share.push_back(parse_worker_kernel_line(line));
+    std::mutex out_mutex;
+    std::atomic<size_t> next{0};
+    auto worker = [&] {
+        RuntimeHandle runtime(nullptr, rope_jit_runtime_free);
+        std::string runtime_error;
+        try {
+            runtime = make_runtime(global, ROPE_JIT_BACKEND_CPU);
+        } catch (const Failure& e) {
+            runtime_error = e.what();
+        }
+        for (size_t n = next++; n < share.size(); n = next++) {
+            Kernel kernel;
+            if (runtime) {
+                PlannedKernel planned;
+                planned.spec_json = share[n].spec_json;
+                planned.target = share[n].target;
+                prewarm_one(runtime.get(), planned, kernel);
+            } else {
+                kernel.error = runtime_error;
+            }
+            const WorkerResult result{share[n].index, result_name(kernel.result), kernel.ms,
+                                      kernel.compile_ms, kernel.written, kernel.error};
+            std::lock_guard<std::mutex> lock(out_mutex);
+            std::cout << worker_result_line(result) << std::flush;
+        }
+    };
+    std::vector<std::thread> threads;
+    for (int j = 0; j < std::max(jobs, 1); ++j) threads.emplace_back(worker);
+    for (std::thread& thread : threads) thread.join();
+    return kExitOk;
+}
+
 int run_prewarm(const GlobalOptions& global, const PrewarmOptions& options) {
     const std::vector<SpecTemplate> templates = gather_templates(options);
     if (options.jobs < 0) throw UsageError("--jobs: must be >= 1 (0 = one per hardware thread)");
@@ -408,7 +449,36 @@ int run_prewarm(const GlobalOptions& global, const PrewarmOptions& options) {
     bar.update(0, "compiling");
     const auto start = std::chrono::steady_clock::now();
     const std::vector<size_t> order = start_order(planned);
-    std::atomic<size_t> next{0};
+    // Worker processes where one process's threads would wait on each other in NVRTC
+    // (prewarm_processes.h); the slowest kernels first in each worker's share.
+    ProcessSplit split = split_jobs(jobs, kernels.size());
+    if (options.processes > 0)
+        split = ProcessSplit{int(std::min<size_t>(size_t(options.processes), kernels.size())),
+                             int(std::max<size_t>(jobs / size_t(options.processes), 1))};
+    bool in_workers = false;
+    if (split.processes > 1) {
+        std::vector<std::vector<WorkerKernel>> shares(size_t(split.processes));
+        for (size_t n = 0; n < order.size(); ++n)
+            shares[n % shares.size()].push_back(
+                WorkerKernel{order[n], planned[order[n]].spec_json, planned[order[n]].target});
+        std::vector<std::string> worker_args;
+        if (!global.cache_dir.empty()) worker_args = {"--cache-dir", global.cache_dir};
+        for (const char* arg : {"prewarm-worker", "--jobs"}) worker_args.push_back(arg);
+        worker_args.push_back(std::to_string(split.jobs_each));
+        in_workers = run_prewarm_workers(worker_args, shares, [&](const WorkerResult& result) {
+            Kernel& kernel = kernels[result.index];
+            kernel.result = result.result == "compiled" ? Result::compiled
+                            : result.result == "cached" ? Result::cached
+                                                        : Result::failed;
+            kernel.ms = result.ms;
+            kernel.compile_ms = result.compile_ms;
+            kernel.written = result.written;
+            kernel.error = result.error;
+            report(result.index);
+        });
+    }
+    const size_t processes = in_workers ? size_t(split.processes) : 1;
+    std::atomic<size_t> next{in_workers ? kernels.size() : 0};
     auto worker = [&] {
         RuntimeHandle runtime(nullptr, rope_jit_runtime_free);
         std::string runtime_error;
@@ -427,7 +497,7 @@ int run_prewarm(const GlobalOptions& global, const PrewarmOptions& options) {
         }
     };
     std::vector<std::thread> threads;
-    for (size_t j = 0; j < jobs; ++j) threads.emplace_back(worker);
+    for (size_t j = 0; j < (in_workers ? 0 : jobs); ++j) threads.emplace_back(worker);
     for (std::thread& thread : threads) thread.join();
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -448,6 +518,7 @@ int run_prewarm(const GlobalOptions& global, const PrewarmOptions& options) {
                         {"targets", targets},
                         {"note", note},
                         {"jobs", jobs},
+                        {"processes", processes},
                         {"kernels", list},
                         {"compiled", compiled},
                         {"cached", cached},
@@ -461,12 +532,14 @@ int run_prewarm(const GlobalOptions& global, const PrewarmOptions& options) {
         if (written < compiled)
             unwritten = fmt::format(" ({} not written: kept in memory only, see the warning above)",
                                     compiled - written);
+        const std::string in_processes =
+            processes > 1 ? fmt::format(" in {} processes", processes) : std::string();
         const std::string summary = fmt::format(
-            "prewarm: {} kernels for {} in {} with {} job{}: {} compiled ({} in NVRTC), {} already "
-            "cached, {} failed; {} written to {}{}",
+            "prewarm: {} kernels for {} in {} with {} job{}{}: {} compiled ({} in NVRTC), {} "
+            "already cached, {} failed; {} written to {}{}",
             kernels.size(), joined(targets), format_ms(seconds * 1000.0), jobs,
-            jobs == 1 ? "" : "s", compiled, format_ms(compile_ms), cached, failed, written, where,
-            unwritten);
+            jobs == 1 ? "" : "s", in_processes, compiled, format_ms(compile_ms), cached, failed,
+            written, where, unwritten);
         std::cout << printable(summary) << std::endl;
     }
     // Prewarming is for later processes: a kernel that compiled but could not be stored (a
@@ -826,6 +899,10 @@ int run(int argc, char** argv) {
         ->delimiter(',');
     prewarm->add_option("--jobs,-j", prewarm_options.jobs,
                         "kernels compiled in parallel (default 0: one per hardware thread)");
+    prewarm->add_option("--processes", prewarm_options.processes,
+                        "worker processes the jobs are spread over (default 0: one per 4 jobs "
+                        "from 8 jobs up, else none: NVRTC's threads in one process wait on each "
+                        "other)");
     prewarm->add_flag("--dry-run", prewarm_options.dry_run,
                       "only list the kernels it would prewarm");
     // Spec flags: each takes comma-separated values; the specs are their cross product.
@@ -894,8 +971,13 @@ int run(int argc, char** argv) {
     clear->add_flag("--dry-run", clear_dry_run, "only say what would be removed");
     CLI::App* info = app.add_subcommand(
         "info", "versions, backend, devices, cache directory and whether it is writable");
+    // prewarm's worker processes (prewarm_processes.h): not listed in --help.
+    CLI::App* prewarm_worker = app.add_subcommand("prewarm-worker", "");
+    prewarm_worker->group("");
+    int worker_jobs = 1;
+    prewarm_worker->add_option("--jobs", worker_jobs, "threads of this worker");
 
-    for (CLI::App* command : {prewarm, list, verify, prune, clear, info})
+    for (CLI::App* command : {prewarm, list, verify, prune, clear, info, prewarm_worker})
         add_global_options(command);
 
     // CLI11 reports a word that is no subcommand as "A subcommand is required"; name it instead.
@@ -910,6 +992,7 @@ int run(int argc, char** argv) {
         std::vector<std::string> names;
         for (const CLI::App* command : {prewarm, list, verify, prune, clear, info})
             names.push_back(command->get_name());
+        if (word == prewarm_worker->get_name()) break;
         if (std::find(names.begin(), names.end(), word) == names.end()) {
             std::cerr << "rope-jit-cache: unknown subcommand '" << printable(word)
                       << "' (expected one of: " << joined(names) << ")\nRun with --help for usage."
@@ -971,6 +1054,7 @@ int run(int argc, char** argv) {
         if (*prune) return run_prune(global, prune_options);
         if (*clear) return run_clear(global, clear_dry_run);
         if (*info) return run_info(global);
+        if (*prewarm_worker) return run_prewarm_worker(global, worker_jobs);
     } catch (const UsageError& e) {
         std::cerr << "rope-jit-cache: " << printable(e.what()) << "\nRun with --help for usage."
                   << std::endl;

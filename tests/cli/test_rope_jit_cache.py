@@ -4,6 +4,7 @@ directories, killed writers, stale versions, hostile roots, and the command line
 Run by ctest as `python3 test_rope_jit_cache.py` with ROPE_JIT_CACHE_TOOL naming the binary.
 Compiling needs NVRTC, not a GPU; tests that compile are skipped where NVRTC is missing.
 """
+import ctypes
 import json
 import os
 import resource
@@ -68,6 +69,14 @@ def nvrtc_available():
 
 
 HAVE_NVRTC = nvrtc_available()
+
+
+def driver_present():
+    try:
+        ctypes.CDLL("libcuda.so.1")
+        return True
+    except OSError:
+        return False
 needs_nvrtc = unittest.skipUnless(HAVE_NVRTC, "NVRTC is not available: nothing can be compiled")
 
 
@@ -538,9 +547,9 @@ class CommandLineTest(CacheTestCase):
             # offsets (the HF drop-in with a batch of [B, S, R] tables); HF-style full tables.
             # And calls on dense rows in prefill (dense_rows: the flat path's kernel;
             # rope_jit.rope's C-contiguous [B, H, S, D] q and k, or 16-bit [B, S, H, D] ones
-            # rotated whole), where the plan has that path (not for out-of-place partial rotary,
-            # whose specs merge with the others).
-            flat = name not in ("phi-2", "gpt-neox-20b", "phi-4-mini", "gpt-j-6b")
+            # rotated whole), where the plan has that path (out-of-place partial rotary only with
+            # interleaved pairs, GPT-J's: the others' specs merge with the plain ones).
+            flat = name not in ("phi-2", "gpt-neox-20b", "phi-4-mini")
             expected = [(direction, positions, in_place, False) for direction in ("forward", "backward")
                         for positions in ("implicit", "indices", "seqlen-offsets") for in_place in (True, False)]
             expected += [(direction, positions, in_place, True) for direction in ("forward", "backward")
@@ -746,6 +755,77 @@ class CommandLineTest(CacheTestCase):
                            "--target", "sm_90")
         self.assertEqual(sum(line.startswith("cached ") for line in second.stdout.splitlines()), 24, second.stdout)
         self.assertIn("24 already cached", second.stdout)
+
+    @needs_nvrtc
+    def test_prewarm_in_worker_processes_compiles_each_kernel_once_and_reports_it_as_one_process_would(self):
+        # Two worker processes of one thread each (prewarm_processes.h): every planned kernel
+        # compiled once, written and reported with its own spec; the next run finds them all.
+        plan = json.loads(self.tool("--cache-dir", self.root, "prewarm", "--dry-run", "--json", "--target",
+                                    "sm_90", *FIVE_SPECS).stdout)
+        report, _ = self.prewarm(*FIVE_SPECS, "--processes", "2", "--jobs", "2")
+        self.assertEqual((report["processes"], report["jobs"]), (2, 2))
+        self.assertEqual((report["compiled"], report["cached"], report["failed"], report["written"]), (5, 0, 0, 5))
+        self.assertEqual([k["spec"] for k in report["kernels"]], [k["spec"] for k in plan["kernels"]])
+        self.assertTrue(all(k["result"] == "compiled" and k["written"] and k["compile_ms"] > 0
+                            for k in report["kernels"]), report)
+        self.assertEqual(len(self.items("ok")), 5)
+        again, _ = self.prewarm(*FIVE_SPECS, "--processes", "2", "--jobs", "2")
+        self.assertEqual((again["compiled"], again["cached"]), (0, 5))
+        text = self.tool("--cache-dir", self.root, "prewarm", "--target", "sm_90", "--processes", "2", "--jobs",
+                         "2", *FIVE_SPECS).stdout
+        self.assertIn("with 2 jobs in 2 processes: 0 compiled", text)
+
+    @needs_nvrtc
+    def test_a_worker_process_killed_mid_run_leaves_its_unreported_kernels_failed_and_the_rest_compiled(self):
+        process = start_tool("--cache-dir", self.root, "prewarm", "--target", "sm_90", "--json", "--processes", "2",
+                             "--jobs", "2", *TWENTY_SPECS)
+        victim = None
+        deadline = time.time() + 60
+        while victim is None and time.time() < deadline:  # the parent's first worker, once started
+            for pid in filter(str.isdigit, os.listdir("/proc")):
+                try:
+                    status = read_bytes(f"/proc/{pid}/status").decode()
+                    cmdline = read_bytes(f"/proc/{pid}/cmdline")
+                except OSError:
+                    continue
+                if f"PPid:\t{process.pid}\n" in status and b"prewarm-worker" in cmdline:
+                    victim = int(pid)
+                    break
+        self.assertIsNotNone(victim)
+        os.kill(victim, signal.SIGKILL)
+        out, err = process.communicate(timeout=600)
+        self.assertEqual(process.returncode, 1, err)
+        report = json.loads(out)
+        self.assertEqual(len(report["kernels"]), 20)
+        lost = [k for k in report["kernels"] if k["result"] == "failed"]
+        self.assertTrue(lost, report)
+        self.assertTrue(all("worker process ended (signal 9)" in k["error"] for k in lost), lost)
+        self.assertEqual(report["compiled"] + len(lost), 20)
+        self.assertEqual(len(self.items("ok")), report["compiled"])
+
+    @needs_nvrtc
+    @unittest.skipUnless(driver_present(), "no CUDA driver: NVRTC keeps no compute cache here")
+    def test_prewarm_writes_nothing_into_the_drivers_compute_cache(self):
+        # NVRTC 12.9+ would also cache its optimizer and SASS results in CUDA_CACHE_PATH; the
+        # library compiles with --no-cache (nvrtc_compiler.cpp).
+        env = tool_env()
+        env["CUDA_CACHE_PATH"] = os.path.join(self.scratch, "compute_cache")
+        os.makedirs(env["CUDA_CACHE_PATH"])
+        subprocess.run([TOOL, "--cache-dir", self.root, "prewarm", "--target", "sm_90", *FIVE_SPECS],
+                       check=True, capture_output=True, env=env, timeout=600)
+        self.assertEqual([files for _, _, files in os.walk(env["CUDA_CACHE_PATH"]) if files], [])
+
+    @needs_nvrtc
+    def test_a_kernel_that_fails_in_a_worker_process_is_reported_failed_with_its_error(self):
+        env = tool_env()
+        env["ROPE_JIT_NVRTC_EXTRA_OPTIONS"] = "--no-such-nvrtc-option"
+        result = subprocess.run([TOOL, "--cache-dir", self.root, "prewarm", "--target", "sm_90", "--json",
+                                 "--processes", "2", "--jobs", "2", *FIVE_SPECS],
+                                capture_output=True, text=True, env=env, timeout=600)
+        self.assertEqual(result.returncode, 1, result.stderr)
+        report = json.loads(result.stdout)
+        self.assertEqual((report["processes"], report["failed"], report["compiled"]), (2, 5, 0))
+        self.assertTrue(all(k["result"] == "failed" and k["error"] for k in report["kernels"]), report)
 
     @needs_nvrtc
     def test_prewarm_starts_the_slowest_kernels_first(self):
