@@ -136,7 +136,7 @@ std::vector<FlatCase> flat_cases() {
         chatglm.Hk = 2, chatglm.group = 4;
         cases.push_back({chatglm, true, seed++, Group::Copies});
         Spec offset = chatglm;
-        offset.dt = offset.table_dt = Dt::F16;
+        offset.dt = Dt::F16;
         offset.layout = Layout::BHSD;
         offset.offset = 32;
         offset.backward = true;

@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -368,14 +369,10 @@ int print_prewarm_plan(const GlobalOptions& global, const std::vector<PlannedKer
     return kExitOk;
 }
 
-// prewarm-worker: a worker process of prewarm (prewarm_processes.h). Reads its share
-// (WorkerKernel lines) from stdin to the end, compiles it with `jobs` threads and writes a
-// WorkerResult line for each kernel as it finishes.
-int run_prewarm_worker(const GlobalOptions& global, int jobs) {
-    std::vector<WorkerKernel> share;
-    for (std::string line; std::getline(std::cin, line);)
-        if (!line.empty()) share.push_back(parse_worker_kernel_line(line));
-    std::mutex out_mutex;
+// Runs work(runtime, runtime_error, n) for n = 0 .. count - 1 on `jobs` threads, each with a
+// CPU-backend runtime of its own (null where it could not be made, runtime_error saying why).
+void on_threads(const GlobalOptions& global, size_t jobs, size_t count,
+                const std::function<void(rope_jit_runtime*, const std::string&, size_t)>& work) {
     std::atomic<size_t> next{0};
     auto worker = [&] {
         RuntimeHandle runtime(nullptr, rope_jit_runtime_free);
@@ -385,25 +382,38 @@ int run_prewarm_worker(const GlobalOptions& global, int jobs) {
         } catch (const Failure& e) {
             runtime_error = e.what();
         }
-        for (size_t n = next++; n < share.size(); n = next++) {
-            Kernel kernel;
-            if (runtime) {
-                PlannedKernel planned;
-                planned.spec_json = share[n].spec_json;
-                planned.target = share[n].target;
-                prewarm_one(runtime.get(), planned, kernel);
-            } else {
-                kernel.error = runtime_error;
-            }
-            const WorkerResult result{share[n].index, result_name(kernel.result), kernel.ms,
-                                      kernel.compile_ms, kernel.written, kernel.error};
-            std::lock_guard<std::mutex> lock(out_mutex);
-            std::cout << worker_result_line(result) << std::flush;
-        }
+        for (size_t n = next++; n < count; n = next++) work(runtime.get(), runtime_error, n);
     };
     std::vector<std::thread> threads;
-    for (int j = 0; j < std::max(jobs, 1); ++j) threads.emplace_back(worker);
+    for (size_t j = 0; j < jobs; ++j) threads.emplace_back(worker);
     for (std::thread& thread : threads) thread.join();
+}
+
+// prewarm-worker: a worker process of prewarm (prewarm_processes.h). Reads its share
+// (WorkerKernel lines) from stdin to the end, compiles it with `jobs` threads and writes a
+// WorkerResult line for each kernel as it finishes.
+int run_prewarm_worker(const GlobalOptions& global, int jobs) {
+    std::vector<WorkerKernel> share;
+    for (std::string line; std::getline(std::cin, line);)
+        if (!line.empty()) share.push_back(parse_worker_kernel_line(line));
+    std::mutex out_mutex;
+    on_threads(global, size_t(std::max(jobs, 1)), share.size(),
+               [&](rope_jit_runtime* runtime, const std::string& runtime_error, size_t n) {
+                   Kernel kernel;
+                   if (runtime) {
+                       PlannedKernel planned;
+                       planned.spec_json = share[n].spec_json;
+                       planned.target = share[n].target;
+                       prewarm_one(runtime, planned, kernel);
+                   } else {
+                       kernel.error = runtime_error;
+                   }
+                   const WorkerResult result{share[n].index, result_name(kernel.result),
+                                             kernel.ms, kernel.compile_ms, kernel.written,
+                                             kernel.error};
+                   std::lock_guard<std::mutex> lock(out_mutex);
+                   std::cout << worker_result_line(result) << std::flush;
+               });
     return kExitOk;
 }
 
@@ -478,27 +488,16 @@ int run_prewarm(const GlobalOptions& global, const PrewarmOptions& options) {
         });
     }
     const size_t processes = in_workers ? size_t(split.processes) : 1;
-    std::atomic<size_t> next{in_workers ? kernels.size() : 0};
-    auto worker = [&] {
-        RuntimeHandle runtime(nullptr, rope_jit_runtime_free);
-        std::string runtime_error;
-        try {
-            runtime = make_runtime(global, ROPE_JIT_BACKEND_CPU);
-        } catch (const Failure& e) {
-            runtime_error = e.what();
-        }
-        for (size_t n = next++; n < kernels.size(); n = next++) {
-            const size_t i = order[n];
-            if (runtime)
-                prewarm_one(runtime.get(), planned[i], kernels[i]);
-            else
-                kernels[i].error = runtime_error;
-            report(i);
-        }
-    };
-    std::vector<std::thread> threads;
-    for (size_t j = 0; j < (in_workers ? 0 : jobs); ++j) threads.emplace_back(worker);
-    for (std::thread& thread : threads) thread.join();
+    if (!in_workers)
+        on_threads(global, jobs, kernels.size(),
+                   [&](rope_jit_runtime* runtime, const std::string& runtime_error, size_t n) {
+                       const size_t i = order[n];
+                       if (runtime)
+                           prewarm_one(runtime, planned[i], kernels[i]);
+                       else
+                           kernels[i].error = runtime_error;
+                       report(i);
+                   });
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     bar.finish();
