@@ -487,10 +487,10 @@ TEST_CASE("the flat path takes dense rows: [B, H, S, D] ones, and [B, S, H, D] o
     for (rope_jit::TensorRef* t : {&p.q, &p.q_out, &p.k, &p.k_out}) t->shape[0] = p.batch;
     CHECK_FALSE(rope_jit::flat_rows_of(spec, p).has_value());
     // Not a flat call then (so its spec has no dense_rows: a dense_rows module's rope_kernel is
-    // empty); flat_rows_call bounds items by features, at or above the items a row.
+    // empty); flat_rows_call bounds items by half the features, at or above the items a row.
     CHECK_FALSE(rope_jit::flat_rows_call(p));
     p = problem(true);
-    p.batch = (int64_t(1) << 32) / (Hq * S * D);
+    p.batch = (int64_t(1) << 32) / (Hq * S * (D / 2));
     for (rope_jit::TensorRef* t : {&p.q, &p.q_out, &p.k, &p.k_out}) t->shape[0] = p.batch;
     CHECK(rope_jit::flat_rows_call(p));
     CHECK(rope_jit::flat_rows_of(spec, p).has_value());

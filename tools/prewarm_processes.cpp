@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/prctl.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -43,12 +44,20 @@ std::string worker_result_line(const WorkerResult& result) {
            "\n";
 }
 
-ProcessSplit split_jobs(size_t jobs, size_t kernels) {
-    ProcessSplit split;
+int split_processes(size_t jobs, size_t kernels, int requested) {
     jobs = std::max<size_t>(jobs, 1);
-    if (jobs >= 8) split.processes = int(std::min(jobs / 4, std::max<size_t>(kernels, 1)));
-    split.jobs_each = int(std::max<size_t>(jobs / size_t(split.processes), 1));
-    return split;
+    const size_t wanted = requested > 0 ? size_t(requested) : jobs >= 8 ? jobs / 4 : 1;
+    return int(std::max<size_t>(std::min({wanted, jobs, std::max<size_t>(kernels, 1)}), 1));
+}
+
+size_t jobs_of_worker(size_t jobs, int processes, int worker) {
+    const size_t p = size_t(std::max(processes, 1));
+    return std::max<size_t>(jobs / p + (size_t(worker) < jobs % p ? 1 : 0), 1);
+}
+
+void exit_with_parent(long parent) {
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (long(getppid()) != parent) _exit(1);  // it ended before the request took effect
 }
 
 namespace {
@@ -91,6 +100,17 @@ bool start_worker(const std::vector<std::string>& args, Worker& worker) {
     posix_spawn_file_actions_init(&actions);
     posix_spawn_file_actions_adddup2(&actions, in[0], 0);
     posix_spawn_file_actions_adddup2(&actions, out[1], 1);
+    // SIGPIPE at its default and no signal blocked in the worker (this process ignores
+    // SIGPIPE while it runs workers; an orphaned worker must die at its next report).
+    posix_spawnattr_t attributes;
+    posix_spawnattr_init(&attributes);
+    sigset_t none, pipe_signal;
+    sigemptyset(&none);
+    sigemptyset(&pipe_signal);
+    sigaddset(&pipe_signal, SIGPIPE);
+    posix_spawnattr_setsigdefault(&attributes, &pipe_signal);
+    posix_spawnattr_setsigmask(&attributes, &none);
+    posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
     std::vector<char*> argv;
     std::string name = "rope-jit-cache";
     argv.push_back(name.data());
@@ -99,8 +119,9 @@ bool start_worker(const std::vector<std::string>& args, Worker& worker) {
     argv.push_back(nullptr);
     pid_t pid = -1;
     const int status =
-        posix_spawn(&pid, "/proc/self/exe", &actions, nullptr, argv.data(), environ);
+        posix_spawn(&pid, "/proc/self/exe", &actions, &attributes, argv.data(), environ);
     posix_spawn_file_actions_destroy(&actions);
+    posix_spawnattr_destroy(&attributes);
     close(in[0]);
     close(out[1]);
     if (status != 0) {
@@ -122,7 +143,7 @@ std::string exit_text(int status) {
 
 }  // namespace
 
-bool run_prewarm_workers(const std::vector<std::string>& worker_args,
+bool run_prewarm_workers(const std::function<std::vector<std::string>(int)>& worker_args,
                          const std::vector<std::vector<WorkerKernel>>& shares,
                          const std::function<void(const WorkerResult&)>& on_result) {
     // A worker that dies while its share is written must not kill this process with SIGPIPE.
@@ -133,12 +154,15 @@ bool run_prewarm_workers(const std::vector<std::string>& worker_args,
 
     std::vector<Worker> workers(shares.size());
     bool started = true;
-    for (size_t w = 0; w < shares.size() && started; ++w) started = start_worker(worker_args, workers[w]);
+    for (size_t w = 0; w < shares.size() && started; ++w)
+        started = start_worker(worker_args(int(w)), workers[w]);
     if (!started) {
         for (Worker& worker : workers) {
             close_fd(worker.to_child);
             close_fd(worker.from_child);
-            if (worker.pid > 0) waitpid(worker.pid, nullptr, 0);  // EOF on stdin: it exits
+            if (worker.pid > 0)  // EOF on stdin: it exits
+                while (waitpid(worker.pid, nullptr, 0) < 0 && errno == EINTR) {
+                }
         }
         sigaction(SIGPIPE, &previous, nullptr);
         return false;
@@ -186,6 +210,9 @@ bool run_prewarm_workers(const std::vector<std::string>& worker_args,
             }
         if (poll(fds.data(), fds.size(), -1) < 0) {
             if (errno == EINTR) continue;
+            // Cannot wait for reports any more: end the workers; what they did not report is
+            // reported failed below.
+            for (Worker& worker : workers) kill(worker.pid, SIGTERM);
             break;
         }
         for (size_t f = 0; f < fds.size(); ++f) {

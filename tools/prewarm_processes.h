@@ -37,21 +37,24 @@ std::string worker_kernel_line(const WorkerKernel& kernel);
 WorkerKernel parse_worker_kernel_line(const std::string& line);  // throws std::exception
 std::string worker_result_line(const WorkerResult& result);
 
-// The processes and threads a prewarm of `kernels` kernels runs with `jobs` threads in all:
-// one process below 8 jobs (a process of that many threads scales there); else one process
-// per 4 jobs (the H200 machine's best: 4 x 4 and 8 x 2 alike, run EG), at most one a kernel.
-struct ProcessSplit {
-    int processes = 1, jobs_each = 1;
-};
-ProcessSplit split_jobs(size_t jobs, size_t kernels);
+// The worker processes a prewarm of `kernels` kernels with `jobs` threads in all runs in:
+// `requested` when given (at most one a job), else one below 8 jobs (a process of that many
+// threads scales there) and one per 4 jobs from 8 up (the H200 machine's best: 4 x 4 and
+// 8 x 2 alike, run EG); at most one a kernel. Worker w of them takes jobs_of_worker threads.
+int split_processes(size_t jobs, size_t kernels, int requested);
+size_t jobs_of_worker(size_t jobs, int processes, int worker);
 
-// Runs `shares` (one per worker) in worker processes of this executable, started with
-// `worker_args` (the arguments after argv[0]), calling `on_result` on the calling thread for
-// each kernel as its worker reports it. A kernel whose worker exits without reporting it is
-// reported failed, with the worker's exit status. Returns false, having reported nothing, when
-// the workers could not be started (the caller then compiles in this process).
-bool run_prewarm_workers(const std::vector<std::string>& worker_args,
+// Runs `shares` (one per worker) in worker processes of this executable, worker w started
+// with the arguments worker_args(w) (after argv[0]), calling `on_result` on the calling thread
+// for each kernel as its worker reports it. A kernel whose worker exits without reporting it
+// is reported failed, with the worker's exit status. Returns false, having reported nothing,
+// when the workers could not be started (the caller then compiles in this process). Workers
+// start with SIGPIPE at its default (a worker whose parent is gone dies at its next report).
+bool run_prewarm_workers(const std::function<std::vector<std::string>(int)>& worker_args,
                          const std::vector<std::vector<WorkerKernel>>& shares,
                          const std::function<void(const WorkerResult&)>& on_result);
+
+// In a worker: ends this process when `parent` (the pid that started it) ends, or has ended.
+void exit_with_parent(long parent);
 
 }  // namespace rope_jit_cache

@@ -392,7 +392,8 @@ void on_threads(const GlobalOptions& global, size_t jobs, size_t count,
 // prewarm-worker: a worker process of prewarm (prewarm_processes.h). Reads its share
 // (WorkerKernel lines) from stdin to the end, compiles it with `jobs` threads and writes a
 // WorkerResult line for each kernel as it finishes.
-int run_prewarm_worker(const GlobalOptions& global, int jobs) {
+int run_prewarm_worker(const GlobalOptions& global, int jobs, long parent) {
+    exit_with_parent(parent);
     std::vector<WorkerKernel> share;
     for (std::string line; std::getline(std::cin, line);)
         if (!line.empty()) share.push_back(parse_worker_kernel_line(line));
@@ -420,6 +421,8 @@ int run_prewarm_worker(const GlobalOptions& global, int jobs) {
 int run_prewarm(const GlobalOptions& global, const PrewarmOptions& options) {
     const std::vector<SpecTemplate> templates = gather_templates(options);
     if (options.jobs < 0) throw UsageError("--jobs: must be >= 1 (0 = one per hardware thread)");
+    if (options.processes < 0)
+        throw UsageError("--processes: must be >= 1 (0 = chosen from the jobs)");
     std::string note;
     const std::vector<std::string> targets = choose_targets(global, options, &note);
     const std::vector<PlannedKernel> planned = plan_kernels(templates, targets);
@@ -461,20 +464,23 @@ int run_prewarm(const GlobalOptions& global, const PrewarmOptions& options) {
     const std::vector<size_t> order = start_order(planned);
     // Worker processes where one process's threads would wait on each other in NVRTC
     // (prewarm_processes.h); the slowest kernels first in each worker's share.
-    ProcessSplit split = split_jobs(jobs, kernels.size());
-    if (options.processes > 0)
-        split = ProcessSplit{int(std::min<size_t>(size_t(options.processes), kernels.size())),
-                             int(std::max<size_t>(jobs / size_t(options.processes), 1))};
+    const int split = split_processes(jobs, kernels.size(), options.processes);
     bool in_workers = false;
-    if (split.processes > 1) {
-        std::vector<std::vector<WorkerKernel>> shares(size_t(split.processes));
+    if (split > 1) {
+        std::vector<std::vector<WorkerKernel>> shares(static_cast<size_t>(split));
         for (size_t n = 0; n < order.size(); ++n)
             shares[n % shares.size()].push_back(
                 WorkerKernel{order[n], planned[order[n]].spec_json, planned[order[n]].target});
-        std::vector<std::string> worker_args;
-        if (!global.cache_dir.empty()) worker_args = {"--cache-dir", global.cache_dir};
-        for (const char* arg : {"prewarm-worker", "--jobs"}) worker_args.push_back(arg);
-        worker_args.push_back(std::to_string(split.jobs_each));
+        const std::string parent = std::to_string(long(getpid()));
+        auto worker_args = [&](int w) {
+            std::vector<std::string> args;
+            if (!global.cache_dir.empty()) args = {"--cache-dir", global.cache_dir};
+            for (const std::string& arg :
+                 {std::string("prewarm-worker"), std::string("--parent"), parent,
+                  std::string("--jobs"), std::to_string(jobs_of_worker(jobs, split, w))})
+                args.push_back(arg);
+            return args;
+        };
         in_workers = run_prewarm_workers(worker_args, shares, [&](const WorkerResult& result) {
             Kernel& kernel = kernels[result.index];
             kernel.result = result.result == "compiled" ? Result::compiled
@@ -487,7 +493,7 @@ int run_prewarm(const GlobalOptions& global, const PrewarmOptions& options) {
             report(result.index);
         });
     }
-    const size_t processes = in_workers ? size_t(split.processes) : 1;
+    const size_t processes = in_workers ? size_t(split) : 1;
     if (!in_workers)
         on_threads(global, jobs, kernels.size(),
                    [&](rope_jit_runtime* runtime, const std::string& runtime_error, size_t n) {
@@ -899,9 +905,9 @@ int run(int argc, char** argv) {
     prewarm->add_option("--jobs,-j", prewarm_options.jobs,
                         "kernels compiled in parallel (default 0: one per hardware thread)");
     prewarm->add_option("--processes", prewarm_options.processes,
-                        "worker processes the jobs are spread over (default 0: one per 4 jobs "
-                        "from 8 jobs up, else none: NVRTC's threads in one process wait on each "
-                        "other)");
+                        "worker processes the jobs are spread over, at most one a job (default "
+                        "0: one per 4 jobs from 8 jobs up, else none: NVRTC's threads in one "
+                        "process wait on each other)");
     prewarm->add_flag("--dry-run", prewarm_options.dry_run,
                       "only list the kernels it would prewarm");
     // Spec flags: each takes comma-separated values; the specs are their cross product.
@@ -974,7 +980,10 @@ int run(int argc, char** argv) {
     CLI::App* prewarm_worker = app.add_subcommand("prewarm-worker", "");
     prewarm_worker->group("");
     int worker_jobs = 1;
+    long worker_parent = 0;
     prewarm_worker->add_option("--jobs", worker_jobs, "threads of this worker");
+    prewarm_worker->add_option("--parent", worker_parent, "the prewarm process it works for")
+        ->required();
 
     for (CLI::App* command : {prewarm, list, verify, prune, clear, info, prewarm_worker})
         add_global_options(command);
@@ -1053,7 +1062,7 @@ int run(int argc, char** argv) {
         if (*prune) return run_prune(global, prune_options);
         if (*clear) return run_clear(global, clear_dry_run);
         if (*info) return run_info(global);
-        if (*prewarm_worker) return run_prewarm_worker(global, worker_jobs);
+        if (*prewarm_worker) return run_prewarm_worker(global, worker_jobs, worker_parent);
     } catch (const UsageError& e) {
         std::cerr << "rope-jit-cache: " << printable(e.what()) << "\nRun with --help for usage."
                   << std::endl;

@@ -1,7 +1,9 @@
 #include "jit/nvrtc_compiler.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -14,6 +16,7 @@ namespace rope_jit {
 namespace {
 
 constexpr nvrtcResult NVRTC_ERROR_OUT_OF_MEMORY = 1;
+constexpr nvrtcResult NVRTC_ERROR_INVALID_OPTION = 5;  // nvrtc.h's value
 
 struct ParsedTarget {
     bool is_virtual = false;  // compute_XY rather than sm_XY
@@ -82,7 +85,8 @@ std::string program_log(const NvrtcApi& api, nvrtcProgram program) {
 // The disk cache keeps our cubins already; on the H200 machine writing that cache took ~90 ms
 // of a ~360 ms cold compile, and its hits (4 and 0 ms for those phases) made later "cold"
 // starts measure as warm ones (run EF, session 29). Our compiles leave it alone. The option
-// changes no code, so it is not in CompileResult::options (nor in the cache key).
+// changes no code, so it is not in CompileResult::options (nor in the cache key); an NVRTC
+// that refuses it (NVRTC_ERROR_INVALID_OPTION) compiles again without it (compile_cuda).
 bool nvrtc_has_compute_cache(const NvrtcApi& api) {
     int major = 0, minor = 0;
     if (api.nvrtcVersion(&major, &minor) != NVRTC_SUCCESS) return false;
@@ -158,30 +162,42 @@ CompileResult compile_cuda(const std::string& source, const std::string& program
         header_names.push_back(header.name.c_str());
         header_sources.push_back(header.source.c_str());
     }
+    // --no-cache where NVRTC has the compute cache, the options do not name it already, and
+    // this NVRTC has not refused it (then compiled again without it, once per process).
+    static std::atomic<bool> no_cache_refused{false};
+    const bool named = std::any_of(result.options.begin(), result.options.end(),
+                                   [](const std::string& o) { return o == "--no-cache"; });
+    bool no_cache = !named && !no_cache_refused && nvrtc_has_compute_cache(api);
     nvrtcProgram program = nullptr;
-    const nvrtcResult created = api.nvrtcCreateProgram(
-        &program, source.c_str(), program_name.c_str(), static_cast<int>(headers.size()),
-        header_sources.data(), header_names.data());
-    if (created != NVRTC_SUCCESS) {
-        throw Error(created == NVRTC_ERROR_OUT_OF_MEMORY ? ROPE_JIT_ERROR_OUT_OF_MEMORY
-                                                         : ROPE_JIT_ERROR_COMPILE,
-                    context + ": nvrtcCreateProgram: " + nvrtc_error_name(created));
+    std::optional<ProgramGuard> guard;
+    nvrtcResult compiled = NVRTC_SUCCESS;
+    for (;;) {
+        const nvrtcResult created = api.nvrtcCreateProgram(
+            &program, source.c_str(), program_name.c_str(), static_cast<int>(headers.size()),
+            header_sources.data(), header_names.data());
+        if (created != NVRTC_SUCCESS) {
+            throw Error(created == NVRTC_ERROR_OUT_OF_MEMORY ? ROPE_JIT_ERROR_OUT_OF_MEMORY
+                                                             : ROPE_JIT_ERROR_COMPILE,
+                        context + ": nvrtcCreateProgram: " + nvrtc_error_name(created));
+        }
+        guard.emplace(api, program);
+        std::vector<const char*> option_pointers;
+        for (const std::string& option : result.options) option_pointers.push_back(option.c_str());
+        if (no_cache) option_pointers.push_back("--no-cache");
+        compiled = api.nvrtcCompileProgram(program, static_cast<int>(option_pointers.size()),
+                                           option_pointers.data());
+        if (compiled != NVRTC_ERROR_INVALID_OPTION || !no_cache) break;
+        no_cache_refused = true;
+        no_cache = false;
+        guard.reset();
     }
-    ProgramGuard guard(api, program);
-
-    std::vector<const char*> option_pointers;
-    option_pointers.reserve(result.options.size());
-    for (const std::string& option : result.options) option_pointers.push_back(option.c_str());
-    if (nvrtc_has_compute_cache(api)) option_pointers.push_back("--no-cache");
-
-    const nvrtcResult compiled = api.nvrtcCompileProgram(
-        program, static_cast<int>(option_pointers.size()), option_pointers.data());
     result.log = program_log(api, program);
     if (compiled != NVRTC_SUCCESS) {
         throw Error(compiled == NVRTC_ERROR_OUT_OF_MEMORY ? ROPE_JIT_ERROR_OUT_OF_MEMORY
                                                           : ROPE_JIT_ERROR_COMPILE,
-                    context + " (" + nvrtc_error_name(compiled) +
-                        ")\noptions: " + join(result.options) + "\nlog:\n" + result.log);
+                    context + " (" + nvrtc_error_name(compiled) + ")\noptions: " +
+                        join(result.options) + (no_cache ? " --no-cache" : "") + "\nlog:\n" +
+                        result.log);
     }
 
     size_t size = 0;

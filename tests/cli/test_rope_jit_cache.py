@@ -816,6 +816,38 @@ class CommandLineTest(CacheTestCase):
         self.assertEqual([files for _, _, files in os.walk(env["CUDA_CACHE_PATH"]) if files], [])
 
     @needs_nvrtc
+    def test_a_prewarm_killed_with_sigterm_leaves_no_worker_process_compiling(self):
+        process = start_tool("--cache-dir", self.root, "prewarm", "--target", "sm_90", "--processes", "2",
+                             "--jobs", "2", *TWENTY_SPECS)
+        marker = f"\0--parent\0{process.pid}\0".encode()
+
+        def workers():
+            found = []
+            for pid in filter(str.isdigit, os.listdir("/proc")):
+                try:
+                    if marker in read_bytes(f"/proc/{pid}/cmdline"):
+                        found.append(pid)
+                except OSError:
+                    pass
+            return found
+        deadline = time.time() + 60
+        while not workers() and time.time() < deadline:
+            time.sleep(0.01)
+        self.assertTrue(workers())
+        process.send_signal(signal.SIGTERM)
+        process.communicate(timeout=60)
+        deadline = time.time() + 10
+        while workers() and time.time() < deadline:
+            time.sleep(0.05)
+        self.assertEqual(workers(), [])
+
+    def test_processes_below_zero_are_a_usage_error(self):
+        result = run_tool("--cache-dir", self.root, "prewarm", "--target", "sm_90", "--processes", "-1",
+                          "--head-dim", "64")
+        self.assertEqual(result.returncode, 2, result.stderr)
+        self.assertIn("--processes", result.stderr)
+
+    @needs_nvrtc
     def test_a_kernel_that_fails_in_a_worker_process_is_reported_failed_with_its_error(self):
         env = tool_env()
         env["ROPE_JIT_NVRTC_EXTRA_OPTIONS"] = "--no-such-nvrtc-option"

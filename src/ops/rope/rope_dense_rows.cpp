@@ -66,11 +66,11 @@ bool dense_call(const RopeProblem& p, bool heads_fastest) {
 // The order of the rows the flat path walks (true: a token's heads together), or nothing.
 std::optional<bool> flat_row_order(const RopeProblem& p) {
     if (p.packed) return std::nullopt;
-    // The kernel counts rows under 2^31 and items under 2^32 (an item takes a pair, or a
-    // vector of the row, or more).
+    // The kernel counts rows under 2^31 and items under 2^32: a row has at most head_dim / 2
+    // items (a rotation item takes a pair or more; a vector of flat_copies, 8 features).
     for (const int64_t rows : {p.batch * p.heads_q * p.seqlen_q,
                                p.has_k ? p.batch * p.heads_k * p.seqlen_k : 0})
-        if (rows > kMaxRows || rows * std::max<int64_t>(p.head_dim, 1) > kMaxItems)
+        if (rows > kMaxRows || rows * std::max<int64_t>(p.head_dim / 2, 1) > kMaxItems)
             return std::nullopt;
     const bool heads_fastest = dense_call(p, true);
     if (!heads_fastest) return dense_call(p, false) ? std::optional<bool>(false) : std::nullopt;

@@ -50,7 +50,7 @@ RopeBulkLaunch plan_rope_bulk_launch(const RopeBulkParams& bulk, int64_t sms);
 //     Out-of-place partial rotary goes flat where its plan has flat_copies (interleaved pairs
 //     in 16-byte vectors, rope_params.h); the other plans drop dense_rows and keep the bulk or
 //     staged path.
-// Rows times head_dim under 2^32 (the items a row are at most head_dim).
+// Rows times head_dim / 2 under 2^32 (the items a row are at most head_dim / 2).
 // A positions tensor is allowed: each item looks its position up while its data loads
 // (Llama-3-8B with positions 0.928 -> 0.941, [B, H, S, D] backward 0.890 -> 0.930, run DW).
 // make_kernel_spec derives KernelSpec::dense_rows from it.
