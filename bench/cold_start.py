@@ -260,7 +260,8 @@ def nvidia_cache_env(scratch):
 
 def child(case, cache_dir, library, gap_ms=0.0, background="on", extra_env=None):
     env = dict(os.environ, ROPE_JIT_CACHE_DIR=cache_dir, ROPE_JIT_LIBRARY=library)
-    env.update(nvidia_cache_env(tempfile.mkdtemp(prefix="cold_start_cuda_")))
+    scratch = tempfile.TemporaryDirectory(prefix="cold_start_cuda_")  # removed on return
+    env.update(nvidia_cache_env(scratch.name))
     env["PYTHONPATH"] = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python")
     if background == "off":
         env["ROPE_JIT_BACKGROUND_BUILDS"] = "0"

@@ -62,7 +62,6 @@ ROPE_JIT_HOST_DEVICE constexpr RopeShape spec_shape() {
     s.vec = VEC;
     s.mrope_axes = MROPE_AXES;
     s.interleaved = INTERLEAVED;
-    s.proportional = PROPORTIONAL;
     s.has_k = HAS_K;
     s.in_place_q = IN_PLACE_Q;
     s.in_place_k = IN_PLACE_K;

@@ -152,7 +152,7 @@ struct RopeTokenBases {
 // HEAD_DIM, ROTARY_DIM, VEC...).
 struct RopeShape {
     int head_dim, rotary_dim, rotary_offset, vec, mrope_axes;
-    bool interleaved, proportional, has_k, in_place_q, in_place_k;
+    bool interleaved, has_k, in_place_q, in_place_k;
     bool k_own_angles, angles_from_inv_freq, has_xpos, table_full, freq_grad;
     int v_dim, v_vec;  // v copied into a cache (0: no v), and its access width
     bool qk_norm, backward;  // RMSNorm of each head first (QK-norm); the gradient pass

@@ -44,6 +44,18 @@ std::string worker_result_line(const WorkerResult& result) {
            "\n";
 }
 
+WorkerResult parse_worker_result_line(const std::string& line) {
+    const json value = json::parse(line);
+    WorkerResult result;
+    result.index = value.at("index").get<size_t>();
+    result.result = value.at("result").get<std::string>();
+    result.ms = value.at("ms").get<double>();
+    result.compile_ms = value.at("compile_ms").get<double>();
+    result.written = value.at("written").get<bool>();
+    result.error = value.at("error").get<std::string>();
+    return result;
+}
+
 int split_processes(size_t jobs, size_t kernels, int requested) {
     jobs = std::max<size_t>(jobs, 1);
     const size_t wanted = requested > 0 ? size_t(requested) : jobs >= 8 ? jobs / 4 : 1;
@@ -183,13 +195,7 @@ bool run_prewarm_workers(const std::function<std::vector<std::string>(int)>& wor
     auto take_line = [&](Worker& worker, const std::string& line) {
         WorkerResult result;
         try {
-            const json value = json::parse(line);
-            result.index = value.at("index").get<size_t>();
-            result.result = value.at("result").get<std::string>();
-            result.ms = value.at("ms").get<double>();
-            result.compile_ms = value.at("compile_ms").get<double>();
-            result.written = value.at("written").get<bool>();
-            result.error = value.at("error").get<std::string>();
+            result = parse_worker_result_line(line);
         } catch (const std::exception&) {
             return;
         }

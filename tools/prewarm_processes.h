@@ -4,8 +4,9 @@
 // wait inside NVRTC), while four processes of four threads take 1.28-1.49 s against 2.08-2.25 s
 // for one process of 16 (runs EF-EG, session 29, a fresh driver compute cache each time).
 // The parent plans the kernels and hands each worker its share on stdin; each worker, this
-// same executable run as `rope-jit-cache [--cache-dir D] prewarm-worker --jobs J`, compiles its
-// share with J threads and reports each kernel on stdout as it finishes, one JSON line each.
+// same executable run as `rope-jit-cache [--cache-dir D] prewarm-worker --parent PID --jobs J`,
+// compiles its share with J threads and reports each kernel on stdout as it finishes, one JSON
+// line each.
 #pragma once
 
 #include <cstddef>
@@ -36,6 +37,7 @@ struct WorkerResult {
 std::string worker_kernel_line(const WorkerKernel& kernel);
 WorkerKernel parse_worker_kernel_line(const std::string& line);  // throws std::exception
 std::string worker_result_line(const WorkerResult& result);
+WorkerResult parse_worker_result_line(const std::string& line);  // throws std::exception
 
 // The worker processes a prewarm of `kernels` kernels with `jobs` threads in all runs in:
 // `requested` when given (at most one a job), else one below 8 jobs (a process of that many

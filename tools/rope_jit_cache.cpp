@@ -216,7 +216,7 @@ struct PrewarmOptions {
     std::vector<std::string> targets;
     std::vector<std::string> ops;  // --ops; empty = both
     int jobs = 0;
-    int processes = 0;  // --processes; 0 = split_jobs's choice
+    int processes = 0;  // --processes; 0 = split_processes's choice
     bool dry_run = false;
     json flag_template = json::object();
 };
