@@ -86,6 +86,13 @@ ROPE_JIT_HOST_DEVICE constexpr RopePlan plan() {
 }
 static_assert(plan().problem == kRopePlanOk,
               "the vector width must hold whole pairs that tile the rotary range");
+// The entries with a body in this module, from the preamble's ROPE_JIT_KERNEL_* (the others
+// are empty and their source is left out: rope_params.h, rope_module_kernels, says why).
+static_assert(ROPE_JIT_KERNEL_ROPE == rope_module_kernels(plan()).rope &&
+                  ROPE_JIT_KERNEL_DIRECT == rope_module_kernels(plan()).direct &&
+                  ROPE_JIT_KERNEL_BULK == rope_module_kernels(plan()).bulk &&
+                  ROPE_JIT_KERNEL_FLAT == rope_module_kernels(plan()).flat,
+              "the preamble's kernels are those of this spec's plan");
 
 constexpr int PAIRS = plan().pairs;
 constexpr int ROLES = plan().roles;  // angle sets per token (q, and k)
@@ -726,6 +733,7 @@ __device__ __forceinline__ long long direct_table_row(const RopeKernelParams& p,
     }
 }
 
+#if ROPE_JIT_KERNEL_ROPE || ROPE_JIT_KERNEL_DIRECT
 // Decode (a token per sequence, fewer tokens than multiprocessors) and KV cache calls of one
 // token a block: a thread resolves its own item's rows instead of reading them from shared
 // memory behind a barrier, so that its chain is as short as the data allows. Its q, k or v
@@ -831,8 +839,10 @@ __device__ __forceinline__ void rope_one_token(const RopeKernelParams& p,
                               angles);
     }
 }
+#endif  // ROPE_JIT_KERNEL_ROPE || ROPE_JIT_KERNEL_DIRECT
 
 // ---- rows through shared memory (rope_bulk_kernel, RopePlan::bulk_rows) -------------------
+#if ROPE_JIT_KERNEL_BULK
 
 // A tile's work items: every pair of a row once, each item rotating a chunk of pairs in place
 // in the tile. Half style: a chunk of first halves and its partner chunk, both stored (the
@@ -886,6 +896,7 @@ __device__ __forceinline__ void store_rotated_in_tile(T* row, const ItemSpan& sp
     store(row + span.own, own);
     if (!INTERLEAVED) store(row + span.partner, partner);
 }
+#endif  // ROPE_JIT_KERNEL_BULK
 
 }  // namespace
 
@@ -893,26 +904,25 @@ __device__ __forceinline__ void store_rotated_in_tile(T* row, const ItemSpan& sp
 // for the other specs, whose recipe does not name it: rope_kernel takes both paths there.
 extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM)
     rope_direct_kernel(const typename LaunchArgs<OwnParams>::type args) {
-    if constexpr (plan().direct_entry) {
-        const OwnParams& own = own_args(args);
-        const RopeKernelParams& p = rope_part(own);
-        if (p.programmatic) fetch_argument_lines(args);  // as rope_kernel's direct path does
-        wait_for_preceding_grid();
-        rope_one_token(p, cache_args(args), norm_part(own));
-    }
+#if ROPE_JIT_KERNEL_DIRECT
+    const OwnParams& own = own_args(args);
+    const RopeKernelParams& p = rope_part(own);
+    if (p.programmatic) fetch_argument_lines(args);  // as rope_kernel's direct path does
+    wait_for_preceding_grid();
+    rope_one_token(p, cache_args(args), norm_part(own));
+#endif
 }
 
 extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM)
     rope_kernel(const typename LaunchArgs<OwnParams>::type args) {
-    // The direct path here, or (direct_entry) in rope_direct_kernel, which also takes every
-    // QK-norm forward of this template (they have that path only).
+    // Empty for QK-norm specs, which take rope_direct_kernel alone, and for specs with the flat
+    // path (KernelSpec::dense_rows), which launch rope_flat_kernel for every call
+    // (rope_dense_rows.h: flat_rows_call derives the field only for calls flat_rows_of takes):
+    // their NVRTC time drops by half or more (Llama bf16: 250 -> 110 ms on a 2-core machine),
+    // which a prefill's first call and the presets' prewarm pay.
+#if ROPE_JIT_KERNEL_ROPE
+    // The direct path here, or (direct_entry) in rope_direct_kernel.
     constexpr bool DIRECT_HERE = plan().one_token_direct && !plan().direct_entry;
-    // Specs with the flat path (KernelSpec::dense_rows) launch rope_flat_kernel for every call
-    // (rope_dense_rows.h: flat_rows_call derives the field only for calls flat_rows_of takes),
-    // so this entry is empty in their modules: their NVRTC time drops by half or more (Llama
-    // bf16: 250 -> 110 ms on a 2-core machine), which a prefill's first call and the presets'
-    // prewarm pay.
-    if constexpr (QK_NORM || plan().flat_rows) return;
     const OwnParams& own = own_args(args);
     const RopeKernelParams& p = rope_part(own);
     const RopeCacheParams* cache = cache_args(args);  // KV cache and FP8 scales, or NULL
@@ -1175,6 +1185,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM)
             }
         }
     }
+#endif  // ROPE_JIT_KERNEL_ROPE
 }
 
 // The bulk path (RopePlan::bulk_rows; the launcher's choice, rope_dense_rows.h): a persistent
@@ -1186,111 +1197,109 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM)
 // does not name it.
 extern "C" __global__ void __launch_bounds__(kRopeBulkThreads, kRopeBulkBlocksPerSm)
     rope_bulk_kernel(const RopeBulkKernelParams args) {
-#if __CUDA_ARCH__ >= 900
-    if constexpr (plan().bulk_rows) {
-        const RopeKernelParams& p = args.own;
-        const RopeBulkParams& bulk = args.bulk;
-        // [kRopeBulkStages] mbarriers, then the stages' tiles from byte 128.
-        extern __shared__ __align__(128) char shared[];
-        const unsigned barriers = shared_address(shared);
-        char* const tiles = shared + 128;
-        const long long grid = gridDim.x;
-        auto tile_rows = [&](long long tile, bool* is_k, long long* row0) {
-            *is_k = tile >= bulk.q_tiles;
-            *row0 = (*is_k ? tile - bulk.q_tiles : tile) * bulk.tile_rows;
-            const long long left = (*is_k ? bulk.k_rows : bulk.q_rows) - *row0;
-            return static_cast<int>(left < bulk.tile_rows ? left : bulk.tile_rows);
-        };
-        auto load_tile = [&](long long tile, int stage) {
-            bool is_k;
-            long long row0;
-            const int rows = tile_rows(tile, &is_k, &row0);
-            const T* x = static_cast<const T*>(is_k ? p.k : p.q) + row0 * HEAD_DIM;
-            bulk_load(shared_address(tiles + stage * kRopeBulkStageBytes), x,
-                      static_cast<unsigned>(rows * HEAD_DIM * sizeof(T)), barriers + 8 * stage);
-        };
-        if (threadIdx.x == 0) {
-            for (int stage = 0; stage < kRopeBulkStages; ++stage)
-                bulk_barrier_init(barriers + 8 * stage);
-            bulk_barriers_ready();
-        }
-        __syncthreads();
-        wait_for_preceding_grid();
-        if (threadIdx.x == 0)
-            for (int stage = 0; stage < kRopeBulkStages; ++stage)
-                if (blockIdx.x + stage * grid < bulk.tiles)
-                    load_tile(blockIdx.x + stage * grid, stage);
-
-        long long it = 0;
-        for (long long tile = blockIdx.x; tile < bulk.tiles; tile += grid, ++it) {
-            const int stage = static_cast<int>(it % kRopeBulkStages);
-            bool is_k;
-            long long row0;
-            const int rows = tile_rows(tile, &is_k, &row0);
-            T* const rows_here = reinterpret_cast<T*>(tiles + stage * kRopeBulkStageBytes);
-            // (b, s) of a row: the launcher keeps rows under 2^31, so 32-bit multiply-shift
-            // divisions by the host's divisors.
-            const RowDivisor heads = is_k ? bulk.k_heads : bulk.q_heads;
-            const RowDivisor seqlen = is_k ? bulk.k_seqlen : bulk.q_seqlen;
-            auto table_row_of = [&](int r) -> long long {  // r: the row's place in the tile
-                const unsigned row = static_cast<unsigned>(row0) + static_cast<unsigned>(r);
-                unsigned b, s;
-                if (bulk.heads_fastest) {
-                    const unsigned token = row_divide(row, heads);
-                    b = row_divide(token, seqlen);
-                    s = token - b * static_cast<unsigned>(seqlen.divisor);
-                } else {
-                    const unsigned plane = row_divide(row, seqlen);  // (b, h)
-                    s = row - plane * static_cast<unsigned>(seqlen.divisor);
-                    b = row_divide(plane, heads);
-                }
-                return direct_table_row(p, static_cast<int>(b), static_cast<int>(s), false);
-            };
-            bulk_wait(barriers + 8 * stage, static_cast<unsigned>(it / kRopeBulkStages) & 1u);
-            // BULK_ITEMS_IN_FLIGHT items a round: all loaded (table spans and tile chunks), then
-            // all rotated and stored back.
-            const int items = rows * PAIR_ITEMS;
-            for (int i0 = threadIdx.x; i0 < items; i0 += BULK_ITEMS_IN_FLIGHT * kRopeBulkThreads) {
-                ItemSpan spans[BULK_ITEMS_IN_FLIGHT];
-                ItemAngles angles[BULK_ITEMS_IN_FLIGHT];
-                ItemData data[BULK_ITEMS_IN_FLIGHT];
-                T* where[BULK_ITEMS_IN_FLIGHT];
-#pragma unroll
-                for (int u = 0; u < BULK_ITEMS_IN_FLIGHT; ++u) {
-                    const int i = i0 + u * kRopeBulkThreads;
-                    if (i >= items) break;
-                    const int r = i / PAIR_ITEMS;
-                    spans[u] = pair_item_span(i - r * PAIR_ITEMS);
-                    const long long table = table_row_of(r);
-                    angles[u].cos = load_table_span(p.cos, p.cos_stride, table, spans[u].pair0);
-                    angles[u].sin = load_table_span(p.sin, p.sin_stride, table, spans[u].pair0);
-                    where[u] = rows_here + r * HEAD_DIM;
-                    data[u] = load_in_tile(where[u], spans[u]);
-                }
-#pragma unroll
-                for (int u = 0; u < BULK_ITEMS_IN_FLIGHT; ++u) {
-                    if (i0 + u * kRopeBulkThreads >= items) break;
-                    store_rotated_in_tile(where[u], spans[u], data[u], angles[u]);
-                }
-            }
-            bulk_fence_shared_writes();
-            __syncthreads();
-            if (threadIdx.x == 0) {
-                T* const y = static_cast<T*>(is_k ? p.k_out : p.q_out) + row0 * HEAD_DIM;
-                bulk_store(y, shared_address(rows_here),
-                           static_cast<unsigned>(rows * HEAD_DIM * sizeof(T)));
-                // The previous tile's stage takes the tile kRopeBulkStages - 1 rounds on, once
-                // that tile's store has read it (this tile's store may still be reading).
-                const long long next = tile + (kRopeBulkStages - 1) * grid;
-                if (it > 0 && next < bulk.tiles) {
-                    bulk_wait_stores_read_but_newest();
-                    load_tile(next, static_cast<int>((it - 1) % kRopeBulkStages));
-                }
-            }
-        }
-        // The stores read the block's shared memory until they complete.
-        if (threadIdx.x == 0) bulk_wait_stores();
+#if ROPE_JIT_KERNEL_BULK && __CUDA_ARCH__ >= 900
+    const RopeKernelParams& p = args.own;
+    const RopeBulkParams& bulk = args.bulk;
+    // [kRopeBulkStages] mbarriers, then the stages' tiles from byte 128.
+    extern __shared__ __align__(128) char shared[];
+    const unsigned barriers = shared_address(shared);
+    char* const tiles = shared + 128;
+    const long long grid = gridDim.x;
+    auto tile_rows = [&](long long tile, bool* is_k, long long* row0) {
+        *is_k = tile >= bulk.q_tiles;
+        *row0 = (*is_k ? tile - bulk.q_tiles : tile) * bulk.tile_rows;
+        const long long left = (*is_k ? bulk.k_rows : bulk.q_rows) - *row0;
+        return static_cast<int>(left < bulk.tile_rows ? left : bulk.tile_rows);
+    };
+    auto load_tile = [&](long long tile, int stage) {
+        bool is_k;
+        long long row0;
+        const int rows = tile_rows(tile, &is_k, &row0);
+        const T* x = static_cast<const T*>(is_k ? p.k : p.q) + row0 * HEAD_DIM;
+        bulk_load(shared_address(tiles + stage * kRopeBulkStageBytes), x,
+                  static_cast<unsigned>(rows * HEAD_DIM * sizeof(T)), barriers + 8 * stage);
+    };
+    if (threadIdx.x == 0) {
+        for (int stage = 0; stage < kRopeBulkStages; ++stage)
+            bulk_barrier_init(barriers + 8 * stage);
+        bulk_barriers_ready();
     }
+    __syncthreads();
+    wait_for_preceding_grid();
+    if (threadIdx.x == 0)
+        for (int stage = 0; stage < kRopeBulkStages; ++stage)
+            if (blockIdx.x + stage * grid < bulk.tiles)
+                load_tile(blockIdx.x + stage * grid, stage);
+
+    long long it = 0;
+    for (long long tile = blockIdx.x; tile < bulk.tiles; tile += grid, ++it) {
+        const int stage = static_cast<int>(it % kRopeBulkStages);
+        bool is_k;
+        long long row0;
+        const int rows = tile_rows(tile, &is_k, &row0);
+        T* const rows_here = reinterpret_cast<T*>(tiles + stage * kRopeBulkStageBytes);
+        // (b, s) of a row: the launcher keeps rows under 2^31, so 32-bit multiply-shift
+        // divisions by the host's divisors.
+        const RowDivisor heads = is_k ? bulk.k_heads : bulk.q_heads;
+        const RowDivisor seqlen = is_k ? bulk.k_seqlen : bulk.q_seqlen;
+        auto table_row_of = [&](int r) -> long long {  // r: the row's place in the tile
+            const unsigned row = static_cast<unsigned>(row0) + static_cast<unsigned>(r);
+            unsigned b, s;
+            if (bulk.heads_fastest) {
+                const unsigned token = row_divide(row, heads);
+                b = row_divide(token, seqlen);
+                s = token - b * static_cast<unsigned>(seqlen.divisor);
+            } else {
+                const unsigned plane = row_divide(row, seqlen);  // (b, h)
+                s = row - plane * static_cast<unsigned>(seqlen.divisor);
+                b = row_divide(plane, heads);
+            }
+            return direct_table_row(p, static_cast<int>(b), static_cast<int>(s), false);
+        };
+        bulk_wait(barriers + 8 * stage, static_cast<unsigned>(it / kRopeBulkStages) & 1u);
+        // BULK_ITEMS_IN_FLIGHT items a round: all loaded (table spans and tile chunks), then
+        // all rotated and stored back.
+        const int items = rows * PAIR_ITEMS;
+        for (int i0 = threadIdx.x; i0 < items; i0 += BULK_ITEMS_IN_FLIGHT * kRopeBulkThreads) {
+            ItemSpan spans[BULK_ITEMS_IN_FLIGHT];
+            ItemAngles angles[BULK_ITEMS_IN_FLIGHT];
+            ItemData data[BULK_ITEMS_IN_FLIGHT];
+            T* where[BULK_ITEMS_IN_FLIGHT];
+#pragma unroll
+            for (int u = 0; u < BULK_ITEMS_IN_FLIGHT; ++u) {
+                const int i = i0 + u * kRopeBulkThreads;
+                if (i >= items) break;
+                const int r = i / PAIR_ITEMS;
+                spans[u] = pair_item_span(i - r * PAIR_ITEMS);
+                const long long table = table_row_of(r);
+                angles[u].cos = load_table_span(p.cos, p.cos_stride, table, spans[u].pair0);
+                angles[u].sin = load_table_span(p.sin, p.sin_stride, table, spans[u].pair0);
+                where[u] = rows_here + r * HEAD_DIM;
+                data[u] = load_in_tile(where[u], spans[u]);
+            }
+#pragma unroll
+            for (int u = 0; u < BULK_ITEMS_IN_FLIGHT; ++u) {
+                if (i0 + u * kRopeBulkThreads >= items) break;
+                store_rotated_in_tile(where[u], spans[u], data[u], angles[u]);
+            }
+        }
+        bulk_fence_shared_writes();
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            T* const y = static_cast<T*>(is_k ? p.k_out : p.q_out) + row0 * HEAD_DIM;
+            bulk_store(y, shared_address(rows_here),
+                       static_cast<unsigned>(rows * HEAD_DIM * sizeof(T)));
+            // The previous tile's stage takes the tile kRopeBulkStages - 1 rounds on, once
+            // that tile's store has read it (this tile's store may still be reading).
+            const long long next = tile + (kRopeBulkStages - 1) * grid;
+            if (it > 0 && next < bulk.tiles) {
+                bulk_wait_stores_read_but_newest();
+                load_tile(next, static_cast<int>((it - 1) % kRopeBulkStages));
+            }
+        }
+    }
+    // The stores read the block's shared memory until they complete.
+    if (threadIdx.x == 0) bulk_wait_stores();
 #endif
 }
 
@@ -1316,72 +1325,72 @@ __device__ __forceinline__ int row_vector_item(int v) {
 
 extern "C" __global__ void __launch_bounds__(kRopeFlatThreads, kRopeFlatBlocksPerSm)
     rope_flat_kernel(const RopeBulkKernelParams args) {
-    if constexpr (plan().flat_rows) {
-        constexpr int ITEMS = 1;
-        const RopeKernelParams& p = args.own;
-        const RopeBulkParams& rows = args.bulk;
-        wait_for_preceding_grid();
-        const long long q_items = rows.q_rows * FLAT_ITEMS;
-        const long long items = q_items + rows.k_rows * FLAT_ITEMS;
-        const long long first =
-            static_cast<long long>(blockIdx.x) * (blockDim.x * ITEMS) + threadIdx.x;
-        ItemData data[ITEMS];
-        ItemAngles angles[ITEMS];
-        ItemSpan spans[ITEMS];
-        long long at[ITEMS];
-        bool in_k[ITEMS], copies[ITEMS];
+#if ROPE_JIT_KERNEL_FLAT
+    constexpr int ITEMS = 1;
+    const RopeKernelParams& p = args.own;
+    const RopeBulkParams& rows = args.bulk;
+    wait_for_preceding_grid();
+    const long long q_items = rows.q_rows * FLAT_ITEMS;
+    const long long items = q_items + rows.k_rows * FLAT_ITEMS;
+    const long long first =
+        static_cast<long long>(blockIdx.x) * (blockDim.x * ITEMS) + threadIdx.x;
+    ItemData data[ITEMS];
+    ItemAngles angles[ITEMS];
+    ItemSpan spans[ITEMS];
+    long long at[ITEMS];
+    bool in_k[ITEMS], copies[ITEMS];
 #pragma unroll
-        for (int u = 0; u < ITEMS; ++u) {
-            const long long i = first + u * static_cast<long long>(blockDim.x);
-            if (i >= items) break;
-            const bool is_k = HAS_K && i >= q_items;
-            const unsigned local = static_cast<unsigned>(is_k ? i - q_items : i);
-            const unsigned row = local / FLAT_ITEMS;
-            const int in_row = static_cast<int>(local - row * FLAT_ITEMS);
-            const T* const x = static_cast<const T*>(is_k ? p.k : p.q);
-            at[u] = static_cast<long long>(row) * HEAD_DIM;
-            in_k[u] = is_k;
-            copies[u] = false;
-            if constexpr (FLAT_COPIES) {
-                const int item = row_vector_item(in_row);
-                copies[u] = item < 0;
-                if (copies[u]) {
-                    at[u] += in_row * VEC;
-                    data[u].own = load_pack<VEC>(x + at[u], 1);
-                    continue;
-                }
-                spans[u] = item_span(item);
-            } else {
-                spans[u] = item_span(in_row);
+    for (int u = 0; u < ITEMS; ++u) {
+        const long long i = first + u * static_cast<long long>(blockDim.x);
+        if (i >= items) break;
+        const bool is_k = HAS_K && i >= q_items;
+        const unsigned local = static_cast<unsigned>(is_k ? i - q_items : i);
+        const unsigned row = local / FLAT_ITEMS;
+        const int in_row = static_cast<int>(local - row * FLAT_ITEMS);
+        const T* const x = static_cast<const T*>(is_k ? p.k : p.q);
+        at[u] = static_cast<long long>(row) * HEAD_DIM;
+        in_k[u] = is_k;
+        copies[u] = false;
+        if constexpr (FLAT_COPIES) {
+            const int item = row_vector_item(in_row);
+            copies[u] = item < 0;
+            if (copies[u]) {
+                at[u] += in_row * VEC;
+                data[u].own = load_pack<VEC>(x + at[u], 1);
+                continue;
             }
-            data[u] = load_item(x + at[u], 1, spans[u]);
-            // The row's (b, s) as the bulk kernel splits its rows; written out here too, since
-            // a helper shared by both changed this kernel's code from the one measured (run DU).
-            const RowDivisor heads = is_k ? rows.k_heads : rows.q_heads;
-            const RowDivisor seqlen = is_k ? rows.k_seqlen : rows.q_seqlen;
-            unsigned b, s;
-            if (rows.heads_fastest) {
-                const unsigned token = row_divide(row, heads);
-                b = row_divide(token, seqlen);
-                s = token - b * static_cast<unsigned>(seqlen.divisor);
-            } else {
-                const unsigned plane = row_divide(row, seqlen);  // (b, h)
-                s = row - plane * static_cast<unsigned>(seqlen.divisor);
-                b = row_divide(plane, heads);
-            }
-            const long long table =
-                direct_table_row(p, static_cast<int>(b), static_cast<int>(s), ROLES == 2 && is_k);
-            angles[u].cos = load_table_span(p.cos, p.cos_stride, table, spans[u].pair0);
-            angles[u].sin = load_table_span(p.sin, p.sin_stride, table, spans[u].pair0);
+            spans[u] = item_span(item);
+        } else {
+            spans[u] = item_span(in_row);
         }
-#pragma unroll
-        for (int u = 0; u < ITEMS; ++u) {
-            if (first + u * static_cast<long long>(blockDim.x) >= items) break;
-            T* const y = static_cast<T*>(in_k[u] ? p.k_out : p.q_out) + at[u];
-            if (FLAT_COPIES && copies[u])
-                store_pack<VEC>(y, 1, data[u].own);
-            else
-                rotate_store_item(data[u], y, 1, spans[u], angles[u]);
+        data[u] = load_item(x + at[u], 1, spans[u]);
+        // The row's (b, s) as the bulk kernel splits its rows; written out here too, since
+        // a helper shared by both changed this kernel's code from the one measured (run DU).
+        const RowDivisor heads = is_k ? rows.k_heads : rows.q_heads;
+        const RowDivisor seqlen = is_k ? rows.k_seqlen : rows.q_seqlen;
+        unsigned b, s;
+        if (rows.heads_fastest) {
+            const unsigned token = row_divide(row, heads);
+            b = row_divide(token, seqlen);
+            s = token - b * static_cast<unsigned>(seqlen.divisor);
+        } else {
+            const unsigned plane = row_divide(row, seqlen);  // (b, h)
+            s = row - plane * static_cast<unsigned>(seqlen.divisor);
+            b = row_divide(plane, heads);
         }
+        const long long table =
+            direct_table_row(p, static_cast<int>(b), static_cast<int>(s), ROLES == 2 && is_k);
+        angles[u].cos = load_table_span(p.cos, p.cos_stride, table, spans[u].pair0);
+        angles[u].sin = load_table_span(p.sin, p.sin_stride, table, spans[u].pair0);
     }
+#pragma unroll
+    for (int u = 0; u < ITEMS; ++u) {
+        if (first + u * static_cast<long long>(blockDim.x) >= items) break;
+        T* const y = static_cast<T*>(in_k[u] ? p.k_out : p.q_out) + at[u];
+        if (FLAT_COPIES && copies[u])
+            store_pack<VEC>(y, 1, data[u].own);
+        else
+            rotate_store_item(data[u], y, 1, spans[u], angles[u]);
+    }
+#endif
 }

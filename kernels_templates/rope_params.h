@@ -360,6 +360,25 @@ ROPE_JIT_HOST_DEVICE constexpr RopePlan rope_plan(const RopeShape& s) {
     return plan;
 }
 
+// The entries of rope.cu that have a body in a module of `plan`; the others stay in it as
+// empty kernels, so that every module has the four entries the loader may ask for, and their
+// source is left out of it (rope.cu's #if on the preamble's ROPE_JIT_KERNEL_*, which
+// KernelSpec::preamble defines from this): NVRTC parses a discarded `if constexpr` branch and
+// lowers every function it holds all the same. A flat spec's module then compiles
+// rope_flat_kernel alone: Llama-3-8B's forward 95 -> 74 ms of NVRTC on a 2-core machine,
+// 181 -> 148 ms (medians) on the H200 machine's host (run EJ, session 30).
+struct RopeModuleKernels {
+    bool rope;    // rope_kernel: the staged path, and the direct path without direct_entry
+    bool direct;  // rope_direct_kernel (direct_entry)
+    bool bulk;    // rope_bulk_kernel (bulk_rows)
+    bool flat;    // rope_flat_kernel (flat_rows)
+};
+ROPE_JIT_HOST_DEVICE constexpr RopeModuleKernels rope_module_kernels(const RopePlan& plan) {
+    // QK-norm specs on rope.cu (norm_items) take the direct path's own entry only.
+    return {!plan.norm_items && !plan.flat_rows, plan.direct_entry, plan.bulk_rows,
+            plan.flat_rows};
+}
+
 // Byte offsets of a block's shared memory: per token, cos and sin of each angle set when the
 // kernel computes them once per token, the table row of each row set, and the row bases; the
 // block's frequency-gradient sums; per token, its v row bases (v copied into a cache).

@@ -94,6 +94,22 @@ std::vector<KernelSpec> fingerprint_specs() {
         s.in_place_q = s.in_place_k = 0;
     });
     add([](KernelSpec& s) { s.block_threads = 256; });
+    // Each module kind (rope_params.h, rope_module_kernels): the flat path, with copies; a KV
+    // cache's direct entry, with QK-norm (norm_items). The bulk path's are above (partial rotary
+    // out of place).
+    add([](KernelSpec& s) { s.dense_rows = 1; });
+    add([](KernelSpec& s) {
+        s.dense_rows = 1, s.rotary_dim = 64, s.interleaved = 1, s.in_place_q = s.in_place_k = 0;
+        s.copy_vec = 8;
+    });
+    add([](KernelSpec& s) {
+        s.in_place_k = 0, s.kv_cache = 2, s.kv_index_int64 = 1, s.kv_fp8 = 1, s.v_dim = 128;
+        s.v_vec = 8;
+    });
+    add([](KernelSpec& s) {
+        s.qk_norm = 1, s.norm_weight_dtype = 2, s.norm_weight_vec_loads = 1, s.in_place_k = 0;
+        s.kv_cache = 2, s.kv_index_int64 = 1, s.kv_fp8 = 1, s.v_dim = 128, s.v_vec = 8;
+    });
     return variants.specs();
 }
 

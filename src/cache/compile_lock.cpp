@@ -20,6 +20,8 @@ namespace rope_jit {
 namespace {
 
 constexpr std::string_view kLockDir = "locks";
+// Hex digits of the key that name its stripe (compile_lock.h says why four).
+constexpr size_t kStripeDigits = 4;
 // A waiter polls often at first, so it picks up a fast peer's entry at once, then every
 // 20 ms: a compile takes far longer, and 20 ms of lag per wait is nothing next to it.
 constexpr std::chrono::milliseconds kFirstPoll{5};
@@ -85,10 +87,10 @@ int open_lock_file(const std::string& root, const std::string& path, std::string
 }  // namespace
 
 std::string compile_lock_path(const std::string& root, const std::string& key_hex) {
-    if (root.empty() || key_hex.size() < 2 || !is_lower_hex(key_hex[0]) ||
-        !is_lower_hex(key_hex[1]))
+    if (root.empty() || key_hex.size() < kStripeDigits ||
+        !std::all_of(key_hex.begin(), key_hex.begin() + kStripeDigits, is_lower_hex))
         return {};
-    return fmt::format("{}/{}/{}.lock", root, kLockDir, key_hex.substr(0, 2));
+    return fmt::format("{}/{}/{}.lock", root, kLockDir, key_hex.substr(0, kStripeDigits));
 }
 
 CompileLock::CompileLock(const DiskCache& disk, const std::string& key_hex,

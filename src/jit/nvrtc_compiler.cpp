@@ -80,17 +80,28 @@ std::string program_log(const NvrtcApi& api, nvrtcProgram program) {
     return log;
 }
 
-// NVRTC 12.9 and later also keep each program's optimizer and PTX-to-SASS results in the
-// driver's compute cache (CUDA_CACHE_PATH) where libcuda is present, unless told --no-cache.
-// The disk cache keeps our cubins already; on the H200 machine writing that cache took ~90 ms
-// of a ~360 ms cold compile, and its hits (4 and 0 ms for those phases) made later "cold"
-// starts measure as warm ones (run EF, session 29). Our compiles leave it alone. The option
-// changes no code, so it is not in CompileResult::options (nor in the cache key); an NVRTC
-// that refuses it (NVRTC_ERROR_INVALID_OPTION) compiles again without it (compile_cuda).
-bool nvrtc_has_compute_cache(const NvrtcApi& api) {
+// Options that make a compile cheaper and change no code, so they are not in
+// CompileResult::options (nor in the cache key); an NVRTC that refuses one
+// (NVRTC_ERROR_INVALID_OPTION) compiles again without them (compile_cuda).
+// - --no-cache (NVRTC 12.9 and later): those also keep each program's optimizer and
+//   PTX-to-SASS results in the driver's compute cache (CUDA_CACHE_PATH) where libcuda is
+//   present. The disk cache keeps our cubins already; on the H200 machine writing that cache
+//   took ~90 ms of a ~360 ms cold compile, and its hits (4 and 0 ms for those phases) made later
+//   "cold" starts measure as warm ones (run EF, session 29). Our compiles leave it alone.
+// - -minimal (NVRTC 12.4 and later): leaves out the builtin declarations of textures,
+//   surfaces, the device runtime and the driver's types, which no template uses (they include
+//   no toolkit header). NVRTC 13.0's front end then takes ~12 ms less a program; the cubins of
+//   every golden spec and attention kernel are byte for byte the same (test_nvrtc_compiler.cpp).
+std::vector<const char*> speed_options(const NvrtcApi& api) {
     int major = 0, minor = 0;
-    if (api.nvrtcVersion(&major, &minor) != NVRTC_SUCCESS) return false;
-    return major > 12 || (major == 12 && minor >= 9);
+    if (api.nvrtcVersion(&major, &minor) != NVRTC_SUCCESS) return {};
+    const auto at_least = [&](int want_major, int want_minor) {
+        return major > want_major || (major == want_major && minor >= want_minor);
+    };
+    std::vector<const char*> options;
+    if (at_least(12, 9)) options.push_back("--no-cache");
+    if (at_least(12, 4)) options.push_back("-minimal");
+    return options;
 }
 
 }  // namespace
@@ -162,12 +173,15 @@ CompileResult compile_cuda(const std::string& source, const std::string& program
         header_names.push_back(header.name.c_str());
         header_sources.push_back(header.source.c_str());
     }
-    // --no-cache where NVRTC has the compute cache, the options do not name it already, and
-    // this NVRTC has not refused it (then compiled again without it, once per process).
-    static std::atomic<bool> no_cache_refused{false};
-    const bool named = std::any_of(result.options.begin(), result.options.end(),
-                                   [](const std::string& o) { return o == "--no-cache"; });
-    bool no_cache = !named && !no_cache_refused && nvrtc_has_compute_cache(api);
+    // The speed options where this NVRTC has them and the caller's options do not name them,
+    // unless this NVRTC refused them before (then compiled again without them, once a process).
+    static std::atomic<bool> speed_options_refused{false};
+    std::vector<const char*> speed;
+    if (!speed_options_refused)
+        for (const char* option : speed_options(api))
+            if (std::find(result.options.begin(), result.options.end(), option) ==
+                result.options.end())
+                speed.push_back(option);
     nvrtcProgram program = nullptr;
     std::optional<ProgramGuard> guard;
     nvrtcResult compiled = NVRTC_SUCCESS;
@@ -183,21 +197,22 @@ CompileResult compile_cuda(const std::string& source, const std::string& program
         guard.emplace(api, program);
         std::vector<const char*> option_pointers;
         for (const std::string& option : result.options) option_pointers.push_back(option.c_str());
-        if (no_cache) option_pointers.push_back("--no-cache");
+        option_pointers.insert(option_pointers.end(), speed.begin(), speed.end());
         compiled = api.nvrtcCompileProgram(program, static_cast<int>(option_pointers.size()),
                                            option_pointers.data());
-        if (compiled != NVRTC_ERROR_INVALID_OPTION || !no_cache) break;
-        no_cache_refused = true;
-        no_cache = false;
+        if (compiled != NVRTC_ERROR_INVALID_OPTION || speed.empty()) break;
+        speed_options_refused = true;
+        speed.clear();
         guard.reset();
     }
     result.log = program_log(api, program);
     if (compiled != NVRTC_SUCCESS) {
+        std::string speed_text;
+        for (const char* option : speed) speed_text += std::string(" ") + option;
         throw Error(compiled == NVRTC_ERROR_OUT_OF_MEMORY ? ROPE_JIT_ERROR_OUT_OF_MEMORY
                                                           : ROPE_JIT_ERROR_COMPILE,
                     context + " (" + nvrtc_error_name(compiled) + ")\noptions: " +
-                        join(result.options) + (no_cache ? " --no-cache" : "") + "\nlog:\n" +
-                        result.log);
+                        join(result.options) + speed_text + "\nlog:\n" + result.log);
     }
 
     size_t size = 0;

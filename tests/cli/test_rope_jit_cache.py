@@ -150,7 +150,7 @@ class ConcurrencyTest(CacheTestCase):
         self.assertTrue(0 < len(locks) <= 20, locks)
         for name in locks:
             path = os.path.join(self.root, "locks", name)
-            self.assertRegex(name, r"^[0-9a-f]{2}\.lock$")
+            self.assertRegex(name, r"^[0-9a-f]{4}\.lock$")
             self.assertEqual((os.stat(path).st_size, stat.S_IMODE(os.stat(path).st_mode)), (0, 0o600), name)
 
 

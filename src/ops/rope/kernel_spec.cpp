@@ -459,6 +459,13 @@ std::string KernelSpec::preamble() const {
     // Derived for the template's convenience.
     text += fmt::format("constexpr bool HAS_ROPE_INDICES = {};\n",
                         position_mode == 1 ? "true" : "false");
+    // rope.cu's entries with a body (rope_params.h, rope_module_kernels): macros, since they
+    // decide what source the compiler sees at all.
+    const RopeModuleKernels kernels = rope_module_kernels(rope_plan(*this));
+    text += fmt::format(
+        "#define ROPE_JIT_KERNEL_ROPE {:d}\n#define ROPE_JIT_KERNEL_DIRECT {:d}\n"
+        "#define ROPE_JIT_KERNEL_BULK {:d}\n#define ROPE_JIT_KERNEL_FLAT {:d}\n",
+        kernels.rope, kernels.direct, kernels.bulk, kernels.flat);
     return text;
 }
 

@@ -23,10 +23,10 @@ const char* entry_of(const KernelSpec& spec) {
 // copy unrotated features, which neither of the others makes.
 const char* second_entry_of(const KernelSpec& spec) {
     if (takes_norm_kernel(spec)) return "";
-    const RopePlan plan = rope_plan(spec);
-    if (plan.direct_entry) return "rope_direct_kernel";
-    if (plan.bulk_rows) return "rope_bulk_kernel";
-    return plan.flat_rows ? "rope_flat_kernel" : "";
+    const RopeModuleKernels kernels = rope_module_kernels(rope_plan(spec));
+    if (kernels.direct) return "rope_direct_kernel";
+    if (kernels.bulk) return "rope_bulk_kernel";
+    return kernels.flat ? "rope_flat_kernel" : "";
 }
 
 }  // namespace
