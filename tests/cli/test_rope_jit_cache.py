@@ -77,6 +77,28 @@ def driver_present():
         return True
     except OSError:
         return False
+def nvml_gpus():
+    """(name, major, minor) of each GPU NVML lists, through ctypes; [] without NVML or GPU."""
+    try:
+        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return []
+    if nvml.nvmlInit_v2() != 0:
+        return []
+    gpus = []
+    count = ctypes.c_uint(0)
+    if nvml.nvmlDeviceGetCount_v2(ctypes.byref(count)) == 0:
+        for i in range(count.value):
+            handle, name = ctypes.c_void_p(), ctypes.create_string_buffer(96)
+            major, minor = ctypes.c_int(0), ctypes.c_int(0)
+            if (nvml.nvmlDeviceGetHandleByIndex_v2(i, ctypes.byref(handle)) == 0
+                    and nvml.nvmlDeviceGetName(handle, name, 96) == 0
+                    and nvml.nvmlDeviceGetCudaComputeCapability(handle, ctypes.byref(major), ctypes.byref(minor)) == 0):
+                gpus.append((name.value.decode(), major.value, minor.value))
+    nvml.nvmlShutdown()
+    return gpus
+
+
 needs_nvrtc = unittest.skipUnless(HAVE_NVRTC, "NVRTC is not available: nothing can be compiled")
 
 
@@ -802,6 +824,34 @@ class CommandLineTest(CacheTestCase):
         self.assertTrue(all("worker process ended (signal 9)" in k["error"] for k in lost), lost)
         self.assertEqual(report["compiled"] + len(lost), 20)
         self.assertEqual(len(self.items("ok")), report["compiled"])
+
+    @unittest.skipUnless(nvml_gpus(), "no GPU that NVML lists")
+    def test_prewarm_without_a_target_compiles_for_the_gpus_nvml_lists_and_heeds_cuda_visible_devices(self):
+        # NVML first (tools/local_gpus.h: it spares cuInit's 180-230 ms); the expected targets
+        # come from NVML through ctypes here.
+        expected = sorted({f"sm_{major}{minor}" for _, major, minor in nvml_gpus()})
+        def dry_run(visible_devices):
+            env = tool_env()
+            env.pop("CUDA_VISIBLE_DEVICES", None)
+            if visible_devices is not None:
+                env["CUDA_VISIBLE_DEVICES"] = visible_devices
+            result = subprocess.run([TOOL, "--cache-dir", self.root, "prewarm", "--dry-run", "--json",
+                                     "--head-dim", "64"], capture_output=True, text=True, env=env, timeout=120)
+            self.assertEqual(result.returncode, 0, result.stderr)
+            return json.loads(result.stdout)
+
+        plan = dry_run(None)
+        self.assertEqual(sorted(plan["targets"]), expected, plan["note"])
+        self.assertTrue(plan["note"].startswith("compiling for the local GPUs: "), plan["note"])
+        for name, _, _ in nvml_gpus():
+            self.assertIn(name, plan["note"])
+        self.assertEqual({k["target"] for k in plan["kernels"]}, set(expected))
+        # NVML lists every GPU, CUDA only the visible ones: with CUDA_VISIBLE_DEVICES the
+        # runtime names them (its notes number the devices).
+        visible = dry_run("0")
+        self.assertTrue(visible["note"].startswith("compiling for the local GPUs: device 0: "), visible["note"])
+        self.assertEqual(len(visible["targets"]), 1)
+        self.assertIn(visible["targets"][0], expected)
 
     @needs_nvrtc
     @unittest.skipUnless(driver_present(), "no CUDA driver: NVRTC keeps no compute cache here")
