@@ -65,7 +65,8 @@ void check_same_cubin(const KernelRecipe& recipe) {
         CHECK(option != "-minimal");
         CHECK(option != "--no-cache");
     }
-    const std::vector<char> reference = cubin_without_speed_options(source, recipe.template_name, result.options);
+    const std::vector<char> reference =
+        cubin_without_speed_options(source, recipe.template_name, result.options);
     CHECK(reference.size() == result.binary.size());
     CHECK(reference == result.binary);
 }
