@@ -1163,7 +1163,7 @@ namespace {
 
 using namespace std::chrono_literals;
 
-// A key of the stripe `prefix` (two hex digits), distinct per `seed`.
+// A key of the stripe `prefix` (four hex digits), distinct per `seed`.
 std::string key_in_stripe(const std::string& prefix, const std::string& seed) {
     return prefix + rope_jit::sha256_hex(seed).substr(prefix.size());
 }

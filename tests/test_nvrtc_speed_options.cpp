@@ -4,11 +4,13 @@
 // the same cubin, byte for byte, with NVRTC called directly without -minimal.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "attention_test_support.h"
+#include "common/error.h"
 #include "jit/kernel_recipe.h"
 #include "jit/kernel_source.h"
 #include "jit/nvrtc_compiler.h"
@@ -71,7 +73,28 @@ void check_same_cubin(const KernelRecipe& recipe) {
     CHECK(reference == result.binary);
 }
 
+// Whether this NVRTC has -minimal (12.4 and later).
+bool has_minimal() {
+    const std::string& version = nvrtc_version_string();
+    const size_t dot = version.find('.');
+    const int major = std::stoi(version.substr(0, dot)), minor = std::stoi(version.substr(dot + 1));
+    return major > 12 || (major == 12 && minor >= 4);
+}
+
 }  // namespace
+
+TEST_CASE("a caller's option NVRTC refuses fails that compile and leaves the speed options on") {
+    if (nvrtc_api() == nullptr) {
+        MESSAGE("NVRTC not available: " << nvrtc_load_error());
+        return;
+    }
+    const std::vector<std::string> before = nvrtc_speed_options();
+    CHECK_THROWS_AS(compile_cuda("extern \"C\" __global__ void k() {}", "k.cu", "sm_90",
+                                 {"--no-such-option"}),
+                    Error);
+    CHECK(nvrtc_speed_options() == before);
+    if (has_minimal()) CHECK(std::find(before.begin(), before.end(), "-minimal") != before.end());
+}
 
 TEST_CASE("NVRTC's speed options change no code: every kind of module compiles to the same "
           "cubin without them") {
@@ -79,6 +102,13 @@ TEST_CASE("NVRTC's speed options change no code: every kind of module compiles t
         MESSAGE("NVRTC not available: " << nvrtc_load_error());
         return;
     }
+    // The comparison means something only where compile_cuda adds -minimal.
+    if (!has_minimal()) {
+        MESSAGE("NVRTC " << nvrtc_version_string() << " has no -minimal");
+        return;
+    }
+    const std::vector<std::string> speed = nvrtc_speed_options();
+    REQUIRE(std::find(speed.begin(), speed.end(), "-minimal") != speed.end());
     // RoPE: the staged path; the flat path; the bulk path (partial rotary out of place); a KV
     // cache's direct entry; QK-norm on rope_norm.cu.
     rope_test::SpecVariants variants(rope_test::llama_like_kernel_spec());

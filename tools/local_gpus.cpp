@@ -21,8 +21,10 @@ using ShutdownFn = int (*)();
 }  // namespace
 
 std::optional<std::vector<LocalGpu>> local_gpus_from_nvml() {
-    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
-    if (visible != nullptr) return std::nullopt;
+    // Where CUDA sees other GPUs than NVML lists, or the runtime loads another driver library.
+    if (std::getenv("CUDA_VISIBLE_DEVICES") != nullptr ||
+        std::getenv("ROPE_JIT_CUDA_LIBRARY") != nullptr)
+        return std::nullopt;
     void* library = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
     if (library == nullptr) return std::nullopt;
     const auto init = reinterpret_cast<InitFn>(dlsym(library, "nvmlInit_v2"));

@@ -15,9 +15,10 @@ struct LocalGpu {
     int major = 0, minor = 0;
 };
 
-// Every GPU NVML lists, in its order; nullopt where NVML is missing, fails or lists none, and
-// where CUDA_VISIBLE_DEVICES is set (NVML lists every GPU, CUDA only the visible ones): the
-// caller then asks the runtime. Never throws except std::bad_alloc.
+// Every GPU NVML lists, in its order; nullopt where NVML is missing, fails or lists none,
+// where CUDA_VISIBLE_DEVICES is set (NVML lists every GPU, CUDA only the visible ones) and
+// where ROPE_JIT_CUDA_LIBRARY is (the runtime loads that driver library): the caller then asks
+// the runtime. Never throws except std::bad_alloc.
 std::optional<std::vector<LocalGpu>> local_gpus_from_nvml();
 
 }  // namespace rope_jit_cache

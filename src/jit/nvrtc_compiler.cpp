@@ -81,8 +81,7 @@ std::string program_log(const NvrtcApi& api, nvrtcProgram program) {
 }
 
 // Options that make a compile cheaper and change no code, so they are not in
-// CompileResult::options (nor in the cache key); an NVRTC that refuses one
-// (NVRTC_ERROR_INVALID_OPTION) compiles again without them (compile_cuda).
+// CompileResult::options (nor in the cache key), with the NVRTC version that has each:
 // - --no-cache (NVRTC 12.9 and later): those also keep each program's optimizer and
 //   PTX-to-SASS results in the driver's compute cache (CUDA_CACHE_PATH) where libcuda is
 //   present. The disk cache keeps our cubins already; on the H200 machine writing that cache
@@ -91,17 +90,34 @@ std::string program_log(const NvrtcApi& api, nvrtcProgram program) {
 // - -minimal (NVRTC 12.4 and later): leaves out the builtin declarations of textures,
 //   surfaces, the device runtime and the driver's types, which no template uses (they include
 //   no toolkit header). NVRTC 13.0's front end then takes ~12 ms less a program; the cubins of
-//   every golden spec and attention kernel are byte for byte the same (test_nvrtc_compiler.cpp).
-std::vector<const char*> speed_options(const NvrtcApi& api) {
+//   five kinds of RoPE module and the wgmma attention forward are byte for byte the same
+//   (test_nvrtc_speed_options.cpp).
+// An NVRTC that answers NVRTC_ERROR_INVALID_OPTION compiles again without them, the last
+// first; those it had to drop for a compile to get past its options stay off in this process
+// (compile_cuda). Where dropping them all does not help, the caller's options were at fault.
+struct SpeedOption {
+    const char* name;
+    int major, minor;
+};
+constexpr SpeedOption kSpeedOptions[] = {{"--no-cache", 12, 9}, {"-minimal", 12, 4}};
+constexpr size_t kSpeedOptionCount = sizeof(kSpeedOptions) / sizeof(kSpeedOptions[0]);
+std::atomic<bool> speed_option_refused[kSpeedOptionCount];
+
+// The indices in kSpeedOptions of those a compile gets now: of this NVRTC's version, not
+// refused before, not among `options` already.
+std::vector<size_t> speed_options_for(const NvrtcApi& api,
+                                      const std::vector<std::string>& options) {
     int major = 0, minor = 0;
     if (api.nvrtcVersion(&major, &minor) != NVRTC_SUCCESS) return {};
-    const auto at_least = [&](int want_major, int want_minor) {
-        return major > want_major || (major == want_major && minor >= want_minor);
-    };
-    std::vector<const char*> options;
-    if (at_least(12, 9)) options.push_back("--no-cache");
-    if (at_least(12, 4)) options.push_back("-minimal");
-    return options;
+    std::vector<size_t> chosen;
+    for (size_t i = 0; i < kSpeedOptionCount; ++i) {
+        const SpeedOption& option = kSpeedOptions[i];
+        const bool has = major > option.major || (major == option.major && minor >= option.minor);
+        if (has && !speed_option_refused[i] &&
+            std::find(options.begin(), options.end(), option.name) == options.end())
+            chosen.push_back(i);
+    }
+    return chosen;
 }
 
 }  // namespace
@@ -173,15 +189,8 @@ CompileResult compile_cuda(const std::string& source, const std::string& program
         header_names.push_back(header.name.c_str());
         header_sources.push_back(header.source.c_str());
     }
-    // The speed options where this NVRTC has them and the caller's options do not name them,
-    // unless this NVRTC refused them before (then compiled again without them, once a process).
-    static std::atomic<bool> speed_options_refused{false};
-    std::vector<const char*> speed;
-    if (!speed_options_refused)
-        for (const char* option : speed_options(api))
-            if (std::find(result.options.begin(), result.options.end(), option) ==
-                result.options.end())
-                speed.push_back(option);
+    std::vector<size_t> speed = speed_options_for(api, result.options);
+    std::vector<size_t> dropped;  // dropped after NVRTC_ERROR_INVALID_OPTION, last first
     nvrtcProgram program = nullptr;
     std::optional<ProgramGuard> guard;
     nvrtcResult compiled = NVRTC_SUCCESS;
@@ -197,18 +206,20 @@ CompileResult compile_cuda(const std::string& source, const std::string& program
         guard.emplace(api, program);
         std::vector<const char*> option_pointers;
         for (const std::string& option : result.options) option_pointers.push_back(option.c_str());
-        option_pointers.insert(option_pointers.end(), speed.begin(), speed.end());
+        for (size_t i : speed) option_pointers.push_back(kSpeedOptions[i].name);
         compiled = api.nvrtcCompileProgram(program, static_cast<int>(option_pointers.size()),
                                            option_pointers.data());
         if (compiled != NVRTC_ERROR_INVALID_OPTION || speed.empty()) break;
-        speed_options_refused = true;
-        speed.clear();
+        dropped.push_back(speed.back());
+        speed.pop_back();
         guard.reset();
     }
+    if (compiled != NVRTC_ERROR_INVALID_OPTION)
+        for (size_t i : dropped) speed_option_refused[i] = true;
     result.log = program_log(api, program);
     if (compiled != NVRTC_SUCCESS) {
         std::string speed_text;
-        for (const char* option : speed) speed_text += std::string(" ") + option;
+        for (size_t i : speed) speed_text += std::string(" ") + kSpeedOptions[i].name;
         throw Error(compiled == NVRTC_ERROR_OUT_OF_MEMORY ? ROPE_JIT_ERROR_OUT_OF_MEMORY
                                                           : ROPE_JIT_ERROR_COMPILE,
                     context + " (" + nvrtc_error_name(compiled) + ")\noptions: " +
@@ -236,6 +247,14 @@ CompileResult compile_cuda(const std::string& source, const std::string& program
 
     result.milliseconds = stopwatch.milliseconds();
     return result;
+}
+
+std::vector<std::string> nvrtc_speed_options() {
+    const NvrtcApi* api = nvrtc_api();
+    std::vector<std::string> names;
+    if (api != nullptr)
+        for (size_t i : speed_options_for(*api, {})) names.push_back(kSpeedOptions[i].name);
+    return names;
 }
 
 }  // namespace rope_jit

@@ -53,6 +53,12 @@ std::vector<std::string> default_compile_options();
 std::vector<std::string> compile_options(const std::string& target_used,
                                          const std::vector<std::string>& extra_options);
 
+// The options compile_cuda adds to every compile now, to make it cheaper without changing
+// the code ("--no-cache", "-minimal"; nvrtc_compiler.cpp says why): those of the loaded
+// NVRTC's version that it has not refused in this process. Not in CompileResult::options nor
+// in cache keys. Empty without NVRTC.
+std::vector<std::string> nvrtc_speed_options();
+
 // A header the compiled source may #include by `name` (NVRTC reads it from memory).
 struct NamedSource {
     std::string name;

@@ -847,7 +847,13 @@ class CommandLineTest(CacheTestCase):
             self.assertIn(name, plan["note"])
         self.assertEqual({k["target"] for k in plan["kernels"]}, set(expected))
         # NVML lists every GPU, CUDA only the visible ones: with CUDA_VISIBLE_DEVICES the
-        # runtime names them (its notes number the devices).
+        # runtime names them (its notes number the devices). Every GPU visible: the runtime's
+        # targets are NVML's; one: its own.
+        if not driver_present():
+            self.skipTest("NVML without a CUDA driver: the runtime cannot be asked")
+        every = dry_run(",".join(str(i) for i in range(len(nvml_gpus()))))
+        self.assertTrue(every["note"].startswith("compiling for the local GPUs: device 0: "), every["note"])
+        self.assertEqual(sorted(every["targets"]), expected, every["note"])
         visible = dry_run("0")
         self.assertTrue(visible["note"].startswith("compiling for the local GPUs: device 0: "), visible["note"])
         self.assertEqual(len(visible["targets"]), 1)
