@@ -1313,6 +1313,7 @@ extern "C" __global__ void __launch_bounds__(kRopeBulkThreads, kRopeBulkBlocksPe
 // one; two ran D64 [B,H,S,D] interleaved at 0.84-0.85 of copy against 0.895 and spilled
 // Llama-3-8B's half-style items (run DU). Empty for the other specs, whose recipe does not
 // name it.
+#if ROPE_JIT_KERNEL_FLAT
 constexpr int FLAT_ITEMS = plan().flat_items;
 constexpr bool FLAT_COPIES = plan().flat_copies;
 static_assert(!FLAT_COPIES || INTERLEAVED, "a copied row's rotated vectors hold whole pairs");
@@ -1322,6 +1323,7 @@ __device__ __forceinline__ int row_vector_item(int v) {
     const int f = v * VEC;
     return f >= ROTARY_OFFSET && f < ROTARY_OFFSET + ROTARY_DIM ? (f - ROTARY_OFFSET) / VEC : -1;
 }
+#endif  // ROPE_JIT_KERNEL_FLAT
 
 extern "C" __global__ void __launch_bounds__(kRopeFlatThreads, kRopeFlatBlocksPerSm)
     rope_flat_kernel(const RopeBulkKernelParams args) {

@@ -455,6 +455,21 @@ void RopeCuda::run(const RopeProblem& p, void* stream_handle) {
         return;
     }
     RopeKernelParams params = rope_kernel_params(p);
+    const bool programmatic = launches_programmatically(p);
+    params.programmatic = programmatic ? 1 : 0;
+    // Plain RoPE of dense rows: the flat path (RopePlan::flat_rows), first, since its calls need
+    // nothing of the staged launch's plan (rope_flat_kernel reads neither tokens_per_block,
+    // direct nor items_by_head) and no bulk path applies to them. make_kernel_spec keeps
+    // dense_rows only for calls flat_rows_of takes, whose module's rope_kernel is empty (rope.cu).
+    if (spec.dense_rows) {
+        const std::optional<RopeBulkParams> flat = flat_rows_of(spec, p);
+        if (!flat)
+            throw Error(ROPE_JIT_ERROR_INTERNAL,
+                        "rope: a call of a dense_rows spec that the flat path does not take");
+        run_rows(params, *flat, plan_rope_flat_launch(spec, *flat), kernel, programmatic, stream,
+                 "cuLaunchKernel(rope_flat_kernel)");
+        return;
+    }
     const RopeLaunch shape =
         plan_rope_launch(spec, p.heads_q, p.has_k ? p.heads_k : 0, params.units,
                          devices_.device(ordinal).multiprocessors,
@@ -462,8 +477,6 @@ void RopeCuda::run(const RopeProblem& p, void* stream_handle) {
     params.tokens_per_block = shape.tokens_per_block;
     params.direct = shape.direct ? 1 : 0;
     params.items_by_head = shape.items_by_head ? 1 : 0;
-    const bool programmatic = launches_programmatically(p);
-    params.programmatic = programmatic ? 1 : 0;
     if (p.has_freq_grad) {
         // The kernel adds into the gradient: zero it first, ordered on the same stream.
         check_cu(api.cuMemsetD2D32Async(CUdeviceptr(params.inv_freq_grad),
@@ -481,18 +494,6 @@ void RopeCuda::run(const RopeProblem& p, void* stream_handle) {
             bulk_rows_of(spec, p, std::min(device.compute_capability, kernel.arch))) {
         run_rows(params, *bulk, plan_rope_bulk_launch(*bulk, device.multiprocessors), kernel,
                  programmatic, stream, "cuLaunchKernel(rope_bulk_kernel)");
-        return;
-    }
-
-    // Plain RoPE of dense rows: the flat path (RopePlan::flat_rows). make_kernel_spec keeps
-    // dense_rows only for calls flat_rows_of takes, whose module's rope_kernel is empty (rope.cu).
-    if (spec.dense_rows) {
-        const std::optional<RopeBulkParams> flat = flat_rows_of(spec, p);
-        if (!flat)
-            throw Error(ROPE_JIT_ERROR_INTERNAL,
-                        "rope: a call of a dense_rows spec that the flat path does not take");
-        run_rows(params, *flat, plan_rope_flat_launch(spec, *flat), kernel, programmatic, stream,
-                 "cuLaunchKernel(rope_flat_kernel)");
         return;
     }
 
