@@ -294,6 +294,10 @@ enum {
 // kRopeFlatBlocksPerSm of them a multiprocessor (a bound of 64 registers: Llama-3-8B's
 // half-style item takes 48 there, no spills; bounds of 6 and 8 blocks spilled it, 0.86 and 0.45
 // of copy against 0.934; D64 interleaved takes 26 and runs the same at every bound, run DU).
+// The registers the kernel takes below that bound still decide its blocks a multiprocessor, and
+// with them its bytes in flight: 54 instead of 46 (4 blocks instead of 5) cost 0.025 of copy
+// at every shape (run ER, session 31). tests/test_rope_register_budget.cpp keeps the measured
+// kernels at their blocks.
 enum {
     kRopeFlatThreads = 256,
     kRopeFlatBlocksPerSm = 4,
