@@ -1,7 +1,7 @@
 // A guard for the flat path's occupancy, checked without a GPU: the flat kernel
-// (rope_flat_kernel) is bound by the bytes its resident threads have in flight (H200, run ET,
-// session 31: 60-84% of its warp samples wait on the item's load), so each register that costs
-// a block a multiprocessor costs bandwidth. An odd-row swap of the D80 items took the kernel
+// (rope_flat_kernel) is bound by the bytes its resident threads have in flight (H200 ncu, run
+// ET, session 31: 36-71% of the warp samples of the flat kernels profiled wait on an item's
+// load), so each register that costs a block a multiprocessor costs bandwidth. An odd-row swap of the D80 items took the kernel
 // from 46-48 registers (5 blocks of 256 threads) to 54 (4 blocks) and lost 0.025 of copy at
 // every shape, Llama-3-8B included (run ER). Each case below compiles the kernel of a call the
 // bench measures, with ptxas's report in NVRTC's log, and checks that it does not spill and
@@ -76,6 +76,17 @@ Spec bench_call(int64_t D, int64_t R, bool interleaved, bool in_place, Layout la
     return c;
 }
 
+Spec with_float32_half_table(Spec c) {
+    c.table_dt = Dt::F32;
+    c.angles = Angles::HalfTable;
+    return c;
+}
+
+Spec with_positions(Spec c) {
+    c.positions = Positions::PerToken;
+    return c;
+}
+
 }  // namespace
 
 TEST_CASE("the flat path's kernels keep their registers, without spills, at the blocks a "
@@ -95,13 +106,18 @@ TEST_CASE("the flat path's kernels keep their registers, without spills, at the 
         int blocks;  // blocks of kRopeFlatThreads a multiprocessor, as measured
     };
     const Case cases[] = {
-        // 45-46 registers (H200 bench 0.95 of copy, run DY; D80 0.91, D96 0.92, D256 0.94).
+        // 44-46 registers (H200 bench, fractions of copy, run EF: 0.948, [B,H,S,D] 0.931, D80
+        // 0.904, a float32 half table 0.954, a positions tensor 0.937).
         {"Llama-3-8B [B,S,H,D]", bench_call(128, 128, false, true, Layout::BSHD, 8, 4), 5},
         {"Llama-3-8B [B,H,S,D]", bench_call(128, 128, false, true, Layout::BHSD, 8, 4), 5},
         {"D80", bench_call(80, 80, false, true, Layout::BSHD, 32, 1), 5},
+        {"Llama-3-8B float32 half table",
+         with_float32_half_table(bench_call(128, 128, false, true, Layout::BSHD, 8, 4)), 5},
+        {"Llama-3-8B positions",
+         with_positions(bench_call(128, 128, false, true, Layout::BSHD, 8, 4)), 5},
         {"Llama-3-8B interleaved", bench_call(128, 128, true, true, Layout::BSHD, 8, 4), 8},
-        // 28 registers (interleaved 0.96, run DY; ChatGLM2-6B 0.90, run ET's ncu: 100%
-        // theoretical occupancy; D64 [B,H,S,D] interleaved 0.90).
+        // 28 registers (interleaved 0.954; ChatGLM2-6B 0.893, run ET's ncu: 100% theoretical
+        // occupancy; D64 [B,H,S,D] interleaved 0.892).
         {"ChatGLM2-6B out of place", bench_call(128, 64, true, false, Layout::BSHD, 2, 16), 8},
         {"D64 [B,H,S,D] interleaved", bench_call(64, 64, true, true, Layout::BHSD, 16, 1), 8},
     };
