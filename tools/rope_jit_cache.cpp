@@ -256,6 +256,15 @@ std::vector<SpecTemplate> gather_templates(const PrewarmOptions& options) {
     return templates;
 }
 
+// Adds a local GPU's target to `targets` (each target once) and the GPU to `note`.
+void add_local_gpu(const std::string& gpu, const std::string& target,
+                   std::vector<std::string>* targets, std::string* note) {
+    *note += fmt::format("{}{} ({})", note->empty() ? "compiling for the local GPUs: " : ", ",
+                         gpu, target);
+    if (std::find(targets->begin(), targets->end(), target) == targets->end())
+        targets->push_back(target);
+}
+
 // The targets to compile for, and a note on where they came from.
 std::vector<std::string> choose_targets(const GlobalOptions& global, const PrewarmOptions& options,
                                         std::string* note) {
@@ -274,14 +283,9 @@ std::vector<std::string> choose_targets(const GlobalOptions& global, const Prewa
     // NVML first: it spares the prewarm cuInit's 180-230 ms (local_gpus.h).
     if (const std::optional<std::vector<LocalGpu>> gpus = local_gpus_from_nvml()) {
         std::vector<std::string> targets;
-        for (const LocalGpu& gpu : *gpus) {
-            const std::string target = fmt::format("sm_{}{}", gpu.major, gpu.minor);
-            *note += fmt::format("{}{} ({})",
-                                 note->empty() ? "compiling for the local GPUs: " : ", ",
-                                 gpu.name.empty() ? "a GPU" : gpu.name, target);
-            if (std::find(targets.begin(), targets.end(), target) == targets.end())
-                targets.push_back(target);
-        }
+        for (const LocalGpu& gpu : *gpus)
+            add_local_gpu(gpu.name.empty() ? "a GPU" : gpu.name,
+                          fmt::format("sm_{}{}", gpu.major, gpu.minor), &targets, note);
         return targets;
     }
     RuntimeHandle runtime = make_runtime(global, ROPE_JIT_BACKEND_AUTO);
@@ -298,11 +302,8 @@ std::vector<std::string> choose_targets(const GlobalOptions& global, const Prewa
         const rope_jit_status status = rope_jit_device_describe(runtime.get(), ordinal, &info);
         if (status != ROPE_JIT_OK)
             throw Failure(fmt::format("device {}: {}", ordinal, last_error_or(status)));
-        *note += fmt::format("{}device {}: {} ({})",
-                             note->empty() ? "compiling for the local GPUs: " : ", ", ordinal,
-                             info.name, info.target);
-        if (std::find(targets.begin(), targets.end(), info.target) == targets.end())
-            targets.push_back(info.target);
+        add_local_gpu(fmt::format("device {}: {}", ordinal, info.name), info.target, &targets,
+                      note);
     }
     return targets;
 }
