@@ -7,8 +7,14 @@
 #   rope-bench       rope-jit-bench (ROPE_BENCH_FILTER narrows the cases)
 #   rope-variants    rope-jit-bench's ROPE_BENCH_FILTER cases once per variant of ROPE_VARIANTS:
 #                    'name|NVRTC options rule|VAR=value ...' separated by ';' (the rule goes to
-#                    ROPE_JIT_NVRTC_EXTRA_OPTIONS, the assignments to the environment), then a
-#                    table of fractions of copy (scripts/bench_variants_table.py)
+#                    ROPE_JIT_NVRTC_EXTRA_OPTIONS, the assignments to the environment; BENCH=path
+#                    runs that rope-jit-bench, e.g. baseline-build's), then a table of fractions
+#                    of copy (scripts/bench_variants_table.py)
+#   baseline-build   rope-jit-bench of another tree of the project, BASELINE_DIR (default
+#                    ab_base; e.g. `git archive main CMakeLists.txt cmake include src
+#                    kernels_templates tools | tar -x -C ab_base`, untracked so that it travels),
+#                    into BASELINE_DIR/build-gpu: a variant with
+#                    BENCH=ab_base/build-gpu/tools/rope-jit-bench measures that tree's kernels
 #   golden           every golden case on CUDA
 #   attention-tests  the attention GPU tests (ATTENTION_TESTS narrows them)
 #   attention-fwd    forward-only times of ATTENTION_FWD_VARIANTS at ATTENTION_SHAPES
@@ -129,15 +135,26 @@ for step in "$@"; do
       timeout "${STEP_TIMEOUT:-120}" python3 bench/pool_setup_probe.py --json "$OUT/pool_setup_probe.json" \
         > "$OUT/pool_setup_probe.log" 2>&1
       step_done pool-probe $?; cat "$OUT/pool_setup_probe.log" ;;
+    baseline-build)
+      base=${BASELINE_DIR:-ab_base}
+      { cmake -S "$base" -B "$base/build-gpu" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DROPE_JIT_BUILD_TESTS=OFF \
+          -DCMAKE_PREFIX_PATH=/tmp/dlpack/usr >/dev/null &&
+          cmake --build "$base/build-gpu" -j16 --target rope-jit-bench 2>&1 | grep -E "warning|error"
+        test -x "$base/build-gpu/tools/rope-jit-bench"; } > "$OUT/baseline_build.log" 2>&1
+      step_done baseline-build $? ;;
     rope-variants)
       IFS=';' read -ra variants <<< "${ROPE_VARIANTS:-base||}"
       names=()
       for variant in "${variants[@]}"; do
         IFS='|' read -r name options assignments <<< "$variant"
         names+=("$name")
+        bench=build-gpu/tools/rope-jit-bench
+        for assignment in $assignments; do
+          case $assignment in BENCH=*) bench=${assignment#BENCH=} ;; esac
+        done
         # shellcheck disable=SC2086  # the assignments are words of VAR=value
         env ROPE_JIT_NVRTC_EXTRA_OPTIONS="$options" $assignments timeout "${STEP_TIMEOUT:-240}" \
-          build-gpu/tools/rope-jit-bench --json "$OUT/variant_$name.json" \
+          "$bench" --json "$OUT/variant_$name.json" \
           ${ROPE_BENCH_FILTER:+--filter "$ROPE_BENCH_FILTER"} > "$OUT/variant_$name.log" 2>&1
         step_done "rope-variants $name" $?
       done
