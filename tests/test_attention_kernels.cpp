@@ -835,6 +835,8 @@ TEST_CASE("attention specs read back from their JSON, and nothing else does") {
     const std::string json = specs[0].to_json();
     std::string error;
     CHECK_FALSE(AttentionSpec::from_json("not json", &error));
+    CHECK(error == "not valid JSON");
+    CHECK_FALSE(AttentionSpec::from_json("[1]", &error));
     CHECK(error == "not a JSON object");
     CHECK_FALSE(AttentionSpec::from_json(R"({"op":"rope"})", &error));
     CHECK(error == "not an attention spec");

@@ -114,6 +114,41 @@ TEST_CASE("a NULL config means defaults, and freeing NULL is a no-op") {
     CHECK(rope_jit_backend(nullptr) == ROPE_JIT_BACKEND_CPU);
 }
 
+TEST_CASE("rope_jit_get_stats and rope_jit_device_describe check struct_size as the args do") {
+    // A size that cuts a counter in two was accepted and half of it written (adversarial
+    // test, session 32); the message named 0 for any size under a size_t.
+    rope_jit_config config;
+    rope_jit_config_init(&config);
+    config.backend = ROPE_JIT_BACKEND_CPU;
+    config.disk_cache = 0;
+    rope_jit_runtime* runtime = nullptr;
+    REQUIRE(rope_jit_runtime_create(&config, &runtime) == ROPE_JIT_OK);
+    for (const size_t size : {size_t(0), size_t(4), sizeof(size_t) + 4, size_t(1) << 21}) {
+        CAPTURE(size);
+        rope_jit_stats stats;
+        rope_jit_stats_init(&stats);
+        stats.struct_size = size;
+        stats.memory_hits = 0xeeeeeeeeeeeeeeeeull;
+        CHECK(rope_jit_get_stats(runtime, &stats) == ROPE_JIT_ERROR_INVALID_ARGUMENT);
+        CHECK(std::string(rope_jit_last_error()) ==
+              "stats: struct_size is " + std::to_string(size) +
+                  "; initialize the struct with its _init function before setting fields");
+        CHECK(stats.memory_hits == 0xeeeeeeeeeeeeeeeeull);  // nothing written
+        rope_jit_device_info info;
+        rope_jit_device_info_init(&info);
+        info.struct_size = size;
+        CHECK(rope_jit_device_describe(runtime, 0, &info) == ROPE_JIT_ERROR_INVALID_ARGUMENT);
+        CHECK(std::string(rope_jit_last_error()).rfind("info: struct_size is", 0) == 0);
+    }
+    // An older caller's smaller struct (whole fields) still gets the fields it has.
+    rope_jit_stats stats;
+    rope_jit_stats_init(&stats);
+    stats.struct_size = offsetof(rope_jit_stats, disk_hits);
+    CHECK(rope_jit_get_stats(runtime, &stats) == ROPE_JIT_OK);
+    CHECK(stats.struct_size == offsetof(rope_jit_stats, disk_hits));
+    rope_jit_runtime_free(runtime);
+}
+
 TEST_CASE("the last error is per thread and cleared by a successful call") {
     CHECK(rope_jit_runtime_create(nullptr, nullptr) == ROPE_JIT_ERROR_INVALID_ARGUMENT);
     const std::string mine = rope_jit_last_error();

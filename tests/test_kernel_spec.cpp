@@ -17,8 +17,11 @@
 #include <fmt/format.h>
 
 #include "api/prewarm_specs.h"
+#include "common/bounded_json.h"
 #include "common/error.h"
 #include "ops/attention/attention_problem.h"
+#include "ops/attention/attention_spec.h"
+#include "ops/op_registry.h"
 #include "cache/disk_cache.h"
 #include "jit/kernel_builder.h"
 #include "ops/rope/kernel_spec.h"
@@ -591,6 +594,10 @@ TEST_CASE("rope specs: every field round-trips through JSON, and bad JSON names 
         {R"({"head_dim": 64, "angles": "table_full"})",
          "angles: expected one of table-half, table-full, inv-freq"},
         {R"({"head_dim": 64, "backward": true})", "unknown field 'backward'"},
+        // A key with a NUL or a newline is written escaped: the C API's message is one line.
+        {R"({"head_dim": 64, "\u0000x\n": 1})", R"(unknown field '\u0000x\n')"},
+        {"not json", "not valid JSON"},
+        {"[64]", "not a JSON object"},
         {R"({"head_dim": 64, "has_k": 1})", "has_k: expected true or false, got 1"},
         {R"({"head_dim": 64, "op": "attention"})", "op: expected \"rope\""},
         {R"({"head_dim": 64, "angles": "inv-freq", "table_dtype": "bfloat16"})",
@@ -630,6 +637,39 @@ TEST_CASE("D2: prewarm refuses rotary ranges whose sum overflows int32, without 
     CHECK(rope_jit_prewarm_json(
               runtime, R"({"head_dim": 128, "rotary_dim": 2147483646, "rotary_offset": 4})",
               "sm_90") == ROPE_JIT_ERROR_INVALID_ARGUMENT);
+    rope_jit_runtime_free(runtime);
+}
+
+TEST_CASE("JSON nested deeper than 16 levels is refused before any value of it is printed") {
+    // nlohmann's dump() recurses: the errors that quote a value overflowed the stack on a
+    // 200 KB "[[[...]]]" (adversarial test, session 32), in rope_jit_prewarm_json and in the
+    // cache walk that reads an entry's stored spec.
+    CHECK(rope_jit::json_nesting_depth(R"({"a": [1, {"b": "[[[["}]})", 99) == 3);
+    CHECK(rope_jit::json_nesting_depth(R"("\"[[[")", 99) == 0);
+    CHECK(rope_jit::json_nesting_depth(std::string(1000, '['), 16) == 17);  // stops past the limit
+    const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+    const std::string deep_field = R"({"head_dim": )" + deep + "}";
+    std::string why;
+    CHECK(rope_jit::parse_bounded_json(deep, &why).is_discarded());
+    CHECK(why == "nests deeper than 16 levels");
+    CHECK(rope_jit::parse_bounded_json(std::string(16, '[') + std::string(16, ']')).is_array());
+    std::string error;
+    CHECK_FALSE(KernelSpec::from_json(deep_field, &error).has_value());
+    CHECK(error == "nests deeper than 16 levels");
+    CHECK_FALSE(rope_jit::AttentionSpec::from_json(deep_field, &error).has_value());
+    CHECK(error == "nests deeper than 16 levels");
+    CHECK(rope_jit::op_of_spec_json(deep_field, &error) == nullptr);
+    rope_jit_config config;
+    rope_jit_config_init(&config);
+    config.backend = ROPE_JIT_BACKEND_CPU;
+    config.disk_cache = 0;
+    rope_jit_runtime* runtime = nullptr;
+    REQUIRE(rope_jit_runtime_create(&config, &runtime) == ROPE_JIT_OK);
+    for (const std::string& text : {deep, deep_field, "[" + deep_field + "]"}) {
+        CHECK(rope_jit_prewarm_json(runtime, text.c_str(), "sm_90") ==
+              ROPE_JIT_ERROR_INVALID_ARGUMENT);
+        CHECK(std::string(rope_jit_last_error()) == "json: nests deeper than 16 levels");
+    }
     rope_jit_runtime_free(runtime);
 }
 

@@ -298,6 +298,15 @@ TEST_CASE("memo files: written atomically, read only when trusted, never an erro
         write_file(memo_path(root), std::string(1 << 20, ' '));
         CHECK_FALSE(rope_jit::read_nvrtc_memo(root).has_value());
     }
+    SUBCASE("a FIFO in its place is not read, and does not block the reader") {
+        // Opened without O_NONBLOCK it hung every process that asked for NVRTC's identity
+        // (adversarial test, session 32); a writer replaces it.
+        REQUIRE(unlink(memo_path(root).c_str()) == 0);
+        REQUIRE(mkfifo(memo_path(root).c_str(), 0600) == 0);
+        CHECK_FALSE(rope_jit::read_nvrtc_memo(root).has_value());
+        CHECK(rope_jit::write_nvrtc_memo(root, memo));
+        CHECK(rope_jit::read_nvrtc_memo(root) == text);
+    }
     SUBCASE("a truncated memo file is read, and refused by the check") {
         write_file(memo_path(root), text->substr(0, text->size() / 2));
         const std::optional<std::string> half = rope_jit::read_nvrtc_memo(root);

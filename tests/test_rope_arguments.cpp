@@ -228,6 +228,12 @@ TEST_CASE("missing or malformed angle sources are rejected") {
         call.args.sin = sin_t.dl();
         call.expect_invalid("cos: expected [P, 8] (half table) or [P, 16] (full table)");
     }
+    SUBCASE("tables with columns for empty heads (head_dim 0) name head_dim") {
+        HostTensor q(Dt::F32, {2, 4, 6, 0}), k(Dt::F32, {2, 2, 6, 0});
+        call.args.q = q.dl();
+        call.args.k = k.dl();
+        call.expect_invalid("cos: expected [P, 0] for q's head_dim 0, got [8, 8]");
+    }
     SUBCASE("sin shaped differently from cos") {
         HostTensor sin_t(Dt::F32, {8, 16});
         call.args.sin = sin_t.dl();

@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "common/bounded_json.h"
 #include "rope_jit/rope_jit.h"
 
 namespace rope_jit_cache {
@@ -64,31 +65,6 @@ std::string read_text(const std::string& path) {
     std::fclose(file);
     if (failed) throw UsageError(fmt::format("--manifest: cannot read '{}'", path));
     return text;
-}
-
-// The deepest nesting of [ and { outside strings; stops counting past `limit`.
-int nesting_depth(const std::string& text, int limit) {
-    int depth = 0, deepest = 0;
-    bool in_string = false, escaped = false;
-    for (char c : text) {
-        if (in_string) {
-            if (escaped)
-                escaped = false;
-            else if (c == '\\')
-                escaped = true;
-            else if (c == '"')
-                in_string = false;
-            continue;
-        }
-        if (c == '"')
-            in_string = true;
-        else if (c == '[' || c == '{')
-            deepest = std::max(deepest, ++depth);
-        else if (c == ']' || c == '}')
-            --depth;
-        if (deepest > limit) break;
-    }
-    return deepest;
 }
 
 std::string text_of(const json& value, const std::string& what) {
@@ -203,12 +179,9 @@ std::vector<SpecTemplate> preset_templates(const std::string& name, const Ops& o
 
 std::vector<SpecTemplate> read_manifest(const std::string& path, const Ops& ops) {
     const std::string text = read_text(path);
-    if (nesting_depth(text, kMaxManifestDepth) > kMaxManifestDepth)
-        throw UsageError(
-            fmt::format("--manifest: '{}' nests deeper than {} levels", path, kMaxManifestDepth));
-    const json manifest = json::parse(text, nullptr, /*allow_exceptions=*/false);
-    if (manifest.is_discarded())
-        throw UsageError(fmt::format("--manifest: '{}' is not valid JSON", path));
+    std::string why;
+    const json manifest = rope_jit::parse_bounded_json(text, &why);
+    if (manifest.is_discarded()) throw UsageError(fmt::format("--manifest: '{}': {}", path, why));
     std::vector<SpecTemplate> templates;
     json specs = json::array();
     if (manifest.is_array()) {

@@ -23,7 +23,6 @@ public:
 // Bounds on what a manifest may ask for, so that a hostile or mistaken file fails at once
 // with a message instead of exhausting memory, the stack or the afternoon.
 constexpr size_t kMaxManifestBytes = size_t(4) << 20;  // 4 MiB
-constexpr int kMaxManifestDepth = 16;                  // nesting of [ and {
 constexpr size_t kMaxSpecs = 20000;                    // specs after every cross product
 
 // Which ops a preset prewarms (--ops).
@@ -72,7 +71,7 @@ std::vector<SpecTemplate> preset_templates(const std::string& name, const Ops& o
 //   [<template>, ...], or what `rope-jit-cache list --json` prints (its "ok" items, each for
 //   the target it was listed under).
 // Throws UsageError when the file cannot be read, is larger than kMaxManifestBytes, nests
-// deeper than kMaxManifestDepth, is not valid JSON, or names an unknown key or preset.
+// deeper than rope_jit::kMaxJsonDepth, is not valid JSON, or names an unknown key or preset.
 std::vector<SpecTemplate> read_manifest(const std::string& path, const Ops& ops);
 
 // The specs of a template: the cross product of its list values (each a JSON object with

@@ -35,6 +35,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_output.h"
+#include "common/bounded_json.h"
 #include "kernel_spec_sets.h"
 #include "local_gpus.h"
 #include "prewarm_processes.h"
@@ -146,7 +147,7 @@ std::vector<Item> collect_items(const rope_jit_runtime* runtime) {
 }
 
 json item_json(const Item& item, int64_t now) {
-    json spec = json::parse(item.spec_json, nullptr, /*allow_exceptions=*/false);
+    json spec = rope_jit::parse_bounded_json(item.spec_json);  // the library's bound (dump recurses)
     return json{{"state", state_name(item.state)},
                 {"path", item.path},
                 {"problem", item.problem},
@@ -679,6 +680,11 @@ std::vector<Removal> plan_prune(const std::vector<Item>& items, int64_t now,
     const int64_t older_than = has_age ? parse_duration(options.older_than, "--older-than") : 0;
     const bool has_budget = !options.max_bytes.empty();
     const uint64_t budget = has_budget ? parse_bytes(options.max_bytes, "--max-bytes") : 0;
+    // ROPE_JIT_CACHE_MAX_BYTES=0 means no limit; the same value here would empty the cache.
+    if (has_budget && budget == 0)
+        throw UsageError(
+            "--max-bytes: 0 would remove every entry (ROPE_JIT_CACHE_MAX_BYTES=0 means no "
+            "limit); use `rope-jit-cache clear` to empty the cache");
 
     std::vector<Removal> removals;
     std::vector<size_t> kept;  // entries that count against the budget
@@ -724,17 +730,37 @@ std::vector<Removal> plan_prune(const std::vector<Item>& items, int64_t now,
     return removals;
 }
 
-// Removes the planned items and reports; shared by prune and clear.
+// Whether the file at `item`'s path is no longer the one the walk judged: another process
+// replaced it since (a prewarm rewriting a damaged entry with a good one, which prune must not
+// remove for the damaged one's reason). Directories are judged as a whole: never "changed".
+bool changed_since_walk(const Item& item) {
+    struct stat st;
+    if (lstat(item.path.c_str(), &st) != 0) return false;  // gone: removing it is a no-op
+    if (S_ISDIR(st.st_mode)) return false;
+    return uint64_t(st.st_size) != item.bytes || int64_t(st.st_mtime) != item.modified;
+}
+
+// Removes the planned items and reports; shared by prune and clear. Prune (recheck) leaves
+// a file that changed since the walk judged it; clear removes whatever is there.
 int remove_items(const GlobalOptions& global, const rope_jit_runtime* runtime, const char* command,
                  const std::vector<Item>& items, const std::vector<Removal>& removals,
-                 bool dry_run) {
+                 bool dry_run, bool recheck) {
     const std::string root = rope_jit_cache_root(runtime);
     const int64_t now = now_seconds();
-    json removed = json::array(), failures = json::array();
+    json removed = json::array(), failures = json::array(), changed = json::array();
     uint64_t removed_bytes = 0;
     std::set<size_t> gone;
     for (const Removal& removal : removals) {
         const Item& item = items[removal.item];
+        if (!dry_run && recheck && changed_since_walk(item)) {
+            changed.push_back(item.path);
+            if (!global.json)
+                std::cout << printable(fmt::format("left      {}  (changed since it was judged: "
+                                                   "another process wrote it)",
+                                                   item.path))
+                          << "\n";
+            continue;
+        }
         if (!dry_run) {
             const rope_jit_status status = rope_jit_cache_remove(runtime, item.path.c_str());
             if (status != ROPE_JIT_OK) {
@@ -769,6 +795,7 @@ int remove_items(const GlobalOptions& global, const rope_jit_runtime* runtime, c
                         {"removed", removed},
                         {"removed_bytes", removed_bytes},
                         {"failures", failures},
+                        {"changed_since_walk", changed},
                         {"remaining", left.to_json()}});
     } else {
         std::cout << printable(fmt::format("{}: {} {} items ({}) from {}; left: {}", command,
@@ -783,7 +810,8 @@ int run_prune(const GlobalOptions& global, const PruneOptions& options) {
     RuntimeHandle runtime = make_runtime(global, ROPE_JIT_BACKEND_CPU);
     const std::vector<Item> items = collect_items(runtime.get());
     const std::vector<Removal> removals = plan_prune(items, now_seconds(), options);
-    return remove_items(global, runtime.get(), "prune", items, removals, options.dry_run);
+    return remove_items(global, runtime.get(), "prune", items, removals, options.dry_run,
+                        /*recheck=*/true);
 }
 
 int run_clear(const GlobalOptions& global, bool dry_run) {
@@ -791,7 +819,8 @@ int run_clear(const GlobalOptions& global, bool dry_run) {
     const std::vector<Item> items = collect_items(runtime.get());
     std::vector<Removal> removals;
     for (size_t i = 0; i < items.size(); ++i) removals.push_back({i, "clear"});
-    return remove_items(global, runtime.get(), "clear", items, removals, dry_run);
+    return remove_items(global, runtime.get(), "clear", items, removals, dry_run,
+                        /*recheck=*/false);
 }
 
 // ---- info -------------------------------------------------------------------------------

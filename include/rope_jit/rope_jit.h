@@ -717,7 +717,8 @@ ROPE_JIT_API rope_jit_status rope_jit_prewarm(rope_jit_runtime* runtime,
  *     every field as `list --json` prints it.
  *
  * Unknown fields, wrong types and values out of range fail with ERROR_INVALID_ARGUMENT naming
- * the entry ("json[2]") and the field, before anything is compiled. `target` as for
+ * the entry ("json[2]") and the field, before anything is compiled; so does JSON that is not
+ * valid or nests deeper than 16 levels of [ and { (a spec needs 2). `target` as for
  * rope_jit_prewarm (NULL = device 0's); a malformed target ("sm_9", "sm_90x") is
  * ERROR_INVALID_ARGUMENT. Compiles on one thread per hardware thread, the slowest kernels
  * (attention backward, then forward) first. Other failures as rope_jit_prewarm's (an error
@@ -1197,7 +1198,8 @@ typedef enum rope_jit_cache_item_state {
      * build whose templates or compile options differ. Dead weight after an upgrade. */
     ROPE_JIT_CACHE_ITEM_STALE = 1,
     /* Placed like an entry but fails a check (truncated, checksum, key echo, empty, not a
-     * regular file...). A call that needs it sets it aside with a warning and recompiles. */
+     * regular file, a stored spec that is not a JSON object of at most 16 levels...). A call
+     * that needs it sets it aside with a warning and recompiles. */
     ROPE_JIT_CACHE_ITEM_DAMAGED = 2,
     /* A temp file: a write in progress, or one that a killed process left behind. */
     ROPE_JIT_CACHE_ITEM_TEMP = 3,

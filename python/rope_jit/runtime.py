@@ -160,8 +160,8 @@ class Runtime:
                                           [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_char_p])
         if function is None:
             raise NotImplementedError("the loaded librope_jit has no rope_jit_prewarm_json: build a newer rope-jit")
-        text = json.dumps(specs)
-        target = None if target is None else str(target).encode()
+        text = json.dumps(specs)  # escapes any NUL in a string, so the text has none
+        target = None if target is None else c_string(target, "target")
         self._library.check("rope_jit_prewarm_json", function(self.handle, text.encode(), target))
 
     def close(self):

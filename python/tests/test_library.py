@@ -163,6 +163,9 @@ def test_prewarm_json_takes_the_cache_vocabulary_and_names_a_bad_field(library, 
         with pytest.raises(rope_jit.InvalidArgumentError) as caught:
             runtime.prewarm_json({"head_dim": 64}, target="sm_9")
         assert "target" in caught.value.detail
+        # A NUL would end the C string early: "sm_90\0x" ran as sm_90 (adversarial test).
+        with pytest.raises(ValueError, match="target: contains a NUL"):
+            runtime.prewarm_json({"head_dim": 64}, target="sm_90\0x")
         assert runtime.stats()["compiles"] == 0
 
 

@@ -197,10 +197,7 @@ rope_jit_status rope_jit_prewarm_plan(const char* specs_json, const char* target
 rope_jit_status rope_jit_get_stats(const rope_jit_runtime* runtime, rope_jit_stats* stats) {
     return guarded([&] {
         if (runtime == nullptr) rope_jit::fail_argument("runtime: NULL");
-        if (stats == nullptr) rope_jit::fail_argument("stats: NULL");
-        const size_t size = stats->struct_size;
-        if (size < sizeof(size_t))
-            rope_jit::fail_argument("stats: struct_size is 0; initialize with rope_jit_stats_init");
+        const size_t size = rope_jit::checked_struct_size(stats, "stats");
         const rope_jit::KernelStats& counters = runtime->runtime.stats();
         rope_jit_stats full;
         rope_jit_stats_init(&full);
@@ -287,11 +284,7 @@ rope_jit_status rope_jit_device_describe(const rope_jit_runtime* runtime, int or
                                          rope_jit_device_info* info) {
     return guarded([&] {
         if (runtime == nullptr) rope_jit::fail_argument("runtime: NULL");
-        if (info == nullptr) rope_jit::fail_argument("info: NULL");
-        const size_t size = info->struct_size;
-        if (size < sizeof(size_t) || size > (size_t(1) << 20))
-            rope_jit::fail_argument(
-                "info: struct_size is not set; initialize with rope_jit_device_info_init");
+        const size_t size = rope_jit::checked_struct_size(info, "info");
         const rope_jit::DeviceDescription device =
             rope_jit::describe_device(runtime->runtime.cuda(), ordinal);
         rope_jit_device_info full;

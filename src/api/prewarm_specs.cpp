@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "common/bounded_json.h"
 #include "common/error.h"
 #include "jit/nvrtc_loader.h"
 #include "ops/attention/cuda_attention.h"
@@ -166,8 +167,9 @@ AttentionDevice attention_device_for_target(const std::string& target) {
 std::vector<PrewarmKernel> expand_prewarm_json(const std::string& json_text,
                                                const std::string& target) {
     target_compute_capability(target);  // a malformed target fails before any entry
-    const json document = json::parse(json_text, nullptr, /*allow_exceptions=*/false);
-    if (document.is_discarded()) fail_argument("json: not valid JSON");
+    std::string why;
+    const json document = parse_bounded_json(json_text, &why);
+    if (document.is_discarded()) fail_argument("json: " + why);
     if (!document.is_object() && !document.is_array())
         fail_argument("json: expected a spec object or an array of them");
     const bool many = document.is_array();

@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "common/bounded_json.h"
 #include "common/error.h"
 #include "jit/kernel_builder.h"
 #include "ops/op_registry.h"
@@ -139,6 +140,16 @@ CacheItem item_from_report(DiskCache::EntryReport report) {
             break;
     }
     if (report.untrusted) item.state = CacheItemState::Untrusted;
+    // A stored spec this library would never write (not a JSON object, or nested past the
+    // bound its readers keep) is damage: handing it to callers, who print it, would hand them
+    // a value whose printing recursed past the stack (verify crashed on one, session 32).
+    std::string spec_problem;
+    if (report.ok && !parse_bounded_json(report.spec_json, &spec_problem).is_object()) {
+        item.state = CacheItemState::Damaged;
+        item.problem = "its stored spec is " +
+                       (spec_problem.empty() ? std::string("not a JSON object") : spec_problem);
+        return item;
+    }
     if (report.ok) {
         item.payload_bytes = report.payload_bytes;
         item.spec_json = std::move(report.spec_json);

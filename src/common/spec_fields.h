@@ -43,6 +43,13 @@ struct SpecField {
     const char* name() const { return key != nullptr ? key : member_name; }
 };
 
+// A JSON key as it would be written in JSON, without the quotes: a NUL or a newline in it would
+// cut or break the message the C API hands over.
+inline std::string escaped_key(const std::string& key) {
+    const std::string quoted = nlohmann::json(key).dump();
+    return quoted.substr(1, quoted.size() - 2);
+}
+
 // "a, b, c".
 inline std::string spec_value_names(const SpecValues& values) {
     std::string text;
@@ -137,7 +144,7 @@ void spec_read_fields(Spec& spec, const SpecField<Spec> (&fields)[N], const nloh
         for (const char* key : other_keys) keys += std::string(keys.empty() ? "" : ", ") + key;
         for (const SpecField<Spec>& f : fields)
             if (f.key != nullptr) keys += std::string(", ") + f.key;
-        throw std::runtime_error(fmt::format("unknown field '{}' (known: {})", item.key(), keys));
+        throw std::runtime_error(fmt::format("unknown field '{}' (known: {})", escaped_key(item.key()), keys));
     }
     for (const SpecField<Spec>& f : fields) {
         if (f.key == nullptr) continue;

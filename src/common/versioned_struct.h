@@ -12,21 +12,28 @@
 
 namespace rope_jit {
 
+// Throws Error(INVALID_ARGUMENT) naming `name` unless `user`'s struct_size is one some version of
+// Struct can have: every version's size is a multiple of its alignment, and any other size
+// would cut a field (a pointer, a counter) in two.
+template <typename Struct>
+size_t checked_struct_size(const Struct* user, const char* name) {
+    if (user == nullptr) fail_argument(fmt::format("{}: NULL", name));
+    const size_t size = user->struct_size;
+    if (size < sizeof(size_t) || size > (size_t(1) << 20) || size % alignof(Struct) != 0)
+        fail_argument(
+            fmt::format("{}: struct_size is {}; initialize the struct with its _init function "
+                        "before setting fields",
+                        name, size));
+    return size;
+}
+
 // Copies a caller's struct into one of this library's size, with defaults for every field
 // the caller's (older) struct does not have.
 template <typename Struct>
 Struct read_versioned(const Struct* user, void (*init)(Struct*), const char* name) {
     Struct args;
     init(&args);
-    if (user == nullptr) fail_argument(fmt::format("{}: NULL", name));
-    const size_t size = user->struct_size;
-    // Every version of a struct has a size that is a multiple of its alignment; any other
-    // size would cut a field (a pointer) in two.
-    if (size < sizeof(size_t) || size > (size_t(1) << 20) || size % alignof(Struct) != 0)
-        fail_argument(
-            fmt::format("{}: struct_size is {}; initialize the struct with its _init function "
-                        "before setting fields",
-                        name, size));
+    const size_t size = checked_struct_size(user, name);
     std::memcpy(static_cast<void*>(&args), user, std::min(size, sizeof(Struct)));
     args.struct_size = sizeof(Struct);
     return args;

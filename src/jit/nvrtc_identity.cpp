@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "common/bounded_json.h"
 #include "cache/disk_cache.h"
 
 namespace rope_jit {
@@ -111,7 +112,7 @@ std::optional<NvrtcIdentity> accept_nvrtc_memo(std::string_view text,
         if (why) *why = std::move(problem);
         return std::nullopt;
     };
-    const json document = json::parse(text.begin(), text.end(), nullptr, false);
+    const json document = parse_bounded_json(text);
     if (document.is_discarded() || !document.is_object()) return refuse("not a JSON object");
     try {
         if (document.at("format") != kMemoFormat) return refuse("another memo format");
@@ -147,8 +148,10 @@ std::optional<NvrtcIdentity> accept_nvrtc_memo(std::string_view text,
 std::optional<std::string> read_nvrtc_memo(const std::string& root) {
     if (root.empty()) return std::nullopt;
     const std::string path = root + "/" + kNvrtcMemoFileName;
-    // No link: a memo is a file this library wrote, never one pointed at.
-    const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    // No link: a memo is a file this library wrote, never one pointed at. O_NONBLOCK: a FIFO
+    // in its place would otherwise hang every process that asks for NVRTC's identity (fstat
+    // below then refuses it, as it does any file that is not a regular one).
+    const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (fd < 0) return std::nullopt;
     std::optional<std::string> text;
     struct stat st;

@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/bounded_json.h"
 #include "ops/attention/attention_recipe.h"
 #include "ops/rope/rope_recipe.h"
 
@@ -24,7 +25,7 @@ const OpRegistration* find_op(const std::string& name) {
 }
 
 const OpRegistration* op_of_spec_json(const std::string& spec_json, std::string* error) {
-    const nlohmann::json j = nlohmann::json::parse(spec_json, nullptr, false);
+    const nlohmann::json j = parse_bounded_json(spec_json);
     const char* problem = nullptr;
     const OpRegistration* op = nullptr;
     if (!j.is_object()) {

@@ -421,6 +421,13 @@ class MaintenanceTest(CacheTestCase):
         pruned = json.loads(self.tool("--cache-dir", self.root, "prune", "--older-than", "90m", "--json").stdout)
         self.assertEqual([item["path"] for item in pruned["removed"]], [entries[1]["path"]])
 
+    def test_prune_refuses_a_budget_of_zero_bytes_which_would_empty_the_cache(self):
+        # ROPE_JIT_CACHE_MAX_BYTES=0 means no limit; passed to prune it removed every entry.
+        self.prewarm("--head-dim", "64")
+        result = self.tool("--cache-dir", self.root, "prune", "--max-bytes", "0", expect=2)
+        self.assertIn("use `rope-jit-cache clear`", result.stderr)
+        self.assertEqual(len(self.items("ok")), 1)
+
     def test_clear_removes_every_item_and_dry_runs_remove_nothing(self):
         self.prewarm(*FIVE_SPECS)
         temp = os.path.join(os.path.dirname(self.items("ok")[0]["path"]), ".tmp-1-2-3")
@@ -452,6 +459,18 @@ class NvrtcMemoTest(CacheTestCase):
         self.tool("--cache-dir", self.root, "clear")
         self.assertEqual(self.verify(expect=0)["items"], [])
         self.assertEqual(sorted(os.listdir(self.root)), ["locks", "nvrtc-identity.json", "v1"])
+
+    def test_a_fifo_in_place_of_the_memo_blocks_no_process_and_the_next_load_replaces_it(self):
+        # Opened blocking, a FIFO there hung every process that asked for NVRTC's identity
+        # (adversarial test, session 32).
+        os.makedirs(self.root, mode=0o700)
+        memo = os.path.join(self.root, "nvrtc-identity.json")
+        os.mkfifo(memo, 0o600)
+        env = dict(tool_env(), ROPE_JIT_CACHE_DIR=self.root)
+        result = subprocess.run([TOOL, "prewarm", "--target", "sm_90", "--head-dim", "64"],
+                                capture_output=True, text=True, env=env, timeout=120)
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        self.assertTrue(os.path.isfile(memo))
 
 
 class CommandLineTest(CacheTestCase):
@@ -1054,6 +1073,28 @@ class WrongKernelTest(CacheTestCase):
         result, stderr = self.prewarm("--head-dim", "64")
         self.assertEqual((result["compiled"], result["cached"]), (1, 0), stderr)
         self.assertTrue(any("spec" in line for line in warnings_in(stderr)), stderr)
+        self.verify(expect=0)
+
+
+    def test_an_entry_whose_stored_spec_nests_deeply_is_damaged_and_every_command_still_runs(self):
+        # A valid checksum around a spec of 300000 nested lists: reading it quoted the value in
+        # an error, whose printing recursed and overflowed the stack of verify, list, prune and
+        # clear --dry-run (adversarial test, session 32).
+        self.prewarm("--head-dim", "64")
+        entry = self.items("ok")[0]
+        key = os.path.basename(entry["path"]).split(".")[0]
+        deep = '{"head_dim": ' + "[" * 300000 + "]" * 300000 + "}"
+        path = os.path.join(os.path.dirname(os.path.dirname(entry["path"])), "ab", "ab" + key[2:] + ".cubin")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        write_bytes(path, cache_entry_format.serialize("ab" + key[2:], deep, b"payload"))
+        report = self.verify(expect=1)
+        damaged = [item for item in report["items"] if item["path"] == path]
+        self.assertEqual(len(damaged), 1, report)
+        self.assertNotEqual(damaged[0]["state"], "ok")
+        self.tool("--cache-dir", self.root, "list")
+        self.tool("--cache-dir", self.root, "clear", "--dry-run")
+        self.tool("--cache-dir", self.root, "prune")
+        self.assertFalse(os.path.exists(path))
         self.verify(expect=0)
 
 

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "attention_params.h"
+#include "common/bounded_json.h"
 #include "common/byte_hash.h"
 #include "common/error.h"
 #include "common/spec_fields.h"
@@ -178,8 +179,10 @@ std::optional<AttentionSpec> AttentionSpec::from_json(const std::string& text, s
         if (error != nullptr) *error = why;
         return std::nullopt;
     };
-    const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
-    if (j.is_discarded() || !j.is_object()) return fail("not a JSON object");
+    std::string why;
+    const nlohmann::json j = parse_bounded_json(text, &why);
+    if (j.is_discarded()) return fail(why);
+    if (!j.is_object()) return fail("not a JSON object");
     if (!j.contains("op") || j["op"] != nlohmann::json("attention"))
         return fail("not an attention spec");
     AttentionSpec s;
@@ -197,8 +200,10 @@ std::optional<AttentionCall> attention_call_from_json(const std::string& text, s
         if (error != nullptr) *error = why;
         return std::nullopt;
     };
-    nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
-    if (j.is_discarded() || !j.is_object()) return fail("not a JSON object");
+    std::string why;
+    nlohmann::json j = parse_bounded_json(text, &why);
+    if (j.is_discarded()) return fail(why);
+    if (!j.is_object()) return fail("not a JSON object");
     if (!j.contains("op") || j["op"] != nlohmann::json("attention"))
         return fail("not an attention spec");
     static const char* const kTileKeys[] = {

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "common/bounded_json.h"
 #include "common/byte_hash.h"
 #include "common/error.h"
 #include "common/raw_enum.h"
@@ -483,8 +484,10 @@ std::optional<KernelSpec> KernelSpec::from_json(const std::string& text, std::st
         if (error) *error = message;
         return std::nullopt;
     };
-    const json j = json::parse(text, nullptr, false);
-    if (j.is_discarded() || !j.is_object()) return fail("not a JSON object");
+    std::string why;
+    const json j = parse_bounded_json(text, &why);
+    if (j.is_discarded()) return fail(why);
+    if (!j.is_object()) return fail("not a JSON object");
     KernelSpec spec;
     try {
         if (j.contains("op") && j["op"] != json("rope"))

@@ -114,11 +114,16 @@ void check_output(const TensorRef& out, const TensorRef& in, bool in_place) {
 
 void check_table(const TensorRef& t, int64_t rotary_dim) {
     require_float(t);
-    if (t.ndim != 2 || (t.shape[1] != rotary_dim / 2 && t.shape[1] != rotary_dim))
+    if (t.ndim != 2 || (t.shape[1] != rotary_dim / 2 && t.shape[1] != rotary_dim)) {
+        // rotary_dim is 0 only where q's head_dim is (a call on empty heads).
+        if (rotary_dim == 0)
+            fail_argument(fmt::format("{}: expected [P, 0] for q's head_dim 0, got {}", t.name,
+                                      t.shape_string()));
         fail_argument(
             fmt::format("{}: expected [P, {}] (half table) or [P, {}] (full table) for "
                         "rotary_dim {}, got {}",
                         t.name, rotary_dim / 2, rotary_dim, rotary_dim, t.shape_string()));
+    }
 }
 
 void check_same_device(const TensorRef& t, const DLDevice& device, const TensorRef& reference) {
