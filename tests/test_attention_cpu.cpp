@@ -397,3 +397,46 @@ TEST_CASE("the CPU backward is deterministic") {
     CHECK(dk == p.dk.bytes());
     CHECK(dv == p.dv.bytes());
 }
+
+TEST_CASE("the CPU backward works from the caller's out and lse, as the GPU kernels do") {
+    // It recomputed both, so a stale or wrong lse or out gave a correct gradient on the CPU
+    // and another one on the GPU (adversarial test, session 32).
+    CpuRuntime runtime;
+    Config c;
+    c.Hq = 2, c.Hk = 1, c.Sq = 9, c.Sk = 9, c.D = 16, c.R = 16;
+    c.causal = true;
+    std::mt19937 rng(17);
+    Problem p(c, rng);
+    run_forward(runtime.get(), p);
+    run_backward(runtime.get(), p);
+    const std::vector<double> dq = p.dq.values(), dv = p.dv.values();
+    SUBCASE("lse + log 2 halves every probability, and so dv, a sum of them times dout") {
+        for (int64_t h = 0; h < c.Hq; ++h)
+            for (int64_t i = 0; i < c.Sq; ++i)
+                p.lse.set({0, h, i}, p.lse.get({0, h, i}) + std::log(2.0));
+        run_backward(runtime.get(), p);
+        const std::vector<double> halved = p.dv.values();
+        for (size_t k = 0; k < dv.size(); ++k)
+            CHECK(halved[k] == doctest::Approx(dv[k] / 2).epsilon(1e-5).scale(1e-6));
+    }
+    SUBCASE("out 0 makes delta 0: dv keeps its value, dq does not") {
+        for (int64_t h = 0; h < c.Hq; ++h)
+            for (int64_t i = 0; i < c.Sq; ++i)
+                for (int64_t d = 0; d < c.D; ++d) p.out.set({0, h, i, d}, 0.0);
+        run_backward(runtime.get(), p);
+        const std::vector<double> dv_now = p.dv.values(), dq_now = p.dq.values();
+        for (size_t k = 0; k < dv.size(); ++k) CHECK(dv_now[k] == doctest::Approx(dv[k]));
+        double moved = 0;
+        for (size_t k = 0; k < dq.size(); ++k)
+            moved = std::max(moved, std::abs(dq_now[k] - dq[k]));
+        CHECK(moved > 1e-3);
+    }
+    SUBCASE("a NaN lse makes that row's dq NaN and leaves the other rows' as they were") {
+        p.lse.set({0, 1, 4}, std::numeric_limits<double>::quiet_NaN());
+        run_backward(runtime.get(), p);
+        for (int64_t d = 0; d < c.D; ++d) {
+            CHECK(std::isnan(p.dq.get({0, 1, 4, d})));
+            CHECK(p.dq.get({0, 1, 3, d}) == doctest::Approx(dq[size_t((c.Sq + 3) * c.D + d)]));
+        }
+    }
+}

@@ -909,7 +909,9 @@ ROPE_JIT_API rope_jit_status rope_jit_attention(rope_jit_runtime* runtime,
 
 /* Attention backward: from q, k, v, out, lse (the forward's results, same arguments) and
  * dout, writes dq, dk and dv (gradients of the loss through the rotation: dq and dk are with
- * respect to the unrotated q and k). No gradient flows to attn_mask or the tables. With
+ * respect to the unrotated q and k). Both backends use out and lse as passed, not recomputed:
+ * the probabilities are exp(score - lse) (0 in rows whose lse is -inf) and each row's
+ * dout . out is subtracted from dout . v, so another out or lse gives another result. No gradient flows to attn_mask or the tables. With
  * args->deterministic the result is bitwise reproducible (see the field). Same failures as
  * rope_jit_attention. */
 ROPE_JIT_API rope_jit_status rope_jit_attention_backward(rope_jit_runtime* runtime,

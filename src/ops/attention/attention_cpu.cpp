@@ -181,6 +181,27 @@ bool row_softmax(const AttentionProblem& p, const Tokens& tokens, const KeyValue
     return true;
 }
 
+// One query row's probabilities in the backward, from the forward's log-sum-exp as the caller
+// passes it (as the GPU kernels take them): exp(score_j - lse) for the keys the row sees, 0 for
+// masked ones and for every key of a row whose lse is -inf (it saw none). The caller's lse,
+// not one recomputed here, so that a stale or wrong lse gives the GPU's result, not a
+// correct gradient the GPU would not give.
+void row_probabilities(const AttentionProblem& p, const Tokens& tokens, const KeyValues& kv,
+                       int64_t b, int64_t i, const double* q_plain, const double* q_rotated,
+                       double lse, std::vector<double>& prob) {
+    const int64_t D = p.head_dim;
+    for (int64_t j = 0; j < p.seqlen_k; ++j) {
+        const double bias = tokens.mask(b, i, j);
+        if (bias == kNegativeInfinity || lse == kNegativeInfinity) {
+            prob[size_t(j)] = 0.0;
+            continue;
+        }
+        const double product = tokens.rotated_pair(b, i, j) ? dot(q_rotated, kv.k_rotated(j), D)
+                                                            : dot(q_plain, kv.k_plain(j), D);
+        prob[size_t(j)] = std::exp(p.scale * product + bias - lse);
+    }
+}
+
 }  // namespace
 
 void attention_forward_cpu(const AttentionProblem& p, ThreadPool& pool) {
@@ -225,7 +246,8 @@ void attention_backward_cpu(const AttentionProblem& p, ThreadPool& pool) {
     // so units write disjoint memory and the sums run in one fixed order (deterministic).
     pool.parallel_for(p.batch * p.heads_k, 1, [&](int64_t begin, int64_t end) {
         std::vector<double> q_plain(static_cast<size_t>(D)), q_rotated(static_cast<size_t>(D)),
-            dout(static_cast<size_t>(D)), prob(static_cast<size_t>(p.seqlen_k)),
+            dout(static_cast<size_t>(D)), out(static_cast<size_t>(D)),
+            prob(static_cast<size_t>(p.seqlen_k)),
             dprob(static_cast<size_t>(p.seqlen_k)), dq_rotated(static_cast<size_t>(D)),
             dq_plain(static_cast<size_t>(D));
         for (int64_t u = begin; u < end; ++u) {
@@ -241,23 +263,26 @@ void attention_backward_cpu(const AttentionProblem& p, ThreadPool& pool) {
                     q_rotated = q_plain;
                     tokens.rotate(q_rotated.data(), b, i, false);
                     read_row(p.dout, b, h, i, dout.data(), D);
+                    read_row(p.out, b, h, i, out.data(), D);
                     std::fill(dq_rotated.begin(), dq_rotated.end(), 0.0);
                     std::fill(dq_plain.begin(), dq_plain.end(), 0.0);
-                    double lse = 0;
-                    if (row_softmax(p, tokens, kv, b, i, q_plain.data(), q_rotated.data(), prob,
-                                    &lse)) {
-                        // d(loss)/d(score_j) = p_j (dp_j - sum_k p_k dp_k), dp_j = dout . v_j.
-                        double weighted = 0;
-                        for (int64_t j = 0; j < p.seqlen_k; ++j) {
+                    const double lse = read_element(
+                        p.lse, b * p.lse.strides[0] + h * p.lse.strides[1] + i * p.lse.strides[2]);
+                    row_probabilities(p, tokens, kv, b, i, q_plain.data(), q_rotated.data(), lse,
+                                      prob);
+                    {
+                        // d(loss)/d(score_j) = p_j (dp_j - delta), dp_j = dout . v_j, and
+                        // delta = dout . out (= sum_k p_k dp_k for the forward's out), from the
+                        // caller's out as the GPU kernels take it.
+                        const double delta = dot(dout.data(), out.data(), D);
+                        for (int64_t j = 0; j < p.seqlen_k; ++j)
                             dprob[size_t(j)] =
                                 prob[size_t(j)] != 0.0 ? dot(dout.data(), kv.v(j), D) : 0.0;
-                            weighted += prob[size_t(j)] * dprob[size_t(j)];
-                        }
                         for (int64_t j = 0; j < p.seqlen_k; ++j) {
                             const double pj = prob[size_t(j)];
                             if (pj == 0.0) continue;
                             axpy(pj, dout.data(), &dv[size_t(j * D)], D);
-                            const double dproduct = pj * (dprob[size_t(j)] - weighted) * p.scale;
+                            const double dproduct = pj * (dprob[size_t(j)] - delta) * p.scale;
                             if (tokens.rotated_pair(b, i, j)) {
                                 axpy(dproduct, kv.k_rotated(j), dq_rotated.data(), D);
                                 axpy(dproduct, q_rotated.data(), &dk_rotated[size_t(j * D)], D);
