@@ -371,4 +371,20 @@ TEST_CASE("a project given as the cache root by mistake loses nothing to scan an
     }
 }
 
+TEST_CASE("files named v1 or v2 in the root are not the cache's: not scanned, never removed") {
+    // A file "v1" was listed as a stray, which prune then removed (after the writability
+    // check had renamed it aside; adversarial test, session 32).
+    ScratchDir tmp("rope_jit_maintenance");
+    const std::string root = tmp.path + "/project";
+    make_dirs(root);
+    write_file(root + "/v1", "notes");
+    write_file(root + "/v2", "more notes");
+    DiskCache disk(root, {});
+    CHECK_FALSE(disk.writable());
+    CHECK(rope_jit::scan_cache(disk).empty());
+    CHECK_THROWS_AS(rope_jit::remove_cache_item(disk, root + "/v1"), rope_jit::Error);
+    CHECK(exists(root + "/v1"));
+    CHECK(exists(root + "/v2"));
+}
+
 TEST_SUITE_END();

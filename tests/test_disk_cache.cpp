@@ -289,6 +289,22 @@ TEST_CASE("store moves aside a directory in place of the entry or a file in plac
     CHECK(same(cache.load(id), entry));
 }
 
+TEST_CASE("A file named like the format directory in the root is left alone: no write, no rename") {
+    // The cache never writes a file "v1" in its root, so one there is someone's: asking
+    // whether the cache is writable (rope-jit-cache info) renamed it aside (adversarial test,
+    // session 32). Below v1/ the names are the cache's, and a file there is still set aside.
+    TempDir tmp;
+    write_file(tmp.path + "/v1", "notes");
+    DiskCache cache(tmp.path, {});
+    std::string why;
+    CHECK_FALSE(cache.writable(&why));
+    CHECK(why.find("a file of the cache's own name in its root, left alone") != std::string::npos);
+    CHECK_FALSE(cache.store(make_id("beside notes"), make_entry(3)));
+    CHECK_FALSE(cache.load(make_id("beside notes")).has_value());
+    CHECK(rope_jit::sorted_names(tmp.path) == std::vector<std::string>{"v1"});
+    CHECK(read_file(tmp.path + "/v1") == "notes");
+}
+
 TEST_CASE("A root under a regular file is not written, and nothing throws") {
     TempDir tmp;
     write_file(tmp.path + "/file", "a regular file");

@@ -196,22 +196,21 @@ std::vector<CacheItem> scan_cache(const DiskCache& disk) {
         const std::string path = root + "/" + name;
         struct stat st;
         if (lstat(path.c_str(), &st) != 0) continue;
-        if (name == current_format && S_ISDIR(st.st_mode)) {
+        // The cache writes only directories here: a file named "v1" or "v2" (notes, in a root
+        // given by mistake) is not the cache's, and prune must never remove it.
+        if (!S_ISDIR(st.st_mode)) continue;
+        if (name == current_format) {
             for (DiskCache::EntryReport& report : disk.verify(root))
                 items.push_back(item_from_report(std::move(report)));
             continue;
         }
         // Another format's directory holds our layout, as v1 does; a "v2" with anything else
-        // in it (a project's sources, say, in a root given by mistake) is not the cache's, and
-        // prune must never remove it.
-        if (name != current_format && (!S_ISDIR(st.st_mode) || !cache_shaped(path))) continue;
+        // in it (a project's sources, say) is not the cache's either.
+        if (!cache_shaped(path)) continue;
         CacheItem item;
         item.path = path;
-        item.state = name == current_format ? CacheItemState::Stray : CacheItemState::Stale;
-        item.problem =
-            name == current_format
-                ? fmt::format("'{}' is not a directory", path)
-                : fmt::format("cache format {}; this library reads {}", name, current_format);
+        item.state = CacheItemState::Stale;
+        item.problem = fmt::format("cache format {}; this library reads {}", name, current_format);
         item.bytes = tree_bytes(path);
         item.modified = int64_t(st.st_mtime);
         item.accessed = std::max(int64_t(st.st_atime), item.modified);

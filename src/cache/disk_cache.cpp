@@ -263,11 +263,17 @@ std::string check_tree(const std::string& root, const std::string* subdir_list, 
         }
         if (!S_ISDIR(st.st_mode)) {
             // Damage, not a threat (the parent was checked): a reader just misses, a writer
-            // moves the thing aside and carries on.
+            // moves the thing aside and carries on. Not in the root itself: a file named like
+            // the format directory there was put by someone (the cache never writes one), so
+            // it stays, and the cache cannot be written (its writes keep kernels in memory).
             if (!create && missing) {
                 *missing = true;
                 return {};
             }
+            if (i == 0)
+                return fmt::format("'{}' is not a directory: a file of the cache's own name in "
+                                   "its root, left alone; move it to use this cache directory",
+                                   path);
             std::string moved = create ? set_aside(path, st) : std::string();
             if (moved.empty() || mkdir(path.c_str(), 0700) != 0 || lstat(path.c_str(), &st) != 0 ||
                 !S_ISDIR(st.st_mode)) {
