@@ -1080,6 +1080,7 @@ TEST_CASE("A store past the size limit evicts the least recently used entries of
     CHECK_FALSE(exists(cache.entry_path(tmp.path, ids[1])));  // least recently used
     CHECK(exists(cache.entry_path(tmp.path, ids[2])));
     CHECK(exists(cache.entry_path(tmp.path, fourth)));
+    CHECK(cache.evictions() == 1);  // rope_jit_stats.disk_evictions counts them
     CHECK(exists(temp));
     CHECK(exists(foreign));
     CHECK(exists(cache.entry_path(tmp.path, other_nvrtc)));
@@ -1093,6 +1094,8 @@ TEST_CASE("A store past the size limit evicts the least recently used entries of
     for (const CacheEntryId& id : {ids[0], ids[2], fourth}) {
         CHECK_FALSE(exists(cache.entry_path(tmp.path, id)));
     }
+    CHECK(tiny.evictions() == 3);
+    CHECK(cache.evictions() == 1);  // each cache counts its own stores' evictions
 
     // 0 = unbounded.
     DiskCache unbounded(tmp.path, {}, 0);
@@ -1102,6 +1105,7 @@ TEST_CASE("A store past the size limit evicts the least recently used entries of
     for (int i = 0; i < 8; ++i) {
         CHECK(exists(cache.entry_path(tmp.path, make_id("many " + std::to_string(i)))));
     }
+    CHECK(unbounded.evictions() == 0);
 }
 
 TEST_CASE("Loaders racing evictors in other threads and processes get whole entries or a miss") {

@@ -39,7 +39,8 @@ std::string worker_result_line(const WorkerResult& result) {
     // Errors may hold bytes that are not UTF-8 (paths): replaced, not thrown on.
     return json{{"index", result.index},     {"result", result.result},
                 {"ms", result.ms},           {"compile_ms", result.compile_ms},
-                {"written", result.written}, {"error", result.error}}
+                {"written", result.written}, {"evicted", result.evicted},
+                {"error", result.error}}
                .dump(-1, ' ', false, json::error_handler_t::replace) +
            "\n";
 }
@@ -52,6 +53,7 @@ WorkerResult parse_worker_result_line(const std::string& line) {
     result.ms = value.at("ms").get<double>();
     result.compile_ms = value.at("compile_ms").get<double>();
     result.written = value.at("written").get<bool>();
+    result.evicted = value.at("evicted").get<uint64_t>();
     result.error = value.at("error").get<std::string>();
     return result;
 }

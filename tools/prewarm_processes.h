@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -24,12 +25,14 @@ struct WorkerKernel {
 };
 
 // What a worker reports of one kernel: "compiled", "cached" or "failed", the prewarm call's
-// wall time and NVRTC's share of it, whether an entry was written, the error if it failed.
+// wall time and NVRTC's share of it, whether an entry was written, how many entries the size
+// limit removed after it, the error if it failed.
 struct WorkerResult {
     size_t index = 0;
     std::string result;
     double ms = 0.0, compile_ms = 0.0;
     bool written = false;
+    uint64_t evicted = 0;  // entries the cache's size limit removed after this kernel's write
     std::string error;
 };
 

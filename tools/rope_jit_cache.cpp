@@ -239,6 +239,7 @@ struct Kernel {
     double ms = 0.0;          // wall time of the prewarm call
     double compile_ms = 0.0;  // NVRTC's share of it
     bool written = false;
+    uint64_t evicted = 0;  // entries the size limit removed after its write
     std::string error;
 };
 
@@ -351,6 +352,7 @@ void prewarm_one(rope_jit_runtime* runtime, const PlannedKernel& planned, Kernel
     kernel.result = after.compiles > before.compiles ? Result::compiled : Result::cached;
     kernel.compile_ms = after.compile_ms - before.compile_ms;
     kernel.written = after.disk_writes > before.disk_writes;
+    kernel.evicted = after.disk_evictions - before.disk_evictions;
 }
 
 json kernel_json(const PlannedKernel& planned, const Kernel& kernel, const char* result) {
@@ -362,6 +364,7 @@ json kernel_json(const PlannedKernel& planned, const Kernel& kernel, const char*
                 {"ms", kernel.ms},
                 {"compile_ms", kernel.compile_ms},
                 {"written", kernel.written},
+                {"evicted", kernel.evicted},
                 {"error", kernel.error}};
 }
 
@@ -432,7 +435,7 @@ int run_prewarm_worker(const GlobalOptions& global, int jobs, long parent) {
                    }
                    const WorkerResult result{share[n].index, result_name(kernel.result),
                                              kernel.ms, kernel.compile_ms, kernel.written,
-                                             kernel.error};
+                                             kernel.evicted, kernel.error};
                    std::lock_guard<std::mutex> lock(out_mutex);
                    std::cout << worker_result_line(result) << std::flush;
                });
@@ -510,6 +513,7 @@ int run_prewarm(const GlobalOptions& global, const PrewarmOptions& options) {
             kernel.ms = result.ms;
             kernel.compile_ms = result.compile_ms;
             kernel.written = result.written;
+            kernel.evicted = result.evicted;
             kernel.error = result.error;
             report(result.index);
         });
@@ -530,9 +534,11 @@ int run_prewarm(const GlobalOptions& global, const PrewarmOptions& options) {
     bar.finish();
 
     size_t written = 0;
+    uint64_t evicted = 0;
     double compile_ms = 0.0;
     for (const Kernel& kernel : kernels) {
         written += kernel.written;
+        evicted += kernel.evicted;
         compile_ms += kernel.compile_ms;
     }
     if (global.json) {
@@ -550,6 +556,7 @@ int run_prewarm(const GlobalOptions& global, const PrewarmOptions& options) {
                         {"cached", cached},
                         {"failed", failed},
                         {"written", written},
+                        {"evicted", evicted},
                         {"seconds", seconds},
                         {"compile_seconds", compile_ms / 1000.0}});
     } else {
@@ -558,6 +565,13 @@ int run_prewarm(const GlobalOptions& global, const PrewarmOptions& options) {
         if (written < compiled)
             unwritten = fmt::format(" ({} not written: kept in memory only, see the warning above)",
                                     compiled - written);
+        // The size limit may have taken back entries this run wrote (it removes the least
+        // recently used first, which a prewarm's own earlier entries can be).
+        if (evicted > 0)
+            unwritten += fmt::format(
+                "; then the cache's size limit (ROPE_JIT_CACHE_MAX_BYTES, else 1 GiB) removed {} "
+                "entr{}, so some of those written may be gone: `list` shows what is there",
+                evicted, evicted == 1 ? "y" : "ies");
         const std::string in_processes =
             processes > 1 ? fmt::format(" in {} processes", processes) : std::string();
         const std::string summary = fmt::format(

@@ -626,6 +626,9 @@ typedef struct rope_jit_stats {
     double disk_lookup_ms; /* disk cache lookups, hits and misses (read, checks) */
     double module_load_ms; /* loading kernels into the GPU context (cuModuleLoadData, attributes;
                             * waits for the driver included) */
+    /* ---- Later fields. */
+    uint64_t disk_evictions; /* cache entries the size limit (cache_max_bytes) removed after
+                              * this runtime's writes: ones written before may be among them */
 } rope_jit_stats;
 
 /* Zeroes *stats and sets struct_size. NULL is ignored. */

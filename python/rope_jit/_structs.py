@@ -210,6 +210,7 @@ class Stats(ctypes.Structure):
         ("attention_workspace_fallbacks", ctypes.c_uint64),
         ("disk_lookup_ms", ctypes.c_double),
         ("module_load_ms", ctypes.c_double),
+        ("disk_evictions", ctypes.c_uint64),
     ]
 
 

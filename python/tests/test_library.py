@@ -114,7 +114,8 @@ def test_a_cpu_runtime_says_cpu_counts_nothing_before_work_and_refuses_use_after
     stats = runtime.stats()
     assert set(stats) == {"memory_hits", "disk_hits", "compiles", "compile_ms", "disk_writes", "launches",
                           "background_builds", "background_failures", "background_dropped",
-                          "attention_workspace_fallbacks", "disk_lookup_ms", "module_load_ms"}
+                          "attention_workspace_fallbacks", "disk_lookup_ms", "module_load_ms",
+                          "disk_evictions"}
     assert stats["compiles"] == 0 and stats["launches"] == 0
     runtime.close()
     runtime.close()  # a second close is a no-op

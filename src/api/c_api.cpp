@@ -217,6 +217,8 @@ rope_jit_status rope_jit_get_stats(const rope_jit_runtime* runtime, rope_jit_sta
             double(counters.disk_lookup_microseconds.load(std::memory_order_relaxed)) / 1000.0;
         full.module_load_ms =
             double(counters.module_load_microseconds.load(std::memory_order_relaxed)) / 1000.0;
+        if (const rope_jit::DiskCache* disk = runtime->runtime.disk_cache())
+            full.disk_evictions = disk->evictions();
         // An older caller's smaller struct gets the fields it knows.
         std::memcpy(static_cast<void*>(stats), &full, std::min(size, sizeof full));
         stats->struct_size = size;

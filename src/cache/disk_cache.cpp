@@ -954,7 +954,12 @@ void DiskCache::evict(const CacheEntryId& stored) const {
     for (const Candidate& entry : entries) {
         if (total <= max_bytes_) break;
         if (entry.path == keep) continue;
-        if (unlink(entry.path.c_str()) == 0 || errno == ENOENT) total -= entry.bytes;
+        if (unlink(entry.path.c_str()) == 0) {
+            total -= entry.bytes;
+            evictions_->fetch_add(1, std::memory_order_relaxed);
+        } else if (errno == ENOENT) {
+            total -= entry.bytes;  // another process evicted it first
+        }
     }
 }
 

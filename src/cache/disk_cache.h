@@ -7,7 +7,9 @@
 
 #include <sys/stat.h>
 
+#include <atomic>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -118,6 +120,9 @@ public:
     bool writable(std::string* why = nullptr) const;
 
     uint64_t max_bytes() const { return max_bytes_; }
+    // Entries the size limit removed after this cache's stores (rope_jit_stats.disk_evictions:
+    // a prewarm that says "written" can tell that the limit took some back).
+    uint64_t evictions() const { return evictions_->load(std::memory_order_relaxed); }
 
     const std::string& root() const { return root_; }
     const std::vector<std::string>& read_only_roots() const { return read_only_roots_; }
@@ -166,6 +171,8 @@ private:
     std::string root_;
     std::vector<std::string> read_only_roots_;
     uint64_t max_bytes_ = 0;
+    // Shared by copies, which are the same cache.
+    std::shared_ptr<std::atomic<uint64_t>> evictions_ = std::make_shared<std::atomic<uint64_t>>(0);
 };
 
 // The trust rule for reading a cache (the rule ssh applies to its files): why the entries in

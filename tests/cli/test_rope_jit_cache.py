@@ -421,6 +421,23 @@ class MaintenanceTest(CacheTestCase):
         pruned = json.loads(self.tool("--cache-dir", self.root, "prune", "--older-than", "90m", "--json").stdout)
         self.assertEqual([item["path"] for item in pruned["removed"]], [entries[1]["path"]])
 
+    def test_prewarm_says_how_many_entries_the_size_limit_removed_after_its_writes(self):
+        # It said "4 written" where the limit had kept 1 (adversarial test, session 32).
+        env = dict(tool_env(), ROPE_JIT_CACHE_MAX_BYTES="100K")
+        args = [TOOL, "--cache-dir", self.root, "prewarm", "--target", "sm_90", "--jobs", "1",
+                "--head-dim", "64,128", "--dtype", "f32,bf16"]
+        result = subprocess.run(args + ["--json"], capture_output=True, text=True, env=env)
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        report = json.loads(result.stdout)
+        kept = len(self.items("ok"))
+        self.assertEqual(report["written"], 4)
+        self.assertGreater(report["evicted"], 0)
+        self.assertEqual(report["evicted"], sum(kernel["evicted"] for kernel in report["kernels"]))
+        self.assertEqual(kept, report["written"] - report["evicted"])
+        self.tool("--cache-dir", self.root, "clear")
+        result = subprocess.run(args, capture_output=True, text=True, env=env)
+        self.assertIn("size limit (ROPE_JIT_CACHE_MAX_BYTES, else 1 GiB) removed", result.stdout)
+
     def test_prune_refuses_a_budget_of_zero_bytes_which_would_empty_the_cache(self):
         # ROPE_JIT_CACHE_MAX_BYTES=0 means no limit; passed to prune it removed every entry.
         self.prewarm("--head-dim", "64")
