@@ -319,14 +319,16 @@ inline double worst_ratio(const std::vector<double>& got, const std::vector<doub
 }
 
 // A CPU-backend runtime for one test: `threads` workers (more than the cores exercises the
-// pool's hand-off). Throws when it cannot be created (doctest reports the exception).
+// pool's hand-off), with or without the disk cache. Throws when it cannot be created (doctest
+// reports the exception).
 class CpuRuntime {
 public:
-    explicit CpuRuntime(int threads = 3) {
+    explicit CpuRuntime(int threads = 3, bool disk_cache = true) {
         rope_jit_config config;
         rope_jit_config_init(&config);
         config.backend = ROPE_JIT_BACKEND_CPU;
         config.cpu_threads = threads;
+        config.disk_cache = disk_cache ? 1 : 0;
         if (rope_jit_runtime_create(&config, &handle) != ROPE_JIT_OK)
             throw std::runtime_error(std::string("rope_jit_runtime_create: ") +
                                      rope_jit_last_error());

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "rope_jit/rope_jit.h"
+#include "rope_test_support.h"
 
 TEST_CASE("the version call agrees with the header macros") {
     CHECK(rope_jit_version_number() == ROPE_JIT_VERSION_NUMBER);
@@ -117,12 +118,8 @@ TEST_CASE("a NULL config means defaults, and freeing NULL is a no-op") {
 TEST_CASE("rope_jit_get_stats and rope_jit_device_describe check struct_size as the args do") {
     // A size that cuts a counter in two was accepted and half of it written (adversarial
     // test, session 32); the message named 0 for any size under a size_t.
-    rope_jit_config config;
-    rope_jit_config_init(&config);
-    config.backend = ROPE_JIT_BACKEND_CPU;
-    config.disk_cache = 0;
-    rope_jit_runtime* runtime = nullptr;
-    REQUIRE(rope_jit_runtime_create(&config, &runtime) == ROPE_JIT_OK);
+    const rope_test::CpuRuntime cpu(1, /*disk_cache=*/false);
+    rope_jit_runtime* const runtime = cpu.handle;
     for (const size_t size : {size_t(0), size_t(4), sizeof(size_t) + 4, size_t(1) << 21}) {
         CAPTURE(size);
         rope_jit_stats stats;
@@ -146,7 +143,6 @@ TEST_CASE("rope_jit_get_stats and rope_jit_device_describe check struct_size as 
     stats.struct_size = offsetof(rope_jit_stats, disk_hits);
     CHECK(rope_jit_get_stats(runtime, &stats) == ROPE_JIT_OK);
     CHECK(stats.struct_size == offsetof(rope_jit_stats, disk_hits));
-    rope_jit_runtime_free(runtime);
 }
 
 TEST_CASE("the last error is per thread and cleared by a successful call") {

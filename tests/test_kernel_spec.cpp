@@ -659,18 +659,12 @@ TEST_CASE("JSON nested deeper than 16 levels is refused before any value of it i
     CHECK_FALSE(rope_jit::AttentionSpec::from_json(deep_field, &error).has_value());
     CHECK(error == "nests deeper than 16 levels");
     CHECK(rope_jit::op_of_spec_json(deep_field, &error) == nullptr);
-    rope_jit_config config;
-    rope_jit_config_init(&config);
-    config.backend = ROPE_JIT_BACKEND_CPU;
-    config.disk_cache = 0;
-    rope_jit_runtime* runtime = nullptr;
-    REQUIRE(rope_jit_runtime_create(&config, &runtime) == ROPE_JIT_OK);
+    const rope_test::CpuRuntime runtime(1, /*disk_cache=*/false);
     for (const std::string& text : {deep, deep_field, "[" + deep_field + "]"}) {
-        CHECK(rope_jit_prewarm_json(runtime, text.c_str(), "sm_90") ==
+        CHECK(rope_jit_prewarm_json(runtime.handle, text.c_str(), "sm_90") ==
               ROPE_JIT_ERROR_INVALID_ARGUMENT);
         CHECK(std::string(rope_jit_last_error()) == "json: nests deeper than 16 levels");
     }
-    rope_jit_runtime_free(runtime);
 }
 
 TEST_CASE("prewarm plans: targets are checked, entries are named in errors, duplicates merge") {
