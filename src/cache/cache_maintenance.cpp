@@ -109,7 +109,8 @@ std::string stale_problem(const CacheItem& entry) {
         // A malformed ROPE_JIT_NVRTC_EXTRA_OPTIONS: only the defaults judge.
     }
     return "written by another rope-jit build (kernel templates, options or spec layout "
-           "differ), or holding another kernel than its key names";
+           "differ) or with ROPE_JIT_NVRTC_EXTRA_OPTIONS other than this process's, or holding "
+           "another kernel than its key names";
 }
 
 // A few words on the kernel: the describe() of the op the spec names (ops/op_registry.h), else
