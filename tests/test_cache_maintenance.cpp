@@ -385,6 +385,17 @@ TEST_CASE("files named v1 or v2 in the root are not the cache's: not scanned, ne
     CHECK_THROWS_AS(rope_jit::remove_cache_item(disk, root + "/v1"), rope_jit::Error);
     CHECK(exists(root + "/v1"));
     CHECK(exists(root + "/v2"));
+    // With a usable v1/ beside it, the other file is still refused, by name (a helper's review
+    // found it removed through rope_jit_cache_remove).
+    REQUIRE(unlink((root + "/v1").c_str()) == 0);
+    REQUIRE(disk.writable());
+    CHECK_THROWS_WITH_AS(rope_jit::remove_cache_item(disk, root + "/v2"),
+                         doctest::Contains("only names the cache writes are removed"),
+                         rope_jit::Error);
+    CHECK(exists(root + "/v2"));
+    REQUIRE(symlink("v2", (root + "/v3").c_str()) == 0);
+    CHECK_THROWS_AS(rope_jit::remove_cache_item(disk, root + "/v3"), rope_jit::Error);
+    CHECK(exists(root + "/v3"));
 }
 
 TEST_SUITE_END();

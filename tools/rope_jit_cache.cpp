@@ -147,7 +147,8 @@ std::vector<Item> collect_items(const rope_jit_runtime* runtime) {
 }
 
 json item_json(const Item& item, int64_t now) {
-    json spec = rope_jit::parse_bounded_json(item.spec_json);  // the library's bound (dump recurses)
+    // The library's bound on nesting: dump() recurses.
+    json spec = rope_jit::parse_bounded_json(item.spec_json);
     return json{{"state", state_name(item.state)},
                 {"path", item.path},
                 {"problem", item.problem},

@@ -742,7 +742,9 @@ typedef int (*rope_jit_spec_visitor)(const char* spec_json, const char* descript
 ROPE_JIT_API rope_jit_status rope_jit_prewarm_plan(const char* specs_json, const char* target,
                                                    rope_jit_spec_visitor visitor, void* user_data);
 
-/* Copies the runtime's counters into *stats (up to stats->struct_size bytes). */
+/* Copies the runtime's counters into *stats (up to stats->struct_size bytes). Fails with
+ * ERROR_INVALID_ARGUMENT for a NULL argument or a struct_size that no version of the struct
+ * has (under 8 bytes, or one that cuts a field in two), writing nothing. */
 ROPE_JIT_API rope_jit_status rope_jit_get_stats(const rope_jit_runtime* runtime,
                                                 rope_jit_stats* stats);
 
@@ -914,9 +916,9 @@ ROPE_JIT_API rope_jit_status rope_jit_attention(rope_jit_runtime* runtime,
  * dout, writes dq, dk and dv (gradients of the loss through the rotation: dq and dk are with
  * respect to the unrotated q and k). Both backends use out and lse as passed, not recomputed:
  * the probabilities are exp(score - lse) (0 in rows whose lse is -inf) and each row's
- * dout . out is subtracted from dout . v, so another out or lse gives another result. No gradient flows to attn_mask or the tables. With
- * args->deterministic the result is bitwise reproducible (see the field). Same failures as
- * rope_jit_attention. */
+ * dout . out is subtracted from dout . v, so another out or lse gives another result. No
+ * gradient flows to attn_mask or the tables. With args->deterministic the result is bitwise
+ * reproducible (see the field). Same failures as rope_jit_attention. */
 ROPE_JIT_API rope_jit_status rope_jit_attention_backward(rope_jit_runtime* runtime,
                                                          const rope_jit_attention_args* args);
 

@@ -97,10 +97,13 @@ class Runtime:
         """The kernel-cache counters since creation, as a dict: memory_hits, disk_hits,
         compiles, compile_ms, disk_writes, launches, background_builds, background_failures,
         background_dropped, attention_workspace_fallbacks, disk_lookup_ms, module_load_ms,
-        disk_evictions (entries the cache's size limit removed after this runtime's writes)."""
+        disk_evictions (entries the cache's size limit removed after this runtime's writes).
+        Only the counters the loaded library has: an older one does not fill the later ones."""
         stats = self._library.new_struct(s.Stats, self._library.rope_jit_stats_init)
         self._library.check("rope_jit_get_stats", self._library.rope_jit_get_stats(self.handle, ctypes.byref(stats)))
-        return {name: getattr(stats, name) for name, _ in s.Stats._fields_ if name != "struct_size"}
+        known = self._library.fields(s.Stats, self._library.rope_jit_stats_init)
+        return {name: getattr(stats, name) for name, _ in s.Stats._fields_
+                if name != "struct_size" and name in known}
 
     def prewarm(self, specs, target=None):
         """Compiles the kernels of `specs` for `target` ("sm_90"...; None = GPU 0's) into the

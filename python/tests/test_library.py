@@ -137,6 +137,19 @@ def test_optional_ops_are_reported_and_raise_not_implemented_when_absent(library
             rope_jit.attention(q, q, q, np.empty_like(q), runtime=cpu_runtime)
 
 
+def test_stats_holds_only_the_counters_the_loaded_library_has(library):
+    # A library from before disk_evictions leaves that field of a newer caller's struct
+    # unwritten: stats() leaves it out rather than report 0 for it.
+    with rope_jit.Runtime(backend="cpu", disk_cache=False) as runtime:
+        assert "disk_evictions" in runtime.stats()
+        older = rope_jit._library.Library(library.cdll, library.path)
+        older.new_struct(_structs.Stats, older.rope_jit_stats_init)
+        older.struct_sizes["Stats"] = _structs.Stats.disk_evictions.offset
+        runtime._library = older
+        stats = runtime.stats()
+        assert "disk_evictions" not in stats and "module_load_ms" in stats
+
+
 def test_arguments_past_an_older_librarys_rope_args_are_refused_rather_than_ignored(library, cpu_runtime):
     # A library from before learned frequencies and M-RoPE: its rope_jit_rope_args ends where
     # inv_freq_grad would start. Which fields it has is looked up once and cached per library.

@@ -258,8 +258,13 @@ void remove_cache_item(const DiskCache& disk, const std::string& path) {
     const bool whole_tree =
         parts.size() == 1 ||
         classify_layout_name(parts.size() - 2, parts.back()) == LayoutName::Directory;
-    if (!ours || (whole_tree && lstat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode) &&
-                  !cache_shaped(path, current ? parts.size() - 1 : 0)))
+    // The cache writes only directories at the root's top level: a file or link named "v2"
+    // there is someone's (the walk does not report it either).
+    const bool top_level_non_directory =
+        parts.size() == 1 && lstat(path.c_str(), &st) == 0 && !S_ISDIR(st.st_mode);
+    if (!ours || top_level_non_directory ||
+        (whole_tree && lstat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode) &&
+         !cache_shaped(path, current ? parts.size() - 1 : 0)))
         fail_argument(
             fmt::format("path: '{}' is not an item of the cache layout under '{}'; only "
                         "names the cache writes are removed",

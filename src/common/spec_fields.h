@@ -144,7 +144,8 @@ void spec_read_fields(Spec& spec, const SpecField<Spec> (&fields)[N], const nloh
         for (const char* key : other_keys) keys += std::string(keys.empty() ? "" : ", ") + key;
         for (const SpecField<Spec>& f : fields)
             if (f.key != nullptr) keys += std::string(", ") + f.key;
-        throw std::runtime_error(fmt::format("unknown field '{}' (known: {})", escaped_key(item.key()), keys));
+        throw std::runtime_error(
+            fmt::format("unknown field '{}' (known: {})", escaped_key(item.key()), keys));
     }
     for (const SpecField<Spec>& f : fields) {
         if (f.key == nullptr) continue;
