@@ -212,8 +212,8 @@ std::vector<SpecTemplate> read_manifest(const std::string& path, const Ops& ops)
                 specs = value;
             } else if (key != "ops") {
                 throw UsageError(
-                    fmt::format("{}: unknown key {} (known: presets, ops, specs)", path,
-                                json(key).dump(-1, ' ', false, json::error_handler_t::replace)));
+                    fmt::format("{}: unknown key '{}' (known: presets, ops, specs)", path,
+                                rope_jit::escaped_json_text(key)));
             }
         }
     } else {

@@ -260,10 +260,10 @@ void remove_cache_item(const DiskCache& disk, const std::string& path) {
         classify_layout_name(parts.size() - 2, parts.back()) == LayoutName::Directory;
     // The cache writes only directories at the root's top level: a file or link named "v2"
     // there is someone's (the walk does not report it either).
-    const bool top_level_non_directory =
-        parts.size() == 1 && lstat(path.c_str(), &st) == 0 && !S_ISDIR(st.st_mode);
+    const bool found = lstat(path.c_str(), &st) == 0;
+    const bool top_level_non_directory = parts.size() == 1 && found && !S_ISDIR(st.st_mode);
     if (!ours || top_level_non_directory ||
-        (whole_tree && lstat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode) &&
+        (whole_tree && found && S_ISDIR(st.st_mode) &&
          !cache_shaped(path, current ? parts.size() - 1 : 0)))
         fail_argument(
             fmt::format("path: '{}' is not an item of the cache layout under '{}'; only "

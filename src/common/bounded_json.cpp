@@ -28,6 +28,12 @@ int json_nesting_depth(std::string_view text, int limit) {
     return deepest;
 }
 
+std::string escaped_json_text(const std::string& text) {
+    const std::string quoted =
+        nlohmann::json(text).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    return quoted.substr(1, quoted.size() - 2);
+}
+
 nlohmann::json parse_bounded_json(std::string_view text, std::string* why) {
     nlohmann::json document(nlohmann::json::value_t::discarded);
     if (json_nesting_depth(text, kMaxJsonDepth) > kMaxJsonDepth) {

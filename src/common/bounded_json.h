@@ -19,6 +19,10 @@ constexpr int kMaxJsonDepth = 16;
 // The deepest nesting of [ and { outside strings in `text`; counting stops past `limit`.
 int json_nesting_depth(std::string_view text, int limit);
 
+// `text` as a JSON string would hold it, without the quotes ("a\u0000b\n"): for messages
+// that quote a key, where a NUL would cut the C API's message and a newline break its line.
+std::string escaped_json_text(const std::string& text);
+
 // `text` parsed, or a discarded value where it is not JSON or nests deeper than kMaxJsonDepth,
 // with the reason in *why ("not valid JSON", "nests deeper than 16 levels") when why is not NULL.
 nlohmann::json parse_bounded_json(std::string_view text, std::string* why = nullptr);

@@ -12,6 +12,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "common/bounded_json.h"
+
 namespace rope_jit {
 
 // What values a field takes.
@@ -42,13 +44,6 @@ struct SpecField {
     SpecPresence presence;
     const char* name() const { return key != nullptr ? key : member_name; }
 };
-
-// A JSON key as it would be written in JSON, without the quotes: a NUL or a newline in it would
-// cut or break the message the C API hands over.
-inline std::string escaped_key(const std::string& key) {
-    const std::string quoted = nlohmann::json(key).dump();
-    return quoted.substr(1, quoted.size() - 2);
-}
 
 // "a, b, c".
 inline std::string spec_value_names(const SpecValues& values) {
@@ -145,7 +140,7 @@ void spec_read_fields(Spec& spec, const SpecField<Spec> (&fields)[N], const nloh
         for (const SpecField<Spec>& f : fields)
             if (f.key != nullptr) keys += std::string(", ") + f.key;
         throw std::runtime_error(
-            fmt::format("unknown field '{}' (known: {})", escaped_key(item.key()), keys));
+            fmt::format("unknown field '{}' (known: {})", escaped_json_text(item.key()), keys));
     }
     for (const SpecField<Spec>& f : fields) {
         if (f.key == nullptr) continue;

@@ -138,6 +138,18 @@ struct KeyValues {
     const double* v(int64_t j) const { return &values[size_t(j * D)]; }
 };
 
+// Query row i's score of key j: scale * (q . k) + the mask's bias, on the rotated vectors where
+// the pair is rotated; -inf where the mask hides the key.
+double key_score(const AttentionProblem& p, const Tokens& tokens, const KeyValues& kv, int64_t b,
+                 int64_t i, int64_t j, const double* q_plain, const double* q_rotated) {
+    const double bias = tokens.mask(b, i, j);
+    if (bias == kNegativeInfinity) return kNegativeInfinity;
+    const int64_t D = p.head_dim;
+    const double product = tokens.rotated_pair(b, i, j) ? dot(q_rotated, kv.k_rotated(j), D)
+                                                        : dot(q_plain, kv.k_plain(j), D);
+    return p.scale * product + bias;
+}
+
 // One query row's softmax: the probabilities p[j] (0 where masked) and the log-sum-exp.
 // Returns false when every key is masked (p all 0, lse -inf). A NaN score makes the
 // probabilities of every visible key and the lse NaN, also when no other key is visible: a
@@ -145,17 +157,10 @@ struct KeyValues {
 bool row_softmax(const AttentionProblem& p, const Tokens& tokens, const KeyValues& kv, int64_t b,
                  int64_t i, const double* q_plain, const double* q_rotated,
                  std::vector<double>& prob, double* lse) {
-    const int64_t D = p.head_dim;
     double max_score = kNegativeInfinity;
     bool nan_score = false;
     for (int64_t j = 0; j < p.seqlen_k; ++j) {
-        const double bias = tokens.mask(b, i, j);
-        double score = kNegativeInfinity;
-        if (bias != kNegativeInfinity) {
-            const double product = tokens.rotated_pair(b, i, j) ? dot(q_rotated, kv.k_rotated(j), D)
-                                                                : dot(q_plain, kv.k_plain(j), D);
-            score = p.scale * product + bias;
-        }
+        const double score = key_score(p, tokens, kv, b, i, j, q_plain, q_rotated);
         prob[size_t(j)] = score;
         max_score = std::max(max_score, score);
         nan_score = nan_score || std::isnan(score);
@@ -189,16 +194,11 @@ bool row_softmax(const AttentionProblem& p, const Tokens& tokens, const KeyValue
 void row_probabilities(const AttentionProblem& p, const Tokens& tokens, const KeyValues& kv,
                        int64_t b, int64_t i, const double* q_plain, const double* q_rotated,
                        double lse, std::vector<double>& prob) {
-    const int64_t D = p.head_dim;
     for (int64_t j = 0; j < p.seqlen_k; ++j) {
-        const double bias = tokens.mask(b, i, j);
-        if (bias == kNegativeInfinity || lse == kNegativeInfinity) {
-            prob[size_t(j)] = 0.0;
-            continue;
-        }
-        const double product = tokens.rotated_pair(b, i, j) ? dot(q_rotated, kv.k_rotated(j), D)
-                                                            : dot(q_plain, kv.k_plain(j), D);
-        prob[size_t(j)] = std::exp(p.scale * product + bias - lse);
+        const double score = key_score(p, tokens, kv, b, i, j, q_plain, q_rotated);
+        prob[size_t(j)] = score == kNegativeInfinity || lse == kNegativeInfinity
+                              ? 0.0
+                              : std::exp(score - lse);
     }
 }
 
@@ -247,8 +247,7 @@ void attention_backward_cpu(const AttentionProblem& p, ThreadPool& pool) {
     pool.parallel_for(p.batch * p.heads_k, 1, [&](int64_t begin, int64_t end) {
         std::vector<double> q_plain(static_cast<size_t>(D)), q_rotated(static_cast<size_t>(D)),
             dout(static_cast<size_t>(D)), out(static_cast<size_t>(D)),
-            prob(static_cast<size_t>(p.seqlen_k)),
-            dprob(static_cast<size_t>(p.seqlen_k)), dq_rotated(static_cast<size_t>(D)),
+            prob(static_cast<size_t>(p.seqlen_k)), dq_rotated(static_cast<size_t>(D)),
             dq_plain(static_cast<size_t>(D));
         for (int64_t u = begin; u < end; ++u) {
             const int64_t b = u / p.heads_k, hk = u % p.heads_k;
@@ -270,26 +269,22 @@ void attention_backward_cpu(const AttentionProblem& p, ThreadPool& pool) {
                         p.lse, b * p.lse.strides[0] + h * p.lse.strides[1] + i * p.lse.strides[2]);
                     row_probabilities(p, tokens, kv, b, i, q_plain.data(), q_rotated.data(), lse,
                                       prob);
-                    {
-                        // d(loss)/d(score_j) = p_j (dp_j - delta), dp_j = dout . v_j, and
-                        // delta = dout . out (= sum_k p_k dp_k for the forward's out), from the
-                        // caller's out as the GPU kernels take it.
-                        const double delta = dot(dout.data(), out.data(), D);
-                        for (int64_t j = 0; j < p.seqlen_k; ++j)
-                            dprob[size_t(j)] =
-                                prob[size_t(j)] != 0.0 ? dot(dout.data(), kv.v(j), D) : 0.0;
-                        for (int64_t j = 0; j < p.seqlen_k; ++j) {
-                            const double pj = prob[size_t(j)];
-                            if (pj == 0.0) continue;
-                            axpy(pj, dout.data(), &dv[size_t(j * D)], D);
-                            const double dproduct = pj * (dprob[size_t(j)] - delta) * p.scale;
-                            if (tokens.rotated_pair(b, i, j)) {
-                                axpy(dproduct, kv.k_rotated(j), dq_rotated.data(), D);
-                                axpy(dproduct, q_rotated.data(), &dk_rotated[size_t(j * D)], D);
-                            } else {
-                                axpy(dproduct, kv.k_plain(j), dq_plain.data(), D);
-                                axpy(dproduct, q_plain.data(), &dk_plain[size_t(j * D)], D);
-                            }
+                    // d(loss)/d(score_j) = p_j (dp_j - delta), dp_j = dout . v_j, and delta =
+                    // dout . out (= sum_k p_k dp_k for the forward's out), from the caller's
+                    // out as the GPU kernels take it.
+                    const double delta = dot(dout.data(), out.data(), D);
+                    for (int64_t j = 0; j < p.seqlen_k; ++j) {
+                        const double pj = prob[size_t(j)];
+                        if (pj == 0.0) continue;
+                        axpy(pj, dout.data(), &dv[size_t(j * D)], D);
+                        const double dpj = dot(dout.data(), kv.v(j), D);
+                        const double dproduct = pj * (dpj - delta) * p.scale;
+                        if (tokens.rotated_pair(b, i, j)) {
+                            axpy(dproduct, kv.k_rotated(j), dq_rotated.data(), D);
+                            axpy(dproduct, q_rotated.data(), &dk_rotated[size_t(j * D)], D);
+                        } else {
+                            axpy(dproduct, kv.k_plain(j), dq_plain.data(), D);
+                            axpy(dproduct, q_plain.data(), &dk_plain[size_t(j * D)], D);
                         }
                     }
                     tokens.rotate(dq_rotated.data(), b, i, true);
