@@ -62,6 +62,7 @@ ROPE_JIT_HOST_DEVICE constexpr RopeShape spec_shape() {
     s.vec = VEC;
     s.mrope_axes = MROPE_AXES;
     s.interleaved = INTERLEAVED;
+    s.proportional = PROPORTIONAL;
     s.has_k = HAS_K;
     s.in_place_q = IN_PLACE_Q;
     s.in_place_k = IN_PLACE_K;
@@ -1316,7 +1317,26 @@ extern "C" __global__ void __launch_bounds__(kRopeBulkThreads, kRopeBulkBlocksPe
 #if ROPE_JIT_KERNEL_FLAT
 constexpr int FLAT_ITEMS = plan().flat_items;
 constexpr bool FLAT_COPIES = plan().flat_copies;
-static_assert(!FLAT_COPIES || INTERLEAVED, "a copied row's rotated vectors hold whole pairs");
+enum : int { FLAT_SHUFFLES = plan().flat_shuffles };  // no global, unlike a constexpr (above)
+static_assert(!FLAT_SHUFFLES || 32 % FLAT_ITEMS == 0, "a row's vectors in one warp");
+static_assert(kRopeFlatThreads % 32 == 0, "blocks of whole warps: a lane is threadIdx.x % 32");
+static_assert(!FLAT_COPIES || INTERLEAVED || (FLAT_SHUFFLES && CHUNK_ITEMS && !PROPORTIONAL),
+              "a copied row's rotated vectors hold whole pairs, or take their partners by "
+              "shuffles");
+
+// `pack` as held by lane `source` of the warp; every lane of the warp calls it.
+template <int N>
+__device__ __forceinline__ Pack<N> shuffle_pack(const Pack<N>& pack, int source) {
+    static_assert(sizeof(Pack<N>) % sizeof(unsigned) == 0, "a pack of whole 32-bit words");
+    constexpr int WORDS = sizeof(Pack<N>) / sizeof(unsigned);
+    unsigned words[WORDS];
+    memcpy(words, &pack, sizeof(pack));
+#pragma unroll
+    for (int w = 0; w < WORDS; ++w) words[w] = __shfl_sync(0xffffffffu, words[w], source);
+    Pack<N> out;
+    memcpy(&out, words, sizeof(out));
+    return out;
+}
 
 // With flat_copies: the rotation item of vector `v` of the row, or -1 where it is copied.
 __device__ __forceinline__ int row_vector_item(int v) {
@@ -1325,7 +1345,64 @@ __device__ __forceinline__ int row_vector_item(int v) {
 }
 #endif  // ROPE_JIT_KERNEL_FLAT
 
-extern "C" __global__ void __launch_bounds__(kRopeFlatThreads, kRopeFlatBlocksPerSm)
+#if ROPE_JIT_KERNEL_FLAT
+// flat_shuffles: vector `i` of the rows, rotated or copied, every lane of the warp on one path
+// up to the shuffle that hands each rotated vector its partner (divergent paths there waited
+// for their loads one after the other: run ET), lanes past the last item too (they store
+// nothing).
+__device__ __forceinline__ void flat_shuffled_vector(const RopeKernelParams& p,
+                                                     const RopeBulkParams& rows, long long i,
+                                                     long long items, long long q_items) {
+    const bool valid = i < items;
+    const long long v = valid ? i : 0;
+    const bool is_k = HAS_K && v >= q_items;
+    const unsigned local = static_cast<unsigned>(is_k ? v - q_items : v);
+    const unsigned row = local / FLAT_ITEMS;
+    const int in_row = static_cast<int>(local - row * FLAT_ITEMS);
+    const long long at = static_cast<long long>(row) * HEAD_DIM;
+    const int item = row_vector_item(in_row);
+    const bool copied = item < 0;
+    const ItemSpan span = item_span(copied ? 0 : item);
+    ItemData data;
+    data.own = load_pack<VEC>(static_cast<const T*>(is_k ? p.k : p.q) + at + in_row * VEC, 1);
+    const RowDivisor heads = is_k ? rows.k_heads : rows.q_heads;
+    const RowDivisor seqlen = is_k ? rows.k_seqlen : rows.q_seqlen;
+    unsigned b, s;
+    if (rows.heads_fastest) {
+        const unsigned token = row_divide(row, heads);
+        b = row_divide(token, seqlen);
+        s = token - b * static_cast<unsigned>(seqlen.divisor);
+    } else {
+        const unsigned plane = row_divide(row, seqlen);  // (b, h)
+        s = row - plane * static_cast<unsigned>(seqlen.divisor);
+        b = row_divide(plane, heads);
+    }
+    const long long table =
+        direct_table_row(p, static_cast<int>(b), static_cast<int>(s), ROLES == 2 && is_k);
+    ItemAngles angles;
+    angles.cos = load_table_span(p.cos, p.cos_stride, table, span.pair0);
+    angles.sin = load_table_span(p.sin, p.sin_stride, table, span.pair0);
+    const int lane = static_cast<int>(threadIdx.x % 32);
+    data.partner = shuffle_pack(
+        data.own, copied ? lane : span.second ? lane - PAIRS / VEC : lane + PAIRS / VEC);
+    if (!valid) return;
+    T* const y = static_cast<T*>(is_k ? p.k_out : p.q_out) + at;
+    if (copied)
+        store_pack<VEC>(y + in_row * VEC, 1, data.own);
+    else
+        rotate_store_item(data, y, 1, span, angles);
+}
+#endif  // ROPE_JIT_KERNEL_FLAT
+
+// The flat kernel's bound of blocks a multiprocessor (rope_params.h says why):
+// kRopeFlatBlocksPerSm for the item loop; for shuffled vectors 8 with 16-bit tables (31
+// registers, no spills) and 4 with float32 tables (50; spills at 5 and 6).
+ROPE_JIT_HOST_DEVICE constexpr int flat_min_blocks() {
+    if (!plan().flat_shuffles) return kRopeFlatBlocksPerSm;
+    return sizeof(TableT) == 2 ? 8 : 4;
+}
+
+extern "C" __global__ void __launch_bounds__(kRopeFlatThreads, flat_min_blocks())
     rope_flat_kernel(const RopeBulkKernelParams args) {
 #if ROPE_JIT_KERNEL_FLAT
     constexpr int ITEMS = 1;
@@ -1336,6 +1413,10 @@ extern "C" __global__ void __launch_bounds__(kRopeFlatThreads, kRopeFlatBlocksPe
     const long long items = q_items + rows.k_rows * FLAT_ITEMS;
     const long long first =
         static_cast<long long>(blockIdx.x) * (blockDim.x * ITEMS) + threadIdx.x;
+    if constexpr (FLAT_SHUFFLES) {
+        flat_shuffled_vector(p, rows, first, items, q_items);
+        return;
+    }
     ItemData data[ITEMS];
     ItemAngles angles[ITEMS];
     ItemSpan spans[ITEMS];

@@ -152,7 +152,7 @@ struct RopeTokenBases {
 // HEAD_DIM, ROTARY_DIM, VEC...).
 struct RopeShape {
     int head_dim, rotary_dim, rotary_offset, vec, mrope_axes;
-    bool interleaved, has_k, in_place_q, in_place_k;
+    bool interleaved, proportional, has_k, in_place_q, in_place_k;
     bool k_own_angles, angles_from_inv_freq, has_xpos, table_full, freq_grad;
     int v_dim, v_vec;  // v copied into a cache (0: no v), and its access width
     bool qk_norm, backward;  // RMSNorm of each head first (QK-norm); the gradient pass
@@ -264,7 +264,8 @@ struct RopePlan {
     // a KV cache, QK-norm or FP8 output, and no unrotated features to copy but those of
     // flat_copies. H200, fractions of copy, staged or direct -> flat: Llama-3-8B [B,H,S,D]
     // 0.905 -> 0.934 (run DU, session 27), [B,S,H,D] 0.932-0.941 -> 0.952-0.953 (runs DW-DX,
-    // session 28). Out-of-place partial rotary of interleaved pairs takes it too (flat_copies).
+    // session 28). Out-of-place partial rotary takes it too (flat_copies): interleaved pairs,
+    // and half style in rows of 4 or 8 vectors (flat_shuffles).
     bool flat_rows;
     // The flat path's items a row (FLAT_ITEMS in rope.cu): the rotation items, or (flat_copies)
     // every 16-byte vector of the output row, rotated (whole pairs) or copied: a copy's access
@@ -274,9 +275,20 @@ struct RopePlan {
     // 0.924-0.926 -> 0.947-0.949. Half style lost as chunk items (each rotated vector also
     // loads its partner): Phi-2 32/80 0.880-0.886 -> 0.823-0.828, 64/128 0.885 -> 0.83,
     // Persimmon-8B 32/64 0.875-0.884 -> 0.86, Gemma-4 proportional 128/512 0.91 -> 0.81 (run
-    // ED): those keep the bulk or staged path, as do float32 and vectors under 8 elements.
+    // ED). Half style takes it by shuffles (flat_shuffles, below) in rows of 4 or 8 vectors;
+    // float32, vectors under 8 elements and the other half-style rows keep the bulk or staged
+    // path.
     int flat_items;
     bool flat_copies;
+    // Half-style flat_copies: a rotated vector's partner comes from the lane that loaded it,
+    // by warp shuffles, not from a second load (which lost: run ED above), one vector a thread
+    // in straight code, every lane on one path up to the shuffle (31 registers, 8 blocks).
+    // Shuffles in the item loop lost (Persimmon-8B 0.88 -> 0.70 with divergent paths, 0.86
+    // uniform at 40 registers, 6 blocks; runs ER-ET, session 31). H200 run EY (session 33),
+    // bulk -> shuffles, fractions of copy, three rounds: Persimmon-8B 32/64 0.876-0.880 ->
+    // 0.908-0.913, but D128 64/128 (rows of 16 vectors) 0.881-0.885 -> 0.850-0.853: rows of 4
+    // or 8 vectors (a row within a quarter warp) take it, longer rows keep the bulk path.
+    bool flat_shuffles;
 };
 // The bulk path's geometry (RopePlan::bulk_rows): blocks of kRopeBulkThreads threads, each
 // with kRopeBulkStages tiles of at most kRopeBulkStageBytes in shared memory (32 KiB: under the
@@ -349,11 +361,17 @@ ROPE_JIT_HOST_DEVICE constexpr RopePlan rope_plan(const RopeShape& s) {
     if (plan.norm_items) plan.threads_per_sm = 1024;
     plan.direct_entry = plan.one_token_direct && s.kv_cache != 0;
     plan.bulk_items = plan.pairs_per_item > 0 ? plan.pairs / plan.pairs_per_item : 0;
-    // Out-of-place partial rotary on the flat path: interleaved pairs in vectors of 8 elements
-    // (16 bytes: 16-bit elements) that tile the whole row, rotated ones and copied ones alike.
+    // Out-of-place partial rotary on the flat path: vectors of 8 elements (16 bytes: 16-bit
+    // elements) that tile the whole row, rotated ones and copied ones alike; interleaved pairs,
+    // or half style in rows of 4 or 8 vectors, whose partners lie in the same warp
+    // (flat_shuffles).
+    const int row_vectors = s.vec > 0 ? s.head_dim / s.vec : 0;
+    plan.flat_shuffles = !s.interleaved && !s.proportional && s.vec > 0 &&
+                         (s.rotary_dim / 2) % s.vec == 0 && (row_vectors == 4 || row_vectors == 8);
     plan.flat_copies = s.dense_rows && plan.copies_unrotated && plan.out_of_place_partial &&
-                       s.interleaved && s.vec == 8 && s.head_dim % s.vec == 0 &&
-                       s.rotary_offset % s.vec == 0;
+                       (s.interleaved || plan.flat_shuffles) && s.vec == 8 &&
+                       s.head_dim % s.vec == 0 && s.rotary_offset % s.vec == 0;
+    plan.flat_shuffles = plan.flat_shuffles && plan.flat_copies;
     plan.flat_rows = s.dense_rows && !plan.shared_angles && !s.freq_grad &&
                      (!plan.copies_unrotated || plan.flat_copies) && !s.kv_cache && !s.qk_norm &&
                      !s.q_fp8 && s.v_dim == 0;

@@ -163,6 +163,41 @@ std::vector<FlatCase> flat_cases() {
         large.B = 1, large.S = 1024, large.Hk = 2, large.group = 16;
         cases.push_back({large, true, seed++, Group::Copies});
     }
+    // The same in half style in rows of 4 or 8 vectors, each rotated vector's partner taken
+    // from another lane of its warp (RopePlan::flat_shuffles): Persimmon-8B's 32/64 (4 rows a
+    // warp; 222 rows, so the last warp is half past the last item, its lanes in the shuffles
+    // all the same), 32/64 with seqlen offsets over 21 rows, 16/64 at an offset backward in
+    // [B, H, S, D] fp16 with a float32 table, 16/32 of q alone with positions (rows of 4
+    // vectors), and Persimmon over 2048 tokens.
+    {
+        Spec persimmon = dense_spec(Dt::BF16, 64, Layout::BSHD);
+        persimmon.R = 32;
+        persimmon.in_place = false;
+        persimmon.B = 1, persimmon.Hk = 3, persimmon.group = 1, persimmon.S = 37;
+        cases.push_back({persimmon, true, seed++, Group::Copies});
+        Spec offsets = persimmon;
+        offsets.positions = Positions::SeqlenOffsets;
+        offsets.S = 7, offsets.Hk = 1, offsets.group = 2;
+        cases.push_back({offsets, true, seed++, Group::Copies});
+        Spec offset = dense_spec(Dt::F16, 64, Layout::BHSD);
+        offset.R = 16;
+        offset.offset = 32;
+        offset.in_place = false;
+        offset.backward = true;
+        offset.angles = Angles::HalfTable;
+        offset.table_dt = Dt::F32;
+        offset.Hk = 2, offset.group = 4;
+        cases.push_back({offset, true, seed++, Group::Copies});
+        Spec q_alone = dense_spec(Dt::BF16, 32, Layout::BSHD);
+        q_alone.R = 16;
+        q_alone.in_place = false;
+        q_alone.has_k = false;
+        q_alone.positions = Positions::PerToken;
+        cases.push_back({q_alone, true, seed++, Group::Copies});
+        Spec large = persimmon;
+        large.B = 2, large.S = 2048, large.Hk = 4;
+        cases.push_back({large, true, seed++, Group::Copies});
+    }
     // Calls the flat path leaves to the others: [B, S, H, D] memory rotated in part in place,
     // rows with padding, angles from inv_freq, one token a sequence, out-of-place partial
     // rotary (the bulk or staged path), a packed batch.
@@ -183,8 +218,10 @@ std::vector<FlatCase> flat_cases() {
         one_token.B = 8;
         cases.push_back({one_token, false, seed++, Group::Others});
     }
-    // Out-of-place partial rotary the bulk or staged path keeps: half style (GPT-NeoX's 24/96,
-    // Phi-2's 32/80 in fp16) and interleaved float32.
+    // Out-of-place partial rotary the bulk or staged path keeps: half style in vectors under 8
+    // elements (GPT-NeoX's 24/96), in rows of other than 4 or 8 vectors (Phi-2's 32/80 in fp16,
+    // D128 64/128, which lost on the flat path: run EY), proportional pairs, and interleaved
+    // float32.
     Spec partial_out = dense_spec(Dt::BF16, 96);
     partial_out.R = 24;
     partial_out.in_place = false;
@@ -193,6 +230,17 @@ std::vector<FlatCase> flat_cases() {
     phi2.R = 32;
     phi2.in_place = false;
     cases.push_back({phi2, false, seed++, Group::Others});
+    Spec half128 = dense_spec(Dt::BF16, 128, Layout::BSHD);
+    half128.R = 64;
+    half128.in_place = false;
+    half128.S = 9;
+    cases.push_back({half128, false, seed++, Group::Others});
+    Spec proportional = dense_spec(Dt::BF16, 64, Layout::BSHD);
+    proportional.R = 32;
+    proportional.proportional = true;
+    proportional.in_place = false;
+    proportional.S = 9;
+    cases.push_back({proportional, false, seed++, Group::Others});
     Spec partial_f32 = dense_spec(Dt::F32, 128, Layout::BSHD);
     partial_f32.R = 64;
     partial_f32.interleaved = true;

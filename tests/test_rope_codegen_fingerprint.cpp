@@ -102,6 +102,10 @@ std::vector<KernelSpec> fingerprint_specs() {
         s.dense_rows = 1, s.rotary_dim = 64, s.interleaved = 1, s.in_place_q = s.in_place_k = 0;
         s.copy_vec = 8;
     });
+    add([](KernelSpec& s) {  // half style in rows of 8 vectors: partners by shuffles
+        s.head_dim = 64, s.dense_rows = 1, s.rotary_dim = 32, s.in_place_q = s.in_place_k = 0;
+        s.copy_vec = 8;
+    });
     add([](KernelSpec& s) {
         s.in_place_k = 0, s.kv_cache = 2, s.kv_index_int64 = 1, s.kv_fp8 = 1, s.v_dim = 128;
         s.v_vec = 8;

@@ -300,11 +300,38 @@ TEST_CASE("the flat path's plan: plain RoPE of the direct path's kind, no cache,
     RopeShape partial = shape(64, 32, 8, false, true);  // in place: only the rotated spans
     partial.dense_rows = true;
     CHECK(rope_plan(partial).flat_rows);
-    // Out of place, half style: unrotated features to copy, the bulk path (the flat path's
-    // chunk items lost there, H200 run ED).
+    // Out of place, half style: unrotated features to copy; rows of 8 vectors, 4 a warp, so
+    // that a rotated vector takes its partner from another lane (flat_shuffles).
     partial.in_place_q = partial.in_place_k = false;
-    CHECK_FALSE(rope_plan(partial).flat_rows);
-    CHECK(rope_plan(partial).bulk_rows);
+    CHECK(rope_plan(partial).flat_rows);
+    CHECK(rope_plan(partial).flat_copies);
+    CHECK(rope_plan(partial).flat_shuffles);
+    CHECK(rope_plan(partial).flat_items == 8);
+    CHECK_FALSE(rope_plan(partial).bulk_rows);
+    RopeShape quarter = partial;  // rows of 4 vectors
+    quarter.head_dim = 32, quarter.rotary_dim = 16;
+    CHECK(rope_plan(quarter).flat_shuffles);
+    CHECK(rope_plan(quarter).flat_items == 4);
+    // Other half-style rows: Phi-2's rows of 10 vectors, D128 64/128's of 16 (shuffles lost
+    // there, H200 run EY), proportional pairs (a partner half a row away): the bulk path up
+    // to 128 features. A rotated half that is not whole vectors (8 of 64: halves of 4 features
+    // in 8-element vectors) has no shuffles.
+    RopeShape phi2 = partial;
+    phi2.head_dim = 80;
+    CHECK_FALSE(rope_plan(phi2).flat_rows);
+    CHECK(rope_plan(phi2).bulk_rows);
+    RopeShape half128 = partial;
+    half128.head_dim = 128, half128.rotary_dim = 64;
+    CHECK_FALSE(rope_plan(half128).flat_rows);
+    CHECK(rope_plan(half128).bulk_rows);
+    RopeShape proportional = partial;
+    proportional.proportional = true;
+    CHECK_FALSE(rope_plan(proportional).flat_rows);
+    CHECK(rope_plan(proportional).bulk_rows);
+    RopeShape split = partial;
+    split.rotary_dim = 8;
+    CHECK_FALSE(rope_plan(split).flat_shuffles);
+    CHECK_FALSE(rope_plan(split).flat_rows);
     // Interleaved pairs in 8-element vectors: every vector of the row rotated or copied
     // (flat_copies), no bulk entry.
     RopeShape pairs = partial;

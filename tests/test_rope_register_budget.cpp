@@ -120,6 +120,12 @@ TEST_CASE("the flat path's kernels keep their registers, without spills, at the 
         // occupancy; D64 [B,H,S,D] interleaved 0.892).
         {"ChatGLM2-6B out of place", bench_call(128, 64, true, false, Layout::BSHD, 2, 16), 8},
         {"D64 [B,H,S,D] interleaved", bench_call(64, 64, true, true, Layout::BHSD, 16, 1), 8},
+        // Half style out of place, partners by shuffles (flat_shuffles; rope.cu's
+        // flat_min_blocks): 31 registers at a bound of 8 (Persimmon-8B 0.908-0.913, run EY), and
+        // with a float32 half table at a bound of 4.
+        {"Persimmon-8B out of place", bench_call(64, 32, false, false, Layout::BSHD, 64, 1), 8},
+        {"Persimmon-8B out of place, float32 half table",
+         with_float32_half_table(bench_call(64, 32, false, false, Layout::BSHD, 64, 1)), 4},
     };
     std::mt19937 rng(31);
     for (const Case& c : cases) {

@@ -47,9 +47,9 @@ RopeBulkLaunch plan_rope_bulk_launch(const RopeBulkParams& bulk, int64_t sms);
 //     0.907-0.914 -> 0.903-0.911 (no better). Where it loses: float32 (Llama 0.965 -> 0.94),
 //     in-place partial rotary (GPT-NeoX 24/96 0.55 -> 0.54, Phi-2 -0.005; GPT-J and Gemma-4
 //     gained 0.01). Decode (one token a sequence) keeps the direct path's launch (B=64: equal).
-//     Out-of-place partial rotary goes flat where its plan has flat_copies (interleaved pairs
-//     in 16-byte vectors, rope_params.h); the other plans drop dense_rows and keep the bulk or
-//     staged path.
+//     Out-of-place partial rotary goes flat where its plan has flat_copies (16-byte vectors:
+//     interleaved pairs, or half style in rows of 4 or 8 vectors, rope_params.h); the
+//     other plans drop dense_rows and keep the bulk or staged path.
 // Rows times head_dim / 2 under 2^32 (the items a row are at most head_dim / 2).
 // A positions tensor is allowed: each item looks its position up while its data loads
 // (Llama-3-8B with positions 0.928 -> 0.941, [B, H, S, D] backward 0.890 -> 0.930, run DW).

@@ -10,6 +10,7 @@ RopeShape rope_shape(const KernelSpec& spec) {
     shape.vec = spec.vec;
     shape.mrope_axes = spec.mrope_axes;
     shape.interleaved = spec.interleaved != 0;
+    shape.proportional = spec.proportional != 0;
     shape.has_k = spec.has_k != 0;
     shape.in_place_q = spec.in_place_q != 0;
     shape.in_place_k = spec.in_place_k != 0;
