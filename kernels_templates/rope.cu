@@ -1365,6 +1365,9 @@ __device__ __forceinline__ void flat_shuffled_vector(const RopeKernelParams& p,
     const ItemSpan span = item_span(copied ? 0 : item);
     ItemData data;
     data.own = load_pack<VEC>(static_cast<const T*>(is_k ? p.k : p.q) + at + in_row * VEC, 1);
+    // The row's (b, s), written out as in the item loop: a helper that both call changed the
+    // PTX of all three flat kernels (codegen fingerprint, session 33), as one shared with the
+    // bulk kernel did (run DU).
     const RowDivisor heads = is_k ? rows.k_heads : rows.q_heads;
     const RowDivisor seqlen = is_k ? rows.k_seqlen : rows.q_seqlen;
     unsigned b, s;
