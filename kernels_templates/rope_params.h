@@ -365,13 +365,14 @@ ROPE_JIT_HOST_DEVICE constexpr RopePlan rope_plan(const RopeShape& s) {
     // elements) that tile the whole row, rotated ones and copied ones alike; interleaved pairs,
     // or half style in rows of 4 or 8 vectors, whose partners lie in the same warp
     // (flat_shuffles).
-    const int row_vectors = s.vec > 0 ? s.head_dim / s.vec : 0;
-    plan.flat_shuffles = !s.interleaved && !s.proportional && s.vec > 0 &&
-                         (s.rotary_dim / 2) % s.vec == 0 && (row_vectors == 4 || row_vectors == 8);
+    const bool vectors_tile = s.vec == 8 && s.head_dim % s.vec == 0 && s.rotary_offset % s.vec == 0;
+    const int row_vectors = vectors_tile ? s.head_dim / s.vec : 0;
+    const bool halves_in_warp = !s.interleaved && !s.proportional &&
+                                (row_vectors == 4 || row_vectors == 8) &&
+                                (s.rotary_dim / 2) % s.vec == 0;
     plan.flat_copies = s.dense_rows && plan.copies_unrotated && plan.out_of_place_partial &&
-                       (s.interleaved || plan.flat_shuffles) && s.vec == 8 &&
-                       s.head_dim % s.vec == 0 && s.rotary_offset % s.vec == 0;
-    plan.flat_shuffles = plan.flat_shuffles && plan.flat_copies;
+                       vectors_tile && (s.interleaved || halves_in_warp);
+    plan.flat_shuffles = plan.flat_copies && !s.interleaved;
     plan.flat_rows = s.dense_rows && !plan.shared_angles && !s.freq_grad &&
                      (!plan.copies_unrotated || plan.flat_copies) && !s.kv_cache && !s.qk_norm &&
                      !s.q_fp8 && s.v_dim == 0;
