@@ -11,10 +11,13 @@
 // in place and out of place; head_dim 64, 80, 96, 128 and 256; and a decode series (S = 1,
 // B = 1..256, per-token positions, as decode engines call it).
 //
-// On the CUDA backend: per case the median kernel time by CUDA events, bytes moved (see
-// make_case_data), GB/s and its fraction of a device-to-device copy measured here; the host
-// overhead of one call against a bare cuLaunchKernel of an empty kernel; decode time per call
-// inside a CUDA graph; the cold-compile and warm-disk-cache first-call times. Each case's first
+// On the CUDA backend: per case the GPU time of a call from CUDA-graph replay (calls captured
+// back to back once, the graph replayed: the method of DESIGN.md's performance table, with no
+// launch gaps of the host's stream in it) and, for reference, from the same calls launched back
+// to back on a stream; bytes moved (see make_case_data), GB/s and its fraction of a
+// device-to-device copy measured here; for cases of 16 MB and more a copy of the same bytes,
+// in a graph the same way; the host overhead of one call against a bare cuLaunchKernel of an
+// empty kernel; the cold-compile and warm-disk-cache first-call times. Each case's first
 // call goes through a second runtime with debug_checks, so its positions and cu_seqlens are
 // checked against the table before any kernel reads them. On the CPU backend: the same cases
 // against memcpy of the same bytes. A case that fails is reported and the others still run
@@ -860,9 +863,9 @@ size_t name_width(const std::vector<Case>& cases) {
 void print_header(size_t width) {
     fmt::print(
         "{:<{}} {:>9} {:>5} {:>4} {:>4} {:<4} {:<4} {:<4} {:<4} {:<9} {:<3} {:<3} {:>11} {:>8} "
-        "{:>8} {:>7}\n",
+        "{:>8} {:>7} {:>7}\n",
         "case", width, "BxS", "Hq/Hk", "D", "R", "type", "lay", "pair", "pos", "angles", "dir",
-        "mem", "time us", "MB", "GB/s", "of copy");
+        "mem", "time us", "MB", "GB/s", "of copy", "stream");
 }
 
 void print_case(const Case& c, size_t width, const std::string& tail) {
@@ -885,11 +888,17 @@ std::string megabytes(double bytes) {
     return fmt::format("{:.{}f}", bytes / 1e6, bytes < 1e7 ? 3 : 1);
 }
 
+// On CUDA, time us and of copy come from graph replay, stream is the fraction of copy of the
+// same calls back to back on a stream.
 void print_result(const Case& c, size_t width, const nlohmann::json& j) {
+    const std::string stream =
+        j.contains("stream_fraction_of_copy")
+            ? fmt::format("{:.3f}", j["stream_fraction_of_copy"].get<double>())
+            : "-";
     print_case(c, width,
-               fmt::format("{:>11.2f} {:>8} {:>8.1f} {:>7.3f}", j["time_us"].get<double>(),
+               fmt::format("{:>11.2f} {:>8} {:>8.1f} {:>7.3f} {:>7}", j["time_us"].get<double>(),
                            megabytes(j["bytes"].get<double>()), j["gbps"].get<double>(),
-                           j["fraction_of_copy"].get<double>()));
+                           j["fraction_of_copy"].get<double>(), stream));
 }
 
 nlohmann::json case_error(const Case& c, size_t width, const std::exception& e) {
@@ -1037,38 +1046,49 @@ double time_on_stream(rope_jit::CUstream stream, int repeat, const std::function
     return median(trials);
 }
 
-// GPU time of one call inside a CUDA graph, as decode loops run it: 100 calls captured once,
-// the graph replayed; microseconds per call. `call` enqueues one call on `stream`.
-double graph_us_per_call(rope_jit::CUstream stream, const std::function<rope_jit_status()>& call) {
-    const rope_jit::CudaDriverApi* api = rope_jit::cuda_driver_api();
-    const int graph_calls = 100;
+// GPU seconds of one call from CUDA-graph replay: `calls` calls of `enqueue` (each enqueues one
+// call on `stream`, throwing on failure) captured once, the graph replayed; the median of
+// time_on_stream's trials. The capture ends whatever happens, so that the stream stays usable.
+double graph_seconds_per_call(rope_jit::CUstream stream, int calls,
+                              const std::function<void()>& enqueue) {
+    const rope_jit::CudaDriverApi& api = driver();
     rope_jit::CUgraph graph = nullptr;
     rope_jit::CUgraphExec graph_exec = nullptr;
-    check_cu(api->cuStreamBeginCapture(stream, rope_jit::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+    check_cu(api.cuStreamBeginCapture(stream, rope_jit::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
              "cuStreamBeginCapture");
-    rope_jit_status captured = ROPE_JIT_OK;
-    for (int i = 0; i < graph_calls && captured == ROPE_JIT_OK; ++i) captured = call();
-    const std::string capture_error = captured == ROPE_JIT_OK ? "" : rope_jit_last_error();
-    // End the capture whatever happened, so the stream is usable again.
-    check_cu(api->cuStreamEndCapture(stream, &graph), "cuStreamEndCapture");
-    if (captured != ROPE_JIT_OK) {
-        if (graph != nullptr) api->cuGraphDestroy(graph);
-        throw std::runtime_error(
-            fmt::format("captured call: {}: {}", rope_jit_status_name(captured), capture_error));
+    try {
+        for (int i = 0; i < calls; ++i) enqueue();
+    } catch (...) {
+        if (api.cuStreamEndCapture(stream, &graph) == rope_jit::CUDA_SUCCESS && graph != nullptr)
+            api.cuGraphDestroy(graph);
+        throw;
     }
-    check_cu(api->cuGraphInstantiate(&graph_exec, graph, 0), "cuGraphInstantiate");
-    const double us =
-        time_on_stream(stream, 5,
-                       [&] { check_cu(api->cuGraphLaunch(graph_exec, stream), "cuGraphLaunch"); }) *
-        1e6 / graph_calls;
-    check_cu(api->cuStreamSynchronize(stream), "cuStreamSynchronize");
-    api->cuGraphExecDestroy(graph_exec);
-    api->cuGraphDestroy(graph);
-    return us;
+    check_cu(api.cuStreamEndCapture(stream, &graph), "cuStreamEndCapture");
+    double seconds = 0;
+    try {
+        check_cu(api.cuGraphInstantiate(&graph_exec, graph, 0), "cuGraphInstantiate");
+        seconds = time_on_stream(
+                      stream, 5,
+                      [&] { check_cu(api.cuGraphLaunch(graph_exec, stream), "cuGraphLaunch"); }) /
+                  calls;
+        check_cu(api.cuStreamSynchronize(stream), "cuStreamSynchronize");
+    } catch (...) {
+        if (graph_exec != nullptr) api.cuGraphExecDestroy(graph_exec);
+        api.cuGraphDestroy(graph);
+        throw;
+    }
+    api.cuGraphExecDestroy(graph_exec);
+    api.cuGraphDestroy(graph);
+    return seconds;
 }
+
+// Microseconds of one RoPE call inside a CUDA graph of 100 calls, as decode loops run it.
 double graph_us_per_call(rope_jit::CUstream stream, rope_jit_runtime* runtime,
                          const rope_jit_rope_args* args) {
-    return graph_us_per_call(stream, [&] { return rope_jit_rope(runtime, args); });
+    return graph_seconds_per_call(
+               stream, 100,
+               [&] { require_ok(rope_jit_rope(runtime, args), "rope_jit_rope (captured)"); }) *
+           1e6;
 }
 
 // A kernel of the bench's own, compiled for device 0 and loaded into the current context;
@@ -1131,7 +1151,7 @@ extern "C" __global__ void span_copy(char* rows, long long n_rows, long long pit
                                              args, nullptr),
                      "cuLaunchKernel(span_copy)");
         };
-        return time_on_stream(stream, 20, [&] {
+        return graph_seconds_per_call(stream, 20, [&] {
             launch(tensors.q_data(), tensors.q_bytes());
             launch(tensors.k_data(), tensors.k_bytes());
         });
@@ -1227,12 +1247,32 @@ nlohmann::json bench_cuda(const std::vector<Case>& cases) {
             const CaseTensors tensors(c, data, memory, stream);
             require_ok(rope_jit_rope(checked, tensors.args()), "rope_jit_rope (debug checks)");
             check_cu(api->cuStreamSynchronize(stream), "cuStreamSynchronize");
-            const int repeat = data.bytes() < 16e6 ? 200 : 20;
-            const double seconds = time_on_stream(stream, repeat, [&] {
+            // Calls back to back on the stream first (their warm-up loads the kernel, which a
+            // capture must not do), then the same calls replayed from a graph: the case's time.
+            // A call that cannot be captured is an error of the case; its time is then the
+            // stream's.
+            const int repeat = data.bytes() < 16e6 ? 100 : 20;
+            const auto call = [&] {
                 require_ok(rope_jit_rope(runtime, tensors.args()), "rope_jit_rope");
-            });
+            };
+            const double stream_seconds = time_on_stream(stream, repeat, call);
             check_cu(api->cuStreamSynchronize(stream), "cuStreamSynchronize");
+            double seconds = stream_seconds;
+            std::string graph_error;
+            try {
+                seconds = graph_seconds_per_call(stream, repeat, call);
+            } catch (const std::exception& e) {
+                graph_error = e.what();
+            }
             nlohmann::json j = case_json(c, data, seconds, copy_gbps);
+            j["stream_time_us"] = stream_seconds * 1e6;
+            j["stream_fraction_of_copy"] = data.bytes() / stream_seconds / 1e9 / copy_gbps;
+            if (!graph_error.empty()) {
+                j["graph_error"] = graph_error;
+                errors.push_back({{"name", c.name}, {"error", "graph capture: " + graph_error}});
+                fmt::print("{:>{}} graph capture failed ({}): time from the stream\n", "", width,
+                           graph_error);
+            }
             print_result(c, width, j);
             if (data.bytes() >= 16e6) {
                 // A device copy of the same bytes (half read, half written) in the same process:
@@ -1242,7 +1282,7 @@ nlohmann::json bench_cuda(const std::vector<Case>& cases) {
                 const auto src = reinterpret_cast<rope_jit::CUdeviceptr>(memory.filled(half, 0x3c));
                 const auto dst = reinterpret_cast<rope_jit::CUdeviceptr>(memory.filled(half, 0));
                 memory.ready();
-                const double same_seconds = time_on_stream(stream, repeat, [&] {
+                const double same_seconds = graph_seconds_per_call(stream, repeat, [&] {
                     check_cu(api->cuMemcpyDtoDAsync(dst, src, half, stream), "cuMemcpyDtoDAsync");
                 });
                 const double same_gbps = 2.0 * double(half) / same_seconds / 1e9;
@@ -1254,9 +1294,9 @@ nlohmann::json bench_cuda(const std::vector<Case>& cases) {
                            j["fraction_of_same_size_copy"].get<double>());
             }
             if (c.S == 1 && !c.packed()) {
-                // Decode: GPU time per call inside a CUDA graph (the issue 23 bar: <= 2.5 us for
-                // QK-norm + RoPE + paged KV + FP8 at B = 64).
-                const double graph_us = graph_us_per_call(stream, runtime, tensors.args());
+                // Decode: the case's time, its GPU time per call inside a CUDA graph (the
+                // issue 23 bar: <= 2.5 us for QK-norm + RoPE + paged KV + FP8 at B = 64).
+                const double graph_us = seconds * 1e6;
                 j["us_per_call_in_graph"] = graph_us;
                 // The same calls as programmatic dependent launches (rope_jit_config.
                 // programmatic_launch): each call's launch and set-up overlap the end of the
@@ -1356,14 +1396,16 @@ nlohmann::json bench_cuda(const std::vector<Case>& cases) {
             DeviceMemory decode64_memory;
             const CaseTensors decode64_tensors(decode64, decode64_data, decode64_memory, stream);
             require_ok(rope_jit_rope(runtime, decode64_tensors.args()), "rope_jit_rope");
-            const double decode64_us =
-                graph_us_per_call(stream, runtime, decode64_tensors.args());
-            const double empty_graph_us = graph_us_per_call(stream, [&] {
-                return api->cuLaunchKernel(empty.function(), 1, 1, 1, 32, 1, 1, 0, stream, nullptr,
-                                           nullptr) == rope_jit::CUDA_SUCCESS
-                           ? ROPE_JIT_OK
-                           : ROPE_JIT_ERROR_CUDA;
-            });
+            const double decode64_us = graph_us_per_call(stream, runtime, decode64_tensors.args());
+            const double empty_graph_us =
+                graph_seconds_per_call(stream, 100,
+                                       [&] {
+                                           check_cu(
+                                               api->cuLaunchKernel(empty.function(), 1, 1, 1, 32, 1,
+                                                                   1, 0, stream, nullptr, nullptr),
+                                               "cuLaunchKernel");
+                                       }) *
+                1e6;
             fmt::print(
                 "decode B=64 positions 32/8 D128: {:.2f} us per call inside a CUDA graph; an "
                 "empty kernel in the same graph setup {:.2f} us (+{:.2f} us)\n",
