@@ -1402,16 +1402,14 @@ nlohmann::json bench_cuda(const std::vector<Case>& cases) {
             DeviceMemory decode64_memory;
             const CaseTensors decode64_tensors(decode64, decode64_data, decode64_memory, stream);
             require_ok(rope_jit_rope(runtime, decode64_tensors.args()), "rope_jit_rope");
-            const double decode64_us = graph_us_per_call(stream, runtime, decode64_tensors.args());
-            const double empty_graph_us =
-                graph_seconds_per_call(stream, 100,
-                                       [&] {
-                                           check_cu(
-                                               api->cuLaunchKernel(empty.function(), 1, 1, 1, 32, 1,
-                                                                   1, 0, stream, nullptr, nullptr),
-                                               "cuLaunchKernel");
-                                       }) *
-                1e6;
+            const double decode64_us =
+                graph_us_per_call(stream, runtime, decode64_tensors.args());
+            const auto empty_launch = [&] {
+                check_cu(api->cuLaunchKernel(empty.function(), 1, 1, 1, 32, 1, 1, 0, stream,
+                                             nullptr, nullptr),
+                         "cuLaunchKernel");
+            };
+            const double empty_graph_us = graph_seconds_per_call(stream, 100, empty_launch) * 1e6;
             fmt::print(
                 "decode B=64 positions 32/8 D128: {:.2f} us per call inside a CUDA graph; an "
                 "empty kernel in the same graph setup {:.2f} us (+{:.2f} us)\n",
