@@ -239,6 +239,15 @@ TEST_CASE("missing or malformed angle sources are rejected") {
         call.args.sin = sin_t.dl();
         call.expect_invalid("sin: shape [8, 16] differs from cos [8, 8]");
     }
+    SUBCASE("sin of another dtype than cos (the kernel reads both tables as one dtype)") {
+        HostTensor bf16_sin(Dt::BF16, {8, 8});
+        call.args.sin = bf16_sin.dl();
+        call.expect_invalid("sin: dtype bfloat16 differs from cos's float32");
+        HostTensor f16_cos(Dt::F16, {8, 8});
+        call.args.cos = f16_cos.dl();
+        call.args.sin = call.sin_t.dl();
+        call.expect_invalid("sin: dtype float32 differs from cos's float16");
+    }
     SUBCASE("inv_freq of the wrong length") {
         HostTensor inv(Dt::F32, {7});
         call.args.cos = call.args.sin = nullptr;
@@ -315,6 +324,94 @@ TEST_CASE("positions outside the table are rejected, naming the offending entry"
     }
 }
 
+TEST_CASE("seqlen_offsets beside positions (no KV cache) is checked as when given alone") {
+    ValidCall call;  // B = 2, S = 6, an 8-row table
+    HostTensor positions(Dt::I64, {6});
+    for (int64_t s = 0; s < 6; ++s) positions.set({s}, double(s));
+    call.args.positions = positions.dl();
+    SUBCASE("float32") {
+        HostTensor offsets(Dt::F32, {2});
+        call.args.seqlen_offsets = offsets.dl();
+        call.expect_invalid("seqlen_offsets: dtype must be int32 or int64, got float32");
+    }
+    SUBCASE("float32 of the wrong length") {
+        HostTensor offsets(Dt::F32, {7});
+        call.args.seqlen_offsets = offsets.dl();
+        call.expect_invalid("seqlen_offsets: dtype must be int32 or int64");
+    }
+    SUBCASE("not one entry per sequence") {
+        HostTensor offsets(Dt::I64, {7});
+        call.args.seqlen_offsets = offsets.dl();
+        call.expect_invalid("seqlen_offsets: expected [2] (one per sequence), got [7]");
+    }
+    SUBCASE("well formed: accepted, and the positions give the table rows") {
+        // Offsets that would run past the table as rows (3 + 5 = 8): not used as rows here.
+        HostTensor offsets(Dt::I32, {2});
+        offsets.set({0}, 3.0);
+        offsets.set({1}, 1.0);
+        HostTensor q_expected = call.q, k_expected = call.k;
+        call.args.q = q_expected.dl();
+        call.args.k = k_expected.dl();
+        REQUIRE(rope_jit_rope(call.runtime, &call.args) == ROPE_JIT_OK);  // positions alone
+        call.args.q = call.q.dl();
+        call.args.k = call.k.dl();
+        call.args.seqlen_offsets = offsets.dl();
+        const rope_jit_status status = rope_jit_rope(call.runtime, &call.args);
+        INFO(rope_jit_last_error());
+        REQUIRE(status == ROPE_JIT_OK);
+        CHECK(call.q.bytes() == q_expected.bytes());
+        CHECK(call.k.bytes() == k_expected.bytes());
+        CHECK(call.q.bytes() != call.q_before);  // rotated
+    }
+}
+
+TEST_CASE("a call that rotates nothing still checks its positions, offsets and cu_seqlens") {
+    // q without heads (or heads without features) leaves nothing to rotate; whether the call
+    // fails still does not depend on which of its dimensions are empty.
+    ValidCall call;  // an 8-row table
+    HostTensor no_heads(Dt::F32, {2, 0, 6, 16});
+    call.args.q = no_heads.dl();
+    call.args.k = nullptr;
+    const std::vector<uint8_t> no_heads_before = no_heads.bytes();
+    SUBCASE("per-token positions past the table") {
+        HostTensor positions(Dt::I64, {6});
+        for (int64_t s = 0; s < 6; ++s) positions.set({s}, double(s));
+        positions.set({2}, 100.0);
+        call.args.positions = positions.dl();
+        call.expect_invalid("positions: [2] gives table row 100, outside the table's 8 rows");
+        positions.set({2}, 2.0);  // in range: accepted
+        CHECK(rope_jit_rope(call.runtime, &call.args) == ROPE_JIT_OK);
+    }
+    SUBCASE("a negative per-batch position, with head_dim 0") {
+        HostTensor no_features(Dt::F32, {2, 4, 6, 0}), cos_t(Dt::F32, {8, 0}),
+            sin_t(Dt::F32, {8, 0});
+        HostTensor positions(Dt::I32, {2, 6});
+        positions.for_each([&](const std::vector<int64_t>& i) { positions.set(i, 1.0); });
+        positions.set({1, 3}, -5.0);
+        call.args.q = no_features.dl();
+        call.args.cos = cos_t.dl();
+        call.args.sin = sin_t.dl();
+        call.args.positions = positions.dl();
+        call.expect_invalid("positions: [1, 3] gives table row -5");
+    }
+    SUBCASE("seqlen_offsets past the table") {
+        HostTensor offsets(Dt::I64, {2});
+        offsets.set({0}, 0.0);
+        offsets.set({1}, 5.0);
+        call.args.seqlen_offsets = offsets.dl();
+        call.expect_invalid("seqlen_offsets: sequence 1 of q uses table rows 5..10");
+    }
+    SUBCASE("cu_seqlens that do not end at the tokens of packed q") {
+        HostTensor packed(Dt::F32, {10, 0, 16});
+        HostTensor cu(Dt::I32, {3});
+        cu.set({0}, 0), cu.set({1}, 4), cu.set({2}, 9);
+        call.args.q = packed.dl();
+        call.args.cu_seqlens = cu.dl();
+        call.expect_invalid("cu_seqlens: ends at 9 but q has 10 tokens");
+    }
+    CHECK(no_heads.bytes() == no_heads_before);
+}
+
 TEST_CASE("malformed cu_seqlens are rejected") {
     ValidCall call;
     HostTensor q(Dt::F32, {10, 4, 16});
@@ -377,6 +474,56 @@ TEST_CASE("outputs that overlap their input only partly, or alias themselves, ar
         call.args.k = q.dl();
         call.expect_invalid("k: is the same memory as q");
     }
+}
+
+TEST_CASE("empty q and k with NULL data (torch's empty tensors) make a call that writes nothing") {
+    // torch gives every empty tensor data NULL: q and k then look like one view, which must not
+    // read as one memory (an empty tensor has no element to share).
+    ValidCall call;
+    HostTensor q(Dt::F32, {0, 2, 6, 16}), k(Dt::F32, {0, 2, 6, 16});
+    HostTensor q_out(Dt::F32, {0, 2, 6, 16}), k_out(Dt::F32, {0, 2, 6, 16});
+    const std::vector<uint8_t> cos_before = call.cos_t.bytes(), sin_before = call.sin_t.bytes();
+    call.args.q = q.dl();
+    call.args.k = k.dl();
+    // The same call on empty tensors with data of their own, then on NULL data: both succeed.
+    auto run_both = [&](std::initializer_list<HostTensor*> tensors) {
+        CHECK(rope_jit_rope(call.runtime, &call.args) == ROPE_JIT_OK);
+        for (HostTensor* t : tensors) t->dl()->data = nullptr;
+        const rope_jit_status status = rope_jit_rope(call.runtime, &call.args);
+        const std::string message = rope_jit_last_error();
+        CAPTURE(message);
+        CHECK(status == ROPE_JIT_OK);
+    };
+    SUBCASE("q and k of one shape, in place") { run_both({&q, &k}); }
+    SUBCASE("q and k of one shape, into q_out and k_out of that shape") {
+        call.args.q_out = q_out.dl();
+        call.args.k_out = k_out.dl();
+        run_both({&q, &k, &q_out, &k_out});
+    }
+    SUBCASE("a backward with inv_freq_grad: the empty call's gradient is zero") {
+        HostTensor q_saved(Dt::F32, {0, 2, 6, 16}), k_saved(Dt::F32, {0, 2, 6, 16});
+        HostTensor inv_freq(Dt::F32, {8}), grad(Dt::F32, {8});
+        std::mt19937 rng(3);
+        inv_freq.fill_uniform(rng, 0.1, 1);
+        call.args.cos = call.args.sin = nullptr;
+        call.args.inv_freq = inv_freq.dl();
+        call.args.backward = 1;
+        call.args.q_saved = q_saved.dl();
+        call.args.k_saved = k_saved.dl();
+        call.args.inv_freq_grad = grad.dl();
+        for (HostTensor* t : {&q, &k, &q_saved, &k_saved}) t->dl()->data = nullptr;
+        for (int64_t i = 0; i < 8; ++i) grad.set({i}, 5.0);
+        const rope_jit_status status = rope_jit_rope(call.runtime, &call.args);
+        const std::string message = rope_jit_last_error();
+        CAPTURE(message);
+        CHECK(status == ROPE_JIT_OK);
+        CHECK(grad.values() == std::vector<double>(8, 0.0));
+    }
+    // Nothing else was touched.
+    CHECK(call.cos_t.bytes() == cos_before);
+    CHECK(call.sin_t.bytes() == sin_before);
+    CHECK(call.q.bytes() == call.q_before);
+    CHECK(call.k.bytes() == call.k_before);
 }
 
 TEST_CASE("tensors on a device the backend cannot reach are rejected") {

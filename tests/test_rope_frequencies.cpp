@@ -1556,6 +1556,89 @@ TEST_CASE("bad frequency-gradient arguments are rejected, naming the argument") 
         args.inv_freq_grad = inv_freq.dl();
         expect_invalid("inv_freq_grad: overlaps");
     }
+    SUBCASE("a gradient whose zero stride puts every pair on one element") {
+        for (int64_t i = 0; i < 4; ++i) grad.set({i}, 7.0);
+        int64_t shape[1] = {4}, strides[1] = {0};
+        DLTensor one_element = *grad.dl();
+        one_element.shape = shape;
+        one_element.strides = strides;
+        args.inv_freq_grad = &one_element;
+        expect_invalid("inv_freq_grad: strides make several indices address the same element");
+        CHECK(grad.values() == std::vector<double>(4, 7.0));
+    }
+}
+
+TEST_CASE(
+    "a frequency gradient on the memory of positions, seqlen_offsets or cu_seqlens is refused") {
+    // The gradient is written while the call reads its indices: it needs memory of its own.
+    // Each index tensor holds at least the gradient's 16 bytes, which lie on its first ones.
+    CpuRuntime runtime;
+    std::mt19937 rng(4);
+    HostTensor q(Dt::F32, {2, 2, 4, 8}), q_saved(Dt::F32, {2, 2, 4, 8}), inv_freq(Dt::F32, {4});
+    HostTensor packed(Dt::F32, {8, 2, 8}), packed_saved(Dt::F32, {8, 2, 8});
+    for (HostTensor* t : {&q, &q_saved, &inv_freq, &packed, &packed_saved})
+        t->fill_uniform(rng, 0.1, 1);
+    rope_jit_rope_args args;
+    rope_jit_rope_args_init(&args);
+    args.q = q.dl();
+    args.inv_freq = inv_freq.dl();
+    args.backward = 1;
+    args.q_saved = q_saved.dl();
+    HostTensor index;
+    std::string name;
+    SUBCASE("positions") {
+        index = HostTensor(Dt::I64, {4});
+        for (int64_t s = 0; s < 4; ++s) index.set({s}, double(s));
+        args.positions = index.dl();
+        name = "positions";
+    }
+    SUBCASE("seqlen_offsets") {
+        index = HostTensor(Dt::I64, {2});
+        index.set({0}, 0.0);
+        index.set({1}, 3.0);
+        args.seqlen_offsets = index.dl();
+        name = "seqlen_offsets";
+    }
+    SUBCASE("cu_seqlens") {
+        index = HostTensor(Dt::I64, {3});
+        index.set({0}, 0.0);
+        index.set({1}, 3.0);
+        index.set({2}, 8.0);
+        args.q = packed.dl();
+        args.q_saved = packed_saved.dl();
+        args.cu_seqlens = index.dl();
+        name = "cu_seqlens";
+    }
+    CAPTURE(name);
+    // With a gradient of its own the call is valid.
+    HostTensor grad(Dt::F32, {4});
+    args.inv_freq_grad = grad.dl();
+    {
+        HostTensor q_copy = q, packed_copy = packed;
+        const DLTensor* given = args.q;
+        args.q = given == q.dl() ? q_copy.dl() : packed_copy.dl();
+        const rope_jit_status status = rope_jit_rope(runtime.handle, &args);
+        INFO(rope_jit_last_error());
+        REQUIRE(status == ROPE_JIT_OK);
+        args.q = given;
+    }
+    int64_t grad_shape[1] = {4};
+    DLTensor over_index = *index.dl();
+    over_index.dtype = dl_type(Dt::F32);
+    over_index.ndim = 1;
+    over_index.shape = grad_shape;
+    over_index.strides = nullptr;
+    args.inv_freq_grad = &over_index;
+    const std::vector<uint8_t> q_before = q.bytes(), packed_before = packed.bytes(),
+                               index_before = index.bytes();
+    const rope_jit_status status = rope_jit_rope(runtime.handle, &args);
+    const std::string message = rope_jit_last_error();
+    CAPTURE(message);
+    CHECK(status == ROPE_JIT_ERROR_INVALID_ARGUMENT);
+    CHECK(message.find("inv_freq_grad: overlaps " + name) != std::string::npos);
+    CHECK(index.bytes() == index_before);
+    CHECK(q.bytes() == q_before);
+    CHECK(packed.bytes() == packed_before);
 }
 
 TEST_CASE(

@@ -190,6 +190,200 @@ TEST_CASE("KV cache arguments with block tables: bad entries and mismatched tens
     check_refused(runtime, base, bads, rng);
 }
 
+TEST_CASE("a KV cache that shares memory with a QK-norm weight is refused, writing nothing") {
+    // The caches are written while the weights are read: a weight on a cache row would change
+    // under the call.
+    CpuRuntime cpu;
+    std::mt19937 rng(kKvSeed + 5);
+    KvCase c;
+    c.dt = Dt::F32;  // caches of the weights' dtype
+    c.norm = true;
+    for (const std::string cache_name : {"k_cache", "v_cache"})
+        for (const std::string weight_name : {"q_norm_weight", "k_norm_weight"}) {
+            CAPTURE(cache_name);
+            CAPTURE(weight_name);
+            KvProblem p = make_kv_problem(c, rng);
+            rope_jit_rope_args args = kv_args(p, host_views(p));
+            // A float32 [D] weight on the cache's second row.
+            HostTensor& cache = cache_name[0] == 'k' ? p.k_cache : p.v_cache;
+            int64_t shape[1] = {c.D};
+            DLTensor weight = *cache.dl();
+            weight.ndim = 1;
+            weight.shape = shape;
+            weight.strides = nullptr;
+            weight.byte_offset = uint64_t(c.D) * 4;
+            (weight_name[0] == 'k' ? args.k_norm_weight : args.q_norm_weight) = &weight;
+            KvProblem before = p;
+            const rope_jit_status status = rope_jit_rope(cpu.handle, &args);
+            const std::string message = rope_jit_last_error();
+            CAPTURE(message);
+            CHECK(status == ROPE_JIT_ERROR_INVALID_ARGUMENT);
+            CHECK(message.find(cache_name + ": shares memory with " + weight_name) !=
+                  std::string::npos);
+            CHECK(unchanged(p, before));
+        }
+}
+
+TEST_CASE("with a KV cache k is only read: QK-norm weights on k's memory give the copies' result") {
+    // The rotated k goes to k_cache, k itself is only read, and tensors that are only read may
+    // share memory: weights that are rows of k act as separate copies of those rows.
+    CpuRuntime cpu;
+    std::mt19937 rng(kKvSeed + 6);
+    for (int variant = 0; variant < 2; ++variant) {
+        KvCase c;
+        c.dt = Dt::F32;
+        c.norm = true;
+        c.fp8 = c.scales = variant == 1;
+        c.layout = variant == 1 ? ROPE_JIT_KV_CACHE_PAGED_HND : ROPE_JIT_KV_CACHE_PAGED_NHD;
+        CAPTURE(variant);
+        KvProblem p = make_kv_problem(c, rng);
+        REQUIRE(c.Hk >= 2);
+        // q_norm_weight = k[0, 0, 0, :], k_norm_weight = k[0, 1, 0, :] (features contiguous).
+        for (int64_t d = 0; d < c.D; ++d) {
+            p.q_norm_weight.set({d}, p.k.get({0, 0, 0, d}));
+            p.k_norm_weight.set({d}, p.k.get({0, 1, 0, d}));
+        }
+        KvProblem before = p, separate = p;
+        const rope_jit_rope_args separate_args = kv_args(separate, host_views(separate));
+        REQUIRE(rope_jit_rope(cpu.handle, &separate_args) == ROPE_JIT_OK);
+        check_against_definition(separate, before);
+
+        rope_jit_rope_args args = kv_args(p, host_views(p));
+        int64_t shape[1] = {c.D};
+        DLTensor q_weight = *p.k.dl(), k_weight = *p.k.dl();
+        q_weight.ndim = k_weight.ndim = 1;
+        q_weight.shape = k_weight.shape = shape;
+        q_weight.strides = k_weight.strides = nullptr;
+        q_weight.byte_offset = uint64_t(p.k.offset({0, 0, 0, 0})) * 4;
+        k_weight.byte_offset = uint64_t(p.k.offset({0, 1, 0, 0})) * 4;
+        args.q_norm_weight = &q_weight;
+        args.k_norm_weight = &k_weight;
+        const rope_jit_status status = rope_jit_rope(cpu.handle, &args);
+        INFO(rope_jit_last_error());
+        REQUIRE(status == ROPE_JIT_OK);
+        check_against_definition(p, before);
+        // Bit for bit the call with the copies: q, k (unchanged), both caches.
+        CHECK(unchanged(p, separate));
+    }
+}
+
+TEST_CASE("with a KV cache, k the same view as q is refused when q is rotated in place") {
+    // k is only read, so k = q is no double rotation; but q in place is written while k (the
+    // same memory) is read, and the message names q. With q_out, q and k are both only read.
+    CpuRuntime cpu;
+    std::mt19937 rng(kKvSeed + 7);
+    KvCase c;
+    c.group = 1;  // k has q's heads
+    c.in_place_q = false;
+    KvProblem p = make_kv_problem(c, rng);
+    p.k = p.q;  // the reference's k: q's values (the call passes q itself)
+    KvProblem before = p;
+    rope_jit_rope_args args = kv_args(p, host_views(p));
+    args.k = p.q.dl();
+    SUBCASE("q in place") {
+        args.q_out = nullptr;
+        const rope_jit_status status = rope_jit_rope(cpu.handle, &args);
+        const std::string message = rope_jit_last_error();
+        CAPTURE(message);
+        CHECK(status == ROPE_JIT_ERROR_INVALID_ARGUMENT);
+        CHECK(message.find("q: is the same memory as k") != std::string::npos);
+        CHECK(message.find("rotated twice") == std::string::npos);
+        CHECK(unchanged(p, before));
+    }
+    SUBCASE("q into q_out: k_cache holds q's rotation") {
+        const rope_jit_status status = rope_jit_rope(cpu.handle, &args);
+        INFO(rope_jit_last_error());
+        REQUIRE(status == ROPE_JIT_OK);
+        check_against_definition(p, before);
+    }
+}
+
+TEST_CASE("a KV cache call with head_dim 0 refuses v and still checks its slots") {
+    // head_dim 0 leaves nothing to rotate: v, which has features of its own, would go
+    // uncopied; and the slots are checked as in any call.
+    CpuRuntime cpu;
+    std::mt19937 rng(kKvSeed + 8);
+    KvCase base;
+    base.D = base.R = 0;
+    base.Dv = 4;
+    base.layout = ROPE_JIT_KV_CACHE_CONTIGUOUS;
+    base.index = KvIndex::Rows;
+    const BadKvInput with_v[] = {
+        {"v: a KV cache call with head_dim 0", [](KvProblem&, rope_jit_rope_args&) {}},
+    };
+    check_refused(cpu.handle, base, with_v, rng);
+    base.Dv = 0;
+    base.layout = ROPE_JIT_KV_CACHE_PAGED_NHD;
+    base.index = KvIndex::SlotMapping;
+    const BadKvInput bad_slots[] = {
+        {"slot_mapping: token 1 has slot", [](KvProblem& p, rope_jit_rope_args&) {
+             p.slot_mapping.set({1}, double(p.k_cache.shape()[0] * p.k_cache.shape()[1]));
+         }},
+    };
+    check_refused(cpu.handle, base, bad_slots, rng);
+    // Without v and with valid slots: accepted, with nothing to write.
+    KvProblem p = make_kv_problem(base, rng);
+    KvProblem before = p;
+    const rope_jit_rope_args args = kv_args(p, host_views(p));
+    const rope_jit_status status = rope_jit_rope(cpu.handle, &args);
+    INFO(rope_jit_last_error());
+    CHECK(status == ROPE_JIT_OK);
+    CHECK(unchanged(p, before));
+}
+
+TEST_CASE("FP8 scales of one element in any shape, 0-dim included, give the [1] scales' result") {
+    // torch.tensor(s) exports a 0-dim tensor; [1, 1, 1, 1, 1] is one element too. A dimension
+    // other than 1 is refused whatever the rank.
+    CpuRuntime cpu;
+    std::mt19937 rng(kKvSeed + 9);
+    KvCase c;
+    c.fp8 = c.scales = c.q_fp8 = true;
+    c.in_place_q = false;
+    KvProblem p = make_kv_problem(c, rng);
+    KvProblem before = p;
+    const rope_jit_rope_args args = kv_args(p, host_views(p));  // [1] scales
+    REQUIRE(rope_jit_rope(cpu.handle, &args) == ROPE_JIT_OK);
+    check_against_definition(p, before);
+    int64_t ones[5] = {1, 1, 1, 1, 1};
+    for (int ndim : {0, 5}) {
+        CAPTURE(ndim);
+        KvProblem r = before;
+        rope_jit_rope_args a = kv_args(r, host_views(r));
+        DLTensor k_scale = *r.k_scale.dl(), v_scale = *r.v_scale.dl(), q_scale = *r.q_scale.dl();
+        for (DLTensor* t : {&k_scale, &v_scale, &q_scale}) {
+            t->ndim = ndim;
+            t->shape = ndim == 0 ? nullptr : ones;
+            t->strides = nullptr;
+        }
+        a.k_scale = &k_scale, a.v_scale = &v_scale, a.q_scale = &q_scale;
+        const rope_jit_status status = rope_jit_rope(cpu.handle, &a);
+        INFO(rope_jit_last_error());
+        REQUIRE(status == ROPE_JIT_OK);
+        CHECK(unchanged(r, p));  // q_out and both caches as the [1] scales left them
+    }
+    HostTensor two(Dt::F32, {2});
+    two.set({0}, 1.0);
+    two.set({1}, 1.0);
+    int64_t not_one[5] = {1, 1, 2, 1, 1};
+    DLTensor wide = *two.dl();
+    wide.ndim = 5;
+    wide.shape = not_one;
+    wide.strides = nullptr;
+    for (const std::string name : {"k_scale", "v_scale", "q_scale"}) {
+        CAPTURE(name);
+        KvProblem r = before;
+        rope_jit_rope_args a = kv_args(r, host_views(r));
+        (name[0] == 'k' ? a.k_scale : name[0] == 'v' ? a.v_scale : a.q_scale) = &wide;
+        const rope_jit_status status = rope_jit_rope(cpu.handle, &a);
+        const std::string message = rope_jit_last_error();
+        CAPTURE(message);
+        CHECK(status == ROPE_JIT_ERROR_INVALID_ARGUMENT);
+        CHECK(message.find(name + ": expected one element, but dimension 2 has size 2") !=
+              std::string::npos);
+        CHECK(unchanged(r, before));
+    }
+}
+
 TEST_CASE("KV cache and FP8 kernels compile with NVRTC for sm_90 and sm_80") {
     if (rope_jit::nvrtc_api() == nullptr) {
         MESSAGE("skipped: NVRTC not available: " << rope_jit::nvrtc_load_error());

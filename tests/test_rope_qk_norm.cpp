@@ -353,6 +353,15 @@ TEST_CASE("QK-norm arguments are checked, each error naming the argument, writin
         a.q_norm_weight_grad = w.dl();  // the weights' own memory
     });
     expect("k_norm_weight", [&](rope_jit_rope_args& a) { a.k = nullptr; });
+    // Without a KV cache k is rotated in place: weights on its memory would change under the
+    // call (with a cache k is only read: test_rope_kv_cache.cpp).
+    int64_t row[1] = {8};
+    DLTensor on_k = *k.dl();
+    on_k.ndim = 1;
+    on_k.shape = row;
+    on_k.strides = nullptr;
+    expect("k_norm_weight: overlaps k, which the call writes",
+           [&](rope_jit_rope_args& a) { a.k_norm_weight = &on_k; });
     expect("q_norm_weight", [&](rope_jit_rope_args& a) {
         a.k = nullptr;
         a.k_norm_weight = nullptr;

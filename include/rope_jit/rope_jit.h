@@ -490,11 +490,11 @@ typedef struct rope_jit_rope_args {
      * nearest e4m3 value (ties to even), saturating: anything beyond +-448, infinities
      * included, becomes +-448; NaN becomes 0x7f. (This is what vLLM's and FlashInfer's FP8
      * caches store; the rotated value is not rounded to k's dtype first.)
-     * Scales: float32 tensors of one element (any shape of numel 1) on the call's device
-     * (device memory on the CUDA backend, read by the kernel: a CUDA graph may change them
-     * between replays), or NULL for 1.0. A scale must be finite and > 0 (it is not checked:
-     * 0 gives +-448 or NaN, a negative scale flips signs). A scale is only accepted for an
-     * FP8 output (k_scale and v_scale: FP8 caches; q_scale: an FP8 q_out). */
+     * Scales: float32 tensors of one element (any shape of numel 1, 0-dim included) on the
+     * call's device (device memory on the CUDA backend, read by the kernel: a CUDA graph may
+     * change them between replays), or NULL for 1.0. A scale must be finite and > 0 (it is
+     * not checked: 0 gives +-448 or NaN, a negative scale flips signs). A scale is only
+     * accepted for an FP8 output (k_scale and v_scale: FP8 caches; q_scale: an FP8 q_out). */
     const DLTensor* k_scale;
     const DLTensor* v_scale;
     const DLTensor* q_scale;

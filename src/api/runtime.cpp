@@ -115,12 +115,16 @@ void require_gpu(const DLDevice& device, bool has_gpu_backend) {
 void Runtime::rope(const rope_jit_rope_args& args) {
     RopeProblem problem = make_rope_problem(args);
     // An empty call still owes its frequency and norm weight gradients (zeros).
-    if (problem.empty() && !problem.has_freq_grad && !problem.has_norm_weight_grad) return;
+    const bool nothing_to_write =
+        problem.empty() && !problem.has_freq_grad && !problem.has_norm_weight_grad;
     if (host_accessible(problem.device)) {
+        // Its indices are checked even so: whether a call fails does not depend on which of
+        // its dimensions are empty.
         check_positions_on_host(problem);
-        rope_cpu(problem, cpu_pool());
+        if (!nothing_to_write) rope_cpu(problem, cpu_pool());
         return;
     }
+    if (nothing_to_write) return;
     if (problem.device.device_type == kDLCUDA) {
         require_gpu(problem.device, rope_cuda_ != nullptr);
         rope_cuda_->run(problem, args.stream);

@@ -186,6 +186,25 @@ TensorRef make_tensor_ref(const DLTensor* tensor, const char* name, int max_ndim
     return ref;
 }
 
+TensorRef make_one_element_ref(const DLTensor* tensor, const char* name) {
+    if (tensor == nullptr || (tensor->ndim >= 1 && tensor->ndim <= 4))
+        return make_tensor_ref(tensor, name);
+    if (tensor->ndim < 0)
+        fail_argument(fmt::format("{}: ndim is negative ({})", name, tensor->ndim));
+    if (tensor->ndim > 0 && tensor->shape == nullptr)
+        fail_argument(fmt::format("{}: shape is NULL", name));
+    for (int i = 0; i < tensor->ndim; ++i)
+        if (tensor->shape[i] != 1)
+            fail_argument(fmt::format("{}: expected one element, but dimension {} has size {}",
+                                      name, i, tensor->shape[i]));
+    DLTensor element = *tensor;
+    int64_t shape = 1, stride = 1;
+    element.ndim = 1;
+    element.shape = &shape;
+    element.strides = &stride;
+    return make_tensor_ref(&element, name);
+}
+
 bool same_view(const TensorRef& a, const TensorRef& b) {
     if (a.data != b.data || a.dtype != b.dtype || a.ndim != b.ndim) return false;
     for (int i = 0; i < a.ndim; ++i)
@@ -307,6 +326,9 @@ void check_written(const TensorRef& written, std::initializer_list<const TensorR
                         written.name));
     for (const TensorRef* other : others) {
         if (!other->present() || other == &written) continue;
+        // An empty tensor has no element to share, whatever its data pointer (empty torch
+        // tensors all have data NULL).
+        if (written.numel() == 0 || other->numel() == 0) continue;
         if (rule == MemoryRule::ByteRanges) {
             if (extents_overlap(written, *other))
                 fail_argument(fmt::format(

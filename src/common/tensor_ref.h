@@ -51,6 +51,10 @@ inline void copy_strides(long long* out, const TensorRef& t, int n) {
 // overflows int64, or when a non-empty tensor's data (with byte_offset) is not aligned to its
 // element size.
 TensorRef make_tensor_ref(const DLTensor* tensor, const char* name, int max_ndim = 4);
+// make_tensor_ref for a tensor that should hold one element (a scale): a 0-dim tensor (as
+// torch.tensor(1.0) exports) or one of any rank whose sizes are all 1 comes back as a 1-D
+// view of that element; any other tensor as make_tensor_ref (max_ndim 4) takes it.
+TensorRef make_one_element_ref(const DLTensor* tensor, const char* name);
 
 // Whether a and b are exactly the same view (same data, dtype, shape and strides).
 bool same_view(const TensorRef& a, const TensorRef& b);

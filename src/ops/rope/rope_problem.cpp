@@ -139,7 +139,8 @@ void check_same_device(const TensorRef& t, const DLDevice& device, const TensorR
 // QK-norm (rope_jit_rope_args' q_norm_weight ... k_norm_weight_grad): weights [D] of one float
 // dtype, a finite positive eps, and in the backward the pre-norm inputs and optional weight
 // gradients. q and k are the call's tensors as given (3-D when packed); q_write and k_write
-// what it writes. Fills p's norm fields.
+// what it writes (no k_write with a KV cache, whose own checks keep it off the weights).
+// Fills p's norm fields.
 void check_qk_norm(const rope_jit_rope_args& args, const TensorRef& q, const TensorRef& k,
                    const TensorRef& q_write, const TensorRef& k_write, RopeProblem& p) {
     TensorRef q_weight = make_tensor_ref(args.q_norm_weight, "q_norm_weight", 1);
@@ -244,7 +245,7 @@ void check_qk_norm(const rope_jit_rope_args& args, const TensorRef& q, const Ten
 // A float32 scale of one element, or absent; only for an FP8 output.
 TensorRef check_scale(const DLTensor* tensor, const char* name, bool fp8, const char* output,
                       const RopeProblem& p, const TensorRef& q) {
-    TensorRef scale = make_tensor_ref(tensor, name);
+    TensorRef scale = make_one_element_ref(tensor, name);
     if (!scale.present()) return scale;
     if (!fp8)
         fail_argument(
@@ -344,6 +345,10 @@ void check_kv_cache(const rope_jit_rope_args& args, const TensorRef& k, const Te
                                   : "v: required when v_cache is given");
     TensorRef v_view;
     if (v.present()) {
+        // head_dim 0 makes the call empty (RopeProblem::empty): v would be left uncopied.
+        if (p.head_dim == 0)
+            fail_argument(
+                "v: a KV cache call with head_dim 0 (q and k without features) cannot copy v");
         if (v.ndim != k.ndim)
             fail_argument(fmt::format("v: expected {} dimensions like k ({}), got {}", k.ndim,
                                       k.shape_string(), v.shape_string()));
@@ -394,10 +399,6 @@ void check_kv_cache(const rope_jit_rope_args& args, const TensorRef& k, const Te
             "(a token's several positions give no cache row)");
     if (offsets.present() && p.position_mode == PositionMode::Indices) {
         // Positions give the table rows; seqlen_offsets still places the tokens in the cache.
-        require_index(offsets);
-        if (offsets.shape[0] != p.num_sequences)
-            fail_argument(fmt::format("seqlen_offsets: expected [{}] (one per sequence), got {}",
-                                      p.num_sequences, offsets.shape_string()));
         if (positional) {
             p.seqlen_offsets = offsets;
             p.kv_seqlen_offsets = true;
@@ -527,7 +528,9 @@ RopeProblem make_rope_problem(const rope_jit_rope_args& args) {
         p.k_in_place = !k_out.present() || same_view(k_out, k);
         k_write = k_out.present() ? k_out : k;
         check_output(k_write, k, p.k_in_place);
-        if (p.q_in_place && p.k_in_place && same_view(k, q))
+        // With a KV cache k is only read (the cache is written): check_written names q then.
+        const bool kv_cache_call = raw_enum(args.kv_layout) != ROPE_JIT_KV_CACHE_NONE;
+        if (p.q_in_place && p.k_in_place && q.numel() > 0 && same_view(k, q) && !kv_cache_call)
             fail_argument("k: is the same memory as q; it would be rotated twice");
         p.k = k4;
         p.k_out = p.packed ? lift_packed(k_write) : k_write;
@@ -547,6 +550,10 @@ RopeProblem make_rope_problem(const rope_jit_rope_args& args) {
         if (sin.shape[0] != cos.shape[0] || sin.shape[1] != cos.shape[1])
             fail_argument(fmt::format("sin: shape {} differs from cos {}", sin.shape_string(),
                                       cos.shape_string()));
+        // One table dtype specializes the kernel, which reads both tables as it.
+        if (sin.dtype != cos.dtype)
+            fail_argument(fmt::format("sin: dtype {} differs from cos's {}", dtype_name(sin.dtype),
+                                      dtype_name(cos.dtype)));
         p.table_full = cos.shape[1] == p.rotary_dim;
         p.table_rows = cos.shape[0];
         p.cos = cos;
@@ -611,6 +618,13 @@ RopeProblem make_rope_problem(const rope_jit_rope_args& args) {
         p.num_sequences = cu_seqlens.shape[0] - 1;
         p.cu_seqlens = cu_seqlens;
     }
+    // Checked wherever given, also beside positions (which then give the table rows).
+    if (offsets.present()) {
+        require_index(offsets);
+        if (offsets.shape[0] != p.num_sequences)
+            fail_argument(fmt::format("seqlen_offsets: expected [{}] (one per sequence), got {}",
+                                      p.num_sequences, offsets.shape_string()));
+    }
     if (positions.present()) {
         require_index(positions);
         p.position_mode = PositionMode::Indices;
@@ -639,11 +653,7 @@ RopeProblem make_rope_problem(const rope_jit_rope_args& args) {
                             p.seqlen_q, p.seqlen_k));
         p.positions = positions;
     } else if (offsets.present()) {
-        require_index(offsets);
         p.position_mode = PositionMode::SeqlenOffsets;
-        if (offsets.shape[0] != p.num_sequences)
-            fail_argument(fmt::format("seqlen_offsets: expected [{}] (one per sequence), got {}",
-                                      p.num_sequences, offsets.shape_string()));
         p.seqlen_offsets = offsets;
     } else {
         p.position_mode = PositionMode::Implicit;
@@ -702,11 +712,10 @@ RopeProblem make_rope_problem(const rope_jit_rope_args& args) {
                         "{}: overlaps the output {} (in-place outputs are q and k); keep the "
                         "forward outputs in their own memory",
                         read->name, written->name));
-        for (const TensorRef* other :
-             {&p.q, &p.q_out, &p.k, &p.k_out, &p.q_saved, &p.k_saved, &p.inv_freq, &p.xpos_scale})
-            if (other->present() && extents_overlap(freq_grad, *other))
-                fail_argument(fmt::format("inv_freq_grad: overlaps {}; it needs its own memory",
-                                          other->name));
+        check_written(freq_grad,
+                      {&p.q, &p.q_out, &p.k, &p.k_out, &p.q_saved, &p.k_saved, &p.inv_freq,
+                       &p.xpos_scale, &positions, &offsets, &cu_seqlens},
+                      MemoryRule::ByteRanges);
         p.inv_freq_grad = freq_grad;
         p.has_freq_grad = true;
     } else if (q_saved.present() || k_saved.present()) {
@@ -720,7 +729,10 @@ RopeProblem make_rope_problem(const rope_jit_rope_args& args) {
         check_same_device(*t, p.device, q);
     check_kv_cache(args, k, k_out, offsets, q, p);
     p.q_scale = check_scale(args.q_scale, "q_scale", p.q_fp8, "q_out", p, q);
-    check_qk_norm(args, q, k, q_write, k_write, p);
+    // A KV cache call writes the caches instead of k (k_out is the k cache's view then).
+    const TensorRef no_tensor;
+    const TensorRef& k_cache = p.has_kv_cache ? p.k_out : no_tensor;
+    check_qk_norm(args, q, k, q_write, p.has_kv_cache ? no_tensor : k_write, p);
     if (p.q_fp8 && (p.backward || p.has_freq_grad))
         fail_argument("q_out: float8_e4m3fn only in the forward (backward = 0)");
 
@@ -728,9 +740,6 @@ RopeProblem make_rope_problem(const rope_jit_rope_args& args) {
     // else it reads or writes: a q_out on k's memory would change k before k is read, a k two
     // tokens into q would be rotated twice, positions under q would change while in use.
     // Views of one buffer that only interleave (q and k of a fused qkv) pass.
-    // A KV cache call writes the caches instead of k (k_out is the k cache's view then).
-    const TensorRef no_tensor;
-    const TensorRef& k_cache = p.has_kv_cache ? p.k_out : no_tensor;
     check_written(q_write,
                   {&k, &k_write, &cos, &sin, &inv_freq, &xpos, &positions, &offsets, &cu_seqlens,
                    &p.v, &k_cache, &p.v_cache, &p.slot_mapping, &p.block_tables, &p.k_scale,
@@ -746,7 +755,8 @@ RopeProblem make_rope_problem(const rope_jit_rope_args& args) {
             check_written(*cache,
                           {&q, &q_write, &k, &p.v, &k_cache, &p.v_cache, &cos, &sin, &inv_freq,
                            &xpos, &positions, &offsets, &cu_seqlens, &p.slot_mapping,
-                           &p.block_tables, &p.k_scale, &p.v_scale, &p.q_scale},
+                           &p.block_tables, &p.k_scale, &p.v_scale, &p.q_scale,
+                           &p.q_norm_weight, &p.k_norm_weight},
                           MemoryRule::Elements);
 
     // Implicit positions need no memory read: check their range here for every backend.
