@@ -40,7 +40,7 @@ import struct
 import sys
 import threading
 
-from . import _cuda_context
+from . import _cuda_context, _torch_writes
 from . import _structs as s
 from ._checks import c_int
 
@@ -204,7 +204,7 @@ class Plan:
     __slots__ = (
         "buffer", "args", "args_ref", "pack", "values", "cuda_device", "held", "function",
         "recipe", "head", "outputs", "allocate", "take", "absent", "nones", "guard",
-        "armed_outputs", "other_devices", "key",
+        "armed_outputs", "other_devices", "key", "written", "written_names",
     )
 
     def __init__(self, buffer, args, pack, values, cuda_device, held, function):
@@ -228,6 +228,9 @@ class Plan:
         self.other_devices = False  # whether the current CUDA device may not be the tensors'
         self.take = self.absent = self.nones = self.guard = None  # see arm()
         self.armed_outputs = ()
+        # The caller's signed tensors the call writes (places in `signed`, and their names):
+        # checked and marked by _torch_writes (the plan's own outputs need neither).
+        self.written = self.written_names = ()
 
     def arm(self, signed):
         """Points the last-plan check at these signed tensors: `take` (a function taking the
@@ -396,6 +399,9 @@ def call(runtime, recipe, signed, derived, head, position_offset, q_position_off
     else:
         outputs = plan.armed_outputs  # (the guard accepted the tensors they were read from)
         made = _make_outputs(plan, outputs, signed, pointers) if outputs else ()
+    written = plan.written
+    if written:
+        written = _torch_writes.check([signed[place] for place in written], plan.written_names)
     device = plan.cuda_device
     values = plan.values
     values[0] = position_offset
@@ -412,6 +418,8 @@ def call(runtime, recipe, signed, derived, head, position_offset, q_position_off
     status = plan.function(handle if handle is not None else runtime.handle, plan.args_ref)
     if status:
         runtime.library.check("rope_jit_rope", status)
+    if written:
+        _torch_writes.mark(written)
     return made
 
 
@@ -436,6 +444,10 @@ def _find(runtime, state, recipe, signed, derived, head, refused):
             if value is None:
                 append(None)
             elif type(value) in types:
+                if value.is_meta or value.is_neg():
+                    # Meta tensors take the ops (their fake kernels); a lazily negated view
+                    # the general path, which refuses it (its memory holds -value).
+                    return None, None, None
                 append((value.shape, value.is_contiguous() or value.stride(), value.dtype,
                         value.device))
                 add_pointer(value.data_ptr())
@@ -525,7 +537,8 @@ def _build(runtime, recipe, signed, derived, head, key):
     the plan, or _NO_PLAN when a view does not start at its tensor's address or the recipe's
     check refuses the signature; the recipe's outputs made for this call (None where the
     source is absent; () for _NO_PLAN). `key` is the call's key."""
-    from .rope import _POINTER_OFFSETS, _TENSOR_NAMES, build_args  # rope imports this module
+    # (rope imports this module: imported here, on first use)
+    from .rope import _POINTER_OFFSETS, _TENSOR_NAMES, _written_names, build_args
 
     if recipe.check is not None and not recipe.check(signed, head):
         return _NO_PLAN, ()
@@ -626,6 +639,13 @@ def _build(runtime, recipe, signed, derived, head, key):
         _unconverted_rope(library),
     )
     plan.recipe, plan.head = recipe, head
+    written_names = _written_names(values)
+    plan.written = tuple(
+        place
+        for place, slot in enumerate(recipe.signed)
+        if signed[place] is not None and _TENSOR_NAMES[slot] in written_names
+    )
+    plan.written_names = tuple(_TENSOR_NAMES[recipe.signed[place]] for place in plan.written)
     # empty_like's strides depend only on the source's sizes and strides, which the key holds,
     # except a contiguous source's (True in the key): then they are its own strides, read per
     # call (strides of size-1 dimensions may differ between calls).

@@ -8,11 +8,11 @@ rope_jit.torch_ops.apply_rope, which calls this underneath.
 import ctypes
 import sys
 
-from . import _cuda_context, _plans
+from . import _cuda_context, _plans, _torch_writes
 from . import _structs as s
 from .runtime import _STYLES, _choice, default_runtime
-from ._checks import c_int, c_ints
-from .tensors import as_tensor, torch_stream_of
+from ._checks import c_double, c_int, c_ints
+from .tensors import as_tensor, is_torch_tensor, torch_stream_of
 
 LAYOUTS = ("bhsd", "bshd", "thd")
 
@@ -105,6 +105,25 @@ _ROPE_COMMON_RECIPE = _plans.Recipe("rope common", _TENSOR_NAMES, _TENSOR_NAMES[
 _ABSENT_TAIL = (None,) * (len(_TENSOR_NAMES) - _COMMON)
 
 
+def _written_names(values):
+    """The names of the tensors a call on `values` (in _TENSOR_NAMES order, None where absent;
+    a shorter tuple leaves the rest absent) writes: the outputs given, q and k when they have
+    none (k not with a KV cache, which receives its rotation instead)."""
+    values = tuple(values) + (None,) * (len(_TENSOR_NAMES) - len(values))
+    q_out, k_out = values[2], values[3]
+    k_cache = values[_TENSOR_NAMES.index("k_cache")]
+    return frozenset(
+        name
+        for name, value in zip(_TENSOR_NAMES, values)
+        if value is not None
+        and (
+            name in _OUTPUT_TENSORS
+            or (name == "q" and q_out is None)
+            or (name == "k" and k_out is None and k_cache is None)
+        )
+    )
+
+
 def build_args(
     library,
     values,
@@ -127,9 +146,7 @@ def build_args(
     torch hot path's plans do), with every check of the Python side, and the objects
     (TensorArgs, the sections array) that must stay alive while the library reads args."""
     values = tuple(values) + (None,) * (len(_TENSOR_NAMES) - len(values))
-    q_out, k_out = values[2], values[3]
-    # With a KV cache, k is only read (its rotation goes to k_cache).
-    k_cache = values[_TENSOR_NAMES.index("k_cache")]
+    written_names = _written_names(values)
     args = library.new_struct(s.RopeArgs, library.rope_jit_rope_args_init)
     supported = _supported_fields(library)
     # A [B, S, H, D] buffer is passed as its [B, H, S, D] view (dims 1 and 2 exchanged).
@@ -140,11 +157,7 @@ def build_args(
             continue
         if name not in supported:
             raise library.too_old(name)
-        written = (
-            name in _OUTPUT_TENSORS
-            or (name == "q" and q_out is None)
-            or (name == "k" and k_out is None and k_cache is None)
-        )
+        written = name in written_names
         swap = head_swap if name in _HEAD_TENSORS else None
         tensor = as_tensor(value, name, writable=written, stream=stream_handle, swap_dims=swap)
         if swap and len(tensor.shape) != 4:
@@ -175,9 +188,9 @@ def build_args(
         args.num_mrope_sections = len(sections)
         args.mrope_interleaved = 1 if mrope_interleaved else 0
     if values[_TENSOR_NAMES.index("q_norm_weight")] is not None:
-        if isinstance(norm_eps, bool) or not isinstance(norm_eps, (int, float)):
+        if isinstance(norm_eps, bool):
             raise TypeError(f"norm_eps: expected a number, got {norm_eps!r}")
-        args.norm_eps = float(norm_eps)
+        args.norm_eps = c_double(norm_eps, "norm_eps")  # NumPy scalars too
         args.norm_unit_offset = 1 if norm_unit_offset else 0
     if kv_layout is not None:
         if "kv_layout" not in supported:
@@ -294,7 +307,10 @@ def rope(
 
     Raises:
         InvalidArgumentError (a ValueError) naming the argument for bad input; another
-        RopeJitError subclass for other failures; TypeError for objects that are not tensors.
+        RopeJitError subclass for other failures; TypeError for objects that are not tensors;
+        RuntimeError, as torch's in-place ops, for a torch tensor it would write that requires
+        grad while grad mode is on, or an inference tensor outside inference mode (torch
+        tensors it writes count the write in their version counter, as in-place ops do).
     """
     if layout not in LAYOUTS:
         raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
@@ -437,8 +453,18 @@ def rope(
         checked = _cuda_context.checked_devices()
         if checked is None or device.device_id not in checked:
             _cuda_context.ensure_current(device.device_id)
+    # Torch tensors it writes: refused as torch's in-place ops would, and marked written.
+    written_names = _written_names(values)
+    torch_written = [
+        (value, name)
+        for name, value in zip(_TENSOR_NAMES, values)
+        if name in written_names and is_torch_tensor(value)
+    ]
+    if torch_written:
+        torch_written = _torch_writes.check(*zip(*torch_written))
     status = library.rope_jit_rope(runtime.handle, ctypes.byref(args))
     library.check("rope_jit_rope", status)
+    _torch_writes.mark(torch_written)
     del held
     return (
         q_out if q_out is not None else q,

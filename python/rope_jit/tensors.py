@@ -90,16 +90,20 @@ class TensorArg:
     `pointer` is a new POINTER(DLTensor) to it.
 
     `struct` and `keepalive` (the producer object, a DLPack capsule...) live as long as this
-    object, so it must outlive the C call that uses `address` or `pointer`.
+    object, so it must outlive the C call that uses `address` or `pointer`. `readonly` marks
+    memory the producer does not allow to be written (a read-only NumPy array): as_tensor
+    refuses it as an output, also through with_dtype and with_dims_swapped views.
     """
 
-    __slots__ = ("struct", "address", "shape", "strides", "keepalive")
+    __slots__ = ("struct", "address", "shape", "strides", "keepalive", "readonly")
 
-    def __init__(self, data, device_type, device_id, dtype, shape, strides, byte_offset=0, keepalive=()):
+    def __init__(self, data, device_type, device_id, dtype, shape, strides, byte_offset=0, keepalive=(),
+                 readonly=False):
         # Kept lean: it runs for every tensor of every call.
         self.shape = shape = shape if type(shape) is tuple else tuple(shape)
         self.strides = strides = strides if type(strides) is tuple else tuple(strides)
         self.keepalive = keepalive
+        self.readonly = readonly
         ndim = len(shape)
         ctype, pack_into, shape_offset, strides_offset = (_storage_layouts.get(ndim)
                                                           or _new_storage_layout(ndim))
@@ -140,13 +144,13 @@ class TensorArg:
         strides[a], strides[b] = strides[b], strides[a]
         code_bits = (self.struct.dtype.code, self.struct.dtype.bits)
         return TensorArg(self.struct.data, *self.device, code_bits, shape, strides,
-                         self.struct.byte_offset, self.keepalive)
+                         self.struct.byte_offset, self.keepalive, self.readonly)
 
     def with_dtype(self, dtype):
         """The same memory read as another dtype of the same size (see `reinterpret`)."""
         code_bits = DTYPES[dtype]
         return TensorArg(self.struct.data, *self.device, code_bits, self.shape, self.strides,
-                         self.struct.byte_offset, self.keepalive)
+                         self.struct.byte_offset, self.keepalive, self.readonly)
 
     def __repr__(self):
         device = _DEVICE_NAMES.get(self.device[0], str(self.device[0]))
@@ -262,6 +266,8 @@ def _from_torch(tensor, name, swap_dims=None):
     dtype = _torch_dtype_map.get(tensor.dtype)
     if dtype is None:
         raise ValueError(f"{name}: dtype {tensor.dtype} is not supported")
+    if tensor.is_neg():  # a lazy negation (x.conj().imag...): its memory holds -tensor
+        raise ValueError(f"{name}: the tensor has its negative bit set; pass {name}.resolve_neg()")
     # is_cuda, get_device() and is_cpu read the device without building a torch.device (as
     # tensor.device does on every access) and its type string: a few times cheaper.
     if tensor.is_cuda and not _torch_is_hip:
@@ -287,10 +293,12 @@ def _numpy_dtype(dtype, name):
 
 
 def _numpy_dtype_uncached(dtype, name):
+    # First: ml_dtypes' bfloat16 has a byte order too (one byte has none that matters).
+    big_endian = dtype.byteorder == ">" or (dtype.byteorder == "=" and sys.byteorder == "big")
+    if big_endian and dtype.itemsize > 1:
+        raise ValueError(f"{name}: big-endian arrays are not supported")
     if dtype.name in ("bfloat16", "float8_e4m3fn"):  # ml_dtypes
         return DTYPES[dtype.name]
-    if dtype.byteorder == ">" or (dtype.byteorder == "=" and sys.byteorder == "big"):
-        raise ValueError(f"{name}: big-endian arrays are not supported")
     if dtype.name in DTYPES:
         return DTYPES[dtype.name]
     raise ValueError(f"{name}: dtype {dtype} is not supported")
@@ -311,7 +319,8 @@ def _from_numpy(array, name, writable, swap_dims=None):
     shape = array.shape
     if swap_dims:
         shape, strides = _swapped(shape, strides, swap_dims)
-    return TensorArg(address, s.KDL_CPU, 0, _numpy_dtype(array.dtype, name), shape, strides, 0, (array,))
+    return TensorArg(address, s.KDL_CPU, 0, _numpy_dtype(array.dtype, name), shape, strides, 0, (array,),
+                     readonly)
 
 
 _capsule_get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
@@ -398,6 +407,8 @@ def as_tensor(obj, name, writable=False, stream=None, swap_dims=None):
     if obj_class is _numpy_array_class:
         return _from_numpy(obj, name, writable, swap_dims)
     if isinstance(obj, TensorArg):
+        if writable and obj.readonly:
+            raise ValueError(f"{name}: the tensor's memory is read-only, and it is written to")
         return obj.with_dims_swapped(*swap_dims) if swap_dims and obj.ndim > max(swap_dims) else obj
     if is_torch_tensor(obj):
         return _from_torch(obj, name, swap_dims)

@@ -639,6 +639,8 @@ def eager_path_applies(q, k, tables):
     types = _plans.TORCH_TENSOR_TYPES or _plans.torch_types()
     if type(q) not in types or (k is not None and type(k) not in types):
         return False
+    if q.is_meta:  # shapes only: the ops' fake kernels
+        return False
     for table in tables:
         if table is not None and type(table) not in types:
             return False

@@ -212,3 +212,200 @@ def test_calls_from_several_threads_at_once_each_get_their_own_arguments(cpu_run
     for thread in threads:
         thread.join()
     assert failures == []
+
+
+# ---- memory the library must not write, byte orders, NumPy scalars --------------------------
+
+
+def _rotation_case(seed, dtype=np.float32):
+    """q [1, 2, 5, 8] and k [1, 1, 5, 8], tables [16, 4], and the reference of q and k
+    rotated at positions 0..4 (float64)."""
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((1, 2, 5, 8)).astype(dtype)
+    k = rng.standard_normal((1, 1, 5, 8)).astype(dtype)
+    angles = rng.uniform(-3, 3, (16, 4))
+    cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+    rows = token_rows(1, 5)
+
+    def reference(x):
+        return rope_reference(np.asarray(x, np.float64), "bhsd", cos, sin, rows, rotary_dim=8)
+
+    return q, k, cos, sin, reference
+
+
+def _read_only(array):
+    array = array.copy()
+    array.flags.writeable = False
+    return array
+
+
+def _as_float32(array):
+    return rope_jit.reinterpret(array, "float32")
+
+
+# name: (the argument refused, the array made read-only from (q, k), call(that array, q, k,
+# cos, sin) giving it to rope through reinterpret)
+READ_ONLY_OUTPUTS = {
+    "q in place": (
+        "q", lambda q, k: q,
+        lambda ro, q, k, cos, sin: rope_jit.rope(_as_float32(ro), cos=cos, sin=sin)),
+    "k in place": (
+        "k", lambda q, k: k,
+        lambda ro, q, k, cos, sin: rope_jit.rope(q, _as_float32(ro), cos=cos, sin=sin)),
+    "q_out": (
+        "q_out", lambda q, k: np.zeros_like(q),
+        lambda ro, q, k, cos, sin: rope_jit.rope(q, cos=cos, sin=sin, q_out=_as_float32(ro))),
+    "k_out": (
+        "k_out", lambda q, k: np.zeros_like(k),
+        lambda ro, q, k, cos, sin: rope_jit.rope(q, k, cos=cos, sin=sin, q_out=np.zeros_like(q),
+                                                 k_out=_as_float32(ro))),
+    # [B, S, H, D]: the library gets the view with dims 1 and 2 exchanged (with_dims_swapped)
+    "q in place, bshd": (
+        "q", lambda q, k: q.transpose(0, 2, 1, 3),
+        lambda ro, q, k, cos, sin: rope_jit.rope(_as_float32(ro), cos=cos, sin=sin, layout="bshd")),
+    "q through reinterpret twice": (
+        "q", lambda q, k: q,
+        lambda ro, q, k, cos, sin: rope_jit.rope(_as_float32(rope_jit.reinterpret(ro, "int32")),
+                                                 cos=cos, sin=sin)),
+    "q as bfloat16 bits": (
+        "q", lambda q, k: to_dtype(q, "bfloat16")[0],
+        lambda ro, q, k, cos, sin: rope_jit.rope(rope_jit.reinterpret(ro, "bfloat16"), cos=cos, sin=sin)),
+}
+
+
+@pytest.mark.parametrize("case", list(READ_ONLY_OUTPUTS))
+def test_a_read_only_array_given_through_reinterpret_is_refused_as_an_output(case):
+    name, source, call = READ_ONLY_OUTPUTS[case]
+    q, k, cos, sin, _ = _rotation_case(11)
+    for _ in range(2):
+        array = _read_only(source(q, k))
+        before = array.tobytes()
+        with pytest.raises(ValueError, match=f"^{name}: .*read-only"):
+            call(array, q, k, cos, sin)
+        assert not array.flags.writeable
+        assert array.tobytes() == before, f"{name} was written ({case})"
+
+
+def test_a_read_only_memmap_through_reinterpret_is_refused_and_the_file_is_unchanged(tmp_path, cpu_runtime):
+    # In a child process: writing a read-only mapping is a segmentation fault, which would end
+    # the test run rather than fail this test.
+    import os
+    import subprocess
+    import sys
+
+    q, _, cos, sin, reference = _rotation_case(12)
+    path = tmp_path / "q.bin"
+    q.tofile(path)
+    np.save(tmp_path / "cos.npy", cos)
+    np.save(tmp_path / "sin.npy", sin)
+    before = path.read_bytes()
+    code = f"""
+import numpy as np, rope_jit
+cos, sin = np.load({str(tmp_path / "cos.npy")!r}), np.load({str(tmp_path / "sin.npy")!r})
+mapped = np.memmap({str(path)!r}, dtype=np.float32, mode="r", shape={q.shape!r})
+for how, argument in (("direct", mapped), ("reinterpret", rope_jit.reinterpret(mapped, "float32"))):
+    for _ in range(2):
+        try:
+            rope_jit.rope(argument, cos=cos, sin=sin)
+            print(how, "written")
+        except ValueError as error:
+            print(how, error)
+"""
+    python_path = os.pathsep.join(p for p in sys.path if p)
+    result = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": python_path},
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) == 4, result.stdout
+    for line in lines:
+        assert line.split(" ", 1)[1].startswith("q: ") and "read-only" in line, line
+    assert path.read_bytes() == before
+    # A writable mapping ("r+") is written, through reinterpret too.
+    writable = np.memmap(path, dtype=np.float32, mode="r+", shape=q.shape)
+    rope_jit.rope(rope_jit.reinterpret(writable, "float32"), cos=cos, sin=sin, runtime=cpu_runtime)
+    writable.flush()
+    del writable
+    np.testing.assert_allclose(np.fromfile(path, np.float32).reshape(q.shape), reference(q),
+                               rtol=2e-5, atol=2e-5)
+
+
+def test_a_read_only_array_through_reinterpret_is_read_where_nothing_is_written(cpu_runtime):
+    q, k, cos, sin, reference = _rotation_case(13)
+    q_out, k_out = np.zeros_like(q), np.zeros_like(k)
+    ro_q, ro_k, ro_cos = _read_only(q), _read_only(k), _read_only(cos)
+    rope_jit.rope(rope_jit.reinterpret(ro_q, "float32"), rope_jit.reinterpret(ro_k, "float32"),
+                  cos=rope_jit.reinterpret(ro_cos, "float32"), sin=sin, q_out=q_out, k_out=k_out,
+                  runtime=cpu_runtime)
+    np.testing.assert_allclose(q_out, reference(q), rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(k_out, reference(k), rtol=2e-5, atol=2e-5)
+    np.testing.assert_array_equal(ro_q, q)
+
+
+def test_ml_dtypes_bfloat16_little_endian_matches_the_reference_and_big_endian_is_refused(cpu_runtime):
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    little = np.dtype(ml_dtypes.bfloat16)
+    big = little.newbyteorder(">")
+    values, k, cos, sin, reference = _rotation_case(14)
+    # Little-endian first: its dtype is known (cached) when the big-endian one comes.
+    q = values.astype(little)
+    expected = reference(q.astype(np.float64))
+    rope_jit.rope(q, cos=cos, sin=sin, runtime=cpu_runtime)
+    np.testing.assert_allclose(q.astype(np.float64), expected, rtol=1.6e-2, atol=1.6e-2)
+    for name, arguments in (
+        ("q", lambda q_big: dict(q=q_big)),
+        ("q", lambda q_big: dict(q=q_big, q_out=np.zeros(q_big.shape, little))),
+        ("q_out", lambda q_big: dict(q=values.astype(little), q_out=q_big)),
+    ):
+        q_big = values.astype(little).astype(big)
+        assert q_big.dtype.byteorder == ">"
+        before = q_big.tobytes()
+        with pytest.raises(ValueError, match=f"^{name}: big-endian arrays are not supported"):
+            rope_jit.rope(cos=cos, sin=sin, runtime=cpu_runtime, **arguments(q_big))
+        assert q_big.tobytes() == before
+
+
+def test_norm_eps_as_a_numpy_float32_equals_the_python_float(cpu_runtime):
+    rng = np.random.default_rng(15)
+    # Small values: eps is not negligible against mean(x^2), so a wrong eps shows.
+    q = (0.3 * rng.standard_normal((1, 2, 5, 8))).astype(np.float32)
+    k = (0.3 * rng.standard_normal((1, 1, 5, 8))).astype(np.float32)
+    weight = rng.uniform(0.5, 1.5, 8).astype(np.float32)
+    inv_freq = np.array([1.0, 0.5, 0.1, 0.01], np.float32)
+    eps32 = np.float32(0.1)
+    results = []
+    for eps in (eps32, float(eps32)):
+        q_out, k_out = np.zeros_like(q), np.zeros_like(k)
+        rope_jit.rope(q, k, inv_freq=inv_freq, q_norm_weight=weight, k_norm_weight=weight,
+                      norm_eps=eps, q_out=q_out, k_out=k_out, runtime=cpu_runtime)
+        results.append((q_out, k_out))
+    np.testing.assert_array_equal(results[0][0], results[1][0])
+    np.testing.assert_array_equal(results[0][1], results[1][1])
+    cos, sin = angle_tables(inv_freq, 5)
+    for x, got in ((q, results[0][0]), (k, results[0][1])):
+        x64 = x.astype(np.float64)
+        normed = x64 / np.sqrt((x64 * x64).mean(-1, keepdims=True) + float(eps32)) * weight
+        expected = rope_reference(normed, "bhsd", cos, sin, token_rows(1, 5), rotary_dim=8)
+        np.testing.assert_allclose(got, expected, rtol=3e-5, atol=3e-5)
+
+
+@pytest.mark.parametrize("eps", [True, "1e-6"], ids=repr)
+def test_norm_eps_that_is_not_a_number_is_a_type_error_naming_it(eps, cpu_runtime):
+    q = np.ones((1, 2, 4, 8), np.float32)
+    weight = np.ones(8, np.float32)
+    with pytest.raises(TypeError, match="^norm_eps: expected a number"):
+        rope_jit.rope(q, inv_freq=np.ones(4, np.float32), q_norm_weight=weight, norm_eps=eps,
+                      runtime=cpu_runtime)
+    np.testing.assert_array_equal(q, 1.0)
+
+
+@pytest.mark.parametrize("shape", [(2, 4, 0, 8), (0, 4, 5, 8)], ids=str)
+def test_empty_q_and_k_arrays_in_one_call_are_a_no_op(shape, cpu_runtime):
+    q, k = np.zeros(shape, np.float32), np.zeros(shape[:1] + (2,) + shape[2:], np.float32)
+    cos = np.ones((16, 4), np.float32)
+    for _ in range(2):
+        got_q, got_k = rope_jit.rope(q, k, cos=cos, sin=cos, runtime=cpu_runtime)
+        assert got_q is q and got_k is k
+        q_out, k_out = np.empty_like(q), np.empty_like(k)
+        got_q, got_k = rope_jit.rope(q, k, cos=cos, sin=cos, q_out=q_out, k_out=k_out,
+                                     runtime=cpu_runtime)
+        assert got_q is q_out and got_k is k_out
