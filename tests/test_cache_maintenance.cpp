@@ -4,12 +4,23 @@
 #include <doctest/doctest.h>
 
 #include <dirent.h>
+#include <fcntl.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -55,6 +66,42 @@ CacheEntry entry_of(const rope_jit::KernelSpec& spec) {
     entry.spec_json = spec.to_json();
     entry.payload.assign(1000, 'x');
     return entry;
+}
+
+#if defined(__x86_64__)
+constexpr uint32_t kAuditArch = AUDIT_ARCH_X86_64;
+#elif defined(__aarch64__)
+constexpr uint32_t kAuditArch = AUDIT_ARCH_AARCH64;
+#else
+constexpr uint32_t kAuditArch = 0;  // no filter: the test that needs it skips
+#endif
+
+// Makes every open() of a file with O_NOFOLLOW in this process, unless it asks for a
+// directory, fail with EMFILE, as if the descriptors had run out just then: the cache opens
+// its own entries so, while opendir() and the loading of libraries do not. A seccomp filter,
+// which cannot be undone: for a forked child. False where such filters are not available.
+bool fail_entry_opens_with_emfile() {
+    if (kAuditArch == 0) return false;
+    constexpr uint32_t kFlagsLow = uint32_t(offsetof(struct seccomp_data, args) + 2 * 8);
+    struct sock_filter filter[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, kAuditArch, 1, 0),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_openat, 0, 4),
+        // openat's flags, the low word of its third argument (both architectures are
+        // little-endian).
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, kFlagsLow),
+        BPF_STMT(BPF_ALU | BPF_AND | BPF_K, O_NOFOLLOW | O_DIRECTORY),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, O_NOFOLLOW, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EMFILE & SECCOMP_RET_DATA)),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    struct sock_fprog program;
+    program.len = static_cast<unsigned short>(sizeof(filter) / sizeof(filter[0]));
+    program.filter = filter;
+    return prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0 &&
+           prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &program) == 0;
 }
 
 }  // namespace
@@ -396,6 +443,89 @@ TEST_CASE("files named v1 or v2 in the root are not the cache's: not scanned, ne
     REQUIRE(symlink("v2", (root + "/v3").c_str()) == 0);
     CHECK_THROWS_AS(rope_jit::remove_cache_item(disk, root + "/v3"), rope_jit::Error);
     CHECK(exists(root + "/v3"));
+}
+
+TEST_CASE("a walk that cannot open an entry for want of descriptors fails and reports no damage") {
+    // The entry was reported damaged ("cannot open: Too many open files"), and prune, which
+    // removes what the walk calls damaged, deleted a good kernel (adversarial test, session 35).
+    ScratchDir tmp("rope_jit_maintenance");
+    const std::string root = tmp.path + "/cache";
+    DiskCache disk(root, {});
+    const CacheEntryId id{rope_jit::sha256_hex("no descriptor"), "13.0", "sm_90", "cubin"};
+    REQUIRE(disk.store(id, entry_of(small_spec())));
+    const std::string path = disk.entry_path(root, id);
+    const std::string bytes = read_file(path);
+    rope_jit::nvrtc_api();  // loaded here, so the child has it before its filter
+
+    // In a child, whose opens of entry files fail with EMFILE: what the walk says, one per line
+    // (the errno of opening the entry there, the walk's status, the items it reported, its
+    // error), or why it could not be tried.
+    int result_pipe[2];
+    REQUIRE(pipe(result_pipe) == 0);
+    const pid_t child = fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+        close(result_pipe[0]);
+        std::string result;
+        rope_jit_config config;
+        rope_jit_config_init(&config);
+        config.backend = ROPE_JIT_BACKEND_CPU;
+        config.cache_dir = root.c_str();
+        rope_jit_runtime* runtime = nullptr;
+        if (rope_jit_runtime_create(&config, &runtime) != ROPE_JIT_OK) {
+            result = "error: cannot create a runtime";
+        } else if (!fail_entry_opens_with_emfile()) {
+            result = "skip";
+        } else {
+            const int fd = open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+            const int open_error = fd < 0 ? errno : 0;
+            size_t items = 0;
+            auto count = [](const rope_jit_cache_item*, void* user) -> int {
+                ++*static_cast<size_t*>(user);
+                return 0;
+            };
+            const rope_jit_status status = rope_jit_cache_walk(runtime, count, &items);
+            result = std::to_string(open_error) + "\n" + std::to_string(int(status)) + "\n" +
+                     std::to_string(items) + "\n" + rope_jit_last_error();
+        }
+        const bool sent = write(result_pipe[1], result.data(), result.size()) ==
+                          ssize_t(result.size());
+        _exit(sent ? 0 : 1);
+    }
+    close(result_pipe[1]);
+    std::string result;
+    char buffer[4096];
+    for (ssize_t n; (n = read(result_pipe[0], buffer, sizeof buffer)) > 0;)
+        result.append(buffer, size_t(n));
+    close(result_pipe[0]);
+    int wait_status = 0;
+    REQUIRE(waitpid(child, &wait_status, 0) == child);
+    REQUIRE(WIFEXITED(wait_status));
+    REQUIRE(WEXITSTATUS(wait_status) == 0);
+    if (result == "skip") {
+        MESSAGE("skipped: no seccomp filter can be installed here");
+        return;
+    }
+    CAPTURE(result);
+    std::istringstream lines(result);
+    int open_error = -1, status = -1;
+    size_t items = 1;
+    std::string message;
+    lines >> open_error >> status >> items;
+    std::getline(lines >> std::ws, message);
+    REQUIRE(open_error == EMFILE);  // the filter took
+    CHECK(status == ROPE_JIT_ERROR_CACHE);
+    CHECK(items == 0);
+    CHECK(message.find("'" + path + "': cannot open it now") != std::string::npos);
+    CHECK(message.find("the walk of the cache stopped there, nothing was changed") !=
+          std::string::npos);
+
+    // The entry is as it was, and a walk with descriptors to spare finds no damage in it.
+    CHECK(read_file(path) == bytes);
+    const auto after = scan_by_path(disk);
+    REQUIRE(after.count(path) == 1);
+    CHECK(after.at(path).state != CacheItemState::Damaged);
+    CHECK(after.at(path).problem.find("open") == std::string::npos);
 }
 
 TEST_SUITE_END();

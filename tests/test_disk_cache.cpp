@@ -545,6 +545,114 @@ TEST_CASE("A write that fails midway, as on a full disk, returns false and leave
     CHECK(cache.store(large, make_entry(31, 200 * 1024)));  // room again
 }
 
+// ---- descriptors running out (adversarial test, session 35) ---------------------------------
+
+namespace {
+
+// Lowers RLIMIT_NOFILE's soft limit to the lowest free descriptor, so that no open() can
+// succeed (EMFILE), as in a busy server process that has used up its descriptors; the old
+// limits come back when it goes out of scope, however the test ends.
+class NoFreeDescriptors {
+public:
+    NoFreeDescriptors() {
+        REQUIRE(getrlimit(RLIMIT_NOFILE, &old_) == 0);
+        const int lowest = open("/dev/null", O_RDONLY | O_CLOEXEC);
+        REQUIRE(lowest >= 0);
+        close(lowest);
+        struct rlimit limit = old_;
+        limit.rlim_cur = rlim_t(lowest);
+        REQUIRE(setrlimit(RLIMIT_NOFILE, &limit) == 0);
+        active_ = true;
+    }
+    ~NoFreeDescriptors() { restore(); }
+    NoFreeDescriptors(const NoFreeDescriptors&) = delete;
+    NoFreeDescriptors& operator=(const NoFreeDescriptors&) = delete;
+
+    // Puts the old limits back now; true when they are.
+    bool restore() {
+        if (active_ && setrlimit(RLIMIT_NOFILE, &old_) == 0) active_ = false;
+        return !active_;
+    }
+    // The errno of opening `path` now (0 when it opened).
+    static int open_errno(const std::string& path) {
+        const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+        if (fd < 0) return errno;
+        close(fd);
+        return 0;
+    }
+
+private:
+    struct rlimit old_;
+    bool active_ = false;
+};
+
+}  // namespace
+
+TEST_CASE("An entry that cannot be opened for want of a descriptor is a miss and stays in place") {
+    // It was set aside as damaged ("cannot open: Too many open files") and compiled again.
+    TempDir tmp;
+    const CacheEntryId id = make_id("no descriptors");
+    const CacheEntry entry = make_entry(80);
+    REQUIRE(DiskCache(tmp.path, {}).store(id, entry));
+    DiskCache cache(tmp.path, {});  // nothing in memory, like a fresh process
+    const std::string path = cache.entry_path(tmp.path, id);
+    const std::string good = read_file(path);
+
+    std::optional<CacheEntry> starved;
+    int open_error = 0;
+    {
+        NoFreeDescriptors limit;
+        open_error = NoFreeDescriptors::open_errno(path);
+        starved = cache.load(id);
+        REQUIRE(limit.restore());
+    }
+    REQUIRE(open_error == EMFILE);  // the limit took
+    CHECK_FALSE(starved.has_value());
+    // Left as it was: no .bad-* file, no temp file, the same bytes.
+    CHECK(names_in(dir_of(path)) == std::vector<std::string>{id.key_hex + ".cubin"});
+    CHECK(read_file(path) == good);
+    // With descriptors to spare, the same object loads it.
+    CHECK(same(cache.load(id), entry));
+    CHECK(count_containing(dir_of(path), ".bad-") == 0);
+}
+
+TEST_CASE("verify stops with a cache error, reporting nothing, when it cannot list a dir now") {
+    // Reported as "cannot list this directory", prune would have removed v1 and every entry
+    // in it.
+    TempDir tmp;
+    DiskCache cache(tmp.path, {});
+    const CacheEntryId id = make_id("listed later");
+    REQUIRE(cache.store(id, make_entry(81)));
+    const std::string path = cache.entry_path(tmp.path, id);
+
+    int open_error = 0;
+    size_t reported = 0;
+    rope_jit_status status = ROPE_JIT_OK;
+    std::string message;
+    {
+        NoFreeDescriptors limit;
+        open_error = NoFreeDescriptors::open_errno(tmp.path);
+        try {
+            reported = cache.verify(tmp.path).size();
+        } catch (const rope_jit::Error& e) {
+            status = e.status();
+            message = e.what();
+        }
+        REQUIRE(limit.restore());
+    }
+    REQUIRE(open_error == EMFILE);
+    CHECK(status == ROPE_JIT_ERROR_CACHE);
+    CHECK(reported == 0);
+    CHECK(message.find("cannot list '" + tmp.path + "/v1' now") != std::string::npos);
+    CHECK(message.find("nothing was changed") != std::string::npos);
+    // Nothing changed, and with descriptors again the walk finds the entry good.
+    CHECK(names_in(dir_of(path)) == std::vector<std::string>{id.key_hex + ".cubin"});
+    const auto reports = cache.verify(tmp.path);
+    REQUIRE(reports.size() == 1);
+    CHECK(reports[0].path == path);
+    CHECK(reports[0].ok);
+}
+
 TEST_CASE("parse_cache_entry rejects every truncation and every flipped byte of a valid entry") {
     const CacheEntryId id = make_id("parse");
     const CacheEntry entry = make_entry(40, 200);

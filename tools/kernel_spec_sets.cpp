@@ -80,7 +80,9 @@ std::vector<SpecTemplate> listed_templates(const json& listing, const std::strin
     std::vector<SpecTemplate> templates;
     for (size_t i = 0; i < listing["items"].size(); ++i) {
         const json& item = listing["items"][i];
-        if (!item.is_object() || item.value("state", std::string()) != "ok") continue;
+        if (!item.is_object() || !item.contains("state") ||
+            text_of(item["state"], fmt::format("{}: items[{}].state", path, i)) != "ok")
+            continue;
         if (!item.contains("spec_json") || !item["spec_json"].is_object() ||
             !item.contains("target"))
             throw UsageError(
@@ -187,7 +189,8 @@ std::vector<SpecTemplate> read_manifest(const std::string& path, const Ops& ops)
     if (manifest.is_array()) {
         specs = manifest;
     } else if (manifest.is_object() && manifest.contains("items") &&
-               manifest.value("command", "") == "list") {
+               manifest.contains("command") &&
+               text_of(manifest["command"], path + ".command") == "list") {
         return listed_templates(manifest, path);
     } else if (manifest.is_object()) {
         Ops manifest_ops = ops;

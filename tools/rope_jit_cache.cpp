@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
@@ -76,10 +77,17 @@ std::string last_error_or(rope_jit_status status) {
 
 using RuntimeHandle = std::unique_ptr<rope_jit_runtime, decltype(&rope_jit_runtime_free)>;
 
-RuntimeHandle make_runtime(const GlobalOptions& global, rope_jit_backend_kind backend) {
+// What a command's runtime is for: compiling (prewarm, info) stores entries under the size
+// limit; the maintenance commands (list, verify, prune, clear) store none, so they do not read
+// ROPE_JIT_CACHE_MAX_BYTES: a malformed limit in the environment never blocks cleaning up.
+enum class RuntimeUse { Compile, Maintenance };
+
+RuntimeHandle make_runtime(const GlobalOptions& global, rope_jit_backend_kind backend,
+                           RuntimeUse use = RuntimeUse::Compile) {
     rope_jit_config config;
     rope_jit_config_init(&config);
     config.backend = backend;
+    if (use == RuntimeUse::Maintenance) config.cache_max_bytes = 0;  // unbounded: env unread
     config.cache_dir = global.cache_dir.empty() ? nullptr : global.cache_dir.c_str();
     rope_jit_runtime* runtime = nullptr;
     const rope_jit_status status = rope_jit_runtime_create(&config, &runtime);
@@ -319,8 +327,13 @@ std::vector<std::string> choose_targets(const GlobalOptions& global, const Prewa
 std::vector<size_t> start_order(const std::vector<PlannedKernel>& planned) {
     const auto rank = [](const PlannedKernel& kernel) {
         const json spec = json::parse(kernel.spec_json, nullptr, /*allow_exceptions=*/false);
-        if (!spec.is_object() || spec.value("op", std::string()) != "attention") return 2;
-        const std::string kind = spec.value("kind", std::string());
+        // (A field of another type ranks like an absent one: the library judges the spec.)
+        const auto text = [&](const char* name) {
+            return spec.contains(name) && spec[name].is_string() ? spec[name].get<std::string>()
+                                                                 : std::string();
+        };
+        if (!spec.is_object() || text("op") != "attention") return 2;
+        const std::string kind = text("kind");
         if (kind == "backward-wgmma" || kind == "backward-dq" || kind == "backward-dkdv") return 0;
         return kind == "forward" ? 1 : 2;
     };
@@ -410,7 +423,12 @@ void on_threads(const GlobalOptions& global, size_t jobs, size_t count,
         for (size_t n = next++; n < count; n = next++) work(runtime.get(), runtime_error, n);
     };
     std::vector<std::thread> threads;
-    for (size_t j = 0; j < jobs; ++j) threads.emplace_back(worker);
+    try {
+        for (size_t j = 1; j < jobs; ++j) threads.emplace_back(worker);
+    } catch (...) {
+        // No more threads to be had: the ones started and this one do the work.
+    }
+    worker();
     for (std::thread& thread : threads) thread.join();
 }
 
@@ -448,9 +466,18 @@ int run_prewarm(const GlobalOptions& global, const PrewarmOptions& options) {
     if (options.jobs < 0) throw UsageError("--jobs: must be >= 1 (0 = one per hardware thread)");
     if (options.processes < 0)
         throw UsageError("--processes: must be >= 1 (0 = chosen from the jobs)");
+    // Targets are chosen (and said) only for templates without one of their own (a `list
+    // --json` manifest's items carry theirs); the report names the targets planned.
     std::string note;
-    const std::vector<std::string> targets = choose_targets(global, options, &note);
-    const std::vector<PlannedKernel> planned = plan_kernels(templates, targets);
+    const bool all_targeted = std::all_of(templates.begin(), templates.end(),
+                                          [](const SpecTemplate& t) { return !t.target.empty(); });
+    const std::vector<PlannedKernel> planned =
+        plan_kernels(templates, all_targeted ? std::vector<std::string>()
+                                             : choose_targets(global, options, &note));
+    std::vector<std::string> targets;
+    for (const PlannedKernel& kernel : planned)
+        if (std::find(targets.begin(), targets.end(), kernel.target) == targets.end())
+            targets.push_back(kernel.target);
     // The root every worker's runtime resolves to, for the report.
     const std::string root = rope_jit_cache_root(make_runtime(global, ROPE_JIT_BACKEND_CPU).get());
     std::vector<Kernel> kernels(planned.size());
@@ -591,7 +618,7 @@ int run_prewarm(const GlobalOptions& global, const PrewarmOptions& options) {
 // ---- list and verify --------------------------------------------------------------------
 
 int run_list(const GlobalOptions& global) {
-    RuntimeHandle runtime = make_runtime(global, ROPE_JIT_BACKEND_CPU);
+    RuntimeHandle runtime = make_runtime(global, ROPE_JIT_BACKEND_CPU, RuntimeUse::Maintenance);
     const std::string root = rope_jit_cache_root(runtime.get());
     const std::vector<Item> items = collect_items(runtime.get());
     const int64_t now = now_seconds();
@@ -624,7 +651,7 @@ int run_list(const GlobalOptions& global) {
 }
 
 int run_verify(const GlobalOptions& global) {
-    RuntimeHandle runtime = make_runtime(global, ROPE_JIT_BACKEND_CPU);
+    RuntimeHandle runtime = make_runtime(global, ROPE_JIT_BACKEND_CPU, RuntimeUse::Maintenance);
     const std::string root = rope_jit_cache_root(runtime.get());
     const std::vector<Item> items = collect_items(runtime.get());
     const Totals totals = totals_of(items);
@@ -701,6 +728,17 @@ std::vector<Removal> plan_prune(const std::vector<Item>& items, int64_t now,
             "--max-bytes: 0 would remove every entry (ROPE_JIT_CACHE_MAX_BYTES=0 means no "
             "limit); use `rope-jit-cache clear` to empty the cache");
 
+    // A time stamp more than a day ahead of the clock (a bundle copied from a machine whose
+    // clock was wrong) tells nothing about use: its age is unknown, and counts as old rather
+    // than as "just used" forever.
+    constexpr int64_t kUnknownAge = INT64_MAX;
+    const auto age_of = [&](int64_t when) {
+        return when > now + 24 * 3600 ? kUnknownAge : now - when;
+    };
+    const auto age_text = [](int64_t age) {
+        return age == kUnknownAge ? std::string("an unknown time (time stamp in the future)")
+                                  : format_age(age);
+    };
     std::vector<Removal> removals;
     std::vector<size_t> kept;  // entries that count against the budget
     for (size_t i = 0; i < items.size(); ++i) {
@@ -713,7 +751,7 @@ std::vector<Removal> plan_prune(const std::vector<Item>& items, int64_t now,
                 removals.push_back({i, state_name(item.state)});
                 continue;
             case ROPE_JIT_CACHE_ITEM_TEMP:
-                if (now - item.modified > kTempGraceSeconds)
+                if (age_of(item.modified) > kTempGraceSeconds)
                     removals.push_back({i, "leftover temp file"});
                 continue;
             case ROPE_JIT_CACHE_ITEM_STALE:
@@ -724,8 +762,8 @@ std::vector<Removal> plan_prune(const std::vector<Item>& items, int64_t now,
                 break;
             case ROPE_JIT_CACHE_ITEM_OK: break;
         }
-        if (has_age && now - item.accessed > older_than) {
-            removals.push_back({i, fmt::format("unused for {}", format_age(now - item.accessed))});
+        if (has_age && age_of(item.accessed) > older_than) {
+            removals.push_back({i, "unused for " + age_text(age_of(item.accessed))});
             continue;
         }
         kept.push_back(i);
@@ -733,8 +771,10 @@ std::vector<Removal> plan_prune(const std::vector<Item>& items, int64_t now,
     if (has_budget) {
         uint64_t total = 0;
         for (size_t i : kept) total += items[i].bytes;
-        std::stable_sort(kept.begin(), kept.end(),
-                         [&](size_t a, size_t b) { return items[a].accessed < items[b].accessed; });
+        // Oldest use first (unknown ages first of all).
+        std::stable_sort(kept.begin(), kept.end(), [&](size_t a, size_t b) {
+            return age_of(items[a].accessed) > age_of(items[b].accessed);
+        });
         for (size_t i : kept) {
             if (total <= budget) break;
             removals.push_back(
@@ -822,7 +862,7 @@ int remove_items(const GlobalOptions& global, const rope_jit_runtime* runtime, c
 }
 
 int run_prune(const GlobalOptions& global, const PruneOptions& options) {
-    RuntimeHandle runtime = make_runtime(global, ROPE_JIT_BACKEND_CPU);
+    RuntimeHandle runtime = make_runtime(global, ROPE_JIT_BACKEND_CPU, RuntimeUse::Maintenance);
     const std::vector<Item> items = collect_items(runtime.get());
     const std::vector<Removal> removals = plan_prune(items, now_seconds(), options);
     return remove_items(global, runtime.get(), "prune", items, removals, options.dry_run,
@@ -830,7 +870,7 @@ int run_prune(const GlobalOptions& global, const PruneOptions& options) {
 }
 
 int run_clear(const GlobalOptions& global, bool dry_run) {
-    RuntimeHandle runtime = make_runtime(global, ROPE_JIT_BACKEND_CPU);
+    RuntimeHandle runtime = make_runtime(global, ROPE_JIT_BACKEND_CPU, RuntimeUse::Maintenance);
     const std::vector<Item> items = collect_items(runtime.get());
     std::vector<Removal> removals;
     for (size_t i = 0; i < items.size(); ++i) removals.push_back({i, "clear"});

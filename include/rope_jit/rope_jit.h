@@ -1077,7 +1077,8 @@ ROPE_JIT_API rope_jit_status rope_jit_inv_freq(const rope_jit_freq_config* confi
  * STYLE_INTERLEAVED, as rotary-embedding-torch's repeat), which is exactly what
  * rope_jit_rope_args reads. */
 typedef struct rope_jit_table_config {
-    /* sizeof(rope_jit_table_config) as the caller compiled it. Set by rope_jit_table_config_init. */
+    /* sizeof(rope_jit_table_config) as the caller compiled it. Set by
+     * rope_jit_table_config_init. */
     size_t struct_size;
     /* The inverse frequencies [num_freqs], host memory, read during the call only. Required. */
     const float* inv_freq;
@@ -1258,7 +1259,9 @@ typedef int (*rope_jit_cache_visitor)(const rope_jit_cache_item* item, void* use
  * NVRTC the NVRTC version and key of an entry cannot be judged, and valid entries are
  * reported OK. A missing root has no items (ROPE_JIT_OK). Fails with ERROR_INVALID_ARGUMENT
  * for a NULL runtime or visitor, ERROR_CACHE when the runtime has no disk cache or its root
- * is not a directory or cannot be listed. */
+ * is not a directory or cannot be listed, and when an entry or directory cannot be opened
+ * for a reason of the moment (no file descriptor or memory to spare): then no item is
+ * reported, rather than a good entry as damaged. */
 ROPE_JIT_API rope_jit_status rope_jit_cache_walk(const rope_jit_runtime* runtime,
                                                  rope_jit_cache_visitor visitor, void* user_data);
 

@@ -332,7 +332,14 @@ private:
     int fd_ = -1;
 };
 
-enum class ReadResult { Ok, Missing, Bad, Untrusted };
+// Unavailable: the file could not be opened for a reason of the moment (no descriptor or
+// memory to spare), which says nothing about the entry: never damage, never set aside.
+enum class ReadResult { Ok, Missing, Bad, Untrusted, Unavailable };
+
+bool transient_open_error(int err) {
+    return err == EMFILE || err == ENFILE || err == ENOMEM || err == ENOBUFS || err == EAGAIN ||
+           err == EINTR;
+}
 
 // Appends bytes of fd to *bytes until it holds `want` bytes or the file ends. False, with
 // *problem, on a read error.
@@ -368,6 +375,10 @@ ReadResult read_entry_file(const std::string& path, bool no_follow, std::string*
     if (fd < 0) {
         int err = errno;
         if (err == ENOENT || err == ENOTDIR) return ReadResult::Missing;
+        if (transient_open_error(err)) {
+            *problem = "cannot open it now: " + errno_text(err);
+            return ReadResult::Unavailable;
+        }
         *problem = err == ELOOP && no_follow ? "a symbolic link in place of the entry"
                                              : "cannot open: " + errno_text(err);
         if (lstat(path.c_str(), st) != 0) std::memset(st, 0, sizeof(*st));
@@ -768,6 +779,13 @@ std::optional<CacheEntry> DiskCache::load_from(const std::string& root, const Ca
         std::memset(&st, 0, sizeof(st));
         ReadResult result = read_entry_file(path, owned, &bytes, &problem, &st);
         if (result == ReadResult::Missing) return std::nullopt;
+        if (result == ReadResult::Unavailable) {
+            log_warning_once("disk_cache_unavailable:" + path,
+                             fmt::format("kernel cache entry '{}' was not read ({}); compiled "
+                                         "instead, the entry left as it is",
+                                         path, problem));
+            return std::nullopt;
+        }
         if (result == ReadResult::Untrusted) {
             // Not ours to move: it stays, and a store replaces it by rename.
             log_warning_once(
@@ -987,6 +1005,13 @@ std::vector<DiskCache::EntryReport> DiskCache::verify(const std::string& root) c
             }
             int error = 0;
             const std::vector<std::string> names = sorted_names(dir, &error);
+            // No descriptor or memory to list it with now: reported, prune would remove a
+            // whole directory of good entries for it. Stop the walk instead.
+            if (transient_open_error(error))
+                throw Error(ROPE_JIT_ERROR_CACHE,
+                            fmt::format("cannot list '{}' now: {}; the walk of the cache stopped "
+                                        "there, nothing was changed",
+                                        dir, errno_text(error)));
             // A directory this user cannot list hides whatever it holds: say so, rather than
             // report a cache that looks clean (missing is fine: removed meanwhile, or no cache).
             if (error != 0 && error != ENOENT) {
@@ -1046,6 +1071,12 @@ std::vector<DiskCache::EntryReport> DiskCache::verify(const std::string& root) c
                                                             &bytes, &report.problem, &st,
                                                             /*keep_atime=*/true);
                         if (result == ReadResult::Missing) continue;  // removed meanwhile
+                        // Reported as damage, prune would delete a good entry: stop instead.
+                        if (result == ReadResult::Unavailable)
+                            throw Error(ROPE_JIT_ERROR_CACHE,
+                                        fmt::format("'{}': {}; the walk of the cache stopped "
+                                                    "there, nothing was changed",
+                                                    report.path, report.problem));
                         if (result == ReadResult::Untrusted || !dir_problem.empty()) {
                             report.untrusted = true;
                             report.problem = "not trusted: " +

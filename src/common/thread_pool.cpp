@@ -16,7 +16,13 @@ struct ThreadPool::Job {
 
 ThreadPool::ThreadPool(int threads) {
     if (threads <= 0) threads = int(std::max(1u, std::thread::hardware_concurrency()));
-    for (int i = 1; i < threads; ++i) workers_.emplace_back([this] { worker_loop(); });
+    try {
+        workers_.reserve(size_t(threads - 1));
+        for (int i = 1; i < threads; ++i) workers_.emplace_back([this] { worker_loop(); });
+    } catch (...) {
+        // No more threads (or memory) to be had: the workers started and each caller, which
+        // always takes chunks itself, do the work.
+    }
 }
 
 ThreadPool::~ThreadPool() {

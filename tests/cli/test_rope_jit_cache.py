@@ -1207,11 +1207,169 @@ class BoundedCacheTest(CacheTestCase):
         kept = sorted(item["spec_json"]["head_dim"] for item in self.items("ok"))
         self.assertEqual(kept[-1], 192)
         self.assertNotIn(64, kept)  # the oldest went first
-        # Unbounded with 0; a bad value names the variable.
+        # Unbounded with 0; a bad value names the variable (in prewarm, which writes: list,
+        # verify, prune and clear do not read it, MaxBytesEnvironmentTest below).
         env["ROPE_JIT_CACHE_MAX_BYTES"] = "lots"
-        result = subprocess.run([TOOL, "--cache-dir", self.root, "list"], capture_output=True, text=True, env=env)
+        result = subprocess.run([TOOL, "--cache-dir", self.root, "prewarm", "--target", "sm_90", "--head-dim", "64"],
+                                capture_output=True, text=True, env=env)
         self.assertNotEqual(result.returncode, 0)
         self.assertIn("ROPE_JIT_CACHE_MAX_BYTES", result.stderr)
+
+
+# ---- the tool's fixes after the adversarial test of session 35 --------------------------------
+
+LIST_ITEM_SPEC = {"op": "rope", "head_dim": 64}
+
+
+def make_layout_dirs(root, *parts):
+    """root/parts..., every directory private (as the cache makes them); the last one's path."""
+    path = root
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    for part in parts:
+        path = os.path.join(path, part)
+        os.mkdir(path, 0o700)
+    return path
+
+
+class ManifestFieldTypeTest(CacheTestCase):
+    def test_a_list_manifest_whose_state_or_command_is_not_a_string_is_a_usage_error_naming_the_field(self):
+        # These exited 1 with nlohmann's "[json.exception.type_error.302] type must be string".
+        manifest = os.path.join(self.scratch, "m1.json")
+        for state in (1, None, ["ok"], {"ok": True}, True):
+            write_bytes(manifest, json.dumps({"command": "list", "items": [
+                {"state": state, "target": "sm_90", "spec_json": LIST_ITEM_SPEC}]}).encode())
+            result = self.tool("--cache-dir", self.root, "prewarm", "--manifest", manifest, expect=2)
+            self.assertIn(f"{manifest}: items[0].state: expected a string", result.stderr, state)
+            self.assertNotIn("json.exception", result.stderr, state)
+        # The second item's, after a good first one.
+        write_bytes(manifest, json.dumps({"command": "list", "items": [
+            {"state": "ok", "target": "sm_90", "spec_json": LIST_ITEM_SPEC},
+            {"state": 7, "target": "sm_90", "spec_json": LIST_ITEM_SPEC}]}).encode())
+        result = self.tool("--cache-dir", self.root, "prewarm", "--dry-run", "--manifest", manifest, expect=2)
+        self.assertIn(f"{manifest}: items[1].state: expected a string, got 7", result.stderr)
+        for command in (5, None, ["list"], {"name": "list"}):
+            write_bytes(manifest, json.dumps({"command": command, "items": []}).encode())
+            result = self.tool("--cache-dir", self.root, "prewarm", "--manifest", manifest, expect=2)
+            self.assertIn(manifest, result.stderr, command)
+            self.assertIn("command: expected a string", result.stderr, command)
+            self.assertNotIn("json.exception", result.stderr, command)
+        self.assertFalse(os.path.exists(self.root))
+
+
+class MaxBytesEnvironmentTest(CacheTestCase):
+    def test_list_verify_prune_and_clear_ignore_a_malformed_size_limit_and_prewarm_refuses_it(self):
+        # A value like "2g" made every command fail creating its runtime, so the cache could
+        # not even be cleaned up; only prewarm, which writes entries, applies the limit.
+        directory = make_layout_dirs(self.root, "v1", "nvrtc13.0", "sm_90", "ab")
+        damaged = os.path.join(directory, "ab" + "0" * 62 + ".cubin")
+        write_bytes(damaged, b"damaged")
+        temp = os.path.join(directory, ".tmp-1-2-3")
+        write_bytes(temp, b"half")
+        old = time.time() - 3600
+        os.utime(temp, (old, old))
+        env = dict(tool_env(), ROPE_JIT_CACHE_MAX_BYTES="2g")
+
+        def run(*args):
+            return subprocess.run([TOOL, "--cache-dir", self.root, *args], capture_output=True, text=True,
+                                  env=env, timeout=120)
+
+        listed = run("list", "--json")
+        self.assertEqual(listed.returncode, 0, listed.stderr)
+        self.assertEqual(sorted(item["state"] for item in json.loads(listed.stdout)["items"]), ["damaged", "temp"])
+        verified = run("verify", "--json")
+        self.assertEqual(verified.returncode, 1, verified.stderr)  # damage found, not a failure to start
+        self.assertEqual(len(json.loads(verified.stdout)["items"]), 2)
+        for result in (listed, verified):
+            self.assertNotIn("ROPE_JIT_CACHE_MAX_BYTES", result.stderr)
+        pruned = run("prune", "--json")
+        self.assertEqual(pruned.returncode, 0, pruned.stderr)
+        self.assertEqual(sorted(item["path"] for item in json.loads(pruned.stdout)["removed"]), sorted([damaged, temp]))
+        self.assertFalse(os.path.exists(damaged) or os.path.exists(temp))
+        write_bytes(damaged, b"damaged again")
+        cleared = run("clear")
+        self.assertEqual(cleared.returncode, 0, cleared.stderr)
+        self.assertFalse(os.path.exists(damaged))
+
+        prewarm = run("prewarm", "--target", "sm_90", "--head-dim", "64")
+        self.assertNotEqual(prewarm.returncode, 0)
+        self.assertIn("ROPE_JIT_CACHE_MAX_BYTES: '2g' is not a size in bytes", prewarm.stderr)
+        self.assertEqual(os.listdir(directory), [])
+
+
+class FutureTimeStampTest(CacheTestCase):
+    def test_prune_removes_temp_files_stamped_more_than_a_day_ahead_and_keeps_fresh_ones(self):
+        # A time stamp in the future (a bundle from a machine whose clock was wrong) made a
+        # temp file look just written, forever: prune never removed it.
+        directory = make_layout_dirs(self.root, "v1", "nvrtc13.0", "sm_90", "ab")
+        now = time.time()
+        stamps = {"far": (1, now + 3 * 86400), "ahead": (2, now + 3600), "now": (3, now)}
+        paths = {}
+        for name, (pid, stamp) in stamps.items():
+            paths[name] = os.path.join(directory, f".tmp-{pid}-1-2")
+            write_bytes(paths[name], b"half")
+            os.utime(paths[name], (stamp, stamp))
+        pruned = json.loads(self.tool("--cache-dir", self.root, "prune", "--json").stdout)
+        self.assertEqual([(item["path"], item["reason"]) for item in pruned["removed"]],
+                         [(paths["far"], "leftover temp file")])
+        self.assertFalse(os.path.exists(paths["far"]))
+        # Less than a day ahead is within the clock skew allowed: still a write in progress.
+        self.assertTrue(os.path.exists(paths["ahead"]) and os.path.exists(paths["now"]))
+
+    @needs_nvrtc
+    def test_prune_counts_an_entry_used_more_than_a_day_ahead_as_unused_for_an_unknown_time(self):
+        # Such an entry looked used just now, forever: --older-than never removed it, and
+        # --max-bytes removed every other entry first.
+        self.prewarm("--head-dim", "64,128")
+        entries = {item["spec_json"]["head_dim"]: item for item in self.items("ok")}
+        future, past = entries[64]["path"], entries[128]["path"]
+        now = time.time()
+
+        def stamp():
+            os.utime(future, (now + 3 * 86400, now + 3 * 86400))
+            os.utime(past, (now - 3600, now - 3600))
+
+        stamp()
+        pruned = json.loads(self.tool("--cache-dir", self.root, "prune", "--older-than", "1d", "--json").stdout)
+        self.assertEqual([item["path"] for item in pruned["removed"]], [future])
+        self.assertIn("unused for an unknown time", pruned["removed"][0]["reason"])
+        self.assertEqual([item["path"] for item in self.items("ok")], [past])
+
+        # Over a size limit, an unknown age goes before any known one.
+        self.prewarm("--head-dim", "64")
+        stamp()
+        budget = max(entries[64]["bytes"], entries[128]["bytes"])
+        pruned = json.loads(self.tool("--cache-dir", self.root, "prune", "--max-bytes", str(budget), "--json").stdout)
+        self.assertEqual([item["path"] for item in pruned["removed"]], [future])
+        self.assertIn("least recently used", pruned["removed"][0]["reason"])
+        self.assertEqual([item["path"] for item in self.items("ok")], [past])
+
+
+class ListedTargetsTest(CacheTestCase):
+    def listing(self, *targets):
+        manifest = os.path.join(self.scratch, "listed.json")
+        write_bytes(manifest, json.dumps({"command": "list", "items": [
+            {"state": "ok", "target": target, "spec_json": LIST_ITEM_SPEC} for target in targets]}).encode())
+        return manifest
+
+    def test_prewarm_of_a_list_manifest_plans_its_items_targets_and_chooses_no_other(self):
+        # It chose targets anyway: "no GPU found: compiling for sm_90" (or the local GPUs),
+        # and reported those instead of the items' own.
+        manifest = self.listing("compute_90a", "sm_80")
+        plan = json.loads(self.tool("--cache-dir", self.root, "prewarm", "--dry-run", "--json", "--manifest",
+                                    manifest).stdout)
+        self.assertEqual(plan["targets"], ["compute_90a", "sm_80"])
+        self.assertEqual(plan["note"], "")
+        self.assertEqual([kernel["target"] for kernel in plan["kernels"]], ["compute_90a", "sm_80"])
+        text = self.tool("--cache-dir", self.root, "prewarm", "--dry-run", "--manifest", manifest).stdout
+        self.assertNotIn("no GPU found", text)
+        self.assertNotIn("local GPUs", text)
+
+    @needs_nvrtc
+    def test_prewarm_of_a_list_manifest_reports_the_targets_it_compiled_for(self):
+        result = self.tool("--cache-dir", self.root, "prewarm", "--manifest", self.listing("compute_90a"))
+        self.assertNotIn("no GPU found", result.stdout + result.stderr)
+        self.assertIn("prewarm: 1 kernels for compute_90a in ", result.stdout.splitlines()[-1])
+        self.assertEqual([item["target"] for item in self.items("ok")], ["compute_90a"])
 
 
 if __name__ == "__main__":
