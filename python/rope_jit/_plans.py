@@ -228,9 +228,11 @@ class Plan:
         self.other_devices = False  # whether the current CUDA device may not be the tensors'
         self.take = self.absent = self.nones = self.guard = None  # see arm()
         self.armed_outputs = ()
-        # The caller's signed tensors the call writes (places in `signed`, and their names):
-        # checked and marked by _torch_writes (the plan's own outputs need neither).
-        self.written = self.written_names = ()
+        # The caller's signed tensors the call writes: a function taking them out of a call's
+        # `signed` (None where it writes none of them), and their names; checked and marked
+        # by _torch_writes (the plan's own outputs need neither).
+        self.written = None
+        self.written_names = ()
 
     def arm(self, signed):
         """Points the last-plan check at these signed tensors: `take` (a function taking the
@@ -400,8 +402,9 @@ def call(runtime, recipe, signed, derived, head, position_offset, q_position_off
         outputs = plan.armed_outputs  # (the guard accepted the tensors they were read from)
         made = _make_outputs(plan, outputs, signed, pointers) if outputs else ()
     written = plan.written
-    if written:
-        written = _torch_writes.check([signed[place] for place in written], plan.written_names)
+    if written is not None:
+        written = written(signed)
+        _torch_writes.check(written, plan.written_names)
     device = plan.cuda_device
     values = plan.values
     values[0] = position_offset
@@ -418,7 +421,7 @@ def call(runtime, recipe, signed, derived, head, position_offset, q_position_off
     status = plan.function(handle if handle is not None else runtime.handle, plan.args_ref)
     if status:
         runtime.library.check("rope_jit_rope", status)
-    if written:
+    if written is not None:
         _torch_writes.mark(written)
     return made
 
@@ -640,12 +643,18 @@ def _build(runtime, recipe, signed, derived, head, key):
     )
     plan.recipe, plan.head = recipe, head
     written_names = _written_names(values)
-    plan.written = tuple(
+    places = [
         place
         for place, slot in enumerate(recipe.signed)
         if signed[place] is not None and _TENSOR_NAMES[slot] in written_names
-    )
-    plan.written_names = tuple(_TENSOR_NAMES[recipe.signed[place]] for place in plan.written)
+    ]
+    if places:  # (itemgetter of one index gives the item itself, not a tuple)
+        plan.written = (
+            operator.itemgetter(*places)
+            if len(places) > 1
+            else lambda values, index=places[0]: (values[index],)
+        )
+        plan.written_names = tuple(_TENSOR_NAMES[recipe.signed[place]] for place in places)
     # empty_like's strides depend only on the source's sizes and strides, which the key holds,
     # except a contiguous source's (True in the key): then they are its own strides, read per
     # call (strides of size-1 dimensions may differ between calls).

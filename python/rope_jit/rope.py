@@ -309,8 +309,8 @@ def rope(
         InvalidArgumentError (a ValueError) naming the argument for bad input; another
         RopeJitError subclass for other failures; TypeError for objects that are not tensors;
         RuntimeError, as torch's in-place ops, for a torch tensor it would write that requires
-        grad while grad mode is on, or an inference tensor outside inference mode (torch
-        tensors it writes count the write in their version counter, as in-place ops do).
+        grad while grad mode is on (torch tensors it writes count the write in their version
+        counter, as in-place ops do).
     """
     if layout not in LAYOUTS:
         raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
@@ -455,16 +455,18 @@ def rope(
             _cuda_context.ensure_current(device.device_id)
     # Torch tensors it writes: refused as torch's in-place ops would, and marked written.
     written_names = _written_names(values)
-    torch_written = [
+    written = [
         (value, name)
         for name, value in zip(_TENSOR_NAMES, values)
         if name in written_names and is_torch_tensor(value)
     ]
-    if torch_written:
-        torch_written = _torch_writes.check(*zip(*torch_written))
+    if written:
+        written, names = zip(*written)
+        _torch_writes.check(written, names)
     status = library.rope_jit_rope(runtime.handle, ctypes.byref(args))
     library.check("rope_jit_rope", status)
-    _torch_writes.mark(torch_written)
+    if written:
+        _torch_writes.mark(written)
     del held
     return (
         q_out if q_out is not None else q,

@@ -1,8 +1,8 @@
 """Torch tensors the library writes through their data pointers (rope()'s q and k in place or
 q_out/k_out, apply_rope(inplace=True) without autograd, torch.ops.rope_jit.rope_/rope_qk_, a KV
 cache): each write counts in the tensor's version counter as a torch in-place op's does; a tensor
-torch would not let an in-place op write (one that requires grad in grad mode, an inference tensor
-outside inference mode) is refused before anything is written. Also tensors the library must not
+that requires grad in grad mode (whose write autograd would not record) is refused before anything
+is written; inference tensors are written, and counted nowhere (they have no counter). Also tensors the library must not
 read as raw memory (the negative bit), meta tensors, and empty q and k. Every case runs twice
 with tensors of one signature: once building the plan, once through it. CPU tensors (the
 library's CPU reference); skipped without torch."""
@@ -303,9 +303,11 @@ def test_a_non_leaf_that_requires_grad_is_refused_in_grad_mode_too():
 
 
 @pytest.mark.parametrize("writer", WRITERS, ids=str)
-def test_an_inference_tensor_is_written_inside_inference_mode_only(writer):
+def test_an_inference_tensor_is_written_inside_inference_mode_and_out(writer):
+    # Inference tensors have no version counter and can never be saved for a backward: the
+    # library writes them in or out of inference mode (torch's own in-place ops refuse the
+    # latter, for no gradient's sake) and counts nothing.
     fresh_plans()
-    name = writer.written[0]  # the first written tensor is the one named
 
     def inference_tensors(seed):
         with torch.inference_mode():
@@ -313,13 +315,11 @@ def test_an_inference_tensor_is_written_inside_inference_mode_only(writer):
         assert all(tensor.is_inference() for tensor in tensors.values())
         return tensors
 
-    for seed in (0, 20):  # refused while the plan is new, then after it served a call
+    for seed in (0, 20):  # while the plan is new, then after it served a call
         tensors = inference_tensors(seed)
-        before = snapshot(tensors)
-        with pytest.raises(RuntimeError, match=f"^{name}: an inference tensor"):
-            writer.call(tensors)
-        for other, tensor in tensors.items():
-            assert same_bytes(tensor, before[other]), f"{other} written by a refused {writer}"
+        inputs = snapshot(tensors)
+        writer.call(tensors)
+        check_values(writer, tensors, inputs)
 
         tensors = inference_tensors(seed + 10)
         inputs = snapshot(tensors)
