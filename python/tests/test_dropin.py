@@ -48,7 +48,8 @@ def hf_formula(q, k, cos, sin, unsqueeze_dim=1):
     out = []
     for x in (q, k):
         rotated = x[..., :rotary_dim] * cos + rotate_pairs(x[..., :rotary_dim], "half") * sin
-        out.append(torch.cat((rotated, x[..., rotary_dim:]), dim=-1))
+        passed = x[..., rotary_dim:]
+        out.append(torch.cat((rotated, passed), dim=-1) if passed.shape[-1] else rotated)
     return tuple(out)
 
 
@@ -105,6 +106,49 @@ def test_hf_apply_rotary_pos_emb_takes_the_old_table_and_position_ids_signature_
     cos, sin = table_cos[position_ids], table_sin[position_ids]
     got_q, _ = hf.apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin, 2)
     close(got_q, expected_q.transpose(1, 2), label="q (unsqueeze_dim 2)")
+
+
+def test_hf_calls_the_library_cannot_serve_get_transformers_own_results():
+    """(Adversarial pass, session 35.) Where the library would compute something else or
+    refuse, the drop-in runs transformers' formula: cos/sin that require grad (their gradient
+    too), float64 (gradcheck), q and k of different dtypes, an odd head_dim, k with one token
+    against q's five (transformers broadcasts), k without heads, unbatched input with
+    unsqueeze_dim=0."""
+    position_ids = torch.arange(5)[None]
+    cos, sin = hf_tables(position_ids, 16)  # [1, 5, 16]
+
+    def same(q, k, c, s, unsqueeze_dim=1):
+        got = hf.apply_rotary_pos_emb(q, k, c, s, unsqueeze_dim=unsqueeze_dim)
+        expected = hf_formula(q, k, c, s, unsqueeze_dim)
+        for g, e, name in zip(got, expected, ("q", "k")):
+            assert g.shape == e.shape and g.dtype == e.dtype, name
+            close(g, e, label=name)
+
+    q, k = random((2, 4, 5, 16), "cpu", 1), random((2, 2, 5, 16), "cpu", 2)
+    # Tables that require grad: values, and their gradient as transformers gives it.
+    c, s = cos.clone().requires_grad_(True), sin.clone().requires_grad_(True)
+    c2, s2 = cos.clone().requires_grad_(True), sin.clone().requires_grad_(True)
+    got = hf.apply_rotary_pos_emb(q, k, c, s)
+    expected = hf_formula(q, k, c2, s2)
+    (got[0].sum() + 2 * got[1].sum()).backward()
+    (expected[0].sum() + 2 * expected[1].sum()).backward()
+    close(c.grad, c2.grad, label="cos grad")
+    close(s.grad, s2.grad, label="sin grad")
+    # float64, and gradcheck through it.
+    q64, k64 = (x.double().requires_grad_(True) for x in (q[:1, :2, :3, :4], k[:1, :1, :3, :4]))
+    c64, s64 = (t[:, :3, :4].double() for t in hf_tables(position_ids, 4))
+    same(q64, k64, c64, s64)
+    assert torch.autograd.gradcheck(
+        lambda a, b: hf.apply_rotary_pos_emb(a, b, c64, s64), (q64, k64)
+    )
+    same(q, k.bfloat16(), cos, sin)  # q and k of different dtypes
+    odd = hf_tables(position_ids, 14)
+    same(random((2, 4, 5, 15), "cpu", 3), random((2, 2, 5, 15), "cpu", 4), *odd)  # odd head_dim
+    same(q, k[:, :, :1], cos, sin)  # one key against five queries: broadcast
+    same(q, k[:, :0], cos, sin)  # k without heads
+    same(q[0], k[0], cos[0], sin[0], unsqueeze_dim=0)  # unbatched [H, S, D]
+    with pytest.raises(RuntimeError):  # three keys against five queries: transformers raises
+        hf.apply_rotary_pos_emb(q, k[:, :, :3], cos, sin)
 
 
 # ------------------------------------------------------------------------------------------
@@ -194,6 +238,30 @@ def test_flash_attn_apply_rotary_emb_on_packed_sequences_restarts_positions_per_
     rows = torch.cat([torch.arange(4), torch.arange(5), torch.arange(6)]).to(device)
     got = flash_attn.apply_rotary_emb(x, cos, sin, interleaved=True, cu_seqlens=cu_seqlens, max_seqlen=6)
     close(got, flash_formula(x, cos, sin, True, rows), label="packed")
+
+
+def test_flash_attn_qkv_and_unsloth_take_q_heads_that_are_no_multiple_of_k_heads():
+    """(Adversarial pass, session 35.) flash-attention's packed qkv with Hq = 3, Hk = 2 (and
+    Hq = 2, Hk = 4) and Unsloth's kernels rotate every head; the drop-ins do it in two
+    launches instead of refusing."""
+    for heads_q, heads_k in ((3, 2), (2, 4)):
+        qkv = random((2, 6, heads_q + 2 * heads_k, 8), "cpu", 5)
+        expected = qkv.clone()
+        cos, sin = (t[0, :, :4] for t in hf_tables(torch.arange(6)[None], 8))
+        for start, stop in ((0, heads_q), (heads_q, heads_q + heads_k)):
+            x = expected[:, :, start:stop]
+            x1, x2 = x[..., :4], x[..., 4:]
+            c, s = cos[None, :, None], sin[None, :, None]
+            expected[:, :, start:stop] = torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
+        flash_attn.apply_rotary_emb_qkv_(qkv, cos, sin, num_heads_q=heads_q)
+        close(qkv, expected, label=f"qkv {heads_q}/{heads_k}")
+
+        q, k = random((2, heads_q, 6, 8), "cpu", 6), random((2, heads_k, 6, 8), "cpu", 7)
+        table_cos, table_sin = hf_tables(torch.arange(6), 8)
+        got_q, got_k = unsloth.fast_rope_embedding(q, k, table_cos, table_sin)
+        rows = torch.arange(6)
+        close(got_q, unsloth_formula(q, table_cos, table_sin, rows), label="unsloth q")
+        close(got_k, unsloth_formula(k, table_cos, table_sin, rows), label="unsloth k")
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -196,3 +196,25 @@ def test_the_one_import_patches_models_imported_later_without_importing_them_its
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
     )
     assert result.returncode == 0 and "ok []" in result.stdout, result.stdout + result.stderr
+
+
+def test_a_model_whose_apply_rotary_pos_emb_is_not_the_standard_one_keeps_it_with_a_warning():
+    """(Adversarial pass, session 35.) Cohere's and GLM's functions rotate interleaved pairs,
+    GPT-J's takes (tensor, sin, cos): switched, they computed another rotation or raised.
+    patch() tries a module's own function first and keeps it when it is not the standard
+    one; a listed model is switched as before."""
+    from transformers.models.cohere import modeling_cohere
+    from transformers.models.gptj import modeling_gptj
+    from transformers.models.llama import modeling_llama
+
+    originals = (modeling_cohere.apply_rotary_pos_emb, modeling_gptj.apply_rotary_pos_emb)
+    try:
+        with pytest.warns(UserWarning, match="not transformers' standard rotation"):
+            patched = hf_models.patch(["cohere", "gptj", "llama"])
+        assert patched == ["transformers.models.llama.modeling_llama"]
+        assert modeling_llama.apply_rotary_pos_emb is hf_dropin.apply_rotary_pos_emb
+        assert (modeling_cohere.apply_rotary_pos_emb, modeling_gptj.apply_rotary_pos_emb) == (
+            originals
+        )
+    finally:
+        hf_models.unpatch()

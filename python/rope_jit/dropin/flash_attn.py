@@ -21,7 +21,8 @@ def apply_rotary_emb(x, cos, sin, interleaved=False, inplace=False, seqlen_offse
     pairs (2i, 2i+1) instead of NeoX pairs (i, i+R/2). inplace: write into x. seqlen_offsets:
     an int or a [B] tensor added to each sequence's positions (KV-cache decode). max_seqlen is
     accepted and unused (the library needs no bound). Returns the rotated tensor (x itself
-    with inplace=True).
+    with inplace=True). A token whose position (offset included) lies past the tables is an
+    error here, where flash-attention's kernel passes it through unrotated.
     """
     position_offset, offsets = _offsets(seqlen_offsets)
     return apply_rope(x, None, cos, sin, seqlen_offsets=offsets, cu_seqlens=cu_seqlens,
@@ -51,12 +52,13 @@ def apply_rotary_emb_qkv_(qkv, cos, sin, cos_k=None, sin_k=None, interleaved=Fal
                           num_heads_q=None):
     """flash-attention's apply_rotary_emb_qkv_: rotates the q and k parts of a packed qkv
     ([B, S, 3, H, D], or [B, S, Hq + 2*Hk, D] with num_heads_q) in place, in one launch (two
-    when cos_k/sin_k differ from cos/sin). Returns qkv."""
+    when cos_k/sin_k differ from cos/sin, or Hq is not a multiple of Hk). Returns qkv."""
     q, k = _qk_views(qkv, num_heads_q)
     position_offset, offsets = _offsets(seqlen_offsets)
     common = dict(seqlen_offsets=offsets, position_offset=position_offset, rotary_dim=2 * cos.shape[-1],
                   style="interleaved" if interleaved else "half", layout="bshd", inplace=True)
-    if (cos_k is None or cos_k is cos) and (sin_k is None or sin_k is sin):
+    one_launch = k.shape[2] > 0 and q.shape[2] % k.shape[2] == 0  # (one launch needs GQA groups)
+    if one_launch and (cos_k is None or cos_k is cos) and (sin_k is None or sin_k is sin):
         apply_rope(q, k, cos, sin, **common)
     else:
         apply_rope(q, None, cos, sin, **common)

@@ -25,6 +25,14 @@ def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
 
     Returns (q_embed, k_embed), new tensors in q's and k's dtype (transformers returns cos's
     dtype when it is wider; the models pass cos in q's dtype).
+
+    Calls the library cannot serve as transformers would run transformers' own formula
+    instead (_transformers_formula): cos/sin that require grad (transformers differentiates
+    them), dtypes other than float32/float16/bfloat16 or q and k of different dtypes, an odd
+    head_dim, k with another sequence length than q (transformers broadcasts, or raises), q or
+    k without heads or not 4-D, another unsqueeze_dim. The library reads the first half of a
+    full [.., R] table for both halves, as every rotary embedding of transformers builds it
+    (cat(freqs, freqs)).
     """
     if (
         position_ids is not None  # (first: the models' calls pass none)
@@ -36,6 +44,8 @@ def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
         rotated = _eager(q, k, cos, sin, unsqueeze_dim)
         if rotated is not None:
             return rotated
+        if not _library_serves(q, k, cos, sin, unsqueeze_dim):
+            return _transformers_formula(q, k, cos, sin, unsqueeze_dim)
     if unsqueeze_dim not in (1, 2, -3, -2):
         raise ValueError(
             f"unsqueeze_dim: expected 1 ([B, H, S, D]) or 2 ([B, S, H, D]), got {unsqueeze_dim}"
@@ -84,6 +94,43 @@ def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
     )
 
 
+_LIBRARY_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _library_serves(q, k, cos, sin, unsqueeze_dim):
+    """Whether the library computes this call (cos/sin without position_ids) as transformers
+    does; else _transformers_formula runs (see apply_rotary_pos_emb)."""
+    if unsqueeze_dim not in _GEOMETRY or q.dim() != 4 or k.dim() != 4:
+        return False
+    if torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad):
+        return False
+    if any(t.dtype not in _LIBRARY_DTYPES for t in (q, k, cos, sin)) or q.dtype != k.dtype:
+        return False
+    _, seq_dim = _GEOMETRY[unsqueeze_dim]
+    head_dim = 3 - seq_dim
+    return (
+        q.shape[-1] % 2 == 0
+        and k.shape[seq_dim] == q.shape[seq_dim]
+        and q.shape[head_dim] > 0
+        and k.shape[head_dim] > 0
+    )
+
+
+def _transformers_formula(q, k, cos, sin, unsqueeze_dim):
+    """transformers' own apply_rotary_pos_emb: q * cos + rotate_half(q) * sin, the first R
+    features of a wider head rotated (R = cos's last extent), the rest passed through."""
+    cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+    rotary_dim = cos.shape[-1]
+
+    def rotate(x):
+        rotated, passed = x[..., :rotary_dim], x[..., rotary_dim:]
+        first, second = rotated[..., : rotary_dim // 2], rotated[..., rotary_dim // 2 :]
+        result = rotated * cos + torch.cat((-second, first), dim=-1) * sin
+        return torch.cat((result, passed), dim=-1) if passed.shape[-1] else result
+
+    return rotate(q), rotate(k)
+
+
 # The eager hot path of the models' own calls (cos/sin [B|1, S, R], no position_ids): the
 # plan's key holds cos and sin as the model passes them, and the library reads them through
 # views made once, when the plan is built (cos[0], or the [B*S, R] rows); the sequence starts
@@ -98,14 +145,19 @@ def _rows(table):
 
 
 def _accepts(signed, head):
-    """Whether the eager path's recipes serve q, k, cos, sin (the key's shapes and strides;
-    checked once per signature, when its plan is built): 4-D q and k, Hq a multiple of Hk,
-    cos and sin alike, [1|B, S, R]; else the general code, which checks them (per-sequence
-    starts past the tables could not be checked on the device)."""
+    """Whether the eager path's recipes serve q, k, cos, sin (the key's shapes, strides and
+    dtypes; checked once per signature, when its plan is built): 4-D q and k of one library
+    dtype and one sequence length, Hq a multiple of Hk, cos and sin alike, [1|B, S, R]; else
+    the general code, which checks them (per-sequence starts past the tables could not be
+    checked on the device) or runs transformers' formula."""
     q, k, cos, sin = signed
     seq_dim, head_dim = (2, 1) if head[0] == "bhsd" else (1, 2)
     q_shape, k_shape, cos_shape = q.shape, k.shape, cos.shape
     if len(q_shape) != 4 or len(k_shape) != 4 or len(cos_shape) != 3:
+        return False
+    if q.dtype != k.dtype or any(t.dtype not in _LIBRARY_DTYPES for t in signed):
+        return False
+    if k_shape[seq_dim] != q_shape[seq_dim] or q_shape[-1] % 2:
         return False
     if sin.shape != cos_shape or sin.stride() != cos.stride():
         return False

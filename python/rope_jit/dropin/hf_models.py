@@ -11,7 +11,9 @@ patched at once; the others when they are first imported (an import hook), so im
 module imports no model code. unpatch() restores the originals and removes the hook; patch()
 applies it again (or to other models).
 
-Only models whose apply_rotary_pos_emb is the standard one are listed.
+Only models whose apply_rotary_pos_emb is the standard one are listed; a module's own function
+is also tried on a small input before it is replaced, and kept, with a warning, where it
+computes something else (Cohere's and GLM's interleaved pairs, GPT-J's other signature).
 """
 
 import importlib
@@ -19,8 +21,11 @@ import importlib.abc
 import importlib.util
 import sys
 import threading
+import warnings
 
-from .hf import apply_rotary_pos_emb
+import torch
+
+from .hf import _transformers_formula, apply_rotary_pos_emb
 
 MODELS = (
     "llama",
@@ -46,11 +51,46 @@ def _module_name(model):
     return f"transformers.models.{model}.modeling_{model}"
 
 
+def _is_standard(function):
+    """Whether `function(q, k, cos, sin)` computes transformers' standard rotation (half-style
+    pairs, [B, S, D] tables, heads in dim 1), on a small float64 CPU input."""
+    generator = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(1, heads, 3, 4, generator=generator, dtype=torch.float64) for heads in (2, 1))
+    angles = torch.randn(1, 3, 2, generator=generator, dtype=torch.float64)
+    cos, sin = torch.cat((angles, angles), -1).cos(), torch.cat((angles, angles), -1).sin()
+    try:
+        with torch.no_grad():
+            got = function(q, k, cos, sin)
+    except Exception:  # noqa: BLE001 (another signature or semantics: not standard)
+        return False
+    expected = _transformers_formula(q, k, cos, sin, 1)
+    return (
+        isinstance(got, tuple)
+        and len(got) == 2
+        and all(
+            isinstance(g, torch.Tensor) and g.shape == e.shape and torch.allclose(g, e)
+            for g, e in zip(got, expected)
+        )
+    )
+
+
+def _warn_not_standard(name):
+    warnings.warn(
+        f"rope_jit.dropin.hf_models: {name}'s apply_rotary_pos_emb is not transformers' "
+        f"standard rotation (half-style pairs, q and k [B, H, S, D]); it is kept",
+        stacklevel=3,
+    )
+
+
 def _patch_module(module):
+    """Replaces module.apply_rotary_pos_emb by rope-jit's. Returns True when it is rope-jit's
+    now, False when the module has none, None when its own is not the standard one (kept)."""
     current = getattr(module, "apply_rotary_pos_emb", None)
     if current is None:
         return False
     if current is not apply_rotary_pos_emb:
+        if not _is_standard(current):
+            return None
         _originals.setdefault(module.__name__, current)
         module.apply_rotary_pos_emb = apply_rotary_pos_emb
     return True
@@ -76,8 +116,8 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
 
         def exec_module(module):
             execute(module)
-            if module.__name__ in _wanted:
-                _patch_module(module)
+            if module.__name__ in _wanted and _patch_module(module) is None:
+                _warn_not_standard(module.__name__)
 
         spec.loader.exec_module = exec_module  # the loader was made for this spec alone
         return spec
@@ -88,15 +128,21 @@ _hook = _PatchOnImport()
 
 def patch(models=MODELS):
     """Switches the modeling modules of `models`: those already imported now, the others as
-    they are imported. Returns the names of the modules patched now."""
+    they are imported. A module whose apply_rotary_pos_emb is not the standard one keeps it,
+    with a warning. Returns the names of the modules patched now."""
     patched = []
     with _lock:
         for model in models:
             name = _module_name(model)
             _wanted.add(name)
             module = sys.modules.get(name)
-            if module is not None and _patch_module(module):
+            if module is None:
+                continue
+            done = _patch_module(module)
+            if done:
                 patched.append(name)
+            elif done is None:
+                _warn_not_standard(name)
         if _hook not in sys.meta_path:
             sys.meta_path.insert(0, _hook)
     return patched

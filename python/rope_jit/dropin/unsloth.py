@@ -20,12 +20,17 @@ def _indices(indices, batch, seq_len):
 
 def fast_rope_embedding(Q, K, cos, sin, rope_embedding_indices=None):
     """Unsloth's fast_rope_embedding: half-style RoPE of Q [B, Hq, S, D] and K [B, Hk, S, D]
-    (Hq a multiple of Hk) with tables cos/sin [P, D] (or [P, D/2], or with leading 1-dims),
-    token s of sequence b at row rope_embedding_indices[b, s] ([B, S], [B*S] or [S], int32 or
-    int64) or at row s. Returns (Q, K) rotated, as new tensors in one fused launch (Unsloth
-    rotates contiguous inputs in place; the returned values are the same)."""
+    with tables cos/sin [P, D] (or [P, D/2], or with leading 1-dims), token s of sequence b at
+    row rope_embedding_indices[b, s] ([B, S], [B*S] or [S], int32 or int64) or at row s.
+    Returns (Q, K) rotated, as new tensors in one fused launch when Hq is a multiple of Hk
+    (two otherwise; Unsloth rotates contiguous inputs in place; the returned values are the
+    same)."""
     positions = _indices(rope_embedding_indices, Q.shape[0], Q.shape[2])
-    return apply_rope(Q, K, _table(cos), _table(sin), positions=positions, rotary_dim=Q.shape[-1])
+    common = dict(positions=positions, rotary_dim=Q.shape[-1])
+    cos, sin = _table(cos), _table(sin)
+    if K.shape[1] > 0 and Q.shape[1] % K.shape[1] == 0:
+        return apply_rope(Q, K, cos, sin, **common)
+    return apply_rope(Q, None, cos, sin, **common), apply_rope(K, None, cos, sin, **common)
 
 
 class Fast_RoPE_Embedding:
