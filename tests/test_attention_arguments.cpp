@@ -251,6 +251,101 @@ TEST_CASE("attention: bad masks, scales and lse are rejected") {
     }
 }
 
+TEST_CASE("attention: int8 tensors are refused, not read as bool masks") {
+    // An int8 mask was read as a bool mask (-1 "add -1" taken as "keep"), an int8 pos_mask
+    // as flags (adversarial test, session 35).
+    ValidCall call;
+    SUBCASE("an int8 attn_mask") {
+        ByteTensor int8_mask({2, 6}, kDLInt);
+        for (size_t i = 0; i < int8_mask.bytes().size(); ++i)
+            int8_mask.bytes()[i] = i % 3 == 0 ? uint8_t(0xff) : 0;  // -1 and 0
+        call.args.attn_mask = int8_mask.dl();
+        call.expect_invalid("attn_mask: int8 is not supported");
+        call.expect_invalid("attn_mask: int8 is not supported", true);
+    }
+    SUBCASE("an int8 pos_mask") {
+        call.problem.pos_mask.dl()->dtype = {kDLInt, 8, 1};
+        call.expect_invalid("pos_mask: int8 is not supported");
+    }
+    SUBCASE("int8 q") {
+        call.problem.q.dl()->dtype = {kDLInt, 8, 1};
+        call.expect_invalid("q: int8 is not supported");
+    }
+}
+
+TEST_CASE("attention: a tensor of too many or no dimensions is refused with the bound it broke") {
+    ValidCall call;
+    SUBCASE("a 5-D q") {
+        HostTensor q5(Dt::F32, {1, 2, 4, 6, 16});
+        call.args.q = q5.dl();
+        call.expect_invalid("q: expected at most 4 dimensions, got 5");
+    }
+    SUBCASE("a 4-D lse") {
+        HostTensor lse4(Dt::F32, {2, 4, 6, 1});
+        call.args.lse = lse4.dl();
+        call.expect_invalid("lse: expected at most 3 dimensions, got 4");
+    }
+    SUBCASE("a 0-D pos_mask") {
+        call.problem.pos_mask.dl()->ndim = 0;
+        call.expect_invalid("pos_mask: expected at least 1 dimensions, got 0");
+    }
+}
+
+TEST_CASE("attention: HF's 4-D [B, 1, Sq, Sk] mask is refused with the shapes taken and a hint") {
+    ValidCall call;
+    HostTensor mask4(Dt::F32, {2, 1, 6, 6});
+    mask4.fill_uniform(call.rng, -1, 0);
+    call.args.attn_mask = mask4.dl();
+    call.expect_invalid(
+        "attn_mask: expected [B, Sk] = [2, 6] or [B, Sq, Sk] = [2, 6, 6] (B may be 1), got "
+        "[2, 1, 6, 6] (a [B, 1, Sq, Sk] mask as HF builds it passes as mask[:, 0])");
+    call.expect_invalid("passes as mask[:, 0]", true);
+    SUBCASE("a 1-D mask gets the shapes, without the hint") {
+        HostTensor mask1(Dt::F32, {6});
+        call.args.attn_mask = mask1.dl();
+        call.expect_invalid(
+            "attn_mask: expected [B, Sk] = [2, 6] or [B, Sq, Sk] = [2, 6, 6] (B "
+            "may be 1), got [6]");
+        CHECK(std::string(rope_jit_last_error()).find("HF") == std::string::npos);
+    }
+    SUBCASE("the hint holds: mask[:, 0] passes and masks as the same mask stored [B, Sq, Sk]") {
+        // mask[:, 0] of the 4-D mask: a [B, Sq, Sk] view of its memory.
+        DLTensor view = *mask4.dl();
+        int64_t shape[3] = {2, 6, 6}, strides[3] = {36, 6, 1};
+        view.ndim = 3;
+        view.shape = shape;
+        view.strides = strides;
+        call.args.attn_mask = &view;
+        REQUIRE(rope_jit_attention(call.runtime, &call.args) == ROPE_JIT_OK);
+        const std::vector<uint8_t> out_view = call.problem.out.bytes();
+        HostTensor mask3(Dt::F32, {2, 6, 6});
+        for (int64_t b = 0; b < 2; ++b)
+            for (int64_t i = 0; i < 6; ++i)
+                for (int64_t j = 0; j < 6; ++j) mask3.set({b, i, j}, mask4.get({b, 0, i, j}));
+        call.args.attn_mask = mask3.dl();
+        REQUIRE(rope_jit_attention(call.runtime, &call.args) == ROPE_JIT_OK);
+        CHECK(call.problem.out.bytes() == out_view);
+        CHECK(out_view != call.before_out);  // the mask did change the result
+    }
+}
+
+TEST_CASE("attention: k with no heads is refused as such") {
+    // It was told that q's heads are no multiple of k's 0 heads (adversarial test, session 35).
+    ValidCall call;
+    SUBCASE("k and v with no heads") {
+        call.problem.k.dl()->shape[1] = 0;
+        call.problem.v.dl()->shape[1] = 0;
+        call.expect_invalid("k: has no heads ([2, 0, 6, 16])");
+        call.expect_invalid("k: has no heads", true);
+    }
+    SUBCASE("q, k, v and out with no heads") {
+        for (HostTensor* t : {&call.problem.q, &call.problem.k, &call.problem.v, &call.problem.out})
+            t->dl()->shape[1] = 0;
+        call.problem.lse.dl()->shape[1] = 0;
+        call.expect_invalid("k: has no heads");
+    }
+}
+
 TEST_CASE("attention: outputs that overlap inputs or repeat elements are rejected") {
     ValidCall call;
     SUBCASE("out is q") {
@@ -259,7 +354,7 @@ TEST_CASE("attention: outputs that overlap inputs or repeat elements are rejecte
     }
     SUBCASE("out has a zero stride") {
         call.problem.out.dl()->strides[2] = 0;
-        call.expect_invalid("out: strides make several indices address the same element");
+        call.expect_invalid("out: its strides may make several indices address");
     }
     SUBCASE("dk is dv") {
         call.args.dk = call.problem.dv.dl();

@@ -2,6 +2,7 @@
 // versioning, runtime lifetime and backend selection.
 #include <doctest/doctest.h>
 
+#include <climits>
 #include <cstddef>
 #include <cstring>
 #include <string>
@@ -9,6 +10,7 @@
 
 #include "rope_jit/rope_jit.h"
 #include "rope_test_support.h"
+#include "scratch_files.h"
 
 TEST_CASE("the version call agrees with the header macros") {
     CHECK(rope_jit_version_number() == ROPE_JIT_VERSION_NUMBER);
@@ -102,6 +104,27 @@ TEST_CASE("runtime creation reports bad arguments and leaves *out NULL") {
         CHECK(std::string(rope_jit_last_error()).find("cpu_threads") != std::string::npos);
         CHECK(runtime == nullptr);
     }
+    SUBCASE("a thread count above 4096") {
+        // Each was taken as a request for that many threads (adversarial test, session 35).
+        for (const int threads : {4097, 100000, INT_MAX}) {
+            CAPTURE(threads);
+            config.cpu_threads = threads;
+            runtime = reinterpret_cast<rope_jit_runtime*>(0x1);
+            CHECK(rope_jit_runtime_create(&config, &runtime) == ROPE_JIT_ERROR_INVALID_ARGUMENT);
+            CHECK(std::string(rope_jit_last_error()) ==
+                  "cpu_threads: must be 0 (one per hardware thread) to 4096, got " +
+                      std::to_string(threads));
+            CHECK(runtime == nullptr);
+        }
+    }
+    SUBCASE("an empty cache_dir with the disk cache on") {
+        // It was taken as a relative root, the current directory (adversarial test, session 35).
+        config.backend = ROPE_JIT_BACKEND_CPU;
+        config.cache_dir = "";
+        CHECK(rope_jit_runtime_create(&config, &runtime) == ROPE_JIT_ERROR_INVALID_ARGUMENT);
+        CHECK(std::string(rope_jit_last_error()).rfind("cache_dir: empty", 0) == 0);
+        CHECK(runtime == nullptr);
+    }
 }
 
 TEST_CASE("a NULL config means defaults, and freeing NULL is a no-op") {
@@ -157,4 +180,79 @@ TEST_CASE("the last error is per thread and cleared by a successful call") {
     REQUIRE(rope_jit_runtime_create(nullptr, &runtime) == ROPE_JIT_OK);
     CHECK(std::string(rope_jit_last_error()).empty());
     rope_jit_runtime_free(runtime);
+}
+
+TEST_CASE("the bounds of cpu_threads and cache_dir admit what they document") {
+    rope_jit_config config;
+    rope_jit_config_init(&config);
+    config.backend = ROPE_JIT_BACKEND_CPU;
+    rope_jit_runtime* runtime = nullptr;
+    SUBCASE("4096 threads (the pool starts only with a call that needs it)") {
+        config.cpu_threads = 4096;
+        REQUIRE(rope_jit_runtime_create(&config, &runtime) == ROPE_JIT_OK);
+        rope_jit_runtime_free(runtime);
+    }
+    SUBCASE("an empty cache_dir without a disk cache") {
+        config.cache_dir = "";
+        config.disk_cache = 0;
+        REQUIRE(rope_jit_runtime_create(&config, &runtime) == ROPE_JIT_OK);
+        CHECK(std::string(rope_jit_cache_root(runtime)).empty());
+        rope_jit_runtime_free(runtime);
+    }
+}
+
+namespace {
+
+// A visitor's own call that fails, as a caller's callback may make: the error it leaves must
+// not outlive the enclosing call that succeeds.
+struct NestedFailure {
+    int visits = 0;
+    std::string nested_error;  // the last error right after the nested call failed
+    bool nested_failed = true;
+    void fail_once() {
+        ++visits;
+        nested_failed = nested_failed && rope_jit_runtime_create(nullptr, nullptr) ==
+                                             ROPE_JIT_ERROR_INVALID_ARGUMENT;
+        nested_error = rope_jit_last_error();
+    }
+};
+
+}  // namespace
+
+TEST_CASE("a call that succeeds leaves no last error, even when a call nested in it failed") {
+    // The visitor's failure stayed as rope_jit_last_error() after the walk returned OK
+    // (adversarial test, session 35).
+    NestedFailure nested;
+    std::string after = "unset";  // the last error right after the enclosing call
+    SUBCASE("a prewarm plan's visitor") {
+        auto visit = [](const char*, const char*, void* user) -> int {
+            static_cast<NestedFailure*>(user)->fail_once();
+            return 0;
+        };
+        CHECK(rope_jit_prewarm_plan(R"({"head_dim": 64})", "sm_90", visit, &nested) == ROPE_JIT_OK);
+        after = rope_jit_last_error();
+    }
+    SUBCASE("a cache walk's visitor") {
+        ScratchDir tmp("rope_jit_nested_error");
+        const std::string root = tmp.path + "/cache";
+        rope_jit_config config;
+        rope_jit_config_init(&config);
+        config.backend = ROPE_JIT_BACKEND_CPU;
+        config.cache_dir = root.c_str();
+        rope_jit_runtime* runtime = nullptr;
+        REQUIRE(rope_jit_runtime_create(&config, &runtime) == ROPE_JIT_OK);
+        REQUIRE(rope_jit_cache_check(runtime) == ROPE_JIT_OK);
+        write_file(root + "/v1/nvrtc9.9", "stray");  // one item to visit
+        auto visit = [](const rope_jit_cache_item*, void* user) -> int {
+            static_cast<NestedFailure*>(user)->fail_once();
+            return 0;
+        };
+        CHECK(rope_jit_cache_walk(runtime, visit, &nested) == ROPE_JIT_OK);
+        after = rope_jit_last_error();
+        rope_jit_runtime_free(runtime);
+    }
+    REQUIRE(nested.visits > 0);
+    CHECK(nested.nested_failed);
+    CHECK(nested.nested_error.find("out") != std::string::npos);
+    CHECK(after.empty());
 }

@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <csignal>
+#include <cstring>
 #include <fstream>
 #include <memory>
 #include <numeric>
@@ -22,6 +24,13 @@
 #elif defined(__has_feature)
 #if __has_feature(address_sanitizer)
 #define ROPE_JIT_TEST_ASAN 1
+#endif
+#endif
+#if defined(__SANITIZE_THREAD__)
+#define ROPE_JIT_TEST_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define ROPE_JIT_TEST_TSAN 1
 #endif
 #endif
 
@@ -495,5 +504,126 @@ TEST_CASE("a thread pool that cannot start all its threads works with the ones i
     REQUIRE_FALSE(size.empty());
     CHECK(std::stoi(size) >= 1);
     CHECK(std::stoi(size) < kThreads);  // the limit did stop thread creation
+#endif
+}
+
+namespace {
+
+// Runs `child_work` in a forked child (with an alarm, so that a hang fails instead of blocking
+// the run) and returns its wait status. child_work returns the child's exit code; it must not
+// use doctest's assertions (they would be counted in the child alone), and an exception it
+// lets out is exit code 99 (never the child going on with the test run).
+template <typename Work>
+int wait_status_of_child(Work&& child_work) {
+    const pid_t child = fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+        // A crash kills the child, for the parent to see: doctest's handlers would report it
+        // from the child and let it go on.
+        for (const int signal_number : {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT})
+            std::signal(signal_number, SIG_DFL);
+        alarm(30);
+        int code = 99;
+        try {
+            code = child_work();
+        } catch (...) {}
+        _exit(code);
+    }
+    int status = 0;
+    REQUIRE(waitpid(child, &status, 0) == child);
+    return status;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "a child forked after the CPU pool started runs calls on its own thread and frees the "
+    "runtime") {
+    // The child inherited the workers as handles to threads it does not have: freeing the
+    // runtime joined them and hung, or crashed (adversarial test, session 35).
+#ifdef ROPE_JIT_TEST_TSAN
+    MESSAGE("skipped: ThreadSanitizer does not follow a multi-threaded process into fork()");
+    return;
+#else
+    rope_jit_config config;
+    rope_jit_config_init(&config);
+    config.backend = ROPE_JIT_BACKEND_CPU;
+    config.cpu_threads = 4;
+    config.disk_cache = 0;
+    rope_jit_runtime* runtime = nullptr;
+    REQUIRE(rope_jit_runtime_create(&config, &runtime) == ROPE_JIT_OK);
+    HostTensor q(Dt::F32, {2, 4, 256, 64});
+    std::mt19937 rng(35);
+    q.fill_uniform(rng, -1, 1);
+    HostTensor inv(Dt::F32, {32});
+    for (int64_t i = 0; i < 32; ++i) inv.set({i}, std::pow(10000.0, -double(i) / 32));
+    rope_jit_rope_args args;
+    rope_jit_rope_args_init(&args);
+    args.q = q.dl();
+    args.inv_freq = inv.dl();
+    const std::vector<uint8_t> input = q.bytes();
+    REQUIRE(rope_jit_rope(runtime, &args) == ROPE_JIT_OK);  // starts the pool's workers
+    const std::vector<uint8_t> expected = q.bytes();
+    REQUIRE(expected != input);
+    std::memcpy(q.bytes().data(), input.data(), input.size());
+
+    SUBCASE("a call, then free") {
+        const int status = wait_status_of_child([&] {
+            if (rope_jit_rope(runtime, &args) != ROPE_JIT_OK) return 1;
+            if (q.bytes() != expected) return 2;
+            rope_jit_runtime_free(runtime);
+            return 0;
+        });
+        CAPTURE(status);
+        REQUIRE(WIFEXITED(status));  // neither crashed nor stopped by the alarm
+        CHECK(WEXITSTATUS(status) == 0);
+    }
+    SUBCASE("free at once") {
+        const int status = wait_status_of_child([&] {
+            rope_jit_runtime_free(runtime);
+            return 0;
+        });
+        CAPTURE(status);
+        REQUIRE(WIFEXITED(status));
+        CHECK(WEXITSTATUS(status) == 0);
+    }
+    // The parent's runtime and pool are as they were.
+    CHECK(q.bytes() == input);
+    REQUIRE(rope_jit_rope(runtime, &args) == ROPE_JIT_OK);
+    CHECK(q.bytes() == expected);
+    rope_jit_runtime_free(runtime);
+#endif
+}
+
+TEST_CASE("a thread pool inherited by a forked child runs every range on the calling thread") {
+#ifdef ROPE_JIT_TEST_TSAN
+    MESSAGE("skipped: ThreadSanitizer does not follow a multi-threaded process into fork()");
+    return;
+#else
+    constexpr int64_t kItems = 100000;
+    auto pool = std::make_unique<rope_jit::ThreadPool>(4);
+    REQUIRE(pool->size() > 1);
+    // The workers wait for jobs, as they would after any call.
+    std::atomic<int64_t> parent_items{0};
+    pool->parallel_for(kItems, 1, [&](int64_t begin, int64_t end) { parent_items += end - begin; });
+    REQUIRE(parent_items.load() == kItems);
+    const int status = wait_status_of_child([&] {
+        std::vector<int> hits(size_t(kItems), 0);
+        bool caller_only = true;
+        const std::thread::id caller = std::this_thread::get_id();
+        for (int round = 1; round <= 2; ++round)
+            pool->parallel_for(kItems, 1, [&](int64_t begin, int64_t end) {
+                caller_only = caller_only && std::this_thread::get_id() == caller;
+                for (int64_t i = begin; i < end; ++i) hits[size_t(i)]++;
+            });
+        for (const int h : hits)
+            if (h != 2) return 1;
+        if (!caller_only) return 2;
+        pool.reset();  // must neither hang nor crash
+        return 0;
+    });
+    CAPTURE(status);
+    REQUIRE(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
 #endif
 }

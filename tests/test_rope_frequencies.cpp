@@ -9,15 +9,23 @@
 //   - the frequency gradient against central finite differences of a float64 forward.
 #include <doctest/doctest.h>
 
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <string>
 #include <vector>
 
 #include "rope_test_support.h"
+#include "scratch_files.h"
 
 using namespace rope_test;
 
@@ -151,6 +159,11 @@ std::vector<float> hf_llama3(double base, int dim, double factor, double low_ff,
         f = medium ? smoothed : scaled;
     }
     return inv;
+}
+
+// Half a float32 ulp of `value` and a little more: what rounding a float64 result may move it.
+double rounding_allowance_f32(double value) {
+    return std::fabs(value) * std::ldexp(1.0, -24) * 1.01;
 }
 
 std::vector<float> hf_longrope(double base, int dim, const std::vector<float>& ext) {
@@ -343,6 +356,87 @@ TEST_CASE("Llama 3 keeps high frequencies, divides low ones and blends the band 
     }
 }
 
+TEST_CASE("Llama 3 takes max_position_embeddings when original_max_position_embeddings is unset") {
+    // As HF does (and as YaRN and LongRoPE here did): it was refused (adversarial test,
+    // session 35).
+    for (const int64_t context : {int64_t(2048), int64_t(8192)}) {
+        CAPTURE(context);
+        rope_jit_freq_config config = freq_config(ROPE_JIT_ROPE_TYPE_LLAMA3, 64, 500000);
+        config.factor = 8;
+        config.max_position_embeddings = context;
+        float attention = 0;
+        const std::vector<float> unset = library_inv_freq(config, 32, &attention);
+        CHECK(attention == 1.0f);
+        config.original_max_position_embeddings = context;
+        config.max_position_embeddings = 131072;  // ignored once the original is given
+        CHECK(unset == library_inv_freq(config, 32));
+        check_close(unset, hf_llama3(500000, 64, 8, 1, 4, context), 4e-6);
+    }
+}
+
+namespace {
+
+// HF's "proportional" (Gemma 4) for the rotated pairs, from its definition in float64:
+// theta^(-2i/head_dim) / factor for i < rotary_dim / 2.
+std::vector<double> proportional_definition(double theta, int head_dim, int rotary_dim,
+                                            double factor) {
+    std::vector<double> inv(size_t(rotary_dim / 2));
+    for (int i = 0; i < rotary_dim / 2; ++i)
+        inv[size_t(i)] = 1.0 / (std::pow(theta, double(2 * i) / double(head_dim)) * factor);
+    return inv;
+}
+
+}  // namespace
+
+TEST_CASE("proportional (Gemma 4) frequencies turn the rotated pairs as a head of head_dim would") {
+    struct Case {
+        int head_dim, rotary_dim;
+        double theta, factor;
+    };
+    // Gemma 4's global layers (head_dim 512, partial_rotary_factor 0.25), an odd pair count,
+    // a factor, and a whole head.
+    for (const Case c : {Case{512, 128, 1e6, 0}, Case{128, 38, 10000, 0}, Case{128, 64, 10000, 2},
+                         Case{64, 64, 10000, 0}}) {
+        CAPTURE(c.head_dim);
+        CAPTURE(c.rotary_dim);
+        CAPTURE(c.factor);
+        rope_jit_freq_config config =
+            freq_config(ROPE_JIT_ROPE_TYPE_PROPORTIONAL, c.rotary_dim, c.theta);
+        config.head_dim = c.head_dim;
+        config.factor = c.factor;
+        float attention = 0;
+        const std::vector<float> inv =
+            library_inv_freq(config, size_t(c.rotary_dim / 2), &attention);
+        CHECK(attention == 1.0f);
+        const double factor = c.factor == 0 ? 1 : c.factor;
+        const std::vector<double> expected =
+            proportional_definition(c.theta, c.head_dim, c.rotary_dim, factor);
+        for (size_t i = 0; i < inv.size(); ++i) {
+            CAPTURE(i);
+            CHECK(std::fabs(double(inv[i]) - expected[i]) <= rounding_allowance_f32(expected[i]));
+        }
+        // HF's float32 arithmetic: the first rotary_dim / 2 of the default type over head_dim.
+        std::vector<float> hf = hf_default(c.theta, c.head_dim);
+        hf.resize(inv.size());
+        for (float& f : hf) f /= float(factor);
+        check_close(inv, hf, 4e-6);
+    }
+    SUBCASE("head_dim 0 means rotary_dim: the default type's frequencies") {
+        rope_jit_freq_config config = freq_config(ROPE_JIT_ROPE_TYPE_PROPORTIONAL, 96, 10000);
+        const std::vector<float> inv = library_inv_freq(config, 48);
+        CHECK(inv == library_inv_freq(freq_config(ROPE_JIT_ROPE_TYPE_DEFAULT, 96, 10000), 48));
+        config.head_dim = 96;
+        CHECK(inv == library_inv_freq(config, 48));
+    }
+    SUBCASE("a caller built before head_dim gets 0, whatever lies past its struct") {
+        rope_jit_freq_config config = freq_config(ROPE_JIT_ROPE_TYPE_PROPORTIONAL, 64, 10000);
+        const std::vector<float> unset = library_inv_freq(config, 32);
+        config.struct_size = offsetof(rope_jit_freq_config, head_dim);
+        config.head_dim = 256;  // beyond the old struct: never read
+        CHECK(library_inv_freq(config, 32) == unset);
+    }
+}
+
 TEST_CASE(
     "LongRoPE picks short or long factors by sequence length and derives Phi-3's attention "
     "factor") {
@@ -506,6 +600,72 @@ TEST_CASE("bad frequency configs are rejected with the field named and the outpu
         config.num_freqs = 4;
         expect_invalid(&config, 32, "num_freqs = 4");
     }
+    SUBCASE("fields each valid that combine into frequencies that are not finite and > 0") {
+        // Each was returned: NaN, infinite or negative values (adversarial test, session 35).
+        config.rope_type = ROPE_JIT_ROPE_TYPE_YARN;
+        config.factor = 4;
+        config.original_max_position_embeddings = 4096;
+        SUBCASE("yarn with beta_fast 1e-310: NaN frequencies") {
+            config.beta_fast = 1e-310;
+            for (const int truncate : {1, 0}) {
+                CAPTURE(truncate);
+                config.truncate = truncate;
+                expect_invalid(&config, 32,
+                               "rope_type yarn: the config's fields give inverse frequency 0 = ");
+                expect_invalid(&config, 32, "nan, not finite and > 0 (check factor, beta_fast");
+            }
+        }
+        SUBCASE("yarn whose mscale_all_dim makes get_mscale 0: an infinite attention factor") {
+            config.factor = std::exp(1.0);
+            config.mscale = 1;
+            config.mscale_all_dim = -10;
+            expect_invalid(&config, 32,
+                           "rope_type yarn: the config's fields give attention "
+                           "factor inf, not finite and > 0 (check mscale, "
+                           "mscale_all_dim");
+        }
+        SUBCASE("yarn whose mscale_all_dim makes get_mscale negative") {
+            config.mscale = 1;
+            config.mscale_all_dim = -20;
+            expect_invalid(&config, 32,
+                           "rope_type yarn: the config's fields give attention "
+                           "factor -");
+        }
+        SUBCASE("linear with factor 1e-40: infinite as float32") {
+            config.rope_type = ROPE_JIT_ROPE_TYPE_LINEAR;
+            config.factor = 1e-40;
+            expect_invalid(&config, 32,
+                           "rope_type linear: the config's fields give inverse "
+                           "frequency 0 = inf");
+        }
+        SUBCASE("proportional with factor 1e-40") {
+            config.rope_type = ROPE_JIT_ROPE_TYPE_PROPORTIONAL;
+            config.factor = 1e-40;
+            expect_invalid(&config, 32,
+                           "rope_type proportional: the config's fields give "
+                           "inverse frequency 0 = inf");
+        }
+    }
+    SUBCASE("proportional with a bad head_dim or factor") {
+        config.rope_type = ROPE_JIT_ROPE_TYPE_PROPORTIONAL;
+        for (const int32_t head_dim : {62, 65, 129, -2}) {
+            CAPTURE(head_dim);
+            config.head_dim = head_dim;
+            expect_invalid(&config, 32,
+                           "head_dim: must be even and >= rotary_dim (64) for rope_type "
+                           "proportional (0 = rotary_dim), got " +
+                               std::to_string(head_dim));
+        }
+        config.head_dim = 128;
+        for (const double factor : {-1.0, double(NAN), double(INFINITY)}) {
+            CAPTURE(factor);
+            config.factor = factor;
+            expect_invalid(&config, 32,
+                           "factor: must be finite and > 0 for rope_type proportional");
+        }
+        config.factor = 0;
+        expect_invalid(&config, 64, "n: expected rotary_dim / 2 = 32");  // not head_dim / 2
+    }
     SUBCASE("NULL output") {
         CHECK(rope_jit_inv_freq(&config, nullptr, 32, nullptr) == ROPE_JIT_ERROR_INVALID_ARGUMENT);
         CHECK(std::string(rope_jit_last_error()).find("inv_freq: NULL") != std::string::npos);
@@ -530,6 +690,7 @@ TEST_CASE("the config init functions fill the documented defaults") {
     CHECK(freq.theta_rescale_factor == 1.0);
     CHECK(freq.max_freq == 10.0);
     CHECK(freq.num_freqs == 1);
+    CHECK(freq.head_dim == 0);
 
     rope_jit_table_config table;
     std::memset(&table, 0x5a, sizeof table);
@@ -799,7 +960,7 @@ TEST_CASE("bad table arguments are rejected, naming the argument, and nothing is
         expect_invalid(cos.dl(), device.dl(), nullptr, "sin: lives on CUDA");
     }
     SUBCASE("two tables in one buffer") {
-        expect_invalid(cos.dl(), cos.dl(), nullptr, "overlaps");
+        expect_invalid(cos.dl(), cos.dl(), nullptr, "cos: shares memory with sin");
     }
     SUBCASE("a zero or infinite interpolate_factor") {
         config.interpolate_factor = 0;
@@ -823,6 +984,308 @@ TEST_CASE("bad table arguments are rejected, naming the argument, and nothing is
         HostTensor xpos(Dt::F32, {5, 2});
         config.xpos_scale_base = 0;
         expect_invalid(cos.dl(), sin.dl(), xpos.dl(), "xpos_scale_base");
+    }
+    SUBCASE("a non-finite inv_freq element") {
+        // Tables of NaN were written (adversarial test, session 35).
+        for (const float bad : {NAN, INFINITY, -INFINITY}) {
+            CAPTURE(bad);
+            const std::vector<float> bad_inv = {1.0f, bad};
+            config.inv_freq = bad_inv.data();
+            expect_invalid(cos.dl(), sin.dl(), nullptr, "inv_freq: element 1 is not finite");
+            HostTensor xpos(Dt::F32, {5, 2});
+            expect_invalid(nullptr, nullptr, xpos.dl(), "inv_freq: element 1 is not finite");
+        }
+    }
+    SUBCASE("positions / interpolate_factor * inv_freq that overflow") {
+        // Each finite, their angle not: tables of NaN were written (adversarial test,
+        // session 35).
+        config.interpolate_factor = 1e-310;
+        expect_invalid(cos.dl(), sin.dl(), nullptr,
+                       "interpolate_factor: positions up to 4 divided by 1e-310 and multiplied "
+                       "by inverse frequencies up to 1 overflow");
+        config.interpolate_factor = 1e-10;
+        std::vector<double> positions = {0, 1, 2, -1e300, 4};
+        config.positions = positions.data();
+        expect_invalid(cos.dl(), sin.dl(), nullptr, "interpolate_factor: positions up to 1e+300");
+        config.positions = nullptr;
+        config.position_start = 1e300;
+        const std::vector<float> large_inv = {1e9f, 0.5f};
+        config.inv_freq = large_inv.data();
+        config.interpolate_factor = 1;
+        expect_invalid(cos.dl(), sin.dl(), nullptr,
+                       "multiplied by inverse frequencies up to 1000000000 overflow");
+    }
+    SUBCASE("the same in float32 with float32_angles") {
+        // Finite in float64, not in the float32 arithmetic of float32_angles: a factor of
+        // 1e-40 (a float32 denormal), 1e-50 (0 in float32), a position of 1e39.
+        config.float32_angles = 1;
+        for (const double factor : {1e-40, 1e-50}) {
+            CAPTURE(factor);
+            config.interpolate_factor = factor;
+            expect_invalid(cos.dl(), sin.dl(), nullptr, "overflow in float32 (float32_angles)");
+        }
+        config.interpolate_factor = 1;
+        std::vector<double> positions = {0, 1, 2, 3, 1e39};
+        config.positions = positions.data();
+        expect_invalid(cos.dl(), sin.dl(), nullptr, "overflow in float32 (float32_angles)");
+    }
+}
+
+namespace {
+
+// cos and sin of the exact angle position * inv / divisor in long double, for a whole
+// position below 2^40, a float32 inv = m * 2^e (m < 2^24) and a whole divisor: position * m is
+// a whole number n below 2^64, so the angle is (n div divisor + (n mod divisor) / divisor) *
+// 2^e, whose first part long double holds exactly (64-bit significand) and whose second is
+// tiny. What rounds is cos and sin of those, to long double's precision.
+void exact_cos_sin(double position, float inv, uint64_t divisor, long double* cos_value,
+                   long double* sin_value) {
+    int e = 0;
+    const double fraction = std::frexp(double(inv), &e);  // inv = fraction * 2^e
+    const uint64_t m = uint64_t(std::ldexp(fraction, 24));
+    const uint64_t p = uint64_t(position);
+    REQUIRE(double(p) == position);
+    REQUIRE(p < (uint64_t(1) << 40));
+    const uint64_t n = p * m;
+    const long double big = std::ldexp(static_cast<long double>(n / divisor), e - 24);
+    const long double small = std::ldexp(
+        static_cast<long double>(n % divisor) / static_cast<long double>(divisor), e - 24);
+    *cos_value = std::cos(big) * std::cos(small) - std::sin(big) * std::sin(small);
+    *sin_value = std::sin(big) * std::cos(small) + std::cos(big) * std::sin(small);
+}
+
+// A float32 ulp at |value|: the spacing of float32 numbers there.
+double float32_ulp(long double value) {
+    const float magnitude = float(std::fabs(value));
+    return double(std::nextafter(magnitude, INFINITY)) - double(magnitude);
+}
+
+}  // namespace
+
+TEST_CASE("tables far out in the context are within one float32 ulp of the exact cos and sin") {
+    // The float64 angle rounded to half its ulp, at 1e12 already 1,500 float32 ulps of its
+    // cosine (adversarial test, session 35); the header promises one.
+    if (std::numeric_limits<long double>::digits < 64) {
+        MESSAGE("skipped: the reference needs a long double of at least 64 significant bits");
+        return;
+    }
+    const std::vector<float> inv = {1.0f, 0.7498942f, 0.0123f, 1e-4f,
+                                    float(std::pow(500000, -0.5))};
+    const int64_t n = int64_t(inv.size()), P = 6;
+    for (const double start : {1e10, 1e12}) {
+        for (const uint64_t divisor : {uint64_t(1), uint64_t(3)}) {
+            CAPTURE(start);
+            CAPTURE(divisor);
+            rope_jit_table_config config;
+            rope_jit_table_config_init(&config);
+            config.inv_freq = inv.data();
+            config.num_freqs = size_t(n);
+            config.position_start = start;
+            config.interpolate_factor = double(divisor);
+            HostTensor cos(Dt::F32, {P, n}), sin(Dt::F32, {P, n});
+            REQUIRE(build_tables(config, &cos, &sin, nullptr) == ROPE_JIT_OK);
+            double worst = 0;  // in float32 ulps of the exact value (NaN stays NaN)
+            auto note = [&](double got, long double exact) {
+                const double ulps = double(std::fabs(got - exact)) / float32_ulp(exact);
+                if (!(ulps <= worst)) worst = ulps;
+            };
+            for (int64_t r = 0; r < P; ++r)
+                for (int64_t i = 0; i < n; ++i) {
+                    long double c = 0, s = 0;
+                    exact_cos_sin(start + double(r), inv[size_t(i)], divisor, &c, &s);
+                    note(cos.get({r, i}), c);
+                    note(sin.get({r, i}), s);
+                }
+            CAPTURE(worst);
+            CHECK(worst <= 1.0);
+        }
+    }
+}
+
+namespace {
+
+// A [rows, columns] view of a buffer's columns first_column, first_column + step, ...
+struct ColumnView {
+    ColumnView(HostTensor& buffer, int64_t first_column, int64_t step, int64_t columns) {
+        shape[0] = buffer.shape()[0];
+        shape[1] = columns;
+        strides[0] = buffer.strides()[0];
+        strides[1] = step;
+        tensor = *buffer.dl();
+        tensor.shape = shape;
+        tensor.strides = strides;
+        tensor.byte_offset = uint64_t(first_column) * dt_size(buffer.dtype());
+    }
+    ColumnView(const ColumnView&) = delete;
+    ColumnView& operator=(const ColumnView&) = delete;
+    int64_t shape[2], strides[2];
+    DLTensor tensor;
+};
+
+}  // namespace
+
+TEST_CASE("cos and sin interleaved in one buffer are filled; views that share an element are not") {
+    // Disjoint views were refused as overlapping by their extents (adversarial test,
+    // session 35).
+    const std::vector<float> inv = {1.0f, 0.25f};
+    rope_jit_table_config config;
+    rope_jit_table_config_init(&config);
+    config.inv_freq = inv.data();
+    config.num_freqs = 2;
+    config.position_start = 2;
+    SUBCASE("half tables: b[:, ::2] and b[:, 1::2]") {
+        HostTensor buffer(Dt::F32, {5, 4});
+        ColumnView cos(buffer, 0, 2, 2), sin(buffer, 1, 2, 2);
+        REQUIRE(rope_jit_rope_tables(&config, &cos.tensor, &sin.tensor, nullptr) == ROPE_JIT_OK);
+        for (int64_t r = 0; r < 5; ++r)
+            for (int64_t i = 0; i < 2; ++i) {
+                CAPTURE(r);
+                CAPTURE(i);
+                const double angle = (2.0 + double(r)) * double(inv[size_t(i)]);
+                CHECK(std::fabs(buffer.get({r, 2 * i}) - std::cos(angle)) <=
+                      rounding_allowance(Dt::F32, std::cos(angle)));
+                CHECK(std::fabs(buffer.get({r, 2 * i + 1}) - std::sin(angle)) <=
+                      rounding_allowance(Dt::F32, std::sin(angle)));
+            }
+    }
+    SUBCASE("full tables, with xPos: b[:, ::3], b[:, 1::3] and b[:, 2::3]") {
+        HostTensor buffer(Dt::F32, {5, 12});
+        ColumnView cos(buffer, 0, 3, 4), sin(buffer, 1, 3, 4), xpos(buffer, 2, 3, 4);
+        REQUIRE(rope_jit_rope_tables(&config, &cos.tensor, &sin.tensor, &xpos.tensor) ==
+                ROPE_JIT_OK);
+        HostTensor cos_alone(Dt::F32, {5, 4}), sin_alone(Dt::F32, {5, 4}),
+            xpos_alone(Dt::F32, {5, 4});
+        REQUIRE(build_tables(config, &cos_alone, &sin_alone, &xpos_alone) == ROPE_JIT_OK);
+        for (int64_t r = 0; r < 5; ++r)
+            for (int64_t col = 0; col < 4; ++col) {
+                CHECK(buffer.get({r, 3 * col}) == cos_alone.get({r, col}));
+                CHECK(buffer.get({r, 3 * col + 1}) == sin_alone.get({r, col}));
+                CHECK(buffer.get({r, 3 * col + 2}) == xpos_alone.get({r, col}));
+            }
+    }
+    SUBCASE("views that share elements are refused, and nothing is written") {
+        HostTensor buffer(Dt::F32, {5, 4});
+        const std::vector<uint8_t> before = buffer.bytes();
+        auto expect_invalid = [&](const DLTensor* c, const DLTensor* s, const DLTensor* x,
+                                  const std::string& needle) {
+            const rope_jit_status status = rope_jit_rope_tables(&config, c, s, x);
+            const std::string message = rope_jit_last_error();
+            CAPTURE(message);
+            CHECK(status == ROPE_JIT_ERROR_INVALID_ARGUMENT);
+            CHECK(message.find(needle) != std::string::npos);
+            CHECK(buffer.bytes() == before);
+        };
+        ColumnView even(buffer, 0, 2, 2), even_again(buffer, 0, 2, 2), odd(buffer, 1, 2, 2);
+        ColumnView first_two(buffer, 0, 1, 2), middle_two(buffer, 1, 1, 2);
+        expect_invalid(&even.tensor, &even_again.tensor, nullptr, "cos: shares memory with sin");
+        expect_invalid(&first_two.tensor, &middle_two.tensor, nullptr,
+                       "cos: shares memory with sin");
+        HostTensor other(Dt::F32, {5, 2});
+        expect_invalid(&even.tensor, other.dl(), &first_two.tensor,
+                       "cos: shares memory with xpos_scale");
+        expect_invalid(other.dl(), &odd.tensor, &middle_two.tensor,
+                       "sin: shares memory with xpos_scale");
+    }
+}
+
+namespace {
+
+// One inv_freq case of the golden format for HF's "proportional" type.
+struct ProportionalCase {
+    std::string name;
+    int head_dim;
+    double partial_rotary_factor, theta, factor;  // factor 0: not in params (HF's 1.0)
+};
+
+// Writes dir/manifest.json and the expected outputs of `cases`: HF's definition, in float64
+// then float32, int(partial * head_dim // 2) pairs theta^(-2i/head_dim) / factor and zeros up
+// to head_dim / 2, attention factor 1. `exponent_over_rotated` puts rotary_dim in place of
+// head_dim in the exponent (what the default type would give), for a case that must fail.
+void write_proportional_cases(const std::string& dir, const std::vector<ProportionalCase>& cases,
+                              bool exponent_over_rotated = false) {
+    std::string manifest = R"({"format": "rope-jit-golden/1", "cases": [)";
+    for (size_t k = 0; k < cases.size(); ++k) {
+        const ProportionalCase& c = cases[k];
+        const int rotated = int(std::floor(c.partial_rotary_factor * c.head_dim / 2));
+        const double factor = c.factor == 0 ? 1.0 : c.factor;
+        const double exponent_dim = exponent_over_rotated ? 2.0 * rotated : double(c.head_dim);
+        std::vector<float> inv(size_t(c.head_dim / 2), 0.0f);
+        for (int i = 0; i < rotated; ++i)
+            inv[size_t(i)] = float(1.0 / (std::pow(c.theta, 2.0 * i / exponent_dim) * factor));
+        const float attention = 1.0f;
+        REQUIRE(mkdir((dir + "/" + c.name).c_str(), 0755) == 0);
+        write_file(dir + "/" + c.name + "/out_inv_freq.bin",
+                   std::string(reinterpret_cast<const char*>(inv.data()), inv.size() * 4));
+        write_file(dir + "/" + c.name + "/out_attention_factor.bin",
+                   std::string(reinterpret_cast<const char*>(&attention), 4));
+        char params[256];
+        std::snprintf(params, sizeof params,
+                      R"("rope_type": "proportional", "head_dim": %d, "rope_theta": %.17g, )"
+                      R"("partial_rotary_factor": %.17g)",
+                      c.head_dim, c.theta, c.partial_rotary_factor);
+        std::string params_text = params;
+        if (c.factor != 0) params_text += ", \"factor\": " + std::to_string(c.factor);
+        manifest += std::string(k ? ", " : "") + R"({"name": ")" + c.name +
+                    R"(", "op": "inv_freq", "source": "HF proportional, by its definition", )" +
+                    R"("params": {)" + params_text + R"(}, "inputs": {}, "outputs": {)" +
+                    R"("inv_freq": {"file": ")" + c.name +
+                    R"(/out_inv_freq.bin", "dtype": "float32", "shape": [)" +
+                    std::to_string(c.head_dim / 2) + R"(]}, )" +
+                    R"("attention_factor": {"file": ")" + c.name +
+                    R"(/out_attention_factor.bin", "dtype": "float32", "shape": [1]}}, )" +
+                    R"("tolerance": {"atol": 0, "rtol": 1e-6}})";
+    }
+    write_file(dir + "/manifest.json", manifest + "]}");
+}
+
+// Runs rope-jit-golden on dir (inv_freq cases only): its exit status and what it printed.
+int run_golden_runner(const std::string& tool, const std::string& dir, std::string* output) {
+    const std::string command = "'" + tool + "' '" + dir + "' --backend cpu --ops inv_freq 2>&1";
+    FILE* pipe = popen(command.c_str(), "r");
+    REQUIRE(pipe != nullptr);
+    char buffer[512];
+    for (size_t n; (n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0;) output->append(buffer, n);
+    const int status = pclose(pipe);
+    REQUIRE(WIFEXITED(status));
+    return WEXITSTATUS(status);
+}
+
+}  // namespace
+
+TEST_CASE("rope-jit-golden runs HF proportional inv_freq cases, rotated pairs then zeros") {
+    const std::string tool = std::string(ROPE_JIT_BINARY_DIR) + "/tools/rope-jit-golden";
+    if (access(tool.c_str(), X_OK) != 0) {
+        MESSAGE("skipped: " << tool << " is not built (ROPE_JIT_BUILD_TOOLS=OFF)");
+        return;
+    }
+    // Gemma 4's global layers (head_dim 512, partial_rotary_factor 0.25), a pair count HF
+    // rounds down (0.3 * 128 / 2 = 19.2), a factor, and the whole head.
+    const std::vector<ProportionalCase> cases = {{"gemma4_global", 512, 0.25, 1e6, 0},
+                                                 {"partial_0_3", 128, 0.3, 10000, 0},
+                                                 {"factor_2", 128, 0.5, 10000, 2},
+                                                 {"whole_head", 64, 1.0, 10000, 0}};
+    ScratchDir tmp("rope_jit_golden_proportional");
+    SUBCASE("the definition passes") {
+        write_proportional_cases(tmp.path, cases);
+        std::string output;
+        const int status = run_golden_runner(tool, tmp.path, &output);
+        CAPTURE(output);
+        CHECK(status == 0);
+        for (const ProportionalCase& c : cases) {
+            CAPTURE(c.name);
+            const size_t line = output.find(c.name + " ");
+            REQUIRE(line != std::string::npos);
+            CHECK(output.find("pass", line) < output.find('\n', line));
+        }
+        CHECK(output.find("4 passed, 0 failed") != std::string::npos);
+    }
+    SUBCASE("exponents over the rotated features instead of head_dim fail") {
+        write_proportional_cases(tmp.path, {cases[0], cases[1]}, true);
+        std::string output;
+        const int status = run_golden_runner(tool, tmp.path, &output);
+        CAPTURE(output);
+        CHECK(status == 1);
+        CHECK(output.find("0 passed, 2 failed") != std::string::npos);
     }
 }
 
@@ -1563,7 +2026,7 @@ TEST_CASE("bad frequency-gradient arguments are rejected, naming the argument") 
         one_element.shape = shape;
         one_element.strides = strides;
         args.inv_freq_grad = &one_element;
-        expect_invalid("inv_freq_grad: strides make several indices address the same element");
+        expect_invalid("inv_freq_grad: its strides may make several indices address");
         CHECK(grad.values() == std::vector<double>(4, 7.0));
     }
 }

@@ -1044,7 +1044,8 @@ rope_jit_rope_type parse_rope_type(const std::string& name) {
         {"dynamic", ROPE_JIT_ROPE_TYPE_DYNAMIC},  {"yarn", ROPE_JIT_ROPE_TYPE_YARN},
         {"llama3", ROPE_JIT_ROPE_TYPE_LLAMA3},    {"longrope", ROPE_JIT_ROPE_TYPE_LONGROPE},
         {"lang", ROPE_JIT_ROPE_TYPE_LANG},        {"pixel", ROPE_JIT_ROPE_TYPE_PIXEL},
-        {"constant", ROPE_JIT_ROPE_TYPE_CONSTANT}};
+        {"constant", ROPE_JIT_ROPE_TYPE_CONSTANT},
+        {"proportional", ROPE_JIT_ROPE_TYPE_PROPORTIONAL}};
     auto it = types.find(name);
     if (it == types.end()) throw CaseUnsupported(fmt::format("rope_type '{}'", name));
     return it->second;
@@ -1073,6 +1074,18 @@ Measurement run_inv_freq_case(const GoldenCase& golden, const RunContext& contex
     const double head_dim = param_number(params, "head_dim", 0);
     const double partial = param_number(params, "partial_rotary_factor", 1.0);
     config.rotary_dim = int32_t(param_whole_number(params, "dim", int64_t(head_dim * partial)));
+    // HF's proportional type: int(partial_rotary_factor * head_dim // 2) rotated pairs whose
+    // exponents run over head_dim, then zeros up to head_dim / 2 (pairs that do not turn).
+    const bool proportional = config.rope_type == ROPE_JIT_ROPE_TYPE_PROPORTIONAL;
+    int64_t rotated = n;
+    if (proportional) {
+        rotated = int64_t(std::floor(partial * head_dim / 2));
+        if (rotated > n)
+            throw CaseFailure(fmt::format("params: {} rotated pairs, but inv_freq has {}",
+                                          rotated, n));
+        config.rotary_dim = int32_t(2 * rotated);
+        config.head_dim = int32_t(head_dim);
+    }
     config.theta = param_number(params, "rope_theta", param_number(params, "theta", config.theta));
     config.factor = param_number(params, "factor", 0);
     config.max_position_embeddings = param_whole_number(params, "max_position_embeddings", 0);
@@ -1102,9 +1115,13 @@ Measurement run_inv_freq_case(const GoldenCase& golden, const RunContext& contex
 
     HostArray inv_freq{ElementType::F32, {n}, std::vector<unsigned char>(size_t(n) * 4)};
     HostArray attention_factor{ElementType::F32, {1}, std::vector<unsigned char>(4)};
+    const float one = 1.0f;
+    std::memcpy(attention_factor.bytes.data(), &one, 4);  // (no pair turns: nothing to call)
     const rope_jit_status status =
-        rope_jit_inv_freq(&config, reinterpret_cast<float*>(inv_freq.bytes.data()), size_t(n),
-                          reinterpret_cast<float*>(attention_factor.bytes.data()));
+        proportional && rotated == 0 ? ROPE_JIT_OK
+                     : rope_jit_inv_freq(&config, reinterpret_cast<float*>(inv_freq.bytes.data()),
+                                         size_t(rotated),
+                                         reinterpret_cast<float*>(attention_factor.bytes.data()));
     if (status != ROPE_JIT_OK)
         throw CaseFailure(fmt::format("rope_jit_inv_freq: {}: {}", rope_jit_status_name(status),
                                       rope_jit_last_error()));

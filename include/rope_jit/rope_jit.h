@@ -178,11 +178,14 @@ typedef struct rope_jit_config {
     /* Where work runs. Default ROPE_JIT_BACKEND_AUTO. */
     rope_jit_backend_kind backend;
     /* Root of the on-disk kernel cache, or NULL for the default: $ROPE_JIT_CACHE_DIR, else
-     * $XDG_CACHE_HOME/rope_jit, else ~/.cache/rope_jit. The string is copied. */
+     * $XDG_CACHE_HOME/rope_jit, else ~/.cache/rope_jit. The string is copied. An empty string
+     * is ERROR_INVALID_ARGUMENT (no cache: disk_cache = 0). */
     const char* cache_dir;
     /* 1 (default): read and write the disk cache. 0: keep compiled kernels in memory only. */
     int disk_cache;
-    /* Worker threads of the CPU reference; 0 (default) = the number of hardware threads. */
+    /* Worker threads of the CPU reference; 0 (default) = the number of hardware threads; at
+     * most 4096 (more is ERROR_INVALID_ARGUMENT). Where the system grants fewer threads, the
+     * reference runs on those it got. */
     int cpu_threads;
     /* 1: on the CUDA backend, check positions against the table size on the device before
      * every call (slower; for debugging). The CPU backend always checks. Default 0. */
@@ -671,9 +674,10 @@ ROPE_JIT_API rope_jit_status rope_jit_rope(rope_jit_runtime* runtime,
  * error of the lowest-indexed spec that failed (ERROR_COMPILE, naming its index, with the
  * NVRTC log); ERROR_BACKEND_UNAVAILABLE without NVRTC, or with target NULL and no GPU. A
  * malformed target ("sm_9", "sm_90x") is ERROR_INVALID_ARGUMENT. A kernel that compiles but
- * cannot be stored (the cache root unusable, read-only or full) is not an error: it stays in
- * memory with one warning; rope_jit_stats tells (disk_writes does not grow with compiles),
- * which is how rope-jit-cache prewarm decides to exit 1. RoPE kernels only:
+ * cannot be stored (no disk cache, or its root unusable, read-only or full) is not an error:
+ * it is dropped with one warning, and compiled again by the next prewarm or call that needs
+ * it; rope_jit_stats tells (disk_writes does not grow with compiles), which is how
+ * rope-jit-cache prewarm decides to exit 1. RoPE kernels only:
  * rope_jit_prewarm_json takes every op's specs. */
 ROPE_JIT_API rope_jit_status rope_jit_prewarm(rope_jit_runtime* runtime,
                                               const rope_jit_kernel_spec* specs, size_t n,
@@ -785,6 +789,13 @@ ROPE_JIT_API rope_jit_status rope_jit_get_stats(const rope_jit_runtime* runtime,
  * of the keys it sees (on the CUDA backend also of keys masked from it inside a tile it
  * shares with them, and a NaN in a key or value masked from a query may also make that
  * query's dq NaN when they share a tile).
+ *
+ * The backward takes each row's probabilities as exp(score - lse) from the float32 lse, as
+ * FlashAttention does: a row whose every score is pushed far down by a finite additive mask
+ * (-1e9, or the dtype's lowest value as HF's padding masks use: |lse| past about 1e6) gets
+ * gradients from a rounded lse, off by a factor up to e^(half the float32 spacing at |lse|),
+ * and Sk times too large at the lowest value. Mask such rows with -inf, or with a bool mask: a
+ * row that sees no key gets zero gradients.
  *
  * Precision: q, k, v, out and the gradients share one dtype, float32, float16 or bfloat16;
  * every product is accumulated in float32. On the CUDA backend fp16/bf16 run on tensor cores
@@ -973,6 +984,10 @@ ROPE_JIT_API rope_jit_status rope_jit_attention_workspace_size(
  *     LONGROPE  inv[i] = DEFAULT[i] / ext[i], ext = long_factor when seq_len > O, else
  *               short_factor; attention = attention_factor if given, else 1 when
  *               factor <= 1, else sqrt(1 + ln(factor) / ln(O))
+ *     PROPORTIONAL (Gemma 4) inv[i] = theta^(-2i/D) / factor (factor 0 = 1), D = head_dim
+ *               (0 = R), R = 2 * int(partial_rotary_factor * D / 2)  attention 1
+ *               (HF appends D/2 - R/2 zero frequencies, which rotate nothing:
+ *               ROPE_JIT_STYLE_PROPORTIONAL takes the R/2 pairs alone)
  *   rotary-embedding-torch (RotaryEmbedding(dim = R, freqs_for = ...)):
  *     LANG      theta' = theta * theta_rescale_factor^(R / (R-2)); inv[i] = theta'^(-2i/R)
  *     PIXEL     inv[i] = pi * (1 + i * (max_freq / 2 - 1) / (n - 1))   (torch.linspace)
@@ -993,7 +1008,8 @@ typedef enum rope_jit_rope_type {
     ROPE_JIT_ROPE_TYPE_LONGROPE = 5, /* HF "longrope" (Phi-3) */
     ROPE_JIT_ROPE_TYPE_LANG = 6,     /* rotary-embedding-torch freqs_for="lang" */
     ROPE_JIT_ROPE_TYPE_PIXEL = 7,    /* rotary-embedding-torch freqs_for="pixel" */
-    ROPE_JIT_ROPE_TYPE_CONSTANT = 8  /* rotary-embedding-torch freqs_for="constant" */
+    ROPE_JIT_ROPE_TYPE_CONSTANT = 8, /* rotary-embedding-torch freqs_for="constant" */
+    ROPE_JIT_ROPE_TYPE_PROPORTIONAL = 9 /* HF "proportional" (Gemma 4's partial rotary) */
 } rope_jit_rope_type;
 
 typedef struct rope_jit_freq_config {
@@ -1049,6 +1065,9 @@ typedef struct rope_jit_freq_config {
      * ERROR_INVALID_ARGUMENT naming the list. */
     size_t num_short_factor;
     size_t num_long_factor;
+    /* PROPORTIONAL: the head_dim D whose exponents the rotated pairs take (theta^(-2i/D));
+     * even and >= rotary_dim, or 0 (default) = rotary_dim. */
+    int32_t head_dim;
 } rope_jit_freq_config;
 
 /* Fills *config with the defaults above and sets struct_size. NULL is ignored. */

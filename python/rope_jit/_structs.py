@@ -245,7 +245,7 @@ class AttentionArgs(ctypes.Structure):
 
 # rope_jit_rope_type
 ROPE_TYPES = {"default": 0, "linear": 1, "dynamic": 2, "yarn": 3, "llama3": 4, "longrope": 5,
-              "lang": 6, "pixel": 7, "constant": 8}
+              "lang": 6, "pixel": 7, "constant": 8, "proportional": 9}
 
 
 class FreqConfig(ctypes.Structure):
@@ -275,6 +275,7 @@ class FreqConfig(ctypes.Structure):
         ("num_freqs", ctypes.c_int32),
         ("num_short_factor", ctypes.c_size_t),
         ("num_long_factor", ctypes.c_size_t),
+        ("head_dim", ctypes.c_int32),
     ]
 
 

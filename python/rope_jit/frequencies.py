@@ -81,13 +81,13 @@ def _field_value(name, value):
 def inv_freq(rope_type, rotary_dim=0, **fields):
     """The inverse frequencies and attention factor of a RoPE recipe.
 
-    rope_type: "default", "linear", "dynamic", "yarn", "llama3", "longrope" (HF rope_type) or
-    "lang", "pixel", "constant" (rotary-embedding-torch freqs_for). rotary_dim: R (HF `dim`).
-    fields: any rope_jit_freq_config field by name (theta, factor, max_position_embeddings,
-    original_max_position_embeddings, seq_len, attention_factor, beta_fast, beta_slow, mscale,
-    mscale_all_dim, truncate, low_freq_factor, high_freq_factor, theta_rescale_factor,
-    max_freq, num_freqs) and short_factor / long_factor as sequences of R/2 floats; unnamed
-    fields keep the library's defaults (see rope_jit.h).
+    rope_type: "default", "linear", "dynamic", "yarn", "llama3", "longrope", "proportional"
+    (HF rope_type) or "lang", "pixel", "constant" (rotary-embedding-torch freqs_for).
+    rotary_dim: R (HF `dim`). fields: any rope_jit_freq_config field by name (theta, factor,
+    max_position_embeddings, original_max_position_embeddings, seq_len, attention_factor,
+    beta_fast, beta_slow, mscale, mscale_all_dim, truncate, low_freq_factor, high_freq_factor,
+    theta_rescale_factor, max_freq, num_freqs, head_dim) and short_factor / long_factor as
+    sequences of R/2 floats; unnamed fields keep the library's defaults (see rope_jit.h).
 
     Returns (inv_freq, attention_factor): a list of R/2 floats (num_freqs for "constant") and
     a float.
@@ -114,6 +114,8 @@ def inv_freq(rope_type, rotary_dim=0, **fields):
         config.num_freqs if config.rope_type == s.ROPE_TYPES["constant"] else config.rotary_dim // 2
     )
     if count <= 0:
+        if config.rope_type == s.ROPE_TYPES["constant"]:
+            raise ValueError(f"num_freqs: must be > 0 for rope_type constant, got {count}")
         raise ValueError(f"rotary_dim: must be even and > 0, got {rotary_dim}")
     # The library reads rotary_dim / 2 factors through these pointers: a shorter list would
     # be read past its end (issue 20, P1).
@@ -172,7 +174,8 @@ def rope_tables(
         sections = (ctypes.c_int32 * max(len(values), 1))(*values)
         held.append(sections)
         config.mrope_sections = ctypes.cast(sections, _P(ctypes.c_int32))
-        config.num_mrope_sections = axes = len(values)
+        config.num_mrope_sections = len(values)
+        axes = max(len(values), 1)  # no sections: one position axis, as the library reads it
         config.mrope_interleaved = 1 if mrope_interleaved else 0
     config.float32_angles = 1 if float32_angles else 0
     config.xpos_scale_base = c_double(xpos_scale_base, "xpos_scale_base")
@@ -194,6 +197,7 @@ def rope_tables(
         array = (ctypes.c_double * max(len(values), 1))(*values)
         held.append(array)
         config.positions = ctypes.cast(array, _P(ctypes.c_double))
+        config.num_positions = len(values)  # the library checks it too
     pointers = [None if table is None else table.pointer for table in tables]
     library.check("rope_jit_rope_tables", functions["tables"](ctypes.byref(config), *pointers))
     del held, tables

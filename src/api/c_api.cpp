@@ -35,6 +35,7 @@ rope_jit_status guarded(Body&& body) noexcept {
     last_error.clear();
     try {
         body();
+        last_error.clear();  // a failed call nested in it (a visitor's) is not this call's error
         return ROPE_JIT_OK;
     } catch (const rope_jit::Error& e) {
         last_error = e.what();

@@ -23,6 +23,10 @@ namespace rope_jit {
 
 namespace {
 
+// rope_jit_config.cpu_threads' bound: more threads than any host has cores would only take
+// the system's threads from other processes.
+constexpr int kMaxCpuThreads = 4096;
+
 // rope_jit_config.programmatic_launch, or $ROPE_JIT_PROGRAMMATIC_LAUNCH=1 (0 or unset: the
 // config's choice), so that callers that build no config of their own (the Python package's
 // default runtime, the HF drop-in) can turn it on.
@@ -38,9 +42,13 @@ bool programmatic_launch_wanted(const rope_jit_config& config) {
 
 Runtime::Runtime(const rope_jit_config& config)
     : cpu_threads_(config.cpu_threads), debug_checks_(config.debug_checks != 0) {
-    if (config.cpu_threads < 0)
-        fail_argument(fmt::format("cpu_threads: must be >= 0 (0 = one per hardware thread), got {}",
-                                  config.cpu_threads));
+    if (config.cpu_threads < 0 || config.cpu_threads > kMaxCpuThreads)
+        fail_argument(fmt::format("cpu_threads: must be 0 (one per hardware thread) to {}, got {}",
+                                  kMaxCpuThreads, config.cpu_threads));
+    if (config.disk_cache != 0 && config.cache_dir != nullptr && config.cache_dir[0] == '\0')
+        fail_argument(
+            "cache_dir: empty; pass NULL for the default root, or disk_cache = 0 for no disk "
+            "cache");
     const int backend = raw_enum(config.backend);
     if (backend != ROPE_JIT_BACKEND_AUTO && backend != ROPE_JIT_BACKEND_CUDA &&
         backend != ROPE_JIT_BACKEND_CPU)

@@ -110,7 +110,11 @@ DType dtype_of(const DLDataType& type, const char* name) {
     if (type.code == kDLBfloat && type.bits == 16) return DType::BF16;
     if (type.code == kDLInt && type.bits == 32) return DType::I32;
     if (type.code == kDLInt && type.bits == 64) return DType::I64;
-    if ((type.code == kDLUInt || type.code == kDLInt) && type.bits == 8) return DType::U8;
+    if (type.code == kDLUInt && type.bits == 8) return DType::U8;
+    // Read as a mask, int8 would be boolean where -1 may have meant "add -1": refused.
+    if (type.code == kDLInt && type.bits == 8)
+        fail_argument(fmt::format(
+            "{}: int8 is not supported (masks are bool or uint8, indices int32 or int64)", name));
     // DLPack >= 0.8 encodes bool as code 6 with 8 bits.
     if (type.code == 6 && type.bits == 8) return DType::U8;
     if (type.code == ROPE_JIT_DLPACK_FLOAT8_E4M3FN && type.bits == 8) return DType::F8E4M3;
@@ -145,8 +149,10 @@ TensorRef make_tensor_ref(const DLTensor* tensor, const char* name, int max_ndim
     ref.name = name;
     if (tensor == nullptr) return ref;
     if (tensor->ndim < 1 || tensor->ndim > max_ndim)
-        fail_argument(
-            fmt::format("{}: expected 1 to {} dimensions, got {}", name, max_ndim, tensor->ndim));
+        fail_argument(fmt::format(
+            "{}: expected {} dimensions, got {}", name,
+            tensor->ndim < 1 ? std::string("at least 1") : fmt::format("at most {}", max_ndim),
+            tensor->ndim));
     if (tensor->shape == nullptr) fail_argument(fmt::format("{}: shape is NULL", name));
     ref.dtype = dtype_of(tensor->dtype, name);
     const int device_type = raw_enum(tensor->device.device_type);
@@ -317,13 +323,18 @@ bool shares_memory(const TensorRef& a, const TensorRef& b) {
     return LatticeSearch(std::move(terms)).solvable(target);
 }
 
+void require_distinct_elements(const TensorRef& t, const char* name) {
+    if (!has_distinct_elements(t))
+        fail_argument(fmt::format(
+            "{}: its strides may make several indices address the same element (a written "
+            "tensor's strides, in increasing order, must each exceed the span of the dimensions "
+            "below), so it cannot be written",
+            name));
+}
+
 void check_written(const TensorRef& written, std::initializer_list<const TensorRef*> others,
                    MemoryRule rule) {
-    if (!has_distinct_elements(written))
-        fail_argument(
-            fmt::format("{}: strides make several indices address the same element, so it cannot "
-                        "be written",
-                        written.name));
+    require_distinct_elements(written, written.name);
     for (const TensorRef* other : others) {
         if (!other->present() || other == &written) continue;
         // An empty tensor has no element to share, whatever its data pointer (empty torch

@@ -68,6 +68,9 @@ bool shares_memory(const TensorRef& a, const TensorRef& b);
 // Whether no two distinct indices of the view address the same element, by the sufficient
 // test "sorted by stride, each stride exceeds the span of the smaller ones". Outputs must pass.
 bool has_distinct_elements(const TensorRef& t);
+// Throws INVALID_ARGUMENT naming `name` (the tensor to be written) when has_distinct_elements
+// cannot show t's elements distinct.
+void require_distinct_elements(const TensorRef& t, const char* name);
 
 // When a written tensor meets another tensor of the call (check_written).
 enum class MemoryRule {

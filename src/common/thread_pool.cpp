@@ -1,5 +1,7 @@
 #include "common/thread_pool.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <exception>
@@ -14,11 +16,13 @@ struct ThreadPool::Job {
     std::exception_ptr error;
 };
 
-ThreadPool::ThreadPool(int threads) {
+ThreadPool::ThreadPool(int threads) : state_(std::make_unique<State>()), owner_(getpid()) {
     if (threads <= 0) threads = int(std::max(1u, std::thread::hardware_concurrency()));
+    State& state = *state_;
     try {
-        workers_.reserve(size_t(threads - 1));
-        for (int i = 1; i < threads; ++i) workers_.emplace_back([this] { worker_loop(); });
+        state.workers.reserve(size_t(threads - 1));
+        for (int i = 1; i < threads; ++i)
+            state.workers.emplace_back([&state] { worker_loop(state); });
     } catch (...) {
         // No more threads (or memory) to be had: the workers started and each caller, which
         // always takes chunks itself, do the work.
@@ -26,12 +30,20 @@ ThreadPool::ThreadPool(int threads) {
 }
 
 ThreadPool::~ThreadPool() {
-    {
-        std::lock_guard<std::mutex> lock(mutex_);
-        stop_ = true;
+    if (forked()) {
+        state_.release();  // see the header: nothing of it can be joined or destroyed here
+        return;
     }
-    wake_.notify_all();
-    for (std::thread& worker : workers_) worker.join();
+    {
+        std::lock_guard<std::mutex> lock(state_->mutex);
+        state_->stop = true;
+    }
+    state_->wake.notify_all();
+    for (std::thread& worker : state_->workers) worker.join();
+}
+
+bool ThreadPool::forked() const {
+    return getpid() != owner_;
 }
 
 void ThreadPool::run_chunks(Job& job) {
@@ -47,25 +59,25 @@ void ThreadPool::run_chunks(Job& job) {
     }
 }
 
-void ThreadPool::worker_loop() {
+void ThreadPool::worker_loop(State& state) {
     uint64_t seen = 0;
     for (;;) {
         Job* job;
         {
-            std::unique_lock<std::mutex> lock(mutex_);
-            wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
-            if (stop_) return;
-            seen = generation_;
-            job = job_;
+            std::unique_lock<std::mutex> lock(state.mutex);
+            state.wake.wait(lock, [&] { return state.stop || state.generation != seen; });
+            if (state.stop) return;
+            seen = state.generation;
+            job = state.job;
             if (job == nullptr) continue;  // woke after that job had already finished
-            ++active_;
+            ++state.active;
         }
         run_chunks(*job);
         {
-            std::lock_guard<std::mutex> lock(mutex_);
-            --active_;
+            std::lock_guard<std::mutex> lock(state.mutex);
+            --state.active;
         }
-        done_.notify_all();
+        state.done.notify_all();
     }
 }
 
@@ -73,8 +85,13 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain,
                               const std::function<void(int64_t, int64_t)>& body) {
     if (n <= 0) return;
     grain = std::max<int64_t>(grain, 1);
-    std::unique_lock<std::mutex> busy(busy_, std::try_to_lock);
-    if (workers_.empty() || n <= grain || !busy.owns_lock()) {
+    State& state = *state_;
+    if (state.workers.empty() || n <= grain || forked()) {
+        body(0, n);
+        return;
+    }
+    std::unique_lock<std::mutex> busy(state.busy, std::try_to_lock);
+    if (!busy.owns_lock()) {
         body(0, n);
         return;
     }
@@ -84,18 +101,18 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain,
     // About four chunks per thread balances load without making chunks tiny.
     job.chunk = std::max(grain, (n + 4 * size() - 1) / (4 * size()));
     {
-        std::lock_guard<std::mutex> lock(mutex_);
-        job_ = &job;
-        ++generation_;
+        std::lock_guard<std::mutex> lock(state.mutex);
+        state.job = &job;
+        ++state.generation;
     }
-    wake_.notify_all();
+    state.wake.notify_all();
     run_chunks(job);
     {
-        // Workers that woke for this job hold a pointer to it until they decrement active_;
-        // clearing job_ first stops late wakers from seeing it.
-        std::unique_lock<std::mutex> lock(mutex_);
-        job_ = nullptr;
-        done_.wait(lock, [&] { return active_ == 0; });
+        // Workers that woke for this job hold a pointer to it until they decrement active;
+        // clearing job first stops late wakers from seeing it.
+        std::unique_lock<std::mutex> lock(state.mutex);
+        state.job = nullptr;
+        state.done.wait(lock, [&] { return state.active == 0; });
     }
     if (job.error) std::rethrow_exception(job.error);
 }

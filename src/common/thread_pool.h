@@ -2,11 +2,19 @@
 // chunks that the workers and the calling thread take in turn. When another call already
 // uses the pool, the caller runs its whole range itself instead of waiting, so concurrent
 // calls on one runtime never block each other or deadlock.
+//
+// fork(): a child process inherits the pool but none of its threads, and its mutexes and
+// condition variables as the fork caught them (held, or with waiters that do not exist in the
+// child). There the pool runs every range on the calling thread and, when destroyed, leaves
+// the workers' handles and that state alone: joining or destroying them would crash or hang.
 #pragma once
+
+#include <sys/types.h>
 
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -15,13 +23,14 @@ namespace rope_jit {
 
 class ThreadPool {
 public:
-    // threads <= 0: one per hardware thread. The pool starts threads - 1 workers.
+    // threads <= 0: one per hardware thread. The pool starts threads - 1 workers (fewer when
+    // the system grants fewer).
     explicit ThreadPool(int threads);
     ~ThreadPool();
     ThreadPool(const ThreadPool&) = delete;
     ThreadPool& operator=(const ThreadPool&) = delete;
 
-    int size() const { return int(workers_.size()) + 1; }
+    int size() const { return int(state_->workers.size()) + 1; }
 
     // Calls body(begin, end) over disjoint chunks covering [0, n), each at least `grain`
     // long (except the last), and returns when all are done. An exception thrown by a chunk
@@ -30,17 +39,23 @@ public:
 
 private:
     struct Job;
-    void worker_loop();
+    // Everything the workers share, on the heap so that a forked child can abandon it.
+    struct State {
+        std::vector<std::thread> workers;
+        std::mutex busy;  // held by the caller whose job the workers are running
+        std::mutex mutex;
+        std::condition_variable wake, done;
+        Job* job = nullptr;
+        uint64_t generation = 0;
+        int active = 0;
+        bool stop = false;
+    };
+    static void worker_loop(State& state);
     static void run_chunks(Job& job);
+    bool forked() const;
 
-    std::vector<std::thread> workers_;
-    std::mutex busy_;  // held by the caller whose job the workers are running
-    std::mutex mutex_;
-    std::condition_variable wake_, done_;
-    Job* job_ = nullptr;
-    uint64_t generation_ = 0;
-    int active_ = 0;
-    bool stop_ = false;
+    std::unique_ptr<State> state_;
+    pid_t owner_;  // the process that started the workers
 };
 
 }  // namespace rope_jit

@@ -124,7 +124,11 @@ AttentionProblem make_attention_problem(const rope_jit_attention_args& args, boo
     require_shape4(k, p.batch, -1, -1, p.head_dim, "q's batch and head_dim");
     p.heads_k = k.shape[1];
     p.seqlen_k = k.shape[2];
-    if (p.heads_k == 0 || p.heads_q % p.heads_k != 0)
+    if (p.heads_k == 0)
+        fail_argument(
+            fmt::format("k: has no heads ({}); GQA/MQA needs Hq = group * Hk with Hk >= 1",
+                        k.shape_string()));
+    if (p.heads_q % p.heads_k != 0)
         fail_argument(
             fmt::format("k: q has {} heads, which is not a multiple of k's {} heads (GQA/MQA needs "
                         "Hq = group * Hk)",
@@ -207,7 +211,7 @@ AttentionProblem make_attention_problem(const rope_jit_attention_args& args, boo
         p.has_pos_mask = true;
     }
 
-    TensorRef mask = make_tensor_ref(args.attn_mask, "attn_mask", 3);
+    TensorRef mask = make_tensor_ref(args.attn_mask, "attn_mask");
     if (mask.present()) {
         if (mask.dtype == DType::U8)
             p.mask_kind = AttentionMaskKind::Bool;
@@ -219,14 +223,17 @@ AttentionProblem make_attention_problem(const rope_jit_attention_args& args, boo
                 "to the scores), got {}",
                 dtype_name(mask.dtype)));
         const bool per_query = mask.ndim == 3;
-        const bool shape_ok = mask.ndim >= 2 && (mask.shape[0] == p.batch || mask.shape[0] == 1) &&
+        const bool shape_ok = (mask.ndim == 2 || mask.ndim == 3) &&
+                              (mask.shape[0] == p.batch || mask.shape[0] == 1) &&
                               mask.shape[mask.ndim - 1] == p.seqlen_k &&
                               (!per_query || mask.shape[1] == p.seqlen_q);
         if (!shape_ok)
             fail_argument(fmt::format(
                 "attn_mask: expected [B, Sk] = [{}, {}] or [B, Sq, Sk] = [{}, {}, {}] (B may "
-                "be 1), got {}",
-                p.batch, p.seqlen_k, p.batch, p.seqlen_q, p.seqlen_k, mask.shape_string()));
+                "be 1), got {}{}",
+                p.batch, p.seqlen_k, p.batch, p.seqlen_q, p.seqlen_k, mask.shape_string(),
+                mask.ndim == 4 ? " (a [B, 1, Sq, Sk] mask as HF builds it passes as mask[:, 0])"
+                               : ""));
         const int64_t shape[3] = {p.batch, p.seqlen_q, p.seqlen_k};
         const int64_t strides[3] = {mask.shape[0] == 1 ? 0 : mask.strides[0],
                                     per_query ? mask.strides[1] : 0, mask.strides[mask.ndim - 1]};

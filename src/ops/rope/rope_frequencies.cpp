@@ -34,6 +34,7 @@ const char* rope_type_name(int type) {
         case ROPE_JIT_ROPE_TYPE_LANG: return "lang";
         case ROPE_JIT_ROPE_TYPE_PIXEL: return "pixel";
         case ROPE_JIT_ROPE_TYPE_CONSTANT: return "constant";
+        case ROPE_JIT_ROPE_TYPE_PROPORTIONAL: return "proportional";
     }
     return nullptr;
 }
@@ -155,14 +156,14 @@ Frequencies yarn(const rope_jit_freq_config& c, const FieldChecker& check) {
 
 Frequencies llama3(const rope_jit_freq_config& c, const FieldChecker& check) {
     check.positive(c.factor, "factor");
-    check.positive_count(c.original_max_position_embeddings, "original_max_position_embeddings");
+    const int64_t original = original_max_positions(c, "llama3");
     check.positive(c.low_freq_factor, "low_freq_factor");
     check.positive(c.high_freq_factor, "high_freq_factor");
     if (!(c.high_freq_factor > c.low_freq_factor))
         fail_argument(fmt::format(
             "high_freq_factor: must exceed low_freq_factor ({}) for rope_type llama3, got {}",
             c.low_freq_factor, c.high_freq_factor));
-    const double old_context = double(c.original_max_position_embeddings);
+    const double old_context = double(original);
     const double low_freq_wavelength = old_context / c.low_freq_factor;
     const double high_freq_wavelength = old_context / c.high_freq_factor;
 
@@ -233,12 +234,7 @@ Frequencies longrope(const rope_jit_freq_config& c, size_t n, const FieldChecker
     return out;
 }
 
-}  // namespace
-
-Frequencies compute_frequencies(const rope_jit_freq_config& c, size_t n) {
-    const char* type = rope_type_name(raw_enum(c.rope_type));
-    if (type == nullptr)
-        fail_argument(fmt::format("rope_type: unknown value {}", raw_enum(c.rope_type)));
+Frequencies frequencies_of_type(const rope_jit_freq_config& c, size_t n, const char* type) {
     const FieldChecker check{type};
 
     if (c.rope_type == ROPE_JIT_ROPE_TYPE_CONSTANT) {
@@ -318,9 +314,53 @@ Frequencies compute_frequencies(const rope_jit_freq_config& c, size_t n) {
                     kPi * (n == 1 ? 1.0 : 1.0 + double(i) * (last - 1.0) / double(n - 1));
             return out;
         }
+        case ROPE_JIT_ROPE_TYPE_PROPORTIONAL: {
+            // HF's exponents run over the whole head: the rotated pairs turn as the first
+            // R/2 pairs of a full rotary head of head_dim features would.
+            const int64_t head_dim = c.head_dim == 0 ? c.rotary_dim : c.head_dim;
+            if (head_dim < c.rotary_dim || head_dim % 2 != 0)
+                fail_argument(fmt::format(
+                    "head_dim: must be even and >= rotary_dim ({}) for rope_type proportional "
+                    "(0 = rotary_dim), got {}",
+                    c.rotary_dim, c.head_dim));
+            if (c.factor != 0) check.positive(c.factor, "factor");
+            const double factor = c.factor == 0 ? 1.0 : c.factor;
+            out.inv_freq.resize(n);
+            for (size_t i = 0; i < n; ++i)
+                out.inv_freq[i] = std::pow(c.theta, -double(2 * i) / double(head_dim)) / factor;
+            return out;
+        }
         case ROPE_JIT_ROPE_TYPE_CONSTANT: break;  // handled above
     }
     fail_argument(fmt::format("rope_type: unknown value {}", raw_enum(c.rope_type)));
+}
+
+}  // namespace
+
+Frequencies compute_frequencies(const rope_jit_freq_config& c, size_t n) {
+    const char* type = rope_type_name(raw_enum(c.rope_type));
+    if (type == nullptr)
+        fail_argument(fmt::format("rope_type: unknown value {}", raw_enum(c.rope_type)));
+    Frequencies out = frequencies_of_type(c, n, type);
+    // Fields each valid alone may still combine into an overflow (a factor of 1e-40, a
+    // beta_fast of 1e-310, mscale_all_dim making YaRN's divisor 0): refused, never returned.
+    // Judged as the float32 values the caller gets.
+    for (size_t i = 0; i < out.inv_freq.size(); ++i) {
+        const float inv = float(out.inv_freq[i]);
+        const bool ok = c.rope_type == ROPE_JIT_ROPE_TYPE_PIXEL ? std::isfinite(inv)
+                                                                : std::isfinite(inv) && inv > 0;
+        if (!ok)
+            fail_argument(fmt::format(
+                "rope_type {}: the config's fields give inverse frequency {} = {}, not finite "
+                "and > 0 (check factor, beta_fast, beta_slow and theta)",
+                type, i, inv));
+    }
+    if (!(std::isfinite(float(out.attention_factor)) && float(out.attention_factor) > 0))
+        fail_argument(fmt::format(
+            "rope_type {}: the config's fields give attention factor {}, not finite and > 0 "
+            "(check mscale, mscale_all_dim and factor)",
+            type, out.attention_factor));
+    return out;
 }
 
 // ============================================================================================
@@ -349,6 +389,27 @@ void store(const TensorRef& t, int64_t row, int64_t col, double value) {
     }
 }
 
+// cos and sin of the exact angle position / factor * inv_freq. The double quotient and
+// product round to half an ulp of the angle, which at angles of 1e12 is already 1,500 float32
+// ulps of its cosine: the rounding errors (the quotient's remainder, the product's low part
+// by fma) are carried as a second angle `lo` and added by the angle-sum rule.
+void angle_cos_sin(double position, double factor, double inv_freq, double* cos_value,
+                   double* sin_value) {
+    const double t = position / factor;
+    const double t_low = std::fma(-t, factor, position) / factor;
+    const double hi = t * inv_freq;
+    const double lo = std::fma(t, inv_freq, -hi) + t_low * inv_freq;
+    const double cos_hi = std::cos(hi), sin_hi = std::sin(hi);
+    if (std::fabs(lo) < 0x1p-30) {  // (lo^2 / 2 below 2^-61: first order is exact enough)
+        *cos_value = cos_hi - sin_hi * lo;
+        *sin_value = sin_hi + cos_hi * lo;
+        return;
+    }
+    const double cos_lo = std::cos(lo), sin_lo = std::sin(lo);
+    *cos_value = cos_hi * cos_lo - sin_hi * sin_lo;
+    *sin_value = sin_hi * cos_lo + cos_hi * sin_lo;
+}
+
 TensorRef check_output_table(const DLTensor* tensor, const char* name, int64_t pairs) {
     TensorRef t = make_tensor_ref(tensor, name, 2);
     if (!t.present()) return t;
@@ -364,11 +425,7 @@ TensorRef check_output_table(const DLTensor* tensor, const char* name, int64_t p
             "{}: lives on {}; tables are built in host memory (CPU, CUDA host or managed); "
             "copy them to the device afterwards",
             name, device_name(t.device.device_type)));
-    if (!has_distinct_elements(t))
-        fail_argument(fmt::format(
-            "{}: strides make several indices address the same element, so it cannot be "
-            "written",
-            name));
+    require_distinct_elements(t, name);
     return t;
 }
 
@@ -422,8 +479,9 @@ void fill_rope_tables(const rope_jit_table_config& c, const DLTensor* cos_tensor
                                       first->name, rows));
         }
         for (const TensorRef* other : tables)
-            if (other != t && other->present() && extents_overlap(*t, *other))
-                fail_argument(fmt::format("{}: overlaps {}; each table needs its own memory",
+            if (other != t && other->present() && shares_memory(*t, *other))
+                fail_argument(fmt::format("{}: shares memory with {}; each table needs elements "
+                                          "of its own",
                                           t->name, other->name));
     }
     if (xpos.present() && !(std::isfinite(c.xpos_scale_base) && c.xpos_scale_base > 0))
@@ -442,12 +500,39 @@ void fill_rope_tables(const rope_jit_table_config& c, const DLTensor* cos_tensor
                             num_axes > 1 ? fmt::format(" ({} sections x {} rows)", num_axes, rows)
                                          : std::string()));
     }
-    if (c.positions != nullptr)
-        for (int64_t e = 0; e < num_axes * rows; ++e)
+    // The largest |position| and |inverse frequency|: their product must stay finite.
+    double largest_position = 0;
+    if (c.positions != nullptr) {
+        for (int64_t e = 0; e < num_axes * rows; ++e) {
             if (!std::isfinite(c.positions[e]))
                 fail_argument(fmt::format("positions: entry [{}, {}] is not finite ({})",
                                           e / std::max<int64_t>(rows, 1),
                                           e % std::max<int64_t>(rows, 1), c.positions[e]));
+            largest_position = std::max(largest_position, std::fabs(c.positions[e]));
+        }
+    } else if (rows > 0) {
+        largest_position = std::max(std::fabs(c.position_start),
+                                    std::fabs(c.position_start + double(rows - 1)));
+    }
+    double largest_inv_freq = 0;
+    for (int64_t i = 0; i < pairs; ++i) {
+        if (!std::isfinite(c.inv_freq[i]))
+            fail_argument(fmt::format("inv_freq: element {} is not finite ({})", i, c.inv_freq[i]));
+        largest_inv_freq = std::max(largest_inv_freq, std::fabs(double(c.inv_freq[i])));
+    }
+    // float32_angles divides and multiplies in float32 (the factor itself may round to 0).
+    const bool overflows =
+        c.float32_angles != 0
+            ? !(float(c.interpolate_factor) > 0 &&
+                std::isfinite(float(largest_position) / float(c.interpolate_factor) *
+                              float(largest_inv_freq)))
+            : !std::isfinite(largest_position / c.interpolate_factor * largest_inv_freq);
+    if (overflows)
+        fail_argument(fmt::format(
+            "interpolate_factor: positions up to {} divided by {} and multiplied by inverse "
+            "frequencies up to {} overflow{}",
+            largest_position, c.interpolate_factor, largest_inv_freq,
+            c.float32_angles != 0 ? " in float32 (float32_angles)" : ""));
 
     // Every check passed: from here on nothing fails.
     const bool float32_angles = c.float32_angles != 0;
@@ -475,17 +560,20 @@ void fill_rope_tables(const rope_jit_table_config& c, const DLTensor* cos_tensor
             const double position =
                 c.positions ? c.positions[axis * rows + r] : c.position_start + double(r);
             double t = position / c.interpolate_factor;
-            double angle;
+            double cos_value, sin_value;
             if (float32_angles) {
                 // PyTorch: positions in float32, divided in float32, one float32 product
                 // (the double product of two floats is exact, so rounding it once is fp32's).
                 t = double(float(double(float(position)) / double(float(c.interpolate_factor))));
-                angle = double(float(t * double(c.inv_freq[i])));
+                const double angle = double(float(t * double(c.inv_freq[i])));
+                cos_value = std::cos(angle);
+                sin_value = std::sin(angle);
             } else {
-                angle = t * double(c.inv_freq[i]);
+                angle_cos_sin(position, c.interpolate_factor, double(c.inv_freq[i]), &cos_value,
+                              &sin_value);
             }
-            put(cos, r, i, c.attention_factor * std::cos(angle));
-            put(sin, r, i, c.attention_factor * std::sin(angle));
+            put(cos, r, i, c.attention_factor * cos_value);
+            put(sin, r, i, c.attention_factor * sin_value);
             if (xpos.present()) {
                 const double base =
                     (2.0 * double(i) + 0.4 * rotated_features) / (1.4 * rotated_features);

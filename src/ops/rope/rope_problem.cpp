@@ -100,11 +100,7 @@ void require_same_shape(const TensorRef& out, const TensorRef& in) {
 // An output (or an input rotated in place) is written: its elements must be distinct, and
 // an out-of-place output may not share memory with its input unless it is the same view.
 void check_output(const TensorRef& out, const TensorRef& in, bool in_place) {
-    if (!has_distinct_elements(out))
-        fail_argument(
-            fmt::format("{}: strides make several indices address the same element, so "
-                        "it cannot be written",
-                        in_place ? in.name : out.name));
+    require_distinct_elements(out, in_place ? in.name : out.name);
     if (!in_place && shares_memory(out, in))
         fail_argument(
             fmt::format("{}: overlaps {} without being the same view; pass the same "
