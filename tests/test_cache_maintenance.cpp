@@ -11,7 +11,6 @@
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -26,6 +25,7 @@
 
 #include "ops/attention/attention_spec.h"
 #include "cache/cache_maintenance.h"
+#include "child_process.h"
 #include "ops/attention/cuda_attention.h"
 #include "cache/disk_cache.h"
 #include "common/error.h"
@@ -460,22 +460,16 @@ TEST_CASE("a walk that cannot open an entry for want of descriptors fails and re
     // In a child, whose opens of entry files fail with EMFILE: what the walk says, one per line
     // (the errno of opening the entry there, the walk's status, the items it reported, its
     // error), or why it could not be tried.
-    int result_pipe[2];
-    REQUIRE(pipe(result_pipe) == 0);
-    const pid_t child = fork();
-    REQUIRE(child >= 0);
-    if (child == 0) {
-        close(result_pipe[0]);
-        std::string result;
+    const ChildResult child = run_in_child([&](std::string* result) {
         rope_jit_config config;
         rope_jit_config_init(&config);
         config.backend = ROPE_JIT_BACKEND_CPU;
         config.cache_dir = root.c_str();
         rope_jit_runtime* runtime = nullptr;
         if (rope_jit_runtime_create(&config, &runtime) != ROPE_JIT_OK) {
-            result = "error: cannot create a runtime";
+            *result = "error: cannot create a runtime";
         } else if (!fail_entry_opens_with_emfile()) {
-            result = "skip";
+            *result = "skip";
         } else {
             const int fd = open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
             const int open_error = fd < 0 ? errno : 0;
@@ -485,23 +479,14 @@ TEST_CASE("a walk that cannot open an entry for want of descriptors fails and re
                 return 0;
             };
             const rope_jit_status status = rope_jit_cache_walk(runtime, count, &items);
-            result = std::to_string(open_error) + "\n" + std::to_string(int(status)) + "\n" +
-                     std::to_string(items) + "\n" + rope_jit_last_error();
+            *result = std::to_string(open_error) + "\n" + std::to_string(int(status)) + "\n" +
+                      std::to_string(items) + "\n" + rope_jit_last_error();
         }
-        const bool sent = write(result_pipe[1], result.data(), result.size()) ==
-                          ssize_t(result.size());
-        _exit(sent ? 0 : 1);
-    }
-    close(result_pipe[1]);
-    std::string result;
-    char buffer[4096];
-    for (ssize_t n; (n = read(result_pipe[0], buffer, sizeof buffer)) > 0;)
-        result.append(buffer, size_t(n));
-    close(result_pipe[0]);
-    int wait_status = 0;
-    REQUIRE(waitpid(child, &wait_status, 0) == child);
-    REQUIRE(WIFEXITED(wait_status));
-    REQUIRE(WEXITSTATUS(wait_status) == 0);
+        return 0;
+    });
+    const std::string& result = child.output;
+    CAPTURE(child.wait_status);
+    REQUIRE(child.exited_with(0));
     if (result == "skip") {
         MESSAGE("skipped: no seccomp filter can be installed here");
         return;

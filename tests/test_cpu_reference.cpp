@@ -3,11 +3,8 @@
 #include <doctest/doctest.h>
 
 #include <sys/resource.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <csignal>
 #include <cstring>
 #include <fstream>
 #include <memory>
@@ -16,6 +13,7 @@
 #include <thread>
 #include <atomic>
 
+#include "child_process.h"
 #include "common/thread_pool.h"
 #include "rope_test_support.h"
 
@@ -459,82 +457,42 @@ TEST_CASE("a thread pool that cannot start all its threads works with the ones i
     constexpr int64_t kItems = 100000;
     // In a child, with an address space limit a little above what it uses now: thread stacks
     // (8 MiB by default) cannot be mapped after the first few. Its exit status: 0 when every
-    // item was done exactly once, twice; what it writes: the pool's size.
-    int result_pipe[2];
-    REQUIRE(pipe(result_pipe) == 0);
-    const pid_t child = fork();
-    REQUIRE(child >= 0);
-    if (child == 0) {
-        close(result_pipe[0]);
-        alarm(120);  // a hang fails the test instead of blocking the run
-        std::unique_ptr<std::atomic<int>[]> hits(new std::atomic<int>[kItems]());
-        long long used_kib = 0;
-        {
-            std::ifstream status("/proc/self/status");
-            for (std::string word; status >> word;)
-                if (word == "VmSize:") status >> used_kib;
-        }
-        struct rlimit limit;
-        if (used_kib <= 0 || getrlimit(RLIMIT_AS, &limit) != 0) _exit(3);
-        limit.rlim_cur = rlim_t(used_kib) * 1024 + (16u << 20);
-        if (setrlimit(RLIMIT_AS, &limit) != 0) _exit(4);
-        rope_jit::ThreadPool pool(kThreads);
-        bool all_once = true;
-        for (int round = 1; round <= 2; ++round) {
-            pool.parallel_for(kItems, 1, [&](int64_t begin, int64_t end) {
-                for (int64_t i = begin; i < end; ++i) hits[size_t(i)]++;
-            });
-            for (int64_t i = 0; i < kItems; ++i) all_once = all_once && hits[size_t(i)] == round;
-        }
-        const std::string size = std::to_string(pool.size());
-        const bool sent = write(result_pipe[1], size.data(), size.size()) == ssize_t(size.size());
-        _exit(all_once && sent ? 0 : 1);
-    }
-    close(result_pipe[1]);
-    std::string size;
-    char buffer[64];
-    for (ssize_t n; (n = read(result_pipe[0], buffer, sizeof buffer)) > 0;)
-        size.append(buffer, size_t(n));
-    close(result_pipe[0]);
-    int status = 0;
-    REQUIRE(waitpid(child, &status, 0) == child);
+    // item was done exactly once, twice; its output: the pool's size.
+    const ChildResult child = run_in_child(
+        [&](std::string* output) {
+            std::unique_ptr<std::atomic<int>[]> hits(new std::atomic<int>[kItems]());
+            long long used_kib = 0;
+            {
+                std::ifstream status("/proc/self/status");
+                for (std::string word; status >> word;)
+                    if (word == "VmSize:") status >> used_kib;
+            }
+            struct rlimit limit;
+            if (used_kib <= 0 || getrlimit(RLIMIT_AS, &limit) != 0) return 3;
+            limit.rlim_cur = rlim_t(used_kib) * 1024 + (16u << 20);
+            if (setrlimit(RLIMIT_AS, &limit) != 0) return 4;
+            rope_jit::ThreadPool pool(kThreads);
+            bool all_once = true;
+            for (int round = 1; round <= 2; ++round) {
+                pool.parallel_for(kItems, 1, [&](int64_t begin, int64_t end) {
+                    for (int64_t i = begin; i < end; ++i) hits[size_t(i)]++;
+                });
+                for (int64_t i = 0; i < kItems; ++i)
+                    all_once = all_once && hits[size_t(i)] == round;
+            }
+            *output = std::to_string(pool.size());
+            return all_once ? 0 : 1;
+        },
+        120);
+    const std::string& size = child.output;
     CAPTURE(size);
-    REQUIRE(WIFEXITED(status));  // not aborted (nor killed by the alarm)
-    CHECK(WEXITSTATUS(status) == 0);
+    CAPTURE(child.wait_status);
+    REQUIRE(child.exited_with(0));  // not aborted (nor killed by the alarm), every item once
     REQUIRE_FALSE(size.empty());
     CHECK(std::stoi(size) >= 1);
     CHECK(std::stoi(size) < kThreads);  // the limit did stop thread creation
 #endif
 }
-
-namespace {
-
-// Runs `child_work` in a forked child (with an alarm, so that a hang fails instead of blocking
-// the run) and returns its wait status. child_work returns the child's exit code; it must not
-// use doctest's assertions (they would be counted in the child alone), and an exception it
-// lets out is exit code 99 (never the child going on with the test run).
-template <typename Work>
-int wait_status_of_child(Work&& child_work) {
-    const pid_t child = fork();
-    REQUIRE(child >= 0);
-    if (child == 0) {
-        // A crash kills the child, for the parent to see: doctest's handlers would report it
-        // from the child and let it go on.
-        for (const int signal_number : {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT})
-            std::signal(signal_number, SIG_DFL);
-        alarm(30);
-        int code = 99;
-        try {
-            code = child_work();
-        } catch (...) {}
-        _exit(code);
-    }
-    int status = 0;
-    REQUIRE(waitpid(child, &status, 0) == child);
-    return status;
-}
-
-}  // namespace
 
 TEST_CASE(
     "a child forked after the CPU pool started runs calls on its own thread and frees the "
@@ -568,24 +526,26 @@ TEST_CASE(
     std::memcpy(q.bytes().data(), input.data(), input.size());
 
     SUBCASE("a call, then free") {
-        const int status = wait_status_of_child([&] {
-            if (rope_jit_rope(runtime, &args) != ROPE_JIT_OK) return 1;
-            if (q.bytes() != expected) return 2;
-            rope_jit_runtime_free(runtime);
-            return 0;
-        });
-        CAPTURE(status);
-        REQUIRE(WIFEXITED(status));  // neither crashed nor stopped by the alarm
-        CHECK(WEXITSTATUS(status) == 0);
+        const ChildResult child = run_in_child(
+            [&](std::string*) {
+                if (rope_jit_rope(runtime, &args) != ROPE_JIT_OK) return 1;
+                if (q.bytes() != expected) return 2;
+                rope_jit_runtime_free(runtime);
+                return 0;
+            },
+            30);
+        CAPTURE(child.wait_status);
+        CHECK(child.exited_with(0));  // neither crashed nor stopped by the alarm
     }
     SUBCASE("free at once") {
-        const int status = wait_status_of_child([&] {
-            rope_jit_runtime_free(runtime);
-            return 0;
-        });
-        CAPTURE(status);
-        REQUIRE(WIFEXITED(status));
-        CHECK(WEXITSTATUS(status) == 0);
+        const ChildResult child = run_in_child(
+            [&](std::string*) {
+                rope_jit_runtime_free(runtime);
+                return 0;
+            },
+            30);
+        CAPTURE(child.wait_status);
+        CHECK(child.exited_with(0));
     }
     // The parent's runtime and pool are as they were.
     CHECK(q.bytes() == input);
@@ -607,7 +567,7 @@ TEST_CASE("a thread pool inherited by a forked child runs every range on the cal
     std::atomic<int64_t> parent_items{0};
     pool->parallel_for(kItems, 1, [&](int64_t begin, int64_t end) { parent_items += end - begin; });
     REQUIRE(parent_items.load() == kItems);
-    const int status = wait_status_of_child([&] {
+    const ChildResult child = run_in_child([&](std::string*) {
         std::vector<int> hits(size_t(kItems), 0);
         bool caller_only = true;
         const std::thread::id caller = std::this_thread::get_id();
@@ -621,9 +581,8 @@ TEST_CASE("a thread pool inherited by a forked child runs every range on the cal
         if (!caller_only) return 2;
         pool.reset();  // must neither hang nor crash
         return 0;
-    });
-    CAPTURE(status);
-    REQUIRE(WIFEXITED(status));
-    CHECK(WEXITSTATUS(status) == 0);
+    }, 30);
+    CAPTURE(child.wait_status);
+    CHECK(child.exited_with(0));
 #endif
 }

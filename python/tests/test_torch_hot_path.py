@@ -17,28 +17,11 @@ torch = pytest.importorskip("torch")
 import rope_jit  # noqa: E402
 from rope_jit import _plans, torch_ops  # noqa: E402
 from torch_reference import hf_tables, rope_torch  # noqa: E402
-
-
-def random(*shape, seed, requires_grad=False):
-    generator = torch.Generator().manual_seed(seed)
-    return (
-        torch.randn(*shape, generator=generator, dtype=torch.float64)
-        .float()
-        .requires_grad_(requires_grad)
-    )
+from torch_support import fresh_plans, random  # noqa: E402
 
 
 def expected(x, cos, sin, positions):
     return rope_torch(x, cos, sin, positions)
-
-
-def fresh_plans(runtime):
-    """Forgets this thread's plans of `runtime`: the dict and the last two plans and key (a
-    plan left as last_plan would still be served through its guard)."""
-    state = _plans._thread_state(runtime)
-    state.plans.clear()
-    state.last_key = state.last_plan = state.other_plan = None
-    return state.plans
 
 
 def test_a_plan_serves_new_tensors_of_its_signature_and_a_new_signature_gets_its_own():

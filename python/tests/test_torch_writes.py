@@ -14,28 +14,12 @@ torch = pytest.importorskip("torch")
 import rope_jit  # noqa: E402
 from rope_jit import _plans, torch_ops  # noqa: E402,F401  (defines the rope_jit:: ops)
 from torch_reference import hf_tables, rope_torch  # noqa: E402
+from torch_support import fresh_plans, random  # noqa: E402
 
 B, HQ, HK, S, D = 1, 4, 2, 6, 16
 OFFSET = 2
 EPS = 1e-6
 COS, SIN = hf_tables(torch.arange(16), D)
-
-
-def random(*shape, seed, requires_grad=False):
-    generator = torch.Generator().manual_seed(seed)
-    return (
-        torch.randn(*shape, generator=generator, dtype=torch.float64)
-        .float()
-        .requires_grad_(requires_grad)
-    )
-
-
-def fresh_plans():
-    """Forgets this thread's plans of the default runtime (as test_torch_hot_path does): the
-    next call of a signature builds its plan."""
-    state = _plans._thread_state(rope_jit.default_runtime())
-    state.plans.clear()
-    state.last_key = state.last_plan = state.other_plan = None
 
 
 def rotated(x, offset=OFFSET):
@@ -168,7 +152,7 @@ def snapshot(tensors):
 
 @pytest.mark.parametrize("writer", WRITERS, ids=str)
 def test_each_write_counts_in_the_version_counter_and_matches_the_reference(writer):
-    fresh_plans()
+    fresh_plans(rope_jit.default_runtime())
     for seed in (0, 10, 20):  # the first call builds the plan, the others go through it
         tensors = make_tensors(seed)
         inputs = snapshot(tensors)
@@ -184,7 +168,7 @@ def test_each_write_counts_in_the_version_counter_and_matches_the_reference(writ
 
 @pytest.mark.parametrize("writer", WRITERS, ids=str)
 def test_a_backward_that_saved_a_written_tensor_fails_instead_of_using_the_new_values(writer):
-    fresh_plans()
+    fresh_plans(rope_jit.default_runtime())
     for seed in (0, 10):
         tensors = make_tensors(seed)
         inputs = snapshot(tensors)
@@ -268,7 +252,7 @@ def test_a_kv_cache_that_requires_grad_is_refused_and_left_unwritten():
 def test_a_written_tensor_that_requires_grad_is_refused_in_grad_mode_and_allowed_in_no_grad(
     writer, name
 ):
-    fresh_plans()
+    fresh_plans(rope_jit.default_runtime())
 
     def refused(seed):
         tensors = make_tensors(seed, requires_grad=(name,))
@@ -307,7 +291,7 @@ def test_an_inference_tensor_is_written_inside_inference_mode_and_out(writer):
     # Inference tensors have no version counter and can never be saved for a backward: the
     # library writes them in or out of inference mode (torch's own in-place ops refuse the
     # latter, for no gradient's sake) and counts nothing.
-    fresh_plans()
+    fresh_plans(rope_jit.default_runtime())
 
     def inference_tensors(seed):
         with torch.inference_mode():
