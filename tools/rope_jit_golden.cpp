@@ -4,8 +4,9 @@
 //   rope-jit-golden DIR [--backend auto|cpu|cuda] [--ops rope,attention,inv_freq]
 //                       [--angles table|inv_freq] [--case SUBSTRING] [--device N] [--json]
 //
-// Exit status: 0 when every selected case passed, 1 when one failed or was unsupported (or
-// the runtime could not be created), 2 on a usage error or an unreadable manifest.
+// Exit status: 0 when every selected case passed, 1 when one failed or was unsupported, when
+// none was selected, or when the runtime could not be created, 2 on a usage error or an
+// unreadable manifest.
 //
 // Each op has one runner function in the dispatch table `op_runners`; an op the C API cannot
 // run yet has a runner that reports it unsupported, so that it counts as failed.
@@ -17,6 +18,7 @@
 #include <deque>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <memory>
@@ -31,8 +33,10 @@
 #include <fmt/ranges.h>  // fmt::join
 #include <nlohmann/json.hpp>
 
-#include "cuda/cuda_driver.h"  // device memory for --backend cuda (the tool's own copy of the loader)
+#include "common/bounded_json.h"  // the library's bound on JSON nesting (compiled in)
 #include "common/half_float.h"  // header-only: the same fp16/bf16 conversions as the library
+// Device memory for --backend cuda (the tool's own copy of the loader).
+#include "cuda/cuda_driver.h"
 #include "rope_jit/rope_jit.h"
 
 namespace {
@@ -90,7 +94,7 @@ const char* const kUsage =
     "  --device    CUDA backend: put the tensors on device N (default 0)\n"
     "  --json      print one JSON object instead of one line per case\n"
     "Ends with the runtime's kernel counters (compiled, read from the disk cache, launched).\n"
-    "Exit status: 0 all passed, 1 some failed or unsupported, 2 usage error.\n";
+    "Exit status: 0 all passed, 1 some failed or unsupported or none selected, 2 usage error.\n";
 
 const std::set<std::string> kKnownOps = {"rope", "attention", "inv_freq"};
 
@@ -564,6 +568,11 @@ Measurement compare_array(const HostArray& got, const HostArray& expected, Toler
             const bool both = std::isnan(g) && std::isnan(e);
             error = both ? 0.0 : std::numeric_limits<double>::infinity();
             ratio = both ? 0.0 : std::numeric_limits<double>::infinity();
+        } else if (std::isinf(g) || std::isinf(e)) {
+            // An infinity only matches itself (the tolerance of an infinite expected value is
+            // infinite too, and inf / inf would make the ratio NaN, which no maximum records).
+            error = g == e ? 0.0 : std::numeric_limits<double>::infinity();
+            ratio = error;
         } else if (error == 0.0) {
             ratio = 0.0;  // exact, even with a zero tolerance
         }
@@ -607,7 +616,13 @@ Tolerance parse_tolerance(const json& value) {
         !value.contains("rtol") || !value["rtol"].is_number())
         throw CaseFailure(fmt::format(
             "tolerance: expected {{\"atol\": number, \"rtol\": number}}, got {}", value.dump()));
-    return Tolerance{value["atol"].get<double>(), value["rtol"].get<double>()};
+    const Tolerance tolerance{value["atol"].get<double>(), value["rtol"].get<double>()};
+    // A negative tolerance would make every error's ratio negative: a pass for anything.
+    for (const double bound : {tolerance.atol, tolerance.rtol})
+        if (!std::isfinite(bound) || std::signbit(bound))
+            throw CaseFailure(fmt::format(
+                "tolerance: atol and rtol must be finite and >= 0, got {}", value.dump()));
+    return tolerance;
 }
 
 // ============================================================================================
@@ -1015,11 +1030,14 @@ double param_number(const json& params, const char* key, double fallback) {
     return params[key].get<double>();
 }
 
-int64_t param_whole_number(const json& params, const char* key, int64_t fallback) {
-    const double value = param_number(params, key, double(fallback));
-    if (value != std::floor(value) || std::fabs(value) > 9.0e15)
-        throw CaseFailure(
-            fmt::format("params.{}: expected a whole number, got {}", key, params[key].dump()));
+// A whole-number parameter (or, when absent, the fallback, which may be computed from others
+// and is checked the same way).
+int64_t param_whole_number(const json& params, const char* key, double fallback) {
+    const double value = param_number(params, key, fallback);
+    if (value != std::floor(value) || !(std::fabs(value) <= 9.0e15))
+        throw CaseFailure(fmt::format("params.{}: expected a whole number below 9e15, got {}{}",
+                                      key, value,
+                                      params.contains(key) ? "" : " (derived from the others)"));
     return int64_t(value);
 }
 
@@ -1071,20 +1089,28 @@ Measurement run_inv_freq_case(const GoldenCase& golden, const RunContext& contex
     rope_jit_freq_config_init(&config);
     config.rope_type = parse_rope_type(param_string(params, "rope_type", "default"));
     // HF: dim = int(head_dim * partial_rotary_factor); rotary-embedding-torch names it dim.
-    const double head_dim = param_number(params, "head_dim", 0);
+    // (Sizes the C API holds in int32: a larger one is the case's error, not a wrapped value.)
+    const auto int32_size = [](int64_t value, const char* what) {
+        if (value < INT32_MIN || value > INT32_MAX)
+            throw CaseFailure(fmt::format("params: {} {} is out of range", what, value));
+        return int32_t(value);
+    };
+    const double head_dim = double(param_whole_number(params, "head_dim", 0));
     const double partial = param_number(params, "partial_rotary_factor", 1.0);
-    config.rotary_dim = int32_t(param_whole_number(params, "dim", int64_t(head_dim * partial)));
+    config.rotary_dim = int32_size(
+        param_whole_number(params, "dim", std::trunc(head_dim * partial)), "rotary dim");
     // HF's proportional type: int(partial_rotary_factor * head_dim // 2) rotated pairs whose
     // exponents run over head_dim, then zeros up to head_dim / 2 (pairs that do not turn).
     const bool proportional = config.rope_type == ROPE_JIT_ROPE_TYPE_PROPORTIONAL;
     int64_t rotated = n;
     if (proportional) {
-        rotated = int64_t(std::floor(partial * head_dim / 2));
-        if (rotated > n)
+        const double pairs = std::floor(partial * head_dim / 2);
+        if (!(pairs >= 0 && pairs <= double(n)))
             throw CaseFailure(fmt::format("params: {} rotated pairs, but inv_freq has {}",
-                                          rotated, n));
+                                          pairs, n));
+        rotated = int64_t(pairs);
         config.rotary_dim = int32_t(2 * rotated);
-        config.head_dim = int32_t(head_dim);
+        config.head_dim = int32_size(int64_t(head_dim), "head_dim");
     }
     config.theta = param_number(params, "rope_theta", param_number(params, "theta", config.theta));
     config.factor = param_number(params, "factor", 0);
@@ -1103,7 +1129,8 @@ Measurement run_inv_freq_case(const GoldenCase& golden, const RunContext& contex
     config.theta_rescale_factor =
         param_number(params, "theta_rescale_factor", config.theta_rescale_factor);
     config.max_freq = param_number(params, "max_freq", config.max_freq);
-    config.num_freqs = int32_t(param_whole_number(params, "num_freqs", config.num_freqs));
+    config.num_freqs = int32_size(param_whole_number(params, "num_freqs", config.num_freqs),
+                                  "num_freqs");
     const std::vector<float> short_factor = param_float_list(params, "short_factor");
     const std::vector<float> long_factor = param_float_list(params, "long_factor");
     for (const auto* list : {&short_factor, &long_factor})
@@ -1198,15 +1225,20 @@ CaseResult run_case(const GoldenCase& golden, const RunContext& context) {
 
 json read_manifest(const fs::path& dir) {
     const fs::path path = dir / "manifest.json";
+    std::error_code error;
+    // (A FIFO would block the read, a directory fail it with a stream error.)
+    if (!fs::is_regular_file(path, error))
+        throw UsageError(fmt::format("cannot read {}: {}", path.string(),
+                                     error ? error.message() : "not a regular file"));
     std::ifstream file(path);
     if (!file)
         throw UsageError(fmt::format("cannot read {}: {}", path.string(), std::strerror(errno)));
-    json manifest;
-    try {
-        manifest = json::parse(file);
-    } catch (const json::exception& e) {
-        throw UsageError(fmt::format("{}: not valid JSON: {}", path.string(), e.what()));
-    }
+    const std::string text{std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>()};
+    // Bounded nesting: the messages that quote a value dump it, recursively.
+    std::string why;
+    json manifest = rope_jit::parse_bounded_json(text, &why);
+    if (manifest.is_discarded())
+        throw UsageError(fmt::format("{}: {}", path.string(), why));
     if (!manifest.is_object() || !manifest.contains("format") ||
         manifest["format"] != "rope-jit-golden/1")
         throw UsageError(
@@ -1323,6 +1355,7 @@ int run(const Options& options) {
         if (!options.json) print_text_line(result);
         results.push_back(std::move(result));
     }
+    // A filter that selects nothing (a typo in CI) must not read as success.
     if (results.empty()) fmt::print(stderr, "rope-jit-golden: no case matched the selection\n");
     const json kernels = kernel_counters(runtime.get());
     if (options.json) {
@@ -1337,7 +1370,7 @@ int run(const Options& options) {
                 kernels["disk_hits"].get<uint64_t>(), kernels["disk_writes"].get<uint64_t>(),
                 kernels["launches"].get<uint64_t>());
     }
-    return failed == 0 ? 0 : 1;
+    return failed == 0 && !results.empty() ? 0 : 1;
 }
 
 }  // namespace

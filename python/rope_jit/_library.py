@@ -135,7 +135,9 @@ def _candidates():
     """(what to dlopen, where it came from) in search order."""
     env = os.environ.get(LIBRARY_ENV)
     if env:
-        path = Path(env)
+        # Absolute: a relative name ("./librope_jit.so", "librope_jit.so") is the file in the
+        # current folder, never one dlopen's own search finds elsewhere.
+        path = Path(env).absolute()
         if path.is_dir():
             for soname in _SONAMES:
                 if (path / soname).exists():

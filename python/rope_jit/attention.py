@@ -7,12 +7,12 @@ it, has_attention() is False and every call raises NotImplementedError saying so
 import ctypes
 import sys
 
-from . import _cuda_context
+from . import _cuda_context, _torch_writes
 from . import _structs as s
 from .rope import resolve_stream
 from .runtime import _STYLES, _choice, default_runtime
 from ._checks import c_double, c_int
-from .tensors import as_tensor, torch_stream_of
+from .tensors import as_tensor, is_torch_tensor, torch_stream_of
 
 _P = ctypes.POINTER
 
@@ -98,11 +98,14 @@ def _call(which, tensors, causal, scale, rotary_dim, style, stream, runtime, det
     stream_handle = torch_stream if torch_stream is not None else resolve_stream(stream, present)
     args = library.new_struct(s.AttentionArgs, init)
     held = []
+    torch_written = []  # (tensor, name): checked and counted as torch's in-place ops (see rope())
     for name, value in tensors.items():
         if value is None:
             continue
         written = name in ("out", "lse", "dq", "dk", "dv") and not (which == "backward" and name in ("out", "lse"))
         tensor = as_tensor(value, name, writable=written, stream=stream_handle)
+        if written and is_torch_tensor(value):
+            torch_written.append((value, name))
         held.append(tensor)
         s.POINTER_FIELD.pack_into(args, getattr(s.AttentionArgs, name).offset, tensor.address)
     args.causal = 1 if causal else 0
@@ -120,8 +123,13 @@ def _call(which, tensors, causal, scale, rotary_dim, style, stream, runtime, det
     if torch_stream is not None and getattr(q, "is_cuda", False) is True:
         _torch_workspace(runtime, args, which, q, held)
     function = forward if which == "forward" else backward
+    if torch_written:
+        written, names = zip(*torch_written)
+        _torch_writes.check(written, names)
     library.check("rope_jit_attention" + ("" if which == "forward" else "_backward"),
                   function(runtime.handle, ctypes.byref(args)))
+    if torch_written:
+        _torch_writes.mark(written)
     del held
 
 

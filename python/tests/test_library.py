@@ -79,6 +79,20 @@ def test_a_missing_library_path_in_the_environment_is_an_error_that_names_it(tmp
     assert str(missing) in result.stdout and "ROPE_JIT_LIBRARY" in result.stdout
 
 
+def test_a_relative_library_path_is_the_file_in_the_current_folder(library, tmp_path):
+    # "./librope_jit.so" lost its "./" on the way to dlopen, which then searched its own path
+    # (a system copy would have loaded silently; adversarial pass, session 35).
+    import shutil
+
+    shutil.copy(library.path, tmp_path / "librope_jit.so")
+    code = "import rope_jit; print(rope_jit.default_runtime().library.path)"
+    for name in ("./librope_jit.so", "librope_jit.so"):
+        env = dict(os.environ, ROPE_JIT_LIBRARY=name)
+        result = run_python(code, env, cwd=tmp_path)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert result.stdout.strip() == str(tmp_path / "librope_jit.so")
+
+
 def test_importing_the_package_needs_neither_the_library_nor_torch(tmp_path):
     env = dict(os.environ, ROPE_JIT_LIBRARY=str(tmp_path / "absent.so"))
     result = run_python("import sys, rope_jit\nprint('torch' in sys.modules, 'numpy' in sys.modules)", env)

@@ -473,3 +473,27 @@ def test_empty_inputs_still_refuse_a_real_alias():
         rope_jit.rope(q, q, cos=cos, sin=sin)
     assert same_bytes(q, before)
 
+
+
+def test_attention_outputs_count_their_write_and_refuse_a_tensor_that_requires_grad():
+    """attention(q, k, v, out) writes `out` (and lse) as rope() writes its outputs: a backward
+    that saved `out` raises instead of using the new values, and an `out` that requires grad
+    in grad mode is refused, unwritten (adversarial pass, session 35)."""
+    q, k, v = (random(1, 2, 8, 16, seed=seed) for seed in (1, 2, 3))
+    out = torch.zeros(1, 2, 8, 16)
+    weight = torch.ones(1, requires_grad=True)
+    saved = (weight * out).sum()  # saves out
+    rope_jit.attention(q, k, v, out, causal=True)
+    assert out._version == 1
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        saved.backward()
+
+    leaf = torch.zeros(1, 2, 8, 16, requires_grad=True)
+    with pytest.raises(RuntimeError, match="^out: requires grad"):
+        rope_jit.attention(q, k, v, leaf)
+    assert torch.equal(leaf.detach(), torch.zeros(1, 2, 8, 16))
+    with torch.no_grad():
+        rope_jit.attention(q, k, v, leaf, causal=True)
+    torch.testing.assert_close(leaf.detach(), expected, rtol=1e-5, atol=1e-5)

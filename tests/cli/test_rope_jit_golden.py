@@ -1,0 +1,139 @@
+"""rope-jit-golden on malformed case directories: a case that cannot be checked never counts as
+passed, a manifest it cannot read is a usage error (exit 2), and nothing crashes or hangs
+(adversarial pass, session 35: a negative tolerance passed anything, an infinite expected
+value passed by position, a selection of no case exited 0, a huge head_dim crashed the runner,
+a deeply nested tolerance overflowed the stack, a FIFO manifest blocked).
+
+Run by ctest as `python3 test_rope_jit_golden.py` with ROPE_JIT_GOLDEN_TOOL naming the binary.
+The cases are inv_freq ones (rope_jit_inv_freq runs on the host: no backend, no NVRTC).
+"""
+import json
+import os
+import struct
+import subprocess
+import tempfile
+import unittest
+
+TOOL = os.environ.get("ROPE_JIT_GOLDEN_TOOL", "")
+HEAD_DIM = 8
+
+
+def default_inv_freq(head_dim=HEAD_DIM, theta=10000.0):
+    """HF's default rope type, as float32 values: theta^(-2i/head_dim)."""
+    return [theta ** (-2.0 * i / head_dim) for i in range(head_dim // 2)]
+
+
+def write_case_dir(root, params=None, tolerance=None, inv_freq=None, extra_cases=()):
+    """A case directory with one inv_freq case (HF default, head_dim 8) whose parts the caller
+    may replace; returns its path."""
+    os.makedirs(root, exist_ok=True)
+    values = default_inv_freq() if inv_freq is None else inv_freq
+    with open(os.path.join(root, "inv_freq.bin"), "wb") as file:
+        file.write(struct.pack(f"<{len(values)}f", *values))
+    case = {
+        "name": "hf_default",
+        "op": "inv_freq",
+        "params": params if params is not None else {"rope_type": "default", "head_dim": HEAD_DIM},
+        "inputs": {},
+        "outputs": {"inv_freq": {"file": "inv_freq.bin", "dtype": "float32",
+                                 "shape": [len(values)]}},
+        "tolerance": tolerance if tolerance is not None else {"atol": 1e-6, "rtol": 1e-5},
+    }
+    manifest = {"format": "rope-jit-golden/1", "cases": [case, *extra_cases]}
+    with open(os.path.join(root, "manifest.json"), "w") as file:
+        json.dump(manifest, file)
+    return root
+
+
+def run_tool(directory, *args, timeout=60):
+    return subprocess.run([TOOL, directory, "--backend", "cpu", *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@unittest.skipUnless(TOOL, "ROPE_JIT_GOLDEN_TOOL is not set")
+class GoldenRunnerTest(unittest.TestCase):
+    def setUp(self):
+        self.scratch = tempfile.TemporaryDirectory(prefix="rope_jit_golden_cli_")
+        self.root = self.scratch.name
+
+    def tearDown(self):
+        self.scratch.cleanup()
+
+    def case_dir(self, name, **parts):
+        return write_case_dir(os.path.join(self.root, name), **parts)
+
+    def assert_fails(self, result, needle):
+        output = result.stdout + result.stderr
+        self.assertEqual(result.returncode, 1, output)
+        self.assertIn("0 passed, 1 failed", output)
+        self.assertIn(needle, output)
+
+    def test_a_well_formed_case_passes(self):
+        result = run_tool(self.case_dir("ok"))
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        self.assertIn("1 passed, 0 failed", result.stdout)
+
+    def test_a_negative_tolerance_fails_the_case_even_with_right_values(self):
+        for name, tolerance in (("negative", {"atol": -1e-9, "rtol": 0}),
+                                ("negative_zero", {"atol": 1e-6, "rtol": -0.0})):
+            with self.subTest(name):
+                result = run_tool(self.case_dir(name, tolerance=tolerance))
+                self.assert_fails(result, "atol and rtol must be finite and >= 0")
+
+    def test_wrong_values_fail_whatever_tolerance_a_case_gives(self):
+        shifted = [value + 1.0 for value in default_inv_freq()]
+        result = run_tool(self.case_dir("shifted", inv_freq=shifted,
+                                        tolerance={"atol": 1e-6, "rtol": 0}))
+        self.assert_fails(result, "fail")
+
+    def test_an_infinite_expected_value_fails_wherever_it_stands(self):
+        for index in (0, 1, 3):
+            with self.subTest(index=index):
+                values = default_inv_freq()
+                values[index] = float("inf")
+                result = run_tool(self.case_dir(f"inf{index}", inv_freq=values))
+                self.assert_fails(result, "inf")
+
+    def test_selecting_no_case_exits_1(self):
+        typo = run_tool(self.case_dir("ok"), "--case", "no such case")
+        self.assertEqual(typo.returncode, 1, typo.stdout + typo.stderr)
+        self.assertIn("no case matched the selection", typo.stderr)
+        empty = os.path.join(self.root, "empty")
+        os.makedirs(empty)
+        with open(os.path.join(empty, "manifest.json"), "w") as file:
+            json.dump({"format": "rope-jit-golden/1", "cases": []}, file)
+        result = run_tool(empty)
+        self.assertEqual(result.returncode, 1, result.stdout + result.stderr)
+
+    def test_sizes_out_of_range_fail_the_case_without_crashing(self):
+        for name, params in (
+            ("head_dim_1e300", {"rope_type": "default", "head_dim": 1e300}),
+            ("dim_1e12", {"rope_type": "default", "head_dim": 8, "dim": 1e12}),
+            ("proportional_huge", {"rope_type": "proportional", "head_dim": 1e300,
+                                   "partial_rotary_factor": 0.5}),
+        ):
+            with self.subTest(name):
+                result = run_tool(self.case_dir(name, params=params))
+                self.assert_fails(result, "params")
+
+    def test_unreadable_manifests_are_usage_errors(self):
+        deep = os.path.join(self.root, "deep")
+        os.makedirs(deep)
+        with open(os.path.join(deep, "manifest.json"), "w") as file:
+            file.write('{"format": "rope-jit-golden/1", "cases": [{"tolerance": '
+                       + "[" * 100000 + "]" * 100000 + "}]}")
+        directory = os.path.join(self.root, "directory")
+        os.makedirs(os.path.join(directory, "manifest.json"))
+        fifo = os.path.join(self.root, "fifo")
+        os.makedirs(fifo)
+        os.mkfifo(os.path.join(fifo, "manifest.json"))
+        for path, needle in ((deep, "nests deeper"), (directory, "not a regular file"),
+                             (fifo, "not a regular file")):
+            with self.subTest(path):
+                result = run_tool(path, timeout=30)  # (the FIFO blocked the read for good)
+                self.assertEqual(result.returncode, 2, result.stdout + result.stderr)
+                self.assertIn(needle, result.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
