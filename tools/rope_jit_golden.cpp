@@ -619,7 +619,7 @@ Tolerance parse_tolerance(const json& value) {
     const Tolerance tolerance{value["atol"].get<double>(), value["rtol"].get<double>()};
     // A negative tolerance would make every error's ratio negative: a pass for anything.
     for (const double bound : {tolerance.atol, tolerance.rtol})
-        if (!std::isfinite(bound) || std::signbit(bound))
+        if (!std::isfinite(bound) || bound < 0)
             throw CaseFailure(fmt::format(
                 "tolerance: atol and rtol must be finite and >= 0, got {}", value.dump()));
     return tolerance;

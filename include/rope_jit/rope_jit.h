@@ -179,7 +179,7 @@ typedef struct rope_jit_config {
     rope_jit_backend_kind backend;
     /* Root of the on-disk kernel cache, or NULL for the default: $ROPE_JIT_CACHE_DIR, else
      * $XDG_CACHE_HOME/rope_jit, else ~/.cache/rope_jit. The string is copied. An empty string
-     * is ERROR_INVALID_ARGUMENT (no cache: disk_cache = 0). */
+     * with disk_cache on is ERROR_INVALID_ARGUMENT (for no disk cache, set disk_cache = 0). */
     const char* cache_dir;
     /* 1 (default): read and write the disk cache. 0: keep compiled kernels in memory only. */
     int disk_cache;
@@ -250,12 +250,14 @@ ROPE_JIT_API void rope_jit_config_init(rope_jit_config* config);
  *   k, k_out        [B, Hk, Sk, D] or [T, Hk, D]; Hq must be a multiple of Hk (GQA/MQA)
  *   cos, sin        [P, R/2] ("half" tables: column i holds pair i) or [P, R] ("full"
  *                   tables as HF builds them: pair i in column i for STYLE_HALF, in
- *                   column 2i for STYLE_INTERLEAVED); float32, float16 or bfloat16
+ *                   column 2i for STYLE_INTERLEAVED); float32, float16 or bfloat16, both
+ *                   of one dtype
  *   xpos_scale      like cos (same shape)
  *   inv_freq        [R/2] float; angle of pair i at position p is p * inv_freq[i]
  *   positions       [S] or [B, S] ([T] when packed), int32 or int64; with M-RoPE
  *                   sections a leading axis [A, ...] (see mrope_sections)
- *   seqlen_offsets  [B], int32 or int64
+ *   seqlen_offsets  [B], int32 or int64 (checked so also beside positions, which then give
+ *                   the rows; with a KV cache it still places the tokens in the cache)
  *   cu_seqlens      [B+1], int32 or int64, cu_seqlens[0] = 0, non-decreasing,
  *                   cu_seqlens[B] = T
  *
@@ -266,7 +268,9 @@ ROPE_JIT_API void rope_jit_config_init(rope_jit_config* config);
  * Every p must lie in [0, P) (or in [0, 2^63 - 1) with inv_freq and no xpos_scale);
  * otherwise the call fails with ERROR_INVALID_ARGUMENT and writes nothing. Implicit positions
  * (rule 3) are checked on every backend; positions, seqlen_offsets and cu_seqlens are read
- * and checked on the CPU backend, and on the CUDA backend with rope_jit_config.debug_checks.
+ * and checked on the CPU backend (also in a call with nothing to rotate), and on the CUDA
+ * backend with rope_jit_config.debug_checks (not in a call with nothing to rotate, which
+ * returns before reading device memory).
  *
  * Memory: a tensor the call writes (q_out, or q when in place; k_out or k likewise) may share
  * no element with any other tensor of the call (an input it is not the same view of, the

@@ -258,7 +258,8 @@ def rope(
         q: queries, [B, Hq, S, D] (layout "bhsd"), [B, S, Hq, D] ("bshd") or [T, Hq, D]
             ("thd": packed, with cu_seqlens, or alone as one sequence). Any strides.
         k: keys with Hk heads (Hq a multiple of Hk), or None to rotate q alone.
-        cos, sin: angle tables [P, R/2] or [P, R] (float32/float16/bfloat16), both or neither.
+        cos, sin: angle tables [P, R/2] or [P, R] (float32/float16/bfloat16, one dtype for
+            both), both or neither.
         inv_freq: [R/2] inverse frequencies, used when cos and sin are None.
         positions: [S] or [B, S] ([T] packed) int32/int64 table rows of the tokens.
         seqlen_offsets: [B] int32/int64: token s of sequence b takes row s + seqlen_offsets[b].

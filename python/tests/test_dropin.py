@@ -142,6 +142,7 @@ def test_hf_calls_the_library_cannot_serve_get_transformers_own_results():
         lambda a, b: hf.apply_rotary_pos_emb(a, b, c64, s64), (q64, k64)
     )
     same(q, k.bfloat16(), cos, sin)  # q and k of different dtypes
+    same(q, k, cos, sin.bfloat16())  # cos and sin of different dtypes
     odd = hf_tables(position_ids, 14)
     same(random((2, 4, 5, 15), "cpu", 3), random((2, 2, 5, 15), "cpu", 4), *odd)  # odd head_dim
     same(q, k[:, :, :1], cos, sin)  # one key against five queries: broadcast

@@ -218,3 +218,26 @@ def test_a_model_whose_apply_rotary_pos_emb_is_not_the_standard_one_keeps_it_wit
         )
     finally:
         hf_models.unpatch()
+
+
+def test_models_built_on_the_meta_device_import_and_switch():
+    """The check of a module's own function runs on CPU tensors whatever the default device:
+    under `with torch.device("meta")` it raised, and the model's import failed (review,
+    session 35)."""
+    from transformers.models.llama import modeling_llama
+
+    original = modeling_llama.apply_rotary_pos_emb
+    if original is hf_dropin.apply_rotary_pos_emb:
+        original = hf_models._originals["transformers.models.llama.modeling_llama"]
+    with torch.device("meta"):
+        assert hf_models._is_standard(original)
+        config = transformers.LlamaConfig(
+            vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+            num_attention_heads=2, num_key_value_heads=1,
+        )
+        try:
+            hf_models.patch(["llama"])
+            model = transformers.AutoModelForCausalLM.from_config(config)
+        finally:
+            hf_models.unpatch()
+    assert next(model.parameters()).is_meta

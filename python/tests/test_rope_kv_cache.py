@@ -202,6 +202,25 @@ def test_kv_cache_errors_name_the_argument(cpu_runtime):
                       runtime=cpu_runtime)
 
 
+def test_a_kv_cache_call_reads_k_with_any_strides(cpu_runtime):
+    """With a KV cache k is only read: a k broadcast over its tokens (repeated strides, which
+    no written tensor may have) fills the cache as the same values in their own memory do
+    (review, session 35)."""
+    rng = np.random.default_rng(35)
+    q = rng.standard_normal((1, 4, 2, 8)).astype(np.float32)  # [B, S, Hq, D]
+    row = rng.standard_normal((1, 1, 2, 8)).astype(np.float32)
+    k_broadcast = np.broadcast_to(row, (1, 4, 2, 8))  # one token's k, stride 0 over S
+    inv_freq = (10000.0 ** (-np.arange(4) / 4)).astype(np.float32)
+    caches = []
+    for k in (k_broadcast, np.ascontiguousarray(k_broadcast)):
+        k_cache = np.zeros((1, 6, 2, 8), dtype=np.float32)  # contiguous [B, S_max, Hk, D]
+        rope_jit.rope(q.copy(), k, inv_freq=inv_freq, layout="bshd", kv_layout="contiguous",
+                      k_cache=k_cache, seqlen_offsets=np.array([1]), runtime=cpu_runtime)
+        caches.append(k_cache)
+    np.testing.assert_array_equal(caches[0], caches[1])
+    assert (caches[0][0, 1:5] != 0).any() and (caches[0][0, [0, 5]] == 0).all()
+
+
 def test_torch_float8_cache_on_cpu(cpu_runtime):
     torch = pytest.importorskip("torch")
     if not hasattr(torch, "float8_e4m3fn"):

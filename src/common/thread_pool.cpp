@@ -1,12 +1,27 @@
 #include "common/thread_pool.h"
 
-#include <unistd.h>
+#include <pthread.h>
 
 #include <algorithm>
 #include <atomic>
 #include <exception>
 
 namespace rope_jit {
+
+namespace {
+
+// How many fork()s this process descends through; a child's handler adds one.
+std::atomic<uint64_t> fork_count{0};
+
+uint64_t forks_so_far() {
+    static std::once_flag registered;
+    std::call_once(registered, [] {
+        pthread_atfork(nullptr, nullptr, [] { fork_count.fetch_add(1); });
+    });
+    return fork_count.load();
+}
+
+}  // namespace
 
 struct ThreadPool::Job {
     const std::function<void(int64_t, int64_t)>* body;
@@ -16,7 +31,8 @@ struct ThreadPool::Job {
     std::exception_ptr error;
 };
 
-ThreadPool::ThreadPool(int threads) : state_(std::make_unique<State>()), owner_(getpid()) {
+ThreadPool::ThreadPool(int threads)
+    : state_(std::make_unique<State>()), forks_at_start_(forks_so_far()) {
     if (threads <= 0) threads = int(std::max(1u, std::thread::hardware_concurrency()));
     State& state = *state_;
     try {
@@ -43,7 +59,7 @@ ThreadPool::~ThreadPool() {
 }
 
 bool ThreadPool::forked() const {
-    return getpid() != owner_;
+    return fork_count.load(std::memory_order_relaxed) != forks_at_start_;
 }
 
 void ThreadPool::run_chunks(Job& job) {

@@ -9,8 +9,6 @@
 // the workers' handles and that state alone: joining or destroying them would crash or hang.
 #pragma once
 
-#include <sys/types.h>
-
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -55,7 +53,9 @@ private:
     bool forked() const;
 
     std::unique_ptr<State> state_;
-    pid_t owner_;  // the process that started the workers
+    // The process's fork count when the workers started (a pthread_atfork child handler counts
+    // forks: unlike a pid, which a later process may be given again, it never comes back).
+    uint64_t forks_at_start_;
 };
 
 }  // namespace rope_jit

@@ -74,11 +74,22 @@ class GoldenRunnerTest(unittest.TestCase):
         self.assertIn("1 passed, 0 failed", result.stdout)
 
     def test_a_negative_tolerance_fails_the_case_even_with_right_values(self):
-        for name, tolerance in (("negative", {"atol": -1e-9, "rtol": 0}),
-                                ("negative_zero", {"atol": 1e-6, "rtol": -0.0})):
+        for name, tolerance in (("negative_atol", {"atol": -1e-9, "rtol": 0}),
+                                ("negative_rtol", {"atol": 1e-6, "rtol": -1e-9})):
             with self.subTest(name):
                 result = run_tool(self.case_dir(name, tolerance=tolerance))
                 self.assert_fails(result, "atol and rtol must be finite and >= 0")
+
+    def test_a_zero_tolerance_passes_exact_values_negative_zero_included(self):
+        for name, tolerance in (("zero", {"atol": 0, "rtol": 0}),
+                                ("negative_zero", {"atol": -0.0, "rtol": -0.0})):
+            with self.subTest(name):
+                # theta 16 at head_dim 8: inverse frequencies 1, 1/2, 1/4, 1/8, exact in float32.
+                params = {"rope_type": "default", "head_dim": HEAD_DIM, "rope_theta": 16.0}
+                result = run_tool(self.case_dir(name, params=params, tolerance=tolerance,
+                                                inv_freq=[1.0, 0.5, 0.25, 0.125]))
+                self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+                self.assertIn("1 passed, 0 failed", result.stdout)
 
     def test_wrong_values_fail_whatever_tolerance_a_case_gives(self):
         shifted = [value + 1.0 for value in default_inv_freq()]

@@ -28,7 +28,8 @@ def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
 
     Calls the library cannot serve as transformers would run transformers' own formula
     instead (_transformers_formula): cos/sin that require grad (transformers differentiates
-    them), dtypes other than float32/float16/bfloat16 or q and k of different dtypes, an odd
+    them), dtypes other than float32/float16/bfloat16, q and k (or cos and sin) of different
+    dtypes, an odd
     head_dim, k with another sequence length than q (transformers broadcasts, or raises), q or
     k without heads or not 4-D, another unsqueeze_dim. The library reads the first half of a
     full [.., R] table for both halves, as every rotary embedding of transformers builds it
@@ -104,7 +105,9 @@ def _library_serves(q, k, cos, sin, unsqueeze_dim):
         return False
     if torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad):
         return False
-    if any(t.dtype not in _LIBRARY_DTYPES for t in (q, k, cos, sin)) or q.dtype != k.dtype:
+    if any(t.dtype not in _LIBRARY_DTYPES for t in (q, k, cos, sin)):
+        return False
+    if q.dtype != k.dtype or cos.dtype != sin.dtype:
         return False
     _, seq_dim = _GEOMETRY[unsqueeze_dim]
     head_dim = 3 - seq_dim
@@ -155,7 +158,9 @@ def _accepts(signed, head):
     q_shape, k_shape, cos_shape = q.shape, k.shape, cos.shape
     if len(q_shape) != 4 or len(k_shape) != 4 or len(cos_shape) != 3:
         return False
-    if q.dtype != k.dtype or any(t.dtype not in _LIBRARY_DTYPES for t in signed):
+    if q.dtype != k.dtype or cos.dtype != sin.dtype:
+        return False
+    if any(t.dtype not in _LIBRARY_DTYPES for t in signed):
         return False
     if k_shape[seq_dim] != q_shape[seq_dim] or q_shape[-1] % 2:
         return False

@@ -53,25 +53,30 @@ def _module_name(model):
 
 def _is_standard(function):
     """Whether `function(q, k, cos, sin)` computes transformers' standard rotation (half-style
-    pairs, [B, S, D] tables, heads in dim 1), on a small float64 CPU input."""
-    generator = torch.Generator().manual_seed(0)
-    q, k = (torch.randn(1, heads, 3, 4, generator=generator, dtype=torch.float64) for heads in (2, 1))
-    angles = torch.randn(1, 3, 2, generator=generator, dtype=torch.float64)
-    cos, sin = torch.cat((angles, angles), -1).cos(), torch.cat((angles, angles), -1).sin()
+    pairs, [B, S, D] tables, heads in dim 1), on a small float64 CPU input (CPU whatever the
+    default device: this runs inside model imports, under `with torch.device("meta")` too)."""
     try:
+        generator = torch.Generator(device="cpu").manual_seed(0)
+
+        def randn(*shape):
+            return torch.randn(*shape, generator=generator, dtype=torch.float64, device="cpu")
+
+        q, k = randn(1, 2, 3, 4), randn(1, 1, 3, 4)
+        angles = torch.cat((randn(1, 3, 2),) * 2, -1)
+        cos, sin = angles.cos(), angles.sin()
         with torch.no_grad():
             got = function(q, k, cos, sin)
+            expected = _transformers_formula(q, k, cos, sin, 1)
+            return (
+                isinstance(got, tuple)
+                and len(got) == 2
+                and all(
+                    isinstance(g, torch.Tensor) and g.shape == e.shape and torch.allclose(g, e)
+                    for g, e in zip(got, expected)
+                )
+            )
     except Exception:  # noqa: BLE001 (another signature or semantics: not standard)
         return False
-    expected = _transformers_formula(q, k, cos, sin, 1)
-    return (
-        isinstance(got, tuple)
-        and len(got) == 2
-        and all(
-            isinstance(g, torch.Tensor) and g.shape == e.shape and torch.allclose(g, e)
-            for g, e in zip(got, expected)
-        )
-    )
 
 
 def _warn_not_standard(name):

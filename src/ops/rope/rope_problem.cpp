@@ -523,9 +523,10 @@ RopeProblem make_rope_problem(const rope_jit_rope_args& args) {
     if (p.has_k) {
         p.k_in_place = !k_out.present() || same_view(k_out, k);
         k_write = k_out.present() ? k_out : k;
-        check_output(k_write, k, p.k_in_place);
-        // With a KV cache k is only read (the cache is written): check_written names q then.
+        // With a KV cache k is only read (the cache is written, and checked as an output
+        // there): any strides do, and check_written names q where k is q's memory.
         const bool kv_cache_call = raw_enum(args.kv_layout) != ROPE_JIT_KV_CACHE_NONE;
+        if (!kv_cache_call) check_output(k_write, k, p.k_in_place);
         if (p.q_in_place && p.k_in_place && q.numel() > 0 && same_view(k, q) && !kv_cache_call)
             fail_argument("k: is the same memory as q; it would be rotated twice");
         p.k = k4;
