@@ -238,6 +238,42 @@ TEST_CASE("a query that sees no key gets out 0, lse -inf and no gradient") {
 }
 
 TEST_CASE(
+    "a NaN in the v of a key a row sees counts even where its probability underflows to 0") {
+    // The CPU reference skipped keys of probability 0 (masked or underflowed), so a NaN in
+    // such a key's v vanished, where the GPU's P.V gives NaN (adversarial pass, session 35).
+    // A masked key's NaN v still counts for nothing.
+    CpuRuntime runtime;
+    std::mt19937 rng(12);
+    Config c;
+    c.B = 1;
+    c.Hq = c.Hk = 1;
+    c.Sq = 1;
+    c.Sk = 3;
+    c.D = 8;
+    c.R = 0;  // no rotation: the scores are q . k / sqrt(8)
+    c.mask = Mask::BoolKeys;
+    Problem p(c, rng);
+    // Scores: key 0 sees q . k0 = 1600, key 1 sees -1600 (exp underflows to 0), key 2 masked.
+    for (int64_t d = 0; d < c.D; ++d) {
+        p.q.set({0, 0, 0, d}, d == 0 ? 40.0 : 0.0);
+        p.k.set({0, 0, 0, d}, d == 0 ? 40.0 * std::sqrt(8.0) : 0.0);
+        p.k.set({0, 0, 1, d}, d == 0 ? -40.0 * std::sqrt(8.0) : 0.0);
+    }
+    p.mask_bool.bytes()[2] = 0;
+    SUBCASE("a seen key of probability 0") {
+        p.v.set({0, 0, 1, 0}, std::numeric_limits<double>::quiet_NaN());
+        run_forward(runtime.get(), p);
+        CHECK(std::isnan(p.out.get({0, 0, 0, 0})));
+    }
+    SUBCASE("a masked key") {
+        p.v.set({0, 0, 2, 0}, std::numeric_limits<double>::quiet_NaN());
+        run_forward(runtime.get(), p);
+        for (int64_t d = 0; d < c.D; ++d) CHECK(std::isfinite(p.out.get({0, 0, 0, d})));
+        CHECK(p.out.get({0, 0, 0, 1}) == doctest::Approx(p.v.get({0, 0, 0, 1})));
+    }
+}
+
+TEST_CASE(
     "a NaN in a query row makes that row's out, lse and dq NaN, and the keys it sees get NaN "
     "gradients") {
     CpuRuntime runtime;

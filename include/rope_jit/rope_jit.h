@@ -792,7 +792,8 @@ ROPE_JIT_API rope_jit_status rope_jit_get_stats(const rope_jit_runtime* runtime,
  * an additive mask) gets NaN out and lse, and its gradients are NaN: its dq and the dk and dv
  * of the keys it sees (on the CUDA backend also of keys masked from it inside a tile it
  * shares with them, and a NaN in a key or value masked from a query may also make that
- * query's dq NaN when they share a tile).
+ * query's dq NaN when they share a tile). A NaN or infinite v of a key a query sees makes
+ * its out NaN even where that key's probability underflows to 0 (0 * NaN, as in P.V).
  *
  * The backward takes each row's probabilities as exp(score - lse) from the float32 lse, as
  * FlashAttention does: a row whose every score is pushed far down by a finite additive mask

@@ -150,18 +150,21 @@ double key_score(const AttentionProblem& p, const Tokens& tokens, const KeyValue
     return p.scale * product + bias;
 }
 
-// One query row's softmax: the probabilities p[j] (0 where masked) and the log-sum-exp.
+// One query row's softmax: the probabilities p[j] (0 where masked) and the log-sum-exp, and
+// which keys the row sees (seen[j]: not masked; a key whose probability underflows to 0 is
+// still seen, and its v still counts, as in the GPU's P.V: a NaN there is the row's NaN).
 // Returns false when every key is masked (p all 0, lse -inf). A NaN score makes the
 // probabilities of every visible key and the lse NaN, also when no other key is visible: a
 // NaN must not pass for "sees no key" (std::max drops NaN, so the maximum alone cannot tell).
 bool row_softmax(const AttentionProblem& p, const Tokens& tokens, const KeyValues& kv, int64_t b,
                  int64_t i, const double* q_plain, const double* q_rotated,
-                 std::vector<double>& prob, double* lse) {
+                 std::vector<double>& prob, std::vector<char>& seen, double* lse) {
     double max_score = kNegativeInfinity;
     bool nan_score = false;
     for (int64_t j = 0; j < p.seqlen_k; ++j) {
         const double score = key_score(p, tokens, kv, b, i, j, q_plain, q_rotated);
         prob[size_t(j)] = score;
+        seen[size_t(j)] = score != kNegativeInfinity;
         max_score = std::max(max_score, score);
         nan_score = nan_score || std::isnan(score);
     }
@@ -188,17 +191,16 @@ bool row_softmax(const AttentionProblem& p, const Tokens& tokens, const KeyValue
 
 // One query row's probabilities in the backward, from the forward's log-sum-exp as the caller
 // passes it (as the GPU kernels take them): exp(score_j - lse) for the keys the row sees, 0 for
-// masked ones and for every key of a row whose lse is -inf (it saw none). The caller's lse,
-// not one recomputed here, so that a stale or wrong lse gives the GPU's result, not a
-// correct gradient the GPU would not give.
+// masked ones and for every key of a row whose lse is -inf (it saw none); seen[j] as in
+// row_softmax (none for such a row). The caller's lse, not one recomputed here, so that a
+// stale or wrong lse gives the GPU's result, not a correct gradient the GPU would not give.
 void row_probabilities(const AttentionProblem& p, const Tokens& tokens, const KeyValues& kv,
                        int64_t b, int64_t i, const double* q_plain, const double* q_rotated,
-                       double lse, std::vector<double>& prob) {
+                       double lse, std::vector<double>& prob, std::vector<char>& seen) {
     for (int64_t j = 0; j < p.seqlen_k; ++j) {
         const double score = key_score(p, tokens, kv, b, i, j, q_plain, q_rotated);
-        prob[size_t(j)] = score == kNegativeInfinity || lse == kNegativeInfinity
-                              ? 0.0
-                              : std::exp(score - lse);
+        seen[size_t(j)] = score != kNegativeInfinity && lse != kNegativeInfinity;
+        prob[size_t(j)] = seen[size_t(j)] ? std::exp(score - lse) : 0.0;
     }
 }
 
@@ -214,6 +216,7 @@ void attention_forward_cpu(const AttentionProblem& p, ThreadPool& pool) {
     pool.parallel_for(units, 1, [&](int64_t begin, int64_t end) {
         std::vector<double> q_plain(static_cast<size_t>(D)), q_rotated(static_cast<size_t>(D)),
             o(static_cast<size_t>(D)), prob(static_cast<size_t>(p.seqlen_k));
+        std::vector<char> seen(static_cast<size_t>(p.seqlen_k));
         for (int64_t u = begin; u < end; ++u) {
             const int64_t block = u % row_blocks, h = (u / row_blocks) % p.heads_q,
                           b = u / (row_blocks * p.heads_q);
@@ -225,9 +228,10 @@ void attention_forward_cpu(const AttentionProblem& p, ThreadPool& pool) {
                 tokens.rotate(q_rotated.data(), b, i, false);
                 double lse = 0;
                 std::fill(o.begin(), o.end(), 0.0);
-                if (row_softmax(p, tokens, kv, b, i, q_plain.data(), q_rotated.data(), prob, &lse))
+                if (row_softmax(p, tokens, kv, b, i, q_plain.data(), q_rotated.data(), prob, seen,
+                                &lse))
                     for (int64_t j = 0; j < p.seqlen_k; ++j)
-                        if (prob[size_t(j)] != 0.0) axpy(prob[size_t(j)], kv.v(j), o.data(), D);
+                        if (seen[size_t(j)]) axpy(prob[size_t(j)], kv.v(j), o.data(), D);
                 write_row(p.out, b, h, i, o.data(), D);
                 if (p.has_lse)
                     write_float(p.lse,
@@ -249,6 +253,7 @@ void attention_backward_cpu(const AttentionProblem& p, ThreadPool& pool) {
             dout(static_cast<size_t>(D)), out(static_cast<size_t>(D)),
             prob(static_cast<size_t>(p.seqlen_k)), dq_rotated(static_cast<size_t>(D)),
             dq_plain(static_cast<size_t>(D));
+        std::vector<char> seen(static_cast<size_t>(p.seqlen_k));
         for (int64_t u = begin; u < end; ++u) {
             const int64_t b = u / p.heads_k, hk = u % p.heads_k;
             const KeyValues kv(p, tokens, b, hk);
@@ -268,14 +273,14 @@ void attention_backward_cpu(const AttentionProblem& p, ThreadPool& pool) {
                     const double lse = read_element(
                         p.lse, b * p.lse.strides[0] + h * p.lse.strides[1] + i * p.lse.strides[2]);
                     row_probabilities(p, tokens, kv, b, i, q_plain.data(), q_rotated.data(), lse,
-                                      prob);
+                                      prob, seen);
                     // d(loss)/d(score_j) = p_j (dp_j - delta), dp_j = dout . v_j, and delta =
                     // dout . out (= sum_k p_k dp_k for the forward's out), from the caller's
                     // out as the GPU kernels take it.
                     const double delta = dot(dout.data(), out.data(), D);
                     for (int64_t j = 0; j < p.seqlen_k; ++j) {
+                        if (!seen[size_t(j)]) continue;
                         const double pj = prob[size_t(j)];
-                        if (pj == 0.0) continue;
                         axpy(pj, dout.data(), &dv[size_t(j * D)], D);
                         const double dpj = dot(dout.data(), kv.v(j), D);
                         const double dproduct = pj * (dpj - delta) * p.scale;
