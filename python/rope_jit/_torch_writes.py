@@ -58,9 +58,21 @@ def check(tensors, names):
             )
 
 
+def check_named(named):
+    """check() of (tensor, name) pairs, the torch tensors a call writes; returns the tensors,
+    for mark() (() when there are none)."""
+    if not named:
+        return ()
+    tensors, names = zip(*named)
+    check(tensors, names)
+    return tensors
+
+
 def mark(tensors):
     """Counts one write in the version counter of each of `tensors` (a sequence, after a
     `check` of them), as a torch in-place op does; inference tensors have none."""
+    if not tensors:
+        return
     if _is_inference_mode_enabled():  # inference tensors are the rule here: ask each
         tensors = [tensor for tensor in tensors if not tensor.is_inference()]
         if not tensors:

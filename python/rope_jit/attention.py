@@ -123,13 +123,10 @@ def _call(which, tensors, causal, scale, rotary_dim, style, stream, runtime, det
     if torch_stream is not None and getattr(q, "is_cuda", False) is True:
         _torch_workspace(runtime, args, which, q, held)
     function = forward if which == "forward" else backward
-    if torch_written:
-        written, names = zip(*torch_written)
-        _torch_writes.check(written, names)
+    written = _torch_writes.check_named(torch_written)
     library.check("rope_jit_attention" + ("" if which == "forward" else "_backward"),
                   function(runtime.handle, ctypes.byref(args)))
-    if torch_written:
-        _torch_writes.mark(written)
+    _torch_writes.mark(written)
     del held
 
 

@@ -456,18 +456,14 @@ def rope(
             _cuda_context.ensure_current(device.device_id)
     # Torch tensors it writes: refused as torch's in-place ops would, and marked written.
     written_names = _written_names(values)
-    written = [
+    written = _torch_writes.check_named([
         (value, name)
         for name, value in zip(_TENSOR_NAMES, values)
         if name in written_names and is_torch_tensor(value)
-    ]
-    if written:
-        written, names = zip(*written)
-        _torch_writes.check(written, names)
+    ])
     status = library.rope_jit_rope(runtime.handle, ctypes.byref(args))
     library.check("rope_jit_rope", status)
-    if written:
-        _torch_writes.mark(written)
+    _torch_writes.mark(written)
     del held
     return (
         q_out if q_out is not None else q,

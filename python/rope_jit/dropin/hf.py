@@ -27,13 +27,12 @@ def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
     dtype when it is wider; the models pass cos in q's dtype).
 
     Calls the library cannot serve as transformers would run transformers' own formula
-    instead (_transformers_formula): cos/sin that require grad (transformers differentiates
-    them), dtypes other than float32/float16/bfloat16, q and k (or cos and sin) of different
-    dtypes, an odd
-    head_dim, k with another sequence length than q (transformers broadcasts, or raises), q or
-    k without heads or not 4-D, another unsqueeze_dim. The library reads the first half of a
-    full [.., R] table for both halves, as every rotary embedding of transformers builds it
-    (cat(freqs, freqs)).
+    instead (_transformers_formula, see _library_serves): cos/sin that require grad
+    (transformers differentiates them), dtypes other than float32/float16/bfloat16, q and k
+    (or cos and sin) of different dtypes, an odd head_dim, k with another sequence length
+    than q (transformers broadcasts, or raises), k without heads, q or k not 4-D, another
+    unsqueeze_dim. The library reads the first half of a full [.., R] table for both halves,
+    as every rotary embedding of transformers builds it (cat(freqs, freqs)).
     """
     if (
         position_ids is not None  # (first: the models' calls pass none)
@@ -110,12 +109,11 @@ def _library_serves(q, k, cos, sin, unsqueeze_dim):
     if q.dtype != k.dtype or cos.dtype != sin.dtype:
         return False
     _, seq_dim = _GEOMETRY[unsqueeze_dim]
-    head_dim = 3 - seq_dim
+    heads_dim = 3 - seq_dim
     return (
         q.shape[-1] % 2 == 0
         and k.shape[seq_dim] == q.shape[seq_dim]
-        and q.shape[head_dim] > 0
-        and k.shape[head_dim] > 0
+        and k.shape[heads_dim] > 0  # (GQA groups divide by it)
     )
 
 
@@ -149,27 +147,22 @@ def _rows(table):
 
 def _accepts(signed, head):
     """Whether the eager path's recipes serve q, k, cos, sin (the key's shapes, strides and
-    dtypes; checked once per signature, when its plan is built): 4-D q and k of one library
-    dtype and one sequence length, Hq a multiple of Hk, cos and sin alike, [1|B, S, R]; else
-    the general code, which checks them (per-sequence starts past the tables could not be
-    checked on the device) or runs transformers' formula."""
+    dtypes; checked once per signature, when its plan is built): what _library_serves takes,
+    Hq a multiple of Hk, cos and sin alike, [1|B, S, R]; else the general code, which checks
+    them (per-sequence starts past the tables could not be checked on the device) or runs
+    transformers' formula."""
     q, k, cos, sin = signed
+    if not _library_serves(q, k, cos, sin, 1 if head[0] == "bhsd" else 2):
+        return False
     seq_dim, head_dim = (2, 1) if head[0] == "bhsd" else (1, 2)
     q_shape, k_shape, cos_shape = q.shape, k.shape, cos.shape
-    if len(q_shape) != 4 or len(k_shape) != 4 or len(cos_shape) != 3:
-        return False
-    if q.dtype != k.dtype or cos.dtype != sin.dtype:
-        return False
-    if any(t.dtype not in _LIBRARY_DTYPES for t in signed):
-        return False
-    if k_shape[seq_dim] != q_shape[seq_dim] or q_shape[-1] % 2:
+    if len(cos_shape) != 3:
         return False
     if sin.shape != cos_shape or sin.stride() != cos.stride():
         return False
     if cos_shape[0] != 1 and cos_shape[0] != q_shape[0]:
         return False
-    heads_k = k_shape[head_dim]
-    return cos_shape[1] == q_shape[seq_dim] and heads_k and not q_shape[head_dim] % heads_k
+    return cos_shape[1] == q_shape[seq_dim] and q_shape[head_dim] % k_shape[head_dim] == 0
 
 
 _SHARED = _plans.Recipe(

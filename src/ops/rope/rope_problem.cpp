@@ -519,18 +519,21 @@ RopeProblem make_rope_problem(const rope_jit_rope_args& args) {
     check_output(q_write, q, p.q_in_place);
     p.q = q4;
     p.q_out = p.packed ? lift_packed(q_write) : q_write;
+    // What the call writes of k: k_out, or k in place; nothing with a KV cache, where k is
+    // only read (the cache is written, checked as an output by check_kv_cache, and k_out
+    // becomes its view there): then any strides do, and check_written names q where k is q's
+    // memory.
     TensorRef k_write;
     if (p.has_k) {
         p.k_in_place = !k_out.present() || same_view(k_out, k);
-        k_write = k_out.present() ? k_out : k;
-        // With a KV cache k is only read (the cache is written, and checked as an output
-        // there): any strides do, and check_written names q where k is q's memory.
-        const bool kv_cache_call = raw_enum(args.kv_layout) != ROPE_JIT_KV_CACHE_NONE;
-        if (!kv_cache_call) check_output(k_write, k, p.k_in_place);
-        if (p.q_in_place && p.k_in_place && q.numel() > 0 && same_view(k, q) && !kv_cache_call)
-            fail_argument("k: is the same memory as q; it would be rotated twice");
         p.k = k4;
-        p.k_out = p.packed ? lift_packed(k_write) : k_write;
+        if (raw_enum(args.kv_layout) == ROPE_JIT_KV_CACHE_NONE) {
+            k_write = k_out.present() ? k_out : k;
+            check_output(k_write, k, p.k_in_place);
+            if (p.q_in_place && p.k_in_place && q.numel() > 0 && same_view(k, q))
+                fail_argument("k: is the same memory as q; it would be rotated twice");
+            p.k_out = p.packed ? lift_packed(k_write) : k_write;
+        }
     }
 
     // Angle source.
@@ -729,7 +732,7 @@ RopeProblem make_rope_problem(const rope_jit_rope_args& args) {
     // A KV cache call writes the caches instead of k (k_out is the k cache's view then).
     const TensorRef no_tensor;
     const TensorRef& k_cache = p.has_kv_cache ? p.k_out : no_tensor;
-    check_qk_norm(args, q, k, q_write, p.has_kv_cache ? no_tensor : k_write, p);
+    check_qk_norm(args, q, k, q_write, k_write, p);
     if (p.q_fp8 && (p.backward || p.has_freq_grad))
         fail_argument("q_out: float8_e4m3fn only in the forward (backward = 0)");
 
@@ -742,7 +745,7 @@ RopeProblem make_rope_problem(const rope_jit_rope_args& args) {
                    &p.v, &k_cache, &p.v_cache, &p.slot_mapping, &p.block_tables, &p.k_scale,
                    &p.v_scale, &p.q_scale},
                   MemoryRule::Elements);
-    if (p.has_k && !p.has_kv_cache)
+    if (k_write.present())
         check_written(
             k_write,
             {&q, &cos, &sin, &inv_freq, &xpos, &positions, &offsets, &cu_seqlens, &p.q_scale},
