@@ -21,8 +21,18 @@ ROPE_JIT_LIBRARY="$PWD/build/librope_jit.so" build/python-venv/bin/python -m pyt
 
 cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=Debug -DROPE_JIT_SANITIZE=ON -DROPE_JIT_WERROR=ON >/dev/null
 cmake --build build-sanitize -j"$jobs"
-ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-  ctest --test-dir build-sanitize --output-on-failure
+# LeakSanitizer's own stop-the-world tracer now and then crashes as a process exits ("Tracer
+# caught signal 11 ... LeakSanitizer has encountered a fatal error": google/sanitizers#1353; it
+# failed the cache CLI's damage test once in CI and never in 80 runs here). That is neither a
+# leak nor a failure of ours, so tests whose output shows it run once more; any other failure
+# fails the run at once.
+export ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1
+if ! ctest --test-dir build-sanitize --output-on-failure 2>&1 | tee build-sanitize/ctest.log; then
+  grep -q "LeakSanitizer has encountered a fatal error" build-sanitize/ctest.log || exit 1
+  echo "LeakSanitizer's tracer crashed: its tests run once more"
+  ctest --test-dir build-sanitize --output-on-failure --rerun-failed
+fi
+unset ASAN_OPTIONS UBSAN_OPTIONS
 
 # libFuzzer targets (fuzz/, listed in fuzz/CMakeLists.txt): the cache entry parser, the
 # argument checks of rope_jit_rope and rope_jit_attention (forward and backward), M-RoPE
