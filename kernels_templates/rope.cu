@@ -1355,12 +1355,14 @@ __device__ __forceinline__ int row_vector_item(int v) {
 // flat_shuffles: vector `i` of the rows, rotated or copied, every lane of the warp on one path
 // up to the shuffle that hands each rotated vector its partner (divergent paths there waited
 // for their loads one after the other: run ET), lanes past the last item too (they store
-// nothing).
+// nothing). Those stand in for the last item, which lies in their own warp (a row never
+// crosses a warp; warps wholly past it have left): in place, no lane reads what a lane of
+// another warp may be writing.
 __device__ __forceinline__ void flat_shuffled_vector(const RopeKernelParams& p,
                                                      const RopeBulkParams& rows, long long i,
                                                      long long items, long long q_items) {
     const bool valid = i < items;
-    const long long v = valid ? i : 0;
+    const long long v = valid ? i : items - 1;
     const bool is_k = HAS_K && v >= q_items;
     const unsigned local = static_cast<unsigned>(is_k ? v - q_items : v);
     const unsigned row = local / FLAT_ITEMS;
@@ -1423,6 +1425,8 @@ extern "C" __global__ void __launch_bounds__(kRopeFlatThreads, flat_min_blocks()
     const long long first =
         static_cast<long long>(blockIdx.x) * (blockDim.x * ITEMS) + threadIdx.x;
     if constexpr (FLAT_SHUFFLES) {
+        // A warp wholly past the last item leaves, all its lanes at once (no shuffle waits).
+        if (first - threadIdx.x % 32 >= items) return;
         flat_shuffled_vector(p, rows, first, items, q_items);
         return;
     }

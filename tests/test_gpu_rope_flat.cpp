@@ -231,6 +231,11 @@ std::vector<FlatCase> flat_cases() {
         Spec large = whole64;
         large.B = 8, large.S = 2048, large.Hk = 16, large.group = 1;
         cases.push_back({large, true, seed++, Group::Shuffles});
+        Spec tokens32 = whole32;  // D32 [B, S, H, D] in place, forward
+        tokens32.layout = Layout::BSHD;
+        tokens32.backward = false;
+        tokens32.B = 3, tokens32.S = 13;
+        cases.push_back({tokens32, true, seed++, Group::Shuffles});
     }
     // Calls the flat path leaves to the others: [B, S, H, D] memory rotated in part in place,
     // rows with padding, angles from inv_freq, one token a sequence, out-of-place partial
@@ -288,6 +293,15 @@ void check_group(GpuFixture& f, Group group) {
         if (c.group == group) check_against_cpu(f, c.spec, c.flat, c.seed);
 }
 
+// Whether the kernel of `c`'s call takes its rotated vectors' partners by shuffles.
+bool takes_shuffles(const Spec& c) {
+    std::mt19937 rng(1);
+    Problem p = make_problem(c, rng);
+    const rope_jit_rope_args args = make_args(c, host_views(p), nullptr);
+    return rope_jit::rope_plan(rope_jit::make_kernel_spec(rope_jit::make_rope_problem(args)))
+        .flat_shuffles;
+}
+
 }  // namespace
 
 TEST_CASE("the flat path's GPU calls run on the CPU backend, take that path where their case "
@@ -310,6 +324,7 @@ TEST_CASE("the flat path's GPU calls run on the CPU backend, take that path wher
         run_with_host_tensors(runtime.handle, p);
         const rope_jit_rope_args args = make_args(c.spec, host_views(p), nullptr);
         CHECK(takes_flat_path(args) == c.flat);
+        if (c.group == Group::Shuffles) CHECK(takes_shuffles(c.spec));
         const rope_jit::KernelSpec spec =
             rope_jit::make_kernel_spec(rope_jit::make_rope_problem(args));
         if (std::find(compiled.begin(), compiled.end(), spec) != compiled.end()) continue;
