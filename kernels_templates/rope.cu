@@ -105,13 +105,10 @@ constexpr int PAIRS_PER_ITEM = plan().pairs_per_item;
 // (CHUNK_ITEMS). Measured on the H200 (bench/results/h200_kernel_tuning.json, "chunk_items"):
 // chunk items took partial rotary out of place from 0.62 to 0.73-0.83 of copy bandwidth, and
 // full rotary out of place from 0.90 down to 0.53-0.77. In place they would race: an item
-// overwrites its partner's input. Except on the flat path's shuffles (flat_shuffles), whose
-// whole rows of D64 or D32 are chunk items in place too: every lane of a row's warp has loaded
-// its chunk before the shuffle that hands it its partner, and each stores only its own.
+// overwrites its partner's input.
 constexpr bool OUT_OF_PLACE_PARTIAL = plan().out_of_place_partial;
 constexpr bool CHUNK_ITEMS = plan().chunk_items;
-static_assert(!CHUNK_ITEMS || OUT_OF_PLACE_PARTIAL || plan().flat_shuffles,
-              "chunk items race in place but by the flat kernel's shuffles");
+static_assert(!CHUNK_ITEMS || OUT_OF_PLACE_PARTIAL, "chunk items race in place");
 constexpr int ROT_ITEMS = plan().rot_items;
 // Angles computed once per token into shared memory (else read per item from the tables).
 constexpr bool SHARED_ANGLES = plan().shared_angles;
@@ -1310,9 +1307,8 @@ extern "C" __global__ void __launch_bounds__(kRopeBulkThreads, kRopeBulkBlocksPe
 // The flat path (RopePlan::flat_rows; the launcher's choice, rope_dense_rows.h): q's dense rows,
 // then k's, walked as one array of items, a block's items consecutive in memory, so that it
 // reads and writes one run of memory as a copy does. Its item is the direct path's rotation
-// item (load, table spans, rotation, store) or, with flat_copies (out-of-place partial rotary)
-// or flat_shuffles (half style in rows of 4 or 8 vectors), one vector of the output row,
-// rotated or copied.
+// item (load, table spans, rotation, store) or, with flat_copies (out-of-place partial rotary
+// of interleaved pairs), one vector of the output row, rotated or copied.
 // A row's (b, s): a multiply-shift division or two of the row index (under 2^31, as the item
 // index under 2^32: the launcher's bounds). ITEMS a thread, all loaded before any is stored:
 // one; two ran D64 [B,H,S,D] interleaved at 0.84-0.85 of copy against 0.895 and spilled
@@ -1323,8 +1319,6 @@ constexpr int FLAT_ITEMS = plan().flat_items;
 constexpr bool FLAT_COPIES = plan().flat_copies;
 enum : int { FLAT_SHUFFLES = plan().flat_shuffles };  // no global, unlike a constexpr (above)
 static_assert(!FLAT_SHUFFLES || 32 % FLAT_ITEMS == 0, "a row's vectors in one warp");
-static_assert(!FLAT_SHUFFLES || (CHUNK_ITEMS && FLAT_ITEMS * VEC == HEAD_DIM),
-              "a shuffled item is one vector of the row");
 static_assert(kRopeFlatThreads % 32 == 0, "blocks of whole warps: a lane is threadIdx.x % 32");
 static_assert(!FLAT_COPIES || INTERLEAVED || (FLAT_SHUFFLES && CHUNK_ITEMS && !PROPORTIONAL),
               "a copied row's rotated vectors hold whole pairs, or take their partners by "
@@ -1355,14 +1349,12 @@ __device__ __forceinline__ int row_vector_item(int v) {
 // flat_shuffles: vector `i` of the rows, rotated or copied, every lane of the warp on one path
 // up to the shuffle that hands each rotated vector its partner (divergent paths there waited
 // for their loads one after the other: run ET), lanes past the last item too (they store
-// nothing). Those stand in for the last item, which lies in their own warp (a row never
-// crosses a warp; warps wholly past it have left): in place, no lane reads what a lane of
-// another warp may be writing.
+// nothing).
 __device__ __forceinline__ void flat_shuffled_vector(const RopeKernelParams& p,
                                                      const RopeBulkParams& rows, long long i,
                                                      long long items, long long q_items) {
     const bool valid = i < items;
-    const long long v = valid ? i : items - 1;
+    const long long v = valid ? i : 0;
     const bool is_k = HAS_K && v >= q_items;
     const unsigned local = static_cast<unsigned>(is_k ? v - q_items : v);
     const unsigned row = local / FLAT_ITEMS;
@@ -1425,8 +1417,6 @@ extern "C" __global__ void __launch_bounds__(kRopeFlatThreads, flat_min_blocks()
     const long long first =
         static_cast<long long>(blockIdx.x) * (blockDim.x * ITEMS) + threadIdx.x;
     if constexpr (FLAT_SHUFFLES) {
-        // A warp wholly past the last item leaves, all its lanes at once (no shuffle waits).
-        if (first - threadIdx.x % 32 >= items) return;
         flat_shuffled_vector(p, rows, first, items, q_items);
         return;
     }

@@ -177,9 +177,7 @@ struct RopePlan {
     // An out-of-place call (q and k both) that also copies unrotated features (partial rotary).
     bool out_of_place_partial;
     // Half style out of place partial: an item per output chunk, which reads its partner chunk
-    // but stores only itself (CHUNK_ITEMS in rope.cu); in place they would race. Also half
-    // style whole rows on the flat path's shuffles (flat_shuffles), in place too: there a
-    // chunk's partner comes from another lane's registers, not from memory.
+    // but stores only itself (CHUNK_ITEMS in rope.cu); in place they would race.
     bool chunk_items;
     int rot_items;       // work items per head
     bool shared_angles;  // cos/sin computed once per token into shared memory (else read per item)
@@ -290,9 +288,6 @@ struct RopePlan {
     // bulk -> shuffles, fractions of copy, three rounds: Persimmon-8B 32/64 0.876-0.880 ->
     // 0.908-0.913, but D128 64/128 (rows of 16 vectors) 0.881-0.885 -> 0.850-0.853: rows of 4
     // or 8 vectors (a row within a quarter warp) take it, longer rows keep the bulk path.
-    // Half style rotated whole in such rows (D64, D32 of 16-bit elements) takes it too, in place
-    // or not: a warp instruction then reads and writes one 512-byte run (the item loop's read
-    // eight 64-byte halves), at 32 registers and 8 blocks (45-46 and 5 in the item loop).
     bool flat_shuffles;
 };
 // The bulk path's geometry (RopePlan::bulk_rows): blocks of kRopeBulkThreads threads, each
@@ -337,22 +332,10 @@ ROPE_JIT_HOST_DEVICE constexpr RopePlan rope_plan(const RopeShape& s) {
         plan.problem = kRopePlanVecSplitsPairs;
     plan.out_of_place_partial =
         s.head_dim > s.rotary_dim && !s.in_place_q && (!s.has_k || !s.in_place_k);
-    plan.shared_angles = s.angles_from_inv_freq || s.has_xpos || s.mrope_axes > 0;
-    // Rows of 4 or 8 vectors of 8 elements (16 bytes: 16-bit elements), half style: a row lies
-    // within a quarter warp, so a rotated vector's partner is in the same warp (flat_shuffles).
-    const bool vectors_tile = s.vec == 8 && s.head_dim % s.vec == 0 && s.rotary_offset % s.vec == 0;
-    const int row_vectors = vectors_tile ? s.head_dim / s.vec : 0;
-    const bool halves_in_warp = !s.interleaved && !s.proportional &&
-                                (row_vectors == 4 || row_vectors == 8) &&
-                                (s.rotary_dim / 2) % s.vec == 0;
-    // What the flat path takes besides the unrotated features (flat_rows, below).
-    const bool flat_spec = s.dense_rows && !plan.shared_angles && !s.freq_grad && !s.kv_cache &&
-                           !s.qk_norm && !s.q_fp8 && s.v_dim == 0;
-    // Half style over the whole of such rows (D64, D32), in place or not: by shuffles too.
-    const bool whole_rows_shuffled = flat_spec && halves_in_warp && s.rotary_dim == s.head_dim;
-    plan.chunk_items = !s.interleaved && (plan.out_of_place_partial || whole_rows_shuffled);
+    plan.chunk_items = !s.interleaved && plan.out_of_place_partial;
     plan.rot_items =
         s.vec > 0 ? rope_items_per_head(s.interleaved, plan.chunk_items, s.rotary_dim, s.vec) : 0;
+    plan.shared_angles = s.angles_from_inv_freq || s.has_xpos || s.mrope_axes > 0;
     plan.row_sets = s.mrope_axes > 0 ? s.mrope_axes : plan.roles;
     plan.table_step = table_column(s.table_full, s.interleaved, 1);
     plan.table_span = table_columns(s.table_full, s.interleaved, plan.pairs_per_item);
@@ -378,13 +361,21 @@ ROPE_JIT_HOST_DEVICE constexpr RopePlan rope_plan(const RopeShape& s) {
     if (plan.norm_items) plan.threads_per_sm = 1024;
     plan.direct_entry = plan.one_token_direct && s.kv_cache != 0;
     plan.bulk_items = plan.pairs_per_item > 0 ? plan.pairs / plan.pairs_per_item : 0;
-    // Out-of-place partial rotary on the flat path: vectors that tile the whole row, rotated
-    // ones and copied ones alike; interleaved pairs, or half style in rows of 4 or 8 vectors
+    // Out-of-place partial rotary on the flat path: vectors of 8 elements (16 bytes: 16-bit
+    // elements) that tile the whole row, rotated ones and copied ones alike; interleaved pairs,
+    // or half style in rows of 4 or 8 vectors, whose partners lie in the same warp
     // (flat_shuffles).
+    const bool vectors_tile = s.vec == 8 && s.head_dim % s.vec == 0 && s.rotary_offset % s.vec == 0;
+    const int row_vectors = vectors_tile ? s.head_dim / s.vec : 0;
+    const bool halves_in_warp = !s.interleaved && !s.proportional &&
+                                (row_vectors == 4 || row_vectors == 8) &&
+                                (s.rotary_dim / 2) % s.vec == 0;
     plan.flat_copies = s.dense_rows && plan.copies_unrotated && plan.out_of_place_partial &&
                        vectors_tile && (s.interleaved || halves_in_warp);
-    plan.flat_shuffles = (plan.flat_copies && !s.interleaved) || whole_rows_shuffled;
-    plan.flat_rows = flat_spec && (!plan.copies_unrotated || plan.flat_copies);
+    plan.flat_shuffles = plan.flat_copies && !s.interleaved;
+    plan.flat_rows = s.dense_rows && !plan.shared_angles && !s.freq_grad &&
+                     (!plan.copies_unrotated || plan.flat_copies) && !s.kv_cache && !s.qk_norm &&
+                     !s.q_fp8 && s.v_dim == 0;
     plan.flat_items = plan.flat_copies && s.vec > 0 ? s.head_dim / s.vec : plan.rot_items;
     plan.bulk_rows = plan.out_of_place_partial && s.head_dim <= 128 && !plan.flat_rows &&
                      !plan.shared_angles && !s.freq_grad && plan.roles == 1 && !s.kv_cache &&

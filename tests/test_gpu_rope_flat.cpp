@@ -60,7 +60,7 @@ Spec dense_spec(Dt dt, int64_t D, Layout layout = Layout::BHSD) {
 
 // The calls of the tests below: a spec, whether its call takes the flat path, its seed, and
 // its group (one test case each).
-enum class Group { Sweep, Large, Copies, Shuffles, Others };
+enum class Group { Sweep, Large, Copies, Others };
 struct FlatCase {
     Spec spec;
     bool flat;
@@ -198,45 +198,6 @@ std::vector<FlatCase> flat_cases() {
         large.B = 2, large.S = 2048, large.Hk = 4;
         cases.push_back({large, true, seed++, Group::Copies});
     }
-    // Half style over whole rows of 8 or 4 vectors (D64, D32), in place or not, by the same
-    // shuffles (RopePlan::flat_shuffles with chunk items): 2 q heads a k head over 37 tokens,
-    // so that q's last row and k's first share a warp and the last warp is partly past the
-    // last item; D32 backward in [B, H, S, D] fp16 with positions; D64 out of place with a
-    // float32 half table; q alone; k longer than q (k's own table rows); and D64 over 2048
-    // tokens (the bench's D64 shape).
-    {
-        Spec whole64 = dense_spec(Dt::BF16, 64, Layout::BSHD);
-        whole64.B = 1, whole64.S = 37, whole64.Hk = 1, whole64.group = 2;
-        cases.push_back({whole64, true, seed++, Group::Shuffles});
-        Spec whole32 = dense_spec(Dt::F16, 32, Layout::BHSD);
-        whole32.B = 1, whole32.S = 37, whole32.Hk = 1, whole32.group = 2;
-        whole32.backward = true;
-        whole32.positions = Positions::PerToken;
-        cases.push_back({whole32, true, seed++, Group::Shuffles});
-        Spec out_of_place = whole64;
-        out_of_place.in_place = false;
-        out_of_place.angles = Angles::HalfTable;
-        out_of_place.table_dt = Dt::F32;
-        out_of_place.B = 2, out_of_place.S = 19, out_of_place.Hk = 3;
-        cases.push_back({out_of_place, true, seed++, Group::Shuffles});
-        Spec q_alone = whole32;
-        q_alone.has_k = false;
-        q_alone.S = 11, q_alone.group = 3;
-        cases.push_back({q_alone, true, seed++, Group::Shuffles});
-        Spec longer_k = whole64;
-        longer_k.q_extra = 3;
-        longer_k.S = 29;
-        longer_k.position_offset = 2;
-        cases.push_back({longer_k, true, seed++, Group::Shuffles});
-        Spec large = whole64;
-        large.B = 8, large.S = 2048, large.Hk = 16, large.group = 1;
-        cases.push_back({large, true, seed++, Group::Shuffles});
-        Spec tokens32 = whole32;  // D32 [B, S, H, D] in place, forward
-        tokens32.layout = Layout::BSHD;
-        tokens32.backward = false;
-        tokens32.B = 3, tokens32.S = 13;
-        cases.push_back({tokens32, true, seed++, Group::Shuffles});
-    }
     // Calls the flat path leaves to the others: [B, S, H, D] memory rotated in part in place,
     // rows with padding, angles from inv_freq, one token a sequence, out-of-place partial
     // rotary (the bulk or staged path), a packed batch.
@@ -293,15 +254,6 @@ void check_group(GpuFixture& f, Group group) {
         if (c.group == group) check_against_cpu(f, c.spec, c.flat, c.seed);
 }
 
-// Whether the kernel of `c`'s call takes its rotated vectors' partners by shuffles.
-bool takes_shuffles(const Spec& c) {
-    std::mt19937 rng(1);
-    Problem p = make_problem(c, rng);
-    const rope_jit_rope_args args = make_args(c, host_views(p), nullptr);
-    return rope_jit::rope_plan(rope_jit::make_kernel_spec(rope_jit::make_rope_problem(args)))
-        .flat_shuffles;
-}
-
 }  // namespace
 
 TEST_CASE("the flat path's GPU calls run on the CPU backend, take that path where their case "
@@ -324,7 +276,6 @@ TEST_CASE("the flat path's GPU calls run on the CPU backend, take that path wher
         run_with_host_tensors(runtime.handle, p);
         const rope_jit_rope_args args = make_args(c.spec, host_views(p), nullptr);
         CHECK(takes_flat_path(args) == c.flat);
-        if (c.group == Group::Shuffles) CHECK(takes_shuffles(c.spec));
         const rope_jit::KernelSpec spec =
             rope_jit::make_kernel_spec(rope_jit::make_rope_problem(args));
         if (std::find(compiled.begin(), compiled.end(), spec) != compiled.end()) continue;
@@ -394,12 +345,6 @@ TEST_SUITE("gpu") {
                       "out-of-place partial rotary through the flat path (rotated and copied "
                       "vectors) matches the CPU backend") {
         check_group(*this, Group::Copies);
-    }
-
-    TEST_CASE_FIXTURE(GpuFixture,
-                      "half style over whole rows of 4 or 8 vectors by shuffles through the flat "
-                      "path (D64, D32), in place or not, matches the CPU backend") {
-        check_group(*this, Group::Shuffles);
     }
 
     TEST_CASE_FIXTURE(GpuFixture,

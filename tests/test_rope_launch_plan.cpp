@@ -378,63 +378,6 @@ TEST_CASE("the flat path's plan: plain RoPE of the direct path's kind, no cache,
             }
 }
 
-TEST_CASE("half style over whole rows of 4 or 8 vectors takes the flat path's shuffles, in place "
-          "or not") {
-    for (const int head_dim : {32, 64})
-        for (const bool in_place : {true, false})
-            for (const bool table_full : {true, false}) {
-                CAPTURE(head_dim);
-                CAPTURE(in_place);
-                CAPTURE(table_full);
-                RopeShape s = shape(head_dim, head_dim, 8, false, table_full);  // D64, D32
-                s.in_place_q = s.in_place_k = in_place;
-                // Not on dense rows: the direct or staged path's items of a chunk and its
-                // partner (chunk items in place would race there).
-                CHECK_FALSE(rope_plan(s).flat_shuffles);
-                CHECK_FALSE(rope_plan(s).chunk_items);
-                CHECK(rope_plan(s).rot_items == head_dim / 16);
-                s.dense_rows = true;
-                const RopePlan plan = rope_plan(s);
-                CHECK(plan.flat_rows);
-                CHECK(plan.flat_shuffles);
-                CHECK_FALSE(plan.flat_copies);  // nothing unrotated to copy
-                CHECK(plan.chunk_items);        // a vector a lane, its partner by a shuffle
-                CHECK(plan.rot_items == head_dim / 8);
-                CHECK(plan.flat_items == head_dim / 8);
-                CHECK_FALSE(plan.bulk_rows);
-            }
-    // Rows of 16 vectors (D128: Llama), interleaved pairs, proportional pairs, float32 (vectors
-    // of 4) and a rotary span shorter than the row in place keep the item loop.
-    RopeShape llama = shape(128, 128, 8, false, true);
-    RopeShape pairs = shape(64, 64, 8, true, true);
-    RopeShape proportional = shape(64, 64, 8, false, true);
-    proportional.proportional = true;
-    RopeShape wide = shape(64, 64, 4, false, true);
-    RopeShape partial = shape(64, 32, 8, false, true);
-    for (RopeShape* s : {&llama, &pairs, &proportional, &wide, &partial}) {
-        s->dense_rows = true;
-        CHECK(rope_plan(*s).flat_rows);
-        CHECK_FALSE(rope_plan(*s).flat_shuffles);
-        CHECK_FALSE(rope_plan(*s).chunk_items);
-    }
-    // What the flat path does not take keeps the direct or staged path's items.
-    for (int variant = 0; variant < 7; ++variant) {
-        RopeShape other = shape(64, 64, 8, false, true);
-        other.dense_rows = true;
-        other.angles_from_inv_freq = variant == 0;
-        other.has_xpos = variant == 1;
-        other.kv_cache = variant == 2;
-        other.qk_norm = variant == 3;
-        other.q_fp8 = variant == 4;
-        other.mrope_axes = variant == 5 ? 3 : 0;
-        other.v_dim = variant == 6 ? 64 : 0;
-        CAPTURE(variant);
-        CHECK_FALSE(rope_plan(other).flat_rows);
-        CHECK_FALSE(rope_plan(other).flat_shuffles);
-        CHECK_FALSE(rope_plan(other).chunk_items);
-    }
-}
-
 TEST_CASE("the flat path takes dense rows: [B, H, S, D] ones, and [B, S, H, D] ones of 16-bit "
           "elements rotated whole over more than one token; else the others") {
     KernelSpec spec = llama_spec();  // bf16, D128, in place

@@ -126,13 +126,6 @@ TEST_CASE("the flat path's kernels keep their registers, without spills, at the 
         {"Persimmon-8B out of place", bench_call(64, 32, false, false, Layout::BSHD, 64, 1), 8},
         {"Persimmon-8B out of place, float32 half table",
          with_float32_half_table(bench_call(64, 32, false, false, Layout::BSHD, 64, 1)), 4},
-        // Half style over whole rows of 8 or 4 vectors, in place, by shuffles too (D64: 0.934
-        // in the item loop at 5 blocks, run FC; not measured by shuffles yet).
-        {"D64 in place", bench_call(64, 64, false, true, Layout::BSHD, 16, 1), 8},
-        {"D64 [B,H,S,D] in place", bench_call(64, 64, false, true, Layout::BHSD, 16, 1), 8},
-        {"D32 in place", bench_call(32, 32, false, true, Layout::BSHD, 16, 1), 8},
-        {"D64 in place, float32 half table",
-         with_float32_half_table(bench_call(64, 64, false, true, Layout::BSHD, 16, 1)), 4},
     };
     std::mt19937 rng(31);
     for (const Case& c : cases) {
