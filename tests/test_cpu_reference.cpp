@@ -16,21 +16,7 @@
 #include "child_process.h"
 #include "common/thread_pool.h"
 #include "rope_test_support.h"
-
-#if defined(__SANITIZE_ADDRESS__)
-#define ROPE_JIT_TEST_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define ROPE_JIT_TEST_ASAN 1
-#endif
-#endif
-#if defined(__SANITIZE_THREAD__)
-#define ROPE_JIT_TEST_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define ROPE_JIT_TEST_TSAN 1
-#endif
-#endif
+#include "sanitizer_builds.h"
 
 using namespace rope_test;
 

@@ -1413,6 +1413,71 @@ TEST_CASE("A compile lock held by a process that is killed is free again at once
     CHECK(seconds_since(start) < 1.0);
 }
 
+TEST_CASE("A waiter stops waiting once the entry it waits for is on disk, whoever holds the lock") {
+    TempDir tmp;
+    DiskCache cache(tmp.path, {});
+    const std::string key = rope_jit::sha256_hex("published while held");
+    CompileLock holder(cache, key);
+    REQUIRE(holder.held());
+    std::atomic<bool> stored{false};
+    std::thread peer([&] {
+        std::this_thread::sleep_for(200ms);
+        stored = true;
+    });
+    const auto start = std::chrono::steady_clock::now();
+    CompileLock waiter(cache, key, 30s, [&] { return stored.load(); });
+    const double waited = seconds_since(start);
+    peer.join();
+    CHECK_FALSE(waiter.held());
+    CHECK(waited >= 0.2);
+    CHECK(waited < 5.0);
+}
+
+TEST_CASE("A child forked while compile locks are open keeps none of them taken") {
+    // A flock belongs to the open file description, which a fork()ed child shares: the child's
+    // copy kept the lock taken for its whole life after the parent let go (an idle worker
+    // forked mid-compile stalled every waiter of that stripe for 120 s; adversarial test,
+    // session 36). Both kinds: a lock held at the fork, and one still waited for then (taken
+    // by the parent after the fork, on the description the child shares).
+    TempDir tmp;
+    DiskCache cache(tmp.path, {});
+    const std::string held_key = key_in_stripe("b1c0", "held at the fork");
+    const std::string waited_key = key_in_stripe("b2c0", "waited for at the fork");
+    std::optional<CompileLock> held, waited;
+    held.emplace(cache, held_key);
+    REQUIRE(held->held());
+    std::optional<CompileLock> blocker;
+    blocker.emplace(cache, waited_key);
+    REQUIRE(blocker->held());
+    std::thread waiter([&] { waited.emplace(cache, waited_key); });
+    std::this_thread::sleep_for(100ms);  // the waiter has opened its file and polls
+
+    int child_done[2];
+    REQUIRE(pipe(child_done) == 0);
+    const pid_t child = fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {  // an idle child: it lives until the parent closes the pipe
+        close(child_done[1]);
+        char byte;
+        while (read(child_done[0], &byte, 1) > 0) {}
+        _exit(0);
+    }
+    close(child_done[0]);
+    blocker.reset();  // the waiter takes its lock now, after the fork
+    waiter.join();
+    REQUIRE(waited->held());
+    held.reset();
+    waited.reset();
+    // With the child still alive, both stripes are free again.
+    DiskCache other(tmp.path, {});  // another runtime of this process
+    CHECK(CompileLock(other, held_key, 200ms).held());
+    CHECK(CompileLock(other, waited_key, 200ms).held());
+    close(child_done[1]);
+    int status = 0;
+    REQUIRE(waitpid(child, &status, 0) == child);
+    CHECK(WIFEXITED(status));
+}
+
 TEST_CASE("Lock files are private empty files in <root>/locks, one per four-digit key prefix") {
     TempDir tmp;
     DiskCache cache(tmp.path, {});

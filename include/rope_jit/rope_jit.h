@@ -384,9 +384,10 @@ typedef struct rope_jit_rope_args {
      * (cos and sin NULL). */
 
     /* Output [R/2] float32, or NULL (default): overwritten (not accumulated into) with the
-     * gradient above. The CPU backend sums in float64; the CUDA backend zeroes the output on
-     * args->stream, then adds float32 block sums with atomics (so its last bits may vary
-     * from run to run). Must not overlap any other tensor of the call. */
+     * gradient above. The CPU backend sums in float64 in a fixed order (the same bits at any
+     * cpu_threads); the CUDA backend zeroes the output on args->stream, then adds float32
+     * block sums with atomics (so its last bits may vary from run to run). Must not overlap
+     * any other tensor of the call. */
     const DLTensor* inv_freq_grad;
     /* The forward pass's outputs: what rope_jit_rope wrote to q_out (k_out) in the forward
      * call. Same shape and dtype as q (k), any strides; read only; must not overlap q_out
@@ -414,10 +415,11 @@ typedef struct rope_jit_rope_args {
      *     dL/dw = sum over every token and head of g * xh      (the same for 1 + w)
      *
      * which needs the forward's inputs x (q_norm_input, k_norm_input). The weight gradients
-     * are optional outputs; the CPU backend sums them in float64 in a fixed order; the CUDA
-     * backend zeroes them on args->stream, then adds float32 block sums with atomics, so their
-     * last bits may vary from run to run. Not combinable with inv_freq_grad. The CUDA backend
-     * takes head_dim <= 3072 (<= 6144 without weight gradients). */
+     * are optional outputs; the CPU backend sums them in float64 in a fixed order (the same
+     * bits at any cpu_threads); the CUDA backend zeroes them on args->stream, then adds
+     * float32 block sums with atomics, so their last bits may vary from run to run. Not
+     * combinable with inv_freq_grad. The CUDA backend takes head_dim <= 3072 (<= 6144 without
+     * weight gradients). */
 
     /* Norm weights [D] (float32, float16 or bfloat16, both of one dtype; any stride), or NULL
      * (default): no norm. k_norm_weight is required when k is given and q_norm_weight is,
@@ -837,6 +839,11 @@ ROPE_JIT_API rope_jit_status rope_jit_get_stats(const rope_jit_runtime* runtime,
  * and rounds the results once; its backward is deterministic.
  *
  * Nothing is expanded or copied: masks, tables and pos_mask are read in place.
+ *
+ * Overlap, for the outputs below, is judged by byte ranges: each tensor covers the bytes from
+ * its first element to its last, whatever lies between. Outputs interleaved in one buffer
+ * without sharing an element (out and lse as views of one allocation, a packed dqkv's dq, dk
+ * and dv) therefore overlap and are refused: give each its own memory.
  * ======================================================================================== */
 
 typedef struct rope_jit_attention_args {
@@ -924,7 +931,10 @@ ROPE_JIT_API void rope_jit_attention_args_init(rope_jit_attention_args* args);
 /* Attention forward: writes args->out (and args->lse when given). On the CPU backend the work
  * is done when the call returns; on the CUDA backend it is enqueued on args->stream. Fails
  * with ERROR_INVALID_ARGUMENT (naming the argument) and writes nothing on any bad input;
- * ERROR_UNSUPPORTED for a head_dim above 512 on the CUDA backend. Thread-safe. */
+ * ERROR_UNSUPPORTED for a head_dim above 512 on the CUDA backend; ERROR_OUT_OF_MEMORY where
+ * the CPU backend's working memory (a float64 copy of each kv head's keys and values a
+ * thread) cannot be had, also before anything is written. A call with nothing to compute
+ * (no query token, or no head) returns at once, whatever its other sizes. Thread-safe. */
 ROPE_JIT_API rope_jit_status rope_jit_attention(rope_jit_runtime* runtime,
                                                 const rope_jit_attention_args* args);
 

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstring>
 #include <new>
+#include <stdexcept>
 #include <string>
 
 #include <fmt/format.h>
@@ -42,6 +43,9 @@ rope_jit_status guarded(Body&& body) noexcept {
         return e.status();
     } catch (const std::bad_alloc&) {
         last_error = "out of host memory";
+        return ROPE_JIT_ERROR_OUT_OF_MEMORY;
+    } catch (const std::length_error&) {  // a container asked for more than it can ever hold
+        last_error = "out of host memory (a buffer larger than any allocation)";
         return ROPE_JIT_ERROR_OUT_OF_MEMORY;
     } catch (const std::exception& e) {
         last_error = fmt::format("internal error: {}", e.what());

@@ -1,15 +1,18 @@
 #include "cache/compile_lock.h"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <mutex>
 #include <string_view>
 #include <system_error>
 #include <thread>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -39,6 +42,30 @@ bool is_lower_hex(char c) {
 void warn_once(const std::string& root, const std::string& message) {
     log_warning_once("compile_lock:" + root,
                      fmt::format("kernel cache directory '{}': {}", root, message));
+}
+
+// The lock files this process has open (CompileLock::fd_ of each live lock), so that a fork()ed
+// child closes its copies (compile_lock.h says why). Their mutex is held across fork() (the
+// atfork prepare handler), and by each lock from opening its file to registering it and from
+// closing it to unregistering it: no fork sees a lock file open and not in the list.
+std::mutex open_locks_mutex;
+std::vector<int*> open_locks;
+
+void close_lock_files_in_child() {
+    for (int* fd : open_locks) {
+        close(*fd);
+        *fd = -1;
+    }
+    open_locks.clear();
+    open_locks_mutex.unlock();
+}
+
+void register_fork_handlers() {
+    static std::once_flag once;
+    std::call_once(once, [] {
+        pthread_atfork([] { open_locks_mutex.lock(); }, [] { open_locks_mutex.unlock(); },
+                       close_lock_files_in_child);
+    });
 }
 
 // Opens (creating it and its directory, mode 0700/0600) the lock file at `path`, a name in
@@ -94,17 +121,22 @@ std::string compile_lock_path(const std::string& root, const std::string& key_he
 }
 
 CompileLock::CompileLock(const DiskCache& disk, const std::string& key_hex,
-                         std::chrono::milliseconds max_wait) noexcept {
-    int fd = -1;
+                         std::chrono::milliseconds max_wait,
+                         const std::function<bool()>& published) noexcept {
     try {
         const std::string& root = disk.root();
         const std::string path = compile_lock_path(root, key_hex);
         // An unusable root stores nothing, so there is nothing to wait for; the disk cache
         // itself warns about it.
         if (path.empty() || !disk.writable()) return;
+        register_fork_handlers();
         std::string problem;
-        fd = open_lock_file(root, path, &problem);
-        if (fd < 0) {
+        {
+            std::lock_guard<std::mutex> lock(open_locks_mutex);
+            fd_ = open_lock_file(root, path, &problem);
+            if (fd_ >= 0) open_locks.push_back(&fd_);
+        }
+        if (fd_ < 0) {
             warn_once(root, "no compile lock (" + problem +
                                 "); processes sharing it may compile a kernel twice");
             return;
@@ -114,8 +146,8 @@ CompileLock::CompileLock(const DiskCache& disk, const std::string& key_hex,
         const auto deadline = std::chrono::steady_clock::now() + max_wait;
         std::chrono::milliseconds pause = kFirstPoll;
         for (;;) {
-            if (flock(fd, LOCK_EX | LOCK_NB) == 0) {
-                fd_ = fd;
+            if (flock(fd_, LOCK_EX | LOCK_NB) == 0) {
+                held_ = true;
                 return;
             }
             const int err = errno;
@@ -128,6 +160,7 @@ CompileLock::CompileLock(const DiskCache& disk, const std::string& key_hex,
                         path, errno_text(err)));
                 break;
             }
+            if (published && published()) break;  // nothing left to wait for
             const auto now = std::chrono::steady_clock::now();
             if (now >= deadline) {
                 warn_once(
@@ -144,12 +177,22 @@ CompileLock::CompileLock(const DiskCache& disk, const std::string& key_hex,
     } catch (...) {
         // Out of memory for a path or a message: go on without the lock.
     }
-    if (fd >= 0) close(fd);
+    close_file();  // a lock not taken
 }
 
 CompileLock::~CompileLock() {
+    close_file();
+}
+
+void CompileLock::close_file() noexcept {
     // Closing the only descriptor of this open file description releases the flock.
-    if (fd_ >= 0) close(fd_);
+    std::lock_guard<std::mutex> lock(open_locks_mutex);
+    held_ = false;
+    if (fd_ < 0) return;
+    close(fd_);
+    fd_ = -1;
+    const auto listed = std::find(open_locks.begin(), open_locks.end(), &fd_);
+    if (listed != open_locks.end()) open_locks.erase(listed);
 }
 
 }  // namespace rope_jit

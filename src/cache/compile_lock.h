@@ -18,7 +18,14 @@
 // - A process that dies, however it dies, releases its flock when the kernel closes its
 //   descriptors: a peer killed mid-compile never leaves the lock taken.
 // - Waiting is bounded (kCompileLockMaxWait): a peer that is stopped or stuck delays us, then
-//   we compile anyway, which at worst compiles a kernel twice (stores are atomic).
+//   we compile anyway, which at worst compiles a kernel twice (stores are atomic). It also
+//   ends as soon as the entry waited for is on disk (the `published` check), whoever holds
+//   the lock by then.
+// - A fork()ed child shares the open file descriptions of its parent, and with them the
+//   flocks: its copy of a lock file's descriptor would keep the lock taken for as long as the
+//   child lives, after the parent released it (an idle worker forked mid-compile stalled every
+//   waiter of that stripe for 120 s). A pthread_atfork handler closes the child's copies of
+//   every lock file this process has open; the parent's locks stay as they were.
 // The lock only saves work; correctness never depends on it. It is taken only in a root that
 // DiskCache::writable() accepts, and any problem with it (a root that is unusable, a lock
 // file that cannot be made, a file system without flock) means no lock and at most one
@@ -26,6 +33,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <string>
 
 #include "cache/disk_cache.h"
@@ -41,21 +49,28 @@ constexpr std::chrono::milliseconds kCompileLockMaxWait = std::chrono::seconds(1
 std::string compile_lock_path(const std::string& root, const std::string& key_hex);
 
 // Holds the lock of key_hex's stripe under disk.root() from construction to destruction.
-// The constructor waits at most max_wait for it (polling, so the wait can be bounded) and
-// never throws; held() says whether it got it.
+// The constructor waits at most max_wait for it (polling, so the wait can be bounded), and
+// stops waiting without it once `published` (when given) returns true: what the lock guards
+// is there. It never throws; held() says whether it got the lock.
 class CompileLock {
 public:
     CompileLock(const DiskCache& disk, const std::string& key_hex,
-                std::chrono::milliseconds max_wait = kCompileLockMaxWait) noexcept;
+                std::chrono::milliseconds max_wait = kCompileLockMaxWait,
+                const std::function<bool()>& published = nullptr) noexcept;
     ~CompileLock();
     CompileLock(const CompileLock&) = delete;
     CompileLock& operator=(const CompileLock&) = delete;
 
     // Whether the lock is held: false when it was given up on or not taken at all.
-    bool held() const { return fd_ >= 0; }
+    bool held() const { return held_; }
 
 private:
-    int fd_ = -1;  // the open lock file while held; closing it releases the lock
+    void close_file() noexcept;  // releases the lock (if held) and closes its file
+
+    // The open lock file, while waiting and while held (closing it releases the lock); -1 once
+    // closed, in a forked child too (the handler in compile_lock.cpp closes the child's copy).
+    int fd_ = -1;
+    bool held_ = false;
 };
 
 }  // namespace rope_jit

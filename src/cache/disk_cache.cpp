@@ -897,6 +897,16 @@ bool DiskCache::store(const CacheEntryId& id, const CacheEntry& entry) const {
     }
 }
 
+bool DiskCache::has_entry_file(const CacheEntryId& id) const {
+    if (root_.empty()) return false;
+    try {
+        struct stat st;
+        return lstat(entry_path(root_, id).c_str(), &st) == 0 && S_ISREG(st.st_mode);
+    } catch (...) {
+        return false;  // an invalid id, or no memory for its path: nothing to find
+    }
+}
+
 bool DiskCache::writable(std::string* why) const {
     try {
         auto say = [&](std::string problem) {

@@ -119,6 +119,10 @@ public:
     // given) says which check failed. Never throws.
     bool writable(std::string* why = nullptr) const;
 
+    // Whether root holds a regular file at id's entry path: a stat, nothing read or checked
+    // (a waiter for a peer's compile polls it; load() then judges the entry). Never throws.
+    bool has_entry_file(const CacheEntryId& id) const;
+
     uint64_t max_bytes() const { return max_bytes_; }
     // Entries the size limit removed after this cache's stores (rope_jit_stats.disk_evictions:
     // a prewarm that says "written" can tell that the limit took some back).

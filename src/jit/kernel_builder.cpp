@@ -82,7 +82,8 @@ KernelBinary build_kernel_binary(const KernelRecipe& recipe, const std::string& 
             // Another process, or another runtime of this one, may be compiling this very
             // kernel into the same cache: wait for it, then look again, so that each key is
             // compiled once per cache directory (compile_lock.h).
-            lock.emplace(*disk, id.key_hex);
+            lock.emplace(*disk, id.key_hex, kCompileLockMaxWait,
+                         [&] { return disk->has_entry_file(id); });
             entry = timed_load(*disk, id, recipe.spec_json, stats);
         }
     }

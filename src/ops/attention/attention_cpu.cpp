@@ -4,6 +4,9 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
+#include <mutex>
+#include <new>
 #include <vector>
 
 #include "common/half_float.h"
@@ -114,18 +117,28 @@ private:
     const AttentionProblem& p_;
 };
 
+// Elements of a buffer of a rows of b: std::bad_alloc (out of host memory) where the count
+// cannot be held (a zero-stride k may describe more keys than memory could hold as doubles).
+size_t buffer_elements(int64_t a, int64_t b) {
+    int64_t n = 0;
+    if (__builtin_mul_overflow(a, b, &n) || uint64_t(n) > std::vector<double>().max_size())
+        throw std::bad_alloc();
+    return size_t(n);
+}
+
 // The keys and values of one (batch, kv head), as doubles: plain keys, keys rotated by their
-// own rows (plain for tokens without a position), values.
+// own rows (plain for tokens without a position), values. Sized once, loaded per unit.
 struct KeyValues {
     int64_t D = 0;
     std::vector<double> plain, rotated, values;
 
-    KeyValues(const AttentionProblem& p, const Tokens& tokens, int64_t b, int64_t hk)
-        : D(p.head_dim) {
-        const size_t n = size_t(p.seqlen_k * D);
-        plain.resize(n);
-        rotated.resize(n);
-        values.resize(n);
+    explicit KeyValues(const AttentionProblem& p)
+        : D(p.head_dim),
+          plain(buffer_elements(p.seqlen_k, D)),
+          rotated(plain.size()),
+          values(plain.size()) {}
+
+    void load(const AttentionProblem& p, const Tokens& tokens, int64_t b, int64_t hk) {
         for (int64_t j = 0; j < p.seqlen_k; ++j) {
             read_row(p.k, b, hk, j, &plain[size_t(j * D)], D);
             std::copy_n(&plain[size_t(j * D)], D, &rotated[size_t(j * D)]);
@@ -136,6 +149,52 @@ struct KeyValues {
     const double* k_plain(int64_t j) const { return &plain[size_t(j * D)]; }
     const double* k_rotated(int64_t j) const { return &rotated[size_t(j * D)]; }
     const double* v(int64_t j) const { return &values[size_t(j * D)]; }
+};
+
+// The working memory of one thread of a pass (ForwardScratch, BackwardScratch), all of it
+// made before the pass writes anything: a call whose memory cannot be had fails with its
+// outputs untouched, where threads allocating their own would fail after others had written
+// rows. One set a thread that can run a chunk at once (at most the pool's threads, at most a
+// chunk a unit), taken per chunk.
+template <class Scratch>
+class ScratchSets {
+public:
+    ScratchSets(const AttentionProblem& p, int64_t concurrent) : p_(p) {
+        for (int64_t n = 0; n < concurrent; ++n) {
+            sets_.push_back(std::make_unique<Scratch>(p));
+            free_.push_back(sets_.back().get());
+        }
+    }
+
+    // A set for the chunk that runs `use` on it.
+    template <class Use>
+    void with_one(Use&& use) {
+        Scratch* set;
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            if (free_.empty()) {  // more chunks at once than counted: never, but not a crash
+                sets_.push_back(std::make_unique<Scratch>(p_));
+                free_.push_back(sets_.back().get());
+            }
+            set = free_.back();
+            free_.pop_back();
+        }
+        struct GiveBack {
+            ScratchSets& sets;
+            Scratch* set;
+            ~GiveBack() {
+                std::lock_guard<std::mutex> lock(sets.mutex_);
+                sets.free_.push_back(set);
+            }
+        } give_back{*this, set};
+        use(*set);
+    }
+
+private:
+    const AttentionProblem& p_;
+    std::vector<std::unique_ptr<Scratch>> sets_;
+    std::vector<Scratch*> free_;
+    std::mutex mutex_;
 };
 
 // Query row i's score of key j: scale * (q . k) + the mask's bias, on the rotated vectors where
@@ -204,6 +263,80 @@ void row_probabilities(const AttentionProblem& p, const Tokens& tokens, const Ke
     }
 }
 
+struct ForwardScratch {
+    std::vector<double> q_plain, q_rotated, o, prob;
+    std::vector<char> seen;
+    KeyValues kv;
+
+    explicit ForwardScratch(const AttentionProblem& p)
+        : q_plain(size_t(p.head_dim)),
+          q_rotated(size_t(p.head_dim)),
+          o(size_t(p.head_dim)),
+          prob(buffer_elements(p.seqlen_k, 1)),
+          seen(prob.size()),
+          kv(p) {}
+};
+
+struct BackwardScratch {
+    std::vector<double> q_plain, q_rotated, dout, out, dq_rotated, dq_plain, prob;
+    std::vector<char> seen;
+    KeyValues kv;
+    // Gradients with respect to the rotated keys (pairs that score rotated vectors) and the
+    // plain keys (the others); dk is the first rotated back plus the second.
+    std::vector<double> dk_rotated, dk_plain, dv;
+
+    explicit BackwardScratch(const AttentionProblem& p)
+        : q_plain(size_t(p.head_dim)),
+          q_rotated(size_t(p.head_dim)),
+          dout(size_t(p.head_dim)),
+          out(size_t(p.head_dim)),
+          dq_rotated(size_t(p.head_dim)),
+          dq_plain(size_t(p.head_dim)),
+          prob(buffer_elements(p.seqlen_k, 1)),
+          seen(prob.size()),
+          kv(p),
+          dk_rotated(kv.plain.size()),
+          dk_plain(kv.plain.size()),
+          dv(kv.plain.size()) {}
+};
+
+// Query row i of head h (batch b): its dq row written, its terms added to the unit's dk and dv.
+void backward_row(const AttentionProblem& p, const Tokens& tokens, BackwardScratch& w, int64_t b,
+                  int64_t h, int64_t i) {
+    const int64_t D = p.head_dim;
+    read_row(p.q, b, h, i, w.q_plain.data(), D);
+    w.q_rotated = w.q_plain;
+    tokens.rotate(w.q_rotated.data(), b, i, false);
+    read_row(p.dout, b, h, i, w.dout.data(), D);
+    read_row(p.out, b, h, i, w.out.data(), D);
+    std::fill(w.dq_rotated.begin(), w.dq_rotated.end(), 0.0);
+    std::fill(w.dq_plain.begin(), w.dq_plain.end(), 0.0);
+    const double lse =
+        read_element(p.lse, b * p.lse.strides[0] + h * p.lse.strides[1] + i * p.lse.strides[2]);
+    row_probabilities(p, tokens, w.kv, b, i, w.q_plain.data(), w.q_rotated.data(), lse, w.prob,
+                      w.seen);
+    // d(loss)/d(score_j) = p_j (dp_j - delta), dp_j = dout . v_j, and delta = dout . out
+    // (= sum_k p_k dp_k for the forward's out), from the caller's out as the GPU kernels take it.
+    const double delta = dot(w.dout.data(), w.out.data(), D);
+    for (int64_t j = 0; j < p.seqlen_k; ++j) {
+        if (!w.seen[size_t(j)]) continue;
+        const double pj = w.prob[size_t(j)];
+        axpy(pj, w.dout.data(), &w.dv[size_t(j * D)], D);
+        const double dpj = dot(w.dout.data(), w.kv.v(j), D);
+        const double dproduct = pj * (dpj - delta) * p.scale;
+        if (tokens.rotated_pair(b, i, j)) {
+            axpy(dproduct, w.kv.k_rotated(j), w.dq_rotated.data(), D);
+            axpy(dproduct, w.q_rotated.data(), &w.dk_rotated[size_t(j * D)], D);
+        } else {
+            axpy(dproduct, w.kv.k_plain(j), w.dq_plain.data(), D);
+            axpy(dproduct, w.q_plain.data(), &w.dk_plain[size_t(j * D)], D);
+        }
+    }
+    tokens.rotate(w.dq_rotated.data(), b, i, true);
+    for (int64_t d = 0; d < D; ++d) w.dq_rotated[size_t(d)] += w.dq_plain[size_t(d)];
+    write_row(p.dq, b, h, i, w.dq_rotated.data(), D);
+}
+
 }  // namespace
 
 void attention_forward_cpu(const AttentionProblem& p, ThreadPool& pool) {
@@ -213,98 +346,68 @@ void attention_forward_cpu(const AttentionProblem& p, ThreadPool& pool) {
     constexpr int64_t kRowsPerUnit = 64;
     const int64_t row_blocks = (p.seqlen_q + kRowsPerUnit - 1) / kRowsPerUnit;
     const int64_t units = p.batch * p.heads_q * row_blocks;
+    ScratchSets<ForwardScratch> scratch(p, std::min<int64_t>(pool.size(), units));
     pool.parallel_for(units, 1, [&](int64_t begin, int64_t end) {
-        std::vector<double> q_plain(static_cast<size_t>(D)), q_rotated(static_cast<size_t>(D)),
-            o(static_cast<size_t>(D)), prob(static_cast<size_t>(p.seqlen_k));
-        std::vector<char> seen(static_cast<size_t>(p.seqlen_k));
-        for (int64_t u = begin; u < end; ++u) {
-            const int64_t block = u % row_blocks, h = (u / row_blocks) % p.heads_q,
-                          b = u / (row_blocks * p.heads_q);
-            const KeyValues kv(p, tokens, b, h / p.group());
-            const int64_t last = std::min(p.seqlen_q, (block + 1) * kRowsPerUnit);
-            for (int64_t i = block * kRowsPerUnit; i < last; ++i) {
-                read_row(p.q, b, h, i, q_plain.data(), D);
-                q_rotated = q_plain;
-                tokens.rotate(q_rotated.data(), b, i, false);
-                double lse = 0;
-                std::fill(o.begin(), o.end(), 0.0);
-                if (row_softmax(p, tokens, kv, b, i, q_plain.data(), q_rotated.data(), prob, seen,
-                                &lse))
-                    for (int64_t j = 0; j < p.seqlen_k; ++j)
-                        if (seen[size_t(j)]) axpy(prob[size_t(j)], kv.v(j), o.data(), D);
-                write_row(p.out, b, h, i, o.data(), D);
-                if (p.has_lse)
-                    write_float(p.lse,
-                                b * p.lse.strides[0] + h * p.lse.strides[1] + i * p.lse.strides[2],
-                                lse);
+        scratch.with_one([&](ForwardScratch& w) {
+            for (int64_t u = begin; u < end; ++u) {
+                const int64_t block = u % row_blocks, h = (u / row_blocks) % p.heads_q,
+                              b = u / (row_blocks * p.heads_q);
+                w.kv.load(p, tokens, b, h / p.group());
+                const int64_t last = std::min(p.seqlen_q, (block + 1) * kRowsPerUnit);
+                for (int64_t i = block * kRowsPerUnit; i < last; ++i) {
+                    read_row(p.q, b, h, i, w.q_plain.data(), D);
+                    w.q_rotated = w.q_plain;
+                    tokens.rotate(w.q_rotated.data(), b, i, false);
+                    double lse = 0;
+                    std::fill(w.o.begin(), w.o.end(), 0.0);
+                    if (row_softmax(p, tokens, w.kv, b, i, w.q_plain.data(), w.q_rotated.data(),
+                                    w.prob, w.seen, &lse))
+                        for (int64_t j = 0; j < p.seqlen_k; ++j)
+                            if (w.seen[size_t(j)])
+                                axpy(w.prob[size_t(j)], w.kv.v(j), w.o.data(), D);
+                    write_row(p.out, b, h, i, w.o.data(), D);
+                    if (p.has_lse)
+                        write_float(p.lse,
+                                    b * p.lse.strides[0] + h * p.lse.strides[1] +
+                                        i * p.lse.strides[2],
+                                    lse);
+                }
             }
-        }
+        });
     });
 }
 
 void attention_backward_cpu(const AttentionProblem& p, ThreadPool& pool) {
-    if (p.batch == 0 || p.heads_k == 0) return;
+    // Units run only where they write something: dq rows (a query head of the unit's group with
+    // tokens) or dk and dv rows (keys). Without either, a call of 2^60 empty units would run
+    // them all; with one, its outputs' own elements bound the units.
+    const bool dq_rows = p.heads_q > 0 && p.seqlen_q > 0;
+    if (p.batch == 0 || p.heads_k == 0 || (!dq_rows && p.seqlen_k == 0)) return;
     const Tokens tokens(p);
     const int64_t D = p.head_dim, group = p.group();
+    const int64_t units = p.batch * p.heads_k;
+    ScratchSets<BackwardScratch> scratch(p, std::min<int64_t>(pool.size(), units));
     // One unit per (batch, kv head): it owns dk and dv of that head and dq of its query heads,
     // so units write disjoint memory and the sums run in one fixed order (deterministic).
-    pool.parallel_for(p.batch * p.heads_k, 1, [&](int64_t begin, int64_t end) {
-        std::vector<double> q_plain(static_cast<size_t>(D)), q_rotated(static_cast<size_t>(D)),
-            dout(static_cast<size_t>(D)), out(static_cast<size_t>(D)),
-            prob(static_cast<size_t>(p.seqlen_k)), dq_rotated(static_cast<size_t>(D)),
-            dq_plain(static_cast<size_t>(D));
-        std::vector<char> seen(static_cast<size_t>(p.seqlen_k));
-        for (int64_t u = begin; u < end; ++u) {
-            const int64_t b = u / p.heads_k, hk = u % p.heads_k;
-            const KeyValues kv(p, tokens, b, hk);
-            const size_t n = size_t(p.seqlen_k * D);
-            // Gradients with respect to the rotated keys (pairs that score rotated vectors) and
-            // the plain keys (the others); dk is the first rotated back plus the second.
-            std::vector<double> dk_rotated(n, 0.0), dk_plain(n, 0.0), dv(n, 0.0);
-            for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
-                for (int64_t i = 0; i < p.seqlen_q; ++i) {
-                    read_row(p.q, b, h, i, q_plain.data(), D);
-                    q_rotated = q_plain;
-                    tokens.rotate(q_rotated.data(), b, i, false);
-                    read_row(p.dout, b, h, i, dout.data(), D);
-                    read_row(p.out, b, h, i, out.data(), D);
-                    std::fill(dq_rotated.begin(), dq_rotated.end(), 0.0);
-                    std::fill(dq_plain.begin(), dq_plain.end(), 0.0);
-                    const double lse = read_element(
-                        p.lse, b * p.lse.strides[0] + h * p.lse.strides[1] + i * p.lse.strides[2]);
-                    row_probabilities(p, tokens, kv, b, i, q_plain.data(), q_rotated.data(), lse,
-                                      prob, seen);
-                    // d(loss)/d(score_j) = p_j (dp_j - delta), dp_j = dout . v_j, and delta =
-                    // dout . out (= sum_k p_k dp_k for the forward's out), from the caller's
-                    // out as the GPU kernels take it.
-                    const double delta = dot(dout.data(), out.data(), D);
-                    for (int64_t j = 0; j < p.seqlen_k; ++j) {
-                        if (!seen[size_t(j)]) continue;
-                        const double pj = prob[size_t(j)];
-                        axpy(pj, dout.data(), &dv[size_t(j * D)], D);
-                        const double dpj = dot(dout.data(), kv.v(j), D);
-                        const double dproduct = pj * (dpj - delta) * p.scale;
-                        if (tokens.rotated_pair(b, i, j)) {
-                            axpy(dproduct, kv.k_rotated(j), dq_rotated.data(), D);
-                            axpy(dproduct, q_rotated.data(), &dk_rotated[size_t(j * D)], D);
-                        } else {
-                            axpy(dproduct, kv.k_plain(j), dq_plain.data(), D);
-                            axpy(dproduct, q_plain.data(), &dk_plain[size_t(j * D)], D);
-                        }
-                    }
-                    tokens.rotate(dq_rotated.data(), b, i, true);
-                    for (int64_t d = 0; d < D; ++d) dq_rotated[size_t(d)] += dq_plain[size_t(d)];
-                    write_row(p.dq, b, h, i, dq_rotated.data(), D);
+    pool.parallel_for(units, 1, [&](int64_t begin, int64_t end) {
+        scratch.with_one([&](BackwardScratch& w) {
+            for (int64_t u = begin; u < end; ++u) {
+                const int64_t b = u / p.heads_k, hk = u % p.heads_k;
+                w.kv.load(p, tokens, b, hk);
+                std::fill(w.dk_rotated.begin(), w.dk_rotated.end(), 0.0);
+                std::fill(w.dk_plain.begin(), w.dk_plain.end(), 0.0);
+                std::fill(w.dv.begin(), w.dv.end(), 0.0);
+                for (int64_t h = hk * group; dq_rows && h < (hk + 1) * group; ++h)
+                    for (int64_t i = 0; i < p.seqlen_q; ++i) backward_row(p, tokens, w, b, h, i);
+                for (int64_t j = 0; j < p.seqlen_k; ++j) {
+                    double* dk = &w.dk_rotated[size_t(j * D)];
+                    tokens.rotate(dk, b, j, true);
+                    for (int64_t d = 0; d < D; ++d) dk[d] += w.dk_plain[size_t(j * D + d)];
+                    write_row(p.dk, b, hk, j, dk, D);
+                    write_row(p.dv, b, hk, j, &w.dv[size_t(j * D)], D);
                 }
             }
-            for (int64_t j = 0; j < p.seqlen_k; ++j) {
-                double* dk = &dk_rotated[size_t(j * D)];
-                tokens.rotate(dk, b, j, true);
-                for (int64_t d = 0; d < D; ++d) dk[d] += dk_plain[size_t(j * D + d)];
-                write_row(p.dk, b, hk, j, dk, D);
-                write_row(p.dv, b, hk, j, &dv[size_t(j * D)], D);
-            }
-        }
+        });
     });
 }
 

@@ -394,12 +394,14 @@ void rope_cpu_typed(const RopeProblem& p, ThreadPool& pool) {
         rows[0] = index + p.position_offset + (is_k ? 0 : p.q_position_offset);
     };
 
-    // Learned frequencies: per-chunk sums in float64, added up in chunk order at the end so
-    // the result does not depend on which thread finished first.
+    // Learned frequencies: sums in float64 per block of `grain` units (below), added up in
+    // block order at the end, so that the result depends neither on which thread finished
+    // first nor on how the pool chunked the work (a busy pool runs it all in one chunk; the
+    // chunks also follow cpu_threads).
     const int64_t pairs = p.pairs();
     std::mutex grad_mutex;
     std::map<int64_t, std::vector<double>> grad_partials;
-    // QK-norm weight gradients, likewise: per chunk, q's D sums then k's.
+    // QK-norm weight gradients, likewise: per block, q's D sums then k's.
     std::map<int64_t, std::vector<double>> norm_partials;
 
     // KV cache and FP8 outputs.
@@ -416,7 +418,10 @@ void rope_cpu_typed(const RopeProblem& p, ThreadPool& pool) {
 
     const int64_t elements_per_unit = std::max<int64_t>(1, (p.heads_q + p.heads_k) * p.head_dim);
     const int64_t grain = std::max<int64_t>(1, 32768 / elements_per_unit);
-    pool.parallel_for(units, grain, [&](int64_t begin, int64_t end) {
+    // The pool takes whole blocks of `grain` units (the gradients' summation blocks).
+    const int64_t blocks = (units + grain - 1) / grain;
+    pool.parallel_for(blocks, 1, [&](int64_t first_block, int64_t end_block) {
+        const int64_t begin = first_block * grain, end = std::min(units, end_block * grain);
         std::vector<float> scratch(size_t(p.rotary_dim + 2 * pairs));
         float* buf = scratch.data();
         float* c = buf + p.rotary_dim;
@@ -447,6 +452,19 @@ void rope_cpu_typed(const RopeProblem& p, ThreadPool& pool) {
         };
         std::vector<float> sink_row(size_t(p.head_dim));
         std::vector<char> sink_rotated(size_t(p.head_dim));
+        // Hands the sums of block `block` over and starts the next block's from zero.
+        auto end_of_block = [&](int64_t block) {
+            if (!p.has_freq_grad && !p.has_norm_weight_grad) return;
+            std::lock_guard<std::mutex> lock(grad_mutex);
+            if (p.has_freq_grad) {
+                grad_partials.emplace(block, grad_sums);
+                std::fill(grad_sums.begin(), grad_sums.end(), 0.0);
+            }
+            if (p.has_norm_weight_grad) {
+                norm_partials.emplace(block, norm_sums);
+                std::fill(norm_sums.begin(), norm_sums.end(), 0.0);
+            }
+        };
         for (int64_t u = begin; u < end; ++u) {
             const int64_t b = u / seqlen, s = u % seqlen;
             bool have_q_angles = false;
@@ -499,24 +517,17 @@ void rope_cpu_typed(const RopeProblem& p, ThreadPool& pool) {
                     rotate_token<T>(p, p.k, p.k_out, p.k_in_place, b, s, p.heads_k, c, sn, buf,
                                     p.has_freq_grad ? &sink : nullptr);
             }
-        }
-        if (p.has_freq_grad) {
-            std::lock_guard<std::mutex> lock(grad_mutex);
-            grad_partials.emplace(begin, std::move(grad_sums));
-        }
-        if (p.has_norm_weight_grad) {
-            std::lock_guard<std::mutex> lock(grad_mutex);
-            norm_partials.emplace(begin, std::move(norm_sums));
+            if ((u + 1) % grain == 0 || u + 1 == end) end_of_block(u / grain);
         }
     });
 
     if (p.has_norm_weight_grad) {
         const size_t D = size_t(p.head_dim);
         std::vector<double> q_total(D, 0.0), k_total(D, 0.0);
-        for (const auto& chunk : norm_partials)
+        for (const auto& block : norm_partials)
             for (size_t d = 0; d < D; ++d) {
-                q_total[d] += chunk.second[d];
-                k_total[d] += chunk.second[D + d];
+                q_total[d] += block.second[d];
+                k_total[d] += block.second[D + d];
             }
         store_sums(p.q_norm_weight_grad, q_total);
         store_sums(p.k_norm_weight_grad, k_total);
@@ -524,8 +535,8 @@ void rope_cpu_typed(const RopeProblem& p, ThreadPool& pool) {
 
     if (p.has_freq_grad) {
         std::vector<double> total(size_t(pairs), 0.0);
-        for (const auto& chunk : grad_partials)
-            for (int64_t i = 0; i < pairs; ++i) total[size_t(i)] += chunk.second[size_t(i)];
+        for (const auto& block : grad_partials)
+            for (int64_t i = 0; i < pairs; ++i) total[size_t(i)] += block.second[size_t(i)];
         for (int64_t i = 0; i < pairs; ++i) {
             const float value = float(total[size_t(i)]);
             std::memcpy(p.inv_freq_grad.data + i * p.inv_freq_grad.strides[0] * 4, &value, 4);
