@@ -10,6 +10,7 @@
 #include <memory>
 #include <numeric>
 #include <set>
+#include <stdexcept>
 #include <thread>
 #include <atomic>
 
@@ -429,6 +430,48 @@ TEST_CASE("many threads calling one runtime at once all get correct results") {
         });
     for (std::thread& t : threads) t.join();
     CHECK(failures.load() == 0);
+}
+
+TEST_CASE("a thread pool says how many threads will run a range before any chunk runs") {
+    rope_jit::ThreadPool pool(4);
+    REQUIRE(pool.size() == 4);
+    std::atomic<int> chunks{0};
+    auto count_chunks = [&](int64_t, int64_t) { ++chunks; };
+    int threads = 0;
+    auto record = [&](int n) {
+        threads = n;
+        CHECK(chunks.load() == 0);  // before any chunk
+    };
+    pool.parallel_for(1000, 1, count_chunks, record);
+    CHECK(threads == 4);
+    threads = 0, chunks = 0;
+    pool.parallel_for(2, 1, count_chunks, record);  // two chunks: two threads at most
+    CHECK(threads == 2);
+    threads = 0, chunks = 0;
+    pool.parallel_for(10, 10, count_chunks, record);  // one grain: the caller alone
+    CHECK(threads == 1);
+    CHECK(chunks == 1);
+    // While another range holds the pool, the caller runs its range alone.
+    std::atomic<bool> inside{false}, release{false};
+    std::thread holder([&] {
+        pool.parallel_for(1000, 1, [&](int64_t, int64_t) {
+            inside = true;
+            while (!release) std::this_thread::yield();
+        });
+    });
+    while (!inside) std::this_thread::yield();
+    threads = 0, chunks = 0;
+    pool.parallel_for(1000, 1, count_chunks, record);
+    CHECK(threads == 1);
+    CHECK(chunks == 1);
+    release = true;
+    holder.join();
+    // An exception from `before` leaves before any chunk runs.
+    chunks = 0;
+    CHECK_THROWS_AS(pool.parallel_for(1000, 1, count_chunks,
+                                      [](int) { throw std::runtime_error("no memory"); }),
+                    std::runtime_error);
+    CHECK(chunks == 0);
 }
 
 TEST_CASE("a thread pool that cannot start all its threads works with the ones it has") {

@@ -1420,11 +1420,11 @@ TEST_CASE("A waiter stops waiting once the entry it waits for is on disk, whoeve
     CompileLock holder(cache, key);
     REQUIRE(holder.held());
     std::atomic<bool> stored{false};
+    const auto start = std::chrono::steady_clock::now();
     std::thread peer([&] {
         std::this_thread::sleep_for(200ms);
         stored = true;
     });
-    const auto start = std::chrono::steady_clock::now();
     CompileLock waiter(cache, key, 30s, [&] { return stored.load(); });
     const double waited = seconds_since(start);
     peer.join();

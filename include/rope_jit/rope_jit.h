@@ -933,8 +933,9 @@ ROPE_JIT_API void rope_jit_attention_args_init(rope_jit_attention_args* args);
  * with ERROR_INVALID_ARGUMENT (naming the argument) and writes nothing on any bad input;
  * ERROR_UNSUPPORTED for a head_dim above 512 on the CUDA backend; ERROR_OUT_OF_MEMORY where
  * the CPU backend's working memory (a float64 copy of each kv head's keys and values a
- * thread) cannot be had, also before anything is written. A call with nothing to compute
- * (no query token, or no head) returns at once, whatever its other sizes. Thread-safe. */
+ * thread) cannot be had, also before anything is written. On the CPU backend a call with
+ * nothing to compute (no query token, or no head) returns at once, whatever its other sizes
+ * (a backward still zeroes dk and dv). Thread-safe. */
 ROPE_JIT_API rope_jit_status rope_jit_attention(rope_jit_runtime* runtime,
                                                 const rope_jit_attention_args* args);
 

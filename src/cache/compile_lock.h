@@ -62,7 +62,7 @@ public:
     CompileLock& operator=(const CompileLock&) = delete;
 
     // Whether the lock is held: false when it was given up on or not taken at all.
-    bool held() const { return held_; }
+    bool held() const { return held_ && fd_ >= 0; }  // (a forked child's copy holds nothing)
 
 private:
     void close_file() noexcept;  // releases the lock (if held) and closes its file

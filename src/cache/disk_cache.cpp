@@ -897,13 +897,16 @@ bool DiskCache::store(const CacheEntryId& id, const CacheEntry& entry) const {
     }
 }
 
-bool DiskCache::has_entry_file(const CacheEntryId& id) const {
-    if (root_.empty()) return false;
+std::optional<DiskCache::FileStamp> DiskCache::entry_file_stamp(const CacheEntryId& id) const {
+    if (root_.empty()) return std::nullopt;
     try {
         struct stat st;
-        return lstat(entry_path(root_, id).c_str(), &st) == 0 && S_ISREG(st.st_mode);
+        if (lstat(entry_path(root_, id).c_str(), &st) != 0 || !S_ISREG(st.st_mode))
+            return std::nullopt;
+        return FileStamp{uint64_t(st.st_dev), uint64_t(st.st_ino), uint64_t(st.st_size),
+                         int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
     } catch (...) {
-        return false;  // an invalid id, or no memory for its path: nothing to find
+        return std::nullopt;  // an invalid id, or no memory for its path: nothing to find
     }
 }
 

@@ -119,9 +119,19 @@ public:
     // given) says which check failed. Never throws.
     bool writable(std::string* why = nullptr) const;
 
-    // Whether root holds a regular file at id's entry path: a stat, nothing read or checked
-    // (a waiter for a peer's compile polls it; load() then judges the entry). Never throws.
-    bool has_entry_file(const CacheEntryId& id) const;
+    // What identifies the regular file at id's entry path in root (device, inode, size,
+    // modification time), or nullopt where there is none: a stat, nothing read or checked. A
+    // waiter for a peer's compile polls it for a file that was not there, or not that one,
+    // when it began (load() then judges the entry). Never throws.
+    struct FileStamp {
+        uint64_t device = 0, inode = 0, size = 0;
+        int64_t modified_ns = 0;
+        bool operator==(const FileStamp& o) const {
+            return device == o.device && inode == o.inode && size == o.size &&
+                   modified_ns == o.modified_ns;
+        }
+    };
+    std::optional<FileStamp> entry_file_stamp(const CacheEntryId& id) const;
 
     uint64_t max_bytes() const { return max_bytes_; }
     // Entries the size limit removed after this cache's stores (rope_jit_stats.disk_evictions:

@@ -98,24 +98,24 @@ void ThreadPool::worker_loop(State& state) {
 }
 
 void ThreadPool::parallel_for(int64_t n, int64_t grain,
-                              const std::function<void(int64_t, int64_t)>& body) {
+                              const std::function<void(int64_t, int64_t)>& body,
+                              const std::function<void(int)>& before) {
     if (n <= 0) return;
     grain = std::max<int64_t>(grain, 1);
     State& state = *state_;
-    if (state.workers.empty() || n <= grain || forked()) {
+    auto alone = [&] {
+        if (before) before(1);
         body(0, n);
-        return;
-    }
+    };
+    if (state.workers.empty() || n <= grain || forked()) return alone();
     std::unique_lock<std::mutex> busy(state.busy, std::try_to_lock);
-    if (!busy.owns_lock()) {
-        body(0, n);
-        return;
-    }
+    if (!busy.owns_lock()) return alone();
     Job job;
     job.body = &body;
     job.n = n;
     // About four chunks per thread balances load without making chunks tiny.
     job.chunk = std::max(grain, (n + 4 * size() - 1) / (4 * size()));
+    if (before) before(int(std::min<int64_t>(size(), (n + job.chunk - 1) / job.chunk)));
     {
         std::lock_guard<std::mutex> lock(state.mutex);
         state.job = &job;

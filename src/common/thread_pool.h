@@ -32,8 +32,12 @@ public:
 
     // Calls body(begin, end) over disjoint chunks covering [0, n), each at least `grain`
     // long (except the last), and returns when all are done. An exception thrown by a chunk
-    // is rethrown here (the first one) after the others finish.
-    void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& body);
+    // is rethrown here (the first one) after the others finish. `before` (when given) is
+    // called first, on the calling thread, with the number of threads that will run chunks at
+    // once (1 where the caller runs the range alone); an exception from it is thrown before
+    // any chunk runs.
+    void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& body,
+                      const std::function<void(int)>& before = nullptr);
 
 private:
     struct Job;

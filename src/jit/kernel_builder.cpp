@@ -82,8 +82,13 @@ KernelBinary build_kernel_binary(const KernelRecipe& recipe, const std::string& 
             // Another process, or another runtime of this one, may be compiling this very
             // kernel into the same cache: wait for it, then look again, so that each key is
             // compiled once per cache directory (compile_lock.h).
-            lock.emplace(*disk, id.key_hex, kCompileLockMaxWait,
-                         [&] { return disk->has_entry_file(id); });
+            // The wait also ends when an entry file appears (or another replaces the one
+            // load() refused): a peer stored it, whoever holds the lock now.
+            const auto refused = disk->entry_file_stamp(id);
+            lock.emplace(*disk, id.key_hex, kCompileLockMaxWait, [&] {
+                const auto now = disk->entry_file_stamp(id);
+                return now && !(refused && *now == *refused);
+            });
             entry = timed_load(*disk, id, recipe.spec_json, stats);
         }
     }

@@ -154,14 +154,16 @@ struct KeyValues {
 // The working memory of one thread of a pass (ForwardScratch, BackwardScratch), all of it
 // made before the pass writes anything: a call whose memory cannot be had fails with its
 // outputs untouched, where threads allocating their own would fail after others had written
-// rows. One set a thread that can run a chunk at once (at most the pool's threads, at most a
-// chunk a unit), taken per chunk.
+// rows. One set a thread that runs chunks at once (the pool's `before` says how many), taken
+// per chunk.
 template <class Scratch>
 class ScratchSets {
 public:
-    ScratchSets(const AttentionProblem& p, int64_t concurrent) : p_(p) {
-        for (int64_t n = 0; n < concurrent; ++n) {
-            sets_.push_back(std::make_unique<Scratch>(p));
+    explicit ScratchSets(const AttentionProblem& p) : p_(p) {}
+
+    void make(int threads) {
+        for (int n = 0; n < threads; ++n) {
+            sets_.push_back(std::make_unique<Scratch>(p_));
             free_.push_back(sets_.back().get());
         }
     }
@@ -346,7 +348,7 @@ void attention_forward_cpu(const AttentionProblem& p, ThreadPool& pool) {
     constexpr int64_t kRowsPerUnit = 64;
     const int64_t row_blocks = (p.seqlen_q + kRowsPerUnit - 1) / kRowsPerUnit;
     const int64_t units = p.batch * p.heads_q * row_blocks;
-    ScratchSets<ForwardScratch> scratch(p, std::min<int64_t>(pool.size(), units));
+    ScratchSets<ForwardScratch> scratch(p);
     pool.parallel_for(units, 1, [&](int64_t begin, int64_t end) {
         scratch.with_one([&](ForwardScratch& w) {
             for (int64_t u = begin; u < end; ++u) {
@@ -374,7 +376,7 @@ void attention_forward_cpu(const AttentionProblem& p, ThreadPool& pool) {
                 }
             }
         });
-    });
+    }, [&](int threads) { scratch.make(threads); });
 }
 
 void attention_backward_cpu(const AttentionProblem& p, ThreadPool& pool) {
@@ -386,7 +388,7 @@ void attention_backward_cpu(const AttentionProblem& p, ThreadPool& pool) {
     const Tokens tokens(p);
     const int64_t D = p.head_dim, group = p.group();
     const int64_t units = p.batch * p.heads_k;
-    ScratchSets<BackwardScratch> scratch(p, std::min<int64_t>(pool.size(), units));
+    ScratchSets<BackwardScratch> scratch(p);
     // One unit per (batch, kv head): it owns dk and dv of that head and dq of its query heads,
     // so units write disjoint memory and the sums run in one fixed order (deterministic).
     pool.parallel_for(units, 1, [&](int64_t begin, int64_t end) {
@@ -408,7 +410,7 @@ void attention_backward_cpu(const AttentionProblem& p, ThreadPool& pool) {
                 }
             }
         });
-    });
+    }, [&](int threads) { scratch.make(threads); });
 }
 
 }  // namespace rope_jit

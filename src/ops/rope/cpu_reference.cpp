@@ -3,8 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <map>
-#include <mutex>
 #include <vector>
 
 #include "common/float8.h"
@@ -394,15 +392,7 @@ void rope_cpu_typed(const RopeProblem& p, ThreadPool& pool) {
         rows[0] = index + p.position_offset + (is_k ? 0 : p.q_position_offset);
     };
 
-    // Learned frequencies: sums in float64 per block of `grain` units (below), added up in
-    // block order at the end, so that the result depends neither on which thread finished
-    // first nor on how the pool chunked the work (a busy pool runs it all in one chunk; the
-    // chunks also follow cpu_threads).
     const int64_t pairs = p.pairs();
-    std::mutex grad_mutex;
-    std::map<int64_t, std::vector<double>> grad_partials;
-    // QK-norm weight gradients, likewise: per block, q's D sums then k's.
-    std::map<int64_t, std::vector<double>> norm_partials;
 
     // KV cache and FP8 outputs.
     const float q_scale = scale_value(p.q_scale), k_scale = scale_value(p.k_scale),
@@ -416,12 +406,23 @@ void rope_cpu_typed(const RopeProblem& p, ThreadPool& pool) {
         return cache_slot_on_host(p, b, s, sequence, index, slot);
     };
 
+    // The pool takes whole blocks of units, at least `grain` each (enough work to be worth a
+    // chunk) and at most kSumBlocks in all. The gradients are summed in float64 per block,
+    // then the blocks' sums in block order: the result depends only on the shape, neither on
+    // which thread finished first nor on how the pool chunked the work (a busy pool runs it
+    // all in one chunk; the chunks also follow cpu_threads).
     const int64_t elements_per_unit = std::max<int64_t>(1, (p.heads_q + p.heads_k) * p.head_dim);
     const int64_t grain = std::max<int64_t>(1, 32768 / elements_per_unit);
-    // The pool takes whole blocks of `grain` units (the gradients' summation blocks).
-    const int64_t blocks = (units + grain - 1) / grain;
+    constexpr int64_t kSumBlocks = 256;
+    const int64_t block_units = std::max(grain, (units + kSumBlocks - 1) / kSumBlocks);
+    const int64_t blocks = (units + block_units - 1) / block_units;
+    // Learned frequencies' sums a block (pairs), and the QK-norm weights' (q's D, then k's).
+    std::vector<double> grad_partials(p.has_freq_grad ? size_t(blocks * pairs) : 0);
+    const size_t norm_width = p.has_norm_weight_grad ? size_t(2 * p.head_dim) : 0;
+    std::vector<double> norm_partials(size_t(blocks) * norm_width);
     pool.parallel_for(blocks, 1, [&](int64_t first_block, int64_t end_block) {
-        const int64_t begin = first_block * grain, end = std::min(units, end_block * grain);
+        const int64_t begin = first_block * block_units;
+        const int64_t end = std::min(units, end_block * block_units);
         std::vector<float> scratch(size_t(p.rotary_dim + 2 * pairs));
         float* buf = scratch.data();
         float* c = buf + p.rotary_dim;
@@ -452,16 +453,17 @@ void rope_cpu_typed(const RopeProblem& p, ThreadPool& pool) {
         };
         std::vector<float> sink_row(size_t(p.head_dim));
         std::vector<char> sink_rotated(size_t(p.head_dim));
-        // Hands the sums of block `block` over and starts the next block's from zero.
+        // Hands the sums of block `block` over (its own slots: no lock) and starts the next
+        // block's from zero.
         auto end_of_block = [&](int64_t block) {
-            if (!p.has_freq_grad && !p.has_norm_weight_grad) return;
-            std::lock_guard<std::mutex> lock(grad_mutex);
             if (p.has_freq_grad) {
-                grad_partials.emplace(block, grad_sums);
+                std::copy(grad_sums.begin(), grad_sums.end(),
+                          grad_partials.begin() + block * pairs);
                 std::fill(grad_sums.begin(), grad_sums.end(), 0.0);
             }
             if (p.has_norm_weight_grad) {
-                norm_partials.emplace(block, norm_sums);
+                std::copy(norm_sums.begin(), norm_sums.end(),
+                          norm_partials.begin() + block * int64_t(norm_width));
                 std::fill(norm_sums.begin(), norm_sums.end(), 0.0);
             }
         };
@@ -517,17 +519,17 @@ void rope_cpu_typed(const RopeProblem& p, ThreadPool& pool) {
                     rotate_token<T>(p, p.k, p.k_out, p.k_in_place, b, s, p.heads_k, c, sn, buf,
                                     p.has_freq_grad ? &sink : nullptr);
             }
-            if ((u + 1) % grain == 0 || u + 1 == end) end_of_block(u / grain);
+            if ((u + 1) % block_units == 0 || u + 1 == end) end_of_block(u / block_units);
         }
     });
 
     if (p.has_norm_weight_grad) {
         const size_t D = size_t(p.head_dim);
         std::vector<double> q_total(D, 0.0), k_total(D, 0.0);
-        for (const auto& block : norm_partials)
+        for (int64_t block = 0; block < blocks; ++block)
             for (size_t d = 0; d < D; ++d) {
-                q_total[d] += block.second[d];
-                k_total[d] += block.second[D + d];
+                q_total[d] += norm_partials[size_t(block) * norm_width + d];
+                k_total[d] += norm_partials[size_t(block) * norm_width + D + d];
             }
         store_sums(p.q_norm_weight_grad, q_total);
         store_sums(p.k_norm_weight_grad, k_total);
@@ -535,8 +537,9 @@ void rope_cpu_typed(const RopeProblem& p, ThreadPool& pool) {
 
     if (p.has_freq_grad) {
         std::vector<double> total(size_t(pairs), 0.0);
-        for (const auto& block : grad_partials)
-            for (int64_t i = 0; i < pairs; ++i) total[size_t(i)] += block.second[size_t(i)];
+        for (int64_t block = 0; block < blocks; ++block)
+            for (int64_t i = 0; i < pairs; ++i)
+                total[size_t(i)] += grad_partials[size_t(block * pairs + i)];
         for (int64_t i = 0; i < pairs; ++i) {
             const float value = float(total[size_t(i)]);
             std::memcpy(p.inv_freq_grad.data + i * p.inv_freq_grad.strides[0] * 4, &value, 4);
