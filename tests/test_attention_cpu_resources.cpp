@@ -38,17 +38,6 @@ struct View {
     DLTensor tensor{};
 };
 
-rope_jit_runtime* cpu_runtime(int threads) {
-    rope_jit_config config;
-    rope_jit_config_init(&config);
-    config.backend = ROPE_JIT_BACKEND_CPU;
-    config.disk_cache = 0;
-    config.cpu_threads = threads;
-    rope_jit_runtime* runtime = nullptr;
-    if (rope_jit_runtime_create(&config, &runtime) != ROPE_JIT_OK) return nullptr;
-    return runtime;
-}
-
 // Keys and values of one element each, seen through zero strides as [1, 1, keys, 1].
 struct RepeatedKeys {
     explicit RepeatedKeys(int64_t keys)
@@ -72,8 +61,8 @@ TEST_CASE("an attention backward with no query token returns at once however man
             float keys[2] = {1, 2}, values[2] = {3, 4}, dk_data[2] = {7, 7}, dv_data[2] = {7, 7};
             View k(keys, {1, 1, 2, 1}, {2, 2, 1, 1}), v(values, {1, 1, 2, 1}, {2, 2, 1, 1}),
                 dk(dk_data, {1, 1, 2, 1}, {2, 2, 1, 1}), dv(dv_data, {1, 1, 2, 1}, {2, 2, 1, 1});
-            rope_jit_runtime* runtime = cpu_runtime(2);
-            if (runtime == nullptr) return 3;
+            rope_test::CpuRuntime cpu(2, false);
+            rope_jit_runtime* runtime = cpu.handle;
             rope_jit_attention_args a;
             rope_jit_attention_args_init(&a);
             a.q = q.dl(), a.k = k.dl(), a.v = v.dl(), a.out = out.dl(), a.lse = lse.dl();
@@ -82,7 +71,6 @@ TEST_CASE("an attention backward with no query token returns at once however man
             const rope_jit_status backward = rope_jit_attention_backward(runtime, &a);
             *output = std::string(rope_jit_status_name(forward)) + " " +
                       rope_jit_status_name(backward) + " " + rope_jit_last_error();
-            rope_jit_runtime_free(runtime);
             // No query: no gradient reaches the keys, which are still outputs.
             const bool zeroed =
                 dk_data[0] == 0 && dk_data[1] == 0 && dv_data[0] == 0 && dv_data[1] == 0;
@@ -116,8 +104,8 @@ TEST_CASE("an attention call whose working memory cannot be had fails with its o
             std::vector<float> dk_data(size_t(2 * kKeys), 7.0f), dv_data(size_t(2 * kKeys), 7.0f);
             View dk(dk_data.data(), {1, 2, kKeys, 1}, {2 * kKeys, kKeys, 1, 1}),
                 dv(dv_data.data(), {1, 2, kKeys, 1}, {2 * kKeys, kKeys, 1, 1});
-            rope_jit_runtime* runtime = cpu_runtime(2);
-            if (runtime == nullptr) return 3;
+            rope_test::CpuRuntime cpu(2, false);
+            rope_jit_runtime* runtime = cpu.handle;
             // Room for one and a half threads' copies of the keys above what is in use now.
             auto limit_to = [&](int copies) {
                 long long used_kib = 0;
@@ -146,7 +134,6 @@ TEST_CASE("an attention call whose working memory cannot be had fails with its o
                 backward_untouched = backward_untouched && dk_data[j] == 7 && dv_data[j] == 7;
             *output = std::string(rope_jit_status_name(forward)) + " " +
                       rope_jit_status_name(backward) + " " + rope_jit_last_error();
-            rope_jit_runtime_free(runtime);
             if (forward != ROPE_JIT_ERROR_OUT_OF_MEMORY || backward != ROPE_JIT_ERROR_OUT_OF_MEMORY)
                 return 1;
             return forward_untouched && backward_untouched ? 0 : 2;
@@ -164,8 +151,8 @@ TEST_CASE("attention over more keys than any allocation can hold is OUT_OF_MEMOR
     float q_data[1] = {1}, out_data[1] = {7}, lse_data[1] = {7};
     View q(q_data, {1, 1, 1, 1}, {1, 1, 1, 1}), out(out_data, {1, 1, 1, 1}, {1, 1, 1, 1}),
         lse(lse_data, {1, 1, 1}, {1, 1, 1});
-    rope_jit_runtime* runtime = cpu_runtime(1);
-    REQUIRE(runtime != nullptr);
+    rope_test::CpuRuntime cpu(1, false);
+    rope_jit_runtime* runtime = cpu.handle;
     rope_jit_attention_args a;
     rope_jit_attention_args_init(&a);
     a.q = q.dl(), a.k = keys.k.dl(), a.v = keys.v.dl(), a.out = out.dl(), a.lse = lse.dl();
@@ -173,5 +160,4 @@ TEST_CASE("attention over more keys than any allocation can hold is OUT_OF_MEMOR
     CHECK(std::string(rope_jit_last_error()).find("out of host memory") != std::string::npos);
     CHECK(out_data[0] == 7);
     CHECK(lse_data[0] == 7);
-    rope_jit_runtime_free(runtime);
 }

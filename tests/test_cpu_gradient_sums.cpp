@@ -19,17 +19,6 @@ namespace {
 
 constexpr int64_t kTokens = 2048, kHeadDim = 64;
 
-rope_jit_runtime* cpu_runtime(int threads) {
-    rope_jit_config config;
-    rope_jit_config_init(&config);
-    config.backend = ROPE_JIT_BACKEND_CPU;
-    config.disk_cache = 0;
-    config.cpu_threads = threads;
-    rope_jit_runtime* runtime = nullptr;
-    REQUIRE(rope_jit_runtime_create(&config, &runtime) == ROPE_JIT_OK);
-    return runtime;
-}
-
 // A gradient of 1 everywhere but +1e30 at token 0 and -1e30 at token 300 of feature 0: its
 // float64 sum over tokens is exact only within a block that holds both (or neither) of them.
 HostTensor cancelling_gradient() {
@@ -86,12 +75,11 @@ std::vector<uint8_t> frequency_gradient(rope_jit_runtime* runtime) {
 
 template <typename Sums>
 void check_same_bits_however_split(Sums sums) {
-    rope_jit_runtime* one = cpu_runtime(1);
-    const std::vector<uint8_t> expected = sums(one);
-    rope_jit_runtime_free(one);
+    const std::vector<uint8_t> expected = sums(rope_test::CpuRuntime(1, false).handle);
     for (const int threads : {2, 3, 8}) {
         CAPTURE(threads);
-        rope_jit_runtime* runtime = cpu_runtime(threads);
+        rope_test::CpuRuntime cpu(threads, false);
+        rope_jit_runtime* runtime = cpu.handle;
         CHECK(sums(runtime) == expected);
         // Beside a call that holds the pool: the whole range in one chunk on this thread.
         std::atomic<bool> stop{false};
@@ -101,7 +89,6 @@ void check_same_bits_however_split(Sums sums) {
         for (int n = 0; n < 20; ++n) CHECK(sums(runtime) == expected);
         stop = true;
         other.join();
-        rope_jit_runtime_free(runtime);
     }
 }
 
