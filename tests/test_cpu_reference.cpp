@@ -532,13 +532,8 @@ TEST_CASE(
     MESSAGE("skipped: ThreadSanitizer does not follow a multi-threaded process into fork()");
     return;
 #else
-    rope_jit_config config;
-    rope_jit_config_init(&config);
-    config.backend = ROPE_JIT_BACKEND_CPU;
-    config.cpu_threads = 4;
-    config.disk_cache = 0;
-    rope_jit_runtime* runtime = nullptr;
-    REQUIRE(rope_jit_runtime_create(&config, &runtime) == ROPE_JIT_OK);
+    CpuRuntime cpu(4, false);
+    rope_jit_runtime* runtime = cpu.handle;
     HostTensor q(Dt::F32, {2, 4, 256, 64});
     std::mt19937 rng(35);
     q.fill_uniform(rng, -1, 1);
@@ -580,7 +575,6 @@ TEST_CASE(
     CHECK(q.bytes() == input);
     REQUIRE(rope_jit_rope(runtime, &args) == ROPE_JIT_OK);
     CHECK(q.bytes() == expected);
-    rope_jit_runtime_free(runtime);
 #endif
 }
 
