@@ -46,10 +46,15 @@ void warn_once(const std::string& root, const std::string& message) {
 
 // The lock files this process has open (CompileLock::fd_ of each live lock), so that a fork()ed
 // child closes its copies (compile_lock.h says why). Their mutex is held across fork() (the
-// atfork prepare handler), and by each lock from opening its file to registering it and from
-// closing it to unregistering it: no fork sees a lock file open and not in the list.
+// atfork prepare handler) and by each lock while it registers and while it closes its file.
+// The file is opened outside the mutex, so that a fork() in another thread never waits for
+// file-system calls (a hung network mount would hold it for good); a fork between the open
+// and the registration is seen in `forks_seen` (the parent's handler counts them), and the
+// lock then closes that file, whose open file description the child shares, and opens another
+// before it locks anything.
 std::mutex open_locks_mutex;
 std::vector<int*> open_locks;
+unsigned long forks_seen = 0;  // under open_locks_mutex
 
 void close_lock_files_in_child() {
     for (int* fd : open_locks) {
@@ -63,7 +68,11 @@ void close_lock_files_in_child() {
 void register_fork_handlers() {
     static std::once_flag once;
     std::call_once(once, [] {
-        pthread_atfork([] { open_locks_mutex.lock(); }, [] { open_locks_mutex.unlock(); },
+        pthread_atfork([] { open_locks_mutex.lock(); },
+                       [] {
+                           ++forks_seen;
+                           open_locks_mutex.unlock();
+                       },
                        close_lock_files_in_child);
     });
 }
@@ -131,11 +140,26 @@ CompileLock::CompileLock(const DiskCache& disk, const std::string& key_hex,
         if (path.empty() || !disk.writable()) return;
         register_fork_handlers();
         std::string problem;
-        {
-            std::lock_guard<std::mutex> lock(open_locks_mutex);
-            fd_ = open_lock_file(root, path, &problem);
-            if (fd_ >= 0) open_locks.push_back(&fd_);
+        // Three tries: a fork in each of them needs forks in a tight loop beside us; then the
+        // lock is skipped like any unusable lock file.
+        for (int attempt = 0; attempt < 3 && fd_ < 0 && problem.empty(); ++attempt) {
+            unsigned long forks_before;
+            {
+                std::lock_guard<std::mutex> lock(open_locks_mutex);
+                forks_before = forks_seen;
+            }
+            const int fd = open_lock_file(root, path, &problem);
+            if (fd < 0) break;
+            {
+                std::lock_guard<std::mutex> lock(open_locks_mutex);
+                if (forks_seen == forks_before) {
+                    fd_ = fd;
+                    open_locks.push_back(&fd_);
+                }
+            }
+            if (fd_ < 0) close(fd);  // a child may share this description: not one to lock
         }
+        if (fd_ < 0 && problem.empty()) problem = "forks kept racing its open";
         if (fd_ < 0) {
             warn_once(root, "no compile lock (" + problem +
                                 "); processes sharing it may compile a kernel twice");
