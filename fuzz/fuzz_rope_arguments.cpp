@@ -15,6 +15,7 @@
 
 #include <dlpack/dlpack.h>
 
+#include "fuzz_support.h"
 #include "rope_jit/rope_jit.h"
 
 namespace {
@@ -24,28 +25,7 @@ constexpr size_t kArenaBytes = size_t(1) << 20;
 // Views with more elements than this are skipped: the CPU backend would take too long.
 constexpr int64_t kMaxElements = int64_t(1) << 15;
 
-class Input {
-public:
-    Input(const uint8_t* data, size_t size) : data_(data), size_(size) {}
-    uint8_t byte() { return at_ < size_ ? data_[at_++] : 0; }
-    template <size_t N, typename T>
-    T pick(const T (&table)[N]) {
-        return table[byte() % N];
-    }
-    int64_t i64() {
-        uint64_t v = 0;
-        for (int i = 0; i < 8; ++i) v = (v << 8) | byte();
-        return int64_t(v);
-    }
-    bool empty() const { return at_ >= size_; }
-    // The remaining input, cycled, as filler for tensor contents.
-    uint8_t filler(size_t i) const { return size_ ? data_[(at_ + i) % size_] : 0; }
-
-private:
-    const uint8_t* data_;
-    size_t size_;
-    size_t at_ = 0;
-};
+using fuzz::Input;
 
 const DLDataType kDtypes[] = {{kDLFloat, 32, 1},  {kDLFloat, 16, 1}, {kDLBfloat, 16, 1},
                               {kDLInt, 32, 1},    {kDLInt, 64, 1},   {kDLFloat, 32, 1},
@@ -177,20 +157,6 @@ void describe(const char* name, const DLTensor* t) {
     std::fprintf(stderr, "\n");
 }
 
-rope_jit_runtime* cpu_runtime() {
-    static rope_jit_runtime* runtime = [] {
-        rope_jit_config config;
-        rope_jit_config_init(&config);
-        config.backend = ROPE_JIT_BACKEND_CPU;
-        config.disk_cache = 0;
-        config.cpu_threads = 1;
-        rope_jit_runtime* created = nullptr;
-        if (rope_jit_runtime_create(&config, &created) != ROPE_JIT_OK) __builtin_trap();
-        return created;
-    }();
-    return runtime;
-}
-
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -314,7 +280,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                                    args.cu_seqlens, args.xpos_scale};
         for (int i = 0; i < COUNT; ++i) describe(names[i], views[i]);
     }
-    rope_jit_status status = rope_jit_rope(cpu_runtime(), &args);
+    rope_jit_status status = rope_jit_rope(fuzz::cpu_runtime(), &args);
     if (verbose)
         std::fprintf(stderr, "-> %s: %s\n", rope_jit_status_name(status), rope_jit_last_error());
     // A failure must come with a message naming what was wrong.

@@ -39,6 +39,9 @@ public:
     // A dimension: `value` most of the time, once in `odds` another small size (a mismatch
     // the library must reject, or accept consistently).
     int64_t dim(int64_t value, int odds = 24) { return chance(odds) ? below(10) : value; }
+    bool empty() const { return at_ >= size_; }
+    // The remaining input, cycled, as filler for tensor contents.
+    uint8_t filler(size_t i) const { return size_ ? data_[(at_ + i) % size_] : 0; }
 
 private:
     const uint8_t* data_;
