@@ -1478,6 +1478,54 @@ TEST_CASE("A child forked while compile locks are open keeps none of them taken"
     CHECK(WIFEXITED(status));
 }
 
+TEST_CASE("Forks racing compile locks taken and released in another thread leave none taken") {
+    // A lock file is opened outside the fork handlers' mutex (so a fork never waits on the
+    // file system); a fork that lands between the open and the lock's registration leaves the
+    // child a copy the handler does not know of, and the lock must then not be taken on that
+    // description (it would stay taken for the child's life). Children stay alive to the end.
+    TempDir tmp;
+    DiskCache cache(tmp.path, {});
+    const std::string key = key_in_stripe("b3c0", "taken while forking");
+    int children_done[2];
+    REQUIRE(pipe(children_done) == 0);
+    std::atomic<bool> stop{false};
+    std::atomic<int> rounds{0}, not_held{0};
+    std::thread locker([&] {
+        while (!stop.load()) {
+            CompileLock lock(cache, key, 1s);
+            if (!lock.held()) ++not_held;
+            ++rounds;
+        }
+    });
+    std::vector<pid_t> children;
+    const auto start = std::chrono::steady_clock::now();
+    while (seconds_since(start) < 1.0 && children.size() < 200) {
+        const pid_t child = fork();
+        if (child == 0) {  // idle until the parent closes the pipe
+            close(children_done[1]);
+            char byte;
+            while (read(children_done[0], &byte, 1) > 0) {}
+            _exit(0);
+        }
+        if (child < 0) break;
+        children.push_back(child);
+    }
+    stop = true;
+    locker.join();
+    close(children_done[0]);
+    MESSAGE(children.size() << " children forked during " << rounds.load() << " lock rounds");
+    CHECK(not_held.load() == 0);
+    CHECK(children.size() >= 10);
+    // Every child is still alive: the stripe must be free.
+    DiskCache other(tmp.path, {});
+    CHECK(CompileLock(other, key, 200ms).held());
+    close(children_done[1]);
+    for (const pid_t child : children) {
+        int status = 0;
+        CHECK(waitpid(child, &status, 0) == child);
+    }
+}
+
 TEST_CASE("Lock files are private empty files in <root>/locks, one per four-digit key prefix") {
     TempDir tmp;
     DiskCache cache(tmp.path, {});
