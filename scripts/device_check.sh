@@ -10,11 +10,15 @@
 #                    ROPE_JIT_NVRTC_EXTRA_OPTIONS, the assignments to the environment; BENCH=path
 #                    runs that rope-jit-bench, e.g. baseline-build's), then a table of fractions
 #                    of copy (scripts/bench_variants_table.py)
-#   baseline-build   rope-jit-bench of another tree of the project, BASELINE_DIR (default
-#                    ab_base; e.g. `git archive main CMakeLists.txt cmake include src
-#                    kernels_templates tools | tar -x -C ab_base`, untracked so that it travels),
-#                    into BASELINE_DIR/build-gpu: a variant with
+#   baseline-build   rope-jit-bench and librope_jit.so of another tree of the project,
+#                    BASELINE_DIR (default ab_base; e.g. `git archive main CMakeLists.txt cmake
+#                    include src kernels_templates tools python | tar -x -C ab_base`, untracked
+#                    so that it travels), into BASELINE_DIR/build-gpu: a variant with
 #                    BENCH=ab_base/build-gpu/tools/rope-jit-bench measures that tree's kernels
+#   overhead-ab      python/benchmarks/call_overhead.py of BASELINE_DIR (its package, script
+#                    and library, after baseline-build) and of this tree in turns, two rounds
+#                    (CALL_OVERHEAD_ARGS), then the rows side by side
+#                    (scripts/overhead_ab_table.py): host costs before and after on one host
 #   golden           every golden case on CUDA
 #   attention-tests  the attention GPU tests (ATTENTION_TESTS narrows them)
 #   attention-fwd    forward-only times of ATTENTION_FWD_VARIANTS at ATTENTION_SHAPES
@@ -139,9 +143,27 @@ for step in "$@"; do
       base=${BASELINE_DIR:-ab_base}
       { cmake -S "$base" -B "$base/build-gpu" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DROPE_JIT_BUILD_TESTS=OFF \
           -DCMAKE_PREFIX_PATH=/tmp/dlpack/usr >/dev/null &&
-          cmake --build "$base/build-gpu" -j16 --target rope-jit-bench 2>&1 | grep -E "warning|error"
+          cmake --build "$base/build-gpu" -j16 --target rope-jit-bench rope_jit 2>&1 |
+          grep -E "warning|error"
         test -x "$base/build-gpu/tools/rope-jit-bench"; } > "$OUT/baseline_build.log" 2>&1
       step_done baseline-build $? ;;
+    overhead-ab)
+      base=${BASELINE_DIR:-ab_base}
+      logs=()
+      for round in 1 2; do
+        for tree in base this; do
+          root=.
+          library=$lib
+          if [ "$tree" = base ]; then root=$base; library=$PWD/$base/build-gpu/librope_jit.so; fi
+          # shellcheck disable=SC2086  # the options are words
+          PYTHONPATH=$root/python ROPE_JIT_LIBRARY=$library timeout "${STEP_TIMEOUT:-120}" \
+            python3 "$root/python/benchmarks/call_overhead.py" ${CALL_OVERHEAD_ARGS:-} \
+            > "$OUT/overhead_${tree}_$round.log" 2>&1
+          step_done "overhead-ab $tree $round" $?
+          logs+=("$OUT/overhead_${tree}_$round.log")
+        done
+      done
+      python3 scripts/overhead_ab_table.py "${logs[@]}" | tee "$OUT/overhead_ab_table.txt" ;;
     rope-variants)
       IFS=';' read -ra variants <<< "${ROPE_VARIANTS:-base||}"
       names=()
