@@ -1,9 +1,10 @@
 // Shared pieces of the structured libFuzzer targets (attention, M-RoPE sections, frequency
-// gradients): a reader of the input bytes, tensors that each own memory of exactly the bytes
-// their view spans (so ASan reports any access past a view the library was given), and a CPU
-// runtime. The targets build calls that are valid by default and let the input break one
-// thing at a time (a dimension, a dtype, a device, an alias), which reaches far deeper into
-// the checks and the CPU reference than independent random tensors do.
+// gradients; fuzz_rope_arguments takes the reader and the runtime): a reader of the input
+// bytes, tensors that each own memory of exactly the bytes their view spans (so ASan reports
+// any access past a view the library was given), and a CPU runtime. The targets build calls
+// that are valid by default and let the input break one thing at a time (a dimension, a
+// dtype, a device, an alias), which reaches far deeper into the checks and the CPU reference
+// than independent random tensors do.
 #pragma once
 
 #include <algorithm>

@@ -145,7 +145,8 @@ for step in "$@"; do
           -DCMAKE_PREFIX_PATH=/tmp/dlpack/usr >/dev/null &&
           cmake --build "$base/build-gpu" -j16 --target rope-jit-bench rope_jit 2>&1 |
           grep -E "warning|error"
-        test -x "$base/build-gpu/tools/rope-jit-bench"; } > "$OUT/baseline_build.log" 2>&1
+        test -x "$base/build-gpu/tools/rope-jit-bench" && test -f "$base/build-gpu/librope_jit.so"
+      } > "$OUT/baseline_build.log" 2>&1
       step_done baseline-build $? ;;
     overhead-ab)
       base=${BASELINE_DIR:-ab_base}
@@ -154,7 +155,7 @@ for step in "$@"; do
         for tree in base this; do
           root=.
           library=$lib
-          if [ "$tree" = base ]; then root=$base; library=$PWD/$base/build-gpu/librope_jit.so; fi
+          if [ "$tree" = base ]; then root=$base; library=$(cd "$base" && pwd)/build-gpu/librope_jit.so; fi
           # shellcheck disable=SC2086  # the options are words
           PYTHONPATH=$root/python ROPE_JIT_LIBRARY=$library timeout "${STEP_TIMEOUT:-120}" \
             python3 "$root/python/benchmarks/call_overhead.py" ${CALL_OVERHEAD_ARGS:-} \

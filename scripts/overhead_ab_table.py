@@ -27,8 +27,8 @@ def rows_of(path):
                 else:
                     parent = label
                 rows[(section, label)] = float(match.group(3))
-            elif line.strip() and not line.startswith(" "):
-                section = line.strip().rstrip(":")
+            elif line.rstrip().endswith(":") and not line.startswith(" "):
+                section = line.strip().rstrip(":")  # (other lines: warnings, the header)
     return rows
 
 
@@ -38,9 +38,13 @@ def main():
     names = [os.path.splitext(os.path.basename(path))[0] for path in logs]
     common = len(os.path.commonprefix(names)) if len(names) > 1 else 0
     names = [name[common:] or name for name in names]
-    keys = []
+    keys = []  # in the first log's order; a later log's own rows after their section's
     for table in tables:
-        keys += [key for key in table if key not in keys]
+        for key in table:
+            if key in keys:
+                continue
+            same_section = [i for i, known in enumerate(keys) if known[0] == key[0]]
+            keys.insert(same_section[-1] + 1 if same_section else len(keys), key)
     section = None
     for key in keys:
         if key[0] != section:

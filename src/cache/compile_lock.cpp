@@ -8,7 +8,9 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <mutex>
+#include <random>
 #include <string_view>
 #include <system_error>
 #include <thread>
@@ -46,12 +48,11 @@ void warn_once(const std::string& root, const std::string& message) {
 
 // The lock files this process has open (CompileLock::fd_ of each live lock), so that a fork()ed
 // child closes its copies (compile_lock.h says why). Their mutex is held across fork() (the
-// atfork prepare handler) and by each lock while it registers and while it closes its file.
-// The file is opened outside the mutex, so that a fork() in another thread never waits for
-// file-system calls (a hung network mount would hold it for good); a fork between the open
-// and the registration is seen in `forks_seen` (the parent's handler counts them), and the
-// lock then closes that file, whose open file description the child shares, and opens another
-// before it locks anything.
+// atfork prepare handler) and by each lock while it lists or unlists its file, never across a
+// file-system call, so that a fork() in another thread never waits for one (a hung network
+// mount would hold it for good). A fork between a file's open and its listing is seen in
+// `forks_seen` (the parent's handler counts them), and the lock then closes that file, whose
+// open file description the child shares, and opens another before it locks anything.
 std::mutex open_locks_mutex;
 std::vector<int*> open_locks;
 unsigned long forks_seen = 0;  // under open_locks_mutex
@@ -140,9 +141,15 @@ CompileLock::CompileLock(const DiskCache& disk, const std::string& key_hex,
         if (path.empty() || !disk.writable()) return;
         register_fork_handlers();
         std::string problem;
-        // Three tries: a fork in each of them needs forks in a tight loop beside us; then the
-        // lock is skipped like any unusable lock file.
-        for (int attempt = 0; attempt < 3 && fd_ < 0 && problem.empty(); ++attempt) {
+        // The deadline bounds the whole constructor: the open's retries and the wait.
+        const auto deadline = std::chrono::steady_clock::now() + max_wait;
+        // A fork that overtook the open (see open_locks) sends us back to open another
+        // description, after a random pause of under half a millisecond: a thread that forks
+        // in a loop, each fork as slow as our open (a parent of many gigabytes), would
+        // otherwise overtake every retry in step.
+        std::minstd_rand jitter(static_cast<unsigned>(
+            std::chrono::steady_clock::now().time_since_epoch().count() ^ uintptr_t(this)));
+        while (fd_ < 0) {
             unsigned long forks_before;
             {
                 std::lock_guard<std::mutex> lock(open_locks_mutex);
@@ -157,9 +164,15 @@ CompileLock::CompileLock(const DiskCache& disk, const std::string& key_hex,
                     open_locks.push_back(&fd_);
                 }
             }
-            if (fd_ < 0) close(fd);  // a child may share this description: not one to lock
+            if (fd_ >= 0) break;
+            close(fd);  // a child may share this description: not one to lock
+            if (std::chrono::steady_clock::now() >= deadline) {
+                problem = fmt::format("forks in other threads overtook every open for {:g} s",
+                                      double(max_wait.count()) / 1000.0);
+                break;
+            }
+            std::this_thread::sleep_for(std::chrono::microseconds(jitter() % 500));
         }
-        if (fd_ < 0 && problem.empty()) problem = "forks kept racing its open";
         if (fd_ < 0) {
             warn_once(root, "no compile lock (" + problem +
                                 "); processes sharing it may compile a kernel twice");
@@ -167,7 +180,6 @@ CompileLock::CompileLock(const DiskCache& disk, const std::string& key_hex,
         }
         // Polled rather than a blocking flock(LOCK_EX), which has no timeout and would wait
         // forever for a peer that is stopped or hung while holding the lock.
-        const auto deadline = std::chrono::steady_clock::now() + max_wait;
         std::chrono::milliseconds pause = kFirstPoll;
         for (;;) {
             if (flock(fd_, LOCK_EX | LOCK_NB) == 0) {
@@ -209,14 +221,21 @@ CompileLock::~CompileLock() {
 }
 
 void CompileLock::close_file() noexcept {
-    // Closing the only descriptor of this open file description releases the flock.
-    std::lock_guard<std::mutex> lock(open_locks_mutex);
+    // Unlocked while still listed, unlisted under the handlers' mutex, closed after it: on a
+    // network file system an unlock or a close may block, and no fork() may wait for that. A
+    // fork between the unlisting and the close leaves the child a description no one locks.
     held_ = false;
     if (fd_ < 0) return;
-    close(fd_);
-    fd_ = -1;
-    const auto listed = std::find(open_locks.begin(), open_locks.end(), &fd_);
-    if (listed != open_locks.end()) open_locks.erase(listed);
+    flock(fd_, LOCK_UN);
+    int fd;
+    {
+        std::lock_guard<std::mutex> lock(open_locks_mutex);
+        fd = fd_;
+        fd_ = -1;
+        const auto listed = std::find(open_locks.begin(), open_locks.end(), &fd_);
+        if (listed != open_locks.end()) open_locks.erase(listed);
+    }
+    close(fd);
 }
 
 }  // namespace rope_jit

@@ -25,9 +25,10 @@
 //   flocks: its copy of a lock file's descriptor would keep the lock taken for as long as the
 //   child lives, after the parent released it (an idle worker forked mid-compile stalled every
 //   waiter of that stripe for 120 s). A pthread_atfork handler closes the child's copies of
-//   every lock file this process has open; the parent's locks stay as they were. The file is
-//   opened outside the handlers' mutex (a fork never waits on a slow file system), so a
-//   lock whose open a fork overtook opens a fresh description before it locks.
+//   every lock file this process has open; the parent's locks stay as they were. Files are
+//   opened, unlocked and closed outside the handlers' mutex (a fork never waits on a slow
+//   file system), so a lock whose open a fork overtook opens a fresh description before it
+//   locks, until its bounded wait runs out.
 // The lock only saves work; correctness never depends on it. It is taken only in a root that
 // DiskCache::writable() accepts, and any problem with it (a root that is unusable, a lock
 // file that cannot be made, a file system without flock) means no lock and at most one
