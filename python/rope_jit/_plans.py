@@ -417,8 +417,14 @@ def call(runtime, recipe, signed, derived, head, position_offset, q_position_off
         c_int(position_offset, "position_offset", 64)  # raises the error that names it
         c_int(q_position_offset, "q_position_offset", 64)
         raise
-    handle = runtime._handle
-    status = plan.function(handle if handle is not None else runtime.handle, plan.args_ref)
+    # Runtime._call, written out on this hot path: counted in flight before the handle is read.
+    calls = runtime._calls
+    calls.append(None)
+    try:
+        handle = runtime._handle
+        status = plan.function(handle if handle is not None else runtime.handle, plan.args_ref)
+    finally:
+        calls.pop()
     if status:
         runtime.library.check("rope_jit_rope", status)
     if written is not None:

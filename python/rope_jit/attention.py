@@ -58,7 +58,7 @@ def _torch_workspace(runtime, args, which, q, held):
     if size_function is None:
         return
     size = ctypes.c_size_t(0)
-    status = size_function(runtime.handle, ctypes.byref(args), int(which == "backward"),
+    status = runtime._call(size_function, ctypes.byref(args), int(which == "backward"),
                            ctypes.byref(size))
     # Arguments the query refuses, the call refuses too, with its own name in the error.
     if status != 0 or size.value == 0:
@@ -125,7 +125,7 @@ def _call(which, tensors, causal, scale, rotary_dim, style, stream, runtime, det
     function = forward if which == "forward" else backward
     written = _torch_writes.check_named(torch_written)
     library.check("rope_jit_attention" + ("" if which == "forward" else "_backward"),
-                  function(runtime.handle, ctypes.byref(args)))
+                  runtime._call(function, ctypes.byref(args)))
     _torch_writes.mark(written)
     del held
 

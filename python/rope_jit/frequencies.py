@@ -102,6 +102,8 @@ def inv_freq(rope_type, rotary_dim=0, **fields):
     for name, value in fields.items():
         if name not in known:
             raise TypeError(f"{name}: not a field of rope_jit_freq_config (known: {sorted(known)})")
+        if name in ("num_short_factor", "num_long_factor"):
+            raise TypeError(f"{name}: set from the length of {name[4:]}, not given")
         if name in ("short_factor", "long_factor"):
             array = _float_array(value, name)
             held.append(array)
@@ -125,6 +127,8 @@ def inv_freq(rope_type, rotary_dim=0, **fields):
                 f"{name}: {length} values, but rotary_dim {config.rotary_dim} needs one per "
                 f"pair: {config.rotary_dim // 2}"
             )
+    for name, length in factors.items():  # (the library checks them too)
+        setattr(config, "num_" + name, length)
     values = (ctypes.c_float * count)()
     factor = ctypes.c_float()
     library.check(

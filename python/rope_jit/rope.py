@@ -14,7 +14,10 @@ from .runtime import _STYLES, _choice, default_runtime
 from ._checks import c_double, c_int, c_ints
 from .tensors import as_tensor, is_torch_tensor, torch_stream_of
 
-LAYOUTS = ("bhsd", "bshd", "thd")
+# Each layout's rank and dimensions, as its error messages name them (the library reads the
+# layout from the rank, with "bshd" passed as its [B, H, S, D] view).
+_LAYOUT_RANKS = {"bhsd": (4, "[B, H, S, D]"), "bshd": (4, "[B, S, H, D]"), "thd": (3, "[T, H, D]")}
+LAYOUTS = tuple(_LAYOUT_RANKS)
 
 
 def resolve_stream(stream, tensors):
@@ -160,9 +163,11 @@ def build_args(
         written = name in written_names
         swap = head_swap if name in _HEAD_TENSORS else None
         tensor = as_tensor(value, name, writable=written, stream=stream_handle, swap_dims=swap)
-        if swap and len(tensor.shape) != 4:
+        # (A 3-D q under "bhsd" would otherwise be taken as packed tokens.)
+        if name in _HEAD_TENSORS and len(tensor.shape) != _LAYOUT_RANKS[layout][0]:
+            rank, dims = _LAYOUT_RANKS[layout]
             raise ValueError(
-                f"{name}: layout bshd needs 4 dimensions [B, S, H, D], got shape "
+                f"{name}: layout {layout} needs {rank} dimensions {dims}, got shape "
                 f"{list(tensor.shape)}"
             )
         held.append(tensor)
@@ -461,7 +466,7 @@ def rope(
         for name, value in zip(_TENSOR_NAMES, values)
         if name in written_names and is_torch_tensor(value)
     ])
-    status = library.rope_jit_rope(runtime.handle, ctypes.byref(args))
+    status = runtime._call(library.rope_jit_rope, ctypes.byref(args))
     library.check("rope_jit_rope", status)
     _torch_writes.mark(written)
     del held

@@ -7,7 +7,11 @@ kernel-cache hits.
 """
 
 import ctypes
+import operator
+import os
 import threading
+import time
+import weakref
 
 from . import _library
 from . import _structs as s
@@ -25,11 +29,19 @@ _ANGLE_SOURCES = {"table_half": s.ANGLES_TABLE_HALF, "table_full": s.ANGLES_TABL
 
 
 def _choice(value, table, name):
-    if value in table.values() and not isinstance(value, str):
-        return value
-    if value not in table:
-        raise ValueError(f"{name}: expected one of {sorted(table)}, got {value!r}")
-    return table[value]
+    """table[value] for a name, or value itself for one of the table's C values given as an
+    integer (not a bool, not a float: 1.0 or True would pass as 1)."""
+    if isinstance(value, str):
+        if value in table:
+            return table[value]
+    elif not isinstance(value, bool):
+        try:
+            number = operator.index(value)
+        except TypeError:
+            number = None
+        if number is not None and number in table.values():
+            return number
+    raise ValueError(f"{name}: expected one of {sorted(table)}, got {value!r}")
 
 
 class Runtime:
@@ -53,7 +65,8 @@ class Runtime:
             included).
 
     Usable from any number of threads. Free it with close() (or a with block); it is also
-    freed when garbage-collected.
+    freed when garbage-collected. close() waits for the calls other threads have in flight on
+    it; calls that start after it raise ValueError.
     """
 
     def __init__(self, backend="auto", cache_dir=None, disk_cache=True, cpu_threads=0, debug_checks=False,
@@ -73,9 +86,28 @@ class Runtime:
             config.programmatic_launch = 1
         handle = ctypes.c_void_p()
         self._handle = None
+        # One entry per call in flight (list.append and pop are atomic under the GIL: the
+        # cheapest count there is on the hot path); close() waits for it to empty.
+        self._calls = []
+        self._close_lock = threading.Lock()
         status = self._library.rope_jit_runtime_create(ctypes.byref(config), ctypes.byref(handle))
         self._library.check("rope_jit_runtime_create", status)
         self._handle = handle
+        _runtimes.add(self)
+
+    def _call(self, function, *args):
+        """function(handle, *args) on this runtime's handle, counted in flight for close().
+        Counted before the handle is read: a close() that has not seen this call has already
+        cleared the handle, and the call raises instead of using a freed runtime."""
+        calls = self._calls
+        calls.append(None)
+        try:
+            handle = self._handle
+            if handle is None:
+                raise ValueError("runtime: already closed")
+            return function(handle, *args)
+        finally:
+            calls.pop()
 
     @property
     def handle(self):
@@ -91,7 +123,7 @@ class Runtime:
     @property
     def backend(self):
         """Where device work runs: "cuda" or "cpu"."""
-        return _BACKEND_NAMES[self._library.rope_jit_backend(self.handle)]
+        return _BACKEND_NAMES[self._call(self._library.rope_jit_backend)]
 
     def stats(self):
         """The kernel-cache counters since creation, as a dict: memory_hits, disk_hits,
@@ -100,7 +132,8 @@ class Runtime:
         disk_evictions (entries the cache's size limit removed after this runtime's writes).
         Only the counters the loaded library has: an older one does not fill the later ones."""
         stats = self._library.new_struct(s.Stats, self._library.rope_jit_stats_init)
-        self._library.check("rope_jit_get_stats", self._library.rope_jit_get_stats(self.handle, ctypes.byref(stats)))
+        status = self._call(self._library.rope_jit_get_stats, ctypes.byref(stats))
+        self._library.check("rope_jit_get_stats", status)
         known = self._library.fields(s.Stats, self._library.rope_jit_stats_init)
         return {name: getattr(stats, name) for name, _ in s.Stats._fields_
                 if name != "struct_size" and name in known}
@@ -125,6 +158,9 @@ class Runtime:
             return
         array = (s.KernelSpec * max(len(specs), 1))()
         for index, spec in enumerate(specs):
+            if not isinstance(spec, dict):
+                raise TypeError(f"specs[{index}]: expected a dict of rope_jit_kernel_spec fields, "
+                                f"got {type(spec).__name__} {spec!r}")
             array[index] = self._library.new_struct(s.KernelSpec, self._library.rope_jit_kernel_spec_init)
             for key, value in spec.items():
                 field = f"specs[{index}].{key}"
@@ -145,11 +181,13 @@ class Runtime:
                 setattr(array[index], key, value)
         target = None if target is None else c_string(target, "target")
         if self._library.struct_sizes[s.KernelSpec.__name__] == ctypes.sizeof(s.KernelSpec):
-            self._library.check("rope_jit_prewarm", self._library.rope_jit_prewarm(self.handle, array, len(specs), target))
+            status = self._call(self._library.rope_jit_prewarm, array, len(specs), target)
+            self._library.check("rope_jit_prewarm", status)
             return
         # The library indexes the array with its own struct size: pass one spec at a time.
         for index in range(len(specs)):
-            status = self._library.rope_jit_prewarm(self.handle, ctypes.byref(array[index]), 1, target)
+            status = self._call(self._library.rope_jit_prewarm, ctypes.byref(array[index]), 1,
+                                target)
             self._library.check(f"rope_jit_prewarm (specs[{index}])", status)
 
     def prewarm_json(self, specs, target=None):
@@ -166,13 +204,19 @@ class Runtime:
             raise NotImplementedError("the loaded librope_jit has no rope_jit_prewarm_json: build a newer rope-jit")
         text = json.dumps(specs)  # escapes any NUL in a string, so the text has none
         target = None if target is None else c_string(target, "target")
-        self._library.check("rope_jit_prewarm_json", function(self.handle, text.encode(), target))
+        self._library.check("rope_jit_prewarm_json", self._call(function, text.encode(), target))
 
     def close(self):
-        """Frees the runtime. No call may be in flight on it. Closing twice is a no-op."""
-        if self._handle is not None:
-            self._library.rope_jit_runtime_free(self._handle)
-            self._handle = None
+        """Frees the runtime once the calls other threads have in flight on it have returned;
+        calls after it raise ValueError. Closing twice is a no-op."""
+        with self._close_lock:
+            handle = self._handle
+            if handle is None:
+                return
+            self._handle = None  # (before the wait: no call starts on it from now on)
+            while self._calls:
+                time.sleep(0.0002)
+            self._library.rope_jit_runtime_free(handle)
 
     def __enter__(self):
         return self
@@ -191,6 +235,20 @@ class Runtime:
             return "Runtime(closed)"
         return f"Runtime(backend={self.backend!r})"
 
+
+# Every live Runtime, for the fork handler below.
+_runtimes = weakref.WeakSet()
+
+
+def _forget_calls_in_child():
+    # The threads whose calls a forked child inherited in its runtimes' counts do not exist
+    # in it: those calls never return there, and close() must not wait for them.
+    for runtime in list(_runtimes):
+        runtime._calls.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_calls_in_child)
 
 _default_lock = threading.Lock()
 _default = None

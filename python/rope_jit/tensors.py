@@ -183,6 +183,10 @@ def from_pointer(data, shape, dtype, strides=None, device="cpu", keepalive=None)
     strides = contiguous_strides(shape) if strides is None else tuple(operator.index(step) for step in strides)
     if len(strides) != len(shape):
         raise ValueError(f"strides: {len(strides)} values for {len(shape)} dimensions")
+    # DLPack's int64 fields (a contiguous stride past them comes from extents that are).
+    for name, values in (("shape", shape), ("strides", strides)):
+        if any(not -(1 << 63) <= value < (1 << 63) for value in values):
+            raise ValueError(f"{name}: {list(values)} does not fit DLPack's int64 fields")
     return TensorArg(int(data), device_type, int(index or 0), DTYPES[dtype], shape, strides,
                      keepalive=(keepalive,))
 

@@ -146,3 +146,42 @@ def test_frequency_fields_are_range_checked_and_typed():
         frequencies.inv_freq("default", 64.5)
     with pytest.raises(OverflowError, match=r"mrope_sections\[0\]"):
         frequencies.rope_tables([1.0], cos=np.zeros((2, 1), np.float32), mrope_sections=[2**32 + 1])
+
+
+# Adversarial pass, session 37: each raised something that named no argument (a KeyError of a
+# ctypes type, ctypes' TypeError, struct.error, AttributeError) or, for floats and bools given
+# as enum values, was accepted.
+
+
+@needs_builders
+def test_longrope_factor_counts_come_from_the_lists_not_from_the_caller():
+    with pytest.raises(TypeError, match="num_short_factor: set from the length of short_factor"):
+        frequencies.inv_freq("longrope", rotary_dim=8, num_short_factor=4)
+    with pytest.raises(TypeError, match="num_long_factor"):
+        frequencies.inv_freq("longrope", rotary_dim=8, num_long_factor=4)
+
+
+def test_enum_arguments_take_names_or_integer_values_only(cpu_runtime):
+    with pytest.raises(ValueError, match="backend"):
+        rope_jit.Runtime(backend=2.0)
+    q = np.ones((1, 1, 2, 4), np.float32)
+    cos = np.ones((2, 2), np.float32)
+    for style in (1.0, True, [1]):
+        with pytest.raises(ValueError, match="style"):
+            rope_jit.rope(q, cos=cos, sin=cos, style=style, runtime=cpu_runtime)
+    assert (q == 1).all()
+    rope_jit.rope(q, cos=cos, sin=np.zeros_like(cos), style=np.int64(1), runtime=cpu_runtime)
+    np.testing.assert_array_equal(q, 1)  # cos 1, sin 0: interleaved by its C value, unchanged
+
+
+def test_raw_memory_with_extents_past_int64_is_a_value_error():
+    with pytest.raises(ValueError, match="shape"):
+        rope_jit.from_pointer(4096, [2**64, 2], "float32")
+    with pytest.raises(ValueError, match="strides"):  # contiguous strides past int64
+        rope_jit.from_pointer(4096, [0, 2**63 - 1, 2**63 - 1, 2], "float32")
+
+
+def test_prewarm_names_a_spec_that_is_not_a_dict(cpu_runtime):
+    for spec in (64, "abc", None):
+        with pytest.raises(TypeError, match=r"specs\[0\]: expected a dict"):
+            cpu_runtime.prewarm([spec], target="sm_90")

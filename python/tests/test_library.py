@@ -170,7 +170,11 @@ def test_arguments_past_an_older_librarys_rope_args_are_refused_rather_than_igno
     older = rope_jit._library.Library(library.cdll, library.path)
     older.new_struct(_structs.RopeArgs, older.rope_jit_rope_args_init)
     older.struct_sizes["RopeArgs"] = _structs.RopeArgs.mrope_sections.offset
-    runtime = type("OlderRuntime", (), {"library": older, "handle": cpu_runtime.handle})()
+    runtime = type("OlderRuntime", (), {
+        "library": older,
+        "handle": cpu_runtime.handle,
+        "_call": lambda self, function, *args: function(self.handle, *args),
+    })()
     q = np.zeros((1, 2, 3, 8), np.float32)
     inv_freq = np.ones(4, np.float32)
     for _ in range(2):  # the first call fills the cache, the second reads it

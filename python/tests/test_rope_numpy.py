@@ -409,3 +409,59 @@ def test_empty_q_and_k_arrays_in_one_call_are_a_no_op(shape, cpu_runtime):
         got_q, got_k = rope_jit.rope(q, k, cos=cos, sin=cos, q_out=q_out, k_out=k_out,
                                      runtime=cpu_runtime)
         assert got_q is q_out and got_k is k_out
+
+
+@pytest.mark.parametrize("layout, shape", [("bhsd", (2, 3, 4)), ("bshd", (2, 3, 4)),
+                                           ("thd", (1, 2, 3, 4))])
+def test_q_of_another_rank_than_its_layout_is_refused_and_left_unchanged(cpu_runtime, layout, shape):
+    # The library reads the layout from the rank: a 3-D q under "bhsd" was rotated as packed
+    # tokens ([T, H, D], positions along its first axis), a 4-D one under "thd" as bhsd.
+    q = np.random.default_rng(10).standard_normal(shape).astype(np.float32)
+    original = q.copy()
+    cos, sin = angle_tables(np.array([1.0, 0.1], np.float32), 8)
+    with pytest.raises(ValueError, match=f"q: layout {layout} needs {4 if layout != 'thd' else 3} dim"):
+        rope_jit.rope(q, cos=cos, sin=sin, layout=layout, runtime=cpu_runtime)
+    np.testing.assert_array_equal(q, original)
+
+
+def test_close_waits_for_a_call_in_flight_on_another_thread_and_refuses_later_calls(
+        library, monkeypatch):
+    # close() freed the runtime under a call running on another thread (a use after free
+    # under ASan, adversarial pass of session 37); it now waits for that call.
+    import threading
+    import time
+
+    runtime = rope_jit.Runtime(backend="cpu", disk_cache=False, cpu_threads=1)
+    rng = np.random.default_rng(11)
+    q = rng.standard_normal((1, 16, 4096, 64)).astype(np.float32)
+    inv_freq = (1.0 / 10000.0 ** (np.arange(0, 64, 2) / 64)).astype(np.float32)
+    cos, sin = angle_tables(inv_freq.astype(np.float64), 4096)
+    expected = rope_reference(q, "bhsd", cos, sin, token_rows(1, 4096), rotary_dim=64)
+    entered, returned_at, failures = threading.Event(), [], []
+    rope_call = library.rope_jit_rope
+
+    def timed_rope_call(*args):  # the library call itself, as the runtime makes it
+        entered.set()
+        status = rope_call(*args)
+        returned_at.append(time.perf_counter())
+        return status
+
+    monkeypatch.setattr(library, "rope_jit_rope", timed_rope_call)
+
+    def call():
+        try:
+            rope_jit.rope(q, inv_freq=inv_freq, runtime=runtime)
+        except Exception as error:  # noqa: BLE001 (reported below)
+            failures.append(error)
+
+    worker = threading.Thread(target=call)
+    worker.start()
+    assert entered.wait(30)
+    runtime.close()
+    closed_at = time.perf_counter()
+    worker.join()
+    assert not failures, failures
+    assert returned_at and returned_at[0] <= closed_at  # freed only after the call returned
+    np.testing.assert_allclose(q, expected, atol=1e-4)
+    with pytest.raises(ValueError, match="closed"):
+        rope_jit.rope(q, inv_freq=inv_freq, runtime=runtime)
