@@ -3,6 +3,7 @@ style, dtype, table kind, position source, partial rotary, GQA, in and out of pl
 and backward."""
 
 import itertools
+import os
 import random
 
 import numpy as np
@@ -465,3 +466,43 @@ def test_close_waits_for_a_call_in_flight_on_another_thread_and_refuses_later_ca
     np.testing.assert_allclose(q, expected, atol=1e-4)
     with pytest.raises(ValueError, match="closed"):
         rope_jit.rope(q, inv_freq=inv_freq, runtime=runtime)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_closes_a_runtime_without_waiting_for_its_parents_calls(library, monkeypatch):
+    # The calls other threads had in flight at the fork never return in the child: its
+    # close() must not wait for them.
+    import threading
+    import warnings
+
+    runtime = rope_jit.Runtime(backend="cpu", disk_cache=False, cpu_threads=1)
+    entered, release = threading.Event(), threading.Event()
+    rope_call = library.rope_jit_rope
+
+    def held_rope_call(*args):  # a call that stays in flight until released
+        entered.set()
+        release.wait(30)
+        return rope_call(*args)
+
+    monkeypatch.setattr(library, "rope_jit_rope", held_rope_call)
+    q = np.ones((1, 1, 2, 4), np.float32)
+    worker = threading.Thread(
+        target=rope_jit.rope, args=(q,), kwargs=dict(inv_freq=np.ones(2, np.float32),
+                                                     runtime=runtime))
+    worker.start()
+    try:
+        assert entered.wait(30)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads running
+            child = os.fork()
+        if child == 0:  # SIGALRM ends a child whose close() waits, and the check fails
+            import signal
+            signal.alarm(5)
+            runtime.close()
+            os._exit(0)
+        _, status = os.waitpid(child, 0)
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    finally:
+        release.set()
+        worker.join()
+    runtime.close()
