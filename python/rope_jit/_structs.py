@@ -52,6 +52,20 @@ class DLManagedTensor(ctypes.Structure):
     _fields_ = [("dl_tensor", DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p)]
 
 
+class DLPackVersion(ctypes.Structure):
+    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32)]
+
+
+class DLManagedTensorVersioned(ctypes.Structure):
+    # DLPack 1.0's capsule ("dltensor_versioned"): the same tensor after a version and flags
+    # (bit 0: read-only memory).
+    _fields_ = [("version", DLPackVersion), ("manager_ctx", ctypes.c_void_p),
+                ("deleter", ctypes.c_void_p), ("flags", ctypes.c_uint64), ("dl_tensor", DLTensor)]
+
+
+DLPACK_FLAG_READ_ONLY = 1
+DLPACK_MAJOR_VERSION = 1
+
 DLTensorPointer = ctypes.POINTER(DLTensor)
 
 # Writes an address (an int) into a pointer field of a ctypes struct in place:

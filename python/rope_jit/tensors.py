@@ -332,22 +332,42 @@ _capsule_get_pointer.restype = ctypes.c_void_p
 _capsule_get_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
 
 
-def _from_dlpack(obj, name, stream, swap_dims=None):
+_capsule_get_name = ctypes.pythonapi.PyCapsule_GetName
+_capsule_get_name.restype = ctypes.c_char_p
+_capsule_get_name.argtypes = [ctypes.py_object]
+
+
+def _from_dlpack(obj, name, writable, stream, swap_dims=None):
     device_type, device_id = obj.__dlpack_device__()
     device_type, device_id = int(device_type), int(device_id)
     if device_type not in (s.KDL_CPU, s.KDL_CUDA):
         raise ValueError(f"{name}: DLPack device type {device_type} is not supported (CPU or CUDA only)")
+    # DLPack 1.0 first (it says whether the memory is read-only, and producers such as NumPy
+    # export read-only memory only that way), then the older protocol for older producers.
+    # The producer makes CUDA data ready on the stream the consumer will use; per the array
+    # API, 1 means the legacy default stream (0 is not allowed for CUDA).
+    asks = [{"max_version": (s.DLPACK_MAJOR_VERSION, 0)}, {}]
     if device_type == s.KDL_CUDA:
-        # The producer makes the data ready on the stream the consumer will use; per the
-        # array API, 1 means the legacy default stream (0 is not allowed for CUDA).
+        asks = [dict(ask, stream=int(stream) if stream else 1) for ask in asks] + [{}]
+    for index, ask in enumerate(asks):
         try:
-            capsule = obj.__dlpack__(stream=int(stream) if stream else 1)
+            capsule = obj.__dlpack__(**ask)
+            break
         except TypeError:
-            capsule = obj.__dlpack__()
+            if index == len(asks) - 1:
+                raise
+    readonly = False
+    if _capsule_get_name(capsule) == b"dltensor_versioned":
+        managed = s.DLManagedTensorVersioned.from_address(
+            _capsule_get_pointer(capsule, b"dltensor_versioned"))
+        if managed.version.major != s.DLPACK_MAJOR_VERSION:
+            raise ValueError(f"{name}: DLPack version {managed.version.major}."
+                             f"{managed.version.minor} is not supported")
+        readonly = bool(managed.flags & s.DLPACK_FLAG_READ_ONLY)
     else:
-        capsule = obj.__dlpack__()
-    address = _capsule_get_pointer(capsule, b"dltensor")
-    managed = s.DLManagedTensor.from_address(address)
+        managed = s.DLManagedTensor.from_address(_capsule_get_pointer(capsule, b"dltensor"))
+    if writable and readonly:
+        raise ValueError(f"{name}: the tensor's memory is read-only, and it is written to")
     tensor = managed.dl_tensor
     ndim = tensor.ndim
     shape = [tensor.shape[i] for i in range(ndim)]
@@ -357,11 +377,11 @@ def _from_dlpack(obj, name, stream, swap_dims=None):
         raise ValueError(f"{name}: vector dtypes (lanes={tensor.dtype.lanes}) are not supported")
     if code == s.KDL_BOOL:
         code, bits = DTYPES["bool"]
-    # The capsule stays unconsumed ("dltensor"), so its destructor calls the deleter once the
-    # TensorArg (which holds it) is gone: after the C call.
+    # The capsule stays unconsumed (its name unchanged), so its destructor calls the deleter
+    # once the TensorArg (which holds it) is gone: after the C call.
     shape, strides = _swapped(shape, strides, swap_dims)
     return TensorArg(tensor.data, tensor.device.device_type, tensor.device.device_id, (code, bits), shape,
-                     strides, tensor.byte_offset, keepalive=(obj, capsule))
+                     strides, tensor.byte_offset, keepalive=(obj, capsule), readonly=readonly)
 
 
 # The exact classes of torch and NumPy tensors, once those modules are imported (by the
@@ -399,8 +419,9 @@ def is_torch_tensor(obj):
 
 def as_tensor(obj, name, writable=False, stream=None, swap_dims=None):
     """obj as a TensorArg (see the module docstring). `name` names the argument in messages;
-    `writable` refuses read-only NumPy arrays; `stream` (an int CUstream, 0 or None for the
-    default stream) is the stream a CUDA DLPack producer is told the call will use;
+    `writable` refuses read-only memory (NumPy's flag, DLPack 1.0's); `stream` (an int
+    CUstream, 0 or None for the default stream) is the stream a CUDA DLPack producer is told
+    the call will use;
     `swap_dims` (a, b) describes the view with dims a and b exchanged (as with_dims_swapped,
     without building the TensorArg twice: this runs for every tensor of every call)."""
     # Neither class is None here once its module is imported; before that, `type(obj) is None`
@@ -420,7 +441,7 @@ def as_tensor(obj, name, writable=False, stream=None, swap_dims=None):
     if numpy_array is not None and isinstance(obj, numpy_array):
         return _from_numpy(obj, name, writable, swap_dims)
     if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
-        return _from_dlpack(obj, name, stream, swap_dims)
+        return _from_dlpack(obj, name, writable, stream, swap_dims)
     raise TypeError(f"{name}: expected a tensor (torch, numpy, or any object with __dlpack__), "
                     f"got {type(obj).__name__}")
 

@@ -149,3 +149,32 @@ def test_the_dltensor_handed_to_the_library_describes_the_memory_field_by_field(
     assert (scalar.struct.ndim, scalar.struct.data, scalar.device, scalar.dtype) == (0, 1234, (2, 1), "int64")
     with pytest.raises(TypeError):
         rope_jit.from_pointer(1234, (2.0, 3), "float32")
+
+
+class ForeignTensorV1(ForeignTensor):
+    """A producer of DLPack 1.0: it passes the consumer's max_version on (NumPy then exports
+    read-only memory with its read-only flag, which it refuses to the older protocol)."""
+
+    def __dlpack__(self, **kwargs):
+        return self.array.__dlpack__(**kwargs)
+
+
+@pytest.mark.skipif(np.lib.NumpyVersion(np.__version__) < "2.1.0",
+                    reason="NumPy exports DLPack 1.0 from 2.1")
+def test_read_only_memory_of_a_dlpack_1_producer_is_read_but_never_written(cpu_runtime):
+    # Adversarial pass, session 37: only the older protocol was asked for, so read-only
+    # memory failed with the producer's BufferError even as an input.
+    q, inv_freq = inputs(12)
+    expected = expected_rotation(q, inv_freq)
+    inv_freq.flags.writeable = False
+    rope_jit.rope(ForeignTensorV1(q), inv_freq=ForeignTensorV1(inv_freq), runtime=cpu_runtime)
+    np.testing.assert_allclose(q, expected, atol=2e-5)
+    frozen = q.copy()
+    frozen.flags.writeable = False
+    with pytest.raises(ValueError, match="q: the tensor's memory is read-only"):
+        rope_jit.rope(ForeignTensorV1(frozen), inv_freq=inv_freq, runtime=cpu_runtime)
+    q_out = np.zeros_like(q)
+    q_out.flags.writeable = False
+    with pytest.raises(ValueError, match="q_out: the tensor's memory is read-only"):
+        rope_jit.rope(q, inv_freq=inv_freq, q_out=ForeignTensorV1(q_out), runtime=cpu_runtime)
+    assert not q_out.any()
