@@ -29,6 +29,7 @@ CPU tensors run on the library's CPU reference.
 Most users call apply_rope (below) or a drop-in from rope_jit.dropin.
 """
 
+import contextlib
 
 import torch
 
@@ -540,6 +541,11 @@ class _Call:
         self.position_offset, self.q_position_offset = position_offset, q_position_offset
         self.backward, self.runtime = backward, runtime
 
+    def table_names(self):
+        """The struct field names of the tables given (None ones left out), in their order."""
+        return [_TENSOR_NAMES[slot] for slot, table in zip(self.recipe.signed[2:], self.tables)
+                if table is not None]
+
     def inverse(self):
         """The same call in the other direction (the gradient's own graph)."""
         return _Call(
@@ -595,6 +601,15 @@ class _Call:
         return q_out, k_out
 
 
+def _versions(tables):
+    """The version counters of the tables given (None for an inference tensor: it has none)."""
+    try:
+        return [table._version for table in tables if table is not None]
+    except RuntimeError:
+        return [None if table.is_inference() else table._version
+                for table in tables if table is not None]
+
+
 class _RopeFunction(torch.autograd.Function):
     """apply_rope's autograd in eager mode: forward and backward are one library call each
     (the backward through the same recipe and tables as its forward). Its backward is itself
@@ -603,6 +618,10 @@ class _RopeFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, call):
         ctx.call = call
+        # The tables' versions (cos, sin, positions...): the backward reads them again, so an
+        # in-place change in between must fail it as torch's saved tensors do (it silently
+        # gave the gradient of other tables). Cheaper than save_for_backward on this path.
+        ctx.table_versions = _versions(call.tables)
         q_out, k_out = call.launch(q, k, call.backward)
         return q_out if k is None else (q_out, k_out)
 
@@ -610,6 +629,14 @@ class _RopeFunction(torch.autograd.Function):
     def backward(ctx, grad_q, grad_k=None):
         # Outputs that did not reach the loss come as zeros (materialize_grads), never None.
         call = ctx.call
+        versions = _versions(call.tables)
+        if versions != ctx.table_versions:
+            names = [name for name, then, now
+                     in zip(call.table_names(), ctx.table_versions, versions) if then != now]
+            raise RuntimeError(
+                f"rope_jit: {', '.join(names)} modified by an inplace operation after the forward "
+                "that needs it for the gradient (versions "
+                f"{ctx.table_versions} -> {versions}); rotate again after changing them")
         if torch.is_grad_enabled():  # create_graph: the gradient's own graph
             grads = _RopeFunction.apply(grad_q, grad_k, call.inverse())
             return (grads, None, None) if grad_k is None else (grads[0], grads[1], None)
@@ -647,6 +674,25 @@ def eager_path_applies(q, k, tables):
     return True
 
 
+def _copy_back(q, k, rotated):
+    """apply_rope's in-place result under autograd: the rotation copied into q (and k). Both
+    are checked first, as torch's copy_ checks each: a refusal of k after q was written left
+    q rotated and k not (adversarial pass, session 37)."""
+    for name, tensor in (("q", q), ("k", k)):
+        if tensor is None or not tensor.requires_grad:
+            continue
+        base = tensor._base
+        if tensor.is_leaf or (base is not None and base.is_leaf and base.requires_grad):
+            what = "a leaf tensor" if tensor.is_leaf else "a view of a leaf tensor"
+            raise RuntimeError(
+                f"{name}: {what} that requires grad cannot be written in place (as torch's "
+                "in-place ops refuse it): rotate out of place, or under torch.no_grad()"
+            )
+    if k is None:
+        return q.copy_(rotated)
+    return q.copy_(rotated[0]), k.copy_(rotated[1])
+
+
 def run_eager(call, q, k, inplace, records_grad):
     """apply_rope's eager result for a resolved call: one library call (in place or into new
     tensors), or, when autograd records it, one _RopeFunction node (then, in place, copied)."""
@@ -660,9 +706,7 @@ def run_eager(call, q, k, inplace, records_grad):
         rotated = q_out if k is None else (q_out, k_out)
     if not inplace:
         return rotated
-    if k is None:
-        return q.copy_(rotated)
-    return q.copy_(rotated[0]), k.copy_(rotated[1])
+    return _copy_back(q, k, rotated)
 
 
 # ------------------------------------------------------------------------------------------
@@ -670,14 +714,15 @@ def run_eager(call, q, k, inplace, records_grad):
 # ------------------------------------------------------------------------------------------
 
 
-def _refuse_table_grads(tables):
+def _refuse_table_grads(tables, differentiated="q and k", instead="RoPE"):
     if not torch.is_grad_enabled():
         return
     for name, table in tables.items():
         if table is not None and table.requires_grad:
             raise NotImplementedError(
-                f"{name} requires grad, but rope-jit computes gradients for q and k only: pass "
-                f"{name}.detach(), or use a plain PyTorch RoPE where {name} must be learned"
+                f"{name} requires grad, but rope-jit computes gradients for {differentiated} "
+                f"only: pass {name}.detach(), or use a plain PyTorch {instead} where {name} "
+                "must be learned"
             )
 
 
@@ -805,9 +850,7 @@ def apply_rope(
                 xpos_scale=xpos_scale,
                 backward=backward,
             )
-            if k is None:
-                return q.copy_(rotated)
-            return q.copy_(rotated[0]), k.copy_(rotated[1])
+            return _copy_back(q, k, rotated)
         if k is None:
             rope_inplace_op(
                 q_api,
@@ -965,9 +1008,26 @@ def _attention_backward(ctx, grad_out, grad_lse):
     q, k, v, out, lse, cos, sin, pos_mask, attn_mask = ctx.saved_tensors
     if grad_out is None:
         return (None,) * 11
-    dq, dk, dv = attention_backward_op(
-        grad_out, q, k, v, out, lse, cos, sin, pos_mask, attn_mask, *ctx.params
+    # create_graph=True in eager mode (not while torch.compile traces): the library's backward
+    # has no backward of its own, and torch's fallback for such an op gave a second derivative
+    # of zero (with a warning only). The gradients are computed without a graph and get a node
+    # that raises if they are differentiated, as torch.autograd.function.once_differentiable's.
+    create_graph = (
+        torch.is_grad_enabled() and type(grad_out) is torch.Tensor and not _dispatch_stack_depth()
     )
+    with torch.no_grad() if create_graph else contextlib.nullcontext():
+        dq, dk, dv = attention_backward_op(
+            grad_out, q, k, v, out, lse, cos, sin, pos_mask, attn_mask, *ctx.params
+        )
+    sources = [t for t in (grad_out, q, k, v) if t.requires_grad]
+    if create_graph and sources:
+        # The node's inputs include what the gradients depend on, so that differentiating
+        # them reaches it (and raises) instead of finding them unconnected.
+        raises = torch._C._functions.DelayedError(
+            b"rope_jit.attention: its gradient is not differentiable (no double backward)",
+            3 + len(sources),
+        )
+        dq, dk, dv = raises(*[t.detach().requires_grad_() for t in (dq, dk, dv)], *sources)[:3]
     return (dq, dk, dv) + (None,) * 8
 
 
@@ -999,7 +1059,9 @@ def attention(
     no attention op."""
     if style not in ("half", "interleaved"):
         raise ValueError(f"style: expected 'half' or 'interleaved', got {style!r}")
-    _refuse_table_grads({"cos": cos, "sin": sin})
+    # (A float mask that requires grad got none, silently: adversarial pass, session 37.)
+    _refuse_table_grads({"cos": cos, "sin": sin, "attn_mask": attn_mask}, "q, k and v",
+                        "attention")
     if not torch.compiler.is_compiling() and not _has_attention():
         raise NotImplementedError(
             "rope_jit.attention: the loaded librope_jit has no rope_jit_attention"

@@ -446,3 +446,33 @@ def test_flash_attn_with_rotary_under_deterministic_algorithms_is_reproducible_a
         torch.use_deterministic_algorithms(previous)
     for first, second in zip(*grads):
         assert torch.equal(first, second)
+
+
+def test_hf_old_call_with_a_table_and_position_ids_broadcasts_and_falls_back_as_transformers():
+    # transformers < 4.38 passes a [P, D] table and position_ids [1, S] for any batch; a
+    # float64 or differentiated table runs transformers' formula. All three raised before
+    # (adversarial pass, session 37).
+    batch, seq_len, dim = 2, 5, 8
+    cos, sin = hf_tables(torch.arange(32), dim)  # [P, D]
+    q = random((batch, 4, seq_len, dim), "cpu", 40)
+    k = random((batch, 2, seq_len, dim), "cpu", 41)
+    position_ids = torch.tensor([[3, 0, 7, 7, 1]])  # [1, S]
+
+    def transformers_old(q, k, cos, sin, position_ids):
+        c, s = cos[position_ids].unsqueeze(1), sin[position_ids].unsqueeze(1)
+        return q * c + rotate_pairs(q, "half") * s, k * c + rotate_pairs(k, "half") * s
+
+    for label, args in [
+        ("[1, S]", (q, k, cos, sin)),
+        ("float64", (q.double(), k.double(), cos.double(), sin.double())),
+    ]:
+        got = hf.apply_rotary_pos_emb(*args, position_ids)
+        expected = transformers_old(*args, position_ids)
+        close(got[0], expected[0], label=label)
+        close(got[1], expected[1], label=label)
+    learned = cos.clone().requires_grad_()
+    got_q, _ = hf.apply_rotary_pos_emb(q, k, learned, sin, position_ids.expand(batch, seq_len))
+    got_q.sum().backward()
+    reference = cos.clone().requires_grad_()
+    transformers_old(q, k, reference, sin, position_ids.expand(batch, seq_len))[0].sum().backward()
+    close(learned.grad, reference.grad, label="cos gradient")

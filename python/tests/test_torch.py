@@ -247,3 +247,64 @@ def test_the_attention_op_passes_opcheck_and_compiles_into_one_graph(device):
     torch.testing.assert_close(got, block(q, k, v), rtol=1e-5, atol=1e-5)
     got.sum().backward()
     assert q.grad is not None and k.grad is not None and v.grad is not None
+
+
+# Adversarial pass, session 37 (torch on the CPU): each of these gave a silently wrong
+# gradient, or wrote q and then refused k.
+
+
+@pytest.mark.parametrize("changed", ["cos", "positions"])
+def test_a_table_changed_in_place_after_the_forward_fails_its_backward(changed):
+    cos, sin = tables(16, 8, "half", "half", "cpu")
+    positions = torch.tensor([3, 1, 4, 1, 5])
+    q = random((1, 2, 5, 8), "cpu", torch.float32, 30, requires_grad=True)
+    rotated = rope_jit.apply_rope(q, None, cos, sin, positions=positions)
+    {"cos": cos, "positions": positions}[changed].add_(1)  # the backward reads it again
+    with pytest.raises(RuntimeError, match=f"{changed} modified by an inplace operation"):
+        rotated.sum().backward()
+
+
+def test_the_hf_drop_in_fails_its_backward_after_cos_changed_in_place():
+    from rope_jit.dropin import hf
+
+    cos, sin = hf_tables(torch.arange(6)[None], 8)
+    q = random((1, 2, 6, 8), "cpu", torch.float32, 31, requires_grad=True)
+    k = random((1, 1, 6, 8), "cpu", torch.float32, 32, requires_grad=True)
+    q_embed, k_embed = hf.apply_rotary_pos_emb(q, k, cos, sin)
+    cos.mul_(0.5)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        (q_embed.sum() + k_embed.sum()).backward()
+
+
+def test_an_in_place_rotation_autograd_refuses_leaves_before_writing_either_tensor():
+    cos, sin = tables(16, 8, "half", "half", "cpu")
+    leaf = random((1, 2, 5, 8), "cpu", torch.float32, 33, requires_grad=True)
+    q = leaf * 1  # not a leaf: writable in place under autograd
+    k = random((1, 1, 5, 8), "cpu", torch.float32, 34, requires_grad=True)  # a leaf
+    q_before, k_before = q.detach().clone(), k.detach().clone()
+    with pytest.raises(RuntimeError, match="k: a leaf tensor that requires grad"):
+        rope_jit.apply_rope(q, k, cos, sin, inplace=True)
+    torch.testing.assert_close(q.detach(), q_before, rtol=0, atol=0)
+    torch.testing.assert_close(k.detach(), k_before, rtol=0, atol=0)
+    with pytest.raises(RuntimeError, match="q: a view of a leaf tensor"):
+        rope_jit.apply_rope(leaf[:, :1], None, cos, sin, inplace=True)
+
+
+def test_attention_refuses_a_mask_that_requires_grad_and_a_double_backward():
+    if not rope_jit.has_attention():
+        pytest.skip("the loaded librope_jit has no rope_jit_attention")
+    cos, sin = tables(8, 8, "half", "full", "cpu")
+    q = random((1, 2, 4, 8), "cpu", torch.float32, 35, requires_grad=True)
+    k = random((1, 2, 4, 8), "cpu", torch.float32, 36, requires_grad=True)
+    v = random((1, 2, 4, 8), "cpu", torch.float32, 37, requires_grad=True)
+    mask = torch.zeros(1, 1, 4, 4, requires_grad=True)
+    with pytest.raises(NotImplementedError, match="attn_mask requires grad"):
+        torch_ops.attention(q, k, v, cos, sin, attn_mask=mask)
+    # create_graph: the first-order gradient as without it; differentiating it raises (a
+    # second derivative of zero, with a warning, before).
+    (plain,) = torch.autograd.grad((torch_ops.attention(q, k, v, cos, sin) ** 2).sum(), q)
+    (graphed,) = torch.autograd.grad((torch_ops.attention(q, k, v, cos, sin) ** 2).sum(), q,
+                                     create_graph=True)
+    torch.testing.assert_close(graphed, plain, rtol=0, atol=0)
+    with pytest.raises(RuntimeError, match="not differentiable"):
+        torch.autograd.grad((graphed ** 2).sum(), q)

@@ -46,6 +46,9 @@ def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
             return rotated
         if not _library_serves(q, k, cos, sin, unsqueeze_dim):
             return _transformers_formula(q, k, cos, sin, unsqueeze_dim)
+    elif cos.dim() == 2 and not _library_serves(q, k, cos, sin, unsqueeze_dim):
+        # transformers < 4.38: the table's rows gathered by position_ids, then its formula.
+        return _transformers_formula(q, k, cos[position_ids], sin[position_ids], unsqueeze_dim)
     if unsqueeze_dim not in (1, 2, -3, -2):
         raise ValueError(
             f"unsqueeze_dim: expected 1 ([B, H, S, D]) or 2 ([B, S, H, D]), got {unsqueeze_dim}"
@@ -56,8 +59,11 @@ def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
     positions = seqlen_offsets = None
     if cos.dim() == 2:
         # A [P, R] table: rows by position_ids when given (old transformers), else row s.
+        # Their models pass [1, S] for any batch (one row of positions, broadcast).
         table_cos, table_sin = cos, sin
         positions = position_ids
+        if positions is not None and positions.dim() == 2 and positions.shape[0] == 1:
+            positions = positions[0]
     elif cos.dim() == 3:
         if cos.shape[1] != seq_len:
             raise ValueError(
