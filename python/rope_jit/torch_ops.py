@@ -645,6 +645,10 @@ class _RopeFunction(torch.autograd.Function):
 
 
 _dispatch_stack_depth = torch._C._len_torch_dispatch_stack
+# Whether a torch.func transform (vmap, grad...) is active: its tensors have no storage the
+# library could read (the eager paths failed with "Cannot access data pointer"); the ops run
+# under it (vmap by torch's per-sample fallback).
+_functorch_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
 # The exact tensor classes of the eager hot path (subclasses such as FakeTensor take the ops).
 _EAGER_TYPES = (torch.Tensor, torch.nn.Parameter)
 # The plans' tensor types and stream function, set now: else the first call of a fast path
@@ -660,8 +664,8 @@ _apply_function = _RopeFunction.apply
 
 def eager_path_applies(q, k, tables):
     """Whether a call on these tensors may skip the ops: eager mode (no torch.compile tracing,
-    no TorchDispatchMode on the stack) and plain torch tensors only."""
-    if _is_compiling() or _dispatch_stack_depth():
+    no TorchDispatchMode on the stack, no torch.func transform) and plain torch tensors only."""
+    if _is_compiling() or _dispatch_stack_depth() or _functorch_active():
         return False
     types = _plans.TORCH_TENSOR_TYPES or _plans.torch_types()
     if type(q) not in types or (k is not None and type(k) not in types):
@@ -779,7 +783,13 @@ def apply_rope(
             {"cos": cos, "sin": sin, "inv_freq": inv_freq, "xpos_scale": xpos_scale}
         )
     records_grad = grad_mode and (q.requires_grad or (k is not None and k.requires_grad))
-    if not inplace and not records_grad and not _is_compiling() and not _dispatch_stack_depth():
+    if (
+        not inplace
+        and not records_grad
+        and not _is_compiling()
+        and not _dispatch_stack_depth()
+        and not _functorch_active()
+    ):
         # The eager forward without autograd (inference, decode): one plan call, which makes
         # the outputs, no _Call. q, k and the tables are checked by the plan's key (plain torch
         # tensors only); anything else takes the code below, which decides as before.

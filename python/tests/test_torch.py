@@ -308,3 +308,18 @@ def test_attention_refuses_a_mask_that_requires_grad_and_a_double_backward():
     torch.testing.assert_close(graphed, plain, rtol=0, atol=0)
     with pytest.raises(RuntimeError, match="not differentiable"):
         torch.autograd.grad((graphed ** 2).sum(), q)
+
+
+def test_apply_rope_under_vmap_takes_the_ops_and_matches_each_sample():
+    # The eager paths took vmap's batched tensors (whose class is torch.Tensor) and failed
+    # with "Cannot access data pointer" (adversarial pass, session 37).
+    from rope_jit.dropin import hf
+
+    cos, sin = tables(16, 8, "half", "half", "cpu")
+    hf_cos, hf_sin = hf_tables(torch.arange(4)[None], 8)
+    x = random((3, 1, 2, 4, 8), "cpu", torch.float32, 42)
+    for run in (lambda q: rope_jit.apply_rope(q, None, cos, sin),
+                lambda q: hf.apply_rotary_pos_emb(q, q, hf_cos, hf_sin)[0]):
+        got = torch.func.vmap(run)(x)
+        expected = torch.stack([run(sample) for sample in x])
+        torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)

@@ -195,6 +195,7 @@ _EAGER_TYPES = torch_ops._EAGER_TYPES
 # torch_ops' per-call tests, bound here once (a module attribute lookup each saved per call).
 _is_compiling = torch_ops._is_compiling
 _dispatch_stack_depth = torch_ops._dispatch_stack_depth
+_functorch_active = torch_ops._functorch_active
 _is_grad_enabled = torch_ops._is_grad_enabled
 
 
@@ -215,6 +216,7 @@ def _eager(q, k, cos, sin, unsqueeze_dim):
         or type(sin) not in _EAGER_TYPES
         or _is_compiling()
         or _dispatch_stack_depth()
+        or _functorch_active()
     ):
         return None
     cos_shape = cos.shape
