@@ -11,11 +11,17 @@ cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DROPE_JIT_WERROR=ON >/dev
 cmake --build build -j"$jobs"
 ctest --test-dir build --output-on-failure
 
-# The Python package (python/): installed with NumPy and pytest from PyPI into a venv under
-# build/, then its CPU tests against the library just built. torch is not installed here (too
-# big); its tests skip and run on the GPU machine instead.
+# The Python package (python/): installed with NumPy, pytest and torch into a venv under
+# build/, then its CPU tests against the library just built, the torch integration's included
+# (on torch CPU tensors; its CUDA tests run on the GPU machine). torch comes from PyTorch's CPU
+# index where that is reachable (about 200 MB), else from PyPI with its CUDA libraries (about
+# 2.5 GB, 1-2 minutes here): never skipped for want of it.
 python3 -m venv build/python-venv
 build/python-venv/bin/python -m pip install --quiet --disable-pip-version-check numpy pytest
+build/python-venv/bin/python -m pip install --quiet --disable-pip-version-check --timeout 20 --retries 1 \
+  --index-url https://download.pytorch.org/whl/cpu torch 2>/dev/null ||
+  build/python-venv/bin/python -m pip install --quiet --disable-pip-version-check torch
+build/python-venv/bin/python -c "import torch; print('torch', torch.__version__)"
 build/python-venv/bin/python -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps ./python
 ROPE_JIT_LIBRARY="$PWD/build/librope_jit.so" build/python-venv/bin/python -m pytest python/tests -q
 
