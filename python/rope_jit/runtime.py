@@ -6,9 +6,11 @@ tensors either way). Make a Runtime to force a backend, pick a cache directory, 
 kernel-cache hits.
 """
 
+import collections.abc
 import ctypes
 import operator
 import os
+import sys
 import threading
 import time
 import weakref
@@ -158,7 +160,7 @@ class Runtime:
             return
         array = (s.KernelSpec * max(len(specs), 1))()
         for index, spec in enumerate(specs):
-            if not isinstance(spec, dict):
+            if not isinstance(spec, collections.abc.Mapping):
                 raise TypeError(f"specs[{index}]: expected a dict of rope_jit_kernel_spec fields, "
                                 f"got {type(spec).__name__} {spec!r}")
             array[index] = self._library.new_struct(s.KernelSpec, self._library.rope_jit_kernel_spec_init)
@@ -208,15 +210,39 @@ class Runtime:
 
     def close(self):
         """Frees the runtime once the calls other threads have in flight on it have returned;
-        calls after it raise ValueError. Closing twice is a no-op."""
+        calls after it raise ValueError. Closing twice is a no-op. Raises RuntimeError when
+        called inside a call on this runtime on the same thread (from a signal handler or a
+        finalizer), which could never return while close() waited for it."""
+        if self._handle is None:
+            return
         with self._close_lock:
             handle = self._handle
             if handle is None:
                 return
+            if self._calls and self._in_a_call_on_this_thread():
+                raise RuntimeError(
+                    "runtime: close() called inside a call on it on the same thread (a signal "
+                    "handler or a finalizer); close it after that call returns"
+                )
             self._handle = None  # (before the wait: no call starts on it from now on)
             while self._calls:
                 time.sleep(0.0002)
             self._library.rope_jit_runtime_free(handle)
+
+    def _in_a_call_on_this_thread(self):
+        """Whether this thread's stack holds a library call on this runtime (Runtime._call or
+        the plans' hot path): asked only by close(), so the calls pay nothing for it."""
+        from . import _plans
+
+        frame = sys._getframe(1)
+        while frame is not None:
+            code = frame.f_code
+            if (code is Runtime._call.__code__ and frame.f_locals.get("self") is self) or (
+                code is _plans.call.__code__ and frame.f_locals.get("runtime") is self
+            ):
+                return True
+            frame = frame.f_back
+        return False
 
     def __enter__(self):
         return self
@@ -245,6 +271,7 @@ def _forget_calls_in_child():
     # in it: those calls never return there, and close() must not wait for them.
     for runtime in list(_runtimes):
         runtime._calls.clear()
+        runtime._close_lock = threading.Lock()  # a close() waiting in another thread held it
 
 
 if hasattr(os, "register_at_fork"):

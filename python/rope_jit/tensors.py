@@ -353,7 +353,9 @@ def _from_dlpack(obj, name, writable, stream, swap_dims=None):
         try:
             capsule = obj.__dlpack__(**ask)
             break
-        except TypeError:
+        # (Producers refuse an argument they do not take in different ways: array-api-strict
+        # 2.0 raises NotImplementedError for max_version.)
+        except (TypeError, BufferError, NotImplementedError):
             if index == len(asks) - 1:
                 raise
     readonly = False

@@ -678,6 +678,10 @@ def eager_path_applies(q, k, tables):
     return True
 
 
+_creation_meta = torch._C._autograd._get_creation_meta
+_DEFAULT_CREATION = torch._C._autograd.CreationMeta.DEFAULT
+
+
 def _copy_back(q, k, rotated):
     """apply_rope's in-place result under autograd: the rotation copied into q (and k). Both
     are checked first, as torch's copy_ checks each: a refusal of k after q was written left
@@ -688,10 +692,15 @@ def _copy_back(q, k, rotated):
         base = tensor._base
         if tensor.is_leaf or (base is not None and base.is_leaf and base.requires_grad):
             what = "a leaf tensor" if tensor.is_leaf else "a view of a leaf tensor"
-            raise RuntimeError(
-                f"{name}: {what} that requires grad cannot be written in place (as torch's "
-                "in-place ops refuse it): rotate out of place, or under torch.no_grad()"
-            )
+        elif tensor._is_view() and _creation_meta(tensor) != _DEFAULT_CREATION:
+            # (views of multi-output ops such as unbind, or made under no_grad)
+            what = f"a view made as {_creation_meta(tensor).name}"
+        else:
+            continue
+        raise RuntimeError(
+            f"{name}: {what} that requires grad cannot be written in place (as torch's "
+            "in-place ops refuse it): rotate out of place, or under torch.no_grad()"
+        )
     if k is None:
         return q.copy_(rotated)
     return q.copy_(rotated[0]), k.copy_(rotated[1])

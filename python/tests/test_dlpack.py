@@ -178,3 +178,18 @@ def test_read_only_memory_of_a_dlpack_1_producer_is_read_but_never_written(cpu_r
     with pytest.raises(ValueError, match="q_out: the tensor's memory is read-only"):
         rope_jit.rope(q, inv_freq=inv_freq, q_out=ForeignTensorV1(q_out), runtime=cpu_runtime)
     assert not q_out.any()
+
+
+@pytest.mark.parametrize("refusal", [TypeError, BufferError, NotImplementedError])
+def test_a_producer_refusing_max_version_in_any_way_is_asked_the_older_protocol(cpu_runtime, refusal):
+    # array-api-strict 2.0 raises NotImplementedError for max_version (review of session 37).
+    class Refusing(ForeignTensor):
+        def __dlpack__(self, **kwargs):
+            if "max_version" in kwargs:
+                raise refusal("max_version is not supported")
+            return self.array.__dlpack__()
+
+    q, inv_freq = inputs(13)
+    expected = expected_rotation(q, inv_freq)
+    rope_jit.rope(Refusing(q), inv_freq=inv_freq, runtime=cpu_runtime)
+    np.testing.assert_allclose(q, expected, atol=2e-5)

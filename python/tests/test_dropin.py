@@ -476,3 +476,11 @@ def test_hf_old_call_with_a_table_and_position_ids_broadcasts_and_falls_back_as_
     reference = cos.clone().requires_grad_()
     transformers_old(q, k, reference, sin, position_ids.expand(batch, seq_len))[0].sum().backward()
     close(learned.grad, reference.grad, label="cos gradient")
+
+
+def test_hf_position_ids_beside_a_3d_cos_are_ignored_also_where_transformers_formula_runs():
+    cos, sin = hf_tables(torch.arange(5)[None], 8)
+    q = random((1, 2, 5, 8), "cpu", 45).double()
+    got = hf.apply_rotary_pos_emb(q, q, cos.double(), sin.double(), torch.arange(5)[None])
+    expected = hf.apply_rotary_pos_emb(q, q, cos.double(), sin.double())
+    close(got[0], expected[0])

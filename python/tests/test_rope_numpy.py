@@ -506,3 +506,78 @@ def test_a_forked_child_closes_a_runtime_without_waiting_for_its_parents_calls(l
         release.set()
         worker.join()
     runtime.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_child_forked_while_close_waits_can_close_its_copy(library, monkeypatch):
+    # The child inherited close()'s lock held by the waiting thread, and its own close (or
+    # its exit's __del__) waited forever (review of session 37).
+    import threading
+    import time
+    import warnings
+
+    runtime = rope_jit.Runtime(backend="cpu", disk_cache=False, cpu_threads=1)
+    entered, release = threading.Event(), threading.Event()
+    rope_call = library.rope_jit_rope
+
+    def held_rope_call(*args):
+        entered.set()
+        release.wait(30)
+        return rope_call(*args)
+
+    monkeypatch.setattr(library, "rope_jit_rope", held_rope_call)
+    q = np.ones((1, 1, 2, 4), np.float32)
+    caller = threading.Thread(target=rope_jit.rope, args=(q,),
+                              kwargs=dict(inv_freq=np.ones(2, np.float32), runtime=runtime))
+    caller.start()
+    closer = threading.Thread(target=runtime.close)
+    try:
+        assert entered.wait(30)
+        closer.start()
+        while not runtime._close_lock.locked():  # close() waits for the call, holding it
+            time.sleep(0.001)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            child = os.fork()
+        if child == 0:
+            import signal
+            signal.alarm(5)
+            runtime.close()
+            os._exit(0)
+        _, status = os.waitpid(child, 0)
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    finally:
+        release.set()
+        caller.join()
+        closer.join()
+
+
+def test_close_inside_a_call_on_the_same_thread_raises_and_leaves_the_runtime_usable(
+        library, monkeypatch):
+    # A signal handler or finalizer closing the runtime inside a call on it: close() waited
+    # for that call, which could never return (review of session 37).
+    runtime = rope_jit.Runtime(backend="cpu", disk_cache=False, cpu_threads=1)
+    rope_call = library.rope_jit_rope
+    caught = []
+
+    def closing_rope_call(*args):  # as a signal handler run at this point would
+        try:
+            runtime.close()
+        except RuntimeError as error:
+            caught.append(error)
+        return rope_call(*args)
+
+    monkeypatch.setattr(library, "rope_jit_rope", closing_rope_call)
+    q = np.ones((1, 1, 2, 4), np.float32)
+    import threading  # (on a thread of its own: a regression hangs it, not the test run)
+
+    caller = threading.Thread(
+        target=rope_jit.rope, args=(q,), kwargs=dict(inv_freq=np.zeros(2, np.float32),
+                                                     runtime=runtime), daemon=True)
+    caller.start()
+    caller.join(30)
+    assert not caller.is_alive(), "close() inside a call on the same thread waited for it"
+    assert caught and "inside a call on it" in str(caught[0])
+    monkeypatch.undo()
+    rope_jit.rope(q, inv_freq=np.zeros(2, np.float32), runtime=runtime)  # still open
+    runtime.close()

@@ -323,3 +323,16 @@ def test_apply_rope_under_vmap_takes_the_ops_and_matches_each_sample():
         got = torch.func.vmap(run)(x)
         expected = torch.stack([run(sample) for sample in x])
         torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
+
+
+def test_an_in_place_rotation_refuses_a_view_of_a_multi_output_op_before_writing_q():
+    # k, v = kv.unbind(...): torch refuses in-place writes to such views; q was written first
+    # (review of session 37).
+    cos, sin = tables(16, 8, "half", "half", "cpu")
+    q = random((1, 2, 5, 8), "cpu", torch.float32, 43, requires_grad=True) * 1
+    kv = random((2, 1, 1, 5, 8), "cpu", torch.float32, 44, requires_grad=True) * 1
+    k, _ = kv.unbind(0)
+    q_before = q.detach().clone()
+    with pytest.raises(RuntimeError, match="k: a view made as MULTI_OUTPUT_NODE"):
+        rope_jit.apply_rope(q, k, cos, sin, inplace=True)
+    torch.testing.assert_close(q.detach(), q_before, rtol=0, atol=0)

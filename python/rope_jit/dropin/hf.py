@@ -40,6 +40,8 @@ def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
         and not isinstance(position_ids, bool)
     ):
         position_ids, unsqueeze_dim = None, position_ids
+    if position_ids is not None and getattr(cos, "dim", lambda: 2)() != 2:
+        position_ids = None  # (used only to gather rows of a 2-D table, as documented)
     if position_ids is None:
         rotated = _eager(q, k, cos, sin, unsqueeze_dim)
         if rotated is not None:
