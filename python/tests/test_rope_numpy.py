@@ -468,55 +468,11 @@ def test_close_waits_for_a_call_in_flight_on_another_thread_and_refuses_later_ca
         rope_jit.rope(q, inv_freq=inv_freq, runtime=runtime)
 
 
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
-def test_a_forked_child_closes_a_runtime_without_waiting_for_its_parents_calls(library, monkeypatch):
-    # The calls other threads had in flight at the fork never return in the child: its
-    # close() must not wait for them.
+def _hold_a_call(library, monkeypatch, runtime):
+    """Starts a rope() call on `runtime` in a thread and holds it inside the library call
+    until the returned `release` event is set; returns (release, thread) once it is there."""
     import threading
-    import warnings
 
-    runtime = rope_jit.Runtime(backend="cpu", disk_cache=False, cpu_threads=1)
-    entered, release = threading.Event(), threading.Event()
-    rope_call = library.rope_jit_rope
-
-    def held_rope_call(*args):  # a call that stays in flight until released
-        entered.set()
-        release.wait(30)
-        return rope_call(*args)
-
-    monkeypatch.setattr(library, "rope_jit_rope", held_rope_call)
-    q = np.ones((1, 1, 2, 4), np.float32)
-    worker = threading.Thread(
-        target=rope_jit.rope, args=(q,), kwargs=dict(inv_freq=np.ones(2, np.float32),
-                                                     runtime=runtime))
-    worker.start()
-    try:
-        assert entered.wait(30)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads running
-            child = os.fork()
-        if child == 0:  # SIGALRM ends a child whose close() waits, and the check fails
-            import signal
-            signal.alarm(5)
-            runtime.close()
-            os._exit(0)
-        _, status = os.waitpid(child, 0)
-        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
-    finally:
-        release.set()
-        worker.join()
-    runtime.close()
-
-
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
-def test_a_child_forked_while_close_waits_can_close_its_copy(library, monkeypatch):
-    # The child inherited close()'s lock held by the waiting thread, and its own close (or
-    # its exit's __del__) waited forever (review of session 37).
-    import threading
-    import time
-    import warnings
-
-    runtime = rope_jit.Runtime(backend="cpu", disk_cache=False, cpu_threads=1)
     entered, release = threading.Event(), threading.Event()
     rope_call = library.rope_jit_rope
 
@@ -530,22 +486,55 @@ def test_a_child_forked_while_close_waits_can_close_its_copy(library, monkeypatc
     caller = threading.Thread(target=rope_jit.rope, args=(q,),
                               kwargs=dict(inv_freq=np.ones(2, np.float32), runtime=runtime))
     caller.start()
+    assert entered.wait(30)
+    return release, caller
+
+
+def _a_forked_child_closes_it_in_time(runtime):
+    """Whether a child forked now closes `runtime` within 5 s (SIGALRM ends it otherwise)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads running
+        child = os.fork()
+    if child == 0:
+        import signal
+        signal.alarm(5)
+        runtime.close()
+        os._exit(0)
+    _, status = os.waitpid(child, 0)
+    return os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_closes_a_runtime_without_waiting_for_its_parents_calls(library, monkeypatch):
+    # The calls other threads had in flight at the fork never return in the child: its
+    # close() must not wait for them.
+    runtime = rope_jit.Runtime(backend="cpu", disk_cache=False, cpu_threads=1)
+    release, caller = _hold_a_call(library, monkeypatch, runtime)
+    try:
+        assert _a_forked_child_closes_it_in_time(runtime)
+    finally:
+        release.set()
+        caller.join()
+    runtime.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_child_forked_while_close_waits_can_close_its_copy(library, monkeypatch):
+    # The child inherited close()'s lock held by the waiting thread, and its own close (or
+    # its exit's __del__) waited forever (review of session 37).
+    import threading
+    import time
+
+    runtime = rope_jit.Runtime(backend="cpu", disk_cache=False, cpu_threads=1)
+    release, caller = _hold_a_call(library, monkeypatch, runtime)
     closer = threading.Thread(target=runtime.close)
     try:
-        assert entered.wait(30)
         closer.start()
         while not runtime._close_lock.locked():  # close() waits for the call, holding it
             time.sleep(0.001)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            child = os.fork()
-        if child == 0:
-            import signal
-            signal.alarm(5)
-            runtime.close()
-            os._exit(0)
-        _, status = os.waitpid(child, 0)
-        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+        assert _a_forked_child_closes_it_in_time(runtime)
     finally:
         release.set()
         caller.join()
