@@ -154,6 +154,9 @@ def build_args(
     supported = _supported_fields(library)
     # A [B, S, H, D] buffer is passed as its [B, H, S, D] view (dims 1 and 2 exchanged).
     head_swap = (1, 2) if layout == "bshd" else None
+    # (The library reads the layout from the rank: a 3-D q under "bhsd" would be taken as
+    # packed tokens.)
+    head_rank, head_dims = _LAYOUT_RANKS[layout]
     held = []  # every TensorArg (and the sections array) stays alive until the call returns
     for name, value in zip(_TENSOR_NAMES, values):
         if value is None:
@@ -163,11 +166,9 @@ def build_args(
         written = name in written_names
         swap = head_swap if name in _HEAD_TENSORS else None
         tensor = as_tensor(value, name, writable=written, stream=stream_handle, swap_dims=swap)
-        # (A 3-D q under "bhsd" would otherwise be taken as packed tokens.)
-        if name in _HEAD_TENSORS and len(tensor.shape) != _LAYOUT_RANKS[layout][0]:
-            rank, dims = _LAYOUT_RANKS[layout]
+        if name in _HEAD_TENSORS and len(tensor.shape) != head_rank:
             raise ValueError(
-                f"{name}: layout {layout} needs {rank} dimensions {dims}, got shape "
+                f"{name}: layout {layout} needs {head_rank} dimensions {head_dims}, got shape "
                 f"{list(tensor.shape)}"
             )
         held.append(tensor)

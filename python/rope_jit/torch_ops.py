@@ -690,11 +690,12 @@ def _copy_back(q, k, rotated):
         if tensor is None or not tensor.requires_grad:
             continue
         base = tensor._base
+        creation = _creation_meta(tensor) if base is not None else _DEFAULT_CREATION
         if tensor.is_leaf or (base is not None and base.is_leaf and base.requires_grad):
             what = "a leaf tensor" if tensor.is_leaf else "a view of a leaf tensor"
-        elif tensor._is_view() and _creation_meta(tensor) != _DEFAULT_CREATION:
+        elif creation != _DEFAULT_CREATION:
             # (views of multi-output ops such as unbind, or made under no_grad)
-            what = f"a view made as {_creation_meta(tensor).name}"
+            what = f"a view made as {creation.name}"
         else:
             continue
         raise RuntimeError(

@@ -48,8 +48,9 @@ def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
             return rotated
         if not _library_serves(q, k, cos, sin, unsqueeze_dim):
             return _transformers_formula(q, k, cos, sin, unsqueeze_dim)
-    elif cos.dim() == 2 and not _library_serves(q, k, cos, sin, unsqueeze_dim):
-        # transformers < 4.38: the table's rows gathered by position_ids, then its formula.
+    elif not _library_serves(q, k, cos, sin, unsqueeze_dim):
+        # transformers < 4.38 (cos a [P, R] table here): its rows gathered by position_ids,
+        # then its formula.
         return _transformers_formula(q, k, cos[position_ids], sin[position_ids], unsqueeze_dim)
     if unsqueeze_dim not in (1, 2, -3, -2):
         raise ValueError(
