@@ -16,6 +16,11 @@ backward works too. Gradients flow to q and k only, never to the tables (cos, si
 xpos_scale): apply_rope refuses tables that require grad rather than silently dropping their
 gradient.
 
+Under torch.func transforms (grad, jvp, vmap, jacfwd, hessian...) and forward-mode AD dual
+levels, apply_rope and attention call the ops through autograd.Functions of their own
+(_RopeTransformFunction, _AttentionTransformFunction) that declare what functorch needs; the
+ops' registered autograd serves reverse mode only.
+
 The ops are defined with torch.library.Library (define / impl, register_fake,
 register_autograd): the dispatcher calls their Python kernels with no custom_op layer.
 In eager mode apply_rope does not go through them at all: it calls the library through a plan
@@ -496,6 +501,88 @@ rope_qk_inplace_op = _define(
 
 
 # ------------------------------------------------------------------------------------------
+# Under torch.func transforms and forward-mode AD
+# ------------------------------------------------------------------------------------------
+#
+# The ops' autograd (register_autograd) serves backward mode only: torch.func.grad refused it
+# ("must override the setup_context staticmethod"), and torch.func.jvp and forward_ad dual
+# tensors silently got a zero tangent (the ops' kernels saw the primal alone). apply_rope and
+# attention call these Functions instead while a transform or a dual level is active: they
+# declare what functorch needs (setup_context, a jvp, a generated vmap rule: vmap runs the
+# ops per sample, torch's fallback).
+
+
+class _RopeTransformFunction(torch.autograd.Function):
+    """rope_jit::rope_qk (or rope_jit::rope where k is None) for torch.func and forward AD.
+    The rotation is linear in q and k: the tangent of the result is the same rotation of the
+    tangents of q and k, the gradient the inverse rotation; both go through this Function
+    again, so they compose (jacfwd, jacrev, hessian)."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(q, k, *arguments):
+        if k is None:  # (callers fold q_position_offset into position_offset: see apply_rope)
+            tables, (position_offset, _, *rest) = arguments[:7], arguments[7:]
+            return rope_op(q, *tables, position_offset, *rest)
+        return rope_qk_op(q, k, *arguments)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        q, k, tables = inputs[0], inputs[1], inputs[2:9]
+        ctx.save_for_backward(*tables)
+        ctx.save_for_forward(q, k, *tables)  # (q and k: the tables' part of the tangent)
+        ctx.params = inputs[9:]
+
+    @staticmethod
+    def backward(ctx, *grads):
+        grad_q, grad_k = grads[0], grads[1] if len(grads) > 1 else None
+        *params, backward = ctx.params
+        rotated = _RopeTransformFunction.apply(
+            grad_q, grad_k, *ctx.saved_tensors, *params, not backward
+        )
+        if grad_k is None:
+            return (rotated, None) + (None,) * 13
+        return tuple(rotated) + (None,) * 13
+
+    @staticmethod
+    def jvp(ctx, *tangents):
+        # torch passes a tangent (zeros where none was given) for every floating-point tensor
+        # input, so a table's is taken into account rather than tested for zeros (a device
+        # synchronization). cos and sin enter linearly: their part of the tangent is the
+        # rotation by (dcos, dsin) less the rotation by zero tables (which leaves the features
+        # outside the rotary span, as both calls copy them). inv_freq and xpos_scale enter
+        # through cos/sin/pow of them: refused where their tangents are not zero.
+        q, k, *tables = ctx.saved_tensors
+        cos, sin, inv_freq, positions, seqlen_offsets, cu_seqlens, xpos_scale = tables
+        for name, table, tangent in (("inv_freq", inv_freq, tangents[4]),
+                                     ("xpos_scale", xpos_scale, tangents[8])):
+            if table is not None and tangent is not None and bool(tangent.any()):
+                raise NotImplementedError(
+                    f"{name} has a nonzero tangent, but rope-jit's forward-mode derivatives "
+                    "are with respect to q, k, cos and sin only: use a plain PyTorch RoPE "
+                    f"where {name} varies"
+                )
+        apply = _RopeTransformFunction.apply
+        tangent_q = tangents[0] if tangents[0] is not None else torch.zeros_like(q)
+        tangent_k = None
+        if k is not None:
+            tangent_k = tangents[1] if tangents[1] is not None else torch.zeros_like(k)
+        rotated = apply(tangent_q, tangent_k, *tables, *ctx.params)
+        tangent_cos, tangent_sin = tangents[2], tangents[3]
+        if cos is None or (tangent_cos is None and tangent_sin is None):
+            return rotated
+        tangent_cos = torch.zeros_like(cos) if tangent_cos is None else tangent_cos
+        tangent_sin = torch.zeros_like(sin) if tangent_sin is None else tangent_sin
+        rest = (inv_freq, positions, seqlen_offsets, cu_seqlens, xpos_scale) + tuple(ctx.params)
+        by_tangents = apply(q, k, tangent_cos, tangent_sin, *rest)
+        by_zeros = apply(q, k, torch.zeros_like(cos), torch.zeros_like(sin), *rest)
+        if k is None:
+            return rotated + by_tangents - by_zeros
+        return tuple(r + t - z for r, t, z in zip(rotated, by_tangents, by_zeros))
+
+
+# ------------------------------------------------------------------------------------------
 # The eager hot path: straight to the library through a plan (see _plans.py)
 # ------------------------------------------------------------------------------------------
 #
@@ -649,6 +736,10 @@ _dispatch_stack_depth = torch._C._len_torch_dispatch_stack
 # library could read (the eager paths failed with "Cannot access data pointer"); the ops run
 # under it (vmap by torch's per-sample fallback).
 _functorch_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
+# The dual level of torch.autograd.forward_ad (-1: none): dual tensors are plain torch
+# tensors, whose tangents the eager paths and the ops would drop; _RopeTransformFunction
+# carries them.
+_forward_ad = torch.autograd.forward_ad
 # The exact tensor classes of the eager hot path (subclasses such as FakeTensor take the ops).
 _EAGER_TYPES = (torch.Tensor, torch.nn.Parameter)
 # The plans' tensor types and stream function, set now: else the first call of a fast path
@@ -664,8 +755,14 @@ _apply_function = _RopeFunction.apply
 
 def eager_path_applies(q, k, tables):
     """Whether a call on these tensors may skip the ops: eager mode (no torch.compile tracing,
-    no TorchDispatchMode on the stack, no torch.func transform) and plain torch tensors only."""
-    if _is_compiling() or _dispatch_stack_depth() or _functorch_active():
+    no TorchDispatchMode on the stack, no torch.func transform or forward-AD dual level) and
+    plain torch tensors only."""
+    if (
+        _is_compiling()
+        or _dispatch_stack_depth()
+        or _functorch_active()
+        or _forward_ad._current_level >= 0
+    ):
         return False
     types = _plans.TORCH_TENSOR_TYPES or _plans.torch_types()
     if type(q) not in types or (k is not None and type(k) not in types):
@@ -771,7 +868,9 @@ def apply_rope(
     autograd can differentiate).
 
     Returns the rotated q when k is None, else (q, k). Gradients flow to q and k through the
-    library's backward kernel; tables must not require grad.
+    library's backward kernel; tables must not require grad. torch.func transforms (grad, jvp,
+    vmap, jacfwd, hessian...) and forward_ad dual tensors work too (forward mode also takes
+    the tangents of cos and sin).
 
     In eager mode the call goes to the library directly (an argument struct built once per
     signature, see _plans.py; one autograd.Function when gradients are recorded); under
@@ -799,6 +898,7 @@ def apply_rope(
         and not _is_compiling()
         and not _dispatch_stack_depth()
         and not _functorch_active()
+        and _forward_ad._current_level < 0
     ):
         # The eager forward without autograd (inference, decode): one plan call, which makes
         # the outputs, no _Call. q, k and the tables are checked by the plan's key (plain torch
@@ -849,9 +949,10 @@ def apply_rope(
     )
     q_api = to_api("q", q)
     k_api = None if k is None else to_api("k", k)
+    transformed = _functorch_active() or _forward_ad._current_level >= 0
 
     if inplace:
-        if records_grad:
+        if records_grad or transformed:
             rotated = apply_rope(
                 q,
                 k,
@@ -895,6 +996,21 @@ def apply_rope(
         )
         return q, k
 
+    if transformed:
+        if k is None:  # (q's own offset folded in, as below)
+            position_offset, q_position_offset = position_offset + q_position_offset, 0
+        rotated = _RopeTransformFunction.apply(
+            q_api,
+            k_api,
+            *tables,
+            position_offset,
+            q_position_offset,
+            rotary_dim,
+            rotary_offset,
+            interleaved,
+            backward,
+        )
+        return from_api(rotated) if k is None else (from_api(rotated[0]), from_api(rotated[1]))
     if k is None:
         # Without k, q's own offset simply adds to the common one.
         return from_api(
@@ -1056,6 +1172,62 @@ torch.library.register_autograd(
 )
 
 
+class _AttentionGradientFunction(torch.autograd.Function):
+    """(dq, dk, dv) by the library's backward kernel, under torch.func: a node whose own
+    derivative raises (there is no double backward; torch.func.grad differentiates with
+    create_graph, where the eager path's DelayedError wrapper cannot be built)."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(*inputs):
+        return attention_backward_op(*inputs)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError(
+            "rope_jit.attention: its gradient is not differentiable (no double backward)"
+        )
+
+    @staticmethod
+    def jvp(ctx, *tangents):
+        raise NotImplementedError(
+            "rope_jit.attention: its gradient has no forward-mode derivative"
+        )
+
+
+class _AttentionTransformFunction(torch.autograd.Function):
+    """rope_jit::attention for torch.func (grad, vjp, vmap: the ops per sample) and
+    forward-mode AD, which the ops' registered autograd cannot serve (see
+    _RopeTransformFunction). There is no forward-mode derivative (no such kernel): a tangent
+    of q, k or v raises instead of coming out zero."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(*inputs):
+        return attention_op(*inputs)
+
+    setup_context = staticmethod(_attention_setup_context)
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_lse):
+        # lse is marked non-differentiable: its gradient is ignored.
+        grads = _AttentionGradientFunction.apply(grad_out, *ctx.saved_tensors, *ctx.params)
+        return tuple(grads) + (None,) * 8
+
+    @staticmethod
+    def jvp(ctx, *tangents):
+        raise NotImplementedError(
+            "rope_jit.attention has no forward-mode derivative (torch.func.jvp, jacfwd, "
+            "forward_ad): use reverse mode (torch.func.grad, vjp, jacrev)"
+        )
+
+
 def attention(
     q,
     k,
@@ -1086,7 +1258,10 @@ def attention(
         raise NotImplementedError(
             "rope_jit.attention: the loaded librope_jit has no rope_jit_attention"
         )
-    out, lse = attention_op(
+    function = attention_op
+    if _functorch_active() or _forward_ad._current_level >= 0:
+        function = _AttentionTransformFunction.apply
+    out, lse = function(
         q,
         k,
         v,

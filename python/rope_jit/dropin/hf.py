@@ -199,14 +199,16 @@ _EAGER_TYPES = torch_ops._EAGER_TYPES
 _is_compiling = torch_ops._is_compiling
 _dispatch_stack_depth = torch_ops._dispatch_stack_depth
 _functorch_active = torch_ops._functorch_active
+_forward_ad = torch_ops._forward_ad
 _is_grad_enabled = torch_ops._is_grad_enabled
 
 
 def _eager(q, k, cos, sin, unsqueeze_dim):
     """apply_rotary_pos_emb's result straight through a plan, or None when the general code
-    must run (tracing, a dispatch mode, other shapes, tables that require grad, bad input:
-    there, errors are raised as before). The shape rules are the recipes' check, run once per
-    signature; per call only what the plan's key cannot hold is tested."""
+    must run (tracing, a dispatch mode, a torch.func transform or forward-AD dual level, other
+    shapes, tables that require grad, bad input: there, errors are raised as before). The
+    shape rules are the recipes' check, run once per signature; per call only what the plan's
+    key cannot hold is tested."""
     try:
         layout, seq_dim = _GEOMETRY[unsqueeze_dim]
     except (KeyError, TypeError):
@@ -220,6 +222,7 @@ def _eager(q, k, cos, sin, unsqueeze_dim):
         or _is_compiling()
         or _dispatch_stack_depth()
         or _functorch_active()
+        or _forward_ad._current_level >= 0
     ):
         return None
     cos_shape = cos.shape

@@ -1,0 +1,238 @@
+"""apply_rope, the HF drop-in and attention under torch.func transforms (grad, jvp, jacfwd,
+hessian, vmap of grad) and forward-mode AD (torch.autograd.forward_ad), against the same
+transforms of a plain PyTorch RoPE. Before session 38 torch.func.grad refused the ops
+("must override the setup_context staticmethod") and jvp / dual tensors silently got a zero
+tangent. CPU tensors (the library's CPU reference), and CUDA ones when there is a GPU."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import rope_jit  # noqa: E402
+from rope_jit import torch_ops  # noqa: E402
+from torch_reference import hf_tables, rope_torch  # noqa: E402
+
+func = torch.func
+forward_ad = torch.autograd.forward_ad
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+# float32 throughout: the library's rotation against torch's, a few ulps apart.
+TOLERANCE = dict(rtol=2e-5, atol=2e-5)
+
+
+def random(shape, device, seed):
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, generator=generator).to(device)
+
+
+def half_tables(rows, rotary_dim, device, seed=0):
+    angles = random((rows, rotary_dim // 2), "cpu", seed) * 4
+    return angles.cos().to(device), angles.sin().to(device)
+
+
+class Case:
+    """A GQA call with partial rotary at positions: q [2, 4, 5, 16], k [2, 2, 5, 16] in
+    either layout, rotary features 4..15 (12 of 16), half tables of 9 rows."""
+
+    def __init__(self, device, layout, style):
+        self.device, self.layout, self.style = device, layout, style
+        self.cos, self.sin = half_tables(9, 12, device)
+        self.positions = torch.tensor([[0, 3, 1, 8, 2], [5, 4, 7, 6, 0]], device=device)
+        self.q = self.shaped(random((2, 4, 5, 16), device, 1))
+        self.k = self.shaped(random((2, 2, 5, 16), device, 2))
+
+    def shaped(self, bhsd):
+        return bhsd if self.layout == "bhsd" else bhsd.transpose(1, 2).contiguous()
+
+    def library(self, q, k, cos=None, sin=None, **extra):
+        return rope_jit.apply_rope(
+            q, k, self.cos if cos is None else cos, self.sin if sin is None else sin,
+            positions=self.positions, rotary_dim=12, rotary_offset=4, style=self.style,
+            layout=self.layout, **extra)
+
+    def reference(self, q, k, cos=None, sin=None):
+        def one(x):
+            bhsd = x if self.layout == "bhsd" else x.transpose(1, 2)
+            rotated = rope_torch(bhsd, self.cos if cos is None else cos,
+                                 self.sin if sin is None else sin, self.positions,
+                                 rotary_dim=12, rotary_offset=4, style=self.style)
+            return rotated if self.layout == "bhsd" else rotated.transpose(1, 2)
+        return one(q), one(k)
+
+
+def cubes(pair):
+    # A loss that is not linear in q and k, so that the hessian has something to show.
+    return sum((x ** 3).sum() for x in pair)
+
+
+def assert_all_close(got, expected, label):
+    for index, (a, b) in enumerate(zip(got, expected)):
+        torch.testing.assert_close(a, b, **TOLERANCE, msg=lambda m: f"{label} [{index}]: {m}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+@pytest.mark.parametrize("style", ["half", "interleaved"])
+def test_apply_rope_under_torch_func_matches_the_same_transforms_of_plain_pytorch(
+        device, layout, style):
+    case = Case(device, layout, style)
+    q, k = case.q, case.k
+    tangent_q, tangent_k = random(q.shape, device, 3), random(k.shape, device, 4)
+
+    got = func.grad(lambda q, k: cubes(case.library(q, k)), argnums=(0, 1))(q, k)
+    expected = func.grad(lambda q, k: cubes(case.reference(q, k)), argnums=(0, 1))(q, k)
+    assert_all_close(got, expected, "grad")
+
+    got = func.jvp(case.library, (q, k), (tangent_q, tangent_k))
+    expected = func.jvp(case.reference, (q, k), (tangent_q, tangent_k))
+    assert_all_close(got[0] + got[1], expected[0] + expected[1], "jvp (primal, tangent)")
+    assert got[1][0].abs().max() > 0.1  # (a zero tangent was the defect)
+
+    q_small = q[:1, :1] if layout == "bhsd" else q[:1, :, :1]
+    k_small = k[:1, :1] if layout == "bhsd" else k[:1, :, :1]
+    small = Case(device, layout, style)
+    small.positions = case.positions[:1]
+    for name, transform in (("jacfwd", func.jacfwd), ("jacrev", func.jacrev)):
+        got = transform(lambda q: small.library(q, k_small)[0])(q_small)
+        expected = transform(lambda q: small.reference(q, k_small)[0])(q_small)
+        torch.testing.assert_close(got, expected, **TOLERANCE, msg=lambda m: f"{name}: {m}")
+    got = func.hessian(lambda q: cubes(small.library(q, k_small)))(q_small)
+    expected = func.hessian(lambda q: cubes(small.reference(q, k_small)))(q_small)
+    torch.testing.assert_close(got, expected, **TOLERANCE, msg=lambda m: f"hessian: {m}")
+
+    # Per-sample gradients: vmap over the batch of grad of one sample's loss.
+    def per_sample(run):
+        def loss(q, k):
+            return cubes(run(q[None], k[None]))
+        return func.vmap(func.grad(loss, argnums=(0, 1)))
+    single = Case(device, layout, style)
+    single.positions = case.positions[:1]
+    q_same = q[:1].expand_as(q).contiguous()  # (one sample's positions for every sample)
+    k_same = k[:1].expand_as(k).contiguous() + random(k.shape, device, 5)
+    assert_all_close(per_sample(single.library)(q_same, k_same),
+                     per_sample(single.reference)(q_same, k_same), "vmap(grad)")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("inplace", [False, True])
+def test_apply_rope_carries_forward_ad_tangents(device, inplace):
+    case = Case(device, "bshd", "half")
+    tangent_q, tangent_k = random(case.q.shape, device, 6), random(case.k.shape, device, 7)
+    expected_q, expected_k = case.reference(case.q, case.k)
+    expected_tq, expected_tk = case.reference(tangent_q, tangent_k)
+    with forward_ad.dual_level():
+        q = forward_ad.make_dual(case.q.clone(), tangent_q.clone())
+        k = forward_ad.make_dual(case.k.clone(), tangent_k.clone())
+        q_out, k_out = case.library(q, k, inplace=inplace)
+        if inplace:
+            assert q_out is q and k_out is k
+        for name, out, primal, tangent in (("q", q_out, expected_q, expected_tq),
+                                           ("k", k_out, expected_k, expected_tk)):
+            unpacked = forward_ad.unpack_dual(out)
+            torch.testing.assert_close(unpacked.primal, primal, **TOLERANCE)
+            assert unpacked.tangent is not None, f"{name}: the tangent was dropped"
+            torch.testing.assert_close(unpacked.tangent, tangent, **TOLERANCE,
+                                       msg=lambda m: f"{name} tangent: {m}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("style", ["half", "interleaved"])
+def test_apply_rope_jvp_takes_the_tangents_of_cos_and_sin(device, style):
+    # cos and sin enter linearly; the features outside the rotary span get no part of them.
+    case = Case(device, "bhsd", style)
+    tangent_cos, tangent_sin = half_tables(9, 12, device, seed=8)
+    tangent_q = random(case.q.shape, device, 9)
+    primals = (case.q, case.cos, case.sin)
+    tangents = (tangent_q, tangent_cos, tangent_sin)
+    got = func.jvp(lambda q, cos, sin: case.library(q, case.k, cos, sin), primals, tangents)
+    expected = func.jvp(lambda q, cos, sin: case.reference(q, case.k, cos, sin), primals,
+                        tangents)
+    assert_all_close(got[1], expected[1], "tangents of (q, k)")
+    assert got[1][1].abs().max() > 0.1  # k has no tangent of its own: only the tables'
+
+
+def test_apply_rope_jvp_refuses_a_nonzero_inv_freq_tangent_and_grad_refuses_table_grads():
+    q = random((1, 2, 4, 8), "cpu", 10)
+    inv_freq = torch.tensor([1.0, 0.1, 0.01, 0.001])
+    got = func.jvp(lambda q, f: rope_jit.apply_rope(q, None, inv_freq=f), (q, inv_freq),
+                   (q, torch.zeros(4)))  # a zero tangent of inv_freq is no derivative
+    expected = func.jvp(lambda q: rope_jit.apply_rope(q, None, inv_freq=inv_freq), (q,), (q,))
+    assert_all_close(got, expected, "zero inv_freq tangent")
+    with pytest.raises(NotImplementedError, match="inv_freq has a nonzero tangent"):
+        func.jvp(lambda f: rope_jit.apply_rope(q, None, inv_freq=f), (inv_freq,),
+                 (torch.ones(4),))
+    cos, sin = half_tables(4, 8, "cpu")
+    with pytest.raises(NotImplementedError, match="cos requires grad"):
+        func.grad(lambda cos: rope_jit.apply_rope(q, None, cos, sin).sum())(cos)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_hf_dropin_under_jvp_grad_and_forward_ad(device):
+    from rope_jit.dropin import hf
+
+    q, k = random((2, 4, 5, 8), device, 11), random((2, 2, 5, 8), device, 12)
+    cos, sin = hf_tables(torch.arange(5, device=device)[None].expand(2, 5), 8)
+    tangent_q, tangent_k = random(q.shape, device, 13), random(k.shape, device, 14)
+
+    def formula(q, k):
+        return hf._transformers_formula(q, k, cos, sin, 1)
+
+    def dropin(q, k):
+        return hf.apply_rotary_pos_emb(q, k, cos, sin)
+
+    got, expected = (func.jvp(f, (q, k), (tangent_q, tangent_k)) for f in (dropin, formula))
+    assert_all_close(got[0] + got[1], expected[0] + expected[1], "jvp")
+    got, expected = (func.grad(lambda q, k: cubes(f(q, k)), argnums=(0, 1))(q, k)
+                     for f in (dropin, formula))
+    assert_all_close(got, expected, "grad")
+    with forward_ad.dual_level():
+        out = dropin(forward_ad.make_dual(q, tangent_q), k)
+        tangent = forward_ad.unpack_dual(out[0]).tangent
+        assert tangent is not None, "the drop-in's fast path dropped the tangent"
+        torch.testing.assert_close(tangent, formula(tangent_q, k)[0], **TOLERANCE)
+
+
+def attention_reference(q, k, v, cos, sin):
+    rotated_q = rope_torch(q, cos, sin, torch.arange(q.shape[2]))
+    rotated_k = rope_torch(k, cos, sin, torch.arange(k.shape[2]))
+    rotated_k = rotated_k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+    scores = rotated_q @ rotated_k.transpose(-1, -2) / q.shape[-1] ** 0.5
+    return torch.softmax(scores, -1) @ v
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_attention_under_torch_func_grads_match_and_forward_mode_raises(device):
+    if not rope_jit.has_attention():
+        pytest.skip("the loaded librope_jit has no rope_jit_attention")
+    q = random((2, 4, 6, 16), device, 15)
+    k, v = random((2, 2, 6, 16), device, 16), random((2, 2, 6, 16), device, 17)
+    cos, sin = half_tables(6, 16, device, seed=18)
+
+    def fused(q, k, v):
+        return torch_ops.attention(q, k, v, cos, sin)
+
+    def reference(q, k, v):
+        return attention_reference(q, k, v, cos, sin)
+
+    torch.testing.assert_close(fused(q, k, v), reference(q, k, v), rtol=1e-4, atol=1e-4)
+    got, expected = (func.grad(lambda q, k, v: (f(q, k, v) ** 2).sum(), argnums=(0, 1, 2))(q, k, v)
+                     for f in (fused, reference))
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+    def per_sample(f):
+        return func.vmap(func.grad(lambda q, k, v: (f(q[None], k[None], v[None]) ** 2).sum()))
+    torch.testing.assert_close(per_sample(fused)(q, k, v), per_sample(reference)(q, k, v),
+                               rtol=1e-4, atol=1e-4)
+
+    with pytest.raises(NotImplementedError, match="no forward-mode derivative"):
+        func.jvp(fused, (q, k, v), (q, k, v))
+    with pytest.raises(NotImplementedError, match="no forward-mode derivative"):
+        func.hessian(lambda q: (fused(q, k, v) ** 2).sum())(q)
+    with pytest.raises(RuntimeError, match="not differentiable"):
+        func.jacrev(func.grad(lambda q: (fused(q, k, v) ** 2).sum()))(q)
+    with forward_ad.dual_level():
+        with pytest.raises(NotImplementedError, match="no forward-mode derivative"):
+            fused(forward_ad.make_dual(q, q), k, v)
+        # Without dual inputs a dual level changes nothing.
+        torch.testing.assert_close(fused(q, k, v), reference(q, k, v), rtol=1e-4, atol=1e-4)
