@@ -107,6 +107,10 @@ def _launch(
         rotary_offset=rotary_offset,
         style="interleaved" if interleaved else "half",
         backward=backward,
+        # The ops take [B, H, S, D] (a bshd tensor comes as its transposed view) or packed
+        # [T, H, D]: the rank tells them apart (3-D q was taken as bhsd and refused, so
+        # layout "thd" failed under torch.compile and every transform).
+        layout="thd" if q.dim() == 3 else "bhsd",
     )
 
 
@@ -514,14 +518,16 @@ rope_qk_inplace_op = _define(
 
 class _RopeTransformFunction(torch.autograd.Function):
     """rope_jit::rope_qk (or rope_jit::rope where k is None) for torch.func and forward AD.
-    The rotation is linear in q and k: the tangent of the result is the same rotation of the
-    tangents of q and k, the gradient the inverse rotation; both go through this Function
-    again, so they compose (jacfwd, jacrev, hessian)."""
+    Inputs: q, k, the 7 tables, the ops' 6 scalars, then `tables_vary` (whether cos or sin
+    carry a tangent: see jvp). The rotation is linear in q and k: the tangent of the result is
+    the same rotation of the tangents of q and k, the gradient the inverse rotation; both go
+    through this Function again, so they compose (jacfwd, jacrev, hessian, grad of vmap)."""
 
     generate_vmap_rule = True
 
     @staticmethod
     def forward(q, k, *arguments):
+        arguments = arguments[:-1]  # (tables_vary is the jvp's)
         if k is None:  # (callers fold q_position_offset into position_offset: see apply_rope)
             tables, (position_offset, _, *rest) = arguments[:7], arguments[7:]
             return rope_op(q, *tables, position_offset, *rest)
@@ -529,57 +535,74 @@ class _RopeTransformFunction(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        q, k, tables = inputs[0], inputs[1], inputs[2:9]
-        ctx.save_for_backward(*tables)
-        ctx.save_for_forward(q, k, *tables)  # (q and k: the tables' part of the tangent)
-        ctx.params = inputs[9:]
+        # The same tensors for both directions: the generated vmap rule keeps one record of
+        # their batch dimensions, and two lists of different lengths broke a backward through
+        # a vmapped call (grad of vmap, jacrev of jacrev: review of session 38).
+        ctx.save_for_backward(*inputs[:9])
+        ctx.save_for_forward(*inputs[:9])
+        ctx.params = inputs[9:15]
+        ctx.tables_vary = inputs[15]
 
     @staticmethod
     def backward(ctx, *grads):
         grad_q, grad_k = grads[0], grads[1] if len(grads) > 1 else None
         *params, backward = ctx.params
         rotated = _RopeTransformFunction.apply(
-            grad_q, grad_k, *ctx.saved_tensors, *params, not backward
+            grad_q, grad_k, *ctx.saved_tensors[2:], *params, not backward, False
         )
         if grad_k is None:
-            return (rotated, None) + (None,) * 13
-        return tuple(rotated) + (None,) * 13
+            return (rotated, None) + (None,) * 14
+        return tuple(rotated) + (None,) * 14
 
     @staticmethod
     def jvp(ctx, *tangents):
         # torch passes a tangent (zeros where none was given) for every floating-point tensor
-        # input, so a table's is taken into account rather than tested for zeros (a device
-        # synchronization). cos and sin enter linearly: their part of the tangent is the
-        # rotation by (dcos, dsin) less the rotation by zero tables (which leaves the features
-        # outside the rotary span, as both calls copy them). inv_freq and xpos_scale enter
-        # through cos/sin/pow of them: refused where their tangents are not zero.
+        # input; which tables really vary was decided at the call (_carries_tangent): inv_freq
+        # and xpos_scale were refused there, and cos and sin, where they vary, enter linearly:
+        # their part of the tangent is the rotation by (dcos, dsin) less the rotation by zero
+        # tables (which leaves the features outside the rotary span, as both calls copy them).
+        # A full [P, R] table's tangent counts at the column the library reads for each pair.
         q, k, *tables = ctx.saved_tensors
-        cos, sin, inv_freq, positions, seqlen_offsets, cu_seqlens, xpos_scale = tables
-        for name, table, tangent in (("inv_freq", inv_freq, tangents[4]),
-                                     ("xpos_scale", xpos_scale, tangents[8])):
-            if table is not None and tangent is not None and bool(tangent.any()):
-                raise NotImplementedError(
-                    f"{name} has a nonzero tangent, but rope-jit's forward-mode derivatives "
-                    "are with respect to q, k, cos and sin only: use a plain PyTorch RoPE "
-                    f"where {name} varies"
-                )
         apply = _RopeTransformFunction.apply
-        tangent_q = tangents[0] if tangents[0] is not None else torch.zeros_like(q)
-        tangent_k = None
-        if k is not None:
-            tangent_k = tangents[1] if tangents[1] is not None else torch.zeros_like(k)
-        rotated = apply(tangent_q, tangent_k, *tables, *ctx.params)
-        tangent_cos, tangent_sin = tangents[2], tangents[3]
-        if cos is None or (tangent_cos is None and tangent_sin is None):
+
+        def tangent_of(primal, tangent):  # (a tangent of another dtype: the library's)
+            if tangent is None:
+                return torch.zeros_like(primal)
+            return tangent if tangent.dtype == primal.dtype else tangent.to(primal.dtype)
+
+        tangent_q = tangent_of(q, tangents[0])
+        tangent_k = None if k is None else tangent_of(k, tangents[1])
+        rotated = apply(tangent_q, tangent_k, *tables, *ctx.params, False)
+        if not ctx.tables_vary:
             return rotated
-        tangent_cos = torch.zeros_like(cos) if tangent_cos is None else tangent_cos
-        tangent_sin = torch.zeros_like(sin) if tangent_sin is None else tangent_sin
-        rest = (inv_freq, positions, seqlen_offsets, cu_seqlens, xpos_scale) + tuple(ctx.params)
-        by_tangents = apply(q, k, tangent_cos, tangent_sin, *rest)
-        by_zeros = apply(q, k, torch.zeros_like(cos), torch.zeros_like(sin), *rest)
+        cos, sin, *rest = tables
+        by_tangents = apply(q, k, tangent_of(cos, tangents[2]), tangent_of(sin, tangents[3]),
+                            *rest, *ctx.params, False)
+        by_zeros = apply(q, k, torch.zeros_like(cos), torch.zeros_like(sin), *rest, *ctx.params,
+                         False)
         if k is None:
             return rotated + by_tangents - by_zeros
         return tuple(r + t - z for r, t, z in zip(rotated, by_tangents, by_zeros))
+
+
+_is_functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+_is_batched = torch._C._functorch.is_batchedtensor
+_unwrapped = torch._C._functorch.get_unwrapped
+
+
+def _carries_tangent(tensor):
+    """Whether a table differs along some derivative direction of an active transform: a dual
+    tensor of forward_ad's current level, or a functorch wrapper of grad, jvp (jacrev,
+    jacfwd...) at any level (vmap's batched wrappers alone only batch it)."""
+    if tensor is None:
+        return False
+    if _forward_ad._current_level >= 0 and _forward_ad.unpack_dual(tensor).tangent is not None:
+        return True
+    while _is_functorch_wrapped(tensor):
+        if not _is_batched(tensor):
+            return True
+        tensor = _unwrapped(tensor)
+    return False
 
 
 # ------------------------------------------------------------------------------------------
@@ -951,11 +974,21 @@ def apply_rope(
     k_api = None if k is None else to_api("k", k)
     transformed = _functorch_active() or _forward_ad._current_level >= 0
 
+    if transformed:
+        for name, table in (("inv_freq", inv_freq), ("xpos_scale", xpos_scale)):
+            if _carries_tangent(table):
+                raise NotImplementedError(
+                    f"{name} varies under this transform (a tangent or gradient of it is "
+                    "asked for), but rope-jit differentiates with respect to q, k, cos and sin "
+                    f"only: use a plain PyTorch RoPE where {name} varies"
+                )
     if inplace:
         if records_grad or transformed:
+            # (Under a transform, the rotation of copies: the Function saves its inputs, which
+            # the copy back then changes.)
             rotated = apply_rope(
-                q,
-                k,
+                q.clone() if transformed else q,
+                None if k is None else k.clone() if transformed else k,
                 cos,
                 sin,
                 inv_freq=inv_freq,
@@ -1009,6 +1042,7 @@ def apply_rope(
             rotary_offset,
             interleaved,
             backward,
+            _carries_tangent(cos) or _carries_tangent(sin),
         )
         return from_api(rotated) if k is None else (from_api(rotated[0]), from_api(rotated[1]))
     if k is None:

@@ -150,19 +150,94 @@ def test_apply_rope_jvp_takes_the_tangents_of_cos_and_sin(device, style):
     assert got[1][1].abs().max() > 0.1  # k has no tangent of its own: only the tables'
 
 
-def test_apply_rope_jvp_refuses_a_nonzero_inv_freq_tangent_and_grad_refuses_table_grads():
-    q = random((1, 2, 4, 8), "cpu", 10)
+def test_inv_freq_is_refused_where_it_varies_and_taken_where_it_is_fixed():
+    q = random((2, 2, 4, 8), "cpu", 10)
     inv_freq = torch.tensor([1.0, 0.1, 0.01, 0.001])
-    got = func.jvp(lambda q, f: rope_jit.apply_rope(q, None, inv_freq=f), (q, inv_freq),
-                   (q, torch.zeros(4)))  # a zero tangent of inv_freq is no derivative
-    expected = func.jvp(lambda q: rope_jit.apply_rope(q, None, inv_freq=inv_freq), (q,), (q,))
-    assert_all_close(got, expected, "zero inv_freq tangent")
-    with pytest.raises(NotImplementedError, match="inv_freq has a nonzero tangent"):
-        func.jvp(lambda f: rope_jit.apply_rope(q, None, inv_freq=f), (inv_freq,),
-                 (torch.ones(4),))
     cos, sin = half_tables(4, 8, "cpu")
+
+    def with_inv_freq(q, f=inv_freq):
+        return rope_jit.apply_rope(q, None, inv_freq=f)
+
+    def with_tables(q):
+        return rope_jit.apply_rope(q, None, cos, sin)
+
+    # (inv_freq's angles are the tables' here: t * inv_freq at rows t = 0..3)
+    angles = torch.arange(4.0)[:, None] * inv_freq
+    cos, sin = angles.cos(), angles.sin()
+    for name, transform in (("jvp", lambda f: func.jvp(f, (q,), (q,))[1]),
+                            ("jacfwd", lambda f: func.jacfwd(f)(q[:1, :1])),
+                            ("vmap(jvp)", lambda f: func.vmap(lambda x: func.jvp(f, (x,), (x,))[1])(q))):
+        torch.testing.assert_close(transform(with_inv_freq), transform(with_tables), **TOLERANCE,
+                                   msg=lambda m: f"{name}: {m}")
+    for run in (lambda: func.jvp(lambda f: with_inv_freq(q, f), (inv_freq,), (torch.ones(4),)),
+                lambda: func.jacfwd(lambda f: with_inv_freq(q, f))(inv_freq),
+                lambda: func.grad(lambda f: with_inv_freq(q, f).sum())(inv_freq)):
+        with pytest.raises((NotImplementedError, RuntimeError), match="inv_freq"):
+            run()
+    with forward_ad.dual_level():
+        with pytest.raises(NotImplementedError, match="inv_freq varies"):
+            with_inv_freq(q, forward_ad.make_dual(inv_freq, torch.ones(4)))
     with pytest.raises(NotImplementedError, match="cos requires grad"):
         func.grad(lambda cos: rope_jit.apply_rope(q, None, cos, sin).sum())(cos)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_reverse_mode_through_vmapped_calls_and_nested_transforms(device):
+    # grad of vmap, vmap(...).backward() and jacrev of jacrev raised "flat_bdims must not be
+    # None" (two saved-tensor lists of different lengths: review of session 38).
+    from rope_jit.dropin import hf
+
+    case = Case(device, "bhsd", "half")
+    case.positions = case.positions[:1]  # (one sequence: the nested jacobians stay small)
+    cos, sin = hf_tables(torch.arange(5, device=device)[None], 16)
+    runs = {
+        "apply_rope": (lambda x: case.library(x, x[:, :2])[0],
+                       lambda x: case.reference(x, x[:, :2])[0]),
+        "hf": (lambda x: hf.apply_rotary_pos_emb(x, x, cos, sin)[0],
+               lambda x: hf._transformers_formula(x, x, cos, sin, 1)[0]),
+    }
+    x = random((3, 1, 4, 5, 16), device, 20)
+    for name, (library, reference) in runs.items():
+        got, expected = (func.grad(lambda x: cubes((func.vmap(f)(x),)))(x)
+                         for f in (library, reference))
+        torch.testing.assert_close(got, expected, **TOLERANCE, msg=lambda m: f"{name} grad(vmap): {m}")
+        leaf = x.clone().requires_grad_()
+        cubes((func.vmap(library)(leaf),)).backward()
+        torch.testing.assert_close(leaf.grad, expected, **TOLERANCE,
+                                   msg=lambda m: f"{name} vmap().backward(): {m}")
+        small = x[0, :1, :1]
+        got, expected = (func.jacrev(func.jacrev(lambda x: cubes((f(x),))))(small)
+                         for f in (library, reference))
+        torch.testing.assert_close(got, expected, **TOLERANCE, msg=lambda m: f"{name} jacrev(jacrev): {m}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_packed_thd_calls_under_compile_vmap_and_jvp(device):
+    # The ops took 3-D q as [B, H, S, D] and refused it: layout "thd" failed under
+    # torch.compile and every transform (review of session 38).
+    cos, sin = half_tables(8, 16, device)
+    cu_seqlens = torch.tensor([0, 3, 7], device=device, dtype=torch.int32)
+    q, k = random((7, 4, 16), device, 21), random((7, 2, 16), device, 22)
+
+    def library(q, k):
+        return rope_jit.apply_rope(q, k, cos, sin, cu_seqlens=cu_seqlens, layout="thd")
+
+    rows = torch.tensor([0, 1, 2, 0, 1, 2, 3], device=device)
+
+    def reference(q, k):
+        def one(x):  # [T, H, D] as [1, H, T, D] at each token's row
+            return rope_torch(x.transpose(0, 1)[None], cos, sin, rows)[0].transpose(0, 1)
+        return one(q), one(k)
+
+    assert_all_close(library(q, k), reference(q, k), "eager")
+    assert_all_close(torch.compile(library, fullgraph=True, backend="aot_eager")(q, k),
+                     reference(q, k), "torch.compile")
+    got = func.jvp(library, (q, k), (k.repeat(1, 2, 1), q[:, :2]))
+    expected = func.jvp(reference, (q, k), (k.repeat(1, 2, 1), q[:, :2]))
+    assert_all_close(got[1], expected[1], "jvp")
+    batch = torch.stack((q, 2 * q))
+    torch.testing.assert_close(func.vmap(lambda x: library(x, k)[0])(batch),
+                               torch.stack([reference(x, k)[0] for x in batch]), **TOLERANCE)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -184,6 +259,14 @@ def test_the_hf_dropin_under_jvp_grad_and_forward_ad(device):
     got, expected = (func.grad(lambda q, k: cubes(f(q, k)), argnums=(0, 1))(q, k)
                      for f in (dropin, formula))
     assert_all_close(got, expected, "grad")
+    # Tangents of the tables (full [B, S, D] tables, not the same in both halves): the
+    # formula's derivative, in every column, as the code the drop-in replaces.
+    tangent_cos, tangent_sin = random(cos.shape, device, 15), random(sin.shape, device, 16)
+    got, expected = (func.jvp(lambda q, c, s: (f(q, k, c, s)), (q, cos, sin),
+                              (tangent_q, tangent_cos, tangent_sin))
+                     for f in (lambda q, k, c, s: hf.apply_rotary_pos_emb(q, k, c, s),
+                               lambda q, k, c, s: hf._transformers_formula(q, k, c, s, 1)))
+    assert_all_close(got[1], expected[1], "jvp of the tables")
     with forward_ad.dual_level():
         out = dropin(forward_ad.make_dual(q, tangent_q), k)
         tangent = forward_ad.unpack_dual(out[0]).tangent

@@ -113,6 +113,11 @@ def _library_serves(q, k, cos, sin, unsqueeze_dim):
         return False
     if torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad):
         return False
+    # Under a torch.func transform or forward_ad, tables that vary along a derivative
+    # direction too: transformers' formula differentiates every column of a full table, the
+    # library reads one a pair (review of session 38).
+    if torch_ops._carries_tangent(cos) or torch_ops._carries_tangent(sin):
+        return False
     if any(t.dtype not in _LIBRARY_DTYPES for t in (q, k, cos, sin)):
         return False
     if q.dtype != k.dtype or cos.dtype != sin.dtype:

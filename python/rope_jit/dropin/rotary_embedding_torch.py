@@ -16,7 +16,7 @@ from math import pi
 import torch
 from torch import nn
 
-from ..torch_ops import apply_rope
+from ..torch_ops import _carries_tangent, apply_rope
 from ..torch_ops import attention as _fused_attention
 
 _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -85,6 +85,10 @@ def _kernel_can_take(freqs, t, scale):
     if t.dtype not in _KERNEL_DTYPES or freqs.dtype != torch.float32:
         return False
     if torch.is_grad_enabled() and (freqs.requires_grad or (torch.is_tensor(scale) and scale.requires_grad)):
+        return False
+    # Under a torch.func transform or forward_ad, freqs or scale that vary along a derivative
+    # direction take the formula too (its derivative in every column: review of session 38).
+    if _carries_tangent(freqs) or (torch.is_tensor(scale) and _carries_tangent(scale)):
         return False
     if torch.is_tensor(scale):
         return scale.dtype in _KERNEL_DTYPES
