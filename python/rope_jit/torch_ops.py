@@ -598,6 +598,8 @@ def _carries_tangent(tensor):
         return False
     if _forward_ad._current_level >= 0 and _forward_ad.unpack_dual(tensor).tangent is not None:
         return True
+    if not _functorch_active():  # (the wrapper query costs 0.2 us; this one 50 ns)
+        return False
     while _is_functorch_wrapped(tensor):
         if not _is_batched(tensor):
             return True
