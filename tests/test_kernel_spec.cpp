@@ -510,8 +510,11 @@ TEST_CASE("a call of dense rows gets the dense_rows spec, which a manifest and t
     args.cos = args.sin = nullptr;
     args.inv_freq = inv_freq.dl();
     CHECK(spec_of(args).dense_rows == 0);
-    CHECK(spec_of(args) == manifest_spec("{" + common + R"(, "angles": "inv-freq", "table_dtype": "float32"})"));
-    CHECK(manifest_spec("{" + common + R"(, "angles": "inv-freq", "table_dtype": "float32", "dense_rows": true})")
+    // (common's table_dtype replaced, not given twice: a key twice is refused.)
+    const std::string inv_freq_common =
+        R"("head_dim": 64, "gqa_group": 4, "dtype": "bfloat16", "table_dtype": "float32")";
+    CHECK(spec_of(args) == manifest_spec("{" + inv_freq_common + R"(, "angles": "inv-freq"})"));
+    CHECK(manifest_spec("{" + inv_freq_common + R"(, "angles": "inv-freq", "dense_rows": true})")
               .dense_rows == 0);
     CHECK(manifest_spec("{" + common + R"(, "qk_norm": true, "dense_rows": true})").dense_rows == 0);
     args.inv_freq = nullptr;
@@ -653,7 +656,15 @@ TEST_CASE("JSON nested deeper than 16 levels is refused before any value of it i
     CHECK(rope_jit::parse_bounded_json(deep, &why).is_discarded());
     CHECK(why == "nests deeper than 16 levels");
     CHECK(rope_jit::parse_bounded_json(std::string(16, '[') + std::string(16, ']')).is_array());
+    // A key twice in one object (nlohmann kept the last: adversarial pass, session 38); the
+    // same key in two objects is fine.
+    CHECK(rope_jit::parse_bounded_json(R"([{"a": 1, "b": {"a": 2, "x\n": 3, "x\n": 4}}])", &why)
+              .is_discarded());
+    CHECK(why == "key 'x\\n' given twice in one object");
+    CHECK(rope_jit::parse_bounded_json(R"([{"a": 1}, {"a": 2, "b": {"a": 3}}])").is_array());
     std::string error;
+    CHECK_FALSE(KernelSpec::from_json(R"({"head_dim": 128, "head_dim": 64})", &error).has_value());
+    CHECK(error == "key 'head_dim' given twice in one object");
     CHECK_FALSE(KernelSpec::from_json(deep_field, &error).has_value());
     CHECK(error == "nests deeper than 16 levels");
     CHECK_FALSE(rope_jit::AttentionSpec::from_json(deep_field, &error).has_value());

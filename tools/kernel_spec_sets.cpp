@@ -246,6 +246,11 @@ std::vector<json> expand_template(const SpecTemplate& spec_template, size_t budg
                             where, kMaxSpecs));
         count *= value.size();
     }
+    // (A template without lists is one spec: it counts too, else the caller's budget, less
+    // each template's specs, wrapped below zero past kMaxSpecs and let any list through.)
+    if (count > budget)
+        throw UsageError(
+            fmt::format("{}: past the {} specs one run may prewarm", where, kMaxSpecs));
     std::vector<json> specs(1, json::object());
     for (const auto& [key, value] : fields.items()) {
         if (!value.is_array()) {

@@ -76,7 +76,7 @@ std::vector<SpecTemplate> read_manifest(const std::string& path, const Ops& ops)
 
 // The specs of a template: the cross product of its list values (each a JSON object with
 // one value per field). Throws UsageError for a template that is not an object, an empty
-// list, or more than `budget` specs.
+// list, or more than `budget` specs (a template without lists is one).
 std::vector<nlohmann::json> expand_template(const SpecTemplate& spec_template, size_t budget);
 
 // One kernel to prewarm.

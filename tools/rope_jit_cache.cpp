@@ -462,7 +462,11 @@ int run_prewarm_worker(const GlobalOptions& global, int jobs, long parent) {
 }
 
 int run_prewarm(const GlobalOptions& global, const PrewarmOptions& options) {
-    const std::vector<SpecTemplate> templates = gather_templates(options);
+    std::vector<SpecTemplate> templates = gather_templates(options);
+    // --target, when given, is for every spec: also a `list --json` manifest's items, which
+    // else keep their own (it was ignored there, and not even checked).
+    if (!options.targets.empty())
+        for (SpecTemplate& t : templates) t.target.clear();
     if (options.jobs < 0) throw UsageError("--jobs: must be >= 1 (0 = one per hardware thread)");
     if (options.processes < 0)
         throw UsageError("--processes: must be >= 1 (0 = chosen from the jobs)");
@@ -688,12 +692,15 @@ int run_verify(const GlobalOptions& global) {
                                                    item.path, item.problem))
                           << "\n";
         const size_t good = count(ROPE_JIT_CACHE_ITEM_OK);
-        std::cout << printable(fmt::format(
-                         "verify {}: {} good entr{}; {}{}", root, good, good == 1 ? "y" : "ies",
-                         totals.summary(),
-                         healthy ? ""
-                                 : " (damaged, stray, untrusted or mismatched files found; "
-                                   "prune removes them)"))
+        // prune refuses a root (or directory) that others can write: say how to get there.
+        const char* hint =
+            healthy ? ""
+            : count(ROPE_JIT_CACHE_ITEM_UNTRUSTED) == 0
+                ? " (damaged, stray or mismatched files found; prune removes them)"
+                : " (damaged, stray, untrusted or mismatched files found; prune removes them, "
+                  "once every directory named above as writable by others is not: chmod go-w)";
+        std::cout << printable(fmt::format("verify {}: {} good entr{}; {}{}", root, good,
+                                           good == 1 ? "y" : "ies", totals.summary(), hint))
                   << std::endl;
     }
     return healthy ? kExitOk : kExitFailure;
@@ -896,8 +903,18 @@ int run_info(const GlobalOptions& global) {
                 json{{"ordinal", ordinal}, {"name", info.name}, {"target", info.target}});
     }
     const std::string root = rope_jit_cache_root(runtime.get());
-    const rope_jit_status check = rope_jit_cache_check(runtime.get());
-    const std::string why_not_writable = check == ROPE_JIT_OK ? "" : last_error_or(check);
+    // A root that does not exist is not created by looking at it (a mistyped --cache-dir left
+    // directories behind): rope_jit_cache_check, which creates what is missing, runs only on
+    // one that exists.
+    struct stat root_stat;
+    const bool root_exists =
+        root.empty() || lstat(root.c_str(), &root_stat) == 0 || errno != ENOENT;
+    const rope_jit_status check =
+        root_exists ? rope_jit_cache_check(runtime.get()) : ROPE_JIT_ERROR_CACHE;
+    const std::string why_not_writable =
+        !root_exists ? "it does not exist yet (the first kernel stored, or prewarm, creates it)"
+        : check == ROPE_JIT_OK ? ""
+                               : last_error_or(check);
     std::vector<Item> items;
     std::string walk_problem;
     try {
@@ -916,6 +933,7 @@ int run_info(const GlobalOptions& global) {
                         {"backend", cuda ? "cuda" : "cpu"},
                         {"devices", devices},
                         {"cache_dir", root},
+                        {"cache_exists", root_exists && !root.empty()},
                         {"cache_writable", check == ROPE_JIT_OK},
                         {"cache_problem", why_not_writable},
                         {"read_only_dirs", read_only ? read_only : ""},
@@ -996,9 +1014,10 @@ int run(int argc, char** argv) {
         "--manifest", prewarm_options.manifests,
         "JSON file: {\"presets\": [...], \"ops\": [...], \"specs\": [{field: value or [values]}, "
         "...]}, a list of such specs, or the output of `rope-jit-cache list --json` (its ok "
-        "entries, each for its own target). Fields are rope_jit_prewarm_json's (rope_jit.h): "
-        "\"op\" (rope, attention), head_dim, rotary_dim, dtype, direction, ...; at most 4 MiB, "
-        "16 levels of nesting and 20000 specs");
+        "entries, each for its own target unless --target is given). Fields are "
+        "rope_jit_prewarm_json's (rope_jit.h): \"op\" (rope, attention), head_dim, rotary_dim, "
+        "dtype, direction, ...; at most 4 MiB, 16 levels of nesting and 20000 specs, a key once "
+        "an object");
     prewarm
         ->add_option(
             "--target", prewarm_options.targets,

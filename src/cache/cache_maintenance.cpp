@@ -272,7 +272,9 @@ void remove_cache_item(const DiskCache& disk, const std::string& path) {
 
     if (lstat(root.c_str(), &st) != 0) return;  // no cache, so nothing to remove
     std::string why;
-    if (!disk.writable(&why))
+    // (Checked without creating anything: a removal made an empty <root>/v1 where the root
+    // held only another format's tree.)
+    if (!disk.writable(&why, /*create=*/false))
         throw Error(ROPE_JIT_ERROR_CACHE, fmt::format("cannot remove '{}': {}", path, why));
     std::string walked = root;
     for (size_t i = 0; i + 1 < parts.size(); ++i) {

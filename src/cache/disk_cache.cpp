@@ -124,7 +124,7 @@ bool others_can_write(const struct stat& st) {
 std::string others_can_write_problem(const std::string& path) {
     return fmt::format(
         "'{}' can be written by other users (group- or world-writable; a sticky "
-        "bit does not stop them creating files)",
+        "bit does not stop them creating files): `chmod go-w` it to use it",
         path);
 }
 
@@ -910,7 +910,7 @@ std::optional<DiskCache::FileStamp> DiskCache::entry_file_stamp(const CacheEntry
     }
 }
 
-bool DiskCache::writable(std::string* why) const {
+bool DiskCache::writable(std::string* why, bool create) const {
     try {
         auto say = [&](std::string problem) {
             if (why) *why = std::move(problem);
@@ -918,9 +918,12 @@ bool DiskCache::writable(std::string* why) const {
         };
         if (root_.empty()) return say("no cache directory configured");
         const std::string version_dir(kVersionDir);
-        std::string problem = check_tree(root_, &version_dir, 1, /*create=*/true, nullptr);
+        bool missing = false;
+        std::string problem =
+            check_tree(root_, &version_dir, 1, create, create ? nullptr : &missing);
         if (!problem.empty()) return say(problem);
-        const std::string top = root_ + "/" + version_dir;
+        // Without `create`, a missing <root>/v1 is judged by the root that would hold it.
+        const std::string top = missing ? root_ : root_ + "/" + version_dir;
         if (faccessat(AT_FDCWD, top.c_str(), W_OK | X_OK, AT_EACCESS) != 0) {
             return say(fmt::format("cannot write into '{}': {}", top, errno_text(errno)));
         }

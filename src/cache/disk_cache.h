@@ -111,13 +111,14 @@ public:
     // no temp file is left behind. Never throws.
     bool store(const CacheEntryId& id, const CacheEntry& entry) const;
 
-    // Whether store() can write under root: it exists or can be created (this creates
-    // <root>/v1), it and <root>/v1 are directories owned by this user that no other user
-    // can write (no group or world write bit, sticky or not: others could plant entries),
-    // every directory above the root is owned by this user or root and writable by others
-    // only with the sticky bit (/tmp), and the user may write there. On false, *why (when
-    // given) says which check failed. Never throws.
-    bool writable(std::string* why = nullptr) const;
+    // Whether store() can write under root: it exists or can be created (with `create`, this
+    // creates <root>/v1; without, a missing <root>/v1 is judged by the root, which must
+    // exist), it and <root>/v1 are directories owned by this user that no other user can
+    // write (no group or world write bit, sticky or not: others could plant entries), every
+    // directory above the root is owned by this user or root and writable by others only
+    // with the sticky bit (/tmp), and the user may write there. On false, *why (when given)
+    // says which check failed. Never throws.
+    bool writable(std::string* why = nullptr, bool create = true) const;
 
     // What identifies the regular file at id's entry path in root (device, inode, size,
     // modification time), or nullopt where there is none: a stat, nothing read or checked. A

@@ -1,6 +1,8 @@
 #include "common/bounded_json.h"
 
 #include <algorithm>
+#include <set>
+#include <vector>
 
 namespace rope_jit {
 
@@ -40,8 +42,37 @@ nlohmann::json parse_bounded_json(std::string_view text, std::string* why) {
         if (why) *why = "nests deeper than " + std::to_string(kMaxJsonDepth) + " levels";
         return document;
     }
-    document = nlohmann::json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
-    if (document.is_discarded() && why) *why = "not valid JSON";
+    // A key given twice in one object: nlohmann keeps the last value, so {"head_dim": 128,
+    // "head_dim": 64} passed as D64 without a word (adversarial pass, session 38). Refused,
+    // as a field that cannot be read one way.
+    std::vector<std::set<std::string>> open_objects;  // the keys seen in each object open
+    std::string duplicate;
+    bool found_duplicate = false;
+    auto watch_keys = [&](int, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+        using Event = nlohmann::json::parse_event_t;
+        if (event == Event::object_start) {
+            open_objects.emplace_back();
+        } else if (event == Event::object_end) {
+            open_objects.pop_back();
+        } else if (event == Event::key && !found_duplicate) {
+            std::string key = parsed.get<std::string>();
+            if (open_objects.back().count(key)) {
+                duplicate = std::move(key);
+                found_duplicate = true;
+            } else {
+                open_objects.back().insert(std::move(key));
+            }
+        }
+        return true;
+    };
+    document = nlohmann::json::parse(text.begin(), text.end(), watch_keys,
+                                     /*allow_exceptions=*/false);
+    if (document.is_discarded()) {
+        if (why) *why = "not valid JSON";
+    } else if (found_duplicate) {
+        document = nlohmann::json(nlohmann::json::value_t::discarded);
+        if (why) *why = "key '" + escaped_json_text(duplicate) + "' given twice in one object";
+    }
     return document;
 }
 

@@ -23,8 +23,9 @@ int json_nesting_depth(std::string_view text, int limit);
 // that quote a key, where a NUL would cut the C API's message and a newline break its line.
 std::string escaped_json_text(const std::string& text);
 
-// `text` parsed, or a discarded value where it is not JSON or nests deeper than kMaxJsonDepth,
-// with the reason in *why ("not valid JSON", "nests deeper than 16 levels") when why is not NULL.
+// `text` parsed, or a discarded value where it is not JSON, nests deeper than kMaxJsonDepth or
+// gives a key twice in one object, with the reason in *why ("not valid JSON", "nests deeper
+// than 16 levels", "key 'x' given twice in one object") when why is not NULL.
 nlohmann::json parse_bounded_json(std::string_view text, std::string* why = nullptr);
 
 }  // namespace rope_jit

@@ -384,6 +384,12 @@ class HostileRootTest(CacheTestCase):
         os.chmod(self.root, 0o700)
         result, stderr = self.prewarm("--head-dim", "64")
         self.assertEqual((result["written"], warnings_in(stderr)), (1, []))
+        # verify's hint and prune's refusal say how to make the entry usable (verify said
+        # "prune removes them", which prune then refused).
+        os.chmod(self.root, 0o770)
+        self.assertIn("chmod go-w", self.tool("--cache-dir", self.root, "verify", expect=1).stdout)
+        self.assertIn("chmod go-w", self.tool("--cache-dir", self.root, "prune", expect=1).stderr)
+        os.chmod(self.root, 0o700)
 
     @unittest.skipUnless(os.geteuid() == 0, "changing a directory's owner needs root")
     def test_a_root_owned_by_another_user_is_neither_written_nor_read(self):
@@ -523,6 +529,20 @@ class CommandLineTest(CacheTestCase):
             self.assertIn("not a directory", result.stderr, subcommand)
         self.assertEqual(read_bytes(self.root), b"not a directory")
         self.assertEqual(self.verify(root=os.path.join(self.scratch, "missing"), expect=0)["items"], [])
+        # Looking creates nothing (info made the missing root and its v1: a mistyped path left
+        # directories behind), nor does pruning a root that holds another format's tree alone.
+        missing = os.path.join(self.scratch, "missing", "deep")
+        info = json.loads(self.tool("--cache-dir", missing, "info", "--json").stdout)
+        self.assertEqual((info["cache_exists"], info["cache_writable"]), (False, False))
+        self.assertIn("does not exist yet", info["cache_problem"])
+        for subcommand in ("list", "verify", "prune", "clear"):
+            self.tool("--cache-dir", missing, subcommand)
+        self.assertFalse(os.path.exists(os.path.join(self.scratch, "missing")))
+        other_format = os.path.join(self.scratch, "v2only")
+        os.makedirs(os.path.join(other_format, "v2", "nvrtc12.0"), mode=0o700)
+        os.chmod(other_format, 0o700)
+        self.tool("--cache-dir", other_format, "prune")
+        self.assertEqual(os.listdir(other_format), [])
 
     def test_prune_leaves_v_directories_that_are_not_the_caches(self):
         project = os.path.join(self.root, "v2", "src", "main.c")
@@ -757,6 +777,22 @@ class CommandLineTest(CacheTestCase):
                                            "rotary_offset": list(range(0, 100, 2))}]).encode())
         result = self.tool("prewarm", "--dry-run", "--manifest", manifest, "--target", "sm_90", expect=2)
         self.assertIn("more than the 20000 specs", result.stderr)
+        # Specs without lists count too (adversarial pass, session 38): 20001 of them passed,
+        # and the budget, wrapped below zero, then let any list through.
+        write_bytes(manifest, json.dumps([{"head_dim": 2 * (i + 1)} for i in range(20001)]).encode())
+        result = self.tool("prewarm", "--dry-run", "--manifest", manifest, "--target", "sm_90", expect=2,
+                           timeout=120)
+        self.assertIn("past the 20000 specs", result.stderr)
+        bomb = [{"head_dim": 2}] * 20001 + [{"head_dim": list(range(2, 4002, 2)),
+                                             "gqa_group": list(range(1, 1000))}]
+        write_bytes(manifest, json.dumps(bomb).encode())
+        result = self.tool("prewarm", "--dry-run", "--manifest", manifest, "--target", "sm_90", expect=2,
+                           timeout=120)
+        self.assertIn("20000 specs", result.stderr)
+        # A key given twice: nlohmann kept the last value, silently.
+        write_bytes(manifest, b'[{"op": "rope", "head_dim": 128, "head_dim": 64}]')
+        result = self.tool("prewarm", "--dry-run", "--manifest", manifest, "--target", "sm_90", expect=2)
+        self.assertIn("key 'head_dim' given twice", result.stderr)
         # Duplicates merge by hash: 3600 specs, each twice, one kernel each with both sources.
         # (How fast is a benchmark's question, not a test's: a 2-core machine under load took
         # 7 s; the timeout only catches a hang.)
@@ -794,6 +830,14 @@ class CommandLineTest(CacheTestCase):
         self.assertEqual(entries(other), entries(self.root))
         # The listed specs, as plain spec objects, are a manifest too (the one-liner in the
         # README: jq '[.items[] | select(.state == "ok") | .spec_json]').
+        # --target applies to a listed manifest's items too (it was ignored, and not checked).
+        write_bytes(manifest, listed.encode())
+        retargeted = json.loads(self.tool("--cache-dir", other, "prewarm", "--dry-run", "--json", "--manifest",
+                                          manifest, "--target", "sm_80").stdout)
+        self.assertEqual({kernel["target"] for kernel in retargeted["kernels"]}, {"sm_80"})
+        self.assertEqual(len(retargeted["kernels"]), len(json.loads(listed)["items"]))
+        self.tool("--cache-dir", other, "prewarm", "--dry-run", "--manifest", manifest, "--target",
+                  "not_an_arch", expect=2)
         plain = [item["spec_json"] for item in json.loads(listed)["items"] if item["state"] == "ok"]
         write_bytes(manifest, json.dumps(plain).encode())
         third = json.loads(self.tool("--cache-dir", other, "prewarm", "--json", "--manifest", manifest,
