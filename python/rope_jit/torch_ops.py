@@ -1007,70 +1007,26 @@ def apply_rope(
                 backward=backward,
             )
             return _copy_back(q, k, rotated)
-        if k is None:
-            rope_inplace_op(
-                q_api,
-                *tables,
-                position_offset + q_position_offset,
-                rotary_dim,
-                rotary_offset,
-                interleaved,
-                backward,
-            )
-            return q
-        rope_qk_inplace_op(
-            q_api,
-            k_api,
-            *tables,
-            position_offset,
-            q_position_offset,
-            rotary_dim,
-            rotary_offset,
-            interleaved,
-            backward,
-        )
-        return q, k
 
+    if k is None:  # without k, q's own offset simply adds to the common one
+        position_offset, q_position_offset = position_offset + q_position_offset, 0
+    # The ops' scalars; rope_jit::rope and rope_ (one tensor) take no q_position_offset.
+    scalars = (position_offset, q_position_offset, rotary_dim, rotary_offset, interleaved, backward)
+    one_tensor_scalars = scalars[:1] + scalars[2:]
+    if inplace:
+        if k is None:
+            rope_inplace_op(q_api, *tables, *one_tensor_scalars)
+            return q
+        rope_qk_inplace_op(q_api, k_api, *tables, *scalars)
+        return q, k
     if transformed:
-        if k is None:  # (q's own offset folded in, as below)
-            position_offset, q_position_offset = position_offset + q_position_offset, 0
         rotated = _RopeTransformFunction.apply(
-            q_api,
-            k_api,
-            *tables,
-            position_offset,
-            q_position_offset,
-            rotary_dim,
-            rotary_offset,
-            interleaved,
-            backward,
-            _carries_tangent(cos) or _carries_tangent(sin),
+            q_api, k_api, *tables, *scalars, _carries_tangent(cos) or _carries_tangent(sin)
         )
         return from_api(rotated) if k is None else (from_api(rotated[0]), from_api(rotated[1]))
     if k is None:
-        # Without k, q's own offset simply adds to the common one.
-        return from_api(
-            rope_op(
-                q_api,
-                *tables,
-                position_offset + q_position_offset,
-                rotary_dim,
-                rotary_offset,
-                interleaved,
-                backward,
-            )
-        )
-    q_out, k_out = rope_qk_op(
-        q_api,
-        k_api,
-        *tables,
-        position_offset,
-        q_position_offset,
-        rotary_dim,
-        rotary_offset,
-        interleaved,
-        backward,
-    )
+        return from_api(rope_op(q_api, *tables, *one_tensor_scalars))
+    q_out, k_out = rope_qk_op(q_api, k_api, *tables, *scalars)
     return from_api(q_out), from_api(k_out)
 
 
