@@ -43,7 +43,7 @@ struct RopeKernelParams {
     long long batch;
     long long seqlen_q;
     long long seqlen_k;
-    long long seqlen_max;  // max(seqlen_q, seqlen_k): tokens per batch row the grid covers
+    long long seqlen_max;  // RopeProblem::rotated_seqlen: tokens per batch row the grid covers
     long long heads_q;
     long long heads_k;
     long long num_sequences;

@@ -114,6 +114,33 @@ TEST_CASE("a q with no heads returns at once however large its batch") {
     CHECK(call.q.bytes() == call.q_before);
 }
 
+TEST_CASE("a q with no heads beside a k with few tokens rotates k alone, at once") {
+    // q [1, 0, 2^40, 8] holds nothing, yet the CPU loop walked its 2^40 tokens (about 2.7
+    // days; adversarial pass, session 38): the tokens covered are those of tensors with heads.
+    CpuCall call;
+    std::mt19937 rng(12);
+    HostTensor k(Dt::F32, {1, 1, 4, 8}), alone(Dt::F32, {1, 1, 4, 8});
+    k.fill_uniform(rng, -1, 1);
+    alone.bytes() = k.bytes();
+    int64_t shape[4] = {1, 0, int64_t(1) << 40, 8};
+    DLTensor headless = *call.q.dl();
+    headless.shape = shape;
+    headless.data = nullptr;
+    call.args.q = &headless;
+    call.args.k = k.dl();
+    const auto start = std::chrono::steady_clock::now();
+    CHECK(rope_jit_rope(call.runtime, &call.args) == ROPE_JIT_OK);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    CAPTURE(seconds);
+    CHECK(seconds < 0.5);
+    // k rotated as the same tensor given as q alone (no xPos: q and k rotate alike).
+    call.args.q = alone.dl();
+    call.args.k = nullptr;
+    REQUIRE(rope_jit_rope(call.runtime, &call.args) == ROPE_JIT_OK);
+    CHECK(k.bytes() == alone.bytes());
+}
+
 TEST_CASE("position offsets of magnitude 2^53 or more are rejected, naming the offset") {
     CpuCall call;
     const int64_t limit = int64_t(1) << 53;

@@ -962,6 +962,26 @@ TEST_CASE("bad table arguments are rejected, naming the argument, and nothing is
     SUBCASE("two tables in one buffer") {
         expect_invalid(cos.dl(), cos.dl(), nullptr, "cos: shares memory with sin");
     }
+    SUBCASE("a table over the inputs it is computed from") {
+        // A sin table on the caller's inv_freq filled its later rows from its own first one,
+        // and returned OK (adversarial pass, session 38); positions likewise.
+        HostTensor holder(Dt::F32, {5, 4});
+        holder.set({0, 0}, 1.0);
+        holder.set({0, 1}, 0.5);
+        const std::vector<uint8_t> holder_before = holder.bytes();
+        config.inv_freq = reinterpret_cast<const float*>(holder.dl()->data);
+        expect_invalid(cos.dl(), holder.dl(), nullptr, "sin: shares memory with inv_freq");
+        CHECK(holder.bytes() == holder_before);
+        config.inv_freq = inv.data();
+        HostTensor doubles(Dt::F32, {5, 4});  // 80 bytes: 10 positions of 8 bytes
+        for (int64_t r = 0; r < 5; ++r)
+            for (int64_t c = 0; c < 4; ++c) doubles.set({r, c}, 0.0);
+        config.positions = reinterpret_cast<const double*>(doubles.dl()->data);
+        const std::vector<uint8_t> doubles_before = doubles.bytes();
+        expect_invalid(doubles.dl(), sin.dl(), nullptr, "cos: shares memory with positions");
+        CHECK(doubles.bytes() == doubles_before);
+        config.positions = nullptr;
+    }
     SUBCASE("a zero or infinite interpolate_factor") {
         config.interpolate_factor = 0;
         expect_invalid(cos.dl(), sin.dl(), nullptr, "interpolate_factor");

@@ -1163,7 +1163,9 @@ ROPE_JIT_API void rope_jit_table_config_init(rope_jit_table_config* config);
 /* Fills the tables of *config: cos, sin and xpos_scale, each optional (NULL) but not all
  * three. Each is a 2-D [P, n] or [P, 2n] tensor in host-accessible memory (kDLCPU,
  * kDLCUDAHost or kDLCUDAManaged; copy to the GPU yourself), float32, float16 or bfloat16,
- * any strides; all given tables have the same P (P = 0 is a no-op). Values are computed in
+ * with strides that keep its elements distinct; all given tables have the same P (P = 0 is a
+ * no-op) and share no memory with each other, config->inv_freq or config->positions (read
+ * while the tables are written). Values are computed in
  * float64 and rounded to float32 (then to float16/bfloat16 for those tables, as a float32
  * table converted with PyTorch's .to() would be). Fails with ERROR_INVALID_ARGUMENT
  * (naming the argument) on bad input, writing nothing. Thread-safe. */

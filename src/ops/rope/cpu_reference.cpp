@@ -353,7 +353,7 @@ void store_sums(const TensorRef& out, const std::vector<double>& sums) {
 
 template <typename T>
 void rope_cpu_typed(const RopeProblem& p, ThreadPool& pool) {
-    const int64_t seqlen = std::max(p.seqlen_q, p.has_k ? p.seqlen_k : 0);
+    const int64_t seqlen = p.rotated_seqlen();
     const int64_t units = p.batch * seqlen;
 
     std::vector<int64_t> cu;  // sequence starts of a packed batch

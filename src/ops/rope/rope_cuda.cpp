@@ -308,12 +308,12 @@ void set_frequency_gradient(const RopeProblem& p, RopeKernelParams& params) {
     params.inv_freq_grad_stride = p.inv_freq_grad.strides[0];
 }
 
-// Sizes, and the tokens the grid covers: units = batch * the longer of q's and k's sequences.
+// Sizes, and the tokens the grid covers: units = batch * RopeProblem::rotated_seqlen.
 void set_sizes(const RopeProblem& p, RopeKernelParams& params) {
     params.batch = p.batch;
     params.seqlen_q = p.seqlen_q;
     params.seqlen_k = p.has_k ? p.seqlen_k : 0;
-    params.seqlen_max = std::max(params.seqlen_q, params.seqlen_k);
+    params.seqlen_max = p.rotated_seqlen();
     params.heads_q = p.heads_q;
     params.heads_k = p.heads_k;
     params.num_sequences = p.num_sequences;
@@ -549,7 +549,7 @@ void RopeCuda::run_norm(const RopeProblem& p, const KernelSpec& spec, const Load
                         CUstream stream) {
     const CudaDriverApi& api = devices_.api();
     // Rows: q's and k's heads, and v's, which the kernel copies into its cache (KV cache).
-    const RopeNormRows rows{p.batch * std::max(p.seqlen_q, p.has_k ? p.seqlen_k : 0), p.heads_q,
+    const RopeNormRows rows{p.batch * p.rotated_seqlen(), p.heads_q,
                             p.has_k ? p.heads_k : 0, p.has_v ? p.heads_k : 0};
     const RopeNormLaunch shape =
         plan_rope_norm_launch(spec, rows, devices_.device(p.device.device_id).multiprocessors);

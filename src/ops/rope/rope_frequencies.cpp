@@ -429,6 +429,16 @@ TensorRef check_output_table(const DLTensor* tensor, const char* name, int64_t p
     return t;
 }
 
+// Whether table t's bytes reach into [begin, begin + bytes): an input array the call reads
+// while it writes the tables. A conservative test (the byte extents), as for outputs.
+bool table_overlaps(const TensorRef& t, const void* begin, size_t bytes) {
+    if (!t.present() || t.numel() == 0 || begin == nullptr || bytes == 0) return false;
+    uintptr_t first = 0, last = 0;
+    t.byte_extent(&first, &last);
+    const uintptr_t start = reinterpret_cast<uintptr_t>(begin);
+    return first < start + bytes && start <= last;
+}
+
 }  // namespace
 
 void fill_rope_tables(const rope_jit_table_config& c, const DLTensor* cos_tensor,
@@ -483,6 +493,20 @@ void fill_rope_tables(const rope_jit_table_config& c, const DLTensor* cos_tensor
                 fail_argument(fmt::format("{}: shares memory with {}; each table needs elements "
                                           "of its own",
                                           t->name, other->name));
+    }
+    // The inputs are read while the tables are written: a table over them (a sin table on
+    // the caller's inv_freq) filled its later rows from its own first one, and returned OK
+    // (adversarial pass, session 38).
+    for (const TensorRef* t : tables) {
+        if (table_overlaps(*t, c.inv_freq, c.num_freqs * sizeof(float)))
+            fail_argument(fmt::format("{}: shares memory with inv_freq, which the call reads "
+                                      "while it writes the tables",
+                                      t->name));
+        if (c.positions != nullptr && rows > 0 &&
+            table_overlaps(*t, c.positions, size_t(num_axes * rows) * sizeof(double)))
+            fail_argument(fmt::format("{}: shares memory with positions, which the call reads "
+                                      "while it writes the tables",
+                                      t->name));
     }
     if (xpos.present() && !(std::isfinite(c.xpos_scale_base) && c.xpos_scale_base > 0))
         fail_argument(

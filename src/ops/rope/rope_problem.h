@@ -3,6 +3,7 @@
 // RopeProblem, so the checks live in one place (make_rope_problem) and backends trust it.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -115,6 +116,15 @@ struct RopeProblem {
     bool empty() const {
         return batch == 0 || head_dim == 0 ||
                ((seqlen_q == 0 || heads_q == 0) && (!has_k || seqlen_k == 0));
+    }
+    // The tokens a sequence holds for the rotation: the longer of q's and k's, counting only
+    // a tensor with heads (a [1, 0, 2^40, D] q beside a k of 4 tokens walked 2^40 tokens
+    // of nothing: adversarial pass, session 38). The CPU loop and the kernels' grid cover
+    // batch times this.
+    int64_t rotated_seqlen() const {
+        const int64_t q_tokens = heads_q > 0 ? seqlen_q : 0;
+        const int64_t k_tokens = has_k && heads_k > 0 ? seqlen_k : 0;
+        return std::max(q_tokens, k_tokens);
     }
     bool multi_section() const { return !pair_axis.empty(); }
     // The positions of one axis as a plain [S], [B, S] or [T] view (M-RoPE); `positions`
