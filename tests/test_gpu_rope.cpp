@@ -419,6 +419,38 @@ TEST_SUITE("gpu") {
     }
 
     TEST_CASE_FIXTURE(GpuFixture,
+                      "a q with no heads and 2^40 tokens beside a k of few tokens rotates k "
+                      "alone, as the CPU does") {
+        // The grid covered q's 2^40 tokens of nothing (adversarial pass, session 38): the
+        // tokens covered are those of tensors with heads (RopeProblem::rotated_seqlen).
+        Spec c;
+        c.dt = Dt::BF16;
+        c.angles = Angles::InvFreq;
+        c.B = 2, c.S = 7, c.Hk = 2, c.group = 1, c.D = 64, c.R = 64;
+        std::mt19937 rng(10);
+        const Problem original = make_problem(c, rng);
+        Problem host = original;
+        DLTensor headless = *host.t[kQ].dl();
+        int64_t shape[4] = {c.B, 0, int64_t(1) << 40, c.D};
+        headless.shape = shape;
+        headless.strides = nullptr;
+        headless.data = nullptr;
+        Views host_side = host_views(host);
+        host_side[kQ] = &headless;
+        require_ok(call_rope(cpu_runtime.get(), make_args(c, host_side, nullptr)), "CPU");
+        Problem unrotated = original;
+        CHECK(host.t[kK].bytes() != unrotated.t[kK].bytes());  // (k was rotated)
+        DeviceProblem device(original);
+        Views device_side = device.views();
+        DLTensor device_headless = headless;
+        device_headless.device = device_side[kK]->device;
+        device_side[kQ] = &device_headless;
+        require_ok(call_rope(cuda_runtime.get(), make_args(c, device_side, nullptr)), "CUDA");
+        synchronize_context();
+        check_gpu_matches_cpu(original, device.download(original), host, gpu_tolerance(c));
+    }
+
+    TEST_CASE_FIXTURE(GpuFixture,
                       "tensors on different devices are rejected with a message naming the "
                       "argument, and nothing is written") {
         Spec c;
