@@ -556,7 +556,7 @@ typedef struct rope_jit_kernel_spec {
     int backward;
     /* 1: q and k in one launch. Default 1. */
     int has_k;
-    /* Hq / Hk with k. Default 1. */
+    /* Hq / Hk with k (0: q has no heads, and k alone is rotated). Default 1. */
     int32_t gqa_group;
     /* Default ROPE_JIT_POSITIONS_IMPLICIT. */
     rope_jit_position_mode positions;

@@ -42,7 +42,7 @@ constexpr int32_t kRopeMaxBlockThreads = 512;
     /* interleaved and proportional: set through the composite key "style" */                      \
     X(interleaved, 0, nullptr, Boolean, 0, 1, "INTERLEAVED", PLAIN)                                \
     X(has_k, 1, "has_k", Boolean, 0, 1, "HAS_K", PLAIN)                                            \
-    X(gqa_group, 1, "gqa_group", Integer, 1, 1 << 20, "GQA_GROUP", PLAIN)                          \
+    X(gqa_group, 1, "gqa_group", Integer, 0, 1 << 20, "GQA_GROUP", PLAIN)                          \
     X(position_mode, 0, "positions", PositionModes, 0, 2, "POSITION_MODE", PLAIN)                  \
     X(packed, 0, "packed", Boolean, 0, 1, "PACKED", PLAIN)                                         \
     X(positions_int64, 0, "positions_int64", Boolean, 0, 1, "POSITIONS_INT64", DERIVED)            \
