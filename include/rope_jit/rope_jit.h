@@ -277,7 +277,11 @@ ROPE_JIT_API void rope_jit_config_init(rope_jit_config* config);
  * other output, a table, inv_freq, an index tensor); such a call fails with
  * ERROR_INVALID_ARGUMENT naming both. Views of one buffer that interleave without touching
  * the same elements are fine: q and k as slices of a fused qkv, rotated in place. Tensors that
- * are only read may share memory freely.
+ * are only read may share memory freely. A written tensor must also address each of its
+ * elements once, which the call checks by a sufficient test (each stride, in increasing
+ * order, exceeds the span of the smaller ones): "any strides" below means any such strides,
+ * and a rare layout whose elements are distinct in another way (strides 2 and 3 over
+ * extents 3 and 2) is refused too, naming the tensor.
  *
  * dtypes: q, k, q_out and k_out share one dtype: float32, float16 or bfloat16; q_out may
  * instead be float8 e4m3fn (see "FP8 outputs" in rope_jit_rope_args).
