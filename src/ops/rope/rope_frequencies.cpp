@@ -497,17 +497,11 @@ void fill_rope_tables(const rope_jit_table_config& c, const DLTensor* cos_tensor
     // The inputs are read while the tables are written: a table over them (a sin table on
     // the caller's inv_freq) filled its later rows from its own first one, and returned OK
     // (adversarial pass, session 38).
-    for (const TensorRef* t : tables) {
+    for (const TensorRef* t : tables)
         if (table_overlaps(*t, c.inv_freq, c.num_freqs * sizeof(float)))
             fail_argument(fmt::format("{}: shares memory with inv_freq, which the call reads "
                                       "while it writes the tables",
                                       t->name));
-        if (c.positions != nullptr && rows > 0 &&
-            table_overlaps(*t, c.positions, size_t(num_axes * rows) * sizeof(double)))
-            fail_argument(fmt::format("{}: shares memory with positions, which the call reads "
-                                      "while it writes the tables",
-                                      t->name));
-    }
     if (xpos.present() && !(std::isfinite(c.xpos_scale_base) && c.xpos_scale_base > 0))
         fail_argument(
             fmt::format("xpos_scale_base: must be finite and > 0, got {}", c.xpos_scale_base));
@@ -524,6 +518,14 @@ void fill_rope_tables(const rope_jit_table_config& c, const DLTensor* cos_tensor
                             num_axes > 1 ? fmt::format(" ({} sections x {} rows)", num_axes, rows)
                                          : std::string()));
     }
+    // (After the count check: the positions read are num_axes x rows, which a stated
+    // num_positions has just been found to hold.)
+    if (c.positions != nullptr && rows > 0)
+        for (const TensorRef* t : tables)
+            if (table_overlaps(*t, c.positions, size_t(num_axes * rows) * sizeof(double)))
+                fail_argument(fmt::format("{}: shares memory with positions, which the call "
+                                          "reads while it writes the tables",
+                                          t->name));
     // The largest |position| and |inverse frequency|: their product must stay finite.
     double largest_position = 0;
     if (c.positions != nullptr) {
