@@ -765,6 +765,15 @@ _functorch_active = getattr(torch._C, "_are_functorch_transforms_active", lambda
 # tensors, whose tangents the eager paths and the ops would drop; _RopeTransformFunction
 # carries them.
 _forward_ad = torch.autograd.forward_ad
+
+
+def _transforms_active():
+    """Whether a torch.func transform or a forward-AD dual level is active: then the
+    Functions above run (the eager paths, which would drop tangents, test the same two
+    conditions inline, as their hot paths cannot pay a call)."""
+    return _functorch_active() or _forward_ad._current_level >= 0
+
+
 # The exact tensor classes of the eager hot path (subclasses such as FakeTensor take the ops).
 _EAGER_TYPES = (torch.Tensor, torch.nn.Parameter)
 # The plans' tensor types and stream function, set now: else the first call of a fast path
@@ -974,7 +983,7 @@ def apply_rope(
     )
     q_api = to_api("q", q)
     k_api = None if k is None else to_api("k", k)
-    transformed = _functorch_active() or _forward_ad._current_level >= 0
+    transformed = _transforms_active()
 
     if transformed:
         for name, table in (("inv_freq", inv_freq), ("xpos_scale", xpos_scale)):
@@ -1250,9 +1259,7 @@ def attention(
         raise NotImplementedError(
             "rope_jit.attention: the loaded librope_jit has no rope_jit_attention"
         )
-    function = attention_op
-    if _functorch_active() or _forward_ad._current_level >= 0:
-        function = _AttentionTransformFunction.apply
+    function = _AttentionTransformFunction.apply if _transforms_active() else attention_op
     out, lse = function(
         q,
         k,
