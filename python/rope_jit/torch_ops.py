@@ -9,20 +9,19 @@ The ops live in the `rope_jit` torch.library namespace:
   rope_jit::attention(q, k, v, ...) -> (out, lse)   attention with rotary fused in
 
 Each out-of-place op has a fake (meta) implementation, so torch.compile traces it without a
-graph break, and an autograd formula (torch.library.register_autograd, which wraps it in a
-torch.autograd.Function) whose backward is the same op with `backward` flipped: the library's
-backward kernel (the inverse rotation). That backward is itself differentiable, so double
-backward works too. Gradients flow to q and k only, never to the tables (cos, sin, inv_freq,
-xpos_scale): apply_rope refuses tables that require grad rather than silently dropping their
-gradient.
+graph break, and an Autograd kernel that records the call in a torch.autograd.Function where
+autograd differentiates it. RoPE's backward is the same op with `backward` flipped: the
+library's backward kernel (the inverse rotation), itself differentiable (double backward); its
+forward-mode derivative is the same rotation of the tangents. Gradients flow to q and k only,
+never to the tables (cos, sin, inv_freq, xpos_scale): tables that require grad are refused
+rather than silently given none (forward mode also takes the tangents of cos and sin).
 
-Under torch.func transforms (grad, jvp, vmap, jacfwd, hessian...) and forward-mode AD dual
-levels, apply_rope and attention call the ops through autograd.Functions of their own
-(_RopeTransformFunction, _AttentionTransformFunction) that declare what functorch needs; the
-ops' registered autograd serves reverse mode only.
+Under torch.func transforms (grad, jvp, vmap, jacfwd, hessian...) apply_rope and attention
+call those Functions from Python, as functorch needs; the ops called directly refuse to be
+differentiated there (vmap alone runs them per sample).
 
-The ops are defined with torch.library.Library (define / impl, register_fake,
-register_autograd): the dispatcher calls their Python kernels with no custom_op layer.
+The ops are defined with torch.library.Library (define / impl, register_fake, an Autograd
+kernel): the dispatcher calls their Python kernels with no custom_op layer.
 In eager mode apply_rope does not go through them at all: it calls the library through a plan
 (_plans.py: the argument struct of a call signature built once, then only pointers patched)
 inside one torch.autograd.Function (see "The eager hot path" below); torch.compile, export and
@@ -55,7 +54,7 @@ _TABLE_FIELDS = (
 # The ops are defined with torch.library.Library.define / impl: a call goes from the dispatcher
 # straight to the Python kernel, where torch.library.custom_op adds its own Python layers
 # (about 4 us a call more, measured on the H200 host). Fake kernels (torch.compile, export)
-# and the autograd formula are registered for each out-of-place op.
+# and an Autograd kernel are registered for each out-of-place op.
 _library = torch.library.Library("rope_jit", "DEF")
 _TABLES_SCHEMA = (
     "Tensor? cos, Tensor? sin, Tensor? inv_freq, Tensor? positions, Tensor? seqlen_offsets, "
@@ -68,6 +67,13 @@ def _define(name, schema, kernel, fake):
     _library.impl(name, kernel, "CompositeExplicitAutograd")
     torch.library.register_fake(f"rope_jit::{name}", fake, lib=_library)
     return getattr(torch.ops.rope_jit, name).default
+
+
+def _below_autograd(op, *arguments):
+    """op's kernel without its Autograd kernel (below): what the Functions' forwards run, as
+    the Autograd kernel would otherwise record the call again."""
+    with torch._C._AutoDispatchBelowAutograd():
+        return op(*arguments)
 
 
 def _launch(
@@ -186,45 +192,17 @@ rope_op = _define(
 )
 
 
-def _rope_setup_context(ctx, inputs, output):
-    (
-        _,
-        cos,
-        sin,
-        inv_freq,
-        positions,
-        seqlen_offsets,
-        cu_seqlens,
-        xpos_scale,
-        position_offset,
-        rotary_dim,
-        rotary_offset,
-        interleaved,
-        backward,
-    ) = inputs
-    ctx.save_for_backward(cos, sin, inv_freq, positions, seqlen_offsets, cu_seqlens, xpos_scale)
-    ctx.params = (position_offset, rotary_dim, rotary_offset, interleaved, backward)
+def _rope_autograd(x, *arguments):
+    """rope_jit::rope's Autograd kernel: _RopeTransformFunction (below) records the call where
+    autograd differentiates it (see _records), else the kernel runs alone."""
+    tables, (position_offset, *rest) = arguments[:7], arguments[7:]
+    if not _records(x, None, tables):
+        return _below_autograd(rope_op, x, *arguments)
+    return _RopeTransformFunction.apply(x, None, *tables, position_offset, 0, *rest,
+                                        _tables_vary(tables))
 
 
-def _rope_backward(ctx, grad):
-    position_offset, rotary_dim, rotary_offset, interleaved, backward = ctx.params
-    grad_x = None
-    if grad is not None:
-        grad_x = rope_op(
-            grad,
-            *ctx.saved_tensors,
-            position_offset,
-            rotary_dim,
-            rotary_offset,
-            interleaved,
-            not backward,
-        )
-    return (grad_x,) + (None,) * 12
-
-
-torch.library.register_autograd(
-    "rope_jit::rope", _rope_backward, setup_context=_rope_setup_context, lib=_library
-)
+_library.impl("rope", _rope_autograd, "Autograd")
 
 
 # ------------------------------------------------------------------------------------------
@@ -305,65 +283,15 @@ rope_qk_op = _define(
 )
 
 
-def _rope_qk_setup_context(ctx, inputs, output):
-    (
-        q,
-        k,
-        cos,
-        sin,
-        inv_freq,
-        positions,
-        seqlen_offsets,
-        cu_seqlens,
-        xpos_scale,
-        position_offset,
-        q_position_offset,
-        rotary_dim,
-        rotary_offset,
-        interleaved,
-        backward,
-    ) = inputs
-    ctx.save_for_backward(cos, sin, inv_freq, positions, seqlen_offsets, cu_seqlens, xpos_scale)
-    ctx.params = (
-        position_offset,
-        q_position_offset,
-        rotary_dim,
-        rotary_offset,
-        interleaved,
-        backward,
-    )
-    ctx.input_specs = ((q.shape, q.dtype, q.device), (k.shape, k.dtype, k.device))
+def _rope_qk_autograd(q, k, *arguments):
+    """rope_jit::rope_qk's Autograd kernel (see _rope_autograd)."""
+    tables = arguments[:7]
+    if not _records(q, k, tables):
+        return _below_autograd(rope_qk_op, q, k, *arguments)
+    return _RopeTransformFunction.apply(q, k, *arguments, _tables_vary(tables))
 
 
-def _rope_qk_backward(ctx, grad_q, grad_k):
-    if grad_q is None and grad_k is None:
-        return (None,) * 15
-    # An output that did not reach the loss may come as None; the kernel wants both.
-    (q_shape, q_dtype, q_device), (k_shape, k_dtype, k_device) = ctx.input_specs
-    if grad_q is None:
-        grad_q = torch.zeros(q_shape, dtype=q_dtype, device=q_device)
-    if grad_k is None:
-        grad_k = torch.zeros(k_shape, dtype=k_dtype, device=k_device)
-    position_offset, q_position_offset, rotary_dim, rotary_offset, interleaved, backward = (
-        ctx.params
-    )
-    grad_q, grad_k = rope_qk_op(
-        grad_q,
-        grad_k,
-        *ctx.saved_tensors,
-        position_offset,
-        q_position_offset,
-        rotary_dim,
-        rotary_offset,
-        interleaved,
-        not backward,
-    )
-    return (grad_q, grad_k) + (None,) * 13
-
-
-torch.library.register_autograd(
-    "rope_jit::rope_qk", _rope_qk_backward, setup_context=_rope_qk_setup_context, lib=_library
-)
+_library.impl("rope_qk", _rope_qk_autograd, "Autograd")
 
 
 # ------------------------------------------------------------------------------------------
@@ -505,20 +433,67 @@ rope_qk_inplace_op = _define(
 
 
 # ------------------------------------------------------------------------------------------
-# Under torch.func transforms and forward-mode AD
+# Autograd: reverse mode, forward mode, torch.func transforms
 # ------------------------------------------------------------------------------------------
 #
-# The ops' autograd (register_autograd) serves backward mode only: torch.func.grad refused it
-# ("must override the setup_context staticmethod"), and torch.func.jvp and forward_ad dual
-# tensors silently got a zero tangent (the ops' kernels saw the primal alone). apply_rope and
-# attention call these Functions instead while a transform or a dual level is active: they
-# declare what functorch needs (setup_context, a jvp, a generated vmap rule: vmap runs the
-# ops per sample, torch's fallback).
+# The RoPE ops' Autograd kernels call _RopeTransformFunction wherever autograd differentiates
+# a call; attention's call _AttentionFunction or, under a transform or a dual level,
+# _AttentionTransformFunction. They declare what functorch needs (setup_context, a jvp, a
+# generated vmap rule: vmap runs the ops per sample, torch's fallback). torch's
+# register_autograd served reverse mode only: torch.func.grad refused it ("must override the
+# setup_context staticmethod"), and torch.func.jvp and forward_ad dual tensors silently got a
+# zero tangent (the ops' kernels saw the primal alone).
+
+
+def _records(q, k, tables):
+    """Whether autograd differentiates this call of a RoPE op (then _RopeTransformFunction
+    records it): grad mode with q or k requiring grad, or a forward-AD dual level active (the
+    Function takes zeros where an input has no tangent). Refuses what rope-jit cannot
+    differentiate (tables that require grad, inv_freq or xpos_scale that vary) and the ops
+    under torch.func's differentiating transforms, which reach a Function only from Python
+    (apply_rope's path; vmap alone runs the ops per sample)."""
+    cos, sin, inv_freq, _, _, _, xpos_scale = tables
+    _refuse_table_grads({"cos": cos, "sin": sin, "inv_freq": inv_freq, "xpos_scale": xpos_scale})
+    grads = torch.is_grad_enabled() and (q.requires_grad or (k is not None and k.requires_grad))
+    if _functorch_active():
+        _refuse_functorch_differentiation(grads, (q, k) + tuple(tables), "rope_jit.apply_rope")
+        return False
+    if grads:
+        return True
+    if _forward_ad._current_level < 0:
+        return False
+    _refuse_varying_frequencies(inv_freq, xpos_scale)
+    return True
+
+
+def _refuse_functorch_differentiation(grads, tensors, instead):
+    """Raises where torch.func differentiates an op called directly (grad mode with an input
+    that requires grad, or an input with a tangent): its Autograd kernel cannot reach a
+    Function there ("could not find kernel for HigherOrderOperator custom_function_call")."""
+    if grads or any(_carries_tangent(tensor) for tensor in tensors):
+        raise NotImplementedError(
+            "the rope_jit ops called directly are not differentiable under torch.func "
+            f"transforms (grad, jvp, jacrev...): call {instead}, which is"
+        )
+
+
+def _tables_vary(tables):
+    """_RopeTransformFunction's last input: whether cos or sin carry a tangent (see its jvp)."""
+    return _carries_tangent(tables[0]) or _carries_tangent(tables[1])
+
+
+def _refuse_varying_frequencies(inv_freq, xpos_scale):
+    for name, table in (("inv_freq", inv_freq), ("xpos_scale", xpos_scale)):
+        if _carries_tangent(table):
+            raise NotImplementedError(
+                f"{name} varies under this transform (a tangent or gradient of it is "
+                "asked for), but rope-jit differentiates with respect to q, k, cos and sin "
+                f"only: use a plain PyTorch RoPE where {name} varies"
+            )
 
 
 class _RopeTransformFunction(torch.autograd.Function):
-    """rope_jit::rope_qk (or rope_jit::rope where k is None) for torch.func and forward AD.
-    Inputs: q, k, the 7 tables, the ops' 6 scalars, then `tables_vary` (whether cos or sin
+    """rope_jit::rope_qk (or rope_jit::rope where k is None), differentiated. Inputs: q, k, the 7 tables, the ops' 6 scalars, then `tables_vary` (whether cos or sin
     carry a tangent: see jvp). The rotation is linear in q and k: the tangent of the result is
     the same rotation of the tangents of q and k, the gradient the inverse rotation; both go
     through this Function again, so they compose (jacfwd, jacrev, hessian, grad of vmap)."""
@@ -530,16 +505,21 @@ class _RopeTransformFunction(torch.autograd.Function):
         arguments = arguments[:-1]  # (tables_vary is the jvp's)
         if k is None:  # (callers fold q_position_offset into position_offset: see apply_rope)
             tables, (position_offset, _, *rest) = arguments[:7], arguments[7:]
-            return rope_op(q, *tables, position_offset, *rest)
-        return rope_qk_op(q, k, *arguments)
+            return _below_autograd(rope_op, q, *tables, position_offset, *rest)
+        return _below_autograd(rope_qk_op, q, k, *arguments)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        # The same tensors for both directions: the generated vmap rule keeps one record of
-        # their batch dimensions, and two lists of different lengths broke a backward through
-        # a vmapped call (grad of vmap, jacrev of jacrev: review of session 38).
-        ctx.save_for_backward(*inputs[:9])
+        # The jvp reads q and k, the backward only the tables: outside torch.func the backward
+        # keeps no q and k alive (nor fails when they change in place after the call).
+        # Under it both lists hold the same tensors: the generated vmap rule keeps one record
+        # of their batch dimensions, and two lists of different lengths broke a backward
+        # through a vmapped call (grad of vmap, jacrev of jacrev: review of session 38).
         ctx.save_for_forward(*inputs[:9])
+        if _functorch_active():
+            ctx.save_for_backward(*inputs[:9])
+        else:
+            ctx.save_for_backward(None, None, *inputs[2:9])
         ctx.params = inputs[9:15]
         ctx.tables_vary = inputs[15]
 
@@ -985,14 +965,8 @@ def apply_rope(
     k_api = None if k is None else to_api("k", k)
     transformed = _transforms_active()
 
-    if transformed:
-        for name, table in (("inv_freq", inv_freq), ("xpos_scale", xpos_scale)):
-            if _carries_tangent(table):
-                raise NotImplementedError(
-                    f"{name} varies under this transform (a tangent or gradient of it is "
-                    "asked for), but rope-jit differentiates with respect to q, k, cos and sin "
-                    f"only: use a plain PyTorch RoPE where {name} varies"
-                )
+    if transformed:  # (refused before the in-place copies below are made)
+        _refuse_varying_frequencies(inv_freq, xpos_scale)
     if inplace:
         if records_grad or transformed:
             # (Under a transform, the rotation of copies: the Function saves its inputs, which
@@ -1028,10 +1002,9 @@ def apply_rope(
             return q
         rope_qk_inplace_op(q_api, k_api, *tables, *scalars)
         return q, k
-    if transformed:
-        rotated = _RopeTransformFunction.apply(
-            q_api, k_api, *tables, *scalars, _carries_tangent(cos) or _carries_tangent(sin)
-        )
+    if transformed:  # (at the Python level: functorch has no dispatcher path to a Function)
+        rotated = _RopeTransformFunction.apply(q_api, k_api, *tables, *scalars,
+                                               _tables_vary(tables))
         return from_api(rotated) if k is None else (from_api(rotated[0]), from_api(rotated[1]))
     if k is None:
         return from_api(rope_op(q_api, *tables, *one_tensor_scalars))
@@ -1168,9 +1141,35 @@ def _attention_backward(ctx, grad_out, grad_lse):
     return (dq, dk, dv) + (None,) * 8
 
 
-torch.library.register_autograd(
-    "rope_jit::attention", _attention_backward, setup_context=_attention_setup_context, lib=_library
-)
+class _AttentionFunction(torch.autograd.Function):
+    """rope_jit::attention, differentiated in reverse mode outside torch.func."""
+
+    @staticmethod
+    def forward(*inputs):
+        return _below_autograd(attention_op, *inputs)
+
+    setup_context = staticmethod(_attention_setup_context)
+    backward = staticmethod(_attention_backward)
+
+
+def _attention_autograd(q, k, v, cos, sin, pos_mask, attn_mask, *scalars):
+    """rope_jit::attention's Autograd kernel: a Function records the call where autograd
+    differentiates it, else the kernel runs alone."""
+    inputs = (q, k, v, cos, sin, pos_mask, attn_mask, *scalars)
+    # (A float mask that requires grad got none, silently: adversarial pass, session 37.)
+    _refuse_table_grads({"cos": cos, "sin": sin, "attn_mask": attn_mask}, "q, k and v",
+                        "attention")
+    grads = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    if _functorch_active():  # (see _records)
+        _refuse_functorch_differentiation(grads, inputs[:7], "rope_jit.torch_ops.attention")
+    elif _forward_ad._current_level >= 0:
+        return _AttentionTransformFunction.apply(*inputs)  # (its jvp raises)
+    elif grads:
+        return _AttentionFunction.apply(*inputs)
+    return _below_autograd(attention_op, *inputs)
+
+
+_library.impl("attention", _attention_autograd, "Autograd")
 
 
 class _AttentionGradientFunction(torch.autograd.Function):
@@ -1203,15 +1202,15 @@ class _AttentionGradientFunction(torch.autograd.Function):
 
 class _AttentionTransformFunction(torch.autograd.Function):
     """rope_jit::attention for torch.func (grad, vjp, vmap: the ops per sample) and
-    forward-mode AD, which the ops' registered autograd cannot serve (see
-    _RopeTransformFunction). There is no forward-mode derivative (no such kernel): a tangent
-    of q, k or v raises instead of coming out zero."""
+    forward-mode AD, which _AttentionFunction cannot serve (no setup_context of functorch's
+    kind; its backward's DelayedError node cannot be built there). There is no forward-mode
+    derivative (no such kernel): a tangent of q, k or v raises instead of coming out zero."""
 
     generate_vmap_rule = True
 
     @staticmethod
     def forward(*inputs):
-        return attention_op(*inputs)
+        return _below_autograd(attention_op, *inputs)
 
     setup_context = staticmethod(_attention_setup_context)
 
@@ -1252,13 +1251,11 @@ def attention(
     no attention op."""
     if style not in ("half", "interleaved"):
         raise ValueError(f"style: expected 'half' or 'interleaved', got {style!r}")
-    # (A float mask that requires grad got none, silently: adversarial pass, session 37.)
-    _refuse_table_grads({"cos": cos, "sin": sin, "attn_mask": attn_mask}, "q, k and v",
-                        "attention")
     if not torch.compiler.is_compiling() and not _has_attention():
         raise NotImplementedError(
             "rope_jit.attention: the loaded librope_jit has no rope_jit_attention"
         )
+    # (Under a transform at the Python level: functorch has no dispatcher path to a Function.)
     function = _AttentionTransformFunction.apply if _transforms_active() else attention_op
     out, lse = function(
         q,

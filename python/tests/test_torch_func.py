@@ -150,6 +150,63 @@ def test_apply_rope_jvp_takes_the_tangents_of_cos_and_sin(device, style):
     assert got[1][1].abs().max() > 0.1  # k has no tangent of its own: only the tables'
 
 
+def ops_call(case, q, k, cos=None, sin=None, inv_freq=None):
+    """case's call through torch.ops.rope_jit.rope_qk (k None: rope) on [B, H, S, D] tensors."""
+    cos, sin = (None, None) if inv_freq is not None else (
+        case.cos if cos is None else cos, case.sin if sin is None else sin)
+    tables = (cos, sin, inv_freq, case.positions, None, None, None)
+    style = case.style == "interleaved"
+    if k is None:
+        return torch.ops.rope_jit.rope(q, *tables, 0, 12, 4, style, False)
+    return torch.ops.rope_jit.rope_qk(q, k, *tables, 0, 0, 12, 4, style, False)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_ops_called_directly_carry_tangents_and_refuse_what_they_cannot(device):
+    # Before session 39 torch.ops.rope_jit.rope and rope_qk under forward_ad gave a result
+    # without a tangent, rope_ left its input's tangent unrotated, and a cos requiring grad got
+    # none: all silently.
+    case = Case(device, "bhsd", "half")
+    tangent_q, tangent_k = random(case.q.shape, device, 21), random(case.k.shape, device, 22)
+    tangent_cos, tangent_sin = half_tables(9, 12, device, seed=23)
+    expected_tq, expected_tk = case.reference(tangent_q, tangent_k)
+    expected_cos_part = func.jvp(lambda cos, sin: case.reference(case.q, case.k, cos, sin),
+                                 (case.cos, case.sin), (tangent_cos, tangent_sin))[1]
+    with forward_ad.dual_level():
+        q = forward_ad.make_dual(case.q, tangent_q)
+        k = forward_ad.make_dual(case.k, tangent_k)
+        for label, outs, expected in (
+                ("rope_qk", ops_call(case, q, k), (expected_tq, expected_tk)),
+                ("rope", (ops_call(case, q, None),), (expected_tq,)),
+                ("rope_qk by cos and sin",
+                 ops_call(case, case.q, case.k, forward_ad.make_dual(case.cos, tangent_cos),
+                          forward_ad.make_dual(case.sin, tangent_sin)), expected_cos_part)):
+            tangents = [forward_ad.unpack_dual(out).tangent for out in outs]
+            assert all(t is not None for t in tangents), f"{label}: the tangent was dropped"
+            assert_all_close(tangents, expected, label)
+        with pytest.raises(NotImplementedError, match="inv_freq varies"):
+            ops_call(case, case.q, case.k,
+                     inv_freq=forward_ad.make_dual(torch.ones(6, device=device),
+                                                   torch.ones(6, device=device)))
+        with pytest.raises(RuntimeError, match="q: is a dual tensor"):
+            torch.ops.rope_jit.rope_(forward_ad.make_dual(case.q.clone(), tangent_q),
+                                     case.cos, case.sin, None, case.positions, None, None, None,
+                                     0, 12, 4, False, False)
+    # Reverse mode as before, with the tables refused where they require grad.
+    q = case.q.clone().requires_grad_()
+    grad = random(case.q.shape, device, 24)
+    ops_call(case, q, None).backward(grad)
+    expected = torch.autograd.grad(case.reference(q, case.k)[0], q, grad)[0]
+    torch.testing.assert_close(q.grad, expected, **TOLERANCE)
+    with pytest.raises(NotImplementedError, match="cos requires grad"):
+        ops_call(case, case.q, None, cos=case.cos.clone().requires_grad_())
+    # torch.func reaches a Function from Python only: the ops say to call apply_rope.
+    for transform in (lambda f: func.grad(lambda q: f(q).sum()),
+                      lambda f: lambda q: func.jvp(f, (q,), (tangent_q,))):
+        with pytest.raises(NotImplementedError, match="call rope_jit.apply_rope"):
+            transform(lambda q: ops_call(case, q, None))(case.q)
+
+
 def test_inv_freq_is_refused_where_it_varies_and_taken_where_it_is_fixed():
     q = random((2, 2, 4, 8), "cpu", 10)
     inv_freq = torch.tensor([1.0, 0.1, 0.01, 0.001])
@@ -319,3 +376,18 @@ def test_attention_under_torch_func_grads_match_and_forward_mode_raises(device):
             fused(forward_ad.make_dual(q, q), k, v)
         # Without dual inputs a dual level changes nothing.
         torch.testing.assert_close(fused(q, k, v), reference(q, k, v), rtol=1e-4, atol=1e-4)
+
+    # The op called directly: the same refusal under forward AD, and under torch.func a
+    # pointer to the function that works there.
+    def raw(q, k, v):
+        return torch.ops.rope_jit.attention(q, k, v, cos, sin, None, None, False, 0.0, 0,
+                                            False)[0]
+    with forward_ad.dual_level():
+        with pytest.raises(NotImplementedError, match="no forward-mode derivative"):
+            raw(forward_ad.make_dual(q, q), k, v)
+    with pytest.raises(NotImplementedError, match="call rope_jit.torch_ops.attention"):
+        func.grad(lambda q: raw(q, k, v).sum())(q)
+    q_grad = q.clone().requires_grad_()
+    raw(q_grad, k, v).sum().backward()
+    torch.testing.assert_close(q_grad.grad, func.grad(lambda q: reference(q, k, v).sum())(q),
+                               rtol=1e-4, atol=1e-4)
