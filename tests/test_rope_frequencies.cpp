@@ -600,6 +600,20 @@ TEST_CASE("bad frequency configs are rejected with the field named and the outpu
         config.num_freqs = 4;
         expect_invalid(&config, 32, "num_freqs = 4");
     }
+    SUBCASE("counts past ROPE_JIT_MAX_FREQUENCIES, refused before anything is computed") {
+        // (2^31 - 1 constant frequencies were computed into a 16 GiB buffer: review, session 38.)
+        SUBCASE("constant") {
+            config.rope_type = ROPE_JIT_ROPE_TYPE_CONSTANT;
+            config.num_freqs = ROPE_JIT_MAX_FREQUENCIES + 1;
+            expect_invalid(&config, 32, "num_freqs: must be in [1, 2^24]");
+            config.num_freqs = INT32_MAX;
+            expect_invalid(&config, 32, "num_freqs: must be in [1, 2^24]");
+        }
+        SUBCASE("rotary_dim") {
+            config.rotary_dim = 2 * ROPE_JIT_MAX_FREQUENCIES + 2;
+            expect_invalid(&config, 32, "rotary_dim: at most 2^25");
+        }
+    }
     SUBCASE("fields each valid that combine into frequencies that are not finite and > 0") {
         // Each was returned: NaN, infinite or negative values (adversarial test, session 35).
         config.rope_type = ROPE_JIT_ROPE_TYPE_YARN;
@@ -941,6 +955,12 @@ TEST_CASE("bad table arguments are rejected, naming the argument, and nothing is
     }
     SUBCASE("no table at all") {
         expect_invalid(nullptr, nullptr, nullptr, "all NULL");
+    }
+    SUBCASE("num_freqs 0 or past ROPE_JIT_MAX_FREQUENCIES") {
+        for (const size_t count : {size_t(0), size_t(ROPE_JIT_MAX_FREQUENCIES) + 1}) {
+            config.num_freqs = count;
+            expect_invalid(cos.dl(), sin.dl(), nullptr, "num_freqs: must be in [1, 2^24]");
+        }
     }
     SUBCASE("a table of the wrong width") {
         HostTensor wide(Dt::F32, {5, 3});

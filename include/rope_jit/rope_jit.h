@@ -1093,11 +1093,16 @@ typedef struct rope_jit_freq_config {
 /* Fills *config with the defaults above and sets struct_size. NULL is ignored. */
 ROPE_JIT_API void rope_jit_freq_config_init(rope_jit_freq_config* config);
 
+/* The most inverse frequencies (pairs) rope_jit_inv_freq computes and rope_jit_rope_tables
+ * takes: 2^24, far past any model's rotary_dim / 2, so that a mistyped count is an error rather
+ * than gigabytes of host memory. */
+#define ROPE_JIT_MAX_FREQUENCIES (1 << 24)
+
 /* Computes the inverse frequencies of *config into inv_freq[0..n) (float32, host memory) and,
  * when attention_factor is not NULL, the attention factor (the `attention_scaling` HF
  * multiplies cos and sin by) into *attention_factor. n must be rotary_dim / 2 (num_freqs for
- * CONSTANT). Fails with ERROR_INVALID_ARGUMENT, naming the field, on a bad config or size;
- * the outputs are then untouched. Thread-safe. */
+ * CONSTANT), at most ROPE_JIT_MAX_FREQUENCIES. Fails with ERROR_INVALID_ARGUMENT, naming the
+ * field, on a bad config or size; the outputs are then untouched. Thread-safe. */
 ROPE_JIT_API rope_jit_status rope_jit_inv_freq(const rope_jit_freq_config* config, float* inv_freq,
                                                size_t n, float* attention_factor);
 
@@ -1121,7 +1126,7 @@ typedef struct rope_jit_table_config {
     size_t struct_size;
     /* The inverse frequencies [num_freqs], host memory, read during the call only. Required. */
     const float* inv_freq;
-    /* n: pairs per row. Required (> 0). */
+    /* n: pairs per row. Required, in [1, ROPE_JIT_MAX_FREQUENCIES]. */
     size_t num_freqs;
     /* Position of row 0 when `positions` is NULL (row r: position_start + r). Default 0. */
     double position_start;

@@ -172,6 +172,9 @@ class RopeArgs(ctypes.Structure):
 
 # The most entries of RopeArgs.mrope_sections (ROPE_JIT_MAX_MROPE_SECTIONS).
 MAX_MROPE_SECTIONS = 8
+# The most inverse frequencies rope_jit_inv_freq computes (ROPE_JIT_MAX_FREQUENCIES): checked
+# before the output array is made.
+MAX_FREQUENCIES = 1 << 24
 
 
 class KernelSpec(ctypes.Structure):

@@ -119,6 +119,10 @@ def inv_freq(rope_type, rotary_dim=0, **fields):
         if config.rope_type == s.ROPE_TYPES["constant"]:
             raise ValueError(f"num_freqs: must be > 0 for rope_type constant, got {count}")
         raise ValueError(f"rotary_dim: must be even and > 0, got {rotary_dim}")
+    if count > s.MAX_FREQUENCIES:  # (before the array: 2^31 frequencies took 8 GiB first)
+        name = "num_freqs" if config.rope_type == s.ROPE_TYPES["constant"] else "rotary_dim / 2"
+        raise ValueError(
+            f"{name}: at most 2^24 frequencies (ROPE_JIT_MAX_FREQUENCIES), got {count}")
     # The library reads rotary_dim / 2 factors through these pointers: a shorter list would
     # be read past its end (issue 20, P1).
     for name, length in factors.items():

@@ -6,10 +6,14 @@ integers wider than the C field (2**64 -> 0, 2**32 + 16 -> 16), floats (16.7 -> 
 strings with NUL (cut at the NUL). Each case here gave a result (or OK) before the fix; now it
 raises, naming the argument, and writes nothing."""
 
+import re
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 import rope_jit
+from rope_jit import _structs as s
 from rope_jit import frequencies
 
 
@@ -116,6 +120,25 @@ def test_rope_tables_refuses_positions_shorter_than_the_rows():
     np.testing.assert_array_equal(cos, 7.0)
     frequencies.rope_tables([1, 0.1, 0.01, 0.001], cos=cos, positions=[0.0, 1.0, 2.0, 3.0])
     np.testing.assert_allclose(cos[:, 0], np.cos([0.0, 1.0, 2.0, 3.0]), atol=1e-6)
+
+
+@needs_builders
+def test_frequency_counts_past_the_cap_are_refused_before_anything_is_allocated():
+    # inv_freq("constant", num_freqs=2**31 - 1) made an 8 GiB array first (review, session 38).
+    for rope_type, fields in (("constant", dict(num_freqs=2**31 - 1)),
+                              ("constant", dict(num_freqs=s.MAX_FREQUENCIES + 1)),
+                              ("default", dict(rotary_dim=2 * s.MAX_FREQUENCIES + 2))):
+        with pytest.raises(ValueError, match="at most 2\\^24 frequencies"):
+            frequencies.inv_freq(rope_type, **fields)
+    assert len(frequencies.inv_freq("constant", num_freqs=4)[0]) == 4
+
+
+def test_the_frequency_cap_is_the_headers():
+    header = Path(__file__).resolve().parents[2] / "include" / "rope_jit" / "rope_jit.h"
+    if not header.exists():
+        pytest.skip("no source tree beside the tests")
+    match = re.search(r"#define ROPE_JIT_MAX_FREQUENCIES \(1 << (\d+)\)", header.read_text())
+    assert match and 1 << int(match.group(1)) == s.MAX_FREQUENCIES
 
 
 @needs_builders

@@ -238,9 +238,11 @@ Frequencies frequencies_of_type(const rope_jit_freq_config& c, size_t n, const c
     const FieldChecker check{type};
 
     if (c.rope_type == ROPE_JIT_ROPE_TYPE_CONSTANT) {
-        if (c.num_freqs <= 0)
-            fail_argument(
-                fmt::format("num_freqs: must be > 0 for rope_type constant, got {}", c.num_freqs));
+        if (c.num_freqs <= 0 || c.num_freqs > ROPE_JIT_MAX_FREQUENCIES)
+            fail_argument(fmt::format(
+                "num_freqs: must be in [1, 2^24] (ROPE_JIT_MAX_FREQUENCIES) for rope_type "
+                "constant, got {}",
+                c.num_freqs));
         if (n != size_t(c.num_freqs))
             fail_argument(
                 fmt::format("n: rope_type constant has num_freqs = {} frequencies, got n = {}",
@@ -252,6 +254,9 @@ Frequencies frequencies_of_type(const rope_jit_freq_config& c, size_t n, const c
 
     if (c.rotary_dim <= 0 || c.rotary_dim % 2 != 0)
         fail_argument(fmt::format("rotary_dim: must be even and > 0, got {}", c.rotary_dim));
+    if (c.rotary_dim / 2 > ROPE_JIT_MAX_FREQUENCIES)
+        fail_argument(fmt::format(
+            "rotary_dim: at most 2^25 (ROPE_JIT_MAX_FREQUENCIES pairs), got {}", c.rotary_dim));
     if (n != size_t(c.rotary_dim / 2))
         fail_argument(fmt::format("n: expected rotary_dim / 2 = {} inverse frequencies, got {}",
                                   c.rotary_dim / 2, n));
@@ -444,8 +449,9 @@ bool table_overlaps(const TensorRef& t, const void* begin, size_t bytes) {
 void fill_rope_tables(const rope_jit_table_config& c, const DLTensor* cos_tensor,
                       const DLTensor* sin_tensor, const DLTensor* xpos_tensor) {
     if (c.inv_freq == nullptr) fail_argument("inv_freq: required, got NULL");
-    if (c.num_freqs == 0 || c.num_freqs > (size_t(1) << 24))
-        fail_argument(fmt::format("num_freqs: must be in [1, 2^24], got {}", c.num_freqs));
+    if (c.num_freqs == 0 || c.num_freqs > size_t(ROPE_JIT_MAX_FREQUENCIES))
+        fail_argument(fmt::format(
+            "num_freqs: must be in [1, 2^24] (ROPE_JIT_MAX_FREQUENCIES), got {}", c.num_freqs));
     const int64_t pairs = int64_t(c.num_freqs);
     if (!(std::isfinite(c.interpolate_factor) && c.interpolate_factor > 0))
         fail_argument(fmt::format("interpolate_factor: must be finite and > 0, got {}",
