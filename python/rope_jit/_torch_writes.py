@@ -3,8 +3,7 @@
 Autograd cannot see a write made through a pointer. PyTorch's own in-place ops refuse to write
 a tensor that requires grad while grad mode is on (the write would go unrecorded), and count
 every write in the tensor's version counter, so that a backward which saved the old values
-fails instead of computing with the new ones. A dual tensor of forward-mode AD is refused
-too: its tangent would stay that of the old values. The library's writes into a caller's torch
+fails instead of computing with the new ones. The library's writes into a caller's torch
 tensors (rope()'s outputs, q and k in place) do the same: `check` before the call, `mark`
 once it succeeded. Tensors the package makes itself (apply_rope's outputs) need neither.
 
@@ -20,14 +19,12 @@ import sys
 
 _is_grad_enabled = None  # torch.is_grad_enabled, set on first use
 _is_inference_mode_enabled = None
-_forward_ad = None  # torch.autograd.forward_ad
 _increment_versions = None  # (tensors) -> None: one write counted in each
 
 
 def _init():
-    global _is_grad_enabled, _is_inference_mode_enabled, _increment_versions, _forward_ad
+    global _is_grad_enabled, _is_inference_mode_enabled, _increment_versions
     torch = sys.modules["torch"]
-    _forward_ad = torch.autograd.forward_ad
     _is_inference_mode_enabled = torch.is_inference_mode_enabled
     # torch >= 2.5 counts a sequence of tensors in one C call; before, the public function
     # takes one tensor.
@@ -47,18 +44,9 @@ def _init():
 def check(tensors, names):
     """Raises RuntimeError, as torch's in-place ops do, when grad mode is on and a tensor of
     `tensors` (named by `names`) requires grad: the call would write it where autograd cannot
-    record the write (apply_rope records its own); likewise for a dual tensor of an open
-    forward-AD level."""
+    record the write (apply_rope records its own)."""
     if _is_grad_enabled is None:
         _init()
-    if _forward_ad._current_level >= 0:  # (a dual level is open: rare, and one int to read)
-        for tensor, name in zip(tensors, names):
-            if _forward_ad.unpack_dual(tensor).tangent is not None:
-                raise RuntimeError(
-                    f"{name}: is a dual tensor (forward-mode AD), and this call writes it where "
-                    "its tangent cannot follow: use rope_jit.apply_rope (differentiable in "
-                    "forward mode too)"
-                )
     if not _is_grad_enabled():
         return
     for tensor, name in zip(tensors, names):

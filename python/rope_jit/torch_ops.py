@@ -37,7 +37,7 @@ import contextlib
 
 import torch
 
-from . import _plans
+from . import _plans, _torch_writes
 from .attention import attention as _call_attention
 from .attention import attention_backward as _call_attention_backward
 from .attention import has_attention as _has_attention
@@ -363,6 +363,18 @@ rope_inplace_op = _define(
 )
 
 
+def _rope_inplace_autograd(x, *arguments):
+    """rope_jit::rope_'s Autograd kernel: the in-place ops are not differentiable, and what
+    autograd would have to record is refused here, where the tensors still show it (dual
+    tensors, torch.func's wrappers, and under torch.compile too, where the kernel's own check
+    never saw a tensor that requires grad)."""
+    _refuse_in_place_differentiation((x,), arguments[:7])
+    return _below_autograd(rope_inplace_op, x, *arguments)
+
+
+_library.impl("rope_", _rope_inplace_autograd, "Autograd")
+
+
 def _rope_qk_inplace_kernel(
     q,
     k,
@@ -432,6 +444,34 @@ rope_qk_inplace_op = _define(
 )
 
 
+def _rope_qk_inplace_autograd(q, k, *arguments):
+    """rope_jit::rope_qk_'s Autograd kernel (see _rope_inplace_autograd)."""
+    _refuse_in_place_differentiation((q, k), arguments[:7])
+    return _below_autograd(rope_qk_inplace_op, q, k, *arguments)
+
+
+_library.impl("rope_qk_", _rope_qk_inplace_autograd, "Autograd")
+
+
+def _refuse_in_place_differentiation(written, tables):
+    """Raises where autograd would have to record an in-place op's write: a written tensor
+    that requires grad in grad mode (as torch's in-place ops do), a table that requires grad,
+    or any of them a dual tensor of the open forward-AD level (its tangent would not follow
+    the write). apply_rope(..., inplace=True) records such calls."""
+    cos, sin, inv_freq, _, _, _, xpos_scale = tables
+    _refuse_table_grads({"cos": cos, "sin": sin, "inv_freq": inv_freq, "xpos_scale": xpos_scale})
+    _torch_writes.check(written, ("q", "k"))
+    if _forward_ad._current_level < 0:
+        return
+    names = ("q", "k")[:len(written)] + ("cos", "sin", "inv_freq", "xpos_scale")
+    for name, tensor in zip(names, written + (cos, sin, inv_freq, xpos_scale)):
+        if _is_dual(tensor):
+            raise RuntimeError(
+                f"{name}: is a dual tensor (forward-mode AD), and the in-place ops write where "
+                "its tangent cannot follow: use rope_jit.apply_rope (inplace=True records the "
+                "write, in forward mode too)")
+
+
 # ------------------------------------------------------------------------------------------
 # Autograd: reverse mode, forward mode, torch.func transforms
 # ------------------------------------------------------------------------------------------
@@ -447,34 +487,37 @@ rope_qk_inplace_op = _define(
 
 def _records(q, k, tables):
     """Whether autograd differentiates this call of a RoPE op (then _RopeTransformFunction
-    records it): grad mode with q or k requiring grad, or a forward-AD dual level active (the
-    Function takes zeros where an input has no tangent). Refuses what rope-jit cannot
-    differentiate (tables that require grad, inv_freq or xpos_scale that vary) and the ops
-    under torch.func's differentiating transforms, which reach a Function only from Python
-    (apply_rope's path; vmap alone runs the ops per sample)."""
+    records it): grad mode with q or k requiring grad, or a forward-AD dual level open (the
+    Function takes zeros where an input has no tangent) outside torch.func (there nothing
+    that varies reaches here: see _refuse_what_ops_cannot_differentiate)."""
+    grads = _refuse_what_ops_cannot_differentiate((q, k), tables, "rope_jit.apply_rope")
+    return grads or (_forward_ad._current_level >= 0 and not _functorch_active())
+
+
+def _refuse_what_ops_cannot_differentiate(inputs, tables, instead):
+    """What an op's Autograd kernel refuses: tables (cos, sin, inv_freq, positions...,
+    xpos_scale) that require grad, inv_freq or xpos_scale that are dual tensors, and, under
+    torch.func, a call it would differentiate (an input that requires grad or is dual: the
+    kernel cannot reach a Function there, "could not find kernel for HigherOrderOperator
+    custom_function_call"; `instead` names the function that works there). At this level
+    functorch has wrapped every tensor, so only requires_grad and the dual level's tangents
+    say what varies. Returns whether grad mode records an input."""
     cos, sin, inv_freq, _, _, _, xpos_scale = tables
     _refuse_table_grads({"cos": cos, "sin": sin, "inv_freq": inv_freq, "xpos_scale": xpos_scale})
-    grads = torch.is_grad_enabled() and (q.requires_grad or (k is not None and k.requires_grad))
-    if _functorch_active():
-        _refuse_functorch_differentiation(grads, (q, k) + tuple(tables), "rope_jit.apply_rope")
-        return False
-    if grads:
-        return True
-    if _forward_ad._current_level < 0:
-        return False
-    _refuse_varying_frequencies(inv_freq, xpos_scale)
-    return True
-
-
-def _refuse_functorch_differentiation(grads, tensors, instead):
-    """Raises where torch.func differentiates an op called directly (grad mode with an input
-    that requires grad, or an input with a tangent): its Autograd kernel cannot reach a
-    Function there ("could not find kernel for HigherOrderOperator custom_function_call")."""
-    if grads or any(_carries_tangent(tensor) for tensor in tensors):
+    duals = _forward_ad._current_level >= 0
+    if duals:
+        _refuse_varying_frequencies(inv_freq, xpos_scale, _is_dual)
+    grads = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in inputs)
+    if _functorch_active() and (grads or (duals and any(map(_is_dual, inputs + (cos, sin))))):
         raise NotImplementedError(
             "the rope_jit ops called directly are not differentiable under torch.func "
-            f"transforms (grad, jvp, jacrev...): call {instead}, which is"
-        )
+            f"transforms (grad, jvp, jacrev...): call {instead}")
+    return grads
+
+
+def _is_dual(tensor):
+    """Whether `tensor` has a tangent at the open forward-AD level (one is open)."""
+    return tensor is not None and _forward_ad.unpack_dual(tensor).tangent is not None
 
 
 def _tables_vary(tables):
@@ -482,9 +525,9 @@ def _tables_vary(tables):
     return _carries_tangent(tables[0]) or _carries_tangent(tables[1])
 
 
-def _refuse_varying_frequencies(inv_freq, xpos_scale):
+def _refuse_varying_frequencies(inv_freq, xpos_scale, varies):
     for name, table in (("inv_freq", inv_freq), ("xpos_scale", xpos_scale)):
-        if _carries_tangent(table):
+        if varies(table):
             raise NotImplementedError(
                 f"{name} varies under this transform (a tangent or gradient of it is "
                 "asked for), but rope-jit differentiates with respect to q, k, cos and sin "
@@ -527,8 +570,10 @@ class _RopeTransformFunction(torch.autograd.Function):
     def backward(ctx, *grads):
         grad_q, grad_k = grads[0], grads[1] if len(grads) > 1 else None
         *params, backward = ctx.params
+        # (tables_vary again: the gradient's tangent takes the tables' part too, as in
+        # forward-over-reverse with dual cos and sin, where False gave it none.)
         rotated = _RopeTransformFunction.apply(
-            grad_q, grad_k, *ctx.saved_tensors[2:], *params, not backward, False
+            grad_q, grad_k, *ctx.saved_tensors[2:], *params, not backward, ctx.tables_vary
         )
         if grad_k is None:
             return (rotated, None) + (None,) * 14
@@ -966,7 +1011,7 @@ def apply_rope(
     transformed = _transforms_active()
 
     if transformed:  # (refused before the in-place copies below are made)
-        _refuse_varying_frequencies(inv_freq, xpos_scale)
+        _refuse_varying_frequencies(inv_freq, xpos_scale, _carries_tangent)
     if inplace:
         if records_grad or transformed:
             # (Under a transform, the rotation of copies: the Function saves its inputs, which
@@ -1156,17 +1201,26 @@ def _attention_autograd(q, k, v, cos, sin, pos_mask, attn_mask, *scalars):
     """rope_jit::attention's Autograd kernel: a Function records the call where autograd
     differentiates it, else the kernel runs alone."""
     inputs = (q, k, v, cos, sin, pos_mask, attn_mask, *scalars)
-    # (A float mask that requires grad got none, silently: adversarial pass, session 37.)
-    _refuse_table_grads({"cos": cos, "sin": sin, "attn_mask": attn_mask}, "q, k and v",
-                        "attention")
+    _refuse_attention_table_grads(cos, sin, attn_mask)
     grads = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    if _functorch_active():  # (see _records)
-        _refuse_functorch_differentiation(grads, inputs[:7], "rope_jit.torch_ops.attention")
-    elif _forward_ad._current_level >= 0:
+    duals = _forward_ad._current_level >= 0
+    if _functorch_active():  # (see _refuse_what_ops_cannot_differentiate)
+        if grads or (duals and any(map(_is_dual, (q, k, v, cos, sin)))):
+            raise NotImplementedError(
+                "the rope_jit ops called directly are not differentiable under torch.func "
+                "transforms: call rope_jit.torch_ops.attention, which is in reverse mode "
+                "(grad, vjp, jacrev; attention has no forward-mode derivative)")
+    elif duals:
         return _AttentionTransformFunction.apply(*inputs)  # (its jvp raises)
     elif grads:
         return _AttentionFunction.apply(*inputs)
     return _below_autograd(attention_op, *inputs)
+
+
+def _refuse_attention_table_grads(cos, sin, attn_mask):
+    # (A float mask that requires grad got none, silently: adversarial pass, session 37.)
+    _refuse_table_grads({"cos": cos, "sin": sin, "attn_mask": attn_mask}, "q, k and v",
+                        "attention")
 
 
 _library.impl("attention", _attention_autograd, "Autograd")
@@ -1251,6 +1305,8 @@ def attention(
     no attention op."""
     if style not in ("half", "interleaved"):
         raise ValueError(f"style: expected 'half' or 'interleaved', got {style!r}")
+    # (Here too: under a transform the call below skips the op's Autograd kernel.)
+    _refuse_attention_table_grads(cos, sin, attn_mask)
     if not torch.compiler.is_compiling() and not _has_attention():
         raise NotImplementedError(
             "rope_jit.attention: the loaded librope_jit has no rope_jit_attention"

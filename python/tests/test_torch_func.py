@@ -207,6 +207,83 @@ def test_the_ops_called_directly_carry_tangents_and_refuse_what_they_cannot(devi
             transform(lambda q: ops_call(case, q, None))(case.q)
 
 
+def rope_inplace_call(case, q, cos=None):
+    torch.ops.rope_jit.rope_(q, case.cos if cos is None else cos, case.sin, None,
+                             case.positions, None, None, None, 0, 12, 4, False, False)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_ops_autograd_kernels_against_the_review_of_session_39(device):
+    # Each part failed on the first version of the ops' Autograd kernels (9ac73ed).
+    from torch.utils.flop_counter import FlopCounterMode
+    case = Case(device, "bhsd", "half")
+    tangent_q = random(case.q.shape, device, 31)
+    tangent_cos, tangent_sin = half_tables(9, 12, device, seed=32)
+    expected_tq = case.reference(tangent_q, case.k)[0]
+
+    # A dual level under a dispatch mode: an internal assert of torch's ("InferenceMode").
+    with FlopCounterMode(display=False), forward_ad.dual_level():
+        for label, rotate in (("raw rope", lambda q: ops_call(case, q, None)),
+                              ("apply_rope", lambda q: case.library(q, None))):
+            out = rotate(forward_ad.make_dual(case.q, tangent_q))
+            torch.testing.assert_close(forward_ad.unpack_dual(out).tangent, expected_tq,
+                                       **TOLERANCE, msg=lambda m: f"{label}: {m}")
+
+    # The raw ops on constants under torch.func: every tensor is wrapped there, and was taken
+    # for one that varies (refused).
+    weight = torch.tensor(1.5, device=device)
+    expected = case.reference(case.q, case.k)[0].sum()
+    for label, run in (
+            ("grad", lambda f: func.grad(f)(weight)),
+            ("jvp", lambda f: func.jvp(f, (weight,), (torch.ones((), device=device),))[1])):
+        got = run(lambda y: (ops_call(case, case.q, None) * y).sum())
+        torch.testing.assert_close(got, expected, **TOLERANCE, msg=lambda m: f"{label}: {m}")
+
+    # Forward over reverse with dual cos and sin: the gradient's tangent lacked the tables'
+    # part (the backward passed tables_vary False).
+    upstream = random(case.q.shape, device, 33)
+
+    def gradient(rotate, cos, sin):
+        q = case.q.clone().requires_grad_()
+        return torch.autograd.grad((rotate(q, cos, sin) * upstream).sum(), q,
+                                   create_graph=True)[0]
+    with forward_ad.dual_level():
+        cos = forward_ad.make_dual(case.cos, tangent_cos)
+        sin = forward_ad.make_dual(case.sin, tangent_sin)
+        expected = forward_ad.unpack_dual(
+            gradient(lambda q, c, s: case.reference(q, case.k, c, s)[0], cos, sin)).tangent
+        assert expected.abs().max() > 0.1
+        for label, rotate in (("raw rope", lambda q, c, s: ops_call(case, q, None, c, s)),
+                              ("apply_rope", lambda q, c, s: case.library(q, None, c, s))):
+            got = forward_ad.unpack_dual(gradient(rotate, cos, sin)).tangent
+            torch.testing.assert_close(got, expected, **TOLERANCE,
+                                       msg=lambda m: f"{label}: {m}")
+        # A dual inv_freq is refused with q requiring grad too (it came out zero).
+        with pytest.raises(NotImplementedError, match="inv_freq varies"):
+            ops_call(case, case.q.clone().requires_grad_(), None,
+                     inv_freq=forward_ad.make_dual(torch.ones(6, device=device),
+                                                   torch.ones(6, device=device)))
+        # The in-place ops: a dual table, not only a dual written tensor (silently untouched).
+        with pytest.raises(RuntimeError, match="cos: is a dual tensor"):
+            rope_inplace_call(case, case.q.clone(), cos)
+    # ... under torch.func, where the kernel saw unwrapped tensors (a wrong tangent, gradient).
+    with pytest.raises(RuntimeError, match="q: is a dual tensor"):
+        func.jvp(lambda q: rope_inplace_call(case, q), (case.q.clone(),), (tangent_q,))
+    with pytest.raises(RuntimeError, match="q: requires grad"):
+        func.grad(lambda q: (rope_inplace_call(case, q), q.sum())[1])(case.q.clone())
+    # ... a table requiring grad, as the out-of-place ops refuse it (accepted, silently).
+    with pytest.raises(NotImplementedError, match="cos requires grad"):
+        rope_inplace_call(case, case.q.clone(), case.cos.clone().requires_grad_())
+
+    # torch_ops.attention under torch.func with a mask that requires grad: a zero gradient
+    # (its refusal had moved into the op's kernel, which transforms skip).
+    if rope_jit.has_attention():
+        q, k, v = (random((1, 2, 4, 16), device, seed) for seed in (34, 35, 36))
+        mask = random((4, 4), device, 37)
+        with pytest.raises(NotImplementedError, match="attn_mask requires grad"):
+            func.grad(lambda m: torch_ops.attention(q, k, v, attn_mask=m).sum())(mask)
+
+
 def test_inv_freq_is_refused_where_it_varies_and_taken_where_it_is_fixed():
     q = random((2, 2, 4, 8), "cpu", 10)
     inv_freq = torch.tensor([1.0, 0.1, 0.01, 0.001])
