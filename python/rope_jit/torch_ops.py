@@ -653,6 +653,13 @@ APPLY_RECIPE = _plans.Recipe(
 )
 
 
+# Where the ops' tables lie in a recipe's values (rope._TENSOR_NAMES order), and every slot
+# _Call.rotate_by_function passes on (q, k and the outputs besides).
+_TABLE_SLOTS = tuple(_TENSOR_NAMES.index(name) for name in _TABLE_FIELDS)
+_FUNCTION_SLOTS = frozenset(_TABLE_SLOTS) | {_TENSOR_NAMES.index(name)
+                                             for name in ("q", "k", "q_out", "k_out")}
+
+
 class _Call:
     """What a forward resolved (recipe, tables, scalars, runtime), kept for its backward.
 
@@ -682,6 +689,25 @@ class _Call:
         """The struct field names of the tables given (None ones left out), in their order."""
         return [_TENSOR_NAMES[slot] for slot, table in zip(self.recipe.signed[2:], self.tables)
                 if table is not None]
+
+    def rotate_by_function(self, q, k, backward):
+        """q and k rotated as launch() would (into new tensors), through _RopeTransformFunction
+        (differentiable, with torch.func too): for torch.func's tensors, which have no storage
+        for the library to read, as in a backward vmapped by is_grads_batched or
+        torch.autograd.functional.jacobian(vectorize=True) (it failed: "Cannot access data
+        pointer of Tensor that doesn't have storage")."""
+        values = self.recipe.values((q, k) + self.tables, self.derived + (None, None))
+        if any(value is not None for slot, value in enumerate(values)
+               if slot not in _FUNCTION_SLOTS):
+            raise NotImplementedError(
+                f"rope_jit: {self.recipe.name} has tensors the RoPE ops do not take")
+        layout, rotary_dim, rotary_offset, style = self.params
+        to_api = (lambda x: x.transpose(1, 2)) if layout == "bshd" else (lambda x: x)
+        rotated = _RopeTransformFunction.apply(
+            to_api(q), None if k is None else to_api(k), *(values[slot] for slot in _TABLE_SLOTS),
+            self.position_offset, self.q_position_offset, rotary_dim, rotary_offset,
+            style == "interleaved", backward, False)
+        return to_api(rotated) if k is None else (to_api(rotated[0]), to_api(rotated[1]))
 
     def inverse(self):
         """The same call in the other direction (the gradient's own graph)."""
@@ -774,6 +800,9 @@ class _RopeFunction(torch.autograd.Function):
                 f"rope_jit: {', '.join(names)} modified by an inplace operation after the forward "
                 "that needs it for the gradient (versions "
                 f"{ctx.table_versions} -> {versions}); rotate again after changing them")
+        if not _has_storage(grad_q):  # a vmapped backward: tensors the library cannot read
+            grads = call.rotate_by_function(grad_q, grad_k, not call.backward)
+            return (grads, None, None) if grad_k is None else (grads[0], grads[1], None)
         if torch.is_grad_enabled():  # create_graph: the gradient's own graph
             grads = _RopeFunction.apply(grad_q, grad_k, call.inverse())
             return (grads, None, None) if grad_k is None else (grads[0], grads[1], None)
@@ -786,6 +815,9 @@ _dispatch_stack_depth = torch._C._len_torch_dispatch_stack
 # library could read (the eager paths failed with "Cannot access data pointer"); the ops run
 # under it (vmap by torch's per-sample fallback).
 _functorch_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
+# Whether a tensor has storage the library could read: not the batched gradients of a backward
+# vmapped by autograd's is_grads_batched (torch's older vmap, which no transform query shows).
+_has_storage = getattr(torch._C, "_has_storage", lambda tensor: True)
 # The dual level of torch.autograd.forward_ad (-1: none): dual tensors are plain torch
 # tensors, whose tangents the eager paths and the ops would drop; _RopeTransformFunction
 # carries them.

@@ -316,6 +316,50 @@ def test_inv_freq_is_refused_where_it_varies_and_taken_where_it_is_fixed():
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_batched_gradients_of_the_eager_path(device):
+    # autograd's is_grads_batched and the vectorized jacobian / hessian vmap the backward
+    # (torch's older vmap): the eager path's backward handed the library tensors without
+    # storage ("Cannot access data pointer": review of session 39).
+    from rope_jit.dropin import hf
+
+    case = Case(device, "bshd", "half")
+    cos, sin = hf_tables(torch.arange(5, device=device)[None], 16)
+    runs = {
+        "apply_rope q, k": (lambda q: case.library(q, q[:, :, :2]),
+                            lambda q: case.reference(q, q[:, :, :2])),
+        "apply_rope q": (lambda q: case.library(q, None),
+                         lambda q: case.reference(q, case.k)[0]),
+        "hf": (lambda q: hf.apply_rotary_pos_emb(q.transpose(1, 2), q[:, :, :2].transpose(1, 2),
+                                                 cos, sin),
+               lambda q: hf._transformers_formula(q.transpose(1, 2),
+                                                  q[:, :, :2].transpose(1, 2), cos, sin, 1)),
+    }
+    def as_tuple(outs):
+        return outs if isinstance(outs, tuple) else (outs,)
+
+    for name, (library, reference) in runs.items():
+        def batched_grads(f):
+            q = case.q.clone().requires_grad_()
+            outs = as_tuple(f(q))
+            grads = tuple(random((3,) + tuple(out.shape), device, 40 + i)
+                          for i, out in enumerate(outs))
+            return torch.autograd.grad(outs, q, grads, is_grads_batched=True)[0]
+        torch.testing.assert_close(batched_grads(library), batched_grads(reference), **TOLERANCE,
+                                   msg=lambda m: f"{name} is_grads_batched: {m}")
+        small = case.q[:1, :, :2].contiguous()  # (positions of one sequence)
+        case.positions, positions = case.positions[:1], case.positions
+        for label, derivative in (
+                ("jacobian", lambda f: torch.autograd.functional.jacobian(f, small,
+                                                                          vectorize=True)),
+                ("hessian", lambda f: torch.autograd.functional.hessian(
+                    lambda x: cubes(as_tuple(f(x))), small, vectorize=True))):
+            got, expected = derivative(library), derivative(reference)
+            torch.testing.assert_close(got, expected, **TOLERANCE,
+                                       msg=lambda m: f"{name} {label}: {m}")
+        case.positions = positions
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_reverse_mode_through_vmapped_calls_and_nested_transforms(device):
     # grad of vmap, vmap(...).backward() and jacrev of jacrev raised "flat_bdims must not be
     # None" (two saved-tensor lists of different lengths: review of session 38).
