@@ -1207,7 +1207,10 @@ def _attention_backward(ctx, grad_out, grad_lse):
             grad_out, q, k, v, out, lse, cos, sin, pos_mask, attn_mask, *ctx.params
         )
     sources = [t for t in (grad_out, q, k, v) if t.requires_grad]
-    if create_graph and sources:
+    # Batched gradients (is_grads_batched: torch's older vmap, tensors without storage) get
+    # no such node (it detaches, which has no batching rule there): made without a graph, they
+    # raise as tensors that do not require grad where differentiated.
+    if create_graph and sources and _has_storage(grad_out):
         # The node's inputs include what the gradients depend on, so that differentiating
         # them reaches it (and raises) instead of finding them unconnected.
         raises = torch._C._functions.DelayedError(

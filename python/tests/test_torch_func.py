@@ -357,6 +357,20 @@ def test_batched_gradients_of_the_eager_path(device):
             torch.testing.assert_close(got, expected, **TOLERANCE,
                                        msg=lambda m: f"{name} {label}: {m}")
         case.positions = positions
+    if rope_jit.has_attention():  # (with create_graph it failed: no batching rule for detach)
+        q, k, v = (random((1, 2, 4, 16), device, seed) for seed in (44, 45, 46))
+        cos, sin = half_tables(4, 16, device, seed=47)
+        cotangents = random((3, 1, 2, 4, 16), device, 48)
+        for create_graph in (False, True):
+            got, expected = (torch.autograd.grad(f(leaf), leaf, cotangents, is_grads_batched=True,
+                                                 create_graph=create_graph)[0]
+                             for f, leaf in (
+                                 (lambda x: torch_ops.attention(x, k, v, cos, sin),
+                                  q.clone().requires_grad_()),
+                                 (lambda x: attention_reference(x, k, v, cos, sin),
+                                  q.clone().requires_grad_())))
+            torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4,
+                                       msg=lambda m: f"attention, create_graph {create_graph}: {m}")
 
 
 @pytest.mark.parametrize("device", DEVICES)
