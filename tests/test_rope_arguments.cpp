@@ -286,6 +286,19 @@ TEST_CASE("tables too short for the positions are rejected") {
         call.args.k = k.dl();
         call.expect_invalid("k uses table rows 0..8");
     }
+    SUBCASE("angles from inv_freq and an xpos_scale too short: xpos_scale is named") {
+        // (The message named cos, which the call did not pass: review, session 39.)
+        HostTensor inv_freq(Dt::F32, {8}), xpos(Dt::F32, {5, 8}), positions(Dt::I64, {6});
+        for (int64_t i = 0; i < 8; ++i) inv_freq.set({i}, 1.0);
+        for (int64_t i = 0; i < 6; ++i) positions.set({i}, double(i));
+        call.args.cos = call.args.sin = nullptr;
+        call.args.inv_freq = inv_freq.dl();
+        call.args.xpos_scale = xpos.dl();
+        call.expect_invalid("xpos_scale: q uses table rows 0..5 (position_offset 0), but the "
+                            "table has 5 rows");
+        call.args.positions = positions.dl();
+        call.expect_invalid("positions: [5] gives table row 5, outside xpos_scale's 5 rows");
+    }
 }
 
 TEST_CASE("positions outside the table are rejected, naming the offending entry") {
@@ -295,7 +308,7 @@ TEST_CASE("positions outside the table are rejected, naming the offending entry"
         for (int64_t s = 0; s < 6; ++s) positions.set({s}, double(s));
         positions.set({4}, 8.0);
         call.args.positions = positions.dl();
-        call.expect_invalid("positions: [4] gives table row 8, outside the table's 8 rows");
+        call.expect_invalid("positions: [4] gives table row 8, outside cos's 8 rows");
     }
     SUBCASE("per-batch [B, S], negative") {
         HostTensor positions(Dt::I64, {2, 6});
@@ -384,7 +397,7 @@ TEST_CASE("a call that rotates nothing still checks its positions, offsets and c
         for (int64_t s = 0; s < 6; ++s) positions.set({s}, double(s));
         positions.set({2}, 100.0);
         call.args.positions = positions.dl();
-        call.expect_invalid("positions: [2] gives table row 100, outside the table's 8 rows");
+        call.expect_invalid("positions: [2] gives table row 100, outside cos's 8 rows");
         positions.set({2}, 2.0);  // in range: accepted
         CHECK(rope_jit_rope(call.runtime, &call.args) == ROPE_JIT_OK);
     }

@@ -1660,7 +1660,7 @@ TEST_CASE("bad M-RoPE arguments are rejected, naming the argument, and nothing i
         args.cos = cos.dl();
         args.sin = sin.dl();
         positions.set({2, 1, 4}, 6.0);
-        expect_invalid("positions: [2, 1, 4] gives table row 6, outside the table's 6 rows");
+        expect_invalid("positions: [2, 1, 4] gives table row 6, outside cos's 6 rows");
     }
 }
 

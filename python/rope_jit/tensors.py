@@ -178,6 +178,15 @@ def from_pointer(data, shape, dtype, strides=None, device="cpu", keepalive=None)
     if kind not in ("cpu", "cuda"):
         raise ValueError(f"device: expected 'cpu', 'cuda' or 'cuda:N', got {device!r}")
     device_type = s.KDL_CPU if kind == "cpu" else s.KDL_CUDA
+    device_index = int(index) if index.isdecimal() else -1 if index else 0
+    if not 0 <= device_index < (1 << 31) or (kind == "cpu" and index):
+        raise ValueError(f"device: expected 'cpu', 'cuda' or 'cuda:N' (N a device index), "
+                         f"got {device!r}")
+    # An address: a Python int of the address space (a float was truncated, a negative one
+    # wrapped to a wild address that crashed the process).
+    address = operator.index(data)
+    if not 0 <= address < (1 << 64):
+        raise ValueError(f"data: an address must be in [0, 2^64), got {address}")
     # Python ints (a TypeError for anything else, as before): struct packs them.
     shape = tuple(operator.index(extent) for extent in shape)
     strides = contiguous_strides(shape) if strides is None else tuple(operator.index(step) for step in strides)
@@ -187,7 +196,7 @@ def from_pointer(data, shape, dtype, strides=None, device="cpu", keepalive=None)
     for name, values in (("shape", shape), ("strides", strides)):
         if any(not -(1 << 63) <= value < (1 << 63) for value in values):
             raise ValueError(f"{name}: {list(values)} does not fit DLPack's int64 fields")
-    return TensorArg(int(data), device_type, int(index or 0), DTYPES[dtype], shape, strides,
+    return TensorArg(address, device_type, device_index, DTYPES[dtype], shape, strides,
                      keepalive=(keepalive,))
 
 

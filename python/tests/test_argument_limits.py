@@ -197,6 +197,18 @@ def test_enum_arguments_take_names_or_integer_values_only(cpu_runtime):
     np.testing.assert_array_equal(q, 1)  # cos 1, sin 0: interleaved by its C value, unchanged
 
 
+def test_raw_memory_takes_only_addresses_and_device_indices_that_are_ones():
+    # A float address was truncated, -16 became 0xfff...f0 and crashed the process in rope(),
+    # "cuda:2**40" raised struct.error (review, session 39).
+    for data, error in ((4096.9, TypeError), (-16, ValueError), (2**64, ValueError)):
+        with pytest.raises(error, match="" if error is TypeError else "data: an address"):
+            rope_jit.from_pointer(data, (1, 1, 1, 8), "float32")
+    for device in ("cuda:1099511627776", "cuda:x", "cuda:-1", "cpu:0"):
+        with pytest.raises(ValueError, match="device: expected"):
+            rope_jit.from_pointer(4096, (8,), "float32", device=device)
+    assert rope_jit.from_pointer(2**64 - 64, (8,), "float32", device="cuda:3").data == 2**64 - 64
+
+
 def test_raw_memory_with_extents_past_int64_is_a_value_error():
     with pytest.raises(ValueError, match="shape"):
         rope_jit.from_pointer(4096, [2**64, 2], "float32")

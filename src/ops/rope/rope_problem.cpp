@@ -50,6 +50,11 @@ bool bounds_by_table(const RopeProblem& p) {
     return p.angles == AngleSource::Table || p.has_xpos;
 }
 
+// The table whose rows bound the positions (see bounds_by_table), as errors name it.
+const char* bounding_table(const RopeProblem& p) {
+    return p.angles == AngleSource::Table ? "cos" : "xpos_scale";
+}
+
 // Positions must lie in [0, limit): the table's rows, or, with angles from inv_freq and no
 // table, every int64 the last position of a sequence can be computed as without overflow.
 int64_t position_limit(const RopeProblem& p) {
@@ -772,9 +777,10 @@ RopeProblem make_rope_problem(const rope_jit_rope_args& args) {
                             q_offset ? fmt::format(", q_position_offset {}", p.q_position_offset)
                                      : std::string());
             if (bounds_by_table(p))
-                fail_argument(
-                    fmt::format("cos: {} uses table rows {}..{} ({}), but the table has {} rows",
-                                who, first, last, offset_text, p.table_rows));
+                fail_argument(fmt::format("{}: {} uses table rows {}..{} ({}), but the table "
+                                          "has {} rows",
+                                          bounding_table(p), who, first, last, offset_text,
+                                          p.table_rows));
             fail_argument(fmt::format("{}: {} uses positions {}..{} ({}), but {}",
                                       q_offset ? "q_position_offset" : "position_offset", who,
                                       first, last, offset_text, kInvFreqPositions));
@@ -882,8 +888,8 @@ void check_positions_on_host_rows(const RopeProblem& p) {
     const int64_t limit = position_limit(p);
     auto fail_row = [&](int64_t row, const char* source, const std::string& where) {
         if (bounded)
-            fail_argument(fmt::format("{}: {} gives table row {}, outside the table's {} rows",
-                                      source, where, row, p.table_rows));
+            fail_argument(fmt::format("{}: {} gives table row {}, outside {}'s {} rows", source,
+                                      where, row, bounding_table(p), p.table_rows));
         fail_argument(
             fmt::format("{}: {} gives position {}, but {}", source, where, row, kInvFreqPositions));
     };
@@ -937,8 +943,8 @@ void check_positions_on_host_rows(const RopeProblem& p) {
         if (first >= 0 && last < limit) return;
         if (bounded)
             fail_argument(fmt::format(
-                "{}: sequence {} of {} uses table rows {}..{}, but the table has {} rows", source,
-                b, is_q ? "q" : "k", first, last, p.table_rows));
+                "{}: sequence {} of {} uses table rows {}..{}, but {} has {} rows", source, b,
+                is_q ? "q" : "k", first, last, bounding_table(p), p.table_rows));
         fail_argument(fmt::format("{}: sequence {} of {} uses positions {}..{}, but {}", source, b,
                                   is_q ? "q" : "k", first, last, kInvFreqPositions));
     };
