@@ -201,6 +201,19 @@ def test_prewarm_json_takes_the_cache_vocabulary_and_names_a_bad_field(library, 
         assert runtime.stats()["compiles"] == 0
 
 
+def test_prewarm_without_a_disk_cache_warns_that_it_keeps_nothing(library, capfd):
+    # rope_jit.h promises one warning for kernels a prewarm cannot store; without a disk
+    # cache there was none (review, session 39).
+    with rope_jit.Runtime(backend="cpu", disk_cache=False) as runtime:
+        try:
+            runtime.prewarm([{"head_dim": 40}], target="sm_90")
+        except rope_jit.BackendUnavailableError:
+            pytest.skip("no NVRTC to compile with")
+        assert runtime.stats()["compiles"] == 1 and runtime.stats()["disk_writes"] == 0
+    warnings = [line for line in capfd.readouterr().err.splitlines() if "warning" in line]
+    assert len(warnings) == 1 and "no disk cache" in warnings[0], warnings
+
+
 def test_programmatic_launch_is_accepted_and_changes_no_cpu_result(library):
     rng = np.random.default_rng(3)
     q = rng.standard_normal((1, 2, 5, 8)).astype(np.float32)

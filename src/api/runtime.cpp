@@ -12,6 +12,7 @@
 #include "ops/attention/attention_recipe.h"
 #include "ops/rope/cpu_reference.h"
 #include "common/error.h"
+#include "common/log.h"
 #include "jit/parallel_builds.h"
 #include "ops/rope/kernel_spec.h"
 #include "ops/rope/rope_recipe.h"
@@ -181,6 +182,20 @@ std::string Runtime::prewarm_target(const char* target) const {
         "(\"sm_90\")");
 }
 
+namespace {
+
+// rope_jit.h promises one warning where a prewarm's kernels cannot be stored: without a disk
+// cache none can (the disk cache warns of a root it cannot use).
+void warn_if_not_kept(const DiskCache* disk, size_t kernels) {
+    if (disk == nullptr && kernels > 0)
+        log_warning(fmt::format(
+            "prewarm: compiled {} kernel(s) that this runtime cannot keep (it has no disk "
+            "cache): the calls that need them compile them again",
+            kernels));
+}
+
+}  // namespace
+
 void Runtime::prewarm_json(const char* specs_json, const char* target) {
     if (specs_json == nullptr) fail_argument("specs_json: NULL");
     const std::string chosen = prewarm_target(target);
@@ -192,6 +207,7 @@ void Runtime::prewarm_json(const char* specs_json, const char* target) {
     // Every entry checked, then all compiled at once on every core, the slowest first.
     build_binaries_parallel(recipes, chosen, disk_.get(), stats_, 0, {},
                             prewarm_start_order(kernels));
+    warn_if_not_kept(disk_.get(), recipes.size());
 }
 
 void Runtime::prewarm(const rope_jit_kernel_spec* specs, size_t n, const char* target) {
@@ -226,6 +242,7 @@ void Runtime::prewarm(const rope_jit_kernel_spec* specs, size_t n, const char* t
     }
     // Every spec checked, then all compiled at once on every core.
     build_binaries_parallel(recipes, chosen, disk_.get(), stats_, 0, names);
+    warn_if_not_kept(disk_.get(), recipes.size());
 }
 
 }  // namespace rope_jit
