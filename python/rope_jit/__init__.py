@@ -23,7 +23,7 @@ path, on first use (see _library.py). Importing this package imports neither tor
 
 import importlib
 
-from . import errors
+from . import dropin, errors, frequencies  # (submodules named above: attributes at import)
 from ._library import LIBRARY_ENV
 from ._library import load as load_library
 from .attention import attention, attention_backward, has_attention
@@ -61,7 +61,7 @@ def __getattr__(name):
 __all__ = [
     "rope", "apply_rope", "attention", "attention_backward", "has_attention", "Runtime", "default_runtime",
     "TensorArg", "as_tensor", "from_pointer", "reinterpret", "library_version", "library_path", "load_library",
-    "LIBRARY_ENV", "errors", "RopeJitError", "InvalidArgumentError", "UnsupportedError",
+    "LIBRARY_ENV", "errors", "frequencies", "dropin", "RopeJitError", "InvalidArgumentError", "UnsupportedError",
     "BackendUnavailableError", "OutOfMemoryError", "CompileError", "CudaError", "CacheError", "InternalError",
     "LibraryNotFoundError",
 ]

@@ -201,7 +201,7 @@ def test_raw_memory_takes_only_addresses_and_device_indices_that_are_ones():
     # A float address was truncated, -16 became 0xfff...f0 and crashed the process in rope(),
     # "cuda:2**40" raised struct.error (review, session 39).
     for data, error in ((4096.9, TypeError), (-16, ValueError), (2**64, ValueError)):
-        with pytest.raises(error, match="" if error is TypeError else "data: an address"):
+        with pytest.raises(error, match=None if error is TypeError else "data: an address"):
             rope_jit.from_pointer(data, (1, 1, 1, 8), "float32")
     for device in ("cuda:1099511627776", "cuda:x", "cuda:-1", "cpu:0"):
         with pytest.raises(ValueError, match="device: expected"):

@@ -98,6 +98,11 @@ def test_importing_the_package_needs_neither_the_library_nor_torch(tmp_path):
     result = run_python("import sys, rope_jit\nprint('torch' in sys.modules, 'numpy' in sys.modules)", env)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["False", "False"]
+    # The submodules the package docstring lists are its attributes (frequencies was not:
+    # review, session 39); torch_ops comes on first use (with torch).
+    names = "rope attention frequencies dropin runtime tensors errors".split()
+    result = run_python(f"import rope_jit\nfor name in {names}: getattr(rope_jit, name)", env)
+    assert result.returncode == 0, result.stderr
 
 
 def test_the_library_is_found_in_the_package_folder_and_on_the_loader_path(library, tmp_path):
