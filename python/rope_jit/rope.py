@@ -188,11 +188,12 @@ def build_args(
             raise ValueError(
                 f"mrope_sections: at most {s.MAX_MROPE_SECTIONS} sections, got {len(sections)}"
             )
-        array = (ctypes.c_int32 * max(len(sections), 1))(*sections)
-        held.append(array)
-        args.mrope_sections = ctypes.cast(array, ctypes.POINTER(ctypes.c_int32))
-        args.num_mrope_sections = len(sections)
-        args.mrope_interleaved = 1 if mrope_interleaved else 0
+        if sections:  # ([] is no sections, as rope_tables takes it: it failed here)
+            array = (ctypes.c_int32 * len(sections))(*sections)
+            held.append(array)
+            args.mrope_sections = ctypes.cast(array, ctypes.POINTER(ctypes.c_int32))
+            args.num_mrope_sections = len(sections)
+            args.mrope_interleaved = 1 if mrope_interleaved else 0
     if values[_TENSOR_NAMES.index("q_norm_weight")] is not None:
         if isinstance(norm_eps, bool):
             raise TypeError(f"norm_eps: expected a number, got {norm_eps!r}")

@@ -64,6 +64,17 @@ def test_rope_still_takes_numpy_integers_and_bools_where_c_wants_an_int(cpu_runt
     np.testing.assert_array_equal(got, expected)
 
 
+def test_no_mrope_sections_is_plain_rope_in_rope_as_in_rope_tables(cpu_runtime):
+    # rope() failed on [] with "num_mrope_sections = 0", a C field Python never sets, where
+    # rope_tables() takes [] as no sections (review, session 39).
+    q, cos, sin = tensors()
+    expected, got = q.copy(), q.copy()
+    rope_jit.rope(expected, cos=cos, sin=sin, runtime=cpu_runtime)
+    rope_jit.rope(got, cos=cos, sin=sin, mrope_sections=[], runtime=cpu_runtime)
+    np.testing.assert_array_equal(got, expected)
+    assert not np.array_equal(got, q)
+
+
 def test_mrope_sections_that_do_not_fit_an_int32_are_refused(cpu_runtime):
     q, cos, sin = tensors()
     positions = np.zeros((2, 4), np.int64)
