@@ -786,7 +786,14 @@ class _RopeFunction(torch.autograd.Function):
         # gave the gradient of other tables). Cheaper than save_for_backward on this path.
         ctx.table_versions = _versions(call.tables)
         q_out, k_out = call.launch(q, k, call.backward)
-        return q_out if k is None else (q_out, k_out)
+        if k is None:
+            return q_out
+        # Each output depends on its own input only: k_out needs no grad where k does not
+        # (it had one, and a graph, beside a q that required grad: review, session 39).
+        needs_q, needs_k = ctx.needs_input_grad[:2]
+        if not (needs_q and needs_k):
+            ctx.mark_non_differentiable(k_out if needs_q else q_out)
+        return q_out, k_out
 
     @staticmethod
     def backward(ctx, grad_q, grad_k=None):

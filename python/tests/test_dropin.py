@@ -80,17 +80,52 @@ def test_hf_apply_rotary_pos_emb_matches_transformers_formula(device, unsqueeze_
 @pytest.mark.parametrize("device", DEVICES)
 def test_hf_apply_rotary_pos_emb_refuses_tables_of_another_batch_or_shape(device):
     """Per-sequence tables for another batch size would read rows past the tables on the GPU
-    (the sequence starts are device data): refused before any launch, as transformers' own
-    broadcast would fail; so is a sin unlike cos."""
+    (the sequence starts are device data): such calls run transformers' formula, which fails
+    as transformers does (its broadcast); so does a sin unlike cos. (They raised ValueError
+    of the drop-in's own, also for shapes transformers broadcasts: review, session 39.)"""
     batch, seq_len, heads, head_dim = 4, 5, 2, 16
     q = random((batch, heads, seq_len, head_dim), device, 1)
     k = random((batch, heads, seq_len, head_dim), device, 2)
     position_ids = torch.stack([torch.arange(seq_len) + b for b in range(2)]).to(device)
     cos, sin = hf_tables(position_ids, head_dim)  # [2, S, D] for a batch of 4
-    with pytest.raises(ValueError, match="cos: 2 sequences"):
-        hf.apply_rotary_pos_emb(q, k, cos, sin)
-    with pytest.raises(ValueError, match="sin: shape"):
-        hf.apply_rotary_pos_emb(q, k, cos[:1], sin)
+    for bad_cos, bad_sin in ((cos, sin), (cos[:1], sin)):
+        with pytest.raises(RuntimeError, match="must match the size"):
+            hf_formula(q, k, bad_cos, bad_sin)  # (transformers' own failure)
+        with pytest.raises(RuntimeError, match="must match the size"):
+            hf.apply_rotary_pos_emb(q, k, bad_cos, bad_sin)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_hf_apply_rotary_pos_emb_broadcasts_and_promotes_as_transformers(device):
+    # Each raised ValueError, or returned q's dtype, where transformers returns (review,
+    # session 39): cos [B, 1, R] over the tokens, a q of batch 1 over cos's batch, the
+    # [1, 1, P, R] cache with position_ids of transformers 4.31-4.35, a cos wider than q.
+    q, k = random((2, 4, 5, 16), device, 11), random((2, 2, 5, 16), device, 12)
+    starts = torch.tensor([[3], [7]], device=device)
+    one_row = hf_tables(starts, 16)  # cos, sin [B, 1, R]
+    cos, sin = hf_tables(torch.arange(5, device=device)[None] + starts, 16)
+    table_cos, table_sin = hf_tables(torch.arange(12, device=device), 16)
+    position_ids = torch.stack([torch.arange(5) + 2, torch.arange(5) + 5]).to(device)
+    for label, arguments, expected in (
+            ("cos [B, 1, R]", (q, k, *one_row), hf_formula(q, k, *one_row)),
+            ("q of batch 1", (q[:1], k[:1], cos, sin), hf_formula(q[:1], k[:1], cos, sin)),
+            ("transformers 4.31-4.35", (q, k, table_cos[None, None], table_sin[None, None],
+                                        position_ids),
+             hf_formula(q, k, table_cos[position_ids], table_sin[position_ids])),
+            ("cos wider than q", (q.bfloat16(), k.bfloat16(), cos, sin),
+             hf_formula(q.bfloat16(), k.bfloat16(), cos, sin))):
+        got = hf.apply_rotary_pos_emb(*arguments)
+        for name, a, b in zip("qk", got, expected):
+            assert a.dtype == b.dtype and a.shape == b.shape, (label, name, a.dtype, a.shape)
+            close(a, b, label=f"{label} {name}")
+    # k_embed of a k that needs no grad needs none either (it had a grad_fn beside q's).
+    leaf = q.clone().requires_grad_()
+    q_embed, k_embed = hf.apply_rotary_pos_emb(leaf, k, cos, sin)
+    assert q_embed.requires_grad and not k_embed.requires_grad and k_embed.grad_fn is None
+    reference = leaf.detach().clone().requires_grad_()
+    hf_formula(reference, k, cos, sin)[0].sum().backward()
+    q_embed.sum().backward()
+    close(leaf.grad, reference.grad, label="q's gradient")
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -19,19 +19,21 @@ def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
             for partial rotary as GLM/Phi do: the first R features rotate, the rest pass
             through), [1, S, R] or [S, R]; or, with position_ids, a [P, R] table that
             transformers < 4.38 gathered by position_ids [B, S].
-        position_ids: ignored unless cos is a 2-D table (as in transformers >= 4.38, where it
-            is deprecated). An int here is taken as unsqueeze_dim, so that the newer signature
+        position_ids: ignored unless cos is a 2-D table, or the [1, 1, P, R] cache that
+            transformers 4.31-4.35 passed (as in transformers >= 4.38, where it is
+            deprecated). An int here is taken as unsqueeze_dim, so that the newer signature
             apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim) works positionally as well.
 
-    Returns (q_embed, k_embed), new tensors in q's and k's dtype (transformers returns cos's
-    dtype when it is wider; the models pass cos in q's dtype).
+    Returns (q_embed, k_embed), new tensors in the dtype transformers gives: q's, or cos's
+    where it is wider (then transformers' formula runs: the models pass cos in q's dtype).
 
     Calls the library cannot serve as transformers would run transformers' own formula
     instead (_transformers_formula, see _library_serves): cos/sin that require grad
     (transformers differentiates them), dtypes other than float32/float16/bfloat16, q and k
-    (or cos and sin) of different dtypes, an odd head_dim, k with another sequence length
-    than q (transformers broadcasts, or raises), k without heads, q or k not 4-D, another
-    unsqueeze_dim. The library reads the first half of a full [.., R] table for both halves,
+    (or cos and sin) of different dtypes, cos wider than q, an odd head_dim, k with another
+    sequence length than q, cos/sin that are not one row a token (transformers broadcasts
+    [B, 1, R] over the tokens and a q of batch 1 over cos's batch, or raises), k without
+    heads, q or k not 4-D, another unsqueeze_dim. The library reads the first half of a full [.., R] table for both halves,
     as every rotary embedding of transformers builds it (cat(freqs, freqs)).
     """
     if (
@@ -40,6 +42,9 @@ def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
         and not isinstance(position_ids, bool)
     ):
         position_ids, unsqueeze_dim = None, position_ids
+    if position_ids is not None and getattr(cos, "dim", lambda: 2)() == 4:
+        # transformers 4.31-4.35 passed its cache, [1, 1, P, R], and squeezed it to [P, R].
+        cos, sin = cos.squeeze(1).squeeze(0), sin.squeeze(1).squeeze(0)
     if position_ids is not None and getattr(cos, "dim", lambda: 2)() != 2:
         position_ids = None  # (used only to gather rows of a 2-D table, as documented)
     if position_ids is None:
@@ -68,17 +73,10 @@ def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
         if positions is not None and positions.dim() == 2 and positions.shape[0] == 1:
             positions = positions[0]
     elif cos.dim() == 3:
-        if cos.shape[1] != seq_len:
-            raise ValueError(
-                f"cos: {cos.shape[1]} positions for {seq_len} tokens (shape {list(cos.shape)})"
-            )
-        if sin.shape != cos.shape:
-            raise ValueError(f"sin: shape {list(sin.shape)}, but cos has {list(cos.shape)}")
-        if cos.shape[0] not in (1, batch):
-            raise ValueError(
-                f"cos: {cos.shape[0]} sequences of positions for a batch of {batch} "
-                f"(shape {list(cos.shape)})"
-            )
+        if cos.shape[1] != seq_len or sin.shape != cos.shape or cos.shape[0] not in (1, batch):
+            # Not one row a token: transformers broadcasts (cos [B, 1, R] over the tokens, a
+            # batch of 1 over cos's batch) or raises; its formula does the same.
+            return _transformers_formula(q, k, cos, sin, unsqueeze_dim)
         if cos.shape[0] == 1 or cos.stride(0) == 0:
             # One row per token, shared by the batch.
             table_cos, table_sin = cos[0], sin[0]
@@ -122,6 +120,10 @@ def _library_serves(q, k, cos, sin, unsqueeze_dim):
         return False
     if q.dtype != k.dtype or cos.dtype != sin.dtype:
         return False
+    # transformers' results take the wider dtype of q and cos (q bf16 and cos float32 give
+    # float32); the library writes q's.
+    if cos.dtype is not q.dtype and torch.promote_types(q.dtype, cos.dtype) != q.dtype:
+        return False  # (the identity first: promote_types costs 0.4 us)
     _, seq_dim = _GEOMETRY[unsqueeze_dim]
     heads_dim = 3 - seq_dim
     return (
