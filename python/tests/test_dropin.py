@@ -372,6 +372,23 @@ def test_ret_cached_keys_put_queries_at_the_last_positions(kernel_only, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_ret_cached_keys_take_a_fractional_offset_as_the_original_does(device):
+    # The original adds offset to float positions; the fused launch raised TypeError on 0.5
+    # (review, session 39).
+    rotary = ret.RotaryEmbedding(dim=64).to(device)
+    q, k = random((2, 4, 3, 64), device, 16), random((2, 4, 10, 64), device, 17)
+    got_q, got_k = rotary.rotate_queries_with_cached_keys(q, k, offset=0.5)
+    close(got_q, ret_formula(ret_freqs(64, torch.arange(3, device=device) + 7.5), q), label="q")
+    close(got_k, ret_formula(ret_freqs(64, torch.arange(10, device=device)), k), label="k")
+
+
+def test_ret_exports_broadcat_under_the_packages_name():
+    # rotary_embedding_torch's __init__ exports broadcat; the drop-in had broadcast only.
+    got = ret.broadcat([torch.ones(2, 1, 3), torch.zeros(1, 4, 3)])
+    assert got.shape == (2, 4, 6) and got[..., :3].eq(1).all() and got[..., 3:].eq(0).all()
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_ret_xpos_scales_queries_up_and_keys_down(kernel_only, device):
     rotary = ret.RotaryEmbedding(dim=32, use_xpos=True).to(device)
     q, k = random((1, 2, 12, 32), device, 16), random((1, 2, 12, 32), device, 17)

@@ -35,6 +35,10 @@ def broadcast(tensors, dim=-1):
     return torch.cat(torch.broadcast_tensors(*tensors), dim=dim)
 
 
+# The name the package exports (rotary_embedding_torch/__init__.py): broadcat.
+broadcat = broadcast
+
+
 def rotate_half(x):
     """The interleaved rotate_half: pairs (x[2i], x[2i+1]) -> (-x[2i+1], x[2i])."""
     pairs = x.unflatten(-1, (-1, 2))
@@ -307,7 +311,10 @@ class RotaryEmbedding(nn.Module):
             rotated_k = self.rotate_queries_or_keys(k, seq_dim=seq_dim, scale=k_scale ** -1)
             return rotated_q.type(q.dtype), rotated_k.type(k.dtype)
         views = _fusable_pair(q, k, seq_dim)
-        if views is not None and q_offset >= 0 and self._uses_kernel(q) and k.dtype == q.dtype:
+        # (The fused launch takes whole positions; a fractional offset, which the original
+        # adds to float positions, takes rotate_queries_or_keys: it raised TypeError.)
+        if (views is not None and isinstance(q_offset, int) and q_offset >= 0
+                and self._uses_kernel(q) and k.dtype == q.dtype):
             (q_view, k_view), layout = views
             cos, sin = self._cos_sin(max(k_len, q_offset + q_len), 0, device, dtype)
             rotated_q, rotated_k = apply_rope(q_view, k_view, cos, sin, q_position_offset=q_offset,
