@@ -1044,7 +1044,8 @@ typedef struct rope_jit_freq_config {
      * Default 10000. */
     double theta;
     /* The scaling factor of LINEAR, DYNAMIC, YARN, LLAMA3 (required, > 0) and LONGROPE
-     * (optional). Default 0 = unset. */
+     * (optional where max_position_embeddings is given: see "unset" above). Default 0 =
+     * unset. */
     double factor;
     /* HF max_position_embeddings (DYNAMIC: required; YARN, LONGROPE: see "unset" above).
      * Default 0 = unset. */

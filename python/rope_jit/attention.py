@@ -10,7 +10,7 @@ import sys
 from . import _cuda_context, _torch_writes
 from . import _structs as s
 from .rope import resolve_stream
-from .runtime import _STYLES, _choice, default_runtime
+from .runtime import _STYLES, _choice, runtime_argument
 from ._checks import c_double, c_int
 from .tensors import as_tensor, is_torch_tensor, torch_stream_of
 
@@ -79,12 +79,12 @@ def _torch_workspace(runtime, args, which, q, held):
 
 def has_attention(runtime=None):
     """Whether the loaded library has the fused attention op."""
-    runtime = runtime if runtime is not None else default_runtime()
+    runtime = runtime_argument(runtime)
     return _functions(runtime.library) is not None
 
 
 def _call(which, tensors, causal, scale, rotary_dim, style, stream, runtime, deterministic=False):
-    runtime = runtime if runtime is not None else default_runtime()
+    runtime = runtime_argument(runtime)
     library = runtime.library
     functions = _functions(library)
     if functions is None:

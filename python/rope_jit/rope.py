@@ -6,11 +6,12 @@ rope_jit.torch_ops.apply_rope, which calls this underneath.
 """
 
 import ctypes
+import operator
 import sys
 
 from . import _cuda_context, _plans, _torch_writes
 from . import _structs as s
-from .runtime import _STYLES, _choice, default_runtime
+from .runtime import _STYLES, Runtime, _choice, runtime_argument
 from ._checks import c_double, c_int, c_ints
 from .tensors import as_tensor, is_torch_tensor, torch_stream_of
 
@@ -27,10 +28,19 @@ def resolve_stream(stream, tensors):
     .ptr (cupy.cuda.Stream), or None: then PyTorch's current stream when a tensor is a CUDA
     torch tensor, CuPy's current stream for a CuPy array, else the legacy default stream."""
     if stream is not None:
+        handle = stream
         for attribute in ("cuda_stream", "ptr"):
             if hasattr(stream, attribute):
-                return int(getattr(stream, attribute))
-        return int(stream)
+                handle = getattr(stream, attribute)
+                break
+        try:  # (int() took "7" and 7.9, and named nothing for "x")
+            handle = operator.index(handle)
+        except TypeError:
+            raise TypeError(f"stream: expected a CUstream (an int), a torch.cuda.Stream or a "
+                            f"CuPy stream, got {stream!r}") from None
+        if not 0 <= handle < (1 << 64):
+            raise ValueError(f"stream: a CUstream is an address in [0, 2^64), got {handle}")
+        return handle
     torch_stream = torch_stream_of(tensors)
     if torch_stream is not None:
         return torch_stream
@@ -322,7 +332,8 @@ def rope(
     """
     if layout not in LAYOUTS:
         raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
-    runtime = runtime if runtime is not None else default_runtime()
+    if type(runtime) is not Runtime:  # (the check off the hot path: a Runtime is given, or None)
+        runtime = runtime_argument(runtime)
     if (
         stream is None
         and mrope_sections is None

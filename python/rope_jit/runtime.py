@@ -281,6 +281,16 @@ _default_lock = threading.Lock()
 _default = None
 
 
+def runtime_argument(runtime):
+    """A call's `runtime` argument: a Runtime, or None for default_runtime() (anything else
+    failed later, as an AttributeError that named nothing)."""
+    if runtime is None:
+        return default_runtime()
+    if not isinstance(runtime, Runtime) and not hasattr(runtime, "library"):  # (or its like)
+        raise TypeError(f"runtime: expected a rope_jit.Runtime or None, got {runtime!r}")
+    return runtime
+
+
 def default_runtime():
     """The process-wide Runtime the ops use when given none, created on first use with the
     library's defaults (backend auto)."""

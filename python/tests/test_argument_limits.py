@@ -208,6 +208,26 @@ def test_enum_arguments_take_names_or_integer_values_only(cpu_runtime):
     np.testing.assert_array_equal(q, 1)  # cos 1, sin 0: interleaved by its C value, unchanged
 
 
+def test_runtime_and_stream_arguments_of_another_kind_are_type_errors_naming_them(cpu_runtime):
+    # runtime="cpu" failed as AttributeError, stream="x" as int()'s ValueError, stream="7"
+    # and 7.9 were taken (review, session 39).
+    q, cos, sin = tensors()
+    before = q.copy()
+    for arguments, error, match in (
+            (dict(runtime="cpu"), TypeError, "runtime: expected a rope_jit.Runtime"),
+            (dict(stream="x"), TypeError, "stream: expected a CUstream"),
+            (dict(stream="7"), TypeError, "stream: expected a CUstream"),
+            (dict(stream=7.9), TypeError, "stream: expected a CUstream"),
+            (dict(stream=-1), ValueError, "stream: a CUstream is an address")):
+        arguments.setdefault("runtime", cpu_runtime)
+        with pytest.raises(error, match=match):
+            rope_jit.rope(q, cos=cos, sin=sin, **arguments)
+        with pytest.raises(error, match=match):
+            rope_jit.attention(q, q, q, np.empty_like(q), **arguments)
+    np.testing.assert_array_equal(q, before)
+    rope_jit.rope(q, cos=cos, sin=sin, stream=0, runtime=cpu_runtime)  # an int still is one
+
+
 def test_raw_memory_takes_only_addresses_and_device_indices_that_are_ones():
     # A float address was truncated, -16 became 0xfff...f0 and crashed the process in rope(),
     # "cuda:2**40" raised struct.error (review, session 39).
