@@ -215,8 +215,9 @@ def test_prewarm_without_a_disk_cache_warns_that_it_keeps_nothing(library, capfd
         except rope_jit.BackendUnavailableError:
             pytest.skip("no NVRTC to compile with")
         assert runtime.stats()["compiles"] == 1 and runtime.stats()["disk_writes"] == 0
-    warnings = [line for line in capfd.readouterr().err.splitlines() if "warning" in line]
-    assert len(warnings) == 1 and "no disk cache" in warnings[0], warnings
+    warnings = [line for line in capfd.readouterr().err.splitlines()
+                if "warning" in line and "no disk cache" in line]  # (others may come: NVRTC's)
+    assert len(warnings) == 1, warnings
 
 
 def test_programmatic_launch_is_accepted_and_changes_no_cpu_result(library):
