@@ -316,6 +316,24 @@ def test_inv_freq_is_refused_where_it_varies_and_taken_where_it_is_fixed():
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_the_hf_dropins_sequence_starts_made_under_a_transform_are_not_kept(device):
+    # Made under torch.func.grad they were cached as a wrapper of its level, and the next
+    # call of the same shape outside it failed ("Cannot access data pointer": GPU run FO).
+    from rope_jit.dropin import hf
+
+    shape = (3, 2, 7, 16)  # (a batch and length no other test uses: the cache is global)
+    q, k = random(shape, device, 50), random(shape, device, 51)
+    positions = torch.arange(7, device=device)[None] + torch.arange(3, device=device)[:, None]
+    cos, sin = hf_tables(positions, 16)  # [B, S, R]: per-sequence rows, sequence starts
+    expected = func.grad(lambda q: hf._transformers_formula(q, k, cos, sin, 1)[0].sum())(q)
+    got = func.grad(lambda q: hf.apply_rotary_pos_emb(q, k, cos, sin)[0].sum())(q)
+    torch.testing.assert_close(got, expected, **TOLERANCE)
+    leaf = q.clone().requires_grad_()
+    hf.apply_rotary_pos_emb(leaf, k, cos, sin)[0].sum().backward()
+    torch.testing.assert_close(leaf.grad, expected, **TOLERANCE)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_batched_gradients_of_the_eager_path(device):
     # autograd's is_grads_batched and the vectorized jacobian / hessian vmap the backward
     # (torch's older vmap): the eager path's backward handed the library tensors without

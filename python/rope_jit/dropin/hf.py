@@ -307,9 +307,11 @@ def _sequence_starts(batch, seq_len, device):
             and device.type == "cuda"
             and torch.cuda.is_current_stream_capturing()
         )
-        # Kept only outside a capture (graph memory), and never evicted: a graph captured
-        # earlier may read a kept tensor. Past the bound, a fresh one per call.
-        if not capturing and len(_starts) < 64:
+        # Kept only outside a capture (graph memory) and outside torch.func transforms (made
+        # under one, it is a wrapper of the transform's level, without storage once it ends:
+        # later calls failed with "Cannot access data pointer"), and never evicted: a graph
+        # captured earlier may read a kept tensor. Past the bound, a fresh one per call.
+        if not capturing and not _functorch_active() and len(_starts) < 64:
             _starts[key] = starts
     return starts
 
