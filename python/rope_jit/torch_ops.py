@@ -488,31 +488,35 @@ def _refuse_in_place_differentiation(written, tables):
 def _records(q, k, tables):
     """Whether autograd differentiates this call of a RoPE op (then _RopeTransformFunction
     records it): grad mode with q or k requiring grad, or a forward-AD dual level open (the
-    Function takes zeros where an input has no tangent) outside torch.func (there nothing
-    that varies reaches here: see _refuse_what_ops_cannot_differentiate)."""
-    grads = _refuse_what_ops_cannot_differentiate((q, k), tables, "rope_jit.apply_rope")
-    return grads or (_forward_ad._current_level >= 0 and not _functorch_active())
-
-
-def _refuse_what_ops_cannot_differentiate(inputs, tables, instead):
-    """What an op's Autograd kernel refuses: tables (cos, sin, inv_freq, positions...,
-    xpos_scale) that require grad, inv_freq or xpos_scale that are dual tensors, and, under
-    torch.func, a call it would differentiate (an input that requires grad or is dual: the
-    kernel cannot reach a Function there, "could not find kernel for HigherOrderOperator
-    custom_function_call"; `instead` names the function that works there). At this level
-    functorch has wrapped every tensor, so only requires_grad and the dual level's tangents
-    say what varies. Returns whether grad mode records an input."""
+    Function takes zeros where an input has no tangent), outside torch.func. Refuses what
+    rope-jit cannot differentiate: cos, sin, inv_freq or xpos_scale that require grad,
+    inv_freq or xpos_scale that are dual tensors, and a differentiated call under torch.func
+    (see _refuse_functorch_differentiation)."""
     cos, sin, inv_freq, _, _, _, xpos_scale = tables
-    _refuse_table_grads({"cos": cos, "sin": sin, "inv_freq": inv_freq, "xpos_scale": xpos_scale})
+    grad_mode = torch.is_grad_enabled()
+    if grad_mode:  # (the dict only then: compiled graphs call this kernel with grad off)
+        _refuse_table_grads(
+            {"cos": cos, "sin": sin, "inv_freq": inv_freq, "xpos_scale": xpos_scale})
     duals = _forward_ad._current_level >= 0
     if duals:
         _refuse_varying_frequencies(inv_freq, xpos_scale, _is_dual)
-    grads = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in inputs)
-    if _functorch_active() and (grads or (duals and any(map(_is_dual, inputs + (cos, sin))))):
+    grads = grad_mode and (q.requires_grad or (k is not None and k.requires_grad))
+    if _functorch_active():
+        _refuse_functorch_differentiation(grads, duals, (q, k, cos, sin), "rope_jit.apply_rope")
+        return False
+    return grads or duals
+
+
+def _refuse_functorch_differentiation(grads, duals, tensors, instead):
+    """Raises where an op's Autograd kernel would differentiate a call under torch.func (grad
+    mode with an input requiring grad, or a dual among `tensors`): it cannot reach a Function
+    there ("could not find kernel for HigherOrderOperator custom_function_call"); `instead`
+    names the function that works. At this level functorch has wrapped every tensor, so only
+    requires_grad and the dual level's tangents say what varies."""
+    if grads or (duals and any(map(_is_dual, tensors))):
         raise NotImplementedError(
             "the rope_jit ops called directly are not differentiable under torch.func "
             f"transforms (grad, jvp, jacrev...): call {instead}")
-    return grads
 
 
 def _is_dual(tensor):
@@ -536,8 +540,9 @@ def _refuse_varying_frequencies(inv_freq, xpos_scale, varies):
 
 
 class _RopeTransformFunction(torch.autograd.Function):
-    """rope_jit::rope_qk (or rope_jit::rope where k is None), differentiated. Inputs: q, k, the 7 tables, the ops' 6 scalars, then `tables_vary` (whether cos or sin
-    carry a tangent: see jvp). The rotation is linear in q and k: the tangent of the result is
+    """rope_jit::rope_qk (or rope_jit::rope where k is None), differentiated. Inputs: q, k,
+    the 7 tables, the ops' 6 scalars, then `tables_vary` (whether cos or sin carry a tangent:
+    see jvp). The rotation is linear in q and k: the tangent of the result is
     the same rotation of the tangents of q and k, the gradient the inverse rotation; both go
     through this Function again, so they compose (jacfwd, jacrev, hessian, grad of vmap)."""
 
@@ -1246,12 +1251,11 @@ def _attention_autograd(q, k, v, cos, sin, pos_mask, attn_mask, *scalars):
     _refuse_attention_table_grads(cos, sin, attn_mask)
     grads = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     duals = _forward_ad._current_level >= 0
-    if _functorch_active():  # (see _refuse_what_ops_cannot_differentiate)
-        if grads or (duals and any(map(_is_dual, (q, k, v, cos, sin)))):
-            raise NotImplementedError(
-                "the rope_jit ops called directly are not differentiable under torch.func "
-                "transforms: call rope_jit.torch_ops.attention, which is in reverse mode "
-                "(grad, vjp, jacrev; attention has no forward-mode derivative)")
+    if _functorch_active():
+        _refuse_functorch_differentiation(
+            grads, duals, (q, k, v, cos, sin),
+            "rope_jit.torch_ops.attention, which is differentiable in reverse mode there "
+            "(attention has no forward-mode derivative)")
     elif duals:
         return _AttentionTransformFunction.apply(*inputs)  # (its jvp raises)
     elif grads:

@@ -33,8 +33,9 @@ def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
     (or cos and sin) of different dtypes, cos wider than q, an odd head_dim, k with another
     sequence length than q, cos/sin that are not one row a token (transformers broadcasts
     [B, 1, R] over the tokens and a q of batch 1 over cos's batch, or raises), k without
-    heads, q or k not 4-D, another unsqueeze_dim. The library reads the first half of a full [.., R] table for both halves,
-    as every rotary embedding of transformers builds it (cat(freqs, freqs)).
+    heads, q or k not 4-D, another unsqueeze_dim. The library reads the first half of a full
+    [.., R] table for both halves, as every rotary embedding of transformers builds it
+    (cat(freqs, freqs)).
     """
     if (
         position_ids is not None  # (first: the models' calls pass none)
