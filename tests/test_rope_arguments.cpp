@@ -135,6 +135,18 @@ TEST_CASE("Hq not a multiple of Hk is rejected") {
     call.expect_invalid("not a multiple of k's 3 heads");
 }
 
+TEST_CASE("k with no heads is refused as such, also beside a q with no heads") {
+    // It was told that q's 0 heads are no multiple of k's 0 heads (adversarial pass).
+    ValidCall call;
+    HostTensor k(Dt::F32, {2, 0, 6, 16});
+    call.args.k = k.dl();
+    call.expect_invalid("k: has no heads ([2, 0, 6, 16]); GQA/MQA needs Hq = group * Hk with "
+                        "Hk >= 1 (k NULL rotates q alone)");
+    HostTensor q(Dt::F32, {2, 0, 6, 16});
+    call.args.q = q.dl();
+    call.expect_invalid("k: has no heads ([2, 0, 6, 16])");
+}
+
 TEST_CASE("k that disagrees with q in batch, head_dim, dtype or rank is rejected") {
     ValidCall call;
     SUBCASE("batch") {

@@ -58,6 +58,8 @@ def _require():
 
 
 def _float_array(values, name):
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+        raise TypeError(f"{name}: expected a sequence of floats, got {type(values).__name__}")
     values = [c_double(v, f"{name}[{index}]") for index, v in enumerate(values)]
     if not values:
         raise ValueError(f"{name}: must not be empty")

@@ -155,6 +155,11 @@ class Runtime:
         0, the default, for decode and strided layouts: prewarm both for a model's prefill and
         decode).
         """
+        # (A lone dict or string would be iterated as its keys or characters.)
+        if isinstance(specs, (collections.abc.Mapping, str, bytes)) or not hasattr(
+                specs, "__iter__"):
+            raise TypeError(f"specs: expected a list of dicts of rope_jit_kernel_spec fields (one "
+                            f"spec too), got {type(specs).__name__}")
         specs = list(specs)
         if not specs:
             return
@@ -204,7 +209,10 @@ class Runtime:
                                           [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_char_p])
         if function is None:
             raise NotImplementedError("the loaded librope_jit has no rope_jit_prewarm_json: build a newer rope-jit")
-        text = json.dumps(specs)  # escapes any NUL in a string, so the text has none
+        try:
+            text = json.dumps(specs)  # escapes any NUL in a string, so the text has none
+        except (TypeError, ValueError) as error:  # (ValueError: a list that holds itself)
+            raise TypeError(f"specs: not JSON ({error})") from None
         target = None if target is None else c_string(target, "target")
         self._library.check("rope_jit_prewarm_json", self._call(function, text.encode(), target))
 

@@ -346,9 +346,47 @@ _capsule_get_name.restype = ctypes.c_char_p
 _capsule_get_name.argtypes = [ctypes.py_object]
 
 
+# The most dims a DLPack tensor may declare here: far above any tensor this package takes (the
+# C API's checks name the real limits), low enough that a producer's garbage ndim is refused
+# before its shape is read.
+_DLPACK_MAX_DIMS = 64
+
+
+def _dlpack_device(obj, name):
+    """(device type, device id) from obj.__dlpack_device__(), or a ValueError naming `name`
+    when the producer answers something else."""
+    answer = obj.__dlpack_device__()
+    try:
+        device_type, device_id = answer
+        return operator.index(device_type), operator.index(device_id)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name}: __dlpack_device__() returned {answer!r}, not a (device type, "
+                         f"device id) pair of integers") from None
+
+
+def _dlpack_managed(capsule, name):
+    """The DLManagedTensor(Versioned) in a capsule from __dlpack__, or a ValueError naming
+    `name` for anything else (another object, a capsule already consumed)."""
+    if type(capsule).__name__ != "PyCapsule":
+        raise ValueError(f"{name}: __dlpack__() returned {type(capsule).__name__}, not a DLPack "
+                         f"capsule")
+    capsule_name = _capsule_get_name(capsule)
+    if capsule_name == b"dltensor_versioned":
+        managed = s.DLManagedTensorVersioned.from_address(
+            _capsule_get_pointer(capsule, b"dltensor_versioned"))
+        if managed.version.major != s.DLPACK_MAJOR_VERSION:
+            raise ValueError(f"{name}: DLPack version {managed.version.major}."
+                             f"{managed.version.minor} is not supported")
+        return managed, bool(managed.flags & s.DLPACK_FLAG_READ_ONLY)
+    if capsule_name == b"dltensor":
+        return s.DLManagedTensor.from_address(_capsule_get_pointer(capsule, b"dltensor")), False
+    shown = capsule_name.decode(errors="replace") if capsule_name is not None else None
+    raise ValueError(f"{name}: __dlpack__() returned a capsule named {shown!r}, not "
+                     f"'dltensor' or 'dltensor_versioned' (a capsule is consumed once)")
+
+
 def _from_dlpack(obj, name, writable, stream, swap_dims=None):
-    device_type, device_id = obj.__dlpack_device__()
-    device_type, device_id = int(device_type), int(device_id)
+    device_type, device_id = _dlpack_device(obj, name)
     if device_type not in (s.KDL_CPU, s.KDL_CUDA):
         raise ValueError(f"{name}: DLPack device type {device_type} is not supported (CPU or CUDA only)")
     # DLPack 1.0 first (it says whether the memory is read-only, and producers such as NumPy
@@ -367,20 +405,15 @@ def _from_dlpack(obj, name, writable, stream, swap_dims=None):
         except (TypeError, BufferError, NotImplementedError):
             if index == len(asks) - 1:
                 raise
-    readonly = False
-    if _capsule_get_name(capsule) == b"dltensor_versioned":
-        managed = s.DLManagedTensorVersioned.from_address(
-            _capsule_get_pointer(capsule, b"dltensor_versioned"))
-        if managed.version.major != s.DLPACK_MAJOR_VERSION:
-            raise ValueError(f"{name}: DLPack version {managed.version.major}."
-                             f"{managed.version.minor} is not supported")
-        readonly = bool(managed.flags & s.DLPACK_FLAG_READ_ONLY)
-    else:
-        managed = s.DLManagedTensor.from_address(_capsule_get_pointer(capsule, b"dltensor"))
+    managed, readonly = _dlpack_managed(capsule, name)
     if writable and readonly:
         raise ValueError(f"{name}: the tensor's memory is read-only, and it is written to")
     tensor = managed.dl_tensor
     ndim = tensor.ndim
+    if not 0 <= ndim <= _DLPACK_MAX_DIMS or (ndim > 0 and not tensor.shape):
+        raise ValueError(f"{name}: the DLPack tensor declares {ndim} dims"
+                         f"{'' if tensor.shape else ' and no shape'}; 0 to {_DLPACK_MAX_DIMS} dims "
+                         f"with a shape are read")
     shape = [tensor.shape[i] for i in range(ndim)]
     strides = [tensor.strides[i] for i in range(ndim)] if tensor.strides else contiguous_strides(shape)
     code, bits = tensor.dtype.code, tensor.dtype.bits

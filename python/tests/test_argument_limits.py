@@ -168,6 +168,10 @@ def test_longrope_factors_must_have_one_value_per_pair():
         "longrope", short_factor=[1.0] * 64, long_factor=[1.0] * 64, **common
     )
     assert len(values) == 64
+    # Not sequences: before, an int gave "'int' object is not iterable", naming nothing.
+    for factors, kind in ((2.0, "float"), (None, "NoneType"), ("1.0", "str")):
+        with pytest.raises(TypeError, match=rf"^long_factor: expected a sequence of floats, got {kind}$"):
+            frequencies.inv_freq("longrope", short_factor=[1.0] * 64, long_factor=factors, **common)
 
 
 @needs_builders
@@ -251,3 +255,17 @@ def test_prewarm_names_a_spec_that_is_not_a_dict(cpu_runtime):
     for spec in (64, "abc", None):
         with pytest.raises(TypeError, match=r"specs\[0\]: expected a dict"):
             cpu_runtime.prewarm([spec], target="sm_90")
+    # Not a list at all: before, an int or None gave "'int' object is not iterable", and a lone
+    # spec or a string were iterated as keys or characters.
+    for specs, kind in ((5, "int"), (None, "NoneType"), ({"head_dim": 64}, "dict"), ("x", "str")):
+        with pytest.raises(TypeError, match=r"^specs: expected a list of dicts of "
+                                            rf"rope_jit_kernel_spec fields \(one spec too\), got {kind}$"):
+            cpu_runtime.prewarm(specs, target="sm_90")
+    for specs in ({64, 128}, [{"head_dim": object()}]):
+        with pytest.raises(TypeError, match=r"^specs: not JSON \(Object of type (set|object) is not"):
+            cpu_runtime.prewarm_json(specs, target="sm_90")
+    looped = [{"head_dim": 64}]
+    looped.append(looped)
+    with pytest.raises(TypeError, match=r"^specs: not JSON \(Circular reference"):
+        cpu_runtime.prewarm_json(looped, target="sm_90")
+    assert cpu_runtime.stats()["compiles"] == 0

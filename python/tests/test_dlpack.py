@@ -193,3 +193,75 @@ def test_a_producer_refusing_max_version_in_any_way_is_asked_the_older_protocol(
     expected = expected_rotation(q, inv_freq)
     rope_jit.rope(Refusing(q), inv_freq=inv_freq, runtime=cpu_runtime)
     np.testing.assert_allclose(q, expected, atol=2e-5)
+
+
+class Nonsense(ForeignTensor):
+    """A producer whose DLPack answers are not DLPack's."""
+
+    def __init__(self, array, device=None, capsule=None):
+        super().__init__(array)
+        self.device, self.capsule = device, capsule
+
+    def __dlpack_device__(self):
+        return self.device if self.device is not None else super().__dlpack_device__()
+
+    def __dlpack__(self, **kwargs):
+        return self.capsule if self.capsule is not None else self.array.__dlpack__()
+
+
+@pytest.mark.parametrize("device, message", [
+    ((1,), r"__dlpack_device__\(\) returned \(1,\), not a \(device type, device id\) pair of integers"),
+    ("cpu", r"__dlpack_device__\(\) returned 'cpu', not a \(device type"),
+    ((1.0, 0), r"__dlpack_device__\(\) returned \(1.0, 0\), not a"),
+    ((None, 0), r"__dlpack_device__\(\) returned \(None, 0\), not a"),
+    ((9, 0), r"DLPack device type 9 is not supported"),
+])
+def test_a_dlpack_device_that_is_not_a_pair_of_integers_is_a_value_error_naming_the_argument(
+        cpu_runtime, device, message):
+    q, inv_freq = inputs(14)
+    before = q.copy()
+    with pytest.raises(ValueError, match="^q: " + message):
+        rope_jit.rope(Nonsense(q, device=device), inv_freq=inv_freq, runtime=cpu_runtime)
+    np.testing.assert_array_equal(q, before)
+
+
+def test_a_dlpack_export_that_is_no_capsule_or_a_consumed_one_is_a_value_error_naming_the_argument(
+        cpu_runtime):
+    q, inv_freq = inputs(15)
+    before = q.copy()
+    with pytest.raises(ValueError, match=r"^q: __dlpack__\(\) returned ndarray, not a DLPack capsule"):
+        rope_jit.rope(Nonsense(q, capsule=q), inv_freq=inv_freq, runtime=cpu_runtime)
+    # A capsule that a consumer already took is renamed 'used_dltensor' by the protocol.
+    consumed = q.__dlpack__()
+    ctypes.pythonapi.PyCapsule_SetName.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    ctypes.pythonapi.PyCapsule_SetName(consumed, b"used_dltensor")
+    with pytest.raises(ValueError, match="^k: __dlpack__\\(\\) returned a capsule named "
+                                         "'used_dltensor', not 'dltensor'"):
+        rope_jit.rope(q, Nonsense(q.copy(), capsule=consumed), inv_freq=inv_freq,
+                      runtime=cpu_runtime)
+    np.testing.assert_array_equal(q, before)
+
+
+@pytest.mark.parametrize("ndim, shape", [(-1, True), (65, True), (2, False)])
+def test_a_dlpack_tensor_declaring_impossible_dims_is_refused_before_its_shape_is_read(
+        cpu_runtime, ndim, shape):
+    from rope_jit import _structs
+
+    q, inv_freq = inputs(16)
+    before = q.copy()
+    dims = (ctypes.c_int64 * 4)(*q.shape)
+    managed = _structs.DLManagedTensor()
+    managed.dl_tensor.data = q.ctypes.data
+    managed.dl_tensor.device = _structs.DLDevice(_structs.KDL_CPU, 0)
+    managed.dl_tensor.ndim = ndim
+    managed.dl_tensor.dtype = _structs.DLDataType(2, 32, 1)  # float32
+    if shape:
+        managed.dl_tensor.shape = ctypes.cast(dims, ctypes.POINTER(ctypes.c_int64))
+    new_capsule = ctypes.pythonapi.PyCapsule_New
+    new_capsule.restype = ctypes.py_object
+    new_capsule.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+    capsule = new_capsule(ctypes.addressof(managed), b"dltensor", None)
+    expected = f"^q: the DLPack tensor declares {ndim} dims{'' if shape else ' and no shape'}; "
+    with pytest.raises(ValueError, match=expected + "0 to 64 dims with a shape are read"):
+        rope_jit.rope(Nonsense(q, capsule=capsule), inv_freq=inv_freq, runtime=cpu_runtime)
+    np.testing.assert_array_equal(q, before)

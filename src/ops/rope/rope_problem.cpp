@@ -480,7 +480,14 @@ RopeProblem make_rope_problem(const rope_jit_rope_args& args) {
                 fmt::format("k: head_dim {} differs from q's {}", k4.shape[3], p.head_dim));
         if (k4.shape[0] != p.batch)
             fail_argument(fmt::format("k: batch {} differs from q's {}", k4.shape[0], p.batch));
-        if (p.heads_k == 0 || p.heads_q % p.heads_k != 0)
+        // (Even beside a q with no heads: a k of no heads has no group to share, and it was
+        // told that 0 heads are no multiple of 0 heads.)
+        if (p.heads_k == 0)
+            fail_argument(fmt::format(
+                "k: has no heads ({}); GQA/MQA needs Hq = group * Hk with Hk >= 1 (k NULL "
+                "rotates q alone)",
+                k.shape_string()));
+        if (p.heads_q % p.heads_k != 0)
             fail_argument(
                 fmt::format("k: q has {} heads, which is not a multiple of k's {} heads "
                             "(GQA/MQA needs Hq = group * Hk)",
