@@ -137,13 +137,30 @@ void check_same_device(const TensorRef& t, const DLDevice& device, const TensorR
                         reference.name, device_name(device.device_type), device.device_id));
 }
 
+// The call's angle, index and frequency-gradient tensors as the caller gave them, used by the
+// spec or not: an inv_freq beside cos and sin, or seqlen_offsets beside positions, is still the
+// caller's memory, which no output may land on (p holds only those the spec uses).
+struct GivenTensors {
+    const TensorRef& cos;
+    const TensorRef& sin;
+    const TensorRef& inv_freq;
+    const TensorRef& xpos;
+    const TensorRef& positions;
+    const TensorRef& offsets;
+    const TensorRef& cu_seqlens;
+    const TensorRef& freq_grad;
+    const TensorRef& q_saved;
+    const TensorRef& k_saved;
+};
+
 // QK-norm (rope_jit_rope_args' q_norm_weight ... k_norm_weight_grad): weights [D] of one float
 // dtype, a finite positive eps, and in the backward the pre-norm inputs and optional weight
 // gradients. q and k are the call's tensors as given (3-D when packed); q_write and k_write
 // what it writes (no k_write with a KV cache, whose own checks keep it off the weights).
 // Fills p's norm fields.
 void check_qk_norm(const rope_jit_rope_args& args, const TensorRef& q, const TensorRef& k,
-                   const TensorRef& q_write, const TensorRef& k_write, RopeProblem& p) {
+                   const TensorRef& q_write, const TensorRef& k_write, const GivenTensors& given,
+                   RopeProblem& p) {
     TensorRef q_weight = make_tensor_ref(args.q_norm_weight, "q_norm_weight", 1);
     TensorRef k_weight = make_tensor_ref(args.k_norm_weight, "k_norm_weight", 1);
     TensorRef q_input = make_tensor_ref(args.q_norm_input, "q_norm_input");
@@ -213,8 +230,9 @@ void check_qk_norm(const rope_jit_rope_args& args, const TensorRef& q, const Ten
             if (!grad->present()) continue;
             check_written(*grad,
                           {&q, &k, &q_write, &k_write, &q_input, &k_input, &q_weight, &k_weight,
-                           &q_grad, &k_grad, &p.cos, &p.sin, &p.inv_freq, &p.xpos_scale,
-                           &p.positions, &p.seqlen_offsets, &p.cu_seqlens},
+                           &q_grad, &k_grad, &given.cos, &given.sin, &given.inv_freq, &given.xpos,
+                           &given.positions, &given.offsets, &given.cu_seqlens, &given.freq_grad,
+                           &given.q_saved, &given.k_saved},
                           MemoryRule::ByteRanges);
         }
     } else {
@@ -725,8 +743,8 @@ RopeProblem make_rope_problem(const rope_jit_rope_args& args) {
                         "forward outputs in their own memory",
                         read->name, written->name));
         check_written(freq_grad,
-                      {&p.q, &p.q_out, &p.k, &p.k_out, &p.q_saved, &p.k_saved, &p.inv_freq,
-                       &p.xpos_scale, &positions, &offsets, &cu_seqlens},
+                      {&p.q, &p.q_out, &p.k, &p.k_out, &p.q_saved, &p.k_saved, &cos, &sin,
+                       &inv_freq, &xpos, &positions, &offsets, &cu_seqlens},
                       MemoryRule::ByteRanges);
         p.inv_freq_grad = freq_grad;
         p.has_freq_grad = true;
@@ -744,7 +762,10 @@ RopeProblem make_rope_problem(const rope_jit_rope_args& args) {
     // A KV cache call writes the caches instead of k (k_out is the k cache's view then).
     const TensorRef no_tensor;
     const TensorRef& k_cache = p.has_kv_cache ? p.k_out : no_tensor;
-    check_qk_norm(args, q, k, q_write, k_write, p);
+    check_qk_norm(args, q, k, q_write, k_write,
+                  {cos, sin, inv_freq, xpos, positions, offsets, cu_seqlens, freq_grad, q_saved,
+                   k_saved},
+                  p);
     if (p.q_fp8 && (p.backward || p.has_freq_grad))
         fail_argument("q_out: float8_e4m3fn only in the forward (backward = 0)");
 
