@@ -418,6 +418,48 @@ TEST_CASE("a project given as the cache root by mistake loses nothing to scan an
     }
 }
 
+TEST_CASE("a directory named like a cache file is the cache's only when empty") {
+    // Adversarial pass, session 40: an entry-named directory holding a file was listed as a
+    // damaged entry and pruned with what it held, and one inside another format's tree made
+    // that whole tree stale, pruned too. The cache never writes such directories.
+    ScratchDir tmp("rope_jit_maintenance");
+    const std::string root = tmp.path + "/project";
+    DiskCache disk(root, {});
+    REQUIRE(disk.writable());
+    const std::string key(64, 'a');
+    const std::string entry_dir = root + "/v1/nvrtc13.0/sm_90/aa/" + key + ".cubin";
+    const std::string set_aside_dir = entry_dir + ".bad-12-0";
+    const std::string old_tree = root + "/v3";
+    const std::vector<std::string> files = {entry_dir + "/sub/notes.txt",
+                                            set_aside_dir + "/notes.txt",
+                                            old_tree + "/nvrtc12.0/sm_80/aa/" + key + ".cubin/n"};
+    for (const std::string& file : files) {
+        make_dirs(file.substr(0, file.rfind('/')));
+        write_file(file, "precious");
+    }
+    CHECK(rope_jit::scan_cache(disk).empty());
+    for (const std::string& dir : {entry_dir, set_aside_dir}) {
+        CAPTURE(dir);
+        CHECK_THROWS_WITH_AS(rope_jit::remove_cache_item(disk, dir),
+                             doctest::Contains("is a directory named like a cache file that "
+                                               "holds files the cache never writes"),
+                             rope_jit::Error);
+    }
+    CHECK_THROWS_AS(rope_jit::remove_cache_item(disk, old_tree), rope_jit::Error);
+    for (const std::string& file : files) CHECK(read_file(file) == "precious");
+
+    // Empty, such a directory is damage in the entry's place, reported and removed.
+    const std::string empty_dir = root + "/v1/nvrtc13.0/sm_90/bb/" + std::string(64, 'b') + ".ptx";
+    make_dirs(empty_dir);
+    const std::vector<CacheItem> items = rope_jit::scan_cache(disk);
+    REQUIRE(items.size() == 1);
+    CHECK(items[0].path == empty_dir);
+    CHECK(items[0].state == rope_jit::CacheItemState::Damaged);
+    rope_jit::remove_cache_item(disk, empty_dir);
+    CHECK_FALSE(exists(empty_dir));
+    for (const std::string& file : files) CHECK(read_file(file) == "precious");
+}
+
 TEST_CASE("files named v1 or v2 in the root are not the cache's: not scanned, never removed") {
     // A file "v1" was listed as a stray, which prune then removed (after the writability
     // check had renamed it aside; adversarial test, session 32).

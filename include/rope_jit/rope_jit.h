@@ -1299,7 +1299,9 @@ typedef int (*rope_jit_cache_visitor)(const rope_jit_cache_item* item, void* use
  * (files of other NVRTC versions included), each other "v<N>" directory whose tree holds only
  * names of the cache layout as one STALE item, temp files, set-aside files and layout names
  * out of place inside those directories (a directory there that cannot be listed is a STRAY
- * item saying why). Names the cache never writes are not reported, nor is the rest of the
+ * item saying why). Names the cache never writes are not reported, nor directories holding
+ * anything under names the cache gives files (an entry, temp or set-aside name: the cache
+ * never writes such a directory; an empty one is a DAMAGED entry), nor is the rest of the
  * root: the empty compile lock files of <root>/locks, which processes compiling into the
  * cache hold while they compile (never removed, so that all of them always lock the same
  * files), and anything that is not the cache's. Reads only; changes nothing. Without
@@ -1317,9 +1319,9 @@ ROPE_JIT_API rope_jit_status rope_jit_cache_walk(const rope_jit_runtime* runtime
  * processes use the cache: at worst one of them recompiles a kernel. An item that is already
  * gone counts as removed. Fails with ERROR_INVALID_ARGUMENT for a path that is not provably
  * the cache's (a name the cache does not write at that depth of a "v<N>" directory of the
- * cache root, or a directory holding such names) or has ".", ".." or a symbolic link on the
- * way, and with
- * ERROR_CACHE when the root is not writable by this user (see rope_jit_cache_check), the
+ * cache root, a directory holding such names, or a directory under a name the cache gives
+ * files, which the cache never writes, holding anything) or has ".", ".." or a symbolic link
+ * on the way, and with ERROR_CACHE when the root is not writable by this user (see rope_jit_cache_check), the
  * runtime has no disk cache, or the removal fails. */
 ROPE_JIT_API rope_jit_status rope_jit_cache_remove(const rope_jit_runtime* runtime,
                                                    const char* path);

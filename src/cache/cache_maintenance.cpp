@@ -46,6 +46,9 @@ bool cache_shaped(const std::string& path, size_t depth = 0) {
         if (kind == LayoutName::Directory && S_ISDIR(st.st_mode) &&
             !cache_shaped(path + "/" + name, depth + 1))
             return false;
+        if (kind != LayoutName::Directory && S_ISDIR(st.st_mode) &&
+            !cache_file_directory_is_empty(path + "/" + name))
+            return false;
     }
     return true;
 }
@@ -253,8 +256,9 @@ void remove_cache_item(const DiskCache& disk, const std::string& path) {
         const bool last = i + 1 == parts.size();
         ours = kind != LayoutName::Foreign && (last || kind == LayoutName::Directory);
     }
-    // A layout directory goes only with a tree of layout names (an entry-named or set-aside
-    // one, whatever it holds, is unmistakably the cache's).
+    // A layout directory goes only with a tree of layout names, a directory under a name the
+    // cache gives files (entry, temp, set-aside) only empty: the cache never writes one, so
+    // what it holds is someone else's.
     const bool whole_tree =
         parts.size() == 1 ||
         classify_layout_name(parts.size() - 2, parts.back()) == LayoutName::Directory;
@@ -262,6 +266,15 @@ void remove_cache_item(const DiskCache& disk, const std::string& path) {
     // there is someone's (the walk does not report it either).
     const bool found = lstat(path.c_str(), &st) == 0;
     const bool top_level_non_directory = parts.size() == 1 && found && !S_ISDIR(st.st_mode);
+    // A directory this user cannot list cannot be judged, or emptied: say why, rather than
+    // call it foreign.
+    if (ours && found && S_ISDIR(st.st_mode)) {
+        int error = 0;
+        sorted_names(path, &error);
+        if (error != 0 && error != ENOENT)
+            throw Error(ROPE_JIT_ERROR_CACHE, fmt::format("cannot remove '{}': cannot list it: {}",
+                                                          path, errno_text(error)));
+    }
     if (!ours || top_level_non_directory ||
         (whole_tree && found && S_ISDIR(st.st_mode) &&
          !cache_shaped(path, current ? parts.size() - 1 : 0)))
@@ -269,6 +282,11 @@ void remove_cache_item(const DiskCache& disk, const std::string& path) {
             fmt::format("path: '{}' is not an item of the cache layout under '{}'; only "
                         "names the cache writes are removed",
                         path, root));
+    if (!whole_tree && found && S_ISDIR(st.st_mode) && !cache_file_directory_is_empty(path))
+        fail_argument(fmt::format(
+            "path: '{}' is a directory named like a cache file that holds files the cache never "
+            "writes; it is not removed",
+            path));
 
     if (lstat(root.c_str(), &st) != 0) return;  // no cache, so nothing to remove
     std::string why;

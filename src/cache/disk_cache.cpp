@@ -560,6 +560,11 @@ std::vector<std::string> sorted_names(const std::string& dir, int* error) {
     return names;
 }
 
+bool cache_file_directory_is_empty(const std::string& path) {
+    int error = 0;
+    return sorted_names(path, &error).empty() && error == 0;
+}
+
 // ---- entry format -----------------------------------------------------------------------
 
 std::string serialize_cache_entry(const CacheEntryId& id, const CacheEntry& entry) {
@@ -1037,6 +1042,11 @@ std::vector<DiskCache::EntryReport> DiskCache::verify(const std::string& root) c
                 report.problem =
                     fmt::format("cannot list this directory: {}",
                                 std::error_code(error, std::generic_category()).message());
+                struct stat unlisted;
+                if (lstat(dir.c_str(), &unlisted) == 0) {  // (its times need no listing)
+                    report.modified = int64_t(unlisted.st_mtime);
+                    report.accessed = int64_t(unlisted.st_atime);
+                }
                 reports.push_back(std::move(report));
                 return;
             }
@@ -1049,6 +1059,9 @@ std::vector<DiskCache::EntryReport> DiskCache::verify(const std::string& root) c
                 struct stat st;
                 if (lstat(report.path.c_str(), &st) != 0) continue;  // removed meanwhile
                 const bool is_dir = S_ISDIR(st.st_mode);
+                if (is_dir && kind != LayoutName::Directory &&
+                    !cache_file_directory_is_empty(report.path))
+                    continue;  // not the cache's: never reported
                 report.is_directory = is_dir;
                 report.file_bytes = uint64_t(st.st_size);
                 report.modified = int64_t(st.st_mtime);

@@ -64,6 +64,12 @@ LayoutName classify_layout_name(size_t depth, std::string_view name);
 // cache_maintenance).
 std::vector<std::string> sorted_names(const std::string& dir, int* error = nullptr);
 
+// Whether `path` is a directory the cache may hold under a name it gives files (an entry, a
+// temp file, a set-aside entry): only an empty one. The cache never writes such directories,
+// so one holding anything (or that cannot be listed) is someone else's, never reported or
+// removed; an empty one is damage in the entry's place.
+bool cache_file_directory_is_empty(const std::string& path);
+
 class DiskCache {
 public:
     // root: the writable root, "" for none (then only read_only_roots are read).

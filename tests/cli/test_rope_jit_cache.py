@@ -195,8 +195,7 @@ class DamageTest(CacheTestCase):
         write_bytes(echo, cache_entry_format.serialize(other_key, spec, payload))
         write_bytes(empty, b"")
         os.unlink(directory)
-        os.mkdir(directory)
-        write_bytes(os.path.join(directory, "inside"), b"not a kernel")
+        os.mkdir(directory)  # (empty: one that holds anything is not the cache's, test below)
 
         report = self.verify(expect=1)
         problems = {item["path"]: item["problem"] for item in report["items"] if item["state"] == "damaged"}
@@ -223,6 +222,27 @@ class DamageTest(CacheTestCase):
         result, stderr = self.prewarm(*FIVE_SPECS)
         self.assertEqual((result["compiled"], result["cached"]), (0, 5))
         self.assertEqual(warnings_in(stderr), [])
+
+    def test_a_directory_holding_files_at_an_entry_path_is_set_aside_whole_and_never_pruned(self):
+        # Adversarial pass, session 40: such a directory was listed as a damaged entry and
+        # pruned with what it held. The cache never writes one: a call needing the entry moves
+        # it out of the way with a warning, and nothing removes it.
+        self.prewarm("--head-dim", "64")
+        (entry,) = [item["path"] for item in self.items("ok")]
+        os.unlink(entry)
+        os.makedirs(os.path.join(entry, "sub"))
+        write_bytes(os.path.join(entry, "sub", "notes.txt"), b"precious")
+        self.assertEqual(self.verify(expect=0)["items"], [])
+        result, stderr = self.prewarm("--head-dim", "64")
+        self.assertEqual((result["compiled"], result["failed"]), (1, 0))
+        (warning,) = warnings_in(stderr)
+        self.assertIn("(a directory in place of the entry); set aside as", warning)
+        moved = warning.split("set aside as '")[1].split("'")[0]
+        self.assertEqual(read_bytes(os.path.join(moved, "sub", "notes.txt")), b"precious")
+        self.assertEqual([item["state"] for item in self.verify(expect=0)["items"]], ["ok"])
+        self.tool("--cache-dir", self.root, "prune")
+        self.tool("--cache-dir", self.root, "prune", "--max-bytes", "1")
+        self.assertEqual(read_bytes(os.path.join(moved, "sub", "notes.txt")), b"precious")
 
 
 @needs_nvrtc
@@ -582,7 +602,11 @@ class CommandLineTest(CacheTestCase):
         report = self.verify(expect=1)
         self.assertEqual([(item["path"], item["state"]) for item in report["items"]], [(hidden, "stray")])
         self.assertIn("cannot list", report["items"][0]["problem"])
-        self.tool("--cache-dir", self.root, "clear", expect=1)  # it cannot empty what it cannot list
+        # Its times need no listing (they were 0, the epoch: adversarial pass, session 40).
+        self.assertEqual(report["items"][0]["modified"], int(os.lstat(hidden).st_mtime))
+        # It cannot empty what it cannot list, and says so (it called the directory foreign).
+        result = self.tool("--cache-dir", self.root, "clear", expect=1)
+        self.assertIn(f"cannot remove '{hidden}': cannot list it: Permission denied", result.stderr)
         os.chmod(hidden, 0o700)
         self.assertEqual([item["state"] for item in self.verify(expect=1)["items"]], ["damaged"])
 
