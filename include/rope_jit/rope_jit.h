@@ -889,7 +889,9 @@ typedef struct rope_jit_attention_args {
      * legacy default stream of the tensors' device). */
     void* stream;
 
-    /* Backward only (rope_jit_attention_backward); ignored by the forward. */
+    /* Backward only (rope_jit_attention_backward); ignored by the forward, but for one rule:
+     * the forward's out, lse and workspace may not overlap those given (the caller's memory,
+     * when one args struct serves both calls), else ERROR_INVALID_ARGUMENT naming both. */
     /* Gradient of the loss with respect to out. Required, read. */
     const DLTensor* dout;
     /* Gradients with respect to q, k and v. Required, overwritten (not accumulated into);

@@ -274,18 +274,28 @@ AttentionProblem make_attention_problem(const rope_jit_attention_args& args, boo
     // memory with no tensor of the call.
     const TensorRef workspace = workspace_ref(p, q.device);
 
-    if (!backward) {
-        check_written(out, {&q, &k, &v, &cos, &sin, &pos_mask, &mask, &lse}, kRule);
-        if (p.has_lse) check_written(lse, {&q, &k, &v, &out, &cos, &sin, &pos_mask, &mask}, kRule);
-        if (workspace.present())
-            check_written(workspace, {&q, &k, &v, &out, &cos, &sin, &pos_mask, &mask, &lse}, kRule);
-        return p;
-    }
-
+    // (Made in the forward too: given there, they are ignored but still the caller's memory,
+    // which the forward's outputs may not land on; one args struct may serve both calls.)
     TensorRef dout = make_tensor_ref(args.dout, "dout");
     TensorRef dq = make_tensor_ref(args.dq, "dq");
     TensorRef dk = make_tensor_ref(args.dk, "dk");
     TensorRef dv = make_tensor_ref(args.dv, "dv");
+
+    if (!backward) {
+        check_written(out, {&q, &k, &v, &cos, &sin, &pos_mask, &mask, &lse, &dout, &dq, &dk, &dv},
+                      kRule);
+        if (p.has_lse)
+            check_written(lse,
+                          {&q, &k, &v, &out, &cos, &sin, &pos_mask, &mask, &dout, &dq, &dk, &dv},
+                          kRule);
+        if (workspace.present())
+            check_written(workspace,
+                          {&q, &k, &v, &out, &cos, &sin, &pos_mask, &mask, &lse, &dout, &dq, &dk,
+                           &dv},
+                          kRule);
+        return p;
+    }
+
     for (const TensorRef* t : {&dout, &dq, &dk, &dv}) {
         if (!t->present())
             fail_argument(fmt::format("{}: required by the backward, got NULL", t->name));
