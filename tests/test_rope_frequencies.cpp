@@ -684,6 +684,51 @@ TEST_CASE("bad frequency configs are rejected with the field named and the outpu
         CHECK(rope_jit_inv_freq(&config, nullptr, 32, nullptr) == ROPE_JIT_ERROR_INVALID_ARGUMENT);
         CHECK(std::string(rope_jit_last_error()).find("inv_freq: NULL") != std::string::npos);
     }
+    SUBCASE("outputs over each other or over the factor lists") {
+        // The attention factor inside inv_freq replaced a frequency, and an inv_freq over a
+        // factor list overwrote it, each returning OK (overlap audit, session 40).
+        for (const size_t at : {size_t(0), size_t(17), size_t(31)}) {
+            CAPTURE(at);
+            CHECK(rope_jit_inv_freq(&config, inv.data(), 32, &inv[at]) ==
+                  ROPE_JIT_ERROR_INVALID_ARGUMENT);
+            CHECK(std::string(rope_jit_last_error()) ==
+                  "attention_factor: points into inv_freq, which the call writes");
+            for (float f : inv) CHECK(f == 7.0f);
+        }
+        config = freq_config(ROPE_JIT_ROPE_TYPE_LONGROPE, 64, 10000);
+        config.factor = 4;
+        config.original_max_position_embeddings = 4096;
+        config.max_position_embeddings = 16384;
+        std::vector<float> factors(64, 1.5f);
+        config.short_factor = factors.data();
+        config.long_factor = factors.data() + 32;
+        config.num_short_factor = 32;
+        config.num_long_factor = 32;
+        std::vector<float> fine(32);
+        REQUIRE(rope_jit_inv_freq(&config, fine.data(), 32, nullptr) == ROPE_JIT_OK);
+        for (const size_t offset : {size_t(0), size_t(20), size_t(40)}) {
+            CAPTURE(offset);
+            CHECK(rope_jit_inv_freq(&config, factors.data() + offset, 32, nullptr) ==
+                  ROPE_JIT_ERROR_INVALID_ARGUMENT);
+            CHECK(std::string(rope_jit_last_error())
+                      .find(offset < 32 ? "inv_freq: shares memory with short_factor"
+                                        : "inv_freq: shares memory with long_factor") !=
+                  std::string::npos);
+            for (float f : factors) CHECK(f == 1.5f);
+        }
+        float attention_out = 7.0f;
+        for (const size_t offset : {size_t(0), size_t(31), size_t(32), size_t(63)}) {
+            CAPTURE(offset);
+            CHECK(rope_jit_inv_freq(&config, fine.data(), 32, factors.data() + offset) ==
+                  ROPE_JIT_ERROR_INVALID_ARGUMENT);
+            CHECK(std::string(rope_jit_last_error()) ==
+                  (offset < 32 ? "attention_factor: points into short_factor, the caller's input"
+                               : "attention_factor: points into long_factor, the caller's input"));
+            for (float f : factors) CHECK(f == 1.5f);
+        }
+        CHECK(rope_jit_inv_freq(&config, fine.data(), 32, &attention_out) == ROPE_JIT_OK);
+        CHECK(attention_out != 7.0f);
+    }
 }
 
 TEST_CASE("the config init functions fill the documented defaults") {
@@ -1001,6 +1046,19 @@ TEST_CASE("bad table arguments are rejected, naming the argument, and nothing is
         expect_invalid(doubles.dl(), sin.dl(), nullptr, "cos: shares memory with positions");
         CHECK(doubles.bytes() == doubles_before);
         config.positions = nullptr;
+    }
+    SUBCASE("a table over the caller's mrope_sections") {
+        // Read before the tables are written, so they came out right, but the sections were
+        // overwritten and the call returned OK (overlap audit, session 40).
+        HostTensor holder(Dt::F32, {5, 4});
+        auto* sections = reinterpret_cast<int32_t*>(holder.dl()->data);
+        sections[0] = 1;
+        sections[1] = 1;
+        config.mrope_sections = sections;
+        config.num_mrope_sections = 2;
+        const std::vector<uint8_t> holder_before = holder.bytes();
+        expect_invalid(cos.dl(), holder.dl(), nullptr, "sin: shares memory with mrope_sections");
+        CHECK(holder.bytes() == holder_before);
     }
     SUBCASE("a zero or infinite interpolate_factor") {
         config.interpolate_factor = 0;

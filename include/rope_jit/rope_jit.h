@@ -1105,7 +1105,8 @@ ROPE_JIT_API void rope_jit_freq_config_init(rope_jit_freq_config* config);
  * when attention_factor is not NULL, the attention factor (the `attention_scaling` HF
  * multiplies cos and sin by) into *attention_factor. n must be rotary_dim / 2 (num_freqs for
  * CONSTANT), at most ROPE_JIT_MAX_FREQUENCIES. Fails with ERROR_INVALID_ARGUMENT, naming the
- * field, on a bad config or size; the outputs are then untouched. Thread-safe. */
+ * field, on a bad config or size, and where an output overlaps another or the caller's
+ * short_factor or long_factor; the outputs are then untouched. Thread-safe. */
 ROPE_JIT_API rope_jit_status rope_jit_inv_freq(const rope_jit_freq_config* config, float* inv_freq,
                                                size_t n, float* attention_factor);
 
@@ -1176,9 +1177,9 @@ ROPE_JIT_API void rope_jit_table_config_init(rope_jit_table_config* config);
  * three. Each is a 2-D [P, n] or [P, 2n] tensor in host-accessible memory (kDLCPU,
  * kDLCUDAHost or kDLCUDAManaged; copy to the GPU yourself), float32, float16 or bfloat16,
  * with strides that keep its elements distinct; all given tables have the same P (P = 0 is a
- * no-op) and share no memory with each other, config->inv_freq or config->positions (read
- * while the tables are written). Values are computed in
- * float64 and rounded to float32 (then to float16/bfloat16 for those tables, as a float32
+ * no-op) and share no memory with each other, config->inv_freq, config->positions (read
+ * while the tables are written) or config->mrope_sections. Values are computed in float64
+ * and rounded to float32 (then to float16/bfloat16 for those tables, as a float32
  * table converted with PyTorch's .to() would be). Fails with ERROR_INVALID_ARGUMENT
  * (naming the argument) on bad input, writing nothing. Thread-safe. */
 ROPE_JIT_API rope_jit_status rope_jit_rope_tables(const rope_jit_table_config* config,

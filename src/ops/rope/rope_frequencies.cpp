@@ -503,11 +503,19 @@ void fill_rope_tables(const rope_jit_table_config& c, const DLTensor* cos_tensor
     // The inputs are read while the tables are written: a table over them (a sin table on
     // the caller's inv_freq) filled its later rows from its own first one, and returned OK
     // (adversarial pass, session 38).
-    for (const TensorRef* t : tables)
+    for (const TensorRef* t : tables) {
         if (table_overlaps(*t, c.inv_freq, c.num_freqs * sizeof(float)))
             fail_argument(fmt::format("{}: shares memory with inv_freq, which the call reads "
                                       "while it writes the tables",
                                       t->name));
+        // (Read before any table is written, so the tables came out right, but the caller's
+        // sections were lost; overlap audit, session 40.)
+        if (c.num_mrope_sections > 0 &&
+            table_overlaps(*t, c.mrope_sections, size_t(c.num_mrope_sections) * sizeof(int32_t)))
+            fail_argument(fmt::format("{}: shares memory with mrope_sections, the caller's "
+                                      "input",
+                                      t->name));
+    }
     if (xpos.present() && !(std::isfinite(c.xpos_scale_base) && c.xpos_scale_base > 0))
         fail_argument(
             fmt::format("xpos_scale_base: must be finite and > 0, got {}", c.xpos_scale_base));
