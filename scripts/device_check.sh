@@ -46,6 +46,8 @@
 #   peers            bench/compare_torch.py --in-place: issue 24's comparison against torch.compile
 #                    and Liger (installs ./python and Liger's wheel from .whl; PEERS_ARGS, e.g.
 #                    --quick or --shapes); h200_vs_torch.{json,log}, and .png with matplotlib
+# BUILD_TARGETS narrows the build (default: the library, tests and every tool), e.g.
+# "rope_jit rope-jit-bench" for a run of only peers and rope-bench when device time is short.
 set -uo pipefail
 OUT=${OUT:-/tmp/rope_jit_out}
 mkdir -p "$OUT" /tmp/dlpack
@@ -57,7 +59,7 @@ start=$SECONDS
 {
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_PREFIX_PATH=/tmp/dlpack/usr >/dev/null &&
-    cmake --build build-gpu -j16 --target rope_jit rope_jit_tests rope-jit-golden rope-jit-bench rope-jit-cache 2>&1 |
+    cmake --build build-gpu -j16 --target ${BUILD_TARGETS:-rope_jit rope_jit_tests rope-jit-golden rope-jit-bench rope-jit-cache} 2>&1 |
     grep -E "warning|error"
   echo "build rc=${PIPESTATUS[0]} ($((SECONDS - start)) s)"
 } 2>&1 | tee "$OUT/build.log"
