@@ -34,6 +34,9 @@ Most users call apply_rope (below) or a drop-in from rope_jit.dropin.
 """
 
 import contextlib
+import functools
+import inspect
+import itertools
 
 import torch
 
@@ -65,8 +68,30 @@ _TABLES_SCHEMA = (
 def _define(name, schema, kernel, fake):
     _library.define(f"{name}{schema}")
     _library.impl(name, kernel, "CompositeExplicitAutograd")
-    torch.library.register_fake(f"rope_jit::{name}", fake, lib=_library)
+    torch.library.register_fake(f"rope_jit::{name}", _on_one_device(fake), lib=_library)
     return getattr(torch.ops.rope_jit, name).default
+
+
+def _on_one_device(fake):
+    """`fake`, refusing first tensors on several devices, as the kernels do: with one argument
+    on meta and the rest on the CPU the dispatcher picks the fake kernel, which returned empty
+    outputs or wrote nothing, without an error (atomicity audit, session 40)."""
+    names = list(inspect.signature(fake).parameters)
+
+    @functools.wraps(fake)
+    def checked(*args, **kwargs):
+        first = None
+        for name, value in itertools.chain(zip(names, args), kwargs.items()):
+            if not isinstance(value, torch.Tensor):
+                continue
+            if first is None:
+                first = (name, value.device)
+            elif value.device != first[1]:
+                raise ValueError(f"{name}: on {value.device}, but {first[0]} is on {first[1]}; "
+                                 "the tensors of a call share one device")
+        return fake(*args, **kwargs)
+
+    return checked
 
 
 def _below_autograd(op, *arguments):
@@ -902,9 +927,41 @@ def _copy_back(q, k, rotated):
             f"{name}: {what} that requires grad cannot be written in place (as torch's "
             "in-place ops refuse it): rotate out of place, or under torch.no_grad()"
         )
+    # What else torch's copy_ refuses, also checked before either is written (a k refused
+    # after q's copy left q rotated, with a copy node as its grad_fn; atomicity audit, session
+    # 40), and the rule the library applies where it writes in place itself.
+    sources = (rotated,) if k is None else rotated
+    for name, tensor, source in zip(("q", "k"), (q, k), sources):
+        _refuse_copy_into(name, tensor, source)
+    if k is not None and _same_view(q, k):
+        raise ValueError("k: is the same memory as q; it would be rotated twice")
     if k is None:
         return q.copy_(rotated)
     return q.copy_(rotated[0]), k.copy_(rotated[1])
+
+
+def _refuse_copy_into(name, tensor, source):
+    """Raises, naming `name`, where torch's tensor.copy_(source) would refuse the write."""
+    plain = tensor  # (the memory under any torch.func wrappers, which the checks below need)
+    if _functorch_active():
+        if torch._C._functorch.maybe_get_level(source) > torch._C._functorch.maybe_get_level(
+                tensor):
+            raise RuntimeError(f"{name}: a tensor a torch.func transform (vmap, grad...) "
+                               "captured from outside cannot be written in place with its "
+                               "rotation, which that transform tracks: rotate out of place")
+        while _is_functorch_wrapped(plain):
+            plain = _unwrapped(plain)
+    if plain.is_inference() and not torch.is_inference_mode_enabled():
+        raise RuntimeError(f"{name}: an inference tensor cannot be written in place outside "
+                           "torch.inference_mode(): rotate out of place, or inside it")
+    if torch._debug_has_internal_overlap(plain) == 1:  # (2: too costly to tell; copy_ passes)
+        raise RuntimeError(f"{name}: its strides make several indices address one element, so "
+                           "it cannot be written in place: rotate out of place")
+
+
+def _same_view(a, b):
+    return (a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
+            and a.dtype == b.dtype and a.numel() > 0)
 
 
 def run_eager(call, q, k, inplace, records_grad):
@@ -928,11 +985,21 @@ def run_eager(call, q, k, inplace, records_grad):
 # ------------------------------------------------------------------------------------------
 
 
+def _refuse_non_tensors(tensors):
+    """Raises a TypeError naming the first of `tensors` (name -> value) that is neither a
+    torch tensor nor None."""
+    for name, tensor in tensors.items():
+        if tensor is not None and not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor or None, got "
+                            f"{type(tensor).__name__}")
+
+
 def _refuse_table_grads(tables, differentiated="q and k", instead="RoPE"):
     if not torch.is_grad_enabled():
         return
     for name, table in tables.items():
-        if table is not None and table.requires_grad:
+        # (Not a tensor: the argument checks after this name it.)
+        if table is not None and getattr(table, "requires_grad", False) is True:
             raise NotImplementedError(
                 f"{name} requires grad, but rope-jit computes gradients for {differentiated} "
                 f"only: pass {name}.detach(), or use a plain PyTorch {instead} where {name} "
@@ -985,16 +1052,21 @@ def apply_rope(
         raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
     tables = (cos, sin, inv_freq, positions, seqlen_offsets, cu_seqlens, xpos_scale)
     grad_mode = _is_grad_enabled()
-    if grad_mode and (
-        (cos is not None and cos.requires_grad)
-        or (sin is not None and sin.requires_grad)
-        or (inv_freq is not None and inv_freq.requires_grad)
-        or (xpos_scale is not None and xpos_scale.requires_grad)
-    ):
-        _refuse_table_grads(
-            {"cos": cos, "sin": sin, "inv_freq": inv_freq, "xpos_scale": xpos_scale}
-        )
-    records_grad = grad_mode and (q.requires_grad or (k is not None and k.requires_grad))
+    try:
+        if grad_mode and (
+            (cos is not None and cos.requires_grad)
+            or (sin is not None and sin.requires_grad)
+            or (inv_freq is not None and inv_freq.requires_grad)
+            or (xpos_scale is not None and xpos_scale.requires_grad)
+        ):
+            _refuse_table_grads(
+                {"cos": cos, "sin": sin, "inv_freq": inv_freq, "xpos_scale": xpos_scale}
+            )
+        records_grad = grad_mode and (q.requires_grad or (k is not None and k.requires_grad))
+    except AttributeError:  # (a list or a NumPy array for a tensor; the hot path pays nothing)
+        _refuse_non_tensors({"q": q, "k": k, "cos": cos, "sin": sin, "inv_freq": inv_freq,
+                             "xpos_scale": xpos_scale})
+        raise
     if (
         not inplace
         and not records_grad

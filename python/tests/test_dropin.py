@@ -322,6 +322,43 @@ def test_flash_attn_qkv_and_kv_variants_rotate_q_and_k_in_place_and_leave_v(devi
     torch.testing.assert_close(kv[:, :, 1], original[:, :, 1], rtol=0, atol=0)
 
 
+def test_flash_attn_qkv_with_bad_k_tables_writes_nothing_and_names_them():
+    # The two-launch path rotated q in place, then k's call refused cos_k, naming "cos"
+    # (atomicity audit, session 40); now k's rotation comes first, out of place.
+    cos, sin = flash_tables(8, 16, "cpu")
+    cases = [
+        (dict(cos_k=cos[:2].clone(), sin_k=sin[:2].clone()), "cos_k: k uses table rows 0..7"),
+        (dict(cos_k=cos.double(), sin_k=sin.double()), "cos_k: unsupported dtype"),
+        (dict(cos_k=cos.half()), "sin: dtype float32 differs from cos_k's float16"),
+        (dict(cos_k=cos.clone().requires_grad_(), sin_k=sin), "cos_k requires grad"),
+        (dict(cos_k=[[1.0]], sin_k=sin), "cos_k: expected a torch.Tensor or None, got list"),
+    ]
+    for packed in (False, True):
+        for grad in (False, True):
+            for tables, message in cases:
+                shape = (2, 8, 3 + 2 * 2, 16) if packed else (2, 8, 3, 4, 16)
+                qkv = random(shape, "cpu", 13, requires_grad=grad) * 1
+                before, version = qkv.detach().clone(), qkv._version
+                with pytest.raises((ValueError, TypeError, NotImplementedError), match=message):
+                    flash_attn.apply_rotary_emb_qkv_(qkv, cos, sin, num_heads_q=3 if packed else None,
+                                                     **tables)
+                torch.testing.assert_close(qkv.detach(), before, rtol=0, atol=0)
+                assert qkv._version == version
+
+
+def test_flash_attn_packed_qkv_refuses_more_query_heads_than_it_holds():
+    # num_heads_q 6 of 4 heads rotated all four (v's too), -2 rotated two as q (atomicity audit,
+    # session 40).
+    cos, sin = flash_tables(8, 16, "cpu")
+    for heads, heads_q in ((4, 6), (5, 7), (4, -2)):
+        qkv = random((2, 8, heads, 16), "cpu", 14)
+        before = qkv.clone()
+        with pytest.raises(ValueError, match=rf"qkv: {heads} heads is not num_heads_q={heads_q} "
+                                             r"\+ 2 \* Hk with Hk >= 0"):
+            flash_attn.apply_rotary_emb_qkv_(qkv, cos, sin, num_heads_q=heads_q)
+        torch.testing.assert_close(qkv, before, rtol=0, atol=0)
+
+
 # ------------------------------------------------------------------------------------------
 # rotary-embedding-torch
 # ------------------------------------------------------------------------------------------

@@ -336,3 +336,84 @@ def test_an_in_place_rotation_refuses_a_view_of_a_multi_output_op_before_writing
     with pytest.raises(RuntimeError, match="k: a view made as MULTI_OUTPUT_NODE"):
         rope_jit.apply_rope(q, k, cos, sin, inplace=True)
     torch.testing.assert_close(q.detach(), q_before, rtol=0, atol=0)
+
+
+def _k_refusals():
+    """(label, k maker, message) of k that torch's copy_ refuses to write, beside a q it
+    accepts: each was refused after q's copy (atomicity audit, session 40)."""
+    def expanded():
+        return (random((1, 1, 1, 8), "cpu", torch.float32, 46, requires_grad=True) * 1).expand(
+            1, 1, 5, 8)
+
+    def overlapping():
+        base = random((16,), "cpu", torch.float32, 47, requires_grad=True) * 1
+        return base.as_strided((1, 1, 5, 8), (0, 0, 0, 1))  # (torch judges only zero strides)
+
+    def inference():
+        with torch.inference_mode():
+            return random((1, 1, 5, 8), "cpu", torch.float32, 48)
+
+    internal = "k: its strides make several indices address one element"
+    return [("expand", expanded, internal), ("as_strided", overlapping, internal),
+            ("inference", inference, "k: an inference tensor cannot be written in place")]
+
+
+@pytest.mark.parametrize("label, make_k, message", _k_refusals(), ids=lambda x: str(x)[:12])
+@pytest.mark.parametrize("dispatch_mode", [False, True])
+def test_an_in_place_rotation_under_autograd_refuses_k_before_writing_q(label, make_k, message,
+                                                                         dispatch_mode):
+    from torch.utils.flop_counter import FlopCounterMode
+
+    cos, sin = tables(16, 8, "half", "half", "cpu")
+    q = random((1, 2, 5, 8), "cpu", torch.float32, 45, requires_grad=True) * 1
+    k = make_k()
+    q_before, k_before, version = q.detach().clone(), k.detach().clone(), q._version
+    grad_fn = q.grad_fn
+    with FlopCounterMode(display=False) if dispatch_mode else torch.enable_grad():
+        with pytest.raises(RuntimeError, match=message):
+            rope_jit.apply_rope(q, k, cos, sin, inplace=True)
+    torch.testing.assert_close(q.detach(), q_before, rtol=0, atol=0)
+    torch.testing.assert_close(k.detach(), k_before, rtol=0, atol=0)
+    assert q._version == version and q.grad_fn is grad_fn
+
+
+def test_an_in_place_rotation_under_vmap_refuses_a_captured_k_before_writing_q():
+    cos, sin = tables(16, 8, "half", "half", "cpu")
+    qs = random((3, 1, 2, 5, 8), "cpu", torch.float32, 49)
+    k = random((1, 1, 5, 8), "cpu", torch.float32, 50)
+    qs_before, k_before = qs.clone(), k.clone()
+    with pytest.raises(RuntimeError, match="k: a tensor a torch.func transform"):
+        torch.func.vmap(lambda q: rope_jit.apply_rope(q, k, cos, sin, inplace=True))(qs)
+    torch.testing.assert_close(qs, qs_before, rtol=0, atol=0)
+    torch.testing.assert_close(k, k_before, rtol=0, atol=0)
+
+
+def test_an_in_place_rotation_refuses_k_that_is_q_with_autograd_as_without():
+    cos, sin = tables(16, 8, "half", "half", "cpu")
+    for grad in (False, True):
+        y = random((1, 2, 5, 8), "cpu", torch.float32, 51, requires_grad=grad) * 1
+        before = y.detach().clone()
+        with pytest.raises(ValueError, match="k: is the same memory as q; it would be rotated twice"):
+            rope_jit.apply_rope(y, y, cos, sin, inplace=True)
+        torch.testing.assert_close(y.detach(), before, rtol=0, atol=0)
+
+
+def test_the_ops_refuse_tensors_on_several_devices_where_one_is_meta():
+    # With k (or a table) on meta and the rest on the CPU the dispatcher ran the fake kernels:
+    # empty outputs, or no write, and no error (atomicity audit, session 40).
+    cos, sin = tables(8, 8, "half", "half", "cpu")
+    q = random((1, 2, 4, 8), "cpu", torch.float32, 52)
+    k = torch.empty(1, 2, 4, 8, device="meta")
+    before = q.clone()
+    ops = torch.ops.rope_jit
+    rest = (None, None, None, None, None, 0, 0, 0, 0, False, False)
+    with pytest.raises(ValueError, match="k: on meta, but q is on cpu"):
+        ops.rope_qk(q, k, cos, sin, *rest)
+    with pytest.raises(ValueError, match="k: on meta, but q is on cpu"):
+        ops.rope_qk_(q, k, cos, sin, *rest)
+    with pytest.raises(ValueError, match="cos: on meta, but x is on cpu"):
+        ops.rope(q, cos.to("meta"), sin, None, None, None, None, None, 0, 0, 0, False, False)
+    torch.testing.assert_close(q, before, rtol=0, atol=0)
+    # All on meta: shapes as before.
+    meta_q = q.to("meta")
+    assert ops.rope_qk(meta_q, k, cos.to("meta"), sin.to("meta"), *rest)[1].shape == k.shape

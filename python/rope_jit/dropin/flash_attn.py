@@ -1,7 +1,10 @@
 """flash-attention's rotary functions (flash_attn.layers.rotary)."""
 
+import re
+
 import torch
 
+from ..errors import RopeJitError
 from ..torch_ops import apply_rope
 
 
@@ -43,9 +46,26 @@ def _qk_views(qkv, num_heads_q):
     if qkv.dim() != 4 or num_heads_q is None:
         raise ValueError("qkv: expected [B, S, 3, H, D], or [B, S, Hq + 2*Hk, D] with num_heads_q")
     num_heads_k = (qkv.shape[2] - num_heads_q) // 2
-    if qkv.shape[2] != num_heads_q + 2 * num_heads_k:
-        raise ValueError(f"qkv: {qkv.shape[2]} heads is not num_heads_q={num_heads_q} + 2 * Hk")
+    # (Hk >= 0: num_heads_q 6 of 4 heads rotated all four, v's too, and -2 rotated two as q;
+    # atomicity audit, session 40.)
+    if not 0 <= num_heads_q <= qkv.shape[2] or qkv.shape[2] != num_heads_q + 2 * num_heads_k:
+        raise ValueError(f"qkv: {qkv.shape[2]} heads is not num_heads_q={num_heads_q} + 2 * Hk "
+                         "with Hk >= 0")
     return qkv[:, :, :num_heads_q], qkv[:, :, num_heads_q:num_heads_q + num_heads_k]
+
+
+def _naming_k_tables(error, given):
+    """`error` of k's rotation in the words of the caller: that call passes k as q (the
+    library's "q uses table rows"), and the tables given (cos_k, sin_k) as cos and sin."""
+    def rename(text):
+        for name in given:
+            text = re.sub(rf"\b{name}\b", name + "_k", text)
+        return re.sub(r"\bq uses\b", "k uses", text)
+
+    if isinstance(error, RopeJitError):
+        detail = rename(error.detail)
+        return type(error)(error.function, error.status, error.status_name, detail)
+    return type(error)(rename(str(error)))
 
 
 def apply_rotary_emb_qkv_(qkv, cos, sin, cos_k=None, sin_k=None, interleaved=False, seqlen_offsets=0,
@@ -61,8 +81,16 @@ def apply_rotary_emb_qkv_(qkv, cos, sin, cos_k=None, sin_k=None, interleaved=Fal
     if one_launch and (cos_k is None or cos_k is cos) and (sin_k is None or sin_k is sin):
         apply_rope(q, k, cos, sin, **common)
     else:
+        # k's rotation first, out of place: a refusal of its tables or offsets then comes
+        # before q is written (it came after, q rotated and k not; atomicity audit, session 40).
+        try:
+            k_rotated = apply_rope(k, None, cos if cos_k is None else cos_k,
+                                   sin if sin_k is None else sin_k, **dict(common, inplace=False))
+        except (ValueError, TypeError, RuntimeError, NotImplementedError) as error:
+            given = [name for name, table in (("cos", cos_k), ("sin", sin_k)) if table is not None]
+            raise _naming_k_tables(error, given) from error
         apply_rope(q, None, cos, sin, **common)
-        apply_rope(k, None, cos if cos_k is None else cos_k, sin if sin_k is None else sin_k, **common)
+        k.copy_(k_rotated)
     return qkv
 
 
