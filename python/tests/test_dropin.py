@@ -399,6 +399,22 @@ def test_ret_rotate_queries_or_keys_matches_the_formula_with_offset_and_partial_
                     device, "ret")
 
 
+def test_ret_tables_follow_frequencies_assigned_anew(kernel_only):
+    # The tables kept for the next call were keyed on the frequencies' version only: a new
+    # Parameter, or a tensor set through .data, kept the old ones (atomicity audit, session 40).
+    rotary = ret.RotaryEmbedding(dim=32)
+    t = random((2, 3, 7, 32), "cpu", 16)
+    rotary.rotate_queries_or_keys(t)  # keeps the tables of these frequencies
+    positions = torch.arange(7, dtype=torch.float32)
+    for label, assign in (("a new Parameter", lambda new: setattr(rotary, "freqs",
+                                                                  torch.nn.Parameter(new, False))),
+                          ("through .data", lambda new: setattr(rotary.freqs, "data", new))):
+        new = rotary.freqs.detach() * 1.5
+        assign(new)
+        expected_freqs = (positions[:, None] * new[None]).repeat_interleave(2, dim=-1)
+        close(rotary.rotate_queries_or_keys(t), ret_formula(expected_freqs, t), label=label)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_ret_cached_keys_put_queries_at_the_last_positions(kernel_only, device):
     rotary = ret.RotaryEmbedding(dim=64).to(device)

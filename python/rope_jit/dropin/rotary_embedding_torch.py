@@ -258,7 +258,12 @@ class RotaryEmbedding(nn.Module):
     def _cos_sin(self, seq_len, offset, device, dtype):
         """cos and sin of the angles of positions offset..offset+seq_len-1 ([seq_len, R]
         float32), computed as rotary-embedding-torch does and kept for the next call."""
-        key = (seq_len, offset, device, dtype, self.freqs._version, self.interpolate_factor)
+        # (The frequencies' memory too: a new tensor assigned, or set through .data, kept the
+        # old tables; atomicity audit, session 40. A write through .data counts no version:
+        # like rotary-embedding-torch's own cached_freqs, it is not seen.)
+        source = self.freqs
+        key = (seq_len, offset, device, dtype, id(source), source.data_ptr(), source._version,
+               self.interpolate_factor)
         cached = None if torch.compiler.is_compiling() else self._tables.get(key)
         if cached is not None:
             return cached
