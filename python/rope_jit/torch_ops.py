@@ -929,12 +929,14 @@ def _copy_back(q, k, rotated):
         )
     # What else torch's copy_ refuses, also checked before either is written (a k refused
     # after q's copy left q rotated, with a copy node as its grad_fn; atomicity audit, session
-    # 40), and the rule the library applies where it writes in place itself.
-    sources = (rotated,) if k is None else rotated
-    for name, tensor, source in zip(("q", "k"), (q, k), sources):
-        _refuse_copy_into(name, tensor, source)
-    if k is not None and _same_view(q, k):
-        raise ValueError("k: is the same memory as q; it would be rotated twice")
+    # 40), and the rule the library applies where it writes in place itself. Not while
+    # torch.compile traces: its fake tensors have no memory to judge.
+    if not _is_compiling():
+        sources = (rotated,) if k is None else rotated
+        for name, tensor, source in zip(("q", "k"), (q, k), sources):
+            _refuse_copy_into(name, tensor, source)
+        if k is not None and _same_view(q, k):
+            raise ValueError("k: is the same memory as q; it would be rotated twice")
     if k is None:
         return q.copy_(rotated)
     return q.copy_(rotated[0]), k.copy_(rotated[1])
@@ -954,14 +956,21 @@ def _refuse_copy_into(name, tensor, source):
     if plain.is_inference() and not torch.is_inference_mode_enabled():
         raise RuntimeError(f"{name}: an inference tensor cannot be written in place outside "
                            "torch.inference_mode(): rotate out of place, or inside it")
-    if torch._debug_has_internal_overlap(plain) == 1:  # (2: too costly to tell; copy_ passes)
+    try:
+        overlapping = torch._debug_has_internal_overlap(plain) == 1  # (2: copy_ passes too)
+    except RuntimeError:  # (symbolic sizes of a fake tensor: torch's copy_ judges then)
+        overlapping = False
+    if overlapping:
         raise RuntimeError(f"{name}: its strides make several indices address one element, so "
                            "it cannot be written in place: rotate out of place")
 
 
 def _same_view(a, b):
-    return (a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
-            and a.dtype == b.dtype and a.numel() > 0)
+    try:
+        return (a.data_ptr() == b.data_ptr() and a.shape == b.shape
+                and a.stride() == b.stride() and a.dtype == b.dtype and a.numel() > 0)
+    except RuntimeError:  # (a fake tensor of a dispatch mode has no memory: itself alone)
+        return a is b
 
 
 def run_eager(call, q, k, inplace, records_grad):

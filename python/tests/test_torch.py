@@ -417,3 +417,22 @@ def test_the_ops_refuse_tensors_on_several_devices_where_one_is_meta():
     # All on meta: shapes as before.
     meta_q = q.to("meta")
     assert ops.rope_qk(meta_q, k, cos.to("meta"), sin.to("meta"), *rest)[1].shape == k.shape
+
+
+def test_an_in_place_rotation_under_autograd_compiles_whole_and_matches_eager():
+    # Its checks before the copies read memory that torch.compile's fake tensors lack: they
+    # stand aside while it traces (session 40).
+    cos, sin = tables(16, 8, "half", "half", "cpu")
+
+    def block(x, y):
+        q, k = x * 1, y * 1
+        rope_jit.apply_rope(q, k, cos, sin, inplace=True)
+        return (q * k.repeat_interleave(2, dim=1)).sum()
+
+    x = random((1, 2, 5, 8), "cpu", torch.float32, 53, requires_grad=True)
+    y = random((1, 1, 5, 8), "cpu", torch.float32, 54, requires_grad=True)
+    eager = block(x, y)
+    compiled = torch.compile(block, backend="aot_eager", fullgraph=True)(x, y)
+    torch.testing.assert_close(compiled, eager)
+    for got, expected in zip(torch.autograd.grad(compiled, (x, y)), torch.autograd.grad(eager, (x, y))):
+        torch.testing.assert_close(got, expected)
