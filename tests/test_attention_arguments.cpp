@@ -379,6 +379,21 @@ TEST_CASE("attention: outputs that overlap inputs or repeat elements are rejecte
         call.args.lse = &lse_on_dk;
         call.expect_invalid("lse: overlaps dk");
     }
+    SUBCASE("the forward ignores backward tensors it would refuse, but for their memory") {
+        // They were validated as the backward does: a float64 dq or a 5-D dout failed the
+        // forward (review, session 40).
+        DLTensor wide_dq = *call.problem.dq.dl();
+        wide_dq.dtype = DLDataType{kDLFloat, 64, 1};
+        DLTensor deep_dout = *call.problem.dout.dl();
+        int64_t shape[5] = {1, 2, 4, 6, 16};
+        deep_dout.ndim = 5;
+        deep_dout.shape = shape;
+        deep_dout.strides = nullptr;
+        call.args.dq = &wide_dq;
+        call.args.dout = &deep_dout;
+        REQUIRE(rope_jit_attention(call.runtime, &call.args) == ROPE_JIT_OK);
+        CHECK(call.problem.out.bytes() == call.before_out);  // the same inputs, the same out
+    }
 }
 
 TEST_CASE("attention backward: a missing dout, dq, dk or dv is rejected") {

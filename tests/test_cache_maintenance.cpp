@@ -445,7 +445,8 @@ TEST_CASE("a directory named like a cache file is the cache's only when empty") 
                                                "holds files the cache never writes"),
                              rope_jit::Error);
     }
-    CHECK_THROWS_AS(rope_jit::remove_cache_item(disk, old_tree), rope_jit::Error);
+    CHECK_THROWS_WITH_AS(rope_jit::remove_cache_item(disk, old_tree),
+                         doctest::Contains("is not an item of the cache layout"), rope_jit::Error);
     for (const std::string& file : files) CHECK(read_file(file) == "precious");
 
     // Empty, such a directory is damage in the entry's place, reported and removed.

@@ -890,8 +890,10 @@ typedef struct rope_jit_attention_args {
     void* stream;
 
     /* Backward only (rope_jit_attention_backward); ignored by the forward, but for one rule:
-     * the forward's out, lse and workspace may not overlap those given (the caller's memory,
-     * when one args struct serves both calls), else ERROR_INVALID_ARGUMENT naming both. */
+     * the forward's out, lse and workspace may not overlap those of them given that are valid
+     * tensors (the caller's memory, when one args struct serves both calls), else
+     * ERROR_INVALID_ARGUMENT naming both. Set them NULL in a struct reused for a forward
+     * whose outputs take their memory once it is freed. */
     /* Gradient of the loss with respect to out. Required, read. */
     const DLTensor* dout;
     /* Gradients with respect to q, k and v. Required, overwritten (not accumulated into);
@@ -1304,7 +1306,8 @@ typedef int (*rope_jit_cache_visitor)(const rope_jit_cache_item* item, void* use
  * out of place inside those directories (a directory there that cannot be listed is a STRAY
  * item saying why). Names the cache never writes are not reported, nor directories holding
  * anything under names the cache gives files (an entry, temp or set-aside name: the cache
- * never writes such a directory; an empty one is a DAMAGED entry), nor is the rest of the
+ * never writes such a directory; an empty one is reported by its name, an entry's as
+ * DAMAGED), nor is the rest of the
  * root: the empty compile lock files of <root>/locks, which processes compiling into the
  * cache hold while they compile (never removed, so that all of them always lock the same
  * files), and anything that is not the cache's. Reads only; changes nothing. Without
@@ -1324,8 +1327,9 @@ ROPE_JIT_API rope_jit_status rope_jit_cache_walk(const rope_jit_runtime* runtime
  * the cache's (a name the cache does not write at that depth of a "v<N>" directory of the
  * cache root, a directory holding such names, or a directory under a name the cache gives
  * files, which the cache never writes, holding anything) or has ".", ".." or a symbolic link
- * on the way, and with ERROR_CACHE when the root is not writable by this user (see rope_jit_cache_check), the
- * runtime has no disk cache, or the removal fails. */
+ * on the way, and with ERROR_CACHE when the root is not writable by this user (see
+ * rope_jit_cache_check), the runtime has no disk cache, a directory to remove cannot be
+ * listed, or the removal fails. */
 ROPE_JIT_API rope_jit_status rope_jit_cache_remove(const rope_jit_runtime* runtime,
                                                    const char* path);
 

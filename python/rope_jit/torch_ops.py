@@ -855,6 +855,7 @@ _functorch_active = getattr(torch._C, "_are_functorch_transforms_active", lambda
 # Whether a tensor has storage the library could read: not the batched gradients of a backward
 # vmapped by autograd's is_grads_batched (torch's older vmap, which no transform query shows).
 _has_storage = getattr(torch._C, "_has_storage", lambda tensor: True)
+_is_fake = torch._subclasses.fake_tensor.is_fake
 # The dual level of torch.autograd.forward_ad (-1: none): dual tensors are plain torch
 # tensors, whose tangents the eager paths and the ops would drop; _RopeTransformFunction
 # carries them.
@@ -956,21 +957,22 @@ def _refuse_copy_into(name, tensor, source):
     if plain.is_inference() and not torch.is_inference_mode_enabled():
         raise RuntimeError(f"{name}: an inference tensor cannot be written in place outside "
                            "torch.inference_mode(): rotate out of place, or inside it")
-    try:
-        overlapping = torch._debug_has_internal_overlap(plain) == 1  # (2: copy_ passes too)
-    except RuntimeError:  # (symbolic sizes of a fake tensor: torch's copy_ judges then)
-        overlapping = False
-    if overlapping:
+    # (torch says yes only for a zero stride over several indices: asked only then, as the
+    # query costs a microsecond; 2, too hard to tell, lets copy_ pass too.)
+    if 0 in plain.stride() and torch._debug_has_internal_overlap(plain) == 1:
         raise RuntimeError(f"{name}: its strides make several indices address one element, so "
                            "it cannot be written in place: rotate out of place")
 
 
 def _same_view(a, b):
-    try:
-        return (a.data_ptr() == b.data_ptr() and a.shape == b.shape
-                and a.stride() == b.stride() and a.dtype == b.dtype and a.numel() > 0)
-    except RuntimeError:  # (a fake tensor of a dispatch mode has no memory: itself alone)
-        return a is b
+    """Whether a and b are one view of the same memory. Tensors without memory (meta, a
+    dispatch mode's fake tensors, whose data pointers are all 0) are only themselves."""
+    if a is b:
+        return True
+    if a.is_meta or b.is_meta or _is_fake(a) or _is_fake(b) or not _has_storage(a):
+        return False
+    return (a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
+            and a.dtype == b.dtype and a.numel() > 0)
 
 
 def run_eager(call, q, k, inplace, records_grad):

@@ -415,6 +415,28 @@ def test_ret_tables_follow_frequencies_assigned_anew(kernel_only):
         close(rotary.rotate_queries_or_keys(t), ret_formula(expected_freqs, t), label=label)
 
 
+def test_ret_exports_and_vmaps_over_its_frequencies():
+    # The kept tables' key read the frequencies' data pointer, which export's and vmap's
+    # tensors lack (review, session 40): such frequencies keep no tables.
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rotary = ret.RotaryEmbedding(dim=8)
+
+        def forward(self, t):
+            return self.rotary.rotate_queries_or_keys(t)
+
+    block, t = Block(), random((1, 2, 5, 8), "cpu", 17)
+    close(torch.export.export(block, (t,)).module()(t), block(t), label="exported")
+    base = block.rotary.freqs.detach()
+    stacked = torch.stack([base, base * 2])
+    got = torch.func.vmap(lambda f: torch.func.functional_call(block, {"rotary.freqs": f},
+                                                               (t,)))(stacked)
+    for index, freqs in enumerate(stacked):
+        angles = (torch.arange(5.0)[:, None] * freqs[None]).repeat_interleave(2, dim=-1)
+        close(got[index], ret_formula(angles, t), label=f"vmap {index}")
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_ret_cached_keys_put_queries_at_the_last_positions(kernel_only, device):
     rotary = ret.RotaryEmbedding(dim=64).to(device)

@@ -436,3 +436,22 @@ def test_an_in_place_rotation_under_autograd_compiles_whole_and_matches_eager():
     torch.testing.assert_close(compiled, eager)
     for got, expected in zip(torch.autograd.grad(compiled, (x, y)), torch.autograd.grad(eager, (x, y))):
         torch.testing.assert_close(got, expected)
+
+
+def test_an_in_place_rotation_of_q_and_k_without_memory_passes_the_same_memory_check():
+    # Meta tensors (FLOP counting, shape checks) all have data pointer 0: q and k of one shape
+    # were refused as "the same memory" (review, session 40).
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with torch.device("meta"):
+        q_proj, k_proj = torch.nn.Linear(64, 64), torch.nn.Linear(64, 64)
+        angles = torch.arange(16.0)[:, None] * torch.ones(8)
+        cos, sin = angles.cos(), angles.sin()
+        x = torch.empty(1, 16, 64)
+    q, k = q_proj(x).view(1, 16, 4, 16), k_proj(x).view(1, 16, 4, 16)
+    with FlopCounterMode(display=False):
+        got_q, got_k = rope_jit.apply_rope(q, k, cos, sin, layout="bshd", inplace=True)
+    assert got_q is q and got_k is k
+    with pytest.raises(ValueError, match="k: is the same memory as q"):
+        with FlopCounterMode(display=False):
+            rope_jit.apply_rope(q, q, cos, sin, layout="bshd", inplace=True)

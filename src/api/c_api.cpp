@@ -1,13 +1,11 @@
 // The C API shim: reads the caller's versioned structs, runs the operation, and turns every
 // C++ failure into a status plus a thread-local message. Nothing is thrown across the API.
 #include <algorithm>
-#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <new>
 #include <stdexcept>
 #include <string>
-#include <utility>
 
 #include <fmt/format.h>
 
@@ -386,29 +384,7 @@ rope_jit_status rope_jit_inv_freq(const rope_jit_freq_config* config, float* inv
         if (inv_freq == nullptr && n > 0)
             rope_jit::fail_argument("inv_freq: NULL (where should the frequencies go?)");
         const rope_jit::Frequencies built = rope_jit::compute_frequencies(resolved, n);
-        // Checked once n is known to be right: the outputs may not land on each other or on
-        // the caller's factor lists (an attention factor inside inv_freq replaced one
-        // frequency and returned OK; overlap audit, session 40).
-        const auto overlap = [](const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
-            const auto a_first = reinterpret_cast<uintptr_t>(a);
-            const auto b_first = reinterpret_cast<uintptr_t>(b);
-            return a != nullptr && b != nullptr && a_first < b_first + b_bytes &&
-                   b_first < a_first + a_bytes;
-        };
-        const size_t list_bytes = n * sizeof(float);
-        if (overlap(attention_factor, sizeof(float), inv_freq, list_bytes))
-            rope_jit::fail_argument("attention_factor: points into inv_freq, which the call "
-                                    "writes");
-        if (resolved.rope_type == ROPE_JIT_ROPE_TYPE_LONGROPE)
-            for (const auto& [list, name] : {std::pair{resolved.short_factor, "short_factor"},
-                                             std::pair{resolved.long_factor, "long_factor"}}) {
-                if (overlap(inv_freq, list_bytes, list, list_bytes))
-                    rope_jit::fail_argument(
-                        fmt::format("inv_freq: shares memory with {}, the caller's input", name));
-                if (overlap(attention_factor, sizeof(float), list, list_bytes))
-                    rope_jit::fail_argument(fmt::format(
-                        "attention_factor: points into {}, the caller's input", name));
-            }
+        rope_jit::check_inv_freq_outputs(resolved, inv_freq, n, attention_factor);
         for (size_t i = 0; i < n; ++i) inv_freq[i] = float(built.inv_freq[i]);
         if (attention_factor != nullptr) *attention_factor = float(built.attention_factor);
     });

@@ -16,7 +16,7 @@ from math import pi
 import torch
 from torch import nn
 
-from ..torch_ops import _carries_tangent, apply_rope
+from ..torch_ops import _carries_tangent, _has_storage, _is_fake, apply_rope
 from ..torch_ops import attention as _fused_attention
 
 _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -258,18 +258,23 @@ class RotaryEmbedding(nn.Module):
     def _cos_sin(self, seq_len, offset, device, dtype):
         """cos and sin of the angles of positions offset..offset+seq_len-1 ([seq_len, R]
         float32), computed as rotary-embedding-torch does and kept for the next call."""
-        # (The frequencies' memory too: a new tensor assigned, or set through .data, kept the
-        # old tables; atomicity audit, session 40. A write through .data counts no version:
-        # like rotary-embedding-torch's own cached_freqs, it is not seen.)
+        # Kept only for frequencies with memory of their own (not while torch.compile or
+        # export traces, nor for vmap's batched or a dispatch mode's fake tensors), keyed on
+        # that memory too: a new tensor assigned, or set through .data, kept the old tables
+        # (atomicity audit, session 40). A write through .data counts no version: like
+        # rotary-embedding-torch's own cached_freqs, it is not seen.
         source = self.freqs
-        key = (seq_len, offset, device, dtype, id(source), source.data_ptr(), source._version,
-               self.interpolate_factor)
-        cached = None if torch.compiler.is_compiling() else self._tables.get(key)
-        if cached is not None:
-            return cached
+        keep = (self.cache_if_possible and not torch.compiler.is_compiling()
+                and _has_storage(source) and not _is_fake(source))
+        if keep:
+            key = (seq_len, offset, device, dtype, id(source), source.data_ptr(), source._version,
+                   self.interpolate_factor)
+            cached = self._tables.get(key)
+            if cached is not None:
+                return cached
         freqs = self.forward(self.get_seq_pos(seq_len, device=device, dtype=dtype, offset=offset), seq_len=seq_len)
         tables = (freqs.cos(), freqs.sin())
-        if self.cache_if_possible and not torch.compiler.is_compiling():
+        if keep:
             if len(self._tables) >= 8:
                 self._tables.clear()
             self._tables[key] = tables

@@ -99,6 +99,16 @@ TensorRef workspace_ref(const AttentionProblem& p, DLDevice device) {
     return w;
 }
 
+// A backward-only tensor given to the forward, as a tensor whose memory the forward's outputs
+// may not meet; an empty TensorRef where it is no valid tensor (the forward ignores it).
+TensorRef given_to_forward(const DLTensor* tensor, const char* name) {
+    try {
+        return make_tensor_ref(tensor, name);
+    } catch (const Error&) {
+        return TensorRef();
+    }
+}
+
 }  // namespace
 
 AttentionProblem make_attention_problem(const rope_jit_attention_args& args, bool backward) {
@@ -274,14 +284,14 @@ AttentionProblem make_attention_problem(const rope_jit_attention_args& args, boo
     // memory with no tensor of the call.
     const TensorRef workspace = workspace_ref(p, q.device);
 
-    // (Made in the forward too: given there, they are ignored but still the caller's memory,
-    // which the forward's outputs may not land on; one args struct may serve both calls.)
-    TensorRef dout = make_tensor_ref(args.dout, "dout");
-    TensorRef dq = make_tensor_ref(args.dq, "dq");
-    TensorRef dk = make_tensor_ref(args.dk, "dk");
-    TensorRef dv = make_tensor_ref(args.dv, "dv");
-
     if (!backward) {
+        // The backward's tensors, when one args struct serves both calls: ignored, but still
+        // the caller's memory, which out and lse were written over (overlap audit, session
+        // 40). Only their memory matters here: one the backward would refuse is no tensor.
+        const TensorRef dout = given_to_forward(args.dout, "dout");
+        const TensorRef dq = given_to_forward(args.dq, "dq");
+        const TensorRef dk = given_to_forward(args.dk, "dk");
+        const TensorRef dv = given_to_forward(args.dv, "dv");
         check_written(out, {&q, &k, &v, &cos, &sin, &pos_mask, &mask, &lse, &dout, &dq, &dk, &dv},
                       kRule);
         if (p.has_lse)
@@ -296,6 +306,10 @@ AttentionProblem make_attention_problem(const rope_jit_attention_args& args, boo
         return p;
     }
 
+    TensorRef dout = make_tensor_ref(args.dout, "dout");
+    TensorRef dq = make_tensor_ref(args.dq, "dq");
+    TensorRef dk = make_tensor_ref(args.dk, "dk");
+    TensorRef dv = make_tensor_ref(args.dv, "dv");
     for (const TensorRef* t : {&dout, &dq, &dk, &dv}) {
         if (!t->present())
             fail_argument(fmt::format("{}: required by the backward, got NULL", t->name));

@@ -444,7 +444,35 @@ bool table_overlaps(const TensorRef& t, const void* begin, size_t bytes) {
     return first < start + bytes && start <= last;
 }
 
+// Whether the host arrays [a, a + a_bytes) and [b, b + b_bytes) meet (NULL meets nothing).
+bool arrays_meet(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
+    const auto a_first = reinterpret_cast<uintptr_t>(a);
+    const auto b_first = reinterpret_cast<uintptr_t>(b);
+    return a != nullptr && b != nullptr && a_first < b_first + b_bytes &&
+           b_first < a_first + a_bytes;
+}
+
 }  // namespace
+
+void check_inv_freq_outputs(const rope_jit_freq_config& config, const float* inv_freq, size_t n,
+                            const float* attention_factor) {
+    // The outputs may not land on each other or on the caller's factor lists, which are read
+    // before anything is written: an attention factor inside inv_freq replaced a frequency,
+    // an inv_freq over a factor list overwrote it, each returning OK (overlap audit, session
+    // 40).
+    const size_t list_bytes = n * sizeof(float);
+    if (arrays_meet(attention_factor, sizeof(float), inv_freq, list_bytes))
+        fail_argument("attention_factor: points into inv_freq, which the call writes");
+    if (config.rope_type != ROPE_JIT_ROPE_TYPE_LONGROPE) return;
+    for (const auto& [list, name] : {std::pair{config.short_factor, "short_factor"},
+                                     std::pair{config.long_factor, "long_factor"}}) {
+        if (arrays_meet(inv_freq, list_bytes, list, list_bytes))
+            fail_argument(fmt::format("inv_freq: shares memory with {}, the caller's input", name));
+        if (arrays_meet(attention_factor, sizeof(float), list, list_bytes))
+            fail_argument(
+                fmt::format("attention_factor: points into {}, the caller's input", name));
+    }
+}
 
 void fill_rope_tables(const rope_jit_table_config& c, const DLTensor* cos_tensor,
                       const DLTensor* sin_tensor, const DLTensor* xpos_tensor) {

@@ -20,6 +20,11 @@ struct Frequencies {
 // Error(INVALID_ARGUMENT) naming the field when the config does not define them.
 Frequencies compute_frequencies(const rope_jit_freq_config& config, size_t n);
 
+// Refuses outputs of rope_jit_inv_freq (inv_freq[0..n), *attention_factor) that overlap each
+// other or config's factor lists. n is the checked count (compute_frequencies first).
+void check_inv_freq_outputs(const rope_jit_freq_config& config, const float* inv_freq, size_t n,
+                            const float* attention_factor);
+
 // Fills the given tables (any may be NULL, not all). Checks everything before writing, so a
 // failure writes nothing. Throws Error(INVALID_ARGUMENT) naming the argument.
 void fill_rope_tables(const rope_jit_table_config& config, const DLTensor* cos, const DLTensor* sin,
