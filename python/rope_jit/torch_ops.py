@@ -1009,8 +1009,7 @@ def _refuse_table_grads(tables, differentiated="q and k", instead="RoPE"):
     if not torch.is_grad_enabled():
         return
     for name, table in tables.items():
-        # (Not a tensor: the argument checks after this name it.)
-        if table is not None and getattr(table, "requires_grad", False) is True:
+        if table is not None and table.requires_grad:
             raise NotImplementedError(
                 f"{name} requires grad, but rope-jit computes gradients for {differentiated} "
                 f"only: pass {name}.detach(), or use a plain PyTorch {instead} where {name} "

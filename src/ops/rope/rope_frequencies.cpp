@@ -434,22 +434,22 @@ TensorRef check_output_table(const DLTensor* tensor, const char* name, int64_t p
     return t;
 }
 
+// Whether the host arrays [a, a + a_bytes) and [b, b + b_bytes) meet (NULL or no bytes meets
+// nothing).
+bool arrays_meet(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
+    if (a == nullptr || b == nullptr || a_bytes == 0 || b_bytes == 0) return false;
+    const auto a_first = reinterpret_cast<uintptr_t>(a);
+    const auto b_first = reinterpret_cast<uintptr_t>(b);
+    return a_first < b_first + b_bytes && b_first < a_first + a_bytes;
+}
+
 // Whether table t's bytes reach into [begin, begin + bytes): an input array the call reads
 // while it writes the tables. A conservative test (the byte extents), as for outputs.
 bool table_overlaps(const TensorRef& t, const void* begin, size_t bytes) {
-    if (!t.present() || t.numel() == 0 || begin == nullptr || bytes == 0) return false;
+    if (!t.present() || t.numel() == 0) return false;
     uintptr_t first = 0, last = 0;
     t.byte_extent(&first, &last);
-    const uintptr_t start = reinterpret_cast<uintptr_t>(begin);
-    return first < start + bytes && start <= last;
-}
-
-// Whether the host arrays [a, a + a_bytes) and [b, b + b_bytes) meet (NULL meets nothing).
-bool arrays_meet(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
-    const auto a_first = reinterpret_cast<uintptr_t>(a);
-    const auto b_first = reinterpret_cast<uintptr_t>(b);
-    return a != nullptr && b != nullptr && a_first < b_first + b_bytes &&
-           b_first < a_first + a_bytes;
+    return arrays_meet(reinterpret_cast<const void*>(first), last - first + 1, begin, bytes);
 }
 
 }  // namespace
