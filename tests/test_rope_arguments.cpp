@@ -941,6 +941,72 @@ TEST_CASE("q and k of a model-sized fused qkv are told apart quickly, without a 
     }
 }
 
+TEST_CASE("rope_jit_tensors_share_memory gives the answer rope_jit_rope's memory checks act on") {
+    // [1, 8, H, 4] views of one buffer of 8 tokens x 6 heads x 4 features: q heads 0-3, k heads
+    // 4-5 (a fused layout), k moved one head back onto q's last head, k on q's later tokens.
+    HostTensor buffer(Dt::F32, {8, 6, 4});
+    const std::vector<int64_t> strides = {192, 24, 4, 1};
+    View q(buffer, {1, 8, 4, 4}, strides, 0);
+    View k(buffer, {1, 8, 2, 4}, strides, 16);
+    View k_on_q(buffer, {1, 8, 2, 4}, strides, 12);
+    View k_tokens_later(buffer, {1, 4, 4, 4}, strides, 4 * 24);
+    View empty(buffer, {0, 8, 4, 4}, strides, 0);
+    HostTensor elsewhere(Dt::F32, {1, 8, 4, 4});
+    HostTensor cos(Dt::F32, {8, 2}), sin(Dt::F32, {8, 2});
+    struct Case {
+        const char* what;
+        const DLTensor* k;
+        int shared;
+        const char* refusal;  // rope_jit_rope's in place, or "" where it rotates both
+    };
+    for (const Case& c :
+         {Case{"fused q and k interleave", &k.tensor, 0, ""},
+          Case{"k one head back", &k_on_q.tensor, 1, "q: shares memory with k"},
+          Case{"k on q's later tokens", &k_tokens_later.tensor, 1, "q: shares memory with k"},
+          Case{"the same view", &q.tensor, 1, "k: is the same memory as q"},
+          Case{"another buffer", elsewhere.dl(), 0, ""}}) {
+        const std::string what = c.what;
+        CAPTURE(what);
+        int shared = -1;
+        REQUIRE(rope_jit_tensors_share_memory(&q.tensor, c.k, &shared) == ROPE_JIT_OK);
+        CHECK(shared == c.shared);
+        shared = -1;
+        REQUIRE(rope_jit_tensors_share_memory(c.k, &q.tensor, &shared) == ROPE_JIT_OK);
+        CHECK(shared == c.shared);
+        ValidCall call;
+        call.args.q = &q.tensor;
+        call.args.k = c.k;
+        call.args.cos = cos.dl();
+        call.args.sin = sin.dl();
+        const rope_jit_status status = rope_jit_rope(call.runtime, &call.args);
+        const std::string message = status == ROPE_JIT_OK ? "" : rope_jit_last_error();
+        CAPTURE(message);
+        CHECK(message.rfind(c.refusal, 0) == 0);
+        CHECK((status == ROPE_JIT_OK) == (c.shared == 0));
+    }
+    int shared = -1;
+    REQUIRE(rope_jit_tensors_share_memory(&q.tensor, &empty.tensor, &shared) == ROPE_JIT_OK);
+    CHECK(shared == 0);
+    shared = -1;
+    CHECK(rope_jit_tensors_share_memory(nullptr, &q.tensor, &shared) ==
+          ROPE_JIT_ERROR_INVALID_ARGUMENT);
+    CHECK(shared == 0);
+    CHECK(std::string(rope_jit_last_error()) == "a: NULL");
+    CHECK(rope_jit_tensors_share_memory(&q.tensor, &k.tensor, nullptr) ==
+          ROPE_JIT_ERROR_INVALID_ARGUMENT);
+    CHECK(std::string(rope_jit_last_error()) == "shared: NULL");
+    DLTensor five_dims = q.tensor;
+    int64_t shape5[5] = {1, 1, 8, 4, 4};
+    five_dims.ndim = 5;
+    five_dims.shape = shape5;
+    five_dims.strides = nullptr;
+    shared = -1;
+    CHECK(rope_jit_tensors_share_memory(&q.tensor, &five_dims, &shared) ==
+          ROPE_JIT_ERROR_INVALID_ARGUMENT);
+    CHECK(shared == 0);
+    CHECK(std::string(rope_jit_last_error()).rfind("b: expected at most 4 dimensions", 0) == 0);
+}
+
 TEST_CASE("a device type outside DLPack's enum is rejected as a raw integer, naming the tensor") {
     ValidCall call;
     for (int type : {16, -1, 0, 1000}) {

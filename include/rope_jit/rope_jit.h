@@ -672,6 +672,19 @@ ROPE_JIT_API rope_jit_backend_kind rope_jit_backend(const rope_jit_runtime* runt
 ROPE_JIT_API rope_jit_status rope_jit_rope(rope_jit_runtime* runtime,
                                            const rope_jit_rope_args* args);
 
+/* Sets *shared to 1 when some byte of an element of a is also a byte of an element of b, else
+ * 0: the rule rope_jit_rope applies to what a call writes (see "RoPE arguments"). Exact for
+ * views that interleave in one buffer (q and k sliced from a fused qkv share nothing); a view
+ * pair too irregular to settle within the search's bound answers 1. Empty tensors share
+ * nothing; addresses are compared whatever the devices (CUDA's unified addressing gives no
+ * two devices one address). For bindings that write a call's results
+ * themselves (the Python package copies an in-place result under autograd into q and k) and
+ * must refuse what rope_jit_rope would. a and b are tensors as rope_jit_rope takes them (1 to
+ * 4 dims, its dtypes); ERROR_INVALID_ARGUMENT, naming it, for a malformed one or a NULL
+ * argument, and *shared is then 0. Touches no memory of either tensor; needs no runtime. */
+ROPE_JIT_API rope_jit_status rope_jit_tensors_share_memory(const DLTensor* a, const DLTensor* b,
+                                                           int* shared);
+
 /* Compiles the kernels of specs[0..n) for `target` ("sm_80", "sm_90"; NULL = the
  * architecture of CUDA device 0) and stores them in the runtime's disk cache, so that later
  * processes load them without compiling. Compiles on one thread per hardware thread; on a

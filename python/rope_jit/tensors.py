@@ -490,6 +490,27 @@ def as_tensor(obj, name, writable=False, stream=None, swap_dims=None):
                     f"got {type(obj).__name__}")
 
 
+def shares_memory(a, b):
+    """Whether some byte of an element of TensorArg a is a byte of an element of b: the rule
+    the library applies to what a call writes (rope_jit_tensors_share_memory), exact for views
+    that interleave in one buffer (q and k of a fused qkv share nothing). Reads no memory. A
+    library too old to have the function raises NotImplementedError."""
+    from . import _library  # (here: this module is also used without the library)
+
+    library = _library.load()
+    query = getattr(library, "_shares_memory", False)
+    if query is False:
+        query = library.optional("rope_jit_tensors_share_memory", ctypes.c_int,
+                                 [s.DLTensorPointer, s.DLTensorPointer, ctypes.POINTER(ctypes.c_int)])
+        library._shares_memory = query
+    if query is None:
+        raise library.too_old("rope_jit_tensors_share_memory")
+    shared = ctypes.c_int(0)
+    library.check("rope_jit_tensors_share_memory",
+                  query(a.pointer, b.pointer, ctypes.byref(shared)))
+    return shared.value != 0
+
+
 def torch_stream_of(objs):
     """PyTorch's current CUDA stream (as an int) on the device of the first CUDA torch tensor in
     objs, or None when none is one."""

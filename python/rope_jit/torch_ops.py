@@ -41,6 +41,7 @@ import itertools
 import torch
 
 from . import _plans, _torch_writes
+from . import tensors as _tensors
 from .attention import attention as _call_attention
 from .attention import attention_backward as _call_attention_backward
 from .attention import has_attention as _has_attention
@@ -938,6 +939,10 @@ def _copy_back(q, k, rotated):
             _refuse_copy_into(name, tensor, source)
         if k is not None and _same_view(q, k):
             raise ValueError("k: is the same memory as q; it would be rotated twice")
+        if k is not None and _share_elements(q, k):
+            raise ValueError("q: shares memory with k; in place, q and k need elements of "
+                             "their own (views of one buffer may interleave, as a fused qkv's, "
+                             "but not touch the same elements)")
     if k is None:
         return q.copy_(rotated)
     return q.copy_(rotated[0]), k.copy_(rotated[1])
@@ -973,6 +978,29 @@ def _same_view(a, b):
         return False
     return (a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
             and a.dtype == b.dtype and a.numel() > 0)
+
+
+_shared_layouts = {}  # (k's distance from q, both views' layouts) -> _share_elements' answer
+
+
+def _share_elements(q, k):
+    """Whether q and k, not one view, share an element, as the library judges what a call
+    writes in place itself (rope_jit_tensors_share_memory): views of one buffer that only
+    interleave pass. Asked only for views of one storage with memory; the answer depends on
+    their layouts and distance alone, so it is kept: a training loop asks the same each step."""
+    if (q.is_meta or k.is_meta or _is_fake(q) or _is_fake(k) or not _has_storage(q)
+            or not _has_storage(k)
+            or q.untyped_storage().data_ptr() != k.untyped_storage().data_ptr()):
+        return False
+    key = (k.data_ptr() - q.data_ptr(), q.shape, q.stride(), q.element_size(), k.shape,
+           k.stride(), k.element_size())
+    shared = _shared_layouts.get(key)
+    if shared is None:
+        shared = _tensors.shares_memory(_tensors.as_tensor(q, "q"), _tensors.as_tensor(k, "k"))
+        if len(_shared_layouts) >= 256:
+            _shared_layouts.clear()
+        _shared_layouts[key] = shared
+    return shared
 
 
 def run_eager(call, q, k, inplace, records_grad):

@@ -12,6 +12,7 @@
 #include "cache/cache_maintenance.h"
 #include "cuda/device_info.h"
 #include "common/error.h"
+#include "common/tensor_ref.h"
 #include "jit/nvrtc_loader.h"
 #include "ops/rope/rope_frequencies.h"
 #include "rope_jit/rope_jit.h"
@@ -234,6 +235,22 @@ rope_jit_status rope_jit_rope(rope_jit_runtime* runtime, const rope_jit_rope_arg
     return guarded([&] {
         if (runtime == nullptr) rope_jit::fail_argument("runtime: NULL");
         runtime->runtime.rope(read_versioned(args, rope_jit_rope_args_init, "args"));
+    });
+}
+
+rope_jit_status rope_jit_tensors_share_memory(const DLTensor* a, const DLTensor* b,
+                                              int* shared) {
+    return guarded([&] {
+        if (shared == nullptr) rope_jit::fail_argument("shared: NULL");
+        *shared = 0;
+        if (a == nullptr) rope_jit::fail_argument("a: NULL");
+        if (b == nullptr) rope_jit::fail_argument("b: NULL");
+        // Addresses compared as given, whatever the devices: under CUDA's unified addressing
+        // no two devices' memory has one address, and pinned host memory is one memory seen
+        // as CPU and as CUDA host.
+        const bool meet = rope_jit::shares_memory(rope_jit::make_tensor_ref(a, "a"),
+                                                  rope_jit::make_tensor_ref(b, "b"));
+        *shared = meet ? 1 : 0;
     });
 }
 
