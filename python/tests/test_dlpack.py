@@ -265,3 +265,36 @@ def test_a_dlpack_tensor_declaring_impossible_dims_is_refused_before_its_shape_i
     with pytest.raises(ValueError, match=expected + "0 to 64 dims with a shape are read"):
         rope_jit.rope(Nonsense(q, capsule=capsule), inv_freq=inv_freq, runtime=cpu_runtime)
     np.testing.assert_array_equal(q, before)
+
+
+def test_the_library_tells_views_of_one_buffer_that_share_elements_as_numpy_does_exactly():
+    # rope_jit_tensors_share_memory against NumPy's exact answer (max_work=None) on random
+    # strided views of one buffer: heads side by side (a fused qkv), overlapping slices,
+    # reversed and stepped views.
+    from rope_jit import tensors
+
+    buffer = np.zeros((6, 5, 12, 8), np.float32)
+    rng = np.random.default_rng(11)
+
+    def random_view():
+        index = []
+        for size in buffer.shape:
+            start = int(rng.integers(0, size // 2 + 1))
+            stop = int(rng.integers(max(start + 1, size // 2), size + 1))
+            step = int(rng.choice([1, 1, 2, 3])) * (-1 if rng.random() < 0.2 else 1)
+            reverse = slice(stop - 1, start - 1 if start else None, step)
+            index.append(slice(start, stop, step) if step > 0 else reverse)
+        return buffer[tuple(index)]
+
+    answers = {True: 0, False: 0}
+    for _ in range(300):
+        a, b = random_view(), random_view()
+        expected = bool(np.shares_memory(a, b, max_work=None))
+        got = tensors.shares_memory(tensors.as_tensor(a, "a"), tensors.as_tensor(b, "b"))
+        assert got == expected, (a.shape, a.strides, b.shape, b.strides)
+        answers[expected] += 1
+    assert min(answers.values()) > 30  # both answers well exercised
+    q, k = buffer[:, :, :8], buffer[:, :, 8:]  # interleaved heads: ranges meet, elements don't
+    assert not tensors.shares_memory(tensors.as_tensor(q, "q"), tensors.as_tensor(k, "k"))
+    with pytest.raises(rope_jit.InvalidArgumentError, match="b: expected at most 4 dimensions"):
+        tensors.shares_memory(tensors.as_tensor(q, "q"), tensors.as_tensor(buffer[None], "k"))
