@@ -987,8 +987,14 @@ def _share_elements(q, k):
     """Whether q and k, not one view, share an element, as the library judges what a call
     writes in place itself (rope_jit_tensors_share_memory): views of one buffer that only
     interleave pass. Asked only for views of one storage with memory; the answer depends on
-    their layouts and distance alone, so it is kept: a training loop asks the same each step."""
-    if (q.is_meta or k.is_meta or _is_fake(q) or _is_fake(k) or not _has_storage(q)
+    their layouts and distance alone, so it is kept: a training loop asks the same each step.
+    Under torch.func transforms the memory below their wrappers is judged (vmap's has the
+    batch dim too: where that makes 5 dims, more than the library takes, nothing is refused)."""
+    while _is_functorch_wrapped(q):
+        q = _unwrapped(q)
+    while _is_functorch_wrapped(k):
+        k = _unwrapped(k)
+    if (q.dim() > 4 or k.dim() > 4 or q.is_meta or k.is_meta or _is_fake(q) or _is_fake(k) or not _has_storage(q)
             or not _has_storage(k)
             or q.untyped_storage().data_ptr() != k.untyped_storage().data_ptr()):
         return False

@@ -414,6 +414,21 @@ def test_an_in_place_rotation_refuses_k_partly_on_q_with_autograd_as_without():
         q, k = rope_jit.apply_rope(y[:, :, :2], y[:, :, 2:], cos, sin, layout="bshd", inplace=True)
         assert q.requires_grad == grad
         torch.testing.assert_close(y.detach(), torch.cat(expected, dim=2), rtol=0, atol=0)
+    # Under torch.func.grad the memory below its wrappers is judged.
+    for k_head, refused in ((2, False), (1, True)):
+
+        def loss(x):
+            t = x * 1
+            rope_jit.apply_rope(t[:, :, :2], t[:, :, k_head:k_head + 2], cos, sin, layout="bshd",
+                                inplace=True)
+            return (t * t).sum()
+
+        x = random((1, 5, 4, 8), "cpu", torch.float32, 56)
+        if refused:
+            with pytest.raises(ValueError, match="q: shares memory with k"):
+                torch.func.grad(loss)(x)
+        else:
+            torch.func.grad(loss)(x)
 
 
 def test_the_ops_refuse_tensors_on_several_devices_where_one_is_meta():
