@@ -346,6 +346,52 @@ TEST_CASE("the cache C API reports the root, walks, removes and rejects bad argu
     rope_jit_runtime_free(runtime);
 }
 
+TEST_CASE("a counted removal tells what this call removed: nothing for an item already gone") {
+    // Two prunes at once both removed an item and both counted it (totals inflated, left out
+    // in session 40): the second now hears that it removed nothing.
+    ScratchDir tmp("rope_jit_maintenance");
+    const std::string root = tmp.path + "/cache";
+    rope_jit_config config;
+    rope_jit_config_init(&config);
+    config.backend = ROPE_JIT_BACKEND_CPU;
+    config.cache_dir = root.c_str();
+    rope_jit_runtime* runtime = nullptr;
+    REQUIRE(rope_jit_runtime_create(&config, &runtime) == ROPE_JIT_OK);
+    make_dirs(root + "/v1");
+    write_file(root + "/v1/nvrtc9.9", "stray");
+    make_dirs(root + "/v3/nvrtc9.9/sm_90/ab");
+    const std::string entry = "/v3/nvrtc9.9/sm_90/ab/ab" + std::string(62, '0') + ".cubin";
+    write_file(root + entry, "12345678");  // another format's tree: 4 directories and a file
+    struct Item {
+        std::string path;
+        uint64_t entries, bytes;
+    };
+    for (const Item& item : {Item{root + "/v1/nvrtc9.9", 1, 5}, Item{root + "/v3", 5, 8}}) {
+        CAPTURE(item.path);
+        uint64_t entries = 99, bytes = 99;
+        REQUIRE(rope_jit_cache_remove_counted(runtime, item.path.c_str(), &entries, &bytes) ==
+                ROPE_JIT_OK);
+        CHECK(entries == item.entries);
+        CHECK(bytes == item.bytes);
+        CHECK_FALSE(exists(item.path));
+        entries = bytes = 99;
+        REQUIRE(rope_jit_cache_remove_counted(runtime, item.path.c_str(), &entries, &bytes) ==
+                ROPE_JIT_OK);
+        CHECK(entries == 0);
+        CHECK(bytes == 0);
+    }
+    write_file(root + "/v1/nvrtc9.9", "stray");
+    CHECK(rope_jit_cache_remove_counted(runtime, (root + "/v1/nvrtc9.9").c_str(), nullptr,
+                                        nullptr) == ROPE_JIT_OK);
+    CHECK_FALSE(exists(root + "/v1/nvrtc9.9"));
+    uint64_t entries = 99, bytes = 99;
+    CHECK(rope_jit_cache_remove_counted(runtime, "/etc/passwd", &entries, &bytes) ==
+          ROPE_JIT_ERROR_INVALID_ARGUMENT);
+    CHECK(entries == 0);
+    CHECK(bytes == 0);
+    rope_jit_runtime_free(runtime);
+}
+
 TEST_CASE("a CPU runtime has no devices, and the NVRTC version is the loaded library's") {
     rope_jit_config config;
     rope_jit_config_init(&config);

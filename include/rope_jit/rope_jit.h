@@ -1346,6 +1346,15 @@ ROPE_JIT_API rope_jit_status rope_jit_cache_walk(const rope_jit_runtime* runtime
 ROPE_JIT_API rope_jit_status rope_jit_cache_remove(const rope_jit_runtime* runtime,
                                                    const char* path);
 
+/* rope_jit_cache_remove, telling what this call removed: *removed_entries (files, links and
+ * directories) and *removed_bytes (the files' sizes), each optional (NULL). Both are 0 for an
+ * item that was already gone, so processes pruning one cache at once count every removal
+ * once between them. Both are 0 on failure too. */
+ROPE_JIT_API rope_jit_status rope_jit_cache_remove_counted(const rope_jit_runtime* runtime,
+                                                           const char* path,
+                                                           uint64_t* removed_entries,
+                                                           uint64_t* removed_bytes);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

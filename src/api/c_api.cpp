@@ -367,11 +367,21 @@ rope_jit_status rope_jit_cache_walk(const rope_jit_runtime* runtime, rope_jit_ca
 }
 
 rope_jit_status rope_jit_cache_remove(const rope_jit_runtime* runtime, const char* path) {
+    return rope_jit_cache_remove_counted(runtime, path, nullptr, nullptr);
+}
+
+rope_jit_status rope_jit_cache_remove_counted(const rope_jit_runtime* runtime, const char* path,
+                                              uint64_t* removed_entries,
+                                              uint64_t* removed_bytes) {
+    if (removed_entries != nullptr) *removed_entries = 0;
+    if (removed_bytes != nullptr) *removed_bytes = 0;
     return guarded([&] {
         if (runtime == nullptr) rope_jit::fail_argument("runtime: NULL");
         if (path == nullptr) rope_jit::fail_argument("path: NULL");
-        rope_jit::remove_cache_item(rope_jit::require_disk_cache(runtime->runtime.disk_cache()),
-                                    path);
+        const rope_jit::RemovedCount removed = rope_jit::remove_cache_item(
+            rope_jit::require_disk_cache(runtime->runtime.disk_cache()), path);
+        if (removed_entries != nullptr) *removed_entries = removed.entries;
+        if (removed_bytes != nullptr) *removed_bytes = removed.bytes;
     });
 }
 

@@ -65,23 +65,31 @@ uint64_t tree_bytes(const std::string& path, int depth = 0) {
 }
 
 // Removes `path` and, for a directory, everything below it; links are unlinked, not followed.
-// Returns "" or the first problem.
-std::string remove_tree(const std::string& path, int depth = 0) {
+// Adds what this call removed to *removed (what another process removed first is not
+// counted). Returns "" or the first problem.
+std::string remove_tree(const std::string& path, RemovedCount* removed, int depth = 0) {
     struct stat st;
     if (lstat(path.c_str(), &st) != 0)
         return errno == ENOENT ? "" : fmt::format("cannot stat '{}': {}", path, errno_text(errno));
     if (S_ISDIR(st.st_mode)) {
         if (depth > kMaxTreeDepth) return fmt::format("'{}' is nested too deeply to remove", path);
         for (const std::string& name : sorted_names(path)) {
-            std::string problem = remove_tree(path + "/" + name, depth + 1);
+            std::string problem = remove_tree(path + "/" + name, removed, depth + 1);
             if (!problem.empty()) return problem;
         }
-        if (rmdir(path.c_str()) != 0 && errno != ENOENT)
-            return fmt::format("cannot remove '{}': {}", path, errno_text(errno));
+        if (rmdir(path.c_str()) == 0) {
+            ++removed->entries;
+            return {};
+        }
+        if (errno != ENOENT) return fmt::format("cannot remove '{}': {}", path, errno_text(errno));
         return {};
     }
-    if (unlink(path.c_str()) != 0 && errno != ENOENT)
-        return fmt::format("cannot remove '{}': {}", path, errno_text(errno));
+    if (unlink(path.c_str()) == 0) {
+        ++removed->entries;
+        removed->bytes += uint64_t(st.st_size);
+        return {};
+    }
+    if (errno != ENOENT) return fmt::format("cannot remove '{}': {}", path, errno_text(errno));
     return {};
 }
 
@@ -223,7 +231,7 @@ std::vector<CacheItem> scan_cache(const DiskCache& disk) {
     return items;
 }
 
-void remove_cache_item(const DiskCache& disk, const std::string& path) {
+RemovedCount remove_cache_item(const DiskCache& disk, const std::string& path) {
     const std::string& root = disk.root();
     if (root.empty()) throw Error(ROPE_JIT_ERROR_CACHE, "this runtime has no disk cache directory");
     // Items are reported as root + "/" + their path below it, whether or not root ends in '/'.
@@ -288,7 +296,7 @@ void remove_cache_item(const DiskCache& disk, const std::string& path) {
             "writes; it is not removed",
             path));
 
-    if (lstat(root.c_str(), &st) != 0) return;  // no cache, so nothing to remove
+    if (lstat(root.c_str(), &st) != 0) return {};  // no cache, so nothing to remove
     std::string why;
     // (Checked without creating anything: a removal made an empty <root>/v1 where the root
     // held only another format's tree.)
@@ -298,7 +306,7 @@ void remove_cache_item(const DiskCache& disk, const std::string& path) {
     for (size_t i = 0; i + 1 < parts.size(); ++i) {
         walked += "/" + parts[i];
         if (lstat(walked.c_str(), &st) != 0) {
-            if (errno == ENOENT) return;  // already gone
+            if (errno == ENOENT) return {};  // already gone
             throw Error(ROPE_JIT_ERROR_CACHE,
                         fmt::format("cannot use '{}': {}", walked, errno_text(errno)));
         }
@@ -306,8 +314,10 @@ void remove_cache_item(const DiskCache& disk, const std::string& path) {
             fail_argument(fmt::format(
                 "path: '{}' is not a directory of the cache (a link or a file)", walked));
     }
-    const std::string problem = remove_tree(path);
+    RemovedCount removed;
+    const std::string problem = remove_tree(path, &removed);
     if (!problem.empty()) throw Error(ROPE_JIT_ERROR_CACHE, problem);
+    return removed;
 }
 
 }  // namespace rope_jit

@@ -57,9 +57,14 @@ std::vector<CacheItem> scan_cache(const DiskCache& disk);
 // (symbolic links are removed, never followed). `path` must be provably the cache's: below
 // <root>/v1, every part a name of the layout at its depth (classify_layout_name); or another
 // "v<N>" directory of the root whose whole tree has only such names. No "." or ".." parts and
-// no symbolic link on the way. An item already gone counts as removed (another prune got
-// there first). Throws Error(INVALID_ARGUMENT) for any other path, Error(CACHE) when the root
+// no symbolic link on the way. An item already gone is no error (another prune got there
+// first). Returns what this call removed, which is nothing for an item another process
+// removed first. Throws Error(INVALID_ARGUMENT) for any other path, Error(CACHE) when the root
 // is "" or not writable by this user (see DiskCache::writable) or the removal fails.
-void remove_cache_item(const DiskCache& disk, const std::string& path);
+struct RemovedCount {
+    uint64_t entries = 0;  // files, links and directories
+    uint64_t bytes = 0;    // the removed files' sizes
+};
+RemovedCount remove_cache_item(const DiskCache& disk, const std::string& path);
 
 }  // namespace rope_jit
