@@ -809,7 +809,8 @@ int remove_items(const GlobalOptions& global, const rope_jit_runtime* runtime, c
                  bool dry_run, bool recheck) {
     const std::string root = rope_jit_cache_root(runtime);
     const int64_t now = now_seconds();
-    json removed = json::array(), failures = json::array(), changed = json::array();
+    json removed = json::array(), failures = json::array(), changed = json::array(),
+         gone_already = json::array();
     uint64_t removed_bytes = 0;
     std::set<size_t> gone;
     for (const Removal& removal : removals) {
@@ -823,8 +824,11 @@ int remove_items(const GlobalOptions& global, const rope_jit_runtime* runtime, c
                           << "\n";
             continue;
         }
+        uint64_t bytes = item.bytes;
         if (!dry_run) {
-            const rope_jit_status status = rope_jit_cache_remove(runtime, item.path.c_str());
+            uint64_t entries = 0;
+            const rope_jit_status status =
+                rope_jit_cache_remove_counted(runtime, item.path.c_str(), &entries, &bytes);
             if (status != ROPE_JIT_OK) {
                 const std::string error = last_error_or(status);
                 failures.push_back(json{{"path", item.path}, {"error", error}});
@@ -832,9 +836,19 @@ int remove_items(const GlobalOptions& global, const rope_jit_runtime* runtime, c
                     std::cerr << "rope-jit-cache: error: " << printable(error) << std::endl;
                 continue;
             }
+            if (entries == 0) {  // another process (a prune beside this one) removed it first
+                gone.insert(removal.item);
+                gone_already.push_back(item.path);
+                if (!global.json)
+                    std::cout << printable(fmt::format("gone      {}  (another process removed "
+                                                       "it first)",
+                                                       item.path))
+                              << "\n";
+                continue;
+            }
         }
         gone.insert(removal.item);
-        removed_bytes += item.bytes;
+        removed_bytes += bytes;
         json entry = item_json(item, now);
         entry["reason"] = removal.reason;
         removed.push_back(entry);
@@ -858,6 +872,7 @@ int remove_items(const GlobalOptions& global, const rope_jit_runtime* runtime, c
                         {"removed_bytes", removed_bytes},
                         {"failures", failures},
                         {"changed_since_walk", changed},
+                        {"removed_by_another_process", gone_already},
                         {"remaining", left.to_json()}});
     } else {
         std::cout << printable(fmt::format("{}: {} {} items ({}) from {}; left: {}", command,

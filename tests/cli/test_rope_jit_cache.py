@@ -485,6 +485,31 @@ class MaintenanceTest(CacheTestCase):
         self.assertEqual(sorted(os.listdir(self.root)), ["locks", "v1"])
 
 
+class ConcurrentClearTest(CacheTestCase):
+    def test_clears_of_one_cache_at_once_count_each_removal_once_between_them(self):
+        # Each process counted every item it found gone as removed by itself: the totals of
+        # two prunes at once added up to more than the cache held (left out in session 40).
+        count, content = 1500, b"not a cache entry"
+        for i in range(count):
+            key = format(i * 0x9E3779B97F4A7C15 % (1 << 256), "064x")
+            directory = os.path.join(self.root, "v1", "nvrtc13.0", "sm_90", key[:2])
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+            write_bytes(os.path.join(directory, key + ".cubin"), content)
+        for path, _, _ in os.walk(self.root):
+            os.chmod(path, 0o700)
+        processes = [start_tool("--cache-dir", self.root, "clear", "--json") for _ in range(4)]
+        reports = []
+        for process in processes:
+            stdout, stderr = process.communicate(timeout=300)
+            self.assertEqual(process.returncode, 0, stderr)
+            reports.append(json.loads(stdout))
+        removed = [len(report["removed"]) for report in reports]
+        gone = [len(report["removed_by_another_process"]) for report in reports]
+        self.assertEqual(sum(removed), count, (removed, gone))
+        self.assertEqual(sum(report["removed_bytes"] for report in reports), count * len(content))
+        self.assertEqual(self.verify(expect=0)["items"], [])
+
+
 @needs_nvrtc
 class NvrtcMemoTest(CacheTestCase):
     def test_the_nvrtc_identity_memo_in_the_default_root_is_no_cache_item_and_clear_keeps_it(self):
