@@ -500,8 +500,9 @@ def shares_memory(a, b):
     library = _library.load()
     query = getattr(library, "_shares_memory", False)
     if query is False:
-        query = library.optional("rope_jit_tensors_share_memory", ctypes.c_int,
-                                 [s.DLTensorPointer, s.DLTensorPointer, ctypes.POINTER(ctypes.c_int)])
+        query = library.optional(
+            "rope_jit_tensors_share_memory", ctypes.c_int,
+            [s.DLTensorPointer, s.DLTensorPointer, ctypes.POINTER(ctypes.c_int)])
         library._shares_memory = query
     if query is None:
         raise library.too_old("rope_jit_tensors_share_memory")

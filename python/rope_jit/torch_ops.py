@@ -994,8 +994,8 @@ def _share_elements(q, k):
         q = _unwrapped(q)
     while _is_functorch_wrapped(k):
         k = _unwrapped(k)
-    if (q.dim() > 4 or k.dim() > 4 or q.is_meta or k.is_meta or _is_fake(q) or _is_fake(k) or not _has_storage(q)
-            or not _has_storage(k)
+    if (q.dim() > 4 or k.dim() > 4 or q.is_meta or k.is_meta or _is_fake(q) or _is_fake(k)
+            or not _has_storage(q) or not _has_storage(k)
             or q.untyped_storage().data_ptr() != k.untyped_storage().data_ptr()):
         return False
     key = (k.data_ptr() - q.data_ptr(), q.shape, q.stride(), q.element_size(), k.shape,
