@@ -912,9 +912,11 @@ _DEFAULT_CREATION = torch._C._autograd.CreationMeta.DEFAULT
 def _copy_back(q, k, rotated):
     """apply_rope's in-place result under autograd: the rotation copied into q (and k). Both
     are checked first, as torch's copy_ checks each: a refusal of k after q was written left
-    q rotated and k not (adversarial pass, session 37)."""
+    q rotated and k not (adversarial pass, session 37). While torch.compile traces, torch's
+    copy_ refuses these itself, before anything runs (and its tracer of torch 2.11 cannot
+    compare the views' creation kinds: run FQ)."""
     for name, tensor in (("q", q), ("k", k)):
-        if tensor is None or not tensor.requires_grad:
+        if tensor is None or not tensor.requires_grad or _is_compiling():
             continue
         base = tensor._base
         creation = _creation_meta(tensor) if base is not None else _DEFAULT_CREATION
