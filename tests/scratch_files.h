@@ -1,5 +1,6 @@
 // Test support: a scratch directory removed with everything in it (permissions restored first,
-// so tests may make parts of it read-only), and whole-file reads and writes.
+// so tests may make parts of it read-only), whole-file reads and writes, and a CPU runtime
+// whose disk cache lives in one.
 #pragma once
 
 #include <sys/stat.h>
@@ -10,6 +11,8 @@
 #include <string>
 
 #include <doctest/doctest.h>
+
+#include "rope_jit/rope_jit.h"
 
 struct ScratchDir {
     // prefix: the directory's name before mkdtemp's six random characters.
@@ -44,4 +47,16 @@ inline void write_file(const std::string& path, const std::string& bytes) {
 inline bool exists(const std::string& path) {
     struct stat st;
     return lstat(path.c_str(), &st) == 0;
+}
+
+// A CPU runtime whose disk cache root is `root` (created by the first call that needs it); free
+// it with rope_jit_runtime_free.
+inline rope_jit_runtime* cpu_runtime_caching_in(const std::string& root) {
+    rope_jit_config config;
+    rope_jit_config_init(&config);
+    config.backend = ROPE_JIT_BACKEND_CPU;
+    config.cache_dir = root.c_str();
+    rope_jit_runtime* runtime = nullptr;
+    REQUIRE(rope_jit_runtime_create(&config, &runtime) == ROPE_JIT_OK);
+    return runtime;
 }

@@ -235,12 +235,7 @@ TEST_CASE("a call that succeeds leaves no last error, even when a call nested in
     SUBCASE("a cache walk's visitor") {
         ScratchDir tmp("rope_jit_nested_error");
         const std::string root = tmp.path + "/cache";
-        rope_jit_config config;
-        rope_jit_config_init(&config);
-        config.backend = ROPE_JIT_BACKEND_CPU;
-        config.cache_dir = root.c_str();
-        rope_jit_runtime* runtime = nullptr;
-        REQUIRE(rope_jit_runtime_create(&config, &runtime) == ROPE_JIT_OK);
+        rope_jit_runtime* runtime = cpu_runtime_caching_in(root);
         REQUIRE(rope_jit_cache_check(runtime) == ROPE_JIT_OK);
         write_file(root + "/v1/nvrtc9.9", "stray");  // one item to visit
         auto visit = [](const rope_jit_cache_item*, void* user) -> int {

@@ -293,12 +293,7 @@ TEST_CASE("remove refuses a root that belongs to another user") {
 TEST_CASE("the cache C API reports the root, walks, removes and rejects bad arguments") {
     ScratchDir tmp("rope_jit_maintenance");
     const std::string root = tmp.path + "/cache";
-    rope_jit_config config;
-    rope_jit_config_init(&config);
-    config.backend = ROPE_JIT_BACKEND_CPU;
-    config.cache_dir = root.c_str();
-    rope_jit_runtime* runtime = nullptr;
-    REQUIRE(rope_jit_runtime_create(&config, &runtime) == ROPE_JIT_OK);
+    rope_jit_runtime* runtime = cpu_runtime_caching_in(root);
     CHECK(std::string(rope_jit_cache_root(runtime)) == root);
     CHECK_FALSE(exists(root));  // creating a runtime touches nothing
     CHECK(rope_jit_cache_check(runtime) == ROPE_JIT_OK);
@@ -337,6 +332,9 @@ TEST_CASE("the cache C API reports the root, walks, removes and rejects bad argu
     rope_jit_runtime_free(runtime);
 
     // A memory-only runtime has no cache to walk.
+    rope_jit_config config;
+    rope_jit_config_init(&config);
+    config.backend = ROPE_JIT_BACKEND_CPU;
     config.disk_cache = 0;
     REQUIRE(rope_jit_runtime_create(&config, &runtime) == ROPE_JIT_OK);
     CHECK(std::string(rope_jit_cache_root(runtime)).empty());
@@ -351,12 +349,7 @@ TEST_CASE("a counted removal tells what this call removed: nothing for an item a
     // in session 40): the second now hears that it removed nothing.
     ScratchDir tmp("rope_jit_maintenance");
     const std::string root = tmp.path + "/cache";
-    rope_jit_config config;
-    rope_jit_config_init(&config);
-    config.backend = ROPE_JIT_BACKEND_CPU;
-    config.cache_dir = root.c_str();
-    rope_jit_runtime* runtime = nullptr;
-    REQUIRE(rope_jit_runtime_create(&config, &runtime) == ROPE_JIT_OK);
+    rope_jit_runtime* runtime = cpu_runtime_caching_in(root);
     make_dirs(root + "/v1");
     write_file(root + "/v1/nvrtc9.9", "stray");
     make_dirs(root + "/v3/nvrtc9.9/sm_90/ab");
