@@ -1336,7 +1336,7 @@ ROPE_JIT_API rope_jit_status rope_jit_cache_walk(const rope_jit_runtime* runtime
 /* Removes one item that rope_jit_cache_walk reported (its `path`): a file, or a directory
  * with everything in it (symbolic links are removed, never followed). Safe while other
  * processes use the cache: at worst one of them recompiles a kernel. An item that is already
- * gone counts as removed. Fails with ERROR_INVALID_ARGUMENT for a path that is not provably
+ * gone is no error (rope_jit_cache_remove_counted tells what this call removed). Fails with ERROR_INVALID_ARGUMENT for a path that is not provably
  * the cache's (a name the cache does not write at that depth of a "v<N>" directory of the
  * cache root, a directory holding such names, or a directory under a name the cache gives
  * files, which the cache never writes, holding anything) or has ".", ".." or a symbolic link
