@@ -914,7 +914,7 @@ def _copy_back(q, k, rotated):
     are checked first, as torch's copy_ checks each: a refusal of k after q was written left
     q rotated and k not (adversarial pass, session 37). While torch.compile traces, torch's
     copy_ refuses these itself, before anything runs (and its tracer of torch 2.11 cannot
-    compare the views' creation kinds: run FQ)."""
+    compare the views' creation kinds: run FR)."""
     for name, tensor in (("q", q), ("k", k)):
         if tensor is None or not tensor.requires_grad or _is_compiling():
             continue
