@@ -849,13 +849,16 @@ int remove_items(const GlobalOptions& global, const rope_jit_runtime* runtime, c
         }
         gone.insert(removal.item);
         removed_bytes += bytes;
+        // The bytes this run removed (a tree another process emptied in part, a file rewritten
+        // since the walk), so that the items add up to removed_bytes.
         json entry = item_json(item, now);
+        entry["bytes"] = bytes;
         entry["reason"] = removal.reason;
         removed.push_back(entry);
         if (!global.json) {
             std::cout << printable(fmt::format("{} {:<9} {:>10}  {}  ({})",
                                                dry_run ? "would remove" : "removed",
-                                               state_name(item.state), format_bytes(item.bytes),
+                                               state_name(item.state), format_bytes(bytes),
                                                item_text(item), removal.reason))
                       << "\n";
         }

@@ -493,8 +493,8 @@ def as_tensor(obj, name, writable=False, stream=None, swap_dims=None):
 def shares_memory(a, b):
     """Whether some byte of an element of TensorArg a is a byte of an element of b: the rule
     the library applies to what a call writes (rope_jit_tensors_share_memory), exact for views
-    that interleave in one buffer (q and k of a fused qkv share nothing). Reads no memory. A
-    library too old to have the function raises NotImplementedError."""
+    that interleave in one buffer (q and k of a fused qkv share nothing). Reads no memory.
+    None where the library is too old to have the function."""
     from . import _library  # (here: this module is also used without the library)
 
     library = _library.load()
@@ -505,7 +505,7 @@ def shares_memory(a, b):
             [s.DLTensorPointer, s.DLTensorPointer, ctypes.POINTER(ctypes.c_int)])
         library._shares_memory = query
     if query is None:
-        raise library.too_old("rope_jit_tensors_share_memory")
+        return None
     shared = ctypes.c_int(0)
     library.check("rope_jit_tensors_share_memory",
                   query(a.pointer, b.pointer, ctypes.byref(shared)))

@@ -985,20 +985,39 @@ def _same_view(a, b):
 _shared_layouts = {}  # (k's distance from q, both views' layouts) -> _share_elements' answer
 
 
+def _byte_range(tensor):
+    """(first, last) byte address a non-empty tensor's view touches, or None when empty."""
+    first = last = tensor.data_ptr()
+    size = tensor.element_size()
+    for extent, stride in zip(tensor.shape, tensor.stride()):
+        if extent == 0:
+            return None
+        step = (extent - 1) * stride * size
+        if step > 0:
+            last += step
+        else:
+            first += step
+    return first, last + size - 1
+
+
 def _share_elements(q, k):
     """Whether q and k, not one view, share an element, as the library judges what a call
     writes in place itself (rope_jit_tensors_share_memory): views of one buffer that only
-    interleave pass. Asked only for views of one storage with memory; the answer depends on
-    their layouts and distance alone, so it is kept: a training loop asks the same each step.
-    Under torch.func transforms the memory below their wrappers is judged (vmap's has the
-    batch dim too: where that makes 5 dims, more than the library takes, nothing is refused)."""
+    interleave pass. Asked only where their byte ranges meet (also across torch storages: a
+    NumPy array's views brought in twice are two); the answer depends on their layouts and
+    distance alone, so it is kept: a training loop asks the same each step. Under torch.func
+    transforms the memory below their wrappers is judged (vmap's has the batch dim too: where
+    that makes 5 dims, more than the library takes, nothing is refused). A library too old to
+    tell refuses nothing, as before it had the rule."""
     while _is_functorch_wrapped(q):
         q = _unwrapped(q)
     while _is_functorch_wrapped(k):
         k = _unwrapped(k)
     if (q.dim() > 4 or k.dim() > 4 or q.is_meta or k.is_meta or _is_fake(q) or _is_fake(k)
-            or not _has_storage(q) or not _has_storage(k)
-            or q.untyped_storage().data_ptr() != k.untyped_storage().data_ptr()):
+            or not _has_storage(q) or not _has_storage(k)):
+        return False
+    q_range, k_range = _byte_range(q), _byte_range(k)
+    if q_range is None or k_range is None or q_range[1] < k_range[0] or k_range[1] < q_range[0]:
         return False
     key = (k.data_ptr() - q.data_ptr(), q.shape, q.stride(), q.element_size(), k.shape,
            k.stride(), k.element_size())
@@ -1008,7 +1027,7 @@ def _share_elements(q, k):
         if len(_shared_layouts) >= 256:
             _shared_layouts.clear()
         _shared_layouts[key] = shared
-    return shared
+    return shared is True
 
 
 def run_eager(call, q, k, inplace, records_grad):

@@ -431,6 +431,35 @@ def test_an_in_place_rotation_refuses_k_partly_on_q_with_autograd_as_without():
             torch.func.grad(loss)(x)
 
 
+def test_the_in_place_share_check_meets_memory_across_storages_and_spares_an_older_library(
+        monkeypatch):
+    # Two torch storages over one NumPy array's memory passed (review, session 41): the check
+    # now starts from the views' byte ranges. A library without rope_jit_tensors_share_memory
+    # refuses nothing, as before (fused qkv views raised NotImplementedError then).
+    np = pytest.importorskip("numpy")
+    from rope_jit import _library
+    from rope_jit import torch_ops
+
+    cos, sin = tables(16, 8, "half", "half", "cpu")
+    weight = torch.ones(1, requires_grad=True)
+    memory = random((1, 5, 4, 8), "cpu", torch.float32, 57).numpy()
+    before = memory.copy()
+    q = torch.from_numpy(memory[:, :, :2]).mul_(weight)  # written in place: non-leaf, with grad
+    k = torch.from_numpy(memory[:, :, 1:3])
+    assert q.untyped_storage().data_ptr() != k.untyped_storage().data_ptr()
+    with pytest.raises(ValueError, match="q: shares memory with k"):
+        rope_jit.apply_rope(q, k, cos, sin, layout="bshd", inplace=True)
+    np.testing.assert_array_equal(memory, before)
+
+    monkeypatch.setattr(_library.load(), "_shares_memory", None)
+    monkeypatch.setattr(torch_ops, "_shared_layouts", {})
+    y = random((1, 5, 4, 8), "cpu", torch.float32, 58, requires_grad=True) * 1
+    expected = rope_jit.apply_rope(y.detach()[:, :, :2], y.detach()[:, :, 2:], cos, sin,
+                                   layout="bshd")
+    rope_jit.apply_rope(y[:, :, :2], y[:, :, 2:], cos, sin, layout="bshd", inplace=True)
+    torch.testing.assert_close(y.detach(), torch.cat(expected, dim=2), rtol=0, atol=0)
+
+
 def test_the_ops_refuse_tensors_on_several_devices_where_one_is_meta():
     # With k (or a table) on meta and the rest on the CPU the dispatcher ran the fake kernels:
     # empty outputs, or no write, and no error (atomicity audit, session 40).

@@ -507,6 +507,8 @@ class ConcurrentClearTest(CacheTestCase):
         gone = [len(report["removed_by_another_process"]) for report in reports]
         self.assertEqual(sum(removed), count, (removed, gone))
         self.assertEqual(sum(report["removed_bytes"] for report in reports), count * len(content))
+        self.assertEqual(sum(item["bytes"] for report in reports for item in report["removed"]),
+                         count * len(content))
         self.assertEqual(self.verify(expect=0)["items"], [])
 
 
