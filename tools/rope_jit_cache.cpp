@@ -813,15 +813,16 @@ int remove_items(const GlobalOptions& global, const rope_jit_runtime* runtime, c
          gone_already = json::array();
     uint64_t removed_bytes = 0;
     std::set<size_t> gone;
+    // An item not removed by this run: listed under `list` (JSON) or as one line of text.
+    auto skipped = [&](json& list, const char* word, const Item& item, const char* why) {
+        list.push_back(item.path);
+        if (!global.json)
+            std::cout << printable(fmt::format("{:<9} {}  ({})", word, item.path, why)) << "\n";
+    };
     for (const Removal& removal : removals) {
         const Item& item = items[removal.item];
         if (!dry_run && recheck && changed_since_walk(item)) {
-            changed.push_back(item.path);
-            if (!global.json)
-                std::cout << printable(fmt::format("left      {}  (changed since it was judged: "
-                                                   "another process wrote it)",
-                                                   item.path))
-                          << "\n";
+            skipped(changed, "left", item, "changed since it was judged: another process wrote it");
             continue;
         }
         uint64_t bytes = item.bytes;
@@ -838,12 +839,7 @@ int remove_items(const GlobalOptions& global, const rope_jit_runtime* runtime, c
             }
             if (entries == 0) {  // another process (a prune beside this one) removed it first
                 gone.insert(removal.item);
-                gone_already.push_back(item.path);
-                if (!global.json)
-                    std::cout << printable(fmt::format("gone      {}  (another process removed "
-                                                       "it first)",
-                                                       item.path))
-                              << "\n";
+                skipped(gone_already, "gone", item, "another process removed it first");
                 continue;
             }
         }

@@ -677,9 +677,9 @@ ROPE_JIT_API rope_jit_status rope_jit_rope(rope_jit_runtime* runtime,
  * views that interleave in one buffer (q and k sliced from a fused qkv share nothing); a view
  * pair too irregular to settle within the search's bound answers 1. Empty tensors share
  * nothing; addresses are compared whatever the devices (CUDA's unified addressing gives no
- * two devices one address). For bindings that write a call's results
- * themselves (the Python package copies an in-place result under autograd into q and k) and
- * must refuse what rope_jit_rope would. a and b are tensors as rope_jit_rope takes them (1 to
+ * two devices one address). For bindings that write a call's results themselves (the Python
+ * package copies an in-place result under autograd into q and k) and must refuse what
+ * rope_jit_rope would. a and b are tensors as rope_jit_rope takes them (1 to
  * 4 dims, its dtypes); ERROR_INVALID_ARGUMENT, naming it, for a malformed one or a NULL
  * argument, and *shared is then 0. Touches no memory of either tensor; needs no runtime. */
 ROPE_JIT_API rope_jit_status rope_jit_tensors_share_memory(const DLTensor* a, const DLTensor* b,
@@ -1336,13 +1336,13 @@ ROPE_JIT_API rope_jit_status rope_jit_cache_walk(const rope_jit_runtime* runtime
 /* Removes one item that rope_jit_cache_walk reported (its `path`): a file, or a directory
  * with everything in it (symbolic links are removed, never followed). Safe while other
  * processes use the cache: at worst one of them recompiles a kernel. An item that is already
- * gone is no error (rope_jit_cache_remove_counted tells what this call removed). Fails with ERROR_INVALID_ARGUMENT for a path that is not provably
- * the cache's (a name the cache does not write at that depth of a "v<N>" directory of the
- * cache root, a directory holding such names, or a directory under a name the cache gives
- * files, which the cache never writes, holding anything) or has ".", ".." or a symbolic link
- * on the way, and with ERROR_CACHE when the root is not writable by this user (see
- * rope_jit_cache_check), the runtime has no disk cache, a directory to remove cannot be
- * listed, or the removal fails. */
+ * gone is no error (rope_jit_cache_remove_counted tells what this call removed). Fails with
+ * ERROR_INVALID_ARGUMENT for a path that is not provably the cache's (a name the cache does
+ * not write at that depth of a "v<N>" directory of the cache root, a directory holding such
+ * names, or a directory under a name the cache gives files, which the cache never writes,
+ * holding anything) or has ".", ".." or a symbolic link on the way, and with ERROR_CACHE
+ * when the root is not writable by this user (see rope_jit_cache_check), the runtime has no
+ * disk cache, a directory to remove cannot be listed, or the removal fails. */
 ROPE_JIT_API rope_jit_status rope_jit_cache_remove(const rope_jit_runtime* runtime,
                                                    const char* path);
 

@@ -941,7 +941,7 @@ def _copy_back(q, k, rotated):
             _refuse_copy_into(name, tensor, source)
         if k is not None and _same_view(q, k):
             raise ValueError("k: is the same memory as q; it would be rotated twice")
-        if k is not None and _share_elements(q, k):
+        if k is not None and _share_elements(_below_wrappers(q), _below_wrappers(k)):
             raise ValueError("q: shares memory with k; in place, q and k need elements of "
                              "their own (views of one buffer may interleave, as a fused qkv's, "
                              "but not touch the same elements)")
@@ -952,15 +952,12 @@ def _copy_back(q, k, rotated):
 
 def _refuse_copy_into(name, tensor, source):
     """Raises, naming `name`, where torch's tensor.copy_(source) would refuse the write."""
-    plain = tensor  # (the memory under any torch.func wrappers, which the checks below need)
-    if _functorch_active():
-        if torch._C._functorch.maybe_get_level(source) > torch._C._functorch.maybe_get_level(
-                tensor):
-            raise RuntimeError(f"{name}: a tensor a torch.func transform (vmap, grad...) "
-                               "captured from outside cannot be written in place with its "
-                               "rotation, which that transform tracks: rotate out of place")
-        while _is_functorch_wrapped(plain):
-            plain = _unwrapped(plain)
+    if _functorch_active() and (torch._C._functorch.maybe_get_level(source)
+                                > torch._C._functorch.maybe_get_level(tensor)):
+        raise RuntimeError(f"{name}: a tensor a torch.func transform (vmap, grad...) "
+                           "captured from outside cannot be written in place with its "
+                           "rotation, which that transform tracks: rotate out of place")
+    plain = _below_wrappers(tensor)  # (the checks below need the memory)
     if plain.is_inference() and not torch.is_inference_mode_enabled():
         raise RuntimeError(f"{name}: an inference tensor cannot be written in place outside "
                            "torch.inference_mode(): rotate out of place, or inside it")
@@ -969,6 +966,13 @@ def _refuse_copy_into(name, tensor, source):
     if 0 in plain.stride() and torch._debug_has_internal_overlap(plain) == 1:
         raise RuntimeError(f"{name}: its strides make several indices address one element, so "
                            "it cannot be written in place: rotate out of place")
+
+
+def _below_wrappers(tensor):
+    """The tensor under any torch.func wrappers (vmap's has the batch dim too)."""
+    while _is_functorch_wrapped(tensor):
+        tensor = _unwrapped(tensor)
+    return tensor
 
 
 def _same_view(a, b):
@@ -1001,18 +1005,14 @@ def _byte_range(tensor):
 
 
 def _share_elements(q, k):
-    """Whether q and k, not one view, share an element, as the library judges what a call
-    writes in place itself (rope_jit_tensors_share_memory): views of one buffer that only
-    interleave pass. Asked only where their byte ranges meet (also across torch storages: a
-    NumPy array's views brought in twice are two); the answer depends on their layouts and
-    distance alone, so it is kept: a training loop asks the same each step. Under torch.func
-    transforms the memory below their wrappers is judged (vmap's has the batch dim too: where
-    that makes 5 dims, more than the library takes, nothing is refused). A library too old to
-    tell refuses nothing, as before it had the rule."""
-    while _is_functorch_wrapped(q):
-        q = _unwrapped(q)
-    while _is_functorch_wrapped(k):
-        k = _unwrapped(k)
+    """Whether q and k (below any torch.func wrappers), not one view, share an element, as
+    the library judges what a call writes in place itself (rope_jit_tensors_share_memory):
+    views of one buffer that only interleave pass. Asked only where their byte ranges meet
+    (also across torch storages: a NumPy array's views brought in twice are two); the answer
+    depends on their layouts and distance alone, so it is kept: a training loop asks the same
+    each step. vmap's memory has the batch dim too: where that makes 5 dims, more than the
+    library takes, nothing is refused. A library too old to tell refuses nothing, as before it
+    had the rule."""
     if (q.dim() > 4 or k.dim() > 4 or q.is_meta or k.is_meta or _is_fake(q) or _is_fake(k)
             or not _has_storage(q) or not _has_storage(k)):
         return False

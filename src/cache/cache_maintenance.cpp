@@ -71,25 +71,19 @@ std::string remove_tree(const std::string& path, RemovedCount* removed, int dept
     struct stat st;
     if (lstat(path.c_str(), &st) != 0)
         return errno == ENOENT ? "" : fmt::format("cannot stat '{}': {}", path, errno_text(errno));
-    if (S_ISDIR(st.st_mode)) {
+    const bool directory = S_ISDIR(st.st_mode);
+    if (directory) {
         if (depth > kMaxTreeDepth) return fmt::format("'{}' is nested too deeply to remove", path);
         for (const std::string& name : sorted_names(path)) {
             std::string problem = remove_tree(path + "/" + name, removed, depth + 1);
             if (!problem.empty()) return problem;
         }
-        if (rmdir(path.c_str()) == 0) {
-            ++removed->entries;
-            return {};
-        }
-        if (errno != ENOENT) return fmt::format("cannot remove '{}': {}", path, errno_text(errno));
-        return {};
     }
-    if (unlink(path.c_str()) == 0) {
-        ++removed->entries;
-        removed->bytes += uint64_t(st.st_size);
-        return {};
-    }
-    if (errno != ENOENT) return fmt::format("cannot remove '{}': {}", path, errno_text(errno));
+    if ((directory ? rmdir(path.c_str()) : unlink(path.c_str())) != 0)
+        return errno == ENOENT ? ""  // another process removed it first
+                               : fmt::format("cannot remove '{}': {}", path, errno_text(errno));
+    ++removed->entries;
+    if (!directory) removed->bytes += uint64_t(st.st_size);
     return {};
 }
 
