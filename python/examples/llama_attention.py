@@ -25,6 +25,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+# Whether scaled_dot_product_attention takes enable_gqa (torch 2.5 and later).
+SDPA_HAS_GQA = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 5)
+
+
+def causal_sdpa(q, k, v):
+    """Causal SDPA of [B, H, S, D] q over k and v, which may have fewer heads (grouped-query
+    attention): enable_gqa from torch 2.5; before it, k's and v's heads repeated to q's."""
+    if not SDPA_HAS_GQA:
+        group = q.shape[1] // k.shape[1]
+        k, v = (t.repeat_interleave(group, dim=1) for t in (k, v))
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
 
 # ------------------------------------------------------------------------------------------
 # The model code, as in transformers (RoPE in plain PyTorch)
@@ -80,7 +93,7 @@ class LlamaAttention(nn.Module):
         v = self.v_proj(hidden_states).view(shape).transpose(1, 2)
         cos, sin = position_embeddings
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        out = causal_sdpa(q, k, v)
         return self.o_proj(out.transpose(1, 2).reshape(batch, seq_len, -1))
 
 

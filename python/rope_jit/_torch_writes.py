@@ -26,13 +26,13 @@ def _init():
     global _is_grad_enabled, _is_inference_mode_enabled, _increment_versions
     torch = sys.modules["torch"]
     _is_inference_mode_enabled = torch.is_inference_mode_enabled
-    # torch >= 2.5 counts a sequence of tensors in one C call; before, the public function
-    # takes one tensor.
+    # torch >= 2.5 counts a sequence of tensors in one C call; before, the C call and the
+    # public function take one tensor (torch 2.4's C call raises RuntimeError for a tuple).
     increment = torch._C._increment_version
     try:
         increment((torch.zeros(1),))
         _increment_versions = increment
-    except TypeError:
+    except (TypeError, RuntimeError):
 
         def _increment_versions(tensors):
             for tensor in tensors:

@@ -853,6 +853,13 @@ _dispatch_stack_depth = torch._C._len_torch_dispatch_stack
 # library could read (the eager paths failed with "Cannot access data pointer"); the ops run
 # under it (vmap by torch's per-sample fallback).
 _functorch_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
+if tuple(int(part) for part in torch.__version__.split(".")[:2]) < (2, 5):
+    # Before torch 2.5, torch.compile cannot trace the query (fullgraph failed: "torch.* op
+    # returned non-Tensor bool"); later releases take its value at trace time, as this does.
+    @torch._dynamo.assume_constant_result
+    def _functorch_active(query=_functorch_active):
+        return query()
+
 # Whether a tensor has storage the library could read: not the batched gradients of a backward
 # vmapped by autograd's is_grads_batched (torch's older vmap, which no transform query shows).
 _has_storage = getattr(torch._C, "_has_storage", lambda tensor: True)

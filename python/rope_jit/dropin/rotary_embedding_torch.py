@@ -11,6 +11,7 @@ formula in plain PyTorch, so that results and gradients stay right:
     other than 1, float64 tensors...).
 """
 
+import contextlib
 from math import pi
 
 import torch
@@ -20,6 +21,15 @@ from ..torch_ops import _carries_tangent, _has_storage, _is_fake, apply_rope
 from ..torch_ops import attention as _fused_attention
 
 _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _cuda_autocast_off():
+    """torch.autocast("cuda", enabled=False), as the original's decorators, entered only while
+    CUDA autocast is on, the one time it changes anything (torch 2.4's export failed on the
+    context: "Node.meta _enter_autocast is missing val field")."""
+    if torch.is_autocast_enabled("cuda"):
+        return torch.autocast("cuda", enabled=False)
+    return contextlib.nullcontext()
 
 
 def exists(value):
@@ -120,7 +130,7 @@ def apply_rotary_emb(freqs, t, start_index=0, scale=1.0, seq_dim=-2, freqs_seq_d
         rotated = _apply_with_kernel(freqs, t, start_index, scale, seq_dim)
         if rotated is not None:
             return rotated
-    with torch.autocast("cuda", enabled=False):
+    with _cuda_autocast_off():
         return _rotate_in_torch(freqs, t, start_index, scale)
 
 
@@ -223,7 +233,7 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, t, seq_len=None, offset=0):
         """The angles of positions t: [..., R], each frequency repeated for its pair."""
-        with torch.autocast("cuda", enabled=False):
+        with _cuda_autocast_off():
             freqs = t.type(self.freqs.dtype)[..., None] * self.freqs
             return freqs.repeat_interleave(2, dim=-1)
 
