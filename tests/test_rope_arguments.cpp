@@ -1007,6 +1007,64 @@ TEST_CASE("rope_jit_tensors_share_memory gives the answer rope_jit_rope's memory
     CHECK(std::string(rope_jit_last_error()).rfind("b: expected at most 4 dimensions", 0) == 0);
 }
 
+TEST_CASE("rope_jit_tensor_has_distinct_elements gives the answer rope_jit_rope's write check acts "
+          "on") {
+    // [1, 8, 4, 4] views of one buffer of 8 tokens x 6 heads x 4 features: q's heads of a fused
+    // layout (strided, distinct), the heads broadcast (stride 0), tokens two heads apart so
+    // that token t + 1's first heads are token t's last (as_strided), and all of it empty.
+    HostTensor buffer(Dt::F32, {8, 6, 4});
+    View fused(buffer, {1, 8, 4, 4}, {192, 24, 4, 1}, 0);
+    View broadcast(buffer, {1, 8, 4, 4}, {192, 24, 0, 1}, 0);
+    View tokens_overlap(buffer, {1, 8, 4, 4}, {192, 8, 4, 1}, 0);
+    View empty(buffer, {1, 0, 4, 4}, {192, 8, 4, 1}, 0);
+    HostTensor cos(Dt::F32, {8, 2}), sin(Dt::F32, {8, 2});
+    struct Case {
+        const char* what;
+        const DLTensor* q;
+        int distinct;
+    };
+    for (const Case& c : {Case{"a fused layout's q", &fused.tensor, 1},
+                          Case{"heads broadcast", &broadcast.tensor, 0},
+                          Case{"tokens overlapping", &tokens_overlap.tensor, 0},
+                          Case{"empty", &empty.tensor, 1}}) {
+        const std::string what = c.what;
+        CAPTURE(what);
+        int distinct = -1;
+        REQUIRE(rope_jit_tensor_has_distinct_elements(c.q, &distinct) == ROPE_JIT_OK);
+        CHECK(distinct == c.distinct);
+        ValidCall call;
+        call.args.q = c.q;
+        call.args.k = nullptr;
+        call.args.cos = cos.dl();
+        call.args.sin = sin.dl();
+        const rope_jit_status status = rope_jit_rope(call.runtime, &call.args);
+        const std::string message = status == ROPE_JIT_OK ? "" : rope_jit_last_error();
+        CAPTURE(message);
+        CHECK((status == ROPE_JIT_OK) == (c.distinct == 1));
+        if (c.distinct == 0)
+            CHECK(message.rfind("q: its strides may make several indices address the same "
+                                "element", 0) == 0);
+    }
+    int distinct = -1;
+    CHECK(rope_jit_tensor_has_distinct_elements(nullptr, &distinct) ==
+          ROPE_JIT_ERROR_INVALID_ARGUMENT);
+    CHECK(distinct == 0);
+    CHECK(std::string(rope_jit_last_error()) == "t: NULL");
+    CHECK(rope_jit_tensor_has_distinct_elements(&fused.tensor, nullptr) ==
+          ROPE_JIT_ERROR_INVALID_ARGUMENT);
+    CHECK(std::string(rope_jit_last_error()) == "distinct: NULL");
+    DLTensor five_dims = fused.tensor;
+    int64_t shape5[5] = {1, 1, 8, 4, 4};
+    five_dims.ndim = 5;
+    five_dims.shape = shape5;
+    five_dims.strides = nullptr;
+    distinct = -1;
+    CHECK(rope_jit_tensor_has_distinct_elements(&five_dims, &distinct) ==
+          ROPE_JIT_ERROR_INVALID_ARGUMENT);
+    CHECK(distinct == 0);
+    CHECK(std::string(rope_jit_last_error()).rfind("t: expected at most 4 dimensions", 0) == 0);
+}
+
 TEST_CASE("a device type outside DLPack's enum is rejected as a raw integer, naming the tensor") {
     ValidCall call;
     for (int type : {16, -1, 0, 1000}) {

@@ -685,6 +685,17 @@ ROPE_JIT_API rope_jit_status rope_jit_rope(rope_jit_runtime* runtime,
 ROPE_JIT_API rope_jit_status rope_jit_tensors_share_memory(const DLTensor* a, const DLTensor* b,
                                                            int* shared);
 
+/* Sets *distinct to 1 when no two indices of t address the same element, else 0: the rule
+ * rope_jit_rope applies to each tensor it writes (see "RoPE arguments"), by the sufficient
+ * test that t's strides, in increasing order of size, each exceed the span of the dimensions
+ * with smaller strides (a zero stride over several indices, or overlapping strides such as an
+ * as_strided view's, fails it). Empty tensors are distinct. For bindings that write a call's
+ * results themselves and must refuse what rope_jit_rope would. t is a tensor as rope_jit_rope
+ * takes it (1 to 4 dims, its dtypes); ERROR_INVALID_ARGUMENT, naming it, for a malformed one
+ * or a NULL argument, and *distinct is then 0. Touches no memory of t; needs no runtime. */
+ROPE_JIT_API rope_jit_status rope_jit_tensor_has_distinct_elements(const DLTensor* t,
+                                                                   int* distinct);
+
 /* Compiles the kernels of specs[0..n) for `target` ("sm_80", "sm_90"; NULL = the
  * architecture of CUDA device 0) and stores them in the runtime's disk cache, so that later
  * processes load them without compiling. Compiles on one thread per hardware thread; on a

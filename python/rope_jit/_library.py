@@ -58,6 +58,7 @@ class Library:
         self.struct_sizes = {}  # mirror class name -> the library's sizeof, seen by new_struct
         self._templates = {}  # mirror class -> its defaults, as the library's init wrote them
         self._fields = {}  # mirror class -> frozenset of the fields this library's version has
+        self.tensor_queries = {}  # tensors.py's yes-or-no queries: name -> function or None
         for name, (restype, argtypes) in _REQUIRED.items():
             try:
                 function = getattr(cdll, name)

@@ -495,21 +495,33 @@ def shares_memory(a, b):
     the library applies to what a call writes (rope_jit_tensors_share_memory), exact for views
     that interleave in one buffer (q and k of a fused qkv share nothing). Reads no memory.
     None where the library is too old to have the function."""
+    return _tensor_query("rope_jit_tensors_share_memory", a, b)
+
+
+def has_distinct_elements(a):
+    """Whether no two indices of TensorArg a address the same element, as the library judges
+    each tensor a call writes (rope_jit_tensor_has_distinct_elements). Reads no memory. None
+    where the library is too old to have the function."""
+    return _tensor_query("rope_jit_tensor_has_distinct_elements", a)
+
+
+def _tensor_query(name, *tensors):
+    """The library's yes-or-no query `name`(tensors' DLTensors..., int* answer), or None where
+    the loaded library lacks it (bound once per library)."""
     from . import _library  # (here: this module is also used without the library)
 
     library = _library.load()
-    query = getattr(library, "_shares_memory", False)
+    query = library.tensor_queries.get(name, False)
     if query is False:
         query = library.optional(
-            "rope_jit_tensors_share_memory", ctypes.c_int,
-            [s.DLTensorPointer, s.DLTensorPointer, ctypes.POINTER(ctypes.c_int)])
-        library._shares_memory = query
+            name, ctypes.c_int,
+            [s.DLTensorPointer] * len(tensors) + [ctypes.POINTER(ctypes.c_int)])
+        library.tensor_queries[name] = query
     if query is None:
         return None
-    shared = ctypes.c_int(0)
-    library.check("rope_jit_tensors_share_memory",
-                  query(a.pointer, b.pointer, ctypes.byref(shared)))
-    return shared.value != 0
+    answer = ctypes.c_int(0)
+    library.check(name, query(*(tensor.pointer for tensor in tensors), ctypes.byref(answer)))
+    return answer.value != 0
 
 
 def torch_stream_of(objs):

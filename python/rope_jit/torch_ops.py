@@ -968,11 +968,32 @@ def _refuse_copy_into(name, tensor, source):
     if plain.is_inference() and not torch.is_inference_mode_enabled():
         raise RuntimeError(f"{name}: an inference tensor cannot be written in place outside "
                            "torch.inference_mode(): rotate out of place, or inside it")
-    # (torch says yes only for a zero stride over several indices: asked only then, as the
-    # query costs a microsecond; 2, too hard to tell, lets copy_ pass too.)
-    if 0 in plain.stride() and torch._debug_has_internal_overlap(plain) == 1:
-        raise RuntimeError(f"{name}: its strides make several indices address one element, so "
-                           "it cannot be written in place: rotate out of place")
+    # The library's rule for a tensor it writes (torch's copy_ refuses only zero strides over
+    # several indices, and lets overlapping ones such as as_strided's write an element twice).
+    if not plain.is_contiguous() and not _distinct_elements(plain, name):
+        raise RuntimeError(f"{name}: its strides may make several indices address the same "
+                           "element, so it cannot be written in place: rotate out of place")
+
+
+_distinct_layouts = {}  # (shape, strides) -> _distinct_elements' answer
+
+
+def _distinct_elements(tensor, name):
+    """Whether no two indices of `tensor` (below any torch.func wrappers, not contiguous)
+    address the same element, as the library judges each tensor it writes
+    (rope_jit_tensor_has_distinct_elements); kept per layout, the only thing it depends on.
+    Tensors without memory, vmap's of 5 dims (more than the library takes), and a library too
+    old to tell are judged distinct, as before the rule was asked here."""
+    if tensor.dim() > 4 or tensor.is_meta or _is_fake(tensor) or not _has_storage(tensor):
+        return True
+    key = (tensor.shape, tensor.stride())
+    distinct = _distinct_layouts.get(key)
+    if distinct is None:
+        distinct = _tensors.has_distinct_elements(_tensors.as_tensor(tensor, name)) is not False
+        if len(_distinct_layouts) >= 256:
+            _distinct_layouts.clear()
+        _distinct_layouts[key] = distinct
+    return distinct
 
 
 def _below_wrappers(tensor):

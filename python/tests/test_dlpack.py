@@ -298,3 +298,41 @@ def test_the_library_tells_views_of_one_buffer_that_share_elements_as_numpy_does
     assert not tensors.shares_memory(tensors.as_tensor(q, "q"), tensors.as_tensor(k, "k"))
     with pytest.raises(rope_jit.InvalidArgumentError, match="b: expected at most 4 dimensions"):
         tensors.shares_memory(tensors.as_tensor(q, "q"), tensors.as_tensor(buffer[None], "k"))
+
+
+def test_the_library_calls_elements_distinct_only_where_no_two_indices_meet():
+    # rope_jit_tensor_has_distinct_elements (the rule for what a call writes: strides sorted,
+    # each beyond the span below it, a sufficient test) on random as_strided views, against
+    # their offsets enumerated: never "distinct" where two indices address one element, never
+    # for a zero stride over several indices; and slices of a buffer, stepped or reversed,
+    # always distinct.
+    from numpy.lib.stride_tricks import as_strided
+
+    from rope_jit import tensors
+
+    buffer = np.zeros(4096, np.float32)
+    rng = np.random.default_rng(12)
+    answers = {True: 0, False: 0}
+    for _ in range(400):
+        shape = tuple(int(size) for size in rng.integers(1, 5, size=int(rng.integers(1, 5))))
+        strides = tuple(int(stride) for stride in rng.integers(0, 13, size=len(shape)))
+        view = as_strided(buffer, shape, tuple(4 * stride for stride in strides),
+                          writeable=False)
+        offsets = np.zeros(shape, np.int64)
+        for dim, (size, stride) in enumerate(zip(shape, strides)):
+            offsets += (np.arange(size) * stride).reshape(
+                [size if d == dim else 1 for d in range(len(shape))])
+        exact = np.unique(offsets).size == offsets.size
+        got = tensors.has_distinct_elements(tensors.as_tensor(view, "q"))
+        assert not got or exact, (shape, strides)
+        if any(size > 1 and stride == 0 for size, stride in zip(shape, strides)):
+            assert not got, (shape, strides)
+        answers[got] += 1
+    assert min(answers.values()) > 40  # both answers well exercised
+    block = np.zeros((6, 5, 12, 8), np.float32)
+    for index in [(slice(None), slice(1, 4), slice(0, 8), slice(None)),
+                  (slice(None, None, 2), slice(None), slice(None, None, -3), slice(1, 7, 2)),
+                  (0, slice(None, None, -1), slice(4, 12), slice(None))]:
+        assert tensors.has_distinct_elements(tensors.as_tensor(block[index], "q")), index
+    with pytest.raises(rope_jit.InvalidArgumentError, match="t: expected at most 4 dimensions"):
+        tensors.has_distinct_elements(tensors.as_tensor(np.zeros((1, 1, 1, 1, 2)), "t"))

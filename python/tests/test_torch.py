@@ -345,16 +345,21 @@ def _k_refusals():
         return (random((1, 1, 1, 8), "cpu", torch.float32, 46, requires_grad=True) * 1).expand(
             1, 1, 5, 8)
 
-    def overlapping():
+    def overlapping_rows():
         base = random((16,), "cpu", torch.float32, 47, requires_grad=True) * 1
         return base.as_strided((1, 1, 5, 8), (0, 0, 0, 1))  # (torch judges only zero strides)
+
+    def overlapping_strides():  # row s + 1 starts 2 features into row s: torch's copy_ wrote it
+        base = random((16,), "cpu", torch.float32, 49, requires_grad=True) * 1
+        return base.as_strided((1, 1, 5, 8), (40, 40, 2, 1))
 
     def inference():
         with torch.inference_mode():
             return random((1, 1, 5, 8), "cpu", torch.float32, 48)
 
-    internal = "k: its strides make several indices address one element"
-    return [("expand", expanded, internal), ("as_strided", overlapping, internal),
+    internal = "k: its strides may make several indices address the same element"
+    return [("expand", expanded, internal), ("as_strided", overlapping_rows, internal),
+            ("as_strided overlapping", overlapping_strides, internal),
             ("inference", inference, "k: an inference tensor cannot be written in place")]
 
 
@@ -375,6 +380,30 @@ def test_an_in_place_rotation_under_autograd_refuses_k_before_writing_q(label, m
     torch.testing.assert_close(q.detach(), q_before, rtol=0, atol=0)
     torch.testing.assert_close(k.detach(), k_before, rtol=0, atol=0)
     assert q._version == version and q.grad_fn is grad_fn
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_an_in_place_rotation_refuses_q_whose_strides_overlap_with_and_without_autograd(grad):
+    # Without grad the library refuses q; under autograd apply_rope rotated out of place and
+    # torch's copy_, which judges only zero strides, wrote the overlapping elements twice
+    # (left out in sessions 40-41).
+    cos, sin = tables(16, 8, "half", "half", "cpu")
+    base = random((48,), "cpu", torch.float32, 59, requires_grad=grad) * 1
+    q = base.as_strided((1, 1, 5, 8), (40, 40, 2, 1))  # row s + 1 starts 2 features into row s
+    k = random((1, 1, 5, 8), "cpu", torch.float32, 60)
+    before, k_before = base.detach().clone(), k.clone()
+    error = RuntimeError if grad else ValueError
+    with pytest.raises(error, match="q: its strides may make several indices address the same "
+                                    "element"):
+        rope_jit.apply_rope(q, k, cos, sin, inplace=True)
+    torch.testing.assert_close(base.detach(), before, rtol=0, atol=0)
+    torch.testing.assert_close(k, k_before, rtol=0, atol=0)
+
+    # A strided q whose elements are distinct (every other feature) is still written.
+    wide = random((1, 1, 5, 16), "cpu", torch.float32, 61, requires_grad=grad) * 1
+    expected = rope_jit.apply_rope(wide.detach()[..., ::2].clone(), None, cos, sin)
+    rope_jit.apply_rope(wide[..., ::2], None, cos, sin, inplace=True)
+    torch.testing.assert_close(wide.detach()[..., ::2], expected, rtol=0, atol=0)
 
 
 def test_an_in_place_rotation_under_vmap_refuses_a_captured_k_before_writing_q():
@@ -451,7 +480,7 @@ def test_the_in_place_share_check_meets_memory_across_storages_and_spares_an_old
         rope_jit.apply_rope(q, k, cos, sin, layout="bshd", inplace=True)
     np.testing.assert_array_equal(memory, before)
 
-    monkeypatch.setattr(_library.load(), "_shares_memory", None)
+    monkeypatch.setitem(_library.load().tensor_queries, "rope_jit_tensors_share_memory", None)
     monkeypatch.setattr(torch_ops, "_shared_layouts", {})
     y = random((1, 5, 4, 8), "cpu", torch.float32, 58, requires_grad=True) * 1
     expected = rope_jit.apply_rope(y.detach()[:, :, :2], y.detach()[:, :, 2:], cos, sin,

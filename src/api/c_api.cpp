@@ -254,6 +254,15 @@ rope_jit_status rope_jit_tensors_share_memory(const DLTensor* a, const DLTensor*
     });
 }
 
+rope_jit_status rope_jit_tensor_has_distinct_elements(const DLTensor* t, int* distinct) {
+    return guarded([&] {
+        if (distinct == nullptr) rope_jit::fail_argument("distinct: NULL");
+        *distinct = 0;
+        if (t == nullptr) rope_jit::fail_argument("t: NULL");
+        *distinct = rope_jit::has_distinct_elements(rope_jit::make_tensor_ref(t, "t")) ? 1 : 0;
+    });
+}
+
 rope_jit_status rope_jit_attention(rope_jit_runtime* runtime, const rope_jit_attention_args* args) {
     return guarded([&] {
         if (runtime == nullptr) rope_jit::fail_argument("runtime: NULL");
