@@ -723,6 +723,15 @@ struct View {
     DLTensor tensor{};
 };
 
+// `tensor` declaring five dims of shape5 (compact): one more than the library takes.
+DLTensor with_five_dims(const DLTensor& tensor, int64_t* shape5) {
+    DLTensor five_dims = tensor;
+    five_dims.ndim = 5;
+    five_dims.shape = shape5;
+    five_dims.strides = nullptr;
+    return five_dims;
+}
+
 }  // namespace
 
 TEST_CASE("tensors written by the call that share memory with another tensor of it are rejected") {
@@ -995,11 +1004,8 @@ TEST_CASE("rope_jit_tensors_share_memory gives the answer rope_jit_rope's memory
     CHECK(rope_jit_tensors_share_memory(&q.tensor, &k.tensor, nullptr) ==
           ROPE_JIT_ERROR_INVALID_ARGUMENT);
     CHECK(std::string(rope_jit_last_error()) == "shared: NULL");
-    DLTensor five_dims = q.tensor;
     int64_t shape5[5] = {1, 1, 8, 4, 4};
-    five_dims.ndim = 5;
-    five_dims.shape = shape5;
-    five_dims.strides = nullptr;
+    const DLTensor five_dims = with_five_dims(q.tensor, shape5);
     shared = -1;
     CHECK(rope_jit_tensors_share_memory(&q.tensor, &five_dims, &shared) ==
           ROPE_JIT_ERROR_INVALID_ARGUMENT);
@@ -1053,11 +1059,8 @@ TEST_CASE("rope_jit_tensor_has_distinct_elements gives the answer rope_jit_rope'
     CHECK(rope_jit_tensor_has_distinct_elements(&fused.tensor, nullptr) ==
           ROPE_JIT_ERROR_INVALID_ARGUMENT);
     CHECK(std::string(rope_jit_last_error()) == "distinct: NULL");
-    DLTensor five_dims = fused.tensor;
     int64_t shape5[5] = {1, 1, 8, 4, 4};
-    five_dims.ndim = 5;
-    five_dims.shape = shape5;
-    five_dims.strides = nullptr;
+    const DLTensor five_dims = with_five_dims(fused.tensor, shape5);
     distinct = -1;
     CHECK(rope_jit_tensor_has_distinct_elements(&five_dims, &distinct) ==
           ROPE_JIT_ERROR_INVALID_ARGUMENT);

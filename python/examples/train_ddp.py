@@ -41,18 +41,7 @@ from torch import nn
 import rope_jit
 import rope_jit.torch_ops
 
-# Whether scaled_dot_product_attention takes enable_gqa (torch 2.5 and later).
-SDPA_HAS_GQA = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 5)
-
-
-def causal_sdpa(q, k, v):
-    """Causal SDPA of [B, H, S, D] q over k and v, which may have fewer heads (grouped-query
-    attention): enable_gqa from torch 2.5; before it, k's and v's heads repeated to q's."""
-    if not SDPA_HAS_GQA:
-        group = q.shape[1] // k.shape[1]
-        k, v = (t.repeat_interleave(group, dim=1) for t in (k, v))
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+from sdpa_gqa import causal_sdpa  # (this folder: SDPA over grouped heads on torch 2.4 too)
 
 
 # ------------------------------------------------------------------------------------------
