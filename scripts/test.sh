@@ -16,14 +16,22 @@ ctest --test-dir build --output-on-failure
 # (on torch CPU tensors; its CUDA tests run on the GPU machine). torch comes from PyTorch's CPU
 # index where that is reachable (about 200 MB), else from PyPI with its CUDA libraries (about
 # 2.5 GB, 1-2 minutes here): never skipped for want of it.
+# install_torch PYTHON REQUIREMENT: torch into PYTHON's venv, from either index; fails as pip.
+install_torch() {
+  "$1" -m pip install --quiet --disable-pip-version-check --timeout 20 --retries 1 \
+    --index-url https://download.pytorch.org/whl/cpu "$2" 2>/dev/null ||
+    "$1" -m pip install --quiet --disable-pip-version-check "$2"
+}
+# python_suite PYTHON: the package installed into PYTHON's venv, then its tests.
+python_suite() {
+  "$1" -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps ./python
+  ROPE_JIT_LIBRARY="$PWD/build/librope_jit.so" "$1" -m pytest python/tests -q
+}
 python3 -m venv build/python-venv
 build/python-venv/bin/python -m pip install --quiet --disable-pip-version-check numpy pytest
-build/python-venv/bin/python -m pip install --quiet --disable-pip-version-check --timeout 20 --retries 1 \
-  --index-url https://download.pytorch.org/whl/cpu torch 2>/dev/null ||
-  build/python-venv/bin/python -m pip install --quiet --disable-pip-version-check torch
+install_torch build/python-venv/bin/python torch
 build/python-venv/bin/python -c "import torch; print('torch', torch.__version__)"
-build/python-venv/bin/python -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps ./python
-ROPE_JIT_LIBRARY="$PWD/build/librope_jit.so" build/python-venv/bin/python -m pytest python/tests -q
+python_suite build/python-venv/bin/python
 
 # The same tests with the oldest torch the package declares (python/pyproject.toml's torch
 # extra), in a venv of its own: the package reads torch APIs that changed between releases (a
@@ -35,22 +43,13 @@ test -n "$oldest_torch" || { echo "python/pyproject.toml: no torch>=X.Y extra"; 
 python3 -m venv build/python-venv-oldest-torch
 oldest=build/python-venv-oldest-torch/bin/python
 $oldest -m pip install --quiet --disable-pip-version-check numpy pytest
-oldest_installed=yes
-if ! $oldest -m pip install --quiet --disable-pip-version-check --timeout 20 --retries 1 \
-     --index-url https://download.pytorch.org/whl/cpu "torch==$oldest_torch.*" 2>/dev/null; then
-  if ! pip_log=$($oldest -m pip install --quiet --disable-pip-version-check \
-                   "torch==$oldest_torch.*" 2>&1); then
-    # Skipped only where the index answered with other versions (none for this Python);
-    # an unreachable index answers "from versions: none" and fails the run.
-    grep -q "from versions: [0-9]" <<<"$pip_log" || { echo "$pip_log"; exit 1; }
-    oldest_installed=no
-  fi
-fi
-if [[ $oldest_installed == yes ]]; then
+if pip_log=$(install_torch $oldest "torch==$oldest_torch.*" 2>&1); then
   $oldest -c "import torch; print('oldest torch', torch.__version__)"
-  $oldest -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps ./python
-  ROPE_JIT_LIBRARY="$PWD/build/librope_jit.so" $oldest -m pytest python/tests -q
+  python_suite $oldest
 else
+  # Skipped only where the index answered with other versions (none for this Python); an
+  # unreachable index answers "from versions: none" and fails the run.
+  grep -q "from versions: [0-9]" <<<"$pip_log" || { echo "$pip_log"; exit 1; }
   echo "oldest torch: no torch $oldest_torch for $($oldest --version): its tests skipped"
 fi
 

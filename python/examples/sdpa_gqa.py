@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 # Whether scaled_dot_product_attention takes enable_gqa (torch 2.5 and later).
-SDPA_HAS_GQA = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 5)
+SDPA_HAS_GQA = torch.__version__ >= (2, 5)
 
 
 def causal_sdpa(q, k, v):

@@ -853,7 +853,7 @@ _dispatch_stack_depth = torch._C._len_torch_dispatch_stack
 # library could read (the eager paths failed with "Cannot access data pointer"); the ops run
 # under it (vmap by torch's per-sample fallback).
 _functorch_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
-if tuple(int(part) for part in torch.__version__.split(".")[:2]) < (2, 5):
+if torch.__version__ < (2, 5):
     # Before torch 2.5, torch.compile cannot trace the query (fullgraph failed: "torch.* op
     # returned non-Tensor bool"); later releases take its value at trace time, as this does.
     # The mark is what torch 2.4's torch._dynamo.assume_constant_result sets, set here without
@@ -973,13 +973,29 @@ def _refuse_copy_into(name, tensor, source):
                            "torch.inference_mode(): rotate out of place, or inside it")
     # The library's rule for a tensor it writes (torch's copy_ refuses only zero strides over
     # several indices, and lets overlapping ones such as as_strided's write an element twice).
-    # torch's zero-stride answer first, for vmap's memory of 5 dims, more than the library
-    # takes (the query costs a microsecond: asked only where a stride is 0).
-    if not plain.is_contiguous() and (
-            (0 in plain.stride() and torch._debug_has_internal_overlap(plain) == 1)
-            or not _distinct_elements(plain, name)):
+    if not plain.is_contiguous() and not _distinct_elements(plain, name):
         raise RuntimeError(f"{name}: its strides may make several indices address the same "
                            "element, so it cannot be written in place: rotate out of place")
+
+
+def _library_can_judge(tensor):
+    """Whether the library's memory rules can judge `tensor`: it has memory of its own (not
+    meta, fake, or a wrapper subclass, whose data pointer is 0) in at most 4 dims (vmap's
+    memory has the batch dim too)."""
+    return not (tensor.dim() > 4 or tensor.is_meta or _is_fake(tensor)
+                or not _has_storage(tensor) or tensor.data_ptr() == 0)
+
+
+def _kept(answers, key, ask):
+    """answers[key], asked of ask() the first time (a training loop asks the same each step);
+    the table is emptied at 256 keys."""
+    answer = answers.get(key)
+    if answer is None:
+        answer = ask()
+        if len(answers) >= 256:
+            answers.clear()
+        answers[key] = answer
+    return answer
 
 
 _distinct_layouts = {}  # (shape, strides) -> _distinct_elements' answer
@@ -989,20 +1005,15 @@ def _distinct_elements(tensor, name):
     """Whether no two indices of `tensor` (below any torch.func wrappers, not contiguous)
     address the same element, as the library judges each tensor it writes
     (rope_jit_tensor_has_distinct_elements); kept per layout, the only thing it depends on.
-    Tensors without memory of their own (meta, fake, wrapper subclasses, whose data pointer is
-    0), vmap's of 5 dims (more than the library takes), and a library too old to tell are
-    judged distinct, as before the rule was asked here."""
-    if (tensor.dim() > 4 or tensor.is_meta or _is_fake(tensor) or not _has_storage(tensor)
-            or tensor.data_ptr() == 0):
-        return True
-    key = (tensor.shape, tensor.stride())
-    distinct = _distinct_layouts.get(key)
-    if distinct is None:
-        distinct = _tensors.has_distinct_elements(_tensors.as_tensor(tensor, name)) is not False
-        if len(_distinct_layouts) >= 256:
-            _distinct_layouts.clear()
-        _distinct_layouts[key] = distinct
-    return distinct
+    Where the library cannot judge, torch's answer for zero strides decides (vmap's memory of
+    5 dims; the query costs a microsecond: asked only where a stride is 0); tensors without
+    memory, and a library too old to tell, are judged distinct, as before the rule was asked
+    here."""
+    if not _library_can_judge(tensor):
+        return not (tensor.dim() > 4 and 0 in tensor.stride()
+                    and torch._debug_has_internal_overlap(tensor) == 1)
+    return _kept(_distinct_layouts, (tensor.shape, tensor.stride()), lambda: (
+        _tensors.has_distinct_elements(_tensors.as_tensor(tensor, name)) is not False))
 
 
 def _below_wrappers(tensor):
@@ -1050,22 +1061,15 @@ def _share_elements(q, k):
     each step. vmap's memory has the batch dim too: where that makes 5 dims, more than the
     library takes, nothing is refused. A library too old to tell refuses nothing, as before it
     had the rule."""
-    if (q.dim() > 4 or k.dim() > 4 or q.is_meta or k.is_meta or _is_fake(q) or _is_fake(k)
-            or not _has_storage(q) or not _has_storage(k) or q.data_ptr() == 0
-            or k.data_ptr() == 0):
+    if not (_library_can_judge(q) and _library_can_judge(k)):
         return False
     q_range, k_range = _byte_range(q), _byte_range(k)
     if q_range is None or k_range is None or q_range[1] < k_range[0] or k_range[1] < q_range[0]:
         return False
     key = (k.data_ptr() - q.data_ptr(), q.shape, q.stride(), q.element_size(), k.shape,
            k.stride(), k.element_size())
-    shared = _shared_layouts.get(key)
-    if shared is None:
-        shared = _tensors.shares_memory(_tensors.as_tensor(q, "q"), _tensors.as_tensor(k, "k"))
-        if len(_shared_layouts) >= 256:
-            _shared_layouts.clear()
-        _shared_layouts[key] = shared
-    return shared is True
+    return _kept(_shared_layouts, key, lambda: _tensors.shares_memory(
+        _tensors.as_tensor(q, "q"), _tensors.as_tensor(k, "k"))) is True
 
 
 def run_eager(call, q, k, inplace, records_grad):
