@@ -38,9 +38,12 @@ starts from the same random q and k and after 10 ms of its own untimed calls (ti
 Bytes are q and k read and written once plus the cos and sin rows read: the fewest a call must
 touch (but for partial rotary in place, which need not touch the features it leaves alone).
 Fractions: "of copy" is the bandwidth over that of a 2 GiB device-to-device copy timed in the
-same process; "of same" is over a device copy of the same bytes (half read, half written, graph
-replay): what a kernel this short can reach, launch, ramp and tail included. Speedups are a
-peer's time over rope-jit's. After every timing (the profiler stays attached to the process once
+same process; "of 1GiB" over that of a 1 GiB copy (issue 24 states its fractions so); "of same"
+is over a device copy of the same bytes (half read, half written, graph replay): what a kernel
+this short can reach, launch, ramp and tail included. Speedups are a peer's time over
+rope-jit's. With --programmatic, rope_jit_programmatic is rope-jit's call on a Runtime with
+programmatic_launch: in a graph of its own calls each kernel's launch and set-up overlap the
+end of the one before. After every timing (the profiler stays attached to the process once
 used), torch.profiler lists the GPU operations one call of each implementation launches.
 bench/plot_results.py draws the PNG from the JSON.
 """
@@ -76,13 +79,15 @@ IN_PLACE_SHAPES = [  # issue 24's "Done when"
 ]
 STYLES = ("half", "interleaved")
 # How results are named in the tables and the plot, in the order they are shown.
-LABELS = {"rope_jit": "rope-jit", "torch_compile": "torch.compile", "liger": "Liger",
-          "torch_eager": "eager"}
+LABELS = {"rope_jit": "rope-jit", "rope_jit_programmatic": "rope-jit (programmatic)",
+          "torch_compile": "torch.compile", "liger": "Liger", "torch_eager": "eager"}
 # Against fp32 math: eager and Liger round q*cos and rotate(q)*sin to bf16 before adding (Liger
 # computes in the tables' dtype), rope-jit and compile keep fp32 in between. Two bf16 roundings
 # pass; a wrong pair, sign or row is off by O(1).
 TOLERANCE = {"atol": 3e-2, "rtol": 2e-2}
 BIG_COPY_BYTES = {"cuda": 2 << 30, "cpu": 64 << 20}  # the yardstick; the CPU one only smokes
+# Issue 24 states its fractions of a 1 GiB copy: timed beside the yardstick and reported.
+ISSUE_COPY_BYTES = {"cuda": 1 << 30, "cpu": 32 << 20}
 # Each GPU trial: its function's own untimed calls for SOAK_MS first (time_ms says why), then
 # graph replays for GRAPH_TRIAL_MS at least, so that what is left of the state the previous
 # trial left is small against the trial.
@@ -266,11 +271,12 @@ def time_graphs_ms(fns, calls, trials, before_trial=None):
     return {name: times.get(name) for name in fns}, errors
 
 
-def copy_gbps(trials, src=None):
+def copy_gbps(trials, src=None, nbytes=None):
     """Device-to-device copy bandwidth, bytes read plus written (the yardstick): a copy of `src`,
-    by default BIG_COPY_BYTES of constant bytes."""
+    by default of `nbytes` (BIG_COPY_BYTES) constant bytes."""
     if src is None:
-        src = torch.full((BIG_COPY_BYTES[DEVICE],), 0x3C, dtype=torch.uint8, device=DEVICE)
+        src = torch.full((nbytes or BIG_COPY_BYTES[DEVICE],), 0x3C, dtype=torch.uint8,
+                         device=DEVICE)
     dst = torch.empty_like(src)
     ms = time_ms({"copy": lambda: dst.copy_(src)}, repeat=5, trials=trials)["copy"]
     return 2 * src.numel() / (ms * 1e-3) / 1e9
@@ -306,8 +312,9 @@ def make_inputs(B, S, Hq, Hk, D, R, style):
     return q, k, emb.cos().to(torch.bfloat16), emb.sin().to(torch.bfloat16)
 
 
-def implementations(in_place, q, k, cos, sin, R, style):
-    """({name: function() -> (q_result, k_result)}, {name: why it is skipped})."""
+def implementations(in_place, q, k, cos, sin, R, style, programmatic=None):
+    """({name: function() -> (q_result, k_result)}, {name: why it is skipped}). programmatic:
+    a Runtime with programmatic launches, whose calls are timed as rope_jit_programmatic."""
     D = q.shape[-1]
     formula = formula_for(D, R, style)
     skipped = {}
@@ -343,7 +350,14 @@ def implementations(in_place, q, k, cos, sin, R, style):
         rotate_in_place(q, k, cos, sin)
         return q, k
 
-    runs = {"rope_jit": ours, "torch_compile": compiled_in_place}
+    runs = {"rope_jit": ours}
+    if programmatic is not None:
+        def ours_programmatic():
+            return rope_jit.rope(q, k, cos=cos, sin=sin, layout="bshd", rotary_dim=R,
+                                 style=style, runtime=programmatic)
+
+        runs["rope_jit_programmatic"] = ours_programmatic
+    runs["torch_compile"] = compiled_in_place
     liger = liger_rope()
     if isinstance(liger, str):
         skipped["liger"] = liger
@@ -413,7 +427,7 @@ def ratio(numerator, denominator):
     return None if numerator is None or denominator is None else numerator / denominator
 
 
-def measure_shape(shape, in_place, copy, options):
+def measure_shape(shape, in_place, copy, options, programmatic=None, issue_copy=None):
     """One shape: checks, then times; returns (row, runs) where runs stay alive for the gpu ops
     pass at the end."""
     B, S, Hq, Hk, D, R, style = shape
@@ -421,7 +435,7 @@ def measure_shape(shape, in_place, copy, options):
     q, k, cos, sin = make_inputs(*shape)
     pristine = (q.clone(), k.clone())
     want = formula_for(D, R, style)(q.float(), k.float(), cos.float(), sin.float())
-    runs, skipped = implementations(in_place, q, k, cos, sin, R, style)
+    runs, skipped = implementations(in_place, q, k, cos, sin, R, style, programmatic)
     errors = {name: check(name, fn, in_place, q, k, pristine, want, label)
               for name, fn in runs.items()}
     nbytes = bytes_moved(B, S, Hq, Hk, D, R)
@@ -449,7 +463,7 @@ def measure_shape(shape, in_place, copy, options):
             print(f"  ({name}: no CUDA graph: {why})")
     same_calls, same_graph = times.pop("same_size_copy"), graph_times.pop("same_size_copy")
     same = same_graph if same_graph is not None else same_calls  # the limit, graph when we can
-    peers = [name for name in runs if name != "rope_jit"]
+    peers = [name for name in runs if not name.startswith("rope_jit")]
     row = {
         "in_place": in_place, "B": B, "S": S, "Hq": Hq, "Hk": Hk, "D": D, "rotary_dim": R,
         "style": style, "dtype": "bfloat16", "layout": "bshd", "bytes": nbytes,
@@ -458,6 +472,8 @@ def measure_shape(shape, in_place, copy, options):
         "fraction_of_copy": {name: fraction(nbytes, ms, copy) for name, ms in times.items()},
         "graph_fraction_of_copy": {name: fraction(nbytes, ms, copy)
                                    for name, ms in graph_times.items()},
+        "graph_fraction_of_issue_copy": {name: fraction(nbytes, ms, issue_copy)
+                                         for name, ms in graph_times.items()},
         "same_size_copy_ms": same_calls, "same_size_copy_graph_ms": same_graph,
         "same_size_copy_fraction_of_copy": fraction(nbytes, same, copy),
         "fraction_of_same_size_copy": {name: ratio(same, graph_times[name] or times[name])
@@ -466,6 +482,9 @@ def measure_shape(shape, in_place, copy, options):
         "graph_speedup_vs": {name: ratio(graph_times[name], graph_times["rope_jit"])
                              for name in peers},
     }
+    if "rope_jit_programmatic" in runs:
+        row["programmatic_graph_speedup_vs"] = {
+            name: ratio(graph_times[name], graph_times["rope_jit_programmatic"]) for name in peers}
     if graph_errors and DEVICE == "cuda":
         row["graph_errors"] = graph_errors
     return row, runs
@@ -489,18 +508,19 @@ def print_shape(row):
     print(f"{label}: {row['bytes'] / 1e6:.1f} MB; a copy of the same bytes "
           f"{us(row['same_size_copy_graph_ms'] or row['same_size_copy_ms'])} us = "
           f"{number(row['same_size_copy_fraction_of_copy'])} of copy")
-    print(f"  {'':<14} {'graph us':>9} {'of copy':>8} {'of same':>8} {'calls us':>9} "
-          f"{'of copy':>8} {'max err':>8}   rope-jit faster by (graph / calls)")
+    print(f"  {'':<21} {'graph us':>9} {'of copy':>8} {'of 1GiB':>8} {'of same':>8} "
+          f"{'calls us':>9} {'of copy':>8} {'max err':>8}   rope-jit faster by (graph / calls)")
     for name, ms in row["time_ms"].items():
-        versus = "" if name == "rope_jit" else (
+        versus = "" if name.startswith("rope_jit") else (
             f"   {speedup(row['graph_speedup_vs'][name])} / {speedup(row['speedup_vs'][name])}")
-        print(f"  {name:<14} {us(row['graph_time_ms'][name]):>9} "
+        print(f"  {name:<21} {us(row['graph_time_ms'][name]):>9} "
               f"{number(row['graph_fraction_of_copy'][name]):>8} "
+              f"{number(row['graph_fraction_of_issue_copy'][name]):>8} "
               f"{number(row['fraction_of_same_size_copy'][name]):>8} {us(ms):>9} "
               f"{number(row['fraction_of_copy'][name]):>8} "
               f"{number(row['max_error_vs_fp32'][name], 4):>8}{versus}")
     for name, why in row["skipped"].items():
-        print(f"  {name:<14} skipped: {why}")
+        print(f"  {name:<21} skipped: {why}")
 
 
 def summary(rows):
@@ -520,7 +540,7 @@ def summary(rows):
             fractions = row["graph_fraction_of_copy"] if row["graph_time_ms"].get(name) else \
                 row["fraction_of_copy"]
             cells.append(f"{us(ms)} us ({number(fractions[name], 2)})")
-            if name != "rope_jit":
+            if not name.startswith("rope_jit"):
                 best_peer = ms if best_peer is None else min(best_peer, ms)
         ours = row["graph_time_ms"].get("rope_jit") or row["time_ms"]["rope_jit"]
         same = row["same_size_copy_graph_ms"] or row["same_size_copy_ms"]
@@ -568,6 +588,9 @@ def parse_args(argv=None):
     parser.add_argument("--repeat", type=int, default=20, help="back-to-back calls per timing")
     parser.add_argument("--trials", type=int, default=11, help="timings per median")
     parser.add_argument("--graph-calls", type=int, default=10, help="calls per CUDA graph")
+    parser.add_argument("--programmatic", action="store_true",
+                        help="in place: also time rope-jit's calls as programmatic dependent "
+                        "launches (rope_jit_programmatic: a Runtime with programmatic_launch)")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                         help="cpu: a smoke run of this script on the CPU backend (shapes cut "
                         "to B=1, S<=128 unless --shapes; no graphs, no Liger)")
@@ -603,13 +626,20 @@ def main(argv=None):
 
     torch.manual_seed(0)
     copy = copy_gbps(options.trials)
+    issue_copy = copy_gbps(options.trials, nbytes=ISSUE_COPY_BYTES[DEVICE])
+    programmatic = None
+    if options.programmatic and options.in_place:
+        programmatic = rope_jit.Runtime(programmatic_launch=True)
     device_name = torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu"
     mode = "in place" if options.in_place else "out of place"
     print(f"{device_name}, torch {torch.__version__}, liger_kernel {liger_version()}: "
-          f"device copy {copy:.0f} GB/s; RoPE forward {mode}, bf16, [B,S,H,D]")
+          f"device copy {copy:.0f} GB/s ({BIG_COPY_BYTES[DEVICE] >> 20} MiB; "
+          f"{ISSUE_COPY_BYTES[DEVICE] >> 20} MiB: {issue_copy:.0f} GB/s); "
+          f"RoPE forward {mode}, bf16, [B,S,H,D]")
     rows, all_runs = [], []
     for shape in shapes:
-        row, runs = measure_shape(shape, options.in_place, copy, options)
+        row, runs = measure_shape(shape, options.in_place, copy, options, programmatic,
+                                  issue_copy)
         rows.append(row)
         all_runs.append(runs)
         print_shape(row)
@@ -632,6 +662,7 @@ def main(argv=None):
             print(f"  {label}: {counts}")
 
     result = {"device": device_name, "torch": torch.__version__, "copy_gbps": copy,
+              "issue_copy_gbps": issue_copy, "issue_copy_bytes": ISSUE_COPY_BYTES[DEVICE],
               "library": rope_jit.library_version(), "liger_kernel": liger_version(),
               "in_place": options.in_place, "options": vars(options), "tolerance": TOLERANCE,
               "shapes": rows}

@@ -18,8 +18,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 # Keys of the JSON, the legend's names, in the order bars are drawn.
-NAMES = [("rope_jit", "rope-jit"), ("torch_compile", "torch.compile"), ("liger", "Liger"),
-         ("torch_eager", "PyTorch eager")]
+NAMES = [("rope_jit", "rope-jit"), ("rope_jit_programmatic", "rope-jit (programmatic)"),
+         ("torch_compile", "torch.compile"), ("liger", "Liger"), ("torch_eager", "PyTorch eager")]
 
 
 def label_of(s):

@@ -18,6 +18,9 @@
 #include <doctest/doctest.h>
 
 #include "gpu_test_support.h"
+#include "ops/rope/kernel_spec.h"
+#include "ops/rope/rope_dense_rows.h"
+#include "ops/rope/rope_problem.h"
 #include "rope_test_support.h"
 
 namespace gpu_rope_test {
@@ -341,6 +344,12 @@ inline rope_jit_rope_args make_args(const Spec& c, const Views& v, rope_jit::CUs
     args.backward = c.backward;
     args.stream = stream;
     return args;
+}
+
+// Whether the launcher takes the flat path (rope_flat_kernel) for the call `args` describes.
+inline bool takes_flat_path(const rope_jit_rope_args& args) {
+    const rope_jit::RopeProblem problem = rope_jit::make_rope_problem(args);
+    return rope_jit::flat_rows_of(rope_jit::make_kernel_spec(problem), problem).has_value();
 }
 
 // Device copies of every tensor of a problem on device `ordinal`, allocated in the context

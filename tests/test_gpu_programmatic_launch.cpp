@@ -29,6 +29,7 @@ struct ChainCase {
     const char* name;
     Spec spec;
     bool qk_norm;
+    bool flat;  // the call takes the flat path (checked: takes_flat_path)
 };
 
 std::vector<ChainCase> chain_cases() {
@@ -42,11 +43,15 @@ std::vector<ChainCase> chain_cases() {
     decode.B = 64, decode.S = 1;
     Spec partial = prefill;  // the staged path with shared memory and a barrier
     partial.D = 96, partial.R = 32, partial.S = 67;
-    return {{"prefill", prefill, false},
-            {"decode", decode, false},
-            {"partial rotary", partial, false},
-            {"QK-norm prefill", prefill, true},
-            {"QK-norm decode", decode, true}};
+    Spec flat = prefill;  // dense rows, no positions: the flat path (rope_flat_kernel), D64
+    flat.positions = Positions::Implicit;
+    flat.B = 2, flat.S = 1031, flat.Hk = 16, flat.group = 1, flat.D = flat.R = 64;
+    return {{"prefill", prefill, false, false},
+            {"decode", decode, false, false},
+            {"partial rotary", partial, false, false},
+            {"flat rows", flat, false, true},
+            {"QK-norm prefill", prefill, true, false},
+            {"QK-norm decode", decode, true, false}};
 }
 
 // The call's device tensors: the problem's and, with QK-norm, its weights.
@@ -118,6 +123,10 @@ TEST_SUITE("gpu") {
             if (chain.qk_norm) norm = make_norm(p, Dt::BF16, false, false, rng);
             const NormTensors* n = chain.qk_norm ? &norm : nullptr;
 
+            if (!chain.qk_norm) {
+                DeviceProblem device(p);
+                CHECK(takes_flat_path(make_args(p.spec, device.views(), nullptr)) == chain.flat);
+            }
             const Problem plain = run_chain(cuda_runtime.get(), p, n, false);
             // The chain changed q and k (a chain that wrote nothing would match trivially).
             CHECK(bytes_of(plain.t[kQ]) != bytes_of(p.t[kQ]));

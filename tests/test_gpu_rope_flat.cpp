@@ -28,12 +28,6 @@ using namespace gpu_rope_test;
 
 namespace {
 
-// Whether the launcher takes the flat path for the call `args` describes.
-bool takes_flat_path(const rope_jit_rope_args& args) {
-    const rope_jit::RopeProblem problem = rope_jit::make_rope_problem(args);
-    return rope_jit::flat_rows_of(rope_jit::make_kernel_spec(problem), problem).has_value();
-}
-
 // Runs `c` on both backends and compares; `flat` whether the GPU call must take the flat path.
 void check_against_cpu(GpuFixture& f, const Spec& c, bool flat, uint32_t seed) {
     const std::string spec = describe(c);
