@@ -41,9 +41,10 @@ Fractions: "of copy" is the bandwidth over that of a 2 GiB device-to-device copy
 same process; "of 1GiB" over that of a 1 GiB copy (issue 24 states its fractions so); "of same"
 is over a device copy of the same bytes (half read, half written, graph replay): what a kernel
 this short can reach, launch, ramp and tail included. Speedups are a peer's time over
-rope-jit's. With --programmatic, rope_jit_programmatic is rope-jit's call on a Runtime with
-programmatic_launch: in a graph of its own calls each kernel's launch and set-up overlap the
-end of the one before. After every timing (the profiler stays attached to the process once
+rope-jit's. rope_jit runs on the default Runtime, whose RoPE kernels are programmatic dependent
+launches on sm_90 under CUDA 12.3 and later (in a graph of its own calls each kernel's launch
+and set-up overlap the end of the one before); with --plain, rope_jit_plain is the same call on
+a Runtime with plain launches. After every timing (the profiler stays attached to the process once
 used), torch.profiler lists the GPU operations one call of each implementation launches.
 bench/plot_results.py draws the PNG from the JSON.
 """
@@ -79,7 +80,7 @@ IN_PLACE_SHAPES = [  # issue 24's "Done when"
 ]
 STYLES = ("half", "interleaved")
 # How results are named in the tables and the plot, in the order they are shown.
-LABELS = {"rope_jit": "rope-jit", "rope_jit_programmatic": "rope-jit (programmatic)",
+LABELS = {"rope_jit": "rope-jit", "rope_jit_plain": "rope-jit (plain launches)",
           "torch_compile": "torch.compile", "liger": "Liger", "torch_eager": "eager"}
 # Against fp32 math: eager and Liger round q*cos and rotate(q)*sin to bf16 before adding (Liger
 # computes in the tables' dtype), rope-jit and compile keep fp32 in between. Two bf16 roundings
@@ -312,9 +313,9 @@ def make_inputs(B, S, Hq, Hk, D, R, style):
     return q, k, emb.cos().to(torch.bfloat16), emb.sin().to(torch.bfloat16)
 
 
-def implementations(in_place, q, k, cos, sin, R, style, programmatic=None):
-    """({name: function() -> (q_result, k_result)}, {name: why it is skipped}). programmatic:
-    a Runtime with programmatic launches, whose calls are timed as rope_jit_programmatic."""
+def implementations(in_place, q, k, cos, sin, R, style, plain=None):
+    """({name: function() -> (q_result, k_result)}, {name: why it is skipped}). plain: a
+    Runtime with plain launches, whose calls are timed as rope_jit_plain."""
     D = q.shape[-1]
     formula = formula_for(D, R, style)
     skipped = {}
@@ -351,12 +352,12 @@ def implementations(in_place, q, k, cos, sin, R, style, programmatic=None):
         return q, k
 
     runs = {"rope_jit": ours}
-    if programmatic is not None:
-        def ours_programmatic():
+    if plain is not None:
+        def ours_plain():
             return rope_jit.rope(q, k, cos=cos, sin=sin, layout="bshd", rotary_dim=R,
-                                 style=style, runtime=programmatic)
+                                 style=style, runtime=plain)
 
-        runs["rope_jit_programmatic"] = ours_programmatic
+        runs["rope_jit_plain"] = ours_plain
     runs["torch_compile"] = compiled_in_place
     liger = liger_rope()
     if isinstance(liger, str):
@@ -427,7 +428,7 @@ def ratio(numerator, denominator):
     return None if numerator is None or denominator is None else numerator / denominator
 
 
-def measure_shape(shape, in_place, copy, options, programmatic=None, issue_copy=None):
+def measure_shape(shape, in_place, copy, options, plain=None, issue_copy=None):
     """One shape: checks, then times; returns (row, runs) where runs stay alive for the gpu ops
     pass at the end."""
     B, S, Hq, Hk, D, R, style = shape
@@ -435,7 +436,7 @@ def measure_shape(shape, in_place, copy, options, programmatic=None, issue_copy=
     q, k, cos, sin = make_inputs(*shape)
     pristine = (q.clone(), k.clone())
     want = formula_for(D, R, style)(q.float(), k.float(), cos.float(), sin.float())
-    runs, skipped = implementations(in_place, q, k, cos, sin, R, style, programmatic)
+    runs, skipped = implementations(in_place, q, k, cos, sin, R, style, plain)
     errors = {name: check(name, fn, in_place, q, k, pristine, want, label)
               for name, fn in runs.items()}
     nbytes = bytes_moved(B, S, Hq, Hk, D, R)
@@ -482,9 +483,9 @@ def measure_shape(shape, in_place, copy, options, programmatic=None, issue_copy=
         "graph_speedup_vs": {name: ratio(graph_times[name], graph_times["rope_jit"])
                              for name in peers},
     }
-    if "rope_jit_programmatic" in runs:
-        row["programmatic_graph_speedup_vs"] = {
-            name: ratio(graph_times[name], graph_times["rope_jit_programmatic"]) for name in peers}
+    if "rope_jit_plain" in runs:
+        row["plain_graph_speedup_vs"] = {
+            name: ratio(graph_times[name], graph_times["rope_jit_plain"]) for name in peers}
     if graph_errors and DEVICE == "cuda":
         row["graph_errors"] = graph_errors
     return row, runs
@@ -588,9 +589,9 @@ def parse_args(argv=None):
     parser.add_argument("--repeat", type=int, default=20, help="back-to-back calls per timing")
     parser.add_argument("--trials", type=int, default=11, help="timings per median")
     parser.add_argument("--graph-calls", type=int, default=10, help="calls per CUDA graph")
-    parser.add_argument("--programmatic", action="store_true",
-                        help="in place: also time rope-jit's calls as programmatic dependent "
-                        "launches (rope_jit_programmatic: a Runtime with programmatic_launch)")
+    parser.add_argument("--plain", action="store_true",
+                        help="in place: also time rope-jit's calls as plain launches "
+                        "(rope_jit_plain: a Runtime with programmatic_launch=False)")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                         help="cpu: a smoke run of this script on the CPU backend (shapes cut "
                         "to B=1, S<=128 unless --shapes; no graphs, no Liger)")
@@ -627,9 +628,9 @@ def main(argv=None):
     torch.manual_seed(0)
     copy = copy_gbps(options.trials)
     issue_copy = copy_gbps(options.trials, nbytes=ISSUE_COPY_BYTES[DEVICE])
-    programmatic = None
-    if options.programmatic and options.in_place:
-        programmatic = rope_jit.Runtime(programmatic_launch=True)
+    plain = None
+    if options.plain and options.in_place:
+        plain = rope_jit.Runtime(programmatic_launch=False)
     device_name = torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu"
     mode = "in place" if options.in_place else "out of place"
     print(f"{device_name}, torch {torch.__version__}, liger_kernel {liger_version()}: "
@@ -638,8 +639,7 @@ def main(argv=None):
           f"RoPE forward {mode}, bf16, [B,S,H,D]")
     rows, all_runs = [], []
     for shape in shapes:
-        row, runs = measure_shape(shape, options.in_place, copy, options, programmatic,
-                                  issue_copy)
+        row, runs = measure_shape(shape, options.in_place, copy, options, plain, issue_copy)
         rows.append(row)
         all_runs.append(runs)
         print_shape(row)

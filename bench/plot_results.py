@@ -18,7 +18,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 # Keys of the JSON, the legend's names, in the order bars are drawn.
-NAMES = [("rope_jit", "rope-jit"), ("rope_jit_programmatic", "rope-jit (programmatic)"),
+NAMES = [("rope_jit", "rope-jit"), ("rope_jit_plain", "rope-jit (plain launches)"),
          ("torch_compile", "torch.compile"), ("liger", "Liger"), ("torch_eager", "PyTorch eager")]
 
 

@@ -96,15 +96,15 @@ inline const std::string& kernel_cache_dir() {
 
 class RuntimeHandle {
 public:
-    // programmatic_launch: rope_jit_config.programmatic_launch.
+    // programmatic_launch: rope_jit_config.programmatic_launch (default: the library's).
     explicit RuntimeHandle(rope_jit_backend_kind backend, bool debug_checks = false,
-                           bool programmatic_launch = false) {
+                           int programmatic_launch = ROPE_JIT_PROGRAMMATIC_AUTO) {
         rope_jit_config config;
         rope_jit_config_init(&config);
         config.backend = backend;
         config.cache_dir = kernel_cache_dir().c_str();
         config.debug_checks = debug_checks ? 1 : 0;
-        config.programmatic_launch = programmatic_launch ? 1 : 0;
+        config.programmatic_launch = programmatic_launch;
         const rope_jit_status status = rope_jit_runtime_create(&config, &handle_);
         const std::string message = rope_jit_last_error();
         const std::string call =

@@ -8,8 +8,10 @@
 #include <regex>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "cuda/kernel_launch.h"
 #include "env_guard.h"
 #include "jit/kernel_source.h"
 #include "rope_jit/rope_jit.h"
@@ -133,17 +135,72 @@ TEST_CASE("RoPE kernels for targets before sm_90 have no grid dependency instruc
 }
 
 TEST_CASE(
-    "programmatic_launch is off by default, and a CPU runtime accepts it (nothing to launch)") {
+    "programmatic_launch is AUTO by default; AUTO, OFF and ON are accepted (a CPU runtime has "
+    "nothing to launch), any other value is refused by name") {
+    EnvGuard env;
+    env.set("ROPE_JIT_PROGRAMMATIC_LAUNCH", nullptr);
     rope_jit_config config;
     rope_jit_config_init(&config);
-    CHECK(config.programmatic_launch == 0);
+    CHECK(config.programmatic_launch == ROPE_JIT_PROGRAMMATIC_AUTO);
+    CHECK(ROPE_JIT_PROGRAMMATIC_AUTO == -1);
+    CHECK(ROPE_JIT_PROGRAMMATIC_OFF == 0);
+    CHECK(ROPE_JIT_PROGRAMMATIC_ON == 1);
     config.backend = ROPE_JIT_BACKEND_CPU;
     config.disk_cache = 0;
-    config.programmatic_launch = 1;
+    for (const int setting :
+         {ROPE_JIT_PROGRAMMATIC_AUTO, ROPE_JIT_PROGRAMMATIC_OFF, ROPE_JIT_PROGRAMMATIC_ON}) {
+        CAPTURE(setting);
+        config.programmatic_launch = setting;
+        rope_jit_runtime* runtime = nullptr;
+        REQUIRE(rope_jit_runtime_create(&config, &runtime) == ROPE_JIT_OK);
+        CHECK(rope_jit_backend(runtime) == ROPE_JIT_BACKEND_CPU);
+        rope_jit_runtime_free(runtime);
+    }
+    for (const int setting : {2, -2, 256}) {
+        CAPTURE(setting);
+        config.programmatic_launch = setting;
+        rope_jit_runtime* runtime = nullptr;
+        CHECK(rope_jit_runtime_create(&config, &runtime) == ROPE_JIT_ERROR_INVALID_ARGUMENT);
+        CHECK(runtime == nullptr);
+        const std::string error = rope_jit_last_error();
+        CHECK(error.find("programmatic_launch") != std::string::npos);
+        CHECK(error.find(std::to_string(setting)) != std::string::npos);
+    }
+    // The environment variable overrides the field, a bad field value included.
+    env.set("ROPE_JIT_PROGRAMMATIC_LAUNCH", "0");
     rope_jit_runtime* runtime = nullptr;
-    REQUIRE(rope_jit_runtime_create(&config, &runtime) == ROPE_JIT_OK);
-    CHECK(rope_jit_backend(runtime) == ROPE_JIT_BACKEND_CPU);
+    CHECK(rope_jit_runtime_create(&config, &runtime) == ROPE_JIT_OK);
     rope_jit_runtime_free(runtime);
+}
+
+namespace {
+
+int fake_driver_version = 0;
+
+rope_jit::CUresult fake_cu_driver_get_version(int* version) {
+    *version = fake_driver_version;
+    return rope_jit::CUDA_SUCCESS;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "programmatic launches are asked for: ON always, OFF never, AUTO from CUDA 12.3 (graphs "
+    "capture them as programmatic edges)") {
+    rope_jit::CudaDriverApi api;
+    CHECK(rope_jit::programmatic_launch_requested(api, ROPE_JIT_PROGRAMMATIC_ON));
+    CHECK_FALSE(rope_jit::programmatic_launch_requested(api, ROPE_JIT_PROGRAMMATIC_OFF));
+    // No cuDriverGetVersion: AUTO launches plainly.
+    CHECK_FALSE(rope_jit::programmatic_launch_requested(api, ROPE_JIT_PROGRAMMATIC_AUTO));
+    api.cuDriverGetVersion = fake_cu_driver_get_version;
+    for (const auto& [version, wanted] : std::vector<std::pair<int, bool>>{
+             {11080, false}, {12000, false}, {12020, false}, {12030, true}, {13000, true}}) {
+        CAPTURE(version);
+        fake_driver_version = version;
+        CHECK(rope_jit::programmatic_launch_requested(api, ROPE_JIT_PROGRAMMATIC_AUTO) == wanted);
+        CHECK(rope_jit::programmatic_launch_requested(api, ROPE_JIT_PROGRAMMATIC_ON));
+        CHECK_FALSE(rope_jit::programmatic_launch_requested(api, ROPE_JIT_PROGRAMMATIC_OFF));
+    }
 }
 
 TEST_CASE(

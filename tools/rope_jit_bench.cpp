@@ -795,14 +795,16 @@ void require_ok(rope_jit_status status, const char* what) {
             fmt::format("{}: {}: {}", what, rope_jit_status_name(status), rope_jit_last_error()));
 }
 
+// programmatic_launch: rope_jit_config.programmatic_launch (default: the library's).
 rope_jit_runtime* make_runtime(rope_jit_backend_kind backend, const char* cache_dir,
-                               bool debug_checks = false, bool programmatic_launch = false) {
+                               bool debug_checks = false,
+                               int programmatic_launch = ROPE_JIT_PROGRAMMATIC_AUTO) {
     rope_jit_config config;
     rope_jit_config_init(&config);
     config.backend = backend;
     config.cache_dir = cache_dir;
     config.debug_checks = debug_checks ? 1 : 0;
-    config.programmatic_launch = programmatic_launch ? 1 : 0;
+    config.programmatic_launch = programmatic_launch;
     rope_jit_runtime* runtime = nullptr;
     require_ok(rope_jit_runtime_create(&config, &runtime), "rope_jit_runtime_create");
     return runtime;
@@ -1232,10 +1234,11 @@ nlohmann::json bench_cuda(const std::vector<Case>& cases) {
     // cu_seqlens to the host and checks them against the table before the kernel runs (and
     // compiles the kernel, which the timed runtime then loads from disk).
     rope_jit_runtime* checked = make_runtime(ROPE_JIT_BACKEND_CUDA, cache_dir.c_str(), true);
-    // Decode and prefill cases are also timed with programmatic dependent launches (the same
-    // kernels).
-    rope_jit_runtime* programmatic =
-        make_runtime(ROPE_JIT_BACKEND_CUDA, cache_dir.c_str(), false, true);
+    // The timed runtime launches as the library does by default (ROPE_JIT_PROGRAMMATIC_AUTO:
+    // programmatic dependent launches on sm_90 under CUDA 12.3 and later); decode and prefill
+    // cases are also timed with plain launches (the same kernels).
+    rope_jit_runtime* plain =
+        make_runtime(ROPE_JIT_BACKEND_CUDA, cache_dir.c_str(), false, ROPE_JIT_PROGRAMMATIC_OFF);
     const SpanCopy span_copy;
     nlohmann::json results = nlohmann::json::array(), errors = nlohmann::json::array();
     bool context_lost = false;
@@ -1299,38 +1302,35 @@ nlohmann::json bench_cuda(const std::vector<Case>& cases) {
                 fmt::print("{:>{}} copy of the same bytes: {:.3f} of copy; RoPE at {:.3f} of it\n",
                            "", width, same_gbps / copy_gbps,
                            j["fraction_of_same_size_copy"].get<double>());
-                // The same calls as programmatic dependent launches (rope_jit_config.
-                // programmatic_launch), captured and replayed the same way: each kernel's launch
-                // and set-up overlap the end of the call before it, what a kernel this short
-                // loses to them (issue 24's D64 and D256 cases last 34-50 us).
-                const auto programmatic_call = [&] {
-                    require_ok(rope_jit_rope(programmatic, tensors.args()),
-                               "rope_jit_rope (programmatic)");
+                // The same calls as plain launches (ROPE_JIT_PROGRAMMATIC_OFF), captured and
+                // replayed the same way: what the default's programmatic launches gain where
+                // they are taken (each kernel's launch and set-up overlap the end of the call
+                // before it; issue 24's D64 and D256 cases last 34-50 us).
+                const auto plain_call = [&] {
+                    require_ok(rope_jit_rope(plain, tensors.args()), "rope_jit_rope (plain)");
                 };
-                programmatic_call();  // loads the kernel, which a capture must not do
-                const double programmatic_seconds =
-                    graph_seconds_per_call(stream, repeat, programmatic_call);
-                const double programmatic_gbps = data.bytes() / programmatic_seconds / 1e9;
-                j["programmatic_time_us"] = programmatic_seconds * 1e6;
-                j["programmatic_fraction_of_copy"] = programmatic_gbps / copy_gbps;
-                fmt::print("{:>{}} as programmatic launches: {:.2f} us, {:.3f} of copy\n", "",
-                           width, programmatic_seconds * 1e6, programmatic_gbps / copy_gbps);
+                plain_call();  // loads the kernel, which a capture must not do
+                const double plain_seconds = graph_seconds_per_call(stream, repeat, plain_call);
+                const double plain_gbps = data.bytes() / plain_seconds / 1e9;
+                j["plain_time_us"] = plain_seconds * 1e6;
+                j["plain_fraction_of_copy"] = plain_gbps / copy_gbps;
+                fmt::print("{:>{}} as plain launches: {:.2f} us, {:.3f} of copy\n", "", width,
+                           plain_seconds * 1e6, plain_gbps / copy_gbps);
             }
             if (c.S == 1 && !c.packed()) {
                 // Decode: the case's time, its GPU time per call inside a CUDA graph (the
                 // issue 23 bar: <= 2.5 us for QK-norm + RoPE + paged KV + FP8 at B = 64).
                 const double graph_us = seconds * 1e6;
                 j["us_per_call_in_graph"] = graph_us;
-                // The same calls as programmatic dependent launches (rope_jit_config.
-                // programmatic_launch): each call's launch and set-up overlap the end of the
-                // call before it, as in an engine's decode graph whose kernels all use it.
-                const double programmatic_us =
-                    graph_us_per_call(stream, programmatic, tensors.args());
-                j["us_per_call_in_graph_programmatic"] = programmatic_us;
-                fmt::print(
-                    "{:>{}} in a CUDA graph: {:.2f} us per call; {:.2f} us as programmatic "
-                    "launches\n",
-                    "", width, graph_us, programmatic_us);
+                // The same calls as plain launches (ROPE_JIT_PROGRAMMATIC_OFF): what the
+                // default's programmatic launches gain where they are taken (each call's launch
+                // and set-up overlap the end of the call before it).
+                require_ok(rope_jit_rope(plain, tensors.args()), "rope_jit_rope (plain)");
+                const double plain_us = graph_us_per_call(stream, plain, tensors.args());
+                j["us_per_call_in_graph_plain"] = plain_us;
+                fmt::print("{:>{}} in a CUDA graph: {:.2f} us per call; {:.2f} us as plain "
+                           "launches\n",
+                           "", width, graph_us, plain_us);
             }
             if (c.in_place && c.rotary() < c.D) {
                 const double span_seconds = span_copy.seconds(c, tensors, stream);
@@ -1455,7 +1455,7 @@ nlohmann::json bench_cuda(const std::vector<Case>& cases) {
     if (!errors.empty()) result["errors"] = errors;
     if (context_lost) result["context_lost"] = true;
     rope_jit_runtime_free(checked);
-    rope_jit_runtime_free(programmatic);
+    rope_jit_runtime_free(plain);
     rope_jit_runtime_free(runtime);
     api->cuStreamDestroy(stream);
     if (std::system(("rm -rf '" + cache_dir + "'").c_str()) != 0)

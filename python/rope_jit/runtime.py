@@ -59,12 +59,13 @@ class Runtime:
         debug_checks: True checks positions against the table on the GPU (slower).
         background_builds: True (default) compiles a compiled forward's backward kernels in
             the background (rope_jit_config.background_builds).
-        programmatic_launch: True launches the RoPE kernels as programmatic dependent launches
-            on sm_90 and later GPUs (rope_jit_config.programmatic_launch): a call's launch and
-            set-up overlap the end of the kernel before it on the stream; same results.
-            Decode steps in CUDA graphs gain most. Default False (the environment variable
-            ROPE_JIT_PROGRAMMATIC_LAUNCH=1 turns it on for every runtime, the default one
-            included).
+        programmatic_launch: whether the RoPE kernels are programmatic dependent launches
+            (rope_jit_config.programmatic_launch): a call's launch and set-up overlap the end
+            of the kernel before it on the stream; same results. None (default): the
+            library's choice, programmatic on sm_90 and later GPUs under CUDA 12.3 and later
+            drivers; True: wherever the GPU and driver take them (sm_90, CUDA 12.0); False:
+            plain launches. The environment variable ROPE_JIT_PROGRAMMATIC_LAUNCH (1 or 0)
+            overrides it for every runtime, the default one included.
 
     Usable from any number of threads. Free it with close() (or a with block); it is also
     freed when garbage-collected. close() waits for the calls other threads have in flight on
@@ -72,7 +73,7 @@ class Runtime:
     """
 
     def __init__(self, backend="auto", cache_dir=None, disk_cache=True, cpu_threads=0, debug_checks=False,
-                 background_builds=True, programmatic_launch=False):
+                 background_builds=True, programmatic_launch=None):
         self._library = _library.load()
         config = self._library.new_struct(s.Config, self._library.rope_jit_config_init)
         config.backend = _choice(backend, _BACKENDS, "backend")
@@ -81,11 +82,12 @@ class Runtime:
         config.cpu_threads = c_int(cpu_threads, "cpu_threads")
         config.debug_checks = 1 if debug_checks else 0
         config.background_builds = 1 if background_builds else 0
-        if programmatic_launch:
+        if programmatic_launch is not None:
             supported = self._library.fields(s.Config, self._library.rope_jit_config_init)
-            if "programmatic_launch" not in supported:
+            if "programmatic_launch" in supported:
+                config.programmatic_launch = 1 if programmatic_launch else 0
+            elif programmatic_launch:
                 raise self._library.too_old("programmatic_launch")
-            config.programmatic_launch = 1
         handle = ctypes.c_void_p()
         self._handle = None
         # One entry per call in flight (list.append and pop are atomic under the GIL: the

@@ -220,16 +220,36 @@ def test_prewarm_without_a_disk_cache_warns_that_it_keeps_nothing(library, capfd
     assert len(warnings) == 1, warnings
 
 
+def test_programmatic_launch_none_keeps_the_library_default_and_booleans_set_it(library,
+                                                                                monkeypatch):
+    # What each argument hands rope_jit_runtime_create: None the library's default (AUTO, -1:
+    # programmatic where the GPU and driver take them), True ON (1), False OFF (0).
+    monkeypatch.delenv("ROPE_JIT_PROGRAMMATIC_LAUNCH", raising=False)
+    create = library.rope_jit_runtime_create
+    passed = []
+
+    def spy(config, out):
+        passed.append(config._obj.programmatic_launch)
+        return create(config, out)
+
+    monkeypatch.setattr(library, "rope_jit_runtime_create", spy)
+    for programmatic in (None, True, False):
+        with rope_jit.Runtime(backend="cpu", disk_cache=False, programmatic_launch=programmatic):
+            pass
+    assert passed == [-1, 1, 0]
+
+
 def test_programmatic_launch_is_accepted_and_changes_no_cpu_result(library):
     rng = np.random.default_rng(3)
     q = rng.standard_normal((1, 2, 5, 8)).astype(np.float32)
     cos = rng.standard_normal((5, 4)).astype(np.float32)
     sin = rng.standard_normal((5, 4)).astype(np.float32)
     outputs = []
-    for programmatic in (False, True):
+    for programmatic in (False, True, None):
         with rope_jit.Runtime(backend="cpu", disk_cache=False, programmatic_launch=programmatic) as runtime:
             x = q.copy()
             rope_jit.rope(x, cos=cos, sin=sin, runtime=runtime)
             outputs.append(x)
     assert not np.array_equal(outputs[0], q)
     assert np.array_equal(outputs[0], outputs[1])
+    assert np.array_equal(outputs[0], outputs[2])

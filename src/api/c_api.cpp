@@ -109,7 +109,7 @@ void rope_jit_config_init(rope_jit_config* config) {
     config->debug_checks = 0;
     config->cache_max_bytes = -1;
     config->background_builds = 1;
-    config->programmatic_launch = 0;
+    config->programmatic_launch = ROPE_JIT_PROGRAMMATIC_AUTO;
 }
 
 void rope_jit_rope_args_init(rope_jit_rope_args* args) {

@@ -17,6 +17,7 @@
 #include "ops/rope/kernel_spec.h"
 #include "ops/rope/rope_recipe.h"
 #include "common/raw_enum.h"
+#include "cuda/kernel_launch.h"
 #include "ops/rope/rope_problem.h"
 #include "common/versioned_struct.h"
 
@@ -28,15 +29,24 @@ namespace {
 // the system's threads from other processes.
 constexpr int kMaxCpuThreads = 4096;
 
-// rope_jit_config.programmatic_launch, or $ROPE_JIT_PROGRAMMATIC_LAUNCH=1 (0 or unset: the
-// config's choice), so that callers that build no config of their own (the Python package's
-// default runtime, the HF drop-in) can turn it on.
-bool programmatic_launch_wanted(const rope_jit_config& config) {
+// rope_jit_config.programmatic_launch (a rope_jit_programmatic_launch value), unless
+// $ROPE_JIT_PROGRAMMATIC_LAUNCH says 1 (on) or 0 (off), so that callers that build no config
+// of their own (the Python package's default runtime, the HF drop-in) can choose too.
+int programmatic_launch_setting(const rope_jit_config& config) {
     const char* value = std::getenv("ROPE_JIT_PROGRAMMATIC_LAUNCH");
-    if (value == nullptr || std::strcmp(value, "") == 0 || std::strcmp(value, "0") == 0)
-        return config.programmatic_launch != 0;
-    if (std::strcmp(value, "1") == 0) return true;
-    fail_argument(fmt::format("ROPE_JIT_PROGRAMMATIC_LAUNCH: expected 0 or 1, got '{}'", value));
+    if (value != nullptr && std::strcmp(value, "1") == 0) return ROPE_JIT_PROGRAMMATIC_ON;
+    if (value != nullptr && std::strcmp(value, "0") == 0) return ROPE_JIT_PROGRAMMATIC_OFF;
+    if (value != nullptr && std::strcmp(value, "") != 0)
+        fail_argument(
+            fmt::format("ROPE_JIT_PROGRAMMATIC_LAUNCH: expected 0 or 1, got '{}'", value));
+    const int setting = config.programmatic_launch;
+    if (setting != ROPE_JIT_PROGRAMMATIC_AUTO && setting != ROPE_JIT_PROGRAMMATIC_OFF &&
+        setting != ROPE_JIT_PROGRAMMATIC_ON)
+        fail_argument(fmt::format(
+            "programmatic_launch: expected ROPE_JIT_PROGRAMMATIC_AUTO (-1), _OFF (0) or _ON (1), "
+            "got {}",
+            setting));
+    return setting;
 }
 
 }  // namespace
@@ -57,7 +67,7 @@ Runtime::Runtime(const rope_jit_config& config)
     if (config.cache_max_bytes < -1)
         fail_argument(fmt::format("cache_max_bytes: must be >= 0, or -1 for the default, got {}",
                                   config.cache_max_bytes));
-    const bool programmatic_launch = programmatic_launch_wanted(config);
+    const int programmatic_launch = programmatic_launch_setting(config);
     if (config.disk_cache != 0) {
         const std::string root =
             config.cache_dir ? std::string(config.cache_dir) : DiskCache::default_root();
@@ -69,8 +79,9 @@ Runtime::Runtime(const rope_jit_config& config)
     try {
         devices_ = std::make_unique<CudaDevices>();
         kernels_ = std::make_unique<KernelLoader>(devices_->api(), disk_.get(), stats_);
-        rope_cuda_ = std::make_unique<RopeCuda>(*devices_, *kernels_, stats_, debug_checks_,
-                                                programmatic_launch);
+        rope_cuda_ = std::make_unique<RopeCuda>(
+            *devices_, *kernels_, stats_, debug_checks_,
+            programmatic_launch_requested(devices_->api(), programmatic_launch));
         attention_cuda_ = std::make_unique<CudaAttention>(*devices_, *kernels_, stats_);
         if (config.background_builds != 0 && !background_builds_disabled_by_env()) {
             // Every core but the caller's (up to 4): the sm_90 attention backward's kernels

@@ -1,6 +1,15 @@
 #include "cuda/kernel_launch.h"
 
+#include "rope_jit/rope_jit.h"
+
 namespace rope_jit {
+
+bool programmatic_launch_requested(const CudaDriverApi& api, int setting) {
+    if (setting != ROPE_JIT_PROGRAMMATIC_AUTO) return setting == ROPE_JIT_PROGRAMMATIC_ON;
+    int version = 0;
+    return api.cuDriverGetVersion != nullptr && api.cuDriverGetVersion(&version) == CUDA_SUCCESS &&
+           version >= kProgrammaticGraphDriverVersion;
+}
 
 bool launches_programmatically(const CudaDriverApi& api, bool requested, int compute_capability) {
     return requested && compute_capability >= 90 && api.cuLaunchKernelEx != nullptr;

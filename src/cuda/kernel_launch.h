@@ -14,6 +14,15 @@ struct KernelLaunch {
     void* arguments = nullptr;
 };
 
+// The first driver version (CUDA 12.3) that captures a programmatic launch into a CUDA graph
+// as a programmatic edge; ROPE_JIT_PROGRAMMATIC_AUTO launches plainly under older drivers.
+constexpr int kProgrammaticGraphDriverVersion = 12030;
+
+// Whether the RoPE launches of a runtime ask to be programmatic, from the runtime's
+// rope_jit_programmatic_launch `setting`: ON yes, OFF no, AUTO where the driver's version
+// (cuDriverGetVersion) is kProgrammaticGraphDriverVersion or later.
+bool programmatic_launch_requested(const CudaDriverApi& api, int setting);
+
 // Whether a launch asked to be programmatic (rope_jit_config.programmatic_launch) is one: the
 // device takes it (`compute_capability` >= 90) and the driver has cuLaunchKernelEx. The
 // launcher tells the kernel (RopeKernelParams::programmatic) and launch_kernel alike.

@@ -70,7 +70,7 @@ RopeNormLaunch plan_rope_norm_launch(const KernelSpec& spec, const RopeNormRows&
 class RopeCuda {
 public:
     // `devices`, `kernels` and `stats` must outlive the launcher. `programmatic_launch`:
-    // rope_jit_config.programmatic_launch.
+    // whether the runtime asks for programmatic launches (programmatic_launch_requested).
     RopeCuda(CudaDevices& devices, KernelLoader& kernels, KernelStats& stats, bool debug_checks,
              bool programmatic_launch);
     RopeCuda(const RopeCuda&) = delete;
