@@ -85,7 +85,8 @@ class Runtime:
         if programmatic_launch is not None:
             supported = self._library.fields(s.Config, self._library.rope_jit_config_init)
             if "programmatic_launch" in supported:
-                config.programmatic_launch = 1 if programmatic_launch else 0
+                config.programmatic_launch = (s.PROGRAMMATIC_ON if programmatic_launch
+                                              else s.PROGRAMMATIC_OFF)
             elif programmatic_launch:
                 raise self._library.too_old("programmatic_launch")
         handle = ctypes.c_void_p()

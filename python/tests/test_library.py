@@ -236,7 +236,7 @@ def test_programmatic_launch_none_keeps_the_library_default_and_booleans_set_it(
     for programmatic in (None, True, False):
         with rope_jit.Runtime(backend="cpu", disk_cache=False, programmatic_launch=programmatic):
             pass
-    assert passed == [-1, 1, 0]
+    assert passed == [-1, 1, 0]  # rope_jit.h: ROPE_JIT_PROGRAMMATIC_AUTO, _ON, _OFF
 
 
 def test_programmatic_launch_is_accepted_and_changes_no_cpu_result(library):
