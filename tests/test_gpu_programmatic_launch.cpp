@@ -2,7 +2,8 @@
 // must give exactly what plain launches give. Each case chains in-place calls, so that every
 // call reads what the one before it wrote: a kernel that touched q or k before the previous
 // grid had finished (griddepcontrol.wait missing or misplaced) would read stale rows and
-// diverge. The other suites check the library's default launches (ROPE_JIT_PROGRAMMATIC_AUTO:
+// diverge; an out-of-place chain reads its outputs back as the next call's inputs (q and q_out
+// swapped every call). The other suites check the library's default launches (ROPE_JIT_PROGRAMMATIC_AUTO:
 // programmatic on sm_90 under CUDA 12.3 and later) against the CPU backend; here plain launches
 // are the reference, bit for bit, for programmatic chains on a stream and in a CUDA graph. In
 // TEST_SUITE("gpu").
@@ -11,9 +12,11 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cuda/cuda_driver.h"
+#include "env_guard.h"
 #include "gpu_rope_norm_problem.h"
 #include "gpu_rope_problem.h"
 
@@ -26,11 +29,14 @@ namespace {
 
 constexpr int kChainCalls = 24;
 
+// The launcher's path for a chain's calls, checked before the chain runs.
+enum class Path { Flat, Bulk, Other };
+
 struct ChainCase {
     const char* name;
     Spec spec;
     bool qk_norm;
-    bool flat;  // the call takes the flat path (checked: takes_flat_path)
+    Path path;  // Flat: takes_flat_path; Bulk: bulk_rows_of on sm_90; Other: neither
 };
 
 std::vector<ChainCase> chain_cases() {
@@ -47,12 +53,15 @@ std::vector<ChainCase> chain_cases() {
     Spec flat = prefill;  // dense rows, no positions: the flat path (rope_flat_kernel), D64
     flat.positions = Positions::Implicit;
     flat.B = 2, flat.S = 1031, flat.Hk = 16, flat.group = 1, flat.D = flat.R = 64;
-    return {{"prefill", prefill, false, true},
-            {"decode", decode, false, false},
-            {"partial rotary", partial, false, false},
-            {"flat rows", flat, false, true},
-            {"QK-norm prefill", prefill, true, false},
-            {"QK-norm decode", decode, true, false}};
+    Spec bulk = prefill;  // out-of-place partial rotary: the bulk path's tile copies
+    bulk.in_place = false, bulk.R = 64;
+    return {{"prefill", prefill, false, Path::Flat},
+            {"decode", decode, false, Path::Other},
+            {"partial rotary", partial, false, Path::Other},
+            {"flat rows", flat, false, Path::Flat},
+            {"out-of-place partial rotary", bulk, false, Path::Bulk},
+            {"QK-norm prefill", prefill, true, Path::Other},
+            {"QK-norm decode", decode, true, Path::Other}};
 }
 
 // The call's device tensors: the problem's and, with QK-norm, its weights.
@@ -63,9 +72,15 @@ struct ChainTensors {
             k_weight = std::make_unique<DeviceTensor>(norm->k_weight);
         }
     }
-    rope_jit_rope_args args(const Spec& c, const NormTensors* norm,
-                            rope_jit::CUstream stream) const {
-        rope_jit_rope_args a = make_args(c, problem.views(), stream);
+    // swapped: q_out and k_out as the inputs, q and k as the outputs (out of place).
+    rope_jit_rope_args args(const Spec& c, const NormTensors* norm, rope_jit::CUstream stream,
+                            bool swapped = false) const {
+        Views views = problem.views();
+        if (swapped) {
+            std::swap(views[kQ], views[kQOut]);
+            std::swap(views[kK], views[kKOut]);
+        }
+        rope_jit_rope_args a = make_args(c, views, stream);
         if (norm != nullptr)
             add_norm_args(a, *norm,
                           {q_weight->dl(), k_weight->dl(), nullptr, nullptr, nullptr, nullptr});
@@ -75,28 +90,32 @@ struct ChainTensors {
     std::unique_ptr<DeviceTensor> q_weight, k_weight;
 };
 
-// q and k after kChainCalls calls of `runtime` on stream, or (graph) replaying them captured.
+// The tensors after kChainCalls calls of `runtime` on stream, or (graph) replaying them
+// captured. Out of place, odd calls take the outputs as inputs and the inputs as outputs.
 Problem run_chain(rope_jit_runtime* runtime, const Problem& p, const NormTensors* norm,
                   bool graph) {
     Stream stream;
     ChainTensors tensors(p, norm);
-    const rope_jit_rope_args args = tensors.args(p.spec, norm, stream.get());
+    const rope_jit_rope_args forth = tensors.args(p.spec, norm, stream.get());
+    const rope_jit_rope_args back = tensors.args(p.spec, norm, stream.get(), !p.spec.in_place);
+    const auto args = [&](int call) { return call % 2 == 0 ? forth : back; };
     if (!graph) {
         for (int call = 0; call < kChainCalls; ++call)
-            require_ok(call_rope(runtime, args), "call " + std::to_string(call));
+            require_ok(call_rope(runtime, args(call)), "call " + std::to_string(call));
         synchronize(stream.get());
         return tensors.problem.download(p);
     }
-    // Compile and load outside the capture (one call), then restore the inputs.
-    require_ok(call_rope(runtime, args), "warm-up");
+    // Compile and load outside the capture (one call), then restore the tensors.
+    require_ok(call_rope(runtime, forth), "warm-up");
     synchronize(stream.get());
-    for (size_t s : {kQ, kK}) tensors.problem[s].upload(p.t[s]);
+    for (size_t s : {kQ, kK, kQOut, kKOut})
+        if (p.has(s)) tensors.problem[s].upload(p.t[s]);
     Graph chain;
     check_cu(driver().cuStreamBeginCapture(stream.get(), rope_jit::CU_STREAM_CAPTURE_MODE_GLOBAL),
              "cuStreamBeginCapture");
     CallResult captured{ROPE_JIT_OK, ""};
     for (int call = 0; call < kChainCalls && captured.status == ROPE_JIT_OK; ++call)
-        captured = call_rope(runtime, args);
+        captured = call_rope(runtime, args(call));
     const rope_jit::CUresult ended = driver().cuStreamEndCapture(stream.get(), &chain.graph);
     require_ok(captured, "during capture");
     check_cu(ended, "cuStreamEndCapture");
@@ -110,9 +129,13 @@ Problem run_chain(rope_jit_runtime* runtime, const Problem& p, const NormTensors
 
 TEST_SUITE("gpu") {
     TEST_CASE_FIXTURE(GpuFixture,
-                      "programmatic launches: chains of in-place calls, on a stream and in a CUDA "
-                      "graph, give the plain launches' results bit for bit") {
-        // Both explicit: the fixture's runtime takes the library's default (AUTO).
+                      "programmatic launches: chains of calls, each reading what the one before "
+                      "wrote, on a stream and in a CUDA graph, give the plain launches' results "
+                      "bit for bit") {
+        // Both explicit (the fixture's runtime takes the library's default, AUTO), and the
+        // environment variable, which overrides both, unset.
+        EnvGuard env;
+        env.set("ROPE_JIT_PROGRAMMATIC_LAUNCH", nullptr);
         RuntimeHandle plain_runtime(ROPE_JIT_BACKEND_CUDA, false, ROPE_JIT_PROGRAMMATIC_OFF);
         RuntimeHandle programmatic(ROPE_JIT_BACKEND_CUDA, false, ROPE_JIT_PROGRAMMATIC_ON);
         uint32_t seed = 20261203;
@@ -129,7 +152,13 @@ TEST_SUITE("gpu") {
 
             if (!chain.qk_norm) {
                 DeviceProblem device(p);
-                CHECK(takes_flat_path(make_args(p.spec, device.views(), nullptr)) == chain.flat);
+                const rope_jit_rope_args args = make_args(p.spec, device.views(), nullptr);
+                const rope_jit::RopeProblem problem = rope_jit::make_rope_problem(args);
+                const bool bulk =
+                    rope_jit::bulk_rows_of(rope_jit::make_kernel_spec(problem), problem, 90)
+                        .has_value();
+                CHECK(takes_flat_path(args) == (chain.path == Path::Flat));
+                CHECK(bulk == (chain.path == Path::Bulk));
             }
             const Problem plain = run_chain(plain_runtime.get(), p, n, false);
             // The chain changed q and k (a chain that wrote nothing would match trivially).
@@ -138,8 +167,11 @@ TEST_SUITE("gpu") {
             for (bool graph : {false, true}) {
                 CAPTURE(graph);
                 const Problem got = run_chain(programmatic.get(), p, n, graph);
-                CHECK(bytes_of(got.t[kQ]) == bytes_of(plain.t[kQ]));
-                CHECK(bytes_of(got.t[kK]) == bytes_of(plain.t[kK]));
+                for (size_t s : {kQ, kK, kQOut, kKOut}) {
+                    if (!p.has(s)) continue;
+                    CAPTURE(slot_name(s));
+                    CHECK(bytes_of(got.t[s]) == bytes_of(plain.t[s]));
+                }
             }
         }
     }

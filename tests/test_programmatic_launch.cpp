@@ -1,10 +1,13 @@
 // rope_jit_config.programmatic_launch, what can be checked without a GPU: every RoPE kernel,
 // compiled for sm_90, waits for the preceding grid (griddepcontrol.wait) before its first access
 // to global memory, and then lets the next grid launch; for older targets it has neither
-// instruction (they do not exist there). The GPU suite (test_gpu_programmatic_launch.cpp) checks
-// the results of programmatic launches against plain ones.
+// instruction (they do not exist there), so only modules compiled for sm_90 or later launch
+// programmatically; the setting's default (AUTO), its values and the environment variable; the
+// driver versions AUTO takes. The GPU suite (test_gpu_programmatic_launch.cpp) checks the results
+// of programmatic launches against plain ones.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -18,6 +21,7 @@
 #include "jit/nvrtc_compiler.h"
 #include "jit/nvrtc_loader.h"
 #include "ops/rope/kernel_spec.h"
+#include "ops/rope/rope_plan.h"
 #include "ops/rope/rope_recipe.h"
 #include "kernel_spec_variants.h"
 
@@ -25,9 +29,10 @@ using rope_jit::KernelSpec;
 
 namespace {
 
-// The kinds of RoPE kernel: rope.cu's staged and direct paths, out-of-place copies, the
-// frequency gradient, the KV cache with FP8, QK-norm forwards on rope.cu and on rope_norm.cu,
-// and rope_norm.cu's backward.
+// The kinds of RoPE kernel: rope.cu's staged and direct paths, out-of-place copies (and the
+// bulk path's entry), the frequency gradient, the KV cache with FP8, QK-norm forwards on
+// rope.cu and on rope_norm.cu, rope_norm.cu's backward, and the flat path over dense rows (its
+// item loop, and half-style out-of-place partial rotary by shuffles).
 std::vector<KernelSpec> kernel_kinds() {
     KernelSpec base = rope_test::llama_like_kernel_spec();
     base.table_dtype = 2;
@@ -65,6 +70,11 @@ std::vector<KernelSpec> kernel_kinds() {
         s.norm_weight_grad = 1;
         s.in_place_q = s.in_place_k = 0;
     });
+    add([](KernelSpec& s) { s.dense_rows = 1; });
+    add([](KernelSpec& s) {
+        s.dense_rows = 1, s.head_dim = 64, s.rotary_dim = 32, s.in_place_q = s.in_place_k = 0;
+        s.copy_vec = 8;
+    });
     return variants.specs();
 }
 
@@ -92,34 +102,81 @@ TEST_CASE("RoPE kernels wait for the preceding grid before touching global memor
         MESSAGE("skipped: NVRTC not available: " << rope_jit::nvrtc_load_error());
         return;
     }
-    for (const KernelSpec& spec : kernel_kinds()) {
+    const std::vector<KernelSpec> kinds = kernel_kinds();
+    // The flat kinds stay flat (the variants' validate() would not say if they did not).
+    CHECK(rope_jit::rope_plan(kinds[kinds.size() - 2]).flat_rows);
+    CHECK(rope_jit::rope_plan(kinds.back()).flat_shuffles);
+    for (const KernelSpec& spec : kinds) {
         CAPTURE(spec.describe());
-        std::istringstream ptx(ptx_of(spec, "compute_90"));
-        std::string line;
-        bool in_kernel = false, waited = false, released = false;
-        int accesses_before_wait = 0, accesses = 0;
-        while (std::getline(ptx, line)) {
-            if (line.find(".entry") != std::string::npos) in_kernel = true;
-            if (!in_kernel) continue;
-            if (line.find("griddepcontrol.wait") != std::string::npos) waited = true;
-            if (line.find("griddepcontrol.launch_dependents") != std::string::npos) {
-                CHECK(waited);  // the trigger after the wait: at most two grids overlap
-                released = true;
+        // Each entry of the module on its own: a module holds up to four, the ones its plan
+        // does not run left empty (no access, no wait).
+        struct Entry {
+            std::string name;
+            bool kernel = true;  // false: a device function (.func), not inlined
+            bool waited = false, released = false;
+            int accesses = 0, accesses_before_wait = 0;
+        };
+        // A device function that ptxas did not inline counts where its caller calls it.
+        static const std::regex func_name("\\.func\\s+(\\([^)]*\\)\\s*)?([A-Za-z_$][\\w$]*)");
+        std::vector<Entry> entries;
+        std::vector<std::string> lines;
+        {
+            std::istringstream ptx(ptx_of(spec, "compute_90"));
+            for (std::string line; std::getline(ptx, line);) lines.push_back(line);
+        }
+        std::vector<std::string> global_funcs;  // functions that touch global memory
+        {
+            std::string current;
+            for (const std::string& line : lines) {
+                std::smatch match;
+                if (line.find(".entry") != std::string::npos) current.clear();
+                if (std::regex_search(line, match, func_name)) current = match[2];
+                if (!current.empty() && touches_global_memory(line) &&
+                    std::find(global_funcs.begin(), global_funcs.end(), current) ==
+                        global_funcs.end())
+                    global_funcs.push_back(current);
             }
-            if (touches_global_memory(line)) {
-                ++accesses;
-                if (!waited) {
-                    ++accesses_before_wait;
+        }
+        const auto calls_global_func = [&](const std::string& line) {
+            if (line.find("call") == std::string::npos) return false;
+            for (const std::string& name : global_funcs)
+                if (line.find(name) != std::string::npos) return true;
+            return false;
+        };
+        for (const std::string& line : lines) {
+            const bool entry_line = line.find(".entry") != std::string::npos;
+            if (entry_line || std::regex_search(line, func_name)) {
+                entries.push_back(Entry{line, entry_line});
+                continue;
+            }
+            if (entries.empty() || !entries.back().kernel) continue;
+            Entry& entry = entries.back();
+            if (line.find("griddepcontrol.wait") != std::string::npos) entry.waited = true;
+            if (line.find("griddepcontrol.launch_dependents") != std::string::npos) {
+                CAPTURE(entry.name);
+                CHECK(entry.waited);  // the trigger after the wait: at most two grids overlap
+                entry.released = true;
+            }
+            if (touches_global_memory(line) || calls_global_func(line)) {
+                ++entry.accesses;
+                if (!entry.waited) {
+                    ++entry.accesses_before_wait;
+                    CAPTURE(entry.name);
                     CAPTURE(line);
-                    CHECK(waited);
+                    CHECK(entry.waited);
                 }
             }
         }
-        CHECK(in_kernel);
-        CHECK(waited);
-        CHECK(released);
-        CHECK(accesses > 0);  // the scan sees the kernel's accesses at all
-        CHECK(accesses_before_wait == 0);
+        int bodies = 0;
+        for (const Entry& entry : entries) {
+            if (entry.accesses == 0) continue;  // an entry this plan leaves empty
+            CAPTURE(entry.name);
+            ++bodies;
+            CHECK(entry.waited);
+            CHECK(entry.released);
+            CHECK(entry.accesses_before_wait == 0);
+        }
+        CHECK(bodies > 0);  // the scan sees the module's accesses at all
     }
 }
 
@@ -166,9 +223,12 @@ TEST_CASE(
         CHECK(error.find("programmatic_launch") != std::string::npos);
         CHECK(error.find(std::to_string(setting)) != std::string::npos);
     }
-    // The environment variable overrides the field, a bad field value included.
+    // The environment variable overrides a valid field, not a bad one.
     env.set("ROPE_JIT_PROGRAMMATIC_LAUNCH", "0");
     rope_jit_runtime* runtime = nullptr;
+    CHECK(rope_jit_runtime_create(&config, &runtime) == ROPE_JIT_ERROR_INVALID_ARGUMENT);
+    CHECK(runtime == nullptr);
+    config.programmatic_launch = ROPE_JIT_PROGRAMMATIC_ON;
     CHECK(rope_jit_runtime_create(&config, &runtime) == ROPE_JIT_OK);
     rope_jit_runtime_free(runtime);
 }
@@ -183,6 +243,31 @@ rope_jit::CUresult fake_cu_driver_get_version(int* version) {
 }
 
 }  // namespace
+
+namespace {
+
+rope_jit::CUresult fake_cu_launch_kernel_ex(const rope_jit::CUlaunchConfig*, rope_jit::CUfunction,
+                                            void**, void**) {
+    return rope_jit::CUDA_SUCCESS;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "a launch asked to be programmatic is one only on sm_90 and later, for a module compiled for "
+    "sm_90 or later (an older module's kernels have no wait), with cuLaunchKernelEx") {
+    rope_jit::CudaDriverApi api;
+    // No cuLaunchKernelEx (a driver before CUDA 12.0): never.
+    CHECK_FALSE(rope_jit::launches_programmatically(api, true, 90, 90));
+    api.cuLaunchKernelEx = fake_cu_launch_kernel_ex;
+    CHECK(rope_jit::launches_programmatically(api, true, 90, 90));
+    CHECK(rope_jit::launches_programmatically(api, true, 100, 90));  // sm_90 PTX on a newer GPU
+    CHECK_FALSE(rope_jit::launches_programmatically(api, false, 90, 90));
+    CHECK_FALSE(rope_jit::launches_programmatically(api, true, 89, 89));
+    // An H100 whose NVRTC could only compile compute_80 (choose_target's fallback).
+    // (Its kernels have no griddepcontrol: the test of compute_80's PTX.)
+    CHECK_FALSE(rope_jit::launches_programmatically(api, true, 90, 80));
+}
 
 TEST_CASE(
     "programmatic launches are asked for: ON always, OFF never, AUTO from CUDA 12.3 (graphs "

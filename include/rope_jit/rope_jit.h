@@ -153,7 +153,8 @@ typedef enum rope_jit_programmatic_launch {
     /* Plain launches. */
     ROPE_JIT_PROGRAMMATIC_OFF = 0,
     /* Wherever the GPU (9.0 and later) and the driver (cuLaunchKernelEx: CUDA 12.0 and later)
-     * take them. */
+     * take them (CUDA graphs describe programmatic edges from 12.3 on: AUTO leaves the drivers
+     * before it out). */
     ROPE_JIT_PROGRAMMATIC_ON = 1
 } rope_jit_programmatic_launch;
 

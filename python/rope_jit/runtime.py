@@ -82,6 +82,9 @@ class Runtime:
         config.cpu_threads = c_int(cpu_threads, "cpu_threads")
         config.debug_checks = 1 if debug_checks else 0
         config.background_builds = 1 if background_builds else 0
+        if programmatic_launch is not None and not isinstance(programmatic_launch, bool):
+            raise TypeError(f"programmatic_launch: expected None, True or False, got "
+                            f"{programmatic_launch!r}")
         if programmatic_launch is not None:
             supported = self._library.fields(s.Config, self._library.rope_jit_config_init)
             if "programmatic_launch" in supported:

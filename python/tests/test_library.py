@@ -237,6 +237,11 @@ def test_programmatic_launch_none_keeps_the_library_default_and_booleans_set_it(
         with rope_jit.Runtime(backend="cpu", disk_cache=False, programmatic_launch=programmatic):
             pass
     assert passed == [-1, 1, 0]  # rope_jit.h: ROPE_JIT_PROGRAMMATIC_AUTO, _ON, _OFF
+    # The C values are not accepted for the booleans (-1 would read as True).
+    for value in (-1, 1, "auto"):
+        with pytest.raises(TypeError, match="programmatic_launch"):
+            rope_jit.Runtime(backend="cpu", disk_cache=False, programmatic_launch=value)
+    assert passed == [-1, 1, 0]  # refused before the library saw them
 
 
 def test_programmatic_launch_is_accepted_and_changes_no_cpu_result(library):

@@ -33,12 +33,6 @@ constexpr int kMaxCpuThreads = 4096;
 // $ROPE_JIT_PROGRAMMATIC_LAUNCH says 1 (on) or 0 (off), so that callers that build no config
 // of their own (the Python package's default runtime, the HF drop-in) can choose too.
 int programmatic_launch_setting(const rope_jit_config& config) {
-    const char* value = std::getenv("ROPE_JIT_PROGRAMMATIC_LAUNCH");
-    if (value != nullptr && std::strcmp(value, "1") == 0) return ROPE_JIT_PROGRAMMATIC_ON;
-    if (value != nullptr && std::strcmp(value, "0") == 0) return ROPE_JIT_PROGRAMMATIC_OFF;
-    if (value != nullptr && std::strcmp(value, "") != 0)
-        fail_argument(
-            fmt::format("ROPE_JIT_PROGRAMMATIC_LAUNCH: expected 0 or 1, got '{}'", value));
     const int setting = config.programmatic_launch;
     if (setting != ROPE_JIT_PROGRAMMATIC_AUTO && setting != ROPE_JIT_PROGRAMMATIC_OFF &&
         setting != ROPE_JIT_PROGRAMMATIC_ON)
@@ -46,7 +40,11 @@ int programmatic_launch_setting(const rope_jit_config& config) {
             "programmatic_launch: expected ROPE_JIT_PROGRAMMATIC_AUTO (-1), _OFF (0) or _ON (1), "
             "got {}",
             setting));
-    return setting;
+    const char* value = std::getenv("ROPE_JIT_PROGRAMMATIC_LAUNCH");
+    if (value == nullptr || std::strcmp(value, "") == 0) return setting;
+    if (std::strcmp(value, "1") == 0) return ROPE_JIT_PROGRAMMATIC_ON;
+    if (std::strcmp(value, "0") == 0) return ROPE_JIT_PROGRAMMATIC_OFF;
+    fail_argument(fmt::format("ROPE_JIT_PROGRAMMATIC_LAUNCH: expected 0 or 1, got '{}'", value));
 }
 
 }  // namespace

@@ -11,8 +11,10 @@ bool programmatic_launch_requested(const CudaDriverApi& api, int setting) {
            version >= kProgrammaticGraphDriverVersion;
 }
 
-bool launches_programmatically(const CudaDriverApi& api, bool requested, int compute_capability) {
-    return requested && compute_capability >= 90 && api.cuLaunchKernelEx != nullptr;
+bool launches_programmatically(const CudaDriverApi& api, bool requested, int compute_capability,
+                               int kernel_arch) {
+    return requested && compute_capability >= 90 && kernel_arch >= 90 &&
+           api.cuLaunchKernelEx != nullptr;
 }
 
 void launch_kernel(const CudaDriverApi& api, const KernelLaunch& launch, CUstream stream,

@@ -23,10 +23,15 @@ constexpr int kProgrammaticGraphDriverVersion = 12030;
 // (cuDriverGetVersion) is kProgrammaticGraphDriverVersion or later.
 bool programmatic_launch_requested(const CudaDriverApi& api, int setting);
 
-// Whether a launch asked to be programmatic (rope_jit_config.programmatic_launch) is one: the
-// device takes it (`compute_capability` >= 90) and the driver has cuLaunchKernelEx. The
-// launcher tells the kernel (RopeKernelParams::programmatic) and launch_kernel alike.
-bool launches_programmatically(const CudaDriverApi& api, bool requested, int compute_capability);
+// Whether a launch asked to be programmatic (programmatic_launch_requested) is one: the device
+// takes it (`compute_capability` >= 90), the kernel's module was compiled for sm_90 or later
+// (`kernel_arch`, LoadedKernel::arch: only there do the kernels wait for the preceding grid;
+// an NVRTC that cannot target the device compiles for an older architecture, without the
+// wait, and a programmatic launch of that kernel could read what the grid before it has not
+// yet written), and the driver has cuLaunchKernelEx. The launcher tells the kernel
+// (RopeKernelParams::programmatic) and launch_kernel alike.
+bool launches_programmatically(const CudaDriverApi& api, bool requested, int compute_capability,
+                               int kernel_arch);
 
 // Enqueues `launch` on `stream`. `programmatic` (launches_programmatically's answer): with
 // programmatic stream serialization, so that the grid may start while the kernel before it on

@@ -411,14 +411,14 @@ RopeCuda::RopeCuda(CudaDevices& devices, KernelLoader& kernels, KernelStats& sta
       debug_checks_(debug_checks),
       programmatic_launch_(programmatic_launch) {}
 
-bool RopeCuda::launches_programmatically(const RopeProblem& p) const {
+bool RopeCuda::launches_programmatically(const RopeProblem& p, const LoadedKernel& kernel) const {
     // A call that zeroes a gradient output first launches plainly: its kernel follows a
     // memset, not a kernel, and backward calls are not what the overlap is for.
     const bool zeroes_first =
         p.has_freq_grad || p.q_norm_weight_grad.present() || p.k_norm_weight_grad.present();
     return rope_jit::launches_programmatically(
         devices_.api(), programmatic_launch_ && !zeroes_first,
-        devices_.device(p.device.device_id).compute_capability);
+        devices_.device(p.device.device_id).compute_capability, kernel.arch);
 }
 
 void RopeCuda::check_positions_on_device(const RopeProblem& problem, CUstream stream) {
@@ -455,7 +455,7 @@ void RopeCuda::run(const RopeProblem& p, void* stream_handle) {
         return;
     }
     RopeKernelParams params = rope_kernel_params(p);
-    const bool programmatic = launches_programmatically(p);
+    const bool programmatic = launches_programmatically(p, kernel);
     params.programmatic = programmatic ? 1 : 0;
     // Plain RoPE of dense rows: the flat path (RopePlan::flat_rows), first, since its calls need
     // nothing of the staged launch's plan (rope_flat_kernel reads neither tokens_per_block,
@@ -554,7 +554,7 @@ void RopeCuda::run_norm(const RopeProblem& p, const KernelSpec& spec, const Load
     const RopeNormLaunch shape =
         plan_rope_norm_launch(spec, rows, devices_.device(p.device.device_id).multiprocessors);
     RopeNormParams params = rope_norm_params(p, rope_kernel_params(p), shape);
-    const bool programmatic = launches_programmatically(p);
+    const bool programmatic = launches_programmatically(p, kernel);
     params.rope.programmatic = programmatic ? 1 : 0;
     // The kernel adds into the weight gradients: zero them first, ordered on the same stream.
     for (const TensorRef* grad : {&p.q_norm_weight_grad, &p.k_norm_weight_grad})

@@ -81,10 +81,11 @@ public:
 
 private:
     void check_positions_on_device(const RopeProblem& problem, CUstream stream);
-    // Whether this call's kernel is a programmatic launch (rope_jit_config.programmatic_launch,
-    // where the device and driver take it); the kernel's `programmatic` flag and the launch
-    // follow the one answer.
-    bool launches_programmatically(const RopeProblem& problem) const;
+    // Whether this call's launch of `kernel` is programmatic (rope_jit_config.
+    // programmatic_launch, where the device, the kernel's architecture and the driver take it:
+    // launches_programmatically); the kernel's `programmatic` flag and the launch follow the
+    // one answer.
+    bool launches_programmatically(const RopeProblem& problem, const LoadedKernel& kernel) const;
     // The launch of rope.cu's paths over dense rows, from run(): the bulk path's
     // (rope_bulk_kernel, where bulk_rows_of allows it) or the flat path's (rope_flat_kernel,
     // where flat_rows_of does), the module's second entry; `params` the call's arguments,
