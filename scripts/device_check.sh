@@ -46,6 +46,9 @@
 #   peers            bench/compare_torch.py --in-place: issue 24's comparison against torch.compile
 #                    and Liger (installs ./python and Liger's wheel from .whl; PEERS_ARGS, e.g.
 #                    --quick or --shapes); h200_vs_torch.{json,log}, and .png with matplotlib
+#   issue24-check    bench/issue24_check.py on this call's peers and rope-bench JSON: issue 24's
+#                    points, each with its number (after `peers rope-bench`, the bench's
+#                    ROPE_BENCH_FILTER taking issue 24's cases)
 # BUILD_TARGETS narrows the build (default: the library, tests and every tool), e.g.
 # "rope_jit rope-jit-bench" for a run of only peers and rope-bench when device time is short.
 set -uo pipefail
@@ -230,6 +233,10 @@ for step in "$@"; do
       if python3 -c "import matplotlib" 2>/dev/null; then  # else: plot where matplotlib is
         python3 bench/plot_results.py "$OUT/h200_vs_torch.json" "$OUT/h200_vs_torch.png"
       fi ;;
+    issue24-check)
+      python3 bench/issue24_check.py "$OUT/h200_vs_torch.json" "$OUT/h200_bench.json" \
+        > "$OUT/issue24_check.log" 2>&1
+      step_done issue24-check $?; cat "$OUT/issue24_check.log" ;;
     *) echo "unknown step $step" ;;
   esac
 done
