@@ -82,6 +82,7 @@ STYLES = ("half", "interleaved")
 # How results are named in the tables and the plot, in the order they are shown.
 LABELS = {"rope_jit": "rope-jit", "rope_jit_plain": "rope-jit (plain launches)",
           "torch_compile": "torch.compile", "liger": "Liger", "torch_eager": "eager"}
+OURS = ("rope_jit", "rope_jit_plain")  # rope-jit's own rows: the rest are its peers
 # Against fp32 math: eager and Liger round q*cos and rotate(q)*sin to bf16 before adding (Liger
 # computes in the tables' dtype), rope-jit and compile keep fp32 in between. Two bf16 roundings
 # pass; a wrong pair, sign or row is off by O(1).
@@ -428,7 +429,7 @@ def ratio(numerator, denominator):
     return None if numerator is None or denominator is None else numerator / denominator
 
 
-def measure_shape(shape, in_place, copy, options, plain=None, issue_copy=None):
+def measure_shape(shape, in_place, copy, issue_copy, options, plain=None):
     """One shape: checks, then times; returns (row, runs) where runs stay alive for the gpu ops
     pass at the end."""
     B, S, Hq, Hk, D, R, style = shape
@@ -464,7 +465,7 @@ def measure_shape(shape, in_place, copy, options, plain=None, issue_copy=None):
             print(f"  ({name}: no CUDA graph: {why})")
     same_calls, same_graph = times.pop("same_size_copy"), graph_times.pop("same_size_copy")
     same = same_graph if same_graph is not None else same_calls  # the limit, graph when we can
-    peers = [name for name in runs if not name.startswith("rope_jit")]
+    peers = [name for name in runs if name not in OURS]
     row = {
         "in_place": in_place, "B": B, "S": S, "Hq": Hq, "Hk": Hk, "D": D, "rotary_dim": R,
         "style": style, "dtype": "bfloat16", "layout": "bshd", "bytes": nbytes,
@@ -483,9 +484,6 @@ def measure_shape(shape, in_place, copy, options, plain=None, issue_copy=None):
         "graph_speedup_vs": {name: ratio(graph_times[name], graph_times["rope_jit"])
                              for name in peers},
     }
-    if "rope_jit_plain" in runs:
-        row["plain_graph_speedup_vs"] = {
-            name: ratio(graph_times[name], graph_times["rope_jit_plain"]) for name in peers}
     if graph_errors and DEVICE == "cuda":
         row["graph_errors"] = graph_errors
     return row, runs
@@ -512,7 +510,7 @@ def print_shape(row):
     print(f"  {'':<21} {'graph us':>9} {'of copy':>8} {'of 1GiB':>8} {'of same':>8} "
           f"{'calls us':>9} {'of copy':>8} {'max err':>8}   rope-jit faster by (graph / calls)")
     for name, ms in row["time_ms"].items():
-        versus = "" if name.startswith("rope_jit") else (
+        versus = "" if name in OURS else (
             f"   {speedup(row['graph_speedup_vs'][name])} / {speedup(row['speedup_vs'][name])}")
         print(f"  {name:<21} {us(row['graph_time_ms'][name]):>9} "
               f"{number(row['graph_fraction_of_copy'][name]):>8} "
@@ -541,7 +539,7 @@ def summary(rows):
             fractions = row["graph_fraction_of_copy"] if row["graph_time_ms"].get(name) else \
                 row["fraction_of_copy"]
             cells.append(f"{us(ms)} us ({number(fractions[name], 2)})")
-            if not name.startswith("rope_jit"):
+            if name not in OURS:
                 best_peer = ms if best_peer is None else min(best_peer, ms)
         ours = row["graph_time_ms"].get("rope_jit") or row["time_ms"]["rope_jit"]
         same = row["same_size_copy_graph_ms"] or row["same_size_copy_ms"]
@@ -639,7 +637,7 @@ def main(argv=None):
           f"RoPE forward {mode}, bf16, [B,S,H,D]")
     rows, all_runs = [], []
     for shape in shapes:
-        row, runs = measure_shape(shape, options.in_place, copy, options, plain, issue_copy)
+        row, runs = measure_shape(shape, options.in_place, copy, issue_copy, options, plain)
         rows.append(row)
         all_runs.append(runs)
         print_shape(row)
