@@ -76,32 +76,59 @@ constexpr uint32_t kAuditArch = AUDIT_ARCH_AARCH64;
 constexpr uint32_t kAuditArch = 0;  // no filter: the test that needs it skips
 #endif
 
-// Makes every open() of a file with O_NOFOLLOW in this process, unless it asks for a
-// directory, fail with EMFILE, as if the descriptors had run out just then: the cache opens
-// its own entries so, while opendir() and the loading of libraries do not. A seccomp filter,
-// which cannot be undone: for a forked child. False where such filters are not available.
-bool fail_entry_opens_with_emfile() {
+// Installs a seccomp filter: `rules` run on the syscall's data for this architecture, every
+// other architecture's syscalls pass. A filter cannot be undone: for a forked child. False
+// where such filters are not available.
+bool install_seccomp_filter(std::vector<sock_filter> rules) {
     if (kAuditArch == 0) return false;
-    constexpr uint32_t kFlagsLow = uint32_t(offsetof(struct seccomp_data, args) + 2 * 8);
-    struct sock_filter filter[] = {
+    std::vector<sock_filter> filter = {
         BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
         BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, kAuditArch, 1, 0),
         BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    filter.insert(filter.end(), rules.begin(), rules.end());
+    struct sock_fprog program;
+    program.len = static_cast<unsigned short>(filter.size());
+    program.filter = filter.data();
+    return prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0 &&
+           prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &program) == 0;
+}
+
+// The low word of a syscall's argument (both architectures are little-endian).
+constexpr uint32_t argument_low_word(int index) {
+    return uint32_t(offsetof(struct seccomp_data, args) + size_t(index) * 8);
+}
+
+// Makes every open() of a file with O_NOFOLLOW in this process, unless it asks for a
+// directory, fail with EMFILE, as if the descriptors had run out just then: the cache opens
+// its own entries so, while opendir() and the loading of libraries do not.
+bool fail_entry_opens_with_emfile() {
+    return install_seccomp_filter({
         BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
         BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_openat, 0, 4),
-        // openat's flags, the low word of its third argument (both architectures are
-        // little-endian).
-        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, kFlagsLow),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, argument_low_word(2)),  // openat's flags
         BPF_STMT(BPF_ALU | BPF_AND | BPF_K, O_NOFOLLOW | O_DIRECTORY),
         BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, O_NOFOLLOW, 0, 1),
         BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EMFILE & SECCOMP_RET_DATA)),
         BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-    };
-    struct sock_fprog program;
-    program.len = static_cast<unsigned short>(sizeof(filter) / sizeof(filter[0]));
-    program.filter = filter;
-    return prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0 &&
-           prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &program) == 0;
+    });
+}
+
+// Makes every removal of a directory in this process fail with EACCES, as if this user could
+// not write its parent, while files are unlinked as usual: a tree's removal then fails partway,
+// after its first file. (Root passes permission checks, so a test cannot make one so.)
+bool fail_directory_removals_with_eacces() {
+    return install_seccomp_filter({
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+#ifdef __NR_rmdir
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_rmdir, 3, 0),
+#endif
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_unlinkat, 0, 3),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, argument_low_word(2)),  // unlinkat's flags
+        BPF_JUMP(BPF_JMP | BPF_JSET | BPF_K, AT_REMOVEDIR, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EACCES & SECCOMP_RET_DATA)),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    });
 }
 
 }  // namespace
@@ -225,7 +252,7 @@ TEST_CASE(
     REQUIRE(symlink(outside.c_str(), link.c_str()) == 0);
     REQUIRE(symlink(tmp.path.c_str(), (root + "/v1/nvrtc13.0").c_str()) == 0);
 
-    rope_jit::remove_cache_item(disk, root + "/v9");
+    rope_jit::remove_cache_item(disk, root + "/v9", nullptr);
     CHECK_FALSE(exists(root + "/v9"));
     CHECK(exists(outside));
 
@@ -237,7 +264,7 @@ TEST_CASE(
         CAPTURE(path);
         bool refused = false;
         try {
-            rope_jit::remove_cache_item(disk, path);
+            rope_jit::remove_cache_item(disk, path, nullptr);
         } catch (const rope_jit::Error& e) {
             refused = e.status() == ROPE_JIT_ERROR_INVALID_ARGUMENT;
         }
@@ -245,11 +272,11 @@ TEST_CASE(
     }
     CHECK(exists(outside));
     // A link that is itself the item is removed, its target kept; a missing item is no error.
-    rope_jit::remove_cache_item(disk, root + "/v1/nvrtc13.0");
+    rope_jit::remove_cache_item(disk, root + "/v1/nvrtc13.0", nullptr);
     CHECK_FALSE(exists(root + "/v1/nvrtc13.0"));
     CHECK(exists(tmp.path + "/precious"));
     const std::string never_there = "/v1/nvrtc13.0/sm_90/ab/ab" + std::string(62, '0') + ".cubin";
-    rope_jit::remove_cache_item(disk, root + never_there);
+    rope_jit::remove_cache_item(disk, root + never_there, nullptr);
 }
 
 TEST_CASE("a root given with a trailing slash scans and removes like one without") {
@@ -262,7 +289,7 @@ TEST_CASE("a root given with a trailing slash scans and removes like one without
     REQUIRE(items.size() == 2);
     for (const CacheItem& item : items) {
         CAPTURE(item.path);
-        rope_jit::remove_cache_item(disk, item.path);
+        rope_jit::remove_cache_item(disk, item.path, nullptr);
         CHECK_FALSE(exists(item.path));
     }
     CHECK(exists(tmp.path + "/cache/v1"));
@@ -281,7 +308,7 @@ TEST_CASE("remove refuses a root that belongs to another user") {
     REQUIRE(chown(root.c_str(), 65534, 65534) == 0);
     bool refused = false;
     try {
-        rope_jit::remove_cache_item(disk, root + "/v1/nvrtc9.9");
+        rope_jit::remove_cache_item(disk, root + "/v1/nvrtc9.9", nullptr);
     } catch (const rope_jit::Error& e) {
         refused = e.status() == ROPE_JIT_ERROR_CACHE &&
                   std::string(e.what()).find("owned by uid 65534") != std::string::npos;
@@ -385,6 +412,53 @@ TEST_CASE("a counted removal tells what this call removed: nothing for an item a
     rope_jit_runtime_free(runtime);
 }
 
+TEST_CASE("a counted removal that fails partway tells what went before the failure") {
+    // It said 0 (left out in session 43), so a prune's total of freed bytes missed them.
+    ScratchDir tmp("rope_jit_maintenance");
+    const std::string root = tmp.path + "/cache";
+    rope_jit_runtime* runtime = cpu_runtime_caching_in(root);
+    make_dirs(root + "/v3/nvrtc9.9/sm_90/ab");
+    const std::string entry = root + "/v3/nvrtc9.9/sm_90/ab/ab" + std::string(62, '0') + ".cubin";
+    write_file(entry, "12345678");
+    const std::string tree = root + "/v3";
+
+    // In a child, whose directory removals fail: the status, the counts and the error, one per
+    // line, or why it could not be tried.
+    const ChildResult child = run_in_child([&](std::string* result) {
+        if (!fail_directory_removals_with_eacces()) {
+            *result = "skip";
+            return 0;
+        }
+        uint64_t entries = 99, bytes = 99;
+        const rope_jit_status status =
+            rope_jit_cache_remove_counted(runtime, tree.c_str(), &entries, &bytes);
+        *result = std::to_string(int(status)) + "\n" + std::to_string(entries) + "\n" +
+                  std::to_string(bytes) + "\n" + rope_jit_last_error();
+        return 0;
+    });
+    rope_jit_runtime_free(runtime);
+    CAPTURE(child.wait_status);
+    REQUIRE(child.exited_with(0));
+    if (child.output == "skip") {
+        MESSAGE("skipped: no seccomp filter can be installed here");
+        return;
+    }
+    CAPTURE(child.output);
+    std::istringstream lines(child.output);
+    int status = -1;
+    uint64_t entries = 99, bytes = 99;
+    std::string message;
+    lines >> status >> entries >> bytes;
+    std::getline(lines >> std::ws, message);
+    CHECK(status == ROPE_JIT_ERROR_CACHE);
+    CHECK(message.find("cannot remove '" + root + "/v3/nvrtc9.9/sm_90/ab'") != std::string::npos);
+    // The entry file went (1 entry, its 8 bytes); its directory and those above it stayed.
+    CHECK(entries == 1);
+    CHECK(bytes == 8);
+    CHECK_FALSE(exists(entry));
+    CHECK(exists(root + "/v3/nvrtc9.9/sm_90/ab"));
+}
+
 TEST_CASE("a CPU runtime has no devices, and the NVRTC version is the loaded library's") {
     rope_jit_config config;
     rope_jit_config_init(&config);
@@ -442,7 +516,7 @@ TEST_CASE("a project given as the cache root by mistake loses nothing to scan an
         CAPTURE(path);
         bool refused = false;
         try {
-            rope_jit::remove_cache_item(disk, path);
+            rope_jit::remove_cache_item(disk, path, nullptr);
         } catch (const rope_jit::Error& e) {
             refused = e.status() == ROPE_JIT_ERROR_INVALID_ARGUMENT;
         }
@@ -452,7 +526,7 @@ TEST_CASE("a project given as the cache root by mistake loses nothing to scan an
     for (const std::string& dir :
          {root + "/v1/src", root + "/v1/x", root + "/v2", root + "/v1/nvrtc13.0/docs"}) {
         CAPTURE(dir);
-        CHECK_THROWS_AS(rope_jit::remove_cache_item(disk, dir), rope_jit::Error);
+        CHECK_THROWS_AS(rope_jit::remove_cache_item(disk, dir, nullptr), rope_jit::Error);
         CHECK(exists(dir));
     }
 }
@@ -479,12 +553,12 @@ TEST_CASE("a directory named like a cache file is the cache's only when empty") 
     CHECK(rope_jit::scan_cache(disk).empty());
     for (const std::string& dir : {entry_dir, set_aside_dir}) {
         CAPTURE(dir);
-        CHECK_THROWS_WITH_AS(rope_jit::remove_cache_item(disk, dir),
+        CHECK_THROWS_WITH_AS(rope_jit::remove_cache_item(disk, dir, nullptr),
                              doctest::Contains("is a directory named like a cache file that "
                                                "holds files the cache never writes"),
                              rope_jit::Error);
     }
-    CHECK_THROWS_WITH_AS(rope_jit::remove_cache_item(disk, old_tree),
+    CHECK_THROWS_WITH_AS(rope_jit::remove_cache_item(disk, old_tree, nullptr),
                          doctest::Contains("is not an item of the cache layout"), rope_jit::Error);
     for (const std::string& file : files) CHECK(read_file(file) == "precious");
 
@@ -495,7 +569,7 @@ TEST_CASE("a directory named like a cache file is the cache's only when empty") 
     REQUIRE(items.size() == 1);
     CHECK(items[0].path == empty_dir);
     CHECK(items[0].state == rope_jit::CacheItemState::Damaged);
-    rope_jit::remove_cache_item(disk, empty_dir);
+    rope_jit::remove_cache_item(disk, empty_dir, nullptr);
     CHECK_FALSE(exists(empty_dir));
     for (const std::string& file : files) CHECK(read_file(file) == "precious");
 }
@@ -511,19 +585,19 @@ TEST_CASE("files named v1 or v2 in the root are not the cache's: not scanned, ne
     DiskCache disk(root, {});
     CHECK_FALSE(disk.writable());
     CHECK(rope_jit::scan_cache(disk).empty());
-    CHECK_THROWS_AS(rope_jit::remove_cache_item(disk, root + "/v1"), rope_jit::Error);
+    CHECK_THROWS_AS(rope_jit::remove_cache_item(disk, root + "/v1", nullptr), rope_jit::Error);
     CHECK(exists(root + "/v1"));
     CHECK(exists(root + "/v2"));
     // With a usable v1/ beside it, the other file is still refused, by name (a helper's review
     // found it removed through rope_jit_cache_remove).
     REQUIRE(unlink((root + "/v1").c_str()) == 0);
     REQUIRE(disk.writable());
-    CHECK_THROWS_WITH_AS(rope_jit::remove_cache_item(disk, root + "/v2"),
+    CHECK_THROWS_WITH_AS(rope_jit::remove_cache_item(disk, root + "/v2", nullptr),
                          doctest::Contains("only names the cache writes are removed"),
                          rope_jit::Error);
     CHECK(exists(root + "/v2"));
     REQUIRE(symlink("v2", (root + "/v3").c_str()) == 0);
-    CHECK_THROWS_AS(rope_jit::remove_cache_item(disk, root + "/v3"), rope_jit::Error);
+    CHECK_THROWS_AS(rope_jit::remove_cache_item(disk, root + "/v3", nullptr), rope_jit::Error);
     CHECK(exists(root + "/v3"));
 }
 

@@ -381,10 +381,12 @@ TEST_CASE("cache maintenance leaves the memo alone: not listed, not verified, no
     REQUIRE(items.size() == 1);  // the entry alone
     CHECK(items[0].path == disk.entry_path(tmp.path, id));
     // What `rope-jit-cache clear` does: remove every item scan reports.
-    for (const rope_jit::CacheItem& item : items) rope_jit::remove_cache_item(disk, item.path);
+    for (const rope_jit::CacheItem& item : items)
+        rope_jit::remove_cache_item(disk, item.path, nullptr);
     CHECK(rope_jit::scan_cache(disk).empty());
     CHECK(exists(memo_path(tmp.path)));
-    CHECK_THROWS_AS(rope_jit::remove_cache_item(disk, memo_path(tmp.path)), rope_jit::Error);
+    CHECK_THROWS_AS(rope_jit::remove_cache_item(disk, memo_path(tmp.path), nullptr),
+                    rope_jit::Error);
     CHECK(exists(memo_path(tmp.path)));
 }
 

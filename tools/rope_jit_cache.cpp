@@ -813,6 +813,7 @@ int remove_items(const GlobalOptions& global, const rope_jit_runtime* runtime, c
          gone_already = json::array();
     uint64_t removed_bytes = 0;
     std::set<size_t> gone;
+    std::map<size_t, uint64_t> partly_removed;  // bytes freed of items whose removal failed
     // An item not removed by this run: listed under `list` (JSON) or as one line of text.
     auto skipped = [&](json& list, const char* word, const Item& item, const char* why) {
         list.push_back(item.path);
@@ -831,10 +832,19 @@ int remove_items(const GlobalOptions& global, const rope_jit_runtime* runtime, c
             const rope_jit_status status =
                 rope_jit_cache_remove_counted(runtime, item.path.c_str(), &entries, &bytes);
             if (status != ROPE_JIT_OK) {
+                // A directory can fail partway: what went before its failure is freed all the
+                // same and counts in removed_bytes.
                 const std::string error = last_error_or(status);
-                failures.push_back(json{{"path", item.path}, {"error", error}});
+                failures.push_back(
+                    json{{"path", item.path}, {"error", error}, {"removed_bytes", bytes}});
+                removed_bytes += bytes;
+                partly_removed[removal.item] = bytes;
                 if (!global.json)
-                    std::cerr << "rope-jit-cache: error: " << printable(error) << std::endl;
+                    std::cerr << "rope-jit-cache: error: " << printable(error)
+                              << (bytes > 0 ? fmt::format(" ({} of it removed before that)",
+                                                          format_bytes(bytes))
+                                            : std::string())
+                              << std::endl;
                 continue;
             }
             if (entries == 0) {  // another process (a prune beside this one) removed it first
@@ -860,8 +870,12 @@ int remove_items(const GlobalOptions& global, const rope_jit_runtime* runtime, c
         }
     }
     std::vector<Item> remaining;
-    for (size_t i = 0; i < items.size(); ++i)
-        if (!gone.count(i)) remaining.push_back(items[i]);
+    for (size_t i = 0; i < items.size(); ++i) {
+        if (gone.count(i)) continue;
+        remaining.push_back(items[i]);
+        if (partly_removed.count(i))
+            remaining.back().bytes -= std::min(remaining.back().bytes, partly_removed[i]);
+    }
     const Totals left = totals_of(remaining);
     if (global.json) {
         print_json(json{{"command", command},

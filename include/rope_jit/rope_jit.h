@@ -1377,7 +1377,8 @@ ROPE_JIT_API rope_jit_status rope_jit_cache_remove(const rope_jit_runtime* runti
 /* rope_jit_cache_remove, telling what this call removed: *removed_entries (files, links and
  * directories) and *removed_bytes (the files' sizes), each optional (NULL). Both are 0 for an
  * item that was already gone, so processes pruning one cache at once count every removal
- * once between them. Both are 0 on failure too. */
+ * once between them. On failure they tell what the call removed before it failed (a
+ * directory emptied in part), which is 0 for a refused path. */
 ROPE_JIT_API rope_jit_status rope_jit_cache_remove_counted(const rope_jit_runtime* runtime,
                                                            const char* path,
                                                            uint64_t* removed_entries,

@@ -387,10 +387,20 @@ rope_jit_status rope_jit_cache_remove_counted(const rope_jit_runtime* runtime, c
     return guarded([&] {
         if (runtime == nullptr) rope_jit::fail_argument("runtime: NULL");
         if (path == nullptr) rope_jit::fail_argument("path: NULL");
-        const rope_jit::RemovedCount removed = rope_jit::remove_cache_item(
-            rope_jit::require_disk_cache(runtime->runtime.disk_cache()), path);
-        if (removed_entries != nullptr) *removed_entries = removed.entries;
-        if (removed_bytes != nullptr) *removed_bytes = removed.bytes;
+        // Counted also when the removal fails partway: what went before is gone all the same.
+        rope_jit::RemovedCount removed;
+        auto report = [&] {
+            if (removed_entries != nullptr) *removed_entries = removed.entries;
+            if (removed_bytes != nullptr) *removed_bytes = removed.bytes;
+        };
+        try {
+            rope_jit::remove_cache_item(
+                rope_jit::require_disk_cache(runtime->runtime.disk_cache()), path, &removed);
+        } catch (...) {
+            report();
+            throw;
+        }
+        report();
     });
 }
 

@@ -225,7 +225,7 @@ std::vector<CacheItem> scan_cache(const DiskCache& disk) {
     return items;
 }
 
-RemovedCount remove_cache_item(const DiskCache& disk, const std::string& path) {
+void remove_cache_item(const DiskCache& disk, const std::string& path, RemovedCount* removed) {
     const std::string& root = disk.root();
     if (root.empty()) throw Error(ROPE_JIT_ERROR_CACHE, "this runtime has no disk cache directory");
     // Items are reported as root + "/" + their path below it, whether or not root ends in '/'.
@@ -290,7 +290,7 @@ RemovedCount remove_cache_item(const DiskCache& disk, const std::string& path) {
             "writes; it is not removed",
             path));
 
-    if (lstat(root.c_str(), &st) != 0) return {};  // no cache, so nothing to remove
+    if (lstat(root.c_str(), &st) != 0) return;  // no cache, so nothing to remove
     std::string why;
     // (Checked without creating anything: a removal made an empty <root>/v1 where the root
     // held only another format's tree.)
@@ -300,7 +300,7 @@ RemovedCount remove_cache_item(const DiskCache& disk, const std::string& path) {
     for (size_t i = 0; i + 1 < parts.size(); ++i) {
         walked += "/" + parts[i];
         if (lstat(walked.c_str(), &st) != 0) {
-            if (errno == ENOENT) return {};  // already gone
+            if (errno == ENOENT) return;  // already gone
             throw Error(ROPE_JIT_ERROR_CACHE,
                         fmt::format("cannot use '{}': {}", walked, errno_text(errno)));
         }
@@ -308,10 +308,9 @@ RemovedCount remove_cache_item(const DiskCache& disk, const std::string& path) {
             fail_argument(fmt::format(
                 "path: '{}' is not a directory of the cache (a link or a file)", walked));
     }
-    RemovedCount removed;
-    const std::string problem = remove_tree(path, &removed);
+    RemovedCount uncounted;
+    const std::string problem = remove_tree(path, removed != nullptr ? removed : &uncounted);
     if (!problem.empty()) throw Error(ROPE_JIT_ERROR_CACHE, problem);
-    return removed;
 }
 
 }  // namespace rope_jit

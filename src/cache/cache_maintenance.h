@@ -58,13 +58,15 @@ std::vector<CacheItem> scan_cache(const DiskCache& disk);
 // <root>/v1, every part a name of the layout at its depth (classify_layout_name); or another
 // "v<N>" directory of the root whose whole tree has only such names. No "." or ".." parts and
 // no symbolic link on the way. An item already gone is no error (another prune got there
-// first). Returns what this call removed, which is nothing for an item another process
-// removed first. Throws Error(INVALID_ARGUMENT) for any other path, Error(CACHE) when the root
-// is "" or not writable by this user (see DiskCache::writable) or the removal fails.
+// first). Adds what this call removed to *removed (NULL: not counted), which is nothing for
+// an item another process removed first, and what went before the failure when a removal
+// fails partway, so that a caller's total of freed bytes stays true. Throws
+// Error(INVALID_ARGUMENT) for any other path, Error(CACHE) when the root is "" or not
+// writable by this user (see DiskCache::writable) or the removal fails.
 struct RemovedCount {
     uint64_t entries = 0;  // files, links and directories
     uint64_t bytes = 0;    // the removed files' sizes
 };
-RemovedCount remove_cache_item(const DiskCache& disk, const std::string& path);
+void remove_cache_item(const DiskCache& disk, const std::string& path, RemovedCount* removed);
 
 }  // namespace rope_jit

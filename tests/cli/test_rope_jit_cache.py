@@ -512,6 +512,63 @@ class ConcurrentClearTest(CacheTestCase):
         self.assertEqual(self.verify(expect=0)["items"], [])
 
 
+class PartialRemovalTest(CacheTestCase):
+    def test_a_removal_that_fails_partway_counts_what_went_before_the_failure(self):
+        # A tree whose removal failed partway counted 0 bytes (left out in session 43), so the
+        # run's total missed what it had freed.
+        top = os.path.join(self.root, "v3", "nvrtc9.9", "sm_90")
+        freed, stuck = b"removable", b"stuck"
+        paths = {}
+        for prefix, content in (("aa", freed), ("ab", stuck)):
+            os.makedirs(os.path.join(top, prefix))
+            paths[prefix] = os.path.join(top, prefix, prefix + "0" * 62 + ".cubin")
+            write_bytes(paths[prefix], content)
+        blocked = os.path.dirname(paths["ab"])
+        as_other_user = None
+        if os.geteuid() == 0:
+            # Root may write into any directory: the tool runs as another user, who owns all
+            # but the blocked directory.
+            for path, _, names in os.walk(self.scratch):
+                for item in [path] + [os.path.join(path, name) for name in names]:
+                    os.chown(item, OTHER_UID, OTHER_UID)
+            os.chown(blocked, 0, 0)
+            os.chmod(blocked, 0o755)
+
+            def as_other_user():
+                os.setgid(OTHER_UID)
+                os.setuid(OTHER_UID)
+        else:
+            os.chmod(blocked, 0o555)
+
+        def clear(*args):
+            return self.tool("--cache-dir", self.root, "clear", *args, expect=1,
+                             preexec_fn=as_other_user)
+
+        text = clear()
+        self.assertIn(f"cannot remove '{blocked}/", text.stderr)
+        self.assertIn("of it removed before that", text.stderr)
+        self.assertFalse(os.path.exists(paths["aa"]))
+        self.assertEqual(read_bytes(paths["ab"]), stuck)
+
+        # Again with the first directory back: the JSON report counts its file in the failure
+        # and in the run's total.
+        os.makedirs(os.path.dirname(paths["aa"]), exist_ok=True)
+        write_bytes(paths["aa"], freed)
+        if as_other_user is not None:
+            os.chown(os.path.dirname(paths["aa"]), OTHER_UID, OTHER_UID)
+            os.chown(paths["aa"], OTHER_UID, OTHER_UID)
+        report = json.loads(clear("--json").stdout)
+        (failure,) = report["failures"]
+        self.assertEqual(failure["path"], os.path.join(self.root, "v3"))
+        self.assertIn("cannot remove", failure["error"])
+        self.assertEqual(failure["removed_bytes"], len(freed))
+        self.assertEqual(report["removed_bytes"], len(freed))
+        self.assertEqual(report["removed"], [])
+        self.assertEqual(report["remaining"]["bytes"], len(stuck))  # what is left of the tree
+        self.assertFalse(os.path.exists(paths["aa"]))
+        self.assertEqual(read_bytes(paths["ab"]), stuck)
+
+
 @needs_nvrtc
 class NvrtcMemoTest(CacheTestCase):
     def test_the_nvrtc_identity_memo_in_the_default_root_is_no_cache_item_and_clear_keeps_it(self):
