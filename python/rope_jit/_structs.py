@@ -121,6 +121,10 @@ class Config(ctypes.Structure):
         ("background_builds", ctypes.c_int),
         ("programmatic_launch", ctypes.c_int),
     ]
+    # Fields that took what older libraries left as the struct's tail padding: sizeof did not
+    # grow, so struct_size cannot tell such a library. Its init leaves them 0, while a library
+    # that has them writes this default, which is never 0.
+    padding_field_defaults = {"programmatic_launch": PROGRAMMATIC_AUTO}
 
 
 class RopeArgs(ctypes.Structure):

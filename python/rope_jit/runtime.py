@@ -65,7 +65,8 @@ class Runtime:
             library's choice, programmatic on sm_90 and later GPUs under CUDA 12.3 and later
             drivers; True: wherever the GPU and driver take them (sm_90, CUDA 12.0); False:
             plain launches. The environment variable ROPE_JIT_PROGRAMMATIC_LAUNCH (1 or 0)
-            overrides it for every runtime, the default one included.
+            overrides it for every runtime, the default one included. True raises
+            NotImplementedError with a library from before the field.
 
     Usable from any number of threads. Free it with close() (or a with block); it is also
     freed when garbage-collected. close() waits for the calls other threads have in flight on

@@ -244,6 +244,29 @@ def test_programmatic_launch_none_keeps_the_library_default_and_booleans_set_it(
     assert passed == [-1, 1, 0]  # refused before the library saw them
 
 
+def test_programmatic_launch_true_is_refused_by_a_library_from_before_the_field(library, monkeypatch):
+    # The field took the struct's old tail padding, so struct_size cannot tell such a library;
+    # its init leaves the field 0 where one that has it writes AUTO (-1). True was ignored
+    # there (left out in session 43); False and None ask for what it does anyway.
+    older = rope_jit._library.Library(library.cdll, library.path)
+
+    def init_before_the_field(config):
+        library.rope_jit_config_init(config)
+        offset = _structs.Config.programmatic_launch.offset
+        ctypes.c_int.from_address(ctypes.addressof(config.contents) + offset).value = 0
+
+    older.rope_jit_config_init = init_before_the_field
+    monkeypatch.setattr(rope_jit._library, "load", lambda: older)
+    for _ in range(2):  # the first call fills the cache, the second reads it
+        with pytest.raises(NotImplementedError, match=r"^programmatic_launch: the loaded librope_jit .* too old"):
+            rope_jit.Runtime(backend="cpu", disk_cache=False, programmatic_launch=True)
+    for programmatic in (None, False):
+        with rope_jit.Runtime(backend="cpu", disk_cache=False, programmatic_launch=programmatic):
+            pass
+    assert "programmatic_launch" not in older.fields(_structs.Config, older.rope_jit_config_init)
+    assert "programmatic_launch" in library.fields(_structs.Config, library.rope_jit_config_init)
+
+
 def test_programmatic_launch_is_accepted_and_changes_no_cpu_result(library):
     rng = np.random.default_rng(3)
     q = rng.standard_normal((1, 2, 5, 8)).astype(np.float32)
