@@ -196,7 +196,8 @@ typedef struct rope_jit_config {
      * $XDG_CACHE_HOME/rope_jit, else ~/.cache/rope_jit. The string is copied. An empty string
      * with disk_cache on is ERROR_INVALID_ARGUMENT (for no disk cache, set disk_cache = 0). */
     const char* cache_dir;
-    /* 1 (default): read and write the disk cache. 0: keep compiled kernels in memory only. */
+    /* 1 (default): read and write the disk cache. 0: keep compiled kernels in memory only.
+     * (Here and in debug_checks and background_builds, as in C, any nonzero value is on.) */
     int disk_cache;
     /* Worker threads of the CPU reference; 0 (default) = the number of hardware threads; at
      * most 4096 (more is ERROR_INVALID_ARGUMENT). Where the system grants fewer threads, the
