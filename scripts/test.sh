@@ -4,9 +4,13 @@
 # GPU tests (doctest suite "gpu") need a GPU and run on the device machine, not here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Each step says when it starts, so that a CI log shows where the run's time goes.
+step() { echo "== $1 (at ${SECONDS} s)"; }
+step "dependencies"
 bash scripts/install_deps.sh
 jobs=$(nproc)
 
+step "optimized build and ctest"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DROPE_JIT_WERROR=ON >/dev/null
 cmake --build build -j"$jobs"
 ctest --test-dir build --output-on-failure
@@ -27,6 +31,7 @@ python_suite() {
   "$1" -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps ./python
   ROPE_JIT_LIBRARY="$PWD/build/librope_jit.so" "$1" -m pytest python/tests -q
 }
+step "Python suite, newest torch"
 python3 -m venv build/python-venv
 build/python-venv/bin/python -m pip install --quiet --disable-pip-version-check numpy pytest
 install_torch build/python-venv/bin/python torch
@@ -40,6 +45,7 @@ python_suite build/python-venv/bin/python
 # that torch exists for this Python.
 oldest_torch=$(sed -n 's/^torch = \["torch>=\([0-9.]*\)"\]$/\1/p' python/pyproject.toml)
 test -n "$oldest_torch" || { echo "python/pyproject.toml: no torch>=X.Y extra"; exit 1; }
+step "Python suite, oldest torch"
 python3 -m venv build/python-venv-oldest-torch
 oldest=build/python-venv-oldest-torch/bin/python
 $oldest -m pip install --quiet --disable-pip-version-check numpy pytest
@@ -53,6 +59,7 @@ else
   echo "oldest torch: no torch $oldest_torch for $($oldest --version): its tests skipped"
 fi
 
+step "sanitized build and ctest"
 cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=Debug -DROPE_JIT_SANITIZE=ON -DROPE_JIT_WERROR=ON >/dev/null
 cmake --build build-sanitize -j"$jobs"
 # LeakSanitizer's own stop-the-world tracer now and then crashes as a process exits ("Tracer
@@ -77,6 +84,7 @@ unset ASAN_OPTIONS UBSAN_OPTIONS
 # <file>).
 fuzz_targets="fuzz_cache_entry fuzz_rope_arguments fuzz_attention_arguments fuzz_rope_sections
   fuzz_freq_grad fuzz_spec_json"
+step "fuzz build and runs"
 CC=clang CXX=clang++ cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DROPE_JIT_FUZZ=ON \
   -DROPE_JIT_BUILD_TESTS=OFF -DROPE_JIT_BUILD_TOOLS=OFF >/dev/null
 # shellcheck disable=SC2086  # the list splits into targets
@@ -98,3 +106,4 @@ for target in $fuzz_targets; do
   fuzz_count=$((fuzz_count + 1))
 done
 echo "fuzz: $fuzz_count passed, 0 failed"
+step "done"
