@@ -10,11 +10,6 @@ step "dependencies"
 bash scripts/install_deps.sh
 jobs=$(nproc)
 
-step "optimized build and ctest"
-cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DROPE_JIT_WERROR=ON >/dev/null
-cmake --build build -j"$jobs"
-ctest --test-dir build --output-on-failure
-
 # The Python package (python/): installed with NumPy, pytest and torch into a venv under
 # build/, then its CPU tests against the library just built, the torch integration's included
 # (on torch CPU tensors; its CUDA tests run on the GPU machine). torch comes from PyTorch's CPU
@@ -31,36 +26,60 @@ python_suite() {
   "$1" -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps ./python
   ROPE_JIT_LIBRARY="$PWD/build/librope_jit.so" "$1" -m pytest python/tests -q
 }
-step "Python suite, newest torch"
-python3 -m venv build/python-venv
-build/python-venv/bin/python -m pip install --quiet --disable-pip-version-check numpy pytest
-install_torch build/python-venv/bin/python torch
-build/python-venv/bin/python -c "import torch; print('torch', torch.__version__)"
-python_suite build/python-venv/bin/python
-
-# The same tests with the oldest torch the package declares (python/pyproject.toml's torch
-# extra), in a venv of its own: the package reads torch APIs that changed between releases (a
-# write's version count, the transforms query under torch.compile, export of autocast), and
-# torch 2.4 failed 110 tests that the newest passed. Skipped, saying so, only where no build of
-# that torch exists for this Python.
+# The same tests also run with the oldest torch the package declares (python/pyproject.toml's
+# torch extra), in a venv of its own: the package reads torch APIs that changed between
+# releases (a write's version count, the transforms query under torch.compile, export of
+# autocast), and torch 2.4 failed 110 tests that the newest passed. Skipped, saying so, only
+# where no build of that torch exists for this Python.
 oldest_torch=$(sed -n 's/^torch = \["torch>=\([0-9.]*\)"\]$/\1/p' python/pyproject.toml)
 test -n "$oldest_torch" || { echo "python/pyproject.toml: no torch>=X.Y extra"; exit 1; }
-step "Python suite, oldest torch"
-python3 -m venv build/python-venv-oldest-torch
+newest=build/python-venv/bin/python
 oldest=build/python-venv-oldest-torch/bin/python
-$oldest -m pip install --quiet --disable-pip-version-check numpy pytest
-if pip_log=$(install_torch $oldest "torch==$oldest_torch.*" 2>&1); then
+# python_venvs: both venvs with their packages. build/oldest-torch says "skip" where the index
+# has no such torch for this Python (an unreachable index answers "from versions: none" and
+# fails the run).
+python_venvs() {
+  python3 -m venv build/python-venv
+  $newest -m pip install --quiet --disable-pip-version-check numpy pytest
+  install_torch $newest torch
+  python3 -m venv build/python-venv-oldest-torch
+  $oldest -m pip install --quiet --disable-pip-version-check numpy pytest
+  local pip_log
+  if pip_log=$(install_torch $oldest "torch==$oldest_torch.*" 2>&1); then
+    echo run >build/oldest-torch
+  else
+    grep -q "from versions: [0-9]" <<<"$pip_log" || { echo "$pip_log"; return 1; }
+    echo skip >build/oldest-torch
+  fi
+}
+# Their downloads and installs (most of the Python steps' time) go on while the library builds.
+mkdir -p build
+python_venvs >build/python-venvs.log 2>&1 &
+venvs_pid=$!
+
+step "optimized build and ctest"
+cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DROPE_JIT_WERROR=ON >/dev/null
+cmake --build build -j"$jobs"
+ctest --test-dir build --output-on-failure -j"$jobs"
+
+step "Python venvs (made in the background)"
+wait $venvs_pid || { cat build/python-venvs.log; echo "the Python venvs could not be made"; exit 1; }
+step "Python suite, newest torch"
+$newest -c "import torch; print('torch', torch.__version__)"
+python_suite $newest
+step "Python suite, oldest torch"
+if [[ $(cat build/oldest-torch) == run ]]; then
   $oldest -c "import torch; print('oldest torch', torch.__version__)"
   python_suite $oldest
 else
-  # Skipped only where the index answered with other versions (none for this Python); an
-  # unreachable index answers "from versions: none" and fails the run.
-  grep -q "from versions: [0-9]" <<<"$pip_log" || { echo "$pip_log"; exit 1; }
   echo "oldest torch: no torch $oldest_torch for $($oldest --version): its tests skipped"
 fi
 
 step "sanitized build and ctest"
-cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=Debug -DROPE_JIT_SANITIZE=ON -DROPE_JIT_WERROR=ON >/dev/null
+# -O1: the CPU reference and the CLI's many processes run about twice as fast under the
+# sanitizers as at -O0, and the checks are the same.
+cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-g -O1" \
+  -DROPE_JIT_SANITIZE=ON -DROPE_JIT_WERROR=ON >/dev/null
 cmake --build build-sanitize -j"$jobs"
 # LeakSanitizer's own stop-the-world tracer now and then crashes as a process exits ("Tracer
 # caught signal 11 ... LeakSanitizer has encountered a fatal error": google/sanitizers#1353; it
@@ -68,7 +87,7 @@ cmake --build build-sanitize -j"$jobs"
 # leak nor a failure of ours, so tests whose output shows it run once more; any other failure
 # fails the run at once.
 export ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1
-if ! ctest --test-dir build-sanitize --output-on-failure 2>&1 | tee build-sanitize/ctest.log; then
+if ! ctest --test-dir build-sanitize --output-on-failure -j"$jobs" 2>&1 | tee build-sanitize/ctest.log; then
   grep -q "LeakSanitizer has encountered a fatal error" build-sanitize/ctest.log || exit 1
   echo "LeakSanitizer's tracer crashed: its tests run once more"
   ctest --test-dir build-sanitize --output-on-failure --rerun-failed
