@@ -52,10 +52,15 @@ python_venvs() {
     echo skip >build/oldest-torch
   fi
 }
-# Their downloads and installs (most of the Python steps' time) go on while the library builds.
+# Their downloads and installs (most of the Python steps' time) go on while the library builds,
+# in a process group of their own (set -m), which is stopped whole if the run fails before it
+# is waited for: no pip left writing into build/ behind a failed run.
 mkdir -p build
+set -m
 python_venvs >build/python-venvs.log 2>&1 &
 venvs_pid=$!
+set +m
+trap 'kill -- -$venvs_pid 2>/dev/null || true' EXIT
 
 step "optimized build and ctest"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DROPE_JIT_WERROR=ON >/dev/null
@@ -64,6 +69,7 @@ ctest --test-dir build --output-on-failure -j"$jobs"
 
 step "Python venvs (made in the background)"
 wait $venvs_pid || { cat build/python-venvs.log; echo "the Python venvs could not be made"; exit 1; }
+trap - EXIT
 step "Python suite, newest torch"
 $newest -c "import torch; print('torch', torch.__version__)"
 python_suite $newest
@@ -108,7 +114,8 @@ CC=clang CXX=clang++ cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo 
 # shellcheck disable=SC2086  # the list splits into targets
 cmake --build build-fuzz -j"$jobs" --target $fuzz_targets
 fuzz_seconds=${ROPE_JIT_FUZZ_SECONDS:-25}
-# run_fuzz TARGET: one target for fuzz_seconds; its summary line, or its log's tail and exit 1.
+# run_fuzz TARGET: one target for fuzz_seconds; its report (a summary line, or its log's tail)
+# in build-fuzz/TARGET.report, and exit 1 on a finding.
 run_fuzz() {
   local target=$1 seeds=()
   mkdir -p "build-fuzz/corpus/$target" build-fuzz/findings
@@ -116,16 +123,27 @@ run_fuzz() {
   if ! "build-fuzz/fuzz/$target" -max_total_time="$fuzz_seconds" -timeout=10 -rss_limit_mb=2048 \
        -artifact_prefix=build-fuzz/findings/ -print_final_stats=1 "build-fuzz/corpus/$target" \
        ${seeds[@]+"${seeds[@]}"} >"build-fuzz/$target.log" 2>&1; then
-    tail -n 60 "build-fuzz/$target.log"
-    echo "fuzz: $target found a crash, timeout or leak; its input is in build-fuzz/findings/"
+    { tail -n 60 "build-fuzz/$target.log"
+      echo "fuzz: $target found a crash, timeout or leak; its input is in build-fuzz/findings/"
+    } >"build-fuzz/$target.report"
     return 1
   fi
-  echo "$target: $(grep -m1 -o 'Done [0-9]* runs in [0-9]* second(s)' "build-fuzz/$target.log"), no finding"
+  echo "$target: $(grep -m1 -o 'Done [0-9]* runs in [0-9]* second(s)' "build-fuzz/$target.log"), no finding" \
+    >"build-fuzz/$target.report"
 }
 export -f run_fuzz
 export fuzz_seconds
-# One target per core at a time (each is one process of one thread); xargs fails if any does.
+# One target per core at a time (each is one process of one thread); the reports are printed
+# in the list's order afterwards, so that two targets' output never interleaves.
+fuzz_status=0
+rm -f build-fuzz/*.report
 # shellcheck disable=SC2086  # the list splits into targets
-printf '%s\n' $fuzz_targets | xargs -P "$jobs" -I{} bash -c 'run_fuzz "$1"' _ {}
-echo "fuzz: $(wc -w <<<"$fuzz_targets") passed, 0 failed"
+printf '%s\n' $fuzz_targets | xargs -P "$jobs" -I{} bash -c 'run_fuzz "$1"' _ {} || fuzz_status=$?
+failed=0
+for target in $fuzz_targets; do
+  cat "build-fuzz/$target.report"
+  grep -q ', no finding$' "build-fuzz/$target.report" || failed=$((failed + 1))
+done
+echo "fuzz: $(($(wc -w <<<"$fuzz_targets") - failed)) passed, $failed failed"
+[[ $fuzz_status == 0 && $failed == 0 ]] || exit 1
 step "done"

@@ -104,20 +104,19 @@ class Library:
     def fields(self, cls, init):
         """The names of the fields of struct `cls` that the loaded library's version has (an
         older library ignores fields past its own struct size, and those in what was its tail
-        padding, which its init leaves 0: `cls.padding_field_defaults`). Computed once per
-        struct type: calls check their arguments against it every time."""
+        padding, which its init leaves 0: `cls.padding_fields`). Computed once per struct
+        type: calls check their arguments against it every time."""
         fields = self._fields.get(cls)
         if fields is None:
-            if cls.__name__ not in self.struct_sizes:
+            if cls not in self._templates:
                 self.new_struct(cls, init)
             library_size = self.struct_sizes[cls.__name__]
             template = self._templates[cls]
-            padding_defaults = getattr(cls, "padding_field_defaults", {})
+            padding_fields = getattr(cls, "padding_fields", ())
             fields = frozenset(
                 name for name, _ in cls._fields_
                 if library_size >= getattr(cls, name).offset + getattr(cls, name).size
-                and (name not in padding_defaults
-                     or getattr(template, name) == padding_defaults[name]))
+                and (name not in padding_fields or getattr(template, name) != 0))
             self._fields[cls] = fields
         return fields
 

@@ -123,8 +123,8 @@ class Config(ctypes.Structure):
     ]
     # Fields that took what older libraries left as the struct's tail padding: sizeof did not
     # grow, so struct_size cannot tell such a library. Its init leaves them 0, while a library
-    # that has them writes this default, which is never 0.
-    padding_field_defaults = {"programmatic_launch": PROGRAMMATIC_AUTO}
+    # that has them writes a default that is not 0 (programmatic_launch: AUTO, -1).
+    padding_fields = ("programmatic_launch",)
 
 
 class RopeArgs(ctypes.Structure):
