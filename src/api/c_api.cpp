@@ -382,26 +382,18 @@ rope_jit_status rope_jit_cache_remove(const rope_jit_runtime* runtime, const cha
 rope_jit_status rope_jit_cache_remove_counted(const rope_jit_runtime* runtime, const char* path,
                                               uint64_t* removed_entries,
                                               uint64_t* removed_bytes) {
-    if (removed_entries != nullptr) *removed_entries = 0;
-    if (removed_bytes != nullptr) *removed_bytes = 0;
-    return guarded([&] {
+    // Reported whatever the status: what a removal that failed partway took is gone all the
+    // same (and a refused call removed nothing).
+    rope_jit::RemovedCount removed;
+    const rope_jit_status status = guarded([&] {
         if (runtime == nullptr) rope_jit::fail_argument("runtime: NULL");
         if (path == nullptr) rope_jit::fail_argument("path: NULL");
-        // Counted also when the removal fails partway: what went before is gone all the same.
-        rope_jit::RemovedCount removed;
-        auto report = [&] {
-            if (removed_entries != nullptr) *removed_entries = removed.entries;
-            if (removed_bytes != nullptr) *removed_bytes = removed.bytes;
-        };
-        try {
-            rope_jit::remove_cache_item(
-                rope_jit::require_disk_cache(runtime->runtime.disk_cache()), path, &removed);
-        } catch (...) {
-            report();
-            throw;
-        }
-        report();
+        rope_jit::remove_cache_item(rope_jit::require_disk_cache(runtime->runtime.disk_cache()),
+                                    path, &removed);
     });
+    if (removed_entries != nullptr) *removed_entries = removed.entries;
+    if (removed_bytes != nullptr) *removed_bytes = removed.bytes;
+    return status;
 }
 
 // ---- frequency builders and angle tables ------------------------------------------------------
