@@ -1,6 +1,7 @@
 #include "common/bounded_json.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <set>
 #include <vector>
 
@@ -36,44 +37,73 @@ std::string escaped_json_text(const std::string& text) {
     return quoted.substr(1, quoted.size() - 2);
 }
 
-nlohmann::json parse_bounded_json(std::string_view text, std::string* why) {
-    nlohmann::json document(nlohmann::json::value_t::discarded);
-    if (json_nesting_depth(text, kMaxJsonDepth) > kMaxJsonDepth) {
-        if (why) *why = "nests deeper than " + std::to_string(kMaxJsonDepth) + " levels";
-        return document;
+namespace {
+
+// A SAX handler that builds nothing and notes the first key given twice in one object.
+// nlohmann keeps the last value of a repeated key, so {"head_dim": 128, "head_dim": 64} passed
+// as D64 without a word (adversarial pass, session 38): such a document is refused, as a field
+// that cannot be read one way. A pass of its own, not a parse callback: nlohmann's callback
+// parser rescans the enclosing array at every object's end, and a 240 KB manifest of "{}"s
+// took a second, 5 MB minutes (session 45).
+class DuplicateKeyFinder {
+  public:
+    using json = nlohmann::json;
+    bool null() { return true; }
+    bool boolean(bool) { return true; }
+    bool number_integer(json::number_integer_t) { return true; }
+    bool number_unsigned(json::number_unsigned_t) { return true; }
+    bool number_float(json::number_float_t, const json::string_t&) { return true; }
+    bool string(json::string_t&) { return true; }
+    bool binary(json::binary_t&) { return true; }
+    bool start_object(std::size_t) {
+        open_objects_.emplace_back();
+        return true;
     }
-    // A key given twice in one object: nlohmann keeps the last value, so {"head_dim": 128,
-    // "head_dim": 64} passed as D64 without a word (adversarial pass, session 38). Refused,
-    // as a field that cannot be read one way.
-    std::vector<std::set<std::string>> open_objects;  // the keys seen in each object open
-    std::string duplicate;
-    bool found_duplicate = false;
-    auto watch_keys = [&](int, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
-        using Event = nlohmann::json::parse_event_t;
-        if (event == Event::object_start) {
-            open_objects.emplace_back();
-        } else if (event == Event::object_end) {
-            open_objects.pop_back();
-        } else if (event == Event::key && !found_duplicate) {
-            std::string key = parsed.get<std::string>();
-            if (open_objects.back().count(key)) {
-                duplicate = std::move(key);
-                found_duplicate = true;
-            } else {
-                open_objects.back().insert(std::move(key));
-            }
+    bool key(json::string_t& key) {
+        if (!found_ && !open_objects_.back().insert(key).second) {
+            duplicate_ = key;
+            found_ = true;
         }
         return true;
-    };
-    document = nlohmann::json::parse(text.begin(), text.end(), watch_keys,
-                                     /*allow_exceptions=*/false);
-    if (document.is_discarded()) {
-        if (why) *why = "not valid JSON";
-    } else if (found_duplicate) {
-        document = nlohmann::json(nlohmann::json::value_t::discarded);
-        if (why) *why = "key '" + escaped_json_text(duplicate) + "' given twice in one object";
     }
-    return document;
+    bool end_object() {
+        open_objects_.pop_back();
+        return true;
+    }
+    bool start_array(std::size_t) { return true; }
+    bool end_array() { return true; }
+    bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) {
+        return false;
+    }
+
+    bool found() const { return found_; }
+    const std::string& duplicate() const { return duplicate_; }
+
+  private:
+    std::vector<std::set<std::string>> open_objects_;  // the keys seen in each object open
+    std::string duplicate_;
+    bool found_ = false;
+};
+
+}  // namespace
+
+nlohmann::json parse_bounded_json(std::string_view text, std::string* why) {
+    const nlohmann::json discarded(nlohmann::json::value_t::discarded);
+    if (json_nesting_depth(text, kMaxJsonDepth) > kMaxJsonDepth) {
+        if (why) *why = "nests deeper than " + std::to_string(kMaxJsonDepth) + " levels";
+        return discarded;
+    }
+    DuplicateKeyFinder keys;
+    if (!nlohmann::json::sax_parse(text.begin(), text.end(), &keys)) {
+        if (why) *why = "not valid JSON";
+        return discarded;
+    }
+    if (keys.found()) {
+        if (why)
+            *why = "key '" + escaped_json_text(keys.duplicate()) + "' given twice in one object";
+        return discarded;
+    }
+    return nlohmann::json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
 }
 
 }  // namespace rope_jit
