@@ -24,6 +24,7 @@
 #include "rope_jit/rope_jit.h"
 #include "rope_norm_params.h"
 #include "rope_test_support.h"
+#include "sanitizer_builds.h"
 
 using namespace rope_test;
 using rope_jit::KernelSpec;
@@ -535,6 +536,7 @@ TEST_CASE("the QK-norm GPU sweep's calls run on the CPU backend and their kernel
     }
     CpuRuntime runtime;
     rope_jit::KernelStats stats;
+    SweepCompiles compiles;
     std::vector<KernelSpec> compiled;
     for (uint32_t family = 0; family < gpu_rope_test::kNormFamilies; ++family) {
         gpu_rope_test::NormFamily f = gpu_rope_test::norm_family(family);
@@ -559,9 +561,10 @@ TEST_CASE("the QK-norm GPU sweep's calls run on the CPU backend and their kernel
         compiled.push_back(spec);
         const std::string name = spec.describe();
         CAPTURE(name);
-        CHECK(rope_jit::build_kernel_binary(spec, "sm_90", nullptr, stats).image.size() > 4);
+        if (compiles.next())
+            CHECK(rope_jit::build_kernel_binary(spec, "sm_90", nullptr, stats).image.size() > 4);
     }
-    MESSAGE(compiled.size() << " QK-norm kernels compiled");
+    MESSAGE(compiled.size() << " QK-norm kernels, " << compiles.taken() << " compiled");
 }
 
 TEST_CASE("QK-norm forwards that write a KV cache take rope.cu's direct path, the others the "
