@@ -1,6 +1,11 @@
 #include "kernel_spec_sets.h"
 
-#include <cstdio>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
 #include <regex>
 #include <unordered_map>
 #include <unordered_set>
@@ -45,25 +50,33 @@ const std::vector<Preset> kPresets = {
 };
 
 // Reads at most kMaxManifestBytes (+1 to tell a larger file), so /dev/zero or a huge file
-// fails at once.
+// fails at once. Opened without blocking: a FIFO that no process writes blocked fopen for
+// ever (session 45); now its read ends at once, empty, as a pipe's without a writer does.
+// One a writer holds open is read as `cat` reads it, until the writer closes it.
 std::string read_text(const std::string& path) {
-    std::FILE* file = std::fopen(path.c_str(), "rb");
-    if (file == nullptr) throw UsageError(fmt::format("--manifest: cannot read '{}'", path));
+    const std::string cannot_read = fmt::format("--manifest: cannot read '{}'", path);
+    const int fd = open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) throw UsageError(cannot_read);
+    struct stat st;
+    std::string error;
+    if (fstat(fd, &st) != 0 || fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0)
+        error = cannot_read;
+    else if (S_ISDIR(st.st_mode))
+        error = fmt::format("--manifest: '{}' is a directory", path);
     std::string text;
     char buffer[1 << 16];
-    size_t got = 0;
-    while ((got = std::fread(buffer, 1, sizeof buffer, file)) > 0) {
-        text.append(buffer, got);
-        if (text.size() > kMaxManifestBytes) {
-            std::fclose(file);
-            throw UsageError(
-                fmt::format("--manifest: '{}' is larger than the {} MiB a manifest may have", path,
-                            kMaxManifestBytes >> 20));
-        }
+    while (error.empty()) {
+        const ssize_t got = read(fd, buffer, sizeof buffer);
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0) error = cannot_read;
+        if (got <= 0) break;
+        text.append(buffer, size_t(got));
+        if (text.size() > kMaxManifestBytes)
+            error = fmt::format("--manifest: '{}' is larger than the {} MiB a manifest may have",
+                                path, kMaxManifestBytes >> 20);
     }
-    const bool failed = std::ferror(file) != 0;
-    std::fclose(file);
-    if (failed) throw UsageError(fmt::format("--manifest: cannot read '{}'", path));
+    close(fd);
+    if (!error.empty()) throw UsageError(error);
     return text;
 }
 
@@ -206,9 +219,10 @@ std::vector<SpecTemplate> read_manifest(const std::string& path, const Ops& ops)
                 if (!value.is_array())
                     throw UsageError(fmt::format("{}: presets must be a list of names", path));
                 for (const json& name : value)
-                    for (SpecTemplate& t :
-                         preset_templates(text_of(name, path + ".presets"), manifest_ops))
-                        templates.push_back(std::move(t));
+                    append_templates(templates,
+                                     preset_templates(text_of(name, path + ".presets"),
+                                                      manifest_ops),
+                                     path + ".presets");
             } else if (key == "specs") {
                 if (!value.is_array())
                     throw UsageError(fmt::format("{}: specs must be a list of objects", path));
@@ -223,51 +237,57 @@ std::vector<SpecTemplate> read_manifest(const std::string& path, const Ops& ops)
         throw UsageError(
             fmt::format("{}: expected an object with presets and specs, or a list of specs", path));
     }
+    if (templates.size() + specs.size() > kMaxSpecs)
+        throw UsageError(
+            fmt::format("{}: past the {} specs one run may prewarm", path, kMaxSpecs));
     for (size_t i = 0; i < specs.size(); ++i)
         templates.push_back(SpecTemplate{specs[i], fmt::format("{}#{}", path, i), ""});
     if (templates.empty()) throw UsageError(fmt::format("--manifest: '{}' names no spec", path));
     return templates;
 }
 
-std::vector<json> expand_template(const SpecTemplate& spec_template, size_t budget) {
-    const json& fields = spec_template.fields;
-    const std::string& where = spec_template.source;
-    if (!fields.is_object())
+void append_templates(std::vector<SpecTemplate>& templates, std::vector<SpecTemplate> more,
+                      const std::string& where) {
+    if (templates.size() + more.size() > kMaxSpecs)
         throw UsageError(
-            fmt::format("{}: a spec must be a JSON object, got {}", where, fields.dump()));
+            fmt::format("{}: past the {} specs one run may prewarm", where, kMaxSpecs));
+    for (SpecTemplate& t : more) templates.push_back(std::move(t));
+}
+
+TemplateSpecs::TemplateSpecs(const SpecTemplate& spec_template, size_t budget)
+    : fields_(spec_template.fields) {
+    const std::string& where = spec_template.source;
+    if (!fields_.is_object())
+        throw UsageError(
+            fmt::format("{}: a spec must be a JSON object, got {}", where, fields_.dump()));
     // The count first, so that a few bytes of lists cannot ask for billions of specs.
-    size_t count = 1;
-    for (const auto& [key, value] : fields.items()) {
+    for (const auto& [key, value] : fields_.items()) {
         if (!value.is_array()) continue;
         if (value.empty()) throw UsageError(fmt::format("{}.{}: empty list", where, key));
-        if (count > budget / value.size())
+        if (count_ > budget / value.size())
             throw UsageError(
                 fmt::format("{}: its lists stand for more than the {} specs one run may prewarm",
                             where, kMaxSpecs));
-        count *= value.size();
+        count_ *= value.size();
     }
     // (A template without lists is one spec: it counts too, else the caller's budget, less
     // each template's specs, wrapped below zero past kMaxSpecs and let any list through.)
-    if (count > budget)
+    if (count_ > budget)
         throw UsageError(
             fmt::format("{}: past the {} specs one run may prewarm", where, kMaxSpecs));
-    std::vector<json> specs(1, json::object());
-    for (const auto& [key, value] : fields.items()) {
-        if (!value.is_array()) {
-            for (json& spec : specs) spec[key] = value;
-            continue;
-        }
-        std::vector<json> next;
-        next.reserve(specs.size() * value.size());
-        for (const json& spec : specs)
-            for (const json& each : value) {
-                json more = spec;
-                more[key] = each;
-                next.push_back(std::move(more));
-            }
-        specs = std::move(next);
+}
+
+json TemplateSpecs::spec(size_t i) const {
+    // i in mixed radix, the last list its lowest digit.
+    json spec = fields_;
+    for (auto field = spec.rbegin(); field != spec.rend(); ++field) {
+        if (!field->is_array()) continue;
+        const size_t n = field->size();
+        json one = std::move((*field)[i % n]);
+        *field = std::move(one);
+        i /= n;
     }
-    return specs;
+    return spec;
 }
 
 std::vector<PlannedKernel> plan_kernels(const std::vector<SpecTemplate>& templates,
@@ -295,16 +315,19 @@ std::vector<PlannedKernel> plan_kernels(const std::vector<SpecTemplate>& templat
         return 0;
     };
     for (const SpecTemplate& t : templates) {
-        const std::vector<json> specs = expand_template(t, budget);
-        budget -= specs.size();
         const std::vector<std::string> own{t.target};
-        for (const std::string& target : t.target.empty() ? targets : own) {
+        const std::vector<std::string>& for_targets = t.target.empty() ? targets : own;
+        // Each spec counts once per target: 20000 specs for 8 targets planned 160000 kernels.
+        const size_t per_spec = std::max<size_t>(1, for_targets.size());
+        const TemplateSpecs specs(t, budget / per_spec);
+        budget -= specs.size() * per_spec;
+        for (const std::string& target : for_targets) {
             for (size_t i = 0; i < specs.size(); ++i) {
                 const std::string where =
                     specs.size() == 1 ? t.source : fmt::format("{} (spec {})", t.source, i);
                 Visit v{&kernels, &index, &sourced, &target, &t.source};
                 const rope_jit_status status =
-                    rope_jit_prewarm_plan(specs[i].dump().c_str(), target.c_str(), visit, &v);
+                    rope_jit_prewarm_plan(specs.spec(i).dump().c_str(), target.c_str(), visit, &v);
                 if (status != ROPE_JIT_OK) {
                     // The library names the field; "json: " is its name for the text it was given.
                     std::string error = rope_jit_last_error();

@@ -23,7 +23,7 @@ public:
 // Bounds on what a manifest may ask for, so that a hostile or mistaken file fails at once
 // with a message instead of exhausting memory, the stack or the afternoon.
 constexpr size_t kMaxManifestBytes = size_t(4) << 20;  // 4 MiB
-constexpr size_t kMaxSpecs = 20000;                    // specs after every cross product
+constexpr size_t kMaxSpecs = 20000;  // specs after every cross product, times their targets
 
 // Which ops a preset prewarms (--ops).
 struct Ops {
@@ -74,10 +74,28 @@ std::vector<SpecTemplate> preset_templates(const std::string& name, const Ops& o
 // deeper than rope_jit::kMaxJsonDepth, is not valid JSON, or names an unknown key or preset.
 std::vector<SpecTemplate> read_manifest(const std::string& path, const Ops& ops);
 
-// The specs of a template: the cross product of its list values (each a JSON object with
-// one value per field). Throws UsageError for a template that is not an object, an empty
-// list, or more than `budget` specs (a template without lists is one).
-std::vector<nlohmann::json> expand_template(const SpecTemplate& spec_template, size_t budget);
+// Appends `more` to `templates`. Each template is at least one spec, so past kMaxSpecs of them
+// it throws UsageError naming `where` at once: a manifest of 400000 preset names took 2.4 GB
+// before the budget on specs was reached (session 45).
+void append_templates(std::vector<SpecTemplate>& templates, std::vector<SpecTemplate> more,
+                      const std::string& where);
+
+// The specs of a template: the cross product of its list values, each a JSON object with one
+// value per field, the last list varying fastest. Each is made when asked for: a template's
+// other values copied into all of 20000 specs at once took gigabytes (a 80 KB string, 1.6 GB).
+class TemplateSpecs {
+  public:
+    // Throws UsageError for a template that is not an object, an empty list, or more than
+    // `budget` specs (a template without lists is one).
+    TemplateSpecs(const SpecTemplate& spec_template, size_t budget);
+    size_t size() const { return count_; }
+    // The i-th spec, i < size().
+    nlohmann::json spec(size_t i) const;
+
+  private:
+    const nlohmann::json& fields_;
+    size_t count_ = 1;
+};
 
 // One kernel to prewarm.
 struct PlannedKernel {
@@ -90,7 +108,7 @@ struct PlannedKernel {
 // The kernels of `templates` for `targets` (each template's own target, when it has one), in
 // order, duplicates merged (their sources join) by a hash of target and canonical spec.
 // Throws UsageError naming the template for a spec the library rejects, or for more than
-// kMaxSpecs specs.
+// kMaxSpecs specs, each counted once for every target it is planned for.
 std::vector<PlannedKernel> plan_kernels(const std::vector<SpecTemplate>& templates,
                                         const std::vector<std::string>& targets);
 

@@ -29,6 +29,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <unordered_set>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -257,9 +258,9 @@ std::vector<SpecTemplate> gather_templates(const PrewarmOptions& options) {
     const Ops ops = options.ops.empty() ? Ops{} : parse_ops(options.ops);
     std::vector<SpecTemplate> templates;
     for (const std::string& preset : options.presets)
-        for (SpecTemplate& t : preset_templates(preset, ops)) templates.push_back(std::move(t));
+        append_templates(templates, preset_templates(preset, ops), "--preset " + preset);
     for (const std::string& manifest : options.manifests)
-        for (SpecTemplate& t : read_manifest(manifest, ops)) templates.push_back(std::move(t));
+        append_templates(templates, read_manifest(manifest, ops), "--manifest " + manifest);
     if (!options.flag_template.empty())
         templates.push_back(SpecTemplate{options.flag_template, "flags", ""});
     if (templates.empty())
@@ -281,13 +282,13 @@ std::vector<std::string> choose_targets(const GlobalOptions& global, const Prewa
                                         std::string* note) {
     if (!options.targets.empty()) {
         std::vector<std::string> targets;
+        std::unordered_set<std::string> seen;
         for (const std::string& target : options.targets) {
             if (!valid_target(target))
                 throw UsageError(fmt::format(
                     "--target: '{}' is not an architecture like sm_90, sm_90a or compute_90",
                     target));
-            if (std::find(targets.begin(), targets.end(), target) == targets.end())
-                targets.push_back(target);
+            if (seen.insert(target).second) targets.push_back(target);
         }
         return targets;
     }
@@ -479,9 +480,9 @@ int run_prewarm(const GlobalOptions& global, const PrewarmOptions& options) {
         plan_kernels(templates, all_targeted ? std::vector<std::string>()
                                              : choose_targets(global, options, &note));
     std::vector<std::string> targets;
+    std::unordered_set<std::string> seen_targets;
     for (const PlannedKernel& kernel : planned)
-        if (std::find(targets.begin(), targets.end(), kernel.target) == targets.end())
-            targets.push_back(kernel.target);
+        if (seen_targets.insert(kernel.target).second) targets.push_back(kernel.target);
     // The root every worker's runtime resolves to, for the report.
     const std::string root = rope_jit_cache_root(make_runtime(global, ROPE_JIT_BACKEND_CPU).get());
     std::vector<Kernel> kernels(planned.size());

@@ -897,13 +897,13 @@ class CommandLineTest(CacheTestCase):
         result = self.tool("prewarm", "--dry-run", "--manifest", manifest, "--target", "sm_90", expect=2,
                            timeout=120)
         self.assertIn("20000 specs", result.stderr)
-        # 600000 empty objects in 1.8 MB: parsed in time linear in the text, and refused for
-        # the field the first lacks. The duplicate-key check's parse callback rescanned the
-        # array at each object's end (session 45): 28 s for 320000 at -O2, minutes for 4 MB.
+        # 600000 empty objects in 1.8 MB: parsed in time linear in the text, and refused as
+        # too many specs. The duplicate-key check's parse callback rescanned the array at each
+        # object's end (session 45): 28 s for 320000 at -O2, minutes for 4 MB.
         write_bytes(manifest, b"[" + b",".join([b"{}"] * 600000) + b"]")
         result = self.tool("prewarm", "--dry-run", "--manifest", manifest, "--target", "sm_90", expect=2,
                            timeout=30)
-        self.assertIn("#0: head_dim: required", result.stderr)
+        self.assertIn("past the 20000 specs", result.stderr)
         # A key given twice: nlohmann kept the last value, silently.
         write_bytes(manifest, b'[{"op": "rope", "head_dim": 128, "head_dim": 64}]')
         result = self.tool("prewarm", "--dry-run", "--manifest", manifest, "--target", "sm_90", expect=2)
@@ -918,6 +918,41 @@ class CommandLineTest(CacheTestCase):
                                     manifest, "--target", "sm_90", timeout=120).stdout)
         self.assertEqual(len(plan["kernels"]), 3600)
         self.assertEqual({len(kernel["sources"]) for kernel in plan["kernels"]}, {2})
+
+    def test_manifests_are_bounded_in_memory_and_targets_and_a_fifo_blocks_nothing(self):
+        # Adversarial pass, session 45. Each of these took gigabytes before the budget on
+        # specs was reached; under 512 MiB of data they failed with bad_alloc.
+        def small_memory():
+            if b"__asan_init" not in read_bytes(TOOL):  # ASan reserves terabytes up front
+                resource.setrlimit(resource.RLIMIT_DATA, (512 << 20, 512 << 20))
+
+        manifest = os.path.join(self.scratch, "manifest.json")
+        # An 80 KB value beside a list of 20000: copied into every spec at once, 1.6 GB.
+        write_bytes(manifest, json.dumps([{"head_dim": 64, "rotary_offset": list(range(0, 40000, 2)),
+                                           "zz": "x" * 80000}]).encode())
+        result = self.tool("prewarm", "--dry-run", "--manifest", manifest, "--target", "sm_90", expect=2,
+                           preexec_fn=small_memory, timeout=60)
+        self.assertIn("#0 (spec 0): unknown field 'zz'", result.stderr)
+        # 400000 preset names in 3.6 MB, each expanded before the budget applied: 2.4 GB.
+        write_bytes(manifest, json.dumps({"presets": ["phi-2"] * 400000}).encode())
+        result = self.tool("prewarm", "--dry-run", "--manifest", manifest, "--target", "sm_90", expect=2,
+                           preexec_fn=small_memory, timeout=60)
+        self.assertIn("past the 20000 specs", result.stderr)
+        # The budget counts a spec once per target: 20000 specs for two targets are too many.
+        write_bytes(manifest, json.dumps([{"head_dim": 2 * (i + 1)} for i in range(10000)]).encode())
+        plan = json.loads(self.tool("--cache-dir", self.root, "prewarm", "--dry-run", "--json", "--manifest",
+                                    manifest, "--target", "sm_90", "--target", "sm_80", timeout=120).stdout)
+        self.assertEqual(len(plan["kernels"]), 20000)
+        result = self.tool("prewarm", "--dry-run", "--manifest", manifest, "--target", "sm_90", "--target", "sm_80",
+                           "--target", "sm_86", expect=2, timeout=120)
+        self.assertIn("past the 20000 specs", result.stderr)
+        # A FIFO no process writes blocked the tool in open() for ever: read now, it is empty.
+        fifo = os.path.join(self.scratch, "fifo")
+        os.mkfifo(fifo)
+        result = self.tool("prewarm", "--dry-run", "--manifest", fifo, "--target", "sm_90", expect=2, timeout=30)
+        self.assertIn("not valid JSON", result.stderr)
+        result = self.tool("prewarm", "--dry-run", "--manifest", self.scratch, "--target", "sm_90", expect=2)
+        self.assertIn("is a directory", result.stderr)
 
     @needs_nvrtc
     def test_list_json_is_a_manifest_that_prewarms_the_same_entries_into_an_empty_root(self):
