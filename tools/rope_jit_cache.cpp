@@ -1045,8 +1045,8 @@ int run(int argc, char** argv) {
         "...]}, a list of such specs, or the output of `rope-jit-cache list --json` (its ok "
         "entries, each for its own target unless --target is given). Fields are "
         "rope_jit_prewarm_json's (rope_jit.h): \"op\" (rope, attention), head_dim, rotary_dim, "
-        "dtype, direction, ...; at most 4 MiB, 16 levels of nesting and 20000 specs, a key once "
-        "an object");
+        "dtype, direction, ...; at most 4 MiB, 16 levels of nesting and 20000 specs (each "
+        "counted once per target), a key once in an object");
     prewarm
         ->add_option(
             "--target", prewarm_options.targets,
