@@ -1,6 +1,7 @@
 #include "kernel_spec_sets.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -49,25 +50,46 @@ const std::vector<Preset> kPresets = {
      4, true},
 };
 
+// How long a FIFO or pipe may go without data or its end before the read gives up.
+constexpr int kPipeWaitSeconds = 10;
+
 // Reads at most kMaxManifestBytes (+1 to tell a larger file), so /dev/zero or a huge file
-// fails at once. Opened without blocking: a FIFO that no process writes blocked fopen for
-// ever (session 45); now its read ends at once, empty, as a pipe's without a writer does.
-// One a writer holds open is read as `cat` reads it, until the writer closes it.
+// fails at once. Opened without blocking: open() of a FIFO that no process writes blocked for
+// ever (session 45). A FIFO or pipe is then read as data arrives (a writer may open it after
+// this), until its writer closes it or kPipeWaitSeconds pass without data.
 std::string read_text(const std::string& path) {
     const std::string cannot_read = fmt::format("--manifest: cannot read '{}'", path);
     const int fd = open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) throw UsageError(cannot_read);
     struct stat st;
     std::string error;
-    if (fstat(fd, &st) != 0 || fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0)
+    if (fstat(fd, &st) != 0)
         error = cannot_read;
     else if (S_ISDIR(st.st_mode))
         error = fmt::format("--manifest: '{}' is a directory", path);
+    const bool is_pipe = error.empty() && S_ISFIFO(st.st_mode);
+    // Anything else is read as a file is, blocking.
+    if (error.empty() && !is_pipe && fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0)
+        error = cannot_read;
     std::string text;
     char buffer[1 << 16];
     while (error.empty()) {
+        if (is_pipe) {
+            pollfd readable{fd, POLLIN, 0};
+            const int ready = poll(&readable, 1, kPipeWaitSeconds * 1000);
+            if (ready < 0 && errno == EINTR) continue;
+            if (ready < 0) {
+                error = cannot_read;
+                break;
+            }
+            if (ready == 0) {
+                error = fmt::format("--manifest: '{}': nothing written to it for {} s", path,
+                                    kPipeWaitSeconds);
+                break;
+            }
+        }
         const ssize_t got = read(fd, buffer, sizeof buffer);
-        if (got < 0 && errno == EINTR) continue;
+        if (got < 0 && (errno == EINTR || errno == EAGAIN)) continue;
         if (got < 0) error = cannot_read;
         if (got <= 0) break;
         text.append(buffer, size_t(got));
@@ -254,9 +276,12 @@ void append_templates(std::vector<SpecTemplate>& templates, std::vector<SpecTemp
     for (SpecTemplate& t : more) templates.push_back(std::move(t));
 }
 
-TemplateSpecs::TemplateSpecs(const SpecTemplate& spec_template, size_t budget)
+TemplateSpecs::TemplateSpecs(const SpecTemplate& spec_template, size_t budget, size_t targets)
     : fields_(spec_template.fields) {
     const std::string& where = spec_template.source;
+    budget /= std::max<size_t>(1, targets);
+    const std::string per_target =
+        targets > 1 ? fmt::format(", each counted for its {} targets", targets) : "";
     if (!fields_.is_object())
         throw UsageError(
             fmt::format("{}: a spec must be a JSON object, got {}", where, fields_.dump()));
@@ -265,16 +290,16 @@ TemplateSpecs::TemplateSpecs(const SpecTemplate& spec_template, size_t budget)
         if (!value.is_array()) continue;
         if (value.empty()) throw UsageError(fmt::format("{}.{}: empty list", where, key));
         if (count_ > budget / value.size())
-            throw UsageError(
-                fmt::format("{}: its lists stand for more than the {} specs one run may prewarm",
-                            where, kMaxSpecs));
+            throw UsageError(fmt::format(
+                "{}: its lists stand for more than the {} specs one run may prewarm{}", where,
+                kMaxSpecs, per_target));
         count_ *= value.size();
     }
     // (A template without lists is one spec: it counts too, else the caller's budget, less
     // each template's specs, wrapped below zero past kMaxSpecs and let any list through.)
     if (count_ > budget)
-        throw UsageError(
-            fmt::format("{}: past the {} specs one run may prewarm", where, kMaxSpecs));
+        throw UsageError(fmt::format("{}: past the {} specs one run may prewarm{}", where,
+                                     kMaxSpecs, per_target));
 }
 
 json TemplateSpecs::spec(size_t i) const {
@@ -321,9 +346,8 @@ std::vector<PlannedKernel> plan_kernels(const std::vector<SpecTemplate>& templat
         const std::vector<std::string> own{t.target};
         const std::vector<std::string>& for_targets = t.target.empty() ? targets : own;
         // Each spec counts once per target: 20000 specs for 8 targets planned 160000 kernels.
-        const size_t per_spec = std::max<size_t>(1, for_targets.size());
-        const TemplateSpecs specs(t, budget / per_spec);
-        budget -= specs.size() * per_spec;
+        const TemplateSpecs specs(t, budget, for_targets.size());
+        budget -= specs.size() * std::max<size_t>(1, for_targets.size());
         for (const std::string& target : for_targets) {
             for (size_t i = 0; i < specs.size(); ++i) {
                 const std::string where =

@@ -70,8 +70,10 @@ std::vector<SpecTemplate> preset_templates(const std::string& name, const Ops& o
 //   {"presets": ["llama3-8b", ...], "ops": ["rope"], "specs": [<template>, ...]},
 //   [<template>, ...], or what `rope-jit-cache list --json` prints (its "ok" items, each for
 //   the target it was listed under).
-// Throws UsageError when the file cannot be read, is larger than kMaxManifestBytes, nests
-// deeper than rope_jit::kMaxJsonDepth, is not valid JSON, or names an unknown key or preset.
+// Throws UsageError when the file cannot be read, is a directory, is larger than
+// kMaxManifestBytes, is a FIFO or pipe nothing is written to for 10 s, nests deeper than
+// rope_jit::kMaxJsonDepth, is not valid JSON, names an unknown key or preset, or holds more
+// than kMaxSpecs templates.
 std::vector<SpecTemplate> read_manifest(const std::string& path, const Ops& ops);
 
 // Appends `more` to `templates`. Each template is at least one spec, so past kMaxSpecs of them
@@ -86,8 +88,10 @@ void append_templates(std::vector<SpecTemplate>& templates, std::vector<SpecTemp
 class TemplateSpecs {
   public:
     // Throws UsageError for a template that is not an object, an empty list, or more than
-    // `budget` specs (a template without lists is one).
-    TemplateSpecs(const SpecTemplate& spec_template, size_t budget);
+    // `budget` specs counted once for each of its `targets` (a template without lists is one
+    // spec). Keeps a reference to the template's fields.
+    TemplateSpecs(const SpecTemplate& spec_template, size_t budget, size_t targets);
+    TemplateSpecs(SpecTemplate&&, size_t, size_t) = delete;
     size_t size() const { return count_; }
     // The i-th spec, i < size().
     nlohmann::json spec(size_t i) const;

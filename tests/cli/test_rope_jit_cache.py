@@ -946,12 +946,24 @@ class CommandLineTest(CacheTestCase):
         self.assertEqual(len(plan["kernels"]), 20000)
         result = self.tool("prewarm", "--dry-run", "--manifest", manifest, "--target", "sm_90", "--target", "sm_80",
                            "--target", "sm_86", expect=2)
-        self.assertIn("its lists stand for more than the 20000 specs", result.stderr)
-        # A FIFO no process writes blocked the tool in open() for ever: read now, it is empty.
+        self.assertIn("its lists stand for more than the 20000 specs one run may prewarm, each counted for its 3 "
+                      "targets", result.stderr)
+        # A FIFO no process writes blocked the tool in open() for ever: now it waits 10 s for
+        # data, and reads what a writer that opens it later writes.
         fifo = os.path.join(self.scratch, "fifo")
         os.mkfifo(fifo)
-        result = self.tool("prewarm", "--dry-run", "--manifest", fifo, "--target", "sm_90", expect=2, timeout=30)
-        self.assertIn("not valid JSON", result.stderr)
+        start = time.monotonic()
+        result = self.tool("prewarm", "--dry-run", "--manifest", fifo, "--target", "sm_90", expect=2, timeout=60)
+        self.assertIn("nothing written to it for 10 s", result.stderr)
+        self.assertGreater(time.monotonic() - start, 9.0)
+        process = start_tool("--cache-dir", self.root, "prewarm", "--dry-run", "--json", "--manifest", fifo,
+                             "--target", "sm_90")
+        time.sleep(0.5)
+        with open(fifo, "w") as writer:
+            writer.write(json.dumps([{"head_dim": 64}]))
+        stdout, stderr = process.communicate(timeout=60)
+        self.assertEqual(process.returncode, 0, stderr)
+        self.assertEqual(len(json.loads(stdout)["kernels"]), 1)
         result = self.tool("prewarm", "--dry-run", "--manifest", self.scratch, "--target", "sm_90", expect=2)
         self.assertIn("is a directory", result.stderr)
 
