@@ -129,6 +129,14 @@ std::vector<SpecTemplate> listed_templates(const json& listing, const std::strin
     return templates;
 }
 
+// Each template is at least one spec: past kMaxSpecs of them, a run is refused before any is
+// expanded.
+void check_template_count(size_t count, const std::string& where) {
+    if (count > kMaxSpecs)
+        throw UsageError(
+            fmt::format("{}: past the {} specs one run may prewarm", where, kMaxSpecs));
+}
+
 }  // namespace
 
 Ops parse_ops(const std::vector<std::string>& names) {
@@ -259,9 +267,7 @@ std::vector<SpecTemplate> read_manifest(const std::string& path, const Ops& ops)
         throw UsageError(
             fmt::format("{}: expected an object with presets and specs, or a list of specs", path));
     }
-    if (templates.size() + specs.size() > kMaxSpecs)
-        throw UsageError(
-            fmt::format("{}: past the {} specs one run may prewarm", path, kMaxSpecs));
+    check_template_count(templates.size() + specs.size(), path);
     for (size_t i = 0; i < specs.size(); ++i)
         templates.push_back(SpecTemplate{specs[i], fmt::format("{}#{}", path, i), ""});
     if (templates.empty()) throw UsageError(fmt::format("--manifest: '{}' names no spec", path));
@@ -270,9 +276,7 @@ std::vector<SpecTemplate> read_manifest(const std::string& path, const Ops& ops)
 
 void append_templates(std::vector<SpecTemplate>& templates, std::vector<SpecTemplate> more,
                       const std::string& where) {
-    if (templates.size() + more.size() > kMaxSpecs)
-        throw UsageError(
-            fmt::format("{}: past the {} specs one run may prewarm", where, kMaxSpecs));
+    check_template_count(templates.size() + more.size(), where);
     for (SpecTemplate& t : more) templates.push_back(std::move(t));
 }
 
