@@ -1216,6 +1216,55 @@ TEST_CASE("A store past the size limit evicts the least recently used entries of
     CHECK(unbounded.evictions() == 0);
 }
 
+TEST_CASE("A store walks the tree for the size limit when its own writes could pass it or the "
+          "last walk is old") {
+    TempDir tmp;
+    const size_t entry_bytes =
+        rope_jit::serialize_cache_entry(make_id("size"), make_entry(1)).size();
+    const uint64_t limit = 4 * entry_bytes;
+    auto tree_entries = [&] {
+        size_t n = 0;
+        for (const auto& report : DiskCache(tmp.path, {}).verify(tmp.path)) n += report.ok;
+        return n;
+    };
+    DiskCache slow(tmp.path, {}, limit, std::chrono::hours(1));
+    REQUIRE(slow.store(make_id("slow 0"), make_entry(0)));  // the first store walks
+    // Another writer (unbounded) takes the tree past the limit with older entries.
+    DiskCache other(tmp.path, {}, 0);
+    for (int i = 0; i < 4; ++i) {
+        const CacheEntryId id = make_id("other " + std::to_string(i));
+        REQUIRE(other.store(id, make_entry(i)));
+        set_times(other.entry_path(tmp.path, id), 1000000 + i);
+    }
+    // slow's own writes since its walk (2, then 3, then 4 entries) fit: no walk, no eviction.
+    for (int i = 1; i < 4; ++i) {
+        REQUIRE(slow.store(make_id("slow " + std::to_string(i)), make_entry(i)));
+    }
+    CHECK(tree_entries() == 8);
+    CHECK(slow.evictions() == 0);
+    // A fifth would not: it walks and removes the least recently used down to the limit.
+    REQUIRE(slow.store(make_id("slow 4"), make_entry(4)));
+    CHECK(tree_entries() == 4);
+    CHECK(slow.evictions() == 5);
+    for (int i = 0; i < 4; ++i) {
+        CHECK_FALSE(exists(other.entry_path(tmp.path, make_id("other " + std::to_string(i)))));
+    }
+    CHECK(exists(slow.entry_path(tmp.path, make_id("slow 4"))));
+
+    // With a walk older than the interval (0 here), every store walks: another writer's
+    // entries past the limit go at this cache's next store.
+    DiskCache eager(tmp.path, {}, limit, std::chrono::milliseconds(0));
+    REQUIRE(eager.store(make_id("eager 0"), make_entry(0)));
+    CHECK(tree_entries() == 4);
+    for (int i = 0; i < 3; ++i) {
+        REQUIRE(other.store(make_id("late " + std::to_string(i)), make_entry(i)));
+    }
+    CHECK(tree_entries() == 7);
+    REQUIRE(eager.store(make_id("eager 1"), make_entry(1)));
+    CHECK(tree_entries() == 4);
+    CHECK(eager.evictions() == 5);
+}
+
 TEST_CASE("Loaders racing evictors in other threads and processes get whole entries or a miss") {
     TempDir tmp;
     constexpr int kKeys = 24;

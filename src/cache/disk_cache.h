@@ -8,8 +8,10 @@
 #include <sys/stat.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -49,6 +51,9 @@ constexpr uint64_t kCacheMaxPayloadBytes = uint64_t(64) << 20;
 // The size limit of a writable root when neither the config nor $ROPE_JIT_CACHE_MAX_BYTES
 // sets one.
 constexpr uint64_t kCacheDefaultMaxBytes = uint64_t(1) << 30;
+// How old a cache's last walk of its tree for the size limit may be before a store walks it
+// again although the cache's own writes since then fit (DiskCache's constructor).
+constexpr std::chrono::milliseconds kCacheRescanInterval{1000};
 
 // What a name found at `depth` below <root>/v<N> is in the cache layout, by the name alone:
 // depth 0 holds nvrtc<version> directories, 1 target directories (sm_90, sm_90a,
@@ -74,10 +79,15 @@ class DiskCache {
 public:
     // root: the writable root, "" for none (then only read_only_roots are read).
     // read_only_roots: searched after root, in order; never written, never modified.
-    // max_bytes: after each store, the least recently used entries of the stored entry's
+    // max_bytes: after a store, the least recently used entries of the stored entry's
     // nvrtc<version> directory in root are removed until those entries fit (0 = unbounded).
+    // Finding them means walking that tree (about 2.5 us an entry), so a store walks it only
+    // when this cache's own writes since its last walk could pass the limit, or that walk is
+    // older than rescan_interval (others write too): between walks the tree may exceed the
+    // limit by what other processes and caches store meanwhile, never by this cache's writes.
     // Touches nothing on disk: directories are created by the first store() or writable().
-    DiskCache(std::string root, std::vector<std::string> read_only_roots, uint64_t max_bytes = 0);
+    DiskCache(std::string root, std::vector<std::string> read_only_roots, uint64_t max_bytes = 0,
+              std::chrono::milliseconds rescan_interval = kCacheRescanInterval);
 
     // $ROPE_JIT_CACHE_DIR, else $XDG_CACHE_HOME/rope_jit (when absolute, as the XDG spec
     // requires), else $HOME/.cache/rope_jit; "" when none is set (empty counts as unset).
@@ -187,11 +197,20 @@ public:
 private:
     std::optional<CacheEntry> load_from(const std::string& root, const CacheEntryId& id, bool owned,
                                         const std::string* expected_spec_json) const;
-    void evict(const CacheEntryId& stored) const;
+    void evict(const CacheEntryId& stored, uint64_t stored_bytes) const;
 
     std::string root_;
     std::vector<std::string> read_only_roots_;
     uint64_t max_bytes_ = 0;
+    std::chrono::milliseconds rescan_interval_;
+    // What the last walk for the size limit found, shared by copies like evictions_.
+    struct LastWalk {
+        std::mutex mutex;  // held while walking: one walk at a time per cache
+        std::string tree;  // the nvrtc<version> directory walked; "" before the first walk
+        std::chrono::steady_clock::time_point when;
+        uint64_t bytes = 0;  // its entries' bytes after the walk's evictions, plus stores since
+    };
+    std::shared_ptr<LastWalk> last_walk_ = std::make_shared<LastWalk>();
     // Shared by copies, which are the same cache.
     std::shared_ptr<std::atomic<uint64_t>> evictions_ = std::make_shared<std::atomic<uint64_t>>(0);
 };
