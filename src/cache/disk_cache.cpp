@@ -14,7 +14,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
-#include <mutex>
 #include <system_error>
 #include <thread>
 
@@ -901,7 +900,12 @@ bool DiskCache::store(const CacheEntryId& id, const CacheEntry& entry) const {
         }
         temp.published();
         // No fsync of the directory: losing the rename in a crash only costs a recompile.
-        evict(id, bytes.size());
+        try {
+            evict(id, bytes.size());
+        } catch (...) {
+            // The entry is in place: a walk that failed (out of memory) leaves the limit to
+            // the next store.
+        }
         return true;
     } catch (...) {
         return false;
@@ -954,13 +958,16 @@ void DiskCache::evict(const CacheEntryId& stored, uint64_t stored_bytes) const {
     // A walk at every store made n stores into one tree cost n^2/2 entry visits (16000 stores
     // into an empty root: 312 s, the last ones 38 ms each): walk only when this cache's own
     // writes since its last walk could pass the limit, or that walk is old (the constructor).
-    std::lock_guard<std::mutex> lock(last_walk_->mutex);
     LastWalk& last = *last_walk_;
-    const auto now = std::chrono::steady_clock::now();
-    if (last.tree == top && now - last.when < rescan_interval_ &&
-        last.bytes + stored_bytes <= max_bytes_) {
-        last.bytes += stored_bytes;  // an entry stored over another counts twice: walks sooner
-        return;
+    const uint64_t tree = std::hash<std::string>{}(top) | 1;  // never 0
+    const int64_t now_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                               std::chrono::steady_clock::now().time_since_epoch())
+                               .count();
+    if (last.tree.load() == tree &&
+        now_ns - last.when_ns.load() <
+            std::chrono::duration_cast<std::chrono::nanoseconds>(rescan_interval_).count()) {
+        // An entry stored over another counts twice: that only brings the next walk sooner.
+        if (last.bytes.fetch_add(stored_bytes) + stored_bytes <= max_bytes_) return;
     }
     const std::string keep = entry_path(root_, stored);
     struct Candidate {
@@ -1018,9 +1025,9 @@ void DiskCache::evict(const CacheEntryId& stored, uint64_t stored_bytes) const {
             total -= entry.bytes;  // another process evicted it first
         }
     }
-    last.tree = top;
-    last.when = now;
-    last.bytes = total;
+    last.bytes.store(total);
+    last.when_ns.store(now_ns);
+    last.tree.store(tree);
 }
 
 std::vector<DiskCache::EntryReport> DiskCache::verify(const std::string& root) const {

@@ -11,7 +11,6 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -83,8 +82,8 @@ public:
     // nvrtc<version> directory in root are removed until those entries fit (0 = unbounded).
     // Finding them means walking that tree (about 2.5 us an entry), so a store walks it only
     // when this cache's own writes since its last walk could pass the limit, or that walk is
-    // older than rescan_interval (others write too): between walks the tree may exceed the
-    // limit by what other processes and caches store meanwhile, never by this cache's writes.
+    // older than rescan_interval (others write too): the tree may exceed the limit by what
+    // other processes and caches stored since this cache's last walk, never by its own writes.
     // Touches nothing on disk: directories are created by the first store() or writable().
     DiskCache(std::string root, std::vector<std::string> read_only_roots, uint64_t max_bytes = 0,
               std::chrono::milliseconds rescan_interval = kCacheRescanInterval);
@@ -203,12 +202,14 @@ private:
     std::vector<std::string> read_only_roots_;
     uint64_t max_bytes_ = 0;
     std::chrono::milliseconds rescan_interval_;
-    // What the last walk for the size limit found, shared by copies like evictions_.
+    // What the last walk for the size limit found, shared by copies like evictions_. Atomics,
+    // not a mutex: a fork() while another thread walks must not leave the child a lock that
+    // no thread of it will release. Threads racing on them only move the next walk.
     struct LastWalk {
-        std::mutex mutex;  // held while walking: one walk at a time per cache
-        std::string tree;  // the nvrtc<version> directory walked; "" before the first walk
-        std::chrono::steady_clock::time_point when;
-        uint64_t bytes = 0;  // its entries' bytes after the walk's evictions, plus stores since
+        std::atomic<uint64_t> tree{0};     // hash of the nvrtc<version> directory; 0: none yet
+        std::atomic<int64_t> when_ns{0};   // steady clock
+        std::atomic<uint64_t> bytes{0};    // its entries' bytes after its evictions, plus
+                                           // this cache's stores since
     };
     std::shared_ptr<LastWalk> last_walk_ = std::make_shared<LastWalk>();
     // Shared by copies, which are the same cache.
