@@ -764,7 +764,7 @@ std::vector<Removal> plan_prune(const std::vector<Item>& items, int64_t now,
                 continue;
             case ROPE_JIT_CACHE_ITEM_STALE:
                 if (!options.keep_stale) {
-                    removals.push_back({i, "stale: " + item.problem});
+                    removals.push_back({i, "stale"});  // why: the item's problem, shown with it
                     continue;
                 }
                 break;

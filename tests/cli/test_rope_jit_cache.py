@@ -372,6 +372,12 @@ class StaleEntryTest(CacheTestCase):
         kept = json.loads(self.tool("--cache-dir", self.root, "prune", "--keep-stale", "--json").stdout)
         self.assertEqual([item["path"] for item in kept["removed"]], [format_two])
         self.assertEqual(len(self.items("stale")), 3)
+        # In text, a stale entry's line says why once (it said so twice: by its path, then as
+        # the reason).
+        text = self.tool("--cache-dir", self.root, "prune", "--dry-run").stdout
+        line = next(line for line in text.splitlines() if old_build in line)
+        self.assertTrue(line.startswith("would remove stale"), line)
+        self.assertEqual(line.count("another rope-jit build"), 1, line)
         pruned = json.loads(self.tool("--cache-dir", self.root, "prune", "--json").stdout)
         self.assertEqual(sorted(item["path"] for item in pruned["removed"]),
                          sorted([other_nvrtc, other_format_dir, old_build]))
