@@ -1235,6 +1235,13 @@ TEST_CASE("A store walks the tree for the size limit when its own writes could p
             set_times(other.entry_path(root, id), 1000000 + i);
         }
     };
+    // None of those `n` entries is left.
+    auto check_gone = [](const DiskCache& cache, const std::string& name, int n) {
+        for (int i = 0; i < n; ++i) {
+            const CacheEntryId id = make_id(name + " " + std::to_string(i));
+            CHECK_FALSE(exists(cache.entry_path(cache.root(), id)));
+        }
+    };
 
     SUBCASE("a cache's own writes since its walk that fit do not walk; one that would not does") {
         TempDir tmp;
@@ -1251,9 +1258,7 @@ TEST_CASE("A store walks the tree for the size limit when its own writes could p
         REQUIRE(slow.store(make_id("slow 4"), make_entry(4)));
         CHECK(entries_in(tmp.path) == 4);
         CHECK(slow.evictions() == 5);
-        for (int i = 0; i < 4; ++i) {
-            CHECK_FALSE(exists(slow.entry_path(tmp.path, make_id("other " + std::to_string(i)))));
-        }
+        check_gone(slow, "other", 4);
         CHECK(exists(slow.entry_path(tmp.path, make_id("slow 4"))));
     }
     SUBCASE("a walk older than the interval is walked again although the own writes fit") {
@@ -1272,9 +1277,7 @@ TEST_CASE("A store walks the tree for the size limit when its own writes could p
         REQUIRE(eager.store(make_id("eager 1"), make_entry(1)));
         CHECK(entries_in(tmp.path) == 8);
         CHECK(eager.evictions() == 4);
-        for (int i = 0; i < 4; ++i) {
-            CHECK_FALSE(exists(eager.entry_path(tmp.path, make_id("other " + std::to_string(i)))));
-        }
+        check_gone(eager, "other", 4);
     }
     // Not under ASan: a fork() while another thread is in malloc() can leave the child
     // ASan's allocator lock (GCC 13's runtime), and the child hangs in its first malloc().

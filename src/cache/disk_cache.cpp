@@ -960,12 +960,9 @@ void DiskCache::evict(const CacheEntryId& stored, uint64_t stored_bytes) const {
     // writes since its last walk could pass the limit, or that walk is old (the constructor).
     LastWalk& last = *last_walk_;
     const uint64_t tree = std::hash<std::string>{}(top) | 1;  // never 0
-    const int64_t now_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                               std::chrono::steady_clock::now().time_since_epoch())
-                               .count();
-    if (last.tree.load() == tree &&
-        now_ns - last.when_ns.load() <
-            std::chrono::duration_cast<std::chrono::nanoseconds>(rescan_interval_).count()) {
+    using Clock = std::chrono::steady_clock;
+    const Clock::duration now = Clock::now().time_since_epoch();
+    if (last.tree.load() == tree && now - Clock::duration(last.when.load()) < rescan_interval_) {
         // An entry stored over another counts twice: that only brings the next walk sooner.
         if (last.bytes.fetch_add(stored_bytes) + stored_bytes <= max_bytes_) return;
     }
@@ -1026,7 +1023,7 @@ void DiskCache::evict(const CacheEntryId& stored, uint64_t stored_bytes) const {
         }
     }
     last.bytes.store(total);
-    last.when_ns.store(now_ns);
+    last.when.store(now.count());
     last.tree.store(tree);
 }
 

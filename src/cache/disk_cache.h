@@ -206,10 +206,10 @@ private:
     // not a mutex: a fork() while another thread walks must not leave the child a lock that
     // no thread of it will release. Threads racing on them only move the next walk.
     struct LastWalk {
-        std::atomic<uint64_t> tree{0};     // hash of the nvrtc<version> directory; 0: none yet
-        std::atomic<int64_t> when_ns{0};   // steady clock
-        std::atomic<uint64_t> bytes{0};    // its entries' bytes after its evictions, plus
-                                           // this cache's stores since
+        std::atomic<uint64_t> tree{0};  // hash of the nvrtc<version> directory; 0: none yet
+        std::atomic<std::chrono::steady_clock::rep> when{0};  // steady clock, since its epoch
+        // Its entries' bytes after its evictions, plus this cache's stores since.
+        std::atomic<uint64_t> bytes{0};
     };
     std::shared_ptr<LastWalk> last_walk_ = std::make_shared<LastWalk>();
     // Shared by copies, which are the same cache.
