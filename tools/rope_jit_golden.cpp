@@ -229,6 +229,9 @@ struct HostArray {
     ElementType type = ElementType::F32;
     std::vector<int64_t> shape;
     std::vector<unsigned char> bytes;
+    // The case file holding the bytes until read_arrays reads them; empty for arrays the
+    // runner makes itself.
+    fs::path file;
 
     int64_t numel() const {
         int64_t n = 1;
@@ -309,8 +312,10 @@ uint64_t checked_byte_size(const std::vector<int64_t>& shape, size_t item_size,
     return bytes;
 }
 
-// Reads the array a manifest entry {file, dtype, shape} describes; `what` names it in messages.
-HostArray load_array(const fs::path& dir, const json& spec, const std::string& what) {
+// The array a manifest entry {file, dtype, shape} describes, its bytes not yet read: a case's
+// names, ranks and dtypes are checked first, so that a case that fails them costs no read of
+// what may be gigabytes. `what` names the entry in messages.
+HostArray declare_array(const fs::path& dir, const json& spec, const std::string& what) {
     if (!spec.is_object() || !spec.contains("file") || !spec["file"].is_string() ||
         !spec.contains("dtype") || !spec.contains("shape"))
         throw CaseFailure(fmt::format("{}: expected {{\"file\", \"dtype\", \"shape\"}}, got {}",
@@ -321,32 +326,41 @@ HostArray load_array(const fs::path& dir, const json& spec, const std::string& w
     const uint64_t expected_bytes =
         checked_byte_size(array.shape, element_info(array.type).size, what);
 
-    const fs::path path = dir / spec["file"].get<std::string>();
+    array.file = dir / spec["file"].get<std::string>();
     std::error_code error;
-    const uintmax_t file_bytes = fs::file_size(path, error);
+    const uintmax_t file_bytes = fs::file_size(array.file, error);
     if (error)
         throw CaseFailure(
-            fmt::format("{}: cannot read {}: {}", what, path.string(), error.message()));
+            fmt::format("{}: cannot read {}: {}", what, array.file.string(), error.message()));
     if (file_bytes != expected_bytes)
         throw CaseFailure(fmt::format("{}: {} has {} bytes, but {} {} needs {}", what,
-                                      path.string(), file_bytes, element_info(array.type).name,
-                                      shape_string(array.shape), expected_bytes));
-    array.bytes.resize(size_t(expected_bytes));
-    std::ifstream file(path, std::ios::binary);
-    if (!file.read(reinterpret_cast<char*>(array.bytes.data()), std::streamsize(expected_bytes)))
-        throw CaseFailure(fmt::format("{}: reading {} failed", what, path.string()));
+                                      array.file.string(), file_bytes,
+                                      element_info(array.type).name, shape_string(array.shape),
+                                      expected_bytes));
     return array;
 }
 
 using ArrayMap = std::map<std::string, HostArray>;
 
-// Loads every entry of a case's "inputs" or "outputs" object.
-ArrayMap load_arrays(const fs::path& dir, const json& entries, const std::string& section) {
+// Declares every entry of a case's "inputs" or "outputs" object.
+ArrayMap declare_arrays(const fs::path& dir, const json& entries, const std::string& section) {
     if (!entries.is_object()) throw CaseFailure(fmt::format("{}: must be an object", section));
     ArrayMap arrays;
     for (const auto& [name, spec] : entries.items())
-        arrays.emplace(name, load_array(dir, spec, fmt::format("{} '{}'", section, name)));
+        arrays.emplace(name, declare_array(dir, spec, fmt::format("{} '{}'", section, name)));
     return arrays;
+}
+
+// Reads the bytes of every declared array (their sizes were checked by declare_array).
+void read_arrays(ArrayMap& arrays, const std::string& section) {
+    for (auto& [name, array] : arrays) {
+        const size_t size = size_t(array.numel()) * element_info(array.type).size;
+        array.bytes.resize(size);
+        std::ifstream file(array.file, std::ios::binary);
+        if (!file.read(reinterpret_cast<char*>(array.bytes.data()), std::streamsize(size)))
+            throw CaseFailure(fmt::format("{} '{}': reading {} failed", section, name,
+                                          array.file.string()));
+    }
 }
 
 // ============================================================================================
@@ -743,6 +757,20 @@ void check_rope_inputs(const ArrayMap& inputs, const RopeParams& params, const j
         throw CaseFailure("layout thd needs input 'cu_seqlens'");
 }
 
+// The rope op writes q and k in their own shapes, so those are the outputs a case may expect.
+void check_rope_outputs(const ArrayMap& expected, const ArrayMap& inputs) {
+    if (expected.empty()) throw CaseFailure("outputs: none to compare");
+    for (const auto& [name, array] : expected) {
+        auto input = inputs.find(name);
+        if ((name != "q" && name != "k") || input == inputs.end())
+            throw CaseFailure(fmt::format("output '{}': the rope op produces only q and k", name));
+        if (array.shape != input->second.shape)
+            throw CaseFailure(fmt::format("output '{}': expected the input's shape {}, got {}",
+                                          name, shape_string(input->second.shape),
+                                          shape_string(array.shape)));
+    }
+}
+
 // The README's rule 3 puts q at s + q_position_offset[0] *instead of* s + position_offset;
 // the C API adds args.q_position_offset on top of args.position_offset, hence the difference.
 int64_t api_q_position_offset(const ArrayMap& inputs, const RopeParams& params) {
@@ -853,13 +881,9 @@ ArrayMap execute_rope(const ArrayMap& inputs, const RopeParams& params, Placemen
 Measurement compare_outputs(const ArrayMap& got, const ArrayMap& expected, Tolerance tolerance,
                             Placement placement) {
     Measurement worst;
-    for (const auto& [name, array] : expected) {
-        auto it = got.find(name);
-        if (it == got.end())
-            throw CaseFailure(fmt::format("output '{}': the rope op produces only q and k", name));
-        worst.merge(compare_array(it->second, array, tolerance,
+    for (const auto& [name, array] : expected)
+        worst.merge(compare_array(got.at(name), array, tolerance,
                                   fmt::format("{} ({})", name, placement_name(placement))));
-    }
     return worst;
 }
 
@@ -867,10 +891,12 @@ Measurement compare_outputs(const ArrayMap& got, const ArrayMap& expected, Toler
 Measurement run_rope_case(const GoldenCase& golden, const RunContext& context) {
     const RopeParams params = parse_rope_params(golden.params);
     const Tolerance tolerance = parse_tolerance(golden.tolerance);
-    const ArrayMap inputs = load_arrays(context.dir, golden.inputs, "input");
-    const ArrayMap expected = load_arrays(context.dir, golden.outputs, "output");
+    ArrayMap inputs = declare_arrays(context.dir, golden.inputs, "input");
+    ArrayMap expected = declare_arrays(context.dir, golden.outputs, "output");
     check_rope_inputs(inputs, params, golden.params);
-    if (expected.empty()) throw CaseFailure("outputs: none to compare");
+    check_rope_outputs(expected, inputs);
+    read_arrays(inputs, "input");
+    read_arrays(expected, "output");
     if (context.angles == AngleMode::InvFreq) require_inv_freq_usable(inputs);
 
     Measurement worst;
@@ -926,8 +952,8 @@ Measurement run_attention_case(const GoldenCase& golden, const RunContext& conte
     }
 
     const Tolerance tolerance = parse_tolerance(golden.tolerance);
-    const ArrayMap inputs = load_arrays(context.dir, golden.inputs, "input");
-    const ArrayMap expected = load_arrays(context.dir, golden.outputs, "output");
+    ArrayMap inputs = declare_arrays(context.dir, golden.inputs, "input");
+    ArrayMap expected = declare_arrays(context.dir, golden.outputs, "output");
     for (const auto& entry : inputs)
         if (kAttentionInputs.count(entry.first) == 0)
             throw CaseFailure(
@@ -950,6 +976,16 @@ Measurement run_attention_case(const GoldenCase& golden, const RunContext& conte
     if (params.contains("dtype") && params["dtype"] != element_info(inputs.at("q").type).name)
         throw CaseFailure(fmt::format("params.dtype {} differs from q's {}", params["dtype"].dump(),
                                       element_info(inputs.at("q").type).name));
+    const std::vector<int64_t>& q_shape = inputs.at("q").shape;
+    const std::vector<int64_t> lse_shape =
+        layout == Layout::BSHD ? std::vector<int64_t>{q_shape[0], q_shape[2], q_shape[1]}
+                               : std::vector<int64_t>{q_shape[0], q_shape[1], q_shape[2]};
+    for (const auto& [name, shape] : {std::pair{"out", q_shape}, std::pair{"lse", lse_shape}})
+        if (auto it = expected.find(name); it != expected.end() && it->second.shape != shape)
+            throw CaseFailure(fmt::format("output '{}': expected shape {}, got {}", name,
+                                          shape_string(shape), shape_string(it->second.shape)));
+    read_arrays(inputs, "input");
+    read_arrays(expected, "output");
 
     CallTensors tensors;
     rope_jit_attention_args args;
@@ -961,9 +997,6 @@ Measurement run_attention_case(const GoldenCase& golden, const RunContext& conte
     // 0xff bytes are NaN: an element the library fails to write cannot pass by accident.
     TensorStorage& out = tensors.allocate(q.type, q.shape, 0xff);
     args.out = head_view(tensors, out, layout);
-    const std::vector<int64_t> lse_shape =
-        layout == Layout::BSHD ? std::vector<int64_t>{q.shape[0], q.shape[2], q.shape[1]}
-                               : std::vector<int64_t>{q.shape[0], q.shape[1], q.shape[2]};
     TensorStorage& lse = tensors.allocate(ElementType::F32, lse_shape, 0xff);
     args.lse = tensors.plain_view(lse);
     auto plain = [&](const char* name) -> const DLTensor* {
@@ -1077,12 +1110,17 @@ Measurement run_inv_freq_case(const GoldenCase& golden, const RunContext& contex
             throw CaseFailure(
                 fmt::format("params.{} is not part of the inv_freq format", entry.key()));
     const Tolerance tolerance = parse_tolerance(golden.tolerance);
-    const ArrayMap expected = load_arrays(context.dir, golden.outputs, "output");
+    ArrayMap expected = declare_arrays(context.dir, golden.outputs, "output");
     if (expected.count("inv_freq") == 0) throw CaseFailure("output 'inv_freq' is missing");
     for (const auto& entry : expected)
         if (entry.first != "inv_freq" && entry.first != "attention_factor")
             throw CaseFailure(
                 fmt::format("output '{}' is not part of the inv_freq format", entry.first));
+    if (auto it = expected.find("attention_factor");
+        it != expected.end() && it->second.shape != std::vector<int64_t>{1})
+        throw CaseFailure(fmt::format("output 'attention_factor': expected [1], got {}",
+                                      shape_string(it->second.shape)));
+    read_arrays(expected, "output");
     const int64_t n = expected.at("inv_freq").numel();
 
     rope_jit_freq_config config;
@@ -1140,8 +1178,8 @@ Measurement run_inv_freq_case(const GoldenCase& golden, const RunContext& contex
     config.short_factor = short_factor.empty() ? nullptr : short_factor.data();
     config.long_factor = long_factor.empty() ? nullptr : long_factor.data();
 
-    HostArray inv_freq{ElementType::F32, {n}, std::vector<unsigned char>(size_t(n) * 4)};
-    HostArray attention_factor{ElementType::F32, {1}, std::vector<unsigned char>(4)};
+    HostArray inv_freq{ElementType::F32, {n}, std::vector<unsigned char>(size_t(n) * 4), {}};
+    HostArray attention_factor{ElementType::F32, {1}, std::vector<unsigned char>(4), {}};
     const float one = 1.0f;
     std::memcpy(attention_factor.bytes.data(), &one, 4);  // (no pair turns: nothing to call)
     const rope_jit_status status =
@@ -1154,13 +1192,8 @@ Measurement run_inv_freq_case(const GoldenCase& golden, const RunContext& contex
                                       rope_jit_last_error()));
 
     Measurement worst = compare_array(inv_freq, expected.at("inv_freq"), tolerance, "inv_freq");
-    auto it = expected.find("attention_factor");
-    if (it != expected.end()) {
-        if (it->second.shape != std::vector<int64_t>{1})
-            throw CaseFailure(fmt::format("output 'attention_factor': expected [1], got {}",
-                                          shape_string(it->second.shape)));
+    if (auto it = expected.find("attention_factor"); it != expected.end())
         worst.merge(compare_array(attention_factor, it->second, tolerance, "attention_factor"));
-    }
     return worst;
 }
 

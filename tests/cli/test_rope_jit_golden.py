@@ -2,7 +2,8 @@
 passed, a manifest it cannot read is a usage error (exit 2), and nothing crashes or hangs
 (adversarial pass, session 35: a negative tolerance passed anything, an infinite expected
 value passed by position, a selection of no case exited 0, a huge head_dim crashed the runner,
-a deeply nested tolerance overflowed the stack, a FIFO manifest blocked).
+a deeply nested tolerance overflowed the stack, a FIFO manifest blocked; session 47: a case
+whose outputs the runner rejects read its files whole first, 4 GB for a sparse 4 GiB file).
 
 Run by ctest as `python3 test_rope_jit_golden.py` with ROPE_JIT_GOLDEN_TOOL naming the binary.
 The cases are inv_freq ones (rope_jit_inv_freq runs on the host: no backend, no NVRTC).
@@ -48,6 +49,20 @@ def write_case_dir(root, params=None, tolerance=None, inv_freq=None, extra_cases
 def run_tool(directory, *args, timeout=60):
     return subprocess.run([TOOL, directory, "--backend", "cpu", *args], capture_output=True,
                           text=True, timeout=timeout)
+
+
+def run_tool_measuring_memory(directory):
+    """run_tool's result and the tool's peak resident memory in bytes (wait4's rusage)."""
+    with tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr:
+        process = subprocess.Popen([TOOL, directory, "--backend", "cpu"], stdout=stdout,
+                                   stderr=stderr)
+        _, status, usage = os.wait4(process.pid, 0)
+        process.returncode = os.waitstatus_to_exitcode(status)
+        stdout.seek(0)
+        stderr.seek(0)
+        result = subprocess.CompletedProcess(process.args, process.returncode,
+                                             stdout.read().decode(), stderr.read().decode())
+    return result, usage.ru_maxrss * 1024  # (Linux reports kilobytes)
 
 
 @unittest.skipUnless(TOOL, "ROPE_JIT_GOLDEN_TOOL is not set")
@@ -126,6 +141,28 @@ class GoldenRunnerTest(unittest.TestCase):
             with self.subTest(name):
                 result = run_tool(self.case_dir(name, params=params))
                 self.assert_fails(result, "params")
+
+    def test_a_case_failing_its_checks_reads_none_of_its_files(self):
+        # Each case declares a sparse 4 GiB output (no disk, but 4 GB of zeros to read) that
+        # the runner rejects by its name or shape, which it knows before reading a byte.
+        huge = {"file": "huge.bin", "dtype": "float32", "shape": [1 << 30]}
+        for name, outputs, needle in (
+            ("unknown_output", {"bogus": huge}, "output 'bogus' is not part of"),
+            ("attention_factor_not_scalar", {"attention_factor": huge},
+             "output 'attention_factor': expected [1]"),
+        ):
+            with self.subTest(name):
+                directory = self.case_dir(name)
+                with open(os.path.join(directory, "huge.bin"), "wb") as file:
+                    file.truncate(4 << 30)
+                with open(os.path.join(directory, "manifest.json")) as file:
+                    manifest = json.load(file)
+                manifest["cases"][0]["outputs"].update(outputs)
+                with open(os.path.join(directory, "manifest.json"), "w") as file:
+                    json.dump(manifest, file)
+                result, peak_bytes = run_tool_measuring_memory(directory)
+                self.assert_fails(result, needle)
+                self.assertLess(peak_bytes, 1 << 30)
 
     def test_unreadable_manifests_are_usage_errors(self):
         deep = os.path.join(self.root, "deep")
