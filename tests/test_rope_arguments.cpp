@@ -723,13 +723,16 @@ struct View {
     DLTensor tensor{};
 };
 
-// `tensor` declaring five dims of shape5 (compact): one more than the library takes.
-DLTensor with_five_dims(const DLTensor& tensor, int64_t* shape5) {
-    DLTensor five_dims = tensor;
-    five_dims.ndim = 5;
-    five_dims.shape = shape5;
-    five_dims.strides = nullptr;
-    return five_dims;
+// `tensor` as a compact view of the nine dims shape9 (one dim more than the memory queries take):
+// shape9 is 1s and the tensor's own shape.
+DLTensor with_nine_dims(const DLTensor& tensor, int64_t* shape9) {
+    DLTensor nine_dims = tensor;
+    const int ones = 9 - tensor.ndim;
+    for (int i = 0; i < 9; ++i) shape9[i] = i < ones ? 1 : tensor.shape[i - ones];
+    nine_dims.ndim = 9;
+    nine_dims.shape = shape9;
+    nine_dims.strides = nullptr;
+    return nine_dims;
 }
 
 }  // namespace
@@ -1004,13 +1007,27 @@ TEST_CASE("rope_jit_tensors_share_memory gives the answer rope_jit_rope's memory
     CHECK(rope_jit_tensors_share_memory(&q.tensor, &k.tensor, nullptr) ==
           ROPE_JIT_ERROR_INVALID_ARGUMENT);
     CHECK(std::string(rope_jit_last_error()) == "shared: NULL");
-    int64_t shape5[5] = {1, 1, 8, 4, 4};
-    const DLTensor five_dims = with_five_dims(q.tensor, shape5);
+
+    // A batching transform's memory has a dim more (torch.func.vmap's of a 4-dim q has 5): a
+    // batch of two q of 2 heads (heads 0-1 and 2-3) beside a batch of k of one head each,
+    // heads 4 and 5 (apart) or 3 and 4 (head 3 is the second q's).
+    View q_batch(buffer, {2, 1, 8, 2, 4}, {8, 192, 24, 4, 1}, 0);
+    View k_batch(buffer, {2, 1, 8, 1, 4}, {4, 192, 24, 4, 1}, 16);
+    View k_batch_on_q(buffer, {2, 1, 8, 1, 4}, {4, 192, 24, 4, 1}, 12);
+    for (const auto& [batch, expected] : {std::pair{&k_batch, 0}, std::pair{&k_batch_on_q, 1}}) {
+        CAPTURE(expected);
+        shared = -1;
+        REQUIRE(rope_jit_tensors_share_memory(&q_batch.tensor, &batch->tensor, &shared) ==
+                ROPE_JIT_OK);
+        CHECK(shared == expected);
+    }
+    int64_t shape9[9];
+    const DLTensor nine_dims = with_nine_dims(q.tensor, shape9);
     shared = -1;
-    CHECK(rope_jit_tensors_share_memory(&q.tensor, &five_dims, &shared) ==
+    CHECK(rope_jit_tensors_share_memory(&q.tensor, &nine_dims, &shared) ==
           ROPE_JIT_ERROR_INVALID_ARGUMENT);
     CHECK(shared == 0);
-    CHECK(std::string(rope_jit_last_error()).rfind("b: expected at most 4 dimensions", 0) == 0);
+    CHECK(std::string(rope_jit_last_error()).rfind("b: expected at most 8 dimensions", 0) == 0);
 }
 
 TEST_CASE("rope_jit_tensor_has_distinct_elements gives the answer rope_jit_rope's write check acts "
@@ -1059,13 +1076,38 @@ TEST_CASE("rope_jit_tensor_has_distinct_elements gives the answer rope_jit_rope'
     CHECK(rope_jit_tensor_has_distinct_elements(&fused.tensor, nullptr) ==
           ROPE_JIT_ERROR_INVALID_ARGUMENT);
     CHECK(std::string(rope_jit_last_error()) == "distinct: NULL");
-    int64_t shape5[5] = {1, 1, 8, 4, 4};
-    const DLTensor five_dims = with_five_dims(fused.tensor, shape5);
+
+    // A batching transform's memory has a dim more: two [1, 8, 2, 4] q, heads 0-1 and 2-3 of
+    // the buffer (distinct), or heads 0-1 and 1-2 (the batch overlaps), or two batch levels.
+    View batch(buffer, {2, 1, 8, 2, 4}, {8, 192, 24, 4, 1}, 0);
+    View batch_overlapping(buffer, {2, 1, 8, 2, 4}, {4, 192, 24, 4, 1}, 0);
+    View two_levels(buffer, {3, 2, 1, 2, 1, 4}, {8, 4, 192, 24, 4, 1}, 0);
+    View two_levels_overlapping(buffer, {3, 2, 1, 2, 2, 4}, {8, 4, 192, 24, 4, 1}, 0);
+    for (const auto& [view, expected] :
+         {std::pair{&batch, 1}, std::pair{&batch_overlapping, 0}, std::pair{&two_levels, 1},
+          std::pair{&two_levels_overlapping, 0}}) {
+        CAPTURE(view->shape.size());
+        CAPTURE(view->strides[1]);
+        distinct = -1;
+        REQUIRE(rope_jit_tensor_has_distinct_elements(&view->tensor, &distinct) == ROPE_JIT_OK);
+        CHECK(distinct == expected);
+    }
+    int64_t shape9[9];
+    const DLTensor nine_dims = with_nine_dims(fused.tensor, shape9);
     distinct = -1;
-    CHECK(rope_jit_tensor_has_distinct_elements(&five_dims, &distinct) ==
+    CHECK(rope_jit_tensor_has_distinct_elements(&nine_dims, &distinct) ==
           ROPE_JIT_ERROR_INVALID_ARGUMENT);
     CHECK(distinct == 0);
-    CHECK(std::string(rope_jit_last_error()).rfind("t: expected at most 4 dimensions", 0) == 0);
+    CHECK(std::string(rope_jit_last_error()).rfind("t: expected at most 8 dimensions", 0) == 0);
+
+    // rope_jit_rope itself still takes 4 dims.
+    View q5(buffer, {1, 1, 8, 4, 4}, {192, 192, 24, 4, 1}, 0);
+    ValidCall call;
+    call.args.q = &q5.tensor;
+    call.args.k = nullptr;
+    call.args.cos = cos.dl();
+    call.args.sin = sin.dl();
+    call.expect_invalid("q: expected at most 4 dimensions");
 }
 
 TEST_CASE("a device type outside DLPack's enum is rejected as a raw integer, naming the tensor") {

@@ -693,6 +693,11 @@ ROPE_JIT_API rope_jit_backend_kind rope_jit_backend(const rope_jit_runtime* runt
 ROPE_JIT_API rope_jit_status rope_jit_rope(rope_jit_runtime* runtime,
                                            const rope_jit_rope_args* args);
 
+/* The most dims a tensor given to rope_jit_tensors_share_memory or
+ * rope_jit_tensor_has_distinct_elements may have: a binding asks them of the memory under a
+ * batching transform too (torch.func.vmap's view of a 4-dim q has 5 dims, one more a level). */
+#define ROPE_JIT_MEMORY_QUERY_MAX_DIMS 8
+
 /* Sets *shared to 1 when some byte of an element of a is also a byte of an element of b, else
  * 0: the rule rope_jit_rope applies to what a call writes (see "RoPE arguments"). Exact for
  * views that interleave in one buffer (q and k sliced from a fused qkv share nothing); a view
@@ -700,8 +705,8 @@ ROPE_JIT_API rope_jit_status rope_jit_rope(rope_jit_runtime* runtime,
  * nothing; addresses are compared whatever the devices (CUDA's unified addressing gives no
  * two devices one address). For bindings that write a call's results themselves (the Python
  * package copies an in-place result under autograd into q and k) and must refuse what
- * rope_jit_rope would. a and b are tensors as rope_jit_rope takes them (1 to
- * 4 dims, its dtypes); ERROR_INVALID_ARGUMENT, naming it, for a malformed one or a NULL
+ * rope_jit_rope would. a and b are tensors of rope_jit_rope's dtypes with 1 to
+ * ROPE_JIT_MEMORY_QUERY_MAX_DIMS dims; ERROR_INVALID_ARGUMENT, naming it, for a malformed one or a NULL
  * argument, and *shared is then 0. Touches no memory of either tensor; needs no runtime. */
 ROPE_JIT_API rope_jit_status rope_jit_tensors_share_memory(const DLTensor* a, const DLTensor* b,
                                                            int* shared);
@@ -711,8 +716,8 @@ ROPE_JIT_API rope_jit_status rope_jit_tensors_share_memory(const DLTensor* a, co
  * test that t's strides, in increasing order of size, each exceed the span of the dimensions
  * with smaller strides (a zero stride over several indices, or overlapping strides such as an
  * as_strided view's, fails it). Empty tensors are distinct. For bindings that write a call's
- * results themselves and must refuse what rope_jit_rope would. t is a tensor as rope_jit_rope
- * takes it (1 to 4 dims, its dtypes); ERROR_INVALID_ARGUMENT, naming it, for a malformed one
+ * results themselves and must refuse what rope_jit_rope would. t is a tensor of
+ * rope_jit_rope's dtypes with 1 to ROPE_JIT_MEMORY_QUERY_MAX_DIMS dims; ERROR_INVALID_ARGUMENT, naming it, for a malformed one
  * or a NULL argument, and *distinct is then 0. Touches no memory of t; needs no runtime. */
 ROPE_JIT_API rope_jit_status rope_jit_tensor_has_distinct_elements(const DLTensor* t,
                                                                    int* distinct);

@@ -181,6 +181,8 @@ class RopeArgs(ctypes.Structure):
 
 # The most entries of RopeArgs.mrope_sections (ROPE_JIT_MAX_MROPE_SECTIONS).
 MAX_MROPE_SECTIONS = 8
+# The most dims of a tensor the memory queries take (ROPE_JIT_MEMORY_QUERY_MAX_DIMS).
+MEMORY_QUERY_MAX_DIMS = 8
 # The most inverse frequencies rope_jit_inv_freq computes (ROPE_JIT_MAX_FREQUENCIES): checked
 # before the output array is made.
 MAX_FREQUENCIES = 1 << 24

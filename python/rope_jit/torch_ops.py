@@ -41,6 +41,7 @@ import itertools
 import torch
 
 from . import _plans, _torch_writes
+from . import _structs as _s
 from . import tensors as _tensors
 from .attention import attention as _call_attention
 from .attention import attention_backward as _call_attention_backward
@@ -980,9 +981,9 @@ def _refuse_copy_into(name, tensor, source):
 
 def _library_can_judge(tensor):
     """Whether the library's memory rules can judge `tensor`: it has memory of its own (not
-    meta, fake, or a wrapper subclass, whose data pointer is 0) in at most 4 dims (vmap's
-    memory has the batch dim too)."""
-    return not (tensor.dim() > 4 or tensor.is_meta or _is_fake(tensor)
+    meta, fake, or a wrapper subclass, whose data pointer is 0) in at most 8 dims (vmap's
+    memory has a batch dim a level too)."""
+    return not (tensor.dim() > _s.MEMORY_QUERY_MAX_DIMS or tensor.is_meta or _is_fake(tensor)
                 or not _has_storage(tensor) or tensor.data_ptr() == 0)
 
 
@@ -1005,12 +1006,12 @@ def _distinct_elements(tensor, name):
     """Whether no two indices of `tensor` (below any torch.func wrappers, not contiguous)
     address the same element, as the library judges each tensor it writes
     (rope_jit_tensor_has_distinct_elements); kept per layout, the only thing it depends on.
-    Where the library cannot judge, torch's answer for zero strides decides (vmap's memory of
-    5 dims; the query costs a microsecond: asked only where a stride is 0); tensors without
-    memory, and a library too old to tell, are judged distinct, as before the rule was asked
-    here."""
+    Where the library cannot judge, torch's answer for zero strides decides (memory of over 8
+    dims, under nested vmaps; the query costs a microsecond: asked only where a stride is 0);
+    tensors without memory, and a library too old to tell, are judged distinct, as before the
+    rule was asked here."""
     if not _library_can_judge(tensor):
-        return not (tensor.dim() > 4 and 0 in tensor.stride()
+        return not (tensor.dim() > _s.MEMORY_QUERY_MAX_DIMS and 0 in tensor.stride()
                     and torch._debug_has_internal_overlap(tensor) == 1)
     return _kept(_distinct_layouts, (tensor.shape, tensor.stride()), lambda: (
         _tensors.has_distinct_elements(_tensors.as_tensor(tensor, name)) is not False))
@@ -1058,9 +1059,9 @@ def _share_elements(q, k):
     views of one buffer that only interleave pass. Asked only where their byte ranges meet
     (also across torch storages: a NumPy array's views brought in twice are two); the answer
     depends on their layouts and distance alone, so it is kept: a training loop asks the same
-    each step. vmap's memory has the batch dim too: where that makes 5 dims, more than the
-    library takes, nothing is refused. A library too old to tell refuses nothing, as before it
-    had the rule."""
+    each step. vmap's memory has a batch dim a level too: where that makes over 8 dims, more
+    than the library takes, nothing is refused. A library too old to tell refuses nothing, as
+    before it had the rule."""
     if not (_library_can_judge(q) and _library_can_judge(k)):
         return False
     q_range, k_range = _byte_range(q), _byte_range(k)

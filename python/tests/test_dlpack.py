@@ -270,21 +270,23 @@ def test_a_dlpack_tensor_declaring_impossible_dims_is_refused_before_its_shape_i
 def test_the_library_tells_views_of_one_buffer_that_share_elements_as_numpy_does_exactly():
     # rope_jit_tensors_share_memory against NumPy's exact answer (max_work=None) on random
     # strided views of one buffer: heads side by side (a fused qkv), overlapping slices,
-    # reversed and stepped views.
-    from rope_jit import tensors
+    # reversed and stepped views, of 4 dims and, as under vmap's batching, of 5 to 8.
+    from rope_jit import _structs, tensors
 
-    buffer = np.zeros((6, 5, 12, 8), np.float32)
+    buffer = np.zeros((2, 6, 5, 12, 8), np.float32)
+    sources = (buffer[1], buffer, buffer.reshape(2, 2, 3, 5, 2, 6, 2, 4))
     rng = np.random.default_rng(11)
 
     def random_view():
+        source = sources[int(rng.integers(0, len(sources)))]
         index = []
-        for size in buffer.shape:
+        for size in source.shape:
             start = int(rng.integers(0, size // 2 + 1))
             stop = int(rng.integers(max(start + 1, size // 2), size + 1))
             step = int(rng.choice([1, 1, 2, 3])) * (-1 if rng.random() < 0.2 else 1)
             reverse = slice(stop - 1, start - 1 if start else None, step)
             index.append(slice(start, stop, step) if step > 0 else reverse)
-        return buffer[tuple(index)]
+        return source[tuple(index)]
 
     answers = {True: 0, False: 0}
     for _ in range(300):
@@ -294,10 +296,12 @@ def test_the_library_tells_views_of_one_buffer_that_share_elements_as_numpy_does
         assert got == expected, (a.shape, a.strides, b.shape, b.strides)
         answers[expected] += 1
     assert min(answers.values()) > 30  # both answers well exercised
-    q, k = buffer[:, :, :8], buffer[:, :, 8:]  # interleaved heads: ranges meet, elements don't
+    q, k = buffer[0, :, :, :8], buffer[0, :, :, 8:]  # interleaved heads: elements apart
     assert not tensors.shares_memory(tensors.as_tensor(q, "q"), tensors.as_tensor(k, "k"))
-    with pytest.raises(rope_jit.InvalidArgumentError, match="b: expected at most 4 dimensions"):
-        tensors.shares_memory(tensors.as_tensor(q, "q"), tensors.as_tensor(buffer[None], "k"))
+    nine_dims = buffer.reshape(1, 1, 1, 1, 2, 6, 5, 12, 8)
+    assert _structs.MEMORY_QUERY_MAX_DIMS == nine_dims.ndim - 1
+    with pytest.raises(rope_jit.InvalidArgumentError, match="b: expected at most 8 dimensions"):
+        tensors.shares_memory(tensors.as_tensor(q, "q"), tensors.as_tensor(nine_dims, "k"))
 
 
 def test_the_library_calls_elements_distinct_only_where_no_two_indices_meet():
@@ -308,13 +312,14 @@ def test_the_library_calls_elements_distinct_only_where_no_two_indices_meet():
     # always distinct.
     from numpy.lib.stride_tricks import as_strided
 
-    from rope_jit import tensors
+    from rope_jit import _structs, tensors
 
     buffer = np.zeros(4096, np.float32)
     rng = np.random.default_rng(12)
     answers = {True: 0, False: 0}
-    for _ in range(400):
-        shape = tuple(int(size) for size in rng.integers(1, 5, size=int(rng.integers(1, 5))))
+    for _ in range(400):  # 1 to 8 dims: up to 4 as the ops take, more as under vmap
+        ndim = int(rng.integers(1, _structs.MEMORY_QUERY_MAX_DIMS + 1))
+        shape = tuple(int(size) for size in rng.integers(1, 5, size=ndim))
         strides = tuple(int(stride) for stride in rng.integers(0, 13, size=len(shape)))
         view = as_strided(buffer, shape, tuple(4 * stride for stride in strides),
                           writeable=False)
@@ -334,5 +339,5 @@ def test_the_library_calls_elements_distinct_only_where_no_two_indices_meet():
                   (slice(None, None, 2), slice(None), slice(None, None, -3), slice(1, 7, 2)),
                   (0, slice(None, None, -1), slice(4, 12), slice(None))]:
         assert tensors.has_distinct_elements(tensors.as_tensor(block[index], "q")), index
-    with pytest.raises(rope_jit.InvalidArgumentError, match="t: expected at most 4 dimensions"):
-        tensors.has_distinct_elements(tensors.as_tensor(np.zeros((1, 1, 1, 1, 2)), "t"))
+    with pytest.raises(rope_jit.InvalidArgumentError, match="t: expected at most 8 dimensions"):
+        tensors.has_distinct_elements(tensors.as_tensor(np.zeros((1,) * 8 + (2,)), "t"))

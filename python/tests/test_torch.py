@@ -437,6 +437,39 @@ def test_an_in_place_rotation_under_vmap_refuses_a_broadcast_k_before_writing_q(
     torch.testing.assert_close(qs, qs_before, rtol=0, atol=0)
 
 
+def test_an_in_place_rotation_under_vmap_judges_the_batched_memory_as_the_library_does():
+    # Below vmap the memory has 5 dims, which the library's memory queries took only from
+    # session 47: samples overlapping by a head (non-zero strides, which torch's copy_ lets
+    # write an element twice) and q of one sample on k of the next were rotated in place, the
+    # shared elements written twice, each with another position's rotation.
+    cos, sin = tables(16, 8, "half", "half", "cpu")
+    base = random((160,), "cpu", torch.float32, 66)
+    before = base.clone()
+    # [3, 1, 2, 5, 8] samples one head (40 elements) apart: sample i's head 1 is i + 1's head 0.
+    qs = base.as_strided((3, 1, 2, 5, 8), (40, 80, 40, 8, 1))
+    with pytest.raises(RuntimeError, match="q: its strides may make several indices address"):
+        torch.func.vmap(lambda q: rope_jit.apply_rope(q, None, cos, sin, inplace=True))(qs)
+    torch.testing.assert_close(base, before, rtol=0, atol=0)
+
+    # One head each, k sample i on q sample i + 1: apart within each sample, shared across.
+    qs = base.as_strided((3, 1, 1, 5, 8), (40, 40, 40, 8, 1))
+    ks = base.as_strided((3, 1, 1, 5, 8), (40, 40, 40, 8, 1), 40)
+    with pytest.raises(ValueError, match="q: shares memory with k"):
+        torch.func.vmap(lambda q, k: rope_jit.apply_rope(q, k, cos, sin, inplace=True))(qs, ks)
+    torch.testing.assert_close(base, before, rtol=0, atol=0)
+
+    # Samples apart (q heads 0 and 2 of each 4-head token, k head 1) are rotated as each
+    # sample alone would be.
+    fused = random((3, 1, 5, 4, 8), "cpu", torch.float32, 67)
+    expected = fused.clone()
+    for sample in expected:
+        rope_jit.apply_rope(sample[:, :, 0::2].transpose(1, 2), sample[:, :, 1:2].transpose(1, 2),
+                            cos, sin, inplace=True)
+    torch.func.vmap(lambda q, k: rope_jit.apply_rope(q, k, cos, sin, inplace=True))(
+        fused[:, :, :, 0::2].transpose(2, 3), fused[:, :, :, 1:2].transpose(2, 3))
+    torch.testing.assert_close(fused, expected, rtol=0, atol=0)
+
+
 def test_an_in_place_rotation_under_autograd_writes_a_strided_wrapper_subclass():
     # A wrapper subclass (TwoTensor: two plain tensors behind one) has a data pointer of 0:
     # the share and stride checks cannot judge it and leave it to the subclass's copy_ (the

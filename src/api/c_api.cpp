@@ -248,8 +248,9 @@ rope_jit_status rope_jit_tensors_share_memory(const DLTensor* a, const DLTensor*
         // Addresses compared as given, whatever the devices: under CUDA's unified addressing
         // no two devices' memory has one address, and pinned host memory is one memory seen
         // as CPU and as CUDA host.
-        const bool meet = rope_jit::shares_memory(rope_jit::make_tensor_ref(a, "a"),
-                                                  rope_jit::make_tensor_ref(b, "b"));
+        const bool meet = rope_jit::shares_memory(
+            rope_jit::make_tensor_ref(a, "a", ROPE_JIT_MEMORY_QUERY_MAX_DIMS),
+            rope_jit::make_tensor_ref(b, "b", ROPE_JIT_MEMORY_QUERY_MAX_DIMS));
         *shared = meet ? 1 : 0;
     });
 }
@@ -259,7 +260,10 @@ rope_jit_status rope_jit_tensor_has_distinct_elements(const DLTensor* t, int* di
         if (distinct == nullptr) rope_jit::fail_argument("distinct: NULL");
         *distinct = 0;
         if (t == nullptr) rope_jit::fail_argument("t: NULL");
-        *distinct = rope_jit::has_distinct_elements(rope_jit::make_tensor_ref(t, "t")) ? 1 : 0;
+        *distinct = rope_jit::has_distinct_elements(
+                        rope_jit::make_tensor_ref(t, "t", ROPE_JIT_MEMORY_QUERY_MAX_DIMS))
+                        ? 1
+                        : 0;
     });
 }
 

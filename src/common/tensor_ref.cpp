@@ -148,6 +148,7 @@ TensorRef make_tensor_ref(const DLTensor* tensor, const char* name, int max_ndim
     TensorRef ref;
     ref.name = name;
     if (tensor == nullptr) return ref;
+    max_ndim = std::min(max_ndim, kTensorRefMaxDims);
     if (tensor->ndim < 1 || tensor->ndim > max_ndim)
         fail_argument(fmt::format(
             "{}: expected {} dimensions, got {}", name,
@@ -366,13 +367,13 @@ bool has_distinct_elements(const TensorRef& t) {
     struct Dim {
         int64_t stride, size;
     };
-    Dim dims[4];
+    Dim dims[kTensorRefMaxDims];
     int n = 0;
     for (int i = 0; i < t.ndim; ++i) {
         if (t.shape[i] == 0) return true;  // empty: nothing aliases
         if (t.shape[i] > 1) dims[n++] = {std::llabs(t.strides[i]), t.shape[i]};
     }
-    for (int i = 1; i < n; ++i)  // insertion sort by stride: at most four dims
+    for (int i = 1; i < n; ++i)  // insertion sort by stride: a few dims
         for (int j = i; j > 0 && dims[j].stride < dims[j - 1].stride; --j)
             std::swap(dims[j], dims[j - 1]);
     int64_t span = 0;  // largest offset reachable with the smaller-stride dims

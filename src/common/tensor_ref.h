@@ -9,6 +9,8 @@
 
 #include <dlpack/dlpack.h>
 
+#include "rope_jit/rope_jit.h"
+
 namespace rope_jit {
 
 // F8E4M3: float8 e4m3fn (DLPack 1.1 code 10, ROPE_JIT_DLPACK_FLOAT8_E4M3FN), an output dtype only.
@@ -23,14 +25,18 @@ inline bool is_index(DType dtype) {
     return dtype == DType::I32 || dtype == DType::I64;
 }
 
+// The most dims a TensorRef holds: the memory queries' limit; the ops take at most 4
+// (make_tensor_ref's max_ndim).
+constexpr int kTensorRefMaxDims = ROPE_JIT_MEMORY_QUERY_MAX_DIMS;
+
 struct TensorRef {
     const char* name = "";  // the argument's name, for messages
     DType dtype = DType::F32;
     char* data = nullptr;  // byte_offset applied
     DLDevice device{kDLCPU, 0};
     int ndim = 0;
-    int64_t shape[4] = {0, 0, 0, 0};
-    int64_t strides[4] = {0, 0, 0, 0};  // in elements
+    int64_t shape[kTensorRefMaxDims] = {};
+    int64_t strides[kTensorRefMaxDims] = {};  // in elements
 
     bool present() const { return data != nullptr || ndim > 0; }
     int64_t numel() const;
@@ -49,7 +55,7 @@ inline void copy_strides(long long* out, const TensorRef& t, int n) {
 // when its device type is none of DLPack's (read as an integer: comparing another value in
 // the enum field would be undefined behaviour), when its element count or byte extent
 // overflows int64, or when a non-empty tensor's data (with byte_offset) is not aligned to its
-// element size.
+// element size. A max_ndim above kTensorRefMaxDims is taken as kTensorRefMaxDims.
 TensorRef make_tensor_ref(const DLTensor* tensor, const char* name, int max_ndim = 4);
 // make_tensor_ref for a tensor that should hold one element (a scale): a 0-dim tensor (as
 // torch.tensor(1.0) exports) or one of any rank whose sizes are all 1 comes back as a 1-D
