@@ -1083,14 +1083,20 @@ TEST_CASE("rope_jit_tensor_has_distinct_elements gives the answer rope_jit_rope'
     View batch_overlapping(buffer, {2, 1, 8, 2, 4}, {4, 192, 24, 4, 1}, 0);
     View two_levels(buffer, {3, 2, 1, 2, 1, 4}, {8, 4, 192, 24, 4, 1}, 0);
     View two_levels_overlapping(buffer, {3, 2, 1, 2, 2, 4}, {8, 4, 192, 24, 4, 1}, 0);
-    for (const auto& [view, expected] :
-         {std::pair{&batch, 1}, std::pair{&batch_overlapping, 0}, std::pair{&two_levels, 1},
-          std::pair{&two_levels_overlapping, 0}}) {
-        CAPTURE(view->shape.size());
-        CAPTURE(view->strides[1]);
+    struct Batched {
+        const char* what;
+        const View* view;
+        int distinct;
+    };
+    for (const Batched& c : {Batched{"a batch of two", &batch, 1},
+                             Batched{"a batch overlapping by a head", &batch_overlapping, 0},
+                             Batched{"two batch levels", &two_levels, 1},
+                             Batched{"two levels overlapping", &two_levels_overlapping, 0}}) {
+        const std::string what = c.what;
+        CAPTURE(what);
         distinct = -1;
-        REQUIRE(rope_jit_tensor_has_distinct_elements(&view->tensor, &distinct) == ROPE_JIT_OK);
-        CHECK(distinct == expected);
+        REQUIRE(rope_jit_tensor_has_distinct_elements(&c.view->tensor, &distinct) == ROPE_JIT_OK);
+        CHECK(distinct == c.distinct);
     }
     int64_t shape9[9];
     const DLTensor nine_dims = with_nine_dims(fused.tensor, shape9);

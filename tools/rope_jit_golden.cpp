@@ -312,9 +312,11 @@ uint64_t checked_byte_size(const std::vector<int64_t>& shape, size_t item_size,
     return bytes;
 }
 
-// The array a manifest entry {file, dtype, shape} describes, its bytes not yet read: a case's
-// names, ranks and dtypes are checked first, so that a case that fails them costs no read of
-// what may be gigabytes. `what` names the entry in messages.
+// The array a manifest entry {file, dtype, shape} describes, its bytes not yet read: each
+// runner first checks what the case's names, dtypes, ranks, output shapes and params decide,
+// so that a case failing those costs no read of what may be gigabytes (read_arrays reads;
+// the library checks the rest, such as the tables' shapes, on the data). `what` names the
+// entry in messages.
 HostArray declare_array(const fs::path& dir, const json& spec, const std::string& what) {
     if (!spec.is_object() || !spec.contains("file") || !spec["file"].is_string() ||
         !spec.contains("dtype") || !spec.contains("shape"))
@@ -751,6 +753,9 @@ void check_rope_inputs(const ArrayMap& inputs, const RopeParams& params, const j
         if (it != inputs.end() && !it->second.is_index())
             throw CaseFailure(fmt::format("input '{}': dtype must be int32 or int64", name));
     }
+    if (auto it = inputs.find("q_position_offset"); it != inputs.end() && it->second.numel() != 1)
+        throw CaseFailure(fmt::format("input 'q_position_offset': expected [1], got {}",
+                                      shape_string(it->second.shape)));
     if (params.xpos && inputs.count("xpos_scale") == 0)
         throw CaseFailure("params.xpos is true but input 'xpos_scale' is missing");
     if (params.layout == Layout::THD && inputs.count("cu_seqlens") == 0)
@@ -761,9 +766,11 @@ void check_rope_inputs(const ArrayMap& inputs, const RopeParams& params, const j
 void check_rope_outputs(const ArrayMap& expected, const ArrayMap& inputs) {
     if (expected.empty()) throw CaseFailure("outputs: none to compare");
     for (const auto& [name, array] : expected) {
-        auto input = inputs.find(name);
-        if ((name != "q" && name != "k") || input == inputs.end())
+        if (name != "q" && name != "k")
             throw CaseFailure(fmt::format("output '{}': the rope op produces only q and k", name));
+        auto input = inputs.find(name);
+        if (input == inputs.end())
+            throw CaseFailure(fmt::format("output '{}': the case has no input '{}'", name, name));
         if (array.shape != input->second.shape)
             throw CaseFailure(fmt::format("output '{}': expected the input's shape {}, got {}",
                                           name, shape_string(input->second.shape),
@@ -776,16 +783,13 @@ void check_rope_outputs(const ArrayMap& expected, const ArrayMap& inputs) {
 int64_t api_q_position_offset(const ArrayMap& inputs, const RopeParams& params) {
     auto it = inputs.find("q_position_offset");
     if (it == inputs.end()) return 0;
-    if (it->second.numel() != 1)
-        throw CaseFailure(fmt::format("input 'q_position_offset': expected [1], got {}",
-                                      shape_string(it->second.shape)));
-    return int64_t(it->second.at(0)) - params.position_offset;
+    return int64_t(it->second.at(0)) - params.position_offset;  // ([1]: check_rope_inputs)
 }
 
 // With --angles inv_freq the library computes angle = row * inv_freq[i], which reproduces the
-// tables only where table row r is position r.
+// tables only where table row r is position r. (Whether the case has inv_freq at all is
+// asked before its files are read, in run_rope_case.)
 void require_inv_freq_usable(const ArrayMap& inputs) {
-    if (inputs.count("inv_freq") == 0) throw CaseUnsupported("no inv_freq input");
     auto it = inputs.find("positions_f");
     if (it == inputs.end()) return;
     const HostArray& positions = it->second;
@@ -895,6 +899,8 @@ Measurement run_rope_case(const GoldenCase& golden, const RunContext& context) {
     ArrayMap expected = declare_arrays(context.dir, golden.outputs, "output");
     check_rope_inputs(inputs, params, golden.params);
     check_rope_outputs(expected, inputs);
+    if (context.angles == AngleMode::InvFreq && inputs.count("inv_freq") == 0)
+        throw CaseUnsupported("no inv_freq input");
     read_arrays(inputs, "input");
     read_arrays(expected, "output");
     if (context.angles == AngleMode::InvFreq) require_inv_freq_usable(inputs);
@@ -1120,8 +1126,13 @@ Measurement run_inv_freq_case(const GoldenCase& golden, const RunContext& contex
         it != expected.end() && it->second.shape != std::vector<int64_t>{1})
         throw CaseFailure(fmt::format("output 'attention_factor': expected [1], got {}",
                                       shape_string(it->second.shape)));
-    read_arrays(expected, "output");
-    const int64_t n = expected.at("inv_freq").numel();
+    const HostArray& expected_inv_freq = expected.at("inv_freq");
+    if (expected_inv_freq.shape.size() != 1 ||
+        expected_inv_freq.shape[0] > ROPE_JIT_MAX_FREQUENCIES)
+        throw CaseFailure(fmt::format("output 'inv_freq': expected [n], n at most {}, got {}",
+                                      ROPE_JIT_MAX_FREQUENCIES,
+                                      shape_string(expected_inv_freq.shape)));
+    const int64_t n = expected_inv_freq.numel();
 
     rope_jit_freq_config config;
     rope_jit_freq_config_init(&config);
@@ -1177,6 +1188,7 @@ Measurement run_inv_freq_case(const GoldenCase& golden, const RunContext& contex
                 "params: short_factor/long_factor need {} entries, got {}", n, list->size()));
     config.short_factor = short_factor.empty() ? nullptr : short_factor.data();
     config.long_factor = long_factor.empty() ? nullptr : long_factor.data();
+    read_arrays(expected, "output");
 
     HostArray inv_freq{ElementType::F32, {n}, std::vector<unsigned char>(size_t(n) * 4), {}};
     HostArray attention_factor{ElementType::F32, {1}, std::vector<unsigned char>(4), {}};

@@ -706,8 +706,9 @@ ROPE_JIT_API rope_jit_status rope_jit_rope(rope_jit_runtime* runtime,
  * two devices one address). For bindings that write a call's results themselves (the Python
  * package copies an in-place result under autograd into q and k) and must refuse what
  * rope_jit_rope would. a and b are tensors of rope_jit_rope's dtypes with 1 to
- * ROPE_JIT_MEMORY_QUERY_MAX_DIMS dims; ERROR_INVALID_ARGUMENT, naming it, for a malformed one or a NULL
- * argument, and *shared is then 0. Touches no memory of either tensor; needs no runtime. */
+ * ROPE_JIT_MEMORY_QUERY_MAX_DIMS dims; ERROR_INVALID_ARGUMENT, naming it, for a malformed one
+ * or a NULL argument, and *shared is then 0. Touches no memory of either tensor; needs no
+ * runtime. */
 ROPE_JIT_API rope_jit_status rope_jit_tensors_share_memory(const DLTensor* a, const DLTensor* b,
                                                            int* shared);
 
@@ -717,8 +718,9 @@ ROPE_JIT_API rope_jit_status rope_jit_tensors_share_memory(const DLTensor* a, co
  * with smaller strides (a zero stride over several indices, or overlapping strides such as an
  * as_strided view's, fails it). Empty tensors are distinct. For bindings that write a call's
  * results themselves and must refuse what rope_jit_rope would. t is a tensor of
- * rope_jit_rope's dtypes with 1 to ROPE_JIT_MEMORY_QUERY_MAX_DIMS dims; ERROR_INVALID_ARGUMENT, naming it, for a malformed one
- * or a NULL argument, and *distinct is then 0. Touches no memory of t; needs no runtime. */
+ * rope_jit_rope's dtypes with 1 to ROPE_JIT_MEMORY_QUERY_MAX_DIMS dims;
+ * ERROR_INVALID_ARGUMENT, naming it, for a malformed one or a NULL argument, and *distinct is
+ * then 0. Touches no memory of t; needs no runtime. */
 ROPE_JIT_API rope_jit_status rope_jit_tensor_has_distinct_elements(const DLTensor* t,
                                                                    int* distinct);
 

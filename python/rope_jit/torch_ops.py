@@ -42,6 +42,7 @@ import torch
 
 from . import _plans, _torch_writes
 from . import _structs as _s
+from . import errors as _errors
 from . import tensors as _tensors
 from .attention import attention as _call_attention
 from .attention import attention_backward as _call_attention_backward
@@ -999,6 +1000,19 @@ def _kept(answers, key, ask):
     return answer
 
 
+def _library_answer(query, *named_tensors):
+    """The library's memory query `query` ((tensor, name) pairs: tensors.shares_memory or
+    has_distinct_elements) asked of those tensors, or None where it cannot answer: a library
+    without the query, or one built before the queries took more than 4 dims (both say 0.1.0),
+    which refuses the batched memory of vmap."""
+    try:
+        return query(*(_tensors.as_tensor(tensor, name) for tensor, name in named_tensors))
+    except _errors.InvalidArgumentError:
+        if any(tensor.dim() > 4 for tensor, _ in named_tensors):
+            return None
+        raise
+
+
 _distinct_layouts = {}  # (shape, strides) -> _distinct_elements' answer
 
 
@@ -1006,15 +1020,17 @@ def _distinct_elements(tensor, name):
     """Whether no two indices of `tensor` (below any torch.func wrappers, not contiguous)
     address the same element, as the library judges each tensor it writes
     (rope_jit_tensor_has_distinct_elements); kept per layout, the only thing it depends on.
-    Where the library cannot judge, torch's answer for zero strides decides (memory of over 8
-    dims, under nested vmaps; the query costs a microsecond: asked only where a stride is 0);
-    tensors without memory, and a library too old to tell, are judged distinct, as before the
-    rule was asked here."""
-    if not _library_can_judge(tensor):
-        return not (tensor.dim() > _s.MEMORY_QUERY_MAX_DIMS and 0 in tensor.stride()
-                    and torch._debug_has_internal_overlap(tensor) == 1)
-    return _kept(_distinct_layouts, (tensor.shape, tensor.stride()), lambda: (
-        _tensors.has_distinct_elements(_tensors.as_tensor(tensor, name)) is not False))
+    Where the library cannot judge (tensors without memory, memory of over 8 dims under nested
+    vmaps, a library too old to tell), batched memory of over 4 dims is judged by torch's
+    answer for zero strides (asked only where a stride is 0: the query costs a microsecond),
+    and the rest is judged distinct, as before the rule was asked here."""
+    if _library_can_judge(tensor):
+        answer = _kept(_distinct_layouts, (tensor.shape, tensor.stride()),
+                       lambda: _library_answer(_tensors.has_distinct_elements, (tensor, name)))
+        if answer is not None:
+            return answer
+    return not (tensor.dim() > 4 and 0 in tensor.stride()
+                and torch._debug_has_internal_overlap(tensor) == 1)
 
 
 def _below_wrappers(tensor):
@@ -1061,7 +1077,7 @@ def _share_elements(q, k):
     depends on their layouts and distance alone, so it is kept: a training loop asks the same
     each step. vmap's memory has a batch dim a level too: where that makes over 8 dims, more
     than the library takes, nothing is refused. A library too old to tell refuses nothing, as
-    before it had the rule."""
+    before it had the rule (nor one that takes 4 dims alone, under vmap)."""
     if not (_library_can_judge(q) and _library_can_judge(k)):
         return False
     q_range, k_range = _byte_range(q), _byte_range(k)
@@ -1069,8 +1085,8 @@ def _share_elements(q, k):
         return False
     key = (k.data_ptr() - q.data_ptr(), q.shape, q.stride(), q.element_size(), k.shape,
            k.stride(), k.element_size())
-    return _kept(_shared_layouts, key, lambda: _tensors.shares_memory(
-        _tensors.as_tensor(q, "q"), _tensors.as_tensor(k, "k"))) is True
+    return _kept(_shared_layouts, key, lambda: _library_answer(
+        _tensors.shares_memory, (q, "q"), (k, "k"))) is True
 
 
 def run_eager(call, q, k, inplace, records_grad):

@@ -270,7 +270,7 @@ def test_a_dlpack_tensor_declaring_impossible_dims_is_refused_before_its_shape_i
 def test_the_library_tells_views_of_one_buffer_that_share_elements_as_numpy_does_exactly():
     # rope_jit_tensors_share_memory against NumPy's exact answer (max_work=None) on random
     # strided views of one buffer: heads side by side (a fused qkv), overlapping slices,
-    # reversed and stepped views, of 4 dims and, as under vmap's batching, of 5 to 8.
+    # reversed and stepped views, of 4 dims and, as under vmap's batching, of 5 and 8.
     from rope_jit import _structs, tensors
 
     buffer = np.zeros((2, 6, 5, 12, 8), np.float32)
@@ -298,10 +298,12 @@ def test_the_library_tells_views_of_one_buffer_that_share_elements_as_numpy_does
     assert min(answers.values()) > 30  # both answers well exercised
     q, k = buffer[0, :, :, :8], buffer[0, :, :, 8:]  # interleaved heads: elements apart
     assert not tensors.shares_memory(tensors.as_tensor(q, "q"), tensors.as_tensor(k, "k"))
-    nine_dims = buffer.reshape(1, 1, 1, 1, 2, 6, 5, 12, 8)
-    assert _structs.MEMORY_QUERY_MAX_DIMS == nine_dims.ndim - 1
-    with pytest.raises(rope_jit.InvalidArgumentError, match="b: expected at most 8 dimensions"):
-        tensors.shares_memory(tensors.as_tensor(q, "q"), tensors.as_tensor(nine_dims, "k"))
+    # The package's mirror of the library's limit: that many dims are taken, one more is not.
+    most = _structs.MEMORY_QUERY_MAX_DIMS
+    widest = buffer.reshape((1,) * (most - buffer.ndim) + buffer.shape)
+    assert tensors.shares_memory(tensors.as_tensor(q, "q"), tensors.as_tensor(widest, "k"))
+    with pytest.raises(rope_jit.InvalidArgumentError, match=f"b: expected at most {most} dim"):
+        tensors.shares_memory(tensors.as_tensor(q, "q"), tensors.as_tensor(widest[None], "k"))
 
 
 def test_the_library_calls_elements_distinct_only_where_no_two_indices_meet():
@@ -339,5 +341,8 @@ def test_the_library_calls_elements_distinct_only_where_no_two_indices_meet():
                   (slice(None, None, 2), slice(None), slice(None, None, -3), slice(1, 7, 2)),
                   (0, slice(None, None, -1), slice(4, 12), slice(None))]:
         assert tensors.has_distinct_elements(tensors.as_tensor(block[index], "q")), index
-    with pytest.raises(rope_jit.InvalidArgumentError, match="t: expected at most 8 dimensions"):
-        tensors.has_distinct_elements(tensors.as_tensor(np.zeros((1,) * 8 + (2,)), "t"))
+    most = _structs.MEMORY_QUERY_MAX_DIMS
+    widest = np.zeros((1,) * (most - 1) + (2,), np.float32)
+    assert tensors.has_distinct_elements(tensors.as_tensor(widest, "t"))
+    with pytest.raises(rope_jit.InvalidArgumentError, match=f"t: expected at most {most} dim"):
+        tensors.has_distinct_elements(tensors.as_tensor(widest[None], "t"))

@@ -470,6 +470,44 @@ def test_an_in_place_rotation_under_vmap_judges_the_batched_memory_as_the_librar
     torch.testing.assert_close(fused, expected, rtol=0, atol=0)
 
 
+def test_under_vmap_a_library_whose_memory_queries_take_4_dims_judges_as_before(monkeypatch):
+    # A library built before the queries took 8 dims refuses vmap's 5 (both say 0.1.0): the
+    # package then judges that memory as before, by torch's zero-stride answer alone, instead
+    # of failing every in-place rotation of strided memory under vmap (review helper-98).
+    from rope_jit import errors, tensors
+    from rope_jit import torch_ops
+
+    def four_dims_only(query):
+        def ask(*views):
+            if any(view.ndim > 4 for view in views):
+                raise errors.error_for_status("rope_jit_tensor_has_distinct_elements", 1,
+                                              "ERROR_INVALID_ARGUMENT",
+                                              "t: expected at most 4 dimensions, got 5")
+            return query(*views)
+        return ask
+
+    for name in ("has_distinct_elements", "shares_memory"):
+        monkeypatch.setattr(tensors, name, four_dims_only(getattr(tensors, name)))
+    monkeypatch.setattr(torch_ops, "_distinct_layouts", {})
+    monkeypatch.setattr(torch_ops, "_shared_layouts", {})
+    cos, sin = tables(16, 8, "half", "half", "cpu")
+    fused = random((3, 1, 5, 4, 8), "cpu", torch.float32, 68)
+    expected = fused.clone()
+    for sample in expected:
+        rope_jit.apply_rope(sample[:, :, 0::2].transpose(1, 2), sample[:, :, 1:2].transpose(1, 2),
+                            cos, sin, inplace=True)
+    torch.func.vmap(lambda q, k: rope_jit.apply_rope(q, k, cos, sin, inplace=True))(
+        fused[:, :, :, 0::2].transpose(2, 3), fused[:, :, :, 1:2].transpose(2, 3))
+    torch.testing.assert_close(fused, expected, rtol=0, atol=0)
+
+    qs = random((3, 1, 2, 5, 8), "cpu", torch.float32, 69)
+    ks = random((1, 1, 2, 5, 8), "cpu", torch.float32, 70).expand(3, 1, 2, 5, 8)
+    qs_before = qs.clone()
+    with pytest.raises(RuntimeError, match="k: its strides may make several indices address"):
+        torch.func.vmap(lambda q, k: rope_jit.apply_rope(q, k, cos, sin, inplace=True))(qs, ks)
+    torch.testing.assert_close(qs, qs_before, rtol=0, atol=0)
+
+
 def test_an_in_place_rotation_under_autograd_writes_a_strided_wrapper_subclass():
     # A wrapper subclass (TwoTensor: two plain tensors behind one) has a data pointer of 0:
     # the share and stride checks cannot judge it and leave it to the subclass's copy_ (the

@@ -1,6 +1,7 @@
 // A checked, internal view of a caller's DLTensor: its element type as one enum, the data
 // pointer with byte_offset applied, and explicit strides (DLPack's NULL strides expanded).
-// Built by make_tensor_ref, which rejects what no op can use (lanes != 1, > 4 dims, ...).
+// Built by make_tensor_ref, which rejects what no op can use (lanes != 1, > 4 dims unless the
+// caller allows more, ...).
 #pragma once
 
 #include <cstdint>

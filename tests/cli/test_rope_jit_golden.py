@@ -12,10 +12,13 @@ import json
 import os
 import struct
 import subprocess
+import shutil
 import tempfile
+import threading
 import unittest
 
 TOOL = os.environ.get("ROPE_JIT_GOLDEN_TOOL", "")
+SHARED_CASES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "golden")
 HEAD_DIM = 8
 
 
@@ -51,12 +54,16 @@ def run_tool(directory, *args, timeout=60):
                           text=True, timeout=timeout)
 
 
-def run_tool_measuring_memory(directory):
-    """run_tool's result and the tool's peak resident memory in bytes (wait4's rusage)."""
+def run_tool_measuring_memory(directory, timeout=60):
+    """run_tool's result and the tool's peak resident memory in bytes (wait4's rusage); a tool
+    still running after `timeout` seconds is killed (and its result fails)."""
     with tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr:
         process = subprocess.Popen([TOOL, directory, "--backend", "cpu"], stdout=stdout,
                                    stderr=stderr)
+        killer = threading.Timer(timeout, process.kill)
+        killer.start()
         _, status, usage = os.wait4(process.pid, 0)
+        killer.cancel()
         process.returncode = os.waitstatus_to_exitcode(status)
         stdout.seek(0)
         stderr.seek(0)
@@ -143,21 +150,47 @@ class GoldenRunnerTest(unittest.TestCase):
                 self.assert_fails(result, "params")
 
     def test_a_case_failing_its_checks_reads_none_of_its_files(self):
-        # Each case declares a sparse 4 GiB output (no disk, but 4 GB of zeros to read) that
-        # the runner rejects by its name or shape, which it knows before reading a byte.
+        # Each case (an inv_freq one made here, the shared folder's first rope and attention
+        # cases) declares a sparse 4 GiB array (no disk, but 4 GB of zeros to read) that the
+        # runner rejects by its name or shape, which it knows before reading a byte.
+        with open(os.path.join(SHARED_CASES, "manifest.json")) as file:
+            shared = json.load(file)["cases"]
+        rope = next(case for case in shared if case["op"] == "rope")
+        attention = next(case for case in shared if case["op"] == "attention")
         huge = {"file": "huge.bin", "dtype": "float32", "shape": [1 << 30]}
-        for name, outputs, needle in (
-            ("unknown_output", {"bogus": huge}, "output 'bogus' is not part of"),
-            ("attention_factor_not_scalar", {"attention_factor": huge},
+        item_sizes = {"float32": 4, "bfloat16": 2, "float16": 2}
+        q_dtype = rope["inputs"]["q"]["dtype"]
+        for name, case, section, arrays, needle in (
+            ("unknown_output", None, "outputs", {"bogus": huge}, "output 'bogus' is not part of"),
+            ("attention_factor_not_scalar", None, "outputs", {"attention_factor": huge},
              "output 'attention_factor': expected [1]"),
+            ("inv_freq_of_two_dims", None, "outputs",
+             {"inv_freq": dict(huge, shape=[1 << 15, 1 << 15])},
+             "output 'inv_freq': expected [n]"),
+            ("rope_output_shape", rope, "outputs",
+             {"q": dict(huge, dtype=q_dtype, shape=[(4 << 30) // item_sizes[q_dtype]])},
+             "output 'q': expected the input's shape"),
+            ("rope_q_position_offset", rope, "inputs",
+             {"q_position_offset": dict(huge, dtype="int32")},
+             "input 'q_position_offset': expected [1]"),
+            ("attention_lse_shape", attention, "outputs", {"lse": huge},
+             "output 'lse': expected shape"),
         ):
             with self.subTest(name):
                 directory = self.case_dir(name)
+                if case is not None:
+                    case = json.loads(json.dumps(case))
+                    for entry in (*case["inputs"].values(), *case["outputs"].values()):
+                        copy = os.path.join(directory, entry["file"])
+                        os.makedirs(os.path.dirname(copy), exist_ok=True)
+                        shutil.copy(os.path.join(SHARED_CASES, entry["file"]), copy)
                 with open(os.path.join(directory, "huge.bin"), "wb") as file:
                     file.truncate(4 << 30)
                 with open(os.path.join(directory, "manifest.json")) as file:
                     manifest = json.load(file)
-                manifest["cases"][0]["outputs"].update(outputs)
+                if case is not None:
+                    manifest["cases"] = [case]
+                manifest["cases"][0][section].update(arrays)
                 with open(os.path.join(directory, "manifest.json"), "w") as file:
                     json.dump(manifest, file)
                 result, peak_bytes = run_tool_measuring_memory(directory)
