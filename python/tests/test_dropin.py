@@ -276,6 +276,36 @@ def test_flash_attn_apply_rotary_emb_on_packed_sequences_restarts_positions_per_
     close(got, flash_formula(x, cos, sin, True, rows), label="packed")
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_flash_attn_apply_rotary_emb_rotates_part_of_an_odd_head_and_passes_the_rest(device,
+                                                                                    interleaved):
+    # flash-attention rotates the first R features of any head and copies the rest; an odd
+    # head was refused, naming q (adversarial pass, session 47).
+    cos, sin = flash_tables(12, 6, device)
+    x = random((2, 5, 3, 7), device, 71, requires_grad=True)
+    rows = 2 + torch.arange(5, device=device).expand(2, 5)
+    got = flash_attn.apply_rotary_emb(x, cos, sin, interleaved, seqlen_offsets=2)
+    close(got, flash_formula(x, cos, sin, interleaved, rows), label="odd head")
+    check_gradients([x], lambda a: flash_attn.apply_rotary_emb(a, cos, sin, interleaved, False, 2),
+                    lambda a: flash_formula(a, cos, sin, interleaved, rows), device, "odd head")
+    with torch.no_grad():
+        y = x.detach().clone()
+        assert flash_attn.apply_rotary_emb(y, cos, sin, interleaved, inplace=True,
+                                           seqlen_offsets=2) is y
+        close(y, flash_formula(x.detach(), cos, sin, interleaved, rows), label="in place")
+    packed = random((9, 3, 7), device, 72)
+    cu_seqlens = torch.tensor([0, 4, 9], device=device, dtype=torch.int32)
+    packed_rows = torch.cat([torch.arange(4), torch.arange(5)]).to(device)
+    close(flash_attn.apply_rotary_emb(packed, cos, sin, interleaved, cu_seqlens=cu_seqlens),
+          flash_formula(packed, cos, sin, interleaved, packed_rows), label="packed")
+    before = x.detach().clone()
+    wide_cos, wide_sin = flash_tables(12, 8, device)
+    with pytest.raises(ValueError, match="cos: rotary_dim 8 .* exceeds x's head_dim 7"):
+        flash_attn.apply_rotary_emb(x.detach(), wide_cos, wide_sin, interleaved, inplace=True)
+    close(x.detach(), before, tolerance=0, label="untouched")
+
+
 def test_flash_attn_qkv_and_unsloth_take_q_heads_that_are_no_multiple_of_k_heads():
     """(Adversarial pass, session 35.) flash-attention's packed qkv with Hq = 3, Hk = 2 (and
     Hq = 2, Hk = 4) and Unsloth's kernels rotate every head; the drop-ins do it in two
@@ -413,6 +443,36 @@ def test_ret_tables_follow_frequencies_assigned_anew(kernel_only):
         assign(new)
         expected_freqs = (positions[:, None] * new[None]).repeat_interleave(2, dim=-1)
         close(rotary.rotate_queries_or_keys(t), ret_formula(expected_freqs, t), label=label)
+
+
+def test_ret_tables_follow_frequencies_in_a_new_storage_at_an_old_address():
+    # The kept tables were keyed on the frequencies' address: a new storage there (a freed
+    # one's memory reused, here one NumPy buffer brought in twice), with version 0 again,
+    # matched the entry made for the old frequencies (adversarial pass, session 47: 3 to 6 of
+    # 50 assignments through .data, depending on the allocator).
+    np = pytest.importorskip("numpy")
+    rotary = ret.RotaryEmbedding(dim=8)
+    t = random((1, 1, 7, 16), "cpu", 73)
+    positions = torch.arange(7, dtype=torch.float32)
+    memory = np.empty(4, np.float32)
+    for label, values in (("first", [1.0, 0.5, 0.25, 0.125]), ("second", [2.0, 1.0, 0.5, 0.25])):
+        memory[:] = values
+        rotary.freqs.data = torch.from_numpy(memory)
+        expected_freqs = (positions[:, None] * torch.tensor(values)).repeat_interleave(2, -1)
+        with torch.no_grad():
+            close(rotary.rotate_queries_or_keys(t), ret_formula(expected_freqs, t), label=label)
+
+
+def test_ret_rotates_part_of_an_odd_feature_dimension_and_passes_the_rest():
+    # The peer rotates features [start, start + R) whatever the parity of the rest; an odd
+    # dimension was refused, naming q (adversarial pass, session 47).
+    t = random((2, 3, 5, 7), "cpu", 75)
+    rotary = ret.RotaryEmbedding(dim=6)
+    close(rotary.rotate_queries_or_keys(t), ret_formula(ret_freqs(6, torch.arange(5)), t),
+          label="module")
+    freqs = ret_freqs(4, torch.arange(5))
+    close(ret.apply_rotary_emb(freqs, t, start_index=1), ret_formula(freqs, t, start_index=1),
+          label="function")
 
 
 def test_ret_exports_and_vmaps_over_its_frequencies():

@@ -27,9 +27,20 @@ def apply_rotary_emb(x, cos, sin, interleaved=False, inplace=False, seqlen_offse
     with inplace=True). A token whose position (offset included) lies past the tables is an
     error here, where flash-attention's kernel passes it through unrotated.
     """
+    rotary_dim = 2 * cos.shape[-1]
+    if x.shape[-1] % 2 == 1:
+        # The library rotates heads of an even size: an odd head's first R features are
+        # rotated as a head of their own and the rest passes through, as flash-attention's
+        # kernel copies it (adversarial pass, session 47: refused, naming q).
+        if rotary_dim > x.shape[-1]:
+            raise ValueError(f"cos: rotary_dim {rotary_dim} (2 * cos.shape[-1]) exceeds x's "
+                             f"head_dim {x.shape[-1]}")
+        rotated = apply_rotary_emb(x[..., :rotary_dim], cos, sin, interleaved, inplace,
+                                   seqlen_offsets, cu_seqlens, max_seqlen)
+        return x if inplace else torch.cat((rotated, x[..., rotary_dim:]), dim=-1)
     position_offset, offsets = _offsets(seqlen_offsets)
     return apply_rope(x, None, cos, sin, seqlen_offsets=offsets, cu_seqlens=cu_seqlens,
-                      position_offset=position_offset, rotary_dim=2 * cos.shape[-1],
+                      position_offset=position_offset, rotary_dim=rotary_dim,
                       style="interleaved" if interleaved else "half",
                       layout="thd" if cu_seqlens is not None else "bshd", inplace=inplace)
 

@@ -8,7 +8,12 @@ formula in plain PyTorch, so that results and gradients stay right:
   * frequencies that need a gradient (learned_freq=True while autograd records), since the
     kernel's backward gives gradients for the rotated tensors only;
   * broadcasts the kernel cannot express (freqs varying along a batch axis, a scalar scale
-    other than 1, float64 tensors...).
+    other than 1, float64 tensors, an odd feature dimension...).
+The kernel reads one angle and one xPos scale per interleaved pair, from the pair's first
+column (as the library reads full tables). rotary-embedding-torch's own frequencies and scales
+repeat each value for its pair, so nothing changes for them; frequencies or a scale given to
+apply_rotary_emb whose two columns of a pair differ are rotated by the first column's (the
+formula, for float64, by each its own).
 """
 
 import contextlib
@@ -96,7 +101,9 @@ def _rotate(t, cos, sin, start_index, seq_dim, xpos=None, position_offset=0):
 
 
 def _kernel_can_take(freqs, t, scale):
-    if t.dtype not in _KERNEL_DTYPES or freqs.dtype != torch.float32:
+    # (The library rotates heads of an even size; an odd one takes the formula, which passes
+    # the features past the rotated ones through: adversarial pass, session 47.)
+    if t.dtype not in _KERNEL_DTYPES or freqs.dtype != torch.float32 or t.shape[-1] % 2:
         return False
     if torch.is_grad_enabled() and (freqs.requires_grad or (torch.is_tensor(scale) and scale.requires_grad)):
         return False
@@ -213,7 +220,8 @@ class RotaryEmbedding(nn.Module):
             raise ValueError("interpolation factor must be at least 1.0")
         self.interpolate_factor = interpolate_factor
         self.use_xpos = use_xpos
-        self._tables = {}  # (seq_len, offset, device, dtype, freqs version) -> (cos, sin)
+        # (seq_len, offset, device, dtype, frequencies' identity) -> (cos, sin, their storage)
+        self._tables = {}
         self.apply_rotary_emb = staticmethod(apply_rotary_emb)
         if not use_xpos:
             return
@@ -271,28 +279,34 @@ class RotaryEmbedding(nn.Module):
         # Kept only for frequencies with memory of their own (not while torch.compile or
         # export traces, nor for vmap's batched or a dispatch mode's fake tensors), keyed on
         # that memory too: a new tensor assigned, or set through .data, kept the old tables
-        # (atomicity audit, session 40). A write through .data counts no version: like
-        # rotary-embedding-torch's own cached_freqs, it is not seen.
+        # (atomicity audit, session 40). The key names the storage itself (its C++ object),
+        # and each entry holds that storage, so that no other gets its name while the entry
+        # lasts: keyed on the data's address, a new storage at a freed one's address, with
+        # version 0 again, matched an entry made for other frequencies (adversarial pass,
+        # session 47). A write into the same storage that counts no version (through .data,
+        # or by NumPy) is not seen, like rotary-embedding-torch's own cached_freqs.
         source = self.freqs
         keep = (self.cache_if_possible and not torch.compiler.is_compiling()
                 and _has_storage(source) and not _is_fake(source))
         if keep:
-            key = (seq_len, offset, device, dtype, id(source), source.data_ptr(), source._version,
-                   self.interpolate_factor)
+            storage = source.untyped_storage()
+            key = (seq_len, offset, device, dtype, id(source), storage._cdata, source.data_ptr(),
+                   source._version, self.interpolate_factor)
             cached = self._tables.get(key)
             if cached is not None:
-                return cached
+                return cached[:2]
         freqs = self.forward(self.get_seq_pos(seq_len, device=device, dtype=dtype, offset=offset), seq_len=seq_len)
         tables = (freqs.cos(), freqs.sin())
         if keep:
             if len(self._tables) >= 8:
                 self._tables.clear()
-            self._tables[key] = tables
+            self._tables[key] = (*tables, storage)
         return tables
 
     def _uses_kernel(self, t):
-        return t.dtype in _KERNEL_DTYPES and self.freqs.dtype == torch.float32 and not (
-            torch.is_grad_enabled() and self.freqs.requires_grad)
+        return (t.dtype in _KERNEL_DTYPES and self.freqs.dtype == torch.float32
+                and t.shape[-1] % 2 == 0
+                and not (torch.is_grad_enabled() and self.freqs.requires_grad))
 
     def rotate_queries_or_keys(self, t, seq_dim=None, offset=0, scale=None):
         """Rotates t (queries or keys) at positions offset, offset+1, ... along seq_dim
