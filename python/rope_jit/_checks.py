@@ -34,9 +34,24 @@ def c_int(value, name, bits=32, signed=True):
     return number
 
 
+def items(values, name):
+    """The elements of `values` (a list, tuple, 1-D array...) as a list; a TypeError naming
+    `name` for a value that is no sequence (an int gave Python's own "'int' object is not
+    iterable": adversarial pass, session 47)."""
+    if isinstance(values, (str, bytes)):
+        raise TypeError(f"{name}: expected a sequence, got {type(values).__name__} {values!r}")
+    try:
+        return list(values)
+    except TypeError:
+        raise TypeError(
+            f"{name}: expected a sequence, got {type(values).__name__} {values!r}"
+        ) from None
+
+
 def c_ints(values, name, bits=32):
     """c_int of every element of the sequence `values`, named name[i] in errors."""
-    return [c_int(value, f"{name}[{index}]", bits) for index, value in enumerate(values)]
+    return [c_int(value, f"{name}[{index}]", bits)
+            for index, value in enumerate(items(values, name))]
 
 
 def c_double(value, name):

@@ -12,7 +12,7 @@ import ctypes
 from . import _library
 from . import _structs as s
 from .runtime import _STYLES, _choice
-from ._checks import c_double, c_int, c_ints
+from ._checks import c_double, c_int, c_ints, items
 from .tensors import as_tensor
 
 _P = ctypes.POINTER
@@ -196,7 +196,8 @@ def rope_tables(
     if positions is not None:
         # The library reads axes * rows positions (rows: the tables' first extent): a shorter
         # list would be read past its end (issue 20, P1).
-        values = [c_double(p, f"positions[{index}]") for index, p in enumerate(positions)]
+        values = [c_double(p, f"positions[{index}]")
+                  for index, p in enumerate(items(positions, "positions"))]
         given = [table for table in tables if table is not None]
         rows = max((len(table.shape) and table.shape[0] for table in given), default=0)
         if given and len(values) != axes * rows:  # (no table at all: the library names that)

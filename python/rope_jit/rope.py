@@ -212,7 +212,7 @@ def build_args(
     if kv_layout is not None:
         if "kv_layout" not in supported:
             raise library.too_old("kv_layout")
-        if kv_layout not in KV_LAYOUTS:
+        if not isinstance(kv_layout, str) or kv_layout not in KV_LAYOUTS:
             raise ValueError(
                 f"kv_layout: expected one of {[n for n in KV_LAYOUTS if n]}, got {kv_layout!r}"
             )

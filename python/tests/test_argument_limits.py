@@ -93,6 +93,25 @@ def test_mrope_sections_that_do_not_fit_an_int32_are_refused(cpu_runtime):
         )
 
 
+def test_list_and_name_arguments_of_another_kind_are_errors_naming_them(cpu_runtime):
+    # An int for a list, or a list for a name, gave Python's own "'int' object is not
+    # iterable" and "unhashable type: 'list'" (adversarial pass, session 47).
+    q, cos, sin = tensors()
+    before = q.copy()
+    with pytest.raises(TypeError, match="mrope_sections: expected a sequence, got int 4"):
+        rope_jit.rope(q, cos=cos, sin=sin, positions=np.zeros((1, 4), np.int64),
+                      mrope_sections=4, runtime=cpu_runtime)
+    with pytest.raises(ValueError, match=r"kv_layout: expected one of .*, got \['nhd'\]"):
+        rope_jit.rope(q, cos=cos, sin=sin, kv_layout=["nhd"], runtime=cpu_runtime)
+    np.testing.assert_array_equal(q, before)
+    if frequencies.has_frequency_builders():
+        table = np.full((4, 4), 7.0, np.float32)
+        for field, value in (("positions", 3), ("mrope_sections", 4)):
+            with pytest.raises(TypeError, match=f"{field}: expected a sequence, got int"):
+                frequencies.rope_tables([1, 0.1, 0.01, 0.001], cos=table, **{field: value})
+        np.testing.assert_array_equal(table, 7.0)
+
+
 def test_runtime_refuses_a_thread_count_past_int_and_a_cache_dir_with_nul(library):
     with pytest.raises(OverflowError, match="cpu_threads"):
         rope_jit.Runtime(backend="cpu", cpu_threads=2**32)
