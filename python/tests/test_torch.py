@@ -425,12 +425,16 @@ def test_an_in_place_rotation_under_vmap_refuses_a_captured_k_before_writing_q()
 
 
 def test_an_in_place_rotation_under_vmap_refuses_a_broadcast_k_before_writing_q():
-    # Below vmap the memory has 5 dims, more than the library's rule takes: torch's zero-stride
-    # answer refuses k there; without it q was rotated before torch's copy_ refused k (review
+    # Below vmap the memory has 5 dims: q was rotated before torch's copy_ refused k (review
     # helper-91, session 42).
-    cos, sin = tables(16, 8, "half", "half", "cpu")
-    qs = random((3, 1, 2, 5, 8), "cpu", torch.float32, 62)
-    ks = random((1, 1, 2, 5, 8), "cpu", torch.float32, 63).expand(3, 1, 2, 5, 8)
+    _check_vmapped_broadcast_k_refused(*tables(16, 8, "half", "half", "cpu"), 62)
+
+
+def _check_vmapped_broadcast_k_refused(cos, sin, seed):
+    """vmap of an in-place rotation of 3 samples of q beside one k broadcast over them: k is
+    refused, and q is left as it was."""
+    qs = random((3, 1, 2, 5, 8), "cpu", torch.float32, seed)
+    ks = random((1, 1, 2, 5, 8), "cpu", torch.float32, seed + 1).expand(3, 1, 2, 5, 8)
     qs_before = qs.clone()
     with pytest.raises(RuntimeError, match="k: its strides may make several indices address"):
         torch.func.vmap(lambda q, k: rope_jit.apply_rope(q, k, cos, sin, inplace=True))(qs, ks)
@@ -458,9 +462,14 @@ def test_an_in_place_rotation_under_vmap_judges_the_batched_memory_as_the_librar
         torch.func.vmap(lambda q, k: rope_jit.apply_rope(q, k, cos, sin, inplace=True))(qs, ks)
     torch.testing.assert_close(base, before, rtol=0, atol=0)
 
-    # Samples apart (q heads 0 and 2 of each 4-head token, k head 1) are rotated as each
-    # sample alone would be.
-    fused = random((3, 1, 5, 4, 8), "cpu", torch.float32, 67)
+    # Samples apart are rotated as each sample alone would be.
+    _check_vmapped_fused_rotation_in_place(cos, sin, 67)
+
+
+def _check_vmapped_fused_rotation_in_place(cos, sin, seed):
+    """vmap of an in-place rotation over 3 samples of [1, 5, 4, 8] tokens, q heads 0 and 2 of
+    each token, k head 1 (elements apart, memory strided), against each sample alone."""
+    fused = random((3, 1, 5, 4, 8), "cpu", torch.float32, seed)
     expected = fused.clone()
     for sample in expected:
         rope_jit.apply_rope(sample[:, :, 0::2].transpose(1, 2), sample[:, :, 1:2].transpose(1, 2),
@@ -491,21 +500,8 @@ def test_under_vmap_a_library_whose_memory_queries_take_4_dims_judges_as_before(
     monkeypatch.setattr(torch_ops, "_distinct_layouts", {})
     monkeypatch.setattr(torch_ops, "_shared_layouts", {})
     cos, sin = tables(16, 8, "half", "half", "cpu")
-    fused = random((3, 1, 5, 4, 8), "cpu", torch.float32, 68)
-    expected = fused.clone()
-    for sample in expected:
-        rope_jit.apply_rope(sample[:, :, 0::2].transpose(1, 2), sample[:, :, 1:2].transpose(1, 2),
-                            cos, sin, inplace=True)
-    torch.func.vmap(lambda q, k: rope_jit.apply_rope(q, k, cos, sin, inplace=True))(
-        fused[:, :, :, 0::2].transpose(2, 3), fused[:, :, :, 1:2].transpose(2, 3))
-    torch.testing.assert_close(fused, expected, rtol=0, atol=0)
-
-    qs = random((3, 1, 2, 5, 8), "cpu", torch.float32, 69)
-    ks = random((1, 1, 2, 5, 8), "cpu", torch.float32, 70).expand(3, 1, 2, 5, 8)
-    qs_before = qs.clone()
-    with pytest.raises(RuntimeError, match="k: its strides may make several indices address"):
-        torch.func.vmap(lambda q, k: rope_jit.apply_rope(q, k, cos, sin, inplace=True))(qs, ks)
-    torch.testing.assert_close(qs, qs_before, rtol=0, atol=0)
+    _check_vmapped_fused_rotation_in_place(cos, sin, 68)
+    _check_vmapped_broadcast_k_refused(cos, sin, 69)
 
 
 def test_an_in_place_rotation_under_autograd_writes_a_strided_wrapper_subclass():
