@@ -598,6 +598,20 @@ TEST_CASE("background builds are on by default and off through the config or the
         CHECK_FALSE(rope_jit::background_builds_disabled_by_env());
         env.set("ROPE_JIT_BACKGROUND_BUILDS", "0");
         CHECK(rope_jit::background_builds_disabled_by_env());
+        // Any other value is refused by name, also by a CPU runtime ("off" read as on).
+        rope_jit_config cpu;
+        rope_jit_config_init(&cpu);
+        cpu.backend = ROPE_JIT_BACKEND_CPU;
+        cpu.disk_cache = 0;
+        for (const char* value : {"off", "false", " 0", "00"}) {
+            CAPTURE(value);
+            env.set("ROPE_JIT_BACKGROUND_BUILDS", value);
+            rope_jit_runtime* runtime = nullptr;
+            CHECK(rope_jit_runtime_create(&cpu, &runtime) == ROPE_JIT_ERROR_INVALID_ARGUMENT);
+            CHECK(runtime == nullptr);
+            CHECK(std::string(rope_jit_last_error()).find("ROPE_JIT_BACKGROUND_BUILDS") !=
+                  std::string::npos);
+        }
     }
     // The counters start at zero and reach a caller through rope_jit_get_stats.
     config.backend = ROPE_JIT_BACKEND_CPU;

@@ -2,6 +2,7 @@
 // versioning, runtime lifetime and backend selection.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstddef>
 #include <cstring>
@@ -74,6 +75,65 @@ TEST_CASE("a caller compiled against an older, smaller config struct gets defaul
     REQUIRE(rope_jit_runtime_create(&config, &runtime) == ROPE_JIT_OK);
     CHECK(rope_jit_backend(runtime) == ROPE_JIT_BACKEND_CPU);
     rope_jit_runtime_free(runtime);
+}
+
+TEST_CASE("an _init writes exactly the caller's struct, whatever size it was compiled with") {
+    // The _init functions wrote this library's struct whole: a caller compiled against an
+    // older, smaller header had the bytes past its struct overwritten, and struct_size said
+    // the library's size (adversarial pass, session 47). rope_jit_X_init is now a macro
+    // passing the caller's sizeof to rope_jit_X_init_sized.
+    constexpr size_t kOld = offsetof(rope_jit_config, cache_dir);  // struct_size and backend
+    constexpr size_t kLarger = sizeof(rope_jit_config) + 16;       // a newer header's struct
+    alignas(rope_jit_config) unsigned char memory[kLarger + 16];
+    rope_jit_config defaults;
+    rope_jit_config_init(&defaults);
+    CHECK(defaults.struct_size == sizeof(rope_jit_config));
+    for (size_t size : {kOld, sizeof(rope_jit_config), kLarger}) {
+        CAPTURE(size);
+        std::memset(memory, 0x5a, sizeof memory);
+        auto* config = reinterpret_cast<rope_jit_config*>(memory);
+        rope_jit_config_init_sized(config, size);
+        CHECK(config->struct_size == size);
+        const size_t library_part = std::min(size, sizeof(rope_jit_config));
+        CHECK(std::memcmp(memory + sizeof(size_t),
+                          reinterpret_cast<unsigned char*>(&defaults) + sizeof(size_t),
+                          library_part - sizeof(size_t)) == 0);
+        for (size_t i = library_part; i < size; ++i) CHECK(memory[i] == 0);
+        for (size_t i = size; i < sizeof memory; ++i) CHECK(memory[i] == 0x5a);  // untouched
+        config->backend = ROPE_JIT_BACKEND_CPU;
+        rope_jit_runtime* runtime = nullptr;
+        REQUIRE(rope_jit_runtime_create(config, &runtime) == ROPE_JIT_OK);
+        CHECK(rope_jit_backend(runtime) == ROPE_JIT_BACKEND_CPU);
+        rope_jit_runtime_free(runtime);
+    }
+    // A size that cannot hold struct_size writes nothing; NULL is ignored.
+    std::memset(memory, 0x5a, sizeof memory);
+    rope_jit_config_init_sized(reinterpret_cast<rope_jit_config*>(memory), 4);
+    for (unsigned char byte : memory) CHECK(byte == 0x5a);
+    rope_jit_config_init_sized(nullptr, sizeof(rope_jit_config));
+
+    // Every struct's macro passes the caller's size and its sized function fills to it.
+    rope_jit_rope_args args;
+    rope_jit_rope_args_init_sized(&args, offsetof(rope_jit_rope_args, q_out));
+    CHECK(args.struct_size == offsetof(rope_jit_rope_args, q_out));
+    rope_jit_attention_args attention;
+    rope_jit_attention_args_init(&attention);
+    CHECK(attention.struct_size == sizeof attention);
+    rope_jit_kernel_spec spec;
+    rope_jit_kernel_spec_init(&spec);
+    CHECK(spec.struct_size == sizeof spec);
+    rope_jit_stats stats;
+    rope_jit_stats_init(&stats);
+    CHECK(stats.struct_size == sizeof stats);
+    rope_jit_freq_config freq;
+    rope_jit_freq_config_init(&freq);
+    CHECK(freq.struct_size == sizeof freq);
+    rope_jit_table_config table;
+    rope_jit_table_config_init(&table);
+    CHECK(table.struct_size == sizeof table);
+    rope_jit_device_info info;
+    rope_jit_device_info_init(&info);
+    CHECK(info.struct_size == sizeof info);
 }
 
 TEST_CASE("runtime creation reports bad arguments and leaves *out NULL") {

@@ -12,6 +12,12 @@
  * keep their signatures, and argument structs only grow at their end. Every argument struct
  * opens with `struct_size`, which its `_init` function sets, so a newer library reads an
  * older caller's struct correctly (fields past the caller's size take their defaults).
+ * Each `rope_jit_X_init(p)` is a macro calling `rope_jit_X_init_sized(p, sizeof(rope_jit_X))`
+ * with the size the caller was compiled with: the library writes that many bytes (its
+ * defaults, zeros past its own struct) and sets struct_size to it, so a newer library, whose
+ * struct is larger, never writes past the caller's. The plain `rope_jit_X_init` symbols (the
+ * name in parentheses, or through dlsym) write the library's own size: for bindings that
+ * pass a buffer at least that large.
  *
  * Threads: a runtime may be used by any number of threads at once. Error messages are
  * per thread (see rope_jit_last_error).
@@ -228,7 +234,9 @@ typedef struct rope_jit_config {
      * for what is left of them). The forward never waits for them;
      * their errors are dropped (the backward call reports its own); rope_jit_runtime_free
      * drops queued ones and waits for a running compile. 0: off. The environment variable
-     * ROPE_JIT_BACKGROUND_BUILDS=0 turns it off as well. */
+     * ROPE_JIT_BACKGROUND_BUILDS=0 turns it off as well (1 or empty leave it to this field;
+     * any other value makes rope_jit_runtime_create fail with ERROR_INVALID_ARGUMENT naming
+     * it). */
     int background_builds;
     /* A rope_jit_programmatic_launch value: whether the CUDA backend launches its RoPE
      * kernels (rope_jit_rope, with or without QK-norm, KV cache and FP8 outputs; not the
@@ -251,7 +259,10 @@ typedef struct rope_jit_config {
 } rope_jit_config;
 
 /* Fills *config with the defaults above and sets struct_size. NULL is ignored. */
-ROPE_JIT_API void rope_jit_config_init(rope_jit_config* config);
+ROPE_JIT_API void rope_jit_config_init_sized(rope_jit_config* config, size_t size);
+ROPE_JIT_API void(rope_jit_config_init)(rope_jit_config* config);
+#define rope_jit_config_init(config) \
+    rope_jit_config_init_sized((config), sizeof(rope_jit_config))
 
 /* ========================================================================================
  * RoPE arguments
@@ -539,7 +550,10 @@ typedef struct rope_jit_rope_args {
 
 /* Fills *args with the defaults above (every tensor NULL) and sets struct_size. NULL is
  * ignored. */
-ROPE_JIT_API void rope_jit_rope_args_init(rope_jit_rope_args* args);
+ROPE_JIT_API void rope_jit_rope_args_init_sized(rope_jit_rope_args* args, size_t size);
+ROPE_JIT_API void(rope_jit_rope_args_init)(rope_jit_rope_args* args);
+#define rope_jit_rope_args_init(args) \
+    rope_jit_rope_args_init_sized((args), sizeof(rope_jit_rope_args))
 
 /* ========================================================================================
  * Kernel specs (for prewarming caches)
@@ -630,7 +644,10 @@ typedef struct rope_jit_kernel_spec {
 } rope_jit_kernel_spec;
 
 /* Fills *spec with the defaults above and sets struct_size. NULL is ignored. */
-ROPE_JIT_API void rope_jit_kernel_spec_init(rope_jit_kernel_spec* spec);
+ROPE_JIT_API void rope_jit_kernel_spec_init_sized(rope_jit_kernel_spec* spec, size_t size);
+ROPE_JIT_API void(rope_jit_kernel_spec_init)(rope_jit_kernel_spec* spec);
+#define rope_jit_kernel_spec_init(spec) \
+    rope_jit_kernel_spec_init_sized((spec), sizeof(rope_jit_kernel_spec))
 
 /* Counters of one runtime since its creation. */
 typedef struct rope_jit_stats {
@@ -666,7 +683,10 @@ typedef struct rope_jit_stats {
 } rope_jit_stats;
 
 /* Zeroes *stats and sets struct_size. NULL is ignored. */
-ROPE_JIT_API void rope_jit_stats_init(rope_jit_stats* stats);
+ROPE_JIT_API void rope_jit_stats_init_sized(rope_jit_stats* stats, size_t size);
+ROPE_JIT_API void(rope_jit_stats_init)(rope_jit_stats* stats);
+#define rope_jit_stats_init(stats) \
+    rope_jit_stats_init_sized((stats), sizeof(rope_jit_stats))
 
 /* ========================================================================================
  * Functions
@@ -986,7 +1006,10 @@ typedef struct rope_jit_attention_args {
 
 /* Fills *args with the defaults above (every tensor NULL) and sets struct_size. NULL is
  * ignored. */
-ROPE_JIT_API void rope_jit_attention_args_init(rope_jit_attention_args* args);
+ROPE_JIT_API void rope_jit_attention_args_init_sized(rope_jit_attention_args* args, size_t size);
+ROPE_JIT_API void(rope_jit_attention_args_init)(rope_jit_attention_args* args);
+#define rope_jit_attention_args_init(args) \
+    rope_jit_attention_args_init_sized((args), sizeof(rope_jit_attention_args))
 
 /* Attention forward: writes args->out (and args->lse when given). On the CPU backend the work
  * is done when the call returns; on the CUDA backend it is enqueued on args->stream. Fails
@@ -1148,7 +1171,10 @@ typedef struct rope_jit_freq_config {
 } rope_jit_freq_config;
 
 /* Fills *config with the defaults above and sets struct_size. NULL is ignored. */
-ROPE_JIT_API void rope_jit_freq_config_init(rope_jit_freq_config* config);
+ROPE_JIT_API void rope_jit_freq_config_init_sized(rope_jit_freq_config* config, size_t size);
+ROPE_JIT_API void(rope_jit_freq_config_init)(rope_jit_freq_config* config);
+#define rope_jit_freq_config_init(config) \
+    rope_jit_freq_config_init_sized((config), sizeof(rope_jit_freq_config))
 
 /* The most inverse frequencies (pairs) rope_jit_inv_freq computes and rope_jit_rope_tables
  * takes: 2^24, far past any model's rotary_dim / 2, so that a mistyped count is an error rather
@@ -1225,7 +1251,10 @@ typedef struct rope_jit_table_config {
 } rope_jit_table_config;
 
 /* Fills *config with the defaults above and sets struct_size. NULL is ignored. */
-ROPE_JIT_API void rope_jit_table_config_init(rope_jit_table_config* config);
+ROPE_JIT_API void rope_jit_table_config_init_sized(rope_jit_table_config* config, size_t size);
+ROPE_JIT_API void(rope_jit_table_config_init)(rope_jit_table_config* config);
+#define rope_jit_table_config_init(config) \
+    rope_jit_table_config_init_sized((config), sizeof(rope_jit_table_config))
 
 /* Fills the tables of *config: cos, sin and xpos_scale, each optional (NULL) but not all
  * three. Each is a 2-D [P, n] or [P, 2n] tensor in host-accessible memory (kDLCPU,
@@ -1274,7 +1303,10 @@ typedef struct rope_jit_device_info {
 } rope_jit_device_info;
 
 /* Zeroes *info and sets struct_size. NULL is ignored. */
-ROPE_JIT_API void rope_jit_device_info_init(rope_jit_device_info* info);
+ROPE_JIT_API void rope_jit_device_info_init_sized(rope_jit_device_info* info, size_t size);
+ROPE_JIT_API void(rope_jit_device_info_init)(rope_jit_device_info* info);
+#define rope_jit_device_info_init(info) \
+    rope_jit_device_info_init_sized((info), sizeof(rope_jit_device_info))
 
 /* The number of CUDA devices the runtime launches on: 0 on the CPU backend and for NULL. */
 ROPE_JIT_API int rope_jit_device_count(const rope_jit_runtime* runtime);

@@ -98,7 +98,9 @@ const char* rope_jit_last_error(void) {
     return last_error.c_str();
 }
 
-void rope_jit_config_init(rope_jit_config* config) {
+// Each _init's name in parentheses: rope_jit.h defines rope_jit_X_init(p) as a macro calling
+// rope_jit_X_init_sized with the caller's struct size; the plain symbols stay exported.
+void(rope_jit_config_init)(rope_jit_config* config) {
     if (config == nullptr) return;
     *config = rope_jit_config{};
     config->struct_size = sizeof(rope_jit_config);
@@ -112,12 +114,20 @@ void rope_jit_config_init(rope_jit_config* config) {
     config->programmatic_launch = ROPE_JIT_PROGRAMMATIC_AUTO;
 }
 
-void rope_jit_rope_args_init(rope_jit_rope_args* args) {
+void rope_jit_config_init_sized(rope_jit_config* config, size_t size) {
+    rope_jit::init_caller_struct(config, size, &(rope_jit_config_init));
+}
+
+void(rope_jit_rope_args_init)(rope_jit_rope_args* args) {
     if (args == nullptr) return;
     *args = rope_jit_rope_args{};
     args->struct_size = sizeof(rope_jit_rope_args);
     args->style = ROPE_JIT_STYLE_HALF;
     args->norm_eps = 1e-6;
+}
+
+void rope_jit_rope_args_init_sized(rope_jit_rope_args* args, size_t size) {
+    rope_jit::init_caller_struct(args, size, &(rope_jit_rope_args_init));
 }
 
 rope_jit_status rope_jit_runtime_create(const rope_jit_config* config, rope_jit_runtime** out) {
@@ -140,14 +150,18 @@ rope_jit_backend_kind rope_jit_backend(const rope_jit_runtime* runtime) {
     return runtime ? runtime->runtime.backend() : ROPE_JIT_BACKEND_CPU;
 }
 
-void rope_jit_attention_args_init(rope_jit_attention_args* args) {
+void(rope_jit_attention_args_init)(rope_jit_attention_args* args) {
     if (args == nullptr) return;
     *args = rope_jit_attention_args{};
     args->struct_size = sizeof(rope_jit_attention_args);
     args->style = ROPE_JIT_STYLE_HALF;
 }
 
-void rope_jit_kernel_spec_init(rope_jit_kernel_spec* spec) {
+void rope_jit_attention_args_init_sized(rope_jit_attention_args* args, size_t size) {
+    rope_jit::init_caller_struct(args, size, &(rope_jit_attention_args_init));
+}
+
+void(rope_jit_kernel_spec_init)(rope_jit_kernel_spec* spec) {
     if (spec == nullptr) return;
     *spec = rope_jit_kernel_spec{};
     spec->struct_size = sizeof(rope_jit_kernel_spec);
@@ -164,10 +178,18 @@ void rope_jit_kernel_spec_init(rope_jit_kernel_spec* spec) {
     spec->norm_weight_grad = 1;
 }
 
-void rope_jit_stats_init(rope_jit_stats* stats) {
+void rope_jit_kernel_spec_init_sized(rope_jit_kernel_spec* spec, size_t size) {
+    rope_jit::init_caller_struct(spec, size, &(rope_jit_kernel_spec_init));
+}
+
+void(rope_jit_stats_init)(rope_jit_stats* stats) {
     if (stats == nullptr) return;
     *stats = rope_jit_stats{};
     stats->struct_size = sizeof(rope_jit_stats);
+}
+
+void rope_jit_stats_init_sized(rope_jit_stats* stats, size_t size) {
+    rope_jit::init_caller_struct(stats, size, &(rope_jit_stats_init));
 }
 
 rope_jit_status rope_jit_prewarm(rope_jit_runtime* runtime, const rope_jit_kernel_spec* specs,
@@ -307,10 +329,14 @@ rope_jit_status rope_jit_nvrtc_version(const char** version) {
     });
 }
 
-void rope_jit_device_info_init(rope_jit_device_info* info) {
+void(rope_jit_device_info_init)(rope_jit_device_info* info) {
     if (info == nullptr) return;
     *info = rope_jit_device_info{};
     info->struct_size = sizeof(rope_jit_device_info);
+}
+
+void rope_jit_device_info_init_sized(rope_jit_device_info* info, size_t size) {
+    rope_jit::init_caller_struct(info, size, &(rope_jit_device_info_init));
 }
 
 int rope_jit_device_count(const rope_jit_runtime* runtime) {
@@ -402,7 +428,7 @@ rope_jit_status rope_jit_cache_remove_counted(const rope_jit_runtime* runtime, c
 
 // ---- frequency builders and angle tables ------------------------------------------------------
 
-void rope_jit_freq_config_init(rope_jit_freq_config* config) {
+void(rope_jit_freq_config_init)(rope_jit_freq_config* config) {
     if (config == nullptr) return;
     *config = rope_jit_freq_config{};
     config->struct_size = sizeof(rope_jit_freq_config);
@@ -416,6 +442,10 @@ void rope_jit_freq_config_init(rope_jit_freq_config* config) {
     config->theta_rescale_factor = 1.0;
     config->max_freq = 10.0;
     config->num_freqs = 1;
+}
+
+void rope_jit_freq_config_init_sized(rope_jit_freq_config* config, size_t size) {
+    rope_jit::init_caller_struct(config, size, &(rope_jit_freq_config_init));
 }
 
 rope_jit_status rope_jit_inv_freq(const rope_jit_freq_config* config, float* inv_freq, size_t n,
@@ -432,7 +462,7 @@ rope_jit_status rope_jit_inv_freq(const rope_jit_freq_config* config, float* inv
     });
 }
 
-void rope_jit_table_config_init(rope_jit_table_config* config) {
+void(rope_jit_table_config_init)(rope_jit_table_config* config) {
     if (config == nullptr) return;
     *config = rope_jit_table_config{};
     config->struct_size = sizeof(rope_jit_table_config);
@@ -440,6 +470,10 @@ void rope_jit_table_config_init(rope_jit_table_config* config) {
     config->attention_factor = 1.0;
     config->style = ROPE_JIT_STYLE_HALF;
     config->xpos_scale_base = 512.0;
+}
+
+void rope_jit_table_config_init_sized(rope_jit_table_config* config, size_t size) {
+    rope_jit::init_caller_struct(config, size, &(rope_jit_table_config_init));
 }
 
 rope_jit_status rope_jit_rope_tables(const rope_jit_table_config* config, const DLTensor* cos,

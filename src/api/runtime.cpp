@@ -66,6 +66,8 @@ Runtime::Runtime(const rope_jit_config& config)
         fail_argument(fmt::format("cache_max_bytes: must be >= 0, or -1 for the default, got {}",
                                   config.cache_max_bytes));
     const int programmatic_launch = programmatic_launch_setting(config);
+    const bool background_builds =
+        !background_builds_disabled_by_env() && config.background_builds != 0;
     if (config.disk_cache != 0) {
         const std::string root =
             config.cache_dir ? std::string(config.cache_dir) : DiskCache::default_root();
@@ -81,7 +83,7 @@ Runtime::Runtime(const rope_jit_config& config)
             *devices_, *kernels_, stats_, debug_checks_,
             programmatic_launch_requested(devices_->api(), programmatic_launch));
         attention_cuda_ = std::make_unique<CudaAttention>(*devices_, *kernels_, stats_);
-        if (config.background_builds != 0 && !background_builds_disabled_by_env()) {
+        if (background_builds) {
             // Every core but the caller's (up to 4): the sm_90 attention backward's kernels
             // compile side by side, and beside the forward's compile (build_now).
             BackgroundBuilds::Limits limits;

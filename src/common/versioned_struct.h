@@ -39,4 +39,19 @@ Struct read_versioned(const Struct* user, void (*init)(Struct*), const char* nam
     return args;
 }
 
+// What rope_jit_X_init_sized writes into a caller's struct of `size` bytes (the size the
+// caller was compiled with): this library's defaults (from `init`) up to that size, zeros past
+// this library's struct, and struct_size = size, so that a struct of another version is
+// filled exactly to its end. A size too small to hold struct_size itself writes nothing
+// (the call that reads the struct then names it).
+template <typename Struct>
+void init_caller_struct(Struct* user, size_t size, void (*init)(Struct*)) {
+    if (user == nullptr || size < sizeof(size_t)) return;
+    Struct defaults;
+    init(&defaults);
+    std::memset(static_cast<void*>(user), 0, size);
+    std::memcpy(static_cast<void*>(user), &defaults, std::min(size, sizeof(Struct)));
+    user->struct_size = size;
+}
+
 }  // namespace rope_jit

@@ -5,6 +5,8 @@
 #include <cstring>
 #include <set>
 
+#include <fmt/format.h>
+
 #include "common/error.h"
 
 namespace rope_jit {
@@ -58,7 +60,11 @@ int background_build_threads(unsigned cores) {
 
 bool background_builds_disabled_by_env() {
     const char* value = std::getenv("ROPE_JIT_BACKGROUND_BUILDS");
-    return value != nullptr && std::strcmp(value, "0") == 0;
+    if (value == nullptr || std::strcmp(value, "") == 0 || std::strcmp(value, "1") == 0)
+        return false;
+    if (std::strcmp(value, "0") == 0) return true;
+    // ("off" or "false" read as on, silently: adversarial pass, session 47.)
+    fail_argument(fmt::format("ROPE_JIT_BACKGROUND_BUILDS: expected 0 or 1, got '{}'", value));
 }
 
 BackgroundBuilds::BackgroundBuilds(const DiskCache* disk, KernelStats& stats, Limits limits)

@@ -120,7 +120,8 @@ constexpr int kMaxBackgroundBuildThreads = 4;
 int background_build_threads(unsigned cores);
 
 // ROPE_JIT_BACKGROUND_BUILDS=0 in the environment: background builds are off whatever the
-// config says. Read when a runtime is created.
+// config says (unset, empty or 1: as the config says). Read when a runtime is created; any
+// other value throws INVALID_ARGUMENT naming the variable.
 bool background_builds_disabled_by_env();
 
 }  // namespace rope_jit
