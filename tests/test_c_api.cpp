@@ -112,28 +112,24 @@ TEST_CASE("an _init writes exactly the caller's struct, whatever size it was com
     for (unsigned char byte : memory) CHECK(byte == 0x5a);
     rope_jit_config_init_sized(nullptr, sizeof(rope_jit_config));
 
-    // Every struct's macro passes the caller's size and its sized function fills to it.
+    // Every struct's macro passes the caller's size, and its sized function fills to it.
     rope_jit_rope_args args;
     rope_jit_rope_args_init_sized(&args, offsetof(rope_jit_rope_args, q_out));
     CHECK(args.struct_size == offsetof(rope_jit_rope_args, q_out));
-    rope_jit_attention_args attention;
-    rope_jit_attention_args_init(&attention);
-    CHECK(attention.struct_size == sizeof attention);
-    rope_jit_kernel_spec spec;
-    rope_jit_kernel_spec_init(&spec);
-    CHECK(spec.struct_size == sizeof spec);
-    rope_jit_stats stats;
-    rope_jit_stats_init(&stats);
-    CHECK(stats.struct_size == sizeof stats);
-    rope_jit_freq_config freq;
-    rope_jit_freq_config_init(&freq);
-    CHECK(freq.struct_size == sizeof freq);
-    rope_jit_table_config table;
-    rope_jit_table_config_init(&table);
-    CHECK(table.struct_size == sizeof table);
-    rope_jit_device_info info;
-    rope_jit_device_info_init(&info);
-    CHECK(info.struct_size == sizeof info);
+#define CHECK_INIT_SETS_THE_CALLERS_SIZE(Struct)  \
+    do {                                          \
+        Struct value;                             \
+        Struct##_init(&value);                    \
+        CHECK(value.struct_size == sizeof value); \
+    } while (0)
+    CHECK_INIT_SETS_THE_CALLERS_SIZE(rope_jit_rope_args);
+    CHECK_INIT_SETS_THE_CALLERS_SIZE(rope_jit_attention_args);
+    CHECK_INIT_SETS_THE_CALLERS_SIZE(rope_jit_kernel_spec);
+    CHECK_INIT_SETS_THE_CALLERS_SIZE(rope_jit_stats);
+    CHECK_INIT_SETS_THE_CALLERS_SIZE(rope_jit_freq_config);
+    CHECK_INIT_SETS_THE_CALLERS_SIZE(rope_jit_table_config);
+    CHECK_INIT_SETS_THE_CALLERS_SIZE(rope_jit_device_info);
+#undef CHECK_INIT_SETS_THE_CALLERS_SIZE
 }
 
 TEST_CASE("runtime creation reports bad arguments and leaves *out NULL") {
