@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdint>
 #include <cstddef>
 #include <cstring>
 #include <string>
@@ -106,10 +107,13 @@ TEST_CASE("an _init writes exactly the caller's struct, whatever size it was com
         CHECK(rope_jit_backend(runtime) == ROPE_JIT_BACKEND_CPU);
         rope_jit_runtime_free(runtime);
     }
-    // A size that cannot hold struct_size writes nothing; NULL is ignored.
-    std::memset(memory, 0x5a, sizeof memory);
-    rope_jit_config_init_sized(reinterpret_cast<rope_jit_config*>(memory), 4);
-    for (unsigned char byte : memory) CHECK(byte == 0x5a);
+    // A size that cannot hold struct_size, or one past any struct's (garbage), writes nothing;
+    // NULL is ignored.
+    for (size_t size : {size_t(4), SIZE_MAX}) {
+        std::memset(memory, 0x5a, sizeof memory);
+        rope_jit_config_init_sized(reinterpret_cast<rope_jit_config*>(memory), size);
+        for (unsigned char byte : memory) CHECK(byte == 0x5a);
+    }
     rope_jit_config_init_sized(nullptr, sizeof(rope_jit_config));
 
     // Every struct's macro passes the caller's size, and its sized function fills to it.
