@@ -1,7 +1,5 @@
 #include "api/runtime.h"
 
-#include <cstdlib>
-#include <cstring>
 #include <thread>
 
 #include <fmt/format.h>
@@ -11,6 +9,7 @@
 #include "ops/attention/attention_problem.h"
 #include "ops/attention/attention_recipe.h"
 #include "ops/rope/cpu_reference.h"
+#include "common/env_switch.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "jit/parallel_builds.h"
@@ -40,11 +39,9 @@ int programmatic_launch_setting(const rope_jit_config& config) {
             "programmatic_launch: expected ROPE_JIT_PROGRAMMATIC_AUTO (-1), _OFF (0) or _ON (1), "
             "got {}",
             setting));
-    const char* value = std::getenv("ROPE_JIT_PROGRAMMATIC_LAUNCH");
-    if (value == nullptr || std::strcmp(value, "") == 0) return setting;
-    if (std::strcmp(value, "1") == 0) return ROPE_JIT_PROGRAMMATIC_ON;
-    if (std::strcmp(value, "0") == 0) return ROPE_JIT_PROGRAMMATIC_OFF;
-    fail_argument(fmt::format("ROPE_JIT_PROGRAMMATIC_LAUNCH: expected 0 or 1, got '{}'", value));
+    const std::optional<bool> on = env_switch("ROPE_JIT_PROGRAMMATIC_LAUNCH");
+    if (!on) return setting;
+    return *on ? ROPE_JIT_PROGRAMMATIC_ON : ROPE_JIT_PROGRAMMATIC_OFF;
 }
 
 }  // namespace

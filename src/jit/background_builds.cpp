@@ -1,12 +1,9 @@
 #include "jit/background_builds.h"
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 #include <set>
 
-#include <fmt/format.h>
-
+#include "common/env_switch.h"
 #include "common/error.h"
 
 namespace rope_jit {
@@ -59,12 +56,8 @@ int background_build_threads(unsigned cores) {
 }
 
 bool background_builds_disabled_by_env() {
-    const char* value = std::getenv("ROPE_JIT_BACKGROUND_BUILDS");
-    if (value == nullptr || std::strcmp(value, "") == 0 || std::strcmp(value, "1") == 0)
-        return false;
-    if (std::strcmp(value, "0") == 0) return true;
-    // ("off" or "false" read as on, silently: adversarial pass, session 47.)
-    fail_argument(fmt::format("ROPE_JIT_BACKGROUND_BUILDS: expected 0 or 1, got '{}'", value));
+    // (Only "0" was read: "off" or "false" meant on, silently: adversarial pass, session 47.)
+    return env_switch("ROPE_JIT_BACKGROUND_BUILDS") == std::optional<bool>(false);
 }
 
 BackgroundBuilds::BackgroundBuilds(const DiskCache* disk, KernelStats& stats, Limits limits)
