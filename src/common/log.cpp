@@ -1,22 +1,36 @@
 #include "common/log.h"
 
+#include <atomic>
 #include <cstdio>
-#include <cstdlib>
 #include <mutex>
 #include <set>
+
+#include "common/env_switch.h"
 
 namespace rope_jit {
 
 namespace {
+void print_warning(const std::string& message) {
+    std::fprintf(stderr, "rope_jit: warning: %s\n", message.c_str());
+}
+
+// A warning never fails a call, so a bad ROPE_JIT_QUIET is not an error: warnings stay on
+// (silencing on a guess could hide a damaged cache) and the value is reported once.
 bool quiet() {
-    const char* value = std::getenv("ROPE_JIT_QUIET");
-    return value != nullptr && value[0] != '\0' && value[0] != '0';
+    EnvSwitch setting = read_env_switch("ROPE_JIT_QUIET");
+    if (setting == EnvSwitch::invalid) {
+        static std::atomic<bool> reported{false};
+        if (!reported.exchange(true)) {
+            print_warning(env_switch_error("ROPE_JIT_QUIET") + "; warnings stay on");
+        }
+    }
+    return setting == EnvSwitch::on;
 }
 }  // namespace
 
 void log_warning(const std::string& message) {
     if (quiet()) return;
-    std::fprintf(stderr, "rope_jit: warning: %s\n", message.c_str());
+    print_warning(message);
 }
 
 void log_warning_once(const std::string& key, const std::string& message) {

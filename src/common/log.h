@@ -1,6 +1,7 @@
 // Warnings go to stderr with a "rope_jit: warning:" prefix. They never fail a call: they
 // report a degraded mode (an unusable cache directory, a corrupt entry set aside).
-// ROPE_JIT_QUIET=1 silences them.
+// ROPE_JIT_QUIET=1 silences them; 0 or unset keeps them; any other value keeps them and is
+// reported once.
 #pragma once
 
 #include <string>

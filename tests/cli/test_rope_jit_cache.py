@@ -29,15 +29,16 @@ TWENTY_SPECS = ["--head-dim", "64,80,96,128,256", "--direction", "forward,backwa
 FIVE_SPECS = ["--head-dim", "32,64,96,128,160"]
 
 
-def tool_env():
+def tool_env(extra_env=None):
     env = dict(os.environ)
     for name in ("ROPE_JIT_CACHE_DIR", "ROPE_JIT_CACHE_RO_DIRS", "ROPE_JIT_QUIET"):
         env.pop(name, None)
+    env.update(extra_env or {})
     return env
 
 
-def run_tool(*args, preexec_fn=None, timeout=600):
-    return subprocess.run([TOOL, *args], capture_output=True, text=True, env=tool_env(),
+def run_tool(*args, preexec_fn=None, timeout=600, extra_env=None):
+    return subprocess.run([TOOL, *args], capture_output=True, text=True, env=tool_env(extra_env),
                           preexec_fn=preexec_fn, timeout=timeout)
 
 
@@ -256,6 +257,23 @@ class UnusableDirectoryTest(CacheTestCase):
         self.assertEqual(len(warnings), 1, stderr)
         self.assertIn("Not a directory", warnings[0])
         self.assertEqual(read_bytes(blocker), b"in the way")
+
+    def test_rope_jit_quiet_silences_warnings_only_when_1_and_reports_a_value_it_cannot_read(self):
+        blocker = os.path.join(self.scratch, "a_file")
+        write_bytes(blocker, b"in the way")
+        expected = {"1": [], "0": ["Not a directory"], "": ["Not a directory"],
+                    "false": ["ROPE_JIT_QUIET: expected 0 or 1, got 'false'; warnings stay on",
+                              "Not a directory"],
+                    "yes": ["ROPE_JIT_QUIET: expected 0 or 1, got 'yes'; warnings stay on",
+                            "Not a directory"]}
+        for value, fragments in expected.items():
+            result, stderr = self.prewarm("--head-dim", "64", root=os.path.join(blocker, "cache"), expect=1,
+                                          extra_env={"ROPE_JIT_QUIET": value})
+            self.assertEqual((result["compiled"], result["written"]), (1, 0), value)
+            warnings = warnings_in(stderr)
+            self.assertEqual(len(warnings), len(fragments), f"{value!r}: {stderr}")
+            for warning, fragment in zip(warnings, fragments):
+                self.assertIn(fragment, warning, value)
 
     def test_a_write_limit_as_on_a_full_disk_makes_prewarm_compile_in_memory_with_one_warning(self):
         def limit_file_size():
