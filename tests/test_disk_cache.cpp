@@ -1137,6 +1137,10 @@ TEST_CASE("ROPE_JIT_CACHE_MAX_BYTES sets the size limit; malformed values are re
                                                      {"20M", 20u << 20},
                                                      {"2G", uint64_t(2) << 30},
                                                      {"1T", uint64_t(1) << 40},
+                                                     {"3k", 3u << 10},
+                                                     {"2GB", uint64_t(2) << 30},
+                                                     {"2GiB", uint64_t(2) << 30},
+                                                     {"512B", 512},
                                                      {"", rope_jit::kCacheDefaultMaxBytes}};
     for (const auto& [text, bytes] : good) {
         CAPTURE(text);
@@ -1144,7 +1148,8 @@ TEST_CASE("ROPE_JIT_CACHE_MAX_BYTES sets the size limit; malformed values are re
         CHECK(DiskCache::default_max_bytes() == bytes);
     }
     for (const char* text :
-         {"lots", "-1", "1.5G", "2GB", "12 M", "99999999999999999999", "16777216T"}) {
+         {"lots", "-1", "1.5G", "2g", "5iB", "2GBB", "G", "12 M", "99999999999999999999",
+          "16777216T"}) {
         CAPTURE(text);
         env.set("ROPE_JIT_CACHE_MAX_BYTES", text);
         bool refused = false;

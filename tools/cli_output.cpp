@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "common/byte_size.h"
 #include "kernel_spec_sets.h"
 
 namespace rope_jit_cache {
@@ -73,34 +74,22 @@ std::pair<uint64_t, std::string> number_and_unit(const std::string& text,
 }  // namespace
 
 uint64_t parse_bytes(const std::string& text, const std::string& option) {
-    auto [number, unit] = number_and_unit(text, option);
-    std::string prefix = unit;
-    for (const char* suffix : {"iB", "B"}) {
-        const std::string s = suffix;
-        if (prefix.size() >= s.size() &&
-            prefix.compare(prefix.size() - s.size(), s.size(), s) == 0) {
-            prefix.resize(prefix.size() - s.size());
+    const rope_jit::ByteSize size = rope_jit::parse_byte_size(text);
+    switch (size.status) {
+        case rope_jit::ByteSize::Status::ok:
+            return size.bytes;
+        case rope_jit::ByteSize::Status::not_a_number:
+            throw UsageError(
+                fmt::format("{}: '{}' is not a number with an optional unit", option, text));
+        case rope_jit::ByteSize::Status::unknown_unit:
+            throw UsageError(
+                fmt::format("{}: unknown unit in '{}' (use B, K, M, G or T)", option, text));
+        case rope_jit::ByteSize::Status::too_large:
+            // A size past 64 bits would wrap to a tiny budget, and prune would then remove
+            // everything.
             break;
-        }
     }
-    int shift = -1;
-    if (prefix.empty())
-        shift = 0;
-    else if (prefix == "K" || prefix == "k")
-        shift = 10;
-    else if (prefix == "M")
-        shift = 20;
-    else if (prefix == "G")
-        shift = 30;
-    else if (prefix == "T")
-        shift = 40;
-    if (shift < 0 || (unit == "iB"))
-        throw UsageError(
-            fmt::format("{}: unknown unit in '{}' (use B, K, M, G or T)", option, text));
-    // A shift past 64 bits would wrap to a tiny budget, and prune would then remove everything.
-    if (number > (UINT64_MAX >> shift))
-        throw UsageError(fmt::format("{}: '{}' is too large", option, text));
-    return number << shift;
+    throw UsageError(fmt::format("{}: '{}' is too large", option, text));
 }
 
 int64_t parse_duration(const std::string& text, const std::string& option) {

@@ -22,7 +22,8 @@ std::string format_age(int64_t seconds);
 // "142 ms", "3.21 s".
 std::string format_ms(double milliseconds);
 
-// "1048576", "500K", "20M", "2G", "1T" (powers of 1024; an optional trailing "B" or "iB").
+// "1048576", "500K", "20M", "2G", "1T" (powers of 1024; an optional trailing "B" or "iB"):
+// common/byte_size.h, the parser $ROPE_JIT_CACHE_MAX_BYTES is read with.
 // Throws UsageError naming `option` for anything else.
 uint64_t parse_bytes(const std::string& text, const std::string& option);
 

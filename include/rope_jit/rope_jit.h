@@ -221,7 +221,8 @@ typedef struct rope_jit_config {
      * walk could pass the limit or that walk is over a second old, so the cache may exceed
      * the limit by what other processes or runtimes wrote since its last walk, never by its
      * own writes. 0 = unbounded. -1 (default) = $ROPE_JIT_CACHE_MAX_BYTES (bytes, or with a
-     * K, M, G or T suffix, powers of 1024; 0 = unbounded) when set, else 1 GiB (1073741824).
+     * K, M, G or T suffix, powers of 1024, optionally followed by B or iB: 500M, 2GiB;
+     * 0 = unbounded) when set, else 1 GiB (1073741824).
      * Other negative values, or a malformed $ROPE_JIT_CACHE_MAX_BYTES, make
      * rope_jit_runtime_create fail with ERROR_INVALID_ARGUMENT naming it. */
     int64_t cache_max_bytes;

@@ -19,6 +19,7 @@
 
 #include <fmt/format.h>
 
+#include "common/byte_size.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "common/sha256.h"
@@ -665,28 +666,14 @@ DiskCache::DiskCache(std::string root, std::vector<std::string> read_only_roots,
 uint64_t DiskCache::default_max_bytes() {
     const char* value = std::getenv("ROPE_JIT_CACHE_MAX_BYTES");
     if (value == nullptr || *value == '\0') return kCacheDefaultMaxBytes;
-    std::string_view text = value;
-    size_t digits = 0;
-    while (digits < text.size() && text[digits] >= '0' && text[digits] <= '9') ++digits;
-    static constexpr std::string_view kSuffixes = "KMGT";
-    const std::string_view suffix = text.substr(digits);
-    const size_t power = suffix.empty() ? 0 : kSuffixes.find(suffix) + 1;
-    uint64_t bytes = 0;
-    bool ok = digits > 0 && digits <= 19 && (suffix.empty() || (suffix.size() == 1 && power > 0));
-    if (ok) {
-        bytes = std::stoull(std::string(text.substr(0, digits)));
-        for (size_t i = 0; i < power && ok; ++i) {
-            ok = bytes <= (UINT64_MAX >> 10);
-            bytes <<= 10;
-        }
-    }
-    if (!ok) {
+    const ByteSize size = parse_byte_size(value);
+    if (size.status != ByteSize::Status::ok) {
         fail_argument(
             fmt::format("ROPE_JIT_CACHE_MAX_BYTES: '{}' is not a size in bytes (like "
-                        "1073741824, 500M or 2G; 0 = unbounded)",
-                        text));
+                        "1073741824, 500M or 2GiB; 0 = unbounded){}",
+                        value, size.status == ByteSize::Status::too_large ? ": too large" : ""));
     }
-    return bytes;
+    return size.bytes;
 }
 
 std::string DiskCache::default_root() {

@@ -93,8 +93,8 @@ public:
     static std::string default_root();
     // $ROPE_JIT_CACHE_RO_DIRS split at ':', empty parts dropped.
     static std::vector<std::string> default_read_only_roots();
-    // $ROPE_JIT_CACHE_MAX_BYTES (decimal bytes, or with a K, M, G or T suffix in powers of
-    // 1024; 0 = unbounded), else kCacheDefaultMaxBytes. Throws Error(INVALID_ARGUMENT)
+    // $ROPE_JIT_CACHE_MAX_BYTES (a size as common/byte_size.h reads it: 1073741824, 500M,
+    // 2G, 2GiB; 0 = unbounded), else kCacheDefaultMaxBytes. Throws Error(INVALID_ARGUMENT)
     // naming the variable for any other value.
     static uint64_t default_max_bytes();
 

@@ -639,6 +639,12 @@ class CommandLineTest(CacheTestCase):
         self.tool("prewarm", "--dtype", "bf16", expect=2)  # spec flags without --head-dim
         self.tool("prewarm", "--head-dim", "64", "--target", "volta", expect=2)
         self.tool("prune", "--max-bytes", "lots", expect=2)
+        # --max-bytes reads sizes as ROPE_JIT_CACHE_MAX_BYTES does (2GB was refused by one only).
+        for value in ("2GB", "2GiB", "3k", "512B"):
+            self.tool("--cache-dir", self.root, "prune", "--max-bytes", value, "--dry-run")
+        for value in ("2g", "5iB", "2GBB"):
+            result = self.tool("--cache-dir", self.root, "prune", "--max-bytes", value, expect=2)
+            self.assertIn("unknown unit", result.stderr)
         self.tool("prune", "--older-than", "3 fortnights", expect=2)
         # Numbers past 64 bits would wrap to a tiny budget or age, and prune would then empty
         # the cache; an empty --cache-dir would quietly mean the default cache.
