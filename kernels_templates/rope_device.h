@@ -9,16 +9,29 @@
 
 namespace {
 
-// Programmatic dependent launch (rope_jit_config.programmatic_launch): waits until the grid
-// before this one on the stream has completed and its memory is visible, then lets the next
-// programmatic grid launch (its blocks then wait here in turn). A plain launch returns at
-// once. Called before a kernel reads or writes any tensor; the trigger comes after the wait
-// so that no more than two grids overlap.
-__device__ __forceinline__ void wait_for_preceding_grid() {
+// Programmatic dependent launch (rope_jit_config.programmatic_launch). A plain launch returns
+// from both at once.
+// Waits until the grid before this one on the stream has completed and its memory is visible.
+// Called before a kernel reads or writes any tensor.
+__device__ __forceinline__ void await_preceding_grid() {
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// Lets the next programmatic grid launch once every block of this one has called it (or
+// exited): its blocks then take free room on the multiprocessors and wait in
+// await_preceding_grid. Called after this grid's own wait, so no more than two grids overlap.
+__device__ __forceinline__ void allow_next_grid() {
+#if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
+}
+
+// Both, at a kernel's start: the next grid's blocks are placed while this one's last wave runs.
+__device__ __forceinline__ void wait_for_preceding_grid() {
+    await_preceding_grid();
+    allow_next_grid();
 }
 
 template <int DT>
