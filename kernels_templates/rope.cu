@@ -1226,13 +1226,15 @@ extern "C" __global__ void __launch_bounds__(kRopeBulkThreads, kRopeBulkBlocksPe
         bulk_barriers_ready();
     }
     __syncthreads();
-    // The next grid launches only once this one's blocks have left their loops (below): this
-    // grid is persistent, one wave whose blocks each take a fixed share of the tiles, and at
-    // 43 registers a multiprocessor holds a fifth block beside its four. Allowed at the start,
-    // the next grid's blocks took those free places at once and the places of the first
-    // blocks to finish, so it started with five blocks on some multiprocessors and three on
-    // others and ended late: StableLM's 20/80 out of place ran 91.5 us against 86.4 us
-    // launched plainly (H200, run GK).
+    // The next grid launches only once this one's blocks have left their loops (below), not
+    // here: allowed at the start, StableLM's 20/80 out of place ran 91.5 us in a graph
+    // against 86.4 us launched plainly, GPT-NeoX's 24/96 202.8 against 201.3 (H200, run GK);
+    // allowed after the loop, 86.2 and 201.0, ahead of plain launches at every bulk case
+    // (run GM). Our reading: this grid is persistent, one wave whose blocks each take a fixed
+    // share of the tiles, and at 43 registers a multiprocessor holds a fifth block beside its
+    // four; the next grid's blocks took those places at once and the places of the first
+    // blocks to finish, so it started unevenly spread (five blocks on some multiprocessors,
+    // three on others) and its most loaded multiprocessors ended late.
     await_preceding_grid();
     if (threadIdx.x == 0)
         for (int stage = 0; stage < kRopeBulkStages; ++stage)
