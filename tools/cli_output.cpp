@@ -89,7 +89,7 @@ uint64_t parse_bytes(const std::string& text, const std::string& option) {
             // everything.
             break;
     }
-    throw UsageError(fmt::format("{}: '{}' is too large", option, text));
+    throw UsageError(fmt::format("{}: '{}' is too large (over 2^64 - 1 bytes)", option, text));
 }
 
 int64_t parse_duration(const std::string& text, const std::string& option) {

@@ -38,6 +38,7 @@
 
 #include "cli_output.h"
 #include "common/bounded_json.h"
+#include "common/env_switch.h"
 #include "kernel_spec_sets.h"
 #include "local_gpus.h"
 #include "prewarm_processes.h"
@@ -595,9 +596,12 @@ int run_prewarm(const GlobalOptions& global, const PrewarmOptions& options) {
     } else {
         std::string where = root.empty() ? "no cache directory" : root;
         std::string unwritten;
+        // ROPE_JIT_QUIET=1 silences the warning that says why.
+        const bool quiet = rope_jit::read_env_switch("ROPE_JIT_QUIET") == rope_jit::EnvSwitch::on;
         if (written < compiled)
-            unwritten = fmt::format(" ({} not written: kept in memory only, see the warning above)",
-                                    compiled - written);
+            unwritten = fmt::format(" ({} not written: kept in memory only, {})", compiled - written,
+                                    quiet ? "ROPE_JIT_QUIET=1 hid the warning saying why"
+                                          : "see the warning above");
         // The size limit may have taken back entries this run wrote (it removes the least
         // recently used first, which a prewarm's own earlier entries can be).
         if (evicted > 0)
@@ -1112,11 +1116,20 @@ int run(int argc, char** argv) {
         "remove damaged, stale (other NVRTC or format versions) and leftover files, then old or "
         "least recently used entries");
     PruneOptions prune_options;
-    prune->add_option(
-        "--max-bytes", prune_options.max_bytes,
-        "keep at most this much (500M, 2G...), removing least recently used entries first");
-    prune->add_option("--older-than", prune_options.older_than,
-                      "remove entries unused for this long (12h, 30d, 2w...)");
+    // An empty value (an unset shell variable) read as "no limit" pruned less than asked.
+    auto not_empty = [](const std::string& value) {
+        return value.empty() ? std::string("empty; leave the option out for no such limit")
+                             : std::string();
+    };
+    prune
+        ->add_option(
+            "--max-bytes", prune_options.max_bytes,
+            "keep at most this much (500M, 2G...), removing least recently used entries first")
+        ->check(not_empty);
+    prune
+        ->add_option("--older-than", prune_options.older_than,
+                     "remove entries unused for this long (12h, 30d, 2w...)")
+        ->check(not_empty);
     prune->add_flag("--keep-stale", prune_options.keep_stale,
                     "keep entries of other NVRTC or cache format versions");
     prune->add_flag("--dry-run", prune_options.dry_run, "only say what would be removed");

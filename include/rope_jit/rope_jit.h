@@ -248,8 +248,9 @@ typedef struct rope_jit_config {
      * microsecond a call (1% of a 34 us prefill call, a fifth of a 2 us decode step;
      * FlashInfer's enable_pdl, TensorRT-LLM).
      * It lets the next kernel start the same way once every block of this one has begun
-     * (griddepcontrol.launch_dependents), which matters only to a next kernel launched
-     * programmatically too. Inside a CUDA graph captured from the stream the dependency
+     * (griddepcontrol.launch_dependents; the persistent grid of out-of-place partial rotary,
+     * once every block has left its loop over tiles), which matters only to a next kernel
+     * launched programmatically too. Inside a CUDA graph captured from the stream the dependency
      * becomes a programmatic edge. Calls that zero a gradient output first (inv_freq_grad,
      * the norm weight gradients) launch plainly. Default ROPE_JIT_PROGRAMMATIC_AUTO. The
      * environment variable ROPE_JIT_PROGRAMMATIC_LAUNCH, when set and not empty, overrides

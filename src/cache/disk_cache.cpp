@@ -667,11 +667,15 @@ uint64_t DiskCache::default_max_bytes() {
     const char* value = std::getenv("ROPE_JIT_CACHE_MAX_BYTES");
     if (value == nullptr || *value == '\0') return kCacheDefaultMaxBytes;
     const ByteSize size = parse_byte_size(value);
+    if (size.status == ByteSize::Status::too_large) {
+        fail_argument(fmt::format(
+            "ROPE_JIT_CACHE_MAX_BYTES: '{}' is too large (over 2^64 - 1 bytes)", value));
+    }
     if (size.status != ByteSize::Status::ok) {
         fail_argument(
             fmt::format("ROPE_JIT_CACHE_MAX_BYTES: '{}' is not a size in bytes (like "
-                        "1073741824, 500M or 2GiB; 0 = unbounded){}",
-                        value, size.status == ByteSize::Status::too_large ? ": too large" : ""));
+                        "1073741824, 500M or 2GiB; 0 = unbounded)",
+                        value));
     }
     return size.bytes;
 }

@@ -5,7 +5,6 @@
 #pragma once
 
 #include <cstdint>
-#include <string>
 #include <string_view>
 
 namespace rope_jit {
@@ -41,9 +40,14 @@ inline ByteSize parse_byte_size(std::string_view text) {
         }
     }
     if (shift < 0) return {ByteSize::Status::unknown_unit, 0};
-    // 19 digits always fit in 64 bits; a shift past 64 bits would wrap to a tiny size.
-    if (digits > 19) return {ByteSize::Status::too_large, 0};
-    const uint64_t number = std::stoull(std::string(text.substr(0, digits)));
+    // Digit by digit, so that leading zeros cost nothing and 2^64 - 1 itself is taken; a
+    // number or a shift past 64 bits would wrap to a tiny size.
+    uint64_t number = 0;
+    for (char digit : text.substr(0, digits)) {
+        const uint64_t value = uint64_t(digit - '0');
+        if (number > (UINT64_MAX - value) / 10) return {ByteSize::Status::too_large, 0};
+        number = number * 10 + value;
+    }
     if (number > (UINT64_MAX >> shift)) return {ByteSize::Status::too_large, 0};
     return {ByteSize::Status::ok, number << shift};
 }

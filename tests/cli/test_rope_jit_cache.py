@@ -275,6 +275,26 @@ class UnusableDirectoryTest(CacheTestCase):
             for warning, fragment in zip(warnings, fragments):
                 self.assertIn(fragment, warning, value)
 
+        # Several warnings in one process: a bad value is reported once, before the first.
+        shared = os.path.join(self.scratch, "shared")
+        os.makedirs(os.path.join(shared, "a"))
+        os.makedirs(os.path.join(shared, "b"))
+        os.chmod(shared, 0o777)  # writable by others, no sticky bit: both read-only roots unused
+        env = {"ROPE_JIT_QUIET": "false",
+               "ROPE_JIT_CACHE_RO_DIRS": os.path.join(shared, "a") + ":" + os.path.join(shared, "b")}
+        result, stderr = self.prewarm("--head-dim", "64", root=os.path.join(blocker, "cache"), expect=1,
+                                      extra_env=env)
+        warnings = warnings_in(stderr)
+        self.assertEqual(len(warnings), 4, stderr)
+        self.assertIn("ROPE_JIT_QUIET: expected 0 or 1, got 'false'", warnings[0])
+        self.assertEqual(sum("ROPE_JIT_QUIET" in warning for warning in warnings), 1, stderr)
+        # Silenced, the summary does not point at a warning that was not printed.
+        text = self.tool("--cache-dir", os.path.join(blocker, "cache"), "prewarm", "--target", "sm_90",
+                         "--head-dim", "64", expect=1, extra_env={"ROPE_JIT_QUIET": "1"})
+        self.assertEqual(warnings_in(text.stderr), [])
+        self.assertIn("1 not written: kept in memory only, ROPE_JIT_QUIET=1 hid the warning saying why",
+                      text.stdout)
+
     def test_a_write_limit_as_on_a_full_disk_makes_prewarm_compile_in_memory_with_one_warning(self):
         def limit_file_size():
             # Writes past the limit fail with EFBIG instead of killing the process.
@@ -652,6 +672,15 @@ class CommandLineTest(CacheTestCase):
                               ("--older-than", "20000000000000w"), ("--older-than", "999999999999999d")):
             result = self.tool("--cache-dir", self.root, "prune", option, value, expect=2)
             self.assertIn("too large", result.stderr)
+        # Leading zeros are not size; 2^64 - 1 bytes is a limit, 2^64 is not.
+        for value in ("00000000000000000000001", "18446744073709551615", "16777215T"):
+            self.tool("--cache-dir", self.root, "prune", "--max-bytes", value, "--dry-run")
+        result = self.tool("--cache-dir", self.root, "prune", "--max-bytes", "18446744073709551616", expect=2)
+        self.assertIn("'18446744073709551616' is too large (over 2^64 - 1 bytes)", result.stderr)
+        # An empty limit (an unset shell variable) is no limit the user meant.
+        for option in ("--max-bytes", "--older-than"):
+            result = self.tool("--cache-dir", self.root, "prune", option, "", expect=2)
+            self.assertIn("empty", result.stderr, option)
         for subcommand in ("clear", "prune", "verify"):
             result = self.tool("--cache-dir", "", subcommand, expect=2)
             self.assertIn("empty", result.stderr)
