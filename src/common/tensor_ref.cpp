@@ -232,8 +232,11 @@ namespace {
 
 // Whether sum(step_i * x_i) = target has a solution with 0 <= x_i < count_i: a depth-first
 // search from the largest step down, pruned by the reach of the smaller steps and their gcd.
-// The views a call passes have a few steps each, most much larger than the span below them,
-// so a search visits a handful of nodes; one that exceeds its budget answers true.
+// At each step it tries only the x_i that leave a remainder the smaller steps' gcd divides
+// (one residue class), so a node never scans values the next one would reject at once (1-byte
+// views with large odd strides scanned billions: hours for one call). The views a call passes
+// have a few steps each, most much larger than the span below them, so a search visits a
+// handful of nodes; one that exceeds its budget of candidates answers true.
 class LatticeSearch {
 public:
     using Wide = __int128;  // a step times a count spans up to two int64 extents
@@ -274,17 +277,67 @@ private:
         return a;
     }
 
+    // a * b mod m for 0 <= a, b < m, by doubling: m is below 2^68 (steps are int64 strides
+    // times an element size of at most 8, sums of them), so a product would overflow 128 bits
+    // but a sum of two residues does not.
+    static Wide mul_mod(Wide a, Wide b, Wide m) {
+        Wide result = 0;
+        while (b > 0) {
+            if (b & 1) result = (result + a) % m;
+            a = (a + a) % m;
+            b >>= 1;
+        }
+        return result;
+    }
+
+    // The inverse of a modulo m, for gcd(a, m) = 1 and m >= 1 (extended Euclid).
+    static Wide inverse_mod(Wide a, Wide m) {
+        Wide old_r = a % m, r = m, old_s = 1, s = 0;
+        while (r != 0) {
+            const Wide q = old_r / r;
+            Wide next = old_r - q * r;
+            old_r = r;
+            r = next;
+            next = old_s - q * s;
+            old_s = s;
+            s = next;
+        }
+        const Wide inverse = old_s % m;
+        return inverse < 0 ? inverse + m : inverse;
+    }
+
     bool solve(size_t i, Wide target) {
         if (target < 0 || target > reach_[i]) return false;
         if (i == terms_.size()) return target == 0;
         if (target % gcd_[i] != 0) return false;
-        if (--budget_ < 0) return true;
         const Term& t = terms_[i];
         // x_i such that the rest can still reach target - x_i * step.
         const Wide rest = reach_[i + 1];
         const Wide lowest = target > rest ? (target - rest + t.step - 1) / t.step : 0;
         const Wide highest = std::min(t.count - 1, target / t.step);
-        for (Wide x = highest; x >= lowest; --x) {
+        if (highest < lowest) return false;
+        // The x_i whose remainder target - x_i * step the smaller steps' gcd g divides:
+        // x_i * (step / d) = target / d (mod g / d), d = gcd(step, g), which divides target
+        // (checked above). The last step (g = 0) must take all of target.
+        const Wide g = gcd_[i + 1];
+        Wide x = highest, stride = 1;
+        if (g == 0) {
+            x = target / t.step;
+            if (x > highest || x < lowest) return false;
+        } else {
+            const Wide d = gcd_[i];
+            const Wide modulus = g / d;
+            if (modulus > 1) {
+                const Wide residue = mul_mod((target / d) % modulus,
+                                             inverse_mod((t.step / d) % modulus, modulus),
+                                             modulus);
+                // The largest x <= highest in the class.
+                x = highest - ((highest - residue) % modulus + modulus) % modulus;
+                stride = modulus;
+            }
+        }
+        for (; x >= lowest; x -= stride) {
+            if (--budget_ < 0) return true;
             if (solve(i + 1, target - x * t.step)) return true;
             if (budget_ < 0) return true;
         }
@@ -293,7 +346,7 @@ private:
 
     std::vector<Term> terms_;
     std::vector<Wide> reach_, gcd_;  // suffix sums of step * (count - 1), suffix gcds
-    int64_t budget_ = int64_t(1) << 16;
+    int64_t budget_ = int64_t(1) << 16;  // candidates tried, over the whole search
 };
 
 }  // namespace
