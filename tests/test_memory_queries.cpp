@@ -126,10 +126,15 @@ TEST_CASE("1-byte views with large odd strides are settled at once" * doctest::t
     b.start = two28 + 7;
     b.shape = {two28};  // x = 2^28 + 7 is out of a's reach
     CHECK(share(a, b, buffer) == 0);
-    // Two steps of a against one of b, with no divisor in common at the top: past the search's
-    // bound, answered as documented ("may share"; exactly, they do not: b's bytes need a's
-    // second index x = 2^31 + 5 (mod 2^32), past its 2^28).
+    // Two steps of a against one of b, with no divisor in common at the top: from the largest
+    // step down every multiple of 2^33 is a candidate (past the search's bound, this answered
+    // "may share"); taken first, a's second index has one candidate modulo 2^32, 2^31 + 5,
+    // past its 2^28: they share nothing. Moved to start at a's byte 2^32 + 1 + 2^33, they do.
     ByteView c{Dt::F8, {int64_t(1) << 20, two28}, {int64_t(1) << 33, two32 + 1}, 0};
     ByteView d{Dt::F8, {int64_t(1) << 30}, {two32}, two31 + 5};
+    CHECK(share(c, d, buffer) == 0);
+    d.start = (two32 + 1) + (int64_t(1) << 33);  // x0 = 1, x1 = 1, y = 0
+    CHECK(share(c, d, buffer) == 1);
+    d.start = (two32 + 1) * 7 + (int64_t(1) << 33) * 5 - two32 * 9;  // x1 = 7, x0 = 5, y = 9
     CHECK(share(c, d, buffer) == 1);
 }

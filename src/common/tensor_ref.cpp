@@ -231,32 +231,64 @@ bool extents_overlap(const TensorRef& a, const TensorRef& b) {
 namespace {
 
 // Whether sum(step_i * x_i) = target has a solution with 0 <= x_i < count_i: a depth-first
-// search from the largest step down, pruned by the reach of the smaller steps and their gcd.
-// At each step it tries only the x_i that leave a remainder the smaller steps' gcd divides
+// search over the steps in a given order, pruned by the reach of the later steps and their
+// gcd. At each step it tries only the x_i that leave a remainder the later steps' gcd divides
 // (one residue class), so a node never scans values the next one would reject at once (1-byte
 // views with large odd strides scanned billions: hours for one call). The views a call passes
-// have a few steps each, most much larger than the span below them, so a search visits a
-// handful of nodes; one that exceeds its budget of candidates answers true.
+// have a few steps each, most much larger than the span below them, so from the largest step
+// down a search visits a handful of nodes; one that exceeds its budget of candidates answers
+// "unknown".
 class LatticeSearch {
 public:
     using Wide = __int128;  // a step times a count spans up to two int64 extents
     struct Term {
         Wide step, count;
     };
+    enum class Answer { yes, no, unknown };
 
-    explicit LatticeSearch(std::vector<Term> terms) : terms_(std::move(terms)) {
-        std::sort(terms_.begin(), terms_.end(),
+    // Equal steps are one variable: x + y, x in [0, c1) and y in [0, c2), takes every value of
+    // [0, c1 + c2 - 1). Returns the steps from the largest down.
+    static std::vector<Term> merged(std::vector<Term> terms) {
+        std::sort(terms.begin(), terms.end(),
                   [](const Term& a, const Term& b) { return a.step > b.step; });
-        // Equal steps are one variable: x + y, x in [0, c1) and y in [0, c2), takes every
-        // value of [0, c1 + c2 - 1).
-        std::vector<Term> merged;
-        for (const Term& t : terms_) {
-            if (!merged.empty() && merged.back().step == t.step)
-                merged.back().count += t.count - 1;
+        std::vector<Term> out;
+        for (const Term& t : terms) {
+            if (!out.empty() && out.back().step == t.step)
+                out.back().count += t.count - 1;
             else
-                merged.push_back(t);
+                out.push_back(t);
         }
-        terms_ = std::move(merged);
+        return out;
+    }
+
+    // The same steps, each next one the step whose removal leaves the remaining steps the
+    // largest gcd (ties: the larger step): the order that constrains each choice most, for
+    // views whose largest steps share no divisor with the rest (strides 2^33 and 2^32 + 1
+    // against 2^32: from the largest down, every multiple of 2^33 is a candidate; taken
+    // first, 2^32 + 1 has one candidate modulo 2^32).
+    static std::vector<Term> by_divisors(std::vector<Term> rest) {
+        std::vector<Term> order;
+        while (!rest.empty()) {
+            size_t best = 0;
+            Wide best_gcd = -1;
+            for (size_t i = 0; i < rest.size(); ++i) {
+                Wide g = 0;
+                for (size_t j = 0; j < rest.size(); ++j)
+                    if (j != i) g = gcd(rest[j].step, g);
+                if (g > best_gcd || (g == best_gcd && rest[i].step > rest[best].step)) {
+                    best = i;
+                    best_gcd = g;
+                }
+            }
+            order.push_back(rest[best]);
+            rest.erase(rest.begin() + std::ptrdiff_t(best));
+        }
+        return order;
+    }
+
+    // `terms` searched in this order, trying at most `budget` candidates.
+    LatticeSearch(std::vector<Term> terms, int64_t budget)
+        : terms_(std::move(terms)), budget_(budget) {
         reach_.assign(terms_.size() + 1, 0);
         gcd_.assign(terms_.size() + 1, 0);
         for (size_t i = terms_.size(); i-- > 0;) {
@@ -265,7 +297,10 @@ public:
         }
     }
 
-    bool solvable(Wide target) { return solve(0, target); }
+    Answer solvable(Wide target) {
+        const bool found = solve(0, target);
+        return budget_ < 0 ? Answer::unknown : found ? Answer::yes : Answer::no;
+    }
 
 private:
     static Wide gcd(Wide a, Wide b) {
@@ -346,7 +381,7 @@ private:
 
     std::vector<Term> terms_;
     std::vector<Wide> reach_, gcd_;  // suffix sums of step * (count - 1), suffix gcds
-    int64_t budget_ = int64_t(1) << 16;  // candidates tried, over the whole search
+    int64_t budget_;                 // candidates left to try, over the whole search
 };
 
 }  // namespace
@@ -374,7 +409,16 @@ bool shares_memory(const TensorRef& a, const TensorRef& b) {
         for (int i = 0; i < t->ndim; ++i) add(sign * size * t->strides[i], t->shape[i]);
         add(sign, size);  // the byte within the element
     }
-    return LatticeSearch(std::move(terms)).solvable(target);
+    // From the largest step down first (a handful of nodes for the views calls pass), then,
+    // if that ran out of candidates, in the order of divisors; an answer either gives is
+    // exact, and a pair neither settles may share.
+    using Answer = LatticeSearch::Answer;
+    const std::vector<LatticeSearch::Term> largest_first = LatticeSearch::merged(std::move(terms));
+    constexpr int64_t kBudget = int64_t(1) << 15;  // candidates, each order
+    Answer answer = LatticeSearch(largest_first, kBudget).solvable(target);
+    if (answer == Answer::unknown)
+        answer = LatticeSearch(LatticeSearch::by_divisors(largest_first), kBudget).solvable(target);
+    return answer != Answer::no;
 }
 
 void require_distinct_elements(const TensorRef& t, const char* name) {
