@@ -48,7 +48,7 @@
 #                    --quick or --shapes); h200_vs_torch.{json,log}, and .png with matplotlib
 #   out-of-place     bench/compare_torch.py's default mode: RoPE out of place against eager and
 #                    torch.compile at DESIGN.md's shapes, other head_dims, partial rotary and
-#                    decode; h200_out_of_place_vs_torch.{json,log}, and .png with matplotlib
+#                    decode; out_of_place_vs_torch.{json,log}, and .png with matplotlib
 #   issue24-check    bench/issue24_check.py on this call's peers and rope-bench JSON: issue 24's
 #                    points, each with its number (after `peers rope-bench`, the bench's
 #                    ROPE_BENCH_FILTER taking issue 24's cases)
@@ -240,11 +240,11 @@ for step in "$@"; do
       PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --quiet --no-index --find-links .whl \
         ./python 2>&1 | tail -2
       ROPE_JIT_LIBRARY=$lib PYTHONUNBUFFERED=1 timeout "${STEP_TIMEOUT:-300}" \
-        python3 bench/compare_torch.py --json "$OUT/h200_out_of_place_vs_torch.json" \
-        > "$OUT/h200_out_of_place_vs_torch.log" 2>&1
-      step_done out-of-place $?; grep -vE "^\s*$" "$OUT/h200_out_of_place_vs_torch.log" | cut -c1-200 | tail -30
+        python3 bench/compare_torch.py --json "$OUT/out_of_place_vs_torch.json" \
+        > "$OUT/out_of_place_vs_torch.log" 2>&1
+      step_done out-of-place $?; grep -vE "^\s*$" "$OUT/out_of_place_vs_torch.log" | cut -c1-200 | tail -30
       if python3 -c "import matplotlib" 2>/dev/null; then
-        python3 bench/plot_results.py "$OUT/h200_out_of_place_vs_torch.json" "$OUT/h200_out_of_place_vs_torch.png"
+        python3 bench/plot_results.py "$OUT/out_of_place_vs_torch.json" "$OUT/out_of_place_vs_torch.png"
       fi ;;
     issue24-check)
       python3 bench/issue24_check.py "$OUT/h200_vs_torch.json" "$OUT/h200_bench.json" \
