@@ -38,7 +38,7 @@
 
 #include "cli_output.h"
 #include "common/bounded_json.h"
-#include "common/env_switch.h"
+#include "common/log.h"
 #include "kernel_spec_sets.h"
 #include "local_gpus.h"
 #include "prewarm_processes.h"
@@ -596,12 +596,11 @@ int run_prewarm(const GlobalOptions& global, const PrewarmOptions& options) {
     } else {
         std::string where = root.empty() ? "no cache directory" : root;
         std::string unwritten;
-        // ROPE_JIT_QUIET=1 silences the warning that says why.
-        const bool quiet = rope_jit::read_env_switch("ROPE_JIT_QUIET") == rope_jit::EnvSwitch::on;
         if (written < compiled)
             unwritten = fmt::format(" ({} not written: kept in memory only, {})", compiled - written,
-                                    quiet ? "ROPE_JIT_QUIET=1 hid the warning saying why"
-                                          : "see the warning above");
+                                    rope_jit::warnings_silenced()
+                                        ? "ROPE_JIT_QUIET=1 hid the warning saying why"
+                                        : "see the warning above");
         // The size limit may have taken back entries this run wrote (it removes the least
         // recently used first, which a prewarm's own earlier entries can be).
         if (evicted > 0)

@@ -5,8 +5,6 @@
 #include <mutex>
 #include <set>
 
-#include "common/env_switch.h"
-
 namespace rope_jit {
 
 namespace {
@@ -17,14 +15,13 @@ void print_warning(const std::string& message) {
 // A warning never fails a call, so a bad ROPE_JIT_QUIET is not an error: warnings stay on
 // (silencing on a guess could hide a damaged cache) and the value is reported once.
 bool quiet() {
-    EnvSwitch setting = read_env_switch("ROPE_JIT_QUIET");
-    if (setting == EnvSwitch::invalid) {
+    if (read_env_switch("ROPE_JIT_QUIET") == EnvSwitch::invalid) {
         static std::atomic<bool> reported{false};
         if (!reported.exchange(true)) {
             print_warning(env_switch_error("ROPE_JIT_QUIET") + "; warnings stay on");
         }
     }
-    return setting == EnvSwitch::on;
+    return warnings_silenced();
 }
 }  // namespace
 

@@ -6,7 +6,13 @@
 
 #include <string>
 
+#include "common/env_switch.h"
+
 namespace rope_jit {
+
+// Whether ROPE_JIT_QUIET silences warnings (only 1 does): the one rule, also for a tool whose
+// output points at a warning.
+inline bool warnings_silenced() { return read_env_switch("ROPE_JIT_QUIET") == EnvSwitch::on; }
 
 void log_warning(const std::string& message);
 
