@@ -90,17 +90,15 @@ step "sanitized build and ctest"
 # tests gained, and GCC's -Wmaybe-uninitialized misfired in <regex> there.
 cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=Debug -DROPE_JIT_SANITIZE=ON -DROPE_JIT_WERROR=ON >/dev/null
 cmake --build build-sanitize -j"$jobs"
-# LeakSanitizer's own stop-the-world tracer now and then crashes as a process exits ("Tracer
-# caught signal 11 ... LeakSanitizer has encountered a fatal error": google/sanitizers#1353; it
-# failed the cache CLI's damage test once in CI and never in 80 runs here). That is neither a
-# leak nor a failure of ours, so tests whose output shows it run once more; any other failure
-# fails the run at once.
-export ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1
-if ! ctest --test-dir build-sanitize --output-on-failure -j"$jobs" 2>&1 | tee build-sanitize/ctest.log; then
-  grep -q "LeakSanitizer has encountered a fatal error" build-sanitize/ctest.log || exit 1
-  echo "LeakSanitizer's tracer crashed: its tests run once more"
-  ctest --test-dir build-sanitize --output-on-failure --rerun-failed
-fi
+# intercept_tls_get_addr=0: GCC's sanitizer runtime (up to GCC 13) takes a dynamic TLS block
+# whose address is 16 past a page for one with a glibc 2.19 header and records a range that is
+# not memory; LeakSanitizer's tracer then dies reading it as the process exits ("Tracer caught
+# signal 11", google/sanitizers#1322). It failed CI's cache CLI test at c09aa48 twice in a row
+# (the retry that stood here recovered nothing) and 9 of 55 runs of that test here under load;
+# without the interceptor 0 of 40 under the same load. Leaks are still reported: only dynamic
+# TLS is no longer scanned for pointers.
+export ASAN_OPTIONS=detect_leaks=1:intercept_tls_get_addr=0 UBSAN_OPTIONS=print_stacktrace=1
+ctest --test-dir build-sanitize --output-on-failure -j"$jobs"
 unset ASAN_OPTIONS UBSAN_OPTIONS
 
 # libFuzzer targets (fuzz/, listed in fuzz/CMakeLists.txt): the cache entry parser, the
