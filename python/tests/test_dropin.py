@@ -143,6 +143,27 @@ def test_hf_apply_rotary_pos_emb_takes_the_old_table_and_position_ids_signature_
     close(got_q, expected_q.transpose(1, 2), label="q (unsqueeze_dim 2)")
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_hf_old_signature_counts_negative_position_ids_from_the_tables_end_as_transformers(device):
+    # transformers < 4.38 gathered cos[position_ids]: -1 is the last row, -P the first; the
+    # library refused them (an error naming the row) where transformers ran.
+    table_cos, table_sin = hf_tables(torch.arange(50, device=device), 16)  # [P, R], P = 50
+    position_ids = torch.tensor([[-1, 9, -50, 4], [0, -2, 2, 49]], device=device)
+    q, k = random((2, 4, 4, 32), device, 5), random((2, 4, 4, 32), device, 6)
+    for ids in (position_ids, position_ids.int(), position_ids[:1]):
+        got_q, got_k = hf.apply_rotary_pos_emb(q, k, table_cos, table_sin, ids)
+        expected_q, expected_k = hf_formula(q, k, table_cos[ids], table_sin[ids])
+        close(got_q, expected_q, label=f"q, ids {ids.dtype} {list(ids.shape)}")
+        close(got_k, expected_k, label=f"k, ids {ids.dtype} {list(ids.shape)}")
+    if device != "cpu":
+        return  # (the CUDA backend reads positions on the device: checked with debug_checks)
+    # Below -P there is no row: transformers raises an IndexError, the library its error.
+    q_before, k_before = q.clone(), k.clone()
+    with pytest.raises(rope_jit.RopeJitError, match="position"):
+        hf.apply_rotary_pos_emb(q, k, table_cos, table_sin, position_ids - 1)
+    assert torch.equal(q, q_before) and torch.equal(k, k_before)
+
+
 def test_hf_calls_the_library_cannot_serve_get_transformers_own_results():
     """(Adversarial pass, session 35.) Where the library would compute something else or
     refuse, the drop-in runs transformers' formula: cos/sin that require grad (their gradient

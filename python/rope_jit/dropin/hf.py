@@ -21,7 +21,8 @@ def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
             transformers < 4.38 gathered by position_ids [B, S].
         position_ids: ignored unless cos is a 2-D table, or the [1, 1, P, R] cache that
             transformers 4.31-4.35 passed (as in transformers >= 4.38, where it is
-            deprecated). An int here is taken as unsqueeze_dim, so that the newer signature
+            deprecated); a negative id counts from the table's end, as in transformers'
+            cos[position_ids]. An int here is taken as unsqueeze_dim, so that the newer signature
             apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim) works positionally as well.
 
     Returns (q_embed, k_embed), new tensors in the dtype transformers gives: q's, or cos's
@@ -73,6 +74,11 @@ def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
         positions = position_ids
         if positions is not None and positions.dim() == 2 and positions.shape[0] == 1:
             positions = positions[0]
+        if positions is not None and positions.dtype in _SIGNED_INDEX_DTYPES:
+            # transformers gathered the rows with cos[position_ids], where an id below 0
+            # counts from the table's end (-1 the last row); below -P it still fails, there
+            # with an IndexError, here with the library's error naming the position.
+            positions = torch.where(positions < 0, positions + table_cos.shape[0], positions)
     elif cos.dim() == 3:
         if cos.shape[1] != seq_len or sin.shape != cos.shape or cos.shape[0] not in (1, batch):
             # Not one row a token: transformers broadcasts (cos [B, 1, R] over the tokens, a
@@ -103,6 +109,7 @@ def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
 
 
 _LIBRARY_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_SIGNED_INDEX_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64)
 
 
 def _library_serves(q, k, cos, sin, unsqueeze_dim):
