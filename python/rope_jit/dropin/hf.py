@@ -84,8 +84,9 @@ def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
             # Not one row a token: transformers broadcasts (cos [B, 1, R] over the tokens, a
             # batch of 1 over cos's batch) or raises; its formula does the same.
             return _transformers_formula(q, k, cos, sin, unsqueeze_dim)
-        if cos.shape[0] == 1 or cos.stride(0) == 0:
-            # One row per token, shared by the batch.
+        if cos.shape[0] == 1 or (cos.stride(0) == 0 and sin.stride(0) == 0):
+            # One row per token, shared by the batch (cos and sin both: a cos expanded over
+            # the batch beside a sin per sequence gave every sequence sequence 0's sin).
             table_cos, table_sin = cos[0], sin[0]
         else:
             # One table per sequence: stacked into [B*S, R], sequence b starting at row b*S.
