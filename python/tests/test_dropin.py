@@ -96,6 +96,21 @@ def test_hf_apply_rotary_pos_emb_refuses_tables_of_another_batch_or_shape(device
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_hf_cos_shared_by_the_batch_beside_a_sin_per_sequence_rotates_each_by_its_own(device):
+    # (Adversarial pass, session 49.) The general code chose "one table for the batch" from
+    # cos alone: an expanded cos beside a per-sequence sin gave every sequence sin[0].
+    batch, heads, seq_len, dim = 2, 2, 4, 8
+    q, k = random((batch, heads, seq_len, dim), device, 60), random((batch, heads, seq_len, dim), device, 61)
+    cos, sin = hf_tables(torch.tensor([[0, 1, 2, 3], [7, 8, 9, 10]], device=device), dim)
+    for label, (c, s) in {"cos expanded": (cos[:1].expand(batch, -1, -1), sin),
+                          "sin expanded": (cos, sin[:1].expand(batch, -1, -1))}.items():
+        got_q, got_k = hf.apply_rotary_pos_emb(q, k, c, s)
+        expected_q, expected_k = hf_formula(q, k, c, s)
+        close(got_q, expected_q, label=f"q, {label}")
+        close(got_k, expected_k, label=f"k, {label}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_hf_apply_rotary_pos_emb_broadcasts_and_promotes_as_transformers(device):
     # Each raised ValueError, or returned q's dtype, where transformers returns (review,
     # session 39): cos [B, 1, R] over the tokens, a q of batch 1 over cos's batch, the
@@ -349,6 +364,29 @@ def test_flash_attn_qkv_and_unsloth_take_q_heads_that_are_no_multiple_of_k_heads
         rows = torch.arange(6)
         close(got_q, unsloth_formula(q, table_cos, table_sin, rows), label="unsloth q")
         close(got_k, unsloth_formula(k, table_cos, table_sin, rows), label="unsloth k")
+
+
+def test_flash_attn_qkv_in_two_launches_writes_an_inference_tensor_outside_inference_mode():
+    # (Adversarial pass, session 49.) As one launch does (the library writes inference
+    # tensors); k's copy_ raised after q and k were both written: a retry rotated them twice.
+    cos, sin = flash_tables(4, 8, "cpu")
+    with torch.inference_mode():
+        packed = random((1, 4, 3, 2, 8), "cpu", 62)
+        heads = random((1, 4, 3 + 2 * 2, 8), "cpu", 63)
+    for label, qkv, kwargs in [("cos_k given", packed, dict(cos_k=cos.clone(), sin_k=sin.clone())),
+                               ("Hq 3, Hk 2", heads, dict(num_heads_q=3))]:
+        expected = qkv.clone()
+        with torch.inference_mode():
+            flash_attn.apply_rotary_emb_qkv_(expected, cos, sin, **kwargs)
+        reference = qkv.clone().reshape(1, 4, -1, 8)
+        rotated_heads = 4 if label == "cos_k given" else 5
+        x = reference[:, :, :rotated_heads]
+        x1, x2 = x[..., :4], x[..., 4:]
+        c, s = cos[None, :, None], sin[None, :, None]
+        reference[:, :, :rotated_heads] = torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
+        close(expected.reshape(1, 4, -1, 8), reference, label=f"inside inference mode, {label}")
+        assert flash_attn.apply_rotary_emb_qkv_(qkv, cos, sin, **kwargs) is qkv
+        close(qkv, expected, tolerance=0, label=label)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -101,7 +101,13 @@ def apply_rotary_emb_qkv_(qkv, cos, sin, cos_k=None, sin_k=None, interleaved=Fal
             given = [name for name, table in (("cos", cos_k), ("sin", sin_k)) if table is not None]
             raise _naming_k_tables(error, given) from error
         apply_rope(q, None, cos, sin, **common)
-        k.copy_(k_rotated)
+        if k.is_inference() and not torch.is_inference_mode_enabled():
+            # As the library writes q: torch's copy_ refuses an inference tensor outside
+            # inference mode, but only after writing it (adversarial pass, session 49).
+            with torch.inference_mode():
+                k.copy_(k_rotated)
+        else:
+            k.copy_(k_rotated)
     return qkv
 
 
