@@ -89,6 +89,53 @@ TEST_CASE("a tensor with NULL data or NULL shape is rejected") {
     }
 }
 
+TEST_CASE("a view whose addresses wrap around the address space is rejected, writing nothing") {
+    // (Adversarial pass, session 49.) data + byte_offset wrapped: byte_offset 2^64 - 64 read
+    // and wrote the 64 bytes before q's data.
+    ValidCall call;
+    const std::string wraps = "wraps around the address space";
+    DLTensor q = *call.q.dl();
+    q.byte_offset = std::numeric_limits<uint64_t>::max() - 63;
+    call.args.q = &q;
+    call.expect_invalid("q: data + byte_offset (");
+    call.expect_invalid(wraps);
+    call.args.q = call.q.dl();
+    DLTensor k = *call.k.dl();
+    k.byte_offset = std::numeric_limits<uint64_t>::max() - 3;
+    call.args.k = &k;
+    call.expect_invalid("k: data + byte_offset (");
+    call.args.k = call.k.dl();
+
+    // At the ends of the address space (no memory is read: the checks refuse, or
+    // rope_jit_tensors_share_memory answers from the addresses alone). q is 3072 bytes.
+    const size_t q_bytes = call.q.bytes().size();
+    const uintptr_t top = std::numeric_limits<uintptr_t>::max();
+    DLTensor high = *call.q.dl();
+    high.data = reinterpret_cast<void*>(top - (q_bytes - 1));  // its last byte is the top one
+    int shared = -1;
+    CHECK(rope_jit_tensors_share_memory(&high, &high, &shared) == ROPE_JIT_OK);
+    CHECK(shared == 1);
+    high.byte_offset = 4;  // one element further
+    CHECK(rope_jit_tensors_share_memory(&high, &high, &shared) ==
+          ROPE_JIT_ERROR_INVALID_ARGUMENT);
+    CHECK(std::string(rope_jit_last_error()).find(wraps) != std::string::npos);
+    call.args.q = &high;
+    call.expect_invalid(wraps);
+
+    // Below 0: a negative batch stride from data 64 reaches 1536 bytes below it.
+    const int64_t shape[4] = {2, 4, 6, 16}, strides[4] = {-384, 96, 16, 1};
+    DLTensor low = *call.q.dl();
+    low.shape = const_cast<int64_t*>(shape);
+    low.strides = const_cast<int64_t*>(strides);
+    low.data = reinterpret_cast<void*>(uintptr_t(64));
+    call.args.q = &low;
+    call.expect_invalid(wraps);
+    low.data = reinterpret_cast<void*>(uintptr_t(1536));  // its lowest byte is address 0
+    CHECK(rope_jit_tensors_share_memory(&low, &low, &shared) == ROPE_JIT_OK);
+    CHECK(shared == 1);
+    call.args.q = call.q.dl();
+}
+
 TEST_CASE("q with the wrong number of dimensions is rejected") {
     ValidCall call;
     HostTensor q2(Dt::F32, {4, 16});

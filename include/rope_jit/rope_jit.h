@@ -270,7 +270,10 @@ ROPE_JIT_API void(rope_jit_config_init)(rope_jit_config* config);
  * RoPE arguments
  *
  * Tensors are DLPack DLTensors: data, device, dtype, shape and strides in elements (strides
- * NULL = C-contiguous); byte_offset is honoured. Nothing is copied, whatever the strides.
+ * NULL = C-contiguous); byte_offset is honoured (data + byte_offset, and every byte the
+ * strides reach from there, must be an address: a sum that wraps around the 64-bit address
+ * space fails with ERROR_INVALID_ARGUMENT naming the tensor). Nothing is copied, whatever the
+ * strides.
  * A device type that is none of DLPack's enumerators (16, -1: read as an integer) fails with
  * ERROR_INVALID_ARGUMENT naming the tensor, in every call that takes tensors.
  * The runtime never keeps a pointer to a tensor or its data after the call returns (on the

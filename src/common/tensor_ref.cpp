@@ -1,7 +1,9 @@
 #include "common/tensor_ref.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
+#include <optional>
 #include <vector>
 
 #include <fmt/format.h>
@@ -122,24 +124,46 @@ DType dtype_of(const DLDataType& type, const char* name) {
         fmt::format("{}: unsupported dtype (code {}, {} bits)", name, type.code, type.bits));
 }
 
-// Whether the element count and the byte extent of the view fit in int64 (an empty view
-// always does).
-bool extent_fits(const TensorRef& ref) {
+// The elements a non-empty view reaches, as offsets from its data in elements: [low, high],
+// low <= 0 <= high (negative strides reach below data).
+struct ElementSpan {
+    int64_t low = 0, high = 0;
+};
+
+// The view's span, or nothing when its element count or byte extent does not fit in int64
+// (an empty view always fits, with an empty span).
+std::optional<ElementSpan> element_span(const TensorRef& ref) {
     for (int i = 0; i < ref.ndim; ++i)
-        if (ref.shape[i] == 0) return true;
-    int64_t count = 1, low = 0, high = 0, span = 0, bytes = 0;
+        if (ref.shape[i] == 0) return ElementSpan{};
+    int64_t count = 1, span = 0, bytes = 0;
+    ElementSpan reached;
     bool overflow = false;
     for (int i = 0; i < ref.ndim; ++i) {
         int64_t reach = 0;
         overflow |= __builtin_mul_overflow(count, ref.shape[i], &count);
         overflow |= __builtin_mul_overflow(ref.strides[i], ref.shape[i] - 1, &reach);
-        overflow |= reach < 0 ? __builtin_add_overflow(low, reach, &low)
-                              : __builtin_add_overflow(high, reach, &high);
+        overflow |= reach < 0 ? __builtin_add_overflow(reached.low, reach, &reached.low)
+                              : __builtin_add_overflow(reached.high, reach, &reached.high);
     }
-    overflow |= __builtin_sub_overflow(high, low, &span);
+    overflow |= __builtin_sub_overflow(reached.high, reached.low, &span);
     overflow |= __builtin_add_overflow(span, 1, &span);
     overflow |= __builtin_mul_overflow(span, int64_t(dtype_size(ref.dtype)), &bytes);
-    return !overflow;
+    if (overflow) return std::nullopt;
+    return reached;
+}
+
+// Whether data + byte_offset and every byte the span reaches from there are addresses: none
+// wraps past 2^64 - 1 or below 0. (A byte_offset of 2^64 - 64 reached the 64 bytes before
+// data: the sum wraps, and the view was read and written there; adversarial pass, session 49.)
+// The span's bytes fit in int64 (element_span), so neither product below overflows.
+bool addresses_fit(const void* data, uint64_t byte_offset, const ElementSpan& span,
+                   size_t element_bytes) {
+    uint64_t base = 0;
+    if (__builtin_add_overflow(uint64_t(reinterpret_cast<uintptr_t>(data)), byte_offset, &base))
+        return false;
+    const uint64_t below = uint64_t(-span.low) * element_bytes;
+    const uint64_t above = (uint64_t(span.high) + 1) * element_bytes - 1;
+    return below <= base && above <= UINT64_MAX - base;
 }
 
 }  // namespace
@@ -176,13 +200,20 @@ TensorRef make_tensor_ref(const DLTensor* tensor, const char* name, int max_ndim
     }
     // Every offset the ops compute stays inside the byte extent; when that extent does not
     // fit in int64, no memory can hold the view and the offsets would overflow.
-    if (overflow || !extent_fits(ref))
+    const std::optional<ElementSpan> span = overflow ? std::nullopt : element_span(ref);
+    if (!span)
         fail_argument(
             fmt::format("{}: shape {} with its strides spans more bytes than memory can hold", name,
                         ref.shape_string()));
     if (ref.numel() > 0 && tensor->data == nullptr)
         fail_argument(
             fmt::format("{}: data is NULL for a tensor of shape {}", name, ref.shape_string()));
+    if (ref.numel() > 0 &&
+        !addresses_fit(tensor->data, tensor->byte_offset, *span, dtype_size(ref.dtype)))
+        fail_argument(fmt::format(
+            "{}: data + byte_offset ({} + {}), or a byte of shape {} with its strides from "
+            "there, wraps around the address space",
+            name, tensor->data, tensor->byte_offset, ref.shape_string()));
     // An empty tensor may have NULL data; offsetting NULL would be undefined.
     ref.data = tensor->data ? static_cast<char*>(tensor->data) + tensor->byte_offset : nullptr;
     // The ops read elements through typed pointers, which must be aligned to the element.
