@@ -333,6 +333,10 @@ TEST_CASE("QK-norm arguments are checked, each error naming the argument, writin
     expect("k_norm_weight", [&](rope_jit_rope_args& a) { a.q_norm_weight = nullptr; });
     expect("norm_eps", [&](rope_jit_rope_args& a) { a.norm_eps = 0; });
     expect("norm_eps", [&](rope_jit_rope_args& a) { a.norm_eps = std::nan(""); });
+    // Below float32's smallest normal number the fp32 norm read it as 0: a head of zeros
+    // came out NaN (adversarial pass, session 49).
+    expect("norm_eps", [&](rope_jit_rope_args& a) { a.norm_eps = 1e-100; });
+    expect("norm_eps", [&](rope_jit_rope_args& a) { a.norm_eps = 1e-39; });
     expect("q_norm_input", [&](rope_jit_rope_args& a) { a.backward = 1; });
     expect("k_norm_input", [&](rope_jit_rope_args& a) {
         a.backward = 1;
@@ -411,6 +415,26 @@ TEST_CASE("QK-norm arguments are checked, each error naming the argument, writin
         CHECK(offsets.bytes() == offsets_before);
         CHECK(inv_freq.bytes() == inv_freq_before);
     }
+}
+
+TEST_CASE("the smallest norm_eps taken normalizes a head of zeros to zeros, not NaN") {
+    CpuRuntime runtime;
+    HostTensor q(Dt::F32, {1, 2, 3, 8}), cos_t(Dt::F32, {4, 4}), sin_t(Dt::F32, {4, 4}),
+        w(Dt::F32, {8});
+    std::mt19937 rng(11);
+    for (HostTensor* t : {&cos_t, &sin_t, &w}) t->fill_uniform(rng, -1, 1);
+    for (int64_t h = 0; h < 2; ++h)
+        for (int64_t s = 0; s < 3; ++s)
+            for (int64_t d = 0; d < 8; ++d) q.set({0, h, s, d}, 0.0);  // padding tokens
+    rope_jit_rope_args args;
+    rope_jit_rope_args_init(&args);
+    args.q = q.dl();
+    args.cos = cos_t.dl();
+    args.sin = sin_t.dl();
+    args.q_norm_weight = w.dl();
+    args.norm_eps = std::numeric_limits<float>::min();
+    REQUIRE(rope_jit_rope(runtime.handle, &args) == ROPE_JIT_OK);
+    CHECK(q.values() == std::vector<double>(48, 0.0));
 }
 
 TEST_CASE("a QK-norm call with no token still zeroes the weight gradients") {

@@ -191,8 +191,12 @@ void check_qk_norm(const rope_jit_rope_args& args, const TensorRef& q, const Ten
     } else if (k_weight.present()) {
         fail_argument("k_norm_weight: given without k");
     }
-    if (!std::isfinite(args.norm_eps) || !(args.norm_eps > 0))
-        fail_argument(fmt::format("norm_eps: must be finite and > 0, got {}", args.norm_eps));
+    // The norm's arithmetic is fp32: an epsilon below its smallest normal number reads as 0
+    // (or a subnormal the GPU flushes to 0), and a head of zeros (padding) came out NaN.
+    if (!std::isfinite(args.norm_eps) || !(args.norm_eps >= std::numeric_limits<float>::min()))
+        fail_argument(fmt::format(
+            "norm_eps: must be finite and >= {} (float32's smallest normal number), got {}",
+            std::numeric_limits<float>::min(), args.norm_eps));
     if (p.has_freq_grad) fail_argument("inv_freq_grad: not available with QK-norm (q_norm_weight)");
 
     if (p.backward) {
