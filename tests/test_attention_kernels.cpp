@@ -843,7 +843,7 @@ TEST_CASE("attention specs read back from their JSON, and nothing else does") {
     const std::string json = specs[0].to_json();
     std::string error;
     CHECK_FALSE(AttentionSpec::from_json("not json", &error));
-    CHECK(error == "not valid JSON");
+    CHECK(error.rfind("not valid JSON: ", 0) == 0);
     CHECK_FALSE(AttentionSpec::from_json("[1]", &error));
     CHECK(error == "not a JSON object");
     CHECK_FALSE(AttentionSpec::from_json(R"({"op":"rope"})", &error));

@@ -599,7 +599,10 @@ TEST_CASE("rope specs: every field round-trips through JSON, and bad JSON names 
         {R"({"head_dim": 64, "backward": true})", "unknown field 'backward'"},
         // A key with a NUL or a newline is written escaped: the C API's message is one line.
         {R"({"head_dim": 64, "\u0000x\n": 1})", R"(unknown field '\u0000x\n')"},
-        {"not json", "not valid JSON"},
+        {"not json", "not valid JSON: parse error at line 1, column 2"},
+        // A number past double's range is a JSON number the parser cannot hold: named, with
+        // where it stopped (was only "not valid JSON"; adversarial pass, session 49).
+        {R"({"head_dim": 1e400})", "not valid JSON: number overflow parsing '1e400' (at byte"},
         {"[64]", "not a JSON object"},
         {R"({"head_dim": 64, "has_k": 1})", "has_k: expected true or false, got 1"},
         {R"({"head_dim": 64, "op": "attention"})", "op: expected \"rope\""},

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <set>
+#include <string>
 #include <vector>
 
 namespace rope_jit {
@@ -72,16 +73,36 @@ class DuplicateKeyFinder {
     }
     bool start_array(std::size_t) { return true; }
     bool end_array() { return true; }
-    bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) {
+    bool parse_error(std::size_t byte, const std::string&,
+                     const nlohmann::detail::exception& error) {
+        error_ = parse_error_text(byte, error.what());
         return false;
     }
 
     bool found() const { return found_; }
     const std::string& duplicate() const { return duplicate_; }
+    // Where and why the text is not JSON (set when sax_parse returned false).
+    const std::string& error() const { return error_; }
 
   private:
+    // nlohmann's message without its "[json.exception.parse_error.101] " tag, in ASCII (the
+    // token it quotes may hold any byte), with the byte where the parse stopped: "number
+    // overflow parsing '1e400'" says no place (a manifest's 1e400 was only "not valid JSON";
+    // adversarial pass, session 49).
+    static std::string parse_error_text(std::size_t byte, const std::string& what) {
+        const std::size_t tag_end = what.rfind("] ", what.find(' '));
+        std::string text = tag_end == std::string::npos ? what : what.substr(tag_end + 2);
+        for (char& c : text)
+            if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7f)
+                c = '?';
+        if (text.find("line ") == std::string::npos)
+            text += " (at byte " + std::to_string(byte) + ")";
+        return text;
+    }
+
     std::vector<std::set<std::string>> open_objects_;  // the keys seen in each object open
     std::string duplicate_;
+    std::string error_;
     bool found_ = false;
 };
 
@@ -95,7 +116,7 @@ nlohmann::json parse_bounded_json(std::string_view text, std::string* why) {
     }
     DuplicateKeyFinder keys;
     if (!nlohmann::json::sax_parse(text.begin(), text.end(), &keys)) {
-        if (why) *why = "not valid JSON";
+        if (why) *why = "not valid JSON: " + keys.error();
         return discarded;
     }
     if (keys.found()) {

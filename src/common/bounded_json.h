@@ -24,8 +24,9 @@ int json_nesting_depth(std::string_view text, int limit);
 std::string escaped_json_text(const std::string& text);
 
 // `text` parsed, or a discarded value where it is not JSON, nests deeper than kMaxJsonDepth or
-// gives a key twice in one object, with the reason in *why ("not valid JSON", "nests deeper
-// than 16 levels", "key 'x' given twice in one object") when why is not NULL.
+// gives a key twice in one object, with the reason in *why ("not valid JSON: " and where and
+// why the parser stopped, "nests deeper than 16 levels", "key 'x' given twice in one object")
+// when why is not NULL.
 nlohmann::json parse_bounded_json(std::string_view text, std::string* why = nullptr);
 
 }  // namespace rope_jit
