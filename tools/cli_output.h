@@ -6,7 +6,31 @@
 #include <cstdint>
 #include <string>
 
+#include "rope_jit/rope_jit.h"
+
 namespace rope_jit_cache {
+
+// Every cache item state, in the order the reports count them, with the name `list` gives it
+// and a listed manifest (`prewarm --manifest` of `list --json`) reads back.
+struct ItemStateName {
+    rope_jit_cache_item_state state;
+    const char* name;
+};
+inline constexpr ItemStateName kItemStates[] = {
+    {ROPE_JIT_CACHE_ITEM_OK, "ok"},
+    {ROPE_JIT_CACHE_ITEM_STALE, "stale"},
+    {ROPE_JIT_CACHE_ITEM_DAMAGED, "damaged"},
+    {ROPE_JIT_CACHE_ITEM_TEMP, "temp"},
+    {ROPE_JIT_CACHE_ITEM_SET_ASIDE, "set-aside"},
+    {ROPE_JIT_CACHE_ITEM_STRAY, "stray"},
+    {ROPE_JIT_CACHE_ITEM_UNTRUSTED, "untrusted"},
+};
+
+// kItemStates' name of `state`; "unknown" for a value of none of the enum's names.
+const char* item_state_name(rope_jit_cache_item_state state);
+// Whether `name` is one of item_state_name's; all of them, comma-separated, for a message.
+bool is_item_state_name(const std::string& name);
+std::string item_state_names();
 
 // `text` with every control character (bytes below 0x20, and 0x7f) written as an escape:
 // \n, \r, \t, else \xNN. File names may hold any byte but '/' and NUL; printed raw, an

@@ -14,6 +14,7 @@
 
 #include <fmt/format.h>
 
+#include "cli_output.h"
 #include "common/bounded_json.h"
 #include "rope_jit/rope_jit.h"
 
@@ -108,23 +109,33 @@ std::string text_of(const json& value, const std::string& what) {
     return value.get<std::string>();
 }
 
-// The "ok" entries of a `rope-jit-cache list --json` document, each for its own target.
+// The "ok" entries of a `rope-jit-cache list --json` document, each for its own target. An
+// item that is no object, has no state or one `list` never writes ("okay"), or an "ok" one
+// with an empty target, is a usage error: they were skipped, or given the default target,
+// without a word (adversarial pass, session 49). Items in another state are skipped.
 std::vector<SpecTemplate> listed_templates(const json& listing, const std::string& path) {
     if (!listing["items"].is_array())
         throw UsageError(fmt::format("{}: items must be a list", path));
     std::vector<SpecTemplate> templates;
     for (size_t i = 0; i < listing["items"].size(); ++i) {
         const json& item = listing["items"][i];
-        if (!item.is_object() || !item.contains("state") ||
-            text_of(item["state"], fmt::format("{}: items[{}].state", path, i)) != "ok")
-            continue;
+        const std::string where = fmt::format("{}: items[{}]", path, i);
+        if (!item.is_object())
+            throw UsageError(fmt::format("{}: expected an object, got {} {}", where,
+                                         item.is_array() ? "an" : "a", item.type_name()));
+        if (!item.contains("state")) throw UsageError(where + " has no state");
+        const std::string state = text_of(item["state"], where + ".state");
+        if (!is_item_state_name(state))
+            throw UsageError(fmt::format("{}.state: expected one of {}, got \"{}\"", where,
+                                         item_state_names(), rope_jit::escaped_json_text(state)));
+        if (state != "ok") continue;
         if (!item.contains("spec_json") || !item["spec_json"].is_object() ||
             !item.contains("target"))
-            throw UsageError(
-                fmt::format("{}: items[{}] has no spec_json object or target", path, i));
-        templates.push_back(
-            SpecTemplate{item["spec_json"], fmt::format("{}#items[{}]", path, i),
-                         text_of(item["target"], fmt::format("{}: items[{}].target", path, i))});
+            throw UsageError(where + " has no spec_json object or target");
+        const std::string target = text_of(item["target"], where + ".target");
+        if (target.empty()) throw UsageError(where + ".target: empty");
+        templates.push_back(SpecTemplate{item["spec_json"], fmt::format("{}#items[{}]", path, i),
+                                         target});
     }
     return templates;
 }

@@ -116,24 +116,6 @@ void print_json(const json& document) {
 
 // ---- cache items ------------------------------------------------------------------------
 
-const char* state_name(rope_jit_cache_item_state state) {
-    switch (state) {
-        case ROPE_JIT_CACHE_ITEM_OK: return "ok";
-        case ROPE_JIT_CACHE_ITEM_STALE: return "stale";
-        case ROPE_JIT_CACHE_ITEM_DAMAGED: return "damaged";
-        case ROPE_JIT_CACHE_ITEM_TEMP: return "temp";
-        case ROPE_JIT_CACHE_ITEM_SET_ASIDE: return "set-aside";
-        case ROPE_JIT_CACHE_ITEM_STRAY: return "stray";
-        case ROPE_JIT_CACHE_ITEM_UNTRUSTED: return "untrusted";
-    }
-    return "unknown";
-}
-
-constexpr rope_jit_cache_item_state kAllStates[] = {
-    ROPE_JIT_CACHE_ITEM_OK,       ROPE_JIT_CACHE_ITEM_STALE,     ROPE_JIT_CACHE_ITEM_DAMAGED,
-    ROPE_JIT_CACHE_ITEM_TEMP,     ROPE_JIT_CACHE_ITEM_SET_ASIDE, ROPE_JIT_CACHE_ITEM_STRAY,
-    ROPE_JIT_CACHE_ITEM_UNTRUSTED};
-
 // An owned copy of a rope_jit_cache_item (whose strings live only during the visit).
 struct Item {
     rope_jit_cache_item_state state;
@@ -159,7 +141,7 @@ std::vector<Item> collect_items(const rope_jit_runtime* runtime) {
 json item_json(const Item& item, int64_t now) {
     // The library's bound on nesting: dump() recurses.
     json spec = rope_jit::parse_bounded_json(item.spec_json);
-    return json{{"state", state_name(item.state)},
+    return json{{"state", item_state_name(item.state)},
                 {"path", item.path},
                 {"problem", item.problem},
                 {"key", item.key},
@@ -188,9 +170,10 @@ struct Totals {
     }
     json to_json() const {
         json out = json::object();
-        for (rope_jit_cache_item_state state : kAllStates) {
-            out[state_name(state)] = json{{"count", count.count(state) ? count.at(state) : 0},
-                                          {"bytes", bytes.count(state) ? bytes.at(state) : 0}};
+        for (const ItemStateName& named : kItemStates) {
+            const rope_jit_cache_item_state state = named.state;
+            out[named.name] = json{{"count", count.count(state) ? count.at(state) : 0},
+                                   {"bytes", bytes.count(state) ? bytes.at(state) : 0}};
         }
         out["bytes"] = all_bytes;
         return out;
@@ -198,10 +181,11 @@ struct Totals {
     // "20 ok (1.2 MiB), 1 damaged (0 B)": the states present, ok first.
     std::string summary() const {
         std::string text;
-        for (rope_jit_cache_item_state state : kAllStates) {
+        for (const ItemStateName& named : kItemStates) {
+            const rope_jit_cache_item_state state = named.state;
             if (!count.count(state)) continue;
             text += fmt::format("{}{} {} ({})", text.empty() ? "" : ", ", count.at(state),
-                                state_name(state), format_bytes(bytes.at(state)));
+                                named.name, format_bytes(bytes.at(state)));
         }
         return text.empty() ? "empty" : text;
     }
@@ -646,7 +630,7 @@ int run_list(const GlobalOptions& global) {
                   << "\n";
     for (const Item& item : items) {
         const std::string line =
-            fmt::format("{:<9} {:<7} {:<6} {:>10} {:>5}  {}", state_name(item.state),
+            fmt::format("{:<9} {:<7} {:<6} {:>10} {:>5}  {}", item_state_name(item.state),
                         item.target.empty() ? "-" : item.target,
                         item.nvrtc_version.empty() ? "-" : item.nvrtc_version,
                         format_bytes(item.bytes), format_age(now - item.accessed), item_text(item));
@@ -692,7 +676,7 @@ int run_verify(const GlobalOptions& global) {
     } else {
         for (const Item& item : items)
             if (item.state != ROPE_JIT_CACHE_ITEM_OK)
-                std::cout << printable(fmt::format("{:<9} {}: {}", state_name(item.state),
+                std::cout << printable(fmt::format("{:<9} {}: {}", item_state_name(item.state),
                                                    item.path, item.problem))
                           << "\n";
         const size_t good = count(ROPE_JIT_CACHE_ITEM_OK);
@@ -759,7 +743,7 @@ std::vector<Removal> plan_prune(const std::vector<Item>& items, int64_t now,
             case ROPE_JIT_CACHE_ITEM_UNTRUSTED:
             case ROPE_JIT_CACHE_ITEM_STRAY:
             case ROPE_JIT_CACHE_ITEM_SET_ASIDE:
-                removals.push_back({i, state_name(item.state)});
+                removals.push_back({i, item_state_name(item.state)});
                 continue;
             case ROPE_JIT_CACHE_ITEM_TEMP:
                 if (age_of(item.modified) > kTempGraceSeconds)
@@ -868,7 +852,7 @@ int remove_items(const GlobalOptions& global, const rope_jit_runtime* runtime, c
         if (!global.json) {
             std::cout << printable(fmt::format("{} {:<9} {:>10}  {}  ({})",
                                                dry_run ? "would remove" : "removed",
-                                               state_name(item.state), format_bytes(bytes),
+                                               item_state_name(item.state), format_bytes(bytes),
                                                item_text(item), removal.reason))
                       << "\n";
         }

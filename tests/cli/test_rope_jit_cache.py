@@ -1521,6 +1521,31 @@ class ManifestFieldTypeTest(CacheTestCase):
             self.assertNotIn("json.exception", result.stderr, command)
         self.assertFalse(os.path.exists(self.root))
 
+    def test_list_manifest_items_list_never_writes_are_usage_errors_naming_the_item(self):
+        # Skipped without a word, exit 0 (an empty target took the default one); items of
+        # another state list writes are still skipped (adversarial pass, session 49).
+        manifest = os.path.join(self.scratch, "m2.json")
+        good = {"state": "ok", "target": "sm_90", "spec_json": LIST_ITEM_SPEC}
+        for item, message in [
+            (5, "items[1]: expected an object, got a number"),
+            ("x", "items[1]: expected an object, got a string"),
+            (None, "items[1]: expected an object, got a null"),
+            ([good], "items[1]: expected an object, got an array"),
+            (dict(good, state="okay"), 'items[1].state: expected one of ok, stale, damaged, temp, '
+                                       'set-aside, stray, untrusted, got "okay"'),
+            ({"target": "sm_90", "spec_json": LIST_ITEM_SPEC}, "items[1] has no state"),
+            (dict(good, target=""), "items[1].target: empty"),
+        ]:
+            write_bytes(manifest, json.dumps({"command": "list", "items": [good, item]}).encode())
+            result = self.tool("--cache-dir", self.root, "prewarm", "--dry-run", "--manifest", manifest, expect=2)
+            self.assertIn(f"{manifest}: {message}", result.stderr, item)
+        write_bytes(manifest, json.dumps({"command": "list", "items": [
+            good, dict(good, state="stale", target=""), dict(good, state="damaged")]}).encode())
+        planned = json.loads(self.tool("--cache-dir", self.root, "prewarm", "--dry-run", "--json", "--manifest",
+                                       manifest).stdout)
+        self.assertEqual([kernel["sources"] for kernel in planned["kernels"]], [[f"{manifest}#items[0]"]])
+        self.assertFalse(os.path.exists(self.root))
+
 
 class MaxBytesEnvironmentTest(CacheTestCase):
     def test_list_verify_prune_and_clear_ignore_a_malformed_size_limit_and_prewarm_refuses_it(self):
