@@ -108,9 +108,13 @@ std::string joined(const std::vector<std::string>& names) {
     return text;
 }
 
+// Whether print_json has printed the run's document (--json prints one, also for a failure).
+bool json_document_printed = false;
+
 // File names need not be UTF-8: invalid bytes print as U+FFFD rather than failing the report
 // (after prune or clear has already acted).
 void print_json(const json& document) {
+    json_document_printed = true;
     std::cout << document.dump(2, ' ', false, json::error_handler_t::replace) << std::endl;
 }
 
@@ -980,6 +984,21 @@ int run_info(const GlobalOptions& global) {
 
 // ---- command line -----------------------------------------------------------------------
 
+// The exit code of a run that failed with `message`. With --json, stdout still holds one JSON
+// document, {"command", "error", "exit_code"}, unless the subcommand printed its own: a
+// failing list, verify, prune or clear printed nothing there, and a script reading it found no
+// document (adversarial pass, session 49).
+int failed_with(const GlobalOptions& global, const CLI::App& app, const std::string& message,
+                int exit_code) {
+    if (global.json && !json_document_printed) {
+        const std::vector<CLI::App*> chosen = app.get_subcommands();
+        print_json(json{{"command", chosen.empty() ? "" : chosen.front()->get_name()},
+                        {"error", message},
+                        {"exit_code", exit_code}});
+    }
+    return exit_code;
+}
+
 int run(int argc, char** argv) {
     CLI::App app{
         "rope-jit-cache: prewarm, inspect and trim the rope-jit kernel cache.\n"
@@ -1214,13 +1233,13 @@ int run(int argc, char** argv) {
     } catch (const UsageError& e) {
         std::cerr << "rope-jit-cache: " << printable(e.what()) << "\nRun with --help for usage."
                   << std::endl;
-        return kExitUsage;
+        return failed_with(global, app, e.what(), kExitUsage);
     } catch (const Failure& e) {
         std::cerr << "rope-jit-cache: error: " << printable(e.what()) << std::endl;
-        return kExitFailure;
+        return failed_with(global, app, e.what(), kExitFailure);
     } catch (const std::exception& e) {
         std::cerr << "rope-jit-cache: error: " << printable(e.what()) << std::endl;
-        return kExitFailure;
+        return failed_with(global, app, e.what(), kExitFailure);
     }
     return kExitUsage;
 }

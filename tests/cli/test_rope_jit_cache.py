@@ -758,6 +758,20 @@ class CommandLineTest(CacheTestCase):
                            ["prewarm", "--dry-run", "--preset", "llama3-8b", "--target", "sm_90"]):
             result = self.tool("--cache-dir", self.root, *subcommand, "--json")
             self.assertIsInstance(json.loads(result.stdout), dict, subcommand)
+        # Also when the run fails (a root that is a file) or is refused: list, verify, prune
+        # and clear printed nothing on stdout (adversarial pass, session 49).
+        root_file = os.path.join(self.scratch, "a-file")
+        write_bytes(root_file, b"x")
+        for subcommand in ("list", "verify", "prune", "clear"):
+            result = self.tool("--cache-dir", root_file, subcommand, "--json", expect=1)
+            document = json.loads(result.stdout)
+            self.assertEqual((document["command"], document["exit_code"]), (subcommand, 1))
+            self.assertIn("is not a directory", document["error"])
+            self.assertIn(document["error"], result.stderr)
+        result = self.tool("--cache-dir", self.root, "prewarm", "--json", "--head-dim", "63", "--target", "sm_90",
+                           expect=2)
+        self.assertEqual(json.loads(result.stdout), {"command": "prewarm", "exit_code": 2,
+                                                     "error": "flags: kernel spec: head_dim must be even, got 63"})
 
     def test_presets_use_each_models_head_dim_rotary_dim_style_and_gqa_group(self):
         # From each model's config.json: hidden size, attention heads, kv heads, the rotary
