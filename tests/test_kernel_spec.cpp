@@ -603,6 +603,10 @@ TEST_CASE("rope specs: every field round-trips through JSON, and bad JSON names 
         // A number past double's range is a JSON number the parser cannot hold: named, with
         // where it stopped (was only "not valid JSON"; adversarial pass, session 49).
         {R"({"head_dim": 1e400})", "not valid JSON: number overflow parsing '1e400' (at byte"},
+        // The token quoted is ASCII: an e-acute's first byte reads '?' (nlohmann stops there), a
+        // control byte as nlohmann writes it.
+        {"{\"head_dim\": \xc3\xa9}", "last read: '\"head_dim\": ?'"},
+        {"{\"head_dim\": 6\x01}", "last read: '6<U+0001>'"},
         {"[64]", "not a JSON object"},
         {R"({"head_dim": 64, "has_k": 1})", "has_k: expected true or false, got 1"},
         {R"({"head_dim": 64, "op": "attention"})", "op: expected \"rope\""},

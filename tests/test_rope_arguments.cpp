@@ -130,6 +130,8 @@ TEST_CASE("a view whose addresses wrap around the address space is rejected, wri
     low.data = reinterpret_cast<void*>(uintptr_t(64));
     call.args.q = &low;
     call.expect_invalid(wraps);
+    low.data = reinterpret_cast<void*>(uintptr_t(1532));  // one element below address 0
+    call.expect_invalid(wraps);
     low.data = reinterpret_cast<void*>(uintptr_t(1536));  // its lowest byte is address 0
     CHECK(rope_jit_tensors_share_memory(&low, &low, &shared) == ROPE_JIT_OK);
     CHECK(shared == 1);

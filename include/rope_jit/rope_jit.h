@@ -270,10 +270,10 @@ ROPE_JIT_API void(rope_jit_config_init)(rope_jit_config* config);
  * RoPE arguments
  *
  * Tensors are DLPack DLTensors: data, device, dtype, shape and strides in elements (strides
- * NULL = C-contiguous); byte_offset is honoured (data + byte_offset, and every byte the
- * strides reach from there, must be an address: a sum that wraps around the 64-bit address
- * space fails with ERROR_INVALID_ARGUMENT naming the tensor). Nothing is copied, whatever the
- * strides.
+ * NULL = C-contiguous); byte_offset is honoured (for a tensor with elements, data +
+ * byte_offset and every byte the strides reach from there must be an address: a sum that
+ * wraps around the 64-bit address space fails with ERROR_INVALID_ARGUMENT naming the tensor).
+ * Nothing is copied, whatever the strides.
  * A device type that is none of DLPack's enumerators (16, -1: read as an integer) fails with
  * ERROR_INVALID_ARGUMENT naming the tensor, in every call that takes tensors.
  * The runtime never keeps a pointer to a tensor or its data after the call returns (on the
@@ -467,9 +467,9 @@ typedef struct rope_jit_rope_args {
      * and must be NULL otherwise. */
     const DLTensor* q_norm_weight;
     const DLTensor* k_norm_weight;
-    /* The epsilon inside the square root: finite and >= 1.17549435e-38 (FLT_MIN: the norm
-     * computes in fp32, where a smaller one reads as 0 and a head of zeros would give NaN).
-     * Default 1e-6. */
+    /* The epsilon inside the square root: finite, and at least FLT_MIN (1.17549435e-38) once
+     * rounded to float (the CUDA kernels add it in fp32, where a smaller one reads as 0 and a
+     * head of zeros would give NaN). Default 1e-6. */
     double norm_eps;
     /* 1: the weights are offsets from 1 (Gemma's (1 + w)); 0 (default): y = n * w. */
     int norm_unit_offset;

@@ -131,7 +131,7 @@ struct ElementSpan {
 };
 
 // The view's span, or nothing when its element count or byte extent does not fit in int64
-// (an empty view always fits, with an empty span).
+// (an empty view always fits; its span, [0, 0], is never used).
 std::optional<ElementSpan> element_span(const TensorRef& ref) {
     for (int i = 0; i < ref.ndim; ++i)
         if (ref.shape[i] == 0) return ElementSpan{};
@@ -214,8 +214,11 @@ TensorRef make_tensor_ref(const DLTensor* tensor, const char* name, int max_ndim
             "{}: data + byte_offset ({} + {}), or a byte of shape {} with its strides from "
             "there, wraps around the address space",
             name, tensor->data, tensor->byte_offset, ref.shape_string()));
-    // An empty tensor may have NULL data; offsetting NULL would be undefined.
-    ref.data = tensor->data ? static_cast<char*>(tensor->data) + tensor->byte_offset : nullptr;
+    // An empty tensor may have NULL data (kept), or a byte_offset that wraps (no element is
+    // there to read: the sum is computed unsigned, where wrapping is defined, and never used).
+    ref.data = tensor->data ? reinterpret_cast<char*>(reinterpret_cast<uintptr_t>(tensor->data) +
+                                                      uintptr_t(tensor->byte_offset))
+                            : nullptr;
     // The ops read elements through typed pointers, which must be aligned to the element.
     if (ref.numel() > 0 && reinterpret_cast<uintptr_t>(ref.data) % dtype_size(ref.dtype) != 0)
         fail_argument(

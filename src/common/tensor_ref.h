@@ -56,8 +56,9 @@ inline void copy_strides(long long* out, const TensorRef& t, int n) {
 // when its device type is none of DLPack's (read as an integer: comparing another value in
 // the enum field would be undefined behaviour), when its element count or byte extent
 // overflows int64, when a non-empty tensor's data + byte_offset, or a byte its strides reach
-// from there, is past either end of the address space, or when its data (with byte_offset) is
-// not aligned to its element size. A max_ndim above kTensorRefMaxDims is taken as kTensorRefMaxDims.
+// from there, is past either end of the address space, or when its data (with byte_offset)
+// is not aligned to its element size. A max_ndim above kTensorRefMaxDims is taken as
+// kTensorRefMaxDims.
 TensorRef make_tensor_ref(const DLTensor* tensor, const char* name, int max_ndim = 4);
 // make_tensor_ref for a tensor that should hold one element (a scale): a 0-dim tensor (as
 // torch.tensor(1.0) exports) or one of any rank whose sizes are all 1 comes back as a 1-D

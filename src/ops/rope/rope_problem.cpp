@@ -191,11 +191,15 @@ void check_qk_norm(const rope_jit_rope_args& args, const TensorRef& q, const Ten
     } else if (k_weight.present()) {
         fail_argument("k_norm_weight: given without k");
     }
-    // The norm's arithmetic is fp32: an epsilon below its smallest normal number reads as 0
-    // (or a subnormal the GPU flushes to 0), and a head of zeros (padding) came out NaN.
-    if (!std::isfinite(args.norm_eps) || !(args.norm_eps >= std::numeric_limits<float>::min()))
+    // The CUDA kernels add float(norm_eps): below float32's smallest normal number it is 0 (or
+    // a subnormal flushed to 0), and a head of zeros (padding) came out NaN; the CPU reference
+    // did below about 8.6e-78, where its float(1 / sqrt(eps)) is inf. Compared as the kernels
+    // read it, so that the header's FLT_MIN (1.17549435e-38) itself is taken.
+    if (!std::isfinite(args.norm_eps) ||
+        !(float(args.norm_eps) >= std::numeric_limits<float>::min()))
         fail_argument(fmt::format(
-            "norm_eps: must be finite and >= {} (float32's smallest normal number), got {}",
+            "norm_eps: must be finite and at least FLT_MIN, {} (float32's smallest normal "
+            "number), got {}",
             std::numeric_limits<float>::min(), args.norm_eps));
     if (p.has_freq_grad) fail_argument("inv_freq_grad: not available with QK-norm (q_norm_weight)");
 
