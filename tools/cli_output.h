@@ -26,9 +26,13 @@ inline constexpr ItemStateName kItemStates[] = {
     {ROPE_JIT_CACHE_ITEM_UNTRUSTED, "untrusted"},
 };
 
-// kItemStates' name of `state`; "unknown" for a value of none of the enum's names.
+// The name of a state this tool does not know: one a newer library reports.
+inline constexpr const char* kUnknownItemState = "unknown";
+
+// kItemStates' name of `state`; kUnknownItemState for a value of none of the enum's names.
 const char* item_state_name(rope_jit_cache_item_state state);
-// Whether `name` is one of item_state_name's; all of them, comma-separated, for a message.
+// Whether `name` is one item_state_name gives (kUnknownItemState too); all of them,
+// comma-separated, for a message.
 bool is_item_state_name(const std::string& name);
 std::string item_state_names();
 

@@ -585,7 +585,8 @@ int run_prewarm(const GlobalOptions& global, const PrewarmOptions& options) {
         std::string where = root.empty() ? "no cache directory" : root;
         std::string unwritten;
         if (written < compiled)
-            unwritten = fmt::format(" ({} not written: kept in memory only, {})", compiled - written,
+            unwritten = fmt::format(" ({} not written: kept in memory only, {})",
+                                    compiled - written,
                                     rope_jit::warnings_silenced()
                                         ? "ROPE_JIT_QUIET=1 hid the warning saying why"
                                         : "see the warning above");
@@ -988,15 +989,25 @@ int run_info(const GlobalOptions& global) {
 // document, {"command", "error", "exit_code"}, unless the subcommand printed its own: a
 // failing list, verify, prune or clear printed nothing there, and a script reading it found no
 // document (adversarial pass, session 49).
-int failed_with(const GlobalOptions& global, const CLI::App& app, const std::string& message,
+int failed_with(bool json_output, const std::string& command, const std::string& message,
                 int exit_code) {
-    if (global.json && !json_document_printed) {
-        const std::vector<CLI::App*> chosen = app.get_subcommands();
-        print_json(json{{"command", chosen.empty() ? "" : chosen.front()->get_name()},
-                        {"error", message},
-                        {"exit_code", exit_code}});
-    }
+    if (json_output && !json_document_printed)
+        print_json(json{{"command", command}, {"error", message}, {"exit_code", exit_code}});
     return exit_code;
+}
+
+// The subcommand CLI11 chose, "" before it chose one.
+std::string chosen_command(const CLI::App& app) {
+    const std::vector<CLI::App*> chosen = app.get_subcommands();
+    return chosen.empty() ? "" : chosen.front()->get_name();
+}
+
+// Whether --json is among the arguments: a command line CLI11 refuses sets no option, and its
+// usage error gets the document too.
+bool json_requested(int argc, char** argv) {
+    for (int i = 1; i < argc; ++i)
+        if (std::string(argv[i]) == "--json") return true;
+    return false;
 }
 
 int run(int argc, char** argv) {
@@ -1169,10 +1180,11 @@ int run(int argc, char** argv) {
             names.push_back(command->get_name());
         if (word == prewarm_worker->get_name()) break;
         if (std::find(names.begin(), names.end(), word) == names.end()) {
-            std::cerr << "rope-jit-cache: unknown subcommand '" << printable(word)
-                      << "' (expected one of: " << joined(names) << ")\nRun with --help for usage."
+            const std::string message =
+                "unknown subcommand '" + word + "' (expected one of: " + joined(names) + ")";
+            std::cerr << "rope-jit-cache: " << printable(message) << "\nRun with --help for usage."
                       << std::endl;
-            return kExitUsage;
+            return failed_with(json_requested(argc, argv), "", message, kExitUsage);
         }
         break;
     }
@@ -1180,7 +1192,8 @@ int run(int argc, char** argv) {
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
-        return app.exit(e) == 0 ? kExitOk : kExitUsage;
+        if (app.exit(e) == 0) return kExitOk;  // --help
+        return failed_with(json_requested(argc, argv), chosen_command(app), e.what(), kExitUsage);
     }
 
     try {
@@ -1233,13 +1246,13 @@ int run(int argc, char** argv) {
     } catch (const UsageError& e) {
         std::cerr << "rope-jit-cache: " << printable(e.what()) << "\nRun with --help for usage."
                   << std::endl;
-        return failed_with(global, app, e.what(), kExitUsage);
+        return failed_with(global.json, chosen_command(app), e.what(), kExitUsage);
     } catch (const Failure& e) {
         std::cerr << "rope-jit-cache: error: " << printable(e.what()) << std::endl;
-        return failed_with(global, app, e.what(), kExitFailure);
+        return failed_with(global.json, chosen_command(app), e.what(), kExitFailure);
     } catch (const std::exception& e) {
         std::cerr << "rope-jit-cache: error: " << printable(e.what()) << std::endl;
-        return failed_with(global, app, e.what(), kExitFailure);
+        return failed_with(global.json, chosen_command(app), e.what(), kExitFailure);
     }
     return kExitUsage;
 }

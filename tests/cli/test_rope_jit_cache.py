@@ -772,6 +772,15 @@ class CommandLineTest(CacheTestCase):
                            expect=2)
         self.assertEqual(json.loads(result.stdout), {"command": "prewarm", "exit_code": 2,
                                                      "error": "flags: kernel spec: head_dim must be even, got 63"})
+        # Command lines CLI11 refuses, and an unknown subcommand (review, session 49).
+        for args, command, error in [(["prune", "--json", "--max-bytes="], "prune", "--max-bytes"),
+                                     (["list", "--json", "--bogus"], "list", "--bogus"),
+                                     (["--json", "lisst"], "", "unknown subcommand 'lisst'")]:
+            result = self.tool("--cache-dir", self.root, *args, expect=2)
+            document = json.loads(result.stdout)
+            self.assertEqual((document["command"], document["exit_code"]), (command, 2), args)
+            self.assertIn(error, document["error"], args)
+        self.assertEqual(self.tool("--cache-dir", self.root, "list", "--json", "--help").stdout.count("{"), 0)
 
     def test_presets_use_each_models_head_dim_rotary_dim_style_and_gqa_group(self):
         # From each model's config.json: hidden size, attention heads, kv heads, the rotary
@@ -1546,15 +1555,17 @@ class ManifestFieldTypeTest(CacheTestCase):
             (None, "items[1]: expected an object, got a null"),
             ([good], "items[1]: expected an object, got an array"),
             (dict(good, state="okay"), 'items[1].state: expected one of ok, stale, damaged, temp, '
-                                       'set-aside, stray, untrusted, got "okay"'),
+                                       'set-aside, stray, untrusted, unknown, got "okay"'),
             ({"target": "sm_90", "spec_json": LIST_ITEM_SPEC}, "items[1] has no state"),
             (dict(good, target=""), "items[1].target: empty"),
         ]:
             write_bytes(manifest, json.dumps({"command": "list", "items": [good, item]}).encode())
             result = self.tool("--cache-dir", self.root, "prewarm", "--dry-run", "--manifest", manifest, expect=2)
             self.assertIn(f"{manifest}: {message}", result.stderr, item)
+        # ("unknown": what list writes for a state of a newer library than it knows.)
         write_bytes(manifest, json.dumps({"command": "list", "items": [
-            good, dict(good, state="stale", target=""), dict(good, state="damaged")]}).encode())
+            good, dict(good, state="stale", target=""), dict(good, state="damaged"),
+            dict(good, state="unknown")]}).encode())
         planned = json.loads(self.tool("--cache-dir", self.root, "prewarm", "--dry-run", "--json", "--manifest",
                                        manifest).stdout)
         self.assertEqual([kernel["sources"] for kernel in planned["kernels"]], [[f"{manifest}#items[0]"]])
