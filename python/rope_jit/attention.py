@@ -16,6 +16,10 @@ from .tensors import as_tensor, is_torch_tensor, torch_stream_of
 
 _P = ctypes.POINTER
 
+# The styles attention takes: not "proportional" (the header), which the message for a bad
+# style listed, and the library then refused (adversarial pass, session 49).
+_ATTENTION_STYLES = {name: _STYLES[name] for name in ("half", "interleaved")}
+
 
 def _functions(library):
     """(forward, backward, args_init) C functions, or None when the library has no attention."""
@@ -111,7 +115,7 @@ def _call(which, tensors, causal, scale, rotary_dim, style, stream, runtime, det
     args.causal = 1 if causal else 0
     args.scale = c_double(scale, "scale")
     args.rotary_dim = c_int(rotary_dim, "rotary_dim")
-    args.style = _choice(style, _STYLES, "style")
+    args.style = _choice(style, _ATTENTION_STYLES, "style")
     args.deterministic = 1 if deterministic else 0
     args.stream = stream_handle or None
     device = held[0].struct.device if held else None

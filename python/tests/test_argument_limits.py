@@ -112,6 +112,22 @@ def test_list_and_name_arguments_of_another_kind_are_errors_naming_them(cpu_runt
         np.testing.assert_array_equal(table, 7.0)
 
 
+def test_attention_names_only_the_styles_it_takes(cpu_runtime):
+    # Its message listed 'proportional', which the library then refused for attention
+    # (adversarial pass, session 49).
+    if not rope_jit.has_attention():
+        pytest.skip("the loaded library has no attention op")
+    rng = np.random.default_rng(3)
+    q = rng.standard_normal((1, 1, 2, 8)).astype(np.float32)
+    out = np.full_like(q, 7.0)
+    table = np.ones((2, 4), np.float32)
+    for style in ("neox", "proportional", s.STYLE_PROPORTIONAL):
+        with pytest.raises(ValueError, match=re.escape("style: expected one of ['half', 'interleaved'], got")):
+            rope_jit.attention(q, q.copy(), q.copy(), out, cos=table, sin=table, style=style,
+                               runtime=cpu_runtime)
+    np.testing.assert_array_equal(out, 7.0)
+
+
 def test_runtime_refuses_a_thread_count_past_int_and_a_cache_dir_with_nul(library):
     with pytest.raises(OverflowError, match="cpu_threads"):
         rope_jit.Runtime(backend="cpu", cpu_threads=2**32)

@@ -174,7 +174,7 @@ def test_hf_old_signature_counts_negative_position_ids_from_the_tables_end_as_tr
         return  # (the CUDA backend reads positions on the device: checked with debug_checks)
     # Below -P there is no row: transformers raises an IndexError, the library its error.
     q_before, k_before = q.clone(), k.clone()
-    with pytest.raises(rope_jit.RopeJitError, match="position"):
+    with pytest.raises(rope_jit.RopeJitError, match="gives table row -51, outside cos's 50 rows"):
         hf.apply_rotary_pos_emb(q, k, table_cos, table_sin, position_ids - 1)
     assert torch.equal(q, q_before) and torch.equal(k, k_before)
 

@@ -74,11 +74,13 @@ def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
         positions = position_ids
         if positions is not None and positions.dim() == 2 and positions.shape[0] == 1:
             positions = positions[0]
-        if positions is not None and positions.dtype in _SIGNED_INDEX_DTYPES:
-            # transformers gathered the rows with cos[position_ids], where an id below 0
-            # counts from the table's end (-1 the last row); below -P it still fails, there
-            # with an IndexError, here with the library's error naming the position.
-            positions = torch.where(positions < 0, positions + table_cos.shape[0], positions)
+        if positions is not None and positions.dtype in _INDEX_DTYPES:
+            # transformers gathered the rows with cos[position_ids], where an id in [-P, 0)
+            # counts from the table's end (-1 the last row); below -P it fails, there with an
+            # IndexError, here with the library's error naming the id as given.
+            rows = table_cos.shape[0]
+            positions = torch.where((positions < 0) & (positions >= -rows), positions + rows,
+                                    positions)
     elif cos.dim() == 3:
         if cos.shape[1] != seq_len or sin.shape != cos.shape or cos.shape[0] not in (1, batch):
             # Not one row a token: transformers broadcasts (cos [B, 1, R] over the tokens, a
@@ -110,7 +112,7 @@ def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
 
 
 _LIBRARY_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_SIGNED_INDEX_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64)
+_INDEX_DTYPES = (torch.int32, torch.int64)  # (the library's; transformers refuses int8/16)
 
 
 def _library_serves(q, k, cos, sin, unsqueeze_dim):
