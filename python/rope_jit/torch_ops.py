@@ -1399,7 +1399,8 @@ def _attention_setup_context(ctx, inputs, output):
 
 
 def _attention_backward(ctx, grad_out, grad_lse):
-    # lse is marked non-differentiable: its gradient is ignored.
+    # lse is marked non-differentiable: its gradient is ignored (attention() gives eager
+    # callers an lse that carries it: _LseGradientFunction).
     q, k, v, out, lse, cos, sin, pos_mask, attn_mask = ctx.saved_tensors
     if grad_out is None:
         return (None,) * 11
@@ -1524,6 +1525,42 @@ class _AttentionTransformFunction(torch.autograd.Function):
         )
 
 
+class _LseGradientFunction(torch.autograd.Function):
+    """lse as attention() returns it in eager mode, with its gradient (the op marks lse
+    non-differentiable: a loss through it, a z-loss or a merge of attention over chunks of
+    keys, got none from it, silently; adversarial pass, session 49).
+
+    With g = dL/dlse, the scores' gradient gains P_ij g_i (d lse_i / d s_ij = P_ij). The
+    library's backward gives dS_ij = P_ij (dout_i . v_j - dout_i . out_i) from the out it is
+    handed; handed v' with every row e_0, out' = 0 and dout' = g e_0, that is P_ij g_i, and
+    its dq and dk are lse's share (its dv is not: v has no share in lse). One more backward
+    launch, only where lse's gradient is asked for."""
+
+    @staticmethod
+    def forward(lse, q, k, v, cos, sin, pos_mask, attn_mask, params):
+        return lse.view_as(lse)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        lse, q, k, v, cos, sin, pos_mask, attn_mask, params = inputs
+        ctx.save_for_backward(lse, q, k, v, cos, sin, pos_mask, attn_mask)
+        ctx.params = params
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_lse):
+        lse, q, k, v, cos, sin, pos_mask, attn_mask = ctx.saved_tensors
+        unit_rows = torch.zeros_like(v)
+        unit_rows[..., 0] = 1
+        out = torch.zeros(*q.shape[:-1], v.shape[-1], dtype=q.dtype, device=q.device)
+        dout = torch.zeros_like(out)
+        dout[..., 0] = grad_lse
+        dq, dk, _ = attention_backward_op(
+            dout, q, k, unit_rows, out, lse, cos, sin, pos_mask, attn_mask, *ctx.params
+        )
+        return None, dq, dk, None, None, None, None, None, None
+
+
 def attention(
     q,
     k,
@@ -1543,8 +1580,10 @@ def attention(
     backward kernel) and torch.compile-able. Arguments are rope_jit.attention's: q [B, Hq, Sq,
     D], k and v [B, Hk, Sk, D], cos/sin [P, R/2] or [P, R] or None, pos_mask, attn_mask, causal
     (top-left aligned), scale (0 = 1/sqrt(D)), style. Returns out [B, Hq, Sq, D], and lse
-    [B, Hq, Sq] float32 with return_lse=True. Raises NotImplementedError when the library has
-    no attention op."""
+    [B, Hq, Sq] float32 with return_lse=True: in eager mode lse carries its gradient to q and k
+    (one more backward launch where a loss uses it); under torch.compile and torch.func it
+    carries none, as flash-attn's. Raises NotImplementedError when the library has no
+    attention op."""
     if style not in ("half", "interleaved"):
         raise ValueError(f"style: expected 'half' or 'interleaved', got {style!r}")
     # (Here too: under a transform the call below skips the op's Autograd kernel.)
@@ -1568,4 +1607,16 @@ def attention(
         int(rotary_dim),
         style == "interleaved",
     )
-    return (out, lse) if return_lse else out
+    if not return_lse:
+        return out
+    if (
+        torch.is_grad_enabled()
+        and (q.requires_grad or k.requires_grad)
+        and not torch.compiler.is_compiling()
+        and not _transforms_active()
+    ):
+        lse = _LseGradientFunction.apply(
+            lse, q, k, v, cos, sin, pos_mask, attn_mask,
+            (bool(causal), float(scale), int(rotary_dim), style == "interleaved"),
+        )
+    return out, lse

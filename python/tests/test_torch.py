@@ -310,6 +310,46 @@ def test_attention_refuses_a_mask_that_requires_grad_and_a_double_backward():
         torch.autograd.grad((graphed ** 2).sum(), q)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_attention_lse_carries_its_gradient_in_eager_mode(device):
+    # lse came marked non-differentiable: a loss through it (a z-loss, a merge of attention
+    # over chunks of keys) got no gradient from it, silently (adversarial pass, session 49).
+    if not rope_jit.has_attention():
+        pytest.skip("the loaded librope_jit has no rope_jit_attention")
+    cos, sin = tables(7, 8, "half", "full", device)  # R = 8 of D = 16: partial rotary
+    leaves = [random(shape, device, torch.float32, 50 + i, requires_grad=True)
+              for i, shape in enumerate([(2, 4, 5, 16), (2, 2, 7, 16), (2, 2, 7, 16)])]
+    weight = random((2, 4, 5), device, torch.float32, 53)
+    mask = torch.ones(2, 7, dtype=torch.bool, device=device)
+    mask[1, 5:] = False
+
+    def reference(q, k, v):
+        # float64, rotation by torch_reference, GQA by repeat, causal top-left, key mask.
+        q = rope_torch(q.double(), cos, sin, torch.arange(5, device=device), rotary_dim=8).double()
+        k = rope_torch(k.double(), cos, sin, torch.arange(7, device=device), rotary_dim=8).double()
+        k, v = k.repeat_interleave(2, dim=1), v.double().repeat_interleave(2, dim=1)
+        scores = q @ k.transpose(-1, -2) / 4.0
+        visible = torch.ones(5, 7, dtype=torch.bool, device=device).tril() & mask[:, None, None, :]
+        scores = scores.masked_fill(~visible, float("-inf"))
+        return scores.softmax(-1) @ v, scores.logsumexp(-1)
+
+    for label, loss_of in [("out and lse", lambda out, lse: out.sum() + (lse * weight).sum()),
+                           ("lse only", lambda out, lse: (lse * weight).sum())]:
+        got = [t.detach().clone().requires_grad_() for t in leaves]
+        out, lse = torch_ops.attention(*got, cos, sin, attn_mask=mask, causal=True, rotary_dim=8,
+                                       return_lse=True)
+        loss_of(out, lse).backward()
+        expected = [t.detach().double().requires_grad_() for t in leaves]
+        loss_of(*reference(*expected)).backward()
+        torch.testing.assert_close(lse.double(), reference(*leaves)[1].detach(), rtol=1e-5, atol=1e-5)
+        for name, mine, theirs in zip("qkv", got, expected):
+            if theirs.grad is None:  # (v has no share in lse)
+                assert mine.grad is None, f"d{name}, {label}"
+                continue
+            torch.testing.assert_close(mine.grad.double(), theirs.grad, rtol=1e-4, atol=1e-5,
+                                       msg=lambda m, name=name: f"d{name}, {label}: {m}")
+
+
 def test_apply_rope_under_vmap_takes_the_ops_and_matches_each_sample():
     # The eager paths took vmap's batched tensors (whose class is torch.Tensor) and failed
     # with "Cannot access data pointer" (adversarial pass, session 37).
