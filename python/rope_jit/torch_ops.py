@@ -1399,8 +1399,8 @@ def _attention_setup_context(ctx, inputs, output):
 
 
 def _attention_backward(ctx, grad_out, grad_lse):
-    # lse is marked non-differentiable: its gradient is ignored (attention() gives eager
-    # callers an lse that carries it: _LseGradientFunction).
+    # lse is marked non-differentiable: its gradient is ignored (attention() gives callers
+    # outside torch.compile an lse that carries it: _LseGradientFunction).
     q, k, v, out, lse, cos, sin, pos_mask, attn_mask = ctx.saved_tensors
     if grad_out is None:
         return (None,) * 11
@@ -1526,7 +1526,7 @@ class _AttentionTransformFunction(torch.autograd.Function):
 
 
 class _LseGradientFunction(torch.autograd.Function):
-    """lse as attention() returns it in eager mode, with its gradient (the op marks lse
+    """lse as attention() returns it outside torch.compile, with its gradient (the op marks lse
     non-differentiable: a loss through it, a z-loss or a merge of attention over chunks of
     keys, got none from it, silently; adversarial pass, session 49).
 
@@ -1535,6 +1535,8 @@ class _LseGradientFunction(torch.autograd.Function):
     handed; handed v' with every row e_0, out' = 0 and dout' = g e_0, that is P_ij g_i, and
     its dq and dk are lse's share (its dv is not: v has no share in lse). One more backward
     launch, only where lse's gradient is asked for."""
+
+    generate_vmap_rule = True
 
     @staticmethod
     def forward(lse, q, k, v, cos, sin, pos_mask, attn_mask, params):
@@ -1547,18 +1549,21 @@ class _LseGradientFunction(torch.autograd.Function):
         ctx.params = params
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_lse):
         lse, q, k, v, cos, sin, pos_mask, attn_mask = ctx.saved_tensors
-        unit_rows = torch.zeros_like(v)
-        unit_rows[..., 0] = 1
-        out = torch.zeros(*q.shape[:-1], v.shape[-1], dtype=q.dtype, device=q.device)
-        dout = torch.zeros_like(out)
-        dout[..., 0] = grad_lse
-        dq, dk, _ = attention_backward_op(
+        # (Out of place: under torch.func the tensors are wrapped, and vmap batches them.)
+        unit_rows = torch.nn.functional.pad(torch.ones_like(v[..., :1]), (0, v.shape[-1] - 1))
+        dout = torch.nn.functional.pad(grad_lse[..., None].to(q.dtype), (0, v.shape[-1] - 1))
+        out = torch.zeros_like(dout)
+        # The library's backward as a node whose own derivative raises (no double backward).
+        dq, dk, _ = _AttentionGradientFunction.apply(
             dout, q, k, unit_rows, out, lse, cos, sin, pos_mask, attn_mask, *ctx.params
         )
         return None, dq, dk, None, None, None, None, None, None
+
+    @staticmethod
+    def jvp(ctx, *tangents):
+        raise NotImplementedError("rope_jit.attention's lse has no forward-mode derivative")
 
 
 def attention(
@@ -1580,9 +1585,9 @@ def attention(
     backward kernel) and torch.compile-able. Arguments are rope_jit.attention's: q [B, Hq, Sq,
     D], k and v [B, Hk, Sk, D], cos/sin [P, R/2] or [P, R] or None, pos_mask, attn_mask, causal
     (top-left aligned), scale (0 = 1/sqrt(D)), style. Returns out [B, Hq, Sq, D], and lse
-    [B, Hq, Sq] float32 with return_lse=True: in eager mode lse carries its gradient to q and k
-    (one more backward launch where a loss uses it); under torch.compile and torch.func it
-    carries none, as flash-attn's. Raises NotImplementedError when the library has no
+    [B, Hq, Sq] float32 with return_lse=True: lse carries its gradient to q and k (one more
+    backward launch where a loss uses it), eagerly and under torch.func; under torch.compile
+    it carries none, as flash-attn's. Raises NotImplementedError when the library has no
     attention op."""
     if style not in ("half", "interleaved"):
         raise ValueError(f"style: expected 'half' or 'interleaved', got {style!r}")
@@ -1613,7 +1618,6 @@ def attention(
         torch.is_grad_enabled()
         and (q.requires_grad or k.requires_grad)
         and not torch.compiler.is_compiling()
-        and not _transforms_active()
     ):
         lse = _LseGradientFunction.apply(
             lse, q, k, v, cos, sin, pos_mask, attn_mask,

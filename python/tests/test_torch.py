@@ -311,7 +311,7 @@ def test_attention_refuses_a_mask_that_requires_grad_and_a_double_backward():
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_attention_lse_carries_its_gradient_in_eager_mode(device):
+def test_attention_lse_carries_its_gradient_in_eager_mode_and_under_torch_func(device):
     # lse came marked non-differentiable: a loss through it (a z-loss, a merge of attention
     # over chunks of keys) got no gradient from it, silently (adversarial pass, session 49).
     if not rope_jit.has_attention():
@@ -348,6 +348,21 @@ def test_attention_lse_carries_its_gradient_in_eager_mode(device):
                 continue
             torch.testing.assert_close(mine.grad.double(), theirs.grad, rtol=1e-4, atol=1e-5,
                                        msg=lambda m, name=name: f"d{name}, {label}: {m}")
+
+        # torch.func: grad, and vmap of grad (the same q twice: each its gradient).
+        def loss(q, k, v):
+            out, lse = torch_ops.attention(q, k, v, cos, sin, attn_mask=mask, causal=True,
+                                           rotary_dim=8, return_lse=True)
+            return loss_of(out, lse)
+
+        plain = [t.detach() for t in leaves]
+        dq, dk = torch.func.grad(loss, argnums=(0, 1))(*plain)
+        torch.testing.assert_close(dq.double(), expected[0].grad, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(dk.double(), expected[1].grad, rtol=1e-4, atol=1e-5)
+        twice = torch.stack([plain[0], plain[0]])
+        batched = torch.func.vmap(torch.func.grad(loss), in_dims=(0, None, None))(twice, *plain[1:])
+        torch.testing.assert_close(batched.double(), expected[0].grad.expand(2, -1, -1, -1, -1),
+                                   rtol=1e-4, atol=1e-5)
 
 
 def test_apply_rope_under_vmap_takes_the_ops_and_matches_each_sample():
