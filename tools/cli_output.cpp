@@ -13,24 +13,6 @@
 
 namespace rope_jit_cache {
 
-const char* item_state_name(rope_jit_cache_item_state state) {
-    for (const ItemStateName& entry : kItemStates)
-        if (entry.state == state) return entry.name;
-    return kUnknownItemState;
-}
-
-bool is_item_state_name(const std::string& name) {
-    for (const ItemStateName& entry : kItemStates)
-        if (name == entry.name) return true;
-    return name == kUnknownItemState;
-}
-
-std::string item_state_names() {
-    std::string names;
-    for (const ItemStateName& entry : kItemStates) names += entry.name + std::string(", ");
-    return names + kUnknownItemState;
-}
-
 std::string printable(const std::string& text) {
     std::string out;
     out.reserve(text.size());

@@ -6,35 +6,7 @@
 #include <cstdint>
 #include <string>
 
-#include "rope_jit/rope_jit.h"
-
 namespace rope_jit_cache {
-
-// Every cache item state, in the order the reports count them, with the name `list` gives it
-// and a listed manifest (`prewarm --manifest` of `list --json`) reads back.
-struct ItemStateName {
-    rope_jit_cache_item_state state;
-    const char* name;
-};
-inline constexpr ItemStateName kItemStates[] = {
-    {ROPE_JIT_CACHE_ITEM_OK, "ok"},
-    {ROPE_JIT_CACHE_ITEM_STALE, "stale"},
-    {ROPE_JIT_CACHE_ITEM_DAMAGED, "damaged"},
-    {ROPE_JIT_CACHE_ITEM_TEMP, "temp"},
-    {ROPE_JIT_CACHE_ITEM_SET_ASIDE, "set-aside"},
-    {ROPE_JIT_CACHE_ITEM_STRAY, "stray"},
-    {ROPE_JIT_CACHE_ITEM_UNTRUSTED, "untrusted"},
-};
-
-// The name of a state this tool does not know: one a newer library reports.
-inline constexpr const char* kUnknownItemState = "unknown";
-
-// kItemStates' name of `state`; kUnknownItemState for a value of none of the enum's names.
-const char* item_state_name(rope_jit_cache_item_state state);
-// Whether `name` is one item_state_name gives (kUnknownItemState too); all of them,
-// comma-separated, for a message.
-bool is_item_state_name(const std::string& name);
-std::string item_state_names();
 
 // `text` with every control character (bytes below 0x20, and 0x7f) written as an escape:
 // \n, \r, \t, else \xNN. File names may hold any byte but '/' and NUL; printed raw, an

@@ -14,7 +14,7 @@
 
 #include <fmt/format.h>
 
-#include "cli_output.h"
+#include "cache_item_states.h"
 #include "common/bounded_json.h"
 #include "rope_jit/rope_jit.h"
 

@@ -36,6 +36,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "cache_item_states.h"
 #include "cli_output.h"
 #include "common/bounded_json.h"
 #include "common/log.h"
