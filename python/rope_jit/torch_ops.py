@@ -1399,8 +1399,8 @@ def _attention_setup_context(ctx, inputs, output):
 
 
 def _attention_backward(ctx, grad_out, grad_lse):
-    # lse is marked non-differentiable: its gradient is ignored (attention() gives callers
-    # outside torch.compile an lse that carries it: _LseGradientFunction).
+    # lse is marked non-differentiable: its gradient is ignored (attention() gives callers an
+    # lse that carries it: _LseGradientFunction).
     q, k, v, out, lse, cos, sin, pos_mask, attn_mask = ctx.saved_tensors
     if grad_out is None:
         return (None,) * 11
@@ -1509,13 +1509,26 @@ class _AttentionTransformFunction(torch.autograd.Function):
     def forward(*inputs):
         return _below_autograd(attention_op, *inputs)
 
-    setup_context = staticmethod(_attention_setup_context)
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _attention_setup_context(ctx, inputs, output)
+        ctx.set_materialize_grads(False)  # (an lse no loss uses: None, no extra launch)
 
     @staticmethod
     def backward(ctx, grad_out, grad_lse):
-        # lse is marked non-differentiable: its gradient is ignored.
-        grads = _AttentionGradientFunction.apply(grad_out, *ctx.saved_tensors, *ctx.params)
-        return tuple(grads) + (None,) * 8
+        q, k, v, out, lse, cos, sin, pos_mask, attn_mask = ctx.saved_tensors
+        dq = dk = dv = None
+        if grad_out is not None:
+            dq, dk, dv = _AttentionGradientFunction.apply(grad_out, *ctx.saved_tensors, *ctx.params)
+        if grad_lse is not None:
+            # Under vmap, whose generated rule drops lse's non-differentiable mark, and where
+            # q reads requires_grad False, so that attention() gives no _LseGradientFunction
+            # (a gradient through a vmapped lse came out zero; review, session 49).
+            lse_dq, lse_dk = _lse_share(grad_lse, lse, q, k, v, cos, sin, pos_mask, attn_mask,
+                                        ctx.params)
+            dq = lse_dq if dq is None else dq + lse_dq
+            dk = lse_dk if dk is None else dk + lse_dk
+        return dq, dk, dv, *(None,) * 8
 
     @staticmethod
     def jvp(ctx, *tangents):
@@ -1526,7 +1539,7 @@ class _AttentionTransformFunction(torch.autograd.Function):
 
 
 class _LseGradientFunction(torch.autograd.Function):
-    """lse as attention() returns it outside torch.compile, with its gradient (the op marks lse
+    """lse as attention() returns it, with its gradient (the op marks lse
     non-differentiable: a loss through it, a z-loss or a merge of attention over chunks of
     keys, got none from it, silently; adversarial pass, session 49).
 
@@ -1534,13 +1547,16 @@ class _LseGradientFunction(torch.autograd.Function):
     library's backward gives dS_ij = P_ij (dout_i . v_j - dout_i . out_i) from the out it is
     handed; handed v' with every row e_0, out' = 0 and dout' = g e_0, that is P_ij g_i, and
     its dq and dk are lse's share (its dv is not: v has no share in lse). One more backward
-    launch, only where lse's gradient is asked for."""
+    launch, only where lse's gradient is asked for. No jvp (torch.compile traces no Function
+    that has one): forward-mode AD raises torch's own "jvp is not implemented"."""
 
     generate_vmap_rule = True
 
     @staticmethod
     def forward(lse, q, k, v, cos, sin, pos_mask, attn_mask, params):
-        return lse.view_as(lse)
+        # A copy, not a view: callers write lse in place (nan_to_num_ of a masked row), which
+        # torch refuses for a Function's view output (B * Hq * Sq floats).
+        return lse.clone()
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -1550,20 +1566,22 @@ class _LseGradientFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_lse):
-        lse, q, k, v, cos, sin, pos_mask, attn_mask = ctx.saved_tensors
-        # (Out of place: under torch.func the tensors are wrapped, and vmap batches them.)
-        unit_rows = torch.nn.functional.pad(torch.ones_like(v[..., :1]), (0, v.shape[-1] - 1))
-        dout = torch.nn.functional.pad(grad_lse[..., None].to(q.dtype), (0, v.shape[-1] - 1))
-        out = torch.zeros_like(dout)
-        # The library's backward as a node whose own derivative raises (no double backward).
-        dq, dk, _ = _AttentionGradientFunction.apply(
-            dout, q, k, unit_rows, out, lse, cos, sin, pos_mask, attn_mask, *ctx.params
-        )
+        dq, dk = _lse_share(grad_lse, *ctx.saved_tensors, ctx.params)
         return None, dq, dk, None, None, None, None, None, None
 
-    @staticmethod
-    def jvp(ctx, *tangents):
-        raise NotImplementedError("rope_jit.attention's lse has no forward-mode derivative")
+
+def _lse_share(grad_lse, lse, q, k, v, cos, sin, pos_mask, attn_mask, params):
+    """(dq, dk) of lse's gradient grad_lse: the library's backward handed v rows e_0, out 0
+    and dout grad_lse e_0 (_LseGradientFunction), as a node whose own derivative raises (no
+    double backward). Out of place: under torch.func the tensors are wrapped, vmap batches
+    them."""
+    unit_rows = torch.nn.functional.pad(torch.ones_like(v[..., :1]), (0, v.shape[-1] - 1))
+    dout = torch.nn.functional.pad(grad_lse[..., None].to(q.dtype), (0, v.shape[-1] - 1))
+    out = torch.zeros_like(dout)
+    dq, dk, _ = _AttentionGradientFunction.apply(
+        dout, q, k, unit_rows, out, lse, cos, sin, pos_mask, attn_mask, *params
+    )
+    return dq, dk
 
 
 def attention(
@@ -1585,10 +1603,9 @@ def attention(
     backward kernel) and torch.compile-able. Arguments are rope_jit.attention's: q [B, Hq, Sq,
     D], k and v [B, Hk, Sk, D], cos/sin [P, R/2] or [P, R] or None, pos_mask, attn_mask, causal
     (top-left aligned), scale (0 = 1/sqrt(D)), style. Returns out [B, Hq, Sq, D], and lse
-    [B, Hq, Sq] float32 with return_lse=True: lse carries its gradient to q and k (one more
-    backward launch where a loss uses it), eagerly and under torch.func; under torch.compile
-    it carries none, as flash-attn's. Raises NotImplementedError when the library has no
-    attention op."""
+    [B, Hq, Sq] float32 with return_lse=True, which carries its gradient to q and k (one more
+    backward launch where a loss uses it; eagerly, under torch.func and torch.compile).
+    Raises NotImplementedError when the library has no attention op."""
     if style not in ("half", "interleaved"):
         raise ValueError(f"style: expected 'half' or 'interleaved', got {style!r}")
     # (Here too: under a transform the call below skips the op's Autograd kernel.)
@@ -1614,11 +1631,7 @@ def attention(
     )
     if not return_lse:
         return out
-    if (
-        torch.is_grad_enabled()
-        and (q.requires_grad or k.requires_grad)
-        and not torch.compiler.is_compiling()
-    ):
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
         lse = _LseGradientFunction.apply(
             lse, q, k, v, cos, sin, pos_mask, attn_mask,
             (bool(causal), float(scale), int(rotary_dim), style == "interleaved"),

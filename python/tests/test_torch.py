@@ -311,7 +311,7 @@ def test_attention_refuses_a_mask_that_requires_grad_and_a_double_backward():
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_attention_lse_carries_its_gradient_in_eager_mode_and_under_torch_func(device):
+def test_attention_lse_carries_its_gradient_eagerly_under_torch_func_and_compiled(device):
     # lse came marked non-differentiable: a loss through it (a z-loss, a merge of attention
     # over chunks of keys) got no gradient from it, silently (adversarial pass, session 49).
     if not rope_jit.has_attention():
@@ -363,6 +363,29 @@ def test_attention_lse_carries_its_gradient_in_eager_mode_and_under_torch_func(d
         batched = torch.func.vmap(torch.func.grad(loss), in_dims=(0, None, None))(twice, *plain[1:])
         torch.testing.assert_close(batched.double(), expected[0].grad.expand(2, -1, -1, -1, -1),
                                    rtol=1e-4, atol=1e-5)
+        # grad of a vmapped loss (there q reads requires_grad False: the gradient through lse
+        # came out zero; review, session 49).
+        summed = torch.func.grad(lambda q: torch.func.vmap(loss, in_dims=(0, None, None))(q, *plain[1:]).sum())
+        torch.testing.assert_close(summed(twice).double(), expected[0].grad.expand(2, -1, -1, -1, -1),
+                                   rtol=1e-4, atol=1e-5)
+        # torch.compile (aot_eager: fake tensors, the autograd formulas) gives the same.
+        torch._dynamo.reset()
+        compiled = [t.detach().clone().requires_grad_() for t in leaves]
+        torch.compile(loss, backend="aot_eager", fullgraph=True)(*compiled).backward()
+        for name, mine, theirs in zip("qk", compiled, expected):
+            torch.testing.assert_close(mine.grad.double(), theirs.grad, rtol=1e-4, atol=1e-5,
+                                       msg=lambda m, name=name: f"compiled d{name}, {label}: {m}")
+
+    # lse is a tensor of its own: written in place (a masked row's -inf to 0), out's gradient
+    # is still right (a view of the op's lse was refused there).
+    got = [t.detach().clone().requires_grad_() for t in leaves]
+    out, lse = torch_ops.attention(*got, cos, sin, attn_mask=mask, causal=True, rotary_dim=8,
+                                   return_lse=True)
+    lse.nan_to_num_(neginf=0.0)
+    out.sum().backward()
+    expected = [t.detach().double().requires_grad_() for t in leaves]
+    reference(*expected)[0].sum().backward()
+    torch.testing.assert_close(got[0].grad.double(), expected[0].grad, rtol=1e-4, atol=1e-5)
 
 
 def test_apply_rope_under_vmap_takes_the_ops_and_matches_each_sample():
