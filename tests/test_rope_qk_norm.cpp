@@ -339,6 +339,8 @@ TEST_CASE("QK-norm arguments are checked, each error naming the argument, writin
     expect("norm_eps", [&](rope_jit_rope_args& a) { a.norm_eps = 1e-100; });
     expect("norm_eps", [&](rope_jit_rope_args& a) { a.norm_eps = 1e-39; });
     expect("norm_eps", [&](rope_jit_rope_args& a) { a.norm_eps = 1.1754942e-38; });
+    expect("norm_eps", [&](rope_jit_rope_args& a) { a.norm_eps = 1e300; });  // past FLT_MAX
+    expect("norm_eps", [&](rope_jit_rope_args& a) { a.norm_eps = -1e-6; });
     expect("q_norm_input", [&](rope_jit_rope_args& a) { a.backward = 1; });
     expect("k_norm_input", [&](rope_jit_rope_args& a) {
         a.backward = 1;

@@ -467,9 +467,9 @@ typedef struct rope_jit_rope_args {
      * and must be NULL otherwise. */
     const DLTensor* q_norm_weight;
     const DLTensor* k_norm_weight;
-    /* The epsilon inside the square root: finite, and at least FLT_MIN (1.17549435e-38) once
-     * rounded to float (the CUDA kernels add it in fp32, where a smaller one reads as 0 and a
-     * head of zeros would give NaN). Default 1e-6. */
+    /* The epsilon inside the square root: at most FLT_MAX, and at least FLT_MIN
+     * (1.17549435e-38) once rounded to float (the CUDA kernels add it in fp32, where a
+     * smaller one reads as 0 and a head of zeros would give NaN). Default 1e-6. */
     double norm_eps;
     /* 1: the weights are offsets from 1 (Gemma's (1 + w)); 0 (default): y = n * w. */
     int norm_unit_offset;

@@ -194,13 +194,14 @@ void check_qk_norm(const rope_jit_rope_args& args, const TensorRef& q, const Ten
     // The CUDA kernels add float(norm_eps): below float32's smallest normal number it is 0 (or
     // a subnormal flushed to 0), and a head of zeros (padding) came out NaN; the CPU reference
     // did below about 8.6e-78, where its float(1 / sqrt(eps)) is inf. Compared as the kernels
-    // read it, so that the header's FLT_MIN (1.17549435e-38) itself is taken.
-    if (!std::isfinite(args.norm_eps) ||
+    // read it, so that the header's FLT_MIN (1.17549435e-38) itself is taken; past FLT_MAX
+    // that conversion would be undefined.
+    if (!(args.norm_eps <= std::numeric_limits<float>::max()) ||
         !(float(args.norm_eps) >= std::numeric_limits<float>::min()))
         fail_argument(fmt::format(
-            "norm_eps: must be finite and at least FLT_MIN, {} (float32's smallest normal "
-            "number), got {}",
-            std::numeric_limits<float>::min(), args.norm_eps));
+            "norm_eps: must be in [FLT_MIN, FLT_MAX] = [{}, {}] (float32's normal numbers), "
+            "got {}",
+            std::numeric_limits<float>::min(), std::numeric_limits<float>::max(), args.norm_eps));
     if (p.has_freq_grad) fail_argument("inv_freq_grad: not available with QK-norm (q_norm_weight)");
 
     if (p.backward) {
