@@ -1512,7 +1512,8 @@ class _AttentionTransformFunction(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         _attention_setup_context(ctx, inputs, output)
-        ctx.set_materialize_grads(False)  # (an lse no loss uses: None, no extra launch)
+        if _vmap_takes_unmaterialized_grads():
+            ctx.set_materialize_grads(False)  # (an lse no loss uses: None, no extra launch)
 
     @staticmethod
     def backward(ctx, grad_out, grad_lse):
@@ -1520,7 +1521,7 @@ class _AttentionTransformFunction(torch.autograd.Function):
         dq = dk = dv = None
         if grad_out is not None:
             dq, dk, dv = _AttentionGradientFunction.apply(grad_out, *ctx.saved_tensors, *ctx.params)
-        if grad_lse is not None:
+        if grad_lse is not None and _vmap_takes_unmaterialized_grads():
             # Under vmap, whose generated rule drops lse's non-differentiable mark, and where
             # q reads requires_grad False, so that attention() gives no _LseGradientFunction
             # (a gradient through a vmapped lse came out zero; review, session 49).
@@ -1536,6 +1537,38 @@ class _AttentionTransformFunction(torch.autograd.Function):
             "rope_jit.attention has no forward-mode derivative (torch.func.jvp, jacfwd, "
             "forward_ad): use reverse mode (torch.func.grad, vjp, jacrev)"
         )
+
+
+@functools.lru_cache(maxsize=None)
+def _vmap_takes_unmaterialized_grads():
+    """Whether torch.func's generated vmap rule takes a backward's None gradients (a Function
+    with set_materialize_grads(False)): torch 2.4's passed None on to _add_batch_dim, which
+    raised. Where it cannot, _AttentionTransformFunction leaves grads materialized and lse's
+    gradient through vmap is dropped, as before session 49 (else every backward under
+    torch.func would run lse's share on zeros). Tried once, on two floats."""
+
+    class Probe(torch.autograd.Function):
+        generate_vmap_rule = True
+
+        @staticmethod
+        def forward(x):
+            return x * 2, x * 3
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            ctx.set_materialize_grads(False)
+
+        @staticmethod
+        def backward(ctx, grad_a, grad_b):
+            return grad_a * 2 if grad_a is not None else None
+
+    try:
+        torch.func.grad(lambda x: torch.func.vmap(lambda y: Probe.apply(y)[0])(x).sum())(
+            torch.ones(2)
+        )
+        return True
+    except Exception:  # (TypeError on torch 2.4; whatever another version raises)
+        return False
 
 
 class _LseGradientFunction(torch.autograd.Function):
@@ -1573,14 +1606,16 @@ class _LseGradientFunction(torch.autograd.Function):
 def _lse_share(grad_lse, lse, q, k, v, cos, sin, pos_mask, attn_mask, params):
     """(dq, dk) of lse's gradient grad_lse: the library's backward handed v rows e_0, out 0
     and dout grad_lse e_0 (_LseGradientFunction), as a node whose own derivative raises (no
-    double backward). Out of place: under torch.func the tensors are wrapped, vmap batches
-    them."""
+    double backward; while torch.compile traces, the op itself, as _attention_backward's:
+    torch 2.4's Dynamo handed that Function's forward its ctx). Out of place: under
+    torch.func the tensors are wrapped, vmap batches them."""
     unit_rows = torch.nn.functional.pad(torch.ones_like(v[..., :1]), (0, v.shape[-1] - 1))
     dout = torch.nn.functional.pad(grad_lse[..., None].to(q.dtype), (0, v.shape[-1] - 1))
     out = torch.zeros_like(dout)
-    dq, dk, _ = _AttentionGradientFunction.apply(
-        dout, q, k, unit_rows, out, lse, cos, sin, pos_mask, attn_mask, *params
+    backward = (
+        attention_backward_op if torch.compiler.is_compiling() else _AttentionGradientFunction.apply
     )
+    dq, dk, _ = backward(dout, q, k, unit_rows, out, lse, cos, sin, pos_mask, attn_mask, *params)
     return dq, dk
 
 
@@ -1604,8 +1639,9 @@ def attention(
     D], k and v [B, Hk, Sk, D], cos/sin [P, R/2] or [P, R] or None, pos_mask, attn_mask, causal
     (top-left aligned), scale (0 = 1/sqrt(D)), style. Returns out [B, Hq, Sq, D], and lse
     [B, Hq, Sq] float32 with return_lse=True, which carries its gradient to q and k (one more
-    backward launch where a loss uses it; eagerly, under torch.func and torch.compile).
-    Raises NotImplementedError when the library has no attention op."""
+    backward launch where a loss uses it; eagerly, under torch.func and torch.compile; not
+    through torch.func.vmap on torch 2.4). Raises NotImplementedError when the library has no
+    attention op."""
     if style not in ("half", "interleaved"):
         raise ValueError(f"style: expected 'half' or 'interleaved', got {style!r}")
     # (Here too: under a transform the call below skips the op's Autograd kernel.)
