@@ -86,6 +86,19 @@ for line in open(sys.argv[1]):
 EOF
 }
 
+compare_torch() {  # $1 step, $2 output name, $3 lines shown, the rest compare_torch.py's arguments
+  local step=$1 name=$2 lines=$3
+  shift 3
+  PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --quiet --no-index --find-links .whl \
+    ./python 2>&1 | tail -2
+  ROPE_JIT_LIBRARY=$lib PYTHONUNBUFFERED=1 timeout "${STEP_TIMEOUT:-300}" \
+    python3 bench/compare_torch.py --json "$OUT/$name.json" "$@" > "$OUT/$name.log" 2>&1
+  step_done "$step" $?; grep -vE "^\s*$" "$OUT/$name.log" | cut -c1-200 | tail -"$lines"
+  if python3 -c "import matplotlib" 2>/dev/null; then  # else: plot where matplotlib is
+    python3 bench/plot_results.py "$OUT/$name.json" "$OUT/$name.png"
+  fi
+}
+
 for step in "$@"; do
   case $step in
     rope-tests)
@@ -225,27 +238,12 @@ for step in "$@"; do
         --json "$OUT/h200_autograd.json" ${AUTOGRAD_ARGS:-} > "$OUT/h200_autograd.log" 2>&1
       step_done autograd $?; tail -30 "$OUT/h200_autograd.log" | cut -c1-200 ;;
     peers)
-      PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --quiet --no-index --find-links .whl \
-        ./python 2>&1 | tail -2
       PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --quiet --no-index --no-deps \
         .whl/liger_kernel-*.whl 2>&1 | tail -1
-      ROPE_JIT_LIBRARY=$lib PYTHONUNBUFFERED=1 timeout "${STEP_TIMEOUT:-300}" \
-        python3 bench/compare_torch.py --in-place --json "$OUT/h200_vs_torch.json" ${PEERS_ARGS:-} \
-        > "$OUT/h200_vs_torch.log" 2>&1
-      step_done peers $?; grep -vE "^\s*$" "$OUT/h200_vs_torch.log" | cut -c1-200 | tail -45
-      if python3 -c "import matplotlib" 2>/dev/null; then  # else: plot where matplotlib is
-        python3 bench/plot_results.py "$OUT/h200_vs_torch.json" "$OUT/h200_vs_torch.png"
-      fi ;;
+      # shellcheck disable=SC2086  # PEERS_ARGS splits into arguments
+      compare_torch peers h200_vs_torch 45 --in-place ${PEERS_ARGS:-} ;;
     out-of-place)
-      PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --quiet --no-index --find-links .whl \
-        ./python 2>&1 | tail -2
-      ROPE_JIT_LIBRARY=$lib PYTHONUNBUFFERED=1 timeout "${STEP_TIMEOUT:-300}" \
-        python3 bench/compare_torch.py --json "$OUT/out_of_place_vs_torch.json" \
-        > "$OUT/out_of_place_vs_torch.log" 2>&1
-      step_done out-of-place $?; grep -vE "^\s*$" "$OUT/out_of_place_vs_torch.log" | cut -c1-200 | tail -30
-      if python3 -c "import matplotlib" 2>/dev/null; then
-        python3 bench/plot_results.py "$OUT/out_of_place_vs_torch.json" "$OUT/out_of_place_vs_torch.png"
-      fi ;;
+      compare_torch out-of-place out_of_place_vs_torch 30 ;;
     issue24-check)
       python3 bench/issue24_check.py "$OUT/h200_vs_torch.json" "$OUT/h200_bench.json" \
         > "$OUT/issue24_check.log" 2>&1

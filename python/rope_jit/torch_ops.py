@@ -1652,24 +1652,10 @@ def attention(
         )
     # (Under a transform at the Python level: functorch has no dispatcher path to a Function.)
     function = _AttentionTransformFunction.apply if _transforms_active() else attention_op
-    out, lse = function(
-        q,
-        k,
-        v,
-        cos,
-        sin,
-        pos_mask,
-        attn_mask,
-        bool(causal),
-        float(scale),
-        int(rotary_dim),
-        style == "interleaved",
-    )
+    params = (bool(causal), float(scale), int(rotary_dim), style == "interleaved")
+    out, lse = function(q, k, v, cos, sin, pos_mask, attn_mask, *params)
     if not return_lse:
         return out
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
-        lse = _LseGradientFunction.apply(
-            lse, q, k, v, cos, sin, pos_mask, attn_mask,
-            (bool(causal), float(scale), int(rotary_dim), style == "interleaved"),
-        )
+        lse = _LseGradientFunction.apply(lse, q, k, v, cos, sin, pos_mask, attn_mask, params)
     return out, lse
